@@ -1,0 +1,39 @@
+# Corral: sandboxes for AI agents. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/corral-dev/corral/internal/daemon.Version=$(VERSION)
+DATA_DIR ?= /var/lib/corral
+# Tests: race detector on, two packages at a time (CI has two cores).
+TEST_FLAGS ?= -race -p 2 -timeout 30m
+
+.PHONY: help setup build run test bench lint fuzz clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+setup: ## install what the host lacks (Debian packages, a current runc; as root)
+	@scripts/setup.sh
+
+build: ## build bin/corral and the static bin/corral-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-agent ./cmd/corral-agent
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral ./cmd/corral
+
+run: setup build ## set up, build, start `corral up` on its defaults and show a sandbox at work
+	@scripts/run.sh
+
+test: setup build ## run every test (root-only tests run as root, skip elsewhere)
+	CORRAL_BIN=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) ./...
+
+bench: setup build ## run the benchmarks and print the figures for docs/BENCHMARKS.md
+	@scripts/bench.sh
+
+lint: ## gofmt, go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+
+fuzz: ## run each fuzz target for a short while
+	@scripts/fuzz.sh
+
+clean: ## remove build outputs
+	rm -rf bin

@@ -1,0 +1,92 @@
+// Command corral-agent runs as PID 1 inside every container sandbox and serves the edge's
+// requests (exec, files, tar) on an inherited listening unix socket; see internal/agentrpc.
+//
+// Usage:
+//
+//	corral-agent serve [--fd 3]   serve on the listening socket at fd (default 3)
+//	corral-agent version
+//
+// The edge starts it with the socket on fd 3 and, optionally, the agent's own binary on fd 4
+// (closed at once, so nothing in the sandbox can reach it through /proc/1/fd). The agent writes
+// nothing inside the sandbox: no logs, no files; only a fatal startup error goes to stderr.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// binaryFD is where the edge may pass the agent's own binary.
+const binaryFD = 4
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: corral-agent serve [--fd N] | version")
+		return 2
+	}
+	switch args[0] {
+	case "version":
+		fmt.Fprintln(stdout, version)
+		return 0
+	case "serve":
+	default:
+		fmt.Fprintf(stderr, "corral-agent: unknown command %q\n", args[0])
+		return 2
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fd := fs.Int("fd", 3, "inherited listening unix socket")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if err := serve(ctx, *fd); err != nil {
+		fmt.Fprintf(stderr, "corral-agent: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, fd int) error {
+	closeBinaryFD()
+	// A small, mostly idle heap: collect early rather than grow.
+	debug.SetGCPercent(25)
+	if err := agentrpc.Harden(ctx); err != nil {
+		return err
+	}
+	// Adopt orphans even when not PID 1 of a PID namespace (e.g. a shared PID namespace).
+	unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	ln, err := agentrpc.ListenFD(fd)
+	if err != nil {
+		return err
+	}
+	srv, err := agentrpc.NewServer(agentrpc.Config{Version: version}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err
+	}
+	return srv.Serve(ctx, ln)
+}
+
+// closeBinaryFD closes fd 4 when it holds a regular file (the agent's binary passed by the
+// host). Checking the type keeps it from closing a descriptor the runtime opened itself.
+func closeBinaryFD() {
+	var st unix.Stat_t
+	if unix.Fstat(binaryFD, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+		unix.Close(binaryFD)
+	}
+}

@@ -1,0 +1,610 @@
+package agentrpc
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// defaultPath is the search path when neither the sandbox defaults nor the request set PATH.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// command is one process the agent started (or failed to start) and everything kept about it.
+//
+// Goroutines: one pump per output descriptor (stdout and stderr, or the pty master) copies
+// output into out until EOF; await waits for the reaper's status and the pumps, then finalizes
+// the command. Both end when the process has exited and its output descriptors reach EOF, or
+// ExitGrace after the exit when something else keeps them open (the descriptors are then closed).
+type command struct {
+	id        string    // immutable
+	argv      []string  // immutable
+	tag       string    // immutable
+	tty       bool      // immutable
+	startedAt time.Time // immutable
+	pid       int       // immutable after spawn; 0 when the command could not start
+	out       *output
+	stdin     *stdinPipe  // nil when the command could not start
+	ptmx      *os.File    // TTY only
+	proc      *procWaiter // nil when the command could not start
+	done      chan struct{}
+
+	timedOut atomic.Bool
+	killed   atomic.Bool // a client sent SIGKILL: not an OOM kill
+
+	mu sync.Mutex
+	// Protected by mu:
+	endedAt     time.Time
+	exit        *Exit
+	timer       *time.Timer // timeout
+	forgetTimer *time.Timer
+	retained    int64 // output memory counted in Server.retained while kept
+}
+
+// info returns a snapshot of c.
+func (c *command) info() CommandInfo {
+	c.mu.Lock()
+	ci := CommandInfo{
+		ID: c.id, Argv: c.argv, Tag: c.tag, Pid: c.pid, TTY: c.tty, State: CommandRunning,
+		StartedAt: c.startedAt, EndedAt: c.endedAt, Exit: c.exit,
+	}
+	c.mu.Unlock()
+	if ci.Exit != nil {
+		ci.State = CommandExited
+	}
+	ci.OutputStart, ci.OutputEnd = c.out.bounds()
+	return ci
+}
+
+func (c *command) exited() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.exit != nil
+}
+
+// signal sends sig to the command's process group, unless its leader has already been reaped
+// (the group id could then belong to someone else).
+func (c *command) signal(sig syscall.Signal) error {
+	if c.proc == nil || !procReaper.signalGroup(c.proc, c.pid, sig) {
+		return errdefs.Conflict("command %s has exited", c.id)
+	}
+	if sig == syscall.SIGKILL {
+		c.killed.Store(true)
+	}
+	return nil
+}
+
+// newCommandID returns a random id, so that ids of an earlier agent run are never reused.
+func newCommandID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// stdinPipe is the write side of a command's stdin. Writes are serialized so chunks from
+// different writers do not interleave; close never waits for a blocked write (closing the file
+// wakes it up).
+type stdinPipe struct {
+	f      *os.File
+	tty    bool       // f is the pty master: closing stdin is a no-op, finalize closes f
+	mu     sync.Mutex // serializes writes
+	closed atomic.Bool
+}
+
+var errStdinClosed = errors.New("stdin is closed")
+
+func (p *stdinPipe) write(b []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed.Load() {
+		return errStdinClosed
+	}
+	if _, err := p.f.Write(b); err != nil {
+		if errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.EIO) {
+			return errStdinClosed
+		}
+		return err
+	}
+	return nil
+}
+
+// close closes stdin at the client's request.
+func (p *stdinPipe) close() {
+	if p.tty {
+		return // a terminal has no end of input; send ^D instead
+	}
+	if !p.closed.Swap(true) {
+		p.f.Close()
+	}
+}
+
+// shutdown closes stdin for good when the command is finalized.
+func (p *stdinPipe) shutdown() {
+	if !p.closed.Swap(true) && !p.tty {
+		p.f.Close()
+	}
+}
+
+var pumpBufs = sync.Pool{New: func() any { return new([dataChunk]byte) }}
+
+// start validates req, records a new command and starts it. A command that cannot be started
+// (missing program, bad cwd or user) is recorded as exited with Exit.Error; the returned error
+// is only for invalid requests.
+func (s *Server) start(req *ExecRequest) (*command, error) {
+	if err := s.validateExec(req); err != nil {
+		return nil, err
+	}
+	limit := req.OutputLimit
+	if limit == 0 {
+		limit = s.cfg.OutputLimit
+	}
+	c := &command{
+		id: newCommandID(), argv: append([]string(nil), req.Argv...), tag: req.Tag, tty: req.TTY,
+		startedAt: time.Now(), out: newOutput(limit), done: make(chan struct{}),
+	}
+	s.mu.Lock()
+	s.cmds[c.id] = c
+	s.mu.Unlock()
+	if exit := s.spawn(c, req); exit != nil {
+		s.finalize(c, time.Now(), exit)
+	}
+	return c, nil
+}
+
+func (s *Server) validateExec(req *ExecRequest) error {
+	switch {
+	case req == nil || len(req.Argv) == 0:
+		return errdefs.Invalid("argv", "must name a program")
+	case req.Shell && len(req.Argv) != 1:
+		return errdefs.Invalid("argv", "with shell, must be exactly one command line, got %d elements", len(req.Argv))
+	case req.Argv[0] == "":
+		return errdefs.Invalid("argv", "program name is empty")
+	case req.Timeout < 0:
+		return errdefs.Invalid("timeout", "must not be negative")
+	case req.OutputLimit < 0 || req.OutputLimit > s.cfg.MaxOutputLimit:
+		return errdefs.Invalid("output_limit", "must be between 0 and %d", s.cfg.MaxOutputLimit)
+	case !req.TTY && (req.Rows != 0 || req.Cols != 0):
+		return errdefs.Invalid("rows", "rows and cols need tty")
+	}
+	for _, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return errdefs.Invalid("argv", "contains a NUL byte")
+		}
+	}
+	for _, e := range req.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.IndexByte(e, 0) >= 0 {
+			return errdefs.Invalid("env", "%q is not KEY=VALUE", e)
+		}
+	}
+	if strings.IndexByte(req.Cwd, 0) >= 0 {
+		return errdefs.Invalid("cwd", "contains a NUL byte")
+	}
+	return nil
+}
+
+// spawn starts c's process. It returns a non-nil Exit when the process could not be started.
+func (s *Server) spawn(c *command, req *ExecRequest) *Exit {
+	id, err := s.users.resolve(req.User)
+	if err != nil {
+		return &Exit{Code: 126, Error: err.Error()}
+	}
+	env := mergeEnv(s.cfg.Env, []string{"HOME=" + id.home}, req.Env)
+	if req.TTY && envValue(env, "TERM") == "" {
+		env = append(env, "TERM=xterm-256color")
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = id.home
+		if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+			cwd = "/"
+		}
+	}
+	if !filepath.IsAbs(cwd) {
+		return &Exit{Code: 126, Error: fmt.Sprintf("cwd %q: not an absolute path", cwd)}
+	}
+	if fi, err := os.Stat(cwd); err != nil {
+		return &Exit{Code: 126, Error: fmt.Sprintf("cwd %s: %v", cwd, unwrapPathError(err))}
+	} else if !fi.IsDir() {
+		return &Exit{Code: 126, Error: fmt.Sprintf("cwd %s: not a directory", cwd)}
+	}
+	argv := req.Argv
+	if req.Shell {
+		argv = []string{"/bin/sh", "-c", req.Argv[0]}
+	}
+	path, exit := lookPath(argv[0], envValue(env, "PATH"), cwd)
+	if exit != nil {
+		return exit
+	}
+
+	sys := &syscall.SysProcAttr{}
+	if id.uid != 0 || id.gid != 0 || len(id.groups) > 1 || req.User != "" {
+		sys.Credential = &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}
+	}
+	var (
+		childFds []int
+		readers  []*os.File // ours: output
+		streams  []uint8
+	)
+	if req.TTY {
+		rows, cols := req.Rows, req.Cols
+		if rows == 0 {
+			rows = 24
+		}
+		if cols == 0 {
+			cols = 80
+		}
+		ptmx, pts, err := openPTY(rows, cols)
+		if err != nil {
+			return &Exit{Code: 126, Error: fmt.Sprintf("open terminal: %v", err)}
+		}
+		unix.Fchown(pts, int(id.uid), -1)
+		childFds = []int{pts}
+		readers, streams = []*os.File{ptmx}, []uint8{streamStdout}
+		c.ptmx = ptmx
+		c.stdin = &stdinPipe{f: ptmx, tty: true}
+		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+	} else {
+		in, inChild, err := pipe(false)
+		if err != nil {
+			return &Exit{Code: 126, Error: fmt.Sprintf("create stdin pipe: %v", err)}
+		}
+		out, outChild, err := pipe(true)
+		if err != nil {
+			in.Close()
+			unix.Close(inChild)
+			return &Exit{Code: 126, Error: fmt.Sprintf("create stdout pipe: %v", err)}
+		}
+		errf, errChild, err := pipe(true)
+		if err != nil {
+			in.Close()
+			out.Close()
+			unix.Close(inChild)
+			unix.Close(outChild)
+			return &Exit{Code: 126, Error: fmt.Sprintf("create stderr pipe: %v", err)}
+		}
+		childFds = []int{inChild, outChild, errChild}
+		readers, streams = []*os.File{out, errf}, []uint8{streamStdout, streamStderr}
+		c.stdin = &stdinPipe{f: in}
+		sys.Setpgid = true
+	}
+	files := make([]uintptr, 3)
+	for i := range files {
+		files[i] = uintptr(childFds[min(i, len(childFds)-1)])
+	}
+	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files, Sys: sys}
+	c.proc = &procWaiter{ch: make(chan syscall.WaitStatus, 1)}
+	pid, err := procReaper.start(func() (int, error) {
+		pid, err := syscall.ForkExec(path, argv, attr)
+		if err == nil {
+			// The agent may run at oom_score_adj -1000; its commands must not inherit that.
+			resetOOMScore(pid)
+		}
+		return pid, err
+	}, c.proc)
+	for _, fd := range childFds {
+		unix.Close(fd)
+	}
+	if err != nil {
+		c.proc = nil
+		for _, f := range readers {
+			f.Close()
+		}
+		c.stdin.shutdown()
+		return startExit(argv[0], err)
+	}
+	c.pid = pid
+
+	pumped := make(chan struct{}, len(readers))
+	for i, f := range readers {
+		go c.pump(f, streams[i], pumped)
+	}
+	if req.Timeout > 0 {
+		c.mu.Lock()
+		c.timer = time.AfterFunc(req.Timeout, func() {
+			if procReaper.signalGroup(c.proc, c.pid, syscall.SIGKILL) {
+				c.timedOut.Store(true)
+			}
+		})
+		c.mu.Unlock()
+	}
+	s.feedStdin(c, req)
+	go s.await(c, readers, pumped)
+	return nil
+}
+
+// feedStdin writes the request's stdin bytes and closes stdin unless the client keeps it open.
+func (s *Server) feedStdin(c *command, req *ExecRequest) {
+	switch {
+	case len(req.Stdin) == 0 && (req.KeepStdinOpen || req.TTY):
+	case len(req.Stdin) == 0:
+		c.stdin.close()
+	default:
+		// Lock here, not in the goroutine, so writes from the client queue behind these bytes.
+		c.stdin.mu.Lock()
+		go func() {
+			defer c.stdin.mu.Unlock()
+			c.stdin.f.Write(req.Stdin) // an error means the command stopped reading: nothing to do
+			if !req.KeepStdinOpen && !req.TTY && !c.stdin.closed.Swap(true) {
+				c.stdin.f.Close()
+			}
+		}()
+	}
+}
+
+// pump copies one output descriptor into c.out until EOF (or EIO from a pty master whose
+// terminal was closed, or the descriptor being closed after the exit grace).
+func (c *command) pump(f *os.File, stream uint8, done chan<- struct{}) {
+	buf := pumpBufs.Get().(*[dataChunk]byte)
+	defer func() {
+		pumpBufs.Put(buf)
+		done <- struct{}{}
+	}()
+	for {
+		n, err := f.Read(buf[:])
+		if n > 0 {
+			c.out.write(stream, buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// await waits for the process's exit status and for its output to reach EOF, allowing ExitGrace
+// for descendants that keep the output open, then finalizes c.
+func (s *Server) await(c *command, readers []*os.File, pumped <-chan struct{}) {
+	ws := <-c.proc.ch
+	ended := time.Now()
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
+	grace := time.NewTimer(s.cfg.ExitGrace)
+	for pending := len(readers); pending > 0; {
+		select {
+		case <-pumped:
+			pending--
+		case <-grace.C:
+			for _, f := range readers {
+				f.Close() // wakes the pumps; the descendants holding the other end get EPIPE
+			}
+		}
+	}
+	grace.Stop()
+	for _, f := range readers {
+		f.Close()
+	}
+	c.stdin.shutdown()
+	s.finalize(c, ended, s.exitFor(c, ws))
+}
+
+// exitFor describes how the process ended.
+func (s *Server) exitFor(c *command, ws syscall.WaitStatus) *Exit {
+	e := &Exit{TimedOut: c.timedOut.Load()}
+	switch {
+	case ws.Signaled():
+		e.Code = -1
+		e.Signal = unix.SignalName(ws.Signal())
+		if ws.Signal() == syscall.SIGKILL && !e.TimedOut && !c.killed.Load() {
+			e.OOMKilled = s.oomKilledSinceLastCheck()
+		}
+	default:
+		e.Code = ws.ExitStatus()
+	}
+	return e
+}
+
+// finalize records c's exit and wakes everyone waiting for it.
+func (s *Server) finalize(c *command, ended time.Time, exit *Exit) {
+	c.mu.Lock()
+	c.endedAt, c.exit = ended, exit
+	c.mu.Unlock()
+	c.out.close(exit)
+	close(c.done)
+	s.retain(c)
+}
+
+// startExit turns a fork/exec failure into the exit of a command that never ran: 127 when the
+// program does not exist, 126 otherwise.
+func startExit(prog string, err error) *Exit {
+	code := 126
+	if errors.Is(err, fs.ErrNotExist) {
+		code = 127
+	}
+	return &Exit{Code: code, Error: fmt.Sprintf("start %s: %v", prog, unwrapPathError(err))}
+}
+
+func unwrapPathError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// lookPath finds the program to execute like execvp: a name with a slash is used as is
+// (relative to cwd), any other is searched in pathEnv. Relative PATH entries are relative to cwd.
+func lookPath(file, pathEnv, cwd string) (string, *Exit) {
+	if strings.Contains(file, "/") {
+		p := file
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cwd, p)
+		}
+		if err := checkExecutable(p); err != nil {
+			return "", startExit(file, err)
+		}
+		return p, nil
+	}
+	if pathEnv == "" {
+		pathEnv = defaultPath
+	}
+	var denied error
+	for _, dir := range filepath.SplitList(pathEnv) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, file)
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cwd, p)
+		}
+		err := checkExecutable(p)
+		if err == nil {
+			return p, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) && denied == nil {
+			denied = err
+		}
+	}
+	if denied != nil {
+		return "", startExit(file, denied)
+	}
+	return "", &Exit{Code: 127, Error: fmt.Sprintf("start %s: executable file not found in $PATH", file)}
+}
+
+func checkExecutable(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return syscall.EISDIR
+	}
+	if fi.Mode()&0o111 == 0 {
+		return syscall.EACCES
+	}
+	return nil
+}
+
+// mergeEnv joins environment lists; for a repeated key the last entry wins, keeping the
+// position of the first.
+func mergeEnv(lists ...[]string) []string {
+	var out []string
+	index := make(map[string]int)
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, ok := strings.Cut(kv, "=")
+			if !ok {
+				continue
+			}
+			if i, seen := index[k]; seen {
+				out[i] = kv
+				continue
+			}
+			index[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+func envValue(env []string, key string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(env[i], "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// pipe returns a pipe whose end kept by the agent is a pollable (non-blocking) *os.File and
+// whose end for the child is a blocking descriptor. Both are close-on-exec; ForkExec's dup2
+// clears the flag on the child's copy.
+func pipe(parentReads bool) (*os.File, int, error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, -1, err
+	}
+	parent, child := p[1], p[0]
+	if parentReads {
+		parent, child = p[0], p[1]
+	}
+	if err := unix.SetNonblock(parent, true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, -1, err
+	}
+	return os.NewFile(uintptr(parent), "pipe"), child, nil
+}
+
+// openPTY opens a pseudo-terminal of rows x cols: the master as a pollable *os.File for the
+// agent, the terminal as a blocking descriptor for the child.
+func openPTY(rows, cols uint16) (*os.File, int, error) {
+	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, -1, fmt.Errorf("open /dev/ptmx: %w", err)
+	}
+	fail := func(err error) (*os.File, int, error) {
+		unix.Close(m)
+		return nil, -1, err
+	}
+	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
+		return fail(fmt.Errorf("unlock pty: %w", err))
+	}
+	// TIOCGPTPEER opens the terminal without a path lookup in /dev/pts (which the sandbox owns).
+	pts, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(m), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	if errno != 0 {
+		n, err := unix.IoctlGetUint32(m, unix.TIOCGPTN)
+		if err != nil {
+			return fail(fmt.Errorf("pty number: %w", err))
+		}
+		fd, err := unix.Open("/dev/pts/"+strconv.FormatUint(uint64(n), 10), unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail(fmt.Errorf("open pty: %w", err))
+		}
+		pts = uintptr(fd)
+	}
+	if err := unix.IoctlSetWinsize(m, unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}); err != nil {
+		unix.Close(int(pts))
+		return fail(fmt.Errorf("set terminal size: %w", err))
+	}
+	return os.NewFile(uintptr(m), "ptmx"), int(pts), nil
+}
+
+// resize sets the terminal size of a TTY command; the kernel sends SIGWINCH to its foreground group.
+func (c *command) resize(rows, cols uint16) error {
+	if c.ptmx == nil {
+		return errdefs.Invalid("id", "command %s has no terminal", c.id)
+	}
+	if c.exited() {
+		return errdefs.Conflict("command %s has exited", c.id)
+	}
+	rc, err := c.ptmx.SyscallConn()
+	if err != nil {
+		return errdefs.Conflict("command %s has exited", c.id)
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	}); err != nil {
+		return errdefs.Conflict("command %s has exited", c.id)
+	}
+	if ierr != nil {
+		return fmt.Errorf("resize terminal of %s: %w", c.id, ierr)
+	}
+	return nil
+}
+
+// resetOOMScore sets a started child's oom_score_adj back to 0. Best effort: the child may
+// already be gone (it cannot have been reaped yet, so the pid is still its own).
+func resetOOMScore(pid int) {
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	unix.Write(fd, []byte("0"))
+	unix.Close(fd)
+}

@@ -1,0 +1,308 @@
+// Package apiserver serves Corral's REST API: authentication, the control plane (sandboxes, layers,
+// info) and the routing of each sandbox's data plane (exec, commands, files) to the edge that runs
+// it. It keeps no per-sandbox state of its own: everything durable is in the store, everything live
+// is on the edge, so several replicas can serve one store.
+package apiserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Server is the HTTP API of one Corral installation.
+type Server struct {
+	log    *slog.Logger
+	store  *store.Store
+	edge   *edge.Edge
+	layers *layers.Store
+	info   corral.Info
+
+	// tokens caches hashes of tokens that authenticated recently, so a busy client costs no store
+	// read per request. Protected by mu.
+	mu     sync.Mutex
+	tokens map[string]time.Time
+
+	// importMu serialises layer imports, so that dropping the tree of a rejected import can never
+	// race with another import publishing the same content.
+	importMu sync.Mutex
+}
+
+// tokenCacheTTL bounds how long a token stays valid after it was last checked against the store.
+const tokenCacheTTL = 10 * time.Second
+
+// New returns a Server. info is served by GET /v1/info (Sandboxes is filled in per call).
+func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info corral.Info) *Server {
+	return &Server{log: log, store: st, edge: e, layers: ls, info: info, tokens: make(map[string]time.Time)}
+}
+
+// HashToken returns the form in which a token is stored.
+func HashToken(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// Handler returns the API's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Write([]byte("ok\n"))
+	})
+	api := http.NewServeMux()
+	api.HandleFunc("GET /v1/info", s.getInfo)
+	api.HandleFunc("POST /v1/sandboxes", s.createSandbox)
+	api.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
+	api.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
+	api.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	api.HandleFunc("POST /v1/sandboxes/{id}/ttl", s.setTTL)
+	api.HandleFunc("POST /v1/layers", s.importLayer)
+	api.HandleFunc("GET /v1/layers", s.listLayers)
+	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
+	// Everything else under a sandbox is its data plane, served by the edge that runs it.
+	api.Handle("/v1/sandboxes/{id}/", s.route())
+	api.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpjson.Error(w, r, s.log, errdefs.NotFound("no API route %s %s", r.Method, r.URL.Path))
+	})
+	mux.Handle("/", s.authenticate(api))
+	return mux
+}
+
+// route sends a sandbox data-plane request to the edge named by the sandbox ID.
+func (s *Server) route() http.Handler {
+	local := s.edge.Handler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if !edge.ValidID(id) {
+			httpjson.Error(w, r, s.log, errdefs.Invalid("id", "%q is not a sandbox ID (sb-NODE-XXXXXXXXXXXXXXXX)", id))
+			return
+		}
+		if node := edge.NodeOf(id); node != s.edge.Node() {
+			httpjson.Error(w, r, s.log, errdefs.NotFound("sandbox %s (node %s is not known here)", id, node))
+			return
+		}
+		local.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		token, ok := strings.CutPrefix(auth, "Bearer ")
+		if !ok || token == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
+			httpjson.Error(w, r, s.log, fmt.Errorf("missing bearer token (set CORRAL_TOKEN): %w", errdefs.ErrUnauthorized))
+			return
+		}
+		if err := s.checkToken(r.Context(), token); err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="corral", error="invalid_token"`)
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) checkToken(ctx context.Context, token string) error {
+	h := HashToken(token)
+	now := time.Now()
+	s.mu.Lock()
+	seen, ok := s.tokens[h]
+	s.mu.Unlock()
+	if ok && now.Sub(seen) < tokenCacheTTL {
+		return nil
+	}
+	if _, err := s.store.TokenPrincipal(ctx, h); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Errorf("invalid token: %w", errdefs.ErrUnauthorized)
+		}
+		return err
+	}
+	s.mu.Lock()
+	if len(s.tokens) > 10000 {
+		clear(s.tokens)
+	}
+	s.tokens[h] = now
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	httpjson.Error(w, r, s.log, err)
+}
+
+func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
+	info := s.info
+	info.Sandboxes = s.edge.Count()
+	httpjson.Write(w, http.StatusOK, info)
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req corral.CreateRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rec, err := s.edge.Create(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusCreated, rec.Sandbox)
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var f store.SandboxFilter
+	for _, st := range q["state"] {
+		switch st {
+		case corral.StateCreating, corral.StateRunning, corral.StateStopped, corral.StateFailed:
+			f.States = append(f.States, st)
+		default:
+			s.fail(w, r, errdefs.Invalid("state", "%q is not a state (creating, running, stopped, failed)", st))
+			return
+		}
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			s.fail(w, r, errdefs.Invalid("label", "%q is not KEY=VALUE", l))
+			return
+		}
+		if f.Labels == nil {
+			f.Labels = make(map[string]string)
+		}
+		f.Labels[k] = v
+	}
+	for k := range q {
+		if k != "state" && k != "label" {
+			s.fail(w, r, errdefs.Invalid(k, "unknown query parameter"))
+			return
+		}
+	}
+	recs, err := s.edge.List(r.Context(), f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]corral.Sandbox, 0, len(recs))
+	for _, rec := range recs {
+		out = append(out, rec.Sandbox)
+	}
+	httpjson.Write(w, http.StatusOK, map[string]any{"sandboxes": out})
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	rec, err := s.edge.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, rec.Sandbox)
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	rec, err := s.edge.Delete(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, rec.Sandbox)
+}
+
+func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
+	var req corral.TTLRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rec, err := s.edge.SetTTL(r.Context(), r.PathValue("id"), req.TTL)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, rec.Sandbox)
+}
+
+func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	name, version, kind := q.Get("name"), q.Get("version"), q.Get("kind")
+	if err := edge.ValidateLayerName("name", name, version); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	switch kind {
+	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit:
+	default:
+		s.fail(w, r, errdefs.Invalid("kind", "%q is not a layer kind (base, workspace, toolkit)", kind))
+		return
+	}
+	log := s.log.With("layer", name+":"+version)
+	start := time.Now()
+	s.importMu.Lock()
+	defer s.importMu.Unlock()
+	blob, err := s.layers.ImportTar(r.Context(), r.Body)
+	if err != nil {
+		s.fail(w, r, fmt.Errorf("import layer %s:%s: %w", name, version, err))
+		return
+	}
+	l, created, err := s.store.PublishLayer(r.Context(), corral.Layer{
+		Name: name, Version: version, Kind: kind, Digest: blob.Digest,
+		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(),
+	})
+	if err != nil {
+		// Drop the imported tree unless another published layer has the same content.
+		if inUse, e2 := s.store.LayerDigestInUse(context.WithoutCancel(r.Context()), blob.Digest); e2 == nil && !inUse {
+			s.layers.Remove(blob.Digest)
+		}
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+		log.Info("layer published", "digest", l.Digest, "bytes", l.Size, "files", l.Files, "took", time.Since(start))
+	}
+	httpjson.Write(w, status, l)
+}
+
+func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("name")
+	ls, err := s.store.ListLayers(r.Context(), name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if ls == nil {
+		ls = []corral.Layer{}
+	}
+	httpjson.Write(w, http.StatusOK, map[string]any{"layers": ls})
+}
+
+func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
+	name, version := r.PathValue("name"), r.PathValue("version")
+	if err := edge.ValidateLayerName("name", name, version); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	l, err := s.store.GetLayer(r.Context(), name, version)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, l)
+}

@@ -1,0 +1,188 @@
+package cli
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// sizeUnits maps a size suffix (lower-cased) to its multiplier. Bare K/M/G/T and the IEC forms
+// are binary, as in docker and Kubernetes' Ki/Mi; the SI forms kB/MB/GB/TB are decimal.
+var sizeUnits = map[string]float64{
+	"": 1, "b": 1,
+	"k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 1e3,
+	"m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 1e6,
+	"g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 1e9,
+	"t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 1e12,
+}
+
+// parseSize parses a byte size: "1048576", "512M", "1G", "1GiB", "1.5g", "100MB".
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	num, unit := t, ""
+	if i >= 0 {
+		num, unit = t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	}
+	mult, ok := sizeUnits[unit]
+	if !ok || num == "" {
+		return 0, fmt.Errorf("%q is not a size (use bytes or a suffix: 512M, 1G, 1GiB, 100MB)", s)
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("%q is not a size (use bytes or a suffix: 512M, 1G, 1GiB, 100MB)", s)
+	}
+	b := math.Round(v * mult)
+	if b >= math.MaxInt64 {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return int64(b), nil
+}
+
+// parseKV splits "KEY=VALUE" pairs into a map; flag names the flag for the error message.
+func parseKV(flag string, pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, usagef("--%s %q: want KEY=VALUE", flag, p)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+// checkEnv checks that every entry is KEY=VALUE (the value may be empty).
+func checkEnv(env []string) error {
+	for _, e := range env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return usagef("--env %q: want KEY=VALUE", e)
+		}
+	}
+	return nil
+}
+
+// checkRef checks a NAME:VERSION layer reference.
+func checkRef(flag, ref string) error {
+	name, version, ok := strings.Cut(ref, ":")
+	if !ok || name == "" || version == "" || strings.Contains(version, ":") {
+		return usagef("--%s %q: want NAME:VERSION", flag, ref)
+	}
+	return nil
+}
+
+// checkDuration checks a Go duration flag ("30m", "2h"); empty is allowed.
+func checkDuration(flag, s string) error {
+	if s == "" {
+		return nil
+	}
+	if d, err := time.ParseDuration(s); err != nil || d < 0 {
+		return usagef("--%s %q: want a duration such as 30m or 2h", flag, s)
+	}
+	return nil
+}
+
+// createFlags are the flags that describe a new sandbox, shared by create and run.
+type createFlags struct {
+	base, workspace           string
+	toolkits                  []string
+	cpus                      float64
+	memory, disk, outputLimit string
+	pids, openFiles           int64
+	env, labels               []string
+	ttl, idleTTL              string
+	hostname                  string
+}
+
+// add registers the flags on fs; the default base is $CORRAL_BASE or base:default.
+func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
+	base := getenv("CORRAL_BASE")
+	if base == "" {
+		base = defaultBase
+	}
+	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION (default from $CORRAL_BASE)")
+	fs.StringVar(&f.workspace, "workspace", "", "workspace layer NAME:VERSION")
+	fs.StringArrayVar(&f.toolkits, "toolkit", nil, "toolkit layer NAME:VERSION (repeatable)")
+	fs.Float64Var(&f.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5")
+	fs.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2GiB")
+	fs.Int64Var(&f.pids, "pids", 0, "maximum number of processes and threads")
+	fs.StringVar(&f.disk, "disk", "", "size of the writable layer, e.g. 10G")
+	fs.Int64Var(&f.openFiles, "open-files", 0, "open file limit (RLIMIT_NOFILE) of every process")
+	fs.StringVar(&f.outputLimit, "output-limit", "", "output kept per command, e.g. 16M")
+	fs.StringArrayVar(&f.env, "env", nil, "environment variable KEY=VALUE for every command (repeatable)")
+	fs.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
+	fs.StringVar(&f.ttl, "ttl", "", "lifetime, e.g. 30m (default: the server's)")
+	fs.StringVar(&f.idleTTL, "idle-ttl", "", "stop after this long without activity, e.g. 10m")
+	fs.StringVar(&f.hostname, "hostname", "", "hostname inside the sandbox (default: its ID)")
+}
+
+// request validates the flags and builds the create request.
+func (f *createFlags) request() (corral.CreateRequest, error) {
+	req := corral.CreateRequest{
+		Base:      f.base,
+		Workspace: f.workspace,
+		Toolkits:  f.toolkits,
+		Env:       f.env,
+		TTL:       f.ttl,
+		IdleTTL:   f.idleTTL,
+		Hostname:  f.hostname,
+		Limits:    corral.Limits{CPUs: f.cpus, Pids: f.pids, OpenFiles: f.openFiles},
+	}
+	if err := checkRef("base", f.base); err != nil {
+		return req, err
+	}
+	if f.workspace != "" {
+		if err := checkRef("workspace", f.workspace); err != nil {
+			return req, err
+		}
+	}
+	for _, t := range f.toolkits {
+		if err := checkRef("toolkit", t); err != nil {
+			return req, err
+		}
+	}
+	if f.cpus < 0 || f.pids < 0 || f.openFiles < 0 {
+		return req, usagef("--cpus, --pids and --open-files must not be negative")
+	}
+	for _, s := range []struct {
+		flag, value string
+		dst         *int64
+	}{
+		{"memory", f.memory, &req.Limits.MemoryBytes},
+		{"disk", f.disk, &req.Limits.DiskBytes},
+		{"output-limit", f.outputLimit, &req.Limits.OutputBytes},
+	} {
+		if s.value == "" {
+			continue
+		}
+		n, err := parseSize(s.value)
+		if err != nil {
+			return req, usagef("--%s: %v", s.flag, err)
+		}
+		*s.dst = n
+	}
+	if err := checkEnv(f.env); err != nil {
+		return req, err
+	}
+	labels, err := parseKV("label", f.labels)
+	if err != nil {
+		return req, err
+	}
+	req.Labels = labels
+	if err := checkDuration("ttl", f.ttl); err != nil {
+		return req, err
+	}
+	if err := checkDuration("idle-ttl", f.idleTTL); err != nil {
+		return req, err
+	}
+	return req, nil
+}

@@ -1,0 +1,274 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+func (a *app) newCreateCmd() *cobra.Command {
+	var f createFlags
+	cmd := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create a sandbox and print its ID",
+		Example: `  corral create --base base:default --memory 1G --cpus 2 --ttl 2h --label task=42
+  id=$(corral create) && corral exec "$id" -- uname -a`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := f.request()
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(sb)
+			}
+			_, err = fmt.Fprintln(a.stdout, sb.ID)
+			return err
+		},
+	}
+	f.add(cmd.Flags(), a.getenv)
+	return cmd
+}
+
+func (a *app) newGetCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get ID",
+		Short: "Show a sandbox",
+		Args:  exactArgs(1, "a sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.GetSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(sb)
+			}
+			return a.printSandbox(sb)
+		},
+	}
+}
+
+// printSandbox writes the key/value view of a sandbox.
+func (a *app) printSandbox(sb *corral.Sandbox) error {
+	now := a.now()
+	t := newTable(a.stdout)
+	state := sb.State
+	if sb.Reason != "" {
+		state += " (" + sb.Reason + ")"
+	}
+	lim := sb.Limits
+	cpus := "-"
+	if lim.CPUs != 0 {
+		cpus = strconv.FormatFloat(lim.CPUs, 'f', -1, 64)
+	}
+	count := func(n int64) string {
+		if n == 0 {
+			return "-"
+		}
+		return strconv.FormatInt(n, 10)
+	}
+	idle := "-"
+	if sb.IdleTTLSeconds > 0 {
+		idle = (time.Duration(sb.IdleTTLSeconds) * time.Second).String()
+	}
+	for _, kv := range [][2]string{
+		{"ID:", sb.ID},
+		{"State:", state},
+		{"Node:", orDash(sb.Node)},
+		{"Tier:", orDash(sb.Tier)},
+		{"Runtime:", orDash(sb.Runtime)},
+		{"Hostname:", orDash(sb.Hostname)},
+		{"Base:", orDash(sb.Base)},
+		{"Workspace:", orDash(sb.Workspace)},
+		{"Toolkits:", orDash(strings.Join(sb.Toolkits, ", "))},
+		{"CPUs:", cpus},
+		{"Memory:", formatBytes(lim.MemoryBytes)},
+		{"Disk:", formatBytes(lim.DiskBytes)},
+		{"Pids:", count(lim.Pids)},
+		{"Open files:", count(lim.OpenFiles)},
+		{"Output limit:", formatBytes(lim.OutputBytes)},
+		{"Env:", orDash(strings.Join(sb.Env, " "))},
+		{"Labels:", orDash(formatLabels(sb.Labels))},
+		{"Created:", formatTime(sb.CreatedAt, now)},
+		{"Expires:", formatTime(sb.ExpiresAt, now)},
+		{"Idle TTL:", idle},
+		{"Last activity:", formatTime(sb.LastActivityAt, now)},
+		{"Ended:", formatTime(sb.EndedAt, now)},
+	} {
+		t.row(kv[0], kv[1])
+	}
+	return t.flush()
+}
+
+func (a *app) newLsCmd() *cobra.Command {
+	var state string
+	var labels []string
+	cmd := &cobra.Command{
+		Use:     "ls [--state S] [--label K=V ...]",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			want, err := parseKV("label", labels)
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.ListSandboxes(cmd.Context(), corral.ListOptions{State: state, Labels: want})
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				if list == nil {
+					list = []corral.Sandbox{}
+				}
+				return a.printJSON(list)
+			}
+			now := a.now()
+			t := newTable(a.stdout, "ID", "STATE", "BASE", "CREATED", "EXPIRES", "LABELS")
+			for _, sb := range list {
+				st := sb.State
+				if sb.Reason != "" {
+					st += " (" + sb.Reason + ")"
+				}
+				expires := relTime(sb.ExpiresAt, now)
+				if sb.State != corral.StateRunning && sb.State != corral.StateCreating {
+					expires = "-"
+				}
+				t.row(sb.ID, st, orDash(sb.Base), relTime(sb.CreatedAt, now), expires, orDash(formatLabels(sb.Labels)))
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: creating, running, stopped, failed")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with this label KEY=VALUE (repeatable; all must match)")
+	return cmd
+}
+
+func (a *app) newRmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm ID...",
+		Aliases: []string{"delete"},
+		Short:   "Delete sandboxes, killing their commands",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("rm wants at least one sandbox ID")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			deleted := []*corral.Sandbox{}
+			failed := 0
+			for _, id := range args {
+				sb, err := c.DeleteSandbox(cmd.Context(), id)
+				if err != nil {
+					// Keep going: one bad ID should not leave the other sandboxes running.
+					fmt.Fprintf(a.stderr, "corral: %s: %s\n", id, a.describe(err))
+					failed++
+					continue
+				}
+				deleted = append(deleted, sb)
+				if !a.jsonOut() {
+					fmt.Fprintln(a.stdout, sb.ID)
+				}
+			}
+			if a.jsonOut() {
+				if err := a.printJSON(deleted); err != nil {
+					return err
+				}
+			}
+			if failed > 0 {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+}
+
+func (a *app) newTTLCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ttl ID DURATION",
+		Short:   "Make a sandbox expire DURATION from now (extend or shorten its life)",
+		Example: `  corral ttl sb-local-0123456789abcdef 2h`,
+		Args:    exactArgs(2, "a sandbox ID and a duration"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := time.ParseDuration(args[1])
+			if err != nil || d <= 0 {
+				return usagef("duration %q: want a positive duration such as 30m or 2h", args[1])
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.SetTTL(cmd.Context(), args[0], d)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(sb)
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s expires %s\n", sb.ID, formatTime(sb.ExpiresAt, a.now()))
+			return err
+		},
+	}
+}
+
+func (a *app) newInfoCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "info",
+		Short: "Show what the server says about itself",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			info, err := c.Info(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(info)
+			}
+			t := newTable(a.stdout)
+			for _, kv := range [][2]string{
+				{"Server:", a.url},
+				{"Version:", orDash(info.Version)},
+				{"Node:", orDash(info.Node)},
+				{"Runtime:", orDash(info.Runtime)},
+				{"Runtime path:", orDash(info.RuntimePath)},
+				{"Runtime version:", orDash(info.RuntimeVersion)},
+				{"Cgroup version:", orDash(info.CgroupVersion)},
+				{"Data dir:", orDash(info.DataDir)},
+				{"Sandboxes:", strconv.Itoa(info.Sandboxes)},
+			} {
+				t.row(kv[0], kv[1])
+			}
+			return t.flush()
+		},
+	}
+}

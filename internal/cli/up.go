@@ -1,0 +1,61 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/corral-dev/corral/internal/daemon"
+	"github.com/spf13/cobra"
+)
+
+// newUpCmd returns `corral up`: the API server and this host's edge in one process.
+func newUpCmd() *cobra.Command {
+	var cfg daemon.Config
+	var logFormat, logLevel string
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run Corral on this machine: API server, edge and embedded store in one process",
+		Long: `Run Corral on this machine: the API server, this host's edge and the embedded SQLite store.
+
+On first start it creates an admin API token in <data-dir>/admin.token (mode 0600).
+SIGTERM or SIGINT shut it down cleanly; running sandboxes keep running and are
+re-adopted at the next start, as they are after a crash.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			hopts := &slog.HandlerOptions{Level: level}
+			var h slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), hopts)
+			switch logFormat {
+			case "json":
+				h = slog.NewJSONHandler(cmd.ErrOrStderr(), hopts)
+			case "text":
+			default:
+				return fmt.Errorf("--log-format must be text or json, not %q", logFormat)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return daemon.Run(ctx, cfg, slog.New(h), nil)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral", "directory for the store, layers, sandbox state and admin.token")
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address of the API")
+	f.StringVar(&cfg.Node, "node", "local", "this host's name in sandbox IDs (1-16 lowercase letters or digits)")
+	f.StringVar(&cfg.Runc, "runc", "", "runc binary (default: $CORRAL_RUNC, the build cached in /var/cache/corral/runc, or runc on PATH)")
+	f.StringVar(&cfg.Agent, "agent", "", "static corral-agent binary (default: beside this executable)")
+	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "/corral", "cgroup under which sandbox cgroups are created")
+	f.DurationVar(&cfg.DefaultTTL, "default-ttl", 0, "TTL of a sandbox whose create call names none (default 1h)")
+	f.DurationVar(&cfg.MaxTTL, "max-ttl", 0, "largest TTL a create call may ask for (default 168h)")
+	f.Int64Var(&cfg.MaxLayerBytes, "max-layer-bytes", 0, "largest expanded size of an imported layer (default 16 GiB)")
+	f.IntVar(&cfg.DiskPool, "disk-pool", 4, "writable disks of the default size kept formatted ahead")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+

@@ -1,0 +1,242 @@
+// Package daemon runs `corral up`: one process with the API server, the edge of this host, the
+// embedded SQLite store and the local layer store, all under one data directory. It owns startup
+// order (store, token, layers, runtime, edge reconcile, then the listener, so /healthz answers only
+// when everything is ready) and shutdown (the listener and reaper stop; sandboxes keep running).
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Version is the Corral version, set at build time with -ldflags.
+var Version = "dev"
+
+// Config configures `corral up`.
+type Config struct {
+	// DataDir holds the store, layers, sandbox state and admin.token. Default /var/lib/corral.
+	DataDir string
+	// Listen is the API's address. Default 127.0.0.1:7070.
+	Listen string
+	// Node names this host in sandbox IDs. Default "local".
+	Node string
+	// Runc is the runc binary; default: $CORRAL_RUNC, else the newest build cached by
+	// scripts/install-runc.sh under /var/cache/corral/runc, else runc on PATH.
+	Runc string
+	// Agent is the static corral-agent binary; default: corral-agent beside this executable.
+	Agent string
+	// CgroupParent is the cgroup under which sandboxes' cgroups are made. Default /corral.
+	CgroupParent string
+	// DefaultTTL and MaxTTL bound sandbox lifetimes (defaults 1h and 7 days).
+	DefaultTTL, MaxTTL time.Duration
+	// MaxLayerBytes bounds the expanded size of one imported layer. Default 16 GiB.
+	MaxLayerBytes int64
+	// DiskPool is how many writable disks of the default size are kept formatted ahead. Default 4.
+	DiskPool int
+}
+
+func (c *Config) setDefaults() {
+	if c.DataDir == "" {
+		c.DataDir = "/var/lib/corral"
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:7070"
+	}
+	if c.Node == "" {
+		c.Node = "local"
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = "/corral"
+	}
+	if c.DiskPool == 0 {
+		c.DiskPool = 4
+	}
+}
+
+// Validate checks c and resolves the runc and agent binaries.
+func (c *Config) Validate() error {
+	abs, err := filepath.Abs(c.DataDir)
+	if err != nil {
+		return errdefs.Invalid("data-dir", "%v", err)
+	}
+	c.DataDir = abs
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return errdefs.Invalid("listen", "%q is not HOST:PORT", c.Listen)
+	}
+	if c.Runc == "" {
+		c.Runc = FindRunc()
+	}
+	if c.Runc == "" {
+		return errdefs.Invalid("runc", "no runc found: run scripts/install-runc.sh (make setup) or pass --runc")
+	}
+	if c.Agent == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return errdefs.Invalid("agent", "cannot locate corral-agent: %v", err)
+		}
+		c.Agent = filepath.Join(filepath.Dir(self), "corral-agent")
+	}
+	if c.Agent, err = filepath.Abs(c.Agent); err != nil {
+		return errdefs.Invalid("agent", "%v", err)
+	}
+	if fi, err := os.Stat(c.Agent); err != nil || !fi.Mode().IsRegular() {
+		return errdefs.Invalid("agent", "corral-agent not found at %s (build it with `make build`, or pass --agent)", c.Agent)
+	}
+	return nil
+}
+
+// FindRunc returns the runc binary Corral should use, or "".
+func FindRunc() string {
+	if p := os.Getenv("CORRAL_RUNC"); p != "" {
+		return p
+	}
+	matches, _ := filepath.Glob("/var/cache/corral/runc/*/runc")
+	if len(matches) > 0 {
+		return matches[len(matches)-1]
+	}
+	if p, err := exec.LookPath("runc"); err == nil {
+		return p
+	}
+	return ""
+}
+
+// Run starts Corral and serves until ctx ends. ready, if not nil, is closed once /healthz answers.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string) error {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("corral up must run as root (it mounts filesystems and drives runc)")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	log = log.With("node", cfg.Node)
+	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "corral.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := ensureAdminToken(ctx, st, filepath.Join(cfg.DataDir, "admin.token"), log); err != nil {
+		return err
+	}
+	ls, err := layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes}, log)
+	if err != nil {
+		return err
+	}
+	rt, err := runc.New(ctx, runc.Config{
+		Runc:             cfg.Runc,
+		StateDir:         filepath.Join(cfg.DataDir, "sandboxes"),
+		RuncRoot:         filepath.Join(cfg.DataDir, "runc"),
+		CgroupParent:     cfg.CgroupParent,
+		DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
+		DiskPool:         cfg.DiskPool,
+	}, log)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	runcVersion, err := rt.Version(ctx)
+	if err != nil {
+		return err
+	}
+	e, err := edge.New(edge.Config{
+		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
+	}, log, st, rt, ls)
+	if err != nil {
+		return err
+	}
+	if err := e.Start(ctx); err != nil {
+		return err
+	}
+	defer e.Close()
+	api := apiserver.New(log, st, e, ls, corral.Info{
+		Version: Version, Node: cfg.Node, Runtime: "runc", RuntimePath: cfg.Runc,
+		RuntimeVersion: runcVersion, DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),
+	})
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	srv := &http.Server{
+		Handler:           api.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.Info("corral is up", "listen", lis.Addr().String(), "data_dir", cfg.DataDir,
+		"runc", runcVersion, "agent", cfg.Agent, "version", Version)
+	if ready != nil {
+		ready <- lis.Addr().String()
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve API: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down; sandboxes keep running")
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("shutdown", "err", err)
+	}
+	return nil
+}
+
+// ensureAdminToken makes sure the root principal has a token and that adminPath holds one.
+func ensureAdminToken(ctx context.Context, st *store.Store, adminPath string, log *slog.Logger) error {
+	if b, err := os.ReadFile(adminPath); err == nil {
+		tok := strings.TrimSpace(string(b))
+		if _, err := st.TokenPrincipal(ctx, apiserver.HashToken(tok)); err == nil {
+			return nil
+		}
+		log.Warn("admin.token does not match the store; issuing a new admin token", "path", adminPath)
+	}
+	var b [32]byte
+	rand.Read(b[:])
+	tok := "crl_" + base64.RawURLEncoding.EncodeToString(b[:])
+	tmp := adminPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write admin token: %w", err)
+	}
+	if err := st.AddToken(ctx, apiserver.HashToken(tok), "root"); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, adminPath); err != nil {
+		return fmt.Errorf("write admin token: %w", err)
+	}
+	log.Info("created admin token", "path", adminPath)
+	return nil
+}
+
+func cgroupVersion() string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return "v2"
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/unified"); err == nil {
+		return "v1 (hybrid)"
+	}
+	return "v1"
+}

@@ -1,0 +1,364 @@
+// Package e2e tests Corral end to end: the real `corral up` binary, the real corral-agent, real runc,
+// overlay and loop mounts, driven through the Go SDK and the CLI binary. Every test needs root and
+// skips with a clear message without it.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/layers"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+var (
+	binDir     string // holds corral and corral-agent
+	repoRoot   string
+	setupErr   error
+	setupOnce  sync.Once
+	rootfsOnce sync.Once
+	rootfsDir  string
+	rootfsErr  error
+)
+
+func TestMain(m *testing.M) {
+	_, file, _, _ := runtime.Caller(0)
+	repoRoot = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	code := m.Run()
+	if binDir != "" && os.Getenv("CORRAL_BIN") == "" {
+		os.RemoveAll(binDir)
+	}
+	if rootfsDir != "" {
+		os.RemoveAll(filepath.Dir(rootfsDir))
+	}
+	os.Exit(code)
+}
+
+// needRoot skips the test unless it runs as root with runc available.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: end-to-end tests mount filesystems and run runc (run `make test` as root)")
+	}
+	if runcPath() == "" {
+		t.Skip("needs runc: run scripts/install-runc.sh (make setup)")
+	}
+	setupOnce.Do(func() {
+		if d := os.Getenv("CORRAL_BIN"); d != "" {
+			binDir = d
+			return
+		}
+		binDir, setupErr = os.MkdirTemp("", "corral-e2e-bin-")
+		if setupErr != nil {
+			return
+		}
+		for _, b := range []struct{ out, pkg string; static bool }{
+			{"corral", "./cmd/corral", false}, {"corral-agent", "./cmd/corral-agent", true},
+		} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)
+			cmd.Dir = repoRoot
+			cmd.Env = os.Environ()
+			if b.static {
+				cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
+			}
+			if out, err := cmd.CombinedOutput(); err != nil {
+				setupErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+				return
+			}
+		}
+	})
+	if setupErr != nil {
+		t.Fatal(setupErr)
+	}
+}
+
+func runcPath() string {
+	if p := os.Getenv("CORRAL_RUNC"); p != "" {
+		return p
+	}
+	m, _ := filepath.Glob("/var/cache/corral/runc/*/runc")
+	if len(m) > 0 {
+		return m[len(m)-1]
+	}
+	return ""
+}
+
+// busyboxRootfs returns a directory holding the busybox base rootfs (built once per test binary).
+func busyboxRootfs(t *testing.T) string {
+	t.Helper()
+	rootfsOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "corral-e2e-rootfs-")
+		if err != nil {
+			rootfsErr = err
+			return
+		}
+		rootfsDir = filepath.Join(dir, "rootfs")
+		out, err := exec.Command(filepath.Join(repoRoot, "scripts", "busybox-rootfs.sh"), rootfsDir).CombinedOutput()
+		if err != nil {
+			rootfsErr = fmt.Errorf("busybox-rootfs.sh: %v\n%s", err, out)
+		}
+	})
+	if rootfsErr != nil {
+		t.Fatal(rootfsErr)
+	}
+	return rootfsDir
+}
+
+// corralProc is one running `corral up`.
+type corralProc struct {
+	t        *testing.T
+	URL      string
+	Token    string
+	DataDir  string
+	Cgroup   string
+	Listen   string
+	Client   *corral.Client
+	cmd      *exec.Cmd
+	logs     *bytes.Buffer
+	waitDone chan struct{}
+	extra    []string
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startCorral starts `corral up` on a fresh data dir and cgroup parent; it is stopped, and every
+// sandbox it left deleted, when the test ends.
+func startCorral(t *testing.T, extra ...string) *corralProc {
+	t.Helper()
+	needRoot(t)
+	// Short paths: agent sockets live under the data dir and sun_path holds 108 bytes.
+	dataDir, err := os.MkdirTemp("", "crl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &corralProc{t: t, DataDir: dataDir, Cgroup: "/corral-e2e-" + randHex(4), Listen: freePort(t), extra: extra}
+	p.URL = "http://" + p.Listen
+	p.start()
+	t.Cleanup(func() {
+		p.cleanup()
+		os.RemoveAll(dataDir)
+	})
+	return p
+}
+
+func (p *corralProc) start() {
+	t := p.t
+	t.Helper()
+	args := append([]string{"up", "--data-dir", p.DataDir, "--listen", p.Listen, "--cgroup-parent", p.Cgroup,
+		"--runc", runcPath(), "--disk-pool", "1", "--log-level", "debug"}, p.extra...)
+	p.cmd = exec.Command(filepath.Join(binDir, "corral"), args...)
+	p.logs = &bytes.Buffer{}
+	p.cmd.Stdout, p.cmd.Stderr = &lockedWriter{w: p.logs}, &lockedWriter{w: p.logs}
+	// Its own process group, so a kill -9 of it is exactly that and nothing else.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p.waitDone = make(chan struct{})
+	go func() { p.cmd.Wait(); close(p.waitDone) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(p.URL + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		select {
+		case <-p.waitDone:
+			t.Fatalf("corral up exited early:\n%s", p.Logs())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("corral up not healthy after 30s:\n%s", p.Logs())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tok, err := os.ReadFile(filepath.Join(p.DataDir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Token = strings.TrimSpace(string(tok))
+	p.Client = corral.New(p.URL, p.Token)
+}
+
+// Logs returns what corral up printed so far.
+func (p *corralProc) Logs() string {
+	lw := p.cmd.Stderr.(*lockedWriter)
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return p.logs.String()
+}
+
+// Kill9 kills corral up with SIGKILL and waits for it to be gone.
+func (p *corralProc) Kill9() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.waitDone
+}
+
+// Restart starts corral up again on the same data dir and address.
+func (p *corralProc) Restart() { p.start() }
+
+// Stop sends SIGTERM and waits.
+func (p *corralProc) Stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.waitDone:
+	case <-time.After(15 * time.Second):
+		p.t.Errorf("corral up did not exit within 15s of SIGTERM")
+		p.Kill9()
+	}
+}
+
+func (p *corralProc) cleanup() {
+	select {
+	case <-p.waitDone:
+	default:
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if list, err := p.Client.ListSandboxes(ctx, corral.ListOptions{}); err == nil {
+			for _, sb := range list {
+				if sb.State == corral.StateRunning || sb.State == corral.StateCreating {
+					p.Client.DeleteSandbox(ctx, sb.ID)
+				}
+			}
+		}
+		p.Stop()
+	}
+	if p.t.Failed() {
+		p.t.Logf("corral up log:\n%s", p.Logs())
+	}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// importDir publishes dir as name:version of kind.
+func (p *corralProc) importDir(name, version, kind, dir string) *corral.Layer {
+	p.t.Helper()
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(layers.WriteTar(context.Background(), dir, pw)) }()
+	l, err := p.Client.ImportLayer(context.Background(), name, version, kind, pr)
+	if err != nil {
+		p.t.Fatalf("import %s:%s: %v", name, version, err)
+	}
+	return l
+}
+
+// withBase starts corral and publishes the busybox rootfs as base:test.
+func withBase(t *testing.T, extra ...string) *corralProc {
+	p := startCorral(t, extra...)
+	p.importDir("base", "test", corral.KindBase, busyboxRootfs(t))
+	return p
+}
+
+// create makes a sandbox on base:test, deleted at the end of the test.
+func (p *corralProc) create(req corral.CreateRequest) *corral.Sandbox {
+	p.t.Helper()
+	if req.Base == "" {
+		req.Base = "base:test"
+	}
+	sb, err := p.Client.CreateSandbox(context.Background(), req)
+	if err != nil {
+		p.t.Fatalf("create sandbox: %v", err)
+	}
+	if sb.State != corral.StateRunning {
+		p.t.Fatalf("new sandbox state = %q, want running", sb.State)
+	}
+	return sb
+}
+
+// run executes argv in a sandbox and returns stdout, stderr and the exit.
+func (p *corralProc) run(id string, argv ...string) (string, string, *corral.Exit) {
+	p.t.Helper()
+	return p.runReq(id, corral.ExecRequest{Argv: argv})
+}
+
+func (p *corralProc) runReq(id string, req corral.ExecRequest) (string, string, *corral.Exit) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	stdout, stderr, exit, err := p.Client.Run(ctx, id, req)
+	if err != nil {
+		p.t.Fatalf("exec %q: %v", req.Argv, err)
+	}
+	return string(stdout), string(stderr), exit
+}
+
+// sh runs a shell script in a sandbox, failing the test unless it exits 0.
+func (p *corralProc) sh(id, script string) string {
+	p.t.Helper()
+	out, errOut, exit := p.run(id, "/bin/sh", "-c", script)
+	if exit == nil || exit.Code != 0 {
+		p.t.Fatalf("sh -c %q: exit %+v\nstdout: %s\nstderr: %s", script, exit, out, errOut)
+	}
+	return out
+}
+
+// cli runs the corral CLI binary against p and returns stdout, stderr and its exit code.
+func (p *corralProc) cli(stdin string, args ...string) (string, string, int) {
+	p.t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "corral"), args...)
+	cmd.Env = append(os.Environ(), "CORRAL_URL="+p.URL, "CORRAL_TOKEN="+p.Token)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		p.t.Fatalf("run corral %v: %v", args, err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

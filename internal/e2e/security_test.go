@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// TestHarnessUnreachable proves from inside a sandbox, as root, that nothing of the harness can be
+// reached: the agent's channel, binary, memory, environment and descriptors, and that overwriting
+// the sandbox's shell changes nothing for the agent.
+func TestHarnessUnreachable(t *testing.T) {
+	p := withBase(t)
+	sb := p.create(corral.CreateRequest{})
+
+	checks := []struct {
+		name, script, want string
+	}{
+		{"runs as root", "id -u", "0"},
+		{"no socket file anywhere", "find / -xdev -type s 2>/dev/null | wc -l", "0"},
+		{"no unix socket in the sandbox's network namespace", "grep -vc '^Num' /proc/net/unix", "0"},
+		{"agent memory unreadable", "cat /proc/1/mem >/dev/null 2>&1 && echo readable || echo denied", "denied"},
+		{"agent environment unreadable", "cat /proc/1/environ >/dev/null 2>&1 && echo readable || echo denied", "denied"},
+		{"agent descriptors unopenable", "for f in /proc/1/fd/*; do cat $f >/dev/null 2>&1 </dev/null && echo open $f; done; echo end", "end"},
+		{"agent descriptor links unreadable", "readlink /proc/1/fd/3 2>/dev/null || echo denied", "denied"},
+		{"agent binary unreadable", "cat /proc/1/exe >/dev/null 2>&1 && echo readable || echo denied", "denied"},
+		{"agent binary not in the filesystem", "find / -xdev -name 'corral*' 2>/dev/null | wc -l", "0"},
+		{"no harness mounts", "grep -c corral /proc/self/mountinfo", "0"},
+		{"agent cannot be killed", "kill -9 1; kill -SEGV 1; kill -TERM 1; sleep 0.2; echo alive", "alive"},
+		{"no ptrace capability", "grep CapEff /proc/self/status | awk '{print $2}'", ""},
+		{"seccomp filter on", "grep Seccomp: /proc/self/status | awk '{print $2}'", "2"},
+		{"no new privileges", "grep NoNewPrivs /proc/self/status | awk '{print $2}'", "1"},
+		{"kcore masked", "head -c 16 /proc/kcore 2>/dev/null | wc -c", "0"},
+		{"kpagecgroup masked", "head -c 16 /proc/kpagecgroup 2>/dev/null | wc -c", "0"},
+		{"keys masked", "cat /proc/keys 2>/dev/null | wc -c", "0"},
+		{"sysrq-trigger not writable", "echo h > /proc/sysrq-trigger 2>/dev/null && echo wrote || echo refused", "refused"},
+		{"/proc/sys read-only", "echo 1 > /proc/sys/kernel/panic 2>/dev/null && echo wrote || echo refused", "refused"},
+		{"/sys read-only", "touch /sys/x 2>/dev/null && echo wrote || echo refused", "refused"},
+		{"cannot remount", "mount -o remount,rw /proc/sys 2>/dev/null && echo remounted || echo refused", "refused"},
+		{"no network but loopback", "ls /sys/class/net | tr '\\n' ' '", "lo "},
+		{"no agent log files", "find /tmp /var /run /root -type f 2>/dev/null | wc -l", "0"},
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			got := strings.TrimSpace(p.sh(sb.ID, c.script))
+			if c.name == "no ptrace capability" {
+				// CapEff is hex; bit 19 is CAP_SYS_PTRACE, 21 CAP_SYS_ADMIN, 16 CAP_SYS_MODULE, 13 CAP_NET_RAW.
+				var caps uint64
+				fmt.Sscanf(got, "%x", &caps)
+				for _, bit := range []uint{13, 16, 19, 21} {
+					if caps&(1<<bit) != 0 {
+						t.Fatalf("CapEff %s has capability bit %d", got, bit)
+					}
+				}
+				return
+			}
+			if got != c.want {
+				t.Fatalf("%s: got %q, want %q", c.script, got, c.want)
+			}
+		})
+	}
+
+	// Overwrite the shell and busybox's sh with a trap; the agent's own work (exec of a direct argv,
+	// files, tar) must never run it.
+	p.sh(sb.ID, `rm /bin/sh && printf '#!/bin/busybox ash\ntouch /pwned\nexec /bin/busybox ash "$@"\n' > /bin/sh && chmod +x /bin/sh && cp /bin/sh /bin/bash`)
+	ctx := context.Background()
+	if _, _, exit := p.run(sb.ID, "/bin/busybox", "true"); exit.Code != 0 {
+		t.Fatalf("direct exec after overwriting /bin/sh: %+v", exit)
+	}
+	if _, err := p.Client.WriteFile(ctx, sb.ID, "/tmp/f", strings.NewReader("x"), corral.WriteFileOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := p.Client.TarOut(ctx, sb.ID, "/tmp"); err == nil {
+		rc.Close()
+	}
+	if _, err := p.Client.Stat(ctx, sb.ID, "/pwned"); !corral.IsNotFound(err) {
+		t.Fatalf("/pwned exists: the agent ran the sandbox's /bin/sh (err %v)", err)
+	}
+}
+
+// TestLimits checks that the writable layer, memory, processes and open files are bounded.
+func TestLimits(t *testing.T) {
+	p := withBase(t)
+	sb := p.create(corral.CreateRequest{Limits: corral.Limits{
+		MemoryBytes: 64 << 20, Pids: 64, DiskBytes: 64 << 20, OpenFiles: 256, CPUs: 0.5,
+	}})
+	// Disk: writing past 64 MiB fails with ENOSPC.
+	out, _, exit := p.run(sb.ID, "/bin/sh", "-c", "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; echo rc=$?")
+	if !strings.Contains(out, "No space left on device") || exit.Code != 0 {
+		t.Fatalf("disk limit: dd said %q", out)
+	}
+	if got := strings.TrimSpace(p.sh(sb.ID, "ulimit -n")); got != "256" {
+		t.Fatalf("open files limit = %s, want 256", got)
+	}
+	// Processes: a fork loop stops at the pids limit and the sandbox still answers.
+	out, _, _ = p.run(sb.ID, "/bin/sh", "-c", "for i in $(seq 100); do sleep 5 & done 2>&1 | grep -c 'fork' ; true")
+	if strings.TrimSpace(out) == "0" {
+		t.Fatalf("100 background sleeps with pids=64: no fork failed")
+	}
+	p.run(sb.ID, "/bin/sh", "-c", "kill $(pidof sleep) 2>/dev/null; true")
+	// Memory: a process that grows past 64 MiB is OOM-killed, the sandbox survives.
+	_, _, exit = p.run(sb.ID, "/bin/sh", "-c", "head -c 200000000 /dev/zero | tail -c 1 >/dev/null")
+	if exit.Code == 0 {
+		t.Fatalf("tail holding 200 MB in a 64 MiB sandbox exited 0: %+v", exit)
+	}
+	if got := p.sh(sb.ID, "echo still here"); got != "still here\n" {
+		t.Fatalf("after the OOM kill: %q", got)
+	}
+	if got := strings.TrimSpace(p.sh(sb.ID, "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us 2>/dev/null | head -1")); got != "50000" {
+		t.Logf("cpu quota seen inside = %q (cgroup v1 files may not be visible inside)", got)
+	}
+}
+
+// TestDeleteLeavesNothing creates and deletes sandboxes (some busy) and then checks the host for
+// every kind of leftover.
+func TestDeleteLeavesNothing(t *testing.T) {
+	p := withBase(t)
+	ctx := context.Background()
+	for i := range 12 {
+		sb := p.create(corral.CreateRequest{Limits: corral.Limits{DiskBytes: 32 << 20}})
+		if i%2 == 0 {
+			p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "sleep 100 & sleep 100"}})
+		}
+		p.sh(sb.ID, "echo x > /root/x")
+		if _, err := p.Client.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Stop()
+	assertNoLeftovers(t, p)
+}
+
+func assertNoLeftovers(t *testing.T, p *corralProc) {
+	t.Helper()
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mi), "\n") {
+		if strings.Contains(line, p.DataDir) {
+			t.Errorf("mount left behind: %s", line)
+		}
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range loops {
+		b, _ := os.ReadFile(f)
+		if strings.Contains(string(b), p.DataDir) {
+			t.Errorf("loop device left behind: %s -> %s", f, strings.TrimSpace(string(b)))
+		}
+	}
+	ctrls, _ := filepath.Glob("/sys/fs/cgroup/*" + p.Cgroup)
+	for _, dir := range ctrls {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if e.IsDir() {
+				t.Errorf("cgroup left behind: %s/%s", dir, e.Name())
+			}
+		}
+		if tasks, err := os.ReadFile(filepath.Join(dir, "tasks")); err == nil && len(strings.TrimSpace(string(tasks))) > 0 {
+			t.Errorf("processes left in %s: %s", dir, tasks)
+		}
+	}
+	for _, sub := range []string{"sandboxes", "runc"} {
+		entries, _ := os.ReadDir(filepath.Join(p.DataDir, sub))
+		for _, e := range entries {
+			t.Errorf("state left behind: %s", filepath.Join(p.DataDir, sub, e.Name()))
+		}
+	}
+}

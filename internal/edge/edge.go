@@ -1,0 +1,791 @@
+// Package edge is the node agent: the only part of Corral that touches sandboxes on a host. It admits
+// and creates sandboxes (layers resolved to directories, a runtime to run them), keeps the in-memory
+// view of the running ones with their agent clients, enforces the hard and idle TTLs, notices
+// sandboxes that died, re-adopts running sandboxes after its own restart, and serves the sandbox data
+// plane (exec, commands, files) over HTTP.
+//
+// State: the store holds every sandbox record; the edge's memory holds only what can be rebuilt from
+// the store and the runtime (agent clients, last activity). Last activity is flushed to the store by
+// the reaper, so after a crash the idle clock may restart up to one flush interval early.
+//
+// Lock order: Edge.mu, then sandbox.mu. Edge.mu guards only the map; lifecycle transitions of one
+// sandbox hold its own mu, so slow runtime calls for one sandbox never block another.
+package edge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Runtime runs container sandboxes. internal/runtime/runc implements it; the edge is its only user.
+//
+// Create is all-or-nothing; Delete is idempotent and leaves nothing behind; Open re-adopts a sandbox
+// created by an earlier process; Status is cheap enough to call for every sandbox every few seconds.
+type Runtime interface {
+	Create(ctx context.Context, spec runc.Spec) (*runc.Sandbox, error)
+	Open(ctx context.Context, id string) (*runc.Sandbox, error)
+	Status(ctx context.Context, id string) (runc.Status, error)
+	Delete(ctx context.Context, id string) error
+	List(ctx context.Context) ([]string, error)
+}
+
+// LayerPaths resolves layer digests to directories usable as overlay lower dirs.
+type LayerPaths interface {
+	Path(digest string) (string, error)
+}
+
+// Config configures an Edge. Zero fields take the defaults documented on each.
+type Config struct {
+	// Node names this host; it is part of every sandbox ID created here. Default "local".
+	Node string
+	// AgentPath is the host path of the static corral-agent binary.
+	AgentPath string
+	// DefaultTTL applies when a create call names none (default 1h); MaxTTL bounds every TTL
+	// (default 7 days).
+	DefaultTTL, MaxTTL time.Duration
+	// DefaultLimits fill zero fields of a create call; MaxLimits bound them.
+	DefaultLimits, MaxLimits corral.Limits
+	// ReapInterval is how often TTLs, idleness and liveness are checked (default 1s).
+	ReapInterval time.Duration
+	// Retention is how long records of stopped and failed sandboxes are kept (default 24h).
+	Retention time.Duration
+}
+
+// DefaultLimits are the limits of a sandbox whose create call names none.
+var DefaultLimits = corral.Limits{
+	CPUs:        1,
+	MemoryBytes: 1 << 30,
+	Pids:        1024,
+	DiskBytes:   10 << 30,
+	OpenFiles:   4096,
+	OutputBytes: 16 << 20,
+}
+
+// MaxLimits are the largest limits a create call may ask for by default.
+var MaxLimits = corral.Limits{
+	CPUs:        64,
+	MemoryBytes: 256 << 30,
+	Pids:        1 << 20,
+	DiskBytes:   4 << 40,
+	OpenFiles:   1 << 20,
+	OutputBytes: 1 << 30,
+}
+
+func (c *Config) setDefaults() {
+	if c.Node == "" {
+		c.Node = "local"
+	}
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = time.Hour
+	}
+	if c.MaxTTL == 0 {
+		c.MaxTTL = 7 * 24 * time.Hour
+	}
+	if c.DefaultLimits == (corral.Limits{}) {
+		c.DefaultLimits = DefaultLimits
+	}
+	if c.MaxLimits == (corral.Limits{}) {
+		c.MaxLimits = MaxLimits
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = time.Second
+	}
+	if c.Retention == 0 {
+		c.Retention = 24 * time.Hour
+	}
+}
+
+var nodeRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
+
+// Validate checks c after defaults are applied.
+func (c *Config) Validate() error {
+	if !nodeRE.MatchString(c.Node) {
+		return errdefs.Invalid("node", "%q must be 1-16 lowercase letters or digits", c.Node)
+	}
+	if c.AgentPath == "" {
+		return errdefs.Invalid("agent", "the path of corral-agent is required")
+	}
+	if c.DefaultTTL > c.MaxTTL {
+		return errdefs.Invalid("default-ttl", "%s exceeds the maximum TTL %s", c.DefaultTTL, c.MaxTTL)
+	}
+	return nil
+}
+
+// Edge manages the sandboxes of one node.
+type Edge struct {
+	cfg    Config
+	log    *slog.Logger
+	store  *store.Store
+	rt     Runtime
+	layers LayerPaths
+
+	mu sync.Mutex
+	// live holds the sandboxes in state creating or running on this node. Protected by mu.
+	live map[string]*sandbox
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// sandbox is the in-memory side of a live sandbox.
+type sandbox struct {
+	id    string
+	agent *agentrpc.Client
+	// outputLimit is passed with every command.
+	outputLimit int64
+	// lastActivity is the unix time in nanoseconds of the last API call that used the sandbox.
+	lastActivity atomic.Int64
+	// expiresAt is the hard TTL's end in unix nanoseconds, mirrored from the record for the reaper.
+	expiresAt atomic.Int64
+	// idleTTL is zero when the sandbox has no idle TTL.
+	idleTTL time.Duration
+
+	// mu serialises lifecycle transitions (stop, TTL change) of this sandbox.
+	mu sync.Mutex
+	// gone is set once the sandbox left the running state. Protected by mu.
+	gone bool
+}
+
+func (s *sandbox) touch() { s.lastActivity.Store(time.Now().UnixNano()) }
+
+func newSandbox(rec *store.Sandbox, socket string) *sandbox {
+	sb := &sandbox{
+		id:          rec.ID,
+		agent:       agentrpc.NewClient(socket),
+		outputLimit: rec.Limits.OutputBytes,
+		idleTTL:     time.Duration(rec.IdleTTLSeconds) * time.Second,
+	}
+	sb.lastActivity.Store(rec.LastActivityAt.UnixNano())
+	sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
+	return sb
+}
+
+// New returns an Edge. Call Start to re-adopt existing sandboxes and start the reaper.
+func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers LayerPaths) (*Edge, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("edge config: %w", err)
+	}
+	return &Edge{
+		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
+		live: make(map[string]*sandbox),
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}, nil
+}
+
+// Node returns the node name.
+func (e *Edge) Node() string { return e.cfg.Node }
+
+// idRE matches sandbox IDs: "sb-", the node name, "-", 16 base32 characters.
+var idRE = regexp.MustCompile(`^sb-([a-z0-9]{1,16})-([a-z2-7]{16})$`)
+
+// ValidID reports whether id has the form of a sandbox ID.
+func ValidID(id string) bool { return idRE.MatchString(id) }
+
+// NodeOf returns the node named in a sandbox ID, or "" if id is not one.
+func NodeOf(id string) string {
+	m := idRE.FindStringSubmatch(id)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+func (e *Edge) newID() string {
+	var b [10]byte
+	rand.Read(b[:])
+	return "sb-" + e.cfg.Node + "-" + strings.ToLower(base32.StdEncoding.EncodeToString(b[:]))
+}
+
+func checkID(id string) error {
+	if !ValidID(id) {
+		return errdefs.Invalid("id", "%q is not a sandbox ID (sb-NODE-XXXXXXXXXXXXXXXX)", id)
+	}
+	return nil
+}
+
+// Start re-adopts the sandboxes this node ran before a restart, marks those that died meanwhile as
+// failed, removes runtime state nobody owns, and starts the reaper. It must be called once.
+func (e *Edge) Start(ctx context.Context) error {
+	if err := e.reconcile(ctx); err != nil {
+		return err
+	}
+	go e.reaper()
+	return nil
+}
+
+// Close stops the reaper and flushes activity. Sandboxes keep running.
+func (e *Edge) Close() {
+	close(e.stop)
+	<-e.done
+	e.flushActivity(context.Background())
+}
+
+func (e *Edge) reconcile(ctx context.Context) error {
+	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{
+		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning},
+	})
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	known := make(map[string]bool, len(recs))
+	adopted := 0
+	for _, rec := range recs {
+		known[rec.ID] = true
+		log := e.log.With("sandbox", rec.ID)
+		if rec.State == corral.StateCreating {
+			log.Warn("sandbox was being created when corral stopped; removing it")
+			e.rt.Delete(ctx, rec.ID)
+			e.finish(ctx, rec, corral.StateFailed, "error: corral stopped while the sandbox was being created")
+			continue
+		}
+		rsb, err := e.rt.Open(ctx, rec.ID)
+		var st runc.Status
+		if err == nil {
+			st, err = e.rt.Status(ctx, rec.ID)
+		}
+		if err != nil || st.State != runc.StateRunning {
+			reason := "error: the sandbox's processes exited while corral was down"
+			if err == nil && st.OOMKills > 0 {
+				reason = corral.ReasonOOMKilled
+			} else if err != nil {
+				reason = "error: sandbox state lost while corral was down: " + err.Error()
+			}
+			log.Warn("sandbox died while corral was down", "reason", reason)
+			e.rt.Delete(ctx, rec.ID)
+			e.finish(ctx, rec, corral.StateFailed, reason)
+			continue
+		}
+		sb := newSandbox(rec, rsb.AgentSocket)
+		e.mu.Lock()
+		e.live[rec.ID] = sb
+		e.mu.Unlock()
+		adopted++
+	}
+	ids, err := e.rt.List(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: list runtime sandboxes: %w", err)
+	}
+	for _, id := range ids {
+		if !known[id] {
+			e.log.Warn("removing runtime state of a sandbox the store does not run", "sandbox", id)
+			if err := e.rt.Delete(ctx, id); err != nil {
+				e.log.Error("remove orphaned sandbox", "sandbox", id, "err", err)
+			}
+		}
+	}
+	e.log.Info("reconciled sandboxes", "adopted", adopted, "records", len(recs))
+	return nil
+}
+
+// finish records that a sandbox left the running state.
+func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason string) {
+	rec.State, rec.Reason, rec.EndedAt = state, reason, time.Now().UTC()
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		e.log.Error("record sandbox end", "sandbox", rec.ID, "state", state, "err", err)
+	}
+}
+
+// Create validates req, resolves its layers, and starts a sandbox. It returns once the sandbox is
+// running; its agent answers the first request as soon as it has started.
+func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, error) {
+	rec, lower, err := e.admit(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	log := e.log.With("sandbox", rec.ID)
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return nil, err
+	}
+	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
+	rsb, err := e.rt.Create(ctx, runc.Spec{
+		ID:          rec.ID,
+		Hostname:    rec.Hostname,
+		Lower:       lower,
+		AgentPath:   e.cfg.AgentPath,
+		AgentArgs:   []string{"serve", "--fd", "3"},
+		Env:         env,
+		CPUs:        rec.Limits.CPUs,
+		MemoryBytes: rec.Limits.MemoryBytes,
+		Pids:        rec.Limits.Pids,
+		DiskBytes:   rec.Limits.DiskBytes,
+		OpenFiles:   uint64(rec.Limits.OpenFiles),
+	})
+	if err != nil {
+		log.Error("create sandbox", "err", err)
+		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+	}
+	sb := newSandbox(rec, rsb.AgentSocket)
+	sb.touch()
+	rec.State = corral.StateRunning
+	e.mu.Lock()
+	e.live[rec.ID] = sb
+	e.mu.Unlock()
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		// The sandbox runs but the store does not say so: undo, so the two never disagree.
+		e.mu.Lock()
+		delete(e.live, rec.ID)
+		e.mu.Unlock()
+		e.rt.Delete(context.WithoutCancel(ctx), rec.ID)
+		return nil, err
+	}
+	log.Info("sandbox created", "base", rec.Base, "layers", len(lower))
+	return rec, nil
+}
+
+// admit validates a create request and turns it into a record in state creating.
+func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, []string, error) {
+	switch req.Tier {
+	case "", "container":
+	default:
+		return nil, nil, errdefs.Invalid("tier", "%q is not available on this node (available: container)", req.Tier)
+	}
+	limits, err := e.limits(req.Limits)
+	if err != nil {
+		return nil, nil, err
+	}
+	ttl := e.cfg.DefaultTTL
+	if req.TTL != "" {
+		if ttl, err = e.parseTTL("ttl", req.TTL); err != nil {
+			return nil, nil, err
+		}
+	}
+	var idle time.Duration
+	if req.IdleTTL != "" {
+		if idle, err = e.parseTTL("idle_ttl", req.IdleTTL); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := validateEnv("env", req.Env); err != nil {
+		return nil, nil, err
+	}
+	if err := validateLabels(req.Labels); err != nil {
+		return nil, nil, err
+	}
+	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
+		return nil, nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
+	}
+	if req.Base == "" {
+		return nil, nil, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
+	}
+	if len(req.Toolkits) > 32 {
+		return nil, nil, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(req.Toolkits))
+	}
+	type ref struct{ field, ref, kind string }
+	refs := []ref{{"base", req.Base, corral.KindBase}}
+	if req.Workspace != "" {
+		refs = append(refs, ref{"workspace", req.Workspace, corral.KindWorkspace})
+	}
+	for i, t := range req.Toolkits {
+		refs = append(refs, ref{fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit})
+	}
+	var lower, digests []string
+	for _, r := range refs {
+		name, version, err := ParseLayerRef(r.field, r.ref)
+		if err != nil {
+			return nil, nil, err
+		}
+		l, err := e.store.GetLayer(ctx, name, version)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, nil, errdefs.Invalid(r.field, "layer %s is not published (see `corral layer ls`)", r.ref)
+		} else if err != nil {
+			return nil, nil, err
+		}
+		if l.Kind != r.kind {
+			return nil, nil, errdefs.Invalid(r.field, "layer %s is a %s layer, not a %s layer", r.ref, l.Kind, r.kind)
+		}
+		p, err := e.layers.Path(l.Digest)
+		if err != nil {
+			return nil, nil, fmt.Errorf("resolve layer %s: %w", r.ref, err)
+		}
+		lower = append(lower, p)
+		digests = append(digests, l.Digest)
+	}
+	now := time.Now().UTC()
+	id := e.newID()
+	host := req.Hostname
+	if host == "" {
+		host = id
+	}
+	rec := &store.Sandbox{
+		Sandbox: corral.Sandbox{
+			ID: id, Node: e.cfg.Node, Tier: "container", Runtime: "runc",
+			State: corral.StateCreating,
+			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits,
+			Limits: limits, Env: req.Env, Labels: req.Labels, Hostname: host,
+			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
+			LastActivityAt: now,
+		},
+		Lower: digests,
+	}
+	return rec, lower, nil
+}
+
+func (e *Edge) parseTTL(field, s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, errdefs.Invalid(field, "%q is not a duration (e.g. 30m, 2h)", s)
+	}
+	if d < time.Second {
+		return 0, errdefs.Invalid(field, "%s is shorter than the minimum 1s", s)
+	}
+	if d > e.cfg.MaxTTL {
+		return 0, errdefs.Invalid(field, "%s exceeds the maximum %s", s, e.cfg.MaxTTL)
+	}
+	return d, nil
+}
+
+// limits fills zero fields from the defaults and checks every field against the maximums.
+func (e *Edge) limits(in corral.Limits) (corral.Limits, error) {
+	def, max := e.cfg.DefaultLimits, e.cfg.MaxLimits
+	out := in
+	if in.CPUs < 0 || in.CPUs > max.CPUs {
+		return out, errdefs.Invalid("limits.cpus", "%g is outside (0, %g]", in.CPUs, max.CPUs)
+	}
+	if in.CPUs == 0 {
+		out.CPUs = def.CPUs
+	}
+	type field struct {
+		name     string
+		v        *int64
+		def, max int64
+		min      int64
+	}
+	for _, f := range []field{
+		{"limits.memory_bytes", &out.MemoryBytes, def.MemoryBytes, max.MemoryBytes, 16 << 20},
+		{"limits.pids", &out.Pids, def.Pids, max.Pids, 8},
+		{"limits.disk_bytes", &out.DiskBytes, def.DiskBytes, max.DiskBytes, 16 << 20},
+		{"limits.open_files", &out.OpenFiles, def.OpenFiles, max.OpenFiles, 64},
+		{"limits.output_bytes", &out.OutputBytes, def.OutputBytes, max.OutputBytes, 4 << 10},
+	} {
+		if *f.v == 0 {
+			*f.v = f.def
+			continue
+		}
+		if *f.v < f.min || *f.v > f.max {
+			return out, errdefs.Invalid(f.name, "%d is outside [%d, %d]", *f.v, f.min, f.max)
+		}
+	}
+	return out, nil
+}
+
+var (
+	hostnameRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+	envKeyRE     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelKeyRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	layerNameRE  = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$`)
+	layerVerRE   = regexp.MustCompile(`^[A-Za-z0-9_]([A-Za-z0-9._-]{0,126})$`)
+	maxEnvLength = 128 << 10
+)
+
+func validateEnv(field string, env []string) error {
+	total := 0
+	for i, kv := range env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || !envKeyRE.MatchString(k) {
+			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "%q is not KEY=VALUE with a valid name", kv)
+		}
+		if strings.IndexByte(kv, 0) >= 0 {
+			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
+		}
+		total += len(kv)
+	}
+	if total > maxEnvLength {
+		return errdefs.Invalid(field, "%d bytes in all, more than %d", total, maxEnvLength)
+	}
+	return nil
+}
+
+func validateLabels(labels map[string]string) error {
+	if len(labels) > 64 {
+		return errdefs.Invalid("labels", "at most 64 labels, got %d", len(labels))
+	}
+	for k, v := range labels {
+		if !labelKeyRE.MatchString(k) {
+			return errdefs.Invalid("labels", "key %q must be 1-64 letters, digits, '.', '_', '/' or '-'", k)
+		}
+		if len(v) > 256 || strings.ContainsAny(v, "\x00\n") {
+			return errdefs.Invalid("labels."+k, "value must be at most 256 bytes without NUL or newline")
+		}
+	}
+	return nil
+}
+
+// ParseLayerRef splits "NAME:VERSION" and validates both parts; field names the request field.
+func ParseLayerRef(field, ref string) (name, version string, err error) {
+	name, version, ok := strings.Cut(ref, ":")
+	if !ok {
+		return "", "", errdefs.Invalid(field, "%q is not NAME:VERSION", ref)
+	}
+	if err := ValidateLayerName(field, name, version); err != nil {
+		return "", "", err
+	}
+	return name, version, nil
+}
+
+// ValidateLayerName checks a layer name and version.
+func ValidateLayerName(field, name, version string) error {
+	if !layerNameRE.MatchString(name) {
+		return errdefs.Invalid(field, "layer name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", name)
+	}
+	if !layerVerRE.MatchString(version) {
+		return errdefs.Invalid(field, "layer version %q must be letters, digits, '.', '_' or '-' (at most 128)", version)
+	}
+	return nil
+}
+
+// Get returns a sandbox's record, with its live last activity.
+func (e *Edge) Get(ctx context.Context, id string) (*store.Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb := e.lookup(id); sb != nil {
+		rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	}
+	return rec, nil
+}
+
+// List returns the sandboxes matching f.
+func (e *Edge) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	recs, err := e.store.ListSandboxes(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	for _, rec := range recs {
+		if sb := e.lookup(rec.ID); sb != nil {
+			rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+		}
+	}
+	return recs, nil
+}
+
+func (e *Edge) lookup(id string) *sandbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.live[id]
+}
+
+// active returns a running sandbox for a data-plane call and counts the call as activity.
+func (e *Edge) active(ctx context.Context, id string) (*sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	if sb := e.lookup(id); sb != nil {
+		sb.touch()
+		return sb, nil
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return nil, errdefs.Conflict("sandbox %s is %s (%s)", id, rec.State, rec.Reason)
+}
+
+// Delete stops a sandbox and removes everything it had on the host. Deleting a sandbox that already
+// stopped returns its record unchanged.
+func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.stopSandbox(ctx, rec, corral.StateStopped, corral.ReasonDeleted); err != nil {
+		return nil, err
+	}
+	return e.store.GetSandbox(ctx, id)
+}
+
+// stopSandbox ends a live sandbox: runtime state removed, record updated. It is a no-op for a
+// sandbox that is no longer live.
+func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reason string) error {
+	sb := e.lookup(rec.ID)
+	if sb == nil {
+		if rec.State == corral.StateRunning || rec.State == corral.StateCreating {
+			// Live in the store but not here: a create in flight, or a record another process owns.
+			return errdefs.Conflict("sandbox %s is %s on this node but not managed by it yet; retry", rec.ID, rec.State)
+		}
+		return nil
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx)
+	if err := e.rt.Delete(ctx, rec.ID); err != nil {
+		e.log.Error("delete sandbox", "sandbox", rec.ID, "err", err)
+		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)
+	}
+	sb.gone = true
+	e.mu.Lock()
+	delete(e.live, rec.ID)
+	e.mu.Unlock()
+	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	e.finish(ctx, rec, state, reason)
+	e.log.Info("sandbox stopped", "sandbox", rec.ID, "state", state, "reason", reason)
+	return nil
+}
+
+// SetTTL makes a running sandbox expire ttl from now.
+func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	d, err := e.parseTTL("ttl", ttl)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := e.active(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return nil, errdefs.Conflict("sandbox %s stopped", id)
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	rec.ExpiresAt = time.Now().UTC().Add(d)
+	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return nil, err
+	}
+	sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
+	return rec, nil
+}
+
+// Count returns the number of live sandboxes.
+func (e *Edge) Count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.live)
+}
+
+// reaper enforces TTLs and notices dead sandboxes until Close.
+func (e *Edge) reaper() {
+	defer close(e.done)
+	t := time.NewTicker(e.cfg.ReapInterval)
+	defer t.Stop()
+	flush := time.NewTicker(10 * e.cfg.ReapInterval)
+	defer flush.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+			e.reap(context.Background())
+		case <-flush.C:
+			e.flushActivity(context.Background())
+			e.forgetOld(context.Background())
+		}
+	}
+}
+
+func (e *Edge) reap(ctx context.Context) {
+	e.mu.Lock()
+	live := make([]*sandbox, 0, len(e.live))
+	for _, sb := range e.live {
+		live = append(live, sb)
+	}
+	e.mu.Unlock()
+	now := time.Now()
+	for _, sb := range live {
+		stop := func(state, reason string) {
+			rec, err := e.store.GetSandbox(ctx, sb.id)
+			if err != nil {
+				e.log.Error("reaper: read sandbox", "sandbox", sb.id, "err", err)
+				return
+			}
+			e.stopSandbox(ctx, rec, state, reason)
+		}
+		if now.UnixNano() > sb.expiresAt.Load() {
+			stop(corral.StateStopped, corral.ReasonTTLExpired)
+			continue
+		}
+		st, err := e.rt.Status(ctx, sb.id)
+		if err != nil || st.State != runc.StateRunning {
+			reason := "error: the sandbox's processes exited"
+			if err != nil {
+				reason = "error: " + err.Error()
+			} else if st.OOMKills > 0 {
+				reason = corral.ReasonOOMKilled
+			}
+			stop(corral.StateFailed, reason)
+			continue
+		}
+		if sb.idleTTL > 0 && now.Sub(time.Unix(0, sb.lastActivity.Load())) >= sb.idleTTL {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			info, err := sb.agent.Ping(pctx)
+			cancel()
+			if err == nil && info.Running > 0 {
+				sb.touch() // a running command is activity
+				continue
+			}
+			stop(corral.StateStopped, corral.ReasonIdleExpired)
+		}
+	}
+}
+
+// flushActivity writes live sandboxes' last activity to the store.
+func (e *Edge) flushActivity(ctx context.Context) {
+	e.mu.Lock()
+	live := make([]*sandbox, 0, len(e.live))
+	for _, sb := range e.live {
+		live = append(live, sb)
+	}
+	e.mu.Unlock()
+	for _, sb := range live {
+		sb.mu.Lock()
+		if !sb.gone {
+			if rec, err := e.store.GetSandbox(ctx, sb.id); err == nil {
+				at := time.Unix(0, sb.lastActivity.Load()).UTC()
+				if !at.Equal(rec.LastActivityAt) {
+					rec.LastActivityAt = at
+					e.store.PutSandbox(ctx, rec)
+				}
+			}
+		}
+		sb.mu.Unlock()
+	}
+}
+
+// forgetOld removes records of sandboxes that ended longer ago than the retention period.
+func (e *Edge) forgetOld(ctx context.Context) {
+	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{
+		Node: e.cfg.Node, States: []string{corral.StateStopped, corral.StateFailed},
+	})
+	if err != nil {
+		return
+	}
+	cutoff := time.Now().Add(-e.cfg.Retention)
+	for _, rec := range recs {
+		if !rec.EndedAt.IsZero() && rec.EndedAt.Before(cutoff) {
+			e.store.DeleteSandbox(ctx, rec.ID)
+		}
+	}
+}

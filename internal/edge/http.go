@@ -1,0 +1,672 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpjson"
+	corral "github.com/corral-dev/corral/sdk/go"
+	"golang.org/x/sys/unix"
+)
+
+// MaxUpload bounds one file or tar upload into a sandbox; the sandbox's disk limit bounds it too.
+const MaxUpload = 8 << 30
+
+// Handler returns the sandbox data plane: exec, commands and files under /v1/sandboxes/{id}/.
+// Callers authenticate requests before they reach it.
+func (e *Edge) Handler() http.Handler {
+	mux := http.NewServeMux()
+	h := &dataPlane{e: e, log: e.log}
+	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", h.exec)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/commands", h.startCommand)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/commands", h.listCommands)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/commands/{cid}", h.getCommand)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/commands/{cid}/output", h.output)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/commands/{cid}/stdin", h.stdin)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/commands/{cid}/signal", h.signal)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/commands/{cid}/resize", h.resize)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files", h.readFile)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", h.writeFile)
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/files", h.removeFile)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", h.stat)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", h.list)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", h.mkdir)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/tar", h.tarOut)
+	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/tar", h.tarIn)
+	return mux
+}
+
+type dataPlane struct {
+	e   *Edge
+	log *slog.Logger
+}
+
+func (h *dataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
+	httpjson.Error(w, r, h.log.With("sandbox", r.PathValue("id")), err)
+}
+
+// sandbox returns the running sandbox named in the path, or answers with an error.
+func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
+	sb, err := h.e.active(r.Context(), r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return nil
+	}
+	return sb
+}
+
+var (
+	userRE      = regexp.MustCompile(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
+	commandIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+)
+
+const maxArgvBytes = 256 << 10
+
+// agentRequest validates an API exec request and converts it for the agent.
+func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecRequest, error) {
+	out := agentrpc.ExecRequest{
+		Argv: req.Argv, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
+		Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, OutputLimit: sb.outputLimit,
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return out, errdefs.Invalid("argv", "a command is required")
+	}
+	if req.Shell && len(req.Argv) != 1 {
+		return out, errdefs.Invalid("argv", "with shell, argv must be one string (the script), got %d", len(req.Argv))
+	}
+	total := 0
+	for i, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return out, errdefs.Invalid(fmt.Sprintf("argv[%d]", i), "contains a NUL byte")
+		}
+		total += len(a)
+	}
+	if total > maxArgvBytes {
+		return out, errdefs.Invalid("argv", "%d bytes in all, more than %d", total, maxArgvBytes)
+	}
+	if err := validateEnv("env", req.Env); err != nil {
+		return out, err
+	}
+	if req.Cwd != "" {
+		if err := checkPath("cwd", req.Cwd); err != nil {
+			return out, err
+		}
+	}
+	if req.User != "" && !userRE.MatchString(req.User) {
+		return out, errdefs.Invalid("user", "%q is not a user name or uid[:gid]", req.User)
+	}
+	if req.Timeout != "" {
+		d, err := time.ParseDuration(req.Timeout)
+		if err != nil || d <= 0 || d > e.cfg.MaxTTL {
+			return out, errdefs.Invalid("timeout", "%q must be a positive duration of at most %s", req.Timeout, e.cfg.MaxTTL)
+		}
+		out.Timeout = d
+	}
+	if req.Rows > 1000 || req.Cols > 1000 {
+		return out, errdefs.Invalid("rows", "terminal size %dx%d is larger than 1000x1000", req.Rows, req.Cols)
+	}
+	if !req.TTY && (req.Rows != 0 || req.Cols != 0) {
+		return out, errdefs.Invalid("tty", "rows and cols need tty")
+	}
+	return out, nil
+}
+
+// checkPath validates a path inside a sandbox.
+func checkPath(field, p string) error {
+	switch {
+	case p == "":
+		return errdefs.Invalid(field, "a path is required")
+	case !strings.HasPrefix(p, "/"):
+		return errdefs.Invalid(field, "%q must be an absolute path", p)
+	case len(p) > 4096:
+		return errdefs.Invalid(field, "longer than 4096 bytes")
+	case strings.IndexByte(p, 0) >= 0:
+		return errdefs.Invalid(field, "contains a NUL byte")
+	}
+	return nil
+}
+
+// ndjson writes events as newline-delimited JSON, flushing after each.
+type ndjson struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	enc *json.Encoder
+}
+
+func newNDJSON(w http.ResponseWriter) *ndjson {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	return &ndjson{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
+}
+
+func (n *ndjson) send(ev corral.Event) error {
+	if err := n.enc.Encode(ev); err != nil {
+		return err
+	}
+	return n.rc.Flush()
+}
+
+func apiEvent(ev agentrpc.Event) corral.Event {
+	return corral.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data, Dropped: ev.Dropped, Exit: apiExit(ev.Exit)}
+}
+
+func apiExit(x *agentrpc.Exit) *corral.Exit {
+	if x == nil {
+		return nil
+	}
+	return &corral.Exit{Code: x.Code, Signal: x.Signal, TimedOut: x.TimedOut, OOMKilled: x.OOMKilled, Error: x.Error}
+}
+
+func apiCommand(c agentrpc.CommandInfo) corral.Command {
+	return corral.Command{
+		ID: c.ID, Argv: c.Argv, Pid: c.Pid, TTY: c.TTY, State: c.State,
+		StartedAt: c.StartedAt, EndedAt: c.EndedAt, Exit: apiExit(c.Exit),
+		OutputStart: c.OutputStart, OutputEnd: c.OutputEnd,
+	}
+}
+
+// exec starts a command and streams its output; with ?stdin=stream the request body continues
+// with the command's stdin after the JSON object and a newline.
+func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
+	sb := h.sandbox(w, r)
+	if sb == nil {
+		return
+	}
+	streamStdin := r.URL.Query().Get("stdin") == "stream"
+	var req corral.ExecRequest
+	var stdin io.Reader
+	var err error
+	if streamStdin {
+		stdin, err = httpjson.DecodeStream(r.Body, &req)
+	} else {
+		err = httpjson.Decode(r, &req)
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	areq, err := h.e.agentRequest(sb, req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if streamStdin {
+		areq.KeepStdinOpen = true
+		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+			h.fail(w, r, fmt.Errorf("full-duplex stdin: %w", err))
+			return
+		}
+	}
+	// The command outlives this request: a client that hangs up can attach again later.
+	sess, err := sb.agent.Exec(context.WithoutCancel(r.Context()), areq)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	defer sess.Close()
+	if err := startError(sess.Info()); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := newNDJSON(w)
+	if err := out.send(corral.Event{Type: "start", CommandID: sess.Info().ID}); err != nil {
+		return
+	}
+	if streamStdin {
+		copied := make(chan struct{})
+		go func() {
+			defer close(copied)
+			in := sess.Stdin()
+			io.Copy(in, stdin)
+			in.Close()
+		}()
+		// The request body must not be read after the handler returns: once the command has
+		// ended, cut a pending read short and wait for the copier.
+		defer func() {
+			http.NewResponseController(w).SetReadDeadline(time.Now())
+			<-copied
+		}()
+	}
+	h.stream(r.Context(), sb, out, sess.Next)
+}
+
+// startError turns a command that could not start at all (no such program, bad cwd or user) into
+// an invalid-argument error naming the field, so the caller gets a 400 instead of a stream.
+func startError(c agentrpc.CommandInfo) error {
+	x := c.Exit
+	if x == nil || x.Error == "" {
+		return nil
+	}
+	switch {
+	case x.Code == 127:
+		return errdefs.Invalid("argv", "%s", x.Error)
+	case strings.HasPrefix(x.Error, "cwd"):
+		return errdefs.Invalid("cwd", "%s", strings.TrimPrefix(x.Error, "cwd "))
+	case strings.HasPrefix(x.Error, "user"):
+		return errdefs.Invalid("user", "%s", strings.TrimPrefix(x.Error, "user: "))
+	}
+	// Anything else (not executable, out of processes) is the command's result: exit 126 with
+	// the reason, delivered in the stream.
+	return nil
+}
+
+// stream forwards agent events until the exit event, an error, or the client leaving.
+func (h *dataPlane) stream(ctx context.Context, sb *sandbox, out *ndjson, next func() (agentrpc.Event, error)) {
+	for {
+		ev, err := next()
+		if err != nil {
+			if err != io.EOF && ctx.Err() == nil {
+				h.log.Warn("command stream ended", "sandbox", sb.id, "err", err)
+				out.send(corral.Event{Type: "error", Data: []byte(err.Error())})
+			}
+			return
+		}
+		sb.touch()
+		if err := out.send(apiEvent(ev)); err != nil {
+			return
+		}
+		if ev.Type == agentrpc.EventExit {
+			return
+		}
+	}
+}
+
+func (h *dataPlane) startCommand(w http.ResponseWriter, r *http.Request) {
+	sb := h.sandbox(w, r)
+	if sb == nil {
+		return
+	}
+	var req corral.ExecRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	areq, err := h.e.agentRequest(sb, req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	info, err := sb.agent.Start(r.Context(), areq)
+	if err == nil {
+		err = startError(info)
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusCreated, apiCommand(info))
+}
+
+func (h *dataPlane) listCommands(w http.ResponseWriter, r *http.Request) {
+	sb := h.sandbox(w, r)
+	if sb == nil {
+		return
+	}
+	cmds, err := sb.agent.Commands(r.Context())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := make([]corral.Command, 0, len(cmds))
+	for _, c := range cmds {
+		out = append(out, apiCommand(c))
+	}
+	httpjson.Write(w, http.StatusOK, map[string]any{"commands": out})
+}
+
+// command returns the sandbox and the validated command ID of the path.
+func (h *dataPlane) command(w http.ResponseWriter, r *http.Request) (*sandbox, string) {
+	sb := h.sandbox(w, r)
+	if sb == nil {
+		return nil, ""
+	}
+	cid := r.PathValue("cid")
+	if !commandIDRE.MatchString(cid) {
+		h.fail(w, r, errdefs.Invalid("command_id", "%q is not a command ID", cid))
+		return nil, ""
+	}
+	return sb, cid
+}
+
+func (h *dataPlane) getCommand(w http.ResponseWriter, r *http.Request) {
+	sb, cid := h.command(w, r)
+	if sb == nil {
+		return
+	}
+	info, err := sb.agent.Command(r.Context(), cid)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, apiCommand(info))
+}
+
+func (h *dataPlane) output(w http.ResponseWriter, r *http.Request) {
+	sb, cid := h.command(w, r)
+	if sb == nil {
+		return
+	}
+	q := r.URL.Query()
+	var offset int64
+	if s := q.Get("offset"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || v < 0 {
+			h.fail(w, r, errdefs.Invalid("offset", "%q must be a non-negative integer", s))
+			return
+		}
+		offset = v
+	}
+	follow := true
+	if s := q.Get("follow"); s != "" {
+		v, err := strconv.ParseBool(s)
+		if err != nil {
+			h.fail(w, r, errdefs.Invalid("follow", "%q must be true or false", s))
+			return
+		}
+		follow = v
+	}
+	st, err := sb.agent.Attach(r.Context(), cid, offset, follow)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	defer st.Close()
+	h.stream(r.Context(), sb, newNDJSON(w), st.Next)
+}
+
+func (h *dataPlane) stdin(w http.ResponseWriter, r *http.Request) {
+	sb, cid := h.command(w, r)
+	if sb == nil {
+		return
+	}
+	eof := false
+	if s := r.URL.Query().Get("eof"); s != "" {
+		v, err := strconv.ParseBool(s)
+		if err != nil {
+			h.fail(w, r, errdefs.Invalid("eof", "%q must be true or false", s))
+			return
+		}
+		eof = v
+	}
+	if err := sb.agent.WriteStdin(r.Context(), cid, http.MaxBytesReader(w, r.Body, MaxUpload), eof); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ParseSignal accepts "SIGTERM", "TERM" or a number between 1 and 64.
+func ParseSignal(s string) (syscall.Signal, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 1 || n > 64 {
+			return 0, errdefs.Invalid("signal", "%d is not a signal number (1-64)", n)
+		}
+		return syscall.Signal(n), nil
+	}
+	name := strings.ToUpper(s)
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig, nil
+	}
+	return 0, errdefs.Invalid("signal", "%q is not a signal name", s)
+}
+
+func (h *dataPlane) signal(w http.ResponseWriter, r *http.Request) {
+	sb, cid := h.command(w, r)
+	if sb == nil {
+		return
+	}
+	var req corral.SignalRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	sig, err := ParseSignal(req.Signal)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := sb.agent.Signal(r.Context(), cid, sig); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *dataPlane) resize(w http.ResponseWriter, r *http.Request) {
+	sb, cid := h.command(w, r)
+	if sb == nil {
+		return
+	}
+	var req corral.ResizeRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if req.Rows == 0 || req.Cols == 0 || req.Rows > 1000 || req.Cols > 1000 {
+		h.fail(w, r, errdefs.Invalid("rows", "terminal size %dx%d must be between 1x1 and 1000x1000", req.Rows, req.Cols))
+		return
+	}
+	if err := sb.agent.Resize(r.Context(), cid, req.Rows, req.Cols); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// pathParam returns the validated ?path= of the request.
+func (h *dataPlane) pathParam(w http.ResponseWriter, r *http.Request) (*sandbox, string) {
+	p := r.URL.Query().Get("path")
+	if err := checkPath("path", p); err != nil {
+		h.fail(w, r, err)
+		return nil, ""
+	}
+	sb := h.sandbox(w, r)
+	if sb == nil {
+		return nil, ""
+	}
+	return sb, p
+}
+
+func (h *dataPlane) readFile(w http.ResponseWriter, r *http.Request) {
+	sb, p := h.pathParam(w, r)
+	if sb == nil {
+		return
+	}
+	rc, info, err := sb.agent.ReadFile(r.Context(), p)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(info.Size, 10))
+	w.Header().Set("X-Corral-File-Mode", fmt.Sprintf("%#o", info.Mode.Perm()))
+	w.WriteHeader(http.StatusOK)
+	io.Copy(w, rc)
+}
+
+// writeOptions parses ?mode=, ?user=, ?parents= and ?append=.
+func writeOptions(r *http.Request, defMode fs.FileMode) (agentrpc.WriteOptions, error) {
+	q := r.URL.Query()
+	opts := agentrpc.WriteOptions{Mode: defMode, User: q.Get("user")}
+	if s := q.Get("mode"); s != "" {
+		m, err := strconv.ParseUint(s, 8, 32)
+		if err != nil || m > 0o7777 {
+			return opts, errdefs.Invalid("mode", "%q is not an octal file mode (e.g. 0644)", s)
+		}
+		opts.Mode = fs.FileMode(m & 0o777)
+		if m&0o4000 != 0 {
+			opts.Mode |= fs.ModeSetuid
+		}
+		if m&0o2000 != 0 {
+			opts.Mode |= fs.ModeSetgid
+		}
+		if m&0o1000 != 0 {
+			opts.Mode |= fs.ModeSticky
+		}
+	}
+	if opts.User != "" && !userRE.MatchString(opts.User) {
+		return opts, errdefs.Invalid("user", "%q is not a user name or uid[:gid]", opts.User)
+	}
+	for _, b := range []struct {
+		name string
+		v    *bool
+	}{{"parents", &opts.Parents}, {"append", &opts.Append}} {
+		if s := q.Get(b.name); s != "" {
+			v, err := strconv.ParseBool(s)
+			if err != nil {
+				return opts, errdefs.Invalid(b.name, "%q must be true or false", s)
+			}
+			*b.v = v
+		}
+	}
+	return opts, nil
+}
+
+func (h *dataPlane) writeFile(w http.ResponseWriter, r *http.Request) {
+	sb, p := h.pathParam(w, r)
+	if sb == nil {
+		return
+	}
+	opts, err := writeOptions(r, 0o644)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	info, err := sb.agent.WriteFile(r.Context(), p, http.MaxBytesReader(w, r.Body, MaxUpload), opts)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+}
+
+func (h *dataPlane) removeFile(w http.ResponseWriter, r *http.Request) {
+	sb, p := h.pathParam(w, r)
+	if sb == nil {
+		return
+	}
+	if p == "/" {
+		h.fail(w, r, errdefs.Invalid("path", "refusing to remove /"))
+		return
+	}
+	recursive, _ := strconv.ParseBool(r.URL.Query().Get("recursive"))
+	if err := sb.agent.Remove(r.Context(), p, recursive); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *dataPlane) stat(w http.ResponseWriter, r *http.Request) {
+	sb, p := h.pathParam(w, r)
+	if sb == nil {
+		return
+	}
+	info, err := sb.agent.Stat(r.Context(), p)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+}
+
+func (h *dataPlane) list(w http.ResponseWriter, r *http.Request) {
+	sb, p := h.pathParam(w, r)
+	if sb == nil {
+		return
+	}
+	infos, err := sb.agent.List(r.Context(), p)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := make([]corral.FileInfo, 0, len(infos))
+	for _, fi := range infos {
+		out = append(out, corral.FileInfo(fi))
+	}
+	httpjson.Write(w, http.StatusOK, map[string]any{"files": out})
+}
+
+func (h *dataPlane) mkdir(w http.ResponseWriter, r *http.Request) {
+	sb := h.sandbox(w, r)
+	if sb == nil {
+		return
+	}
+	var req corral.MkdirRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := checkPath("path", req.Path); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if req.Mode&^(fs.ModePerm|fs.ModeSetgid|fs.ModeSticky) != 0 {
+		h.fail(w, r, errdefs.Invalid("mode", "%v is not a directory permission", req.Mode))
+		return
+	}
+	if req.User != "" && !userRE.MatchString(req.User) {
+		h.fail(w, r, errdefs.Invalid("user", "%q is not a user name or uid[:gid]", req.User))
+		return
+	}
+	mode := req.Mode
+	if mode == 0 {
+		mode = 0o755
+	}
+	info, err := sb.agent.Mkdir(r.Context(), req.Path, agentrpc.WriteOptions{Mode: mode, User: req.User, Parents: req.Parents})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+}
+
+func (h *dataPlane) tarOut(w http.ResponseWriter, r *http.Request) {
+	sb, p := h.pathParam(w, r)
+	if sb == nil {
+		return
+	}
+	rc, err := sb.agent.TarOut(r.Context(), p)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.WriteHeader(http.StatusOK)
+	io.Copy(w, rc)
+}
+
+func (h *dataPlane) tarIn(w http.ResponseWriter, r *http.Request) {
+	sb, p := h.pathParam(w, r)
+	if sb == nil {
+		return
+	}
+	opts, err := writeOptions(r, 0o755)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := sb.agent.TarIn(r.Context(), p, http.MaxBytesReader(w, r.Body, MaxUpload), opts); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,82 @@
+// Package errdefs holds the small set of error kinds Corral classifies failures into. Code wraps
+// one of these sentinels with %w and context ("mount layer x: %w"); the API boundary maps the kind
+// to an HTTP status and a JSON {code, message} exactly once.
+package errdefs
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The kinds. Each maps to one HTTP status at the API boundary.
+var (
+	ErrInvalid      = errors.New("invalid argument")   // 400
+	ErrUnauthorized = errors.New("unauthorized")       // 401
+	ErrDenied       = errors.New("permission denied")  // 403
+	ErrNotFound     = errors.New("not found")          // 404
+	ErrConflict     = errors.New("conflict")           // 409
+	ErrTooLarge     = errors.New("too large")          // 413
+	ErrExhausted    = errors.New("resource exhausted") // 429
+	ErrUnavailable  = errors.New("unavailable")        // 503
+)
+
+// Invalid returns an ErrInvalid error whose message names the field.
+func Invalid(field, format string, args ...any) error {
+	return &fieldError{kind: ErrInvalid, field: field, msg: fmt.Sprintf(format, args...)}
+}
+
+// NotFound returns an ErrNotFound error naming what was missing.
+func NotFound(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrNotFound)
+}
+
+// Conflict returns an ErrConflict error.
+func Conflict(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrConflict)
+}
+
+// Unavailable returns an ErrUnavailable error.
+func Unavailable(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrUnavailable)
+}
+
+type fieldError struct {
+	kind  error
+	field string
+	msg   string
+}
+
+func (e *fieldError) Error() string { return e.field + ": " + e.msg }
+func (e *fieldError) Unwrap() error { return e.kind }
+
+// Field returns the name of the invalid field carried by err, if any.
+func Field(err error) string {
+	var fe *fieldError
+	if errors.As(err, &fe) {
+		return fe.field
+	}
+	return ""
+}
+
+// Code returns the short machine-readable code for err's kind ("not_found", "invalid", ...).
+func Code(err error) string {
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return "invalid"
+	case errors.Is(err, ErrUnauthorized):
+		return "unauthorized"
+	case errors.Is(err, ErrDenied):
+		return "denied"
+	case errors.Is(err, ErrNotFound):
+		return "not_found"
+	case errors.Is(err, ErrConflict):
+		return "conflict"
+	case errors.Is(err, ErrTooLarge):
+		return "too_large"
+	case errors.Is(err, ErrExhausted):
+		return "exhausted"
+	case errors.Is(err, ErrUnavailable):
+		return "unavailable"
+	}
+	return "internal"
+}

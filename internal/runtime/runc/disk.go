@@ -1,0 +1,258 @@
+package runc
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A slot is a sandbox directory made ahead of the sandbox: a sparse ext4 image, loop-mounted at
+// disk/, with disk/upper and disk/work made. Create claims one by renaming it to <StateDir>/<id>;
+// the mount follows the rename. Slots of the default size are pooled; others are made on demand.
+
+const (
+	diskImage = "disk.img"
+	diskMount = "disk"
+)
+
+// makeSlot makes a slot of size bytes under the pool directory and returns its path.
+// On error nothing is left behind.
+func (r *Runtime) makeSlot(ctx context.Context, size int64) (_ string, err error) {
+	var b [8]byte
+	rand.Read(b[:])
+	dir := filepath.Join(r.poolDir, hex.EncodeToString(b[:]))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fmt.Errorf("create disk slot: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if terr := teardownDir(context.WithoutCancel(ctx), dir); terr != nil {
+				r.log.Warn("remove failed disk slot", "dir", dir, "err", terr)
+			}
+		}
+	}()
+	img := filepath.Join(dir, diskImage)
+	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("create disk image: %w", err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		return "", fmt.Errorf("size disk image: %w", err)
+	}
+	// No journal: the disk dies with the sandbox, so crash consistency buys nothing. Inode tables
+	// stay unwritten (lazy_itable_init) and, mounted with noinit_itable, are never zeroed later:
+	// a sparse file already reads as zeros.
+	cmd := exec.CommandContext(ctx, r.cfg.Mkfs, "-q", "-F", "-O", "^has_journal",
+		"-E", "lazy_itable_init=1,nodiscard,root_owner=0:0", "-m", "0", img)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("mkfs.ext4 %s: %w: %s", img, err, bytes.TrimSpace(out))
+	}
+	mnt := filepath.Join(dir, diskMount)
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return "", fmt.Errorf("create disk mountpoint: %w", err)
+	}
+	if err := mountLoop(f, mnt); err != nil {
+		return "", err
+	}
+	for _, d := range []string{"upper", "work"} {
+		// The upper dir's mode and owner become those of the container's /.
+		p := filepath.Join(mnt, d)
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return "", fmt.Errorf("create %s: %w", p, err)
+		}
+		if err := os.Chmod(p, 0o755); err != nil {
+			return "", fmt.Errorf("chmod %s: %w", p, err)
+		}
+	}
+	return dir, nil
+}
+
+// mountLoop attaches img to a free loop device with autoclear and mounts it as ext4 at mnt.
+// Autoclear detaches the device when its last user goes: the mount, or, if the caller dies
+// before mounting, the caller's descriptor. So a loop device never outlives its mount.
+func mountLoop(img *os.File, mnt string) error {
+	loop, err := attachLoop(img)
+	if err != nil {
+		return err
+	}
+	defer loop.Close()
+	err = unix.Mount(loop.Name(), mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "noinit_itable")
+	if err != nil {
+		return fmt.Errorf("mount %s on %s: %w", loop.Name(), mnt, err)
+	}
+	return nil
+}
+
+func attachLoop(img *os.File) (*os.File, error) {
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open loop control: %w", err)
+	}
+	defer ctl.Close()
+	// Another process may take the free device between GET_FREE and CONFIGURE: retry.
+	for range 20 {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return nil, fmt.Errorf("find free loop device: %w", err)
+		}
+		name := "/dev/loop" + strconv.Itoa(n)
+		loop, err := os.OpenFile(name, os.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", name, err)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		copy(cfg.Info.File_name[:], img.Name())
+		err = unix.IoctlLoopConfigure(int(loop.Fd()), &cfg)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) {
+			err = setLoopLegacy(loop, img) // LOOP_CONFIGURE is Linux 5.8+
+		}
+		if err == nil {
+			return loop, nil
+		}
+		loop.Close()
+		if !errors.Is(err, unix.EBUSY) {
+			return nil, fmt.Errorf("configure %s: %w", name, err)
+		}
+	}
+	return nil, errors.New("configure loop device: every free device was taken by someone else; retry")
+}
+
+func setLoopLegacy(loop, img *os.File) error {
+	if err := unix.IoctlSetInt(int(loop.Fd()), unix.LOOP_SET_FD, int(img.Fd())); err != nil {
+		return err
+	}
+	info := unix.LoopInfo64{Flags: unix.LO_FLAGS_AUTOCLEAR}
+	copy(info.File_name[:], img.Name())
+	if err := unix.IoctlLoopSetStatus64(int(loop.Fd()), &info); err != nil {
+		unix.IoctlSetInt(int(loop.Fd()), unix.LOOP_CLR_FD, 0)
+		return err
+	}
+	return nil
+}
+
+// loopsBackedUnder returns the loop devices whose backing file lies under dir.
+func loopsBackedUnder(dir string) []string {
+	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var devs []string
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		file := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if strings.HasPrefix(file, dir+"/") {
+			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(p))))
+		}
+	}
+	return devs
+}
+
+// detachLoopsUnder detaches loop devices backed by files under dir. With autoclear they are
+// normally gone once their mount is; this handles devices attached by other means.
+func detachLoopsUnder(dir string) error {
+	var errs []error
+	for _, dev := range loopsBackedUnder(dir) {
+		f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // gone already
+		}
+		err = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.ENXIO) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", dev, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// refillPool keeps r.ready full. It runs until ctx ends; Close waits for it.
+func (r *Runtime) refillPool(ctx context.Context) {
+	defer r.wg.Done()
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.refill:
+		}
+		for len(r.ready) < cap(r.ready) && ctx.Err() == nil {
+			start := time.Now()
+			slot, err := r.makeSlot(ctx, r.cfg.DefaultDiskBytes)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				r.log.Warn("refill disk pool", "err", err, "retry_in", backoff)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 30*time.Second)
+				continue
+			}
+			backoff = 100 * time.Millisecond
+			r.log.Debug("disk pool slot ready", "dir", slot, "took", time.Since(start))
+			r.ready <- slot // only this goroutine sends, and len < cap: never blocks
+		}
+	}
+}
+
+func (r *Runtime) kickRefill() {
+	select {
+	case r.refill <- struct{}{}:
+	default:
+	}
+}
+
+// takeSlot returns a slot of size bytes: from the pool when the size is the default and one is
+// ready, else a fresh one.
+func (r *Runtime) takeSlot(ctx context.Context, size int64) (slot string, pooled bool, err error) {
+	if size == r.cfg.DefaultDiskBytes && cap(r.ready) > 0 {
+		select {
+		case slot := <-r.ready:
+			r.kickRefill()
+			return slot, true, nil
+		default:
+			r.kickRefill()
+		}
+	}
+	slot, err = r.makeSlot(ctx, size)
+	return slot, false, err
+}
+
+// clearPool destroys every slot in the pool directory: the ready ones and any left by a crash.
+// Call it only when the refill goroutine is not running.
+func (r *Runtime) clearPool(ctx context.Context) error {
+	for len(r.ready) > 0 {
+		<-r.ready
+	}
+	ents, err := os.ReadDir(r.poolDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("read disk pool: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if err := teardownDir(ctx, filepath.Join(r.poolDir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

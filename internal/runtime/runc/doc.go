@@ -1,0 +1,80 @@
+// Package runc is Corral's container sandbox backend: it turns a Spec (read-only layers, the
+// corral-agent binary, limits) into a running runc container whose init process is the agent, and
+// takes it apart again leaving nothing behind on the host.
+//
+// # What a sandbox is on disk
+//
+// Each sandbox owns <StateDir>/<id> (mode 0700), which is also its OCI bundle:
+//
+//	disk.img     sparse ext4 image of DiskBytes, loop-mounted at disk/ (the write quota)
+//	disk/upper   overlayfs upper dir   disk/work  overlayfs work dir
+//	disk/agent.log  stdout and stderr of the agent (bounded by the disk, like everything it writes)
+//	rootfs/      overlayfs: Spec.Lower (base lowest) + disk/upper; the container's /
+//	config.json  the OCI runtime spec (built from a template made once in New)
+//	agent.sock   the listening unix socket whose fd the agent inherits as fd 3
+//	init.pid     the agent's host pid, written by runc
+//	runc.log     runc's own log (JSON lines); its last error is quoted in Create's error
+//
+// The container's cgroups are <CgroupParent>/<id> in every mounted hierarchy (cgroupfs driver),
+// runc's state is <RuncRoot>/<id>. StateDir, RuncRoot and CgroupParent belong to one Runtime: it
+// treats anything it finds there as its own, including leftovers of a crashed predecessor.
+//
+// # The agent
+//
+// The container's init IS the agent, started as
+//
+//	argv   = ["/proc/self/fd/4", Spec.AgentArgs...]
+//	fd 0   = /dev/null; fd 1, 2 = disk/agent.log
+//	fd 3   = the listening socket bound at agent.sock (accept connections on it)
+//	fd 4   = the agent binary: a sealed memfd copy, which runc execs by descriptor
+//	pid 1 of a new pid namespace; oom_score_adj -1000 when this process has CAP_SYS_RESOURCE
+//
+// The binary is never placed in the container's filesystem. Create copies it once per
+// version into a memfd sealed against writes, resizing, chmod of the exec bits and unsealing,
+// shared by every sandbox; the file on the host is unreachable from inside. In return the agent
+// must, first thing:
+//
+//   - prctl(PR_SET_DUMPABLE, 0): the default seccomp profile allows ptrace (kernel >= 4.8) and
+//     this host has no Yama, so otherwise any root process inside could ptrace pid 1, or open
+//     /proc/1/fd/3 and /proc/1/exe, and take over the control channel;
+//   - close fd 4 and keep fd 3 close-on-exec (net.FileListener dups it so; close the original);
+//   - reap every child, orphans included (it is pid 1; os/exec's Wait races with a wait4(-1)
+//     loop, so one loop must reap all and hand statuses to waiters);
+//   - reset each child's oom_score_adj to 0 (children inherit -1000).
+//
+// testdata/standin is a minimal agent that does all four.
+//
+// # Lifecycle and failure semantics
+//
+//	New       prepares StateDir and RuncRoot, checks runc and mkfs.ext4, builds the spec template
+//	          (seccomp profile included) and starts refilling the disk pool in the background.
+//	          Stale pool disks of an earlier process are destroyed; sandboxes are left alone (see
+//	          List and Open).
+//	Create    is all-or-nothing: on any error, including a cancelled ctx, everything it made is
+//	          destroyed before it returns, and the error says which step failed (runc's own message
+//	          included). An ID that already has state returns errdefs.ErrConflict without touching
+//	          it. A crash of the caller in the middle leaves partial state that List reports and
+//	          Delete removes. The container runs detached: it is not the caller's child, not in its
+//	          session or process group, and holds no pipe to it, so it survives the caller.
+//	Open      re-adopts a sandbox after a restart of the caller, from its directory and `runc
+//	          state`. errdefs.ErrNotFound when neither exists, or when only partial state exists
+//	          (an interrupted Create): Delete it.
+//	Status    reads the kernel's view (cgroup files and the pids in the sandbox's cgroup), not
+//	          runc's, so it is cheap enough to poll and right even when every process died while
+//	          nobody watched. errdefs.ErrNotFound when nothing of the sandbox is left.
+//	Delete    is idempotent and tolerates any partial state: it kills every process in the
+//	          sandbox's cgroup (pidfd, so a recycled pid is never hit), runs `runc delete --force`,
+//	          unmounts the overlay and the disk (their loop device detaches itself: autoclear),
+//	          removes the cgroups, runc's state and the directory. Deleting an unknown ID returns
+//	          nil. On error some state may remain; calling Delete again continues from there.
+//	List      returns every ID with any state: a directory, runc state or a cgroup.
+//	Close     stops the pool refill and destroys the pool's disks; running sandboxes are left
+//	          running. Methods other than Close must not be called after it.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. Operations on one ID are serialised by a per-ID lock
+// (Runtime.locks); different IDs proceed in parallel. The pool has one refill goroutine, owned by
+// the Runtime, started by New and stopped by Close; it is the only sender on Runtime.ready.
+// Lock order: an ID lock, then agentCache.mu; idLocks.mu is a leaf.
+package runc

@@ -1,0 +1,212 @@
+package runc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// mountOverlay mounts overlayfs at target: lower is bottom (base) first, as in Spec.Lower.
+// It uses the new mount API ("lowerdir+", Linux 6.8+), which takes each layer as its own
+// parameter: no escaping, no one-page limit on the option string. Older kernels get mount(2).
+func mountOverlay(target string, lower []string, upper, work string) error {
+	err := mountOverlayFsconfig(target, lower, upper, work)
+	if errors.Is(err, errNoLowerdirPlus) {
+		return mountOverlayLegacy(target, lower, upper, work)
+	}
+	return err
+}
+
+var errNoLowerdirPlus = errors.New("overlayfs lacks lowerdir+")
+
+func mountOverlayFsconfig(target string, lower []string, upper, work string) error {
+	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, unix.ENOSYS) {
+			return errNoLowerdirPlus
+		}
+		return fmt.Errorf("fsopen overlay: %w", err)
+	}
+	defer unix.Close(fsfd)
+	// overlayfs stacks lowerdir+ layers in the order given, the first being the topmost.
+	for i := len(lower) - 1; i >= 0; i-- {
+		if err := unix.FsconfigSetString(fsfd, "lowerdir+", lower[i]); err != nil {
+			if errors.Is(err, unix.EINVAL) && i == len(lower)-1 {
+				return errNoLowerdirPlus
+			}
+			return fmt.Errorf("overlay layer %s: %w%s", lower[i], err, fsMessages(fsfd))
+		}
+	}
+	for _, kv := range [][2]string{{"upperdir", upper}, {"workdir", work}} {
+		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
+			return fmt.Errorf("overlay %s %s: %w%s", kv[0], kv[1], err, fsMessages(fsfd))
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return fmt.Errorf("create overlay: %w%s", err, fsMessages(fsfd))
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return fmt.Errorf("fsmount overlay: %w%s", err, fsMessages(fsfd))
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move overlay mount to %s: %w", target, err)
+	}
+	return nil
+}
+
+// fsMessages drains the kernel's messages about a failed fsconfig; they say which option failed.
+func fsMessages(fsfd int) string {
+	var msgs []string
+	buf := make([]byte, 1024)
+	for range 8 {
+		n, err := unix.Read(fsfd, buf)
+		if err != nil || n <= 0 {
+			break
+		}
+		msgs = append(msgs, string(buf[:n]))
+	}
+	if len(msgs) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(msgs, "; ") + ")"
+}
+
+func mountOverlayLegacy(target string, lower []string, upper, work string) error {
+	dirs := make([]string, 0, len(lower))
+	for i := len(lower) - 1; i >= 0; i-- {
+		if strings.ContainsAny(lower[i], ":,\\") {
+			return errdefs.Invalid("Lower", "layer path %q contains ':', ',' or '\\' (unsupported by this kernel's overlayfs)", lower[i])
+		}
+		dirs = append(dirs, lower[i])
+	}
+	opts := "lowerdir=" + strings.Join(dirs, ":") + ",upperdir=" + upper + ",workdir=" + work
+	if len(opts) >= unix.Getpagesize() {
+		return errdefs.Invalid("Lower", "overlay options are %d bytes, over this kernel's page-size limit: use fewer or shorter layer paths", len(opts))
+	}
+	if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay on %s: %w", target, err)
+	}
+	return nil
+}
+
+// mountsUnder returns the mountpoints at or below dir in this mount namespace, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	var mps []string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			mps = append(mps, mp)
+		}
+	}
+	slices.SortStableFunc(mps, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	return mps, sc.Err()
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for space and so on).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, ok := octal3(s[i+1 : i+4]); ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func octal3(s string) (byte, bool) {
+	if len(s) != 3 {
+		return 0, false
+	}
+	var v int
+	for _, c := range s {
+		if c < '0' || c > '7' {
+			return 0, false
+		}
+		v = v*8 + int(c-'0')
+	}
+	return byte(v), v < 256
+}
+
+// unmountAll unmounts everything at or below dir, deepest first. A mount still busy after a grace
+// period (a process of the sandbox still exiting) is detached lazily.
+func unmountAll(ctx context.Context, dir string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for pass := 0; ; pass++ {
+		mps, err := mountsUnder(dir)
+		if err != nil || len(mps) == 0 {
+			return err
+		}
+		if pass > 1000 {
+			return fmt.Errorf("unmount under %s: %d mounts remain", dir, len(mps))
+		}
+		var busy bool
+		for _, mp := range mps {
+			flags := 0
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				flags = unix.MNT_DETACH
+			}
+			err := unix.Unmount(mp, flags|unix.UMOUNT_NOFOLLOW)
+			switch {
+			case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			case errors.Is(err, unix.EBUSY):
+				busy = true
+			default:
+				return fmt.Errorf("unmount %s: %w", mp, err)
+			}
+		}
+		if busy {
+			time.Sleep(2 * time.Millisecond) // polling with a deadline: the kernel has no event for "not busy"
+		}
+	}
+}
+
+// teardownDir unmounts everything under dir, detaches loop devices backed by its files and
+// removes it. It refuses to remove a directory that still has a mount below it.
+func teardownDir(ctx context.Context, dir string) error {
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := unmountAll(ctx, dir); err != nil {
+		return err
+	}
+	if err := detachLoopsUnder(dir); err != nil {
+		return err
+	}
+	if mps, err := mountsUnder(dir); err != nil || len(mps) > 0 {
+		return fmt.Errorf("remove %s: still mounted: %v (%v)", dir, mps, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}

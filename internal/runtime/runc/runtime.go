@@ -1,0 +1,339 @@
+package runc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// Defaults for Config and Spec fields left zero.
+const (
+	DefaultRunc         = "/var/cache/corral/runc/v1.3.3/runc" // built by scripts/install-runc.sh
+	DefaultStateDir     = "/var/lib/corral/sandboxes"
+	DefaultRuncRoot     = "/run/corral/runc"
+	DefaultCgroupParent = "/corral"
+	DefaultDiskBytes    = 1 << 30
+	DefaultDiskPool     = 4
+
+	DefaultCPUs        = 1.0
+	DefaultMemoryBytes = 512 << 20
+	DefaultPids        = 1024
+	DefaultOpenFiles   = 1 << 16
+	DefaultShmBytes    = 64 << 20
+
+	minDiskBytes     = 8 << 20
+	agentOOMScoreAdj = -1000 // below this mkfs.ext4 makes a uselessly small filesystem
+)
+
+// Config configures a Runtime. Zero fields take the defaults above.
+type Config struct {
+	// Runc is the runc binary. Use a current release: Debian's 1.1.5 predates the 2025 fixes.
+	Runc string
+	// StateDir holds one directory per sandbox (and .pool/ for ready disks). Keep it short: the
+	// agent socket <StateDir>/<id>/agent.sock must fit in 107 bytes.
+	StateDir string
+	// RuncRoot is runc's --root (its state); best on tmpfs.
+	RuncRoot string
+	// CgroupParent is the cgroup path under which each sandbox gets <CgroupParent>/<id>.
+	CgroupParent string
+	// DefaultDiskBytes is the writable-layer size of a Spec with DiskBytes 0, and the size of the
+	// pooled disks.
+	DefaultDiskBytes int64
+	// DiskPool is how many formatted and mounted disks of DefaultDiskBytes are kept ready; 0 means
+	// DefaultDiskPool, negative means no pool (every Create runs mkfs).
+	DiskPool int
+	// Mkfs is mkfs.ext4; empty means look it up in PATH, /usr/sbin and /sbin.
+	Mkfs string
+}
+
+func (c *Config) setDefaults() {
+	if c.Runc == "" {
+		c.Runc = DefaultRunc
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.RuncRoot == "" {
+		c.RuncRoot = DefaultRuncRoot
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = DefaultCgroupParent
+	}
+	if c.DefaultDiskBytes == 0 {
+		c.DefaultDiskBytes = DefaultDiskBytes
+	}
+	if c.DiskPool == 0 {
+		c.DiskPool = DefaultDiskPool
+	}
+}
+
+// Validate reports the first invalid field after defaults are applied.
+func (c Config) Validate() error {
+	c.setDefaults()
+	for _, f := range []struct{ name, val string }{
+		{"Runc", c.Runc}, {"StateDir", c.StateDir}, {"RuncRoot", c.RuncRoot}, {"CgroupParent", c.CgroupParent},
+	} {
+		if !filepath.IsAbs(f.val) || filepath.Clean(f.val) != f.val || f.val == "/" {
+			return errdefs.Invalid(f.name, "must be a clean absolute path other than /, got %q", f.val)
+		}
+	}
+	if strings.HasPrefix(c.RuncRoot+"/", c.StateDir+"/") || strings.HasPrefix(c.StateDir+"/", c.RuncRoot+"/") {
+		return errdefs.Invalid("RuncRoot", "must not be inside StateDir or contain it")
+	}
+	// The shortest possible socket path must fit; longer IDs are checked by Create.
+	if n := len(socketPath(c.StateDir, "x")); n > maxSocketPath {
+		return errdefs.Invalid("StateDir", "too long: %s/<id>/agent.sock must fit in %d bytes (sun_path)", c.StateDir, maxSocketPath)
+	}
+	if c.DefaultDiskBytes < minDiskBytes {
+		return errdefs.Invalid("DefaultDiskBytes", "must be at least %d", minDiskBytes)
+	}
+	return nil
+}
+
+// Runtime creates and destroys runc sandboxes. See the package doc for the lifecycle.
+type Runtime struct {
+	cfg     Config
+	log     *slog.Logger
+	version string
+	tmpl    *template
+	// maxOpenFiles is the highest RLIMIT_NOFILE runc can give the agent here.
+	maxOpenFiles uint64
+	// createStart makes Create use `runc create` + `runc start` instead of `runc run --detach`;
+	// only TestCreateLatency sets it, to measure the difference.
+	createStart bool
+	cg          *cgroupLayout
+	agents      agentCache
+	locks       idLocks
+
+	poolDir string
+	ready   chan string // paths of ready pool slots; receive-only for Create, filled by refill
+	refill  chan struct{}
+	stop    context.CancelFunc
+	wg      sync.WaitGroup // the refill goroutine
+	closeMu sync.Once
+}
+
+// New checks the host and prepares a Runtime; see the package doc. ctx bounds only New itself;
+// the pool's goroutine lives until Close.
+func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Mkfs == "" {
+		p, err := findMkfs()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Mkfs = p
+	}
+	r := &Runtime{cfg: cfg, log: log, poolDir: filepath.Join(cfg.StateDir, ".pool")}
+	r.locks.m = map[string]*idLock{}
+	r.agents.imgs = map[string]*agentImage{}
+
+	out, err := r.runcOutput(ctx, "--version")
+	if err != nil {
+		return nil, fmt.Errorf("run %s --version: %w", cfg.Runc, err)
+	}
+	r.version, _, _ = strings.Cut(string(out), "\n")
+	if r.cg, err = readCgroupLayout(cfg.CgroupParent); err != nil {
+		return nil, err
+	}
+	// The agent must survive its sandbox's OOM kills, so it gets oom_score_adj -1000 (and resets
+	// its children to 0). Without CAP_SYS_RESOURCE (some container hosts) runc cannot write that.
+	// Raising RLIMIT_NOFILE past this process's hard limit needs the same capability.
+	var oomAdj *int
+	r.maxOpenFiles = readUint("/proc/sys/fs/nr_open", 1<<20)
+	if canLowerOOMScore() {
+		oomAdj = ptr(agentOOMScoreAdj)
+	} else {
+		var lim unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil {
+			r.maxOpenFiles = min(r.maxOpenFiles, lim.Max)
+		}
+		log.Warn("no CAP_SYS_RESOURCE: the agent keeps this process's oom_score_adj and may be OOM-killed, and OpenFiles is capped by this process's hard limit",
+			"max_open_files", r.maxOpenFiles)
+	}
+	if r.tmpl, err = newTemplate(oomAdj); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{cfg.StateDir, cfg.RuncRoot, r.poolDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	// Pool slots of an earlier process are not worth auditing; destroy and make fresh ones.
+	if err := r.clearPool(ctx); err != nil {
+		return nil, err
+	}
+	log.Info("runc runtime ready", "runc", cfg.Runc, "version", r.version, "cgroup", r.cg.mode,
+		"state_dir", cfg.StateDir, "disk_pool", max(cfg.DiskPool, 0), "disk_bytes", cfg.DefaultDiskBytes)
+
+	poolCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	r.stop = stop
+	r.ready = make(chan string, max(cfg.DiskPool, 0))
+	r.refill = make(chan struct{}, 1)
+	if cfg.DiskPool > 0 {
+		r.wg.Add(1)
+		go r.refillPool(poolCtx)
+		r.kickRefill()
+	}
+	return r, nil
+}
+
+// Close stops the pool refill and destroys the pool's disks. Sandboxes keep running.
+func (r *Runtime) Close() error {
+	var err error
+	r.closeMu.Do(func() {
+		r.stop()
+		r.wg.Wait()
+		err = r.clearPool(context.Background())
+		if err == nil {
+			os.Remove(r.poolDir) // so that StateDir is empty when no sandbox is left
+		}
+		r.agents.close()
+	})
+	return err
+}
+
+// Version is the first line of `runc --version`, e.g. "runc version 1.3.3".
+func (r *Runtime) Version(ctx context.Context) (string, error) { return r.version, nil }
+
+// List returns the IDs that have any state: a directory in StateDir, runc state, or a cgroup.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	ids := map[string]bool{}
+	ents, err := os.ReadDir(r.cfg.StateDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("list %s: %w", r.cfg.StateDir, err)
+	}
+	for _, e := range ents {
+		if e.IsDir() && validID(e.Name()) {
+			ids[e.Name()] = true
+		}
+	}
+	out, err := r.runcOutput(ctx, "list", "-q")
+	if err != nil {
+		return nil, fmt.Errorf("runc list: %w", err)
+	}
+	for _, id := range strings.Fields(string(out)) {
+		ids[id] = true
+	}
+	for _, id := range r.cg.children() {
+		if validID(id) {
+			ids[id] = true
+		}
+	}
+	list := make([]string, 0, len(ids))
+	for id := range ids {
+		list = append(list, id)
+	}
+	slices.Sort(list)
+	return list, nil
+}
+
+func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, id) }
+
+func (r *Runtime) cgroupPath(id string) string { return path.Join(r.cfg.CgroupParent, id) }
+
+// runcCmd returns runc with --root set, a minimal environment and its own process group.
+// The environment is not inherited: runc passes LISTEN_FDS descriptors and the NOTIFY_SOCKET
+// socket into the container when it sees them.
+func (r *Runtime) runcCmd(ctx context.Context, args ...string) *exec.Cmd {
+	var full []string
+	if len(args) == 0 || args[0] != "--version" {
+		full = append(full, "--root", r.cfg.RuncRoot)
+	}
+	cmd := exec.CommandContext(ctx, r.cfg.Runc, append(full, args...)...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd
+}
+
+// runcOutput runs runc and returns its stdout; a failure carries runc's stderr.
+func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := r.runcCmd(ctx, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			return out, fmt.Errorf("%w: %s", err, msg)
+		}
+		return out, err
+	}
+	return out, nil
+}
+
+func readUint(path string, def uint64) uint64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return def
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return def
+	}
+	return n
+}
+
+func findMkfs() (string, error) {
+	if p, err := exec.LookPath("mkfs.ext4"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errdefs.Unavailable("mkfs.ext4 not found: install e2fsprogs")
+}
+
+// idLocks serialises operations on one ID.
+type idLocks struct {
+	mu sync.Mutex
+	m  map[string]*idLock // protected by mu
+}
+
+type idLock struct {
+	mu   sync.Mutex
+	refs int // protected by idLocks.mu
+}
+
+func (l *idLocks) lock(id string) (unlock func()) {
+	l.mu.Lock()
+	e := l.m[id]
+	if e == nil {
+		e = &idLock{}
+		l.m[id] = e
+	}
+	e.refs++
+	l.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		l.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(l.m, id)
+		}
+		l.mu.Unlock()
+	}
+}

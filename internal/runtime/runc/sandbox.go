@@ -1,0 +1,362 @@
+package runc
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// Sandbox is a created sandbox.
+type Sandbox struct {
+	ID string
+	// Pid is the agent's (the container init's) pid in the host's pid namespace.
+	Pid int
+	// AgentSocket is the unix socket the agent accepts on (as fd 3): connect here to reach it.
+	AgentSocket string
+	// Dir is the sandbox's state directory (and OCI bundle).
+	Dir string
+	// AgentLog receives the agent's stdout and stderr; it lives on the sandbox's disk.
+	AgentLog string
+}
+
+// State is a sandbox's run state as the kernel sees it.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"  // frozen by the cgroup freezer
+	StateStopped State = "stopped" // the agent is gone; Delete to free the resources
+)
+
+// Status is a sandbox's state and its memory cgroup's counters.
+type Status struct {
+	State State
+	Pid   int // the agent's host pid; 0 unless running or paused
+	// OOMKills counts processes the kernel's OOM killer ended in this sandbox.
+	OOMKills uint64
+	// UnderOOM: at its memory limit with nothing the OOM killer may kill (v1 only). Processes
+	// that allocate are stuck until memory is freed; the caller should Delete the sandbox.
+	UnderOOM bool
+	// MemoryBytes is the memory charged to the sandbox now (page cache and /dev/shm included).
+	MemoryBytes uint64
+}
+
+const (
+	maxSocketPath = 107 // sun_path is 108 bytes including the terminating NUL
+	socketName    = "agent.sock"
+)
+
+func socketPath(stateDir, id string) string { return filepath.Join(stateDir, id, socketName) }
+
+// Create makes and starts a sandbox; see the package doc for its guarantees.
+func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+	start := time.Now()
+	if err := spec.normalize(r.cfg.DefaultDiskBytes, r.maxOpenFiles); err != nil {
+		return nil, err
+	}
+	id := spec.ID
+	dir := r.dir(id)
+	sock := socketPath(r.cfg.StateDir, id)
+	if len(sock) > maxSocketPath {
+		return nil, errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit: use a shorter ID or StateDir",
+			sock, len(sock), maxSocketPath)
+	}
+	unlock := r.locks.lock(id)
+	defer unlock()
+
+	// Stat only: `runc state` would cost a runc start on the hot path.
+	if _, err := os.Lstat(dir); err == nil {
+		return nil, errdefs.Conflict("sandbox %s already exists", id)
+	}
+	if _, err := os.Lstat(filepath.Join(r.cfg.RuncRoot, id)); err == nil {
+		return nil, errdefs.Conflict("sandbox %s already has runc state (left by a crash?): Delete it first", id)
+	}
+	agent, err := r.agents.acquire(spec.AgentPath)
+	if err != nil {
+		return nil, err
+	}
+	defer r.agents.release(agent)
+
+	slot, pooled, err := r.takeSlot(ctx, spec.DiskBytes)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: make disk: %w", id, err)
+	}
+	tDisk := time.Now()
+	if err := unix.Renameat2(unix.AT_FDCWD, slot, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
+		terr := teardownDir(context.WithoutCancel(ctx), slot)
+		if errors.Is(err, unix.EEXIST) {
+			return nil, errors.Join(errdefs.Conflict("sandbox %s already exists", id), terr)
+		}
+		return nil, errors.Join(fmt.Errorf("create sandbox %s: claim disk: %w", id, err), terr)
+	}
+	// From here on the directory is ours: undo everything on failure.
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			if derr := r.destroy(cctx, id); derr != nil {
+				r.log.Error("clean up failed create", "id", id, "err", derr)
+				err = errors.Join(err, fmt.Errorf("clean up: %w", derr))
+			}
+		}
+	}()
+
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	disk := filepath.Join(dir, diskMount)
+	if err := mountOverlay(rootfs, spec.Lower, filepath.Join(disk, "upper"), filepath.Join(disk, "work")); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	tMount := time.Now()
+	lis, err := listenUnix(sock)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	defer lis.Close()
+	config, err := r.tmpl.render(&spec, r.cgroupPath(id))
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: render spec: %w", id, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o600); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	logPath := filepath.Join(disk, "agent.log")
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	defer logf.Close()
+
+	// runc run --detach returns once the agent runs. The container gets runc's stdio: stdin
+	// /dev/null (exec's default), stdout and stderr the log file, never a pipe to us.
+	runcLog := filepath.Join(dir, "runc.log")
+	verb := []string{"run", "--detach"}
+	if r.createStart {
+		verb = []string{"create"}
+	}
+	args := append([]string{"--log", runcLog, "--log-format", "json"}, verb...)
+	cmd := r.runcCmd(ctx, append(args, "--bundle", dir, "--pid-file", filepath.Join(dir, "init.pid"), "--preserve-fds", "2", id)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{lis, agent.f} // fds 3 and 4
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: runc %s: %w: %s", id, verb[0], err, lastRuncError(runcLog))
+	}
+	if r.createStart {
+		if err := r.runcCmd(ctx, "--log", runcLog, "--log-format", "json", "start", id).Run(); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: runc start: %w: %s", id, err, lastRuncError(runcLog))
+		}
+	}
+	pid, err := readPid(filepath.Join(dir, "init.pid"))
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	r.log.Debug("sandbox created", "id", id, "pid", pid, "pooled_disk", pooled,
+		"disk", tDisk.Sub(start), "overlay", tMount.Sub(tDisk), "runc", time.Since(tMount), "total", time.Since(start))
+	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath}, nil
+}
+
+// listenUnix creates a listening unix socket at path; the file is 0600 in a 0700 directory.
+func listenUnix(path string) (*os.File, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("bind agent socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("chmod agent socket: %w", err)
+	}
+	if err := unix.Listen(fd, 128); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("listen on agent socket: %w", err)
+	}
+	return f, nil
+}
+
+func readPid(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("read pid file %s: bad content %q", path, b)
+	}
+	return pid, nil
+}
+
+// lastRuncError returns the last error runc logged, which names what failed inside runc.
+func lastRuncError(logPath string) string {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return "(no runc log)"
+	}
+	defer f.Close()
+	var last string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var e struct{ Level, Msg string }
+		if json.Unmarshal(sc.Bytes(), &e) == nil && (e.Level == "error" || e.Level == "fatal") {
+			last = e.Msg
+		}
+	}
+	if last == "" {
+		return "(runc logged no error)"
+	}
+	return last
+}
+
+// runcState is the part of `runc state` output used here.
+type runcState struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+func (r *Runtime) runcState(ctx context.Context, id string) (*runcState, error) {
+	if _, err := os.Lstat(filepath.Join(r.cfg.RuncRoot, id)); errors.Is(err, fs.ErrNotExist) {
+		return nil, errdefs.NotFound("runc container %s", id)
+	}
+	out, err := r.runcOutput(ctx, "state", id)
+	if err != nil {
+		return nil, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	var st runcState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	return &st, nil
+}
+
+// Open re-adopts a sandbox made by an earlier process; see the package doc.
+func (r *Runtime) Open(ctx context.Context, id string) (*Sandbox, error) {
+	if !validID(id) {
+		return nil, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+	}
+	unlock := r.locks.lock(id)
+	defer unlock()
+	dir := r.dir(id)
+	_, dirErr := os.Lstat(dir)
+	st, err := r.runcState(ctx, id)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound) && errors.Is(dirErr, fs.ErrNotExist):
+		return nil, errdefs.NotFound("sandbox %s", id)
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil, errdefs.NotFound("sandbox %s has only partial state (interrupted create?): Delete it", id)
+	case err != nil:
+		return nil, err
+	case dirErr != nil:
+		return nil, errdefs.NotFound("sandbox %s has runc state but no directory: Delete it", id)
+	}
+	sock := socketPath(r.cfg.StateDir, id)
+	if _, err := os.Lstat(sock); err != nil {
+		return nil, errdefs.NotFound("sandbox %s has no agent socket (interrupted create?): Delete it", id)
+	}
+	pid := st.Pid
+	if st.Status == "stopped" {
+		pid = 0
+	}
+	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log")}, nil
+}
+
+// Status reports the sandbox's state from its cgroup; see the package doc.
+func (r *Runtime) Status(ctx context.Context, id string) (Status, error) {
+	if !validID(id) {
+		return Status{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+	}
+	if !r.cg.exists(id) {
+		if _, err := os.Lstat(r.dir(id)); err == nil {
+			return Status{State: StateStopped}, nil
+		}
+		return Status{}, errdefs.NotFound("sandbox %s", id)
+	}
+	var st Status
+	var err error
+	st.MemoryBytes, st.OOMKills, st.UnderOOM, err = r.cg.memStats(id)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return Status{}, fmt.Errorf("status of %s: %w", id, err)
+	}
+	// The agent is pid 1 of the sandbox's pid namespace: when it dies, the kernel kills every
+	// other process there, so "running" is "the recorded init pid is still in our cgroup".
+	st.State = StateStopped
+	pid, perr := readPid(filepath.Join(r.dir(id), "init.pid"))
+	procs, err := r.cg.procs(id)
+	if err != nil {
+		return Status{}, fmt.Errorf("status of %s: %w", id, err)
+	}
+	if perr == nil {
+		for _, p := range procs {
+			if p == pid {
+				st.State, st.Pid = StateRunning, pid
+				if r.cg.frozen(id) {
+					st.State = StatePaused
+				}
+				break
+			}
+		}
+	}
+	return st, nil
+}
+
+// Delete destroys the sandbox and everything it owns on the host; see the package doc.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if !validID(id) {
+		return errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+	}
+	unlock := r.locks.lock(id)
+	defer unlock()
+	return r.destroy(ctx, id)
+}
+
+// destroy removes every trace of id, whatever state it is in. Preconditions: id's lock is held.
+func (r *Runtime) destroy(ctx context.Context, id string) error {
+	start := time.Now()
+	var errs []error
+	// Killing first makes `runc delete --force` find the container stopped, which skips its
+	// kill-and-poll loop (100 ms sleeps).
+	if err := r.cg.killAll(id, 10*time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	runcDir := filepath.Join(r.cfg.RuncRoot, id)
+	if _, err := os.Lstat(runcDir); err == nil {
+		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil {
+			if _, serr := os.Lstat(runcDir); serr == nil {
+				// State runc cannot load (a crash while it wrote it): nothing else can use it.
+				r.log.Warn("runc delete failed; removing its state", "id", id, "err", err)
+				if err := os.RemoveAll(runcDir); err != nil {
+					errs = append(errs, fmt.Errorf("remove runc state: %w", err))
+				}
+			}
+		}
+	}
+	if err := teardownDir(ctx, r.dir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.cg.remove(id, 5*time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	r.log.Debug("sandbox deleted", "id", id, "took", time.Since(start))
+	return nil
+}

@@ -1,0 +1,277 @@
+package runc
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// Spec describes one sandbox to create. Zero limits take the package defaults.
+type Spec struct {
+	// ID names the sandbox: 1-64 of [A-Za-z0-9_.-], starting with a letter or digit.
+	ID string
+	// Hostname defaults to the ID (cut to 63 bytes).
+	Hostname string
+	// Lower are the read-only layer directories, bottom (base) first; a later layer's files win.
+	Lower []string
+	// AgentPath is the host path of the static corral-agent binary; it runs as the container's init.
+	AgentPath string
+	// AgentArgs follow argv[0], e.g. {"serve", "--fd", "3"}.
+	AgentArgs []string
+	// Env is KEY=VALUE for the agent; PATH and HOME get defaults unless set here.
+	Env []string
+
+	CPUs        float64 // CFS quota in CPUs
+	MemoryBytes int64   // memory limit; memory+swap is set to the same, so no swap
+	Pids        int64   // pids.max
+	DiskBytes   int64   // size of the writable layer (ext4); Config.DefaultDiskBytes if 0
+	OpenFiles   uint64  // RLIMIT_NOFILE, soft and hard
+	ShmBytes    int64   // size of /dev/shm (tmpfs, charged to the sandbox's memory)
+}
+
+// The agent binary's descriptor and the path runc execs it by.
+const (
+	agentSocketFD = 3
+	agentExecFD   = 4
+	agentExecPath = "/proc/self/fd/4"
+)
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+func validID(id string) bool { return idRE.MatchString(id) }
+
+var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$`)
+
+// normalize applies defaults and validates s.
+func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
+	if !validID(s.ID) {
+		return errdefs.Invalid("ID", "%q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", s.ID)
+	}
+	if s.Hostname == "" {
+		s.Hostname = strings.Trim(strings.ReplaceAll(s.ID, "_", "-"), ".-")
+		if len(s.Hostname) > 63 {
+			s.Hostname = strings.Trim(s.Hostname[:63], ".-")
+		}
+	}
+	if !hostnameRE.MatchString(s.Hostname) {
+		return errdefs.Invalid("Hostname", "%q is not a valid hostname", s.Hostname)
+	}
+	if len(s.Lower) == 0 {
+		return errdefs.Invalid("Lower", "at least one layer is needed")
+	}
+	for _, l := range s.Lower {
+		if !filepath.IsAbs(l) {
+			return errdefs.Invalid("Lower", "layer %q is not an absolute path", l)
+		}
+		if st, err := os.Stat(l); err != nil || !st.IsDir() {
+			return errdefs.Invalid("Lower", "layer %q is not a directory", l)
+		}
+	}
+	if !filepath.IsAbs(s.AgentPath) {
+		return errdefs.Invalid("AgentPath", "%q is not an absolute path", s.AgentPath)
+	}
+	for _, e := range s.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return errdefs.Invalid("Env", "%q is not KEY=VALUE", e)
+		}
+	}
+	if s.CPUs < 0 || s.MemoryBytes < 0 || s.Pids < 0 || s.DiskBytes < 0 || s.ShmBytes < 0 {
+		return errdefs.Invalid("Spec", "limits must not be negative")
+	}
+	if s.CPUs == 0 {
+		s.CPUs = DefaultCPUs
+	}
+	if s.CPUs < 0.01 || s.CPUs > 1024 {
+		return errdefs.Invalid("CPUs", "%v is out of range [0.01, 1024]", s.CPUs)
+	}
+	if s.MemoryBytes == 0 {
+		s.MemoryBytes = DefaultMemoryBytes
+	}
+	if s.MemoryBytes < 4<<20 {
+		return errdefs.Invalid("MemoryBytes", "%d is below 4 MiB", s.MemoryBytes)
+	}
+	if s.Pids == 0 {
+		s.Pids = DefaultPids
+	}
+	if s.DiskBytes == 0 {
+		s.DiskBytes = defaultDisk
+	}
+	if s.DiskBytes < minDiskBytes {
+		return errdefs.Invalid("DiskBytes", "%d is below %d", s.DiskBytes, minDiskBytes)
+	}
+	if s.OpenFiles == 0 {
+		s.OpenFiles = min(DefaultOpenFiles, maxOpenFiles)
+	}
+	if s.OpenFiles > maxOpenFiles {
+		return errdefs.Invalid("OpenFiles", "%d is over what this host allows (%d)", s.OpenFiles, maxOpenFiles)
+	}
+	if s.ShmBytes == 0 {
+		s.ShmBytes = DefaultShmBytes
+	}
+	return nil
+}
+
+// defaultCaps is Docker's default capability set without NET_RAW. Never add SYS_ADMIN,
+// SYS_PTRACE, SYS_MODULE, NET_RAW or SYS_RESOURCE (the last would let a process make itself
+// unkillable by the OOM killer).
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_SETGID",
+	"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
+	"CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// maskedPaths are hidden (files: /dev/null bound over them; directories: an empty read-only tmpfs).
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+	"/proc/kpagecgroup", "/proc/kpagecount", "/proc/kpageflags", "/proc/latency_stats",
+	"/proc/sched_debug", "/proc/scsi", "/proc/sysrq-trigger", "/proc/timer_list",
+	"/proc/timer_stats", "/sys/devices/virtual/powercap", "/sys/firmware",
+}
+
+var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"}
+
+// template is the part of the OCI spec that is the same for every sandbox, built once. Docker's
+// seccomp profile is most of the JSON, so it is encoded once and its bytes spliced into each
+// rendered spec (json.RawMessage would re-validate all of it every time).
+type template struct {
+	spec    specs.Spec
+	seccomp json.RawMessage
+}
+
+// newTemplate builds the spec template. agentOOMScoreAdj is the agent's oom_score_adj, or nil to
+// leave it inherited (when this process may not lower it).
+func newTemplate(agentOOMScoreAdj *int) (*template, error) {
+	caps := &specs.LinuxCapabilities{
+		Bounding:  defaultCaps,
+		Effective: defaultCaps,
+		Permitted: defaultCaps,
+	}
+	s := specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{
+			User:            specs.User{UID: 0, GID: 0},
+			Cwd:             "/",
+			Capabilities:    caps,
+			NoNewPrivileges: true,
+			OOMScoreAdj:     agentOOMScoreAdj,
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm"}, // options per sandbox
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
+			},
+			MaskedPaths:       maskedPaths,
+			ReadonlyPaths:     readonlyPaths,
+			RootfsPropagation: "rprivate",
+		},
+	}
+	sc, err := seccomp.GetDefaultProfile(&s)
+	if err != nil {
+		return nil, fmt.Errorf("build seccomp profile: %w", err)
+	}
+	raw, err := json.Marshal(sc)
+	if err != nil {
+		return nil, fmt.Errorf("encode seccomp profile: %w", err)
+	}
+	return &template{spec: s, seccomp: raw}, nil
+}
+
+// render returns config.json for s (normalized) with its cgroup at cgroupsPath.
+func (t *template) render(s *Spec, cgroupsPath string) ([]byte, error) {
+	spec := t.spec
+	proc := *t.spec.Process
+	proc.Args = append([]string{agentExecPath}, s.AgentArgs...)
+	proc.Env = agentEnv(s.Env)
+	proc.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: s.OpenFiles, Soft: s.OpenFiles}}
+	spec.Process = &proc
+	spec.Hostname = s.Hostname
+
+	spec.Mounts = append([]specs.Mount(nil), t.spec.Mounts...)
+	for i := range spec.Mounts {
+		if spec.Mounts[i].Destination == "/dev/shm" {
+			spec.Mounts[i].Options = []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", s.ShmBytes)}
+		}
+	}
+
+	linux := *t.spec.Linux
+	linux.CgroupsPath = cgroupsPath
+	period := uint64(100000)
+	quota := int64(math.Round(s.CPUs * float64(period)))
+	linux.Resources = &specs.LinuxResources{
+		// runc adds its default device allow-list (null, zero, full, tty, random, urandom, ptmx,
+		// pts) after this deny-all.
+		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+		Memory:  &specs.LinuxMemory{Limit: ptr(s.MemoryBytes), Swap: ptr(s.MemoryBytes)},
+		CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
+		Pids:    &specs.LinuxPids{Limit: ptr(s.Pids)},
+	}
+	spec.Linux = &linux
+	b, err := json.Marshal(&spec)
+	if err != nil {
+		return nil, err
+	}
+	// Splice the pre-encoded profile in as the first field of "linux". The key cannot occur
+	// inside an encoded string (its quotes would be escaped), so the first match is the field.
+	key := []byte(`"linux":{`)
+	i := bytes.Index(b, key)
+	if i < 0 {
+		return nil, errors.New("render spec: no linux section")
+	}
+	i += len(key)
+	out := make([]byte, 0, len(b)+len(t.seccomp)+16)
+	out = append(out, b[:i]...)
+	out = append(out, `"seccomp":`...)
+	out = append(out, t.seccomp...)
+	out = append(out, ',') // linux always has more fields: namespaces, resources, cgroupsPath
+	return append(out, b[i:]...), nil
+}
+
+func agentEnv(env []string) []string {
+	out := make([]string, 0, len(env)+2)
+	var havePath, haveHome bool
+	for _, e := range env {
+		havePath = havePath || strings.HasPrefix(e, "PATH=")
+		haveHome = haveHome || strings.HasPrefix(e, "HOME=")
+	}
+	if !havePath {
+		out = append(out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	if !haveHome {
+		out = append(out, "HOME=/root")
+	}
+	return append(out, env...)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// canLowerOOMScore reports whether this process has CAP_SYS_RESOURCE, which writing a negative
+// oom_score_adj for the agent needs (runc writes it as this process's child).
+func canLowerOOMScore() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[unix.CAP_SYS_RESOURCE/32].Effective&(1<<(unix.CAP_SYS_RESOURCE%32)) != 0
+}

@@ -1,0 +1,199 @@
+package runc
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// These tests need neither root nor runc.
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name  string
+		cfg   Config
+		field string // "" means valid
+	}{
+		{"defaults", Config{}, ""},
+		{"relative state dir", Config{StateDir: "state"}, "StateDir"},
+		{"unclean runc root", Config{RuncRoot: "/run/x/../y"}, "RuncRoot"},
+		{"root as parent", Config{CgroupParent: "/"}, "CgroupParent"},
+		{"runc root inside state", Config{StateDir: "/s", RuncRoot: "/s/runc"}, "RuncRoot"},
+		{"state dir too long for the socket", Config{StateDir: "/" + strings.Repeat("a", 94)}, "StateDir"},
+		{"longest state dir", Config{StateDir: "/" + strings.Repeat("a", 93)}, ""},
+		{"tiny disk", Config{DefaultDiskBytes: 1 << 20}, "DefaultDiskBytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if got := errdefs.Field(err); got != tt.field || (tt.field == "") != (err == nil) {
+				t.Errorf("Validate() = %v (field %q), want field %q", err, got, tt.field)
+			}
+			if err != nil && !errorsIsInvalid(err) {
+				t.Errorf("Validate() = %v, want an ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func errorsIsInvalid(err error) bool { return errdefs.Code(err) == "invalid" }
+
+func TestSpecNormalize(t *testing.T) {
+	dir := t.TempDir()
+	base := func() Spec { return Spec{ID: "sb-1", Lower: []string{dir}, AgentPath: "/agent"} }
+	tests := []struct {
+		name  string
+		edit  func(*Spec)
+		field string
+		check func(*testing.T, Spec)
+	}{
+		{"defaults", func(*Spec) {}, "", func(t *testing.T, s Spec) {
+			if s.Hostname != "sb-1" || s.CPUs != DefaultCPUs || s.MemoryBytes != DefaultMemoryBytes || s.Pids != DefaultPids ||
+				s.DiskBytes != 64<<20 || s.OpenFiles != 1000 || s.ShmBytes != DefaultShmBytes {
+				t.Errorf("defaults not applied: %+v", s)
+			}
+		}},
+		{"hostname from an underscore ID", func(s *Spec) { s.ID = "a_b." }, "", func(t *testing.T, s Spec) {
+			if s.Hostname != "a-b" {
+				t.Errorf("hostname %q, want a-b", s.Hostname)
+			}
+		}},
+		{"empty ID", func(s *Spec) { s.ID = "" }, "ID", nil},
+		{"ID with slash", func(s *Spec) { s.ID = "a/b" }, "ID", nil},
+		{"ID dot-dot", func(s *Spec) { s.ID = ".." }, "ID", nil},
+		{"ID too long", func(s *Spec) { s.ID = strings.Repeat("a", 65) }, "ID", nil},
+		{"bad hostname", func(s *Spec) { s.Hostname = "-x" }, "Hostname", nil},
+		{"no layers", func(s *Spec) { s.Lower = nil }, "Lower", nil},
+		{"relative layer", func(s *Spec) { s.Lower = []string{"x"} }, "Lower", nil},
+		{"missing layer", func(s *Spec) { s.Lower = []string{dir + "/nope"} }, "Lower", nil},
+		{"relative agent", func(s *Spec) { s.AgentPath = "agent" }, "AgentPath", nil},
+		{"bad env", func(s *Spec) { s.Env = []string{"=x"} }, "Env", nil},
+		{"negative memory", func(s *Spec) { s.MemoryBytes = -1 }, "Spec", nil},
+		{"tiny memory", func(s *Spec) { s.MemoryBytes = 1 << 20 }, "MemoryBytes", nil},
+		{"too many cpus", func(s *Spec) { s.CPUs = 5000 }, "CPUs", nil},
+		{"tiny disk", func(s *Spec) { s.DiskBytes = 1 << 20 }, "DiskBytes", nil},
+		{"too many files", func(s *Spec) { s.OpenFiles = 1001 }, "OpenFiles", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base()
+			tt.edit(&s)
+			err := s.normalize(64<<20, 1000)
+			if got := errdefs.Field(err); got != tt.field {
+				t.Fatalf("normalize() = %v (field %q), want field %q", err, got, tt.field)
+			}
+			if tt.check != nil {
+				tt.check(t, s)
+			}
+		})
+	}
+}
+
+// TestRender checks the bundle's security settings as runc will read them.
+func TestRender(t *testing.T) {
+	tmpl, err := newTemplate(ptr(-1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", AgentArgs: []string{"serve", "--fd", "3"}, CPUs: 1.5,
+		MemoryBytes: 1 << 30, Pids: 99, OpenFiles: 777, Env: []string{"A=b"}}
+	if err := s.normalize(64<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	b, err := tmpl.render(&s, "/corral/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got specs.Spec
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	p, l := got.Process, got.Linux
+	if want := []string{"/proc/self/fd/4", "serve", "--fd", "3"}; !slices.Equal(p.Args, want) {
+		t.Errorf("args = %v, want %v", p.Args, want)
+	}
+	if !p.NoNewPrivileges || p.OOMScoreAdj == nil || *p.OOMScoreAdj != -1000 || p.User.UID != 0 {
+		t.Errorf("process: nnp %v oom %v uid %d", p.NoNewPrivileges, p.OOMScoreAdj, p.User.UID)
+	}
+	if len(p.Rlimits) != 1 || p.Rlimits[0].Type != "RLIMIT_NOFILE" || p.Rlimits[0].Hard != 777 || p.Rlimits[0].Soft != 777 {
+		t.Errorf("rlimits = %+v", p.Rlimits)
+	}
+	for _, set := range [][]string{p.Capabilities.Bounding, p.Capabilities.Effective, p.Capabilities.Permitted} {
+		for _, c := range []string{"CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_MODULE", "CAP_NET_RAW", "CAP_SYS_RESOURCE"} {
+			if slices.Contains(set, c) {
+				t.Errorf("capability %s granted", c)
+			}
+		}
+	}
+	if len(p.Capabilities.Inheritable) != 0 || len(p.Capabilities.Ambient) != 0 {
+		t.Errorf("inheritable/ambient capabilities: %+v", p.Capabilities)
+	}
+	if l.Seccomp == nil || l.Seccomp.DefaultAction != specs.ActErrno || len(l.Seccomp.Syscalls) < 10 {
+		t.Errorf("seccomp profile missing or not Docker's default")
+	}
+	for _, m := range []string{"/proc/kcore", "/proc/keys", "/proc/kpagecgroup", "/proc/kpagecount", "/proc/kpageflags",
+		"/proc/sysrq-trigger", "/proc/timer_list", "/proc/sched_debug", "/proc/acpi", "/proc/scsi", "/sys/firmware",
+		"/sys/devices/virtual/powercap"} {
+		if !slices.Contains(l.MaskedPaths, m) {
+			t.Errorf("%s not masked", m)
+		}
+	}
+	for _, ro := range []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"} {
+		if !slices.Contains(l.ReadonlyPaths, ro) {
+			t.Errorf("%s not read-only", ro)
+		}
+	}
+	var ns []specs.LinuxNamespaceType
+	for _, n := range l.Namespaces {
+		if n.Path != "" {
+			t.Errorf("namespace %s joins %s", n.Type, n.Path)
+		}
+		ns = append(ns, n.Type)
+	}
+	for _, want := range []specs.LinuxNamespaceType{specs.PIDNamespace, specs.NetworkNamespace, specs.IPCNamespace, specs.UTSNamespace, specs.MountNamespace} {
+		if !slices.Contains(ns, want) {
+			t.Errorf("no new %s namespace", want)
+		}
+	}
+	for _, m := range got.Mounts {
+		if m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind") {
+			t.Errorf("bind mount of %s into the sandbox", m.Source)
+		}
+		if m.Destination == "/sys" && !slices.Contains(m.Options, "ro") {
+			t.Errorf("/sys is writable")
+		}
+		if m.Destination == "/dev/shm" && !slices.Contains(m.Options, "size=67108864") {
+			t.Errorf("/dev/shm options %v", m.Options)
+		}
+	}
+	r := l.Resources
+	if *r.Memory.Limit != 1<<30 || *r.Memory.Swap != 1<<30 || *r.Pids.Limit != 99 || *r.CPU.Quota != 150000 || *r.CPU.Period != 100000 {
+		t.Errorf("resources = mem %d swap %d pids %d quota %d", *r.Memory.Limit, *r.Memory.Swap, *r.Pids.Limit, *r.CPU.Quota)
+	}
+	if l.CgroupsPath != "/corral/x" || got.Hostname != "x" || got.Root.Path != "rootfs" || got.Root.Readonly {
+		t.Errorf("cgroups %q hostname %q root %+v", l.CgroupsPath, got.Hostname, got.Root)
+	}
+	if !slices.Equal(p.Env, []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "A=b"}) {
+		t.Errorf("env = %v", p.Env)
+	}
+}
+
+func TestUnescapeMountinfo(t *testing.T) {
+	for in, want := range map[string]string{
+		`/a/b`:           "/a/b",
+		`/a\040b`:        "/a b",
+		`/tab\011x\134y`: "/tab\tx\\y",
+		`/trailing\04`:   `/trailing\04`,
+		`/not\999octal`:  `/not\999octal`,
+		`/nl\012`:        "/nl\n",
+	} {
+		if got := unescapeMountinfo(in); got != want {
+			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

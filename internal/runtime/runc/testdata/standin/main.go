@@ -1,0 +1,128 @@
+// Command standin plays corral-agent in this package's tests: it accepts on the listening socket
+// it inherits as fd 3, reads one shell command line per connection, runs it with /bin/sh -c and
+// answers {"out": combined output, "code": exit status} as one JSON line.
+//
+// It does what the real agent must do as a sandbox's init: become non-dumpable, close fd 4 (its
+// own binary), keep fd 3 away from children, and reap every child, orphans included.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+)
+
+func main() {
+	// Non-dumpable: no process inside may ptrace this one or open /proc/1/{exe,fd/*,mem,environ},
+	// which would reach the control socket and this binary. "--dumpable" skips it, for the test
+	// that shows why.
+	if len(os.Args) < 3 || os.Args[2] != "--dumpable" {
+		if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_DUMPABLE, 0, 0); e != 0 {
+			fail("prctl: " + e.Error())
+		}
+	}
+	syscall.Close(4) // this binary (runc exec'd /proc/self/fd/4)
+	f := os.NewFile(3, "agent.sock")
+	l, err := net.FileListener(f) // a close-on-exec dup of fd 3
+	if err != nil {
+		fail(err.Error())
+	}
+	f.Close()
+	go reap()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			fail(err.Error())
+		}
+		go serve(c)
+	}
+}
+
+func fail(msg string) {
+	os.Stderr.WriteString("standin: " + msg + "\n")
+	os.Exit(1)
+}
+
+// As pid 1 this process inherits every orphan. One loop reaps all children and hands the
+// statuses of the ones it started to their waiters: os/exec's Wait would race with it.
+var (
+	mu      sync.Mutex
+	waiters = map[int]chan syscall.WaitStatus{} // protected by mu
+	early   = map[int]syscall.WaitStatus{}      // exited before registered; protected by mu
+)
+
+func reap() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	for range sigs {
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			mu.Lock()
+			if ch, ok := waiters[pid]; ok {
+				ch <- ws
+				delete(waiters, pid)
+			} else {
+				early[pid] = ws
+			}
+			mu.Unlock()
+		}
+	}
+}
+
+func run(cmdline string) (string, int) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err.Error(), -1
+	}
+	null, _ := os.Open(os.DevNull)
+	defer null.Close()
+	// The agent runs with oom_score_adj -1000 where the host allows it; children go back to 0.
+	argv := []string{"/bin/sh", "-c", "echo 0 >/proc/self/oom_score_adj; " + cmdline}
+	ch := make(chan syscall.WaitStatus, 1)
+	mu.Lock()
+	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Files: []*os.File{null, w, w}})
+	if err == nil {
+		if ws, ok := early[p.Pid]; ok {
+			ch <- ws
+			delete(early, p.Pid)
+		} else {
+			waiters[p.Pid] = ch
+		}
+	}
+	mu.Unlock()
+	w.Close()
+	if err != nil {
+		r.Close()
+		return err.Error(), -1
+	}
+	out, _ := io.ReadAll(r)
+	r.Close()
+	ws := <-ch
+	code := ws.ExitStatus()
+	if ws.Signaled() {
+		code = 128 + int(ws.Signal())
+	}
+	return string(out), code
+}
+
+func serve(c net.Conn) {
+	defer c.Close()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return
+	}
+	out, code := run(line)
+	json.NewEncoder(c).Encode(struct {
+		Out  string `json:"out"`
+		Code int    `json:"code"`
+	}{out, code})
+}

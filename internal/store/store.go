@@ -1,0 +1,356 @@
+// Package store keeps Corral's durable state: sandboxes, published layers and API tokens.
+//
+// One schema, written in portable SQL, backs every driver. This file holds the SQLite driver
+// (modernc.org/sqlite, pure Go, WAL), the embedded default for one machine; the PostgreSQL driver for
+// several API replicas comes with cluster mode and must pass the same tests.
+//
+// Concurrency: a Store is safe for concurrent use. SQLite allows one writer at a time; the store
+// opens one connection for writes (serialised by database/sql) and lets readers share WAL snapshots.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Store is the durable state of one Corral installation.
+type Store struct {
+	db *sql.DB
+}
+
+// Sandbox is a sandbox's durable record: its API view plus what the edge needs to rebuild it.
+type Sandbox struct {
+	corral.Sandbox
+	// Lower lists the layer digests of the rootfs, bottom (base) first.
+	Lower []string `json:"lower"`
+}
+
+// migrations are applied in order, each once; never edit one that has shipped, add another.
+var migrations = []string{
+	`CREATE TABLE sandboxes (
+		id TEXT PRIMARY KEY,
+		node TEXT NOT NULL,
+		state TEXT NOT NULL,
+		expires_at INTEGER NOT NULL,
+		doc TEXT NOT NULL
+	);
+	CREATE INDEX sandboxes_state ON sandboxes(state);
+	CREATE TABLE layers (
+		name TEXT NOT NULL,
+		version TEXT NOT NULL,
+		kind TEXT NOT NULL,
+		digest TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		doc TEXT NOT NULL,
+		PRIMARY KEY (name, version)
+	);
+	CREATE INDEX layers_digest ON layers(digest);
+	CREATE TABLE tokens (
+		hash TEXT PRIMARY KEY,
+		principal TEXT NOT NULL,
+		created_at INTEGER NOT NULL
+	);`,
+}
+
+// Open opens (creating if needed) the SQLite database at path and applies migrations.
+func Open(ctx context.Context, path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)" +
+		"&_pragma=busy_timeout(5000)&_pragma=foreign_keys(ON)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	// One connection: SQLite has one writer anyway, and this keeps transactions free of SQLITE_BUSY.
+	db.SetMaxOpenConns(1)
+	s := &Store{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("migrate store: %w", err)
+	}
+	var have int
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
+		return fmt.Errorf("migrate store: %w", err)
+	}
+	if have > len(migrations) {
+		return fmt.Errorf("migrate store: database schema %d is newer than this binary's %d", have, len(migrations))
+	}
+	for v := have + 1; v <= len(migrations); v++ {
+		err := s.tx(ctx, func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, v, time.Now().UnixNano())
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("migrate store to version %d: %w", v, err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// PutSandbox inserts or replaces a sandbox record.
+func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
+	doc, err := json.Marshal(sb)
+	if err != nil {
+		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, node, state, expires_at, doc) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET node = excluded.node, state = excluded.state,
+			expires_at = excluded.expires_at, doc = excluded.doc`,
+		sb.ID, sb.Node, sb.State, sb.ExpiresAt.UnixNano(), string(doc))
+	if err != nil {
+		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// GetSandbox returns the record of id, or an ErrNotFound error.
+func (s *Store) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var doc string
+	err := s.db.QueryRowContext(ctx, `SELECT doc FROM sandboxes WHERE id = ?`, id).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.NotFound("sandbox %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	var sb Sandbox
+	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+		return nil, fmt.Errorf("decode sandbox %s: %w", id, err)
+	}
+	return &sb, nil
+}
+
+// SandboxFilter selects sandboxes in ListSandboxes; zero fields match everything.
+type SandboxFilter struct {
+	Node   string
+	States []string
+	Labels map[string]string
+}
+
+// ListSandboxes returns the sandboxes matching f, oldest first.
+func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error) {
+	q := `SELECT doc FROM sandboxes WHERE 1 = 1`
+	var args []any
+	if f.Node != "" {
+		q += ` AND node = ?`
+		args = append(args, f.Node)
+	}
+	if len(f.States) > 0 {
+		q += ` AND state IN (?` + strings.Repeat(", ?", len(f.States)-1) + `)`
+		for _, st := range f.States {
+			args = append(args, st)
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		var sb Sandbox
+		if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+			return nil, fmt.Errorf("list sandboxes: decode: %w", err)
+		}
+		if !labelsMatch(sb.Labels, f.Labels) {
+			continue
+		}
+		out = append(out, &sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+func labelsMatch(have, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := have[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// DeleteSandbox removes a sandbox record (used to forget long-stopped sandboxes).
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// PublishLayer records l under l.Name:l.Version. Publishing the same digest again is a no-op that
+// returns the existing record and created=false; another digest under a taken name:version is an
+// ErrConflict error, because a published version is immutable.
+func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.Layer, created bool, err error) {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		var doc string
+		err := tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, l.Name, l.Version).Scan(&doc)
+		switch {
+		case err == nil:
+			if err := json.Unmarshal([]byte(doc), &got); err != nil {
+				return err
+			}
+			if got.Digest != l.Digest {
+				return errdefs.Conflict("layer %s:%s is already published with digest %s; versions are immutable, publish a new version",
+					l.Name, l.Version, got.Digest)
+			}
+			if got.Kind != l.Kind {
+				return errdefs.Conflict("layer %s:%s is already published as kind %s", l.Name, l.Version, got.Kind)
+			}
+			return nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		b, err := json.Marshal(l)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO layers (name, version, kind, digest, created_at, doc) VALUES (?, ?, ?, ?, ?, ?)`,
+			l.Name, l.Version, l.Kind, l.Digest, l.CreatedAt.UnixNano(), string(b)); err != nil {
+			return err
+		}
+		got, created = l, true
+		return nil
+	})
+	if err != nil {
+		return corral.Layer{}, false, fmt.Errorf("publish layer %s:%s: %w", l.Name, l.Version, err)
+	}
+	return got, created, nil
+}
+
+// GetLayer returns the layer published as name:version, or an ErrNotFound error.
+func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+	var doc string
+	err := s.db.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return corral.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
+	}
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("get layer %s:%s: %w", name, version, err)
+	}
+	var l corral.Layer
+	if err := json.Unmarshal([]byte(doc), &l); err != nil {
+		return corral.Layer{}, fmt.Errorf("decode layer %s:%s: %w", name, version, err)
+	}
+	return l, nil
+}
+
+// ListLayers returns published layers (of one name when name is set), by name then creation time.
+func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, error) {
+	q, args := `SELECT doc FROM layers`, []any{}
+	if name != "" {
+		q += ` WHERE name = ?`
+		args = append(args, name)
+	}
+	q += ` ORDER BY name, created_at, version`
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list layers: %w", err)
+	}
+	defer rows.Close()
+	var out []corral.Layer
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, fmt.Errorf("list layers: %w", err)
+		}
+		var l corral.Layer
+		if err := json.Unmarshal([]byte(doc), &l); err != nil {
+			return nil, fmt.Errorf("list layers: decode: %w", err)
+		}
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// LayerDigestInUse reports whether any published layer references digest.
+func (s *Store) LayerDigestInUse(ctx context.Context, digest string) (bool, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM layers WHERE digest = ?`, digest).Scan(&n); err != nil {
+		return false, fmt.Errorf("check layer digest %s: %w", digest, err)
+	}
+	return n > 0, nil
+}
+
+// AddToken stores the hash of an API token for principal.
+func (s *Store) AddToken(ctx context.Context, hash, principal string) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (hash, principal, created_at) VALUES (?, ?, ?)`, hash, principal, time.Now().UnixNano())
+	if err != nil {
+		return fmt.Errorf("add token: %w", err)
+	}
+	return nil
+}
+
+// TokenPrincipal returns the principal owning the token with this hash, or an ErrNotFound error.
+func (s *Store) TokenPrincipal(ctx context.Context, hash string) (string, error) {
+	var p string
+	err := s.db.QueryRowContext(ctx, `SELECT principal FROM tokens WHERE hash = ?`, hash).Scan(&p)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", errdefs.NotFound("token")
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up token: %w", err)
+	}
+	return p, nil
+}
+
+// CountTokens returns how many tokens principal has.
+func (s *Store) CountTokens(ctx context.Context, principal string) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM tokens WHERE principal = ?`, principal).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count tokens: %w", err)
+	}
+	return n, nil
+}

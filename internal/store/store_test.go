@@ -1,0 +1,119 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+func open(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestSandboxRoundTripAndFilters(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	for i, st := range []string{corral.StateRunning, corral.StateStopped, corral.StateRunning} {
+		sb := &Sandbox{Sandbox: corral.Sandbox{
+			ID: "sb-n1-" + string(rune('a'+i)), Node: "n1", State: st,
+			Labels:    map[string]string{"team": []string{"x", "y", "x"}[i]},
+			CreatedAt: now.Add(time.Duration(i) * time.Second), ExpiresAt: now.Add(time.Hour),
+		}, Lower: []string{"sha256:00"}}
+		if err := s.PutSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.GetSandbox(ctx, "sb-n1-b")
+	if err != nil || got.State != corral.StateStopped || len(got.Lower) != 1 {
+		t.Fatalf("GetSandbox = %+v, %v", got, err)
+	}
+	if _, err := s.GetSandbox(ctx, "sb-n1-z"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing sandbox: err = %v, want not found", err)
+	}
+	tests := []struct {
+		f    SandboxFilter
+		want []string
+	}{
+		{SandboxFilter{}, []string{"sb-n1-a", "sb-n1-b", "sb-n1-c"}},
+		{SandboxFilter{States: []string{corral.StateRunning}}, []string{"sb-n1-a", "sb-n1-c"}},
+		{SandboxFilter{Labels: map[string]string{"team": "x"}}, []string{"sb-n1-a", "sb-n1-c"}},
+		{SandboxFilter{States: []string{corral.StateStopped}, Labels: map[string]string{"team": "x"}}, nil},
+		{SandboxFilter{Node: "n2"}, nil},
+	}
+	for _, tt := range tests {
+		list, err := s.ListSandboxes(ctx, tt.f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, sb := range list {
+			ids = append(ids, sb.ID)
+		}
+		if len(ids) != len(tt.want) {
+			t.Errorf("ListSandboxes(%+v) = %v, want %v", tt.f, ids, tt.want)
+			continue
+		}
+		for i := range ids {
+			if ids[i] != tt.want[i] {
+				t.Errorf("ListSandboxes(%+v) = %v, want %v", tt.f, ids, tt.want)
+			}
+		}
+	}
+}
+
+func TestPublishLayerIsImmutable(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	l := corral.Layer{Name: "busybox", Version: "1", Kind: corral.KindBase, Digest: "sha256:aa", CreatedAt: time.Now()}
+	if _, created, err := s.PublishLayer(ctx, l); err != nil || !created {
+		t.Fatalf("first publish: created=%v err=%v", created, err)
+	}
+	if _, created, err := s.PublishLayer(ctx, l); err != nil || created {
+		t.Fatalf("same content again: created=%v err=%v, want no-op", created, err)
+	}
+	other := l
+	other.Digest = "sha256:bb"
+	if _, _, err := s.PublishLayer(ctx, other); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("other content under same version: err = %v, want conflict", err)
+	}
+	got, err := s.GetLayer(ctx, "busybox", "1")
+	if err != nil || got.Digest != "sha256:aa" {
+		t.Fatalf("GetLayer = %+v, %v; want the first digest kept", got, err)
+	}
+	if inUse, _ := s.LayerDigestInUse(ctx, "sha256:bb"); inUse {
+		t.Fatal("rejected digest recorded as in use")
+	}
+}
+
+func TestReopenKeepsData(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddToken(ctx, "h1", "root"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if p, err := s.TokenPrincipal(ctx, "h1"); err != nil || p != "root" {
+		t.Fatalf("TokenPrincipal after reopen = %q, %v", p, err)
+	}
+}

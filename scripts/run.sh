@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# `make run`: start Corral on its embedded defaults (if it is not already up), publish a small
+# busybox base layer as base:default if there is none, and show a sandbox being created and used.
+# Corral stays up afterwards; its log is in $DATA_DIR/corral.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/bin:$PATH"
+DATA_DIR=${DATA_DIR:-/var/lib/corral}
+export CORRAL_URL=${CORRAL_URL:-http://127.0.0.1:7070}
+step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+
+if ! curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1; then
+  mkdir -p "$DATA_DIR"
+  echo "starting corral up (data dir $DATA_DIR, log $DATA_DIR/corral.log)"
+  nohup corral up --data-dir "$DATA_DIR" >>"$DATA_DIR/corral.log" 2>&1 &
+  for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fsS "$CORRAL_URL/healthz" >/dev/null || { echo "corral did not come up; see $DATA_DIR/corral.log" >&2; tail -20 "$DATA_DIR/corral.log" >&2; exit 1; }
+fi
+export CORRAL_TOKEN=$(cat "$DATA_DIR/admin.token")
+
+if ! corral layer ls -o json | grep -q '"name": *"base"'; then
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  scripts/busybox-rootfs.sh "$tmp/rootfs"
+  step corral layer import base:default --kind base --dir "$tmp/rootfs"
+fi
+step corral info
+step corral layer ls
+id=$(corral create --base base:default --memory 256M --ttl 10m --label demo=make-run -o json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1)
+echo "created sandbox $id"
+step corral exec "$id" -- uname -a
+step corral exec "$id" -- sh -c 'echo "hello from $(hostname), I am $(id -un)"; ls /'
+echo 'print me' > /tmp/corral-demo.txt
+step corral cp /tmp/corral-demo.txt "$id:/root/demo.txt"
+step corral exec "$id" -- cat /root/demo.txt
+step corral exec "$id" --user agent --cwd /tmp -- sh -c 'id; pwd'
+set +e
+step corral exec "$id" -- sh -c 'echo to stderr >&2; exit 3'
+echo "(exit code $?)"
+set -e
+step corral ttl "$id" 30m
+step corral ls
+step corral rm "$id"
+step corral get "$id"
+rm -f /tmp/corral-demo.txt
+printf '\nCorral is running at %s (pid %s); stop it with: pkill -f "corral up"\n' "$CORRAL_URL" "$(pgrep -f 'corral up' | head -1)"
+printf 'Try: export CORRAL_TOKEN=$(cat %s/admin.token); corral run -- echo hi\n' "$DATA_DIR"

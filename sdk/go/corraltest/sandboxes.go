@@ -1,0 +1,239 @@
+package corraltest
+
+import (
+	"context"
+	"io/fs"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// sandbox is the fake's state for one sandbox. All fields are protected by Server.mu.
+type sandbox struct {
+	spec    corral.Sandbox // ID, request fields, times; State and Reason live below
+	state   string
+	reason  string
+	ctx     context.Context // ends when the sandbox is deleted
+	cancel  context.CancelFunc
+	files   map[string]*node // by clean absolute path; "/" always exists
+	cmds    map[string]*command
+	cmdList []string
+}
+
+func (sb *sandbox) view() corral.Sandbox {
+	v := sb.spec
+	v.State, v.Reason = sb.state, sb.reason
+	v.Toolkits = slices.Clone(v.Toolkits)
+	v.Env = slices.Clone(v.Env)
+	return v
+}
+
+// lookupLocked returns the sandbox named by the request's {id}.
+//
+// Preconditions: s.mu is held.
+func (s *Server) lookupLocked(r *http.Request) (*sandbox, *httpError) {
+	id := r.PathValue("id")
+	sb, ok := s.sandboxes[id]
+	if !ok {
+		return nil, notFound("sandbox %s not found", id)
+	}
+	return sb, nil
+}
+
+// runningLocked is lookupLocked for routes that need a running sandbox.
+//
+// Preconditions: s.mu is held.
+func (s *Server) runningLocked(r *http.Request) (*sandbox, *httpError) {
+	sb, err := s.lookupLocked(r)
+	if err != nil {
+		return nil, err
+	}
+	if sb.state != corral.StateRunning {
+		return nil, conflict("sandbox %s is %s, not running", sb.spec.ID, sb.state)
+	}
+	return sb, nil
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req corral.CreateRequest
+	if err := decodeBody(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	ttl, idle := time.Hour, time.Duration(0)
+	var err error
+	if req.TTL != "" {
+		if ttl, err = time.ParseDuration(req.TTL); err != nil || ttl <= 0 {
+			fail(w, invalid("ttl", "ttl %q is not a positive Go duration", req.TTL))
+			return
+		}
+	}
+	if req.IdleTTL != "" {
+		if idle, err = time.ParseDuration(req.IdleTTL); err != nil || idle < 0 {
+			fail(w, invalid("idle_ttl", "idle_ttl %q is not a Go duration", req.IdleTTL))
+			return
+		}
+	}
+	if req.Tier != "" && req.Tier != "container" {
+		fail(w, invalid("tier", "tier %q is not supported", req.Tier))
+		return
+	}
+	for _, e := range req.Env {
+		if !strings.Contains(e, "=") {
+			fail(w, invalid("env", "env entry %q is not KEY=VALUE", e))
+			return
+		}
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.Base == "" {
+		fail(w, invalid("base", "base is required"))
+		return
+	}
+	check := func(field, ref, kind string) bool {
+		l, ok := s.layers[ref]
+		if !ok {
+			fail(w, &httpError{http.StatusNotFound, corral.CodeNotFound, "layer " + ref + " not found", field})
+			return false
+		}
+		if l.info.Kind != kind {
+			fail(w, invalid(field, "layer %s is a %s layer, not %s", ref, l.info.Kind, kind))
+			return false
+		}
+		return true
+	}
+	if !check("base", req.Base, corral.KindBase) {
+		return
+	}
+	if req.Workspace != "" && !check("workspace", req.Workspace, corral.KindWorkspace) {
+		return
+	}
+	for _, t := range req.Toolkits {
+		if !check("toolkits", t, corral.KindToolkit) {
+			return
+		}
+	}
+
+	s.nextSandbox++
+	id := "sb-" + strconv.Itoa(s.nextSandbox)
+	now := timeNow()
+	sb := &sandbox{
+		spec: corral.Sandbox{
+			ID:             id,
+			Node:           "fake-node",
+			Tier:           "container",
+			Runtime:        "runc",
+			Base:           req.Base,
+			Workspace:      req.Workspace,
+			Toolkits:       req.Toolkits,
+			Limits:         req.Limits,
+			Env:            req.Env,
+			Labels:         req.Labels,
+			Hostname:       req.Hostname,
+			CreatedAt:      now,
+			ExpiresAt:      now.Add(ttl),
+			IdleTTLSeconds: int64(idle / time.Second),
+			LastActivityAt: now,
+		},
+		state: corral.StateRunning,
+		files: map[string]*node{},
+		cmds:  map[string]*command{},
+	}
+	if sb.spec.Hostname == "" {
+		sb.spec.Hostname = id
+	}
+	sb.ctx, sb.cancel = context.WithCancel(s.ctx)
+	for _, d := range []string{"/", "/tmp", "/root"} {
+		sb.files[d] = &node{dir: true, mode: fs.ModeDir | 0o755, mtime: now}
+	}
+	s.sandboxes[id] = sb
+	s.sbOrder = append(s.sbOrder, id)
+	writeJSON(w, http.StatusCreated, sb.view())
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	state := q.Get("state")
+	want := map[string]string{}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			fail(w, invalid("label", "label filter %q is not KEY=VALUE", l))
+			return
+		}
+		want[k] = v
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []corral.Sandbox{}
+	for _, id := range s.sbOrder {
+		sb := s.sandboxes[id]
+		if state != "" && sb.state != state {
+			continue
+		}
+		match := true
+		for k, v := range want {
+			if got, ok := sb.spec.Labels[k]; !ok || got != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, sb.view())
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, err := s.lookupLocked(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb.view())
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, err := s.lookupLocked(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if sb.state == corral.StateRunning {
+		sb.state, sb.reason = corral.StateStopped, corral.ReasonDeleted
+		sb.spec.EndedAt = timeNow()
+		sb.cancel()
+	}
+	writeJSON(w, http.StatusOK, sb.view())
+}
+
+func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
+	var req corral.TTLRequest
+	if err := decodeBody(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	ttl, perr := time.ParseDuration(req.TTL)
+	if perr != nil || ttl <= 0 {
+		fail(w, invalid("ttl", "ttl %q is not a positive Go duration", req.TTL))
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, err := s.runningLocked(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	sb.spec.ExpiresAt = timeNow().Add(ttl)
+	writeJSON(w, http.StatusOK, sb.view())
+}

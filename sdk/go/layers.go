@@ -1,0 +1,53 @@
+package corral
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+)
+
+// ImportLayer publishes the tar stream r (plain, gzip or zstd) as layer name:version of the
+// given kind (KindBase, KindWorkspace, KindToolkit). Publishing the same content again under the
+// same name:version succeeds and returns the existing layer; other content under an existing
+// name:version is an error [IsConflict] recognizes. r is read to its end, not closed.
+func (c *Client) ImportLayer(ctx context.Context, name, version, kind string, r io.Reader) (*Layer, error) {
+	q := url.Values{"name": {name}, "version": {version}, "kind": {kind}}
+	var out Layer
+	err := c.do(ctx, request{
+		method:      http.MethodPost,
+		path:        "/v1/layers",
+		query:       q,
+		body:        r,
+		contentType: "application/x-tar",
+	}, &out)
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Layers lists published layers; a non-empty name keeps only that layer's versions.
+func (c *Client) Layers(ctx context.Context, name string) ([]Layer, error) {
+	q := url.Values{}
+	if name != "" {
+		q.Set("name", name)
+	}
+	var out struct {
+		Layers []Layer `json:"layers"`
+	}
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/layers", query: q}, &out); err != nil {
+		return nil, err
+	}
+	return out.Layers, nil
+}
+
+// Layer returns one published layer version.
+func (c *Client) Layer(ctx context.Context, name, version string) (*Layer, error) {
+	var out Layer
+	path := "/v1/layers/" + url.PathEscape(name) + "/" + url.PathEscape(version)
+	if err := c.do(ctx, request{method: http.MethodGet, path: path}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

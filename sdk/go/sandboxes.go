@@ -1,0 +1,87 @@
+package corral
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+)
+
+// CreateSandbox creates a sandbox and returns it once the server has accepted it (201). Its
+// State says whether it is already running.
+func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	var out Sandbox
+	err := c.do(ctx, request{method: http.MethodPost, path: "/v1/sandboxes", json: req}, &out)
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// GetSandbox returns the sandbox with the given ID. A sandbox that never existed is an error
+// that [IsNotFound] recognizes.
+func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var out Sandbox
+	if err := c.do(ctx, request{method: http.MethodGet, path: sandboxPath(id)}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListOptions filters [Client.ListSandboxes]. The zero value lists every sandbox.
+type ListOptions struct {
+	// State keeps only sandboxes in this state (StateRunning, ...).
+	State string
+	// Labels keeps only sandboxes carrying every one of these labels with these values.
+	Labels map[string]string
+}
+
+// ListSandboxes returns the sandboxes that match opts.
+func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) ([]Sandbox, error) {
+	q := url.Values{}
+	if opts.State != "" {
+		q.Set("state", opts.State)
+	}
+	// Sorted so the same options always produce the same URL.
+	keys := make([]string, 0, len(opts.Labels))
+	for k := range opts.Labels {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		q.Add("label", k+"="+opts.Labels[k])
+	}
+	var out struct {
+		Sandboxes []Sandbox `json:"sandboxes"`
+	}
+	err := c.do(ctx, request{method: http.MethodGet, path: "/v1/sandboxes", query: q}, &out)
+	if err != nil {
+		return nil, err
+	}
+	return out.Sandboxes, nil
+}
+
+// DeleteSandbox stops the sandbox, killing its commands, and returns its final view (state
+// stopped, reason deleted).
+func (c *Client) DeleteSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var out Sandbox
+	if err := c.do(ctx, request{method: http.MethodDelete, path: sandboxPath(id)}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SetTTL makes the sandbox expire ttl from now, extending or shortening its life.
+func (c *Client) SetTTL(ctx context.Context, id string, ttl time.Duration) (*Sandbox, error) {
+	var out Sandbox
+	err := c.do(ctx, request{
+		method: http.MethodPost,
+		path:   sandboxPath(id, "ttl"),
+		json:   TTLRequest{TTL: ttl.String()},
+	}, &out)
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

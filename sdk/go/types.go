@@ -1,0 +1,214 @@
+package corral
+
+import (
+	"io/fs"
+	"time"
+)
+
+// Sandbox states.
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StateStopped  = "stopped"
+	StateFailed   = "failed"
+)
+
+// Reasons a sandbox stopped or failed. Errors are reported as "error: <message>".
+const (
+	ReasonDeleted     = "deleted"
+	ReasonTTLExpired  = "ttl_expired"
+	ReasonIdleExpired = "idle_expired"
+	ReasonOOMKilled   = "oom_killed"
+)
+
+// LayerRef names a published layer version, "NAME:VERSION".
+type LayerRef = string
+
+// Limits bound what a sandbox may use. Zero fields take the server's defaults.
+type Limits struct {
+	// CPUs is a CPU quota in cores (0.5 = half a core).
+	CPUs float64 `json:"cpus,omitempty"`
+	// MemoryBytes is the memory limit (processes and page cache, without swap).
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// Pids caps the number of processes and threads.
+	Pids int64 `json:"pids,omitempty"`
+	// DiskBytes caps the writable layer (enforced by a filesystem of that size).
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// OpenFiles is RLIMIT_NOFILE for every process in the sandbox.
+	OpenFiles int64 `json:"open_files,omitempty"`
+	// OutputBytes caps the output kept per command (stdout and stderr together).
+	OutputBytes int64 `json:"output_bytes,omitempty"`
+}
+
+// CreateRequest is the body of POST /v1/sandboxes.
+type CreateRequest struct {
+	// Tier is "container" (the default; other tiers come later).
+	Tier      string     `json:"tier,omitempty"`
+	Base      LayerRef   `json:"base"`
+	Workspace LayerRef   `json:"workspace,omitempty"`
+	Toolkits  []LayerRef `json:"toolkits,omitempty"`
+	Limits    Limits     `json:"limits,omitzero"`
+	// Env is added to every command's environment (KEY=VALUE).
+	Env    []string          `json:"env,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// TTL is the hard lifetime (Go duration, "30m"); empty takes the server's default.
+	TTL string `json:"ttl,omitempty"`
+	// IdleTTL stops the sandbox after this long without API activity and without a running command.
+	IdleTTL string `json:"idle_ttl,omitempty"`
+	// Hostname defaults to the sandbox ID.
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// Sandbox is the API view of a sandbox.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	Node      string            `json:"node"`
+	Tier      string            `json:"tier"`
+	Runtime   string            `json:"runtime"`
+	State     string            `json:"state"`
+	Reason    string            `json:"reason,omitempty"`
+	Base      LayerRef          `json:"base"`
+	Workspace LayerRef          `json:"workspace,omitempty"`
+	Toolkits  []LayerRef        `json:"toolkits,omitempty"`
+	Limits    Limits            `json:"limits"`
+	Env       []string          `json:"env,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Hostname  string            `json:"hostname"`
+	CreatedAt time.Time         `json:"created_at"`
+	// ExpiresAt is when the hard TTL ends.
+	ExpiresAt time.Time `json:"expires_at"`
+	// IdleTTL in seconds; 0 means none.
+	IdleTTLSeconds int64     `json:"idle_ttl_seconds,omitempty"`
+	LastActivityAt time.Time `json:"last_activity_at"`
+	EndedAt        time.Time `json:"ended_at,omitzero"`
+}
+
+// TTLRequest is the body of POST /v1/sandboxes/{id}/ttl: the sandbox then expires TTL from now.
+type TTLRequest struct {
+	TTL string `json:"ttl"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec and POST /v1/sandboxes/{id}/commands.
+type ExecRequest struct {
+	Argv []string `json:"argv"`
+	// Shell runs Argv[0] with /bin/sh -c inside the sandbox (Argv must then have one element).
+	Shell bool     `json:"shell,omitempty"`
+	Env   []string `json:"env,omitempty"`
+	Cwd   string   `json:"cwd,omitempty"`
+	User  string   `json:"user,omitempty"`
+	// Stdin is sent to the command, then stdin is closed (unless the request streams stdin).
+	Stdin []byte `json:"stdin,omitempty"`
+	// Timeout (Go duration) kills the command after it.
+	Timeout string `json:"timeout,omitempty"`
+	TTY     bool   `json:"tty,omitempty"`
+	Rows    uint16 `json:"rows,omitempty"`
+	Cols    uint16 `json:"cols,omitempty"`
+}
+
+// Command describes a command started in a sandbox.
+type Command struct {
+	ID          string    `json:"id"`
+	Argv        []string  `json:"argv"`
+	Pid         int       `json:"pid"`
+	TTY         bool      `json:"tty,omitempty"`
+	State       string    `json:"state"` // running | exited
+	StartedAt   time.Time `json:"started_at"`
+	EndedAt     time.Time `json:"ended_at,omitzero"`
+	Exit        *Exit     `json:"exit,omitempty"`
+	OutputStart int64     `json:"output_start"`
+	OutputEnd   int64     `json:"output_end"`
+}
+
+// Exit is how a command ended.
+type Exit struct {
+	Code      int    `json:"code"`
+	Signal    string `json:"signal,omitempty"`
+	TimedOut  bool   `json:"timed_out,omitempty"`
+	OOMKilled bool   `json:"oom_killed,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// Event is one line of an NDJSON output stream (exec, attach).
+//
+// type "start" carries the command ID; "stdout"/"stderr" carry Data at Offset (stdout and stderr
+// bytes counted together); "truncated" says Dropped bytes before Offset are gone; "exit" is last.
+type Event struct {
+	Type      string `json:"type"`
+	CommandID string `json:"command_id,omitempty"`
+	Offset    int64  `json:"offset,omitempty"`
+	Data      []byte `json:"data,omitempty"`
+	Dropped   int64  `json:"dropped,omitempty"`
+	Exit      *Exit  `json:"exit,omitempty"`
+}
+
+// ResizeRequest is the body of POST /v1/sandboxes/{id}/commands/{cid}/resize.
+type ResizeRequest struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// SignalRequest is the body of POST /v1/sandboxes/{id}/commands/{cid}/signal.
+type SignalRequest struct {
+	Signal string `json:"signal"` // "SIGTERM", "TERM" or a number
+}
+
+// FileInfo describes a file inside a sandbox.
+type FileInfo struct {
+	Name    string      `json:"name"`
+	Path    string      `json:"path"`
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mod_time"`
+	IsDir   bool        `json:"is_dir"`
+	Link    string      `json:"link,omitempty"`
+	UID     int         `json:"uid"`
+	GID     int         `json:"gid"`
+}
+
+// MkdirRequest is the body of POST /v1/sandboxes/{id}/files/mkdir.
+type MkdirRequest struct {
+	Path    string      `json:"path"`
+	Mode    fs.FileMode `json:"mode,omitempty"`
+	Parents bool        `json:"parents,omitempty"`
+	User    string      `json:"user,omitempty"`
+}
+
+// Layer kinds.
+const (
+	KindBase      = "base"
+	KindWorkspace = "workspace"
+	KindToolkit   = "toolkit"
+)
+
+// Layer is a published, immutable layer version.
+type Layer struct {
+	Name      string            `json:"name"`
+	Version   string            `json:"version"`
+	Kind      string            `json:"kind"`
+	Digest    string            `json:"digest"`
+	Size      int64             `json:"size"`
+	Files     int64             `json:"files"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+}
+
+// Info is the answer of GET /v1/info.
+type Info struct {
+	Version     string `json:"version"`
+	Node        string `json:"node"`
+	Runtime     string `json:"runtime"`      // "runc"
+	RuntimePath string `json:"runtime_path"` // the binary in use
+	// RuntimeVersion is the first line of `runc --version`.
+	RuntimeVersion string `json:"runtime_version"`
+	DataDir        string `json:"data_dir"`
+	Sandboxes      int    `json:"sandboxes"`
+	CgroupVersion  string `json:"cgroup_version"`
+}
+
+// Error is the body of every error response.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Field names the request field that was invalid, when there is one.
+	Field string `json:"field,omitempty"`
+}
