@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,7 +42,7 @@ func TestRunUsage(t *testing.T) {
 }
 
 // buildAgent builds the agent as it ships (static, no cgo) into a directory any uid can read.
-func buildAgent(t *testing.T) string {
+func buildAgent(t testing.TB) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the agent binary")
@@ -59,7 +60,7 @@ func buildAgent(t *testing.T) string {
 }
 
 // startAgent starts bin as the edge does: listening socket on fd 3, the binary itself on fd 4.
-func startAgent(t *testing.T, bin string, cred *syscall.Credential) (*agentrpc.Client, *exec.Cmd) {
+func startAgent(t testing.TB, bin string, cred *syscall.Credential) (*agentrpc.Client, *exec.Cmd) {
 	t.Helper()
 	sockDir := t.TempDir()
 	sock := filepath.Join(sockDir, "agent.sock")
@@ -232,6 +233,54 @@ func TestAgentBinary(t *testing.T) {
 			}
 		}
 	})
+}
+
+// BenchmarkAgentExecTrue runs /bin/true through the real agent binary, a separate process as in
+// production: latency from dial to exit event (p50-µs, p99-µs), and the agent's own CPU time per
+// Exec, fork and exec included (agent-cpu-µs/op, from /proc/<pid>/stat; insensitive to other load).
+func BenchmarkAgentExecTrue(b *testing.B) {
+	bin := buildAgent(b)
+	c, cmd := startAgent(b, bin, nil)
+	ctx := context.Background()
+	exec1 := func() {
+		s, err := c.Exec(ctx, agentrpc.ExecRequest{Argv: []string{"/bin/true"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for {
+			if _, err := s.Next(); err == io.EOF {
+				break
+			} else if err != nil {
+				b.Fatal(err)
+			}
+		}
+		s.Close()
+	}
+	exec1() // warm up
+	var lat []time.Duration
+	cpu0 := procCPU(b, cmd.Process.Pid)
+	for b.Loop() {
+		t0 := time.Now()
+		exec1()
+		lat = append(lat, time.Since(t0))
+	}
+	cpu := procCPU(b, cmd.Process.Pid) - cpu0
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(len(lat)), "agent-cpu-µs/op")
+}
+
+// procCPU returns the user and system time pid has used (clock ticks of 10ms, so measure many runs).
+func procCPU(t testing.TB, pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // pendingSignals reports whether pid (or one of its threads) has signals not yet delivered.

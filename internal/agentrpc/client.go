@@ -53,6 +53,10 @@ func (c *Client) dial(ctx context.Context, req *request) (*clientConn, error) {
 	cc.stop = context.AfterFunc(ctx, func() { nc.Close() })
 	if err := cc.f.writeJSON(frameRequest, req); err != nil {
 		cc.close()
+		if errors.Is(err, errProtocol) {
+			return nil, fmt.Errorf("agent %s: request larger than %d bytes (stdin of Start is limited to %d bytes: use KeepStdinOpen and WriteStdin): %w",
+				req.Op, maxFramePayload, maxInlineStdin, errdefs.ErrTooLarge)
+		}
 		return nil, fmt.Errorf("agent %s: encode request: %w", req.Op, err)
 	}
 	return cc, nil
@@ -163,7 +167,15 @@ func (c *Client) Ping(ctx context.Context) (Info, error) {
 // has started the command (or recorded that it could not: the stream then holds only an exit
 // event with Exit.Error). ctx bounds the whole session; when it ends or the session is closed, the
 // stream ends and the command keeps running (reach it again with Attach).
+//
+// Stdin beyond 512 KiB is not sent in the request but streamed on the session, so its size is
+// not limited.
 func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
+	var stream []byte // stdin to stream after the request
+	keep := req.KeepStdinOpen
+	if len(req.Stdin) > maxInlineStdin {
+		stream, req.Stdin, req.KeepStdinOpen = req.Stdin, nil, true
+	}
 	cc, err := c.dial(ctx, &request{Op: opExec, Exec: &req})
 	if err != nil {
 		return nil, err
@@ -185,12 +197,35 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	if req.KeepStdinOpen {
 		s.stdin = &sessionStdin{cc: cc}
 	}
+	if stream != nil && s.Info().State == CommandRunning {
+		// Written in the background (the command may read it slowly), ahead of anything written
+		// through Stdin: the lock is taken before Exec returns.
+		w := s.stdin
+		w.mu.Lock()
+		go func() { // ends when written or when the session's connection closes
+			defer w.mu.Unlock()
+			if err := w.writeLocked(stream); err == nil && !keep {
+				w.closeLocked()
+			}
+		}()
+		if !keep {
+			s.stdin = nil
+		}
+	}
 	return s, nil
 }
 
+// maxInlineStdin is the most ExecRequest.Stdin a request carries; Exec streams more on the
+// session, Start refuses more.
+const maxInlineStdin = 512 << 10
+
 // Start starts a command in the background and returns at once. Its output is kept by the agent
-// (see Attach); a command that could not start is returned as exited, with Exit.Error.
+// (see Attach); a command that could not start is returned as exited, with Exit.Error. Stdin is
+// limited to 512 KiB (ErrTooLarge): send more with KeepStdinOpen and WriteStdin.
 func (c *Client) Start(ctx context.Context, req ExecRequest) (CommandInfo, error) {
+	if len(req.Stdin) > maxInlineStdin {
+		return CommandInfo{}, fmt.Errorf("agent start: stdin of %d bytes exceeds %d: use KeepStdinOpen and WriteStdin: %w", len(req.Stdin), maxInlineStdin, errdefs.ErrTooLarge)
+	}
 	r, err := c.roundTrip(ctx, &request{Op: opStart, Exec: &req})
 	if err != nil {
 		return CommandInfo{}, err
@@ -509,22 +544,35 @@ type sessionStdin struct {
 func (w *sessionStdin) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed {
-		return 0, fmt.Errorf("agent exec: stdin already closed: %w", errdefs.ErrConflict)
+	if err := w.writeLocked(p); err != nil {
+		return 0, err
 	}
-	n, err := dataWriter{w.cc.f}.Write(p)
+	return len(p), nil
+}
+
+// writeLocked sends p. Preconditions: w.mu held.
+func (w *sessionStdin) writeLocked(p []byte) error {
+	if w.closed {
+		return fmt.Errorf("agent exec: stdin already closed: %w", errdefs.ErrConflict)
+	}
+	_, err := dataWriter{w.cc.f}.Write(p)
 	if err == nil {
 		err = w.cc.f.flush()
 	}
 	if err != nil {
-		return n, w.cc.fail(err)
+		return w.cc.fail(err)
 	}
-	return n, nil
+	return nil
 }
 
 func (w *sessionStdin) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.closeLocked()
+}
+
+// closeLocked sends the end of stdin. Preconditions: w.mu held.
+func (w *sessionStdin) closeLocked() error {
 	if w.closed {
 		return nil
 	}

@@ -37,7 +37,7 @@ type command struct {
 	startedAt time.Time // immutable
 	pid       int       // immutable after spawn; 0 when the command could not start
 	out       *output
-	stdin     *stdinPipe  // nil when the command could not start
+	stdin     *stdinPipe  // nil when the command could not start; f is nil without stdin
 	ptmx      *os.File    // TTY only
 	proc      *procWaiter // nil when the command could not start
 	done      chan struct{}
@@ -78,11 +78,12 @@ func (c *command) exited() bool {
 // signal sends sig to the command's process group, unless its leader has already been reaped
 // (the group id could then belong to someone else).
 func (c *command) signal(sig syscall.Signal) error {
-	if c.proc == nil || !procReaper.signalGroup(c.proc, c.pid, sig) {
-		return errdefs.Conflict("command %s has exited", c.id)
-	}
+	var before func()
 	if sig == syscall.SIGKILL {
-		c.killed.Store(true)
+		before = func() { c.killed.Store(true) }
+	}
+	if c.proc == nil || !procReaper.signalGroup(c.proc, c.pid, sig, before) {
+		return errdefs.Conflict("command %s has exited", c.id)
 	}
 	return nil
 }
@@ -105,6 +106,13 @@ type stdinPipe struct {
 }
 
 var errStdinClosed = errors.New("stdin is closed")
+
+// noStdin is the stdin of a command started without any: closed from the start.
+func noStdin() *stdinPipe {
+	p := &stdinPipe{}
+	p.closed.Store(true)
+	return p
+}
 
 func (p *stdinPipe) write(b []byte) error {
 	p.mu.Lock()
@@ -138,6 +146,14 @@ func (p *stdinPipe) shutdown() {
 	}
 }
 
+func closeAll(files ...*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
 var pumpBufs = sync.Pool{New: func() any { return new([dataChunk]byte) }}
 
 // start validates req, records a new command and starts it. A command that cannot be started
@@ -147,6 +163,14 @@ func (s *Server) start(req *ExecRequest) (*command, error) {
 	if err := s.validateExec(req); err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil, errdefs.Unavailable("agent is shutting down")
+	}
+	s.starting.Add(1)
+	s.mu.Unlock()
+	defer s.starting.Done()
 	limit := req.OutputLimit
 	if limit == 0 {
 		limit = s.cfg.OutputLimit
@@ -155,13 +179,36 @@ func (s *Server) start(req *ExecRequest) (*command, error) {
 		id: newCommandID(), argv: append([]string(nil), req.Argv...), tag: req.Tag, tty: req.TTY,
 		startedAt: time.Now(), out: newOutput(limit), done: make(chan struct{}),
 	}
+	// spawn sets c's process fields; registering c afterwards publishes them to other goroutines
+	// (through s.mu), and only then may anything finalize c.
+	outputs, exit := s.spawn(c, req)
 	s.mu.Lock()
 	s.cmds[c.id] = c
 	s.mu.Unlock()
-	if exit := s.spawn(c, req); exit != nil {
+	if exit != nil {
 		s.finalize(c, time.Now(), exit)
+		return c, nil
 	}
+	pumped := make(chan struct{}, len(outputs))
+	for _, o := range outputs {
+		go c.pump(o.f, o.stream, pumped)
+	}
+	if req.Timeout > 0 {
+		c.mu.Lock()
+		c.timer = time.AfterFunc(req.Timeout, func() {
+			procReaper.signalGroup(c.proc, c.pid, syscall.SIGKILL, func() { c.timedOut.Store(true) })
+		})
+		c.mu.Unlock()
+	}
+	s.feedStdin(c, req)
+	go s.await(c, outputs, pumped)
 	return c, nil
+}
+
+// outputFile is a descriptor the agent reads a command's output from.
+type outputFile struct {
+	f      *os.File
+	stream uint8
 }
 
 func (s *Server) validateExec(req *ExecRequest) error {
@@ -195,11 +242,15 @@ func (s *Server) validateExec(req *ExecRequest) error {
 	return nil
 }
 
-// spawn starts c's process. It returns a non-nil Exit when the process could not be started.
-func (s *Server) spawn(c *command, req *ExecRequest) *Exit {
+// spawn starts c's process and sets c's pid, proc, stdin and ptmx. It returns the descriptors to
+// read the output from, or the Exit of a command that could not be started.
+func (s *Server) spawn(c *command, req *ExecRequest) ([]outputFile, *Exit) {
+	fail := func(code int, format string, args ...any) ([]outputFile, *Exit) {
+		return nil, &Exit{Code: code, Error: fmt.Sprintf(format, args...)}
+	}
 	id, err := s.users.resolve(req.User)
 	if err != nil {
-		return &Exit{Code: 126, Error: err.Error()}
+		return fail(126, "%v", err)
 	}
 	env := mergeEnv(s.cfg.Env, []string{"HOME=" + id.home}, req.Env)
 	if req.TTY && envValue(env, "TERM") == "" {
@@ -213,12 +264,12 @@ func (s *Server) spawn(c *command, req *ExecRequest) *Exit {
 		}
 	}
 	if !filepath.IsAbs(cwd) {
-		return &Exit{Code: 126, Error: fmt.Sprintf("cwd %q: not an absolute path", cwd)}
+		return fail(126, "cwd %q: not an absolute path", cwd)
 	}
 	if fi, err := os.Stat(cwd); err != nil {
-		return &Exit{Code: 126, Error: fmt.Sprintf("cwd %s: %v", cwd, unwrapPathError(err))}
+		return fail(126, "cwd %s: %v", cwd, unwrapPathError(err))
 	} else if !fi.IsDir() {
-		return &Exit{Code: 126, Error: fmt.Sprintf("cwd %s: not a directory", cwd)}
+		return fail(126, "cwd %s: not a directory", cwd)
 	}
 	argv := req.Argv
 	if req.Shell {
@@ -226,17 +277,16 @@ func (s *Server) spawn(c *command, req *ExecRequest) *Exit {
 	}
 	path, exit := lookPath(argv[0], envValue(env, "PATH"), cwd)
 	if exit != nil {
-		return exit
+		return nil, exit
 	}
 
 	sys := &syscall.SysProcAttr{}
-	if id.uid != 0 || id.gid != 0 || len(id.groups) > 1 || req.User != "" {
+	if req.User != "" {
 		sys.Credential = &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}
 	}
 	var (
-		childFds []int
-		readers  []*os.File // ours: output
-		streams  []uint8
+		childFds []int        // the child's stdin, stdout, stderr (one for all three with a terminal)
+		outputs  []outputFile // the agent's ends
 	)
 	if req.TTY {
 		rows, cols := req.Rows, req.Cols
@@ -248,36 +298,45 @@ func (s *Server) spawn(c *command, req *ExecRequest) *Exit {
 		}
 		ptmx, pts, err := openPTY(rows, cols)
 		if err != nil {
-			return &Exit{Code: 126, Error: fmt.Sprintf("open terminal: %v", err)}
+			return fail(126, "open terminal: %v", err)
 		}
-		unix.Fchown(pts, int(id.uid), -1)
+		unix.Fchown(pts, int(id.uid), -1) // best effort: the terminal belongs to its user
 		childFds = []int{pts}
-		readers, streams = []*os.File{ptmx}, []uint8{streamStdout}
+		outputs = []outputFile{{ptmx, streamStdout}}
 		c.ptmx = ptmx
 		c.stdin = &stdinPipe{f: ptmx, tty: true}
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
 	} else {
-		in, inChild, err := pipe(false)
+		// Without stdin to write, the child reads /dev/null: one descriptor, no pipe to poll.
+		var in *os.File
+		inChild := -1
+		if len(req.Stdin) > 0 || req.KeepStdinOpen {
+			in, inChild, err = pipe(false)
+		} else {
+			inChild, err = unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		}
 		if err != nil {
-			return &Exit{Code: 126, Error: fmt.Sprintf("create stdin pipe: %v", err)}
+			return fail(126, "create stdin: %v", err)
 		}
 		out, outChild, err := pipe(true)
 		if err != nil {
-			in.Close()
+			closeAll(in)
 			unix.Close(inChild)
-			return &Exit{Code: 126, Error: fmt.Sprintf("create stdout pipe: %v", err)}
+			return fail(126, "create stdout pipe: %v", err)
 		}
 		errf, errChild, err := pipe(true)
 		if err != nil {
-			in.Close()
-			out.Close()
+			closeAll(in, out)
 			unix.Close(inChild)
 			unix.Close(outChild)
-			return &Exit{Code: 126, Error: fmt.Sprintf("create stderr pipe: %v", err)}
+			return fail(126, "create stderr pipe: %v", err)
 		}
 		childFds = []int{inChild, outChild, errChild}
-		readers, streams = []*os.File{out, errf}, []uint8{streamStdout, streamStderr}
-		c.stdin = &stdinPipe{f: in}
+		outputs = []outputFile{{out, streamStdout}, {errf, streamStderr}}
+		c.stdin = noStdin()
+		if in != nil {
+			c.stdin = &stdinPipe{f: in}
+		}
 		sys.Setpgid = true
 	}
 	files := make([]uintptr, 3)
@@ -285,7 +344,7 @@ func (s *Server) spawn(c *command, req *ExecRequest) *Exit {
 		files[i] = uintptr(childFds[min(i, len(childFds)-1)])
 	}
 	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files, Sys: sys}
-	c.proc = &procWaiter{ch: make(chan syscall.WaitStatus, 1)}
+	proc := &procWaiter{ch: make(chan syscall.WaitStatus, 1)}
 	pid, err := procReaper.start(func() (int, error) {
 		pid, err := syscall.ForkExec(path, argv, attr)
 		if err == nil {
@@ -293,44 +352,25 @@ func (s *Server) spawn(c *command, req *ExecRequest) *Exit {
 			resetOOMScore(pid)
 		}
 		return pid, err
-	}, c.proc)
+	}, proc)
 	for _, fd := range childFds {
 		unix.Close(fd)
 	}
 	if err != nil {
-		c.proc = nil
-		for _, f := range readers {
-			f.Close()
+		for _, o := range outputs {
+			o.f.Close()
 		}
 		c.stdin.shutdown()
-		return startExit(argv[0], err)
+		return nil, startExit(argv[0], err)
 	}
-	c.pid = pid
-
-	pumped := make(chan struct{}, len(readers))
-	for i, f := range readers {
-		go c.pump(f, streams[i], pumped)
-	}
-	if req.Timeout > 0 {
-		c.mu.Lock()
-		c.timer = time.AfterFunc(req.Timeout, func() {
-			if procReaper.signalGroup(c.proc, c.pid, syscall.SIGKILL) {
-				c.timedOut.Store(true)
-			}
-		})
-		c.mu.Unlock()
-	}
-	s.feedStdin(c, req)
-	go s.await(c, readers, pumped)
-	return nil
+	c.pid, c.proc = pid, proc
+	return outputs, nil
 }
 
 // feedStdin writes the request's stdin bytes and closes stdin unless the client keeps it open.
 func (s *Server) feedStdin(c *command, req *ExecRequest) {
 	switch {
-	case len(req.Stdin) == 0 && (req.KeepStdinOpen || req.TTY):
-	case len(req.Stdin) == 0:
-		c.stdin.close()
+	case len(req.Stdin) == 0: // nothing to write: stdin is /dev/null, kept open, or a terminal
 	default:
 		// Lock here, not in the goroutine, so writes from the client queue behind these bytes.
 		c.stdin.mu.Lock()
@@ -365,7 +405,7 @@ func (c *command) pump(f *os.File, stream uint8, done chan<- struct{}) {
 
 // await waits for the process's exit status and for its output to reach EOF, allowing ExitGrace
 // for descendants that keep the output open, then finalizes c.
-func (s *Server) await(c *command, readers []*os.File, pumped <-chan struct{}) {
+func (s *Server) await(c *command, outputs []outputFile, pumped <-chan struct{}) {
 	ws := <-c.proc.ch
 	ended := time.Now()
 	c.mu.Lock()
@@ -374,19 +414,19 @@ func (s *Server) await(c *command, readers []*os.File, pumped <-chan struct{}) {
 	}
 	c.mu.Unlock()
 	grace := time.NewTimer(s.cfg.ExitGrace)
-	for pending := len(readers); pending > 0; {
+	for pending := len(outputs); pending > 0; {
 		select {
 		case <-pumped:
 			pending--
 		case <-grace.C:
-			for _, f := range readers {
-				f.Close() // wakes the pumps; the descendants holding the other end get EPIPE
+			for _, o := range outputs {
+				o.f.Close() // wakes the pumps; the descendants holding the other end get EPIPE
 			}
 		}
 	}
 	grace.Stop()
-	for _, f := range readers {
-		f.Close()
+	for _, o := range outputs {
+		o.f.Close()
 	}
 	c.stdin.shutdown()
 	s.finalize(c, ended, s.exitFor(c, ws))
@@ -408,14 +448,15 @@ func (s *Server) exitFor(c *command, ws syscall.WaitStatus) *Exit {
 	return e
 }
 
-// finalize records c's exit and wakes everyone waiting for it.
+// finalize records c's exit and wakes everyone waiting for it. Retention is applied first, so a
+// client that has seen the exit event also sees its effect on older commands.
 func (s *Server) finalize(c *command, ended time.Time, exit *Exit) {
 	c.mu.Lock()
 	c.endedAt, c.exit = ended, exit
 	c.mu.Unlock()
+	s.retain(c)
 	c.out.close(exit)
 	close(c.done)
-	s.retain(c)
 }
 
 // startExit turns a fork/exec failure into the exit of a command that never ran: 127 when the

@@ -74,11 +74,13 @@ func TestListenFD(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln.Close()
-	fd := int(f.Fd())
-	// As inherited: not close-on-exec.
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+	// A descriptor no *os.File owns (a File's finalizer would close the number again later, by
+	// then perhaps someone else's), and, as inherited, not close-on-exec.
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
 		t.Fatal(err)
 	}
+	f.Close()
 	l, err := ListenFD(fd)
 	if err != nil {
 		t.Fatal(err)

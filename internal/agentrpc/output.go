@@ -132,13 +132,6 @@ func (o *output) close(exit *Exit) {
 	close(o.changed)
 }
 
-// release frees the kept bytes of a closed output; readers still attached see them as dropped.
-func (o *output) release() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.buf, o.segs, o.start = nil, nil, o.end
-}
-
 // bounds returns the kept range [start, end).
 func (o *output) bounds() (start, end int64) {
 	o.mu.Lock()
@@ -151,6 +144,13 @@ func (o *output) memory() int64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return int64(len(o.buf)) + int64(cap(o.segs))*16
+}
+
+// retainedMemory returns what memory will return once close has compacted the output.
+func (o *output) retainedMemory() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.end - o.start + int64(len(o.segs))*16
 }
 
 // chunk is what read found at an offset.

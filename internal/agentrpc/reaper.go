@@ -130,11 +130,16 @@ func (r *reaper) start(fork func() (int, error), w *procWaiter) (int, error) {
 
 // signalGroup sends sig to the process group pid led by w's process and reports whether it did.
 // It does not once the leader has been reaped: its pid, and so the group id, may then be reused.
-func (r *reaper) signalGroup(w *procWaiter, pid int, sig syscall.Signal) bool {
+// before, when not nil, runs just before the signal is sent, while no sweep can run: what it
+// records is visible to whoever receives the status.
+func (r *reaper) signalGroup(w *procWaiter, pid int, sig syscall.Signal, before func()) bool {
 	r.forkMu.RLock()
 	defer r.forkMu.RUnlock()
 	if w.reaped.Load() {
 		return false
+	}
+	if before != nil {
+		before()
 	}
 	return syscall.Kill(-pid, sig) == nil
 }

@@ -126,6 +126,9 @@ type Server struct {
 	exited   []*command // kept exited commands, oldest first
 	retained int64      // output memory of exited
 	serving  bool
+	closing  bool // Serve is shutting down: no more commands start
+
+	starting sync.WaitGroup // starts in progress (counted under mu while !closing)
 
 	oomMu   sync.Mutex
 	oomSeen int64 // protected by oomMu: oom_kill count already attributed
@@ -206,8 +209,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// shutdown kills the running commands and waits (a bounded time) for them to be finalized.
+// shutdown stops new commands, kills the running ones and waits (a bounded time) for them to be
+// finalized.
 func (s *Server) shutdown() {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.starting.Wait()
 	s.mu.Lock()
 	var running []*command
 	for _, c := range s.cmds {
@@ -216,7 +224,9 @@ func (s *Server) shutdown() {
 		}
 	}
 	for _, c := range s.exited {
+		c.mu.Lock()
 		c.forgetTimer.Stop()
+		c.mu.Unlock()
 	}
 	s.mu.Unlock()
 	deadline := time.After(5 * time.Second)
@@ -428,7 +438,7 @@ func (s *Server) retain(c *command) {
 	if s.cmds[c.id] != c {
 		return
 	}
-	mem := c.out.memory()
+	mem := c.out.retainedMemory()
 	c.mu.Lock()
 	c.retained = mem
 	c.forgetTimer = time.AfterFunc(s.cfg.RetainFor, func() { s.forget(c) })

@@ -7,6 +7,12 @@
 // command ends or the client hangs up. Nothing inside the sandbox holds a path or descriptor that
 // reaches this socket, so the channel survives a restart of the edge (it reconnects by path) without
 // ever being reachable from the sandbox.
+//
+// Pieces: Client is the edge's side (a connection per call, errors keep their errdefs kind across
+// the wire); Server is corral-agent's side (commands with bounded output kept for reattaching, file
+// operations and tar done natively, never through a sandbox binary); Harden and ListenFD are what
+// corral-agent does at start. wire.go documents the frames. A process running a Server reaps all its
+// children itself (it is PID 1 in the sandbox) and must not start processes any other way.
 package agentrpc
 
 import (

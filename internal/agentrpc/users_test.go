@@ -119,4 +119,3 @@ func FuzzParseUserDB(f *testing.F) {
 		}
 	})
 }
-

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -118,8 +119,10 @@ type framer struct {
 	buf []byte               // read payload buffer, reused
 }
 
+// newFramer buffers small frames; data frames larger than the buffers bypass them, so the buffers
+// stay small (they are allocated for every connection, on both ends).
 func newFramer(rw io.ReadWriter) *framer {
-	return &framer{r: bufio.NewReaderSize(rw, 8<<10), w: bufio.NewWriterSize(rw, 64<<10)}
+	return &framer{r: bufio.NewReaderSize(rw, 4<<10), w: bufio.NewWriterSize(rw, 16<<10)}
 }
 
 // readFrame returns the next frame. payload is valid until the next call.
@@ -137,16 +140,22 @@ func readFrameInto(r io.Reader, buf *[]byte) (typ byte, payload []byte, err erro
 	if n > maxFramePayload {
 		return 0, nil, fmt.Errorf("frame of %d bytes exceeds %d: %w", n, maxFramePayload, errProtocol)
 	}
-	if cap(*buf) < int(n) {
-		*buf = make([]byte, n, max(int(n), 4<<10))
-	}
-	p := (*buf)[:n]
-	if _, err := io.ReadFull(r, p); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	// Grow the buffer as the payload arrives, not to the length announced, so a header alone
+	// cannot make the reader allocate a megabyte.
+	p := (*buf)[:0]
+	for len(p) < int(n) {
+		c := min(int(n)-len(p), 64<<10)
+		p = slices.Grow(p, c)
+		if _, err := io.ReadFull(r, p[len(p):len(p)+c]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			*buf = p
+			return 0, nil, err
 		}
-		return 0, nil, err
+		p = p[:len(p)+c]
 	}
+	*buf = p
 	return hdr[0], p, nil
 }
 

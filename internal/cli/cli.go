@@ -88,7 +88,7 @@ func (e runError) Unwrap() error { return e.err }
 
 func (a *app) run(ctx context.Context, args []string) int {
 	root := a.newRootCmd()
-	markRunErrors(root)
+	prepare(root)
 	root.SetArgs(args)
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
@@ -127,8 +127,10 @@ func (a *app) describe(err error) string {
 	return err.Error()
 }
 
-// markRunErrors wraps the RunE of c and its subcommands so their errors carry runError.
-func markRunErrors(c *cobra.Command) {
+// prepare applies the package's conventions to c and its subcommands: RunE errors carry
+// runError, and the usage lines are written out in full (no "[flags]" appended).
+func prepare(c *cobra.Command) {
+	c.DisableFlagsInUseLine = true
 	if f := c.RunE; f != nil {
 		c.RunE = func(cmd *cobra.Command, args []string) error {
 			if err := f(cmd, args); err != nil {
@@ -141,7 +143,7 @@ func markRunErrors(c *cobra.Command) {
 		}
 	}
 	for _, sub := range c.Commands() {
-		markRunErrors(sub)
+		prepare(sub)
 	}
 }
 
@@ -185,6 +187,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newInfoCmd(),
 		// Commands owned outside this file set.
 		newUpCmd(),
+		a.newBenchCmd(),
 	)
 	return root
 }

@@ -415,6 +415,28 @@ func TestExitStatus(t *testing.T) {
 	}
 }
 
+func TestStartRefusal(t *testing.T) {
+	tests := []struct {
+		err  error
+		code int
+	}{
+		{&corral.APIError{Status: 400, Code: corral.CodeInvalid, Field: "argv", Message: "not found"}, 127},
+		{&corral.APIError{Status: 400, Code: corral.CodeInvalid, Field: "cwd", Message: "no such directory"}, 126},
+		{&corral.APIError{Status: 400, Code: corral.CodeInvalid, Field: "user", Message: "no such user"}, 126},
+		{&corral.APIError{Status: 400, Code: corral.CodeInvalid, Field: "timeout", Message: "too long"}, 0},
+		{&corral.APIError{Status: 404, Code: corral.CodeNotFound, Message: "no sandbox"}, 0},
+	}
+	for _, tt := range tests {
+		exit, err := startRefusal(tt.err)
+		switch {
+		case tt.code == 0 && (exit != nil || err != tt.err):
+			t.Errorf("startRefusal(%v) = %+v, %v; want the error back", tt.err, exit, err)
+		case tt.code != 0 && (err != nil || exit == nil || exit.Code != tt.code || exit.Error == ""):
+			t.Errorf("startRefusal(%v) = %+v, %v; want exit %d with a message", tt.err, exit, err, tt.code)
+		}
+	}
+}
+
 // TestExecInterrupt checks that an interrupt is forwarded to the command as SIGINT and the CLI
 // exits with the command's status.
 func TestExecInterrupt(t *testing.T) {

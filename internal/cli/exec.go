@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -199,7 +200,7 @@ func (a *app) execute(ctx context.Context, c *corral.Client, id string, req corr
 			s, err = c.Exec(sctx, id, req)
 		}
 		if err != nil {
-			return nil, err
+			return startRefusal(err)
 		}
 		defer s.Close()
 		stopInterrupt := context.AfterFunc(ctx, func() {
@@ -223,6 +224,9 @@ func (a *app) execute(ctx context.Context, c *corral.Client, id string, req corr
 	if err != nil {
 		return err
 	}
+	if exit == nil {
+		return errors.New("the output stream ended without the command's exit status")
+	}
 	code, msg := exitStatus(exit)
 	if msg != "" {
 		fmt.Fprintf(a.stderr, "corral: %s\n", msg)
@@ -231,6 +235,23 @@ func (a *app) execute(ctx context.Context, c *corral.Client, id string, req corr
 		return exitError{code}
 	}
 	return nil
+}
+
+// startRefusal turns the server refusing to start a command into the exit a shell would
+// give: no such program is 127, a bad working directory or user 126 (as docker exec). Other
+// errors stay errors.
+func startRefusal(err error) (*corral.Exit, error) {
+	apiErr, ok := errors.AsType[*corral.APIError](err)
+	if !ok || apiErr.Code != corral.CodeInvalid {
+		return nil, err
+	}
+	switch apiErr.Field {
+	case "argv":
+		return &corral.Exit{Code: 127, Error: strings.TrimPrefix(apiErr.Message, "argv: ")}, nil
+	case "cwd", "user":
+		return &corral.Exit{Code: 126, Error: apiErr.Error()}, nil
+	}
+	return nil, err
 }
 
 // exitStatus maps how a command ended to the CLI's exit status, as a shell does: the exit

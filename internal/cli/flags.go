@@ -109,7 +109,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	if base == "" {
 		base = defaultBase
 	}
-	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION (default from $CORRAL_BASE)")
+	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION ($CORRAL_BASE sets the default)")
 	fs.StringVar(&f.workspace, "workspace", "", "workspace layer NAME:VERSION")
 	fs.StringArrayVar(&f.toolkits, "toolkit", nil, "toolkit layer NAME:VERSION (repeatable)")
 	fs.Float64Var(&f.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5")

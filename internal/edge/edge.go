@@ -154,6 +154,8 @@ type sandbox struct {
 	expiresAt atomic.Int64
 	// idleTTL is zero when the sandbox has no idle TTL.
 	idleTTL time.Duration
+	// oomSeen is the memory cgroup's OOM-kill count when it was last looked at.
+	oomSeen atomic.Uint64
 
 	// mu serialises lifecycle transitions (stop, TTL change) of this sandbox.
 	mu sync.Mutex
@@ -272,6 +274,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			continue
 		}
 		sb := newSandbox(rec, rsb.AgentSocket)
+		sb.oomSeen.Store(st.OOMKills)
 		e.mu.Lock()
 		e.live[rec.ID] = sb
 		e.mu.Unlock()
@@ -677,6 +680,24 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	}
 	sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
 	return rec, nil
+}
+
+// oomKilledSince reports whether the kernel OOM-killed a process of sb since the last look: a
+// command that died of SIGKILL without a timeout is then reported as oom_killed.
+func (e *Edge) oomKilledSince(ctx context.Context, sb *sandbox) bool {
+	st, err := e.rt.Status(ctx, sb.id)
+	if err != nil {
+		return false
+	}
+	for {
+		seen := sb.oomSeen.Load()
+		if st.OOMKills <= seen {
+			return false
+		}
+		if sb.oomSeen.CompareAndSwap(seen, st.OOMKills) {
+			return true
+		}
+	}
 }
 
 // Count returns the number of live sandboxes.

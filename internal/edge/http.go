@@ -275,6 +275,9 @@ func (h *dataPlane) stream(ctx context.Context, sb *sandbox, out *ndjson, next f
 			return
 		}
 		sb.touch()
+		if ev.Type == agentrpc.EventExit && ev.Exit != nil && ev.Exit.Signal == "SIGKILL" && !ev.Exit.TimedOut && !ev.Exit.OOMKilled {
+			ev.Exit.OOMKilled = h.e.oomKilledSince(ctx, sb)
+		}
 		if err := out.send(apiEvent(ev)); err != nil {
 			return
 		}
@@ -663,6 +666,9 @@ func (h *dataPlane) tarIn(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.fail(w, r, err)
 		return
+	}
+	if r.URL.Query().Get("parents") == "" {
+		opts.Parents = true // a tar upload creates its destination unless told not to
 	}
 	if err := sb.agent.TarIn(r.Context(), p, http.MaxBytesReader(w, r.Body, MaxUpload), opts); err != nil {
 		h.fail(w, r, err)

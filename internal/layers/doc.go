@@ -34,7 +34,8 @@
 //
 // All methods are safe for concurrent use. The store needs no mutex: each import works in its
 // own staging directory and commits with one rename, and concurrent imports of the same content
-// both succeed, one of them as the no-op.
+// both succeed, one of them as the no-op. No method starts a goroutine: ImportTar decompresses in
+// the caller's.
 //
 // # Failure semantics
 //

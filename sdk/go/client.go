@@ -67,6 +67,8 @@ type request struct {
 	contentType string
 	// noAuth leaves the Authorization header out (health checks).
 	noAuth bool
+	// closeConn keeps the connection out of the pool after this exchange.
+	closeConn bool
 }
 
 // send performs r and returns the response when its status is below 400; otherwise it returns
@@ -92,6 +94,7 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	req.Close = r.closeConn
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
 	}

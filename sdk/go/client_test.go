@@ -160,8 +160,12 @@ func TestErrors(t *testing.T) {
 	if !corral.IsInvalid(err) || !errors.As(err, &apiErr) || apiErr.Field != "ttl" {
 		t.Fatalf("CreateSandbox(ttl=forever) error = %#v, want invalid on field ttl", err)
 	}
-	if msg := err.Error(); !strings.Contains(msg, "forever") || !strings.Contains(msg, `field "ttl"`) {
-		t.Errorf("error text %q should carry the message and the field", msg)
+	if msg := err.Error(); !strings.HasPrefix(msg, "ttl: ") || !strings.Contains(msg, "forever") {
+		t.Errorf("error text %q should carry the message, which names the field", msg)
+	}
+	// A message that does not name its field gets it appended.
+	if got := (&corral.APIError{Status: 400, Message: "too big", Field: "size"}).Error(); got != `too big (field "size")` {
+		t.Errorf("APIError.Error() = %q", got)
 	}
 
 	bad := corral.New(srv.URL, "wrong")
@@ -211,8 +215,9 @@ func TestRun(t *testing.T) {
 		{name: "tty merges stderr", req: corral.ExecRequest{Argv: []string{"stderr", "x"}, TTY: true}, stdout: "x\n"},
 		{name: "timeout", req: corral.ExecRequest{Argv: []string{"sleep", "1h"}, Timeout: "10ms"},
 			exit: corral.Exit{Code: -1, Signal: "SIGKILL", TimedOut: true}},
-		{name: "not found", req: corral.ExecRequest{Argv: []string{"nosuch"}}, exit: corral.Exit{Code: 127}, wantErrMsg: true},
+		{name: "cannot run", req: corral.ExecRequest{Argv: []string{"noexec"}}, exit: corral.Exit{Code: 126}, wantErrMsg: true},
 	}
+	srv.StartFailure("noexec", corral.Exit{Code: 126, Error: "exec /noexec: permission denied"})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			stdout, stderr, exit, err := c.Run(ctx, id, tt.req)
@@ -235,6 +240,10 @@ func TestRun(t *testing.T) {
 		})
 	}
 
+	_, _, _, err := c.Run(ctx, id, corral.ExecRequest{Argv: []string{"nosuch"}})
+	if apiErr, ok := errors.AsType[*corral.APIError](err); !ok || apiErr.Code != corral.CodeInvalid || apiErr.Field != "argv" {
+		t.Errorf("Run of a missing program: %v, want invalid on field argv", err)
+	}
 	if _, _, _, err := c.Run(ctx, "nope", corral.ExecRequest{Argv: []string{"true"}}); !corral.IsNotFound(err) {
 		t.Errorf("Run in a missing sandbox: %v, want not found", err)
 	}
@@ -357,6 +366,9 @@ func TestExecStreamCommandOutlivesStdin(t *testing.T) {
 	s.Close()
 }
 
+// errServerStream stands for the error an "error" event becomes; matched by message.
+var errServerStream = errors.New("output stream failed on the server: agent gone")
+
 // TestStreamDecoding feeds hand-written NDJSON to the client.
 func TestStreamDecoding(t *testing.T) {
 	tests := []struct {
@@ -379,6 +391,11 @@ func TestStreamDecoding(t *testing.T) {
 			name:   "stream cut before exit",
 			body:   `{"type":"start","command_id":"c-9"}` + "\n" + `{"type":"stdout","data":"aGk="}` + "\n",
 			stdout: "hi", wantErr: io.ErrUnexpectedEOF,
+		},
+		{
+			name: "error event from the server",
+			body: `{"type":"start","command_id":"c-9"}` + "\n" + `{"type":"error","data":"YWdlbnQgZ29uZQ=="}` + "\n",
+			wantErr: errServerStream,
 		},
 		{
 			name: "exit without details",
@@ -409,6 +426,12 @@ func TestStreamDecoding(t *testing.T) {
 			}
 			var out bytes.Buffer
 			exit, err := s.Copy(&out, nil)
+			if tt.wantErr == errServerStream {
+				if err == nil || err.Error() != errServerStream.Error() {
+					t.Fatalf("Copy error = %v, want %v", err, errServerStream)
+				}
+				return
+			}
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("Copy error = %v, want %v", err, tt.wantErr)
 			}
@@ -759,5 +782,28 @@ func TestBaseURLWithPath(t *testing.T) {
 	}
 	if want := "/corral/v1/sandboxes/a%2Fb%20c"; got != want {
 		t.Errorf("path = %s, want %s", got, want)
+	}
+}
+
+// TestExecStreamThenReuse runs streamed execs whose command exits before the server has read
+// all of stdin, each followed by an ordinary request on the same client: the abandoned body
+// must not leak into the next request on a reused connection.
+func TestExecStreamThenReuse(t *testing.T) {
+	srv := corraltest.NewServer(t)
+	c := srv.Client()
+	ctx := testContext(t)
+	id := newSandbox(t, srv, c)
+	for i := range 50 {
+		s, err := c.ExecStream(ctx, id, corral.ExecRequest{Argv: []string{"true"}}, strings.NewReader(strings.Repeat("x", i*100)))
+		if err != nil {
+			t.Fatalf("ExecStream %d: %v", i, err)
+		}
+		if _, err := s.Copy(io.Discard, io.Discard); err != nil {
+			t.Fatalf("Copy %d: %v", i, err)
+		}
+		s.Close()
+		if _, err := c.GetSandbox(ctx, id); err != nil {
+			t.Fatalf("GetSandbox after streamed exec %d: %v", i, err)
+		}
 	}
 }

@@ -36,13 +36,14 @@ type APIError struct {
 	Field string
 }
 
-// Error returns the server's message, followed by the field it concerns when there is one.
+// Error returns the server's message, followed by the field it concerns when there is one and
+// the message does not already start with it ("ttl: ...").
 func (e *APIError) Error() string {
 	msg := e.Message
 	if msg == "" {
 		msg = fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
 	}
-	if e.Field != "" {
+	if e.Field != "" && !strings.HasPrefix(msg, e.Field+":") {
 		return fmt.Sprintf("%s (field %q)", msg, e.Field)
 	}
 	return msg

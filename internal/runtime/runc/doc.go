@@ -56,6 +56,9 @@
 //	          it. A crash of the caller in the middle leaves partial state that List reports and
 //	          Delete removes. The container runs detached: it is not the caller's child, not in its
 //	          session or process group, and holds no pipe to it, so it survives the caller.
+//	          Create returns once runc has handed over to the agent's exec; an agent that fails
+//	          after that (a binary for the wrong architecture) is not reported by runc: the
+//	          socket then refuses connections and Status reads stopped.
 //	Open      re-adopts a sandbox after a restart of the caller, from its directory and `runc
 //	          state`. errdefs.ErrNotFound when neither exists, or when only partial state exists
 //	          (an interrupted Create): Delete it.
@@ -63,13 +66,13 @@
 //	          runc's, so it is cheap enough to poll and right even when every process died while
 //	          nobody watched. errdefs.ErrNotFound when nothing of the sandbox is left.
 //	Delete    is idempotent and tolerates any partial state: it kills every process in the
-//	          sandbox's cgroup (pidfd, so a recycled pid is never hit), runs `runc delete --force`,
+//	          sandbox's cgroup (pidfd, so a recycled pid is never hit), runs `runc delete`,
 //	          unmounts the overlay and the disk (their loop device detaches itself: autoclear),
 //	          removes the cgroups, runc's state and the directory. Deleting an unknown ID returns
 //	          nil. On error some state may remain; calling Delete again continues from there.
 //	List      returns every ID with any state: a directory, runc state or a cgroup.
 //	Close     stops the pool refill and destroys the pool's disks; running sandboxes are left
-//	          running. Methods other than Close must not be called after it.
+//	          running. The other methods keep working after it, Create without a pool.
 //
 // # Concurrency
 //

@@ -54,7 +54,7 @@ func TestCreateLatency(t *testing.T) {
 	waitPool := func() {
 		waitFor(t, 30*time.Second, func() bool { return len(e.r.ready) == cap(e.r.ready) })
 	}
-	var runcRun, create, createStart, firstExec []time.Duration
+	var runcRun, create, createStart, firstExec, del []time.Duration
 	for i := range n {
 		start := time.Now()
 		cmd := exec.Command(fx.runc, "--root", baseRoot, "run", "--bundle", bdir, fmt.Sprintf("base-%d", i))
@@ -79,9 +79,11 @@ func TestCreateLatency(t *testing.T) {
 				okSh(t, sb.AgentSocket, "true")
 				firstExec = append(firstExec, time.Since(start))
 			}
+			start = time.Now()
 			if err := e.r.Delete(ctx, id); err != nil {
 				t.Fatal(err)
 			}
+			del = append(del, time.Since(start))
 		}
 	}
 	e.r.createStart = false
@@ -97,6 +99,7 @@ func TestCreateLatency(t *testing.T) {
 	t.Logf("Create (runc run --detach)          p50 %v  p99 %v  (%.2fx baseline p50)", p(create, 0.5), p(create, 0.99), ratio)
 	t.Logf("Create + first command via agent    p50 %v  p99 %v  (%.2fx)", p(firstExec, 0.5), p(firstExec, 0.99), float64(p(firstExec, 0.5))/float64(p(runcRun, 0.5)))
 	t.Logf("Create (runc create + runc start)   p50 %v  p99 %v", p(createStart, 0.5), p(createStart, 0.99))
+	t.Logf("Delete                              p50 %v  p99 %v", p(del, 0.5), p(del, 0.99))
 }
 
 // BenchmarkCreateDelete measures a Create and a Delete of a sandbox from the pool.
@@ -118,7 +121,7 @@ func BenchmarkCreateDelete(b *testing.B) {
 // BenchmarkRender is the per-Create cost of the spec: the template with the seccomp profile
 // spliced in as bytes.
 func BenchmarkRender(b *testing.B) {
-	tmpl, err := newTemplate(ptr(-1000))
+	tmpl, err := newTemplate(ptr(-1000), false)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -34,6 +34,7 @@ type Sandbox struct {
 // State is a sandbox's run state as the kernel sees it.
 type State string
 
+// The states Status reports.
 const (
 	StateRunning State = "running"
 	StatePaused  State = "paused"  // frozen by the cgroup freezer
@@ -266,6 +267,8 @@ func (r *Runtime) Open(ctx context.Context, id string) (*Sandbox, error) {
 		return nil, err
 	case dirErr != nil:
 		return nil, errdefs.NotFound("sandbox %s has runc state but no directory: Delete it", id)
+	case st.Status == "created":
+		return nil, errdefs.NotFound("sandbox %s was created but never started (interrupted create?): Delete it", id)
 	}
 	sock := socketPath(r.cfg.StateDir, id)
 	if _, err := os.Lstat(sock); err != nil {
@@ -331,14 +334,19 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 func (r *Runtime) destroy(ctx context.Context, id string) error {
 	start := time.Now()
 	var errs []error
-	// Killing first makes `runc delete --force` find the container stopped, which skips its
-	// kill-and-poll loop (100 ms sleeps).
+	// Kill first, then a plain `runc delete`: with --force runc always signals and sleeps
+	// 100 ms before it looks again, even for a stopped container.
 	if err := r.cg.killAll(id, 10*time.Second); err != nil {
 		errs = append(errs, err)
 	}
+	tKill := time.Now()
 	runcDir := filepath.Join(r.cfg.RuncRoot, id)
 	if _, err := os.Lstat(runcDir); err == nil {
-		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil {
+		_, err := r.runcOutput(ctx, "delete", id)
+		if err != nil {
+			_, err = r.runcOutput(ctx, "delete", "--force", id)
+		}
+		if err != nil {
 			if _, serr := os.Lstat(runcDir); serr == nil {
 				// State runc cannot load (a crash while it wrote it): nothing else can use it.
 				r.log.Warn("runc delete failed; removing its state", "id", id, "err", err)
@@ -348,15 +356,18 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 			}
 		}
 	}
+	tRunc := time.Now()
 	if err := teardownDir(ctx, r.dir(id)); err != nil {
 		errs = append(errs, err)
 	}
+	tUnmount := time.Now()
 	if err := r.cg.remove(id, 5*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
-	r.log.Debug("sandbox deleted", "id", id, "took", time.Since(start))
+	r.log.Debug("sandbox deleted", "id", id, "kill", tKill.Sub(start), "runc", tRunc.Sub(tKill),
+		"unmount", tUnmount.Sub(tRunc), "cgroups", time.Since(tUnmount), "total", time.Since(start))
 	return nil
 }

@@ -2,6 +2,7 @@ package runc
 
 import (
 	"encoding/json"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -96,7 +97,7 @@ func TestSpecNormalize(t *testing.T) {
 
 // TestRender checks the bundle's security settings as runc will read them.
 func TestRender(t *testing.T) {
-	tmpl, err := newTemplate(ptr(-1000))
+	tmpl, err := newTemplate(ptr(-1000), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +136,9 @@ func TestRender(t *testing.T) {
 	}
 	if l.Seccomp == nil || l.Seccomp.DefaultAction != specs.ActErrno || len(l.Seccomp.Syscalls) < 10 {
 		t.Errorf("seccomp profile missing or not Docker's default")
+	}
+	if want := []specs.Arch{nativeArch(t)}; !slices.Equal(l.Seccomp.Architectures, want) {
+		t.Errorf("seccomp architectures = %v, want %v", l.Seccomp.Architectures, want)
 	}
 	for _, m := range []string{"/proc/kcore", "/proc/keys", "/proc/kpagecgroup", "/proc/kpagecount", "/proc/kpageflags",
 		"/proc/sysrq-trigger", "/proc/timer_list", "/proc/sched_debug", "/proc/acpi", "/proc/scsi", "/sys/firmware",
@@ -180,6 +184,31 @@ func TestRender(t *testing.T) {
 	}
 	if !slices.Equal(p.Env, []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "A=b"}) {
 		t.Errorf("env = %v", p.Env)
+	}
+}
+
+func nativeArch(t *testing.T) specs.Arch {
+	switch runtime.GOARCH {
+	case "amd64":
+		return specs.ArchX86_64
+	case "arm64":
+		return specs.ArchAARCH64
+	}
+	t.Skipf("no expectation for %s", runtime.GOARCH)
+	return ""
+}
+
+func TestSeccompAllArches(t *testing.T) {
+	tmpl, err := newTemplate(nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sc specs.LinuxSeccomp
+	if err := json.Unmarshal(tmpl.seccomp, &sc); err != nil {
+		t.Fatal(err)
+	}
+	if runtime.GOARCH == "amd64" && !slices.Equal(sc.Architectures, []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32}) {
+		t.Errorf("architectures = %v, want Docker's three", sc.Architectures)
 	}
 }
 

@@ -58,8 +58,9 @@ func (s *Server) Program(name string, p Program) {
 	s.programs[name] = programEntry{run: p}
 }
 
-// StartFailure makes commands named name fail to start, reporting exit (whose Error should say
-// why, as the real server reports "permission denied" or "not found").
+// StartFailure makes commands named name fail to start with exit, whose Error says why. As on
+// the real server, a failure with code 127 (no such program) is refused with 400 on field
+// "argv"; any other is a command that ends at once with exit.
 func (s *Server) StartFailure(name string, exit corral.Exit) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -77,7 +78,7 @@ func (s *Server) StartFailure(name string, exit corral.Exit) {
 //	env, pwd       print the environment, the working directory
 //	whoami         prints the user ("root" when none was asked for)
 //
-// Any other name fails to start with code 127, as a missing executable does.
+// Any other name is a missing program: the request is refused with 400 on field "argv".
 func builtinPrograms() map[string]programEntry {
 	line := func(w io.Writer, args []string) { fmt.Fprintln(w, strings.Join(args, " ")) }
 	progs := map[string]Program{
@@ -172,35 +173,36 @@ func (e signalCause) Error() string { return "signal " + e.name }
 
 var errTimedOut = errors.New("command timed out")
 
-// startLocked starts req in sb. It returns the command, or the exit of a command that failed to
-// start, or a request error.
+// startLocked starts req in sb and returns the command, or why the request is refused.
 //
 // Preconditions: s.mu is held.
-func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *corral.Exit, *httpError) {
+func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *httpError) {
 	argv := req.Argv
 	if req.Shell {
 		if len(argv) != 1 {
-			return nil, nil, invalid("argv", "a shell command is one string, got %d", len(argv))
+			return nil, invalid("argv", "a shell command is one string, got %d", len(argv))
 		}
 		argv = strings.Fields(argv[0])
 	}
 	if len(argv) == 0 || argv[0] == "" {
-		return nil, nil, invalid("argv", "argv is empty")
+		return nil, invalid("argv", "argv is empty")
 	}
 	var timeout time.Duration
 	if req.Timeout != "" {
 		var err error
 		if timeout, err = time.ParseDuration(req.Timeout); err != nil || timeout <= 0 {
-			return nil, nil, invalid("timeout", "timeout %q is not a positive Go duration", req.Timeout)
+			return nil, invalid("timeout", "timeout %q is not a positive Go duration", req.Timeout)
 		}
 	}
 	entry, ok := s.programs[path.Base(argv[0])]
-	if !ok {
-		return nil, &corral.Exit{Code: 127, Error: fmt.Sprintf("exec: %q: executable file not found in $PATH", argv[0])}, nil
-	}
-	if entry.startErr != nil {
-		e := *entry.startErr
-		return nil, &e, nil
+	switch {
+	case !ok:
+		return nil, invalid("argv", "exec: %q: executable file not found in $PATH", argv[0])
+	case entry.startErr != nil && entry.startErr.Code == 127:
+		return nil, invalid("argv", "%s", entry.startErr.Error)
+	case entry.startErr != nil:
+		exit := *entry.startErr
+		entry.run = func(context.Context, *Process) corral.Exit { return exit }
 	}
 	sb.spec.LastActivityAt = timeNow()
 
@@ -274,7 +276,7 @@ func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *co
 		e := exit
 		cmd.appendLocked(corral.Event{Type: corral.EventExit, Exit: &e})
 	}()
-	return cmd, nil, nil
+	return cmd, nil
 }
 
 // outputWriter appends what a program writes as stdout or stderr events.
@@ -386,9 +388,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	sb, herr := s.runningLocked(r)
 	var cmd *command
-	var startErr *corral.Exit
 	if herr == nil {
-		cmd, startErr, herr = s.startLocked(sb, req)
+		cmd, herr = s.startLocked(sb, req)
 	}
 	s.mu.Unlock()
 	if herr != nil {
@@ -397,12 +398,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 
 	w.Header().Set("Content-Type", "application/x-ndjson")
+	if streamed {
+		// The body read may be cut short below, leaving the connection mid-body: never reuse it.
+		w.Header().Set("Connection", "close")
+	}
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(w)
-	if startErr != nil {
-		_ = enc.Encode(corral.Event{Type: corral.EventExit, Exit: startErr})
-		return
-	}
 	if streamed {
 		copied := make(chan struct{})
 		go func() {
@@ -412,11 +413,21 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 				err = io.EOF
 			}
 			cmd.stdin.CloseWithError(err)
+			// The command may be gone with the client still sending: read on, so the client
+			// can finish its body instead of having the connection reset under it.
+			_, _ = io.Copy(io.Discard, body)
 		}()
-		// The body must not be read after the handler returns: unblock the copy and wait.
+		// The body must not be read after the handler returns. Give the client a moment to end
+		// it (the SDK does on the exit event), then cut a pending read short and wait.
 		defer func() {
-			_ = rc.SetReadDeadline(time.Now())
-			<-copied
+			t := time.NewTimer(2 * time.Second)
+			defer t.Stop()
+			select {
+			case <-copied:
+			case <-t.C:
+				_ = rc.SetReadDeadline(time.Now())
+				<-copied
+			}
 		}()
 	} else {
 		_, _ = cmd.stdin.Write(req.Stdin)
@@ -485,13 +496,9 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request) {
 		fail(w, herr)
 		return
 	}
-	cmd, startErr, herr := s.startLocked(sb, req)
+	cmd, herr := s.startLocked(sb, req)
 	if herr != nil {
 		fail(w, herr)
-		return
-	}
-	if startErr != nil {
-		fail(w, invalid("argv", "start command: %s", startErr.Error))
 		return
 	}
 	if len(req.Stdin) > 0 {
@@ -553,7 +560,7 @@ func (s *Server) output(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	follow := false
+	follow := true // as on the real server
 	if v := q.Get("follow"); v != "" {
 		var err error
 		if follow, err = strconv.ParseBool(v); err != nil {

@@ -259,8 +259,13 @@ func notFound(format string, args ...any) *httpError {
 	return &httpError{http.StatusNotFound, corral.CodeNotFound, fmt.Sprintf(format, args...), ""}
 }
 
+// invalid is a 400 on field; like the real server's, its message starts with "field: ".
 func invalid(field, format string, args ...any) *httpError {
-	return &httpError{http.StatusBadRequest, corral.CodeInvalid, fmt.Sprintf(format, args...), field}
+	msg := fmt.Sprintf(format, args...)
+	if field != "" {
+		msg = field + ": " + msg
+	}
+	return &httpError{http.StatusBadRequest, corral.CodeInvalid, msg, field}
 }
 
 func conflict(format string, args ...any) *httpError {

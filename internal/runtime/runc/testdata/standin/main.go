@@ -33,7 +33,10 @@ func main() {
 		fail(err.Error())
 	}
 	f.Close()
-	go reap()
+	// Hook SIGCHLD before the first command can start, or its exit may go unnoticed.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	go reap(sigs)
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -56,13 +59,14 @@ var (
 	early   = map[int]syscall.WaitStatus{}      // exited before registered; protected by mu
 )
 
-func reap() {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGCHLD)
-	for range sigs {
+func reap(sigs chan os.Signal) {
+	for {
 		for {
 			var ws syscall.WaitStatus
 			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if err == syscall.EINTR {
+				continue
+			}
 			if pid <= 0 || err != nil {
 				break
 			}
@@ -75,6 +79,7 @@ func reap() {
 			}
 			mu.Unlock()
 		}
+		<-sigs
 	}
 }
 

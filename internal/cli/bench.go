@@ -1,0 +1,60 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/corral-dev/corral/internal/bench"
+	"github.com/spf13/cobra"
+)
+
+// newBenchCmd returns `corral bench`: measurements against baselines taken in the same run.
+func (a *app) newBenchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure Corral against baselines taken in the same run (root, same host as corral up)",
+	}
+	var cfg bench.Config
+	var jsonOut bool
+	container := &cobra.Command{
+		Use:   "container",
+		Short: "Container tier: time to interactive vs runc run, exec vs runc exec, throughput, idle memory",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(a.stderr, nil))
+			res, err := bench.Container(cmd.Context(), c, cfg, log)
+			if err != nil {
+				return err
+			}
+			if jsonOut || a.jsonOut() {
+				return a.printJSON(res)
+			}
+			t := newTable(a.stdout)
+			t.row("MEASURE", "CORRAL p50/p99", "BASELINE p50/p99", "RATIO p50")
+			t.row("create→first exec (ms)", fmt.Sprintf("%.1f / %.1f", res.TTI.P50, res.TTI.P99),
+				fmt.Sprintf("%.1f / %.1f (runc run true)", res.TTIBaseline.P50, res.TTIBaseline.P99), fmt.Sprintf("%.2fx", res.TTIRatioP50))
+			t.row("exec true (ms)", fmt.Sprintf("%.2f / %.2f", res.Exec.P50, res.Exec.P99),
+				fmt.Sprintf("%.1f / %.1f (runc exec true)", res.ExecBaseline.P50, res.ExecBaseline.P99), fmt.Sprintf("%.2fx", res.ExecRatioP50))
+			t.row(fmt.Sprintf("creates/s at concurrency %d", res.Concurrency), fmt.Sprintf("%.1f", res.ThroughputPerSec), "-", "-")
+			if res.Idle > 0 {
+				t.row(fmt.Sprintf("host MiB per idle sandbox (%d)", res.Idle), fmt.Sprintf("%.2f", res.IdleHostMiBPerSbx),
+					fmt.Sprintf("agent PSS %.2f, edge %.2f, kernel %.2f", res.IdleAgentPSSMiB, res.IdleEdgeMiBPerSbx, res.IdleKernelMiBPerSbx), "-")
+			}
+			return t.flush()
+		},
+	}
+	f := container.Flags()
+	f.StringVar(&cfg.Base, "base", "base:default", "base layer NAME:VERSION to create sandboxes from")
+	f.IntVar(&cfg.TTIRounds, "tti", 50, "create→first exec samples (and as many runc run samples)")
+	f.IntVar(&cfg.ExecRounds, "execs", 200, "exec round trips")
+	f.IntVar(&cfg.Throughput, "throughput", 64, "sandboxes created in the throughput test")
+	f.IntVar(&cfg.Concurrency, "concurrency", 8, "concurrent creators in the throughput test")
+	f.IntVar(&cfg.Idle, "idle", 200, "idle sandboxes for the memory measure (0 skips it)")
+	f.BoolVar(&jsonOut, "json", false, "print the result as JSON (same as -o json)")
+	cmd.AddCommand(container)
+	return cmd
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `make bench`: start a throwaway `corral up` on its own data dir and port, publish the busybox
+# base, run `corral bench container`, print the figures (and keep them as JSON in bench-out/),
+# then stop corral and remove its data. The numbers go into docs/BENCHMARKS.md by hand, with the
+# date and this command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/bin:$PATH"
+work=$(mktemp -d /tmp/crl-bench-XXXX)
+port=${BENCH_PORT:-7199}
+export CORRAL_URL=http://127.0.0.1:$port
+cleanup() {
+  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --cgroup-parent /corral-bench --disk-pool 8 >"$work/corral.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+export CORRAL_TOKEN=$(cat "$work/data/admin.token")
+scripts/busybox-rootfs.sh "$work/rootfs"
+corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
+mkdir -p bench-out
+corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
+echo
+echo "corral up log: $(grep -c . "$work/corral.log") lines; errors:"; grep -c 'level=ERROR' "$work/corral.log" || true
