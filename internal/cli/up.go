@@ -58,4 +58,3 @@ re-adopted at the next start, as they are after a crash.`,
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
 }
-

@@ -67,7 +67,10 @@ func needRoot(t *testing.T) {
 		if setupErr != nil {
 			return
 		}
-		for _, b := range []struct{ out, pkg string; static bool }{
+		for _, b := range []struct {
+			out, pkg string
+			static   bool
+		}{
 			{"corral", "./cmd/corral", false}, {"corral-agent", "./cmd/corral-agent", true},
 		} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg)

@@ -221,6 +221,10 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if streamStdin {
+		// A half-read request body cannot be reused for another request on this connection.
+		w.Header().Set("Connection", "close")
+	}
 	out := newNDJSON(w)
 	if err := out.send(corral.Event{Type: "start", CommandID: sess.Info().ID}); err != nil {
 		return
@@ -230,12 +234,22 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer close(copied)
 			in := sess.Stdin()
-			io.Copy(in, stdin)
+			_, err := io.Copy(in, stdin)
 			in.Close()
+			if err != nil {
+				// The command stopped taking stdin: keep reading what the client still sends, so
+				// that it is never cut off while writing and always gets the response.
+				io.Copy(io.Discard, stdin)
+			}
 		}()
-		// The request body must not be read after the handler returns: once the command has
-		// ended, cut a pending read short and wait for the copier.
+		// The request body must not be read after the handler returns: after the exit event, give
+		// the client a moment to finish its body (the SDK stops at the exit event), then cut a
+		// pending read short and wait for the copier.
 		defer func() {
+			select {
+			case <-copied:
+			case <-time.After(2 * time.Second):
+			}
 			http.NewResponseController(w).SetReadDeadline(time.Now())
 			<-copied
 		}()

@@ -393,8 +393,8 @@ func TestStreamDecoding(t *testing.T) {
 			stdout: "hi", wantErr: io.ErrUnexpectedEOF,
 		},
 		{
-			name: "error event from the server",
-			body: `{"type":"start","command_id":"c-9"}` + "\n" + `{"type":"error","data":"YWdlbnQgZ29uZQ=="}` + "\n",
+			name:    "error event from the server",
+			body:    `{"type":"start","command_id":"c-9"}` + "\n" + `{"type":"error","data":"YWdlbnQgZ29uZQ=="}` + "\n",
 			wantErr: errServerStream,
 		},
 		{
