@@ -1,0 +1,280 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// fakeRuntime is an in-memory Runtime for tests of the edge's own logic (validation, lifecycle,
+// reaper, reconcile). The real runtime is tested in internal/runtime/runc and end to end.
+type fakeRuntime struct {
+	mu      sync.Mutex
+	running map[string]bool
+	oom     map[string]uint64
+	failing error
+}
+
+func newFakeRuntime() *fakeRuntime {
+	return &fakeRuntime{running: map[string]bool{}, oom: map[string]uint64{}}
+}
+
+func (f *fakeRuntime) Create(ctx context.Context, spec runc.Spec) (*runc.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failing != nil {
+		return nil, f.failing
+	}
+	f.running[spec.ID] = true
+	return &runc.Sandbox{ID: spec.ID, AgentSocket: "/nonexistent/" + spec.ID}, nil
+}
+
+func (f *fakeRuntime) Open(ctx context.Context, id string) (*runc.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.running[id]; !ok {
+		return nil, errdefs.NotFound("sandbox %s", id)
+	}
+	return &runc.Sandbox{ID: id, AgentSocket: "/nonexistent/" + id}, nil
+}
+
+func (f *fakeRuntime) Status(ctx context.Context, id string) (runc.Status, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	run, ok := f.running[id]
+	if !ok {
+		return runc.Status{}, errdefs.NotFound("sandbox %s", id)
+	}
+	st := runc.Status{State: runc.StateStopped, OOMKills: f.oom[id]}
+	if run {
+		st.State = runc.StateRunning
+	}
+	return st, nil
+}
+
+func (f *fakeRuntime) Delete(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.running, id)
+	return nil
+}
+
+func (f *fakeRuntime) List(ctx context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for id := range f.running {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func (f *fakeRuntime) kill(id string, oom bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.running[id] = false
+	if oom {
+		f.oom[id]++
+	}
+}
+
+type fakeLayers struct{}
+
+func (fakeLayers) Path(digest string) (string, error) { return "/layers/" + digest, nil }
+
+func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	for _, l := range []corral.Layer{
+		{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"},
+		{Name: "ws", Version: "1", Kind: corral.KindWorkspace, Digest: "sha256:w"},
+		{Name: "tk", Version: "1", Kind: corral.KindToolkit, Digest: "sha256:t"},
+	} {
+		if _, _, err := st.PublishLayer(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, err := New(Config{AgentPath: "/agent", ReapInterval: 20 * time.Millisecond}, slog.New(slog.DiscardHandler), st, rt, fakeLayers{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e, st
+}
+
+func TestAdmitValidation(t *testing.T) {
+	e, _ := newTestEdge(t, newFakeRuntime())
+	tests := []struct {
+		name  string
+		req   corral.CreateRequest
+		field string
+	}{
+		{"no base", corral.CreateRequest{}, "base"},
+		{"unknown base", corral.CreateRequest{Base: "nope:1"}, "base"},
+		{"base without version", corral.CreateRequest{Base: "base"}, "base"},
+		{"base of wrong kind", corral.CreateRequest{Base: "ws:1"}, "base"},
+		{"toolkit of wrong kind", corral.CreateRequest{Base: "base:1", Toolkits: []string{"ws:1"}}, "toolkits[0]"},
+		{"unknown tier", corral.CreateRequest{Base: "base:1", Tier: "vm2"}, "tier"},
+		{"negative cpus", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: -1}}, "limits.cpus"},
+		{"too many cpus", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 1000}}, "limits.cpus"},
+		{"tiny memory", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{MemoryBytes: 1024}}, "limits.memory_bytes"},
+		{"negative pids", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{Pids: -5}}, "limits.pids"},
+		{"huge disk", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{DiskBytes: 1 << 62}}, "limits.disk_bytes"},
+		{"bad ttl", corral.CreateRequest{Base: "base:1", TTL: "soon"}, "ttl"},
+		{"ttl too short", corral.CreateRequest{Base: "base:1", TTL: "1ms"}, "ttl"},
+		{"ttl too long", corral.CreateRequest{Base: "base:1", TTL: "10000h"}, "ttl"},
+		{"bad idle ttl", corral.CreateRequest{Base: "base:1", IdleTTL: "-1m"}, "idle_ttl"},
+		{"bad env", corral.CreateRequest{Base: "base:1", Env: []string{"1X=2"}}, "env[0]"},
+		{"bad label", corral.CreateRequest{Base: "base:1", Labels: map[string]string{"a b": "c"}}, "labels"},
+		{"bad hostname", corral.CreateRequest{Base: "base:1", Hostname: "a_b"}, "hostname"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.Create(context.Background(), tt.req)
+			if !errors.Is(err, errdefs.ErrInvalid) {
+				t.Fatalf("Create(%+v) err = %v, want invalid", tt.req, err)
+			}
+			if got := errdefs.Field(err); got != tt.field {
+				t.Fatalf("field = %q, want %q (%v)", got, tt.field, err)
+			}
+		})
+	}
+	if n := e.Count(); n != 0 {
+		t.Fatalf("%d sandboxes after only invalid requests", n)
+	}
+}
+
+func TestCreateDefaultsAndLayerOrder(t *testing.T) {
+	rt := newFakeRuntime()
+	e, _ := newTestEdge(t, rt)
+	rec, err := e.Create(context.Background(), corral.CreateRequest{Base: "base:1", Workspace: "ws:1", Toolkits: []string{"tk:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ValidID(rec.ID) || NodeOf(rec.ID) != "local" {
+		t.Fatalf("ID %q does not encode the node", rec.ID)
+	}
+	if want := []string{"sha256:b", "sha256:w", "sha256:t"}; len(rec.Lower) != 3 || rec.Lower[0] != want[0] || rec.Lower[2] != want[2] {
+		t.Fatalf("lower = %v, want %v (base first)", rec.Lower, want)
+	}
+	if rec.Limits != DefaultLimits || rec.State != corral.StateRunning || rec.Hostname != rec.ID {
+		t.Fatalf("record = %+v", rec)
+	}
+	if d := rec.ExpiresAt.Sub(rec.CreatedAt); d != time.Hour {
+		t.Fatalf("default TTL = %s, want 1h", d)
+	}
+}
+
+func TestCreateFailureIsRecorded(t *testing.T) {
+	rt := newFakeRuntime()
+	rt.failing = errors.New("runc exploded")
+	e, st := newTestEdge(t, rt)
+	if _, err := e.Create(context.Background(), corral.CreateRequest{Base: "base:1"}); err == nil {
+		t.Fatal("Create succeeded with a failing runtime")
+	}
+	recs, _ := st.ListSandboxes(context.Background(), store.SandboxFilter{})
+	if len(recs) != 1 || recs[0].State != corral.StateFailed || recs[0].Reason != "error: runc exploded" {
+		t.Fatalf("records = %+v, want one failed with the reason", recs)
+	}
+}
+
+func TestReaperTTLAndDeath(t *testing.T) {
+	rt := newFakeRuntime()
+	e, _ := newTestEdge(t, rt)
+	ctx := context.Background()
+	expiring, _ := e.Create(ctx, corral.CreateRequest{Base: "base:1", TTL: "1s"})
+	dying, _ := e.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	oomed, _ := e.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	rt.kill(dying.ID, false)
+	rt.kill(oomed.ID, true)
+	want := map[string][2]string{
+		expiring.ID: {corral.StateStopped, corral.ReasonTTLExpired},
+		dying.ID:    {corral.StateFailed, "error: the sandbox's processes exited"},
+		oomed.ID:    {corral.StateFailed, corral.ReasonOOMKilled},
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for id, w := range want {
+		for {
+			rec, err := e.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.State == w[0] && rec.Reason == w[1] {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: state %s (%s), want %s (%s)", id, rec.State, rec.Reason, w[0], w[1])
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if _, err := rt.Status(ctx, expiring.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("expired sandbox still in the runtime: %v", err)
+	}
+}
+
+func TestReconcileAfterRestart(t *testing.T) {
+	rt := newFakeRuntime()
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"})
+	cfg := Config{AgentPath: "/agent", ReapInterval: time.Hour}
+	e1, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, fakeLayers{})
+	e1.Start(ctx)
+	alive, _ := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	dead, _ := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	e1.Close()
+	rt.kill(dead.ID, true)
+	rt.running["sb-local-orphanorphanorph"] = true // runtime state with no record
+
+	e2, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, fakeLayers{})
+	if err := e2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	if e2.Count() != 1 || e2.lookup(alive.ID) == nil {
+		t.Fatalf("after restart %d live sandboxes, want only %s", e2.Count(), alive.ID)
+	}
+	rec, _ := e2.Get(ctx, dead.ID)
+	if rec.State != corral.StateFailed || rec.Reason != corral.ReasonOOMKilled {
+		t.Fatalf("sandbox that died while down: %s (%s)", rec.State, rec.Reason)
+	}
+	if _, ok := rt.running["sb-local-orphanorphanorph"]; ok {
+		t.Fatal("orphaned runtime state was not removed")
+	}
+}
+
+func TestParseSignal(t *testing.T) {
+	for in, want := range map[string]int{"SIGTERM": 15, "term": 15, "9": 9, "KILL": 9} {
+		got, err := ParseSignal(in)
+		if err != nil || int(got) != want {
+			t.Errorf("ParseSignal(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "0", "65", "SIGNOPE", "-1"} {
+		if _, err := ParseSignal(bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("ParseSignal(%q) err = %v, want invalid", bad, err)
+		}
+	}
+}
