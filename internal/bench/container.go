@@ -71,8 +71,10 @@ type Result struct {
 	ExecBaseline Stats   `json:"exec_baseline_runc_exec_true"`
 	ExecRatioP50 float64 `json:"exec_ratio_p50"`
 
-	ThroughputPerSec float64 `json:"create_throughput_per_s"`
-	Concurrency      int     `json:"create_concurrency"`
+	ThroughputPerSec         float64 `json:"create_throughput_per_s"`
+	ThroughputBaselinePerSec float64 `json:"create_throughput_baseline_runc_run_detach_per_s"`
+	ThroughputRatio          float64 `json:"create_throughput_ratio"`
+	Concurrency              int     `json:"create_concurrency"`
 
 	Idle                 int     `json:"idle_sandboxes"`
 	IdleHostMiBPerSbx    float64 `json:"idle_host_mib_per_sandbox"`
@@ -193,6 +195,10 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 	}
 	res.ThroughputPerSec = float64(len(created)) / elapsed.Seconds()
 	deleteAll(ctx, c, created)
+	if res.ThroughputBaselinePerSec, err = b.throughput(ctx, cfg.Throughput, cfg.Concurrency); err != nil {
+		return nil, err
+	}
+	res.ThroughputRatio = res.ThroughputPerSec / res.ThroughputBaselinePerSec
 
 	if cfg.Idle > 0 {
 		if err := idleMemory(ctx, c, cfg, info, res, log); err != nil {
@@ -440,6 +446,59 @@ func (b *baseline) execs(ctx context.Context, n int) ([]time.Duration, error) {
 		out = append(out, time.Since(start))
 	}
 	return out, nil
+}
+
+// throughput starts n detached containers (sleep) of the baseline bundle with the given
+// concurrency and returns containers per second; it removes them afterwards.
+func (b *baseline) throughput(ctx context.Context, n, concurrency int) (float64, error) {
+	if err := b.setArgs("/bin/sleep", "3600"); err != nil {
+		return 0, err
+	}
+	defer b.setArgs("/bin/true")
+	ids := make(chan string, n)
+	for i := range n {
+		ids <- fmt.Sprintf("bench-tp-%d-%d", os.Getpid(), i)
+	}
+	close(ids)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var started []string
+	var firstErr error
+	start := time.Now()
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range ids {
+				if err := exec.CommandContext(ctx, b.runc, "--root", b.root, "run", "--detach", "--bundle", b.dir, id).Run(); err != nil {
+					mu.Lock()
+					firstErr = fmt.Errorf("runc run --detach %s: %w", id, err)
+					mu.Unlock()
+					continue
+				}
+				mu.Lock()
+				started = append(started, id)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	sem := make(chan struct{}, 4)
+	for _, id := range started {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			exec.Command(b.runc, "--root", b.root, "delete", "-f", id).Run()
+			<-sem
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	return float64(len(started)) / elapsed.Seconds(), nil
 }
 
 func (b *baseline) close() {

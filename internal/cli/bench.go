@@ -39,7 +39,8 @@ func (a *app) newBenchCmd() *cobra.Command {
 				fmt.Sprintf("%.1f / %.1f (runc run true)", res.TTIBaseline.P50, res.TTIBaseline.P99), fmt.Sprintf("%.2fx", res.TTIRatioP50))
 			t.row("exec true (ms)", fmt.Sprintf("%.2f / %.2f", res.Exec.P50, res.Exec.P99),
 				fmt.Sprintf("%.1f / %.1f (runc exec true)", res.ExecBaseline.P50, res.ExecBaseline.P99), fmt.Sprintf("%.2fx", res.ExecRatioP50))
-			t.row(fmt.Sprintf("creates/s at concurrency %d", res.Concurrency), fmt.Sprintf("%.1f", res.ThroughputPerSec), "-", "-")
+			t.row(fmt.Sprintf("creates/s at concurrency %d", res.Concurrency), fmt.Sprintf("%.1f", res.ThroughputPerSec),
+				fmt.Sprintf("%.1f (runc run --detach)", res.ThroughputBaselinePerSec), fmt.Sprintf("%.2fx", res.ThroughputRatio))
 			if res.Idle > 0 {
 				t.row(fmt.Sprintf("host MiB per idle sandbox (%d)", res.Idle), fmt.Sprintf("%.2f", res.IdleHostMiBPerSbx),
 					fmt.Sprintf("agent PSS %.2f, edge %.2f, kernel %.2f", res.IdleAgentPSSMiB, res.IdleEdgeMiBPerSbx, res.IdleKernelMiBPerSbx), "-")

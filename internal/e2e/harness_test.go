@@ -261,6 +261,12 @@ func (p *corralProc) cleanup() {
 	if p.t.Failed() {
 		p.t.Logf("corral up log:\n%s", p.Logs())
 	}
+	// The per-test cgroup parent itself (empty by now) goes too.
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + p.Cgroup)
+	more, _ := filepath.Glob("/sys/fs/cgroup/*/*" + p.Cgroup)
+	for _, d := range append(dirs, more...) {
+		os.Remove(d)
+	}
 }
 
 type lockedWriter struct {
