@@ -1,6 +1,6 @@
 module github.com/corral-dev/corral
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/creack/pty v1.1.24

@@ -7,7 +7,10 @@ if [ "$(id -u)" != 0 ]; then
   echo "setup: run as root (it installs Debian packages and builds runc into /var/cache/corral)" >&2
   exit 1
 fi
-command -v go >/dev/null || { echo "setup: Go 1.24 or newer is required on PATH (https://go.dev/doc/install)" >&2; exit 1; }
+# Go: the module needs Go 1.26 (see go.mod). A Go of 1.21 or newer fetches that toolchain by itself
+# through the module proxy (GOTOOLCHAIN=auto); Debian's own golang-go (1.19) is too old for that.
+command -v go >/dev/null || { echo "setup: Go is required on PATH: install Go 1.26 or newer (https://go.dev/doc/install)" >&2; exit 1; }
+go version >/dev/null 2>&1 || { echo "setup: 'go version' failed; Corral needs Go 1.26 (go.mod)" >&2; exit 1; }
 
 # command-or-file -> Debian package
 declare -A want=(
@@ -19,6 +22,7 @@ declare -A want=(
   [/usr/include/seccomp.h]=libseccomp-dev
   [tar]=tar
   [curl]=curl
+  [file]=file
 )
 missing=()
 for what in "${!want[@]}"; do
@@ -32,7 +36,7 @@ fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" file >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 modprobe overlay 2>/dev/null || true
 modprobe loop 2>/dev/null || true

@@ -128,7 +128,7 @@ func TestLimits(t *testing.T) {
 func TestDeleteLeavesNothing(t *testing.T) {
 	p := withBase(t)
 	ctx := context.Background()
-	for i := range 12 {
+	for i := range 24 {
 		sb := p.create(corral.CreateRequest{Limits: corral.Limits{DiskBytes: 32 << 20}})
 		if i%2 == 0 {
 			p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "sleep 100 & sleep 100"}})
