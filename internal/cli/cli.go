@@ -188,6 +188,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		// Commands owned outside this file set.
 		newUpCmd(),
 		a.newBenchCmd(),
+		a.newLogCmd(),
 	)
 	return root
 }

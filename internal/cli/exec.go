@@ -21,6 +21,7 @@ type execFlags struct {
 	tty, interactive, shell bool
 	env                     []string
 	cwd, user, timeout      string
+	step                    string
 }
 
 // add registers the flags on fs; withEnv adds --env (run has the sandbox's --env instead).
@@ -34,11 +35,12 @@ func (f *execFlags) add(fs *pflag.FlagSet, withEnv bool) {
 	fs.StringVarP(&f.cwd, "cwd", "w", "", "working directory inside the sandbox")
 	fs.StringVarP(&f.user, "user", "u", "", "user (name or uid) to run as")
 	fs.StringVar(&f.timeout, "timeout", "", "kill the command after this long, e.g. 5m")
+	fs.StringVar(&f.step, "step", "", "step ID in the sandbox's trajectory: a completed step is replayed from the log, a running one attached to, never run twice")
 }
 
 // request validates the flags and builds the exec request for argv.
 func (f *execFlags) request(argv []string) (corral.ExecRequest, error) {
-	req := corral.ExecRequest{Argv: argv, Shell: f.shell, Env: f.env, Cwd: f.cwd, User: f.user, Timeout: f.timeout, TTY: f.tty}
+	req := corral.ExecRequest{Argv: argv, Shell: f.shell, Env: f.env, Cwd: f.cwd, User: f.user, Timeout: f.timeout, TTY: f.tty, StepID: f.step}
 	if len(argv) == 0 {
 		return req, usagef("no command given: put it after --, e.g. -- ls -l")
 	}

@@ -278,6 +278,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		e.mu.Lock()
 		e.live[rec.ID] = sb
 		e.mu.Unlock()
+		e.resumeRecording(sb)
 		adopted++
 	}
 	ids, err := e.rt.List(ctx)

@@ -45,6 +45,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", h.mkdir)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/tar", h.tarOut)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/tar", h.tarIn)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/trajectory", h.trajectory)
 	return mux
 }
 
@@ -179,7 +180,8 @@ func apiCommand(c agentrpc.CommandInfo) corral.Command {
 }
 
 // exec starts a command and streams its output; with ?stdin=stream the request body continues
-// with the command's stdin after the JSON object and a newline.
+// with the command's stdin after the JSON object and a newline. The call is appended to the
+// sandbox's trajectory; a step_id makes it replayable (see trajectory.go).
 func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 	sb := h.sandbox(w, r)
 	if sb == nil {
@@ -203,6 +205,28 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	ctx := context.WithoutCancel(r.Context()) // the command and its record outlive this request
+	entry := &corral.TrajectoryEntry{
+		StepID: req.StepID, Kind: "exec", Request: execRecord(req, streamStdin),
+		State: corral.StepRunning, StartedAt: time.Now().UTC(),
+	}
+	if req.StepID != "" {
+		if !stepIDRE.MatchString(req.StepID) {
+			h.fail(w, r, errdefs.Invalid("step_id", "%q must be 1-128 letters, digits or . _ : / -", req.StepID))
+			return
+		}
+		areq.Tag = req.StepID
+		// Recorded before it runs: a retry after any crash finds it and never runs it twice.
+		existing, err := h.e.store.BeginStep(ctx, sb.id, entry)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if existing != nil {
+			h.existingStep(w, r, sb, existing, entry)
+			return
+		}
+	}
 	if streamStdin {
 		areq.KeepStdinOpen = true
 		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
@@ -210,25 +234,36 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// The command outlives this request: a client that hangs up can attach again later.
-	sess, err := sb.agent.Exec(context.WithoutCancel(r.Context()), areq)
+	sess, err := sb.agent.Exec(ctx, areq)
+	if err == nil {
+		err = startError(sess.Info())
+		if err != nil {
+			sess.Close()
+		}
+	}
 	if err != nil {
+		if entry.Seq > 0 {
+			h.e.finishStep(sb.id, entry, corral.StepFailed, err.Error())
+		}
 		h.fail(w, r, err)
 		return
 	}
 	defer sess.Close()
-	if err := startError(sess.Info()); err != nil {
-		h.fail(w, r, err)
-		return
+	entry.CommandID = sess.Info().ID
+	if entry.Seq > 0 {
+		err = h.e.store.UpdateStep(ctx, sb.id, entry)
+	} else {
+		_, err = h.e.store.BeginStep(ctx, sb.id, entry)
+	}
+	if err != nil {
+		h.log.Error("record trajectory step", "sandbox", sb.id, "err", err)
 	}
 	if streamStdin {
 		// A half-read request body cannot be reused for another request on this connection.
 		w.Header().Set("Connection", "close")
 	}
 	out := newNDJSON(w)
-	if err := out.send(corral.Event{Type: "start", CommandID: sess.Info().ID}); err != nil {
-		return
-	}
+	clientGone := out.send(corral.Event{Type: "start", CommandID: entry.CommandID}) != nil
 	if streamStdin {
 		copied := make(chan struct{})
 		go func() {
@@ -254,7 +289,65 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 			<-copied
 		}()
 	}
-	h.stream(r.Context(), sb, out, sess.Next)
+	h.record(ctx, sb, entry, out, clientGone, sess.Next)
+}
+
+// existingStep answers an exec whose step_id is in the log already: a 409 for another request,
+// the recorded result for a finished step, the live command for a running one.
+func (h *dataPlane) existingStep(w http.ResponseWriter, r *http.Request, sb *sandbox, existing, asked *corral.TrajectoryEntry) {
+	if normalJSON(existing.Request) != normalJSON(asked.Request) {
+		h.fail(w, r, stepConflict(existing.StepID, existing.Seq))
+		return
+	}
+	if existing.State != corral.StepRunning {
+		replayStep(w, existing)
+		return
+	}
+	cid, err := findStepCommand(r.Context(), sb, existing)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	st, err := sb.agent.Attach(r.Context(), cid, 0, true)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	defer st.Close()
+	out := newNDJSON(w)
+	if out.send(corral.Event{Type: "start", CommandID: cid}) != nil {
+		return
+	}
+	h.stream(r.Context(), sb, out, st.Next)
+}
+
+// record forwards a command's events to the client and into its trajectory entry until the exit.
+// A client that leaves does not stop the recording: the entry is completed either way.
+func (h *dataPlane) record(ctx context.Context, sb *sandbox, entry *corral.TrajectoryEntry, out *ndjson, clientGone bool, next func() (agentrpc.Event, error)) {
+	rec := newStepRecorder(entry, DefaultStepOutputBytes)
+	for {
+		ev, err := next()
+		if err != nil {
+			h.log.Warn("command stream ended", "sandbox", sb.id, "command", entry.CommandID, "err", err)
+			if !clientGone {
+				out.send(corral.Event{Type: "error", Data: []byte(err.Error())})
+			}
+			h.e.finishStep(sb.id, entry, corral.StepFailed, "output stream ended: "+err.Error())
+			return
+		}
+		sb.touch()
+		if ev.Type == agentrpc.EventExit && ev.Exit != nil && ev.Exit.Signal == "SIGKILL" && !ev.Exit.TimedOut && !ev.Exit.OOMKilled {
+			ev.Exit.OOMKilled = h.e.oomKilledSince(ctx, sb)
+		}
+		rec.add(ev)
+		if !clientGone && out.send(apiEvent(ev)) != nil {
+			clientGone = true
+		}
+		if ev.Type == agentrpc.EventExit {
+			h.e.finishStep(sb.id, entry, corral.StepDone, "")
+			return
+		}
+	}
 }
 
 // startError turns a command that could not start at all (no such program, bad cwd or user) into
@@ -316,13 +409,66 @@ func (h *dataPlane) startCommand(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	info, err := sb.agent.Start(r.Context(), areq)
+	ctx := context.WithoutCancel(r.Context())
+	entry := &corral.TrajectoryEntry{
+		StepID: req.StepID, Kind: "exec", Request: execRecord(req, false),
+		State: corral.StepRunning, StartedAt: time.Now().UTC(),
+	}
+	if req.StepID != "" {
+		if !stepIDRE.MatchString(req.StepID) {
+			h.fail(w, r, errdefs.Invalid("step_id", "%q must be 1-128 letters, digits or . _ : / -", req.StepID))
+			return
+		}
+		areq.Tag = req.StepID
+		existing, err := h.e.store.BeginStep(ctx, sb.id, entry)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if existing != nil {
+			if normalJSON(existing.Request) != normalJSON(entry.Request) {
+				h.fail(w, r, stepConflict(existing.StepID, existing.Seq))
+				return
+			}
+			cmd := corral.Command{ID: existing.CommandID, State: agentrpc.CommandExited, StartedAt: existing.StartedAt, EndedAt: existing.EndedAt, Exit: existing.Exit}
+			if existing.State == corral.StepRunning {
+				cid, err := findStepCommand(r.Context(), sb, existing)
+				if err == nil {
+					var info agentrpc.CommandInfo
+					if info, err = sb.agent.Command(r.Context(), cid); err == nil {
+						cmd = apiCommand(info)
+					}
+				}
+				if err != nil {
+					h.fail(w, r, err)
+					return
+				}
+			}
+			httpjson.Write(w, http.StatusOK, cmd)
+			return
+		}
+	}
+	info, err := sb.agent.Start(ctx, areq)
 	if err == nil {
 		err = startError(info)
 	}
 	if err != nil {
+		if entry.Seq > 0 {
+			h.e.finishStep(sb.id, entry, corral.StepFailed, err.Error())
+		}
 		h.fail(w, r, err)
 		return
+	}
+	entry.CommandID = info.ID
+	if entry.Seq > 0 {
+		err = h.e.store.UpdateStep(ctx, sb.id, entry)
+	} else {
+		_, err = h.e.store.BeginStep(ctx, sb.id, entry)
+	}
+	if err != nil {
+		h.log.Error("record trajectory step", "sandbox", sb.id, "err", err)
+	} else {
+		go h.e.followStep(sb, entry)
 	}
 	httpjson.Write(w, http.StatusCreated, apiCommand(info))
 }
@@ -566,7 +712,13 @@ func (h *dataPlane) writeFile(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	info, err := sb.agent.WriteFile(r.Context(), p, http.MaxBytesReader(w, r.Body, MaxUpload), opts)
+	started := time.Now().UTC()
+	body := newHashingReader(http.MaxBytesReader(w, r.Body, MaxUpload))
+	info, err := sb.agent.WriteFile(r.Context(), p, body, opts)
+	h.e.recordFileCall(sb, "write_file", map[string]any{
+		"path": p, "mode": fmt.Sprintf("%#o", opts.Mode.Perm()), "user": opts.User, "append": opts.Append,
+		"parents": opts.Parents, "bytes": body.n, "sha256": body.sum(),
+	}, err, started)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -584,7 +736,10 @@ func (h *dataPlane) removeFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	recursive, _ := strconv.ParseBool(r.URL.Query().Get("recursive"))
-	if err := sb.agent.Remove(r.Context(), p, recursive); err != nil {
+	started := time.Now().UTC()
+	err := sb.agent.Remove(r.Context(), p, recursive)
+	h.e.recordFileCall(sb, "remove", map[string]any{"path": p, "recursive": recursive}, err, started)
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -647,7 +802,9 @@ func (h *dataPlane) mkdir(w http.ResponseWriter, r *http.Request) {
 	if mode == 0 {
 		mode = 0o755
 	}
+	started := time.Now().UTC()
 	info, err := sb.agent.Mkdir(r.Context(), req.Path, agentrpc.WriteOptions{Mode: mode, User: req.User, Parents: req.Parents})
+	h.e.recordFileCall(sb, "mkdir", req, err, started)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -684,7 +841,11 @@ func (h *dataPlane) tarIn(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("parents") == "" {
 		opts.Parents = true // a tar upload creates its destination unless told not to
 	}
-	if err := sb.agent.TarIn(r.Context(), p, http.MaxBytesReader(w, r.Body, MaxUpload), opts); err != nil {
+	started := time.Now().UTC()
+	body := newHashingReader(http.MaxBytesReader(w, r.Body, MaxUpload))
+	err = sb.agent.TarIn(r.Context(), p, body, opts)
+	h.e.recordFileCall(sb, "tar_in", map[string]any{"path": p, "user": opts.User, "bytes": body.n, "sha256": body.sum()}, err, started)
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}

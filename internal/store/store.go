@@ -62,6 +62,15 @@ var migrations = []string{
 		principal TEXT NOT NULL,
 		created_at INTEGER NOT NULL
 	);`,
+	`CREATE TABLE trajectory (
+		sandbox_id TEXT NOT NULL,
+		seq INTEGER NOT NULL,
+		step_id TEXT NOT NULL DEFAULT '',
+		state TEXT NOT NULL,
+		doc TEXT NOT NULL,
+		PRIMARY KEY (sandbox_id, seq)
+	);
+	CREATE UNIQUE INDEX trajectory_step ON trajectory(sandbox_id, step_id) WHERE step_id != '';`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and applies migrations.
@@ -222,12 +231,96 @@ func labelsMatch(have, want map[string]string) bool {
 	return true
 }
 
-// DeleteSandbox removes a sandbox record (used to forget long-stopped sandboxes).
+// DeleteSandbox removes a sandbox record and its trajectory (used to forget long-stopped sandboxes).
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id); err != nil {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM trajectory WHERE sandbox_id = ?`, id); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// BeginStep appends e to the trajectory of sandbox, giving it the next sequence number. When
+// e.StepID is set and a step with that ID exists already, nothing is written and the existing
+// step is returned instead (the caller decides between replay, attach and conflict).
+func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error) {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		if e.StepID != "" {
+			var doc string
+			err := tx.QueryRowContext(ctx, `SELECT doc FROM trajectory WHERE sandbox_id = ? AND step_id = ?`, sandbox, e.StepID).Scan(&doc)
+			if err == nil {
+				existing = new(corral.TrajectoryEntry)
+				return json.Unmarshal([]byte(doc), existing)
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) + 1 FROM trajectory WHERE sandbox_id = ?`, sandbox).Scan(&e.Seq); err != nil {
+			return err
+		}
+		doc, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO trajectory (sandbox_id, seq, step_id, state, doc) VALUES (?, ?, ?, ?, ?)`,
+			sandbox, e.Seq, e.StepID, e.State, string(doc))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("append to trajectory of %s: %w", sandbox, err)
+	}
+	return existing, nil
+}
+
+// UpdateStep rewrites step e.Seq of sandbox's trajectory.
+func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) error {
+	doc, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
+	}
+	if _, err := s.db.ExecContext(ctx, `UPDATE trajectory SET state = ?, doc = ? WHERE sandbox_id = ? AND seq = ?`,
+		e.State, string(doc), sandbox, e.Seq); err != nil {
+		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
+	}
+	return nil
+}
+
+// ListSteps returns up to limit steps of sandbox's trajectory with seq > after, in order. A
+// non-empty state keeps only steps in that state.
+func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]corral.TrajectoryEntry, error) {
+	q := `SELECT doc FROM trajectory WHERE sandbox_id = ? AND seq > ?`
+	args := []any{sandbox, after}
+	if state != "" {
+		q += ` AND state = ?`
+		args = append(args, state)
+	}
+	q += ` ORDER BY seq LIMIT ?`
+	args = append(args, limit)
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read trajectory of %s: %w", sandbox, err)
+	}
+	defer rows.Close()
+	var out []corral.TrajectoryEntry
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, fmt.Errorf("read trajectory of %s: %w", sandbox, err)
+		}
+		var e corral.TrajectoryEntry
+		if err := json.Unmarshal([]byte(doc), &e); err != nil {
+			return nil, fmt.Errorf("read trajectory of %s: decode: %w", sandbox, err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }
 
 // PublishLayer records l under l.Name:l.Version. Publishing the same digest again is a no-op that

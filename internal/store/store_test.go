@@ -117,3 +117,45 @@ func TestReopenKeepsData(t *testing.T) {
 		t.Fatalf("TokenPrincipal after reopen = %q, %v", p, err)
 	}
 }
+
+func TestTrajectory(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	for i, step := range []string{"", "a", ""} {
+		e := &corral.TrajectoryEntry{StepID: step, Kind: "exec", State: corral.StepRunning, Request: map[string]any{"argv": []string{"x"}}}
+		if ex, err := s.BeginStep(ctx, "sb-1", e); err != nil || ex != nil {
+			t.Fatalf("BeginStep %d: existing %v, err %v", i, ex, err)
+		}
+		if e.Seq != int64(i+1) {
+			t.Fatalf("step %d got seq %d", i, e.Seq)
+		}
+	}
+	e := &corral.TrajectoryEntry{StepID: "a", Kind: "exec", State: corral.StepRunning}
+	ex, err := s.BeginStep(ctx, "sb-1", e)
+	if err != nil || ex == nil || ex.Seq != 2 {
+		t.Fatalf("reused step id: existing %+v, err %v; want step 2", ex, err)
+	}
+	ex.State, ex.Exit = corral.StepDone, &corral.Exit{Code: 3}
+	if err := s.UpdateStep(ctx, "sb-1", ex); err != nil {
+		t.Fatal(err)
+	}
+	steps, err := s.ListSteps(ctx, "sb-1", 1, 10, "")
+	if err != nil || len(steps) != 2 || steps[0].Seq != 2 || steps[0].Exit.Code != 3 {
+		t.Fatalf("ListSteps after 1 = %+v, %v", steps, err)
+	}
+	if running, _ := s.ListSteps(ctx, "sb-1", 0, 10, corral.StepRunning); len(running) != 2 {
+		t.Fatalf("running steps = %d, want 2", len(running))
+	}
+	// Sequences are per sandbox.
+	other := &corral.TrajectoryEntry{Kind: "exec", State: corral.StepRunning}
+	s.BeginStep(ctx, "sb-2", other)
+	if other.Seq != 1 {
+		t.Fatalf("first step of another sandbox has seq %d", other.Seq)
+	}
+	if err := s.DeleteSandbox(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	if steps, _ := s.ListSteps(ctx, "sb-1", 0, 10, ""); len(steps) != 0 {
+		t.Fatalf("trajectory kept after the sandbox was forgotten: %d steps", len(steps))
+	}
+}

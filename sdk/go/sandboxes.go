@@ -2,9 +2,13 @@ package corral
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -84,4 +88,30 @@ func (c *Client) SetTTL(ctx context.Context, id string, ttl time.Duration) (*San
 		return nil, err
 	}
 	return &out, nil
+}
+
+// Trajectory returns the steps of a sandbox's trajectory log with a sequence number above after,
+// in order: every exec and file-changing call made through the API. It works for stopped
+// sandboxes until their record is forgotten.
+func (c *Client) Trajectory(ctx context.Context, id string, after int64) ([]TrajectoryEntry, error) {
+	q := url.Values{}
+	if after > 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
+	}
+	resp, err := c.send(ctx, request{method: http.MethodGet, path: sandboxPath(id, "trajectory"), query: q})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out []TrajectoryEntry
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var e TrajectoryEntry
+		if err := dec.Decode(&e); err == io.EOF {
+			return out, nil
+		} else if err != nil {
+			return out, fmt.Errorf("read trajectory of %s: %w", id, err)
+		}
+		out = append(out, e)
+	}
 }

@@ -103,6 +103,10 @@ type ExecRequest struct {
 	TTY     bool   `json:"tty,omitempty"`
 	Rows    uint16 `json:"rows,omitempty"`
 	Cols    uint16 `json:"cols,omitempty"`
+	// StepID names this call in the sandbox's trajectory. Calling again with a step ID that
+	// completed returns the recorded result without running anything; with one still running it
+	// attaches to that command; with one used for a different request it is a 409.
+	StepID string `json:"step_id,omitempty"`
 }
 
 // Command describes a command started in a sandbox.
@@ -139,6 +143,9 @@ type Event struct {
 	Data      []byte `json:"data,omitempty"`
 	Dropped   int64  `json:"dropped,omitempty"`
 	Exit      *Exit  `json:"exit,omitempty"`
+	// Replayed is set on the start event when the result comes from the trajectory log (a
+	// completed step_id) and nothing was run.
+	Replayed bool `json:"replayed,omitempty"`
 }
 
 // ResizeRequest is the body of POST /v1/sandboxes/{id}/commands/{cid}/resize.
@@ -211,4 +218,33 @@ type Error struct {
 	Message string `json:"message"`
 	// Field names the request field that was invalid, when there is one.
 	Field string `json:"field,omitempty"`
+}
+
+// Trajectory step states.
+const (
+	StepRunning = "running"
+	StepDone    = "done"
+	StepFailed  = "failed"
+)
+
+// TrajectoryEntry is one step of a sandbox's trajectory log: an exec or file-changing call made
+// through the API, in the order the sandbox received them. GET /v1/sandboxes/{id}/trajectory
+// returns them as NDJSON.
+type TrajectoryEntry struct {
+	Seq    int64  `json:"seq"`
+	StepID string `json:"step_id,omitempty"`
+	// Kind is exec, write_file, mkdir, remove or tar_in.
+	Kind string `json:"kind"`
+	// Request is the call as received (file contents are represented by their size and sha256).
+	Request   any       `json:"request"`
+	CommandID string    `json:"command_id,omitempty"`
+	State     string    `json:"state"`
+	StartedAt time.Time `json:"started_at"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
+	Exit      *Exit     `json:"exit,omitempty"`
+	// Output holds the command's stdout and stderr events, capped; OutputTruncated says bytes
+	// were left out.
+	Output          []Event `json:"output,omitempty"`
+	OutputTruncated bool    `json:"output_truncated,omitempty"`
+	Error           string  `json:"error,omitempty"`
 }

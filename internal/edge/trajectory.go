@@ -1,0 +1,261 @@
+package edge
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"hash"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// The trajectory log: every exec and file-changing call made through the API is appended, in
+// order, to its sandbox's log in the store. An exec with a step_id is recorded before it runs, so a
+// retry after any failure (client, network, corral itself) finds it: completed steps are replayed
+// from the log, running ones are attached to, and nothing runs twice.
+
+var stepIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+
+// DefaultStepOutputBytes caps the output kept in the trajectory per step.
+const DefaultStepOutputBytes = 256 << 10
+
+// recordedExec is what the trajectory keeps of an exec request: stdin is represented by its
+// size and hash, so the log stays small and a replayed request can still be compared.
+type recordedExec struct {
+	corral.ExecRequest
+	Stdin       []byte `json:"stdin,omitempty"`
+	StdinBytes  int    `json:"stdin_bytes,omitempty"`
+	StdinSHA256 string `json:"stdin_sha256,omitempty"`
+	StdinStream bool   `json:"stdin_stream,omitempty"`
+}
+
+func execRecord(req corral.ExecRequest, streamStdin bool) recordedExec {
+	rec := recordedExec{ExecRequest: req, StdinStream: streamStdin}
+	if len(req.Stdin) > 0 {
+		sum := sha256.Sum256(req.Stdin)
+		rec.StdinBytes, rec.StdinSHA256 = len(req.Stdin), hex.EncodeToString(sum[:])
+	}
+	rec.ExecRequest.Stdin = nil
+	return rec
+}
+
+// normalJSON returns v as JSON with object keys sorted, so two requests compare by content.
+func normalJSON(v any) string {
+	b, _ := json.Marshal(v)
+	var generic any
+	json.Unmarshal(b, &generic)
+	b, _ = json.Marshal(generic)
+	return string(b)
+}
+
+// stepRecorder collects a command's output for its trajectory entry, up to a cap.
+type stepRecorder struct {
+	entry *corral.TrajectoryEntry
+	left  int
+}
+
+func newStepRecorder(entry *corral.TrajectoryEntry, limit int) *stepRecorder {
+	return &stepRecorder{entry: entry, left: limit}
+}
+
+func (r *stepRecorder) add(ev agentrpc.Event) {
+	switch ev.Type {
+	case agentrpc.EventStdout, agentrpc.EventStderr:
+		if len(ev.Data) > r.left {
+			r.entry.OutputTruncated = true
+			if r.left == 0 {
+				return
+			}
+			ev.Data = ev.Data[:r.left]
+		}
+		r.left -= len(ev.Data)
+		r.entry.Output = append(r.entry.Output, corral.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data})
+	case agentrpc.EventTruncated:
+		r.entry.OutputTruncated = true
+	case agentrpc.EventExit:
+		r.entry.Exit = apiExit(ev.Exit)
+	}
+}
+
+// finish records the end of a step.
+func (e *Edge) finishStep(sandbox string, entry *corral.TrajectoryEntry, state, errMsg string) {
+	entry.State, entry.Error, entry.EndedAt = state, errMsg, time.Now().UTC()
+	if err := e.store.UpdateStep(context.Background(), sandbox, entry); err != nil {
+		e.log.Error("record trajectory step", "sandbox", sandbox, "seq", entry.Seq, "err", err)
+	}
+}
+
+// replayStep answers an exec whose step_id already completed, from the log alone.
+func replayStep(w http.ResponseWriter, entry *corral.TrajectoryEntry) {
+	out := newNDJSON(w)
+	if out.send(corral.Event{Type: "start", CommandID: entry.CommandID, Replayed: true}) != nil {
+		return
+	}
+	for _, ev := range entry.Output {
+		if out.send(ev) != nil {
+			return
+		}
+	}
+	if entry.OutputTruncated {
+		out.send(corral.Event{Type: "truncated"})
+	}
+	exit := entry.Exit
+	if exit == nil {
+		exit = &corral.Exit{Code: -1, Error: entry.Error}
+	}
+	out.send(corral.Event{Type: "exit", Exit: exit})
+}
+
+// findStepCommand returns the agent command of a running step: by its recorded ID, or by the
+// step ID the agent keeps as the command's tag (when corral stopped between starting the command
+// and recording its ID).
+func findStepCommand(ctx context.Context, sb *sandbox, entry *corral.TrajectoryEntry) (string, error) {
+	if entry.CommandID != "" {
+		return entry.CommandID, nil
+	}
+	cmds, err := sb.agent.Commands(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, c := range cmds {
+		if c.Tag == entry.StepID {
+			return c.ID, nil
+		}
+	}
+	return "", errdefs.Conflict("step %q (seq %d) was interrupted before its command started or after the sandbox forgot it; its result is unknown and it will not be run again", entry.StepID, entry.Seq)
+}
+
+// resumeRecording follows the running steps of a re-adopted sandbox to their end, so the log
+// completes even though the process that started them is gone.
+func (e *Edge) resumeRecording(sb *sandbox) {
+	steps, err := e.store.ListSteps(context.Background(), sb.id, 0, 1000, corral.StepRunning)
+	if err != nil {
+		e.log.Error("read running steps", "sandbox", sb.id, "err", err)
+		return
+	}
+	for i := range steps {
+		go e.followStep(sb, &steps[i])
+	}
+}
+
+// followStep attaches to a running step's command from its first byte and records it to its end.
+// It is the recorder of background commands and of steps that outlived a restart.
+func (e *Edge) followStep(sb *sandbox, entry *corral.TrajectoryEntry) {
+	ctx := context.Background()
+	cid, err := findStepCommand(ctx, sb, entry)
+	if err != nil {
+		e.finishStep(sb.id, entry, corral.StepFailed, err.Error())
+		return
+	}
+	entry.CommandID = cid
+	st, err := sb.agent.Attach(ctx, cid, 0, true)
+	if err != nil {
+		e.finishStep(sb.id, entry, corral.StepFailed, "attach: "+err.Error())
+		return
+	}
+	defer st.Close()
+	entry.Output, entry.OutputTruncated = nil, false
+	rec := newStepRecorder(entry, DefaultStepOutputBytes)
+	for {
+		ev, err := st.Next()
+		if err != nil {
+			e.finishStep(sb.id, entry, corral.StepFailed, "output stream ended: "+err.Error())
+			return
+		}
+		rec.add(ev)
+		if ev.Type == agentrpc.EventExit {
+			e.finishStep(sb.id, entry, corral.StepDone, "")
+			return
+		}
+	}
+}
+
+// recordFileCall appends a completed file-changing call to the trajectory.
+func (e *Edge) recordFileCall(sb *sandbox, kind string, request any, callErr error, started time.Time) {
+	entry := &corral.TrajectoryEntry{Kind: kind, Request: request, State: corral.StepDone, StartedAt: started, EndedAt: time.Now().UTC()}
+	if callErr != nil {
+		entry.State, entry.Error = corral.StepFailed, callErr.Error()
+	}
+	if _, err := e.store.BeginStep(context.Background(), sb.id, entry); err != nil {
+		e.log.Error("record trajectory step", "sandbox", sb.id, "kind", kind, "err", err)
+	}
+}
+
+// hashingReader counts and hashes what passes through it.
+type hashingReader struct {
+	r io.Reader
+	h hash.Hash
+	n int64
+}
+
+func newHashingReader(r io.Reader) *hashingReader { return &hashingReader{r: r, h: sha256.New()} }
+
+func (h *hashingReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	h.n += int64(n)
+	h.h.Write(p[:n])
+	return n, err
+}
+
+func (h *hashingReader) sum() string { return hex.EncodeToString(h.h.Sum(nil)) }
+
+// trajectory exports a sandbox's log as NDJSON: GET /v1/sandboxes/{id}/trajectory?after=SEQ.
+// It works for stopped sandboxes too, until their record is forgotten.
+func (h *dataPlane) trajectory(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := checkID(id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if _, err := h.e.store.GetSandbox(r.Context(), id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var after int64
+	if s := r.URL.Query().Get("after"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || v < 0 {
+			h.fail(w, r, errdefs.Invalid("after", "%q must be a non-negative integer", s))
+			return
+		}
+		after = v
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	wrote := false
+	for {
+		steps, err := h.e.store.ListSteps(r.Context(), id, after, 500, "")
+		if err != nil {
+			if !wrote {
+				h.fail(w, r, err)
+			}
+			return
+		}
+		for i := range steps {
+			if err := enc.Encode(&steps[i]); err != nil {
+				return
+			}
+			wrote = true
+			after = steps[i].Seq
+		}
+		if len(steps) < 500 {
+			if !wrote {
+				w.WriteHeader(http.StatusOK)
+			}
+			return
+		}
+	}
+}
+
+// stepConflict is the error for a step_id reused with another request.
+func stepConflict(stepID string, seq int64) error {
+	return errdefs.Conflict("step_id %q was already used (step %d) for a different request; use a new step_id", stepID, seq)
+}
