@@ -70,6 +70,8 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	api.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	api.HandleFunc("POST /v1/sandboxes/{id}/ttl", s.setTTL)
+	api.HandleFunc("POST /v1/sandboxes/{id}/pause", s.lifecycle(s.edge.Pause))
+	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.lifecycle(s.edge.Resume))
 	api.HandleFunc("POST /v1/layers", s.importLayer)
 	api.HandleFunc("GET /v1/layers", s.listLayers)
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
@@ -170,10 +172,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	var f store.SandboxFilter
 	for _, st := range q["state"] {
 		switch st {
-		case corral.StateCreating, corral.StateRunning, corral.StateStopped, corral.StateFailed:
+		case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateStopped, corral.StateFailed:
 			f.States = append(f.States, st)
 		default:
-			s.fail(w, r, errdefs.Invalid("state", "%q is not a state (creating, running, stopped, failed)", st))
+			s.fail(w, r, errdefs.Invalid("state", "%q is not a state (creating, running, paused, stopped, failed)", st))
 			return
 		}
 	}
@@ -222,6 +224,18 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, rec.Sandbox)
+}
+
+// lifecycle serves a body-less POST that moves a sandbox between states (pause, resume).
+func (s *Server) lifecycle(do func(context.Context, string) (*store.Sandbox, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rec, err := do(r.Context(), r.PathValue("id"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, rec.Sandbox)
+	}
 }
 
 func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {

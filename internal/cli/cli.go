@@ -189,6 +189,8 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		newUpCmd(),
 		a.newBenchCmd(),
 		a.newLogCmd(),
+		a.newPauseCmd(),
+		a.newResumeCmd(),
 	)
 	return root
 }

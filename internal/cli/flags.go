@@ -101,6 +101,8 @@ type createFlags struct {
 	env, labels               []string
 	ttl, idleTTL              string
 	hostname                  string
+	autoPause                 string
+	pauseKeepsTTL             bool
 }
 
 // add registers the flags on fs; the default base is $CORRAL_BASE or base:default.
@@ -123,6 +125,8 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&f.ttl, "ttl", "", "lifetime, e.g. 30m (default: the server's)")
 	fs.StringVar(&f.idleTTL, "idle-ttl", "", "stop after this long without activity, e.g. 10m")
 	fs.StringVar(&f.hostname, "hostname", "", "hostname inside the sandbox (default: its ID)")
+	fs.StringVar(&f.autoPause, "auto-pause-after", "", "pause (not stop) after this long without activity, e.g. 10m")
+	fs.BoolVar(&f.pauseKeepsTTL, "pause-keeps-ttl", true, "paused time counts against the TTL (false: the expiry moves later by the time paused)")
 }
 
 // request validates the flags and builds the create request.
@@ -136,6 +140,14 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		IdleTTL:   f.idleTTL,
 		Hostname:  f.hostname,
 		Limits:    corral.Limits{CPUs: f.cpus, Pids: f.pids, OpenFiles: f.openFiles},
+
+		AutoPauseAfter: f.autoPause,
+	}
+	if !f.pauseKeepsTTL {
+		req.PauseKeepsTTL = &f.pauseKeepsTTL
+	}
+	if err := checkDuration("auto-pause-after", f.autoPause); err != nil {
+		return req, err
 	}
 	if err := checkRef("base", f.base); err != nil {
 		return req, err

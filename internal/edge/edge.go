@@ -42,6 +42,8 @@ type Runtime interface {
 	Status(ctx context.Context, id string) (runc.Status, error)
 	Delete(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
+	Pause(ctx context.Context, id string) (runc.PauseStats, error)
+	Resume(ctx context.Context, id string) (runc.ResumeStats, error)
 }
 
 // LayerPaths resolves layer digests to directories usable as overlay lower dirs.
@@ -156,6 +158,11 @@ type sandbox struct {
 	idleTTL time.Duration
 	// oomSeen is the memory cgroup's OOM-kill count when it was last looked at.
 	oomSeen atomic.Uint64
+	// autoPause is zero when the sandbox never pauses by itself.
+	autoPause time.Duration
+	// paused mirrors the state for the lock-free check on every data-plane call; it changes only
+	// with mu held.
+	paused atomic.Bool
 
 	// mu serialises lifecycle transitions (stop, TTL change) of this sandbox.
 	mu sync.Mutex
@@ -171,7 +178,9 @@ func newSandbox(rec *store.Sandbox, socket string) *sandbox {
 		agent:       agentrpc.NewClient(socket),
 		outputLimit: rec.Limits.OutputBytes,
 		idleTTL:     time.Duration(rec.IdleTTLSeconds) * time.Second,
+		autoPause:   time.Duration(rec.AutoPauseAfterSeconds) * time.Second,
 	}
+	sb.paused.Store(rec.State == corral.StatePaused)
 	sb.lastActivity.Store(rec.LastActivityAt.UnixNano())
 	sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
 	return sb
@@ -240,7 +249,7 @@ func (e *Edge) Close() {
 
 func (e *Edge) reconcile(ctx context.Context) error {
 	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{
-		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning},
+		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused},
 	})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -261,7 +270,17 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		if err == nil {
 			st, err = e.rt.Status(ctx, rec.ID)
 		}
-		if err != nil || st.State != runc.StateRunning {
+		if err == nil && st.State == runc.StatePaused && rec.State == corral.StateRunning {
+			// Frozen by a pause that did not get recorded: thaw it rather than leave it stuck.
+			if _, err := e.rt.Resume(ctx, rec.ID); err != nil {
+				log.Error("resume a sandbox found frozen", "err", err)
+			}
+		}
+		if err == nil && rec.State == corral.StatePaused && st.State == runc.StateRunning {
+			rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
+			e.store.PutSandbox(ctx, rec)
+		}
+		if err != nil || (st.State != runc.StateRunning && st.State != runc.StatePaused) {
 			reason := "error: the sandbox's processes exited while corral was down"
 			if err == nil && st.OOMKills > 0 {
 				reason = corral.ReasonOOMKilled
@@ -278,7 +297,9 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		e.mu.Lock()
 		e.live[rec.ID] = sb
 		e.mu.Unlock()
-		e.resumeRecording(sb)
+		if !sb.paused.Load() {
+			e.resumeRecording(sb)
+		}
 		adopted++
 	}
 	ids, err := e.rt.List(ctx)
@@ -370,12 +391,18 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 			return nil, nil, err
 		}
 	}
-	var idle time.Duration
+	var idle, autoPause time.Duration
 	if req.IdleTTL != "" {
 		if idle, err = e.parseTTL("idle_ttl", req.IdleTTL); err != nil {
 			return nil, nil, err
 		}
 	}
+	if req.AutoPauseAfter != "" {
+		if autoPause, err = e.parseTTL("auto_pause_after", req.AutoPauseAfter); err != nil {
+			return nil, nil, err
+		}
+	}
+	keepsTTL := req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
 	if err := validateEnv("env", req.Env); err != nil {
 		return nil, nil, err
 	}
@@ -434,7 +461,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits,
 			Limits: limits, Env: req.Env, Labels: req.Labels, Hostname: host,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
-			LastActivityAt: now,
+			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
 		},
 		Lower: digests,
 	}
@@ -595,6 +622,13 @@ func (e *Edge) active(ctx context.Context, id string) (*sandbox, error) {
 		return nil, err
 	}
 	if sb := e.lookup(id); sb != nil {
+		if sb.paused.Load() {
+			// Any call that uses a paused sandbox resumes it first; concurrent callers wait for
+			// the same resume.
+			if _, err := e.resume(ctx, sb, false); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+				return nil, err
+			}
+		}
 		sb.touch()
 		return sb, nil
 	}
@@ -661,9 +695,13 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	sb, err := e.active(ctx, id)
-	if err != nil {
-		return nil, err
+	sb := e.lookup(id)
+	if sb == nil {
+		rec, err := e.store.GetSandbox(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return nil, errdefs.Conflict("sandbox %s is %s (%s)", id, rec.State, rec.Reason)
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -750,6 +788,9 @@ func (e *Edge) reap(ctx context.Context) {
 			continue
 		}
 		st, err := e.rt.Status(ctx, sb.id)
+		if err == nil && st.State == runc.StatePaused {
+			continue // paused time never counts as idle
+		}
 		if err != nil || st.State != runc.StateRunning {
 			reason := "error: the sandbox's processes exited"
 			if err != nil {
@@ -760,7 +801,10 @@ func (e *Edge) reap(ctx context.Context) {
 			stop(corral.StateFailed, reason)
 			continue
 		}
-		if sb.idleTTL > 0 && now.Sub(time.Unix(0, sb.lastActivity.Load())) >= sb.idleTTL {
+		idleFor := now.Sub(time.Unix(0, sb.lastActivity.Load()))
+		idleStop := sb.idleTTL > 0 && idleFor >= sb.idleTTL
+		idlePause := sb.autoPause > 0 && idleFor >= sb.autoPause
+		if idleStop || idlePause {
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			info, err := sb.agent.Ping(pctx)
 			cancel()
@@ -768,7 +812,11 @@ func (e *Edge) reap(ctx context.Context) {
 				sb.touch() // a running command is activity
 				continue
 			}
-			stop(corral.StateStopped, corral.ReasonIdleExpired)
+			if idleStop {
+				stop(corral.StateStopped, corral.ReasonIdleExpired)
+			} else if _, err := e.pause(ctx, sb, true); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+				e.log.Error("auto-pause", "sandbox", sb.id, "err", err)
+			}
 		}
 	}
 }

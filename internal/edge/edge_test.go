@@ -78,6 +78,14 @@ func (f *fakeRuntime) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
+func (f *fakeRuntime) Pause(ctx context.Context, id string) (runc.PauseStats, error) {
+	return runc.PauseStats{}, nil
+}
+
+func (f *fakeRuntime) Resume(ctx context.Context, id string) (runc.ResumeStats, error) {
+	return runc.ResumeStats{}, nil
+}
+
 func (f *fakeRuntime) kill(id string, oom bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -115,3 +115,22 @@ func (c *Client) Trajectory(ctx context.Context, id string, after int64) ([]Traj
 		out = append(out, e)
 	}
 }
+
+// PauseSandbox freezes the sandbox and returns its memory to the host; its state becomes paused.
+// Any later call that uses the sandbox (exec, files) resumes it first.
+func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var out Sandbox
+	if err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "pause")}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ResumeSandbox brings a paused sandbox back to running.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var out Sandbox
+	if err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "resume")}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -9,6 +9,7 @@ import (
 const (
 	StateCreating = "creating"
 	StateRunning  = "running"
+	StatePaused   = "paused"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
 )
@@ -57,6 +58,12 @@ type CreateRequest struct {
 	IdleTTL string `json:"idle_ttl,omitempty"`
 	// Hostname defaults to the sandbox ID.
 	Hostname string `json:"hostname,omitempty"`
+	// AutoPauseAfter pauses the sandbox after this long without API activity and without a
+	// running command (instead of stopping it, which IdleTTL does). Go duration; empty: never.
+	AutoPauseAfter string `json:"auto_pause_after,omitempty"`
+	// PauseKeepsTTL (default true) makes paused time count against the hard TTL; false moves the
+	// expiry later by the time spent paused.
+	PauseKeepsTTL *bool `json:"pause_keeps_ttl,omitempty"`
 }
 
 // Sandbox is the API view of a sandbox.
@@ -81,6 +88,27 @@ type Sandbox struct {
 	IdleTTLSeconds int64     `json:"idle_ttl_seconds,omitempty"`
 	LastActivityAt time.Time `json:"last_activity_at"`
 	EndedAt        time.Time `json:"ended_at,omitzero"`
+	// AutoPauseAfterSeconds is 0 when the sandbox never pauses by itself.
+	AutoPauseAfterSeconds int64 `json:"auto_pause_after_seconds,omitempty"`
+	PauseKeepsTTL         bool  `json:"pause_keeps_ttl"`
+	// PausedAt is set while the sandbox is paused.
+	PausedAt time.Time `json:"paused_at,omitzero"`
+	// LastPause describes the last pause: how long it took and the memory it gave back.
+	LastPause *PauseInfo `json:"last_pause,omitempty"`
+}
+
+// PauseInfo reports what a pause did.
+type PauseInfo struct {
+	TookMs         float64 `json:"took_ms"`
+	MemoryBefore   int64   `json:"memory_before_bytes"`
+	MemoryAfter    int64   `json:"memory_after_bytes"`
+	MemoryReturned int64   `json:"memory_returned_bytes"`
+	// MemorySwapped is the part of MemoryReturned written to swap (the rest was page cache).
+	MemorySwapped int64 `json:"memory_swapped_bytes"`
+	// NoSwap says the host had no free swap, so only page cache could be returned.
+	NoSwap         bool    `json:"no_swap,omitempty"`
+	ResumeTookMs   float64 `json:"resume_took_ms,omitempty"`
+	AutomaticPause bool    `json:"automatic,omitempty"`
 }
 
 // TTLRequest is the body of POST /v1/sandboxes/{id}/ttl: the sandbox then expires TTL from now.

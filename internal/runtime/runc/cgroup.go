@@ -3,6 +3,7 @@ package runc
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -187,12 +188,56 @@ func (l *cgroupLayout) frozen(id string) bool {
 	return strings.TrimSpace(string(b)) != "THAWED" && len(b) > 0
 }
 
-func (l *cgroupLayout) thaw(id string) {
+// freeze asks the freezer to freeze the sandbox and waits until every process is frozen, polling
+// (neither v1 nor v2 has an event for it that a poll on a file would not need anyway) until
+// the deadline or ctx ends. On error the sandbox may be partly frozen: the caller thaws it.
+func (l *cgroupLayout) freeze(ctx context.Context, id string, timeout time.Duration) error {
+	file, val, want := filepath.Join(l.dir("freezer", id), "freezer.state"), "FROZEN", "FROZEN"
 	if l.mode == "v2" {
-		os.WriteFile(filepath.Join(l.dir("", id), "cgroup.freeze"), []byte("0"), 0)
-		return
+		file, val = filepath.Join(l.dir("", id), "cgroup.freeze"), "1"
 	}
-	os.WriteFile(filepath.Join(l.dir("freezer", id), "freezer.state"), []byte("THAWED"), 0)
+	if err := os.WriteFile(file, []byte(val), 0); err != nil {
+		return fmt.Errorf("freeze: %w", err)
+	}
+	deadline := time.Now().Add(timeout)
+	wait := 50 * time.Microsecond
+	for {
+		var done bool
+		if l.mode == "v2" {
+			// cgroup.freeze says what was asked; cgroup.events says whether it is done.
+			b, err := os.ReadFile(filepath.Join(l.dir("", id), "cgroup.events"))
+			if err != nil {
+				return fmt.Errorf("freeze: %w", err)
+			}
+			done = slices.Contains(strings.Split(string(b), "\n"), "frozen 1")
+		} else {
+			// Reading freezer.state is what moves it from FREEZING to FROZEN once all tasks are.
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return fmt.Errorf("freeze: %w", err)
+			}
+			done = strings.TrimSpace(string(b)) == want
+		}
+		if done {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("freeze: %w", err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("freeze: not every process froze within %v (one in uninterruptible sleep?)", timeout)
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 10*time.Millisecond)
+	}
+}
+
+// thaw undoes freeze. The kernel wakes every process before the write returns.
+func (l *cgroupLayout) thaw(id string) error {
+	if l.mode == "v2" {
+		return os.WriteFile(filepath.Join(l.dir("", id), "cgroup.freeze"), []byte("0"), 0)
+	}
+	return os.WriteFile(filepath.Join(l.dir("freezer", id), "freezer.state"), []byte("THAWED"), 0)
 }
 
 // killAll SIGKILLs every process in the sandbox's cgroup until none is left or the deadline

@@ -131,6 +131,14 @@ type Runtime struct {
 	stop    context.CancelFunc
 	wg      sync.WaitGroup // the refill goroutine
 	closeMu sync.Once
+
+	// bg ends when Close begins; it bounds the prefetches Resume leaves running.
+	bg         context.Context
+	prefetchMu sync.Mutex
+	prefetches map[string]*prefetchRun // running prefetch by sandbox ID; protected by prefetchMu
+	prefetchWG sync.WaitGroup          // the prefetch goroutines
+	// noPrefetch makes Resume skip the prefetch; only TestPauseLatency sets it, to measure it.
+	noPrefetch bool
 }
 
 // New checks the host and prepares a Runtime; see the package doc. ctx bounds only New itself;
@@ -152,6 +160,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: log, poolDir: filepath.Join(cfg.StateDir, ".pool")}
 	r.locks.m = map[string]*idLock{}
+	r.prefetches = map[string]*prefetchRun{}
 	r.agents.imgs = map[string]*agentImage{}
 
 	out, err := r.runcOutput(ctx, "--version")
@@ -193,7 +202,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		"state_dir", cfg.StateDir, "disk_pool", max(cfg.DiskPool, 0), "disk_bytes", cfg.DefaultDiskBytes)
 
 	poolCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	r.stop = stop
+	r.stop, r.bg = stop, poolCtx
 	r.ready = make(chan string, max(cfg.DiskPool, 0))
 	r.refill = make(chan struct{}, 1)
 	if cfg.DiskPool > 0 {
@@ -204,12 +213,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	return r, nil
 }
 
-// Close stops the pool refill and destroys the pool's disks. Sandboxes keep running.
+// Close stops the pool refill and any prefetch, and destroys the pool's disks. Sandboxes keep
+// running.
 func (r *Runtime) Close() error {
 	var err error
 	r.closeMu.Do(func() {
 		r.stop()
 		r.wg.Wait()
+		r.prefetchWG.Wait()
 		err = r.clearPool(context.Background())
 		if err == nil {
 			os.Remove(r.poolDir) // so that StateDir is empty when no sandbox is left

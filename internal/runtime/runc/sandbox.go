@@ -333,6 +333,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 // destroy removes every trace of id, whatever state it is in. Preconditions: id's lock is held.
 func (r *Runtime) destroy(ctx context.Context, id string) error {
 	start := time.Now()
+	r.stopPrefetch(id)
 	var errs []error
 	// Kill first, then a plain `runc delete`: with --force runc always signals and sleeps
 	// 100 ms before it looks again, even for a stopped container.

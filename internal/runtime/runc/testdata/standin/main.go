@@ -2,6 +2,10 @@
 // it inherits as fd 3, reads one shell command line per connection, runs it with /bin/sh -c and
 // answers {"out": combined output, "code": exit status} as one JSON line.
 //
+// Two built-in commands, run by the agent itself, hold memory for the pause tests: "@hold N"
+// maps N MiB of anonymous memory and writes a pseudo-random pattern over it (again, dirtying
+// every page, when repeated); "@check" verifies the pattern and answers "ok N MiB".
+//
 // It does what the real agent must do as a sandbox's init: become non-dumpable, close fd 4 (its
 // own binary), keep fd 3 away from children, and reap every child, orphans included.
 package main
@@ -9,12 +13,16 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 )
 
 func main() {
@@ -125,9 +133,72 @@ func serve(c net.Conn) {
 	if err != nil {
 		return
 	}
-	out, code := run(line)
+	var out string
+	var code int
+	if strings.HasPrefix(line, "@") {
+		out, code = builtin(strings.Fields(line))
+	} else {
+		out, code = run(line)
+	}
 	json.NewEncoder(c).Encode(struct {
 		Out  string `json:"out"`
 		Code int    `json:"code"`
 	}{out, code})
+}
+
+// held is the memory of "@hold", outside the Go heap so that the collector never touches it.
+var (
+	heldMu sync.Mutex
+	held   []byte // protected by heldMu
+)
+
+func builtin(args []string) (string, int) {
+	heldMu.Lock()
+	defer heldMu.Unlock()
+	switch {
+	case len(args) == 2 && args[0] == "@hold":
+		mib, err := strconv.Atoi(args[1])
+		if err != nil || mib <= 0 || (held != nil && len(held) != mib<<20) {
+			return "usage: @hold MiB (the same MiB every time)", 2
+		}
+		if held == nil {
+			b, err := syscall.Mmap(-1, 0, mib<<20, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+			if err != nil {
+				return err.Error(), 1
+			}
+			held = b
+		}
+		pattern(words(held), true)
+		return fmt.Sprintf("held %d MiB", mib), 0
+	case len(args) == 1 && args[0] == "@check":
+		if bad := pattern(words(held), false); bad >= 0 {
+			return fmt.Sprintf("mismatch at byte %d", bad*8), 1
+		}
+		return fmt.Sprintf("ok %d MiB", len(held)>>20), 0
+	}
+	return "unknown built-in", 2
+}
+
+func words(b []byte) []uint64 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)
+}
+
+// pattern writes a pseudo-random sequence (xorshift64) over u, or compares u with it and returns
+// the index of the first word that differs; -1 when none does (or when it wrote).
+func pattern(u []uint64, write bool) int {
+	x := uint64(0x9E3779B97F4A7C15)
+	for i := range u {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		if write {
+			u[i] = x
+		} else if u[i] != x {
+			return i
+		}
+	}
+	return -1
 }

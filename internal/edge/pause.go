@@ -1,0 +1,142 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Pause and resume. A paused sandbox's processes are frozen and its memory pushed out to swap
+// by the runtime; the record says paused. Any data-plane call resumes it first (see active); the
+// reaper never counts paused time as idle, and counts it against the hard TTL unless the sandbox
+// was created with pause_keeps_ttl=false, in which case resume moves the expiry later by the time
+// spent paused. A paused sandbox survives a restart of corral and is re-adopted paused.
+
+// Pause pauses a running sandbox.
+func (e *Edge) Pause(ctx context.Context, id string) (*store.Sandbox, error) {
+	sb, err := e.liveSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return e.pause(ctx, sb, false)
+}
+
+// Resume resumes a paused sandbox.
+func (e *Edge) Resume(ctx context.Context, id string) (*store.Sandbox, error) {
+	sb, err := e.liveSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := e.resume(ctx, sb, true)
+	if err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// liveSandbox returns the live sandbox id, or a not-found or conflict error naming its state.
+func (e *Edge) liveSandbox(ctx context.Context, id string) (*sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	if sb := e.lookup(id); sb != nil {
+		return sb, nil
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return nil, errdefs.Conflict("sandbox %s is %s (%s)", id, rec.State, rec.Reason)
+}
+
+func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (*store.Sandbox, error) {
+	ctx = context.WithoutCancel(ctx)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return nil, errdefs.Conflict("sandbox %s stopped", sb.id)
+	}
+	if sb.paused.Load() {
+		return nil, errdefs.Conflict("sandbox %s is already paused", sb.id)
+	}
+	rec, err := e.store.GetSandbox(ctx, sb.id)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	st, err := e.rt.Pause(ctx, sb.id)
+	if err != nil {
+		return nil, fmt.Errorf("pause sandbox %s: %w", sb.id, err)
+	}
+	info := pauseInfo(st)
+	info.TookMs = float64(time.Since(start).Microseconds()) / 1000
+	info.AutomaticPause = automatic
+	rec.State, rec.PausedAt, rec.LastPause = corral.StatePaused, time.Now().UTC(), &info
+	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		// The store must not say running while the sandbox is frozen: thaw it again.
+		e.rt.Resume(ctx, sb.id)
+		return nil, err
+	}
+	sb.paused.Store(true)
+	e.log.Info("sandbox paused", "sandbox", sb.id, "automatic", automatic, "took_ms", info.TookMs,
+		"memory_returned", info.MemoryReturned, "memory_before", info.MemoryBefore)
+	return rec, nil
+}
+
+// resume thaws a paused sandbox. explicit says a client asked for it by name (a conflict if it is
+// not paused); otherwise it is the transparent resume of a data-plane call.
+func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (*store.Sandbox, error) {
+	ctx = context.WithoutCancel(ctx)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return nil, errdefs.Conflict("sandbox %s stopped", sb.id)
+	}
+	if !sb.paused.Load() {
+		if explicit {
+			return nil, errdefs.Conflict("sandbox %s is running, not paused", sb.id)
+		}
+		return nil, nil
+	}
+	rec, err := e.store.GetSandbox(ctx, sb.id)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if _, err := e.rt.Resume(ctx, sb.id); err != nil {
+		return nil, fmt.Errorf("resume sandbox %s: %w", sb.id, err)
+	}
+	took := time.Since(start)
+	if !rec.PauseKeepsTTL && !rec.PausedAt.IsZero() {
+		rec.ExpiresAt = rec.ExpiresAt.Add(time.Since(rec.PausedAt))
+		sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
+	}
+	if rec.LastPause != nil {
+		rec.LastPause.ResumeTookMs = float64(took.Microseconds()) / 1000
+	}
+	rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
+	sb.touch() // paused time is not idle time
+	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		e.log.Error("record resume", "sandbox", sb.id, "err", err)
+	}
+	sb.paused.Store(false)
+	e.log.Info("sandbox resumed", "sandbox", sb.id, "explicit", explicit, "took_ms", float64(took.Microseconds())/1000)
+	return rec, nil
+}
+
+func pauseInfo(st runc.PauseStats) corral.PauseInfo {
+	return corral.PauseInfo{
+		MemoryBefore:   int64(st.MemoryBefore),
+		MemoryAfter:    int64(st.MemoryAfter),
+		MemoryReturned: int64(st.MemoryReturned),
+		MemorySwapped:  int64(st.Swapped),
+		NoSwap:         st.NoSwap,
+	}
+}
