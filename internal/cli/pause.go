@@ -11,12 +11,16 @@ import (
 // newPauseCmd returns `corral pause ID`; newResumeCmd `corral resume ID`.
 func (a *app) newPauseCmd() *cobra.Command {
 	return a.lifecycleCmd("pause", "Pause a sandbox: freeze its processes and return its memory to the host",
-		func(c *corral.Client, ctx context.Context, id string) (*corral.Sandbox, error) { return c.PauseSandbox(ctx, id) })
+		func(c *corral.Client, ctx context.Context, id string) (*corral.Sandbox, error) {
+			return c.PauseSandbox(ctx, id)
+		})
 }
 
 func (a *app) newResumeCmd() *cobra.Command {
 	return a.lifecycleCmd("resume", "Resume a paused sandbox (any exec or file call also resumes it)",
-		func(c *corral.Client, ctx context.Context, id string) (*corral.Sandbox, error) { return c.ResumeSandbox(ctx, id) })
+		func(c *corral.Client, ctx context.Context, id string) (*corral.Sandbox, error) {
+			return c.ResumeSandbox(ctx, id)
+		})
 }
 
 func (a *app) lifecycleCmd(verb, short string, do func(*corral.Client, context.Context, string) (*corral.Sandbox, error)) *cobra.Command {
