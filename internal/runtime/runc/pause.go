@@ -57,12 +57,18 @@ import (
 // hold its memory limit in RAM plus what is still in swap; Resume's prefetch makes that window
 // short.
 //
-// Resume thaws the sandbox and returns; a goroutine then asks the kernel to read back from swap
-// the anonymous and tmpfs memory of every process in the sandbox (process_madvise
-// MADV_WILLNEED over the ranges read from /proc/<pid>/maps while still frozen), racing the
-// thawed processes. Reads queued in bulk go at the disk's streaming speed instead of one page
-// fault at a time. Pages that belong to no process (a tmpfs file nobody maps) come back when
-// touched. Pause and Delete of the sandbox, and Close, cancel the prefetch and wait for it.
+// Resume thaws the sandbox and returns. A goroutine then brings the memory back, racing the
+// thawed processes, in two passes over the anonymous and tmpfs mappings of every process in the
+// sandbox (read from /proc/<pid>/maps while still frozen):
+//
+//  1. prefetch: process_madvise(MADV_WILLNEED) queues the reads of everything in swap at once,
+//     so they go at the disk's streaming speed rather than one page fault at a time;
+//  2. populate: the pages still mapped as swap entries (/proc/<pid>/pagemap) are read through
+//     /proc/<pid>/mem, which maps them into the process's page tables: it then takes no page
+//     fault for them, and a fault costs far more than the copy (~10 us here, in a VM).
+//
+// Pages that belong to no process (a tmpfs file nobody maps) come back when touched. Pause and
+// Delete of the sandbox, and Close, cancel the goroutine and wait for it (at most one batch).
 
 const (
 	// freezeTimeout bounds the wait for every process to freeze; a process stuck in
@@ -80,7 +86,7 @@ const (
 	// queues in tens of milliseconds, which bounds the wait for a cancelled prefetch.
 	prefetchIOVs  = 1024
 	prefetchBytes = 64 << 20
-	// populateChunk is the largest read of another process's memory at once.
+	// populateChunk is the largest read of another process's memory at once (the buffer).
 	populateChunk = 1 << 20
 )
 
@@ -410,23 +416,20 @@ func openPrefetchTarget(pid int) (t prefetchTarget, err error) {
 	if err != nil {
 		return t, err
 	}
-	defer func() {
-		if err != nil {
-			t.close()
-		}
-	}()
 	proc := "/proc/" + strconv.Itoa(pid)
-	if t.mem, err = os.Open(proc + "/mem"); err != nil {
-		return t, err
-	}
-	if t.pagemap, err = os.Open(proc + "/pagemap"); err != nil {
-		return t, err
-	}
 	b, err := os.ReadFile(proc + "/maps")
 	if err != nil {
+		t.close()
 		return t, err
 	}
 	t.iov = swapRanges(b)
+	// Without them (no CAP_SYS_PTRACE for a non-dumpable process) there is only no populate.
+	if t.mem, err = os.Open(proc + "/mem"); err == nil {
+		if t.pagemap, err = os.Open(proc + "/pagemap"); err != nil {
+			t.mem.Close()
+			t.mem = nil
+		}
+	}
 	return t, nil
 }
 
@@ -581,39 +584,43 @@ func (t prefetchTarget) prefetch(ctx context.Context) {
 }
 
 // populate maps t's pages that are still swap entries into its page tables, by reading them
-// through /proc/<pid>/mem (the kernel faults them in on the process's behalf): after prefetch
-// they are in memory already, and each page the process would otherwise fault on costs a
-// trap, which in a VM is many times the copy. /proc/<pid>/pagemap says which pages those are,
-// so nothing else is read (an untouched page would become a mapped zero page). Best effort,
-// stops when ctx ends.
+// through /proc/<pid>/mem (the kernel faults them in on the process's behalf). After prefetch
+// they are in memory already, but each page the process touches first would still cost it a
+// page fault, and a fault's trap costs many times the copy, in a VM above all.
+// /proc/<pid>/pagemap says which pages those are, so nothing else is read (an untouched page
+// would become a mapped zero page). Best effort; stops when ctx ends.
 func (t prefetchTarget) populate(ctx context.Context, buf []byte) {
-	const pmSwapped = 1 << 62
+	if t.mem == nil {
+		return
+	}
+	const pmSwapped = 1 << 62 // pagemap: the entry is a swap entry
 	page := uintptr(os.Getpagesize())
-	entries := make([]byte, 8*(len(buf)/int(page)))
+	entries := make([]byte, 8*(prefetchBytes/page))
+	swapped := func(i int) bool { return binary.LittleEndian.Uint64(entries[8*i:])&pmSwapped != 0 }
 	for _, v := range t.iov {
 		for addr, end := v.base, v.base+v.len; addr < end; {
 			if ctx.Err() != nil {
 				return
 			}
 			n := min((end-addr)/page, uintptr(len(entries)/8))
-			got, err := t.pagemap.ReadAt(entries[:8*n], int64(addr/page*8))
-			if got < 8 || (err != nil && got < int(8*n)) {
-				break // gone or unmapped meanwhile
+			got, _ := t.pagemap.ReadAt(entries[:8*n], int64(addr/page*8))
+			if got < 8 {
+				break // the process is gone, or the range was unmapped meanwhile
 			}
-			// Read each run of swapped pages in one go.
-			for i := 0; i < got/8; {
-				if binary.LittleEndian.Uint64(entries[8*i:])&pmSwapped == 0 {
+			got /= 8
+			for i := 0; i < got; {
+				if !swapped(i) {
 					i++
 					continue
 				}
 				j := i + 1
-				for j < got/8 && binary.LittleEndian.Uint64(entries[8*j:])&pmSwapped != 0 {
+				for j < got && swapped(j) && uintptr(j-i)*page < uintptr(len(buf)) {
 					j++
 				}
 				t.mem.ReadAt(buf[:uintptr(j-i)*page], int64(addr+uintptr(i)*page))
 				i = j
 			}
-			addr += uintptr(got/8) * page
+			addr += uintptr(got) * page
 		}
 	}
 }
