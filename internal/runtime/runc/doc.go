@@ -14,6 +14,8 @@
 //	agent.sock   the listening unix socket whose fd the agent inherits as fd 3
 //	init.pid     the agent's host pid, written by runc
 //	runc.log     runc's own log (JSON lines); its last error is quoted in Create's error
+//	pause.json   the memory settings a Pause changes, saved while it runs (see pause.go); found
+//	             later, it is a crashed Pause's, and Resume or the next Pause restores them
 //
 // The container's cgroups are <CgroupParent>/<id> in every mounted hierarchy (cgroupfs driver),
 // runc's state is <RuncRoot>/<id>. StateDir, RuncRoot and CgroupParent belong to one Runtime: it
@@ -70,14 +72,28 @@
 //	          unmounts the overlay and the disk (their loop device detaches itself: autoclear),
 //	          removes the cgroups, runc's state and the directory. Deleting an unknown ID returns
 //	          nil. On error some state may remain; calling Delete again continues from there.
+//	Pause     freezes every process (cgroup freezer, waiting until all are frozen, at most 5 s),
+//	          then has the kernel reclaim the sandbox's memory: anonymous and tmpfs pages to
+//	          swap, page cache dropped (pause.go says how, per cgroup version). The limits it
+//	          lowers meanwhile are restored before it returns. All-or-nothing: on error,
+//	          including a cancelled ctx, the sandbox is thawed again. No swap on the host is no
+//	          error: only page cache is returned, and PauseStats says so. Status reads paused.
+//	          errdefs.ErrConflict if it is paused already or stopped, ErrNotFound if unknown.
+//	Resume    thaws the sandbox and returns; a goroutine then reads its memory back from swap
+//	          (best effort). errdefs.ErrConflict if it is running or stopped, ErrNotFound if
+//	          unknown. A Runtime resumes what another (an earlier process) paused: the state is
+//	          the kernel's. Delete of a paused sandbox works as of any other.
 //	List      returns every ID with any state: a directory, runc state or a cgroup.
-//	Close     stops the pool refill and destroys the pool's disks; running sandboxes are left
-//	          running. The other methods keep working after it, Create without a pool.
+//	Close     stops the pool refill and the prefetches and destroys the pool's disks; running
+//	          sandboxes are left running, paused ones paused. The other methods keep working
+//	          after it, Create without a pool, Resume without a prefetch.
 //
 // # Concurrency
 //
 // All methods are safe for concurrent use. Operations on one ID are serialised by a per-ID lock
 // (Runtime.locks); different IDs proceed in parallel. The pool has one refill goroutine, owned by
 // the Runtime, started by New and stopped by Close; it is the only sender on Runtime.ready.
-// Lock order: an ID lock, then agentCache.mu; idLocks.mu is a leaf.
+// Resume leaves at most one prefetch goroutine per ID (Runtime.prefetches), which ends by itself,
+// or when Pause or Delete of that ID cancels it and waits, or when Close does.
+// Lock order: an ID lock, then agentCache.mu; idLocks.mu and Runtime.prefetchMu are leaves.
 package runc

@@ -80,7 +80,9 @@ const (
 	// under writeback, end the reclaim.
 	reclaimTries       = 4
 	reclaimMinProgress = 1 << 20
-	pauseFile          = "pause.json"
+	// reclaimWritebackWait bounds the time the reclaim waits for writes to swap to finish.
+	reclaimWritebackWait = 2 * time.Second
+	pauseFile            = "pause.json"
 	// prefetchIOVs and prefetchBytes bound one process_madvise call: at most IOV_MAX ranges,
 	// and a total that the kernel does not truncate (MAX_RW_COUNT, about 2 GiB) and that it
 	// queues in tens of milliseconds, which bounds the wait for a cancelled prefetch.
@@ -206,6 +208,7 @@ func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
 	case StateStopped:
 		return stats, errdefs.Conflict("sandbox %s is stopped, there is nothing to resume: Delete it", id)
 	}
+	r.stopPrefetch(id) // one of an earlier Resume, if something else froze the sandbox since
 	stats.InSwap = r.cg.swapUsage(id)
 	// Read the address ranges while every process is frozen: none can exit (so no pid is
 	// recycled between the pidfd and /proc/<pid>/maps) or change its mappings meanwhile.
@@ -278,6 +281,7 @@ func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err erro
 	if v2 {
 		usageFile = "memory.current"
 	}
+	var waited time.Duration // for writeback, in total
 	for stuck := 0; stuck < reclaimTries; {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("reclaim: %w", err)
@@ -311,8 +315,9 @@ func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err erro
 		// One pass of the kernel gives up while the pages it started writing to swap are still
 		// in flight (it moves them aside rather than wait): give the writes time, then retry.
 		// At the true floor the retries are cheap, since nothing reclaimable is left to scan.
-		time.Sleep(time.Millisecond << stuck)
-		if r.cg.mode == "v1" && memStat(d, "writeback") > 0 {
+		backoff := time.Millisecond << stuck
+		time.Sleep(backoff)
+		if waited += backoff; !v2 && memStat(d, "writeback") > 0 && waited < reclaimWritebackWait {
 			continue
 		}
 		stuck++
@@ -500,9 +505,15 @@ func (r *Runtime) startPrefetch(id string, targets []prefetchTarget) {
 	ctx, cancel := context.WithCancel(r.bg)
 	run := &prefetchRun{cancel: cancel, done: make(chan struct{})}
 	r.prefetchMu.Lock()
+	if r.bg.Err() != nil { // Close has begun
+		r.prefetchMu.Unlock()
+		cancel()
+		closeTargets(targets)
+		return
+	}
 	r.prefetches[id] = run
-	r.prefetchMu.Unlock()
 	r.prefetchWG.Add(1)
+	r.prefetchMu.Unlock()
 	go func() {
 		defer r.prefetchWG.Done()
 		defer close(run.done)

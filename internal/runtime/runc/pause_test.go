@@ -120,6 +120,19 @@ func TestPauseResume(t *testing.T) {
 		t.Errorf("%s left after the repair: %v", pauseFile, err)
 	}
 
+	// A Pause whose ctx ends leaves the sandbox running, its settings as they were.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := e.r.Pause(cctx, s.ID); !errors.Is(err, context.Canceled) {
+		t.Errorf("Pause with a cancelled ctx = %v, want context.Canceled", err)
+	}
+	if st, err := e.r.Status(ctx, s.ID); err != nil || st.State != StateRunning {
+		t.Errorf("Status after a cancelled Pause = %+v %v, want running", st, err)
+	}
+	if got := readFileTrim(t, knob); got != orig {
+		t.Errorf("%s after a cancelled Pause = %s, want %s", filepath.Base(knob), got, orig)
+	}
+
 	// A stopped sandbox can be neither paused nor resumed.
 	if err := unix.Kill(sb.Pid, unix.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -187,9 +200,9 @@ func TestPauseLatency(t *testing.T) {
 	okSh(t, sb.AgentSocket, "@check")
 	checkTime := time.Since(start)
 
-	var freeze, pauseD, resumeD, resumeNoPF, queued, readPF, readQueued, readNoPF []time.Duration
+	var freeze, pauseD, resumeD, resumeNoPF, prefetched, readPF, readPrefetched, readNoPF []time.Duration
 	var returned, swapped []float64
-	// Three ways to resume: prefetch and read at once; prefetch, wait until it is queued, read;
+	// Three ways to resume: prefetch and read at once; prefetch, wait until it is done, read;
 	// no prefetch, read.
 	for range n {
 		for mode := range 3 {
@@ -203,7 +216,7 @@ func TestPauseLatency(t *testing.T) {
 			e.r.noPrefetch = mode == 2
 			rs := resume(t, e, s.ID)
 			if mode == 1 {
-				queued = append(queued, waitPrefetch(t, e.r, s.ID))
+				prefetched = append(prefetched, waitPrefetch(t, e.r, s.ID))
 			}
 			start := time.Now()
 			okSh(t, sb.AgentSocket, "@check")
@@ -212,7 +225,7 @@ func TestPauseLatency(t *testing.T) {
 			case 0:
 				resumeD, readPF = append(resumeD, rs.Duration), append(readPF, read)
 			case 1:
-				resumeD, readQueued = append(resumeD, rs.Duration), append(readQueued, read)
+				resumeD, readPrefetched = append(resumeD, rs.Duration), append(readPrefetched, read)
 			case 2:
 				resumeNoPF, readNoPF = append(resumeNoPF, rs.Duration), append(readNoPF, read)
 			}
@@ -236,9 +249,38 @@ func TestPauseLatency(t *testing.T) {
 	t.Logf("Pause: total (with reclaim)   p50 %v  p99 %v", p(pauseD, 0.5), p(pauseD, 0.99))
 	t.Logf("Pause: returned / held        p50 %s  min %s; swapped / held p50 %s", pf(returned, 0.5), pf(returned, 0), pf(swapped, 0.5))
 	t.Logf("Resume                        p50 %v  p99 %v; without prefetch p50 %v", p(resumeD, 0.5), p(resumeD, 0.99), p(resumeNoPF, 0.5))
-	t.Logf("prefetch queued after Resume  p50 %v  p99 %v (in the background)", p(queued, 0.5), p(queued, 0.99))
-	t.Logf("first full read after Resume  p50 %v with prefetch, %v after the prefetch was queued, %v without",
-		p(readPF, 0.5), p(readQueued, 0.5), p(readNoPF, 0.5))
+	t.Logf("prefetch done after Resume    p50 %v  p99 %v (in the background)", p(prefetched, 0.5), p(prefetched, 0.99))
+	t.Logf("first full read after Resume  p50 %v with prefetch, %v after the prefetch was done, %v without",
+		p(readPF, 0.5), p(readPrefetched, 0.5), p(readNoPF, 0.5))
+}
+
+func TestSwapRanges(t *testing.T) {
+	maps := `55d0c4a00000-55d0c4a21000 r--p 00000000 08:01 1835029                    /usr/bin/app
+55d0c4c21000-55d0c4c42000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0008000000 rw-p 00000000 00:00 0 
+7f0008000000-7f0008001000 ---p 00000000 00:00 0 
+7f0010000000-7f0010100000 rw-s 00000000 00:1a 12                         /dev/shm/buf
+7f0020000000-7f0020001000 rw-p 00001000 07:03 99                         /lib/libc.so.6
+7f0030000000-7f0030002000 rw-p 00000000 00:00 0                          [anon:arena]
+7ffd1c000000-7ffd1c021000 rw-p 00000000 00:00 0                          [stack]
+7ffd1c1fe000-7ffd1c200000 r--p 00000000 00:00 0                          [vvar]
+7ffd1c200000-7ffd1c202000 r-xp 00000000 00:00 0                          [vdso]
+bogus line
+`
+	var got []string
+	for _, v := range swapRanges([]byte(maps)) {
+		got = append(got, fmt.Sprintf("%x+%x", v.base, v.len))
+	}
+	want := []string{
+		"55d0c4c21000+21000",                           // heap
+		"7f0000000000+4000000", "7f0004000000+4000000", // 128 MiB anonymous, in prefetchBytes pieces
+		"7f0010000000+100000", // tmpfs
+		"7f0030000000+2000",   // named anonymous
+		"7ffd1c000000+21000",  // stack
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("swapRanges = %v, want %v", got, want)
+	}
 }
 
 // waitPrefetch waits until id's background prefetch has ended and returns how long it waited.

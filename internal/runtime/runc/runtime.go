@@ -218,7 +218,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 func (r *Runtime) Close() error {
 	var err error
 	r.closeMu.Do(func() {
+		// Under prefetchMu: a Resume then either started its prefetch already or sees bg ended.
+		r.prefetchMu.Lock()
 		r.stop()
+		r.prefetchMu.Unlock()
 		r.wg.Wait()
 		r.prefetchWG.Wait()
 		err = r.clearPool(context.Background())
