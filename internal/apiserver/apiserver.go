@@ -70,6 +70,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	api.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	api.HandleFunc("POST /v1/sandboxes/{id}/ttl", s.setTTL)
+	api.HandleFunc("POST /v1/sandboxes/{id}/snapshot", s.snapshot)
 	api.HandleFunc("POST /v1/sandboxes/{id}/pause", s.lifecycle(s.edge.Pause))
 	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.lifecycle(s.edge.Resume))
 	api.HandleFunc("POST /v1/layers", s.importLayer)
@@ -236,6 +237,22 @@ func (s *Server) lifecycle(do func(context.Context, string) (*store.Sandbox, err
 		}
 		httpjson.Write(w, http.StatusOK, rec.Sandbox)
 	}
+}
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
+	var req corral.SnapshotRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.importMu.Lock() // a snapshot publishes a layer, like an import
+	defer s.importMu.Unlock()
+	l, err := s.edge.Snapshot(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusCreated, l)
 }
 
 func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {

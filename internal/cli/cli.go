@@ -191,6 +191,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newLogCmd(),
 		a.newPauseCmd(),
 		a.newResumeCmd(),
+		a.newSnapshotCmd(),
 	)
 	return root
 }

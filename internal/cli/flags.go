@@ -103,6 +103,7 @@ type createFlags struct {
 	hostname                  string
 	autoPause                 string
 	pauseKeepsTTL             bool
+	fromSnapshot              string
 }
 
 // add registers the flags on fs; the default base is $CORRAL_BASE or base:default.
@@ -125,6 +126,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&f.ttl, "ttl", "", "lifetime, e.g. 30m (default: the server's)")
 	fs.StringVar(&f.idleTTL, "idle-ttl", "", "stop after this long without activity, e.g. 10m")
 	fs.StringVar(&f.hostname, "hostname", "", "hostname inside the sandbox (default: its ID)")
+	fs.StringVar(&f.fromSnapshot, "from-snapshot", "", "start from a snapshot layer NAME:VERSION (its environment comes with it)")
 	fs.StringVar(&f.autoPause, "auto-pause-after", "", "pause (not stop) after this long without activity, e.g. 10m")
 	fs.BoolVar(&f.pauseKeepsTTL, "pause-keeps-ttl", true, "paused time counts against the TTL (false: the expiry moves later by the time paused)")
 }
@@ -142,6 +144,14 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		Limits:    corral.Limits{CPUs: f.cpus, Pids: f.pids, OpenFiles: f.openFiles},
 
 		AutoPauseAfter: f.autoPause,
+		FromSnapshot:   f.fromSnapshot,
+	}
+	if f.fromSnapshot != "" {
+		// The snapshot brings its environment: the default base does not apply.
+		req.Base = ""
+		if err := checkRef("from-snapshot", f.fromSnapshot); err != nil {
+			return req, err
+		}
 	}
 	if !f.pauseKeepsTTL {
 		req.PauseKeepsTTL = &f.pauseKeepsTTL

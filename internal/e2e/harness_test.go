@@ -302,7 +302,7 @@ func withBase(t *testing.T, extra ...string) *corralProc {
 // create makes a sandbox on base:test, deleted at the end of the test.
 func (p *corralProc) create(req corral.CreateRequest) *corral.Sandbox {
 	p.t.Helper()
-	if req.Base == "" {
+	if req.Base == "" && req.FromSnapshot == "" {
 		req.Base = "base:test"
 	}
 	sb, err := p.Client.CreateSandbox(context.Background(), req)

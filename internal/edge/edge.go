@@ -18,6 +18,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -44,11 +46,17 @@ type Runtime interface {
 	List(ctx context.Context) ([]string, error)
 	Pause(ctx context.Context, id string) (runc.PauseStats, error)
 	Resume(ctx context.Context, id string) (runc.ResumeStats, error)
+	Freeze(ctx context.Context, id string) error
+	Thaw(ctx context.Context, id string) error
+	UpperDir(id string) (string, error)
 }
 
-// LayerPaths resolves layer digests to directories usable as overlay lower dirs.
-type LayerPaths interface {
+// LayerStore holds layer trees: it resolves digests to directories usable as overlay lower dirs
+// and stores new trees (snapshots). internal/layers implements it.
+type LayerStore interface {
 	Path(digest string) (string, error)
+	ImportTar(ctx context.Context, r io.Reader) (layers.Blob, error)
+	Remove(digest string) error
 }
 
 // Config configures an Edge. Zero fields take the defaults documented on each.
@@ -134,7 +142,7 @@ type Edge struct {
 	log    *slog.Logger
 	store  *store.Store
 	rt     Runtime
-	layers LayerPaths
+	layers LayerStore
 
 	mu sync.Mutex
 	// live holds the sandboxes in state creating or running on this node. Protected by mu.
@@ -187,7 +195,7 @@ func newSandbox(rec *store.Sandbox, socket string) *sandbox {
 }
 
 // New returns an Edge. Call Start to re-adopt existing sandboxes and start the reaper.
-func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers LayerPaths) (*Edge, error) {
+func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers LayerStore) (*Edge, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge config: %w", err)
@@ -412,12 +420,33 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
 		return nil, nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
 	}
+	var snap corral.Layer
+	if req.FromSnapshot != "" {
+		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 {
+			return nil, nil, errdefs.Invalid("from_snapshot", "cannot be combined with base, workspace or toolkits: a snapshot brings its own environment")
+		}
+		name, version, err := ParseLayerRef("from_snapshot", req.FromSnapshot)
+		if err != nil {
+			return nil, nil, err
+		}
+		snap, err = e.store.GetLayer(ctx, name, version)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, nil, errdefs.Invalid("from_snapshot", "layer %s is not published (see `corral layer ls`)", req.FromSnapshot)
+		} else if err != nil {
+			return nil, nil, err
+		}
+		if snap.Kind != corral.KindSnapshot || snap.Snapshot == nil {
+			return nil, nil, errdefs.Invalid("from_snapshot", "layer %s is a %s layer, not a snapshot", req.FromSnapshot, snap.Kind)
+		}
+		req.Base, req.Workspace, req.Toolkits = snap.Snapshot.Base, snap.Snapshot.Workspace, snap.Snapshot.Toolkits
+	}
 	if req.Base == "" {
 		return nil, nil, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
 	}
 	if len(req.Toolkits) > 32 {
 		return nil, nil, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(req.Toolkits))
 	}
+	// Bottom to top: base, workspace, toolkits in order, then a snapshot's chain and the snapshot.
 	type ref struct{ field, ref, kind string }
 	refs := []ref{{"base", req.Base, corral.KindBase}}
 	if req.Workspace != "" {
@@ -425,6 +454,12 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 	}
 	for i, t := range req.Toolkits {
 		refs = append(refs, ref{fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit})
+	}
+	if req.FromSnapshot != "" {
+		for _, p := range snap.Snapshot.Parents {
+			refs = append(refs, ref{"from_snapshot", p, corral.KindSnapshot})
+		}
+		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
 	}
 	var lower, digests []string
 	for _, r := range refs {
@@ -458,7 +493,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 		Sandbox: corral.Sandbox{
 			ID: id, Node: e.cfg.Node, Tier: "container", Runtime: "runc",
 			State: corral.StateCreating,
-			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits,
+			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot,
 			Limits: limits, Env: req.Env, Labels: req.Labels, Hostname: host,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,

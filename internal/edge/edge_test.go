@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -86,6 +88,10 @@ func (f *fakeRuntime) Resume(ctx context.Context, id string) (runc.ResumeStats, 
 	return runc.ResumeStats{}, nil
 }
 
+func (f *fakeRuntime) Freeze(ctx context.Context, id string) error { return nil }
+func (f *fakeRuntime) Thaw(ctx context.Context, id string) error   { return nil }
+func (f *fakeRuntime) UpperDir(id string) (string, error)          { return "", errdefs.NotFound("upper") }
+
 func (f *fakeRuntime) kill(id string, oom bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -98,6 +104,12 @@ func (f *fakeRuntime) kill(id string, oom bool) {
 type fakeLayers struct{}
 
 func (fakeLayers) Path(digest string) (string, error) { return "/layers/" + digest, nil }
+
+func (fakeLayers) ImportTar(ctx context.Context, r io.Reader) (layers.Blob, error) {
+	return layers.Blob{}, errors.New("fakeLayers: no import")
+}
+
+func (fakeLayers) Remove(digest string) error { return nil }
 
 func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
 	t.Helper()

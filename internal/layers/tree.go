@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"slices"
 	"strconv"
@@ -135,6 +136,9 @@ func (w *walker) dir(fd int, rel, root string) error {
 			}
 		}
 		if err := w.fn(n); err != nil {
+			if err == fs.SkipDir {
+				continue // the callback leaves out this entry and everything below it
+			}
 			return err
 		}
 		if typ == unix.S_IFDIR {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"strings"
@@ -31,9 +32,22 @@ import (
 // with ".wh." cannot be represented and fails the call with errdefs.ErrInvalid. Symlinks are never
 // followed below dir. Reading other users' files needs the rights to read them.
 func WriteTar(ctx context.Context, dir string, w io.Writer) error {
+	return WriteTarExcluding(ctx, dir, w, nil)
+}
+
+// WriteTarExcluding is WriteTar leaving out every entry whose path relative to dir is in exclude
+// or below one that is (paths relative, cleaned, without a leading "/").
+func WriteTarExcluding(ctx context.Context, dir string, w io.Writer, exclude []string) error {
 	tw := tar.NewWriter(w)
 	buf := make([]byte, 1<<20)
+	excluded := make(map[string]bool, len(exclude))
+	for _, e := range exclude {
+		excluded[e] = true
+	}
 	err := walkTree(ctx, dir, func(n *node) error {
+		if excluded[n.rel] {
+			return fs.SkipDir
+		}
 		typ := n.typ()
 		if typ == unix.S_IFSOCK {
 			return nil

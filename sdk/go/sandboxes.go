@@ -134,3 +134,13 @@ func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error)
 	}
 	return &out, nil
 }
+
+// Snapshot publishes the sandbox's writable layer (its changes on top of its layers) as a layer
+// of kind snapshot; CreateRequest.FromSnapshot starts new sandboxes from it.
+func (c *Client) Snapshot(ctx context.Context, id string, req SnapshotRequest) (*Layer, error) {
+	var out Layer
+	if err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "snapshot"), json: req}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

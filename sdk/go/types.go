@@ -58,6 +58,9 @@ type CreateRequest struct {
 	IdleTTL string `json:"idle_ttl,omitempty"`
 	// Hostname defaults to the sandbox ID.
 	Hostname string `json:"hostname,omitempty"`
+	// FromSnapshot creates the sandbox from a snapshot layer NAME:VERSION: its environment and the
+	// snapshot chain below it. Base, Workspace and Toolkits must then be empty.
+	FromSnapshot LayerRef `json:"from_snapshot,omitempty"`
 	// AutoPauseAfter pauses the sandbox after this long without API activity and without a
 	// running command (instead of stopping it, which IdleTTL does). Go duration; empty: never.
 	AutoPauseAfter string `json:"auto_pause_after,omitempty"`
@@ -88,6 +91,8 @@ type Sandbox struct {
 	IdleTTLSeconds int64     `json:"idle_ttl_seconds,omitempty"`
 	LastActivityAt time.Time `json:"last_activity_at"`
 	EndedAt        time.Time `json:"ended_at,omitzero"`
+	// FromSnapshot names the snapshot the sandbox was made from, if any.
+	FromSnapshot LayerRef `json:"from_snapshot,omitempty"`
 	// AutoPauseAfterSeconds is 0 when the sandbox never pauses by itself.
 	AutoPauseAfterSeconds int64 `json:"auto_pause_after_seconds,omitempty"`
 	PauseKeepsTTL         bool  `json:"pause_keeps_ttl"`
@@ -213,7 +218,32 @@ const (
 	KindBase      = "base"
 	KindWorkspace = "workspace"
 	KindToolkit   = "toolkit"
+	// KindSnapshot layers come only from POST /v1/sandboxes/{id}/snapshot.
+	KindSnapshot = "snapshot"
 )
+
+// SnapshotOf records what a snapshot layer sits on: the environment of the sandbox it was taken
+// from, and the snapshots below it (bottom first) when that sandbox was itself made from one.
+type SnapshotOf struct {
+	Base      LayerRef   `json:"base"`
+	Workspace LayerRef   `json:"workspace,omitempty"`
+	Toolkits  []LayerRef `json:"toolkits,omitempty"`
+	Parents   []LayerRef `json:"parents,omitempty"`
+	// Sandbox is the sandbox the snapshot was taken from.
+	Sandbox string `json:"sandbox"`
+	// Excluded lists the paths whose changes were left out.
+	Excluded []string `json:"excluded,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshot.
+type SnapshotRequest struct {
+	// Name and Version publish the snapshot as a layer NAME:VERSION of kind snapshot.
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	// Exclude leaves out the sandbox's changes under these absolute paths (build leftovers,
+	// answers), so they never reach the sandboxes made from the snapshot.
+	Exclude []string `json:"exclude,omitempty"`
+}
 
 // Layer is a published, immutable layer version.
 type Layer struct {
@@ -225,6 +255,8 @@ type Layer struct {
 	Files     int64             `json:"files"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
+	// Snapshot is set on layers of kind snapshot.
+	Snapshot *SnapshotOf `json:"snapshot,omitempty"`
 }
 
 // Info is the answer of GET /v1/info.

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/spf13/cobra"
+)
+
+// newSnapshotCmd returns `corral snapshot ID --name N:V [--exclude PATH ...]`.
+func (a *app) newSnapshotCmd() *cobra.Command {
+	var name string
+	var exclude []string
+	cmd := &cobra.Command{
+		Use:   "snapshot ID --name NAME:VERSION [--exclude PATH ...]",
+		Short: "Publish a sandbox's changes as a snapshot layer (create --from-snapshot starts sandboxes from it)",
+		Args:  exactArgs(1, "a sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, v, ok := strings.Cut(name, ":")
+			if !ok || n == "" || v == "" {
+				return usagef("--name must be NAME:VERSION, not %q", name)
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			l, err := c.Snapshot(cmd.Context(), args[0], corral.SnapshotRequest{Name: n, Version: v, Exclude: exclude})
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(l)
+			}
+			fmt.Fprintf(a.stdout, "%s:%s %s %s %d files\n", l.Name, l.Version, l.Digest, formatBytes(l.Size), l.Files)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "publish as NAME:VERSION (required)")
+	cmd.Flags().StringArrayVar(&exclude, "exclude", nil, "leave out the changes under this absolute path (repeatable)")
+	cmd.MarkFlagRequired("name")
+	return cmd
+}

@@ -1,0 +1,127 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/layers"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Snapshots (pack_diff). A snapshot is the sandbox's writable layer — what it changed on top of
+// its layers, deletions as whiteouts — published as an immutable layer of kind snapshot that
+// records the environment below it. The sandbox is frozen (or already paused) while its upper
+// dir is read, so no half-written state is packed. A sandbox made from a snapshot stacks the
+// environment, the snapshot's parents and the snapshot; a snapshot of such a sandbox stores only
+// its own diff and lists the chain below it.
+
+// maxExcludes bounds the exclusion list of one snapshot.
+const maxExcludes = 256
+
+// Snapshot publishes the writable layer of sandbox id as name:version.
+func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotRequest) (corral.Layer, error) {
+	if err := ValidateLayerName("name", req.Name, req.Version); err != nil {
+		return corral.Layer{}, err
+	}
+	excludes, err := cleanExcludes(req.Exclude)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	if _, err := e.store.GetLayer(ctx, req.Name, req.Version); err == nil {
+		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published; versions are immutable, publish a new version", req.Name, req.Version)
+	}
+	sb, err := e.liveSandbox(ctx, id)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return corral.Layer{}, errdefs.Conflict("sandbox %s stopped", id)
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	upper, err := e.rt.UpperDir(id)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	start := time.Now()
+	if !sb.paused.Load() {
+		if err := e.rt.Freeze(ctx, id); err != nil {
+			return corral.Layer{}, err
+		}
+		defer e.rt.Thaw(ctx, id)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(layers.WriteTarExcluding(ctx, upper, pw, excludes)) }()
+	blob, err := e.layers.ImportTar(ctx, pr)
+	pr.CloseWithError(err)
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	frozen := time.Since(start)
+	of := &corral.SnapshotOf{Base: rec.Base, Workspace: rec.Workspace, Toolkits: rec.Toolkits, Sandbox: id}
+	if rec.FromSnapshot != "" {
+		name, version, _ := ParseLayerRef("from_snapshot", rec.FromSnapshot)
+		parent, err := e.store.GetLayer(ctx, name, version)
+		if err != nil {
+			return corral.Layer{}, fmt.Errorf("snapshot sandbox %s: parent snapshot: %w", id, err)
+		}
+		if parent.Snapshot != nil {
+			of.Parents = append(append(of.Parents, parent.Snapshot.Parents...), rec.FromSnapshot)
+		}
+	}
+	for _, x := range excludes {
+		of.Excluded = append(of.Excluded, "/"+x)
+	}
+	l, created, err := e.store.PublishLayer(ctx, corral.Layer{
+		Name: req.Name, Version: req.Version, Kind: corral.KindSnapshot, Digest: blob.Digest,
+		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), Snapshot: of,
+	})
+	if err != nil {
+		if inUse, e2 := e.store.LayerDigestInUse(ctx, blob.Digest); e2 == nil && !inUse {
+			e.layers.Remove(blob.Digest)
+		}
+		return corral.Layer{}, err
+	}
+	if !created {
+		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published", req.Name, req.Version)
+	}
+	e.log.Info("snapshot published", "sandbox", id, "layer", req.Name+":"+req.Version, "digest", blob.Digest,
+		"bytes", blob.Size, "files", blob.Files, "frozen", frozen)
+	return l, nil
+}
+
+// cleanExcludes validates exclusion paths (absolute, inside the rootfs) and returns them
+// relative to the root, cleaned.
+func cleanExcludes(in []string) ([]string, error) {
+	if len(in) > maxExcludes {
+		return nil, errdefs.Invalid("exclude", "at most %d paths, got %d", maxExcludes, len(in))
+	}
+	out := make([]string, 0, len(in))
+	for i, p := range in {
+		field := fmt.Sprintf("exclude[%d]", i)
+		if err := checkPath(field, p); err != nil {
+			return nil, err
+		}
+		for _, part := range strings.Split(p, "/") {
+			if part == ".." {
+				return nil, errdefs.Invalid(field, "%q leaves the sandbox's root filesystem", p)
+			}
+		}
+		c := strings.TrimPrefix(path.Clean(p), "/")
+		if c == "" {
+			return nil, errdefs.Invalid(field, "excluding / would leave nothing to snapshot")
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
