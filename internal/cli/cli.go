@@ -192,6 +192,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newPauseCmd(),
 		a.newResumeCmd(),
 		a.newSnapshotCmd(),
+		a.newReplayCmd(),
 	)
 	return root
 }

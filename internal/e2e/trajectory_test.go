@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,22 @@ func TestTrajectoryStepReplay(t *testing.T) {
 	}
 	if lines < 8 {
 		t.Fatalf("corral log printed %d entries, want every call", lines)
+	}
+
+	// corral replay re-runs the exec steps in a fresh sandbox: all match here, and a step whose
+	// result depends on state the log cannot carry (a file written through the API) differs.
+	logFile := t.TempDir() + "/trajectory.jsonl"
+	if err := os.WriteFile(logFile, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rout, rerr, code := p.cli("", "replay", logFile, "--base", "base:test")
+	if code != 0 || !strings.Contains(rout, "same") || !strings.Contains(rout, "skipped") {
+		t.Fatalf("corral replay: exit %d\n%s\n%s", code, rout, rerr)
+	}
+	p.sh(sb.ID, "cat /root/f")
+	out, _, _ = p.cli("", "log", sb.ID, "-o", "json")
+	os.WriteFile(logFile, []byte(out), 0o644)
+	if rout, _, code = p.cli("", "replay", logFile, "--base", "base:test"); code != 1 || !strings.Contains(rout, "DIFFERS") {
+		t.Fatalf("replay of a step that reads an API-written file: exit %d\n%s", code, rout)
 	}
 }
