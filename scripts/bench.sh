@@ -22,5 +22,6 @@ scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 mkdir -p bench-out
 corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
+corral bench lifecycle --base base:bench ${BENCH_LIFECYCLE_ARGS:-} | tee bench-out/lifecycle.json
 echo
 echo "corral up log: $(grep -c . "$work/corral.log") lines; errors:"; grep -c 'level=ERROR' "$work/corral.log" || true

@@ -57,5 +57,31 @@ func (a *app) newBenchCmd() *cobra.Command {
 	f.IntVar(&cfg.Idle, "idle", 200, "idle sandboxes for the memory measure (0 skips it)")
 	f.BoolVar(&jsonOut, "json", false, "print the result as JSON (same as -o json)")
 	cmd.AddCommand(container)
+
+	var lc bench.LifecycleConfig
+	lifecycle := &cobra.Command{
+		Use:   "lifecycle",
+		Short: "Step replay vs execution, snapshots, create-from-snapshot vs create-from-base, pause/resume",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := bench.Lifecycle(cmd.Context(), c, lc, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			return a.printJSON(res)
+		},
+	}
+	lf := lifecycle.Flags()
+	lf.StringVar(&lc.Base, "base", "base:default", "base layer NAME:VERSION")
+	lf.IntVar(&lc.Steps, "steps", 100, "executed and replayed steps")
+	lf.IntVar(&lc.TTIRounds, "tti", 20, "create-from-snapshot and create-from-base samples")
+	lf.IntVar(&lc.SnapshotMiB, "snapshot-mib", 100, "MiB of changes in the snapshotted sandbox")
+	lf.IntVar(&lc.PauseRounds, "pauses", 5, "pause/resume rounds")
+	lf.IntVar(&lc.PauseMiB, "pause-mib", 256, "anonymous memory held while paused")
+	cmd.AddCommand(lifecycle)
 	return cmd
 }
