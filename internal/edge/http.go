@@ -206,26 +206,14 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context()) // the command and its record outlive this request
-	entry := &corral.TrajectoryEntry{
-		StepID: req.StepID, Kind: "exec", Request: execRecord(req, streamStdin),
-		State: corral.StepRunning, StartedAt: time.Now().UTC(),
+	entry, existing, err := h.e.beginStep(ctx, sb, req, &areq, streamStdin)
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
-	if req.StepID != "" {
-		if !stepIDRE.MatchString(req.StepID) {
-			h.fail(w, r, errdefs.Invalid("step_id", "%q must be 1-128 letters, digits or . _ : / -", req.StepID))
-			return
-		}
-		areq.Tag = req.StepID
-		// Recorded before it runs: a retry after any crash finds it and never runs it twice.
-		existing, err := h.e.store.BeginStep(ctx, sb.id, entry)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		if existing != nil {
-			h.existingStep(w, r, sb, existing, entry)
-			return
-		}
+	if existing != nil {
+		h.existingStep(w, r, sb, existing, entry)
+		return
 	}
 	if streamStdin {
 		areq.KeepStdinOpen = true
@@ -249,15 +237,7 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer sess.Close()
-	entry.CommandID = sess.Info().ID
-	if entry.Seq > 0 {
-		err = h.e.store.UpdateStep(ctx, sb.id, entry)
-	} else {
-		_, err = h.e.store.BeginStep(ctx, sb.id, entry)
-	}
-	if err != nil {
-		h.log.Error("record trajectory step", "sandbox", sb.id, "err", err)
-	}
+	h.e.recordStarted(ctx, sb, entry, sess.Info().ID)
 	if streamStdin {
 		// A half-read request body cannot be reused for another request on this connection.
 		w.Header().Set("Connection", "close")
@@ -410,43 +390,32 @@ func (h *dataPlane) startCommand(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
-	entry := &corral.TrajectoryEntry{
-		StepID: req.StepID, Kind: "exec", Request: execRecord(req, false),
-		State: corral.StepRunning, StartedAt: time.Now().UTC(),
+	entry, existing, err := h.e.beginStep(ctx, sb, req, &areq, false)
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
-	if req.StepID != "" {
-		if !stepIDRE.MatchString(req.StepID) {
-			h.fail(w, r, errdefs.Invalid("step_id", "%q must be 1-128 letters, digits or . _ : / -", req.StepID))
+	if existing != nil {
+		if normalJSON(existing.Request) != normalJSON(entry.Request) {
+			h.fail(w, r, stepConflict(existing.StepID, existing.Seq))
 			return
 		}
-		areq.Tag = req.StepID
-		existing, err := h.e.store.BeginStep(ctx, sb.id, entry)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		if existing != nil {
-			if normalJSON(existing.Request) != normalJSON(entry.Request) {
-				h.fail(w, r, stepConflict(existing.StepID, existing.Seq))
+		cmd := corral.Command{ID: existing.CommandID, State: agentrpc.CommandExited, StartedAt: existing.StartedAt, EndedAt: existing.EndedAt, Exit: existing.Exit}
+		if existing.State == corral.StepRunning {
+			cid, err := findStepCommand(r.Context(), sb, existing)
+			if err == nil {
+				var info agentrpc.CommandInfo
+				if info, err = sb.agent.Command(r.Context(), cid); err == nil {
+					cmd = apiCommand(info)
+				}
+			}
+			if err != nil {
+				h.fail(w, r, err)
 				return
 			}
-			cmd := corral.Command{ID: existing.CommandID, State: agentrpc.CommandExited, StartedAt: existing.StartedAt, EndedAt: existing.EndedAt, Exit: existing.Exit}
-			if existing.State == corral.StepRunning {
-				cid, err := findStepCommand(r.Context(), sb, existing)
-				if err == nil {
-					var info agentrpc.CommandInfo
-					if info, err = sb.agent.Command(r.Context(), cid); err == nil {
-						cmd = apiCommand(info)
-					}
-				}
-				if err != nil {
-					h.fail(w, r, err)
-					return
-				}
-			}
-			httpjson.Write(w, http.StatusOK, cmd)
-			return
 		}
+		httpjson.Write(w, http.StatusOK, cmd)
+		return
 	}
 	info, err := sb.agent.Start(ctx, areq)
 	if err == nil {
@@ -459,15 +428,7 @@ func (h *dataPlane) startCommand(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	entry.CommandID = info.ID
-	if entry.Seq > 0 {
-		err = h.e.store.UpdateStep(ctx, sb.id, entry)
-	} else {
-		_, err = h.e.store.BeginStep(ctx, sb.id, entry)
-	}
-	if err != nil {
-		h.log.Error("record trajectory step", "sandbox", sb.id, "err", err)
-	} else {
+	if h.e.recordStarted(ctx, sb, entry, info.ID) {
 		go h.e.followStep(sb, entry)
 	}
 	httpjson.Write(w, http.StatusCreated, apiCommand(info))

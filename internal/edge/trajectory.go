@@ -56,6 +56,46 @@ func normalJSON(v any) string {
 	return string(b)
 }
 
+// beginStep makes the trajectory entry of an exec request. With a step ID it validates it, tags
+// the command with it and records the entry before anything runs, returning the existing step
+// instead when the ID is taken; without one, the entry is written once the command started.
+func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req corral.ExecRequest, areq *agentrpc.ExecRequest, streamStdin bool) (entry, existing *corral.TrajectoryEntry, err error) {
+	entry = &corral.TrajectoryEntry{
+		StepID: req.StepID, Kind: "exec", Request: execRecord(req, streamStdin),
+		State: corral.StepRunning, StartedAt: time.Now().UTC(),
+	}
+	if req.StepID == "" {
+		return entry, nil, nil
+	}
+	if !stepIDRE.MatchString(req.StepID) {
+		return nil, nil, errdefs.Invalid("step_id", "%q must be 1-128 letters, digits or . _ : / -", req.StepID)
+	}
+	areq.Tag = req.StepID
+	// Recorded before it runs: a retry after any crash finds it and never runs it twice.
+	existing, err = e.store.BeginStep(ctx, sb.id, entry)
+	if err != nil {
+		return nil, nil, err
+	}
+	return entry, existing, nil
+}
+
+// recordStarted records the command ID of a started step (appending the entry if beginStep did
+// not); it reports whether the entry is in the store.
+func (e *Edge) recordStarted(ctx context.Context, sb *sandbox, entry *corral.TrajectoryEntry, commandID string) bool {
+	entry.CommandID = commandID
+	var err error
+	if entry.Seq > 0 {
+		err = e.store.UpdateStep(ctx, sb.id, entry)
+	} else {
+		_, err = e.store.BeginStep(ctx, sb.id, entry)
+	}
+	if err != nil {
+		e.log.Error("record trajectory step", "sandbox", sb.id, "err", err)
+		return false
+	}
+	return true
+}
+
 // stepRecorder collects a command's output for its trajectory entry, up to a cap.
 type stepRecorder struct {
 	entry *corral.TrajectoryEntry
