@@ -298,3 +298,42 @@ func TestParseSignal(t *testing.T) {
 		}
 	}
 }
+
+func TestAutoPauseAndResume(t *testing.T) {
+	rt := newFakeRuntime()
+	e, _ := newTestEdge(t, rt)
+	ctx := context.Background()
+	keep := false
+	rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", AutoPauseAfter: "1s", PauseKeepsTTL: &keep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, _ := e.Get(ctx, rec.ID)
+		if got.State == corral.StatePaused {
+			if got.LastPause == nil || !got.LastPause.AutomaticPause {
+				t.Fatalf("auto-paused record: %+v", got.LastPause)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("state %s after 5s idle, want paused", got.State)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := e.Pause(ctx, rec.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("pause of a paused sandbox: %v, want conflict", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	got, err := e.Resume(ctx, rec.ID)
+	if err != nil || got.State != corral.StateRunning {
+		t.Fatalf("resume = %+v, %v", got, err)
+	}
+	if !got.ExpiresAt.After(rec.ExpiresAt) {
+		t.Fatalf("pause_keeps_ttl=false: expiry %s did not move past %s", got.ExpiresAt, rec.ExpiresAt)
+	}
+	if _, err := e.Resume(ctx, rec.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("resume of a running sandbox: %v, want conflict", err)
+	}
+}
