@@ -183,7 +183,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			if ctx.Err() != nil {
 				break
 			}
-			if errors.Is(aerr, net.ErrClosed) {
+			if errors.Is(aerr, net.ErrClosed) || permanentAcceptError(aerr) {
+				// Retrying cannot help: the channel is not a listening socket (or is gone).
 				err = fmt.Errorf("accept: %w", aerr)
 				break
 			}
@@ -639,4 +640,12 @@ type classified struct {
 func (e *classified) Error() string { return e.err.Error() }
 func (e *classified) Unwrap() []error {
 	return []error{e.err, e.kind}
+}
+
+// permanentAcceptError reports accept errors that no retry can cure: the descriptor is not a
+// listening socket (EINVAL — seen when a runtime hands the agent a socket it cannot listen on),
+// not a socket, or not open.
+func permanentAcceptError(err error) bool {
+	return errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSOCK) ||
+		errors.Is(err, syscall.EBADF) || errors.Is(err, syscall.EOPNOTSUPP)
 }
