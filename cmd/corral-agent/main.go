@@ -52,17 +52,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fd := fs.Int("fd", 3, "inherited listening unix socket")
+	var cfg agentrpc.Config
+	fs.IntVar(&cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
+	fs.DurationVar(&cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	if err := serve(ctx, *fd); err != nil {
+	if cfg.RetainExited < 0 || cfg.RetainFor < 0 {
+		fmt.Fprintln(stderr, "corral-agent: --retain-exited and --retain-for must not be negative")
+		return 2
+	}
+	if err := serve(ctx, *fd, cfg); err != nil {
 		fmt.Fprintf(stderr, "corral-agent: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, fd int) error {
+func serve(ctx context.Context, fd int, cfg agentrpc.Config) error {
 	closeBinaryFD()
 	// A small, mostly idle heap: collect early rather than grow.
 	debug.SetGCPercent(25)
@@ -75,7 +82,8 @@ func serve(ctx context.Context, fd int) error {
 	if err != nil {
 		return err
 	}
-	srv, err := agentrpc.NewServer(agentrpc.Config{Version: version}, slog.New(slog.DiscardHandler))
+	cfg.Version = version
+	srv, err := agentrpc.NewServer(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return err
 	}

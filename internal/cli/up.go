@@ -54,6 +54,8 @@ re-adopted at the next start, as they are after a crash.`,
 	f.DurationVar(&cfg.MaxTTL, "max-ttl", 0, "largest TTL a create call may ask for (default 168h)")
 	f.Int64Var(&cfg.MaxLayerBytes, "max-layer-bytes", 0, "largest expanded size of an imported layer (default 16 GiB)")
 	f.IntVar(&cfg.DiskPool, "disk-pool", 4, "writable disks of the default size kept formatted ahead")
+	f.IntVar(&cfg.KeepExitedCommands, "keep-exited-commands", 0, "exited commands each sandbox keeps for re-attach (default 64)")
+	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd

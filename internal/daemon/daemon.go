@@ -52,6 +52,10 @@ type Config struct {
 	MaxLayerBytes int64
 	// DiskPool is how many writable disks of the default size are kept formatted ahead. Default 4.
 	DiskPool int
+	// KeepExitedCommands and KeepExitedFor bound the exited commands each sandbox's agent keeps for
+	// re-attach (agent defaults: 64 commands, 10 minutes).
+	KeepExitedCommands int
+	KeepExitedFor      time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -162,6 +166,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	e, err := edge.New(edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
+		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor,
 	}, log, st, rt, ls)
 	if err != nil {
 		return err

@@ -317,3 +317,22 @@ func TestTTLAndIdle(t *testing.T) {
 		return s == corral.StateStopped && r == corral.ReasonIdleExpired
 	})
 }
+
+// TestExitedCommandRetention: `corral up --keep-exited-for` bounds how long a finished command's
+// output stays re-attachable.
+func TestExitedCommandRetention(t *testing.T) {
+	p := withBase(t, "--keep-exited-for", "1s", "--keep-exited-commands", "8")
+	ctx := context.Background()
+	sb := p.create(corral.CreateRequest{})
+	cmd, err := p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"echo", "hi"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Client.Command(ctx, sb.ID, cmd.ID); err != nil {
+		t.Fatalf("just-finished command: %v", err)
+	}
+	eventually(t, 10*time.Second, "the exited command to be forgotten", func() bool {
+		_, err := p.Client.Command(ctx, sb.ID, cmd.ID)
+		return corral.IsNotFound(err)
+	})
+}

@@ -21,6 +21,7 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,10 @@ type Config struct {
 	ReapInterval time.Duration
 	// Retention is how long records of stopped and failed sandboxes are kept (default 24h).
 	Retention time.Duration
+	// KeepExitedCommands and KeepExitedFor bound how many exited commands each agent keeps for
+	// re-attach, and for how long (agent defaults: 64, 10m). They apply to sandboxes created after.
+	KeepExitedCommands int
+	KeepExitedFor      time.Duration
 }
 
 // DefaultLimits are the limits of a sandbox whose create call names none.
@@ -129,6 +134,9 @@ func (c *Config) Validate() error {
 	}
 	if c.AgentPath == "" {
 		return errdefs.Invalid("agent", "the path of corral-agent is required")
+	}
+	if c.KeepExitedCommands < 0 || c.KeepExitedFor < 0 {
+		return errdefs.Invalid("keep-exited", "must not be negative")
 	}
 	if c.DefaultTTL > c.MaxTTL {
 		return errdefs.Invalid("default-ttl", "%s exceeds the maximum TTL %s", c.DefaultTTL, c.MaxTTL)
@@ -351,7 +359,7 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 		Hostname:    rec.Hostname,
 		Lower:       lower,
 		AgentPath:   e.cfg.AgentPath,
-		AgentArgs:   []string{"serve", "--fd", "3"},
+		AgentArgs:   e.agentArgs(),
 		Env:         env,
 		CPUs:        rec.Limits.CPUs,
 		MemoryBytes: rec.Limits.MemoryBytes,
@@ -380,6 +388,18 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 	}
 	log.Info("sandbox created", "base", rec.Base, "layers", len(lower))
 	return rec, nil
+}
+
+// agentArgs are corral-agent's arguments in every new sandbox.
+func (e *Edge) agentArgs() []string {
+	args := []string{"serve", "--fd", "3"}
+	if e.cfg.KeepExitedCommands > 0 {
+		args = append(args, "--retain-exited", strconv.Itoa(e.cfg.KeepExitedCommands))
+	}
+	if e.cfg.KeepExitedFor > 0 {
+		args = append(args, "--retain-for", e.cfg.KeepExitedFor.String())
+	}
+	return args
 }
 
 // admit validates a create request and turns it into a record in state creating.
