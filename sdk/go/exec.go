@@ -141,6 +141,10 @@ func (s *Stream) closeNow() {
 	s.closed.Store(true)
 	if s.stdin != nil {
 		s.stdin.CloseWithError(ErrStreamClosed)
+	} else if s.exit != nil {
+		// The server ends the response right after the exit event: read that end, so the
+		// connection goes back to the pool instead of being torn down and dialled again.
+		io.CopyN(io.Discard, s.body, 64<<10)
 	}
 	s.body.Close()
 }
