@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -174,5 +175,60 @@ func assertNoLeftovers(t *testing.T, p *corralProc) {
 		for _, e := range entries {
 			t.Errorf("state left behind: %s", filepath.Join(p.DataDir, sub, e.Name()))
 		}
+	}
+}
+
+// ptraceProbe attaches to pid 1 (the agent) with ptrace and prints the result.
+const ptraceProbe = `package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+)
+
+func main() {
+	pid, _ := strconv.Atoi(os.Args[1])
+	err := syscall.PtraceAttach(pid)
+	if err == nil {
+		syscall.PtraceDetach(pid)
+		fmt.Println("attached")
+		return
+	}
+	fmt.Println(err)
+}
+`
+
+// TestAgentNotPtraceable runs a real ptrace(PTRACE_ATTACH) against the agent from inside the
+// sandbox, as root: it must be refused.
+func TestAgentNotPtraceable(t *testing.T) {
+	p := withBase(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "main.go"), []byte(ptraceProbe), 0o644)
+	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module probe\ngo 1.21\n"), 0o644)
+	build := exec.Command("go", "build", "-o", "probe", ".")
+	build.Dir = dir
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the ptrace probe: %v\n%s", err, out)
+	}
+	f, err := os.Open(filepath.Join(dir, "probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sb := p.create(corral.CreateRequest{})
+	if _, err := p.Client.WriteFile(context.Background(), sb.ID, "/root/probe", f, corral.WriteFileOptions{Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	// The probe works: it can attach to an ordinary process of the sandbox...
+	if out := p.sh(sb.ID, "sleep 30 & /root/probe $!; kill $!"); strings.TrimSpace(out) != "attached" {
+		t.Fatalf("ptrace attach to a sandbox process: %q, want attached (the probe is broken)", out)
+	}
+	// ...but not to the agent.
+	out, _, exit := p.run(sb.ID, "/root/probe", "1")
+	if exit.Code != 0 || strings.TrimSpace(out) != "operation not permitted" {
+		t.Fatalf("ptrace attach to the agent from inside as root: %q (exit %+v), want operation not permitted", out, exit)
 	}
 }
