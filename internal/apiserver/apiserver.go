@@ -210,6 +210,18 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	switch wait := r.URL.Query().Get("wait"); wait {
+	case "":
+	case "running":
+		// Like any data-plane call, ?wait=running resumes a paused sandbox before answering.
+		if _, err := s.edge.Resume(r.Context(), r.PathValue("id")); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			s.fail(w, r, err)
+			return
+		}
+	default:
+		s.fail(w, r, errdefs.Invalid("wait", "%q is not a state to wait for (running)", wait))
+		return
+	}
 	rec, err := s.edge.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)

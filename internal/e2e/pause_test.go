@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -74,6 +76,22 @@ func TestPauseResume(t *testing.T) {
 	}
 	if _, err := p.Client.ResumeSandbox(ctx, sb.ID); !corral.IsConflict(err) {
 		t.Fatalf("resume of a running sandbox: %v, want conflict", err)
+	}
+	// GET ?wait=running resumes too.
+	if _, err := p.Client.PauseSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("GET", p.URL+"/v1/sandboxes/"+sb.ID+"?wait=running", nil)
+	req.Header.Set("Authorization", "Bearer "+p.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waited corral.Sandbox
+	json.NewDecoder(resp.Body).Decode(&waited)
+	resp.Body.Close()
+	if waited.State != corral.StateRunning {
+		t.Fatalf("GET ?wait=running on a paused sandbox: state %s", waited.State)
 	}
 	// Explicit pause and resume, then delete a paused sandbox: nothing left.
 	if _, err := p.Client.PauseSandbox(ctx, sb.ID); err != nil {
