@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -72,12 +73,14 @@ otherwise.`,
 				return err
 			}
 			ctx := cmd.Context()
-			sb, err := c.CreateSandbox(ctx, req)
+			// As in `corral run`: creation and the final delete are not cut short by an interrupt,
+			// so no sandbox is left running with an ID we never learnt.
+			sb, err := c.CreateSandbox(context.WithoutCancel(ctx), req)
 			if err != nil {
 				return err
 			}
 			if !keep {
-				defer c.DeleteSandbox(ctx, sb.ID)
+				defer c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
 			}
 			fmt.Fprintf(a.stderr, "replaying %d steps in %s\n", len(steps), sb.ID)
 			differ := 0

@@ -671,27 +671,20 @@ func (e *Edge) lookup(id string) *sandbox {
 	return e.live[id]
 }
 
-// active returns a running sandbox for a data-plane call and counts the call as activity.
+// active returns a running sandbox for a data-plane call and counts the call as activity. A
+// paused sandbox is resumed first; concurrent callers wait for the same resume.
 func (e *Edge) active(ctx context.Context, id string) (*sandbox, error) {
-	if err := checkID(id); err != nil {
-		return nil, err
-	}
-	if sb := e.lookup(id); sb != nil {
-		if sb.paused.Load() {
-			// Any call that uses a paused sandbox resumes it first; concurrent callers wait for
-			// the same resume.
-			if _, err := e.resume(ctx, sb, false); err != nil && !errors.Is(err, errdefs.ErrConflict) {
-				return nil, err
-			}
-		}
-		sb.touch()
-		return sb, nil
-	}
-	rec, err := e.store.GetSandbox(ctx, id)
+	sb, err := e.liveSandbox(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	return nil, errdefs.Conflict("sandbox %s is %s (%s)", id, rec.State, rec.Reason)
+	if sb.paused.Load() {
+		if _, err := e.resume(ctx, sb, false); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			return nil, err
+		}
+	}
+	sb.touch()
+	return sb, nil
 }
 
 // Delete stops a sandbox and removes everything it had on the host. Deleting a sandbox that already
@@ -750,13 +743,9 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	sb := e.lookup(id)
-	if sb == nil {
-		rec, err := e.store.GetSandbox(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		return nil, errdefs.Conflict("sandbox %s is %s (%s)", id, rec.State, rec.Reason)
+	sb, err := e.liveSandbox(ctx, id) // a TTL change does not resume a paused sandbox
+	if err != nil {
+		return nil, err
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
