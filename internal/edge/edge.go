@@ -168,6 +168,8 @@ type sandbox struct {
 	outputLimit int64
 	// lastActivity is the unix time in nanoseconds of the last API call that used the sandbox.
 	lastActivity atomic.Int64
+	// flushed is the lastActivity value last written to the store by flushActivity.
+	flushed atomic.Int64
 	// expiresAt is the hard TTL's end in unix nanoseconds, mirrored from the record for the reaper.
 	expiresAt atomic.Int64
 	// idleTTL is zero when the sandbox has no idle TTL.
@@ -198,6 +200,7 @@ func newSandbox(rec *store.Sandbox, socket string) *sandbox {
 	}
 	sb.paused.Store(rec.State == corral.StatePaused)
 	sb.lastActivity.Store(rec.LastActivityAt.UnixNano())
+	sb.flushed.Store(rec.LastActivityAt.UnixNano())
 	sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
 	return sb
 }
@@ -811,14 +814,8 @@ func (e *Edge) reaper() {
 }
 
 func (e *Edge) reap(ctx context.Context) {
-	e.mu.Lock()
-	live := make([]*sandbox, 0, len(e.live))
-	for _, sb := range e.live {
-		live = append(live, sb)
-	}
-	e.mu.Unlock()
 	now := time.Now()
-	for _, sb := range live {
+	for _, sb := range e.liveSandboxes() {
 		stop := func(state, reason string) {
 			rec, err := e.store.GetSandbox(ctx, sb.id)
 			if err != nil {
@@ -867,25 +864,33 @@ func (e *Edge) reap(ctx context.Context) {
 
 // flushActivity writes live sandboxes' last activity to the store.
 func (e *Edge) flushActivity(ctx context.Context) {
-	e.mu.Lock()
-	live := make([]*sandbox, 0, len(e.live))
-	for _, sb := range e.live {
-		live = append(live, sb)
-	}
-	e.mu.Unlock()
-	for _, sb := range live {
+	for _, sb := range e.liveSandboxes() {
+		at := sb.lastActivity.Load()
+		if at == sb.flushed.Load() {
+			continue // nothing new: no store read or write
+		}
 		sb.mu.Lock()
 		if !sb.gone {
 			if rec, err := e.store.GetSandbox(ctx, sb.id); err == nil {
-				at := time.Unix(0, sb.lastActivity.Load()).UTC()
-				if !at.Equal(rec.LastActivityAt) {
-					rec.LastActivityAt = at
-					e.store.PutSandbox(ctx, rec)
+				rec.LastActivityAt = time.Unix(0, at).UTC()
+				if e.store.PutSandbox(ctx, rec) == nil {
+					sb.flushed.Store(at)
 				}
 			}
 		}
 		sb.mu.Unlock()
 	}
+}
+
+// liveSandboxes returns a copy of the live set, for loops that must not hold e.mu.
+func (e *Edge) liveSandboxes() []*sandbox {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	live := make([]*sandbox, 0, len(e.live))
+	for _, sb := range e.live {
+		live = append(live, sb)
+	}
+	return live
 }
 
 // forgetOld removes records of sandboxes that ended longer ago than the retention period.
