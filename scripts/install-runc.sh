@@ -4,6 +4,7 @@
 # Debian's runc 1.1.5 predates the 2025 escape fixes (CVE-2025-31133 and friends), so Corral
 # never uses it unless CORRAL_RUNC points at it explicitly.
 set -euo pipefail
+# Keep in step with runc.DefaultRunc (internal/runtime/runc), which is where Corral looks first.
 version="${RUNC_VERSION:-v1.3.3}"
 cache="${CORRAL_CACHE:-/var/cache/corral}/runc/${version}"
 bin="$cache/runc"

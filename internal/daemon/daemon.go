@@ -108,14 +108,14 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// FindRunc returns the runc binary Corral should use, or "".
+// FindRunc returns the runc binary Corral should use, or "": $CORRAL_RUNC, else the version
+// scripts/install-runc.sh pins (runc.DefaultRunc), else runc on PATH.
 func FindRunc() string {
 	if p := os.Getenv("CORRAL_RUNC"); p != "" {
 		return p
 	}
-	matches, _ := filepath.Glob("/var/cache/corral/runc/*/runc")
-	if len(matches) > 0 {
-		return matches[len(matches)-1]
+	if _, err := os.Stat(runc.DefaultRunc); err == nil {
+		return runc.DefaultRunc
 	}
 	if p, err := exec.LookPath("runc"); err == nil {
 		return p

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/runtime/runc"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -94,9 +95,8 @@ func runcPath() string {
 	if p := os.Getenv("CORRAL_RUNC"); p != "" {
 		return p
 	}
-	m, _ := filepath.Glob("/var/cache/corral/runc/*/runc")
-	if len(m) > 0 {
-		return m[len(m)-1]
+	if _, err := os.Stat(runc.DefaultRunc); err == nil {
+		return runc.DefaultRunc
 	}
 	return ""
 }
