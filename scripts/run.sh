@@ -7,7 +7,15 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/bin:$PATH"
 DATA_DIR=${DATA_DIR:-/var/lib/corral}
 export CORRAL_URL=${CORRAL_URL:-http://127.0.0.1:7070}
-step() { printf '\n\033[1m$'; printf ' %q' "$@"; printf '\033[0m\n'; "$@"; }
+# step prints a command the way one would type it (single quotes where needed), then runs it.
+step() {
+  local out='$' a
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_./:=@+-]+$ ]]; then out+=" $a"; else out+=" '${a//\'/\'\\\'\'}'"; fi
+  done
+  printf '\n\033[1m%s\033[0m\n' "$out"
+  "$@"
+}
 
 if ! curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1; then
   mkdir -p "$DATA_DIR"
