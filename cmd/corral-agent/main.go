@@ -3,12 +3,18 @@
 //
 // Usage:
 //
-//	corral-agent serve [--fd 3]   serve on the listening socket at fd (default 3)
+//	corral-agent serve [--fd 3]                 serve on the listening socket at fd (default 3)
+//	corral-agent serve --listen PATH [--resume-marker PATH]
+//	                                            listen on a unix socket at PATH instead
 //	corral-agent version
 //
-// The edge starts it with the socket on fd 3 and, optionally, the agent's own binary on fd 4
-// (closed at once, so nothing in the sandbox can reach it through /proc/1/fd). The agent writes
-// nothing inside the sandbox: no logs, no files; only a fatal startup error goes to stderr.
+// On runc the edge starts it with the socket on fd 3 and, optionally, the agent's own binary on
+// fd 4 (closed at once, so nothing in the sandbox can reach it through /proc/1/fd). On gVisor,
+// which cannot accept on an inherited host socket, the agent listens on a path in a directory the
+// host shares with it; with --resume-marker it can be quiesced before a checkpoint and listens
+// again once the host creates the marker file (see internal/agentrpc/quiesce.go). The agent
+// writes nothing inside the sandbox but that socket: no logs, no files; only a fatal startup
+// error goes to stderr.
 package main
 
 import (
@@ -17,8 +23,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/debug"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -52,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fd := fs.Int("fd", 3, "inherited listening unix socket")
+	listen := fs.String("listen", "", "listen on a unix socket at this path instead of --fd")
+	marker := fs.String("resume-marker", "", "with --listen: allow quiescing; listen again once this file exists")
 	var cfg agentrpc.Config
 	fs.IntVar(&cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
 	fs.DurationVar(&cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
@@ -62,14 +72,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "corral-agent: --retain-exited and --retain-for must not be negative")
 		return 2
 	}
-	if err := serve(ctx, *fd, cfg); err != nil {
+	if *marker != "" && *listen == "" {
+		fmt.Fprintln(stderr, "corral-agent: --resume-marker needs --listen")
+		return 2
+	}
+	if *marker != "" {
+		cfg.Relisten = agentrpc.WaitForMarker(*listen, *marker, 2*time.Millisecond)
+	}
+	if err := serve(ctx, *fd, *listen, cfg); err != nil {
 		fmt.Fprintf(stderr, "corral-agent: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, fd int, cfg agentrpc.Config) error {
+func serve(ctx context.Context, fd int, listen string, cfg agentrpc.Config) error {
 	closeBinaryFD()
 	// A small, mostly idle heap: collect early rather than grow.
 	debug.SetGCPercent(25)
@@ -78,7 +95,13 @@ func serve(ctx context.Context, fd int, cfg agentrpc.Config) error {
 	}
 	// Adopt orphans even when not PID 1 of a PID namespace (e.g. a shared PID namespace).
 	unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-	ln, err := agentrpc.ListenFD(fd)
+	var ln net.Listener
+	var err error
+	if listen != "" {
+		ln, err = agentrpc.ListenPath(listen)
+	} else {
+		ln, err = agentrpc.ListenFD(fd)
+	}
 	if err != nil {
 		return err
 	}

@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -42,7 +46,7 @@ type clientConn struct {
 }
 
 func (c *Client) dial(ctx context.Context, req *request) (*clientConn, error) {
-	nc, err := c.dialer.DialContext(ctx, "unix", c.path)
+	nc, err := dialNoFollow(ctx, &c.dialer, c.path)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("agent %s: %w", req.Op, ctx.Err())
@@ -581,4 +585,23 @@ func (w *sessionStdin) closeLocked() error {
 		return w.cc.fail(err)
 	}
 	return nil
+}
+
+// dialNoFollow connects to the unix socket at path without following a symlink in its last
+// component: on gVisor the socket lives in a directory the sandbox can write, and a symlink
+// planted there must not turn the edge into a client of some other socket on the host.
+func dialNoFollow(ctx context.Context, d *net.Dialer, path string) (net.Conn, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("%s is not a socket", path)
+	}
+	return d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 }

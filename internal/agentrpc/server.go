@@ -48,6 +48,10 @@ type Config struct {
 	MemoryEvents string
 	// Version is reported by Ping.
 	Version string
+	// Relisten, when set, lets the edge quiesce the agent before a checkpoint (see quiesce.go): it
+	// returns the listener to accept on once the sandbox may be reached again. nil: the agent
+	// refuses to quiesce.
+	Relisten func(ctx context.Context) (net.Listener, error)
 }
 
 func (c *Config) setDefaults() {
@@ -122,11 +126,14 @@ type Server struct {
 
 	mu sync.Mutex
 	// Protected by mu:
-	cmds     map[string]*command
-	exited   []*command // kept exited commands, oldest first
-	retained int64      // output memory of exited
-	serving  bool
-	closing  bool // Serve is shutting down: no more commands start
+	cmds      map[string]*command
+	exited    []*command // kept exited commands, oldest first
+	retained  int64      // output memory of exited
+	serving   bool
+	closing   bool                  // Serve is shutting down: no more commands start
+	ln        net.Listener          // what Serve accepts on
+	live      map[net.Conn]struct{} // open connections
+	quiescing *quiesceReq           // a quiesce in progress, or nil
 
 	starting sync.WaitGroup // starts in progress (counted under mu while !closing)
 
@@ -149,7 +156,7 @@ func NewServer(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, log: log, users: &userDB{dir: cfg.EtcDir},
-		cmds: make(map[string]*command),
+		cmds: make(map[string]*command), live: make(map[net.Conn]struct{}),
 	}
 	s.oomSeen = s.readOOMKills()
 	return s, nil
@@ -166,13 +173,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return errors.New("agentrpc: Serve called twice")
 	}
 	s.serving = true
+	s.ln = ln
 	s.mu.Unlock()
 
 	procReaper.acquire()
 	defer procReaper.release()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		l := s.ln
+		s.mu.Unlock()
+		l.Close()
+	})
 	defer stop()
 
 	var err error
@@ -182,6 +195,18 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		if aerr != nil {
 			if ctx.Err() != nil {
 				break
+			}
+			s.mu.Lock()
+			q := s.quiescing
+			s.mu.Unlock()
+			if q != nil {
+				if ln, err = s.relisten(ctx, q); err != nil {
+					if ctx.Err() != nil {
+						err = nil
+					}
+					break
+				}
+				continue
 			}
 			if errors.Is(aerr, net.ErrClosed) || permanentAcceptError(aerr) {
 				// Retrying cannot help: the channel is not a listening socket (or is gone).
@@ -255,7 +280,9 @@ const requestTimeout = 30 * time.Second
 func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	c := &conn{nc: nc, f: newFramer(nc)}
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	forget := s.trackConn(nc)
 	defer func() {
+		forget()
 		stop()
 		nc.Close()
 		c.wg.Wait()
@@ -375,6 +402,8 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 		return s.tarOut(c, req.Path)
 	case opTarIn:
 		return s.tarIn(c, req.Path, writeOptions(req))
+	case opQuiesce:
+		return s.quiesce(c)
 	}
 	return errdefs.Invalid("op", "unknown operation %q", req.Op)
 }

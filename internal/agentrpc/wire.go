@@ -72,6 +72,7 @@ const (
 	opRemove   = "remove"
 	opTarOut   = "tarout"
 	opTarIn    = "tarin"
+	opQuiesce  = "quiesce"
 )
 
 // request is the payload of a request frame; Op says which other fields matter.

@@ -285,6 +285,15 @@ func (e *testEnv) leaks() []string {
 	if ents, _ := os.ReadDir(e.cfg.RuncRoot); len(ents) > 0 {
 		leaks = append(leaks, fmt.Sprintf("runc state: %d entries", len(ents)))
 	}
+	if e.cfg.RunscRoot != "" {
+		if ents, _ := os.ReadDir(e.cfg.RunscRoot); len(ents) > 0 {
+			var names []string
+			for _, ent := range ents {
+				names = append(names, ent.Name())
+			}
+			leaks = append(leaks, fmt.Sprintf("runsc state: %v", names))
+		}
+	}
 	if ents, _ := os.ReadDir(e.cfg.StateDir); len(ents) > 0 {
 		var names []string
 		for _, ent := range ents {

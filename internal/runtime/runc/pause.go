@@ -145,6 +145,9 @@ func (r *Runtime) Pause(ctx context.Context, id string) (PauseStats, error) {
 	case StateStopped:
 		return stats, errdefs.Conflict("sandbox %s is stopped, there is nothing to pause: Delete it", id)
 	}
+	if r.engineOf(id) == EngineGVisor {
+		return r.pauseGVisor(ctx, id, st)
+	}
 	// A prefetch still reading back would fight the reclaim.
 	r.stopPrefetch(id)
 	// Settings a crashed Pause left lowered must not be saved as the originals.
@@ -207,6 +210,9 @@ func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
 		return stats, errdefs.Conflict("sandbox %s is running, not paused", id)
 	case StateStopped:
 		return stats, errdefs.Conflict("sandbox %s is stopped, there is nothing to resume: Delete it", id)
+	}
+	if r.engineOf(id) == EngineGVisor {
+		return r.resumeGVisor(ctx, id)
 	}
 	r.stopPrefetch(id) // one of an earlier Resume, if something else froze the sandbox since
 	stats.InSwap = r.cg.swapUsage(id)

@@ -64,6 +64,13 @@ type Config struct {
 	// amd64), for sandboxes that run 32-bit binaries. Off, only the native architecture's
 	// syscalls are allowed, which is stricter and ~25 ms faster per Create on this host kind.
 	SeccompAllArches bool
+
+	// Runsc is gVisor's runsc binary; empty means DefaultRunsc. When it is missing, gVisor
+	// sandboxes are refused (errdefs.ErrUnavailable) and runc ones work as before.
+	Runsc string
+	// RunscRoot is runsc's --root (its state); RunscPlatform its --platform (systrap works
+	// without KVM and inside VMs; kvm needs /dev/kvm).
+	RunscRoot, RunscPlatform string
 }
 
 func (c *Config) setDefaults() {
@@ -85,6 +92,12 @@ func (c *Config) setDefaults() {
 	if c.DiskPool == 0 {
 		c.DiskPool = DefaultDiskPool
 	}
+	if c.RunscRoot == "" {
+		c.RunscRoot = DefaultRunscRoot
+	}
+	if c.RunscPlatform == "" {
+		c.RunscPlatform = DefaultRunscPlatform
+	}
 }
 
 // Validate reports the first invalid field after defaults are applied.
@@ -92,13 +105,22 @@ func (c Config) Validate() error {
 	c.setDefaults()
 	for _, f := range []struct{ name, val string }{
 		{"Runc", c.Runc}, {"StateDir", c.StateDir}, {"RuncRoot", c.RuncRoot}, {"CgroupParent", c.CgroupParent},
+		{"RunscRoot", c.RunscRoot},
 	} {
 		if !filepath.IsAbs(f.val) || filepath.Clean(f.val) != f.val || f.val == "/" {
 			return errdefs.Invalid(f.name, "must be a clean absolute path other than /, got %q", f.val)
 		}
 	}
-	if strings.HasPrefix(c.RuncRoot+"/", c.StateDir+"/") || strings.HasPrefix(c.StateDir+"/", c.RuncRoot+"/") {
-		return errdefs.Invalid("RuncRoot", "must not be inside StateDir or contain it")
+	for _, f := range []struct{ name, val string }{{"RuncRoot", c.RuncRoot}, {"RunscRoot", c.RunscRoot}} {
+		if strings.HasPrefix(f.val+"/", c.StateDir+"/") || strings.HasPrefix(c.StateDir+"/", f.val+"/") {
+			return errdefs.Invalid(f.name, "must not be inside StateDir or contain it")
+		}
+	}
+	if c.RuncRoot == c.RunscRoot {
+		return errdefs.Invalid("RunscRoot", "must differ from RuncRoot")
+	}
+	if c.Runsc != "" && (!filepath.IsAbs(c.Runsc) || filepath.Clean(c.Runsc) != c.Runsc) {
+		return errdefs.Invalid("Runsc", "must be a clean absolute path, got %q", c.Runsc)
 	}
 	// The shortest possible socket path must fit; longer IDs are checked by Create.
 	if n := len(socketPath(c.StateDir, "x")); n > maxSocketPath {
@@ -139,6 +161,9 @@ type Runtime struct {
 	prefetchWG sync.WaitGroup          // the prefetch goroutines
 	// noPrefetch makes Resume skip the prefetch; only TestPauseLatency sets it, to measure it.
 	noPrefetch bool
+
+	runscVersion string // first line of `runsc --version`
+	runscErr     error  // why gVisor sandboxes cannot be created here, or nil
 }
 
 // New checks the host and prepares a Runtime; see the package doc. ctx bounds only New itself;
@@ -171,6 +196,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	if r.cg, err = readCgroupLayout(cfg.CgroupParent); err != nil {
 		return nil, err
 	}
+	r.initGVisor(ctx)
 	// The agent must survive its sandbox's OOM kills, so it gets oom_score_adj -1000 (and resets
 	// its children to 0). Without CAP_SYS_RESOURCE (some container hosts) runc cannot write that.
 	// Raising RLIMIT_NOFILE past this process's hard limit needs the same capability.
@@ -200,6 +226,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	}
 	log.Info("runc runtime ready", "runc", cfg.Runc, "version", r.version, "cgroup", r.cg.mode,
 		"state_dir", cfg.StateDir, "disk_pool", max(cfg.DiskPool, 0), "disk_bytes", cfg.DefaultDiskBytes)
+	if r.runscErr != nil {
+		log.Warn("gVisor sandboxes unavailable", "err", r.runscErr)
+	} else {
+		log.Info("gVisor ready", "runsc", r.cfg.Runsc, "version", r.runscVersion, "platform", cfg.RunscPlatform)
+	}
 
 	poolCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	r.stop, r.bg = stop, poolCtx
@@ -228,6 +259,7 @@ func (r *Runtime) Close() error {
 		if err == nil {
 			os.Remove(r.poolDir) // so that StateDir is empty when no sandbox is left
 		}
+		r.removeGVisorLeftovers()
 		r.agents.close()
 	})
 	return err
@@ -254,6 +286,15 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	}
 	for _, id := range strings.Fields(string(out)) {
 		ids[id] = true
+	}
+	if r.runscErr == nil {
+		out, err := r.runscCmd(ctx, "", "list", "-quiet").Output()
+		if err != nil {
+			return nil, fmt.Errorf("runsc list: %w", err)
+		}
+		for _, id := range strings.Fields(string(out)) {
+			ids[id] = true
+		}
 	}
 	for _, id := range r.cg.children() {
 		if validID(id) {

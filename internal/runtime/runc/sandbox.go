@@ -74,6 +74,9 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit: use a shorter ID or StateDir",
 			sock, len(sock), maxSocketPath)
 	}
+	if spec.Engine == EngineGVisor && r.runscErr != nil {
+		return nil, r.runscErr
+	}
 	unlock := r.locks.lock(id)
 	defer unlock()
 
@@ -83,6 +86,9 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	if _, err := os.Lstat(filepath.Join(r.cfg.RuncRoot, id)); err == nil {
 		return nil, errdefs.Conflict("sandbox %s already has runc state (left by a crash?): Delete it first", id)
+	}
+	if r.hasRunscState(id) {
+		return nil, errdefs.Conflict("sandbox %s already has runsc state (left by a crash?): Delete it first", id)
 	}
 	agent, err := r.agents.acquire(spec.AgentPath)
 	if err != nil {
@@ -123,25 +129,43 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	tMount := time.Now()
-	lis, err := listenUnix(sock)
-	if err != nil {
-		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
-	}
-	defer lis.Close()
-	config, err := r.tmpl.render(&spec, r.cgroupPath(id))
-	if err != nil {
-		return nil, fmt.Errorf("create sandbox %s: render spec: %w", id, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o600); err != nil {
-		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
-	}
 	logPath := filepath.Join(disk, "agent.log")
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	defer logf.Close()
+	if spec.Engine == EngineGVisor {
+		if err := r.createGVisor(ctx, &spec, dir, agent, logf); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		sock = gvisorSocket(dir)
+	} else if err := r.createRunc(ctx, &spec, dir, sock, agent, logf); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	pid, err := readPid(filepath.Join(dir, "init.pid"))
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	r.log.Debug("sandbox created", "id", id, "engine", spec.Engine, "pid", pid, "pooled_disk", pooled,
+		"disk", tDisk.Sub(start), "overlay", tMount.Sub(tDisk), "runc", time.Since(tMount), "total", time.Since(start))
+	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath}, nil
+}
 
+// createRunc is Create's runc half: the rootfs is mounted at dir/rootfs.
+func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, agent *agentImage, logf *os.File) error {
+	lis, err := listenUnix(sock)
+	if err != nil {
+		return err
+	}
+	defer lis.Close()
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil)
+	if err != nil {
+		return fmt.Errorf("render spec: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o600); err != nil {
+		return err
+	}
 	// runc run --detach returns once the agent runs. The container gets runc's stdio: stdin
 	// /dev/null (exec's default), stdout and stderr the log file, never a pipe to us.
 	runcLog := filepath.Join(dir, "runc.log")
@@ -150,24 +174,45 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		verb = []string{"create"}
 	}
 	args := append([]string{"--log", runcLog, "--log-format", "json"}, verb...)
-	cmd := r.runcCmd(ctx, append(args, "--bundle", dir, "--pid-file", filepath.Join(dir, "init.pid"), "--preserve-fds", "2", id)...)
+	cmd := r.runcCmd(ctx, append(args, "--bundle", dir, "--pid-file", filepath.Join(dir, "init.pid"), "--preserve-fds", "2", spec.ID)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lis, agent.f} // fds 3 and 4
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("create sandbox %s: runc %s: %w: %s", id, verb[0], err, lastRuncError(runcLog))
+		return fmt.Errorf("runc %s: %w: %s", verb[0], err, lastRuncError(runcLog))
 	}
 	if r.createStart {
-		if err := r.runcCmd(ctx, "--log", runcLog, "--log-format", "json", "start", id).Run(); err != nil {
-			return nil, fmt.Errorf("create sandbox %s: runc start: %w: %s", id, err, lastRuncError(runcLog))
+		if err := r.runcCmd(ctx, "--log", runcLog, "--log-format", "json", "start", spec.ID).Run(); err != nil {
+			return fmt.Errorf("runc start: %w: %s", err, lastRuncError(runcLog))
 		}
 	}
-	pid, err := readPid(filepath.Join(dir, "init.pid"))
-	if err != nil {
-		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	return nil
+}
+
+// createGVisor is Create's gVisor half (see gvisor.go): the rootfs is mounted at dir/rootfs.
+func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agent *agentImage, logf *os.File) error {
+	if err := os.WriteFile(filepath.Join(dir, engineFile), []byte(EngineGVisor+"\n"), 0o600); err != nil {
+		return err
 	}
-	r.log.Debug("sandbox created", "id", id, "pid", pid, "pooled_disk", pooled,
-		"disk", tDisk.Sub(start), "overlay", tMount.Sub(tDisk), "runc", time.Since(tMount), "total", time.Since(start))
-	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath}, nil
+	agentDir := filepath.Join(dir, diskMount, gvisorAgentDir)
+	if err := os.Mkdir(agentDir, 0o700); err != nil {
+		return err
+	}
+	if n := len(gvisorSocket(dir)); n > maxSocketPath {
+		return errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit: use a shorter ID or StateDir",
+			gvisorSocket(dir), n, maxSocketPath)
+	}
+	bin, err := r.gvisorAgentCopy(agent)
+	if err != nil {
+		return err
+	}
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentDir: agentDir, agentBin: bin})
+	if err != nil {
+		return fmt.Errorf("render spec: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o600); err != nil {
+		return err
+	}
+	return r.startGVisor(ctx, spec.ID, dir, logf)
 }
 
 // listenUnix creates a listening unix socket at path; the file is 0600 in a 0700 directory.
@@ -256,6 +301,9 @@ func (r *Runtime) Open(ctx context.Context, id string) (*Sandbox, error) {
 	unlock := r.locks.lock(id)
 	defer unlock()
 	dir := r.dir(id)
+	if r.engineOf(id) == EngineGVisor {
+		return r.openGVisor(ctx, id)
+	}
 	_, dirErr := os.Lstat(dir)
 	st, err := r.runcState(ctx, id)
 	switch {
@@ -285,6 +333,10 @@ func (r *Runtime) Open(ctx context.Context, id string) (*Sandbox, error) {
 func (r *Runtime) Status(ctx context.Context, id string) (Status, error) {
 	if !validID(id) {
 		return Status{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+	}
+	if _, err := os.Lstat(filepath.Join(r.dir(id), checkpointedFile)); err == nil {
+		mem, _ := r.cg.memUsage(id)
+		return Status{State: StatePaused, MemoryBytes: mem}, nil
 	}
 	if !r.cg.exists(id) {
 		if _, err := os.Lstat(r.dir(id)); err == nil {
@@ -356,6 +408,9 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 				}
 			}
 		}
+	}
+	if err := r.destroyGVisor(ctx, id); err != nil {
+		errs = append(errs, err)
 	}
 	tRunc := time.Now()
 	if err := teardownDir(ctx, r.dir(id)); err != nil {

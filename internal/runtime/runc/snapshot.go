@@ -33,6 +33,9 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	}
 	unlock := r.locks.lock(id)
 	defer unlock()
+	if r.engineOf(id) == EngineGVisor {
+		return errdefs.Invalid("Runtime", "sandbox %s runs on gVisor, whose writable layer cannot be read consistently while it runs: snapshots need a runc sandbox", id)
+	}
 	if err := r.cg.freeze(ctx, id, 5*time.Second); err != nil {
 		r.cg.thaw(id)
 		return fmt.Errorf("freeze sandbox %s: %w", id, err)

@@ -32,6 +32,8 @@ type Spec struct {
 	AgentArgs []string
 	// Env is KEY=VALUE for the agent; PATH and HOME get defaults unless set here.
 	Env []string
+	// Engine runs the sandbox: EngineRunc (the default) or EngineGVisor (see gvisor.go).
+	Engine Engine
 
 	CPUs        float64 // CFS quota in CPUs
 	MemoryBytes int64   // memory limit; memory+swap is set to the same, so no swap
@@ -58,6 +60,13 @@ var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9]
 func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
 	if !validID(s.ID) {
 		return errdefs.Invalid("ID", "%q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", s.ID)
+	}
+	switch s.Engine {
+	case "":
+		s.Engine = EngineRunc
+	case EngineRunc, EngineGVisor:
+	default:
+		return errdefs.Invalid("Engine", "%q: want %q or %q", s.Engine, EngineRunc, EngineGVisor)
 	}
 	if s.Hostname == "" {
 		s.Hostname = strings.Trim(strings.ReplaceAll(s.ID, "_", "-"), ".-")
@@ -205,11 +214,24 @@ func newTemplate(agentOOMScoreAdj *int, allArches bool) (*template, error) {
 	return &template{spec: s, seccomp: raw}, nil
 }
 
-// render returns config.json for s (normalized) with its cgroup at cgroupsPath.
-func (t *template) render(s *Spec, cgroupsPath string) ([]byte, error) {
+// gvisorPaths are the host paths a gVisor sandbox's spec binds in (see gvisor.go).
+type gvisorPaths struct {
+	agentDir string // the agent's socket directory, read-write, at gvisorMountPoint
+	agentBin string // the agent binary, read-only, at gvisorAgentPath
+}
+
+// render returns config.json for s (normalized) with its cgroup at cgroupsPath; gv is set for
+// a gVisor sandbox.
+func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte, error) {
 	spec := t.spec
 	proc := *t.spec.Process
-	proc.Args = append([]string{agentExecPath}, s.AgentArgs...)
+	if gv != nil {
+		proc.Args = append([]string{gvisorAgentPath}, s.AgentArgs...)
+		proc.Args = append(proc.Args, "--listen", gvisorMountPoint+"/"+socketName,
+			"--resume-marker", gvisorMountPoint+"/"+gvisorResumeName)
+	} else {
+		proc.Args = append([]string{agentExecPath}, s.AgentArgs...)
+	}
 	proc.Env = agentEnv(s.Env)
 	proc.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: s.OpenFiles, Soft: s.OpenFiles}}
 	spec.Process = &proc
@@ -220,6 +242,13 @@ func (t *template) render(s *Spec, cgroupsPath string) ([]byte, error) {
 		if spec.Mounts[i].Destination == "/dev/shm" {
 			spec.Mounts[i].Options = []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", s.ShmBytes)}
 		}
+	}
+	if gv != nil {
+		spec.Mounts = append(spec.Mounts,
+			specs.Mount{Destination: gvisorMountPoint, Type: "bind", Source: gv.agentDir,
+				Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+			specs.Mount{Destination: gvisorAgentPath, Type: "bind", Source: gv.agentBin,
+				Options: []string{"bind", "ro", "nosuid", "nodev"}})
 	}
 
 	linux := *t.spec.Linux

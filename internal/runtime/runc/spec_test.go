@@ -106,7 +106,7 @@ func TestRender(t *testing.T) {
 	if err := s.normalize(64<<20, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	b, err := tmpl.render(&s, "/corral/x")
+	b, err := tmpl.render(&s, "/corral/x", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

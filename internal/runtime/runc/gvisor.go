@@ -1,0 +1,435 @@
+package runc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// gVisor. A sandbox created with Spec.Engine EngineGVisor runs under gVisor's runsc instead of
+// runc: same bundle (overlay rootfs on the sandbox's ext4 disk, limits, cgroups), same agent,
+// different boundary: the sandbox's syscalls are served by gVisor's user-space kernel (the
+// sentry), not the host's. What differs, and why:
+//
+//   - The agent cannot accept on an inherited host socket under gVisor (accept returns EINVAL),
+//     so it listens on <dir>/disk/agent/agent.sock, a host directory bind-mounted at /.corral
+//     and reached through runsc --host-uds=create. That directory lives on the sandbox's own
+//     disk (its quota), and the sandbox can write it: the edge dials without following a
+//     symlink there (agentrpc.dialNoFollow) and treats what the socket says as the sandbox's.
+//   - The agent binary is bind-mounted read-only at /.corral-agent from a host copy in
+//     <StateDir>/.agents/ (one per agent version, made from the sealed memfd, kept while any
+//     gVisor sandbox may need it: restore opens it again). runsc's --exec-fd would avoid the
+//     copy, but gVisor cannot checkpoint a process that maps a file given that way.
+//   - runsc runs with --overlay2=none, so every write reaches the host overlay on the sandbox's
+//     disk (the disk limit holds and the upper dir is the real writable layer), and
+//     --network=none (loopback only), as the runc sandboxes have.
+//   - Pause is `runsc checkpoint` to <dir>/checkpoint: the sandbox's processes and memory are
+//     gone, 100% of its memory returned; the image stays on the host's disk (StateDir), not the
+//     sandbox's. gVisor refuses to save a bound host socket, so the agent is first asked to
+//     quiesce (close its listener and connections; running commands keep running and keep
+//     their output). Resume is `runsc restore` from that image; the edge then creates
+//     <dir>/disk/agent/resume, the agent listens again, and Resume returns once it answers.
+//   - Freeze (for snapshots) is refused: gVisor keeps file data in the sentry's own cache, so
+//     the host's upper dir is not a consistent view of the sandbox's files while it runs.
+//
+// <dir>/engine holds "gvisor" for such a sandbox (absent: runc); <dir>/checkpointed exists
+// while its checkpoint image is complete and the sandbox is paused.
+
+// Engine names the OCI runtime that runs a sandbox.
+type Engine string
+
+// The engines a Runtime knows.
+const (
+	EngineRunc   Engine = "runc"
+	EngineGVisor Engine = "gvisor"
+)
+
+// Defaults for the gVisor fields of Config.
+const (
+	DefaultRunsc         = "/var/cache/corral/runsc/v0.0.0-20260905035102-160fafc42237/runsc" // scripts/install-runsc.sh
+	DefaultRunscRoot     = "/run/corral/runsc"
+	DefaultRunscPlatform = "systrap"
+)
+
+const (
+	engineFile       = "engine"
+	checkpointedFile = "checkpointed"
+	checkpointDir    = "checkpoint"
+	gvisorAgentDir   = "agent"          // under diskMount
+	gvisorMountPoint = "/.corral"       // where the sandbox sees it
+	gvisorAgentPath  = "/.corral-agent" // the agent binary, bind-mounted read-only
+	agentCopiesDir   = ".agents"        // under StateDir
+	gvisorResumeName = "resume"         // the marker the agent waits for after a quiesce
+	gvisorReadyWait  = 10 * time.Second // how long Create and Resume wait for the agent's socket
+)
+
+func gvisorSocket(dir string) string {
+	return filepath.Join(dir, diskMount, gvisorAgentDir, socketName)
+}
+
+// engineOf reads which engine runs id (runc when no marker is present).
+func (r *Runtime) engineOf(id string) Engine {
+	b, err := os.ReadFile(filepath.Join(r.dir(id), engineFile))
+	if err == nil && strings.TrimSpace(string(b)) == string(EngineGVisor) {
+		return EngineGVisor
+	}
+	return EngineRunc
+}
+
+// GVisor reports whether gVisor sandboxes can be created here, and its version, or why not.
+func (r *Runtime) GVisor() (version string, err error) {
+	if r.runscErr != nil {
+		return "", r.runscErr
+	}
+	return r.runscVersion, nil
+}
+
+// initGVisor checks the runsc binary; a missing one only disables the engine.
+func (r *Runtime) initGVisor(ctx context.Context) {
+	if r.cfg.Runsc == "" {
+		r.cfg.Runsc = DefaultRunsc
+	}
+	if _, err := os.Stat(r.cfg.Runsc); err != nil {
+		r.runscErr = errdefs.Unavailable("gVisor is not installed here (%s: %v): run scripts/install-runsc.sh", r.cfg.Runsc, err)
+		return
+	}
+	out, err := exec.CommandContext(ctx, r.cfg.Runsc, "--version").Output()
+	if err != nil {
+		r.runscErr = errdefs.Unavailable("%s --version: %v", r.cfg.Runsc, err)
+		return
+	}
+	r.runscVersion, _, _ = strings.Cut(string(out), "\n")
+	if err := os.MkdirAll(r.cfg.RunscRoot, 0o700); err != nil {
+		r.runscErr = fmt.Errorf("create %s: %w", r.cfg.RunscRoot, err)
+	}
+}
+
+// runscCmd returns runsc with the global flags every call must repeat identically (restore
+// must see the flags the sandbox was created with), a minimal environment and its own process
+// group.
+func (r *Runtime) runscCmd(ctx context.Context, logPath string, args ...string) *exec.Cmd {
+	full := []string{
+		"--root", r.cfg.RunscRoot, "--platform", r.cfg.RunscPlatform,
+		"--host-uds", "create", "--overlay2", "none", "--network", "none",
+	}
+	if logPath != "" {
+		full = append(full, "--log", logPath, "--log-format", "json")
+	}
+	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(full, args...)...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+func (r *Runtime) runscRun(ctx context.Context, logPath string, args ...string) error {
+	cmd := r.runscCmd(ctx, logPath, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := strings.TrimSpace(string(out))
+		if logPath != "" {
+			if last := lastRuncError(logPath); !strings.HasPrefix(last, "(") {
+				msg = last
+			}
+		}
+		return fmt.Errorf("runsc %s: %w: %s", args[0], err, msg)
+	}
+	return nil
+}
+
+// startGVisor is Create's runsc half: the bundle at dir is ready (rootfs mounted, config.json
+// written). It starts the sandbox and waits for the agent's socket.
+func (r *Runtime) startGVisor(ctx context.Context, id, dir string, logf *os.File) error {
+	cmd := r.runscCmd(ctx, filepath.Join(dir, "runsc.log"), "run", "--detach", "--bundle", dir,
+		"--pid-file", filepath.Join(dir, "init.pid"), id)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc run: %w: %s", err, lastRuncError(filepath.Join(dir, "runsc.log")))
+	}
+	return waitAgent(ctx, gvisorSocket(dir), filepath.Join(dir, diskMount, "agent.log"))
+}
+
+// gvisorAgentCopy returns the host copy of the agent in img for bind-mounting, making it once.
+func (r *Runtime) gvisorAgentCopy(img *agentImage) (string, error) {
+	k := img.key
+	name := fmt.Sprintf("%x-%x-%x-%x", k.dev, k.ino, k.size, k.mtimeNsec)
+	dir := filepath.Join(r.cfg.StateDir, agentCopiesDir)
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	src := io.NewSectionReader(img.f, 0, k.size)
+	if _, err := io.Copy(tmp, src); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("copy agent: %w", err)
+	}
+	if err := tmp.Chmod(0o555); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	return p, os.Rename(tmp.Name(), p)
+}
+
+// removeGVisorLeftovers removes what gVisor sandboxes share once none is left: the agent
+// copies, and the empty network namespace runsc bind-mounts in its root for --network=none.
+func (r *Runtime) removeGVisorLeftovers() {
+	ents, _ := os.ReadDir(r.cfg.StateDir)
+	for _, e := range ents {
+		if e.IsDir() && validID(e.Name()) && r.engineOf(e.Name()) == EngineGVisor {
+			return
+		}
+	}
+	os.RemoveAll(filepath.Join(r.cfg.StateDir, agentCopiesDir))
+	if out, err := r.runscCmd(context.Background(), "", "list", "-quiet").Output(); r.runscErr == nil && err == nil && len(strings.TrimSpace(string(out))) == 0 {
+		p := filepath.Join(r.cfg.RunscRoot, "null-netns")
+		if err := unix.Unmount(p, unix.MNT_DETACH); err == nil || errors.Is(err, unix.EINVAL) {
+			os.Remove(p)
+		}
+	}
+}
+
+// waitAgent waits until the agent answers a ping at sock.
+func waitAgent(ctx context.Context, sock, logPath string) error {
+	ctx, cancel := context.WithTimeout(ctx, gvisorReadyWait)
+	defer cancel()
+	c := agentrpc.NewClient(sock)
+	delay := 500 * time.Microsecond
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		_, err := c.Ping(pctx)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent did not answer within %v (%v); its log: %s", gvisorReadyWait, err, tailFile(logPath, 512))
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 20*time.Millisecond)
+	}
+}
+
+// tailFile returns up to n last bytes of path, for error messages.
+func tailFile(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "(unreadable)"
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "(unreadable)"
+	}
+	off := max(st.Size()-n, 0)
+	b := make([]byte, st.Size()-off)
+	f.ReadAt(b, off)
+	if len(b) == 0 {
+		return "(empty)"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// pauseGVisor checkpoints the sandbox to disk; see the package comment above.
+// Preconditions: id's lock is held; id is running.
+func (r *Runtime) pauseGVisor(ctx context.Context, id string, st Status) (PauseStats, error) {
+	start := time.Now()
+	stats := PauseStats{MemoryBefore: st.MemoryBytes}
+	dir := r.dir(id)
+	if err := agentrpc.NewClient(gvisorSocket(dir)).Quiesce(ctx); err != nil {
+		r.signalResume(id) // in case it quiesced before the error
+		return stats, fmt.Errorf("pause sandbox %s: quiesce agent: %w", id, err)
+	}
+	img := filepath.Join(dir, checkpointDir)
+	os.RemoveAll(img)
+	if err := os.Mkdir(img, 0o700); err != nil {
+		r.signalResume(id)
+		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	err := r.runscRun(ctx, filepath.Join(dir, "runsc.log"), "checkpoint", "--image-path", img, id)
+	if err != nil {
+		os.RemoveAll(img)
+		r.signalResume(id) // when the sandbox survived the failure
+		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	stats.Freeze = time.Since(start)
+	if err := writeFileSync(filepath.Join(dir, checkpointedFile), []byte(time.Now().UTC().Format(time.RFC3339Nano)+"\n")); err != nil {
+		return stats, fmt.Errorf("pause sandbox %s: checkpoint saved but not marked: %w", id, err)
+	}
+	// The checkpointed container is stopped; restore needs its ID free.
+	if err := r.runscRun(ctx, "", "delete", "--force", id); err != nil {
+		r.log.Warn("runsc delete after checkpoint", "id", id, "err", err)
+	}
+	// Anything still charged (page cache of files the gofer read) is dropped with the processes.
+	r.cg.killAll(id, 5*time.Second)
+	stats.MemoryAfter, _ = r.cg.memUsage(id)
+	if stats.MemoryBefore > stats.MemoryAfter {
+		stats.MemoryReturned = stats.MemoryBefore - stats.MemoryAfter
+	}
+	stats.Duration = time.Since(start)
+	r.log.Debug("gvisor sandbox checkpointed", "id", id, "total", stats.Duration, "memory_before", stats.MemoryBefore, "memory_after", stats.MemoryAfter)
+	return stats, nil
+}
+
+// resumeGVisor restores the sandbox from its checkpoint and waits for the agent.
+// Preconditions: id's lock is held; id is checkpointed.
+func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, error) {
+	start := time.Now()
+	var stats ResumeStats
+	dir := r.dir(id)
+	img := filepath.Join(dir, checkpointDir)
+	logPath := filepath.Join(dir, "runsc.log")
+	if r.hasRunscState(id) {
+		r.runscRun(ctx, "", "delete", "--force", id) // a crash between checkpoint and delete
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, diskMount, "agent.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	defer logf.Close()
+	cmd := r.runscCmd(ctx, logPath, "restore", "--detach", "--image-path", img, "--bundle", dir,
+		"--pid-file", filepath.Join(dir, "init.pid"), id)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		r.runscRun(context.WithoutCancel(ctx), "", "delete", "--force", id)
+		return stats, fmt.Errorf("resume sandbox %s: runsc restore: %w: %s", id, err, lastRuncError(logPath))
+	}
+	// From here the sandbox runs: the checkpoint is spent.
+	os.Remove(filepath.Join(dir, checkpointedFile))
+	os.RemoveAll(img)
+	if err := r.signalResume(id); err != nil {
+		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	if err := waitAgent(ctx, gvisorSocket(dir), filepath.Join(dir, diskMount, "agent.log")); err != nil {
+		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	stats.Duration = time.Since(start)
+	r.log.Debug("gvisor sandbox restored", "id", id, "total", stats.Duration)
+	return stats, nil
+}
+
+// openGVisor is Open for a gVisor sandbox. Preconditions: id's lock is held.
+func (r *Runtime) openGVisor(ctx context.Context, id string) (*Sandbox, error) {
+	dir := r.dir(id)
+	sb := &Sandbox{ID: id, AgentSocket: gvisorSocket(dir), Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log")}
+	if _, err := os.Lstat(filepath.Join(dir, checkpointedFile)); err == nil {
+		return sb, nil // paused: no process, no runsc state
+	}
+	if !r.hasRunscState(id) {
+		return nil, errdefs.NotFound("sandbox %s has no runsc state and no checkpoint (interrupted create?): Delete it", id)
+	}
+	pid, err := readPid(filepath.Join(dir, "init.pid"))
+	if err != nil {
+		return nil, errdefs.NotFound("sandbox %s: %v (interrupted create?): Delete it", id, err)
+	}
+	st, err := r.Status(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if st.State == StateRunning {
+		sb.Pid = pid
+		// An edge that died between quiescing the agent and the checkpoint left it waiting.
+		if _, err := os.Lstat(sb.AgentSocket); errors.Is(err, fs.ErrNotExist) {
+			r.signalResume(id)
+		}
+	}
+	return sb, nil
+}
+
+// signalResume creates the marker that makes a quiesced agent listen again. The directory is
+// the sandbox's to write: never follow what it put there.
+func (r *Runtime) signalResume(id string) error {
+	p := filepath.Join(r.dir(id), diskMount, gvisorAgentDir, gvisorResumeName)
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0o600)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENXIO) {
+		os.Remove(p)
+		fd, err = unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	}
+	if err != nil {
+		return fmt.Errorf("signal the agent to listen again: %w", err)
+	}
+	return unix.Close(fd)
+}
+
+// destroyGVisor removes runsc's state of id. Preconditions: id's lock is held.
+func (r *Runtime) destroyGVisor(ctx context.Context, id string) error {
+	if !r.hasRunscState(id) {
+		return nil
+	}
+	if r.runscErr != nil {
+		return fmt.Errorf("runsc state of %s left behind: %w", id, r.runscErr)
+	}
+	if err := r.runscRun(ctx, "", "delete", "--force", id); err != nil {
+		if r.hasRunscState(id) {
+			r.log.Warn("runsc delete failed; removing its state", "id", id, "err", err)
+			return r.removeRunscState(id)
+		}
+	}
+	return nil
+}
+
+// runscStateFiles are what runsc keeps in its root for a sandbox whose root container is id:
+// <id>_sandbox:<id>.state and .lock, and its control socket runsc-<id>.sock.
+func (r *Runtime) runscStateFiles(id string) []string {
+	root := r.cfg.RunscRoot
+	return []string{
+		filepath.Join(root, id+"_sandbox:"+id+".state"),
+		filepath.Join(root, id+"_sandbox:"+id+".lock"),
+		filepath.Join(root, "runsc-"+id+".sock"),
+	}
+}
+
+func (r *Runtime) hasRunscState(id string) bool {
+	_, err := os.Lstat(r.runscStateFiles(id)[0])
+	return err == nil
+}
+
+func (r *Runtime) removeRunscState(id string) error {
+	var errs []error
+	for _, p := range r.runscStateFiles(id) {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
