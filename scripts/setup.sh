@@ -42,6 +42,8 @@ modprobe overlay 2>/dev/null || true
 modprobe loop 2>/dev/null || true
 grep -qw overlay /proc/filesystems || { echo "setup: this kernel has no overlayfs" >&2; exit 1; }
 "$(dirname "$0")/install-runc.sh" >/dev/null
+# gVisor's runsc for `--runtime gvisor` (built once, ~2 minutes, cached like runc).
+"$(dirname "$0")/install-runsc.sh" >/dev/null
 # Pause pushes a sandbox's memory to swap; without swap it can only return page cache.
 "$(dirname "$0")/swap.sh" >&2 || echo "setup: no swap (pause will return page cache only)" >&2
-echo "setup: ok (runc: $("$(dirname "$0")/install-runc.sh"))"
+echo "setup: ok (runc: $("$(dirname "$0")/install-runc.sh"), runsc: $("$(dirname "$0")/install-runsc.sh"))"

@@ -105,8 +105,8 @@ func TestCreate(t *testing.T) {
 			args: []string{"create", "--base", "base:default", "--workspace", "ws:1", "--toolkit", "go:1.26", "--toolkit", "node:22",
 				"--cpus", "1.5", "--memory", "512M", "--pids", "100", "--disk", "1GiB", "--open-files", "4096",
 				"--output-limit", "1000000", "--env", "A=1,2", "--env", "B=", "--label", "team=infra", "--ttl", "2h",
-				"--idle-ttl", "10m", "--hostname", "box"},
-			wantBody: `{"base":"base:default","workspace":"ws:1","toolkits":["go:1.26","node:22"],` +
+				"--idle-ttl", "10m", "--hostname", "box", "--runtime", "gvisor"},
+			wantBody: `{"runtime":"gvisor","base":"base:default","workspace":"ws:1","toolkits":["go:1.26","node:22"],` +
 				`"limits":{"cpus":1.5,"memory_bytes":536870912,"pids":100,"disk_bytes":1073741824,"open_files":4096,"output_bytes":1000000},` +
 				`"env":["A=1,2","B="],"labels":{"team":"infra"},"ttl":"2h","idle_ttl":"10m","hostname":"box"}`,
 		},
@@ -122,6 +122,7 @@ func TestCreate(t *testing.T) {
 		{name: "bad label", args: []string{"create", "--label", "novalue"}, code: 2, stderr: `--label "novalue": want KEY=VALUE`},
 		{name: "bad ref", args: []string{"create", "--base", "busybox"}, code: 2, stderr: "NAME:VERSION"},
 		{name: "bad ttl", args: []string{"create", "--ttl", "soon"}, code: 2, stderr: "--ttl"},
+		{name: "bad runtime", args: []string{"create", "--runtime", "kata"}, code: 2, stderr: `--runtime: "kata": want runc or gvisor`},
 		{name: "unknown flag", args: []string{"create", "--nope"}, code: 2, stderr: "unknown flag: --nope"},
 		{name: "extra argument", args: []string{"create", "x"}, code: 2, stderr: "Run 'corral create --help' for usage."},
 	}

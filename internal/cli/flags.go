@@ -104,6 +104,7 @@ type createFlags struct {
 	autoPause                 string
 	pauseKeepsTTL             bool
 	fromSnapshot              string
+	runtime                   string
 }
 
 // add registers the flags on fs; the default base is $CORRAL_BASE or base:default.
@@ -113,6 +114,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 		base = defaultBase
 	}
 	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION ($CORRAL_BASE sets the default)")
+	fs.StringVar(&f.runtime, "runtime", "", "container runtime: runc (default) or gvisor")
 	fs.StringVar(&f.workspace, "workspace", "", "workspace layer NAME:VERSION")
 	fs.StringArrayVar(&f.toolkits, "toolkit", nil, "toolkit layer NAME:VERSION (repeatable)")
 	fs.Float64Var(&f.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5")
@@ -142,6 +144,7 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		IdleTTL:   f.idleTTL,
 		Hostname:  f.hostname,
 		Limits:    corral.Limits{CPUs: f.cpus, Pids: f.pids, OpenFiles: f.openFiles},
+		Runtime:   f.runtime,
 
 		AutoPauseAfter: f.autoPause,
 		FromSnapshot:   f.fromSnapshot,
@@ -152,6 +155,11 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		if err := checkRef("from-snapshot", f.fromSnapshot); err != nil {
 			return req, err
 		}
+	}
+	switch f.runtime {
+	case "", "runc", "gvisor":
+	default:
+		return req, usagef("--runtime: %q: want runc or gvisor", f.runtime)
 	}
 	if !f.pauseKeepsTTL {
 		req.PauseKeepsTTL = &f.pauseKeepsTTL

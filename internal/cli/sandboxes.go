@@ -262,6 +262,8 @@ func (a *app) newInfoCmd() *cobra.Command {
 				{"Runtime:", orDash(info.Runtime)},
 				{"Runtime path:", orDash(info.RuntimePath)},
 				{"Runtime version:", orDash(info.RuntimeVersion)},
+				{"Runtimes:", strings.Join(info.Runtimes, ", ")},
+				{"gVisor:", gvisorLine(info)},
 				{"Cgroup version:", orDash(info.CgroupVersion)},
 				{"Data dir:", orDash(info.DataDir)},
 				{"Sandboxes:", strconv.Itoa(info.Sandboxes)},
@@ -271,4 +273,11 @@ func (a *app) newInfoCmd() *cobra.Command {
 			return t.flush()
 		},
 	}
+}
+
+func gvisorLine(info *corral.Info) string {
+	if info.GVisorVersion != "" {
+		return info.GVisorVersion
+	}
+	return orDash(info.GVisorUnavailable)
 }

@@ -48,6 +48,7 @@ re-adopted at the next start, as they are after a crash.`,
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address of the API")
 	f.StringVar(&cfg.Node, "node", "local", "this host's name in sandbox IDs (1-16 lowercase letters or digits)")
 	f.StringVar(&cfg.Runc, "runc", "", "runc binary (default: $CORRAL_RUNC, the build cached in /var/cache/corral/runc, or runc on PATH)")
+	f.StringVar(&cfg.Runsc, "runsc", "", "gVisor's runsc binary (default: $CORRAL_RUNSC or the build cached in /var/cache/corral/runsc)")
 	f.StringVar(&cfg.Agent, "agent", "", "static corral-agent binary (default: beside this executable)")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "/corral", "cgroup under which sandbox cgroups are created")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", 0, "TTL of a sandbox whose create call names none (default 1h)")

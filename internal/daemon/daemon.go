@@ -42,6 +42,9 @@ type Config struct {
 	// Runc is the runc binary; default: $CORRAL_RUNC, else the newest build cached by
 	// scripts/install-runc.sh under /var/cache/corral/runc, else runc on PATH.
 	Runc string
+	// Runsc is gVisor's runsc binary; default: $CORRAL_RUNSC, else the build scripts/install-runsc.sh
+	// caches (runc.DefaultRunsc). Without it gVisor sandboxes are refused; runc ones still work.
+	Runsc string
 	// Agent is the static corral-agent binary; default: corral-agent beside this executable.
 	Agent string
 	// CgroupParent is the cgroup under which sandboxes' cgroups are made. Default /corral.
@@ -85,6 +88,9 @@ func (c *Config) Validate() error {
 	c.DataDir = abs
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return errdefs.Invalid("listen", "%q is not HOST:PORT", c.Listen)
+	}
+	if c.Runsc == "" {
+		c.Runsc = os.Getenv("CORRAL_RUNSC")
 	}
 	if c.Runc == "" {
 		c.Runc = FindRunc()
@@ -152,6 +158,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Runc:             cfg.Runc,
 		StateDir:         filepath.Join(cfg.DataDir, "sandboxes"),
 		RuncRoot:         filepath.Join(cfg.DataDir, "runc"),
+		Runsc:            cfg.Runsc,
+		RunscRoot:        filepath.Join(cfg.DataDir, "runsc"),
 		CgroupParent:     cfg.CgroupParent,
 		DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
 		DiskPool:         cfg.DiskPool,
@@ -175,10 +183,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer e.Close()
-	api := apiserver.New(log, st, e, ls, corral.Info{
-		Version: Version, Node: cfg.Node, Runtime: "runc", RuntimePath: cfg.Runc,
+	info := corral.Info{
+		Version: Version, Node: cfg.Node, Runtime: edge.RuntimeRunc, RuntimePath: cfg.Runc,
 		RuntimeVersion: runcVersion, DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),
-	})
+		Runtimes: []string{edge.RuntimeRunc},
+	}
+	if v, err := rt.GVisor(); err != nil {
+		info.GVisorUnavailable = err.Error()
+	} else {
+		info.GVisorVersion = v
+		info.Runtimes = append(info.Runtimes, edge.RuntimeGVisor)
+	}
+	api := apiserver.New(log, st, e, ls, info)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)

@@ -42,6 +42,7 @@ func TestBadInput(t *testing.T) {
 		{"bad env", "POST", "/v1/sandboxes", `{"base":"base:test","env":["NOEQUALS"]}`, 400, "env[0]"},
 		{"bad hostname", "POST", "/v1/sandboxes", `{"base":"base:test","hostname":"-x-"}`, 400, "hostname"},
 		{"unknown tier", "POST", "/v1/sandboxes", `{"base":"base:test","tier":"mainframe"}`, 400, "tier"},
+		{"unknown runtime", "POST", "/v1/sandboxes", `{"base":"base:test","runtime":"kata"}`, 400, "runtime"},
 		{"unknown field", "POST", "/v1/sandboxes", `{"base":"base:test","colour":"red"}`, 400, "colour"},
 		{"malformed JSON", "POST", "/v1/sandboxes", `{"base":`, 400, ""},
 		{"trailing data", "POST", "/v1/sandboxes", `{"base":"base:test"} {}`, 400, ""},

@@ -135,6 +135,8 @@ type corralProc struct {
 	logs     *bytes.Buffer
 	waitDone chan struct{}
 	extra    []string
+	// runtime is what create asks for when the request names none ("" = the server's default).
+	runtime string
 }
 
 func randHex(n int) string {
@@ -299,9 +301,43 @@ func withBase(t *testing.T, extra ...string) *corralProc {
 	return p
 }
 
+// forRuntimes runs f as subtests "runc" and "gvisor"; the gVisor one skips when runsc is not
+// installed (scripts/install-runsc.sh).
+func forRuntimes(t *testing.T, f func(t *testing.T, rt string)) {
+	for _, rt := range []string{"runc", "gvisor"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "gvisor" {
+				needGVisor(t)
+			}
+			f(t, rt)
+		})
+	}
+}
+
+func needGVisor(t *testing.T) {
+	t.Helper()
+	p := os.Getenv("CORRAL_RUNSC")
+	if p == "" {
+		p = runc.DefaultRunsc
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("needs gVisor's runsc at %s (scripts/install-runsc.sh builds it; or set CORRAL_RUNSC)", p)
+	}
+}
+
+// withBaseOn is withBase whose sandboxes run on runtime rt by default.
+func withBaseOn(t *testing.T, rt string, extra ...string) *corralProc {
+	p := withBase(t, extra...)
+	p.runtime = rt
+	return p
+}
+
 // create makes a sandbox on base:test, deleted at the end of the test.
 func (p *corralProc) create(req corral.CreateRequest) *corral.Sandbox {
 	p.t.Helper()
+	if req.Runtime == "" {
+		req.Runtime = p.runtime
+	}
 	if req.Base == "" && req.FromSnapshot == "" {
 		req.Base = "base:test"
 	}

@@ -19,8 +19,10 @@ func hostHasSwap() bool {
 
 // TestPauseResume: pause freezes the sandbox and returns its memory, any call resumes it with its
 // processes and files intact, state survives kill -9 of corral, and bad transitions are 409s.
-func TestPauseResume(t *testing.T) {
-	p := withBase(t)
+func TestPauseResume(t *testing.T) { forRuntimes(t, testPauseResume) }
+
+func testPauseResume(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	ctx := context.Background()
 	sb := p.create(corral.CreateRequest{Limits: corral.Limits{MemoryBytes: 1 << 30}})
 	p.sh(sb.ID, "echo kept > /root/file")

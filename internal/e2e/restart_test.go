@@ -15,8 +15,10 @@ import (
 
 // TestKill9AndReadopt kills corral up with SIGKILL: sandboxes keep running, a restarted corral
 // re-adopts them, and one whose processes died meanwhile is marked failed.
-func TestKill9AndReadopt(t *testing.T) {
-	p := withBase(t)
+func TestKill9AndReadopt(t *testing.T) { forRuntimes(t, testKill9AndReadopt) }
+
+func testKill9AndReadopt(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	ctx := context.Background()
 	keep := p.create(corral.CreateRequest{})
 	dies := p.create(corral.CreateRequest{})

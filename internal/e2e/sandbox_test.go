@@ -15,11 +15,20 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-func TestLifecycleAndExec(t *testing.T) {
-	p := withBase(t)
+func TestLifecycleAndExec(t *testing.T) { forRuntimes(t, testLifecycleAndExec) }
+
+func testLifecycleAndExec(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	ctx := context.Background()
 	sb := p.create(corral.CreateRequest{Labels: map[string]string{"team": "a"}, Env: []string{"GREETING=hi"}})
 	other := p.create(corral.CreateRequest{Labels: map[string]string{"team": "b"}})
+	if sb.Runtime != rt {
+		t.Fatalf("sandbox runtime = %q, want %q", sb.Runtime, rt)
+	}
+	// Under gVisor the sandbox's kernel is gVisor's.
+	if dmesg := p.sh(sb.ID, "dmesg 2>/dev/null | head -3"); (rt == "gvisor") != strings.Contains(dmesg, "gVisor") {
+		t.Fatalf("runtime %s: dmesg says %q", rt, dmesg)
+	}
 
 	got, err := p.Client.GetSandbox(ctx, sb.ID)
 	if err != nil || got.ID != sb.ID || got.State != corral.StateRunning || got.Node != "local" {
@@ -84,8 +93,10 @@ func TestLifecycleAndExec(t *testing.T) {
 	}
 }
 
-func TestLayerComposition(t *testing.T) {
-	p := withBase(t)
+func TestLayerComposition(t *testing.T) { forRuntimes(t, testLayerComposition) }
+
+func testLayerComposition(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	mk := func(files map[string]string) string {
 		dir := t.TempDir()
 		for name, content := range files {
@@ -129,8 +140,10 @@ func TestLayerComposition(t *testing.T) {
 	}
 }
 
-func TestFiles(t *testing.T) {
-	p := withBase(t)
+func TestFiles(t *testing.T) { forRuntimes(t, testFiles) }
+
+func testFiles(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	ctx := context.Background()
 	sb := p.create(corral.CreateRequest{})
 	c := p.Client
@@ -208,8 +221,10 @@ func TestFiles(t *testing.T) {
 	}
 }
 
-func TestReattachAndOutputCap(t *testing.T) {
-	p := withBase(t)
+func TestReattachAndOutputCap(t *testing.T) { forRuntimes(t, testReattachAndOutputCap) }
+
+func testReattachAndOutputCap(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	ctx := context.Background()
 	sb := p.create(corral.CreateRequest{Limits: corral.Limits{OutputBytes: 64 << 10}})
 

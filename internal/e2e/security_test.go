@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -88,9 +89,68 @@ func TestHarnessUnreachable(t *testing.T) {
 	}
 }
 
+// TestHarnessUnreachableGVisor is TestHarnessUnreachable for gVisor sandboxes, whose boundary
+// differs: the agent's socket directory and binary are bind-mounted in (gVisor cannot accept on
+// an inherited host socket), the sandbox sees gVisor's /proc and /sys, not the host's, and
+// gVisor does not make init unkillable, so root inside can end its own sandbox (and nothing
+// else). Mount sources never show host paths.
+func TestHarnessUnreachableGVisor(t *testing.T) {
+	needGVisor(t)
+	p := withBaseOn(t, "gvisor")
+	sb := p.create(corral.CreateRequest{})
+	checks := []struct{ name, script, want string }{
+		{"runs as root", "id -u", "0"},
+		{"gVisor's kernel", "dmesg | grep -c gVisor", "1"},
+		{"agent memory unreadable", "cat /proc/1/mem >/dev/null 2>&1 && echo readable || echo denied", "denied"},
+		{"agent environment unreadable", "cat /proc/1/environ >/dev/null 2>&1 && echo readable || echo denied", "denied"},
+		{"agent descriptor links unreadable", "readlink /proc/1/fd/3 2>/dev/null || echo denied", "denied"},
+		{"agent binary read-only", "echo x > /.corral-agent 2>/dev/null && echo wrote || echo refused", "refused"},
+		{"agent binary not remountable", "mount -o remount,rw /.corral-agent 2>/dev/null && echo remounted || echo refused", "refused"},
+		{"only the agent's socket", "find / -type s 2>/dev/null", "/.corral/agent.sock"},
+		{"no host path in mountinfo", "grep -c -e /var/lib -e /tmp/crl -e sandboxes /proc/self/mountinfo || true", "0"},
+		{"no network but loopback", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", "lo"},
+		{"/proc/sys read-only", "echo 1 > /proc/sys/kernel/panic 2>/dev/null && echo wrote || echo refused", "refused"},
+		{"no agent log files", "find /tmp /var /run /root -type f 2>/dev/null | wc -l", "0"},
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			out, errOut, exit := p.run(sb.ID, "/bin/sh", "-c", c.script)
+			if exit.Code != 0 {
+				t.Fatalf("sh -c %q: exit %+v, stderr %q", c.script, exit, errOut)
+			}
+			if got := strings.TrimSpace(out); got != c.want {
+				t.Fatalf("%s: got %q, want %q", c.script, got, c.want)
+			}
+		})
+	}
+	// A symlink planted in place of the agent's socket is not followed by the edge: the sandbox
+	// just becomes unreachable (its own loss), the edge never dials the link's target.
+	other := p.create(corral.CreateRequest{})
+	p.sh(other.ID, "rm /.corral/agent.sock; ln -s /var/run/docker.sock /.corral/agent.sock")
+	_, err := p.Client.Exec(context.Background(), other.ID, corral.ExecRequest{Argv: []string{"true"}})
+	if err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Fatalf("exec after the socket became a symlink: %v, want a 'not a socket' error", err)
+	}
+	// SIGKILL to the agent ends the sandbox; the edge notices and cleans up.
+	if _, err := p.Client.StartCommand(context.Background(), sb.ID, corral.ExecRequest{Argv: []string{"kill", "-9", "1"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the sandbox whose agent was killed to stop", func() bool {
+		got, err := p.Client.GetSandbox(context.Background(), sb.ID)
+		return err == nil && (got.State == corral.StateStopped || got.State == corral.StateFailed)
+	})
+	for _, id := range []string{sb.ID, other.ID} {
+		p.Client.DeleteSandbox(context.Background(), id)
+	}
+	p.Stop()
+	assertNoLeftovers(t, p)
+}
+
 // TestLimits checks that the writable layer, memory, processes and open files are bounded.
-func TestLimits(t *testing.T) {
-	p := withBase(t)
+func TestLimits(t *testing.T) { forRuntimes(t, testLimits) }
+
+func testLimits(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	sb := p.create(corral.CreateRequest{Limits: corral.Limits{
 		MemoryBytes: 64 << 20, Pids: 64, DiskBytes: 64 << 20, OpenFiles: 256, CPUs: 0.5,
 	}})
@@ -102,23 +162,25 @@ func TestLimits(t *testing.T) {
 	if got := strings.TrimSpace(p.sh(sb.ID, "ulimit -n")); got != "256" {
 		t.Fatalf("open files limit = %s, want 256", got)
 	}
-	// Processes: a fork loop stops at the pids limit and the sandbox still answers.
-	out, _, _ = p.run(sb.ID, "/bin/sh", "-c", "for i in $(seq 100); do sleep 5 & done 2>&1 | grep -c 'fork' ; true")
-	if strings.TrimSpace(out) == "0" {
-		t.Fatalf("100 background sleeps with pids=64: no fork failed")
+	// Processes: a fork loop stops at the pids limit and the sandbox still answers. Under gVisor
+	// the host limit has headroom for gVisor's own threads (see runc.hostPids), so the same loop
+	// fits, and the host's pids.max is checked instead.
+	if rt == "runc" {
+		out, _, _ = p.run(sb.ID, "/bin/sh", "-c", "for i in $(seq 100); do sleep 5 & done 2>&1 | grep -c 'fork' ; true")
+		if strings.TrimSpace(out) == "0" {
+			t.Fatalf("100 background sleeps with pids=64: no fork failed")
+		}
+	} else {
+		b, err := os.ReadFile("/sys/fs/cgroup/pids" + p.Cgroup + "/" + sb.ID + "/pids.max")
+		if err != nil {
+			b, err = os.ReadFile("/sys/fs/cgroup" + p.Cgroup + "/" + sb.ID + "/pids.max")
+		}
+		if got := strings.TrimSpace(string(b)); err != nil || got != "320" {
+			t.Fatalf("gVisor sandbox with pids=64: host pids.max = %q (%v), want 320 (64 + headroom 256)", got, err)
+		}
+		p.run(sb.ID, "/bin/sh", "-c", "for i in $(seq 50); do sleep 5 & done; true")
 	}
 	p.run(sb.ID, "/bin/sh", "-c", "kill $(pidof sleep) 2>/dev/null; true")
-	// Memory: a process that grows past 64 MiB is OOM-killed, the sandbox survives.
-	_, _, exit = p.run(sb.ID, "awk", `BEGIN { s = "x"; while (length(s) < 400000000) s = s s; print length(s) }`)
-	if exit.Signal != "SIGKILL" {
-		t.Fatalf("awk growing a 400 MB string in a 64 MiB sandbox: %+v, want killed by SIGKILL (OOM)", exit)
-	}
-	if !exit.OOMKilled {
-		t.Fatalf("exit of the OOM-killed command does not say oom_killed: %+v", exit)
-	}
-	if got := p.sh(sb.ID, "echo still here"); got != "still here\n" {
-		t.Fatalf("after the OOM kill: %q", got)
-	}
 	// CPUs: the sandbox has no cgroup mount inside, so check its cgroup from the host.
 	quota, _ := filepath.Glob("/sys/fs/cgroup/cpu*/" + strings.TrimPrefix(p.Cgroup, "/") + "/" + sb.ID + "/cpu.cfs_quota_us")
 	if len(quota) == 0 {
@@ -132,12 +194,38 @@ func TestLimits(t *testing.T) {
 	if q, per := strings.TrimSpace(string(b)), strings.TrimSpace(string(period)); !(q == "50000" && per == "100000") && !strings.HasPrefix(q, "50000 100000") {
 		t.Fatalf("CPU quota for cpus=0.5: quota %q period %q, want 50000/100000", q, per)
 	}
+	// Memory: a process that grows past 64 MiB is OOM-killed, the sandbox survives. Under gVisor
+	// the host's OOM killer ends the whole sandbox (gVisor's kernel has no OOM killer of its
+	// own for the host's limit): the sandbox fails with reason oom_killed, the host is unharmed.
+	if rt == "gvisor" {
+		if _, err := p.Client.StartCommand(context.Background(), sb.ID, corral.ExecRequest{Argv: []string{"awk",
+			`BEGIN { s = "x"; while (length(s) < 400000000) s = s s; print length(s) }`}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "the OOM-killed gVisor sandbox to stop", func() bool {
+			got, err := p.Client.GetSandbox(context.Background(), sb.ID)
+			return err == nil && got.State == corral.StateFailed && got.Reason == corral.ReasonOOMKilled
+		})
+		return
+	}
+	_, _, exit = p.run(sb.ID, "awk", `BEGIN { s = "x"; while (length(s) < 400000000) s = s s; print length(s) }`)
+	if exit.Signal != "SIGKILL" {
+		t.Fatalf("awk growing a 400 MB string in a 64 MiB sandbox: %+v, want killed by SIGKILL (OOM)", exit)
+	}
+	if !exit.OOMKilled {
+		t.Fatalf("exit of the OOM-killed command does not say oom_killed: %+v", exit)
+	}
+	if got := p.sh(sb.ID, "echo still here"); got != "still here\n" {
+		t.Fatalf("after the OOM kill: %q", got)
+	}
 }
 
 // TestDeleteLeavesNothing creates and deletes sandboxes (some busy) and then checks the host for
 // every kind of leftover.
-func TestDeleteLeavesNothing(t *testing.T) {
-	p := withBase(t)
+func TestDeleteLeavesNothing(t *testing.T) { forRuntimes(t, testDeleteLeavesNothing) }
+
+func testDeleteLeavesNothing(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	ctx := context.Background()
 	for i := range 24 {
 		sb := p.create(corral.CreateRequest{Limits: corral.Limits{DiskBytes: 32 << 20}})
@@ -212,8 +300,10 @@ func main() {
 
 // TestAgentNotPtraceable runs a real ptrace(PTRACE_ATTACH) against the agent from inside the
 // sandbox, as root: it must be refused.
-func TestAgentNotPtraceable(t *testing.T) {
-	p := withBase(t)
+func TestAgentNotPtraceable(t *testing.T) { forRuntimes(t, testAgentNotPtraceable) }
+
+func testAgentNotPtraceable(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "main.go"), []byte(ptraceProbe), 0o644)
 	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module probe\ngo 1.21\n"), 0o644)
@@ -232,8 +322,10 @@ func TestAgentNotPtraceable(t *testing.T) {
 	if _, err := p.Client.WriteFile(context.Background(), sb.ID, "/root/probe", f, corral.WriteFileOptions{Mode: 0o755}); err != nil {
 		t.Fatal(err)
 	}
-	// The probe works: it can attach to an ordinary process of the sandbox...
-	if out := p.sh(sb.ID, "sleep 30 & /root/probe $!; kill $!"); strings.TrimSpace(out) != "attached" {
+	// The probe works: it can attach to an ordinary process of the sandbox, its own child (the
+	// shell's background sleep, once the shell has exec'd the probe), since gVisor, like Yama's
+	// ptrace_scope 1, lets a process attach to its descendants only...
+	if out := p.sh(sb.ID, "sleep 30 & exec /root/probe $!"); strings.TrimSpace(out) != "attached" {
 		t.Fatalf("ptrace attach to a sandbox process: %q, want attached (the probe is broken)", out)
 	}
 	// ...but not to the agent.

@@ -15,6 +15,22 @@ func TestSnapshots(t *testing.T) {
 	p := withBase(t)
 	ctx := context.Background()
 	sb := p.create(corral.CreateRequest{})
+	t.Run("gvisor refused", func(t *testing.T) {
+		needGVisor(t)
+		gv := p.create(corral.CreateRequest{Runtime: "gvisor"})
+		p.sh(gv.ID, "echo x > /root/x")
+		_, err := p.Client.Snapshot(ctx, gv.ID, corral.SnapshotRequest{Name: "gv", Version: "1"})
+		if !corral.IsInvalid(err) || !strings.Contains(err.Error(), "runc sandboxes only") {
+			t.Fatalf("snapshot of a gVisor sandbox: %v, want an invalid-request error naming the runtime", err)
+		}
+		if _, err := p.Client.Layer(ctx, "gv", "1"); !corral.IsNotFound(err) {
+			t.Fatalf("refused snapshot left a layer: %v", err)
+		}
+		if got, _ := p.Client.GetSandbox(ctx, gv.ID); got.State != corral.StateRunning {
+			t.Fatalf("refused snapshot changed the sandbox: %s", got.State)
+		}
+		p.Client.DeleteSandbox(ctx, gv.ID)
+	})
 	p.sh(sb.ID, "mkdir -p /work/build && echo v1 > /work/app && echo answer > /work/build/secret && rm /etc/hostname && echo edited >> /etc/passwd && dd if=/dev/zero of=/work/blob bs=1M count=4 2>/dev/null")
 
 	snap, err := p.Client.Snapshot(ctx, sb.ID, corral.SnapshotRequest{Name: "env", Version: "1", Exclude: []string{"/work/build"}})

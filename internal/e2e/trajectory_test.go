@@ -15,8 +15,10 @@ import (
 // TestTrajectoryStepReplay: a completed step is replayed from the log and never runs twice; a
 // running step is attached to; a reused step ID with another request is a conflict; the log is
 // ordered, durable across kill -9, and exported by the API and the CLI.
-func TestTrajectoryStepReplay(t *testing.T) {
-	p := withBase(t)
+func TestTrajectoryStepReplay(t *testing.T) { forRuntimes(t, testTrajectoryStepReplay) }
+
+func testTrajectoryStepReplay(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	ctx := context.Background()
 	sb := p.create(corral.CreateRequest{})
 	appendLine := corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo ran >> /root/count; wc -l < /root/count"}, StepID: "step-1"}

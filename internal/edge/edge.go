@@ -35,6 +35,12 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
+// The runtimes a container sandbox can run on (corral.Sandbox.Runtime).
+const (
+	RuntimeRunc   = string(runc.EngineRunc)
+	RuntimeGVisor = string(runc.EngineGVisor)
+)
+
 // Runtime runs container sandboxes. internal/runtime/runc implements it; the edge is its only user.
 //
 // Create is all-or-nothing; Delete is idempotent and leaves nothing behind; Open re-adopts a sandbox
@@ -50,6 +56,8 @@ type Runtime interface {
 	Freeze(ctx context.Context, id string) error
 	Thaw(ctx context.Context, id string) error
 	UpperDir(id string) (string, error)
+	// GVisor returns runsc's version, or why gVisor sandboxes cannot be created here.
+	GVisor() (string, error)
 }
 
 // LayerStore holds layer trees: it resolves digests to directories usable as overlay lower dirs
@@ -369,6 +377,7 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 		Pids:        rec.Limits.Pids,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
+		Engine:      runc.Engine(rec.Runtime),
 	})
 	if err != nil {
 		log.Error("create sandbox", "err", err)
@@ -411,6 +420,17 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 	case "", "container":
 	default:
 		return nil, nil, errdefs.Invalid("tier", "%q is not available on this node (available: container)", req.Tier)
+	}
+	runtime := req.Runtime
+	switch runtime {
+	case "", RuntimeRunc:
+		runtime = RuntimeRunc
+	case RuntimeGVisor:
+		if _, err := e.rt.GVisor(); err != nil {
+			return nil, nil, errdefs.Invalid("runtime", "gvisor is not available on this node: %v", err)
+		}
+	default:
+		return nil, nil, errdefs.Invalid("runtime", "%q: want %q or %q", req.Runtime, RuntimeRunc, RuntimeGVisor)
 	}
 	limits, err := e.limits(req.Limits)
 	if err != nil {
@@ -514,7 +534,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 	}
 	rec := &store.Sandbox{
 		Sandbox: corral.Sandbox{
-			ID: id, Node: e.cfg.Node, Tier: "container", Runtime: "runc",
+			ID: id, Node: e.cfg.Node, Tier: "container", Runtime: runtime,
 			State: corral.StateCreating,
 			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot,
 			Limits: limits, Env: req.Env, Labels: req.Labels, Hostname: host,

@@ -89,8 +89,11 @@ func (f *fakeRuntime) Resume(ctx context.Context, id string) (runc.ResumeStats, 
 }
 
 func (f *fakeRuntime) Freeze(ctx context.Context, id string) error { return nil }
-func (f *fakeRuntime) Thaw(ctx context.Context, id string) error   { return nil }
-func (f *fakeRuntime) UpperDir(id string) (string, error)          { return "", errdefs.NotFound("upper") }
+func (f *fakeRuntime) GVisor() (string, error) {
+	return "", errdefs.Unavailable("no gVisor in the fake runtime")
+}
+func (f *fakeRuntime) Thaw(ctx context.Context, id string) error { return nil }
+func (f *fakeRuntime) UpperDir(id string) (string, error)        { return "", errdefs.NotFound("upper") }
 
 func (f *fakeRuntime) kill(id string, oom bool) {
 	f.mu.Lock()

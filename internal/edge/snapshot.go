@@ -49,6 +49,9 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	if err != nil {
 		return corral.Layer{}, err
 	}
+	if rec.Runtime != RuntimeRunc {
+		return corral.Layer{}, errdefs.Invalid("runtime", "sandbox %s runs on %s: snapshots are taken of runc sandboxes only (gVisor keeps file data inside its own kernel, so the host never sees a consistent writable layer)", id, rec.Runtime)
+	}
 	upper, err := e.rt.UpperDir(id)
 	if err != nil {
 		return corral.Layer{}, err

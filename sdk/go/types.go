@@ -44,7 +44,10 @@ type Limits struct {
 // CreateRequest is the body of POST /v1/sandboxes.
 type CreateRequest struct {
 	// Tier is "container" (the default; other tiers come later).
-	Tier      string     `json:"tier,omitempty"`
+	Tier string `json:"tier,omitempty"`
+	// Runtime runs a container sandbox: "runc" (the default) or "gvisor" (gVisor's runsc: the
+	// sandbox's syscalls are served by a user-space kernel; pause is a checkpoint to disk).
+	Runtime   string     `json:"runtime,omitempty"`
 	Base      LayerRef   `json:"base"`
 	Workspace LayerRef   `json:"workspace,omitempty"`
 	Toolkits  []LayerRef `json:"toolkits,omitempty"`
@@ -263,13 +266,19 @@ type Layer struct {
 type Info struct {
 	Version     string `json:"version"`
 	Node        string `json:"node"`
-	Runtime     string `json:"runtime"`      // "runc"
+	Runtime     string `json:"runtime"`      // the default runtime, "runc"
 	RuntimePath string `json:"runtime_path"` // the binary in use
 	// RuntimeVersion is the first line of `runc --version`.
 	RuntimeVersion string `json:"runtime_version"`
-	DataDir        string `json:"data_dir"`
-	Sandboxes      int    `json:"sandboxes"`
-	CgroupVersion  string `json:"cgroup_version"`
+	// Runtimes lists the runtimes sandboxes can be created with here ("runc", "gvisor").
+	Runtimes []string `json:"runtimes"`
+	// GVisorVersion is the first line of `runsc --version`; GVisorUnavailable says why gVisor
+	// cannot be used here when it cannot.
+	GVisorVersion     string `json:"gvisor_version,omitempty"`
+	GVisorUnavailable string `json:"gvisor_unavailable,omitempty"`
+	DataDir           string `json:"data_dir"`
+	Sandboxes         int    `json:"sandboxes"`
+	CgroupVersion     string `json:"cgroup_version"`
 }
 
 // Error is the body of every error response.

@@ -261,7 +261,7 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 		Memory:  &specs.LinuxMemory{Limit: ptr(s.MemoryBytes), Swap: ptr(s.MemoryBytes)},
 		CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
-		Pids:    &specs.LinuxPids{Limit: ptr(s.Pids)},
+		Pids:    &specs.LinuxPids{Limit: ptr(hostPids(s))},
 	}
 	spec.Linux = &linux
 	b, err := json.Marshal(&spec)
@@ -282,6 +282,19 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 	out = append(out, t.seccomp...)
 	out = append(out, ',') // linux always has more fields: namespaces, resources, cgroupsPath
 	return append(out, b[i:]...), nil
+}
+
+// gvisorPidsHeadroom is added to a gVisor sandbox's pids limit: the host's pids.max counts the
+// sentry's and gofer's own threads (Go runtime, platform stubs) besides the guest's tasks, and a
+// sentry that cannot start a thread dies (gVisor issue #2490) instead of failing the guest's fork.
+const gvisorPidsHeadroom = 256
+
+// hostPids is the pids.max of the sandbox's host cgroup.
+func hostPids(s *Spec) int64 {
+	if s.Engine == EngineGVisor {
+		return s.Pids + gvisorPidsHeadroom
+	}
+	return s.Pids
 }
 
 func agentEnv(env []string) []string {
