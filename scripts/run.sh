@@ -49,6 +49,14 @@ step corral ttl "$id" 30m
 step corral ls
 step corral rm "$id"
 step corral get "$id"
+if corral info -o json | grep -q '"gvisor"'; then
+  gv=$(corral create --runtime gvisor --ttl 10m --label demo=make-run -o json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1)
+  echo "created gVisor sandbox $gv"
+  step corral exec "$gv" -- sh -c 'dmesg | head -1; echo state > /root/kept'
+  step corral pause "$gv"
+  step corral exec "$gv" -- cat /root/kept
+  step corral rm "$gv"
+fi
 rm -f /tmp/corral-demo.txt
 printf '\nCorral is running at %s (pid %s); stop it with: pkill -f "corral up"\n' "$CORRAL_URL" "$(pgrep -f 'corral up' | head -1)"
 printf 'Try: export CORRAL_TOKEN=$(cat %s/admin.token); corral run -- echo hi\n' "$DATA_DIR"

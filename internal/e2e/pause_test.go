@@ -95,6 +95,38 @@ func testPauseResume(t *testing.T, rt string) {
 	if waited.State != corral.StateRunning {
 		t.Fatalf("GET ?wait=running on a paused sandbox: state %s", waited.State)
 	}
+	// A step still running when the sandbox pauses is recorded to its end: the edge's recording
+	// outlives the pause (under gVisor the pause cuts every connection to the agent).
+	if _, err := p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo before; sleep 1; echo after"}, StepID: "across-pause"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, err := p.Client.PauseSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Client.ResumeSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the step begun before the pause to be recorded as done", func() bool {
+		log, err := p.Client.Trajectory(ctx, sb.ID, 0)
+		if err != nil {
+			return false
+		}
+		for _, e := range log {
+			if e.StepID != "across-pause" || e.State == corral.StepRunning {
+				continue
+			}
+			var out string
+			for _, ev := range e.Output {
+				out += string(ev.Data)
+			}
+			if e.State != corral.StepDone || out != "before\nafter\n" {
+				t.Fatalf("step across a pause: state %s, output %q, error %q", e.State, out, e.Error)
+			}
+			return true
+		}
+		return false
+	})
 	// Explicit pause and resume, then delete a paused sandbox: nothing left.
 	if _, err := p.Client.PauseSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)

@@ -305,6 +305,10 @@ func (h *dataPlane) existingStep(w http.ResponseWriter, r *http.Request, sb *san
 // A client that leaves does not stop the recording: the entry is completed either way.
 func (h *dataPlane) record(ctx context.Context, sb *sandbox, entry *corral.TrajectoryEntry, out *ndjson, clientGone bool, next func() (agentrpc.Event, error)) {
 	rec := newStepRecorder(entry, DefaultStepOutputBytes)
+	// The recording outlives the client (context.WithoutCancel) and survives a pause that cuts the
+	// agent's connections.
+	next, closeNext := h.e.followOutput(context.WithoutCancel(ctx), sb, entry.CommandID, next)
+	defer closeNext()
 	for {
 		ev, err := next()
 		if err != nil {

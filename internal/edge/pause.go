@@ -2,9 +2,11 @@ package edge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
@@ -138,5 +140,70 @@ func pauseInfo(st runc.PauseStats) corral.PauseInfo {
 		MemoryReturned: int64(st.MemoryReturned),
 		MemorySwapped:  int64(st.Swapped),
 		NoSwap:         st.NoSwap,
+	}
+}
+
+// followOutput returns a next function over command cid's events that survives the agent's
+// connections being cut while the sandbox lives on (a gVisor pause quiesces the agent, closing
+// every connection to it): it waits until the sandbox runs again and re-attaches from the last
+// offset it passed on. It returns the stream's error when the sandbox is gone, the agent refuses
+// the re-attach, or ctx ends. close releases the re-attached stream, if any.
+func (e *Edge) followOutput(ctx context.Context, sb *sandbox, cid string, next func() (agentrpc.Event, error)) (follow func() (agentrpc.Event, error), close func()) {
+	var offset int64
+	var cur *agentrpc.Stream
+	follow = func() (agentrpc.Event, error) {
+		for {
+			ev, err := next()
+			if err == nil {
+				offset = max(offset, ev.Offset+int64(len(ev.Data)))
+				return ev, nil
+			}
+			if cid == "" || !errors.Is(err, errdefs.ErrUnavailable) {
+				return ev, err
+			}
+			st, rerr := e.reattach(ctx, sb, cid, offset)
+			if rerr != nil {
+				return ev, err
+			}
+			e.log.Debug("re-attached to a command after its stream was cut", "sandbox", sb.id, "command", cid, "offset", offset)
+			if cur != nil {
+				cur.Close()
+			}
+			cur, next = st, st.Next
+		}
+	}
+	return follow, func() {
+		if cur != nil {
+			cur.Close()
+		}
+	}
+}
+
+// reattach waits until sb runs (not paused, not being paused) and attaches to cid from offset.
+func (e *Edge) reattach(ctx context.Context, sb *sandbox, cid string, offset int64) (*agentrpc.Stream, error) {
+	delay := 10 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 500*time.Millisecond)
+		sb.mu.Lock() // waits out a pause or resume in progress
+		gone := sb.gone
+		sb.mu.Unlock()
+		if gone {
+			return nil, errdefs.Conflict("sandbox %s stopped", sb.id)
+		}
+		if sb.paused.Load() {
+			continue
+		}
+		st, err := sb.agent.Attach(ctx, cid, offset, true)
+		if err == nil {
+			return st, nil
+		}
+		if !errors.Is(err, errdefs.ErrUnavailable) {
+			return nil, err
+		}
 	}
 }

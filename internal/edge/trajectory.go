@@ -202,10 +202,12 @@ func (e *Edge) followStep(sb *sandbox, entry *corral.TrajectoryEntry) {
 		return
 	}
 	defer st.Close()
+	next, closeNext := e.followOutput(ctx, sb, cid, st.Next)
+	defer closeNext()
 	entry.Output, entry.OutputTruncated = nil, false
 	rec := newStepRecorder(entry, DefaultStepOutputBytes)
 	for {
-		ev, err := st.Next()
+		ev, err := next()
 		if err != nil {
 			e.finishStep(sb.id, entry, corral.StepFailed, "output stream ended: "+err.Error())
 			return
