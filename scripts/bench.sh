@@ -21,7 +21,12 @@ export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 mkdir -p bench-out
-corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
-corral bench lifecycle --base base:bench ${BENCH_LIFECYCLE_ARGS:-} | tee bench-out/lifecycle.json
+# BENCH_ONLY=container or BENCH_ONLY=lifecycle runs one of the two.
+if [ "${BENCH_ONLY:-container}" = container ]; then
+  corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
+fi
+if [ "${BENCH_ONLY:-lifecycle}" = lifecycle ]; then
+  corral bench lifecycle --base base:bench ${BENCH_LIFECYCLE_ARGS:-} | tee bench-out/lifecycle.json
+fi
 echo
 echo "corral up log: $(grep -c . "$work/corral.log") lines; errors:"; grep -c 'level=ERROR' "$work/corral.log" || true

@@ -270,7 +270,7 @@ func (r *Runtime) pauseGVisor(ctx context.Context, id string, st Status) (PauseS
 		r.signalResume(id)
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
-	err := r.runscRun(ctx, filepath.Join(dir, "runsc.log"), "checkpoint", "--image-path", img, id)
+	err := r.runscRun(ctx, filepath.Join(dir, "runsc.log"), "checkpoint", "--image-path", img, "--exclude-committed-zero-pages", id)
 	if err != nil {
 		os.RemoveAll(img)
 		r.signalResume(id) // when the sandbox survived the failure
@@ -311,7 +311,9 @@ func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, err
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	defer logf.Close()
-	cmd := r.runscCmd(ctx, logPath, "restore", "--detach", "--image-path", img, "--bundle", dir,
+	// --background: the sandbox runs while its memory is still being read in (the image is
+	// uncompressed), so resume does not wait for the whole image.
+	cmd := r.runscCmd(ctx, logPath, "restore", "--detach", "--background", "--image-path", img, "--bundle", dir,
 		"--pid-file", filepath.Join(dir, "init.pid"), id)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Run(); err != nil {

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -406,6 +407,12 @@ func (r *Runtime) prefetchTargets(id string) []prefetchTarget {
 	if err != nil {
 		return nil
 	}
+	// The agent first: the next exec after a resume needs it, and only it, at once.
+	if agent, err := readPid(filepath.Join(r.dir(id), "init.pid")); err == nil {
+		if i := slices.Index(pids, agent); i > 0 {
+			pids[0], pids[i] = pids[i], pids[0]
+		}
+	}
 	var out []prefetchTarget
 	for _, pid := range pids {
 		t, err := openPrefetchTarget(pid)
@@ -525,13 +532,17 @@ func (r *Runtime) startPrefetch(id string, targets []prefetchTarget) {
 		defer close(run.done)
 		defer cancel()
 		start := time.Now()
-		// Queue every read first, then map what came in.
-		for _, t := range targets {
+		// The agent (targets[0], when it had anything in swap) is read back completely before the
+		// rest is queued, so that the first exec after a resume does not wait behind the
+		// sandbox's bulk memory. Then queue every other read first and map what came in.
+		buf := make([]byte, populateChunk)
+		targets[0].prefetch(ctx)
+		targets[0].populate(ctx, buf)
+		for _, t := range targets[1:] {
 			t.prefetch(ctx)
 		}
 		queued := time.Since(start)
-		buf := make([]byte, populateChunk)
-		for _, t := range targets {
+		for _, t := range targets[1:] {
 			t.populate(ctx, buf)
 		}
 		clear(buf) // the sandbox's memory passed through it
