@@ -165,7 +165,7 @@ type Stats struct {
 }
 
 type counters struct {
-	queries, unknownSource, malformed, allowed, emptyAAAA                    atomic.Uint64
+	queries, unknownSource, malformed, allowed, emptyAAAA                atomic.Uint64
 	refusedName, refusedType, refusedTunnel, refusedRate, upstreamErrors atomic.Uint64
 }
 

@@ -1,0 +1,276 @@
+package egress
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// nftables layout, one table per Corral instance (tag), family inet:
+//
+//	table inet corral-<tag>
+//	  set blocked   ipv4_addr, interval     the always-blocked ranges (netpolicy.BlockedSet)
+//	  set dns-<n>   ipv4_addr, timeout      addresses the resolver answered for slot n's allowed names
+//	  chain forward (hook forward, filter, policy accept: the host's other traffic is not ours)
+//	    iifname "<host veth n>" ip saddr <sandbox n> jump slot-<n>     one rule per slot
+//	    iifname "cr<tag>-*" counter drop                             spoofed source, IPv6, unknown
+//	    oifname "cr<tag>-*" ct state established,related accept      replies
+//	    oifname "cr<tag>-*" counter drop                             nothing reaches a sandbox uninvited
+//	  chain input (hook input, filter, policy accept)
+//	    iifname "cr<tag>-*" meta l4proto {udp,tcp} th dport 53 ip daddr <host side of its slot> accept (per slot)
+//	    iifname "cr<tag>-*" counter drop                             the host itself is unreachable
+//	  chain slot-<n>   the sandbox's policy, evaluated for every packet it sends (no "established
+//	                   accept" first: a new policy applies to open connections at once)
+//	    udp/tcp dport 53 counter drop            "dns_bypass": DNS only through the edge's resolver
+//	    <deny rules> counter drop                "denied"
+//	    <rules the catalog opened inside the blocked set> accept
+//	    ip daddr @blocked counter drop           "blocked_range"
+//	    <allow rules> accept
+//	    ip daddr @dns-<n> accept
+//	    (open mode) accept
+//	    counter drop                             "no_rule"
+//	table ip corral-<tag>-nat
+//	  chain postrouting (hook postrouting, srcnat): ip saddr <pool> oifname != "cr<tag>-*" masquerade
+//
+// Rules carry their reason in UserData so their counters can be read back by reason.
+
+// Reasons a packet is dropped; they are the keys of Counters.
+const (
+	ReasonDNSBypass = "dns_bypass"
+	ReasonDenied    = "denied"
+	ReasonBlocked   = "blocked_range"
+	ReasonNoRule    = "no_rule"
+)
+
+// NetRule is an address rule: a prefix, a protocol (0: tcp and udp and anything else) and a port
+// range (0-0: every port).
+type NetRule struct {
+	Prefix         netip.Prefix
+	Proto          uint8
+	PortLo, PortHi uint16
+}
+
+// SlotPolicy is what a slot's chain enforces.
+type SlotPolicy struct {
+	// Open accepts what no rule decided (mode open); otherwise it is dropped (allowlist).
+	Open bool
+	// Deny is dropped first; Opened (operator-approved addresses inside the blocked set) is
+	// accepted before the blocked set is dropped; Allow is accepted after.
+	Deny, Opened, Allow []NetRule
+}
+
+func ifnameBytes(name string) []byte {
+	b := make([]byte, 16)
+	copy(b, name)
+	return b
+}
+
+func matchIIF(name string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(name)},
+	}
+}
+
+// matchIfPrefix matches an interface name starting with prefix (iifname "prefix*").
+func matchIfPrefix(key expr.MetaKey, prefix string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(prefix)},
+	}
+}
+
+func matchIPv4() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+// matchAddr matches the IPv4 source (offset 12) or destination (16) against prefix.
+func matchAddr(offset uint32, p netip.Prefix) []expr.Any {
+	addr := p.Masked().Addr().As4()
+	mask := net4Mask(p.Bits())
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask[:], Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr[:]},
+	}
+}
+
+func net4Mask(bits int) [4]byte {
+	var m [4]byte
+	binary.BigEndian.PutUint32(m[:], ^uint32(0)<<(32-bits))
+	if bits == 0 {
+		m = [4]byte{}
+	}
+	return m
+}
+
+func matchL4(proto uint8) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
+
+func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+
+// matchDport matches the transport destination port (TCP and UDP both have it at offset 2).
+func matchDport(lo, hi uint16) []expr.Any {
+	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+	if lo == hi {
+		return []expr.Any{load, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(lo)}}
+	}
+	return []expr.Any{load, &expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: be16(lo), ToData: be16(hi)}}
+}
+
+func lookupDaddr(set *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+	}
+}
+
+func matchCtEstablished() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
+			Xor:  []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
+}
+
+func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
+
+func jump(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }
+
+// netRuleExprs returns the matches of r (without verdict); a rule for "tcp and udp" with ports
+// becomes two rules, so it returns a list of match lists.
+func netRuleExprs(r NetRule) [][]expr.Any {
+	base := matchAddr(16, r.Prefix)
+	if r.PortLo == 0 && r.PortHi == 0 {
+		if r.Proto == 0 {
+			return [][]expr.Any{base}
+		}
+		return [][]expr.Any{cat(base, matchL4(r.Proto))}
+	}
+	protos := []uint8{r.Proto}
+	if r.Proto == 0 {
+		protos = []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP}
+	}
+	var out [][]expr.Any
+	for _, p := range protos {
+		out = append(out, cat(base, matchL4(p), matchDport(r.PortLo, r.PortHi)))
+	}
+	return out
+}
+
+func cat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// reasonTag marks a counting rule with its reason, for reading the counters back.
+func reasonTag(reason string) []byte { return []byte("corral:" + reason) }
+
+func reasonOf(r *nftables.Rule) string {
+	s, ok := strings.CutPrefix(string(r.UserData), "corral:")
+	if !ok {
+		return ""
+	}
+	return s
+}
+
+// slotRules returns the rules of a slot's chain for p.
+func slotRules(t *nftables.Table, c *nftables.Chain, dns *nftables.Set, blocked *nftables.Set, p SlotPolicy) []*nftables.Rule {
+	var rules []*nftables.Rule
+	add := func(ud []byte, e ...expr.Any) {
+		rules = append(rules, &nftables.Rule{Table: t, Chain: c, Exprs: e, UserData: ud})
+	}
+	drop := func(reason string, m []expr.Any) {
+		add(reasonTag(reason), cat(m, []expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)})...)
+	}
+	for _, proto := range []uint8{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		drop(ReasonDNSBypass, cat(matchL4(proto), matchDport(53, 53)))
+	}
+	for _, r := range p.Deny {
+		for _, m := range netRuleExprs(r) {
+			drop(ReasonDenied, m)
+		}
+	}
+	for _, r := range p.Opened {
+		for _, m := range netRuleExprs(r) {
+			add(nil, append(m, verdict(expr.VerdictAccept))...)
+		}
+	}
+	drop(ReasonBlocked, lookupDaddr(blocked))
+	for _, r := range p.Allow {
+		for _, m := range netRuleExprs(r) {
+			add(nil, append(m, verdict(expr.VerdictAccept))...)
+		}
+	}
+	add(nil, append(lookupDaddr(dns), verdict(expr.VerdictAccept))...)
+	if p.Open {
+		add(nil, verdict(expr.VerdictAccept))
+	}
+	drop(ReasonNoRule, nil)
+	return rules
+}
+
+// prefixElements turns prefixes into interval set elements: overlapping and adjacent ranges
+// merged (the kernel refuses overlapping intervals), each range as its first address and the
+// address after its last one, marked as an interval end, with the gap before the first range
+// closed explicitly as nft itself does.
+func prefixElements(ps []netip.Prefix) []nftables.SetElement {
+	type span struct{ lo, hi uint64 } // hi exclusive, so 2^32 fits
+	var spans []span
+	for _, p := range ps {
+		if !p.Addr().Is4() {
+			continue
+		}
+		a := p.Masked().Addr().As4()
+		lo := uint64(binary.BigEndian.Uint32(a[:]))
+		spans = append(spans, span{lo, lo + 1<<(32-p.Bits())})
+	}
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	var merged []span
+	for _, s := range spans {
+		if n := len(merged); n > 0 && s.lo <= merged[n-1].hi {
+			merged[n-1].hi = max(merged[n-1].hi, s.hi)
+			continue
+		}
+		merged = append(merged, s)
+	}
+	key := func(v uint64) []byte { return binary.BigEndian.AppendUint32(nil, uint32(v)) }
+	var els []nftables.SetElement
+	if len(merged) > 0 && merged[0].lo > 0 {
+		els = append(els, nftables.SetElement{Key: key(0), IntervalEnd: true})
+	}
+	for _, s := range merged {
+		els = append(els, nftables.SetElement{Key: key(s.lo)})
+		if s.hi < 1<<32 {
+			els = append(els, nftables.SetElement{Key: key(s.hi), IntervalEnd: true})
+		}
+	}
+	return els
+}
+
+// ttlClamp bounds a DNS-learned address's lifetime in a set.
+func ttlClamp(d time.Duration) time.Duration {
+	return min(max(d, 30*time.Second), time.Hour)
+}
+
+func errNft(what string, err error) error { return fmt.Errorf("nftables: %s: %w", what, err) }
