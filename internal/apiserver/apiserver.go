@@ -73,6 +73,11 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/sandboxes/{id}/snapshot", s.snapshot)
 	api.HandleFunc("POST /v1/sandboxes/{id}/pause", s.lifecycle(s.edge.Pause))
 	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.lifecycle(s.edge.Resume))
+	api.HandleFunc("PUT /v1/sandboxes/{id}/network", s.setNetwork)
+	api.HandleFunc("GET /v1/sandboxes/{id}/network/blocked", s.blockedAttempts)
+	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
+		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
+	})
 	api.HandleFunc("POST /v1/layers", s.importLayer)
 	api.HandleFunc("GET /v1/layers", s.listLayers)
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
@@ -279,6 +284,29 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, rec.Sandbox)
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
+	var req corral.NetworkPolicy
+	if err := httpjson.Decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rec, err := s.edge.SetNetwork(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, rec.Sandbox)
+}
+
+func (s *Server) blockedAttempts(w http.ResponseWriter, r *http.Request) {
+	list, err := s.edge.BlockedAttempts(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, list)
 }
 
 func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {

@@ -193,6 +193,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newResumeCmd(),
 		a.newSnapshotCmd(),
 		a.newReplayCmd(),
+		a.newNetCmd(),
 	)
 	return root
 }

@@ -105,6 +105,32 @@ type createFlags struct {
 	pauseKeepsTTL             bool
 	fromSnapshot              string
 	runtime                   string
+	net                       netFlags
+}
+
+// netFlags are the egress policy flags of create, run and net set.
+type netFlags struct {
+	mode        string
+	allow, deny []string
+}
+
+func (n *netFlags) add(fs *pflag.FlagSet) {
+	fs.StringVar(&n.mode, "net", "", "network: none (loopback only, the default), allowlist or open")
+	fs.StringArrayVar(&n.allow, "net-allow", nil, "allow a service, domain (pypi.org, *.example.com) or CIDR[:PORT][/tcp|udp] (repeatable)")
+	fs.StringArrayVar(&n.deny, "net-deny", nil, "deny a service, domain or CIDR[:PORT][/tcp|udp]; deny wins (repeatable)")
+}
+
+// policy returns the policy the flags give, or nil when none was given.
+func (n *netFlags) policy() (*corral.NetworkPolicy, error) {
+	switch n.mode {
+	case "", corral.NetworkNone, corral.NetworkAllowlist, corral.NetworkOpen:
+	default:
+		return nil, usagef("--net: %q: want none, allowlist or open", n.mode)
+	}
+	if n.mode == "" && len(n.allow) == 0 && len(n.deny) == 0 {
+		return nil, nil
+	}
+	return &corral.NetworkPolicy{Mode: n.mode, Allow: n.allow, Deny: n.deny}, nil
 }
 
 // add registers the flags on fs; the default base is $CORRAL_BASE or base:default.
@@ -115,6 +141,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	}
 	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION ($CORRAL_BASE sets the default)")
 	fs.StringVar(&f.runtime, "runtime", "", "container runtime: runc (default) or gvisor")
+	f.net.add(fs)
 	fs.StringVar(&f.workspace, "workspace", "", "workspace layer NAME:VERSION")
 	fs.StringArrayVar(&f.toolkits, "toolkit", nil, "toolkit layer NAME:VERSION (repeatable)")
 	fs.Float64Var(&f.cpus, "cpus", 0, "CPU quota in cores, e.g. 0.5")
@@ -161,6 +188,11 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 	default:
 		return req, usagef("--runtime: %q: want runc or gvisor", f.runtime)
 	}
+	pol, err := f.net.policy()
+	if err != nil {
+		return req, err
+	}
+	req.Network = pol
 	if !f.pauseKeepsTTL {
 		req.PauseKeepsTTL = &f.pauseKeepsTTL
 	}

@@ -57,6 +57,12 @@ re-adopted at the next start, as they are after a crash.`,
 	f.IntVar(&cfg.DiskPool, "disk-pool", 4, "writable disks of the default size kept formatted ahead")
 	f.IntVar(&cfg.KeepExitedCommands, "keep-exited-commands", 0, "exited commands each sandbox keeps for re-attach (default 64)")
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
+	f.BoolVar(&cfg.Net.Disabled, "no-net", false, "no sandbox networking: every sandbox has loopback only")
+	f.StringVar(&cfg.Net.Pool, "net-pool", "10.200.0.0/16", "IPv4 prefix sandbox addresses come from (a /30 each)")
+	f.StringVar(&cfg.Net.Tag, "net-tag", "0", "1-4 of [a-z0-9] naming this instance's interfaces and nftables tables")
+	f.StringVar(&cfg.Net.Services, "services", "", `service catalog file: {"services": {"NAME": {"domains": [...], "addresses": [...]}}}`)
+	f.StringArrayVar(&cfg.Net.DNSUpstreams, "dns-upstream", nil, "resolver that allowed names are forwarded to, ADDR[:PORT] (repeatable; default: /etc/resolv.conf)")
+	f.IntVar(&cfg.Net.MaxRules, "net-max-rules", 0, "most allow and deny rules one policy may have (default 256)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/egress/dns"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -59,6 +61,8 @@ type Config struct {
 	// re-attach (agent defaults: 64 commands, 10 minutes).
 	KeepExitedCommands int
 	KeepExitedFor      time.Duration
+	// Net configures sandbox networking.
+	Net NetConfig
 }
 
 func (c *Config) setDefaults() {
@@ -172,13 +176,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }
+	netCfg, nw, err := startNetwork(ctx, cfg, st, &lookup, log)
+	if err != nil {
+		return err
+	}
+	defer nw.close()
 	e, err := edge.New(edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
-		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor,
+		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg,
 	}, log, st, rt, ls)
 	if err != nil {
 		return err
 	}
+	lookup = e.ResolverLookup
 	if err := e.Start(ctx); err != nil {
 		return err
 	}

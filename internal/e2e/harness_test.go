@@ -137,6 +137,8 @@ type corralProc struct {
 	extra    []string
 	// runtime is what create asks for when the request names none ("" = the server's default).
 	runtime string
+	// NetTag and NetPool keep this instance's sandbox networks apart from every other's.
+	NetTag, NetPool string
 }
 
 func randHex(n int) string {
@@ -166,6 +168,10 @@ func startCorral(t *testing.T, extra ...string) *corralProc {
 		t.Fatal(err)
 	}
 	p := &corralProc{t: t, DataDir: dataDir, Cgroup: "/corral-e2e-" + randHex(4), Listen: freePort(t), extra: extra}
+	b := make([]byte, 2)
+	rand.Read(b)
+	p.NetTag = hex.EncodeToString(b)
+	p.NetPool = fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, b[1])
 	p.URL = "http://" + p.Listen
 	p.start()
 	t.Cleanup(func() {
@@ -179,7 +185,7 @@ func (p *corralProc) start() {
 	t := p.t
 	t.Helper()
 	args := append([]string{"up", "--data-dir", p.DataDir, "--listen", p.Listen, "--cgroup-parent", p.Cgroup,
-		"--runc", runcPath(), "--disk-pool", "1", "--log-level", "debug"}, p.extra...)
+		"--runc", runcPath(), "--disk-pool", "1", "--log-level", "debug", "--net-tag", p.NetTag, "--net-pool", p.NetPool}, p.extra...)
 	p.cmd = exec.Command(filepath.Join(binDir, "corral"), args...)
 	p.logs = &bytes.Buffer{}
 	p.cmd.Stdout, p.cmd.Stderr = &lockedWriter{w: p.logs}, &lockedWriter{w: p.logs}

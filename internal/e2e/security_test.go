@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -268,10 +270,24 @@ func assertNoLeftovers(t *testing.T, p *corralProc) {
 			t.Errorf("processes left in %s: %s", dir, tasks)
 		}
 	}
-	for _, sub := range []string{"sandboxes", "runc"} {
+	for _, sub := range []string{"sandboxes", "runc", "net"} {
 		entries, _ := os.ReadDir(filepath.Join(p.DataDir, sub))
 		for _, e := range entries {
 			t.Errorf("state left behind: %s", filepath.Join(p.DataDir, sub, e.Name()))
+		}
+	}
+	if ns, _ := filepath.Glob("/run/netns/corral-" + p.NetTag + "-*"); len(ns) > 0 {
+		t.Errorf("network namespaces left behind: %v", ns)
+	}
+	if links, _ := filepath.Glob("/sys/class/net/cr" + p.NetTag + "-*"); len(links) > 0 {
+		t.Errorf("veths left behind: %v", links)
+	}
+	if c, err := nftables.New(); err == nil {
+		tables, _ := c.ListTables()
+		for _, tb := range tables {
+			if strings.HasPrefix(tb.Name, "corral-"+p.NetTag) {
+				t.Errorf("nftables table left behind: %s", tb.Name)
+			}
 		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -87,6 +88,8 @@ type Config struct {
 	// re-attach, and for how long (agent defaults: 64, 10m). They apply to sandboxes created after.
 	KeepExitedCommands int
 	KeepExitedFor      time.Duration
+	// Net enables sandbox networking; nil: every sandbox has loopback only.
+	Net *NetConfig
 }
 
 // DefaultLimits are the limits of a sandbox whose create call names none.
@@ -164,6 +167,9 @@ type Edge struct {
 	// live holds the sandboxes in state creating or running on this node. Protected by mu.
 	live map[string]*sandbox
 
+	netMu sync.Mutex
+	bySrc map[netip.Addr]*netTarget // networked sandboxes by address, for the resolver; protected by netMu
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -189,6 +195,10 @@ type sandbox struct {
 	// paused mirrors the state for the lock-free check on every data-plane call; it changes only
 	// with mu held.
 	paused atomic.Bool
+	// actions counts data-plane calls (for blocked egress attempts per 1000 actions).
+	actions atomic.Uint64
+	// net is the sandbox's network, nil without one. Set before the sandbox is published.
+	net *sandboxNet
 
 	// mu serialises lifecycle transitions (stop, TTL change) of this sandbox.
 	mu sync.Mutex
@@ -221,7 +231,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	}
 	return &Edge{
 		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
-		live: make(map[string]*sandbox),
+		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}, nil
 }
@@ -320,6 +330,9 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			continue
 		}
 		sb := newSandbox(rec, rsb.AgentSocket)
+		if sb.net, err = e.adoptNetwork(rec); err != nil {
+			log.Error("re-attach the sandbox's network; it keeps its namespace but its policy and DNS are not enforced until fixed", "err", err)
+		}
 		sb.oomSeen.Store(st.OOMKills)
 		e.mu.Lock()
 		e.live[rec.ID] = sb
@@ -365,7 +378,22 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 		return nil, err
 	}
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
+	var nw *sandboxNet
+	var netnsPath, resolv string
+	if c, err := e.compileNetwork(rec.Network); err != nil {
+		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+		return nil, err
+	} else if c.Mode != corral.NetworkNone {
+		if nw, resolv, err = e.attachNetwork(ctx, rec, c); err != nil {
+			log.Error("create sandbox network", "err", err)
+			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+		}
+		netnsPath = nw.slot.Netns
+	}
 	rsb, err := e.rt.Create(ctx, runc.Spec{
+		Netns:       netnsPath,
+		ResolvConf:  resolv,
 		ID:          rec.ID,
 		Hostname:    rec.Hostname,
 		Lower:       lower,
@@ -381,10 +409,13 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 	})
 	if err != nil {
 		log.Error("create sandbox", "err", err)
+		e.detachNetwork(rec.ID, nw)
+		rec.NetSlot = nil
 		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 	}
 	sb := newSandbox(rec, rsb.AgentSocket)
+	sb.net = nw
 	sb.touch()
 	rec.State = corral.StateRunning
 	e.mu.Lock()
@@ -454,6 +485,13 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 		}
 	}
 	keepsTTL := req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
+	netc, err := e.compileNetwork(req.Network)
+	if err != nil {
+		return nil, nil, err
+	}
+	if netc.Mode != corral.NetworkNone && runtime == RuntimeGVisor {
+		return nil, nil, errdefs.Invalid("network", "networking is not available on gVisor sandboxes yet: use runtime runc, or mode none")
+	}
 	if err := validateEnv("env", req.Env); err != nil {
 		return nil, nil, err
 	}
@@ -540,6 +578,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 			Limits: limits, Env: req.Env, Labels: req.Labels, Hostname: host,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
+			Network: &netc.Source,
 		},
 		Lower: digests,
 	}
@@ -670,6 +709,7 @@ func (e *Edge) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	}
 	if sb := e.lookup(id); sb != nil {
 		rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+		rec = e.withNetStats(rec)
 	}
 	return rec, nil
 }
@@ -747,6 +787,8 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		e.log.Error("delete sandbox", "sandbox", rec.ID, "err", err)
 		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)
 	}
+	e.detachNetwork(rec.ID, sb.net)
+	rec.NetSlot = nil
 	sb.gone = true
 	e.mu.Lock()
 	delete(e.live, rec.ID)

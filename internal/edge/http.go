@@ -65,6 +65,7 @@ func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 		h.fail(w, r, err)
 		return nil
 	}
+	sb.actions.Add(1)
 	return sb
 }
 

@@ -204,7 +204,8 @@ func (m *Manager) setupTables() error {
 }
 
 // Close stops preparing slots and destroys the prepared, unused ones. Slots in use stay, and so
-// do the tables (sandboxes keep their network while corral restarts).
+// do the tables (sandboxes keep their network while corral restarts); with none in use, the
+// tables go too, so nothing of the network is left on the host.
 func (m *Manager) Close() error {
 	m.stop()
 	m.wg.Wait()
@@ -214,17 +215,17 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	var errs []error
 	for _, s := range ready {
-		errs = append(errs, m.destroy(s.Index))
+		errs = append(errs, m.Release(s))
 	}
+	m.mu.Lock()
+	idle := len(m.used) == 0
+	if idle {
+		m.nft.DelTable(m.table)
+		m.nft.DelTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: m.tableName() + "-nat"})
+		errs = append(errs, m.nft.Flush())
+	}
+	m.mu.Unlock()
 	return errors.Join(errs...)
-}
-
-// Shutdown is Close plus removal of the tables: for when no sandbox is left.
-func (m *Manager) Shutdown() error {
-	err := m.Close()
-	m.nft.DelTable(m.table)
-	m.nft.DelTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: m.tableName() + "-nat"})
-	return errors.Join(err, m.nft.Flush())
 }
 
 func (m *Manager) kick() {
@@ -605,4 +606,24 @@ type netipNet = net.IPNet
 
 func toIPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// Adopt takes back slot i of a sandbox that outlived a restart of corral (New was told to keep
+// it): its namespace and veth are still there, its rules are made again (New started the tables
+// afresh); Apply its policy next.
+func (m *Manager) Adopt(i int) (*Slot, error) {
+	s := m.Slot(i)
+	if _, err := os.Stat(s.Netns); err != nil {
+		return nil, fmt.Errorf("network slot %d: %w", i, err)
+	}
+	if _, err := netlink.LinkByName(s.HostIf); err != nil {
+		return nil, fmt.Errorf("network slot %d: veth %s: %w", i, s.HostIf, err)
+	}
+	m.mu.Lock()
+	m.used[i] = true
+	m.mu.Unlock()
+	if err := m.addSlotRules(s); err != nil {
+		return nil, fmt.Errorf("network slot %d: %w", i, err)
+	}
+	return s, nil
 }

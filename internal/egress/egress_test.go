@@ -127,8 +127,15 @@ func newTestManager(t *testing.T) (*Manager, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := m.Shutdown(); err != nil {
-			t.Errorf("Shutdown: %v", err)
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if tables, _ := m.nft.ListTables(); len(tables) > 0 {
+			for _, tb := range tables {
+				if strings.HasPrefix(tb.Name, m.tableName()) {
+					t.Errorf("table left: %s", tb.Name)
+				}
+			}
 		}
 		links, _ := netlink.LinkList()
 		for _, l := range links {

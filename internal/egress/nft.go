@@ -50,8 +50,8 @@ const (
 	ReasonNoRule    = "no_rule"
 )
 
-// NetRule is an address rule: a prefix, a protocol (0: tcp and udp and anything else) and a port
-// range (0-0: every port).
+// NetRule is an address rule: a prefix, a protocol (0: TCP and UDP) and a port range (0-0:
+// every port). Only TCP and UDP ever match: ICMP and other protocols are dropped.
 type NetRule struct {
 	Prefix         netip.Prefix
 	Proto          uint8
@@ -154,23 +154,19 @@ func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
 
 func jump(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }
 
-// netRuleExprs returns the matches of r (without verdict); a rule for "tcp and udp" with ports
-// becomes two rules, so it returns a list of match lists.
+// netRuleExprs returns the matches of r (without verdict), one list per protocol.
 func netRuleExprs(r NetRule) [][]expr.Any {
-	base := matchAddr(16, r.Prefix)
-	if r.PortLo == 0 && r.PortHi == 0 {
-		if r.Proto == 0 {
-			return [][]expr.Any{base}
-		}
-		return [][]expr.Any{cat(base, matchL4(r.Proto))}
-	}
 	protos := []uint8{r.Proto}
 	if r.Proto == 0 {
 		protos = []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP}
 	}
 	var out [][]expr.Any
 	for _, p := range protos {
-		out = append(out, cat(base, matchL4(p), matchDport(r.PortLo, r.PortHi)))
+		m := cat(matchAddr(16, r.Prefix), matchL4(p))
+		if r.PortLo != 0 || r.PortHi != 0 {
+			m = cat(m, matchDport(r.PortLo, r.PortHi))
+		}
+		out = append(out, m)
 	}
 	return out
 }
@@ -207,6 +203,10 @@ func slotRules(t *nftables.Table, c *nftables.Chain, dns *nftables.Set, blocked 
 		drop(ReasonDNSBypass, cat(matchL4(proto), matchDport(53, 53)))
 	}
 	for _, r := range p.Deny {
+		if r.Proto == 0 && r.PortLo == 0 && r.PortHi == 0 {
+			drop(ReasonDenied, matchAddr(16, r.Prefix)) // every protocol, ICMP included
+			continue
+		}
 		for _, m := range netRuleExprs(r) {
 			drop(ReasonDenied, m)
 		}

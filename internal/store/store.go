@@ -35,6 +35,8 @@ type Sandbox struct {
 	corral.Sandbox
 	// Lower lists the layer digests of the rootfs, bottom (base) first.
 	Lower []string `json:"lower"`
+	// NetSlot is the sandbox's network slot (internal/egress), nil without networking.
+	NetSlot *int `json:"net_slot,omitempty"`
 }
 
 // migrations are applied in order, each once; never edit one that has shipped, add another.

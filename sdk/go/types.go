@@ -70,6 +70,29 @@ type CreateRequest struct {
 	// PauseKeepsTTL (default true) makes paused time count against the hard TTL; false moves the
 	// expiry later by the time spent paused.
 	PauseKeepsTTL *bool `json:"pause_keeps_ttl,omitempty"`
+	// Network is the egress policy; nil or mode "none": loopback only.
+	Network *NetworkPolicy `json:"network,omitempty"`
+}
+
+// EgressStats counts a networked sandbox's blocked egress attempts.
+type EgressStats struct {
+	// Blocked counts attempts by reason: no_rule, denied, blocked_range, dns_bypass (packets);
+	// dns_refused, dns_type, dns_tunnel, dns_rate (DNS queries).
+	Blocked      map[string]uint64 `json:"blocked"`
+	BlockedTotal uint64            `json:"blocked_total"`
+	// Actions counts the sandbox's data-plane calls (exec, commands, files) since corral started.
+	Actions               uint64  `json:"actions"`
+	BlockedPer1000Actions float64 `json:"blocked_per_1000_actions"`
+}
+
+// BlockedAttempt is one blocked egress attempt (GET /v1/sandboxes/{id}/network/blocked).
+type BlockedAttempt struct {
+	At       time.Time `json:"at"`
+	Reason   string    `json:"reason"`
+	Name     string    `json:"name,omitempty"` // the DNS name asked for
+	Dest     string    `json:"dest,omitempty"` // the destination address
+	Port     int       `json:"port,omitempty"`
+	Protocol string    `json:"protocol"`
 }
 
 // Sandbox is the API view of a sandbox.
@@ -103,6 +126,11 @@ type Sandbox struct {
 	PausedAt time.Time `json:"paused_at,omitzero"`
 	// LastPause describes the last pause: how long it took and the memory it gave back.
 	LastPause *PauseInfo `json:"last_pause,omitempty"`
+	// Network is the egress policy in force (normalised); NetworkAddress the sandbox's address.
+	Network        *NetworkPolicy `json:"network,omitempty"`
+	NetworkAddress string         `json:"network_address,omitempty"`
+	// Egress counts blocked egress attempts (running networked sandboxes).
+	Egress *EgressStats `json:"egress,omitempty"`
 }
 
 // PauseInfo reports what a pause did.

@@ -2,7 +2,6 @@ package dns
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -237,19 +236,17 @@ func (r *Resolver) exchange(qname string, qtype uint16) (*miekg.Msg, error) {
 	m.SetEdns0(upstreamUDPSize, false)
 	n := uint64(len(r.cfg.Upstreams))
 	first := r.next.Add(1)
-	var errs []error
-	for i := range uint64(2) {
-		m.Id = miekg.Id()
-		resp, err := r.exchangeOne(m, r.cfg.Upstreams[(first+i)%n])
-		if err == nil {
-			return resp, nil
-		}
-		errs = append(errs, err)
-		if r.ctx.Err() != nil {
-			break
-		}
+	m.Id = miekg.Id()
+	resp, err := r.exchangeOne(m, r.cfg.Upstreams[first%n])
+	if err == nil || r.ctx.Err() != nil {
+		return resp, err
 	}
-	return nil, errors.Join(errs...)
+	m.Id = miekg.Id()
+	resp, retryErr := r.exchangeOne(m, r.cfg.Upstreams[(first+1)%n])
+	if retryErr != nil {
+		return nil, fmt.Errorf("%w; retry: %w", err, retryErr)
+	}
+	return resp, nil
 }
 
 // exchangeOne asks up over UDP, then over TCP if the answer is truncated, and accepts only a

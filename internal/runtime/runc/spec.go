@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/moby/profiles/seccomp"
@@ -34,6 +35,10 @@ type Spec struct {
 	Env []string
 	// Engine runs the sandbox: EngineRunc (the default) or EngineGVisor (see gvisor.go).
 	Engine Engine
+	// Netns is the path of a prepared network namespace to join (internal/egress); empty: a new,
+	// empty one (loopback only). ResolvConf is a host file bind-mounted read-only at
+	// /etc/resolv.conf (with Netns: it names the edge's resolver).
+	Netns, ResolvConf string
 
 	CPUs        float64 // CFS quota in CPUs
 	MemoryBytes int64   // memory limit; memory+swap is set to the same, so no swap
@@ -67,6 +72,14 @@ func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
 	case EngineRunc, EngineGVisor:
 	default:
 		return errdefs.Invalid("Engine", "%q: want %q or %q", s.Engine, EngineRunc, EngineGVisor)
+	}
+	if s.Netns != "" && s.Engine == EngineGVisor {
+		return errdefs.Invalid("Netns", "networking is not available on gVisor sandboxes yet")
+	}
+	for _, p := range []string{s.Netns, s.ResolvConf} {
+		if p != "" && !filepath.IsAbs(p) {
+			return errdefs.Invalid("Netns", "%q is not an absolute path", p)
+		}
 	}
 	if s.Hostname == "" {
 		s.Hostname = strings.Trim(strings.ReplaceAll(s.ID, "_", "-"), ".-")
@@ -243,6 +256,10 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 			spec.Mounts[i].Options = []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", s.ShmBytes)}
 		}
 	}
+	if s.ResolvConf != "" {
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: s.ResolvConf,
+			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	}
 	if gv != nil {
 		spec.Mounts = append(spec.Mounts,
 			specs.Mount{Destination: gvisorMountPoint, Type: "bind", Source: gv.agentDir,
@@ -253,6 +270,14 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 
 	linux := *t.spec.Linux
 	linux.CgroupsPath = cgroupsPath
+	if s.Netns != "" {
+		linux.Namespaces = slices.Clone(linux.Namespaces)
+		for i := range linux.Namespaces {
+			if linux.Namespaces[i].Type == specs.NetworkNamespace {
+				linux.Namespaces[i].Path = s.Netns
+			}
+		}
+	}
 	period := uint64(100000)
 	quota := int64(math.Round(s.CPUs * float64(period)))
 	linux.Resources = &specs.LinuxResources{

@@ -1,0 +1,158 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/egress"
+	"github.com/corral-dev/corral/internal/egress/dns"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// NetConfig configures sandbox networking in `corral up`.
+type NetConfig struct {
+	// Disabled turns networking off: every sandbox gets loopback only and policies other than
+	// "none" are refused.
+	Disabled bool
+	// Pool is the sandbox address pool (default 10.200.0.0/16); Tag tells this instance's
+	// interfaces and tables apart from another's on the same host (default "0").
+	Pool, Tag string
+	// Services is the service catalog file (JSON: {"services": {"NAME": {"domains": [...],
+	// "addresses": [...]}}}); empty: no services.
+	Services string
+	// DNSUpstreams are the resolvers the edge's resolver forwards allowed names to
+	// (ADDR[:PORT]); default: the nameservers of /etc/resolv.conf.
+	DNSUpstreams []string
+	// MaxRules bounds one policy's rules (default 256).
+	MaxRules int
+}
+
+// network holds what startNetwork made, for shutdown.
+type network struct {
+	mgr *egress.Manager
+	res *dns.Resolver
+}
+
+func (n *network) close() {
+	if n == nil {
+		return
+	}
+	n.res.Close()
+	n.mgr.Close()
+}
+
+// startNetwork sets up sandbox networking; lookup is the edge's resolver view, bound later.
+func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func(netip.Addr) (dns.Sandbox, bool), log *slog.Logger) (*edge.NetConfig, *network, error) {
+	nc := cfg.Net
+	if nc.Disabled {
+		return nil, nil, nil
+	}
+	pool := netip.MustParsePrefix("10.200.0.0/16")
+	if nc.Pool != "" {
+		p, err := netip.ParsePrefix(nc.Pool)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--net-pool %q: %w", nc.Pool, err)
+		}
+		pool = p
+	}
+	var cat *netpolicy.Catalog
+	if nc.Services != "" {
+		c, err := netpolicy.LoadCatalog(nc.Services)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--services: %w", err)
+		}
+		cat = c
+	}
+	ups, err := upstreams(nc.DNSUpstreams)
+	if err != nil {
+		return nil, nil, err
+	}
+	var host []netip.Prefix
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !pool.Contains(p.Addr()) {
+				host = append(host, netip.PrefixFrom(p.Addr(), 32))
+			}
+		}
+	}
+	var control []netip.Prefix
+	if ap, err := netip.ParseAddrPort(cfg.Listen); err == nil && ap.Addr().Is4() && !ap.Addr().IsUnspecified() {
+		control = append(control, netip.PrefixFrom(ap.Addr(), 32))
+	}
+	blocked := netpolicy.BlockedSet(host, control, pool)
+
+	// Slots of sandboxes that outlived the last run are kept; the edge re-adopts them.
+	var keep []int
+	recs, err := st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused}})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, r := range recs {
+		if r.NetSlot != nil {
+			keep = append(keep, *r.NetSlot)
+		}
+	}
+	mgr, err := egress.New(ctx, egress.Config{Pool: pool, Tag: nc.Tag, Blocked: blocked.Prefixes()}, keep, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox networking: %w (corral up --no-net runs without it)", err)
+	}
+	res, err := dns.New(dns.Config{Upstreams: ups}, func(src netip.Addr) (dns.Sandbox, bool) { return (*lookup)(src) }, log)
+	if err != nil {
+		mgr.Close()
+		return nil, nil, err
+	}
+	dir := filepath.Join(cfg.DataDir, "net")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	services := 0
+	if cat != nil {
+		services = len(cat.Names())
+	}
+	log.Info("DNS resolver for sandboxes", "upstreams", ups, "services", services)
+	return &edge.NetConfig{Manager: mgr, Resolver: res, Catalog: cat, Dir: dir,
+			Env: netpolicy.Env{Blocked: blocked, MaxRules: nc.MaxRules}},
+		&network{mgr: mgr, res: res}, nil
+}
+
+// upstreams parses --dns-upstream values, or reads /etc/resolv.conf.
+func upstreams(list []string) ([]netip.AddrPort, error) {
+	if len(list) == 0 {
+		f, err := os.Open("/etc/resolv.conf")
+		if err == nil {
+			sc := bufio.NewScanner(f)
+			for sc.Scan() {
+				if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "nameserver" {
+					list = append(list, f[1])
+				}
+			}
+			f.Close()
+		}
+	}
+	var out []netip.AddrPort
+	for _, s := range list {
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			out = append(out, ap)
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("--dns-upstream %q: want ADDR or ADDR:PORT", s)
+		}
+		out = append(out, netip.AddrPortFrom(a, 53))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no DNS upstream: pass --dns-upstream (none in /etc/resolv.conf)")
+	}
+	return out, nil
+}

@@ -1,0 +1,298 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// A small internet inside a network namespace this test creates: 198.51.100.0/24 (a
+// documentation range, so no real host is ever contacted) behind a veth whose host side is
+// 198.51.100.254. Web servers answer on .1 ("mirror.test", the pypi service), .2
+// ("github.test") and .3 (the grader, by address), and a DNS server on .53 serves the zone.
+const (
+	inetMirror = "198.51.100.1"
+	inetGitHub = "198.51.100.2"
+	inetGrader = "198.51.100.3"
+	inetDNS    = "198.51.100.53"
+)
+
+type testInternet struct {
+	nsPath, hostIf string
+}
+
+func inNamespace(t *testing.T, path string, f func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			done <- err
+			return
+		}
+		done <- f()
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func startInternet(t *testing.T) *testInternet {
+	t.Helper()
+	tag := randHex(2)
+	in := &testInternet{nsPath: "/run/netns/corral-e2e-inet-" + tag, hostIf: "ci" + tag}
+	os.MkdirAll("/run/netns", 0o755)
+	f, err := os.OpenFile(in.nsPath, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(in.hostIf); err == nil {
+			netlink.LinkDel(l)
+		}
+		unix.Unmount(in.nsPath, unix.MNT_DETACH)
+		os.Remove(in.nsPath)
+	})
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			done <- err
+			return
+		}
+		done <- unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), in.nsPath, "", unix.MS_BIND, "")
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: in.hostIf}, PeerName: in.hostIf + "p"}))
+	ns, err := netns.GetFromPath(in.nsPath)
+	must(err)
+	defer ns.Close()
+	peer, err := netlink.LinkByName(in.hostIf + "p")
+	must(err)
+	must(netlink.LinkSetNsFd(peer, int(ns)))
+	host, err := netlink.LinkByName(in.hostIf)
+	must(err)
+	must(netlink.AddrAdd(host, mustAddr("198.51.100.254/24")))
+	must(netlink.LinkSetUp(host))
+	h, err := netlink.NewHandleAt(ns)
+	must(err)
+	defer h.Close()
+	p, err := h.LinkByName(in.hostIf + "p")
+	must(err)
+	for _, a := range []string{inetMirror, inetGitHub, inetGrader, inetDNS} {
+		must(h.AddrAdd(p, mustAddr(a+"/24")))
+	}
+	must(h.LinkSetUp(p))
+	if lo, err := h.LinkByName("lo"); err == nil {
+		h.LinkSetUp(lo)
+	}
+	must(h.RouteAdd(&netlink.Route{LinkIndex: p.Attrs().Index, Gw: net.ParseIP("198.51.100.254")}))
+
+	for _, ip := range []string{inetMirror, inetGitHub, inetGrader} {
+		var ln net.Listener
+		inNamespace(t, in.nsPath, func() (err error) {
+			ln, err = net.Listen("tcp", ip+":80")
+			return err
+		})
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "served by "+ip+"\n")
+		})}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+	}
+	zone := map[string]string{"mirror.test.": inetMirror, "github.test.": inetGitHub, "grader.test.": inetGrader}
+	handler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		if len(q.Question) == 1 && q.Question[0].Qtype == dns.TypeA {
+			if ip, ok := zone[strings.ToLower(q.Question[0].Name)]; ok {
+				rr, _ := dns.NewRR(q.Question[0].Name + " 60 IN A " + ip)
+				m.Answer = append(m.Answer, rr)
+			} else {
+				m.Rcode = dns.RcodeNameError
+			}
+		}
+		w.WriteMsg(m)
+	})
+	var pc net.PacketConn
+	inNamespace(t, in.nsPath, func() (err error) {
+		pc, err = net.ListenPacket("udp", inetDNS+":53")
+		return err
+	})
+	ds := &dns.Server{PacketConn: pc, Handler: handler}
+	go ds.ActivateAndServe()
+	t.Cleanup(func() { ds.Shutdown() })
+	return in
+}
+
+func mustAddr(s string) *netlink.Addr {
+	a, err := netlink.ParseAddr(s)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+// TestEgressPolicy: default deny, named services through the edge's resolver, address rules,
+// the always-blocked set, DNS bypass, runtime updates, counters, and nothing left after delete.
+func TestEgressPolicy(t *testing.T) {
+	needRoot(t)
+	startInternet(t)
+	services := filepath.Join(t.TempDir(), "services.json")
+	os.WriteFile(services, []byte(`{"services": {
+		"pypi": {"domains": ["mirror.test"], "description": "the package mirror"},
+		"github": {"domains": ["github.test"]},
+		"grader": {"addresses": ["`+inetGrader+`:80/tcp"]}}}`), 0o644)
+	p := withBase(t, "--services", services, "--dns-upstream", inetDNS)
+	ctx := context.Background()
+
+	// fetch GETs http://HOST/ with busybox's nslookup and nc (busybox-static's wget crashes in
+	// glibc's static resolver) and returns the body's last line; ok is false when it got none.
+	fetch := func(id, url string) (string, bool) {
+		host := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/")
+		script := `h=` + host + `; ip=$h
+case $h in *[a-z]*) ip=$(nslookup $h 2>/dev/null | awk '/^Address: /{a=$2} END{print a}');; esac
+[ -n "$ip" ] || exit 3
+printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail -n 1`
+		out, _, _ := p.run(id, "/bin/sh", "-c", script)
+		out = strings.TrimSpace(out)
+		return out, strings.HasPrefix(out, "served by")
+	}
+	sb := p.create(corral.CreateRequest{Network: &corral.NetworkPolicy{Allow: []string{"pypi"}}})
+	if sb.Network == nil || sb.Network.Mode != corral.NetworkAllowlist || sb.NetworkAddress == "" {
+		t.Fatalf("created sandbox network = %+v, address %q", sb.Network, sb.NetworkAddress)
+	}
+	if out, ok := fetch(sb.ID, "http://mirror.test/"); !ok || out != "served by "+inetMirror {
+		diag, _, _ := p.run(sb.ID, "/bin/sh", "-c", "cat /etc/resolv.conf; ip addr; ip route; nslookup mirror.test 2>&1; true")
+		t.Fatalf("allowed service: %q\n%s", out, diag)
+	}
+	for _, url := range []string{"http://github.test/", "http://" + inetGrader + "/", "http://" + inetGitHub + "/",
+		"http://169.254.169.254/", "http://198.51.100.254/", "http://10.0.0.1/"} {
+		if out, ok := fetch(sb.ID, url); ok {
+			t.Errorf("%s reachable under allow=pypi: %q", url, out)
+		}
+	}
+	// DNS only through the edge's resolver: another server is unreachable, and names outside the
+	// policy are refused.
+	if out, _, _ := p.run(sb.ID, "/bin/sh", "-c", "nslookup mirror.test "+inetDNS+" 2>&1; true"); strings.Contains(out, inetMirror) {
+		t.Errorf("DNS to another server answered: %q", out)
+	}
+	if out, _, _ := p.run(sb.ID, "/bin/sh", "-c", "nslookup github.test 2>&1; true"); strings.Contains(out, inetGitHub) {
+		t.Errorf("a name outside the policy resolved: %q", out)
+	}
+	got, err := p.Client.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Egress == nil || got.Egress.Blocked["dns_refused"] == 0 || got.Egress.Blocked["no_rule"] == 0 ||
+		got.Egress.Blocked["blocked_range"] == 0 || got.Egress.Blocked["dns_bypass"] == 0 || got.Egress.BlockedPer1000Actions == 0 {
+		t.Errorf("egress counters = %+v", got.Egress)
+	}
+	log, err := p.Client.BlockedAttempts(ctx, sb.ID)
+	if err != nil || len(log) == 0 || log[len(log)-1].Reason == "" {
+		t.Errorf("blocked attempts = %+v, %v", log, err)
+	}
+	var sawName bool
+	for _, b := range log {
+		sawName = sawName || (b.Name == "github.test" && b.Reason == "dns_refused")
+	}
+	if !sawName {
+		t.Errorf("the refused query for github.test is not in the blocked log: %+v", log)
+	}
+
+	// Stages: setup allowed pypi; the agent stage allows nothing; the test stage the grader.
+	if _, err := p.Client.SetNetwork(ctx, sb.ID, corral.NetworkPolicy{Mode: corral.NetworkAllowlist}); err != nil {
+		t.Fatal(err)
+	}
+	if out, ok := fetch(sb.ID, "http://"+inetMirror+"/"); ok {
+		t.Errorf("still reachable after the policy allowed nothing: %q", out)
+	}
+	if _, err := p.Client.SetNetwork(ctx, sb.ID, corral.NetworkPolicy{Allow: []string{"grader"}}); err != nil {
+		t.Fatal(err)
+	}
+	if out, ok := fetch(sb.ID, "http://"+inetGrader+"/"); !ok || out != "served by "+inetGrader {
+		t.Errorf("grader after the update: %q", out)
+	}
+	if out, ok := fetch(sb.ID, "http://mirror.test/"); ok {
+		t.Errorf("mirror after the update: %q", out)
+	}
+
+	// Bad policies: a clear 400 naming the rule, the running policy unchanged.
+	for _, bad := range []corral.NetworkPolicy{
+		{Allow: []string{"nosuchservice"}}, {Allow: []string{"*.com"}}, {Allow: []string{"10.0.0.0/8"}},
+		{Allow: []string{"1.2.3.4/33"}}, {Mode: "wide-open"},
+	} {
+		_, err := p.Client.SetNetwork(ctx, sb.ID, bad)
+		if !corral.IsInvalid(err) {
+			t.Errorf("SetNetwork(%+v): %v, want invalid", bad, err)
+		}
+	}
+	if out, ok := fetch(sb.ID, "http://"+inetGrader+"/"); !ok {
+		t.Errorf("a refused update changed the running policy: %q", out)
+	}
+	if _, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Network: &corral.NetworkPolicy{Allow: []string{"169.254.169.254"}}}); !corral.IsInvalid(err) {
+		t.Errorf("create allowing the metadata address: %v, want invalid", err)
+	}
+
+	// A sandbox without a policy has loopback only.
+	plain := p.create(corral.CreateRequest{})
+	if out, ok := fetch(plain.ID, "http://"+inetMirror+"/"); ok {
+		t.Errorf("sandbox without networking reached the internet: %q", out)
+	}
+	// Open mode: the internet, but never the blocked set.
+	open := p.create(corral.CreateRequest{Network: &corral.NetworkPolicy{Mode: corral.NetworkOpen, Deny: []string{inetGitHub}}})
+	if _, ok := fetch(open.ID, "http://"+inetMirror+"/"); !ok {
+		t.Errorf("open mode cannot reach the internet")
+	}
+	for _, url := range []string{"http://" + inetGitHub + "/", "http://169.254.169.254/", "http://" + sb.NetworkAddress + "/"} {
+		if out, ok := fetch(open.ID, url); ok {
+			t.Errorf("open mode reached %s: %q", url, out)
+		}
+	}
+
+	// A restart keeps the policies in force.
+	p.Kill9()
+	p.Restart()
+	if out, ok := fetch(sb.ID, "http://"+inetGrader+"/"); !ok {
+		t.Errorf("grader after a restart: %q", out)
+	}
+	if out, ok := fetch(sb.ID, "http://"+inetMirror+"/"); ok {
+		t.Errorf("mirror reachable after a restart: %q", out)
+	}
+	for _, id := range []string{sb.ID, plain.ID, open.ID} {
+		if _, err := p.Client.DeleteSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Stop()
+	assertNoLeftovers(t, p)
+}

@@ -1,0 +1,312 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/egress"
+	"github.com/corral-dev/corral/internal/egress/dns"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Sandbox networking. A sandbox whose policy is not "none" gets a slot from egress.Manager (its
+// own namespace, veth and address), an nftables chain that enforces its compiled policy, and the
+// edge's DNS resolver on its gateway address, which answers only the names the policy allows and
+// adds what it answered to the sandbox's allow set. The policy can be replaced while the sandbox
+// runs (SetNetwork). Every blocked attempt is counted: packets by reason from the chain's
+// counters, DNS refusals by the resolver, and the latest refusals are kept for `corral net log`.
+
+// NetConfig enables sandbox networking on an Edge.
+type NetConfig struct {
+	Manager  *egress.Manager
+	Resolver *dns.Resolver
+	Catalog  *netpolicy.Catalog
+	Env      netpolicy.Env
+	// Dir holds one resolv.conf per networked sandbox.
+	Dir string
+}
+
+// recentBlocked is how many blocked attempts each sandbox keeps for `corral net log`.
+const recentBlocked = 256
+
+// sandboxNet is a networked sandbox's state on the edge.
+type sandboxNet struct {
+	slot   *egress.Slot
+	policy atomic.Pointer[netpolicy.Compiled]
+
+	mu     sync.Mutex
+	dns    map[string]uint64        // DNS refusals by reason; protected by mu
+	recent []corral.BlockedAttempt // newest last, at most recentBlocked; protected by mu
+}
+
+func (n *sandboxNet) blocked(a corral.BlockedAttempt) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.dns[a.Reason]++
+	n.recent = append(n.recent, a)
+	if len(n.recent) > recentBlocked {
+		n.recent = append(n.recent[:0], n.recent[len(n.recent)-recentBlocked:]...)
+	}
+}
+
+// compileNetwork validates a create request's or an update's policy.
+func (e *Edge) compileNetwork(p *corral.NetworkPolicy) (*netpolicy.Compiled, error) {
+	if p == nil {
+		p = &corral.NetworkPolicy{}
+	}
+	var cat *netpolicy.Catalog
+	var env netpolicy.Env
+	if e.cfg.Net != nil {
+		cat, env = e.cfg.Net.Catalog, e.cfg.Net.Env
+	}
+	c, err := netpolicy.Compile(*p, cat, env)
+	if err != nil {
+		return nil, err
+	}
+	if c.Mode != corral.NetworkNone && e.cfg.Net == nil {
+		return nil, errdefs.Invalid("network", "sandbox networking is not enabled on this node (corral up --net-pool)")
+	}
+	return c, nil
+}
+
+// slotPolicy turns a compiled policy into the rules of the sandbox's chain: deny (and the
+// blocked addresses' ports a catalog service did not open), then what the catalog opened inside
+// the blocked set, then the blocked set, then the allow rules.
+func (e *Edge) slotPolicy(c *netpolicy.Compiled) egress.SlotPolicy {
+	p := egress.SlotPolicy{Open: c.Mode == corral.NetworkOpen}
+	for _, r := range append(append([]netpolicy.NetRule(nil), c.DenyNets...), c.BlockedNets...) {
+		p.Deny = append(p.Deny, netRule(r))
+	}
+	for _, r := range c.Opened {
+		p.Opened = append(p.Opened, netRule(r))
+	}
+	for _, r := range c.AllowNets {
+		p.Allow = append(p.Allow, netRule(r))
+	}
+	return p
+}
+
+func netRule(r netpolicy.NetRule) egress.NetRule {
+	out := egress.NetRule{Prefix: r.Prefix}
+	if !(r.Ports.First <= 1 && r.Ports.Last == 65535) {
+		out.PortLo, out.PortHi = r.Ports.First, r.Ports.Last
+	}
+	switch r.Proto {
+	case netpolicy.ProtoTCP:
+		out.Proto = unix.IPPROTO_TCP
+	case netpolicy.ProtoUDP:
+		out.Proto = unix.IPPROTO_UDP
+	}
+	return out
+}
+
+// attachNetwork gives a new sandbox its network: a slot with the policy applied, the resolver
+// listening on its gateway, and a resolv.conf naming it. It returns the paths for the runtime.
+func (e *Edge) attachNetwork(ctx context.Context, rec *store.Sandbox, c *netpolicy.Compiled) (*sandboxNet, string, error) {
+	nc := e.cfg.Net
+	slot, err := nc.Manager.Acquire(ctx)
+	if err != nil {
+		return nil, "", fmt.Errorf("network: %w", err)
+	}
+	n := &sandboxNet{slot: slot, dns: map[string]uint64{}}
+	n.policy.Store(c)
+	resolv, err := e.wireNetwork(rec.ID, n, false)
+	if err != nil {
+		e.detachNetwork(rec.ID, n)
+		return nil, "", err
+	}
+	rec.NetSlot = &slot.Index
+	rec.NetworkAddress = slot.SandboxAddr.String()
+	return n, resolv, nil
+}
+
+// wireNetwork applies n's policy to its slot, registers it with the resolver and writes its
+// resolv.conf (again, after a restart: keepDNS keeps the addresses already learned).
+func (e *Edge) wireNetwork(id string, n *sandboxNet, keepDNS bool) (string, error) {
+	nc := e.cfg.Net
+	if err := nc.Manager.Apply(n.slot, e.slotPolicy(n.policy.Load()), keepDNS); err != nil {
+		return "", fmt.Errorf("network: %w", err)
+	}
+	e.netMu.Lock()
+	e.bySrc[n.slot.SandboxAddr] = &netTarget{id: id, net: n}
+	e.netMu.Unlock()
+	if _, err := nc.Resolver.Listen(netip.AddrPortFrom(n.slot.HostAddr, 53)); err != nil {
+		return "", fmt.Errorf("network: resolver on %s: %w", n.slot.HostAddr, err)
+	}
+	resolv := filepath.Join(nc.Dir, id+".resolv.conf")
+	body := fmt.Sprintf("# written by corral: the edge's resolver answers only the names this sandbox's policy allows\nnameserver %s\noptions ndots:0 attempts:2 timeout:2\n", n.slot.HostAddr)
+	if err := os.WriteFile(resolv, []byte(body), 0o644); err != nil {
+		return "", fmt.Errorf("network: %w", err)
+	}
+	return resolv, nil
+}
+
+// detachNetwork releases what attachNetwork or adoptNetwork set up. Idempotent.
+func (e *Edge) detachNetwork(id string, n *sandboxNet) {
+	if n == nil {
+		return
+	}
+	nc := e.cfg.Net
+	e.netMu.Lock()
+	delete(e.bySrc, n.slot.SandboxAddr)
+	e.netMu.Unlock()
+	if err := nc.Resolver.Unlisten(netip.AddrPortFrom(n.slot.HostAddr, 53)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		e.log.Warn("stop resolver", "sandbox", id, "err", err)
+	}
+	if err := nc.Manager.Release(n.slot); err != nil {
+		e.log.Error("release network slot", "sandbox", id, "slot", n.slot.Index, "err", err)
+	}
+	os.Remove(filepath.Join(nc.Dir, id+".resolv.conf"))
+}
+
+// adoptNetwork re-creates a re-adopted sandbox's network state after a restart of corral.
+func (e *Edge) adoptNetwork(rec *store.Sandbox) (*sandboxNet, error) {
+	if rec.NetSlot == nil || e.cfg.Net == nil {
+		return nil, nil
+	}
+	c, err := e.compileNetwork(rec.Network)
+	if err != nil {
+		return nil, fmt.Errorf("recompile network policy: %w", err)
+	}
+	slot, err := e.cfg.Net.Manager.Adopt(*rec.NetSlot)
+	if err != nil {
+		return nil, err
+	}
+	n := &sandboxNet{slot: slot, dns: map[string]uint64{}}
+	n.policy.Store(c)
+	if _, err := e.wireNetwork(rec.ID, n, true); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// netTarget is what the resolver needs of a sandbox.
+type netTarget struct {
+	id  string
+	net *sandboxNet
+}
+
+// ResolverLookup is the DNS resolver's view of the sandboxes: by source address.
+func (e *Edge) ResolverLookup(src netip.Addr) (dns.Sandbox, bool) {
+	e.netMu.Lock()
+	t := e.bySrc[src]
+	e.netMu.Unlock()
+	if t == nil {
+		return dns.Sandbox{}, false
+	}
+	n := t.net
+	return dns.Sandbox{
+		ID:     t.id,
+		Policy: n.policy.Load(),
+		Allow: func(name string, ip netip.Addr, ttl time.Duration) {
+			if err := e.cfg.Net.Manager.AllowAddr(n.slot, ip, ttl); err != nil {
+				e.log.Error("allow resolved address", "sandbox", t.id, "name", name, "ip", ip, "err", err)
+			}
+		},
+		Blocked: func(name string, qtype uint16, reason string) {
+			n.blocked(corral.BlockedAttempt{At: time.Now().UTC(), Reason: reason, Name: name, Protocol: "dns", Port: 53})
+		},
+	}, true
+}
+
+// SetNetwork replaces a running sandbox's egress policy. It takes effect for the next packet of
+// every connection; the record keeps it across restarts.
+func (e *Edge) SetNetwork(ctx context.Context, id string, p corral.NetworkPolicy) (*store.Sandbox, error) {
+	c, err := e.compileNetwork(&p)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := e.liveSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return nil, errdefs.Conflict("sandbox %s stopped", id)
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	n := sb.net
+	if n == nil {
+		if c.Mode != corral.NetworkNone {
+			return nil, errdefs.Conflict("sandbox %s was created without networking (network mode none): its network cannot be turned on later; create it with a policy", id)
+		}
+		return rec, nil
+	}
+	if err := e.cfg.Net.Manager.Apply(n.slot, e.slotPolicy(c), false); err != nil {
+		return nil, err
+	}
+	n.policy.Store(c)
+	src := c.Source
+	rec.Network = &src
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return nil, err
+	}
+	e.log.Info("network policy replaced", "sandbox", id, "mode", c.Mode, "allow", len(src.Allow), "deny", len(src.Deny))
+	return e.withNetStats(rec), nil
+}
+
+// BlockedAttempts returns a sandbox's latest blocked attempts, oldest first.
+func (e *Edge) BlockedAttempts(ctx context.Context, id string) ([]corral.BlockedAttempt, error) {
+	sb, err := e.liveSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.net == nil {
+		return []corral.BlockedAttempt{}, nil
+	}
+	sb.net.mu.Lock()
+	defer sb.net.mu.Unlock()
+	return append([]corral.BlockedAttempt{}, sb.net.recent...), nil
+}
+
+// withNetStats fills the live egress counters of a running sandbox's record.
+func (e *Edge) withNetStats(rec *store.Sandbox) *store.Sandbox {
+	sb := e.lookup(rec.ID)
+	if sb == nil || sb.net == nil {
+		return rec
+	}
+	st := &corral.EgressStats{Blocked: map[string]uint64{}}
+	if cnt, err := e.cfg.Net.Manager.Counters(sb.net.slot); err == nil {
+		for k, v := range cnt {
+			st.Blocked[k] += v
+		}
+	}
+	sb.net.mu.Lock()
+	for k, v := range sb.net.dns {
+		st.Blocked[k] += v
+	}
+	sb.net.mu.Unlock()
+	for _, v := range st.Blocked {
+		st.BlockedTotal += v
+	}
+	st.Actions = sb.actions.Load()
+	if st.Actions > 0 {
+		st.BlockedPer1000Actions = float64(st.BlockedTotal) * 1000 / float64(st.Actions)
+	}
+	rec.Egress = st
+	return rec
+}
+
+// NetworkServices lists the operator's service catalog.
+func (e *Edge) NetworkServices() []corral.NetworkService {
+	if e.cfg.Net == nil || e.cfg.Net.Catalog == nil {
+		return []corral.NetworkService{}
+	}
+	return e.cfg.Net.Catalog.Services()
+}
