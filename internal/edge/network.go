@@ -47,7 +47,7 @@ type sandboxNet struct {
 	policy atomic.Pointer[netpolicy.Compiled]
 
 	mu     sync.Mutex
-	dns    map[string]uint64        // DNS refusals by reason; protected by mu
+	dns    map[string]uint64       // DNS refusals by reason; protected by mu
 	recent []corral.BlockedAttempt // newest last, at most recentBlocked; protected by mu
 }
 
