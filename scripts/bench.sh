@@ -21,12 +21,16 @@ export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 mkdir -p bench-out
-# BENCH_ONLY=container or BENCH_ONLY=lifecycle runs one of the two.
+# BENCH_ONLY=container, lifecycle or network runs one of the three.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi
 if [ "${BENCH_ONLY:-lifecycle}" = lifecycle ]; then
   corral bench lifecycle --base base:bench ${BENCH_LIFECYCLE_ARGS:-} | tee bench-out/lifecycle.json
+fi
+if [ "${BENCH_ONLY:-network}" = network ]; then
+  # Starts its own lab internet (192.0.2.0/24 in a namespace) and its own corral up.
+  corral bench network --rootfs "$work/rootfs" ${BENCH_NETWORK_ARGS:-} | tee bench-out/network.json
 fi
 echo
 echo "corral up log: $(grep -c . "$work/corral.log") lines; errors:"; grep -c 'level=ERROR' "$work/corral.log" || true

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"log/slog"
+	"os"
 
 	"github.com/corral-dev/corral/internal/bench"
 	"github.com/spf13/cobra"
@@ -83,5 +84,34 @@ func (a *app) newBenchCmd() *cobra.Command {
 	lf.IntVar(&lc.PauseRounds, "pauses", 5, "pause/resume rounds")
 	lf.IntVar(&lc.PauseMiB, "pause-mib", 256, "anonymous memory held while paused")
 	cmd.AddCommand(lifecycle)
+
+	var nc bench.NetworkConfig
+	network := &cobra.Command{
+		Use:   "network --rootfs DIR",
+		Short: "Networking costs: creation with a 3-service policy vs none, policy updates, download throughput vs the host (starts its own lab internet and corral up; root)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if nc.Rootfs == "" {
+				return usagef("--rootfs is required (scripts/busybox-rootfs.sh makes one)")
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			nc.Corral = self
+			res, err := bench.Network(cmd.Context(), nc, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			return a.printJSON(res)
+		},
+	}
+	nf := network.Flags()
+	nf.StringVar(&nc.Rootfs, "rootfs", "", "directory of the base layer")
+	nf.IntVar(&nc.TTIRounds, "tti", 20, "create→first exec samples each way")
+	nf.IntVar(&nc.Updates, "updates", 50, "policy replacements")
+	nf.IntVar(&nc.DownloadMiB, "download-mib", 256, "size of each download")
+	nf.IntVar(&nc.Downloads, "downloads", 5, "downloads each way")
+	cmd.AddCommand(network)
 	return cmd
 }

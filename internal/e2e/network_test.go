@@ -2,28 +2,18 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
-	"github.com/miekg/dns"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
-
+	"github.com/corral-dev/corral/internal/egress/netlab"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// A small internet inside a network namespace this test creates: 198.51.100.0/24 (a
-// documentation range, so no real host is ever contacted) behind a veth whose host side is
-// 198.51.100.254. Web servers answer on .1 ("mirror.test", the pypi service), .2
-// ("github.test") and .3 (the grader, by address), and a DNS server on .53 serves the zone.
+// The test's internet (internal/egress/netlab): web servers on .1 ("mirror.test", the pypi
+// service), .2 ("github.test") and .3 (the grader, by address), and the zone's DNS server.
 const (
 	inetMirror = "198.51.100.1"
 	inetGitHub = "198.51.100.2"
@@ -31,135 +21,18 @@ const (
 	inetDNS    = "198.51.100.53"
 )
 
-type testInternet struct {
-	nsPath, hostIf string
-}
-
-func inNamespace(t *testing.T, path string, f func() error) {
+func startInternet(t *testing.T) *netlab.Internet {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			done <- err
-			return
-		}
-		done <- f()
-	}()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-}
-
-func startInternet(t *testing.T) *testInternet {
-	t.Helper()
-	tag := randHex(2)
-	in := &testInternet{nsPath: "/run/netns/corral-e2e-inet-" + tag, hostIf: "ci" + tag}
-	os.MkdirAll("/run/netns", 0o755)
-	f, err := os.OpenFile(in.nsPath, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	in, err := netlab.Start(randHex(2), netip.MustParsePrefix("198.51.100.0/24"), []netlab.Host{{Name: "mirror.test", Addr: inetMirror}, {Name: "github.test", Addr: inetGitHub}, {Name: "grader.test", Addr: inetGrader}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
 	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(in.hostIf); err == nil {
-			netlink.LinkDel(l)
+		if err := in.Close(); err != nil {
+			t.Error(err)
 		}
-		unix.Unmount(in.nsPath, unix.MNT_DETACH)
-		os.Remove(in.nsPath)
 	})
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			done <- err
-			return
-		}
-		done <- unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), in.nsPath, "", unix.MS_BIND, "")
-	}()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: in.hostIf}, PeerName: in.hostIf + "p"}))
-	ns, err := netns.GetFromPath(in.nsPath)
-	must(err)
-	defer ns.Close()
-	peer, err := netlink.LinkByName(in.hostIf + "p")
-	must(err)
-	must(netlink.LinkSetNsFd(peer, int(ns)))
-	host, err := netlink.LinkByName(in.hostIf)
-	must(err)
-	must(netlink.AddrAdd(host, mustAddr("198.51.100.254/24")))
-	must(netlink.LinkSetUp(host))
-	h, err := netlink.NewHandleAt(ns)
-	must(err)
-	defer h.Close()
-	p, err := h.LinkByName(in.hostIf + "p")
-	must(err)
-	for _, a := range []string{inetMirror, inetGitHub, inetGrader, inetDNS} {
-		must(h.AddrAdd(p, mustAddr(a+"/24")))
-	}
-	must(h.LinkSetUp(p))
-	if lo, err := h.LinkByName("lo"); err == nil {
-		h.LinkSetUp(lo)
-	}
-	must(h.RouteAdd(&netlink.Route{LinkIndex: p.Attrs().Index, Gw: net.ParseIP("198.51.100.254")}))
-
-	for _, ip := range []string{inetMirror, inetGitHub, inetGrader} {
-		var ln net.Listener
-		inNamespace(t, in.nsPath, func() (err error) {
-			ln, err = net.Listen("tcp", ip+":80")
-			return err
-		})
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.WriteString(w, "served by "+ip+"\n")
-		})}
-		go srv.Serve(ln)
-		t.Cleanup(func() { srv.Close() })
-	}
-	zone := map[string]string{"mirror.test.": inetMirror, "github.test.": inetGitHub, "grader.test.": inetGrader}
-	handler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(q)
-		if len(q.Question) == 1 && q.Question[0].Qtype == dns.TypeA {
-			if ip, ok := zone[strings.ToLower(q.Question[0].Name)]; ok {
-				rr, _ := dns.NewRR(q.Question[0].Name + " 60 IN A " + ip)
-				m.Answer = append(m.Answer, rr)
-			} else {
-				m.Rcode = dns.RcodeNameError
-			}
-		}
-		w.WriteMsg(m)
-	})
-	var pc net.PacketConn
-	inNamespace(t, in.nsPath, func() (err error) {
-		pc, err = net.ListenPacket("udp", inetDNS+":53")
-		return err
-	})
-	ds := &dns.Server{PacketConn: pc, Handler: handler}
-	go ds.ActivateAndServe()
-	t.Cleanup(func() { ds.Shutdown() })
 	return in
-}
-
-func mustAddr(s string) *netlink.Addr {
-	a, err := netlink.ParseAddr(s)
-	if err != nil {
-		panic(err)
-	}
-	return a
 }
 
 // TestEgressPolicy: default deny, named services through the edge's resolver, address rules,

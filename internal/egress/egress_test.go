@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"runtime"
@@ -17,97 +16,31 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/corral-dev/corral/internal/egress/netlab"
 	"golang.org/x/sys/unix"
 )
-
-// inNetns runs f on a thread inside the namespace at path; the thread is discarded afterwards.
-func inNetns(t *testing.T, path string, f func()) {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			done <- err
-			return
-		}
-		f()
-		done <- nil
-	}()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-}
-
-// internet is a namespace standing in for the internet: 203.0.113.1/24 behind a veth whose
-// host side is 203.0.113.254, with an HTTP server on ports 8080 and 8081.
-type internet struct {
-	path, hostIf string
-}
-
-func newInternet(t *testing.T, tag string) *internet {
-	t.Helper()
-	in := &internet{path: "/run/netns/corral-test-inet-" + tag, hostIf: "ct" + tag}
-	os.MkdirAll("/run/netns", 0o755)
-	if err := newNetns(in.path); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(in.hostIf); err == nil {
-			netlink.LinkDel(l)
-		}
-		unix.Unmount(in.path, unix.MNT_DETACH)
-		os.Remove(in.path)
-	})
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: in.hostIf}, PeerName: in.hostIf + "p"}); err != nil {
-		t.Fatal(err)
-	}
-	ns, _ := netns.GetFromPath(in.path)
-	defer ns.Close()
-	peer, _ := netlink.LinkByName(in.hostIf + "p")
-	netlink.LinkSetNsFd(peer, int(ns))
-	host, _ := netlink.LinkByName(in.hostIf)
-	netlink.AddrAdd(host, &netlink.Addr{IPNet: toIPNet(netip.MustParsePrefix("203.0.113.254/24"))})
-	netlink.LinkSetUp(host)
-	h, _ := netlink.NewHandleAt(ns)
-	defer h.Close()
-	p, _ := h.LinkByName(in.hostIf + "p")
-	h.AddrAdd(p, &netlink.Addr{IPNet: toIPNet(netip.MustParsePrefix("203.0.113.1/24"))})
-	h.LinkSetUp(p)
-	if lo, err := h.LinkByName("lo"); err == nil {
-		h.LinkSetUp(lo)
-	}
-	h.RouteAdd(&netlink.Route{LinkIndex: p.Attrs().Index, Gw: net.ParseIP("203.0.113.254")})
-	for _, port := range []int{8080, 8081} {
-		var ln net.Listener
-		inNetns(t, in.path, func() {
-			var err error
-			ln, err = net.Listen("tcp", fmt.Sprintf("203.0.113.1:%d", port))
-			if err != nil {
-				t.Error(err)
-			}
-		})
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.WriteString(w, "hello from "+r.Host)
-		})}
-		go srv.Serve(ln)
-		t.Cleanup(func() { srv.Close() })
-	}
-	return in
-}
 
 // dialFrom connects from inside the slot's namespace; it returns the error, nil when connected.
 func dialFrom(t *testing.T, s *Slot, addr string) (net.Conn, error) {
 	var c net.Conn
 	var err error
-	inNetns(t, s.Netns, func() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		ns, nerr := netns.GetFromPath(s.Netns)
+		if nerr != nil {
+			err = nerr
+			return
+		}
+		defer ns.Close()
+		if err = netns.Set(ns); err != nil {
+			return
+		}
 		c, err = net.DialTimeout("tcp", addr, 400*time.Millisecond)
-	})
+	}()
+	<-done
 	return c, err
 }
 
@@ -156,7 +89,11 @@ func newTestManager(t *testing.T) (*Manager, string) {
 
 func TestPolicyEnforced(t *testing.T) {
 	m, tag := newTestManager(t)
-	newInternet(t, tag)
+	in, err := netlab.Start(tag, netip.MustParsePrefix("203.0.113.0/24"), []netlab.Host{{Name: "a.test", Addr: "203.0.113.1"}, {Name: "b.test", Addr: "203.0.113.2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
 	ctx := context.Background()
 	s, err := m.Acquire(ctx)
 	if err != nil {
@@ -164,25 +101,25 @@ func TestPolicyEnforced(t *testing.T) {
 	}
 	defer m.Release(s)
 	// No policy yet: nothing gets out.
-	if c, err := dialFrom(t, s, "203.0.113.1:8080"); err == nil {
+	if c, err := dialFrom(t, s, "203.0.113.1:80"); err == nil {
 		c.Close()
 		t.Fatal("connected before any policy was applied")
 	}
-	allow := SlotPolicy{Allow: []NetRule{{Prefix: netip.MustParsePrefix("203.0.113.1/32"), Proto: unix.IPPROTO_TCP, PortLo: 8080, PortHi: 8080}}}
+	allow := SlotPolicy{Allow: []NetRule{{Prefix: netip.MustParsePrefix("203.0.113.1/32"), Proto: unix.IPPROTO_TCP, PortLo: 80, PortHi: 80}}}
 	if err := m.Apply(s, allow, false); err != nil {
 		t.Fatal(err)
 	}
-	c, err := dialFrom(t, s, "203.0.113.1:8080")
+	c, err := dialFrom(t, s, "203.0.113.1:80")
 	if err != nil {
 		t.Fatalf("allowed destination: %v", err)
 	}
 	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: x\r\n\r\n")
 	b, _ := io.ReadAll(c)
 	c.Close()
-	if !strings.Contains(string(b), "hello from x") {
+	if !strings.Contains(string(b), "served by 203.0.113.1") {
 		t.Fatalf("allowed destination answered %q", b)
 	}
-	for _, addr := range []string{"203.0.113.1:8081", s.HostAddr.String() + ":22", "169.254.169.254:80", "10.1.2.3:80"} {
+	for _, addr := range []string{"203.0.113.2:80", s.HostAddr.String() + ":22", "169.254.169.254:80", "10.1.2.3:80"} {
 		if c, err := dialFrom(t, s, addr); err == nil {
 			c.Close()
 			t.Errorf("connected to %s, which the policy does not allow", addr)
@@ -196,7 +133,7 @@ func TestPolicyEnforced(t *testing.T) {
 		t.Errorf("counters = %v, want no_rule and blocked_range counted", cnt)
 	}
 	// A new policy applies to an open connection from its next packet.
-	c, err = dialFrom(t, s, "203.0.113.1:8080")
+	c, err = dialFrom(t, s, "203.0.113.1:80")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,10 +147,10 @@ func TestPolicyEnforced(t *testing.T) {
 		t.Errorf("open connection still works after the policy forbade it: %q", b)
 	}
 	// DNS-learned addresses.
-	if err := m.AllowAddr(s, netip.MustParseAddr("203.0.113.1"), time.Minute); err != nil {
+	if err := m.AllowAddr(s, netip.MustParseAddr("203.0.113.2"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := dialFrom(t, s, "203.0.113.1:8081"); err != nil {
+	if c, err := dialFrom(t, s, "203.0.113.2:80"); err != nil {
 		t.Errorf("address allowed through DNS: %v", err)
 	} else {
 		c.Close()
