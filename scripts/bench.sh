@@ -29,7 +29,7 @@ if [ "${BENCH_ONLY:-lifecycle}" = lifecycle ]; then
   corral bench lifecycle --base base:bench ${BENCH_LIFECYCLE_ARGS:-} | tee bench-out/lifecycle.json
 fi
 if [ "${BENCH_ONLY:-network}" = network ]; then
-  # Starts its own lab internet (192.0.2.0/24 in a namespace) and its own corral up.
+  # Starts its own lab internet (203.0.113.0/24 in a namespace) and its own corral up.
   corral bench network --rootfs "$work/rootfs" ${BENCH_NETWORK_ARGS:-} | tee bench-out/network.json
 fi
 echo

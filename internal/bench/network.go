@@ -50,8 +50,8 @@ type NetworkResult struct {
 // and download throughput through the policy against the host's own.
 func Network(ctx context.Context, cfg NetworkConfig, log *slog.Logger) (_ *NetworkResult, err error) {
 	res := &NetworkResult{Date: time.Now().UTC().Format(time.RFC3339), DownloadMiB: cfg.DownloadMiB}
-	lab, err := netlab.Start("bn", netip.MustParsePrefix("192.0.2.0/24"), []netlab.Host{
-		{Name: "one.test", Addr: "192.0.2.1"}, {Name: "two.test", Addr: "192.0.2.2"}, {Name: "three.test", Addr: "192.0.2.3"},
+	lab, err := netlab.Start("bn", netip.MustParsePrefix("203.0.113.0/24"), []netlab.Host{
+		{Name: "one.test", Addr: "203.0.113.1"}, {Name: "two.test", Addr: "203.0.113.2"}, {Name: "three.test", Addr: "203.0.113.3"},
 	})
 	if err != nil {
 		return nil, err
@@ -64,7 +64,7 @@ func Network(ctx context.Context, cfg NetworkConfig, log *slog.Logger) (_ *Netwo
 	defer os.RemoveAll(work)
 	services := filepath.Join(work, "services.json")
 	os.WriteFile(services, []byte(`{"services": {"one": {"domains": ["one.test"]}, "two": {"domains": ["two.test"]},
-		"three": {"addresses": ["192.0.2.3:80/tcp"]}}}`), 0o644)
+		"three": {"addresses": ["203.0.113.3:80/tcp"]}}}`), 0o644)
 	const listen = "127.0.0.1:7198"
 	up := exec.CommandContext(ctx, cfg.Corral, "up", "--data-dir", filepath.Join(work, "data"), "--listen", listen,
 		"--cgroup-parent", "/corral-netbench", "--net-tag", "bn", "--net-pool", "10.250.0.0/24",
@@ -127,7 +127,8 @@ func Network(ctx context.Context, cfg NetworkConfig, log *slog.Logger) (_ *Netwo
 	res.TTINet, res.TTINone = summarise(withNet), summarise(without)
 	res.TTIAddedMs = res.TTINet.P50 - res.TTINone.P50
 
-	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:netbench", Network: policy})
+	// Two CPUs, as many as the host's download below may use.
+	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:netbench", Network: policy, Limits: corral.Limits{CPUs: 2}})
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +138,7 @@ func Network(ctx context.Context, cfg NetworkConfig, log *slog.Logger) (_ *Netwo
 	for i := range cfg.Updates {
 		p := corral.NetworkPolicy{Allow: []string{"one", "two"}}
 		if i%2 == 1 {
-			p.Allow = []string{"three", "192.0.2.0/24:80/tcp"}
+			p.Allow = []string{"three", "203.0.113.0/25:80/tcp"}
 		}
 		start := time.Now()
 		if _, err := c.SetNetwork(ctx, sb.ID, p); err != nil {
@@ -152,7 +153,7 @@ func Network(ctx context.Context, cfg NetworkConfig, log *slog.Logger) (_ *Netwo
 
 	log.Info("measuring download throughput", "mib", cfg.DownloadMiB, "n", cfg.Downloads)
 	size := int64(cfg.DownloadMiB) << 20
-	script := fmt.Sprintf(`printf 'GET /blob?size=%d HTTP/1.0\r\n\r\n' | nc 192.0.2.3 80 | wc -c`, size)
+	script := fmt.Sprintf(`printf 'GET /blob?size=%d HTTP/1.0\r\n\r\n' | nc 203.0.113.3 80 | wc -c`, size)
 	var inSandbox, onHost []time.Duration
 	for range cfg.Downloads {
 		start := time.Now()

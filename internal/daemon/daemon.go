@@ -23,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/egress/dns"
+	"github.com/corral-dev/corral/internal/egress/proxy"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -177,7 +178,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }
-	netCfg, nw, err := startNetwork(ctx, cfg, st, &lookup, log)
+	proxyLookup := func(netip.Addr) (proxy.Sandbox, bool) { return proxy.Sandbox{}, false }
+	netCfg, nw, err := startNetwork(ctx, cfg, st, &lookup, &proxyLookup, log)
 	if err != nil {
 		return err
 	}
@@ -189,7 +191,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	lookup = e.ResolverLookup
+	lookup, proxyLookup = e.ResolverLookup, e.ProxyLookup
 	if err := e.Start(ctx); err != nil {
 		return err
 	}

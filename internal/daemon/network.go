@@ -10,10 +10,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	mdns "github.com/miekg/dns"
 
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/egress/dns"
+	"github.com/corral-dev/corral/internal/egress/proxy"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -37,22 +42,59 @@ type NetConfig struct {
 	MaxRules int
 }
 
+// proxyPort is where the name-checking proxy listens on each sandbox's gateway address.
+const proxyPort = 3129
+
 // network holds what startNetwork made, for shutdown.
 type network struct {
 	mgr *egress.Manager
 	res *dns.Resolver
+	prx *proxy.Proxy
 }
 
 func (n *network) close() {
 	if n == nil {
 		return
 	}
+	n.prx.Close()
 	n.res.Close()
 	n.mgr.Close()
 }
 
+// resolveA asks the upstreams for name's IPv4 addresses, for the proxy's re-resolution. A name
+// that does not exist is errdefs.ErrNotFound.
+func resolveA(ups []netip.AddrPort) func(ctx context.Context, name string) ([]netip.Addr, error) {
+	c := &mdns.Client{Timeout: 2 * time.Second}
+	return func(ctx context.Context, name string) ([]netip.Addr, error) {
+		q := new(mdns.Msg)
+		q.SetQuestion(mdns.Fqdn(name), mdns.TypeA)
+		var lastErr error
+		for _, up := range ups {
+			r, _, err := c.ExchangeContext(ctx, q, up.String())
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			if r.Rcode == mdns.RcodeNameError {
+				return nil, errdefs.NotFound("%s", name)
+			}
+			var out []netip.Addr
+			for _, rr := range r.Answer {
+				if a, ok := rr.(*mdns.A); ok {
+					if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
+						out = append(out, ip)
+					}
+				}
+			}
+			return out, nil
+		}
+		return nil, fmt.Errorf("resolve %s: %w", name, lastErr)
+	}
+}
+
 // startNetwork sets up sandbox networking; lookup is the edge's resolver view, bound later.
-func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func(netip.Addr) (dns.Sandbox, bool), log *slog.Logger) (*edge.NetConfig, *network, error) {
+func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func(netip.Addr) (dns.Sandbox, bool),
+	proxyLookup *func(netip.Addr) (proxy.Sandbox, bool), log *slog.Logger) (*edge.NetConfig, *network, error) {
 	nc := cfg.Net
 	if nc.Disabled {
 		return nil, nil, nil
@@ -102,12 +144,20 @@ func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func
 			keep = append(keep, *r.NetSlot)
 		}
 	}
-	mgr, err := egress.New(ctx, egress.Config{Pool: pool, Tag: nc.Tag, Blocked: blocked.Prefixes()}, keep, log)
+	mgr, err := egress.New(ctx, egress.Config{Pool: pool, Tag: nc.Tag, Blocked: blocked.Prefixes(), ProxyPort: proxyPort}, keep, log)
 	if err != nil {
 		return nil, nil, fmt.Errorf("sandbox networking: %w (corral up --no-net runs without it)", err)
 	}
 	res, err := dns.New(dns.Config{Upstreams: ups}, func(src netip.Addr) (dns.Sandbox, bool) { return (*lookup)(src) }, log)
 	if err != nil {
+		mgr.Close()
+		return nil, nil, err
+	}
+	isBlocked := func(a netip.Addr) bool { _, in := blocked.Contains(a); return in || !a.Is4() }
+	prx, err := proxy.New(proxy.Config{Resolve: resolveA(ups), IsBlocked: isBlocked},
+		func(src netip.Addr) (proxy.Sandbox, bool) { return (*proxyLookup)(src) }, log)
+	if err != nil {
+		res.Close()
 		mgr.Close()
 		return nil, nil, err
 	}
@@ -120,9 +170,9 @@ func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func
 		services = len(cat.Names())
 	}
 	log.Info("DNS resolver for sandboxes", "upstreams", ups, "services", services)
-	return &edge.NetConfig{Manager: mgr, Resolver: res, Catalog: cat, Dir: dir,
+	return &edge.NetConfig{Manager: mgr, Resolver: res, Proxy: prx, ProxyPort: proxyPort, Catalog: cat, Dir: dir,
 			Env: netpolicy.Env{Blocked: blocked, MaxRules: nc.MaxRules}},
-		&network{mgr: mgr, res: res}, nil
+		&network{mgr: mgr, res: res, prx: prx}, nil
 }
 
 // upstreams parses --dns-upstream values, or reads /etc/resolv.conf.

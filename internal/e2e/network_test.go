@@ -68,6 +68,12 @@ printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail
 		diag, _, _ := p.run(sb.ID, "/bin/sh", "-c", "cat /etc/resolv.conf; ip addr; ip route; nslookup mirror.test 2>&1; true")
 		t.Fatalf("allowed service: %q\n%s", out, diag)
 	}
+	// The name is checked, not only the address: a request to the mirror's address (learned
+	// through DNS) that names another host is refused by the edge's proxy.
+	mismatch := `printf 'GET / HTTP/1.0\r\nHost: github.test\r\n\r\n' | timeout 4 nc -w 2 ` + inetMirror + ` 80`
+	if out, _, _ := p.run(sb.ID, "/bin/sh", "-c", mismatch); strings.Contains(out, "served by") || !strings.Contains(out, "403") {
+		t.Errorf("Host header naming a host outside the policy, to an allowed address: %q", out)
+	}
 	for _, url := range []string{"http://github.test/", "http://" + inetGrader + "/", "http://" + inetGitHub + "/",
 		"http://169.254.169.254/", "http://198.51.100.254/", "http://10.0.0.1/"} {
 		if out, ok := fetch(sb.ID, url); ok {
@@ -87,7 +93,8 @@ printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail
 		t.Fatal(err)
 	}
 	if got.Egress == nil || got.Egress.Blocked["dns_refused"] == 0 || got.Egress.Blocked["no_rule"] == 0 ||
-		got.Egress.Blocked["blocked_range"] == 0 || got.Egress.Blocked["dns_bypass"] == 0 || got.Egress.BlockedPer1000Actions == 0 {
+		got.Egress.Blocked["blocked_range"] == 0 || got.Egress.Blocked["dns_bypass"] == 0 || got.Egress.Blocked["sni_mismatch"] == 0 ||
+		got.Egress.BlockedPer1000Actions == 0 {
 		t.Errorf("egress counters = %+v", got.Egress)
 	}
 	log, err := p.Client.BlockedAttempts(ctx, sb.ID)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/egress/dns"
+	"github.com/corral-dev/corral/internal/egress/proxy"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/store"
@@ -32,8 +33,12 @@ import (
 type NetConfig struct {
 	Manager  *egress.Manager
 	Resolver *dns.Resolver
-	Catalog  *netpolicy.Catalog
-	Env      netpolicy.Env
+	// Proxy, when set, checks the Host/SNI of TCP 80/443 to addresses learned through DNS; it
+	// listens on each slot's gateway at ProxyPort (the Manager redirects there).
+	Proxy     *proxy.Proxy
+	ProxyPort uint16
+	Catalog   *netpolicy.Catalog
+	Env       netpolicy.Env
 	// Dir holds one resolv.conf per networked sandbox.
 	Dir string
 }
@@ -47,14 +52,14 @@ type sandboxNet struct {
 	policy atomic.Pointer[netpolicy.Compiled]
 
 	mu     sync.Mutex
-	dns    map[string]uint64       // DNS refusals by reason; protected by mu
+	counts map[string]uint64       // refusals of the resolver and the proxy, by reason; protected by mu
 	recent []corral.BlockedAttempt // newest last, at most recentBlocked; protected by mu
 }
 
 func (n *sandboxNet) blocked(a corral.BlockedAttempt) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.dns[a.Reason]++
+	n.counts[a.Reason]++
 	n.recent = append(n.recent, a)
 	if len(n.recent) > recentBlocked {
 		n.recent = append(n.recent[:0], n.recent[len(n.recent)-recentBlocked:]...)
@@ -120,7 +125,7 @@ func (e *Edge) attachNetwork(ctx context.Context, rec *store.Sandbox, c *netpoli
 	if err != nil {
 		return nil, "", fmt.Errorf("network: %w", err)
 	}
-	n := &sandboxNet{slot: slot, dns: map[string]uint64{}}
+	n := &sandboxNet{slot: slot, counts: map[string]uint64{}}
 	n.policy.Store(c)
 	resolv, err := e.wireNetwork(rec.ID, n, false)
 	if err != nil {
@@ -145,6 +150,11 @@ func (e *Edge) wireNetwork(id string, n *sandboxNet, keepDNS bool) (string, erro
 	if _, err := nc.Resolver.Listen(netip.AddrPortFrom(n.slot.HostAddr, 53)); err != nil {
 		return "", fmt.Errorf("network: resolver on %s: %w", n.slot.HostAddr, err)
 	}
+	if nc.Proxy != nil {
+		if _, err := nc.Proxy.Listen(netip.AddrPortFrom(n.slot.HostAddr, nc.ProxyPort)); err != nil {
+			return "", fmt.Errorf("network: proxy on %s: %w", n.slot.HostAddr, err)
+		}
+	}
 	resolv := filepath.Join(nc.Dir, id+".resolv.conf")
 	body := fmt.Sprintf("# written by corral: the edge's resolver answers only the names this sandbox's policy allows\nnameserver %s\noptions ndots:0 attempts:2 timeout:2\n", n.slot.HostAddr)
 	if err := os.WriteFile(resolv, []byte(body), 0o644); err != nil {
@@ -165,6 +175,11 @@ func (e *Edge) detachNetwork(id string, n *sandboxNet) {
 	if err := nc.Resolver.Unlisten(netip.AddrPortFrom(n.slot.HostAddr, 53)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		e.log.Warn("stop resolver", "sandbox", id, "err", err)
 	}
+	if nc.Proxy != nil {
+		if err := nc.Proxy.Unlisten(netip.AddrPortFrom(n.slot.HostAddr, nc.ProxyPort)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			e.log.Warn("stop proxy", "sandbox", id, "err", err)
+		}
+	}
 	if err := nc.Manager.Release(n.slot); err != nil {
 		e.log.Error("release network slot", "sandbox", id, "slot", n.slot.Index, "err", err)
 	}
@@ -184,7 +199,7 @@ func (e *Edge) adoptNetwork(rec *store.Sandbox) (*sandboxNet, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &sandboxNet{slot: slot, dns: map[string]uint64{}}
+	n := &sandboxNet{slot: slot, counts: map[string]uint64{}}
 	n.policy.Store(c)
 	if _, err := e.wireNetwork(rec.ID, n, true); err != nil {
 		return nil, err
@@ -217,6 +232,25 @@ func (e *Edge) ResolverLookup(src netip.Addr) (dns.Sandbox, bool) {
 		},
 		Blocked: func(name string, qtype uint16, reason string) {
 			n.blocked(corral.BlockedAttempt{At: time.Now().UTC(), Reason: reason, Name: name, Protocol: "dns", Port: 53})
+		},
+	}, true
+}
+
+// ProxyLookup is the name-checking proxy's view of the sandboxes: by source address.
+func (e *Edge) ProxyLookup(src netip.Addr) (proxy.Sandbox, bool) {
+	e.netMu.Lock()
+	t := e.bySrc[src]
+	e.netMu.Unlock()
+	if t == nil {
+		return proxy.Sandbox{}, false
+	}
+	n := t.net
+	return proxy.Sandbox{
+		ID:     t.id,
+		Policy: n.policy.Load(),
+		Blocked: func(a proxy.Attempt) {
+			n.blocked(corral.BlockedAttempt{At: time.Now().UTC(), Reason: a.Reason, Name: a.Name,
+				Dest: a.Dest.Addr().String(), Port: int(a.Dest.Port()), Protocol: a.Proto})
 		},
 	}, true
 }
@@ -288,7 +322,7 @@ func (e *Edge) withNetStats(rec *store.Sandbox) *store.Sandbox {
 		}
 	}
 	sb.net.mu.Lock()
-	for k, v := range sb.net.dns {
+	for k, v := range sb.net.counts {
 		st.Blocked[k] += v
 	}
 	sb.net.mu.Unlock()

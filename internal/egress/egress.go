@@ -49,6 +49,11 @@ type Config struct {
 	Blocked []netip.Prefix
 	// NetnsDir holds the namespaces' bind mounts; default /run/netns.
 	NetnsDir string
+	// ProxyPort, when set, is where the edge's name-checking proxy (internal/egress/proxy)
+	// listens on each slot's host address: TCP to ports 80 and 443 of addresses a sandbox
+	// learned through DNS is redirected there, so the HTTP Host or TLS SNI must name an allowed
+	// domain that resolves to that address.
+	ProxyPort uint16
 }
 
 var tagRE = regexp.MustCompile(`^[a-z0-9]{1,4}$`)
@@ -102,6 +107,7 @@ type Manager struct {
 	table *nftables.Table
 	fwd   *nftables.Chain
 	input *nftables.Chain
+	pre   *nftables.Chain // nat prerouting: the redirects to the proxy
 	block *nftables.Set
 
 	refill chan struct{}
@@ -179,7 +185,15 @@ func (m *Manager) setupTables() error {
 	if err := c.AddSet(m.block, prefixElements(m.cfg.Blocked)); err != nil {
 		return errNft("blocked set", err)
 	}
+	m.pre = c.AddChain(&nftables.Chain{Name: "prerouting", Table: m.table, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
 	pfx := m.ifPrefix()
+	if m.cfg.ProxyPort != 0 {
+		// Only connections the prerouting chain redirected may reach the proxy's port.
+		c.AddRule(&nftables.Rule{Table: m.table, Chain: m.input,
+			Exprs: cat(matchIfPrefix(expr.MetaKeyIIFNAME, pfx), matchL4(unix.IPPROTO_TCP), matchDport(m.cfg.ProxyPort, m.cfg.ProxyPort),
+				matchCtDNAT(), []expr.Any{verdict(expr.VerdictAccept)})})
+	}
 	// forward: per-slot jumps are inserted before these (see addSlotRules).
 	c.AddRule(&nftables.Rule{Table: m.table, Chain: m.fwd, UserData: reasonTag("spoofed"),
 		Exprs: cat(matchIfPrefix(expr.MetaKeyIIFNAME, pfx), []expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)})})
@@ -426,6 +440,13 @@ func (m *Manager) addSlotRules(s *Slot) error {
 	// Inserted at the top of forward/input, before the catch-all drops.
 	c.InsertRule(&nftables.Rule{Table: m.table, Chain: m.fwd, UserData: []byte("corral-slot:" + strconv.Itoa(s.Index)),
 		Exprs: cat(matchIIF(s.HostIf), matchIPv4(), matchAddr(12, netip.PrefixFrom(s.SandboxAddr, 32)), []expr.Any{jump(slotChain(s.Index))})})
+	if m.cfg.ProxyPort != 0 {
+		for _, port := range []uint16{80, 443} {
+			c.AddRule(&nftables.Rule{Table: m.table, Chain: m.pre, UserData: []byte("corral-slot:" + strconv.Itoa(s.Index)),
+				Exprs: cat(matchIIF(s.HostIf), matchIPv4(), lookupDaddr(dns), matchL4(unix.IPPROTO_TCP), matchDport(port, port),
+					[]expr.Any{&expr.Immediate{Register: 1, Data: be16(m.cfg.ProxyPort)}, &expr.Redir{RegisterProtoMin: 1}})})
+		}
+	}
 	for _, proto := range []uint8{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		c.InsertRule(&nftables.Rule{Table: m.table, Chain: m.input, UserData: []byte("corral-slot:" + strconv.Itoa(s.Index)),
 			Exprs: cat(matchIIF(s.HostIf), matchIPv4(), matchAddr(16, netip.PrefixFrom(s.HostAddr, 32)), matchL4(proto), matchDport(53, 53),
@@ -445,16 +466,8 @@ func (m *Manager) Apply(s *Slot, p SlotPolicy, keepDNS bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ch := &nftables.Chain{Name: slotChain(s.Index), Table: m.table}
+	// Rules refer to existing sets by name; no lookup of the set's ID is needed.
 	dns := &nftables.Set{Table: m.table, Name: dnsSet(s.Index), KeyType: nftables.TypeIPAddr, HasTimeout: true}
-	sets, err := c.GetSets(m.table)
-	if err != nil {
-		return errNft("list sets", err)
-	}
-	for _, st := range sets {
-		if st.Name == dns.Name {
-			dns = st
-		}
-	}
 	c.FlushChain(ch)
 	if !keepDNS {
 		c.FlushSet(dns)
@@ -511,7 +524,7 @@ func (m *Manager) destroy(i int) error {
 	var errs []error
 	m.mu.Lock()
 	c := m.nft
-	for _, ch := range []*nftables.Chain{m.fwd, m.input} {
+	for _, ch := range []*nftables.Chain{m.fwd, m.input, m.pre} {
 		rules, err := c.GetRules(m.table, ch)
 		if err != nil {
 			continue

@@ -150,6 +150,17 @@ func matchCtEstablished() []expr.Any {
 	}
 }
 
+// matchCtDNAT matches connections whose destination was rewritten (ct status dnat).
+func matchCtDNAT() []expr.Any {
+	const ipsDstNAT = 1 << 5 // IPS_DST_NAT
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, ipsDstNAT), Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
+}
+
 func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
 
 func jump(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }
