@@ -75,6 +75,10 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.lifecycle(s.edge.Resume))
 	api.HandleFunc("PUT /v1/sandboxes/{id}/network", s.setNetwork)
 	api.HandleFunc("GET /v1/sandboxes/{id}/network/blocked", s.blockedAttempts)
+	api.HandleFunc("GET /v1/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		s.edge.WriteMetrics(w)
+	})
 	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
 	})

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -96,6 +98,22 @@ printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail
 		got.Egress.Blocked["blocked_range"] == 0 || got.Egress.Blocked["dns_bypass"] == 0 || got.Egress.Blocked["sni_mismatch"] == 0 ||
 		got.Egress.BlockedPer1000Actions == 0 {
 		t.Errorf("egress counters = %+v", got.Egress)
+	}
+	// Metrics carry the same counters.
+	req, _ := http.NewRequest("GET", p.URL+"/v1/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+p.Token)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Error(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := `corral_egress_blocked_total{sandbox="` + sb.ID + `",reason="dns_refused"}`; !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s:\n%s", want, body)
+		}
+	}
+	// Root inside has no raw sockets: ping cannot even start.
+	if out, _, _ := p.run(sb.ID, "/bin/sh", "-c", "ping -c 1 -W 1 "+inetMirror+" 2>&1; true"); strings.Contains(out, "1 packets received") {
+		t.Errorf("ping got through: %q", out)
 	}
 	log, err := p.Client.BlockedAttempts(ctx, sb.ID)
 	if err != nil || len(log) == 0 || log[len(log)-1].Reason == "" {

@@ -311,10 +311,15 @@ func (e *Edge) BlockedAttempts(ctx context.Context, id string) ([]corral.Blocked
 
 // withNetStats fills the live egress counters of a running sandbox's record.
 func (e *Edge) withNetStats(rec *store.Sandbox) *store.Sandbox {
-	sb := e.lookup(rec.ID)
-	if sb == nil || sb.net == nil {
-		return rec
+	if sb := e.lookup(rec.ID); sb != nil && sb.net != nil {
+		rec.Egress = e.withNetStatsOf(sb)
 	}
+	return rec
+}
+
+// withNetStatsOf counts a networked sandbox's blocked attempts: packets by reason from its
+// chain's counters, refusals of the resolver and the proxy, and its data-plane actions.
+func (e *Edge) withNetStatsOf(sb *sandbox) *corral.EgressStats {
 	st := &corral.EgressStats{Blocked: map[string]uint64{}}
 	if cnt, err := e.cfg.Net.Manager.Counters(sb.net.slot); err == nil {
 		for k, v := range cnt {
@@ -333,8 +338,7 @@ func (e *Edge) withNetStats(rec *store.Sandbox) *store.Sandbox {
 	if st.Actions > 0 {
 		st.BlockedPer1000Actions = float64(st.BlockedTotal) * 1000 / float64(st.Actions)
 	}
-	rec.Egress = st
-	return rec
+	return st
 }
 
 // NetworkServices lists the operator's service catalog.
