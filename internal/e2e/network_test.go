@@ -177,6 +177,30 @@ printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail
 		}
 	}
 
+	// gVisor sandboxes get the same network: gVisor's netstack in the slot's namespace, the same
+	// host rules, resolver and proxy; and a checkpoint/restore keeps it.
+	t.Run("gvisor", func(t *testing.T) {
+		needGVisor(t)
+		gv := p.create(corral.CreateRequest{Runtime: "gvisor", Network: &corral.NetworkPolicy{Allow: []string{"pypi"}}})
+		if out, ok := fetch(gv.ID, "http://mirror.test/"); !ok {
+			t.Errorf("gVisor, allowed service: %q", out)
+		}
+		for _, url := range []string{"http://github.test/", "http://" + inetGitHub + "/", "http://169.254.169.254/"} {
+			if out, ok := fetch(gv.ID, url); ok {
+				t.Errorf("gVisor reached %s: %q", url, out)
+			}
+		}
+		if _, err := p.Client.PauseSandbox(ctx, gv.ID); err != nil {
+			t.Fatal(err)
+		}
+		if out, ok := fetch(gv.ID, "http://mirror.test/"); !ok {
+			t.Errorf("gVisor after checkpoint/restore: %q", out)
+		}
+		if _, err := p.Client.DeleteSandbox(ctx, gv.ID); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	// A restart keeps the policies in force.
 	p.Kill9()
 	p.Restart()

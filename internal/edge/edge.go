@@ -489,9 +489,6 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 	if err != nil {
 		return nil, nil, err
 	}
-	if netc.Mode != corral.NetworkNone && runtime == RuntimeGVisor {
-		return nil, nil, errdefs.Invalid("network", "networking is not available on gVisor sandboxes yet: use runtime runc, or mode none")
-	}
 	if err := validateEnv("env", req.Env); err != nil {
 		return nil, nil, err
 	}

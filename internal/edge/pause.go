@@ -111,6 +111,12 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (*store.S
 		return nil, err
 	}
 	start := time.Now()
+	if sb.net != nil && rec.Runtime == RuntimeGVisor {
+		// The restored netstack takes the address over from the namespace again.
+		if err := e.cfg.Net.Manager.Reconfigure(sb.net.slot); err != nil {
+			return nil, fmt.Errorf("resume sandbox %s: %w", sb.id, err)
+		}
+	}
 	if _, err := e.rt.Resume(ctx, sb.id); err != nil {
 		return nil, fmt.Errorf("resume sandbox %s: %w", sb.id, err)
 	}

@@ -640,3 +640,33 @@ func (m *Manager) Adopt(i int) (*Slot, error) {
 	}
 	return s, nil
 }
+
+// Reconfigure puts back slot s's address and default route inside its namespace (idempotent).
+// gVisor's netstack takes them over when its sandbox starts, removing them from the namespace's
+// eth0, so a gVisor sandbox restored from a checkpoint needs them there again to take them over.
+func (m *Manager) Reconfigure(s *Slot) error {
+	ns, err := netns.GetFromPath(s.Netns)
+	if err != nil {
+		return fmt.Errorf("network slot %d: %w", s.Index, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("network slot %d: %w", s.Index, err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("network slot %d: %w", s.Index, err)
+	}
+	if err := h.AddrReplace(eth, &netlink.Addr{IPNet: prefixNet(s.SandboxAddr, 30)}); err != nil {
+		return fmt.Errorf("network slot %d: address: %w", s.Index, err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("network slot %d: link up: %w", s.Index, err)
+	}
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: s.HostAddr.AsSlice()}); err != nil {
+		return fmt.Errorf("network slot %d: default route: %w", s.Index, err)
+	}
+	return nil
+}

@@ -35,7 +35,9 @@ import (
 //     copy, but gVisor cannot checkpoint a process that maps a file given that way.
 //   - runsc runs with --overlay2=none, so every write reaches the host overlay on the sandbox's
 //     disk (the disk limit holds and the upper dir is the real writable layer), and
-//     --network=none (loopback only), as the runc sandboxes have.
+//     --network=none (loopback only) unless the sandbox joins a prepared namespace (Spec.Netns):
+//     then --network=sandbox, gVisor's netstack configured from that namespace's interfaces,
+//     with the host's nftables rules applying to its traffic as to a runc sandbox's.
 //   - Pause is `runsc checkpoint` to <dir>/checkpoint: the sandbox's processes and memory are
 //     gone, 100% of its memory returned; the image stays on the host's disk (StateDir), not the
 //     sandbox's. gVisor refuses to save a bound host socket, so the agent is first asked to
@@ -68,6 +70,7 @@ const (
 	engineFile       = "engine"
 	checkpointedFile = "checkpointed"
 	checkpointDir    = "checkpoint"
+	networkFile      = "network" // a gVisor sandbox with a network namespace of its own (Spec.Netns)
 	gvisorAgentDir   = "agent"          // under diskMount
 	gvisorMountPoint = "/.corral"       // where the sandbox sees it
 	gvisorAgentPath  = "/.corral-agent" // the agent binary, bind-mounted read-only
@@ -121,9 +124,15 @@ func (r *Runtime) initGVisor(ctx context.Context) {
 // must see the flags the sandbox was created with), a minimal environment and its own process
 // group.
 func (r *Runtime) runscCmd(ctx context.Context, logPath string, args ...string) *exec.Cmd {
+	return r.runscCmdNet(ctx, logPath, "none", args...)
+}
+
+// runscCmdNet is runscCmd with runsc's --network mode: "none" (loopback only) or "sandbox" (gVisor's
+// netstack, configured from the interfaces of the namespace the spec names).
+func (r *Runtime) runscCmdNet(ctx context.Context, logPath, network string, args ...string) *exec.Cmd {
 	full := []string{
 		"--root", r.cfg.RunscRoot, "--platform", r.cfg.RunscPlatform,
-		"--host-uds", "create", "--overlay2", "none", "--network", "none",
+		"--host-uds", "create", "--overlay2", "none", "--network", network,
 	}
 	if logPath != "" {
 		full = append(full, "--log", logPath, "--log-format", "json")
@@ -153,7 +162,7 @@ func (r *Runtime) runscRun(ctx context.Context, logPath string, args ...string) 
 // startGVisor is Create's runsc half: the bundle at dir is ready (rootfs mounted, config.json
 // written). It starts the sandbox and waits for the agent's socket.
 func (r *Runtime) startGVisor(ctx context.Context, id, dir string, logf *os.File) error {
-	cmd := r.runscCmd(ctx, filepath.Join(dir, "runsc.log"), "run", "--detach", "--bundle", dir,
+	cmd := r.runscCmdNet(ctx, filepath.Join(dir, "runsc.log"), gvisorNetwork(dir), "run", "--detach", "--bundle", dir,
 		"--pid-file", filepath.Join(dir, "init.pid"), id)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Run(); err != nil {
@@ -210,6 +219,15 @@ func (r *Runtime) removeGVisorLeftovers() {
 			os.Remove(p)
 		}
 	}
+}
+
+// gvisorNetwork is the --network mode of the gVisor sandbox in dir: "sandbox" when it joined a
+// prepared namespace (the networkFile marker), else "none".
+func gvisorNetwork(dir string) string {
+	if _, err := os.Stat(filepath.Join(dir, networkFile)); err == nil {
+		return "sandbox"
+	}
+	return "none"
 }
 
 // waitAgent waits until the agent answers a ping at sock.
@@ -313,7 +331,7 @@ func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, err
 	defer logf.Close()
 	// --background: the sandbox runs while its memory is still being read in (the image is
 	// uncompressed), so resume does not wait for the whole image.
-	cmd := r.runscCmd(ctx, logPath, "restore", "--detach", "--background", "--image-path", img, "--bundle", dir,
+	cmd := r.runscCmdNet(ctx, logPath, gvisorNetwork(dir), "restore", "--detach", "--background", "--image-path", img, "--bundle", dir,
 		"--pid-file", filepath.Join(dir, "init.pid"), id)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Run(); err != nil {

@@ -193,6 +193,11 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 	if err := os.WriteFile(filepath.Join(dir, engineFile), []byte(EngineGVisor+"\n"), 0o600); err != nil {
 		return err
 	}
+	if spec.Netns != "" {
+		if err := os.WriteFile(filepath.Join(dir, networkFile), []byte(spec.Netns+"\n"), 0o600); err != nil {
+			return err
+		}
+	}
 	agentDir := filepath.Join(dir, diskMount, gvisorAgentDir)
 	if err := os.Mkdir(agentDir, 0o700); err != nil {
 		return err

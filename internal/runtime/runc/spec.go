@@ -73,9 +73,6 @@ func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
 	default:
 		return errdefs.Invalid("Engine", "%q: want %q or %q", s.Engine, EngineRunc, EngineGVisor)
 	}
-	if s.Netns != "" && s.Engine == EngineGVisor {
-		return errdefs.Invalid("Netns", "networking is not available on gVisor sandboxes yet")
-	}
 	for _, p := range []string{s.Netns, s.ResolvConf} {
 		if p != "" && !filepath.IsAbs(p) {
 			return errdefs.Invalid("Netns", "%q is not an absolute path", p)
