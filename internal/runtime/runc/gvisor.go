@@ -70,7 +70,7 @@ const (
 	engineFile       = "engine"
 	checkpointedFile = "checkpointed"
 	checkpointDir    = "checkpoint"
-	networkFile      = "network" // a gVisor sandbox with a network namespace of its own (Spec.Netns)
+	networkFile      = "network"        // a gVisor sandbox with a network namespace of its own (Spec.Netns)
 	gvisorAgentDir   = "agent"          // under diskMount
 	gvisorMountPoint = "/.corral"       // where the sandbox sees it
 	gvisorAgentPath  = "/.corral-agent" // the agent binary, bind-mounted read-only
