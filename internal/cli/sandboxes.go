@@ -267,6 +267,7 @@ func (a *app) newInfoCmd() *cobra.Command {
 				{"Runtime version:", orDash(info.RuntimeVersion)},
 				{"Runtimes:", strings.Join(info.Runtimes, ", ")},
 				{"gVisor:", gvisorLine(info)},
+				{"Networking:", networkingLine(info)},
 				{"Cgroup version:", orDash(info.CgroupVersion)},
 				{"Data dir:", orDash(info.DataDir)},
 				{"Sandboxes:", strconv.Itoa(info.Sandboxes)},
@@ -283,4 +284,11 @@ func gvisorLine(info *corral.Info) string {
 		return info.GVisorVersion
 	}
 	return orDash(info.GVisorUnavailable)
+}
+
+func networkingLine(info *corral.Info) string {
+	if info.NetworkPool != "" {
+		return "on, pool " + info.NetworkPool
+	}
+	return "off: " + orDash(info.NetworkOff)
 }

@@ -180,13 +180,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }
 	proxyLookup := func(netip.Addr) (proxy.Sandbox, bool) { return proxy.Sandbox{}, false }
 	netCfg, nw, err := startNetwork(ctx, cfg, st, &lookup, &proxyLookup, log)
+	netOff := ""
 	if err != nil {
-		return err
+		// Corral still runs: sandboxes get loopback only, and a policy is refused with this reason.
+		log.Error("sandbox networking is off", "err", err)
+		netOff = err.Error()
+	} else if netCfg == nil {
+		netOff = "corral up --no-net"
 	}
 	defer nw.close()
 	e, err := edge.New(edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
-		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg,
+		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
 	}, log, st, rt, ls)
 	if err != nil {
 		return err
@@ -200,6 +205,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Version: Version, Node: cfg.Node, Runtime: edge.RuntimeRunc, RuntimePath: cfg.Runc,
 		RuntimeVersion: runcVersion, DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),
 		Runtimes: []string{edge.RuntimeRunc},
+	}
+	if netOff != "" {
+		info.NetworkOff = netOff
+	} else {
+		info.NetworkPool = netCfg.Pool
 	}
 	if v, err := rt.GVisor(); err != nil {
 		info.GVisorUnavailable = err.Error()

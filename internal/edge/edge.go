@@ -88,8 +88,10 @@ type Config struct {
 	// re-attach, and for how long (agent defaults: 64, 10m). They apply to sandboxes created after.
 	KeepExitedCommands int
 	KeepExitedFor      time.Duration
-	// Net enables sandbox networking; nil: every sandbox has loopback only.
-	Net *NetConfig
+	// Net enables sandbox networking; nil: every sandbox has loopback only, and NetOff says why
+	// (for the error a policy gets).
+	Net    *NetConfig
+	NetOff string
 }
 
 // DefaultLimits are the limits of a sandbox whose create call names none.

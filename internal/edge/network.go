@@ -41,6 +41,8 @@ type NetConfig struct {
 	Env       netpolicy.Env
 	// Dir holds one resolv.conf per networked sandbox.
 	Dir string
+	// Pool is the address pool, for display.
+	Pool string
 }
 
 // recentBlocked is how many blocked attempts each sandbox keeps for `corral net log`.
@@ -81,7 +83,11 @@ func (e *Edge) compileNetwork(p *corral.NetworkPolicy) (*netpolicy.Compiled, err
 		return nil, err
 	}
 	if c.Mode != corral.NetworkNone && e.cfg.Net == nil {
-		return nil, errdefs.Invalid("network", "sandbox networking is not enabled on this node (corral up --net-pool)")
+		why := e.cfg.NetOff
+		if why == "" {
+			why = "not configured"
+		}
+		return nil, errdefs.Invalid("network", "sandbox networking is off on this node (%s): only mode none is possible", why)
 	}
 	return c, nil
 }

@@ -304,9 +304,13 @@ type Info struct {
 	// cannot be used here when it cannot.
 	GVisorVersion     string `json:"gvisor_version,omitempty"`
 	GVisorUnavailable string `json:"gvisor_unavailable,omitempty"`
-	DataDir           string `json:"data_dir"`
-	Sandboxes         int    `json:"sandboxes"`
-	CgroupVersion     string `json:"cgroup_version"`
+	// NetworkPool is the sandbox address pool when sandbox networking is on; NetworkOff says
+	// why it is off.
+	NetworkPool   string `json:"network_pool,omitempty"`
+	NetworkOff    string `json:"network_off,omitempty"`
+	DataDir       string `json:"data_dir"`
+	Sandboxes     int    `json:"sandboxes"`
+	CgroupVersion string `json:"cgroup_version"`
 }
 
 // Error is the body of every error response.
