@@ -179,7 +179,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }
 	proxyLookup := func(netip.Addr) (proxy.Sandbox, bool) { return proxy.Sandbox{}, false }
-	netCfg, nw, err := startNetwork(ctx, cfg, st, &lookup, &proxyLookup, log)
+	dropped := func(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time) {}
+	netCfg, nw, err := startNetwork(ctx, cfg, st, &lookup, &proxyLookup, &dropped, log)
 	netOff := ""
 	if err != nil {
 		// Corral still runs: sandboxes get loopback only, and a policy is refused with this reason.
@@ -196,7 +197,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	lookup, proxyLookup = e.ResolverLookup, e.ProxyLookup
+	lookup, proxyLookup, dropped = e.ResolverLookup, e.ProxyLookup, e.LoggedDrop
 	if err := e.Start(ctx); err != nil {
 		return err
 	}

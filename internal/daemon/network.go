@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -17,6 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/egress"
 	"github.com/corral-dev/corral/internal/egress/dns"
+	"github.com/corral-dev/corral/internal/egress/nflog"
 	"github.com/corral-dev/corral/internal/egress/proxy"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
@@ -50,12 +52,14 @@ type network struct {
 	mgr *egress.Manager
 	res *dns.Resolver
 	prx *proxy.Proxy
+	log *nflog.Reader
 }
 
 func (n *network) close() {
 	if n == nil {
 		return
 	}
+	n.log.Close()
 	n.prx.Close()
 	n.res.Close()
 	n.mgr.Close()
@@ -94,7 +98,8 @@ func resolveA(ups []netip.AddrPort) func(ctx context.Context, name string) ([]ne
 
 // startNetwork sets up sandbox networking; lookup is the edge's resolver view, bound later.
 func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func(netip.Addr) (dns.Sandbox, bool),
-	proxyLookup *func(netip.Addr) (proxy.Sandbox, bool), log *slog.Logger) (*edge.NetConfig, *network, error) {
+	proxyLookup *func(netip.Addr) (proxy.Sandbox, bool), dropped *func(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time),
+	log *slog.Logger) (*edge.NetConfig, *network, error) {
 	nc := cfg.Net
 	if nc.Disabled {
 		return nil, nil, nil
@@ -144,12 +149,24 @@ func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func
 			keep = append(keep, *r.NetSlot)
 		}
 	}
-	mgr, err := egress.New(ctx, egress.Config{Pool: pool, Tag: nc.Tag, Blocked: blocked.Prefixes(), ProxyPort: proxyPort}, keep, log)
+	// Each instance logs its drops to its own NFLOG group, derived from its tag.
+	group := uint16(1000 + crc32.ChecksumIEEE([]byte(nc.Tag))%60000)
+	drops, err := nflog.Listen(ctx, group, 0, func(ev nflog.Event) {
+		if _, reason, ok := egress.ParseLogPrefix(ev.Prefix); ok {
+			(*dropped)(ev.Src, ev.Dst, ev.Proto, ev.DstPort, reason, ev.At)
+		}
+	}, log)
 	if err != nil {
+		return nil, nil, fmt.Errorf("NFLOG group %d: %w", group, err)
+	}
+	mgr, err := egress.New(ctx, egress.Config{Pool: pool, Tag: nc.Tag, Blocked: blocked.Prefixes(), ProxyPort: proxyPort, LogGroup: group}, keep, log)
+	if err != nil {
+		drops.Close()
 		return nil, nil, fmt.Errorf("sandbox networking: %w (corral up --no-net runs without it)", err)
 	}
 	res, err := dns.New(dns.Config{Upstreams: ups}, func(src netip.Addr) (dns.Sandbox, bool) { return (*lookup)(src) }, log)
 	if err != nil {
+		drops.Close()
 		mgr.Close()
 		return nil, nil, err
 	}
@@ -157,6 +174,7 @@ func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func
 	prx, err := proxy.New(proxy.Config{Resolve: resolveA(ups), IsBlocked: isBlocked},
 		func(src netip.Addr) (proxy.Sandbox, bool) { return (*proxyLookup)(src) }, log)
 	if err != nil {
+		drops.Close()
 		res.Close()
 		mgr.Close()
 		return nil, nil, err
@@ -172,7 +190,7 @@ func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func
 	log.Info("DNS resolver for sandboxes", "upstreams", ups, "services", services)
 	return &edge.NetConfig{Manager: mgr, Resolver: res, Proxy: prx, ProxyPort: proxyPort, Catalog: cat, Dir: dir, Pool: pool.String(),
 			Env: netpolicy.Env{Blocked: blocked, MaxRules: nc.MaxRules}},
-		&network{mgr: mgr, res: res, prx: prx}, nil
+		&network{mgr: mgr, res: res, prx: prx, log: drops}, nil
 }
 
 // upstreams parses --dns-upstream values, or reads /etc/resolv.conf.

@@ -119,12 +119,16 @@ printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail
 	if err != nil || len(log) == 0 || log[len(log)-1].Reason == "" {
 		t.Errorf("blocked attempts = %+v, %v", log, err)
 	}
-	var sawName bool
+	var sawName, sawPacket bool
 	for _, b := range log {
 		sawName = sawName || (b.Name == "github.test" && b.Reason == "dns_refused")
+		sawPacket = sawPacket || (b.Dest == inetGrader && b.Port == 80 && b.Protocol == "tcp" && b.Reason == "no_rule")
 	}
 	if !sawName {
 		t.Errorf("the refused query for github.test is not in the blocked log: %+v", log)
+	}
+	if !sawPacket {
+		t.Errorf("the dropped connection to %s:80 is not in the blocked log: %+v", inetGrader, log)
 	}
 
 	// Stages: setup allowed pypi; the agent stage allows nothing; the test stage the grader.

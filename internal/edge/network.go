@@ -62,6 +62,11 @@ func (n *sandboxNet) blocked(a corral.BlockedAttempt) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.counts[a.Reason]++
+	n.remember(a)
+}
+
+// remember keeps a in the latest attempts. Preconditions: n.mu is held.
+func (n *sandboxNet) remember(a corral.BlockedAttempt) {
 	n.recent = append(n.recent, a)
 	if len(n.recent) > recentBlocked {
 		n.recent = append(n.recent[:0], n.recent[len(n.recent)-recentBlocked:]...)
@@ -259,6 +264,20 @@ func (e *Edge) ProxyLookup(src netip.Addr) (proxy.Sandbox, bool) {
 				Dest: a.Dest.Addr().String(), Port: int(a.Dest.Port()), Protocol: a.Proto})
 		},
 	}, true
+}
+
+// LoggedDrop records a packet the sandbox's chain dropped and logged (NFLOG): its destination,
+// port and protocol go into the latest attempts (the chain's counters already count it).
+func (e *Edge) LoggedDrop(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time) {
+	e.netMu.Lock()
+	t := e.bySrc[src]
+	e.netMu.Unlock()
+	if t == nil {
+		return
+	}
+	t.net.mu.Lock()
+	t.net.remember(corral.BlockedAttempt{At: at.UTC(), Reason: reason, Dest: dst.String(), Port: int(port), Protocol: proto})
+	t.net.mu.Unlock()
 }
 
 // SetNetwork replaces a running sandbox's egress policy. It takes effect for the next packet of

@@ -54,6 +54,9 @@ type Config struct {
 	// learned through DNS is redirected there, so the HTTP Host or TLS SNI must name an allowed
 	// domain that resolves to that address.
 	ProxyPort uint16
+	// LogGroup, when set, is the NFLOG group every drop of a slot's chain is logged to
+	// (rate-limited; prefix LogPrefix), for attribution by internal/egress/nflog.
+	LogGroup uint16
 }
 
 var tagRE = regexp.MustCompile(`^[a-z0-9]{1,4}$`)
@@ -434,7 +437,7 @@ func (m *Manager) addSlotRules(s *Slot) error {
 		return errNft("dns set", err)
 	}
 	ch := c.AddChain(&nftables.Chain{Name: slotChain(s.Index), Table: m.table})
-	for _, r := range slotRules(m.table, ch, dns, m.block, SlotPolicy{}) {
+	for _, r := range slotRules(m.table, ch, dns, m.block, SlotPolicy{}, s.Index, m.cfg.LogGroup) {
 		c.AddRule(r)
 	}
 	// Inserted at the top of forward/input, before the catch-all drops.
@@ -472,7 +475,7 @@ func (m *Manager) Apply(s *Slot, p SlotPolicy, keepDNS bool) error {
 	if !keepDNS {
 		c.FlushSet(dns)
 	}
-	for _, r := range slotRules(m.table, ch, dns, m.block, p) {
+	for _, r := range slotRules(m.table, ch, dns, m.block, p, s.Index, m.cfg.LogGroup) {
 		c.AddRule(r)
 	}
 	if err := c.Flush(); err != nil {

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/egress/nflog"
 )
 
 // nftables layout, one table per Corral instance (tag), family inet:
@@ -201,13 +204,35 @@ func reasonOf(r *nftables.Rule) string {
 	return s
 }
 
-// slotRules returns the rules of a slot's chain for p.
-func slotRules(t *nftables.Table, c *nftables.Chain, dns *nftables.Set, blocked *nftables.Set, p SlotPolicy) []*nftables.Rule {
+// LogPrefix is the NFLOG prefix of slot n's drops for reason (see ParseLogPrefix).
+func LogPrefix(slot int, reason string) string { return "corral:" + strconv.Itoa(slot) + ":" + reason }
+
+// ParseLogPrefix undoes LogPrefix.
+func ParseLogPrefix(p string) (slot int, reason string, ok bool) {
+	rest, ok := strings.CutPrefix(p, "corral:")
+	if !ok {
+		return 0, "", false
+	}
+	n, reason, ok := strings.Cut(rest, ":")
+	if !ok {
+		return 0, "", false
+	}
+	slot, err := strconv.Atoi(n)
+	return slot, reason, err == nil
+}
+
+// slotRules returns the rules of slot n's chain for p. With logGroup set, each drop is preceded
+// by a rule with the same match that logs the packet (rate-limited) to that NFLOG group, so the
+// edge can attribute blocked attempts to destination, port and protocol.
+func slotRules(t *nftables.Table, c *nftables.Chain, dns *nftables.Set, blocked *nftables.Set, p SlotPolicy, n int, logGroup uint16) []*nftables.Rule {
 	var rules []*nftables.Rule
 	add := func(ud []byte, e ...expr.Any) {
 		rules = append(rules, &nftables.Rule{Table: t, Chain: c, Exprs: e, UserData: ud})
 	}
 	drop := func(reason string, m []expr.Any) {
+		if logGroup != 0 {
+			add(nil, cat(m, nflog.LogExprs(logGroup, LogPrefix(n, reason)))...)
+		}
 		add(reasonTag(reason), cat(m, []expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)})...)
 	}
 	for _, proto := range []uint8{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {

@@ -81,7 +81,7 @@ type Reader struct {
 // The socket is created on the calling OS thread, in that thread's network namespace, and stays
 // in it: to listen in another namespace, lock the thread, enter the namespace, call Listen, and
 // leave again. Only one socket in a namespace can bind a group; a second Listen fails with an
-// errdefs.ErrConflict error.
+// errdefs.ErrConflict error. Binding needs CAP_NET_ADMIN (errdefs.ErrDenied without it).
 //
 // fn is called from one goroutine at a time, in the order packets were logged; a slow fn makes
 // the kernel drop messages (counted in Stats.Overruns). fn must not call Close.
@@ -112,6 +112,9 @@ func Listen(ctx context.Context, group uint16, copyRange uint16, fn func(Event),
 	r.setRcvBuf()
 	// Bind and configure in one message: the kernel applies the mode and threshold to the
 	// instance it has just created, before the first packet can be logged with the defaults.
+	// No NFULNL_CFG_CMD_PF_UNBIND/PF_BIND first: they are not harmless, they replace the
+	// namespace's default logger for the family (the host's, in /proc/net/netfilter/nf_log),
+	// and rules with `log group` name their logger anyway.
 	err = r.request(group, unix.AF_UNSPEC,
 		attr(nfulaCfgCmd, nfulnlCfgCmdBind),
 		modeAttr(copyRange),
@@ -120,7 +123,12 @@ func Listen(ctx context.Context, group uint16, copyRange uint16, fn func(Event),
 	)
 	if err != nil {
 		conn.Close()
-		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EPERM) {
+		// The kernel answers EPERM both to a process without CAP_NET_ADMIN and to a group bound
+		// by another socket.
+		switch {
+		case errors.Is(err, unix.EPERM) && !hasNetAdmin():
+			return nil, fmt.Errorf("nflog: bind group %d: needs CAP_NET_ADMIN: %w (%w)", group, errdefs.ErrDenied, err)
+		case errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EPERM):
 			return nil, errdefs.Conflict("nflog: bind group %d: another socket has bound it (%v)", group, err)
 		}
 		return nil, fmt.Errorf("nflog: bind group %d: %w", group, err)
@@ -134,6 +142,16 @@ func Listen(ctx context.Context, group uint16, copyRange uint16, fn func(Event),
 		}
 	}()
 	return r, nil
+}
+
+// hasNetAdmin reports whether the calling thread has CAP_NET_ADMIN, or cannot tell.
+func hasNetAdmin() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return true
+	}
+	return data[0].Effective&(1<<unix.CAP_NET_ADMIN) != 0
 }
 
 // setRcvBuf enlarges the receive buffer, past net.core.rmem_max when the process may.
