@@ -14,7 +14,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --cgroup-parent /corral-bench --disk-pool ${DISK_POOL:-8} >"$work/corral.log" 2>&1 &
+corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --cgroup-parent /corral-bench --disk-pool ${DISK_POOL:-8} --net-tag bc --net-pool 10.251.0.0/24 >"$work/corral.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
