@@ -18,10 +18,12 @@ import (
 func TestKill9AndReadopt(t *testing.T) { forRuntimes(t, testKill9AndReadopt) }
 
 func testKill9AndReadopt(t *testing.T, rt string) {
-	p := withBaseOn(t, rt)
+	// Networking on whatever the host's resolv.conf says (the upstream is never asked here): the
+	// sandbox that dies has a network, whose slot must go with it.
+	p := withBaseOn(t, rt, "--dns-upstream", "127.0.0.1:5353")
 	ctx := context.Background()
 	keep := p.create(corral.CreateRequest{})
-	dies := p.create(corral.CreateRequest{})
+	dies := p.create(corral.CreateRequest{Network: &corral.NetworkPolicy{Allow: []string{"198.51.100.9:80/tcp"}}})
 	p.sh(keep.ID, "echo before > /root/state")
 	bg, err := p.Client.StartCommand(ctx, keep.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "echo started; sleep 300"}})
 	if err != nil {

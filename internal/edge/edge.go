@@ -301,6 +301,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		if rec.State == corral.StateCreating {
 			log.Warn("sandbox was being created when corral stopped; removing it")
 			e.rt.Delete(ctx, rec.ID)
+			e.releaseSlot(rec)
 			e.finish(ctx, rec, corral.StateFailed, "error: corral stopped while the sandbox was being created")
 			continue
 		}
@@ -328,6 +329,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			}
 			log.Warn("sandbox died while corral was down", "reason", reason)
 			e.rt.Delete(ctx, rec.ID)
+			e.releaseSlot(rec)
 			e.finish(ctx, rec, corral.StateFailed, reason)
 			continue
 		}

@@ -197,6 +197,18 @@ func (e *Edge) detachNetwork(id string, n *sandboxNet) {
 	os.Remove(filepath.Join(nc.Dir, id+".resolv.conf"))
 }
 
+// releaseSlot destroys the network slot of a sandbox found dead or half-created after a restart.
+func (e *Edge) releaseSlot(rec *store.Sandbox) {
+	if rec.NetSlot == nil || e.cfg.Net == nil {
+		return
+	}
+	if err := e.cfg.Net.Manager.Release(e.cfg.Net.Manager.Slot(*rec.NetSlot)); err != nil {
+		e.log.Error("release network slot", "sandbox", rec.ID, "slot", *rec.NetSlot, "err", err)
+	}
+	os.Remove(filepath.Join(e.cfg.Net.Dir, rec.ID+".resolv.conf"))
+	rec.NetSlot = nil
+}
+
 // adoptNetwork re-creates a re-adopted sandbox's network state after a restart of corral.
 func (e *Edge) adoptNetwork(rec *store.Sandbox) (*sandboxNet, error) {
 	if rec.NetSlot == nil || e.cfg.Net == nil {
