@@ -49,6 +49,15 @@ step corral ttl "$id" 30m
 step corral ls
 step corral rm "$id"
 step corral get "$id"
+if corral info -o json | grep -q '"network_pool"'; then
+  # Egress policy: default deny; this sandbox may reach one address and port, nothing else.
+  net=$(corral create --net-allow 203.0.113.7:443/tcp --ttl 10m --label demo=make-run -o json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1)
+  echo "created networked sandbox $net"
+  step corral exec "$net" -- sh -c 'ip -4 addr show eth0 | grep inet; cat /etc/resolv.conf | grep nameserver'
+  step corral exec "$net" -- sh -c 'nc -w 1 198.51.100.1 80 </dev/null; nslookup example.com 2>&1 | tail -1; echo "(both blocked)"'
+  step corral net log "$net"
+  step corral rm "$net"
+fi
 if corral info -o json | grep -q '"gvisor"'; then
   gv=$(corral create --runtime gvisor --ttl 10m --label demo=make-run -o json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1)
   echo "created gVisor sandbox $gv"
