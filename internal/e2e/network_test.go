@@ -165,6 +165,13 @@ printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail
 		t.Errorf("create allowing the metadata address: %v, want invalid", err)
 	}
 
+	// A domain allowed on one port only: its addresses are reachable on that port, not on 80.
+	portOnly := p.create(corral.CreateRequest{Network: &corral.NetworkPolicy{Allow: []string{"mirror.test:8080/tcp"}}})
+	if out, ok := fetch(portOnly.ID, "http://mirror.test/"); ok {
+		t.Errorf("mirror.test:80 reachable under allow=mirror.test:8080/tcp: %q", out)
+	}
+	p.Client.DeleteSandbox(ctx, portOnly.ID)
+
 	// A sandbox without a policy has loopback only.
 	plain := p.create(corral.CreateRequest{})
 	if out, ok := fetch(plain.ID, "http://"+inetMirror+"/"); ok {

@@ -249,7 +249,7 @@ func (e *Edge) ResolverLookup(src netip.Addr) (dns.Sandbox, bool) {
 		ID:     t.id,
 		Policy: n.policy.Load(),
 		Allow: func(name string, ip netip.Addr, ttl time.Duration) {
-			if err := e.cfg.Net.Manager.AllowAddr(n.slot, ip, ttl); err != nil {
+			if err := e.allowResolved(n, name, ip, ttl); err != nil {
 				e.log.Error("allow resolved address", "sandbox", t.id, "name", name, "ip", ip, "err", err)
 			}
 		},
@@ -257,6 +257,57 @@ func (e *Edge) ResolverLookup(src netip.Addr) (dns.Sandbox, bool) {
 			n.blocked(corral.BlockedAttempt{At: time.Now().UTC(), Reason: reason, Name: name, Protocol: "dns", Port: 53})
 		},
 	}, true
+}
+
+// maxPortsPerName bounds the (address, port) entries one answered name may add; a name allowed
+// on more ports than this is allowed on every port of its addresses (and logged).
+const maxPortsPerName = 256
+
+// allowResolved lets the sandbox reach ip, which the resolver answered for name, on the ports and
+// protocols of the rules that allow name: every port when one of them has no port limit.
+func (e *Edge) allowResolved(n *sandboxNet, name string, ip netip.Addr, ttl time.Duration) error {
+	m := e.cfg.Net.Manager
+	rules, _ := n.policy.Load().NameRules(name)
+	if n.policy.Load().Mode == corral.NetworkOpen && len(rules) == 0 {
+		return nil // open mode reaches it anyway
+	}
+	type key struct {
+		proto uint8
+		port  uint16
+	}
+	var wanted []key
+	for _, r := range rules {
+		if r.Ports.First <= 1 && r.Ports.Last == 65535 && r.Proto == netpolicy.ProtoBoth {
+			return m.AllowAddr(n.slot, ip, ttl)
+		}
+		for _, proto := range []struct {
+			p  netpolicy.Proto
+			ip uint8
+		}{{netpolicy.ProtoTCP, unix.IPPROTO_TCP}, {netpolicy.ProtoUDP, unix.IPPROTO_UDP}} {
+			if !r.Proto.Has(proto.p) {
+				continue
+			}
+			for port := int(max(r.Ports.First, 1)); port <= int(r.Ports.Last); port++ {
+				wanted = append(wanted, key{proto.ip, uint16(port)})
+				if len(wanted) > maxPortsPerName {
+					e.log.Warn("name allowed on too many ports to list: allowing every port of its addresses", "name", name, "rule", r.Rule)
+					return m.AllowAddr(n.slot, ip, ttl)
+				}
+			}
+		}
+	}
+	for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+		var ports []uint16
+		for _, k := range wanted {
+			if k.proto == proto {
+				ports = append(ports, k.port)
+			}
+		}
+		if err := m.AllowAddrPort(n.slot, ip, proto, ports, ttl); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ProxyLookup is the name-checking proxy's view of the sandboxes: by source address.

@@ -323,6 +323,13 @@ func (m *Manager) hostIf(i int) string { return m.ifPrefix() + strconv.Itoa(i) }
 func (m *Manager) peerIf(i int) string { return "cp" + m.cfg.Tag + "-" + strconv.Itoa(i) }
 func slotChain(i int) string           { return "slot-" + strconv.Itoa(i) }
 func dnsSet(i int) string              { return "dns-" + strconv.Itoa(i) }
+func dnsPortSet(i int) string          { return "dnsp-" + strconv.Itoa(i) }
+
+func (m *Manager) dnsSets(i int) (any, ports *nftables.Set) {
+	return &nftables.Set{Table: m.table, Name: dnsSet(i), KeyType: nftables.TypeIPAddr, HasTimeout: true},
+		&nftables.Set{Table: m.table, Name: dnsPortSet(i), Concatenation: true, HasTimeout: true,
+			KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+}
 
 func (m *Manager) addrs(i int) (host, sandbox netip.Addr) {
 	a := m.cfg.Pool.Addr().As4()
@@ -432,22 +439,27 @@ func (m *Manager) addSlotRules(s *Slot) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.nft
-	dns := &nftables.Set{Table: m.table, Name: dnsSet(s.Index), KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	dns, dnsp := m.dnsSets(s.Index)
 	if err := c.AddSet(dns, nil); err != nil {
 		return errNft("dns set", err)
 	}
+	if err := c.AddSet(dnsp, nil); err != nil {
+		return errNft("dns port set", err)
+	}
 	ch := c.AddChain(&nftables.Chain{Name: slotChain(s.Index), Table: m.table})
-	for _, r := range slotRules(m.table, ch, dns, m.block, SlotPolicy{}, s.Index, m.cfg.LogGroup) {
+	for _, r := range slotRules(m.table, ch, dns, dnsp, m.block, SlotPolicy{}, s.Index, m.cfg.LogGroup) {
 		c.AddRule(r)
 	}
 	// Inserted at the top of forward/input, before the catch-all drops.
 	c.InsertRule(&nftables.Rule{Table: m.table, Chain: m.fwd, UserData: []byte("corral-slot:" + strconv.Itoa(s.Index)),
 		Exprs: cat(matchIIF(s.HostIf), matchIPv4(), matchAddr(12, netip.PrefixFrom(s.SandboxAddr, 32)), []expr.Any{jump(slotChain(s.Index))})})
 	if m.cfg.ProxyPort != 0 {
+		redirect := []expr.Any{&expr.Immediate{Register: 1, Data: be16(m.cfg.ProxyPort)}, &expr.Redir{RegisterProtoMin: 1}}
 		for _, port := range []uint16{80, 443} {
-			c.AddRule(&nftables.Rule{Table: m.table, Chain: m.pre, UserData: []byte("corral-slot:" + strconv.Itoa(s.Index)),
-				Exprs: cat(matchIIF(s.HostIf), matchIPv4(), lookupDaddr(dns), matchL4(unix.IPPROTO_TCP), matchDport(port, port),
-					[]expr.Any{&expr.Immediate{Register: 1, Data: be16(m.cfg.ProxyPort)}, &expr.Redir{RegisterProtoMin: 1}})})
+			for _, lookup := range [][]expr.Any{lookupDaddr(dns), lookupDaddrProtoPort(dnsp)} {
+				c.AddRule(&nftables.Rule{Table: m.table, Chain: m.pre, UserData: []byte("corral-slot:" + strconv.Itoa(s.Index)),
+					Exprs: cat(matchIIF(s.HostIf), matchIPv4(), matchL4(unix.IPPROTO_TCP), matchDport(port, port), lookup, redirect)})
+			}
 		}
 	}
 	for _, proto := range []uint8{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
@@ -470,12 +482,13 @@ func (m *Manager) Apply(s *Slot, p SlotPolicy, keepDNS bool) error {
 	defer m.mu.Unlock()
 	ch := &nftables.Chain{Name: slotChain(s.Index), Table: m.table}
 	// Rules refer to existing sets by name; no lookup of the set's ID is needed.
-	dns := &nftables.Set{Table: m.table, Name: dnsSet(s.Index), KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	dns, dnsp := m.dnsSets(s.Index)
 	c.FlushChain(ch)
 	if !keepDNS {
 		c.FlushSet(dns)
+		c.FlushSet(dnsp)
 	}
-	for _, r := range slotRules(m.table, ch, dns, m.block, p, s.Index, m.cfg.LogGroup) {
+	for _, r := range slotRules(m.table, ch, dns, dnsp, m.block, p, s.Index, m.cfg.LogGroup) {
 		c.AddRule(r)
 	}
 	if err := c.Flush(); err != nil {
@@ -495,6 +508,25 @@ func (m *Manager) AllowAddr(s *Slot, ip netip.Addr, ttl time.Duration) error {
 	k := ip.As4()
 	if err := m.nft.SetAddElements(set, []nftables.SetElement{{Key: k[:], Timeout: ttlClamp(ttl)}}); err != nil {
 		return errNft("allow address", err)
+	}
+	return m.nft.Flush()
+}
+
+// AllowAddrPort adds (ip, proto, port) to slot s's DNS-learned set for names allowed on some
+// ports or one protocol only, for ttl (clamped to [30s, 1h]).
+func (m *Manager) AllowAddrPort(s *Slot, ip netip.Addr, proto uint8, ports []uint16, ttl time.Duration) error {
+	if !ip.Is4() || len(ports) == 0 {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, set := m.dnsSets(s.Index)
+	els := make([]nftables.SetElement, len(ports))
+	for i, p := range ports {
+		els[i] = nftables.SetElement{Key: dnsPortKey(ip, proto, p), Timeout: ttlClamp(ttl)}
+	}
+	if err := m.nft.SetAddElements(set, els); err != nil {
+		return errNft("allow address and port", err)
 	}
 	return m.nft.Flush()
 }
@@ -542,6 +574,8 @@ func (m *Manager) destroy(i int) error {
 	c.DelChain(&nftables.Chain{Name: slotChain(i), Table: m.table})
 	c.Flush() // fails harmlessly when there is no such chain
 	c.DelSet(&nftables.Set{Table: m.table, Name: dnsSet(i)})
+	c.Flush()
+	c.DelSet(&nftables.Set{Table: m.table, Name: dnsPortSet(i)})
 	c.Flush()
 	m.mu.Unlock()
 	if l, err := netlink.LinkByName(m.hostIf(i)); err == nil {

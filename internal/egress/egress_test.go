@@ -146,6 +146,22 @@ func TestPolicyEnforced(t *testing.T) {
 	if b, _ := io.ReadAll(c); len(b) > 0 {
 		t.Errorf("open connection still works after the policy forbade it: %q", b)
 	}
+	// DNS-learned addresses allowed on one port only.
+	if err := m.AllowAddrPort(s, netip.MustParseAddr("203.0.113.1"), unix.IPPROTO_TCP, []uint16{81}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := dialFrom(t, s, "203.0.113.1:80"); err == nil {
+		c.Close()
+		t.Errorf("port 80 reachable with only port 81 allowed")
+	}
+	if err := m.AllowAddrPort(s, netip.MustParseAddr("203.0.113.1"), unix.IPPROTO_TCP, []uint16{80}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := dialFrom(t, s, "203.0.113.1:80"); err != nil {
+		t.Errorf("address and port allowed through DNS: %v", err)
+	} else {
+		c.Close()
+	}
 	// DNS-learned addresses.
 	if err := m.AllowAddr(s, netip.MustParseAddr("203.0.113.2"), time.Minute); err != nil {
 		t.Fatal(err)

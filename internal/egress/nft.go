@@ -22,6 +22,8 @@ import (
 //	table inet corral-<tag>
 //	  set blocked   ipv4_addr, interval     the always-blocked ranges (netpolicy.BlockedSet)
 //	  set dns-<n>   ipv4_addr, timeout      addresses the resolver answered for slot n's allowed names
+//	  set dnsp-<n>  ipv4_addr . inet_proto . inet_service, timeout   the same, for names allowed
+//	                                        on some ports or one protocol only
 //	  chain forward (hook forward, filter, policy accept: the host's other traffic is not ours)
 //	    iifname "<host veth n>" ip saddr <sandbox n> jump slot-<n>     one rule per slot
 //	    iifname "cr<tag>-*" counter drop                             spoofed source, IPv6, unknown
@@ -38,6 +40,7 @@ import (
 //	    ip daddr @blocked counter drop           "blocked_range"
 //	    <allow rules> accept
 //	    ip daddr @dns-<n> accept
+//	    ip daddr . meta l4proto . th dport @dnsp-<n> accept   (names allowed on some ports only)
 //	    (open mode) accept
 //	    counter drop                             "no_rule"
 //	table ip corral-<tag>-nat
@@ -136,6 +139,28 @@ func matchDport(lo, hi uint16) []expr.Any {
 	return []expr.Any{load, &expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: be16(lo), ToData: be16(hi)}}
 }
 
+// lookupDaddrProtoPort matches "ip daddr . meta l4proto . th dport @set" (a concatenated set;
+// each part in its own 32-bit register, as nft lays concatenations out).
+func lookupDaddrProtoPort(set *nftables.Set) []expr.Any {
+	const r0, r1, r2 = 8, 9, 10 // NFT_REG32_00.. 02
+	return []expr.Any{
+		&expr.Payload{DestRegister: r0, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: r1},
+		&expr.Payload{DestRegister: r2, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: r0, SetName: set.Name, SetID: set.ID},
+	}
+}
+
+// dnsPortKey is the key of a (address, protocol, port) element of a slot's dnsp set.
+func dnsPortKey(ip netip.Addr, proto uint8, port uint16) []byte {
+	a := ip.As4()
+	k := make([]byte, 12)
+	copy(k, a[:])
+	k[4] = proto
+	binary.BigEndian.PutUint16(k[8:], port)
+	return k
+}
+
 func lookupDaddr(set *nftables.Set) []expr.Any {
 	return []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
@@ -224,7 +249,7 @@ func ParseLogPrefix(p string) (slot int, reason string, ok bool) {
 // slotRules returns the rules of slot n's chain for p. With logGroup set, each drop is preceded
 // by a rule with the same match that logs the packet (rate-limited) to that NFLOG group, so the
 // edge can attribute blocked attempts to destination, port and protocol.
-func slotRules(t *nftables.Table, c *nftables.Chain, dns *nftables.Set, blocked *nftables.Set, p SlotPolicy, n int, logGroup uint16) []*nftables.Rule {
+func slotRules(t *nftables.Table, c *nftables.Chain, dns, dnsp *nftables.Set, blocked *nftables.Set, p SlotPolicy, n int, logGroup uint16) []*nftables.Rule {
 	var rules []*nftables.Rule
 	add := func(ud []byte, e ...expr.Any) {
 		rules = append(rules, &nftables.Rule{Table: t, Chain: c, Exprs: e, UserData: ud})
@@ -259,6 +284,7 @@ func slotRules(t *nftables.Table, c *nftables.Chain, dns *nftables.Set, blocked 
 		}
 	}
 	add(nil, append(lookupDaddr(dns), verdict(expr.VerdictAccept))...)
+	add(nil, append(lookupDaddrProtoPort(dnsp), verdict(expr.VerdictAccept))...)
 	if p.Open {
 		add(nil, verdict(expr.VerdictAccept))
 	}
