@@ -82,6 +82,31 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
 	})
+	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
+	api.HandleFunc("GET /v1/environments", func(w http.ResponseWriter, r *http.Request) {
+		list, err := s.store.ListEnvironments(r.Context())
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, list)
+	})
+	api.HandleFunc("GET /v1/environments/{name}", func(w http.ResponseWriter, r *http.Request) {
+		env, err := s.store.GetEnvironment(r.Context(), r.PathValue("name"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, env)
+	})
+	api.HandleFunc("DELETE /v1/environments/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.store.DeleteEnvironment(r.Context(), r.PathValue("name")); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.tagLayer)
 	api.HandleFunc("POST /v1/layers", s.importLayer)
 	api.HandleFunc("GET /v1/layers", s.listLayers)
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
@@ -288,6 +313,47 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, rec.Sandbox)
+}
+
+func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
+	var env corral.Environment
+	if err := httpjson.Decode(r, &env); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !env.CreatedAt.IsZero() {
+		s.fail(w, r, errdefs.Invalid("created_at", "is set by the server"))
+		return
+	}
+	got, err := s.edge.SaveEnvironment(r.Context(), env)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, got)
+}
+
+func (s *Server) tagLayer(w http.ResponseWriter, r *http.Request) {
+	var req corral.TagRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	name, tag := r.PathValue("name"), r.PathValue("tag")
+	if err := edge.ValidateLayerName("tag", name, tag); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := edge.ValidateLayerName("version", name, req.Version); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	l, err := s.store.TagLayer(r.Context(), name, tag, req.Version)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, l)
 }
 
 func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {

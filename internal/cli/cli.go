@@ -194,6 +194,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newSnapshotCmd(),
 		a.newReplayCmd(),
 		a.newNetCmd(),
+		a.newEnvCmd(),
 	)
 	return root
 }

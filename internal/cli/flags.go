@@ -106,6 +106,7 @@ type createFlags struct {
 	fromSnapshot              string
 	runtime                   string
 	net                       netFlags
+	baseDefault               string // what --base is when not given
 }
 
 // netFlags are the egress policy flags of create, run and net set.
@@ -139,6 +140,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	if base == "" {
 		base = defaultBase
 	}
+	f.baseDefault = base
 	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION ($CORRAL_BASE sets the default)")
 	fs.StringVar(&f.runtime, "runtime", "", "container runtime: runc (default) or gvisor")
 	f.net.add(fs)
@@ -150,7 +152,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&f.disk, "disk", "", "size of the writable layer, e.g. 10G")
 	fs.Int64Var(&f.openFiles, "open-files", 0, "open file limit (RLIMIT_NOFILE) of every process")
 	fs.StringVar(&f.outputLimit, "output-limit", "", "output kept per command, e.g. 16M")
-	fs.StringArrayVar(&f.env, "env", nil, "environment variable KEY=VALUE for every command (repeatable)")
+	fs.StringArrayVar(&f.env, "env", nil, "KEY=VALUE: an environment variable for every command (repeatable); NAME: create from the saved environment NAME (corral env create)")
 	fs.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
 	fs.StringVar(&f.ttl, "ttl", "", "lifetime, e.g. 30m (default: the server's)")
 	fs.StringVar(&f.idleTTL, "idle-ttl", "", "stop after this long without activity, e.g. 10m")
@@ -166,7 +168,7 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		Base:      f.base,
 		Workspace: f.workspace,
 		Toolkits:  f.toolkits,
-		Env:       f.env,
+		Env:       envVars(f.env),
 		TTL:       f.ttl,
 		IdleTTL:   f.idleTTL,
 		Hostname:  f.hostname,
@@ -232,7 +234,17 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		}
 		*s.dst = n
 	}
-	if err := checkEnv(f.env); err != nil {
+	names := envNames(f.env)
+	switch {
+	case len(names) > 1:
+		return req, usagef("--env NAME given %d times (%s): one saved environment per sandbox", len(names), strings.Join(names, ", "))
+	case len(names) == 1:
+		if f.base != f.baseDefault || f.workspace != "" || len(f.toolkits) > 0 || f.fromSnapshot != "" {
+			return req, usagef("--env %s names its layers: drop --base, --workspace, --toolkit and --from-snapshot", names[0])
+		}
+		req.Environment, req.Base = names[0], ""
+	}
+	if err := checkEnv(envVars(f.env)); err != nil {
 		return req, err
 	}
 	labels, err := parseKV("label", f.labels)
@@ -247,4 +259,26 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		return req, err
 	}
 	return req, nil
+}
+
+// envVars are the --env values that set a variable (KEY=VALUE); envNames the others, which name
+// a saved environment.
+func envVars(env []string) []string {
+	var out []string
+	for _, e := range env {
+		if strings.Contains(e, "=") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func envNames(env []string) []string {
+	var out []string
+	for _, e := range env {
+		if !strings.Contains(e, "=") {
+			out = append(out, e)
+		}
+	}
+	return out
 }

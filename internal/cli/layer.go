@@ -18,12 +18,12 @@ func (a *app) newLayerCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "layer",
 		Short: "Publish and list layers (bases, workspaces, toolkits)",
-		Args:  exactArgs(0, "a subcommand: import, ls or get"),
+		Args:  exactArgs(0, "a subcommand: import, ls, get or tag"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cmd.Help()
 		},
 	}
-	cmd.AddCommand(a.newLayerImportCmd(), a.newLayerLsCmd(), a.newLayerGetCmd())
+	cmd.AddCommand(a.newLayerImportCmd(), a.newLayerLsCmd(), a.newLayerGetCmd(), a.newLayerTagCmd())
 	return cmd
 }
 
@@ -148,9 +148,10 @@ func (a *app) newLayerLsCmd() *cobra.Command {
 				return a.printJSON(list)
 			}
 			now := a.now()
-			t := newTable(a.stdout, "NAME", "VERSION", "KIND", "SIZE", "FILES", "DIGEST", "CREATED")
+			t := newTable(a.stdout, "NAME", "VERSION", "KIND", "SIZE", "FILES", "DIGEST", "CREATED", "TAGS")
 			for _, l := range list {
-				t.row(l.Name, l.Version, l.Kind, formatBytes(l.Size), strconv.FormatInt(l.Files, 10), shortDigest(l.Digest), relTime(l.CreatedAt, now))
+				t.row(l.Name, l.Version, l.Kind, formatBytes(l.Size), strconv.FormatInt(l.Files, 10), shortDigest(l.Digest), relTime(l.CreatedAt, now),
+					orDash(strings.Join(l.Tags, ",")))
 			}
 			return t.flush()
 		},

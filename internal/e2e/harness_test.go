@@ -344,7 +344,7 @@ func (p *corralProc) create(req corral.CreateRequest) *corral.Sandbox {
 	if req.Runtime == "" {
 		req.Runtime = p.runtime
 	}
-	if req.Base == "" && req.FromSnapshot == "" {
+	if req.Base == "" && req.FromSnapshot == "" && req.Environment == "" {
 		req.Base = "base:test"
 	}
 	sb, err := p.Client.CreateSandbox(context.Background(), req)

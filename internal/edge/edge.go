@@ -502,6 +502,18 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
 		return nil, nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
 	}
+	if req.Environment != "" {
+		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
+			return nil, nil, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
+		}
+		env, err := e.store.GetEnvironment(ctx, req.Environment)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, nil, errdefs.Invalid("environment", "environment %q is not saved (see `corral env ls`)", req.Environment)
+		} else if err != nil {
+			return nil, nil, err
+		}
+		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
+	}
 	var snap corral.Layer
 	if req.FromSnapshot != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 {
@@ -544,26 +556,30 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
 	}
 	var lower, digests []string
+	// Tags (python:latest) are recorded as the versions they resolved to.
+	resolved := make([]string, 0, len(refs))
 	for _, r := range refs {
-		name, version, err := ParseLayerRef(r.field, r.ref)
+		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind)
 		if err != nil {
 			return nil, nil, err
 		}
-		l, err := e.store.GetLayer(ctx, name, version)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, nil, errdefs.Invalid(r.field, "layer %s is not published (see `corral layer ls`)", r.ref)
-		} else if err != nil {
-			return nil, nil, err
-		}
-		if l.Kind != r.kind {
-			return nil, nil, errdefs.Invalid(r.field, "layer %s is a %s layer, not a %s layer", r.ref, l.Kind, r.kind)
-		}
+		resolved = append(resolved, l.Name+":"+l.Version)
 		p, err := e.layers.Path(l.Digest)
 		if err != nil {
 			return nil, nil, fmt.Errorf("resolve layer %s: %w", r.ref, err)
 		}
 		lower = append(lower, p)
 		digests = append(digests, l.Digest)
+	}
+	if req.FromSnapshot == "" {
+		req.Base = resolved[0]
+		if req.Workspace != "" {
+			req.Workspace, resolved = resolved[1], resolved[1:]
+		}
+		req.Toolkits = append([]string(nil), resolved[1:]...)
+		if len(req.Toolkits) == 0 {
+			req.Toolkits = nil
+		}
 	}
 	now := time.Now().UTC()
 	id := e.newID()
@@ -575,7 +591,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 		Sandbox: corral.Sandbox{
 			ID: id, Node: e.cfg.Node, Tier: "container", Runtime: runtime,
 			State: corral.StateCreating,
-			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot,
+			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
 			Limits: limits, Env: req.Env, Labels: req.Labels, Hostname: host,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
@@ -686,6 +702,52 @@ func ParseLayerRef(field, ref string) (name, version string, err error) {
 		return "", "", err
 	}
 	return name, version, nil
+}
+
+// resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, checking its kind.
+func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind string) (corral.Layer, error) {
+	name, version, err := ParseLayerRef(field, ref)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	l, err := e.store.GetLayer(ctx, name, version)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return corral.Layer{}, errdefs.Invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
+	} else if err != nil {
+		return corral.Layer{}, err
+	}
+	if l.Kind != kind {
+		return corral.Layer{}, errdefs.Invalid(field, "layer %s is a %s layer, not a %s layer", ref, l.Kind, kind)
+	}
+	return l, nil
+}
+
+// SaveEnvironment validates and saves a named composition of layers.
+func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	if !layerNameRE.MatchString(env.Name) {
+		return corral.Environment{}, errdefs.Invalid("name", "environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
+	}
+	if env.Base == "" {
+		return corral.Environment{}, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
+	}
+	if len(env.Toolkits) > 32 {
+		return corral.Environment{}, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(env.Toolkits))
+	}
+	if _, err := e.resolveLayer(ctx, "base", env.Base, corral.KindBase); err != nil {
+		return corral.Environment{}, err
+	}
+	if env.Workspace != "" {
+		if _, err := e.resolveLayer(ctx, "workspace", env.Workspace, corral.KindWorkspace); err != nil {
+			return corral.Environment{}, err
+		}
+	}
+	for i, t := range env.Toolkits {
+		if _, err := e.resolveLayer(ctx, fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit); err != nil {
+			return corral.Environment{}, err
+		}
+	}
+	env.CreatedAt = time.Now().UTC()
+	return e.store.PutEnvironment(ctx, env)
 }
 
 // ValidateLayerName checks a layer name and version.

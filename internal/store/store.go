@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -73,6 +74,18 @@ var migrations = []string{
 		PRIMARY KEY (sandbox_id, seq)
 	);
 	CREATE UNIQUE INDEX trajectory_step ON trajectory(sandbox_id, step_id) WHERE step_id != '';`,
+	`CREATE TABLE environments (
+		name TEXT PRIMARY KEY,
+		created_at INTEGER NOT NULL,
+		doc TEXT NOT NULL
+	);
+	CREATE TABLE layer_tags (
+		name TEXT NOT NULL,
+		tag TEXT NOT NULL,
+		version TEXT NOT NULL,
+		updated_at INTEGER NOT NULL,
+		PRIMARY KEY (name, tag)
+	);`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and applies migrations.
@@ -370,6 +383,11 @@ func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Laye
 	var doc string
 	err := s.db.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
+		// A tag (python:latest) names the version it points at now.
+		err = s.db.QueryRowContext(ctx, `SELECT l.doc FROM layer_tags t JOIN layers l ON l.name = t.name AND l.version = t.version
+			WHERE t.name = ? AND t.tag = ?`, name, version).Scan(&doc)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
 		return corral.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
 	}
 	if err != nil {
@@ -379,7 +397,138 @@ func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Laye
 	if err := json.Unmarshal([]byte(doc), &l); err != nil {
 		return corral.Layer{}, fmt.Errorf("decode layer %s:%s: %w", name, version, err)
 	}
+	if l.Tags, err = s.layerTags(ctx, l.Name, l.Version); err != nil {
+		return corral.Layer{}, err
+	}
 	return l, nil
+}
+
+// layerTags returns the tags pointing at name:version.
+func (s *Store) layerTags(ctx context.Context, name, version string) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT tag FROM layer_tags WHERE name = ? AND version = ? ORDER BY tag`, name, version)
+	if err != nil {
+		return nil, fmt.Errorf("layer tags of %s:%s: %w", name, version, err)
+	}
+	defer rows.Close()
+	var tags []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		tags = append(tags, t)
+	}
+	return tags, rows.Err()
+}
+
+// TagLayer points name:tag at the published version name:version (moving it if it pointed
+// elsewhere). A tag may not shadow a published version.
+func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (corral.Layer, error) {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM layers WHERE name = ? AND version = ?`, name, tag).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			return errdefs.Conflict("%s:%s is a published version, not a tag; versions are immutable", name, tag)
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return errdefs.NotFound("layer %s:%s", name, version)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO layer_tags (name, tag, version, updated_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT (name, tag) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at`,
+			name, tag, version, time.Now().UnixNano())
+		return err
+	})
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("tag %s:%s: %w", name, tag, err)
+	}
+	return s.GetLayer(ctx, name, version)
+}
+
+// PutEnvironment saves env under its name. Saving the same composition again is a no-op that
+// returns the existing record; another composition under a taken name is ErrConflict (delete it
+// first).
+func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	var got corral.Environment
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var doc string
+		err := tx.QueryRowContext(ctx, `SELECT doc FROM environments WHERE name = ?`, env.Name).Scan(&doc)
+		if err == nil {
+			if err := json.Unmarshal([]byte(doc), &got); err != nil {
+				return err
+			}
+			if got.Base != env.Base || got.Workspace != env.Workspace || !slices.Equal(got.Toolkits, env.Toolkits) {
+				return errdefs.Conflict("environment %s exists with another composition; delete it first or use another name", env.Name)
+			}
+			return nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		b, err := json.Marshal(env)
+		if err != nil {
+			return err
+		}
+		got = env
+		_, err = tx.ExecContext(ctx, `INSERT INTO environments (name, created_at, doc) VALUES (?, ?, ?)`, env.Name, env.CreatedAt.UnixNano(), string(b))
+		return err
+	})
+	if err != nil {
+		return corral.Environment{}, fmt.Errorf("save environment %s: %w", env.Name, err)
+	}
+	return got, nil
+}
+
+// GetEnvironment returns the environment saved as name, or an ErrNotFound error.
+func (s *Store) GetEnvironment(ctx context.Context, name string) (corral.Environment, error) {
+	var doc string
+	err := s.db.QueryRowContext(ctx, `SELECT doc FROM environments WHERE name = ?`, name).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return corral.Environment{}, errdefs.NotFound("environment %s", name)
+	}
+	if err != nil {
+		return corral.Environment{}, fmt.Errorf("get environment %s: %w", name, err)
+	}
+	var env corral.Environment
+	return env, json.Unmarshal([]byte(doc), &env)
+}
+
+// ListEnvironments returns the saved environments by name.
+func (s *Store) ListEnvironments(ctx context.Context) ([]corral.Environment, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT doc FROM environments ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list environments: %w", err)
+	}
+	defer rows.Close()
+	out := []corral.Environment{}
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, err
+		}
+		var env corral.Environment
+		if err := json.Unmarshal([]byte(doc), &env); err != nil {
+			return nil, err
+		}
+		out = append(out, env)
+	}
+	return out, rows.Err()
+}
+
+// DeleteEnvironment removes a saved environment; sandboxes made from it are not affected.
+func (s *Store) DeleteEnvironment(ctx context.Context, name string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM environments WHERE name = ?`, name)
+	if err != nil {
+		return fmt.Errorf("delete environment %s: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("environment %s", name)
+	}
+	return nil
 }
 
 // ListLayers returns published layers (of one name when name is set), by name then creation time.
@@ -407,7 +556,16 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 		}
 		out = append(out, l)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	for i := range out {
+		if out[i].Tags, err = s.layerTags(ctx, out[i].Name, out[i].Version); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // LayerDigestInUse reports whether any published layer references digest.

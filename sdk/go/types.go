@@ -72,6 +72,9 @@ type CreateRequest struct {
 	PauseKeepsTTL *bool `json:"pause_keeps_ttl,omitempty"`
 	// Network is the egress policy; nil or mode "none": loopback only.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// Environment names a saved environment to create the sandbox from; Base, Workspace and
+	// Toolkits must then be empty.
+	Environment string `json:"environment,omitempty"`
 }
 
 // EgressStats counts a networked sandbox's blocked egress attempts.
@@ -126,6 +129,9 @@ type Sandbox struct {
 	PausedAt time.Time `json:"paused_at,omitzero"`
 	// LastPause describes the last pause: how long it took and the memory it gave back.
 	LastPause *PauseInfo `json:"last_pause,omitempty"`
+	// Environment is the saved environment the sandbox was made from, if any (Base, Workspace and
+	// Toolkits then hold the versions it resolved to).
+	Environment string `json:"environment,omitempty"`
 	// Network is the egress policy in force (normalised); NetworkAddress the sandbox's address.
 	Network        *NetworkPolicy `json:"network,omitempty"`
 	NetworkAddress string         `json:"network_address,omitempty"`
@@ -288,6 +294,24 @@ type Layer struct {
 	CreatedAt time.Time         `json:"created_at"`
 	// Snapshot is set on layers of kind snapshot.
 	Snapshot *SnapshotOf `json:"snapshot,omitempty"`
+	// Tags are the movable names (NAME:TAG, e.g. python:latest) pointing at this version now.
+	Tags []string `json:"tags,omitempty"`
+}
+
+// Environment is a saved composition of layers (POST /v1/environments): create a sandbox from it
+// with CreateRequest.Environment. Base is required; toolkits stack in order above the workspace.
+// References may be tags (python:latest); they are resolved when a sandbox is created.
+type Environment struct {
+	Name      string     `json:"name"`
+	Base      LayerRef   `json:"base"`
+	Workspace LayerRef   `json:"workspace,omitempty"`
+	Toolkits  []LayerRef `json:"toolkits,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+}
+
+// TagRequest is the body of PUT /v1/layers/{name}/tags/{tag}.
+type TagRequest struct {
+	Version string `json:"version"`
 }
 
 // Info is the answer of GET /v1/info.
