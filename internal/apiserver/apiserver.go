@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -392,6 +393,24 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalid("kind", "%q is not a layer kind (base, workspace, toolkit)", kind))
 		return
 	}
+	var imageConfig *corral.ImageConfig
+	if raw := q.Get("image_config"); raw != "" {
+		if len(raw) > 64<<10 {
+			s.fail(w, r, errdefs.Invalid("image_config", "larger than 64 KiB"))
+			return
+		}
+		imageConfig = new(corral.ImageConfig)
+		dec := json.NewDecoder(strings.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(imageConfig); err != nil {
+			s.fail(w, r, errdefs.Invalid("image_config", "%v", err))
+			return
+		}
+		if err := edge.ValidateImageConfig(imageConfig); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
 	log := s.log.With("layer", name+":"+version)
 	start := time.Now()
 	s.importMu.Lock()
@@ -403,7 +422,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 	}
 	l, created, err := s.store.PublishLayer(r.Context(), corral.Layer{
 		Name: name, Version: version, Kind: kind, Digest: blob.Digest,
-		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(),
+		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), ImageConfig: imageConfig,
 	})
 	if err != nil {
 		// Drop the imported tree unless another published layer has the same content.

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,6 +198,8 @@ type sandbox struct {
 	// paused mirrors the state for the lock-free check on every data-plane call; it changes only
 	// with mu held.
 	paused atomic.Bool
+	// cwd and user are the defaults of commands that name none (the base image's config).
+	cwd, user string
 	// actions counts data-plane calls (for blocked egress attempts per 1000 actions).
 	actions atomic.Uint64
 	// net is the sandbox's network, nil without one. Set before the sandbox is published.
@@ -217,6 +220,8 @@ func newSandbox(rec *store.Sandbox, socket string) *sandbox {
 		outputLimit: rec.Limits.OutputBytes,
 		idleTTL:     time.Duration(rec.IdleTTLSeconds) * time.Second,
 		autoPause:   time.Duration(rec.AutoPauseAfterSeconds) * time.Second,
+		cwd:         rec.Cwd,
+		user:        rec.User,
 	}
 	sb.paused.Store(rec.State == corral.StatePaused)
 	sb.lastActivity.Store(rec.LastActivityAt.UnixNano())
@@ -558,12 +563,16 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 	var lower, digests []string
 	// Tags (python:latest) are recorded as the versions they resolved to.
 	resolved := make([]string, 0, len(refs))
+	var imageCfg *corral.ImageConfig
 	for _, r := range refs {
 		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind)
 		if err != nil {
 			return nil, nil, err
 		}
 		resolved = append(resolved, l.Name+":"+l.Version)
+		if r.field == "base" && l.ImageConfig != nil {
+			imageCfg = l.ImageConfig
+		}
 		p, err := e.layers.Path(l.Digest)
 		if err != nil {
 			return nil, nil, fmt.Errorf("resolve layer %s: %w", r.ref, err)
@@ -581,6 +590,14 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 			req.Toolkits = nil
 		}
 	}
+	// The base image's configuration: its environment under the request's (the request wins),
+	// its working directory and user as the commands' defaults.
+	env := req.Env
+	var cwd, user string
+	if imageCfg != nil {
+		env = mergeEnv(imageCfg.Env, req.Env)
+		cwd, user = imageCfg.WorkingDir, imageCfg.User
+	}
 	now := time.Now().UTC()
 	id := e.newID()
 	host := req.Hostname
@@ -592,7 +609,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 			ID: id, Node: e.cfg.Node, Tier: "container", Runtime: runtime,
 			State: corral.StateCreating,
 			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
-			Limits: limits, Env: req.Env, Labels: req.Labels, Hostname: host,
+			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
 			Network: &netc.Source,
@@ -702,6 +719,31 @@ func ParseLayerRef(field, ref string) (name, version string, err error) {
 		return "", "", err
 	}
 	return name, version, nil
+}
+
+// mergeEnv returns base with over's variables replacing or added.
+func mergeEnv(base, over []string) []string {
+	out := append([]string(nil), base...)
+	for _, kv := range over {
+		k, _, _ := strings.Cut(kv, "=")
+		out = slices.DeleteFunc(out, func(b string) bool { bk, _, _ := strings.Cut(b, "="); return bk == k })
+		out = append(out, kv)
+	}
+	return out
+}
+
+// ValidateImageConfig checks an imported image's configuration before it is stored.
+func ValidateImageConfig(c *corral.ImageConfig) error {
+	if err := validateEnv("image_config.env", c.Env); err != nil {
+		return err
+	}
+	if c.WorkingDir != "" && !strings.HasPrefix(c.WorkingDir, "/") {
+		return errdefs.Invalid("image_config.working_dir", "%q is not an absolute path", c.WorkingDir)
+	}
+	if c.User != "" && !userRE.MatchString(c.User) {
+		return errdefs.Invalid("image_config.user", "%q is not a user name or uid[:gid]", c.User)
+	}
+	return nil
 }
 
 // resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, checking its kind.

@@ -78,6 +78,12 @@ const maxArgvBytes = 256 << 10
 
 // agentRequest validates an API exec request and converts it for the agent.
 func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecRequest, error) {
+	if req.Cwd == "" {
+		req.Cwd = sb.cwd
+	}
+	if req.User == "" {
+		req.User = sb.user
+	}
 	out := agentrpc.ExecRequest{
 		Argv: req.Argv, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
 		Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, OutputLimit: sb.outputLimit,

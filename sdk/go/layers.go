@@ -2,6 +2,7 @@ package corral
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -12,7 +13,20 @@ import (
 // same name:version succeeds and returns the existing layer; other content under an existing
 // name:version is an error [IsConflict] recognizes. r is read to its end, not closed.
 func (c *Client) ImportLayer(ctx context.Context, name, version, kind string, r io.Reader) (*Layer, error) {
+	return c.ImportImageLayer(ctx, name, version, kind, nil, r)
+}
+
+// ImportImageLayer is ImportLayer for a layer made from a container image: cfg (may be nil) is
+// the image's configuration, applied to sandboxes whose base the layer is.
+func (c *Client) ImportImageLayer(ctx context.Context, name, version, kind string, cfg *ImageConfig, r io.Reader) (*Layer, error) {
 	q := url.Values{"name": {name}, "version": {version}, "kind": {kind}}
+	if cfg != nil {
+		b, err := json.Marshal(cfg)
+		if err != nil {
+			return nil, err
+		}
+		q.Set("image_config", string(b))
+	}
 	var out Layer
 	err := c.do(ctx, request{
 		method:      http.MethodPost,

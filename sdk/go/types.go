@@ -129,6 +129,9 @@ type Sandbox struct {
 	PausedAt time.Time `json:"paused_at,omitzero"`
 	// LastPause describes the last pause: how long it took and the memory it gave back.
 	LastPause *PauseInfo `json:"last_pause,omitempty"`
+	// Cwd and User are the defaults of commands that name none (from the base image's config).
+	Cwd  string `json:"cwd,omitempty"`
+	User string `json:"user,omitempty"`
 	// Environment is the saved environment the sandbox was made from, if any (Base, Workspace and
 	// Toolkits then hold the versions it resolved to).
 	Environment string `json:"environment,omitempty"`
@@ -296,6 +299,21 @@ type Layer struct {
 	Snapshot *SnapshotOf `json:"snapshot,omitempty"`
 	// Tags are the movable names (NAME:TAG, e.g. python:latest) pointing at this version now.
 	Tags []string `json:"tags,omitempty"`
+	// ImageConfig is the configuration of the container image the layer was imported from, if
+	// any: sandboxes whose base is this layer get its Env, and its WorkingDir and User as the
+	// defaults of their commands.
+	ImageConfig *ImageConfig `json:"image_config,omitempty"`
+}
+
+// ImageConfig is the part of an OCI image's configuration Corral keeps (POST /v1/layers takes it
+// as the image_config query parameter, JSON).
+type ImageConfig struct {
+	Env        []string          `json:"env,omitempty"`
+	WorkingDir string            `json:"working_dir,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Entrypoint []string          `json:"entrypoint,omitempty"`
+	Cmd        []string          `json:"cmd,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
 }
 
 // Environment is a saved composition of layers (POST /v1/environments): create a sandbox from it
