@@ -2,8 +2,11 @@ package cli
 
 import (
 	"context"
+	"time"
+
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/oci"
 	"io"
 	"os"
 	"strconv"
@@ -37,14 +40,22 @@ func splitRef(ref string) (name, version string, err error) {
 }
 
 func (a *app) newLayerImportCmd() *cobra.Command {
-	var kind, dir, tarFile string
+	var kind, dir, tarFile, image, layout, archive, platform string
+	var insecure bool
 	cmd := &cobra.Command{
-		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE)",
-		Short: "Publish a directory or a tar stream as a layer version",
-		Long: `Publish a directory (--dir) or a tar stream (--tar FILE, "-" for stdin; plain, gzip or
-zstd) as an immutable layer version. Publishing the same content again under the same
-NAME:VERSION succeeds; other content under an existing NAME:VERSION is refused.`,
+		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE | --image REF | --oci-layout DIR[:TAG] | --docker-archive FILE)",
+		Short: "Publish a directory, a tar stream or a container image as a layer version",
+		Long: `Publish a directory (--dir), a tar stream (--tar FILE, "-" for stdin; plain, gzip or
+zstd) or a container image as an immutable layer version. An image comes from a registry
+(--image REF, pulled by this command with the credentials of ~/.docker/config.json), an OCI image
+layout directory (--oci-layout DIR, DIR:TAG to pick one) or a docker save archive
+(--docker-archive FILE); its layers are flattened into one layer (whiteouts applied) and its
+configuration (env, working directory, user) is kept for sandboxes built on it. Publishing the
+same content again under the same NAME:VERSION succeeds; other content under an existing
+NAME:VERSION is refused.`,
 		Example: `  corral layer import base:2025-01 --kind base --dir ./rootfs
+  corral layer import python:3.12 --kind base --image registry.example.com/library/python:3.12-slim
+  corral layer import app:v1 --kind base --oci-layout ./app-oci:v1
   docker export $(docker create alpine) | corral layer import alpine:3 --kind base --tar -`,
 		Args: exactArgs(1, "NAME:VERSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -62,7 +73,9 @@ NAME:VERSION succeeds; other content under an existing NAME:VERSION is refused.`
 				return err
 			}
 			var l *corral.Layer
-			if dir != "" {
+			if src := (oci.Source{Image: image, Layout: layout, DockerArchive: archive}); src != (oci.Source{}) {
+				l, err = a.importImage(cmd.Context(), c, name, version, kind, src, oci.Options{Platform: platform, Insecure: insecure})
+			} else if dir != "" {
 				l, err = importDir(cmd.Context(), c, name, version, kind, dir)
 			} else {
 				var r io.Reader = a.stdin
@@ -93,10 +106,53 @@ NAME:VERSION succeeds; other content under an existing NAME:VERSION is refused.`
 	f.StringVar(&kind, "kind", "", "layer kind: base, workspace or toolkit")
 	f.StringVar(&dir, "dir", "", "directory to publish")
 	f.StringVar(&tarFile, "tar", "", `tar stream to publish ("-" for stdin)`)
+	f.StringVar(&image, "image", "", "container image in a registry, e.g. registry.example.com/repo:tag or repo@sha256:...")
+	f.StringVar(&layout, "oci-layout", "", "OCI image layout directory, DIR or DIR:TAG")
+	f.StringVar(&archive, "docker-archive", "", "docker save archive (a tar file)")
+	f.StringVar(&platform, "platform", "", "image platform, e.g. linux/amd64 (default: this host's)")
+	f.BoolVar(&insecure, "insecure", false, "allow a plain-HTTP registry")
 	cmd.MarkFlagRequired("kind")
-	cmd.MarkFlagsMutuallyExclusive("dir", "tar")
-	cmd.MarkFlagsOneRequired("dir", "tar")
+	cmd.MarkFlagsMutuallyExclusive("dir", "tar", "image", "oci-layout", "docker-archive")
+	cmd.MarkFlagsOneRequired("dir", "tar", "image", "oci-layout", "docker-archive")
 	return cmd
+}
+
+// importImage flattens a container image into one tar stream and publishes it with the image's
+// configuration, showing progress on a terminal.
+func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, kind string, src oci.Source, opt oci.Options) (*corral.Layer, error) {
+	if _, tty := terminalFd(a.stderr); tty {
+		var last time.Time
+		opt.Progress = func(done, total int64, layer, layers int) {
+			if now := time.Now(); now.Sub(last) > 200*time.Millisecond || done == total {
+				last = now
+				fmt.Fprintf(a.stderr, "\rlayer %d/%d  %s / %s   ", layer, layers, formatBytes(done), formatBytes(total))
+			}
+		}
+		defer fmt.Fprintln(a.stderr)
+	}
+	img, err := oci.Open(ctx, src, opt)
+	if err != nil {
+		return nil, err
+	}
+	info := img.Image()
+	cfg := &corral.ImageConfig{Env: info.Config.Env, WorkingDir: info.Config.WorkingDir, User: info.Config.User,
+		Entrypoint: info.Config.Entrypoint, Cmd: info.Config.Cmd, Labels: info.Config.Labels}
+	pr, pw := io.Pipe()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		err := img.Flatten(wctx, pw)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	l, err := c.ImportImageLayer(ctx, name, version, kind, cfg, pr)
+	pr.CloseWithError(errors.New("upload ended"))
+	cancel()
+	if ferr := <-done; ferr != nil && err == nil {
+		return nil, fmt.Errorf("read image: %w", ferr)
+	}
+	return l, err
 }
 
 // importDir streams a tar of dir into ImportLayer.
