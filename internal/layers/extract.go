@@ -254,6 +254,7 @@ func (x *extractor) mkdirAll(entry, rel string) (int, error) {
 		}
 	}
 	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveBeneath}
+	opaqueNew := false
 	for comp := range strings.SplitSeq(rel, "/") {
 		compRel := joinRel(curRel, comp)
 		next, err := unix.Openat2(cur, comp, &how)
@@ -268,9 +269,11 @@ func (x *extractor) mkdirAll(entry, rel string) (int, error) {
 				done(cur)
 				return -1, invalidEntry(entry, "path component %q is a symlink; entries are never created through symlinks", compRel)
 			case isWhiteout(&st):
-				// A later entry of the same layer wins over a whiteout of the same name.
+				// A later entry of the same layer wins over a whiteout of the same name; the
+				// directory that replaces it is new: opaque, hiding the lower layers' one.
 				if err = unix.Unlinkat(cur, comp, 0); err == nil {
 					err = unix.ENOENT
+					opaqueNew = true
 				}
 			default:
 				done(cur)
@@ -281,6 +284,10 @@ func (x *extractor) mkdirAll(entry, rel string) (int, error) {
 			if err = mkdirImplicit(cur, comp); err == nil {
 				next, err = unix.Openat2(cur, comp, &how)
 			}
+			if err == nil && opaqueNew {
+				err = unix.Setxattr(procFD(next), opaqueXattr, []byte("y"), 0)
+			}
+			opaqueNew = false
 		}
 		done(cur)
 		if err != nil {
@@ -422,9 +429,16 @@ func (x *extractor) dir(hdr *tar.Header, rel string) error {
 		if err != nil {
 			return err
 		}
+		// A directory that replaces a whiteout of the same layer is new: opaque, so the lower
+		// layers' directory of that name does not show through (OCI image spec, whiteouts).
+		var wst unix.Stat_t
+		overWhiteout := unix.Fstatat(pfd, name, &wst, unix.AT_SYMLINK_NOFOLLOW) == nil && isWhiteout(&wst)
 		exists, err := x.replace(hdr.Name, pfd, name, unix.S_IFDIR)
 		if err != nil {
 			return err
+		}
+		if overWhiteout {
+			attrs = append(attrs, xattr{name: opaqueXattr, value: []byte("y")})
 		}
 		if !exists {
 			// 0700 until finish applies the archive's mode: the extraction must be able to write

@@ -231,7 +231,8 @@ func TestDuplicates(t *testing.T) {
 		{"hardlink to itself is a no-op", []ent{file("a", "1"), hardlink("a", "a")}, []ent{file("a", "1")}, false},
 		{"entry after its whiteout wins", []ent{file(".wh.f", ""), file("f", "x")}, []ent{file("f", "x")}, true},
 		{"whiteout after its entry loses", []ent{file("f", "x"), file(".wh.f", "")}, []ent{file("f", "x")}, true},
-		{"directory replaces a whiteout", []ent{file(".wh.d", ""), file("d/f", "x")}, []ent{file("d/f", "x")}, true},
+		// A directory made again after its whiteout in the same layer is new: opaque (OCI).
+		{"directory replaces a whiteout", []ent{file(".wh.d", ""), file("d/f", "x")}, []ent{opaqueDir("d/"), file("d/f", "x")}, true},
 		{"implicit parent equals a listed 0755 one", []ent{file("a/b/c", "x")}, []ent{dir("a/"), dir("a/b/"), file("a/b/c", "x")}, false},
 	}
 	for _, tc := range cases {
@@ -386,4 +387,11 @@ func diffArchives(t *testing.T, got, want []byte) {
 			return
 		}
 	}
+}
+
+// opaqueDir is dir(name) marked opaque.
+func opaqueDir(name string) ent {
+	d := dir(name)
+	d.xattrs = map[string]string{opaqueXattr: "y"}
+	return d
 }

@@ -214,6 +214,9 @@ func TestWhiteoutConversion(t *testing.T) {
 		file(".wh.gone", ""), dir("d/"), file("d/.wh..wh..opq", ""), file("d/new", "n"),
 		file("implicit/.wh..wh..opq", ""), file(".wh..wh.plnk", ""),
 		ent{name: "literal", typ: tar.TypeChar}, // a 0:0 character device is a whiteout already
+		// A directory deleted and made again in the same layer is new: opaque (OCI whiteouts).
+		file(".wh.again", ""), dir("again/"), file("again/f", "x"),
+		file(".wh.again2", ""), file("again2/f", "x"), // its directory implied by a file
 	)).Digest)
 	for _, name := range []string{"gone", "literal"} {
 		var st unix.Stat_t
@@ -221,7 +224,7 @@ func TestWhiteoutConversion(t *testing.T) {
 			t.Errorf("%s: %v, mode %o rdev %d; want a 0:0 character device", name, err, st.Mode, st.Rdev)
 		}
 	}
-	for _, name := range []string{"d", "implicit"} {
+	for _, name := range []string{"d", "implicit", "again", "again2"} {
 		v, err := lgetxattr(filepath.Join(layer, name), opaqueXattr)
 		if err != nil || string(v) != "y" {
 			t.Errorf("%s: %s = %q, %v; want y", name, opaqueXattr, v, err)
