@@ -49,7 +49,8 @@ const zstdMaxWindow = 128 << 20
 //   - A repeated name must keep its type: a later file, symlink, fifo or device replaces the
 //     earlier one (as tar does), a later directory updates the earlier one's metadata, a change
 //     of type is refused. A whiteout never replaces an entry of the same layer, and an entry
-//     replaces a whiteout, since OCI whiteouts only hide lower layers.
+//     replaces a whiteout, since OCI whiteouts only hide lower layers; a directory that replaces
+//     a whiteout is new and so opaque (the lower layers' directory of that name stays hidden).
 //   - OCI whiteouts become overlayfs ones: ".wh.NAME" a 0:0 character device NAME and
 //     ".wh..wh..opq" the xattr trusted.overlay.opaque=y on its directory. Other ".wh..wh." names
 //     (AUFS bookkeeping) are skipped.
