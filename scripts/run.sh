@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make run`: start Corral on its embedded defaults (if it is not already up), publish a small
-# busybox base layer as base:default if there is none, and show a sandbox being created and used.
+# `make run`: start Corral on its embedded defaults (if it is not already up), publish a Debian
+# base layer (base:debian-12, tagged base:default) if there is no base yet, and show sandboxes
+# being created and used.
 # Corral stays up afterwards; its log is in $DATA_DIR/corral.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +28,17 @@ fi
 export CORRAL_TOKEN=$(cat "$DATA_DIR/admin.token")
 
 if ! corral layer ls -o json | grep -q '"name": *"base"'; then
-  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-  scripts/busybox-rootfs.sh "$tmp/rootfs"
-  step corral layer import base:default --kind base --dir "$tmp/rootfs"
+  # A real Debian base (shell, coreutils, python3, git), built once and cached; busybox if that
+  # cannot be built here (no Debian mirror reachable).
+  if tarball=$(scripts/debian-base.sh); then
+    step corral layer import base:debian-12 --kind base --tar "$tarball"
+    step corral layer tag base:default debian-12
+  else
+    echo "could not build the Debian base; publishing a busybox one instead" >&2
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    scripts/busybox-rootfs.sh "$tmp/rootfs"
+    step corral layer import base:default --kind base --dir "$tmp/rootfs"
+  fi
 fi
 step corral info
 step corral layer ls
