@@ -85,6 +85,29 @@ func (a *app) newBenchCmd() *cobra.Command {
 	lf.IntVar(&lc.PauseMiB, "pause-mib", 256, "anonymous memory held while paused")
 	cmd.AddCommand(lifecycle)
 
+	var cc bench.ComposeConfig
+	compose := &cobra.Command{
+		Use:   "compose",
+		Short: "Creation from base + workspace + 3 toolkits vs from the base alone",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := bench.Compose(cmd.Context(), c, cc, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			return a.printJSON(res)
+		},
+	}
+	cf := compose.Flags()
+	cf.StringVar(&cc.Base, "base", "base:default", "base layer NAME:VERSION")
+	cf.IntVar(&cc.Rounds, "tti", 20, "create→first exec samples each way")
+	cf.IntVar(&cc.Files, "files", 1000, "files in the workspace and in each toolkit")
+	cmd.AddCommand(compose)
+
 	var nc bench.NetworkConfig
 	network := &cobra.Command{
 		Use:   "network --rootfs DIR",
