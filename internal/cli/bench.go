@@ -108,6 +108,34 @@ func (a *app) newBenchCmd() *cobra.Command {
 	cf.IntVar(&cc.Files, "files", 1000, "files in the workspace and in each toolkit")
 	cmd.AddCommand(compose)
 
+	var rc bench.RebuildConfig
+	rebuild := &cobra.Command{
+		Use:   "rebuild --base N:V --rootfs DIR",
+		Short: "Cost of a toolkit change across N environments: one layer (Corral) vs N fused images rebuilt",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if rc.Rootfs == "" {
+				return usagef("--rootfs is required: the base layer's directory")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := bench.Rebuild(cmd.Context(), c, rc, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			return a.printJSON(res)
+		},
+	}
+	rf := rebuild.Flags()
+	rf.StringVar(&rc.Base, "base", "base:default", "base layer NAME:VERSION (published from --rootfs)")
+	rf.StringVar(&rc.Rootfs, "rootfs", "", "the base layer's directory, to build the fused images from")
+	rf.IntVar(&rc.Workspaces, "workspaces", 50, "environments that use the toolkit")
+	rf.IntVar(&rc.WSFiles, "ws-files", 200, "1 KiB files per workspace")
+	rf.IntVar(&rc.TKFiles, "tk-files", 2000, "1 KiB files in the toolkit")
+	cmd.AddCommand(rebuild)
+
 	var nc bench.NetworkConfig
 	network := &cobra.Command{
 		Use:   "network --rootfs DIR",
