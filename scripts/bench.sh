@@ -21,7 +21,7 @@ export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 mkdir -p bench-out
-# BENCH_ONLY=container, lifecycle, compose, rebuild or network runs one of them.
+# BENCH_ONLY=container, lifecycle, compose, rebuild, import or network runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi
@@ -33,6 +33,9 @@ if [ "${BENCH_ONLY:-compose}" = compose ]; then
 fi
 if [ "${BENCH_ONLY:-rebuild}" = rebuild ]; then
   corral bench rebuild --base base:bench --rootfs "$work/rootfs" ${BENCH_REBUILD_ARGS:-} | tee bench-out/rebuild.json
+fi
+if [ "${BENCH_ONLY:-import}" = import ]; then
+  corral bench import ${BENCH_IMPORT_ARGS:-} | tee bench-out/import.json
 fi
 if [ "${BENCH_ONLY:-network}" = network ]; then
   # Starts its own lab internet (203.0.113.0/24 in a namespace) and its own corral up.

@@ -108,6 +108,27 @@ func (a *app) newBenchCmd() *cobra.Command {
 	cf.IntVar(&cc.Files, "files", 1000, "files in the workspace and in each toolkit")
 	cmd.AddCommand(compose)
 
+	var ic bench.ImportConfig
+	imp := &cobra.Command{
+		Use:   "import",
+		Short: "Import speed of a random multi-layer image from a loopback registry, and disk bytes written per byte (root, same host)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := bench.Import(cmd.Context(), c, ic, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			return a.printJSON(res)
+		},
+	}
+	imp.Flags().IntVar(&ic.MiB, "mib", 1024, "image size in MiB")
+	imp.Flags().IntVar(&ic.Layers, "layers", 8, "image layers")
+	cmd.AddCommand(imp)
+
 	var rc bench.RebuildConfig
 	rebuild := &cobra.Command{
 		Use:   "rebuild --base N:V --rootfs DIR",
