@@ -108,6 +108,31 @@ func (s *Server) Handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.tagLayer)
+	api.HandleFunc("DELETE /v1/layers/{name}/tags/{tag}", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.store.DeleteTag(r.Context(), r.PathValue("name"), r.PathValue("tag")); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	api.HandleFunc("DELETE /v1/layers/{name}/{version}", func(w http.ResponseWriter, r *http.Request) {
+		l, err := s.edge.DeleteLayer(r.Context(), r.PathValue("name"), r.PathValue("version"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, l)
+	})
+	api.HandleFunc("POST /v1/layers/gc", func(w http.ResponseWriter, r *http.Request) {
+		s.importMu.Lock() // no import commits a tree while the sweep runs
+		defer s.importMu.Unlock()
+		res, err := s.edge.GC(r.Context())
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, res)
+	})
 	api.HandleFunc("POST /v1/layers", s.importLayer)
 	api.HandleFunc("GET /v1/layers", s.listLayers)
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)

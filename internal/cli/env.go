@@ -144,3 +144,65 @@ func (a *app) newLayerTagCmd() *cobra.Command {
 		},
 	}
 }
+
+func (a *app) newLayerRmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME:VERSION",
+		Short: "Delete a layer version (refused while a tag, an environment or a snapshot refers to it)",
+		Args:  exactArgs(1, "NAME:VERSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, version, err := splitRef(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			_, err = c.DeleteLayer(cmd.Context(), name, version)
+			return err
+		},
+	}
+}
+
+func (a *app) newLayerUntagCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "untag NAME:TAG",
+		Short: "Delete a tag (the version it pointed at stays)",
+		Args:  exactArgs(1, "NAME:TAG"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, tag, err := splitRef(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return c.DeleteTag(cmd.Context(), name, tag)
+		},
+	}
+}
+
+func (a *app) newLayerGCCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "gc",
+		Short: "Remove layer contents that no version and no sandbox uses",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.GCLayers(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(res)
+			}
+			_, err = fmt.Fprintf(a.stdout, "removed %d layer trees, %s\n", res.Removed, formatBytes(res.Bytes))
+			return err
+		},
+	}
+}

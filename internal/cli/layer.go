@@ -21,12 +21,13 @@ func (a *app) newLayerCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "layer",
 		Short: "Publish and list layers (bases, workspaces, toolkits)",
-		Args:  exactArgs(0, "a subcommand: import, ls, get or tag"),
+		Args:  exactArgs(0, "a subcommand: import, ls, get, tag, untag, rm or gc"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cmd.Help()
 		},
 	}
-	cmd.AddCommand(a.newLayerImportCmd(), a.newLayerLsCmd(), a.newLayerGetCmd(), a.newLayerTagCmd())
+	cmd.AddCommand(a.newLayerImportCmd(), a.newLayerLsCmd(), a.newLayerGetCmd(), a.newLayerTagCmd(),
+		a.newLayerUntagCmd(), a.newLayerRmCmd(), a.newLayerGCCmd())
 	return cmd
 }
 

@@ -97,4 +97,40 @@ func TestEnvironmentsAndTags(t *testing.T) {
 	if _, err := p.Client.Environment(ctx, "task"); !corral.IsNotFound(err) {
 		t.Errorf("deleted environment: %v", err)
 	}
+
+	// Deleting versions: refused while a tag names it; a version a sandbox still runs on loses its
+	// record but keeps its tree until the sandbox is gone and GC runs.
+	if _, err := p.Client.DeleteLayer(ctx, "tk", "2"); !corral.IsConflict(err) || !strings.Contains(err.Error(), "latest") {
+		t.Errorf("delete of a tagged version: %v, want a conflict naming the tag", err)
+	}
+	if err := p.Client.DeleteTag(ctx, "tk", "latest"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Client.DeleteLayer(ctx, "tk", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.sh(id, "cat /opt/tk/version"); got != "one\n" {
+		t.Fatalf("a sandbox on a deleted version lost its files: %q", got)
+	}
+	for _, s := range []string{id, sb2.ID} {
+		if _, err := p.Client.DeleteSandbox(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gc, err := p.Client.GCLayers(ctx)
+	if err != nil || gc.Removed != 1 {
+		t.Errorf("GC after the last user of tk:1 went: %+v, %v; want 1 tree removed", gc, err)
+	}
+	if _, err := p.Client.DeleteLayer(ctx, "tk", "2"); err != nil {
+		t.Fatal(err)
+	}
+	if gc, err := p.Client.GCLayers(ctx); err != nil || gc.Removed != 0 {
+		t.Errorf("GC with nothing to collect: %+v, %v", gc, err)
+	}
+	if _, err := p.Client.Layer(ctx, "tk", "1"); !corral.IsNotFound(err) {
+		t.Errorf("deleted version: %v", err)
+	}
+	if _, err := p.Client.DeleteLayer(ctx, "base", "test"); err != nil {
+		t.Errorf("delete of an unused base: %v", err)
+	}
 }

@@ -68,6 +68,7 @@ type LayerStore interface {
 	Path(digest string) (string, error)
 	ImportTar(ctx context.Context, r io.Reader) (layers.Blob, error)
 	Remove(digest string) error
+	List() ([]layers.Blob, error)
 }
 
 // Config configures an Edge. Zero fields take the defaults documented on each.
@@ -172,6 +173,10 @@ type Edge struct {
 
 	netMu sync.Mutex
 	bySrc map[netip.Addr]*netTarget // networked sandboxes by address, for the resolver; protected by netMu
+
+	// layersMu keeps layer trees from being removed (write lock) between a create resolving its
+	// layers and recording them (read lock).
+	layersMu sync.RWMutex
 
 	stop chan struct{}
 	done chan struct{}
@@ -378,12 +383,16 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 // Create validates req, resolves its layers, and starts a sandbox. It returns once the sandbox is
 // running; its agent answers the first request as soon as it has started.
 func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, error) {
+	e.layersMu.RLock()
 	rec, lower, err := e.admit(ctx, req)
 	if err != nil {
+		e.layersMu.RUnlock()
 		return nil, err
 	}
 	log := e.log.With("sandbox", rec.ID)
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	err = e.store.PutSandbox(ctx, rec)
+	e.layersMu.RUnlock()
+	if err != nil {
 		return nil, err
 	}
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)

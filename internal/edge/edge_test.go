@@ -114,6 +114,8 @@ func (fakeLayers) ImportTar(ctx context.Context, r io.Reader) (layers.Blob, erro
 
 func (fakeLayers) Remove(digest string) error { return nil }
 
+func (fakeLayers) List() ([]layers.Blob, error) { return nil, nil }
+
 func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
 	t.Helper()
 	ctx := context.Background()

@@ -568,6 +568,95 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 	return out, nil
 }
 
+// DeleteLayer removes the published version name:version. It is refused (ErrConflict, naming
+// the reference) while a tag points at it, a saved environment names it (directly or through a
+// tag), or a snapshot layer stacks on it. The layer's tree is the caller's to remove when no
+// other version has the same digest (LayerDigestInUse) and no sandbox uses it.
+func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+	var l corral.Layer
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var doc string
+		err := tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&doc)
+		if errors.Is(err, sql.ErrNoRows) {
+			return errdefs.NotFound("layer %s:%s", name, version)
+		} else if err != nil {
+			return err
+		}
+		if err := json.Unmarshal([]byte(doc), &l); err != nil {
+			return err
+		}
+		refs := map[string]bool{name + ":" + version: true}
+		rows, err := tx.QueryContext(ctx, `SELECT tag FROM layer_tags WHERE name = ? AND version = ?`, name, version)
+		if err != nil {
+			return err
+		}
+		var tags []string
+		for rows.Next() {
+			var t string
+			rows.Scan(&t)
+			tags = append(tags, t)
+		}
+		rows.Close()
+		if len(tags) > 0 {
+			return errdefs.Conflict("layer %s:%s is tagged %s: move or delete the tag first", name, version, strings.Join(tags, ", "))
+		}
+		envs, err := tx.QueryContext(ctx, `SELECT doc FROM environments`)
+		if err != nil {
+			return err
+		}
+		defer envs.Close()
+		for envs.Next() {
+			var d string
+			envs.Scan(&d)
+			var env corral.Environment
+			if json.Unmarshal([]byte(d), &env) == nil {
+				for _, r := range append([]string{env.Base, env.Workspace}, env.Toolkits...) {
+					if refs[r] {
+						return errdefs.Conflict("layer %s:%s is used by environment %s: delete or change it first", name, version, env.Name)
+					}
+				}
+			}
+		}
+		envs.Close()
+		snaps, err := tx.QueryContext(ctx, `SELECT doc FROM layers WHERE kind = ?`, corral.KindSnapshot)
+		if err != nil {
+			return err
+		}
+		defer snaps.Close()
+		for snaps.Next() {
+			var d string
+			snaps.Scan(&d)
+			var sl corral.Layer
+			if json.Unmarshal([]byte(d), &sl) == nil && sl.Snapshot != nil {
+				for _, r := range append(append([]string{sl.Snapshot.Base, sl.Snapshot.Workspace}, sl.Snapshot.Toolkits...), sl.Snapshot.Parents...) {
+					if refs[r] {
+						return errdefs.Conflict("layer %s:%s is below snapshot %s:%s: delete the snapshot first", name, version, sl.Name, sl.Version)
+					}
+				}
+			}
+		}
+		snaps.Close()
+		_, err = tx.ExecContext(ctx, `DELETE FROM layers WHERE name = ? AND version = ?`, name, version)
+		return err
+	})
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("delete layer %s:%s: %w", name, version, err)
+	}
+	return l, nil
+}
+
+// DeleteTag removes the tag name:tag (the version it pointed at stays).
+func (s *Store) DeleteTag(ctx context.Context, name, tag string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM layer_tags WHERE name = ? AND tag = ?`, name, tag)
+	if err != nil {
+		return fmt.Errorf("delete tag %s:%s: %w", name, tag, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("tag %s:%s", name, tag)
+	}
+	return nil
+}
+
 // LayerDigestInUse reports whether any published layer references digest.
 func (s *Store) LayerDigestInUse(ctx context.Context, digest string) (bool, error) {
 	var n int

@@ -47,3 +47,27 @@ func (c *Client) TagLayer(ctx context.Context, name, tag, version string) (*Laye
 	}
 	return &out, nil
 }
+
+// DeleteTag removes the tag NAME:TAG (the version it pointed at stays).
+func (c *Client) DeleteTag(ctx context.Context, name, tag string) error {
+	return c.do(ctx, request{method: http.MethodDelete, path: "/v1/layers/" + url.PathEscape(name) + "/tags/" + url.PathEscape(tag)}, nil)
+}
+
+// DeleteLayer deletes the published version NAME:VERSION (refused while a tag, a saved
+// environment or a snapshot refers to it) and, when no sandbox uses it, its content.
+func (c *Client) DeleteLayer(ctx context.Context, name, version string) (*Layer, error) {
+	var out Layer
+	if err := c.do(ctx, request{method: http.MethodDelete, path: "/v1/layers/" + url.PathEscape(name) + "/" + url.PathEscape(version)}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// GCLayers removes layer contents no published version and no sandbox uses.
+func (c *Client) GCLayers(ctx context.Context) (*GCResult, error) {
+	var out GCResult
+	if err := c.do(ctx, request{method: http.MethodPost, path: "/v1/layers/gc"}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

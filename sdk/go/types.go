@@ -327,6 +327,12 @@ type Environment struct {
 	CreatedAt time.Time  `json:"created_at"`
 }
 
+// GCResult is the answer of POST /v1/layers/gc.
+type GCResult struct {
+	Removed int   `json:"removed"`
+	Bytes   int64 `json:"bytes"`
+}
+
 // TagRequest is the body of PUT /v1/layers/{name}/tags/{tag}.
 type TagRequest struct {
 	Version string `json:"version"`
