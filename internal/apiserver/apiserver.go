@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -82,6 +83,19 @@ func (s *Server) Handler() http.Handler {
 	})
 	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
+	})
+	api.HandleFunc("PUT /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
+		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+		if err != nil {
+			s.fail(w, r, errdefs.Invalid("catalog", "read the body (at most 1 MiB): %v", err))
+			return
+		}
+		list, err := s.edge.SetCatalog(r.Context(), raw)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, list)
 	})
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
 	api.HandleFunc("GET /v1/environments", func(w http.ResponseWriter, r *http.Request) {

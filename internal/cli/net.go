@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -75,16 +76,26 @@ func (a *app) newNetCmd() *cobra.Command {
 			return t.flush()
 		},
 	}
+	var setFile string
 	services := &cobra.Command{
-		Use:   "services",
-		Short: "List the operator's network service catalog",
+		Use:   "services [--set FILE]",
+		Short: "List the operator's network service catalog, or replace it (--set FILE, the --services JSON shape)",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			list, err := c.NetworkServices(cmd.Context())
+			var list []corral.NetworkService
+			if setFile != "" {
+				raw, rerr := os.ReadFile(setFile)
+				if rerr != nil {
+					return rerr
+				}
+				list, err = c.SetNetworkServices(cmd.Context(), raw)
+			} else {
+				list, err = c.NetworkServices(cmd.Context())
+			}
 			if err != nil {
 				return err
 			}
@@ -99,6 +110,7 @@ func (a *app) newNetCmd() *cobra.Command {
 			return t.flush()
 		},
 	}
+	services.Flags().StringVar(&setFile, "set", "", "replace the catalog with this JSON file")
 	cmd.AddCommand(set, log, services)
 	return cmd
 }

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
@@ -146,6 +147,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
+	// One corral per data dir: a second one would adopt, reap and tear down the first's sandboxes
+	// and networks. The lock goes with the process, however it ends.
+	lock, err := os.OpenFile(filepath.Join(cfg.DataDir, "corral.lock"), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("lock data dir: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(lock.Name())
+		return fmt.Errorf("another corral up is running with data dir %s (pid %s): stop it first", cfg.DataDir, strings.TrimSpace(string(holder)))
+	}
+	lock.Truncate(0)
+	fmt.Fprintf(lock, "%d\n", os.Getpid())
 	log = log.With("node", cfg.Node)
 	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "corral.db"))
 	if err != nil {

@@ -188,7 +188,7 @@ func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func
 		services = len(cat.Names())
 	}
 	log.Info("DNS resolver for sandboxes", "upstreams", ups, "services", services)
-	return &edge.NetConfig{Manager: mgr, Resolver: res, Proxy: prx, ProxyPort: proxyPort, Catalog: cat, Dir: dir, Pool: pool.String(),
+	return &edge.NetConfig{Manager: mgr, Resolver: res, Proxy: prx, ProxyPort: proxyPort, Catalog: cat, CatalogFromFile: nc.Services != "", Dir: dir, Pool: pool.String(),
 			Env: netpolicy.Env{Blocked: blocked, MaxRules: nc.MaxRules}},
 		&network{mgr: mgr, res: res, prx: prx, log: drops}, nil
 }

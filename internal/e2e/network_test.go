@@ -229,3 +229,32 @@ printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail
 	p.Stop()
 	assertNoLeftovers(t, p)
 }
+
+// TestServiceCatalogAPI: without --services, the operator manages the catalog through the API;
+// it is validated, used by new policies and kept across restarts.
+func TestServiceCatalogAPI(t *testing.T) {
+	p := withBase(t, "--dns-upstream", "127.0.0.1:5353")
+	ctx := context.Background()
+	if _, err := p.Client.SetNetworkServices(ctx, []byte(`{"services": {"grader": {"addresses": ["10.9.9.9:80/tcp"]}, "bad": {}}}`)); !corral.IsInvalid(err) {
+		t.Fatalf("a catalog with a service naming nothing: %v, want invalid", err)
+	}
+	if _, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Network: &corral.NetworkPolicy{Allow: []string{"grader"}}}); !corral.IsInvalid(err) {
+		t.Fatalf("a policy naming a service before the catalog has it: %v, want invalid", err)
+	}
+	catalog := filepath.Join(t.TempDir(), "services.json")
+	os.WriteFile(catalog, []byte(`{"services": {"grader": {"addresses": ["10.9.9.9:80/tcp"], "description": "the grader"}}}`), 0o644)
+	if out, stderr, code := p.cli("", "net", "services", "--set", catalog); code != 0 || !strings.Contains(out, "grader") {
+		t.Fatalf("corral net services --set: %s %s", out, stderr)
+	}
+	sb := p.create(corral.CreateRequest{Network: &corral.NetworkPolicy{Allow: []string{"grader"}}})
+	p.Stop()
+	p.Restart()
+	list, err := p.Client.NetworkServices(ctx)
+	if err != nil || len(list) != 1 || list[0].Name != "grader" {
+		t.Fatalf("catalog after a restart: %+v, %v", list, err)
+	}
+	if _, err := p.Client.SetNetwork(ctx, sb.ID, corral.NetworkPolicy{Allow: []string{"grader"}}); err != nil {
+		t.Fatalf("policy naming the saved service after a restart: %v", err)
+	}
+	p.Client.DeleteSandbox(ctx, sb.ID)
+}

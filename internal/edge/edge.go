@@ -32,6 +32,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -174,6 +175,9 @@ type Edge struct {
 	netMu sync.Mutex
 	bySrc map[netip.Addr]*netTarget // networked sandboxes by address, for the resolver; protected by netMu
 
+	// catalog is the network service catalog in force (nil: none).
+	catalog atomic.Pointer[netpolicy.Catalog]
+
 	// layersMu keeps layer trees from being removed (write lock) between a create resolving its
 	// layers and recording them (read lock).
 	layersMu sync.RWMutex
@@ -282,6 +286,10 @@ func checkID(id string) error {
 // Start re-adopts the sandboxes this node ran before a restart, marks those that died meanwhile as
 // failed, removes runtime state nobody owns, and starts the reaper. It must be called once.
 func (e *Edge) Start(ctx context.Context) error {
+	// Before reconcile: re-adopted sandboxes recompile their policies against it.
+	if err := e.loadCatalog(ctx); err != nil {
+		return err
+	}
 	if err := e.reconcile(ctx); err != nil {
 		return err
 	}

@@ -37,8 +37,12 @@ type NetConfig struct {
 	// listens on each slot's gateway at ProxyPort (the Manager redirects there).
 	Proxy     *proxy.Proxy
 	ProxyPort uint16
-	Catalog   *netpolicy.Catalog
-	Env       netpolicy.Env
+	// Catalog is the service catalog at start; SetCatalog replaces it while corral runs.
+	Catalog *netpolicy.Catalog
+	// CatalogFromFile says Catalog came from corral up --services, which then wins over one saved
+	// through the API (at the next start too).
+	CatalogFromFile bool
+	Env             netpolicy.Env
 	// Dir holds one resolv.conf per networked sandbox.
 	Dir string
 	// Pool is the address pool, for display.
@@ -78,10 +82,10 @@ func (e *Edge) compileNetwork(p *corral.NetworkPolicy) (*netpolicy.Compiled, err
 	if p == nil {
 		p = &corral.NetworkPolicy{}
 	}
-	var cat *netpolicy.Catalog
+	cat := e.catalog.Load()
 	var env netpolicy.Env
 	if e.cfg.Net != nil {
-		cat, env = e.cfg.Net.Catalog, e.cfg.Net.Env
+		env = e.cfg.Net.Env
 	}
 	c, err := netpolicy.Compile(*p, cat, env)
 	if err != nil {
@@ -431,8 +435,56 @@ func (e *Edge) withNetStatsOf(sb *sandbox) *corral.EgressStats {
 
 // NetworkServices lists the operator's service catalog.
 func (e *Edge) NetworkServices() []corral.NetworkService {
-	if e.cfg.Net == nil || e.cfg.Net.Catalog == nil {
+	cat := e.catalog.Load()
+	if cat == nil {
 		return []corral.NetworkService{}
 	}
-	return e.cfg.Net.Catalog.Services()
+	return cat.Services()
+}
+
+// catalogSetting is the store key of the catalog saved through the API.
+const catalogSetting = "service_catalog"
+
+// SetCatalog replaces the service catalog with raw (the --services file's JSON shape) and saves
+// it. Policies compiled before keep the services as they were until they are set again.
+func (e *Edge) SetCatalog(ctx context.Context, raw []byte) ([]corral.NetworkService, error) {
+	if e.cfg.Net == nil {
+		return nil, errdefs.Invalid("catalog", "sandbox networking is off on this node (%s)", e.cfg.NetOff)
+	}
+	if e.cfg.Net.CatalogFromFile {
+		return nil, errdefs.Conflict("the catalog comes from corral up --services: change that file and restart, or start without --services to manage it through the API")
+	}
+	cat, err := netpolicy.ParseCatalog(raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.store.PutSetting(ctx, catalogSetting, raw); err != nil {
+		return nil, err
+	}
+	e.catalog.Store(cat)
+	e.log.Info("service catalog replaced", "services", len(cat.Names()))
+	return cat.Services(), nil
+}
+
+// loadCatalog picks the catalog at start: --services, else the one saved through the API.
+func (e *Edge) loadCatalog(ctx context.Context) error {
+	if e.cfg.Net == nil {
+		return nil
+	}
+	if e.cfg.Net.CatalogFromFile {
+		e.catalog.Store(e.cfg.Net.Catalog)
+		return nil
+	}
+	raw, err := e.store.GetSetting(ctx, catalogSetting)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	cat, err := netpolicy.ParseCatalog(raw)
+	if err != nil {
+		return fmt.Errorf("the service catalog saved through the API: %w", err)
+	}
+	e.catalog.Store(cat)
+	return nil
 }

@@ -86,6 +86,10 @@ var migrations = []string{
 		updated_at INTEGER NOT NULL,
 		PRIMARY KEY (name, tag)
 	);`,
+	`CREATE TABLE settings (
+		key TEXT PRIMARY KEY,
+		doc TEXT NOT NULL
+	);`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and applies migrations.
@@ -653,6 +657,28 @@ func (s *Store) DeleteTag(ctx context.Context, name, tag string) error {
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return errdefs.NotFound("tag %s:%s", name, tag)
+	}
+	return nil
+}
+
+// GetSetting returns the operator setting key (a JSON document), or an ErrNotFound error.
+func (s *Store) GetSetting(ctx context.Context, key string) ([]byte, error) {
+	var doc string
+	err := s.db.QueryRowContext(ctx, `SELECT doc FROM settings WHERE key = ?`, key).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.NotFound("setting %s", key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get setting %s: %w", key, err)
+	}
+	return []byte(doc), nil
+}
+
+// PutSetting stores the operator setting key.
+func (s *Store) PutSetting(ctx context.Context, key string, doc []byte) error {
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO settings (key, doc) VALUES (?, ?)
+		ON CONFLICT (key) DO UPDATE SET doc = excluded.doc`, key, string(doc)); err != nil {
+		return fmt.Errorf("put setting %s: %w", key, err)
 	}
 	return nil
 }

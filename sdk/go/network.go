@@ -1,6 +1,7 @@
 package corral
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 )
@@ -28,6 +29,17 @@ func (c *Client) BlockedAttempts(ctx context.Context, id string) ([]BlockedAttem
 func (c *Client) NetworkServices(ctx context.Context) ([]NetworkService, error) {
 	var out []NetworkService
 	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/network/services"}, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SetNetworkServices replaces the operator's service catalog with catalog (the JSON shape of
+// corral up --services: {"services": {"NAME": {"domains": [...], "addresses": [...]}}}).
+// Refused while corral up runs with --services (the file wins).
+func (c *Client) SetNetworkServices(ctx context.Context, catalog []byte) ([]NetworkService, error) {
+	var out []NetworkService
+	if err := c.do(ctx, request{method: http.MethodPut, path: "/v1/network/services", body: bytes.NewReader(catalog), contentType: "application/json"}, &out); err != nil {
 		return nil, err
 	}
 	return out, nil
