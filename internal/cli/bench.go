@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	corral "github.com/corral-dev/corral/sdk/go"
 	"log/slog"
 	"os"
 
@@ -10,6 +12,27 @@ import (
 )
 
 // newBenchCmd returns `corral bench`: measurements against baselines taken in the same run.
+// jsonBench is a bench subcommand that runs one measurement against the configured server and
+// prints its result as JSON.
+func (a *app) jsonBench(use, short string, run func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := run(cmd.Context(), c, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			return a.printJSON(res)
+		},
+	}
+}
+
 func (a *app) newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -60,22 +83,10 @@ func (a *app) newBenchCmd() *cobra.Command {
 	cmd.AddCommand(container)
 
 	var lc bench.LifecycleConfig
-	lifecycle := &cobra.Command{
-		Use:   "lifecycle",
-		Short: "Step replay vs execution, snapshots, create-from-snapshot vs create-from-base, pause/resume",
-		Args:  exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := bench.Lifecycle(cmd.Context(), c, lc, slog.New(slog.NewTextHandler(a.stderr, nil)))
-			if err != nil {
-				return err
-			}
-			return a.printJSON(res)
-		},
-	}
+	lifecycle := a.jsonBench("lifecycle", "Step replay vs execution, snapshots, create-from-snapshot vs create-from-base, pause/resume",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Lifecycle(ctx, c, lc, log)
+		})
 	lf := lifecycle.Flags()
 	lf.StringVar(&lc.Base, "base", "base:default", "base layer NAME:VERSION")
 	lf.IntVar(&lc.Steps, "steps", 100, "executed and replayed steps")
@@ -86,22 +97,10 @@ func (a *app) newBenchCmd() *cobra.Command {
 	cmd.AddCommand(lifecycle)
 
 	var cc bench.ComposeConfig
-	compose := &cobra.Command{
-		Use:   "compose",
-		Short: "Creation from base + workspace + 3 toolkits vs from the base alone",
-		Args:  exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := bench.Compose(cmd.Context(), c, cc, slog.New(slog.NewTextHandler(a.stderr, nil)))
-			if err != nil {
-				return err
-			}
-			return a.printJSON(res)
-		},
-	}
+	compose := a.jsonBench("compose", "Creation from base + workspace + 3 toolkits vs from the base alone",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Compose(ctx, c, cc, log)
+		})
 	cf := compose.Flags()
 	cf.StringVar(&cc.Base, "base", "base:default", "base layer NAME:VERSION")
 	cf.IntVar(&cc.Rounds, "tti", 20, "create→first exec samples each way")
@@ -109,46 +108,22 @@ func (a *app) newBenchCmd() *cobra.Command {
 	cmd.AddCommand(compose)
 
 	var ic bench.ImportConfig
-	imp := &cobra.Command{
-		Use:   "import",
-		Short: "Import speed of a random multi-layer image from a loopback registry, and disk bytes written per byte (root, same host)",
-		Args:  exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := bench.Import(cmd.Context(), c, ic, slog.New(slog.NewTextHandler(a.stderr, nil)))
-			if err != nil {
-				return err
-			}
-			return a.printJSON(res)
-		},
-	}
+	imp := a.jsonBench("import", "Import speed of a random multi-layer image from a loopback registry, and disk bytes written per byte (root, same host)",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Import(ctx, c, ic, log)
+		})
 	imp.Flags().IntVar(&ic.MiB, "mib", 1024, "image size in MiB")
 	imp.Flags().IntVar(&ic.Layers, "layers", 8, "image layers")
 	cmd.AddCommand(imp)
 
 	var rc bench.RebuildConfig
-	rebuild := &cobra.Command{
-		Use:   "rebuild --base N:V --rootfs DIR",
-		Short: "Cost of a toolkit change across N environments: one layer (Corral) vs N fused images rebuilt",
-		Args:  exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+	rebuild := a.jsonBench("rebuild --base N:V --rootfs DIR", "Cost of a toolkit change across N environments: one layer (Corral) vs N fused images rebuilt",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
 			if rc.Rootfs == "" {
-				return usagef("--rootfs is required: the base layer's directory")
+				return nil, usagef("--rootfs is required: the base layer's directory")
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := bench.Rebuild(cmd.Context(), c, rc, slog.New(slog.NewTextHandler(a.stderr, nil)))
-			if err != nil {
-				return err
-			}
-			return a.printJSON(res)
-		},
-	}
+			return bench.Rebuild(ctx, c, rc, log)
+		})
 	rf := rebuild.Flags()
 	rf.StringVar(&rc.Base, "base", "base:default", "base layer NAME:VERSION (published from --rootfs)")
 	rf.StringVar(&rc.Rootfs, "rootfs", "", "the base layer's directory, to build the fused images from")

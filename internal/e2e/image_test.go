@@ -51,7 +51,7 @@ func TestImageImport(t *testing.T) {
 	}
 	cf, _ := img.ConfigFile()
 	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", hostArch()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
 	cf.Config = v1.Config{Env: []string{"PATH=/bin", "GREETING=hello"}, WorkingDir: "/opt/app", Entrypoint: []string{"/bin/sh"}}
 	img, err := mutate.ConfigFile(img, cf)
 	if err != nil {
@@ -112,5 +112,3 @@ func tarOf(t *testing.T, files map[string]string) []byte {
 	}
 	return buf.Bytes()
 }
-
-func hostArch() string { return runtime.GOARCH }

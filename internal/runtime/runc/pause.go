@@ -131,15 +131,11 @@ type ResumeStats struct {
 func (r *Runtime) Pause(ctx context.Context, id string) (PauseStats, error) {
 	start := time.Now()
 	var stats PauseStats
-	if !validID(id) {
-		return stats, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
-	}
-	unlock := r.locks.lock(id)
-	defer unlock()
-	st, err := r.Status(ctx, id)
+	st, unlock, err := r.lockedStatus(ctx, id)
 	if err != nil {
 		return stats, err
 	}
+	defer unlock()
 	switch st.State {
 	case StatePaused:
 		return stats, errdefs.Conflict("sandbox %s is already paused: Resume it first", id)
@@ -194,15 +190,11 @@ func (r *Runtime) Pause(ctx context.Context, id string) (PauseStats, error) {
 func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
 	start := time.Now()
 	var stats ResumeStats
-	if !validID(id) {
-		return stats, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
-	}
-	unlock := r.locks.lock(id)
-	defer unlock()
-	st, err := r.Status(ctx, id)
+	st, unlock, err := r.lockedStatus(ctx, id)
 	if err != nil {
 		return stats, err
 	}
+	defer unlock()
 	if err := r.restoreMemory(id); err != nil {
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
@@ -231,6 +223,20 @@ func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
 	stats.Duration = time.Since(start)
 	r.log.Debug("sandbox resumed", "id", id, "total", stats.Duration, "in_swap", stats.InSwap, "prefetch_processes", len(targets))
 	return stats, nil
+}
+
+// lockedStatus takes id's lock and reads its status; the caller calls unlock (unless err).
+func (r *Runtime) lockedStatus(ctx context.Context, id string) (Status, func(), error) {
+	if !validID(id) {
+		return Status{}, nil, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+	}
+	unlock := r.locks.lock(id)
+	st, err := r.Status(ctx, id)
+	if err != nil {
+		unlock()
+		return Status{}, nil, err
+	}
+	return st, unlock, nil
 }
 
 // reclaim pushes the frozen sandbox's memory out; see the package doc. It restores every setting
