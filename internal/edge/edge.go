@@ -392,11 +392,12 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 // running; its agent answers the first request as soon as it has started.
 func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, error) {
 	e.layersMu.RLock()
-	rec, lower, err := e.admit(ctx, req)
+	adm, err := e.admit(ctx, req)
 	if err != nil {
 		e.layersMu.RUnlock()
 		return nil, err
 	}
+	rec, lower := adm.rec, adm.lower
 	log := e.log.With("sandbox", rec.ID)
 	err = e.store.PutSandbox(ctx, rec)
 	e.layersMu.RUnlock()
@@ -406,11 +407,8 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
 	var nw *sandboxNet
 	var netnsPath, resolv string
-	if c, err := e.compileNetwork(rec.Network); err != nil {
-		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
-		return nil, err
-	} else if c.Mode != corral.NetworkNone {
-		if nw, resolv, err = e.attachNetwork(ctx, rec, c); err != nil {
+	if adm.net.Mode != corral.NetworkNone {
+		if nw, resolv, err = e.attachNetwork(ctx, rec, adm.net); err != nil {
 			log.Error("create sandbox network", "err", err)
 			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
@@ -471,12 +469,20 @@ func (e *Edge) agentArgs() []string {
 	return args
 }
 
+// admission is a validated create request: the record (state creating), the layer directories
+// bottom first, and the compiled network policy.
+type admission struct {
+	rec   *store.Sandbox
+	lower []string
+	net   *netpolicy.Compiled
+}
+
 // admit validates a create request and turns it into a record in state creating.
-func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, []string, error) {
+func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*admission, error) {
 	switch req.Tier {
 	case "", "container":
 	default:
-		return nil, nil, errdefs.Invalid("tier", "%q is not available on this node (available: container)", req.Tier)
+		return nil, errdefs.Invalid("tier", "%q is not available on this node (available: container)", req.Tier)
 	}
 	runtime := req.Runtime
 	switch runtime {
@@ -484,83 +490,83 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 		runtime = RuntimeRunc
 	case RuntimeGVisor:
 		if _, err := e.rt.GVisor(); err != nil {
-			return nil, nil, errdefs.Invalid("runtime", "gvisor is not available on this node: %v", err)
+			return nil, errdefs.Invalid("runtime", "gvisor is not available on this node: %v", err)
 		}
 	default:
-		return nil, nil, errdefs.Invalid("runtime", "%q: want %q or %q", req.Runtime, RuntimeRunc, RuntimeGVisor)
+		return nil, errdefs.Invalid("runtime", "%q: want %q or %q", req.Runtime, RuntimeRunc, RuntimeGVisor)
 	}
 	limits, err := e.limits(req.Limits)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	ttl := e.cfg.DefaultTTL
 	if req.TTL != "" {
 		if ttl, err = e.parseTTL("ttl", req.TTL); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	var idle, autoPause time.Duration
 	if req.IdleTTL != "" {
 		if idle, err = e.parseTTL("idle_ttl", req.IdleTTL); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	if req.AutoPauseAfter != "" {
 		if autoPause, err = e.parseTTL("auto_pause_after", req.AutoPauseAfter); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	keepsTTL := req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
 	netc, err := e.compileNetwork(req.Network)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := validateEnv("env", req.Env); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := validateLabels(req.Labels); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
-		return nil, nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
+		return nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
 	}
 	if req.Environment != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
-			return nil, nil, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
+			return nil, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
 		}
 		env, err := e.store.GetEnvironment(ctx, req.Environment)
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, nil, errdefs.Invalid("environment", "environment %q is not saved (see `corral env ls`)", req.Environment)
+			return nil, errdefs.Invalid("environment", "environment %q is not saved (see `corral env ls`)", req.Environment)
 		} else if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
 	}
 	var snap corral.Layer
 	if req.FromSnapshot != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 {
-			return nil, nil, errdefs.Invalid("from_snapshot", "cannot be combined with base, workspace or toolkits: a snapshot brings its own environment")
+			return nil, errdefs.Invalid("from_snapshot", "cannot be combined with base, workspace or toolkits: a snapshot brings its own environment")
 		}
 		name, version, err := ParseLayerRef("from_snapshot", req.FromSnapshot)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		snap, err = e.store.GetLayer(ctx, name, version)
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, nil, errdefs.Invalid("from_snapshot", "layer %s is not published (see `corral layer ls`)", req.FromSnapshot)
+			return nil, errdefs.Invalid("from_snapshot", "layer %s is not published (see `corral layer ls`)", req.FromSnapshot)
 		} else if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if snap.Kind != corral.KindSnapshot || snap.Snapshot == nil {
-			return nil, nil, errdefs.Invalid("from_snapshot", "layer %s is a %s layer, not a snapshot", req.FromSnapshot, snap.Kind)
+			return nil, errdefs.Invalid("from_snapshot", "layer %s is a %s layer, not a snapshot", req.FromSnapshot, snap.Kind)
 		}
 		req.Base, req.Workspace, req.Toolkits = snap.Snapshot.Base, snap.Snapshot.Workspace, snap.Snapshot.Toolkits
 	}
 	if req.Base == "" {
-		return nil, nil, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
+		return nil, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
 	}
 	if len(req.Toolkits) > 32 {
-		return nil, nil, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(req.Toolkits))
+		return nil, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(req.Toolkits))
 	}
 	// Bottom to top: base, workspace, toolkits in order, then a snapshot's chain and the snapshot.
 	type ref struct{ field, ref, kind string }
@@ -584,7 +590,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 	for _, r := range refs {
 		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		resolved = append(resolved, l.Name+":"+l.Version)
 		if r.field == "base" && l.ImageConfig != nil {
@@ -592,7 +598,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 		}
 		p, err := e.layers.Path(l.Digest)
 		if err != nil {
-			return nil, nil, fmt.Errorf("resolve layer %s: %w", r.ref, err)
+			return nil, fmt.Errorf("resolve layer %s: %w", r.ref, err)
 		}
 		lower = append(lower, p)
 		digests = append(digests, l.Digest)
@@ -633,7 +639,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*store.Sand
 		},
 		Lower: digests,
 	}
-	return rec, lower, nil
+	return &admission{rec: rec, lower: lower, net: netc}, nil
 }
 
 func (e *Edge) parseTTL(field, s string) (time.Duration, error) {
