@@ -264,3 +264,87 @@ func shortDigest(d string) string {
 	}
 	return algo + ":" + hex[:12]
 }
+
+func (a *app) newLayerTagCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "tag NAME:TAG VERSION",
+		Short:   "Point a movable tag (python:latest) at a published version",
+		Example: `  corral layer tag python:latest 3.12`,
+		Args:    exactArgs(2, "NAME:TAG and a VERSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, tag, err := splitRef(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			l, err := c.TagLayer(cmd.Context(), name, tag, args[1])
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(l)
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s:%s -> %s:%s\n", name, tag, l.Name, l.Version)
+			return err
+		},
+	}
+}
+
+func (a *app) newLayerRmCmd() *cobra.Command {
+	return a.layerRefCmd("rm NAME:VERSION", "Delete a layer version (refused while a tag, an environment or a snapshot refers to it)",
+		func(c *corral.Client, ctx context.Context, name, version string) error {
+			_, err := c.DeleteLayer(ctx, name, version)
+			return err
+		})
+}
+
+func (a *app) newLayerUntagCmd() *cobra.Command {
+	return a.layerRefCmd("untag NAME:TAG", "Delete a tag (the version it pointed at stays)", (*corral.Client).DeleteTag)
+}
+
+// layerRefCmd is a command that takes one NAME:VERSION (or NAME:TAG) argument and prints
+// nothing on success.
+func (a *app) layerRefCmd(use, short string, do func(c *corral.Client, ctx context.Context, name, version string) error) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  exactArgs(1, "NAME:VERSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, version, err := splitRef(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return do(c, cmd.Context(), name, version)
+		},
+	}
+}
+
+func (a *app) newLayerGCCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "gc",
+		Short: "Remove layer contents that no version and no sandbox uses",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.GCLayers(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(res)
+			}
+			_, err = fmt.Fprintf(a.stdout, "removed %d layer trees, %s\n", res.Removed, formatBytes(res.Bytes))
+			return err
+		},
+	}
+}
