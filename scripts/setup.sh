@@ -40,10 +40,16 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 modprobe overlay 2>/dev/null || true
 modprobe loop 2>/dev/null || true
+modprobe erofs 2>/dev/null || true
+grep -qw erofs /proc/filesystems || { echo "setup: this kernel has no EROFS (layers are EROFS images; Linux 5.4+ with CONFIG_EROFS_FS)" >&2; exit 1; }
 grep -qw overlay /proc/filesystems || { echo "setup: this kernel has no overlayfs" >&2; exit 1; }
 "$(dirname "$0")/install-runc.sh" >/dev/null
+# mkfs.erofs 1.8.6 for layer images (built once, ~1 minute, cached like runc).
+"$(dirname "$0")/install-erofs-utils.sh" >/dev/null
 # gVisor's runsc for `--runtime gvisor` (built once, ~2 minutes, cached like runc).
 "$(dirname "$0")/install-runsc.sh" >/dev/null
+# versitygw: the S3 server the blob store's S3 tests run against (built once, cached like runc).
+"$(dirname "$0")/install-versitygw.sh" >/dev/null
 # Pause pushes a sandbox's memory to swap; without swap it can only return page cache.
 "$(dirname "$0")/swap.sh" >&2 || echo "setup: no swap (pause will return page cache only)" >&2
 echo "setup: ok (runc: $("$(dirname "$0")/install-runc.sh"), runsc: $("$(dirname "$0")/install-runsc.sh"))"

@@ -459,15 +459,12 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("import layer %s:%s: %w", name, version, err))
 		return
 	}
-	l, created, err := s.store.PublishLayer(r.Context(), corral.Layer{
+	// A refused publish drops the imported blob unless something else uses the same content.
+	l, created, err := s.edge.PublishLayer(r.Context(), corral.Layer{
 		Name: name, Version: version, Kind: kind, Digest: blob.Digest,
 		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), ImageConfig: imageConfig,
 	})
 	if err != nil {
-		// Drop the imported tree unless another published layer has the same content.
-		if inUse, e2 := s.store.LayerDigestInUse(context.WithoutCancel(r.Context()), blob.Digest); e2 == nil && !inUse {
-			s.layers.Remove(blob.Digest)
-		}
 		s.fail(w, r, err)
 		return
 	}
@@ -481,6 +478,9 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("name")
+	if _, err := s.edge.SyncShared(r.Context(), name); err != nil {
+		s.log.Warn("read the shared catalogue; listing this node's layers", "err", err)
+	}
 	ls, err := s.store.ListLayers(r.Context(), name)
 	if err != nil {
 		s.fail(w, r, err)

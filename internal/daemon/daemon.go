@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/egress/dns"
 	"github.com/corral-dev/corral/internal/egress/proxy"
@@ -57,6 +58,10 @@ type Config struct {
 	DefaultTTL, MaxTTL time.Duration
 	// MaxLayerBytes bounds the expanded size of one imported layer. Default 16 GiB.
 	MaxLayerBytes int64
+	// BlobStore is where layer images and the shared layer catalogue live (blobstore.Open):
+	// "dir:/path" (local disk or a shared mount) or "s3://bucket/prefix?endpoint=...". Default
+	// dir:<DataDir>/blobs. Every Corral given the same store shares its layers.
+	BlobStore string
 	// DiskPool is how many writable disks of the default size are kept formatted ahead. Default 4.
 	DiskPool int
 	// KeepExitedCommands and KeepExitedFor bound the exited commands each sandbox's agent keeps for
@@ -169,10 +174,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err := ensureAdminToken(ctx, st, filepath.Join(cfg.DataDir, "admin.token"), log); err != nil {
 		return err
 	}
-	ls, err := layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes}, log)
+	if cfg.BlobStore == "" {
+		cfg.BlobStore = "dir:" + filepath.Join(cfg.DataDir, "blobs")
+	}
+	blobs, err := blobstore.Open(ctx, cfg.BlobStore)
+	if err != nil {
+		return fmt.Errorf("blob store: %w", err)
+	}
+	log.Info("blob store", "location", blobs.String())
+	ls, err := layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Blobs: blobs}, log)
 	if err != nil {
 		return err
 	}
+	defer ls.Close()
 	rt, err := runc.New(ctx, runc.Config{
 		Runc:             cfg.Runc,
 		StateDir:         filepath.Join(cfg.DataDir, "sandboxes"),
@@ -207,6 +221,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	e, err := edge.New(edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
+		Shared: blobs,
 	}, log, st, rt, ls)
 	if err != nil {
 		return err

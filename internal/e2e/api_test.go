@@ -104,9 +104,14 @@ func TestBadInput(t *testing.T) {
 	if len(after) != len(before) || len(layersAfter) != len(layersBefore) {
 		t.Fatalf("bad input changed state: %d→%d sandboxes, %d→%d layers", len(before), len(after), len(layersBefore), len(layersAfter))
 	}
-	entries, _ := os.ReadDir(filepath.Join(p.DataDir, "layers", "sha256"))
-	if len(entries) != len(layersAfter) {
-		t.Fatalf("%d layer trees on disk for %d layers: a refused import left something", len(entries), len(layersAfter))
+	for _, sub := range []string{"layers/sha256", "images/sha256"} {
+		entries, _ := os.ReadDir(filepath.Join(p.DataDir, "blobs", sub))
+		if len(entries) != len(layersAfter) {
+			t.Fatalf("%d objects in the blob store's %s for %d layers: a refused import left something", len(entries), sub, len(layersAfter))
+		}
+	}
+	if staged, _ := os.ReadDir(filepath.Join(p.DataDir, "layers", "staging")); len(staged) != 0 {
+		t.Fatalf("a refused import left %d entries in staging", len(staged))
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/netpolicy"
@@ -63,13 +64,18 @@ type Runtime interface {
 	GVisor() (string, error)
 }
 
-// LayerStore holds layer trees: it resolves digests to directories usable as overlay lower dirs
-// and stores new trees (snapshots). internal/layers implements it.
+// LayerStore holds layers: it mounts them as directories usable as overlay lower dirs, counting
+// the sandboxes that use each, and stores new ones (imports, snapshots). internal/layers
+// implements it.
 type LayerStore interface {
-	Path(digest string) (string, error)
+	Acquire(ctx context.Context, digest string) (string, error)
+	Release(digest string) error
+	Hold(digest string) bool
+	Sweep() (int, error)
 	ImportTar(ctx context.Context, r io.Reader) (layers.Blob, error)
-	Remove(digest string) error
-	List() ([]layers.Blob, error)
+	Remove(ctx context.Context, digest string) error
+	List(ctx context.Context) ([]layers.Blob, error)
+	CollectImages(ctx context.Context) (int, int64, error)
 }
 
 // Config configures an Edge. Zero fields take the defaults documented on each.
@@ -95,6 +101,10 @@ type Config struct {
 	// (for the error a policy gets).
 	Net    *NetConfig
 	NetOff string
+	// Shared is the blob store the layer store keeps its blobs in; published versions are
+	// recorded there too, so that every Corral using it sees them (see shared.go). nil: versions
+	// are recorded in this node's catalogue only.
+	Shared blobstore.Store
 }
 
 // DefaultLimits are the limits of a sandbox whose create call names none.
@@ -167,6 +177,8 @@ type Edge struct {
 	store  *store.Store
 	rt     Runtime
 	layers LayerStore
+	// instance names this Corral's data directory in the shared catalogue (shared.go).
+	instance string
 
 	mu sync.Mutex
 	// live holds the sandboxes in state creating or running on this node. Protected by mu.
@@ -293,6 +305,13 @@ func (e *Edge) Start(ctx context.Context) error {
 	if err := e.reconcile(ctx); err != nil {
 		return err
 	}
+	if err := e.loadInstance(ctx); err != nil {
+		return fmt.Errorf("edge instance name: %w", err)
+	}
+	if err := e.shareAll(ctx); err != nil {
+		// Not fatal: this node works; other nodes do not see its versions until the next start.
+		e.log.Error("record this node's layer versions in the shared catalogue", "err", err)
+	}
 	go e.reaper()
 	return nil
 }
@@ -352,6 +371,11 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			continue
 		}
 		sb := newSandbox(rec, rsb.AgentSocket)
+		for _, d := range rec.Lower {
+			if !e.layers.Hold(d) {
+				log.Warn("a layer of a surviving sandbox is not mounted under the layer store; it cannot be unmounted when the sandbox ends", "digest", d)
+			}
+		}
 		if sb.net, err = e.adoptNetwork(rec); err != nil {
 			log.Error("re-attach the sandbox's network; it keeps its namespace but its policy and DNS are not enforced until fixed", "err", err)
 		}
@@ -376,8 +400,40 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	// Layers mounted for sandboxes that did not survive.
+	if n, err := e.layers.Sweep(); err != nil {
+		e.log.Error("unmount layers no sandbox uses", "err", err)
+	} else if n > 0 {
+		e.log.Info("unmounted layers no sandbox uses", "count", n)
+	}
 	e.log.Info("reconciled sandboxes", "adopted", adopted, "records", len(recs))
 	return nil
+}
+
+// acquireLayers mounts digests (bottom first) and returns their directories. On error it has
+// released what it mounted.
+func (e *Edge) acquireLayers(ctx context.Context, digests []string) ([]string, error) {
+	dirs := make([]string, 0, len(digests))
+	for i, d := range digests {
+		p, err := e.layers.Acquire(ctx, d)
+		if err != nil {
+			for _, m := range digests[:i] {
+				e.layers.Release(m)
+			}
+			return nil, err
+		}
+		dirs = append(dirs, p)
+	}
+	return dirs, nil
+}
+
+// releaseLayers drops the references that rec's sandbox held on its layers; its overlay is gone.
+func (e *Edge) releaseLayers(rec *store.Sandbox) {
+	for _, d := range rec.Lower {
+		if err := e.layers.Release(d); err != nil {
+			e.log.Warn("release a layer", "sandbox", rec.ID, "digest", d, "err", err)
+		}
+	}
 }
 
 // finish records that a sandbox left the running state.
@@ -397,12 +453,19 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 		e.layersMu.RUnlock()
 		return nil, err
 	}
-	rec, lower := adm.rec, adm.lower
+	rec := adm.rec
 	log := e.log.With("sandbox", rec.ID)
 	err = e.store.PutSandbox(ctx, rec)
 	e.layersMu.RUnlock()
 	if err != nil {
 		return nil, err
+	}
+	// The record (state creating) now keeps the layers from deletion; mount them.
+	lower, err := e.acquireLayers(ctx, rec.Lower)
+	if err != nil {
+		log.Error("mount the sandbox's layers", "err", err)
+		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 	}
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
 	var nw *sandboxNet
@@ -410,6 +473,7 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 	if adm.net.Mode != corral.NetworkNone {
 		if nw, resolv, err = e.attachNetwork(ctx, rec, adm.net); err != nil {
 			log.Error("create sandbox network", "err", err)
+			e.releaseLayers(rec)
 			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 		}
@@ -434,6 +498,7 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 	if err != nil {
 		log.Error("create sandbox", "err", err)
 		e.detachNetwork(rec.ID, nw)
+		e.releaseLayers(rec)
 		rec.NetSlot = nil
 		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
@@ -451,6 +516,8 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 		delete(e.live, rec.ID)
 		e.mu.Unlock()
 		e.rt.Delete(context.WithoutCancel(ctx), rec.ID)
+		e.detachNetwork(rec.ID, nw)
+		e.releaseLayers(rec)
 		return nil, err
 	}
 	log.Info("sandbox created", "base", rec.Base, "layers", len(lower))
@@ -469,12 +536,11 @@ func (e *Edge) agentArgs() []string {
 	return args
 }
 
-// admission is a validated create request: the record (state creating), the layer directories
-// bottom first, and the compiled network policy.
+// admission is a validated create request: the record (state creating, its layers' digests
+// bottom first in Lower) and the compiled network policy.
 type admission struct {
-	rec   *store.Sandbox
-	lower []string
-	net   *netpolicy.Compiled
+	rec *store.Sandbox
+	net *netpolicy.Compiled
 }
 
 // admit validates a create request and turns it into a record in state creating.
@@ -583,7 +649,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*admission,
 		}
 		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
 	}
-	var lower, digests []string
+	var digests []string
 	// Tags (python:latest) are recorded as the versions they resolved to.
 	resolved := make([]string, 0, len(refs))
 	var imageCfg *corral.ImageConfig
@@ -596,11 +662,6 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*admission,
 		if r.field == "base" && l.ImageConfig != nil {
 			imageCfg = l.ImageConfig
 		}
-		p, err := e.layers.Path(l.Digest)
-		if err != nil {
-			return nil, fmt.Errorf("resolve layer %s: %w", r.ref, err)
-		}
-		lower = append(lower, p)
 		digests = append(digests, l.Digest)
 	}
 	if req.FromSnapshot == "" {
@@ -639,7 +700,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*admission,
 		},
 		Lower: digests,
 	}
-	return &admission{rec: rec, lower: lower, net: netc}, nil
+	return &admission{rec: rec, net: netc}, nil
 }
 
 func (e *Edge) parseTTL(field, s string) (time.Duration, error) {
@@ -776,6 +837,14 @@ func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind string) (corra
 		return corral.Layer{}, err
 	}
 	l, err := e.store.GetLayer(ctx, name, version)
+	if errors.Is(err, errdefs.ErrNotFound) && e.cfg.Shared != nil {
+		// Perhaps another node sharing the blob store published it.
+		if n, serr := e.SyncShared(ctx, name); serr != nil {
+			e.log.Warn("look up a layer in the shared catalogue", "layer", ref, "err", serr)
+		} else if n > 0 {
+			l, err = e.store.GetLayer(ctx, name, version)
+		}
+	}
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return corral.Layer{}, errdefs.Invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
 	} else if err != nil {
@@ -916,6 +985,7 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)
 	}
 	e.detachNetwork(rec.ID, sb.net)
+	e.releaseLayers(rec)
 	rec.NetSlot = nil
 	sb.gone = true
 	e.mu.Lock()

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -104,17 +105,80 @@ func (f *fakeRuntime) kill(id string, oom bool) {
 	}
 }
 
-type fakeLayers struct{}
+// fakeLayers counts the references sandboxes hold on each mounted layer, as internal/layers does.
+type fakeLayers struct {
+	mu   sync.Mutex
+	refs map[string]int // mounted layers; a key with 0 is mounted but unused
+}
 
-func (fakeLayers) Path(digest string) (string, error) { return "/layers/" + digest, nil }
+func newFakeLayers() *fakeLayers { return &fakeLayers{refs: map[string]int{}} }
 
-func (fakeLayers) ImportTar(ctx context.Context, r io.Reader) (layers.Blob, error) {
+// restarted is the layer store a restarted process opens: the same mounts, no references.
+func (f *fakeLayers) restarted() *fakeLayers {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g := newFakeLayers()
+	for d := range f.refs {
+		g.refs[d] = 0
+	}
+	return g
+}
+
+func (f *fakeLayers) ref(digest string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.refs[digest]
+}
+
+func (f *fakeLayers) Acquire(ctx context.Context, digest string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refs[digest]++
+	return "/layers/" + digest, nil
+}
+
+func (f *fakeLayers) Release(digest string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refs[digest] == 0 {
+		return fmt.Errorf("release of %s, which nobody holds", digest)
+	}
+	f.refs[digest]--
+	return nil
+}
+
+func (f *fakeLayers) Hold(digest string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.refs[digest]; !ok {
+		return false
+	}
+	f.refs[digest]++
+	return true
+}
+
+func (f *fakeLayers) Sweep() (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for d, r := range f.refs {
+		if r == 0 {
+			delete(f.refs, d)
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (f *fakeLayers) ImportTar(ctx context.Context, r io.Reader) (layers.Blob, error) {
 	return layers.Blob{}, errors.New("fakeLayers: no import")
 }
 
-func (fakeLayers) Remove(digest string) error { return nil }
+func (f *fakeLayers) Remove(ctx context.Context, digest string) error { return nil }
 
-func (fakeLayers) List() ([]layers.Blob, error) { return nil, nil }
+func (f *fakeLayers) List(ctx context.Context) ([]layers.Blob, error) { return nil, nil }
+
+func (f *fakeLayers) CollectImages(ctx context.Context) (int, int64, error) { return 0, 0, nil }
 
 func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
 	t.Helper()
@@ -133,7 +197,7 @@ func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
 			t.Fatal(err)
 		}
 	}
-	e, err := New(Config{AgentPath: "/agent", ReapInterval: 20 * time.Millisecond}, slog.New(slog.DiscardHandler), st, rt, fakeLayers{})
+	e, err := New(Config{AgentPath: "/agent", ReapInterval: 20 * time.Millisecond}, slog.New(slog.DiscardHandler), st, rt, newFakeLayers())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +269,20 @@ func TestCreateDefaultsAndLayerOrder(t *testing.T) {
 	if d := rec.ExpiresAt.Sub(rec.CreatedAt); d != time.Hour {
 		t.Fatalf("default TTL = %s, want 1h", d)
 	}
+	ls := e.layers.(*fakeLayers)
+	for _, d := range rec.Lower {
+		if n := ls.ref(d); n != 1 {
+			t.Errorf("layer %s has %d references while the sandbox runs; want 1", d, n)
+		}
+	}
+	if _, err := e.Delete(context.Background(), rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range rec.Lower {
+		if n := ls.ref(d); n != 0 {
+			t.Errorf("layer %s has %d references after delete; want 0", d, n)
+		}
+	}
 }
 
 func TestCreateFailureIsRecorded(t *testing.T) {
@@ -217,6 +295,9 @@ func TestCreateFailureIsRecorded(t *testing.T) {
 	recs, _ := st.ListSandboxes(context.Background(), store.SandboxFilter{})
 	if len(recs) != 1 || recs[0].State != corral.StateFailed || recs[0].Reason != "error: runc exploded" {
 		t.Fatalf("records = %+v, want one failed with the reason", recs)
+	}
+	if n := e.layers.(*fakeLayers).ref("sha256:b"); n != 0 {
+		t.Errorf("a failed create left %d references on its base", n)
 	}
 }
 
@@ -253,6 +334,9 @@ func TestReaperTTLAndDeath(t *testing.T) {
 	if _, err := rt.Status(ctx, expiring.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("expired sandbox still in the runtime: %v", err)
 	}
+	if n := e.layers.(*fakeLayers).ref("sha256:b"); n != 0 {
+		t.Errorf("ended sandboxes left %d references on their base", n)
+	}
 }
 
 func TestReconcileAfterRestart(t *testing.T) {
@@ -265,7 +349,8 @@ func TestReconcileAfterRestart(t *testing.T) {
 	defer st.Close()
 	st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"})
 	cfg := Config{AgentPath: "/agent", ReapInterval: time.Hour}
-	e1, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, fakeLayers{})
+	ls1 := newFakeLayers()
+	e1, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, ls1)
 	e1.Start(ctx)
 	alive, _ := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
 	dead, _ := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
@@ -273,7 +358,8 @@ func TestReconcileAfterRestart(t *testing.T) {
 	rt.kill(dead.ID, true)
 	rt.running["sb-local-orphanorphanorph"] = true // runtime state with no record
 
-	e2, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, fakeLayers{})
+	ls2 := ls1.restarted()
+	e2, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, ls2)
 	if err := e2.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -287,6 +373,9 @@ func TestReconcileAfterRestart(t *testing.T) {
 	}
 	if _, ok := rt.running["sb-local-orphanorphanorph"]; ok {
 		t.Fatal("orphaned runtime state was not removed")
+	}
+	if n := ls2.ref("sha256:b"); n != 1 {
+		t.Errorf("after restart the base has %d references; want 1 (the surviving sandbox)", n)
 	}
 }
 

@@ -9,12 +9,13 @@ import (
 )
 
 // Layer deletion and garbage collection. A published version can be deleted when nothing names
-// it (no tag, no saved environment, no snapshot above it: the store checks); its tree is then
-// removed once no other version has the same content and no sandbox of this node (creating,
-// running or paused) has it in its rootfs. GC sweeps every tree in the layer store the same way,
-// for trees left by a crash.
+// it (no tag, no saved environment, no snapshot above it: the store checks); its blob (record,
+// EROFS image, cached copy) is then removed once no other version of this node or of the shared
+// catalogue has the same content and no sandbox of this node (creating, running or paused) has it
+// in its rootfs. GC sweeps every blob of the blob store the same way, for blobs left by a crash or
+// by a refused publish, and then removes images that no record names.
 
-// DeleteLayer deletes the published version name:version and, when unused, its tree.
+// DeleteLayer deletes the published version name:version and, when unused, its blob.
 func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
 	if err := ValidateLayerName("name", name, version); err != nil {
 		return corral.Layer{}, err
@@ -25,25 +26,35 @@ func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.La
 	if err != nil {
 		return corral.Layer{}, err
 	}
+	if err := e.unshareVersion(ctx, l); err != nil {
+		return l, fmt.Errorf("layer %s:%s deleted on this node, still listed in the shared catalogue: %w", name, version, err)
+	}
 	removed, err := e.removeIfUnused(ctx, l.Digest)
 	if err != nil {
-		return l, fmt.Errorf("layer %s:%s deleted, its tree not: %w", name, version, err)
+		return l, fmt.Errorf("layer %s:%s deleted, its blob not: %w", name, version, err)
 	}
-	e.log.Info("layer deleted", "layer", name+":"+version, "digest", l.Digest, "tree_removed", removed)
+	e.log.Info("layer deleted", "layer", name+":"+version, "digest", l.Digest, "blob_removed", removed)
 	return l, nil
 }
 
-// GC removes every tree of the layer store that no published version and no sandbox uses, and
-// returns how many it removed and the bytes they held.
+// GC removes every blob of the layer store that no published version and no sandbox uses, and
+// returns how many it removed (blobs and orphaned images) and the bytes they held.
 func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
 	e.layersMu.Lock()
 	defer e.layersMu.Unlock()
 	var res corral.GCResult
-	blobs, err := e.layers.List()
+	blobs, err := e.layers.List(ctx)
+	if err != nil {
+		return res, err
+	}
+	shared, err := e.sharedDigests(ctx)
 	if err != nil {
 		return res, err
 	}
 	for _, b := range blobs {
+		if shared[b.Digest] {
+			continue
+		}
 		removed, err := e.removeIfUnused(ctx, b.Digest)
 		if err != nil {
 			return res, err
@@ -53,14 +64,23 @@ func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
 			res.Bytes += b.Size
 		}
 	}
+	n, bytes, err := e.layers.CollectImages(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.Removed += n
+	res.Bytes += bytes
 	e.log.Info("layer store collected", "removed", res.Removed, "bytes", res.Bytes)
 	return res, nil
 }
 
-// removeIfUnused removes digest's tree unless a published version or a live sandbox uses it.
-// Preconditions: e.layersMu is held for writing.
+// removeIfUnused removes digest's blob unless a published version (of this node or of the shared
+// catalogue) or a live sandbox uses it. Preconditions: e.layersMu is held for writing.
 func (e *Edge) removeIfUnused(ctx context.Context, digest string) (bool, error) {
 	if inUse, err := e.store.LayerDigestInUse(ctx, digest); err != nil || inUse {
+		return false, err
+	}
+	if shared, err := e.sharedDigests(ctx); err != nil || shared[digest] {
 		return false, err
 	}
 	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused}})
@@ -74,7 +94,7 @@ func (e *Edge) removeIfUnused(ctx context.Context, digest string) (bool, error) 
 			}
 		}
 	}
-	if err := e.layers.Remove(digest); err != nil {
+	if err := e.layers.Remove(ctx, digest); err != nil {
 		return false, err
 	}
 	return true, nil

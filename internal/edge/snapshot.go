@@ -57,20 +57,30 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 		return corral.Layer{}, err
 	}
 	start := time.Now()
-	if !sb.paused.Load() {
+	frozen := !sb.paused.Load()
+	if frozen {
 		if err := e.rt.Freeze(ctx, id); err != nil {
 			return corral.Layer{}, err
 		}
-		defer e.rt.Thaw(ctx, id)
 	}
+	// The sandbox runs again once its upper directory is read; the layer store converts and
+	// stores the copy while it runs.
+	readDone := make(chan time.Duration, 1)
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(layers.WriteTarExcluding(ctx, upper, pw, excludes)) }()
+	go func() {
+		err := layers.WriteTarExcluding(ctx, upper, pw, excludes)
+		if frozen {
+			e.rt.Thaw(ctx, id)
+		}
+		readDone <- time.Since(start)
+		pw.CloseWithError(err)
+	}()
 	blob, err := e.layers.ImportTar(ctx, pr)
 	pr.CloseWithError(err)
+	took := <-readDone
 	if err != nil {
 		return corral.Layer{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
-	frozen := time.Since(start)
 	of := &corral.SnapshotOf{Base: rec.Base, Workspace: rec.Workspace, Toolkits: rec.Toolkits, Sandbox: id}
 	if rec.FromSnapshot != "" {
 		name, version, _ := ParseLayerRef("from_snapshot", rec.FromSnapshot)
@@ -85,21 +95,19 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	for _, x := range excludes {
 		of.Excluded = append(of.Excluded, "/"+x)
 	}
-	l, created, err := e.store.PublishLayer(ctx, corral.Layer{
+	l, created, err := e.PublishLayer(ctx, corral.Layer{
 		Name: req.Name, Version: req.Version, Kind: corral.KindSnapshot, Digest: blob.Digest,
 		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), Snapshot: of,
 	})
 	if err != nil {
-		if inUse, e2 := e.store.LayerDigestInUse(ctx, blob.Digest); e2 == nil && !inUse {
-			e.layers.Remove(blob.Digest)
-		}
 		return corral.Layer{}, err
 	}
 	if !created {
 		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published", req.Name, req.Version)
 	}
 	e.log.Info("snapshot published", "sandbox", id, "layer", req.Name+":"+req.Version, "digest", blob.Digest,
-		"bytes", blob.Size, "files", blob.Files, "frozen", frozen)
+		"bytes", blob.Size, "files", blob.Files, "frozen", frozen, "read_took", took.Round(time.Millisecond),
+		"took", time.Since(start).Round(time.Millisecond))
 	return l, nil
 }
 

@@ -5,6 +5,7 @@ package layers
 import (
 	"path/filepath"
 
+	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -53,9 +54,10 @@ type Config struct {
 	// always kept.
 	SetID string
 
-	// NoSync skips the syncfs(2) before a blob is committed. Without the sync a crash can leave a
-	// committed blob whose files are not on disk, so only tests and scratch stores set it.
-	NoSync bool
+	// Blobs is the blob store of record for layer images and their records: a directory
+	// (mounted in place) or S3 (downloaded into <Dir>/images on first use). Several nodes may
+	// share one. Required.
+	Blobs blobstore.Store
 }
 
 // withDefaults returns c with every zero limit replaced by its default.
@@ -82,6 +84,8 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
+	case c.Blobs == nil:
+		return errdefs.Invalid("layers.blobs", "a blob store is required")
 	case c.Dir == "":
 		return errdefs.Invalid("layers.dir", "is required")
 	case !filepath.IsAbs(c.Dir):

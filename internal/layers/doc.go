@@ -1,41 +1,59 @@
 //go:build linux
 
-// Package layers owns Corral's layer blob store: immutable, content-addressed filesystem trees
-// that sandboxes stack as read-only overlayfs lower directories. It imports tar archives (plain,
-// gzip or zstd) into trees, names each tree by a digest of its canonical form, and hands out the
-// directory to mount. The name:version -> digest catalogue is not here; it lives in the store
-// package, which decides when a blob is unreferenced.
+// Package layers owns Corral's layer store: immutable, content-addressed filesystem trees that
+// sandboxes stack as read-only overlayfs lower layers. It imports tar archives (plain, gzip or
+// zstd), names each tree by a digest of its canonical form, converts it once to an EROFS image,
+// keeps image and record in a blob store (internal/blobstore: a directory or S3, possibly shared
+// by several nodes), and mounts each image once per node for every sandbox that uses it. The
+// name:version -> digest catalogue is not here; it lives in the store package, which decides
+// when a blob is unreferenced.
 //
 // # Layout
 //
-// A Store owns one directory (Config.Dir), mode 0700 because the trees may hold setuid binaries
-// and file capabilities that must not be reachable by host users:
+// In the blob store:
 //
-//	<Dir>/lock                    flock(2) held by the one Store that owns the directory
-//	<Dir>/staging/                imports and removals in progress; emptied by Open
-//	<Dir>/sha256/<hex>/fs/        the tree: the overlay lowerdir that Path returns
-//	<Dir>/sha256/<hex>/blob.json  size and entry count, written before the blob is committed
+//	layers/sha256/<hex>.json      the layer's record: digest, size, entries, its image's digest and size
+//	images/sha256/<hex>.erofs     the EROFS image, named by the SHA-256 of its bytes
 //
-// The blob directory (not only the tree) is the unit of commit so that an EROFS image, an OCI
-// descriptor or a chunk index can later sit beside fs/ without a new layout.
+// The image is written before the record, so a record never names a missing image, and images are
+// content-addressed, so two nodes importing the same layer at once never overwrite each other's
+// record with one that names a different image.
+//
+// On the node, one directory (Config.Dir), mode 0700 because the layers hold setuid binaries and
+// file capabilities that must not be reachable by host users:
+//
+//	<Dir>/lock               flock(2) held by the one Store that owns the directory
+//	<Dir>/staging/           imports in progress (extracted tree, image, verify mount); emptied by Open
+//	<Dir>/images/<hex>.erofs images fetched from a blob store with no local files (S3), checked on arrival
+//	<Dir>/mnt/<hex>/         one read-only EROFS mount per layer in use, named by the layer digest
+//
+// A directory blob store's images are mounted where they lie, with no copy. EROFS mounts are
+// file-backed where the kernel allows it (Linux 6.12+, image on a plain filesystem) and through a
+// read-only loop device otherwise (internal/erofs).
 //
 // # Lifecycle
 //
-//   - Open validates the Config, creates the layout, takes the lock and deletes leftovers of a
-//     crashed process from staging/. A second Open of the same Dir fails with errdefs.ErrConflict.
-//   - ImportTar extracts into a fresh directory under staging/, computes the digest of the tree,
-//     syncs the filesystem (unless Config.NoSync) and renames the blob directory into sha256/ with
-//     RENAME_NOREPLACE. If the digest is already stored, the new copy is deleted and the existing
-//     blob is returned; importing the same content twice is a no-op.
-//   - Path, Stat, List and Verify read committed blobs. Nobody writes to a committed tree.
-//   - Remove renames the blob into staging/ and deletes it there, so a half-deleted blob is never
-//     visible under sha256/. The caller must make sure no sandbox mounts the blob any more.
-//   - Close releases the lock. No method may be called after Close.
+//   - Open validates the Config, creates the layout, takes the lock, deletes leftovers of a
+//     crashed process from staging/, adopts the layer mounts a previous process left (sandboxes
+//     outlive corral) and converts plain trees that an older Corral stored in <Dir>/sha256/.
+//     A second Open of the same Dir fails with errdefs.ErrConflict.
+//   - ImportTar extracts into a fresh directory under staging/ and computes the digest of the
+//     tree. If the blob store has a record of that digest, the import is a no-op. Otherwise it
+//     builds the EROFS image, mounts it and checks that the mounted tree has the same digest
+//     (nothing lost in conversion), stores the image and then the record, and deletes the tree.
+//   - Acquire mounts a layer (downloading its image first when needed) and returns the directory
+//     for overlayfs; Release drops the reference, and the last one unmounts. After a restart the
+//     caller re-takes the references of surviving sandboxes with Hold and unmounts the rest with
+//     Sweep.
+//   - Stat, List and Verify read records (Verify also re-hashes the image and the mounted tree).
+//   - Remove deletes the record, then the image, then the node's cached copy; it refuses a layer
+//     this node has mounted. CollectImages removes images no record names.
+//   - Close unmounts the layers nobody holds and releases the lock. No method may be called
+//     after Close.
 //
-// All methods are safe for concurrent use. The store needs no mutex: each import works in its
-// own staging directory and commits with one rename, and concurrent imports of the same content
-// both succeed, one of them as the no-op. No method starts a goroutine: ImportTar decompresses in
-// the caller's.
+// All methods are safe for concurrent use. Each import works in its own staging directory, and
+// concurrent imports of the same content both succeed. Concurrent Acquires of one layer mount it
+// once and share one download. ImportTar decompresses in the caller's goroutine.
 //
 // # Failure semantics
 //

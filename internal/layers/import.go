@@ -7,13 +7,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/klauspost/compress/gzip"
@@ -70,19 +68,17 @@ func (s *Store) ImportTar(ctx context.Context, r io.Reader) (Blob, error) {
 	if err != nil {
 		return Blob{}, s.importError(ctx, fmt.Errorf("create staging directory: %w", err))
 	}
-	blob, committed, in, err := s.importTar(ctx, r, stage)
-	if !committed {
-		if rerr := removeAll(stage); rerr != nil {
-			// Open removes it at the next start; the blob was not committed either way.
-			s.log.Error("remove staging directory", "dir", stage, "err", rerr)
-		}
+	blob, stored, in, err := s.importTar(ctx, r, stage)
+	if rerr := removeAll(stage); rerr != nil {
+		// Open removes it at the next start.
+		s.log.Error("remove staging directory", "dir", stage, "err", rerr)
 	}
 	if err != nil {
 		return Blob{}, s.importError(ctx, err)
 	}
 	took := time.Since(start)
 	s.log.Info("layer imported", "digest", blob.Digest, "size", blob.Size, "files", blob.Files,
-		"input_bytes", in, "new", committed, "took", took.Round(time.Millisecond),
+		"input_bytes", in, "new", stored, "image_bytes", blob.ImageSize, "took", took.Round(time.Millisecond),
 		"mb_per_s", int64(float64(blob.Size)/1e6/max(took.Seconds(), 1e-9)))
 	return blob, nil
 }
@@ -99,9 +95,9 @@ func (s *Store) importError(ctx context.Context, err error) error {
 	return fmt.Errorf("import layer: %w", err)
 }
 
-// importTar extracts r into stage/fs and commits stage as a blob. committed says whether stage was
-// renamed into the store (and so must not be removed).
-func (s *Store) importTar(ctx context.Context, r io.Reader, stage string) (blob Blob, committed bool, in int64, err error) {
+// importTar extracts r into stage/fs and publishes the tree as an EROFS image unless the same
+// content is stored already; stored says whether it published.
+func (s *Store) importTar(ctx context.Context, r io.Reader, stage string) (blob Blob, stored bool, in int64, err error) {
 	counted := &countingReader{r: r}
 	br := bufio.NewReaderSize(counted, 64<<10)
 	stream, compressed, closeStream, err := decompress(br)
@@ -155,25 +151,51 @@ func (s *Store) importTar(ctx context.Context, r io.Reader, stage string) (blob 
 	if err != nil {
 		return Blob{}, false, counted.n, fmt.Errorf("digest tree: %w", err)
 	}
-	if err := writeMeta(stage, blob); err != nil {
-		return Blob{}, false, counted.n, err
-	}
-	if !s.cfg.NoSync {
-		if err := unix.Syncfs(rootfd); err != nil {
-			return Blob{}, false, counted.n, fmt.Errorf("sync layer store: %w", err)
-		}
-	}
-	committed, err = s.commit(stage, blob)
+	// One conversion per digest at a time in this process: a concurrent import of the same
+	// content waits and then finds it stored.
+	done, err := s.claimDigest(ctx, blob.Digest)
 	if err != nil {
 		return Blob{}, false, counted.n, err
 	}
-	if !committed {
-		// Same content as a stored blob; return the stored one.
-		if blob, err = s.Stat(blob.Digest); err != nil {
-			return Blob{}, false, counted.n, err
+	defer done()
+	// Ask the blob store, not the memory of this process: another node may have removed it.
+	s.forget(blob.Digest)
+	if m, err := s.meta(ctx, blob.Digest); err == nil {
+		return m.blob(), false, counted.n, nil // the same content is stored
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return Blob{}, false, counted.n, err
+	}
+	blob, err = s.publish(ctx, stage, tree, blob)
+	if err != nil {
+		return Blob{}, false, counted.n, err
+	}
+	return blob, true, counted.n, nil
+}
+
+// claimDigest waits until no other import of this process is publishing digest and claims it;
+// done releases the claim.
+func (s *Store) claimDigest(ctx context.Context, digest string) (done func(), err error) {
+	for {
+		s.mu.Lock()
+		busy, ok := s.importing[digest]
+		if !ok {
+			ch := make(chan struct{})
+			s.importing[digest] = ch
+			s.mu.Unlock()
+			return func() {
+				s.mu.Lock()
+				delete(s.importing, digest)
+				s.mu.Unlock()
+				close(ch)
+			}, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
-	return blob, committed, counted.n, nil
 }
 
 // readError classifies an error met while reading the archive: cancellation, a failure of the
@@ -189,35 +211,6 @@ func readError(err error) error {
 		return invalidArchive("archive is truncated")
 	}
 	return invalidArchive("malformed archive: %v", err)
-}
-
-// commit renames stage to its place in the store. It reports false, with no error, when the
-// digest is already stored.
-func (s *Store) commit(stage string, blob Blob) (bool, error) {
-	hex := strings.TrimPrefix(blob.Digest, "sha256:")
-	final := filepath.Join(s.blobsDir, hex)
-	err := unix.Renameat2(unix.AT_FDCWD, stage, unix.AT_FDCWD, final, unix.RENAME_NOREPLACE)
-	if err == unix.EEXIST || err == unix.ENOTEMPTY {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("commit blob %s: %w", blob.Digest, err)
-	}
-	if !s.cfg.NoSync {
-		if err := syncDir(s.blobsDir); err != nil {
-			return true, fmt.Errorf("sync %s: %w", s.blobsDir, err)
-		}
-	}
-	return true, nil
-}
-
-// writeMeta writes blob.json into a blob directory.
-func writeMeta(dir string, blob Blob) error {
-	b, err := json.Marshal(blobMeta{Digest: blob.Digest, Size: blob.Size, Files: blob.Files, Imported: time.Now().UTC()})
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, metaFile), append(b, '\n'), 0o600)
 }
 
 // decompress detects the compression of the input from its magic number.

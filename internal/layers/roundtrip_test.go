@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -141,10 +142,10 @@ func TestRoundTrip(t *testing.T) {
 
 	s := newStore(t, Config{AllowDevices: true, SetID: SetIDKeep})
 	blob := importBytes(t, s, archive)
-	if blob != want {
+	if blob.Digest != want.Digest || blob.Size != want.Size || blob.Files != want.Files {
 		t.Errorf("imported blob = %+v; want %+v (the source tree's)", blob, want)
 	}
-	layer, err := s.Path(blob.Digest)
+	layer, err := mounted(t, s, blob.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,21 +175,37 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("%d blobs after importing the same content 4 times; want 1", n)
 	}
 	assertClean(t, s)
-	if list, err := s.List(); err != nil || len(list) != 1 || list[0] != blob {
+	if list, err := s.List(context.Background()); err != nil || len(list) != 1 || list[0] != blob {
 		t.Errorf("List = %+v, %v; want [%+v]", list, err, blob)
 	}
 }
 
+// TestVerifyDetectsChanges: a layer's mount is read-only, and an image changed in the blob store
+// after import fails Verify.
 func TestVerifyDetectsChanges(t *testing.T) {
 	s := newStore(t, Config{})
+	ctx := context.Background()
 	blob := importBytes(t, s, tarOf(t, dir("d/"), file("d/f", "content")))
-	layer, _ := s.Path(blob.Digest)
-	if err := os.WriteFile(filepath.Join(layer, "d/f"), []byte("tampered"), 0o644); err != nil {
+	if err := s.Verify(ctx, blob.Digest); err != nil {
+		t.Fatalf("Verify of a fresh layer: %v", err)
+	}
+	layer, _ := mounted(t, s, blob.Digest)
+	if err := os.WriteFile(filepath.Join(layer, "d/f"), []byte("tampered"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("write into a mounted layer = %v; want EROFS", err)
+	}
+	img, err := s.blobs.(localFiles).LocalPath(imageKey(strings.TrimPrefix(blob.Image, "sha256:")))
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := s.Verify(context.Background(), blob.Digest)
-	if err == nil || !strings.Contains(err.Error(), "changed after import") {
-		t.Errorf("Verify after tampering = %v; want a changed-after-import error", err)
+	f, err := os.OpenFile(img, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("tampered"), blob.ImageSize-8)
+	f.Close()
+	err = s.Verify(ctx, blob.Digest)
+	if err == nil || !strings.Contains(err.Error(), "hashes to") {
+		t.Errorf("Verify after tampering = %v; want an image hash mismatch", err)
 	}
 }
 
@@ -244,8 +261,8 @@ func TestDuplicates(t *testing.T) {
 			got := importBytes(t, s, tarOf(t, tc.archive...))
 			want := importBytes(t, s, tarOf(t, tc.sameAs...))
 			if got.Digest != want.Digest {
-				layer, _ := s.Path(got.Digest)
-				wantLayer, _ := s.Path(want.Digest)
+				layer, _ := mounted(t, s, got.Digest)
+				wantLayer, _ := mounted(t, s, want.Digest)
 				diffSnapshots(t, snapshot(t, layer), snapshot(t, wantLayer))
 			}
 		})
@@ -274,7 +291,7 @@ func TestSetIDAndDevices(t *testing.T) {
 	} {
 		t.Run(tc.setID, func(t *testing.T) {
 			s := newStore(t, Config{SetID: tc.setID, AllowDevices: true})
-			layer, _ := s.Path(importBytes(t, s, archive).Digest)
+			layer, _ := mounted(t, s, importBytes(t, s, archive).Digest)
 			snap := snapshot(t, layer)
 			for name, want := range tc.want {
 				if !strings.HasPrefix(snap[name], want) {
@@ -298,7 +315,7 @@ func TestSymlinkTargetsKept(t *testing.T) {
 	for name, target := range targets {
 		ents = append(ents, symlink(name, target))
 	}
-	layer, _ := s.Path(importBytes(t, s, tarOf(t, ents...)).Digest)
+	layer, _ := mounted(t, s, importBytes(t, s, tarOf(t, ents...)).Digest)
 	for name, want := range targets {
 		if got, err := os.Readlink(filepath.Join(layer, name)); err != nil || got != want {
 			t.Errorf("readlink %s = %q, %v; want %q", name, got, err, want)
@@ -318,7 +335,7 @@ func TestXattrsAndTimes(t *testing.T) {
 		ent{name: "d/s", typ: tar.TypeSymlink, link: "f", mtime: mt},
 		ent{name: "d/p", typ: tar.TypeFifo, mtime: mt, xattrs: map[string]string{"security.capability": string(capNetRaw)}},
 	)
-	layer, _ := s.Path(importBytes(t, s, archive).Digest)
+	layer, _ := mounted(t, s, importBytes(t, s, archive).Digest)
 	snap := snapshot(t, layer)
 	for name, want := range map[string][]string{
 		"d":   {`xattr:user.a="1"`},

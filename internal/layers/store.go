@@ -7,50 +7,88 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/blobstore"
+	"github.com/corral-dev/corral/internal/erofs"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 const (
-	metaFile = "blob.json"
-	treeDir  = "fs"
+	treeDir   = "fs"          // an import's extracted tree, under staging/
+	imageName = "layer.erofs" // an import's image, under staging/
 )
 
 // Blob describes a stored layer.
 type Blob struct {
-	Digest string // "sha256:<64 hex digits>" of the tree's canonical form
-	Size   int64  // bytes of regular file content, each inode counted once
-	Files  int64  // entries in the tree, not counting its root; each hardlink counts
+	Digest    string // "sha256:<64 hex digits>" of the tree's canonical form
+	Size      int64  // bytes of regular file content, each inode counted once
+	Files     int64  // entries in the tree, not counting its root; each hardlink counts
+	Image     string // "sha256:<hex>" of the EROFS image file
+	ImageSize int64  // bytes of the EROFS image
 }
 
-// blobMeta is blob.json.
+// blobMeta is the record layers/sha256/<hex>.json in the blob store. It is written after the
+// image it names, so a record never points at a missing or partial image.
 type blobMeta struct {
-	Digest   string    `json:"digest"`
-	Size     int64     `json:"size"`
-	Files    int64     `json:"files"`
-	Imported time.Time `json:"imported"`
+	Digest    string    `json:"digest"`
+	Size      int64     `json:"size"`
+	Files     int64     `json:"files"`
+	Format    string    `json:"format"` // "erofs"
+	Image     string    `json:"image"`
+	ImageSize int64     `json:"image_size"`
+	Imported  time.Time `json:"imported"`
 }
 
-// Store is a directory of layer blobs. See the package doc for its lifecycle.
+func (m blobMeta) blob() Blob {
+	return Blob{Digest: m.Digest, Size: m.Size, Files: m.Files, Image: m.Image, ImageSize: m.ImageSize}
+}
+
+// Blob store keys.
+func metaKey(hex string) string  { return "layers/sha256/" + hex + ".json" }
+func imageKey(hex string) string { return "images/sha256/" + hex + ".erofs" }
+
+const (
+	metaPrefix  = "layers/sha256/"
+	imagePrefix = "images/sha256/"
+)
+
+// Store is a node's view of the layer blob store. See the package doc for its lifecycle.
 type Store struct {
 	cfg        Config
 	log        *slog.Logger
+	blobs      blobstore.Store
 	lock       *os.File // flock(LOCK_EX) on <Dir>/lock, held until Close
-	blobsDir   string   // <Dir>/sha256
 	stagingDir string   // <Dir>/staging
+	cacheDir   string   // <Dir>/images: images fetched from a blob store without local files
+	mounts     *erofs.Mounts
+
+	mu        sync.Mutex
+	metas     map[string]blobMeta      // digest -> record; records are immutable, so never stale
+	fetch     map[string]*fetchCall    // image hex -> download in flight
+	importing map[string]chan struct{} // digest -> closed when its import is published or failed
 }
 
-// Open opens the store in cfg.Dir, creating it if needed, and removes what a crashed process left
-// in staging/. It fails with errdefs.ErrConflict if another Store holds the directory, and with
-// errdefs.ErrUnavailable on a kernel without openat2(2) (Linux 5.6). A nil log discards.
+// fetchCall is one download of an image that concurrent Acquires share.
+type fetchCall struct {
+	done chan struct{}
+	path string
+	err  error
+}
+
+// Open opens the store in cfg.Dir, creating it if needed, removes what a crashed process left in
+// staging/ and adopts the layer mounts a previous process left (see Sweep). It fails with
+// errdefs.ErrConflict if another Store holds the directory, with errdefs.ErrUnavailable on a
+// kernel without openat2(2) (Linux 5.6) or a host without mkfs.erofs. A nil log discards.
 func Open(cfg Config, log *slog.Logger) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("open layer store: %w", err)
@@ -62,6 +100,9 @@ func Open(cfg Config, log *slog.Logger) (*Store, error) {
 	}
 	if err := probeOpenat2(); err != nil {
 		return nil, err
+	}
+	if _, err := erofs.Version(); err != nil {
+		return nil, errdefs.Unavailable("open layer store: %v", err)
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("open layer store: %w", err)
@@ -89,18 +130,30 @@ func Open(cfg Config, log *slog.Logger) (*Store, error) {
 	s := &Store{
 		cfg:        cfg,
 		log:        log,
+		blobs:      cfg.Blobs,
 		lock:       lock,
-		blobsDir:   filepath.Join(cfg.Dir, "sha256"),
 		stagingDir: filepath.Join(cfg.Dir, "staging"),
+		cacheDir:   filepath.Join(cfg.Dir, "images"),
+		metas:      map[string]blobMeta{},
+		fetch:      map[string]*fetchCall{},
+		importing:  map[string]chan struct{}{},
 	}
-	for _, d := range []string{s.blobsDir, s.stagingDir} {
+	for _, d := range []string{s.stagingDir, s.cacheDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			s.Close()
+			s.lock.Close()
 			return nil, fmt.Errorf("open layer store: %w", err)
 		}
 	}
 	if err := s.cleanStaging(); err != nil {
-		s.Close()
+		s.lock.Close()
+		return nil, err
+	}
+	if s.mounts, err = erofs.OpenMounts(filepath.Join(cfg.Dir, "mnt"), log); err != nil {
+		s.lock.Close()
+		return nil, fmt.Errorf("open layer store: %w", err)
+	}
+	if err := s.migrateTrees(context.Background()); err != nil {
+		s.lock.Close()
 		return nil, err
 	}
 	return s, nil
@@ -127,6 +180,8 @@ func (s *Store) cleanStaging() error {
 	}
 	for _, e := range entries {
 		p := filepath.Join(s.stagingDir, e.Name())
+		// An import that crashed while verifying its image left it mounted.
+		unix.Unmount(filepath.Join(p, "verify"), unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 		if err := removeAll(p); err != nil {
 			return fmt.Errorf("open layer store: remove leftover %s: %w", p, err)
 		}
@@ -137,8 +192,13 @@ func (s *Store) cleanStaging() error {
 	return nil
 }
 
-// Close releases the store's directory. No method may be called after Close.
+// Close unmounts the layers no sandbox holds and releases the store's directory. Layers that
+// sandboxes hold stay mounted (the sandboxes outlive the process); the next Open adopts them. No
+// method may be called after Close.
 func (s *Store) Close() error {
+	if _, err := s.mounts.Sweep(); err != nil {
+		s.log.Warn("unmount unused layers at close", "err", err)
+	}
 	return s.lock.Close() // closing the only descriptor drops the flock
 }
 
@@ -151,106 +211,160 @@ func parseDigest(digest string) (string, error) {
 	return hex, nil
 }
 
-// Path returns the directory of a stored tree, to use as an overlay lowerdir. Nobody may write
-// to it. It fails with errdefs.ErrNotFound for a digest that is not stored.
-func (s *Store) Path(digest string) (string, error) {
-	hex, err := parseDigest(digest)
-	if err != nil {
-		return "", fmt.Errorf("layer path: %w", err)
-	}
-	p := filepath.Join(s.blobsDir, hex, treeDir)
-	if _, err := os.Lstat(p); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return "", errdefs.NotFound("layer %s", digest)
-		}
-		return "", fmt.Errorf("layer path %s: %w", digest, err)
-	}
-	return p, nil
-}
-
-// Stat describes a stored blob. It fails with errdefs.ErrNotFound for a digest that is not stored.
-func (s *Store) Stat(digest string) (Blob, error) {
-	hex, err := parseDigest(digest)
+// Stat describes a stored blob, as the blob store has it now. It fails with errdefs.ErrNotFound
+// for a digest that is not stored.
+func (s *Store) Stat(ctx context.Context, digest string) (Blob, error) {
+	s.forget(digest)
+	m, err := s.meta(ctx, digest)
 	if err != nil {
 		return Blob{}, fmt.Errorf("stat layer: %w", err)
 	}
-	b, err := os.ReadFile(filepath.Join(s.blobsDir, hex, metaFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return Blob{}, errdefs.NotFound("layer %s", digest)
-	}
-	if err != nil {
-		return Blob{}, fmt.Errorf("stat layer %s: %w", digest, err)
-	}
-	var m blobMeta
-	if err := json.Unmarshal(b, &m); err != nil || m.Digest != digest {
-		return Blob{}, fmt.Errorf("stat layer %s: %s is corrupt", digest, metaFile)
-	}
-	return Blob{Digest: m.Digest, Size: m.Size, Files: m.Files}, nil
+	return m.blob(), nil
 }
 
-// List returns every stored blob, sorted by digest. A blob whose metadata cannot be read is
+// forget drops digest's record from memory, so that the next meta asks the blob store: another
+// node may have removed it.
+func (s *Store) forget(digest string) {
+	s.mu.Lock()
+	delete(s.metas, digest)
+	s.mu.Unlock()
+}
+
+// meta returns digest's record, from memory or the blob store.
+func (s *Store) meta(ctx context.Context, digest string) (blobMeta, error) {
+	hex, err := parseDigest(digest)
+	if err != nil {
+		return blobMeta{}, err
+	}
+	s.mu.Lock()
+	m, ok := s.metas[digest]
+	s.mu.Unlock()
+	if ok {
+		return m, nil
+	}
+	m, err = s.readMeta(ctx, metaKey(hex))
+	if err != nil {
+		return blobMeta{}, err
+	}
+	if m.Digest != digest {
+		return blobMeta{}, fmt.Errorf("layer %s: its record in %s names %s", digest, s.blobs, m.Digest)
+	}
+	s.mu.Lock()
+	s.metas[digest] = m
+	s.mu.Unlock()
+	return m, nil
+}
+
+// maxMetaBytes bounds a record read from the blob store.
+const maxMetaBytes = 64 << 10
+
+func (s *Store) readMeta(ctx context.Context, key string) (blobMeta, error) {
+	rc, err := s.blobs.Get(ctx, key)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return blobMeta{}, errdefs.NotFound("layer %s", "sha256:"+strings.TrimSuffix(strings.TrimPrefix(key, metaPrefix), ".json"))
+	}
+	if err != nil {
+		return blobMeta{}, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxMetaBytes+1))
+	if err != nil {
+		return blobMeta{}, fmt.Errorf("read %s from %s: %w", key, s.blobs, err)
+	}
+	var m blobMeta
+	if len(b) > maxMetaBytes || json.Unmarshal(b, &m) != nil || m.Format != "erofs" {
+		return blobMeta{}, fmt.Errorf("%s in %s is corrupt or not a Corral layer record", key, s.blobs)
+	}
+	if _, err := parseDigest(m.Image); err != nil {
+		return blobMeta{}, fmt.Errorf("%s in %s names a bad image digest %q", key, s.blobs, m.Image)
+	}
+	return m, nil
+}
+
+// List returns every blob of the blob store, sorted by digest. A record that cannot be read is
 // logged and left out.
-func (s *Store) List() ([]Blob, error) {
-	entries, err := os.ReadDir(s.blobsDir)
+func (s *Store) List(ctx context.Context) ([]Blob, error) {
+	infos, err := s.blobs.List(ctx, metaPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("list layers: %w", err)
 	}
 	var blobs []Blob
-	for _, e := range entries {
-		digest := "sha256:" + e.Name()
-		if _, err := parseDigest(digest); err != nil {
+	for _, in := range infos {
+		hex, ok := strings.CutSuffix(strings.TrimPrefix(in.Key, metaPrefix), ".json")
+		if !ok {
 			continue
 		}
-		b, err := s.Stat(digest)
+		digest := "sha256:" + hex
+		m, err := s.meta(ctx, digest)
 		if err != nil {
-			s.log.Warn("skip unreadable layer blob", "digest", digest, "err", err)
+			s.log.Warn("skip unreadable layer record", "digest", digest, "err", err)
 			continue
 		}
-		blobs = append(blobs, b)
+		blobs = append(blobs, m.blob())
 	}
 	return blobs, nil
 }
 
-// Remove deletes a blob. The caller (the catalogue) must make sure that no sandbox mounts it and
-// that no import of the same digest is returning it. The blob leaves sha256/ with one rename, so
-// it is either fully present or gone; if deleting its files fails midway they are removed at the
-// next Open. It fails with errdefs.ErrNotFound for a digest that is not stored.
-func (s *Store) Remove(digest string) error {
-	hex, err := parseDigest(digest)
+// Remove deletes a blob from the blob store and this node's cache: its record first, so the
+// image is never named by a record once deletion started, then its image. The caller (the
+// catalogue) must make sure that nothing references it any more; a blob that a sandbox of this
+// node holds mounted is refused with errdefs.ErrConflict. It fails with errdefs.ErrNotFound for
+// a digest that is not stored.
+func (s *Store) Remove(ctx context.Context, digest string) error {
+	m, err := s.meta(ctx, digest)
 	if err != nil {
 		return fmt.Errorf("remove layer: %w", err)
 	}
-	trash, err := os.MkdirTemp(s.stagingDir, "remove-")
-	if err != nil {
+	hex, _ := parseDigest(digest)
+	if n := s.mounts.Refs(hex); n > 0 {
+		return errdefs.Conflict("remove layer %s: %d sandboxes of this node have it mounted", digest, n)
+	}
+	if err := s.mounts.Release(hex); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("remove layer %s: %w", digest, err)
 	}
-	if err := os.Rename(filepath.Join(s.blobsDir, hex), filepath.Join(trash, hex)); err != nil {
-		os.Remove(trash)
-		if errors.Is(err, fs.ErrNotExist) {
-			return errdefs.NotFound("layer %s", digest)
-		}
+	if err := s.blobs.Delete(ctx, metaKey(hex)); err != nil {
 		return fmt.Errorf("remove layer %s: %w", digest, err)
 	}
-	if err := removeAll(trash); err != nil {
-		s.log.Error("delete removed layer; Open retries", "digest", digest, "dir", trash, "err", err)
+	s.forget(digest)
+	img, _ := parseDigest(m.Image)
+	if err := s.blobs.Delete(ctx, imageKey(img)); err != nil {
+		// An image no record names is removed by the next Collect.
+		s.log.Error("delete a removed layer's image", "digest", digest, "image", m.Image, "err", err)
 	}
-	s.log.Info("layer removed", "digest", digest)
+	if err := os.Remove(filepath.Join(s.cacheDir, img+".erofs")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Error("delete a removed layer's cached image", "digest", digest, "err", err)
+	}
+	s.log.Info("layer removed", "digest", digest, "image", m.Image)
 	return nil
 }
 
-// Verify recomputes the digest of a stored tree, reading every file, and fails if the tree no
-// longer matches its name.
+// Verify checks a stored layer end to end: the image's bytes hash to the digest its record
+// names, and the tree the image mounts hashes to the layer's digest.
 func (s *Store) Verify(ctx context.Context, digest string) error {
-	p, err := s.Path(digest)
+	m, err := s.meta(ctx, digest)
 	if err != nil {
 		return fmt.Errorf("verify layer: %w", err)
 	}
-	got, err := digestTree(ctx, p, nil)
+	img, err := s.localImage(ctx, m)
+	if err != nil {
+		return fmt.Errorf("verify layer %s: %w", digest, err)
+	}
+	if sum, _, err := hashFile(img); err != nil {
+		return fmt.Errorf("verify layer %s: %w", digest, err)
+	} else if sum != m.Image {
+		return fmt.Errorf("verify layer %s: its image %s hashes to %s, not %s", digest, img, sum, m.Image)
+	}
+	dir, err := s.Acquire(ctx, digest)
+	if err != nil {
+		return fmt.Errorf("verify layer: %w", err)
+	}
+	defer s.Release(digest)
+	got, err := digestTree(ctx, dir, nil)
 	if err != nil {
 		return fmt.Errorf("verify layer %s: %w", digest, err)
 	}
 	if got.Digest != digest {
-		return fmt.Errorf("verify layer %s: the tree on disk hashes to %s; it was changed after import", digest, got.Digest)
+		return fmt.Errorf("verify layer %s: the mounted image hashes to %s", digest, got.Digest)
 	}
 	return nil
 }
@@ -268,14 +382,4 @@ func removeAll(p string) error {
 		return nil
 	})
 	return os.RemoveAll(p)
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

@@ -1,0 +1,244 @@
+package edge
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// The shared catalogue. Every Corral that uses one blob store sees the layer versions the others
+// publish: each Corral that has a version (published it, or adopted it from another) writes
+//
+//	refs/<name>/<version>/<digest hex>/<instance>.json   the corral.Layer, as the catalogue holds it
+//
+// where <instance> is a random name of this Corral's data directory. The digest is in the key so
+// that the set of digests anyone holds can be listed without reading each object; the instance is
+// in it so that one Corral deleting its version leaves the others' refs, and so their content, in
+// place. A Corral records the others' versions in its own catalogue when it lists layers or
+// resolves a version it does not know, and never deletes content that a ref names. Tags and
+// environments stay per Corral.
+
+const refsPrefix = "refs/"
+
+// instanceSetting keeps this Corral's instance name in the store's settings.
+const instanceSetting = "edge.instance"
+
+func (e *Edge) refKey(name, version, digest string) string {
+	return refsPrefix + name + "/" + version + "/" + strings.TrimPrefix(digest, "sha256:") + "/" + e.instance + ".json"
+}
+
+// loadInstance reads this Corral's instance name, choosing it on the first start.
+func (e *Edge) loadInstance(ctx context.Context) error {
+	b, err := e.store.GetSetting(ctx, instanceSetting)
+	if err == nil && instanceRE.Match(b) {
+		e.instance = string(b)
+		return nil
+	}
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
+	var r [8]byte
+	rand.Read(r[:])
+	e.instance = e.cfg.Node + "-" + hex.EncodeToString(r[:])
+	return e.store.PutSetting(ctx, instanceSetting, []byte(e.instance))
+}
+
+var instanceRE = regexp.MustCompile(`^[a-z0-9]{1,16}-[0-9a-f]{16}$`)
+
+// PublishLayer records l (its blob already imported) in the catalogue and the shared catalogue.
+// It reports whether the version is new. When the catalogue refuses it (a version reused with
+// other content), the imported blob is removed unless something else uses it.
+func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, bool, error) {
+	ctx = context.WithoutCancel(ctx)
+	e.layersMu.RLock()
+	got, created, err := e.store.PublishLayer(ctx, l)
+	e.layersMu.RUnlock()
+	if err != nil {
+		e.layersMu.Lock()
+		if _, rerr := e.removeIfUnused(ctx, l.Digest); rerr != nil {
+			e.log.Warn("remove the blob of a refused publish", "digest", l.Digest, "err", rerr)
+		}
+		e.layersMu.Unlock()
+		return corral.Layer{}, false, err
+	}
+	if created && e.cfg.Shared != nil {
+		if err := e.shareVersion(ctx, got); err != nil {
+			// Other nodes will not see it, and their collectors may delete its content.
+			e.log.Error("record a published layer in the shared catalogue", "layer", got.Name+":"+got.Version, "err", err)
+			return got, created, fmt.Errorf("layer %s:%s published on this node only: %w", got.Name, got.Version, err)
+		}
+	}
+	return got, created, nil
+}
+
+// shareVersion writes l to the shared catalogue. Tags stay per node.
+func (e *Edge) shareVersion(ctx context.Context, l corral.Layer) error {
+	l.Tags = nil
+	b, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	return e.cfg.Shared.Put(ctx, e.refKey(l.Name, l.Version, l.Digest), bytes.NewReader(b), int64(len(b)))
+}
+
+// shareAll records in the shared catalogue every version of this node's catalogue that it lacks:
+// versions published before the blob store was shared, or whose shareVersion failed.
+func (e *Edge) shareAll(ctx context.Context) error {
+	if e.cfg.Shared == nil {
+		return nil
+	}
+	infos, err := e.cfg.Shared.List(ctx, refsPrefix)
+	if err != nil {
+		return fmt.Errorf("list the shared catalogue: %w", err)
+	}
+	have := make(map[string]bool, len(infos))
+	for _, in := range infos {
+		have[in.Key] = true
+	}
+	local, err := e.store.ListLayers(ctx, "")
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, l := range local {
+		if have[e.refKey(l.Name, l.Version, l.Digest)] {
+			continue
+		}
+		if err := e.shareVersion(ctx, l); err != nil {
+			return err
+		}
+		n++
+	}
+	if n > 0 {
+		e.log.Info("recorded layer versions in the shared catalogue", "count", n, "store", e.cfg.Shared.String())
+	}
+	return nil
+}
+
+// unshareVersion removes name:version from the shared catalogue.
+func (e *Edge) unshareVersion(ctx context.Context, l corral.Layer) error {
+	if e.cfg.Shared == nil {
+		return nil
+	}
+	return e.cfg.Shared.Delete(ctx, e.refKey(l.Name, l.Version, l.Digest))
+}
+
+// sharedDigests returns the digests that versions in the shared catalogue name.
+func (e *Edge) sharedDigests(ctx context.Context) (map[string]bool, error) {
+	out := map[string]bool{}
+	if e.cfg.Shared == nil {
+		return out, nil
+	}
+	infos, err := e.cfg.Shared.List(ctx, refsPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("list the shared catalogue: %w", err)
+	}
+	for _, in := range infos {
+		if _, _, digest, ok := parseRefKey(in.Key); ok {
+			out[digest] = true
+		}
+	}
+	return out, nil
+}
+
+func parseRefKey(key string) (name, version, digest string, ok bool) {
+	parts := strings.Split(strings.TrimPrefix(key, refsPrefix), "/")
+	if len(parts) != 4 || !strings.HasSuffix(parts[3], ".json") {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], "sha256:" + parts[2], true
+}
+
+// SyncShared records in this node's catalogue the versions of the shared catalogue it lacks
+// (name is "" for all) and returns how many it added. A version this node has with other content
+// is left alone and logged.
+func (e *Edge) SyncShared(ctx context.Context, name string) (int, error) {
+	if e.cfg.Shared == nil {
+		return 0, nil
+	}
+	prefix := refsPrefix
+	if name != "" {
+		prefix += name + "/"
+	}
+	infos, err := e.cfg.Shared.List(ctx, prefix)
+	if err != nil {
+		return 0, fmt.Errorf("list the shared catalogue: %w", err)
+	}
+	added := 0
+	for _, in := range infos {
+		n, v, digest, ok := parseRefKey(in.Key)
+		if !ok {
+			continue
+		}
+		ok, err := e.adoptShared(ctx, in.Key, n, v, digest)
+		if err != nil {
+			e.log.Warn("skip a version of the shared catalogue", "key", in.Key, "err", err)
+			continue
+		}
+		if ok {
+			added++
+		}
+	}
+	return added, nil
+}
+
+// adoptShared records one shared version unless the catalogue has name:version already.
+func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest string) (bool, error) {
+	if l, err := e.store.GetLayer(ctx, name, version); err == nil {
+		if l.Digest != digest {
+			return false, fmt.Errorf("this node has %s:%s as %s; the shared catalogue says %s", name, version, l.Digest, digest)
+		}
+		return false, nil
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return false, err
+	}
+	rc, err := e.cfg.Shared.Get(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 1<<20))
+	if err != nil {
+		return false, err
+	}
+	var l corral.Layer
+	if err := json.Unmarshal(b, &l); err != nil || l.Name != name || l.Version != version || l.Digest != digest {
+		return false, fmt.Errorf("%s is not a layer record for %s:%s", key, name, version)
+	}
+	if err := ValidateLayerName("name", l.Name, l.Version); err != nil {
+		return false, err
+	}
+	switch l.Kind {
+	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit, corral.KindSnapshot:
+	default:
+		return false, fmt.Errorf("%s has unknown kind %q", key, l.Kind)
+	}
+	if l.ImageConfig != nil {
+		if err := ValidateImageConfig(l.ImageConfig); err != nil {
+			return false, err
+		}
+	}
+	l.Tags = nil
+	_, created, err := e.store.PublishLayer(ctx, l)
+	if err != nil {
+		return false, err
+	}
+	if created {
+		// This Corral now has the version too: its own ref keeps the content while it does.
+		if err := e.shareVersion(ctx, l); err != nil {
+			return true, err
+		}
+		e.log.Info("layer adopted from the shared catalogue", "layer", name+":"+version, "digest", digest)
+	}
+	return created, nil
+}
