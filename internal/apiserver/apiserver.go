@@ -450,6 +450,11 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	below, err := s.edge.CheckBelow(r.Context(), kind, q["below"])
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	log := s.log.With("layer", name+":"+version)
 	start := time.Now()
 	s.importMu.Lock()
@@ -462,7 +467,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 	// A refused publish drops the imported blob unless something else uses the same content.
 	l, created, err := s.edge.PublishLayer(r.Context(), corral.Layer{
 		Name: name, Version: version, Kind: kind, Digest: blob.Digest,
-		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), ImageConfig: imageConfig,
+		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), ImageConfig: imageConfig, Below: below,
 	})
 	if err != nil {
 		s.fail(w, r, err)

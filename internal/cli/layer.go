@@ -41,8 +41,8 @@ func splitRef(ref string) (name, version string, err error) {
 }
 
 func (a *app) newLayerImportCmd() *cobra.Command {
-	var kind, dir, tarFile, image, layout, archive, platform string
-	var insecure bool
+	var kind, dir, tarFile, image, layout, archive, platform, collapse string
+	var insecure, split bool
 	cmd := &cobra.Command{
 		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE | --image REF | --oci-layout DIR[:TAG] | --docker-archive FILE)",
 		Short: "Publish a directory, a tar stream or a container image as a layer version",
@@ -51,12 +51,16 @@ zstd) or a container image as an immutable layer version. An image comes from a 
 (--image REF, pulled by this command with the credentials of ~/.docker/config.json), an OCI image
 layout directory (--oci-layout DIR, DIR:TAG to pick one) or a docker save archive
 (--docker-archive FILE); its layers are flattened into one layer (whiteouts applied) and its
-configuration (env, working directory, user) is kept for sandboxes built on it. Publishing the
-same content again under the same NAME:VERSION succeeds; other content under an existing
-NAME:VERSION is refused.`,
+configuration (env, working directory, user) is kept for sandboxes built on it. With --split the
+image becomes several layers instead: runs of consecutive image layers of at most
+--collapse-below bytes together (default 3GB) are merged, each run but the last is published as
+NAME.partK:VERSION, and NAME:VERSION stacks on them, so an image that shares its lower layers with
+another stores them once. Publishing the same content again under the same NAME:VERSION succeeds;
+other content under an existing NAME:VERSION is refused.`,
 		Example: `  corral layer import base:2025-01 --kind base --dir ./rootfs
   corral layer import python:3.12 --kind base --image registry.example.com/library/python:3.12-slim
   corral layer import app:v1 --kind base --oci-layout ./app-oci:v1
+  corral layer import py:3.12 --kind base --image registry.example.com/python:3.12 --split --collapse-below 1GB
   docker export $(docker create alpine) | corral layer import alpine:3 --kind base --tar -`,
 		Args: exactArgs(1, "NAME:VERSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -73,9 +77,19 @@ NAME:VERSION is refused.`,
 			if err != nil {
 				return err
 			}
+			threshold := int64(-1)
+			if split {
+				if threshold, err = parseSize(collapse); err != nil {
+					return usagef("--collapse-below: %v", err)
+				}
+			} else if cmd.Flags().Changed("collapse-below") {
+				return usagef("--collapse-below needs --split")
+			}
 			var l *corral.Layer
 			if src := (oci.Source{Image: image, Layout: layout, DockerArchive: archive}); src != (oci.Source{}) {
-				l, err = a.importImage(cmd.Context(), c, name, version, kind, src, oci.Options{Platform: platform, Insecure: insecure})
+				l, err = a.importImage(cmd.Context(), c, name, version, kind, src, oci.Options{Platform: platform, Insecure: insecure}, threshold)
+			} else if split {
+				return usagef("--split applies to images (--image, --oci-layout, --docker-archive)")
 			} else if dir != "" {
 				l, err = importDir(cmd.Context(), c, name, version, kind, dir)
 			} else {
@@ -112,15 +126,18 @@ NAME:VERSION is refused.`,
 	f.StringVar(&archive, "docker-archive", "", "docker save archive (a tar file)")
 	f.StringVar(&platform, "platform", "", "image platform, e.g. linux/amd64 (default: this host's)")
 	f.BoolVar(&insecure, "insecure", false, "allow a plain-HTTP registry")
+	f.BoolVar(&split, "split", false, "publish an image as several stacked layers instead of one")
+	f.StringVar(&collapse, "collapse-below", "3GB", "with --split: merge consecutive image layers up to this many bytes in all (0: one layer per image layer)")
 	cmd.MarkFlagRequired("kind")
 	cmd.MarkFlagsMutuallyExclusive("dir", "tar", "image", "oci-layout", "docker-archive")
 	cmd.MarkFlagsOneRequired("dir", "tar", "image", "oci-layout", "docker-archive")
 	return cmd
 }
 
-// importImage flattens a container image into one tar stream and publishes it with the image's
-// configuration, showing progress on a terminal.
-func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, kind string, src oci.Source, opt oci.Options) (*corral.Layer, error) {
+// importImage publishes a container image with its configuration, showing progress on a
+// terminal: flattened into one layer, or, with a threshold of 0 or more (--split), as a stack of
+// layers, one per run of consecutive image layers of at most threshold bytes.
+func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, kind string, src oci.Source, opt oci.Options, threshold int64) (*corral.Layer, error) {
 	if _, tty := terminalFd(a.stderr); tty {
 		var last time.Time
 		opt.Progress = func(done, total int64, layer, layers int) {
@@ -138,20 +155,43 @@ func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, 
 	info := img.Image()
 	cfg := &corral.ImageConfig{Env: info.Config.Env, WorkingDir: info.Config.WorkingDir, User: info.Config.User,
 		Entrypoint: info.Config.Entrypoint, Cmd: info.Config.Cmd, Labels: info.Config.Labels}
+	if threshold < 0 {
+		return uploadTar("image", func(w io.Writer) error { return img.Flatten(ctx, w) }, func(r io.Reader) (*corral.Layer, error) {
+			return c.ImportImageLayer(ctx, name, version, kind, cfg, r)
+		})
+	}
+	groups := img.Groups(threshold)
+	var below []string
+	for k, g := range groups[:len(groups)-1] {
+		part := fmt.Sprintf("%s.part%d", name, k+1)
+		l, err := uploadTar("image", func(w io.Writer) error { return img.WriteGroup(ctx, g, w) }, func(r io.Reader) (*corral.Layer, error) {
+			return c.ImportLayer(ctx, part, version, kind, r)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("part %d of %d (image layers %d-%d): %w", k+1, len(groups), g[0]+1, g[len(g)-1]+1, err)
+		}
+		below = append(below, l.Name+":"+l.Version)
+	}
+	top := groups[len(groups)-1]
+	return uploadTar("image", func(w io.Writer) error { return img.WriteGroup(ctx, top, w) }, func(r io.Reader) (*corral.Layer, error) {
+		return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Below: below}, r)
+	})
+}
+
+// uploadTar runs write into a pipe that upload reads. If the upload ends early, the writer is
+// stopped; a failure of the writer is reported when the upload itself succeeded.
+func uploadTar(what string, write func(io.Writer) error, upload func(io.Reader) (*corral.Layer, error)) (*corral.Layer, error) {
 	pr, pw := io.Pipe()
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		err := img.Flatten(wctx, pw)
+		err := write(pw)
 		pw.CloseWithError(err)
 		done <- err
 	}()
-	l, err := c.ImportImageLayer(ctx, name, version, kind, cfg, pr)
+	l, err := upload(pr)
 	pr.CloseWithError(errors.New("upload ended"))
-	cancel()
-	if ferr := <-done; ferr != nil && err == nil {
-		return nil, fmt.Errorf("read image: %w", ferr)
+	if werr := <-done; werr != nil && err == nil {
+		return nil, fmt.Errorf("read %s: %w", what, werr)
 	}
 	return l, err
 }
@@ -163,23 +203,9 @@ func importDir(ctx context.Context, c *corral.Client, name, version, kind, dir s
 	} else if !fi.IsDir() {
 		return nil, fmt.Errorf("--dir %s is not a directory", dir)
 	}
-	pr, pw := io.Pipe()
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	tarDone := make(chan error, 1)
-	go func() {
-		err := layerTar(wctx, dir, pw)
-		pw.CloseWithError(err)
-		tarDone <- err
-	}()
-	l, err := c.ImportLayer(ctx, name, version, kind, pr)
-	// If the upload ended early, stop the tar writer blocked on the pipe.
-	pr.CloseWithError(errors.New("upload ended"))
-	cancel()
-	if terr := <-tarDone; terr != nil && err == nil {
-		return nil, fmt.Errorf("read %s: %w", dir, terr)
-	}
-	return l, err
+	return uploadTar(dir, func(w io.Writer) error { return layerTar(ctx, dir, w) }, func(r io.Reader) (*corral.Layer, error) {
+		return c.ImportLayer(ctx, name, version, kind, r)
+	})
 }
 
 func (a *app) newLayerLsCmd() *cobra.Command {

@@ -74,9 +74,46 @@ func TestImageImport(t *testing.T) {
 		t.Fatalf("layer app:1 = %+v, %v", l, err)
 	}
 	sb := p.create(corral.CreateRequest{Base: "app:1", Env: []string{"EXTRA=1"}})
-	if got := p.sh(sb.ID, `echo "$GREETING $EXTRA"; pwd; cat hello; [ -e /bin/vi ] && echo vi-present || echo vi-gone`); got != "hello 1\n/opt/app\nfrom the image\nvi-gone\n" {
+	const script = `echo "$GREETING $EXTRA"; pwd; cat hello; [ -e /bin/vi ] && echo vi-present || echo vi-gone`
+	const want = "hello 1\n/opt/app\nfrom the image\nvi-gone\n"
+	if got := p.sh(sb.ID, script); got != want {
 		t.Fatalf("sandbox on the imported image: %q", got)
 	}
+
+	// --split: one Corral layer per image layer (threshold 0); the top stacks on the part, and a
+	// sandbox sees exactly what the flattened import shows, the whiteout applied across layers.
+	if _, stderr, code := p.cli("", "layer", "import", "app:split", "--kind", "base", "--image", ref, "--split", "--collapse-below", "0"); code != 0 {
+		t.Fatalf("corral layer import --split: %s", stderr)
+	}
+	stacked, err := p.Client.Layer(ctx, "app", "split")
+	if err != nil || len(stacked.Below) != 1 || stacked.Below[0] != "app.part1:split" || stacked.ImageConfig == nil {
+		t.Fatalf("layer app:split = %+v, %v; want it stacked on app.part1:split with the image config", stacked, err)
+	}
+	part, err := p.Client.Layer(ctx, "app.part1", "split")
+	if err != nil || part.Size < stacked.Size {
+		t.Fatalf("part app.part1:split = %+v, %v; want the (larger) busybox layer", part, err)
+	}
+	sb = p.create(corral.CreateRequest{Base: "app:split", Env: []string{"EXTRA=1"}})
+	if got := p.sh(sb.ID, script); got != want {
+		t.Fatalf("sandbox on the split image: %q", got)
+	}
+	if _, err := p.Client.DeleteLayer(ctx, "app.part1", "split"); !corral.IsConflict(err) {
+		t.Errorf("deleting a part under a published layer: %v; want conflict", err)
+	}
+	// With the default threshold the two small layers collapse into one.
+	if _, stderr, code := p.cli("", "layer", "import", "app:collapsed", "--kind", "base", "--image", ref, "--split"); code != 0 {
+		t.Fatalf("corral layer import --split (default threshold): %s", stderr)
+	}
+	if l, err := p.Client.Layer(ctx, "app", "collapsed"); err != nil || len(l.Below) != 0 || l.Digest != must(p.Client.Layer(ctx, "app", "1")).Digest {
+		t.Errorf("layer app:collapsed = %+v, %v; want one layer, the flattened one", l, err)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 // tarOf builds a tar of regular files (mode 0644, parents created as directories).

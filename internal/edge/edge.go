@@ -662,6 +662,14 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*admission,
 		if r.field == "base" && l.ImageConfig != nil {
 			imageCfg = l.ImageConfig
 		}
+		// A layer imported in parts stacks on them.
+		for _, b := range l.Below {
+			part, err := e.resolveLayer(ctx, r.field, b, r.kind)
+			if err != nil {
+				return nil, fmt.Errorf("layer %s stacks on %s: %w", r.ref, b, err)
+			}
+			digests = append(digests, part.Digest)
+		}
 		digests = append(digests, l.Digest)
 	}
 	if req.FromSnapshot == "" {
@@ -854,6 +862,31 @@ func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind string) (corra
 		return corral.Layer{}, errdefs.Invalid(field, "layer %s is a %s layer, not a %s layer", ref, l.Kind, kind)
 	}
 	return l, nil
+}
+
+// maxBelow bounds how many parts a layer may stack on.
+const maxBelow = 64
+
+// CheckBelow validates the versions a new layer of kind stacks on (an image imported in parts):
+// each is published, of the same kind, and stacks on nothing itself. It returns them as
+// NAME:VERSION, tags resolved.
+func (e *Edge) CheckBelow(ctx context.Context, kind string, below []string) ([]string, error) {
+	if len(below) > maxBelow {
+		return nil, errdefs.Invalid("below", "at most %d layers, got %d", maxBelow, len(below))
+	}
+	var out []string
+	for i, ref := range below {
+		field := fmt.Sprintf("below[%d]", i)
+		l, err := e.resolveLayer(ctx, field, ref, kind)
+		if err != nil {
+			return nil, err
+		}
+		if len(l.Below) > 0 {
+			return nil, errdefs.Invalid(field, "layer %s stacks on other layers itself; name its parts instead", ref)
+		}
+		out = append(out, l.Name+":"+l.Version)
+	}
+	return out, nil
 }
 
 // SaveEnvironment validates and saves a named composition of layers.

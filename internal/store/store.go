@@ -361,6 +361,9 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 			if got.Kind != l.Kind {
 				return errdefs.Conflict("layer %s:%s is already published as kind %s", l.Name, l.Version, got.Kind)
 			}
+			if !slices.Equal(got.Below, l.Below) {
+				return errdefs.Conflict("layer %s:%s is already published stacked on %v", l.Name, l.Version, got.Below)
+			}
 			return nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return err
@@ -622,6 +625,20 @@ func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.L
 			}
 		}
 		envs.Close()
+		stacked, err := tx.QueryContext(ctx, `SELECT doc FROM layers WHERE doc LIKE '%"below":%'`)
+		if err != nil {
+			return err
+		}
+		defer stacked.Close()
+		for stacked.Next() {
+			var d string
+			stacked.Scan(&d)
+			var top corral.Layer
+			if json.Unmarshal([]byte(d), &top) == nil && slices.ContainsFunc(top.Below, func(r string) bool { return refs[r] }) {
+				return errdefs.Conflict("layer %s:%s is a part below %s:%s: delete that first", name, version, top.Name, top.Version)
+			}
+		}
+		stacked.Close()
 		snaps, err := tx.QueryContext(ctx, `SELECT doc FROM layers WHERE kind = ?`, corral.KindSnapshot)
 		if err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +95,34 @@ func TestPublishLayerIsImmutable(t *testing.T) {
 	}
 	if inUse, _ := s.LayerDigestInUse(ctx, "sha256:bb"); inUse {
 		t.Fatal("rejected digest recorded as in use")
+	}
+}
+
+// TestStackedLayers: a layer stacked on parts keeps its parts from deletion, and republishing a
+// version with other parts is refused.
+func TestStackedLayers(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	part := corral.Layer{Name: "app.part1", Version: "1", Kind: corral.KindBase, Digest: "sha256:aa", CreatedAt: time.Now()}
+	top := corral.Layer{Name: "app", Version: "1", Kind: corral.KindBase, Digest: "sha256:bb", CreatedAt: time.Now(), Below: []string{"app.part1:1"}}
+	for _, l := range []corral.Layer{part, top} {
+		if _, _, err := s.PublishLayer(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again := top
+	again.Below = nil
+	if _, _, err := s.PublishLayer(ctx, again); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("republish without its parts: %v; want conflict", err)
+	}
+	if _, err := s.DeleteLayer(ctx, "app.part1", "1"); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "app:1") {
+		t.Errorf("delete a part under app:1 = %v; want a conflict naming app:1", err)
+	}
+	if _, err := s.DeleteLayer(ctx, "app", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DeleteLayer(ctx, "app.part1", "1"); err != nil {
+		t.Errorf("delete the part once nothing stacks on it: %v", err)
 	}
 }
 

@@ -19,13 +19,30 @@ func (c *Client) ImportLayer(ctx context.Context, name, version, kind string, r 
 // ImportImageLayer is ImportLayer for a layer made from a container image: cfg (may be nil) is
 // the image's configuration, applied to sandboxes whose base the layer is.
 func (c *Client) ImportImageLayer(ctx context.Context, name, version, kind string, cfg *ImageConfig, r io.Reader) (*Layer, error) {
+	return c.ImportLayerWith(ctx, name, version, kind, ImportOptions{ImageConfig: cfg}, r)
+}
+
+// ImportOptions are the optional parts of a layer import.
+type ImportOptions struct {
+	// ImageConfig is the configuration of the container image the layer comes from.
+	ImageConfig *ImageConfig
+	// Below lists published versions of the same kind (NAME:VERSION, bottom first) that the
+	// layer stacks on; see Layer.Below.
+	Below []string
+}
+
+// ImportLayerWith is ImportLayer with options.
+func (c *Client) ImportLayerWith(ctx context.Context, name, version, kind string, opt ImportOptions, r io.Reader) (*Layer, error) {
 	q := url.Values{"name": {name}, "version": {version}, "kind": {kind}}
-	if cfg != nil {
-		b, err := json.Marshal(cfg)
+	if opt.ImageConfig != nil {
+		b, err := json.Marshal(opt.ImageConfig)
 		if err != nil {
 			return nil, err
 		}
 		q.Set("image_config", string(b))
+	}
+	for _, b := range opt.Below {
+		q.Add("below", b)
 	}
 	var out Layer
 	err := c.do(ctx, request{

@@ -303,6 +303,10 @@ type Layer struct {
 	// any: sandboxes whose base is this layer get its Env, and its WorkingDir and User as the
 	// defaults of their commands.
 	ImageConfig *ImageConfig `json:"image_config,omitempty"`
+	// Below lists the versions (NAME:VERSION, bottom first) that this layer stacks on: a
+	// multi-layer image imported as several layers (`corral layer import --split`). Using this
+	// layer uses them, under it, in this order.
+	Below []string `json:"below,omitempty"`
 }
 
 // ImageConfig is the part of an OCI image's configuration Corral keeps (POST /v1/layers takes it
