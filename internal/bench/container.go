@@ -98,11 +98,11 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("base layer %s: %w", cfg.Base, err)
 	}
-	hex := strings.TrimPrefix(layer.Digest, "sha256:")
-	layerDir := filepath.Join(info.DataDir, "layers", "sha256", hex)
-	if fi, err := os.Stat(filepath.Join(layerDir, "fs")); err == nil && fi.IsDir() {
-		layerDir = filepath.Join(layerDir, "fs")
+	layerDir, release, err := holdLayer(ctx, c, info, cfg.Base, layer.Digest)
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	b, err := newBaseline(ctx, info.RuntimePath, layerDir)
 	if err != nil {
 		return nil, err
@@ -407,6 +407,23 @@ func (b *baseline) setArgs(args ...string) error {
 	proc["terminal"], proc["args"] = false, args
 	raw, _ = json.Marshal(spec)
 	return os.WriteFile(path, raw, 0o644)
+}
+
+// holdLayer keeps the base layer mounted (by a sandbox that uses it, for as long as the
+// benchmark runs) and returns its directory on this host: the runc baselines run on exactly the
+// tree Corral's sandboxes see.
+func holdLayer(ctx context.Context, c *corral.Client, info *corral.Info, base, digest string) (string, func(), error) {
+	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: base, Labels: map[string]string{"bench": "layer-holder"}})
+	if err != nil {
+		return "", nil, fmt.Errorf("hold the base layer: %w", err)
+	}
+	release := func() { c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID) }
+	dir := filepath.Join(info.DataDir, "layers", "mnt", strings.TrimPrefix(digest, "sha256:"))
+	if _, err := os.Stat(filepath.Join(dir, "bin")); err != nil {
+		release()
+		return "", nil, fmt.Errorf("the base layer's mount %s: %w (run the benchmark on the host that runs corral, as root)", dir, err)
+	}
+	return dir, release, nil
 }
 
 // run times `runc run` of /bin/true to its exit.
