@@ -21,7 +21,7 @@ export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 mkdir -p bench-out
-# BENCH_ONLY=container, lifecycle, compose, rebuild, import or network runs one of them.
+# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall or network runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi
@@ -36,6 +36,9 @@ if [ "${BENCH_ONLY:-rebuild}" = rebuild ]; then
 fi
 if [ "${BENCH_ONLY:-import}" = import ]; then
   corral bench import ${BENCH_IMPORT_ARGS:-} | tee bench-out/import.json
+fi
+if [ "${BENCH_ONLY:-fncall}" = fncall ]; then
+  corral bench fncall --base base:bench ${BENCH_FNCALL_ARGS:-} | tee bench-out/fncall.json
 fi
 if [ "${BENCH_ONLY:-network}" = network ]; then
   # Starts its own lab internet (203.0.113.0/24 in a namespace) and its own corral up.

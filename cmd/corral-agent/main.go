@@ -6,7 +6,14 @@
 //	corral-agent serve [--fd 3]                 serve on the listening socket at fd (default 3)
 //	corral-agent serve --listen PATH [--resume-marker PATH]
 //	                                            listen on a unix socket at PATH instead
+//	corral-agent serve --calls ...              run fncalls only (see internal/agentrpc/calls.go)
 //	corral-agent version
+//
+// With --calls the sandbox gives the agent CAP_SYS_ADMIN, which it uses to isolate each call; it
+// then refuses plain commands (they would inherit the capability), and, for each call, re-executes
+// itself as `corral-agent call-init`: the call's helper, which only the agent starts (as PID 1 of
+// a new PID namespace). Conversely an agent that is PID 1 with CAP_SYS_ADMIN refuses to serve
+// without --calls.
 //
 // On runc the edge starts it with the socket on fd 3 and, optionally, the agent's own binary on
 // fd 4 (closed at once, so nothing in the sandbox can reach it through /proc/1/fd). On gVisor,
@@ -45,13 +52,15 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: corral-agent serve [--fd N] | version")
+		fmt.Fprintln(stderr, "usage: corral-agent serve [--fd N] [--calls] | version")
 		return 2
 	}
 	switch args[0] {
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return 0
+	case agentrpc.CallInitArg:
+		return agentrpc.CallInit()
 	case "serve":
 	default:
 		fmt.Fprintf(stderr, "corral-agent: unknown command %q\n", args[0])
@@ -65,6 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cfg agentrpc.Config
 	fs.IntVar(&cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
 	fs.DurationVar(&cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
+	fs.BoolVar(&cfg.Calls, "calls", false, "run fncalls only: every command is a call, isolated in its own namespaces")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -78,6 +88,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if *marker != "" {
 		cfg.Relisten = agentrpc.WaitForMarker(*listen, *marker, 2*time.Millisecond)
+	}
+	if cfg.Calls && os.Getpid() != 1 {
+		fmt.Fprintln(stderr, "corral-agent: --calls needs the agent to be PID 1 of the sandbox's PID namespace")
+		return 2
+	}
+	if !cfg.Calls && os.Getpid() == 1 && hasSysAdmin() {
+		fmt.Fprintln(stderr, "corral-agent: PID 1 with CAP_SYS_ADMIN: start with --calls, or every command would inherit it")
+		return 2
 	}
 	if err := serve(ctx, *fd, *listen, cfg); err != nil {
 		fmt.Fprintf(stderr, "corral-agent: %v\n", err)
@@ -111,6 +129,16 @@ func serve(ctx context.Context, fd int, listen string, cfg agentrpc.Config) erro
 		return err
 	}
 	return srv.Serve(ctx, ln)
+}
+
+// hasSysAdmin reports whether CAP_SYS_ADMIN is in this process's effective set.
+func hasSysAdmin() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[unix.CAP_SYS_ADMIN/32].Effective&(1<<(unix.CAP_SYS_ADMIN%32)) != 0
 }
 
 // closeBinaryFD closes fd 4 when it holds a regular file (the agent's binary passed by the

@@ -31,6 +31,9 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"version"}, 0, "dev", ""},
 		{[]string{"bogus"}, 2, "", "unknown command"},
 		{[]string{"serve", "--fd", "x"}, 2, "", "invalid value"},
+		{[]string{"serve", "--calls=x"}, 2, "", "invalid"},
+		// A calls agent must be its sandbox's init: its leftover check owns the PID namespace.
+		{[]string{"serve", "--calls"}, 2, "", "--calls needs the agent to be PID 1"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
@@ -343,5 +346,19 @@ func TestAgentIsNotDumpable(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "Permission denied") && !errors.Is(err, os.ErrPermission) {
 			t.Logf("/proc/%s: %v", f, err)
 		}
+	}
+}
+
+// TestCallInitOnlyFromTheAgent: the call helper refuses to run other than as the init of a PID
+// namespace the agent made for it.
+func TestCallInitOnlyFromTheAgent(t *testing.T) {
+	bin := buildAgent(t)
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, "call-init")
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "only the agent starts this") {
+		t.Errorf("call-init: %v, stderr %q; want exit 2 refusing", err, stderr.String())
 	}
 }

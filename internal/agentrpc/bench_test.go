@@ -25,7 +25,7 @@ func BenchmarkExecTrue(b *testing.B) {
 	for b.Loop() {
 		c0 := cpuTime()
 		t0 := time.Now()
-		w := &procWaiter{ch: make(chan syscall.WaitStatus, 1)}
+		w := newProcWaiter()
 		if _, err := procReaper.start(func() (int, error) {
 			return syscall.ForkExec("/bin/true", []string{"true"}, attr)
 		}, w); err != nil {

@@ -460,6 +460,38 @@ func (c *Client) TarIn(ctx context.Context, dir string, r io.Reader, opts WriteO
 	return err
 }
 
+// CallPrep prepares the call id (1-64 of [a-z0-9-]) in an agent started with --calls: a fresh
+// tmpfs of sizeBytes holds everything the call will write. It returns the call's directory dir:
+// write the call's input files under dir+"/upper" (WriteFile, Mkdir, TarIn; they appear at the
+// same path without the prefix inside the call), run its command with ExecRequest.Call set to
+// CallSpec{Dir: dir}, read what it wrote under dir+"/upper", then CallEnd. An id already prepared
+// and not ended is ErrConflict; an agent without --calls answers ErrInvalid.
+func (c *Client) CallPrep(ctx context.Context, id string, sizeBytes int64) (dir string, err error) {
+	r, err := c.roundTrip(ctx, &request{Op: opCallPrep, ID: id, Size: sizeBytes})
+	if err != nil {
+		return "", err
+	}
+	if r.Dir == "" {
+		return "", fmt.Errorf("agent callprep: reply without dir: %w", errdefs.ErrUnavailable)
+	}
+	return r.Dir, nil
+}
+
+// CallEnd ends the call id: its command is killed if it still runs, everything it wrote goes
+// away, and the agent checks that nothing of it is left in the container. An error means the
+// request failed (ErrNotFound: no such call); CallEnd.Clean false means the call was ended but
+// the container is not fit for another call.
+func (c *Client) CallEnd(ctx context.Context, id string) (CallEnd, error) {
+	r, err := c.roundTrip(ctx, &request{Op: opCallEnd, ID: id})
+	if err != nil {
+		return CallEnd{}, err
+	}
+	if r.CallEnd == nil {
+		return CallEnd{}, fmt.Errorf("agent callend: reply without result: %w", errdefs.ErrUnavailable)
+	}
+	return *r.CallEnd, nil
+}
+
 // eventStream reads the output frames of an exec or attach connection.
 type eventStream struct {
 	cc   *clientConn

@@ -39,7 +39,9 @@ type command struct {
 	out       *output
 	stdin     *stdinPipe  // nil when the command could not start; f is nil without stdin
 	ptmx      *os.File    // TTY only
-	proc      *procWaiter // nil when the command could not start
+	proc      *procWaiter // nil when the command could not start; for a call, fed by watchCall
+	call      *call       // immutable; set for a call's command
+	helper    *callHelper // immutable after spawn; the helper running a call's command
 	done      chan struct{}
 
 	timedOut atomic.Bool
@@ -82,10 +84,23 @@ func (c *command) signal(sig syscall.Signal) error {
 	if sig == syscall.SIGKILL {
 		before = func() { c.killed.Store(true) }
 	}
-	if c.proc == nil || !procReaper.signalGroup(c.proc, c.pid, sig, before) {
+	if !c.signalGroup(sig, before) {
 		return errdefs.Conflict("command %s has exited", c.id)
 	}
 	return nil
+}
+
+// signalGroup sends sig as signal does and reports whether it did; before is as for
+// reaper.signalGroup. A call's command is signalled through its helper, which passes the signal
+// on to the command's process group; SIGKILL kills every process of the call.
+func (c *command) signalGroup(sig syscall.Signal, before func()) bool {
+	switch {
+	case c.proc == nil:
+		return false
+	case c.helper != nil:
+		return c.helper.signal(c, sig, before)
+	}
+	return procReaper.signalGroup(c.proc, c.pid, sig, before)
 }
 
 // newCommandID returns a random id, so that ids of an earlier agent run are never reused.
@@ -163,6 +178,14 @@ func (s *Server) start(req *ExecRequest) (*command, error) {
 	if err := s.validateExec(req); err != nil {
 		return nil, err
 	}
+	var cl *call
+	if req.Call != nil || s.cfg.Calls {
+		var err error
+		if cl, err = s.claimCall(req); err != nil {
+			return nil, err
+		}
+		defer cl.mu.Unlock()
+	}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -177,7 +200,7 @@ func (s *Server) start(req *ExecRequest) (*command, error) {
 	}
 	c := &command{
 		id: newCommandID(), argv: append([]string(nil), req.Argv...), tag: req.Tag, tty: req.TTY,
-		startedAt: time.Now(), out: newOutput(limit), done: make(chan struct{}),
+		startedAt: time.Now(), out: newOutput(limit), done: make(chan struct{}), call: cl,
 	}
 	// spawn sets c's process fields; registering c afterwards publishes them to other goroutines
 	// (through s.mu), and only then may anything finalize c.
@@ -185,6 +208,9 @@ func (s *Server) start(req *ExecRequest) (*command, error) {
 	s.mu.Lock()
 	s.cmds[c.id] = c
 	s.mu.Unlock()
+	if cl != nil {
+		cl.state, cl.cmd = callStarted, c
+	}
 	if exit != nil {
 		s.finalize(c, time.Now(), exit)
 		return c, nil
@@ -196,7 +222,7 @@ func (s *Server) start(req *ExecRequest) (*command, error) {
 	if req.Timeout > 0 {
 		c.mu.Lock()
 		c.timer = time.AfterFunc(req.Timeout, func() {
-			procReaper.signalGroup(c.proc, c.pid, syscall.SIGKILL, func() { c.timedOut.Store(true) })
+			c.signalGroup(syscall.SIGKILL, func() { c.timedOut.Store(true) })
 		})
 		c.mu.Unlock()
 	}
@@ -242,17 +268,27 @@ func (s *Server) validateExec(req *ExecRequest) error {
 	return nil
 }
 
-// spawn starts c's process and sets c's pid, proc, stdin and ptmx. It returns the descriptors to
-// read the output from, or the Exit of a command that could not be started.
-func (s *Server) spawn(c *command, req *ExecRequest) ([]outputFile, *Exit) {
-	fail := func(code int, format string, args ...any) ([]outputFile, *Exit) {
+// resolved is how a request's program is started.
+type resolved struct {
+	path string // the executable
+	argv []string
+	env  []string
+	cwd  string
+	id   identity
+}
+
+// resolveExec resolves req's user, environment, working directory and program against the
+// filesystem the command will see: the sandbox's, or, for a call, the call's own root (the call's
+// helper runs it there). A request that cannot start returns its Exit.
+func resolveExec(users *userDB, baseEnv []string, req *ExecRequest) (*resolved, *Exit) {
+	fail := func(code int, format string, args ...any) (*resolved, *Exit) {
 		return nil, &Exit{Code: code, Error: fmt.Sprintf(format, args...)}
 	}
-	id, err := s.users.resolve(req.User)
+	id, err := users.resolve(req.User)
 	if err != nil {
 		return fail(126, "%v", err)
 	}
-	env := mergeEnv(s.cfg.Env, []string{"HOME=" + id.home}, req.Env)
+	env := mergeEnv(baseEnv, []string{"HOME=" + id.home}, req.Env)
 	if req.TTY && envValue(env, "TERM") == "" {
 		env = append(env, "TERM=xterm-256color")
 	}
@@ -279,74 +315,42 @@ func (s *Server) spawn(c *command, req *ExecRequest) ([]outputFile, *Exit) {
 	if exit != nil {
 		return nil, exit
 	}
+	return &resolved{path: path, argv: argv, env: env, cwd: cwd, id: id}, nil
+}
 
-	sys := &syscall.SysProcAttr{}
-	if req.User != "" {
-		sys.Credential = &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}
+// credential is what SysProcAttr.Credential must be for the request's user: nil (stay root)
+// when it named none.
+func (r *resolved) credential(user string) *syscall.Credential {
+	if user == "" {
+		return nil
 	}
-	var (
-		childFds []int        // the child's stdin, stdout, stderr (one for all three with a terminal)
-		outputs  []outputFile // the agent's ends
-	)
-	if req.TTY {
-		rows, cols := req.Rows, req.Cols
-		if rows == 0 {
-			rows = 24
-		}
-		if cols == 0 {
-			cols = 80
-		}
-		ptmx, pts, err := openPTY(rows, cols)
-		if err != nil {
-			return fail(126, "open terminal: %v", err)
-		}
-		unix.Fchown(pts, int(id.uid), -1) // best effort: the terminal belongs to its user
-		childFds = []int{pts}
-		outputs = []outputFile{{ptmx, streamStdout}}
-		c.ptmx = ptmx
-		c.stdin = &stdinPipe{f: ptmx, tty: true}
-		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
-	} else {
-		// Without stdin to write, the child reads /dev/null: one descriptor, no pipe to poll.
-		var in *os.File
-		inChild := -1
-		if len(req.Stdin) > 0 || req.KeepStdinOpen {
-			in, inChild, err = pipe(false)
-		} else {
-			inChild, err = unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		}
-		if err != nil {
-			return fail(126, "create stdin: %v", err)
-		}
-		out, outChild, err := pipe(true)
-		if err != nil {
-			closeAll(in)
-			unix.Close(inChild)
-			return fail(126, "create stdout pipe: %v", err)
-		}
-		errf, errChild, err := pipe(true)
-		if err != nil {
-			closeAll(in, out)
-			unix.Close(inChild)
-			unix.Close(outChild)
-			return fail(126, "create stderr pipe: %v", err)
-		}
-		childFds = []int{inChild, outChild, errChild}
-		outputs = []outputFile{{out, streamStdout}, {errf, streamStderr}}
-		c.stdin = noStdin()
-		if in != nil {
-			c.stdin = &stdinPipe{f: in}
-		}
-		sys.Setpgid = true
+	return &syscall.Credential{Uid: r.id.uid, Gid: r.id.gid, Groups: r.id.groups}
+}
+
+// spawn starts c's process and sets c's pid, proc, stdin and ptmx. It returns the descriptors to
+// read the output from, or the Exit of a command that could not be started. A call's command is
+// started by spawnCall (calls.go).
+func (s *Server) spawn(c *command, req *ExecRequest) ([]outputFile, *Exit) {
+	if c.call != nil {
+		return s.spawnCall(c, req)
+	}
+	res, exit := resolveExec(s.users, s.cfg.Env, req)
+	if exit != nil {
+		return nil, exit
+	}
+	sys := &syscall.SysProcAttr{Credential: res.credential(req.User)}
+	childFds, outputs, exit := c.openStdio(req, res.id.uid, sys)
+	if exit != nil {
+		return nil, exit
 	}
 	files := make([]uintptr, 3)
 	for i := range files {
 		files[i] = uintptr(childFds[min(i, len(childFds)-1)])
 	}
-	attr := &syscall.ProcAttr{Dir: cwd, Env: env, Files: files, Sys: sys}
-	proc := &procWaiter{ch: make(chan syscall.WaitStatus, 1)}
+	attr := &syscall.ProcAttr{Dir: res.cwd, Env: res.env, Files: files, Sys: sys}
+	proc := newProcWaiter()
 	pid, err := procReaper.start(func() (int, error) {
-		pid, err := syscall.ForkExec(path, argv, attr)
+		pid, err := syscall.ForkExec(res.path, res.argv, attr)
 		if err == nil {
 			// The agent may run at oom_score_adj -1000; its commands must not inherit that.
 			resetOOMScore(pid)
@@ -361,10 +365,71 @@ func (s *Server) spawn(c *command, req *ExecRequest) ([]outputFile, *Exit) {
 			o.f.Close()
 		}
 		c.stdin.shutdown()
-		return nil, startExit(argv[0], err)
+		return nil, startExit(res.argv[0], err)
 	}
 	c.pid, c.proc = pid, proc
 	return outputs, nil
+}
+
+// openStdio makes the command's stdin, stdout and stderr (a terminal owned by uid with TTY) and
+// sets c's stdin and ptmx and the session or process group fields of sys. It returns the child's
+// descriptors (one for all three with a terminal; close them once the child is started) and the
+// agent's ends to read output from.
+func (c *command) openStdio(req *ExecRequest, uid uint32, sys *syscall.SysProcAttr) ([]int, []outputFile, *Exit) {
+	fail := func(format string, args ...any) ([]int, []outputFile, *Exit) {
+		return nil, nil, &Exit{Code: 126, Error: fmt.Sprintf(format, args...)}
+	}
+	if req.TTY {
+		rows, cols := req.Rows, req.Cols
+		if rows == 0 {
+			rows = 24
+		}
+		if cols == 0 {
+			cols = 80
+		}
+		ptmx, pts, err := openPTY(rows, cols)
+		if err != nil {
+			return fail("open terminal: %v", err)
+		}
+		unix.Fchown(pts, int(uid), -1) // best effort: the terminal belongs to its user
+		c.ptmx = ptmx
+		c.stdin = &stdinPipe{f: ptmx, tty: true}
+		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+		return []int{pts}, []outputFile{{ptmx, streamStdout}}, nil
+	}
+	// Without stdin to write, the child reads /dev/null: one descriptor, no pipe to poll.
+	var (
+		in      *os.File
+		inChild = -1
+		err     error
+	)
+	if len(req.Stdin) > 0 || req.KeepStdinOpen {
+		in, inChild, err = pipe(false)
+	} else {
+		inChild, err = unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return fail("create stdin: %v", err)
+	}
+	out, outChild, err := pipe(true)
+	if err != nil {
+		closeAll(in)
+		unix.Close(inChild)
+		return fail("create stdout pipe: %v", err)
+	}
+	errf, errChild, err := pipe(true)
+	if err != nil {
+		closeAll(in, out)
+		unix.Close(inChild)
+		unix.Close(outChild)
+		return fail("create stderr pipe: %v", err)
+	}
+	c.stdin = noStdin()
+	if in != nil {
+		c.stdin = &stdinPipe{f: in}
+	}
+	sys.Setpgid = true
+	return []int{inChild, outChild, errChild}, []outputFile{{out, streamStdout}, {errf, streamStderr}}, nil
 }
 
 // feedStdin writes the request's stdin bytes and closes stdin unless the client keeps it open.
@@ -406,13 +471,17 @@ func (c *command) pump(f *os.File, stream uint8, done chan<- struct{}) {
 // await waits for the process's exit status and for its output to reach EOF, allowing ExitGrace
 // for descendants that keep the output open, then finalizes c.
 func (s *Server) await(c *command, outputs []outputFile, pumped <-chan struct{}) {
-	ws := <-c.proc.ch
+	st := <-c.proc.ch
 	ended := time.Now()
 	c.mu.Lock()
 	if c.timer != nil {
 		c.timer.Stop()
 	}
 	c.mu.Unlock()
+	var report *callReport
+	if c.call != nil {
+		report = c.call.awaitReport()
+	}
 	grace := time.NewTimer(s.cfg.ExitGrace)
 	for pending := len(outputs); pending > 0; {
 		select {
@@ -429,21 +498,31 @@ func (s *Server) await(c *command, outputs []outputFile, pumped <-chan struct{})
 		o.f.Close()
 	}
 	c.stdin.shutdown()
-	s.finalize(c, ended, s.exitFor(c, ws))
+	s.finalize(c, ended, s.exitFor(c, &st, report))
 }
 
-// exitFor describes how the process ended.
-func (s *Server) exitFor(c *command, ws syscall.WaitStatus) *Exit {
-	e := &Exit{TimedOut: c.timedOut.Load()}
+// exitFor describes how the process ended. For a call, report is what its helper said about
+// the call's command (nil when the helper was killed before it could say).
+func (s *Server) exitFor(c *command, st *procStatus, report *callReport) *Exit {
+	e := &Exit{TimedOut: c.timedOut.Load(), CPUTime: st.cpuTime(), MaxRSS: st.maxRSS()}
+	var signal syscall.Signal
 	switch {
-	case ws.Signaled():
+	case report != nil && report.Error != "":
+		return &Exit{Code: report.Code, Error: report.Error, TimedOut: e.TimedOut}
+	case report != nil:
+		e.Code, signal = report.Code, syscall.Signal(report.Signal)
+		e.CPUTime, e.MaxRSS = time.Duration(report.CPUNanos), report.MaxRSS
+	case st.ws.Signaled():
+		signal = st.ws.Signal()
+	default:
+		e.Code = st.ws.ExitStatus()
+	}
+	if signal != 0 {
 		e.Code = -1
-		e.Signal = unix.SignalName(ws.Signal())
-		if ws.Signal() == syscall.SIGKILL && !e.TimedOut && !c.killed.Load() {
+		e.Signal = unix.SignalName(signal)
+		if signal == syscall.SIGKILL && !e.TimedOut && !c.killed.Load() {
 			e.OOMKilled = s.oomKilledSinceLastCheck()
 		}
-	default:
-		e.Code = ws.ExitStatus()
 	}
 	return e
 }

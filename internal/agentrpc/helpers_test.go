@@ -21,6 +21,10 @@ import (
 // The package's tests must not start processes with os/exec: the reaper owns wait4 for the whole
 // process while a Server runs.
 func TestMain(m *testing.M) {
+	// A calls server (TestCallPrepEnd) starts spare call helpers by re-executing this binary.
+	if len(os.Args) > 1 && os.Args[1] == CallInitArg {
+		os.Exit(CallInit())
+	}
 	unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	if err := closeOnExecInherited(); err != nil {
 		panic(err)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -88,8 +89,8 @@ func (r *reaper) sweep() {
 	r.forkMu.Lock()
 	defer r.forkMu.Unlock()
 	for {
-		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG|unix.WALL, nil)
+		var st procStatus
+		pid, err := syscall.Wait4(-1, &st.ws, syscall.WNOHANG|unix.WALL, &st.ru)
 		if err == syscall.EINTR {
 			continue
 		}
@@ -102,16 +103,33 @@ func (r *reaper) sweep() {
 		r.mu.Unlock()
 		if w != nil {
 			w.reaped.Store(true)
-			w.ch <- ws // buffered, one status per pid
+			w.ch <- st // buffered, one status per pid
 		}
 	}
 }
 
-// procWaiter receives the wait status of one process.
+// procWaiter receives the wait status of one process. A call's command has one the reaper does
+// not know: its helper's report fills it (watchCall, calls.go).
 type procWaiter struct {
-	ch     chan syscall.WaitStatus // capacity 1
-	reaped atomic.Bool             // set (under forkMu write-held) when the status is sent
+	ch     chan procStatus // capacity 1
+	reaped atomic.Bool     // set (under forkMu write-held) when the status is sent
 }
+
+func newProcWaiter() *procWaiter { return &procWaiter{ch: make(chan procStatus, 1)} }
+
+// procStatus is how a process ended and what it used (its own and its waited-for descendants').
+type procStatus struct {
+	ws syscall.WaitStatus
+	ru syscall.Rusage
+}
+
+// cpuTime is user plus system time.
+func (st *procStatus) cpuTime() time.Duration {
+	return time.Duration(st.ru.Utime.Nano() + st.ru.Stime.Nano())
+}
+
+// maxRSS is ru_maxrss in bytes (the kernel counts KiB).
+func (st *procStatus) maxRSS() int64 { return st.ru.Maxrss * 1024 }
 
 // start runs fork (which starts a process and returns its pid) and registers w to receive the
 // process's wait status.

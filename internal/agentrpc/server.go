@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -52,6 +53,14 @@ type Config struct {
 	// returns the listener to accept on once the sandbox may be reached again. nil: the agent
 	// refuses to quiesce.
 	Relisten func(ctx context.Context) (net.Listener, error)
+	// Calls makes this a calls agent (corral-agent serve --calls, see calls.go): every command
+	// must be a call, plain ones are refused. Without it, calls are refused.
+	Calls bool
+	// SelfExe is the agent's own binary, re-executed as a call's helper; default "/proc/self/exe"
+	// (the agent's binary is a sealed memfd that exists nowhere else).
+	SelfExe string
+	// CallsDir is where calls are prepared; default DefaultCallsDir.
+	CallsDir string
 }
 
 func (c *Config) setDefaults() {
@@ -91,6 +100,12 @@ func (c *Config) setDefaults() {
 	if c.Version == "" {
 		c.Version = "dev"
 	}
+	if c.SelfExe == "" {
+		c.SelfExe = "/proc/self/exe"
+	}
+	if c.CallsDir == "" {
+		c.CallsDir = DefaultCallsDir
+	}
 }
 
 // Validate reports the first field that is out of range.
@@ -110,6 +125,8 @@ func (c *Config) Validate() error {
 		return errdefs.Invalid("exit_grace", "must not be negative")
 	case c.TarInLimit < 0 || c.TarInEntries < 0:
 		return errdefs.Invalid("tar_in_limit", "must not be negative")
+	case c.CallsDir != "" && (!filepath.IsAbs(c.CallsDir) || filepath.Clean(c.CallsDir) != c.CallsDir || c.CallsDir == "/"):
+		return errdefs.Invalid("calls_dir", "must be a clean absolute path other than /, got %q", c.CallsDir)
 	}
 	return nil
 }
@@ -117,8 +134,8 @@ func (c *Config) Validate() error {
 // Server is the agent side of the protocol: it runs commands and file operations for the
 // connections it accepts.
 //
-// Lock order: Server.mu, then command.mu, then output.mu. The reaper's locks are never taken
-// while holding any of them.
+// Lock order: call.mu (calls.go), then Server.mu, then command.mu, then output.mu. The reaper's
+// locks are never taken while holding Server.mu, command.mu or output.mu.
 type Server struct {
 	cfg   Config       // immutable
 	log   *slog.Logger // immutable
@@ -134,11 +151,26 @@ type Server struct {
 	ln        net.Listener          // what Serve accepts on
 	live      map[net.Conn]struct{} // open connections
 	quiescing *quiesceReq           // a quiesce in progress, or nil
+	calls     map[string]*call      // prepared calls by id
 
 	starting sync.WaitGroup // starts in progress (counted under mu while !closing)
 
 	oomMu   sync.Mutex
 	oomSeen int64 // protected by oomMu: oom_kill count already attributed
+
+	callsRootMu    sync.Mutex
+	callsRootReady bool // protected by callsRootMu: the tmpfs at CallsDir is mounted
+	callEnvOnce    sync.Once
+	callEnvCache   callEnvironment // written once by callEnvOnce
+
+	helperMu sync.Mutex // a leaf
+	// Protected by helperMu:
+	idle           []*callHelper // call helpers waiting for a call, most recent last
+	helperStarting chan struct{} // closed when the helper being started is ready (or failed); nil when none is
+	helpersClosed  bool          // shutting down: no more helpers
+	// helperWG counts the goroutine starting a helper (added to under helperMu while
+	// !helpersClosed).
+	helperWG sync.WaitGroup
 
 	conns sync.WaitGroup
 }
@@ -156,7 +188,7 @@ func NewServer(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, log: log, users: &userDB{dir: cfg.EtcDir},
-		cmds: make(map[string]*command), live: make(map[net.Conn]struct{}),
+		cmds: make(map[string]*command), live: make(map[net.Conn]struct{}), calls: make(map[string]*call),
 	}
 	s.oomSeen = s.readOOMKills()
 	return s, nil
@@ -255,6 +287,7 @@ func (s *Server) shutdown() {
 		c.mu.Unlock()
 	}
 	s.mu.Unlock()
+	s.stopHelpers()
 	deadline := time.After(5 * time.Second)
 	for _, c := range running {
 		c.signal(syscall.SIGKILL)
@@ -311,6 +344,12 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 }
 
 func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
+	switch req.Op {
+	case opRead, opWrite, opStat, opList, opMkdir, opRemove, opTarOut, opTarIn:
+		if err := s.checkCallPath(req.Op, req.Path); err != nil {
+			return err
+		}
+	}
 	switch req.Op {
 	case opPing:
 		return c.reply(reply{Info: s.info()})
@@ -404,6 +443,18 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 		return s.tarIn(c, req.Path, writeOptions(req))
 	case opQuiesce:
 		return s.quiesce(c)
+	case opCallPrep:
+		dir, err := s.callPrep(req.ID, req.Size)
+		if err != nil {
+			return err
+		}
+		return c.reply(reply{Dir: dir})
+	case opCallEnd:
+		ce, err := s.callEnd(req.ID)
+		if err != nil {
+			return err
+		}
+		return c.reply(reply{CallEnd: &ce})
 	}
 	return errdefs.Invalid("op", "unknown operation %q", req.Op)
 }

@@ -11,7 +11,9 @@
 // Pieces: Client is the edge's side (a connection per call, errors keep their errdefs kind across
 // the wire); Server is corral-agent's side (commands with bounded output kept for reattaching, file
 // operations and tar done natively, never through a sandbox binary); Harden and ListenFD are what
-// corral-agent does at start. wire.go documents the frames. A process running a Server reaps all its
+// corral-agent does at start. wire.go documents the frames. calls.go is the fncall tier's
+// isolation of one command per call (CallPrep, ExecRequest.Call, CallEnd), with its helper, the
+// agent re-executed (CallInit), in callinit.go. A process running a Server reaps all its
 // children itself (it is PID 1 in the sandbox) and must not start processes any other way.
 package agentrpc
 
@@ -48,6 +50,25 @@ type ExecRequest struct {
 	OutputLimit int64 `json:"output_limit,omitempty"`
 	// Tag is an opaque label kept with the command (the edge uses it for a client's step id).
 	Tag string `json:"tag,omitempty"`
+	// Call runs the command as the one command of a call prepared with CallPrep, isolated from
+	// the container and from other calls (see calls.go). An agent started with --calls runs
+	// nothing else; any other agent refuses it. A call's command cannot have a terminal.
+	Call *CallSpec `json:"call,omitempty"`
+}
+
+// CallSpec names the call a command runs in.
+type CallSpec struct {
+	// Dir is what CallPrep returned.
+	Dir string `json:"dir"`
+}
+
+// CallEnd is what the agent found when it ended a call.
+type CallEnd struct {
+	// Clean is true when the call is over and nothing of it is left in the container. When it is
+	// false the container must not run another call: destroy it.
+	Clean bool `json:"clean"`
+	// Problems says what was found or what failed ("leftover process 12 sleep").
+	Problems []string `json:"problems,omitempty"`
 }
 
 // Command states.
@@ -85,6 +106,13 @@ type Exit struct {
 	// Error is set when the command could not be started at all (no such executable, bad cwd, bad
 	// user); Code is then 127 (not found) or 126 (not executable / other).
 	Error string `json:"error,omitempty"`
+	// CPUTime is the user and system CPU time of the command and the descendants it waited for
+	// (wait4's rusage); MaxRSS the largest resident set among them, in bytes. For a call,
+	// CPUTime counts every process of the call (background ones too), MaxRSS is the command's
+	// as above; both are zero when the command never ran, and MaxRSS also when it is not known
+	// (a call whose helper died; see calls.go).
+	CPUTime time.Duration `json:"cpu_ns,omitempty"`
+	MaxRSS  int64         `json:"max_rss_bytes,omitempty"`
 }
 
 // Event kinds in an output stream.

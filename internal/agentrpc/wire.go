@@ -73,6 +73,8 @@ const (
 	opTarOut   = "tarout"
 	opTarIn    = "tarin"
 	opQuiesce  = "quiesce"
+	opCallPrep = "callprep"
+	opCallEnd  = "callend"
 )
 
 // request is the payload of a request frame; Op says which other fields matter.
@@ -89,6 +91,7 @@ type request struct {
 	Path      string        `json:"path,omitempty"`
 	Write     *WriteOptions `json:"write,omitempty"`
 	Recursive bool          `json:"recursive,omitempty"`
+	Size      int64         `json:"size,omitempty"` // callprep: bytes of the call's tmpfs
 }
 
 // reply is the payload of a reply frame.
@@ -98,6 +101,8 @@ type reply struct {
 	Commands []CommandInfo `json:"commands,omitempty"`
 	File     *FileInfo     `json:"file,omitempty"`
 	Files    []FileInfo    `json:"files,omitempty"`
+	Dir      string        `json:"dir,omitempty"` // callprep
+	CallEnd  *CallEnd      `json:"call_end,omitempty"`
 }
 
 // wireError is the payload of an error frame: the errdefs code of the failure and its message.

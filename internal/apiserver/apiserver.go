@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -150,6 +151,39 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/layers", s.importLayer)
 	api.HandleFunc("GET /v1/layers", s.listLayers)
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
+	api.HandleFunc("POST /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
+		var env corral.FncallEnv
+		if err := httpjson.Decode(r, &env); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		out, err := s.edge.CreateFncallEnv(r.Context(), env)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusCreated, out)
+	})
+	api.HandleFunc("GET /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
+		httpjson.Write(w, http.StatusOK, s.edge.FncallEnvs())
+	})
+	api.HandleFunc("GET /v1/fncall/{name}", func(w http.ResponseWriter, r *http.Request) {
+		env, err := s.edge.FncallEnv(r.PathValue("name"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, env)
+	})
+	api.HandleFunc("DELETE /v1/fncall/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.edge.DeleteFncallEnv(r.Context(), r.PathValue("name")); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	api.HandleFunc("POST /v1/fncall/{name}", func(w http.ResponseWriter, r *http.Request) { s.call(w, r, false) })
+	api.HandleFunc("POST /v1/fncall/{name}/stream", func(w http.ResponseWriter, r *http.Request) { s.call(w, r, true) })
 	// Everything else under a sandbox is its data plane, served by the edge that runs it.
 	api.Handle("/v1/sandboxes/{id}/", s.route())
 	api.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -479,6 +513,49 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		log.Info("layer published", "digest", l.Digest, "bytes", l.Size, "files", l.Files, "took", time.Since(start))
 	}
 	httpjson.Write(w, status, l)
+}
+
+// maxCallBody bounds a call's request: its files (base64 in JSON) and stdin.
+const maxCallBody = 256 << 20
+
+// call runs one fncall: the result as one JSON object, or, streamed, the output as NDJSON events
+// ending with an exit event that carries the result.
+func (s *Server) call(w http.ResponseWriter, r *http.Request, stream bool) {
+	var req corral.CallRequest
+	if err := httpjson.DecodeLimit(r, &req, maxCallBody); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	name := r.PathValue("name")
+	if !stream {
+		res, err := s.edge.Call(r.Context(), name, req, nil)
+		if err != nil {
+			s.callFailed(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, res)
+		return
+	}
+	out := edge.NewEventWriter(w)
+	res, err := s.edge.Call(r.Context(), name, req, out.Send)
+	if err != nil {
+		if !out.Started() {
+			s.callFailed(w, r, err)
+			return
+		}
+		out.Send(corral.Event{Type: corral.EventError, Data: []byte(err.Error())})
+		return
+	}
+	exit := res.Exit
+	out.Send(corral.Event{Type: corral.EventExit, Exit: &exit, Result: res})
+}
+
+// callFailed answers a failed call; a busy environment's 429 says when to retry.
+func (s *Server) callFailed(w http.ResponseWriter, r *http.Request, err error) {
+	if d := edge.RetryAfter(err); d > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
+	}
+	s.fail(w, r, err)
 }
 
 func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {

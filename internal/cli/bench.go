@@ -107,6 +107,19 @@ func (a *app) newBenchCmd() *cobra.Command {
 	cf.IntVar(&cc.Files, "files", 1000, "files in the workspace and in each toolkit")
 	cmd.AddCommand(compose)
 
+	var fc bench.FncallConfig
+	fn := a.jsonBench("fncall", "Call of true vs API exec, runc exec and a fresh sandbox; calls per second",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Fncall(ctx, c, fc, log)
+		})
+	ff := fn.Flags()
+	ff.StringVar(&fc.Base, "base", "base:default", "base layer NAME:VERSION")
+	ff.IntVar(&fc.Calls, "calls", 200, "latency samples of each kind")
+	ff.IntVar(&fc.Throughput, "throughput", 1000, "calls in the throughput test")
+	ff.IntVar(&fc.Concurrency, "concurrency", 16, "concurrent callers in the throughput test")
+	ff.IntVar(&fc.PoolMax, "pool", 4, "warm containers in the pool")
+	cmd.AddCommand(fn)
+
 	var ic bench.ImportConfig
 	imp := a.jsonBench("import", "Import speed of a random multi-layer image from a loopback registry, and disk bytes written per byte (root, same host)",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {

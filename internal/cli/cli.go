@@ -195,6 +195,8 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newReplayCmd(),
 		a.newNetCmd(),
 		a.newEnvCmd(),
+		a.newFncallCmd(),
+		a.newCallCmd(),
 	)
 	return root
 }

@@ -221,7 +221,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	e, err := edge.New(edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
-		Shared: blobs,
+		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"),
 	}, log, st, rt, ls)
 	if err != nil {
 		return err

@@ -387,7 +387,14 @@ func (p *corralProc) sh(id, script string) string {
 // cli runs the corral CLI binary against p and returns stdout, stderr and its exit code.
 func (p *corralProc) cli(stdin string, args ...string) (string, string, int) {
 	p.t.Helper()
+	return p.cliIn("", stdin, args...)
+}
+
+// cliIn is cli run in the directory dir ("" for this process's).
+func (p *corralProc) cliIn(dir, stdin string, args ...string) (string, string, int) {
+	p.t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, "corral"), args...)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CORRAL_URL="+p.URL, "CORRAL_TOKEN="+p.Token)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errOut bytes.Buffer

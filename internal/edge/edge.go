@@ -101,6 +101,8 @@ type Config struct {
 	// (for the error a policy gets).
 	Net    *NetConfig
 	NetOff string
+	// ArtifactDir keeps the files calls keep for later calls (artifacts.go); "" refuses them.
+	ArtifactDir string
 	// Shared is the blob store the layer store keeps its blobs in; published versions are
 	// recorded there too, so that every Corral using it sees them (see shared.go). nil: versions
 	// are recorded in this node's catalogue only.
@@ -180,6 +182,11 @@ type Edge struct {
 	// instance names this Corral's data directory in the shared catalogue (shared.go).
 	instance string
 
+	fncallMu sync.Mutex
+	pools    map[string]*fncallPool // fncall environments by name; protected by fncallMu
+	// artifacts holds files calls kept for later calls; nil without Config.ArtifactDir.
+	artifacts *artifacts
+
 	mu sync.Mutex
 	// live holds the sandboxes in state creating or running on this node. Protected by mu.
 	live map[string]*sandbox
@@ -225,6 +232,9 @@ type sandbox struct {
 	actions atomic.Uint64
 	// net is the sandbox's network, nil without one. Set before the sandbox is published.
 	net *sandboxNet
+	// fncall names the fncall environment whose pool the sandbox belongs to ("" for ordinary
+	// sandboxes). Its agent runs isolated calls only, and the data plane refuses it.
+	fncall string
 
 	// mu serialises lifecycle transitions (stop, TTL change) of this sandbox.
 	mu sync.Mutex
@@ -244,6 +254,9 @@ func newSandbox(rec *store.Sandbox, socket string) *sandbox {
 		cwd:         rec.Cwd,
 		user:        rec.User,
 	}
+	if rec.Tier == TierFncall {
+		sb.fncall = rec.Labels[fncallLabel]
+	}
 	sb.paused.Store(rec.State == corral.StatePaused)
 	sb.lastActivity.Store(rec.LastActivityAt.UnixNano())
 	sb.flushed.Store(rec.LastActivityAt.UnixNano())
@@ -257,11 +270,19 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge config: %w", err)
 	}
-	return &Edge{
+	e := &Edge{
 		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
-		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget),
+		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
 		stop: make(chan struct{}), done: make(chan struct{}),
-	}, nil
+	}
+	if cfg.ArtifactDir != "" {
+		a, err := openArtifacts(cfg.ArtifactDir)
+		if err != nil {
+			return nil, err
+		}
+		e.artifacts = a
+	}
+	return e, nil
 }
 
 // Node returns the node name.
@@ -311,6 +332,9 @@ func (e *Edge) Start(ctx context.Context) error {
 	if err := e.shareAll(ctx); err != nil {
 		// Not fatal: this node works; other nodes do not see its versions until the next start.
 		e.log.Error("record this node's layer versions in the shared catalogue", "err", err)
+	}
+	if err := e.startPools(ctx); err != nil {
+		return fmt.Errorf("start fncall pools: %w", err)
 	}
 	go e.reaper()
 	return nil
@@ -447,8 +471,14 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 // Create validates req, resolves its layers, and starts a sandbox. It returns once the sandbox is
 // running; its agent answers the first request as soon as it has started.
 func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, error) {
+	return e.create(ctx, req, false)
+}
+
+// create is Create; calls makes a container of an fncall pool (tier fncall), whose agent runs
+// isolated calls only.
+func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool) (*store.Sandbox, error) {
 	e.layersMu.RLock()
-	adm, err := e.admit(ctx, req)
+	adm, err := e.admit(ctx, req, calls)
 	if err != nil {
 		e.layersMu.RUnlock()
 		return nil, err
@@ -486,7 +516,8 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 		Hostname:    rec.Hostname,
 		Lower:       lower,
 		AgentPath:   e.cfg.AgentPath,
-		AgentArgs:   e.agentArgs(),
+		AgentArgs:   e.agentArgs(calls),
+		Calls:       calls,
 		Env:         env,
 		CPUs:        rec.Limits.CPUs,
 		MemoryBytes: rec.Limits.MemoryBytes,
@@ -525,8 +556,11 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 }
 
 // agentArgs are corral-agent's arguments in every new sandbox.
-func (e *Edge) agentArgs() []string {
+func (e *Edge) agentArgs(calls bool) []string {
 	args := []string{"serve", "--fd", "3"}
+	if calls {
+		args = append(args, "--calls")
+	}
 	if e.cfg.KeepExitedCommands > 0 {
 		args = append(args, "--retain-exited", strconv.Itoa(e.cfg.KeepExitedCommands))
 	}
@@ -544,9 +578,14 @@ type admission struct {
 }
 
 // admit validates a create request and turns it into a record in state creating.
-func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*admission, error) {
-	switch req.Tier {
-	case "", "container":
+func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) (*admission, error) {
+	tier := "container"
+	switch {
+	case calls:
+		tier = TierFncall
+	case req.Tier == "", req.Tier == "container":
+	case req.Tier == TierFncall:
+		return nil, errdefs.Invalid("tier", "fncall containers are made by fncall environments (POST /v1/fncall), not created directly")
 	default:
 		return nil, errdefs.Invalid("tier", "%q is not available on this node (available: container)", req.Tier)
 	}
@@ -698,7 +737,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest) (*admission,
 	}
 	rec := &store.Sandbox{
 		Sandbox: corral.Sandbox{
-			ID: id, Node: e.cfg.Node, Tier: "container", Runtime: runtime,
+			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
 			State: corral.StateCreating,
 			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
 			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
@@ -1019,6 +1058,9 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 	}
 	e.detachNetwork(rec.ID, sb.net)
 	e.releaseLayers(rec)
+	if sb.fncall != "" {
+		e.poolGone(rec)
+	}
 	rec.NetSlot = nil
 	sb.gone = true
 	e.mu.Lock()
@@ -1099,9 +1141,13 @@ func (e *Edge) reaper() {
 			return
 		case <-t.C:
 			e.reap(context.Background())
+			e.maintainPools()
 		case <-flush.C:
 			e.flushActivity(context.Background())
 			e.forgetOld(context.Background())
+			if e.artifacts != nil {
+				e.artifacts.expire(corral.ArtifactTTL)
+			}
 		}
 	}
 }

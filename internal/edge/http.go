@@ -61,6 +61,9 @@ func (h *dataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
 // sandbox returns the running sandbox named in the path, or answers with an error.
 func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 	sb, err := h.e.active(r.Context(), r.PathValue("id"))
+	if err == nil && sb.fncall != "" {
+		err = errdefs.Conflict("sandbox %s is a container of fncall environment %s: run calls with POST /v1/fncall/%s", sb.id, sb.fncall, sb.fncall)
+	}
 	if err != nil {
 		h.fail(w, r, err)
 		return nil
@@ -166,6 +169,27 @@ func (n *ndjson) send(ev corral.Event) error {
 	}
 	return n.rc.Flush()
 }
+
+// EventWriter writes a call's events as NDJSON. The response starts with the first event, so a
+// call that fails before any output still gets a plain error response.
+type EventWriter struct {
+	w  http.ResponseWriter
+	nd *ndjson
+}
+
+// NewEventWriter returns an EventWriter on w.
+func NewEventWriter(w http.ResponseWriter) *EventWriter { return &EventWriter{w: w} }
+
+// Send writes one event and flushes it.
+func (e *EventWriter) Send(ev corral.Event) error {
+	if e.nd == nil {
+		e.nd = newNDJSON(e.w)
+	}
+	return e.nd.send(ev)
+}
+
+// Started reports whether the response has begun.
+func (e *EventWriter) Started() bool { return e.nd != nil }
 
 func apiEvent(ev agentrpc.Event) corral.Event {
 	return corral.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data, Dropped: ev.Dropped, Exit: apiExit(ev.Exit)}

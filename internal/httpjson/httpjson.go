@@ -22,7 +22,12 @@ const MaxBody = 1 << 20
 // Decode reads one JSON object from r's body into v. Unknown fields, a second value, malformed
 // JSON and bodies over MaxBody are ErrInvalid or ErrTooLarge errors whose message says why.
 func Decode(r *http.Request, v any) error {
-	body := http.MaxBytesReader(nil, r.Body, MaxBody)
+	return DecodeLimit(r, v, MaxBody)
+}
+
+// DecodeLimit is Decode for bodies of up to limit bytes (requests that carry files).
+func DecodeLimit(r *http.Request, v any, limit int64) error {
+	body := http.MaxBytesReader(nil, r.Body, limit)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

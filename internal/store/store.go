@@ -90,6 +90,11 @@ var migrations = []string{
 		key TEXT PRIMARY KEY,
 		doc TEXT NOT NULL
 	);`,
+	`CREATE TABLE fncall_envs (
+		name TEXT PRIMARY KEY,
+		created_at INTEGER NOT NULL,
+		doc TEXT NOT NULL
+	);`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and applies migrations.
@@ -534,6 +539,58 @@ func (s *Store) DeleteEnvironment(ctx context.Context, name string) error {
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return errdefs.NotFound("environment %s", name)
+	}
+	return nil
+}
+
+// PutFncallEnv saves an fncall environment under its name; a taken name is ErrConflict (delete it
+// first: its pool would otherwise serve calls with the old definition).
+func (s *Store) PutFncallEnv(ctx context.Context, env corral.FncallEnv) error {
+	env.Pool = nil
+	b, err := json.Marshal(env)
+	if err != nil {
+		return err
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO fncall_envs (name, created_at, doc) VALUES (?, ?, ?)`, env.Name, env.CreatedAt.UnixNano(), string(b))
+	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
+		return errdefs.Conflict("fncall environment %s exists; delete it first or use another name", env.Name)
+	}
+	if err != nil {
+		return fmt.Errorf("save fncall environment %s: %w", env.Name, err)
+	}
+	return nil
+}
+
+// ListFncallEnvs returns the fncall environments by name.
+func (s *Store) ListFncallEnvs(ctx context.Context) ([]corral.FncallEnv, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT doc FROM fncall_envs ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list fncall environments: %w", err)
+	}
+	defer rows.Close()
+	out := []corral.FncallEnv{}
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, err
+		}
+		var env corral.FncallEnv
+		if err := json.Unmarshal([]byte(doc), &env); err != nil {
+			return nil, err
+		}
+		out = append(out, env)
+	}
+	return out, rows.Err()
+}
+
+// DeleteFncallEnv removes an fncall environment, or fails with ErrNotFound.
+func (s *Store) DeleteFncallEnv(ctx context.Context, name string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM fncall_envs WHERE name = ?`, name)
+	if err != nil {
+		return fmt.Errorf("delete fncall environment %s: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("fncall environment %s", name)
 	}
 	return nil
 }

@@ -46,6 +46,7 @@ type Stream struct {
 	pending   *Event // the first event, read early by Exec to learn the command ID
 	commandID string
 	exit      *Exit
+	result    *CallResult // a call's result, carried by its stream's exit event
 	dropped   int64
 	err       error // sticky: once set, Next returns it
 
@@ -64,6 +65,10 @@ func (s *Stream) CommandID() string { return s.commandID }
 // Exit returns how the command ended, once Next has returned the exit event; nil before that
 // and for streams that end while the command is still running (Attach without follow).
 func (s *Stream) Exit() *Exit { return s.exit }
+
+// Result returns a call's result (CallStream) once Next has returned the exit event; nil before
+// that and for command streams. Its Stdout and Stderr are empty: they came as events.
+func (s *Stream) Result() *CallResult { return s.result }
 
 // Dropped returns how many output bytes the server reported lost so far ("truncated" events),
 // because they exceeded the sandbox's output limit.
@@ -118,7 +123,7 @@ func (s *Stream) read() (Event, error) {
 		if ev.Exit == nil {
 			ev.Exit = &Exit{}
 		}
-		s.exit = ev.Exit
+		s.exit, s.result = ev.Exit, ev.Result
 		if s.stdinW != nil {
 			// Nothing more will be read: end the request body cleanly, so the server need
 			// not cut it short (which can break the connection under the response).

@@ -219,6 +219,8 @@ type Event struct {
 	// Replayed is set on the start event when the result comes from the trajectory log (a
 	// completed step_id) and nothing was run.
 	Replayed bool `json:"replayed,omitempty"`
+	// Result is set on the exit event that ends a call's stream (CallStream).
+	Result *CallResult `json:"result,omitempty"`
 }
 
 // ResizeRequest is the body of POST /v1/sandboxes/{id}/commands/{cid}/resize.

@@ -46,6 +46,15 @@
 //
 // testdata/standin is a minimal agent that does all four.
 //
+// # Sandboxes that run calls
+//
+// With Spec.Calls (the fncall tier's warm containers) the agent also gets CAP_SYS_ADMIN, its
+// seccomp profile is Docker's for that capability set plus pivot_root (native architecture
+// only), and its arguments end with --calls (appended when missing). It needs them to isolate
+// each call in namespaces of its own, and drops back to the ordinary set and profile for the
+// call's command (internal/agentrpc/calls.go); it refuses every command that is not a call. Not
+// for gVisor.
+//
 // # Lifecycle and failure semantics
 //
 //	New       prepares StateDir and RuncRoot, checks runc and mkfs.ext4, builds the spec template

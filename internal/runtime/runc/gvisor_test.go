@@ -24,6 +24,23 @@ var realAgent struct {
 	err  error
 }
 
+// buildRealAgent builds corral-agent once, as it ships (static, no cgo). Preconditions: needRoot.
+func buildRealAgent(t testing.TB) string {
+	t.Helper()
+	realAgent.once.Do(func() {
+		realAgent.path = filepath.Join(fx.dir, "corral-agent")
+		cmd := exec.Command("go", "build", "-o", realAgent.path, "github.com/corral-dev/corral/cmd/corral-agent")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			realAgent.err = fmt.Errorf("build corral-agent: %v: %s", err, out)
+		}
+	})
+	if realAgent.err != nil {
+		t.Fatal(realAgent.err)
+	}
+	return realAgent.path
+}
+
 func runscPath() string {
 	if p := os.Getenv("CORRAL_RUNSC"); p != "" {
 		return p
@@ -38,17 +55,7 @@ func newGVisorEnv(t *testing.T) *testEnv {
 	if _, err := os.Stat(runscPath()); err != nil {
 		t.Skipf("needs runsc at %s (scripts/install-runsc.sh builds it; or set CORRAL_RUNSC)", runscPath())
 	}
-	realAgent.once.Do(func() {
-		realAgent.path = filepath.Join(fx.dir, "corral-agent")
-		cmd := exec.Command("go", "build", "-o", realAgent.path, "github.com/corral-dev/corral/cmd/corral-agent")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			realAgent.err = fmt.Errorf("build corral-agent: %v: %s", err, out)
-		}
-	})
-	if realAgent.err != nil {
-		t.Fatal(realAgent.err)
-	}
+	buildRealAgent(t)
 	e := newTestEnv(t, func(c *Config) {
 		c.Runsc = runscPath()
 		c.RunscRoot = filepath.Join(filepath.Dir(c.StateDir), "g")
@@ -68,7 +75,7 @@ func (e *testEnv) gvisorSpec(id string) Spec {
 }
 
 // agentRun runs argv through the agent and returns its stdout; it fails the test on a non-zero exit.
-func agentRun(t *testing.T, c *agentrpc.Client, argv ...string) string {
+func agentRun(t testing.TB, c *agentrpc.Client, argv ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

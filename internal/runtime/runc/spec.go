@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -46,6 +47,13 @@ type Spec struct {
 	DiskBytes   int64   // size of the writable layer (ext4); Config.DefaultDiskBytes if 0
 	OpenFiles   uint64  // RLIMIT_NOFILE, soft and hard
 	ShmBytes    int64   // size of /dev/shm (tmpfs, charged to the sandbox's memory)
+
+	// Calls makes a container of the fncall tier: its agent gets CAP_SYS_ADMIN besides the
+	// sandbox's capability set (and a seccomp profile built for it, plus pivot_root), which it
+	// needs to isolate each call in its own namespaces and drops for the call's command; and it
+	// runs with --calls (appended to AgentArgs when missing), so it runs nothing but calls. See
+	// internal/agentrpc/calls.go. runc only: refused with EngineGVisor.
+	Calls bool
 }
 
 // The agent binary's descriptor and the path runc execs it by.
@@ -72,6 +80,9 @@ func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
 	case EngineRunc, EngineGVisor:
 	default:
 		return errdefs.Invalid("Engine", "%q: want %q or %q", s.Engine, EngineRunc, EngineGVisor)
+	}
+	if s.Calls && s.Engine != EngineRunc {
+		return errdefs.Invalid("Calls", "calls run on runc only, not on %s", s.Engine)
 	}
 	for _, p := range []string{s.Netns, s.ResolvConf} {
 		if p != "" && !filepath.IsAbs(p) {
@@ -142,24 +153,20 @@ func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
 	return nil
 }
 
-// defaultCaps is Docker's default capability set without NET_RAW. Never add SYS_ADMIN,
-// SYS_PTRACE, SYS_MODULE, NET_RAW or SYS_RESOURCE (the last would let a process make itself
-// unkillable by the OOM killer).
-var defaultCaps = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_SETGID",
-	"CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
-	"CAP_KILL", "CAP_AUDIT_WRITE",
-}
+// defaultCaps is the sandbox's capability set: Docker's default set without NET_RAW (no
+// SYS_ADMIN, SYS_PTRACE, SYS_MODULE, NET_RAW or SYS_RESOURCE). It lives in agentrpc because a
+// calls agent drops each call's command to exactly this set.
+var defaultCaps = agentrpc.SandboxCaps()
 
-// maskedPaths are hidden (files: /dev/null bound over them; directories: an empty read-only tmpfs).
-var maskedPaths = []string{
-	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
-	"/proc/kpagecgroup", "/proc/kpagecount", "/proc/kpageflags", "/proc/latency_stats",
-	"/proc/sched_debug", "/proc/scsi", "/proc/sysrq-trigger", "/proc/timer_list",
-	"/proc/timer_stats", "/sys/devices/virtual/powercap", "/sys/firmware",
-}
+// callsCaps is the agent's set in a sandbox that runs calls (Spec.Calls).
+var callsCaps = append(agentrpc.SandboxCaps(), "CAP_SYS_ADMIN")
 
-var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"}
+// maskedPaths are hidden (files: /dev/null bound over them; directories: an empty read-only
+// tmpfs); readonlyPaths are bound read-only. A calls agent repeats both on each call's /proc.
+var (
+	maskedPaths   = agentrpc.MaskedPaths()
+	readonlyPaths = agentrpc.ReadonlyPaths()
+)
 
 // template is the part of the OCI spec that is the same for every sandbox, built once. Docker's
 // seccomp profile is most of the JSON, so it is encoded once and its bytes spliced into each
@@ -167,6 +174,9 @@ var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"}
 type template struct {
 	spec    specs.Spec
 	seccomp json.RawMessage
+	// callsSeccomp is the profile of a sandbox that runs calls: built for callsCaps, with
+	// pivot_root allowed, native architecture only (the calls' own filter knows no other).
+	callsSeccomp json.RawMessage
 }
 
 // newTemplate builds the spec template. agentOOMScoreAdj is the agent's oom_score_adj, or nil to
@@ -206,7 +216,25 @@ func newTemplate(agentOOMScoreAdj *int, allArches bool) (*template, error) {
 			RootfsPropagation: "rprivate",
 		},
 	}
-	sc, err := seccomp.GetDefaultProfile(&s)
+	raw, err := seccompProfile(&s, allArches, nil)
+	if err != nil {
+		return nil, err
+	}
+	calls := s
+	callsProc := *s.Process
+	callsProc.Capabilities = &specs.LinuxCapabilities{Bounding: callsCaps, Effective: callsCaps, Permitted: callsCaps}
+	calls.Process = &callsProc
+	callsRaw, err := seccompProfile(&calls, false, []string{"pivot_root"})
+	if err != nil {
+		return nil, err
+	}
+	return &template{spec: s, seccomp: raw, callsSeccomp: callsRaw}, nil
+}
+
+// seccompProfile encodes Docker's default profile for s's capabilities, with the syscalls in
+// allow allowed besides.
+func seccompProfile(s *specs.Spec, allArches bool, allow []string) (json.RawMessage, error) {
+	sc, err := seccomp.GetDefaultProfile(s)
 	if err != nil {
 		return nil, fmt.Errorf("build seccomp profile: %w", err)
 	}
@@ -217,11 +245,14 @@ func newTemplate(agentOOMScoreAdj *int, allArches bool) (*template, error) {
 	if !allArches && len(sc.Architectures) > 1 {
 		sc.Architectures = sc.Architectures[:1]
 	}
+	if len(allow) > 0 {
+		sc.Syscalls = append(sc.Syscalls, specs.LinuxSyscall{Names: allow, Action: specs.ActAllow})
+	}
 	raw, err := json.Marshal(sc)
 	if err != nil {
 		return nil, fmt.Errorf("encode seccomp profile: %w", err)
 	}
-	return &template{spec: s, seccomp: raw}, nil
+	return raw, nil
 }
 
 // gvisorPaths are the host paths a gVisor sandbox's spec binds in (see gvisor.go).
@@ -241,6 +272,14 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 			"--resume-marker", gvisorMountPoint+"/"+gvisorResumeName)
 	} else {
 		proc.Args = append([]string{agentExecPath}, s.AgentArgs...)
+	}
+	profile := t.seccomp
+	if s.Calls {
+		if !slices.Contains(s.AgentArgs, "--calls") {
+			proc.Args = append(proc.Args, "--calls")
+		}
+		proc.Capabilities = &specs.LinuxCapabilities{Bounding: callsCaps, Effective: callsCaps, Permitted: callsCaps}
+		profile = t.callsSeccomp
 	}
 	proc.Env = agentEnv(s.Env)
 	proc.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: s.OpenFiles, Soft: s.OpenFiles}}
@@ -298,10 +337,10 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 		return nil, errors.New("render spec: no linux section")
 	}
 	i += len(key)
-	out := make([]byte, 0, len(b)+len(t.seccomp)+16)
+	out := make([]byte, 0, len(b)+len(profile)+16)
 	out = append(out, b[:i]...)
 	out = append(out, `"seccomp":`...)
-	out = append(out, t.seccomp...)
+	out = append(out, profile...)
 	out = append(out, ',') // linux always has more fields: namespaces, resources, cgroupsPath
 	return append(out, b[i:]...), nil
 }

@@ -9,6 +9,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -224,5 +225,85 @@ func TestUnescapeMountinfo(t *testing.T) {
 		if got := unescapeMountinfo(in); got != want {
 			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestRenderCalls checks the bundle of a sandbox that runs calls: the agent gets CAP_SYS_ADMIN,
+// a profile that lets it mount and pivot, and --calls; nothing else changes, and an ordinary
+// sandbox of the same template has none of it.
+func TestRenderCalls(t *testing.T) {
+	tmpl, err := newTemplate(nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	render := func(calls bool, args ...string) specs.Spec {
+		t.Helper()
+		s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", AgentArgs: args, Calls: calls}
+		if err := s.normalize(64<<20, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		b, err := tmpl.render(&s, "/corral/x", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got specs.Spec
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	allowed := func(sc *specs.LinuxSeccomp, name string) bool {
+		for _, r := range sc.Syscalls {
+			if r.Action == specs.ActAllow && len(r.Args) == 0 && slices.Contains(r.Names, name) {
+				return true
+			}
+		}
+		return false
+	}
+	plain := render(false, "serve")
+	if !slices.Equal(plain.Process.Capabilities.Bounding, agentrpc.SandboxCaps()) {
+		t.Errorf("ordinary sandbox caps = %v, want agentrpc.SandboxCaps()", plain.Process.Capabilities.Bounding)
+	}
+	for _, sys := range []string{"mount", "umount2", "unshare", "pivot_root", "setns"} {
+		if allowed(plain.Linux.Seccomp, sys) {
+			t.Errorf("ordinary sandbox's profile allows %s", sys)
+		}
+	}
+	if len(plain.Linux.Seccomp.Architectures) < 2 {
+		t.Errorf("SeccompAllArches template lost its sub-architectures: %v", plain.Linux.Seccomp.Architectures)
+	}
+
+	calls := render(true, "serve", "--fd", "3")
+	if want := []string{"/proc/self/fd/4", "serve", "--fd", "3", "--calls"}; !slices.Equal(calls.Process.Args, want) {
+		t.Errorf("args = %v, want %v", calls.Process.Args, want)
+	}
+	if got := render(true, "serve", "--calls").Process.Args; !slices.Equal(got, []string{"/proc/self/fd/4", "serve", "--calls"}) {
+		t.Errorf("args with --calls given = %v", got)
+	}
+	want := append(agentrpc.SandboxCaps(), "CAP_SYS_ADMIN")
+	c := calls.Process.Capabilities
+	for _, set := range [][]string{c.Bounding, c.Effective, c.Permitted} {
+		if !slices.Equal(set, want) {
+			t.Errorf("calls sandbox caps = %v, want %v", set, want)
+		}
+	}
+	if len(c.Inheritable) != 0 || len(c.Ambient) != 0 || !calls.Process.NoNewPrivileges {
+		t.Errorf("calls sandbox: inheritable %v ambient %v nnp %v", c.Inheritable, c.Ambient, calls.Process.NoNewPrivileges)
+	}
+	for _, sys := range []string{"mount", "umount2", "unshare", "pivot_root"} {
+		if !allowed(calls.Linux.Seccomp, sys) {
+			t.Errorf("calls sandbox's profile does not allow %s", sys)
+		}
+	}
+	if want := []specs.Arch{nativeArch(t)}; !slices.Equal(calls.Linux.Seccomp.Architectures, want) {
+		t.Errorf("calls sandbox's seccomp architectures = %v, want %v", calls.Linux.Seccomp.Architectures, want)
+	}
+	if !slices.Equal(calls.Linux.MaskedPaths, plain.Linux.MaskedPaths) || !slices.Equal(calls.Linux.ReadonlyPaths, plain.Linux.ReadonlyPaths) {
+		t.Errorf("calls sandbox's masked or read-only paths differ")
+	}
+
+	s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", Calls: true, Engine: EngineGVisor}
+	if err := s.normalize(64<<20, 1<<20); errdefs.Field(err) != "Calls" {
+		t.Errorf("Calls on gVisor: %v, want invalid Calls", err)
 	}
 }

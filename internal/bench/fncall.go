@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// FncallConfig sizes an fncall benchmark run.
+type FncallConfig struct {
+	Base        string // the base layer NAME:VERSION
+	Calls       int    // latency samples of each kind
+	Throughput  int    // calls in the throughput test
+	Concurrency int    // concurrent callers in the throughput test
+	PoolMax     int    // the environment's pool size (min = max, all warm)
+}
+
+// FncallResult compares a call of `true` with the other ways to run `true`, measured in one run.
+type FncallResult struct {
+	Date string `json:"date"`
+	// Call is client to result of a call of `true`; Exec is `true` through the API in an existing
+	// sandbox; RuncExec is `runc exec` of /bin/true into an existing container of the same
+	// rootfs; Fresh is create sandbox → exec true → delete.
+	Call         Stats   `json:"call_true"`
+	Exec         Stats   `json:"api_exec_true"`
+	RuncExec     Stats   `json:"runc_exec_true"`
+	Fresh        Stats   `json:"fresh_sandbox_true"`
+	RatioVsRunc  float64 `json:"call_vs_runc_exec_p50"`
+	RatioVsFresh float64 `json:"call_vs_fresh_sandbox_p50"`
+	// CallsPerSec is calls of `true` per second with Concurrency callers over a pool of PoolMax.
+	CallsPerSec float64 `json:"calls_per_s"`
+	Concurrency int     `json:"concurrency"`
+	PoolMax     int     `json:"pool_max"`
+	Rejected    int64   `json:"rejected_429"`
+}
+
+// Fncall creates an fncall environment on cfg.Base with a warm pool and measures calls.
+func Fncall(ctx context.Context, c *corral.Client, cfg FncallConfig, log *slog.Logger) (*FncallResult, error) {
+	res := &FncallResult{Date: time.Now().UTC().Format(time.RFC3339), Concurrency: cfg.Concurrency, PoolMax: cfg.PoolMax}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	name, version, _ := strings.Cut(cfg.Base, ":")
+	layer, err := c.Layer(ctx, name, version)
+	if err != nil {
+		return nil, fmt.Errorf("base layer %s: %w", cfg.Base, err)
+	}
+	env := fmt.Sprintf("bench-%d", time.Now().UnixNano())
+	if _, err := c.CreateFncallEnv(ctx, corral.FncallEnv{Name: env, Base: cfg.Base, PoolMin: cfg.PoolMax, PoolMax: cfg.PoolMax,
+		QueueDepth: 4 * cfg.Concurrency}); err != nil {
+		return nil, err
+	}
+	defer c.DeleteFncallEnv(context.WithoutCancel(ctx), env)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		e, err := c.FncallEnv(ctx, env)
+		if err != nil {
+			return nil, err
+		}
+		if e.Pool.Ready >= cfg.PoolMax {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the pool did not fill in 2 minutes: %+v", e.Pool)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	call := corral.CallRequest{Argv: []string{"true"}}
+	once := func() (time.Duration, error) {
+		start := time.Now()
+		r, err := c.Call(ctx, env, call)
+		if err == nil && r.Exit.Code != 0 {
+			err = fmt.Errorf("call of true exited %+v", r.Exit)
+		}
+		return time.Since(start), err
+	}
+	for range 5 { // warm up
+		if _, err := once(); err != nil {
+			return nil, err
+		}
+	}
+	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: cfg.Base})
+	if err != nil {
+		return nil, err
+	}
+	defer c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
+	layerDir, release, err := holdLayer(ctx, c, info, cfg.Base, layer.Digest)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	b, err := newBaseline(ctx, info.RuntimePath, layerDir)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+
+	log.Info("measuring call, API exec, runc exec and fresh-sandbox latency", "samples", cfg.Calls)
+	var calls, execs, fresh []time.Duration
+	for i := range cfg.Calls {
+		d, err := once()
+		if err != nil {
+			return nil, err
+		}
+		calls = append(calls, d)
+		start := time.Now()
+		if _, _, _, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}}); err != nil {
+			return nil, err
+		}
+		execs = append(execs, time.Since(start))
+		if i < cfg.Calls/5 { // a fresh sandbox costs ~100x more: fewer samples
+			d, err := ttiOnce(ctx, c, cfg.Base)
+			if err != nil {
+				return nil, err
+			}
+			fresh = append(fresh, d)
+		}
+	}
+	runcExecs, err := b.execs(ctx, cfg.Calls)
+	if err != nil {
+		return nil, err
+	}
+	res.Call, res.Exec, res.RuncExec, res.Fresh = summarise(calls), summarise(execs), summarise(runcExecs), summarise(fresh)
+	res.RatioVsRunc = res.Call.P50 / res.RuncExec.P50
+	res.RatioVsFresh = res.Call.P50 / res.Fresh.P50
+
+	log.Info("measuring call throughput", "calls", cfg.Throughput, "concurrency", cfg.Concurrency)
+	var next, failed atomic.Int64
+	var firstErr error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(cfg.Throughput) {
+				if _, err := once(); err != nil {
+					failed.Add(1)
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res.CallsPerSec = float64(cfg.Throughput) / time.Since(start).Seconds()
+	if e, err := c.FncallEnv(ctx, env); err == nil {
+		res.Rejected = e.Pool.Rejected
+	}
+	if firstErr != nil {
+		return nil, fmt.Errorf("%d of %d calls failed, the first: %w", failed.Load(), cfg.Throughput, firstErr)
+	}
+	return res, nil
+}

@@ -1,0 +1,164 @@
+package corral
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// FncallEnv is a named fncall environment (POST /v1/fncall): the layers, limits and pool of
+// warm containers that stateless calls (POST /v1/fncall/{name}) run in. Nothing of a call
+// survives it: every process it started is killed and every file it wrote is discarded before
+// its container serves the next call.
+type FncallEnv struct {
+	Name      string   `json:"name"`
+	Base      LayerRef `json:"base"`
+	Workspace LayerRef `json:"workspace,omitempty"`
+	// Toolkits stack above the workspace, in order.
+	Toolkits []LayerRef `json:"toolkits,omitempty"`
+	// Limits bound each pool container (all the calls it runs at once share them); zero fields
+	// take the server's defaults.
+	Limits Limits `json:"limits"`
+	// PoolMin containers are kept ready (default 1); the pool grows under load up to PoolMax
+	// (default 4) and shrinks back to PoolMin when idle.
+	PoolMin int `json:"pool_min"`
+	PoolMax int `json:"pool_max"`
+	// Timeout is a call's default and largest timeout (Go duration, default "30s").
+	Timeout string `json:"timeout,omitempty"`
+	// QueueDepth calls may wait for a container when the pool is at PoolMax and busy (default
+	// 64), each for at most QueueWait (default "10s"); beyond that a call gets 429 with
+	// Retry-After.
+	QueueDepth int    `json:"queue_depth"`
+	QueueWait  string `json:"queue_wait,omitempty"`
+	// FilesBytes bounds what one call may write (its private writable layer, a tmpfs charged to
+	// the container's memory; default 64 MiB).
+	FilesBytes int64     `json:"files_bytes"`
+	CreatedAt  time.Time `json:"created_at"`
+	// Pool is the pool's state now (in GET answers).
+	Pool *FncallPool `json:"pool,omitempty"`
+}
+
+// FncallPool is the state of an fncall environment's pool of containers.
+type FncallPool struct {
+	Ready    int   `json:"ready"`    // idle containers waiting for a call
+	Busy     int   `json:"busy"`     // containers running a call
+	Starting int   `json:"starting"` // containers being created
+	Queued   int   `json:"queued"`   // calls waiting for a container
+	Calls    int64 `json:"calls"`    // calls served since corral started
+	Rejected int64 `json:"rejected"` // calls refused with 429
+	Replaced int64 `json:"replaced"` // containers destroyed because a call's cleanup failed
+	// LastError is why the last container could not be started, until one starts.
+	LastError string `json:"last_error,omitempty"`
+}
+
+// CallRequest is one stateless call (POST /v1/fncall/{name}). Exactly one of Argv and Script.
+type CallRequest struct {
+	// Argv is executed directly (Argv[0] looked up in PATH when it has no slash).
+	Argv []string `json:"argv,omitempty"`
+	// Script is run by /bin/sh -c.
+	Script string `json:"script,omitempty"`
+	// Stdin is the command's standard input.
+	Stdin []byte `json:"stdin,omitempty"`
+	// Files are written before the command starts: absolute path, or relative to Cwd, to content.
+	Files map[string][]byte `json:"files,omitempty"`
+	// Env is KEY=VALUE added to the environment's defaults.
+	Env []string `json:"env,omitempty"`
+	// Cwd is the working directory (default /tmp/call, created empty for each call).
+	Cwd string `json:"cwd,omitempty"`
+	// Timeout (Go duration) kills the call and everything it started; default and maximum: the
+	// environment's Timeout.
+	Timeout string `json:"timeout,omitempty"`
+	// Outputs are files (absolute, or relative to Cwd) to return after the command ends.
+	Outputs []string `json:"outputs,omitempty"`
+	// Keep are files to keep on the node as artifacts after the command ends (returned by
+	// reference in CallResult.Artifacts, not through the client), for a later call to take with
+	// FileRefs: compile in one environment, run the binary in another.
+	Keep []string `json:"keep,omitempty"`
+	// FileRefs are artifacts ("sha256:<hex>" from an earlier call's Artifacts) to write before the
+	// command starts, path to reference, with the file mode they were kept with.
+	FileRefs map[string]string `json:"file_refs,omitempty"`
+	// OutputLimit caps stdout and stderr, each (default 1 MiB, at most 16 MiB).
+	OutputLimit int64 `json:"output_limit,omitempty"`
+}
+
+// CallResult is the answer to a call.
+type CallResult struct {
+	Stdout []byte `json:"stdout"`
+	Stderr []byte `json:"stderr"`
+	// StdoutTruncated and StderrTruncated say the output went over OutputLimit (its start is kept).
+	StdoutTruncated bool `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool `json:"stderr_truncated,omitempty"`
+	Exit            Exit `json:"exit"`
+	// WallMs is the command's run time; QueuedMs the wait for a container; CPUMs its user+system
+	// CPU time; MaxRSSBytes its peak resident memory.
+	WallMs      float64 `json:"wall_ms"`
+	QueuedMs    float64 `json:"queued_ms"`
+	CPUMs       float64 `json:"cpu_ms"`
+	MaxRSSBytes int64   `json:"max_rss_bytes"`
+	// Outputs holds the requested files that existed, OutputErrors why the others are missing,
+	// both keyed by the paths as CallRequest.Outputs gave them.
+	Outputs      map[string][]byte `json:"outputs,omitempty"`
+	OutputErrors map[string]string `json:"output_errors,omitempty"`
+	// Artifacts are the Keep files kept on the node: path as given to "sha256:<hex>" of the
+	// content. They live for ArtifactTTL after their last use.
+	Artifacts map[string]string `json:"artifacts,omitempty"`
+	// Container is the pool container that served the call (for debugging).
+	Container string `json:"container"`
+}
+
+// ArtifactTTL is how long the node keeps an artifact after it was last kept or used.
+const ArtifactTTL = 10 * time.Minute
+
+// CreateFncallEnv defines an fncall environment and starts its pool.
+func (c *Client) CreateFncallEnv(ctx context.Context, env FncallEnv) (*FncallEnv, error) {
+	var out FncallEnv
+	if err := c.do(ctx, request{method: http.MethodPost, path: "/v1/fncall", json: env}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// FncallEnvs lists the fncall environments with their pools' state.
+func (c *Client) FncallEnvs(ctx context.Context) ([]FncallEnv, error) {
+	var out []FncallEnv
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/fncall"}, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// FncallEnv returns one fncall environment with its pool's state.
+func (c *Client) FncallEnv(ctx context.Context, name string) (*FncallEnv, error) {
+	var out FncallEnv
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/fncall/" + url.PathEscape(name)}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeleteFncallEnv removes an fncall environment and destroys its pool (running calls are killed).
+func (c *Client) DeleteFncallEnv(ctx context.Context, name string) error {
+	return c.do(ctx, request{method: http.MethodDelete, path: "/v1/fncall/" + url.PathEscape(name)}, nil)
+}
+
+// Call runs one stateless call in the environment name and returns its result. A call that
+// could not get a container in time fails with an error for which IsExhausted is true.
+func (c *Client) Call(ctx context.Context, name string, req CallRequest) (*CallResult, error) {
+	var out CallResult
+	if err := c.do(ctx, request{method: http.MethodPost, path: "/v1/fncall/" + url.PathEscape(name), json: req}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// CallStream runs one call and streams its output as it is produced: "stdout"/"stderr" events,
+// then the "exit" event, whose Result (also Stream.Result) holds the call's result without
+// Stdout and Stderr.
+func (c *Client) CallStream(ctx context.Context, name string, req CallRequest) (*Stream, error) {
+	resp, err := c.send(ctx, request{method: http.MethodPost, path: "/v1/fncall/" + url.PathEscape(name) + "/stream", json: req})
+	if err != nil {
+		return nil, err
+	}
+	return startStream(resp.Body, nil, nil)
+}
