@@ -75,6 +75,13 @@ if corral info -o json | grep -q '"gvisor"'; then
   step corral exec "$gv" -- cat /root/kept
   step corral rm "$gv"
 fi
+# Fncall: stateless calls in warm containers; nothing of one call is there for the next.
+corral fncall rm demo 2>/dev/null || true
+step corral fncall create demo --base base:default --pool-min 1 --pool-max 2 --timeout 10s
+step corral call demo --file /tmp/corral-demo.txt=in.txt -- sh -c 'cat in.txt; echo secret > /root/left; sleep 300 & echo "left a file and a process"'
+step corral call demo -- sh -c 'ls /root/left 2>&1; echo "sleep processes: $(grep -l ^sleep /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"'
+step corral fncall ls
+step corral fncall rm demo
 rm -f /tmp/corral-demo.txt
 printf '\nCorral is running at %s (pid %s); stop it with: pkill -f "corral up"\n' "$CORRAL_URL" "$(pgrep -f 'corral up' | head -1)"
 printf 'Try: export CORRAL_TOKEN=$(cat %s/admin.token); corral run -- echo hi\n' "$DATA_DIR"
