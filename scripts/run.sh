@@ -63,7 +63,7 @@ if corral info -o json | grep -q '"network_pool"'; then
   net=$(corral create --net-allow 203.0.113.7:443/tcp --ttl 10m --label demo=make-run -o json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1)
   echo "created networked sandbox $net"
   step corral exec "$net" -- sh -c 'ip -4 addr show eth0 | grep inet; cat /etc/resolv.conf | grep nameserver'
-  step corral exec "$net" -- sh -c 'nc -w 1 198.51.100.1 80 </dev/null; nslookup example.com 2>&1 | tail -1; echo "(both blocked)"'
+  step corral exec "$net" -- sh -c 'nc -w 1 198.51.100.1 80 </dev/null; getent hosts example.com || echo "example.com: not resolved"; echo "(both blocked)"'
   step corral net log "$net"
   step corral rm "$net"
 fi

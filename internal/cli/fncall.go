@@ -25,7 +25,7 @@ func (a *app) newFncallCmd() *cobra.Command {
 		},
 	}
 	var base, workspace, timeout, queueWait, memory, files string
-	var toolkits []string
+	var toolkits, netAllow, netDeny []string
 	var poolMin, poolMax, queueDepth int
 	var cpus float64
 	create := &cobra.Command{
@@ -48,6 +48,9 @@ func (a *app) newFncallCmd() *cobra.Command {
 			env := corral.FncallEnv{Name: args[0], Base: base, Workspace: workspace, Toolkits: toolkits,
 				PoolMin: poolMin, PoolMax: poolMax, Timeout: timeout, QueueDepth: queueDepth, QueueWait: queueWait,
 				Limits: corral.Limits{CPUs: cpus}}
+			if len(netAllow) > 0 || len(netDeny) > 0 {
+				env.Network = &corral.NetworkPolicy{Allow: netAllow, Deny: netDeny}
+			}
 			var err error
 			if memory != "" {
 				if env.Limits.MemoryBytes, err = parseSize(memory); err != nil {
@@ -85,6 +88,8 @@ func (a *app) newFncallCmd() *cobra.Command {
 	f.StringVar(&queueWait, "queue-wait", "", "how long a call may wait for a container (default 10s)")
 	f.Float64Var(&cpus, "cpus", 0, "CPU quota of each container, in cores")
 	f.StringVar(&memory, "memory", "", "memory limit of each container, e.g. 512M")
+	f.StringArrayVar(&netAllow, "net-allow", nil, "egress the containers' calls may use: a catalog service, a domain or CIDR[:PORT][/tcp|udp] (repeatable; default: none)")
+	f.StringArrayVar(&netDeny, "net-deny", nil, "egress refused even if allowed (repeatable)")
 	f.StringVar(&files, "files-bytes", "", "most a call may write (its private writable layer, in memory; default 64M)")
 
 	ls := &cobra.Command{

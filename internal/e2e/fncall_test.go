@@ -117,8 +117,16 @@ func TestFncall(t *testing.T) {
 
 	// Compile, then run elsewhere: a call keeps its product on the node; a call in another
 	// environment takes it by reference, with its mode, without a trip through the client.
-	if _, err := p.Client.CreateFncallEnv(ctx, corral.FncallEnv{Name: "runner", Base: "base:test", PoolMin: 1, PoolMax: 1}); err != nil {
+	// (The runner's containers also have a network policy, which their calls share.)
+	if _, err := p.Client.CreateFncallEnv(ctx, corral.FncallEnv{Name: "runner", Base: "base:test", PoolMin: 1, PoolMax: 1,
+		Network: &corral.NetworkPolicy{Allow: []string{"198.51.100.1:80/tcp"}}}); err != nil {
 		t.Fatal(err)
+	}
+	for env, want := range map[string]string{"judge": "lo", "runner": "eth0 lo"} {
+		res, err := p.Client.Call(ctx, env, corral.CallRequest{Script: "ls /sys/class/net | sort | tr '\\n' ' '"})
+		if err != nil || strings.TrimSpace(string(res.Stdout)) != want {
+			t.Errorf("network interfaces of a call in %s: %+v, %v; want %q", env, res, err, want)
+		}
 	}
 	built, err := p.Client.Call(ctx, "judge", corral.CallRequest{Script: `printf '#!/bin/sh\necho built-elsewhere $1\n' > prog; chmod 755 prog`, Keep: []string{"prog", "missing"}})
 	if err != nil || built.Artifacts["prog"] == "" || built.OutputErrors["missing"] == "" {

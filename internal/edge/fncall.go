@@ -164,7 +164,7 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 // containerRequest is the create request of one pool container.
 func (p *fncallPool) containerRequest(env corral.FncallEnv) corral.CreateRequest {
 	return corral.CreateRequest{
-		Base: env.Base, Workspace: env.Workspace, Toolkits: env.Toolkits, Limits: env.Limits,
+		Base: env.Base, Workspace: env.Workspace, Toolkits: env.Toolkits, Limits: env.Limits, Network: env.Network,
 		TTL: p.e.cfg.MaxTTL.String(), Labels: map[string]string{fncallLabel: env.Name},
 	}
 }

@@ -31,6 +31,9 @@ type FncallEnv struct {
 	// Retry-After.
 	QueueDepth int    `json:"queue_depth"`
 	QueueWait  string `json:"queue_wait,omitempty"`
+	// Network is the egress policy of the pool's containers, which their calls share; nil or
+	// mode "none": loopback only.
+	Network *NetworkPolicy `json:"network,omitempty"`
 	// FilesBytes bounds what one call may write (its private writable layer, a tmpfs charged to
 	// the container's memory; default 64 MiB).
 	FilesBytes int64     `json:"files_bytes"`
