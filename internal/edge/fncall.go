@@ -601,6 +601,14 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 	if err != nil {
 		return nil, err
 	}
+	// An unknown artifact fails the call before it takes a container.
+	for _, f := range spec.refs {
+		a, _, err := e.artifacts.open(string(f.data))
+		if err != nil {
+			return nil, err
+		}
+		a.Close()
+	}
 	queued := time.Now()
 	sb, err := p.claim(ctx)
 	if err != nil {
