@@ -38,7 +38,8 @@ if [ "${BENCH_ONLY:-import}" = import ]; then
   corral bench import ${BENCH_IMPORT_ARGS:-} | tee bench-out/import.json
 fi
 if [ "${BENCH_ONLY:-fncall}" = fncall ]; then
-  corral bench fncall --base base:bench ${BENCH_FNCALL_ARGS:-} | tee bench-out/fncall.json
+  scripts/host-python-toolkit.sh "$work/py" && corral layer import py:host --kind toolkit --dir "$work/py" >/dev/null
+  corral bench fncall --base base:bench --python-toolkit py:host ${BENCH_FNCALL_ARGS:-} | tee bench-out/fncall.json
 fi
 if [ "${BENCH_ONLY:-network}" = network ]; then
   # Starts its own lab internet (203.0.113.0/24 in a namespace) and its own corral up.

@@ -15,6 +15,7 @@ go version >/dev/null 2>&1 || { echo "setup: 'go version' failed; Corral needs G
 # command-or-file -> Debian package
 declare -A want=(
   [busybox]=busybox-static
+  [/usr/bin/python3]=python3
   [mkfs.ext4]=e2fsprogs
   [losetup]=mount
   [gcc]=gcc

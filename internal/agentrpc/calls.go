@@ -678,6 +678,10 @@ func (cl *call) awaitReport() *callReport {
 // callEndWait bounds how long CallEnd waits for a killed call's command to be finalized.
 const callEndWait = 10 * time.Second
 
+// callUnmountWait is how long CallEnd retries an unmount that is busy before it detaches the
+// tmpfs and reports the call unclean.
+const callUnmountWait = time.Second
+
 // callEnd ends the call id; see the top of this file.
 func (s *Server) callEnd(id string) (CallEnd, error) {
 	if !validCallID(id) {
@@ -705,7 +709,14 @@ func (s *Server) callEnd(id string) (CallEnd, error) {
 			problems = append(problems, fmt.Sprintf("the call's command (helper pid %d) did not end within %v of SIGKILL", c.pid, callEndWait))
 		}
 	}
-	if err := unix.Unmount(cl.dir, 0); err != nil {
+	err := unix.Unmount(cl.dir, 0)
+	// The call's mount namespace (a thread of the helper) may let go of the tmpfs a moment after
+	// the command's exit was reported: EBUSY for a short while is not a leftover.
+	for deadline := time.Now().Add(callUnmountWait); errors.Is(err, unix.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		err = unix.Unmount(cl.dir, 0)
+	}
+	if err != nil {
 		if derr := unix.Unmount(cl.dir, unix.MNT_DETACH); derr != nil {
 			problems = append(problems, fmt.Sprintf("unmount %s: %v; detach: %v", cl.dir, err, derr))
 		} else {

@@ -19,6 +19,10 @@ type FncallConfig struct {
 	Throughput  int    // calls in the throughput test
 	Concurrency int    // concurrent callers in the throughput test
 	PoolMax     int    // the environment's pool size (min = max, all warm)
+	// PyToolkit, when set, is a toolkit NAME:VERSION with python3 (scripts/host-python-toolkit.sh):
+	// Python calls that import heavy modules are then measured with and without warm interpreters.
+	PyToolkit string
+	PyCalls   int
 }
 
 // FncallResult compares a call of `true` with the other ways to run `true`, measured in one run.
@@ -38,6 +42,13 @@ type FncallResult struct {
 	Concurrency int     `json:"concurrency"`
 	PoolMax     int     `json:"pool_max"`
 	Rejected    int64   `json:"rejected_429"`
+	// PyWarm and PyCold time a Python call importing PyImports, with a warm interpreter (imports
+	// done before the call) and without.
+	PyImports  []string `json:"py_imports,omitempty"`
+	PyWarm     *Stats   `json:"py_call_warm,omitempty"`
+	PyCold     *Stats   `json:"py_call_cold,omitempty"`
+	PyWarmRate float64  `json:"py_warm_served_fraction,omitempty"`
+	PyRatio    float64  `json:"py_warm_vs_cold_p50,omitempty"`
 }
 
 // Fncall creates an fncall environment on cfg.Base with a warm pool and measures calls.
@@ -161,5 +172,61 @@ func Fncall(ctx context.Context, c *corral.Client, cfg FncallConfig, log *slog.L
 	if firstErr != nil {
 		return nil, fmt.Errorf("%d of %d calls failed, the first: %w", failed.Load(), cfg.Throughput, firstErr)
 	}
+	if cfg.PyToolkit != "" {
+		if err := pythonCalls(ctx, c, cfg, res, log); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
+}
+
+// pythonCalls measures a Python call that imports heavy modules, in an environment with warm
+// interpreters and in one without, alternating.
+func pythonCalls(ctx context.Context, c *corral.Client, cfg FncallConfig, res *FncallResult, log *slog.Logger) error {
+	res.PyImports = []string{"json", "email.parser", "http.client", "sqlite3", "decimal", "asyncio"}
+	suffix := fmt.Sprint(time.Now().UnixNano())
+	warm, cold := "bench-pywarm-"+suffix, "bench-pycold-"+suffix
+	for _, env := range []corral.FncallEnv{
+		{Name: warm, Base: cfg.Base, Toolkits: []string{cfg.PyToolkit}, PoolMin: 1, PoolMax: 1, Warm: &corral.WarmPython{Imports: res.PyImports}},
+		{Name: cold, Base: cfg.Base, Toolkits: []string{cfg.PyToolkit}, PoolMin: 1, PoolMax: 1},
+	} {
+		if _, err := c.CreateFncallEnv(ctx, env); err != nil {
+			return err
+		}
+		defer c.DeleteFncallEnv(context.WithoutCancel(ctx), env.Name)
+	}
+	code := "import " + strings.Join(res.PyImports, ", ") + "\nprint(json.dumps({'ok': True}))\n"
+	log.Info("measuring Python calls with and without a warm interpreter", "calls", cfg.PyCalls, "imports", res.PyImports)
+	var w, k []time.Duration
+	served := 0
+	for i := range cfg.PyCalls + 2 {
+		for _, env := range []string{warm, cold} {
+			start := time.Now()
+			r, err := c.Call(ctx, env, corral.CallRequest{Python: code})
+			if err != nil {
+				return err
+			}
+			if r.Exit.Code != 0 {
+				return fmt.Errorf("python call in %s: %+v: %s", env, r.Exit, r.Stderr)
+			}
+			d := time.Since(start)
+			if i < 2 {
+				continue // warm-up; the first call may come before an interpreter is ready
+			}
+			if env == warm {
+				w = append(w, d)
+				if r.Warm {
+					served++
+				}
+			} else {
+				k = append(k, d)
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // time for the next interpreter to start, as between real calls
+	}
+	ws, ks := summarise(w), summarise(k)
+	res.PyWarm, res.PyCold = &ws, &ks
+	res.PyWarmRate = float64(served) / float64(len(w))
+	res.PyRatio = ws.P50 / ks.P50
+	return nil
 }

@@ -118,6 +118,8 @@ func (a *app) newBenchCmd() *cobra.Command {
 	ff.IntVar(&fc.Throughput, "throughput", 1000, "calls in the throughput test")
 	ff.IntVar(&fc.Concurrency, "concurrency", 16, "concurrent callers in the throughput test")
 	ff.IntVar(&fc.PoolMax, "pool", 4, "warm containers in the pool")
+	ff.StringVar(&fc.PyToolkit, "python-toolkit", "", "toolkit NAME:VERSION with python3: also measure Python calls with and without warm interpreters")
+	ff.IntVar(&fc.PyCalls, "python-calls", 30, "Python call samples each way")
 	cmd.AddCommand(fn)
 
 	var ic bench.ImportConfig

@@ -25,7 +25,8 @@ func (a *app) newFncallCmd() *cobra.Command {
 		},
 	}
 	var base, workspace, timeout, queueWait, memory, files string
-	var toolkits, netAllow, netDeny []string
+	var toolkits, netAllow, netDeny, warmImports []string
+	var warmInterp string
 	var poolMin, poolMax, queueDepth int
 	var cpus float64
 	create := &cobra.Command{
@@ -48,6 +49,9 @@ func (a *app) newFncallCmd() *cobra.Command {
 			env := corral.FncallEnv{Name: args[0], Base: base, Workspace: workspace, Toolkits: toolkits,
 				PoolMin: poolMin, PoolMax: poolMax, Timeout: timeout, QueueDepth: queueDepth, QueueWait: queueWait,
 				Limits: corral.Limits{CPUs: cpus}}
+			if len(warmImports) > 0 || warmInterp != "" {
+				env.Warm = &corral.WarmPython{Interpreter: warmInterp, Imports: warmImports}
+			}
 			if len(netAllow) > 0 || len(netDeny) > 0 {
 				env.Network = &corral.NetworkPolicy{Allow: netAllow, Deny: netDeny}
 			}
@@ -90,6 +94,8 @@ func (a *app) newFncallCmd() *cobra.Command {
 	f.StringVar(&memory, "memory", "", "memory limit of each container, e.g. 512M")
 	f.StringArrayVar(&netAllow, "net-allow", nil, "egress the containers' calls may use: a catalog service, a domain or CIDR[:PORT][/tcp|udp] (repeatable; default: none)")
 	f.StringArrayVar(&netDeny, "net-deny", nil, "egress refused even if allowed (repeatable)")
+	f.StringSliceVar(&warmImports, "warm-python", nil, "keep a Python interpreter ready in each container with these modules imported (comma-separated, repeatable)")
+	f.StringVar(&warmInterp, "warm-interpreter", "", "the warm interpreter's program (default python3)")
 	f.StringVar(&files, "files-bytes", "", "most a call may write (its private writable layer, in memory; default 64M)")
 
 	ls := &cobra.Command{
@@ -172,7 +178,7 @@ func (a *app) newFncallCmd() *cobra.Command {
 // newCallCmd is `corral call`: one stateless call in an fncall environment.
 func (a *app) newCallCmd() *cobra.Command {
 	var files, outs, env, keep, refs []string
-	var stdinFile, cwd, timeout string
+	var stdinFile, cwd, timeout, python string
 	var shell bool
 	cmd := &cobra.Command{
 		Use:   "call NAME [--file LOCAL=REMOTE]... [--out REMOTE[=LOCAL]]... [--keep REMOTE]... [--file-ref REF=REMOTE]... [--stdin FILE] -- CMD ARGS...",
@@ -190,13 +196,25 @@ discarded when it ends.`,
   corral call run --file-ref sha256:…=a.out -- ./a.out
   echo 3 | corral call judge --stdin - -- sh -c 'read n; echo $((n*n))'`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			_, _, err := splitCommand(cmd, args, 1, "an fncall environment NAME")
+			lead, argv, err := splitCommand(cmd, args, 1, "an fncall environment NAME")
+			if err != nil && len(lead) == 1 && len(argv) == 0 && cmd.Flags().Changed("python") {
+				return nil // Python code needs no command
+			}
 			return err
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			lead, argv, _ := splitCommand(cmd, args, 1, "an fncall environment NAME")
 			req := corral.CallRequest{Env: env, Cwd: cwd, Timeout: timeout}
-			if shell {
+			if python != "" {
+				if shell {
+					return usagef("--python and --shell do not go together")
+				}
+				b, err := readArg(a, python)
+				if err != nil {
+					return err
+				}
+				req.Python, req.Argv = string(b), argv
+			} else if shell {
 				if len(argv) != 1 {
 					return usagef("--shell takes one script argument after --")
 				}
@@ -239,19 +257,10 @@ discarded when it ends.`,
 				locals[remote] = local
 			}
 			if stdinFile != "" {
-				var r io.Reader = a.stdin
-				if stdinFile != "-" {
-					f, err := os.Open(stdinFile)
-					if err != nil {
-						return err
-					}
-					defer f.Close()
-					r = f
+				if stdinFile == "-" && python == "-" {
+					return usagef("--python - and --stdin - cannot both read this command's stdin")
 				}
-				if r == nil {
-					return usagef("--stdin -: no stdin")
-				}
-				b, err := io.ReadAll(r)
+				b, err := readArg(a, stdinFile)
 				if err != nil {
 					return err
 				}
@@ -319,5 +328,17 @@ discarded when it ends.`,
 	f.StringVar(&cwd, "cwd", "", "working directory (default /call)")
 	f.StringVar(&timeout, "timeout", "", "kill the call after this long (default: the environment's timeout)")
 	f.BoolVar(&shell, "shell", false, "run the one argument after -- with /bin/sh -c")
+	f.StringVar(&python, "python", "", `Python code file to run ("-" for stdin) with the environment's warm interpreter; arguments after -- become sys.argv[1:]`)
 	return cmd
+}
+
+// readArg reads the file a flag names, or this command's stdin for "-".
+func readArg(a *app, name string) ([]byte, error) {
+	if name != "-" {
+		return os.ReadFile(name)
+	}
+	if a.stdin == nil {
+		return nil, usagef("-: no stdin")
+	}
+	return io.ReadAll(a.stdin)
 }

@@ -94,10 +94,17 @@ func (a *artifacts) open(ref string) (*os.File, fs.FileMode, error) {
 	return f, fi.Mode(), nil
 }
 
+func isArtifactName(n string) bool {
+	return len(n) == 64 && strings.Trim(n, "0123456789abcdef") == ""
+}
+
 // expire removes artifacts unused for longer than ttl.
 func (a *artifacts) expire(ttl time.Duration) {
 	entries, _ := os.ReadDir(a.dir)
 	for _, e := range entries {
+		if !isArtifactName(e.Name()) {
+			continue // a put in progress
+		}
 		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > ttl {
 			os.Remove(filepath.Join(a.dir, e.Name()))
 		}
@@ -116,6 +123,9 @@ func (a *artifacts) evict(limit int64) {
 	var all []art
 	var total int64
 	for _, e := range entries {
+		if !isArtifactName(e.Name()) {
+			continue
+		}
 		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
 			all = append(all, art{e.Name(), fi.Size(), fi.ModTime()})
 			total += fi.Size()

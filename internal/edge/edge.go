@@ -1006,7 +1006,7 @@ func (e *Edge) lookup(id string) *sandbox {
 // active returns a running sandbox for a data-plane call and counts the call as activity. A
 // paused sandbox is resumed first; concurrent callers wait for the same resume.
 func (e *Edge) active(ctx context.Context, id string) (*sandbox, error) {
-	sb, err := e.liveSandbox(ctx, id)
+	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1081,7 +1081,7 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	sb, err := e.liveSandbox(ctx, id) // a TTL change does not resume a paused sandbox
+	sb, err := e.ownSandbox(ctx, id) // a TTL change does not resume a paused sandbox
 	if err != nil {
 		return nil, err
 	}

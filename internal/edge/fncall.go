@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
@@ -48,6 +49,7 @@ const (
 	maxCallOutput     = 16 << 20
 	poolShrinkAfter   = time.Minute
 	maxPoolSize       = 256
+	maxPythonBytes    = 16 << 20
 )
 
 // fncallPool is the pool of one fncall environment.
@@ -65,6 +67,8 @@ type fncallPool struct {
 	lastUse                   time.Time
 	lastErr                   string
 	closed                    bool
+	// warm holds each container's warm interpreter (warm.go); nil while one is being started.
+	warm map[string]*warmCall
 }
 
 // retryAfter is an ErrExhausted error that tells the client when to try again (429 Retry-After).
@@ -121,7 +125,7 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	case env.PoolMax < 1 || env.PoolMax > maxPoolSize:
 		return nil, errdefs.Invalid("pool_max", "must be 1-%d, got %d", maxPoolSize, env.PoolMax)
 	case env.PoolMin < 0 || env.PoolMin > env.PoolMax:
-		return nil, errdefs.Invalid("pool_min", "must be 0-%d (pool_max), got %d", env.PoolMax, env.PoolMin)
+		return nil, errdefs.Invalid("pool_min", "must be 1-%d (pool_max; 0 means 1), got %d", env.PoolMax, env.PoolMin)
 	case env.QueueDepth < 0 || env.QueueDepth > 100_000:
 		return nil, errdefs.Invalid("queue_depth", "must be 0-100000, got %d", env.QueueDepth)
 	case env.FilesBytes < 0 || env.FilesBytes > 16<<30:
@@ -133,7 +137,12 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	if env.FilesBytes == 0 {
 		env.FilesBytes = 64 << 20
 	}
-	p := &fncallPool{e: e, log: e.log.With("fncall", env.Name)}
+	p := &fncallPool{e: e, log: e.log.With("fncall", env.Name), warm: map[string]*warmCall{}}
+	if env.Warm != nil {
+		if err := checkWarm(env.Warm); err != nil {
+			return nil, err
+		}
+	}
 	var err error
 	if env.Timeout == "" {
 		env.Timeout = "30s"
@@ -238,16 +247,16 @@ func (e *Edge) pool(name string) (*fncallPool, error) {
 func (e *Edge) DeleteFncallEnv(ctx context.Context, name string) error {
 	e.fncallMu.Lock()
 	p, ok := e.pools[name]
-	if !ok {
-		e.fncallMu.Unlock()
-		return errdefs.NotFound("fncall environment %s", name)
-	}
+	// A saved environment whose pool could not start (see startPools) is deleted all the same.
 	if err := e.store.DeleteFncallEnv(ctx, name); err != nil {
 		e.fncallMu.Unlock()
 		return err
 	}
 	delete(e.pools, name)
 	e.fncallMu.Unlock()
+	if !ok {
+		return nil
+	}
 	p.mu.Lock()
 	p.closed = true
 	idle := p.idle
@@ -343,6 +352,7 @@ func (p *fncallPool) grow() {
 		p.e.destroyPoolContainer(sb, "fncall environment deleted")
 		return
 	}
+	p.prewarm(sb)
 	p.log.Debug("fncall container ready", "sandbox", sb.id, "took", time.Since(start).Round(time.Millisecond))
 	p.give(sb)
 }
@@ -351,6 +361,9 @@ func (p *fncallPool) grow() {
 func (p *fncallPool) give(sb *sandbox) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.e.lookup(sb.id) != sb {
+		return // it ended meanwhile; the next maintenance replaces it
+	}
 	p.lastUse = time.Now()
 	if len(p.waiters) > 0 {
 		w := p.waiters[0]
@@ -373,11 +386,17 @@ func (p *fncallPool) claim(ctx context.Context) (*sandbox, error) {
 	for len(p.idle) > 0 {
 		sb := p.idle[len(p.idle)-1] // the most recently used: its caches are warm
 		p.idle = p.idle[:len(p.idle)-1]
-		if p.e.lookup(sb.id) == sb {
-			p.busy++
-			p.mu.Unlock()
-			return sb, nil
+		if p.e.lookup(sb.id) != sb {
+			continue
 		}
+		if time.Until(time.Unix(0, sb.expiresAt.Load())) < p.timeout+time.Minute {
+			// Its TTL would end during the call: retire it (maintenance replaces it).
+			go p.e.destroyPoolContainer(sb, "TTL ends soon")
+			continue
+		}
+		p.busy++
+		p.mu.Unlock()
+		return sb, nil
 	}
 	if len(p.waiters) >= p.env.QueueDepth {
 		p.rejected++
@@ -448,12 +467,16 @@ func (p *fncallPool) release(sb *sandbox, clean bool) {
 		p.maintain()
 	default:
 		p.give(sb)
+		go p.prewarm(sb)
 	}
 }
 
 // callSpec is a validated call.
 type callSpec struct {
-	req     agentrpc.ExecRequest
+	req agentrpc.ExecRequest
+	// python is the code of a Python call (pyArgv then runs it), with pyArgs its sys.argv[1:].
+	python  string
+	pyArgs  []string
 	files   []callFile
 	refs    []callFile // data holds the artifact reference
 	outputs []callOutput
@@ -473,6 +496,13 @@ type callFile struct {
 func (p *fncallPool) checkCall(req corral.CallRequest) (*callSpec, error) {
 	c := &callSpec{limit: defaultCallOutput}
 	switch {
+	case req.Python != "" && req.Script != "":
+		return nil, errdefs.Invalid("python", "give python or script, not both")
+	case len(req.Python) > maxPythonBytes:
+		return nil, errdefs.Invalid("python", "%d bytes of code, more than %d", len(req.Python), maxPythonBytes)
+	case req.Python != "":
+		c.python, c.pyArgs = req.Python, req.Argv
+		c.req.Argv = pyArgv(p.env)
 	case len(req.Argv) > 0 && req.Script != "":
 		return nil, errdefs.Invalid("script", "give argv or script, not both")
 	case req.Script != "":
@@ -618,15 +648,26 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 	sb.touch()
 	clean := false
 	defer func() { p.release(sb, clean) }()
-	id := newCallID()
-	log := p.log.With("sandbox", sb.id, "call", id)
-	// The call's steps run to the end even if the client goes: the container must be cleaned.
-	cctx := context.WithoutCancel(ctx)
-	dir, err := sb.agent.CallPrep(cctx, id, p.env.FilesBytes)
-	if err != nil {
-		log.Error("prepare a call", "err", err)
-		return nil, fmt.Errorf("call in %s: prepare: %w", sb.id, err)
+	// Preparing, cleaning up and reading outputs run to their end even if the client goes (the
+	// container must be cleaned), but not forever: a container whose agent does not answer in
+	// time is unclean and replaced.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), spec.req.Timeout+time.Minute)
+	defer cancel()
+	var warm *warmCall
+	if spec.python != "" && spec.limit <= defaultCallOutput {
+		warm = p.takeWarm(sb)
 	}
+	var id, dir string
+	if warm != nil {
+		id, dir = warm.id, warm.dir
+	} else {
+		id = newCallID()
+		if dir, err = sb.agent.CallPrep(cctx, id, p.env.FilesBytes); err != nil {
+			p.log.Error("prepare a call", "sandbox", sb.id, "call", id, "err", err)
+			return nil, fmt.Errorf("call in %s: prepare: %w", sb.id, err)
+		}
+	}
+	log := p.log.With("sandbox", sb.id, "call", id)
 	end := func() {
 		ce, err := sb.agent.CallEnd(cctx, id)
 		switch {
@@ -640,35 +681,16 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 	}
 	defer end()
 	upper := dir + "/upper"
-	if _, err := sb.agent.Mkdir(cctx, upper+spec.req.Cwd, agentrpc.WriteOptions{Parents: true}); err != nil && !errors.Is(err, errdefs.ErrConflict) {
-		return nil, fmt.Errorf("call in %s: working directory: %w", sb.id, err)
-	}
-	for _, f := range spec.files {
-		if _, err := sb.agent.WriteFile(cctx, upper+f.path, bytes.NewReader(f.data), agentrpc.WriteOptions{Parents: true}); err != nil {
-			return nil, fmt.Errorf("call input file %s: %w", f.path, err)
-		}
-	}
-	for _, f := range spec.refs {
-		if err := e.stageArtifact(cctx, sb, upper+f.path, string(f.data)); err != nil {
-			return nil, fmt.Errorf("call input file %s: %w", f.path, err)
-		}
-	}
-	spec.req.Call = &agentrpc.CallSpec{Dir: dir}
-	start := time.Now()
-	sess, err := sb.agent.Exec(ctx, spec.req)
-	if err == nil {
-		if err = startError(sess.Info()); err != nil {
-			sess.Close()
-		}
-	}
+	events, err := e.startCall(ctx, cctx, p, sb, spec, warm, dir, res)
 	if err != nil {
 		return nil, err
 	}
-	defer sess.Close()
+	defer events.close()
+	start := time.Now()
 	var stdout, stderr capped
 	stdout.limit, stderr.limit = spec.limit, spec.limit
 	for {
-		ev, err := sess.Next()
+		ev, err := events.next()
 		if err != nil {
 			return nil, fmt.Errorf("call in %s: output stream: %w", sb.id, err)
 		}
@@ -677,11 +699,14 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 			if ev.Exit != nil {
 				res.CPUMs, res.MaxRSSBytes = ms(ev.Exit.CPUTime), ev.Exit.MaxRSS
 			}
+			if events.timedOut != nil && events.timedOut.Load() {
+				res.Exit.TimedOut = true
+			}
 			break
 		}
 		if onOutput != nil && (ev.Type == agentrpc.EventStdout || ev.Type == agentrpc.EventStderr) {
 			if onOutput(corral.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data}) != nil {
-				onOutput = nil // the client went; the call still runs to its end
+				onOutput = nil // the client went: collect the rest (the stream ends when ctx does)
 			}
 			continue
 		}
@@ -728,6 +753,60 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 	p.mu.Unlock()
 	log.Debug("call done", "argv0", spec.req.Argv[0], "exit", res.Exit.Code, "wall_ms", res.WallMs, "queued_ms", res.QueuedMs)
 	return res, nil
+}
+
+// callEvents is where a call's output comes from.
+type callEvents struct {
+	next     func() (agentrpc.Event, error)
+	close    func()
+	timedOut *atomic.Bool // set when the edge enforced the timeout (warm interpreters)
+}
+
+// startCall stages the call's input and starts its command: a warm interpreter fed through its
+// stdin, or a command started now (Python code then goes to a fresh interpreter's stdin).
+func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, spec *callSpec, warm *warmCall, dir string, res *corral.CallResult) (*callEvents, error) {
+	upper := dir + "/upper"
+	if spec.python != "" {
+		payload, err := e.pyPayload(spec, spec.python, spec.pyArgs)
+		if err != nil {
+			return nil, err
+		}
+		if warm != nil {
+			next, closeFn, timedOut, err := p.runWarm(cctx, sb, warm, payload, spec.req.Timeout)
+			if err != nil {
+				return nil, fmt.Errorf("call in %s: warm interpreter: %w", sb.id, err)
+			}
+			res.Warm = true
+			return &callEvents{next: next, close: closeFn, timedOut: timedOut}, nil
+		}
+		// The boot program creates the working directory and goes there itself.
+		spec.req.Stdin, spec.req.Cwd = payload, "/"
+	} else {
+		if _, err := sb.agent.Mkdir(cctx, upper+spec.req.Cwd, agentrpc.WriteOptions{Parents: true}); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			return nil, fmt.Errorf("call in %s: working directory: %w", sb.id, err)
+		}
+		for _, f := range spec.files {
+			if _, err := sb.agent.WriteFile(cctx, upper+f.path, bytes.NewReader(f.data), agentrpc.WriteOptions{Parents: true}); err != nil {
+				return nil, fmt.Errorf("call input file %s: %w", f.path, err)
+			}
+		}
+		for _, f := range spec.refs {
+			if err := e.stageArtifact(cctx, sb, upper+f.path, string(f.data)); err != nil {
+				return nil, fmt.Errorf("call input file %s: %w", f.path, err)
+			}
+		}
+	}
+	spec.req.Call = &agentrpc.CallSpec{Dir: dir}
+	sess, err := sb.agent.Exec(ctx, spec.req)
+	if err == nil {
+		if err = startError(sess.Info()); err != nil {
+			sess.Close()
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &callEvents{next: sess.Next, close: func() { sess.Close() }}, nil
 }
 
 // stageArtifact writes the artifact ref into a call's writable layer at dst, with its mode.
@@ -828,5 +907,6 @@ func (e *Edge) poolGone(rec *store.Sandbox) {
 			break
 		}
 	}
+	delete(p.warm, rec.ID)
 	p.mu.Unlock()
 }

@@ -61,9 +61,6 @@ func (h *dataPlane) fail(w http.ResponseWriter, r *http.Request, err error) {
 // sandbox returns the running sandbox named in the path, or answers with an error.
 func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 	sb, err := h.e.active(r.Context(), r.PathValue("id"))
-	if err == nil && sb.fncall != "" {
-		err = errdefs.Conflict("sandbox %s is a container of fncall environment %s: run calls with POST /v1/fncall/%s", sb.id, sb.fncall, sb.fncall)
-	}
 	if err != nil {
 		h.fail(w, r, err)
 		return nil

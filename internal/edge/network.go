@@ -354,7 +354,7 @@ func (e *Edge) SetNetwork(ctx context.Context, id string, p corral.NetworkPolicy
 	if err != nil {
 		return nil, err
 	}
-	sb, err := e.liveSandbox(ctx, id)
+	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ import (
 
 // Pause pauses a running sandbox.
 func (e *Edge) Pause(ctx context.Context, id string) (*store.Sandbox, error) {
-	sb, err := e.liveSandbox(ctx, id)
+	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -30,7 +30,7 @@ func (e *Edge) Pause(ctx context.Context, id string) (*store.Sandbox, error) {
 
 // Resume resumes a paused sandbox.
 func (e *Edge) Resume(ctx context.Context, id string) (*store.Sandbox, error) {
-	sb, err := e.liveSandbox(ctx, id)
+	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -39,6 +39,17 @@ func (e *Edge) Resume(ctx context.Context, id string) (*store.Sandbox, error) {
 		return nil, err
 	}
 	return rec, nil
+}
+
+// ownSandbox is liveSandbox for what a user does to a sandbox (pause, snapshot, TTL, network,
+// data plane): the containers of fncall pools are refused, since only their pool may change them
+// (a paused or frozen pool container would hang the next call).
+func (e *Edge) ownSandbox(ctx context.Context, id string) (*sandbox, error) {
+	sb, err := e.liveSandbox(ctx, id)
+	if err == nil && sb.fncall != "" {
+		return nil, errdefs.Conflict("sandbox %s is a container of fncall environment %s: run calls with POST /v1/fncall/%s; only its pool manages it", sb.id, sb.fncall, sb.fncall)
+	}
+	return sb, err
 }
 
 // liveSandbox returns the live sandbox id, or a not-found or conflict error naming its state.

@@ -35,7 +35,7 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	if _, err := e.store.GetLayer(ctx, req.Name, req.Version); err == nil {
 		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published; versions are immutable, publish a new version", req.Name, req.Version)
 	}
-	sb, err := e.liveSandbox(ctx, id)
+	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return corral.Layer{}, err
 	}

@@ -82,7 +82,7 @@ func (s *Store) publish(ctx context.Context, stage, tree string, blob Blob) (Blo
 	s.mu.Lock()
 	s.metas[blob.Digest] = m
 	s.mu.Unlock()
-	return blob, nil
+	return m.blob(), nil
 }
 
 func (s *Store) putFile(ctx context.Context, key, path string, size int64) error {
@@ -145,6 +145,14 @@ func (s *Store) Acquire(ctx context.Context, digest string) (string, error) {
 		return "", fmt.Errorf("mount layer: %w", err)
 	}
 	img, err := s.localImage(ctx, m)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// Another node may have published the same layer with another image since this process
+		// read the record: read it again.
+		s.forget(digest)
+		if m, err = s.meta(ctx, digest); err == nil {
+			img, err = s.localImage(ctx, m)
+		}
+	}
 	if err != nil {
 		return "", fmt.Errorf("mount layer %s: %w", digest, err)
 	}

@@ -30,11 +30,12 @@ const (
 
 // Blob describes a stored layer.
 type Blob struct {
-	Digest    string // "sha256:<64 hex digits>" of the tree's canonical form
-	Size      int64  // bytes of regular file content, each inode counted once
-	Files     int64  // entries in the tree, not counting its root; each hardlink counts
-	Image     string // "sha256:<hex>" of the EROFS image file
-	ImageSize int64  // bytes of the EROFS image
+	Digest    string    // "sha256:<64 hex digits>" of the tree's canonical form
+	Size      int64     // bytes of regular file content, each inode counted once
+	Files     int64     // entries in the tree, not counting its root; each hardlink counts
+	Image     string    // "sha256:<hex>" of the EROFS image file
+	ImageSize int64     // bytes of the EROFS image
+	Imported  time.Time // when the record was written
 }
 
 // blobMeta is the record layers/sha256/<hex>.json in the blob store. It is written after the
@@ -50,7 +51,7 @@ type blobMeta struct {
 }
 
 func (m blobMeta) blob() Blob {
-	return Blob{Digest: m.Digest, Size: m.Size, Files: m.Files, Image: m.Image, ImageSize: m.ImageSize}
+	return Blob{Digest: m.Digest, Size: m.Size, Files: m.Files, Image: m.Image, ImageSize: m.ImageSize, Imported: m.Imported}
 }
 
 // Blob store keys.
@@ -273,16 +274,20 @@ func (s *Store) readMeta(ctx context.Context, key string) (blobMeta, error) {
 	}
 	var m blobMeta
 	if len(b) > maxMetaBytes || json.Unmarshal(b, &m) != nil || m.Format != "erofs" {
-		return blobMeta{}, fmt.Errorf("%s in %s is corrupt or not a Corral layer record", key, s.blobs)
+		return blobMeta{}, fmt.Errorf("%s in %s is not a Corral layer record: %w", key, s.blobs, errCorruptRecord)
 	}
 	if _, err := parseDigest(m.Image); err != nil {
-		return blobMeta{}, fmt.Errorf("%s in %s names a bad image digest %q", key, s.blobs, m.Image)
+		return blobMeta{}, fmt.Errorf("%s in %s names a bad image digest %q: %w", key, s.blobs, m.Image, errCorruptRecord)
 	}
 	return m, nil
 }
 
-// List returns every blob of the blob store, sorted by digest. A record that cannot be read is
-// logged and left out.
+// errCorruptRecord marks a layer record that was read but is not one.
+var errCorruptRecord = errors.New("corrupt layer record")
+
+// List returns every blob of the blob store, sorted by digest. A corrupt record is logged and
+// left out; a record that could not be read fails the listing (a collector must never take a
+// layer for unused because the store did not answer).
 func (s *Store) List(ctx context.Context) ([]Blob, error) {
 	infos, err := s.blobs.List(ctx, metaPrefix)
 	if err != nil {
@@ -296,9 +301,12 @@ func (s *Store) List(ctx context.Context) ([]Blob, error) {
 		}
 		digest := "sha256:" + hex
 		m, err := s.meta(ctx, digest)
-		if err != nil {
-			s.log.Warn("skip unreadable layer record", "digest", digest, "err", err)
+		if errors.Is(err, errCorruptRecord) || errors.Is(err, errdefs.ErrNotFound) {
+			s.log.Warn("skip a corrupt or vanished layer record", "digest", digest, "err", err)
 			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list layers: %w", err)
 		}
 		blobs = append(blobs, m.blob())
 	}

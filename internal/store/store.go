@@ -682,6 +682,24 @@ func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.L
 			}
 		}
 		envs.Close()
+		fenvs, err := tx.QueryContext(ctx, `SELECT doc FROM fncall_envs`)
+		if err != nil {
+			return err
+		}
+		defer fenvs.Close()
+		for fenvs.Next() {
+			var d string
+			fenvs.Scan(&d)
+			var env corral.FncallEnv
+			if json.Unmarshal([]byte(d), &env) == nil {
+				for _, r := range append([]string{env.Base, env.Workspace}, env.Toolkits...) {
+					if refs[r] {
+						return errdefs.Conflict("layer %s:%s is used by fncall environment %s: delete it first", name, version, env.Name)
+					}
+				}
+			}
+		}
+		fenvs.Close()
 		stacked, err := tx.QueryContext(ctx, `SELECT doc FROM layers WHERE doc LIKE '%"below":%'`)
 		if err != nil {
 			return err

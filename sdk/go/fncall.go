@@ -34,12 +34,25 @@ type FncallEnv struct {
 	// Network is the egress policy of the pool's containers, which their calls share; nil or
 	// mode "none": loopback only.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// Warm keeps a Python interpreter started ahead in each pool container, its modules already
+	// imported, for calls that give Python code (CallRequest.Python).
+	Warm *WarmPython `json:"warm,omitempty"`
 	// FilesBytes bounds what one call may write (its private writable layer, a tmpfs charged to
 	// the container's memory; default 64 MiB).
 	FilesBytes int64     `json:"files_bytes"`
 	CreatedAt  time.Time `json:"created_at"`
 	// Pool is the pool's state now (in GET answers).
 	Pool *FncallPool `json:"pool,omitempty"`
+}
+
+// WarmPython describes an fncall environment's warm interpreters. Each serves exactly one call:
+// it is started (in the call's own fresh root and namespaces) before the call arrives, imports
+// Imports, then waits for the call's code; after the call a new one is started.
+type WarmPython struct {
+	// Interpreter is the Python executable in the environment's layers (default "python3").
+	Interpreter string `json:"interpreter,omitempty"`
+	// Imports are the modules imported ahead, e.g. ["json", "email", "sqlite3"].
+	Imports []string `json:"imports,omitempty"`
 }
 
 // FncallPool is the state of an fncall environment's pool of containers.
@@ -55,8 +68,12 @@ type FncallPool struct {
 	LastError string `json:"last_error,omitempty"`
 }
 
-// CallRequest is one stateless call (POST /v1/fncall/{name}). Exactly one of Argv and Script.
+// CallRequest is one stateless call (POST /v1/fncall/{name}). Exactly one of Argv, Script and
+// Python.
 type CallRequest struct {
+	// Python is Python code, run by the environment's warm interpreter (its modules already
+	// imported) when one is ready, else by a fresh one; Argv, if given, becomes sys.argv[1:].
+	Python string `json:"python,omitempty"`
 	// Argv is executed directly (Argv[0] looked up in PATH when it has no slash).
 	Argv []string `json:"argv,omitempty"`
 	// Script is run by /bin/sh -c.
@@ -106,6 +123,8 @@ type CallResult struct {
 	// Artifacts are the Keep files kept on the node: path as given to "sha256:<hex>" of the
 	// content. They live for ArtifactTTL after their last use.
 	Artifacts map[string]string `json:"artifacts,omitempty"`
+	// Warm says a warm interpreter, started before the call, ran it.
+	Warm bool `json:"warm,omitempty"`
 	// Container is the pool container that served the call (for debugging).
 	Container string `json:"container"`
 }
