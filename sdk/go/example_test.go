@@ -131,3 +131,34 @@ func ExampleIsNotFound() {
 	// Output:
 	// true sandbox sb-404 not found
 }
+
+// Compile in one fncall environment, run the binary in another: the build keeps its product on
+// the node (Keep) and the run takes it by reference (FileRefs), so the binary never passes
+// through the client. Against a real server with environments "gcc" (a base with gcc) and
+// "runner".
+func ExampleClient_Call() {
+	ctx := context.Background()
+	c := corral.New(os.Getenv("CORRAL_URL"), os.Getenv("CORRAL_TOKEN"))
+
+	build, err := c.Call(ctx, "gcc", corral.CallRequest{
+		Files: map[string][]byte{"main.c": []byte(`#include <stdio.h>
+int main(int argc, char **argv) { printf("hello %s\n", argc > 1 ? argv[1] : "world"); return 0; }`)},
+		Argv: []string{"gcc", "-O2", "-static", "-o", "prog", "main.c"},
+		Keep: []string{"prog"},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if build.Exit.Code != 0 {
+		log.Fatalf("compile failed: %s", build.Stderr)
+	}
+	run, err := c.Call(ctx, "runner", corral.CallRequest{
+		FileRefs: map[string]string{"prog": build.Artifacts["prog"]},
+		Argv:     []string{"./prog", "corral"},
+		Timeout:  "2s",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("exit %d: %s", run.Exit.Code, run.Stdout)
+}
