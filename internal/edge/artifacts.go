@@ -72,8 +72,8 @@ func (a *artifacts) put(r io.Reader, mode fs.FileMode) (string, error) {
 
 // open returns an artifact's content and mode and marks it used.
 func (a *artifacts) open(ref string) (*os.File, fs.FileMode, error) {
-	sum, ok := strings.CutPrefix(ref, "sha256:")
-	if !ok || len(sum) != 64 || strings.Trim(sum, "0123456789abcdef") != "" {
+	sum, err := parseDigestRef(ref)
+	if err != nil {
 		return nil, 0, errdefs.Invalid("file_refs", "%q is not an artifact reference (sha256:<64 hex digits>)", ref)
 	}
 	p := filepath.Join(a.dir, sum)

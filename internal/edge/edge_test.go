@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -429,5 +430,42 @@ func TestAutoPauseAndResume(t *testing.T) {
 	}
 	if _, err := e.Resume(ctx, rec.ID); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("resume of a running sandbox: %v, want conflict", err)
+	}
+}
+
+// TestFncallPoolBackoff: when containers cannot be started, the pool says why, backs off, and
+// calls fail at once with 503 instead of waiting in the queue.
+func TestFncallPoolBackoff(t *testing.T) {
+	rt := newFakeRuntime()
+	rt.failing = errors.New("runc exploded")
+	e, _ := newTestEdge(t, rt)
+	ctx := context.Background()
+	if _, err := e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", QueueWait: "30s"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		env, err := e.FncallEnv("judge")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if env.Pool.LastError != "" {
+			if !strings.Contains(env.Pool.LastError, "runc exploded") || env.Pool.Starting != 0 {
+				t.Fatalf("pool = %+v", env.Pool)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool never reported its failure: %+v", env.Pool)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	_, err := e.Call(ctx, "judge", corral.CallRequest{Argv: []string{"true"}}, nil)
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "runc exploded") || time.Since(start) > 5*time.Second {
+		t.Fatalf("call to a pool that cannot start containers: %v after %s; want a prompt 503 naming the cause", err, time.Since(start))
+	}
+	if err := e.DeleteFncallEnv(ctx, "judge"); err != nil {
+		t.Fatal(err)
 	}
 }

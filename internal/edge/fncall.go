@@ -67,6 +67,9 @@ type fncallPool struct {
 	lastUse                   time.Time
 	lastErr                   string
 	closed                    bool
+	// failures counts container starts that failed in a row; no start is tried before retryAt.
+	failures int
+	retryAt  time.Time
 	// warm holds each container's warm interpreter (warm.go); nil while one is being started.
 	warm map[string]*warmCall
 }
@@ -311,6 +314,9 @@ func (p *fncallPool) maintain() {
 	have := len(p.idle) + p.busy + p.starting
 	want := max(p.env.PoolMin, min(p.env.PoolMax, p.busy+len(p.waiters)))
 	n := want - have
+	if n > 0 && time.Now().Before(p.retryAt) {
+		n = 0 // starts are failing: wait for the backoff
+	}
 	p.starting += max(n, 0)
 	var shrink *sandbox
 	if n < 0 && len(p.idle) > 0 && len(p.idle)+p.busy > p.env.PoolMin && time.Since(p.lastUse) > poolShrinkAfter {
@@ -341,11 +347,14 @@ func (p *fncallPool) grow() {
 	p.starting--
 	if err != nil {
 		p.lastErr = err.Error()
+		p.failures++
+		backoff := min(time.Second<<min(p.failures-1, 6), time.Minute)
+		p.retryAt = time.Now().Add(backoff)
 		p.mu.Unlock()
-		p.log.Error("start fncall container", "err", err)
+		p.log.Error("start fncall container", "err", err, "failures_in_a_row", p.failures, "next_try_in", backoff)
 		return
 	}
-	p.lastErr = ""
+	p.lastErr, p.failures, p.retryAt = "", 0, time.Time{}
 	closed := p.closed
 	p.mu.Unlock()
 	if closed {
@@ -402,6 +411,12 @@ func (p *fncallPool) claim(ctx context.Context) (*sandbox, error) {
 		p.rejected++
 		p.mu.Unlock()
 		return nil, p.exhausted("its queue of %d calls is full", p.env.QueueDepth)
+	}
+	if p.busy+p.starting == 0 && p.failures > 0 {
+		// No container runs and none can be started: say why now rather than after QueueWait.
+		msg := p.lastErr
+		p.mu.Unlock()
+		return nil, errdefs.Unavailable("fncall environment %s has no container: starting one failed: %s", p.env.Name, msg)
 	}
 	w := make(chan *sandbox, 1)
 	p.waiters = append(p.waiters, w)

@@ -151,6 +151,15 @@ func (e *Edge) sharedDigests(ctx context.Context) (map[string]bool, error) {
 	return out, nil
 }
 
+// parseDigestRef checks that digest is "sha256:" and 64 lowercase hex digits.
+func parseDigestRef(digest string) (string, error) {
+	hex, ok := strings.CutPrefix(digest, "sha256:")
+	if !ok || len(hex) != 64 || strings.Trim(hex, "0123456789abcdef") != "" {
+		return "", errdefs.Invalid("digest", "want sha256:<64 lowercase hex digits>, got %q", digest)
+	}
+	return hex, nil
+}
+
 func parseRefKey(key string) (name, version, digest string, ok bool) {
 	parts := strings.Split(strings.TrimPrefix(key, refsPrefix), "/")
 	if len(parts) != 4 || !strings.HasSuffix(parts[3], ".json") {
@@ -223,10 +232,21 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 	default:
 		return false, fmt.Errorf("%s has unknown kind %q", key, l.Kind)
 	}
+	if _, err := parseDigestRef(l.Digest); err != nil {
+		return false, err
+	}
 	if l.ImageConfig != nil {
 		if err := ValidateImageConfig(l.ImageConfig); err != nil {
 			return false, err
 		}
+	}
+	if len(l.Below) > 0 {
+		// The parts must be known here (adopting them if need be), as for a local publish.
+		below, err := e.CheckBelow(ctx, l.Kind, l.Below)
+		if err != nil {
+			return false, err
+		}
+		l.Below = below
 	}
 	l.Tags = nil
 	_, created, err := e.store.PublishLayer(ctx, l)
