@@ -182,7 +182,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return fmt.Errorf("blob store: %w", err)
 	}
 	log.Info("blob store", "location", blobs.String())
-	ls, err := layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Blobs: blobs}, log)
+	instance, err := st.Instance(ctx, cfg.Node)
+	if err != nil {
+		return err
+	}
+	ls, err := layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Blobs: blobs, Instance: instance}, log)
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,10 @@ func TestSharedBlobStore(t *testing.T) {
 	a := startCorral(t, "--blob-store", spec)
 	b := startCorral(t, "--blob-store", spec)
 	ctx := context.Background()
+	bs, err := blobstore.Open(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
 	a.importDir("base", "shared", corral.KindBase, busyboxRootfs(t))
 	tk := t.TempDir()
 	os.MkdirAll(filepath.Join(tk, "opt/tk"), 0o755)
@@ -63,14 +67,35 @@ func TestSharedBlobStore(t *testing.T) {
 		t.Errorf("after deleting tk:1 on both, the first Corral lists %d layers; want 1", len(ls))
 	}
 	// The last delete removed the toolkit's record and image from the bucket; the base stays.
-	bs, err := blobstore.Open(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, prefix := range []string{"layers/sha256/", "images/sha256/"} {
 		if objs, err := bs.List(ctx, prefix); err != nil || len(objs) != 1 {
 			t.Errorf("%s in the bucket: %+v, %v; want only the base's", prefix, objs, err)
 		}
+	}
+	// A blob whose ref is not written yet (an import of the first Corral between its record and
+	// its publish, made here by removing the ref): the second Corral's collector leaves it, the
+	// first's own collector may take it.
+	tk2 := t.TempDir()
+	os.WriteFile(filepath.Join(tk2, "two"), []byte("2"), 0o644)
+	a.importDir("tk", "2", corral.KindToolkit, tk2)
+	refs, err := bs.List(ctx, "refs/tk/2/")
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("refs of tk:2: %+v, %v", refs, err)
+	}
+	if err := bs.Delete(ctx, refs[0].Key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Client.GCLayers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if objs, _ := bs.List(ctx, "layers/sha256/"); len(objs) != 2 {
+		t.Errorf("GC on the second Corral took the first's fresh import: %d records left, want 2", len(objs))
+	}
+	if _, err := a.Client.DeleteLayer(ctx, "tk", "2"); err != nil {
+		t.Fatal(err)
+	}
+	if objs, _ := bs.List(ctx, "layers/sha256/"); len(objs) != 1 {
+		t.Errorf("after the first Corral deleted tk:2, %d records remain; want the base's only", len(objs))
 	}
 	// One ref of base:shared per Corral that has it (the second adopted it); none of tk:1.
 	if objs, err := bs.List(ctx, "refs/"); err != nil || len(objs) != 2 ||

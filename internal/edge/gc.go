@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -14,6 +15,10 @@ import (
 // catalogue has the same content and no sandbox of this node (creating, running or paused) has it
 // in its rootfs. GC sweeps every blob of the blob store the same way, for blobs left by a crash or
 // by a refused publish, and then removes images that no record names.
+
+// foreignImportGrace is how long GC leaves a blob that another Corral imported and no version
+// names yet.
+const foreignImportGrace = time.Hour
 
 // DeleteLayer deletes the published version name:version and, when unused, its blob.
 func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
@@ -52,7 +57,9 @@ func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
 		return res, err
 	}
 	for _, b := range blobs {
-		if shared[b.Digest] {
+		// Another Corral writes its record before its ref: a blob it imported within the hour
+		// may be about to be published.
+		if shared[b.Digest] || (b.ImportedBy != e.instance && time.Since(b.Imported) < foreignImportGrace) {
 			continue
 		}
 		removed, err := e.removeIfUnused(ctx, b.Digest)

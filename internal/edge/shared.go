@@ -3,13 +3,10 @@ package edge
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -21,7 +18,7 @@ import (
 //
 //	refs/<name>/<version>/<digest hex>/<instance>.json   the corral.Layer, as the catalogue holds it
 //
-// where <instance> is a random name of this Corral's data directory. The digest is in the key so
+// where <instance> is a random name of this Corral's data directory (store.Instance). The digest is in the key so
 // that the set of digests anyone holds can be listed without reading each object; the instance is
 // in it so that one Corral deleting its version leaves the others' refs, and so their content, in
 // place. A Corral records the others' versions in its own catalogue when it lists layers or
@@ -30,30 +27,15 @@ import (
 
 const refsPrefix = "refs/"
 
-// instanceSetting keeps this Corral's instance name in the store's settings.
-const instanceSetting = "edge.instance"
-
 func (e *Edge) refKey(name, version, digest string) string {
 	return refsPrefix + name + "/" + version + "/" + strings.TrimPrefix(digest, "sha256:") + "/" + e.instance + ".json"
 }
 
-// loadInstance reads this Corral's instance name, choosing it on the first start.
-func (e *Edge) loadInstance(ctx context.Context) error {
-	b, err := e.store.GetSetting(ctx, instanceSetting)
-	if err == nil && instanceRE.Match(b) {
-		e.instance = string(b)
-		return nil
-	}
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return err
-	}
-	var r [8]byte
-	rand.Read(r[:])
-	e.instance = e.cfg.Node + "-" + hex.EncodeToString(r[:])
-	return e.store.PutSetting(ctx, instanceSetting, []byte(e.instance))
+// loadInstance reads this Corral's instance name (store.Instance).
+func (e *Edge) loadInstance(ctx context.Context) (err error) {
+	e.instance, err = e.store.Instance(ctx, e.cfg.Node)
+	return err
 }
-
-var instanceRE = regexp.MustCompile(`^[a-z0-9]{1,16}-[0-9a-f]{16}$`)
 
 // PublishLayer records l (its blob already imported) in the catalogue and the shared catalogue.
 // It reports whether the version is new. When the catalogue refuses it (a version reused with

@@ -58,6 +58,10 @@ type Config struct {
 	// (mounted in place) or S3 (downloaded into <Dir>/images on first use). Several nodes may
 	// share one. Required.
 	Blobs blobstore.Store
+
+	// Instance names this Corral in the records it writes (store.Instance), so that other
+	// Corrals sharing the blob store can tell its fresh imports from orphans.
+	Instance string
 }
 
 // withDefaults returns c with every zero limit replaced by its default.

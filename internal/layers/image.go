@@ -71,7 +71,7 @@ func (s *Store) publish(ctx context.Context, stage, tree string, blob Blob) (Blo
 		return Blob{}, fmt.Errorf("store image in %s: %w", s.blobs, err)
 	}
 	m := blobMeta{Digest: blob.Digest, Size: blob.Size, Files: blob.Files, Format: "erofs",
-		Image: sum, ImageSize: size, Imported: time.Now().UTC()}
+		Image: sum, ImageSize: size, Imported: time.Now().UTC(), ImportedBy: s.cfg.Instance}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return Blob{}, err

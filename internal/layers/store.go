@@ -36,6 +36,8 @@ type Blob struct {
 	Image     string    // "sha256:<hex>" of the EROFS image file
 	ImageSize int64     // bytes of the EROFS image
 	Imported  time.Time // when the record was written
+	// ImportedBy is the instance (Config.Instance) that wrote the record, if it said.
+	ImportedBy string
 }
 
 // blobMeta is the record layers/sha256/<hex>.json in the blob store. It is written after the
@@ -48,10 +50,12 @@ type blobMeta struct {
 	Image     string    `json:"image"`
 	ImageSize int64     `json:"image_size"`
 	Imported  time.Time `json:"imported"`
+	// ImportedBy is the importing Corral's instance name.
+	ImportedBy string `json:"imported_by,omitempty"`
 }
 
 func (m blobMeta) blob() Blob {
-	return Blob{Digest: m.Digest, Size: m.Size, Files: m.Files, Image: m.Image, ImageSize: m.ImageSize, Imported: m.Imported}
+	return Blob{Digest: m.Digest, Size: m.Size, Files: m.Files, Image: m.Image, ImageSize: m.ImageSize, Imported: m.Imported, ImportedBy: m.ImportedBy}
 }
 
 // Blob store keys.

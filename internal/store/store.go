@@ -10,12 +10,15 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -541,6 +544,27 @@ func (s *Store) DeleteEnvironment(ctx context.Context, name string) error {
 		return errdefs.NotFound("environment %s", name)
 	}
 	return nil
+}
+
+// instanceSetting keeps this Corral's instance name.
+const instanceSetting = "edge.instance"
+
+var instanceRE = regexp.MustCompile(`^[a-z0-9]{1,16}-[0-9a-f]{16}$`)
+
+// Instance returns this data directory's instance name ("<node>-<16 hex digits>"), choosing it
+// on the first call. Corrals that share a blob store tell their refs and imports apart by it.
+func (s *Store) Instance(ctx context.Context, node string) (string, error) {
+	b, err := s.GetSetting(ctx, instanceSetting)
+	if err == nil && instanceRE.Match(b) {
+		return string(b), nil
+	}
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return "", err
+	}
+	var r [8]byte
+	rand.Read(r[:])
+	inst := node + "-" + hex.EncodeToString(r[:])
+	return inst, s.PutSetting(ctx, instanceSetting, []byte(inst))
 }
 
 // PutFncallEnv saves an fncall environment under its name; a taken name is ErrConflict (delete it
