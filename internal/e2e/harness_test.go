@@ -257,6 +257,12 @@ func (p *corralProc) cleanup() {
 	default:
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		// Fncall environments first: their pools would replace deleted containers.
+		if envs, err := p.Client.FncallEnvs(ctx); err == nil {
+			for _, env := range envs {
+				p.Client.DeleteFncallEnv(ctx, env.Name)
+			}
+		}
 		if list, err := p.Client.ListSandboxes(ctx, corral.ListOptions{}); err == nil {
 			for _, sb := range list {
 				if sb.State == corral.StateRunning || sb.State == corral.StateCreating {
