@@ -232,6 +232,9 @@ type sandbox struct {
 	actions atomic.Uint64
 	// net is the sandbox's network, nil without one. Set before the sandbox is published.
 	net *sandboxNet
+	// unheld are layers of a sandbox re-adopted after a restart that were not mounted under the
+	// layer store (so it holds no reference on them). Set before the sandbox is published.
+	unheld map[string]bool
 	// fncall names the fncall environment whose pool the sandbox belongs to ("" for ordinary
 	// sandboxes). Its agent runs isolated calls only, and the data plane refuses it.
 	fncall string
@@ -398,6 +401,10 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		for _, d := range rec.Lower {
 			if !e.layers.Hold(d) {
 				log.Warn("a layer of a surviving sandbox is not mounted under the layer store; it cannot be unmounted when the sandbox ends", "digest", d)
+				if sb.unheld == nil {
+					sb.unheld = map[string]bool{}
+				}
+				sb.unheld[d] = true
 			}
 		}
 		if sb.net, err = e.adoptNetwork(rec); err != nil {
@@ -451,9 +458,13 @@ func (e *Edge) acquireLayers(ctx context.Context, digests []string) ([]string, e
 	return dirs, nil
 }
 
-// releaseLayers drops the references that rec's sandbox held on its layers; its overlay is gone.
-func (e *Edge) releaseLayers(rec *store.Sandbox) {
+// releaseLayers drops the references that rec's sandbox held on its layers (all but unheld);
+// its overlay is gone.
+func (e *Edge) releaseLayers(rec *store.Sandbox, unheld map[string]bool) {
 	for _, d := range rec.Lower {
+		if unheld[d] {
+			continue // never held: releasing it would take another sandbox's reference
+		}
 		if err := e.layers.Release(d); err != nil {
 			e.log.Warn("release a layer", "sandbox", rec.ID, "digest", d, "err", err)
 		}
@@ -503,7 +514,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool)
 	if adm.net.Mode != corral.NetworkNone {
 		if nw, resolv, err = e.attachNetwork(ctx, rec, adm.net); err != nil {
 			log.Error("create sandbox network", "err", err)
-			e.releaseLayers(rec)
+			e.releaseLayers(rec, nil)
 			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 		}
@@ -529,7 +540,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool)
 	if err != nil {
 		log.Error("create sandbox", "err", err)
 		e.detachNetwork(rec.ID, nw)
-		e.releaseLayers(rec)
+		e.releaseLayers(rec, nil)
 		rec.NetSlot = nil
 		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
@@ -548,7 +559,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool)
 		e.mu.Unlock()
 		e.rt.Delete(context.WithoutCancel(ctx), rec.ID)
 		e.detachNetwork(rec.ID, nw)
-		e.releaseLayers(rec)
+		e.releaseLayers(rec, nil)
 		return nil, err
 	}
 	log.Info("sandbox created", "base", rec.Base, "layers", len(lower))
@@ -1057,7 +1068,7 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)
 	}
 	e.detachNetwork(rec.ID, sb.net)
-	e.releaseLayers(rec)
+	e.releaseLayers(rec, sb.unheld)
 	if sb.fncall != "" {
 		e.poolGone(rec)
 	}

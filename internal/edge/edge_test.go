@@ -469,3 +469,38 @@ func TestFncallPoolBackoff(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnheldLayersAreNotReleased: a sandbox re-adopted after a restart whose layer was not
+// mounted under the layer store holds no reference on it, so its end must not release one that
+// a newer sandbox holds.
+func TestUnheldLayersAreNotReleased(t *testing.T) {
+	rt := newFakeRuntime()
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"})
+	cfg := Config{AgentPath: "/agent", ReapInterval: time.Hour}
+	e1, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, newFakeLayers())
+	e1.Start(ctx)
+	old, _ := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	e1.Close()
+
+	ls := newFakeLayers() // after the restart the layer is not mounted where the store looks
+	e2, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, ls)
+	if err := e2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	if _, err := e2.Create(ctx, corral.CreateRequest{Base: "base:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e2.Delete(ctx, old.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := ls.ref("sha256:b"); n != 1 {
+		t.Errorf("after the re-adopted sandbox ended, the new one's layer has %d references; want 1", n)
+	}
+}
