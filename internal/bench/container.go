@@ -93,21 +93,11 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 	}
 	host, _ := os.Hostname()
 	res := &Result{Date: time.Now().UTC().Format(time.RFC3339), Host: host, RuncVersion: info.RuntimeVersion, Base: cfg.Base}
-	name, version, _ := strings.Cut(cfg.Base, ":")
-	layer, err := c.Layer(ctx, name, version)
-	if err != nil {
-		return nil, fmt.Errorf("base layer %s: %w", cfg.Base, err)
-	}
-	layerDir, release, err := holdLayer(ctx, c, info, cfg.Base, layer.Digest)
+	b, _, done, err := baselineOn(ctx, c, info, cfg.Base)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	b, err := newBaseline(ctx, info.RuntimePath, layerDir)
-	if err != nil {
-		return nil, err
-	}
-	defer b.close()
+	defer done()
 
 	// Warm up both paths once.
 	if _, err := ttiOnce(ctx, c, cfg.Base); err != nil {
@@ -409,21 +399,31 @@ func (b *baseline) setArgs(args ...string) error {
 	return os.WriteFile(path, raw, 0o644)
 }
 
-// holdLayer keeps the base layer mounted (by a sandbox that uses it, for as long as the
-// benchmark runs) and returns its directory on this host: the runc baselines run on exactly the
-// tree Corral's sandboxes see.
-func holdLayer(ctx context.Context, c *corral.Client, info *corral.Info, base, digest string) (string, func(), error) {
+// baselineOn prepares the runc baseline on the base layer as Corral's sandboxes see it: a
+// sandbox of base (returned, for the caller's own use too) keeps the layer mounted, and the
+// baseline's bundle stacks on that mount. done removes both.
+func baselineOn(ctx context.Context, c *corral.Client, info *corral.Info, base string) (*baseline, string, func(), error) {
+	name, version, _ := strings.Cut(base, ":")
+	layer, err := c.Layer(ctx, name, version)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("base layer %s: %w", base, err)
+	}
 	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: base, Labels: map[string]string{"bench": "layer-holder"}})
 	if err != nil {
-		return "", nil, fmt.Errorf("hold the base layer: %w", err)
+		return nil, "", nil, fmt.Errorf("hold the base layer: %w", err)
 	}
 	release := func() { c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID) }
-	dir := filepath.Join(info.DataDir, "layers", "mnt", strings.TrimPrefix(digest, "sha256:"))
+	dir := filepath.Join(info.DataDir, "layers", "mnt", strings.TrimPrefix(layer.Digest, "sha256:"))
 	if _, err := os.Stat(filepath.Join(dir, "bin")); err != nil {
 		release()
-		return "", nil, fmt.Errorf("the base layer's mount %s: %w (run the benchmark on the host that runs corral, as root)", dir, err)
+		return nil, "", nil, fmt.Errorf("the base layer's mount %s: %w (run the benchmark on the host that runs corral, as root)", dir, err)
 	}
-	return dir, release, nil
+	b, err := newBaseline(ctx, info.RuntimePath, dir)
+	if err != nil {
+		release()
+		return nil, "", nil, err
+	}
+	return b, sb.ID, func() { b.close(); release() }, nil
 }
 
 // run times `runc run` of /bin/true to its exit.

@@ -58,11 +58,6 @@ func Fncall(ctx context.Context, c *corral.Client, cfg FncallConfig, log *slog.L
 	if err != nil {
 		return nil, err
 	}
-	name, version, _ := strings.Cut(cfg.Base, ":")
-	layer, err := c.Layer(ctx, name, version)
-	if err != nil {
-		return nil, fmt.Errorf("base layer %s: %w", cfg.Base, err)
-	}
 	env := fmt.Sprintf("bench-%d", time.Now().UnixNano())
 	if _, err := c.CreateFncallEnv(ctx, corral.FncallEnv{Name: env, Base: cfg.Base, PoolMin: cfg.PoolMax, PoolMax: cfg.PoolMax,
 		QueueDepth: 4 * cfg.Concurrency}); err != nil {
@@ -97,21 +92,12 @@ func Fncall(ctx context.Context, c *corral.Client, cfg FncallConfig, log *slog.L
 			return nil, err
 		}
 	}
-	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: cfg.Base})
+	// The sandbox that holds the base layer for the runc baseline also serves the API execs.
+	b, sbID, done, err := baselineOn(ctx, c, info, cfg.Base)
 	if err != nil {
 		return nil, err
 	}
-	defer c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
-	layerDir, release, err := holdLayer(ctx, c, info, cfg.Base, layer.Digest)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	b, err := newBaseline(ctx, info.RuntimePath, layerDir)
-	if err != nil {
-		return nil, err
-	}
-	defer b.close()
+	defer done()
 
 	log.Info("measuring call, API exec, runc exec and fresh-sandbox latency", "samples", cfg.Calls)
 	var calls, execs, fresh []time.Duration
@@ -122,7 +108,7 @@ func Fncall(ctx context.Context, c *corral.Client, cfg FncallConfig, log *slog.L
 		}
 		calls = append(calls, d)
 		start := time.Now()
-		if _, _, _, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}}); err != nil {
+		if _, _, _, err := c.Run(ctx, sbID, corral.ExecRequest{Argv: []string{"true"}}); err != nil {
 			return nil, err
 		}
 		execs = append(execs, time.Since(start))

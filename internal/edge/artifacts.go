@@ -9,11 +9,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/layers"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -72,7 +72,7 @@ func (a *artifacts) put(r io.Reader, mode fs.FileMode) (string, error) {
 
 // open returns an artifact's content and mode and marks it used.
 func (a *artifacts) open(ref string) (*os.File, fs.FileMode, error) {
-	sum, err := parseDigestRef(ref)
+	sum, err := layers.ParseDigest(ref)
 	if err != nil {
 		return nil, 0, errdefs.Invalid("file_refs", "%q is not an artifact reference (sha256:<64 hex digits>)", ref)
 	}
@@ -95,7 +95,8 @@ func (a *artifacts) open(ref string) (*os.File, fs.FileMode, error) {
 }
 
 func isArtifactName(n string) bool {
-	return len(n) == 64 && strings.Trim(n, "0123456789abcdef") == ""
+	_, err := layers.ParseDigest("sha256:" + n)
+	return err == nil
 }
 
 // expire removes artifacts unused for longer than ttl.

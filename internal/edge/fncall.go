@@ -837,10 +837,7 @@ func (e *Edge) stageArtifact(ctx context.Context, sb *sandbox, dst, ref string) 
 
 // keepArtifact keeps a file the call left as an artifact and returns its reference.
 func (e *Edge) keepArtifact(ctx context.Context, sb *sandbox, upper, p string) (string, error) {
-	rc, info, err := sb.agent.ReadFile(ctx, upper+p)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		rc, info, err = sb.agent.ReadFile(ctx, p)
-	}
+	rc, info, err := openCallFile(ctx, sb.agent, upper, p)
 	if err != nil {
 		return "", err
 	}
@@ -848,13 +845,19 @@ func (e *Edge) keepArtifact(ctx context.Context, sb *sandbox, upper, p string) (
 	return e.artifacts.put(rc, info.Mode)
 }
 
-// readCallOutput reads a file the call left: from the call's writable layer if it wrote it, else
-// from the container's layers.
-func readCallOutput(ctx context.Context, ag *agentrpc.Client, upper, p string) ([]byte, error) {
+// openCallFile opens a file as the call left it: from the call's writable layer if it wrote
+// it, else from the container's layers.
+func openCallFile(ctx context.Context, ag *agentrpc.Client, upper, p string) (io.ReadCloser, agentrpc.FileInfo, error) {
 	rc, info, err := ag.ReadFile(ctx, upper+p)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		rc, info, err = ag.ReadFile(ctx, p)
 	}
+	return rc, info, err
+}
+
+// readCallOutput reads a file the call left (openCallFile), at most maxOutputFile bytes.
+func readCallOutput(ctx context.Context, ag *agentrpc.Client, upper, p string) ([]byte, error) {
+	rc, info, err := openCallFile(ctx, ag, upper, p)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/layers"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -133,15 +134,6 @@ func (e *Edge) sharedDigests(ctx context.Context) (map[string]bool, error) {
 	return out, nil
 }
 
-// parseDigestRef checks that digest is "sha256:" and 64 lowercase hex digits.
-func parseDigestRef(digest string) (string, error) {
-	hex, ok := strings.CutPrefix(digest, "sha256:")
-	if !ok || len(hex) != 64 || strings.Trim(hex, "0123456789abcdef") != "" {
-		return "", errdefs.Invalid("digest", "want sha256:<64 lowercase hex digits>, got %q", digest)
-	}
-	return hex, nil
-}
-
 func parseRefKey(key string) (name, version, digest string, ok bool) {
 	parts := strings.Split(strings.TrimPrefix(key, refsPrefix), "/")
 	if len(parts) != 4 || !strings.HasSuffix(parts[3], ".json") {
@@ -154,8 +146,8 @@ func parseRefKey(key string) (name, version, digest string, ok bool) {
 // (name is "" for all) and returns how many it added. A version this node has with other content
 // is left alone and logged.
 func (e *Edge) SyncShared(ctx context.Context, name string) (int, error) {
-	if e.cfg.Shared == nil {
-		return 0, nil
+	if e.cfg.Shared == nil || (name != "" && !layerNameRE.MatchString(name)) {
+		return 0, nil // no such name can be published
 	}
 	prefix := refsPrefix
 	if name != "" {
@@ -214,7 +206,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 	default:
 		return false, fmt.Errorf("%s has unknown kind %q", key, l.Kind)
 	}
-	if _, err := parseDigestRef(l.Digest); err != nil {
+	if _, err := layers.ParseDigest(l.Digest); err != nil {
 		return false, err
 	}
 	if l.ImageConfig != nil {

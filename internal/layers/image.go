@@ -38,7 +38,7 @@ type filePutter interface {
 // tree, and stores image and record in the blob store (the image first, so a record never names a
 // missing image). The caller removes tree and stage.
 func (s *Store) publish(ctx context.Context, stage, tree string, blob Blob) (Blob, error) {
-	hexd, err := parseDigest(blob.Digest)
+	hexd, err := ParseDigest(blob.Digest)
 	if err != nil {
 		return Blob{}, err
 	}
@@ -156,7 +156,7 @@ func (s *Store) Acquire(ctx context.Context, digest string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("mount layer %s: %w", digest, err)
 	}
-	hexd, _ := parseDigest(digest)
+	hexd, _ := ParseDigest(digest)
 	dir, err := s.mounts.Acquire(hexd, img)
 	if err != nil {
 		return "", fmt.Errorf("mount layer %s: %w", digest, err)
@@ -166,7 +166,7 @@ func (s *Store) Acquire(ctx context.Context, digest string) (string, error) {
 
 // Release drops one reference taken by Acquire or Hold; the last one unmounts the layer.
 func (s *Store) Release(digest string) error {
-	hexd, err := parseDigest(digest)
+	hexd, err := ParseDigest(digest)
 	if err != nil {
 		return fmt.Errorf("release layer: %w", err)
 	}
@@ -176,7 +176,7 @@ func (s *Store) Release(digest string) error {
 // Hold takes a reference on a layer that is still mounted from before a restart of the process
 // (a sandbox that outlived it uses it). It reports false when the layer is not mounted.
 func (s *Store) Hold(digest string) bool {
-	hexd, err := parseDigest(digest)
+	hexd, err := ParseDigest(digest)
 	return err == nil && s.mounts.Hold(hexd)
 }
 
@@ -187,7 +187,7 @@ func (s *Store) Sweep() (int, error) { return s.mounts.Sweep() }
 // localImage returns a path on this host holding m's image: the blob store's own file, or the
 // node's cached copy, downloaded and checked on first use. Concurrent callers share a download.
 func (s *Store) localImage(ctx context.Context, m blobMeta) (string, error) {
-	ihex, err := parseDigest(m.Image)
+	ihex, err := ParseDigest(m.Image)
 	if err != nil {
 		return "", err
 	}
@@ -225,7 +225,7 @@ func (s *Store) localImage(ctx context.Context, m blobMeta) (string, error) {
 // becomes visible under p.
 func (s *Store) download(ctx context.Context, m blobMeta, p string) (string, error) {
 	start := time.Now()
-	ihex, _ := parseDigest(m.Image)
+	ihex, _ := ParseDigest(m.Image)
 	rc, err := s.blobs.Get(ctx, imageKey(ihex))
 	if err != nil {
 		return "", fmt.Errorf("fetch image %s from %s: %w", m.Image, s.blobs, err)
@@ -329,7 +329,7 @@ func (s *Store) migrateTrees(ctx context.Context) error {
 		digest := "sha256:" + e.Name()
 		dir := filepath.Join(legacy, e.Name())
 		tree := filepath.Join(dir, treeDir)
-		if _, err := parseDigest(digest); err != nil {
+		if _, err := ParseDigest(digest); err != nil {
 			continue
 		}
 		if bytes.Contains(mountinfo, []byte(tree)) {

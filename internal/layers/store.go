@@ -207,8 +207,8 @@ func (s *Store) Close() error {
 	return s.lock.Close() // closing the only descriptor drops the flock
 }
 
-// parseDigest validates "sha256:<64 lowercase hex digits>" and returns the hex part.
-func parseDigest(digest string) (string, error) {
+// ParseDigest validates "sha256:<64 lowercase hex digits>" and returns the hex part.
+func ParseDigest(digest string) (string, error) {
 	hex, ok := strings.CutPrefix(digest, "sha256:")
 	if !ok || len(hex) != 64 || strings.Trim(hex, "0123456789abcdef") != "" {
 		return "", errdefs.Invalid("digest", "want sha256:<64 lowercase hex digits>, got %q", digest)
@@ -237,7 +237,7 @@ func (s *Store) forget(digest string) {
 
 // meta returns digest's record, from memory or the blob store.
 func (s *Store) meta(ctx context.Context, digest string) (blobMeta, error) {
-	hex, err := parseDigest(digest)
+	hex, err := ParseDigest(digest)
 	if err != nil {
 		return blobMeta{}, err
 	}
@@ -280,7 +280,7 @@ func (s *Store) readMeta(ctx context.Context, key string) (blobMeta, error) {
 	if len(b) > maxMetaBytes || json.Unmarshal(b, &m) != nil || m.Format != "erofs" {
 		return blobMeta{}, fmt.Errorf("%s in %s is not a Corral layer record: %w", key, s.blobs, errCorruptRecord)
 	}
-	if _, err := parseDigest(m.Image); err != nil {
+	if _, err := ParseDigest(m.Image); err != nil {
 		return blobMeta{}, fmt.Errorf("%s in %s names a bad image digest %q: %w", key, s.blobs, m.Image, errCorruptRecord)
 	}
 	return m, nil
@@ -327,7 +327,7 @@ func (s *Store) Remove(ctx context.Context, digest string) error {
 	if err != nil {
 		return fmt.Errorf("remove layer: %w", err)
 	}
-	hex, _ := parseDigest(digest)
+	hex, _ := ParseDigest(digest)
 	if n := s.mounts.Refs(hex); n > 0 {
 		return errdefs.Conflict("remove layer %s: %d sandboxes of this node have it mounted", digest, n)
 	}
@@ -338,7 +338,7 @@ func (s *Store) Remove(ctx context.Context, digest string) error {
 		return fmt.Errorf("remove layer %s: %w", digest, err)
 	}
 	s.forget(digest)
-	img, _ := parseDigest(m.Image)
+	img, _ := ParseDigest(m.Image)
 	if err := s.blobs.Delete(ctx, imageKey(img)); err != nil {
 		// An image no record names is removed by the next Collect.
 		s.log.Error("delete a removed layer's image", "digest", digest, "image", m.Image, "err", err)
