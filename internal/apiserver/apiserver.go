@@ -22,6 +22,7 @@ import (
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -35,22 +36,14 @@ type Server struct {
 	layers *layers.Store
 	info   corral.Info
 
-	// tokens caches hashes of tokens that authenticated recently, so a busy client costs no store
-	// read per request. Protected by mu.
-	mu     sync.Mutex
-	tokens map[string]time.Time
-
 	// importMu serialises layer imports, so that dropping the tree of a rejected import can never
 	// race with another import publishing the same content.
 	importMu sync.Mutex
 }
 
-// tokenCacheTTL bounds how long a token stays valid after it was last checked against the store.
-const tokenCacheTTL = 10 * time.Second
-
 // New returns a Server. info is served by GET /v1/info (Sandboxes is filled in per call).
 func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info corral.Info) *Server {
-	return &Server{log: log, store: st, edge: e, layers: ls, info: info, tokens: make(map[string]time.Time)}
+	return &Server{log: log, store: st, edge: e, layers: ls, info: info}
 }
 
 // HashToken returns the form in which a token is stored.
@@ -59,7 +52,8 @@ func HashToken(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Handler returns the API's HTTP handler.
+// Handler returns the API's HTTP handler. Every route but /healthz needs a token; each states the
+// permission it needs and on which project (guard), and management actions are audited.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -70,22 +64,22 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/info", s.getInfo)
 	api.HandleFunc("POST /v1/sandboxes", s.createSandbox)
 	api.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
-	api.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
-	api.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
-	api.HandleFunc("POST /v1/sandboxes/{id}/ttl", s.setTTL)
-	api.HandleFunc("POST /v1/sandboxes/{id}/snapshot", s.snapshot)
-	api.HandleFunc("POST /v1/sandboxes/{id}/pause", s.lifecycle(s.edge.Pause))
-	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.lifecycle(s.edge.Resume))
-	api.HandleFunc("PUT /v1/sandboxes/{id}/network", s.setNetwork)
-	api.HandleFunc("GET /v1/sandboxes/{id}/network/blocked", s.blockedAttempts)
-	api.HandleFunc("GET /v1/metrics", func(w http.ResponseWriter, r *http.Request) {
+	api.HandleFunc("GET /v1/sandboxes/{id}", s.guard(iam.SandboxRead, "", s.onSandbox, s.getSandbox))
+	api.HandleFunc("DELETE /v1/sandboxes/{id}", s.guard(iam.SandboxAdmin, "sandbox.delete", s.onSandbox, s.deleteSandbox))
+	api.HandleFunc("POST /v1/sandboxes/{id}/ttl", s.guard(iam.SandboxAdmin, "sandbox.ttl", s.onSandbox, s.setTTL))
+	api.HandleFunc("POST /v1/sandboxes/{id}/snapshot", s.guard(iam.SandboxAdmin|iam.LayerPublish, "sandbox.snapshot", s.onSandbox, s.snapshot))
+	api.HandleFunc("POST /v1/sandboxes/{id}/pause", s.guard(iam.SandboxAdmin, "sandbox.pause", s.onSandbox, s.lifecycle(s.edge.Pause)))
+	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.guard(iam.SandboxAdmin, "sandbox.resume", s.onSandbox, s.lifecycle(s.edge.Resume)))
+	api.HandleFunc("PUT /v1/sandboxes/{id}/network", s.guard(iam.SandboxAdmin, "sandbox.network", s.onSandbox, s.setNetwork))
+	api.HandleFunc("GET /v1/sandboxes/{id}/network/blocked", s.guard(iam.SandboxRead, "", s.onSandbox, s.blockedAttempts))
+	api.HandleFunc("GET /v1/metrics", s.guard(iam.Operator, "", operator, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		s.edge.WriteMetrics(w)
-	})
+	}))
 	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
 	})
-	api.HandleFunc("PUT /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
+	api.HandleFunc("PUT /v1/network/services", s.guard(iam.Operator, "network.catalog", operator, func(w http.ResponseWriter, r *http.Request) {
 		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
 		if err != nil {
 			s.fail(w, r, errdefs.Invalid("catalog", "read the body (at most 1 MiB): %v", err))
@@ -97,7 +91,7 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		httpjson.Write(w, http.StatusOK, list)
-	})
+	}))
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
 	api.HandleFunc("GET /v1/environments", func(w http.ResponseWriter, r *http.Request) {
 		list, err := s.store.ListEnvironments(r.Context())
@@ -105,40 +99,47 @@ func (s *Server) Handler() http.Handler {
 			s.fail(w, r, err)
 			return
 		}
-		httpjson.Write(w, http.StatusOK, list)
+		c := who(r)
+		out := []corral.Environment{}
+		for _, env := range list {
+			if c.canRead(iam.LayerRead, env.Project, false) {
+				out = append(out, env)
+			}
+		}
+		httpjson.Write(w, http.StatusOK, out)
 	})
-	api.HandleFunc("GET /v1/environments/{name}", func(w http.ResponseWriter, r *http.Request) {
+	api.HandleFunc("GET /v1/environments/{name}", s.guard(iam.LayerRead, "", s.onEnvironment(true), func(w http.ResponseWriter, r *http.Request) {
 		env, err := s.store.GetEnvironment(r.Context(), r.PathValue("name"))
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		httpjson.Write(w, http.StatusOK, env)
-	})
-	api.HandleFunc("DELETE /v1/environments/{name}", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
 		if err := s.store.DeleteEnvironment(r.Context(), r.PathValue("name")); err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
-	})
-	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.tagLayer)
-	api.HandleFunc("DELETE /v1/layers/{name}/tags/{tag}", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.tag", s.onLayerName, s.tagLayer))
+	api.HandleFunc("DELETE /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.untag", s.onLayerName, func(w http.ResponseWriter, r *http.Request) {
 		if err := s.store.DeleteTag(r.Context(), r.PathValue("name"), r.PathValue("tag")); err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
-	})
-	api.HandleFunc("DELETE /v1/layers/{name}/{version}", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	api.HandleFunc("DELETE /v1/layers/{name}/{version}", s.guard(iam.LayerPublish, "layer.delete", s.onLayerName, func(w http.ResponseWriter, r *http.Request) {
 		l, err := s.edge.DeleteLayer(r.Context(), r.PathValue("name"), r.PathValue("version"))
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		httpjson.Write(w, http.StatusOK, l)
-	})
-	api.HandleFunc("POST /v1/layers/gc", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	api.HandleFunc("POST /v1/layers/gc", s.guard(iam.Operator, "layer.gc", operator, func(w http.ResponseWriter, r *http.Request) {
 		s.importMu.Lock() // no import commits a tree while the sweep runs
 		defer s.importMu.Unlock()
 		res, err := s.edge.GC(r.Context())
@@ -147,45 +148,41 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		httpjson.Write(w, http.StatusOK, res)
-	})
-	api.HandleFunc("POST /v1/layers", s.importLayer)
+	}))
+	api.HandleFunc("POST /v1/layers", s.guard(iam.LayerPublish, "layer.publish", s.onQueryProject("project", "name"), s.importLayer))
 	api.HandleFunc("GET /v1/layers", s.listLayers)
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
-	api.HandleFunc("POST /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
-		var env corral.FncallEnv
-		if err := httpjson.Decode(r, &env); err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		out, err := s.edge.CreateFncallEnv(r.Context(), env)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		httpjson.Write(w, http.StatusCreated, out)
-	})
+	api.HandleFunc("POST /v1/fncall", s.createFncallEnv)
 	api.HandleFunc("GET /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
-		httpjson.Write(w, http.StatusOK, s.edge.FncallEnvs())
+		c := who(r)
+		out := []corral.FncallEnv{}
+		for _, env := range s.edge.FncallEnvs() {
+			if p, err := iam.ParsePath("project", env.Project); err == nil && c.perms(p).Has(iam.SandboxRead) {
+				out = append(out, env)
+			}
+		}
+		httpjson.Write(w, http.StatusOK, out)
 	})
-	api.HandleFunc("GET /v1/fncall/{name}", func(w http.ResponseWriter, r *http.Request) {
+	api.HandleFunc("GET /v1/fncall/{name}", s.guard(iam.SandboxRead, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) {
 		env, err := s.edge.FncallEnv(r.PathValue("name"))
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		httpjson.Write(w, http.StatusOK, env)
-	})
-	api.HandleFunc("DELETE /v1/fncall/{name}", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	api.HandleFunc("DELETE /v1/fncall/{name}", s.guard(iam.SandboxAdmin, "fncall.delete", s.onFncall, func(w http.ResponseWriter, r *http.Request) {
 		if err := s.edge.DeleteFncallEnv(r.Context(), r.PathValue("name")); err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
-	})
-	api.HandleFunc("POST /v1/fncall/{name}", func(w http.ResponseWriter, r *http.Request) { s.call(w, r, false) })
-	api.HandleFunc("POST /v1/fncall/{name}/stream", func(w http.ResponseWriter, r *http.Request) { s.call(w, r, true) })
+	}))
+	api.HandleFunc("POST /v1/fncall/{name}", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, false) }))
+	api.HandleFunc("POST /v1/fncall/{name}/stream", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, true) }))
+	s.iamRoutes(api)
 	// Everything else under a sandbox is its data plane, served by the edge that runs it.
-	api.Handle("/v1/sandboxes/{id}/", s.route())
+	api.Handle("/v1/sandboxes/{id}/", s.guard(iam.SandboxUse, "", s.onSandbox, s.route().ServeHTTP))
 	api.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.NotFound("no API route %s %s", r.Method, r.URL.Path))
 	})
@@ -210,49 +207,10 @@ func (s *Server) route() http.Handler {
 	})
 }
 
-func (s *Server) authenticate(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth := r.Header.Get("Authorization")
-		token, ok := strings.CutPrefix(auth, "Bearer ")
-		if !ok || token == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
-			httpjson.Error(w, r, s.log, fmt.Errorf("missing bearer token (set CORRAL_TOKEN): %w", errdefs.ErrUnauthorized))
-			return
-		}
-		if err := s.checkToken(r.Context(), token); err != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="corral", error="invalid_token"`)
-			httpjson.Error(w, r, s.log, err)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-func (s *Server) checkToken(ctx context.Context, token string) error {
-	h := HashToken(token)
-	now := time.Now()
-	s.mu.Lock()
-	seen, ok := s.tokens[h]
-	s.mu.Unlock()
-	if ok && now.Sub(seen) < tokenCacheTTL {
-		return nil
-	}
-	if _, err := s.store.TokenPrincipal(ctx, h); err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return fmt.Errorf("invalid token: %w", errdefs.ErrUnauthorized)
-		}
-		return err
-	}
-	s.mu.Lock()
-	if len(s.tokens) > 10000 {
-		clear(s.tokens)
-	}
-	s.tokens[h] = now
-	s.mu.Unlock()
-	return nil
-}
-
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if rec, ok := w.(*statusRecorder); ok {
+		rec.err = err
+	}
 	httpjson.Error(w, r, s.log, err)
 }
 
@@ -268,11 +226,24 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	rec, err := s.edge.Create(r.Context(), req)
+	c := who(r)
+	project, err := c.project("project", req.Project)
+	if err == nil {
+		err = c.require(iam.SandboxCreate, project)
+	}
 	if err != nil {
+		s.audit(r, "sandbox.create", project, "", err, "")
 		s.fail(w, r, err)
 		return
 	}
+	req.Project = project
+	rec, err := s.edge.Create(r.Context(), req)
+	if err != nil {
+		s.audit(r, "sandbox.create", project, "", err, "")
+		s.fail(w, r, err)
+		return
+	}
+	s.audit(r, "sandbox.create", project, rec.ID, nil, "")
 	httpjson.Write(w, http.StatusCreated, rec.Sandbox)
 }
 
@@ -300,11 +271,21 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		f.Labels[k] = v
 	}
 	for k := range q {
-		if k != "state" && k != "label" {
+		if k != "state" && k != "label" && k != "project" {
 			s.fail(w, r, errdefs.Invalid(k, "unknown query parameter"))
 			return
 		}
 	}
+	c := who(r)
+	under, err := c.project("project", q.Get("project"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !iam.Within(under, c.tok.ProjectPath) {
+		under = c.tok.ProjectPath // nothing above the token's scope is visible anyway
+	}
+	f.Project = &under
 	recs, err := s.edge.List(r.Context(), f)
 	if err != nil {
 		s.fail(w, r, err)
@@ -312,7 +293,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]corral.Sandbox, 0, len(recs))
 	for _, rec := range recs {
-		out = append(out, rec.Sandbox)
+		if p, err := iam.ParsePath("project", rec.Project); err == nil && c.perms(p).Has(iam.SandboxRead) {
+			out = append(out, rec.Sandbox)
+		}
 	}
 	httpjson.Write(w, http.StatusOK, map[string]any{"sandboxes": out})
 }
@@ -399,11 +382,21 @@ func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalid("created_at", "is set by the server"))
 		return
 	}
-	got, err := s.edge.SaveEnvironment(r.Context(), env)
+	c := who(r)
+	project, err := c.project("project", env.Project)
+	if err == nil {
+		err = c.require(iam.LayerPublish, project)
+	}
+	if err == nil {
+		env.Project = project
+		env, err = s.edge.SaveEnvironment(r.Context(), env)
+	}
+	s.audit(r, "environment.save", project, env.Name, err, "")
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
+	got := env
 	httpjson.Write(w, http.StatusOK, got)
 }
 
@@ -489,6 +482,16 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	project, _ := who(r).project("project", q.Get("project")) // checked by the guard
+	private := false
+	switch q.Get("private") {
+	case "", "false":
+	case "true":
+		private = true
+	default:
+		s.fail(w, r, errdefs.Invalid("private", "%q is not true or false", q.Get("private")))
+		return
+	}
 	log := s.log.With("layer", name+":"+version)
 	start := time.Now()
 	s.importMu.Lock()
@@ -502,6 +505,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 	l, created, err := s.edge.PublishLayer(r.Context(), corral.Layer{
 		Name: name, Version: version, Kind: kind, Digest: blob.Digest,
 		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), ImageConfig: imageConfig, Below: below,
+		Project: project, Private: private,
 	})
 	if err != nil {
 		s.fail(w, r, err)
@@ -568,10 +572,14 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	if ls == nil {
-		ls = []corral.Layer{}
+	c := who(r)
+	out := []corral.Layer{}
+	for _, l := range ls {
+		if c.canRead(iam.LayerRead, l.Project, l.Private) {
+			out = append(out, l)
+		}
 	}
-	httpjson.Write(w, http.StatusOK, map[string]any{"layers": ls})
+	httpjson.Write(w, http.StatusOK, map[string]any{"layers": out})
 }
 
 func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
@@ -585,5 +593,99 @@ func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if !who(r).canRead(iam.LayerRead, l.Project, l.Private) {
+		p, _ := iam.ParsePath("project", l.Project)
+		s.fail(w, r, who(r).require(iam.LayerRead, p))
+		return
+	}
 	httpjson.Write(w, http.StatusOK, l)
+}
+
+func (s *Server) createFncallEnv(w http.ResponseWriter, r *http.Request) {
+	var env corral.FncallEnv
+	if err := httpjson.Decode(r, &env); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	c := who(r)
+	project, err := c.project("project", env.Project)
+	if err == nil {
+		err = c.require(iam.SandboxCreate, project)
+	}
+	var out corral.FncallEnv
+	if err == nil {
+		env.Project = project
+		out, err = s.edge.CreateFncallEnv(r.Context(), env)
+	}
+	s.audit(r, "fncall.create", project, env.Name, err, "")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusCreated, out)
+}
+
+// canRead reports whether the caller may see an object of the project at display path owner
+// that is shared down the tree unless private: with perm on owner, or, from inside owner's
+// subtree, with perm on the token's own project.
+func (c *caller) canRead(perm iam.Perm, owner string, private bool) bool {
+	p, err := iam.ParsePath("project", owner)
+	if err != nil {
+		return false
+	}
+	if c.perms(p).Has(perm) {
+		return true
+	}
+	return !private && iam.Within(c.tok.ProjectPath, p) && c.perms(c.tok.ProjectPath).Has(perm)
+}
+
+// onEnvironment resolves to the project of the environment in the path. Readers from inside
+// the project's subtree resolve to their own scope, since environments are shared down.
+func (s *Server) onEnvironment(read bool) resolver {
+	return func(r *http.Request) (string, string, error) {
+		name := r.PathValue("name")
+		env, err := s.store.GetEnvironment(r.Context(), name)
+		if err != nil {
+			return "", name, err
+		}
+		p, err := iam.ParsePath("project", env.Project)
+		if scope := who(r).tok.ProjectPath; read && err == nil && iam.Within(scope, p) {
+			p = scope
+		}
+		return p, name, err
+	}
+}
+
+// onLayerName resolves to the project that owns the layer name in the path.
+func (s *Server) onLayerName(r *http.Request) (string, string, error) {
+	name := r.PathValue("name")
+	ls, err := s.store.ListLayers(r.Context(), name)
+	if err != nil {
+		return "", name, err
+	}
+	if len(ls) == 0 {
+		return "", name, errdefs.NotFound("layer %s", name)
+	}
+	p, err := iam.ParsePath("project", ls[0].Project)
+	return p, name + ":" + r.PathValue("version") + r.PathValue("tag"), err
+}
+
+// onQueryProject resolves to the project in a query parameter (the caller's scope when absent);
+// target is another query parameter.
+func (s *Server) onQueryProject(param, target string) resolver {
+	return func(r *http.Request) (string, string, error) {
+		p, err := who(r).project(param, r.URL.Query().Get(param))
+		return p, r.URL.Query().Get(target), err
+	}
+}
+
+// onFncall resolves to the project of the fncall environment in the path.
+func (s *Server) onFncall(r *http.Request) (string, string, error) {
+	name := r.PathValue("name")
+	env, err := s.edge.FncallEnv(name)
+	if err != nil {
+		return "", name, err
+	}
+	p, err := iam.ParsePath("project", env.Project)
+	return p, name, err
 }

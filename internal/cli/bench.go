@@ -6,6 +6,7 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/corral-dev/corral/internal/bench"
 	"github.com/spf13/cobra"
@@ -175,5 +176,72 @@ func (a *app) newBenchCmd() *cobra.Command {
 	nf.IntVar(&nc.DownloadMiB, "download-mib", 256, "size of each download")
 	nf.IntVar(&nc.Downloads, "downloads", 5, "downloads each way")
 	cmd.AddCommand(network)
+	cmd.AddCommand(a.newBenchIAMCmd())
+	return cmd
+}
+
+// newBenchIAMCmd returns `corral bench iam`: what authorisation and quota admission add to a
+// create, measured on a temporary SQLite store of its own (no server, no root).
+func (a *app) newBenchIAMCmd() *cobra.Command {
+	var cfg bench.IAMConfig
+	var seconds float64
+	cmd := &cobra.Command{
+		Use:   "iam",
+		Short: "Authorisation and quota admission per create at depth 1 and 10 vs a plain insert, and creations/s with checks on vs off (local store, no server)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if seconds <= 0 {
+				return usagef("--seconds must be positive")
+			}
+			cfg.Duration = time.Duration(seconds * float64(time.Second))
+			res, err := bench.IAM(cmd.Context(), cfg, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(res)
+			}
+			ms := func(s bench.Stats) string { return fmt.Sprintf("%.3f / %.3f", s.P50, s.P99) }
+			t := newTable(a.stdout)
+			t.row("PER CREATE (ms, p50 / p99)", "DEPTH "+fmt.Sprint(res.Depths[0].Depth), "DEPTH "+fmt.Sprint(res.Depths[1].Depth))
+			rows := []struct {
+				name string
+				get  func(bench.IAMDepth) bench.Stats
+			}{
+				{"baseline: PutSandbox", func(d bench.IAMDepth) bench.Stats { return d.Baseline }},
+				{"auth (token, grants, decision)", func(d bench.IAMDepth) bench.Stats { return d.Auth }},
+				{"AdmitSandbox", func(d bench.IAMDepth) bench.Stats { return d.Admit }},
+				{"added: auth+admit − baseline", func(d bench.IAMDepth) bench.Stats { return d.Added }},
+				{"project lookups ×2", func(d bench.IAMDepth) bench.Stats { return d.Resolve }},
+				{"audit entry", func(d bench.IAMDepth) bench.Stats { return d.Audit }},
+				{"added: all identity − baseline", func(d bench.IAMDepth) bench.Stats { return d.FullAdded }},
+			}
+			for _, r := range rows {
+				t.row(r.name, ms(r.get(res.Depths[0])), ms(r.get(res.Depths[1])))
+			}
+			tp := res.Throughput
+			t.row("")
+			t.row(fmt.Sprintf("CREATES/S (%d goroutines, depth %d)", tp.Concurrency, res.Depths[1].Depth), "PER SECOND", "VS CHECKS OFF")
+			t.row("checks off: PutSandbox", fmt.Sprintf("%.0f", tp.ChecksOff), "1.00x")
+			t.row("checks on: AdmitSandbox", fmt.Sprintf("%.0f", tp.ChecksOn), fmt.Sprintf("%.2fx", tp.Ratio))
+			t.row("all identity (auth, lookups, admit, audit)", fmt.Sprintf("%.0f", tp.Full), fmt.Sprintf("%.2fx", tp.FullRatio))
+			if err := t.flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "\n%d projects, %d principals, %d grants, %d live sandboxes; populated in %.1f s; %d CPUs\n",
+				res.Projects, res.Principals, res.Grants, res.LiveSandboxes, res.PopulateTotal, res.CPUs)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Projects, "projects", 10_000, "projects in the store (a chain of depth 10 among them)")
+	f.IntVar(&cfg.Grants, "grants", 100_000, "grants in the store")
+	f.IntVar(&cfg.Principals, "principals", 5_000, "principals the grants are spread over")
+	f.IntVar(&cfg.Sandboxes, "sandboxes", 3_000, "live sandbox records spread over the projects (as many stopped ones are added)")
+	f.IntVarP(&cfg.N, "samples", "n", 2_000, "paired latency samples per depth")
+	f.Float64Var(&seconds, "seconds", 5, "measured seconds of each throughput test")
+	f.IntVar(&cfg.Concurrency, "concurrency", 8, "concurrent creators in the throughput test")
+	f.StringVar(&cfg.Dir, "dir", "", "directory to make the temporary store in (default: the system's temp dir)")
+	f.BoolVar(&cfg.Keep, "keep", false, "keep the store and print its path")
 	return cmd
 }

@@ -116,8 +116,13 @@ func (a *app) run(ctx context.Context, args []string) int {
 // describe turns an error into the message the user sees, with a hint where one helps.
 func (a *app) describe(err error) string {
 	if apiErr, ok := errors.AsType[*corral.APIError](err); ok {
-		if apiErr.Code == corral.CodeUnauthorized && a.token == "" {
+		switch {
+		case apiErr.Code == corral.CodeUnauthorized && a.token == "":
 			return err.Error() + " (no token: set CORRAL_TOKEN or --token-file)"
+		case apiErr.Quota != nil:
+			return fmt.Sprintf("%v (%s)", err, quotaLine(apiErr.Quota))
+		case apiErr.Permission != "" && !strings.Contains(err.Error(), apiErr.Permission):
+			return fmt.Sprintf("%v (missing permission %s)", err, apiErr.Permission)
 		}
 		return err.Error()
 	}
@@ -197,6 +202,15 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newEnvCmd(),
 		a.newFncallCmd(),
 		a.newCallCmd(),
+		a.newWhoamiCmd(),
+		a.newProjectCmd(),
+		a.newGrantCmd(),
+		a.newGrantsCmd(),
+		a.newRevokeCmd(),
+		a.newPrincipalCmd(),
+		a.newQuotaCmd(),
+		a.newTokenCmd(),
+		a.newAuditCmd(),
 	)
 	return root
 }

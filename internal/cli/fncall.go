@@ -26,11 +26,11 @@ func (a *app) newFncallCmd() *cobra.Command {
 	}
 	var base, workspace, timeout, queueWait, memory, files string
 	var toolkits, netAllow, netDeny, warmImports []string
-	var warmInterp string
+	var warmInterp, project string
 	var poolMin, poolMax, queueDepth int
 	var cpus float64
 	create := &cobra.Command{
-		Use:   "create NAME --base N:V [--workspace N:V] [--toolkit N:V]... [--pool-min N] [--pool-max N] [--timeout D]",
+		Use:   "create NAME --base N:V [--workspace N:V] [--toolkit N:V]... [--pool-min N] [--pool-max N] [--timeout D] [--project PATH]",
 		Short: "Define an fncall environment and start its pool",
 		Example: `  corral fncall create judge --base base:default --pool-min 2 --pool-max 8 --timeout 10s
   corral call judge -- sh -c 'echo hello'`,
@@ -46,7 +46,7 @@ func (a *app) newFncallCmd() *cobra.Command {
 					}
 				}
 			}
-			env := corral.FncallEnv{Name: args[0], Base: base, Workspace: workspace, Toolkits: toolkits,
+			env := corral.FncallEnv{Name: args[0], Project: project, Base: base, Workspace: workspace, Toolkits: toolkits,
 				PoolMin: poolMin, PoolMax: poolMax, Timeout: timeout, QueueDepth: queueDepth, QueueWait: queueWait,
 				Limits: corral.Limits{CPUs: cpus}}
 			if len(warmImports) > 0 || warmInterp != "" {
@@ -97,6 +97,7 @@ func (a *app) newFncallCmd() *cobra.Command {
 	f.StringSliceVar(&warmImports, "warm-python", nil, "keep a Python interpreter ready in each container with these modules imported (comma-separated, repeatable)")
 	f.StringVar(&warmInterp, "warm-interpreter", "", "the warm interpreter's program (default python3)")
 	f.StringVar(&files, "files-bytes", "", "most a call may write (its private writable layer, in memory; default 64M)")
+	f.StringVar(&project, "project", "", "project that owns the environment and is charged for its containers (default: the token's)")
 
 	ls := &cobra.Command{
 		Use:   "ls",

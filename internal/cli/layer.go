@@ -43,8 +43,9 @@ func splitRef(ref string) (name, version string, err error) {
 func (a *app) newLayerImportCmd() *cobra.Command {
 	var kind, dir, tarFile, image, layout, archive, platform, collapse string
 	var insecure, split bool
+	var pub corral.ImportOptions
 	cmd := &cobra.Command{
-		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE | --image REF | --oci-layout DIR[:TAG] | --docker-archive FILE)",
+		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE | --image REF | --oci-layout DIR[:TAG] | --docker-archive FILE) [--project PATH] [--private]",
 		Short: "Publish a directory, a tar stream or a container image as a layer version",
 		Long: `Publish a directory (--dir), a tar stream (--tar FILE, "-" for stdin; plain, gzip or
 zstd) or a container image as an immutable layer version. An image comes from a registry
@@ -56,7 +57,10 @@ image becomes several layers instead: runs of consecutive image layers of at mos
 --collapse-below bytes together (default 3GB) are merged, each run but the last is published as
 NAME.partK:VERSION, and NAME:VERSION stacks on them, so an image that shares its lower layers with
 another stores them once. Publishing the same content again under the same NAME:VERSION succeeds;
-other content under an existing NAME:VERSION is refused.`,
+other content under an existing NAME:VERSION is refused.
+
+The layer belongs to a project (--project, default the token's) and is usable in that project's
+whole subtree, unless --private keeps it to the project itself.`,
 		Example: `  corral layer import base:2025-01 --kind base --dir ./rootfs
   corral layer import python:3.12 --kind base --image registry.example.com/library/python:3.12-slim
   corral layer import app:v1 --kind base --oci-layout ./app-oci:v1
@@ -87,11 +91,11 @@ other content under an existing NAME:VERSION is refused.`,
 			}
 			var l *corral.Layer
 			if src := (oci.Source{Image: image, Layout: layout, DockerArchive: archive}); src != (oci.Source{}) {
-				l, err = a.importImage(cmd.Context(), c, name, version, kind, src, oci.Options{Platform: platform, Insecure: insecure}, threshold)
+				l, err = a.importImage(cmd.Context(), c, name, version, kind, src, oci.Options{Platform: platform, Insecure: insecure}, threshold, pub)
 			} else if split {
 				return usagef("--split applies to images (--image, --oci-layout, --docker-archive)")
 			} else if dir != "" {
-				l, err = importDir(cmd.Context(), c, name, version, kind, dir)
+				l, err = importDir(cmd.Context(), c, name, version, kind, dir, pub)
 			} else {
 				var r io.Reader = a.stdin
 				if tarFile != "-" {
@@ -105,7 +109,7 @@ other content under an existing NAME:VERSION is refused.`,
 				if r == nil {
 					return usagef("--tar -: no stdin")
 				}
-				l, err = c.ImportLayer(cmd.Context(), name, version, kind, r)
+				l, err = c.ImportLayerWith(cmd.Context(), name, version, kind, pub, r)
 			}
 			if err != nil {
 				return err
@@ -128,6 +132,8 @@ other content under an existing NAME:VERSION is refused.`,
 	f.BoolVar(&insecure, "insecure", false, "allow a plain-HTTP registry")
 	f.BoolVar(&split, "split", false, "publish an image as several stacked layers instead of one")
 	f.StringVar(&collapse, "collapse-below", "3GB", "with --split: merge consecutive image layers up to this many bytes in all (0: one layer per image layer)")
+	f.StringVar(&pub.Project, "project", "", "publish the layer in this project (default: the token's)")
+	f.BoolVar(&pub.Private, "private", false, "keep the layer from the project's subprojects")
 	cmd.MarkFlagRequired("kind")
 	cmd.MarkFlagsMutuallyExclusive("dir", "tar", "image", "oci-layout", "docker-archive")
 	cmd.MarkFlagsOneRequired("dir", "tar", "image", "oci-layout", "docker-archive")
@@ -136,8 +142,9 @@ other content under an existing NAME:VERSION is refused.`,
 
 // importImage publishes a container image with its configuration, showing progress on a
 // terminal: flattened into one layer, or, with a threshold of 0 or more (--split), as a stack of
-// layers, one per run of consecutive image layers of at most threshold bytes.
-func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, kind string, src oci.Source, opt oci.Options, threshold int64) (*corral.Layer, error) {
+// layers, one per run of consecutive image layers of at most threshold bytes. Every layer is
+// published with pub's project and privacy.
+func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, kind string, src oci.Source, opt oci.Options, threshold int64, pub corral.ImportOptions) (*corral.Layer, error) {
 	if _, tty := terminalFd(a.stderr); tty {
 		var last time.Time
 		opt.Progress = func(done, total int64, layer, layers int) {
@@ -157,7 +164,7 @@ func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, 
 		Entrypoint: info.Config.Entrypoint, Cmd: info.Config.Cmd, Labels: info.Config.Labels}
 	if threshold < 0 {
 		return uploadTar("image", func(w io.Writer) error { return img.Flatten(ctx, w) }, func(r io.Reader) (*corral.Layer, error) {
-			return c.ImportImageLayer(ctx, name, version, kind, cfg, r)
+			return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Project: pub.Project, Private: pub.Private}, r)
 		})
 	}
 	groups := img.Groups(threshold)
@@ -165,7 +172,7 @@ func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, 
 	for k, g := range groups[:len(groups)-1] {
 		part := fmt.Sprintf("%s.part%d", name, k+1)
 		l, err := uploadTar("image", func(w io.Writer) error { return img.WriteGroup(ctx, g, w) }, func(r io.Reader) (*corral.Layer, error) {
-			return c.ImportLayer(ctx, part, version, kind, r)
+			return c.ImportLayerWith(ctx, part, version, kind, corral.ImportOptions{Project: pub.Project, Private: pub.Private}, r)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("part %d of %d (image layers %d-%d): %w", k+1, len(groups), g[0]+1, g[len(g)-1]+1, err)
@@ -174,7 +181,7 @@ func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, 
 	}
 	top := groups[len(groups)-1]
 	return uploadTar("image", func(w io.Writer) error { return img.WriteGroup(ctx, top, w) }, func(r io.Reader) (*corral.Layer, error) {
-		return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Below: below}, r)
+		return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Below: below, Project: pub.Project, Private: pub.Private}, r)
 	})
 }
 
@@ -196,15 +203,15 @@ func uploadTar(what string, write func(io.Writer) error, upload func(io.Reader) 
 	return l, err
 }
 
-// importDir streams a tar of dir into ImportLayer.
-func importDir(ctx context.Context, c *corral.Client, name, version, kind, dir string) (*corral.Layer, error) {
+// importDir streams a tar of dir into ImportLayerWith.
+func importDir(ctx context.Context, c *corral.Client, name, version, kind, dir string, opt corral.ImportOptions) (*corral.Layer, error) {
 	if fi, err := os.Stat(dir); err != nil {
 		return nil, err
 	} else if !fi.IsDir() {
 		return nil, fmt.Errorf("--dir %s is not a directory", dir)
 	}
 	return uploadTar(dir, func(w io.Writer) error { return layerTar(ctx, dir, w) }, func(r io.Reader) (*corral.Layer, error) {
-		return c.ImportLayer(ctx, name, version, kind, r)
+		return c.ImportLayerWith(ctx, name, version, kind, opt, r)
 	})
 }
 

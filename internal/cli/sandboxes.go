@@ -13,17 +13,20 @@ import (
 
 func (a *app) newCreateCmd() *cobra.Command {
 	var f createFlags
+	var project string
 	cmd := &cobra.Command{
 		Use:   "create [flags]",
 		Short: "Create a sandbox and print its ID",
 		Example: `  corral create --base base:default --memory 1G --cpus 2 --ttl 2h --label task=42
-  id=$(corral create) && corral exec "$id" -- uname -a`,
+  id=$(corral create) && corral exec "$id" -- uname -a
+  corral create --project team-a/rollout-17`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req, err := f.request()
 			if err != nil {
 				return err
 			}
+			req.Project = project
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -40,6 +43,7 @@ func (a *app) newCreateCmd() *cobra.Command {
 		},
 	}
 	f.add(cmd.Flags(), a.getenv)
+	cmd.Flags().StringVar(&project, "project", "", "project to create the sandbox in, e.g. team-a/rollout-17 (default: the token's)")
 	return cmd
 }
 
@@ -91,6 +95,7 @@ func (a *app) printSandbox(sb *corral.Sandbox) error {
 	for _, kv := range [][2]string{
 		{"ID:", sb.ID},
 		{"State:", state},
+		{"Project:", orDash(sb.Project)},
 		{"Node:", orDash(sb.Node)},
 		{"Tier:", orDash(sb.Tier)},
 		{"Runtime:", orDash(sb.Runtime)},
@@ -121,10 +126,10 @@ func (a *app) printSandbox(sb *corral.Sandbox) error {
 }
 
 func (a *app) newLsCmd() *cobra.Command {
-	var state string
+	var state, project string
 	var labels []string
 	cmd := &cobra.Command{
-		Use:     "ls [--state S] [--label K=V ...]",
+		Use:     "ls [--state S] [--label K=V ...] [--project PATH]",
 		Aliases: []string{"list"},
 		Short:   "List sandboxes",
 		Args:    exactArgs(0, "no arguments"),
@@ -137,7 +142,7 @@ func (a *app) newLsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := c.ListSandboxes(cmd.Context(), corral.ListOptions{State: state, Labels: want})
+			list, err := c.ListSandboxes(cmd.Context(), corral.ListOptions{State: state, Labels: want, Project: project})
 			if err != nil {
 				return err
 			}
@@ -148,7 +153,7 @@ func (a *app) newLsCmd() *cobra.Command {
 				return a.printJSON(list)
 			}
 			now := a.now()
-			t := newTable(a.stdout, "ID", "STATE", "BASE", "CREATED", "EXPIRES", "LABELS")
+			t := newTable(a.stdout, "ID", "STATE", "BASE", "CREATED", "EXPIRES", "PROJECT", "LABELS")
 			for _, sb := range list {
 				st := sb.State
 				if sb.Reason != "" {
@@ -158,13 +163,14 @@ func (a *app) newLsCmd() *cobra.Command {
 				if sb.State != corral.StateRunning && sb.State != corral.StateCreating {
 					expires = "-"
 				}
-				t.row(sb.ID, st, orDash(sb.Base), relTime(sb.CreatedAt, now), expires, orDash(formatLabels(sb.Labels)))
+				t.row(sb.ID, st, orDash(sb.Base), relTime(sb.CreatedAt, now), expires, orDash(sb.Project), orDash(formatLabels(sb.Labels)))
 			}
 			return t.flush()
 		},
 	}
 	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: creating, running, stopped, failed")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with this label KEY=VALUE (repeatable; all must match)")
+	cmd.Flags().StringVar(&project, "project", "", "only sandboxes in this project's subtree")
 	return cmd
 }
 

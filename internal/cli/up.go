@@ -58,6 +58,7 @@ re-adopted at the next start, as they are after a crash.`,
 	f.IntVar(&cfg.DiskPool, "disk-pool", 4, "writable disks of the default size kept formatted ahead")
 	f.IntVar(&cfg.KeepExitedCommands, "keep-exited-commands", 0, "exited commands each sandbox keeps for re-attach (default 64)")
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
+	f.DurationVar(&cfg.AuditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")
 	f.BoolVar(&cfg.Net.Disabled, "no-net", false, "no sandbox networking: every sandbox has loopback only")
 	f.StringVar(&cfg.Net.Pool, "net-pool", "10.200.0.0/16", "IPv4 prefix sandbox addresses come from (a /30 each)")
 	f.StringVar(&cfg.Net.Tag, "net-tag", "0", "1-4 of [a-z0-9] naming this instance's interfaces and nftables tables")

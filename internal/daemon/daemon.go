@@ -6,8 +6,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +25,7 @@ import (
 	"github.com/corral-dev/corral/internal/egress/dns"
 	"github.com/corral-dev/corral/internal/egress/proxy"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
@@ -68,6 +67,8 @@ type Config struct {
 	// re-attach (agent defaults: 64 commands, 10 minutes).
 	KeepExitedCommands int
 	KeepExitedFor      time.Duration
+	// AuditRetention is how long audit entries are kept. Default 90 days.
+	AuditRetention time.Duration
 	// Net configures sandbox networking.
 	Net NetConfig
 }
@@ -87,6 +88,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DiskPool == 0 {
 		c.DiskPool = 4
+	}
+	if c.AuditRetention == 0 {
+		c.AuditRetention = 90 * 24 * time.Hour
 	}
 }
 
@@ -252,6 +256,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		info.Runtimes = append(info.Runtimes, edge.RuntimeGVisor)
 	}
 	api := apiserver.New(log, st, e, ls, info)
+	go api.PruneAudit(ctx, cfg.AuditRetention)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
@@ -286,19 +291,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 func ensureAdminToken(ctx context.Context, st *store.Store, adminPath string, log *slog.Logger) error {
 	if b, err := os.ReadFile(adminPath); err == nil {
 		tok := strings.TrimSpace(string(b))
-		if _, err := st.TokenPrincipal(ctx, apiserver.HashToken(tok)); err == nil {
+		if t, err := st.TokenByHash(ctx, apiserver.HashToken(tok)); err == nil && t.Principal == store.RootPrincipal && t.RevokedAt.IsZero() {
 			return nil
 		}
 		log.Warn("admin.token does not match the store; issuing a new admin token", "path", adminPath)
 	}
-	var b [32]byte
-	rand.Read(b[:])
-	tok := "crl_" + base64.RawURLEncoding.EncodeToString(b[:])
+	tok, _ := iam.NewToken()
 	tmp := adminPath + ".tmp"
 	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
 		return fmt.Errorf("write admin token: %w", err)
 	}
-	if err := st.AddToken(ctx, apiserver.HashToken(tok), "root"); err != nil {
+	if err := st.AddRootToken(ctx, apiserver.HashToken(tok)); err != nil {
 		os.Remove(tmp)
 		return err
 	}

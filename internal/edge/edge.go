@@ -32,6 +32,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -495,8 +496,9 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool)
 		return nil, err
 	}
 	rec := adm.rec
-	log := e.log.With("sandbox", rec.ID)
-	err = e.store.PutSandbox(ctx, rec)
+	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
+	// The quotas of the project and its ancestors are checked in the transaction that records it.
+	err = e.store.AdmitSandbox(ctx, rec)
 	e.layersMu.RUnlock()
 	if err != nil {
 		return nil, err
@@ -633,6 +635,14 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 	}
 	keepsTTL := req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
+	projectPath, err := e.projectPath(ctx, req.Project)
+	if err != nil {
+		return nil, err
+	}
+	project, err := e.store.GetProject(ctx, projectPath)
+	if err != nil {
+		return nil, err
+	}
 	netc, err := e.compileNetwork(req.Network)
 	if err != nil {
 		return nil, err
@@ -656,6 +666,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		} else if err != nil {
 			return nil, err
 		}
+		if owner, _ := iam.ParsePath("project", env.Project); !iam.Within(projectPath, owner) {
+			return nil, errdefs.Invalid("environment", "environment %q is not usable in project %s", req.Environment, iam.Display(projectPath))
+		}
 		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
 	}
 	var snap corral.Layer
@@ -671,6 +684,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil, errdefs.Invalid("from_snapshot", "layer %s is not published (see `corral layer ls`)", req.FromSnapshot)
 		} else if err != nil {
+			return nil, err
+		}
+		if err := layerUsable("from_snapshot", snap, projectPath); err != nil {
 			return nil, err
 		}
 		if snap.Kind != corral.KindSnapshot || snap.Snapshot == nil {
@@ -708,6 +724,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		if err != nil {
 			return nil, err
 		}
+		if err := layerUsable(r.field, l, projectPath); err != nil {
+			return nil, err
+		}
 		resolved = append(resolved, l.Name+":"+l.Version)
 		if r.field == "base" && l.ImageConfig != nil {
 			imageCfg = l.ImageConfig
@@ -717,6 +736,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			part, err := e.resolveLayer(ctx, r.field, b, r.kind)
 			if err != nil {
 				return nil, fmt.Errorf("layer %s stacks on %s: %w", r.ref, b, err)
+			}
+			if err := layerUsable(r.field, part, projectPath); err != nil {
+				return nil, err
 			}
 			digests = append(digests, part.Digest)
 		}
@@ -754,11 +776,40 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
-			Network: &netc.Source,
+			Network: &netc.Source, Project: iam.Display(projectPath),
 		},
-		Lower: digests,
+		Lower:     digests,
+		ProjectID: project.ID,
 	}
 	return &admission{rec: rec, net: netc}, nil
+}
+
+// projectPath checks that the project at path (as the API gives it; "" is the root) exists and
+// returns its canonical path.
+func (e *Edge) projectPath(ctx context.Context, path string) (string, error) {
+	p, err := iam.ParsePath("project", path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := e.store.GetProject(ctx, p); errors.Is(err, errdefs.ErrNotFound) {
+		return "", errdefs.Invalid("project", "project %s does not exist", iam.Display(p))
+	} else if err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+// layerUsable checks that a sandbox in project at may use layer l: one of its own project's, or
+// one an ancestor shares down the tree.
+func layerUsable(field string, l corral.Layer, at string) error {
+	owner, err := iam.ParsePath("project", l.Project)
+	if err != nil {
+		return err
+	}
+	if !iam.LayerVisible(owner, l.Private, at) {
+		return errdefs.Invalid(field, "layer %s:%s is not published in project %s or shared down to it", l.Name, l.Version, iam.Display(at))
+	}
+	return nil
 }
 
 func (e *Edge) parseTTL(field, s string) (time.Duration, error) {
@@ -950,19 +1001,32 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	if len(env.Toolkits) > 32 {
 		return corral.Environment{}, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(env.Toolkits))
 	}
-	if _, err := e.resolveLayer(ctx, "base", env.Base, corral.KindBase); err != nil {
+	at, err := e.projectPath(ctx, env.Project)
+	if err != nil {
+		return corral.Environment{}, err
+	}
+	// The environment is usable in its project's subtree: its layers must be usable there.
+	check := func(field, ref, kind string) error {
+		l, err := e.resolveLayer(ctx, field, ref, kind)
+		if err != nil {
+			return err
+		}
+		return layerUsable(field, l, at)
+	}
+	if err := check("base", env.Base, corral.KindBase); err != nil {
 		return corral.Environment{}, err
 	}
 	if env.Workspace != "" {
-		if _, err := e.resolveLayer(ctx, "workspace", env.Workspace, corral.KindWorkspace); err != nil {
+		if err := check("workspace", env.Workspace, corral.KindWorkspace); err != nil {
 			return corral.Environment{}, err
 		}
 	}
 	for i, t := range env.Toolkits {
-		if _, err := e.resolveLayer(ctx, fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit); err != nil {
+		if err := check(fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit); err != nil {
 			return corral.Environment{}, err
 		}
 	}
+	env.Project = iam.Display(at)
 	env.CreatedAt = time.Now().UTC()
 	return e.store.PutEnvironment(ctx, env)
 }

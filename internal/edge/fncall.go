@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -118,6 +119,11 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	if !layerNameRE.MatchString(env.Name) {
 		return nil, errdefs.Invalid("name", "fncall environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
 	}
+	path, err := e.projectPath(ctx, env.Project)
+	if err != nil {
+		return nil, err
+	}
+	env.Project = iam.Display(path)
 	if env.PoolMax == 0 {
 		env.PoolMax = max(4, env.PoolMin)
 	}
@@ -146,7 +152,6 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 			return nil, err
 		}
 	}
-	var err error
 	if env.Timeout == "" {
 		env.Timeout = "30s"
 	}
@@ -177,7 +182,7 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 func (p *fncallPool) containerRequest(env corral.FncallEnv) corral.CreateRequest {
 	return corral.CreateRequest{
 		Base: env.Base, Workspace: env.Workspace, Toolkits: env.Toolkits, Limits: env.Limits, Network: env.Network,
-		TTL: p.e.cfg.MaxTTL.String(), Labels: map[string]string{fncallLabel: env.Name},
+		TTL: p.e.cfg.MaxTTL.String(), Labels: map[string]string{fncallLabel: env.Name}, Project: env.Project,
 	}
 }
 
@@ -199,7 +204,8 @@ func (e *Edge) startPools(ctx context.Context) error {
 			e.destroyPoolContainer(sb, "corral restarted")
 		}
 	}()
-	for _, env := range envs {
+	for _, rec := range envs {
+		env := rec.FncallEnv
 		p, err := e.newPool(ctx, env)
 		if err != nil {
 			e.log.Error("fncall environment no longer valid; its pool is not started", "fncall", env.Name, "err", err)

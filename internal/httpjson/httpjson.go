@@ -117,6 +117,14 @@ func Status(err error) int {
 func Error(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	status := Status(err)
 	body := corral.Error{Code: errdefs.Code(err), Message: err.Error(), Field: errdefs.Field(err)}
+	var quota interface{ Detail() *corral.QuotaExceeded }
+	if errors.As(err, &quota) {
+		body.Quota = quota.Detail()
+	}
+	var denied interface{ Permission() string }
+	if errors.As(err, &denied) {
+		body.Permission = denied.Permission()
+	}
 	if status == http.StatusInternalServerError {
 		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		body.Message = "internal error; the server log has the details"

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -41,6 +42,8 @@ type Sandbox struct {
 	Lower []string `json:"lower"`
 	// NetSlot is the sandbox's network slot (internal/egress), nil without networking.
 	NetSlot *int `json:"net_slot,omitempty"`
+	// ProjectID is the project the sandbox lives in (Project holds its path, filled on reads).
+	ProjectID string `json:"project_id,omitempty"`
 }
 
 // migrations are applied in order, each once; never edit one that has shipped, add another.
@@ -98,6 +101,81 @@ var migrations = []string{
 		created_at INTEGER NOT NULL,
 		doc TEXT NOT NULL
 	);`,
+	// 7: identity. Every object lives in a project; the root project and principal exist from the
+	// start, and tokens of earlier versions become root tokens with every permission.
+	`CREATE TABLE projects (
+		id TEXT PRIMARY KEY,
+		path TEXT NOT NULL UNIQUE,
+		parent_id TEXT,
+		created_at INTEGER NOT NULL,
+		created_by TEXT NOT NULL,
+		quota TEXT NOT NULL DEFAULT '{}'
+	);
+	CREATE INDEX projects_parent ON projects(parent_id);
+	INSERT INTO projects (id, path, parent_id, created_at, created_by, quota) VALUES ('prj-root', '', NULL, 0, 'root', '{}');
+	CREATE TABLE principals (
+		name TEXT PRIMARY KEY,
+		kind TEXT NOT NULL,
+		project_id TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		created_by TEXT NOT NULL
+	);
+	CREATE INDEX principals_project ON principals(project_id);
+	INSERT INTO principals (name, kind, project_id, created_at, created_by) VALUES ('root', 'user', 'prj-root', 0, '');
+	CREATE TABLE grants (
+		project_id TEXT NOT NULL,
+		principal TEXT NOT NULL,
+		role TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		created_by TEXT NOT NULL,
+		PRIMARY KEY (principal, project_id, role)
+	);
+	CREATE INDEX grants_project ON grants(project_id);
+	INSERT INTO grants (project_id, principal, role, created_at, created_by) VALUES ('prj-root', 'root', 'owner', 0, '');
+	CREATE TABLE api_tokens (
+		id TEXT PRIMARY KEY,
+		hash TEXT NOT NULL UNIQUE,
+		principal TEXT NOT NULL,
+		project_id TEXT NOT NULL,
+		perms INTEGER NOT NULL,
+		role TEXT NOT NULL,
+		parent TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL,
+		revoked_at INTEGER NOT NULL
+	);
+	CREATE INDEX api_tokens_parent ON api_tokens(parent);
+	CREATE INDEX api_tokens_principal ON api_tokens(principal);
+	CREATE INDEX api_tokens_project ON api_tokens(project_id);
+	INSERT INTO api_tokens (id, hash, principal, project_id, perms, role, parent, created_at, expires_at, revoked_at)
+		SELECT 'tok-' || substr(hash, 1, 16), hash, 'root', 'prj-root', 4095, 'owner', '', created_at, 0, 0 FROM tokens;
+	DROP TABLE tokens;
+	CREATE TABLE audit (
+		id INTEGER PRIMARY KEY,
+		at INTEGER NOT NULL,
+		principal TEXT NOT NULL,
+		token_id TEXT NOT NULL,
+		project_id TEXT NOT NULL,
+		project_path TEXT NOT NULL,
+		action TEXT NOT NULL,
+		target TEXT NOT NULL,
+		result TEXT NOT NULL,
+		detail TEXT NOT NULL
+	);
+	CREATE INDEX audit_project ON audit(project_id, id);
+	CREATE INDEX audit_at ON audit(at);
+	ALTER TABLE sandboxes ADD COLUMN project_id TEXT NOT NULL DEFAULT 'prj-root';
+	ALTER TABLE sandboxes ADD COLUMN tier TEXT NOT NULL DEFAULT 'container';
+	ALTER TABLE sandboxes ADD COLUMN cpus REAL NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN memory_bytes INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN disk_bytes INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN created_ns INTEGER NOT NULL DEFAULT 0;
+	CREATE INDEX sandboxes_project ON sandboxes(project_id, state);
+	CREATE INDEX sandboxes_created ON sandboxes(created_ns);
+	ALTER TABLE layers ADD COLUMN project_id TEXT NOT NULL DEFAULT 'prj-root';
+	ALTER TABLE layers ADD COLUMN private INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE environments ADD COLUMN project_id TEXT NOT NULL DEFAULT 'prj-root';
+	ALTER TABLE fncall_envs ADD COLUMN project_id TEXT NOT NULL DEFAULT 'prj-root';`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and applies migrations.
@@ -163,37 +241,61 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 	return tx.Commit()
 }
 
-// PutSandbox inserts or replaces a sandbox record.
+// PutSandbox inserts or replaces a sandbox record. New sandboxes go through AdmitSandbox.
 func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
+	return putSandbox(ctx, s.db, sb)
+}
+
+func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
+	if sb.ProjectID == "" {
+		sb.ProjectID = RootProjectID
+	}
+	project := sb.Project
+	sb.Project = "" // the path is the project's, read fresh on every get
 	doc, err := json.Marshal(sb)
+	sb.Project = project
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (id, node, state, expires_at, doc) VALUES (?, ?, ?, ?, ?)
+	_, err = q.ExecContext(ctx, `INSERT INTO sandboxes (id, node, state, expires_at, doc, project_id, tier, cpus, memory_bytes, disk_bytes, created_ns)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET node = excluded.node, state = excluded.state,
-			expires_at = excluded.expires_at, doc = excluded.doc`,
-		sb.ID, sb.Node, sb.State, sb.ExpiresAt.UnixNano(), string(doc))
+			expires_at = excluded.expires_at, doc = excluded.doc, project_id = excluded.project_id, tier = excluded.tier,
+			cpus = excluded.cpus, memory_bytes = excluded.memory_bytes, disk_bytes = excluded.disk_bytes`,
+		sb.ID, sb.Node, sb.State, sb.ExpiresAt.UnixNano(), string(doc), sb.ProjectID, sb.Tier,
+		sb.Limits.CPUs, sb.Limits.MemoryBytes, sb.Limits.DiskBytes, sb.CreatedAt.UnixNano())
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
 	}
 	return nil
 }
 
+// decodeSandbox builds a record from its row: the document, its project's ID and path.
+func decodeSandbox(doc, projectID, path string) (*Sandbox, error) {
+	var sb Sandbox
+	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+		return nil, err
+	}
+	sb.ProjectID, sb.Project = projectID, iam.Display(path)
+	return &sb, nil
+}
+
 // GetSandbox returns the record of id, or an ErrNotFound error.
 func (s *Store) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
-	var doc string
-	err := s.db.QueryRowContext(ctx, `SELECT doc FROM sandboxes WHERE id = ?`, id).Scan(&doc)
+	var doc, pid, path string
+	err := s.db.QueryRowContext(ctx, `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s
+		LEFT JOIN projects p ON p.id = s.project_id WHERE s.id = ?`, id).Scan(&doc, &pid, &path)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.NotFound("sandbox %s", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
 	}
-	var sb Sandbox
-	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+	sb, err := decodeSandbox(doc, pid, path)
+	if err != nil {
 		return nil, fmt.Errorf("decode sandbox %s: %w", id, err)
 	}
-	return &sb, nil
+	return sb, nil
 }
 
 // SandboxFilter selects sandboxes in ListSandboxes; zero fields match everything.
@@ -201,18 +303,25 @@ type SandboxFilter struct {
 	Node   string
 	States []string
 	Labels map[string]string
+	// Project keeps the sandboxes of this canonical project path's subtree; nil: all.
+	Project *string
 }
 
 // ListSandboxes returns the sandboxes matching f, oldest first.
 func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error) {
-	q := `SELECT doc FROM sandboxes WHERE 1 = 1`
+	q := `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id WHERE 1 = 1`
 	var args []any
+	if f.Project != nil {
+		cond, a := subtreeCond("p.path", *f.Project)
+		q += ` AND ` + cond
+		args = append(args, a...)
+	}
 	if f.Node != "" {
-		q += ` AND node = ?`
+		q += ` AND s.node = ?`
 		args = append(args, f.Node)
 	}
 	if len(f.States) > 0 {
-		q += ` AND state IN (?` + strings.Repeat(", ?", len(f.States)-1) + `)`
+		q += ` AND s.state IN (?` + strings.Repeat(", ?", len(f.States)-1) + `)`
 		for _, st := range f.States {
 			args = append(args, st)
 		}
@@ -224,18 +333,18 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox,
 	defer rows.Close()
 	var out []*Sandbox
 	for rows.Next() {
-		var doc string
-		if err := rows.Scan(&doc); err != nil {
+		var doc, pid, path string
+		if err := rows.Scan(&doc, &pid, &path); err != nil {
 			return nil, fmt.Errorf("list sandboxes: %w", err)
 		}
-		var sb Sandbox
-		if err := json.Unmarshal([]byte(doc), &sb); err != nil {
+		sb, err := decodeSandbox(doc, pid, path)
+		if err != nil {
 			return nil, fmt.Errorf("list sandboxes: decode: %w", err)
 		}
 		if !labelsMatch(sb.Labels, f.Labels) {
 			continue
 		}
-		out = append(out, &sb)
+		out = append(out, sb)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
@@ -355,13 +464,29 @@ func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limi
 // ErrConflict error, because a published version is immutable.
 func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.Layer, created bool, err error) {
 	err = s.tx(ctx, func(tx *sql.Tx) error {
+		path, err := iam.ParsePath("project", l.Project)
+		if err != nil {
+			return err
+		}
+		proj, err := getProject(ctx, tx, path)
+		if err != nil {
+			return err
+		}
+		var owner string
+		err = tx.QueryRowContext(ctx, `SELECT p.path FROM layers l JOIN projects p ON p.id = l.project_id WHERE l.name = ? LIMIT 1`, l.Name).Scan(&owner)
+		if err == nil && owner != path {
+			return errdefs.Conflict("layer name %s belongs to project %s; publish it there or choose another name", l.Name, iam.Display(owner))
+		} else if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
 		var doc string
-		err := tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, l.Name, l.Version).Scan(&doc)
+		err = tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, l.Name, l.Version).Scan(&doc)
 		switch {
 		case err == nil:
 			if err := json.Unmarshal([]byte(doc), &got); err != nil {
 				return err
 			}
+			got.Project = iam.Display(path)
 			if got.Digest != l.Digest {
 				return errdefs.Conflict("layer %s:%s is already published with digest %s; versions are immutable, publish a new version",
 					l.Name, l.Version, got.Digest)
@@ -376,14 +501,16 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 		case !errors.Is(err, sql.ErrNoRows):
 			return err
 		}
+		l.Project = ""
 		b, err := json.Marshal(l)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO layers (name, version, kind, digest, created_at, doc) VALUES (?, ?, ?, ?, ?, ?)`,
-			l.Name, l.Version, l.Kind, l.Digest, l.CreatedAt.UnixNano(), string(b)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO layers (name, version, kind, digest, created_at, doc, project_id, private) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			l.Name, l.Version, l.Kind, l.Digest, l.CreatedAt.UnixNano(), string(b), proj.ID, l.Private); err != nil {
 			return err
 		}
+		l.Project = iam.Display(path)
 		got, created = l, true
 		return nil
 	})
@@ -395,12 +522,15 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 
 // GetLayer returns the layer published as name:version, or an ErrNotFound error.
 func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Layer, error) {
-	var doc string
-	err := s.db.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&doc)
+	var doc, path string
+	var private bool
+	err := s.db.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layers l LEFT JOIN projects p ON p.id = l.project_id
+		WHERE l.name = ? AND l.version = ?`, name, version).Scan(&doc, &path, &private)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A tag (python:latest) names the version it points at now.
-		err = s.db.QueryRowContext(ctx, `SELECT l.doc FROM layer_tags t JOIN layers l ON l.name = t.name AND l.version = t.version
-			WHERE t.name = ? AND t.tag = ?`, name, version).Scan(&doc)
+		err = s.db.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layer_tags t
+			JOIN layers l ON l.name = t.name AND l.version = t.version LEFT JOIN projects p ON p.id = l.project_id
+			WHERE t.name = ? AND t.tag = ?`, name, version).Scan(&doc, &path, &private)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return corral.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
@@ -412,6 +542,7 @@ func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Laye
 	if err := json.Unmarshal([]byte(doc), &l); err != nil {
 		return corral.Layer{}, fmt.Errorf("decode layer %s:%s: %w", name, version, err)
 	}
+	l.Project, l.Private = iam.Display(path), private
 	if l.Tags, err = s.layerTags(ctx, l.Name, l.Version); err != nil {
 		return corral.Layer{}, err
 	}
@@ -470,9 +601,22 @@ func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (corral
 func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
 	var got corral.Environment
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		var doc string
-		err := tx.QueryRowContext(ctx, `SELECT doc FROM environments WHERE name = ?`, env.Name).Scan(&doc)
+		path, err := iam.ParsePath("project", env.Project)
+		if err != nil {
+			return err
+		}
+		proj, err := getProject(ctx, tx, path)
+		if err != nil {
+			return err
+		}
+		env.Project = iam.Display(path)
+		var doc, owner string
+		err = tx.QueryRowContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
+			WHERE e.name = ?`, env.Name).Scan(&doc, &owner)
 		if err == nil {
+			if owner != path {
+				return errdefs.Conflict("environment %s exists in project %s", env.Name, iam.Display(owner))
+			}
 			if err := json.Unmarshal([]byte(doc), &got); err != nil {
 				return err
 			}
@@ -489,7 +633,7 @@ func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (cor
 			return err
 		}
 		got = env
-		_, err = tx.ExecContext(ctx, `INSERT INTO environments (name, created_at, doc) VALUES (?, ?, ?)`, env.Name, env.CreatedAt.UnixNano(), string(b))
+		_, err = tx.ExecContext(ctx, `INSERT INTO environments (name, created_at, doc, project_id) VALUES (?, ?, ?, ?)`, env.Name, env.CreatedAt.UnixNano(), string(b), proj.ID)
 		return err
 	})
 	if err != nil {
@@ -500,8 +644,9 @@ func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (cor
 
 // GetEnvironment returns the environment saved as name, or an ErrNotFound error.
 func (s *Store) GetEnvironment(ctx context.Context, name string) (corral.Environment, error) {
-	var doc string
-	err := s.db.QueryRowContext(ctx, `SELECT doc FROM environments WHERE name = ?`, name).Scan(&doc)
+	var doc, path string
+	err := s.db.QueryRowContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
+		WHERE e.name = ?`, name).Scan(&doc, &path)
 	if errors.Is(err, sql.ErrNoRows) {
 		return corral.Environment{}, errdefs.NotFound("environment %s", name)
 	}
@@ -509,26 +654,29 @@ func (s *Store) GetEnvironment(ctx context.Context, name string) (corral.Environ
 		return corral.Environment{}, fmt.Errorf("get environment %s: %w", name, err)
 	}
 	var env corral.Environment
-	return env, json.Unmarshal([]byte(doc), &env)
+	err = json.Unmarshal([]byte(doc), &env)
+	env.Project = iam.Display(path)
+	return env, err
 }
 
 // ListEnvironments returns the saved environments by name.
 func (s *Store) ListEnvironments(ctx context.Context) ([]corral.Environment, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT doc FROM environments ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id ORDER BY e.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list environments: %w", err)
 	}
 	defer rows.Close()
 	out := []corral.Environment{}
 	for rows.Next() {
-		var doc string
-		if err := rows.Scan(&doc); err != nil {
+		var doc, path string
+		if err := rows.Scan(&doc, &path); err != nil {
 			return nil, err
 		}
 		var env corral.Environment
 		if err := json.Unmarshal([]byte(doc), &env); err != nil {
 			return nil, err
 		}
+		env.Project = iam.Display(path)
 		out = append(out, env)
 	}
 	return out, rows.Err()
@@ -571,11 +719,17 @@ func (s *Store) Instance(ctx context.Context, node string) (string, error) {
 // first: its pool would otherwise serve calls with the old definition).
 func (s *Store) PutFncallEnv(ctx context.Context, env corral.FncallEnv) error {
 	env.Pool = nil
+	path, err := iam.ParsePath("project", env.Project)
+	if err != nil {
+		return err
+	}
+	env.Project = ""
 	b, err := json.Marshal(env)
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO fncall_envs (name, created_at, doc) VALUES (?, ?, ?)`, env.Name, env.CreatedAt.UnixNano(), string(b))
+	_, err = s.db.ExecContext(ctx, `INSERT INTO fncall_envs (name, created_at, doc, project_id) VALUES (?, ?, ?, (SELECT id FROM projects WHERE path = ?))`,
+		env.Name, env.CreatedAt.UnixNano(), string(b), path)
 	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
 		return errdefs.Conflict("fncall environment %s exists; delete it first or use another name", env.Name)
 	}
@@ -585,23 +739,31 @@ func (s *Store) PutFncallEnv(ctx context.Context, env corral.FncallEnv) error {
 	return nil
 }
 
+// FncallEnvRecord is a saved fncall environment and the ID of its project (whose quota its pool
+// containers are charged to).
+type FncallEnvRecord struct {
+	corral.FncallEnv
+	ProjectID string
+}
+
 // ListFncallEnvs returns the fncall environments by name.
-func (s *Store) ListFncallEnvs(ctx context.Context) ([]corral.FncallEnv, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT doc FROM fncall_envs ORDER BY name`)
+func (s *Store) ListFncallEnvs(ctx context.Context) ([]FncallEnvRecord, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT f.doc, f.project_id, COALESCE(p.path, '') FROM fncall_envs f LEFT JOIN projects p ON p.id = f.project_id ORDER BY f.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list fncall environments: %w", err)
 	}
 	defer rows.Close()
-	out := []corral.FncallEnv{}
+	out := []FncallEnvRecord{}
 	for rows.Next() {
-		var doc string
-		if err := rows.Scan(&doc); err != nil {
+		var doc, path string
+		var env FncallEnvRecord
+		if err := rows.Scan(&doc, &env.ProjectID, &path); err != nil {
 			return nil, err
 		}
-		var env corral.FncallEnv
-		if err := json.Unmarshal([]byte(doc), &env); err != nil {
+		if err := json.Unmarshal([]byte(doc), &env.FncallEnv); err != nil {
 			return nil, err
 		}
+		env.Project = iam.Display(path)
 		out = append(out, env)
 	}
 	return out, rows.Err()
@@ -621,12 +783,12 @@ func (s *Store) DeleteFncallEnv(ctx context.Context, name string) error {
 
 // ListLayers returns published layers (of one name when name is set), by name then creation time.
 func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, error) {
-	q, args := `SELECT doc FROM layers`, []any{}
+	q, args := `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layers l LEFT JOIN projects p ON p.id = l.project_id`, []any{}
 	if name != "" {
-		q += ` WHERE name = ?`
+		q += ` WHERE l.name = ?`
 		args = append(args, name)
 	}
-	q += ` ORDER BY name, created_at, version`
+	q += ` ORDER BY l.name, l.created_at, l.version`
 	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list layers: %w", err)
@@ -634,14 +796,16 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 	defer rows.Close()
 	var out []corral.Layer
 	for rows.Next() {
-		var doc string
-		if err := rows.Scan(&doc); err != nil {
+		var doc, path string
+		var private bool
+		if err := rows.Scan(&doc, &path, &private); err != nil {
 			return nil, fmt.Errorf("list layers: %w", err)
 		}
 		var l corral.Layer
 		if err := json.Unmarshal([]byte(doc), &l); err != nil {
 			return nil, fmt.Errorf("list layers: decode: %w", err)
 		}
+		l.Project, l.Private = iam.Display(path), private
 		out = append(out, l)
 	}
 	if err := rows.Err(); err != nil {
@@ -806,35 +970,4 @@ func (s *Store) LayerDigestInUse(ctx context.Context, digest string) (bool, erro
 		return false, fmt.Errorf("check layer digest %s: %w", digest, err)
 	}
 	return n > 0, nil
-}
-
-// AddToken stores the hash of an API token for principal.
-func (s *Store) AddToken(ctx context.Context, hash, principal string) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tokens (hash, principal, created_at) VALUES (?, ?, ?)`, hash, principal, time.Now().UnixNano())
-	if err != nil {
-		return fmt.Errorf("add token: %w", err)
-	}
-	return nil
-}
-
-// TokenPrincipal returns the principal owning the token with this hash, or an ErrNotFound error.
-func (s *Store) TokenPrincipal(ctx context.Context, hash string) (string, error) {
-	var p string
-	err := s.db.QueryRowContext(ctx, `SELECT principal FROM tokens WHERE hash = ?`, hash).Scan(&p)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", errdefs.NotFound("token")
-	}
-	if err != nil {
-		return "", fmt.Errorf("look up token: %w", err)
-	}
-	return p, nil
-}
-
-// CountTokens returns how many tokens principal has.
-func (s *Store) CountTokens(ctx context.Context, principal string) (int, error) {
-	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM tokens WHERE principal = ?`, principal).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count tokens: %w", err)
-	}
-	return n, nil
 }

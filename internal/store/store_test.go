@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -133,7 +134,7 @@ func TestReopenKeepsData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AddToken(ctx, "h1", "root"); err != nil {
+	if err := s.AddRootToken(ctx, "h1"); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -142,8 +143,8 @@ func TestReopenKeepsData(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if p, err := s.TokenPrincipal(ctx, "h1"); err != nil || p != "root" {
-		t.Fatalf("TokenPrincipal after reopen = %q, %v", p, err)
+	if tok, err := s.TokenByHash(ctx, "h1"); err != nil || tok.Principal != "root" || tok.Perms != iam.All {
+		t.Fatalf("TokenByHash after reopen = %+v, %v", tok, err)
 	}
 }
 

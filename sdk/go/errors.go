@@ -34,6 +34,10 @@ type APIError struct {
 	Message string
 	// Field names the request field that was invalid, when there is one.
 	Field string
+	// Quota is the limit that refused the request (Code exhausted), when a quota did.
+	Quota *QuotaExceeded
+	// Permission is the permission the caller lacks (Code denied), when one is named.
+	Permission string
 }
 
 // Error returns the server's message, followed by the field it concerns when there is one and
@@ -60,6 +64,7 @@ func decodeError(resp *http.Response) *APIError {
 	var wire Error
 	if json.Unmarshal(body, &wire) == nil && (wire.Code != "" || wire.Message != "") {
 		e.Code, e.Message, e.Field = wire.Code, wire.Message, wire.Field
+		e.Quota, e.Permission = wire.Quota, wire.Permission
 	} else {
 		e.Message = strings.TrimSpace(string(body))
 		if len(e.Message) > 512 {

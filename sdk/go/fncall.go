@@ -12,7 +12,10 @@ import (
 // survives it: every process it started is killed and every file it wrote is discarded before
 // its container serves the next call.
 type FncallEnv struct {
-	Name      string   `json:"name"`
+	Name string `json:"name"`
+	// Project owns the environment and its pool containers (their quota is charged there);
+	// empty: the caller's token's project.
+	Project   string   `json:"project,omitempty"`
 	Base      LayerRef `json:"base"`
 	Workspace LayerRef `json:"workspace,omitempty"`
 	// Toolkits stack above the workspace, in order.

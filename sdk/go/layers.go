@@ -29,6 +29,10 @@ type ImportOptions struct {
 	// Below lists published versions of the same kind (NAME:VERSION, bottom first) that the
 	// layer stacks on; see Layer.Below.
 	Below []string
+	// Project publishes the layer in this project (default: the caller's token's); Private keeps
+	// it from the project's descendants.
+	Project string
+	Private bool
 }
 
 // ImportLayerWith is ImportLayer with options.
@@ -43,6 +47,12 @@ func (c *Client) ImportLayerWith(ctx context.Context, name, version, kind string
 	}
 	for _, b := range opt.Below {
 		q.Add("below", b)
+	}
+	if opt.Project != "" {
+		q.Set("project", opt.Project)
+	}
+	if opt.Private {
+		q.Set("private", "true")
 	}
 	var out Layer
 	err := c.do(ctx, request{

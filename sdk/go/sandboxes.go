@@ -39,6 +39,8 @@ type ListOptions struct {
 	State string
 	// Labels keeps only sandboxes carrying every one of these labels with these values.
 	Labels map[string]string
+	// Project keeps only sandboxes in this project's subtree.
+	Project string
 }
 
 // ListSandboxes returns the sandboxes that match opts.
@@ -46,6 +48,9 @@ func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) ([]Sandbox
 	q := url.Values{}
 	if opts.State != "" {
 		q.Set("state", opts.State)
+	}
+	if opts.Project != "" {
+		q.Set("project", opts.Project)
 	}
 	// Sorted so the same options always produce the same URL.
 	keys := make([]string, 0, len(opts.Labels))

@@ -75,6 +75,9 @@ type CreateRequest struct {
 	// Environment names a saved environment to create the sandbox from; Base, Workspace and
 	// Toolkits must then be empty.
 	Environment string `json:"environment,omitempty"`
+	// Project is the project the sandbox lives in (a path, "team-a/rollout-17"); empty: the
+	// project of the caller's token.
+	Project string `json:"project,omitempty"`
 }
 
 // EgressStats counts a networked sandbox's blocked egress attempts.
@@ -101,6 +104,7 @@ type BlockedAttempt struct {
 // Sandbox is the API view of a sandbox.
 type Sandbox struct {
 	ID        string            `json:"id"`
+	Project   string            `json:"project"`
 	Node      string            `json:"node"`
 	Tier      string            `json:"tier"`
 	Runtime   string            `json:"runtime"`
@@ -309,6 +313,10 @@ type Layer struct {
 	// multi-layer image imported as several layers (`corral layer import --split`). Using this
 	// layer uses them, under it, in this order.
 	Below []string `json:"below,omitempty"`
+	// Project is the project that owns the layer's name; Private keeps it from the project's
+	// descendants (by default a layer is usable in its project's whole subtree).
+	Project string `json:"project"`
+	Private bool   `json:"private,omitempty"`
 }
 
 // ImageConfig is the part of an OCI image's configuration Corral keeps (POST /v1/layers takes it
@@ -331,6 +339,8 @@ type Environment struct {
 	Workspace LayerRef   `json:"workspace,omitempty"`
 	Toolkits  []LayerRef `json:"toolkits,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
+	// Project owns the environment's name; it is usable in the project's whole subtree.
+	Project string `json:"project"`
 }
 
 // GCResult is the answer of POST /v1/layers/gc.
@@ -373,6 +383,10 @@ type Error struct {
 	Message string `json:"message"`
 	// Field names the request field that was invalid, when there is one.
 	Field string `json:"field,omitempty"`
+	// Quota says which limit refused the request (code exhausted, status 429).
+	Quota *QuotaExceeded `json:"quota,omitempty"`
+	// Permission names the permission the caller lacks (code denied, status 403).
+	Permission string `json:"permission,omitempty"`
 }
 
 // Trajectory step states.

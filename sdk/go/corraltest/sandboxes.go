@@ -91,6 +91,22 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if req.Project == "" {
+		req.Project = s.callerProjectLocked(r)
+	}
+	project, perr := projectArg("project", req.Project)
+	if perr != nil {
+		fail(w, perr)
+		return
+	}
+	if e := s.allowLocked(r, corral.PermSandboxCreate, project); e != nil {
+		refuse(w, e)
+		return
+	}
+	if _, ok := s.iam.projects[project]; !ok {
+		fail(w, &httpError{http.StatusNotFound, corral.CodeNotFound, "project " + project + " not found", "project"})
+		return
+	}
 	if req.Base == "" {
 		fail(w, invalid("base", "base is required"))
 		return
@@ -119,12 +135,18 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
+	if e := s.admitLocked(project, req.Limits, "container"); e != nil {
+		refuse(w, e)
+		return
+	}
+
 	s.nextSandbox++
 	id := "sb-" + strconv.Itoa(s.nextSandbox)
 	now := timeNow()
 	sb := &sandbox{
 		spec: corral.Sandbox{
 			ID:             id,
+			Project:        project,
 			Node:           "fake-node",
 			Tier:           "container",
 			Runtime:        "runc",
@@ -153,12 +175,21 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	s.sandboxes[id] = sb
 	s.sbOrder = append(s.sbOrder, id)
+	s.auditLocked(r, "sandbox.create", project, id, "")
 	writeJSON(w, http.StatusCreated, sb.view())
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	state := q.Get("state")
+	project := q.Get("project")
+	if project != "" {
+		var err *httpError
+		if project, err = projectArg("project", project); err != nil {
+			fail(w, err)
+			return
+		}
+	}
 	want := map[string]string{}
 	for _, l := range q["label"] {
 		k, v, ok := strings.Cut(l, "=")
@@ -170,10 +201,13 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if project == "" {
+		project = s.callerProjectLocked(r)
+	}
 	out := []corral.Sandbox{}
 	for _, id := range s.sbOrder {
 		sb := s.sandboxes[id]
-		if state != "" && sb.state != state {
+		if (state != "" && sb.state != state) || !within(sb.spec.Project, project) {
 			continue
 		}
 		match := true

@@ -4,8 +4,9 @@
 // The fake speaks the same routes, JSON shapes, NDJSON output streams and full-duplex stdin as
 // the real server, and checks the bearer token. Instead of containers it runs [Program]s, small
 // Go functions registered by name (a few, such as echo and cat, are built in); files live in a
-// map per sandbox; layers are kept as their digests. Every request is recorded, so tests can
-// assert what a client sent.
+// map per sandbox; layers are kept as their digests. Projects, principals, grants, tokens,
+// quotas and the audit log are kept in memory, with a simpler authorisation than the real
+// server's (see iam.go). Every request is recorded, so tests can assert what a client sent.
 //
 // Lock order: Server.mu is the only lock. Fake programs run on their own goroutines, which
 // end when the program returns; a program's context ends when its command is signalled, its
@@ -40,7 +41,8 @@ const DefaultBase = "base:default"
 type Server struct {
 	// URL is the server's base URL, "http://127.0.0.1:PORT".
 	URL string
-	// Token is the bearer token every route but /healthz requires.
+	// Token is the bearer token of the administrator (principal "admin", owner of the root
+	// project). Every route but /healthz requires it or a token minted through POST /v1/tokens.
 	Token string
 
 	srv    *httptest.Server
@@ -57,6 +59,7 @@ type Server struct {
 	requests    []Request
 	nextSandbox int
 	nextCommand int
+	iam         iamState
 }
 
 // NewServer starts a fake server and arranges for t's cleanup to close it.
@@ -75,6 +78,7 @@ func Start() *Server {
 		programs:  builtinPrograms(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.initIAMLocked()
 	s.addLayerLocked(corral.Layer{Name: "base", Version: "default", Kind: corral.KindBase}, nil)
 	s.srv = httptest.NewServer(s.handler())
 	s.URL = s.srv.URL
@@ -186,6 +190,23 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/layers", s.importLayer)
 	mux.HandleFunc("GET /v1/layers", s.listLayers)
 	mux.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
+	mux.HandleFunc("GET /v1/whoami", s.whoami)
+	mux.HandleFunc("POST /v1/projects", s.createProject)
+	mux.HandleFunc("GET /v1/projects", s.listProjects)
+	mux.HandleFunc("POST /v1/projects/move", s.moveProject)
+	mux.HandleFunc("GET /v1/projects/{path...}", s.getProject)
+	mux.HandleFunc("DELETE /v1/projects/{path...}", s.deleteProject)
+	mux.HandleFunc("GET /v1/quotas/{path...}", s.getQuota)
+	mux.HandleFunc("PUT /v1/quotas/{path...}", s.setQuota)
+	mux.HandleFunc("POST /v1/principals", s.createPrincipal)
+	mux.HandleFunc("GET /v1/principals", s.listPrincipals)
+	mux.HandleFunc("POST /v1/grants", s.createGrant)
+	mux.HandleFunc("GET /v1/grants", s.listGrants)
+	mux.HandleFunc("DELETE /v1/grants", s.deleteGrant)
+	mux.HandleFunc("POST /v1/tokens", s.createToken)
+	mux.HandleFunc("GET /v1/tokens", s.listTokens)
+	mux.HandleFunc("DELETE /v1/tokens/{id}", s.revokeToken)
+	mux.HandleFunc("GET /v1/audit", s.listAudit)
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.Query(), Header: r.Header.Clone()}
@@ -203,9 +224,10 @@ func (s *Server) handler() http.Handler {
 		}
 		s.mu.Lock()
 		s.requests = append(s.requests, rec)
+		_, authed := s.callerLocked(r)
 		s.mu.Unlock()
 
-		if r.URL.Path != "/healthz" && r.Header.Get("Authorization") != "Bearer "+s.Token {
+		if r.URL.Path != "/healthz" && !authed {
 			writeError(w, http.StatusUnauthorized, corral.CodeUnauthorized,
 				"missing or wrong bearer token: set CORRAL_TOKEN", "")
 			return

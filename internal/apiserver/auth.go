@@ -1,0 +1,250 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// caller is who sent a request: the token and the grants its principal holds where the token
+// reaches.
+type caller struct {
+	tok *store.TokenRecord
+	// held maps a canonical project path to the permissions the principal's grants there give.
+	held map[string]iam.Perm
+}
+
+type callerKey struct{}
+
+// who returns the caller of an authenticated request.
+func who(r *http.Request) *caller {
+	return r.Context().Value(callerKey{}).(*caller)
+}
+
+// perms returns what the caller may do on the project at canonical path p: nothing outside the
+// token's scope; inside it, the token's permissions that a grant on p or an ancestor backs.
+func (c *caller) perms(p string) iam.Perm {
+	if !iam.Within(p, c.tok.ProjectPath) {
+		return 0
+	}
+	var held iam.Perm
+	for _, a := range iam.Ancestors(p) {
+		held |= c.held[a]
+	}
+	return held & c.tok.Perms
+}
+
+// require fails with a DeniedError unless the caller holds every permission of perm on p.
+func (c *caller) require(perm iam.Perm, p string) error {
+	have := c.perms(p)
+	if have.Has(perm) {
+		return nil
+	}
+	missing := perm &^ have
+	d := &iam.DeniedError{Perm: missing, Project: p}
+	switch {
+	case !iam.Within(p, c.tok.ProjectPath):
+		d.Why = "outside the token's scope " + iam.Display(c.tok.ProjectPath)
+	case !c.tok.Perms.Has(missing):
+		d.Why = "the token does not carry it"
+	default:
+		d.Why = "principal " + c.tok.Principal + " holds no role with it there"
+	}
+	return d
+}
+
+// authenticate checks the bearer token of every request and puts its caller in the context.
+// Unknown, revoked and expired tokens get 401; nothing about the token is cached, so a
+// revocation holds from the next request on.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := s.caller(r.Context(), r.Header.Get("Authorization"))
+		if err != nil {
+			if errors.Is(err, errdefs.ErrUnauthorized) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="corral", error="invalid_token"`)
+			}
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
+	})
+}
+
+func (s *Server) caller(ctx context.Context, header string) (*caller, error) {
+	token, err := iam.ParseBearer(header)
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.store.TokenByHash(ctx, HashToken(token))
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, fmt.Errorf("invalid token: %w", errdefs.ErrUnauthorized)
+	} else if err != nil {
+		return nil, err
+	}
+	switch {
+	case !t.RevokedAt.IsZero():
+		return nil, fmt.Errorf("token %s was revoked at %s: %w", t.ID, t.RevokedAt.Format(time.RFC3339), errdefs.ErrUnauthorized)
+	case !t.ExpiresAt.IsZero() && !time.Now().Before(t.ExpiresAt):
+		return nil, fmt.Errorf("token %s expired at %s: %w", t.ID, t.ExpiresAt.Format(time.RFC3339), errdefs.ErrUnauthorized)
+	}
+	grants, err := s.store.PrincipalGrants(ctx, t.Principal, t.ProjectPath)
+	if err != nil {
+		return nil, err
+	}
+	c := &caller{tok: t, held: make(map[string]iam.Perm, len(grants))}
+	for _, g := range grants {
+		p, _ := iam.RolePerms(g.Role)
+		c.held[g.ProjectPath] |= p
+	}
+	return c, nil
+}
+
+// project returns the canonical path named by a request field, or the caller's scope when empty.
+func (c *caller) project(field, path string) (string, error) {
+	if path == "" {
+		return c.tok.ProjectPath, nil
+	}
+	return iam.ParsePath(field, path)
+}
+
+// statusRecorder remembers the status a handler answered with, for the audit log.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	err    error // what the handler failed with, when it did through Server.fail
+}
+
+func (w *statusRecorder) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusRecorder) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush lets streaming handlers flush through the recorder.
+func (w *statusRecorder) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// audit records one management action. Failing to write the entry is logged, not returned: the
+// action has already happened.
+func (s *Server) audit(r *http.Request, action, project, target string, err error, detail string) {
+	c := who(r)
+	result := "ok"
+	if err != nil {
+		result = errdefs.Code(err)
+		if detail == "" {
+			detail = err.Error()
+		}
+	}
+	e := corral.AuditEntry{
+		At: time.Now().UTC(), Principal: c.tok.Principal, Token: c.tok.ID, Project: project,
+		Action: action, Target: target, Result: result, Detail: detail,
+	}
+	if len(e.Detail) > 1024 {
+		e.Detail = e.Detail[:1024]
+	}
+	if werr := s.store.AddAudit(context.WithoutCancel(r.Context()), e); werr != nil {
+		s.log.Error("write audit entry", "action", action, "target", target, "err", werr)
+	}
+}
+
+// resolver names the project (canonical path) a request acts on, and its target for the audit.
+type resolver func(r *http.Request) (project, target string, err error)
+
+// onSandbox resolves to the project of the sandbox in the request's path.
+func (s *Server) onSandbox(r *http.Request) (string, string, error) {
+	id := r.PathValue("id")
+	p, err := s.store.SandboxProject(r.Context(), id)
+	return p, id, err
+}
+
+// operator resolves to the root project: installation-wide settings.
+func operator(r *http.Request) (string, string, error) { return "", "", nil }
+
+// guard serves h only when the caller holds perm on the project resolve names. With an action,
+// the outcome (refusals included) goes to the audit log.
+func (s *Server) guard(perm iam.Perm, action string, resolve resolver, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		project, target, err := resolve(r)
+		if err == nil {
+			err = who(r).require(perm, project)
+		}
+		if err != nil {
+			if action != "" {
+				s.audit(r, action, project, target, err, "")
+			}
+			s.fail(w, r, err)
+			return
+		}
+		if action == "" {
+			h(w, r)
+			return
+		}
+		rec := &statusRecorder{ResponseWriter: w}
+		h(rec, r)
+		res := rec.err
+		if res == nil && rec.status >= 400 {
+			res = fmt.Errorf("%s: %w", http.StatusText(rec.status), statusKind(rec.status))
+		}
+		s.audit(r, action, project, target, res, "")
+	}
+}
+
+// statusKind maps an HTTP status back to an error kind, for audit results.
+func statusKind(status int) error {
+	switch status {
+	case http.StatusBadRequest:
+		return errdefs.ErrInvalid
+	case http.StatusUnauthorized:
+		return errdefs.ErrUnauthorized
+	case http.StatusForbidden:
+		return errdefs.ErrDenied
+	case http.StatusNotFound:
+		return errdefs.ErrNotFound
+	case http.StatusConflict:
+		return errdefs.ErrConflict
+	case http.StatusRequestEntityTooLarge:
+		return errdefs.ErrTooLarge
+	case http.StatusTooManyRequests:
+		return errdefs.ErrExhausted
+	case http.StatusServiceUnavailable:
+		return errdefs.ErrUnavailable
+	}
+	return errors.New("internal")
+}
+
+// PruneAudit removes audit entries older than retention every hour until ctx ends.
+func (s *Server) PruneAudit(ctx context.Context, retention time.Duration) {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if n, err := s.store.PruneAudit(ctx, time.Now().Add(-retention)); err != nil {
+			s.log.Warn("prune the audit log", "err", err)
+		} else if n > 0 {
+			s.log.Info("pruned the audit log", "entries", n, "retention", retention)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,386 @@
+package apiserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// iamServer is the API's identity routes over a real store, without an edge: everything but
+// sandboxes.
+type iamServer struct {
+	t     *testing.T
+	srv   *Server
+	url   string
+	root  string // the admin token
+	store *store.Store
+}
+
+func newIAMServer(t *testing.T) *iamServer {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	root, _ := iam.NewToken()
+	if err := st.AddRootToken(context.Background(), HashToken(root)); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: st}
+	mux := http.NewServeMux()
+	s.iamRoutes(mux)
+	hs := httptest.NewServer(s.authenticate(mux))
+	t.Cleanup(hs.Close)
+	return &iamServer{t: t, srv: s, url: hs.URL, root: root, store: st}
+}
+
+// call sends a JSON request with token and returns the status and decoded error body.
+func (h *iamServer) call(token, method, path string, body, out any) (int, corral.Error) {
+	h.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, h.url+path, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var e corral.Error
+	if resp.StatusCode >= 400 {
+		json.Unmarshal(raw, &e)
+	} else if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			h.t.Fatalf("%s %s: decode %q: %v", method, path, raw, err)
+		}
+	}
+	return resp.StatusCode, e
+}
+
+// must is call that fails the test unless the status is want.
+func (h *iamServer) must(want int, token, method, path string, body, out any) corral.Error {
+	h.t.Helper()
+	got, e := h.call(token, method, path, body, out)
+	if got != want {
+		h.t.Fatalf("%s %s: status %d (%s: %s), want %d", method, path, got, e.Code, e.Message, want)
+	}
+	return e
+}
+
+// mint creates a token through the API.
+func (h *iamServer) mint(by string, req corral.TokenRequest) corral.Token {
+	h.t.Helper()
+	var tok corral.Token
+	h.must(http.StatusCreated, by, "POST", "/v1/tokens", req, &tok)
+	if tok.Token == "" || tok.ID == "" {
+		h.t.Fatalf("minted %+v", tok)
+	}
+	return tok
+}
+
+// TestAuthorisationMatrix checks principal × permission × position in the tree against the
+// model: a request may do X on P when P is in the token's scope, the token carries X, and a
+// grant on P or an ancestor gives the principal X.
+func TestAuthorisationMatrix(t *testing.T) {
+	h := newIAMServer(t)
+	for _, p := range []string{"a", "a/b", "a/b/c", "a-b", "d"} {
+		h.must(http.StatusCreated, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: p}, nil)
+	}
+	for _, g := range []corral.Grant{
+		{Project: "a", Principal: "alice", Role: "admin"},
+		{Project: "a", Principal: "bob", Role: "viewer"},
+		{Project: "a/b", Principal: "bob", Role: "user"},
+		{Project: "d", Principal: "carol", Role: "owner"},
+	} {
+		h.call(h.root, "POST", "/v1/principals", corral.Principal{Name: g.Principal, Project: "/"}, nil)
+		h.must(http.StatusCreated, h.root, "POST", "/v1/grants", g, nil)
+	}
+	tokens := map[string]string{"root": h.root}
+	for name, req := range map[string]corral.TokenRequest{
+		"alice":      {Project: "a", Role: "admin", Principal: "alice"},
+		"alice-ab":   {Project: "a/b", Role: "user", Principal: "alice"},
+		"bob":        {Project: "a", Role: "user", Principal: "bob"}, // more than bob holds on a: his grants still bound it
+		"carol":      {Project: "d", Role: "owner", Principal: "carol"},
+		"alice-read": {Project: "a", Permissions: []string{corral.PermSandboxRead}, Principal: "alice"},
+	} {
+		tokens[name] = h.mint(h.root, req).Token
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		token   string
+		perm    iam.Perm
+		project string
+		want    bool
+	}{
+		{"root", iam.Operator, "", true},
+		{"root", iam.SandboxAdmin, "a/b/c", true},
+		{"alice", iam.SandboxAdmin, "a", true},
+		{"alice", iam.SandboxAdmin, "a/b/c", true}, // held on an ancestor
+		{"alice", iam.ProjectGrant, "a", false},    // admin does not grant
+		{"alice", iam.Operator, "a", false},
+		{"alice", iam.SandboxRead, "", false},    // above the scope
+		{"alice", iam.SandboxRead, "a-b", false}, // beside it, sharing a prefix
+		{"alice", iam.SandboxRead, "d", false},
+		{"alice-ab", iam.SandboxCreate, "a/b/c", true},
+		{"alice-ab", iam.SandboxAdmin, "a/b", false}, // the token carries only user
+		{"alice-ab", iam.SandboxCreate, "a", false},  // above this token's scope
+		{"alice-read", iam.SandboxRead, "a/b", true},
+		{"alice-read", iam.LayerRead, "a/b", false},
+		{"bob", iam.SandboxRead, "a", true},
+		{"bob", iam.SandboxCreate, "a", false},    // viewer there; the token's user does not add
+		{"bob", iam.SandboxCreate, "a/b", true},   // user on a/b
+		{"bob", iam.SandboxCreate, "a/b/c", true}, // ...and below
+		{"bob", iam.SandboxAdmin, "a/b", false},
+		{"carol", iam.ProjectGrant, "d", true},
+		{"carol", iam.Operator, "d", true}, // held, but only ever checked on the root
+		{"carol", iam.SandboxRead, "a", false},
+	} {
+		cl, err := h.srv.caller(ctx, "Bearer "+tokens[c.token])
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = cl.require(c.perm, c.project)
+		if got := err == nil; got != c.want {
+			t.Errorf("%s %v on %s: allowed %v, want %v (%v)", c.token, c.perm, iam.Display(c.project), got, c.want, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), c.perm.String()) {
+			t.Errorf("the refusal does not name %v: %v", c.perm, err)
+		}
+	}
+	// The same decisions through HTTP, on routes that need each permission.
+	for _, c := range []struct {
+		token, method, path string
+		body                any
+		want                int
+		perm                string
+	}{
+		{"alice", "POST", "/v1/projects", corral.ProjectRequest{Path: "a/new"}, 201, ""},
+		{"alice", "POST", "/v1/projects", corral.ProjectRequest{Path: "top"}, 403, corral.PermProjectCreate},
+		{"alice-ab", "POST", "/v1/projects", corral.ProjectRequest{Path: "a/b/n"}, 403, corral.PermProjectCreate},
+		{"alice", "PUT", "/v1/quotas/a/b", corral.Quota{Sandboxes: ptr[int64](3)}, 200, ""},
+		{"alice", "PUT", "/v1/quotas/a", corral.Quota{Sandboxes: ptr[int64](3)}, 403, corral.PermQuotaDelegate}, // its own
+		{"bob", "GET", "/v1/quotas/a/b", nil, 200, ""},
+		{"bob", "GET", "/v1/quotas/d", nil, 403, corral.PermProjectRead},
+		{"alice", "POST", "/v1/grants", corral.Grant{Project: "a/b", Principal: "bob", Role: "user"}, 403, corral.PermProjectGrant},
+		{"carol", "POST", "/v1/grants", corral.Grant{Project: "a", Principal: "bob", Role: "viewer"}, 403, corral.PermProjectGrant},
+		{"carol", "POST", "/v1/grants", corral.Grant{Project: "d", Principal: "bob", Role: "viewer"}, 201, ""},
+		{"carol", "POST", "/v1/grants", corral.Grant{Project: "d", Principal: "bob", Role: "root"}, 400, ""},
+		{"alice", "GET", "/v1/audit?project=a", nil, 200, ""},
+		{"bob", "GET", "/v1/audit?project=a", nil, 403, corral.PermAuditRead},
+		{"alice", "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "a/new", To: "d/new"}, 403, corral.PermProjectCreate},
+		{"nobody", "GET", "/v1/whoami", nil, 401, ""},
+	} {
+		tok := tokens[c.token]
+		if c.token == "nobody" {
+			tok = "crl_not-a-token"
+		}
+		got, e := h.call(tok, c.method, c.path, c.body, nil)
+		if got != c.want || !strings.Contains(e.Permission, c.perm) || (c.perm == "") != (e.Permission == "") {
+			t.Errorf("%s %s %s: %d (permission %q, %s), want %d (%q)", c.token, c.method, c.path, got, e.Permission, e.Message, c.want, c.perm)
+		}
+	}
+}
+
+// TestAgentRollout is the issue's harness story at the API: a harness with a project token makes
+// a subproject for one rollout, delegates it quota, mints an agent token there and hands it
+// over; the agent acts only there.
+func TestAgentRollout(t *testing.T) {
+	h := newIAMServer(t)
+	h.must(201, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a"}, nil)
+	h.must(200, h.root, "PUT", "/v1/quotas/team-a", corral.Quota{Sandboxes: ptr[int64](20)}, nil)
+	harness := h.mint(h.root, corral.TokenRequest{Project: "team-a", Role: "owner", Kind: corral.KindService, Name: "harness"})
+	if harness.Principal != "harness" || harness.Project != "team-a" || harness.Role != "owner" {
+		t.Fatalf("harness token %+v", harness)
+	}
+	hk := harness.Token
+	h.must(201, hk, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a/rollout-17"}, nil)
+	h.must(201, hk, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a/rollout-18"}, nil)
+	var q corral.ProjectQuota
+	h.must(200, hk, "PUT", "/v1/quotas/team-a/rollout-17", corral.Quota{Sandboxes: ptr[int64](10)}, &q)
+	if *q.Limit.Sandboxes != 10 {
+		t.Fatalf("quota %+v", q)
+	}
+	// The sum of delegations stays within the parent's 20.
+	if code, e := h.call(hk, "PUT", "/v1/quotas/team-a/rollout-18", corral.Quota{Sandboxes: ptr[int64](11)}, nil); code != 409 || !strings.Contains(e.Message, "at most 10 more") {
+		t.Fatalf("over-delegation: %d %s", code, e.Message)
+	}
+	agent := h.mint(hk, corral.TokenRequest{Project: "team-a/rollout-17", Role: "user", TTL: "1h"})
+	if !strings.HasPrefix(agent.Principal, "agent-") && agent.Principal != "harness" {
+		t.Fatalf("agent token %+v", agent)
+	}
+	// Minted for a new agent principal by default? No: without kind or name, for the harness itself.
+	if agent.Principal != "harness" {
+		t.Fatalf("a token without kind/name is the minter's own: %+v", agent)
+	}
+	agentTok := h.mint(hk, corral.TokenRequest{Project: "team-a/rollout-17", Role: "user", Kind: corral.KindAgent, TTL: "1h"})
+	if !strings.HasPrefix(agentTok.Principal, "agent-") || agentTok.ExpiresAt == nil || agentTok.Parent != harness.ID {
+		t.Fatalf("agent token %+v", agentTok)
+	}
+	ak := agentTok.Token
+	var me corral.Whoami
+	h.must(200, ak, "GET", "/v1/whoami", nil, &me)
+	if me.Principal.Kind != corral.KindAgent || me.Token.Project != "team-a/rollout-17" || strings.Contains(strings.Join(me.Permissions, ","), "admin") {
+		t.Fatalf("whoami %+v", me)
+	}
+	// The agent sees its project and nothing above or beside it.
+	var projects []corral.Project
+	h.must(200, ak, "GET", "/v1/projects", nil, &projects)
+	if len(projects) != 1 || projects[0].Path != "team-a/rollout-17" {
+		t.Fatalf("the agent lists %+v", projects)
+	}
+	h.must(403, ak, "GET", "/v1/projects/team-a", nil, nil)
+	h.must(403, ak, "GET", "/v1/projects/team-a/rollout-18", nil, nil)
+	h.must(403, ak, "GET", "/v1/quotas/team-a", nil, nil)
+	// It cannot raise its own quota, make projects, grant, or mint beyond what it holds.
+	if e := h.must(403, ak, "PUT", "/v1/quotas/team-a/rollout-17", corral.Quota{Sandboxes: ptr[int64](1000)}, nil); e.Permission != corral.PermQuotaDelegate {
+		t.Errorf("own quota refusal names %q", e.Permission)
+	}
+	h.must(403, ak, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a/rollout-17/sub"}, nil)
+	h.must(403, ak, "POST", "/v1/grants", corral.Grant{Project: "team-a/rollout-17", Principal: agentTok.Principal, Role: "admin"}, nil)
+	if e := h.must(403, ak, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a/rollout-17", Role: "admin"}, nil); !strings.Contains(e.Permission, corral.PermSandboxAdmin) {
+		t.Errorf("over-minting refusal names %q", e.Permission)
+	}
+	h.must(403, ak, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a", Role: "viewer"}, nil)
+	h.must(403, ak, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a/rollout-17", Role: "viewer", Kind: corral.KindAgent}, nil)
+	// It can hand a narrower token of its own down; it cannot outlive the agent's.
+	sub := h.mint(ak, corral.TokenRequest{Project: "team-a/rollout-17", Role: "viewer", TTL: "24h"})
+	if sub.ExpiresAt == nil || sub.ExpiresAt.After(*agentTok.ExpiresAt) {
+		t.Errorf("a child token outlives its parent: %v > %v", sub.ExpiresAt, agentTok.ExpiresAt)
+	}
+	var toks []corral.Token
+	h.must(200, ak, "GET", "/v1/tokens", nil, &toks)
+	if len(toks) != 2 {
+		t.Errorf("the agent manages %d tokens, want its own and its child: %+v", len(toks), toks)
+	}
+	// Revoking the agent's token ends it and what it minted.
+	h.must(200, hk, "DELETE", "/v1/tokens/"+agentTok.ID, nil, nil)
+	h.must(401, ak, "GET", "/v1/whoami", nil, nil)
+	h.must(401, sub.Token, "GET", "/v1/whoami", nil, nil)
+	// The audit log has it all, with principals, readable by the harness for its project.
+	var entries []corral.AuditEntry
+	h.must(200, hk, "GET", "/v1/audit?project=team-a", nil, &entries)
+	var actions []string
+	for _, e := range entries {
+		actions = append(actions, e.Action+":"+e.Result)
+	}
+	got := strings.Join(actions, " ")
+	for _, want := range []string{"token.revoke:ok", "quota.set:denied", "token.mint:ok", "project.create:ok", "quota.set:conflict"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("audit lacks %s: %s", want, got)
+		}
+	}
+	var roots []corral.AuditEntry
+	h.must(200, h.root, "GET", "/v1/audit?project=/&action=token.", nil, &roots)
+	if len(roots) == 0 || roots[0].Principal == "" {
+		t.Errorf("token audit entries: %+v", roots)
+	}
+}
+
+func TestTokenExpiryAndRevocation(t *testing.T) {
+	h := newIAMServer(t)
+	short := h.mint(h.root, corral.TokenRequest{Project: "/", Role: "viewer", TTL: "1s"})
+	h.must(200, short.Token, "GET", "/v1/whoami", nil, nil)
+	time.Sleep(1100 * time.Millisecond)
+	if _, e := h.call(short.Token, "GET", "/v1/whoami", nil, nil); !strings.Contains(e.Message, "expired") {
+		t.Errorf("expired token: %+v", e)
+	}
+	h.must(400, h.root, "POST", "/v1/tokens", corral.TokenRequest{Project: "/", Role: "viewer", TTL: "forever"}, nil)
+	h.must(400, h.root, "POST", "/v1/tokens", corral.TokenRequest{Project: "/"}, nil)
+	h.must(400, h.root, "POST", "/v1/tokens", corral.TokenRequest{Project: "/", Role: "user", Permissions: []string{"sandbox.read"}}, nil)
+	h.must(401, "", "GET", "/v1/whoami", nil, nil)
+	tok := h.mint(h.root, corral.TokenRequest{Project: "/", Role: "viewer"})
+	h.must(200, h.root, "DELETE", "/v1/tokens/"+tok.ID, nil, nil)
+	if _, e := h.call(tok.Token, "GET", "/v1/whoami", nil, nil); !strings.Contains(e.Message, "revoked") {
+		t.Errorf("revoked token: %+v", e)
+	}
+	// Only the hash is stored.
+	if rec, err := h.store.TokenByHash(context.Background(), HashToken(tok.Token)); err != nil || rec.Hash == tok.Token {
+		t.Errorf("token record %+v, %v", rec, err)
+	}
+}
+
+// FuzzMintRequest throws arbitrary bodies at POST /v1/tokens with a viewer token: the server must
+// answer without a 5xx, and whatever it mints must carry no more than viewer on its scope.
+func FuzzMintRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"project":"/","role":"viewer"}`, `{"project":"a","role":"owner"}`, `{"project":"/","permissions":["operator"]}`,
+		`{"project":"/","role":"viewer","kind":"agent","name":"x"}`, `{"project":"../..","role":"viewer"}`, `{"project":"/","role":"viewer","ttl":"-1s"}`,
+		`{"project":"/","role":"viewer","principal":"root"}`, `[]`, `{"project":"/","role":"viewer","extra":1}`,
+	} {
+		f.Add(s)
+	}
+	url, viewerToken := fuzzServer(f)
+	f.Fuzz(func(t *testing.T, body string) {
+		req, _ := http.NewRequest("POST", url+"/v1/tokens", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+viewerToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 500 {
+			t.Fatalf("%q: %d %s", body, resp.StatusCode, raw)
+		}
+		if resp.StatusCode != http.StatusCreated {
+			return
+		}
+		var tok corral.Token
+		if err := json.Unmarshal(raw, &tok); err != nil {
+			t.Fatal(err)
+		}
+		perms, err := iam.ParsePerms(tok.Permissions)
+		viewer, _ := iam.RolePerms(corral.RoleViewer)
+		if err != nil || !viewer.Has(perms) || tok.Principal != "viewer" {
+			t.Fatalf("%q minted %+v", body, tok)
+		}
+	})
+}
+
+// fuzzServer is one server for a whole fuzz run: a viewer principal on the root, and a project.
+func fuzzServer(f *testing.F) (url, viewer string) {
+	st, err := store.Open(context.Background(), filepath.Join(f.TempDir(), "corral.db"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { st.Close() })
+	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: st}
+	mux := http.NewServeMux()
+	s.iamRoutes(mux)
+	hs := httptest.NewServer(s.authenticate(mux))
+	f.Cleanup(hs.Close)
+	root, _ := iam.NewToken()
+	if err := st.AddRootToken(context.Background(), HashToken(root)); err != nil {
+		f.Fatal(err)
+	}
+	h := &iamServer{t: &testing.T{}, url: hs.URL, root: root, store: st}
+	if code, _ := h.call(root, "POST", "/v1/projects", corral.ProjectRequest{Path: "a"}, nil); code != http.StatusCreated {
+		f.Fatalf("create project: %d", code)
+	}
+	var v corral.Token
+	if code, _ := h.call(root, "POST", "/v1/tokens", corral.TokenRequest{Project: "/", Role: "viewer", Kind: corral.KindUser, Name: "viewer"}, &v); code != http.StatusCreated {
+		f.Fatalf("mint: %d", code)
+	}
+	return hs.URL, v.Token
+}
+
+func ptr[T any](v T) *T { return &v }

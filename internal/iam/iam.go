@@ -1,0 +1,296 @@
+// Package iam is Corral's authorisation model: permissions and the roles that bundle them,
+// project paths and the tree relations between them, token secrets, and the decision of what a
+// request may do. It holds no state; the store keeps principals, projects, grants and tokens, and
+// the API server asks this package what they allow.
+//
+// The model, in one paragraph: a principal (a person, a service or an agent) holds roles on
+// projects through grants, and a role granted on a project holds in its whole subtree. A token
+// belongs to one principal and carries a scope: a project (it acts only in that project's
+// subtree) and a permission set. A request may do X on project P when P lies in the token's
+// scope, the token's set contains X, and the principal still holds X on P through a grant on P or
+// an ancestor. Tokens are minted only within the minter's scope and permissions, so nothing can
+// be handed down that was not held.
+package iam
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"math/bits"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Perm is a set of permissions, one bit each.
+type Perm uint32
+
+// The permissions, in the order of permNames.
+const (
+	SandboxRead Perm = 1 << iota
+	SandboxCreate
+	SandboxUse
+	SandboxAdmin
+	LayerRead
+	LayerPublish
+	ProjectRead
+	ProjectCreate
+	ProjectGrant
+	QuotaDelegate
+	AuditRead
+	Operator
+
+	// All is every permission.
+	All = Operator<<1 - 1
+)
+
+var permNames = []string{
+	corral.PermSandboxRead, corral.PermSandboxCreate, corral.PermSandboxUse, corral.PermSandboxAdmin,
+	corral.PermLayerRead, corral.PermLayerPublish, corral.PermProjectRead, corral.PermProjectCreate,
+	corral.PermProjectGrant, corral.PermQuotaDelegate, corral.PermAuditRead, corral.PermOperator,
+}
+
+// The roles, each a superset of the one before.
+var (
+	viewer = SandboxRead | LayerRead | ProjectRead
+	user   = viewer | SandboxCreate | SandboxUse
+	admin  = user | SandboxAdmin | LayerPublish | ProjectCreate | QuotaDelegate | AuditRead
+	owner  = admin | ProjectGrant | Operator
+)
+
+// Roles lists the role names, weakest first.
+var Roles = []string{corral.RoleViewer, corral.RoleUser, corral.RoleAdmin, corral.RoleOwner}
+
+// RolePerms returns the permissions of a role.
+func RolePerms(role string) (Perm, bool) {
+	switch role {
+	case corral.RoleViewer:
+		return viewer, true
+	case corral.RoleUser:
+		return user, true
+	case corral.RoleAdmin:
+		return admin, true
+	case corral.RoleOwner:
+		return owner, true
+	}
+	return 0, false
+}
+
+// RoleOf names the role whose permissions are exactly p, or "" when none is.
+func RoleOf(p Perm) string {
+	for _, r := range Roles {
+		if rp, _ := RolePerms(r); rp == p {
+			return r
+		}
+	}
+	return ""
+}
+
+// ParsePerms turns permission names into a set.
+func ParsePerms(names []string) (Perm, error) {
+	var p Perm
+	for _, n := range names {
+		i := slices.Index(permNames, n)
+		if i < 0 {
+			return 0, errdefs.Invalid("permissions", "%q is not a permission (known: %s)", n, strings.Join(permNames, ", "))
+		}
+		p |= 1 << i
+	}
+	return p, nil
+}
+
+// Names lists the permissions in p.
+func (p Perm) Names() []string {
+	out := make([]string, 0, bits.OnesCount32(uint32(p)))
+	for i, n := range permNames {
+		if p&(1<<i) != 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Has reports whether p contains every permission of q.
+func (p Perm) Has(q Perm) bool { return p&q == q }
+
+// String is the first permission's name (what a refusal names), or a list.
+func (p Perm) String() string { return strings.Join(p.Names(), ",") }
+
+// MaxDepth bounds how deep projects nest.
+const MaxDepth = 32
+
+var segmentRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// ParsePath checks a project path and returns it in canonical form: names joined by '/', without
+// leading or trailing slashes; the root is "". "/" and "" both name the root.
+func ParsePath(field, s string) (string, error) {
+	if len(s) > 1024 {
+		return "", errdefs.Invalid(field, "project path is longer than 1024 bytes")
+	}
+	p := strings.TrimSuffix(strings.TrimPrefix(s, "/"), "/")
+	if p == "" {
+		return "", nil
+	}
+	parts := strings.Split(p, "/")
+	if len(parts) > MaxDepth {
+		return "", errdefs.Invalid(field, "project %q is nested %d deep; at most %d", s, len(parts), MaxDepth)
+	}
+	for _, part := range parts {
+		if !segmentRE.MatchString(part) || part == "." || part == ".." {
+			return "", errdefs.Invalid(field, "project path %q: %q is not a project name (lower-case letters, digits, '.', '_', '-'; at most 63; not starting with a punctuation mark)", s, part)
+		}
+	}
+	return p, nil
+}
+
+// Display renders a canonical path for people and the API: the root is "/".
+func Display(p string) string {
+	if p == "" {
+		return corral.RootProject
+	}
+	return p
+}
+
+// Parent returns the parent of a canonical path; the root has none (ok false).
+func Parent(p string) (string, bool) {
+	if p == "" {
+		return "", false
+	}
+	i := strings.LastIndexByte(p, '/')
+	if i < 0 {
+		return "", true
+	}
+	return p[:i], true
+}
+
+// Ancestors returns the canonical paths from the root down to p, p included.
+func Ancestors(p string) []string {
+	out := []string{""}
+	if p == "" {
+		return out
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] == '/' {
+			out = append(out, p[:i])
+		}
+	}
+	return append(out, p)
+}
+
+// Within reports whether p is scope or lies below it.
+func Within(p, scope string) bool {
+	return scope == "" || p == scope || strings.HasPrefix(p, scope+"/")
+}
+
+// SubtreeRange returns the bounds of the strict descendants of p in byte order: every
+// descendant's path d satisfies lo < d < hi, and nothing else does (for p = "a/b": "a/b/" and
+// "a/b0", since '0' follows '/'). For the root every non-empty path is a descendant.
+func SubtreeRange(p string) (lo, hi string) {
+	if p == "" {
+		return "", "\xff"
+	}
+	return p + "/", p + "0"
+}
+
+// LayerVisible reports whether a layer owned by project owner (private or not) may be used by a
+// sandbox in project at: its own project's, or an ancestor's when the layer is shared down.
+func LayerVisible(owner string, private bool, at string) bool {
+	return owner == at || (!private && Within(at, owner))
+}
+
+// TokenPrefix starts every token Corral issues, so a leaked one is recognisable.
+const TokenPrefix = "crl_"
+
+// NewToken returns a fresh secret and the ID under which its record is listed. The secret has 256
+// random bits; the ID is independent of it.
+func NewToken() (secret, id string) {
+	var b [32]byte
+	rand.Read(b[:])
+	var i [8]byte
+	rand.Read(i[:])
+	return TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:]), "tok-" + hex.EncodeToString(i[:])
+}
+
+// NewID returns a random ID with a prefix ("prj-").
+func NewID(prefix string) string {
+	var b [8]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// maxTokenLen bounds a bearer token: anything longer is refused before it is hashed.
+const maxTokenLen = 512
+
+// ParseBearer extracts the token of an Authorization header ("Bearer TOKEN"). The scheme is
+// case-insensitive (RFC 9110); the token must be printable ASCII without spaces.
+func ParseBearer(header string) (string, error) {
+	scheme, tok, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", fmt.Errorf("missing bearer token (set CORRAL_TOKEN): %w", errdefs.ErrUnauthorized)
+	}
+	tok = strings.TrimLeft(tok, " ")
+	if tok == "" || len(tok) > maxTokenLen {
+		return "", fmt.Errorf("malformed bearer token: %w", errdefs.ErrUnauthorized)
+	}
+	for i := 0; i < len(tok); i++ {
+		if c := tok[i]; c <= ' ' || c >= 0x7f {
+			return "", fmt.Errorf("malformed bearer token: %w", errdefs.ErrUnauthorized)
+		}
+	}
+	return tok, nil
+}
+
+var principalRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._@-]{0,63}$`)
+
+// CheckPrincipalName validates a principal's name.
+func CheckPrincipalName(field, name string) error {
+	if !principalRE.MatchString(name) {
+		return errdefs.Invalid(field, "%q is not a principal name (lower-case letters, digits, '.', '_', '@', '-'; at most 64)", name)
+	}
+	return nil
+}
+
+// CheckKind validates a principal kind.
+func CheckKind(kind string) error {
+	switch kind {
+	case corral.KindUser, corral.KindService, corral.KindAgent:
+		return nil
+	}
+	return errdefs.Invalid("kind", "%q is not a principal kind (user, service or agent)", kind)
+}
+
+// DeniedError is a 403 naming the permission that was missing and where.
+type DeniedError struct {
+	Perm    Perm
+	Project string // canonical path
+	Why     string // what else was wrong, if anything ("outside the token's scope /a")
+}
+
+func (e *DeniedError) Error() string {
+	msg := fmt.Sprintf("permission %s is required on project %s", e.Perm, Display(e.Project))
+	if e.Why != "" {
+		msg += " (" + e.Why + ")"
+	}
+	return msg
+}
+
+// Unwrap makes a DeniedError an errdefs.ErrDenied.
+func (e *DeniedError) Unwrap() error { return errdefs.ErrDenied }
+
+// Permission names the missing permission for the API's error body.
+func (e *DeniedError) Permission() string { return e.Perm.String() }
+
+// QuotaError is a 429: a limit of a project would be exceeded.
+type QuotaError struct{ corral.QuotaExceeded }
+
+func (e *QuotaError) Error() string { return "quota exceeded: " + e.QuotaExceeded.String() }
+
+// Unwrap makes a QuotaError an errdefs.ErrExhausted.
+func (e *QuotaError) Unwrap() error { return errdefs.ErrExhausted }
+
+// Detail returns the refusal's detail for the API's error body.
+func (e *QuotaError) Detail() *corral.QuotaExceeded { q := e.QuotaExceeded; return &q }

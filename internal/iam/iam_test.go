@@ -1,0 +1,183 @@
+package iam
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+func TestRolesNest(t *testing.T) {
+	var prev Perm
+	for _, r := range Roles {
+		p, ok := RolePerms(r)
+		if !ok {
+			t.Fatalf("role %s unknown", r)
+		}
+		if !p.Has(prev) || p == prev {
+			t.Errorf("role %s (%v) does not strictly include the role before it (%v)", r, p, prev)
+		}
+		if RoleOf(p) != r {
+			t.Errorf("RoleOf(%s's permissions) = %q", r, RoleOf(p))
+		}
+		prev = p
+	}
+	if owner != All {
+		t.Errorf("owner = %v, want every permission", owner)
+	}
+	// Migration 7 turns earlier tokens into tokens with every permission, written as a number.
+	if All != 4095 {
+		t.Errorf("All = %d; migration 7 of the store writes 4095", All)
+	}
+	if _, ok := RolePerms("superuser"); ok {
+		t.Error("an unknown role was accepted")
+	}
+}
+
+func TestPerms(t *testing.T) {
+	p, err := ParsePerms([]string{corral.PermSandboxUse, corral.PermAuditRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Names(); !slices.Equal(got, []string{corral.PermSandboxUse, corral.PermAuditRead}) {
+		t.Errorf("Names = %v", got)
+	}
+	if _, err := ParsePerms([]string{"sandbox.everything"}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("unknown permission: %v", err)
+	}
+	if RoleOf(p) != "" {
+		t.Errorf("RoleOf(%v) = %q, want none", p, RoleOf(p))
+	}
+}
+
+func TestParsePath(t *testing.T) {
+	for in, want := range map[string]string{
+		"": "", "/": "", "team-a": "team-a", "/team-a/rollout-17/": "team-a/rollout-17", "a.b/c_d": "a.b/c_d",
+	} {
+		got, err := ParsePath("p", in)
+		if err != nil || got != want {
+			t.Errorf("ParsePath(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"A", "a//b", "a/../b", "..", "a/.", "-a", "a b", "a/\x00", strings.Repeat("a/", 33) + "a", strings.Repeat("x", 64), "é"} {
+		if p, err := ParsePath("p", bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("ParsePath(%q) = %q, %v; want invalid", bad, p, err)
+		}
+	}
+}
+
+func TestTree(t *testing.T) {
+	if got := Ancestors("a/b/c"); !slices.Equal(got, []string{"", "a", "a/b", "a/b/c"}) {
+		t.Errorf("Ancestors = %q", got)
+	}
+	if got := Ancestors(""); !slices.Equal(got, []string{""}) {
+		t.Errorf("Ancestors(root) = %q", got)
+	}
+	for _, c := range []struct {
+		p, scope string
+		want     bool
+	}{
+		{"a/b", "", true}, {"a/b", "a", true}, {"a", "a", true}, {"ab", "a", false}, {"a", "a/b", false}, {"", "a", false}, {"a-x/b", "a", false},
+	} {
+		if got := Within(c.p, c.scope); got != c.want {
+			t.Errorf("Within(%q, %q) = %v", c.p, c.scope, got)
+		}
+	}
+	if p, ok := Parent("a/b"); !ok || p != "a" {
+		t.Errorf("Parent(a/b) = %q %v", p, ok)
+	}
+	if p, ok := Parent("a"); !ok || p != "" {
+		t.Errorf("Parent(a) = %q %v", p, ok)
+	}
+	if _, ok := Parent(""); ok {
+		t.Error("the root has a parent")
+	}
+	// The byte range of a subtree holds exactly its descendants, with siblings that share a
+	// prefix ("a-x", "a.b", "a0") outside it.
+	lo, hi := SubtreeRange("a")
+	for p, in := range map[string]bool{"a/b": true, "a/b/c": true, "a/~": true, "a": false, "a-x": false, "a.b": false, "a0": false, "b": false, "a0/x": false} {
+		if got := p > lo && p < hi; got != in {
+			t.Errorf("%q in SubtreeRange(a) = %v, want %v", p, got, in)
+		}
+	}
+}
+
+func TestLayerVisible(t *testing.T) {
+	if !LayerVisible("", false, "a/b") || LayerVisible("", true, "a/b") || !LayerVisible("a", true, "a") {
+		t.Error("root layers shared down, private ones only in their project")
+	}
+	if LayerVisible("a/b", false, "a") || LayerVisible("x", false, "a") {
+		t.Error("a layer is visible above or beside its project")
+	}
+}
+
+func TestTokens(t *testing.T) {
+	a, ida := NewToken()
+	b, idb := NewToken()
+	if a == b || ida == idb || !strings.HasPrefix(a, TokenPrefix) || len(a) < 40 {
+		t.Errorf("tokens %q %q ids %q %q", a, b, ida, idb)
+	}
+	if strings.Contains(a, ida[4:]) {
+		t.Error("the token's ID is derived from its secret")
+	}
+	for h, want := range map[string]string{"Bearer x": "x", "bearer  x": "x", "BEARER crl_a-b": "crl_a-b"} {
+		if got, err := ParseBearer(h); err != nil || got != want {
+			t.Errorf("ParseBearer(%q) = %q, %v", h, got, err)
+		}
+	}
+	for _, h := range []string{"", "Bearer", "Bearer ", "Basic eA==", "Bearer a b", "Bearer a\tb", "Bearer \x7f", "Bearer " + strings.Repeat("x", 513)} {
+		if _, err := ParseBearer(h); !errors.Is(err, errdefs.ErrUnauthorized) {
+			t.Errorf("ParseBearer(%q): %v, want unauthorized", h, err)
+		}
+	}
+}
+
+// FuzzParseBearer checks that whatever a client sends, a token comes out only from a well-formed
+// header, printable and bounded.
+func FuzzParseBearer(f *testing.F) {
+	for _, s := range []string{"Bearer crl_x", "bearer a", "Basic x", "Bearer  ", "Bearer a b", "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, h string) {
+		tok, err := ParseBearer(h)
+		if err != nil {
+			if !errors.Is(err, errdefs.ErrUnauthorized) {
+				t.Fatalf("error of another kind: %v", err)
+			}
+			return
+		}
+		if tok == "" || len(tok) > maxTokenLen || strings.ContainsAny(tok, " \t\r\n") || !strings.HasSuffix(h, tok) {
+			t.Fatalf("ParseBearer(%q) = %q", h, tok)
+		}
+	})
+}
+
+// FuzzParsePath checks that an accepted path is canonical, stable, bounded, and cannot step out
+// of the tree.
+func FuzzParsePath(f *testing.F) {
+	for _, s := range []string{"", "/", "a/b", "/a/b/", "a/../b", "a//b", strings.Repeat("a/", 40)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParsePath("p", s)
+		if err != nil {
+			if !errors.Is(err, errdefs.ErrInvalid) {
+				t.Fatalf("error of another kind: %v", err)
+			}
+			return
+		}
+		again, err := ParsePath("p", p)
+		if err != nil || again != p {
+			t.Fatalf("canonical %q does not parse to itself: %q, %v", p, again, err)
+		}
+		if strings.Contains(p, "..") && slices.Contains(strings.Split(p, "/"), "..") || strings.HasPrefix(p, "/") || strings.Contains(p, "//") {
+			t.Fatalf("ParsePath(%q) = %q", s, p)
+		}
+		if a := Ancestors(p); a[len(a)-1] != p || len(a) > MaxDepth+1 {
+			t.Fatalf("Ancestors(%q) = %q", p, a)
+		}
+	})
+}

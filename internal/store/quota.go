@@ -1,0 +1,347 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// usage sums what the live sandboxes of path's subtree use; tiers and creations are counted only
+// when asked (they cost a query each).
+func usage(ctx context.Context, q querier, path string, tiers, creates bool, now time.Time) (corral.Usage, error) {
+	var u corral.Usage
+	cond, args := subtreeCond("path", path)
+	in := ` AND project_id IN (SELECT id FROM projects WHERE ` + cond + `)`
+	if path == "" {
+		in, args = "", nil
+	}
+	err := q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(cpus), 0), COALESCE(SUM(memory_bytes), 0), COALESCE(SUM(disk_bytes), 0)
+		FROM sandboxes WHERE state IN `+liveStatesSQL+in, args...).Scan(&u.Sandboxes, &u.CPUs, &u.MemoryBytes, &u.DiskBytes)
+	if err != nil {
+		return u, err
+	}
+	if tiers {
+		rows, err := q.QueryContext(ctx, `SELECT tier, COUNT(*) FROM sandboxes WHERE state IN `+liveStatesSQL+in+` GROUP BY tier`, args...)
+		if err != nil {
+			return u, err
+		}
+		defer rows.Close()
+		u.Tiers = map[string]int64{}
+		for rows.Next() {
+			var t string
+			var n int64
+			if err := rows.Scan(&t, &n); err != nil {
+				return u, err
+			}
+			u.Tiers[t] = n
+		}
+		if err := rows.Err(); err != nil {
+			return u, err
+		}
+	}
+	if creates {
+		err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE created_ns > ?`+in,
+			append([]any{now.Add(-time.Minute).UnixNano()}, args...)...).Scan(&u.CreatesPerMinute)
+		if err != nil {
+			return u, err
+		}
+	}
+	return u, nil
+}
+
+// delegated sums the limits that parent's children hold, per resource.
+func delegated(ctx context.Context, q querier, parentID, skipID string) (corral.Quota, error) {
+	rows, err := q.QueryContext(ctx, `SELECT quota FROM projects WHERE parent_id = ? AND id != ? AND quota != '{}'`, parentID, skipID)
+	if err != nil {
+		return corral.Quota{}, err
+	}
+	defer rows.Close()
+	var sum corral.Quota
+	for rows.Next() {
+		var doc string
+		var c corral.Quota
+		if err := rows.Scan(&doc); err != nil {
+			return sum, err
+		}
+		if err := json.Unmarshal([]byte(doc), &c); err != nil {
+			return sum, err
+		}
+		sum = addQuota(sum, c)
+	}
+	return sum, rows.Err()
+}
+
+func addI(a, b *int64) *int64 {
+	if b == nil {
+		return a
+	}
+	v := *b
+	if a != nil {
+		v += *a
+	}
+	return &v
+}
+
+func addQuota(a, b corral.Quota) corral.Quota {
+	a.Sandboxes = addI(a.Sandboxes, b.Sandboxes)
+	a.MemoryBytes = addI(a.MemoryBytes, b.MemoryBytes)
+	a.DiskBytes = addI(a.DiskBytes, b.DiskBytes)
+	a.CreatesPerMinute = addI(a.CreatesPerMinute, b.CreatesPerMinute)
+	if b.CPUs != nil {
+		v := *b.CPUs
+		if a.CPUs != nil {
+			v += *a.CPUs
+		}
+		a.CPUs = &v
+	}
+	for t, n := range b.Tiers {
+		if a.Tiers == nil {
+			a.Tiers = map[string]int64{}
+		}
+		a.Tiers[t] += n
+	}
+	return a
+}
+
+// limitItem is one resource of a quota, for checks that treat them alike.
+type limitItem struct {
+	name  string
+	limit *float64
+	value float64
+}
+
+func f64(p *int64) *float64 {
+	if p == nil {
+		return nil
+	}
+	v := float64(*p)
+	return &v
+}
+
+// items lists q's resources with the amounts of the same resources in u (a Quota used as a sum).
+func items(q, u corral.Quota) []limitItem {
+	val := func(p *int64) float64 {
+		if p == nil {
+			return 0
+		}
+		return float64(*p)
+	}
+	cpus := 0.0
+	if u.CPUs != nil {
+		cpus = *u.CPUs
+	}
+	out := []limitItem{
+		{"sandboxes", f64(q.Sandboxes), val(u.Sandboxes)},
+		{"cpus", q.CPUs, cpus},
+		{"memory_bytes", f64(q.MemoryBytes), val(u.MemoryBytes)},
+		{"disk_bytes", f64(q.DiskBytes), val(u.DiskBytes)},
+		{"creates_per_minute", f64(q.CreatesPerMinute), val(u.CreatesPerMinute)},
+	}
+	for _, t := range slices.Sorted(maps.Keys(q.Tiers)) {
+		l := float64(q.Tiers[t])
+		out = append(out, limitItem{"tiers." + t, &l, float64(u.Tiers[t])})
+	}
+	return out
+}
+
+// ValidateQuota checks that a quota's numbers are sane.
+func ValidateQuota(q corral.Quota) error {
+	for _, it := range items(q, corral.Quota{}) {
+		if it.limit != nil && *it.limit < 0 {
+			return errdefs.Invalid(it.name, "a limit cannot be negative (%g)", *it.limit)
+		}
+	}
+	for t := range q.Tiers {
+		switch t {
+		case "container", "fncall", "microvm", "vm":
+		default:
+			return errdefs.Invalid("tiers", "%q is not a tier (container, fncall, microvm, vm)", t)
+		}
+	}
+	return nil
+}
+
+// limitsOf maps each resource q limits to its limit.
+func limitsOf(q corral.Quota) map[string]float64 {
+	out := map[string]float64{}
+	for _, it := range items(q, corral.Quota{}) {
+		if it.limit != nil {
+			out[it.name] = *it.limit
+		}
+	}
+	return out
+}
+
+// checkDelegation checks that child (ID childID, or a new child when empty) may hold limit want
+// under parent: for every resource both limit, the children's limits (want included) sum to at
+// most the parent's. A resource the child does not limit is bounded by the parent's anyway.
+func checkDelegation(ctx context.Context, q querier, parent *ProjectRecord, childID string, want corral.Quota) error {
+	others, err := delegated(ctx, q, parent.ID, childID)
+	if err != nil {
+		return err
+	}
+	have, mine := limitsOf(parent.Quota), limitsOf(want)
+	taken := limitsOf(others)
+	for _, name := range slices.Sorted(maps.Keys(mine)) {
+		limit, ok := have[name]
+		if !ok {
+			continue
+		}
+		if taken[name]+mine[name] > limit+1e-9 {
+			return errdefs.Conflict("project %s can delegate at most %g more %s (its limit %g, its other subprojects hold %g), not %g",
+				iam.Display(parent.Path), max(limit-taken[name], 0), name, limit, taken[name], mine[name])
+		}
+	}
+	return nil
+}
+
+// GetQuota returns the limits, subtree usage and delegations of the project at a canonical path.
+func (s *Store) GetQuota(ctx context.Context, path string) (*corral.ProjectQuota, error) {
+	p, err := getProject(ctx, s.db, path)
+	if err != nil {
+		return nil, err
+	}
+	u, err := usage(ctx, s.db, path, true, true, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("quota of %s: %w", iam.Display(path), err)
+	}
+	d, err := delegated(ctx, s.db, p.ID, "")
+	if err != nil {
+		return nil, fmt.Errorf("quota of %s: %w", iam.Display(path), err)
+	}
+	return &corral.ProjectQuota{Project: iam.Display(path), Limit: p.Quota, Usage: u, Delegated: d}, nil
+}
+
+// SetQuota replaces the limits of the project at a canonical path. They must fit what the parent
+// can still delegate, and be no lower than what the project's children already hold (usage
+// above a new limit is allowed: live sandboxes stay, new ones are refused).
+func (s *Store) SetQuota(ctx context.Context, path string, q corral.Quota) (*corral.ProjectQuota, error) {
+	if err := ValidateQuota(q); err != nil {
+		return nil, err
+	}
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		p, err := getProject(ctx, tx, path)
+		if err != nil {
+			return err
+		}
+		if parent, ok := iam.Parent(path); ok {
+			pp, err := getProject(ctx, tx, parent)
+			if err != nil {
+				return err
+			}
+			if err := checkDelegation(ctx, tx, pp, p.ID, q); err != nil {
+				return err
+			}
+		}
+		children, err := delegated(ctx, tx, p.ID, "")
+		if err != nil {
+			return err
+		}
+		for _, it := range items(q, children) {
+			if it.limit != nil && it.value > *it.limit {
+				return errdefs.Conflict("project %s: %s limit %g is below the %g its subprojects hold; lower theirs first",
+					iam.Display(path), it.name, *it.limit, it.value)
+			}
+		}
+		doc, err := json.Marshal(q)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE projects SET quota = ? WHERE id = ?`, string(doc), p.ID)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("set quota of %s: %w", iam.Display(path), err)
+	}
+	return s.GetQuota(ctx, path)
+}
+
+// AdmitSandbox records a new sandbox (state creating) if the quotas of its project and of every
+// ancestor allow it, in one transaction: concurrent admissions are serialised by the store's
+// write lock, so a quota of N admits exactly N. A refusal is an *iam.QuotaError.
+func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
+	if sb.ProjectID == "" {
+		sb.ProjectID = RootProjectID
+	}
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var path string
+		if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, sb.ProjectID).Scan(&path); err != nil {
+			if err == sql.ErrNoRows {
+				return errdefs.NotFound("project %s", sb.ProjectID)
+			}
+			return err
+		}
+		anc := iam.Ancestors(path)
+		args := make([]any, len(anc))
+		for i, a := range anc {
+			args[i] = a
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT `+projectCols+` FROM projects WHERE quota != '{}' AND path IN (?`+
+			strings.Repeat(", ?", len(anc)-1)+`) ORDER BY path`, args...)
+		if err != nil {
+			return err
+		}
+		var limited []*ProjectRecord
+		for rows.Next() {
+			p, err := scanProject(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			limited = append(limited, p)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		want := corral.Usage{Sandboxes: 1, CPUs: sb.Limits.CPUs, MemoryBytes: sb.Limits.MemoryBytes, DiskBytes: sb.Limits.DiskBytes,
+			CreatesPerMinute: 1, Tiers: map[string]int64{sb.Tier: 1}}
+		now := time.Now()
+		// Nearest first: the most specific refusal is the most useful one.
+		for i := len(limited) - 1; i >= 0; i-- {
+			p := limited[i]
+			u, err := usage(ctx, tx, p.Path, len(p.Quota.Tiers) > 0, p.Quota.CreatesPerMinute != nil, now)
+			if err != nil {
+				return err
+			}
+			if err := fits(p, u, want); err != nil {
+				return err
+			}
+		}
+		return putSandbox(ctx, tx, sb)
+	})
+	if err != nil {
+		return fmt.Errorf("admit sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// fits checks that usage u plus want stays within p's limits.
+func fits(p *ProjectRecord, u, want corral.Usage) error {
+	asQuota := func(u corral.Usage) corral.Quota {
+		return corral.Quota{Sandboxes: &u.Sandboxes, CPUs: &u.CPUs, MemoryBytes: &u.MemoryBytes, DiskBytes: &u.DiskBytes,
+			CreatesPerMinute: &u.CreatesPerMinute, Tiers: u.Tiers}
+	}
+	have := items(p.Quota, asQuota(u))
+	add := items(p.Quota, asQuota(want))
+	for i, it := range have {
+		if it.limit == nil {
+			continue
+		}
+		if it.value+add[i].value > *it.limit+1e-9 {
+			return &iam.QuotaError{QuotaExceeded: corral.QuotaExceeded{
+				Project: iam.Display(p.Path), Resource: it.name, Limit: *it.limit, Usage: it.value, Request: add[i].value,
+			}}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,344 @@
+package corral
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Permissions. A permission granted on a project holds in the project and all its descendants.
+const (
+	PermSandboxRead   = "sandbox.read"   // list and get sandboxes
+	PermSandboxCreate = "sandbox.create" // create sandboxes (and fncall environments)
+	PermSandboxUse    = "sandbox.use"    // exec, commands, files, calls
+	PermSandboxAdmin  = "sandbox.admin"  // delete, pause, resume, TTL, network, snapshot
+	PermLayerRead     = "layer.read"     // list and get layers and environments
+	PermLayerPublish  = "layer.publish"  // import, tag, delete layers; save environments
+	PermProjectRead   = "project.read"   // see projects, quotas, grants, principals
+	PermProjectCreate = "project.create" // create, move and delete subprojects
+	PermProjectGrant  = "project.grant"  // grant roles, create principals, mint tokens for others
+	PermQuotaDelegate = "quota.delegate" // set the quota of a child project
+	PermAuditRead     = "audit.read"     // read the audit log
+	PermOperator      = "operator"       // installation-wide settings (service catalog, layer gc, metrics); only held on the root project
+)
+
+// Roles bundle permissions; each includes the one before it.
+const (
+	RoleViewer = "viewer" // read-only
+	RoleUser   = "user"   // viewer + create and use sandboxes
+	RoleAdmin  = "admin"  // user + manage sandboxes, publish layers, subprojects, quotas, audit
+	RoleOwner  = "owner"  // admin + grant roles and mint tokens for other principals, operator
+)
+
+// Principal kinds.
+const (
+	KindUser    = "user"
+	KindService = "service"
+	KindAgent   = "agent"
+)
+
+// RootProject is the path of the project every other project descends from.
+const RootProject = "/"
+
+// Project is a node of the project tree. Paths are slash-separated names ("team-a/rollout-17");
+// the root is "/".
+type Project struct {
+	ID        string    `json:"id"`
+	Path      string    `json:"path"`
+	Parent    string    `json:"parent,omitempty"` // the parent's path; empty for the root
+	CreatedAt time.Time `json:"created_at"`
+	CreatedBy string    `json:"created_by"`
+	// Sandboxes counts the live (creating, running, paused) sandboxes in the project itself.
+	Sandboxes int `json:"sandboxes"`
+}
+
+// ProjectRequest is the body of POST /v1/projects.
+type ProjectRequest struct {
+	Path string `json:"path"`
+}
+
+// MoveProjectRequest is the body of POST /v1/projects/move: the subtree at From becomes To.
+type MoveProjectRequest struct {
+	From  string `json:"from"`
+	To    string `json:"to"`
+	Force bool   `json:"force,omitempty"` // move even with live sandboxes in the subtree
+}
+
+// Quota is a project's limits. A nil field is no limit of its own (the ancestors' still hold).
+type Quota struct {
+	Sandboxes        *int64           `json:"sandboxes,omitempty"`          // live sandboxes in the subtree
+	CPUs             *float64         `json:"cpus,omitempty"`               // sum of the live sandboxes' CPU limits
+	MemoryBytes      *int64           `json:"memory_bytes,omitempty"`       // sum of memory limits
+	DiskBytes        *int64           `json:"disk_bytes,omitempty"`         // sum of writable-disk limits
+	CreatesPerMinute *int64           `json:"creates_per_minute,omitempty"` // creations in the last 60 s
+	Tiers            map[string]int64 `json:"tiers,omitempty"`              // live sandboxes per tier
+}
+
+// Usage is what a project's subtree uses now, in the units of [Quota].
+type Usage struct {
+	Sandboxes        int64            `json:"sandboxes"`
+	CPUs             float64          `json:"cpus"`
+	MemoryBytes      int64            `json:"memory_bytes"`
+	DiskBytes        int64            `json:"disk_bytes"`
+	CreatesPerMinute int64            `json:"creates_per_minute"`
+	Tiers            map[string]int64 `json:"tiers,omitempty"`
+}
+
+// ProjectQuota is the answer of GET and PUT /v1/quotas/{path}: the project's limits, its
+// subtree's usage, and how much of each limit its children hold as their own limits.
+type ProjectQuota struct {
+	Project   string `json:"project"`
+	Limit     Quota  `json:"limit"`
+	Usage     Usage  `json:"usage"`
+	Delegated Quota  `json:"delegated"`
+}
+
+// QuotaExceeded is the detail of a 429 refusal by a quota ([Error.Quota]).
+type QuotaExceeded struct {
+	Project  string  `json:"project"`  // the full project (the requester's or an ancestor)
+	Resource string  `json:"resource"` // sandboxes, cpus, memory_bytes, disk_bytes, creates_per_minute, tiers.NAME
+	Limit    float64 `json:"limit"`
+	Usage    float64 `json:"usage"`
+	Request  float64 `json:"request"`
+}
+
+// Principal is an identity: a person, a service or an agent.
+type Principal struct {
+	Name      string    `json:"name"`
+	Kind      string    `json:"kind"`
+	Project   string    `json:"project"` // the project it was created in
+	CreatedAt time.Time `json:"created_at"`
+	CreatedBy string    `json:"created_by,omitempty"`
+}
+
+// Grant gives a principal a role on a project (and so on all its descendants).
+type Grant struct {
+	Project   string    `json:"project"`
+	Principal string    `json:"principal"`
+	Role      string    `json:"role"`
+	CreatedAt time.Time `json:"created_at,omitzero"`
+	CreatedBy string    `json:"created_by,omitempty"`
+}
+
+// TokenRequest is the body of POST /v1/tokens.
+type TokenRequest struct {
+	// Project is the token's scope: it acts in this project's subtree only.
+	Project string `json:"project"`
+	// Role gives the token the role's permissions; Permissions lists them one by one instead.
+	// Either way they must be a subset of the issuing token's on that project.
+	Role        string   `json:"role,omitempty"`
+	Permissions []string `json:"permissions,omitempty"`
+	// TTL is how long the token lives (Go duration); empty: until revoked.
+	TTL string `json:"ttl,omitempty"`
+	// Principal names an existing principal to mint for (the caller's own by default when Kind
+	// and Name are empty too). Minting for another principal needs project.grant.
+	Principal string `json:"principal,omitempty"`
+	// Kind and Name create a new principal (kind agent unless said) in Project, granted Role there,
+	// and mint its first token. Name defaults to a generated one.
+	Kind string `json:"kind,omitempty"`
+	Name string `json:"name,omitempty"`
+}
+
+// Token is an API token's record. The secret itself is shown once, in the answer to POST
+// /v1/tokens; the server keeps only its hash.
+type Token struct {
+	ID          string     `json:"id"`
+	Token       string     `json:"token,omitempty"`
+	Principal   string     `json:"principal"`
+	Project     string     `json:"project"`
+	Role        string     `json:"role,omitempty"`
+	Permissions []string   `json:"permissions"`
+	Parent      string     `json:"parent,omitempty"` // the token that minted it
+	CreatedAt   time.Time  `json:"created_at"`
+	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
+	RevokedAt   *time.Time `json:"revoked_at,omitempty"`
+}
+
+// Whoami is the answer of GET /v1/whoami: the caller's principal and token, and what the token
+// may do on its project.
+type Whoami struct {
+	Principal   Principal `json:"principal"`
+	Token       Token     `json:"token"`
+	Permissions []string  `json:"permissions"`
+}
+
+// AuditEntry is one management action in the audit log.
+type AuditEntry struct {
+	ID        int64     `json:"id"`
+	At        time.Time `json:"at"`
+	Principal string    `json:"principal"`
+	Token     string    `json:"token,omitempty"`
+	Project   string    `json:"project"`
+	Action    string    `json:"action"` // sandbox.create, project.delete, token.mint, ...
+	Target    string    `json:"target,omitempty"`
+	Result    string    `json:"result"` // "ok", or the error code ("denied", "exhausted", ...)
+	Detail    string    `json:"detail,omitempty"`
+}
+
+// AuditQuery selects audit entries: those of Project's subtree, newest first.
+type AuditQuery struct {
+	Project string
+	Action  string // exact action, or a prefix ending in "." ("sandbox.")
+	Before  int64  // entries with an ID below this one (paging); 0: the newest
+	Limit   int    // at most this many; 0: the server's default (100)
+}
+
+// projectPath escapes a project path for a URL: each name on its own ("" or "/" is the root).
+func projectPath(p string) string {
+	p = strings.Trim(p, "/")
+	if p == "" {
+		return ""
+	}
+	parts := strings.Split(p, "/")
+	for i, s := range parts {
+		parts[i] = url.PathEscape(s)
+	}
+	return strings.Join(parts, "/")
+}
+
+// Whoami returns the caller's principal, token and permissions.
+func (c *Client) Whoami(ctx context.Context) (*Whoami, error) {
+	var out Whoami
+	return &out, c.do(ctx, request{method: http.MethodGet, path: "/v1/whoami"}, &out)
+}
+
+// CreateProject creates the project at path; its parent must exist.
+func (c *Client) CreateProject(ctx context.Context, path string) (*Project, error) {
+	var out Project
+	return &out, c.do(ctx, request{method: http.MethodPost, path: "/v1/projects", json: ProjectRequest{Path: path}}, &out)
+}
+
+// Projects lists the projects the caller can see in under's subtree ("" for all), parents
+// before children.
+func (c *Client) Projects(ctx context.Context, under string) ([]Project, error) {
+	var out []Project
+	q := url.Values{}
+	if under != "" {
+		q.Set("under", under)
+	}
+	return out, c.do(ctx, request{method: http.MethodGet, path: "/v1/projects", query: q}, &out)
+}
+
+// Project returns one project.
+func (c *Client) Project(ctx context.Context, path string) (*Project, error) {
+	var out Project
+	return &out, c.do(ctx, request{method: http.MethodGet, path: "/v1/projects/" + projectPath(path)}, &out)
+}
+
+// DeleteProject deletes a project and its subtree. With live sandboxes in it the server refuses
+// unless force, which deletes them first.
+func (c *Client) DeleteProject(ctx context.Context, path string, force bool) error {
+	q := url.Values{}
+	if force {
+		q.Set("force", "true")
+	}
+	return c.do(ctx, request{method: http.MethodDelete, path: "/v1/projects/" + projectPath(path), query: q}, nil)
+}
+
+// MoveProject moves the subtree at from to the path to.
+func (c *Client) MoveProject(ctx context.Context, req MoveProjectRequest) (*Project, error) {
+	var out Project
+	return &out, c.do(ctx, request{method: http.MethodPost, path: "/v1/projects/move", json: req}, &out)
+}
+
+// Quota returns a project's limits, usage and delegations.
+func (c *Client) Quota(ctx context.Context, project string) (*ProjectQuota, error) {
+	var out ProjectQuota
+	return &out, c.do(ctx, request{method: http.MethodGet, path: "/v1/quotas/" + projectPath(project)}, &out)
+}
+
+// SetQuota replaces a project's limits (nil fields: no limit of its own). It needs
+// quota.delegate on the parent: a project cannot raise its own quota.
+func (c *Client) SetQuota(ctx context.Context, project string, q Quota) (*ProjectQuota, error) {
+	var out ProjectQuota
+	return &out, c.do(ctx, request{method: http.MethodPut, path: "/v1/quotas/" + projectPath(project), json: q}, &out)
+}
+
+// CreatePrincipal creates a principal (a person, service or agent) in a project.
+func (c *Client) CreatePrincipal(ctx context.Context, p Principal) (*Principal, error) {
+	var out Principal
+	return &out, c.do(ctx, request{method: http.MethodPost, path: "/v1/principals", json: p}, &out)
+}
+
+// Principals lists the principals created in project's subtree ("" for all the caller can see).
+func (c *Client) Principals(ctx context.Context, project string) ([]Principal, error) {
+	var out []Principal
+	q := url.Values{}
+	if project != "" {
+		q.Set("project", project)
+	}
+	return out, c.do(ctx, request{method: http.MethodGet, path: "/v1/principals", query: q}, &out)
+}
+
+// Grant gives a principal a role on a project. The caller must hold project.grant and every
+// permission of the role there.
+func (c *Client) Grant(ctx context.Context, g Grant) (*Grant, error) {
+	var out Grant
+	return &out, c.do(ctx, request{method: http.MethodPost, path: "/v1/grants", json: g}, &out)
+}
+
+// Revoke removes a grant (role empty: every role of the principal on that project).
+func (c *Client) Revoke(ctx context.Context, g Grant) error {
+	q := url.Values{"project": {g.Project}, "principal": {g.Principal}}
+	if g.Role != "" {
+		q.Set("role", g.Role)
+	}
+	return c.do(ctx, request{method: http.MethodDelete, path: "/v1/grants", query: q}, nil)
+}
+
+// Grants lists the grants on project's subtree ("" for all the caller can see).
+func (c *Client) Grants(ctx context.Context, project string) ([]Grant, error) {
+	var out []Grant
+	q := url.Values{}
+	if project != "" {
+		q.Set("project", project)
+	}
+	return out, c.do(ctx, request{method: http.MethodGet, path: "/v1/grants", query: q}, &out)
+}
+
+// CreateToken mints a token; the answer's Token field holds the secret, shown only this once.
+func (c *Client) CreateToken(ctx context.Context, req TokenRequest) (*Token, error) {
+	var out Token
+	return &out, c.do(ctx, request{method: http.MethodPost, path: "/v1/tokens", json: req}, &out)
+}
+
+// Tokens lists the tokens the caller may manage: its principal's, those it minted (and theirs),
+// and those in projects where it holds project.grant. Revoked and expired tokens are included.
+func (c *Client) Tokens(ctx context.Context) ([]Token, error) {
+	var out []Token
+	return out, c.do(ctx, request{method: http.MethodGet, path: "/v1/tokens"}, &out)
+}
+
+// RevokeToken revokes a token and every token minted from it.
+func (c *Client) RevokeToken(ctx context.Context, id string) (*Token, error) {
+	var out Token
+	return &out, c.do(ctx, request{method: http.MethodDelete, path: "/v1/tokens/" + url.PathEscape(id)}, &out)
+}
+
+// Audit returns audit entries, newest first.
+func (c *Client) Audit(ctx context.Context, q AuditQuery) ([]AuditEntry, error) {
+	v := url.Values{}
+	if q.Project != "" {
+		v.Set("project", q.Project)
+	}
+	if q.Action != "" {
+		v.Set("action", q.Action)
+	}
+	if q.Before > 0 {
+		v.Set("before", strconv.FormatInt(q.Before, 10))
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	var out []AuditEntry
+	return out, c.do(ctx, request{method: http.MethodGet, path: "/v1/audit", query: v}, &out)
+}
+
+// String renders a quota refusal for people.
+func (q *QuotaExceeded) String() string {
+	return fmt.Sprintf("project %s: %s limit %g, in use %g, requested %g", q.Project, q.Resource, q.Limit, q.Usage, q.Request)
+}
