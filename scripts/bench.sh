@@ -6,6 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/bin:$PATH"
+mkdir -p bench-out
+# BENCH_ONLY=iam needs no server (authorisation and quota admission on a store of its own), so it
+# runs first, and alone it stops here.
+if [ "${BENCH_ONLY:-iam}" = iam ]; then
+  corral bench iam ${BENCH_IAM_ARGS:-} -o json | tee bench-out/iam.json
+  if [ "${BENCH_ONLY:-}" = iam ]; then exit 0; fi
+fi
 work=$(mktemp -d /tmp/crl-bench-XXXX)
 port=${BENCH_PORT:-7199}
 export CORRAL_URL=http://127.0.0.1:$port
@@ -20,8 +27,7 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-mkdir -p bench-out
-# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall or network runs one of them.
+# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall, network or iam runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
@@ -172,6 +173,9 @@ type resolver func(r *http.Request) (project, target string, err error)
 // onSandbox resolves to the project of the sandbox in the request's path.
 func (s *Server) onSandbox(r *http.Request) (string, string, error) {
 	id := r.PathValue("id")
+	if !edge.ValidID(id) {
+		return "", id, errdefs.Invalid("id", "%q is not a sandbox ID (sb-NODE-XXXXXXXXXXXXXXXX)", id)
+	}
 	p, err := s.store.SandboxProject(r.Context(), id)
 	return p, id, err
 }

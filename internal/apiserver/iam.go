@@ -321,7 +321,7 @@ func (s *Server) createPrincipal(w http.ResponseWriter, r *http.Request) {
 // checkGrant validates a grant and checks the caller may give (or take) it: project.grant on the
 // project and every permission of the role there.
 func (c *caller) checkGrant(g corral.Grant, needRole bool) (string, error) {
-	p, err := iam.ParsePath("project", g.Project)
+	p, err := c.project("project", g.Project)
 	if err != nil {
 		return "", err
 	}

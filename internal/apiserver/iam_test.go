@@ -384,3 +384,51 @@ func fuzzServer(f *testing.F) (url, viewer string) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestMovesCannotEscapeScope checks that moving projects never widens what a token reaches: a
+// scoped token cannot move its project (or anything) out of its subtree, and a token whose project
+// an operator moves follows the project, seeing nothing of its new surroundings.
+func TestMovesCannotEscapeScope(t *testing.T) {
+	h := newIAMServer(t)
+	for _, p := range []string{"team-a", "team-a/r", "team-a/r/sub", "team-b", "team-b/secret"} {
+		h.must(201, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: p}, nil)
+	}
+	harness := h.mint(h.root, corral.TokenRequest{Project: "team-a", Role: "owner", Kind: corral.KindService, Name: "harness"}).Token
+	agent := h.mint(harness, corral.TokenRequest{Project: "team-a/r", Role: "admin", Kind: corral.KindAgent, Name: "bot"}).Token
+	// Out of the harness's subtree, or into someone else's: refused on the side it lacks.
+	for _, m := range []corral.MoveProjectRequest{
+		{From: "team-a/r", To: "r"}, {From: "team-a/r", To: "team-b/r"}, {From: "team-b/secret", To: "team-a/secret"}, {From: "team-a", To: "team-c"},
+	} {
+		if e := h.must(403, harness, "POST", "/v1/projects/move", m, nil); e.Permission != corral.PermProjectCreate {
+			t.Errorf("move %+v: permission %q", m, e.Permission)
+		}
+	}
+	// The agent cannot lift its subproject up to its own level or move its own project.
+	h.must(403, agent, "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "team-a/r/sub", To: "team-a/sub"}, nil)
+	h.must(403, agent, "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "team-a/r", To: "team-a/r2"}, nil)
+	// Within the harness's subtree a move is fine.
+	var moved corral.Project
+	h.must(200, harness, "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "team-a/r/sub", To: "team-a/sub"}, &moved)
+	if moved.Path != "team-a/sub" || moved.Parent != "team-a" {
+		t.Errorf("moved %+v", moved)
+	}
+	// The operator moves the agent's project under team-b: the agent's token follows it and
+	// still reaches only that project, not team-b or its other children.
+	h.must(200, h.root, "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "team-a/r", To: "team-b/r"}, nil)
+	var me corral.Whoami
+	h.must(200, agent, "GET", "/v1/whoami", nil, &me)
+	if me.Token.Project != "team-b/r" {
+		t.Errorf("the agent's scope after the move: %q", me.Token.Project)
+	}
+	h.must(403, agent, "GET", "/v1/projects/team-b/secret", nil, nil)
+	h.must(403, agent, "GET", "/v1/projects/team-b", nil, nil)
+	var ps []corral.Project
+	h.must(200, agent, "GET", "/v1/projects?under=/", nil, &ps)
+	if len(ps) != 1 || ps[0].Path != "team-b/r" {
+		t.Errorf("the agent lists %+v", ps)
+	}
+	// The harness lost the project with the move: it is no longer in team-a's subtree.
+	h.must(403, harness, "GET", "/v1/projects/team-b/r", nil, nil)
+	// The agent's grant came with it (admin on its project), so it can still work there.
+	h.must(201, agent, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-b/r/new"}, nil)
+}

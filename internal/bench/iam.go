@@ -38,6 +38,9 @@ type IAMConfig struct {
 	Principals int // principals besides root
 	Grants     int // grants besides root's
 	Sandboxes  int // live sandbox records spread over the projects (as many stopped ones are added)
+	// History is how many stopped records of the last 24 hours the deep project gets for the
+	// last sensitivity measures (admission against a project's own history); negative skips them.
+	History int
 
 	N           int           // paired latency samples per depth
 	Concurrency int           // creators in the throughput test
@@ -54,6 +57,7 @@ func (c IAMConfig) withDefaults() IAMConfig {
 	def(&c.Principals, 5_000)
 	def(&c.Grants, 100_000)
 	def(&c.Sandboxes, 3_000)
+	def(&c.History, 10_000)
 	def(&c.N, 2_000)
 	def(&c.Concurrency, 8)
 	if c.Duration == 0 {
@@ -92,7 +96,7 @@ type IAMResult struct {
 	Tokens           int     `json:"tokens"`
 	LiveSandboxes    int     `json:"live_sandboxes"`
 	StoppedSandboxes int     `json:"stopped_sandboxes"`
-	StoreMiB         float64 `json:"store_mib"`
+	StoreMiB         float64 `json:"store_mib"` // database and WAL after populating
 	// Populate is the wall time of each population step through the store's public API, one
 	// transaction per call, in seconds.
 	Populate      map[string]float64 `json:"populate_s"`
@@ -100,7 +104,9 @@ type IAMResult struct {
 
 	Depths     []IAMDepth    `json:"depths"`
 	Throughput IAMThroughput `json:"throughput"`
-	Notes      []string      `json:"notes"`
+	// Sensitivity is admission under changes to the store made after the measures above.
+	Sensitivity []IAMVariant `json:"sensitivity"`
+	Notes       []string     `json:"notes"`
 }
 
 // IAMDepth is the per-create latency at one project depth. Each sample i of every series comes
@@ -154,6 +160,18 @@ type IAMThroughput struct {
 	FullLatency Stats   `json:"full_latency"`
 }
 
+// IAMVariant is admission under one change to the store, measured after the main measures with
+// min(N, 200) paired samples (min(N, 50) once the history makes them slow). The changes
+// accumulate in the order the variants are listed.
+type IAMVariant struct {
+	Name     string  `json:"name"`
+	Project  string  `json:"project"`
+	Depth    int     `json:"depth"`
+	Setup    float64 `json:"setup_s,omitempty"` // time to make the change
+	Baseline Stats   `json:"baseline_put_sandbox"`
+	Admit    Stats   `json:"admit_sandbox"`
+}
+
 // iamBench is one run's store and the names it populated it with.
 type iamBench struct {
 	st     *store.Store
@@ -201,8 +219,10 @@ func IAM(ctx context.Context, cfg IAMConfig, log *slog.Logger) (*IAMResult, erro
 	if err := b.populate(ctx, cfg, res); err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(dbPath); err == nil {
-		res.StoreMiB = float64(fi.Size()) / (1 << 20)
+	for _, f := range []string{dbPath, dbPath + "-wal"} {
+		if fi, err := os.Stat(f); err == nil {
+			res.StoreMiB += float64(fi.Size()) / (1 << 20)
+		}
 	}
 
 	if err := b.latency(ctx, cfg, res); err != nil {
@@ -211,12 +231,15 @@ func IAM(ctx context.Context, cfg IAMConfig, log *slog.Logger) (*IAMResult, erro
 	if err := b.throughput(ctx, cfg, res); err != nil {
 		return nil, err
 	}
+	if err := b.sensitivity(ctx, cfg, res); err != nil {
+		return nil, err
+	}
 	res.Notes = []string{
-		"baseline: store.PutSandbox of a new creating record, what create wrote before identity (the pre-identity API also looked its token up by hash; that lookup is counted in auth here, so the added figures are an upper bound by one indexed read)",
+		"baseline: store.PutSandbox of a new creating record, what create wrote before identity (the pre-identity API cached a token's check for 10 s, so a busy client's create made no other store call)",
 		"auth: the API server's per-request steps replicated with the same store calls (TokenByHash, revocation and expiry checks, PrincipalGrants, the caller's SandboxCreate decision)",
 		"added_*_paired: percentiles of (identity path − baseline) over paired iterations; *_p50_diff_ms: p50(identity path) − p50(baseline)",
 		"quotas limit sandboxes, cpus, memory, disk, creates per minute and the container tier on every level from the root to the measured project",
-		"measured sandboxes are marked stopped after each latency iteration and after each 250 ms throughput window (outside the timed part), so the live population stays near its populated size",
+		"measured sandboxes are deleted after each latency iteration and after each 250 ms throughput window (outside the timed part), so every measure sees the populated store: the stopped records a real installation keeps for 24 h are measured separately (sensitivity)",
 	}
 	return res, nil
 }
@@ -405,12 +428,11 @@ func (b *iamBench) record(path string, now time.Time) *store.Sandbox {
 	}
 }
 
-// stop marks records stopped, as their deletion would, so they leave the quotas' usage.
-func (b *iamBench) stop(ctx context.Context, recs ...*store.Sandbox) error {
-	now := time.Now().UTC()
+// forget removes measured records, so that measures do not pile up state that the next one
+// would see: every measure runs against the populated store.
+func (b *iamBench) forget(ctx context.Context, recs ...*store.Sandbox) error {
 	for _, r := range recs {
-		r.State, r.Reason, r.EndedAt = corral.StateStopped, corral.ReasonDeleted, now
-		if err := b.st.PutSandbox(ctx, r); err != nil {
+		if err := b.st.DeleteSandbox(ctx, r.ID); err != nil {
 			return err
 		}
 	}
@@ -538,7 +560,7 @@ func (b *iamBench) latency(ctx context.Context, cfg IAMConfig, res *IAMResult) e
 			if err != nil {
 				return fmt.Errorf("create at depth %d: %w", d, err)
 			}
-			if err := b.stop(ctx, base, with); err != nil {
+			if err := b.forget(ctx, base, with); err != nil {
 				return err
 			}
 			if i < warm {
@@ -611,7 +633,7 @@ func (b *iamBench) throughput(ctx context.Context, cfg IAMConfig, res *IAMResult
 }
 
 // rate runs op from cfg.Concurrency goroutines in 250 ms windows until cfg.Duration of measured
-// time has passed; between windows (not timed) it marks the window's sandboxes stopped. It
+// time has passed; between windows (not timed) it deletes the window's sandboxes. It
 // returns creations per second and each creation's latency. The goroutines of a window end with
 // the window or with ctx.
 func (b *iamBench) rate(ctx context.Context, path string, cfg IAMConfig, op func(context.Context, *store.Sandbox) error) (float64, []time.Duration, error) {
@@ -648,10 +670,98 @@ func (b *iamBench) rate(ctx context.Context, path string, cfg IAMConfig, op func
 		for g := range recs {
 			total += len(recs[g])
 			lat = append(lat, lats[g]...)
-			if err := b.stop(ctx, recs[g]...); err != nil {
+			if err := b.forget(ctx, recs[g]...); err != nil {
 				return 0, nil, err
 			}
 		}
 	}
 	return float64(total) / measured.Seconds(), lat, nil
+}
+
+// sensitivity measures admission as the store changes: as configured, without the root's quota,
+// then with cfg.History stopped records of the last 24 hours in the deep project, then without
+// the creates-per-minute limits.
+func (b *iamBench) sensitivity(ctx context.Context, cfg IAMConfig, res *IAMResult) error {
+	shallow, deep := b.chain[0], b.chain[iamChain-1]
+	n := min(cfg.N, 200)
+	measure := func(name, path string, n int, setup time.Duration) error {
+		b.log.Info("measuring admission", "variant", name, "project", path, "samples", n)
+		base, adm, err := b.admitPairs(ctx, path, n)
+		if err != nil {
+			return fmt.Errorf("admission %s: %w", name, err)
+		}
+		res.Sensitivity = append(res.Sensitivity, IAMVariant{Name: name, Project: path, Depth: strings.Count(path, "/") + 1, Setup: setup.Seconds(), Baseline: base, Admit: adm})
+		return nil
+	}
+	if err := measure("as configured", deep, n, 0); err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := b.st.SetQuota(ctx, "", corral.Quota{}); err != nil {
+		return err
+	}
+	setup := time.Since(start)
+	if err := measure("no root quota", shallow, n, setup); err != nil {
+		return err
+	}
+	if err := measure("no root quota", deep, n, 0); err != nil {
+		return err
+	}
+	if cfg.History <= 0 {
+		return nil
+	}
+	start = time.Now()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range cfg.History {
+		at := time.Now().Add(-time.Duration(rng.Int64N(int64(24 * time.Hour))))
+		rec := b.record(deep, at)
+		rec.State, rec.Reason, rec.EndedAt = corral.StateStopped, corral.ReasonDeleted, at.Add(time.Minute)
+		if err := b.st.PutSandbox(ctx, rec); err != nil {
+			return fmt.Errorf("populate history: %w", err)
+		}
+	}
+	name := fmt.Sprintf("no root quota, +%d stopped records (24 h) in the project", cfg.History)
+	if err := measure(name, deep, min(cfg.N, 50), time.Since(start)); err != nil {
+		return err
+	}
+	// Drop creates_per_minute from every level, deepest first (a parent's limit must stay above
+	// what its children hold).
+	start = time.Now()
+	for i := iamChain - 1; i >= 0; i-- {
+		q, err := b.st.GetQuota(ctx, b.chain[i])
+		if err != nil {
+			return err
+		}
+		lim := q.Limit
+		lim.CreatesPerMinute = nil
+		if _, err := b.st.SetQuota(ctx, b.chain[i], lim); err != nil {
+			return err
+		}
+	}
+	return measure(name+", no creates_per_minute", deep, n, time.Since(start))
+}
+
+// admitPairs measures n paired iterations of PutSandbox (the baseline) and AdmitSandbox into
+// path, deleting both records after each.
+func (b *iamBench) admitPairs(ctx context.Context, path string, n int) (base, admit Stats, err error) {
+	var bs, as []time.Duration
+	for range n {
+		if err := ctx.Err(); err != nil {
+			return base, admit, err
+		}
+		r1, r2 := b.record(path, time.Now().UTC()), b.record(path, time.Now().UTC())
+		t0 := time.Now()
+		if err := b.st.PutSandbox(ctx, r1); err != nil {
+			return base, admit, err
+		}
+		t1 := time.Now()
+		if err := b.st.AdmitSandbox(ctx, r2); err != nil {
+			return base, admit, err
+		}
+		bs, as = append(bs, t1.Sub(t0)), append(as, time.Since(t1))
+		if err := b.forget(ctx, r1, r2); err != nil {
+			return base, admit, err
+		}
+	}
+	return summarise(bs), summarise(as), nil
 }

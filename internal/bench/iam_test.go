@@ -11,8 +11,8 @@ import (
 // TestIAM runs the identity benchmark at a tiny size: it needs no server and no root.
 func TestIAM(t *testing.T) {
 	cfg := IAMConfig{
-		Dir: t.TempDir(), Projects: 200, Principals: 50, Grants: 1000, Sandboxes: 100,
-		N: 50, Concurrency: 4, Duration: time.Second,
+		Dir: t.TempDir(), Projects: 200, Principals: 50, Grants: 1000, Sandboxes: 100, History: 200,
+		N: 20, Concurrency: 4, Duration: 500 * time.Millisecond,
 	}
 	res, err := IAM(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -35,6 +35,9 @@ func TestIAM(t *testing.T) {
 	tp := res.Throughput
 	if tp.ChecksOn <= 0 || tp.ChecksOff <= 0 || tp.Full <= 0 {
 		t.Errorf("throughput: got on %.1f/s, off %.1f/s, full %.1f/s; want all positive", tp.ChecksOn, tp.ChecksOff, tp.Full)
+	}
+	if got, want := len(res.Sensitivity), 5; got != want {
+		t.Errorf("sensitivity: got %d variants, want %d", got, want)
 	}
 	if res.Projects != cfg.Projects || res.Grants != cfg.Grants {
 		t.Errorf("populated %d projects and %d grants, want %d and %d", res.Projects, res.Grants, cfg.Projects, cfg.Grants)

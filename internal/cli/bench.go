@@ -225,6 +225,13 @@ func (a *app) newBenchIAMCmd() *cobra.Command {
 			t.row("checks off: PutSandbox", fmt.Sprintf("%.0f", tp.ChecksOff), "1.00x")
 			t.row("checks on: AdmitSandbox", fmt.Sprintf("%.0f", tp.ChecksOn), fmt.Sprintf("%.2fx", tp.Ratio))
 			t.row("all identity (auth, lookups, admit, audit)", fmt.Sprintf("%.0f", tp.Full), fmt.Sprintf("%.2fx", tp.FullRatio))
+			if len(res.Sensitivity) > 0 {
+				t.row("")
+				t.row("ADMISSION AS THE STORE CHANGES (ms, p50 / p99)", "PUTSANDBOX", "ADMITSANDBOX")
+				for _, v := range res.Sensitivity {
+					t.row(fmt.Sprintf("depth %d, %s", v.Depth, v.Name), ms(v.Baseline), ms(v.Admit))
+				}
+			}
 			if err := t.flush(); err != nil {
 				return err
 			}
@@ -238,6 +245,7 @@ func (a *app) newBenchIAMCmd() *cobra.Command {
 	f.IntVar(&cfg.Grants, "grants", 100_000, "grants in the store")
 	f.IntVar(&cfg.Principals, "principals", 5_000, "principals the grants are spread over")
 	f.IntVar(&cfg.Sandboxes, "sandboxes", 3_000, "live sandbox records spread over the projects (as many stopped ones are added)")
+	f.IntVar(&cfg.History, "history", 10_000, "stopped records of the last 24 h given to the deep project for the last measure (-1 skips it)")
 	f.IntVarP(&cfg.N, "samples", "n", 2_000, "paired latency samples per depth")
 	f.Float64Var(&seconds, "seconds", 5, "measured seconds of each throughput test")
 	f.IntVar(&cfg.Concurrency, "concurrency", 8, "concurrent creators in the throughput test")

@@ -399,9 +399,15 @@ func (p *corralProc) cli(stdin string, args ...string) (string, string, int) {
 // cliIn is cli run in the directory dir ("" for this process's).
 func (p *corralProc) cliIn(dir, stdin string, args ...string) (string, string, int) {
 	p.t.Helper()
+	return p.cliAs(p.Token, dir, stdin, args...)
+}
+
+// cliAs is cliIn with another API token.
+func (p *corralProc) cliAs(token, dir, stdin string, args ...string) (string, string, int) {
+	p.t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, "corral"), args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CORRAL_URL="+p.URL, "CORRAL_TOKEN="+p.Token)
+	cmd.Env = append(os.Environ(), "CORRAL_URL="+p.URL, "CORRAL_TOKEN="+token)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
