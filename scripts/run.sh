@@ -83,5 +83,24 @@ step corral call demo -- sh -c 'ls /root/left 2>&1; echo "sleep processes: $(gre
 step corral fncall ls
 step corral fncall rm demo
 rm -f /tmp/corral-demo.txt
+
+# Identity: a harness token for a project, a rollout subproject with 2 sandboxes of quota, and an
+# agent token scoped to it. The agent works there, is refused the third sandbox, and sees nothing else.
+echo; echo "== projects, tokens and quotas"
+corral project rm --force demo-team 2>/dev/null || true
+step corral project create demo-team
+harness=$(corral token create --project demo-team --role owner --ttl 1h)
+step env CORRAL_TOKEN="$harness" corral project create demo-team/rollout-1
+step env CORRAL_TOKEN="$harness" corral quota set demo-team/rollout-1 --sandboxes 2
+agent=$(CORRAL_TOKEN="$harness" corral token create --project demo-team/rollout-1 --role user --kind agent --ttl 30m)
+step env CORRAL_TOKEN="$agent" corral whoami
+a1=$(CORRAL_TOKEN="$agent" corral create --ttl 10m)
+a2=$(CORRAL_TOKEN="$agent" corral create --ttl 10m)
+step env CORRAL_TOKEN="$agent" corral exec "$a1" -- echo "agent in its own project"
+step env CORRAL_TOKEN="$agent" corral create --ttl 10m || echo "(refused: the rollout's quota is 2)"
+step env CORRAL_TOKEN="$agent" corral ls
+step corral project tree
+step env CORRAL_TOKEN="$harness" corral audit --project demo-team --limit 5
+step corral project rm --force demo-team
 printf '\nCorral is running at %s (pid %s); stop it with: pkill -f "corral up"\n' "$CORRAL_URL" "$(pgrep -f 'corral up' | head -1)"
 printf 'Try: export CORRAL_TOKEN=$(cat %s/admin.token); corral run -- echo hi\n' "$DATA_DIR"

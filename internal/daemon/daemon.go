@@ -175,6 +175,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer st.Close()
+	// Quota usage counters are rebuilt from the sandbox rows at every start: whatever happened
+	// before, admission starts from the truth.
+	if err := st.RecountUsage(ctx); err != nil {
+		return err
+	}
 	if err := ensureAdminToken(ctx, st, filepath.Join(cfg.DataDir, "admin.token"), log); err != nil {
 		return err
 	}

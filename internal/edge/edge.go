@@ -635,14 +635,11 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 	}
 	keepsTTL := req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
-	projectPath, err := e.projectPath(ctx, req.Project)
+	project, err := e.project(ctx, req.Project)
 	if err != nil {
 		return nil, err
 	}
-	project, err := e.store.GetProject(ctx, projectPath)
-	if err != nil {
-		return nil, err
-	}
+	projectPath := project.Path
 	netc, err := e.compileNetwork(req.Network)
 	if err != nil {
 		return nil, err
@@ -784,19 +781,17 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	return &admission{rec: rec, net: netc}, nil
 }
 
-// projectPath checks that the project at path (as the API gives it; "" is the root) exists and
-// returns its canonical path.
-func (e *Edge) projectPath(ctx context.Context, path string) (string, error) {
+// project returns the project at path (as the API gives it; "" is the root), which must exist.
+func (e *Edge) project(ctx context.Context, path string) (*store.ProjectRecord, error) {
 	p, err := iam.ParsePath("project", path)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	if _, err := e.store.GetProject(ctx, p); errors.Is(err, errdefs.ErrNotFound) {
-		return "", errdefs.Invalid("project", "project %s does not exist", iam.Display(p))
-	} else if err != nil {
-		return "", err
+	rec, err := e.store.GetProject(ctx, p)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, errdefs.Invalid("project", "project %s does not exist", iam.Display(p))
 	}
-	return p, nil
+	return rec, err
 }
 
 // layerUsable checks that a sandbox in project at may use layer l: one of its own project's, or
@@ -1001,10 +996,11 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	if len(env.Toolkits) > 32 {
 		return corral.Environment{}, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(env.Toolkits))
 	}
-	at, err := e.projectPath(ctx, env.Project)
+	proj, err := e.project(ctx, env.Project)
 	if err != nil {
 		return corral.Environment{}, err
 	}
+	at := proj.Path
 	// The environment is usable in its project's subtree: its layers must be usable there.
 	check := func(field, ref, kind string) error {
 		l, err := e.resolveLayer(ctx, field, ref, kind)

@@ -119,11 +119,11 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	if !layerNameRE.MatchString(env.Name) {
 		return nil, errdefs.Invalid("name", "fncall environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
 	}
-	path, err := e.projectPath(ctx, env.Project)
+	proj, err := e.project(ctx, env.Project)
 	if err != nil {
 		return nil, err
 	}
-	env.Project = iam.Display(path)
+	env.Project = iam.Display(proj.Path)
 	if env.PoolMax == 0 {
 		env.PoolMax = max(4, env.PoolMin)
 	}

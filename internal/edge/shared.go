@@ -64,9 +64,10 @@ func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, 
 	return got, created, nil
 }
 
-// shareVersion writes l to the shared catalogue. Tags stay per node.
+// shareVersion writes l to the shared catalogue. Tags stay per node, and so do projects: each
+// installation has its own tree.
 func (e *Edge) shareVersion(ctx context.Context, l corral.Layer) error {
-	l.Tags = nil
+	l.Tags, l.Project, l.Private = nil, "", false
 	b, err := json.Marshal(l)
 	if err != nil {
 		return err
@@ -222,7 +223,9 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 		}
 		l.Below = below
 	}
-	l.Tags = nil
+	// Another installation's projects mean nothing here: adopted layers belong to the root
+	// project, usable everywhere in this installation.
+	l.Tags, l.Project, l.Private = nil, "", false
 	_, created, err := e.store.PublishLayer(ctx, l)
 	if err != nil {
 		return false, err

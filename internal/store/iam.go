@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -88,7 +89,7 @@ func scanToken(row interface{ Scan(...any) error }) (*TokenRecord, error) {
 // TokenByHash returns the token whose secret hashes to hash, revoked or not, or ErrNotFound. A
 // token whose project was deleted is not found.
 func (s *Store) TokenByHash(ctx context.Context, hash string) (*TokenRecord, error) {
-	t, err := scanToken(s.db.QueryRowContext(ctx, `SELECT `+tokenCols+` FROM api_tokens t
+	t, err := scanToken(s.rdb.QueryRowContext(ctx, `SELECT `+tokenCols+` FROM api_tokens t
 		JOIN projects p ON p.id = t.project_id WHERE t.hash = ?`, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.NotFound("token")
@@ -101,7 +102,7 @@ func (s *Store) TokenByHash(ctx context.Context, hash string) (*TokenRecord, err
 
 // GetToken returns the token with this ID.
 func (s *Store) GetToken(ctx context.Context, id string) (*TokenRecord, error) {
-	t, err := scanToken(s.db.QueryRowContext(ctx, `SELECT `+tokenCols+` FROM api_tokens t
+	t, err := scanToken(s.rdb.QueryRowContext(ctx, `SELECT `+tokenCols+` FROM api_tokens t
 		JOIN projects p ON p.id = t.project_id WHERE t.id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.NotFound("token %s", id)
@@ -194,7 +195,7 @@ func (s *Store) ListTokens(ctx context.Context, f TokenFilter) ([]*TokenRecord, 
 	if len(conds) > 0 {
 		where = strings.Join(conds, " OR ")
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT `+tokenCols+` FROM api_tokens t JOIN projects p ON p.id = t.project_id
+	rows, err := s.rdb.QueryContext(ctx, `SELECT `+tokenCols+` FROM api_tokens t JOIN projects p ON p.id = t.project_id
 		WHERE `+where+` OR t.id IN (`+descendantTokensSQL+`) ORDER BY t.created_at, t.id`, append(args, f.Ancestor)...)
 	if err != nil {
 		return nil, fmt.Errorf("list tokens: %w", err)
@@ -271,7 +272,7 @@ func (s *Store) PrincipalGrants(ctx context.Context, principal, scope string) ([
 	for _, a := range anc {
 		all = append(all, a)
 	}
-	rows, err := s.db.QueryContext(ctx, q, append(all, args...)...)
+	rows, err := s.rdb.QueryContext(ctx, q, append(all, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("grants of %s: %w", principal, err)
 	}
@@ -342,13 +343,13 @@ func getProject(ctx context.Context, q querier, path string) (*ProjectRecord, er
 
 // GetProject returns the project at a canonical path.
 func (s *Store) GetProject(ctx context.Context, path string) (*ProjectRecord, error) {
-	return getProject(ctx, s.db, path)
+	return getProject(ctx, s.rdb, path)
 }
 
 // ProjectPath returns the canonical path of the project with this ID.
 func (s *Store) ProjectPath(ctx context.Context, id string) (string, error) {
 	var p string
-	err := s.db.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, id).Scan(&p)
+	err := s.rdb.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, id).Scan(&p)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", errdefs.NotFound("project %s", id)
 	}
@@ -373,8 +374,11 @@ func (s *Store) CreateProject(ctx context.Context, path, createdBy string) (*Pro
 			return errdefs.Conflict("project %s exists already", iam.Display(path))
 		}
 		out = &ProjectRecord{ID: iam.NewID("prj-"), Path: path, ParentID: pp.ID, CreatedAt: time.Now().UTC(), CreatedBy: createdBy}
-		_, err = tx.ExecContext(ctx, `INSERT INTO projects (id, path, parent_id, created_at, created_by, quota) VALUES (?, ?, ?, ?, ?, '{}')`,
-			out.ID, out.Path, out.ParentID, out.CreatedAt.UnixNano(), createdBy)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO projects (id, path, parent_id, created_at, created_by, quota) VALUES (?, ?, ?, ?, ?, '{}')`,
+			out.ID, out.Path, out.ParentID, out.CreatedAt.UnixNano(), createdBy); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO project_usage (project_id) VALUES (?)`, out.ID)
 		return err
 	})
 	if err != nil {
@@ -387,7 +391,7 @@ func (s *Store) CreateProject(ctx context.Context, path, createdBy string) (*Pro
 // with their live sandbox counts.
 func (s *Store) ListProjects(ctx context.Context, under string) ([]corral.Project, error) {
 	cond, args := subtreeCond("p.path", under)
-	rows, err := s.db.QueryContext(ctx, `SELECT p.id, p.path, COALESCE(p.parent_id, ''), p.created_at, p.created_by, p.quota,
+	rows, err := s.rdb.QueryContext(ctx, `SELECT p.id, p.path, COALESCE(p.parent_id, ''), p.created_at, p.created_by, p.quota,
 		(SELECT COUNT(*) FROM sandboxes s WHERE s.project_id = p.id AND s.state IN `+liveStatesSQL+`)
 		FROM projects p WHERE `+cond+` ORDER BY p.path`, args...)
 	if err != nil {
@@ -414,7 +418,7 @@ func (s *Store) ListProjects(ctx context.Context, under string) ([]corral.Projec
 // LiveSandboxesUnder returns the IDs of the live sandboxes in path's subtree.
 func (s *Store) LiveSandboxesUnder(ctx context.Context, path string) ([]string, error) {
 	cond, args := subtreeCond("p.path", path)
-	rows, err := s.db.QueryContext(ctx, `SELECT s.id FROM sandboxes s JOIN projects p ON p.id = s.project_id
+	rows, err := s.rdb.QueryContext(ctx, `SELECT s.id FROM sandboxes s JOIN projects p ON p.id = s.project_id
 		WHERE s.state IN `+liveStatesSQL+` AND `+cond+` ORDER BY s.id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("live sandboxes under %s: %w", iam.Display(path), err)
@@ -491,6 +495,12 @@ func (s *Store) DeleteProject(ctx context.Context, path string) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET project_id = ? WHERE project_id IN (`+sub+`)`, append([]any{pp.ID}, args...)...); err != nil {
 			return err
 		}
+		// No sandbox of the subtree is live, so its usage counts nothing above it.
+		for _, t := range []string{"project_usage", "project_tier_usage"} {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+t+` WHERE project_id IN (`+sub+`)`, args...); err != nil {
+				return err
+			}
+		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM projects WHERE `+cond, args...)
 		_ = p
 		return err
@@ -540,6 +550,29 @@ func (s *Store) MoveProject(ctx context.Context, from, to string, force bool) (*
 		if err := checkDelegation(ctx, tx, np, p.ID, p.Quota); err != nil {
 			return err
 		}
+		// The subtree's usage leaves the ancestors it no longer has and joins its new ones.
+		u, err := readUsage(ctx, tx, p, true, false, time.Now())
+		if err != nil {
+			return err
+		}
+		oldAnc, newAnc := iam.Ancestors(from), iam.Ancestors(to)
+		oldAnc, newAnc = oldAnc[:len(oldAnc)-1], newAnc[:len(newAnc)-1]
+		leave, join := slices.DeleteFunc(slices.Clone(oldAnc), func(a string) bool { return slices.Contains(newAnc, a) }),
+			slices.DeleteFunc(slices.Clone(newAnc), func(a string) bool { return slices.Contains(oldAnc, a) })
+		for sign, paths := range map[int64][]string{-1: leave, 1: join} {
+			ids, err := idsOfPaths(ctx, tx, paths)
+			if err != nil {
+				return err
+			}
+			d := corral.Usage{Sandboxes: sign * u.Sandboxes, CPUs: float64(sign) * u.CPUs, MemoryBytes: sign * u.MemoryBytes,
+				DiskBytes: sign * u.DiskBytes, Tiers: map[string]int64{}}
+			for t, n := range u.Tiers {
+				d.Tiers[t] = sign * n
+			}
+			if err := addUsageTo(ctx, tx, ids, d); err != nil {
+				return err
+			}
+		}
 		cond, args := subtreeCond("path", from)
 		// Every path in the subtree starts with from; swap that prefix for to.
 		if _, err := tx.ExecContext(ctx, `UPDATE projects SET path = ? || substr(path, ?) WHERE `+cond,
@@ -588,7 +621,7 @@ func (s *Store) CreatePrincipal(ctx context.Context, p corral.Principal, path, c
 func (s *Store) GetPrincipal(ctx context.Context, name string) (*corral.Principal, error) {
 	var p corral.Principal
 	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT pr.name, pr.kind, p.path, pr.created_at, pr.created_by FROM principals pr
+	err := s.rdb.QueryRowContext(ctx, `SELECT pr.name, pr.kind, p.path, pr.created_at, pr.created_by FROM principals pr
 		JOIN projects p ON p.id = pr.project_id WHERE pr.name = ?`, name).Scan(&p.Name, &p.Kind, &p.Project, &created, &p.CreatedBy)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.NotFound("principal %s", name)
@@ -603,7 +636,7 @@ func (s *Store) GetPrincipal(ctx context.Context, name string) (*corral.Principa
 // ListPrincipals returns the principals created in under's subtree; Project is canonical.
 func (s *Store) ListPrincipals(ctx context.Context, under string) ([]corral.Principal, error) {
 	cond, args := subtreeCond("p.path", under)
-	rows, err := s.db.QueryContext(ctx, `SELECT pr.name, pr.kind, p.path, pr.created_at, pr.created_by FROM principals pr
+	rows, err := s.rdb.QueryContext(ctx, `SELECT pr.name, pr.kind, p.path, pr.created_at, pr.created_by FROM principals pr
 		JOIN projects p ON p.id = pr.project_id WHERE `+cond+` ORDER BY pr.name`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list principals: %w", err)
@@ -667,7 +700,7 @@ func (s *Store) RemoveGrant(ctx context.Context, path, principal, role string) e
 // ListGrants returns the grants on under's subtree; Project is canonical.
 func (s *Store) ListGrants(ctx context.Context, under string) ([]corral.Grant, error) {
 	cond, args := subtreeCond("p.path", under)
-	rows, err := s.db.QueryContext(ctx, `SELECT p.path, g.principal, g.role, g.created_at, g.created_by FROM grants g
+	rows, err := s.rdb.QueryContext(ctx, `SELECT p.path, g.principal, g.role, g.created_at, g.created_by FROM grants g
 		JOIN projects p ON p.id = g.project_id WHERE `+cond+` ORDER BY p.path, g.principal, g.role`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list grants: %w", err)
@@ -723,7 +756,7 @@ func (s *Store) ListAudit(ctx context.Context, project string, q corral.AuditQue
 	if limit <= 0 || limit > 1000 {
 		limit = 100
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT a.id, a.at, a.principal, a.token_id, COALESCE(p.path, a.project_path), a.action, a.target, a.result, a.detail
+	rows, err := s.rdb.QueryContext(ctx, `SELECT a.id, a.at, a.principal, a.token_id, COALESCE(p.path, a.project_path), a.action, a.target, a.result, a.detail
 		FROM audit a LEFT JOIN projects p ON p.id = a.project_id WHERE `+where+` ORDER BY a.id DESC LIMIT ?`, append(args, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list audit: %w", err)
@@ -755,7 +788,7 @@ func (s *Store) PruneAudit(ctx context.Context, before time.Time) (int64, error)
 // SandboxProject returns the canonical path of a sandbox's project.
 func (s *Store) SandboxProject(ctx context.Context, id string) (string, error) {
 	var p string
-	err := s.db.QueryRowContext(ctx, `SELECT COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id WHERE s.id = ?`, id).Scan(&p)
+	err := s.rdb.QueryRowContext(ctx, `SELECT COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id WHERE s.id = ?`, id).Scan(&p)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", errdefs.NotFound("sandbox %s", id)
 	}

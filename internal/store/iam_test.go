@@ -324,3 +324,58 @@ func TestAudit(t *testing.T) {
 		t.Fatalf("prune: %d, %v", n, err)
 	}
 }
+
+// TestUsageCounters checks that the counters admission reads stay equal to a recount from the
+// sandbox rows through admissions, state changes, limit changes and moves.
+func TestUsageCounters(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	a := mustProject(t, s, "a")
+	b := mustProject(t, s, "a/b")
+	mustProject(t, s, "c")
+	var recs []*Sandbox
+	for i, pid := range []string{a.ID, b.ID, b.ID, RootProjectID} {
+		r := newRecord(pid, 0.25*float64(i+1))
+		if i == 3 {
+			r.Tier = "fncall"
+		}
+		if err := s.AdmitSandbox(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	recs[0].State = corral.StateRunning // live to live: no change
+	recs[1].State = corral.StatePaused
+	recs[2].State = corral.StateFailed // leaves
+	for _, r := range recs[:3] {
+		if err := s.PutSandbox(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.MoveProject(ctx, "a/b", "c/b", true); err != nil {
+		t.Fatal(err)
+	}
+	snapshot := func() map[string]corral.Usage {
+		out := map[string]corral.Usage{}
+		for _, p := range []string{"", "a", "c", "c/b"} {
+			q, err := s.GetQuota(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q.Usage.CreatesPerMinute = 0
+			out[p] = q.Usage
+		}
+		return out
+	}
+	got := snapshot()
+	if got[""].Sandboxes != 3 || got["a"].Sandboxes != 1 || got["c"].Sandboxes != 1 || got["c/b"].Sandboxes != 1 ||
+		got[""].CPUs != 0.25+0.5+1 || got[""].Tiers["fncall"] != 1 || got["c"].Tiers["container"] != 1 || got["a"].CPUs != 0.25 {
+		t.Fatalf("counters %+v", got)
+	}
+	if err := s.RecountUsage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if again := snapshot(); fmt.Sprint(again) != fmt.Sprint(got) {
+		t.Fatalf("recount %+v differs from the counters %+v", again, got)
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -15,47 +17,178 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// usage sums what the live sandboxes of path's subtree use; tiers and creations are counted only
-// when asked (they cost a query each).
-func usage(ctx context.Context, q querier, path string, tiers, creates bool, now time.Time) (corral.Usage, error) {
-	var u corral.Usage
-	cond, args := subtreeCond("path", path)
-	in := ` AND project_id IN (SELECT id FROM projects WHERE ` + cond + `)`
-	if path == "" {
-		in, args = "", nil
+// usageRow is one sandbox's share of its project's usage.
+type usageRow struct {
+	project, tier string
+	cpus          float64
+	memory, disk  int64
+}
+
+// ancestorIDs returns the IDs of the project with this ID and of all its ancestors.
+func ancestorIDs(ctx context.Context, q querier, projectID string) ([]string, error) {
+	var path string
+	if err := q.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, projectID).Scan(&path); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, errdefs.NotFound("project %s", projectID)
+		}
+		return nil, err
 	}
-	err := q.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(cpus), 0), COALESCE(SUM(memory_bytes), 0), COALESCE(SUM(disk_bytes), 0)
-		FROM sandboxes WHERE state IN `+liveStatesSQL+in, args...).Scan(&u.Sandboxes, &u.CPUs, &u.MemoryBytes, &u.DiskBytes)
+	return idsOfPaths(ctx, q, iam.Ancestors(path))
+}
+
+// idsOfPaths returns the IDs of the projects at these canonical paths.
+func idsOfPaths(ctx context.Context, q querier, paths []string) ([]string, error) {
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(paths))
+	for i, p := range paths {
+		args[i] = p
+	}
+	rows, err := q.QueryContext(ctx, `SELECT id FROM projects WHERE path IN (?`+strings.Repeat(", ?", len(paths)-1)+`)`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// addUsage adds sign × u to the subtree usage of u's project and of every ancestor.
+func addUsage(ctx context.Context, q querier, u usageRow, sign int64) error {
+	ids, err := ancestorIDs(ctx, q, u.project)
+	if err != nil {
+		return err
+	}
+	return addUsageTo(ctx, q, ids, corral.Usage{Sandboxes: sign, CPUs: float64(sign) * u.cpus, MemoryBytes: sign * u.memory,
+		DiskBytes: sign * u.disk, Tiers: map[string]int64{u.tier: sign}})
+}
+
+// addUsageTo adds d to the usage rows of the projects ids.
+func addUsageTo(ctx context.Context, q querier, ids []string, d corral.Usage) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	in := `(?` + strings.Repeat(", ?", len(ids)-1) + `)`
+	args := []any{d.Sandboxes, d.CPUs, d.MemoryBytes, d.DiskBytes}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if _, err := q.ExecContext(ctx, `UPDATE project_usage SET sandboxes = sandboxes + ?, cpus = cpus + ?,
+		memory_bytes = memory_bytes + ?, disk_bytes = disk_bytes + ? WHERE project_id IN `+in, args...); err != nil {
+		return err
+	}
+	for tier, n := range d.Tiers {
+		if n == 0 {
+			continue
+		}
+		for _, id := range ids {
+			if _, err := q.ExecContext(ctx, `INSERT INTO project_tier_usage (project_id, tier, sandboxes) VALUES (?, ?, ?)
+				ON CONFLICT (project_id, tier) DO UPDATE SET sandboxes = project_tier_usage.sandboxes + excluded.sandboxes`, id, tier, n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readUsage returns the subtree usage counters of one project; per-tier counts and creations in
+// the last minute only when asked (the latter counted from the rows).
+func readUsage(ctx context.Context, q querier, p *ProjectRecord, tiers, creates bool, now time.Time) (corral.Usage, error) {
+	var u corral.Usage
+	err := q.QueryRowContext(ctx, `SELECT sandboxes, cpus, memory_bytes, disk_bytes FROM project_usage WHERE project_id = ?`, p.ID).
+		Scan(&u.Sandboxes, &u.CPUs, &u.MemoryBytes, &u.DiskBytes)
 	if err != nil {
 		return u, err
 	}
+	u.CPUs = math.Round(u.CPUs*1e6) / 1e6 // sums of fractions drift in the last bits
 	if tiers {
-		rows, err := q.QueryContext(ctx, `SELECT tier, COUNT(*) FROM sandboxes WHERE state IN `+liveStatesSQL+in+` GROUP BY tier`, args...)
-		if err != nil {
-			return u, err
-		}
-		defer rows.Close()
-		u.Tiers = map[string]int64{}
-		for rows.Next() {
-			var t string
-			var n int64
-			if err := rows.Scan(&t, &n); err != nil {
-				return u, err
-			}
-			u.Tiers[t] = n
-		}
-		if err := rows.Err(); err != nil {
+		if u.Tiers, err = tierUsage(ctx, q, p.ID); err != nil {
 			return u, err
 		}
 	}
 	if creates {
-		err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE created_ns > ?`+in,
+		cond, args := subtreeCond("path", p.Path)
+		err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE created_ns > ? AND project_id IN (SELECT id FROM projects WHERE `+cond+`)`,
 			append([]any{now.Add(-time.Minute).UnixNano()}, args...)...).Scan(&u.CreatesPerMinute)
 		if err != nil {
 			return u, err
 		}
 	}
 	return u, nil
+}
+
+// tierUsage returns the live sandboxes per tier in a project's subtree.
+func tierUsage(ctx context.Context, q querier, projectID string) (map[string]int64, error) {
+	rows, err := q.QueryContext(ctx, `SELECT tier, sandboxes FROM project_tier_usage WHERE project_id = ? AND sandboxes != 0`, projectID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out map[string]int64
+	for rows.Next() {
+		var t string
+		var n int64
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = map[string]int64{}
+		}
+		out[t] = n
+	}
+	return out, rows.Err()
+}
+
+// RecountUsage rebuilds every project's usage counters from the sandbox rows. Corral runs it at
+// start, so a counter can never stay wrong across a restart.
+func (s *Store) RecountUsage(ctx context.Context) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		for _, q := range []string{
+			`DELETE FROM project_tier_usage`,
+			`INSERT INTO project_usage (project_id) SELECT id FROM projects WHERE id NOT IN (SELECT project_id FROM project_usage)`,
+			`DELETE FROM project_usage WHERE project_id NOT IN (SELECT id FROM projects)`,
+			`UPDATE project_usage SET sandboxes = 0, cpus = 0, memory_bytes = 0, disk_bytes = 0`,
+		} {
+			if _, err := tx.ExecContext(ctx, q); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT project_id, tier, cpus, memory_bytes, disk_bytes FROM sandboxes WHERE state IN `+liveStatesSQL)
+		if err != nil {
+			return err
+		}
+		var live []usageRow
+		for rows.Next() {
+			var u usageRow
+			if err := rows.Scan(&u.project, &u.tier, &u.cpus, &u.memory, &u.disk); err != nil {
+				rows.Close()
+				return err
+			}
+			live = append(live, u)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, u := range live {
+			if err := addUsage(ctx, tx, u, 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("recount project usage: %w", err)
+	}
+	return nil
 }
 
 // delegated sums the limits that parent's children hold, per resource.
@@ -206,11 +339,11 @@ func checkDelegation(ctx context.Context, q querier, parent *ProjectRecord, chil
 
 // GetQuota returns the limits, subtree usage and delegations of the project at a canonical path.
 func (s *Store) GetQuota(ctx context.Context, path string) (*corral.ProjectQuota, error) {
-	p, err := getProject(ctx, s.db, path)
+	p, err := getProject(ctx, s.rdb, path)
 	if err != nil {
 		return nil, err
 	}
-	u, err := usage(ctx, s.db, path, true, true, time.Now())
+	u, err := readUsage(ctx, s.rdb, p, true, true, time.Now())
 	if err != nil {
 		return nil, fmt.Errorf("quota of %s: %w", iam.Display(path), err)
 	}
@@ -256,7 +389,11 @@ func (s *Store) SetQuota(ctx context.Context, path string, q corral.Quota) (*cor
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE projects SET quota = ? WHERE id = ?`, string(doc), p.ID)
+		if _, err := tx.ExecContext(ctx, `UPDATE projects SET quota = ? WHERE id = ?`, string(doc), p.ID); err != nil {
+			return err
+		}
+		// A new creation rate starts with a full bucket.
+		_, err = tx.ExecContext(ctx, `UPDATE project_usage SET bucket = 0, bucket_ns = 0 WHERE project_id = ?`, p.ID)
 		return err
 	})
 	if err != nil {
@@ -309,11 +446,18 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
 		// Nearest first: the most specific refusal is the most useful one.
 		for i := len(limited) - 1; i >= 0; i-- {
 			p := limited[i]
-			u, err := usage(ctx, tx, p.Path, len(p.Quota.Tiers) > 0, p.Quota.CreatesPerMinute != nil, now)
+			u, err := readUsage(ctx, tx, p, len(p.Quota.Tiers) > 0, false, now)
 			if err != nil {
 				return err
 			}
 			if err := fits(p, u, want); err != nil {
+				return err
+			}
+		}
+		// The creation rate: a token bucket per limited project, N creations a minute in bursts
+		// of up to N. Taken only once every other check passed.
+		for i := len(limited) - 1; i >= 0; i-- {
+			if err := takeCreation(ctx, tx, limited[i], now); err != nil {
 				return err
 			}
 		}
@@ -325,7 +469,32 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
 	return nil
 }
 
-// fits checks that usage u plus want stays within p's limits.
+// takeCreation takes one creation from p's rate bucket, or refuses when it is empty.
+func takeCreation(ctx context.Context, tx *sql.Tx, p *ProjectRecord, now time.Time) error {
+	if p.Quota.CreatesPerMinute == nil {
+		return nil
+	}
+	limit := float64(*p.Quota.CreatesPerMinute)
+	var bucket float64
+	var at int64
+	if err := tx.QueryRowContext(ctx, `SELECT bucket, bucket_ns FROM project_usage WHERE project_id = ?`, p.ID).Scan(&bucket, &at); err != nil {
+		return err
+	}
+	if at == 0 {
+		bucket = limit // never used since the limit was set: full
+	} else {
+		bucket = min(limit, bucket+float64(now.UnixNano()-at)/float64(time.Minute)*limit)
+	}
+	if bucket < 1 {
+		return &iam.QuotaError{QuotaExceeded: corral.QuotaExceeded{
+			Project: iam.Display(p.Path), Resource: "creates_per_minute", Limit: limit, Usage: math.Ceil(limit - bucket), Request: 1,
+		}}
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE project_usage SET bucket = ?, bucket_ns = ? WHERE project_id = ?`, bucket-1, now.UnixNano(), p.ID)
+	return err
+}
+
+// fits checks that usage u plus want stays within p's limits (all but the creation rate).
 func fits(p *ProjectRecord, u, want corral.Usage) error {
 	asQuota := func(u corral.Usage) corral.Quota {
 		return corral.Quota{Sandboxes: &u.Sandboxes, CPUs: &u.CPUs, MemoryBytes: &u.MemoryBytes, DiskBytes: &u.DiskBytes,
@@ -334,7 +503,7 @@ func fits(p *ProjectRecord, u, want corral.Usage) error {
 	have := items(p.Quota, asQuota(u))
 	add := items(p.Quota, asQuota(want))
 	for i, it := range have {
-		if it.limit == nil {
+		if it.limit == nil || it.name == "creates_per_minute" {
 			continue
 		}
 		if it.value+add[i].value > *it.limit+1e-9 {

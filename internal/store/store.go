@@ -32,7 +32,8 @@ import (
 
 // Store is the durable state of one Corral installation.
 type Store struct {
-	db *sql.DB
+	db  *sql.DB // the one writer connection: writes and transactions
+	rdb *sql.DB // reader connections: single reads outside transactions, concurrent with the writer (WAL)
 }
 
 // Sandbox is a sandbox's durable record: its API view plus what the edge needs to rebuild it.
@@ -176,6 +177,26 @@ var migrations = []string{
 	ALTER TABLE layers ADD COLUMN private INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE environments ADD COLUMN project_id TEXT NOT NULL DEFAULT 'prj-root';
 	ALTER TABLE fncall_envs ADD COLUMN project_id TEXT NOT NULL DEFAULT 'prj-root';`,
+	// 8: per-project subtree usage, kept in step with the sandbox rows (putSandbox) so admission
+	// reads one row per limited ancestor instead of summing the subtree; the creation-rate bucket
+	// of projects that limit it. Filled by RecountUsage, which every start runs.
+	`CREATE TABLE project_usage (
+		project_id TEXT PRIMARY KEY,
+		sandboxes INTEGER NOT NULL DEFAULT 0,
+		cpus REAL NOT NULL DEFAULT 0,
+		memory_bytes INTEGER NOT NULL DEFAULT 0,
+		disk_bytes INTEGER NOT NULL DEFAULT 0,
+		bucket REAL NOT NULL DEFAULT 0,
+		bucket_ns INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE TABLE project_tier_usage (
+		project_id TEXT NOT NULL,
+		tier TEXT NOT NULL,
+		sandboxes INTEGER NOT NULL,
+		PRIMARY KEY (project_id, tier)
+	);
+	INSERT INTO project_usage (project_id) SELECT id FROM projects;
+	CREATE INDEX sandboxes_project_created ON sandboxes(project_id, created_ns);`,
 }
 
 // Open opens (creating if needed) the SQLite database at path and applies migrations.
@@ -196,11 +217,22 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
+	// Readers see the last committed state through WAL snapshots without waiting for the writer.
+	rdb, err := sql.Open("sqlite", dsn+"&_pragma=query_only(1)")
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	rdb.SetMaxOpenConns(4)
+	s.rdb = rdb
 	return s, nil
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.rdb.Close()
+	return s.db.Close()
+}
 
 func (s *Store) migrate(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -243,12 +275,36 @@ func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 
 // PutSandbox inserts or replaces a sandbox record. New sandboxes go through AdmitSandbox.
 func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
-	return putSandbox(ctx, s.db, sb)
+	return s.tx(ctx, func(tx *sql.Tx) error { return putSandbox(ctx, tx, sb) })
 }
 
+// putSandbox writes a sandbox row and moves its share of the usage counters when it becomes live,
+// stops being live, or changes project.
 func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
 	if sb.ProjectID == "" {
 		sb.ProjectID = RootProjectID
+	}
+	var old usageRow
+	var oldState string
+	err := q.QueryRowContext(ctx, `SELECT state, project_id, tier, cpus, memory_bytes, disk_bytes FROM sandboxes WHERE id = ?`, sb.ID).
+		Scan(&oldState, &old.project, &old.tier, &old.cpus, &old.memory, &old.disk)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
+	}
+	wasLive := err == nil && slices.Contains(liveStates, oldState)
+	isLive := slices.Contains(liveStates, sb.State)
+	now := usageRow{project: sb.ProjectID, tier: sb.Tier, cpus: sb.Limits.CPUs, memory: sb.Limits.MemoryBytes, disk: sb.Limits.DiskBytes}
+	if wasLive != isLive || (isLive && old != now) {
+		if wasLive {
+			if err := addUsage(ctx, q, old, -1); err != nil {
+				return fmt.Errorf("put sandbox %s: usage: %w", sb.ID, err)
+			}
+		}
+		if isLive {
+			if err := addUsage(ctx, q, now, 1); err != nil {
+				return fmt.Errorf("put sandbox %s: usage: %w", sb.ID, err)
+			}
+		}
 	}
 	project := sb.Project
 	sb.Project = "" // the path is the project's, read fresh on every get
@@ -283,7 +339,7 @@ func decodeSandbox(doc, projectID, path string) (*Sandbox, error) {
 // GetSandbox returns the record of id, or an ErrNotFound error.
 func (s *Store) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	var doc, pid, path string
-	err := s.db.QueryRowContext(ctx, `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s
+	err := s.rdb.QueryRowContext(ctx, `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s
 		LEFT JOIN projects p ON p.id = s.project_id WHERE s.id = ?`, id).Scan(&doc, &pid, &path)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.NotFound("sandbox %s", id)
@@ -326,7 +382,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox,
 			args = append(args, st)
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := s.rdb.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
@@ -370,10 +426,21 @@ func labelsMatch(have, want map[string]string) bool {
 // DeleteSandbox removes a sandbox record and its trajectory (used to forget long-stopped sandboxes).
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var u usageRow
+		var state string
+		err := tx.QueryRowContext(ctx, `SELECT state, project_id, tier, cpus, memory_bytes, disk_bytes FROM sandboxes WHERE id = ?`, id).
+			Scan(&state, &u.project, &u.tier, &u.cpus, &u.memory, &u.disk)
+		if err == nil && slices.Contains(liveStates, state) {
+			if err := addUsage(ctx, tx, u, -1); err != nil {
+				return err
+			}
+		} else if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM trajectory WHERE sandbox_id = ?`, id); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+		_, err = tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
 		return err
 	})
 	if err != nil {
@@ -439,7 +506,7 @@ func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limi
 	}
 	q += ` ORDER BY seq LIMIT ?`
 	args = append(args, limit)
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := s.rdb.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read trajectory of %s: %w", sandbox, err)
 	}
@@ -524,11 +591,11 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Layer, error) {
 	var doc, path string
 	var private bool
-	err := s.db.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layers l LEFT JOIN projects p ON p.id = l.project_id
+	err := s.rdb.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layers l LEFT JOIN projects p ON p.id = l.project_id
 		WHERE l.name = ? AND l.version = ?`, name, version).Scan(&doc, &path, &private)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A tag (python:latest) names the version it points at now.
-		err = s.db.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layer_tags t
+		err = s.rdb.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layer_tags t
 			JOIN layers l ON l.name = t.name AND l.version = t.version LEFT JOIN projects p ON p.id = l.project_id
 			WHERE t.name = ? AND t.tag = ?`, name, version).Scan(&doc, &path, &private)
 	}
@@ -551,7 +618,7 @@ func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Laye
 
 // layerTags returns the tags pointing at name:version.
 func (s *Store) layerTags(ctx context.Context, name, version string) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT tag FROM layer_tags WHERE name = ? AND version = ? ORDER BY tag`, name, version)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT tag FROM layer_tags WHERE name = ? AND version = ? ORDER BY tag`, name, version)
 	if err != nil {
 		return nil, fmt.Errorf("layer tags of %s:%s: %w", name, version, err)
 	}
@@ -645,7 +712,7 @@ func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (cor
 // GetEnvironment returns the environment saved as name, or an ErrNotFound error.
 func (s *Store) GetEnvironment(ctx context.Context, name string) (corral.Environment, error) {
 	var doc, path string
-	err := s.db.QueryRowContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
+	err := s.rdb.QueryRowContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
 		WHERE e.name = ?`, name).Scan(&doc, &path)
 	if errors.Is(err, sql.ErrNoRows) {
 		return corral.Environment{}, errdefs.NotFound("environment %s", name)
@@ -661,7 +728,7 @@ func (s *Store) GetEnvironment(ctx context.Context, name string) (corral.Environ
 
 // ListEnvironments returns the saved environments by name.
 func (s *Store) ListEnvironments(ctx context.Context) ([]corral.Environment, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id ORDER BY e.name`)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id ORDER BY e.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list environments: %w", err)
 	}
@@ -748,7 +815,7 @@ type FncallEnvRecord struct {
 
 // ListFncallEnvs returns the fncall environments by name.
 func (s *Store) ListFncallEnvs(ctx context.Context) ([]FncallEnvRecord, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT f.doc, f.project_id, COALESCE(p.path, '') FROM fncall_envs f LEFT JOIN projects p ON p.id = f.project_id ORDER BY f.name`)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT f.doc, f.project_id, COALESCE(p.path, '') FROM fncall_envs f LEFT JOIN projects p ON p.id = f.project_id ORDER BY f.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list fncall environments: %w", err)
 	}
@@ -789,7 +856,7 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 		args = append(args, name)
 	}
 	q += ` ORDER BY l.name, l.created_at, l.version`
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := s.rdb.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list layers: %w", err)
 	}
@@ -944,7 +1011,7 @@ func (s *Store) DeleteTag(ctx context.Context, name, tag string) error {
 // GetSetting returns the operator setting key (a JSON document), or an ErrNotFound error.
 func (s *Store) GetSetting(ctx context.Context, key string) ([]byte, error) {
 	var doc string
-	err := s.db.QueryRowContext(ctx, `SELECT doc FROM settings WHERE key = ?`, key).Scan(&doc)
+	err := s.rdb.QueryRowContext(ctx, `SELECT doc FROM settings WHERE key = ?`, key).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.NotFound("setting %s", key)
 	}
@@ -966,7 +1033,7 @@ func (s *Store) PutSetting(ctx context.Context, key string, doc []byte) error {
 // LayerDigestInUse reports whether any published layer references digest.
 func (s *Store) LayerDigestInUse(ctx context.Context, digest string) (bool, error) {
 	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM layers WHERE digest = ?`, digest).Scan(&n); err != nil {
+	if err := s.rdb.QueryRowContext(ctx, `SELECT COUNT(*) FROM layers WHERE digest = ?`, digest).Scan(&n); err != nil {
 		return false, fmt.Errorf("check layer digest %s: %w", digest, err)
 	}
 	return n > 0, nil
