@@ -128,8 +128,9 @@ type Grant struct {
 type TokenRequest struct {
 	// Project is the token's scope: it acts in this project's subtree only.
 	Project string `json:"project"`
-	// Role gives the token the role's permissions; Permissions lists them one by one instead.
-	// Either way they must be a subset of the issuing token's on that project.
+	// Role gives the token the role's permissions; Permissions lists them one by one instead (give
+	// one or the other, not both). Either way they must be among those the issuing token may use
+	// on that project.
 	Role        string   `json:"role,omitempty"`
 	Permissions []string `json:"permissions,omitempty"`
 	// TTL is how long the token lives (Go duration); empty: until revoked.
@@ -159,7 +160,8 @@ type Token struct {
 }
 
 // Whoami is the answer of GET /v1/whoami: the caller's principal and token, and what the token
-// may do on its project.
+// may do on its project: the token's permissions that the principal's grants back there
+// (Token.Permissions lists what the token carries, held or not).
 type Whoami struct {
 	Principal   Principal `json:"principal"`
 	Token       Token     `json:"token"`
@@ -258,7 +260,8 @@ func (c *Client) SetQuota(ctx context.Context, project string, q Quota) (*Projec
 	return &out, c.do(ctx, request{method: http.MethodPut, path: "/v1/quotas/" + projectPath(project), json: q}, &out)
 }
 
-// CreatePrincipal creates a principal (a person, service or agent) in a project.
+// CreatePrincipal creates a principal (a person, service or agent; kind user when empty) in a
+// project (the caller's token's when empty). It needs project.grant there.
 func (c *Client) CreatePrincipal(ctx context.Context, p Principal) (*Principal, error) {
 	var out Principal
 	return &out, c.do(ctx, request{method: http.MethodPost, path: "/v1/principals", json: p}, &out)
@@ -340,5 +343,6 @@ func (c *Client) Audit(ctx context.Context, q AuditQuery) ([]AuditEntry, error) 
 
 // String renders a quota refusal for people.
 func (q *QuotaExceeded) String() string {
-	return fmt.Sprintf("project %s: %s limit %g, in use %g, requested %g", q.Project, q.Resource, q.Limit, q.Usage, q.Request)
+	n := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+	return fmt.Sprintf("project %s: %s limit %s, in use %s, requested %s", q.Project, q.Resource, n(q.Limit), n(q.Usage), n(q.Request))
 }
