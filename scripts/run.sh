@@ -89,18 +89,25 @@ rm -f /tmp/corral-demo.txt
 echo; echo "== projects, tokens and quotas"
 corral project rm --force demo-team 2>/dev/null || true
 step corral project create demo-team
-harness=$(corral token create --project demo-team --role owner --ttl 1h)
-step env CORRAL_TOKEN="$harness" corral project create demo-team/rollout-1
-step env CORRAL_TOKEN="$harness" corral quota set demo-team/rollout-1 --sandboxes 2
-agent=$(CORRAL_TOKEN="$harness" corral token create --project demo-team/rollout-1 --role user --kind agent --ttl 30m)
-step env CORRAL_TOKEN="$agent" corral whoami
-a1=$(CORRAL_TOKEN="$agent" corral create --ttl 10m)
-a2=$(CORRAL_TOKEN="$agent" corral create --ttl 10m)
-step env CORRAL_TOKEN="$agent" corral exec "$a1" -- echo "agent in its own project"
-step env CORRAL_TOKEN="$agent" corral create --ttl 10m || echo "(refused: the rollout's quota is 2)"
-step env CORRAL_TOKEN="$agent" corral ls
+# as NAME CMD...: run CMD with the token in $NAME (printed by name, not by secret).
+as() { local who=$1; shift; printf '\n\033[1m$ CORRAL_TOKEN=$%s %s\033[0m\n' "$who" "$*"; CORRAL_TOKEN=${!who} "$@"; }
+HARNESS=$(corral token create --project demo-team --role owner --kind service --name demo-harness --ttl 1h 2>/dev/null)
+echo '$ HARNESS=$(corral token create --project demo-team --role owner --kind service --name demo-harness --ttl 1h)'
+as HARNESS corral project create demo-team/rollout-1
+as HARNESS corral quota set demo-team/rollout-1 --sandboxes 2
+AGENT=$(CORRAL_TOKEN=$HARNESS corral token create --project demo-team/rollout-1 --role user --kind agent --ttl 30m 2>/dev/null)
+echo '$ AGENT=$(CORRAL_TOKEN=$HARNESS corral token create --project demo-team/rollout-1 --role user --kind agent --ttl 30m)'
+as AGENT corral whoami
+a1=$(CORRAL_TOKEN=$AGENT corral create --ttl 10m)
+CORRAL_TOKEN=$AGENT corral create --ttl 10m >/dev/null
+as AGENT corral exec "$a1" -- echo "agent in its own project"
+as AGENT corral create --ttl 10m || echo "(refused: the rollout's quota is 2)"
+as AGENT corral ls
+other=$(corral create --ttl 5m)
+as AGENT corral get "$other" || echo "(refused: $other is outside the agent's project)"
+corral rm "$other" >/dev/null
 step corral project tree
-step env CORRAL_TOKEN="$harness" corral audit --project demo-team --limit 5
+as HARNESS corral audit --project demo-team --limit 5
 step corral project rm --force demo-team
 printf '\nCorral is running at %s (pid %s); stop it with: pkill -f "corral up"\n' "$CORRAL_URL" "$(pgrep -f 'corral up' | head -1)"
 printf 'Try: export CORRAL_TOKEN=$(cat %s/admin.token); corral run -- echo hi\n' "$DATA_DIR"

@@ -120,7 +120,7 @@ func (a *app) describe(err error) string {
 		case apiErr.Code == corral.CodeUnauthorized && a.token == "":
 			return err.Error() + " (no token: set CORRAL_TOKEN or --token-file)"
 		case apiErr.Quota != nil:
-			return fmt.Sprintf("%v (%s)", err, quotaLine(apiErr.Quota))
+			return "quota exceeded: " + quotaLine(apiErr.Quota)
 		case apiErr.Permission != "" && !strings.Contains(err.Error(), apiErr.Permission):
 			return fmt.Sprintf("%v (missing permission %s)", err, apiErr.Permission)
 		}

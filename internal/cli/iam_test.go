@@ -236,10 +236,10 @@ func TestQuota(t *testing.T) {
 	// A refusal by a quota names it.
 	mustCLI(t, srv, nil, "create", "--project", "team-a/sub")
 	checkResult(t, cli(t, srv, nil, nil, "create", "--project", "team-a"), 1, "",
-		"(project team-a: sandboxes limit 1, in use 1, requested 1)\n")
+		"corral: quota exceeded: project team-a: sandboxes limit 1, in use 1, requested 1\n")
 	mustCLI(t, srv, nil, "quota", "set", "/", "--memory", "1G")
 	checkResult(t, cli(t, srv, nil, nil, "create", "--memory", "2G"), 1, "",
-		"(project /: memory_bytes limit 1GiB, in use 0, requested 2GiB)\n")
+		"corral: quota exceeded: project /: memory_bytes limit 1GiB, in use 0, requested 2GiB\n")
 
 	usageRefused(t, srv, "say which limits to change", "quota", "set", "team-a")
 	usageRefused(t, srv, `"12X" is not a size`, "quota", "set", "team-a", "--memory", "12X")

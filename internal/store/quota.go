@@ -463,6 +463,9 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
 		}
 		return putSandbox(ctx, tx, sb)
 	})
+	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
+		return qe // it names the project and the limit; the refused sandbox's ID would only confuse
+	}
 	if err != nil {
 		return fmt.Errorf("admit sandbox %s: %w", sb.ID, err)
 	}
