@@ -36,6 +36,9 @@ type Server struct {
 	layers *layers.Store
 	info   corral.Info
 
+	// refusals bounds how many refused requests of one token reach the audit log.
+	refusals refusalLimiter
+
 	// importMu serialises layer imports, so that dropping the tree of a rejected import can never
 	// race with another import publishing the same content.
 	importMu sync.Mutex
@@ -216,7 +219,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
 	info := s.info
-	info.Sandboxes = s.edge.Count()
+	if who(r).perms("").Has(iam.Operator) { // the installation's load is the operator's business
+		info.Sandboxes = s.edge.Count()
+	}
 	httpjson.Write(w, http.StatusOK, info)
 }
 
@@ -304,7 +309,12 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 	switch wait := r.URL.Query().Get("wait"); wait {
 	case "":
 	case "running":
-		// Like any data-plane call, ?wait=running resumes a paused sandbox before answering.
+		// Like any data-plane call, ?wait=running resumes a paused sandbox before answering, and
+		// so needs what a data-plane call needs.
+		if p, _, _ := s.onSandbox(r); who(r).require(iam.SandboxUse, p) != nil {
+			s.fail(w, r, who(r).require(iam.SandboxUse, p))
+			return
+		}
 		if _, err := s.edge.Resume(r.Context(), r.PathValue("id")); err != nil && !errors.Is(err, errdefs.ErrConflict) {
 			s.fail(w, r, err)
 			return
@@ -477,12 +487,12 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	below, err := s.edge.CheckBelow(r.Context(), kind, q["below"])
+	project, _ := who(r).project("project", q.Get("project")) // checked by the guard
+	below, err := s.edge.CheckBelow(r.Context(), kind, project, q["below"])
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	project, _ := who(r).project("project", q.Get("project")) // checked by the guard
 	private := false
 	switch q.Get("private") {
 	case "", "false":

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/edge"
@@ -53,7 +54,10 @@ func (c *caller) require(perm iam.Perm, p string) error {
 	d := &iam.DeniedError{Perm: missing, Project: p}
 	switch {
 	case !iam.Within(p, c.tok.ProjectPath):
-		d.Why = "outside the token's scope " + iam.Display(c.tok.ProjectPath)
+		d.Why = "the target is outside the token's scope " + iam.Display(c.tok.ProjectPath)
+		// Naming a project the caller cannot see would tell it what is there, unless the
+		// caller named it itself (it is an ancestor of the scope).
+		d.Hidden = !iam.Within(c.tok.ProjectPath, p)
 	case !c.tok.Perms.Has(missing):
 		d.Why = "the token does not carry it"
 	default:
@@ -145,7 +149,9 @@ func (w *statusRecorder) Flush() {
 }
 
 // audit records one management action. Failing to write the entry is logged, not returned: the
-// action has already happened.
+// action has already happened. Refusals are recorded at most refusalBurst at once and
+// refusalRate a second per token, so a token cannot flood the log (and the store's one writer)
+// by asking for what it may not do; what is left out is counted in the server log.
 func (s *Server) audit(r *http.Request, action, project, target string, err error, detail string) {
 	c := who(r)
 	result := "ok"
@@ -153,6 +159,11 @@ func (s *Server) audit(r *http.Request, action, project, target string, err erro
 		result = errdefs.Code(err)
 		if detail == "" {
 			detail = err.Error()
+		}
+		if result == "denied" || result == "invalid" || result == "not_found" {
+			if !s.refusals.allow(c.tok.ID, time.Now()) {
+				return
+			}
 		}
 	}
 	e := corral.AuditEntry{
@@ -162,9 +173,51 @@ func (s *Server) audit(r *http.Request, action, project, target string, err erro
 	if len(e.Detail) > 1024 {
 		e.Detail = e.Detail[:1024]
 	}
-	if werr := s.store.AddAudit(context.WithoutCancel(r.Context()), e); werr != nil {
+	if len(e.Target) > 256 {
+		e.Target = e.Target[:256]
+	}
+	if werr := s.store.AddAudit(context.WithoutCancel(r.Context()), e, c.tok.ProjectPath); werr != nil {
 		s.log.Error("write audit entry", "action", action, "target", target, "err", werr)
 	}
+}
+
+// Refusals each token may have audited: a burst, then a steady rate.
+const (
+	refusalBurst = 20
+	refusalRate  = 5 // per second
+)
+
+// refusalLimiter is a token bucket of audited refusals per API token.
+type refusalLimiter struct {
+	mu      sync.Mutex
+	buckets map[string]*refusalBucket
+	dropped int64
+}
+
+type refusalBucket struct {
+	left float64
+	at   time.Time
+}
+
+func (l *refusalLimiter) allow(token string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.buckets == nil || len(l.buckets) > 10000 {
+		l.buckets = map[string]*refusalBucket{}
+	}
+	b, ok := l.buckets[token]
+	if !ok {
+		b = &refusalBucket{left: refusalBurst, at: now}
+		l.buckets[token] = b
+	}
+	b.left = min(refusalBurst, b.left+now.Sub(b.at).Seconds()*refusalRate)
+	b.at = now
+	if b.left < 1 {
+		l.dropped++
+		return false
+	}
+	b.left--
+	return true
 }
 
 // resolver names the project (canonical path) a request acts on, and its target for the audit.

@@ -17,6 +17,9 @@ import (
 // maxTokenTTL bounds how long a minted token may live.
 const maxTokenTTL = 366 * 24 * time.Hour
 
+// maxActiveTokens bounds the unrevoked, unexpired tokens of one principal.
+const maxActiveTokens = 1000
+
 // iamRoutes adds the identity routes: projects, quotas, principals, grants, tokens, audit.
 func (s *Server) iamRoutes(api *http.ServeMux) {
 	api.HandleFunc("GET /v1/whoami", s.whoami)
@@ -26,6 +29,9 @@ func (s *Server) iamRoutes(api *http.ServeMux) {
 	api.HandleFunc("GET /v1/projects/{path...}", s.guard(iam.ProjectRead, "", pathProject, func(w http.ResponseWriter, r *http.Request) {
 		p, _, _ := pathProject(r)
 		list, err := s.store.ListProjects(r.Context(), p)
+		if err == nil && len(list) == 0 {
+			err = errdefs.NotFound("project %s", iam.Display(p))
+		}
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -473,6 +479,17 @@ func (s *Server) mint(r *http.Request, c *caller, req corral.TokenRequest) (*cor
 		m.NewPrincipal = &corral.Principal{Name: req.Name, Kind: req.Kind}
 		m.GrantRole = req.Role
 	case req.Principal != "" && req.Principal != c.tok.Principal:
+		// Only for a principal of the caller's own subtree, with project.grant where it lives: a
+		// token for anyone else would act (and be audited) as them.
+		other, err := s.store.GetPrincipal(r.Context(), req.Principal)
+		if errors.Is(err, errdefs.ErrNotFound) || (err == nil && !iam.Within(other.Project, c.tok.ProjectPath)) {
+			return nil, p, errdefs.Invalid("principal", "no principal %q in project %s or below", req.Principal, iam.Display(c.tok.ProjectPath))
+		} else if err != nil {
+			return nil, p, err
+		}
+		if err := c.require(iam.ProjectGrant, other.Project); err != nil {
+			return nil, p, err
+		}
 		if err := c.require(iam.ProjectGrant, p); err != nil {
 			return nil, p, err
 		}
@@ -483,6 +500,7 @@ func (s *Server) mint(r *http.Request, c *caller, req corral.TokenRequest) (*cor
 		return nil, p, err
 	}
 	m.Token.ProjectID, m.Token.ProjectPath = proj.ID, p
+	m.MaxActive = maxActiveTokens
 	if err := s.store.MintToken(r.Context(), m); err != nil {
 		return nil, p, err
 	}

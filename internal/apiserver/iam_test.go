@@ -432,3 +432,81 @@ func TestMovesCannotEscapeScope(t *testing.T) {
 	// The agent's grant came with it (admin on its project), so it can still work there.
 	h.must(201, agent, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-b/r/new"}, nil)
 }
+
+// TestNoWiderReach covers ways a project owner could reach past its subtree: minting tokens for
+// principals elsewhere, learning where objects outside its scope live, reading a deleted
+// project's history through a project that takes its path, and polluting another tenant's audit
+// log with refusals.
+func TestNoWiderReach(t *testing.T) {
+	h := newIAMServer(t)
+	for _, p := range []string{"team-a", "team-a/r17", "team-b"} {
+		h.must(201, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: p}, nil)
+	}
+	owner := h.mint(h.root, corral.TokenRequest{Project: "team-a/r17", Role: "owner", Kind: corral.KindUser, Name: "owner17"})
+	h.must(201, h.root, "POST", "/v1/principals", corral.Principal{Name: "bob", Project: "team-b"}, nil)
+	// Minting as someone outside the subtree (root, a principal of team-b) is refused.
+	for _, who := range []string{"root", "bob", "nobody"} {
+		if code, e := h.call(owner.Token, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a/r17", Role: "viewer", Principal: who}, nil); code != 400 {
+			t.Errorf("minted as %s: %d %s", who, code, e.Message)
+		}
+	}
+	// ...but fine for a principal created inside it.
+	h.must(201, owner.Token, "POST", "/v1/principals", corral.Principal{Name: "helper", Project: "team-a/r17"}, nil)
+	if tok := h.mint(owner.Token, corral.TokenRequest{Project: "team-a/r17", Role: "viewer", Principal: "helper"}); tok.Principal != "helper" {
+		t.Errorf("minted %+v", tok)
+	}
+	// A refusal outside the scope does not name where the target lives.
+	_, e := h.call(owner.Token, "GET", "/v1/quotas/team-b", nil, nil)
+	if e.Permission != corral.PermProjectRead || strings.Contains(e.Message, "team-b") {
+		t.Errorf("refusal outside the scope: %+v", e)
+	}
+	// A project that does not exist answers 404, not a dropped connection.
+	h.must(404, owner.Token, "GET", "/v1/projects/team-a/r17/nope", nil, nil)
+	// Refusals naming another tenant's (missing) project stay in the refused caller's log, and
+	// control characters never reach a reader's terminal.
+	h.must(403, owner.Token, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-b/ghost"}, nil)
+	h.call(owner.Token, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a/r17", Role: "\x1b[2Jfake"}, nil)
+	var b, a []corral.AuditEntry
+	h.must(200, h.root, "GET", "/v1/audit?project=team-b", nil, &b)
+	for _, e := range b {
+		if e.Principal == "owner17" {
+			t.Errorf("owner17's refusal is in team-b's log: %+v", e)
+		}
+	}
+	h.must(200, h.root, "GET", "/v1/audit?project=team-a/r17", nil, &a)
+	var ghost bool
+	for _, e := range a {
+		ghost = ghost || e.Project == "team-b/ghost"
+		if strings.ContainsAny(e.Detail+e.Target, "\x1b") {
+			t.Errorf("a control character in the log: %q", e.Detail)
+		}
+	}
+	if !ghost {
+		t.Errorf("the refusal is not in the caller's log: %+v", a)
+	}
+	// A deleted project's history goes to its parent, not to the next project at its path.
+	h.must(204, h.root, "DELETE", "/v1/projects/team-a/r17", nil, nil)
+	h.must(401, owner.Token, "GET", "/v1/whoami", nil, nil)
+	h.must(201, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a/r17"}, nil)
+	var fresh, parent []corral.AuditEntry
+	h.must(200, h.root, "GET", "/v1/audit?project=team-a/r17", nil, &fresh)
+	h.must(200, h.root, "GET", "/v1/audit?project=team-a", nil, &parent)
+	for _, e := range fresh {
+		if e.Principal == "owner17" {
+			t.Errorf("the new team-a/r17 sees the old one's history: %+v", e)
+		}
+	}
+	if len(parent) <= len(fresh) {
+		t.Errorf("the parent lost the deleted project's history: %d entries", len(parent))
+	}
+	// A flood of refusals is cut off after a burst.
+	viewer := h.mint(h.root, corral.TokenRequest{Project: "team-b", Role: "viewer", Kind: corral.KindAgent, Name: "flood"})
+	for range 100 {
+		h.call(viewer.Token, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-b/x"}, nil)
+	}
+	var flood []corral.AuditEntry
+	h.must(200, h.root, "GET", "/v1/audit?project=team-b&action=project.create&limit=1000", nil, &flood)
+	if len(flood) > refusalBurst+5 {
+		t.Errorf("%d refusals audited from one token in a burst", len(flood))
+	}
+}

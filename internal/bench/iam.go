@@ -516,7 +516,7 @@ func (b *iamBench) createWithIdentity(ctx context.Context, path string, rec *sto
 
 	start = time.Now()
 	err = b.st.AddAudit(ctx, corral.AuditEntry{At: time.Now().UTC(), Principal: tok.Principal, Token: tok.ID, Project: path,
-		Action: "sandbox.create", Target: rec.ID, Result: "ok"})
+		Action: "sandbox.create", Target: rec.ID, Result: "ok"}, tok.ProjectPath)
 	t.audit = time.Since(start)
 	return t, err
 }

@@ -963,10 +963,10 @@ func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind string) (corra
 // maxBelow bounds how many parts a layer may stack on.
 const maxBelow = 64
 
-// CheckBelow validates the versions a new layer of kind stacks on (an image imported in parts):
-// each is published, of the same kind, and stacks on nothing itself. It returns them as
-// NAME:VERSION, tags resolved.
-func (e *Edge) CheckBelow(ctx context.Context, kind string, below []string) ([]string, error) {
+// CheckBelow validates the versions a new layer of kind, published in project at (canonical),
+// stacks on (an image imported in parts): each is published, usable in that project, of the same
+// kind, and stacks on nothing itself. It returns them as NAME:VERSION, tags resolved.
+func (e *Edge) CheckBelow(ctx context.Context, kind, at string, below []string) ([]string, error) {
 	if len(below) > maxBelow {
 		return nil, errdefs.Invalid("below", "at most %d layers, got %d", maxBelow, len(below))
 	}
@@ -975,6 +975,9 @@ func (e *Edge) CheckBelow(ctx context.Context, kind string, below []string) ([]s
 		field := fmt.Sprintf("below[%d]", i)
 		l, err := e.resolveLayer(ctx, field, ref, kind)
 		if err != nil {
+			return nil, err
+		}
+		if err := layerUsable(field, l, at); err != nil {
 			return nil, err
 		}
 		if len(l.Below) > 0 {

@@ -57,6 +57,7 @@ const (
 type fncallPool struct {
 	e                  *Edge
 	env                corral.FncallEnv
+	projectID          string // the environment's project; its path is read fresh (projects move)
 	timeout, queueWait time.Duration
 	log                *slog.Logger
 
@@ -146,7 +147,7 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	if env.FilesBytes == 0 {
 		env.FilesBytes = 64 << 20
 	}
-	p := &fncallPool{e: e, log: e.log.With("fncall", env.Name), warm: map[string]*warmCall{}}
+	p := &fncallPool{e: e, log: e.log.With("fncall", env.Name), warm: map[string]*warmCall{}, projectID: proj.ID}
 	if env.Warm != nil {
 		if err := checkWarm(env.Warm); err != nil {
 			return nil, err
@@ -165,7 +166,7 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 		return nil, errdefs.Invalid("queue_wait", "%q must be a duration of at most 10m", env.QueueWait)
 	}
 	// The containers' composition and limits pass the same admission as a sandbox's.
-	adm, err := e.admit(ctx, p.containerRequest(env), true)
+	adm, err := e.admit(ctx, p.containerRequest(env, env.Project), true)
 	if err != nil {
 		return nil, err
 	}
@@ -178,12 +179,22 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	return p, nil
 }
 
-// containerRequest is the create request of one pool container.
-func (p *fncallPool) containerRequest(env corral.FncallEnv) corral.CreateRequest {
+// containerRequest is the create request of one pool container, in project (a path).
+func (p *fncallPool) containerRequest(env corral.FncallEnv, project string) corral.CreateRequest {
 	return corral.CreateRequest{
 		Base: env.Base, Workspace: env.Workspace, Toolkits: env.Toolkits, Limits: env.Limits, Network: env.Network,
-		TTL: p.e.cfg.MaxTTL.String(), Labels: map[string]string{fncallLabel: env.Name}, Project: env.Project,
+		TTL: p.e.cfg.MaxTTL.String(), Labels: map[string]string{fncallLabel: env.Name}, Project: project,
 	}
+}
+
+// project returns the current path of the environment's project: the one it was created in,
+// followed through moves (never another project that took its old path).
+func (p *fncallPool) project(ctx context.Context) (string, error) {
+	path, err := p.e.store.ProjectPath(ctx, p.projectID)
+	if err != nil {
+		return "", fmt.Errorf("the fncall environment's project: %w", err)
+	}
+	return iam.Display(path), nil
 }
 
 // startPools builds the pools of the saved fncall environments and destroys the pool containers
@@ -300,9 +311,13 @@ func (e *Edge) destroyPoolContainer(sb *sandbox, why string) {
 
 // view is the environment with its pool's state.
 func (p *fncallPool) view() corral.FncallEnv {
+	project, err := p.project(context.Background())
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	env := p.env
+	if err == nil {
+		env.Project = project
+	}
 	env.Pool = &corral.FncallPool{Ready: len(p.idle), Busy: p.busy, Starting: p.starting, Queued: len(p.waiters),
 		Calls: p.calls, Rejected: p.rejected, Replaced: p.replaced, LastError: p.lastErr}
 	return env
@@ -342,7 +357,11 @@ func (p *fncallPool) maintain() {
 // grow creates one container; the caller counted it in p.starting.
 func (p *fncallPool) grow() {
 	start := time.Now()
-	rec, err := p.e.create(context.Background(), p.containerRequest(p.env), true)
+	project, err := p.project(context.Background())
+	var rec *store.Sandbox
+	if err == nil {
+		rec, err = p.e.create(context.Background(), p.containerRequest(p.env, project), true)
+	}
 	var sb *sandbox
 	if err == nil {
 		if sb = p.e.lookup(rec.ID); sb == nil {

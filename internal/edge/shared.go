@@ -217,7 +217,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 	}
 	if len(l.Below) > 0 {
 		// The parts must be known here (adopting them if need be), as for a local publish.
-		below, err := e.CheckBelow(ctx, l.Kind, l.Below)
+		below, err := e.CheckBelow(ctx, l.Kind, "", l.Below) // adopted layers belong to the root
 		if err != nil {
 			return false, err
 		}

@@ -268,9 +268,15 @@ type DeniedError struct {
 	Perm    Perm
 	Project string // canonical path
 	Why     string // what else was wrong, if anything ("outside the token's scope /a")
+	// Hidden leaves the project out of the message: the caller may not learn where an object
+	// outside its scope lives.
+	Hidden bool
 }
 
 func (e *DeniedError) Error() string {
+	if e.Hidden {
+		return fmt.Sprintf("permission %s is required (%s)", e.Perm, e.Why)
+	}
 	msg := fmt.Sprintf("permission %s is required on project %s", e.Perm, Display(e.Project))
 	if e.Why != "" {
 		msg += " (" + e.Why + ")"

@@ -133,6 +133,8 @@ type MintRequest struct {
 	NewPrincipal *corral.Principal
 	GrantRole    string
 	CreatedBy    string
+	// MaxActive, when set, refuses the token if its principal has that many active tokens.
+	MaxActive int
 }
 
 // MintToken records a token (and the principal and grant of m) in one transaction.
@@ -157,6 +159,16 @@ func (s *Store) MintToken(ctx context.Context, m MintRequest) error {
 			}
 		}
 		t := m.Token
+		if m.MaxActive > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_tokens WHERE principal = ? AND revoked_at = 0 AND (expires_at = 0 OR expires_at > ?)`,
+				t.Principal, now).Scan(&n); err != nil {
+				return err
+			}
+			if n >= m.MaxActive {
+				return fmt.Errorf("principal %s has %d active tokens, the most it may have; revoke some: %w", t.Principal, n, errdefs.ErrExhausted)
+			}
+		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO api_tokens (id, hash, principal, project_id, perms, role, parent, created_at, expires_at, revoked_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)`, t.ID, t.Hash, t.Principal, t.ProjectID, int64(t.Perms), t.Role, t.Parent, now, nanos(t.ExpiresAt))
 		return err
@@ -472,23 +484,32 @@ func (s *Store) DeleteProject(ctx context.Context, path string) error {
 				return err
 			}
 		}
-		stmts := []string{
-			`UPDATE layers SET project_id = ? WHERE project_id IN (` + sub + `)`,
-			`UPDATE api_tokens SET revoked_at = ? WHERE revoked_at = 0 AND (project_id IN (` + sub + `) OR principal IN (SELECT name FROM principals WHERE project_id IN (` + sub + `)))`,
-			`DELETE FROM grants WHERE project_id IN (` + sub + `) OR principal IN (SELECT name FROM principals WHERE project_id IN (` + sub + `))`,
-			`DELETE FROM principals WHERE project_id IN (` + sub + `)`,
-		}
 		now := time.Now().UnixNano()
-		if _, err := tx.ExecContext(ctx, stmts[0], append([]any{pp.ID}, args...)...); err != nil {
+		// Layers pass to the parent, private: nobody who could not use them before can now.
+		if _, err := tx.ExecContext(ctx, `UPDATE layers SET project_id = ?, private = 1 WHERE project_id IN (`+sub+`)`, append([]any{pp.ID}, args...)...); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, stmts[1], append(append([]any{now}, args...), args...)...); err != nil {
+		// Tokens scoped there or of principals created there end, with every token minted from
+		// them (marked by this transaction's revocation time).
+		owned := `SELECT name FROM principals WHERE project_id IN (` + sub + `)`
+		if _, err := tx.ExecContext(ctx, `UPDATE api_tokens SET revoked_at = ? WHERE revoked_at = 0 AND (project_id IN (`+sub+`) OR principal IN (`+owned+`))`,
+			append(append([]any{now}, args...), args...)...); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, stmts[2], append(append([]any{}, args...), args...)...); err != nil {
+		if _, err := tx.ExecContext(ctx, `WITH RECURSIVE d(id) AS (SELECT id FROM api_tokens WHERE revoked_at = ?
+				UNION SELECT a.id FROM api_tokens a JOIN d ON a.parent = d.id)
+			UPDATE api_tokens SET revoked_at = ? WHERE revoked_at = 0 AND id IN (SELECT id FROM d)`, now, now); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, stmts[3], args...); err != nil {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM grants WHERE project_id IN (`+sub+`) OR principal IN (`+owned+`)`, append(append([]any{}, args...), args...)...); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM principals WHERE project_id IN (`+sub+`)`, args...); err != nil {
+			return err
+		}
+		// The subtree's audit entries stay with the parent's auditors (who could read them
+		// before), not with a project that takes the same path later.
+		if _, err := tx.ExecContext(ctx, `UPDATE audit SET project_id = ? WHERE project_id IN (`+sub+`)`, append([]any{pp.ID}, args...)...); err != nil {
 			return err
 		}
 		// Stopped sandboxes keep their records (history); they now name the parent.
@@ -559,6 +580,25 @@ func (s *Store) MoveProject(ctx context.Context, from, to string, force bool) (*
 		oldAnc, newAnc = oldAnc[:len(oldAnc)-1], newAnc[:len(newAnc)-1]
 		leave, join := slices.DeleteFunc(slices.Clone(oldAnc), func(a string) bool { return slices.Contains(newAnc, a) }),
 			slices.DeleteFunc(slices.Clone(newAnc), func(a string) bool { return slices.Contains(oldAnc, a) })
+		// The ancestors it joins must have room for what the subtree already runs.
+		if u.Sandboxes > 0 {
+			for _, a := range join {
+				ap, err := getProject(ctx, tx, a)
+				if err != nil {
+					return err
+				}
+				if len(limitsOf(ap.Quota)) == 0 {
+					continue
+				}
+				have, err := readUsage(ctx, tx, ap, len(ap.Quota.Tiers) > 0, false, time.Now())
+				if err != nil {
+					return err
+				}
+				if err := fits(ap, have, u); err != nil {
+					return err
+				}
+			}
+		}
 		for sign, paths := range map[int64][]string{-1: leave, 1: join} {
 			ids, err := idsOfPaths(ctx, tx, paths)
 			if err != nil {
@@ -719,26 +759,35 @@ func (s *Store) ListGrants(ctx context.Context, under string) ([]corral.Grant, e
 	return out, rows.Err()
 }
 
-// AddAudit appends an entry to the audit log. e.Project is a canonical path; its ID is looked up
-// so entries follow their project through moves.
-func (s *Store) AddAudit(ctx context.Context, e corral.AuditEntry) error {
+// AddAudit appends an entry to the audit log. e.Project is a canonical path; the entry belongs
+// to that project's ID (so it follows moves), or, when no project has that path (a refused
+// request naming one that does not exist), to fallback's, with the path it named kept as text.
+// Control characters in the caller-supplied text are replaced, so a log reader's terminal never
+// interprets them.
+func (s *Store) AddAudit(ctx context.Context, e corral.AuditEntry, fallback string) error {
+	clean := func(v string) string {
+		return strings.Map(func(r rune) rune {
+			if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+				return '?'
+			}
+			return r
+		}, v)
+	}
 	_, err := s.db.ExecContext(ctx, `INSERT INTO audit (at, principal, token_id, project_id, project_path, action, target, result, detail)
-		VALUES (?, ?, ?, COALESCE((SELECT id FROM projects WHERE path = ?), ''), ?, ?, ?, ?, ?)`,
-		e.At.UnixNano(), e.Principal, e.Token, e.Project, e.Project, e.Action, e.Target, e.Result, e.Detail)
+		VALUES (?, ?, ?, COALESCE((SELECT id FROM projects WHERE path = ?), (SELECT id FROM projects WHERE path = ?), ''), ?, ?, ?, ?, ?)`,
+		e.At.UnixNano(), e.Principal, e.Token, e.Project, fallback, clean(e.Project), e.Action, clean(e.Target), e.Result, clean(e.Detail))
 	if err != nil {
 		return fmt.Errorf("write audit entry: %w", err)
 	}
 	return nil
 }
 
-// ListAudit returns the entries of a canonical project's subtree, newest first: those of projects
-// there now, and those recorded there of projects since deleted.
+// ListAudit returns the entries of a canonical project's subtree, newest first, each with the
+// project path it had when it was written. Entries of deleted projects belong to the deleted
+// subtree's parent.
 func (s *Store) ListAudit(ctx context.Context, project string, q corral.AuditQuery) ([]corral.AuditEntry, error) {
 	cur, args := subtreeCond("p.path", project)
-	old, oargs := subtreeCond("a.project_path", project)
-	where := `(a.project_id IN (SELECT p.id FROM projects p WHERE ` + cur + `) OR (` + old +
-		` AND a.project_id NOT IN (SELECT id FROM projects)))`
-	args = append(args, oargs...)
+	where := `a.project_id IN (SELECT p.id FROM projects p WHERE ` + cur + `)`
 	if q.Action != "" {
 		if strings.HasSuffix(q.Action, ".") {
 			where += ` AND substr(a.action, 1, ?) = ?`
@@ -756,8 +805,8 @@ func (s *Store) ListAudit(ctx context.Context, project string, q corral.AuditQue
 	if limit <= 0 || limit > 1000 {
 		limit = 100
 	}
-	rows, err := s.rdb.QueryContext(ctx, `SELECT a.id, a.at, a.principal, a.token_id, COALESCE(p.path, a.project_path), a.action, a.target, a.result, a.detail
-		FROM audit a LEFT JOIN projects p ON p.id = a.project_id WHERE `+where+` ORDER BY a.id DESC LIMIT ?`, append(args, limit)...)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT a.id, a.at, a.principal, a.token_id, a.project_path, a.action, a.target, a.result, a.detail
+		FROM audit a WHERE `+where+` ORDER BY a.id DESC LIMIT ?`, append(args, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list audit: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -297,7 +298,7 @@ func TestAudit(t *testing.T) {
 		{At: time.Now(), Project: "a/b", Action: "sandbox.delete", Target: "sb-1", Result: "ok"},
 	} {
 		e.Principal = fmt.Sprint("p", i)
-		if err := s.AddAudit(ctx, e); err != nil {
+		if err := s.AddAudit(ctx, e, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -377,5 +378,71 @@ func TestUsageCounters(t *testing.T) {
 	}
 	if again := snapshot(); fmt.Sprint(again) != fmt.Sprint(got) {
 		t.Fatalf("recount %+v differs from the counters %+v", again, got)
+	}
+}
+
+// TestDeleteProjectHandsNothingSideways checks what a deleted project leaves: its layers pass to
+// the parent as private (no sibling gains them), and every token minted from its tokens ends too.
+func TestDeleteProjectHandsNothingSideways(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	mustProject(t, s, "a")
+	r := mustProject(t, s, "a/r17")
+	mustProject(t, s, "a/r18")
+	if _, _, err := s.PublishLayer(ctx, corral.Layer{Name: "snap", Version: "1", Kind: corral.KindSnapshot, Digest: "sha256:" + strings.Repeat("ab", 32), Project: "a/r17", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	userPerms, _ := iam.RolePerms(corral.RoleUser)
+	if err := s.MintToken(ctx, MintRequest{Token: TokenRecord{ID: "tok-in", Hash: "h-in", Principal: "agent", ProjectID: r.ID, Perms: userPerms},
+		NewPrincipal: &corral.Principal{Name: "agent", Kind: corral.KindAgent}, GrantRole: "user"}); err != nil {
+		t.Fatal(err)
+	}
+	// A token minted from the agent's (scoped inside too) ends with it.
+	if err := s.MintToken(ctx, MintRequest{Token: TokenRecord{ID: "tok-child", Hash: "h-child", Principal: "agent", ProjectID: r.ID, Perms: userPerms, Parent: "tok-in"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteProject(ctx, "a/r17"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.GetLayer(ctx, "snap", "1")
+	if err != nil || l.Project != "a" || !l.Private {
+		t.Fatalf("the layer after its project's deletion: %+v, %v", l, err)
+	}
+	if iam.LayerVisible("a", l.Private, "a/r18") {
+		t.Error("a sibling can use the deleted project's layer")
+	}
+	for _, id := range []string{"tok-in", "tok-child"} {
+		if tok, err := s.GetToken(ctx, id); err == nil && tok.RevokedAt.IsZero() {
+			t.Errorf("token %s survived its project", id)
+		}
+	}
+}
+
+// TestForcedMoveKeepsQuotas checks that forcing a move with live sandboxes still respects the
+// quotas of the ancestors the subtree joins.
+func TestForcedMoveKeepsQuotas(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	mustProject(t, s, "a")
+	mustProject(t, s, "a/r17")
+	mustProject(t, s, "a/r18")
+	s1 := mustProject(t, s, "a/r17/s1")
+	for _, p := range []string{"a/r17", "a/r18"} {
+		if _, err := s.SetQuota(ctx, p, corral.Quota{Sandboxes: ptr[int64](2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if err := s.AdmitSandbox(ctx, newRecord(s1.ID, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r18 := mustProject(t, s, "a/r18/busy")
+	if err := s.AdmitSandbox(ctx, newRecord(r18.ID, 0)); err != nil {
+		t.Fatal(err)
+	}
+	var qe *iam.QuotaError
+	if _, err := s.MoveProject(ctx, "a/r17/s1", "a/r18/s1", true); !errors.As(err, &qe) || qe.Project != "a/r18" {
+		t.Fatalf("a forced move past a/r18's quota: %v", err)
 	}
 }

@@ -542,7 +542,7 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 		var owner string
 		err = tx.QueryRowContext(ctx, `SELECT p.path FROM layers l JOIN projects p ON p.id = l.project_id WHERE l.name = ? LIMIT 1`, l.Name).Scan(&owner)
 		if err == nil && owner != path {
-			return errdefs.Conflict("layer name %s belongs to project %s; publish it there or choose another name", l.Name, iam.Display(owner))
+			return errdefs.Conflict("layer name %s belongs to another project; choose another name", l.Name)
 		} else if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
@@ -682,7 +682,7 @@ func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (cor
 			WHERE e.name = ?`, env.Name).Scan(&doc, &owner)
 		if err == nil {
 			if owner != path {
-				return errdefs.Conflict("environment %s exists in project %s", env.Name, iam.Display(owner))
+				return errdefs.Conflict("environment name %s belongs to another project; choose another name", env.Name)
 			}
 			if err := json.Unmarshal([]byte(doc), &got); err != nil {
 				return err
