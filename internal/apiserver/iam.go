@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -50,36 +51,33 @@ func (s *Server) iamRoutes(api *http.ServeMux) {
 	}))
 	api.HandleFunc("PUT /v1/quotas/{path...}", s.setQuota)
 	api.HandleFunc("POST /v1/principals", s.createPrincipal)
-	api.HandleFunc("GET /v1/principals", s.guard(iam.ProjectRead, "", s.onQueryProject("project", ""), func(w http.ResponseWriter, r *http.Request) {
-		p, _, _ := s.onQueryProject("project", "")(r)
-		list, err := s.store.ListPrincipals(r.Context(), p)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		for i := range list {
-			list[i].Project = iam.Display(list[i].Project)
-		}
-		httpjson.Write(w, http.StatusOK, list)
-	}))
+	api.HandleFunc("GET /v1/principals", s.guard(iam.ProjectRead, "", s.onQueryProject("project", ""),
+		listUnder(s, s.store.ListPrincipals, func(p *corral.Principal) { p.Project = iam.Display(p.Project) })))
 	api.HandleFunc("POST /v1/grants", s.grant)
 	api.HandleFunc("DELETE /v1/grants", s.revokeGrant)
-	api.HandleFunc("GET /v1/grants", s.guard(iam.ProjectRead, "", s.onQueryProject("project", ""), func(w http.ResponseWriter, r *http.Request) {
-		p, _, _ := s.onQueryProject("project", "")(r)
-		list, err := s.store.ListGrants(r.Context(), p)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		for i := range list {
-			list[i].Project = iam.Display(list[i].Project)
-		}
-		httpjson.Write(w, http.StatusOK, list)
-	}))
+	api.HandleFunc("GET /v1/grants", s.guard(iam.ProjectRead, "", s.onQueryProject("project", ""),
+		listUnder(s, s.store.ListGrants, func(g *corral.Grant) { g.Project = iam.Display(g.Project) })))
 	api.HandleFunc("POST /v1/tokens", s.mintToken)
 	api.HandleFunc("GET /v1/tokens", s.listTokens)
 	api.HandleFunc("DELETE /v1/tokens/{id}", s.revokeToken)
 	api.HandleFunc("GET /v1/audit", s.guard(iam.AuditRead, "", s.onQueryProject("project", ""), s.listAudit))
+}
+
+// listUnder serves the objects of the subtree of the project in the query (the caller's scope by
+// default; its guard checked the right to read it), each shown with display.
+func listUnder[T any](s *Server, list func(context.Context, string) ([]T, error), display func(*T)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, _, _ := s.onQueryProject("project", "")(r)
+		out, err := list(r.Context(), p)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		for i := range out {
+			display(&out[i])
+		}
+		httpjson.Write(w, http.StatusOK, out)
+	}
 }
 
 // pathProject resolves to the project path in the URL ("/v1/projects/a/b").
