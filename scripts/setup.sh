@@ -24,6 +24,9 @@ declare -A want=(
   [tar]=tar
   [curl]=curl
   [file]=file
+  # PostgreSQL: the store's conformance suite runs against a throwaway cluster of it
+  # (internal/store/pgtest); `corral up --store postgres://...` uses any PostgreSQL 13+.
+  [/usr/lib/postgresql]=postgresql
 )
 missing=()
 for what in "${!want[@]}"; do

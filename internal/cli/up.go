@@ -54,6 +54,7 @@ re-adopted at the next start, as they are after a crash.`,
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", 0, "TTL of a sandbox whose create call names none (default 1h)")
 	f.DurationVar(&cfg.MaxTTL, "max-ttl", 0, "largest TTL a create call may ask for (default 168h)")
 	f.Int64Var(&cfg.MaxLayerBytes, "max-layer-bytes", 0, "largest expanded size of an imported layer (default 16 GiB)")
+	f.StringVar(&cfg.Store, "store", "", "the database: postgres://USER@HOST:PORT/DB?sslmode=disable, or a SQLite file (default DATA-DIR/corral.db)")
 	f.StringVar(&cfg.BlobStore, "blob-store", "", "where layer images live, shared by every Corral given the same one: dir:/PATH or s3://BUCKET[/PREFIX]?endpoint=URL[&region=R] with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (default dir:DATA-DIR/blobs)")
 	f.IntVar(&cfg.DiskPool, "disk-pool", 4, "writable disks of the default size kept formatted ahead")
 	f.IntVar(&cfg.KeepExitedCommands, "keep-exited-commands", 0, "exited commands each sandbox keeps for re-attach (default 64)")

@@ -61,6 +61,9 @@ type Config struct {
 	// "dir:/path" (local disk or a shared mount) or "s3://bucket/prefix?endpoint=...". Default
 	// dir:<DataDir>/blobs. Every Corral given the same store shares its layers.
 	BlobStore string
+	// Store is the database: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?sslmode=disable) or a
+	// SQLite file. Default <DataDir>/corral.db.
+	Store string
 	// DiskPool is how many writable disks of the default size are kept formatted ahead. Default 4.
 	DiskPool int
 	// KeepExitedCommands and KeepExitedFor bound the exited commands each sandbox's agent keeps for
@@ -170,7 +173,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	lock.Truncate(0)
 	fmt.Fprintf(lock, "%d\n", os.Getpid())
 	log = log.With("node", cfg.Node)
-	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "corral.db"))
+	if cfg.Store == "" {
+		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
+	}
+	st, err := store.Open(ctx, cfg.Store)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/store/pgtest"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -41,6 +42,7 @@ func TestMain(m *testing.M) {
 	_, file, _, _ := runtime.Caller(0)
 	repoRoot = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 	code := m.Run()
+	pgtest.Stop()
 	if binDir != "" && os.Getenv("CORRAL_BIN") == "" {
 		os.RemoveAll(binDir)
 	}

@@ -3,10 +3,13 @@ package e2e
 import (
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/store/pgtest"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -187,4 +190,42 @@ func TestConcurrentAdmissionAPI(t *testing.T) {
 	if q, err := p.Client.Quota(ctx, "burst"); err != nil || q.Usage.Sandboxes != 0 {
 		t.Fatalf("usage after delete %+v, %v", q, err)
 	}
+}
+
+// TestPostgresStore runs corral up on a PostgreSQL store: identity, quotas and sandboxes work
+// as on SQLite, and a kill -9 and restart keep everything.
+func TestPostgresStore(t *testing.T) {
+	needRoot(t)
+	dsn := pgtest.NewDB(t)
+	p := withBase(t, "--store", dsn)
+	ctx := t.Context()
+	if _, err := p.Client.CreateProject(ctx, "team"); err != nil {
+		t.Fatal(err)
+	}
+	limit := int64(1)
+	if _, err := p.Client.SetQuota(ctx, "team", corral.Quota{Sandboxes: &limit}); err != nil {
+		t.Fatal(err)
+	}
+	sb := p.create(corral.CreateRequest{Project: "team"})
+	if _, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Project: "team"}); !isQuota(err) {
+		t.Fatalf("second sandbox over a quota of 1: %v", err)
+	}
+	p.sh(sb.ID, "echo kept > /root/state")
+	p.Kill9()
+	p.Restart()
+	if got := p.sh(sb.ID, "cat /root/state"); got != "kept\n" {
+		t.Fatalf("after restart: %q", got)
+	}
+	q, err := p.Client.Quota(ctx, "team")
+	if err != nil || q.Usage.Sandboxes != 1 {
+		t.Fatalf("usage after restart %+v, %v", q, err)
+	}
+	if _, err := os.Stat(filepath.Join(p.DataDir, "corral.db")); err == nil {
+		t.Error("a SQLite file was made beside the PostgreSQL store")
+	}
+}
+
+func isQuota(err error) bool {
+	var apiErr *corral.APIError
+	return errors.As(err, &apiErr) && apiErr.Status == 429 && apiErr.Quota != nil
 }

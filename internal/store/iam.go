@@ -140,7 +140,7 @@ type MintRequest struct {
 // MintToken records a token (and the principal and grant of m) in one transaction.
 func (s *Store) MintToken(ctx context.Context, m MintRequest) error {
 	now := time.Now().UnixNano()
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		if p := m.NewPrincipal; p != nil {
 			if err := insertPrincipal(ctx, tx, *p, m.Token.ProjectID, m.CreatedBy); err != nil {
 				return err
@@ -234,7 +234,7 @@ const descendantTokensSQL = `WITH RECURSIVE d(id) AS (
 // RevokeToken revokes a token and every token minted from it, and returns the token.
 func (s *Store) RevokeToken(ctx context.Context, id string) (*TokenRecord, error) {
 	now := time.Now().UnixNano()
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at = 0`, now, id)
 		if err != nil {
 			return err
@@ -336,10 +336,19 @@ func scanProject(row interface{ Scan(...any) error }) (*ProjectRecord, error) {
 	return &p, nil
 }
 
+// querier is a conn or a Tx.
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	postgres() bool
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func getProject(ctx context.Context, q querier, path string) (*ProjectRecord, error) {
@@ -375,7 +384,7 @@ func (s *Store) CreateProject(ctx context.Context, path, createdBy string) (*Pro
 		return nil, errdefs.Conflict("the root project exists already")
 	}
 	var out *ProjectRecord
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		pp, err := getProject(ctx, tx, parent)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return errdefs.NotFound("parent project %s (create it first)", iam.Display(parent))
@@ -393,6 +402,9 @@ func (s *Store) CreateProject(ctx context.Context, path, createdBy string) (*Pro
 		_, err = tx.ExecContext(ctx, `INSERT INTO project_usage (project_id) VALUES (?)`, out.ID)
 		return err
 	})
+	if isUnique(err) { // another transaction created it meanwhile (PostgreSQL)
+		err = errdefs.Conflict("project %s exists already", iam.Display(path))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create project %s: %w", iam.Display(path), err)
 	}
@@ -457,7 +469,10 @@ func (s *Store) DeleteProject(ctx context.Context, path string) error {
 	if !ok {
 		return errdefs.Invalid("path", "the root project cannot be deleted")
 	}
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		if err := lockTree(ctx, tx, path); err != nil {
+			return err
+		}
 		p, err := getProject(ctx, tx, path)
 		if err != nil {
 			return err
@@ -543,7 +558,10 @@ func (s *Store) MoveProject(ctx context.Context, from, to string, force bool) (*
 		return nil, errdefs.Invalid("to", "cannot move %s into itself (%s)", iam.Display(from), iam.Display(to))
 	}
 	newParent, _ := iam.Parent(to)
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		if err := lockTree(ctx, tx, from, newParent); err != nil {
+			return err
+		}
 		p, err := getProject(ctx, tx, from)
 		if err != nil {
 			return err
@@ -628,8 +646,26 @@ func (s *Store) MoveProject(ctx context.Context, from, to string, force bool) (*
 	return s.GetProject(ctx, to)
 }
 
+// lockTree locks the usage rows of the projects at paths and of their ancestors (PostgreSQL), the
+// rows every admission under them locks first: a deletion or move and an admission into the same
+// subtree take turns.
+func lockTree(ctx context.Context, tx *Tx, paths ...string) error {
+	if !tx.pg {
+		return nil
+	}
+	var all []string
+	for _, p := range paths {
+		all = append(all, iam.Ancestors(p)...)
+	}
+	ids, err := idsOfPaths(ctx, tx, all)
+	if err != nil {
+		return err
+	}
+	return lockUsage(ctx, tx, slices.Sorted(slices.Values(ids)))
+}
+
 // insertPrincipal adds a principal in project projectID.
-func insertPrincipal(ctx context.Context, tx *sql.Tx, p corral.Principal, projectID, createdBy string) error {
+func insertPrincipal(ctx context.Context, tx *Tx, p corral.Principal, projectID, createdBy string) error {
 	var n int
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM principals WHERE name = ?`, p.Name).Scan(&n); err != nil {
 		return err
@@ -639,12 +675,15 @@ func insertPrincipal(ctx context.Context, tx *sql.Tx, p corral.Principal, projec
 	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO principals (name, kind, project_id, created_at, created_by) VALUES (?, ?, ?, ?, ?)`,
 		p.Name, p.Kind, projectID, time.Now().UnixNano(), createdBy)
+	if isUnique(err) {
+		return errdefs.Conflict("principal %s exists already", p.Name)
+	}
 	return err
 }
 
 // CreatePrincipal creates a principal in the project at a canonical path.
 func (s *Store) CreatePrincipal(ctx context.Context, p corral.Principal, path, createdBy string) error {
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		pr, err := getProject(ctx, tx, path)
 		if err != nil {
 			return err
@@ -697,7 +736,7 @@ func (s *Store) ListPrincipals(ctx context.Context, under string) ([]corral.Prin
 
 // AddGrant gives principal role on the project at a canonical path (a no-op when it has it).
 func (s *Store) AddGrant(ctx context.Context, path, principal, role, createdBy string) error {
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		p, err := getProject(ctx, tx, path)
 		if err != nil {
 			return err

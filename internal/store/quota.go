@@ -76,6 +76,10 @@ func addUsageTo(ctx context.Context, q querier, ids []string, d corral.Usage) er
 	if len(ids) == 0 {
 		return nil
 	}
+	ids = slices.Sorted(slices.Values(ids))
+	if err := lockUsage(ctx, q, ids); err != nil {
+		return err
+	}
 	in := `(?` + strings.Repeat(", ?", len(ids)-1) + `)`
 	args := []any{d.Sandboxes, d.CPUs, d.MemoryBytes, d.DiskBytes}
 	for _, id := range ids {
@@ -97,6 +101,37 @@ func addUsageTo(ctx context.Context, q querier, ids []string, d corral.Usage) er
 		}
 	}
 	return nil
+}
+
+// lockUsage locks the usage rows of the projects ids, in ID order so that transactions locking
+// overlapping sets never wait on each other in a circle (PostgreSQL; SQLite runs one writer).
+func lockUsage(ctx context.Context, q querier, ids []string) error {
+	if !q.postgres() || len(ids) == 0 {
+		return nil
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	rows, err := q.QueryContext(ctx, `SELECT project_id FROM project_usage WHERE project_id IN (?`+strings.Repeat(", ?", len(ids)-1)+
+		`) ORDER BY project_id FOR UPDATE`, args...)
+	if err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// lockProject locks the row of the project at a canonical path (PostgreSQL), so that checks
+// reading it and its children (delegation sums) cannot interleave with another transaction's.
+func lockProject(ctx context.Context, q querier, path string) error {
+	if !q.postgres() {
+		return nil
+	}
+	rows, err := q.QueryContext(ctx, `SELECT id FROM projects WHERE path = ?`+forUpdate(q), path)
+	if err != nil {
+		return err
+	}
+	return rows.Close()
 }
 
 // readUsage returns the subtree usage counters of one project; per-tier counts and creations in
@@ -150,7 +185,7 @@ func tierUsage(ctx context.Context, q querier, projectID string) (map[string]int
 // RecountUsage rebuilds every project's usage counters from the sandbox rows. Corral runs it at
 // start, so a counter can never stay wrong across a restart.
 func (s *Store) RecountUsage(ctx context.Context) error {
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		for _, q := range []string{
 			`DELETE FROM project_tier_usage`,
 			`INSERT INTO project_usage (project_id) SELECT id FROM projects WHERE id NOT IN (SELECT project_id FROM project_usage)`,
@@ -361,7 +396,15 @@ func (s *Store) SetQuota(ctx context.Context, path string, q corral.Quota) (*cor
 	if err := ValidateQuota(q); err != nil {
 		return nil, err
 	}
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		if parent, ok := iam.Parent(path); ok {
+			if err := lockProject(ctx, tx, parent); err != nil {
+				return err
+			}
+		}
+		if err := lockProject(ctx, tx, path); err != nil {
+			return err
+		}
 		p, err := getProject(ctx, tx, path)
 		if err != nil {
 			return err
@@ -409,7 +452,7 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
 	if sb.ProjectID == "" {
 		sb.ProjectID = RootProjectID
 	}
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		var path string
 		if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, sb.ProjectID).Scan(&path); err != nil {
 			if err == sql.ErrNoRows {
@@ -421,6 +464,27 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
 		args := make([]any, len(anc))
 		for i, a := range anc {
 			args[i] = a
+		}
+		// Concurrent admissions under a common ancestor take turns here (PostgreSQL): what they
+		// read below is what they change.
+		ancIDs, err := idsOfPaths(ctx, tx, anc)
+		if err != nil {
+			return err
+		}
+		if err := lockUsage(ctx, tx, slices.Sorted(slices.Values(ancIDs))); err != nil {
+			return err
+		}
+		if tx.pg {
+			// A deletion or move that held the locks first may have changed the project.
+			var now string
+			if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, sb.ProjectID).Scan(&now); errors.Is(err, sql.ErrNoRows) {
+				return errdefs.NotFound("project %s (deleted meanwhile)", iam.Display(path))
+			} else if err != nil {
+				return err
+			}
+			if now != path {
+				return errdefs.Conflict("project %s moved to %s meanwhile; try again", iam.Display(path), iam.Display(now))
+			}
 		}
 		rows, err := tx.QueryContext(ctx, `SELECT `+projectCols+` FROM projects WHERE quota != '{}' AND path IN (?`+
 			strings.Repeat(", ?", len(anc)-1)+`) ORDER BY path`, args...)
@@ -473,7 +537,7 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
 }
 
 // takeCreation takes one creation from p's rate bucket, or refuses when it is empty.
-func takeCreation(ctx context.Context, tx *sql.Tx, p *ProjectRecord, now time.Time) error {
+func takeCreation(ctx context.Context, tx *Tx, p *ProjectRecord, now time.Time) error {
 	if p.Quota.CreatesPerMinute == nil {
 		return nil
 	}

@@ -1,11 +1,13 @@
-// Package store keeps Corral's durable state: sandboxes, published layers and API tokens.
+// Package store keeps Corral's durable state: sandboxes, layers, environments, the project tree,
+// principals, grants, tokens, quotas and their usage, the audit log and trajectories.
 //
-// One schema, written in portable SQL, backs every driver. This file holds the SQLite driver
-// (modernc.org/sqlite, pure Go, WAL), the embedded default for one machine; the PostgreSQL driver for
-// several API replicas comes with cluster mode and must pass the same tests.
+// One schema and one body of SQL back two drivers (dialect.go): SQLite (modernc.org/sqlite, pure
+// Go, WAL), the embedded default for one machine, and PostgreSQL (jackc/pgx) for several API
+// replicas on one database. The same tests run against both.
 //
-// Concurrency: a Store is safe for concurrent use. SQLite allows one writer at a time; the store
-// opens one connection for writes (serialised by database/sql) and lets readers share WAL snapshots.
+// Concurrency: a Store is safe for concurrent use. On SQLite one connection writes (transactions
+// are BEGIN IMMEDIATE, so they run one at a time) and a few read-only connections share WAL
+// snapshots; on PostgreSQL transactions run side by side and lock the rows they read to change.
 package store
 
 import (
@@ -32,8 +34,8 @@ import (
 
 // Store is the durable state of one Corral installation.
 type Store struct {
-	db  *sql.DB // the one writer connection: writes and transactions
-	rdb *sql.DB // reader connections: single reads outside transactions, concurrent with the writer (WAL)
+	db  *conn // SQLite: the one writer connection (writes and transactions); PostgreSQL: the pool
+	rdb *conn // SQLite: reader connections for single reads outside transactions, concurrent with the writer (WAL); PostgreSQL: db
 }
 
 // Sandbox is a sandbox's durable record: its API view plus what the edge needs to rebuild it.
@@ -199,83 +201,145 @@ var migrations = []string{
 	CREATE INDEX sandboxes_project_created ON sandboxes(project_id, created_ns);`,
 }
 
-// Open opens (creating if needed) the SQLite database at path and applies migrations.
-func Open(ctx context.Context, path string) (*Store, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+// Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
+// sslmode=disable, for several API replicas on one database), or else the path of a SQLite file,
+// created if needed (the embedded default for one machine).
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	if IsPostgres(dsn) {
+		return openPostgres(ctx, dsn)
+	}
+	if err := os.MkdirAll(filepath.Dir(dsn), 0o700); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)" +
+	url := "file:" + dsn + "?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)" +
 		"&_pragma=busy_timeout(5000)&_pragma=foreign_keys(ON)&_txlock=immediate"
-	db, err := sql.Open("sqlite", dsn)
+	db, err := sql.Open("sqlite", url)
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+		return nil, fmt.Errorf("open store %s: %w", dsn, err)
 	}
 	// One connection: SQLite has one writer anyway, and this keeps transactions free of SQLITE_BUSY.
 	db.SetMaxOpenConns(1)
-	s := &Store{db: db}
+	s := &Store{db: &conn{DB: db}}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
 	// Readers see the last committed state through WAL snapshots without waiting for the writer.
-	rdb, err := sql.Open("sqlite", dsn+"&_pragma=query_only(1)")
+	rdb, err := sql.Open("sqlite", url+"&_pragma=query_only(1)")
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+		return nil, fmt.Errorf("open store %s: %w", dsn, err)
 	}
 	rdb.SetMaxOpenConns(4)
-	s.rdb = rdb
+	s.rdb = &conn{DB: rdb}
+	return s, nil
+}
+
+// openPostgres opens the store on a PostgreSQL database: one pool for reads and writes, since
+// PostgreSQL runs transactions side by side (those that must not, lock rows: forUpdate).
+func openPostgres(ctx context.Context, dsn string) (*Store, error) {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	db.SetMaxOpenConns(16)
+	db.SetConnMaxIdleTime(5 * time.Minute)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open store: connect to PostgreSQL: %w", err)
+	}
+	c := &conn{DB: db, pg: true}
+	s := &Store{db: c, rdb: c}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
 // Close closes the database.
 func (s *Store) Close() error {
-	s.rdb.Close()
+	if s.rdb != s.db {
+		s.rdb.Close()
+	}
 	return s.db.Close()
 }
 
+// migrate applies the migrations this binary has and the database lacks, each in its own
+// transaction. On PostgreSQL an advisory lock makes replicas starting together take turns.
 func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`); err != nil {
+	if _, err := s.db.ExecContext(ctx, migrateDDL(`CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`, s.db.pg)); err != nil && !(s.db.pg && isUnique(err)) {
 		return fmt.Errorf("migrate store: %w", err)
 	}
-	var have int
-	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
-		return fmt.Errorf("migrate store: %w", err)
-	}
-	if have > len(migrations) {
-		return fmt.Errorf("migrate store: database schema %d is newer than this binary's %d", have, len(migrations))
-	}
-	for v := have + 1; v <= len(migrations); v++ {
-		err := s.tx(ctx, func(tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
+	for {
+		done := false
+		var have int
+		err := s.tx(ctx, func(tx *Tx) error {
+			if tx.pg {
+				if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(7070)`); err != nil {
+					return err
+				}
+			}
+			if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
 				return err
 			}
-			_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, v, time.Now().UnixNano())
+			if have > len(migrations) {
+				return fmt.Errorf("database schema %d is newer than this binary's %d", have, len(migrations))
+			}
+			if have == len(migrations) {
+				done = true
+				return nil
+			}
+			if _, err := tx.ExecContext(ctx, migrateDDL(migrations[have], tx.pg)); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, have+1, time.Now().UnixNano())
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("migrate store to version %d: %w", v, err)
+			return fmt.Errorf("migrate store to version %d: %w", have+1, err)
+		}
+		if done {
+			return nil
 		}
 	}
-	return nil
 }
 
-func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+// tx runs fn in a transaction, committing when it returns nil. On PostgreSQL a transaction that
+// lost a race (serialisation failure, deadlock) runs again.
+func (s *Store) tx(ctx context.Context, fn func(*Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		err := s.tx1(ctx, fn)
+		if err == nil || !retryable(err) || attempt == txRetries {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff(attempt)):
+		}
+	}
+}
+
+func (s *Store) tx1(ctx context.Context, fn func(*Tx) error) error {
+	stx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
+	tx := &Tx{Tx: stx, pg: s.db.pg}
 	if err := fn(tx); err != nil {
-		tx.Rollback()
+		stx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	return stx.Commit()
 }
 
 // PutSandbox inserts or replaces a sandbox record. New sandboxes go through AdmitSandbox.
 func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
-	return s.tx(ctx, func(tx *sql.Tx) error { return putSandbox(ctx, tx, sb) })
+	return s.tx(ctx, func(tx *Tx) error { return putSandbox(ctx, tx, sb) })
 }
 
 // putSandbox writes a sandbox row and moves its share of the usage counters when it becomes live,
@@ -425,7 +489,7 @@ func labelsMatch(have, want map[string]string) bool {
 
 // DeleteSandbox removes a sandbox record and its trajectory (used to forget long-stopped sandboxes).
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		var u usageRow
 		var state string
 		err := tx.QueryRowContext(ctx, `SELECT state, project_id, tier, cpus, memory_bytes, disk_bytes FROM sandboxes WHERE id = ?`, id).
@@ -453,7 +517,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 // e.StepID is set and a step with that ID exists already, nothing is written and the existing
 // step is returned instead (the caller decides between replay, attach and conflict).
 func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error) {
-	err = s.tx(ctx, func(tx *sql.Tx) error {
+	err = s.tx(ctx, func(tx *Tx) error {
 		if e.StepID != "" {
 			var doc string
 			err := tx.QueryRowContext(ctx, `SELECT doc FROM trajectory WHERE sandbox_id = ? AND step_id = ?`, sandbox, e.StepID).Scan(&doc)
@@ -530,7 +594,7 @@ func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limi
 // returns the existing record and created=false; another digest under a taken name:version is an
 // ErrConflict error, because a published version is immutable.
 func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.Layer, created bool, err error) {
-	err = s.tx(ctx, func(tx *sql.Tx) error {
+	err = s.tx(ctx, func(tx *Tx) error {
 		path, err := iam.ParsePath("project", l.Project)
 		if err != nil {
 			return err
@@ -574,13 +638,16 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO layers (name, version, kind, digest, created_at, doc, project_id, private) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			l.Name, l.Version, l.Kind, l.Digest, l.CreatedAt.UnixNano(), string(b), proj.ID, l.Private); err != nil {
+			l.Name, l.Version, l.Kind, l.Digest, l.CreatedAt.UnixNano(), string(b), proj.ID, boolInt(l.Private)); err != nil {
 			return err
 		}
 		l.Project = iam.Display(path)
 		got, created = l, true
 		return nil
 	})
+	if isUnique(err) { // published by another transaction meanwhile (PostgreSQL)
+		err = errdefs.Conflict("layer %s:%s was published at the same moment by another request; look it up or try again", l.Name, l.Version)
+	}
 	if err != nil {
 		return corral.Layer{}, false, fmt.Errorf("publish layer %s:%s: %w", l.Name, l.Version, err)
 	}
@@ -637,7 +704,7 @@ func (s *Store) layerTags(ctx context.Context, name, version string) ([]string, 
 // TagLayer points name:tag at the published version name:version (moving it if it pointed
 // elsewhere). A tag may not shadow a published version.
 func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (corral.Layer, error) {
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM layers WHERE name = ? AND version = ?`, name, tag).Scan(&n); err != nil {
 			return err
@@ -667,7 +734,7 @@ func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (corral
 // first).
 func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
 	var got corral.Environment
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		path, err := iam.ParsePath("project", env.Project)
 		if err != nil {
 			return err
@@ -797,7 +864,7 @@ func (s *Store) PutFncallEnv(ctx context.Context, env corral.FncallEnv) error {
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO fncall_envs (name, created_at, doc, project_id) VALUES (?, ?, ?, (SELECT id FROM projects WHERE path = ?))`,
 		env.Name, env.CreatedAt.UnixNano(), string(b), path)
-	if err != nil && strings.Contains(err.Error(), "UNIQUE") {
+	if isUnique(err) {
 		return errdefs.Conflict("fncall environment %s exists; delete it first or use another name", env.Name)
 	}
 	if err != nil {
@@ -893,7 +960,7 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 // other version has the same digest (LayerDigestInUse) and no sandbox uses it.
 func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
 	var l corral.Layer
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *Tx) error {
 		var doc string
 		err := tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&doc)
 		if errors.Is(err, sql.ErrNoRows) {
