@@ -242,14 +242,47 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Project = project
-	rec, err := s.edge.Create(r.Context(), req)
+	key, err := idempotencyKey(r, c, req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rec, replayed, err := s.edge.CreateOnce(r.Context(), req, key)
 	if err != nil {
 		s.audit(r, "sandbox.create", project, "", err, "")
 		s.fail(w, r, err)
 		return
 	}
+	if replayed {
+		// The retry of a create that happened: the same sandbox, nothing new to audit.
+		w.Header().Set("Idempotent-Replayed", "true")
+		httpjson.Write(w, http.StatusOK, rec.Sandbox)
+		return
+	}
 	s.audit(r, "sandbox.create", project, rec.ID, nil, "")
 	httpjson.Write(w, http.StatusCreated, rec.Sandbox)
+}
+
+// maxIdempotencyKey bounds the Idempotency-Key header.
+const maxIdempotencyKey = 128
+
+// idempotencyKey reads a create's Idempotency-Key header: the key, scoped to the caller's
+// principal, with a hash of the request it came with (the request after defaults the caller
+// left out, such as the project, were filled in).
+func idempotencyKey(r *http.Request, c *caller, req corral.CreateRequest) (*store.Idempotency, error) {
+	k := r.Header.Get("Idempotency-Key")
+	if k == "" {
+		return nil, nil
+	}
+	if len(k) > maxIdempotencyKey || strings.ContainsFunc(k, func(r rune) bool { return r < 0x21 || r > 0x7e }) {
+		return nil, errdefs.Invalid("Idempotency-Key", "must be 1-%d printable ASCII characters without spaces", maxIdempotencyKey)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(body)
+	return &store.Idempotency{Principal: c.tok.Principal, Key: k, RequestHash: hex.EncodeToString(sum[:])}, nil
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {

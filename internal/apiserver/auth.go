@@ -288,8 +288,9 @@ func statusKind(status int) error {
 	return errors.New("internal")
 }
 
-// PruneAudit removes audit entries older than retention every hour until ctx ends.
-func (s *Server) PruneAudit(ctx context.Context, retention time.Duration) {
+// Prune removes, every hour until ctx ends, audit entries older than retention and create
+// idempotency keys older than a day.
+func (s *Server) Prune(ctx context.Context, retention time.Duration) {
 	t := time.NewTicker(time.Hour)
 	defer t.Stop()
 	for {
@@ -297,6 +298,9 @@ func (s *Server) PruneAudit(ctx context.Context, retention time.Duration) {
 			s.log.Warn("prune the audit log", "err", err)
 		} else if n > 0 {
 			s.log.Info("pruned the audit log", "entries", n, "retention", retention)
+		}
+		if _, err := s.store.PruneIdempotency(ctx); err != nil {
+			s.log.Warn("prune idempotency keys", "err", err)
 		}
 		select {
 		case <-ctx.Done():

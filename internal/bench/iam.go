@@ -509,7 +509,7 @@ func (b *iamBench) createWithIdentity(ctx context.Context, path string, rec *sto
 	t.resolve = time.Since(start)
 
 	start = time.Now()
-	if err := b.st.AdmitSandbox(ctx, rec); err != nil {
+	if err := b.st.AdmitSandbox(ctx, rec, nil); err != nil {
 		return t, err
 	}
 	t.admit = time.Since(start)
@@ -612,7 +612,7 @@ func (b *iamBench) throughput(ctx context.Context, cfg IAMConfig, res *IAMResult
 		op   func(ctx context.Context, rec *store.Sandbox) error
 	}{
 		{"checks off", &t.ChecksOff, &t.OffLatency, b.st.PutSandbox},
-		{"checks on", &t.ChecksOn, &t.OnLatency, b.st.AdmitSandbox},
+		{"checks on", &t.ChecksOn, &t.OnLatency, func(ctx context.Context, rec *store.Sandbox) error { return b.st.AdmitSandbox(ctx, rec, nil) }},
 		{"full", &t.Full, &t.FullLatency, func(ctx context.Context, rec *store.Sandbox) error {
 			_, err := b.createWithIdentity(ctx, path, rec)
 			return err
@@ -755,7 +755,7 @@ func (b *iamBench) admitPairs(ctx context.Context, path string, n int) (base, ad
 			return base, admit, err
 		}
 		t1 := time.Now()
-		if err := b.st.AdmitSandbox(ctx, r2); err != nil {
+		if err := b.st.AdmitSandbox(ctx, r2, nil); err != nil {
 			return base, admit, err
 		}
 		bs, as = append(bs, t1.Sub(t0)), append(as, time.Since(t1))

@@ -13,7 +13,7 @@ import (
 
 func (a *app) newCreateCmd() *cobra.Command {
 	var f createFlags
-	var project string
+	var project, idemKey string
 	cmd := &cobra.Command{
 		Use:   "create [flags]",
 		Short: "Create a sandbox and print its ID",
@@ -26,7 +26,7 @@ func (a *app) newCreateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req.Project = project
+			req.Project, req.IdempotencyKey = project, idemKey
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -44,6 +44,7 @@ func (a *app) newCreateCmd() *cobra.Command {
 	}
 	f.add(cmd.Flags(), a.getenv)
 	cmd.Flags().StringVar(&project, "project", "", "project to create the sandbox in, e.g. team-a/rollout-17 (default: the token's)")
+	cmd.Flags().StringVar(&idemKey, "idempotency-key", "", "make a retry safe: the same key and flags within 24h give back the sandbox the first create made")
 	return cmd
 }
 

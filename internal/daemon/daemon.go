@@ -267,7 +267,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		info.Runtimes = append(info.Runtimes, edge.RuntimeGVisor)
 	}
 	api := apiserver.New(log, st, e, ls, info)
-	go api.PruneAudit(ctx, cfg.AuditRetention)
+	go api.Prune(ctx, cfg.AuditRetention)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)

@@ -229,3 +229,48 @@ func isQuota(err error) bool {
 	var apiErr *corral.APIError
 	return errors.As(err, &apiErr) && apiErr.Status == 429 && apiErr.Quota != nil
 }
+
+// TestIdempotentCreate retries one create many times at once, as a client whose requests timed
+// out would: one sandbox is made, every answer names it, and the key cannot make another.
+func TestIdempotentCreate(t *testing.T) {
+	p := withBase(t)
+	ctx := t.Context()
+	req := corral.CreateRequest{Base: "base:test", Labels: map[string]string{"try": "1"}, IdempotencyKey: "job-42-create"}
+	ids := make(chan string, 10)
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			sb, err := p.Client.CreateSandbox(ctx, req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids <- sb.ID
+		})
+	}
+	wg.Wait()
+	close(ids)
+	var first string
+	for id := range ids {
+		if first == "" {
+			first = id
+		} else if id != first {
+			t.Fatalf("two sandboxes for one key: %s and %s", first, id)
+		}
+	}
+	list, err := p.Client.ListSandboxes(ctx, corral.ListOptions{Labels: map[string]string{"try": "1"}})
+	if err != nil || len(list) != 1 {
+		t.Fatalf("sandboxes made: %d, %v", len(list), err)
+	}
+	defer p.Client.DeleteSandbox(ctx, first)
+	other := req
+	other.Labels = map[string]string{"try": "2"}
+	if _, err := p.Client.CreateSandbox(ctx, other); !corral.IsConflict(err) {
+		t.Fatalf("the key with another request: %v", err)
+	}
+	// The CLI takes the key too.
+	out, errOut, code := p.cli("", "create", "--base", "base:test", "--label", "try=1", "--idempotency-key", "job-42-create")
+	if code != 0 || strings.TrimSpace(out) != first {
+		t.Fatalf("corral create with the key: %q %q %d, want %s", out, errOut, code, first)
+	}
+}

@@ -483,12 +483,30 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 // Create validates req, resolves its layers, and starts a sandbox. It returns once the sandbox is
 // running; its agent answers the first request as soon as it has started.
 func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, error) {
-	return e.create(ctx, req, false)
+	return e.create(ctx, req, false, nil)
+}
+
+// CreateOnce is Create with an idempotency key: a create that repeats an earlier one (same
+// principal, key and request) makes nothing and returns the sandbox the first one made (its
+// current record), and replayed reports true.
+func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *store.Idempotency) (rec *store.Sandbox, replayed bool, err error) {
+	rec, err = e.create(ctx, req, false, key)
+	if re, ok := errors.AsType[*store.ReplayError](err); ok {
+		rec, err = e.Get(ctx, re.SandboxID)
+		return rec, err == nil, err
+	}
+	return rec, false, err
 }
 
 // create is Create; calls makes a container of an fncall pool (tier fncall), whose agent runs
 // isolated calls only.
-func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool) (*store.Sandbox, error) {
+func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool, key *store.Idempotency) (*store.Sandbox, error) {
+	if key != nil {
+		// Most retries find the key before any work (the admission transaction checks again).
+		if err := e.store.CheckIdempotency(ctx, key); err != nil {
+			return nil, err
+		}
+	}
 	e.layersMu.RLock()
 	adm, err := e.admit(ctx, req, calls)
 	if err != nil {
@@ -498,7 +516,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool)
 	rec := adm.rec
 	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
 	// The quotas of the project and its ancestors are checked in the transaction that records it.
-	err = e.store.AdmitSandbox(ctx, rec)
+	err = e.store.AdmitSandbox(ctx, rec, key)
 	e.layersMu.RUnlock()
 	if err != nil {
 		return nil, err

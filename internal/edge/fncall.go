@@ -360,7 +360,7 @@ func (p *fncallPool) grow() {
 	project, err := p.project(context.Background())
 	var rec *store.Sandbox
 	if err == nil {
-		rec, err = p.e.create(context.Background(), p.containerRequest(p.env, project), true)
+		rec, err = p.e.create(context.Background(), p.containerRequest(p.env, project), true, nil)
 	}
 	var sb *sandbox
 	if err == nil {

@@ -57,7 +57,7 @@ func TestConcurrentAdmission(t *testing.T) {
 			for range 200 {
 				wg.Go(func() {
 					<-start
-					err := s.AdmitSandbox(ctx, newRecord(leaf.ID, 0))
+					err := s.AdmitSandbox(ctx, newRecord(leaf.ID, 0), nil)
 					var qe *iam.QuotaError
 					switch {
 					case err == nil:
@@ -94,11 +94,11 @@ func TestQuotaResources(t *testing.T) {
 			t.Fatal(err)
 		}
 		a := newRecord(p.ID, 1.5)
-		if err := s.AdmitSandbox(ctx, a); err != nil {
+		if err := s.AdmitSandbox(ctx, a, nil); err != nil {
 			t.Fatal(err)
 		}
 		var qe *iam.QuotaError
-		if err := s.AdmitSandbox(ctx, newRecord(p.ID, 1)); !errors.As(err, &qe) || qe.Resource != "cpus" || qe.Usage != 1.5 || qe.Request != 1 {
+		if err := s.AdmitSandbox(ctx, newRecord(p.ID, 1), nil); !errors.As(err, &qe) || qe.Resource != "cpus" || qe.Usage != 1.5 || qe.Request != 1 {
 			t.Fatalf("over the CPU limit: %v", err)
 		}
 		// A stopped sandbox frees its share; creations in the last minute still count.
@@ -107,11 +107,11 @@ func TestQuotaResources(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range 3 {
-			if err := s.AdmitSandbox(ctx, newRecord(p.ID, 0.5)); err != nil {
+			if err := s.AdmitSandbox(ctx, newRecord(p.ID, 0.5), nil); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := s.AdmitSandbox(ctx, newRecord(p.ID, 0.1)); !errors.As(err, &qe) || qe.Resource != "creates_per_minute" {
+		if err := s.AdmitSandbox(ctx, newRecord(p.ID, 0.1), nil); !errors.As(err, &qe) || qe.Resource != "creates_per_minute" {
 			t.Fatalf("over the creation rate: %v", err)
 		}
 		if err := ValidateQuota(corral.Quota{Sandboxes: ptr[int64](-1)}); !errors.Is(err, errdefs.ErrInvalid) {
@@ -186,7 +186,7 @@ func TestProjectMoveAndDelete(t *testing.T) {
 			t.Fatalf("created twice: %v", err)
 		}
 		sb := newRecord(b.ID, 0)
-		if err := s.AdmitSandbox(ctx, sb); err != nil {
+		if err := s.AdmitSandbox(ctx, sb, nil); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.MoveProject(ctx, "a/b", "a/b/c/d", true); !errors.Is(err, errdefs.ErrInvalid) {
@@ -353,7 +353,7 @@ func TestUsageCounters(t *testing.T) {
 			if i == 3 {
 				r.Tier = "fncall"
 			}
-			if err := s.AdmitSandbox(ctx, r); err != nil {
+			if err := s.AdmitSandbox(ctx, r, nil); err != nil {
 				t.Fatal(err)
 			}
 			recs = append(recs, r)
@@ -450,17 +450,74 @@ func TestForcedMoveKeepsQuotas(t *testing.T) {
 			}
 		}
 		for range 2 {
-			if err := s.AdmitSandbox(ctx, newRecord(s1.ID, 0)); err != nil {
+			if err := s.AdmitSandbox(ctx, newRecord(s1.ID, 0), nil); err != nil {
 				t.Fatal(err)
 			}
 		}
 		r18 := mustProject(t, s, "a/r18/busy")
-		if err := s.AdmitSandbox(ctx, newRecord(r18.ID, 0)); err != nil {
+		if err := s.AdmitSandbox(ctx, newRecord(r18.ID, 0), nil); err != nil {
 			t.Fatal(err)
 		}
 		var qe *iam.QuotaError
 		if _, err := s.MoveProject(ctx, "a/r17/s1", "a/r18/s1", true); !errors.As(err, &qe) || qe.Project != "a/r18" {
 			t.Fatalf("a forced move past a/r18's quota: %v", err)
+		}
+	})
+}
+
+// TestIdempotentAdmission checks that concurrent creates with one idempotency key make one
+// sandbox, the others learning its ID, and that the key cannot be reused for another request.
+func TestIdempotentAdmission(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		key := &Idempotency{Principal: "root", Key: "retry-1", RequestHash: "h1"}
+		var mu sync.Mutex
+		made := map[string]int{}
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() {
+				rec := newRecord(RootProjectID, 0)
+				err := s.AdmitSandbox(ctx, rec, key)
+				mu.Lock()
+				defer mu.Unlock()
+				var re *ReplayError
+				switch {
+				case err == nil:
+					made["new:"+rec.ID]++
+				case errors.As(err, &re):
+					made["replay:"+re.SandboxID]++
+				default:
+					t.Errorf("admit: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+		var first string
+		for k := range made {
+			if id, ok := strings.CutPrefix(k, "new:"); ok {
+				if first != "" {
+					t.Fatalf("two sandboxes for one key: %v", made)
+				}
+				first = id
+			}
+		}
+		if first == "" || made["replay:"+first] != 19 || len(made) != 2 {
+			t.Fatalf("admissions: %v", made)
+		}
+		if err := s.CheckIdempotency(ctx, key); !errors.As(err, new(*ReplayError)) {
+			t.Errorf("check after: %v", err)
+		}
+		other := &Idempotency{Principal: "root", Key: "retry-1", RequestHash: "h2"}
+		if err := s.AdmitSandbox(ctx, newRecord(RootProjectID, 0), other); !errors.Is(err, errdefs.ErrConflict) {
+			t.Errorf("the key with another request: %v", err)
+		}
+		// Keys are per principal.
+		if err := s.AdmitSandbox(ctx, newRecord(RootProjectID, 0), &Idempotency{Principal: "agent", Key: "retry-1", RequestHash: "h2"}); err != nil {
+			t.Errorf("another principal's key: %v", err)
+		}
+		if n, err := s.PruneIdempotency(ctx); err != nil || n != 0 {
+			t.Errorf("prune of fresh keys: %d, %v", n, err)
 		}
 	})
 }

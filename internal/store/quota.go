@@ -445,14 +445,68 @@ func (s *Store) SetQuota(ctx context.Context, path string, q corral.Quota) (*cor
 	return s.GetQuota(ctx, path)
 }
 
+// Idempotency is a create's idempotency key: the principal that sent it, the key, and a hash of
+// the request it came with.
+type Idempotency struct {
+	Principal, Key, RequestHash string
+}
+
+// ReplayError says that a create's idempotency key was used before, for the same request: the
+// sandbox that request made is the answer.
+type ReplayError struct{ SandboxID string }
+
+func (e *ReplayError) Error() string { return "idempotent replay of the create of " + e.SandboxID }
+
+// IdempotencyTTL is how long a create's idempotency key is remembered.
+const IdempotencyTTL = 24 * time.Hour
+
+// lookupIdempotency returns the sandbox an earlier create with key made: a *ReplayError, or a
+// conflict when the key came with another request, or nil when the key is new (or expired).
+func lookupIdempotency(ctx context.Context, q querier, key *Idempotency) error {
+	var hash, id string
+	err := q.QueryRowContext(ctx, `SELECT request_hash, sandbox_id FROM idempotency WHERE principal = ? AND idem_key = ? AND created_at > ?`,
+		key.Principal, key.Key, time.Now().Add(-IdempotencyTTL).UnixNano()).Scan(&hash, &id)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	case hash != key.RequestHash:
+		return errdefs.Conflict("idempotency key %q was used for another request (it made %s); use a new key for a new request", key.Key, id)
+	}
+	return &ReplayError{SandboxID: id}
+}
+
+// CheckIdempotency answers a create before any work: a *ReplayError when the key made a sandbox
+// already, a conflict when it came with another request, nil when it is new.
+func (s *Store) CheckIdempotency(ctx context.Context, key *Idempotency) error {
+	return lookupIdempotency(ctx, s.rdb, key)
+}
+
+// PruneIdempotency forgets keys older than IdempotencyTTL.
+func (s *Store) PruneIdempotency(ctx context.Context) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE created_at <= ?`, time.Now().Add(-IdempotencyTTL).UnixNano())
+	if err != nil {
+		return 0, fmt.Errorf("prune idempotency keys: %w", err)
+	}
+	return res.RowsAffected()
+}
+
 // AdmitSandbox records a new sandbox (state creating) if the quotas of its project and of every
 // ancestor allow it, in one transaction: concurrent admissions are serialised by the store's
-// write lock, so a quota of N admits exactly N. A refusal is an *iam.QuotaError.
-func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
+// write lock, so a quota of N admits exactly N. A refusal is an *iam.QuotaError. With key, the
+// same transaction records the idempotency key; a create that raced with the same key finds it
+// taken and gets a *ReplayError naming the sandbox the other one made.
+func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency) error {
 	if sb.ProjectID == "" {
 		sb.ProjectID = RootProjectID
 	}
 	err := s.tx(ctx, func(tx *Tx) error {
+		if key != nil {
+			if err := lookupIdempotency(ctx, tx, key); err != nil {
+				return err
+			}
+		}
 		var path string
 		if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, sb.ProjectID).Scan(&path); err != nil {
 			if err == sql.ErrNoRows {
@@ -525,8 +579,29 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox) error {
 				return err
 			}
 		}
+		if key != nil {
+			// An expired use of the key goes; a concurrent one (PostgreSQL) makes this insert
+			// fail on the key, below.
+			if _, err := tx.ExecContext(ctx, `DELETE FROM idempotency WHERE principal = ? AND idem_key = ? AND created_at <= ?`,
+				key.Principal, key.Key, time.Now().Add(-IdempotencyTTL).UnixNano()); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency (principal, idem_key, request_hash, sandbox_id, created_at) VALUES (?, ?, ?, ?, ?)`,
+				key.Principal, key.Key, key.RequestHash, sb.ID, time.Now().UnixNano()); err != nil {
+				return err
+			}
+		}
 		return putSandbox(ctx, tx, sb)
 	})
+	if isUnique(err) && key != nil {
+		// A create with the same key committed first (PostgreSQL): answer with its sandbox.
+		if rerr := lookupIdempotency(ctx, s.db, key); rerr != nil {
+			return rerr
+		}
+	}
+	if re, ok := errors.AsType[*ReplayError](err); ok {
+		return re
+	}
 	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
 		return qe // it names the project and the limit; the refused sandbox's ID would only confuse
 	}

@@ -199,6 +199,17 @@ var migrations = []string{
 	);
 	INSERT INTO project_usage (project_id) SELECT id FROM projects;
 	CREATE INDEX sandboxes_project_created ON sandboxes(project_id, created_ns);`,
+	// 9: idempotency keys of creates, so a client's retry (through any API replica) never makes a
+	// second sandbox.
+	`CREATE TABLE idempotency (
+		principal TEXT NOT NULL,
+		idem_key TEXT NOT NULL,
+		request_hash TEXT NOT NULL,
+		sandbox_id TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		PRIMARY KEY (principal, idem_key)
+	);
+	CREATE INDEX idempotency_created ON idempotency(created_at);`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?

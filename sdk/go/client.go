@@ -69,6 +69,8 @@ type request struct {
 	noAuth bool
 	// closeConn keeps the connection out of the pool after this exchange.
 	closeConn bool
+	// header holds extra request headers.
+	header http.Header
 }
 
 // send performs r and returns the response when its status is below 400; otherwise it returns
@@ -103,6 +105,9 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 	}
 	if c.userAgent != "" {
 		req.Header.Set("User-Agent", c.userAgent)
+	}
+	for k, v := range r.header {
+		req.Header[k] = v
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

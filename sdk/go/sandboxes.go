@@ -13,10 +13,16 @@ import (
 )
 
 // CreateSandbox creates a sandbox and returns it once the server has accepted it (201). Its
-// State says whether it is already running.
+// State says whether it is already running. With req.IdempotencyKey set, retrying the same
+// request (after a timeout, through another server) returns the sandbox the first attempt made
+// instead of making another.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateRequest) (*Sandbox, error) {
 	var out Sandbox
-	err := c.do(ctx, request{method: http.MethodPost, path: "/v1/sandboxes", json: req}, &out)
+	r := request{method: http.MethodPost, path: "/v1/sandboxes", json: req}
+	if req.IdempotencyKey != "" {
+		r.header = http.Header{"Idempotency-Key": {req.IdempotencyKey}}
+	}
+	err := c.do(ctx, r, &out)
 	if err != nil {
 		return nil, err
 	}

@@ -78,6 +78,10 @@ type CreateRequest struct {
 	// Project is the project the sandbox lives in (a path, "team-a/rollout-17"); empty: the
 	// project of the caller's token.
 	Project string `json:"project,omitempty"`
+	// IdempotencyKey, sent as the Idempotency-Key header (not in the body), makes the create safe
+	// to retry: for 24 hours the same key with the same request returns the sandbox the first
+	// create made (200, header Idempotent-Replayed), and with another request is refused (409).
+	IdempotencyKey string `json:"-"`
 }
 
 // EgressStats counts a networked sandbox's blocked egress attempts.
