@@ -210,6 +210,18 @@ var migrations = []string{
 		PRIMARY KEY (principal, idem_key)
 	);
 	CREATE INDEX idempotency_created ON idempotency(created_at);`,
+	// 10: nodes (cluster mode): one leased row per edge, its epoch the fencing token.
+	`CREATE TABLE nodes (
+		name TEXT PRIMARY KEY,
+		url TEXT NOT NULL,
+		epoch INTEGER NOT NULL,
+		state TEXT NOT NULL,
+		lease_expires_at INTEGER NOT NULL,
+		heartbeat_at INTEGER NOT NULL,
+		registered_at INTEGER NOT NULL,
+		doc TEXT NOT NULL
+	);
+	CREATE INDEX sandboxes_node ON sandboxes(node, state);`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -839,25 +851,30 @@ func (s *Store) DeleteEnvironment(ctx context.Context, name string) error {
 	return nil
 }
 
-// instanceSetting keeps this Corral's instance name.
+// instanceSetting keeps a node's instance name: one per node, since the nodes of a cluster share
+// one store ("edge.instance" alone, the key before cluster mode, is taken over by its node).
 const instanceSetting = "edge.instance"
 
 var instanceRE = regexp.MustCompile(`^[a-z0-9]{1,16}-[0-9a-f]{16}$`)
 
-// Instance returns this data directory's instance name ("<node>-<16 hex digits>"), choosing it
-// on the first call. Corrals that share a blob store tell their refs and imports apart by it.
+// Instance returns node's instance name ("<node>-<16 hex digits>"), choosing it on the first
+// call. Corrals that share a blob store tell their refs and imports apart by it.
 func (s *Store) Instance(ctx context.Context, node string) (string, error) {
-	b, err := s.GetSetting(ctx, instanceSetting)
+	key := instanceSetting + "/" + node
+	b, err := s.GetSetting(ctx, key)
 	if err == nil && instanceRE.Match(b) {
 		return string(b), nil
 	}
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return "", err
 	}
+	if old, err := s.GetSetting(ctx, instanceSetting); err == nil && instanceRE.Match(old) && strings.HasPrefix(string(old), node+"-") {
+		return string(old), s.PutSetting(ctx, key, old)
+	}
 	var r [8]byte
 	rand.Read(r[:])
 	inst := node + "-" + hex.EncodeToString(r[:])
-	return inst, s.PutSetting(ctx, instanceSetting, []byte(inst))
+	return inst, s.PutSetting(ctx, key, []byte(inst))
 }
 
 // PutFncallEnv saves an fncall environment under its name; a taken name is ErrConflict (delete it

@@ -1,0 +1,244 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Nodes (cluster mode). Each edge holds a lease on its row: registering starts a new incarnation
+// with a higher epoch, the epoch is the edge's fencing token, and every heartbeat and every write
+// the edge makes is conditional on it. A node whose lease ran out (plus a grace period) is lost:
+// its epoch moves on, so the old incarnation, should it wake up, can write nothing more.
+
+// ErrFenced says an edge's epoch is no longer its node's: a newer incarnation registered, or the
+// node was declared lost. The edge must stop and register again.
+var ErrFenced = errors.New("fenced: this node's lease belongs to a newer incarnation")
+
+const nodeCols = `name, url, epoch, state, lease_expires_at, heartbeat_at, registered_at, doc`
+
+func scanNode(row interface{ Scan(...any) error }) (*corral.Node, error) {
+	var n corral.Node
+	var doc string
+	var lease, beat, reg int64
+	if err := row.Scan(&n.Name, &n.URL, &n.Epoch, &n.State, &lease, &beat, &reg, &doc); err != nil {
+		return nil, err
+	}
+	var body corral.Node
+	if err := json.Unmarshal([]byte(doc), &body); err != nil {
+		return nil, fmt.Errorf("decode node %s: %w", n.Name, err)
+	}
+	n.Capacity, n.Used, n.Labels, n.Tiers, n.Runtimes = body.Capacity, body.Used, body.Labels, body.Tiers, body.Runtimes
+	n.LeaseExpiresAt, n.HeartbeatAt, n.RegisteredAt = unixNano(lease), unixNano(beat), unixNano(reg)
+	return &n, nil
+}
+
+// nodeDoc is the part of a node kept as a document: what the edge reports.
+func nodeDoc(n corral.Node) (string, error) {
+	b, err := json.Marshal(corral.Node{Capacity: n.Capacity, Used: n.Used, Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes})
+	return string(b), err
+}
+
+// RegisterNode starts a new incarnation of the node n.Name (creating it on first sight) with a
+// lease of ttl, and returns it with its new epoch. A cordoned or draining node stays so; a lost
+// one is ready again.
+func (s *Store) RegisterNode(ctx context.Context, n corral.Node, ttl time.Duration) (*corral.Node, error) {
+	doc, err := nodeDoc(n)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var out *corral.Node
+	err = s.tx(ctx, func(tx *Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`) VALUES (?, ?, 1, ?, ?, ?, ?, ?)
+			ON CONFLICT (name) DO UPDATE SET url = excluded.url, epoch = nodes.epoch + 1,
+				state = CASE WHEN nodes.state IN ('cordoned', 'draining') THEN nodes.state ELSE 'ready' END,
+				lease_expires_at = excluded.lease_expires_at, heartbeat_at = excluded.heartbeat_at,
+				registered_at = excluded.registered_at, doc = excluded.doc`,
+			n.Name, n.URL, corral.NodeReady, now.Add(ttl).UnixNano(), now.UnixNano(), now.UnixNano(), doc)
+		if err != nil {
+			return err
+		}
+		out, err = scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE name = ?`, n.Name))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("register node %s: %w", n.Name, err)
+	}
+	return out, nil
+}
+
+// Heartbeat renews the lease of node name's incarnation epoch for ttl and records what it uses
+// now. It fails with ErrFenced when epoch is no longer the node's.
+func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used corral.Resources, ttl time.Duration) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE name = ?`+forUpdate(tx), name))
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrFenced
+		} else if err != nil {
+			return err
+		}
+		if n.Epoch != epoch || n.State == corral.NodeLost {
+			return ErrFenced
+		}
+		n.Used = used
+		doc, err := nodeDoc(*n)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		_, err = tx.ExecContext(ctx, `UPDATE nodes SET lease_expires_at = ?, heartbeat_at = ?, doc = ? WHERE name = ? AND epoch = ?`,
+			now.Add(ttl).UnixNano(), now.UnixNano(), doc, name, epoch)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("heartbeat of node %s (epoch %d): %w", name, epoch, err)
+	}
+	return nil
+}
+
+// CheckEpoch fails with ErrFenced unless epoch is node name's current incarnation and the node is
+// not lost. Writes an edge makes go through it in the same transaction.
+func checkEpoch(ctx context.Context, q querier, name string, epoch int64) error {
+	var cur int64
+	var state string
+	err := q.QueryRowContext(ctx, `SELECT epoch, state FROM nodes WHERE name = ?`+forUpdate(q), name).Scan(&cur, &state)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && (cur != epoch || state == corral.NodeLost)) {
+		return fmt.Errorf("node %s epoch %d: %w", name, epoch, ErrFenced)
+	}
+	return err
+}
+
+// PutSandboxFenced is PutSandbox for an edge in cluster mode: the write happens only while epoch
+// is still the node's incarnation, so an edge that was paused or cut off while its node was
+// declared lost cannot bring its sandboxes back to life.
+func (s *Store) PutSandboxFenced(ctx context.Context, sb *Sandbox, epoch int64) error {
+	return s.tx(ctx, func(tx *Tx) error {
+		if err := checkEpoch(ctx, tx, sb.Node, epoch); err != nil {
+			return err
+		}
+		return putSandbox(ctx, tx, sb)
+	})
+}
+
+// ListNodes returns the nodes by name.
+func (s *Store) ListNodes(ctx context.Context) ([]corral.Node, error) {
+	rows, err := s.rdb.QueryContext(ctx, `SELECT `+nodeCols+` FROM nodes ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	defer rows.Close()
+	out := []corral.Node{}
+	for rows.Next() {
+		n, err := scanNode(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *n)
+	}
+	return out, rows.Err()
+}
+
+// SetNodeState cordons, drains or uncordons (ready) a node. A lost node comes back only by
+// registering again.
+func (s *Store) SetNodeState(ctx context.Context, name, state string) (*corral.Node, error) {
+	switch state {
+	case corral.NodeReady, corral.NodeCordoned, corral.NodeDraining:
+	default:
+		return nil, errdefs.Invalid("state", "%q: want ready, cordoned or draining", state)
+	}
+	var out *corral.Node
+	err := s.tx(ctx, func(tx *Tx) error {
+		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE name = ?`+forUpdate(tx), name))
+		if errors.Is(err, sql.ErrNoRows) {
+			return errdefs.NotFound("node %s", name)
+		} else if err != nil {
+			return err
+		}
+		if n.State == corral.NodeLost {
+			return errdefs.Conflict("node %s is lost; it comes back by registering again", name)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = ? WHERE name = ?`, state, name); err != nil {
+			return err
+		}
+		n.State = state
+		out = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("set node %s %s: %w", name, state, err)
+	}
+	return out, nil
+}
+
+// SweepLostNodes declares lost every node whose lease ran out more than grace ago: its epoch
+// moves on (fencing the old incarnation) and its live sandboxes fail with node_lost, giving their
+// quota back. It returns the nodes it declared lost and how many sandboxes failed.
+func (s *Store) SweepLostNodes(ctx context.Context, grace time.Duration) ([]string, int, error) {
+	var lost []string
+	failed := 0
+	err := s.tx(ctx, func(tx *Tx) error {
+		lost, failed = nil, 0
+		rows, err := tx.QueryContext(ctx, `SELECT name FROM nodes WHERE state != 'lost' AND lease_expires_at < ? ORDER BY name`+forUpdate(tx),
+			time.Now().Add(-grace).UnixNano())
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var n string
+			if err := rows.Scan(&n); err != nil {
+				rows.Close()
+				return err
+			}
+			lost = append(lost, n)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		now := time.Now().UTC()
+		for _, n := range lost {
+			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'lost', epoch = epoch + 1 WHERE name = ?`, n); err != nil {
+				return err
+			}
+			srows, err := tx.QueryContext(ctx, `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
+				WHERE s.node = ? AND s.state IN `+liveStatesSQL, n)
+			if err != nil {
+				return err
+			}
+			var recs []*Sandbox
+			for srows.Next() {
+				var doc, pid, path string
+				if err := srows.Scan(&doc, &pid, &path); err != nil {
+					srows.Close()
+					return err
+				}
+				sb, err := decodeSandbox(doc, pid, path)
+				if err != nil {
+					srows.Close()
+					return err
+				}
+				recs = append(recs, sb)
+			}
+			srows.Close()
+			for _, sb := range recs {
+				sb.State, sb.Reason, sb.EndedAt, sb.NetSlot = corral.StateFailed, corral.ReasonNodeLost, now, nil
+				if err := putSandbox(ctx, tx, sb); err != nil {
+					return err
+				}
+				failed++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("sweep lost nodes: %w", err)
+	}
+	return lost, failed, nil
+}

@@ -1,0 +1,99 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// TestNodeLeases checks the node lifecycle: incarnations and their epochs, fencing of an old
+// incarnation's heartbeats and writes, cordon and drain surviving a restart, and a lost node's
+// sandboxes failing with their quota given back.
+func TestNodeLeases(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		node := corral.Node{Name: "edge-1", URL: "http://127.0.0.2:7071", Capacity: corral.Resources{CPUs: 8, Sandboxes: 100},
+			Labels: map[string]string{"kvm": "true"}, Tiers: []string{"container"}, Runtimes: []string{"runc"}}
+		first, err := s.RegisterNode(ctx, node, time.Minute)
+		if err != nil || first.Epoch != 1 || first.State != corral.NodeReady || first.Labels["kvm"] != "true" {
+			t.Fatalf("register: %+v, %v", first, err)
+		}
+		second, err := s.RegisterNode(ctx, node, time.Minute)
+		if err != nil || second.Epoch != 2 {
+			t.Fatalf("register again: %+v, %v", second, err)
+		}
+		if err := s.Heartbeat(ctx, "edge-1", 1, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
+			t.Fatalf("heartbeat of the old incarnation: %v", err)
+		}
+		if err := s.Heartbeat(ctx, "edge-1", 2, corral.Resources{CPUs: 1, Sandboxes: 1}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeCordoned); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.RegisterNode(ctx, node, time.Minute); err != nil || n.State != corral.NodeCordoned || n.Epoch != 3 {
+			t.Fatalf("a cordoned node restarting: %+v, %v", n, err)
+		}
+		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeReady); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.SetNodeState(ctx, "edge-9", corral.NodeReady); err == nil {
+			t.Error("set the state of a missing node")
+		}
+		// A sandbox on the node, in a project with a quota of one.
+		p := mustProject(t, s, "p")
+		if _, err := s.SetQuota(ctx, "p", corral.Quota{Sandboxes: ptr[int64](1)}); err != nil {
+			t.Fatal(err)
+		}
+		sb := newRecord(p.ID, 0)
+		sb.Node = "edge-1"
+		if err := s.AdmitSandbox(ctx, sb, nil); err != nil {
+			t.Fatal(err)
+		}
+		sb.State = corral.StateRunning
+		if err := s.PutSandboxFenced(ctx, sb, 3); err != nil {
+			t.Fatal(err)
+		}
+		// The lease runs out; the sweep declares the node lost.
+		if _, err := s.RegisterNode(ctx, corral.Node{Name: "edge-2", URL: "http://127.0.0.3:7071"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.RegisterNode(ctx, node, -time.Second); err != nil { // epoch 4, already expired
+			t.Fatal(err)
+		}
+		lost, failed, err := s.SweepLostNodes(ctx, 0)
+		if err != nil || len(lost) != 1 || lost[0] != "edge-1" || failed != 1 {
+			t.Fatalf("sweep: %v %d %v", lost, failed, err)
+		}
+		got, err := s.GetSandbox(ctx, sb.ID)
+		if err != nil || got.State != corral.StateFailed || got.Reason != corral.ReasonNodeLost {
+			t.Fatalf("the lost node's sandbox: %+v, %v", got, err)
+		}
+		if q, err := s.GetQuota(ctx, "p"); err != nil || q.Usage.Sandboxes != 0 {
+			t.Fatalf("quota after the loss: %+v, %v", q, err)
+		}
+		// The old incarnation wakes up: it can neither heartbeat nor write.
+		if err := s.Heartbeat(ctx, "edge-1", 4, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
+			t.Errorf("heartbeat after the loss: %v", err)
+		}
+		sb.State = corral.StateRunning
+		if err := s.PutSandboxFenced(ctx, sb, 4); !errors.Is(err, ErrFenced) {
+			t.Errorf("a write after the loss: %v", err)
+		}
+		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeReady); err == nil {
+			t.Error("uncordoned a lost node")
+		}
+		nodes, err := s.ListNodes(ctx)
+		if err != nil || len(nodes) != 2 || nodes[0].State != corral.NodeLost || nodes[1].State != corral.NodeReady {
+			t.Fatalf("nodes: %+v, %v", nodes, err)
+		}
+		// It registers again: a new incarnation, ready.
+		if n, err := s.RegisterNode(ctx, node, time.Minute); err != nil || n.State != corral.NodeReady || n.Epoch != 6 {
+			t.Fatalf("re-register after the loss: %+v, %v", n, err)
+		}
+	})
+}
