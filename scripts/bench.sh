@@ -13,6 +13,11 @@ if [ "${BENCH_ONLY:-iam}" = iam ]; then
   corral bench iam ${BENCH_IAM_ARGS:-} -o json | tee bench-out/iam.json
   if [ "${BENCH_ONLY:-}" = iam ]; then exit 0; fi
 fi
+# BENCH_ONLY=placement needs no server either (the placement engine on simulated edges).
+if [ "${BENCH_ONLY:-placement}" = placement ]; then
+  corral bench placement ${BENCH_PLACEMENT_ARGS:-} -o json | tee bench-out/placement.json
+  if [ "${BENCH_ONLY:-}" = placement ]; then exit 0; fi
+fi
 work=$(mktemp -d /tmp/crl-bench-XXXX)
 port=${BENCH_PORT:-7199}
 export CORRAL_URL=http://127.0.0.1:$port
@@ -27,7 +32,7 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall, network or iam runs one of them.
+# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall, network, iam or placement runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi

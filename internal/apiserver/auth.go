@@ -83,6 +83,16 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	})
 }
 
+// Authenticated serves next to requests with a valid token, the caller in their context (for
+// Require); the cluster server uses it for its own routes.
+func (s *Server) Authenticated(next http.Handler) http.Handler { return s.authenticate(next) }
+
+// Require fails unless the caller of an Authenticated request holds perm on the project at the
+// canonical path project.
+func Require(r *http.Request, perm iam.Perm, project string) error {
+	return who(r).require(perm, project)
+}
+
 func (s *Server) caller(ctx context.Context, header string) (*caller, error) {
 	token, err := iam.ParseBearer(header)
 	if err != nil {

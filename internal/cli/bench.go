@@ -177,6 +177,46 @@ func (a *app) newBenchCmd() *cobra.Command {
 	nf.IntVar(&nc.Downloads, "downloads", 5, "downloads each way")
 	cmd.AddCommand(network)
 	cmd.AddCommand(a.newBenchIAMCmd())
+	cmd.AddCommand(a.newBenchPlacementCmd())
+	return cmd
+}
+
+// newBenchPlacementCmd returns `corral bench placement`: the cluster placement engine on
+// simulated edges (no server, no sandboxes): latency and load imbalance for K = 1, 2 and all.
+func (a *app) newBenchPlacementCmd() *cobra.Command {
+	var cfg bench.PlacementConfig
+	cmd := &cobra.Command{
+		Use:   "placement",
+		Short: "Placement latency and load imbalance on simulated clusters for K = 1 (random), 2 and all (least loaded), one and two replicas (local, no server)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := bench.Placement(cmd.Context(), cfg, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(res)
+			}
+			t := newTable(a.stdout, "NODES", "K", "VARIANT", "PLACED", "p50 µs", "p99 µs", "IMBALANCE", "MAX LOAD", "FAILURES", "REFUSALS")
+			for _, r := range res.Runs {
+				t.row(fmt.Sprint(r.Nodes), r.K, r.Variant, fmt.Sprint(r.Placements), fmt.Sprintf("%.2f", r.Latency.P50),
+					fmt.Sprintf("%.2f", r.Latency.P99), fmt.Sprintf("%.3f", r.Imbalance), fmt.Sprintf("%.3f", r.MaxLoad),
+					fmt.Sprint(r.Failures), fmt.Sprint(r.Refusals))
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "\nfilled to mean load %.2f, edges report every %d placements, seed %d; imbalance = max load / mean load; %d CPUs\n",
+				res.Fill, res.ReportEvery, res.Seed, res.CPUs)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntSliceVar(&cfg.Nodes, "nodes", []int{1000, 10_000}, "simulated cluster sizes, each run separately")
+	f.Float64Var(&cfg.Fill, "fill", 0.5, "stop when the mean node load reaches this")
+	f.IntVar(&cfg.ReportEvery, "report-every", 100, "edges report their usage every this many placements")
+	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the sandbox sizes and the placers")
+	f.IntVar(&cfg.MaxTries, "max-tries", 3, "nodes tried per sandbox when edges refuse")
 	return cmd
 }
 

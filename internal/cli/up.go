@@ -9,6 +9,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/daemon"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // newUpCmd returns `corral up`: the API server and this host's edge in one process.
@@ -25,25 +26,37 @@ SIGTERM or SIGINT shut it down cleanly; running sandboxes keep running and are
 re-adopted at the next start, as they are after a crash.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var level slog.Level
-			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
-			}
-			hopts := &slog.HandlerOptions{Level: level}
-			var h slog.Handler = slog.NewTextHandler(cmd.ErrOrStderr(), hopts)
-			switch logFormat {
-			case "json":
-				h = slog.NewJSONHandler(cmd.ErrOrStderr(), hopts)
-			case "text":
-			default:
-				return fmt.Errorf("--log-format must be text or json, not %q", logFormat)
+			log, err := newLogger(cmd, logFormat, logLevel)
+			if err != nil {
+				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return daemon.Run(ctx, cfg, slog.New(h), nil)
+			return daemon.Run(ctx, cfg, log, nil)
 		},
 	}
-	f := cmd.Flags()
+	addDaemonFlags(cmd.Flags(), &cfg, &logFormat, &logLevel)
+	return cmd
+}
+
+// newLogger makes the daemons' logger from --log-format and --log-level.
+func newLogger(cmd *cobra.Command, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	hopts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), hopts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), hopts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}
+
+// addDaemonFlags adds the flags of a host's daemon (`corral up`, `corral edge`) to f.
+func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *string) {
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral", "directory for the store, layers, sandbox state and admin.token")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address of the API")
 	f.StringVar(&cfg.Node, "node", "local", "this host's name in sandbox IDs (1-16 lowercase letters or digits)")
@@ -66,7 +79,6 @@ re-adopted at the next start, as they are after a crash.`,
 	f.StringVar(&cfg.Net.Services, "services", "", `service catalog file: {"services": {"NAME": {"domains": [...], "addresses": [...]}}}`)
 	f.StringArrayVar(&cfg.Net.DNSUpstreams, "dns-upstream", nil, "resolver that allowed names are forwarded to, ADDR[:PORT] (repeatable; default: /etc/resolv.conf)")
 	f.IntVar(&cfg.Net.MaxRules, "net-max-rules", 0, "most allow and deny rules one policy may have (default 256)")
-	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
-	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	return cmd
+	f.StringVar(logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 }

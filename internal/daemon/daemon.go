@@ -72,6 +72,9 @@ type Config struct {
 	KeepExitedFor      time.Duration
 	// AuditRetention is how long audit entries are kept. Default 90 days.
 	AuditRetention time.Duration
+	// Cluster, when set, makes this an edge of a cluster (`corral edge`): Store is then the
+	// cluster's PostgreSQL, and the node registers and heartbeats there.
+	Cluster *ClusterConfig
 	// Net configures sandbox networking.
 	Net NetConfig
 }
@@ -94,6 +97,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.AuditRetention == 0 {
 		c.AuditRetention = 90 * 24 * time.Hour
+	}
+	if c.Cluster != nil {
+		c.Cluster.setDefaults()
 	}
 }
 
@@ -186,8 +192,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err := st.RecountUsage(ctx); err != nil {
 		return err
 	}
-	if err := ensureAdminToken(ctx, st, filepath.Join(cfg.DataDir, "admin.token"), log); err != nil {
-		return err
+	if cfg.Cluster == nil { // a cluster's first server writes the admin token
+		if err := EnsureAdminToken(ctx, st, filepath.Join(cfg.DataDir, "admin.token"), log); err != nil {
+			return err
+		}
 	}
 	if cfg.BlobStore == "" {
 		cfg.BlobStore = "dir:" + filepath.Join(cfg.DataDir, "blobs")
@@ -237,6 +245,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		netOff = "corral up --no-net"
 	}
 	defer nw.close()
+	var node *corral.Node
+	if cfg.Cluster != nil {
+		// Before the edge writes anything: its writes are fenced with this incarnation's epoch.
+		runtimes := []string{edge.RuntimeRunc}
+		if _, err := rt.GVisor(); err == nil {
+			runtimes = append(runtimes, edge.RuntimeGVisor)
+		}
+		if node, err = registerNode(ctx, cfg, st, runtimes, log); err != nil {
+			return err
+		}
+	}
 	e, err := edge.New(edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
@@ -277,8 +296,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(lis) }()
+	if node != nil {
+		go func() {
+			if err := heartbeat(ctx, cfg, st, node.Epoch, log); err != nil {
+				errc <- err
+			}
+		}()
+	}
 	log.Info("corral is up", "listen", lis.Addr().String(), "data_dir", cfg.DataDir,
 		"runc", runcVersion, "agent", cfg.Agent, "version", Version)
 	if ready != nil {
@@ -286,6 +312,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	select {
 	case err := <-errc:
+		if errors.Is(err, store.ErrFenced) {
+			log.Error("stopping: another incarnation holds this node, or it was declared lost; restart to register again", "err", err)
+			return err
+		}
 		return fmt.Errorf("serve API: %w", err)
 	case <-ctx.Done():
 	}
@@ -298,8 +328,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	return nil
 }
 
-// ensureAdminToken makes sure the root principal has a token and that adminPath holds one.
-func ensureAdminToken(ctx context.Context, st *store.Store, adminPath string, log *slog.Logger) error {
+// EnsureAdminToken makes sure the root principal has a token and that adminPath holds one.
+func EnsureAdminToken(ctx context.Context, st *store.Store, adminPath string, log *slog.Logger) error {
 	if b, err := os.ReadFile(adminPath); err == nil {
 		tok := strings.TrimSpace(string(b))
 		if t, err := st.TokenByHash(ctx, apiserver.HashToken(tok)); err == nil && t.Principal == store.RootPrincipal && t.RevokedAt.IsZero() {

@@ -731,11 +731,24 @@ func (e *NoFitError) Unwrap() error {
 	return errdefs.ErrUnavailable
 }
 
-// Error reads like "no node can take this sandbox (2 CPUs, 4 GiB memory, 10 GiB disk): 3 nodes:
-// 1 not ready (1 cordoned), 2 lack tier microvm".
+// Error reads like "no node can take this sandbox (2 CPUs, 4 GiB memory): 3 nodes: 1 not ready
+// (1 cordoned), 2 lack tier microvm". Sizes of zero are left out.
 func (e *NoFitError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "no node can take this sandbox (%s CPUs, %s memory, %s disk)", fmtCPUs(e.req.CPUs), fmtBytes(e.req.MemoryBytes), fmtBytes(e.req.DiskBytes))
+	b.WriteString("no node can take this sandbox")
+	var size []string
+	if e.req.CPUs > 0 {
+		size = append(size, fmtCPUs(e.req.CPUs))
+	}
+	if e.req.MemoryBytes > 0 {
+		size = append(size, fmtBytes(e.req.MemoryBytes)+" memory")
+	}
+	if e.req.DiskBytes > 0 {
+		size = append(size, fmtBytes(e.req.DiskBytes)+" disk")
+	}
+	if len(size) > 0 {
+		fmt.Fprintf(&b, " (%s)", strings.Join(size, ", "))
+	}
 	if e.Nodes == 0 {
 		b.WriteString(": the cluster has no nodes")
 		return b.String()
@@ -775,7 +788,7 @@ func (e *NoFitError) Error() string {
 		avoids[i] = fmtSelector(s)
 	}
 	part(FilterAvoid, "in node groups the project avoids (%s)", strings.Join(avoids, " or "))
-	part(FilterCPU, "%s room for %s CPUs", one(FilterCPU, "lacks", "lack"), fmtCPUs(e.req.CPUs))
+	part(FilterCPU, "%s room for %s", one(FilterCPU, "lacks", "lack"), fmtCPUs(e.req.CPUs))
 	part(FilterMemory, "%s room for %s memory", one(FilterMemory, "lacks", "lack"), fmtBytes(e.req.MemoryBytes))
 	part(FilterDisk, "%s room for %s disk", one(FilterDisk, "lacks", "lack"), fmtBytes(e.req.DiskBytes))
 	part(FilterSandboxes, "%s at %s sandbox limit", one(FilterSandboxes, "is", "are"), one(FilterSandboxes, "its", "their"))
@@ -808,7 +821,12 @@ func fmtSelector(s Selector) string {
 	return strings.Join(parts, ",")
 }
 
-func fmtCPUs(c float64) string { return fmt.Sprintf("%g", c) }
+func fmtCPUs(c float64) string {
+	if c == 1 {
+		return "1 CPU"
+	}
+	return fmt.Sprintf("%g CPUs", c)
+}
 
 func fmtBytes(b int64) string {
 	const mib, gib = 1 << 20, 1 << 30

@@ -115,18 +115,6 @@ func checkEpoch(ctx context.Context, q querier, name string, epoch int64) error 
 	return err
 }
 
-// PutSandboxFenced is PutSandbox for an edge in cluster mode: the write happens only while epoch
-// is still the node's incarnation, so an edge that was paused or cut off while its node was
-// declared lost cannot bring its sandboxes back to life.
-func (s *Store) PutSandboxFenced(ctx context.Context, sb *Sandbox, epoch int64) error {
-	return s.tx(ctx, func(tx *Tx) error {
-		if err := checkEpoch(ctx, tx, sb.Node, epoch); err != nil {
-			return err
-		}
-		return putSandbox(ctx, tx, sb)
-	})
-}
-
 // ListNodes returns the nodes by name.
 func (s *Store) ListNodes(ctx context.Context) ([]corral.Node, error) {
 	rows, err := s.rdb.QueryContext(ctx, `SELECT `+nodeCols+` FROM nodes ORDER BY name`)
@@ -241,4 +229,16 @@ func (s *Store) SweepLostNodes(ctx context.Context, grace time.Duration) ([]stri
 		return nil, 0, fmt.Errorf("sweep lost nodes: %w", err)
 	}
 	return lost, failed, nil
+}
+
+// NodeUsage sums what the live sandboxes of node use (their limits), for its heartbeat.
+func (s *Store) NodeUsage(ctx context.Context, node string) (corral.Resources, error) {
+	var u corral.Resources
+	err := s.rdb.QueryRowContext(ctx, `SELECT COUNT(*), CAST(COALESCE(SUM(cpus), 0) AS REAL), CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT),
+		CAST(COALESCE(SUM(disk_bytes), 0) AS BIGINT) FROM sandboxes WHERE node = ? AND state IN `+liveStatesSQL, node).
+		Scan(&u.Sandboxes, &u.CPUs, &u.MemoryBytes, &u.DiskBytes)
+	if err != nil {
+		return u, fmt.Errorf("usage of node %s: %w", node, err)
+	}
+	return u, nil
 }

@@ -54,8 +54,9 @@ func TestNodeLeases(t *testing.T) {
 		if err := s.AdmitSandbox(ctx, sb, nil); err != nil {
 			t.Fatal(err)
 		}
+		s.Fence("edge-1", 3)
 		sb.State = corral.StateRunning
-		if err := s.PutSandboxFenced(ctx, sb, 3); err != nil {
+		if err := s.PutSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
 		// The lease runs out; the sweep declares the node lost.
@@ -80,10 +81,15 @@ func TestNodeLeases(t *testing.T) {
 		if err := s.Heartbeat(ctx, "edge-1", 4, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
 			t.Errorf("heartbeat after the loss: %v", err)
 		}
+		s.Fence("edge-1", 4)
 		sb.State = corral.StateRunning
-		if err := s.PutSandboxFenced(ctx, sb, 4); !errors.Is(err, ErrFenced) {
+		if err := s.PutSandbox(ctx, sb); !errors.Is(err, ErrFenced) {
 			t.Errorf("a write after the loss: %v", err)
 		}
+		if err := s.AdmitSandbox(ctx, &Sandbox{Sandbox: corral.Sandbox{ID: "sb-x", Node: "edge-1", State: corral.StateCreating}, ProjectID: p.ID}, nil); !errors.Is(err, ErrFenced) {
+			t.Errorf("an admission after the loss: %v", err)
+		}
+		s.Fence("", 0)
 		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeReady); err == nil {
 			t.Error("uncordoned a lost node")
 		}

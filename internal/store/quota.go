@@ -502,6 +502,9 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency)
 		sb.ProjectID = RootProjectID
 	}
 	err := s.tx(ctx, func(tx *Tx) error {
+		if err := s.checkFence(ctx, tx, sb); err != nil {
+			return err
+		}
 		if key != nil {
 			if err := lookupIdempotency(ctx, tx, key); err != nil {
 				return err

@@ -36,6 +36,27 @@ import (
 type Store struct {
 	db  *conn // SQLite: the one writer connection (writes and transactions); PostgreSQL: the pool
 	rdb *conn // SQLite: reader connections for single reads outside transactions, concurrent with the writer (WAL); PostgreSQL: db
+	// fence, set once by an edge in cluster mode (Fence), conditions every write of its node's
+	// sandbox records on its incarnation.
+	fence struct {
+		node  string
+		epoch int64
+	}
+}
+
+// Fence makes every later write of a sandbox record of node conditional on epoch being the
+// node's incarnation (ErrFenced otherwise): a cluster edge calls it once, after registering.
+func (s *Store) Fence(node string, epoch int64) {
+	s.fence.node, s.fence.epoch = node, epoch
+}
+
+// checkFence fails with ErrFenced when sb belongs to this store's fenced node and its epoch has
+// moved on.
+func (s *Store) checkFence(ctx context.Context, tx *Tx, sb *Sandbox) error {
+	if s.fence.node == "" || sb.Node != s.fence.node {
+		return nil
+	}
+	return checkEpoch(ctx, tx, s.fence.node, s.fence.epoch)
 }
 
 // Sandbox is a sandbox's durable record: its API view plus what the edge needs to rebuild it.
@@ -362,7 +383,12 @@ func (s *Store) tx1(ctx context.Context, fn func(*Tx) error) error {
 
 // PutSandbox inserts or replaces a sandbox record. New sandboxes go through AdmitSandbox.
 func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
-	return s.tx(ctx, func(tx *Tx) error { return putSandbox(ctx, tx, sb) })
+	return s.tx(ctx, func(tx *Tx) error {
+		if err := s.checkFence(ctx, tx, sb); err != nil {
+			return err
+		}
+		return putSandbox(ctx, tx, sb)
+	})
 }
 
 // putSandbox writes a sandbox row and moves its share of the usage counters when it becomes live,
@@ -1114,6 +1140,17 @@ func (s *Store) GetSetting(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("get setting %s: %w", key, err)
 	}
 	return []byte(doc), nil
+}
+
+// PutSettingIfAbsent stores the setting key unless it exists, and reports whether it did: of
+// several processes racing to set it, exactly one does.
+func (s *Store) PutSettingIfAbsent(ctx context.Context, key string, doc []byte) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `INSERT INTO settings (key, doc) VALUES (?, ?) ON CONFLICT (key) DO NOTHING`, key, string(doc))
+	if err != nil {
+		return false, fmt.Errorf("put setting %s: %w", key, err)
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
 }
 
 // PutSetting stores the operator setting key.

@@ -1,6 +1,11 @@
 package corral
 
-import "time"
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+)
 
 // Node states. Only ready nodes take new sandboxes; draining ones also move theirs away
 // (cluster mode); lost ones missed their lease and their sandboxes failed with node_lost.
@@ -37,4 +42,16 @@ type Node struct {
 	HeartbeatAt    time.Time `json:"heartbeat_at"`
 	LeaseExpiresAt time.Time `json:"lease_expires_at"`
 	RegisteredAt   time.Time `json:"registered_at"`
+}
+
+// Nodes lists a cluster's nodes (operator; served by `corral server`).
+func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
+	var out []Node
+	return out, c.do(ctx, request{method: http.MethodGet, path: "/v1/nodes"}, &out)
+}
+
+// NodeAction cordons, drains or uncordons a node (action "cordon", "drain" or "uncordon").
+func (c *Client) NodeAction(ctx context.Context, name, action string) (*Node, error) {
+	var out Node
+	return &out, c.do(ctx, request{method: http.MethodPost, path: "/v1/nodes/" + url.PathEscape(name) + "/" + url.PathEscape(action)}, &out)
 }

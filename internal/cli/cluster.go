@@ -1,0 +1,219 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-dev/corral/internal/cluster"
+	"github.com/corral-dev/corral/internal/daemon"
+)
+
+// newServerCmd returns `corral server`: a stateless replica in front of a cluster's edges.
+func newServerCmd() *cobra.Command {
+	var cfg cluster.Config
+	var logFormat, logLevel string
+	cmd := &cobra.Command{
+		Use:   "server --store postgres://... [flags]",
+		Short: "Run a cluster's API replica: placement, routing to edges, node watching",
+		Long: `Run one replica of a cluster's API. Any number of replicas share one PostgreSQL store;
+each host runs ` + "`corral edge`" + `, which joins with the join token.
+
+The first replica to find an empty store writes <data-dir>/admin.token and <data-dir>/join.token
+(mode 0600); later replicas just serve.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return cluster.Run(ctx, cfg, log, nil)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral-server", "directory for admin.token and join.token (written by the replica that bootstraps the store)")
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address of the API")
+	f.StringVar(&cfg.Store, "store", "", "the cluster's PostgreSQL: postgres://USER@HOST:PORT/DB?sslmode=disable (required)")
+	f.StringVar(&cfg.BlobStore, "blob-store", "", "the cluster's layer store, handed to joining edges: dir:/SHARED/PATH or s3://BUCKET[/PREFIX]?endpoint=URL")
+	f.DurationVar(&cfg.LeaseGrace, "lease-grace", 0, "how long past its lease a node is declared lost and its sandboxes failed (default 10s)")
+	f.IntVar(&cfg.K, "placement-k", 0, "nodes sampled per placement, the least loaded wins (default 2; 1 random; -1 all)")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	cmd.MarkFlagRequired("store")
+	return cmd
+}
+
+// newEdgeCmd returns `corral edge`: one host of a cluster.
+func newEdgeCmd() *cobra.Command {
+	cfg := daemon.Config{Cluster: &daemon.ClusterConfig{}}
+	var logFormat, logLevel, serverURL, joinFile, advertise string
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "edge --server URL --join-token FILE --name NAME [flags]",
+		Short: "Run a cluster's edge on this host: join, hold the node's lease, run its sandboxes",
+		Long: `Run this host as an edge of a cluster: join through a server with the join token, register
+the node in the cluster's store (a new incarnation with a higher epoch each start), heartbeat,
+and run sandboxes exactly as ` + "`corral up`" + ` does. If the node's lease is lost (a newer
+incarnation, or the servers declared it lost) the edge stops; start it again to re-register.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			for _, l := range labels {
+				k, v, ok := strings.Cut(l, "=")
+				if !ok || k == "" {
+					return usagef("--label %q: want KEY=VALUE", l)
+				}
+				if cfg.Cluster.Labels == nil {
+					cfg.Cluster.Labels = map[string]string{}
+				}
+				cfg.Cluster.Labels[k] = v
+			}
+			cfg.Cluster.URL = advertise
+			if cfg.Cluster.URL == "" {
+				host, port, err := net.SplitHostPort(cfg.Listen)
+				if err != nil || host == "" || host == "0.0.0.0" || host == "::" {
+					return usagef("--advertise URL is needed when --listen (%q) names no single host", cfg.Listen)
+				}
+				cfg.Cluster.URL = "http://" + net.JoinHostPort(host, port)
+			}
+			tok, err := os.ReadFile(joinFile)
+			if err != nil {
+				return fmt.Errorf("read the join token: %w", err)
+			}
+			j, err := joinCluster(cmd.Context(), serverURL, strings.TrimSpace(string(tok)))
+			if err != nil {
+				return err
+			}
+			if cfg.Store == "" {
+				cfg.Store = j.Store
+			}
+			if cfg.BlobStore == "" {
+				cfg.BlobStore = j.BlobStore
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return daemon.Run(ctx, cfg, log, nil)
+		},
+	}
+	addDaemonFlags(cmd.Flags(), &cfg, &logFormat, &logLevel)
+	f := cmd.Flags()
+	f.StringVar(&serverURL, "server", "", "a server of the cluster, http://HOST:PORT (required)")
+	f.StringVar(&joinFile, "join-token", "", "file holding the cluster's join token (required)")
+	f.StringVar(&cfg.Node, "name", "", "this node's name, also in its sandboxes' IDs (1-16 lowercase letters or digits; required)")
+	f.StringVar(&advertise, "advertise", "", "URL the servers reach this edge at (default http://LISTEN)")
+	f.StringArrayVar(&labels, "label", nil, "node label KEY=VALUE for placement, e.g. kvm=true (repeatable)")
+	f.DurationVar(&cfg.Cluster.LeaseTTL, "lease-ttl", 0, "how long one heartbeat holds the node's lease (default 15s)")
+	f.IntVar(&cfg.Cluster.Sandboxes, "max-sandboxes", 0, "sandboxes placement may put here (default 1000)")
+	f.MarkHidden("node") // --name says it for an edge
+	for _, req := range []string{"server", "join-token", "name"} {
+		cmd.MarkFlagRequired(req)
+	}
+	return cmd
+}
+
+// joinCluster presents the join token to a server and returns where the cluster keeps its state.
+func joinCluster(ctx context.Context, server, token string) (*cluster.JoinResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(server, "/")+"/v1/cluster/join", bytes.NewReader(nil))
+	if err != nil {
+		return nil, fmt.Errorf("join %s: %w", server, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("join %s: %w", server, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("join %s: %s: %s", server, resp.Status, strings.TrimSpace(string(body)))
+	}
+	var j cluster.JoinResponse
+	if err := json.Unmarshal(body, &j); err != nil || j.Store == "" {
+		return nil, fmt.Errorf("join %s: unexpected answer %q", server, body)
+	}
+	return &j, nil
+}
+
+// newNodeCmd returns `corral node`: the cluster's nodes (through a server).
+func (a *app) newNodeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "List a cluster's nodes; cordon, drain or uncordon one",
+		Args:  exactArgs(0, "a subcommand: ls, cordon, drain or uncordon"),
+		RunE:  func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+	}
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the nodes: state, incarnation, capacity and use",
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(nonNil(list))
+			}
+			now := a.now()
+			t := newTable(a.stdout, "NAME", "STATE", "EPOCH", "SANDBOXES", "CPUS", "MEMORY", "HEARTBEAT", "URL")
+			for _, n := range list {
+				t.row(n.Name, n.State, fmt.Sprint(n.Epoch), fmt.Sprintf("%d/%d", n.Used.Sandboxes, n.Capacity.Sandboxes),
+					fmt.Sprintf("%g/%g", n.Used.CPUs, n.Capacity.CPUs), fmt.Sprintf("%s/%s", bytesOrZero(n.Used.MemoryBytes), bytesOrZero(n.Capacity.MemoryBytes)),
+					relTime(n.HeartbeatAt, now), n.URL)
+			}
+			return t.flush()
+		},
+	}
+	cmd.AddCommand(ls)
+	for _, action := range []string{"cordon", "drain", "uncordon"} {
+		short := map[string]string{
+			"cordon":   "Keep new sandboxes off a node (its own keep running)",
+			"drain":    "Keep new sandboxes off a node while its sandboxes end",
+			"uncordon": "Let a cordoned or draining node take new sandboxes again",
+		}[action]
+		cmd.AddCommand(&cobra.Command{
+			Use:   action + " NAME",
+			Short: short,
+			Args:  exactArgs(1, "a node name"),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := a.client()
+				if err != nil {
+					return err
+				}
+				n, err := c.NodeAction(cmd.Context(), args[0], action)
+				if err != nil {
+					return err
+				}
+				if a.jsonOut() {
+					return a.printJSON(n)
+				}
+				_, err = fmt.Fprintf(a.stdout, "%s: %s\n", n.Name, n.State)
+				return err
+			},
+		})
+	}
+	return cmd
+}

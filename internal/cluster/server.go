@@ -1,0 +1,458 @@
+// Package cluster is `corral server`: the stateless front of a cluster of edges. Any number of
+// replicas serve one PostgreSQL store; each edge (`corral edge`) runs the sandboxes of its host
+// and serves them through the same API as `corral up`.
+//
+// A server replica does three things and keeps no state of its own:
+//   - placement: a create goes to a ready node chosen by power-of-k choice on the load the
+//     nodes' heartbeats report plus this replica's own placements not yet reported
+//     (internal/placement); a node that is unreachable or unavailable is excluded and another
+//     tried;
+//   - routing: a sandbox's ID names its node, so every request about it goes straight there;
+//     everything else (identity, layers, environments, listings) goes to any ready edge, since
+//     every edge serves the one shared store and blob store;
+//   - watching: nodes whose lease ran out past the grace period are declared lost (store:
+//     SweepLostNodes), their sandboxes fail with node_lost and their quota is given back.
+//
+// Users' tokens are checked by the edge that serves the request (the shared store holds them);
+// the server checks them itself only for its own routes (nodes). Edges join with the join token
+// and then hold a lease in the store.
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/daemon"
+	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/placement"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Config configures `corral server`.
+type Config struct {
+	DataDir   string // holds admin.token and join.token when this replica bootstraps the store
+	Listen    string
+	Store     string // postgres://...
+	BlobStore string // handed to joining edges
+	// LeaseGrace is how long past its lease a node is declared lost (default 10s).
+	LeaseGrace time.Duration
+	// K is placement's sample size (default 2; 1 random; -1 least loaded of all).
+	K int
+	// MaxTries bounds the nodes one create is tried on (default 3).
+	MaxTries int
+}
+
+func (c *Config) setDefaults() {
+	if c.LeaseGrace == 0 {
+		c.LeaseGrace = 10 * time.Second
+	}
+	if c.MaxTries == 0 {
+		c.MaxTries = 3
+	}
+}
+
+// joinSetting holds the hash of the cluster's join token.
+const joinSetting = "cluster.join"
+
+// JoinResponse is what a joining edge learns: where the cluster keeps its state and layers.
+type JoinResponse struct {
+	Store     string `json:"store"`
+	BlobStore string `json:"blob_store"`
+}
+
+// Server is one replica.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	store  *store.Store
+	api    *apiserver.Server // authentication for the server's own routes
+	placer *placement.Placer
+	client *http.Client
+
+	mu      sync.Mutex
+	nodes   []corral.Node // the last read of the nodes table
+	readAt  time.Time
+	proxies map[string]*httputil.ReverseProxy // by node URL
+	rr      atomic.Uint64
+}
+
+// Run serves until ctx ends. ready, if not nil, receives the listen address once serving.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string) error {
+	cfg.setDefaults()
+	if !store.IsPostgres(cfg.Store) {
+		return errdefs.Invalid("store", "corral server needs a PostgreSQL store shared by every replica and edge (postgres://USER@HOST:PORT/DB?sslmode=disable)")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	st, err := store.Open(ctx, cfg.Store)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := bootstrap(ctx, cfg, st, log); err != nil {
+		return err
+	}
+	placer, err := placement.New(placement.Config{K: cfg.K})
+	if err != nil {
+		return err
+	}
+	s := &Server{
+		cfg: cfg, log: log, store: st, placer: placer,
+		api:     apiserver.New(log, st, nil, nil, corral.Info{}),
+		client:  &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext, MaxIdleConnsPerHost: 64}},
+		proxies: map[string]*httputil.ReverseProxy{},
+	}
+	go s.watch(ctx)
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.Info("corral server is up", "listen", lis.Addr().String(), "k", cfg.K, "lease_grace", cfg.LeaseGrace)
+	if ready != nil {
+		ready <- lis.Addr().String()
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	return nil
+}
+
+// bootstrap makes the first replica on an empty store write the admin and join tokens into its
+// data dir; later replicas find the join token's hash set and just serve.
+func bootstrap(ctx context.Context, cfg Config, st *store.Store, log *slog.Logger) error {
+	secret, _ := iam.NewToken()
+	sum := sha256.Sum256([]byte(secret))
+	created, err := st.PutSettingIfAbsent(ctx, joinSetting, []byte(`"`+hex.EncodeToString(sum[:])+`"`))
+	if err != nil || !created {
+		return err
+	}
+	if err := daemon.EnsureAdminToken(ctx, st, filepath.Join(cfg.DataDir, "admin.token"), log); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(cfg.DataDir, "join.token"), []byte(secret+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write join token: %w", err)
+	}
+	log.Info("bootstrapped the cluster store", "admin_token", filepath.Join(cfg.DataDir, "admin.token"), "join_token", filepath.Join(cfg.DataDir, "join.token"))
+	return nil
+}
+
+// Handler returns the replica's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("POST /v1/cluster/join", s.join)
+	nodes := http.NewServeMux()
+	nodes.HandleFunc("GET /v1/nodes", func(w http.ResponseWriter, r *http.Request) {
+		if err := apiserver.Require(r, iam.Operator, ""); err != nil {
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+		list, err := s.store.ListNodes(r.Context())
+		if err != nil {
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, list)
+	})
+	nodes.HandleFunc("POST /v1/nodes/{name}/{action}", s.nodeAction)
+	mux.Handle("/v1/nodes", s.api.Authenticated(nodes))
+	mux.Handle("/v1/nodes/", s.api.Authenticated(nodes))
+	mux.HandleFunc("POST /v1/sandboxes", s.create)
+	mux.HandleFunc("/v1/sandboxes/{id}", s.toOwner)
+	mux.HandleFunc("/v1/sandboxes/{id}/", s.toOwner)
+	mux.HandleFunc("/", s.toAny)
+	return mux
+}
+
+// join answers an edge that presents the join token with the cluster's store and blob store.
+func (s *Server) join(w http.ResponseWriter, r *http.Request) {
+	tok, err := iam.ParseBearer(r.Header.Get("Authorization"))
+	var want string
+	if err == nil {
+		var raw []byte
+		if raw, err = s.store.GetSetting(r.Context(), joinSetting); err == nil {
+			err = json.Unmarshal(raw, &want)
+		}
+	}
+	sum := sha256.Sum256([]byte(tok))
+	if err != nil || subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(want)) != 1 {
+		httpjson.Error(w, r, s.log, fmt.Errorf("not the cluster's join token: %w", errdefs.ErrUnauthorized))
+		return
+	}
+	s.log.Info("edge joined", "remote", r.RemoteAddr)
+	httpjson.Write(w, http.StatusOK, JoinResponse{Store: s.cfg.Store, BlobStore: s.cfg.BlobStore})
+}
+
+// nodeAction cordons, drains or uncordons a node (operator).
+func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
+	if err := apiserver.Require(r, iam.Operator, ""); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	state := map[string]string{"cordon": corral.NodeCordoned, "drain": corral.NodeDraining, "uncordon": corral.NodeReady}[r.PathValue("action")]
+	if state == "" {
+		httpjson.Error(w, r, s.log, errdefs.Invalid("action", "%q: want cordon, drain or uncordon", r.PathValue("action")))
+		return
+	}
+	n, err := s.store.SetNodeState(r.Context(), r.PathValue("name"), state)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	s.log.Info("node state set", "node", n.Name, "state", n.State)
+	s.refresh(r.Context(), true)
+	httpjson.Write(w, http.StatusOK, n)
+}
+
+// watch declares lost nodes and keeps the node list fresh until ctx ends.
+func (s *Server) watch(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		lost, failed, err := s.store.SweepLostNodes(ctx, s.cfg.LeaseGrace)
+		switch {
+		case err != nil:
+			s.log.Warn("sweep lost nodes", "err", err)
+		case len(lost) > 0:
+			s.log.Warn("nodes lost: their lease ran out past the grace period", "nodes", lost, "sandboxes_failed", failed, "grace", s.cfg.LeaseGrace)
+		}
+		s.refresh(ctx, true)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// refresh rereads the nodes table when the copy is older than a second (or when forced).
+func (s *Server) refresh(ctx context.Context, force bool) []corral.Node {
+	s.mu.Lock()
+	if !force && time.Since(s.readAt) < time.Second {
+		defer s.mu.Unlock()
+		return s.nodes
+	}
+	s.mu.Unlock()
+	list, err := s.store.ListNodes(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.log.Warn("read the nodes", "err", err)
+		return s.nodes
+	}
+	s.nodes, s.readAt = list, time.Now()
+	return list
+}
+
+// node returns the node named name as last read, reading again if it is not there (it may have
+// joined since).
+func (s *Server) node(ctx context.Context, name string) (corral.Node, bool) {
+	for _, force := range []bool{false, true} {
+		for _, n := range s.refresh(ctx, force) {
+			if n.Name == name {
+				return n, true
+			}
+		}
+	}
+	return corral.Node{}, false
+}
+
+// upNodes returns the nodes that are not lost, reading again when none is (one may have joined
+// since).
+func (s *Server) upNodes(ctx context.Context) []corral.Node {
+	var up []corral.Node
+	for _, force := range []bool{false, true} {
+		for _, n := range s.refresh(ctx, force) {
+			if n.State != corral.NodeLost {
+				up = append(up, n)
+			}
+		}
+		if len(up) > 0 {
+			break
+		}
+	}
+	return up
+}
+
+// proxy returns the reverse proxy to an edge's API.
+func (s *Server) proxy(nodeURL string) (*httputil.ReverseProxy, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.proxies[nodeURL]; ok {
+		return p, nil
+	}
+	u, err := url.Parse(nodeURL)
+	if err != nil {
+		return nil, fmt.Errorf("node URL %q: %w", nodeURL, err)
+	}
+	p := &httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.Out.Host = pr.In.Host },
+		Transport:     s.client.Transport,
+		FlushInterval: -1, // streams (exec output, attach) pass through as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			httpjson.Error(w, r, s.log, errdefs.Unavailable("edge %s did not answer: %v", u.Host, err))
+		},
+	}
+	s.proxies[nodeURL] = p
+	return p, nil
+}
+
+// toOwner sends a request about one sandbox to the node that runs it. A lost node's records are
+// still read (from any edge: they share the store); anything else about its sandboxes is 503.
+func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !edge.ValidID(id) {
+		httpjson.Error(w, r, s.log, errdefs.Invalid("id", "%q is not a sandbox ID (sb-NODE-XXXXXXXXXXXXXXXX)", id))
+		return
+	}
+	name := edge.NodeOf(id)
+	n, ok := s.node(r.Context(), name)
+	switch {
+	case !ok:
+		httpjson.Error(w, r, s.log, errdefs.NotFound("sandbox %s (no node %s in this cluster)", id, name))
+		return
+	case n.State == corral.NodeLost && r.Method == http.MethodGet && r.URL.Path == "/v1/sandboxes/"+id:
+		s.toAny(w, r)
+		return
+	case n.State == corral.NodeLost:
+		httpjson.Error(w, r, s.log, errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes failed with %s)", id, name, corral.ReasonNodeLost))
+		return
+	}
+	p, err := s.proxy(n.URL)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	p.ServeHTTP(w, r)
+}
+
+// toAny sends a request that is not about one sandbox to a ready (or at least not lost) edge,
+// round robin: every edge serves the shared store.
+func (s *Server) toAny(w http.ResponseWriter, r *http.Request) {
+	up := s.upNodes(r.Context())
+	if len(up) == 0 {
+		httpjson.Error(w, r, s.log, errdefs.Unavailable("no edge has joined this cluster, or all are lost (corral node ls)"))
+		return
+	}
+	n := up[s.rr.Add(1)%uint64(len(up))]
+	p, err := s.proxy(n.URL)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	p.ServeHTTP(w, r)
+}
+
+// maxCreateBody bounds a create's body (it is read whole to place it).
+const maxCreateBody = 1 << 20
+
+// create places a new sandbox and forwards its create to the chosen node, trying another when a
+// node does not answer or answers that it is unavailable.
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCreateBody))
+	if err != nil {
+		httpjson.Error(w, r, s.log, errdefs.Invalid("body", "read the request (at most 1 MiB): %v", err))
+		return
+	}
+	var req corral.CreateRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		httpjson.Error(w, r, s.log, errdefs.Invalid("body", "not a create request: %v", err))
+		return
+	}
+	preq := placement.Request{Tier: req.Tier, Runtime: req.Runtime, CPUs: req.Limits.CPUs, MemoryBytes: req.Limits.MemoryBytes, DiskBytes: req.Limits.DiskBytes}
+	if preq.Tier == "" {
+		preq.Tier = "container"
+	}
+	if preq.CPUs == 0 {
+		preq.CPUs = 1 // the edges' default limits
+	}
+	if preq.MemoryBytes == 0 {
+		preq.MemoryBytes = 512 << 20
+	}
+	nodes := placementNodes(s.upNodes(r.Context()))
+	var resp *http.Response
+	node, err := s.placer.PlaceWithRetry(r.Context(), preq, nodes, func(ctx context.Context, name string) error {
+		n, _ := s.node(ctx, name)
+		out, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(n.URL, "/")+"/v1/sandboxes", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		out.Header = r.Header.Clone()
+		resp, err = s.client.Do(out)
+		if err != nil {
+			s.log.Warn("node did not take a create; trying another", "node", name, "err", err)
+			return fmt.Errorf("node %s: %v: %w", name, err, placement.ErrRefused)
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			resp.Body.Close()
+			return fmt.Errorf("node %s is unavailable: %w", name, placement.ErrRefused)
+		}
+		return nil
+	}, s.cfg.MaxTries)
+	if err != nil {
+		var nofit *placement.NoFitError
+		if errors.As(err, &nofit) {
+			err = errdefs.Unavailable("%v", err)
+		}
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	defer resp.Body.Close()
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.Header().Set("Corral-Node", node)
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+}
+
+// placementNodes converts the nodes table for placement.
+func placementNodes(list []corral.Node) []placement.Node {
+	out := make([]placement.Node, 0, len(list))
+	res := func(r corral.Resources) placement.Resources {
+		return placement.Resources{CPUs: r.CPUs, MemoryBytes: r.MemoryBytes, DiskBytes: r.DiskBytes, Sandboxes: r.Sandboxes}
+	}
+	for _, n := range list {
+		out = append(out, placement.Node{
+			Name: n.Name, State: placement.State(n.State), Tiers: n.Tiers, Runtimes: n.Runtimes, Labels: n.Labels,
+			Capacity: res(n.Capacity), Used: res(n.Used), ReportedAt: n.HeartbeatAt,
+		})
+	}
+	return out
+}

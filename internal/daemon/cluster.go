@@ -1,0 +1,105 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// ClusterConfig makes `corral up` an edge of a cluster (`corral edge`): it registers its node in
+// the cluster's store, holds the node's lease by heartbeats, and writes its sandboxes' records
+// under its incarnation's fence.
+type ClusterConfig struct {
+	// URL is how the cluster's servers reach this edge's API (http://HOST:PORT).
+	URL string
+	// Labels describe the node to placement (gpu=h100, kvm=true).
+	Labels map[string]string
+	// LeaseTTL is how long a heartbeat holds the lease (default 15s; heartbeats every third).
+	LeaseTTL time.Duration
+	// Sandboxes caps how many sandboxes placement puts here (default 1000).
+	Sandboxes int
+}
+
+func (c *ClusterConfig) setDefaults() {
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 15 * time.Second
+	}
+	if c.Sandboxes == 0 {
+		c.Sandboxes = 1000
+	}
+}
+
+// registerNode starts this edge's incarnation and fences the store's writes with its epoch.
+func registerNode(ctx context.Context, cfg Config, st *store.Store, runtimes []string, log *slog.Logger) (*corral.Node, error) {
+	n, err := st.RegisterNode(ctx, corral.Node{
+		Name: cfg.Node, URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
+		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes),
+		Tiers:    []string{"container", "fncall"}, Runtimes: runtimes,
+	}, cfg.Cluster.LeaseTTL)
+	if err != nil {
+		return nil, err
+	}
+	st.Fence(cfg.Node, n.Epoch)
+	log.Info("node registered", "epoch", n.Epoch, "state", n.State, "url", n.URL, "capacity", n.Capacity)
+	return n, nil
+}
+
+// heartbeat renews the node's lease until ctx ends. It returns when the node was fenced (a newer
+// incarnation, or declared lost): this process must stop, and register again when restarted.
+func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, log *slog.Logger) error {
+	t := time.NewTicker(cfg.Cluster.LeaseTTL / 3)
+	defer t.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		used, err := st.NodeUsage(ctx, cfg.Node)
+		if err == nil {
+			err = st.Heartbeat(ctx, cfg.Node, epoch, used, cfg.Cluster.LeaseTTL)
+		}
+		switch {
+		case errors.Is(err, store.ErrFenced):
+			return fmt.Errorf("node %s lost its lease (epoch %d): %w", cfg.Node, epoch, err)
+		case err != nil:
+			failures++
+			log.Warn("heartbeat failed; the lease runs out unless one succeeds", "err", err, "failures_in_a_row", failures)
+		default:
+			failures = 0
+		}
+	}
+}
+
+// hostCapacity is what this host offers: its CPUs, memory, the data dir's disk, and a cap on
+// sandboxes.
+func hostCapacity(dataDir string, sandboxes int) corral.Resources {
+	c := corral.Resources{CPUs: float64(runtime.NumCPU()), Sandboxes: sandboxes}
+	if f, err := os.Open("/proc/meminfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				c.MemoryBytes = kb << 10
+			}
+		}
+		f.Close()
+	}
+	var fs syscall.Statfs_t
+	if syscall.Statfs(dataDir, &fs) == nil {
+		c.DiskBytes = int64(fs.Blocks) * int64(fs.Bsize)
+	}
+	return c
+}
