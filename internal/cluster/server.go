@@ -399,11 +399,15 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if preq.Tier == "" {
 		preq.Tier = "container"
 	}
+	// A limit left out takes the edges' default, and is placed as such.
 	if preq.CPUs == 0 {
-		preq.CPUs = 1 // the edges' default limits
+		preq.CPUs = edge.DefaultLimits.CPUs
 	}
 	if preq.MemoryBytes == 0 {
-		preq.MemoryBytes = 512 << 20
+		preq.MemoryBytes = edge.DefaultLimits.MemoryBytes
+	}
+	if preq.DiskBytes == 0 {
+		preq.DiskBytes = edge.DefaultLimits.DiskBytes
 	}
 	nodes := placementNodes(s.upNodes(r.Context()))
 	var resp *http.Response
