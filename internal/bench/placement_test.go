@@ -5,6 +5,9 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/placement"
 )
 
 // TestPlacement runs the placement benchmark on tiny simulated clusters: no server, no root.
@@ -34,6 +37,27 @@ func TestPlacement(t *testing.T) {
 	}
 	if imb["2"] >= imb["1"] {
 		t.Errorf("100 nodes: k=2 imbalance %.3f, want below k=1's %.3f", imb["2"], imb["1"])
+	}
+}
+
+// TestPlacementHerd checks the simulated edges' admission: with reports lagging 1,000 placements
+// and no in-flight accounting, least loaded of all herds onto the emptiest nodes and the edges
+// refuse the excess, so no node ends over full.
+func TestPlacementHerd(t *testing.T) {
+	cfg := PlacementConfig{Nodes: []int{50}, ReportEvery: 1000}.withDefaults()
+	r, err := simulatePlacement(context.Background(), cfg, 50, placement.KAll, 1, time.Nanosecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Refusals == 0 || r.MaxLoad > 1+1e-9 {
+		t.Errorf("got %d refusals and max load %.3f; want refusals and no node over full", r.Refusals, r.MaxLoad)
+	}
+	ok, err := simulatePlacement(context.Background(), cfg, 50, placement.KAll, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok.Refusals != 0 || ok.Imbalance >= r.Imbalance {
+		t.Errorf("with in-flight accounting: %d refusals, imbalance %.3f; want none and below %.3f", ok.Refusals, ok.Imbalance, r.Imbalance)
 	}
 }
 

@@ -419,9 +419,15 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Header = r.Header.Clone()
 		resp, err = s.client.Do(out)
-		if err != nil {
+		if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
+			// The create never reached the node: safe to try another.
 			s.log.Warn("node did not take a create; trying another", "node", name, "err", err)
 			return fmt.Errorf("node %s: %v: %w", name, err, placement.ErrRefused)
+		}
+		if err != nil {
+			// It may have reached the node: trying another could make a second sandbox (a
+			// client's retry with an Idempotency-Key cannot).
+			return errdefs.Unavailable("node %s: %v (the create may have happened; retry with an Idempotency-Key)", name, err)
 		}
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			resp.Body.Close()

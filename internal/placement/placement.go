@@ -246,10 +246,10 @@ func New(cfg Config) (*Placer, error) {
 func (p *Placer) Config() Config { return p.cfg }
 
 // Load is a node's load score for usage used: the largest share of any resource (CPUs, memory,
-// disk, sandboxes) granted, against capacity after overcommit. 1 is full.
+// disk, sandboxes) granted, against capacity after overcommit. 1 is full; an overfull node
+// scores above 1 (+Inf where it uses a resource it has none of).
 func (p *Placer) Load(used, capacity Resources) float64 {
-	s, _ := score(&used, &Resources{}, &Resources{}, &capacity, &p.cfg.Overcommit)
-	return s
+	return load(&used, &capacity, &p.cfg.Overcommit)
 }
 
 // Inflight returns how many placements this Placer still counts in flight.
@@ -654,18 +654,27 @@ func (q *query) static(n *Node) reason {
 // fitSlack absorbs rounding in sums of fractional CPUs.
 const fitSlack = 1e-9
 
-// score returns max over resources of (used+inflight+demand)/(capacity×overcommit), or the first
-// resource that would go over 1.
-func score(used, inflight, demand, capacity *Resources, oc *Overcommit) (float64, reason) {
-	share := func(d, c float64) float64 {
-		if c <= 0 {
-			if d <= 0 {
-				return 0
-			}
-			return math.Inf(1)
+func share(d, c float64) float64 {
+	if c <= 0 {
+		if d <= 0 {
+			return 0
 		}
-		return d / c
+		return math.Inf(1)
 	}
+	return d / c
+}
+
+// load is the load score without the fit check: max over resources of used/(capacity×overcommit).
+func load(used, capacity *Resources, oc *Overcommit) float64 {
+	return max(share(used.CPUs, capacity.CPUs*oc.CPU),
+		share(float64(used.MemoryBytes), float64(capacity.MemoryBytes)*oc.Memory),
+		share(float64(used.DiskBytes), float64(capacity.DiskBytes)*oc.Disk),
+		share(float64(used.Sandboxes), float64(capacity.Sandboxes)))
+}
+
+// score returns the load score with demand placed, max over resources of (used+inflight+demand)/
+// (capacity×overcommit), or the first resource that would go over 1.
+func score(used, inflight, demand, capacity *Resources, oc *Overcommit) (float64, reason) {
 	c := share(used.CPUs+inflight.CPUs+demand.CPUs, capacity.CPUs*oc.CPU)
 	if c > 1+fitSlack {
 		return 0, reasonCPU

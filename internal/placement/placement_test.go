@@ -297,6 +297,7 @@ func TestLoadScore(t *testing.T) {
 		{Resources{CPUs: 128}, 0.5}, // 64 CPUs × 4
 		{Resources{CPUs: 128, MemoryBytes: 192 * gib}, 0.75}, // memory dominates
 		{Resources{Sandboxes: 200}, 1},
+		{Resources{Sandboxes: 300, CPUs: 1}, 1.5}, // overfull scores above 1
 	} {
 		if got := p.Load(tc.used, c); got != tc.want {
 			t.Errorf("Load(%+v) = %v, want %v", tc.used, got, tc.want)
