@@ -63,6 +63,9 @@ type Config struct {
 	K int
 	// MaxTries bounds the nodes one create is tried on (default 3).
 	MaxTries int
+	// Overcommit is how far placement grants each resource beyond a node's capacity (defaults:
+	// CPU 4, memory 1, disk 1; sandbox writable disks are sparse, so disk can often go higher).
+	Overcommit placement.Overcommit
 }
 
 func (c *Config) setDefaults() {
@@ -116,7 +119,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err := bootstrap(ctx, cfg, st, log); err != nil {
 		return err
 	}
-	placer, err := placement.New(placement.Config{K: cfg.K})
+	placer, err := placement.New(placement.Config{K: cfg.K, Overcommit: cfg.Overcommit})
 	if err != nil {
 		return err
 	}
