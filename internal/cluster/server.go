@@ -329,6 +329,15 @@ func (s *Server) proxy(nodeURL string) (*httputil.ReverseProxy, error) {
 		Transport:     s.client.Transport,
 		FlushInterval: -1, // streams (exec output, attach) pass through as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// A sandbox's record is in the shared store: when its node does not answer (it may
+			// have died since the node list was read), any other edge can still show it.
+			if id := r.PathValue("id"); r.Method == http.MethodGet && id != "" && r.URL.Path == "/v1/sandboxes/"+id {
+				if _, dial := errors.AsType[*net.OpError](err); dial {
+					s.refresh(r.Context(), true)
+					s.toAnyExcept(w, r, nodeURL)
+					return
+				}
+			}
 			httpjson.Error(w, r, s.log, errdefs.Unavailable("edge %s did not answer: %v", u.Host, err))
 		},
 	}
@@ -367,10 +376,22 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 
 // toAny sends a request that is not about one sandbox to a ready (or at least not lost) edge,
 // round robin: every edge serves the shared store.
-func (s *Server) toAny(w http.ResponseWriter, r *http.Request) {
-	up := s.upNodes(r.Context())
+func (s *Server) toAny(w http.ResponseWriter, r *http.Request) { s.toAnyExcept(w, r, "") }
+
+// toAnyExcept is toAny avoiding the edge at skip (one that just did not answer).
+func (s *Server) toAnyExcept(w http.ResponseWriter, r *http.Request, skip string) {
+	var up []corral.Node
+	for _, n := range s.upNodes(r.Context()) {
+		if n.URL != skip {
+			up = append(up, n)
+		}
+	}
 	if len(up) == 0 {
-		httpjson.Error(w, r, s.log, errdefs.Unavailable("no edge has joined this cluster, or all are lost (corral node ls)"))
+		msg := "no edge has joined this cluster, or all are lost (corral node ls)"
+		if skip != "" {
+			msg = fmt.Sprintf("edge %s did not answer and no other edge is up (corral node ls)", skip)
+		}
+		httpjson.Error(w, r, s.log, errdefs.Unavailable("%s", msg))
 		return
 	}
 	n := up[s.rr.Add(1)%uint64(len(up))]
