@@ -192,11 +192,14 @@ func TestCluster(t *testing.T) {
 	if _, err := c2.ImportLayer(ctx, "base", "test", corral.KindBase, pr); err != nil {
 		t.Fatal(err)
 	}
+	// Small sandboxes: what is under test is where they go, not how many a 2-CPU node holds
+	// (8 of 1 CPU with the default CPU overcommit, counting deleted ones until the next heartbeat).
+	small := corral.Limits{CPUs: 0.1, MemoryBytes: 64 << 20}
 	// Placement spreads creates over both nodes; either replica serves each sandbox.
 	byNode := map[string][]string{}
 	for i := range 4 {
 		c := []*corral.Client{c1, c2}[i%2]
-		sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test"})
+		sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +237,7 @@ func TestCluster(t *testing.T) {
 	for i := range 16 {
 		wg.Go(func() {
 			c := []*corral.Client{c1, c2}[i%2]
-			sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Project: "burst"})
+			sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small, Project: "burst"})
 			mu.Lock()
 			defer mu.Unlock()
 			var apiErr *corral.APIError
@@ -264,7 +267,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("corral node cordon: %q %q %d", out, errOut, code)
 	}
 	for range 2 {
-		sb, err := c1.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test"})
+		sb, err := c1.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -307,7 +310,7 @@ func TestCluster(t *testing.T) {
 		}
 	}
 	// New creates go to the node that is left.
-	sb, err := c2.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test"})
+	sb, err := c2.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small})
 	if err != nil || sb.Node != "edge1" {
 		t.Fatalf("create with edge2 lost: %+v, %v", sb, err)
 	}
