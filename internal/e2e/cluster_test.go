@@ -116,6 +116,8 @@ func TestCluster(t *testing.T) {
 	}
 	s1 := server("server1", s1url, sdir)
 	s2 := server("server2", s2url, t.TempDir())
+	t.Cleanup(s1.stop) // after the edges' cleanups (last in, first out), which go through s1
+	t.Cleanup(s2.stop)
 	var procs []*proc
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -148,6 +150,13 @@ func TestCluster(t *testing.T) {
 			"--lease-ttl", "3s", "--log-level", "debug")
 		p.cgroup = "/corral-e2e-" + tag
 		t.Cleanup(func() {
+			// An edge the test left dead starts again first: its reconcile removes what the
+			// cluster gave up on and re-adopts the rest, which the server can then delete.
+			select {
+			case <-p.done:
+				p.start()
+			default:
+			}
 			// Sandboxes first (through a server, like any client), then the edge, then its cgroups.
 			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
