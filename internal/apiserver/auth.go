@@ -163,14 +163,21 @@ func (w *statusRecorder) Flush() {
 // refusalRate a second per token, so a token cannot flood the log (and the store's one writer)
 // by asking for what it may not do; what is left out is counted in the server log.
 func (s *Server) audit(r *http.Request, action, project, target string, err error, detail string) {
-	c := who(r)
 	result := "ok"
 	if err != nil {
 		result = errdefs.Code(err)
 		if detail == "" {
 			detail = err.Error()
 		}
-		if result == "denied" || result == "invalid" || result == "not_found" {
+	}
+	s.auditResult(r, action, project, target, result, detail)
+}
+
+// auditResult is audit with the result code given ("ok", "denied", ...).
+func (s *Server) auditResult(r *http.Request, action, project, target, result, detail string) {
+	c := who(r)
+	if result != "ok" {
+		if result == corral.CodeDenied || result == corral.CodeInvalid || result == corral.CodeNotFound {
 			if !s.refusals.allow(c.tok.ID, time.Now()) {
 				return
 			}
@@ -267,35 +274,14 @@ func (s *Server) guard(perm iam.Perm, action string, resolve resolver, h http.Ha
 		}
 		rec := &statusRecorder{ResponseWriter: w}
 		h(rec, r)
-		res := rec.err
-		if res == nil && rec.status >= 400 {
-			res = fmt.Errorf("%s: %w", http.StatusText(rec.status), statusKind(rec.status))
+		if rec.err == nil && rec.status >= 400 {
+			// Failed without Server.fail (a handler that wrote its error itself): the status
+			// says what kind of failure it was.
+			s.auditResult(r, action, project, target, corral.CodeForStatus(rec.status), http.StatusText(rec.status))
+			return
 		}
-		s.audit(r, action, project, target, res, "")
+		s.audit(r, action, project, target, rec.err, "")
 	}
-}
-
-// statusKind maps an HTTP status back to an error kind, for audit results.
-func statusKind(status int) error {
-	switch status {
-	case http.StatusBadRequest:
-		return errdefs.ErrInvalid
-	case http.StatusUnauthorized:
-		return errdefs.ErrUnauthorized
-	case http.StatusForbidden:
-		return errdefs.ErrDenied
-	case http.StatusNotFound:
-		return errdefs.ErrNotFound
-	case http.StatusConflict:
-		return errdefs.ErrConflict
-	case http.StatusRequestEntityTooLarge:
-		return errdefs.ErrTooLarge
-	case http.StatusTooManyRequests:
-		return errdefs.ErrExhausted
-	case http.StatusServiceUnavailable:
-		return errdefs.ErrUnavailable
-	}
-	return errors.New("internal")
 }
 
 // Prune removes, every hour until ctx ends, audit entries older than retention and create

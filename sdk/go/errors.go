@@ -72,12 +72,14 @@ func decodeError(resp *http.Response) *APIError {
 		}
 	}
 	if e.Code == "" {
-		e.Code = codeForStatus(resp.StatusCode)
+		e.Code = CodeForStatus(resp.StatusCode)
 	}
 	return e
 }
 
-func codeForStatus(status int) string {
+// CodeForStatus is the error code ([Error.Code]) an HTTP status stands for, for a failure that
+// came without a Corral error body.
+func CodeForStatus(status int) string {
 	switch status {
 	case http.StatusBadRequest:
 		return CodeInvalid
