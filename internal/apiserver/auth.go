@@ -93,6 +93,12 @@ func Require(r *http.Request, perm iam.Perm, project string) error {
 	return who(r).require(perm, project)
 }
 
+// CallerProject returns the canonical path of the project an Authenticated request names in
+// field (a path), or its token's project when path is empty.
+func CallerProject(r *http.Request, field, path string) (string, error) {
+	return who(r).project(field, path)
+}
+
 func (s *Server) caller(ctx context.Context, header string) (*caller, error) {
 	token, err := iam.ParseBearer(header)
 	if err != nil {

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -50,6 +51,16 @@ func (s *Server) iamRoutes(api *http.ServeMux) {
 		httpjson.Write(w, http.StatusOK, q)
 	}))
 	api.HandleFunc("PUT /v1/quotas/{path...}", s.setQuota)
+	api.HandleFunc("GET /v1/placement/{path...}", s.guard(iam.ProjectRead, "", pathProject, func(w http.ResponseWriter, r *http.Request) {
+		p, _, _ := pathProject(r)
+		pl, err := s.store.ProjectPlacement(r.Context(), p)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, pl)
+	}))
+	api.HandleFunc("PUT /v1/placement/{path...}", s.setPlacement)
 	api.HandleFunc("POST /v1/principals", s.createPrincipal)
 	api.HandleFunc("GET /v1/principals", s.guard(iam.ProjectRead, "", s.onQueryProject("project", ""),
 		listUnder(s, s.store.ListPrincipals, func(p *corral.Principal) { p.Project = iam.Display(p.Project) })))
@@ -254,6 +265,29 @@ func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) {
 		out, err = s.store.SetQuota(r.Context(), p, q)
 	}
 	s.audit(r, "quota.set", p, iam.Display(p), err, quotaDetail(q))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, out)
+}
+
+// setPlacement sets the node groups a project is pinned to or kept off. Only operators may: the
+// placement bounds a tenant's blast radius, so no project sets its own.
+func (s *Server) setPlacement(w http.ResponseWriter, r *http.Request) {
+	p, _, err := pathProject(r)
+	var pl corral.ProjectPlacement
+	if err == nil {
+		err = httpjson.Decode(r, &pl)
+	}
+	if err == nil {
+		err = who(r).require(iam.Operator, "")
+	}
+	var out *corral.ProjectPlacement
+	if err == nil {
+		out, err = s.store.SetProjectPlacement(r.Context(), p, pl)
+	}
+	s.audit(r, "placement.set", p, iam.Display(p), err, fmt.Sprintf("pin=%v avoid=%v", pl.Pin, pl.Avoid))
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/daemon"
+	"github.com/corral-dev/corral/internal/placement"
 )
 
 // newServerCmd returns `corral server`: a stateless replica in front of a cluster's edges.
@@ -87,6 +88,9 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 				}
 				cfg.Cluster.Labels[k] = v
 			}
+			if err := placement.ValidateLabels("--label", cfg.Cluster.Labels); err != nil {
+				return usagef("%v", err)
+			}
 			cfg.Cluster.URL = advertise
 			if cfg.Cluster.URL == "" {
 				host, port, err := net.SplitHostPort(cfg.Listen)
@@ -118,11 +122,14 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 	f := cmd.Flags()
 	f.StringVar(&serverURL, "server", "", "a server of the cluster, http://HOST:PORT (required)")
 	f.StringVar(&joinFile, "join-token", "", "file holding the cluster's join token (required)")
-	f.StringVar(&cfg.Node, "name", "", "this node's name, also in its sandboxes' IDs (1-16 lowercase letters or digits; required)")
+	f.StringVar(&cfg.Node, "name", "", "this node's name, also in its sandboxes' IDs (1-32 lowercase letters, digits or inner hyphens; required)")
 	f.StringVar(&advertise, "advertise", "", "URL the servers reach this edge at (default http://LISTEN)")
 	f.StringArrayVar(&labels, "label", nil, "node label KEY=VALUE for placement, e.g. kvm=true (repeatable)")
 	f.DurationVar(&cfg.Cluster.LeaseTTL, "lease-ttl", 0, "how long one heartbeat holds the node's lease (default 15s)")
-	f.IntVar(&cfg.Cluster.Sandboxes, "max-sandboxes", 0, "sandboxes placement may put here (default 1000)")
+	f.IntVar(&cfg.Cluster.Sandboxes, "max-sandboxes", 0, "most sandboxes this node runs, fncall pool containers included (default 1000)")
+	f.Float64Var(&cfg.Cluster.Overcommit.CPU, "overcommit-cpu", 0, "CPU limits admitted per CPU of this host (default 4); over it a create is refused with 409 node_full")
+	f.Float64Var(&cfg.Cluster.Overcommit.Memory, "overcommit-memory", 0, "memory limits admitted per byte of this host's memory (default 1)")
+	f.Float64Var(&cfg.Cluster.Overcommit.Disk, "overcommit-disk", 0, "writable-disk limits admitted per byte of the data dir's filesystem (default 1)")
 	f.MarkHidden("node") // --name says it for an edge
 	for _, req := range []string{"server", "join-token", "name"} {
 		cmd.MarkFlagRequired(req)

@@ -98,7 +98,7 @@ type createFlags struct {
 	cpus                      float64
 	memory, disk, outputLimit string
 	pids, openFiles           int64
-	env, labels               []string
+	env, labels, nodeSelector []string
 	ttl, idleTTL              string
 	hostname                  string
 	autoPause                 string
@@ -154,6 +154,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&f.outputLimit, "output-limit", "", "output kept per command, e.g. 16M")
 	fs.StringArrayVar(&f.env, "env", nil, "KEY=VALUE: an environment variable for every command (repeatable); NAME: create from the saved environment NAME (corral env create)")
 	fs.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
+	fs.StringArrayVar(&f.nodeSelector, "node-selector", nil, "in a cluster, run on a node with label KEY=VALUE, e.g. gpu=h100 (repeatable)")
 	fs.StringVar(&f.ttl, "ttl", "", "lifetime, e.g. 30m (default: the server's)")
 	fs.StringVar(&f.idleTTL, "idle-ttl", "", "stop after this long without activity, e.g. 10m")
 	fs.StringVar(&f.hostname, "hostname", "", "hostname inside the sandbox (default: its ID)")
@@ -252,6 +253,9 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		return req, err
 	}
 	req.Labels = labels
+	if req.NodeSelector, err = parseKV("node-selector", f.nodeSelector); err != nil {
+		return req, err
+	}
 	if err := checkDuration("ttl", f.ttl); err != nil {
 		return req, err
 	}

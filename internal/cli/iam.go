@@ -240,8 +240,86 @@ have no common visible parent, the top node is --under (or "/") with an empty id
 	}
 	mv.Flags().BoolVar(&mvForce, "force", false, "move even with live sandboxes in the subtree")
 
-	cmd.AddCommand(create, ls, tree, rm, mv)
+	cmd.AddCommand(create, ls, tree, rm, mv, a.newPlacementCmd())
 	return cmd
+}
+
+// newPlacementCmd returns `corral project placement`: the node groups a project is pinned to
+// or kept off in a cluster.
+func (a *app) newPlacementCmd() *cobra.Command {
+	var pin, avoid []string
+	var clear bool
+	cmd := &cobra.Command{
+		Use:   "placement PATH [--pin KEY=VALUE[,KEY=VALUE]]... [--avoid KEY=VALUE[,...]]... [--clear]",
+		Short: "Show or set the node groups a project's sandboxes are pinned to or kept off (operator)",
+		Long: `Show or set a project's placement in a cluster. A node group is a label selector, the
+labels a node must all carry (corral edge --label). With --pin the project's sandboxes run only
+on nodes matching one of the pinned groups; with --avoid never on a node matching an avoided
+group. Subprojects inherit: the nearest pin on the way up applies, and every avoid. Without
+flags the placement is shown; setting one replaces it, --clear removes it.`,
+		Example: `  corral project placement team-a --pin pool=team-a --avoid gpu=h100
+  corral project placement team-a/rollout-17 -o json
+  corral project placement team-a --clear`,
+		Args: exactArgs(1, "a project PATH"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var pl *corral.ProjectPlacement
+			if len(pin) == 0 && len(avoid) == 0 && !clear {
+				pl, err = c.ProjectPlacement(cmd.Context(), args[0])
+			} else if clear && (len(pin) > 0 || len(avoid) > 0) {
+				return usagef("--clear removes the placement: drop --pin and --avoid")
+			} else {
+				var set corral.ProjectPlacement
+				if set.Pin, err = parseSelectors("pin", pin); err == nil {
+					set.Avoid, err = parseSelectors("avoid", avoid)
+				}
+				if err != nil {
+					return err
+				}
+				pl, err = c.SetProjectPlacement(cmd.Context(), args[0], set)
+			}
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(pl)
+			}
+			groups := func(list []map[string]string) string {
+				var out []string
+				for _, s := range list {
+					out = append(out, formatLabels(s))
+				}
+				return orDash(strings.Join(out, " | "))
+			}
+			t := newTable(a.stdout, "", "PIN", "AVOID")
+			t.row("own", groups(pl.Pin), groups(pl.Avoid))
+			if pl.Effective != nil {
+				t.row("effective", groups(pl.Effective.Pin), groups(pl.Effective.Avoid))
+			}
+			return t.flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&pin, "pin", nil, "pin to the nodes carrying all these labels, KEY=VALUE[,KEY=VALUE] (repeatable: any of the groups)")
+	f.StringArrayVar(&avoid, "avoid", nil, "keep off the nodes carrying all these labels (repeatable)")
+	f.BoolVar(&clear, "clear", false, "remove the project's own placement")
+	return cmd
+}
+
+// parseSelectors parses repeated KEY=VALUE[,KEY=VALUE] flags into label selectors.
+func parseSelectors(flag string, values []string) ([]map[string]string, error) {
+	var out []map[string]string
+	for _, v := range values {
+		s, err := parseKV(flag, strings.Split(v, ","))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 // projectNode is one project of `corral project tree -o json`.

@@ -59,7 +59,7 @@ func newLogger(cmd *cobra.Command, format, level string) (*slog.Logger, error) {
 func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *string) {
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral", "directory for the store, layers, sandbox state and admin.token")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address of the API")
-	f.StringVar(&cfg.Node, "node", "local", "this host's name in sandbox IDs (1-16 lowercase letters or digits)")
+	f.StringVar(&cfg.Node, "node", "local", "this host's name in sandbox IDs (1-32 lowercase letters, digits or inner hyphens)")
 	f.StringVar(&cfg.Runc, "runc", "", "runc binary (default: $CORRAL_RUNC, the build cached in /var/cache/corral/runc, or runc on PATH)")
 	f.StringVar(&cfg.Runsc, "runsc", "", "gVisor's runsc binary (default: $CORRAL_RUNSC or the build cached in /var/cache/corral/runsc)")
 	f.StringVar(&cfg.Agent, "agent", "", "static corral-agent binary (default: beside this executable)")

@@ -196,7 +196,7 @@ func (s *Server) Handler() http.Handler {
 	nodes.HandleFunc("POST /v1/nodes/{name}/{action}", s.nodeAction)
 	mux.Handle("/v1/nodes", s.api.Authenticated(nodes))
 	mux.Handle("/v1/nodes/", s.api.Authenticated(nodes))
-	mux.HandleFunc("POST /v1/sandboxes", s.create)
+	mux.Handle("POST /v1/sandboxes", s.api.Authenticated(http.HandlerFunc(s.create)))
 	mux.HandleFunc("/v1/sandboxes/{id}", s.toOwner)
 	mux.HandleFunc("/v1/sandboxes/{id}/", s.toOwner)
 	mux.HandleFunc("/", s.toAny)
@@ -378,13 +378,21 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 // round robin: every edge serves the shared store.
 func (s *Server) toAny(w http.ResponseWriter, r *http.Request) { s.toAnyExcept(w, r, "") }
 
-// toAnyExcept is toAny avoiding the edge at skip (one that just did not answer).
+// toAnyExcept is toAny avoiding the edge at skip (one that just did not answer). Draining nodes
+// serve only when no other is up: they have wound their fncall pools down.
 func (s *Server) toAnyExcept(w http.ResponseWriter, r *http.Request, skip string) {
-	var up []corral.Node
+	var up, draining []corral.Node
 	for _, n := range s.upNodes(r.Context()) {
-		if n.URL != skip {
+		switch {
+		case n.URL == skip:
+		case n.State == corral.NodeDraining:
+			draining = append(draining, n)
+		default:
 			up = append(up, n)
 		}
+	}
+	if len(up) == 0 {
+		up = draining
 	}
 	if len(up) == 0 {
 		msg := "no edge has joined this cluster, or all are lost (corral node ls)"
@@ -419,7 +427,24 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.Invalid("body", "not a create request: %v", err))
 		return
 	}
-	preq := placement.Request{Tier: req.Tier, Runtime: req.Runtime, CPUs: req.Limits.CPUs, MemoryBytes: req.Limits.MemoryBytes, DiskBytes: req.Limits.DiskBytes}
+	// The project's node groups: its own placement or an ancestor's (the edge checks the rest).
+	project, err := apiserver.CallerProject(r, "project", req.Project)
+	var groups *corral.ProjectPlacement
+	if err == nil {
+		groups, err = s.store.ProjectPlacement(r.Context(), project)
+	}
+	if errors.Is(err, errdefs.ErrNotFound) {
+		err = errdefs.Invalid("project", "project %s does not exist", iam.Display(project))
+	}
+	if err == nil {
+		err = placement.ValidateLabels("node_selector", req.NodeSelector)
+	}
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	preq := placement.Request{Tier: req.Tier, Runtime: req.Runtime, CPUs: req.Limits.CPUs, MemoryBytes: req.Limits.MemoryBytes, DiskBytes: req.Limits.DiskBytes,
+		Require: req.NodeSelector, Pin: selectors(groups.Effective.Pin), Avoid: selectors(groups.Effective.Avoid)}
 	if preq.Tier == "" {
 		preq.Tier = "container"
 	}
@@ -453,9 +478,21 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			// client's retry with an Idempotency-Key cannot).
 			return errdefs.Unavailable("node %s: %v (the create may have happened; retry with an Idempotency-Key)", name, err)
 		}
-		if resp.StatusCode == http.StatusServiceUnavailable {
+		switch resp.StatusCode {
+		case http.StatusServiceUnavailable:
 			resp.Body.Close()
 			return fmt.Errorf("node %s is unavailable: %w", name, placement.ErrRefused)
+		case http.StatusConflict:
+			// The edge has the final say: node_full (no room, draining, labels) sends the
+			// create elsewhere; any other conflict is the client's to see.
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			var e corral.Error
+			if json.Unmarshal(b, &e) == nil && e.Code == "node_full" {
+				s.log.Info("node refused a create; trying another", "node", name, "why", e.Message)
+				return fmt.Errorf("node %s: %s: %w", name, e.Message, placement.ErrRefused)
+			}
+			resp.Body = io.NopCloser(bytes.NewReader(b))
 		}
 		return nil
 	}, s.cfg.MaxTries)
@@ -474,6 +511,15 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Corral-Node", node)
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
+}
+
+// selectors converts a project placement's label sets.
+func selectors(list []map[string]string) []placement.Selector {
+	out := make([]placement.Selector, len(list))
+	for i, s := range list {
+		out[i] = s
+	}
+	return out
 }
 
 // placementNodes converts the nodes table for placement.

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -27,8 +28,13 @@ type ClusterConfig struct {
 	Labels map[string]string
 	// LeaseTTL is how long a heartbeat holds the lease (default 15s; heartbeats every third).
 	LeaseTTL time.Duration
-	// Sandboxes caps how many sandboxes placement puts here (default 1000).
+	// Sandboxes caps how many sandboxes this node runs (default 1000).
 	Sandboxes int
+	// Overcommit is how far the edge admits limits beyond the host's CPUs, memory and data-dir
+	// disk (defaults: CPU 4, memory 1, disk 1). It is the node's final say: a create over it is
+	// refused with 409 node_full and placement tries another node. Keep the servers' placement
+	// overcommit at or below it.
+	Overcommit struct{ CPU, Memory, Disk float64 }
 }
 
 func (c *ClusterConfig) setDefaults() {
@@ -37,6 +43,24 @@ func (c *ClusterConfig) setDefaults() {
 	}
 	if c.Sandboxes == 0 {
 		c.Sandboxes = 1000
+	}
+	for _, f := range []struct {
+		v   *float64
+		def float64
+	}{{&c.Overcommit.CPU, 4}, {&c.Overcommit.Memory, 1}, {&c.Overcommit.Disk, 1}} {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+}
+
+// admissible is what the edge admits: the host's capacity with the overcommit applied.
+func (c *ClusterConfig) admissible(host corral.Resources) *corral.Resources {
+	return &corral.Resources{
+		CPUs:        host.CPUs * c.Overcommit.CPU,
+		MemoryBytes: int64(float64(host.MemoryBytes) * c.Overcommit.Memory),
+		DiskBytes:   int64(float64(host.DiskBytes) * c.Overcommit.Disk),
+		Sandboxes:   host.Sandboxes,
 	}
 }
 
@@ -51,13 +75,15 @@ func registerNode(ctx context.Context, cfg Config, st *store.Store, runtimes []s
 		return nil, err
 	}
 	st.Fence(cfg.Node, n.Epoch)
-	log.Info("node registered", "epoch", n.Epoch, "state", n.State, "url", n.URL, "capacity", n.Capacity)
+	log.Info("node registered", "epoch", n.Epoch, "state", n.State, "url", n.URL, "capacity", n.Capacity,
+		"overcommit_cpu", cfg.Cluster.Overcommit.CPU, "overcommit_memory", cfg.Cluster.Overcommit.Memory, "overcommit_disk", cfg.Cluster.Overcommit.Disk)
 	return n, nil
 }
 
-// heartbeat renews the node's lease until ctx ends. It returns when the node was fenced (a newer
-// incarnation, or declared lost): this process must stop, and register again when restarted.
-func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, log *slog.Logger) error {
+// heartbeat renews the node's lease until ctx ends, telling the edge whether its node is
+// draining. It returns when the node was fenced (a newer incarnation, or declared lost): this
+// process must stop, and register again when restarted.
+func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e *edge.Edge, log *slog.Logger) error {
 	t := time.NewTicker(cfg.Cluster.LeaseTTL / 3)
 	defer t.Stop()
 	failures := 0
@@ -68,8 +94,12 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, lo
 		case <-t.C:
 		}
 		used, err := st.NodeUsage(ctx, cfg.Node)
+		var state string
 		if err == nil {
-			err = st.Heartbeat(ctx, cfg.Node, epoch, used, cfg.Cluster.LeaseTTL)
+			state, err = st.Heartbeat(ctx, cfg.Node, epoch, used, cfg.Cluster.LeaseTTL)
+		}
+		if err == nil {
+			e.SetDraining(state == corral.NodeDraining)
 		}
 		switch {
 		case errors.Is(err, store.ErrFenced):

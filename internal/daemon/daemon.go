@@ -256,15 +256,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 			return err
 		}
 	}
-	e, err := edge.New(edge.Config{
+	ecfg := edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"),
-	}, log, st, rt, ls)
+	}
+	if node != nil {
+		ecfg.Capacity, ecfg.Labels = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels
+	}
+	e, err := edge.New(ecfg, log, st, rt, ls)
 	if err != nil {
 		return err
 	}
 	lookup, proxyLookup, dropped = e.ResolverLookup, e.ProxyLookup, e.LoggedDrop
+	if node != nil && node.State == corral.NodeDraining {
+		e.SetDraining(true) // before its pools start
+	}
 	if err := e.Start(ctx); err != nil {
 		return err
 	}
@@ -300,7 +307,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	go func() { errc <- srv.Serve(lis) }()
 	if node != nil {
 		go func() {
-			if err := heartbeat(ctx, cfg, st, node.Epoch, log); err != nil {
+			if err := heartbeat(ctx, cfg, st, node.Epoch, e, log); err != nil {
 				errc <- err
 			}
 		}()

@@ -33,6 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -90,6 +91,13 @@ type Config struct {
 	DefaultTTL, MaxTTL time.Duration
 	// DefaultLimits fill zero fields of a create call; MaxLimits bound them.
 	DefaultLimits, MaxLimits corral.Limits
+	// Capacity, when set, is the most this node admits: the number of its live sandboxes and
+	// the sums of their CPU, memory and disk limits never exceed it (a zero field is no bound).
+	// A create over it fails with errdefs.ErrNodeFull (409 node_full), which a cluster's
+	// placement takes as "try another node": the edge has the final say.
+	Capacity *corral.Resources
+	// Labels describe the node (gpu=h100); a create's node_selector must match them.
+	Labels map[string]string
 	// ReapInterval is how often TTLs, idleness and liveness are checked (default 1s).
 	ReapInterval time.Duration
 	// Retention is how long records of stopped and failed sandboxes are kept (default 24h).
@@ -154,12 +162,15 @@ func (c *Config) setDefaults() {
 	}
 }
 
-var nodeRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
+// nodePattern is a node name: 1-32 lowercase letters, digits and inner hyphens.
+const nodePattern = `[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?`
+
+var nodeRE = regexp.MustCompile(`^` + nodePattern + `$`)
 
 // Validate checks c after defaults are applied.
 func (c *Config) Validate() error {
 	if !nodeRE.MatchString(c.Node) {
-		return errdefs.Invalid("node", "%q must be 1-16 lowercase letters or digits", c.Node)
+		return errdefs.Invalid("node", "%q must be 1-32 lowercase letters, digits or hyphens, starting and ending with a letter or digit", c.Node)
 	}
 	if c.AgentPath == "" {
 		return errdefs.Invalid("agent", "the path of corral-agent is required")
@@ -182,6 +193,9 @@ type Edge struct {
 	layers LayerStore
 	// instance names this Corral's data directory in the shared catalogue (shared.go).
 	instance string
+
+	capMu    sync.Mutex  // one admission at a time checks the node's capacity (Config.Capacity)
+	draining atomic.Bool // the node is draining: no new sandboxes, no fncall pools (SetDraining)
 
 	fncallMu sync.Mutex
 	pools    map[string]*fncallPool // fncall environments by name; protected by fncallMu
@@ -293,7 +307,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 func (e *Edge) Node() string { return e.cfg.Node }
 
 // idRE matches sandbox IDs: "sb-", the node name, "-", 16 base32 characters.
-var idRE = regexp.MustCompile(`^sb-([a-z0-9]{1,16})-([a-z2-7]{16})$`)
+var idRE = regexp.MustCompile(`^sb-(` + nodePattern + `)-([a-z2-7]{16})$`)
 
 // ValidID reports whether id has the form of a sandbox ID.
 func ValidID(id string) bool { return idRE.MatchString(id) }
@@ -480,6 +494,42 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 	}
 }
 
+// admitOnNode records rec through the store's admission (quotas, idempotency), first checking
+// that the node has room for it when it has a capacity. Checks and records take turns, so
+// concurrent creates cannot both take the last room.
+func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.Idempotency) error {
+	if e.draining.Load() {
+		return fmt.Errorf("node %s is draining (corral node uncordon %s lets it take sandboxes again): %w", e.cfg.Node, e.cfg.Node, errdefs.ErrNodeFull)
+	}
+	c := e.cfg.Capacity
+	if c == nil {
+		return e.store.AdmitSandbox(ctx, rec, key)
+	}
+	e.capMu.Lock()
+	defer e.capMu.Unlock()
+	used, err := e.store.NodeUsage(ctx, e.cfg.Node)
+	if err != nil {
+		return err
+	}
+	var over []string
+	if c.Sandboxes > 0 && used.Sandboxes+1 > c.Sandboxes {
+		over = append(over, fmt.Sprintf("sandboxes %d of %d", used.Sandboxes, c.Sandboxes))
+	}
+	if c.CPUs > 0 && used.CPUs+rec.Limits.CPUs > c.CPUs+1e-9 {
+		over = append(over, fmt.Sprintf("CPUs %g+%g of %g", used.CPUs, rec.Limits.CPUs, c.CPUs))
+	}
+	if c.MemoryBytes > 0 && used.MemoryBytes+rec.Limits.MemoryBytes > c.MemoryBytes {
+		over = append(over, fmt.Sprintf("memory %d+%d of %d bytes", used.MemoryBytes, rec.Limits.MemoryBytes, c.MemoryBytes))
+	}
+	if c.DiskBytes > 0 && used.DiskBytes+rec.Limits.DiskBytes > c.DiskBytes {
+		over = append(over, fmt.Sprintf("disk %d+%d of %d bytes", used.DiskBytes, rec.Limits.DiskBytes, c.DiskBytes))
+	}
+	if len(over) > 0 {
+		return fmt.Errorf("node %s has no room for sandbox %s (%s): %w", e.cfg.Node, rec.ID, strings.Join(over, "; "), errdefs.ErrNodeFull)
+	}
+	return e.store.AdmitSandbox(ctx, rec, key)
+}
+
 // Create validates req, resolves its layers, and starts a sandbox. It returns once the sandbox is
 // running; its agent answers the first request as soon as it has started.
 func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, error) {
@@ -516,7 +566,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	rec := adm.rec
 	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
 	// The quotas of the project and its ancestors are checked in the transaction that records it.
-	err = e.store.AdmitSandbox(ctx, rec, key)
+	err = e.admitOnNode(ctx, rec, key)
 	e.layersMu.RUnlock()
 	if err != nil {
 		return nil, err
@@ -630,6 +680,12 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 	default:
 		return nil, errdefs.Invalid("runtime", "%q: want %q or %q", req.Runtime, RuntimeRunc, RuntimeGVisor)
+	}
+	if err := placement.ValidateLabels("node_selector", req.NodeSelector); err != nil {
+		return nil, err
+	}
+	if !placement.Matches(req.NodeSelector, e.cfg.Labels) {
+		return nil, fmt.Errorf("node %s lacks the labels the create asks for (node_selector %v; the node has %v): %w", e.cfg.Node, req.NodeSelector, e.cfg.Labels, errdefs.ErrNodeFull)
 	}
 	limits, err := e.limits(req.Limits)
 	if err != nil {
@@ -1235,6 +1291,9 @@ func (e *Edge) reaper() {
 			e.reap(context.Background())
 			e.maintainPools()
 		case <-flush.C:
+			if err := e.syncPools(context.Background()); err != nil {
+				e.log.Warn("sync fncall pools", "err", err)
+			}
 			e.flushActivity(context.Background())
 			e.forgetOld(context.Background())
 			if e.artifacts != nil {

@@ -504,3 +504,33 @@ func TestUnheldLayersAreNotReleased(t *testing.T) {
 		t.Errorf("after the re-adopted sandbox ended, the new one's layer has %d references; want 1", n)
 	}
 }
+
+// Node names may carry hyphens (Kubernetes node names do), so a sandbox ID's node is everything
+// between "sb-" and the last hyphen.
+func TestNodeOf(t *testing.T) {
+	for id, want := range map[string]string{
+		"sb-local-abcdefghijklmnop":                           "local",
+		"sb-ip-10-0-1-23-abcdefghijklmnop":                    "ip-10-0-1-23",
+		"sb-a-abcdefghijklmnop":                               "a",
+		"sb-" + strings.Repeat("x", 32) + "-abcdefghijklmnop": strings.Repeat("x", 32),
+		"sb-" + strings.Repeat("x", 33) + "-abcdefghijklmnop": "",
+		"sb--node-abcdefghijklmnop":                           "",
+		"sb-node--abcdefghijklmnop":                           "",
+		"sb-node-abcdefghijklmnop1":                           "",
+		"sb-Node-abcdefghijklmnop":                            "",
+	} {
+		if got := NodeOf(id); got != want {
+			t.Errorf("NodeOf(%q) = %q, want %q", id, got, want)
+		}
+		if ValidID(id) != (want != "") {
+			t.Errorf("ValidID(%q) = %v", id, !(want != ""))
+		}
+	}
+	for name, ok := range map[string]bool{"edge1": true, "ip-10-0-1-23": true, "-a": false, "a-": false, "a.b": false, strings.Repeat("a", 33): false} {
+		c := Config{Node: name, AgentPath: "/x"}
+		c.setDefaults()
+		if err := c.Validate(); (err == nil) != ok && (ok || !strings.Contains(err.Error(), "node")) {
+			t.Errorf("node name %q: %v", name, err)
+		}
+	}
+}

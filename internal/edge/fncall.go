@@ -200,10 +200,6 @@ func (p *fncallPool) project(ctx context.Context) (string, error) {
 // startPools builds the pools of the saved fncall environments and destroys the pool containers
 // a previous corral left (a call may have been cut short in them).
 func (e *Edge) startPools(ctx context.Context) error {
-	envs, err := e.store.ListFncallEnvs(ctx)
-	if err != nil {
-		return err
-	}
 	var old []*sandbox
 	for _, sb := range e.liveSandboxes() {
 		if sb.fncall != "" {
@@ -215,20 +211,7 @@ func (e *Edge) startPools(ctx context.Context) error {
 			e.destroyPoolContainer(sb, "corral restarted")
 		}
 	}()
-	for _, rec := range envs {
-		env := rec.FncallEnv
-		p, err := e.newPool(ctx, env)
-		if err != nil {
-			e.log.Error("fncall environment no longer valid; its pool is not started", "fncall", env.Name, "err", err)
-			continue
-		}
-		p.env.CreatedAt = env.CreatedAt
-		e.fncallMu.Lock()
-		e.pools[env.Name] = p
-		e.fncallMu.Unlock()
-		p.maintain()
-	}
-	return nil
+	return e.syncPools(ctx)
 }
 
 // FncallEnvs returns the fncall environments with their pools' state.
@@ -274,9 +257,17 @@ func (e *Edge) DeleteFncallEnv(ctx context.Context, name string) error {
 	}
 	delete(e.pools, name)
 	e.fncallMu.Unlock()
-	if !ok {
-		return nil
+	if ok {
+		p.close("fncall environment deleted", true)
 	}
+	e.log.Info("fncall environment deleted", "fncall", name)
+	return nil
+}
+
+// close ends a pool that left the edge's pools: waiting calls fail, idle containers are
+// destroyed, and busy ones too when kill is set (their calls end with them) or else as their
+// calls end.
+func (p *fncallPool) close(why string, kill bool) {
 	p.mu.Lock()
 	p.closed = true
 	idle := p.idle
@@ -287,15 +278,80 @@ func (e *Edge) DeleteFncallEnv(ctx context.Context, name string) error {
 	p.waiters = nil
 	p.mu.Unlock()
 	for _, sb := range idle {
-		e.destroyPoolContainer(sb, "fncall environment deleted")
+		p.e.destroyPoolContainer(sb, why)
 	}
-	// Busy containers: their calls end when the container goes.
-	for _, sb := range e.liveSandboxes() {
-		if sb.fncall == name {
-			e.destroyPoolContainer(sb, "fncall environment deleted")
+	if !kill {
+		return
+	}
+	for _, sb := range p.e.liveSandboxes() {
+		if sb.fncall == p.env.Name {
+			p.e.destroyPoolContainer(sb, why)
 		}
 	}
-	e.log.Info("fncall environment deleted", "fncall", name)
+}
+
+// SetDraining tells the edge whether its node is draining (the cluster's heartbeats carry the
+// node's state). A draining edge admits no new sandbox and winds its fncall pools down (calls
+// running finish); when it is no longer draining the pools come back.
+func (e *Edge) SetDraining(draining bool) {
+	if e.draining.Swap(draining) == draining {
+		return
+	}
+	e.log.Info("node drain changed", "draining", draining)
+	if err := e.syncPools(context.Background()); err != nil {
+		e.log.Warn("sync fncall pools", "err", err)
+	}
+}
+
+// syncPools makes the edge's pools those of the fncall environments in the store, so that an
+// environment created or deleted through another edge of a cluster reaches this one (within a
+// flush interval); a draining edge keeps no pools.
+func (e *Edge) syncPools(ctx context.Context) error {
+	saved := map[string]corral.FncallEnv{}
+	if !e.draining.Load() {
+		envs, err := e.store.ListFncallEnvs(ctx)
+		if err != nil {
+			return fmt.Errorf("read the fncall environments: %w", err)
+		}
+		for _, rec := range envs {
+			saved[rec.Name] = rec.FncallEnv
+		}
+	}
+	e.fncallMu.Lock()
+	var gone []*fncallPool
+	for name, p := range e.pools {
+		if env, ok := saved[name]; !ok || !env.CreatedAt.Equal(p.env.CreatedAt) {
+			gone = append(gone, p)
+			delete(e.pools, name)
+		}
+	}
+	var added []*fncallPool
+	for name, env := range saved {
+		if _, ok := e.pools[name]; ok {
+			continue
+		}
+		p, err := e.newPool(ctx, env)
+		if err != nil {
+			e.log.Error("fncall environment not valid here; its pool is not started", "fncall", name, "err", err)
+			continue
+		}
+		p.env.CreatedAt = env.CreatedAt
+		e.pools[name] = p
+		added = append(added, p)
+	}
+	e.fncallMu.Unlock()
+	for _, p := range gone {
+		why := "fncall environment deleted"
+		if e.draining.Load() {
+			why = "node draining"
+		}
+		p.close(why, false)
+		e.log.Info("fncall pool removed", "fncall", p.env.Name, "why", why)
+	}
+	for _, p := range added {
+		e.log.Info("fncall pool started", "fncall", p.env.Name)
+		p.maintain()
+	}
 	return nil
 }
 

@@ -18,6 +18,10 @@ var (
 	ErrTooLarge     = errors.New("too large")          // 413
 	ErrExhausted    = errors.New("resource exhausted") // 429
 	ErrUnavailable  = errors.New("unavailable")        // 503
+
+	// ErrNodeFull is the conflict of a node asked for more than it has left (409 node_full):
+	// a cluster's placement takes it as "try another node".
+	ErrNodeFull = fmt.Errorf("node full: %w", ErrConflict)
 )
 
 // Invalid returns an ErrInvalid error whose message names the field.
@@ -69,6 +73,8 @@ func Code(err error) string {
 		return "denied"
 	case errors.Is(err, ErrNotFound):
 		return "not_found"
+	case errors.Is(err, ErrNodeFull):
+		return "node_full"
 	case errors.Is(err, ErrConflict):
 		return "conflict"
 	case errors.Is(err, ErrTooLarge):

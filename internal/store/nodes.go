@@ -74,10 +74,11 @@ func (s *Store) RegisterNode(ctx context.Context, n corral.Node, ttl time.Durati
 	return out, nil
 }
 
-// Heartbeat renews the lease of node name's incarnation epoch for ttl and records what it uses
-// now. It fails with ErrFenced when epoch is no longer the node's.
-func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used corral.Resources, ttl time.Duration) error {
-	err := s.tx(ctx, func(tx *Tx) error {
+// Heartbeat renews the lease of node name's incarnation epoch for ttl, records what it uses now
+// and returns the node's state (an operator may have cordoned or drained it). It fails with
+// ErrFenced when epoch is no longer the node's.
+func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used corral.Resources, ttl time.Duration) (state string, err error) {
+	err = s.tx(ctx, func(tx *Tx) error {
 		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE name = ?`+forUpdate(tx), name))
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrFenced
@@ -87,7 +88,7 @@ func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used co
 		if n.Epoch != epoch || n.State == corral.NodeLost {
 			return ErrFenced
 		}
-		n.Used = used
+		n.Used, state = used, n.State
 		doc, err := nodeDoc(*n)
 		if err != nil {
 			return err
@@ -98,9 +99,9 @@ func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used co
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("heartbeat of node %s (epoch %d): %w", name, epoch, err)
+		return "", fmt.Errorf("heartbeat of node %s (epoch %d): %w", name, epoch, err)
 	}
-	return nil
+	return state, nil
 }
 
 // CheckEpoch fails with ErrFenced unless epoch is node name's current incarnation and the node is

@@ -26,17 +26,21 @@ func TestNodeLeases(t *testing.T) {
 		if err != nil || second.Epoch != 2 {
 			t.Fatalf("register again: %+v, %v", second, err)
 		}
-		if err := s.Heartbeat(ctx, "edge-1", 1, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
+		if _, err := s.Heartbeat(ctx, "edge-1", 1, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
 			t.Fatalf("heartbeat of the old incarnation: %v", err)
 		}
-		if err := s.Heartbeat(ctx, "edge-1", 2, corral.Resources{CPUs: 1, Sandboxes: 1}, time.Minute); err != nil {
-			t.Fatal(err)
+		if state, err := s.Heartbeat(ctx, "edge-1", 2, corral.Resources{CPUs: 1, Sandboxes: 1}, time.Minute); err != nil || state != corral.NodeReady {
+			t.Fatalf("heartbeat: %q, %v", state, err)
 		}
 		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeCordoned); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := s.RegisterNode(ctx, node, time.Minute); err != nil || n.State != corral.NodeCordoned || n.Epoch != 3 {
 			t.Fatalf("a cordoned node restarting: %+v, %v", n, err)
+		}
+		// The edge learns its state from its heartbeats (a draining edge winds its pools down).
+		if state, err := s.Heartbeat(ctx, "edge-1", 3, corral.Resources{}, time.Minute); err != nil || state != corral.NodeCordoned {
+			t.Fatalf("heartbeat of a cordoned node: %q, %v", state, err)
 		}
 		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeReady); err != nil {
 			t.Fatal(err)
@@ -78,7 +82,7 @@ func TestNodeLeases(t *testing.T) {
 			t.Fatalf("quota after the loss: %+v, %v", q, err)
 		}
 		// The old incarnation wakes up: it can neither heartbeat nor write.
-		if err := s.Heartbeat(ctx, "edge-1", 4, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
+		if _, err := s.Heartbeat(ctx, "edge-1", 4, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
 			t.Errorf("heartbeat after the loss: %v", err)
 		}
 		s.Fence("edge-1", 4)

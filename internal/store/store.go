@@ -243,6 +243,9 @@ var migrations = []string{
 		doc TEXT NOT NULL
 	);
 	CREATE INDEX sandboxes_node ON sandboxes(node, state);`,
+	// 11: project placement (cluster mode): the node groups a project's sandboxes are pinned to
+	// or kept off.
+	`ALTER TABLE projects ADD COLUMN placement TEXT NOT NULL DEFAULT '{}';`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -881,7 +884,7 @@ func (s *Store) DeleteEnvironment(ctx context.Context, name string) error {
 // one store ("edge.instance" alone, the key before cluster mode, is taken over by its node).
 const instanceSetting = "edge.instance"
 
-var instanceRE = regexp.MustCompile(`^[a-z0-9]{1,16}-[0-9a-f]{16}$`)
+var instanceRE = regexp.MustCompile(`^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?-[0-9a-f]{16}$`)
 
 // Instance returns node's instance name ("<node>-<16 hex digits>"), choosing it on the first
 // call. Corrals that share a blob store tell their refs and imports apart by it.

@@ -260,6 +260,33 @@ func (c *Client) SetQuota(ctx context.Context, project string, q Quota) (*Projec
 	return &out, c.do(ctx, request{method: http.MethodPut, path: "/v1/quotas/" + projectPath(project), json: q}, &out)
 }
 
+// ProjectPlacement keeps a project's sandboxes on some node groups of a cluster and off others,
+// which bounds the blast radius of one tenant. A node group is a label selector: the labels a
+// node must all carry (group=gpu-a). Only operators set it.
+type ProjectPlacement struct {
+	// Project is the project's path (in answers).
+	Project string `json:"project,omitempty"`
+	// Pin, when not empty, keeps the sandboxes on nodes that match at least one selector.
+	Pin []map[string]string `json:"pin"`
+	// Avoid keeps them off nodes that match any selector.
+	Avoid []map[string]string `json:"avoid"`
+	// Effective (in answers) is what applies to the project's sandboxes: the Pin of the nearest
+	// project on the way up to the root that sets one, and the Avoid of all of them.
+	Effective *ProjectPlacement `json:"effective,omitempty"`
+}
+
+// ProjectPlacement returns a project's placement and the one in effect for its sandboxes.
+func (c *Client) ProjectPlacement(ctx context.Context, project string) (*ProjectPlacement, error) {
+	var out ProjectPlacement
+	return &out, c.do(ctx, request{method: http.MethodGet, path: "/v1/placement/" + projectPath(project)}, &out)
+}
+
+// SetProjectPlacement sets a project's placement (operator); empty lists clear it.
+func (c *Client) SetProjectPlacement(ctx context.Context, project string, p ProjectPlacement) (*ProjectPlacement, error) {
+	var out ProjectPlacement
+	return &out, c.do(ctx, request{method: http.MethodPut, path: "/v1/placement/" + projectPath(project), json: p}, &out)
+}
+
 // CreatePrincipal creates a principal (a person, service or agent; kind user when empty) in a
 // project (the caller's token's when empty). It needs project.grant there.
 func (c *Client) CreatePrincipal(ctx context.Context, p Principal) (*Principal, error) {

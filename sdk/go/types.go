@@ -78,6 +78,9 @@ type CreateRequest struct {
 	// Project is the project the sandbox lives in (a path, "team-a/rollout-17"); empty: the
 	// project of the caller's token.
 	Project string `json:"project,omitempty"`
+	// NodeSelector lists labels the node must carry (gpu=h100, kvm=true): in a cluster the
+	// sandbox is placed only on such a node, and a node without them refuses it (409 node_full).
+	NodeSelector map[string]string `json:"node_selector,omitempty"`
 	// IdempotencyKey, sent as the Idempotency-Key header (not in the body), makes the create safe
 	// to retry: for 24 hours the same key with the same request returns the sandbox the first
 	// create made (200, header Idempotent-Replayed), and with another request is refused (409).
