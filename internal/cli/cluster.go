@@ -1,18 +1,12 @@
 package cli
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -97,24 +91,25 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 				if err != nil || host == "" || host == "0.0.0.0" || host == "::" {
 					return usagef("--advertise URL is needed when --listen (%q) names no single host", cfg.Listen)
 				}
-				cfg.Cluster.URL = "http://" + net.JoinHostPort(host, port)
+				cfg.Cluster.URL = "https://" + net.JoinHostPort(host, port)
 			}
-			tok, err := os.ReadFile(joinFile)
-			if err != nil {
-				return fmt.Errorf("read the join token: %w", err)
+			if !strings.HasPrefix(cfg.Cluster.URL, "https://") {
+				return usagef("--advertise %q: servers reach edges over https (mutual TLS under the cluster CA)", cfg.Cluster.URL)
 			}
-			j, err := joinCluster(cmd.Context(), serverURL, strings.TrimSpace(string(tok)))
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			j, err := cluster.Join(ctx, serverURL, joinFile, cfg.Node)
 			if err != nil {
 				return err
 			}
+			go j.KeepFresh(ctx, log)
+			cfg.Cluster.TLS = j.TLS
 			if cfg.Store == "" {
 				cfg.Store = j.Store
 			}
 			if cfg.BlobStore == "" {
 				cfg.BlobStore = j.BlobStore
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
 			return daemon.Run(ctx, cfg, log, nil)
 		},
 	}
@@ -123,7 +118,7 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 	f.StringVar(&serverURL, "server", "", "a server of the cluster, http://HOST:PORT (required)")
 	f.StringVar(&joinFile, "join-token", "", "file holding the cluster's join token (required)")
 	f.StringVar(&cfg.Node, "name", "", "this node's name, also in its sandboxes' IDs (1-32 lowercase letters, digits or inner hyphens; required)")
-	f.StringVar(&advertise, "advertise", "", "URL the servers reach this edge at (default http://LISTEN)")
+	f.StringVar(&advertise, "advertise", "", "URL the servers reach this edge at (default https://LISTEN)")
 	f.StringArrayVar(&labels, "label", nil, "node label KEY=VALUE for placement, e.g. kvm=true (repeatable)")
 	f.DurationVar(&cfg.Cluster.LeaseTTL, "lease-ttl", 0, "how long one heartbeat holds the node's lease (default 15s)")
 	f.IntVar(&cfg.Cluster.Sandboxes, "max-sandboxes", 0, "most sandboxes this node runs, fncall pool containers included (default 1000)")
@@ -135,31 +130,6 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 		cmd.MarkFlagRequired(req)
 	}
 	return cmd
-}
-
-// joinCluster presents the join token to a server and returns where the cluster keeps its state.
-func joinCluster(ctx context.Context, server, token string) (*cluster.JoinResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(server, "/")+"/v1/cluster/join", bytes.NewReader(nil))
-	if err != nil {
-		return nil, fmt.Errorf("join %s: %w", server, err)
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("join %s: %w", server, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("join %s: %s: %s", server, resp.Status, strings.TrimSpace(string(body)))
-	}
-	var j cluster.JoinResponse
-	if err := json.Unmarshal(body, &j); err != nil || j.Store == "" {
-		return nil, fmt.Errorf("join %s: unexpected answer %q", server, body)
-	}
-	return &j, nil
 }
 
 // newNodeCmd returns `corral node`: the cluster's nodes (through a server).

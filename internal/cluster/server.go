@@ -21,9 +21,7 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,14 +32,13 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
-	"github.com/corral-dev/corral/internal/daemon"
+	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
@@ -77,15 +74,6 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// joinSetting holds the hash of the cluster's join token.
-const joinSetting = "cluster.join"
-
-// JoinResponse is what a joining edge learns: where the cluster keeps its state and layers.
-type JoinResponse struct {
-	Store     string `json:"store"`
-	BlobStore string `json:"blob_store"`
-}
-
 // Server is one replica.
 type Server struct {
 	cfg    Config
@@ -93,13 +81,23 @@ type Server struct {
 	store  *store.Store
 	api    *apiserver.Server // authentication for the server's own routes
 	placer *placement.Placer
-	client *http.Client
+	ca     *clusterauth.CA
+	tls    *tls.Config // calls to edges: this replica's client certificate, the CA (per node: ForNode)
+	name   string      // this replica, in its certificate
 
-	mu      sync.Mutex
-	nodes   []corral.Node // the last read of the nodes table
-	readAt  time.Time
-	proxies map[string]*httputil.ReverseProxy // by node URL
-	rr      atomic.Uint64
+	mu     sync.Mutex
+	nodes  []corral.Node // the last read of the nodes table
+	readAt time.Time
+	conns  map[string]*edgeConn // by node name and URL
+	rr     atomic.Uint64
+	cert   *tls.Certificate // this replica's client certificate, reissued at half its life
+}
+
+// edgeConn is how this replica reaches one edge: over mutual TLS that checks the edge's
+// certificate names the node.
+type edgeConn struct {
+	client *http.Client
+	proxy  *httputil.ReverseProxy
 }
 
 // Run serves until ctx ends. ready, if not nil, receives the listen address once serving.
@@ -116,18 +114,26 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer st.Close()
-	if err := bootstrap(ctx, cfg, st, log); err != nil {
+	if err := bootstrapTokens(ctx, cfg, st, log); err != nil {
+		return err
+	}
+	ca, err := loadCA(ctx, st)
+	if err != nil {
 		return err
 	}
 	placer, err := placement.New(placement.Config{K: cfg.K, Overcommit: cfg.Overcommit})
 	if err != nil {
 		return err
 	}
+	host, _ := os.Hostname()
 	s := &Server{
-		cfg: cfg, log: log, store: st, placer: placer,
-		api:     apiserver.New(log, st, nil, nil, corral.Info{}),
-		client:  &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext, MaxIdleConnsPerHost: 64}},
-		proxies: map[string]*httputil.ReverseProxy{},
+		cfg: cfg, log: log, store: st, placer: placer, ca: ca,
+		api:   apiserver.New(log, st, nil, nil, corral.Info{}),
+		conns: map[string]*edgeConn{},
+		name:  host + "/" + cfg.Listen,
+	}
+	if s.tls, err = s.clientTLS(); err != nil {
+		return err
 	}
 	go s.watch(ctx)
 	lis, err := net.Listen("tcp", cfg.Listen)
@@ -150,25 +156,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	srv.Shutdown(sctx)
-	return nil
-}
-
-// bootstrap makes the first replica on an empty store write the admin and join tokens into its
-// data dir; later replicas find the join token's hash set and just serve.
-func bootstrap(ctx context.Context, cfg Config, st *store.Store, log *slog.Logger) error {
-	secret, _ := iam.NewToken()
-	sum := sha256.Sum256([]byte(secret))
-	created, err := st.PutSettingIfAbsent(ctx, joinSetting, []byte(`"`+hex.EncodeToString(sum[:])+`"`))
-	if err != nil || !created {
-		return err
-	}
-	if err := daemon.EnsureAdminToken(ctx, st, filepath.Join(cfg.DataDir, "admin.token"), log); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(cfg.DataDir, "join.token"), []byte(secret+"\n"), 0o600); err != nil {
-		return fmt.Errorf("write join token: %w", err)
-	}
-	log.Info("bootstrapped the cluster store", "admin_token", filepath.Join(cfg.DataDir, "admin.token"), "join_token", filepath.Join(cfg.DataDir, "join.token"))
 	return nil
 }
 
@@ -201,25 +188,6 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/v1/sandboxes/{id}/", s.toOwner)
 	mux.HandleFunc("/", s.toAny)
 	return mux
-}
-
-// join answers an edge that presents the join token with the cluster's store and blob store.
-func (s *Server) join(w http.ResponseWriter, r *http.Request) {
-	tok, err := iam.ParseBearer(r.Header.Get("Authorization"))
-	var want string
-	if err == nil {
-		var raw []byte
-		if raw, err = s.store.GetSetting(r.Context(), joinSetting); err == nil {
-			err = json.Unmarshal(raw, &want)
-		}
-	}
-	sum := sha256.Sum256([]byte(tok))
-	if err != nil || subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(want)) != 1 {
-		httpjson.Error(w, r, s.log, fmt.Errorf("not the cluster's join token: %w", errdefs.ErrUnauthorized))
-		return
-	}
-	s.log.Info("edge joined", "remote", r.RemoteAddr)
-	httpjson.Write(w, http.StatusOK, JoinResponse{Store: s.cfg.Store, BlobStore: s.cfg.BlobStore})
 }
 
 // nodeAction cordons, drains or uncordons a node (operator).
@@ -313,36 +281,79 @@ func (s *Server) upNodes(ctx context.Context) []corral.Node {
 	return up
 }
 
-// proxy returns the reverse proxy to an edge's API.
-func (s *Server) proxy(nodeURL string) (*httputil.ReverseProxy, error) {
+// clientTLS returns the TLS configuration for calls to edges, with this replica's client
+// certificate issued by the cluster CA and reissued when half its life has passed.
+func (s *Server) clientTLS() (*tls.Config, error) {
+	certPEM, keyPEM, err := s.ca.IssueServer(s.name, serverTTL)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := clusterauth.ServerTLS(s.ca.CertPEM(), certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	s.cert = &cfg.Certificates[0]
+	cfg.Certificates = nil
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if time.Until(s.cert.Leaf.NotAfter) < serverTTL/2 {
+			certPEM, keyPEM, err := s.ca.IssueServer(s.name, serverTTL)
+			if err == nil {
+				var c tls.Certificate
+				if c, err = tls.X509KeyPair(certPEM, keyPEM); err == nil {
+					s.cert = &c
+				}
+			}
+			if err != nil {
+				s.log.Error("reissue this replica's client certificate", "err", err, "expires", s.cert.Leaf.NotAfter)
+			}
+		}
+		return s.cert, nil
+	}
+	return cfg, nil
+}
+
+// conn returns how to reach node n's edge.
+func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p, ok := s.proxies[nodeURL]; ok {
-		return p, nil
+	key := n.Name + " " + n.URL
+	if c, ok := s.conns[key]; ok {
+		return c, nil
 	}
-	u, err := url.Parse(nodeURL)
-	if err != nil {
-		return nil, fmt.Errorf("node URL %q: %w", nodeURL, err)
+	u, err := url.Parse(n.URL)
+	if err != nil || u.Scheme != "https" {
+		return nil, errdefs.Unavailable("node %s registered URL %q: servers reach edges over https only (is the edge older than this server?)", n.Name, n.URL)
+	}
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 3 * time.Second}).DialContext,
+		TLSClientConfig:     clusterauth.ForNode(s.tls, n.Name),
+		TLSHandshakeTimeout: 5 * time.Second,
+		MaxIdleConnsPerHost: 64,
+		ForceAttemptHTTP2:   true,
 	}
 	p := &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.Out.Host = pr.In.Host },
-		Transport:     s.client.Transport,
+		Transport:     tr,
 		FlushInterval: -1, // streams (exec output, attach) pass through as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			// A sandbox's record is in the shared store: when its node does not answer (it may
-			// have died since the node list was read), any other edge can still show it.
-			if id := r.PathValue("id"); r.Method == http.MethodGet && id != "" && r.URL.Path == "/v1/sandboxes/"+id {
-				if _, dial := errors.AsType[*net.OpError](err); dial {
+			// A sandbox's record is in the shared store: when its node cannot be reached (it may
+			// have died since the node list was read), any other edge can still show it (once:
+			// a second edge that does not answer ends it).
+			if id := r.PathValue("id"); r.Method == http.MethodGet && id != "" && r.URL.Path == "/v1/sandboxes/"+id && r.Context().Value(fellBack{}) == nil {
+				if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
 					s.refresh(r.Context(), true)
-					s.toAnyExcept(w, r, nodeURL)
+					s.toAnyExcept(w, r.WithContext(context.WithValue(r.Context(), fellBack{}, true)), n.URL)
 					return
 				}
 			}
-			httpjson.Error(w, r, s.log, errdefs.Unavailable("edge %s did not answer: %v", u.Host, err))
+			httpjson.Error(w, r, s.log, errdefs.Unavailable("edge %s (%s) did not answer: %v", n.Name, u.Host, err))
 		},
 	}
-	s.proxies[nodeURL] = p
-	return p, nil
+	c := &edgeConn{client: &http.Client{Transport: tr}, proxy: p}
+	s.conns[key] = c
+	return c, nil
 }
 
 // toOwner sends a request about one sandbox to the node that runs it. A lost node's records are
@@ -366,12 +377,12 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes failed with %s)", id, name, corral.ReasonNodeLost))
 		return
 	}
-	p, err := s.proxy(n.URL)
+	c, err := s.conn(n)
 	if err != nil {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
-	p.ServeHTTP(w, r)
+	c.proxy.ServeHTTP(w, r)
 }
 
 // toAny sends a request that is not about one sandbox to a ready (or at least not lost) edge,
@@ -403,12 +414,12 @@ func (s *Server) toAnyExcept(w http.ResponseWriter, r *http.Request, skip string
 		return
 	}
 	n := up[s.rr.Add(1)%uint64(len(up))]
-	p, err := s.proxy(n.URL)
+	c, err := s.conn(n)
 	if err != nil {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
-	p.ServeHTTP(w, r)
+	c.proxy.ServeHTTP(w, r)
 }
 
 // maxCreateBody bounds a create's body (it is read whole to place it).
@@ -462,13 +473,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	var resp *http.Response
 	node, err := s.placer.PlaceWithRetry(r.Context(), preq, nodes, func(ctx context.Context, name string) error {
 		n, _ := s.node(ctx, name)
+		c, err := s.conn(n)
+		if err != nil {
+			return fmt.Errorf("%v: %w", err, placement.ErrRefused)
+		}
 		out, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(n.URL, "/")+"/v1/sandboxes", bytes.NewReader(body))
 		if err != nil {
 			return err
 		}
 		out.Header = r.Header.Clone()
-		resp, err = s.client.Do(out)
-		if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
+		resp, err = c.client.Do(out)
+		if neverSent(err) {
 			// The create never reached the node: safe to try another.
 			s.log.Warn("node did not take a create; trying another", "node", name, "err", err)
 			return fmt.Errorf("node %s: %v: %w", name, err, placement.ErrRefused)
@@ -511,6 +526,21 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Corral-Node", node)
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
+}
+
+// fellBack marks a request already sent to a second edge after its own did not answer.
+type fellBack struct{}
+
+// neverSent reports whether a call to an edge failed before the request could reach it: the
+// connection was not made, or the edge's TLS handshake failed (a certificate the cluster CA does
+// not vouch for, or one for another node).
+func neverSent(err error) bool {
+	if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
+		return true
+	}
+	_, verify := errors.AsType[*tls.CertificateVerificationError](err)
+	_, record := errors.AsType[tls.RecordHeaderError](err)
+	return verify || record
 }
 
 // selectors converts a project placement's label sets.

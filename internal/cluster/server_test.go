@@ -2,12 +2,12 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/clusterauth"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/store/pgtest"
@@ -28,7 +30,9 @@ func TestMain(m *testing.M) {
 }
 
 // TestServerWithoutEdges checks a replica's own behaviour: only the first replica bootstraps,
-// joining needs the join token, nodes need an operator, and requests with nowhere to go say why.
+// joining needs the join token and yields a certificate for the node, servers reach edges over
+// mutual TLS that checks the node's name, nodes need an operator, and requests with nowhere to
+// go say why.
 func TestServerWithoutEdges(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the throwaway PostgreSQL cluster runs as the postgres user")
@@ -42,7 +46,7 @@ func TestServerWithoutEdges(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := bootstrap(ctx, Config{DataDir: d, Store: dsn}, st, log); err != nil {
+		if err := bootstrapTokens(ctx, Config{DataDir: d, Store: dsn}, st, log); err != nil {
 			t.Fatal(err)
 		}
 		st.Close()
@@ -50,60 +54,84 @@ func TestServerWithoutEdges(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dirs[1], "join.token")); err == nil {
 		t.Fatal("a second replica bootstrapped the store again")
 	}
-	join, err := os.ReadFile(filepath.Join(dirs[0], "join.token"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	joinFile := filepath.Join(dirs[0], "join.token")
 	admin, _ := os.ReadFile(filepath.Join(dirs[0], "admin.token"))
 	st, err := store.Open(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	cfg := Config{DataDir: dirs[0], Store: dsn, BlobStore: "dir:/shared"}
-	cfg.setDefaults()
-	placer, err := placement.New(placement.Config{})
+	s := testServer(t, st, Config{DataDir: dirs[0], Store: dsn, BlobStore: "dir:/shared"}, log)
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+
+	// A wrong token: refused, and the edge learns nothing.
+	wrong := filepath.Join(t.TempDir(), "wrong.token")
+	other, _ := iam.NewToken()
+	os.WriteFile(wrong, []byte(other), 0o600)
+	if _, err := Join(ctx, hs.URL, wrong, "edge1"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("join with a wrong token: %v", err)
+	}
+	j, err := Join(ctx, hs.URL, joinFile, "edge1")
+	if err != nil || j.Store != dsn || j.BlobStore != "dir:/shared" || j.TLS == nil {
+		t.Fatalf("join: %+v, %v", j, err)
+	}
+	// The exchange never carries the token, and its answer is sealed.
+	tok, _ := os.ReadFile(joinFile)
+	body, _ := json.Marshal(JoinRequest{Node: "edge1", CSR: "x"})
+	resp, err := http.Post(hs.URL+"/v1/cluster/join", "application/json", strings.NewReader(string(body)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cfg: cfg, log: log, store: st, placer: placer, api: apiserver.New(log, st, nil, nil, corral.Info{}),
-		client: &http.Client{Timeout: 5 * time.Second}, proxies: map[string]*httputil.ReverseProxy{}}
-	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
-	post := func(path, token string) (int, string) {
-		req, _ := http.NewRequest("POST", hs.URL+path, strings.NewReader("{}"))
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Errorf("join without a proof: %d", resp.StatusCode)
 	}
-	if code, _ := post("/v1/cluster/join", "crl_wrong"); code != 401 {
-		t.Errorf("join with a wrong token: %d", code)
-	}
-	code, body := post("/v1/cluster/join", strings.TrimSpace(string(join)))
-	var j JoinResponse
-	if code != 200 || json.Unmarshal([]byte(body), &j) != nil || j.Store != dsn || j.BlobStore != "dir:/shared" {
-		t.Fatalf("join: %d %s", code, body)
-	}
-	_ = admin
+	_ = tok
+
 	// With no edge, a create has nowhere to go, and a sandbox of an unknown node is not found.
-	if code, body := post("/v1/sandboxes", strings.TrimSpace(string(admin))); code != 503 || !strings.Contains(body, "no node") {
-		t.Errorf("create without edges: %d %s", code, body)
-	}
 	c := corral.New(hs.URL, strings.TrimSpace(string(admin)))
+	if _, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:x"}); err == nil || !strings.Contains(err.Error(), "no node") {
+		t.Errorf("create without edges: %v", err)
+	}
 	if _, err := c.GetSandbox(ctx, "sb-nowhere-aaaaaaaaaaaaaaaa"); !corral.IsNotFound(err) {
 		t.Errorf("a sandbox of an unknown node: %v", err)
 	}
-	// A registered node is listed; only an operator sees or changes nodes.
-	if _, err := st.RegisterNode(ctx, corral.Node{Name: "edge1", URL: "http://127.0.0.1:1"}, time.Minute); err != nil {
-		t.Fatal(err)
+	if _, err := corral.New(hs.URL, "crl_nobody").CreateSandbox(ctx, corral.CreateRequest{Base: "base:x"}); err == nil || !strings.Contains(err.Error(), "401") && !strings.Contains(err.Error(), "invalid token") {
+		t.Errorf("a create with an unknown token: %v", err)
 	}
+
+	// An edge serving with the joined certificate: servers reach it; a client without the
+	// cluster's certificate does not; a node registered under another name is refused.
+	edge := httptest.NewUnstartedServer(clusterauth.RequireServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"id":"` + r.PathValue("id") + `","state":"running"}`))
+	}), "/healthz"))
+	edge.TLS = j.TLS
+	edge.StartTLS()
+	defer edge.Close()
+	edgeURL := "https://" + edge.Listener.Addr().String()
+	for _, name := range []string{"edge1", "edge2"} {
+		if _, err := st.RegisterNode(ctx, corral.Node{Name: name, URL: edgeURL}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sb, err := c.GetSandbox(ctx, "sb-edge1-aaaaaaaaaaaaaaaa"); err != nil || sb.State != "running" {
+		t.Fatalf("a sandbox of edge1 through the server: %+v, %v", sb, err)
+	}
+	if _, err := c.GetSandbox(ctx, "sb-edge2-aaaaaaaaaaaaaaaa"); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("edge1's certificate accepted for edge2: %v", err)
+	}
+	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	if resp, err := insecure.Get(edgeURL + "/v1/sandboxes/sb-edge1-aaaaaaaaaaaaaaaa"); err != nil || resp.StatusCode != 401 {
+		t.Errorf("the edge served a client without the servers' certificate: %v %v", resp, err)
+	}
+	if resp, err := insecure.Get(edgeURL + "/healthz"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("the edge's probe path: %v %v", resp, err)
+	}
+
+	// Only an operator sees or changes nodes.
 	nodes, err := c.Nodes(ctx)
-	if err != nil || len(nodes) != 1 || nodes[0].State != corral.NodeReady {
+	if err != nil || len(nodes) != 2 || nodes[0].State != corral.NodeReady {
 		t.Fatalf("nodes: %+v, %v", nodes, err)
 	}
 	if n, err := c.NodeAction(ctx, "edge1", "drain"); err != nil || n.State != corral.NodeDraining {
@@ -116,7 +144,63 @@ func TestServerWithoutEdges(t *testing.T) {
 		t.Error("an unknown token listed the nodes")
 	}
 	// The node it routes to does not answer: a clear 503, not a hang.
-	if _, err := c.GetSandbox(ctx, "sb-edge1-aaaaaaaaaaaaaaaa"); err == nil || !strings.Contains(err.Error(), "did not answer") {
+	if _, err := st.RegisterNode(ctx, corral.Node{Name: "edge3", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetSandbox(ctx, "sb-edge3-aaaaaaaaaaaaaaaa"); err == nil || !strings.Contains(err.Error(), "did not answer") {
 		t.Errorf("a sandbox on an unreachable node: %v", err)
 	}
+}
+
+// TestBootstrapWithGivenTokens checks that tokens placed in the data dir before the first start
+// (a Kubernetes Secret) are the cluster's, and that a token too short to be one is refused.
+func TestBootstrapWithGivenTokens(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the throwaway PostgreSQL cluster runs as the postgres user")
+	}
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "join.token"), []byte("short\n"), 0o400)
+	st, err := store.Open(ctx, pgtest.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := bootstrapTokens(ctx, Config{DataDir: dir}, st, log); err == nil || !strings.Contains(err.Error(), "at least 32") {
+		t.Fatalf("a short join token: %v", err)
+	}
+	join, _ := iam.NewToken()
+	admin, _ := iam.NewToken()
+	os.WriteFile(filepath.Join(dir, "join.token"), []byte(join+"\n"), 0o400)
+	os.WriteFile(filepath.Join(dir, "admin.token"), []byte(admin+"\n"), 0o400)
+	if err := bootstrapTokens(ctx, Config{DataDir: dir}, st, log); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := joinToken(ctx, st); err != nil || got != join {
+		t.Fatalf("join token: %q, %v", got, err)
+	}
+	if tok, err := st.TokenByHash(ctx, apiserver.HashToken(admin)); err != nil || tok.Principal != store.RootPrincipal {
+		t.Fatalf("the given admin token: %+v, %v", tok, err)
+	}
+}
+
+// testServer returns a replica on st without starting its watcher.
+func testServer(t *testing.T, st *store.Store, cfg Config, log *slog.Logger) *Server {
+	t.Helper()
+	cfg.setDefaults()
+	placer, err := placement.New(placement.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := loadCA(context.Background(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{cfg: cfg, log: log, store: st, placer: placer, ca: ca, name: "test",
+		api: apiserver.New(log, st, nil, nil, corral.Info{}), conns: map[string]*edgeConn{}}
+	if s.tls, err = s.clientTLS(); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"crypto/tls"
 	"bufio"
 	"context"
 	"errors"
@@ -22,8 +23,11 @@ import (
 // the cluster's store, holds the node's lease by heartbeats, and writes its sandboxes' records
 // under its incarnation's fence.
 type ClusterConfig struct {
-	// URL is how the cluster's servers reach this edge's API (http://HOST:PORT).
+	// URL is how the cluster's servers reach this edge's API (https://HOST:PORT).
 	URL string
+	// TLS serves the API to the cluster's servers only (mutual TLS under the cluster CA; from
+	// cluster.Join). Without it the API is served in the clear, as `corral up` serves it.
+	TLS *tls.Config
 	// Labels describe the node to placement (gpu=h100, kvm=true).
 	Labels map[string]string
 	// LeaseTTL is how long a heartbeat holds the lease (default 15s; heartbeats every third).

@@ -5,6 +5,7 @@
 package daemon
 
 import (
+	"crypto/tls"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/egress/dns"
@@ -298,8 +300,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	handler := api.Handler()
+	if cfg.Cluster != nil && cfg.Cluster.TLS != nil {
+		// Only the cluster's servers are served; probes may ask /healthz.
+		handler = clusterauth.RequireServer(handler, "/healthz")
+		lis = tls.NewListener(lis, cfg.Cluster.TLS)
+	}
 	srv := &http.Server{
-		Handler:           api.Handler(),
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
