@@ -18,6 +18,17 @@ if [ "${BENCH_ONLY:-placement}" = placement ]; then
   corral bench placement ${BENCH_PLACEMENT_ARGS:-} -o json | tee bench-out/placement.json
   if [ "${BENCH_ONLY:-}" = placement ]; then exit 0; fi
 fi
+# BENCH_ONLY=cluster starts its own PostgreSQL, 2 servers, 3 edges and two `corral up`s (and
+# stops them all), so it needs only a base rootfs.
+if [ "${BENCH_ONLY:-cluster}" = cluster ]; then
+  cwork=$(mktemp -d /tmp/crl-bench-XXXX)
+  trap 'rm -rf "$cwork"' EXIT
+  scripts/busybox-rootfs.sh "$cwork/rootfs"
+  corral bench cluster --rootfs "$cwork/rootfs" ${BENCH_CLUSTER_ARGS:-} -o json | tee bench-out/cluster.json
+  rm -rf "$cwork"
+  trap - EXIT
+  if [ "${BENCH_ONLY:-}" = cluster ]; then exit 0; fi
+fi
 work=$(mktemp -d /tmp/crl-bench-XXXX)
 port=${BENCH_PORT:-7199}
 export CORRAL_URL=http://127.0.0.1:$port

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	corral "github.com/corral-dev/corral/sdk/go"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/bench"
@@ -178,6 +181,73 @@ func (a *app) newBenchCmd() *cobra.Command {
 	cmd.AddCommand(network)
 	cmd.AddCommand(a.newBenchIAMCmd())
 	cmd.AddCommand(a.newBenchPlacementCmd())
+	cmd.AddCommand(a.newBenchClusterCmd())
+	return cmd
+}
+
+// newBenchClusterCmd returns `corral bench cluster`: create throughput through 2 server
+// replicas and 3 edges against one `corral up`, all started on this machine for the run.
+func (a *app) newBenchClusterCmd() *cobra.Command {
+	var cfg bench.ClusterConfig
+	cmd := &cobra.Command{
+		Use:   "cluster --rootfs DIR",
+		Short: "Create throughput and latency through 2 servers + 3 edges vs one corral up on the same machine (starts PostgreSQL and every process itself; root)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cfg.Rootfs == "" {
+				return usagef("--rootfs is required (scripts/busybox-rootfs.sh makes one)")
+			}
+			if cfg.Corral == "" {
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				cfg.Corral = self
+			}
+			res, err := bench.Cluster(cmd.Context(), cfg, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if res == nil || len(res.Setups) == 0 {
+				return err
+			}
+			if a.jsonOut() {
+				if perr := a.printJSON(res); perr != nil {
+					return perr
+				}
+				return err
+			}
+			t := newTable(a.stdout, "SETUP", "CREATES/S", "CREATE p50 / p99 ms", "DELETES/S", "DELETE p50 / p99 ms", "SANDBOXES PER NODE")
+			for _, s := range res.Setups {
+				var spread []string
+				for _, n := range slices.Sorted(maps.Keys(s.ByNode)) {
+					spread = append(spread, fmt.Sprintf("%s=%d", n, s.ByNode[n]))
+				}
+				t.row(s.Name+" ("+s.Description+")", fmt.Sprintf("%.2f", s.CreatesPerSec), fmt.Sprintf("%.1f / %.1f", s.Create.P50, s.Create.P99),
+					fmt.Sprintf("%.2f", s.DeletesPerSec), fmt.Sprintf("%.1f / %.1f", s.Delete.P50, s.Delete.P99), strings.Join(spread, " "))
+			}
+			if len(res.Ratios) > 0 {
+				t.row("")
+				t.row("CLUSTER VS", "CREATES/S RATIO", "p50 RATIO", "p99 RATIO")
+				for _, r := range res.Ratios {
+					t.row(r.Versus, fmt.Sprintf("%.2fx", r.Throughput), fmt.Sprintf("%.2fx", r.P50), fmt.Sprintf("%.2fx", r.P99))
+				}
+			}
+			if ferr := t.flush(); ferr != nil {
+				return ferr
+			}
+			fmt.Fprintf(a.stdout, "\n%d creates per setup in %d rounds at concurrency %d, %g CPU and %d MiB each; %d CPUs, %.1f GiB, load %.2f → %.2f; leftovers: %d\n",
+				res.Creates, res.Rounds, res.Concurrency, res.SandboxCPUs, res.SandboxMiB, res.CPUs, res.MemoryGiB, res.LoadAvgStart, res.LoadAvgEnd, len(res.Leftovers))
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Rootfs, "rootfs", "", "directory of the base layer")
+	f.StringVar(&cfg.Corral, "bin", "", "corral binary to start the servers, edges and corral up with (default: this executable)")
+	f.IntVarP(&cfg.Creates, "creates", "n", 60, "sandboxes created in each setup")
+	f.IntVarP(&cfg.Concurrency, "concurrency", "c", 8, "concurrent creators (and deleters)")
+	f.Float64Var(&cfg.CPUs, "cpus", 0.25, "CPU limit of each sandbox (all of them must fit the 3 edges: 4 CPU limits per CPU each)")
+	f.Int64Var(&cfg.MemoryMiB, "memory-mib", 64, "memory limit of each sandbox in MiB")
+	f.IntVar(&cfg.DiskPool, "disk-pool", 6, "formatted disks kept ready in all: corral up keeps this many, each edge a third")
+	f.IntVar(&cfg.Rounds, "rounds", 4, "rounds the creates are split into, the setups taking turns")
+	f.BoolVar(&cfg.SkipSQLite, "skip-sqlite", false, "leave out corral up on its default SQLite store")
 	return cmd
 }
 

@@ -1,9 +1,9 @@
 package daemon
 
 import (
-	"crypto/tls"
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"

@@ -5,8 +5,8 @@
 package daemon
 
 import (
-	"crypto/tls"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,8 +21,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
-	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/blobstore"
+	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/egress/dns"
 	"github.com/corral-dev/corral/internal/egress/proxy"
