@@ -33,6 +33,13 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 			if err != nil {
 				return err
 			}
+			if cfg.Store == "" {
+				// From the environment, the DSN's password stays out of the process list.
+				cfg.Store = os.Getenv("CORRAL_STORE")
+			}
+			if cfg.Store == "" {
+				return usagef("--store (or $CORRAL_STORE) is required: postgres://USER@HOST:PORT/DB?sslmode=disable")
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return cluster.Run(ctx, cfg, log, nil)
@@ -41,7 +48,7 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral-server", "directory for admin.token and join.token (written by the replica that bootstraps the store)")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address of the API")
-	f.StringVar(&cfg.Store, "store", "", "the cluster's PostgreSQL: postgres://USER@HOST:PORT/DB?sslmode=disable (required)")
+	f.StringVar(&cfg.Store, "store", "", "the cluster's PostgreSQL: postgres://USER@HOST:PORT/DB?sslmode=disable (default $CORRAL_STORE, which keeps a password out of the process list; required)")
 	f.StringVar(&cfg.BlobStore, "blob-store", "", "the cluster's layer store, handed to joining edges: dir:/SHARED/PATH or s3://BUCKET[/PREFIX]?endpoint=URL")
 	f.DurationVar(&cfg.LeaseGrace, "lease-grace", 0, "how long past its lease a node is declared lost and its sandboxes failed (default 10s)")
 	f.IntVar(&cfg.K, "placement-k", 0, "nodes sampled per placement, the least loaded wins (default 2; 1 random; -1 all)")
@@ -50,7 +57,6 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f.Float64Var(&cfg.Overcommit.Disk, "overcommit-disk", 0, "writable-disk limits granted per byte of a node's data-dir filesystem (default 1; disks are sparse)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	cmd.MarkFlagRequired("store")
 	return cmd
 }
 
