@@ -183,6 +183,12 @@ func (f *fakeLayers) CollectImages(ctx context.Context) (int, int64, error) { re
 
 func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
 	t.Helper()
+	return newTestEdgeWith(t, rt, Config{})
+}
+
+// newTestEdgeWith is newTestEdge with cfg (its agent path and reap interval are set here).
+func newTestEdgeWith(t *testing.T, rt *fakeRuntime, cfg Config) (*Edge, *store.Store) {
+	t.Helper()
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"))
 	if err != nil {
@@ -198,7 +204,8 @@ func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
 			t.Fatal(err)
 		}
 	}
-	e, err := New(Config{AgentPath: "/agent", ReapInterval: 20 * time.Millisecond}, slog.New(slog.DiscardHandler), st, rt, newFakeLayers())
+	cfg.AgentPath, cfg.ReapInterval = "/agent", 20*time.Millisecond
+	e, err := New(cfg, slog.New(slog.DiscardHandler), st, rt, newFakeLayers())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,5 +539,56 @@ func TestNodeOf(t *testing.T) {
 		if err := c.Validate(); (err == nil) != ok && (ok || !strings.Contains(err.Error(), "node")) {
 			t.Errorf("node name %q: %v", name, err)
 		}
+	}
+}
+
+// TestNodeHasFinalSay checks the edge's own admission in a cluster: over its capacity, while
+// draining, or without the labels a create asks for, a create is refused with node_full (which
+// placement takes as "try another node") and leaves nothing behind.
+func TestNodeHasFinalSay(t *testing.T) {
+	rt := newFakeRuntime()
+	e, st := newTestEdgeWith(t, rt, Config{Capacity: &corral.Resources{CPUs: 2, MemoryBytes: 4 << 30, Sandboxes: 3}, Labels: map[string]string{"pool": "a"}})
+	ctx := context.Background()
+	small := corral.Limits{CPUs: 0.5, MemoryBytes: 1 << 30}
+	full := func(what string, req corral.CreateRequest, want string) {
+		t.Helper()
+		_, err := e.Create(ctx, req)
+		if !errors.Is(err, errdefs.ErrNodeFull) || errdefs.Code(err) != "node_full" || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: %v (want node_full, %q)", what, err, want)
+		}
+	}
+	a, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"pool": "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full("a selector the node does not match", corral.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"pool": "b"}}, "lacks the labels")
+	full("more CPU than is left", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 1.75, MemoryBytes: 1 << 30}}, "CPUs 0.5+1.75 of 2")
+	full("more memory than is left", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 0.5, MemoryBytes: 3200 << 20}}, "memory")
+	for _, cpus := range []float64{1, 0.25} {
+		if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: cpus, MemoryBytes: 512 << 20}}); err != nil {
+			t.Fatalf("a sandbox that fits: %v", err)
+		}
+	}
+	full("a fourth sandbox", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{MemoryBytes: 256 << 20, CPUs: 0.01}}, "sandboxes 3 of 3")
+	if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"bad key": "x"}}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("a malformed selector: %v", err)
+	}
+	// Room comes back when a sandbox goes; a draining node takes nothing all the same.
+	if _, err := e.Delete(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.SetDraining(true)
+	full("a create while draining", corral.CreateRequest{Base: "base:1", Limits: small}, "draining")
+	e.SetDraining(false)
+	if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 0.75, MemoryBytes: 1 << 30}}); err != nil {
+		t.Fatalf("what fits exactly, after the drain ended: %v", err)
+	}
+	// Refused creates left no record.
+	list, err := st.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 4 {
+		t.Fatalf("%d records, want 4 (one deleted, three live)", len(list))
 	}
 }
