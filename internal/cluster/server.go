@@ -332,16 +332,21 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 		TLSHandshakeTimeout: 5 * time.Second,
 		MaxIdleConnsPerHost: 64,
 		ForceAttemptHTTP2:   true,
+		// One HTTP/2 connection per edge, pinged when quiet: a partitioned edge (no RST ever
+		// comes back) fails its requests and streams within seconds instead of hanging them.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: edgePingEvery, PingTimeout: edgePingTimeout},
 	}
 	p := &httputil.ReverseProxy{
 		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.Out.Host = pr.In.Host },
 		Transport:     tr,
 		FlushInterval: -1, // streams (exec output, attach) pass through as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			// A sandbox's record is in the shared store: when its node cannot be reached (it may
-			// have died since the node list was read), any other edge can still show it (once:
+			// What an edge reads from the shared store any other edge can read too: when the
+			// edge cannot be reached (it may have stopped since the node list was read), a read
+			// that is not about one sandbox, or a sandbox's record, goes to another edge (once:
 			// a second edge that does not answer ends it).
-			if id := r.PathValue("id"); r.Method == http.MethodGet && id != "" && r.URL.Path == "/v1/sandboxes/"+id && r.Context().Value(fellBack{}) == nil {
+			id := r.PathValue("id")
+			if r.Method == http.MethodGet && (id == "" || r.URL.Path == "/v1/sandboxes/"+id) && r.Context().Value(fellBack{}) == nil {
 				if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
 					s.refresh(r.Context(), true)
 					s.toAnyExcept(w, r.WithContext(context.WithValue(r.Context(), fellBack{}, true)), n.URL)
@@ -512,10 +517,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return nil
 	}, s.cfg.MaxTries)
 	if err != nil {
-		var nofit *placement.NoFitError
-		if errors.As(err, &nofit) {
-			err = errdefs.Unavailable("%v", err)
-		}
+		// No node fits: 429 when the cluster (or the part the request may use) is full or the
+		// nodes refused it for room, 503 when no node could take it at all.
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
@@ -527,6 +530,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
 }
+
+// How a replica notices an edge it cannot hear: a ping after edgePingEvery of silence on the
+// connection, given up after edgePingTimeout.
+const (
+	edgePingEvery   = 2 * time.Second
+	edgePingTimeout = 3 * time.Second
+)
 
 // fellBack marks a request already sent to a second edge after its own did not answer.
 type fellBack struct{}

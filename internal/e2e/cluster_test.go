@@ -8,12 +8,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +31,7 @@ import (
 type proc struct {
 	t      *testing.T
 	name   string
+	prefix []string // runs corral through this command (nsenter into a host's namespace)
 	args   []string
 	url    string
 	cmd    *exec.Cmd
@@ -48,7 +53,8 @@ func startProc(t *testing.T, name, url string, args ...string) *proc {
 
 func (p *proc) start() {
 	p.t.Helper()
-	p.cmd = exec.Command(filepath.Join(binDir, "corral"), p.args...)
+	argv := append(append(slices.Clone(p.prefix), filepath.Join(binDir, "corral")), p.args...)
+	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.logs = &lockedWriter{w: &bytes.Buffer{}}
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -102,27 +108,116 @@ func (p *proc) stop() {
 	}
 }
 
-// TestCluster runs a cluster on this machine: PostgreSQL, two server replicas and two edges as
-// separate processes (loopback addresses, own data dirs and cgroups). Creates are placed on
-// both edges and served through either replica; a quota holds exactly across replicas; a
-// cordoned node takes nothing new; a node killed with -9 is declared lost in bounded time, its
-// sandboxes fail with node_lost while the other node's keep working; restarted, it registers a
-// new incarnation and removes what the cluster gave up on.
+// fleetNet is a cluster's network on this machine: a bridge in this namespace (the servers and
+// PostgreSQL listen on its address) and one network namespace per host, each wired to the bridge
+// by a veth pair whose bridge side can be taken down to cut the host off.
+type fleetNet struct {
+	t      *testing.T
+	bridge string
+	hosts  []fleetHost
+}
+
+type fleetHost struct {
+	netns string // /run/netns/<netns>
+	link  string // the veth's bridge side
+	addr  string
+}
+
+// The fleet's network: 198.18.0.0/15 is for network tests (RFC 2544); nothing else here uses it.
+const fleetGateway = "198.18.7.1"
+
+func newFleetNet(t *testing.T, tag string, hosts int) *fleetNet {
+	t.Helper()
+	n := &fleetNet{t: t, bridge: "crlfb" + tag}
+	t.Cleanup(n.close)
+	n.ip("link", "add", n.bridge, "type", "bridge")
+	n.ip("addr", "add", fleetGateway+"/24", "dev", n.bridge)
+	n.ip("link", "set", n.bridge, "up")
+	for i := range hosts {
+		h := fleetHost{netns: fmt.Sprintf("crl-fleet-%s-%d", tag, i+1), link: fmt.Sprintf("crlf%sh%d", tag, i+1), addr: fmt.Sprintf("198.18.7.%d", 11+i)}
+		n.hosts = append(n.hosts, h)
+		n.ip("netns", "add", h.netns)
+		n.ip("link", "add", h.link, "type", "veth", "peer", "name", "eth0", "netns", h.netns)
+		n.ip("link", "set", h.link, "master", n.bridge, "up")
+		n.ip("-n", h.netns, "addr", "add", h.addr+"/24", "dev", "eth0")
+		n.ip("-n", h.netns, "link", "set", "eth0", "up")
+		n.ip("-n", h.netns, "link", "set", "lo", "up")
+	}
+	return n
+}
+
+func (n *fleetNet) ip(args ...string) {
+	n.t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		n.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// partition cuts host i off the network (down) or heals it.
+func (n *fleetNet) partition(i int, down bool) {
+	n.t.Helper()
+	state := "up"
+	if down {
+		state = "down"
+	}
+	n.ip("link", "set", n.hosts[i].link, state)
+}
+
+// enter is the command prefix that runs a process in host i's network namespace (and only
+// that: its mounts and cgroups are this machine's, as a host's would be its own).
+func (n *fleetNet) enter(i int) []string {
+	return []string{"nsenter", "--net=/run/netns/" + n.hosts[i].netns, "--"}
+}
+
+func (n *fleetNet) close() {
+	for _, h := range n.hosts {
+		exec.Command("ip", "netns", "del", h.netns).Run() // the veths go with it
+	}
+	exec.Command("ip", "link", "del", n.bridge).Run()
+}
+
+// freePortOn returns an address on ip with a port that is free now.
+func freePortOn(t *testing.T, ip string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestCluster runs a fleet on this machine: PostgreSQL, two server replicas and three edges as
+// separate processes, each edge a "host" with its own network namespace, address, data dir and
+// cgroups. Through either replica: creates spread over the nodes, exec, list, delete; a quota
+// holds exactly; node selectors, project pins and avoids, an edge's own capacity, cordon and
+// drain steer placement. Then what goes wrong in fleets: a server replica killed mid-stream
+// (the client re-attaches through the other from its offset), PostgreSQL restarted, a host
+// partitioned briefly (nothing happens) and for long (lost, its sandboxes failed; healed, the
+// old incarnation stops and a new one cleans up), and an edge killed with -9 under load (lost
+// in bounded time, nothing else disturbed). Nothing is left behind.
 func TestCluster(t *testing.T) {
 	needRoot(t)
-	dsn := pgtest.NewDB(t)
-	ctx := t.Context()
-	shared := t.TempDir() // the cluster's blob store: a directory every edge reaches
-	sdir := t.TempDir()
-	s1url, s2url := "http://"+freePort(t), "http://"+freePort(t)
-	server := func(name, url, dir string) *proc {
-		return startProc(t, name, url, "server", "--store", dsn, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
-			"--blob-store", "dir:"+shared, "--lease-grace", "2s", "--log-level", "debug")
+	// A hang anywhere fails the test with the processes' logs instead of eating CI's time.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	tag := randHex(2)
+	fleet := newFleetNet(t, tag, 3)
+	pg, err := pgtest.Start(fleetGateway, "127.0.0.1")
+	if errors.Is(err, pgtest.ErrNotInstalled) {
+		t.Skip(err)
 	}
-	s1 := server("server1", s1url, sdir)
-	s2 := server("server2", s2url, t.TempDir())
-	t.Cleanup(s1.stop) // after the edges' cleanups (last in, first out), which go through s1
-	t.Cleanup(s2.stop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Stop) // after the processes' cleanups (registered later, run first)
+	dsn, err := pg.CreateDB("fleet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := t.TempDir() // the cluster's blob store: a directory every host reaches
+	sdir := t.TempDir()
+	s1url, s2url := "http://"+freePortOn(t, fleetGateway), "http://"+freePortOn(t, fleetGateway)
 	var procs []*proc
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -131,44 +226,67 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	})
-	procs = append(procs, s1, s2)
+	server := func(name, url, dir string) *proc {
+		p := startProc(t, name, url, "server", "--store", dsn, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
+			"--blob-store", "dir:"+shared, "--lease-grace", "2s", "--log-level", "debug")
+		procs = append(procs, p)
+		return p
+	}
+	s1 := server("server1", s1url, sdir)
+	s2 := server("server2", s2url, t.TempDir())
+	t.Cleanup(s1.stop) // after the edges' cleanups, which go through s2
+	t.Cleanup(s2.stop)
 	admin, err := os.ReadFile(filepath.Join(sdir, "admin.token"))
 	if err != nil {
 		t.Fatalf("the first replica wrote no admin token: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(sdir, "join.token")); err != nil {
-		t.Fatalf("the first replica wrote no join token: %v", err)
+	token := strings.TrimSpace(string(admin))
+	c1, c2 := corral.New(s1url, token), corral.New(s2url, token)
+	clients := []*corral.Client{c1, c2}
+	cli := func(url string, args ...string) (string, string, int) {
+		return (&corralProc{t: t, URL: url, Token: token}).cli("", args...)
 	}
-	c1 := corral.New(s1url, strings.TrimSpace(string(admin)))
-	c2 := corral.New(s2url, strings.TrimSpace(string(admin)))
 
-	edge := func(name string) *proc {
+	edge := func(i int, labels ...string) *proc {
+		name := fmt.Sprintf("edge%d", i+1)
 		dir, err := os.MkdirTemp("", "crl-")
 		if err != nil {
 			t.Fatal(err)
 		}
-		listen := freePort(t)
-		tag := randHex(2)
-		p := startProc(t, name, "https://"+listen, "edge", "--server", s1url, "--join-token", filepath.Join(sdir, "join.token"),
-			"--name", name, "--data-dir", dir, "--listen", listen, "--cgroup-parent", "/corral-e2e-"+tag, "--runc", runcPath(),
-			"--disk-pool", "1", "--net-tag", tag, "--net-pool", fmt.Sprintf("10.%d.%d.0/24", 200+int(tag[0])%50, tag[1]),
-			"--lease-ttl", "3s", "--log-level", "debug")
-		p.cgroup = "/corral-e2e-" + tag
+		listen := fleet.hosts[i].addr + ":7071"
+		ntag := tag[:2] + fmt.Sprint(i+1)
+		args := []string{"edge", "--server", s1url, "--join-token", filepath.Join(sdir, "join.token"),
+			"--name", name, "--data-dir", dir, "--listen", listen, "--cgroup-parent", "/corral-e2e-" + ntag, "--runc", runcPath(),
+			"--disk-pool", "1", "--net-tag", ntag, "--net-pool", fmt.Sprintf("10.%d.%d.0/24", 200+i, int(tag[0])), "--lease-ttl", "3s", "--log-level", "debug"}
+		for _, l := range labels {
+			args = append(args, "--label", l)
+		}
+		if i == 2 {
+			args = append(args, "--overcommit-cpu", "0.5") // its own final say, below the servers' 4
+		}
+		p := &proc{t: t, name: name, prefix: fleet.enter(i), args: args, url: "https://" + listen, cgroup: "/corral-e2e-" + ntag}
+		p.start()
 		t.Cleanup(func() {
-			// An edge the test left dead starts again first: its reconcile removes what the
-			// cluster gave up on and re-adopts the rest, which the server can then delete.
+			// A host the test left dead or cut off comes back first: its new incarnation removes
+			// what the cluster gave up on, and the rest is deleted through a server.
+			fleet.partition(i, false)
 			select {
 			case <-p.done:
 				p.start()
 			default:
 			}
-			// Sandboxes first (through a server, like any client), then the edge, then its cgroups.
 			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			if list, err := c1.ListSandboxes(cctx, corral.ListOptions{}); err == nil {
+			list, err := c2.ListSandboxes(cctx, corral.ListOptions{})
+			if err != nil {
+				t.Errorf("list the sandboxes to delete at the end: %v", err)
+			}
+			{
 				for _, sb := range list {
 					if sb.Node == name && (sb.State == corral.StateRunning || sb.State == corral.StatePaused) {
-						c1.DeleteSandbox(cctx, sb.ID)
+						if _, err := c2.DeleteSandbox(cctx, sb.ID); err != nil {
+							t.Errorf("delete %s at the end: %v", sb.ID, err)
+						}
 					}
 				}
 			}
@@ -178,13 +296,17 @@ func TestCluster(t *testing.T) {
 			for _, d := range append(dirs, more...) {
 				os.Remove(d)
 			}
+			if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), dir) {
+				t.Errorf("%s left mounts under %s", name, dir)
+			}
 			os.RemoveAll(dir)
 		})
 		procs = append(procs, p)
 		return p
 	}
-	e1 := edge("edge1")
-	e2 := edge("edge2")
+	e1 := edge(0, "pool=a")
+	edge(1, "pool=a")
+	e3 := edge(2, "pool=b", "gpu=fake")
 	nodeStates := func() map[string]string {
 		list, err := c2.Nodes(ctx)
 		if err != nil {
@@ -196,7 +318,7 @@ func TestCluster(t *testing.T) {
 		}
 		return out
 	}
-	if got := nodeStates(); got["edge1"] != corral.NodeReady || got["edge2"] != corral.NodeReady {
+	if got := nodeStates(); len(got) != 3 || got["edge1"] != corral.NodeReady || got["edge3"] != corral.NodeReady {
 		t.Fatalf("nodes after joining: %v", got)
 	}
 
@@ -206,37 +328,57 @@ func TestCluster(t *testing.T) {
 	if _, err := c2.ImportLayer(ctx, "base", "test", corral.KindBase, pr); err != nil {
 		t.Fatal(err)
 	}
-	// Small sandboxes: what is under test is where they go, not how many a 2-CPU node holds
-	// (8 of 1 CPU with the default CPU overcommit, counting deleted ones until the next heartbeat).
-	small := corral.Limits{CPUs: 0.1, MemoryBytes: 64 << 20}
-	// Placement spreads creates over both nodes; either replica serves each sandbox.
-	byNode := map[string][]string{}
-	for i := range 4 {
-		c := []*corral.Client{c1, c2}[i%2]
-		sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small})
+	// Small sandboxes: what is under test is where they go, not how many a host holds.
+	small := corral.Limits{CPUs: 0.05, MemoryBytes: 64 << 20}
+	create := func(c *corral.Client, req corral.CreateRequest) *corral.Sandbox {
+		t.Helper()
+		req.Base, req.Limits = "base:test", small
+		sb, err := c.CreateSandbox(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
+		return sb
+	}
+	run := func(c *corral.Client, id string) error {
+		out, _, exit, err := c.Run(ctx, id, corral.ExecRequest{Argv: []string{"hostname"}})
+		if err == nil && (exit.Code != 0 || strings.TrimSpace(string(out)) != id) {
+			err = fmt.Errorf("exit %d, output %q", exit.Code, out)
+		}
+		return err
+	}
+
+	// Placement spreads creates; either replica serves each sandbox; deletes go through either.
+	byNode := map[string][]string{}
+	for i := range 6 {
+		sb := create(clients[i%2], corral.CreateRequest{})
 		byNode[sb.Node] = append(byNode[sb.Node], sb.ID)
 	}
-	if len(byNode["edge1"]) == 0 || len(byNode["edge2"]) == 0 {
+	if len(byNode) < 2 {
 		t.Fatalf("placement used one node only: %v", byNode)
 	}
 	for _, ids := range byNode {
 		for _, id := range ids {
-			for _, c := range []*corral.Client{c1, c2} {
-				out, _, exit, err := c.Run(ctx, id, corral.ExecRequest{Argv: []string{"hostname"}})
-				if err != nil || exit.Code != 0 || strings.TrimSpace(string(out)) != id {
-					t.Fatalf("exec in %s through a replica: %q %+v %v", id, out, exit, err)
+			for _, c := range clients {
+				if err := run(c, id); err != nil {
+					t.Fatalf("exec in %s through a replica: %v", id, err)
 				}
 			}
 		}
 	}
-	if list, err := c2.ListSandboxes(ctx, corral.ListOptions{}); err != nil || len(list) != 4 {
+	if list, err := c2.ListSandboxes(ctx, corral.ListOptions{}); err != nil || len(list) != 6 {
 		t.Fatalf("list through a replica: %d, %v", len(list), err)
 	}
+	for node, ids := range byNode {
+		if _, err := c2.DeleteSandbox(ctx, ids[0]); err != nil {
+			t.Fatal(err)
+		}
+		if sb, err := c1.GetSandbox(ctx, ids[0]); err != nil || sb.State != corral.StateStopped {
+			t.Fatalf("a deleted sandbox through the other replica: %+v, %v", sb, err)
+		}
+		byNode[node] = ids[1:]
+	}
 
-	// A quota holds exactly across both replicas and both nodes.
+	// A quota holds exactly across both replicas and all nodes.
 	if _, err := c1.CreateProject(ctx, "burst"); err != nil {
 		t.Fatal(err)
 	}
@@ -250,8 +392,7 @@ func TestCluster(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 16 {
 		wg.Go(func() {
-			c := []*corral.Client{c1, c2}[i%2]
-			sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small, Project: "burst"})
+			sb, err := clients[i%2].CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small, Project: "burst"})
 			mu.Lock()
 			defer mu.Unlock()
 			var apiErr *corral.APIError
@@ -275,78 +416,223 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
-	// A cordoned node takes nothing new.
-	out, errOut, code := (&corralProc{t: t, URL: s1url, Token: strings.TrimSpace(string(admin))}).cli("", "node", "cordon", "edge1")
-	if code != 0 || !strings.Contains(out, "cordoned") {
-		t.Fatalf("corral node cordon: %q %q %d", out, errOut, code)
+	// Node selectors, and a project's node groups (set by an operator, through the CLI).
+	if sb := create(c1, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {
+		t.Fatalf("node_selector gpu=fake placed on %s", sb.Node)
 	}
-	for range 2 {
-		sb, err := c1.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small})
-		if err != nil {
+	if _, err := c2.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small, NodeSelector: map[string]string{"gpu": "h100"}}); err == nil || !strings.Contains(err.Error(), "lack") {
+		t.Fatalf("a create no node can take: %v", err)
+	}
+	for _, p := range []string{"tenant-a", "tenant-b"} {
+		if _, err := c1.CreateProject(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		if sb.Node != "edge2" {
-			t.Fatalf("a create went to the cordoned node: %s", sb.Node)
-		}
-		byNode["edge2"] = append(byNode["edge2"], sb.ID)
 	}
-	var nodes []corral.Node
-	out, _, code = (&corralProc{t: t, URL: s2url, Token: strings.TrimSpace(string(admin))}).cli("", "node", "ls", "-o", "json")
-	if code != 0 || json.Unmarshal([]byte(out), &nodes) != nil || len(nodes) != 2 || nodes[0].Name != "edge1" || nodes[0].State != corral.NodeCordoned {
-		t.Fatalf("corral node ls: %q", out)
+	if out, errOut, code := cli(s1url, "project", "placement", "tenant-a", "--pin", "pool=a"); code != 0 || !strings.Contains(out, "pool=a") {
+		t.Fatalf("corral project placement --pin: %q %q %d", out, errOut, code)
 	}
-	if _, err := c1.NodeAction(ctx, "edge1", "uncordon"); err != nil {
+	if _, err := c2.SetProjectPlacement(ctx, "tenant-b", corral.ProjectPlacement{Avoid: []map[string]string{{"pool": "a"}}}); err != nil {
 		t.Fatal(err)
 	}
-
-	// edge2 dies: within its lease (3 s) plus the grace (2 s) and a sweep, it is lost and its
-	// sandboxes failed; edge1's keep working.
-	e2.kill9()
-	lostBy := time.Now().Add(15 * time.Second)
-	for nodeStates()["edge2"] != corral.NodeLost {
-		if time.Now().After(lostBy) {
-			t.Fatalf("edge2 not declared lost 15 s after it died: %v", nodeStates())
+	for i := range 4 {
+		if sb := create(clients[i%2], corral.CreateRequest{Project: "tenant-a"}); sb.Node == "edge3" {
+			t.Fatalf("a sandbox of tenant-a (pinned to pool=a) on %s", sb.Node)
 		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	for _, id := range byNode["edge2"] {
-		sb, err := c2.GetSandbox(ctx, id)
-		if err != nil || sb.State != corral.StateFailed || sb.Reason != corral.ReasonNodeLost {
-			t.Fatalf("sandbox %s of the lost node: %+v, %v", id, sb, err)
-		}
-		if _, _, _, err := c1.Run(ctx, id, corral.ExecRequest{Argv: []string{"true"}}); err == nil {
-			t.Fatalf("exec in %s on a lost node worked", id)
+		if sb := create(clients[i%2], corral.CreateRequest{Project: "tenant-b"}); sb.Node != "edge3" {
+			t.Fatalf("a sandbox of tenant-b (kept off pool=a) on %s", sb.Node)
 		}
 	}
-	for _, id := range byNode["edge1"] {
-		if _, _, exit, err := c2.Run(ctx, id, corral.ExecRequest{Argv: []string{"true"}}); err != nil || exit.Code != 0 {
-			t.Fatalf("edge1's sandbox %s after edge2 died: %v", id, err)
-		}
-	}
-	// New creates go to the node that is left.
-	sb, err := c2.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small})
-	if err != nil || sb.Node != "edge1" {
-		t.Fatalf("create with edge2 lost: %+v, %v", sb, err)
+	if _, err := c1.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small, Project: "tenant-a", NodeSelector: map[string]string{"pool": "b"}}); err == nil {
+		t.Fatal("a create outside its project's pin was placed")
 	}
 
-	// edge2 comes back: a new incarnation, and the sandboxes the cluster gave up on are removed
-	// from the host rather than re-adopted.
-	e2.start()
-	var back corral.Node
-	list, err := c1.Nodes(ctx)
+	// The edge has the final say: edge3 admits only half its CPUs, the servers would grant four
+	// times them. Placement tries it, is refused, has no other node with gpu=fake: 429.
+	big := corral.Limits{CPUs: 0.6 * float64(runtime.NumCPU()), MemoryBytes: 64 << 20}
+	_, err = c1.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: big, NodeSelector: map[string]string{"gpu": "fake"}})
+	var apiErr *corral.APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != 429 || !strings.Contains(err.Error(), "no room") {
+		t.Fatalf("a create over edge3's own capacity: %v", err)
+	}
+
+	// Cordon and drain keep new sandboxes off a node; uncordon lets them back.
+	if out, errOut, code := cli(s1url, "node", "cordon", "edge1"); code != 0 || !strings.Contains(out, "cordoned") {
+		t.Fatalf("corral node cordon: %q %q %d", out, errOut, code)
+	}
+	if _, err := c2.NodeAction(ctx, "edge2", "drain"); err != nil {
+		t.Fatal(err)
+	}
+	// Each replica rereads the nodes every second, and each edge learns its own state from its
+	// next heartbeat (every second here): the change is everywhere within about two.
+	time.Sleep(2 * time.Second)
+	for range 2 {
+		if sb := create(c1, corral.CreateRequest{}); sb.Node != "edge3" {
+			t.Fatalf("a create went to a cordoned or draining node: %s", sb.Node)
+		}
+	}
+	var nodes []corral.Node
+	out, _, code := cli(s2url, "node", "ls", "-o", "json")
+	if code != 0 || json.Unmarshal([]byte(out), &nodes) != nil || len(nodes) != 3 || nodes[0].State != corral.NodeCordoned || nodes[1].State != corral.NodeDraining {
+		t.Fatalf("corral node ls: %q", out)
+	}
+	for _, n := range []string{"edge1", "edge2"} {
+		if _, err := c1.NodeAction(ctx, n, "uncordon"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A server replica dies mid-stream: the client re-attaches through the other replica from
+	// the offset it had, and misses nothing.
+	target := byNode["edge1"]
+	if len(target) == 0 {
+		target = []string{create(c2, corral.CreateRequest{}).ID}
+	}
+	st, err := c1.Exec(ctx, target[0], corral.ExecRequest{Argv: []string{"sh", "-c", "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo line$i; sleep 0.05; done"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range list {
-		if n.Name == "edge2" {
-			back = n
+	var got bytes.Buffer
+	var offset int64
+	for got.Len() < 20 {
+		ev, err := st.Next()
+		if err != nil {
+			t.Fatalf("stream before the replica died: %v", err)
+		}
+		if ev.Type == corral.EventStdout {
+			got.Write(ev.Data)
+			offset = ev.Offset + int64(len(ev.Data))
 		}
 	}
-	if back.State != corral.NodeReady || back.Epoch < 3 {
-		t.Fatalf("edge2 after its restart: %+v", back)
+	s1.kill9()
+	if _, err := st.Next(); err == nil {
+		// One more event may have been in flight; the stream must end soon after.
+		for err == nil {
+			_, err = st.Next()
+		}
 	}
-	if !strings.Contains(e2.log(), "removing runtime state of a sandbox the store does not run") {
-		t.Errorf("edge2 did not remove the sandboxes it lost:\n%s", e2.log())
+	st.Close()
+	st, err = c2.Attach(ctx, target[0], st.CommandID(), offset, true)
+	if err != nil {
+		t.Fatalf("re-attach through the other replica: %v", err)
 	}
-	_ = e1
+	if exit, err := st.Copy(&got, io.Discard); err != nil || exit.Code != 0 {
+		t.Fatalf("re-attached stream: %+v, %v", exit, err)
+	}
+	st.Close()
+	var want strings.Builder
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&want, "line%d\n", i)
+	}
+	if got.String() != want.String() {
+		t.Fatalf("output across a replica's death:\n%q\nwant\n%q", got.String(), want.String())
+	}
+	s1.start()
+
+	// PostgreSQL restarts: every replica and edge reconnects; no node is lost for it.
+	if err := pg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "a create after PostgreSQL restarted", func() bool {
+		sb, err := c1.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small})
+		if err == nil {
+			byNode[sb.Node] = append(byNode[sb.Node], sb.ID)
+		}
+		return err == nil
+	})
+	if got := nodeStates(); got["edge1"] != corral.NodeReady || got["edge2"] != corral.NodeReady || got["edge3"] != corral.NodeReady {
+		t.Fatalf("nodes after PostgreSQL restarted: %v", got)
+	}
+
+	// edge3's host is cut off for a second, less than its lease: nothing happens.
+	onEdge3, err := c2.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small, NodeSelector: map[string]string{"gpu": "fake"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet.partition(2, true)
+	time.Sleep(time.Second)
+	fleet.partition(2, false)
+	eventually(t, 10*time.Second, "exec on edge3 after a short partition", func() bool { return run(c1, onEdge3.ID) == nil })
+	if got := nodeStates(); got["edge3"] != corral.NodeReady {
+		t.Fatalf("edge3 after a short partition: %v", got)
+	}
+
+	// Cut off for long: lost within lease (3 s) + grace (2 s) + a sweep, its sandboxes failed
+	// (their quota released); the rest of the fleet does not notice. Healed, the old incarnation
+	// finds itself fenced and stops; started again, it removes what the cluster gave up on.
+	fleet.partition(2, true)
+	eventually(t, 15*time.Second, "edge3 lost after its partition", func() bool { return nodeStates()["edge3"] == corral.NodeLost })
+	if sb, err := c2.GetSandbox(ctx, onEdge3.ID); err != nil || sb.State != corral.StateFailed || sb.Reason != corral.ReasonNodeLost {
+		t.Fatalf("a sandbox of the partitioned node: %+v, %v", sb, err)
+	}
+	if err := run(c1, onEdge3.ID); err == nil {
+		t.Fatal("exec on a lost node's sandbox worked")
+	}
+	for _, id := range byNode["edge1"] {
+		if err := run(c2, id); err != nil {
+			t.Fatalf("edge1's %s while edge3 is cut off: %v", id, err)
+		}
+	}
+	fleet.partition(2, false)
+	select {
+	case <-e3.done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("edge3's old incarnation kept running after the heal:\n%s", e3.log())
+	}
+	if !strings.Contains(e3.log(), "lost its lease") {
+		t.Errorf("edge3 did not say why it stopped:\n%s", e3.log())
+	}
+	e3.start()
+	eventually(t, 10*time.Second, "edge3 back", func() bool { return nodeStates()["edge3"] == corral.NodeReady })
+	if !strings.Contains(e3.log(), "removing runtime state of a sandbox the store does not run") {
+		t.Errorf("edge3 did not remove the sandboxes the cluster gave up on:\n%s", e3.log())
+	}
+
+	// edge1 is killed under load: creates and execs keep going through both replicas; edge1 is
+	// lost in bounded time, and once it is, every operation succeeds again (on the others).
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	var lostAt atomic.Int64
+	var afterLost, failedAfterLost atomic.Int64
+	var lwg sync.WaitGroup
+	for w := range 2 {
+		lwg.Go(func() {
+			for loadCtx.Err() == nil {
+				c := clients[w]
+				sb, err := c.CreateSandbox(loadCtx, corral.CreateRequest{Base: "base:test", Limits: small})
+				if err == nil {
+					err = run(c, sb.ID)
+					c.DeleteSandbox(context.Background(), sb.ID)
+				}
+				if at := lostAt.Load(); at != 0 && loadCtx.Err() == nil {
+					afterLost.Add(1)
+					if err != nil {
+						failedAfterLost.Add(1)
+						t.Logf("after edge1 was lost: %v", err)
+					}
+				}
+			}
+		})
+	}
+	time.Sleep(2 * time.Second)
+	e1.kill9()
+	eventually(t, 15*time.Second, "edge1 lost after kill -9", func() bool { return nodeStates()["edge1"] == corral.NodeLost })
+	time.Sleep(time.Second) // operations that were in flight on edge1 end
+	lostAt.Store(time.Now().UnixNano())
+	time.Sleep(4 * time.Second)
+	stopLoad()
+	lwg.Wait()
+	if afterLost.Load() == 0 || failedAfterLost.Load() != 0 {
+		t.Fatalf("after edge1 was lost: %d of %d operations failed", failedAfterLost.Load(), afterLost.Load())
+	}
+	for _, id := range byNode["edge1"] {
+		if sb, err := c1.GetSandbox(ctx, id); err != nil || sb.State != corral.StateFailed || sb.Reason != corral.ReasonNodeLost {
+			t.Fatalf("edge1's %s after it died: %+v, %v", id, sb, err)
+		}
+	}
+	for _, id := range byNode["edge2"] {
+		if err := run(c1, id); err != nil {
+			t.Fatalf("edge2's %s after edge1 died: %v", id, err)
+		}
+	}
+	e1.start()
+	eventually(t, 10*time.Second, "edge1 back", func() bool { return nodeStates()["edge1"] == corral.NodeReady })
 }
