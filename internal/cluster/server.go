@@ -32,6 +32,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -343,13 +344,14 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			// What an edge reads from the shared store any other edge can read too: when the
 			// edge cannot be reached (it may have stopped since the node list was read), a read
-			// that is not about one sandbox, or a sandbox's record, goes to another edge (once:
-			// a second edge that does not answer ends it).
+			// that is not about one sandbox, or a sandbox's record, goes to another edge, and so
+			// on until one answers or every edge was tried.
 			id := r.PathValue("id")
-			if r.Method == http.MethodGet && (id == "" || r.URL.Path == "/v1/sandboxes/"+id) && r.Context().Value(fellBack{}) == nil {
+			if r.Method == http.MethodGet && (id == "" || r.URL.Path == "/v1/sandboxes/"+id) {
 				if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
-					s.refresh(r.Context(), true)
-					s.toAnyExcept(w, r.WithContext(context.WithValue(r.Context(), fellBack{}, true)), n.URL)
+					tried, _ := r.Context().Value(triedEdges{}).([]string)
+					tried = append(slices.Clip(tried), n.URL)
+					s.toAnyExcept(w, r.WithContext(context.WithValue(r.Context(), triedEdges{}, tried)), tried...)
 					return
 				}
 			}
@@ -392,15 +394,15 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 
 // toAny sends a request that is not about one sandbox to a ready (or at least not lost) edge,
 // round robin: every edge serves the shared store.
-func (s *Server) toAny(w http.ResponseWriter, r *http.Request) { s.toAnyExcept(w, r, "") }
+func (s *Server) toAny(w http.ResponseWriter, r *http.Request) { s.toAnyExcept(w, r) }
 
-// toAnyExcept is toAny avoiding the edge at skip (one that just did not answer). Draining nodes
-// serve only when no other is up: they have wound their fncall pools down.
-func (s *Server) toAnyExcept(w http.ResponseWriter, r *http.Request, skip string) {
+// toAnyExcept is toAny avoiding the edges at skip (ones that just did not answer). Draining
+// nodes serve only when no other is up: they have wound their fncall pools down.
+func (s *Server) toAnyExcept(w http.ResponseWriter, r *http.Request, skip ...string) {
 	var up, draining []corral.Node
 	for _, n := range s.upNodes(r.Context()) {
 		switch {
-		case n.URL == skip:
+		case slices.Contains(skip, n.URL):
 		case n.State == corral.NodeDraining:
 			draining = append(draining, n)
 		default:
@@ -412,8 +414,8 @@ func (s *Server) toAnyExcept(w http.ResponseWriter, r *http.Request, skip string
 	}
 	if len(up) == 0 {
 		msg := "no edge has joined this cluster, or all are lost (corral node ls)"
-		if skip != "" {
-			msg = fmt.Sprintf("edge %s did not answer and no other edge is up (corral node ls)", skip)
+		if len(skip) > 0 {
+			msg = fmt.Sprintf("no edge answered (tried %s; corral node ls)", strings.Join(skip, ", "))
 		}
 		httpjson.Error(w, r, s.log, errdefs.Unavailable("%s", msg))
 		return
@@ -538,8 +540,8 @@ const (
 	edgePingTimeout = 3 * time.Second
 )
 
-// fellBack marks a request already sent to a second edge after its own did not answer.
-type fellBack struct{}
+// triedEdges carries the URLs of the edges a read was sent to and that did not answer.
+type triedEdges struct{}
 
 // neverSent reports whether a call to an edge failed before the request could reach it: the
 // connection was not made, or the edge's TLS handshake failed (a certificate the cluster CA does

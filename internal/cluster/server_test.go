@@ -150,6 +150,24 @@ func TestServerWithoutEdges(t *testing.T) {
 	if _, err := c.GetSandbox(ctx, "sb-edge3-aaaaaaaaaaaaaaaa"); err == nil || !strings.Contains(err.Error(), "did not answer") {
 		t.Errorf("a sandbox on an unreachable node: %v", err)
 	}
+	// Reads that any edge can serve go on to the next edge until one answers: with two of three
+	// unreachable, every one of them is served.
+	if _, err := st.RegisterNode(ctx, corral.Node{Name: "edge2", URL: "https://127.0.0.1:2"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	s.refresh(ctx, true)
+	for range 6 {
+		req, _ := http.NewRequest("GET", hs.URL+"/v1/layers", nil)
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(admin)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("a read with two of three edges unreachable: %d", resp.StatusCode)
+		}
+	}
 }
 
 // TestBootstrapWithGivenTokens checks that tokens placed in the data dir before the first start

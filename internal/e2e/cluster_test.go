@@ -481,6 +481,22 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
+	// Layer GC through a replica while every node runs sandboxes of the layer: the edges share
+	// one catalogue and see each other's sandboxes, so nothing in use goes, and creates go on.
+	if res, err := c2.GCLayers(ctx); err != nil || res.Removed != 0 {
+		t.Fatalf("layer gc with the layer in use on every node: %+v, %v", res, err)
+	}
+	for _, ids := range byNode {
+		for _, id := range ids {
+			if err := run(c1, id); err != nil {
+				t.Fatalf("exec in %s after layer gc: %v", id, err)
+			}
+		}
+	}
+	if sb := create(c2, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {
+		t.Fatalf("a create after layer gc went to %s", sb.Node)
+	}
+
 	// A server replica dies mid-stream: the client re-attaches through the other replica from
 	// the offset it had, and misses nothing.
 	target := byNode["edge1"]
