@@ -27,6 +27,9 @@ declare -A want=(
   # PostgreSQL: the store's conformance suite runs against a throwaway cluster of it
   # (internal/store/pgtest); `corral up --store postgres://...` uses any PostgreSQL 13+.
   [/usr/lib/postgresql]=postgresql
+  # Node.js (20+) and npm: the E2B compatibility test drives Corral with the real e2b SDK
+  # (test/e2b). Some Node.js builds bring npm along; Debian's own needs the npm package (below).
+  [node]=nodejs
 )
 missing=()
 for what in "${!want[@]}"; do
@@ -41,6 +44,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v npm >/dev/null; then
+  echo "setup: installing npm" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
 fi
 modprobe overlay 2>/dev/null || true
 modprobe loop 2>/dev/null || true

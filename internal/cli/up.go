@@ -36,6 +36,8 @@ re-adopted at the next start, as they are after a crash.`,
 		},
 	}
 	addDaemonFlags(cmd.Flags(), &cfg, &logFormat, &logLevel)
+	cmd.Flags().StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API (the e2b SDKs' E2B_API_URL) on this address (default: off)")
+	cmd.Flags().StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>; default: the host a request came to)")
 	return cmd
 }
 

@@ -74,6 +74,8 @@ type Config struct {
 	KeepExitedFor      time.Duration
 	// AuditRetention is how long audit entries are kept. Default 90 days.
 	AuditRetention time.Duration
+	// E2B serves E2B's API beside Corral's (off unless E2B.Listen is set).
+	E2B E2BConfig
 	// Cluster, when set, makes this an edge of a cluster (`corral edge`): Store is then the
 	// cluster's PostgreSQL, and the node registers and heartbeats there.
 	Cluster *ClusterConfig
@@ -313,7 +315,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() {
 		if tlsCfg != nil {
 			errc <- srv.ServeTLS(lis, "", "")
@@ -321,6 +323,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 		errc <- srv.Serve(lis)
 	}()
+	if cfg.E2B.Listen != "" {
+		e2bSrv, err := startE2B(cfg, lis.Addr(), log, errc)
+		if err != nil {
+			srv.Close()
+			return err
+		}
+		defer e2bSrv.Close()
+	}
 	if node != nil {
 		go func() {
 			if err := heartbeat(ctx, cfg, st, node.Epoch, e, log); err != nil {

@@ -1,0 +1,82 @@
+package daemon
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/corral-dev/corral/internal/e2b"
+)
+
+// E2BConfig serves E2B's API (internal/e2b) beside Corral's own, on a listener of its own.
+type E2BConfig struct {
+	// Listen is the address of the E2B listener (empty: off).
+	Listen string
+	// Domain is what sandboxes' E2B views name as their domain (getHost(port) builds
+	// "<port>-<id>.<domain>"); empty: the host the request came to.
+	Domain string
+}
+
+// e2bKeyFile holds the secret the gateway derives sandboxes' envd access tokens from; it must
+// survive restarts, or every token handed out stops working.
+const e2bKeyFile = "e2b.key"
+
+// startE2B starts the E2B gateway on its own listener, translating onto the API at apiAddr. The
+// returned server is shut down with the API's.
+func startE2B(cfg Config, apiAddr net.Addr, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+	key, err := e2bKey(filepath.Join(cfg.DataDir, e2bKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	// The gateway calls the API over loopback when the API listens on every address.
+	api := apiAddr.(*net.TCPAddr)
+	host := api.IP
+	if host.IsUnspecified() {
+		host = net.IPv4(127, 0, 0, 1)
+	}
+	gw, err := e2b.New(e2b.Config{
+		CorralURL: "http://" + net.JoinHostPort(host.String(), fmt.Sprint(api.Port)),
+		Domain:    cfg.E2B.Domain,
+		TokenKey:  key,
+	}, log.With("api", "e2b"))
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", cfg.E2B.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s (E2B API): %w", cfg.E2B.Listen, err)
+	}
+	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	go func() {
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("serve the E2B API: %w", err)
+		}
+	}()
+	log.Info("E2B API is up", "listen", lis.Addr().String(), "domain", cfg.E2B.Domain)
+	return srv, nil
+}
+
+// e2bKey reads the gateway's key, making one (32 random bytes, mode 0600) the first time.
+func e2bKey(path string) ([]byte, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if len(b) < e2b.MinTokenKey {
+			return nil, fmt.Errorf("%s holds %d bytes, fewer than %d: remove it to make a new one (E2B access tokens handed out stop working)", path, len(b), e2b.MinTokenKey)
+		}
+		return b, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("read the E2B key: %w", err)
+	}
+	key := make([]byte, 32)
+	rand.Read(key)
+	if err := os.WriteFile(path, key, 0o600); err != nil {
+		return nil, fmt.Errorf("write the E2B key: %w", err)
+	}
+	return key, nil
+}
