@@ -324,7 +324,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		errc <- srv.Serve(lis)
 	}()
 	if cfg.E2B.Listen != "" {
-		e2bSrv, err := startE2B(cfg, lis.Addr(), log, errc)
+		e2bSrv, err := startE2B(ctx, cfg, st, lis.Addr(), log, errc)
 		if err != nil {
 			srv.Close()
 			return err

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -9,9 +10,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/e2b"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // E2BConfig serves E2B's API (internal/e2b) beside Corral's own, on a listener of its own.
@@ -29,8 +36,12 @@ const e2bKeyFile = "e2b.key"
 
 // startE2B starts the E2B gateway on its own listener, translating onto the API at apiAddr. The
 // returned server is shut down with the API's.
-func startE2B(cfg Config, apiAddr net.Addr, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr, log *slog.Logger, errc chan<- error) (*http.Server, error) {
 	key, err := e2bKey(filepath.Join(cfg.DataDir, e2bKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	service, err := e2bServiceToken(ctx, st, filepath.Join(cfg.DataDir, e2bServiceTokenFile), log)
 	if err != nil {
 		return nil, err
 	}
@@ -42,8 +53,9 @@ func startE2B(cfg Config, apiAddr net.Addr, log *slog.Logger, errc chan<- error)
 	}
 	gw, err := e2b.New(e2b.Config{
 		CorralURL: "http://" + net.JoinHostPort(host.String(), fmt.Sprint(api.Port)),
-		Domain:    cfg.E2B.Domain,
-		TokenKey:  key,
+		Domain:       cfg.E2B.Domain,
+		TokenKey:     key,
+		ServiceToken: service,
 	}, log.With("api", "e2b"))
 	if err != nil {
 		return nil, err
@@ -61,6 +73,47 @@ func startE2B(cfg Config, apiAddr net.Addr, log *slog.Logger, errc chan<- error)
 	}()
 	log.Info("E2B API is up", "listen", lis.Addr().String(), "domain", cfg.E2B.Domain)
 	return srv, nil
+}
+
+// The gateway's own principal and the token it acts with on the in-sandbox surface (after a
+// request proved itself with a sandbox's envd access token): it may read and use sandboxes
+// anywhere, nothing else.
+const (
+	e2bPrincipal        = "corral-e2b"
+	e2bServiceTokenFile = "e2b.service-token"
+)
+
+// e2bServiceToken returns the gateway's service token, minting it (and its principal, a
+// service granted the user role on the root) the first time or when the saved one is no longer
+// valid (revoked by an operator, or a new store).
+func e2bServiceToken(ctx context.Context, st *store.Store, path string, log *slog.Logger) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		tok := strings.TrimSpace(string(b))
+		if t, err := st.TokenByHash(ctx, apiserver.HashToken(tok)); err == nil && t.Principal == e2bPrincipal && t.RevokedAt.IsZero() {
+			return tok, nil
+		}
+		log.Warn("the E2B gateway's service token is not valid in the store; minting a new one", "path", path)
+	}
+	secret, id := iam.NewToken()
+	m := store.MintRequest{
+		Token: store.TokenRecord{ID: id, Hash: apiserver.HashToken(secret), Principal: e2bPrincipal, ProjectID: store.RootProjectID,
+			Perms: iam.SandboxRead | iam.SandboxUse, Role: corral.RoleUser},
+		CreatedBy: store.RootPrincipal,
+	}
+	if _, err := st.GetPrincipal(ctx, e2bPrincipal); errors.Is(err, errdefs.ErrNotFound) {
+		m.NewPrincipal = &corral.Principal{Name: e2bPrincipal, Kind: corral.KindService}
+		m.GrantRole = corral.RoleUser
+	} else if err != nil {
+		return "", err
+	}
+	if err := st.MintToken(ctx, m); err != nil {
+		return "", fmt.Errorf("mint the E2B gateway's service token: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write the E2B gateway's service token: %w", err)
+	}
+	log.Info("minted the E2B gateway's service token", "principal", e2bPrincipal, "token", id)
+	return secret, nil
 }
 
 // e2bKey reads the gateway's key, making one (32 random bytes, mode 0600) the first time.

@@ -69,6 +69,11 @@ type Config struct {
 	// Corral must share it, and it must survive restarts: a new key invalidates every token
 	// handed out.
 	TokenKey []byte
+	// ServiceToken is the Corral token the in-sandbox surface acts with, once a request has
+	// proved itself with a sandbox's envd access token (the SDK never sends its API key there).
+	// It needs sandbox.read and sandbox.use on the sandboxes' projects, and nothing more. Empty:
+	// the in-sandbox surface answers unavailable.
+	ServiceToken string
 }
 
 // withDefaults returns c with empty fields filled in.
@@ -134,6 +139,7 @@ type Gateway struct {
 	cfg     Config
 	log     *slog.Logger
 	handler http.Handler
+	envd    http.Handler // the in-sandbox surface (envd.go)
 }
 
 // New returns a gateway for cfg, or the error [Config.Validate] finds. A nil log discards.
@@ -145,14 +151,22 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	g := &Gateway{cfg: cfg.withDefaults(), log: log}
-	g.handler = g.routes()
+	g.handler, g.envd = g.routes(), g.envdRoutes()
 	return g, nil
 }
 
-// Handler returns the HTTP handler of E2B's control-plane routes. Mount it at the root of a
-// listener (the SDK's E2B_API_URL is that listener's URL), or under a prefix with
-// http.StripPrefix (E2B_API_URL then ends with the prefix: the SDK keeps it).
-func (g *Gateway) Handler() http.Handler { return g.handler }
+// Handler returns the HTTP handler of E2B's API: the control plane, and the in-sandbox surface
+// for requests that name a sandbox (E2b-Sandbox-Id header, or a "<port>-<id>." host). Mount it
+// at the root of a listener: the SDK's E2B_API_URL and E2B_SANDBOX_URL can both be its URL.
+func (g *Gateway) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, _, ok := sandboxOf(r); ok {
+			g.envd.ServeHTTP(w, r)
+			return
+		}
+		g.handler.ServeHTTP(w, r)
+	})
+}
 
 // EnvdAccessToken returns the envd access token of a sandbox: the secret create and connect
 // hand to the SDK, which sends it as X-Access-Token to the in-sandbox surface and signs file
