@@ -46,6 +46,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/tar", h.tarOut)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/tar", h.tarIn)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/trajectory", h.trajectory)
+	mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", h.port)
 	return mux
 }
 

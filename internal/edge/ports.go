@@ -1,0 +1,120 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// Ports: an HTTP proxy to a TCP port inside a sandbox (`corral port`, and the E2B gateway's
+// <port>-<id>.<domain> hosts). The edge opens the connection from inside the sandbox's network
+// namespace to its loopback, so the port needs no address reachable from the host, works with
+// networking "none", and nothing of the sandbox is exposed on the host's interfaces. The egress
+// policy is about traffic leaving the sandbox and does not apply to this inbound path; the API's
+// authorisation (sandbox.use on the sandbox's project) does.
+
+// portDialTimeout bounds connecting to a port inside a sandbox.
+const portDialTimeout = 5 * time.Second
+
+// DialPort connects to TCP port on the loopback of sandbox id's network namespace.
+func (e *Edge) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, errdefs.Invalid("port", "%d: want 1-65535", port)
+	}
+	sb, err := e.active(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := e.store.GetSandbox(ctx, sb.id)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Runtime == RuntimeGVisor {
+		// gVisor's network stack lives in its sandbox process, not in the namespace.
+		return nil, errdefs.Invalid("port", "ports of gVisor sandboxes are not reachable yet (runtime gvisor)")
+	}
+	st, err := e.rt.Status(ctx, sb.id)
+	if err != nil {
+		return nil, err
+	}
+	if st.Pid <= 0 {
+		return nil, errdefs.Conflict("sandbox %s has no running init to reach ports through", id)
+	}
+	var conn net.Conn
+	err = onNewThread(func() error {
+		ns, err := netns.GetFromPath(fmt.Sprintf("/proc/%d/ns/net", st.Pid))
+		if err != nil {
+			return fmt.Errorf("open the network namespace of sandbox %s: %w", id, err)
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			return fmt.Errorf("enter the network namespace of sandbox %s: %w", id, err)
+		}
+		d := net.Dialer{Timeout: portDialTimeout}
+		conn, err = d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			return errdefs.Unavailable("nothing answers on port %d in sandbox %s: %v", port, id, err)
+		}
+		return nil
+	})
+	return conn, err
+}
+
+// onNewThread runs f on a thread of its own that is never given back to Go's scheduler (it
+// may have entered another namespace); sockets f opens stay in the namespace they were made in.
+func onNewThread(f func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		done <- f()
+	}()
+	return <-done
+}
+
+// port proxies /v1/sandboxes/{id}/ports/{port}/{path...} to http://127.0.0.1:PORT/PATH inside
+// the sandbox (WebSocket upgrades included).
+func (h *dataPlane) port(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		h.fail(w, r, errdefs.Invalid("port", "%q: want 1-65535", r.PathValue("port")))
+		return
+	}
+	// Check the sandbox before proxying, so that a bad ID is a clear error, not a 502.
+	if _, err := h.e.active(r.Context(), id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	rest := "/" + r.PathValue("path")
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", "127.0.0.1:"+strconv.Itoa(port)
+			pr.Out.URL.Path, pr.Out.URL.RawPath = rest, ""
+			pr.Out.Host = pr.In.Host
+			pr.Out.Header.Del("Authorization") // the caller's Corral token stays outside
+			pr.SetXForwarded()
+		},
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return h.e.DialPort(ctx, id, port) },
+			// One connection per request: the transport lives for this request only.
+			DisableKeepAlives: true,
+		},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errdefs.Code(err) == "internal" || errdefs.Code(err) == "" {
+				err = errdefs.Unavailable("port %d of sandbox %s: %v", port, id, err)
+			}
+			h.fail(w, r, err)
+		},
+	}
+	proxy.ServeHTTP(w, r)
+}
