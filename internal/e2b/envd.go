@@ -2,7 +2,10 @@ package e2b
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -111,6 +114,51 @@ func (g *Gateway) accessAllowed(r *http.Request, t *sandboxTarget) bool {
 		return g.CheckEnvdAccessToken(t.id, tok)
 	}
 	return r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" && g.checkFileSignature(r, t.id)
+}
+
+// portProxy serves "<port>-<id>.<domain>" (getHost) and requests whose E2b-Sandbox-Port is not
+// envd's: HTTP to that port on the sandbox's own loopback, through Corral's port proxy
+// (/v1/sandboxes/{id}/ports/{port}/...) with the gateway's service token. As in E2B, whose
+// sandboxes allow public traffic unless created otherwise (which Corral refuses for now), the
+// URL is the capability: no token is asked for, and the sandbox ID's 80 random bits keep it
+// unguessable. Corral's own `corral port` is authenticated. Corral's refusals (the sandbox is
+// gone: 404, nothing listens: 503) pass through as they are.
+func (g *Gateway) portProxy(w http.ResponseWriter, r *http.Request, id string, port int) {
+	if g.cfg.ServiceToken == "" {
+		writePortError(w, id, port, http.StatusServiceUnavailable, "this gateway serves the control plane only (no service token for sandbox ports)")
+		return
+	}
+	target, err := url.Parse(g.cfg.CorralURL)
+	if err != nil {
+		writePortError(w, id, port, http.StatusInternalServerError, "bad Corral URL")
+		return
+	}
+	prefix := "/v1/sandboxes/" + url.PathEscape(id) + "/ports/" + strconv.Itoa(port)
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = target.Scheme, target.Host
+			pr.Out.URL.Path, pr.Out.URL.RawPath = prefix+pr.In.URL.Path, ""
+			pr.Out.Host = pr.In.Host
+			pr.Out.Header.Set("Authorization", "Bearer "+g.cfg.ServiceToken)
+			pr.Out.Header.Del("X-Access-Token")
+			pr.Out.Header.Del("E2b-Sandbox-Id")
+			pr.Out.Header.Del("E2b-Sandbox-Port")
+		},
+		Transport:     g.cfg.HTTPClient.Transport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			writePortError(w, id, port, http.StatusBadGateway, "Corral did not answer: "+err.Error())
+		},
+	}
+	proxy.ServeHTTP(w, r)
+}
+
+// writePortError answers a port request as E2B's proxy does for a closed port.
+func writePortError(w http.ResponseWriter, id string, port, status int, msg string) {
+	body, _ := json.Marshal(map[string]any{"sandboxId": id, "port": port, "message": msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
 }
 
 // basicUser returns the user name of an "Authorization: Basic base64(user:)" header.

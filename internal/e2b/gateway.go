@@ -160,7 +160,11 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 // at the root of a listener: the SDK's E2B_API_URL and E2B_SANDBOX_URL can both be its URL.
 func (g *Gateway) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, _, ok := sandboxOf(r); ok {
+		if id, port, ok := sandboxOf(r); ok {
+			if port != envdPort && port != 0 {
+				g.portProxy(w, r, id, port)
+				return
+			}
 			g.envd.ServeHTTP(w, r)
 			return
 		}
