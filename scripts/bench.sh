@@ -37,13 +37,13 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --cgroup-parent /corral-bench --disk-pool ${DISK_POOL:-8} --net-tag bc --net-pool 10.251.0.0/24 >"$work/corral.log" 2>&1 &
+corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$((port + 1))" --cgroup-parent /corral-bench --disk-pool ${DISK_POOL:-8} --net-tag bc --net-pool 10.251.0.0/24 >"$work/corral.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall, network, iam or placement runs one of them.
+# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall, e2b, network, iam, placement or cluster runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi
@@ -62,6 +62,11 @@ fi
 if [ "${BENCH_ONLY:-fncall}" = fncall ]; then
   scripts/host-python-toolkit.sh "$work/py" && corral layer import py:host --kind toolkit --dir "$work/py" >/dev/null
   corral bench fncall --base base:bench --python-toolkit py:host ${BENCH_FNCALL_ARGS:-} | tee bench-out/fncall.json
+fi
+if [ "${BENCH_ONLY:-e2b}" = e2b ]; then
+  # The real e2b SDK (test/e2b, from the npm registry) through the E2B gateway vs the own API.
+  sdk=$(scripts/e2b-sdk.sh)
+  corral bench e2b --base base:bench --e2b-url "http://127.0.0.1:$((port + 1))" --sdk-dir "$sdk" --script test/e2b/bench.mjs ${BENCH_E2B_ARGS:-} -o json | tee bench-out/e2b.json
 fi
 if [ "${BENCH_ONLY:-network}" = network ]; then
   # Starts its own lab internet (203.0.113.0/24 in a namespace) and its own corral up.

@@ -126,6 +126,21 @@ func (a *app) newBenchCmd() *cobra.Command {
 	ff.IntVar(&fc.PyCalls, "python-calls", 30, "Python call samples each way")
 	cmd.AddCommand(fn)
 
+	var ec bench.E2BConfig
+	e2bCmd := a.jsonBench("e2b --e2b-url URL --sdk-dir DIR --script FILE", "The real e2b SDK through Corral's E2B gateway vs Corral's own API: create to first command, run('true') round trip",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			ec.APIKey = a.token
+			return bench.E2B(ctx, c, ec, log)
+		})
+	ef := e2bCmd.Flags()
+	ef.StringVar(&ec.Base, "base", "base:default", "the template: a base layer NAME:VERSION")
+	ef.StringVar(&ec.E2BURL, "e2b-url", "", "the gateway (corral up --e2b-listen), http://HOST:PORT")
+	ef.StringVar(&ec.SDKDir, "sdk-dir", "", "the directory holding node_modules/e2b (scripts/e2b-sdk.sh prints it)")
+	ef.StringVar(&ec.Script, "script", "test/e2b/bench.mjs", "the SDK side's script")
+	ef.IntVar(&ec.Creates, "creates", 10, "sandboxes created each way")
+	ef.IntVar(&ec.Runs, "runs", 100, "run('true') round trips each way")
+	cmd.AddCommand(e2bCmd)
+
 	var ic bench.ImportConfig
 	imp := a.jsonBench("import", "Import speed of a random multi-layer image from a loopback registry, and disk bytes written per byte (root, same host)",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {

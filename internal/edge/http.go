@@ -87,7 +87,7 @@ func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecR
 	}
 	out := agentrpc.ExecRequest{
 		Argv: req.Argv, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
-		Stdin: req.Stdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, OutputLimit: sb.outputLimit,
+		Stdin: req.Stdin, KeepStdinOpen: req.OpenStdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, OutputLimit: sb.outputLimit,
 	}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return out, errdefs.Invalid("argv", "a command is required")

@@ -180,8 +180,13 @@ type ExecRequest struct {
 	Env   []string `json:"env,omitempty"`
 	Cwd   string   `json:"cwd,omitempty"`
 	User  string   `json:"user,omitempty"`
-	// Stdin is sent to the command, then stdin is closed (unless the request streams stdin).
+	// Stdin is sent to the command, then stdin is closed (unless the request streams stdin, or
+	// OpenStdin is set).
 	Stdin []byte `json:"stdin,omitempty"`
+	// OpenStdin keeps the command's stdin open after Stdin for WriteStdin (POST
+	// .../commands/{cid}/stdin), which closes it with eof; a background command otherwise reads
+	// an empty stdin.
+	OpenStdin bool `json:"open_stdin,omitempty"`
 	// Timeout (Go duration) kills the command after it.
 	Timeout string `json:"timeout,omitempty"`
 	TTY     bool   `json:"tty,omitempty"`

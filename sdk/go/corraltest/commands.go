@@ -254,6 +254,8 @@ func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *ht
 	stopAfter := context.AfterFunc(ctx, func() { cmd.stdin.CloseWithError(context.Cause(ctx)) })
 	go func() {
 		exit := entry.run(ctx, proc)
+		// Why it ended is read before the timeout's own cancel would become the cause.
+		cause := context.Cause(ctx)
 		stopAfter()
 		stopTimeout()
 		cmd.stdin.CloseWithError(io.ErrClosedPipe)
@@ -261,7 +263,7 @@ func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *ht
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		var sig signalCause
-		switch cause := context.Cause(ctx); {
+		switch {
 		case errors.As(cause, &sig):
 			exit = corral.Exit{Code: -1, Signal: sig.name}
 		case errors.Is(cause, errTimedOut):
