@@ -57,6 +57,8 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f.Float64Var(&cfg.Overcommit.Disk, "overcommit-disk", 0, "writable-disk limits granted per byte of a node's data-dir filesystem (default 1; disks are sparse)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API on this address (every replica; default: off)")
+	f.StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>)")
 	return cmd
 }
 

@@ -40,6 +40,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/clusterauth"
+	"github.com/corral-dev/corral/internal/daemon"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
@@ -64,6 +65,8 @@ type Config struct {
 	// Overcommit is how far placement grants each resource beyond a node's capacity (defaults:
 	// CPU 4, memory 1, disk 1; sandbox writable disks are sparse, so disk can often go higher).
 	Overcommit placement.Overcommit
+	// E2B serves E2B's API beside Corral's on every replica (off unless E2B.Listen is set).
+	E2B daemon.E2BConfig
 }
 
 func (c *Config) setDefaults() {
@@ -143,8 +146,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(lis) }()
+	if cfg.E2B.Listen != "" {
+		key, service, err := e2bSecrets(ctx, st, log)
+		if err != nil {
+			srv.Close()
+			return err
+		}
+		e2bSrv, err := daemon.ServeE2B(cfg.E2B, lis.Addr(), key, service, log, errc)
+		if err != nil {
+			srv.Close()
+			return err
+		}
+		defer e2bSrv.Close()
+	}
 	log.Info("corral server is up", "listen", lis.Addr().String(), "k", cfg.K, "lease_grace", cfg.LeaseGrace)
 	if ready != nil {
 		ready <- lis.Addr().String()

@@ -222,3 +222,37 @@ func testServer(t *testing.T, st *store.Store, cfg Config, log *slog.Logger) *Se
 	}
 	return s
 }
+
+// TestE2BSecretsShared checks that every replica gets the same E2B key and service token from
+// the store, and that a revoked service token is replaced.
+func TestE2BSecretsShared(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the throwaway PostgreSQL cluster runs as the postgres user")
+	}
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st, err := store.Open(ctx, pgtest.NewDB(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	key1, tok1, err := e2bSecrets(ctx, st, log)
+	if err != nil || len(key1) != 32 || tok1 == "" {
+		t.Fatalf("first replica: %d-byte key, %v", len(key1), err)
+	}
+	key2, tok2, err := e2bSecrets(ctx, st, log)
+	if err != nil || string(key2) != string(key1) || tok2 != tok1 {
+		t.Fatalf("second replica got other secrets: %v", err)
+	}
+	rec, err := st.TokenByHash(ctx, apiserver.HashToken(tok1))
+	if err != nil || rec.Perms != iam.SandboxRead|iam.SandboxUse {
+		t.Fatalf("the service token: %+v, %v", rec, err)
+	}
+	if _, err := st.RevokeToken(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, tok3, err := e2bSecrets(ctx, st, log)
+	if err != nil || tok3 == tok1 {
+		t.Fatalf("after revoking the service token: %v", err)
+	}
+}

@@ -45,24 +45,30 @@ func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr
 	if err != nil {
 		return nil, err
 	}
-	// The gateway calls the API over loopback when the API listens on every address.
+	return ServeE2B(cfg.E2B, apiAddr, key, service, log, errc)
+}
+
+// ServeE2B serves the E2B gateway on e2bCfg.Listen in front of the Corral API at apiAddr (over
+// loopback when that listens on every address), with the envd-token key and the service token
+// given. `corral up` and `corral server` both use it.
+func ServeE2B(e2bCfg E2BConfig, apiAddr net.Addr, key []byte, service string, log *slog.Logger, errc chan<- error) (*http.Server, error) {
 	api := apiAddr.(*net.TCPAddr)
 	host := api.IP
 	if host.IsUnspecified() {
 		host = net.IPv4(127, 0, 0, 1)
 	}
 	gw, err := e2b.New(e2b.Config{
-		CorralURL: "http://" + net.JoinHostPort(host.String(), fmt.Sprint(api.Port)),
-		Domain:       cfg.E2B.Domain,
+		CorralURL:    "http://" + net.JoinHostPort(host.String(), fmt.Sprint(api.Port)),
+		Domain:       e2bCfg.Domain,
 		TokenKey:     key,
 		ServiceToken: service,
 	}, log.With("api", "e2b"))
 	if err != nil {
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", cfg.E2B.Listen)
+	lis, err := net.Listen("tcp", e2bCfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s (E2B API): %w", cfg.E2B.Listen, err)
+		return nil, fmt.Errorf("listen on %s (E2B API): %w", e2bCfg.Listen, err)
 	}
 	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
@@ -71,7 +77,7 @@ func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr
 			errc <- fmt.Errorf("serve the E2B API: %w", err)
 		}
 	}()
-	log.Info("E2B API is up", "listen", lis.Addr().String(), "domain", cfg.E2B.Domain)
+	log.Info("E2B API is up", "listen", lis.Addr().String(), "domain", e2bCfg.Domain)
 	return srv, nil
 }
 
@@ -88,12 +94,31 @@ const (
 // valid (revoked by an operator, or a new store).
 func e2bServiceToken(ctx context.Context, st *store.Store, path string, log *slog.Logger) (string, error) {
 	if b, err := os.ReadFile(path); err == nil {
-		tok := strings.TrimSpace(string(b))
-		if t, err := st.TokenByHash(ctx, apiserver.HashToken(tok)); err == nil && t.Principal == e2bPrincipal && t.RevokedAt.IsZero() {
+		if tok := strings.TrimSpace(string(b)); E2BServiceTokenValid(ctx, st, tok) {
 			return tok, nil
 		}
 		log.Warn("the E2B gateway's service token is not valid in the store; minting a new one", "path", path)
 	}
+	secret, err := MintE2BServiceToken(ctx, st, log)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write the E2B gateway's service token: %w", err)
+	}
+	return secret, nil
+}
+
+// E2BServiceTokenValid reports whether tok is a live token of the gateway's principal.
+func E2BServiceTokenValid(ctx context.Context, st *store.Store, tok string) bool {
+	t, err := st.TokenByHash(ctx, apiserver.HashToken(tok))
+	return err == nil && t.Principal == e2bPrincipal && t.RevokedAt.IsZero()
+}
+
+// MintE2BServiceToken mints a token for the gateway's principal (creating the principal, a
+// service granted the user role on the root, the first time) that may read and use sandboxes
+// and nothing else, and returns its secret.
+func MintE2BServiceToken(ctx context.Context, st *store.Store, log *slog.Logger) (string, error) {
 	secret, id := iam.NewToken()
 	m := store.MintRequest{
 		Token: store.TokenRecord{ID: id, Hash: apiserver.HashToken(secret), Principal: e2bPrincipal, ProjectID: store.RootProjectID,
@@ -108,9 +133,6 @@ func e2bServiceToken(ctx context.Context, st *store.Store, path string, log *slo
 	}
 	if err := st.MintToken(ctx, m); err != nil {
 		return "", fmt.Errorf("mint the E2B gateway's service token: %w", err)
-	}
-	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("write the E2B gateway's service token: %w", err)
 	}
 	log.Info("minted the E2B gateway's service token", "principal", e2bPrincipal, "token", id)
 	return secret, nil
