@@ -55,9 +55,9 @@ import (
 //     paths only.
 //   - Environment: envs are added as KEY=VALUE, sorted by key, over the sandbox's env; Corral
 //     sets HOME (and TERM for a PTY), not USER and LOGNAME.
-//   - stdin: "stdin": false (the SDK's default) closes the command's stdin right after the start,
-//     so it reads end of file as from /dev/null; absent or true keeps it open for SendInput. A
-//     PTY's input is the terminal and is never closed.
+//   - stdin: "stdin": false (the SDK's default) starts the command without an open stdin, so it
+//     reads end of file as from /dev/null; absent or true starts it with open_stdin, kept open
+//     for SendInput until CloseStdin. A PTY's input is the terminal and is never closed.
 //   - Output Corral dropped because the command exceeded the sandbox's output limit ("truncated"
 //     events) is skipped with a warning in the gateway's log: envd has no way to say so.
 //   - Tags: Corral keeps no process tags. Start with a tag is refused (unimplemented), and a
