@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -191,6 +192,46 @@ func TestAgentBinary(t *testing.T) {
 			}
 			if flags&syscall.O_CLOEXEC == 0 {
 				t.Errorf("fd %d (%s) is not close-on-exec", fd, target)
+			}
+		}
+	})
+
+	t.Run("moves and watches", func(t *testing.T) {
+		// The shipped binary's inotify: a watch in place before Watch returns, events as files
+		// change, the end when the directory goes; and a move.
+		dir := t.TempDir()
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		w, err := c.Watch(ctx, dir, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		var got []string
+		until := func(want string) {
+			t.Helper()
+			for !slices.Contains(got, want) {
+				ev, err := w.Next()
+				if err == io.EOF && want == "" {
+					return
+				}
+				if err != nil {
+					t.Fatalf("Next after %q: %v", got, err)
+				}
+				got = append(got, ev.Type+" "+ev.Name)
+			}
+		}
+		os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+		until("create sub") // from now on sub is watched too
+		os.WriteFile(filepath.Join(dir, "sub", "f"), []byte("x"), 0o644)
+		if fi, err := c.Move(ctx, filepath.Join(dir, "sub", "f"), filepath.Join(dir, "g")); err != nil || fi.Size != 1 {
+			t.Fatalf("Move = %+v, %v", fi, err)
+		}
+		os.RemoveAll(dir)
+		until("") // the end
+		for _, want := range []string{"create sub", "create sub/f", "rename sub/f", "rename g", "remove g", "remove "} {
+			if !slices.Contains(got, want) {
+				t.Errorf("no %q in %q", want, got)
 			}
 		}
 	})

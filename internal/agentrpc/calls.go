@@ -779,7 +779,7 @@ func (s *Server) checkCallPath(op, p string) error {
 	}
 	// Every existing component below upper/ must be a directory, the last one (when the
 	// operation would follow it) a regular file or directory; none a symbolic link.
-	follows := op != opStat && op != opRemove
+	follows := op != opStat && op != opRemove && op != opMove
 	dir := cl.dir + "/upper"
 	comps := strings.Split(strings.TrimPrefix(strings.TrimPrefix(sub, "upper"), "/"), "/")
 	for i, c := range comps {

@@ -350,6 +350,10 @@ func TestCallPrepEnd(t *testing.T) {
 		{"the work directory", func() error { _, err := c.List(ctx, other+"/work"); return err }, isInvalid},
 		{"the calls directory", func() error { _, err := c.List(ctx, callsDir); return err }, isInvalid},
 		{"an unknown call", func() error { _, err := c.Stat(ctx, callsDir+"/nosuch/upper"); return err }, isInvalid},
+		{"move below a linked directory", func() error { _, err := c.Move(ctx, other+"/upper/d/secret", other+"/upper/x"); return err }, isDenied},
+		{"move into a linked directory", func() error { _, err := c.Move(ctx, other+"/upper/out", other+"/upper/d/x"); return err }, isDenied},
+		{"move out of the call", func() error { _, err := c.Move(ctx, other+"/upper/out", other+"/work/x"); return err }, isInvalid},
+		{"watch a linked directory", func() error { _, err := c.Watch(ctx, other+"/upper/d", false); return err }, isDenied},
 	} {
 		if err := tt.do(); !tt.want(err) {
 			t.Errorf("%s: %v", tt.name, err)

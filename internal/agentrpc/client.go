@@ -449,6 +449,77 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) error 
 	return err
 }
 
+// Move renames source to destination inside the sandbox as rename(2) does (a file, or an empty
+// directory, at destination is replaced) and describes destination afterwards. Both paths are
+// resolved inside the agent's root, following symbolic links up to their last component but
+// never through /proc's per-process links. A missing source or destination parent is
+// ErrNotFound; paths on two different mounts are ErrInvalid (a move never copies); a
+// non-empty directory at destination, or a directory and a non-directory, is ErrConflict.
+func (c *Client) Move(ctx context.Context, source, destination string) (FileInfo, error) {
+	r, err := c.roundTrip(ctx, &request{Op: opMove, Path: source, Dest: destination})
+	if err != nil {
+		return FileInfo{}, err
+	}
+	if r.File == nil {
+		return FileInfo{}, fmt.Errorf("agent move: reply without file: %w", errdefs.ErrUnavailable)
+	}
+	return *r.File, nil
+}
+
+// Watch watches the directory dir (with recursive, every directory below it too, including
+// those made later) and returns once the watch is in place: every change after that is reported
+// by Next. A missing dir is ErrNotFound, a non-directory ErrInvalid; the agent's limits (watches
+// at once, directories per watch) are ErrExhausted. ctx bounds the whole watch.
+func (c *Client) Watch(ctx context.Context, dir string, recursive bool) (*Watch, error) {
+	cc, _, err := c.download(ctx, &request{Op: opWatch, Path: dir, Recursive: recursive})
+	if err != nil {
+		return nil, err
+	}
+	return &Watch{cc: cc}, nil
+}
+
+// Watch is an open watch of a directory tree. It is not safe for concurrent use, except that
+// Close may be called from any goroutine to end a blocked Next.
+type Watch struct {
+	cc      *clientConn
+	pending []WatchEvent
+	err     error // sticky: what Next returns once pending is empty
+}
+
+// Next returns the next event. After the watched directory went away (the last event is its
+// remove or rename, with an empty Name) it returns io.EOF; a watch the agent ended with an
+// error (the tree outgrew the directory limit) returns that error.
+func (w *Watch) Next() (WatchEvent, error) {
+	for len(w.pending) == 0 {
+		if w.err != nil {
+			return WatchEvent{}, w.err
+		}
+		typ, payload, err := w.cc.f.readFrame()
+		switch {
+		case err != nil:
+			w.err = w.cc.fail(err)
+		case typ == frameReply:
+			var r reply
+			if err := json.Unmarshal(payload, &r); err != nil {
+				w.err = w.cc.fail(fmt.Errorf("decode watch events: %v: %w", err, errProtocol))
+			}
+			w.pending = r.Events
+		case typ == frameEnd:
+			w.err = io.EOF
+		case typ == frameError:
+			w.err = decodeError(payload)
+		default:
+			w.err = w.cc.fail(fmt.Errorf("unexpected frame %q in watch: %w", typ, errProtocol))
+		}
+	}
+	ev := w.pending[0]
+	w.pending = w.pending[1:]
+	return ev, nil
+}
+
+// Close ends the watch.
+func (w *Watch) Close() error { return w.cc.close() }
+
 // TarIn extracts the tar archive read from r into the directory dir (created with opts.Parents;
 // ErrNotFound otherwise when missing). Entries that would escape dir (absolute names, "..",
 // paths through a symbolic link, including one the archive created) and device nodes are

@@ -61,6 +61,13 @@ type Config struct {
 	SelfExe string
 	// CallsDir is where calls are prepared; default DefaultCallsDir.
 	CallsDir string
+	// MaxWatches bounds the watch streams open at once (default 8), MaxWatchDirs the directories
+	// one recursive watch covers (default 8192, one inotify watch each), and WatchQueue the events
+	// one watch holds for a slow reader before it drops them and reports an overflow (default
+	// 1024). See watch.go.
+	MaxWatches   int
+	MaxWatchDirs int
+	WatchQueue   int
 }
 
 func (c *Config) setDefaults() {
@@ -106,6 +113,15 @@ func (c *Config) setDefaults() {
 	if c.CallsDir == "" {
 		c.CallsDir = DefaultCallsDir
 	}
+	if c.MaxWatches == 0 {
+		c.MaxWatches = 8
+	}
+	if c.MaxWatchDirs == 0 {
+		c.MaxWatchDirs = 8192
+	}
+	if c.WatchQueue == 0 {
+		c.WatchQueue = 1024
+	}
 }
 
 // Validate reports the first field that is out of range.
@@ -125,6 +141,8 @@ func (c *Config) Validate() error {
 		return errdefs.Invalid("exit_grace", "must not be negative")
 	case c.TarInLimit < 0 || c.TarInEntries < 0:
 		return errdefs.Invalid("tar_in_limit", "must not be negative")
+	case c.MaxWatches < 0 || c.MaxWatchDirs < 0 || c.WatchQueue < 0:
+		return errdefs.Invalid("max_watches", "watch limits must not be negative")
 	case c.CallsDir != "" && (!filepath.IsAbs(c.CallsDir) || filepath.Clean(c.CallsDir) != c.CallsDir || c.CallsDir == "/"):
 		return errdefs.Invalid("calls_dir", "must be a clean absolute path other than /, got %q", c.CallsDir)
 	}
@@ -152,6 +170,7 @@ type Server struct {
 	live      map[net.Conn]struct{} // open connections
 	quiescing *quiesceReq           // a quiesce in progress, or nil
 	calls     map[string]*call      // prepared calls by id
+	watches   int                   // watch streams open
 
 	starting sync.WaitGroup // starts in progress (counted under mu while !closing)
 
@@ -345,9 +364,14 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 
 func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 	switch req.Op {
-	case opRead, opWrite, opStat, opList, opMkdir, opRemove, opTarOut, opTarIn:
+	case opRead, opWrite, opStat, opList, opMkdir, opRemove, opTarOut, opTarIn, opMove, opWatch:
 		if err := s.checkCallPath(req.Op, req.Path); err != nil {
 			return err
+		}
+		if req.Op == opMove {
+			if err := s.checkCallPath(req.Op, req.Dest); err != nil {
+				return err
+			}
 		}
 	}
 	switch req.Op {
@@ -437,6 +461,14 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 			return err
 		}
 		return c.reply(reply{})
+	case opMove:
+		fi, err := move(req.Path, req.Dest)
+		if err != nil {
+			return err
+		}
+		return c.reply(reply{File: &fi})
+	case opWatch:
+		return s.watch(ctx, c, req.Path, req.Recursive)
 	case opTarOut:
 		return s.tarOut(c, req.Path)
 	case opTarIn:

@@ -13,8 +13,10 @@
 // operations and tar done natively, never through a sandbox binary); Harden and ListenFD are what
 // corral-agent does at start. wire.go documents the frames. calls.go is the fncall tier's
 // isolation of one command per call (CallPrep, ExecRequest.Call, CallEnd), with its helper, the
-// agent re-executed (CallInit), in callinit.go. A process running a Server reaps all its
-// children itself (it is PID 1 in the sandbox) and must not start processes any other way.
+// agent re-executed (CallInit), in callinit.go. move.go renames within the sandbox's root;
+// watch.go watches a directory tree with inotify, within bounds. A process running a Server
+// reaps all its children itself (it is PID 1 in the sandbox) and must not start processes any
+// other way.
 package agentrpc
 
 import (
@@ -165,4 +167,26 @@ type Info struct {
 	Commands int    `json:"commands"`
 	// Running counts commands that have not exited; the edge uses it for the idle TTL.
 	Running int `json:"running"`
+}
+
+// Watch event types. The first five name what happened to an entry of the watched tree; an
+// overflow says events were lost (the reader was slow, or the kernel's queue filled), so the
+// watcher should look at the tree again.
+const (
+	WatchCreate   = "create"
+	WatchWrite    = "write"
+	WatchRemove   = "remove"
+	WatchRename   = "rename"
+	WatchChmod    = "chmod"
+	WatchOverflow = "overflow"
+)
+
+// WatchEvent is one change in a watched directory tree.
+type WatchEvent struct {
+	Type string `json:"type"`
+	// Name is the entry's path relative to the watched directory ("sub/file"); empty for the
+	// directory itself (its remove or rename ends the watch) and for an overflow.
+	Name string `json:"name,omitempty"`
+	// At is when the agent read the event.
+	At time.Time `json:"at"`
 }

@@ -31,6 +31,9 @@ import (
 //   - write, stdin, tarin: data frames from the client, then an end frame; the agent replies only
 //     after the end frame (or sends an error frame early and hangs up).
 //   - list: reply frames, each with a batch of entries, then an end frame.
+//   - watch: a first reply frame once the watch is in place, then reply frames each with a batch
+//     of events, as they happen, until an end frame (the watched directory is gone) or an error
+//     frame; the client ends it by hanging up.
 //
 // Output frames carry the output offset as 8 bytes (BE) before the data, so stdout and stderr
 // bytes are never copied through JSON on the hot path.
@@ -70,6 +73,8 @@ const (
 	opList     = "list"
 	opMkdir    = "mkdir"
 	opRemove   = "remove"
+	opMove     = "move"
+	opWatch    = "watch"
 	opTarOut   = "tarout"
 	opTarIn    = "tarin"
 	opQuiesce  = "quiesce"
@@ -89,6 +94,7 @@ type request struct {
 	Cols      uint16        `json:"cols,omitempty"`
 	Close     bool          `json:"close,omitempty"`
 	Path      string        `json:"path,omitempty"`
+	Dest      string        `json:"dest,omitempty"` // move: the destination
 	Write     *WriteOptions `json:"write,omitempty"`
 	Recursive bool          `json:"recursive,omitempty"`
 	Size      int64         `json:"size,omitempty"` // callprep: bytes of the call's tmpfs
@@ -101,7 +107,8 @@ type reply struct {
 	Commands []CommandInfo `json:"commands,omitempty"`
 	File     *FileInfo     `json:"file,omitempty"`
 	Files    []FileInfo    `json:"files,omitempty"`
-	Dir      string        `json:"dir,omitempty"` // callprep
+	Events   []WatchEvent  `json:"events,omitempty"` // watch
+	Dir      string        `json:"dir,omitempty"`    // callprep
 	CallEnd  *CallEnd      `json:"call_end,omitempty"`
 }
 

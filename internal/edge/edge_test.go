@@ -26,6 +26,15 @@ type fakeRuntime struct {
 	running map[string]bool
 	oom     map[string]uint64
 	failing error
+	// agent, when set, is the socket of a real agent every sandbox gets (files_test.go).
+	agent string
+}
+
+func (f *fakeRuntime) agentSocket(id string) string {
+	if f.agent != "" {
+		return f.agent
+	}
+	return "/nonexistent/" + id
 }
 
 func newFakeRuntime() *fakeRuntime {
@@ -39,7 +48,7 @@ func (f *fakeRuntime) Create(ctx context.Context, spec runc.Spec) (*runc.Sandbox
 		return nil, f.failing
 	}
 	f.running[spec.ID] = true
-	return &runc.Sandbox{ID: spec.ID, AgentSocket: "/nonexistent/" + spec.ID}, nil
+	return &runc.Sandbox{ID: spec.ID, AgentSocket: f.agentSocket(spec.ID)}, nil
 }
 
 func (f *fakeRuntime) Open(ctx context.Context, id string) (*runc.Sandbox, error) {
@@ -48,7 +57,7 @@ func (f *fakeRuntime) Open(ctx context.Context, id string) (*runc.Sandbox, error
 	if _, ok := f.running[id]; !ok {
 		return nil, errdefs.NotFound("sandbox %s", id)
 	}
-	return &runc.Sandbox{ID: id, AgentSocket: "/nonexistent/" + id}, nil
+	return &runc.Sandbox{ID: id, AgentSocket: f.agentSocket(id)}, nil
 }
 
 func (f *fakeRuntime) Status(ctx context.Context, id string) (runc.Status, error) {

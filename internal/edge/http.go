@@ -43,6 +43,8 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", h.stat)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", h.list)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", h.mkdir)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/files/move", h.move)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/watch", h.watch)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/tar", h.tarOut)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/tar", h.tarIn)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/trajectory", h.trajectory)
@@ -161,8 +163,11 @@ func newNDJSON(w http.ResponseWriter) *ndjson {
 	return &ndjson{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
 }
 
-func (n *ndjson) send(ev corral.Event) error {
-	if err := n.enc.Encode(ev); err != nil {
+func (n *ndjson) send(ev corral.Event) error { return n.write(ev) }
+
+// write sends one line of any shape and flushes it.
+func (n *ndjson) write(v any) error {
+	if err := n.enc.Encode(v); err != nil {
 		return err
 	}
 	return n.rc.Flush()
@@ -804,6 +809,90 @@ func (h *dataPlane) mkdir(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+}
+
+// move renames a file or directory inside the sandbox (rename(2): same filesystem, a file at the
+// destination replaced) and answers the destination's description.
+func (h *dataPlane) move(w http.ResponseWriter, r *http.Request) {
+	sb := h.sandbox(w, r)
+	if sb == nil {
+		return
+	}
+	var req corral.MoveRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	for _, f := range []struct{ name, path string }{{"source", req.Source}, {"destination", req.Destination}} {
+		if err := checkPath(f.name, f.path); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	started := time.Now().UTC()
+	info, err := sb.agent.Move(r.Context(), req.Source, req.Destination)
+	h.e.recordFileCall(sb, "move", req, err, started)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+}
+
+// watchError is the last line of a watch stream that the agent ended with an error.
+type watchError struct {
+	Type    string `json:"type"` // "error"
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// watch streams the changes under a directory as NDJSON: a start line once the watch is in place
+// (changes after it are all reported), then a line per change, flushed each, until the directory
+// goes away (its remove or rename, then the end of the response), the agent ends the watch (an
+// error line) or the client leaves. The agent bounds what it queues for a slow client and says
+// what it dropped with an overflow line; this handler holds one batch at a time.
+//
+// Opening a watch is activity for the idle TTL, like any data-plane call; an open watch is not:
+// its events are the sandbox's doing, not the client's, and a watch left open must not keep a
+// forgotten sandbox alive. When such a sandbox idles out (or is deleted), its agent is gone and the
+// stream ends with an error line.
+func (h *dataPlane) watch(w http.ResponseWriter, r *http.Request) {
+	sb, p := h.pathParam(w, r)
+	if sb == nil {
+		return
+	}
+	recursive := false
+	if s := r.URL.Query().Get("recursive"); s != "" {
+		v, err := strconv.ParseBool(s)
+		if err != nil {
+			h.fail(w, r, errdefs.Invalid("recursive", "%q must be true or false", s))
+			return
+		}
+		recursive = v
+	}
+	wt, err := sb.agent.Watch(r.Context(), p, recursive)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	defer wt.Close()
+	out := newNDJSON(w)
+	if out.write(corral.WatchEvent{Type: corral.WatchStart}) != nil {
+		return
+	}
+	for {
+		ev, err := wt.Next()
+		if err != nil {
+			if err != io.EOF && r.Context().Err() == nil {
+				h.log.Info("watch ended", "sandbox", sb.id, "path", p, "err", err)
+				out.write(watchError{Type: "error", Code: errdefs.Code(err), Message: err.Error()})
+			}
+			return
+		}
+		if out.write(corral.WatchEvent(ev)) != nil {
+			return
+		}
+	}
 }
 
 func (h *dataPlane) tarOut(w http.ResponseWriter, r *http.Request) {

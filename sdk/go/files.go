@@ -2,11 +2,16 @@ package corral
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
+	"sync/atomic"
 )
 
 // ReadFile opens the regular file at path inside the sandbox. The caller reads the content from
@@ -116,6 +121,110 @@ func (c *Client) Remove(ctx context.Context, id, path string, recursive bool) er
 		q.Set("recursive", "true")
 	}
 	return c.do(ctx, request{method: http.MethodDelete, path: sandboxPath(id, "files"), query: q}, nil)
+}
+
+// Move renames the file or directory source to destination inside the sandbox, as rename(2)
+// does: within one filesystem (paths on different mounts are refused: [IsInvalid]), a file or
+// empty directory at destination replaced, the parent of destination required to exist
+// ([IsNotFound] otherwise). It returns the destination's description.
+func (c *Client) Move(ctx context.Context, id, source, destination string) (*FileInfo, error) {
+	var out FileInfo
+	err := c.do(ctx, request{
+		method: http.MethodPost,
+		path:   sandboxPath(id, "files", "move"),
+		json:   MoveRequest{Source: source, Destination: destination},
+	}, &out)
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Watch watches the directory dir inside the sandbox (with recursive, every directory below it
+// too, including those made later) and returns once the watch is in place: every change after
+// that is reported by [WatchStream.Next]. A sandbox allows a few watches at once ([IsExhausted]
+// beyond them, or for a recursive watch of too large a tree). Opening a watch counts as activity
+// for the sandbox's idle TTL; keeping it open does not. The caller must Close the stream.
+func (c *Client) Watch(ctx context.Context, id, dir string, recursive bool) (*WatchStream, error) {
+	q := url.Values{"path": {dir}}
+	if recursive {
+		q.Set("recursive", "true")
+	}
+	resp, err := c.send(ctx, request{method: http.MethodGet, path: sandboxPath(id, "files", "watch"), query: q})
+	if err != nil {
+		return nil, err
+	}
+	ws := &WatchStream{body: resp.Body, dec: json.NewDecoder(resp.Body), status: resp.StatusCode}
+	ev, err := ws.Next()
+	if err == nil && ev.Type != WatchStart {
+		err = fmt.Errorf("watch stream began with %q, want %q", ev.Type, WatchStart)
+	}
+	if err != nil {
+		ws.Close()
+		return nil, err
+	}
+	return ws, nil
+}
+
+// WatchStream is an open watch of a directory tree, read with [WatchStream.Next]. It is not safe
+// for concurrent use, except that Close may be called from any goroutine to end a blocked Next.
+type WatchStream struct {
+	body   io.ReadCloser
+	dec    *json.Decoder
+	status int
+	gone   bool  // the watched directory's own remove or rename was read: the stream ends
+	err    error // sticky: once set, Next returns it
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+}
+
+// watchLine is a line of a watch stream: an event, or an error that ended it.
+type watchLine struct {
+	WatchEvent
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// Next returns the next event. When the watched directory is removed or moved away, its event
+// (with an empty Name) is the last one and Next then returns io.EOF. A watch the server ended
+// (the sandbox stopped, the tree outgrew the directories one watch covers) returns an
+// *[APIError] saying why; after Close, [ErrStreamClosed].
+func (w *WatchStream) Next() (WatchEvent, error) {
+	if w.err != nil {
+		return WatchEvent{}, w.err
+	}
+	var line watchLine
+	if err := w.dec.Decode(&line); err != nil {
+		switch {
+		case w.closed.Load():
+			w.err = ErrStreamClosed
+		case errors.Is(err, io.EOF) && w.gone:
+			w.err = io.EOF
+		case errors.Is(err, io.EOF):
+			w.err = fmt.Errorf("watch stream ended before its directory went away: %w", io.ErrUnexpectedEOF)
+		default:
+			w.err = fmt.Errorf("read watch stream: %w", err)
+		}
+		return WatchEvent{}, w.err
+	}
+	if line.Type == EventError {
+		w.err = &APIError{Status: w.status, Code: line.Code, Message: line.Message}
+		return WatchEvent{}, w.err
+	}
+	if line.Name == "" && (line.Type == WatchRemove || line.Type == WatchRename) {
+		w.gone = true
+	}
+	return line.WatchEvent, nil
+}
+
+// Close ends the watch. It is safe to call more than once and from another goroutine.
+func (w *WatchStream) Close() error {
+	w.closeOnce.Do(func() {
+		w.closed.Store(true)
+		w.body.Close()
+	})
+	return nil
 }
 
 // TarOut returns a tar stream of the tree at path inside the sandbox. The caller must close it.

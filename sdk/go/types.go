@@ -271,6 +271,36 @@ type MkdirRequest struct {
 	User    string      `json:"user,omitempty"`
 }
 
+// MoveRequest is the body of POST /v1/sandboxes/{id}/files/move.
+type MoveRequest struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+}
+
+// Watch event types. A watch stream starts with WatchStart once the watch is in place; then each
+// event names what happened to an entry of the watched tree. WatchOverflow says events were lost
+// (the client read too slowly, or the tree changed faster than the sandbox could report): look at
+// the tree again.
+const (
+	WatchStart    = "start"
+	WatchCreate   = "create"
+	WatchWrite    = "write"
+	WatchRemove   = "remove"
+	WatchRename   = "rename"
+	WatchChmod    = "chmod"
+	WatchOverflow = "overflow"
+)
+
+// WatchEvent is one line of a watch stream (GET /v1/sandboxes/{id}/files/watch).
+type WatchEvent struct {
+	Type string `json:"type"`
+	// Name is the entry's path relative to the watched directory ("sub/file"); empty for the
+	// directory itself, whose remove or rename is the last event of the stream.
+	Name string `json:"name,omitempty"`
+	// At is when the sandbox saw the change.
+	At time.Time `json:"at,omitzero"`
+}
+
 // Layer kinds.
 const (
 	KindBase      = "base"
@@ -414,7 +444,7 @@ const (
 type TrajectoryEntry struct {
 	Seq    int64  `json:"seq"`
 	StepID string `json:"step_id,omitempty"`
-	// Kind is exec, write_file, mkdir, remove or tar_in.
+	// Kind is exec, write_file, mkdir, remove, move or tar_in.
 	Kind string `json:"kind"`
 	// Request is the call as received (file contents are represented by their size and sha256).
 	Request   any       `json:"request"`

@@ -3,7 +3,9 @@ package corraltest
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -89,6 +91,7 @@ func mkdirAllLocked(sb *sandbox, p string, mode fs.FileMode) *httpError {
 		return err
 	}
 	sb.files[p] = &node{dir: true, mode: fs.ModeDir | mode.Perm(), mtime: timeNow()}
+	sb.notifyLocked(corral.WatchCreate, p)
 	return nil
 }
 
@@ -183,8 +186,10 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 			n.uid, n.gid = 1000, 1000
 		}
 		sb.files[p] = n
+		sb.notifyLocked(corral.WatchCreate, p)
 	}
 	n.mtime = timeNow()
+	sb.notifyLocked(corral.WatchWrite, p)
 	writeJSON(w, http.StatusOK, n.info(p))
 }
 
@@ -216,10 +221,12 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 		fail(w, conflict("directory %s is not empty", p))
 		return
 	}
-	for _, c := range children {
+	for _, c := range slices.Backward(children) {
 		delete(sb.files, c)
+		sb.notifyLocked(corral.WatchRemove, c)
 	}
 	delete(sb.files, p)
+	sb.notifyLocked(corral.WatchRemove, p)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -327,6 +334,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) {
 	}
 	n := &node{dir: true, mode: fs.ModeDir | mode, mtime: timeNow()}
 	sb.files[p] = n
+	sb.notifyLocked(corral.WatchCreate, p)
 	writeJSON(w, http.StatusOK, n.info(p))
 }
 
@@ -466,7 +474,198 @@ func (s *Server) tarIn(w http.ResponseWriter, r *http.Request) {
 			fail(w, herr)
 			return
 		}
+		_, existed := sb.files[e.path]
 		sb.files[e.path] = e.n
+		if !existed {
+			sb.notifyLocked(corral.WatchCreate, e.path)
+		}
+		sb.notifyLocked(corral.WatchWrite, e.path)
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// move renames a file or directory (and everything below it) as rename(2) would.
+func (s *Server) move(w http.ResponseWriter, r *http.Request) {
+	var req corral.MoveRequest
+	if err := decodeBody(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	for _, f := range []struct{ name, p string }{{"source", req.Source}, {"destination", req.Destination}} {
+		if !strings.HasPrefix(f.p, "/") {
+			fail(w, invalid(f.name, "%q must be an absolute path", f.p))
+			return
+		}
+	}
+	src, dst := pathClean(req.Source), pathClean(req.Destination)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, herr := s.runningLocked(r)
+	if herr != nil {
+		fail(w, herr)
+		return
+	}
+	n, ok := sb.files[src]
+	switch {
+	case src == "/" || dst == "/":
+		herr = invalid("source", "refusing to move or replace /")
+	case !ok:
+		herr = notFound("move %s: no such file or directory", src)
+	case strings.HasPrefix(dst, src+"/"):
+		herr = invalid("destination", "%s is inside %s: a directory cannot be moved into itself", dst, src)
+	}
+	if herr == nil {
+		if parent, ok := sb.files[path.Dir(dst)]; !ok || !parent.dir {
+			herr = notFound("move to %s: parent directory %s does not exist (create it first)", dst, path.Dir(dst))
+		}
+	}
+	if old, ok := sb.files[dst]; herr == nil && ok && dst != src {
+		switch {
+		case old.dir && !n.dir:
+			herr = conflict("move %s to %s: the destination is a directory and the source is not", src, dst)
+		case !old.dir && n.dir:
+			herr = conflict("move %s to %s: the source is a directory and the destination is not", src, dst)
+		case old.dir && len(childrenLocked(sb, dst, false)) > 0:
+			herr = conflict("move %s to %s: the destination is a directory that is not empty", src, dst)
+		}
+	}
+	if herr != nil {
+		fail(w, herr)
+		return
+	}
+	if dst != src {
+		for _, c := range childrenLocked(sb, src, true) {
+			sb.files[dst+strings.TrimPrefix(c, src)] = sb.files[c]
+			delete(sb.files, c)
+		}
+		sb.files[dst] = n
+		delete(sb.files, src)
+		sb.notifyLocked(corral.WatchRename, src)
+		sb.notifyLocked(corral.WatchRename, dst)
+	}
+	writeJSON(w, http.StatusOK, n.info(dst))
+}
+
+// maxWatches is how many watches a fake sandbox allows at once, as the real server does.
+const maxWatches = 8
+
+// fakeWatch is one open watch of a sandbox's tree. It sees the changes made through the API
+// (writes, mkdir, remove, move, tar uploads), not those of fake programs.
+type fakeWatch struct {
+	dir       string
+	recursive bool
+	events    chan corral.WatchEvent // buffered; full means the client reads slowly
+	// Protected by Server.mu:
+	dropped bool   // events were lost since the last overflow event
+	gone    string // the event that ended the watch (the directory removed or moved), or ""
+	done    chan struct{}
+}
+
+// notifyLocked reports a change of p to the sandbox's watches.
+//
+// Preconditions: s.mu is held.
+func (sb *sandbox) notifyLocked(typ, p string) {
+	for _, fw := range sb.watchers {
+		if fw.gone != "" {
+			continue
+		}
+		if p == fw.dir {
+			if typ == corral.WatchRemove || typ == corral.WatchRename {
+				fw.gone = typ
+				close(fw.done)
+			}
+			continue
+		}
+		rel, ok := strings.CutPrefix(p, strings.TrimSuffix(fw.dir, "/")+"/")
+		if !ok || (!fw.recursive && strings.Contains(rel, "/")) {
+			continue
+		}
+		select {
+		case fw.events <- corral.WatchEvent{Type: typ, Name: rel, At: timeNow()}:
+		default:
+			fw.dropped = true
+		}
+	}
+}
+
+// watch streams the changes of a directory made through the API, as NDJSON.
+func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
+	p, herr := pathParam(r)
+	if herr != nil {
+		fail(w, herr)
+		return
+	}
+	s.mu.Lock()
+	sb, herr := s.runningLocked(r)
+	if herr == nil {
+		n, ok := sb.files[p]
+		switch {
+		case !ok:
+			herr = notFound("watch %s: no such directory", p)
+		case !n.dir:
+			herr = invalid("path", "%s is not a directory", p)
+		case len(sb.watchers) >= maxWatches:
+			herr = &httpError{http.StatusTooManyRequests, corral.CodeExhausted,
+				fmt.Sprintf("watch %s: %d watches are open in this sandbox, the most it allows; close one first", p, maxWatches), ""}
+		}
+	}
+	var fw *fakeWatch
+	if herr == nil {
+		fw = &fakeWatch{dir: p, recursive: r.URL.Query().Get("recursive") == "true",
+			events: make(chan corral.WatchEvent, 256), done: make(chan struct{})}
+		sb.watchers = append(sb.watchers, fw)
+	}
+	s.mu.Unlock()
+	if herr != nil {
+		fail(w, herr)
+		return
+	}
+	defer func() {
+		s.mu.Lock()
+		sb.watchers = slices.DeleteFunc(sb.watchers, func(o *fakeWatch) bool { return o == fw })
+		s.mu.Unlock()
+	}()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	rc := http.NewResponseController(w)
+	send := func(ev corral.WatchEvent) bool {
+		return enc.Encode(ev) == nil && rc.Flush() == nil
+	}
+	if !send(corral.WatchEvent{Type: corral.WatchStart}) {
+		return
+	}
+	for {
+		select {
+		case ev := <-fw.events:
+			if !send(ev) {
+				return
+			}
+			s.mu.Lock()
+			overflow := fw.dropped && len(fw.events) == 0
+			if overflow {
+				fw.dropped = false
+			}
+			s.mu.Unlock()
+			if overflow && !send(corral.WatchEvent{Type: corral.WatchOverflow, At: timeNow()}) {
+				return
+			}
+		case <-fw.done:
+			for len(fw.events) > 0 {
+				if !send(<-fw.events) {
+					return
+				}
+			}
+			s.mu.Lock()
+			gone := fw.gone
+			s.mu.Unlock()
+			send(corral.WatchEvent{Type: gone, At: timeNow()})
+			return
+		case <-sb.ctx.Done():
+			enc.Encode(map[string]string{"type": corral.EventError, "code": corral.CodeUnavailable, "message": "sandbox " + sb.spec.ID + " stopped"})
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
 }

@@ -22,6 +22,8 @@ type sandbox struct {
 	files   map[string]*node // by clean absolute path; "/" always exists
 	cmds    map[string]*command
 	cmdList []string
+	// watchers are the open watches of the tree.
+	watchers []*fakeWatch
 }
 
 func (sb *sandbox) view() corral.Sandbox {

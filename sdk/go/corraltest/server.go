@@ -185,6 +185,8 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", s.stat)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", s.list)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", s.mkdir)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/files/move", s.move)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/files/watch", s.watch)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/tar", s.tarOut)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/tar", s.tarIn)
 	mux.HandleFunc("POST /v1/layers", s.importLayer)
