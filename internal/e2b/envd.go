@@ -3,6 +3,7 @@ package e2b
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -94,7 +95,12 @@ func (g *Gateway) sandboxed(h envdHandler) http.Handler {
 		}
 		t := &sandboxTarget{id: id, port: port}
 		if !g.accessAllowed(r, t) {
-			writeUnary(w, nil, rpcErrorf(codeUnauthenticated, "missing or wrong envd access token for sandbox %s (X-Access-Token, as create or connect returned it)", id))
+			msg := fmt.Sprintf("missing or wrong envd access token for sandbox %s (X-Access-Token, as create or connect returned it, or a valid signature)", id)
+			if r.URL.Path == "/files" {
+				writeFilesError(w, filesErrorf(http.StatusUnauthorized, "%s", msg)) // envd's REST shape
+			} else {
+				writeUnary(w, nil, rpcErrorf(codeUnauthenticated, "%s", msg))
+			}
 			return
 		}
 		ua := "corral-e2b-gateway"

@@ -6,19 +6,25 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// TestE2BSDKControlPlane drives `corral up --e2b-listen` with the real, unmodified e2b SDK
-// (the version pinned in test/e2b, installed from the npm registry by scripts/e2b-sdk.sh):
-// test/e2b/control.mjs creates, refuses what Corral cannot honour, reads, extends, lists by
-// metadata, pauses, resumes through connect and kills, checking every answer as the SDK sees it;
-// Corral's own view is checked here.
-func TestE2BSDKControlPlane(t *testing.T) {
-	needRoot(t)
+// e2bRun is the last line a test/e2b script prints.
+type e2bRun struct {
+	OK      bool   `json:"ok"`
+	Sandbox string `json:"sandbox"`
+	Network string `json:"network"`
+}
+
+// runE2BScript runs test/e2b/<script> with the real, unmodified e2b SDK (the version pinned in
+// test/e2b, installed from the npm registry by scripts/e2b-sdk.sh) against the gateway at
+// e2bAddr, and returns its last line.
+func runE2BScript(t *testing.T, p *corralProc, e2bAddr, script, run string) e2bRun {
+	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatal("node is missing: scripts/setup.sh installs nodejs and npm")
@@ -27,43 +33,49 @@ func TestE2BSDKControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatalf("install the e2b SDK: %v", err)
 	}
-	sdk := strings.TrimSpace(string(out))
 	dir := t.TempDir()
-	script, err := os.ReadFile(filepath.Join(repoRoot, "test", "e2b", "control.mjs"))
+	src, err := os.ReadFile(filepath.Join(repoRoot, "test", "e2b", script))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "control.mjs"), script, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, script), src, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(sdk, "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
+	// ES modules resolve bare imports from node_modules beside the script (not NODE_PATH).
+	if err := os.Symlink(filepath.Join(strings.TrimSpace(string(out)), "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
 		t.Fatal(err)
 	}
-
-	e2bAddr := freePort(t)
-	p := withBase(t, "--e2b-listen", e2bAddr, "--e2b-domain", "e2b.test")
-	run := randHex(4)
-	cmd := exec.CommandContext(t.Context(), node, "control.mjs")
+	cmd := exec.CommandContext(t.Context(), node, script)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+e2bAddr, "E2B_API_KEY="+p.Token, "E2B_TEMPLATE=base:test", "E2B_RUN="+run,
-		"E2B_DOMAIN=e2b.test")
+	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+e2bAddr, "E2B_SANDBOX_URL=http://"+e2bAddr, "E2B_API_KEY="+p.Token,
+		"E2B_TEMPLATE=base:test", "E2B_RUN="+run, "E2B_DOMAIN=e2b.test")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()
-	t.Logf("control.mjs:\n%s%s", stdout.String(), stderr.String())
+	t.Logf("%s:\n%s%s", script, stdout.String(), stderr.String())
 	if err != nil {
-		t.Fatalf("the e2b SDK against Corral: %v", err)
+		t.Fatalf("the e2b SDK against Corral (%s): %v", script, err)
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	var last struct {
-		OK      bool   `json:"ok"`
-		Sandbox string `json:"sandbox"`
-	}
+	var last e2bRun
 	if json.Unmarshal([]byte(lines[len(lines)-1]), &last) != nil || !last.OK {
-		t.Fatalf("control.mjs did not finish: %s", lines[len(lines)-1])
+		t.Fatalf("%s did not finish: %s", script, lines[len(lines)-1])
 	}
-	// What the SDK did is what Corral did: the sandbox was created with its metadata as labels
-	// and its envs, and killed.
+	return last
+}
+
+// TestE2BSDKControlPlane drives `corral up --e2b-listen` with the real e2b SDK
+// (test/e2b/control.mjs): create, refusals of what Corral cannot honour, info, timeout, list by
+// metadata, pause, resume through connect, kill, each answer checked as the SDK sees it;
+// Corral's own view is checked here.
+func TestE2BSDKControlPlane(t *testing.T) {
+	needRoot(t)
+	e2bAddr := freePort(t)
+	p := withBase(t, "--e2b-listen", e2bAddr, "--e2b-domain", "e2b.test")
+	run := randHex(4)
+	last := runE2BScript(t, p, e2bAddr, "control.mjs", run)
+	// What the SDK did is what Corral did: the sandbox was created with its metadata as labels,
+	// and killed.
 	sb, err := p.Client.GetSandbox(t.Context(), last.Sandbox)
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +83,33 @@ func TestE2BSDKControlPlane(t *testing.T) {
 	if sb.State != corral.StateStopped || sb.Labels["run"] != run || sb.Labels["role"] != "first" {
 		t.Fatalf("the SDK's sandbox in Corral: %+v", sb)
 	}
+	assertRunEnded(t, p, run)
+}
+
+// TestE2BSDKSandbox drives the in-sandbox surface with the real e2b SDK
+// (test/e2b/sandbox.mjs, E2B_SANDBOX_URL pointing at the gateway): commands, background
+// commands with stdin and kill, files and watches, pause and resume with state kept, network
+// options, kill.
+func TestE2BSDKSandbox(t *testing.T) {
+	needRoot(t)
+	e2bAddr := freePort(t)
+	p := withBase(t, "--e2b-listen", e2bAddr, "--e2b-domain", "e2b.test")
+	run := randHex(4)
+	last := runE2BScript(t, p, e2bAddr, "sandbox.mjs", run)
+	// The network options became Corral's egress policy: internet off, one address allowed.
+	sb, err := p.Client.GetSandbox(t.Context(), last.Network)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Network == nil || sb.Network.Mode != corral.NetworkAllowlist || !slices.ContainsFunc(sb.Network.Allow, func(r string) bool { return strings.HasPrefix(r, "198.51.100.7") }) {
+		t.Fatalf("the SDK's network options in Corral: %+v", sb.Network)
+	}
+	assertRunEnded(t, p, run)
+}
+
+// assertRunEnded fails the test if a sandbox labelled run=RUN still runs or is paused.
+func assertRunEnded(t *testing.T, p *corralProc, run string) {
+	t.Helper()
 	list, err := p.Client.ListSandboxes(t.Context(), corral.ListOptions{Labels: map[string]string{"run": run}})
 	if err != nil {
 		t.Fatal(err)
