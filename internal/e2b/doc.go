@@ -1,11 +1,16 @@
-// Package e2b serves E2B's control-plane REST API — the calls the `e2b` SDKs make to create,
-// list, inspect, time out, pause, resume and kill sandboxes — as a translator onto Corral's own
-// API: every E2B call becomes one or a few calls of the Corral Go SDK, made with the caller's
-// key as the Corral bearer token. The gateway holds no state and no credentials of its own, so
-// it works the same in front of `corral up` and in front of a cluster's `corral server`, and
-// Corral's authorisation decides everything. The in-sandbox surface (envd's process and
-// filesystem services, file transfer) and port proxying are not served here; this package only
-// hands out the per-sandbox envd access token they will check ([Gateway.EnvdAccessToken]).
+// Package e2b serves E2B's API as a translator onto Corral's own: every E2B call becomes one or
+// a few calls of the Corral Go SDK, so the gateway works the same in front of `corral up` and in
+// front of a cluster's `corral server`.
+//
+//   - The control plane (this file's table): the calls the `e2b` SDKs make to create, list,
+//     inspect, time out, pause, resume and kill sandboxes, made with the caller's key as the
+//     Corral bearer token, so Corral's authorisation decides everything.
+//   - The in-sandbox surface (envd.go, process.go, filesystem.go, files.go): envd's process and
+//     filesystem Connect services, /files and /health, for requests that name a sandbox
+//     (E2b-Sandbox-Id, or a "<port>-<id>." host). They prove themselves with the sandbox's envd
+//     access token ([Gateway.EnvdAccessToken]) and are served with the gateway's own service
+//     token, which may read and use sandboxes and nothing else.
+//   - Ports: other ports of such requests go through Corral's port proxy.
 //
 // The wire protocol is the one recorded in docs/e2b-protocol.md (SDK 2.51.0, plus the v1 routes
 // older 2.x SDKs call). Options Corral cannot honour are refused with a 400 whose message starts
@@ -137,6 +142,8 @@
 //
 // # Concurrency
 //
-// A Gateway is immutable after New; each request builds its own Corral client. There are no
-// locks and no goroutines of its own.
+// A Gateway's configuration is immutable after New; each request builds its own Corral client.
+// Shared state is small and locked: the per-sandbox caches of whether bash exists and of the
+// users' homes, and the registry of polling watchers (bounded, expiring). Streams (Start,
+// Connect, WatchDir) run one keepalive goroutine each, stopped before the stream ends.
 package e2b
