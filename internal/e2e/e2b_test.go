@@ -23,7 +23,7 @@ type e2bRun struct {
 // runE2BScript runs test/e2b/<script> with the real, unmodified e2b SDK (the version pinned in
 // test/e2b, installed from the npm registry by scripts/e2b-sdk.sh) against the gateway at
 // e2bAddr, and returns its last line.
-func runE2BScript(t *testing.T, p *corralProc, e2bAddr, script, run string) e2bRun {
+func runE2BScript(t *testing.T, p *corralProc, e2bAddr, script, template, run string) e2bRun {
 	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -48,7 +48,7 @@ func runE2BScript(t *testing.T, p *corralProc, e2bAddr, script, run string) e2bR
 	cmd := exec.CommandContext(t.Context(), node, script)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+e2bAddr, "E2B_SANDBOX_URL=http://"+e2bAddr, "E2B_API_KEY="+p.Token,
-		"E2B_TEMPLATE=base:test", "E2B_RUN="+run, "E2B_DOMAIN=e2b.test")
+		"E2B_TEMPLATE="+template, "E2B_RUN="+run, "E2B_DOMAIN=e2b.test")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()
@@ -73,7 +73,7 @@ func TestE2BSDKControlPlane(t *testing.T) {
 	e2bAddr := freePort(t)
 	p := withBase(t, "--e2b-listen", e2bAddr, "--e2b-domain", "e2b.test")
 	run := randHex(4)
-	last := runE2BScript(t, p, e2bAddr, "control.mjs", run)
+	last := runE2BScript(t, p, e2bAddr, "control.mjs", "base:test", run)
 	// What the SDK did is what Corral did: the sandbox was created with its metadata as labels,
 	// and killed.
 	sb, err := p.Client.GetSandbox(t.Context(), last.Sandbox)
@@ -87,7 +87,8 @@ func TestE2BSDKControlPlane(t *testing.T) {
 }
 
 // TestE2BSDKSandbox drives the in-sandbox surface with the real e2b SDK
-// (test/e2b/sandbox.mjs, E2B_SANDBOX_URL pointing at the gateway): commands, background
+// (test/e2b/sandbox.mjs, E2B_SANDBOX_URL pointing at the gateway, the template a Corral
+// environment): commands, background
 // commands with stdin and kill, files and watches, pause and resume with state kept, network
 // options, kill.
 func TestE2BSDKSandbox(t *testing.T) {
@@ -95,7 +96,11 @@ func TestE2BSDKSandbox(t *testing.T) {
 	e2bAddr := freePort(t)
 	p := withBase(t, "--e2b-listen", e2bAddr, "--e2b-domain", "e2b.test")
 	run := randHex(4)
-	last := runE2BScript(t, p, e2bAddr, "sandbox.mjs", run)
+	// The template is a Corral environment, as the acceptance shape of the issue has it.
+	if _, err := p.Client.SaveEnvironment(t.Context(), corral.Environment{Name: "e2benv", Base: "base:test"}); err != nil {
+		t.Fatal(err)
+	}
+	last := runE2BScript(t, p, e2bAddr, "sandbox.mjs", "e2benv", run)
 	// The network options became Corral's egress policy: internet off, one address allowed.
 	sb, err := p.Client.GetSandbox(t.Context(), last.Network)
 	if err != nil {
