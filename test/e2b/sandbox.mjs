@@ -105,6 +105,19 @@ try {
     return seen
   })
 
+  await step('pty', async () => {
+    let seen = ''
+    const dec = new TextDecoder()
+    const h = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { seen += dec.decode(d) }, timeoutMs: 0 })
+    await sbx.pty.resize(h.pid, { cols: 120, rows: 40 })
+    await sbx.pty.sendInput(h.pid, new TextEncoder().encode('stty size; echo marker-$((6*7))\n'))
+    for (let i = 0; i < 50 && !seen.includes('marker-42'); i++) await sleep(100)
+    check(seen.includes('marker-42'), `pty output: ${JSON.stringify(seen.slice(-200))}`)
+    check(seen.includes('40 120'), `the resized terminal: ${JSON.stringify(seen.slice(-200))}`)
+    check((await sbx.pty.kill(h.pid)) === true, 'pty kill')
+    return { pid: h.pid }
+  })
+
   await step('pause-resume-keeps-state', async () => {
     await sbx.files.write('/tmp/kept', 'still here')
     const h = await sbx.commands.run('sleep 300', { background: true, timeoutMs: 0 })
