@@ -282,14 +282,15 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	})
-	server := func(name, url, dir string) *proc {
-		p := startProc(t, name, url, "server", "--store", dsn, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
-			"--blob-store", "dir:"+shared, "--lease-grace", "2s", "--log-level", "debug")
+	e2bAddr := freePortOn(t, fleetGateway)
+	server := func(name, url, dir string, extra ...string) *proc {
+		p := startProc(t, name, url, append([]string{"server", "--store", dsn, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
+			"--blob-store", "dir:" + shared, "--lease-grace", "2s", "--log-level", "debug"}, extra...)...)
 		procs = append(procs, p)
 		return p
 	}
 	s1 := server("server1", s1url, sdir)
-	s2 := server("server2", s2url, t.TempDir())
+	s2 := server("server2", s2url, t.TempDir(), "--e2b-listen", e2bAddr, "--e2b-domain", "e2b.test")
 	t.Cleanup(s1.stop) // after the edges' cleanups, which go through s2
 	t.Cleanup(s2.stop)
 	admin, err := os.ReadFile(filepath.Join(sdir, "admin.token"))
@@ -552,6 +553,15 @@ func TestCluster(t *testing.T) {
 	if sb := create(c2, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {
 		t.Fatalf("a create after layer gc went to %s", sb.Node)
 	}
+
+	// The E2B gateway of a replica: the real e2b SDK's control plane and in-sandbox surface
+	// through server2, its sandboxes on the edges.
+	if _, err := c1.SaveEnvironment(ctx, corral.Environment{Name: "e2benv", Base: "base:test"}); err != nil {
+		t.Fatal(err)
+	}
+	e2bUser := &corralProc{t: t, URL: s2url, Token: token}
+	runE2BScript(t, e2bUser, e2bAddr, "control.mjs", "base:test", randHex(4))
+	runE2BScript(t, e2bUser, e2bAddr, "sandbox.mjs", "e2benv", randHex(4))
 
 	// A server replica dies mid-stream: the client re-attaches through the other replica from
 	// the offset it had, and misses nothing.
