@@ -34,12 +34,15 @@ func runE2BScript(t *testing.T, p *corralProc, e2bAddr, script, template, run st
 		t.Fatalf("install the e2b SDK: %v", err)
 	}
 	dir := t.TempDir()
-	src, err := os.ReadFile(filepath.Join(repoRoot, "test", "e2b", script))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, script), src, 0o644); err != nil {
-		t.Fatal(err)
+	scripts, _ := filepath.Glob(filepath.Join(repoRoot, "test", "e2b", "*.mjs"))
+	for _, f := range scripts { // the script and what it imports (lib.mjs)
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// ES modules resolve bare imports from node_modules beside the script (not NODE_PATH).
 	if err := os.Symlink(filepath.Join(strings.TrimSpace(string(out)), "node_modules"), filepath.Join(dir, "node_modules")); err != nil {

@@ -4,32 +4,11 @@
 // E2B_RUN set; prints one JSON line per step and, last, {"ok":true,"sandbox":ID}. Any failed
 // expectation exits 1 naming the step.
 import { Sandbox } from 'e2b'
+import { check, finish, refused, step } from './lib.mjs'
 
 const template = process.env.E2B_TEMPLATE
 const run = process.env.E2B_RUN
-let current = ''
-
-function check(cond, what) {
-  if (!cond) throw new Error(`${current}: ${what}`)
-}
-
-async function step(name, f) {
-  current = name
-  const result = await f()
-  console.log(JSON.stringify({ step: name, result }))
-  return result
-}
-
-async function refused(f) {
-  try {
-    await f()
-  } catch (e) {
-    return { error: e.constructor.name, message: e.message }
-  }
-  throw new Error(`${current}: the call succeeded, want an error`)
-}
-
-try {
+await finish(async () => {
   let sbx
   await step('create', async () => {
     sbx = await Sandbox.create(template, { timeoutMs: 120_000, metadata: { run, role: 'first' }, envs: { GREETING: 'hi' } })
@@ -40,17 +19,17 @@ try {
   await step('refuse-autopause', async () => {
     const e = await refused(() => Sandbox.create(template, { lifecycle: { onTimeout: 'pause' } }))
     check(/autoPause/.test(e.message), `message ${e.message}`)
-    return e
+    return { error: e.constructor.name, message: e.message }
   })
   await step('refuse-unknown-template', async () => {
     const e = await refused(() => Sandbox.create('no-such-template'))
     check(/no-such-template/.test(e.message), `message ${e.message}`)
-    return e
+    return { error: e.constructor.name, message: e.message }
   })
   await step('refuse-bad-key', async () => {
     const e = await refused(() => Sandbox.create(template, { apiKey: 'crl_' + 'x'.repeat(43) }))
-    check(e.error === 'AuthenticationError', `error ${e.error}: ${e.message}`)
-    return e
+    check(e.constructor.name === 'AuthenticationError', `error ${e.constructor.name}: ${e.message}`)
+    return { error: e.constructor.name, message: e.message }
   })
 
   await step('info', async () => {
@@ -103,12 +82,9 @@ try {
     check((await sbx.kill()) === true, 'kill did not answer true')
     check((await Sandbox.kill(sbx.sandboxId)) === false, 'a second kill did not answer false')
     const e = await refused(() => Sandbox.getInfo(sbx.sandboxId))
-    check(e.error === 'NotFoundError' || /not found/i.test(e.message), `getInfo after kill: ${e.error} ${e.message}`)
-    return e
+    check(e.constructor.name === 'SandboxNotFoundError' || /not found/i.test(e.message), `getInfo after kill: ${e.constructor.name} ${e.message}`)
+    return { error: e.constructor.name, message: e.message }
   })
 
-  console.log(JSON.stringify({ ok: true, sandbox: sbx.sandboxId }))
-} catch (e) {
-  console.log(JSON.stringify({ ok: false, step: current, error: e.constructor.name, message: e.message }))
-  process.exit(1)
-}
+  return { sandbox: sbx.sandboxId }
+})

@@ -5,34 +5,11 @@
 // E2B_TEMPLATE, E2B_RUN and E2B_DOMAIN set; prints one JSON line per step and, last,
 // {"ok":true,...}. Any failed expectation exits 1 naming the step.
 import { Sandbox, CommandExitError } from 'e2b'
+import { check, finish, refused, sleep, step } from './lib.mjs'
 
 const template = process.env.E2B_TEMPLATE
 const run = process.env.E2B_RUN
-let current = ''
-
-function check(cond, what) {
-  if (!cond) throw new Error(`${current}: ${what}`)
-}
-
-async function step(name, f) {
-  current = name
-  const result = await f()
-  console.log(JSON.stringify({ step: name, result }))
-  return result
-}
-
-async function refused(f) {
-  try {
-    await f()
-  } catch (e) {
-    return e
-  }
-  throw new Error(`${current}: the call succeeded, want an error`)
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
-
-try {
+await finish(async () => {
   const sbx = await Sandbox.create(template, { metadata: { run }, envs: { GREETING: 'hi' } })
 
   await step('run', async () => {
@@ -148,8 +125,5 @@ try {
     check((await sbx.isRunning()) === false, 'isRunning after kill')
     return true
   })
-  console.log(JSON.stringify({ ok: true, sandbox: sbx.sandboxId, network: netSandbox }))
-} catch (e) {
-  console.log(JSON.stringify({ ok: false, step: current, error: e.constructor.name, message: e.message }))
-  process.exit(1)
-}
+  return { sandbox: sbx.sandboxId, network: netSandbox }
+})
