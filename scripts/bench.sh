@@ -34,6 +34,8 @@ port=${BENCH_PORT:-7199}
 export CORRAL_URL=http://127.0.0.1:$port
 cleanup() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  # The cgroup parent corral made (empty once its sandboxes are gone).
+  rmdir /sys/fs/cgroup/corral-bench /sys/fs/cgroup/*/corral-bench 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
