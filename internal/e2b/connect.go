@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The Connect protocol, JSON codec only: what the e2b JS SDK speaks to envd
@@ -228,4 +230,27 @@ func streamTimeout(r *http.Request) time.Duration {
 		return time.Duration(n) * time.Millisecond
 	}
 	return 0
+}
+
+// connectCode maps an error of Corral's API onto a Connect code (internal, and false, for a kind
+// it has none for). It goes by Corral's code, not the HTTP status: an error that ends a stream
+// comes after its 200.
+func connectCode(ce *corral.APIError) (string, bool) {
+	switch ce.Code {
+	case corral.CodeNotFound:
+		return codeNotFound, true
+	case corral.CodeInvalid:
+		return codeInvalidArgument, true
+	case corral.CodeConflict:
+		return codeFailedPrecond, true
+	case corral.CodeDenied:
+		return codePermissionDenied, true
+	case corral.CodeUnauthorized:
+		return codeUnauthenticated, true
+	case corral.CodeTooLarge, corral.CodeExhausted:
+		return codeResourceExhaust, true
+	case corral.CodeUnavailable:
+		return codeUnavailable, true
+	}
+	return codeInternal, false
 }

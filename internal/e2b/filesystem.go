@@ -344,25 +344,7 @@ func fsError(err error, what string) error {
 		return err
 	}
 	if ce, ok := errors.AsType[*corral.APIError](err); ok {
-		// By Corral's code, not the status: an error that ends a watch stream comes after its
-		// 200.
-		code := codeInternal
-		switch ce.Code {
-		case corral.CodeNotFound:
-			code = codeNotFound
-		case corral.CodeInvalid:
-			code = codeInvalidArgument
-		case corral.CodeConflict:
-			code = codeFailedPrecond
-		case corral.CodeDenied:
-			code = codePermissionDenied
-		case corral.CodeUnauthorized:
-			code = codeUnauthenticated
-		case corral.CodeTooLarge, corral.CodeExhausted:
-			code = codeResourceExhaust
-		case corral.CodeUnavailable:
-			code = codeUnavailable
-		}
+		code, _ := connectCode(ce)
 		return rpcErrorf(code, "%s: %s", what, ce.Error())
 	}
 	switch {

@@ -1,14 +1,12 @@
 package e2b
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"path"
@@ -315,25 +313,8 @@ func (g *Gateway) processStart(w http.ResponseWriter, r *http.Request, t *sandbo
 		s.End(err)
 		return
 	}
-	// stdin false: the command was started without open stdin, so it reads end of file; a
-	// close is sent all the same for an older Corral that kept it open (a conflict then means
-	// it was already closed, which is what was wanted).
-	closed := make(chan struct{})
-	if !exec.OpenStdin && !exec.TTY {
-		// It outlives a client that leaves at once, but not a Corral that does not answer.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
-		go func() {
-			defer close(closed)
-			defer cancel()
-			err := t.c.WriteStdin(ctx, t.id, cmd.ID, bytes.NewReader(nil), true)
-			if err != nil && !corral.IsConflict(err) && !corral.IsNotFound(err) {
-				g.log.Warn("e2b process: close stdin", "sandbox", t.id, "command", cmd.ID, "err", err)
-			}
-		}()
-	} else {
-		close(closed)
-	}
-	defer func() { <-closed }()
+	// stdin false: the command was started without open stdin (open_stdin unset), so it reads
+	// end of file as from /dev/null.
 	if s.Send(processEventMessage{Event: processEvent{Start: &processStartEvent{PID: uint32(cmd.Pid)}}}) != nil {
 		return // the client left; the command runs on
 	}
@@ -541,57 +522,17 @@ func (g *Gateway) processExecRequest(r *http.Request, t *sandboxTarget, req *pro
 	return exec, nil
 }
 
-// processCwd resolves a cwd as envd does: "~" is the user's home, and a relative path is under it.
+// processCwd resolves a cwd as the filesystem service resolves paths (fsCall.abs): "~" and a
+// relative path are under the request's user's home from the sandbox's passwd, cached.
 func (g *Gateway) processCwd(r *http.Request, t *sandboxTarget, cwd string) (string, error) {
-	if strings.HasPrefix(cwd, "/") {
+	if strings.HasPrefix(cwd, "/") && !strings.ContainsRune(cwd, 0) {
 		return path.Clean(cwd), nil
 	}
-	home, err := g.processHome(r, t)
+	c, err := g.fsCallFor(r.Context(), t, t.user)
 	if err != nil {
 		return "", err
 	}
-	if cwd == "~" || strings.HasPrefix(cwd, "~/") {
-		cwd = strings.TrimPrefix(strings.TrimPrefix(cwd, "~"), "/")
-	}
-	return path.Join(home, cwd), nil
-}
-
-// maxPasswd bounds how much of /etc/passwd is read.
-const maxPasswd = 1 << 20
-
-// processHome returns the home directory of the request's user in the sandbox's /etc/passwd:
-// the named user, else the sandbox's default user, else root. A user without an entry gets "/",
-// as Corral's agent gives it.
-func (g *Gateway) processHome(r *http.Request, t *sandboxTarget) (string, error) {
-	user := t.user
-	if user == "" {
-		sb, err := t.c.GetSandbox(r.Context(), t.id)
-		if err != nil {
-			return "", g.processCorralError(r, t, err, true)
-		}
-		user = sb.User
-	}
-	if user == "" {
-		user = "root"
-	}
-	user, _, _ = strings.Cut(user, ":") // uid[:gid]
-	f, err := t.c.ReadFile(r.Context(), t.id, "/etc/passwd")
-	if err != nil {
-		if corral.IsNotFound(err) {
-			return "/", nil
-		}
-		return "", g.processCorralError(r, t, err, true)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(io.LimitReader(f, maxPasswd))
-	for sc.Scan() {
-		// name:password:uid:gid:gecos:home:shell
-		fields := strings.Split(sc.Text(), ":")
-		if len(fields) >= 6 && (fields[0] == user || fields[2] == user) && fields[5] != "" {
-			return fields[5], nil
-		}
-	}
-	return "/", nil
+	return c.abs(cwd)
 }
 
 // processShells remembers which sandboxes have /bin/bash.
@@ -806,14 +747,6 @@ func (g *Gateway) processUpdate(w http.ResponseWriter, r *http.Request, t *sandb
 	writeUnary(w, struct{}{}, err)
 }
 
-// processCodes maps the statuses of Corral's errors to Connect codes; others are internal.
-var processCodes = map[int]string{
-	http.StatusBadRequest: codeInvalidArgument, http.StatusUnauthorized: codeUnauthenticated,
-	http.StatusForbidden: codePermissionDenied, http.StatusNotFound: codeNotFound,
-	http.StatusConflict: codeFailedPrecond, http.StatusRequestEntityTooLarge: codeResourceExhaust,
-	http.StatusTooManyRequests: codeResourceExhaust, http.StatusServiceUnavailable: codeUnavailable,
-}
-
 // processCorralError turns the error of a Corral call into a Connect error. With onSandbox the
 // call was on the sandbox itself (start a command, list them): Corral's not found or conflict
 // then says the sandbox is gone or not running, which is envd's unavailable.
@@ -826,7 +759,7 @@ func (g *Gateway) processCorralError(r *http.Request, t *sandboxTarget, err erro
 	case ok && onSandbox && (gone(err) || ce.Status == http.StatusConflict):
 		return rpcErrorf(codeUnavailable, "sandbox %s is not running: %s", t.id, ce.Error())
 	case ok:
-		code, known := processCodes[ce.Status]
+		code, known := connectCode(ce)
 		if !known {
 			g.log.Error("e2b process: corral API failed", "path", r.URL.Path, "sandbox", t.id, "status", ce.Status, "err", ce.Message)
 			return rpcErrorf(codeInternal, "the Corral API failed (status %d); see the gateway's log", ce.Status)

@@ -451,7 +451,7 @@ func TestBackgroundCommands(t *testing.T) {
 	ctx := testContext(t)
 	id := newSandbox(t, srv, c)
 
-	cmd, err := c.StartCommand(ctx, id, corral.ExecRequest{Argv: []string{"cat"}})
+	cmd, err := c.StartCommand(ctx, id, corral.ExecRequest{Argv: []string{"cat"}, OpenStdin: true})
 	if err != nil {
 		t.Fatalf("StartCommand: %v", err)
 	}

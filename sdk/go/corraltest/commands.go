@@ -503,8 +503,10 @@ func (s *Server) startCommand(w http.ResponseWriter, r *http.Request) {
 		fail(w, herr)
 		return
 	}
-	if len(req.Stdin) > 0 {
-		_, _ = cmd.stdin.Write(req.Stdin)
+	// As the real edge: stdin is req.Stdin then end of file, unless open_stdin keeps it open
+	// for WriteStdin (a TTY's input is its terminal).
+	_, _ = cmd.stdin.Write(req.Stdin)
+	if !req.OpenStdin && !req.TTY {
 		cmd.stdin.CloseWithError(io.EOF)
 	}
 	writeJSON(w, http.StatusCreated, cmd.view())
