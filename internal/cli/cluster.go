@@ -80,15 +80,8 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 			if err != nil {
 				return err
 			}
-			for _, l := range labels {
-				k, v, ok := strings.Cut(l, "=")
-				if !ok || k == "" {
-					return usagef("--label %q: want KEY=VALUE", l)
-				}
-				if cfg.Cluster.Labels == nil {
-					cfg.Cluster.Labels = map[string]string{}
-				}
-				cfg.Cluster.Labels[k] = v
+			if cfg.Cluster.Labels, err = parseKV("label", labels); err != nil {
+				return err
 			}
 			if err := placement.ValidateLabels("--label", cfg.Cluster.Labels); err != nil {
 				return usagef("%v", err)

@@ -266,7 +266,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"),
 	}
 	if node != nil {
-		ecfg.Capacity, ecfg.Labels = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels
+		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
 	}
 	e, err := edge.New(ecfg, log, st, rt, ls)
 	if err != nil {

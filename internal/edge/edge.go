@@ -98,6 +98,9 @@ type Config struct {
 	Capacity *corral.Resources
 	// Labels describe the node (gpu=h100); a create's node_selector must match them.
 	Labels map[string]string
+	// SharedStore says other edges write the store too (cluster mode): the fncall pools then
+	// follow the store's environments, which another edge may create or delete.
+	SharedStore bool
 	// ReapInterval is how often TTLs, idleness and liveness are checked (default 1s).
 	ReapInterval time.Duration
 	// Retention is how long records of stopped and failed sandboxes are kept (default 24h).
@@ -1291,8 +1294,10 @@ func (e *Edge) reaper() {
 			e.reap(context.Background())
 			e.maintainPools()
 		case <-flush.C:
-			if err := e.syncPools(context.Background()); err != nil {
-				e.log.Warn("sync fncall pools", "err", err)
+			if e.cfg.SharedStore {
+				if err := e.syncPools(context.Background()); err != nil {
+					e.log.Warn("sync fncall pools", "err", err)
+				}
 			}
 			e.flushActivity(context.Background())
 			e.forgetOld(context.Background())

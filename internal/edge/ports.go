@@ -25,33 +25,39 @@ import (
 // portDialTimeout bounds connecting to a port inside a sandbox.
 const portDialTimeout = 5 * time.Second
 
-// DialPort connects to TCP port on the loopback of sandbox id's network namespace.
-func (e *Edge) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
-	if port < 1 || port > 65535 {
-		return nil, errdefs.Invalid("port", "%d: want 1-65535", port)
-	}
+// portNetns returns the network namespace ports of sandbox id are reached in (resuming a
+// paused sandbox, as any data-plane call does).
+func (e *Edge) portNetns(ctx context.Context, id string) (string, error) {
 	sb, err := e.active(ctx, id)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	rec, err := e.store.GetSandbox(ctx, sb.id)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if rec.Runtime == RuntimeGVisor {
 		// gVisor's network stack lives in its sandbox process, not in the namespace.
-		return nil, errdefs.Invalid("port", "ports of gVisor sandboxes are not reachable yet (runtime gvisor)")
+		return "", errdefs.Invalid("port", "ports of gVisor sandboxes are not reachable yet (runtime gvisor)")
 	}
 	st, err := e.rt.Status(ctx, sb.id)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if st.Pid <= 0 {
-		return nil, errdefs.Conflict("sandbox %s has no running init to reach ports through", id)
+		return "", errdefs.Conflict("sandbox %s has no running init to reach ports through", id)
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", st.Pid), nil
+}
+
+// dialInNetns connects to port on the loopback of the network namespace at nsPath.
+func dialInNetns(ctx context.Context, nsPath, id string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, errdefs.Invalid("port", "%d: want 1-65535", port)
 	}
 	var conn net.Conn
-	err = onNewThread(func() error {
-		ns, err := netns.GetFromPath(fmt.Sprintf("/proc/%d/ns/net", st.Pid))
+	err := onNewThread(func() error {
+		ns, err := netns.GetFromPath(nsPath)
 		if err != nil {
 			return fmt.Errorf("open the network namespace of sandbox %s: %w", id, err)
 		}
@@ -89,8 +95,9 @@ func (h *dataPlane) port(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, errdefs.Invalid("port", "%q: want 1-65535", r.PathValue("port")))
 		return
 	}
-	// Check the sandbox before proxying, so that a bad ID is a clear error, not a 502.
-	if _, err := h.e.active(r.Context(), id); err != nil {
+	// The sandbox is looked up once, before proxying, so that a bad ID is a clear error.
+	ns, err := h.e.portNetns(r.Context(), id)
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -104,7 +111,7 @@ func (h *dataPlane) port(w http.ResponseWriter, r *http.Request) {
 			pr.SetXForwarded()
 		},
 		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return h.e.DialPort(ctx, id, port) },
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dialInNetns(ctx, ns, id, port) },
 			// One connection per request: the transport lives for this request only.
 			DisableKeepAlives: true,
 		},

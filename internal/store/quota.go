@@ -522,16 +522,16 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency)
 		for i, a := range anc {
 			args[i] = a
 		}
-		// Concurrent admissions under a common ancestor take turns here (PostgreSQL): what they
-		// read below is what they change.
-		ancIDs, err := idsOfPaths(ctx, tx, anc)
-		if err != nil {
-			return err
-		}
-		if err := lockUsage(ctx, tx, slices.Sorted(slices.Values(ancIDs))); err != nil {
-			return err
-		}
 		if tx.pg {
+			// Concurrent admissions under a common ancestor take turns here: what they read
+			// below is what they change. (SQLite has one writer: nothing to lock.)
+			ancIDs, err := idsOfPaths(ctx, tx, anc)
+			if err != nil {
+				return err
+			}
+			if err := lockUsage(ctx, tx, slices.Sorted(slices.Values(ancIDs))); err != nil {
+				return err
+			}
 			// A deletion or move that held the locks first may have changed the project.
 			var now string
 			if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, sb.ProjectID).Scan(&now); errors.Is(err, sql.ErrNoRows) {

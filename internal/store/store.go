@@ -28,6 +28,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/placement"
 	corral "github.com/corral-dev/corral/sdk/go"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -513,7 +514,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox,
 		if err != nil {
 			return nil, fmt.Errorf("list sandboxes: decode: %w", err)
 		}
-		if !labelsMatch(sb.Labels, f.Labels) {
+		if !placement.Matches(f.Labels, sb.Labels) {
 			continue
 		}
 		out = append(out, sb)
@@ -528,15 +529,6 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox,
 		return out[i].ID < out[j].ID
 	})
 	return out, nil
-}
-
-func labelsMatch(have, want map[string]string) bool {
-	for k, v := range want {
-		if got, ok := have[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }
 
 // DeleteSandbox removes a sandbox record and its trajectory (used to forget long-stopped sandboxes).
