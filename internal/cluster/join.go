@@ -263,33 +263,53 @@ func (j *Joined) KeepFresh(ctx context.Context, log *slog.Logger) {
 // the ones in its data dir when they exist (a Kubernetes Secret mounted there), new ones
 // otherwise, written there (mode 0600). Later replicas find the join token set and just serve.
 func bootstrapTokens(ctx context.Context, cfg Config, st *store.Store, log *slog.Logger) error {
+	if _, err := st.GetSetting(ctx, joinSetting); err == nil {
+		return nil // bootstrapped already
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
 	joinPath, adminPath := cfg.DataDir+"/join.token", cfg.DataDir+"/admin.token"
 	join, joinGiven, err := tokenFile(joinPath)
 	if err != nil {
-		return err
-	}
-	doc, _ := json.Marshal(join)
-	created, err := st.PutSettingIfAbsent(ctx, joinSetting, doc)
-	if err != nil || !created {
 		return err
 	}
 	admin, adminGiven, err := tokenFile(adminPath)
 	if err != nil {
 		return err
 	}
-	if err := st.AddRootToken(ctx, apiserver.HashToken(admin)); err != nil {
+	// The admin token and the files first, the join token's setting last: a start that fails
+	// in between leaves no half-bootstrapped store, and the next start finds the files and
+	// finishes with the same tokens.
+	if _, err := st.TokenByHash(ctx, apiserver.HashToken(admin)); errors.Is(err, errdefs.ErrNotFound) {
+		if err := st.AddRootToken(ctx, apiserver.HashToken(admin)); err != nil {
+			return err
+		}
+	} else if err != nil {
 		return err
 	}
 	for _, f := range []struct {
 		path, tok string
 		given     bool
 	}{{joinPath, join, joinGiven}, {adminPath, admin, adminGiven}} {
-		if f.given {
-			continue
+		if !f.given {
+			if err := os.WriteFile(f.path, []byte(f.tok+"\n"), 0o600); err != nil {
+				return fmt.Errorf("write %s: %w", f.path, err)
+			}
 		}
-		if err := os.WriteFile(f.path, []byte(f.tok+"\n"), 0o600); err != nil {
-			return fmt.Errorf("write %s: %w", f.path, err)
+	}
+	doc, _ := json.Marshal(join)
+	created, err := st.PutSettingIfAbsent(ctx, joinSetting, doc)
+	if err != nil {
+		return err
+	}
+	if !created {
+		// Another replica bootstrapped at the same moment: its join token is the cluster's. The
+		// admin token written here is a valid root token all the same.
+		if !joinGiven {
+			os.Remove(joinPath)
 		}
+		log.Info("another replica bootstrapped the cluster store at the same time; using its join token")
+		return nil
 	}
 	log.Info("bootstrapped the cluster store", "admin_token", adminPath, "join_token", joinPath, "admin_token_given", adminGiven, "join_token_given", joinGiven)
 	return nil
