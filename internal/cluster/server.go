@@ -154,12 +154,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 			srv.Close()
 			return err
 		}
-		e2bSrv, err := daemon.ServeE2B(cfg.E2B, lis.Addr(), key, service, log, errc)
+		stopE2B, err := daemon.ServeE2B(cfg.E2B, lis.Addr(), key, service, log, errc)
 		if err != nil {
 			srv.Close()
 			return err
 		}
-		defer e2bSrv.Close()
+		defer stopE2B()
 	}
 	log.Info("corral server is up", "listen", lis.Addr().String(), "k", cfg.K, "lease_grace", cfg.LeaseGrace)
 	if ready != nil {

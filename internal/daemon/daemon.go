@@ -324,12 +324,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		errc <- srv.Serve(lis)
 	}()
 	if cfg.E2B.Listen != "" {
-		e2bSrv, err := startE2B(ctx, cfg, st, lis.Addr(), log, errc)
+		stopE2B, err := startE2B(ctx, cfg, st, lis.Addr(), log, errc)
 		if err != nil {
 			srv.Close()
 			return err
 		}
-		defer e2bSrv.Close()
+		defer stopE2B()
 	}
 	if node != nil {
 		go func() {

@@ -36,7 +36,7 @@ const e2bKeyFile = "e2b.key"
 
 // startE2B starts the E2B gateway on its own listener, translating onto the API at apiAddr. The
 // returned server is shut down with the API's.
-func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr, log *slog.Logger, errc chan<- error) (stop func(), err error) {
 	key, err := e2bKey(filepath.Join(cfg.DataDir, e2bKeyFile))
 	if err != nil {
 		return nil, err
@@ -50,8 +50,8 @@ func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr
 
 // ServeE2B serves the E2B gateway on e2bCfg.Listen in front of the Corral API at apiAddr (over
 // loopback when that listens on every address), with the envd-token key and the service token
-// given. `corral up` and `corral server` both use it.
-func ServeE2B(e2bCfg E2BConfig, apiAddr net.Addr, key []byte, service string, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+// given, until the returned stop is called. `corral up` and `corral server` both use it.
+func ServeE2B(e2bCfg E2BConfig, apiAddr net.Addr, key []byte, service string, log *slog.Logger, errc chan<- error) (stop func(), err error) {
 	api := apiAddr.(*net.TCPAddr)
 	host := api.IP
 	if host.IsUnspecified() {
@@ -78,7 +78,7 @@ func ServeE2B(e2bCfg E2BConfig, apiAddr net.Addr, key []byte, service string, lo
 		}
 	}()
 	log.Info("E2B API is up", "listen", lis.Addr().String(), "domain", e2bCfg.Domain)
-	return srv, nil
+	return func() { srv.Close(); gw.Close() }, nil
 }
 
 // The gateway's own principal and the token it acts with on the in-sandbox surface (after a

@@ -12,13 +12,11 @@ import (
 	"io/fs"
 	"net/http"
 	"path"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"weak"
 
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -444,27 +442,7 @@ func (g *Gateway) fsRemove(ctx context.Context, c *fsCall, req *pathRequest) (*s
 }
 
 // fsState returns what the filesystem surface of g keeps between requests.
-//
-// It lives beside the Gateway, keyed weakly by it, so that Gateway's own fields stay as New
-// sets them; it goes when the Gateway is collected.
-func (g *Gateway) fsState() *fsState {
-	k := weak.Make(g)
-	if s, ok := fsStates.Load(k); ok {
-		return s.(*fsState)
-	}
-	s, loaded := fsStates.LoadOrStore(k, newFSState())
-	if !loaded {
-		runtime.AddCleanup(g, func(k weak.Pointer[Gateway]) {
-			if s, ok := fsStates.LoadAndDelete(k); ok {
-				s.(*fsState).closeWatchers()
-			}
-		}, k)
-	}
-	return s.(*fsState)
-}
-
-// fsStates holds the fsState of each Gateway: weak.Pointer[Gateway] -> *fsState.
-var fsStates sync.Map
+func (g *Gateway) fsState() *fsState { return g.fs }
 
 // fsState is the memory of the filesystem surface: users per sandbox and polling watchers.
 //
@@ -946,7 +924,7 @@ func (s *fsState) dropWatcher(id string) bool {
 	return ok
 }
 
-// closeWatchers ends every polling watcher (the Gateway is gone).
+// closeWatchers ends every polling watcher (the Gateway closes).
 func (s *fsState) closeWatchers() {
 	s.mu.Lock()
 	ids := make([]string, 0, len(s.watchers))

@@ -140,6 +140,8 @@ type Gateway struct {
 	log     *slog.Logger
 	handler http.Handler
 	envd    http.Handler // the in-sandbox surface (envd.go)
+	fs      *fsState     // users per sandbox and polling watchers (filesystem.go)
+	shells  processShells
 }
 
 // New returns a gateway for cfg, or the error [Config.Validate] finds. A nil log discards.
@@ -150,7 +152,7 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg.withDefaults(), log: log}
+	g := &Gateway{cfg: cfg.withDefaults(), log: log, fs: newFSState(), shells: processShells{m: map[string]processShellEntry{}}}
 	g.handler, g.envd = g.routes(), g.envdRoutes()
 	return g, nil
 }
@@ -171,6 +173,10 @@ func (g *Gateway) Handler() http.Handler {
 		g.handler.ServeHTTP(w, r)
 	})
 }
+
+// Close ends the gateway's polling watchers (their Corral watch streams); requests still being
+// served end with their connections.
+func (g *Gateway) Close() { g.fs.closeWatchers() }
 
 // EnvdAccessToken returns the envd access token of a sandbox: the secret create and connect
 // hand to the SDK, which sends it as X-Access-Token to the in-sandbox surface and signs file

@@ -535,17 +535,11 @@ func (g *Gateway) processCwd(r *http.Request, t *sandboxTarget, cwd string) (str
 	return c.abs(cwd)
 }
 
-// processShells remembers which sandboxes have /bin/bash.
-var processShells = struct {
+// processShells remembers which sandboxes have /bin/bash (a Gateway's, by sandbox ID).
+type processShells struct {
 	mu sync.Mutex
 	// m is protected by mu.
-	m map[processShellKey]processShellEntry
-}{m: map[processShellKey]processShellEntry{}}
-
-// processShellKey names a sandbox as one gateway sees it.
-type processShellKey struct {
-	g  *Gateway
-	id string
+	m map[string]processShellEntry
 }
 
 type processShellEntry struct {
@@ -563,10 +557,10 @@ const (
 // processHasBash reports whether the sandbox has /bin/bash. When Corral cannot say (an error
 // other than not found), it answers yes: the command then fails or runs as asked.
 func (g *Gateway) processHasBash(r *http.Request, t *sandboxTarget) bool {
-	key := processShellKey{g, t.id}
-	processShells.mu.Lock()
-	e, ok := processShells.m[key]
-	processShells.mu.Unlock()
+	key, shells := t.id, &g.shells
+	shells.mu.Lock()
+	e, ok := shells.m[key]
+	shells.mu.Unlock()
 	if ok && (e.bash || time.Since(e.at) < noBashFor) {
 		return e.bash
 	}
@@ -574,15 +568,15 @@ func (g *Gateway) processHasBash(r *http.Request, t *sandboxTarget) bool {
 	if err != nil && !corral.IsNotFound(err) {
 		return true
 	}
-	processShells.mu.Lock()
-	defer processShells.mu.Unlock()
-	for k := range processShells.m {
-		if len(processShells.m) < maxShellEntries {
+	shells.mu.Lock()
+	defer shells.mu.Unlock()
+	for k := range shells.m {
+		if len(shells.m) < maxShellEntries {
 			break
 		}
-		delete(processShells.m, k)
+		delete(shells.m, k)
 	}
-	processShells.m[key] = processShellEntry{bash: err == nil, at: time.Now()}
+	shells.m[key] = processShellEntry{bash: err == nil, at: time.Now()}
 	return err == nil
 }
 
