@@ -6,13 +6,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"runtime"
 	"strconv"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/nsutil"
 )
 
 // Ports: an HTTP proxy to a TCP port inside a sandbox (`corral port`, and the E2B gateway's
@@ -56,16 +54,9 @@ func dialInNetns(ctx context.Context, nsPath, id string, port int) (net.Conn, er
 		return nil, errdefs.Invalid("port", "%d: want 1-65535", port)
 	}
 	var conn net.Conn
-	err := onNewThread(func() error {
-		ns, err := netns.GetFromPath(nsPath)
-		if err != nil {
-			return fmt.Errorf("open the network namespace of sandbox %s: %w", id, err)
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			return fmt.Errorf("enter the network namespace of sandbox %s: %w", id, err)
-		}
+	err := nsutil.InNetns(nsPath, func() error {
 		d := net.Dialer{Timeout: portDialTimeout}
+		var err error
 		conn, err = d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
 			return errdefs.Unavailable("nothing answers on port %d in sandbox %s: %v", port, id, err)
@@ -73,17 +64,6 @@ func dialInNetns(ctx context.Context, nsPath, id string, port int) (net.Conn, er
 		return nil
 	})
 	return conn, err
-}
-
-// onNewThread runs f on a thread of its own that is never given back to Go's scheduler (it
-// may have entered another namespace); sockets f opens stay in the namespace they were made in.
-func onNewThread(f func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		done <- f()
-	}()
-	return <-done
 }
 
 // port proxies /v1/sandboxes/{id}/ports/{port}/{path...} to http://127.0.0.1:PORT/PATH inside

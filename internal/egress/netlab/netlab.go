@@ -22,6 +22,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/nsutil"
 )
 
 // Host is one web server of the internet.
@@ -174,19 +176,7 @@ func (in *Internet) wire() error {
 
 // Do runs f on a thread inside the namespace (sockets it opens stay there); the thread is
 // discarded afterwards.
-func (in *Internet) Do(f func() error) error {
-	return onNewThread(func() error {
-		ns, err := netns.GetFromPath(in.NsPath)
-		if err != nil {
-			return err
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			return err
-		}
-		return f()
-	})
-}
+func (in *Internet) Do(f func() error) error { return nsutil.InNetns(in.NsPath, f) }
 
 // DNSAddr is the zone server's address, for corral up --dns-upstream.
 func (in *Internet) DNSAddr() netip.AddrPort {
