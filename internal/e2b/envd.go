@@ -97,17 +97,13 @@ func (g *Gateway) sandboxed(h envdHandler) http.Handler {
 		if !g.accessAllowed(r, t) {
 			msg := fmt.Sprintf("missing or wrong envd access token for sandbox %s (X-Access-Token, as create or connect returned it, or a valid signature)", id)
 			if r.URL.Path == "/files" {
-				writeFilesError(w, filesErrorf(http.StatusUnauthorized, "%s", msg)) // envd's REST shape
+				writeError(w, errorf(http.StatusUnauthorized, "%s", msg)) // envd's REST shape
 			} else {
 				writeUnary(w, nil, rpcErrorf(codeUnauthenticated, "%s", msg))
 			}
 			return
 		}
-		ua := "corral-e2b-gateway"
-		if sdk := r.Header.Get("User-Agent"); sdk != "" {
-			ua += " (" + sdk + ")"
-		}
-		t.c = corral.New(g.cfg.CorralURL, g.cfg.ServiceToken, corral.WithHTTPClient(g.cfg.HTTPClient), corral.WithUserAgent(ua))
+		t.c = g.client(r, g.cfg.ServiceToken)
 		t.user = basicUser(r)
 		h(w, r, t)
 	})

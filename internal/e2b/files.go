@@ -52,19 +52,6 @@ type fileWritten struct {
 	Path string `json:"path"`
 }
 
-// filesError is an answer of /files in envd's error shape.
-type filesError struct {
-	status int
-	msg    string
-}
-
-// Error returns the message the caller sees.
-func (e *filesError) Error() string { return e.msg }
-
-func filesErrorf(status int, format string, args ...any) *filesError {
-	return &filesError{status: status, msg: fmt.Sprintf(format, args...)}
-}
-
 // files serves envd's /files: GET downloads a file, POST uploads (multipart or octet-stream).
 func (g *Gateway) files(w http.ResponseWriter, r *http.Request, t *sandboxTarget) {
 	var err error
@@ -75,30 +62,26 @@ func (g *Gateway) files(w http.ResponseWriter, r *http.Request, t *sandboxTarget
 		err = g.upload(w, r, t)
 	default:
 		w.Header().Set("Allow", "GET, HEAD, POST")
-		err = filesErrorf(http.StatusMethodNotAllowed, "%s /files: use GET to download or POST to upload", r.Method)
+		err = errorf(http.StatusMethodNotAllowed, "%s /files: use GET to download or POST to upload", r.Method)
 	}
 	if err != nil {
 		writeFilesError(w, err)
 	}
 }
 
-// writeFilesError answers err as envd's /files does: {"code": <status>, "message": ...}.
+// writeFilesError answers err as envd's /files does: {"code": <status>, "message": ...}, the
+// shape of the control plane's errors.
 func writeFilesError(w http.ResponseWriter, err error) {
-	fe, ok := errors.AsType[*filesError](err)
+	ae, ok := errors.AsType[*apiError](err)
 	if !ok {
-		fe = filesFromRPC(err)
+		ae = filesFromRPC(err)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(fe.status)
-	json.NewEncoder(w).Encode(struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	}{fe.status, fe.msg})
+	writeError(w, ae)
 }
 
 // filesFromRPC gives a Connect error (of the user lookup, of a Corral call mapped by fsError)
 // its /files status. The SDK maps 400, 401, 404, 429, 502 and 507 onto its own errors.
-func filesFromRPC(err error) *filesError {
+func filesFromRPC(err error) *apiError {
 	re := asRPCError(err)
 	status := http.StatusInternalServerError
 	switch re.Code {
@@ -117,7 +100,7 @@ func filesFromRPC(err error) *filesError {
 	case codeDeadlineExceeded, codeCanceled:
 		status = http.StatusGatewayTimeout
 	}
-	return &filesError{status: status, msg: re.Message}
+	return &apiError{status: status, msg: re.Message}
 }
 
 // filesUser is the user of a /files request: the username query parameter (what the SDK
@@ -141,7 +124,7 @@ func (g *Gateway) download(w http.ResponseWriter, r *http.Request, t *sandboxTar
 	rc, err := t.c.ReadFile(r.Context(), t.id, p)
 	if err != nil {
 		if ce, ok := errors.AsType[*corral.APIError](err); ok && ce.Status == http.StatusNotFound {
-			return filesErrorf(http.StatusNotFound, "path '%s' does not exist", p)
+			return errorf(http.StatusNotFound, "path '%s' does not exist", p)
 		}
 		return fsError(err, "read "+p)
 	}
@@ -190,13 +173,13 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request, t *sandboxTarge
 	case "gzip":
 		zr, err := gzip.NewReader(body)
 		if err != nil {
-			return filesErrorf(http.StatusBadRequest, "error decompressing request body: %v", err)
+			return errorf(http.StatusBadRequest, "error decompressing request body: %v", err)
 		}
 		defer zr.Close()
 		// Bound what the body expands to as well.
 		body = &uploadLimit{r: zr, budget: budget}
 	default:
-		return filesErrorf(http.StatusBadRequest, "unsupported Content-Encoding %q: send gzip or none", enc)
+		return errorf(http.StatusBadRequest, "unsupported Content-Encoding %q: send gzip or none", enc)
 	}
 
 	var dest *string
@@ -209,7 +192,7 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request, t *sandboxTarge
 	switch {
 	case mediaType == "application/octet-stream":
 		if dest == nil {
-			return filesErrorf(http.StatusBadRequest, "path query parameter is required for raw body upload")
+			return errorf(http.StatusBadRequest, "path query parameter is required for raw body upload")
 		}
 		p, err := c.abs(*dest)
 		if err != nil {
@@ -221,7 +204,7 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request, t *sandboxTarge
 		out = append(out, fileWritten{Name: path.Base(p), Type: "file", Path: p})
 	case strings.HasPrefix(mediaType, "multipart/"):
 		if params["boundary"] == "" {
-			return filesErrorf(http.StatusBadRequest, "multipart body without a boundary")
+			return errorf(http.StatusBadRequest, "multipart body without a boundary")
 		}
 		out = []fileWritten{}
 		mr := multipart.NewReader(body, params["boundary"])
@@ -232,9 +215,9 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request, t *sandboxTarge
 			}
 			if err != nil {
 				if budget.hit {
-					return filesErrorf(http.StatusRequestEntityTooLarge, "upload larger than %d bytes", maxUpload)
+					return errorf(http.StatusRequestEntityTooLarge, "upload larger than %d bytes", maxUpload)
 				}
-				return filesErrorf(http.StatusBadRequest, "error reading form: %v", err)
+				return errorf(http.StatusBadRequest, "error reading form: %v", err)
 			}
 			if part.FormName() != "file" {
 				part.Close()
@@ -249,7 +232,7 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request, t *sandboxTarge
 				target = dp["filename"]
 				if target == "" {
 					part.Close()
-					return filesErrorf(http.StatusBadRequest, "a part named file has no filename and there is no path query parameter: name the destination in either")
+					return errorf(http.StatusBadRequest, "a part named file has no filename and there is no path query parameter: name the destination in either")
 				}
 			}
 			p, err := c.abs(target)
@@ -260,7 +243,7 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request, t *sandboxTarge
 			for _, f := range out {
 				if f.Path == p {
 					part.Close()
-					return filesErrorf(http.StatusBadRequest, "you cannot upload multiple files to the same path '%s' in one upload request, only the first specified file was uploaded", p)
+					return errorf(http.StatusBadRequest, "you cannot upload multiple files to the same path '%s' in one upload request, only the first specified file was uploaded", p)
 				}
 			}
 			err = g.writeUploaded(r, c, p, part, budget)
@@ -271,10 +254,10 @@ func (g *Gateway) upload(w http.ResponseWriter, r *http.Request, t *sandboxTarge
 			out = append(out, fileWritten{Name: path.Base(p), Type: "file", Path: p})
 		}
 	default:
-		return filesErrorf(http.StatusBadRequest, "unsupported content type: %q, expected multipart/form-data or application/octet-stream", r.Header.Get("Content-Type"))
+		return errorf(http.StatusBadRequest, "unsupported content type: %q, expected multipart/form-data or application/octet-stream", r.Header.Get("Content-Type"))
 	}
 	if budget.hit {
-		return filesErrorf(http.StatusRequestEntityTooLarge, "upload larger than %d bytes", maxUpload)
+		return errorf(http.StatusRequestEntityTooLarge, "upload larger than %d bytes", maxUpload)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(out)
@@ -288,15 +271,15 @@ func (g *Gateway) writeUploaded(r *http.Request, c *fsCall, p string, body io.Re
 	case err == nil:
 		return nil
 	case budget.hit:
-		return filesErrorf(http.StatusRequestEntityTooLarge, "upload larger than %d bytes: %s is cut short", maxUpload, p)
+		return errorf(http.StatusRequestEntityTooLarge, "upload larger than %d bytes: %s is cut short", maxUpload, p)
 	}
 	if ce, ok := errors.AsType[*corral.APIError](err); ok {
 		switch ce.Status {
 		case http.StatusConflict, http.StatusBadRequest:
-			return filesErrorf(http.StatusBadRequest, "write %s: %s", p, ce.Error())
+			return errorf(http.StatusBadRequest, "write %s: %s", p, ce.Error())
 		case http.StatusTooManyRequests, http.StatusRequestEntityTooLarge:
 			// Corral's "exhausted" on a write is a full disk or quota: the SDK's NotEnoughSpaceError.
-			return filesErrorf(http.StatusInsufficientStorage, "write %s: %s", p, ce.Error())
+			return errorf(http.StatusInsufficientStorage, "write %s: %s", p, ce.Error())
 		}
 	}
 	return fsError(err, "write "+p)

@@ -258,15 +258,19 @@ func (g *Gateway) authed(fn handlerFunc) http.Handler {
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-		ua := "corral-e2b-gateway"
-		if sdk := r.Header.Get("User-Agent"); sdk != "" {
-			ua += " (" + sdk + ")"
-		}
-		c := corral.New(g.cfg.CorralURL, key, corral.WithHTTPClient(g.cfg.HTTPClient), corral.WithUserAgent(ua))
-		if err := fn(w, r, c); err != nil {
+		if err := fn(w, r, g.client(r, key)); err != nil {
 			writeError(w, g.toAPIError(r, err))
 		}
 	})
+}
+
+// client returns a Corral client presenting token, its user agent naming the SDK that called.
+func (g *Gateway) client(r *http.Request, token string) *corral.Client {
+	ua := "corral-e2b-gateway"
+	if sdk := r.Header.Get("User-Agent"); sdk != "" {
+		ua += " (" + sdk + ")"
+	}
+	return corral.New(g.cfg.CorralURL, token, corral.WithHTTPClient(g.cfg.HTTPClient), corral.WithUserAgent(ua))
 }
 
 // domain is the "domain" create and connect answer.
