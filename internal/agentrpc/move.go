@@ -21,7 +21,7 @@ import (
 // in a calls agent). Where openat2 is missing, open(2) is used, which the kernel still confines to
 // the agent's root but which does follow magic links.
 func openInRoot(p string, flags int) (int, error) {
-	if !openat2Missing {
+	if !openat2Missing.Load() {
 		root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return -1, err
@@ -38,7 +38,7 @@ func openInRoot(p string, flags int) (int, error) {
 		if err != unix.ENOSYS {
 			return fd, err
 		}
-		openat2Missing = true
+		openat2Missing.Store(true)
 	}
 	return unix.Open(p, flags|unix.O_CLOEXEC, 0)
 }

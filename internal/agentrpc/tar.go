@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -434,7 +435,7 @@ func (x *extractor) openDir(entry, rel string) (int, error) {
 }
 
 // openat2Missing is set when the kernel lacks openat2 (before 5.6); the component walk is used.
-var openat2Missing bool
+var openat2Missing atomic.Bool
 
 // openBeneath opens rel beneath root without following any symbolic link, as a directory, or
 // with the extra flags (O_PATH) as whatever it is. The caller closes the descriptor.
@@ -446,7 +447,7 @@ func (x *extractor) openBeneath(entry, rel string, extra ...int) (int, error) {
 	if rel == "" {
 		rel = "."
 	}
-	if !openat2Missing {
+	if !openat2Missing.Load() {
 		fd, err := unix.Openat2(x.root, rel, &unix.OpenHow{
 			Flags:   uint64(flags),
 			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
@@ -455,7 +456,7 @@ func (x *extractor) openBeneath(entry, rel string, extra ...int) (int, error) {
 		case nil:
 			return fd, nil
 		case unix.ENOSYS:
-			openat2Missing = true
+			openat2Missing.Store(true)
 		default:
 			return -1, x.resolveError(entry, rel, err)
 		}

@@ -379,7 +379,7 @@ func openBeneath(root int, rel string, flags ...int) (int, error) {
 	if rel == "" {
 		rel = "."
 	}
-	if !openat2Missing {
+	if !openat2Missing.Load() {
 		fd, err := unix.Openat2(root, rel, &unix.OpenHow{
 			Flags:   uint64(fl),
 			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
@@ -387,7 +387,7 @@ func openBeneath(root int, rel string, flags ...int) (int, error) {
 		if err != unix.ENOSYS {
 			return fd, err
 		}
-		openat2Missing = true
+		openat2Missing.Store(true)
 	}
 	// One component at a time; rel holds no ".." (it is made of names the kernel reported).
 	fd, err := unix.Openat(root, ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
