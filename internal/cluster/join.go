@@ -69,34 +69,30 @@ type caRecord struct {
 // loadCA returns the cluster CA, creating it when the store has none (replicas racing to create
 // it agree on the first one stored).
 func loadCA(ctx context.Context, st *store.Store) (*clusterauth.CA, error) {
-	certPEM, keyPEM, err := clusterauth.NewCA("corral cluster CA", caTTL)
-	if err != nil {
-		return nil, err
-	}
-	doc, _ := json.Marshal(caRecord{Cert: string(certPEM), Key: string(keyPEM)})
-	if _, err := st.PutSettingIfAbsent(ctx, caSetting, doc); err != nil {
-		return nil, err
-	}
-	raw, err := st.GetSetting(ctx, caSetting)
-	if err != nil {
-		return nil, err
-	}
 	var rec caRecord
-	if err := json.Unmarshal(raw, &rec); err != nil {
-		return nil, fmt.Errorf("decode the cluster CA: %w", err)
+	err := readSetting(ctx, st, caSetting, &rec)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		certPEM, keyPEM, nerr := clusterauth.NewCA("corral cluster CA", caTTL)
+		if nerr != nil {
+			return nil, nerr
+		}
+		doc, _ := json.Marshal(caRecord{Cert: string(certPEM), Key: string(keyPEM)})
+		if _, perr := st.PutSettingIfAbsent(ctx, caSetting, doc); perr != nil {
+			return nil, perr
+		}
+		err = readSetting(ctx, st, caSetting, &rec) // the first one stored wins
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the cluster CA: %w", err)
 	}
 	return clusterauth.LoadCA([]byte(rec.Cert), []byte(rec.Key))
 }
 
 // joinToken returns the cluster's join token.
 func joinToken(ctx context.Context, st *store.Store) (string, error) {
-	raw, err := st.GetSetting(ctx, joinSetting)
-	if err != nil {
-		return "", fmt.Errorf("read the join token: %w", err)
-	}
 	var tok string
-	if err := json.Unmarshal(raw, &tok); err != nil {
-		return "", fmt.Errorf("decode the join token: %w", err)
+	if err := readSetting(ctx, st, joinSetting, &tok); err != nil {
+		return "", fmt.Errorf("the join token: %w", err)
 	}
 	return tok, nil
 }
