@@ -4,8 +4,10 @@ go 1.26.0
 
 require (
 	github.com/creack/pty v1.1.24
+	github.com/erofs/go-erofs v0.3.1
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/nftables v0.3.0
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/klauspost/compress v1.20.4
 	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42

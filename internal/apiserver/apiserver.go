@@ -75,6 +75,14 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.guard(iam.SandboxAdmin, "sandbox.resume", s.onSandbox, s.lifecycle(s.edge.Resume)))
 	api.HandleFunc("PUT /v1/sandboxes/{id}/network", s.guard(iam.SandboxAdmin, "sandbox.network", s.onSandbox, s.setNetwork))
 	api.HandleFunc("GET /v1/sandboxes/{id}/network/blocked", s.guard(iam.SandboxRead, "", s.onSandbox, s.blockedAttempts))
+	api.HandleFunc("GET /v1/sandboxes/{id}/fetch", s.guard(iam.SandboxRead, "", s.onSandbox, func(w http.ResponseWriter, r *http.Request) {
+		st, err := s.edge.FetchStats(r.Context(), r.PathValue("id"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, st)
+	}))
 	api.HandleFunc("GET /v1/metrics", s.guard(iam.Operator, "", operator, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		s.edge.WriteMetrics(w)
@@ -155,6 +163,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/layers", s.guard(iam.LayerPublish, "layer.publish", s.onQueryProject("project", "name"), s.importLayer))
 	api.HandleFunc("GET /v1/layers", s.listLayers)
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
+	api.HandleFunc("GET /v1/layers/{name}/{version}/stats", s.layerStats)
 	api.HandleFunc("POST /v1/fncall", s.createFncallEnv)
 	api.HandleFunc("GET /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
 		c := who(r)
@@ -642,6 +651,32 @@ func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, l)
+}
+
+// layerStats describes a layer version's storage and how its data reached this node.
+func (s *Server) layerStats(w http.ResponseWriter, r *http.Request) {
+	name, version := r.PathValue("name"), r.PathValue("version")
+	if err := edge.ValidateLayerName("name", name, version); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	l, err := s.store.GetLayer(r.Context(), name, version)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !who(r).canRead(iam.LayerRead, l.Project, l.Private) {
+		p, _ := iam.ParsePath("project", l.Project)
+		s.fail(w, r, who(r).require(iam.LayerRead, p))
+		return
+	}
+	st, err := s.edge.LayerStats(r.Context(), l.Digest)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, corral.LayerStats{Name: l.Name, Version: l.Version, Digest: l.Digest, Node: s.edge.Node(),
+		Format: st.Format, ImageBytes: st.ImageSize, DataBytes: st.DataSize, Fetch: st.Fetch, Cache: st.Cache})
 }
 
 func (s *Server) createFncallEnv(w http.ResponseWriter, r *http.Request) {

@@ -22,6 +22,27 @@ var sizeUnits = map[string]float64{
 	"t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 1e12,
 }
 
+// byteSize is a pflag.Value of a byte size ("10G", "512M", "1048576").
+type byteSize struct{ dst *int64 }
+
+func (b *byteSize) String() string {
+	if b.dst == nil || *b.dst == 0 {
+		return ""
+	}
+	return strconv.FormatInt(*b.dst, 10)
+}
+
+func (b *byteSize) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*b.dst = n
+	return nil
+}
+
+func (b *byteSize) Type() string { return "size" }
+
 // parseSize parses a byte size: "1048576", "512M", "1G", "1GiB", "1.5g", "100MB".
 func parseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)
@@ -105,6 +126,7 @@ type createFlags struct {
 	pauseKeepsTTL             bool
 	fromSnapshot              string
 	runtime                   string
+	fetch                     string
 	net                       netFlags
 	baseDefault               string // what --base is when not given
 }
@@ -143,6 +165,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	f.baseDefault = base
 	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION ($CORRAL_BASE sets the default)")
 	fs.StringVar(&f.runtime, "runtime", "", "container runtime: runc (default) or gvisor")
+	fs.StringVar(&f.fetch, "fetch", "", "how the layers' data reaches the node: eager (all before start), lazy (chunks as read) or prefetch (lazy, plus the environment's recorded start-up set at once; the node's default, usually)")
 	f.net.add(fs)
 	fs.StringVar(&f.workspace, "workspace", "", "workspace layer NAME:VERSION")
 	fs.StringArrayVar(&f.toolkits, "toolkit", nil, "toolkit layer NAME:VERSION (repeatable)")
@@ -175,6 +198,7 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		Hostname:  f.hostname,
 		Limits:    corral.Limits{CPUs: f.cpus, Pids: f.pids, OpenFiles: f.openFiles},
 		Runtime:   f.runtime,
+		Fetch:     f.fetch,
 
 		AutoPauseAfter: f.autoPause,
 		FromSnapshot:   f.fromSnapshot,
@@ -185,6 +209,11 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		if err := checkRef("from-snapshot", f.fromSnapshot); err != nil {
 			return req, err
 		}
+	}
+	switch f.fetch {
+	case "", "eager", "lazy", "prefetch":
+	default:
+		return req, usagef("--fetch: %q: want eager, lazy or prefetch", f.fetch)
 	}
 	switch f.runtime {
 	case "", "runc", "gvisor":

@@ -27,7 +27,7 @@ func (a *app) newLayerCmd() *cobra.Command {
 		},
 	}
 	cmd.AddCommand(a.newLayerImportCmd(), a.newLayerLsCmd(), a.newLayerGetCmd(), a.newLayerTagCmd(),
-		a.newLayerUntagCmd(), a.newLayerRmCmd(), a.newLayerGCCmd())
+		a.newLayerUntagCmd(), a.newLayerRmCmd(), a.newLayerGCCmd(), a.newLayerStatsCmd())
 	return cmd
 }
 
@@ -248,6 +248,52 @@ func (a *app) newLayerLsCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&name, "name", "", "only versions of this layer")
 	return cmd
+}
+
+func (a *app) newLayerStatsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stats NAME:VERSION",
+		Short: "Show how a layer version's data reached the node: bytes fetched and cached, hits, misses, latency",
+		Args:  exactArgs(1, "NAME:VERSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, version, err := splitRef(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			st, err := c.LayerStats(cmd.Context(), name, version)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(st)
+			}
+			t := newTable(a.stdout)
+			rows := [][2]string{
+				{"Layer:", st.Name + ":" + st.Version},
+				{"Node:", st.Node},
+				{"Format:", st.Format},
+				{"Metadata:", formatBytes(st.ImageBytes)},
+				{"Data:", formatBytes(st.DataBytes)},
+			}
+			if f := st.Fetch; f != nil {
+				rows = append(rows,
+					[2]string{"Cached:", fmt.Sprintf("%s (%d of %d chunks)", formatBytes(f.CachedBytes), f.CachedChunks, f.Chunks)},
+					[2]string{"Fetched:", fmt.Sprintf("%s in %d reads (%d failed), p50 %gms p99 %gms", formatBytes(f.BytesFetched), f.Fetches, f.FetchErrors, f.FetchLatency.P50Ms, f.FetchLatency.P99Ms)},
+					[2]string{"Cache hits:", fmt.Sprintf("%d hits, %d misses", f.Hits, f.Misses)},
+					[2]string{"Prefetch:", fmt.Sprintf("%s in %d chunks, %.0f%% then read", formatBytes(f.Prefetch.Bytes), f.Prefetch.Chunks, 100*f.Prefetch.Effectiveness)},
+					[2]string{"Read errors:", strconv.FormatInt(f.ReadErrors, 10)},
+					[2]string{"Last error:", orDash(f.LastError)})
+			}
+			for _, kv := range rows {
+				t.row(kv[0], kv[1])
+			}
+			return t.flush()
+		},
+	}
 }
 
 func (a *app) newLayerGetCmd() *cobra.Command {

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -38,6 +39,41 @@ import (
 var Version = "dev"
 
 // Config configures `corral up`.
+// FetchConfig configures the fetching of layer data on a node.
+type FetchConfig struct {
+	// Mode is the default fetch mode: eager, lazy or prefetch (the default).
+	Mode string
+	// CacheSize bounds the node's chunk cache (default 10 GiB).
+	CacheSize int64
+	// Timeout bounds a sandbox's read waiting on the blob store; it then gets EIO (default 30 s).
+	Timeout time.Duration
+	// FillRate fetches the rest of a prefetch sandbox's layers in the background at this many
+	// bytes per second (default 0: not at all).
+	FillRate int64
+	// InProcess serves lazyd inside this process instead of as its own (tests).
+	InProcess bool
+}
+
+// layers turns the fetch settings into the layer store's, with the command that starts lazyd.
+func (f FetchConfig) layers(dataDir, spec string) (layers.LazyConfig, error) {
+	lc := layers.LazyConfig{Mode: f.Mode, FillRate: f.FillRate, CacheMax: f.CacheSize, ReadTimeout: f.Timeout}
+	if f.InProcess {
+		return lc, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return lc, fmt.Errorf("find this executable to start lazyd: %w", err)
+	}
+	lc.Command = []string{exe, "lazyd", "--dir", filepath.Join(dataDir, "layers", "lazy"), "--blob-store", spec}
+	if f.CacheSize > 0 {
+		lc.Command = append(lc.Command, "--cache-size", strconv.FormatInt(f.CacheSize, 10))
+	}
+	if f.Timeout > 0 {
+		lc.Command = append(lc.Command, "--read-timeout", f.Timeout.String())
+	}
+	return lc, nil
+}
+
 type Config struct {
 	// DataDir holds the store, layers, sandbox state and admin.token. Default /var/lib/corral.
 	DataDir string
@@ -59,6 +95,8 @@ type Config struct {
 	DefaultTTL, MaxTTL time.Duration
 	// MaxLayerBytes bounds the expanded size of one imported layer. Default 16 GiB.
 	MaxLayerBytes int64
+	// Fetch configures how layer data reaches this node (lazyd and its chunk cache).
+	Fetch FetchConfig
 	// BlobStore is where layer images and the shared layer catalogue live (blobstore.Open):
 	// "dir:/path" (local disk or a shared mount) or "s3://bucket/prefix?endpoint=...". Default
 	// dir:<DataDir>/blobs. Every Corral given the same store shares its layers.
@@ -213,7 +251,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	ls, err := layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Blobs: blobs, Instance: instance}, log)
+	lazyCfg, err := cfg.Fetch.layers(cfg.DataDir, cfg.BlobStore)
+	if err != nil {
+		return err
+	}
+	ls, err := layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Blobs: blobs, Instance: instance, Lazy: lazyCfg}, log)
 	if err != nil {
 		return err
 	}
@@ -263,7 +305,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	ecfg := edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
-		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"),
+		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true

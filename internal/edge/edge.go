@@ -34,6 +34,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -70,6 +71,12 @@ type Runtime interface {
 // the sandboxes that use each, and stores new ones (imports, snapshots). internal/layers
 // implements it.
 type LayerStore interface {
+	// Prepare starts fetching a sandbox's layer data (eager: all of it before returning).
+	Prepare(ctx context.Context, digests []string, f layers.Fetch) error
+	// Finish ends a sandbox's fetching; SandboxStats reports it while it runs.
+	Finish(ctx context.Context, sandbox string) (lazy.Stats, error)
+	SandboxStats(ctx context.Context, sandbox string) (lazy.Stats, error)
+	Stats(ctx context.Context, digest string) (layers.LayerStats, error)
 	Acquire(ctx context.Context, digest string) (string, error)
 	Release(digest string) error
 	Hold(digest string) bool
@@ -98,6 +105,9 @@ type Config struct {
 	Capacity *corral.Resources
 	// Labels describe the node (gpu=h100); a create's node_selector must match them.
 	Labels map[string]string
+	// FetchMode is the fetch mode of creates that name none (eager, lazy or prefetch); empty
+	// leaves it to the layer store's default.
+	FetchMode string
 	// SharedStore says other edges write the store too (cluster mode): the fncall pools then
 	// follow the store's environments, which another edge may create or delete.
 	SharedStore bool
@@ -476,9 +486,61 @@ func (e *Edge) acquireLayers(ctx context.Context, digests []string) ([]string, e
 	return dirs, nil
 }
 
+// prepareLayers starts fetching rec's layers as its Fetch mode says (eager waits for all their
+// data), then mounts them.
+func (e *Edge) prepareLayers(ctx context.Context, rec *store.Sandbox) ([]string, error) {
+	key := "env:" + rec.Environment
+	if rec.Environment == "" {
+		key = "layers:" + strings.Join(rec.Lower, ",")
+	}
+	if err := e.layers.Prepare(ctx, rec.Lower, layers.Fetch{Sandbox: rec.ID, Key: key, Mode: rec.Fetch}); err != nil {
+		e.finishFetch(rec.ID)
+		return nil, err
+	}
+	dirs, err := e.acquireLayers(ctx, rec.Lower)
+	if err != nil {
+		e.finishFetch(rec.ID)
+	}
+	return dirs, err
+}
+
+// finishFetch ends a sandbox's fetching of layer data, logging what it fetched.
+func (e *Edge) finishFetch(id string) {
+	st, err := e.layers.Finish(context.Background(), id)
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			e.log.Warn("end a sandbox's layer fetching", "sandbox", id, "err", err)
+		}
+		return
+	}
+	if st.BytesFetched > 0 || st.ReadErrors > 0 {
+		e.log.Info("sandbox layer data fetched", "sandbox", id, "bytes_fetched", st.BytesFetched,
+			"cache_hits", st.Hits, "cache_misses", st.Misses, "read_errors", st.ReadErrors)
+	}
+}
+
+// FetchStats reports how a running sandbox's layer data reaches the node.
+func (e *Edge) FetchStats(ctx context.Context, id string) (lazy.Stats, error) {
+	rec, err := e.Get(ctx, id)
+	if err != nil {
+		return lazy.Stats{}, err
+	}
+	st, err := e.layers.SandboxStats(ctx, rec.ID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return lazy.Stats{Sandbox: rec.ID}, nil // nothing fetched lazily (ended, or layers stored whole)
+	}
+	return st, err
+}
+
+// LayerStats describes a stored layer on this node.
+func (e *Edge) LayerStats(ctx context.Context, digest string) (layers.LayerStats, error) {
+	return e.layers.Stats(ctx, digest)
+}
+
 // releaseLayers drops the references that rec's sandbox held on its layers (all but unheld);
 // its overlay is gone.
 func (e *Edge) releaseLayers(rec *store.Sandbox, unheld map[string]bool) {
+	e.finishFetch(rec.ID)
 	for _, d := range rec.Lower {
 		if unheld[d] {
 			continue // never held: releasing it would take another sandbox's reference
@@ -574,8 +636,8 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	if err != nil {
 		return nil, err
 	}
-	// The record (state creating) now keeps the layers from deletion; mount them.
-	lower, err := e.acquireLayers(ctx, rec.Lower)
+	// The record (state creating) now keeps the layers from deletion; fetch and mount them.
+	lower, err := e.prepareLayers(ctx, rec)
 	if err != nil {
 		log.Error("mount the sandbox's layers", "err", err)
 		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
@@ -836,6 +898,13 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		env = mergeEnv(imageCfg.Env, req.Env)
 		cwd, user = imageCfg.WorkingDir, imageCfg.User
 	}
+	fetch := req.Fetch
+	if fetch == "" {
+		fetch = e.cfg.FetchMode
+	}
+	if fetch != "" && !lazy.ValidMode(fetch) {
+		return nil, errdefs.Invalid("fetch", "%q: want eager, lazy or prefetch", req.Fetch)
+	}
 	now := time.Now().UTC()
 	id := e.newID()
 	host := req.Hostname
@@ -850,7 +919,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
-			Network: &netc.Source, Project: iam.Display(projectPath),
+			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch,
 		},
 		Lower:     digests,
 		ProjectID: project.ID,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -189,6 +190,23 @@ func (f *fakeLayers) Remove(ctx context.Context, digest string) error { return n
 func (f *fakeLayers) List(ctx context.Context) ([]layers.Blob, error) { return nil, nil }
 
 func (f *fakeLayers) CollectImages(ctx context.Context) (int, int64, error) { return 0, 0, nil }
+
+// The fake stores layers whole: nothing is fetched lazily.
+func (f *fakeLayers) Prepare(ctx context.Context, digests []string, fe layers.Fetch) error {
+	return nil
+}
+
+func (f *fakeLayers) Finish(ctx context.Context, sandbox string) (lazy.Stats, error) {
+	return lazy.Stats{}, errdefs.ErrNotFound
+}
+
+func (f *fakeLayers) SandboxStats(ctx context.Context, sandbox string) (lazy.Stats, error) {
+	return lazy.Stats{}, errdefs.ErrNotFound
+}
+
+func (f *fakeLayers) Stats(ctx context.Context, digest string) (layers.LayerStats, error) {
+	return layers.LayerStats{Digest: digest, Format: "erofs"}, nil
+}
 
 func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
 	t.Helper()

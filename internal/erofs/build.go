@@ -101,35 +101,101 @@ func lookMkfs() (string, error) {
 // synced. On any error, including ctx ending, nothing is left at dst or beside it. A missing
 // mkfs.erofs wraps errdefs.ErrUnavailable, a missing or non-directory src errdefs.ErrNotFound or
 // errdefs.ErrInvalid, an existing dst errdefs.ErrConflict.
-func Build(ctx context.Context, src, dst string) (err error) {
+func Build(ctx context.Context, src, dst string) error {
+	return build(ctx, src, dst, "", 0, "build erofs image "+dst)
+}
+
+// Chunk sizes BuildSplit accepts. The upper bound is erofs-utils': it holds a whole chunk in
+// memory while writing it.
+const (
+	MinChunkSize = 4096    // one EROFS block
+	MaxChunkSize = 1 << 30 // 1 GiB
+)
+
+// BuildSplit is Build for lazily loaded layers: it writes the tree at src as two files, neither of
+// which may exist. metaDst is an EROFS image holding all metadata (inodes, directories, xattrs,
+// symlink targets, and each regular file's chunk index); dataDst, the data blob, holds the bytes
+// of every regular file and is the image's one extra device (mount both with
+// MountOptions.Devices). chunkSize, a power of two from MinChunkSize to MaxChunkSize, is the unit
+// of the chunk index: each file's data is cut at multiples of chunkSize from its start, and chunks
+// are stored in the blob at 4 KiB-aligned offsets, packed in the order mkfs.erofs writes files,
+// with the gaps zero-filled. Identical chunks are stored once, and chunks of zeros only are not
+// stored at all (holes). See Chunks for cutting the blob into content-addressed units.
+//
+// A tree with no regular-file data gives an empty (0-byte) blob. The image still records one
+// extra device, of zero blocks; it mounts with the empty blob as its device, and also without
+// one.
+//
+// Everything else is as for Build: the same content, the same flags, the same reproducibility
+// (the same tree and chunkSize give the same bytes in both files), and a UUID derived from both
+// files, so that two layers whose metadata differs only in file contents still get distinct
+// UUIDs. Both files are written to temporary files beside their destinations, synced, and renamed
+// into place, the blob first so that an image never names a missing blob; then the directories
+// are synced. On any error nothing is left at either destination or beside it. A chunkSize out of
+// range or metaDst equal to dataDst wraps errdefs.ErrInvalid; other errors are Build's.
+func BuildSplit(ctx context.Context, src, metaDst, dataDst string, chunkSize int64) error {
+	what := "build erofs image " + metaDst + " with data " + dataDst
+	if chunkSize < MinChunkSize || chunkSize > MaxChunkSize || chunkSize&(chunkSize-1) != 0 {
+		return fmt.Errorf("%s: chunk size %d is not a power of two from %d to %d: %w",
+			what, chunkSize, MinChunkSize, MaxChunkSize, errdefs.ErrInvalid)
+	}
+	am, err1 := filepath.Abs(metaDst)
+	ad, err2 := filepath.Abs(dataDst)
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if am == ad {
+		return fmt.Errorf("%s: image and data blob must be two files: %w", what, errdefs.ErrInvalid)
+	}
+	return build(ctx, src, metaDst, dataDst, chunkSize, what)
+}
+
+// build is Build, or BuildSplit when data is set. what prefixes every error.
+func build(ctx context.Context, src, dst, data string, chunkSize int64, what string) (err error) {
 	mkfs, err := lookMkfs()
 	if err != nil {
-		return fmt.Errorf("build erofs image %s: %w", dst, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	st, err := os.Lstat(src)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("build erofs image %s: source %s: %w", dst, src, errdefs.ErrNotFound)
+		return fmt.Errorf("%s: source %s: %w", what, src, errdefs.ErrNotFound)
 	case err != nil:
-		return fmt.Errorf("build erofs image %s: %w", dst, err)
+		return fmt.Errorf("%s: %w", what, err)
 	case !st.IsDir():
-		return fmt.Errorf("build erofs image %s: source %s is not a directory: %w", dst, src, errdefs.ErrInvalid)
+		return fmt.Errorf("%s: source %s is not a directory: %w", what, src, errdefs.ErrInvalid)
 	}
-	if _, err := os.Lstat(dst); err == nil {
-		return fmt.Errorf("build erofs image %s: already exists: %w", dst, errdefs.ErrConflict)
+	for _, p := range []string{dst, data} {
+		if _, err := os.Lstat(p); p != "" && err == nil {
+			return fmt.Errorf("%s: %s already exists: %w", what, p, errdefs.ErrConflict)
+		}
 	}
 
-	tmpf, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("build erofs image %s: %w", dst, err)
-	}
-	tmp := tmpf.Name()
-	tmpf.Close()
+	// Temporary files beside their destinations, removed on any error. mkfs.erofs needs the blob
+	// file to exist: without it, erofs-utils 1.8.6 exits 1 and prints nothing.
+	var tmps []string
 	defer func() {
 		if err != nil {
-			os.Remove(tmp)
+			for _, t := range tmps {
+				os.Remove(t)
+			}
 		}
 	}()
+	for _, p := range []string{dst, data} {
+		if p == "" {
+			continue
+		}
+		f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".tmp-*")
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		tmps = append(tmps, f.Name())
+		f.Close()
+	}
+	tmp, tmpData := tmps[0], ""
+	if data != "" {
+		tmpData = tmps[1]
+	}
 
 	// The flags, and why (checked against erofs-utils 1.5 and 1.9 sources):
 	//   no -z              uncompressed: the kernel reads file data in place, at native speed.
@@ -141,6 +207,10 @@ func Build(ctx context.Context, src, dst string) (err error) {
 	//   -U <nil UUID>      a fixed UUID so the bytes depend on the tree only; setUUID then
 	//                      writes one derived from those bytes (overlayfs wants distinct UUIDs).
 	//   --quiet            no progress output; errors still go to stderr.
+	//   --chunksize, --blobdev (BuildSplit only)
+	//                      chunk-indexed files whose data goes to the blob, deduplicated by chunk.
+	//                      The blob's path is not recorded (its device slot's tag stays empty),
+	//                      so the temporary name does not reach the image.
 	// SOURCE_DATE_EPOCH fixes the superblock's build time (see sourceDateEpoch). On 1.5 it also
 	// forces 64-byte extended inodes, which any file whose mtime differs from the build time needs
 	// anyway. mkfs.erofs sorts each directory's entries by name before laying out their inodes, so
@@ -148,12 +218,19 @@ func Build(ctx context.Context, src, dst string) (err error) {
 	//
 	// mkfs.erofs opens every entry by its full path, which must stay under PATH_MAX: running it in
 	// src on "." leaves nearly all of that to the tree.
+	args := []string{"--quiet", "--preserve-mtime", "-U", "00000000-0000-0000-0000-000000000000"}
+	if data != "" {
+		absData, err := filepath.Abs(tmpData)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		args = append(args, "--chunksize="+strconv.FormatInt(chunkSize, 10), "--blobdev="+absData)
+	}
 	absTmp, err := filepath.Abs(tmp)
 	if err != nil {
-		return fmt.Errorf("build erofs image %s: %w", dst, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	cmd := exec.CommandContext(ctx, mkfs, "--quiet", "--preserve-mtime",
-		"-U", "00000000-0000-0000-0000-000000000000", absTmp, ".")
+	cmd := exec.CommandContext(ctx, mkfs, append(args, absTmp, ".")...)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+sourceDateEpoch)
 	var out tailBuffer
@@ -161,37 +238,70 @@ func Build(ctx context.Context, src, dst string) (err error) {
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("build erofs image %s from %s: %w", dst, src, ctx.Err())
+			return fmt.Errorf("%s from %s: %w", what, src, ctx.Err())
 		}
 		if why := explainMkfsFailure(src); why != nil {
-			return fmt.Errorf("build erofs image %s from %s: %w", dst, src, why)
+			return fmt.Errorf("%s from %s: %w", what, src, why)
 		}
-		return fmt.Errorf("build erofs image %s from %s: %s: %w: %s", dst, src, mkfs, err, out.String())
+		return fmt.Errorf("%s from %s: %s: %w: %s", what, src, mkfs, err, out.String())
 	}
-	if err := finishImage(ctx, tmp); err != nil {
-		return fmt.Errorf("build erofs image %s from %s: %w", dst, src, err)
+	if err := finishImage(ctx, tmp, tmpData); err != nil {
+		return fmt.Errorf("%s from %s: %w", what, src, err)
 	}
-	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("build erofs image %s: already exists: %w", dst, errdefs.ErrConflict)
+
+	// The blob first: an image in place always has its blob beside it.
+	var placed []string
+	for _, mv := range [][2]string{{tmpData, data}, {tmp, dst}} {
+		if mv[1] == "" {
+			continue
 		}
-		return fmt.Errorf("build erofs image %s: rename: %w", dst, err)
+		if err := unix.Renameat2(unix.AT_FDCWD, mv[0], unix.AT_FDCWD, mv[1], unix.RENAME_NOREPLACE); err != nil {
+			for _, p := range placed {
+				os.Remove(p) // ours: RENAME_NOREPLACE put it there
+			}
+			if errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("%s: %s already exists: %w", what, mv[1], errdefs.ErrConflict)
+			}
+			return fmt.Errorf("%s: rename: %w", what, err)
+		}
+		placed = append(placed, mv[1])
 	}
-	if err := syncDir(filepath.Dir(dst)); err != nil {
-		os.Remove(dst) // ours: RENAME_NOREPLACE put it there
-		return fmt.Errorf("build erofs image %s: %w", dst, err)
+	dirs := []string{filepath.Dir(dst)}
+	if data != "" && filepath.Dir(data) != dirs[0] {
+		dirs = append(dirs, filepath.Dir(data))
+	}
+	for _, d := range dirs {
+		if err := syncDir(d); err != nil {
+			for _, p := range placed {
+				os.Remove(p)
+			}
+			return fmt.Errorf("%s: %w", what, err)
+		}
 	}
 	return nil
 }
 
-// finishImage writes the content-derived UUID into the image at path and syncs it.
-func finishImage(ctx context.Context, path string) error {
+// finishImage writes the content-derived UUID into the image at path and syncs it, and the data
+// blob at data if there is one.
+func finishImage(ctx context.Context, path, data string) error {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := setUUID(ctx, f); err != nil {
+	var blob io.ReaderAt
+	if data != "" {
+		d, err := os.Open(data)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		if err := d.Sync(); err != nil {
+			return fmt.Errorf("sync data blob: %w", err)
+		}
+		blob = d
+	}
+	if err := setUUID(ctx, f, blob); err != nil {
 		return err
 	}
 	if err := f.Sync(); err != nil {
@@ -201,10 +311,10 @@ func finishImage(ctx context.Context, path string) error {
 }
 
 // setUUID sets the filesystem UUID of the image in f to a name-based UUID (RFC 9562 version 8)
-// made from the SHA-256 of the image as mkfs.erofs wrote it (with a nil UUID), and updates the
-// superblock checksum. Images need distinct UUIDs (see the package doc); deriving them from the
-// bytes keeps the build reproducible.
-func setUUID(ctx context.Context, f *os.File) error {
+// made from the SHA-256 of the image as mkfs.erofs wrote it (with a nil UUID), followed by the
+// bytes of the data blob if data is not nil, and updates the superblock checksum. Images need
+// distinct UUIDs (see the package doc); deriving them from the bytes keeps the build reproducible.
+func setUUID(ctx context.Context, f *os.File, data io.ReaderAt) error {
 	sb := make([]byte, 4096)
 	if _, err := f.ReadAt(sb, 0); err != nil {
 		return fmt.Errorf("read superblock: %w", err)
@@ -234,6 +344,11 @@ func setUUID(ctx context.Context, f *os.File) error {
 	h := sha256.New()
 	if _, err := io.Copy(h, &ctxReader{ctx: ctx, r: io.NewSectionReader(f, 0, 1<<62)}); err != nil {
 		return fmt.Errorf("hash image: %w", err)
+	}
+	if data != nil {
+		if _, err := io.Copy(h, &ctxReader{ctx: ctx, r: io.NewSectionReader(data, 0, 1<<62)}); err != nil {
+			return fmt.Errorf("hash data blob: %w", err)
+		}
 	}
 	uuid := h.Sum(nil)[:16]
 	uuid[6] = uuid[6]&0x0f | 0x80 // version 8

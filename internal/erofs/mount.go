@@ -27,8 +27,12 @@ const (
 type Backing struct {
 	Kind   string // BackingFile or BackingLoop
 	Device string // the loop device ("/dev/loop3") when Kind is BackingLoop; "" otherwise
-	// DirectIO is true when reads bypass the image file's page cache (the file-backed mount's
-	// "directio" option, or a direct-I/O loop device), so file data is cached once, by EROFS.
+	// Devices are the loop devices of MountOptions.Devices, in order, when Kind is BackingLoop;
+	// nil otherwise.
+	Devices []string
+	// DirectIO is true when reads bypass the page cache of the image file and of every extra
+	// device file (the file-backed mount's "directio" option, or direct-I/O loop devices), so file
+	// data is cached once, by EROFS.
 	DirectIO bool
 }
 
@@ -37,6 +41,10 @@ type MountOptions struct {
 	// ForceLoop skips the file-backed attempt and mounts through a loop device. Tests use it to
 	// exercise the fallback on kernels where file-backed mounts work.
 	ForceLoop bool
+	// Devices are the files of the image's extra devices, in order: for an image from BuildSplit,
+	// its data blob. They must be regular files, as the image must; they may lie on FUSE even
+	// where the image may not (the kernel's stacking check covers the image only).
+	Devices []string
 }
 
 // mountAttrs are the flags of every mount: read-only, and no setuid, devices or exec through this
@@ -51,6 +59,15 @@ const mountAttrs = unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_
 // (tmpfs), or when the image is on a stacked filesystem (overlayfs, FUSE with passthrough; see
 // the package doc). Mount then attaches the image to a read-only loop device with autoclear and
 // mounts that; the device goes away with the mount. It returns which way it took.
+//
+// An image with extra devices (one from BuildSplit) needs them in opts.Devices, one file per
+// device the image records, each at least as large as the image says. A file-backed mount passes
+// them as files; the loop fallback puts each on a loop device of its own, because the kernel
+// refuses to mix an image file with device block devices and the reverse (EINVAL). Mount checks
+// the count and sizes first, since the kernel's EINVAL for a wrong count says nothing, and an
+// image mounted without its devices fails only later, with EIO on every read of file data: either
+// wraps errdefs.ErrInvalid. (An image with no Devices is accepted when it holds its devices'
+// blocks itself, as a flat image does, or when they are empty.)
 //
 // The mount is made with the new mount API (fsopen/fsconfig/fsmount/move_mount) rather than
 // mount(2): a failed fsconfig can leave the kernel's reason in the fs context, which mount(2)
@@ -83,10 +100,14 @@ func mount(image, target string, opts MountOptions) (Backing, error) {
 	} else if !st.IsDir() {
 		return Backing{}, fmt.Errorf("mount point is not a directory: %w", errdefs.ErrInvalid)
 	}
+	devs, err := checkDevices(abs, opts.Devices)
+	if err != nil {
+		return Backing{}, err
+	}
 
 	var refused error
 	if !opts.ForceLoop {
-		b, err := mountFile(abs, target)
+		b, err := mountFile(abs, devs, target)
 		if err == nil {
 			return b, nil
 		}
@@ -96,7 +117,7 @@ func mount(image, target string, opts MountOptions) (Backing, error) {
 		}
 		refused = err
 	}
-	b, err := mountLoop(abs, target)
+	b, err := mountLoop(abs, devs, target)
 	switch {
 	case err == nil:
 		return b, nil
@@ -105,6 +126,61 @@ func mount(image, target string, opts MountOptions) (Backing, error) {
 	default:
 		return Backing{}, fmt.Errorf("loop mount: %w", err)
 	}
+}
+
+// checkDevices checks the extra device files against the device table of image and returns their
+// absolute paths. An image whose superblock it cannot read is left to the kernel to judge.
+func checkDevices(image string, devices []string) ([]string, error) {
+	var abs []string
+	sizes := make([]int64, len(devices))
+	for i, d := range devices {
+		a, err := filepath.Abs(d)
+		if err != nil {
+			return nil, err
+		}
+		st, err := os.Stat(a)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return nil, fmt.Errorf("device %s missing: %w", d, errdefs.ErrNotFound)
+		case err != nil:
+			return nil, fmt.Errorf("device: %w", err)
+		case !st.Mode().IsRegular():
+			return nil, fmt.Errorf("device %s is not a regular file: %w", d, errdefs.ErrInvalid)
+		}
+		abs = append(abs, a)
+		sizes[i] = st.Size()
+	}
+	f, err := os.Open(image)
+	if err != nil {
+		return nil, fmt.Errorf("open image: %w", err)
+	}
+	defer f.Close()
+	sb, err := readSuper(f)
+	if err != nil {
+		return abs, nil
+	}
+	if len(devices) == 0 {
+		st, err := f.Stat()
+		if err != nil {
+			return nil, err
+		}
+		for i, d := range sb.devices {
+			if d.blocks > 0 && int64(d.uniaddr+d.blocks)<<sb.blkBits > st.Size() {
+				return nil, fmt.Errorf("image keeps file data in %d extra devices (device %d: %d bytes); pass them in MountOptions.Devices: %w",
+					len(sb.devices), i+1, d.size(sb.blkBits), errdefs.ErrInvalid)
+			}
+		}
+		return nil, nil
+	}
+	if len(devices) != len(sb.devices) {
+		return nil, fmt.Errorf("image has %d extra devices, %d given: %w", len(sb.devices), len(devices), errdefs.ErrInvalid)
+	}
+	for i, d := range sb.devices {
+		if sizes[i] < d.size(sb.blkBits) {
+			return nil, fmt.Errorf("device %s is %d bytes; the image needs %d: %w", devices[i], sizes[i], d.size(sb.blkBits), errdefs.ErrInvalid)
+		}
+	}
+	return abs, nil
 }
 
 // refusedError is the kernel refusing to make an EROFS superblock from a source: for an image
@@ -131,13 +207,13 @@ func (e *refusedError) Unwrap() error { return e.errno }
 // and as a page of the image (measured on 6.18: reading all of a 234 MB image left 224 MB of the
 // image in the page cache; 19 MB, its metadata, with directio). It returns a *refusedError when
 // the kernel will not mount the file, the cue to fall back to a loop device.
-func mountFile(image, target string) (Backing, error) {
-	dio, err := mountSource(image, target, true)
+func mountFile(image string, devices []string, target string) (Backing, error) {
+	dio, err := mountSource(image, devices, target, true)
 	var re *refusedError
 	if errors.As(err, &re) && re.errno != unix.ENOTBLK {
 		// Perhaps it was directio the kernel refused (no O_DIRECT on the image's filesystem).
 		// ENOTBLK is about the file itself: no need to ask again.
-		dio, err = mountSource(image, target, false)
+		dio, err = mountSource(image, devices, target, false)
 	}
 	if err != nil {
 		return Backing{}, err
@@ -145,11 +221,11 @@ func mountFile(image, target string) (Backing, error) {
 	return Backing{Kind: BackingFile, DirectIO: dio}, nil
 }
 
-// mountSource mounts the EROFS filesystem in source (an image file or a block device) at target,
-// with the file-backed "directio" option if directio is set and the kernel knows it. It reports
-// whether it used that option, and returns a *refusedError when the kernel will not create the
-// superblock.
-func mountSource(source, target string, directio bool) (bool, error) {
+// mountSource mounts the EROFS filesystem in source (an image file or a block device) with the
+// extra devices (files or block devices, as source is) at target, with the file-backed "directio"
+// option if directio is set and the kernel knows it. It reports whether it used that option, and
+// returns a *refusedError when the kernel will not create the superblock.
+func mountSource(source string, devices []string, target string, directio bool) (bool, error) {
 	fsfd, err := unix.Fsopen("erofs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		if errors.Is(err, unix.ENODEV) {
@@ -160,6 +236,11 @@ func mountSource(source, target string, directio bool) (bool, error) {
 	defer unix.Close(fsfd)
 	if err := unix.FsconfigSetString(fsfd, "source", source); err != nil {
 		return false, fmt.Errorf("fsconfig source: %w%s", err, withLog(fsMessages(fsfd)))
+	}
+	for _, d := range devices {
+		if err := unix.FsconfigSetString(fsfd, "device", d); err != nil {
+			return false, fmt.Errorf("fsconfig device %s: %w%s", d, err, withLog(fsMessages(fsfd)))
+		}
 	}
 	// "ro" makes the kernel open a block device read-only, which a read-only loop device requires.
 	if err := unix.FsconfigSetFlag(fsfd, "ro"); err != nil {
@@ -252,19 +333,33 @@ func Unmount(target string) error {
 // just exited to be closed, short enough that a real leak is reported, not waited out.
 var unmountBusyGrace = 200 * time.Millisecond
 
-// mountLoop attaches image to a loop device and mounts it at target.
-func mountLoop(image, target string) (Backing, error) {
-	fd, dev, dio, err := attachLoop(image)
-	if err != nil {
-		return Backing{}, err
+// mountLoop attaches image and each extra device to a loop device of its own and mounts them at
+// target.
+func mountLoop(image string, devices []string, target string) (Backing, error) {
+	var loops []string
+	dio := true
+	for _, f := range append([]string{image}, devices...) {
+		fd, dev, d, err := attachLoop(f)
+		if err != nil {
+			if f != image {
+				err = fmt.Errorf("device %s: %w", f, err)
+			}
+			return Backing{}, err
+		}
+		// The mount holds the device open from here; when it goes, autoclear detaches the device.
+		// If the mount fails (or a later attach does), this close is the last and detaches it now.
+		defer unix.Close(fd)
+		loops = append(loops, dev)
+		dio = dio && d
 	}
-	// The mount holds the device open from here; when it goes, autoclear detaches the device.
-	// If the mount fails, this close is the last and detaches it now.
-	defer unix.Close(fd)
-	if _, err := mountSource(dev, target, false); err != nil {
-		return Backing{}, fmt.Errorf("%s: %w", dev, err)
+	if _, err := mountSource(loops[0], loops[1:], target, false); err != nil {
+		return Backing{}, fmt.Errorf("%s: %w", strings.Join(loops, ", "), err)
 	}
-	return Backing{Kind: BackingLoop, Device: dev, DirectIO: dio}, nil
+	b := Backing{Kind: BackingLoop, Device: loops[0], DirectIO: dio}
+	if len(loops) > 1 {
+		b.Devices = loops[1:]
+	}
+	return b, nil
 }
 
 // loopAttempts bounds the retries when other processes take the free loop device first.
@@ -277,7 +372,7 @@ const loopAttempts = 20
 func attachLoop(image string) (fd int, dev string, dio bool, err error) {
 	img, err := unix.Open(image, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, "", false, fmt.Errorf("open image: %w", err)
+		return -1, "", false, fmt.Errorf("open %s: %w", image, err)
 	}
 	defer unix.Close(img)
 	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)

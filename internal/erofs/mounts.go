@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,9 +38,10 @@ type entry struct {
 	// busy is non-nil while one caller mounts or unmounts the name without holding mu; it is
 	// closed when that ends. Others wait for it and then look again.
 	busy    chan struct{}
-	image   string  // the image file, as far as known ("" for an adopted loop mount we cannot trace)
-	backing Backing // how it is mounted
-	adopted bool    // found mounted by OpenMounts rather than mounted by Acquire
+	image   string   // the image file, as far as known ("" for an adopted loop mount we cannot trace)
+	devices []string // its extra device files; nil when there are none or it was adopted
+	backing Backing  // how it is mounted
+	adopted bool     // found mounted by OpenMounts rather than mounted by Acquire
 }
 
 // OpenMounts returns the set of mounts under dir, creating dir (mode 0700: images may hold setuid
@@ -124,6 +126,13 @@ func (m *Mounts) Dir() string { return m.dir }
 // then take a reference to it, or, if it failed, try again themselves. On error no reference is
 // taken and nothing is left mounted.
 func (m *Mounts) Acquire(name, image string) (string, error) {
+	return m.AcquireDevices(name, image, nil)
+}
+
+// AcquireDevices is Acquire for an image with extra devices (MountOptions.Devices: the data blob
+// of an image from BuildSplit). Like image, devices are not looked at when name is already
+// mounted, so a mount adopted after a restart is shared as it is.
+func (m *Mounts) AcquireDevices(name, image string, devices []string) (string, error) {
 	if err := validName(name); err != nil {
 		return "", err
 	}
@@ -142,12 +151,12 @@ func (m *Mounts) Acquire(name, image string) (string, error) {
 		m.mu.Unlock()
 		return target, nil
 	}
-	e := &entry{busy: make(chan struct{}), image: image}
+	e := &entry{busy: make(chan struct{}), image: image, devices: slices.Clone(devices)}
 	m.entries[name] = e
 	m.mu.Unlock()
 
 	start := time.Now()
-	b, err := m.mountAt(image, target)
+	b, err := m.mountAt(image, devices, target)
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -158,17 +167,17 @@ func (m *Mounts) Acquire(name, image string) (string, error) {
 		return "", err
 	}
 	e.refs, e.backing = 1, b
-	m.log.Info("mounted erofs image", "name", name, "image", image, "backing", b.Kind, "device", b.Device,
-		"direct_io", b.DirectIO, "took", time.Since(start))
+	m.log.Info("mounted erofs image", "name", name, "image", image, "extra_devices", devices, "backing", b.Kind,
+		"device", b.Device, "device_loops", b.Devices, "direct_io", b.DirectIO, "took", time.Since(start))
 	return target, nil
 }
 
 // mountAt creates the mount point and mounts image there; on error it removes the mount point.
-func (m *Mounts) mountAt(image, target string) (Backing, error) {
+func (m *Mounts) mountAt(image string, devices []string, target string) (Backing, error) {
 	if err := os.Mkdir(target, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return Backing{}, fmt.Errorf("mount erofs image %s at %s: %w", image, target, err)
 	}
-	b, err := Mount(image, target, MountOptions{})
+	b, err := Mount(image, target, MountOptions{Devices: devices})
 	if err != nil {
 		unix.Rmdir(target)
 		return Backing{}, err
@@ -289,7 +298,8 @@ func (m *Mounts) unmount(name string, e *entry) error {
 		return fmt.Errorf("release erofs mount %s: %w", name, err)
 	}
 	delete(m.entries, name)
-	m.log.Info("unmounted erofs image", "name", name, "image", e.image, "backing", e.backing.Kind, "adopted", e.adopted)
+	m.log.Info("unmounted erofs image", "name", name, "image", e.image, "extra_devices", e.devices, "backing", e.backing.Kind,
+		"adopted", e.adopted)
 	return nil
 }
 

@@ -4,9 +4,12 @@ package layers
 
 import (
 	"path/filepath"
+	"time"
 
 	"github.com/corral-dev/corral/internal/blobstore"
+	"github.com/corral-dev/corral/internal/chunkcache"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazy"
 )
 
 // Defaults for the zero values of Config.
@@ -62,6 +65,35 @@ type Config struct {
 	// Instance names this Corral in the records it writes (store.Instance), so that other
 	// Corrals sharing the blob store can tell its fresh imports from orphans.
 	Instance string
+
+	// Lazy configures how layer data reaches the node (see the package doc, "Data on demand").
+	Lazy LazyConfig
+}
+
+// LazyConfig configures the fetching of layer data: imports are stored as a metadata image and
+// a data blob, which nodes fetch in chunks through lazyd (internal/lazy) into their chunk cache.
+type LazyConfig struct {
+	// Command starts the node's lazyd: the corral binary's `lazyd` subcommand with its flags.
+	// It runs in a session of its own so that it outlives this process and keeps serving the
+	// layers of sandboxes that survive a restart. Nil serves lazyd inside this process instead
+	// (tests; its mounts then end with the process).
+	Command []string
+	// CacheMax bounds the chunk cache (default 10 GiB); used when lazyd runs in this process.
+	CacheMax int64
+	// ReadTimeout bounds a read waiting on the blob store before it fails with EIO (default
+	// 30 s); used when lazyd runs in this process.
+	ReadTimeout time.Duration
+	// ChunkSize is the largest chunk an import cuts (default 1 MiB, a power of two >= 4 KiB).
+	ChunkSize int64
+	// Mode is the default fetch mode of sandboxes whose create names none: lazy.ModeEager,
+	// lazy.ModeLazy or lazy.ModePrefetch (the default).
+	Mode string
+	// FillRate is the default background fill, in bytes per second, of a prefetch sandbox's
+	// layers after their profiled chunks (0, the default: none); a layer's own setting wins.
+	FillRate int64
+	// RecordSeconds is how long a new sandbox's reads are recorded into its environment's
+	// prefetch profile (default 10).
+	RecordSeconds int
 }
 
 // withDefaults returns c with every zero limit replaced by its default.
@@ -80,6 +112,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SetID == "" {
 		c.SetID = SetIDStrip
+	}
+	if c.Lazy.ChunkSize == 0 {
+		c.Lazy.ChunkSize = 1 << 20
+	}
+	if c.Lazy.Mode == "" {
+		c.Lazy.Mode = lazy.ModePrefetch
+	}
+	if c.Lazy.RecordSeconds == 0 {
+		c.Lazy.RecordSeconds = 10
 	}
 	return c
 }
@@ -104,6 +145,14 @@ func (c Config) Validate() error {
 		return errdefs.Invalid("layers.ratio_floor", "must be positive, got %d", c.RatioFloor)
 	case c.SetID != SetIDStrip && c.SetID != SetIDKeep:
 		return errdefs.Invalid("layers.setid", "must be %q or %q, got %q", SetIDStrip, SetIDKeep, c.SetID)
+	case c.Lazy.ChunkSize < 4096 || c.Lazy.ChunkSize > chunkcache.MaxChunkSize || c.Lazy.ChunkSize&(c.Lazy.ChunkSize-1) != 0:
+		return errdefs.Invalid("layers.lazy.chunk_size", "must be a power of two from 4 KiB to 1 MiB, got %d", c.Lazy.ChunkSize)
+	case !lazy.ValidMode(c.Lazy.Mode):
+		return errdefs.Invalid("fetch", "must be eager, lazy or prefetch, got %q", c.Lazy.Mode)
+	case c.Lazy.FillRate < 0:
+		return errdefs.Invalid("fetch_fill_rate", "must not be negative, got %d", c.Lazy.FillRate)
+	case c.Lazy.RecordSeconds < 0 || c.Lazy.RecordSeconds > 600:
+		return errdefs.Invalid("fetch_record_seconds", "must be 0-600, got %d", c.Lazy.RecordSeconds)
 	}
 	return nil
 }

@@ -205,7 +205,7 @@ func assertClean(t testing.TB, s *Store) {
 		t.Fatal(err)
 	}
 	for _, e := range top {
-		if !slices.Contains([]string{"lock", "staging", "images", "mnt"}, e.Name()) {
+		if !slices.Contains([]string{"lock", "staging", "images", "mnt", "lazy"}, e.Name()) {
 			t.Errorf("store directory has unexpected entry %q", e.Name())
 		}
 	}
@@ -217,14 +217,21 @@ func assertClean(t testing.TB, s *Store) {
 	named := map[string]bool{}
 	for _, b := range blobs {
 		named[imageKey(strings.TrimPrefix(b.Image, "sha256:"))] = true
+		if m, err := s.meta(ctx, b.Digest); err == nil && m.Format == formatSplit {
+			dhex, _ := ParseDigest(m.Data)
+			thex, _ := ParseDigest(m.Table)
+			named[dataKey(dhex)], named[tableKey(thex)] = true, true
+		}
 	}
-	images, err := s.blobs.List(ctx, imagePrefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, in := range images {
-		if !named[in.Key] {
-			t.Errorf("image %s in the blob store has no record", in.Key)
+	for _, prefix := range []string{imagePrefix, dataPrefix, tablePrefix} {
+		objs, err := s.blobs.List(ctx, prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range objs {
+			if !named[in.Key] {
+				t.Errorf("%s in the blob store has no record", in.Key)
+			}
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/erofs"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazy"
 )
 
 // localFiles is implemented by blob stores whose objects are files this host can open (the
@@ -34,44 +35,70 @@ type filePutter interface {
 	PutFile(ctx context.Context, key, path string) error
 }
 
-// publish turns tree into an EROFS image built in stage, checks that the image mounts to the same
-// tree, and stores image and record in the blob store (the image first, so a record never names a
-// missing image). The caller removes tree and stage.
+// publish turns tree into a split EROFS image built in stage (a metadata image and a data blob
+// with its chunk table), checks that it mounts to the same tree, and stores data, table, image and
+// record in the blob store, the record last, so a record never names a missing object. The
+// caller removes tree and stage.
 func (s *Store) publish(ctx context.Context, stage, tree string, blob Blob) (Blob, error) {
 	hexd, err := ParseDigest(blob.Digest)
 	if err != nil {
 		return Blob{}, err
 	}
-	img := filepath.Join(stage, imageName)
-	if err := erofs.Build(ctx, tree, img); err != nil {
+	img, data := filepath.Join(stage, imageName), filepath.Join(stage, dataName)
+	if err := erofs.BuildSplit(ctx, tree, img, data, s.cfg.Lazy.ChunkSize); err != nil {
 		return Blob{}, fmt.Errorf("convert to EROFS: %w", err)
 	}
-	if err := verifyImage(ctx, img, filepath.Join(stage, "verify"), blob.Digest); err != nil {
+	if err := verifyImage(ctx, img, []string{data}, filepath.Join(stage, "verify"), blob.Digest); err != nil {
 		return Blob{}, err
 	}
 	sum, size, err := hashFile(img)
 	if err != nil {
 		return Blob{}, err
 	}
+	dsum, dsize, err := hashFile(data)
+	if err != nil {
+		return Blob{}, err
+	}
+	chunks, err := erofs.Chunks(ctx, img, data, s.cfg.Lazy.ChunkSize)
+	if err != nil {
+		return Blob{}, fmt.Errorf("cut the data blob into chunks: %w", err)
+	}
+	dhex := strings.TrimPrefix(dsum, "sha256:")
+	t := lazy.Table{DataKey: dataKey(dhex), DataSize: dsize, ChunkSize: s.cfg.Lazy.ChunkSize, Chunks: make([]lazy.Chunk, len(chunks))}
+	for i, c := range chunks {
+		t.Chunks[i] = lazy.Chunk(c)
+	}
+	if err := t.Check(); err != nil {
+		return Blob{}, fmt.Errorf("chunk table: %w", err)
+	}
+	tb, err := json.Marshal(&t)
+	if err != nil {
+		return Blob{}, err
+	}
+	tsum := sha256.Sum256(tb)
+	thex := hex.EncodeToString(tsum[:])
 	blob.Image, blob.ImageSize = sum, size
 	ihex := strings.TrimPrefix(sum, "sha256:")
 	if _, local := s.blobs.(localFiles); !local {
-		// The blob store is remote: keep this node's copy so its sandboxes need no download.
+		// The blob store is remote: keep this node's copy of the metadata (never the data: the
+		// node's chunk cache fills only as sandboxes read).
 		cached := filepath.Join(s.cacheDir, ihex+".erofs")
 		if err := os.Link(img, cached); err != nil && !errors.Is(err, fs.ErrExist) {
 			return Blob{}, fmt.Errorf("cache image: %w", err)
 		}
 	}
-	if fp, ok := s.blobs.(filePutter); ok {
-		err = fp.PutFile(ctx, imageKey(ihex), img)
-	} else {
-		err = s.putFile(ctx, imageKey(ihex), img, size)
+	if err := s.storeFile(ctx, dataKey(dhex), data, dsize); err != nil {
+		return Blob{}, fmt.Errorf("store data blob in %s: %w", s.blobs, err)
 	}
-	if err != nil {
+	if err := s.blobs.Put(ctx, tableKey(thex), bytes.NewReader(tb), int64(len(tb))); err != nil {
+		return Blob{}, fmt.Errorf("store chunk table in %s: %w", s.blobs, err)
+	}
+	if err := s.storeFile(ctx, imageKey(ihex), img, size); err != nil {
 		return Blob{}, fmt.Errorf("store image in %s: %w", s.blobs, err)
 	}
-	m := blobMeta{Digest: blob.Digest, Size: blob.Size, Files: blob.Files, Format: "erofs",
-		Image: sum, ImageSize: size, Imported: time.Now().UTC(), ImportedBy: s.cfg.Instance}
+	m := blobMeta{Digest: blob.Digest, Size: blob.Size, Files: blob.Files, Format: formatSplit,
+		Image: sum, ImageSize: size, Data: dsum, DataSize: dsize, Table: "sha256:" + thex, TableSize: int64(len(tb)),
+		Imported: time.Now().UTC(), ImportedBy: s.cfg.Instance}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return Blob{}, err
@@ -82,7 +109,16 @@ func (s *Store) publish(ctx context.Context, stage, tree string, blob Blob) (Blo
 	s.mu.Lock()
 	s.metas[blob.Digest] = m
 	s.mu.Unlock()
+	s.log.Info("layer published", "digest", blob.Digest, "image_bytes", size, "data_bytes", dsize, "chunks", len(chunks))
 	return m.blob(), nil
+}
+
+// storeFile puts the file at path under key, renamed into place where the blob store can.
+func (s *Store) storeFile(ctx context.Context, key, path string, size int64) error {
+	if fp, ok := s.blobs.(filePutter); ok {
+		return fp.PutFile(ctx, key, path)
+	}
+	return s.putFile(ctx, key, path, size)
 }
 
 func (s *Store) putFile(ctx context.Context, key, path string, size int64) error {
@@ -97,11 +133,11 @@ func (s *Store) putFile(ctx context.Context, key, path string, size int64) error
 // verifyImage mounts img at target and checks that the tree it shows has the layer's digest:
 // the conversion lost or changed nothing the digest covers (content, modes, owners, links,
 // devices, whiteouts, preserved xattrs).
-func verifyImage(ctx context.Context, img, target, digest string) (err error) {
+func verifyImage(ctx context.Context, img string, devices []string, target, digest string) (err error) {
 	if err := os.Mkdir(target, 0o700); err != nil {
 		return err
 	}
-	if _, err := erofs.Mount(img, target, erofs.MountOptions{}); err != nil {
+	if _, err := erofs.Mount(img, target, erofs.MountOptions{Devices: devices}); err != nil {
 		return fmt.Errorf("verify EROFS image: %w", err)
 	}
 	defer func() {
@@ -157,7 +193,12 @@ func (s *Store) Acquire(ctx context.Context, digest string) (string, error) {
 		return "", fmt.Errorf("mount layer %s: %w", digest, err)
 	}
 	hexd, _ := ParseDigest(digest)
-	dir, err := s.mounts.Acquire(hexd, img)
+	var dir string
+	if m.Format == formatSplit {
+		dir, err = s.acquireSplit(ctx, m, img)
+	} else {
+		dir, err = s.mounts.Acquire(hexd, img)
+	}
 	if err != nil {
 		return "", fmt.Errorf("mount layer %s: %w", digest, err)
 	}
@@ -268,23 +309,29 @@ func (s *Store) CollectImages(ctx context.Context) (removed int, bytes int64, er
 	if err != nil {
 		return 0, 0, err
 	}
-	named := make(map[string]bool, len(blobs))
+	named := make(map[string]bool, 3*len(blobs))
 	for _, b := range blobs {
-		named[strings.TrimPrefix(b.Image, "sha256:")] = true
-	}
-	infos, err := s.blobs.List(ctx, imagePrefix)
-	if err != nil {
-		return 0, 0, fmt.Errorf("list images: %w", err)
-	}
-	for _, in := range infos {
-		ihex := strings.TrimSuffix(strings.TrimPrefix(in.Key, imagePrefix), ".erofs")
-		if named[ihex] || time.Since(in.ModTime) < orphanAge {
-			continue
+		named[imageKey(strings.TrimPrefix(b.Image, "sha256:"))] = true
+		if m, err := s.meta(ctx, b.Digest); err == nil && m.Format == formatSplit {
+			dhex, _ := ParseDigest(m.Data)
+			thex, _ := ParseDigest(m.Table)
+			named[dataKey(dhex)], named[tableKey(thex)] = true, true
 		}
-		if err := s.blobs.Delete(ctx, in.Key); err != nil {
-			return removed, bytes, fmt.Errorf("delete orphaned image %s: %w", in.Key, err)
+	}
+	for _, prefix := range []string{imagePrefix, dataPrefix, tablePrefix} {
+		infos, err := s.blobs.List(ctx, prefix)
+		if err != nil {
+			return removed, bytes, fmt.Errorf("list %s: %w", prefix, err)
 		}
-		removed, bytes = removed+1, bytes+in.Size
+		for _, in := range infos {
+			if named[in.Key] || time.Since(in.ModTime) < orphanAge {
+				continue
+			}
+			if err := s.blobs.Delete(ctx, in.Key); err != nil {
+				return removed, bytes, fmt.Errorf("delete orphaned %s: %w", in.Key, err)
+			}
+			removed, bytes = removed+1, bytes+in.Size
+		}
 	}
 	entries, err := os.ReadDir(s.cacheDir)
 	if err != nil {
@@ -292,7 +339,7 @@ func (s *Store) CollectImages(ctx context.Context) (removed int, bytes int64, er
 	}
 	for _, e := range entries {
 		ihex, ok := strings.CutSuffix(e.Name(), ".erofs")
-		if !ok || named[ihex] {
+		if !ok || named[imageKey(ihex)] {
 			continue
 		}
 		fi, err := e.Info()

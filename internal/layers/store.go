@@ -21,11 +21,13 @@ import (
 	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/erofs"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazy"
 )
 
 const (
 	treeDir   = "fs"          // an import's extracted tree, under staging/
-	imageName = "layer.erofs" // an import's image, under staging/
+	imageName = "layer.erofs" // an import's (metadata) image, under staging/
+	dataName  = "layer.data"  // an import's data blob, under staging/
 )
 
 // Blob describes a stored layer.
@@ -43,12 +45,18 @@ type Blob struct {
 // blobMeta is the record layers/sha256/<hex>.json in the blob store. It is written after the
 // image it names, so a record never points at a missing or partial image.
 type blobMeta struct {
-	Digest    string    `json:"digest"`
-	Size      int64     `json:"size"`
-	Files     int64     `json:"files"`
-	Format    string    `json:"format"` // "erofs"
-	Image     string    `json:"image"`
-	ImageSize int64     `json:"image_size"`
+	Digest    string `json:"digest"`
+	Size      int64  `json:"size"`
+	Files     int64  `json:"files"`
+	Format    string `json:"format"` // formatWhole or formatSplit
+	Image     string `json:"image"`
+	ImageSize int64  `json:"image_size"`
+	// In formatSplit, Image holds the metadata only and Data the file contents (the image's
+	// extra device), cut into the chunks the table Table (a lazy.Table, JSON) lists.
+	Data      string    `json:"data,omitempty"`
+	DataSize  int64     `json:"data_size,omitempty"`
+	Table     string    `json:"table,omitempty"`
+	TableSize int64     `json:"table_size,omitempty"`
 	Imported  time.Time `json:"imported"`
 	// ImportedBy is the importing Corral's instance name.
 	ImportedBy string `json:"imported_by,omitempty"`
@@ -61,10 +69,20 @@ func (m blobMeta) blob() Blob {
 // Blob store keys.
 func metaKey(hex string) string  { return "layers/sha256/" + hex + ".json" }
 func imageKey(hex string) string { return "images/sha256/" + hex + ".erofs" }
+func dataKey(hex string) string  { return "data/sha256/" + hex + ".blob" }
+func tableKey(hex string) string { return "tables/sha256/" + hex + ".json" }
 
 const (
 	metaPrefix  = "layers/sha256/"
 	imagePrefix = "images/sha256/"
+	dataPrefix  = "data/sha256/"
+	tablePrefix = "tables/sha256/"
+)
+
+// Record formats.
+const (
+	formatWhole = "erofs"       // one EROFS image holds the layer (imports before lazy loading)
+	formatSplit = "erofs-split" // a metadata image plus a data blob fetched in chunks on demand
 )
 
 // Store is a node's view of the layer blob store. See the package doc for its lifecycle.
@@ -81,6 +99,11 @@ type Store struct {
 	metas     map[string]blobMeta      // digest -> record; records are immutable, so never stale
 	fetch     map[string]*fetchCall    // image hex -> download in flight
 	importing map[string]chan struct{} // digest -> closed when its import is published or failed
+
+	lazyMu   sync.Mutex
+	lazyc    *lazy.Client       // nil until a split layer is first used
+	lazyStop context.CancelFunc // stops lazyd served in this process (Config.Lazy.Command nil)
+	lazyDone chan error
 }
 
 // fetchCall is one download of an image that concurrent Acquires share.
@@ -204,6 +227,7 @@ func (s *Store) Close() error {
 	if _, err := s.mounts.Sweep(); err != nil {
 		s.log.Warn("unmount unused layers at close", "err", err)
 	}
+	s.closeLazy()
 	return s.lock.Close() // closing the only descriptor drops the flock
 }
 
@@ -277,11 +301,18 @@ func (s *Store) readMeta(ctx context.Context, key string) (blobMeta, error) {
 		return blobMeta{}, fmt.Errorf("read %s from %s: %w", key, s.blobs, err)
 	}
 	var m blobMeta
-	if len(b) > maxMetaBytes || json.Unmarshal(b, &m) != nil || m.Format != "erofs" {
+	if len(b) > maxMetaBytes || json.Unmarshal(b, &m) != nil || (m.Format != formatWhole && m.Format != formatSplit) {
 		return blobMeta{}, fmt.Errorf("%s in %s is not a Corral layer record: %w", key, s.blobs, errCorruptRecord)
 	}
 	if _, err := ParseDigest(m.Image); err != nil {
 		return blobMeta{}, fmt.Errorf("%s in %s names a bad image digest %q: %w", key, s.blobs, m.Image, errCorruptRecord)
+	}
+	if m.Format == formatSplit {
+		_, derr := ParseDigest(m.Data)
+		_, terr := ParseDigest(m.Table)
+		if derr != nil || terr != nil || m.DataSize < 0 || m.TableSize <= 0 || m.TableSize > maxTableBytes {
+			return blobMeta{}, fmt.Errorf("%s in %s names a bad data blob or chunk table: %w", key, s.blobs, errCorruptRecord)
+		}
 	}
 	return m, nil
 }
@@ -338,6 +369,9 @@ func (s *Store) Remove(ctx context.Context, digest string) error {
 		return fmt.Errorf("remove layer %s: %w", digest, err)
 	}
 	s.forget(digest)
+	if m.Format == formatSplit {
+		s.removeSplitData(ctx, m)
+	}
 	img, _ := ParseDigest(m.Image)
 	if err := s.blobs.Delete(ctx, imageKey(img)); err != nil {
 		// An image no record names is removed by the next Collect.

@@ -92,3 +92,24 @@ func (c *Client) Layer(ctx context.Context, name, version string) (*Layer, error
 	}
 	return &out, nil
 }
+
+// LayerStats describes a layer version's storage and how its data reached the node that
+// answered: bytes fetched and cached, cache hits and misses, fetch latencies, prefetch.
+func (c *Client) LayerStats(ctx context.Context, name, version string) (*LayerStats, error) {
+	var out LayerStats
+	path := "/v1/layers/" + url.PathEscape(name) + "/" + url.PathEscape(version) + "/stats"
+	if err := c.do(ctx, request{method: http.MethodGet, path: path}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// FetchStats describes how a running sandbox's layer data reaches its node (zero counters when
+// none of it is fetched lazily).
+func (c *Client) FetchStats(ctx context.Context, id string) (*FetchStats, error) {
+	var out FetchStats
+	if err := c.do(ctx, request{method: http.MethodGet, path: sandboxPath(id, "fetch")}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

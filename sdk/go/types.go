@@ -81,6 +81,10 @@ type CreateRequest struct {
 	// NodeSelector lists labels the node must carry (gpu=h100, kvm=true): in a cluster the
 	// sandbox is placed only on such a node, and a node without them refuses it (409 node_full).
 	NodeSelector map[string]string `json:"node_selector,omitempty"`
+	// Fetch says how the sandbox's layer data reaches the node: "eager" (all of it before the
+	// sandbox starts), "lazy" (chunks fetched when read) or "prefetch" (lazy, with the start-up
+	// set its environment read last time fetched at once); empty takes the node's default.
+	Fetch string `json:"fetch,omitempty"`
 	// IdempotencyKey, sent as the Idempotency-Key header (not in the body), makes the create safe
 	// to retry: for 24 hours the same key with the same request returns the sandbox the first
 	// create made (200, header Idempotent-Replayed), and with another request is refused (409).
@@ -146,6 +150,8 @@ type Sandbox struct {
 	// Environment is the saved environment the sandbox was made from, if any (Base, Workspace and
 	// Toolkits then hold the versions it resolved to).
 	Environment string `json:"environment,omitempty"`
+	// Fetch is how the sandbox's layer data reached the node: eager, lazy or prefetch.
+	Fetch string `json:"fetch,omitempty"`
 	// Network is the egress policy in force (normalised); NetworkAddress the sandbox's address.
 	Network        *NetworkPolicy `json:"network,omitempty"`
 	NetworkAddress string         `json:"network_address,omitempty"`
@@ -458,4 +464,84 @@ type TrajectoryEntry struct {
 	Output          []Event `json:"output,omitempty"`
 	OutputTruncated bool    `json:"output_truncated,omitempty"`
 	Error           string  `json:"error,omitempty"`
+}
+
+// FetchStats describe how a layer's data, or a sandbox's layers' data, reached the node: Corral
+// stores layers as metadata plus data fetched in chunks from the blob store when read.
+type FetchStats struct {
+	Layer   string `json:"layer,omitempty"`   // the layer's metadata image digest (hex), for a layer
+	Sandbox string `json:"sandbox,omitempty"` // the sandbox ID, for a sandbox
+	// DataSize and Chunks describe the layer's data blob; CachedChunks and CachedBytes how much
+	// of it the node's chunk cache holds; Open how many mounts read it now.
+	DataSize     int64 `json:"data_size,omitempty"`
+	Chunks       int   `json:"chunks,omitempty"`
+	CachedChunks int   `json:"cached_chunks,omitempty"`
+	CachedBytes  int64 `json:"cached_bytes"`
+	Open         int   `json:"open,omitempty"`
+	// BytesRead were served to the kernel (page-cache misses of the sandboxes' reads); Hits and
+	// Misses count chunk reads found in, or missing from, the node's cache.
+	BytesRead int64 `json:"bytes_read"`
+	Hits      int64 `json:"cache_hits"`
+	Misses    int64 `json:"cache_misses"`
+	// BytesFetched and Fetches count ranged reads of the blob store; FetchErrors the failed ones
+	// (retried), Corrupt the chunks that did not match their SHA-256 (refetched), ReadErrors the
+	// reads that failed with EIO in the sandbox.
+	BytesFetched int64 `json:"bytes_fetched"`
+	Fetches      int64 `json:"fetches"`
+	FetchErrors  int64 `json:"fetch_errors"`
+	Corrupt      int64 `json:"corrupt_chunks"`
+	ReadErrors   int64 `json:"read_errors"`
+	// FillBytes were fetched by the background fill.
+	FillBytes    int64            `json:"fill_bytes"`
+	Prefetch     PrefetchStats    `json:"prefetch"`
+	FetchLatency LatencyHistogram `json:"fetch_latency"`
+	LastError    string           `json:"last_error,omitempty"`
+	LastErrorAt  time.Time        `json:"last_error_at,omitzero"`
+}
+
+// PrefetchStats say how much prefetch fetched and how much of it was then read.
+type PrefetchStats struct {
+	Chunks int64 `json:"chunks"`
+	Bytes  int64 `json:"bytes"`
+	Used   int64 `json:"used_chunks"`
+	// Effectiveness is Used / Chunks: the share of prefetched chunks that were then read.
+	Effectiveness float64 `json:"effectiveness"`
+}
+
+// LatencyHistogram counts latencies in buckets with upper bounds BoundsMs (one more count for
+// everything above the last bound).
+type LatencyHistogram struct {
+	BoundsMs []float64 `json:"bounds_ms"`
+	Counts   []int64   `json:"counts"`
+	// P50Ms and P99Ms are the upper bounds of the buckets holding those quantiles (-1: above
+	// the last bound).
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+}
+
+// ChunkCacheStats describe a node's chunk cache.
+type ChunkCacheStats struct {
+	Bytes        int64 `json:"bytes"`
+	Limit        int64 `json:"limit"`
+	Chunks       int64 `json:"chunks"`
+	PinnedBytes  int64 `json:"pinned_bytes"`
+	Evictions    int64 `json:"evictions"`
+	EvictedBytes int64 `json:"evicted_bytes"`
+	Corrupt      int64 `json:"corrupt"`
+	Bypassed     int64 `json:"bypassed"`
+}
+
+// LayerStats describe a layer version's storage and its fetching on the node that answered.
+type LayerStats struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Digest  string `json:"digest"`
+	Node    string `json:"node"`
+	// Format is "erofs-split" (metadata image plus data fetched on demand) or "erofs" (one
+	// image, imported before lazy loading; no fetch statistics).
+	Format     string           `json:"format"`
+	ImageBytes int64            `json:"image_bytes"`
+	DataBytes  int64            `json:"data_bytes"`
+	Fetch      *FetchStats      `json:"fetch,omitempty"`
+	Cache      *ChunkCacheStats `json:"cache,omitempty"`
 }

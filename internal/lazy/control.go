@@ -1,0 +1,364 @@
+//go:build linux
+
+package lazy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// ProtocolVersion names the control API; a client refuses a server that speaks another.
+const ProtocolVersion = 1
+
+// Info is what GET /v1/info answers.
+type Info struct {
+	Protocol  int    `json:"protocol"`
+	Pid       int    `json:"pid"`
+	BlobStore string `json:"blob_store"`
+	Mount     string `json:"mount"`
+}
+
+// SandboxRequest registers a sandbox about to start on lazily fetched layers.
+type SandboxRequest struct {
+	ID string `json:"id"`
+	// Key names the sandbox's environment: prefetch profiles are kept per key and layer.
+	Key    string   `json:"key"`
+	Layers []string `json:"layers"` // layer names (hex of their metadata image)
+	Mode   string   `json:"mode"`   // ModeEager, ModeLazy or ModePrefetch
+	// RecordSeconds is how long the sandbox's reads are recorded into its profile (0: not).
+	RecordSeconds int `json:"record_seconds"`
+	// FillRate, in prefetch mode, fetches the rest of a layer (by name) in the background at
+	// most this many bytes per second after its profile; a layer not named gets nothing more.
+	FillRate map[string]int64 `json:"fill_rate,omitempty"`
+}
+
+// Stats are a layer's or a sandbox's fetch statistics.
+type Stats = corral.FetchStats
+
+// CacheStats describe the node's chunk cache.
+type CacheStats = corral.ChunkCacheStats
+
+func (c *counters) stats() Stats {
+	st := Stats{BytesRead: c.bytesRead.Load(), Hits: c.hits.Load(), Misses: c.misses.Load(),
+		BytesFetched: c.bytesFetched.Load(), Fetches: c.fetches.Load(), FetchErrors: c.fetchErrors.Load(),
+		Corrupt: c.corrupt.Load(), ReadErrors: c.readErrors.Load(), FillBytes: c.fillBytes.Load(),
+		Prefetch:     corral.PrefetchStats{Chunks: c.prefetchChunks.Load(), Bytes: c.prefetchBytes.Load(), Used: c.used.Load()},
+		FetchLatency: c.lat.snapshot()}
+	if st.Prefetch.Chunks > 0 {
+		st.Prefetch.Effectiveness = float64(st.Prefetch.Used) / float64(st.Prefetch.Chunks)
+	}
+	if e := c.lastErr.Load(); e != nil {
+		st.LastError, st.LastErrorAt = e.Err, e.At
+	}
+	return st
+}
+
+var bucketsMs = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000}
+
+type histogram struct {
+	counts [14]atomic.Int64 // len(bucketsMs)+1
+}
+
+func (h *histogram) observe(d time.Duration) {
+	ms := float64(d) / float64(time.Millisecond)
+	i, _ := slices.BinarySearch(bucketsMs, ms)
+	h.counts[i].Add(1)
+}
+
+func (h *histogram) snapshot() corral.LatencyHistogram {
+	out := corral.LatencyHistogram{BoundsMs: bucketsMs, Counts: make([]int64, len(h.counts))}
+	var total int64
+	for i := range h.counts {
+		out.Counts[i] = h.counts[i].Load()
+		total += out.Counts[i]
+	}
+	q := func(p float64) float64 {
+		if total == 0 {
+			return 0
+		}
+		want, run := int64(float64(total)*p+0.5), int64(0)
+		for i, c := range out.Counts {
+			run += c
+			if run >= max(want, 1) {
+				if i < len(bucketsMs) {
+					return bucketsMs[i]
+				}
+				return -1 // beyond the last bound
+			}
+		}
+		return -1
+	}
+	out.P50Ms, out.P99Ms = q(0.5), q(0.99)
+	return out
+}
+
+// layerStats describes l, with how much of it the cache holds.
+func (s *Server) layerStats(l *layer) Stats {
+	st := l.st.stats()
+	st.Layer, st.DataSize, st.Chunks = l.name, l.t.DataSize, len(l.t.Chunks)
+	for _, c := range l.t.Chunks {
+		if s.cache.Has(c.Sum) {
+			st.CachedChunks++
+			st.CachedBytes += c.Len
+		}
+	}
+	s.mu.Lock()
+	st.Open = l.opens
+	s.mu.Unlock()
+	return st
+}
+
+// register starts a sandbox's fetching as req says. In eager mode it returns once every chunk of
+// its layers is cached (or ctx ends); otherwise at once, with prefetch running behind.
+func (s *Server) register(ctx context.Context, req SandboxRequest) error {
+	if req.ID == "" || len(req.ID) > 128 || strings.ContainsAny(req.ID, "/\x00") {
+		return errdefs.Invalid("id", "%q is not a sandbox ID", req.ID)
+	}
+	if !ValidMode(req.Mode) {
+		return errdefs.Invalid("mode", "%q is not eager, lazy or prefetch", req.Mode)
+	}
+	if req.RecordSeconds < 0 || req.RecordSeconds > 600 || len(req.Layers) > 128 || len(req.Key) > 1024 {
+		return errdefs.Invalid("request", "record_seconds must be 0-600, fill_rate >= 0, at most 128 layers and a key of at most 1024 bytes")
+	}
+	ls := make([]*layer, len(req.Layers))
+	for i, name := range req.Layers {
+		l, err := s.layer(name)
+		if err != nil {
+			return err
+		}
+		ls[i] = l
+	}
+	sb := &sandbox{id: req.ID, key: req.Key, layers: req.Layers}
+	if req.RecordSeconds > 0 && req.Key != "" && req.Mode != ModeEager {
+		sb.recordUntil = time.Now().Add(time.Duration(req.RecordSeconds) * time.Second)
+		sb.record = map[string]*recording{}
+		for _, name := range req.Layers {
+			sb.record[name] = &recording{seen: map[int]bool{}}
+		}
+		time.AfterFunc(time.Duration(req.RecordSeconds)*time.Second, func() { s.saveProfiles(sb) })
+	}
+	s.mu.Lock()
+	s.sandboxes[req.ID] = sb
+	s.mu.Unlock()
+	switch req.Mode {
+	case ModeEager:
+		start := time.Now()
+		for _, l := range ls {
+			all := make([]int, len(l.t.Chunks))
+			for i := range all {
+				all[i] = i
+			}
+			if err := s.fetchChunks(ctx, l, all, 4*s.cfg.FetchWindow, false, sb); err != nil {
+				return fmt.Errorf("fetch layer %s before start: %w", l.name, err)
+			}
+		}
+		s.cfg.Log.Info("layers fetched before start", "sandbox", req.ID, "layers", len(ls), "took", time.Since(start).Round(time.Millisecond))
+	case ModePrefetch:
+		for _, l := range ls {
+			prof := s.readProfile(ctx, req.Key, l)
+			slices.Sort(prof)
+			go func() {
+				start := time.Now()
+				if len(prof) > 0 {
+					if err := s.fetchChunks(s.ctx, l, prof, s.cfg.FetchWindow, true, sb); err != nil {
+						s.cfg.Log.Warn("prefetch failed; reads fetch what they need", "sandbox", req.ID, "layer", l.name, "err", err)
+						return
+					}
+					s.cfg.Log.Info("prefetched the recorded start-up set", "sandbox", req.ID, "layer", l.name,
+						"chunks", len(prof), "took", time.Since(start).Round(time.Millisecond))
+				}
+				if rate := req.FillRate[l.name]; rate > 0 {
+					s.fill(l, rate)
+				}
+			}()
+		}
+	}
+	return nil
+}
+
+// unregister forgets a sandbox, saving what it recorded, and returns its statistics.
+func (s *Server) unregister(id string) (Stats, error) {
+	s.mu.Lock()
+	sb := s.sandboxes[id]
+	delete(s.sandboxes, id)
+	s.mu.Unlock()
+	if sb == nil {
+		return Stats{}, fmt.Errorf("sandbox %s is not registered: %w", id, errdefs.ErrNotFound)
+	}
+	s.saveProfiles(sb)
+	st := sb.st.stats()
+	st.Sandbox = id
+	return st, nil
+}
+
+func (s *Server) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, Info{Protocol: ProtocolVersion, Pid: os.Getpid(), BlobStore: s.cfg.Blobs.String(), Mount: filepath.Join(s.cfg.Dir, mntDir)}, nil)
+	})
+	mux.HandleFunc("GET /v1/hold", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.holds++
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.holds--
+			s.mu.Unlock()
+			s.pokeIdle()
+		}()
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
+		var req SandboxRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+			reply(w, nil, errdefs.Invalid("body", "%v", err))
+			return
+		}
+		reply(w, struct{}{}, s.register(r.Context(), req))
+	})
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
+		st, err := s.unregister(r.PathValue("id"))
+		reply(w, st, err)
+	})
+	mux.HandleFunc("GET /v1/sandboxes/{id}", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		sb := s.sandboxes[r.PathValue("id")]
+		s.mu.Unlock()
+		if sb == nil {
+			reply(w, nil, fmt.Errorf("sandbox %s is not registered: %w", r.PathValue("id"), errdefs.ErrNotFound))
+			return
+		}
+		st := sb.st.stats()
+		st.Sandbox = sb.id
+		reply(w, st, nil)
+	})
+	mux.HandleFunc("GET /v1/layers/{name}", func(w http.ResponseWriter, r *http.Request) {
+		l, err := s.layer(r.PathValue("name"))
+		if err != nil {
+			reply(w, nil, err)
+			return
+		}
+		reply(w, s.layerStats(l), nil)
+	})
+	mux.HandleFunc("GET /v1/cache", func(w http.ResponseWriter, r *http.Request) {
+		c := s.cache.Stats()
+		reply(w, CacheStats{Bytes: c.Bytes, Limit: c.Limit, Chunks: c.Chunks, PinnedBytes: c.PinnedBytes,
+			Evictions: c.Evictions, EvictedBytes: c.EvictedBytes, Corrupt: c.CorruptDetected, Bypassed: c.Bypassed}, nil)
+	})
+	return mux
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+	Kind  string `json:"kind"`
+}
+
+func reply(w http.ResponseWriter, v any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		code, kind := http.StatusInternalServerError, "internal"
+		switch {
+		case errors.Is(err, errdefs.ErrInvalid):
+			code, kind = http.StatusBadRequest, "invalid"
+		case errors.Is(err, errdefs.ErrNotFound):
+			code, kind = http.StatusNotFound, "not_found"
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errTimeout):
+			code, kind = http.StatusServiceUnavailable, "unavailable"
+		}
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(errorBody{Error: err.Error(), Kind: kind})
+		return
+	}
+	json.NewEncoder(w).Encode(v)
+}
+
+// Run serves cfg until the server is idle (no blob file open, no client holding it) for two
+// seconds, or was never used within startGrace of starting. Once ctx ends it exits as soon as it
+// is idle. One Run per directory: a second fails with errdefs.ErrConflict.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.defaults(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(cfg.Dir, "lazyd.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("another lazyd serves %s: %w", cfg.Dir, errdefs.ErrConflict)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	fsrv, err := s.Mount()
+	if err != nil {
+		return fmt.Errorf("mount the lazy blob filesystem: %w", err)
+	}
+	sock := filepath.Join(cfg.Dir, SocketName)
+	os.Remove(sock) // ours: the lock says no other server runs
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		fsrv.Unmount()
+		return err
+	}
+	hs := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(ln)
+	cfg.Log.Info("lazyd serving", "dir", cfg.Dir, "blob_store", cfg.Blobs.String(), "cache_max", cfg.CacheMax, "pid", os.Getpid())
+
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	const startGrace = 15 * time.Second
+	started, idleSince, stopping := time.Now(), time.Time{}, false
+	for {
+		done := ctx.Done()
+		if stopping {
+			done = nil
+		}
+		select {
+		case <-done:
+			stopping = true
+			cfg.Log.Info("lazyd asked to stop; it stops once no layer is mounted through it")
+		case <-s.idle:
+		case <-tick.C:
+		}
+		if s.busy() {
+			idleSince = time.Time{}
+			continue
+		}
+		if idleSince.IsZero() {
+			idleSince = time.Now()
+		}
+		if stopping || (time.Since(idleSince) >= 2*time.Second && time.Since(started) >= startGrace) {
+			break
+		}
+	}
+	cfg.Log.Info("lazyd idle: unmounting and exiting")
+	hs.Close()
+	os.Remove(sock)
+	if err := fsrv.Unmount(); err != nil {
+		return fmt.Errorf("unmount the lazy blob filesystem: %w", err)
+	}
+	return nil
+}
