@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -257,6 +258,7 @@ func (p *corralProc) cleanup() {
 	select {
 	case <-p.waitDone:
 	default:
+		defer p.checkLazyd()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		// Fncall environments first: their pools would replace deleted containers.
@@ -283,6 +285,26 @@ func (p *corralProc) cleanup() {
 	for _, d := range append(dirs, more...) {
 		os.Remove(d)
 	}
+}
+
+// checkLazyd fails the test if the lazyd of p's data dir outlives a corral up that stopped with
+// no sandbox left (it must exit once idle), and removes it either way.
+func (p *corralProc) checkLazyd() {
+	deadline := time.Now().Add(10 * time.Second)
+	for len(lazydPids(p.DataDir)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	pids := lazydPids(p.DataDir)
+	if len(pids) == 0 {
+		return
+	}
+	p.t.Errorf("lazyd %v still serves %s 10 s after corral up stopped with no sandbox", pids, p.DataDir)
+	for _, pid := range pids {
+		if n, err := strconv.Atoi(pid); err == nil {
+			syscall.Kill(n, syscall.SIGKILL)
+		}
+	}
+	syscall.Unmount(filepath.Join(p.DataDir, "layers", "lazy", "mnt"), syscall.MNT_DETACH)
 }
 
 type lockedWriter struct {

@@ -152,13 +152,26 @@ func (c *Client) hold() error {
 	return nil
 }
 
-// Close lets go of the server: it exits once no layer is mounted through it.
+// Close lets go of the server and asks it to exit once nothing uses it. When no layer is
+// mounted through it, Close waits (up to 5 s) for it to have exited and unmounted.
 func (c *Client) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stopHold != nil {
-		c.stopHold()
-		c.stopHold = nil
+	if c.stopHold == nil {
+		return
+	}
+	c.stopHold()
+	c.stopHold = nil
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var r exitReply
+	if err := c.do(ctx, http.MethodPost, "/v1/exit", nil, &r); err == nil && r.Open == 0 {
+		for ctx.Err() == nil {
+			if _, err := c.Info(ctx); err != nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 	c.hc.CloseIdleConnections()
 }

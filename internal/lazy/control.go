@@ -215,6 +215,7 @@ func (s *Server) handler() http.Handler {
 		s.mu.Lock()
 		s.holds++
 		s.mu.Unlock()
+		s.everHeld.Store(true)
 		defer func() {
 			s.mu.Lock()
 			s.holds--
@@ -224,6 +225,11 @@ func (s *Server) handler() http.Handler {
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
+	})
+	mux.HandleFunc("POST /v1/exit", func(w http.ResponseWriter, r *http.Request) {
+		s.exitWhenIdle.Store(true)
+		s.pokeIdle()
+		reply(w, exitReply{Open: s.openFiles()}, nil)
 	})
 	mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		var req SandboxRequest
@@ -265,6 +271,12 @@ func (s *Server) handler() http.Handler {
 	return mux
 }
 
+// exitReply answers POST /v1/exit: the server exits once no blob file is open and no client
+// holds it; Open says how many files are open now.
+type exitReply struct {
+	Open int `json:"open"`
+}
+
 type errorBody struct {
 	Error string `json:"error"`
 	Kind  string `json:"kind"`
@@ -289,8 +301,9 @@ func reply(w http.ResponseWriter, v any, err error) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// Run serves cfg until the server is idle (no blob file open, no client holding it) for two
-// seconds, or was never used within startGrace of starting. Once ctx ends it exits as soon as it
+// Run serves cfg until the server is idle (no blob file open, no client holding it): at once
+// after a client asked it to exit (Client.Close), else after two seconds idle once a client held
+// it, or after startGrace when none ever did. Once ctx ends it exits as soon as it
 // is idle. One Run per directory: a second fails with errdefs.ErrConflict.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.defaults(); err != nil {
@@ -350,15 +363,18 @@ func Run(ctx context.Context, cfg Config) error {
 		if idleSince.IsZero() {
 			idleSince = time.Now()
 		}
-		if stopping || (time.Since(idleSince) >= 2*time.Second && time.Since(started) >= startGrace) {
+		if stopping || s.exitWhenIdle.Load() || (time.Since(idleSince) >= 2*time.Second && (s.everHeld.Load() || time.Since(started) >= startGrace)) {
 			break
 		}
 	}
 	cfg.Log.Info("lazyd idle: unmounting and exiting")
+	// Unmount before the socket goes: a client waiting for the socket to die then finds the
+	// mount gone too.
+	uerr := fsrv.Unmount()
 	hs.Close()
 	os.Remove(sock)
-	if err := fsrv.Unmount(); err != nil {
-		return fmt.Errorf("unmount the lazy blob filesystem: %w", err)
+	if uerr != nil {
+		return fmt.Errorf("unmount the lazy blob filesystem: %w", uerr)
 	}
 	return nil
 }

@@ -108,7 +108,9 @@ type Server struct {
 	sandboxes map[string]*sandbox // registered sandboxes, by ID
 	holds     int                 // control connections holding the server
 	nextIno   uint64
-	idle      chan struct{} // poked when opens or holds drop
+	// exitWhenIdle is set by a client's Close; everHeld once any client held the server.
+	exitWhenIdle, everHeld atomic.Bool
+	idle                   chan struct{} // poked when opens or holds drop
 }
 
 // call is one chunk being fetched; waiters read data once done is closed.
@@ -260,6 +262,17 @@ func (s *Server) pokeIdle() {
 	case s.idle <- struct{}{}:
 	default:
 	}
+}
+
+// openFiles counts the open handles of all blob files.
+func (s *Server) openFiles() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, l := range s.layers {
+		n += l.opens
+	}
+	return n
 }
 
 // busy reports whether any blob file is open or any client holds the server.
