@@ -42,6 +42,9 @@ type Config struct {
 	// Parallel is how many ranged reads prefetch and eager fetches run at once (default 16); a
 	// server runs at most 4x this many at once in all.
 	Parallel int
+	// Readahead is how far ahead of a sequential reader chunks are fetched (default 16 MiB;
+	// negative: none).
+	Readahead int64
 	// Log receives the server's log; nil discards.
 	Log *slog.Logger
 }
@@ -64,6 +67,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Parallel == 0 {
 		c.Parallel = 16
+	}
+	if c.Readahead == 0 {
+		c.Readahead = 16 << 20
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -130,6 +136,9 @@ type layer struct {
 	opens      int
 	prefetched map[int]bool // chunks fetched by prefetch and not read since
 	filling    bool
+	// Sequential readahead: nextSeq is the chunk a sequential reader misses next; chunks
+	// [raFrom, raUntil) were read ahead, and a read at raTrigger or later reads further.
+	nextSeq, raFrom, raUntil, raTrigger int
 
 	st counters
 }
@@ -224,7 +233,7 @@ func (s *Server) layer(name string) (*layer, error) {
 	if l := s.layers[name]; l != nil {
 		return l, nil
 	}
-	l = &layer{name: name, t: t, ino: s.nextIno, prefetched: map[int]bool{}}
+	l = &layer{name: name, t: t, ino: s.nextIno, prefetched: map[int]bool{}, nextSeq: -1}
 	s.nextIno++
 	s.layers[name] = l
 	return l, nil
@@ -363,6 +372,12 @@ func sbID(sb *sandbox) string {
 func (s *Server) noteRead(l *layer, i int, sb *sandbox) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if l.raUntil > 0 && i >= l.raTrigger && i < l.raUntil {
+		// A sequential reader is halfway through what was read ahead: read further.
+		from := l.raUntil
+		l.raTrigger = l.raUntil // once
+		go s.readahead(l, from, sb)
+	}
 	if l.prefetched[i] {
 		delete(l.prefetched, i)
 		l.st.used.Add(1)
@@ -425,7 +440,19 @@ func (s *Server) attribute(pid uint32) *sandbox {
 // when no fetch of it is in flight. The fetch runs on its own deadline, so a reader that gives up
 // does not cancel it for the others waiting.
 func (s *Server) chunk(ctx context.Context, l *layer, i int, sb *sandbox) ([]byte, error) {
-	c := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb)
+	c, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb)
+	if s.cfg.Readahead > 0 {
+		// A miss where the last one's range ended, or inside what was read ahead, is a
+		// sequential reader: fetch ahead of it.
+		s.mu.Lock()
+		seq := i == l.nextSeq || (l.raUntil > 0 && i >= l.raFrom && i <= l.raUntil)
+		l.nextSeq = end
+		from := max(end, l.raUntil)
+		s.mu.Unlock()
+		if seq {
+			s.readahead(l, from, sb)
+		}
+	}
 	select {
 	case <-c.done:
 		if c.err != nil {
@@ -441,14 +468,40 @@ func (s *Server) chunk(ctx context.Context, l *layer, i int, sb *sandbox) ([]byt
 	}
 }
 
+// readahead starts fetching the chunks from index from on that are neither cached nor in flight,
+// up to Config.Readahead bytes, in ranges of up to FetchWindow, and remembers the region so that
+// a reader halfway through it extends it.
+func (s *Server) readahead(l *layer, from int, sb *sandbox) {
+	n := len(l.t.Chunks)
+	if from >= n {
+		return
+	}
+	limit := l.t.Chunks[from].Off + s.cfg.Readahead
+	i := from
+	for i < n && l.t.Chunks[i].Off < limit {
+		s.mu.Lock()
+		busy := s.inflight[l.t.Chunks[i].Sum] != nil
+		s.mu.Unlock()
+		if busy || s.cache.Has(l.t.Chunks[i].Sum) {
+			i++
+			continue
+		}
+		_, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb)
+		i = end
+	}
+	s.mu.Lock()
+	l.raFrom, l.raUntil, l.raTrigger = from, i, from+(i-from)/2
+	s.mu.Unlock()
+}
+
 // startFetch starts fetching chunks [i, j) of l, extended past j with following chunks that are
 // neither cached nor in flight while the range stays within window, and returns the call of chunk
-// i (which may be one already in flight).
-func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox) *call {
+// i (which may be one already in flight) and the index after the last chunk it started.
+func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox) (*call, int) {
 	s.mu.Lock()
 	if c := s.inflight[l.t.Chunks[i].Sum]; c != nil {
 		s.mu.Unlock()
-		return c
+		return c, i + 1
 	}
 	var calls []*call
 	var sums [][32]byte
@@ -471,7 +524,7 @@ func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox) *call
 	}
 	s.mu.Unlock()
 	go s.fetchRange(l, i, k, calls, sb)
-	return calls[0]
+	return calls[0], k
 }
 
 func containsSum(sums [][32]byte, sum [32]byte) bool {
@@ -635,7 +688,7 @@ func (s *Server) fetchRun(ctx context.Context, l *layer, i, j int, window int64,
 		if s.cache.Has(l.t.Chunks[x].Sum) {
 			continue
 		}
-		c := s.startFetch(l, x, j, window, sb)
+		c, _ := s.startFetch(l, x, j, window, sb)
 		select {
 		case <-c.done:
 		case <-ctx.Done():
