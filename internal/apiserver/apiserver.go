@@ -164,6 +164,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/layers", s.listLayers)
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
 	api.HandleFunc("GET /v1/layers/{name}/{version}/stats", s.layerStats)
+	api.HandleFunc("PATCH /v1/layers/{name}/{version}", s.guard(iam.LayerPublish, "layer.set", s.onLayerName, s.setLayer))
 	api.HandleFunc("POST /v1/fncall", s.createFncallEnv)
 	api.HandleFunc("GET /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
 		c := who(r)
@@ -648,6 +649,40 @@ func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
 	if !who(r).canRead(iam.LayerRead, l.Project, l.Private) {
 		p, _ := iam.ParsePath("project", l.Project)
 		s.fail(w, r, who(r).require(iam.LayerRead, p))
+		return
+	}
+	httpjson.Write(w, http.StatusOK, l)
+}
+
+// setLayer changes a published version's settings (its background fill rate).
+func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
+	var body corral.LayerSettings
+	if err := httpjson.Decode(r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if body.FillRate == nil {
+		s.fail(w, r, errdefs.Invalid("fill_rate", "nothing to set"))
+		return
+	}
+	if *body.FillRate < -1 {
+		s.fail(w, r, errdefs.Invalid("fill_rate", "%d: want bytes per second, 0 for the node's default or -1 for never", *body.FillRate))
+		return
+	}
+	name, version := r.PathValue("name"), r.PathValue("version")
+	if err := edge.ValidateLayerName("name", name, version); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	l, err := s.store.SetLayerFillRate(r.Context(), name, version, *body.FillRate)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		// Perhaps another Corral sharing the blob store published it: adopt, then set.
+		if n, serr := s.edge.SyncShared(r.Context(), name); serr == nil && n > 0 {
+			l, err = s.store.SetLayerFillRate(r.Context(), name, version, *body.FillRate)
+		}
+	}
+	if err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	httpjson.Write(w, http.StatusOK, l)

@@ -27,7 +27,7 @@ func (a *app) newLayerCmd() *cobra.Command {
 		},
 	}
 	cmd.AddCommand(a.newLayerImportCmd(), a.newLayerLsCmd(), a.newLayerGetCmd(), a.newLayerTagCmd(),
-		a.newLayerUntagCmd(), a.newLayerRmCmd(), a.newLayerGCCmd(), a.newLayerStatsCmd())
+		a.newLayerUntagCmd(), a.newLayerRmCmd(), a.newLayerGCCmd(), a.newLayerStatsCmd(), a.newLayerSetCmd())
 	return cmd
 }
 
@@ -250,6 +250,61 @@ func (a *app) newLayerLsCmd() *cobra.Command {
 	return cmd
 }
 
+func (a *app) newLayerSetCmd() *cobra.Command {
+	var fill string
+	cmd := &cobra.Command{
+		Use:   "set NAME:VERSION --fill-rate SIZE|default|never",
+		Short: "Change a published version's settings: how fast nodes fetch the rest of it in the background after prefetch",
+		Example: `  corral layer set python:3.12 --fill-rate 50M     # 50 MB/s per node once a sandbox's start-up set is in
+  corral layer set python:3.12 --fill-rate never   # only what sandboxes read`,
+		Args: exactArgs(1, "NAME:VERSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, version, err := splitRef(args[0])
+			if err != nil {
+				return err
+			}
+			var rate int64
+			switch fill {
+			case "":
+				return usagef("--fill-rate is required (SIZE per second, default or never)")
+			case "default":
+			case "never":
+				rate = -1
+			default:
+				if rate, err = parseSize(fill); err != nil || rate <= 0 {
+					return usagef("--fill-rate %q: want a size per second (50M), default or never", fill)
+				}
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			l, err := c.SetLayerFillRate(cmd.Context(), name, version, rate)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(l)
+			}
+			fmt.Fprintf(a.stdout, "%s:%s fill rate %s\n", l.Name, l.Version, formatFillRate(l.FillRate))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&fill, "fill-rate", "", "bytes per second each node fetches of the rest of the layer after prefetch (50M), default (the node's --fetch-fill-rate) or never")
+	return cmd
+}
+
+// formatFillRate shows a layer's fill rate setting.
+func formatFillRate(rate int64) string {
+	switch {
+	case rate < 0:
+		return "never"
+	case rate == 0:
+		return "default (the node's)"
+	}
+	return formatBytes(rate) + "/s"
+}
+
 func (a *app) newLayerStatsCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "stats NAME:VERSION",
@@ -325,6 +380,7 @@ func (a *app) newLayerGetCmd() *cobra.Command {
 				{"Digest:", l.Digest},
 				{"Size:", formatBytes(l.Size)},
 				{"Files:", strconv.FormatInt(l.Files, 10)},
+				{"Fill rate:", formatFillRate(l.FillRate)},
 				{"Labels:", orDash(formatLabels(l.Labels))},
 				{"Created:", formatTime(l.CreatedAt, a.now())},
 			} {

@@ -206,6 +206,28 @@ func TestLazyLayerData(t *testing.T) {
 		return st.Fetch.Prefetch.Chunks > 0 && st.Fetch.CachedBytes > 0
 	})
 
+	// A layer's own fill rate: a prefetch sandbox's node then fetches all of it in the
+	// background (here a layer no sandbox has read yet, so nothing comes from a profile).
+	tk2 := t.TempDir()
+	more := make([]byte, 6<<20)
+	rand.Read(more)
+	os.WriteFile(filepath.Join(tk2, "more"), more, 0o644)
+	a.importDir("tk", "2", corral.KindToolkit, tk2)
+	if _, errOut, code := d.cli("", "layer", "set", "tk:2", "--fill-rate", "64M"); code != 0 {
+		t.Fatalf("corral layer set: %s", errOut)
+	}
+	d.createCLI("--base", "base:1", "--toolkit", "tk:2")
+	var last corral.LayerStats
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if last = d.layerStats("tk:2"); last.Fetch.CachedBytes == last.DataBytes && last.Fetch.FillBytes > 0 {
+			break
+		}
+	}
+	if last.Fetch.CachedBytes != last.DataBytes || last.Fetch.FillBytes == 0 {
+		b, _ := os.ReadFile(filepath.Join(d.DataDir, "layers/lazy/lazyd.log"))
+		t.Fatalf("background fill at 64M/s: %+v; lazyd log:\n%s", *last.Fetch, b)
+	}
+
 	// Every node stops: no lazyd and no FUSE mount is left (the harness's cleanup checks).
 	for _, p := range []*corralProc{a, b, c, d} {
 		p.cleanup()

@@ -488,12 +488,21 @@ func (e *Edge) acquireLayers(ctx context.Context, digests []string) ([]string, e
 
 // prepareLayers starts fetching rec's layers as its Fetch mode says (eager waits for all their
 // data), then mounts them.
-func (e *Edge) prepareLayers(ctx context.Context, rec *store.Sandbox) ([]string, error) {
+func (e *Edge) prepareLayers(ctx context.Context, rec *store.Sandbox, fill map[string]int64) ([]string, error) {
 	key := "env:" + rec.Environment
 	if rec.Environment == "" {
 		key = "layers:" + strings.Join(rec.Lower, ",")
 	}
-	if err := e.layers.Prepare(ctx, rec.Lower, layers.Fetch{Sandbox: rec.ID, Key: key, Mode: rec.Fetch}); err != nil {
+	f := layers.Fetch{Sandbox: rec.ID, Key: key, Mode: rec.Fetch, FillRate: map[string]int64{}}
+	for d, rate := range fill {
+		switch {
+		case rate > 0:
+			f.FillRate[d] = rate
+		case rate < 0:
+			f.FillRate[d] = 0 // never, whatever the node's default
+		}
+	}
+	if err := e.layers.Prepare(ctx, rec.Lower, f); err != nil {
 		e.finishFetch(rec.ID)
 		return nil, err
 	}
@@ -637,7 +646,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		return nil, err
 	}
 	// The record (state creating) now keeps the layers from deletion; fetch and mount them.
-	lower, err := e.prepareLayers(ctx, rec)
+	lower, err := e.prepareLayers(ctx, rec, adm.fill)
 	if err != nil {
 		log.Error("mount the sandbox's layers", "err", err)
 		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
@@ -721,6 +730,8 @@ func (e *Edge) agentArgs(calls bool) []string {
 type admission struct {
 	rec *store.Sandbox
 	net *netpolicy.Compiled
+	// fill is each layer's background fill setting (corral.Layer.FillRate), by digest.
+	fill map[string]int64
 }
 
 // admit validates a create request and turns it into a record in state creating.
@@ -852,6 +863,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
 	}
 	var digests []string
+	fill := map[string]int64{} // layer digest -> its fill rate setting
 	// Tags (python:latest) are recorded as the versions they resolved to.
 	resolved := make([]string, 0, len(refs))
 	var imageCfg *corral.ImageConfig
@@ -877,8 +889,10 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 				return nil, err
 			}
 			digests = append(digests, part.Digest)
+			fill[part.Digest] = part.FillRate
 		}
 		digests = append(digests, l.Digest)
+		fill[l.Digest] = l.FillRate
 	}
 	if req.FromSnapshot == "" {
 		req.Base = resolved[0]
@@ -924,7 +938,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		Lower:     digests,
 		ProjectID: project.ID,
 	}
-	return &admission{rec: rec, net: netc}, nil
+	return &admission{rec: rec, net: netc, fill: fill}, nil
 }
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.

@@ -727,6 +727,36 @@ func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Laye
 	return l, nil
 }
 
+// SetLayerFillRate sets the background fill rate of the published version name:version (a
+// setting kept in its record; the content stays immutable) and returns the layer.
+func (s *Store) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (corral.Layer, error) {
+	err := s.tx(ctx, func(tx *Tx) error {
+		var doc string
+		err := tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&doc)
+		if errors.Is(err, sql.ErrNoRows) {
+			return errdefs.NotFound("layer %s:%s", name, version)
+		}
+		if err != nil {
+			return err
+		}
+		var l corral.Layer
+		if err := json.Unmarshal([]byte(doc), &l); err != nil {
+			return err
+		}
+		l.FillRate = rate
+		b, err := json.Marshal(l)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE layers SET doc = ? WHERE name = ? AND version = ?`, string(b), name, version)
+		return err
+	})
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("set fill rate of layer %s:%s: %w", name, version, err)
+	}
+	return s.GetLayer(ctx, name, version)
+}
+
 // layerTags returns the tags pointing at name:version.
 func (s *Store) layerTags(ctx context.Context, name, version string) ([]string, error) {
 	rows, err := s.rdb.QueryContext(ctx, `SELECT tag FROM layer_tags WHERE name = ? AND version = ? ORDER BY tag`, name, version)

@@ -113,3 +113,14 @@ func (c *Client) FetchStats(ctx context.Context, id string) (*FetchStats, error)
 	}
 	return &out, nil
 }
+
+// SetLayerFillRate sets how fast nodes fetch the rest of a layer version in the background
+// after a prefetch sandbox's start-up set (bytes per second; 0: each node's default; -1: never).
+func (c *Client) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (*Layer, error) {
+	var out Layer
+	path := "/v1/layers/" + url.PathEscape(name) + "/" + url.PathEscape(version)
+	if err := c.do(ctx, request{method: http.MethodPatch, path: path, json: LayerSettings{FillRate: &rate}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

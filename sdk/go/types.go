@@ -365,6 +365,18 @@ type Layer struct {
 	// descendants (by default a layer is usable in its project's whole subtree).
 	Project string `json:"project"`
 	Private bool   `json:"private,omitempty"`
+	// FillRate is how fast (bytes per second) a node fetches the rest of this layer in the
+	// background once a prefetch sandbox's start-up set is in: 0 takes the node's default
+	// (corral up --fetch-fill-rate), -1 never. Set with PATCH /v1/layers/{name}/{version} (corral layer set); it is a setting, not
+	// content, so it may change on a published version.
+	FillRate int64 `json:"fill_rate,omitempty"`
+}
+
+// LayerSettings is the body of PATCH /v1/layers/{name}/{version}: the settings of a published
+// version (its content stays immutable). Nil fields are left as they are.
+type LayerSettings struct {
+	// FillRate: bytes per second; 0 the node's default; -1 never.
+	FillRate *int64 `json:"fill_rate,omitempty"`
 }
 
 // ImageConfig is the part of an OCI image's configuration Corral keeps (POST /v1/layers takes it
