@@ -13,6 +13,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
@@ -332,6 +333,21 @@ func (s *Store) CollectImages(ctx context.Context) (removed int, bytes int64, er
 			}
 			removed, bytes = removed+1, bytes+in.Size
 		}
+	}
+	// Prefetch profiles (profiles/<key hash>/<image hex>.json) of images no record names.
+	profiles, err := s.blobs.List(ctx, "profiles/")
+	if err != nil {
+		return removed, bytes, fmt.Errorf("list profiles: %w", err)
+	}
+	for _, in := range profiles {
+		ihex := strings.TrimSuffix(path.Base(in.Key), ".json")
+		if named[imageKey(ihex)] || time.Since(in.ModTime) < orphanAge {
+			continue
+		}
+		if err := s.blobs.Delete(ctx, in.Key); err != nil {
+			return removed, bytes, fmt.Errorf("delete orphaned %s: %w", in.Key, err)
+		}
+		removed, bytes = removed+1, bytes+in.Size
 	}
 	entries, err := os.ReadDir(s.cacheDir)
 	if err != nil {
