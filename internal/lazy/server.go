@@ -119,11 +119,12 @@ type Server struct {
 	idle                   chan struct{} // poked when opens or holds drop
 }
 
-// call is one chunk being fetched; waiters read data once done is closed.
+// call is one chunk being fetched; readers take data once done is closed, and stored is closed
+// once the chunk is in the cache too (or failed to be).
 type call struct {
-	done chan struct{}
-	data []byte
-	err  error
+	done, stored chan struct{}
+	data         []byte
+	err          error
 }
 
 // layer is one data blob the server knows.
@@ -517,7 +518,7 @@ func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox) (*cal
 				break
 			}
 		}
-		c := &call{done: make(chan struct{})}
+		c := &call{done: make(chan struct{}), stored: make(chan struct{})}
 		s.inflight[ch.Sum] = c
 		calls = append(calls, c)
 		sums = append(sums, ch.Sum)
@@ -544,20 +545,28 @@ func (s *Server) fetchRange(l *layer, i, k int, calls []*call, sb *sandbox) {
 	off := l.t.Chunks[i].Off
 	length := l.t.Chunks[k-1].Off + l.t.Chunks[k-1].Len - off
 	data, err := s.fetchVerified(ctx, l, i, k, off, length, sb)
+	// Waiters get the bytes first; the chunks stay in flight (so nobody fetches them again)
+	// until they are in the cache.
 	for n, c := range calls {
 		if err != nil {
 			c.err = err
 		} else {
 			ch := l.t.Chunks[i+n]
 			c.data = data[ch.Off-off : ch.Off-off+ch.Len]
+		}
+		close(c.done)
+	}
+	for n, c := range calls {
+		ch := l.t.Chunks[i+n]
+		if err == nil {
 			if perr := s.cache.Put(ch.Sum, c.data); perr != nil && !errors.Is(perr, errdefs.ErrExhausted) {
 				s.cfg.Log.Warn("store a fetched chunk in the cache", "layer", l.name, "chunk", i+n, "err", perr)
 			}
 		}
 		s.mu.Lock()
-		delete(s.inflight, l.t.Chunks[i+n].Sum)
+		delete(s.inflight, ch.Sum)
 		s.mu.Unlock()
-		close(c.done)
+		close(c.stored)
 	}
 }
 
@@ -690,7 +699,7 @@ func (s *Server) fetchRun(ctx context.Context, l *layer, i, j int, window int64,
 		}
 		c, _ := s.startFetch(l, x, j, window, sb)
 		select {
-		case <-c.done:
+		case <-c.stored:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
