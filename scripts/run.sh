@@ -54,6 +54,8 @@ set +e
 step corral exec "$id" -- sh -c 'echo to stderr >&2; exit 3'
 echo "(exit code $?)"
 set -e
+# The base's file data came from the blob store in chunks, only as the sandbox read it.
+step corral layer stats base:default
 step corral ttl "$id" 30m
 step corral ls
 step corral rm "$id"
