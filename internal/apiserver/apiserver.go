@@ -636,22 +636,30 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
+	if l, ok := s.readableLayer(w, r); ok {
+		httpjson.Write(w, http.StatusOK, l)
+	}
+}
+
+// readableLayer returns the layer version the path names if the caller may read it; otherwise
+// it has answered with the error.
+func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.Layer, bool) {
 	name, version := r.PathValue("name"), r.PathValue("version")
 	if err := edge.ValidateLayerName("name", name, version); err != nil {
 		s.fail(w, r, err)
-		return
+		return corral.Layer{}, false
 	}
 	l, err := s.store.GetLayer(r.Context(), name, version)
 	if err != nil {
 		s.fail(w, r, err)
-		return
+		return corral.Layer{}, false
 	}
 	if !who(r).canRead(iam.LayerRead, l.Project, l.Private) {
 		p, _ := iam.ParsePath("project", l.Project)
 		s.fail(w, r, who(r).require(iam.LayerRead, p))
-		return
+		return corral.Layer{}, false
 	}
-	httpjson.Write(w, http.StatusOK, l)
+	return l, true
 }
 
 // setLayer changes a published version's settings (its background fill rate).
@@ -690,19 +698,8 @@ func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 
 // layerStats describes a layer version's storage and how its data reached this node.
 func (s *Server) layerStats(w http.ResponseWriter, r *http.Request) {
-	name, version := r.PathValue("name"), r.PathValue("version")
-	if err := edge.ValidateLayerName("name", name, version); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	l, err := s.store.GetLayer(r.Context(), name, version)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if !who(r).canRead(iam.LayerRead, l.Project, l.Private) {
-		p, _ := iam.ParsePath("project", l.Project)
-		s.fail(w, r, who(r).require(iam.LayerRead, p))
+	l, ok := s.readableLayer(w, r)
+	if !ok {
 		return
 	}
 	st, err := s.edge.LayerStats(r.Context(), l.Digest)

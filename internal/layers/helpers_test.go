@@ -214,15 +214,7 @@ func assertClean(t testing.TB, s *Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	named := map[string]bool{}
-	for _, b := range blobs {
-		named[imageKey(strings.TrimPrefix(b.Image, "sha256:"))] = true
-		if m, err := s.meta(ctx, b.Digest); err == nil && m.Format == formatSplit {
-			dhex, _ := ParseDigest(m.Data)
-			thex, _ := ParseDigest(m.Table)
-			named[dataKey(dhex)], named[tableKey(thex)] = true, true
-		}
-	}
+	named := s.namedKeys(ctx, blobs)
 	for _, prefix := range []string{imagePrefix, dataPrefix, tablePrefix} {
 		objs, err := s.blobs.List(ctx, prefix)
 		if err != nil {

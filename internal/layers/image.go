@@ -310,15 +310,7 @@ func (s *Store) CollectImages(ctx context.Context) (removed int, bytes int64, er
 	if err != nil {
 		return 0, 0, err
 	}
-	named := make(map[string]bool, 3*len(blobs))
-	for _, b := range blobs {
-		named[imageKey(strings.TrimPrefix(b.Image, "sha256:"))] = true
-		if m, err := s.meta(ctx, b.Digest); err == nil && m.Format == formatSplit {
-			dhex, _ := ParseDigest(m.Data)
-			thex, _ := ParseDigest(m.Table)
-			named[dataKey(dhex)], named[tableKey(thex)] = true, true
-		}
-	}
+	named := s.namedKeys(ctx, blobs)
 	for _, prefix := range []string{imagePrefix, dataPrefix, tablePrefix} {
 		infos, err := s.blobs.List(ctx, prefix)
 		if err != nil {
@@ -368,6 +360,21 @@ func (s *Store) CollectImages(ctx context.Context) (removed int, bytes int64, er
 		}
 	}
 	return removed, bytes, nil
+}
+
+// namedKeys returns the blob store keys the records of blobs name: images, and the data blobs
+// and chunk tables of split layers.
+func (s *Store) namedKeys(ctx context.Context, blobs []Blob) map[string]bool {
+	named := make(map[string]bool, 3*len(blobs))
+	for _, b := range blobs {
+		named[imageKey(strings.TrimPrefix(b.Image, "sha256:"))] = true
+		if m, err := s.meta(ctx, b.Digest); err == nil && m.Format == formatSplit {
+			dhex, _ := ParseDigest(m.Data)
+			thex, _ := ParseDigest(m.Table)
+			named[dataKey(dhex)], named[tableKey(thex)] = true, true
+		}
+	}
+	return named
 }
 
 // orphanAge is how old an image no record names must be before CollectImages deletes it, so that
