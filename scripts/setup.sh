@@ -52,8 +52,11 @@ fi
 modprobe overlay 2>/dev/null || true
 modprobe loop 2>/dev/null || true
 modprobe erofs 2>/dev/null || true
+modprobe fuse 2>/dev/null || true
 grep -qw erofs /proc/filesystems || { echo "setup: this kernel has no EROFS (layers are EROFS images; Linux 5.4+ with CONFIG_EROFS_FS)" >&2; exit 1; }
 grep -qw overlay /proc/filesystems || { echo "setup: this kernel has no overlayfs" >&2; exit 1; }
+# Layer data reaches sandboxes through corral lazyd's FUSE mount (no fusermount needed: it mounts as root).
+[ -c /dev/fuse ] || { echo "setup: /dev/fuse is missing (layer data is served through FUSE; CONFIG_FUSE_FS)" >&2; exit 1; }
 "$(dirname "$0")/install-runc.sh" >/dev/null
 # mkfs.erofs 1.8.6 for layer images (built once, ~1 minute, cached like runc).
 "$(dirname "$0")/install-erofs-utils.sh" >/dev/null
