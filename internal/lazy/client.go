@@ -22,6 +22,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
+// maxLogBytes is the size past which a starting lazyd's log is moved aside to lazyd.log.1.
+const maxLogBytes = 64 << 20
+
 // StartOptions say how to reach, or start, the lazyd of a directory.
 type StartOptions struct {
 	Dir string
@@ -74,6 +77,9 @@ func Start(ctx context.Context, o StartOptions) (*Client, error) {
 			return nil, err
 		}
 		logPath := filepath.Join(o.Dir, "lazyd.log")
+		if fi, err := os.Stat(logPath); err == nil && fi.Size() > maxLogBytes {
+			os.Rename(logPath, logPath+".1") // one old log is kept
+		}
 		lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
 			return nil, err
