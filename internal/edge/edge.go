@@ -394,6 +394,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			log.Warn("sandbox was being created when corral stopped; removing it")
 			e.rt.Delete(ctx, rec.ID)
 			e.releaseSlot(rec)
+			e.finishFetch(rec.ID) // a lazyd that outlived corral may still count it
 			e.finish(ctx, rec, corral.StateFailed, "error: corral stopped while the sandbox was being created")
 			continue
 		}
@@ -422,6 +423,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			log.Warn("sandbox died while corral was down", "reason", reason)
 			e.rt.Delete(ctx, rec.ID)
 			e.releaseSlot(rec)
+			e.finishFetch(rec.ID)
 			e.finish(ctx, rec, corral.StateFailed, reason)
 			continue
 		}

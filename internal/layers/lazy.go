@@ -28,8 +28,23 @@ func (s *Store) lazyDir() string { return filepath.Join(s.cfg.Dir, "lazy") }
 func (s *Store) lazyClient(ctx context.Context) (*lazy.Client, error) {
 	s.lazyMu.Lock()
 	defer s.lazyMu.Unlock()
-	if s.lazyc != nil {
+	if s.lazyc != nil && !s.lazyc.Dead() {
 		return s.lazyc, nil
+	}
+	if s.lazyc != nil {
+		s.log.Warn("lazyd went away; reaching or starting another")
+		s.lazyc = nil
+	}
+	if s.cfg.Lazy.Command == nil && s.lazyDone != nil {
+		select {
+		case err := <-s.lazyDone: // the one served in this process exited: serve another
+			if err != nil {
+				s.log.Error("lazyd in this process", "err", err)
+			}
+			s.lazyStop()
+			s.lazyStop, s.lazyDone = nil, nil
+		default:
+		}
 	}
 	if s.cfg.Lazy.Command == nil && s.lazyDone == nil {
 		runCtx, stop := context.WithCancel(context.Background())
@@ -38,7 +53,7 @@ func (s *Store) lazyClient(ctx context.Context) (*lazy.Client, error) {
 		go func() { done <- lazy.Run(runCtx, cfg) }()
 		s.lazyStop, s.lazyDone = stop, done
 	}
-	c, err := lazy.Start(ctx, lazy.StartOptions{Dir: s.lazyDir(), BlobStore: s.blobs.String(), Command: s.cfg.Lazy.Command, Log: s.log})
+	c, err := lazy.StartRetrying(ctx, lazy.StartOptions{Dir: s.lazyDir(), BlobStore: s.blobs.String(), Command: s.cfg.Lazy.Command, Log: s.log})
 	if err != nil {
 		return nil, fmt.Errorf("layer data server: %w", err)
 	}
@@ -183,7 +198,7 @@ func (s *Store) runningLazy(ctx context.Context) *lazy.Client {
 	s.lazyMu.Lock()
 	c := s.lazyc
 	s.lazyMu.Unlock()
-	if c != nil {
+	if c != nil && !c.Dead() {
 		return c
 	}
 	if _, err := os.Stat(filepath.Join(s.lazyDir(), lazy.SocketName)); err != nil {

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,7 +48,12 @@ type Client struct {
 
 	mu       sync.Mutex
 	stopHold context.CancelFunc
+	dead     atomic.Bool
 }
+
+// Dead reports whether the client no longer holds its server (it exited, or Close was called):
+// a new Start is needed.
+func (c *Client) Dead() bool { return c.dead.Load() }
 
 // Start connects to the lazyd serving o.Dir, starting one when none answers, and holds it.
 func Start(ctx context.Context, o StartOptions) (*Client, error) {
@@ -130,6 +137,27 @@ func Start(ctx context.Context, o StartOptions) (*Client, error) {
 	return c, nil
 }
 
+// StartRetrying is Start, tried again (up to 3 times, a short pause between) when the server it
+// reached was exiting: the next attempt finds it gone and starts a new one.
+func StartRetrying(ctx context.Context, o StartOptions) (*Client, error) {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var c *Client
+		if c, err = Start(ctx, o); err == nil || !errors.Is(err, errExiting) {
+			return c, err
+		}
+		select {
+		case <-time.After(300 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return nil, err
+}
+
+// errExiting marks a hold the server refused because it is exiting.
+var errExiting = errors.New("lazyd is exiting")
+
 // MountDir is the FUSE mount holding <name>.blob files.
 func (c *Client) MountDir() string { return c.info.Mount }
 
@@ -148,9 +176,15 @@ func (c *Client) hold() error {
 		cancel()
 		return fmt.Errorf("hold lazyd: %w", err)
 	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		return fmt.Errorf("hold lazyd: HTTP %d: %w", resp.StatusCode, errExiting)
+	}
 	go func() {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		c.dead.Store(true) // the server went, or Close let go
 	}()
 	c.mu.Lock()
 	c.stopHold = cancel

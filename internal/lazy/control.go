@@ -132,6 +132,11 @@ func (s *Server) register(ctx context.Context, req SandboxRequest) error {
 	if !ValidMode(req.Mode) {
 		return errdefs.Invalid("mode", "%q is not eager, lazy or prefetch", req.Mode)
 	}
+	for name, rate := range req.FillRate {
+		if rate < 0 || !nameRE.MatchString(name) {
+			return errdefs.Invalid("fill_rate", "%s: %d: want a layer name and bytes per second >= 0", name, rate)
+		}
+	}
 	if req.RecordSeconds < 0 || req.RecordSeconds > 600 || len(req.Layers) > 128 || len(req.Key) > 1024 {
 		return errdefs.Invalid("request", "record_seconds must be 0-600, fill_rate >= 0, at most 128 layers and a key of at most 1024 bytes")
 	}
@@ -150,13 +155,20 @@ func (s *Server) register(ctx context.Context, req SandboxRequest) error {
 		for _, name := range req.Layers {
 			sb.record[name] = &recording{seen: map[int]bool{}}
 		}
-		time.AfterFunc(time.Duration(req.RecordSeconds)*time.Second, func() { s.saveProfiles(sb) })
+		sb.timer = time.AfterFunc(time.Duration(req.RecordSeconds)*time.Second, func() { s.saveProfiles(sb) })
 	}
 	s.mu.Lock()
 	s.sandboxes[req.ID] = sb
 	s.mu.Unlock()
 	switch req.Mode {
 	case ModeEager:
+		// The sandbox's chunks are pinned from now until it ends: what eager fetched stays on
+		// the node even before the layers are mounted.
+		var sums [][32]byte
+		for _, l := range ls {
+			sums = append(sums, l.sums()...)
+		}
+		s.cache.Pin(pinOwner(req.ID), sums)
 		start := time.Now()
 		for _, l := range ls {
 			all := make([]int, len(l.t.Chunks))
@@ -166,13 +178,20 @@ func (s *Server) register(ctx context.Context, req SandboxRequest) error {
 			if err := s.fetchChunks(ctx, l, all, 4*s.cfg.FetchWindow, false, sb); err != nil {
 				return fmt.Errorf("fetch layer %s before start: %w", l.name, err)
 			}
+			for _, c := range l.t.Chunks {
+				if !s.cache.Has(c.Sum) {
+					st := s.cache.Stats()
+					return fmt.Errorf("fetch layer %s before start: the node's chunk cache cannot hold it (%d bytes; cache %d of %d bytes used, %d pinned by running sandboxes; corral up --cache-size): %w",
+						l.name, l.t.DataSize, st.Bytes, st.Limit, st.PinnedBytes, errdefs.ErrExhausted)
+				}
+			}
 		}
 		s.cfg.Log.Info("layers fetched before start", "sandbox", req.ID, "layers", len(ls), "took", time.Since(start).Round(time.Millisecond))
 	case ModePrefetch:
 		for _, l := range ls {
-			prof := s.readProfile(ctx, req.Key, l)
-			slices.Sort(prof)
 			go func() {
+				prof := s.readProfile(s.ctx, req.Key, l)
+				slices.Sort(prof)
 				start := time.Now()
 				if len(prof) > 0 {
 					if err := s.fetchChunks(s.ctx, l, prof, s.cfg.FetchWindow, true, sb); err != nil {
@@ -191,6 +210,9 @@ func (s *Server) register(ctx context.Context, req SandboxRequest) error {
 	return nil
 }
 
+// pinOwner names a sandbox's pins in the chunk cache (eager mode).
+func pinOwner(id string) string { return "sandbox:" + id }
+
 // unregister forgets a sandbox, saving what it recorded, and returns its statistics.
 func (s *Server) unregister(id string) (Stats, error) {
 	s.mu.Lock()
@@ -200,7 +222,11 @@ func (s *Server) unregister(id string) (Stats, error) {
 	if sb == nil {
 		return Stats{}, fmt.Errorf("sandbox %s is not registered: %w", id, errdefs.ErrNotFound)
 	}
-	s.saveProfiles(sb)
+	if sb.timer != nil {
+		sb.timer.Stop()
+	}
+	s.cache.Unpin(pinOwner(id))
+	go s.saveProfiles(sb) // the blob store may be slow: a delete does not wait for it
 	st := sb.st.stats()
 	st.Sandbox = id
 	return st, nil
@@ -213,9 +239,15 @@ func (s *Server) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /v1/hold", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			reply(w, nil, fmt.Errorf("lazyd is exiting: %w", errdefs.ErrUnavailable))
+			return
+		}
 		s.holds++
 		s.mu.Unlock()
 		s.everHeld.Store(true)
+		s.exitWhenIdle.Store(false) // a client again: exit only once it lets go
 		defer func() {
 			s.mu.Lock()
 			s.holds--
@@ -269,6 +301,23 @@ func (s *Server) handler() http.Handler {
 			Evictions: c.Evictions, EvictedBytes: c.EvictedBytes, Corrupt: c.CorruptDetected, Bypassed: c.Bypassed}, nil)
 	})
 	return mux
+}
+
+// tryClose marks the server closing if nothing holds it and no blob file is open, so that no
+// hold is accepted between the decision and the exit.
+func (s *Server) tryClose() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holds > 0 {
+		return false
+	}
+	for _, l := range s.layers {
+		if l.opens > 0 {
+			return false
+		}
+	}
+	s.closing = true
+	return true
 }
 
 // exitReply answers POST /v1/exit: the server exits once no blob file is open and no client
@@ -363,7 +412,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if idleSince.IsZero() {
 			idleSince = time.Now()
 		}
-		if stopping || s.exitWhenIdle.Load() || (time.Since(idleSince) >= 2*time.Second && (s.everHeld.Load() || time.Since(started) >= startGrace)) {
+		if (stopping || s.exitWhenIdle.Load() || (time.Since(idleSince) >= 2*time.Second && (s.everHeld.Load() || time.Since(started) >= startGrace))) && s.tryClose() {
 			break
 		}
 	}

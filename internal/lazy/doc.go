@@ -22,14 +22,18 @@
 // digest, so two layers sharing content share the fetch too). Every chunk is checked against its
 // SHA-256 before it is stored or served: a mismatch (corruption at rest in the blob store or in
 // transit) is counted and the range fetched again. Failed reads are retried with backoff (100 ms
-// doubling to 3 s) until ReadTimeout (default 30 s); the reader then gets EIO, never wrong bytes
-// and never an endless wait, and the mount stays usable for the next read. Cached chunks are
+// doubling to 3 s) until ReadTimeout (default 30 s); a reader that joined a fetch which gave up
+// starts another while its own time lasts; then it gets EIO, never wrong bytes and never an
+// endless wait, and the mount stays usable for the next read. A reader that misses where its
+// last range ended (or inside what was read ahead) is sequential: Readahead bytes (default
+// 16 MiB) past it are kept in flight, and reaching the middle of that region extends it once. Cached chunks are
 // verified on their first read after the cache is opened (chunkcache), and a corrupt one is
 // refetched.
 //
 // A sandbox's fetch mode (Register) is one of:
 //   - eager: every chunk of its layers is fetched, Parallel ranged reads of up to 4x FetchWindow
-//     at once, before Register returns (the baseline);
+//     at once, before Register returns (the baseline); its chunks are pinned from then until
+//     Unregister, and Register fails if the cache cannot hold them;
 //   - lazy: nothing before the sandbox starts; chunks come as they are read;
 //   - prefetch: lazy, and at once the chunks recorded as read in the first seconds of an earlier
 //     sandbox of the same environment key are fetched in parallel, then, if the request sets a
@@ -66,8 +70,11 @@
 // corral up and corral edge start it (Start) as `corral lazyd` in a session of its own, so it
 // outlives their restarts and crashes: EROFS mounts of surviving sandboxes read through it, and
 // a FUSE server that died would fail their reads. Each holds it through a request kept open.
-// It exits once no blob file is open and no client holds it: at once after Client.Close, two
-// seconds after the last client went otherwise, 15 s after start when no client ever came. A FUSE
+// It exits once no blob file is open and no client holds it: at once after Client.Close (unless
+// a client holds it again), two seconds after the last client went otherwise, 15 s after start
+// when no client ever came. Once it decided to exit it refuses holds and opens, so a starting
+// client retries and starts a new lazyd (StartRetrying), and no mount lands on a dying server.
+// A client whose hold ends (the server went) reports Dead and is replaced. A FUSE
 // mount a crashed lazyd left is detached when the next one starts; mounts that read through it
 // fail with EIO until their sandboxes are recreated.
 //

@@ -101,6 +101,12 @@ func (n *blobNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
 		return nil, 0, syscall.EROFS
 	}
+	n.s.mu.Lock()
+	closing := n.s.closing
+	n.s.mu.Unlock()
+	if closing {
+		return nil, 0, syscall.ENOTCONN // exiting: a mount now would read through a dead server
+	}
 	n.s.open(n.l)
 	return &blobHandle{}, 0, 0
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,8 +115,11 @@ type Server struct {
 	sandboxes map[string]*sandbox // registered sandboxes, by ID
 	holds     int                 // control connections holding the server
 	nextIno   uint64
-	// exitWhenIdle is set by a client's Close; everHeld once any client held the server.
+	// exitWhenIdle is set by a client's Close (cleared by the next hold); everHeld once any
+	// client held the server; closing once Run decided to exit (holds are then refused).
 	exitWhenIdle, everHeld atomic.Bool
+	closing                bool // guarded by mu
+	saveMu                 sync.Mutex
 	idle                   chan struct{} // poked when opens or holds drop
 }
 
@@ -132,6 +136,8 @@ type layer struct {
 	name string
 	t    *Table
 	ino  uint64
+
+	pinMu sync.Mutex // orders open/release with their Pin/Unpin
 
 	// guarded by Server.mu
 	opens      int
@@ -171,6 +177,7 @@ type sandbox struct {
 	id, key string
 	layers  []string
 	st      counters
+	timer   *time.Timer // ends the recording window
 	// guarded by Server.mu
 	recordUntil time.Time
 	record      map[string]*recording // layer name -> chunks read, when that layer is recorded
@@ -243,20 +250,20 @@ func (s *Server) layer(name string) (*layer, error) {
 // open and release count the kernel's open handles of a layer's blob file: an EROFS mount holds
 // one for its life. A layer with open handles has its chunks pinned in the cache.
 func (s *Server) open(l *layer) {
+	l.pinMu.Lock() // count change and pin in one order with release's
+	defer l.pinMu.Unlock()
 	s.mu.Lock()
 	l.opens++
 	first := l.opens == 1
 	s.mu.Unlock()
 	if first {
-		sums := make([][32]byte, len(l.t.Chunks))
-		for i, c := range l.t.Chunks {
-			sums[i] = c.Sum
-		}
-		s.cache.Pin(l.name, sums)
+		s.cache.Pin(l.name, l.sums())
 	}
 }
 
 func (s *Server) release(l *layer) {
+	l.pinMu.Lock()
+	defer l.pinMu.Unlock()
 	s.mu.Lock()
 	l.opens--
 	last := l.opens == 0
@@ -265,6 +272,15 @@ func (s *Server) release(l *layer) {
 		s.cache.Unpin(l.name)
 		s.pokeIdle()
 	}
+}
+
+// sums lists the digests of l's chunks.
+func (l *layer) sums() [][32]byte {
+	sums := make([][32]byte, len(l.t.Chunks))
+	for i, c := range l.t.Chunks {
+		sums[i] = c.Sum
+	}
+	return sums
 }
 
 func (s *Server) pokeIdle() {
@@ -283,6 +299,21 @@ func (s *Server) openFiles() int {
 		n += l.opens
 	}
 	return n
+}
+
+// inUse reports whether l is mounted or a registered sandbox uses it.
+func (s *Server) inUse(l *layer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l.opens > 0 {
+		return true
+	}
+	for _, sb := range s.sandboxes {
+		if slices.Contains(sb.layers, l.name) {
+			return true
+		}
+	}
+	return false
 }
 
 // busy reports whether any blob file is open or any client holds the server.
@@ -441,31 +472,39 @@ func (s *Server) attribute(pid uint32) *sandbox {
 // when no fetch of it is in flight. The fetch runs on its own deadline, so a reader that gives up
 // does not cancel it for the others waiting.
 func (s *Server) chunk(ctx context.Context, l *layer, i int, sb *sandbox) ([]byte, error) {
-	c, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb)
-	if s.cfg.Readahead > 0 {
-		// A miss where the last one's range ended, or inside what was read ahead, is a
-		// sequential reader: fetch ahead of it.
-		s.mu.Lock()
-		seq := i == l.nextSeq || (l.raUntil > 0 && i >= l.raFrom && i <= l.raUntil)
-		l.nextSeq = end
-		from := max(end, l.raUntil)
-		s.mu.Unlock()
-		if seq {
-			s.readahead(l, from, sb)
+	for {
+		c, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb)
+		if s.cfg.Readahead > 0 {
+			// A miss where the last one's range ended, or inside what was read ahead, is a
+			// sequential reader: keep up to Readahead bytes in flight ahead of it.
+			s.mu.Lock()
+			seq := i == l.nextSeq || (l.raUntil > 0 && i >= l.raFrom && i < l.raUntil)
+			l.nextSeq = end
+			s.mu.Unlock()
+			if seq {
+				s.readahead(l, end, sb)
+			}
 		}
-	}
-	select {
-	case <-c.done:
-		if c.err != nil {
-			return nil, c.err
+		select {
+		case <-c.done:
+			if c.err == nil {
+				return c.data, nil
+			}
+			// The fetch this read joined may have started long before it and given up on its
+			// own deadline: fetch again while this read has time left.
+			select {
+			case <-time.After(100 * time.Millisecond):
+				continue
+			case <-ctx.Done():
+				return nil, c.err
+			}
+		case <-ctx.Done():
+			why := ""
+			if e := l.st.lastFetchErr.Load(); e != nil && time.Since(e.At) < 2*s.cfg.ReadTimeout {
+				why = " (last fetch error: " + e.Err + ")"
+			}
+			return nil, fmt.Errorf("chunk %d (%d bytes at %d) of layer %s: %w after %s%s", i, l.t.Chunks[i].Len, l.t.Chunks[i].Off, l.name, errTimeout, s.cfg.ReadTimeout, why)
 		}
-		return c.data, nil
-	case <-ctx.Done():
-		why := ""
-		if e := l.st.lastFetchErr.Load(); e != nil && time.Since(e.At) < 2*s.cfg.ReadTimeout {
-			why = " (last fetch error: " + e.Err + ")"
-		}
-		return nil, fmt.Errorf("chunk %d (%d bytes at %d) of layer %s: %w after %s%s", i, l.t.Chunks[i].Len, l.t.Chunks[i].Off, l.name, errTimeout, s.cfg.ReadTimeout, why)
 	}
 }
 
@@ -491,7 +530,9 @@ func (s *Server) readahead(l *layer, from int, sb *sandbox) {
 		i = end
 	}
 	s.mu.Lock()
-	l.raFrom, l.raUntil, l.raTrigger = from, i, from+(i-from)/2
+	if i > l.raUntil { // the region only moves forward
+		l.raFrom, l.raUntil, l.raTrigger = from, i, from+(i-from)/2
+	}
 	s.mu.Unlock()
 }
 
@@ -566,6 +607,8 @@ func (s *Server) fetchRange(l *layer, i, k int, calls []*call, sb *sandbox) {
 		s.mu.Lock()
 		delete(s.inflight, ch.Sum)
 		s.mu.Unlock()
+	}
+	for _, c := range calls { // the whole range is stored once any of its calls says so
 		close(c.stored)
 	}
 }
@@ -697,7 +740,7 @@ func (s *Server) fetchRun(ctx context.Context, l *layer, i, j int, window int64,
 		if s.cache.Has(l.t.Chunks[x].Sum) {
 			continue
 		}
-		c, _ := s.startFetch(l, x, j, window, sb)
+		c, end := s.startFetch(l, x, j, window, sb)
 		select {
 		case <-c.stored:
 		case <-ctx.Done():
@@ -706,6 +749,7 @@ func (s *Server) fetchRun(ctx context.Context, l *layer, i, j int, window int64,
 		if c.err != nil {
 			return c.err
 		}
+		x = end - 1 // the range is fetched, stored or not (a full cache serves without storing)
 	}
 	return nil
 }
@@ -736,6 +780,10 @@ func (s *Server) fill(l *layer, rate int64) {
 		j := i + 1
 		for j < len(l.t.Chunks) && l.t.Chunks[j].Off+l.t.Chunks[j].Len-l.t.Chunks[i].Off <= window && !s.cache.Has(l.t.Chunks[j].Sum) {
 			j++
+		}
+		if !s.inUse(l) {
+			s.cfg.Log.Info("background fill stopped: no sandbox uses the layer any more", "layer", l.name)
+			return
 		}
 		if err := s.fetchRun(s.ctx, l, i, j, window, nil); err != nil {
 			if s.ctx.Err() == nil {
@@ -773,8 +821,11 @@ func hashKey(key string) string {
 // readProfile returns the recorded chunk indices of layer l for key (nil when none): this
 // node's copy, else the fleet's in the blob store (kept locally after).
 func (s *Server) readProfile(ctx context.Context, key string, l *layer) []int {
-	b, err := os.ReadFile(s.profilePath(key, l.name))
+	local := s.profilePath(key, l.name)
+	b, err := os.ReadFile(local)
 	if err != nil {
+		ctx, cancel := context.WithTimeout(ctx, profileTimeout)
+		defer cancel()
 		rc, gerr := s.cfg.Blobs.Get(ctx, profileKey(key, l.name))
 		if gerr != nil {
 			if !errors.Is(gerr, errdefs.ErrNotFound) {
@@ -787,20 +838,29 @@ func (s *Server) readProfile(ctx context.Context, key string, l *layer) []int {
 		if err != nil {
 			return nil
 		}
+		if err := writeFile(local, b); err != nil {
+			s.cfg.Log.Warn("keep a prefetch profile on this node", "key", key, "layer", l.name, "err", err)
+		}
 	}
 	var p profile
 	if err := json.Unmarshal(b, &p); err != nil {
 		s.cfg.Log.Warn("ignore an unreadable prefetch profile", "key", key, "layer", l.name, "err", err)
 		return nil
 	}
-	out := make([]int, 0, len(p.Chunks))
+	seen := make(map[int]bool, len(p.Chunks))
+	out := make([]int, 0, min(len(p.Chunks), len(l.t.Chunks)))
 	for _, i := range p.Chunks {
-		if i >= 0 && i < len(l.t.Chunks) {
+		if i >= 0 && i < len(l.t.Chunks) && !seen[i] {
+			seen[i] = true
 			out = append(out, i)
 		}
 	}
 	return out
 }
+
+// profileTimeout bounds each read or write of a profile in the blob store: a profile is an
+// optimisation, never worth holding up a create or a delete.
+const profileTimeout = 5 * time.Second
 
 // maxProfileBytes bounds a profile read from the blob store.
 const maxProfileBytes = 64 << 20
@@ -822,6 +882,11 @@ func (s *Server) saveProfiles(sb *sandbox) {
 	rec := sb.record
 	sb.record = nil
 	s.mu.Unlock()
+	if len(rec) == 0 {
+		return
+	}
+	s.saveMu.Lock() // one read-merge-write at a time
+	defer s.saveMu.Unlock()
 	for name, r := range rec {
 		if len(r.order) == 0 {
 			continue
@@ -848,7 +913,10 @@ func (s *Server) saveProfiles(sb *sandbox) {
 			s.cfg.Log.Warn("save a prefetch profile", "key", sb.key, "layer", name, "err", err)
 			continue
 		}
-		if err := s.cfg.Blobs.Put(s.ctx, profileKey(sb.key, name), bytes.NewReader(b), int64(len(b))); err != nil {
+		ctx, cancel := context.WithTimeout(s.ctx, profileTimeout)
+		err = s.cfg.Blobs.Put(ctx, profileKey(sb.key, name), bytes.NewReader(b), int64(len(b)))
+		cancel()
+		if err != nil {
 			s.cfg.Log.Warn("share a prefetch profile in the blob store", "key", sb.key, "layer", name, "err", err)
 		}
 		s.cfg.Log.Info("prefetch profile recorded", "sandbox", sb.id, "key", sb.key, "layer", name,
