@@ -108,13 +108,22 @@ func (s *Store) ensureTable(ctx context.Context, c *lazy.Client, m blobMeta) (st
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return "", err
 	}
-	tmp := fmt.Sprintf("%s.tmp-%d", p, os.Getpid())
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	// Concurrent first creates may each fetch it: each writes its own temp file and renames it
+	// over the others (the content is the same, checked against one digest).
+	f, err := os.CreateTemp(filepath.Dir(p), ".table-*")
+	if err != nil {
 		return "", err
 	}
-	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
-		return "", err
+	_, werr := f.Write(b)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(f.Name(), p)
+	}
+	if werr != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("store chunk table %s: %w", m.Table, werr)
 	}
 	return name, nil
 }

@@ -190,8 +190,8 @@ func (s *Server) register(ctx context.Context, req SandboxRequest) error {
 	case ModePrefetch:
 		for _, l := range ls {
 			go func() {
+				// In the order the profile recorded: what the sandbox reads first comes first.
 				prof := s.readProfile(s.ctx, req.Key, l)
-				slices.Sort(prof)
 				start := time.Now()
 				if len(prof) > 0 {
 					if err := s.fetchChunks(s.ctx, l, prof, s.cfg.FetchWindow, true, sb); err != nil {

@@ -46,6 +46,10 @@ type Config struct {
 	// Readahead is how far ahead of a sequential reader chunks are fetched (default 16 MiB;
 	// negative: none).
 	Readahead int64
+	// CatchUp: once reads waiting on the blob store have fetched this share of a layer (default
+	// 0.25; negative: never), the rest of it is fetched at once, as eager would, instead of one
+	// miss at a time (a task that reads much of a layer in no order).
+	CatchUp float64
 	// Log receives the server's log; nil discards.
 	Log *slog.Logger
 }
@@ -71,6 +75,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Readahead == 0 {
 		c.Readahead = 16 << 20
+	}
+	if c.CatchUp == 0 {
+		c.CatchUp = 0.25
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -102,9 +109,10 @@ var nameRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // Server serves layers' data blobs as files of a FUSE mount, fetching their chunks from the blob
 // store into the node's chunk cache on demand.
 type Server struct {
-	cfg   Config
-	cache *chunkcache.Cache
-	fetch chan struct{} // semaphore for ranged reads
+	cfg    Config
+	cache  *chunkcache.Cache
+	fetch  chan struct{} // semaphore for background ranged reads (prefetch, fill, eager, readahead)
+	demand chan struct{} // semaphore for ranged reads a sandbox waits on
 
 	ctx    context.Context // ends at Close: background prefetch and fill stop
 	cancel context.CancelFunc
@@ -146,6 +154,8 @@ type layer struct {
 	// Sequential readahead: nextSeq is the chunk a sequential reader misses next; chunks
 	// [raFrom, raUntil) were read ahead, and a read at raTrigger or later reads further.
 	nextSeq, raFrom, raUntil, raTrigger int
+	streak                              int  // sequential misses in a row
+	catchUp                             bool // the catch-up fill started
 
 	st counters
 }
@@ -157,6 +167,7 @@ type counters struct {
 	corrupt, readErrors                 atomic.Int64
 	prefetchChunks, prefetchBytes, used atomic.Int64
 	fillBytes                           atomic.Int64
+	demandBytes                         atomic.Int64 // fetched for reads waiting on them
 	lat                                 histogram
 	lastErr                             atomic.Pointer[timedErr] // of any failure
 	lastFetchErr                        atomic.Pointer[timedErr] // of a ranged read
@@ -203,7 +214,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{cfg: cfg, cache: cache, fetch: make(chan struct{}, 4*cfg.Parallel), ctx: ctx, cancel: cancel,
+	return &Server{cfg: cfg, cache: cache, fetch: make(chan struct{}, 2*cfg.Parallel), demand: make(chan struct{}, 2*cfg.Parallel), ctx: ctx, cancel: cancel,
 		layers: map[string]*layer{}, inflight: map[[32]byte]*call{}, sandboxes: map[string]*sandbox{},
 		nextIno: 2, idle: make(chan struct{}, 1)}, nil
 }
@@ -408,7 +419,7 @@ func (s *Server) noteRead(l *layer, i int, sb *sandbox) {
 		// A sequential reader is halfway through what was read ahead: read further.
 		from := l.raUntil
 		l.raTrigger = l.raUntil // once
-		go s.readahead(l, from, sb)
+		go s.readahead(l, from, s.cfg.Readahead, sb)
 	}
 	if l.prefetched[i] {
 		delete(l.prefetched, i)
@@ -473,16 +484,35 @@ func (s *Server) attribute(pid uint32) *sandbox {
 // does not cancel it for the others waiting.
 func (s *Server) chunk(ctx context.Context, l *layer, i int, sb *sandbox) ([]byte, error) {
 	for {
-		c, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb)
+		c, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb, true)
 		if s.cfg.Readahead > 0 {
 			// A miss where the last one's range ended, or inside what was read ahead, is a
 			// sequential reader: keep up to Readahead bytes in flight ahead of it.
 			s.mu.Lock()
 			seq := i == l.nextSeq || (l.raUntil > 0 && i >= l.raFrom && i < l.raUntil)
+			if seq {
+				l.streak++
+			} else {
+				l.streak = 0
+			}
+			streak := l.streak
 			l.nextSeq = end
 			s.mu.Unlock()
-			if seq {
-				s.readahead(l, end, sb)
+			// Two sequential misses in a row start it, small at first (a file of a few MiB
+			// read whole is not a stream), doubling up to Readahead.
+			if seq && streak >= 2 {
+				s.readahead(l, end, min(s.cfg.Readahead, s.cfg.FetchWindow<<min(streak, 10)), sb)
+			}
+		}
+		if s.cfg.CatchUp > 0 {
+			s.mu.Lock()
+			catchUp := !l.catchUp && float64(l.st.demandBytes.Load()) >= s.cfg.CatchUp*float64(l.t.DataSize)
+			if catchUp {
+				l.catchUp = true
+			}
+			s.mu.Unlock()
+			if catchUp {
+				go s.catchUpFill(l)
 			}
 		}
 		select {
@@ -509,14 +539,14 @@ func (s *Server) chunk(ctx context.Context, l *layer, i int, sb *sandbox) ([]byt
 }
 
 // readahead starts fetching the chunks from index from on that are neither cached nor in flight,
-// up to Config.Readahead bytes, in ranges of up to FetchWindow, and remembers the region so that
+// up to size bytes, in ranges of up to FetchWindow, and remembers the region so that
 // a reader halfway through it extends it.
-func (s *Server) readahead(l *layer, from int, sb *sandbox) {
+func (s *Server) readahead(l *layer, from int, size int64, sb *sandbox) {
 	n := len(l.t.Chunks)
 	if from >= n {
 		return
 	}
-	limit := l.t.Chunks[from].Off + s.cfg.Readahead
+	limit := l.t.Chunks[from].Off + size
 	i := from
 	for i < n && l.t.Chunks[i].Off < limit {
 		s.mu.Lock()
@@ -526,7 +556,7 @@ func (s *Server) readahead(l *layer, from int, sb *sandbox) {
 			i++
 			continue
 		}
-		_, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb)
+		_, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb, false)
 		i = end
 	}
 	s.mu.Lock()
@@ -539,7 +569,7 @@ func (s *Server) readahead(l *layer, from int, sb *sandbox) {
 // startFetch starts fetching chunks [i, j) of l, extended past j with following chunks that are
 // neither cached nor in flight while the range stays within window, and returns the call of chunk
 // i (which may be one already in flight) and the index after the last chunk it started.
-func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox) (*call, int) {
+func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox, demand bool) (*call, int) {
 	s.mu.Lock()
 	if c := s.inflight[l.t.Chunks[i].Sum]; c != nil {
 		s.mu.Unlock()
@@ -552,10 +582,10 @@ func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox) (*cal
 	for ; k < len(l.t.Chunks); k++ {
 		ch := l.t.Chunks[k]
 		if k > i {
-			if s.inflight[ch.Sum] != nil || containsSum(sums, ch.Sum) {
-				break // in flight already, or the same content twice in one range
+			if s.inflight[ch.Sum] != nil || containsSum(sums, ch.Sum) || s.cache.Has(ch.Sum) {
+				break // in flight or cached already, or the same content twice in one range
 			}
-			if k >= j && (ch.Off+ch.Len-first > window || s.cache.Has(ch.Sum)) {
+			if k >= j && ch.Off+ch.Len-first > window {
 				break
 			}
 		}
@@ -565,7 +595,7 @@ func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox) (*cal
 		sums = append(sums, ch.Sum)
 	}
 	s.mu.Unlock()
-	go s.fetchRange(l, i, k, calls, sb)
+	go s.fetchRange(l, i, k, calls, sb, demand)
 	return calls[0], k
 }
 
@@ -580,12 +610,12 @@ func containsSum(sums [][32]byte, sum [32]byte) bool {
 
 // fetchRange reads chunks [i, k) of l with one ranged read, retried with backoff until the read
 // deadline, checks each chunk's SHA-256, stores them in the cache and completes their calls.
-func (s *Server) fetchRange(l *layer, i, k int, calls []*call, sb *sandbox) {
+func (s *Server) fetchRange(l *layer, i, k int, calls []*call, sb *sandbox, demand bool) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReadTimeout)
 	defer cancel()
 	off := l.t.Chunks[i].Off
 	length := l.t.Chunks[k-1].Off + l.t.Chunks[k-1].Len - off
-	data, err := s.fetchVerified(ctx, l, i, k, off, length, sb)
+	data, err := s.fetchVerified(ctx, l, i, k, off, length, sb, demand)
 	// Waiters get the bytes first; the chunks stay in flight (so nobody fetches them again)
 	// until they are in the cache.
 	for n, c := range calls {
@@ -615,10 +645,10 @@ func (s *Server) fetchRange(l *layer, i, k int, calls []*call, sb *sandbox) {
 
 // fetchVerified reads [off, off+length) of l's blob and checks chunks [i, k) in it. Failures and
 // corrupt chunks are retried with backoff (100 ms doubling to 3 s) until ctx ends.
-func (s *Server) fetchVerified(ctx context.Context, l *layer, i, k int, off, length int64, sb *sandbox) ([]byte, error) {
+func (s *Server) fetchVerified(ctx context.Context, l *layer, i, k int, off, length int64, sb *sandbox, demand bool) ([]byte, error) {
 	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		data, err := s.getRange(ctx, l, off, length, sb)
+		data, err := s.getRange(ctx, l, off, length, sb, demand)
 		if err == nil {
 			for n := i; n < k; n++ {
 				ch := l.t.Chunks[n]
@@ -650,13 +680,22 @@ func (s *Server) fetchVerified(ctx context.Context, l *layer, i, k int, off, len
 }
 
 // getRange is one ranged read of the blob store, counted.
-func (s *Server) getRange(ctx context.Context, l *layer, off, length int64, sb *sandbox) ([]byte, error) {
+func (s *Server) getRange(ctx context.Context, l *layer, off, length int64, sb *sandbox, demand bool) ([]byte, error) {
+	// Reads a sandbox waits on have slots of their own: prefetch, fill and readahead never
+	// queue them.
+	sem := s.fetch
+	if demand {
+		sem = s.demand
+	}
 	select {
-	case s.fetch <- struct{}{}:
+	case sem <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	defer func() { <-s.fetch }()
+	defer func() { <-sem }()
+	if demand {
+		l.st.demandBytes.Add(length)
+	}
 	start := time.Now()
 	rc, err := s.cfg.Blobs.GetRange(ctx, l.t.DataKey, off, length)
 	if err != nil {
@@ -740,7 +779,7 @@ func (s *Server) fetchRun(ctx context.Context, l *layer, i, j int, window int64,
 		if s.cache.Has(l.t.Chunks[x].Sum) {
 			continue
 		}
-		c, end := s.startFetch(l, x, j, window, sb)
+		c, end := s.startFetch(l, x, j, window, sb, false)
 		select {
 		case <-c.stored:
 		case <-ctx.Done():
@@ -752,6 +791,25 @@ func (s *Server) fetchRun(ctx context.Context, l *layer, i, j int, window int64,
 		x = end - 1 // the range is fetched, stored or not (a full cache serves without storing)
 	}
 	return nil
+}
+
+// catchUpFill fetches the rest of l the way eager does (Parallel ranged reads of up to 4x
+// FetchWindow), for a layer whose reads missed too much to be served one miss at a time.
+func (s *Server) catchUpFill(l *layer) {
+	var missing []int
+	for i, c := range l.t.Chunks {
+		if !s.cache.Has(c.Sum) {
+			missing = append(missing, i)
+		}
+	}
+	start := time.Now()
+	s.cfg.Log.Info("reads missed much of a layer: fetching the rest at once", "layer", l.name,
+		"demand_bytes", l.st.demandBytes.Load(), "data_size", l.t.DataSize, "chunks_left", len(missing))
+	if err := s.fetchChunks(s.ctx, l, missing, 4*s.cfg.FetchWindow, false, nil); err != nil {
+		s.cfg.Log.Warn("catch-up fill stopped; reads fetch what they need", "layer", l.name, "err", err)
+		return
+	}
+	s.cfg.Log.Info("catch-up fill done", "layer", l.name, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // fill fetches l's remaining chunks in order at most rate bytes per second, until every chunk is
