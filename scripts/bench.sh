@@ -29,6 +29,18 @@ if [ "${BENCH_ONLY:-cluster}" = cluster ]; then
   trap - EXIT
   if [ "${BENCH_ONLY:-}" = cluster ]; then exit 0; fi
 fi
+# BENCH_ONLY=lazy starts its own S3 server (versitygw, built once by scripts/install-versitygw.sh),
+# a delaying proxy in front of it and a fresh `corral up` per cell (and stops them all), so it
+# needs only a base rootfs. About 15 minutes; JSON on stdout, the summary on stderr.
+if [ "${BENCH_ONLY:-lazy}" = lazy ]; then
+  lwork=$(mktemp -d /tmp/crl-bench-XXXX)
+  trap 'rm -rf "$lwork"' EXIT
+  scripts/busybox-rootfs.sh "$lwork/rootfs"
+  corral bench lazy --rootfs "$lwork/rootfs" --versitygw "$(scripts/install-versitygw.sh)" ${BENCH_LAZY_ARGS:-} -o json | tee bench-out/lazy.json
+  rm -rf "$lwork"
+  trap - EXIT
+  if [ "${BENCH_ONLY:-}" = lazy ]; then exit 0; fi
+fi
 work=$(mktemp -d /tmp/crl-bench-XXXX)
 port=${BENCH_PORT:-7199}
 export CORRAL_URL=http://127.0.0.1:$port
@@ -45,7 +57,7 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall, e2b, network, iam, placement or cluster runs one of them.
+# BENCH_ONLY=container, lifecycle, compose, rebuild, import, fncall, e2b, network, iam, placement, cluster or lazy runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi

@@ -197,6 +197,72 @@ func (a *app) newBenchCmd() *cobra.Command {
 	cmd.AddCommand(a.newBenchIAMCmd())
 	cmd.AddCommand(a.newBenchPlacementCmd())
 	cmd.AddCommand(a.newBenchClusterCmd())
+	cmd.AddCommand(a.newBenchLazyCmd())
+	return cmd
+}
+
+// newBenchLazyCmd returns `corral bench lazy`: lazy loading of layer data (eager, lazy,
+// prefetch; cold and warm nodes) against an S3 blob store with added latency, all started on
+// this machine for the run.
+func (a *app) newBenchLazyCmd() *cobra.Command {
+	var cfg bench.LazyConfig
+	var fillRate int64
+	cmd := &cobra.Command{
+		Use:   "lazy --rootfs DIR",
+		Short: "Lazy layer data: time to first output, completion time and disk bytes of eager, lazy and prefetch on cold and warm nodes, blob store behind a delaying proxy (starts versitygw and corral up nodes itself; root)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cfg.Rootfs == "" {
+				return usagef("--rootfs is required (scripts/busybox-rootfs.sh makes one)")
+			}
+			if cfg.Corral == "" {
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				cfg.Corral = self
+			}
+			if cfg.Delay <= 0 {
+				cfg.Delay = -1 // none (a zero Delay takes the default)
+			}
+			cfg.FillRate = fillRate
+			res, err := bench.Lazy(cmd.Context(), cfg, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if res == nil || len(res.Cells) == 0 {
+				if res != nil && a.jsonOut() {
+					a.printJSON(res)
+				}
+				return err
+			}
+			if a.jsonOut() {
+				if perr := a.printJSON(res); perr != nil {
+					return perr
+				}
+				res.WriteSummary(a.stderr)
+				return err
+			}
+			if serr := res.WriteSummary(a.stdout); serr != nil {
+				return serr
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Rootfs, "rootfs", "", "directory of the busybox base layer")
+	f.StringVar(&cfg.Corral, "bin", "", "corral binary to start the nodes with (default: this executable)")
+	f.StringVar(&cfg.Versitygw, "versitygw", "", "versitygw binary (default: $CORRAL_VERSITYGW, the cache of scripts/install-versitygw.sh, PATH)")
+	f.IntVar(&cfg.ImageMiB, "image-mib", 1024, "size of the synthetic toolkit layer in MiB")
+	f.DurationVar(&cfg.Delay, "delay", 10*time.Millisecond, "added to every request to the blob store (0: none)")
+	f.Float64Var(&cfg.BandwidthMBps, "bandwidth", 0, "cap on the blob store's answers, MB/s over all connections (0: none)")
+	f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{1, 8, 32}, "sandboxes started at once in the first-output cells")
+	f.IntVar(&cfg.Samples, "samples", 8, "least sandboxes per first-output cell: concurrency N runs ceil(samples/N) fresh nodes per mode")
+	f.IntSliceVar(&cfg.Percents, "percents", []int{5, 30, 100}, "tasks: the share of the image's bytes each reads (the first is the first-output task)")
+	f.IntVar(&cfg.CompletionRounds, "completion-rounds", 3, "fresh nodes per mode for each completion task (the first task's is the first-output cell at concurrency 1)")
+	f.Float64Var(&cfg.CPUs, "cpus", 0.25, "CPU limit of each sandbox")
+	f.Int64Var(&cfg.MemoryMiB, "memory-mib", 128, "memory limit of each sandbox in MiB")
+	f.Var(&byteSize{&fillRate}, "fetch-fill-rate", "the nodes' --fetch-fill-rate: background fill after prefetch, bytes/s (default 0: off)")
+	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the image's content and the tasks' files")
+	f.StringVar(&cfg.Dir, "dir", "", "where to make the work directory (default: the system's temp dir)")
+	f.BoolVar(&cfg.Prewarm, "prewarm", false, "cold rounds: start lazyd and fetch the chunk tables before the creates, its time added to each sandbox's")
 	return cmd
 }
 
