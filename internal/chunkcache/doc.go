@@ -29,6 +29,7 @@
 //     directory holds more than maxBytes: pins do not survive a restart, so the caller should
 //     Pin the chunks of the layers still mounted first; the next Put, Trim or SetLimit evicts.
 //   - Put stores a chunk, ReadAt reads one, Has and Size look one up; Remove deletes one.
+//     PutVerified is Put for a caller that has checked the digest itself (no second hash).
 //   - Pin(owner, digests) adds digests to the set an owner (a layer's data digest, say) pins;
 //     Unpin(owner) drops the whole set. A chunk pinned by at least one owner is never evicted.
 //     Digests not yet stored may be pinned; they are pinned once Put. Pin sorts its digests

@@ -22,13 +22,21 @@ import (
 // MaxChunkSize, and with errdefs.ErrExhausted, storing nothing, when the chunk cannot fit
 // beside the pinned ones (then evicting nothing either) or the disk is full.
 func (c *Cache) Put(digest [32]byte, data []byte) error {
-	if len(data) == 0 || len(data) > MaxChunkSize {
-		return fmt.Errorf("store chunk sha256:%s: %d bytes, but a chunk has 1 to %d: %w",
-			hexDigest(digest), len(data), MaxChunkSize, errdefs.ErrInvalid)
-	}
 	if sum := sha256.Sum256(data); sum != digest {
 		return fmt.Errorf("store chunk sha256:%s: the data hashes to sha256:%s: %w",
 			hexDigest(digest), hexDigest(sum), errdefs.ErrInvalid)
+	}
+	return c.PutVerified(digest, data)
+}
+
+// PutVerified is Put for a caller that has just checked sha256(data) == digest itself (lazyd
+// checks every fetched chunk before serving it): the chunk is not hashed a second time. A
+// caller that passes data not matching digest stores a corrupt chunk, which the first read
+// after the next Open detects and deletes.
+func (c *Cache) PutVerified(digest [32]byte, data []byte) error {
+	if len(data) == 0 || len(data) > MaxChunkSize {
+		return fmt.Errorf("store chunk sha256:%s: %d bytes, but a chunk has 1 to %d: %w",
+			hexDigest(digest), len(data), MaxChunkSize, errdefs.ErrInvalid)
 	}
 	size := int64(len(data))
 

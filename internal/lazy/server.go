@@ -630,7 +630,8 @@ func (s *Server) fetchRange(l *layer, i, k int, calls []*call, sb *sandbox, dema
 	for n, c := range calls {
 		ch := l.t.Chunks[i+n]
 		if err == nil {
-			if perr := s.cache.Put(ch.Sum, c.data); perr != nil && !errors.Is(perr, errdefs.ErrExhausted) {
+			// fetchVerified checked the digest; the cache need not hash it again.
+			if perr := s.cache.PutVerified(ch.Sum, c.data); perr != nil && !errors.Is(perr, errdefs.ErrExhausted) {
 				s.cfg.Log.Warn("store a fetched chunk in the cache", "layer", l.name, "chunk", i+n, "err", perr)
 			}
 		}
