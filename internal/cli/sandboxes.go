@@ -100,6 +100,7 @@ func (a *app) printSandbox(sb *corral.Sandbox) error {
 		{"Node:", orDash(sb.Node)},
 		{"Tier:", orDash(sb.Tier)},
 		{"Runtime:", orDash(sb.Runtime)},
+		{"Fetch:", orDash(sb.Fetch)},
 		{"Network:", policyLine(sb.Network)},
 		{"Address:", orDash(sb.NetworkAddress)},
 		{"Blocked:", egressLine(sb.Egress)},
