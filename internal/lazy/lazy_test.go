@@ -14,7 +14,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -187,8 +189,9 @@ func (f *fixture) close() {
 		f.t.Errorf("server did not exit once idle")
 	}
 	f.client = nil
-	if isFuseMount(filepath.Join(f.dir, mntDir)) {
-		f.t.Errorf("FUSE mount left at %s", filepath.Join(f.dir, mntDir))
+	if mnt := filepath.Join(f.dir, mntDir); isFuseMount(mnt) {
+		f.t.Errorf("FUSE mount left at %s", mnt)
+		syscall.Unmount(mnt, syscall.MNT_DETACH)
 	}
 }
 
@@ -199,11 +202,16 @@ func (f *fixture) mount() (string, func()) {
 	if _, err := erofs.Mount(f.meta, target, erofs.MountOptions{Devices: []string{f.client.BlobPath(f.name)}}); err != nil {
 		f.t.Fatal(err)
 	}
-	return target, func() {
-		if err := erofs.Unmount(target); err != nil {
-			f.t.Error(err)
-		}
+	var once sync.Once
+	unmount := func() {
+		once.Do(func() {
+			if err := erofs.Unmount(target); err != nil {
+				f.t.Error(err)
+			}
+		})
 	}
+	f.t.Cleanup(unmount) // also when a test fails before its own unmount: the server can then exit
+	return target, unmount
 }
 
 func (f *fixture) stats() Stats {
