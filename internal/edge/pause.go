@@ -77,6 +77,10 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (*store.S
 	if sb.paused.Load() {
 		return nil, errdefs.Conflict("sandbox %s is already paused", sb.id)
 	}
+	if automatic && time.Since(time.Unix(0, sb.lastActivity.Load())) < sb.autoPause {
+		// The reaper judged it idle before taking the lock; a resume or a call since made it active.
+		return nil, errdefs.Conflict("sandbox %s is active again", sb.id)
+	}
 	rec, err := e.store.GetSandbox(ctx, sb.id)
 	if err != nil {
 		return nil, err
