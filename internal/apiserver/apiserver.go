@@ -698,6 +698,10 @@ func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 
 // layerStats describes a layer version's storage and how its data reached this node.
 func (s *Server) layerStats(w http.ResponseWriter, r *http.Request) {
+	if n := r.URL.Query().Get("node"); n != "" && n != s.edge.Node() {
+		s.fail(w, r, errdefs.NotFound("node %s: this is node %s", n, s.edge.Node()))
+		return
+	}
 	l, ok := s.readableLayer(w, r)
 	if !ok {
 		return

@@ -538,7 +538,7 @@ func (r *lazyRun) setup(ctx context.Context) error {
 		}
 	}
 	r.res.RecordSeconds = time.Since(start).Seconds()
-	st, err := n.c.LayerStats(ctx, lazyTKName, lazyVersion)
+	st, err := n.c.LayerStats(ctx, lazyTKName, lazyVersion, "")
 	if err != nil {
 		return fmt.Errorf("layer stats on the importing node: %w", err)
 	}
@@ -874,7 +874,7 @@ func (r *lazyRun) round(ctx context.Context, n *lazyNode, pct int, mode string, 
 	if cold && r.cfg.Prewarm {
 		t0 := time.Now()
 		for _, name := range []string{lazyBaseName, lazyTKName} {
-			if _, err := n.c.LayerStats(ctx, name, lazyVersion); err != nil {
+			if _, err := n.c.LayerStats(ctx, name, lazyVersion, ""); err != nil {
 				return out, fmt.Errorf("prewarm the chunk table of %s: %w", name, err)
 			}
 		}
@@ -948,7 +948,7 @@ func (r *lazyRun) sample(ctx context.Context, n *lazyNode) nodeSample {
 	if s.lazydPid != 0 {
 		s.lazyd = writeBytes(int64(s.lazydPid))
 		for _, name := range []string{lazyBaseName, lazyTKName} {
-			st, err := n.c.LayerStats(ctx, name, lazyVersion)
+			st, err := n.c.LayerStats(ctx, name, lazyVersion, "")
 			if err != nil || st.Fetch == nil {
 				if err != nil {
 					r.log.Warn("layer stats", "node", n.name, "layer", name, "err", err)

@@ -306,8 +306,9 @@ func formatFillRate(rate int64) string {
 }
 
 func (a *app) newLayerStatsCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "stats NAME:VERSION",
+	var node string
+	cmd := &cobra.Command{
+		Use:   "stats NAME:VERSION [--node NAME]",
 		Short: "Show how a layer version's data reached the node: bytes fetched and cached, hits, misses, latency",
 		Args:  exactArgs(1, "NAME:VERSION"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -319,7 +320,7 @@ func (a *app) newLayerStatsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := c.LayerStats(cmd.Context(), name, version)
+			st, err := c.LayerStats(cmd.Context(), name, version, node)
 			if err != nil {
 				return err
 			}
@@ -349,6 +350,8 @@ func (a *app) newLayerStatsCmd() *cobra.Command {
 			return t.flush()
 		},
 	}
+	cmd.Flags().StringVar(&node, "node", "", "the node whose cache and fetches to show (a cluster's edge; default: any)")
+	return cmd
 }
 
 func (a *app) newLayerGetCmd() *cobra.Command {

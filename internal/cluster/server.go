@@ -201,6 +201,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("/v1/nodes", s.api.Authenticated(nodes))
 	mux.Handle("/v1/nodes/", s.api.Authenticated(nodes))
 	mux.Handle("POST /v1/sandboxes", s.api.Authenticated(http.HandlerFunc(s.create)))
+	mux.HandleFunc("GET /v1/layers/{name}/{version}/stats", s.toNamedNode)
 	mux.HandleFunc("/v1/sandboxes/{id}", s.toOwner)
 	mux.HandleFunc("/v1/sandboxes/{id}/", s.toOwner)
 	mux.HandleFunc("/", s.toAny)
@@ -411,6 +412,31 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 // toAny sends a request that is not about one sandbox to a ready (or at least not lost) edge,
 // round robin: every edge serves the shared store.
 func (s *Server) toAny(w http.ResponseWriter, r *http.Request) { s.toAnyExcept(w, r) }
+
+// toNamedNode sends a per-node read (a layer's fetch statistics) to the node its ?node= names,
+// or, without one, to any edge (which says which node it is).
+func (s *Server) toNamedNode(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("node")
+	if name == "" {
+		s.toAny(w, r)
+		return
+	}
+	n, ok := s.node(r.Context(), name)
+	switch {
+	case !ok:
+		httpjson.Error(w, r, s.log, errdefs.NotFound("node %s (corral node ls)", name))
+		return
+	case n.State == corral.NodeLost:
+		httpjson.Error(w, r, s.log, errdefs.Unavailable("node %s is lost", name))
+		return
+	}
+	c, err := s.conn(n)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	c.proxy.ServeHTTP(w, r)
+}
 
 // toAnyExcept is toAny avoiding the edges at skip (ones that just did not answer). Draining
 // nodes serve only when no other is up: they have wound their fncall pools down.

@@ -553,6 +553,14 @@ func TestCluster(t *testing.T) {
 	if sb := create(c2, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {
 		t.Fatalf("a create after layer gc went to %s", sb.Node)
 	}
+	// Each edge fetched the base's data into its own cache; a replica asks the node named.
+	for _, n := range []string{"edge1", "edge2"} {
+		out, errOut, code := cli(s2url, "layer", "stats", "base:test", "--node", n, "-o", "json")
+		var st corral.LayerStats
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Node != n || st.Fetch == nil || st.Fetch.CachedBytes == 0 {
+			t.Fatalf("corral layer stats base:test --node %s: %s %s", n, out, errOut)
+		}
+	}
 
 	// The E2B gateway of a replica: the real e2b SDK's control plane and in-sandbox surface
 	// through server2, its sandboxes on the edges.

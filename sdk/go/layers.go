@@ -93,11 +93,15 @@ func (c *Client) Layer(ctx context.Context, name, version string) (*Layer, error
 	return &out, nil
 }
 
-// LayerStats describes a layer version's storage and how its data reached the node that
-// answered: bytes fetched and cached, cache hits and misses, fetch latencies, prefetch.
-func (c *Client) LayerStats(ctx context.Context, name, version string) (*LayerStats, error) {
+// LayerStats describes a layer version's storage and how its data reached a node: bytes fetched
+// and cached, cache hits and misses, fetch latencies, prefetch. node names the node (in a
+// cluster); "" asks any.
+func (c *Client) LayerStats(ctx context.Context, name, version, node string) (*LayerStats, error) {
 	var out LayerStats
 	path := "/v1/layers/" + url.PathEscape(name) + "/" + url.PathEscape(version) + "/stats"
+	if node != "" {
+		path += "?node=" + url.QueryEscape(node)
+	}
 	if err := c.do(ctx, request{method: http.MethodGet, path: path}, &out); err != nil {
 		return nil, err
 	}
