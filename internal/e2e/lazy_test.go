@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -173,6 +175,23 @@ func TestLazyLayerData(t *testing.T) {
 	}
 	if fs, _ := b.Client.FetchStats(ctx, sb.ID); fs.ReadErrors == 0 || fs.LastError == "" {
 		t.Errorf("sandbox fetch stats after the outage = %+v; want read errors and the last error", fs)
+	}
+	// The node's metrics say it too.
+	req, _ := http.NewRequest("GET", b.URL+"/v1/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+b.Token)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Error(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{`corral_chunk_cache_bytes{node="local"} `, `corral_layer_read_errors_total{node="local",layer="`} {
+			if !strings.Contains(string(body), want) {
+				t.Errorf("metrics lack %s:\n%s", want, body)
+			}
+		}
+		if strings.Contains(string(body), `corral_layer_read_errors_total{node="local",layer="`) && !regexp.MustCompile(`corral_layer_read_errors_total\{node="local",layer="[0-9a-f]+"\} [1-9]`).Match(body) {
+			t.Errorf("metrics count no read error after the outage:\n%s", body)
+		}
 	}
 	proxy.setCut(false)
 

@@ -77,6 +77,9 @@ type LayerStore interface {
 	Finish(ctx context.Context, sandbox string) (lazy.Stats, error)
 	SandboxStats(ctx context.Context, sandbox string) (lazy.Stats, error)
 	Stats(ctx context.Context, digest string) (layers.LayerStats, error)
+	// FetchMetrics reports the node's chunk cache and per-layer fetch counters (ok false when
+	// no lazyd serves this node now).
+	FetchMetrics(ctx context.Context) (cache lazy.CacheStats, layers []lazy.Stats, ok bool)
 	Acquire(ctx context.Context, digest string) (string, error)
 	Release(digest string) error
 	Hold(digest string) bool

@@ -204,6 +204,10 @@ func (f *fakeLayers) SandboxStats(ctx context.Context, sandbox string) (lazy.Sta
 	return lazy.Stats{}, errdefs.ErrNotFound
 }
 
+func (f *fakeLayers) FetchMetrics(ctx context.Context) (lazy.CacheStats, []lazy.Stats, bool) {
+	return lazy.CacheStats{}, nil, false
+}
+
 func (f *fakeLayers) Stats(ctx context.Context, digest string) (layers.LayerStats, error) {
 	return layers.LayerStats{Digest: digest, Format: "erofs"}, nil
 }

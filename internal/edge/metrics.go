@@ -1,10 +1,14 @@
 package edge
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/lazy"
 )
 
 // WriteMetrics writes the edge's metrics in the Prometheus text exposition format: live
@@ -75,6 +79,47 @@ func (e *Edge) WriteMetrics(w io.Writer) error {
 			fmt.Fprintf(&b, "corral_egress_proxy_bytes_total{direction=\"up\"} %d\ncorral_egress_proxy_bytes_total{direction=\"down\"} %d\n", ps.BytesUp, ps.BytesDown)
 		}
 	}
+	e.writeFetchMetrics(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeFetchMetrics adds the node's chunk cache and per-layer fetch counters (from lazyd, when
+// it serves this node).
+func (e *Edge) writeFetchMetrics(b *strings.Builder) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	cache, layers, ok := e.layers.FetchMetrics(ctx)
+	if !ok {
+		return
+	}
+	node := e.cfg.Node
+	for _, g := range []struct {
+		name, kind, help string
+		v                int64
+	}{
+		{"corral_chunk_cache_bytes", "gauge", "Bytes of layer data in the node's chunk cache.", cache.Bytes},
+		{"corral_chunk_cache_limit_bytes", "gauge", "The chunk cache's bound (--cache-size).", cache.Limit},
+		{"corral_chunk_cache_pinned_bytes", "gauge", "Cached bytes of mounted layers and eager sandboxes (never evicted).", cache.PinnedBytes},
+		{"corral_chunk_cache_evicted_bytes_total", "counter", "Bytes evicted from the chunk cache.", cache.EvictedBytes},
+		{"corral_chunk_cache_corrupt_total", "counter", "Cached chunks found corrupt (deleted and refetched).", cache.Corrupt},
+		{"corral_chunk_cache_bypassed_total", "counter", "Fetched chunks served without being cached (the cache was full of pinned data).", cache.Bypassed},
+	} {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n%s{node=%q} %d\n", g.name, g.help, g.name, g.kind, g.name, node, g.v)
+	}
+	for _, m := range []struct {
+		name, help string
+		v          func(st *lazy.Stats) int64
+	}{
+		{"corral_layer_fetched_bytes_total", "Bytes of layer data read from the blob store, per layer (metadata image digest).", func(st *lazy.Stats) int64 { return st.BytesFetched }},
+		{"corral_layer_fetch_errors_total", "Failed ranged reads of the blob store (retried), per layer.", func(st *lazy.Stats) int64 { return st.FetchErrors }},
+		{"corral_layer_read_errors_total", "Reads that failed with EIO in a sandbox, per layer.", func(st *lazy.Stats) int64 { return st.ReadErrors }},
+		{"corral_layer_cache_hits_total", "Chunk reads served from the node's cache, per layer.", func(st *lazy.Stats) int64 { return st.Hits }},
+		{"corral_layer_cache_misses_total", "Chunk reads that had to fetch, per layer.", func(st *lazy.Stats) int64 { return st.Misses }},
+	} {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s counter\n", m.name, m.help, m.name)
+		for i := range layers {
+			fmt.Fprintf(b, "%s{node=%q,layer=%q} %d\n", m.name, node, layers[i].Layer, m.v(&layers[i]))
+		}
+	}
 }

@@ -306,3 +306,22 @@ func (s *Store) removeSplitData(ctx context.Context, m blobMeta) {
 		s.log.Warn("delete a removed layer's local chunk table", "digest", m.Digest, "err", err)
 	}
 }
+
+// FetchMetrics returns the node's chunk cache totals and every served layer's fetch statistics,
+// when lazyd runs and this process holds it (a scrape never starts one). ok is false otherwise.
+func (s *Store) FetchMetrics(ctx context.Context) (cache lazy.CacheStats, layers []lazy.Stats, ok bool) {
+	s.lazyMu.Lock()
+	c := s.lazyc
+	s.lazyMu.Unlock()
+	if c == nil || c.Dead() {
+		return cache, nil, false
+	}
+	var err error
+	if cache, err = c.CacheStats(ctx); err != nil {
+		return cache, nil, false
+	}
+	if layers, err = c.AllLayerStats(ctx); err != nil {
+		return cache, nil, false
+	}
+	return cache, layers, true
+}

@@ -250,6 +250,13 @@ func (c *Client) LayerStats(ctx context.Context, name string) (Stats, error) {
 	return st, err
 }
 
+// AllLayerStats returns the statistics of every layer the server has served, by name.
+func (c *Client) AllLayerStats(ctx context.Context) ([]Stats, error) {
+	var st []Stats
+	err := c.do(ctx, http.MethodGet, "/v1/layers", nil, &st)
+	return st, err
+}
+
 // CacheStats describes the chunk cache.
 func (c *Client) CacheStats(ctx context.Context) (CacheStats, error) {
 	var st CacheStats

@@ -295,6 +295,20 @@ func (s *Server) handler() http.Handler {
 		}
 		reply(w, s.layerStats(l), nil)
 	})
+	mux.HandleFunc("GET /v1/layers", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		ls := make([]*layer, 0, len(s.layers))
+		for _, l := range s.layers {
+			ls = append(ls, l)
+		}
+		s.mu.Unlock()
+		slices.SortFunc(ls, func(a, b *layer) int { return strings.Compare(a.name, b.name) })
+		out := make([]Stats, len(ls))
+		for i, l := range ls {
+			out[i] = s.layerStats(l)
+		}
+		reply(w, out, nil)
+	})
 	mux.HandleFunc("GET /v1/cache", func(w http.ResponseWriter, r *http.Request) {
 		c := s.cache.Stats()
 		reply(w, CacheStats{Bytes: c.Bytes, Limit: c.Limit, Chunks: c.Chunks, PinnedBytes: c.PinnedBytes,
