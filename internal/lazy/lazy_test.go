@@ -139,7 +139,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	writeTestFile(t, filepath.Join(f.dir, tablesDir, f.name+".json"), b)
-	f.start(Config{ReadTimeout: 2 * time.Second})
+	f.start(Config{ReadTimeout: 2 * time.Second, CatchUp: -1})
 	t.Cleanup(f.close)
 	return f
 }
@@ -352,7 +352,7 @@ func TestCorruptChunksAreRefetched(t *testing.T) {
 	if flipped == 0 {
 		t.Fatal("nothing in the chunk cache")
 	}
-	f.start(Config{ReadTimeout: 2 * time.Second})
+	f.start(Config{ReadTimeout: 2 * time.Second, CatchUp: -1})
 	mnt, unmount = f.mount()
 	defer unmount()
 	before := f.blobs.rangeReads.Load()
@@ -387,7 +387,7 @@ func TestPrefetchReplaysTheRecordedStartupSet(t *testing.T) {
 	f.close()
 	os.RemoveAll(filepath.Join(f.dir, cacheDir))
 	os.RemoveAll(filepath.Join(f.dir, profilesDir))
-	f.start(Config{ReadTimeout: 2 * time.Second})
+	f.start(Config{ReadTimeout: 2 * time.Second, CatchUp: -1})
 	if err := f.client.Register(ctx, SandboxRequest{ID: "sb-2", Key: "env:py", Layers: []string{f.name}, Mode: ModePrefetch}); err != nil {
 		t.Fatal(err)
 	}
@@ -517,4 +517,24 @@ func TestTableCheck(t *testing.T) {
 			t.Errorf("find(%d) = %d, want %d", off, got, want)
 		}
 	}
+}
+
+func TestCatchUpFetchesTheRestOfAMuchReadLayer(t *testing.T) {
+	f := newFixture(t)
+	f.close()
+	f.start(Config{ReadTimeout: 2 * time.Second, CatchUp: 0.5})
+	mnt, unmount := f.mount()
+	defer unmount()
+	f.compare(mnt, "big.bin") // 3 MiB of a 4.2 MiB layer: past half of it fetched on demand
+	var st Stats
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if st = f.stats(); st.CachedBytes == st.DataSize {
+			break
+		}
+	}
+	if st.CachedBytes != st.DataSize {
+		t.Fatalf("after reading most of the layer, %d of %d bytes are cached; want the catch-up to fetch the rest", st.CachedBytes, st.DataSize)
+	}
+	f.blobs.fail.Store(true) // everything is local now
+	f.compare(mnt)
 }
