@@ -201,7 +201,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("/v1/nodes", s.api.Authenticated(nodes))
 	mux.Handle("/v1/nodes/", s.api.Authenticated(nodes))
 	mux.Handle("POST /v1/sandboxes", s.api.Authenticated(http.HandlerFunc(s.create)))
-	mux.HandleFunc("GET /v1/layers/{name}/{version}/stats", s.toNamedNode)
+	mux.Handle("GET /v1/layers/{name}/{version}/stats", s.api.Authenticated(http.HandlerFunc(s.toNamedNode)))
 	mux.HandleFunc("/v1/sandboxes/{id}", s.toOwner)
 	mux.HandleFunc("/v1/sandboxes/{id}/", s.toOwner)
 	mux.HandleFunc("/", s.toAny)

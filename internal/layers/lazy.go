@@ -310,7 +310,9 @@ func (s *Store) removeSplitData(ctx context.Context, m blobMeta) {
 // FetchMetrics returns the node's chunk cache totals and every served layer's fetch statistics,
 // when lazyd runs and this process holds it (a scrape never starts one). ok is false otherwise.
 func (s *Store) FetchMetrics(ctx context.Context) (cache lazy.CacheStats, layers []lazy.Stats, ok bool) {
-	s.lazyMu.Lock()
+	if !s.lazyMu.TryLock() {
+		return cache, nil, false // lazyd is being started or stopped: no figures this scrape
+	}
 	c := s.lazyc
 	s.lazyMu.Unlock()
 	if c == nil || c.Dead() {

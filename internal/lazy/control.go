@@ -380,8 +380,15 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return fmt.Errorf("another lazyd serves %s: %w", cfg.Dir, errdefs.ErrConflict)
+	// A lazyd that is exiting may still hold the lock for a moment: wait for it, briefly.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("another lazyd serves %s: %w", cfg.Dir, errdefs.ErrConflict)
+		}
 	}
 	s, err := New(cfg)
 	if err != nil {

@@ -490,13 +490,18 @@ func (s *Server) chunk(ctx context.Context, l *layer, i int, sb *sandbox) ([]byt
 			// sequential reader: keep up to Readahead bytes in flight ahead of it.
 			s.mu.Lock()
 			seq := i == l.nextSeq || (l.raUntil > 0 && i >= l.raFrom && i < l.raUntil)
-			if seq {
-				l.streak++
-			} else {
-				l.streak = 0
-			}
 			streak := l.streak
-			l.nextSeq = end
+			// A miss behind where the last one's range ended (the rest of that range, still
+			// being stored, or a call in flight) says nothing new about the reader.
+			if i >= l.nextSeq || !seq {
+				if seq {
+					l.streak++
+				} else {
+					l.streak = 0
+				}
+				streak = l.streak
+				l.nextSeq = max(end, i+1)
+			}
 			s.mu.Unlock()
 			// Two sequential misses in a row start it, small at first (a file of a few MiB
 			// read whole is not a stream), doubling up to Readahead.
@@ -560,7 +565,8 @@ func (s *Server) readahead(l *layer, from int, size int64, sb *sandbox) {
 		i = end
 	}
 	s.mu.Lock()
-	if i > l.raUntil { // the region only moves forward
+	// A reader ahead of the region, or one outside it (another stream), takes it over.
+	if i > l.raUntil || from < l.raFrom || from >= l.raUntil {
 		l.raFrom, l.raUntil, l.raTrigger = from, i, from+(i-from)/2
 	}
 	s.mu.Unlock()
@@ -694,9 +700,6 @@ func (s *Server) getRange(ctx context.Context, l *layer, off, length int64, sb *
 		return nil, ctx.Err()
 	}
 	defer func() { <-sem }()
-	if demand {
-		l.st.demandBytes.Add(length)
-	}
 	start := time.Now()
 	rc, err := s.cfg.Blobs.GetRange(ctx, l.t.DataKey, off, length)
 	if err != nil {
@@ -708,6 +711,9 @@ func (s *Server) getRange(ctx context.Context, l *layer, off, length int64, sb *
 		return nil, fmt.Errorf("read %d bytes at %d of %s: %w", length, off, l.t.DataKey, err)
 	}
 	d := time.Since(start)
+	if demand { // counted once delivered: retries during an outage are no reads
+		l.st.demandBytes.Add(length)
+	}
 	l.st.bytesFetched.Add(length)
 	l.st.fetches.Add(1)
 	l.st.lat.observe(d)
@@ -798,16 +804,27 @@ func (s *Server) fetchRun(ctx context.Context, l *layer, i, j int, window int64,
 // FetchWindow), for a layer whose reads missed too much to be served one miss at a time.
 func (s *Server) catchUpFill(l *layer) {
 	var missing []int
+	var bytes int64
 	for i, c := range l.t.Chunks {
 		if !s.cache.Has(c.Sum) {
 			missing = append(missing, i)
+			bytes += c.Len
 		}
+	}
+	if st := s.cache.Stats(); bytes > st.Limit-st.PinnedBytes || !s.inUse(l) {
+		// It would push out every other layer's chunks (or nobody reads it any more).
+		s.cfg.Log.Info("no catch-up fill: the rest of the layer does not fit beside the pinned chunks, or no sandbox uses it",
+			"layer", l.name, "missing_bytes", bytes, "cache_limit", st.Limit, "pinned_bytes", st.PinnedBytes)
+		return
 	}
 	start := time.Now()
 	s.cfg.Log.Info("reads missed much of a layer: fetching the rest at once", "layer", l.name,
 		"demand_bytes", l.st.demandBytes.Load(), "data_size", l.t.DataSize, "chunks_left", len(missing))
 	if err := s.fetchChunks(s.ctx, l, missing, 4*s.cfg.FetchWindow, false, nil); err != nil {
 		s.cfg.Log.Warn("catch-up fill stopped; reads fetch what they need", "layer", l.name, "err", err)
+		s.mu.Lock()
+		l.catchUp = false // a later miss may start it again
+		s.mu.Unlock()
 		return
 	}
 	s.cfg.Log.Info("catch-up fill done", "layer", l.name, "took", time.Since(start).Round(time.Millisecond))
