@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -27,8 +25,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/corral-dev/corral/internal/blobstore/versitygw"
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -301,8 +299,6 @@ const (
 	lazyCgroup      = "/corral-bench-lazy"
 	lazyNetTag      = "lz"
 	lazyBucket      = "corral-bench"
-	lazyRegion      = "us-east-1"
-	versitygwVer    = "v1.8.0" // keep in step with s3test.VersitygwVersion
 	lazyTaskTimeout = "20m"
 )
 
@@ -332,7 +328,7 @@ func Lazy(ctx context.Context, cfg LazyConfig, log *slog.Logger) (res *LazyResul
 		return nil, fmt.Errorf("rootfs %s has no bin/busybox (scripts/busybox-rootfs.sh makes one): %w", cfg.Rootfs, err)
 	}
 	if cfg.Versitygw == "" {
-		if cfg.Versitygw, err = findVersitygwBin(); err != nil {
+		if cfg.Versitygw, err = versitygw.Find(); err != nil {
 			return nil, err
 		}
 	}
@@ -394,29 +390,6 @@ func prewarmNote(on bool) string {
 	return "Cold rounds: before the creates, corral layer stats of base and toolkit start lazyd and fetch their chunk tables (a workaround: concurrent first creates on a cold node race writing the same table file and fail); the time it took is added to every sandbox's latency and create time, as every create would wait for it."
 }
 
-// findVersitygwBin returns the versitygw binary: $CORRAL_VERSITYGW, the install script's cache,
-// then PATH.
-func findVersitygwBin() (string, error) {
-	if p := os.Getenv("CORRAL_VERSITYGW"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("CORRAL_VERSITYGW: %w", err)
-		}
-		return p, nil
-	}
-	cache := os.Getenv("CORRAL_CACHE")
-	if cache == "" {
-		cache = "/var/cache/corral"
-	}
-	p := filepath.Join(cache, "versitygw", versitygwVer, "versitygw")
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
-	}
-	if p, err := exec.LookPath("versitygw"); err == nil {
-		return p, nil
-	}
-	return "", fmt.Errorf("versitygw %s not found at $CORRAL_VERSITYGW, %s or in PATH: run scripts/install-versitygw.sh", versitygwVer, p)
-}
-
 // lazyRun is one run's state, used by the run's goroutine only.
 type lazyRun struct {
 	cfg  LazyConfig
@@ -425,7 +398,7 @@ type lazyRun struct {
 	res  *LazyResult
 
 	tmpfs   string // the blob store's tmpfs mount
-	s3      *s3Server
+	s3      *versitygw.Server
 	proxy   *delayProxy
 	spec    string   // the nodes' --blob-store
 	nodeEnv []string // the nodes' environment: S3 credentials
@@ -479,15 +452,15 @@ func (r *lazyRun) setup(ctx context.Context) error {
 		return fmt.Errorf("mount a tmpfs for the blob store: %w", err)
 	}
 	var err error
-	if r.s3, err = startS3(ctx, r.cfg.Versitygw, r.tmpfs); err != nil {
+	if r.s3, err = versitygw.Start(ctx, r.cfg.Versitygw, r.tmpfs, lazyBucket); err != nil {
 		return err
 	}
-	if r.proxy, err = startDelayProxy(strings.TrimPrefix(r.s3.endpoint, "http://"), r.cfg.Delay, r.cfg.BandwidthMBps*1e6); err != nil {
+	if r.proxy, err = startDelayProxy(strings.TrimPrefix(r.s3.Endpoint, "http://"), r.cfg.Delay, r.cfg.BandwidthMBps*1e6); err != nil {
 		return err
 	}
-	r.spec = fmt.Sprintf("s3://%s?endpoint=http://%s&region=%s", lazyBucket, r.proxy.addr, lazyRegion)
-	r.nodeEnv = append(os.Environ(), "AWS_ACCESS_KEY_ID="+r.s3.access, "AWS_SECRET_ACCESS_KEY="+r.s3.secret)
-	r.log.Info("blob store up", "versitygw", r.s3.endpoint, "proxy", r.proxy.addr, "delay", r.cfg.Delay)
+	r.spec = fmt.Sprintf("s3://%s?endpoint=http://%s&region=%s", lazyBucket, r.proxy.addr, versitygw.Region)
+	r.nodeEnv = append(os.Environ(), "AWS_ACCESS_KEY_ID="+r.s3.Access, "AWS_SECRET_ACCESS_KEY="+r.s3.Secret)
+	r.log.Info("blob store up", "versitygw", r.s3.Endpoint, "proxy", r.proxy.addr, "delay", r.cfg.Delay)
 
 	start := time.Now()
 	r.image = planImage(r.cfg.Seed, imgBytes)
@@ -551,7 +524,7 @@ func (r *lazyRun) setup(ctx context.Context) error {
 	if left := r.stopNode(ctx, n); len(left) > 0 {
 		return fmt.Errorf("the importing node left: %s", strings.Join(left, "; "))
 	}
-	profiles, err := r.s3.list(ctx, "profiles/")
+	profiles, err := r.listKeys(ctx, "profiles/")
 	if err != nil {
 		return err
 	}
@@ -1148,7 +1121,7 @@ func (r *lazyRun) close(failed bool) []string {
 		r.proxy.close()
 	}
 	if r.s3 != nil {
-		r.s3.stop()
+		r.s3.Stop()
 	}
 	if r.tmpfs != "" {
 		if err := unix.Unmount(r.tmpfs, 0); err != nil {
@@ -1355,124 +1328,14 @@ func writeImage(dir string, p imagePlan, lists map[int][]int, seed uint64) error
 
 // The blob store: versitygw and the delaying proxy.
 
-// s3Server is a versitygw serving a posix directory on 127.0.0.1.
-type s3Server struct {
-	endpoint       string // http://127.0.0.1:port
-	access, secret string
-	cmd            *exec.Cmd
-	done           chan struct{}
-	client         *minio.Client
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// startS3 starts versitygw with its posix backend over dir/data, random root credentials, and
-// creates lazyBucket.
-func startS3(ctx context.Context, bin, dir string) (*s3Server, error) {
-	data := filepath.Join(dir, "data")
-	if err := os.Mkdir(data, 0o700); err != nil {
+// listKeys returns the keys under prefix in the run's bucket.
+func (r *lazyRun) listKeys(ctx context.Context, prefix string) ([]string, error) {
+	c, err := r.s3.Client()
+	if err != nil {
 		return nil, err
 	}
-	s := &s3Server{access: randomHex(10), secret: randomHex(20)}
-	// The free port may be taken again before versitygw binds it; try a few.
-	for attempt := 1; ; attempt++ {
-		addr, err := freeAddr()
-		if err != nil {
-			return nil, err
-		}
-		logPath := filepath.Join(filepath.Dir(dir), fmt.Sprintf("versitygw-%d.log", attempt))
-		ok, err := s.run(ctx, bin, addr, data, logPath)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			s.endpoint = "http://" + addr
-			break
-		}
-		if attempt == 3 {
-			b, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("versitygw did not start; its output:\n%s", b)
-		}
-	}
-	var err error
-	s.client, err = minio.New(strings.TrimPrefix(s.endpoint, "http://"), &minio.Options{
-		Creds: credentials.NewStaticV4(s.access, s.secret, ""), Region: lazyRegion, BucketLookup: minio.BucketLookupPath})
-	if err != nil {
-		s.stop()
-		return nil, err
-	}
-	if err := s.client.MakeBucket(ctx, lazyBucket, minio.MakeBucketOptions{Region: lazyRegion}); err != nil {
-		s.stop()
-		return nil, fmt.Errorf("make bucket %s: %w", lazyBucket, err)
-	}
-	return s, nil
-}
-
-// run starts versitygw on addr and waits until it answers HTTP; false if it exited first.
-func (s *s3Server) run(ctx context.Context, bin, addr, data, logPath string) (bool, error) {
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return false, err
-	}
-	defer logf.Close()
-	cmd := exec.Command(bin, "--port", addr, "--quiet", "posix", data)
-	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+s.access, "ROOT_SECRET_KEY="+s.secret, "GOMAXPROCS=2")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return false, fmt.Errorf("start %s: %w", bin, err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	s.cmd, s.done = cmd, done
-	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-done:
-			s.cmd = nil
-			return false, nil
-		default:
-		}
-		// Any HTTP answer (403 without credentials) means it is serving.
-		if resp, err := hc.Get("http://" + addr + "/"); err == nil {
-			resp.Body.Close()
-			return true, nil
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			b, _ := os.ReadFile(logPath)
-			return false, fmt.Errorf("versitygw on %s did not answer in 10 s; its output:\n%s", addr, b)
-		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			s.stop()
-			return false, err
-		}
-	}
-}
-
-func (s *s3Server) stop() {
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(5 * time.Second):
-		s.cmd.Process.Kill()
-		<-s.done
-	}
-	s.cmd = nil
-}
-
-// list returns the keys under prefix in the bucket.
-func (s *s3Server) list(ctx context.Context, prefix string) ([]string, error) {
 	var keys []string
-	for o := range s.client.ListObjects(ctx, lazyBucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+	for o := range c.ListObjects(ctx, lazyBucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
 		if o.Err != nil {
 			return nil, fmt.Errorf("list %s in the blob store: %w", prefix, o.Err)
 		}
