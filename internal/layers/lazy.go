@@ -202,22 +202,19 @@ func (s *Store) Prepare(ctx context.Context, digests []string, f Fetch) error {
 }
 
 // runningLazy returns the lazyd client when one is connected or a lazyd serves this node (one
-// that outlived a restart of this process); nil otherwise.
+// that outlived a restart of this process); nil otherwise. It never starts one: ending the
+// fetching of a sandbox is no reason to.
 func (s *Store) runningLazy(ctx context.Context) *lazy.Client {
 	s.lazyMu.Lock()
-	c := s.lazyc
-	s.lazyMu.Unlock()
-	if c != nil && !c.Dead() {
-		return c
+	defer s.lazyMu.Unlock()
+	if s.lazyc != nil && !s.lazyc.Dead() {
+		return s.lazyc
 	}
-	if _, err := os.Stat(filepath.Join(s.lazyDir(), lazy.SocketName)); err != nil {
-		return nil
-	}
-	c, err := s.lazyClient(ctx)
+	c, err := lazy.Start(ctx, lazy.StartOptions{Dir: s.lazyDir(), BlobStore: s.blobs.String(), NoStart: true, Log: s.log})
 	if err != nil {
-		s.log.Warn("reach the lazyd of a previous process", "err", err)
 		return nil
 	}
+	s.lazyc = c
 	return c
 }
 

@@ -36,6 +36,9 @@ type StartOptions struct {
 	// flags). It runs in a session of its own, so it outlives the caller. Nil: the caller runs
 	// Run itself; Start only waits for it to answer.
 	Command []string
+	// NoStart only connects to a lazyd already serving Dir: Start fails at once (wrapping
+	// errdefs.ErrUnavailable) when none answers.
+	NoStart bool
 	Log     *slog.Logger
 }
 
@@ -69,6 +72,9 @@ func Start(ctx context.Context, o StartOptions) (*Client, error) {
 		MaxIdleConnsPerHost: 16,
 	}}}
 	info, err := c.Info(ctx)
+	if err != nil && o.NoStart {
+		return nil, fmt.Errorf("no lazyd serves %s: %v: %w", o.Dir, err, errdefs.ErrUnavailable)
+	}
 	if err != nil && o.Command == nil {
 		// Served inside this process: wait for it to listen.
 		for deadline := time.Now().Add(15 * time.Second); err != nil && time.Now().Before(deadline); {

@@ -322,13 +322,8 @@ func (s *Server) handler() http.Handler {
 func (s *Server) tryClose() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.holds > 0 {
+	if s.holds > 0 || s.openFilesLocked() > 0 {
 		return false
-	}
-	for _, l := range s.layers {
-		if l.opens > 0 {
-			return false
-		}
 	}
 	s.closing = true
 	return true

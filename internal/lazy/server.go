@@ -305,6 +305,10 @@ func (s *Server) pokeIdle() {
 func (s *Server) openFiles() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.openFilesLocked()
+}
+
+func (s *Server) openFilesLocked() int {
 	n := 0
 	for _, l := range s.layers {
 		n += l.opens
@@ -331,15 +335,7 @@ func (s *Server) inUse(l *layer) bool {
 func (s *Server) busy() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.holds > 0 {
-		return true
-	}
-	for _, l := range s.layers {
-		if l.opens > 0 {
-			return true
-		}
-	}
-	return false
+	return s.holds > 0 || s.openFilesLocked() > 0
 }
 
 // errTimeout is what a read that ran out of time reports.
