@@ -30,6 +30,9 @@ declare -A want=(
   # Node.js (20+) and npm: the E2B compatibility test drives Corral with the real e2b SDK
   # (test/e2b). Some Node.js builds bring npm along; Debian's own needs the npm package (below).
   [node]=nodejs
+  # QEMU: the microvm tier boots each sandbox as a `-M microvm` VM (internal/guestimage).
+  [qemu-system-x86_64]=qemu-system-x86
+  [qemu-img]=qemu-utils
 )
 missing=()
 for what in "${!want[@]}"; do
@@ -64,6 +67,8 @@ grep -qw overlay /proc/filesystems || { echo "setup: this kernel has no overlayf
 "$(dirname "$0")/install-runsc.sh" >/dev/null
 # versitygw: the S3 server the blob store's S3 tests run against (built once, cached like runc).
 "$(dirname "$0")/install-versitygw.sh" >/dev/null
+# The microvm tier's guest kernel and modules (downloaded, not installed; cached per version).
+"$(dirname "$0")/guest-kernel.sh" >&2
 # Pause pushes a sandbox's memory to swap; without swap it can only return page cache.
 "$(dirname "$0")/swap.sh" >&2 || echo "setup: no swap (pause will return page cache only)" >&2
 echo "setup: ok (runc: $("$(dirname "$0")/install-runc.sh"), runsc: $("$(dirname "$0")/install-runsc.sh"))"

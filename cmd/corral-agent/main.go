@@ -15,6 +15,10 @@
 // a new PID namespace). Conversely an agent that is PID 1 with CAP_SYS_ADMIN refuses to serve
 // without --calls.
 //
+// In a microvm sandbox the agent is the VM's init: the kernel runs it as /init of the initramfs
+// (PID 1, no arguments), and internal/vmguest prepares the VM, reads the serve arguments from the
+// host's config and serves on the VM's virtio-serial port (internal/vmlink) instead of a socket.
+//
 // On runc the edge starts it with the socket on fd 3 and, optionally, the agent's own binary on
 // fd 4 (closed at once, so nothing in the sandbox can reach it through /proc/1/fd). On gVisor,
 // which cannot accept on an inherited host socket, the agent listens on a path in a directory the
@@ -26,6 +30,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -33,11 +38,13 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/vmguest"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -47,6 +54,10 @@ var version = "dev"
 const binaryFD = 4
 
 func main() {
+	if os.Getpid() == 1 && len(os.Args) > 0 && os.Args[0] == "/init" {
+		vmguest.Init(guestAgent) // powers the VM off when it fails
+		os.Exit(1)
+	}
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -66,46 +77,110 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "corral-agent: unknown command %q\n", args[0])
 		return 2
 	}
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fd := fs.Int("fd", 3, "inherited listening unix socket")
-	listen := fs.String("listen", "", "listen on a unix socket at this path instead of --fd")
-	marker := fs.String("resume-marker", "", "with --listen: allow quiescing; listen again once this file exists")
-	var cfg agentrpc.Config
-	fs.IntVar(&cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
-	fs.DurationVar(&cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
-	fs.BoolVar(&cfg.Calls, "calls", false, "run fncalls only: every command is a call, isolated in its own namespaces")
-	if err := fs.Parse(args[1:]); err != nil {
+	o, err := parseServe(args[1:], stderr)
+	if err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintf(stderr, "corral-agent: %v\n", err)
+		}
 		return 2
 	}
-	if cfg.RetainExited < 0 || cfg.RetainFor < 0 {
-		fmt.Fprintln(stderr, "corral-agent: --retain-exited and --retain-for must not be negative")
-		return 2
-	}
-	if *marker != "" && *listen == "" {
-		fmt.Fprintln(stderr, "corral-agent: --resume-marker needs --listen")
-		return 2
-	}
-	if *marker != "" {
-		cfg.Relisten = agentrpc.WaitForMarker(*listen, *marker, 2*time.Millisecond)
-	}
-	if cfg.Calls && os.Getpid() != 1 {
+	if o.cfg.Calls && os.Getpid() != 1 {
 		fmt.Fprintln(stderr, "corral-agent: --calls needs the agent to be PID 1 of the sandbox's PID namespace")
 		return 2
 	}
-	if !cfg.Calls && os.Getpid() == 1 && hasSysAdmin() {
+	if !o.cfg.Calls && os.Getpid() == 1 && hasSysAdmin() {
 		fmt.Fprintln(stderr, "corral-agent: PID 1 with CAP_SYS_ADMIN: start with --calls, or every command would inherit it")
 		return 2
 	}
-	if err := serve(ctx, *fd, *listen, cfg); err != nil {
+	closeBinaryFD()
+	listen := func() (net.Listener, error) { return agentrpc.ListenFD(o.fd) }
+	if o.listen != "" {
+		listen = func() (net.Listener, error) { return agentrpc.ListenPath(o.listen) }
+	}
+	if err := serve(ctx, listen, o.cfg); err != nil {
 		fmt.Fprintf(stderr, "corral-agent: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, fd int, listen string, cfg agentrpc.Config) error {
-	closeBinaryFD()
+// serveOptions are serve's flags.
+type serveOptions struct {
+	fd     int
+	listen string
+	marker string
+	cfg    agentrpc.Config
+	args   []string        // left after the flags
+	set    map[string]bool // the flags given
+}
+
+// errUsage is a usage error that parseServe has already reported (the flag package prints its
+// own).
+var errUsage = errors.New("usage")
+
+// parseServe parses serve's flags (args after "serve"). The guest's init parses the serve
+// arguments the host gave it with the same flags.
+func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &serveOptions{}
+	fs.IntVar(&o.fd, "fd", 3, "inherited listening unix socket")
+	fs.StringVar(&o.listen, "listen", "", "listen on a unix socket at this path instead of --fd")
+	fs.StringVar(&o.marker, "resume-marker", "", "with --listen: allow quiescing; listen again once this file exists")
+	fs.IntVar(&o.cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
+	fs.DurationVar(&o.cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
+	fs.BoolVar(&o.cfg.Calls, "calls", false, "run fncalls only: every command is a call, isolated in its own namespaces")
+	if err := fs.Parse(args); err != nil {
+		return nil, errUsage
+	}
+	o.args = fs.Args()
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	if o.cfg.RetainExited < 0 || o.cfg.RetainFor < 0 {
+		return nil, errors.New("--retain-exited and --retain-for must not be negative")
+	}
+	if o.marker != "" && o.listen == "" {
+		return nil, errors.New("--resume-marker needs --listen")
+	}
+	if o.marker != "" {
+		o.cfg.Relisten = agentrpc.WaitForMarker(o.listen, o.marker, 2*time.Millisecond)
+	}
+	return o, nil
+}
+
+// guestAgent is the agent of a microvm sandbox (vmguest.Agent): args are the serve arguments
+// from the host's config. The guest's init drops the capabilities of everything it starts to
+// the sandbox's set (plus CAP_SYS_ADMIN with --calls) before it serves, so the CAP_SYS_ADMIN
+// check of serve applies unchanged: the agent is PID 1 and, without --calls, no longer holds it.
+func guestAgent(args []string) (func(context.Context, net.Listener) error, bool, error) {
+	if len(args) == 0 || args[0] != "serve" {
+		return nil, false, fmt.Errorf("want serve and its flags, got %q", args)
+	}
+	var usage strings.Builder
+	o, err := parseServe(args[1:], &usage)
+	if errors.Is(err, errUsage) {
+		err = fmt.Errorf("bad serve flags: %s", strings.TrimSpace(strings.SplitN(usage.String(), "\n", 2)[0]))
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if len(o.args) > 0 {
+		return nil, false, fmt.Errorf("serve takes no arguments, got %q", o.args)
+	}
+	if o.set["fd"] || o.set["listen"] || o.set["resume-marker"] {
+		return nil, false, errors.New("--fd, --listen and --resume-marker do not apply: the agent serves on the virtio-serial port")
+	}
+	return func(ctx context.Context, ln net.Listener) error {
+		if !o.cfg.Calls && hasSysAdmin() {
+			ln.Close()
+			return errors.New("PID 1 with CAP_SYS_ADMIN: start with --calls, or every command would inherit it")
+		}
+		return serve(ctx, func() (net.Listener, error) { return ln, nil }, o.cfg)
+	}, o.cfg.Calls, nil
+}
+
+// serve hardens the agent and serves it on the listener listen returns until ctx ends.
+func serve(ctx context.Context, listen func() (net.Listener, error), cfg agentrpc.Config) error {
 	// A small, mostly idle heap: collect early rather than grow.
 	debug.SetGCPercent(25)
 	if err := agentrpc.Harden(ctx); err != nil {
@@ -113,13 +188,7 @@ func serve(ctx context.Context, fd int, listen string, cfg agentrpc.Config) erro
 	}
 	// Adopt orphans even when not PID 1 of a PID namespace (e.g. a shared PID namespace).
 	unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-	var ln net.Listener
-	var err error
-	if listen != "" {
-		ln, err = agentrpc.ListenPath(listen)
-	} else {
-		ln, err = agentrpc.ListenFD(fd)
-	}
+	ln, err := listen()
 	if err != nil {
 		return err
 	}

@@ -100,6 +100,20 @@ func (a *app) newBenchCmd() *cobra.Command {
 	lf.IntVar(&lc.PauseMiB, "pause-mib", 256, "anonymous memory held while paused")
 	cmd.AddCommand(lifecycle)
 
+	var mc bench.MicroVMConfig
+	microvm := a.jsonBench("microvm", "The microvm tier against the container tier: create→first exec, exec round trip, pause/resume, idle memory",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.MicroVM(ctx, c, mc, log)
+		})
+	mf := microvm.Flags()
+	mf.StringVar(&mc.Base, "base", "base:default", "base layer NAME:VERSION")
+	mf.IntVar(&mc.TTIRounds, "tti", 10, "create→first exec samples per tier")
+	mf.IntVar(&mc.ExecRounds, "execs", 100, "exec round trips per tier")
+	mf.IntVar(&mc.PauseRounds, "pauses", 5, "pause/resume rounds per tier")
+	mf.IntVar(&mc.Idle, "idle", 4, "idle microVMs for the memory measure (0 skips it)")
+	mf.Int64Var(&mc.MemoryMiB, "memory-mib", 256, "memory of every sandbox (a VM's RAM), MiB")
+	cmd.AddCommand(microvm)
+
 	var cc bench.ComposeConfig
 	compose := a.jsonBench("compose", "Creation from base + workspace + 3 toolkits vs from the base alone",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {

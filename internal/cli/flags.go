@@ -125,7 +125,7 @@ type createFlags struct {
 	autoPause                 string
 	pauseKeepsTTL             bool
 	fromSnapshot              string
-	runtime                   string
+	runtime, tier             string
 	fetch                     string
 	net                       netFlags
 	baseDefault               string // what --base is when not given
@@ -164,6 +164,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	}
 	f.baseDefault = base
 	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION ($CORRAL_BASE sets the default)")
+	fs.StringVar(&f.tier, "tier", "", "isolation tier: container (default) or microvm (a VM with its own kernel, QEMU)")
 	fs.StringVar(&f.runtime, "runtime", "", "container runtime: runc (default) or gvisor")
 	fs.StringVar(&f.fetch, "fetch", "", "how the layers' data reaches the node: eager (all before start), lazy (chunks as read) or prefetch (lazy, plus the environment's recorded start-up set at once; the node's default, usually)")
 	f.net.add(fs)
@@ -198,6 +199,7 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		Hostname:  f.hostname,
 		Limits:    corral.Limits{CPUs: f.cpus, Pids: f.pids, OpenFiles: f.openFiles},
 		Runtime:   f.runtime,
+		Tier:      f.tier,
 		Fetch:     f.fetch,
 
 		AutoPauseAfter: f.autoPause,
@@ -217,8 +219,17 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 	}
 	switch f.runtime {
 	case "", "runc", "gvisor":
+	case "qemu":
+		if f.tier != "microvm" {
+			return req, usagef("--runtime qemu: only with --tier microvm")
+		}
 	default:
 		return req, usagef("--runtime: %q: want runc or gvisor", f.runtime)
+	}
+	switch f.tier {
+	case "", "container", "microvm":
+	default:
+		return req, usagef("--tier: %q: want container or microvm", f.tier)
 	}
 	pol, err := f.net.policy()
 	if err != nil {

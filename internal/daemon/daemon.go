@@ -30,6 +30,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/runtime/qemu"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -87,6 +88,8 @@ type Config struct {
 	// Runsc is gVisor's runsc binary; default: $CORRAL_RUNSC, else the build scripts/install-runsc.sh
 	// caches (runc.DefaultRunsc). Without it gVisor sandboxes are refused; runc ones still work.
 	Runsc string
+	// MicroVM configures the microvm tier (QEMU).
+	MicroVM MicroVMConfig
 	// Agent is the static corral-agent binary; default: corral-agent beside this executable.
 	Agent string
 	// CgroupParent is the cgroup under which sandboxes' cgroups are made. Default /corral.
@@ -119,6 +122,20 @@ type Config struct {
 	Cluster *ClusterConfig
 	// Net configures sandbox networking.
 	Net NetConfig
+}
+
+// MicroVMConfig configures the microvm tier. The tier is on wherever QEMU and the guest kernel
+// (scripts/setup.sh installs both) are present.
+type MicroVMConfig struct {
+	// Off turns the tier off.
+	Off bool
+	// QEMU is qemu-system-x86_64 (default: on PATH); KernelDir the guest kernel laid out by
+	// scripts/guest-kernel.sh (default /var/cache/corral/guest-kernel/current).
+	QEMU, KernelDir string
+	// Accel is "kvm", "tcg" or "" (auto: KVM when it boots the guest, else TCG).
+	Accel string
+	// Debug makes guests log their boot to their console.log.
+	Debug bool
 }
 
 func (c *Config) setDefaults() {
@@ -274,6 +291,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer rt.Close()
+	var vm *qemu.Runtime
+	if !cfg.MicroVM.Off {
+		vm, err = qemu.New(ctx, qemu.Config{
+			QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
+			StateDir:         filepath.Join(cfg.DataDir, "vms"),
+			CacheDir:         filepath.Join(cfg.DataDir, "vmboot"),
+			DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
+		}, log)
+		if err != nil {
+			return err
+		}
+		defer vm.Close()
+	}
 	runcVersion, err := rt.Version(ctx)
 	if err != nil {
 		return err
@@ -307,6 +337,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
+	if vm != nil {
+		ecfg.VM = vm
+	}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
 	}
@@ -337,6 +370,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	} else {
 		info.GVisorVersion = v
 		info.Runtimes = append(info.Runtimes, edge.RuntimeGVisor)
+	}
+	info.Tiers = e.Tiers()
+	if vm != nil {
+		info.QEMUVersion = vm.Version()
+		if err := vm.Available(); err != nil {
+			info.MicroVMUnavailable = err.Error()
+		} else {
+			info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = vm.Accelerator()
+		}
+	} else {
+		info.MicroVMUnavailable = "the microvm tier is off (--no-microvm)"
 	}
 	api := apiserver.New(log, st, e, ls, info)
 	go api.Prune(ctx, cfg.AuditRetention)

@@ -81,6 +81,9 @@ type LayerStore interface {
 	// no lazyd serves this node now).
 	FetchMetrics(ctx context.Context) (cache lazy.CacheStats, layers []lazy.Stats, ok bool)
 	Acquire(ctx context.Context, digest string) (string, error)
+	// Files returns an acquired layer's EROFS image and its extra devices (a split layer's
+	// data blob, served by lazyd), for a VM that mounts the layer itself.
+	Files(ctx context.Context, digest string) (image string, devices []string, err error)
 	Release(digest string) error
 	Hold(digest string) bool
 	Sweep() (int, error)
@@ -106,6 +109,8 @@ type Config struct {
 	// A create over it fails with errdefs.ErrNodeFull (409 node_full), which a cluster's
 	// placement takes as "try another node": the edge has the final say.
 	Capacity *corral.Resources
+	// VM, when set, runs microvm sandboxes (internal/runtime/qemu); nil: the tier is off.
+	VM VMRuntime
 	// Labels describe the node (gpu=h100); a create's node_selector must match them.
 	Labels map[string]string
 	// FetchMode is the fetch mode of creates that name none (eager, lazy or prefetch); empty
@@ -303,6 +308,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge config: %w", err)
+	}
+	if cfg.VM != nil {
+		rt = &tiered{ct: rt, vm: cfg.VM}
 	}
 	e := &Edge{
 		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
@@ -669,7 +677,25 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		}
 		netnsPath = nw.slot.Netns
 	}
+	var images []runc.LayerImage
+	var addr, gw netip.Addr
+	if rec.Tier == TierMicroVM {
+		if nw != nil {
+			addr, gw = nw.slot.SandboxAddr, nw.slot.HostAddr
+		}
+		if images, err = e.layerImages(ctx, rec.Lower); err != nil {
+			log.Error("find the sandbox's layer images", "err", err)
+			e.detachNetwork(rec.ID, nw)
+			e.releaseLayers(rec, nil)
+			rec.NetSlot = nil
+			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+		}
+	}
 	rsb, err := e.rt.Create(ctx, runc.Spec{
+		Images:      images,
+		Addr:        addr,
+		Gateway:     gw,
 		Netns:       netnsPath,
 		ResolvConf:  resolv,
 		ID:          rec.ID,
@@ -698,6 +724,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	sb.net = nw
 	sb.touch()
 	rec.State = corral.StateRunning
+	rec.Accelerator = rsb.Accelerator
 	e.mu.Lock()
 	e.live[rec.ID] = sb
 	e.mu.Unlock()
@@ -741,21 +768,35 @@ type admission struct {
 
 // admit validates a create request and turns it into a record in state creating.
 func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) (*admission, error) {
-	tier := "container"
+	tier := TierContainer
 	switch {
 	case calls:
 		tier = TierFncall
-	case req.Tier == "", req.Tier == "container":
+	case req.Tier == "", req.Tier == TierContainer:
 	case req.Tier == TierFncall:
 		return nil, errdefs.Invalid("tier", "fncall containers are made by fncall environments (POST /v1/fncall), not created directly")
+	case req.Tier == TierMicroVM:
+		if e.cfg.VM == nil {
+			return nil, errdefs.Invalid("tier", "microvm is not available on this node: the microvm tier is off")
+		}
+		if err := e.cfg.VM.Available(); err != nil {
+			return nil, errdefs.Invalid("tier", "microvm is not available on this node: %v", err)
+		}
+		tier = TierMicroVM
 	default:
-		return nil, errdefs.Invalid("tier", "%q is not available on this node (available: container)", req.Tier)
+		return nil, errdefs.Invalid("tier", "%q is not a tier: want %s (available here: %s)", req.Tier,
+			"container or microvm", strings.Join(e.Tiers(), ", "))
 	}
 	runtime := req.Runtime
-	switch runtime {
-	case "", RuntimeRunc:
+	switch {
+	case tier == TierMicroVM:
+		if runtime != "" && runtime != RuntimeQEMU {
+			return nil, errdefs.Invalid("runtime", "%q: microvm sandboxes run on %q", req.Runtime, RuntimeQEMU)
+		}
+		runtime = RuntimeQEMU
+	case runtime == "", runtime == RuntimeRunc:
 		runtime = RuntimeRunc
-	case RuntimeGVisor:
+	case runtime == RuntimeGVisor:
 		if _, err := e.rt.GVisor(); err != nil {
 			return nil, errdefs.Invalid("runtime", "gvisor is not available on this node: %v", err)
 		}

@@ -148,6 +148,10 @@ func (f *fakeLayers) Acquire(ctx context.Context, digest string) (string, error)
 	return "/layers/" + digest, nil
 }
 
+func (f *fakeLayers) Files(ctx context.Context, digest string) (string, []string, error) {
+	return "/layers/" + digest + ".erofs", nil, nil
+}
+
 func (f *fakeLayers) Release(digest string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

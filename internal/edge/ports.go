@@ -34,6 +34,9 @@ func (e *Edge) portNetns(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if rec.Tier == TierMicroVM {
+		return "", errdefs.Invalid("port", "ports of microvm sandboxes are not reachable yet (tier microvm)")
+	}
 	if rec.Runtime == RuntimeGVisor {
 		// gVisor's network stack lives in its sandbox process, not in the namespace.
 		return "", errdefs.Invalid("port", "ports of gVisor sandboxes are not reachable yet (runtime gvisor)")

@@ -206,6 +206,32 @@ func (s *Store) Acquire(ctx context.Context, digest string) (string, error) {
 	return dir, nil
 }
 
+// Files returns the files of a layer that Acquire mounted: its EROFS image and the image's extra
+// devices (a split layer's data blob, as served by lazyd), for a VM that mounts the layer in
+// its own kernel. Read them only: they are shared by every sandbox on the node.
+func (s *Store) Files(ctx context.Context, digest string) (string, []string, error) {
+	m, err := s.meta(ctx, digest)
+	if err != nil {
+		return "", nil, fmt.Errorf("layer files: %w", err)
+	}
+	img, err := s.localImage(ctx, m)
+	if err != nil {
+		return "", nil, fmt.Errorf("layer files %s: %w", digest, err)
+	}
+	if m.Format != formatSplit {
+		return img, nil, nil
+	}
+	c, err := s.lazyClient(ctx)
+	if err != nil {
+		return "", nil, fmt.Errorf("layer files %s: %w", digest, err)
+	}
+	name, err := s.ensureTable(ctx, c, m)
+	if err != nil {
+		return "", nil, fmt.Errorf("layer files %s: %w", digest, err)
+	}
+	return img, []string{c.BlobPath(name)}, nil
+}
+
 // Release drops one reference taken by Acquire or Hold; the last one unmounts the layer.
 func (s *Store) Release(digest string) error {
 	hexd, err := ParseDigest(digest)

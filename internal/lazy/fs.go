@@ -150,6 +150,11 @@ func (s *Server) Mount() (*fuse.Server, error) {
 			MaxWrite:          1 << 20, // 1 MiB READ requests
 			MaxBackground:     64,
 			DisableXAttrs:     true,
+			// microvm sandboxes read the blobs through QEMU, which runs as a uid of its own and
+			// gets the open descriptor from the edge: without allow_other the kernel refuses
+			// every request of another uid, fstat and read through a passed descriptor included.
+			// Nobody else can reach the files by path: the mount is under the 0700 data dir.
+			AllowOther: true,
 			// EROFS opens each blob once and reads it with direct I/O: no FUSE page cache, so
 			// every byte is cached once, by EROFS.
 		},

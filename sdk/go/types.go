@@ -43,7 +43,8 @@ type Limits struct {
 
 // CreateRequest is the body of POST /v1/sandboxes.
 type CreateRequest struct {
-	// Tier is "container" (the default; other tiers come later).
+	// Tier is "container" (the default) or "microvm" (a VM with its own kernel; see
+	// docs/ARCHITECTURE.md). fncall sandboxes are made by fncall environments.
 	Tier string `json:"tier,omitempty"`
 	// Runtime runs a container sandbox: "runc" (the default) or "gvisor" (gVisor's runsc: the
 	// sandbox's syscalls are served by a user-space kernel; pause is a checkpoint to disk).
@@ -114,21 +115,24 @@ type BlockedAttempt struct {
 
 // Sandbox is the API view of a sandbox.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	Project   string            `json:"project"`
-	Node      string            `json:"node"`
-	Tier      string            `json:"tier"`
-	Runtime   string            `json:"runtime"`
-	State     string            `json:"state"`
-	Reason    string            `json:"reason,omitempty"`
-	Base      LayerRef          `json:"base"`
-	Workspace LayerRef          `json:"workspace,omitempty"`
-	Toolkits  []LayerRef        `json:"toolkits,omitempty"`
-	Limits    Limits            `json:"limits"`
-	Env       []string          `json:"env,omitempty"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Hostname  string            `json:"hostname"`
-	CreatedAt time.Time         `json:"created_at"`
+	ID      string `json:"id"`
+	Project string `json:"project"`
+	Node    string `json:"node"`
+	Tier    string `json:"tier"`
+	Runtime string `json:"runtime"`
+	// Accelerator runs a microvm sandbox: "kvm", or "tcg" (QEMU's software emulation, several
+	// times slower) where KVM cannot boot the guest.
+	Accelerator string            `json:"accelerator,omitempty"`
+	State       string            `json:"state"`
+	Reason      string            `json:"reason,omitempty"`
+	Base        LayerRef          `json:"base"`
+	Workspace   LayerRef          `json:"workspace,omitempty"`
+	Toolkits    []LayerRef        `json:"toolkits,omitempty"`
+	Limits      Limits            `json:"limits"`
+	Env         []string          `json:"env,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Hostname    string            `json:"hostname"`
+	CreatedAt   time.Time         `json:"created_at"`
 	// ExpiresAt is when the hard TTL ends.
 	ExpiresAt time.Time `json:"expires_at"`
 	// IdleTTL in seconds; 0 means none.
@@ -428,6 +432,15 @@ type Info struct {
 	// cannot be used here when it cannot.
 	GVisorVersion     string `json:"gvisor_version,omitempty"`
 	GVisorUnavailable string `json:"gvisor_unavailable,omitempty"`
+	// Tiers lists the tiers sandboxes can be created in here ("container", "microvm").
+	Tiers []string `json:"tiers,omitempty"`
+	// MicroVMAccelerator is what microvm sandboxes run on here ("kvm" or "tcg") and
+	// MicroVMAcceleratorWhy why (e.g. why not KVM); MicroVMUnavailable says why microvm
+	// sandboxes cannot be created here when they cannot. QEMUVersion is QEMU's version line.
+	MicroVMAccelerator    string `json:"microvm_accelerator,omitempty"`
+	MicroVMAcceleratorWhy string `json:"microvm_accelerator_why,omitempty"`
+	MicroVMUnavailable    string `json:"microvm_unavailable,omitempty"`
+	QEMUVersion           string `json:"qemu_version,omitempty"`
 	// NetworkPool is the sandbox address pool when sandbox networking is on; NetworkOff says
 	// why it is off.
 	NetworkPool   string `json:"network_pool,omitempty"`

@@ -57,6 +57,8 @@ type Engine string
 const (
 	EngineRunc   Engine = "runc"
 	EngineGVisor Engine = "gvisor"
+	// EngineQEMU is the microvm tier's (internal/runtime/qemu); runc refuses it.
+	EngineQEMU Engine = "qemu"
 )
 
 // Defaults for the gVisor fields of Config.

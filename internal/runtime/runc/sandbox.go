@@ -29,6 +29,9 @@ type Sandbox struct {
 	Dir string
 	// AgentLog receives the agent's stdout and stderr; it lives on the sandbox's disk.
 	AgentLog string
+	// Accelerator runs a VM sandbox (internal/runtime/qemu): "kvm" or "tcg"; empty for a
+	// container.
+	Accelerator string
 }
 
 // State is a sandbox's run state as the kernel sees it.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -48,12 +49,25 @@ type Spec struct {
 	OpenFiles   uint64  // RLIMIT_NOFILE, soft and hard
 	ShmBytes    int64   // size of /dev/shm (tmpfs, charged to the sandbox's memory)
 
+	// Images, Addr and Gateway are for the microvm tier (internal/runtime/qemu), which boots
+	// the layers' EROFS images as the VM's block devices rather than mounting Lower, and gives
+	// the guest the network namespace's address (Addr) and gateway. runc ignores them.
+	Images        []LayerImage
+	Addr, Gateway netip.Addr
+
 	// Calls makes a container of the fncall tier: its agent gets CAP_SYS_ADMIN besides the
 	// sandbox's capability set (and a seccomp profile built for it, plus pivot_root), which it
 	// needs to isolate each call in its own namespaces and drops for the call's command; and it
 	// runs with --calls (appended to AgentArgs when missing), so it runs nothing but calls. See
 	// internal/agentrpc/calls.go. runc only: refused with EngineGVisor.
 	Calls bool
+}
+
+// LayerImage is one layer as files: its EROFS image and the image's extra devices (a split
+// layer's data blob), bottom layer first in Spec.Images.
+type LayerImage struct {
+	Image   string
+	Devices []string
 }
 
 // The agent binary's descriptor and the path runc execs it by.

@@ -1,0 +1,231 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// MicroVMConfig sets the sizes of a microvm benchmark run.
+type MicroVMConfig struct {
+	Base        string // layer NAME:VERSION to create sandboxes from
+	TTIRounds   int    // create→first exec samples, per tier
+	ExecRounds  int    // exec round trips, per tier
+	PauseRounds int    // pause/resume rounds, per tier
+	Idle        int    // idle microVMs for the memory measure
+	MemoryMiB   int64  // memory limit of every sandbox (a VM's RAM)
+}
+
+// MicroVMResult is what one run measured. Every figure of the microvm tier has its container
+// counterpart from the same run, and the accelerator is named.
+type MicroVMResult struct {
+	Date        string `json:"date"`
+	Accelerator string `json:"accelerator"`
+	QEMU        string `json:"qemu_version"`
+	MemoryMiB   int64  `json:"memory_mib"`
+
+	TTI           Stats   `json:"tti_microvm"`
+	TTIContainer  Stats   `json:"tti_container"`
+	TTIRatioP50   float64 `json:"tti_ratio_p50"`
+	Exec          Stats   `json:"exec_microvm"`
+	ExecContainer Stats   `json:"exec_container"`
+	ExecRatioP50  float64 `json:"exec_ratio_p50"`
+
+	Pause                     Stats   `json:"pause_microvm"`
+	Resume                    Stats   `json:"resume_microvm"`
+	PauseContainer            Stats   `json:"pause_container"`
+	ResumeContainer           Stats   `json:"resume_container"`
+	PauseReturnedMiB          float64 `json:"pause_memory_returned_mib_microvm"`
+	PauseReturnedContainerMiB float64 `json:"pause_memory_returned_mib_container"`
+
+	Idle             int     `json:"idle_microvms"`
+	IdleQEMURSSMiB   float64 `json:"idle_qemu_rss_mib_per_vm"`
+	IdleQEMUPSSMiB   float64 `json:"idle_qemu_pss_mib_per_vm"`
+	IdleHostMiBPerVM float64 `json:"idle_host_mib_per_vm"`
+}
+
+func (c MicroVMConfig) withDefaults() MicroVMConfig {
+	if c.Base == "" {
+		c.Base = "base:default"
+	}
+	if c.TTIRounds <= 0 {
+		c.TTIRounds = 10
+	}
+	if c.ExecRounds <= 0 {
+		c.ExecRounds = 100
+	}
+	if c.PauseRounds <= 0 {
+		c.PauseRounds = 5
+	}
+	if c.Idle < 0 {
+		c.Idle = 0
+	}
+	if c.MemoryMiB <= 0 {
+		c.MemoryMiB = 256
+	}
+	return c
+}
+
+// MicroVM measures the microvm tier against the container tier on the same corral up and base:
+// create→first exec, exec round trip, pause and resume (and the memory a pause returns), and the
+// host memory of idle VMs.
+func MicroVM(ctx context.Context, c *corral.Client, cfg MicroVMConfig, log *slog.Logger) (*MicroVMResult, error) {
+	cfg = cfg.withDefaults()
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if info.MicroVMUnavailable != "" {
+		return nil, errors.New("the microvm tier is unavailable: " + info.MicroVMUnavailable)
+	}
+	res := &MicroVMResult{Date: time.Now().UTC().Format(time.RFC3339), Accelerator: info.MicroVMAccelerator,
+		QEMU: info.QEMUVersion, MemoryMiB: cfg.MemoryMiB}
+	req := func(tier string) corral.CreateRequest {
+		return corral.CreateRequest{Base: cfg.Base, Tier: tier, Limits: corral.Limits{MemoryBytes: cfg.MemoryMiB << 20, DiskBytes: 1 << 30}}
+	}
+	for _, tier := range []string{"container", "microvm"} {
+		log.Info("create→first exec", "tier", tier, "rounds", cfg.TTIRounds)
+		var tti []time.Duration
+		for range cfg.TTIRounds {
+			start := time.Now()
+			sb, err := c.CreateSandbox(ctx, req(tier))
+			if err != nil {
+				return nil, fmt.Errorf("%s: create: %w", tier, err)
+			}
+			_, _, exit, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}})
+			tti = append(tti, time.Since(start))
+			c.DeleteSandbox(ctx, sb.ID)
+			if err != nil || exit == nil || exit.Code != 0 {
+				return nil, fmt.Errorf("%s: first exec: %v %+v", tier, err, exit)
+			}
+		}
+		sb, err := c.CreateSandbox(ctx, req(tier))
+		if err != nil {
+			return nil, fmt.Errorf("%s: create: %w", tier, err)
+		}
+		execs, pauses, resumes, returned, err := microRounds(ctx, c, sb.ID, cfg)
+		c.DeleteSandbox(ctx, sb.ID)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", tier, err)
+		}
+		if tier == "microvm" {
+			res.TTI, res.Exec, res.Pause, res.Resume = summarise(tti), summarise(execs), summarise(pauses), summarise(resumes)
+			res.PauseReturnedMiB = returned
+		} else {
+			res.TTIContainer, res.ExecContainer = summarise(tti), summarise(execs)
+			res.PauseContainer, res.ResumeContainer = summarise(pauses), summarise(resumes)
+			res.PauseReturnedContainerMiB = returned
+		}
+	}
+	res.TTIRatioP50 = ratio(res.TTI.P50, res.TTIContainer.P50)
+	res.ExecRatioP50 = ratio(res.Exec.P50, res.ExecContainer.P50)
+	if cfg.Idle > 0 {
+		if err := idleVMs(ctx, c, cfg, req("microvm"), res, log); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// microRounds measures exec round trips, then pause/resume rounds with 64 MiB of the sandbox's
+// memory in use (a process holding it in /dev/shm).
+func microRounds(ctx context.Context, c *corral.Client, id string, cfg MicroVMConfig) (execs, pauses, resumes []time.Duration, returnedMiB float64, err error) {
+	for range cfg.ExecRounds {
+		start := time.Now()
+		_, _, exit, err := c.Run(ctx, id, corral.ExecRequest{Argv: []string{"true"}})
+		if err != nil || exit == nil || exit.Code != 0 {
+			return nil, nil, nil, 0, fmt.Errorf("exec: %v %+v", err, exit)
+		}
+		execs = append(execs, time.Since(start))
+	}
+	if _, _, exit, err := c.Run(ctx, id, corral.ExecRequest{Argv: []string{"sh", "-c", "head -c 64m /dev/zero | tr '\\0' x > /dev/shm/hold"}}); err != nil || exit.Code != 0 {
+		return nil, nil, nil, 0, fmt.Errorf("fill memory: %v %+v", err, exit)
+	}
+	var sum float64
+	for range cfg.PauseRounds {
+		start := time.Now()
+		if _, err := c.PauseSandbox(ctx, id); err != nil {
+			return nil, nil, nil, 0, fmt.Errorf("pause: %w", err)
+		}
+		pauses = append(pauses, time.Since(start))
+		sb, err := c.GetSandbox(ctx, id)
+		if err == nil && sb.LastPause != nil {
+			sum += float64(sb.LastPause.MemoryReturned) / (1 << 20)
+		}
+		start = time.Now()
+		if _, err := c.ResumeSandbox(ctx, id); err != nil {
+			return nil, nil, nil, 0, fmt.Errorf("resume: %w", err)
+		}
+		// Resumed means usable: the first exec after it is part of the figure.
+		if _, _, exit, err := c.Run(ctx, id, corral.ExecRequest{Argv: []string{"true"}}); err != nil || exit.Code != 0 {
+			return nil, nil, nil, 0, fmt.Errorf("exec after resume: %v %+v", err, exit)
+		}
+		resumes = append(resumes, time.Since(start))
+	}
+	return execs, pauses, resumes, sum / float64(cfg.PauseRounds), nil
+}
+
+// idleVMs creates cfg.Idle microVMs, runs one exec in each and measures their QEMU processes.
+func idleVMs(ctx context.Context, c *corral.Client, cfg MicroVMConfig, req corral.CreateRequest, res *MicroVMResult, log *slog.Logger) error {
+	log.Info("measuring idle microVM memory", "vms", cfg.Idle)
+	dropCaches()
+	before := memAvailable()
+	var ids []string
+	defer func() { deleteAll(ctx, c, ids) }()
+	for range cfg.Idle {
+		sb, err := c.CreateSandbox(ctx, req)
+		if err != nil {
+			return fmt.Errorf("idle VM %d: %w", len(ids), err)
+		}
+		ids = append(ids, sb.ID)
+		if _, _, _, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}}); err != nil {
+			return err
+		}
+	}
+	time.Sleep(3 * time.Second)
+	dropCaches()
+	after := memAvailable()
+	var rss, pss float64
+	for _, id := range ids {
+		pid := qemuPid(id)
+		rss += float64(rssOf(pid))
+		pss += float64(pssOf(pid))
+	}
+	n := float64(len(ids))
+	res.Idle = len(ids)
+	res.IdleQEMURSSMiB = rss / n / (1 << 20)
+	res.IdleQEMUPSSMiB = pss / n / (1 << 20)
+	res.IdleHostMiBPerVM = float64(before-after) / n / (1 << 20)
+	return nil
+}
+
+// qemuPid finds the QEMU process of sandbox id (its -name is corral-<id>).
+func qemuPid(id string) int64 {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.ParseInt(e.Name(), 10, 64)
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), "\x00corral-"+id+"\x00") {
+			return pid
+		}
+	}
+	return 0
+}

@@ -1,0 +1,55 @@
+// Package qemu is Corral's microvm backend: each sandbox is a QEMU "microvm" machine with a
+// kernel of its own (Debian's cloud kernel), booted from an initramfs whose /init is
+// corral-agent (internal/guestimage, internal/vmguest). It takes the same Spec as the container
+// backend (internal/runtime/runc) and gives the same Sandbox: an agent socket the edge dials.
+//
+// # What a VM is on the host
+//
+// Each VM owns <StateDir>/<id> (mode 0700, owned by the VM's uid):
+//
+//	vm.json      the state: QEMU's argv, the files it gets as descriptors, its pid, its uid
+//	upper.img    the writable disk: a sparse file of DiskBytes, ext4 made on the host
+//	guest.json   the guest's configuration (vmguest.Config), read by the guest via fw_cfg
+//	qmp.sock     QEMU's monitor (QMP), for pause, resume and the accelerator query
+//	ctl.sock     the virtio-serial port "corral.ctl", the guest agent's only channel
+//	agent.sock   what the edge dials: each connection becomes a stream over ctl.sock
+//	             (internal/vmlink: yamux with a resync handshake)
+//	console.log  the guest's serial console; qemu.log QEMU's stderr
+//	snapshot.bin the VM's memory and device state while it is paused
+//
+// The layers are the layer store's files: each layer's EROFS image, and for a split layer its
+// data blob as lazyd serves it (read on demand, like a container's), attached read-only as
+// virtio-blk disks and shared by every VM on the node. The guest mounts them with EROFS itself
+// (device= for the blob) under an overlay whose upper directory is on upper.img.
+//
+// # Isolation
+//
+// QEMU runs as a uid of its own per VM (Config.UIDBase + n), with no supplementary groups, in
+// a session of its own (it outlives a restart of corral), with QEMU's seccomp filter
+// (-sandbox on, with obsolete, elevateprivileges, spawn and resourcecontrol denied). It opens
+// no file of the host by path but the kernel, the initramfs, the guest config and its own
+// directory: the layers, the disk and the tap are descriptors the runtime opens and passes.
+// There is no shared folder, no user-mode network and no monitor but QMP on a socket in the
+// VM's directory. RLIMIT_FSIZE bounds every file it writes (the console a guest could flood).
+//
+// # Network
+//
+// With a network namespace (Spec.Netns) the namespace's eth0 and a tap are bridged inside it and
+// the sandbox's address moves to the guest (vmnet.go): the egress policy on the host side of the
+// veth applies unchanged. Without one the VM has no network device at all.
+//
+// # Pause and resume
+//
+// Pause stops the vCPUs, migrates the VM into snapshot.bin through a descriptor (QMP getfd and
+// "migrate fd:"), and ends QEMU: all of the VM's memory goes back to the host. Resume starts the
+// same command line with "-incoming defer", migrates the snapshot in and continues. The guest
+// agent sees its host connection drop and come back, and reconnects; processes, files and
+// commands' output survive. The writable disk is not in the snapshot and is not touched while
+// paused.
+//
+// # Accelerator
+//
+// New chooses KVM when /dev/kvm opens and the guest kernel boots under it within 15 s, else TCG
+// (software emulation) with a warning. The accelerator in use, as QEMU reports it
+// (query-kvm), is recorded per VM.
+package qemu

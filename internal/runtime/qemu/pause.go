@@ -1,0 +1,223 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/runc"
+)
+
+// Pause saves the VM's memory and device state to <dir>/snapshot.bin and ends its QEMU process,
+// so the host gets all of the VM's memory back. The writable disk stays as it is (it is not in
+// the snapshot; nothing writes it while paused). On error the VM runs on as before.
+//
+// Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is already
+// paused or is stopped.
+func (r *Runtime) Pause(ctx context.Context, id string) (runc.PauseStats, error) {
+	start := time.Now()
+	unlock := r.lock(id)
+	defer unlock()
+	st, err := r.readState(id)
+	if err != nil {
+		return runc.PauseStats{}, err
+	}
+	if st.Paused {
+		return runc.PauseStats{}, errdefs.Conflict("sandbox %s is already paused", id)
+	}
+	if !alive(st) {
+		return runc.PauseStats{}, errdefs.Conflict("sandbox %s is stopped", id)
+	}
+	before := rss(st.Pid)
+	dir := r.dir(id)
+	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
+	if err != nil {
+		return runc.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	defer q.Close()
+	if err := q.run(ctx, "stop", nil, nil); err != nil {
+		return runc.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	frozen := time.Since(start)
+	undo := func(err error) (runc.PauseStats, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if cerr := q.run(cctx, "cont", nil, nil); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("resume after the failed pause: %w", cerr))
+		}
+		os.Remove(filepath.Join(dir, snapshotFile))
+		return runc.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	snap := filepath.Join(dir, snapshotFile)
+	f, err := os.OpenFile(snap, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return undo(err)
+	}
+	err = q.sendFile(ctx, "snap", f)
+	f.Close()
+	if err != nil {
+		return undo(err)
+	}
+	if err := q.run(ctx, "migrate", map[string]string{"uri": "fd:snap"}, nil); err != nil {
+		return undo(err)
+	}
+	if _, err := q.waitMigration(ctx); err != nil {
+		return undo(err)
+	}
+	// The snapshot is complete: from here on the VM is the file.
+	if err := syncFile(snap); err != nil {
+		return undo(err)
+	}
+	st.Paused = true
+	if err := r.writeState(st); err != nil {
+		st.Paused = false
+		return undo(err)
+	}
+	q.run(ctx, "quit", nil, nil)
+	pid := *st
+	st.Pid, st.PidStart = 0, 0
+	r.writeState(st)
+	if err := kill(context.WithoutCancel(ctx), &pid); err != nil {
+		r.log.Error("end the paused VM's QEMU", "sandbox", id, "err", err)
+	}
+	os.Remove(filepath.Join(dir, "frozen"))
+	return runc.PauseStats{Duration: time.Since(start), Freeze: frozen, MemoryBefore: before, MemoryReturned: before}, nil
+}
+
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// Resume starts a new QEMU process from the VM's snapshot: the guest goes on where it stopped,
+// with its processes and files, and its agent reconnects to the new process's socket. The
+// snapshot is removed once the VM runs.
+//
+// Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is not paused.
+func (r *Runtime) Resume(ctx context.Context, id string) (runc.ResumeStats, error) {
+	start := time.Now()
+	unlock := r.lock(id)
+	defer unlock()
+	st, err := r.readState(id)
+	if err != nil {
+		return runc.ResumeStats{}, err
+	}
+	if !st.Paused {
+		if alive(st) {
+			// Stopped by Freeze: let it run.
+			if err := r.thaw(ctx, id); err != nil {
+				return runc.ResumeStats{}, err
+			}
+			return runc.ResumeStats{Duration: time.Since(start)}, nil
+		}
+		return runc.ResumeStats{}, errdefs.Conflict("sandbox %s is not paused", id)
+	}
+	dir := r.dir(id)
+	snap := filepath.Join(dir, snapshotFile)
+	f, err := os.Open(snap)
+	if err != nil {
+		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w", id, err)
+	}
+	defer f.Close()
+	os.Remove(filepath.Join(dir, "qmp.sock"))
+	os.Remove(filepath.Join(dir, "ctl.sock"))
+	if err := r.start(ctx, st, true); err != nil {
+		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w", id, err)
+	}
+	fail := func(err error) (runc.ResumeStats, error) {
+		proc := *st
+		kill(context.WithoutCancel(ctx), &proc)
+		st.Pid, st.PidStart, st.Paused = 0, 0, true
+		r.writeState(st)
+		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w%s", id, err, r.qemuLogTail(id))
+	}
+	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
+	if err != nil {
+		return fail(err)
+	}
+	defer q.Close()
+	if err := q.sendFile(ctx, "snap", f); err != nil {
+		return fail(err)
+	}
+	if err := q.run(ctx, "migrate-incoming", map[string]string{"uri": "fd:snap"}, nil); err != nil {
+		return fail(err)
+	}
+	for {
+		s, err := q.status(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		if s != "inmigrate" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	// The source was stopped when it was saved, so the copy starts stopped too.
+	if err := q.run(ctx, "cont", nil, nil); err != nil {
+		return fail(err)
+	}
+	os.Remove(snap)
+	if _, err := r.proxy(id); err != nil {
+		return runc.ResumeStats{}, err
+	}
+	return runc.ResumeStats{Duration: time.Since(start)}, nil
+}
+
+// Freeze stops the VM's vCPUs (QMP stop); Thaw lets them run again. The memory stays.
+func (r *Runtime) Freeze(ctx context.Context, id string) error {
+	unlock := r.lock(id)
+	defer unlock()
+	st, err := r.readState(id)
+	if err != nil {
+		return err
+	}
+	if st.Paused || !alive(st) {
+		return errdefs.Conflict("sandbox %s is not running", id)
+	}
+	q, err := dialQMP(ctx, filepath.Join(r.dir(id), "qmp.sock"))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if err := os.WriteFile(filepath.Join(r.dir(id), "frozen"), nil, 0o600); err != nil {
+		return err
+	}
+	if err := q.run(ctx, "stop", nil, nil); err != nil {
+		os.Remove(filepath.Join(r.dir(id), "frozen"))
+		return err
+	}
+	return nil
+}
+
+func (r *Runtime) Thaw(ctx context.Context, id string) error {
+	unlock := r.lock(id)
+	defer unlock()
+	return r.thaw(ctx, id)
+}
+
+func (r *Runtime) thaw(ctx context.Context, id string) error {
+	q, err := dialQMP(ctx, filepath.Join(r.dir(id), "qmp.sock"))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if err := q.run(ctx, "cont", nil, nil); err != nil {
+		return err
+	}
+	os.Remove(filepath.Join(r.dir(id), "frozen"))
+	return nil
+}

@@ -1,0 +1,1029 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/guestimage"
+	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/vmguest"
+	"github.com/corral-dev/corral/internal/vmlink"
+)
+
+// The accelerators a VM can run on.
+const (
+	AccelKVM = "kvm"
+	AccelTCG = "tcg"
+)
+
+// Defaults of Config.
+const (
+	DefaultQEMU        = "qemu-system-x86_64"
+	DefaultUIDBase     = 0x70000000
+	DefaultUIDCount    = 1 << 16
+	DefaultBootTimeout = 2 * time.Minute
+	// MinMemoryBytes is the least memory a VM gets: the kernel and the agent need about 100 MiB.
+	MinMemoryBytes = 128 << 20
+	// MaxDevices bounds the virtio devices of one VM: QEMU 7.2's microvm has 24 transports,
+	// but a guest with more than 16 stalled in tests (docs/microvm-notes.md §4).
+	MaxDevices = 16
+	// fixedDevices are the devices every VM has besides its layers: the writable disk, the
+	// serial port's bus, the RNG and the network card.
+	fixedDevices = 4
+)
+
+// Config configures a Runtime. Zero fields take the defaults.
+type Config struct {
+	// QEMU is the qemu-system-x86_64 binary (default: looked up in PATH).
+	QEMU string
+	// StateDir holds one directory per VM. Keep it short: <StateDir>/<id>/agent.sock must fit
+	// in 107 bytes.
+	StateDir string
+	// KernelDir is the guest kernel laid out by scripts/guest-kernel.sh
+	// (default guestimage.DefaultKernelDir); CacheDir holds the built initramfs files.
+	KernelDir, CacheDir string
+	// Accel is "kvm", "tcg" or "" (auto: KVM when a test boot under it succeeds, else TCG).
+	Accel string
+	// UIDBase and UIDCount give the range of host uids VMs run as, one per VM.
+	UIDBase, UIDCount uint32
+	// BootTimeout bounds a boot until the agent answers (default 2m: TCG on a loaded host).
+	BootTimeout time.Duration
+	// DefaultDiskBytes is the writable disk of a Spec with DiskBytes 0.
+	DefaultDiskBytes int64
+	// Mkfs is mkfs.ext4 (default: looked up in PATH, /usr/sbin and /sbin).
+	Mkfs string
+	// Debug asks the guest to log its boot to the console (console.log in the VM's directory).
+	Debug bool
+}
+
+// Runtime runs sandboxes as QEMU microvm machines; see the package doc. It is safe for
+// concurrent use.
+type Runtime struct {
+	cfg      Config
+	log      *slog.Logger
+	err      error  // why VMs cannot be created here; nil when they can
+	accel    string // the accelerator new VMs use
+	accelWhy string // why that one (a warning when KVM was wanted but is not usable)
+	version  string
+	kernel   *guestimage.Kernel
+
+	mu      sync.Mutex
+	locks   map[string]*sync.Mutex   // per VM; protected by mu
+	proxies map[string]*vmlink.Proxy // agent socket forwarders, by VM; protected by mu
+	uids    map[uint32]string        // uids in use, to the VM; protected by mu
+	images  map[string]imageEntry    // boot files by agent path; protected by mu
+}
+
+type imageEntry struct {
+	key fileKey
+	img guestimage.Image
+}
+
+type fileKey struct {
+	dev, ino   uint64
+	size, mtim int64
+}
+
+// New prepares a Runtime. It never fails for a host that cannot run VMs: the Runtime then
+// refuses creates with the reason (Available), and still lists and deletes what it finds.
+func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.StateDir == "" {
+		return nil, errdefs.Invalid("StateDir", "required")
+	}
+	if cfg.KernelDir == "" {
+		cfg.KernelDir = guestimage.DefaultKernelDir
+	}
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = filepath.Join(cfg.StateDir, ".boot")
+	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = DefaultUIDBase
+	}
+	if cfg.UIDCount == 0 {
+		cfg.UIDCount = DefaultUIDCount
+	}
+	if cfg.BootTimeout <= 0 {
+		cfg.BootTimeout = DefaultBootTimeout
+	}
+	if cfg.DefaultDiskBytes <= 0 {
+		cfg.DefaultDiskBytes = 10 << 30
+	}
+	switch cfg.Accel {
+	case "", AccelKVM, AccelTCG:
+	default:
+		return nil, errdefs.Invalid("Accel", "%q: want kvm, tcg or empty (auto)", cfg.Accel)
+	}
+	r := &Runtime{cfg: cfg, log: log.With("tier", "microvm"), locks: map[string]*sync.Mutex{},
+		proxies: map[string]*vmlink.Proxy{}, uids: map[uint32]string{}, images: map[string]imageEntry{}}
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+		return nil, err
+	}
+	// The boot files are read by the VMs' own uids.
+	if err := os.MkdirAll(cfg.CacheDir, 0o755); err != nil {
+		return nil, err
+	}
+	os.Chmod(cfg.CacheDir, 0o755)
+	ids, err := r.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if st, err := r.readState(id); err == nil {
+			r.uids[st.UID] = id
+		}
+	}
+	r.err = r.probe(ctx)
+	if r.err != nil {
+		r.log.Warn("microvm sandboxes are unavailable on this node", "err", r.err)
+	} else if r.accel == AccelTCG {
+		r.log.Warn("microvm sandboxes run under TCG (software emulation): several times slower than KVM", "why", r.accelWhy)
+	}
+	return r, nil
+}
+
+// Available returns nil when VMs can be created here, else why not.
+func (r *Runtime) Available() error { return r.err }
+
+// Accelerator returns the accelerator new VMs use and why it was chosen.
+func (r *Runtime) Accelerator() (accel, why string) { return r.accel, r.accelWhy }
+
+// Version returns QEMU's version line.
+func (r *Runtime) Version() string { return r.version }
+
+// probe finds QEMU, the guest kernel and mkfs.ext4, and chooses the accelerator.
+func (r *Runtime) probe(ctx context.Context) error {
+	q := r.cfg.QEMU
+	if q == "" {
+		q = DefaultQEMU
+	}
+	p, err := exec.LookPath(q)
+	if err != nil {
+		return fmt.Errorf("QEMU (%s) is not installed: run scripts/setup.sh: %w", q, errdefs.ErrUnavailable)
+	}
+	r.cfg.QEMU = p
+	out, err := exec.CommandContext(ctx, p, "--version").Output()
+	if err != nil {
+		return fmt.Errorf("%s --version: %v: %w", p, err, errdefs.ErrUnavailable)
+	}
+	r.version, _, _ = strings.Cut(string(out), "\n")
+	if r.cfg.Mkfs == "" {
+		for _, c := range []string{"mkfs.ext4", "/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
+			if p, err := exec.LookPath(c); err == nil {
+				r.cfg.Mkfs = p
+				break
+			}
+		}
+		if r.cfg.Mkfs == "" {
+			return fmt.Errorf("mkfs.ext4 not found (install e2fsprogs): %w", errdefs.ErrUnavailable)
+		}
+	}
+	k, err := guestimage.LoadKernel(r.cfg.KernelDir)
+	if err != nil {
+		return fmt.Errorf("guest kernel: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	r.kernel = k
+	r.accel, r.accelWhy = r.chooseAccel(ctx)
+	if r.accel == "" {
+		return fmt.Errorf("accelerator: %s: %w", r.accelWhy, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+// chooseAccel picks KVM when /dev/kvm opens and the guest kernel boots under it within a
+// short timeout (a nested or paravirtual KVM may open but hang a stock kernel), else TCG. With
+// Config.Accel "kvm" a failure leaves no accelerator ("").
+func (r *Runtime) chooseAccel(ctx context.Context) (string, string) {
+	if r.cfg.Accel == AccelTCG {
+		return AccelTCG, "configured"
+	}
+	why := ""
+	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
+		why = "/dev/kvm: " + err.Error()
+	} else {
+		f.Close()
+		if err := r.bootProbe(ctx); err != nil {
+			why = "KVM test boot: " + err.Error()
+		} else {
+			return AccelKVM, "KVM booted the guest kernel"
+		}
+	}
+	if r.cfg.Accel == AccelKVM {
+		return "", "configured kvm, but " + why
+	}
+	return AccelTCG, why
+}
+
+// bootProbe boots the guest kernel alone under KVM: without a root filesystem it panics
+// ("VFS: Unable to mount root fs"), which proves it ran. A hang is killed after 15 s.
+func (r *Runtime) bootProbe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.cfg.QEMU, "-M", "microvm", "-accel", "kvm", "-cpu", "host", "-m", "128",
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio",
+		"-kernel", r.kernel.Image, "-append", "console=ttyS0 panic=-1 pci=off")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
+	out, _ := cmd.CombinedOutput()
+	if bytes.Contains(out, []byte("VFS:")) || bytes.Contains(out, []byte("Kernel panic")) {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return errors.New("no kernel output within 15s")
+	}
+	return fmt.Errorf("QEMU exited: %s", tail(out, 300))
+}
+
+// vmState is <dir>/vm.json: what is needed to find, restart (resume) and delete the VM.
+type vmState struct {
+	ID  string `json:"id"`
+	UID uint32 `json:"uid"`
+	// Pid and PidStart (the process's start time, /proc/PID/stat field 22) identify the QEMU
+	// process; 0 while paused.
+	Pid      int    `json:"pid,omitempty"`
+	PidStart uint64 `json:"pid_start,omitempty"`
+	Accel    string `json:"accel"`
+	// Args are QEMU's arguments; Files are opened again in this order for a restart, as the
+	// descriptors 3, 4, ... that Args name.
+	Args  []string  `json:"args"`
+	Files []vmFile  `json:"files"`
+	Netns string    `json:"netns,omitempty"`
+	Since time.Time `json:"since"`
+	// FileLimit is QEMU's RLIMIT_FSIZE: the larger of the disk and the memory, plus 64 MiB.
+	FileLimit int64 `json:"file_limit"`
+	// Paused: the VM is a memory snapshot in snapshot.bin and no process runs.
+	Paused bool `json:"paused,omitempty"`
+}
+
+// vmFile is a file QEMU gets as a descriptor (3, 4, ... in vmState.Files order): QEMU opens no
+// path of the host's itself, so it needs no access to the data directory.
+type vmFile struct {
+	Role string `json:"role"` // layer, upper, upper-ro, tap, kernel, initrd, config, console, qmp, ctl
+	Path string `json:"path,omitempty"`
+	// Serial is a disk's virtio-blk serial, by which the guest finds it.
+	Serial string `json:"serial,omitempty"`
+}
+
+// open returns f's descriptor for a new QEMU process of st.
+func (f vmFile) open(st *vmState) (*os.File, error) {
+	switch f.Role {
+	case "tap":
+		return openTap(st.Netns)
+	case "upper":
+		return os.OpenFile(f.Path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	case "console":
+		// QEMU reopens it through /proc/self/fd as its own uid.
+		c, err := os.OpenFile(f.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+		if err == nil {
+			err = c.Chown(int(st.UID), int(st.UID))
+		}
+		return c, err
+	case "qmp", "ctl":
+		// A listening socket QEMU accepts on (chardev socket fd=).
+		os.Remove(f.Path)
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: f.Path, Net: "unix"})
+		if err != nil {
+			return nil, err
+		}
+		ln.SetUnlinkOnClose(false)
+		defer ln.Close()
+		return ln.File()
+	default:
+		return os.OpenFile(f.Path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+}
+
+const (
+	stateFile    = "vm.json"
+	snapshotFile = "snapshot.bin"
+	agentSocket  = "agent.sock"
+	maxSocket    = 107
+)
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, id) }
+
+func (r *Runtime) lock(id string) func() {
+	r.mu.Lock()
+	l := r.locks[id]
+	if l == nil {
+		l = &sync.Mutex{}
+		r.locks[id] = l
+	}
+	r.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+func (r *Runtime) readState(id string) (*vmState, error) {
+	b, err := os.ReadFile(filepath.Join(r.dir(id), stateFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errdefs.NotFound("sandbox %s has no VM", id)
+	} else if err != nil {
+		return nil, err
+	}
+	var st vmState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %s: %w", id, stateFile, err)
+	}
+	return &st, nil
+}
+
+func (r *Runtime) writeState(st *vmState) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(r.dir(st.ID), stateFile)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+// Has reports whether id is a VM of this Runtime.
+func (r *Runtime) Has(id string) bool {
+	if !idRE.MatchString(id) {
+		return false
+	}
+	_, err := os.Lstat(r.dir(id))
+	return err == nil
+}
+
+// List returns the IDs of the VMs in StateDir, paused ones included.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(r.cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		if e.IsDir() && idRE.MatchString(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// allocUID reserves the lowest free uid of the range for id.
+func (r *Runtime) allocUID(id string) (uint32, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := uint32(0); i < r.cfg.UIDCount; i++ {
+		u := r.cfg.UIDBase + i
+		if _, used := r.uids[u]; !used {
+			r.uids[u] = id
+			return u, nil
+		}
+	}
+	return 0, fmt.Errorf("all %d VM uids are in use: %w", r.cfg.UIDCount, errdefs.ErrExhausted)
+}
+
+func (r *Runtime) freeUID(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for u, owner := range r.uids {
+		if owner == id {
+			delete(r.uids, u)
+		}
+	}
+}
+
+// bootImage returns the kernel and initramfs for the agent at path, building the initramfs
+// once per agent binary.
+func (r *Runtime) bootImage(ctx context.Context, path string) (guestimage.Image, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return guestimage.Image{}, errdefs.Invalid("AgentPath", "%s: %v", path, err)
+	}
+	key := fileKey{dev: st.Dev, ino: st.Ino, size: st.Size, mtim: st.Mtim.Nano()}
+	r.mu.Lock()
+	e, ok := r.images[path]
+	r.mu.Unlock()
+	if ok && e.key == key {
+		return e.img, nil
+	}
+	img, err := guestimage.Build(ctx, r.kernel, path, r.cfg.CacheDir)
+	if err != nil {
+		return img, fmt.Errorf("build the guest's initramfs: %w", err)
+	}
+	r.mu.Lock()
+	r.images[path] = imageEntry{key: key, img: img}
+	r.mu.Unlock()
+	return img, nil
+}
+
+// Create boots a VM for spec and returns once its agent answers; see the package doc.
+func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, err error) {
+	if r.err != nil {
+		return nil, r.err
+	}
+	if err := r.validate(&spec); err != nil {
+		return nil, err
+	}
+	id := spec.ID
+	dir := r.dir(id)
+	if sock := filepath.Join(dir, agentSocket); len(sock) > maxSocket {
+		return nil, errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit", sock, len(sock), maxSocket)
+	}
+	unlock := r.lock(id)
+	defer unlock()
+	if _, err := os.Lstat(dir); err == nil {
+		return nil, errdefs.Conflict("sandbox %s already exists", id)
+	}
+	img, err := r.bootImage(ctx, spec.AgentPath)
+	if err != nil {
+		return nil, err
+	}
+	uid, err := r.allocUID(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		r.freeUID(id)
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			if derr := r.destroy(cctx, id); derr != nil {
+				r.log.Error("clean up failed create", "sandbox", id, "err", derr)
+			}
+		}
+	}()
+	upper := filepath.Join(dir, "upper.img")
+	if err := r.makeDisk(ctx, upper, spec.DiskBytes); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	gcfg, files, err := r.guestConfig(&spec, upper)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	cfgPath := filepath.Join(dir, "guest.json")
+	b, _ := json.Marshal(gcfg)
+	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	files = append(files, vmFile{Role: "kernel", Path: img.Kernel}, vmFile{Role: "initrd", Path: img.Initrd},
+		vmFile{Role: "config", Path: cfgPath}, vmFile{Role: "console", Path: filepath.Join(dir, "console.log")},
+		vmFile{Role: "qmp", Path: filepath.Join(dir, "qmp.sock")}, vmFile{Role: "ctl", Path: filepath.Join(dir, "ctl.sock")})
+	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(),
+		FileLimit: max(spec.DiskBytes, spec.MemoryBytes) + 64<<20}
+	st.Args = r.args(&spec, files)
+	if err := r.writeState(st); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if err := r.start(ctx, st, false); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w%s%s", id, err, r.qemuLogTail(id), r.consoleTail(id))
+	}
+	accel, aerr := q.accelerator(ctx)
+	q.Close()
+	if aerr == nil && accel != st.Accel {
+		st.Accel = accel
+		r.writeState(st)
+	}
+	if err := r.waitAgent(ctx, st); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	return r.sandbox(st), nil
+}
+
+func (r *Runtime) validate(spec *runc.Spec) error {
+	if !idRE.MatchString(spec.ID) {
+		return errdefs.Invalid("ID", "%q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", spec.ID)
+	}
+	if spec.Calls {
+		return errdefs.Invalid("Calls", "calls run in containers, not VMs")
+	}
+	if len(spec.Images) == 0 {
+		return errdefs.Invalid("Images", "a VM needs at least one layer image")
+	}
+	n := fixedDevices
+	for _, l := range spec.Images {
+		n += 1 + len(l.Devices)
+	}
+	if n > MaxDevices {
+		return errdefs.Invalid("layers", "%d layers need %d virtio devices with the VM's own, over the %d a VM may have: use fewer layers (a split layer takes two)",
+			len(spec.Images), n, MaxDevices)
+	}
+	if spec.MemoryBytes == 0 {
+		spec.MemoryBytes = 512 << 20
+	}
+	if spec.MemoryBytes < MinMemoryBytes {
+		return errdefs.Invalid("limits.memory_bytes", "a VM needs at least %d MiB, got %d bytes", MinMemoryBytes>>20, spec.MemoryBytes)
+	}
+	if spec.DiskBytes == 0 {
+		spec.DiskBytes = r.cfg.DefaultDiskBytes
+	}
+	if spec.DiskBytes < 64<<20 {
+		return errdefs.Invalid("limits.disk_bytes", "a VM's disk needs at least 64 MiB, got %d bytes", spec.DiskBytes)
+	}
+	if spec.Netns != "" && (!spec.Addr.Is4() || !spec.Gateway.Is4()) {
+		return errdefs.Invalid("Addr", "a VM with a network namespace needs its IPv4 address and gateway")
+	}
+	return nil
+}
+
+// makeDisk makes the VM's writable disk: a sparse file of size bytes (its size is the limit)
+// formatted ext4 on the host, so the guest mounts it at once.
+func (r *Runtime) makeDisk(ctx context.Context, path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	out, err := exec.CommandContext(ctx, r.cfg.Mkfs, "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("disk: mkfs.ext4: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// guestConfig is what the guest's init reads (vmguest.Config) and the files QEMU gets.
+func (r *Runtime) guestConfig(spec *runc.Spec, upper string) (*vmguest.Config, []vmFile, error) {
+	c := &vmguest.Config{
+		Hostname:    spec.Hostname,
+		Env:         spec.Env,
+		AgentArgs:   guestAgentArgs(spec.AgentArgs),
+		UpperSerial: "upper",
+		Pids:        spec.Pids,
+		OpenFiles:   spec.OpenFiles,
+		ShmBytes:    spec.ShmBytes,
+	}
+	if c.Hostname == "" {
+		c.Hostname = spec.ID
+		if len(c.Hostname) > 63 {
+			c.Hostname = c.Hostname[:63]
+		}
+	}
+	var files []vmFile
+	for i, l := range spec.Images {
+		gl := vmguest.Layer{Serial: "l" + strconv.Itoa(i)}
+		files = append(files, vmFile{Role: "layer", Path: l.Image, Serial: gl.Serial})
+		for j, d := range l.Devices {
+			serial := gl.Serial + "d" + strconv.Itoa(j)
+			gl.Devices = append(gl.Devices, serial)
+			files = append(files, vmFile{Role: "layer", Path: d, Serial: serial})
+		}
+		c.Layers = append(c.Layers, gl)
+	}
+	// QEMU looks in a disk's fd set for a descriptor of the access mode it opens with, and it
+	// opens the writable disk both read-only (to probe it) and read-write.
+	files = append(files, vmFile{Role: "upper", Path: upper, Serial: c.UpperSerial}, vmFile{Role: "upper-ro", Path: upper, Serial: c.UpperSerial})
+	if spec.Netns != "" {
+		files = append(files, vmFile{Role: "tap"})
+		c.Net = &vmguest.Net{MAC: macOf(spec.ID), Address: spec.Addr.String() + "/30", Gateway: spec.Gateway.String()}
+	}
+	if spec.ResolvConf != "" {
+		b, err := os.ReadFile(spec.ResolvConf)
+		if err != nil {
+			return nil, nil, fmt.Errorf("resolv.conf: %w", err)
+		}
+		c.ResolvConf = string(b)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	return c, files, nil
+}
+
+// guestAgentArgs are the agent's serve flags in the guest: it serves on the virtio-serial port,
+// never on an inherited descriptor or a path.
+func guestAgentArgs(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "--fd" || a == "--listen":
+			i++
+		case strings.HasPrefix(a, "--fd=") || strings.HasPrefix(a, "--listen="):
+		default:
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// macOf derives a stable, locally administered MAC address from the sandbox's ID.
+func macOf(id string) string {
+	var h uint32 = 2166136261
+	for i := 0; i < len(id); i++ {
+		h = (h ^ uint32(id[i])) * 16777619
+	}
+	return fmt.Sprintf("52:54:00:%02x:%02x:%02x", byte(h>>16), byte(h>>8), byte(h))
+}
+
+// args is QEMU's command line for the VM; files are the descriptors 3, 4, ... in order.
+func (r *Runtime) args(spec *runc.Spec, files []vmFile) []string {
+	mib := spec.MemoryBytes >> 20
+	cpus := int(math.Ceil(spec.CPUs))
+	if cpus < 1 {
+		cpus = 1
+	}
+	cmdline := "console=ttyS0 panic=-1 quiet pci=off"
+	a := []string{"-name", "corral-" + spec.ID, "-M", "microvm"}
+	if r.accel == AccelKVM {
+		a = append(a, "-accel", "kvm", "-cpu", "host")
+	} else {
+		// microvm has no HPET or ACPI PM timer: under TCG the TSC calibration against the PIT
+		// can fail and hang the boot (docs/microvm-notes.md §1).
+		a = append(a, "-accel", "tcg,thread=multi")
+		cmdline += " tsc_early_khz=2000000"
+	}
+	if r.cfg.Debug {
+		cmdline += " corral.debug"
+	}
+	a = append(a, "-m", strconv.FormatInt(mib, 10), "-smp", strconv.Itoa(cpus),
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-append", cmdline,
+		"-object", "rng-random,id=rng,filename=/dev/urandom", "-device", "virtio-rng-device,rng=rng",
+		"-device", "virtio-serial-device")
+	for i, f := range files {
+		fd := strconv.Itoa(3 + i)
+		self := "/proc/self/fd/" + fd
+		switch f.Role {
+		case "upper-ro":
+			a = append(a, "-add-fd", "fd="+fd+",set="+strconv.Itoa(i))
+		case "layer", "upper":
+			set := strconv.Itoa(i + 1)
+			drive := "id=" + f.Serial + ",file=/dev/fdset/" + set + ",if=none,format=raw"
+			if f.Role == "upper" {
+				drive += ",discard=unmap,aio=threads"
+			} else {
+				drive += ",readonly=on"
+			}
+			a = append(a, "-add-fd", "fd="+fd+",set="+set, "-drive", drive,
+				"-device", "virtio-blk-device,drive="+f.Serial+",serial="+f.Serial)
+		case "tap":
+			a = append(a, "-netdev", "tap,id=net0,fd="+fd, "-device", "virtio-net-device,netdev=net0,mac="+macOf(spec.ID))
+		case "kernel":
+			a = append(a, "-kernel", self)
+		case "initrd":
+			a = append(a, "-initrd", self)
+		case "config":
+			a = append(a, "-fw_cfg", "name="+vmguest.ConfigFwCfg+",file="+self)
+		case "console":
+			a = append(a, "-chardev", "file,id=con,path="+self, "-serial", "chardev:con")
+		case "qmp":
+			a = append(a, "-chardev", "socket,id=qmp,fd="+fd+",server=on,wait=off", "-mon", "chardev=qmp,mode=control")
+		case "ctl":
+			a = append(a, "-chardev", "socket,id=ctl,fd="+fd+",server=on,wait=off",
+				"-device", "virtserialport,chardev=ctl,name="+vmguest.PortName)
+		}
+	}
+	// QEMU's own seccomp filter, on top of running as an unprivileged uid of its own.
+	a = append(a, "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
+	return a
+}
+
+// start runs QEMU for st (as st.UID, in a session of its own so that it outlives a restart of
+// corral), incoming a migration when restore is set. It records the process in st.
+func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
+	dir := r.dir(st.ID)
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	for _, vf := range st.Files {
+		f, err := vf.open(st)
+		if err != nil {
+			return fmt.Errorf("%s: %w", vf.Role, err)
+		}
+		files = append(files, f)
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "qemu.log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	args := st.Args
+	if restore {
+		args = append(slices.Clone(args), "-incoming", "defer")
+	}
+	cmd := exec.Command(r.cfg.QEMU, args...)
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = files
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setsid:     true,
+		Credential: &syscall.Credential{Uid: st.UID, Gid: st.UID, Groups: []uint32{}},
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start QEMU: %w", err)
+	}
+	pid := cmd.Process.Pid
+	// Reap it when it ends while this process runs; after a restart of corral, init does.
+	go cmd.Wait()
+	// Every file QEMU writes (the disk, the snapshot, the console log a guest could flood)
+	// stays within FileLimit; no core dumps.
+	unix.Prlimit(pid, unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: uint64(st.FileLimit), Max: uint64(st.FileLimit)}, nil)
+	unix.Prlimit(pid, unix.RLIMIT_CORE, &unix.Rlimit{}, nil)
+	start, err := procStart(pid)
+	if err != nil {
+		unix.Kill(pid, unix.SIGKILL)
+		return fmt.Errorf("QEMU exited at once:%s", r.qemuLogTail(st.ID))
+	}
+	st.Pid, st.PidStart, st.Paused = pid, start, false
+	return r.writeState(st)
+}
+
+// procStart returns the start time of pid (field 22 of /proc/PID/stat), which tells a process
+// from a later one with a recycled pid.
+func procStart(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("bad stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, errors.New("bad stat")
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, errors.New("exited")
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// alive reports whether st's QEMU process still runs.
+func alive(st *vmState) bool {
+	if st.Pid == 0 {
+		return false
+	}
+	s, err := procStart(st.Pid)
+	return err == nil && s == st.PidStart
+}
+
+// waitAgent waits until the agent answers through the VM's agent socket, or QEMU exits, or
+// the boot timeout passes.
+func (r *Runtime) waitAgent(ctx context.Context, st *vmState) error {
+	if _, err := r.proxy(st.ID); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
+	defer cancel()
+	c := agentrpc.NewClient(filepath.Join(r.dir(st.ID), agentSocket))
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.Ping(pctx)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		if !alive(st) {
+			return fmt.Errorf("the VM stopped before its agent answered:%s%s", r.qemuLogTail(st.ID), r.consoleTail(st.ID))
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("the VM's agent did not answer within %s (last: %v):%s", r.cfg.BootTimeout, err, r.consoleTail(st.ID))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// proxy returns the VM's agent socket forwarder, starting it if needed.
+func (r *Runtime) proxy(id string) (*vmlink.Proxy, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p := r.proxies[id]; p != nil {
+		return p, nil
+	}
+	dir := r.dir(id)
+	sock := filepath.Join(dir, agentSocket)
+	os.Remove(sock)
+	p, err := vmlink.NewProxy(sock, filepath.Join(dir, "ctl.sock"), r.log.With("sandbox", id))
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	r.proxies[id] = p
+	return p, nil
+}
+
+func (r *Runtime) closeProxy(id string) {
+	r.mu.Lock()
+	p := r.proxies[id]
+	delete(r.proxies, id)
+	r.mu.Unlock()
+	if p != nil {
+		p.Close()
+	}
+}
+
+func (r *Runtime) sandbox(st *vmState) *runc.Sandbox {
+	dir := r.dir(st.ID)
+	return &runc.Sandbox{ID: st.ID, Pid: st.Pid, AgentSocket: filepath.Join(dir, agentSocket), Dir: dir,
+		AgentLog: filepath.Join(dir, "console.log"), Accelerator: st.Accel}
+}
+
+// Open returns a VM that exists (after a restart of corral, for one that outlived it) and
+// makes its agent socket answer again.
+func (r *Runtime) Open(ctx context.Context, id string) (*runc.Sandbox, error) {
+	st, err := r.readState(id)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := r.proxy(id); err != nil {
+		return nil, err
+	}
+	return r.sandbox(st), nil
+}
+
+// Status reports the VM's state; MemoryBytes is QEMU's resident memory (the guest's RAM it
+// has touched, plus QEMU's own).
+func (r *Runtime) Status(ctx context.Context, id string) (runc.Status, error) {
+	st, err := r.readState(id)
+	if err != nil {
+		return runc.Status{}, err
+	}
+	switch {
+	case st.Paused:
+		return runc.Status{State: runc.StatePaused}, nil
+	case alive(st):
+		s := runc.Status{State: runc.StateRunning, Pid: st.Pid, MemoryBytes: rss(st.Pid)}
+		if stopped, _ := r.vmStopped(ctx, id); stopped {
+			s.State = runc.StatePaused
+		}
+		return s, nil
+	}
+	return runc.Status{State: runc.StateStopped}, nil
+}
+
+// vmStopped reports whether the VM's vCPUs are stopped (Freeze).
+func (r *Runtime) vmStopped(ctx context.Context, id string) (bool, error) {
+	_, err := os.Stat(filepath.Join(r.dir(id), "frozen"))
+	return err == nil, nil
+}
+
+// rss returns the resident memory of pid in bytes (0 if unknown).
+func rss(pid int) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// Delete stops the VM and removes everything it had: the process (and with it its tap), its
+// agent socket forwarder, its directory (disk, snapshot, sockets, logs) and its uid. Deleting
+// an unknown sandbox is not an error.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if !idRE.MatchString(id) {
+		return errdefs.Invalid("ID", "%q is not a sandbox ID", id)
+	}
+	unlock := r.lock(id)
+	defer unlock()
+	return r.destroy(ctx, id)
+}
+
+func (r *Runtime) destroy(ctx context.Context, id string) error {
+	r.closeProxy(id)
+	var errs []error
+	if st, err := r.readState(id); err == nil {
+		if err := kill(ctx, st); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(r.dir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		r.freeUID(id)
+		r.mu.Lock()
+		delete(r.locks, id)
+		r.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// kill ends st's QEMU process (SIGKILL through a pidfd, so a recycled pid is never hit) and
+// waits until it is gone.
+func kill(ctx context.Context, st *vmState) error {
+	if !alive(st) {
+		return nil
+	}
+	fd, err := unix.PidfdOpen(st.Pid, 0)
+	if err != nil {
+		return nil // gone already
+	}
+	defer unix.Close(fd)
+	if !alive(st) {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("kill QEMU %d: %w", st.Pid, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		// The pidfd becomes readable when the process exits.
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(pfd, 100)
+		if n > 0 {
+			// Exited; it may still be a zombie until its parent reaps it, which is fine.
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("QEMU %d did not exit after SIGKILL", st.Pid)
+		}
+	}
+}
+
+// GVisor: VMs are not containers.
+func (r *Runtime) GVisor() (string, error) {
+	return "", errors.New("gVisor is a container runtime")
+}
+
+// UpperDir: a VM's writable layer is a disk inside the guest, not a host directory.
+func (r *Runtime) UpperDir(id string) (string, error) {
+	return "", errdefs.Invalid("sandbox", "%s is a microvm: its writable layer is a disk inside the VM; layer snapshots of microvms are not supported", id)
+}
+
+func tail(b []byte, n int) string {
+	b = bytes.TrimSpace(b)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// consoleTail and qemuLogTail quote the end of the guest's console and QEMU's own log for an
+// error message.
+func (r *Runtime) consoleTail(id string) string { return r.fileTail(id, "console.log", "console") }
+func (r *Runtime) qemuLogTail(id string) string { return r.fileTail(id, "qemu.log", "qemu") }
+
+func (r *Runtime) fileTail(id, name, what string) string {
+	f, err := os.Open(filepath.Join(r.dir(id), name))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const n = 1500
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(fi.Size()-n, 0)
+	}
+	b := make([]byte, n)
+	k, _ := f.Read(b)
+	t := tail(b[:k], n)
+	if t == "" {
+		return ""
+	}
+	return "\n--- " + what + " (end) ---\n" + t
+}
+
+// Close stops the agent socket forwarders. The VMs run on: a later Runtime's Open serves them
+// again.
+func (r *Runtime) Close() error {
+	r.mu.Lock()
+	ps := r.proxies
+	r.proxies = map[string]*vmlink.Proxy{}
+	r.mu.Unlock()
+	for _, p := range ps {
+		p.Close()
+	}
+	return nil
+}

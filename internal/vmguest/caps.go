@@ -1,0 +1,180 @@
+package vmguest
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+)
+
+// capNumbers maps capability names to numbers: every capability Linux 6.1 knows.
+var capNumbers = map[string]int{
+	"CAP_CHOWN": unix.CAP_CHOWN, "CAP_DAC_OVERRIDE": unix.CAP_DAC_OVERRIDE,
+	"CAP_DAC_READ_SEARCH": unix.CAP_DAC_READ_SEARCH, "CAP_FOWNER": unix.CAP_FOWNER,
+	"CAP_FSETID": unix.CAP_FSETID, "CAP_KILL": unix.CAP_KILL, "CAP_SETGID": unix.CAP_SETGID,
+	"CAP_SETUID": unix.CAP_SETUID, "CAP_SETPCAP": unix.CAP_SETPCAP,
+	"CAP_LINUX_IMMUTABLE": unix.CAP_LINUX_IMMUTABLE, "CAP_NET_BIND_SERVICE": unix.CAP_NET_BIND_SERVICE,
+	"CAP_NET_BROADCAST": unix.CAP_NET_BROADCAST, "CAP_NET_ADMIN": unix.CAP_NET_ADMIN,
+	"CAP_NET_RAW": unix.CAP_NET_RAW, "CAP_IPC_LOCK": unix.CAP_IPC_LOCK, "CAP_IPC_OWNER": unix.CAP_IPC_OWNER,
+	"CAP_SYS_MODULE": unix.CAP_SYS_MODULE, "CAP_SYS_RAWIO": unix.CAP_SYS_RAWIO,
+	"CAP_SYS_CHROOT": unix.CAP_SYS_CHROOT, "CAP_SYS_PTRACE": unix.CAP_SYS_PTRACE,
+	"CAP_SYS_PACCT": unix.CAP_SYS_PACCT, "CAP_SYS_ADMIN": unix.CAP_SYS_ADMIN,
+	"CAP_SYS_BOOT": unix.CAP_SYS_BOOT, "CAP_SYS_NICE": unix.CAP_SYS_NICE,
+	"CAP_SYS_RESOURCE": unix.CAP_SYS_RESOURCE, "CAP_SYS_TIME": unix.CAP_SYS_TIME,
+	"CAP_SYS_TTY_CONFIG": unix.CAP_SYS_TTY_CONFIG, "CAP_MKNOD": unix.CAP_MKNOD, "CAP_LEASE": unix.CAP_LEASE,
+	"CAP_AUDIT_WRITE": unix.CAP_AUDIT_WRITE, "CAP_AUDIT_CONTROL": unix.CAP_AUDIT_CONTROL,
+	"CAP_SETFCAP": unix.CAP_SETFCAP, "CAP_MAC_OVERRIDE": unix.CAP_MAC_OVERRIDE,
+	"CAP_MAC_ADMIN": unix.CAP_MAC_ADMIN, "CAP_SYSLOG": unix.CAP_SYSLOG, "CAP_WAKE_ALARM": unix.CAP_WAKE_ALARM,
+	"CAP_BLOCK_SUSPEND": unix.CAP_BLOCK_SUSPEND, "CAP_AUDIT_READ": unix.CAP_AUDIT_READ,
+	"CAP_PERFMON": unix.CAP_PERFMON, "CAP_BPF": unix.CAP_BPF, "CAP_CHECKPOINT_RESTORE": unix.CAP_CHECKPOINT_RESTORE,
+}
+
+// capMask returns the mask of the named capabilities.
+func capMask(names []string) (uint64, error) {
+	var m uint64
+	for _, n := range names {
+		c, ok := capNumbers[n]
+		if !ok {
+			return 0, fmt.Errorf("unknown capability %s", n)
+		}
+		m |= 1 << c
+	}
+	return m, nil
+}
+
+// commandCaps is what every command the agent starts may have: the sandbox's capability set
+// (agentrpc.SandboxCaps, what a container's processes get), plus CAP_SYS_ADMIN for an agent that
+// runs fncalls (which drops it for each call's command, as in a container of that tier).
+func commandCaps(calls bool) (uint64, error) {
+	names := agentrpc.SandboxCaps()
+	if calls {
+		names = append(names, "CAP_SYS_ADMIN")
+	}
+	return capMask(names)
+}
+
+// initOnlyCaps are kept by PID 1 beyond the commands' set, in its effective and permitted sets
+// but not in its bounding set, so no command can ever have them (a root execve gets the bounding
+// set; a non-root one nothing): CAP_SYS_BOOT, to power the VM off when the agent fails.
+const initOnlyCaps = 1 << unix.CAP_SYS_BOOT
+
+// dropCaps reduces every thread of the process to the commands' capabilities (commandCaps),
+// which is what makes commands as privileged as a container's processes and no more:
+//   - every other capability leaves the bounding set, so no execve (as root, of a setuid or a
+//     file-capability binary) can bring it back;
+//   - the effective and permitted sets become the commands' set plus initOnlyCaps, the
+//     inheritable and ambient sets empty;
+//   - no_new_privs is set, as runc sets it for a container's processes.
+//
+// Capabilities and no_new_privs are per thread: this runs on every thread of the Go runtime at
+// once (syscall.AllThreadsSyscall, which needs a binary without cgo, as the static agent is), and
+// threads started later inherit the calling thread's credentials. It then checks every thread.
+func dropCaps(keep uint64) error {
+	hdr := &unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	data := &[2]unix.CapUserData{}
+	if err := unix.Capget(hdr, &data[0]); err != nil {
+		return fmt.Errorf("read capabilities: %w", err)
+	}
+	held := uint64(data[0].Permitted) | uint64(data[1].Permitted)<<32
+	var bnd uint64 // what will be left of the bounding set
+	last := lastCap()
+	for c := 0; c <= last; c++ {
+		if keep&(1<<c) != 0 {
+			if in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0); err == nil && in == 1 {
+				bnd |= 1 << c
+			}
+			continue
+		}
+		if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 {
+			return fmt.Errorf("drop capability %d from the bounding set: %w", c, e)
+		}
+	}
+	set := (keep | initOnlyCaps) & held
+	*data = [2]unix.CapUserData{
+		{Effective: uint32(set), Permitted: uint32(set)},
+		{Effective: uint32(set >> 32), Permitted: uint32(set >> 32)},
+	}
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return fmt.Errorf("set capabilities: %w", e)
+	}
+	// The empty inheritable set has emptied the ambient set too.
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
+		return fmt.Errorf("set no_new_privs: %w", e)
+	}
+	return checkCaps("/proc/self/task", bnd, set)
+}
+
+// lastCap is the highest capability number this kernel knows.
+func lastCap() int {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 && n < 64 {
+			return n
+		}
+	}
+	return unix.CAP_LAST_CAP
+}
+
+// checkCaps reads the status of every thread under taskDir (/proc/self/task) and fails unless
+// each has bounding set bnd, effective and permitted sets set, empty inheritable and ambient
+// sets, and no_new_privs.
+func checkCaps(taskDir string, bnd, set uint64) error {
+	ents, err := os.ReadDir(taskDir)
+	if err != nil {
+		return fmt.Errorf("check capabilities: %w", err)
+	}
+	want := map[string]uint64{"CapBnd": bnd, "CapEff": set, "CapPrm": set, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
+	for _, e := range ents {
+		got, err := readStatus(filepath.Join(taskDir, e.Name(), "status"))
+		if err != nil {
+			continue // the thread is gone
+		}
+		for k, w := range want {
+			if g, ok := got[k]; !ok || g != w {
+				return fmt.Errorf("check capabilities: thread %s has %s %#x, want %#x", e.Name(), k, g, w)
+			}
+		}
+	}
+	return nil
+}
+
+// readStatus returns the capability sets (hexadecimal) and NoNewPrivs of a /proc status file.
+func readStatus(path string) (map[string]uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]uint64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch {
+		case strings.HasPrefix(k, "Cap"):
+			n, err := strconv.ParseUint(v, 16, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", path, k, err)
+			}
+			out[k] = n
+		case k == "NoNewPrivs":
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", path, k, err)
+			}
+			out[k] = n
+		}
+	}
+	return out, sc.Err()
+}
