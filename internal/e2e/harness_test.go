@@ -279,6 +279,13 @@ func (p *corralProc) cleanup() {
 	if p.t.Failed() {
 		p.t.Logf("corral up log:\n%s", p.Logs())
 	}
+	// VMs outlive corral up (a test that failed with it killed leaves them): end them.
+	vms, _ := os.ReadDir(filepath.Join(p.DataDir, "vms"))
+	for _, vm := range vms {
+		for _, pid := range qemuPids(vm.Name()) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 	// The per-test cgroup parent itself (empty by now) goes too.
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + p.Cgroup)
 	more, _ := filepath.Glob("/sys/fs/cgroup/*/*" + p.Cgroup)
@@ -340,10 +347,13 @@ func withBase(t *testing.T, extra ...string) *corralProc {
 // forRuntimes runs f as subtests "runc" and "gvisor"; the gVisor one skips when runsc is not
 // installed (scripts/install-runsc.sh).
 func forRuntimes(t *testing.T, f func(t *testing.T, rt string)) {
-	for _, rt := range []string{"runc", "gvisor"} {
+	for _, rt := range []string{"runc", "gvisor", "microvm"} {
 		t.Run(rt, func(t *testing.T) {
-			if rt == "gvisor" {
+			switch rt {
+			case "gvisor":
 				needGVisor(t)
+			case "microvm":
+				needMicroVM(t)
 			}
 			f(t, rt)
 		})
@@ -371,7 +381,14 @@ func withBaseOn(t *testing.T, rt string, extra ...string) *corralProc {
 // create makes a sandbox on base:test, deleted at the end of the test.
 func (p *corralProc) create(req corral.CreateRequest) *corral.Sandbox {
 	p.t.Helper()
-	if req.Runtime == "" {
+	switch {
+	case p.runtime == "microvm" && req.Tier == "":
+		// The microvm tier: "runtime" microvm is the harness's name for it.
+		req.Tier = "microvm"
+		if req.Limits.MemoryBytes == 0 {
+			req.Limits.MemoryBytes = 256 << 20
+		}
+	case req.Runtime == "" && p.runtime != "microvm":
 		req.Runtime = p.runtime
 	}
 	if req.Base == "" && req.FromSnapshot == "" && req.Environment == "" {

@@ -26,7 +26,13 @@ func needMicroVM(t *testing.T) {
 }
 
 // qemuPids returns the pids of QEMU processes running a VM of sandbox id.
-func qemuPids(id string) []int {
+func qemuPids(id string) []int { return qemuProcs("\x00corral-" + id + "\x00") }
+
+// allQEMUPids returns the pids of every QEMU process running a Corral VM (the e2e tests run one
+// at a time, so any left when a test checks is a leftover).
+func allQEMUPids() []int { return qemuProcs("\x00corral-sb-") }
+
+func qemuProcs(match string) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -39,7 +45,7 @@ func qemuPids(id string) []int {
 			continue
 		}
 		args := strings.Split(string(b), "\x00")
-		if len(args) > 2 && strings.HasSuffix(args[0], "qemu-system-x86_64") && strings.Contains(string(b), "corral-"+id+"\x00") {
+		if len(args) > 2 && strings.HasSuffix(args[0], "qemu-system-x86_64") && strings.Contains(string(b), match) {
 			pids = append(pids, pid)
 		}
 	}

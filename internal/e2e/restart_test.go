@@ -32,7 +32,14 @@ func testKill9AndReadopt(t *testing.T, rt string) {
 
 	p.Kill9()
 	// With corral down, the sandbox's processes are alive; kill every process of the other one.
-	if n := killCgroup(t, p.Cgroup, dies.ID); n == 0 {
+	if rt == "microvm" {
+		// A VM is one QEMU process.
+		pids := qemuPids(dies.ID)
+		if len(pids) != 1 {
+			t.Fatalf("QEMU processes of %s: %v, want one", dies.ID, pids)
+		}
+		syscall.Kill(pids[0], syscall.SIGKILL)
+	} else if n := killCgroup(t, p.Cgroup, dies.ID); n == 0 {
 		t.Fatalf("found no processes of %s in its cgroup", dies.ID)
 	}
 	p.Restart()

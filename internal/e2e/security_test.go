@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -153,8 +154,12 @@ func TestLimits(t *testing.T) { forRuntimes(t, testLimits) }
 
 func testLimits(t *testing.T, rt string) {
 	p := withBaseOn(t, rt)
+	mem := int64(64 << 20)
+	if rt == "microvm" {
+		mem = 128 << 20 // a VM's least: its kernel and agent need about 100 MiB
+	}
 	sb := p.create(corral.CreateRequest{Limits: corral.Limits{
-		MemoryBytes: 64 << 20, Pids: 64, DiskBytes: 64 << 20, OpenFiles: 256, CPUs: 0.5,
+		MemoryBytes: mem, Pids: 64, DiskBytes: 64 << 20, OpenFiles: 256, CPUs: 0.5,
 	}})
 	// Disk: writing past 64 MiB fails with ENOSPC.
 	out, _, exit := p.run(sb.ID, "/bin/sh", "-c", "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; echo rc=$?")
@@ -167,7 +172,7 @@ func testLimits(t *testing.T, rt string) {
 	// Processes: a fork loop stops at the pids limit and the sandbox still answers. Under gVisor
 	// the host limit has headroom for gVisor's own threads (see runc.hostPids), so the same loop
 	// fits, and the host's pids.max is checked instead.
-	if rt == "runc" {
+	if rt != "gvisor" {
 		out, _, _ = p.run(sb.ID, "/bin/sh", "-c", "for i in $(seq 100); do sleep 5 & done 2>&1 | grep -c 'fork' ; true")
 		if strings.TrimSpace(out) == "0" {
 			t.Fatalf("100 background sleeps with pids=64: no fork failed")
@@ -183,20 +188,19 @@ func testLimits(t *testing.T, rt string) {
 		p.run(sb.ID, "/bin/sh", "-c", "for i in $(seq 50); do sleep 5 & done; true")
 	}
 	p.run(sb.ID, "/bin/sh", "-c", "kill $(pidof sleep) 2>/dev/null; true")
-	// CPUs: the sandbox has no cgroup mount inside, so check its cgroup from the host.
-	quota, _ := filepath.Glob("/sys/fs/cgroup/cpu*/" + strings.TrimPrefix(p.Cgroup, "/") + "/" + sb.ID + "/cpu.cfs_quota_us")
-	if len(quota) == 0 {
-		quota, _ = filepath.Glob("/sys/fs/cgroup/*" + p.Cgroup + "/" + sb.ID + "/cpu.max")
+	if rt == "microvm" {
+		// A VM's CPUs are its vCPUs (-smp: 0.5 rounds up to one); its memory is its RAM.
+		if got := strings.TrimSpace(p.sh(sb.ID, "grep -c ^processor /proc/cpuinfo")); got != "1" {
+			t.Fatalf("cpus=0.5: the VM has %s CPUs, want 1", got)
+		}
+		if kb, _ := strconv.Atoi(strings.Fields(p.sh(sb.ID, "grep MemTotal /proc/meminfo") + " x 0")[1]); kb > 128<<10 || kb < 64<<10 {
+			t.Fatalf("memory 128 MiB: the VM's MemTotal is %d KiB", kb)
+		}
+	} else {
+		checkCPUQuota(t, p, sb.ID)
 	}
-	if len(quota) == 0 {
-		t.Fatalf("no CPU quota file for %s under %s", sb.ID, p.Cgroup)
-	}
-	b, _ := os.ReadFile(quota[0])
-	period, _ := os.ReadFile(filepath.Join(filepath.Dir(quota[0]), "cpu.cfs_period_us"))
-	if q, per := strings.TrimSpace(string(b)), strings.TrimSpace(string(period)); !(q == "50000" && per == "100000") && !strings.HasPrefix(q, "50000 100000") {
-		t.Fatalf("CPU quota for cpus=0.5: quota %q period %q, want 50000/100000", q, per)
-	}
-	// Memory: a process that grows past 64 MiB is OOM-killed, the sandbox survives. Under gVisor
+	// Memory: a process that grows past the limit is OOM-killed, the sandbox survives (in a VM,
+	// by the guest kernel's OOM killer; the agent is its init, which that never kills). Under gVisor
 	// the host's OOM killer ends the whole sandbox (gVisor's kernel has no OOM killer of its
 	// own for the host's limit): the sandbox fails with reason oom_killed, the host is unharmed.
 	if rt == "gvisor" {
@@ -222,6 +226,24 @@ func testLimits(t *testing.T, rt string) {
 	}
 }
 
+// checkCPUQuota checks a container's CFS quota for cpus=0.5. The sandbox has no cgroup mount
+// inside, so it reads the sandbox's cgroup from the host.
+func checkCPUQuota(t *testing.T, p *corralProc, id string) {
+	t.Helper()
+	quota, _ := filepath.Glob("/sys/fs/cgroup/cpu*/" + strings.TrimPrefix(p.Cgroup, "/") + "/" + id + "/cpu.cfs_quota_us")
+	if len(quota) == 0 {
+		quota, _ = filepath.Glob("/sys/fs/cgroup/*" + p.Cgroup + "/" + id + "/cpu.max")
+	}
+	if len(quota) == 0 {
+		t.Fatalf("no CPU quota file for %s under %s", id, p.Cgroup)
+	}
+	b, _ := os.ReadFile(quota[0])
+	period, _ := os.ReadFile(filepath.Join(filepath.Dir(quota[0]), "cpu.cfs_period_us"))
+	if q, per := strings.TrimSpace(string(b)), strings.TrimSpace(string(period)); !(q == "50000" && per == "100000") && !strings.HasPrefix(q, "50000 100000") {
+		t.Fatalf("CPU quota for cpus=0.5: quota %q period %q, want 50000/100000", q, per)
+	}
+}
+
 // TestDeleteLeavesNothing creates and deletes sandboxes (some busy) and then checks the host for
 // every kind of leftover.
 func TestDeleteLeavesNothing(t *testing.T) { forRuntimes(t, testDeleteLeavesNothing) }
@@ -229,8 +251,12 @@ func TestDeleteLeavesNothing(t *testing.T) { forRuntimes(t, testDeleteLeavesNoth
 func testDeleteLeavesNothing(t *testing.T, rt string) {
 	p := withBaseOn(t, rt)
 	ctx := context.Background()
-	for i := range 24 {
-		sb := p.create(corral.CreateRequest{Limits: corral.Limits{DiskBytes: 32 << 20}})
+	n, disk := 24, int64(32<<20)
+	if rt == "microvm" {
+		n, disk = 6, 64<<20 // each is a boot; 64 MiB is a VM disk's least
+	}
+	for i := range n {
+		sb := p.create(corral.CreateRequest{Limits: corral.Limits{DiskBytes: disk}})
 		if i%2 == 0 {
 			p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "sleep 100 & sleep 100"}})
 		}
@@ -270,11 +296,14 @@ func assertNoLeftovers(t *testing.T, p *corralProc) {
 			t.Errorf("processes left in %s: %s", dir, tasks)
 		}
 	}
-	for _, sub := range []string{"sandboxes", "runc", "net"} {
+	for _, sub := range []string{"sandboxes", "runc", "net", "vms"} {
 		entries, _ := os.ReadDir(filepath.Join(p.DataDir, sub))
 		for _, e := range entries {
 			t.Errorf("state left behind: %s", filepath.Join(p.DataDir, sub, e.Name()))
 		}
+	}
+	if pids := allQEMUPids(); len(pids) > 0 {
+		t.Errorf("QEMU processes left behind: %v", pids)
 	}
 	if ns, _ := filepath.Glob("/run/netns/corral-" + p.NetTag + "-*"); len(ns) > 0 {
 		t.Errorf("network namespaces left behind: %v", ns)
