@@ -69,11 +69,11 @@ func (c *ClusterConfig) admissible(host corral.Resources) *corral.Resources {
 }
 
 // registerNode starts this edge's incarnation and fences the store's writes with its epoch.
-func registerNode(ctx context.Context, cfg Config, st *store.Store, runtimes []string, log *slog.Logger) (*corral.Node, error) {
+func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, log *slog.Logger) (*corral.Node, error) {
 	n, err := st.RegisterNode(ctx, corral.Node{
 		Name: cfg.Node, URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
 		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes),
-		Tiers:    []string{"container", "fncall"}, Runtimes: runtimes,
+		Tiers:    tiers, Runtimes: runtimes,
 	}, cfg.Cluster.LeaseTTL)
 	if err != nil {
 		return nil, err

@@ -328,7 +328,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		if _, err := rt.GVisor(); err == nil {
 			runtimes = append(runtimes, edge.RuntimeGVisor)
 		}
-		if node, err = registerNode(ctx, cfg, st, runtimes, log); err != nil {
+		tiers := []string{edge.TierContainer, edge.TierFncall}
+		if vm != nil && vm.Available() == nil {
+			tiers = append(tiers, edge.TierMicroVM)
+			runtimes = append(runtimes, edge.RuntimeQEMU)
+		}
+		if node, err = registerNode(ctx, cfg, st, tiers, runtimes, log); err != nil {
 			return err
 		}
 	}

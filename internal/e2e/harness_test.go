@@ -344,8 +344,9 @@ func withBase(t *testing.T, extra ...string) *corralProc {
 	return p
 }
 
-// forRuntimes runs f as subtests "runc" and "gvisor"; the gVisor one skips when runsc is not
-// installed (scripts/install-runsc.sh).
+// forRuntimes runs f as subtests "runc", "gvisor" and "microvm" (the microvm tier, QEMU); the
+// gVisor one skips when runsc is not installed (scripts/install-runsc.sh), the microvm one when
+// QEMU or the guest kernel is missing (scripts/setup.sh).
 func forRuntimes(t *testing.T, f func(t *testing.T, rt string)) {
 	for _, rt := range []string{"runc", "gvisor", "microvm"} {
 		t.Run(rt, func(t *testing.T) {

@@ -5,7 +5,7 @@
 //
 // # What a VM is on the host
 //
-// Each VM owns <StateDir>/<id> (mode 0700, owned by the VM's uid):
+// Each VM owns <StateDir>/<id> (mode 0700, root's; QEMU never opens a path in it):
 //
 //	vm.json      the state: QEMU's argv, the files it gets as descriptors, its pid, its uid
 //	upper.img    the writable disk: a sparse file of DiskBytes, ext4 made on the host
@@ -14,7 +14,7 @@
 //	ctl.sock     the virtio-serial port "corral.ctl", the guest agent's only channel
 //	agent.sock   what the edge dials: each connection becomes a stream over ctl.sock
 //	             (internal/vmlink: yamux with a resync handshake)
-//	console.log  the guest's serial console; qemu.log QEMU's stderr
+//	console.log  the guest's serial console (the one file the VM's uid owns); qemu.log QEMU's stderr
 //	snapshot.bin the VM's memory and device state while it is paused
 //
 // The layers are the layer store's files: each layer's EROFS image, and for a split layer its
@@ -26,9 +26,11 @@
 //
 // QEMU runs as a uid of its own per VM (Config.UIDBase + n), with no supplementary groups, in
 // a session of its own (it outlives a restart of corral), with QEMU's seccomp filter
-// (-sandbox on, with obsolete, elevateprivileges, spawn and resourcecontrol denied). It opens
-// no file of the host by path but the kernel, the initramfs, the guest config and its own
-// directory: the layers, the disk and the tap are descriptors the runtime opens and passes.
+// (-sandbox on, with obsolete, elevateprivileges, spawn and resourcecontrol denied). Every file
+// it uses is a descriptor the runtime opens and passes (vmFile): the layers and the disk
+// through -add-fd and /dev/fdset, the kernel, initramfs, guest config and console through
+// /proc/self/fd, QMP and the port as listening sockets (chardev fd=), the tap. So it needs no
+// access to the data directory, and none is given.
 // There is no shared folder, no user-mode network and no monitor but QMP on a socket in the
 // VM's directory. RLIMIT_FSIZE bounds every file it writes (the console a guest could flood).
 //
