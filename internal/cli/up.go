@@ -69,6 +69,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.StringVar(&cfg.MicroVM.QEMU, "qemu", "", "qemu-system-x86_64 binary for the microvm tier (default: on PATH)")
 	f.StringVar(&cfg.MicroVM.KernelDir, "guest-kernel", "", "guest kernel directory of the microvm tier (default /var/cache/corral/guest-kernel/current, made by scripts/setup.sh)")
 	f.StringVar(&cfg.MicroVM.Accel, "microvm-accel", "", "accelerator of microvm sandboxes: kvm, tcg, or empty (KVM when it boots the guest, else TCG)")
+	f.BoolVar(&cfg.MicroVM.Templates, "microvm-templates", false, "start microVMs from a snapshot of a booted template VM of their shape (memory, vCPUs, disks, network) instead of booting each; the first VM of a shape boots and builds its template")
 	f.BoolVar(&cfg.MicroVM.Debug, "microvm-debug", false, "guests log their boot to the console log in their state directory")
 	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "/corral", "cgroup under which sandbox cgroups are created")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", 0, "TTL of a sandbox whose create call names none (default 1h)")

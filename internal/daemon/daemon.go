@@ -136,6 +136,8 @@ type MicroVMConfig struct {
 	Accel string
 	// Debug makes guests log their boot to their console.log.
 	Debug bool
+	// Templates starts microVMs from a snapshot of a booted template VM of their shape.
+	Templates bool
 }
 
 func (c *Config) setDefaults() {
@@ -295,6 +297,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if !cfg.MicroVM.Off {
 		vm, err = qemu.New(ctx, qemu.Config{
 			QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
+			Templates:        cfg.MicroVM.Templates,
 			StateDir:         filepath.Join(cfg.DataDir, "vms"),
 			CacheDir:         filepath.Join(cfg.DataDir, "vmboot"),
 			DefaultDiskBytes: edge.DefaultLimits.DiskBytes,

@@ -30,7 +30,7 @@ func qemuPids(id string) []int { return qemuProcs("\x00corral-" + id + "\x00") }
 
 // allQEMUPids returns the pids of every QEMU process running a Corral VM (the e2e tests run one
 // at a time, so any left when a test checks is a leftover).
-func allQEMUPids() []int { return qemuProcs("\x00corral-sb-") }
+func allQEMUPids() []int { return qemuProcs("\x00corral-") }
 
 func qemuProcs(match string) []int {
 	var pids []int
@@ -207,4 +207,62 @@ func TestMicroVMNetworkAndTTL(t *testing.T) {
 		got, err := p.Client.GetSandbox(ctx, sb.ID)
 		return err == nil && got.State == corral.StateStopped && len(qemuPids(sb.ID)) == 0
 	})
+}
+
+// TestMicroVMTemplates: with --microvm-templates the first VM of a shape boots and builds the
+// shape's template; later ones are restored from it, each with its own hostname, address, clock
+// and entropy, and behave like booted ones (exec, files, pause and resume, delete).
+func TestMicroVMTemplates(t *testing.T) {
+	needMicroVM(t)
+	p := withBase(t, "--microvm-templates")
+	ctx := context.Background()
+	req := corral.CreateRequest{Tier: "microvm", Limits: corral.Limits{MemoryBytes: 256 << 20, DiskBytes: 256 << 20},
+		Network: &corral.NetworkPolicy{Mode: corral.NetworkAllowlist}}
+	first := p.create(req)
+	if first.Boot != "boot" {
+		t.Fatalf("the first VM of its shape: boot = %q, want boot", first.Boot)
+	}
+	var clones []*corral.Sandbox
+	eventually(t, 90*time.Second, "a VM restored from the template", func() bool {
+		sb := p.create(req)
+		if sb.Boot == "template" {
+			clones = append(clones, sb)
+			return true
+		}
+		p.Client.DeleteSandbox(ctx, sb.ID)
+		return false
+	})
+	clones = append(clones, p.create(req))
+	if clones[1].Boot != "template" {
+		t.Fatalf("second restore: boot = %q", clones[1].Boot)
+	}
+	seen := map[string]bool{}
+	for _, sb := range clones {
+		out := p.sh(sb.ID, "hostname; ip -4 addr show eth0 | grep -o 'inet [0-9./]*'; date +%s; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; echo data > /root/f; cat /root/f")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 5 || lines[0] != sb.ID || lines[1] != "inet "+sb.NetworkAddress+"/30" || lines[4] != "data" {
+			t.Fatalf("restored VM %s: %q; want its own hostname and address, and a writable disk", sb.ID, out)
+		}
+		if at, _ := strconv.ParseInt(lines[2], 10, 64); time.Since(time.Unix(at, 0)).Abs() > 30*time.Second {
+			t.Fatalf("restored VM %s: clock %s, host %d", sb.ID, lines[2], time.Now().Unix())
+		}
+		if seen[lines[3]] {
+			t.Fatalf("two VMs restored from one template read the same random bytes %s", lines[3])
+		}
+		seen[lines[3]] = true
+	}
+	sb := clones[0]
+	if _, err := p.Client.PauseSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := p.sh(sb.ID, "cat /root/f"); out != "data\n" {
+		t.Fatalf("after pause and resume: %q", out)
+	}
+	for _, s := range append(clones, first) {
+		if _, err := p.Client.DeleteSandbox(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Stop()
+	assertNoLeftovers(t, p)
 }

@@ -725,6 +725,12 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	sb.touch()
 	rec.State = corral.StateRunning
 	rec.Accelerator = rsb.Accelerator
+	if rec.Tier == TierMicroVM {
+		rec.Boot = "boot"
+		if rsb.Template != "" {
+			rec.Boot = "template"
+		}
+	}
 	e.mu.Lock()
 	e.live[rec.ID] = sb
 	e.mu.Unlock()

@@ -44,7 +44,27 @@ type Config struct {
 	Net *Net `json:"net,omitempty"`
 	// ResolvConf is written to /etc/resolv.conf in the sandbox's root when set.
 	ResolvConf string `json:"resolv_conf,omitempty"`
+
+	// Template makes this VM a template (see the package documentation): it boots until the
+	// sandbox's own Config is needed and then waits for it on the port (ReceiveConfig), where
+	// the host snapshots it. Every other field is ignored.
+	Template bool `json:"template,omitempty"`
+	// Seed is randomness from the host that the guest adds to its entropy pool: VMs restored
+	// from one template start with the same pool.
+	Seed []byte `json:"seed,omitempty"`
+	// Now is the host's clock (Unix nanoseconds) when it sent the Config: a VM restored from a
+	// template starts with the template's clock.
+	Now int64 `json:"now,omitempty"`
 }
+
+// The lines of the exchange by which a template VM receives its Config on the port: the guest
+// writes ConfigReady (again after every reconnection) and reads; the host writes
+// "CORRAL-CONFIG <nonce> <base64 JSON>\n" and waits for "CORRAL-CONFIG-OK <nonce>\n".
+const (
+	ConfigReady    = "CORRAL-READY"
+	ConfigPrefix   = "CORRAL-CONFIG "
+	ConfigOKPrefix = "CORRAL-CONFIG-OK "
+)
 
 // Layer is one read-only layer: an EROFS image on a virtio-blk disk.
 type Layer struct {
@@ -90,6 +110,12 @@ var (
 
 // Validate reports the first field that is out of range.
 func (c *Config) Validate() error {
+	if c.Template {
+		return nil
+	}
+	if len(c.Seed) > 512 {
+		return errdefs.Invalid("seed", "%d bytes, at most 512", len(c.Seed))
+	}
 	if !hostnameRE.MatchString(c.Hostname) {
 		return errdefs.Invalid("hostname", "%q is not a valid hostname", c.Hostname)
 	}

@@ -120,13 +120,31 @@ func (g *guest) run(agent Agent) error {
 	}
 	g.phase("mounted /proc, /sys, /dev")
 
-	if err := loadModules(modulesDir); err != nil {
+	// The disk and network drivers load once the config is known: a template VM is snapshotted
+	// before, so a VM restored from it probes its own disks and network card, not the template's.
+	if err := loadModules(modulesDir, func(name string) bool { return !lateModules[name] }); err != nil {
 		return err
 	}
 	g.phase("loaded modules")
 
 	c, err := readConfig(fwCfgPath, configWait)
 	if err != nil {
+		return err
+	}
+	var open func() (io.ReadWriteCloser, error)
+	if c.Template {
+		if open, err = pinPort(vmlink.PortDevice, PortName, deviceWait); err != nil {
+			return err
+		}
+		g.phase("template: waiting for the sandbox's config")
+		if c, err = receiveConfig(open); err != nil {
+			return err
+		}
+	}
+	if err := applyHostState(c); err != nil {
+		return err
+	}
+	if err := loadModules(modulesDir, func(name string) bool { return lateModules[name] }); err != nil {
 		return err
 	}
 	serve, calls, err := agent(c.agentArgs())
@@ -156,9 +174,10 @@ func (g *guest) run(agent Agent) error {
 	}
 	g.phase("mounted the root")
 
-	open, err := pinPort(vmlink.PortDevice, PortName, deviceWait)
-	if err != nil {
-		return err
+	if open == nil {
+		if open, err = pinPort(vmlink.PortDevice, PortName, deviceWait); err != nil {
+			return err
+		}
 	}
 	g.phase("opened the port")
 
@@ -201,9 +220,12 @@ func mountEarly() error {
 	return nil
 }
 
-// loadModules loads dir/<name>.ko for each name in dir/order, in order (dependencies first). A
-// module already loaded (or built in) is fine.
-func loadModules(dir string) error {
+// lateModules load after the config is read: the drivers of the disks and the network card.
+var lateModules = map[string]bool{"virtio_blk": true, "virtio_net": true}
+
+// loadModules loads dir/<name>.ko for each name in dir/order that want accepts, in order
+// (dependencies first). A module already loaded (or built in) is fine.
+func loadModules(dir string, want func(name string) bool) error {
 	order, err := os.ReadFile(filepath.Join(dir, "order"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // a kernel with everything built in
@@ -215,6 +237,9 @@ func loadModules(dir string) error {
 		name = strings.TrimSuffix(name, ".ko")
 		if strings.ContainsRune(name, '/') {
 			return fmt.Errorf("load modules: %q in %s/order is not a module name", name, dir)
+		}
+		if !want(name) {
+			continue
 		}
 		f, err := os.Open(filepath.Join(dir, name+".ko"))
 		if err != nil {

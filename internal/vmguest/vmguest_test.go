@@ -1,8 +1,12 @@
 package vmguest
 
 import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -185,13 +189,63 @@ func TestSandboxEnv(t *testing.T) {
 	}
 }
 
+// TestReceiveConfig: a template VM's wait for its config skips what an earlier host left on the
+// port, answers the config line with its nonce, starts over when the host goes away, and refuses
+// a config that does not decode.
+func TestReceiveConfig(t *testing.T) {
+	good := Config{Hostname: "h", Layers: []Layer{{Serial: "l0"}}, UpperSerial: "upper", Now: 42}
+	b, _ := json.Marshal(good)
+	line := ConfigPrefix + "n1 " + base64.StdEncoding.EncodeToString(b) + "\n"
+	ports := []*fakeConfigPort{
+		{in: "junk from a session before\n"}, // EOF: the host left
+		{in: "stale\n" + line},
+	}
+	i := 0
+	c, err := receiveConfig(func() (io.ReadWriteCloser, error) {
+		p := ports[i]
+		i++
+		return p, nil
+	})
+	if err != nil || c.Hostname != "h" || c.Now != 42 {
+		t.Fatalf("receiveConfig = %+v, %v", c, err)
+	}
+	if ports[0].out.String() != ConfigReady+"\n" || ports[1].out.String() != ConfigReady+"\n"+ConfigOKPrefix+"n1\n" {
+		t.Fatalf("the guest wrote %q then %q", ports[0].out.String(), ports[1].out.String())
+	}
+	if !ports[0].closed || !ports[1].closed {
+		t.Fatalf("ports not closed")
+	}
+	_, err = receiveConfig(func() (io.ReadWriteCloser, error) {
+		return &fakeConfigPort{in: ConfigPrefix + "n2 not-base64!\n"}, nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "base64") {
+		t.Fatalf("a bad config line: %v", err)
+	}
+}
+
+type fakeConfigPort struct {
+	in     string
+	r      *strings.Reader
+	out    bytes.Buffer
+	closed bool
+}
+
+func (p *fakeConfigPort) Read(b []byte) (int, error) {
+	if p.r == nil {
+		p.r = strings.NewReader(p.in)
+	}
+	return p.r.Read(b)
+}
+func (p *fakeConfigPort) Write(b []byte) (int, error) { return p.out.Write(b) }
+func (p *fakeConfigPort) Close() error                { p.closed = true; return nil }
+
 func TestLoadModulesWithoutOrder(t *testing.T) {
-	if err := loadModules(t.TempDir()); err != nil {
+	if err := loadModules(t.TempDir(), func(string) bool { return true }); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "order"), []byte("missing\n"), 0o644)
-	if err := loadModules(dir); err == nil || !strings.Contains(err.Error(), "missing") {
+	if err := loadModules(dir, func(string) bool { return true }); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Fatalf("a missing module: %v", err)
 	}
 }

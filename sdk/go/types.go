@@ -122,17 +122,20 @@ type Sandbox struct {
 	Runtime string `json:"runtime"`
 	// Accelerator runs a microvm sandbox: "kvm", or "tcg" (QEMU's software emulation, several
 	// times slower) where KVM cannot boot the guest.
-	Accelerator string            `json:"accelerator,omitempty"`
-	State       string            `json:"state"`
-	Reason      string            `json:"reason,omitempty"`
-	Base        LayerRef          `json:"base"`
-	Workspace   LayerRef          `json:"workspace,omitempty"`
-	Toolkits    []LayerRef        `json:"toolkits,omitempty"`
-	Limits      Limits            `json:"limits"`
-	Env         []string          `json:"env,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Hostname    string            `json:"hostname"`
-	CreatedAt   time.Time         `json:"created_at"`
+	Accelerator string `json:"accelerator,omitempty"`
+	// Boot says how a microvm sandbox started: "boot" (its kernel booted) or "template"
+	// (restored from a snapshot of a template VM of its shape; corral up --microvm-templates).
+	Boot      string            `json:"boot,omitempty"`
+	State     string            `json:"state"`
+	Reason    string            `json:"reason,omitempty"`
+	Base      LayerRef          `json:"base"`
+	Workspace LayerRef          `json:"workspace,omitempty"`
+	Toolkits  []LayerRef        `json:"toolkits,omitempty"`
+	Limits    Limits            `json:"limits"`
+	Env       []string          `json:"env,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Hostname  string            `json:"hostname"`
+	CreatedAt time.Time         `json:"created_at"`
 	// ExpiresAt is when the hard TTL ends.
 	ExpiresAt time.Time `json:"expires_at"`
 	// IdleTTL in seconds; 0 means none.

@@ -41,10 +41,6 @@ func (r *Runtime) Pause(ctx context.Context, id string) (runc.PauseStats, error)
 		return runc.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
 	}
 	defer q.Close()
-	if err := q.run(ctx, "stop", nil, nil); err != nil {
-		return runc.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
-	}
-	frozen := time.Since(start)
 	undo := func(err error) (runc.PauseStats, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -54,26 +50,14 @@ func (r *Runtime) Pause(ctx context.Context, id string) (runc.PauseStats, error)
 		os.Remove(filepath.Join(dir, snapshotFile))
 		return runc.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
 	}
-	snap := filepath.Join(dir, snapshotFile)
-	f, err := os.OpenFile(snap, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
-	if err != nil {
+	if err := q.run(ctx, "stop", nil, nil); err != nil {
 		return undo(err)
 	}
-	err = q.sendFile(ctx, "snap", f)
-	f.Close()
-	if err != nil {
-		return undo(err)
-	}
-	if err := q.run(ctx, "migrate", map[string]string{"uri": "fd:snap"}, nil); err != nil {
-		return undo(err)
-	}
-	if _, err := q.waitMigration(ctx); err != nil {
+	frozen := time.Since(start)
+	if err := save(ctx, q, filepath.Join(dir, snapshotFile)); err != nil {
 		return undo(err)
 	}
 	// The snapshot is complete: from here on the VM is the file.
-	if err := syncFile(snap); err != nil {
-		return undo(err)
-	}
 	st.Paused = true
 	if err := r.writeState(st); err != nil {
 		st.Paused = false
@@ -141,33 +125,7 @@ func (r *Runtime) Resume(ctx context.Context, id string) (runc.ResumeStats, erro
 		r.writeState(st)
 		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w%s", id, err, r.qemuLogTail(id))
 	}
-	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
-	if err != nil {
-		return fail(err)
-	}
-	defer q.Close()
-	if err := q.sendFile(ctx, "snap", f); err != nil {
-		return fail(err)
-	}
-	if err := q.run(ctx, "migrate-incoming", map[string]string{"uri": "fd:snap"}, nil); err != nil {
-		return fail(err)
-	}
-	for {
-		s, err := q.status(ctx)
-		if err != nil {
-			return fail(err)
-		}
-		if s != "inmigrate" {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return fail(ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	// The source was stopped when it was saved, so the copy starts stopped too.
-	if err := q.run(ctx, "cont", nil, nil); err != nil {
+	if err := incoming(ctx, filepath.Join(dir, "qmp.sock"), f); err != nil {
 		return fail(err)
 	}
 	os.Remove(snap)
@@ -220,4 +178,57 @@ func (r *Runtime) thaw(ctx context.Context, id string) error {
 	}
 	os.Remove(filepath.Join(r.dir(id), "frozen"))
 	return nil
+}
+
+// incoming loads the snapshot in f into a QEMU started with "-incoming defer" (QMP at qmpPath)
+// and lets the VM run.
+func incoming(ctx context.Context, qmpPath string, f *os.File) error {
+	q, err := dialQMP(ctx, qmpPath)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if err := q.sendFile(ctx, "snap", f); err != nil {
+		return err
+	}
+	if err := q.run(ctx, "migrate-incoming", map[string]string{"uri": "fd:snap"}, nil); err != nil {
+		return err
+	}
+	for {
+		s, err := q.status(ctx)
+		if err != nil {
+			return err
+		}
+		if s != "inmigrate" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	// The source was stopped when it was saved, so the copy starts stopped too.
+	return q.run(ctx, "cont", nil, nil)
+}
+
+// save migrates the stopped VM (QMP q) into the file at path. On error the VM is stopped
+// still: the caller lets it run again or ends it.
+func save(ctx context.Context, q *qmp, path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = q.sendFile(ctx, "snap", f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := q.run(ctx, "migrate", map[string]string{"uri": "fd:snap"}, nil); err != nil {
+		return err
+	}
+	if _, err := q.waitMigration(ctx); err != nil {
+		return err
+	}
+	return syncFile(path)
 }

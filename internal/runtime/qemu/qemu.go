@@ -75,6 +75,9 @@ type Config struct {
 	Mkfs string
 	// Debug asks the guest to log its boot to the console (console.log in the VM's directory).
 	Debug bool
+	// Templates starts new VMs from a snapshot of a template VM of their shape, once one is
+	// built, instead of booting them (template.go).
+	Templates bool
 }
 
 // Runtime runs sandboxes as QEMU microvm machines; see the package doc. It is safe for
@@ -93,6 +96,12 @@ type Runtime struct {
 	proxies map[string]*vmlink.Proxy // agent socket forwarders, by VM; protected by mu
 	uids    map[uint32]string        // uids in use, to the VM; protected by mu
 	images  map[string]imageEntry    // boot files by agent path; protected by mu
+	// building holds the templates being built; protected by mu. builds counts their
+	// goroutines, which ctx (cancelled by Close) ends.
+	building map[string]bool
+	builds   sync.WaitGroup
+	ctx      context.Context
+	cancel   context.CancelFunc
 }
 
 type imageEntry struct {
@@ -138,7 +147,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		return nil, errdefs.Invalid("Accel", "%q: want kvm, tcg or empty (auto)", cfg.Accel)
 	}
 	r := &Runtime{cfg: cfg, log: log.With("tier", "microvm"), locks: map[string]*sync.Mutex{},
-		proxies: map[string]*vmlink.Proxy{}, uids: map[uint32]string{}, images: map[string]imageEntry{}}
+		proxies: map[string]*vmlink.Proxy{}, uids: map[uint32]string{}, images: map[string]imageEntry{},
+		building: map[string]bool{}}
+	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, err
 	}
@@ -147,6 +158,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		return nil, err
 	}
 	os.Chmod(cfg.CacheDir, 0o755)
+	r.removeTemplates()
 	ids, err := r.List(ctx)
 	if err != nil {
 		return nil, err
@@ -276,12 +288,18 @@ type vmState struct {
 	FileLimit int64 `json:"file_limit"`
 	// Paused: the VM is a memory snapshot in snapshot.bin and no process runs.
 	Paused bool `json:"paused,omitempty"`
+	// Template names the template the VM was restored from; empty: it booted.
+	Template string `json:"template,omitempty"`
+	// dir, when set, is where QEMU's log goes instead of the sandbox's directory (a template's).
+	dir string
 }
 
 // vmFile is a file QEMU gets as a descriptor (3, 4, ... in vmState.Files order): QEMU opens no
 // path of the host's itself, so it needs no access to the data directory.
 type vmFile struct {
-	Role string `json:"role"` // layer, upper, upper-ro, tap, kernel, initrd, config, console, qmp, ctl
+	// Role is layer, upper, upper-ro, tap, private-tap (a template's), kernel, initrd, config,
+	// console, qmp or ctl.
+	Role string `json:"role"`
 	Path string `json:"path,omitempty"`
 	// Serial is a disk's virtio-blk serial, by which the guest finds it.
 	Serial string `json:"serial,omitempty"`
@@ -294,6 +312,8 @@ func (f vmFile) open(st *vmState) (*os.File, error) {
 		return openTap(st.Netns)
 	case "upper":
 		return os.OpenFile(f.Path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	case "private-tap":
+		return openPrivateTap()
 	case "console":
 		// QEMU reopens it through /proc/self/fd as its own uid.
 		c, err := os.OpenFile(f.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
@@ -495,11 +515,20 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 		vmFile{Role: "qmp", Path: filepath.Join(dir, "qmp.sock")}, vmFile{Role: "ctl", Path: filepath.Join(dir, "ctl.sock")})
 	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(),
 		FileLimit: max(spec.DiskBytes, spec.MemoryBytes) + 64<<20}
-	st.Args = r.args(&spec, files)
+	st.Args = r.args(&spec, files, false)
 	if err := r.writeState(st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	if err := r.start(ctx, st, false); err != nil {
+	key := ""
+	if r.cfg.Templates {
+		key = r.templateKey(&spec, files)
+	}
+	if snap := r.templateSnapshot(key); key != "" && snap != "" {
+		st.Template = key
+		if err := r.restoreTemplate(ctx, st, snap, gcfg); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	} else if err := r.start(ctx, st, false); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
@@ -514,6 +543,9 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	}
 	if err := r.waitAgent(ctx, st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if key != "" && st.Template == "" {
+		r.kickTemplate(key, spec, files)
 	}
 	return r.sandbox(st), nil
 }
@@ -606,7 +638,7 @@ func (r *Runtime) guestConfig(spec *runc.Spec, upper string) (*vmguest.Config, [
 	files = append(files, vmFile{Role: "upper", Path: upper, Serial: c.UpperSerial}, vmFile{Role: "upper-ro", Path: upper, Serial: c.UpperSerial})
 	if spec.Netns != "" {
 		files = append(files, vmFile{Role: "tap"})
-		c.Net = &vmguest.Net{MAC: macOf(spec.ID), Address: spec.Addr.String() + "/30", Gateway: spec.Gateway.String()}
+		c.Net = &vmguest.Net{MAC: guestMAC, Address: spec.Addr.String() + "/30", Gateway: spec.Gateway.String()}
 	}
 	if spec.ResolvConf != "" {
 		b, err := os.ReadFile(spec.ResolvConf)
@@ -637,24 +669,25 @@ func guestAgentArgs(args []string) []string {
 	return out
 }
 
-// macOf derives a stable, locally administered MAC address from the sandbox's ID.
-func macOf(id string) string {
-	var h uint32 = 2166136261
-	for i := 0; i < len(id); i++ {
-		h = (h ^ uint32(id[i])) * 16777619
-	}
-	return fmt.Sprintf("52:54:00:%02x:%02x:%02x", byte(h>>16), byte(h>>8), byte(h))
-}
+// guestMAC is every VM's MAC address. Each VM is alone on the bridge of its own network
+// namespace, so they need not differ, and a VM restored from a template keeps the template's
+// (virtio-net migrates it).
+const guestMAC = "52:54:00:c0:44:01"
 
-// args is QEMU's command line for the VM; files are the descriptors 3, 4, ... in order.
-func (r *Runtime) args(spec *runc.Spec, files []vmFile) []string {
+// args is QEMU's command line for the VM; files are the descriptors 3, 4, ... in order. A
+// template's differs from its sandboxes' only in its name.
+func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string {
 	mib := spec.MemoryBytes >> 20
 	cpus := int(math.Ceil(spec.CPUs))
 	if cpus < 1 {
 		cpus = 1
 	}
 	cmdline := "console=ttyS0 panic=-1 quiet pci=off"
-	a := []string{"-name", "corral-" + spec.ID, "-M", "microvm"}
+	name := "corral-" + spec.ID
+	if template {
+		name = "corral-template"
+	}
+	a := []string{"-name", name, "-M", "microvm"}
 	if r.accel == AccelKVM {
 		a = append(a, "-accel", "kvm", "-cpu", "host")
 	} else {
@@ -678,7 +711,10 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile) []string {
 			a = append(a, "-add-fd", "fd="+fd+",set="+strconv.Itoa(i))
 		case "layer", "upper":
 			set := strconv.Itoa(i + 1)
-			drive := "id=" + f.Serial + ",file=/dev/fdset/" + set + ",if=none,format=raw"
+			// No image locks: each file is this VM's alone or read-only, as the runtime
+			// arranges, and a restore's activation of the disk trips over QEMU's own lock on
+			// the fd set's other descriptor.
+			drive := "id=" + f.Serial + ",file=/dev/fdset/" + set + ",if=none,format=raw,file.locking=off"
 			if f.Role == "upper" {
 				drive += ",discard=unmap,aio=threads"
 			} else {
@@ -686,8 +722,8 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile) []string {
 			}
 			a = append(a, "-add-fd", "fd="+fd+",set="+set, "-drive", drive,
 				"-device", "virtio-blk-device,drive="+f.Serial+",serial="+f.Serial)
-		case "tap":
-			a = append(a, "-netdev", "tap,id=net0,fd="+fd, "-device", "virtio-net-device,netdev=net0,mac="+macOf(spec.ID))
+		case "tap", "private-tap":
+			a = append(a, "-netdev", "tap,id=net0,fd="+fd, "-device", "virtio-net-device,netdev=net0,mac="+guestMAC)
 		case "kernel":
 			a = append(a, "-kernel", self)
 		case "initrd":
@@ -712,6 +748,9 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile) []string {
 // corral), incoming a migration when restore is set. It records the process in st.
 func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 	dir := r.dir(st.ID)
+	if st.dir != "" {
+		dir = st.dir
+	}
 	var files []*os.File
 	defer func() {
 		for _, f := range files {
@@ -759,6 +798,9 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 		return fmt.Errorf("QEMU exited at once:%s", r.qemuLogTail(st.ID))
 	}
 	st.Pid, st.PidStart, st.Paused = pid, start, false
+	if st.dir != "" {
+		return nil
+	}
 	return r.writeState(st)
 }
 
@@ -852,7 +894,7 @@ func (r *Runtime) closeProxy(id string) {
 func (r *Runtime) sandbox(st *vmState) *runc.Sandbox {
 	dir := r.dir(st.ID)
 	return &runc.Sandbox{ID: st.ID, Pid: st.Pid, AgentSocket: filepath.Join(dir, agentSocket), Dir: dir,
-		AgentLog: filepath.Join(dir, "console.log"), Accelerator: st.Accel}
+		AgentLog: filepath.Join(dir, "console.log"), Accelerator: st.Accel, Template: st.Template}
 }
 
 // Open returns a VM that exists (after a restart of corral, for one that outlived it) and
@@ -997,7 +1039,11 @@ func (r *Runtime) consoleTail(id string) string { return r.fileTail(id, "console
 func (r *Runtime) qemuLogTail(id string) string { return r.fileTail(id, "qemu.log", "qemu") }
 
 func (r *Runtime) fileTail(id, name, what string) string {
-	f, err := os.Open(filepath.Join(r.dir(id), name))
+	return fileTail(filepath.Join(r.dir(id), name), what)
+}
+
+func fileTail(path, what string) string {
+	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
@@ -1015,9 +1061,12 @@ func (r *Runtime) fileTail(id, name, what string) string {
 	return "\n--- " + what + " (end) ---\n" + t
 }
 
-// Close stops the agent socket forwarders. The VMs run on: a later Runtime's Open serves them
-// again.
+// Close stops the agent socket forwarders and template builds and removes the templates. The
+// VMs run on: a later Runtime's Open serves them again.
 func (r *Runtime) Close() error {
+	r.cancel()
+	r.builds.Wait()
+	r.removeTemplates()
 	r.mu.Lock()
 	ps := r.proxies
 	r.proxies = map[string]*vmlink.Proxy{}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -67,19 +68,9 @@ func openTap(path string) (*os.File, error) {
 		if err := h.LinkSetUp(eth); err != nil {
 			return err
 		}
-		f, err := os.OpenFile("/dev/net/tun", os.O_RDWR|unix.O_CLOEXEC, 0)
+		f, err := newTap()
 		if err != nil {
 			return err
-		}
-		var req [unix.IFNAMSIZ + 64]byte
-		copy(req[:], tapName)
-		*(*uint16)(unsafe.Pointer(&req[unix.IFNAMSIZ])) = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.TUNSETIFF, uintptr(unsafe.Pointer(&req[0]))); errno != 0 {
-			f.Close()
-			if errors.Is(errno, unix.EBUSY) {
-				return fmt.Errorf("tap %s is still in use (a QEMU process of this sandbox is still running?): %w", tapName, errno)
-			}
-			return fmt.Errorf("create tap: %w", errno)
 		}
 		t, err := h.LinkByName(tapName)
 		if err == nil {
@@ -99,4 +90,46 @@ func openTap(path string) (*os.File, error) {
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	return tap, nil
+}
+
+// newTap creates the tap in the calling thread's network namespace.
+func newTap() (*os.File, error) {
+	f, err := os.OpenFile("/dev/net/tun", os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	var req [unix.IFNAMSIZ + 64]byte
+	copy(req[:], tapName)
+	*(*uint16)(unsafe.Pointer(&req[unix.IFNAMSIZ])) = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.TUNSETIFF, uintptr(unsafe.Pointer(&req[0]))); errno != 0 {
+		f.Close()
+		if errors.Is(errno, unix.EBUSY) {
+			return nil, fmt.Errorf("tap %s is still in use (a QEMU process of this sandbox is still running?): %w", tapName, errno)
+		}
+		return nil, fmt.Errorf("create tap: %w", errno)
+	}
+	return f, nil
+}
+
+// openPrivateTap creates a tap alone in a new, unnamed network namespace, for a template VM:
+// its card must have a backend of the same kind as its sandboxes' (QEMU derives the card's
+// features from it), but nothing may reach it. The namespace lives as long as the tap, which
+// lives as long as QEMU holds it. The thread that made the namespace ends with it.
+func openPrivateTap() (*os.File, error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends in the new namespace
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("network: new namespace: %w", err)}
+			return
+		}
+		f, err := newTap()
+		ch <- result{f, err}
+	}()
+	r := <-ch
+	return r.f, r.err
 }

@@ -32,6 +32,8 @@ type Sandbox struct {
 	// Accelerator runs a VM sandbox (internal/runtime/qemu): "kvm" or "tcg"; empty for a
 	// container.
 	Accelerator string
+	// Template names the template a VM was restored from; empty when it booted.
+	Template string
 }
 
 // State is a sandbox's run state as the kernel sees it.
