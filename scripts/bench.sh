@@ -63,6 +63,12 @@ if [ "${BENCH_ONLY:-container}" = container ]; then
 fi
 if [ "${BENCH_ONLY:-microvm}" = microvm ]; then
   corral bench microvm --base base:bench ${BENCH_MICROVM_ARGS:-} | tee bench-out/microvm.json
+  # Restores from a template need a corral up with --microvm-templates: a second one, alone.
+  kill "$pid" && wait "$pid" 2>/dev/null || true
+  corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --cgroup-parent /corral-bench --no-net --microvm-templates >"$work/corral-templates.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+  corral bench microvm --templates --base base:bench ${BENCH_MICROVM_ARGS:-} | tee bench-out/microvm-templates.json
 fi
 if [ "${BENCH_ONLY:-lifecycle}" = lifecycle ]; then
   corral bench lifecycle --base base:bench ${BENCH_LIFECYCLE_ARGS:-} | tee bench-out/lifecycle.json

@@ -22,6 +22,9 @@ type MicroVMConfig struct {
 	PauseRounds int    // pause/resume rounds, per tier
 	Idle        int    // idle microVMs for the memory measure
 	MemoryMiB   int64  // memory limit of every sandbox (a VM's RAM)
+	// Templates measures only create→first exec of VMs restored from a template, against a
+	// corral up started with --microvm-templates (and boot TTI on it, for the ratio).
+	Templates bool
 }
 
 // MicroVMResult is what one run measured. Every figure of the microvm tier has its container
@@ -45,6 +48,12 @@ type MicroVMResult struct {
 	ResumeContainer           Stats   `json:"resume_container"`
 	PauseReturnedMiB          float64 `json:"pause_memory_returned_mib_microvm"`
 	PauseReturnedContainerMiB float64 `json:"pause_memory_returned_mib_container"`
+
+	// TTITemplate is create→first exec of VMs restored from their shape's template (Templates
+	// mode), TTIBoot that of the booted VM that built it, TTITemplateRatioP50 against TTIContainer.
+	TTITemplate         Stats   `json:"tti_microvm_template,omitzero"`
+	TTIBoot             Stats   `json:"tti_microvm_boot,omitzero"`
+	TTITemplateRatioP50 float64 `json:"tti_template_ratio_p50,omitempty"`
 
 	Idle             int     `json:"idle_microvms"`
 	IdleQEMURSSMiB   float64 `json:"idle_qemu_rss_mib_per_vm"`
@@ -90,6 +99,9 @@ func MicroVM(ctx context.Context, c *corral.Client, cfg MicroVMConfig, log *slog
 		QEMU: info.QEMUVersion, MemoryMiB: cfg.MemoryMiB}
 	req := func(tier string) corral.CreateRequest {
 		return corral.CreateRequest{Base: cfg.Base, Tier: tier, Limits: corral.Limits{MemoryBytes: cfg.MemoryMiB << 20, DiskBytes: 1 << 30}}
+	}
+	if cfg.Templates {
+		return res, templateTTI(ctx, c, cfg, req, res, log)
 	}
 	for _, tier := range []string{"container", "microvm"} {
 		log.Info("create→first exec", "tier", tier, "rounds", cfg.TTIRounds)
@@ -228,4 +240,65 @@ func qemuPid(id string) int64 {
 		}
 	}
 	return 0
+}
+
+// templateTTI measures create→first exec of VMs restored from a template: the first VM of the
+// shape boots and builds it; once a create comes back restored, TTIRounds more are timed (every
+// one must be a restore), then as many containers.
+func templateTTI(ctx context.Context, c *corral.Client, cfg MicroVMConfig, req func(string) corral.CreateRequest, res *MicroVMResult, log *slog.Logger) error {
+	once := func(tier string) (time.Duration, string, error) {
+		start := time.Now()
+		sb, err := c.CreateSandbox(ctx, req(tier))
+		if err != nil {
+			return 0, "", err
+		}
+		defer c.DeleteSandbox(ctx, sb.ID)
+		_, _, exit, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}})
+		if err != nil || exit == nil || exit.Code != 0 {
+			return 0, "", fmt.Errorf("%s: first exec: %v %+v", tier, err, exit)
+		}
+		return time.Since(start), sb.Boot, nil
+	}
+	d, boot, err := once("microvm")
+	if err != nil {
+		return err
+	}
+	if boot != "boot" {
+		return fmt.Errorf("the first VM of its shape was %q, not booted: is a template left from before?", boot)
+	}
+	res.TTIBoot = summarise([]time.Duration{d})
+	log.Info("waiting for the template")
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		_, boot, err := once("microvm")
+		if err != nil {
+			return err
+		}
+		if boot == "template" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return errors.New("no VM was restored from a template within 3 minutes")
+		}
+		time.Sleep(time.Second)
+	}
+	log.Info("create→first exec from the template", "rounds", cfg.TTIRounds)
+	var tpl, ct []time.Duration
+	for range cfg.TTIRounds {
+		d, boot, err := once("microvm")
+		if err != nil {
+			return err
+		}
+		if boot != "template" {
+			return fmt.Errorf("a VM of the template's shape booted (%q)", boot)
+		}
+		tpl = append(tpl, d)
+		if d, _, err = once("container"); err != nil {
+			return err
+		}
+		ct = append(ct, d)
+	}
+	res.TTITemplate, res.TTIContainer = summarise(tpl), summarise(ct)
+	res.TTITemplateRatioP50 = ratio(res.TTITemplate.P50, res.TTIContainer.P50)
+	return nil
 }

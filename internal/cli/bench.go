@@ -112,6 +112,7 @@ func (a *app) newBenchCmd() *cobra.Command {
 	mf.IntVar(&mc.PauseRounds, "pauses", 5, "pause/resume rounds per tier")
 	mf.IntVar(&mc.Idle, "idle", 4, "idle microVMs for the memory measure (0 skips it)")
 	mf.Int64Var(&mc.MemoryMiB, "memory-mib", 256, "memory of every sandbox (a VM's RAM), MiB")
+	mf.BoolVar(&mc.Templates, "templates", false, "measure only VMs restored from a template (against a corral up --microvm-templates)")
 	cmd.AddCommand(microvm)
 
 	var cc bench.ComposeConfig

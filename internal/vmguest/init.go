@@ -6,8 +6,13 @@
 // program:
 //
 //  1. mount /proc, /sys and /dev (devtmpfs) of the initramfs;
-//  2. load the kernel modules listed in /lib/modules/order (virtio, erofs, overlay, fw_cfg, ...);
-//  3. read the Config the host put in the fw_cfg item ConfigFwCfg (waiting for it to appear);
+//  2. load the kernel modules listed in /lib/modules/order (virtio, erofs, overlay, fw_cfg, ...)
+//     but the disk and network drivers;
+//  3. read the Config the host put in the fw_cfg item ConfigFwCfg (waiting for it to appear); a
+//     template's (Config.Template) says to wait for the real one on the port instead, where the
+//     host snapshots the VM (receiveConfig in template.go); set the clock and seed the entropy
+//     pool from the Config; load the disk and network drivers, which so probe the devices of the
+//     VM that runs, never a template's;
 //  4. set the hostname; bring up lo and the network interface (Config.Net);
 //  5. find the disks by their virtio-blk serials, mount each layer's EROFS image read-only, the
 //     writable ext4 disk, and the overlay of them at /newroot;

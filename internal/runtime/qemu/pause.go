@@ -161,6 +161,7 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	return nil
 }
 
+// Thaw lets the vCPUs of a VM stopped by Freeze run again.
 func (r *Runtime) Thaw(ctx context.Context, id string) error {
 	unlock := r.lock(id)
 	defer unlock()

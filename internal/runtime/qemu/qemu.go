@@ -163,9 +163,23 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	inUse := map[string]bool{}
 	for _, id := range ids {
 		if st, err := r.readState(id); err == nil {
 			r.uids[st.UID] = id
+			for _, f := range st.Files {
+				if f.Role == "initrd" {
+					inUse[f.Path] = true
+				}
+			}
+		}
+	}
+	// Initramfs files of earlier agent builds that no VM needs (a paused one restarts with its
+	// own): built again on demand.
+	old, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "initrd-*.cpio.gz"))
+	for _, p := range old {
+		if !inUse[p] {
+			os.Remove(p)
 		}
 	}
 	r.err = r.probe(ctx)

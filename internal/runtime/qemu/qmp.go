@@ -28,6 +28,7 @@ type qmpError struct {
 	Class, Desc string
 }
 
+// Error quotes QEMU's class and description.
 func (e *qmpError) Error() string { return "qmp: " + e.Class + ": " + e.Desc }
 
 // dialQMP connects to path and negotiates capabilities, retrying while QEMU has not yet created
@@ -71,6 +72,7 @@ func (q *qmp) handshake(ctx context.Context) error {
 	return q.run(ctx, "qmp_capabilities", nil, nil)
 }
 
+// Close ends the monitor connection.
 func (q *qmp) Close() error { return q.conn.Close() }
 
 // read decodes the next message that is not an event into v.
