@@ -159,7 +159,13 @@ func (a *app) newLsCmd() *cobra.Command {
 			for _, sb := range list {
 				st := sb.State
 				if sb.Reason != "" {
-					st += " (" + sb.Reason + ")"
+					// One line per sandbox: a reason may quote a log's last lines
+					// (`corral get ID` shows it whole).
+					r, _, cut := strings.Cut(sb.Reason, "\n")
+					if cut || len(r) > 100 {
+						r = strings.TrimSpace(r[:min(len(r), 100)]) + " …"
+					}
+					st += " (" + r + ")"
 				}
 				expires := relTime(sb.ExpiresAt, now)
 				if sb.State != corral.StateRunning && sb.State != corral.StateCreating {

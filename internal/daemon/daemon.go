@@ -293,20 +293,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer rt.Close()
-	var vm *qemu.Runtime
-	if !cfg.MicroVM.Off {
-		vm, err = qemu.New(ctx, qemu.Config{
-			QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
-			Templates:        cfg.MicroVM.Templates,
-			StateDir:         filepath.Join(cfg.DataDir, "vms"),
-			CacheDir:         filepath.Join(cfg.DataDir, "vmboot"),
-			DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
-		}, log)
-		if err != nil {
-			return err
-		}
-		defer vm.Close()
+	// Built even when the tier is off: it still finds, serves and deletes the VMs a run with the
+	// tier on left.
+	vm, err := qemu.New(ctx, qemu.Config{
+		Off:  cfg.MicroVM.Off,
+		QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
+		Templates:        cfg.MicroVM.Templates,
+		StateDir:         filepath.Join(cfg.DataDir, "vms"),
+		CacheDir:         filepath.Join(cfg.DataDir, "vmboot"),
+		DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
+	}, log)
+	if err != nil {
+		return err
 	}
+	defer vm.Close()
 	runcVersion, err := rt.Version(ctx)
 	if err != nil {
 		return err
@@ -332,7 +332,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 			runtimes = append(runtimes, edge.RuntimeGVisor)
 		}
 		tiers := []string{edge.TierContainer, edge.TierFncall}
-		if vm != nil && vm.Available() == nil {
+		if vm.Available() == nil {
 			tiers = append(tiers, edge.TierMicroVM)
 			runtimes = append(runtimes, edge.RuntimeQEMU)
 		}
@@ -345,9 +345,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
-	if vm != nil {
-		ecfg.VM = vm
-	}
+	ecfg.VM = vm
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
 	}
@@ -380,15 +378,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		info.Runtimes = append(info.Runtimes, edge.RuntimeGVisor)
 	}
 	info.Tiers = e.Tiers()
-	if vm != nil {
-		info.QEMUVersion = vm.Version()
-		if err := vm.Available(); err != nil {
-			info.MicroVMUnavailable = err.Error()
-		} else {
-			info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = vm.Accelerator()
-		}
+	info.QEMUVersion = vm.Version()
+	if err := vm.Available(); err != nil {
+		info.MicroVMUnavailable = err.Error()
 	} else {
-		info.MicroVMUnavailable = "the microvm tier is off (--no-microvm)"
+		info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = vm.Accelerator()
 	}
 	api := apiserver.New(log, st, e, ls, info)
 	go api.Prune(ctx, cfg.AuditRetention)

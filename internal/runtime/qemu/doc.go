@@ -25,7 +25,8 @@
 // # Isolation
 //
 // QEMU runs as a uid of its own per VM (Config.UIDBase + n), with no supplementary groups, in
-// a session of its own (it outlives a restart of corral), with QEMU's seccomp filter
+// a session of its own (it outlives a restart of corral), in network and IPC namespaces of its
+// own, with RLIMIT_NPROC bounding its threads, with QEMU's seccomp filter
 // (-sandbox on, with obsolete, elevateprivileges, spawn and resourcecontrol denied). Every file
 // it uses is a descriptor the runtime opens and passes (vmFile): the layers and the disk
 // through -add-fd and /dev/fdset, the kernel, initramfs, guest config and console through

@@ -48,7 +48,13 @@ func (r *Runtime) Pause(ctx context.Context, id string) (runc.PauseStats, error)
 			err = errors.Join(err, fmt.Errorf("resume after the failed pause: %w", cerr))
 		}
 		os.Remove(filepath.Join(dir, snapshotFile))
-		return runc.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
+		os.Remove(filepath.Join(dir, "frozen"))
+		return runc.PauseStats{}, fmt.Errorf("pause %s: %w%s", id, err, r.qemuLogTail(id))
+	}
+	// Marked first: if corral dies from here until the pause is recorded, Status reports the
+	// stopped vCPUs and reconcile lets them run again.
+	if err := os.WriteFile(filepath.Join(dir, "frozen"), nil, 0o600); err != nil {
+		return undo(err)
 	}
 	if err := q.run(ctx, "stop", nil, nil); err != nil {
 		return undo(err)
@@ -106,6 +112,8 @@ func (r *Runtime) Resume(ctx context.Context, id string) (runc.ResumeStats, erro
 		}
 		return runc.ResumeStats{}, errdefs.Conflict("sandbox %s is not paused", id)
 	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
+	defer cancel()
 	dir := r.dir(id)
 	snap := filepath.Join(dir, snapshotFile)
 	f, err := os.Open(snap)
@@ -113,22 +121,34 @@ func (r *Runtime) Resume(ctx context.Context, id string) (runc.ResumeStats, erro
 		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	defer f.Close()
+	// A QEMU still recorded here is one a crash left: of a pause that had saved the snapshot
+	// but not yet ended it, or of a resume that had not finished. The snapshot is the VM.
+	if err := kill(ctx, st); err != nil {
+		return runc.ResumeStats{}, fmt.Errorf("resume %s: end the earlier QEMU: %w", id, err)
+	}
 	os.Remove(filepath.Join(dir, "qmp.sock"))
 	os.Remove(filepath.Join(dir, "ctl.sock"))
+	// vm.json says paused, with the new process's pid, until the VM runs: a crash in between
+	// leaves a sandbox that the next Resume restores again.
 	if err := r.start(ctx, st, true); err != nil {
 		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	fail := func(err error) (runc.ResumeStats, error) {
 		proc := *st
-		kill(context.WithoutCancel(ctx), &proc)
-		st.Pid, st.PidStart, st.Paused = 0, 0, true
+		st.Pid, st.PidStart = 0, 0
 		r.writeState(st)
+		kill(context.WithoutCancel(ctx), &proc)
 		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w%s", id, err, r.qemuLogTail(id))
 	}
 	if err := incoming(ctx, filepath.Join(dir, "qmp.sock"), f); err != nil {
 		return fail(err)
 	}
+	st.Paused = false
+	if err := r.writeState(st); err != nil {
+		return fail(err)
+	}
 	os.Remove(snap)
+	os.Remove(filepath.Join(dir, "frozen")) // a crashed pause's
 	if _, err := r.proxy(id); err != nil {
 		return runc.ResumeStats{}, err
 	}

@@ -78,6 +78,8 @@ type Config struct {
 	// Templates starts new VMs from a snapshot of a template VM of their shape, once one is
 	// built, instead of booting them (template.go).
 	Templates bool
+	// Off refuses new VMs; the Runtime still lists, serves and deletes the VMs it finds.
+	Off bool
 }
 
 // Runtime runs sandboxes as QEMU microvm machines; see the package doc. It is safe for
@@ -99,7 +101,11 @@ type Runtime struct {
 	// building holds the templates being built; protected by mu. builds counts their
 	// goroutines, which ctx (cancelled by Close) ends.
 	building map[string]bool
-	builds   sync.WaitGroup
+	// failedUntil holds templates that failed, not tried again until then; protected by mu.
+	failedUntil map[string]time.Time
+	// closed is set by Close; protected by mu.
+	closed bool
+	builds sync.WaitGroup
 	ctx      context.Context
 	cancel   context.CancelFunc
 }
@@ -148,7 +154,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: log.With("tier", "microvm"), locks: map[string]*sync.Mutex{},
 		proxies: map[string]*vmlink.Proxy{}, uids: map[uint32]string{}, images: map[string]imageEntry{},
-		building: map[string]bool{}}
+		building: map[string]bool{}, failedUntil: map[string]time.Time{}}
 	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, err
@@ -174,6 +180,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 			}
 		}
 	}
+	r.killOrphans(ids)
 	// Initramfs files of earlier agent builds that no VM needs (a paused one restarts with its
 	// own): built again on demand.
 	old, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "initrd-*.cpio.gz"))
@@ -181,6 +188,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		if !inUse[p] {
 			os.Remove(p)
 		}
+	}
+	if cfg.Off {
+		r.err = errdefs.Unavailable("the microvm tier is off (corral up --no-microvm)")
+		return r, nil
 	}
 	r.err = r.probe(ctx)
 	if r.err != nil {
@@ -298,7 +309,8 @@ type vmState struct {
 	Files []vmFile  `json:"files"`
 	Netns string    `json:"netns,omitempty"`
 	Since time.Time `json:"since"`
-	// FileLimit is QEMU's RLIMIT_FSIZE: the larger of the disk and the memory, plus 64 MiB.
+	// FileLimit is QEMU's RLIMIT_FSIZE: the larger of the disk and the memory (plus the
+	// migration stream's 8 bytes per page), plus 64 MiB.
 	FileLimit int64 `json:"file_limit"`
 	// Paused: the VM is a memory snapshot in snapshot.bin and no process runs.
 	Paused bool `json:"paused,omitempty"`
@@ -331,10 +343,14 @@ func (f vmFile) open(st *vmState) (*os.File, error) {
 	case "console":
 		// QEMU reopens it through /proc/self/fd as its own uid.
 		c, err := os.OpenFile(f.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
-		if err == nil {
-			err = c.Chown(int(st.UID), int(st.UID))
+		if err != nil {
+			return nil, err
 		}
-		return c, err
+		if err := c.Chown(int(st.UID), int(st.UID)); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
 	case "qmp", "ctl":
 		// A listening socket QEMU accepts on (chardev socket fd=).
 		os.Remove(f.Path)
@@ -394,10 +410,24 @@ func (r *Runtime) writeState(st *vmState) error {
 	}
 	p := filepath.Join(r.dir(st.ID), stateFile)
 	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, p)
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return err
+	}
+	return syncFile(filepath.Dir(p))
 }
 
 // Has reports whether id is a VM of this Runtime.
@@ -480,6 +510,10 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	if err := r.validate(&spec); err != nil {
 		return nil, err
 	}
+	// A boot that never answers (or a QEMU that hangs) ends here rather than holding the
+	// sandbox in "creating".
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout+30*time.Second)
+	defer cancel()
 	id := spec.ID
 	dir := r.dir(id)
 	if sock := filepath.Join(dir, agentSocket); len(sock) > maxSocket {
@@ -528,7 +562,7 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 		vmFile{Role: "config", Path: cfgPath}, vmFile{Role: "console", Path: filepath.Join(dir, "console.log")},
 		vmFile{Role: "qmp", Path: filepath.Join(dir, "qmp.sock")}, vmFile{Role: "ctl", Path: filepath.Join(dir, "ctl.sock")})
 	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(),
-		FileLimit: max(spec.DiskBytes, spec.MemoryBytes) + 64<<20}
+		FileLimit: max(spec.DiskBytes, spec.MemoryBytes+spec.MemoryBytes/256) + 64<<20}
 	st.Args = r.args(&spec, files, false)
 	if err := r.writeState(st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
@@ -540,10 +574,19 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	if snap := r.templateSnapshot(key); key != "" && snap != "" {
 		st.Template = key
 		if err := r.restoreTemplate(ctx, st, snap, gcfg); err != nil {
+			// Boot instead, and drop the template for a while.
+			r.log.Error("restore a microvm from its template failed; booting it", "sandbox", id, "template", key, "err", err)
+			r.templateFailed(key)
+			if kerr := kill(ctx, st); kerr != nil {
+				return nil, fmt.Errorf("create sandbox %s: %w", id, errors.Join(err, kerr))
+			}
+			st.Template, st.Pid, st.PidStart = "", 0, 0
+		}
+	}
+	if st.Template == "" {
+		if err := r.start(ctx, st, false); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
-	} else if err := r.start(ctx, st, false); err != nil {
-		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
 	if err != nil {
@@ -561,6 +604,7 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	if key != "" && st.Template == "" {
 		r.kickTemplate(key, spec, files)
 	}
+	r.log.Info("microvm started", "sandbox", id, "accel", st.Accel, "template", st.Template, "pid", st.Pid, "uid", st.UID)
 	return r.sandbox(st), nil
 }
 
@@ -778,11 +822,13 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 		}
 		files = append(files, f)
 	}
-	logf, err := os.OpenFile(filepath.Join(dir, "qemu.log"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	// Appended to, so a resume keeps what the earlier process said.
+	logf, err := os.OpenFile(filepath.Join(dir, "qemu.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
+	fmt.Fprintf(logf, "--- %s: QEMU starts (restore %v)\n", time.Now().UTC().Format(time.RFC3339), restore)
 	args := st.Args
 	if restore {
 		args = append(slices.Clone(args), "-incoming", "defer")
@@ -793,7 +839,11 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 	cmd.ExtraFiles = files
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setsid:     true,
+		Setsid: true,
+		// A network namespace of its own (loopback only: the guest's card is the tap, a
+		// descriptor) and an IPC namespace: a guest that broke into QEMU reaches no host
+		// socket and leaves no IPC object for the next owner of the uid.
+		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC,
 		Credential: &syscall.Credential{Uid: st.UID, Gid: st.UID, Groups: []uint32{}},
 	}
 	if err := cmd.Start(); err != nil {
@@ -806,12 +856,14 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 	// stays within FileLimit; no core dumps.
 	unix.Prlimit(pid, unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: uint64(st.FileLimit), Max: uint64(st.FileLimit)}, nil)
 	unix.Prlimit(pid, unix.RLIMIT_CORE, &unix.Rlimit{}, nil)
+	// The uid is this VM's alone, so this bounds its threads (vCPUs, I/O workers).
+	unix.Prlimit(pid, unix.RLIMIT_NPROC, &unix.Rlimit{Cur: 512, Max: 512}, nil)
 	start, err := procStart(pid)
 	if err != nil {
 		unix.Kill(pid, unix.SIGKILL)
-		return fmt.Errorf("QEMU exited at once:%s", r.qemuLogTail(st.ID))
+		return fmt.Errorf("QEMU exited at once:%s", fileTail(filepath.Join(dir, "qemu.log"), "qemu"))
 	}
-	st.Pid, st.PidStart, st.Paused = pid, start, false
+	st.Pid, st.PidStart = pid, start
 	if st.dir != "" {
 		return nil
 	}
@@ -884,6 +936,9 @@ func (r *Runtime) proxy(id string) (*vmlink.Proxy, error) {
 	if p := r.proxies[id]; p != nil {
 		return p, nil
 	}
+	if r.closed {
+		return nil, errdefs.Unavailable("the VM runtime is closed")
+	}
 	dir := r.dir(id)
 	sock := filepath.Join(dir, agentSocket)
 	os.Remove(sock)
@@ -914,6 +969,11 @@ func (r *Runtime) sandbox(st *vmState) *runc.Sandbox {
 // Open returns a VM that exists (after a restart of corral, for one that outlived it) and
 // makes its agent socket answer again.
 func (r *Runtime) Open(ctx context.Context, id string) (*runc.Sandbox, error) {
+	if !idRE.MatchString(id) {
+		return nil, errdefs.Invalid("ID", "%q is not a sandbox ID", id)
+	}
+	unlock := r.lock(id)
+	defer unlock()
 	st, err := r.readState(id)
 	if err != nil {
 		return nil, err
@@ -1004,8 +1064,10 @@ func kill(ctx context.Context, st *vmState) error {
 		return nil
 	}
 	fd, err := unix.PidfdOpen(st.Pid, 0)
-	if err != nil {
+	if errors.Is(err, unix.ESRCH) {
 		return nil // gone already
+	} else if err != nil {
+		return fmt.Errorf("kill QEMU %d: %w", st.Pid, err)
 	}
 	defer unix.Close(fd)
 	if !alive(st) {
@@ -1078,6 +1140,9 @@ func fileTail(path, what string) string {
 // Close stops the agent socket forwarders and template builds and removes the templates. The
 // VMs run on: a later Runtime's Open serves them again.
 func (r *Runtime) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
 	r.cancel()
 	r.builds.Wait()
 	r.removeTemplates()
@@ -1089,4 +1154,39 @@ func (r *Runtime) Close() error {
 		p.Close()
 	}
 	return nil
+}
+
+// killOrphans ends QEMU processes of this Runtime's uid range that no VM records (a crash
+// between starting QEMU and recording it, a template build cut short): their uids are handed
+// out again, and a process of the same uid could reach the next VM's.
+func (r *Runtime) killOrphans(ids []string) {
+	known := map[int]bool{}
+	for _, id := range ids {
+		if st, err := r.readState(id); err == nil && alive(st) {
+			known[st.Pid] = true
+		}
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || known[pid] {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(strings.TrimPrefix(l, "Uid:"))
+			if !strings.HasPrefix(l, "Uid:") || len(f) == 0 {
+				continue
+			}
+			uid, err := strconv.ParseUint(f[0], 10, 32)
+			if err == nil && uint32(uid) >= r.cfg.UIDBase && uint32(uid)-r.cfg.UIDBase < r.cfg.UIDCount {
+				r.log.Warn("ending a QEMU process no VM records", "pid", pid, "uid", uid)
+				unix.Kill(pid, unix.SIGKILL)
+			}
+			break
+		}
+	}
 }

@@ -31,32 +31,24 @@ type qmpError struct {
 // Error quotes QEMU's class and description.
 func (e *qmpError) Error() string { return "qmp: " + e.Class + ": " + e.Desc }
 
-// dialQMP connects to path and negotiates capabilities, retrying while QEMU has not yet created
-// the socket, until ctx ends.
+// dialQMP connects to path and negotiates capabilities. The runtime binds the socket before
+// QEMU starts and passes it listening, so a connect succeeds at once while QEMU holds it (QEMU
+// accepts once it is ready) and is refused once QEMU is gone: a refusal is final.
 func dialQMP(ctx context.Context, path string) (*qmp, error) {
 	var d net.Dialer
-	for {
-		c, err := d.DialContext(ctx, "unix", path)
-		if err == nil {
-			q := &qmp{conn: c.(*net.UnixConn), rd: bufio.NewReaderSize(c, 64<<10)}
-			if err := q.handshake(ctx); err != nil {
-				c.Close()
-				return nil, err
-			}
-			return q, nil
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		if errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("qmp: QEMU is not running (%s: %v)", path, err)
 		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("qmp: connect %s: %w", path, err)
-		}
-		if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ECONNREFUSED) {
-			return nil, fmt.Errorf("qmp: connect %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("qmp: connect %s: %w", path, ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
+		return nil, fmt.Errorf("qmp: connect %s: %w", path, err)
 	}
+	q := &qmp{conn: c.(*net.UnixConn), rd: bufio.NewReaderSize(c, 64<<10)}
+	if err := q.handshake(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return q, nil
 }
 
 func (q *qmp) handshake(ctx context.Context) error {

@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"bufio"
+	"io"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -23,8 +24,8 @@ import (
 // Templates (Config.Templates): a VM booted as far as its kernel and the guest's init go
 // without knowing its sandbox, and snapshotted there, waiting for its configuration on the port
 // (vmguest.Config.Template). A new sandbox whose VM has the same shape (QEMU's command line
-// with the per-sandbox parts taken out: memory, vCPUs, the number and kind of disks, a network
-// card or not, the kernel and initramfs) starts from a copy of that snapshot instead of booting,
+// with its name and files taken out, which leaves memory, vCPUs, the number and kind of disks,
+// a network card or not, the kernel and initramfs) starts from that snapshot instead of booting,
 // and gets its configuration over the port. The template has never read a disk or probed a
 // network card (their drivers load after the configuration), so its snapshot holds nothing of
 // any layer, sandbox or network: one template serves every environment of its shape.
@@ -96,7 +97,7 @@ func (r *Runtime) templateSnapshot(key string) string {
 // kickTemplate builds the template key in the background unless it exists or is being built.
 func (r *Runtime) kickTemplate(key string, spec runc.Spec, files []vmFile) {
 	r.mu.Lock()
-	if r.building[key] {
+	if r.building[key] || r.closed || r.templateSnapshot(key) != "" || time.Now().Before(r.failedUntil[key]) {
 		r.mu.Unlock()
 		return
 	}
@@ -114,7 +115,8 @@ func (r *Runtime) kickTemplate(key string, spec runc.Spec, files []vmFile) {
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.BootTimeout+time.Minute)
 		defer cancel()
 		if err := r.buildTemplate(ctx, key, &spec, files); err != nil {
-			r.log.Error("build a microvm template; VMs of its shape boot until it exists", "template", key, "err", err)
+			r.log.Error("build a microvm template; VMs of its shape boot until it exists (next try in 10m)", "template", key, "err", err)
+			r.templateFailed(key)
 			return
 		}
 		r.log.Info("microvm template ready", "template", key, "memory_mib", spec.MemoryBytes>>20, "took", time.Since(start).Round(time.Millisecond))
@@ -200,7 +202,10 @@ func (r *Runtime) restoreTemplate(ctx context.Context, st *vmState, snapshot str
 	if err := incoming(ctx, filepath.Join(dir, "qmp.sock"), f); err != nil {
 		return fmt.Errorf("restore the template: %w%s", err, r.qemuLogTail(st.ID))
 	}
-	return sendConfig(ctx, filepath.Join(dir, "ctl.sock"), c)
+	if err := sendConfig(ctx, filepath.Join(dir, "ctl.sock"), c); err != nil {
+		return fmt.Errorf("%w%s%s", err, r.qemuLogTail(st.ID), r.consoleTail(st.ID))
+	}
+	return nil
 }
 
 // sendConfig gives a VM restored from a template its configuration: with a fresh seed for its
@@ -224,10 +229,29 @@ func sendConfig(ctx context.Context, ctl string, c *vmguest.Config) error {
 		return err
 	}
 	defer conn.Close()
-	if _, err := fmt.Fprintf(conn, "%s%s %s\n", vmguest.ConfigPrefix, n, base64.StdEncoding.EncodeToString(b)); err != nil {
-		return fmt.Errorf("send the config: %w", err)
+	line := fmt.Sprintf("%s%s %s\n", vmguest.ConfigPrefix, n, base64.StdEncoding.EncodeToString(b))
+	send := func() error {
+		if _, err := io.WriteString(conn, line); err != nil {
+			return fmt.Errorf("send the config: %w", err)
+		}
+		return nil
 	}
-	if err := awaitLine(ctx, conn, func(l string) bool { return l == vmguest.ConfigOKPrefix+n }); err != nil {
+	if err := send(); err != nil {
+		return err
+	}
+	// The guest may drop the line while it reopens its port after the restore; it then says
+	// it is ready again: send the line again each time.
+	var serr error
+	err = awaitLine(ctx, conn, func(l string) bool {
+		if l == vmguest.ConfigReady && serr == nil {
+			serr = send()
+		}
+		return l == vmguest.ConfigOKPrefix+n || serr != nil
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
 		return fmt.Errorf("the restored VM did not take its config: %w", err)
 	}
 	return nil
@@ -267,4 +291,13 @@ func (r *Runtime) removeTemplates() {
 
 func (r *Runtime) fileTailIn(dir, name, what string) string {
 	return fileTail(filepath.Join(dir, name), what)
+}
+
+// templateFailed removes the template key and keeps it from being built again for a while: a
+// template that cannot be built or restored must not cost every create of its shape a try.
+func (r *Runtime) templateFailed(key string) {
+	os.RemoveAll(filepath.Join(r.cfg.StateDir, templatesDir, key))
+	r.mu.Lock()
+	r.failedUntil[key] = time.Now().Add(10 * time.Minute)
+	r.mu.Unlock()
 }
