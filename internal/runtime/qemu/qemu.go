@@ -106,8 +106,8 @@ type Runtime struct {
 	// closed is set by Close; protected by mu.
 	closed bool
 	builds sync.WaitGroup
-	ctx      context.Context
-	cancel   context.CancelFunc
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 type imageEntry struct {

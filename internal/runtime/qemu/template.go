@@ -2,7 +2,6 @@ package qemu
 
 import (
 	"bufio"
-	"io"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -11,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
