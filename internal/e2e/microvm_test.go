@@ -197,6 +197,11 @@ func TestMicroVMNetworkAndTTL(t *testing.T) {
 	if out := p.sh(sb.ID, "ip -4 addr show eth0"); !strings.Contains(out, sb.NetworkAddress+"/30") {
 		t.Fatalf("the guest's eth0 = %q; want %s/30", out, sb.NetworkAddress)
 	}
+	// Nothing of the harness is reachable: not corral's API through the gateway (the host).
+	_, port, _ := strings.Cut(p.Listen, ":")
+	if out := p.sh(sb.ID, "gw=$(ip route | awk '/default/ {print $3}'); nc -z -w 2 $gw "+port+" && echo reached || echo refused"); !strings.Contains(out, "refused") {
+		t.Fatalf("the VM reached corral's API port %s through its gateway: %q", port, out)
+	}
 	// Default deny: a connection to an address no rule allows is blocked and counted.
 	p.sh(sb.ID, "nc -w 2 203.0.113.9 80 </dev/null; true")
 	eventually(t, 10*time.Second, "the blocked attempt is counted", func() bool {
