@@ -77,6 +77,16 @@ if corral info -o json | grep -q '"gvisor"'; then
   step corral exec "$gv" -- cat /root/kept
   step corral rm "$gv"
 fi
+if corral info -o json | grep -q '"microvm_accelerator"'; then
+  # microvm: a VM with a kernel of its own per sandbox (QEMU; on KVM, or on TCG where KVM is
+  # missing, which takes seconds to boot). Pause saves its memory to a file and ends QEMU.
+  vm=$(corral create --tier microvm --memory 256M --ttl 10m --label demo=make-run -o json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1)
+  echo "created microvm sandbox $vm (accelerator $(corral get "$vm" -o json | sed -n 's/.*"accelerator": *"\([^"]*\)".*/\1/p'))"
+  step corral exec "$vm" -- sh -c 'echo "kernel $(uname -r) (the host runs $0)"; echo state > /root/kept' "$(uname -r)"
+  step corral pause "$vm"
+  step corral exec "$vm" -- cat /root/kept
+  step corral rm "$vm"
+fi
 # Fncall: stateless calls in warm containers; nothing of one call is there for the next.
 corral fncall rm demo 2>/dev/null || true
 step corral fncall create demo --base base:default --pool-min 1 --pool-max 2 --timeout 10s
