@@ -189,7 +189,7 @@ func TestMicroVMNetworkAndTTL(t *testing.T) {
 	needMicroVM(t)
 	p := withBase(t)
 	ctx := context.Background()
-	sb := p.create(corral.CreateRequest{Tier: "microvm", Limits: corral.Limits{MemoryBytes: 256 << 20}, TTL: "40s",
+	sb := p.create(corral.CreateRequest{Tier: "microvm", Limits: corral.Limits{MemoryBytes: 256 << 20}, TTL: "20s",
 		Network: &corral.NetworkPolicy{Mode: corral.NetworkAllowlist}})
 	if sb.NetworkAddress == "" {
 		t.Fatalf("a networked VM has no address: %+v", sb)
