@@ -281,6 +281,8 @@ func (a *app) newInfoCmd() *cobra.Command {
 				{"Runtime version:", orDash(info.RuntimeVersion)},
 				{"Runtimes:", strings.Join(info.Runtimes, ", ")},
 				{"gVisor:", gvisorLine(info)},
+				{"Tiers:", orDash(strings.Join(info.Tiers, ", "))},
+				{"MicroVM:", microvmLine(info)},
 				{"Networking:", networkingLine(info)},
 				{"Cgroup version:", orDash(info.CgroupVersion)},
 				{"Data dir:", orDash(info.DataDir)},
@@ -291,6 +293,27 @@ func (a *app) newInfoCmd() *cobra.Command {
 			return t.flush()
 		},
 	}
+}
+
+// microvmLine says what microvm sandboxes run on here, and why, or why there are none.
+func microvmLine(info *corral.Info) string {
+	switch {
+	case info.MicroVMAccelerator != "":
+		l := info.MicroVMAccelerator
+		if info.MicroVMAccelerator == "tcg" {
+			l += " (software emulation, several times slower than KVM)"
+		}
+		if info.MicroVMAcceleratorWhy != "" {
+			l += "; " + info.MicroVMAcceleratorWhy
+		}
+		if info.QEMUVersion != "" {
+			l += "; " + info.QEMUVersion
+		}
+		return l
+	case info.MicroVMUnavailable != "":
+		return "unavailable: " + info.MicroVMUnavailable
+	}
+	return "-"
 }
 
 func gvisorLine(info *corral.Info) string {
