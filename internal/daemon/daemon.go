@@ -296,7 +296,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	// Built even when the tier is off: it still finds, serves and deletes the VMs a run with the
 	// tier on left.
 	vm, err := qemu.New(ctx, qemu.Config{
-		Off:  cfg.MicroVM.Off,
+		Off: cfg.MicroVM.Off, CgroupParent: cfg.CgroupParent,
 		QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
 		Templates:        cfg.MicroVM.Templates,
 		StateDir:         filepath.Join(cfg.DataDir, "vms"),

@@ -189,16 +189,17 @@ func testLimits(t *testing.T, rt string) {
 	}
 	p.run(sb.ID, "/bin/sh", "-c", "kill $(pidof sleep) 2>/dev/null; true")
 	if rt == "microvm" {
-		// A VM's CPUs are its vCPUs (-smp: 0.5 rounds up to one); its memory is its RAM.
+		// A VM's CPUs are its vCPUs (-smp: 0.5 rounds up to one), held to the quota by QEMU's
+		// cgroup; its memory is its RAM.
 		if got := strings.TrimSpace(p.sh(sb.ID, "grep -c ^processor /proc/cpuinfo")); got != "1" {
 			t.Fatalf("cpus=0.5: the VM has %s CPUs, want 1", got)
 		}
 		if kb, _ := strconv.Atoi(strings.Fields(p.sh(sb.ID, "grep MemTotal /proc/meminfo") + " x 0")[1]); kb > 128<<10 || kb < 64<<10 {
 			t.Fatalf("memory 128 MiB: the VM's MemTotal is %d KiB", kb)
 		}
-	} else {
-		checkCPUQuota(t, p, sb.ID)
 	}
+	// A VM's QEMU has the cgroup a container would: the quota holds for it too.
+	checkCPUQuota(t, p, sb.ID)
 	// Memory: a process that grows past the limit is OOM-killed, the sandbox survives (in a VM,
 	// by the guest kernel's OOM killer; the agent is its init, which that never kills). Under gVisor
 	// the host's OOM killer ends the whole sandbox (gVisor's kernel has no OOM killer of its

@@ -80,6 +80,10 @@ type Config struct {
 	Templates bool
 	// Off refuses new VMs; the Runtime still lists, serves and deletes the VMs it finds.
 	Off bool
+	// CgroupParent is where each VM's QEMU gets the cgroups <CgroupParent>/<id> (as a container
+	// of the runc runtime would): its CPU quota, memory accounting and lazyd's attribution of
+	// its reads. Empty: QEMU stays in the cgroups of the process that starts it.
+	CgroupParent string
 }
 
 // Runtime runs sandboxes as QEMU microvm machines; see the package doc. It is safe for
@@ -92,6 +96,7 @@ type Runtime struct {
 	accelWhy string // why that one (a warning when KVM was wanted but is not usable)
 	version  string
 	kernel   *guestimage.Kernel
+	cg       *runc.Cgroups // nil: VMs get no cgroups of their own
 
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex   // per VM; protected by mu
@@ -187,6 +192,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	for _, p := range old {
 		if !inUse[p] {
 			os.Remove(p)
+		}
+	}
+	if cfg.CgroupParent != "" {
+		if r.cg, err = runc.NewCgroups(cfg.CgroupParent); err != nil {
+			r.log.Warn("microvms get no cgroups of their own: CPU quotas are not enforced", "err", err)
 		}
 	}
 	if cfg.Off {
@@ -309,6 +319,8 @@ type vmState struct {
 	Files []vmFile  `json:"files"`
 	Netns string    `json:"netns,omitempty"`
 	Since time.Time `json:"since"`
+	// CPUs is the VM's CFS quota (its cgroup), which -smp rounds up to whole vCPUs.
+	CPUs float64 `json:"cpus,omitempty"`
 	// FileLimit is QEMU's RLIMIT_FSIZE: the larger of the disk and the memory (plus the
 	// migration stream's 8 bytes per page), plus 64 MiB.
 	FileLimit int64 `json:"file_limit"`
@@ -561,7 +573,7 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	files = append(files, vmFile{Role: "kernel", Path: img.Kernel}, vmFile{Role: "initrd", Path: img.Initrd},
 		vmFile{Role: "config", Path: cfgPath}, vmFile{Role: "console", Path: filepath.Join(dir, "console.log")},
 		vmFile{Role: "qmp", Path: filepath.Join(dir, "qmp.sock")}, vmFile{Role: "ctl", Path: filepath.Join(dir, "ctl.sock")})
-	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(),
+	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(), CPUs: spec.CPUs,
 		FileLimit: max(spec.DiskBytes, spec.MemoryBytes+spec.MemoryBytes/256) + 64<<20}
 	st.Args = r.args(&spec, files, false)
 	if err := r.writeState(st); err != nil {
@@ -863,6 +875,12 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 		unix.Kill(pid, unix.SIGKILL)
 		return fmt.Errorf("QEMU exited at once:%s", fileTail(filepath.Join(dir, "qemu.log"), "qemu"))
 	}
+	if r.cg != nil && st.dir == "" {
+		if err := r.cg.Join(st.ID, pid, st.CPUs, 0); err != nil {
+			unix.Kill(pid, unix.SIGKILL)
+			return fmt.Errorf("QEMU's cgroup: %w", err)
+		}
+	}
 	st.Pid, st.PidStart = pid, start
 	if st.dir != "" {
 		return nil
@@ -1042,6 +1060,11 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 	var errs []error
 	if st, err := r.readState(id); err == nil {
 		if err := kill(ctx, st); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if r.cg != nil {
+		if err := r.cg.Remove(id, 10*time.Second); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -296,3 +296,70 @@ func (l *cgroupLayout) remove(id string, timeout time.Duration) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Cgroups gives a process that the runtime does not run through runc (a microvm's QEMU,
+// internal/runtime/qemu) the cgroups a container of the same ID would have: <CgroupParent>/<id>
+// in the cpu, pids and memory hierarchies (v1) or the one v2 directory. So its CPU quota holds,
+// its memory is accounted, lazyd attributes its reads to the sandbox (by the ID in its cgroup
+// path), and a runc runtime sharing the parent sees it as one of the parent's sandboxes.
+type Cgroups struct{ l *cgroupLayout }
+
+// NewCgroups reads the host's cgroup layout for parent.
+func NewCgroups(parent string) (*Cgroups, error) {
+	l, err := readCgroupLayout(parent)
+	if err != nil {
+		return nil, err
+	}
+	return &Cgroups{l: l}, nil
+}
+
+// Join moves pid into the cgroups of id, making them, with a CFS quota of cpus (0: none) and
+// pids.max (0: none).
+func (c *Cgroups) Join(id string, pid int, cpus float64, pids int64) error {
+	type file struct{ name, value string }
+	quota := int64(cpus * 100000)
+	var dirs []string
+	limits := map[string][]file{}
+	if c.l.mode == "v2" {
+		d := c.l.dir("", id)
+		dirs = []string{d}
+		// The controllers must be on in every ancestor's subtree_control (runc does the same).
+		for p := filepath.Dir(d); strings.HasPrefix(p, c.l.mounts[""]) && p != c.l.mounts[""]; p = filepath.Dir(p) {
+			os.WriteFile(filepath.Join(filepath.Dir(p), "cgroup.subtree_control"), []byte("+cpu +pids +memory"), 0o644)
+		}
+		if quota > 0 {
+			limits[d] = append(limits[d], file{"cpu.max", strconv.FormatInt(quota, 10) + " 100000"})
+		}
+		if pids > 0 {
+			limits[d] = append(limits[d], file{"pids.max", strconv.FormatInt(pids, 10)})
+		}
+	} else {
+		cpu, pd, mem := c.l.dir("cpu", id), c.l.dir("pids", id), c.l.dir("memory", id)
+		dirs = []string{cpu, pd, mem}
+		if quota > 0 {
+			limits[cpu] = []file{{"cpu.cfs_period_us", "100000"}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}}
+		}
+		if pids > 0 {
+			limits[pd] = []file{{"pids.max", strconv.FormatInt(pids, 10)}}
+		}
+	}
+	slices.Sort(dirs)
+	dirs = slices.Compact(dirs)
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("cgroup %s: %w", d, err)
+		}
+		for _, f := range limits[d] {
+			if err := os.WriteFile(filepath.Join(d, f.name), []byte(f.value), 0o644); err != nil {
+				return fmt.Errorf("cgroup %s: %s: %w", d, f.name, err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+			return fmt.Errorf("cgroup %s: add %d: %w", d, pid, err)
+		}
+	}
+	return nil
+}
+
+// Remove deletes the cgroups of id once their processes are gone (waiting up to timeout).
+func (c *Cgroups) Remove(id string, timeout time.Duration) error { return c.l.remove(id, timeout) }
