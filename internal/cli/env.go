@@ -20,8 +20,9 @@ func (a *app) newEnvCmd() *cobra.Command {
 	}
 	var base, workspace string
 	var toolkits []string
+	var template bool
 	create := &cobra.Command{
-		Use:   "create NAME --base N:V [--workspace N:V] [--toolkit N:V]...",
+		Use:   "create NAME --base N:V [--workspace N:V] [--toolkit N:V]... [--microvm-template]",
 		Short: "Save a composition of layers under NAME (then: corral create --env NAME)",
 		Example: `  corral env create swe-task-17 --base debian:12 --workspace repo-17:v3 --toolkit python:latest
   corral create --env swe-task-17`,
@@ -41,7 +42,7 @@ func (a *app) newEnvCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			env, err := c.SaveEnvironment(cmd.Context(), corral.Environment{Name: args[0], Base: base, Workspace: workspace, Toolkits: toolkits})
+			env, err := c.SaveEnvironment(cmd.Context(), corral.Environment{Name: args[0], Base: base, Workspace: workspace, Toolkits: toolkits, MicroVMTemplate: template})
 			if err != nil {
 				return err
 			}
@@ -56,6 +57,7 @@ func (a *app) newEnvCmd() *cobra.Command {
 	f.StringVar(&base, "base", "", "base layer NAME:VERSION (or NAME:TAG)")
 	f.StringVar(&workspace, "workspace", "", "workspace layer NAME:VERSION")
 	f.StringArrayVar(&toolkits, "toolkit", nil, "toolkit layer NAME:VERSION, stacked in the order given (repeatable)")
+	f.BoolVar(&template, "microvm-template", false, "start the environment's microvm sandboxes from a snapshot of a template VM of their shape (built by the first one on each node) instead of booting each")
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List saved environments",

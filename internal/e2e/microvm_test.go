@@ -214,14 +214,19 @@ func TestMicroVMNetworkAndTTL(t *testing.T) {
 	})
 }
 
-// TestMicroVMTemplates: with --microvm-templates the first VM of a shape boots and builds the
-// shape's template; later ones are restored from it, each with its own hostname, address, clock
-// and entropy, and behave like booted ones (exec, files, pause and resume, delete).
+// TestMicroVMTemplates: for an environment saved with --microvm-template, the first VM of a
+// shape boots and builds the shape's template; later ones are restored from it, each with its own
+// hostname, address, clock and entropy, and behave like booted ones (exec, files, pause and
+// resume, delete). A VM of the same shape not from that environment still boots.
+// (corral up --microvm-templates enables templates for every VM; bench microvm --templates.)
 func TestMicroVMTemplates(t *testing.T) {
 	needMicroVM(t)
-	p := withBase(t, "--microvm-templates")
+	p := withBase(t)
 	ctx := context.Background()
-	req := corral.CreateRequest{Tier: "microvm", Limits: corral.Limits{MemoryBytes: 256 << 20, DiskBytes: 256 << 20},
+	if _, stderr, code := p.cli("", "env", "create", "vmt", "--base", "base:test", "--microvm-template"); code != 0 {
+		t.Fatalf("env create --microvm-template: %s", stderr)
+	}
+	req := corral.CreateRequest{Tier: "microvm", Environment: "vmt", Limits: corral.Limits{MemoryBytes: 256 << 20, DiskBytes: 256 << 20},
 		Network: &corral.NetworkPolicy{Mode: corral.NetworkAllowlist}}
 	first := p.create(req)
 	if first.Boot != "boot" {
@@ -255,6 +260,13 @@ func TestMicroVMTemplates(t *testing.T) {
 			t.Fatalf("two VMs restored from one template read the same random bytes %s", lines[3])
 		}
 		seen[lines[3]] = true
+	}
+	plain := req
+	plain.Environment, plain.Base = "", "base:test"
+	if other := p.create(plain); other.Boot != "boot" {
+		t.Fatalf("a VM of the same shape from no template environment: boot = %q, want boot", other.Boot)
+	} else {
+		clones = append(clones, other)
 	}
 	sb := clones[0]
 	if _, err := p.Client.PauseSandbox(ctx, sb.ID); err != nil {

@@ -696,6 +696,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		Images:      images,
 		Addr:        addr,
 		Gateway:     gw,
+		Template:    adm.template,
 		Netns:       netnsPath,
 		ResolvConf:  resolv,
 		ID:          rec.ID,
@@ -770,6 +771,8 @@ type admission struct {
 	net *netpolicy.Compiled
 	// fill is each layer's background fill setting (corral.Layer.FillRate), by digest.
 	fill map[string]int64
+	// template: the sandbox's environment starts its microvms from a template.
+	template bool
 }
 
 // admit validates a create request and turns it into a record in state creating.
@@ -855,6 +858,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
 		return nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
 	}
+	template := false
 	if req.Environment != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
 			return nil, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
@@ -869,6 +873,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			return nil, errdefs.Invalid("environment", "environment %q is not usable in project %s", req.Environment, iam.Display(projectPath))
 		}
 		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
+		template = env.MicroVMTemplate
 	}
 	var snap corral.Layer
 	if req.FromSnapshot != "" {
@@ -990,7 +995,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		Lower:     digests,
 		ProjectID: project.ID,
 	}
-	return &admission{rec: rec, net: netc, fill: fill}, nil
+	return &admission{rec: rec, net: netc, fill: fill, template: template}, nil
 }
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.

@@ -828,7 +828,7 @@ func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (cor
 			if err := json.Unmarshal([]byte(doc), &got); err != nil {
 				return err
 			}
-			if got.Base != env.Base || got.Workspace != env.Workspace || !slices.Equal(got.Toolkits, env.Toolkits) {
+			if got.Base != env.Base || got.Workspace != env.Workspace || !slices.Equal(got.Toolkits, env.Toolkits) || got.MicroVMTemplate != env.MicroVMTemplate {
 				return errdefs.Conflict("environment %s exists with another composition; delete it first or use another name", env.Name)
 			}
 			return nil

@@ -408,6 +408,9 @@ type Environment struct {
 	CreatedAt time.Time  `json:"created_at"`
 	// Project owns the environment's name; it is usable in the project's whole subtree.
 	Project string `json:"project"`
+	// MicroVMTemplate starts the environment's microvm sandboxes from a snapshot of a template
+	// VM of their shape, built by the first of them on each node, instead of booting each.
+	MicroVMTemplate bool `json:"microvm_template,omitempty"`
 }
 
 // GCResult is the answer of POST /v1/layers/gc.

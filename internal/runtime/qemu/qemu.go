@@ -580,7 +580,7 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	key := ""
-	if r.cfg.Templates {
+	if r.cfg.Templates || spec.Template {
 		key = r.templateKey(&spec, files)
 	}
 	if snap := r.templateSnapshot(key); key != "" && snap != "" {

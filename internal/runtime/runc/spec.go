@@ -54,6 +54,9 @@ type Spec struct {
 	// the guest the network namespace's address (Addr) and gateway. runc ignores them.
 	Images        []LayerImage
 	Addr, Gateway netip.Addr
+	// Template asks the microvm tier to start the VM from a template of its shape (its
+	// environment enables templates).
+	Template bool
 
 	// Calls makes a container of the fncall tier: its agent gets CAP_SYS_ADMIN besides the
 	// sandbox's capability set (and a seccomp profile built for it, plus pivot_root), which it
