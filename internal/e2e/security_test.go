@@ -154,12 +154,14 @@ func TestLimits(t *testing.T) { forRuntimes(t, testLimits) }
 
 func testLimits(t *testing.T, rt string) {
 	p := withBaseOn(t, rt)
-	mem := int64(64 << 20)
+	mem, cpus := int64(64<<20), 0.5
 	if rt == "microvm" {
-		mem = 128 << 20 // a VM's least: its kernel and agent need about 100 MiB
+		// A VM's least memory: its kernel and agent need about 100 MiB. And a whole CPU: under
+		// TCG, a guest reclaiming its way to the OOM kill below takes minutes on half a CPU.
+		mem, cpus = 128<<20, 1.5
 	}
 	sb := p.create(corral.CreateRequest{Limits: corral.Limits{
-		MemoryBytes: mem, Pids: 64, DiskBytes: 64 << 20, OpenFiles: 256, CPUs: 0.5,
+		MemoryBytes: mem, Pids: 64, DiskBytes: 64 << 20, OpenFiles: 256, CPUs: cpus,
 	}})
 	// Disk: writing past 64 MiB fails with ENOSPC.
 	out, _, exit := p.run(sb.ID, "/bin/sh", "-c", "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; echo rc=$?")
@@ -189,17 +191,17 @@ func testLimits(t *testing.T, rt string) {
 	}
 	p.run(sb.ID, "/bin/sh", "-c", "kill $(pidof sleep) 2>/dev/null; true")
 	if rt == "microvm" {
-		// A VM's CPUs are its vCPUs (-smp: 0.5 rounds up to one), held to the quota by QEMU's
+		// A VM's CPUs are its vCPUs (-smp: 1.5 rounds up to two), held to the quota by QEMU's
 		// cgroup; its memory is its RAM.
-		if got := strings.TrimSpace(p.sh(sb.ID, "grep -c ^processor /proc/cpuinfo")); got != "1" {
-			t.Fatalf("cpus=0.5: the VM has %s CPUs, want 1", got)
+		if got := strings.TrimSpace(p.sh(sb.ID, "grep -c ^processor /proc/cpuinfo")); got != "2" {
+			t.Fatalf("cpus=1.5: the VM has %s CPUs, want 2", got)
 		}
 		if kb, _ := strconv.Atoi(strings.Fields(p.sh(sb.ID, "grep MemTotal /proc/meminfo") + " x 0")[1]); kb > 128<<10 || kb < 64<<10 {
 			t.Fatalf("memory 128 MiB: the VM's MemTotal is %d KiB", kb)
 		}
 	}
 	// A VM's QEMU has the cgroup a container would: the quota holds for it too.
-	checkCPUQuota(t, p, sb.ID)
+	checkCPUQuota(t, p, sb.ID, int64(cpus*100000))
 	// Memory: a process that grows past the limit is OOM-killed, the sandbox survives (in a VM,
 	// by the guest kernel's OOM killer; the agent is its init, which that never kills). Under gVisor
 	// the host's OOM killer ends the whole sandbox (gVisor's kernel has no OOM killer of its
@@ -227,9 +229,9 @@ func testLimits(t *testing.T, rt string) {
 	}
 }
 
-// checkCPUQuota checks a container's CFS quota for cpus=0.5. The sandbox has no cgroup mount
-// inside, so it reads the sandbox's cgroup from the host.
-func checkCPUQuota(t *testing.T, p *corralProc, id string) {
+// checkCPUQuota checks a sandbox's CFS quota (in µs per 100 ms). The sandbox has no cgroup
+// mount inside, so it reads the sandbox's cgroup from the host.
+func checkCPUQuota(t *testing.T, p *corralProc, id string, want int64) {
 	t.Helper()
 	quota, _ := filepath.Glob("/sys/fs/cgroup/cpu*/" + strings.TrimPrefix(p.Cgroup, "/") + "/" + id + "/cpu.cfs_quota_us")
 	if len(quota) == 0 {
@@ -240,8 +242,9 @@ func checkCPUQuota(t *testing.T, p *corralProc, id string) {
 	}
 	b, _ := os.ReadFile(quota[0])
 	period, _ := os.ReadFile(filepath.Join(filepath.Dir(quota[0]), "cpu.cfs_period_us"))
-	if q, per := strings.TrimSpace(string(b)), strings.TrimSpace(string(period)); !(q == "50000" && per == "100000") && !strings.HasPrefix(q, "50000 100000") {
-		t.Fatalf("CPU quota for cpus=0.5: quota %q period %q, want 50000/100000", q, per)
+	w := strconv.FormatInt(want, 10)
+	if q, per := strings.TrimSpace(string(b)), strings.TrimSpace(string(period)); !(q == w && per == "100000") && !strings.HasPrefix(q, w+" 100000") {
+		t.Fatalf("CPU quota: quota %q period %q, want %s/100000", q, per, w)
 	}
 }
 
