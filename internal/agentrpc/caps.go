@@ -62,6 +62,12 @@ func sandboxCapMask() uint64 {
 	return m
 }
 
+// SandboxCapMask is SandboxCaps as a bit mask (internal/vmguest drops a VM's commands to it).
+func SandboxCapMask() uint64 { return sandboxCapMask() }
+
+// LastCap is the highest capability number this kernel knows.
+func LastCap() int { return lastCap() }
+
 // lastCap is the highest capability number this kernel knows.
 func lastCap() int {
 	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
@@ -135,4 +141,23 @@ func dropToSandboxCaps(extra []int) error {
 		}
 	}
 	return nil
+}
+
+// DefaultEnv is env with PATH and HOME defaulted (unless env sets them): the environment of a
+// sandbox's agent, and so of its commands, in a container (internal/runtime/runc) and in a VM
+// (internal/vmguest).
+func DefaultEnv(env []string) []string {
+	out := make([]string, 0, len(env)+2)
+	var havePath, haveHome bool
+	for _, e := range env {
+		havePath = havePath || strings.HasPrefix(e, "PATH=")
+		haveHome = haveHome || strings.HasPrefix(e, "HOME=")
+	}
+	if !havePath {
+		out = append(out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	if !haveHome {
+		out = append(out, "HOME=/root")
+	}
+	return append(out, env...)
 }

@@ -15,50 +15,15 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 )
 
-// capNumbers maps capability names to numbers: every capability Linux 6.1 knows.
-var capNumbers = map[string]int{
-	"CAP_CHOWN": unix.CAP_CHOWN, "CAP_DAC_OVERRIDE": unix.CAP_DAC_OVERRIDE,
-	"CAP_DAC_READ_SEARCH": unix.CAP_DAC_READ_SEARCH, "CAP_FOWNER": unix.CAP_FOWNER,
-	"CAP_FSETID": unix.CAP_FSETID, "CAP_KILL": unix.CAP_KILL, "CAP_SETGID": unix.CAP_SETGID,
-	"CAP_SETUID": unix.CAP_SETUID, "CAP_SETPCAP": unix.CAP_SETPCAP,
-	"CAP_LINUX_IMMUTABLE": unix.CAP_LINUX_IMMUTABLE, "CAP_NET_BIND_SERVICE": unix.CAP_NET_BIND_SERVICE,
-	"CAP_NET_BROADCAST": unix.CAP_NET_BROADCAST, "CAP_NET_ADMIN": unix.CAP_NET_ADMIN,
-	"CAP_NET_RAW": unix.CAP_NET_RAW, "CAP_IPC_LOCK": unix.CAP_IPC_LOCK, "CAP_IPC_OWNER": unix.CAP_IPC_OWNER,
-	"CAP_SYS_MODULE": unix.CAP_SYS_MODULE, "CAP_SYS_RAWIO": unix.CAP_SYS_RAWIO,
-	"CAP_SYS_CHROOT": unix.CAP_SYS_CHROOT, "CAP_SYS_PTRACE": unix.CAP_SYS_PTRACE,
-	"CAP_SYS_PACCT": unix.CAP_SYS_PACCT, "CAP_SYS_ADMIN": unix.CAP_SYS_ADMIN,
-	"CAP_SYS_BOOT": unix.CAP_SYS_BOOT, "CAP_SYS_NICE": unix.CAP_SYS_NICE,
-	"CAP_SYS_RESOURCE": unix.CAP_SYS_RESOURCE, "CAP_SYS_TIME": unix.CAP_SYS_TIME,
-	"CAP_SYS_TTY_CONFIG": unix.CAP_SYS_TTY_CONFIG, "CAP_MKNOD": unix.CAP_MKNOD, "CAP_LEASE": unix.CAP_LEASE,
-	"CAP_AUDIT_WRITE": unix.CAP_AUDIT_WRITE, "CAP_AUDIT_CONTROL": unix.CAP_AUDIT_CONTROL,
-	"CAP_SETFCAP": unix.CAP_SETFCAP, "CAP_MAC_OVERRIDE": unix.CAP_MAC_OVERRIDE,
-	"CAP_MAC_ADMIN": unix.CAP_MAC_ADMIN, "CAP_SYSLOG": unix.CAP_SYSLOG, "CAP_WAKE_ALARM": unix.CAP_WAKE_ALARM,
-	"CAP_BLOCK_SUSPEND": unix.CAP_BLOCK_SUSPEND, "CAP_AUDIT_READ": unix.CAP_AUDIT_READ,
-	"CAP_PERFMON": unix.CAP_PERFMON, "CAP_BPF": unix.CAP_BPF, "CAP_CHECKPOINT_RESTORE": unix.CAP_CHECKPOINT_RESTORE,
-}
-
-// capMask returns the mask of the named capabilities.
-func capMask(names []string) (uint64, error) {
-	var m uint64
-	for _, n := range names {
-		c, ok := capNumbers[n]
-		if !ok {
-			return 0, fmt.Errorf("unknown capability %s", n)
-		}
-		m |= 1 << c
-	}
-	return m, nil
-}
-
 // commandCaps is what every command the agent starts may have: the sandbox's capability set
 // (agentrpc.SandboxCaps, what a container's processes get), plus CAP_SYS_ADMIN for an agent that
 // runs fncalls (which drops it for each call's command, as in a container of that tier).
-func commandCaps(calls bool) (uint64, error) {
-	names := agentrpc.SandboxCaps()
+func commandCaps(calls bool) uint64 {
+	m := agentrpc.SandboxCapMask()
 	if calls {
-		names = append(names, "CAP_SYS_ADMIN")
+		m |= 1 << unix.CAP_SYS_ADMIN
 	}
-	return capMask(names)
+	return m
 }
 
 // initOnlyCaps are kept by PID 1 beyond the commands' set, in its effective and permitted sets
@@ -85,7 +50,7 @@ func dropCaps(keep uint64) error {
 	}
 	held := uint64(data[0].Permitted) | uint64(data[1].Permitted)<<32
 	var bnd uint64 // what will be left of the bounding set
-	last := lastCap()
+	last := agentrpc.LastCap()
 	for c := 0; c <= last; c++ {
 		if keep&(1<<c) != 0 {
 			if in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0); err == nil && in == 1 {
@@ -110,17 +75,6 @@ func dropCaps(keep uint64) error {
 		return fmt.Errorf("set no_new_privs: %w", e)
 	}
 	return checkCaps("/proc/self/task", bnd, set)
-}
-
-// lastCap is the highest capability number this kernel knows.
-func lastCap() int {
-	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
-	if err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 && n < 64 {
-			return n
-		}
-	}
-	return unix.CAP_LAST_CAP
 }
 
 // checkCaps reads the status of every thread under taskDir (/proc/self/task) and fails unless

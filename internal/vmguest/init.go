@@ -50,6 +50,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
 
@@ -156,10 +157,7 @@ func (g *guest) run(agent Agent) error {
 	if err != nil {
 		return fmt.Errorf("agent arguments %q: %w", c.agentArgs(), err)
 	}
-	keep, err := commandCaps(calls)
-	if err != nil {
-		return err
-	}
+	keep := commandCaps(calls)
 	g.phase("read the config")
 
 	if err := unix.Sethostname([]byte(c.Hostname)); err != nil {
@@ -337,35 +335,11 @@ func pinPort(find func(string) (string, error), name string, timeout time.Durati
 	}, nil
 }
 
-// defaultPath and defaultHome are the environment's PATH and HOME unless Config.Env sets them
-// (as internal/runtime/runc does for a container's agent).
-const (
-	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	defaultHome = "HOME=/root"
-)
-
 // setEnv replaces the process's environment (what the kernel gave init) with env and the defaults.
 func setEnv(env []string) {
 	os.Clearenv()
-	for _, e := range sandboxEnv(env) {
+	for _, e := range agentrpc.DefaultEnv(env) {
 		k, v, _ := strings.Cut(e, "=")
 		os.Setenv(k, v)
 	}
-}
-
-// sandboxEnv is env with PATH and HOME defaulted.
-func sandboxEnv(env []string) []string {
-	out := make([]string, 0, len(env)+2)
-	var havePath, haveHome bool
-	for _, e := range env {
-		havePath = havePath || strings.HasPrefix(e, "PATH=")
-		haveHome = haveHome || strings.HasPrefix(e, "HOME=")
-	}
-	if !havePath {
-		out = append(out, defaultPath)
-	}
-	if !haveHome {
-		out = append(out, defaultHome)
-	}
-	return append(out, env...)
 }

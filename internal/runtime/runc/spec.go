@@ -298,7 +298,7 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 		proc.Capabilities = &specs.LinuxCapabilities{Bounding: callsCaps, Effective: callsCaps, Permitted: callsCaps}
 		profile = t.callsSeccomp
 	}
-	proc.Env = agentEnv(s.Env)
+	proc.Env = agentrpc.DefaultEnv(s.Env)
 	proc.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: s.OpenFiles, Soft: s.OpenFiles}}
 	spec.Process = &proc
 	spec.Hostname = s.Hostname
@@ -373,22 +373,6 @@ func hostPids(s *Spec) int64 {
 		return s.Pids + gvisorPidsHeadroom
 	}
 	return s.Pids
-}
-
-func agentEnv(env []string) []string {
-	out := make([]string, 0, len(env)+2)
-	var havePath, haveHome bool
-	for _, e := range env {
-		havePath = havePath || strings.HasPrefix(e, "PATH=")
-		haveHome = haveHome || strings.HasPrefix(e, "HOME=")
-	}
-	if !havePath {
-		out = append(out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	}
-	if !haveHome {
-		out = append(out, "HOME=/root")
-	}
-	return append(out, env...)
 }
 
 func ptr[T any](v T) *T { return &v }
