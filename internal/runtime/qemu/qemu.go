@@ -1014,7 +1014,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runc.Status, error) {
 		return runc.Status{State: runc.StatePaused}, nil
 	case alive(st):
 		s := runc.Status{State: runc.StateRunning, Pid: st.Pid, MemoryBytes: rss(st.Pid)}
-		if stopped, _ := r.vmStopped(ctx, id); stopped {
+		if r.frozen(id) {
 			s.State = runc.StatePaused
 		}
 		return s, nil
@@ -1022,10 +1022,11 @@ func (r *Runtime) Status(ctx context.Context, id string) (runc.Status, error) {
 	return runc.Status{State: runc.StateStopped}, nil
 }
 
-// vmStopped reports whether the VM's vCPUs are stopped (Freeze).
-func (r *Runtime) vmStopped(ctx context.Context, id string) (bool, error) {
+// frozen reports whether the VM's vCPUs were stopped (Freeze, or a pause under way) and not
+// let run again: the marker file is written before the QMP stop.
+func (r *Runtime) frozen(id string) bool {
 	_, err := os.Stat(filepath.Join(r.dir(id), "frozen"))
-	return err == nil, nil
+	return err == nil
 }
 
 // rss returns the resident memory of pid in bytes (0 if unknown).

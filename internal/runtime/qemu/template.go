@@ -168,7 +168,7 @@ func (r *Runtime) buildTemplate(ctx context.Context, key string, spec *runc.Spec
 	}
 	defer conn.Close()
 	if err := awaitLine(ctx, conn, func(l string) bool { return l == vmguest.ConfigReady }); err != nil {
-		return fmt.Errorf("the template did not ask for its config: %w%s%s", err, r.fileTailIn(dir, "qemu.log", "qemu"), r.fileTailIn(dir, "console.log", "console"))
+		return fmt.Errorf("the template did not ask for its config: %w%s%s", err, fileTail(filepath.Join(dir, "qemu.log"), "qemu"), fileTail(filepath.Join(dir, "console.log"), "console"))
 	}
 	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
 	if err != nil {
@@ -287,10 +287,6 @@ func awaitLine(ctx context.Context, conn net.Conn, match func(string) bool) erro
 // removeTemplates deletes every template (at start: they may be stale).
 func (r *Runtime) removeTemplates() {
 	os.RemoveAll(filepath.Join(r.cfg.StateDir, templatesDir))
-}
-
-func (r *Runtime) fileTailIn(dir, name, what string) string {
-	return fileTail(filepath.Join(dir, name), what)
 }
 
 // templateFailed removes the template key and keeps it from being built again for a while: a
