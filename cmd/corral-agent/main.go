@@ -7,6 +7,8 @@
 //	corral-agent serve --listen PATH [--resume-marker PATH]
 //	                                            listen on a unix socket at PATH instead
 //	corral-agent serve --calls ...              run fncalls only (see internal/agentrpc/calls.go)
+//	corral-agent vm                             in a vm sandbox's guest: serve on its virtio-serial
+//	                                            port with the host's config (internal/vmguest)
 //	corral-agent version
 //
 // With --calls the sandbox gives the agent CAP_SYS_ADMIN, which it uses to isolate each call; it
@@ -72,6 +74,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case agentrpc.CallInitArg:
 		return agentrpc.CallInit()
+	case "vm":
+		// In a vm sandbox's guest: a service of its init (scripts/vm-image.sh installs the unit).
+		err := vmguest.Machine(machineAgent)
+		fmt.Fprintf(stderr, "corral-agent: %v\n", err)
+		return 1
 	case "serve":
 	default:
 		fmt.Fprintf(stderr, "corral-agent: unknown command %q\n", args[0])
@@ -153,6 +160,18 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 // the sandbox's set (plus CAP_SYS_ADMIN with --calls) before it serves, so the CAP_SYS_ADMIN
 // check of serve applies unchanged: the agent is PID 1 and, without --calls, no longer holds it.
 func guestAgent(args []string) (func(context.Context, net.Listener) error, bool, error) {
+	return vmAgent(args, false)
+}
+
+// machineAgent is the agent of a vm sandbox (vmguest.Machine): a service of the machine's own
+// init, running commands as the machine's root with every capability, since there the machine
+// is the sandbox. It runs no fncalls.
+func machineAgent(args []string) (func(context.Context, net.Listener) error, bool, error) {
+	return vmAgent(args, true)
+}
+
+// vmAgent parses the serve arguments a VM's agent gets from the host.
+func vmAgent(args []string, machine bool) (func(context.Context, net.Listener) error, bool, error) {
 	if len(args) == 0 || args[0] != "serve" {
 		return nil, false, fmt.Errorf("want serve and its flags, got %q", args)
 	}
@@ -170,8 +189,11 @@ func guestAgent(args []string) (func(context.Context, net.Listener) error, bool,
 	if o.set["fd"] || o.set["listen"] || o.set["resume-marker"] {
 		return nil, false, errors.New("--fd, --listen and --resume-marker do not apply: the agent serves on the virtio-serial port")
 	}
+	if machine && o.cfg.Calls {
+		return nil, false, errors.New("--calls: a vm sandbox runs no fncalls")
+	}
 	return func(ctx context.Context, ln net.Listener) error {
-		if !o.cfg.Calls && hasSysAdmin() {
+		if !machine && !o.cfg.Calls && hasSysAdmin() {
 			ln.Close()
 			return errors.New("PID 1 with CAP_SYS_ADMIN: start with --calls, or every command would inherit it")
 		}

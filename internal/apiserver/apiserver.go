@@ -73,6 +73,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/sandboxes/{id}/snapshot", s.guard(iam.SandboxAdmin|iam.LayerPublish, "sandbox.snapshot", s.onSandbox, s.snapshot))
 	api.HandleFunc("POST /v1/sandboxes/{id}/pause", s.guard(iam.SandboxAdmin, "sandbox.pause", s.onSandbox, s.lifecycle(s.edge.Pause)))
 	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.guard(iam.SandboxAdmin, "sandbox.resume", s.onSandbox, s.lifecycle(s.edge.Resume)))
+	api.HandleFunc("POST /v1/sandboxes/{id}/power", s.guard(iam.SandboxAdmin, "sandbox.power", s.onSandbox, s.power))
 	api.HandleFunc("PUT /v1/sandboxes/{id}/network", s.guard(iam.SandboxAdmin, "sandbox.network", s.onSandbox, s.setNetwork))
 	api.HandleFunc("GET /v1/sandboxes/{id}/network/blocked", s.guard(iam.SandboxRead, "", s.onSandbox, s.blockedAttempts))
 	api.HandleFunc("GET /v1/sandboxes/{id}/fetch", s.guard(iam.SandboxRead, "", s.onSandbox, func(w http.ResponseWriter, r *http.Request) {
@@ -395,6 +396,21 @@ func (s *Server) lifecycle(do func(context.Context, string) (*store.Sandbox, err
 	}
 }
 
+// power serves POST /v1/sandboxes/{id}/power (corral.PowerRequest), for vm sandboxes.
+func (s *Server) power(w http.ResponseWriter, r *http.Request) {
+	var req corral.PowerRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rec, err := s.edge.Power(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, rec.Sandbox)
+}
+
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	var req corral.SnapshotRequest
 	if err := httpjson.Decode(r, &req); err != nil {
@@ -507,9 +523,9 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch kind {
-	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit:
+	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit, corral.KindVMImage:
 	default:
-		s.fail(w, r, errdefs.Invalid("kind", "%q is not a layer kind (base, workspace, toolkit)", kind))
+		s.fail(w, r, errdefs.Invalid("kind", "%q is not a layer kind (base, workspace, toolkit, vm-image)", kind))
 		return
 	}
 	var imageConfig *corral.ImageConfig

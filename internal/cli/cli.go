@@ -167,7 +167,8 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			if a.output != "table" && a.output != "json" {
+			// corral screen takes -o as the PNG file it writes.
+			if a.output != "table" && a.output != "json" && cmd.Name() != "screen" {
 				return usagef("-o/--output must be table or json, not %q", a.output)
 			}
 			return nil
@@ -216,6 +217,13 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newQuotaCmd(),
 		a.newTokenCmd(),
 		a.newAuditCmd(),
+		a.newVMImageCmd(),
+		a.newScreenCmd(),
+		a.newTypeCmd(),
+		a.newKeyCmd(),
+		a.newClickCmd(),
+		a.newPowerCmd(),
+		a.newConsoleCmd(),
 	)
 	return root
 }

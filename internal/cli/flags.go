@@ -126,6 +126,7 @@ type createFlags struct {
 	pauseKeepsTTL             bool
 	fromSnapshot              string
 	runtime, tier             string
+	image                     string
 	fetch                     string
 	net                       netFlags
 	baseDefault               string // what --base is when not given
@@ -164,7 +165,8 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	}
 	f.baseDefault = base
 	fs.StringVar(&f.base, "base", base, "base layer NAME:VERSION ($CORRAL_BASE sets the default)")
-	fs.StringVar(&f.tier, "tier", "", "isolation tier: container (default) or microvm (a VM with its own kernel, QEMU)")
+	fs.StringVar(&f.tier, "tier", "", "isolation tier: container (default), microvm (a VM with its own kernel, QEMU) or vm (a full machine with a screen, from --image)")
+	fs.StringVar(&f.image, "image", "", "with --tier vm: the disk image, a vm-image layer NAME:VERSION (corral vm-image build)")
 	fs.StringVar(&f.runtime, "runtime", "", "container runtime: runc (default) or gvisor")
 	fs.StringVar(&f.fetch, "fetch", "", "how the layers' data reaches the node: eager (all before start), lazy (chunks as read) or prefetch (lazy, plus the environment's recorded start-up set at once; the node's default, usually)")
 	f.net.add(fs)
@@ -220,16 +222,30 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 	switch f.runtime {
 	case "", "runc", "gvisor":
 	case "qemu":
-		if f.tier != "microvm" {
-			return req, usagef("--runtime qemu: only with --tier microvm")
+		if f.tier != "microvm" && f.tier != "vm" {
+			return req, usagef("--runtime qemu: only with --tier microvm or vm")
 		}
 	default:
 		return req, usagef("--runtime: %q: want runc or gvisor", f.runtime)
 	}
 	switch f.tier {
 	case "", "container", "microvm":
+		if f.image != "" {
+			return req, usagef("--image is the disk image of a vm: use it with --tier vm (containers and microvms take --base)")
+		}
+	case "vm":
+		if f.image == "" {
+			return req, usagef("--tier vm needs --image NAME:VERSION, a vm-image layer (corral vm-image build NAME:VERSION)")
+		}
+		if err := checkRef("image", f.image); err != nil {
+			return req, err
+		}
+		if f.base != f.baseDefault || f.workspace != "" || len(f.toolkits) > 0 || f.fromSnapshot != "" {
+			return req, usagef("--tier vm boots --image: drop --base, --workspace, --toolkit and --from-snapshot")
+		}
+		req.Image, req.Base = f.image, ""
 	default:
-		return req, usagef("--tier: %q: want container or microvm", f.tier)
+		return req, usagef("--tier: %q: want container, microvm or vm", f.tier)
 	}
 	pol, err := f.net.policy()
 	if err != nil {
@@ -242,8 +258,10 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 	if err := checkDuration("auto-pause-after", f.autoPause); err != nil {
 		return req, err
 	}
-	if err := checkRef("base", f.base); err != nil {
-		return req, err
+	if req.Base != "" {
+		if err := checkRef("base", f.base); err != nil {
+			return req, err
+		}
 	}
 	if f.workspace != "" {
 		if err := checkRef("workspace", f.workspace); err != nil {

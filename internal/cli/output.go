@@ -112,3 +112,11 @@ func formatTime(t, now time.Time) string {
 	}
 	return t.Local().Format(time.RFC3339) + " (" + relTime(t, now) + ")"
 }
+
+// orEmpty returns prefix+s, or "" when s is empty.
+func orEmpty(prefix, s string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + s
+}

@@ -336,6 +336,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 			tiers = append(tiers, edge.TierMicroVM)
 			runtimes = append(runtimes, edge.RuntimeQEMU)
 		}
+		if vm.MachineAvailable() == nil {
+			tiers = append(tiers, edge.TierVM)
+		}
 		if node, err = registerNode(ctx, cfg, st, tiers, runtimes, log); err != nil {
 			return err
 		}
@@ -383,6 +386,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		info.MicroVMUnavailable = err.Error()
 	} else {
 		info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = vm.Accelerator()
+	}
+	if err := vm.MachineAvailable(); err != nil {
+		info.VMUnavailable = err.Error()
 	}
 	api := apiserver.New(log, st, e, ls, info)
 	go api.Prune(ctx, cfg.AuditRetention)

@@ -109,8 +109,11 @@ type Config struct {
 	// A create over it fails with errdefs.ErrNodeFull (409 node_full), which a cluster's
 	// placement takes as "try another node": the edge has the final say.
 	Capacity *corral.Resources
-	// VM, when set, runs microvm sandboxes (internal/runtime/qemu); nil: the tier is off.
+	// VM, when set, runs microvm and vm sandboxes (internal/runtime/qemu); nil: those tiers are off.
 	VM VMRuntime
+	// VMAgentWait bounds how long a data-plane call to a vm sandbox waits for the agent of a
+	// machine that is still booting (default 5m: a full distribution under TCG).
+	VMAgentWait time.Duration
 	// Labels describe the node (gpu=h100); a create's node_selector must match them.
 	Labels map[string]string
 	// FetchMode is the fetch mode of creates that name none (eager, lazy or prefetch); empty
@@ -162,6 +165,9 @@ var MaxLimits = corral.Limits{
 func (c *Config) setDefaults() {
 	if c.Node == "" {
 		c.Node = "local"
+	}
+	if c.VMAgentWait <= 0 {
+		c.VMAgentWait = 5 * time.Minute
 	}
 	if c.DefaultTTL == 0 {
 		c.DefaultTTL = time.Hour
@@ -262,6 +268,11 @@ type sandbox struct {
 	// paused mirrors the state for the lock-free check on every data-plane call; it changes only
 	// with mu held.
 	paused atomic.Bool
+	// machine: a vm sandbox (tier vm). off mirrors its state "off" as paused does "paused";
+	// agentUp is set once its agent answered since the machine last booted (data-plane calls
+	// wait for it until then).
+	machine      bool
+	off, agentUp atomic.Bool
 	// cwd and user are the defaults of commands that name none (the base image's config).
 	cwd, user string
 	// actions counts data-plane calls (for blocked egress attempts per 1000 actions).
@@ -297,6 +308,8 @@ func newSandbox(rec *store.Sandbox, socket string) *sandbox {
 		sb.fncall = rec.Labels[fncallLabel]
 	}
 	sb.paused.Store(rec.State == corral.StatePaused)
+	sb.machine = rec.Tier == TierVM
+	sb.off.Store(rec.State == corral.StateOff)
 	sb.lastActivity.Store(rec.LastActivityAt.UnixNano())
 	sb.flushed.Store(rec.LastActivityAt.UnixNano())
 	sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
@@ -391,7 +404,7 @@ func (e *Edge) Close() {
 
 func (e *Edge) reconcile(ctx context.Context) error {
 	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{
-		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused},
+		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff},
 	})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -424,7 +437,11 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
 			e.store.PutSandbox(ctx, rec)
 		}
-		if err != nil || (st.State != runc.StateRunning && st.State != runc.StatePaused) {
+		if err == nil && st.State == runc.StateOff && rec.State != corral.StateOff {
+			rec.State = corral.StateOff // its guest powered it off while corral was down
+			e.store.PutSandbox(ctx, rec)
+		}
+		if err != nil || (st.State != runc.StateRunning && st.State != runc.StatePaused && st.State != runc.StateOff) {
 			reason := "error: the sandbox's processes exited while corral was down"
 			if err == nil && st.OOMKills > 0 {
 				reason = corral.ReasonOOMKilled
@@ -455,7 +472,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		e.mu.Lock()
 		e.live[rec.ID] = sb
 		e.mu.Unlock()
-		if !sb.paused.Load() {
+		if !sb.paused.Load() && !sb.off.Load() {
 			e.resumeRecording(sb)
 		}
 		adopted++
@@ -692,7 +709,25 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 		}
 	}
+	var machine, disk, diskFormat string
+	if rec.Tier == TierVM {
+		if nw != nil {
+			addr, gw = nw.slot.SandboxAddr, nw.slot.HostAddr
+		}
+		machine = "vm"
+		if disk, diskFormat, err = vmDiskFile(lower); err != nil {
+			log.Error("find the sandbox's disk image", "err", err)
+			e.detachNetwork(rec.ID, nw)
+			e.releaseLayers(rec, nil)
+			rec.NetSlot = nil
+			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+		}
+	}
 	rsb, err := e.rt.Create(ctx, runc.Spec{
+		Machine:     machine,
+		Disk:        disk,
+		DiskFormat:  diskFormat,
 		Images:      images,
 		Addr:        addr,
 		Gateway:     gw,
@@ -745,7 +780,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		e.releaseLayers(rec, nil)
 		return nil, err
 	}
-	log.Info("sandbox created", "base", rec.Base, "layers", len(lower))
+	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
 	return rec, nil
 }
 
@@ -784,6 +819,14 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	case req.Tier == "", req.Tier == TierContainer:
 	case req.Tier == TierFncall:
 		return nil, errdefs.Invalid("tier", "fncall containers are made by fncall environments (POST /v1/fncall), not created directly")
+	case req.Tier == TierVM:
+		if e.cfg.VM == nil {
+			return nil, errdefs.Invalid("tier", "vm is not available on this node: the VM tiers are off")
+		}
+		if err := e.cfg.VM.MachineAvailable(); err != nil {
+			return nil, errdefs.Invalid("tier", "vm is not available on this node: %v", err)
+		}
+		tier = TierVM
 	case req.Tier == TierMicroVM:
 		if e.cfg.VM == nil {
 			return nil, errdefs.Invalid("tier", "microvm is not available on this node: the microvm tier is off")
@@ -794,13 +837,13 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		tier = TierMicroVM
 	default:
 		return nil, errdefs.Invalid("tier", "%q is not a tier: want %s (available here: %s)", req.Tier,
-			"container or microvm", strings.Join(e.Tiers(), ", "))
+			"container, microvm or vm", strings.Join(e.Tiers(), ", "))
 	}
 	runtime := req.Runtime
 	switch {
-	case tier == TierMicroVM:
+	case tier == TierMicroVM || tier == TierVM:
 		if runtime != "" && runtime != RuntimeQEMU {
-			return nil, errdefs.Invalid("runtime", "%q: microvm sandboxes run on %q", req.Runtime, RuntimeQEMU)
+			return nil, errdefs.Invalid("runtime", "%q: %s sandboxes run on %q", req.Runtime, tier, RuntimeQEMU)
 		}
 		runtime = RuntimeQEMU
 	case runtime == "", runtime == RuntimeRunc:
@@ -858,6 +901,16 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
 		return nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
 	}
+	if tier == TierVM {
+		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" || req.Environment != "" {
+			return nil, errdefs.Invalid("image", "a vm sandbox boots its disk image (image); base, workspace, toolkits, from_snapshot and environment are for containers and microvms")
+		}
+		if req.Image == "" {
+			return nil, errdefs.Invalid("image", "a vm sandbox needs its disk image: a vm-image layer NAME:VERSION (corral vm-image build)")
+		}
+	} else if req.Image != "" {
+		return nil, errdefs.Invalid("image", "a disk image is for the vm tier (tier vm); containers and microvms take base, workspace and toolkits")
+	}
 	template := false
 	if req.Environment != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
@@ -898,7 +951,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 		req.Base, req.Workspace, req.Toolkits = snap.Snapshot.Base, snap.Snapshot.Workspace, snap.Snapshot.Toolkits
 	}
-	if req.Base == "" {
+	if req.Base == "" && tier != TierVM {
 		return nil, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
 	}
 	if len(req.Toolkits) > 32 {
@@ -907,6 +960,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	// Bottom to top: base, workspace, toolkits in order, then a snapshot's chain and the snapshot.
 	type ref struct{ field, ref, kind string }
 	refs := []ref{{"base", req.Base, corral.KindBase}}
+	if tier == TierVM {
+		refs = []ref{{"image", req.Image, corral.KindVMImage}}
+	}
 	if req.Workspace != "" {
 		refs = append(refs, ref{"workspace", req.Workspace, corral.KindWorkspace})
 	}
@@ -951,7 +1007,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		digests = append(digests, l.Digest)
 		fill[l.Digest] = l.FillRate
 	}
-	if req.FromSnapshot == "" {
+	if tier == TierVM {
+		req.Image = resolved[0]
+	} else if req.FromSnapshot == "" {
 		req.Base = resolved[0]
 		if req.Workspace != "" {
 			req.Workspace, resolved = resolved[1], resolved[1:]
@@ -985,8 +1043,8 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	rec := &store.Sandbox{
 		Sandbox: corral.Sandbox{
 			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
-			State: corral.StateCreating,
-			Base:  req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
+			State: corral.StateCreating, Image: req.Image,
+			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
 			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
@@ -1306,6 +1364,15 @@ func (e *Edge) active(ctx context.Context, id string) (*sandbox, error) {
 			return nil, err
 		}
 	}
+	if sb.off.Load() {
+		return nil, errdefs.Conflict("sandbox %s is powered off: power it on first (corral power %s on)", id, id)
+	}
+	if sb.machine && !sb.agentUp.Load() {
+		if err := e.cfg.VM.WaitAgent(ctx, id, e.cfg.VMAgentWait); err != nil {
+			return nil, err
+		}
+		sb.agentUp.Store(true)
+	}
 	sb.touch()
 	return sb, nil
 }
@@ -1466,6 +1533,12 @@ func (e *Edge) reap(ctx context.Context) {
 		st, err := e.rt.Status(ctx, sb.id)
 		if err == nil && st.State == runc.StatePaused {
 			continue // paused time never counts as idle
+		}
+		if err == nil && st.State == runc.StateOff {
+			if !sb.off.Load() {
+				e.machineWentOff(ctx, sb) // its guest powered it off
+			}
+			continue
 		}
 		if err != nil || st.State != runc.StateRunning {
 			reason := "error: the sandbox's processes exited"

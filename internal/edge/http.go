@@ -49,6 +49,9 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/tar", h.tarIn)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/trajectory", h.trajectory)
 	mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", h.port)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/screen", h.screen)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/input", h.input)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/console", h.console)
 	return mux
 }
 

@@ -34,8 +34,8 @@ func (e *Edge) portNetns(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if rec.Tier == TierMicroVM {
-		return "", errdefs.Invalid("port", "ports of microvm sandboxes are not reachable yet (tier microvm)")
+	if rec.Tier == TierMicroVM || rec.Tier == TierVM {
+		return "", errdefs.Invalid("port", "ports of %s sandboxes are not reachable yet (tier %s)", rec.Tier, rec.Tier)
 	}
 	if rec.Runtime == RuntimeGVisor {
 		// gVisor's network stack lives in its sandbox process, not in the namespace.

@@ -43,9 +43,22 @@ func (e *Edge) loadInstance(ctx context.Context) (err error) {
 // other content), the imported blob is removed unless something else uses it.
 func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, bool, error) {
 	ctx = context.WithoutCancel(ctx)
-	e.layersMu.RLock()
-	got, created, err := e.store.PublishLayer(ctx, l)
-	e.layersMu.RUnlock()
+	var err error
+	if l.Kind == corral.KindVMImage {
+		// A disk image is checked before anyone can boot it.
+		if len(l.Below) > 0 {
+			err = errdefs.Invalid("below", "a vm-image layer is one disk image; it stacks on nothing")
+		} else if _, err = e.CheckVMImage(ctx, l.Digest); err != nil {
+			err = fmt.Errorf("layer %s:%s is not a usable vm image: %w", l.Name, l.Version, err)
+		}
+	}
+	var got corral.Layer
+	var created bool
+	if err == nil {
+		e.layersMu.RLock()
+		got, created, err = e.store.PublishLayer(ctx, l)
+		e.layersMu.RUnlock()
+	}
 	if err != nil {
 		e.layersMu.Lock()
 		if _, rerr := e.removeIfUnused(ctx, l.Digest); rerr != nil {
@@ -203,7 +216,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 		return false, err
 	}
 	switch l.Kind {
-	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit, corral.KindSnapshot:
+	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit, corral.KindSnapshot, corral.KindVMImage:
 	default:
 		return false, fmt.Errorf("%s has unknown kind %q", key, l.Kind)
 	}

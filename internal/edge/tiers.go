@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"time"
 
 	"github.com/corral-dev/corral/internal/runtime/runc"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TierContainer and TierMicroVM are the tiers a create call may name (TierFncall's containers
@@ -13,6 +15,8 @@ import (
 const (
 	TierContainer = "container"
 	TierMicroVM   = "microvm"
+	// TierVM is a full machine from a disk image, with a screen, keyboard and mouse (machine.go).
+	TierVM = "vm"
 	// RuntimeQEMU runs microvm sandboxes.
 	RuntimeQEMU = string(runc.EngineQEMU)
 )
@@ -29,6 +33,18 @@ type VMRuntime interface {
 	Accelerator() (accel, why string)
 	// Version is QEMU's version line.
 	Version() string
+	// MachineAvailable is nil when vm sandboxes can be created here, else why not.
+	MachineAvailable() error
+	// Screen returns a PNG of a vm's display and its size.
+	Screen(ctx context.Context, id string) (png []byte, width, height int, err error)
+	// Input sends keyboard and mouse events to a vm.
+	Input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error)
+	// Power turns a vm off (force: at once) or on, or resets it (corral.PowerOn, ...).
+	Power(ctx context.Context, id, action string, force bool) error
+	// Console returns the end of a VM's serial console output, at most limit bytes.
+	Console(id string, limit int64) ([]byte, error)
+	// WaitAgent waits up to timeout for a VM's agent to answer.
+	WaitAgent(ctx context.Context, id string, timeout time.Duration) error
 }
 
 // tiered is the edge's Runtime when it also runs VMs: creates go by engine, every other call
@@ -102,6 +118,9 @@ func (e *Edge) Tiers() []string {
 	t := []string{TierContainer}
 	if e.cfg.VM != nil && e.cfg.VM.Available() == nil {
 		t = append(t, TierMicroVM)
+	}
+	if e.cfg.VM != nil && e.cfg.VM.MachineAvailable() == nil {
+		t = append(t, TierVM)
 	}
 	return t
 }

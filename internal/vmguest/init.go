@@ -260,28 +260,9 @@ func loadModules(dir string, want func(name string) bool) error {
 // readConfig waits up to timeout for the fw_cfg file at path (qemu_fw_cfg probes it
 // asynchronously), then reads and validates the Config in it.
 func readConfig(path string, timeout time.Duration) (*Config, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		_, err := os.Stat(path)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
-			return nil, fmt.Errorf("read config %s (QEMU -fw_cfg name=%s): %w", path, ConfigFwCfg, err)
-		}
-		time.Sleep(pollInterval)
-	}
-	f, err := os.Open(path)
+	b, err := readFwCfg(path, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxConfig+1))
-	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
-	}
-	if len(b) > maxConfig {
-		return nil, fmt.Errorf("read config: more than %d bytes", maxConfig)
+		return nil, err
 	}
 	return parseConfig(b)
 }

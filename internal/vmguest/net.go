@@ -40,14 +40,14 @@ func setupNetwork(n *Net, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
-	if err := netlink.AddrAdd(link, addr); err != nil {
+	if err := netlink.AddrReplace(link, addr); err != nil { // Replace: a restarted agent (vm tier) runs this again
 		return fmt.Errorf("network: add %s to %s: %w", n.Address, name, err)
 	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("network: bring %s up: %w", name, err)
 	}
 	gw := net.ParseIP(n.Gateway)
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}); err != nil {
+	if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}); err != nil {
 		return fmt.Errorf("network: default route via %s: %w", n.Gateway, err)
 	}
 	return nil

@@ -12,6 +12,9 @@ const (
 	StatePaused   = "paused"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
+	// StateOff is a vm sandbox whose machine is powered off (POST .../power off): its disk
+	// stays; power on boots it again.
+	StateOff = "off"
 )
 
 // Reasons a sandbox stopped or failed. Errors are reported as "error: <message>".
@@ -43,9 +46,13 @@ type Limits struct {
 
 // CreateRequest is the body of POST /v1/sandboxes.
 type CreateRequest struct {
-	// Tier is "container" (the default) or "microvm" (a VM with its own kernel; see
+	// Tier is "container" (the default), "microvm" (a VM with its own kernel) or "vm" (a full
+	// machine booted from a disk image, with a screen, keyboard and mouse; see
 	// docs/ARCHITECTURE.md). fncall sandboxes are made by fncall environments.
 	Tier string `json:"tier,omitempty"`
+	// Image is a vm sandbox's disk image: a published layer NAME:VERSION of kind vm-image. The
+	// vm tier takes it instead of Base, Workspace and Toolkits.
+	Image LayerRef `json:"image,omitempty"`
 	// Runtime runs a container sandbox: "runc" (the default) or "gvisor" (gVisor's runsc: the
 	// sandbox's syscalls are served by a user-space kernel; pause is a checkpoint to disk).
 	Runtime   string     `json:"runtime,omitempty"`
@@ -125,7 +132,9 @@ type Sandbox struct {
 	Accelerator string `json:"accelerator,omitempty"`
 	// Boot says how a microvm sandbox started: "boot" (its kernel booted) or "template"
 	// (restored from a snapshot of a template VM of its shape; corral up --microvm-templates).
-	Boot      string            `json:"boot,omitempty"`
+	Boot string `json:"boot,omitempty"`
+	// Image is a vm sandbox's disk image layer (NAME:VERSION).
+	Image     LayerRef          `json:"image,omitempty"`
 	State     string            `json:"state"`
 	Reason    string            `json:"reason,omitempty"`
 	Base      LayerRef          `json:"base"`
@@ -321,6 +330,15 @@ const (
 	KindToolkit   = "toolkit"
 	// KindSnapshot layers come only from POST /v1/sandboxes/{id}/snapshot.
 	KindSnapshot = "snapshot"
+	// KindVMImage is a vm sandbox's disk image: a layer holding one file, disk.qcow2 or
+	// disk.raw (see VMDiskQCOW2, VMDiskRaw).
+	KindVMImage = "vm-image"
+)
+
+// The file names a vm-image layer may hold (exactly one of them).
+const (
+	VMDiskQCOW2 = "disk.qcow2"
+	VMDiskRaw   = "disk.raw"
 )
 
 // SnapshotOf records what a snapshot layer sits on: the environment of the sandbox it was taken
@@ -438,7 +456,7 @@ type Info struct {
 	// cannot be used here when it cannot.
 	GVisorVersion     string `json:"gvisor_version,omitempty"`
 	GVisorUnavailable string `json:"gvisor_unavailable,omitempty"`
-	// Tiers lists the tiers sandboxes can be created in here ("container", "microvm").
+	// Tiers lists the tiers sandboxes can be created in here ("container", "microvm", "vm").
 	Tiers []string `json:"tiers,omitempty"`
 	// MicroVMAccelerator is what microvm sandboxes run on here ("kvm" or "tcg") and
 	// MicroVMAcceleratorWhy why (e.g. why not KVM); MicroVMUnavailable says why microvm
@@ -447,6 +465,9 @@ type Info struct {
 	MicroVMAcceleratorWhy string `json:"microvm_accelerator_why,omitempty"`
 	MicroVMUnavailable    string `json:"microvm_unavailable,omitempty"`
 	QEMUVersion           string `json:"qemu_version,omitempty"`
+	// VMUnavailable says why vm sandboxes cannot be created here when they cannot (they run on
+	// MicroVMAccelerator too).
+	VMUnavailable string `json:"vm_unavailable,omitempty"`
 	// NetworkPool is the sandbox address pool when sandbox networking is on; NetworkOff says
 	// why it is off.
 	NetworkPool   string `json:"network_pool,omitempty"`
@@ -575,4 +596,63 @@ type LayerStats struct {
 	DataBytes  int64            `json:"data_bytes"`
 	Fetch      *FetchStats      `json:"fetch,omitempty"`
 	Cache      *ChunkCacheStats `json:"cache,omitempty"`
+}
+
+// Input event types (InputEvent.Type).
+const (
+	// InputText types Text on a US keyboard layout: printable ASCII, "\n" (Enter) and "\t" (Tab).
+	InputText = "text"
+	// InputKey presses and releases Key, a combination such as "ctrl+alt+t", "ret" or "f2".
+	InputKey = "key"
+	// InputMove moves the pointer to X, Y (screen pixels from the top left).
+	InputMove = "move"
+	// InputClick moves to X, Y and clicks Button Count times (1 when 0).
+	InputClick = "click"
+	// InputScroll moves to X, Y and turns the wheel Delta steps (negative: up).
+	InputScroll = "scroll"
+	// InputButton moves to X, Y and presses (Down true) or releases Button, for drags.
+	InputButton = "button"
+)
+
+// InputEvent is one keyboard or mouse action for a vm sandbox (POST /v1/sandboxes/{id}/input).
+type InputEvent struct {
+	Type string `json:"type"`
+	Text string `json:"text,omitempty"`
+	Key  string `json:"key,omitempty"`
+	X    int    `json:"x,omitempty"`
+	Y    int    `json:"y,omitempty"`
+	// Button is "left" (the default), "right" or "middle".
+	Button string `json:"button,omitempty"`
+	Count  int    `json:"count,omitempty"`
+	Delta  int    `json:"delta,omitempty"`
+	Down   *bool  `json:"down,omitempty"`
+}
+
+// InputRequest is the body of POST /v1/sandboxes/{id}/input: events sent in order (at most 256,
+// and 4096 bytes of text).
+type InputRequest struct {
+	Events []InputEvent `json:"events"`
+}
+
+// InputResult answers an input call: the events sent and the screen size that mouse coordinates
+// were scaled against.
+type InputResult struct {
+	Events int `json:"events"`
+	Width  int `json:"width,omitempty"`
+	Height int `json:"height,omitempty"`
+}
+
+// Power actions (PowerRequest.Action).
+const (
+	PowerOn     = "on"
+	PowerOff    = "off"
+	PowerReboot = "reboot"
+)
+
+// PowerRequest is the body of POST /v1/sandboxes/{id}/power, for vm sandboxes. Off asks the
+// guest to shut down (ACPI) and ends the machine after a grace period; Force ends it at once
+// (pulling the plug). Reboot resets the machine. On boots a machine that is off.
+type PowerRequest struct {
+	Action string `json:"action"`
+	Force  bool   `json:"force,omitempty"`
 }

@@ -31,6 +31,9 @@ func (r *Runtime) Pause(ctx context.Context, id string) (runc.PauseStats, error)
 	if st.Paused {
 		return runc.PauseStats{}, errdefs.Conflict("sandbox %s is already paused", id)
 	}
+	if st.Off {
+		return runc.PauseStats{}, errdefs.Conflict("sandbox %s is powered off", id)
+	}
 	if !alive(st) {
 		return runc.PauseStats{}, errdefs.Conflict("sandbox %s is stopped", id)
 	}

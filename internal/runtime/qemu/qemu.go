@@ -55,8 +55,9 @@ const (
 
 // Config configures a Runtime. Zero fields take the defaults.
 type Config struct {
-	// QEMU is the qemu-system-x86_64 binary (default: looked up in PATH).
-	QEMU string
+	// QEMU is the qemu-system-x86_64 binary (default: looked up in PATH); QEMUImg is qemu-img,
+	// which makes the vm tier's overlay disks.
+	QEMU, QEMUImg string
 	// StateDir holds one directory per VM. Keep it short: <StateDir>/<id>/agent.sock must fit
 	// in 107 bytes.
 	StateDir string
@@ -96,7 +97,9 @@ type Runtime struct {
 	accelWhy string // why that one (a warning when KVM was wanted but is not usable)
 	version  string
 	kernel   *guestimage.Kernel
-	cg       *runc.Cgroups // nil: VMs get no cgroups of their own
+	// machineErr is why vm sandboxes (MachineVM) cannot be created here besides err.
+	machineErr error
+	cg         *runc.Cgroups // nil: VMs get no cgroups of their own
 
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex   // per VM; protected by mu
@@ -179,7 +182,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		if st, err := r.readState(id); err == nil {
 			r.uids[st.UID] = id
 			for _, f := range st.Files {
-				if f.Role == "initrd" {
+				if f.Role == "initrd" || f.Role == "agent-disk" {
 					inUse[f.Path] = true
 				}
 			}
@@ -189,6 +192,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	// Initramfs files of earlier agent builds that no VM needs (a paused one restarts with its
 	// own): built again on demand.
 	old, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "initrd-*.cpio.gz"))
+	agents, _ := filepath.Glob(filepath.Join(cfg.CacheDir, "agent-*.img"))
+	old = append(old, agents...)
 	for _, p := range old {
 		if !inUse[p] {
 			os.Remove(p)
@@ -200,10 +205,13 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		}
 	}
 	if cfg.Off {
-		r.err = errdefs.Unavailable("the microvm tier is off (corral up --no-microvm)")
+		r.err = errdefs.Unavailable("the VM tiers are off (corral up --no-microvm)")
 		return r, nil
 	}
 	r.err = r.probe(ctx)
+	if r.err == nil {
+		r.machineErr = r.probeMachine()
+	}
 	if r.err != nil {
 		r.log.Warn("microvm sandboxes are unavailable on this node", "err", r.err)
 	} else if r.accel == AccelTCG {
@@ -328,6 +336,10 @@ type vmState struct {
 	Paused bool `json:"paused,omitempty"`
 	// Template names the template the VM was restored from; empty: it booted.
 	Template string `json:"template,omitempty"`
+	// Machine is MachineVM for a vm sandbox, empty for a microvm.
+	Machine string `json:"machine,omitempty"`
+	// Off: the vm is powered off (no process; its disk stays).
+	Off bool `json:"off,omitempty"`
 	// dir, when set, is where QEMU's log goes instead of the sandbox's directory (a template's).
 	dir string
 }
@@ -336,7 +348,7 @@ type vmState struct {
 // path of the host's itself, so it needs no access to the data directory.
 type vmFile struct {
 	// Role is layer, upper, upper-ro, tap, private-tap (a template's), kernel, initrd, config,
-	// console, qmp or ctl.
+	// console, qmp or ctl; a vm's also disk-base, disk, disk-ro, agent-disk and machine-config.
 	Role string `json:"role"`
 	Path string `json:"path,omitempty"`
 	// Serial is a disk's virtio-blk serial, by which the guest finds it.
@@ -348,7 +360,7 @@ func (f vmFile) open(st *vmState) (*os.File, error) {
 	switch f.Role {
 	case "tap":
 		return openTap(st.Netns)
-	case "upper":
+	case "upper", "disk":
 		return os.OpenFile(f.Path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	case "private-tap":
 		return openPrivateTap()
@@ -522,6 +534,9 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	if err := r.validate(&spec); err != nil {
 		return nil, err
 	}
+	if spec.Machine == MachineVM {
+		return r.createMachine(ctx, spec)
+	}
 	// A boot that never answers (or a QEMU that hangs) ends here rather than holding the
 	// sandbox in "creating".
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout+30*time.Second)
@@ -623,6 +638,13 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 func (r *Runtime) validate(spec *runc.Spec) error {
 	if !idRE.MatchString(spec.ID) {
 		return errdefs.Invalid("ID", "%q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", spec.ID)
+	}
+	switch spec.Machine {
+	case MachineVM:
+		return r.validateMachine(spec)
+	case "":
+	default:
+		return errdefs.Invalid("Machine", "%q: want %q or empty (a microvm)", spec.Machine, MachineVM)
 	}
 	if spec.Calls {
 		return errdefs.Invalid("Calls", "calls run in containers, not VMs")
@@ -862,8 +884,14 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 		return fmt.Errorf("start QEMU: %w", err)
 	}
 	pid := cmd.Process.Pid
-	// Reap it when it ends while this process runs; after a restart of corral, init does.
-	go cmd.Wait()
+	// Reap it when it ends while this process runs; after a restart of corral, init does. A vm
+	// whose QEMU exits cleanly of itself was powered off by its guest.
+	go func() {
+		err := cmd.Wait()
+		if st.Machine == MachineVM {
+			r.machineExited(st.ID, pid, err == nil)
+		}
+	}()
 	// Every file QEMU writes (the disk, the snapshot, the console log a guest could flood)
 	// stays within FileLimit; no core dumps.
 	unix.Prlimit(pid, unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: uint64(st.FileLimit), Max: uint64(st.FileLimit)}, nil)
@@ -1012,6 +1040,8 @@ func (r *Runtime) Status(ctx context.Context, id string) (runc.Status, error) {
 	switch {
 	case st.Paused:
 		return runc.Status{State: runc.StatePaused}, nil
+	case st.Off:
+		return runc.Status{State: runc.StateOff}, nil
 	case alive(st):
 		s := runc.Status{State: runc.StateRunning, Pid: st.Pid, MemoryBytes: rss(st.Pid)}
 		if r.frozen(id) {
@@ -1122,7 +1152,7 @@ func (r *Runtime) GVisor() (string, error) {
 
 // UpperDir: a VM's writable layer is a disk inside the guest, not a host directory.
 func (r *Runtime) UpperDir(id string) (string, error) {
-	return "", errdefs.Invalid("sandbox", "%s is a microvm: its writable layer is a disk inside the VM; layer snapshots of microvms are not supported", id)
+	return "", errdefs.Invalid("sandbox", "%s is a VM: its writable layer is a disk inside the VM; layer snapshots of VMs are not supported", id)
 }
 
 func tail(b []byte, n int) string {

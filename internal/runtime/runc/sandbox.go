@@ -44,6 +44,9 @@ const (
 	StateRunning State = "running"
 	StatePaused  State = "paused"  // frozen by the cgroup freezer
 	StateStopped State = "stopped" // the agent is gone; Delete to free the resources
+	// StateOff is a vm whose machine is powered off (internal/runtime/qemu): no process runs,
+	// its disk stays, and power on boots it again.
+	StateOff State = "off"
 )
 
 // Status is a sandbox's state and its memory cgroup's counters.

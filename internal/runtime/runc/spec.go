@@ -57,6 +57,10 @@ type Spec struct {
 	// Template asks the microvm tier to start the VM from a template of its shape (its
 	// environment enables templates).
 	Template bool
+	// Machine "vm" asks internal/runtime/qemu for a full machine (the vm tier) booted from the
+	// disk image Disk (a qcow2 or raw file, DiskFormat "qcow2" or "raw") under a writable
+	// overlay of its own, with firmware, a screen, keyboard and mouse; empty: a microvm.
+	Machine, Disk, DiskFormat string
 
 	// Calls makes a container of the fncall tier: its agent gets CAP_SYS_ADMIN besides the
 	// sandbox's capability set (and a seccomp profile built for it, plus pivot_root), which it

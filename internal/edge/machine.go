@@ -1,0 +1,244 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/vmdisk"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// vmDiskFile finds the disk image in a vm sandbox's mounted vm-image layer (lower, one
+// directory): its one file, disk.qcow2 or disk.raw.
+func vmDiskFile(lower []string) (path, format string, err error) {
+	if len(lower) != 1 {
+		return "", "", fmt.Errorf("a vm sandbox has one layer, its disk image, not %d", len(lower))
+	}
+	for _, c := range []struct{ name, format string }{{corral.VMDiskQCOW2, vmdisk.QCOW2}, {corral.VMDiskRaw, vmdisk.Raw}} {
+		p := filepath.Join(lower[0], c.name)
+		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+			return p, c.format, nil
+		}
+	}
+	return "", "", fmt.Errorf("the vm-image layer holds neither %s nor %s", corral.VMDiskQCOW2, corral.VMDiskRaw)
+}
+
+// CheckVMImage checks a vm-image layer before it is published: the layer (mounted from its
+// digest) holds exactly one file, disk.qcow2 or disk.raw, that QEMU can boot without opening
+// any other file (vmdisk.Inspect).
+func (e *Edge) CheckVMImage(ctx context.Context, digest string) (vmdisk.Info, error) {
+	dir, err := e.layers.Acquire(ctx, digest)
+	if err != nil {
+		return vmdisk.Info{}, err
+	}
+	defer e.layers.Release(digest)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return vmdisk.Info{}, err
+	}
+	if len(ents) != 1 {
+		return vmdisk.Info{}, errdefs.Invalid("kind", "a vm-image layer holds exactly one file, %s or %s; this one has %d entries", corral.VMDiskQCOW2, corral.VMDiskRaw, len(ents))
+	}
+	format := ""
+	switch ents[0].Name() {
+	case corral.VMDiskQCOW2:
+		format = vmdisk.QCOW2
+	case corral.VMDiskRaw:
+		format = vmdisk.Raw
+	default:
+		return vmdisk.Info{}, errdefs.Invalid("kind", "a vm-image layer holds %s or %s, not %q", corral.VMDiskQCOW2, corral.VMDiskRaw, ents[0].Name())
+	}
+	if !ents[0].Type().IsRegular() {
+		return vmdisk.Info{}, errdefs.Invalid("kind", "%s in a vm-image layer is not a regular file", ents[0].Name())
+	}
+	return vmdisk.Inspect(filepath.Join(dir, ents[0].Name()), format)
+}
+
+// machineSandbox returns a running vm sandbox for a screen, input or console call, resuming a
+// paused one (as any call does). It does not wait for the agent: the screen works before it.
+func (e *Edge) machineSandbox(ctx context.Context, id string, off bool) (*sandbox, error) {
+	sb, err := e.ownSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !sb.machine || e.cfg.VM == nil {
+		return nil, errdefs.Invalid("sandbox", "%s is not a vm sandbox: screen, input and power are for the vm tier", id)
+	}
+	if off {
+		return sb, nil
+	}
+	if sb.paused.Load() {
+		if _, err := e.resume(ctx, sb, false); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			return nil, err
+		}
+	}
+	if sb.off.Load() {
+		return nil, errdefs.Conflict("sandbox %s is powered off: power it on first (corral power %s on)", id, id)
+	}
+	sb.touch()
+	return sb, nil
+}
+
+// Screen returns a PNG screenshot of a vm sandbox's display and its size.
+func (e *Edge) Screen(ctx context.Context, id string) ([]byte, int, int, error) {
+	sb, err := e.machineSandbox(ctx, id, false)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	return e.cfg.VM.Screen(ctx, sb.id)
+}
+
+// Input sends keyboard and mouse events to a vm sandbox.
+func (e *Edge) Input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
+	sb, err := e.machineSandbox(ctx, id, false)
+	if err != nil {
+		return corral.InputResult{}, err
+	}
+	sb.actions.Add(1)
+	return e.cfg.VM.Input(ctx, sb.id, events)
+}
+
+// Console returns the end of a vm sandbox's serial console (at most limit bytes); it works in
+// every state but stopped.
+func (e *Edge) Console(ctx context.Context, id string, limit int64) ([]byte, error) {
+	sb, err := e.machineSandbox(ctx, id, true)
+	if err != nil {
+		return nil, err
+	}
+	return e.cfg.VM.Console(sb.id, limit)
+}
+
+// Power turns a vm sandbox's machine off or on, or reboots it, and records its state (off while
+// powered off; the TTL still runs).
+func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*store.Sandbox, error) {
+	switch req.Action {
+	case corral.PowerOn, corral.PowerOff, corral.PowerReboot:
+	default:
+		return nil, errdefs.Invalid("action", "%q: want on, off or reboot", req.Action)
+	}
+	if req.Force && req.Action != corral.PowerOff {
+		return nil, errdefs.Invalid("force", "only power off can be forced")
+	}
+	sb, err := e.machineSandbox(ctx, id, true)
+	if err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return nil, errdefs.Conflict("sandbox %s stopped", sb.id)
+	}
+	if sb.paused.Load() {
+		return nil, errdefs.Conflict("sandbox %s is paused: resume it first", sb.id)
+	}
+	if err := e.cfg.VM.Power(ctx, sb.id, req.Action, req.Force); err != nil {
+		return nil, err
+	}
+	rec, err := e.store.GetSandbox(ctx, sb.id)
+	if err != nil {
+		return nil, err
+	}
+	switch req.Action {
+	case corral.PowerOff:
+		rec.State = corral.StateOff
+		sb.off.Store(true)
+	default:
+		rec.State = corral.StateRunning
+		sb.off.Store(false)
+	}
+	sb.agentUp.Store(false) // a new boot, or none
+	sb.touch()
+	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		return nil, err
+	}
+	e.log.Info("vm power", "sandbox", sb.id, "action", req.Action, "force", req.Force)
+	return rec, nil
+}
+
+// machineWentOff records a vm whose guest powered itself off (the reaper found it off).
+func (e *Edge) machineWentOff(ctx context.Context, sb *sandbox) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone || sb.off.Load() {
+		return
+	}
+	rec, err := e.store.GetSandbox(ctx, sb.id)
+	if err != nil {
+		e.log.Error("record a vm's power-off", "sandbox", sb.id, "err", err)
+		return
+	}
+	rec.State = corral.StateOff
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		e.log.Error("record a vm's power-off", "sandbox", sb.id, "err", err)
+		return
+	}
+	sb.off.Store(true)
+	sb.agentUp.Store(false)
+	e.log.Info("vm powered off by its guest", "sandbox", sb.id)
+}
+
+// MaxConsole bounds what GET .../console returns (the end of the serial console).
+const MaxConsole = 1 << 20
+
+// screen serves GET /v1/sandboxes/{id}/screen: a PNG of the vm's display, its size in the
+// X-Screen-Width and X-Screen-Height headers.
+func (h *dataPlane) screen(w http.ResponseWriter, r *http.Request) {
+	png, width, height, err := h.e.Screen(r.Context(), r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "image/png")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Screen-Width", strconv.Itoa(width))
+	w.Header().Set("X-Screen-Height", strconv.Itoa(height))
+	w.Header().Set("Content-Length", strconv.Itoa(len(png)))
+	w.Write(png)
+}
+
+// input serves POST /v1/sandboxes/{id}/input (corral.InputRequest).
+func (h *dataPlane) input(w http.ResponseWriter, r *http.Request) {
+	var req corral.InputRequest
+	if err := httpjson.Decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	res, err := h.e.Input(r.Context(), r.PathValue("id"), req.Events)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, res)
+}
+
+// console serves GET /v1/sandboxes/{id}/console?bytes=N: the end of the serial console output
+// (default and most MaxConsole bytes), as text.
+func (h *dataPlane) console(w http.ResponseWriter, r *http.Request) {
+	limit := int64(MaxConsole)
+	if v := r.URL.Query().Get("bytes"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 || n > MaxConsole {
+			h.fail(w, r, errdefs.Invalid("bytes", "%q: want 1 to %d", v, MaxConsole))
+			return
+		}
+		limit = n
+	}
+	b, err := h.e.Console(r.Context(), r.PathValue("id"), limit)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Write(b)
+}
