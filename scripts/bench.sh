@@ -57,9 +57,14 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, microvm, lifecycle, compose, rebuild, import, fncall, e2b, network, iam, placement, cluster or lazy runs one of them.
+# BENCH_ONLY=container, vm, microvm, lifecycle, compose, rebuild, import, fncall, e2b, network, iam, placement, cluster or lazy runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
+fi
+if [ "${BENCH_ONLY:-vm}" = vm ]; then
+  # The project's Debian image: built once per machine (cached in /var/cache/corral/vm-image).
+  corral vm-image build debian-vm:bench >/dev/null
+  corral bench vm --image debian-vm:bench --base base:bench ${BENCH_VM_ARGS:-} | tee bench-out/vm.json
 fi
 if [ "${BENCH_ONLY:-microvm}" = microvm ]; then
   corral bench microvm --base base:bench ${BENCH_MICROVM_ARGS:-} | tee bench-out/microvm.json

@@ -33,6 +33,11 @@ declare -A want=(
   # QEMU: the microvm tier boots each sandbox as a `-M microvm` VM (internal/guestimage).
   [qemu-system-x86_64]=qemu-system-x86
   [qemu-img]=qemu-utils
+  # The vm tier: SeaBIOS boots its q35 machines; `corral vm-image build` makes the project's
+  # Debian image (debootstrap, sfdisk) once, cached in /var/cache/corral/vm-image.
+  [/usr/share/seabios/bios-256k.bin]=seabios
+  [debootstrap]=debootstrap
+  [sfdisk]=fdisk
 )
 missing=()
 for what in "${!want[@]}"; do

@@ -105,19 +105,9 @@ func MicroVM(ctx context.Context, c *corral.Client, cfg MicroVMConfig, log *slog
 	}
 	for _, tier := range []string{"container", "microvm"} {
 		log.Info("create→first exec", "tier", tier, "rounds", cfg.TTIRounds)
-		var tti []time.Duration
-		for range cfg.TTIRounds {
-			start := time.Now()
-			sb, err := c.CreateSandbox(ctx, req(tier))
-			if err != nil {
-				return nil, fmt.Errorf("%s: create: %w", tier, err)
-			}
-			_, _, exit, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}})
-			tti = append(tti, time.Since(start))
-			c.DeleteSandbox(ctx, sb.ID)
-			if err != nil || exit == nil || exit.Code != 0 {
-				return nil, fmt.Errorf("%s: first exec: %v %+v", tier, err, exit)
-			}
+		tti, err := createToExec(ctx, c, req(tier), cfg.TTIRounds)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", tier, err)
 		}
 		sb, err := c.CreateSandbox(ctx, req(tier))
 		if err != nil {
@@ -145,6 +135,25 @@ func MicroVM(ctx context.Context, c *corral.Client, cfg MicroVMConfig, log *slog
 		}
 	}
 	return res, nil
+}
+
+// createToExec times rounds creates of req until their first exec answers, deleting each.
+func createToExec(ctx context.Context, c *corral.Client, req corral.CreateRequest, rounds int) ([]time.Duration, error) {
+	var tti []time.Duration
+	for range rounds {
+		start := time.Now()
+		sb, err := c.CreateSandbox(ctx, req)
+		if err != nil {
+			return nil, fmt.Errorf("create: %w", err)
+		}
+		_, _, exit, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}})
+		tti = append(tti, time.Since(start))
+		c.DeleteSandbox(ctx, sb.ID)
+		if err != nil || exit == nil || exit.Code != 0 {
+			return nil, fmt.Errorf("first exec: %v %+v", err, exit)
+		}
+	}
+	return tti, nil
 }
 
 func ratio(a, b float64) float64 {

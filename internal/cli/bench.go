@@ -115,6 +115,23 @@ func (a *app) newBenchCmd() *cobra.Command {
 	mf.BoolVar(&mc.Templates, "templates", false, "measure only VMs restored from a template (against a corral up --microvm-templates)")
 	cmd.AddCommand(microvm)
 
+	var vc bench.VMConfig
+	vmb := a.jsonBench("vm", "The vm tier: boot to first screenshot and exec, screenshot latency, input round trip, exec, pause/resume, idle memory (baselines: microvm and container)",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.VM(ctx, c, vc, log)
+		})
+	vf := vmb.Flags()
+	vf.StringVar(&vc.Image, "image", "debian-vm:bench", "vm-image layer NAME:VERSION (corral vm-image build)")
+	vf.StringVar(&vc.Base, "base", "base:default", "base layer of the microvm and container baselines")
+	vf.IntVar(&vc.Boots, "boots", 3, "boots measured (and baseline creates per tier)")
+	vf.IntVar(&vc.Screens, "screens", 50, "screenshots timed")
+	vf.IntVar(&vc.Inputs, "inputs", 10, "key press → visible change samples")
+	vf.IntVar(&vc.ExecRounds, "execs", 50, "exec round trips")
+	vf.IntVar(&vc.PauseRounds, "pauses", 3, "pause/resume rounds")
+	vf.Int64Var(&vc.MemoryMiB, "memory-mib", 1024, "a VM's RAM, MiB")
+	vf.Float64Var(&vc.CPUs, "cpus", 2, "a VM's CPUs")
+	cmd.AddCommand(vmb)
+
 	var cc bench.ComposeConfig
 	compose := a.jsonBench("compose", "Creation from base + workspace + 3 toolkits vs from the base alone",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {

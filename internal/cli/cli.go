@@ -224,6 +224,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newClickCmd(),
 		a.newPowerCmd(),
 		a.newConsoleCmd(),
+		a.newVNCCmd(),
 	)
 	return root
 }

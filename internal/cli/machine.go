@@ -2,6 +2,8 @@ package cli
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strconv"
 
@@ -256,5 +258,61 @@ func (a *app) newConsoleCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().Int64Var(&n, "bytes", 64<<10, "how much of the end to print (at most 1 MiB)")
+	return cmd
+}
+
+// newVNCCmd returns `corral vnc ID [--listen ADDR]`: a local VNC server address for a vm's display.
+func (a *app) newVNCCmd() *cobra.Command {
+	var listen string
+	cmd := &cobra.Command{
+		Use:   "vnc ID [--listen ADDR]",
+		Short: "Serve a vm sandbox's display to VNC viewers on a local address (through the API)",
+		Long: `Listen on a local address and connect each VNC viewer that connects there to the vm's display,
+through the API (GET /v1/sandboxes/ID/vnc, which needs sandbox.use): the display is reachable
+only with the sandbox's token, never on a port of the node. Stops with Ctrl-C.`,
+		Example: `  corral vnc sb-local-... --listen 127.0.0.1:5901   # then: vncviewer 127.0.0.1:5901`,
+		Args:    exactArgs(1, "a sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if _, err := c.GetSandbox(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			lis, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", listen, err)
+			}
+			go func() {
+				<-cmd.Context().Done()
+				lis.Close()
+			}()
+			fmt.Fprintf(a.stderr, "VNC for %s on %s (Ctrl-C stops)\n", args[0], lis.Addr())
+			for {
+				conn, err := lis.Accept()
+				if err != nil {
+					if cmd.Context().Err() != nil {
+						return nil
+					}
+					return err
+				}
+				go func() {
+					defer conn.Close()
+					up, err := c.VNC(cmd.Context(), args[0])
+					if err != nil {
+						fmt.Fprintf(a.stderr, "vnc: %v\n", err)
+						return
+					}
+					defer up.Close()
+					done := make(chan struct{}, 2)
+					go func() { io.Copy(up, conn); done <- struct{}{} }()
+					go func() { io.Copy(conn, up); done <- struct{}{} }()
+					<-done
+				}()
+			}
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:5900", "local address VNC viewers connect to")
 	return cmd
 }

@@ -65,7 +65,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.StringVar(&cfg.Runc, "runc", "", "runc binary (default: $CORRAL_RUNC, the build cached in /var/cache/corral/runc, or runc on PATH)")
 	f.StringVar(&cfg.Runsc, "runsc", "", "gVisor's runsc binary (default: $CORRAL_RUNSC or the build cached in /var/cache/corral/runsc)")
 	f.StringVar(&cfg.Agent, "agent", "", "static corral-agent binary (default: beside this executable)")
-	f.BoolVar(&cfg.MicroVM.Off, "no-microvm", false, "turn the microvm tier off")
+	f.BoolVar(&cfg.MicroVM.Off, "no-microvm", false, "turn the microvm and vm tiers off (both run on QEMU)")
 	f.StringVar(&cfg.MicroVM.QEMU, "qemu", "", "qemu-system-x86_64 binary for the microvm tier (default: on PATH)")
 	f.StringVar(&cfg.MicroVM.KernelDir, "guest-kernel", "", "guest kernel directory of the microvm tier (default /var/cache/corral/guest-kernel/current, made by scripts/setup.sh)")
 	f.StringVar(&cfg.MicroVM.Accel, "microvm-accel", "", "accelerator of microvm sandboxes: kvm, tcg, or empty (KVM when it boots the guest, else TCG)")

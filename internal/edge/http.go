@@ -52,6 +52,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/screen", h.screen)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/input", h.input)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/console", h.console)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/vnc", h.vnc)
 	return mux
 }
 

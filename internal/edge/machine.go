@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -241,4 +243,60 @@ func (h *dataPlane) console(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Write(b)
+}
+
+// VNCUpgrade is the Upgrade header value of GET /v1/sandboxes/{id}/vnc: the connection becomes
+// the RFB stream of the vm's display (corral vnc serves it to local VNC viewers).
+const VNCUpgrade = "corral-vnc"
+
+// vnc serves GET /v1/sandboxes/{id}/vnc: with "Connection: Upgrade" and "Upgrade: corral-vnc"
+// the response is 101 Switching Protocols and the connection carries RFB (VNC) to and from the
+// vm's display, for as long as both ends keep it open.
+func (h *dataPlane) vnc(w http.ResponseWriter, r *http.Request) {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), VNCUpgrade) {
+		h.fail(w, r, errdefs.Invalid("Upgrade", "GET .../vnc upgrades the connection to RFB: send Connection: Upgrade and Upgrade: %s (corral vnc ID serves it to local VNC viewers)", VNCUpgrade))
+		return
+	}
+	sb, err := h.e.machineSandbox(r.Context(), r.PathValue("id"), false)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	conn, err := h.e.cfg.VM.VNC(r.Context(), sb.id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	defer conn.Close()
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		h.fail(w, r, errdefs.Unavailable("this connection cannot be upgraded"))
+		return
+	}
+	client, buf, err := hj.Hijack()
+	if err != nil {
+		h.log.Warn("vnc: hijack", "sandbox", sb.id, "err", err)
+		return
+	}
+	defer client.Close()
+	fmt.Fprintf(buf, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", VNCUpgrade)
+	if err := buf.Flush(); err != nil {
+		return
+	}
+	h.log.Info("vnc client connected", "sandbox", sb.id)
+	done := make(chan struct{}, 2)
+	go func() {
+		io.Copy(conn, buf) // what the client sent, buffered bytes first
+		conn.Close()
+		done <- struct{}{}
+	}()
+	go func() {
+		io.Copy(client, conn)
+		client.Close()
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+	sb.touch()
+	h.log.Info("vnc client disconnected", "sandbox", sb.id)
 }

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"time"
 
@@ -43,6 +44,8 @@ type VMRuntime interface {
 	Power(ctx context.Context, id, action string, force bool) error
 	// Console returns the end of a VM's serial console output, at most limit bytes.
 	Console(id string, limit int64) ([]byte, error)
+	// VNC connects a new RFB client to a vm's display.
+	VNC(ctx context.Context, id string) (net.Conn, error)
 	// WaitAgent waits up to timeout for a VM's agent to answer.
 	WaitAgent(ctx context.Context, id string, timeout time.Duration) error
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/corral-dev/corral/internal/doccheck"
 )
 
 func qemuImg(t *testing.T, args ...string) {
@@ -70,3 +72,5 @@ func TestInspect(t *testing.T) {
 		t.Errorf("Inspect accepted the format vmdk")
 	}
 }
+
+func TestDocComments(t *testing.T) { doccheck.Exported(t, ".") }

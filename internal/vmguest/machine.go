@@ -64,7 +64,7 @@ func (c *MachineConfig) Validate() error {
 const machineWait = 60 * time.Second
 
 // Machine runs corral-agent as the service of a vm sandbox's guest (`corral-agent vm`, started
-// by the image's corral-agent.service; scripts/vm-image.sh). It reads the MachineConfig from
+// by the image's corral-agent.service; internal/vmimage/build.sh). It reads the MachineConfig from
 // fw_cfg (the qemu_fw_cfg module must be loaded; the unit loads it), sets the hostname, the
 // network interface and /etc/resolv.conf, and serves the agent on the virtio-serial port
 // PortName until it fails. Commands run as the machine's root with every capability: in this

@@ -84,3 +84,23 @@ func (c *Client) Console(ctx context.Context, id string, bytes int64) ([]byte, e
 	defer resp.Body.Close()
 	return io.ReadAll(io.LimitReader(resp.Body, 1<<20+1))
 }
+
+// VNCUpgrade is the Upgrade protocol of GET /v1/sandboxes/{id}/vnc.
+const VNCUpgrade = "corral-vnc"
+
+// VNC opens a view of a vm sandbox's display: the returned connection carries RFB (the VNC
+// protocol; the server needs no password: the API token authorised it). Close it to disconnect.
+// ctx bounds only the opening.
+func (c *Client) VNC(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	h := http.Header{"Connection": {"Upgrade"}, "Upgrade": {VNCUpgrade}}
+	resp, err := c.send(ctx, request{method: http.MethodGet, path: sandboxPath(id, "vnc"), header: h})
+	if err != nil {
+		return nil, err
+	}
+	rw, ok := resp.Body.(io.ReadWriteCloser)
+	if resp.StatusCode != http.StatusSwitchingProtocols || !ok {
+		resp.Body.Close()
+		return nil, fmt.Errorf("vnc: the server answered %s, not 101 Switching Protocols", resp.Status)
+	}
+	return rw, nil
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -330,6 +331,21 @@ func (r *Runtime) machineExited(id string, pid int, clean bool) {
 		return
 	}
 	r.log.Info("vm powered off from inside", "sandbox", id)
+}
+
+// exitHandled waits (up to 5 s) until the exit of pid, a QEMU this process started, has been
+// handled by machineExited; it returns at once for any other pid.
+func (r *Runtime) exitHandled(pid int) {
+	r.mu.Lock()
+	ch := r.waits[pid]
+	r.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+	}
 }
 
 // machineState reads a vm sandbox's state, refusing a microvm.
@@ -696,4 +712,37 @@ func (r *Runtime) WaitAgent(ctx context.Context, id string, timeout time.Duratio
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// VNC connects a new client to a vm sandbox's display: QEMU's VNC server (started without a
+// listening socket, -vnc none) takes one end of a socket pair (QMP getfd, add_client), and the
+// caller speaks RFB on the other. QEMU needs no address or port of the host for it; the API's
+// authorization is the VNC server's (skipauth).
+func (r *Runtime) VNC(ctx context.Context, id string) (net.Conn, error) {
+	unlock := r.lock(id)
+	defer unlock()
+	if _, err := r.running(id); err != nil {
+		return nil, err
+	}
+	q, err := dialQMP(ctx, filepath.Join(r.dir(id), "qmp.sock"))
+	if err != nil {
+		return nil, fmt.Errorf("vnc of %s: %w", id, err)
+	}
+	defer q.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	ours := os.NewFile(uintptr(fds[0]), "vnc")
+	defer ours.Close()
+	theirs := os.NewFile(uintptr(fds[1]), "vnc-qemu")
+	err = q.runFD(ctx, "getfd", map[string]string{"fdname": "vnc"}, nil, int(theirs.Fd()))
+	theirs.Close()
+	if err != nil {
+		return nil, fmt.Errorf("vnc of %s: %w", id, err)
+	}
+	if err := q.run(ctx, "add_client", map[string]any{"protocol": "vnc", "fdname": "vnc", "skipauth": true}, nil); err != nil {
+		return nil, fmt.Errorf("vnc of %s: %w", id, err)
+	}
+	return net.FileConn(ours)
 }

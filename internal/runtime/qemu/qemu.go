@@ -113,6 +113,9 @@ type Runtime struct {
 	failedUntil map[string]time.Time
 	// closed is set by Close; protected by mu.
 	closed bool
+	// waits holds, by pid, a channel closed once the wait for a vm's QEMU started by this
+	// process has been handled (machineExited); protected by mu.
+	waits map[int]chan struct{}
 	builds sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -162,7 +165,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: log.With("tier", "microvm"), locks: map[string]*sync.Mutex{},
 		proxies: map[string]*vmlink.Proxy{}, uids: map[uint32]string{}, images: map[string]imageEntry{},
-		building: map[string]bool{}, failedUntil: map[string]time.Time{}}
+		building: map[string]bool{}, failedUntil: map[string]time.Time{}, waits: map[int]chan struct{}{}}
 	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, err
@@ -886,11 +889,19 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 	pid := cmd.Process.Pid
 	// Reap it when it ends while this process runs; after a restart of corral, init does. A vm
 	// whose QEMU exits cleanly of itself was powered off by its guest.
+	handled := make(chan struct{})
+	r.mu.Lock()
+	r.waits[pid] = handled
+	r.mu.Unlock()
 	go func() {
 		err := cmd.Wait()
 		if st.Machine == MachineVM {
 			r.machineExited(st.ID, pid, err == nil)
 		}
+		close(handled)
+		r.mu.Lock()
+		delete(r.waits, pid)
+		r.mu.Unlock()
 	}()
 	// Every file QEMU writes (the disk, the snapshot, the console log a guest could flood)
 	// stays within FileLimit; no core dumps.
@@ -1048,6 +1059,13 @@ func (r *Runtime) Status(ctx context.Context, id string) (runc.Status, error) {
 			s.State = runc.StatePaused
 		}
 		return s, nil
+	case st.Machine == MachineVM:
+		// Its QEMU exited since the state was read: a clean exit was the guest powering off,
+		// recorded by machineExited (waited for when it has not run yet).
+		r.exitHandled(st.Pid)
+		if st, err = r.readState(id); err == nil && st.Off {
+			return runc.Status{State: runc.StateOff}, nil
+		}
 	}
 	return runc.Status{State: runc.StateStopped}, nil
 }
