@@ -115,7 +115,7 @@ type Runtime struct {
 	closed bool
 	// waits holds, by pid, a channel closed once the wait for a vm's QEMU started by this
 	// process has been handled (machineExited); protected by mu.
-	waits map[int]chan struct{}
+	waits  map[int]chan struct{}
 	builds sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
