@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"image"
 	"image/png"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -232,6 +233,22 @@ func TestVM(t *testing.T) {
 		t.Fatalf("the screen is blank after resume")
 	}
 
+	// A VNC view through the API: QEMU's RFB greeting, no password asked (the token was the check).
+	vnc, err := p.Client.VNC(ctx, sb.ID)
+	if err != nil {
+		t.Fatalf("vnc: %v", err)
+	}
+	greet := make([]byte, 12)
+	if _, err := io.ReadFull(vnc, greet); err != nil || string(greet) != "RFB 003.008\n" {
+		t.Fatalf("vnc greeting = %q, %v", greet, err)
+	}
+	vnc.Write([]byte("RFB 003.008\n"))
+	auth := make([]byte, 2)
+	if _, err := io.ReadFull(vnc, auth); err != nil || auth[0] != 1 || auth[1] != 1 {
+		t.Fatalf("vnc security types = %v, %v; want one, None", auth, err)
+	}
+	vnc.Close()
+
 	// Power off (ACPI) ends QEMU and keeps the disk; calls are refused until power on.
 	p.sh(sb.ID, "echo kept > /root/state; sync")
 	if out, errOut, code := p.cli("", "power", sb.ID, "off"); code != 0 || !strings.Contains(out, "off") {
@@ -239,6 +256,10 @@ func TestVM(t *testing.T) {
 	}
 	if len(qemuPids(sb.ID)) != 0 {
 		t.Fatalf("QEMU still runs after power off: %v", qemuPids(sb.ID))
+	}
+	// The guest shut down cleanly on the ACPI button (it was not ended after the grace period).
+	if out, _, _ := p.cli("", "console", sb.ID); !strings.Contains(out, "reboot: Power down") {
+		t.Fatalf("the guest did not power itself down on ACPI power-off; its console ends:\n%s", out[max(0, len(out)-2000):])
 	}
 	if _, errOut, code := p.cli("", "exec", sb.ID, "--", "true"); code == 0 || !strings.Contains(errOut, "powered off") {
 		t.Fatalf("exec on a powered-off vm: exit %d, %q", code, errOut)

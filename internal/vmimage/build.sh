@@ -43,7 +43,7 @@ suite=${DEBIAN_SUITE:-bookworm}
 pkgs=${VM_IMAGE_PACKAGES:-linux-image-amd64,systemd-sysv,udev,grub-pc,kbd,e2fsprogs,procps,iproute2,ca-certificates,python3,less,zstd,dbus}
 size=${VM_IMAGE_SIZE:-4G}
 # The recipe: change it when this script changes what it builds (it is part of the cache key).
-recipe=vm-image-1
+recipe=vm-image-2
 # Kernel module directories (under /lib/modules/<release>/kernel) for hardware no QEMU machine has.
 prune='sound drivers/media drivers/net/wireless net/wireless net/mac80211 drivers/bluetooth
   net/bluetooth drivers/infiniband drivers/staging drivers/iio drivers/isdn drivers/gpu/drm/amd
@@ -189,6 +189,9 @@ ExecStartPre=/bin/sh -c 'cat /dev/disk/by-id/virtio-corral-agent > /run/corral/a
 ExecStart=/run/corral/agent vm
 Restart=always
 RestartSec=1
+# The agent ignores the signals commands could send it; at a stop (a shutdown: corral power off)
+# its commands get SIGTERM and, 3 s later, everything SIGKILL.
+TimeoutStopSec=3
 U
 mkdir -p "$mnt/etc/modules-load.d"
 echo qemu_fw_cfg > "$mnt/etc/modules-load.d/corral.conf"

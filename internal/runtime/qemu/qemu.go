@@ -826,7 +826,7 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string 
 		case "config":
 			a = append(a, "-fw_cfg", "name="+vmguest.ConfigFwCfg+",file="+self)
 		case "console":
-			a = append(a, "-chardev", "file,id=con,path="+self, "-serial", "chardev:con")
+			a = append(a, "-chardev", "file,id=con,append=on,path="+self, "-serial", "chardev:con")
 		case "qmp":
 			a = append(a, "-chardev", "socket,id=qmp,fd="+fd+",server=on,wait=off", "-mon", "chardev=qmp,mode=control")
 		case "ctl":
