@@ -29,11 +29,11 @@ type VMConfig struct {
 // VMResult is what one run measured, with the accelerator named and the microvm and container
 // tiers' create→first exec from the same run as baselines.
 type VMResult struct {
-	Date        string `json:"date"`
-	Accelerator string `json:"accelerator"`
-	QEMU        string `json:"qemu_version"`
-	MemoryMiB   int64  `json:"memory_mib"`
-	CPUs        float64
+	Date        string  `json:"date"`
+	Accelerator string  `json:"accelerator"`
+	QEMU        string  `json:"qemu_version"`
+	MemoryMiB   int64   `json:"memory_mib"`
+	CPUs        float64 `json:"cpus"`
 
 	// BootScreen is create→the first screenshot that is not blank (the firmware's or GRUB's
 	// screen); BootExec create→the first exec answered by the guest's agent.
