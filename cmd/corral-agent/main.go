@@ -75,7 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case agentrpc.CallInitArg:
 		return agentrpc.CallInit()
 	case "vm":
-		// In a vm sandbox's guest: a service of its init (scripts/vm-image.sh installs the unit).
+		// In a vm sandbox's guest: a service of its init (internal/vmimage/build.sh installs the unit).
 		err := vmguest.Machine(machineAgent)
 		fmt.Fprintf(stderr, "corral-agent: %v\n", err)
 		return 1

@@ -162,7 +162,7 @@ bounds its whole subtree.`,
 	tree := &cobra.Command{
 		Use:   "tree [--under PATH]",
 		Short: "Show the project tree with each project's live sandboxes",
-		Long: `Show the project tree with the live (creating, running, paused) sandboxes of each project
+		Long: `Show the project tree with the live (creating, running, paused, off) sandboxes of each project
 itself. With -o json the tree is one nested object:
 {"path": "/", "id": "...", "sandboxes": N, "children": [...]}. When the projects you can see
 have no common visible parent, the top node is --under (or "/") with an empty id.`,

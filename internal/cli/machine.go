@@ -264,15 +264,24 @@ func (a *app) newConsoleCmd() *cobra.Command {
 // newVNCCmd returns `corral vnc ID [--listen ADDR]`: a local VNC server address for a vm's display.
 func (a *app) newVNCCmd() *cobra.Command {
 	var listen string
+	var allowRemote bool
 	cmd := &cobra.Command{
 		Use:   "vnc ID [--listen ADDR]",
 		Short: "Serve a vm sandbox's display to VNC viewers on a local address (through the API)",
 		Long: `Listen on a local address and connect each VNC viewer that connects there to the vm's display,
-through the API (GET /v1/sandboxes/ID/vnc, which needs sandbox.use): the display is reachable
-only with the sandbox's token, never on a port of the node. Stops with Ctrl-C.`,
+through the API (GET /v1/sandboxes/ID/vnc, which needs sandbox.use): the node serves the display
+on no port of its own. The local address asks no password: anyone who can connect to it drives the
+machine, so it is loopback only unless --allow-remote. Stops with Ctrl-C.`,
 		Example: `  corral vnc sb-local-... --listen 127.0.0.1:5901   # then: vncviewer 127.0.0.1:5901`,
 		Args:    exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			host, _, err := net.SplitHostPort(listen)
+			if err != nil {
+				return usagef("--listen %q: want HOST:PORT", listen)
+			}
+			if ip := net.ParseIP(host); !allowRemote && (ip == nil || !ip.IsLoopback()) && host != "localhost" {
+				return usagef("--listen %s: the VNC address asks no password (the API token is the check), so it stays on loopback; --allow-remote serves it elsewhere", listen)
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -288,7 +297,7 @@ only with the sandbox's token, never on a port of the node. Stops with Ctrl-C.`,
 				<-cmd.Context().Done()
 				lis.Close()
 			}()
-			fmt.Fprintf(a.stderr, "VNC for %s on %s (Ctrl-C stops)\n", args[0], lis.Addr())
+			fmt.Fprintf(a.stderr, "VNC for %s on %s, without a password: anyone who can connect there drives the machine (Ctrl-C stops)\n", args[0], lis.Addr())
 			for {
 				conn, err := lis.Accept()
 				if err != nil {
@@ -313,6 +322,7 @@ only with the sandbox's token, never on a port of the node. Stops with Ctrl-C.`,
 			}
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:5900", "local address VNC viewers connect to")
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:5900", "local address VNC viewers connect to (loopback unless --allow-remote)")
+	cmd.Flags().BoolVar(&allowRemote, "allow-remote", false, "allow a non-loopback --listen address (no password protects it)")
 	return cmd
 }

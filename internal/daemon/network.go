@@ -140,7 +140,7 @@ func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func
 
 	// Slots of sandboxes that outlived the last run are kept; the edge re-adopts them.
 	var keep []int
-	recs, err := st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused}})
+	recs, err := st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -297,6 +297,7 @@ func TestVM(t *testing.T) {
 		{[]string{"create", "--tier", "vm", "--image", "vmimg:nope"}, "not published"},
 		{[]string{"create", "--base", "vmimg:test"}, "vm-image layer, not a base layer"},
 		{[]string{"create", "--tier", "vm", "--image", "vmimg:test", "--memory", "128M"}, "256 MiB"},
+		{[]string{"vnc", sb.ID, "--listen", "0.0.0.0:5999"}, "loopback"},
 	} {
 		if _, errOut, code := p.cli("", c.args...); code == 0 || !strings.Contains(errOut, c.want) {
 			t.Errorf("corral %v: exit %d, %q; want a refusal naming %q", c.args, code, errOut, c.want)

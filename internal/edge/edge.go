@@ -437,8 +437,12 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
 			e.store.PutSandbox(ctx, rec)
 		}
-		if err == nil && st.State == runc.StateOff && rec.State != corral.StateOff {
-			rec.State = corral.StateOff // its guest powered it off while corral was down
+		switch {
+		case err == nil && st.State == runc.StateOff && rec.State != corral.StateOff:
+			rec.State = corral.StateOff // its QEMU ended while corral was down (machineGone)
+			e.store.PutSandbox(ctx, rec)
+		case err == nil && st.State == runc.StateRunning && rec.State == corral.StateOff:
+			rec.State = corral.StateRunning // powered on just before corral stopped
 			e.store.PutSandbox(ctx, rec)
 		}
 		if err != nil || (st.State != runc.StateRunning && st.State != runc.StatePaused && st.State != runc.StateOff) {
@@ -1536,9 +1540,12 @@ func (e *Edge) reap(ctx context.Context) {
 		}
 		if err == nil && st.State == runc.StateOff {
 			if !sb.off.Load() {
-				e.machineWentOff(ctx, sb) // its guest powered it off
+				e.machinePower(ctx, sb, true) // its guest powered it off
 			}
 			continue
+		}
+		if err == nil && st.State == runc.StateRunning && sb.off.Load() {
+			e.machinePower(ctx, sb, false) // a power-on whose record failed
 		}
 		if err != nil || st.State != runc.StateRunning {
 			reason := "error: the sandbox's processes exited"

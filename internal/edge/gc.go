@@ -90,7 +90,7 @@ func (e *Edge) removeIfUnused(ctx context.Context, digest string) (bool, error) 
 	if shared, err := e.sharedDigests(ctx); err != nil || shared[digest] {
 		return false, err
 	}
-	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused}})
+	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}})
 	if err != nil {
 		return false, err
 	}

@@ -136,30 +136,36 @@ func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*
 	}
 	ctx = context.WithoutCancel(ctx)
 	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.gone {
+	gone, paused := sb.gone, sb.paused.Load()
+	sb.mu.Unlock()
+	switch {
+	case gone:
 		return nil, errdefs.Conflict("sandbox %s stopped", sb.id)
-	}
-	if sb.paused.Load() {
+	case paused:
 		return nil, errdefs.Conflict("sandbox %s is paused: resume it first", sb.id)
 	}
+	// Not under sb.mu: an ACPI power-off may take a minute, and the reaper takes sb.mu. The
+	// runtime serialises the VM's own calls (a pause now waits, then finds it off).
 	if err := e.cfg.VM.Power(ctx, sb.id, req.Action, req.Force); err != nil {
 		return nil, err
 	}
+	off := req.Action == corral.PowerOff
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.off.Store(off) // the machine's state, whatever the store says (the reaper re-records it)
+	sb.agentUp.Store(false)
+	sb.touch()
 	rec, err := e.store.GetSandbox(ctx, sb.id)
 	if err != nil {
 		return nil, err
 	}
-	switch req.Action {
-	case corral.PowerOff:
-		rec.State = corral.StateOff
-		sb.off.Store(true)
-	default:
-		rec.State = corral.StateRunning
-		sb.off.Store(false)
+	if sb.gone {
+		return rec, nil // deleted meanwhile
 	}
-	sb.agentUp.Store(false) // a new boot, or none
-	sb.touch()
+	rec.State = corral.StateRunning
+	if off {
+		rec.State = corral.StateOff
+	}
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return nil, err
@@ -168,26 +174,30 @@ func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*
 	return rec, nil
 }
 
-// machineWentOff records a vm whose guest powered itself off (the reaper found it off).
-func (e *Edge) machineWentOff(ctx context.Context, sb *sandbox) {
+// machinePower records what the reaper found a vm to be: off (its guest powered it off, or its
+// QEMU ended) or on again (a power-on whose record failed).
+func (e *Edge) machinePower(ctx context.Context, sb *sandbox, off bool) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.gone || sb.off.Load() {
+	if sb.gone || sb.off.Load() == off || sb.paused.Load() {
 		return
 	}
 	rec, err := e.store.GetSandbox(ctx, sb.id)
 	if err != nil {
-		e.log.Error("record a vm's power-off", "sandbox", sb.id, "err", err)
+		e.log.Error("record a vm's power state", "sandbox", sb.id, "err", err)
 		return
 	}
-	rec.State = corral.StateOff
+	rec.State = corral.StateRunning
+	if off {
+		rec.State = corral.StateOff
+	}
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
-		e.log.Error("record a vm's power-off", "sandbox", sb.id, "err", err)
+		e.log.Error("record a vm's power state", "sandbox", sb.id, "err", err)
 		return
 	}
-	sb.off.Store(true)
+	sb.off.Store(off)
 	sb.agentUp.Store(false)
-	e.log.Info("vm powered off by its guest", "sandbox", sb.id)
+	e.log.Info("vm power state recorded", "sandbox", sb.id, "state", rec.State)
 }
 
 // MaxConsole bounds what GET .../console returns (the end of the serial console).
@@ -284,6 +294,22 @@ func (h *dataPlane) vnc(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.log.Info("vnc client connected", "sandbox", sb.id)
+	// A person working through VNC is activity: the idle TTL and auto-pause must not end the
+	// session under them.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				sb.touch()
+			}
+		}
+	}()
 	done := make(chan struct{}, 2)
 	go func() {
 		io.Copy(conn, buf) // what the client sent, buffered bytes first

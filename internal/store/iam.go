@@ -21,10 +21,11 @@ const RootProjectID = "prj-root"
 // RootPrincipal is the principal of the admin token `corral up` writes.
 const RootPrincipal = "root"
 
-// liveStates are the states whose sandboxes count against quotas.
-var liveStates = []string{corral.StateCreating, corral.StateRunning, corral.StatePaused}
+// liveStates are the states whose sandboxes count against quotas (a powered-off vm keeps its
+// reservation: powering it on admits nothing again).
+var liveStates = []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}
 
-const liveStatesSQL = `('creating', 'running', 'paused')`
+const liveStatesSQL = `('creating', 'running', 'paused', 'off')`
 
 // TokenRecord is a token as the store keeps it (never the secret, only its hash).
 type TokenRecord struct {

@@ -43,7 +43,7 @@ suite=${DEBIAN_SUITE:-bookworm}
 pkgs=${VM_IMAGE_PACKAGES:-linux-image-amd64,systemd-sysv,udev,grub-pc,kbd,e2fsprogs,procps,iproute2,ca-certificates,python3,less,zstd,dbus}
 size=${VM_IMAGE_SIZE:-4G}
 # The recipe: change it when this script changes what it builds (it is part of the cache key).
-recipe=vm-image-2
+recipe=vm-image-3
 # Kernel module directories (under /lib/modules/<release>/kernel) for hardware no QEMU machine has.
 prune='sound drivers/media drivers/net/wireless net/wireless net/mac80211 drivers/bluetooth
   net/bluetooth drivers/infiniband drivers/staging drivers/iio drivers/isdn drivers/gpu/drm/amd
@@ -256,6 +256,11 @@ rm -rf "$mnt"/var/lib/apt/lists/* "$mnt"/var/cache/apt/*.bin "$mnt"/var/cache/ap
   "$mnt"/var/cache/debconf/*-old "$mnt"/usr/share/doc/* "$mnt"/usr/share/man/* \
   "$mnt"/usr/share/info/* "$mnt"/var/log/*.log "$mnt"/var/log/apt/* "$mnt"/var/log/bootstrap.log \
   "$mnt"/root/.bash_history
+# Every VM its own identity: systemd makes a machine-id at first boot when the file is empty
+# (dbus's is a link to it), and a fresh random seed.
+: > "$mnt/etc/machine-id"
+rm -f "$mnt/var/lib/dbus/machine-id" "$mnt/var/lib/systemd/random-seed"
+ln -s /etc/machine-id "$mnt/var/lib/dbus/machine-id"
 for m in sys proc dev/pts dev; do umount "$mnt/$m"; done
 # Freed blocks go back to the sparse file (the loop device passes discards on), so they are holes,
 # not stale data, in the qcow2. sync first: blocks freed in an uncommitted transaction stay.

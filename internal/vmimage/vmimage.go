@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/vmdisk"
@@ -42,7 +43,11 @@ func Build(ctx context.Context, log io.Writer) (string, error) {
 	cmd.Stderr = log
 	var out bytes.Buffer
 	cmd.Stdout = &out
-	cmd.WaitDelay = 10 * time.Second
+	// Cancelled (Ctrl-C): SIGTERM to the recipe's process group, whose trap unmounts the chroot's
+	// bind mounts and frees the loop device; SIGKILL would leave them on the host.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 2 * time.Minute
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("build the vm image: %w", err)
 	}

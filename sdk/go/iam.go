@@ -52,7 +52,7 @@ type Project struct {
 	Parent    string    `json:"parent,omitempty"` // the parent's path; empty for the root
 	CreatedAt time.Time `json:"created_at"`
 	CreatedBy string    `json:"created_by"`
-	// Sandboxes counts the live (creating, running, paused) sandboxes in the project itself.
+	// Sandboxes counts the live (creating, running, paused, off) sandboxes in the project itself.
 	Sandboxes int `json:"sandboxes"`
 }
 

@@ -12,7 +12,8 @@ import (
 // Bounds of one Input call.
 const (
 	MaxInputEvents = 256
-	MaxInputText   = 4096
+	// MaxInputText bounds the text of one call: about 20 ms a key, so at most ~20 s of typing.
+	MaxInputText = 1024
 )
 
 // keyAliases maps the friendly key names a combination may use to QEMU's QKeyCodes.

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,8 +42,6 @@ const (
 	AgentDiskSerial = "corral-agent"
 	// powerOffGrace is how long an ACPI power-off may take before the machine is ended.
 	powerOffGrace = 60 * time.Second
-	// dumpFdset is the QMP fd set a screenshot is written through.
-	dumpFdset = 1000
 )
 
 // MachineAvailable is nil when vm sandboxes can be created here, else why not.
@@ -333,6 +330,39 @@ func (r *Runtime) machineExited(id string, pid int, clean bool) {
 	r.log.Info("vm powered off from inside", "sandbox", id)
 }
 
+// machineGone reports whether vm id is off, recording it off when its QEMU ended without a
+// cause on record: a guest that powered itself off while no corral process watched QEMU (after
+// a restart of corral), or a crash. The disk is the user's: an off vm keeps it, where a failed
+// sandbox would be deleted. False while another call holds the VM (a create or a delete).
+func (r *Runtime) machineGone(id string) bool {
+	unlock, ok := r.tryLock(id)
+	if !ok {
+		return false
+	}
+	defer unlock()
+	st, err := r.readState(id)
+	if err != nil || st.Paused {
+		return false
+	}
+	if st.Off {
+		return true
+	}
+	if alive(st) {
+		return false
+	}
+	st.Pid, st.PidStart, st.Off = 0, 0, true
+	if err := r.writeState(st); err != nil {
+		r.log.Error("record a vm whose QEMU ended as off", "sandbox", id, "err", err)
+		return false
+	}
+	if f, err := os.OpenFile(filepath.Join(r.dir(id), "qemu.log"), os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0); err == nil {
+		fmt.Fprintf(f, "--- %s: QEMU ended with no cause on record (a guest power-off no corral watched, or a crash): the vm is off\n", time.Now().UTC().Format(time.RFC3339))
+		f.Close()
+	}
+	r.log.Warn("a vm's QEMU ended with no cause on record; it is off (power on boots it again)", "sandbox", id)
+	return true
+}
+
 // exitHandled waits (up to 5 s) until the exit of pid, a QEMU this process started, has been
 // handled by machineExited; it returns at once for any other pid.
 func (r *Runtime) exitHandled(pid int) {
@@ -400,7 +430,6 @@ func (r *Runtime) Screen(ctx context.Context, id string) (png []byte, width, hei
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("screen of %s: %w", id, err)
 	}
-	r.setScreenSize(id, width, height)
 	return png, width, height, nil
 }
 
@@ -418,11 +447,17 @@ func (r *Runtime) screendump(ctx context.Context, q *qmp, id string) ([]byte, er
 		return nil, err
 	}
 	defer w.Close()
-	if err := q.runFD(ctx, "add-fd", map[string]any{"fdset-id": dumpFdset}, nil, int(w.Fd())); err != nil {
+	// A set of its own each time (QEMU picks the id), removed after: a descriptor a failed
+	// call left in some set can never be the one a later screenshot is written to.
+	var added struct {
+		Set int `json:"fdset-id"`
+		FD  int `json:"fd"`
+	}
+	if err := q.runFD(ctx, "add-fd", nil, &added, int(w.Fd())); err != nil {
 		return nil, err
 	}
-	defer q.run(context.WithoutCancel(ctx), "remove-fd", map[string]any{"fdset-id": dumpFdset}, nil)
-	if err := q.run(ctx, "screendump", map[string]any{"filename": "/dev/fdset/" + strconv.Itoa(dumpFdset), "format": "png"}, nil); err != nil {
+	defer q.run(context.WithoutCancel(ctx), "remove-fd", map[string]any{"fdset-id": added.Set}, nil)
+	if err := q.run(ctx, "screendump", map[string]any{"filename": "/dev/fdset/" + strconv.Itoa(added.Set), "format": "png"}, nil); err != nil {
 		return nil, err
 	}
 	fi, err := f.Stat()
@@ -447,11 +482,8 @@ func pngSize(b []byte) (int, int, error) {
 	return int(binary.BigEndian.Uint32(b[16:])), int(binary.BigEndian.Uint32(b[20:])), nil
 }
 
+// screenSize is the display's size in pixels, which pointer events are scaled against.
 type screenSize struct{ w, h int }
-
-var screenSizes sync.Map // sandbox ID -> screenSize, from its last screenshot
-
-func (r *Runtime) setScreenSize(id string, w, h int) { screenSizes.Store(id, screenSize{w, h}) }
 
 // Input sends keyboard and mouse events to a vm sandbox, in order. Mouse coordinates are screen
 // pixels, scaled to the USB tablet's absolute axes against the display's current size.
@@ -485,7 +517,6 @@ func (r *Runtime) Input(ctx context.Context, id string, events []corral.InputEve
 					return res, fmt.Errorf("input to %s: %w", id, err)
 				}
 				size = screenSize{w, h}
-				r.setScreenSize(id, w, h)
 				res.Width, res.Height = w, h
 			}
 		}
@@ -497,18 +528,48 @@ func (r *Runtime) Input(ctx context.Context, id string, events []corral.InputEve
 	return res, nil
 }
 
-// sendInput sends one event. Keys go through QMP send-key, which QEMU queues with its key
-// delay, so a long text reaches the guest's keyboard controller in order without overrunning it.
+// Key pacing: how long a key stays down, and the gap after it. Keys are sent one event at a
+// time from here (QMP input-send-event) rather than through QEMU's own key queue (send-key),
+// which holds 1024 entries and drops what does not fit: a long text would lose keys, or leave
+// Shift down. So events also stay in order with pointer events, and Input returns once every key
+// has reached the keyboard controller.
+const (
+	keyHold = 10 * time.Millisecond
+	keyGap  = 10 * time.Millisecond
+)
+
+// sendInput sends one event.
 func sendInput(ctx context.Context, q *qmp, e corral.InputEvent, size screenSize) error {
-	sendKeys := func(keys []string) error {
-		k := make([]map[string]string, len(keys))
-		for i, c := range keys {
-			k[i] = map[string]string{"type": "qcode", "data": c}
+	pause := func(d time.Duration) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
 		}
-		return q.run(ctx, "send-key", map[string]any{"keys": k, "hold-time": 20}, nil)
 	}
 	events := func(ev ...map[string]any) error {
 		return q.run(ctx, "input-send-event", map[string]any{"events": ev}, nil)
+	}
+	key := func(code string, down bool) map[string]any {
+		return map[string]any{"type": "key", "data": map[string]any{"down": down, "key": map[string]string{"type": "qcode", "data": code}}}
+	}
+	// sendKeys presses keys in order, holds them, and releases them in reverse.
+	sendKeys := func(keys []string) error {
+		for _, k := range keys {
+			if err := events(key(k, true)); err != nil {
+				return err
+			}
+		}
+		if err := pause(keyHold); err != nil {
+			return err
+		}
+		for i := len(keys) - 1; i >= 0; i-- {
+			if err := events(key(keys[i], false)); err != nil {
+				return err
+			}
+		}
+		return pause(keyGap)
 	}
 	move := func() error {
 		return events(
@@ -701,8 +762,15 @@ func (r *Runtime) WaitAgent(ctx context.Context, id string, timeout time.Duratio
 		if err == nil {
 			return nil
 		}
-		if st, _ = r.readState(id); st == nil || st.Off || st.Paused || !alive(st) {
-			return errdefs.Conflict("sandbox %s stopped running before its agent answered", id)
+		switch st, _ = r.readState(id); {
+		case st == nil:
+			return errdefs.NotFound("sandbox %s was deleted while waiting for its agent", id)
+		case st.Off:
+			return errdefs.Conflict("sandbox %s was powered off before its agent answered", id)
+		case st.Paused:
+			return errdefs.Conflict("sandbox %s was paused before its agent answered", id)
+		case !alive(st):
+			return errdefs.Conflict("the QEMU of sandbox %s ended before its agent answered:%s", id, r.qemuLogTail(id))
 		}
 		if ctx.Err() != nil {
 			return errdefs.Unavailable("the agent of vm %s did not answer within %s: the guest may still be booting, or its image does not start corral-agent (corral console %s shows its serial console)", id, timeout, id)

@@ -405,15 +405,29 @@ var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, id) }
 
 func (r *Runtime) lock(id string) func() {
+	l := r.vmMutex(id)
+	l.Lock()
+	return l.Unlock
+}
+
+// tryLock is lock without waiting: ok is false when another call holds the VM.
+func (r *Runtime) tryLock(id string) (unlock func(), ok bool) {
+	l := r.vmMutex(id)
+	if !l.TryLock() {
+		return nil, false
+	}
+	return l.Unlock, true
+}
+
+func (r *Runtime) vmMutex(id string) *sync.Mutex {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	l := r.locks[id]
 	if l == nil {
 		l = &sync.Mutex{}
 		r.locks[id] = l
 	}
-	r.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	return l
 }
 
 func (r *Runtime) readState(id string) (*vmState, error) {
@@ -852,6 +866,11 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 			f.Close()
 		}
 	}()
+	// The console log is appended to across QEMU runs (resumes, power cycles); past consoleKeep
+	// it moves to console.log.1 (replacing the one before), so two runs' worth stay at most.
+	if c := filepath.Join(dir, "console.log"); fileSize(c) > consoleKeep {
+		os.Rename(c, c+".1")
+	}
 	for _, vf := range st.Files {
 		f, err := vf.open(st)
 		if err != nil {
@@ -925,6 +944,17 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 		return nil
 	}
 	return r.writeState(st)
+}
+
+// consoleKeep is the size past which a VM's console log is rotated when QEMU starts.
+const consoleKeep = 8 << 20
+
+func fileSize(p string) int64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
 
 // procStart returns the start time of pid (field 22 of /proc/PID/stat), which tells a process
@@ -1063,7 +1093,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runc.Status, error) {
 		// Its QEMU exited since the state was read: a clean exit was the guest powering off,
 		// recorded by machineExited (waited for when it has not run yet).
 		r.exitHandled(st.Pid)
-		if st, err = r.readState(id); err == nil && st.Off {
+		if r.machineGone(id) {
 			return runc.Status{State: runc.StateOff}, nil
 		}
 	}

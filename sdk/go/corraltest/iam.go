@@ -177,7 +177,7 @@ func within(p, ancestor string) bool {
 
 // live reports whether a sandbox counts against quotas.
 func live(sb *sandbox) bool {
-	return sb.state == corral.StateCreating || sb.state == corral.StateRunning || sb.state == corral.StatePaused
+	return sb.state == corral.StateCreating || sb.state == corral.StateRunning || sb.state == corral.StatePaused || sb.state == corral.StateOff
 }
 
 // projectViewLocked returns a project with its live sandboxes counted.
