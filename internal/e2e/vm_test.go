@@ -78,10 +78,10 @@ dev = None
 for d in glob.glob('/sys/class/input/event*'):
     if 'Tablet' in open(d + '/device/name').read():
         dev = '/dev/input/' + os.path.basename(d)
+f = open(dev, 'rb')  # before saying so: the tablet is polled only while it is open
 out = open('/tmp/mouse', 'a')
 out.write('device %s\n' % dev)
 out.flush()
-f = open(dev, 'rb')
 while True:
     _, _, typ, code, val = struct.unpack('llHHi', f.read(24))
     if typ in (1, 3):
@@ -198,7 +198,7 @@ func TestVM(t *testing.T) {
 	if _, errOut, code := p.cli("", "click", sb.ID, strconv.Itoa(w/2), strconv.Itoa(h/4)); code != 0 {
 		t.Fatalf("click: %s", errOut)
 	}
-	eventually(t, 30*time.Second, "the click reached the guest", func() bool {
+	eventually(t, time.Minute, "the click reached the guest", func() bool {
 		out, _, _ := p.cli("", "exec", sb.ID, "--", "cat", "/tmp/mouse")
 		x := 0
 		for _, l := range strings.Split(out, "\n") {
