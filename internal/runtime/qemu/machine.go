@@ -745,8 +745,7 @@ func (r *Runtime) Console(id string, limit int64) ([]byte, error) {
 // WaitAgent waits until a VM's agent answers, up to timeout: a vm sandbox's agent starts with
 // the guest's services, some time after the machine.
 func (r *Runtime) WaitAgent(ctx context.Context, id string, timeout time.Duration) error {
-	st, err := r.readState(id)
-	if err != nil {
+	if _, err := r.readState(id); err != nil {
 		return err
 	}
 	if _, err := r.proxy(id); err != nil {
@@ -762,7 +761,7 @@ func (r *Runtime) WaitAgent(ctx context.Context, id string, timeout time.Duratio
 		if err == nil {
 			return nil
 		}
-		switch st, _ = r.readState(id); {
+		switch st, _ := r.readState(id); {
 		case st == nil:
 			return errdefs.NotFound("sandbox %s was deleted while waiting for its agent", id)
 		case st.Off:
