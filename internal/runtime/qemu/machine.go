@@ -101,33 +101,18 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 	size := max(info.VirtualBytes, spec.DiskBytes)
 	id := spec.ID
 	dir := r.dir(id)
-	if sock := filepath.Join(dir, agentSocket); len(sock) > maxSocket {
-		return nil, errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit", sock, len(sock), maxSocket)
-	}
-	unlock := r.lock(id)
-	defer unlock()
-	if _, err := os.Lstat(dir); err == nil {
-		return nil, errdefs.Conflict("sandbox %s already exists", id)
-	}
 	agentDisk, err := r.agentDisk(spec.AgentPath)
 	if err != nil {
 		return nil, err
 	}
-	uid, err := r.allocUID(id)
+	uid, unlock, err := r.claim(id)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		r.freeUID(id)
-		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
-	}
+	defer unlock()
 	defer func() {
 		if err != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			if derr := r.destroy(cctx, id); derr != nil {
-				r.log.Error("clean up failed create", "sandbox", id, "err", derr)
-			}
+			r.abandon(ctx, id)
 		}
 	}()
 	overlay := filepath.Join(dir, "disk.qcow2")

@@ -471,6 +471,41 @@ func (r *Runtime) writeState(st *vmState) error {
 	return syncFile(filepath.Dir(p))
 }
 
+// claim makes id a new VM: it takes the VM's lock (unlock releases it), a uid and the VM's
+// directory. On error nothing is left and the lock is released; after it, a failed create calls
+// abandon.
+func (r *Runtime) claim(id string) (uid uint32, unlock func(), err error) {
+	dir := r.dir(id)
+	if sock := filepath.Join(dir, agentSocket); len(sock) > maxSocket {
+		return 0, nil, errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit", sock, len(sock), maxSocket)
+	}
+	unlock = r.lock(id)
+	if _, err := os.Lstat(dir); err == nil {
+		unlock()
+		return 0, nil, errdefs.Conflict("sandbox %s already exists", id)
+	}
+	if uid, err = r.allocUID(id); err != nil {
+		unlock()
+		return 0, nil, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		r.freeUID(id)
+		unlock()
+		return 0, nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	return uid, unlock, nil
+}
+
+// abandon removes what a failed create of VM id made (its lock held): the process, the
+// directory, the uid.
+func (r *Runtime) abandon(ctx context.Context, id string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := r.destroy(cctx, id); err != nil {
+		r.log.Error("clean up failed create", "sandbox", id, "err", err)
+	}
+}
+
 // Has reports whether id is a VM of this Runtime.
 func (r *Runtime) Has(id string) bool {
 	if !idRE.MatchString(id) {
@@ -560,33 +595,18 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	defer cancel()
 	id := spec.ID
 	dir := r.dir(id)
-	if sock := filepath.Join(dir, agentSocket); len(sock) > maxSocket {
-		return nil, errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit", sock, len(sock), maxSocket)
-	}
-	unlock := r.lock(id)
-	defer unlock()
-	if _, err := os.Lstat(dir); err == nil {
-		return nil, errdefs.Conflict("sandbox %s already exists", id)
-	}
 	img, err := r.bootImage(ctx, spec.AgentPath)
 	if err != nil {
 		return nil, err
 	}
-	uid, err := r.allocUID(id)
+	uid, unlock, err := r.claim(id)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		r.freeUID(id)
-		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
-	}
+	defer unlock()
 	defer func() {
 		if err != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			if derr := r.destroy(cctx, id); derr != nil {
-				r.log.Error("clean up failed create", "sandbox", id, "err", derr)
-			}
+			r.abandon(ctx, id)
 		}
 	}()
 	upper := filepath.Join(dir, "upper.img")
