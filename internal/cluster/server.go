@@ -36,6 +36,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
@@ -360,12 +361,14 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 		FlushInterval: -1, // streams (exec output, attach) pass through as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			// What an edge reads from the shared store any other edge can read too: when the
-			// edge cannot be reached (it may have stopped since the node list was read), a read
-			// that is not about one sandbox, or a sandbox's record, goes to another edge, and so
-			// on until one answers or every edge was tried.
+			// edge cannot be reached (it may have stopped, or been cut off, since the node list
+			// was read: a failed dial, or a connection that broke), a read that is not about one
+			// sandbox, or a sandbox's record, goes to another edge, and so on until one answers
+			// or every edge was tried. Nothing was written to w yet. An edge that answered with
+			// the wrong identity (a TLS or certificate failure) is reported, never skipped.
 			id := r.PathValue("id")
 			if r.Method == http.MethodGet && (id == "" || r.URL.Path == "/v1/sandboxes/"+id) {
-				if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
+				if r.Context().Err() == nil && unreachable(err) {
 					tried, _ := r.Context().Value(triedEdges{}).([]string)
 					tried = append(slices.Clip(tried), n.URL)
 					s.toAnyExcept(w, r.WithContext(context.WithValue(r.Context(), triedEdges{}, tried)), tried...)
@@ -619,4 +622,18 @@ func placementNodes(list []corral.Node) []placement.Node {
 		})
 	}
 	return out
+}
+
+// unreachable reports whether a proxy error means the edge could not be reached (a failed dial,
+// or a connection that broke: the edge stopped or was cut off), not that it answered wrongly.
+func unreachable(err error) bool {
+	if opErr, ok := errors.AsType[*net.OpError](err); ok && opErr.Op == "dial" {
+		return true
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "certificate") || strings.Contains(msg, "tls:") {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		strings.Contains(msg, "connection lost") || strings.Contains(msg, "connection reset")
 }
