@@ -96,6 +96,10 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 	if err != nil {
 		return nil, err
 	}
+	// QEMU that hangs before its monitor answers ends the create rather than holding the
+	// sandbox in "creating" (the boot itself is not waited for).
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	// The guest sees the image's disk, or a larger one when the spec asks for more (the
 	// partitions stay as the image has them).
 	size := max(info.VirtualBytes, spec.DiskBytes)
@@ -122,13 +126,7 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: qemu-img create: %v: %s", id, err, strings.TrimSpace(string(out)))
 	}
-	c := &vmguest.MachineConfig{Hostname: spec.Hostname, Env: spec.Env, AgentArgs: guestAgentArgs(spec.AgentArgs), OpenFiles: spec.OpenFiles}
-	if c.Hostname == "" {
-		c.Hostname = id
-		if len(c.Hostname) > 63 {
-			c.Hostname = c.Hostname[:63]
-		}
-	}
+	c := &vmguest.MachineConfig{Hostname: guestHostname(&spec), Env: spec.Env, AgentArgs: guestAgentArgs(spec.AgentArgs), OpenFiles: spec.OpenFiles}
 	files := []vmFile{{Role: "disk-base", Path: spec.Disk, Serial: info.Format},
 		{Role: "disk", Path: overlay}, {Role: "disk-ro", Path: overlay},
 		{Role: "agent-disk", Path: agentDisk}}
@@ -136,12 +134,8 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 		files = append(files, vmFile{Role: "tap"})
 		c.Net = &vmguest.Net{MAC: guestMAC, Address: spec.Addr.String() + "/30", Gateway: spec.Gateway.String()}
 	}
-	if spec.ResolvConf != "" {
-		b, err := os.ReadFile(spec.ResolvConf)
-		if err != nil {
-			return nil, fmt.Errorf("create sandbox %s: resolv.conf: %w", id, err)
-		}
-		c.ResolvConf = string(b)
+	if c.ResolvConf, err = readResolvConf(&spec); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -166,15 +160,8 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 	if err := r.start(ctx, st, false); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
-	if err != nil {
+	if err := r.recordAccel(ctx, st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w%s", id, err, r.qemuLogTail(id))
-	}
-	accel, aerr := q.accelerator(ctx)
-	q.Close()
-	if aerr == nil && accel != st.Accel {
-		st.Accel = accel
-		r.writeState(st)
 	}
 	if _, err := r.proxy(id); err != nil {
 		return nil, err

@@ -652,15 +652,8 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
 	}
-	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
-	if err != nil {
+	if err := r.recordAccel(ctx, st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w%s%s", id, err, r.qemuLogTail(id), r.consoleTail(id))
-	}
-	accel, aerr := q.accelerator(ctx)
-	q.Close()
-	if aerr == nil && accel != st.Accel {
-		st.Accel = accel
-		r.writeState(st)
 	}
 	if err := r.waitAgent(ctx, st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
@@ -745,12 +738,7 @@ func (r *Runtime) guestConfig(spec *runc.Spec, upper string) (*vmguest.Config, [
 		OpenFiles:   spec.OpenFiles,
 		ShmBytes:    spec.ShmBytes,
 	}
-	if c.Hostname == "" {
-		c.Hostname = spec.ID
-		if len(c.Hostname) > 63 {
-			c.Hostname = c.Hostname[:63]
-		}
-	}
+	c.Hostname = guestHostname(spec)
 	var files []vmFile
 	for i, l := range spec.Images {
 		gl := vmguest.Layer{Serial: "l" + strconv.Itoa(i)}
@@ -769,17 +757,51 @@ func (r *Runtime) guestConfig(spec *runc.Spec, upper string) (*vmguest.Config, [
 		files = append(files, vmFile{Role: "tap"})
 		c.Net = &vmguest.Net{MAC: guestMAC, Address: spec.Addr.String() + "/30", Gateway: spec.Gateway.String()}
 	}
-	if spec.ResolvConf != "" {
-		b, err := os.ReadFile(spec.ResolvConf)
-		if err != nil {
-			return nil, nil, fmt.Errorf("resolv.conf: %w", err)
-		}
-		c.ResolvConf = string(b)
+	var err error
+	if c.ResolvConf, err = readResolvConf(spec); err != nil {
+		return nil, nil, err
 	}
 	if err := c.Validate(); err != nil {
 		return nil, nil, err
 	}
 	return c, files, nil
+}
+
+// guestHostname is the VM's hostname: the spec's, else its ID (cut to 63 bytes).
+func guestHostname(spec *runc.Spec) string {
+	if spec.Hostname != "" {
+		return spec.Hostname
+	}
+	return spec.ID[:min(len(spec.ID), 63)]
+}
+
+// readResolvConf returns the content of the spec's resolv.conf (the edge's resolver), which the
+// guest writes itself: "" without one.
+func readResolvConf(spec *runc.Spec) (string, error) {
+	if spec.ResolvConf == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(spec.ResolvConf)
+	if err != nil {
+		return "", fmt.Errorf("resolv.conf: %w", err)
+	}
+	return string(b), nil
+}
+
+// recordAccel asks a VM's QEMU, just started, what really runs it (QMP query-kvm) and records
+// that; an error means its monitor does not answer.
+func (r *Runtime) recordAccel(ctx context.Context, st *vmState) error {
+	q, err := dialQMP(ctx, filepath.Join(r.dir(st.ID), "qmp.sock"))
+	if err != nil {
+		return err
+	}
+	accel, aerr := q.accelerator(ctx)
+	q.Close()
+	if aerr == nil && accel != st.Accel {
+		st.Accel = accel
+		r.writeState(st)
+	}
+	return nil
 }
 
 // guestAgentArgs are the agent's serve flags in the guest: it serves on the virtio-serial port,
