@@ -215,39 +215,60 @@ func (c *Cache) verify(h handle) error {
 
 		sum, n, err := hashFile(h.f, e.size)
 
+		good := err == nil && n == e.size && sum == e.digest
+		var why string
+		switch {
+		case good, err != nil && !mediaError(err):
+		case err != nil:
+			why = "read failed"
+		case n != e.size:
+			why = fmt.Sprintf("size changed from %d to %d", e.size, n)
+		default:
+			why = "content hashes to sha256:" + hexDigest(sum)
+		}
 		c.mu.Lock()
 		e.verifying = nil
-		close(done)
-		good := err == nil && n == e.size && sum == e.digest
-		if good {
-			e.verified = true
+		e.verified = good
+		var rs []removal
+		if why != "" {
+			// Removed before the waiters wake: none of them hashes it again or counts it twice.
+			rs = c.corruptLocked(e)
 		}
+		close(done)
 		c.mu.Unlock()
 		switch {
 		case good:
 			return nil
-		case err != nil && !mediaError(err):
+		case why == "":
 			return fmt.Errorf("verify chunk sha256:%s: %w", hexDigest(e.digest), err)
-		case err != nil:
-			c.corrupt(e, "read failed", err)
-		case n != e.size:
-			c.corrupt(e, fmt.Sprintf("size changed from %d to %d", e.size, n), nil)
-		default:
-			c.corrupt(e, "content hashes to sha256:"+hexDigest(sum), nil)
 		}
+		c.logCorrupt(e, why, err, rs)
 		return notFound(e.digest)
 	}
 }
 
 // corrupt counts, logs and deletes a chunk whose file does not hold its bytes.
 func (c *Cache) corrupt(e *entry, why string, err error) {
-	var rs []removal
 	c.mu.Lock()
-	c.stats.CorruptDetected++
-	if !e.removed {
-		rs = append(rs, c.removeLocked(e))
-	}
+	rs := c.corruptLocked(e)
 	c.mu.Unlock()
+	c.logCorrupt(e, why, err, rs)
+}
+
+// corruptLocked counts a corrupt chunk and removes it from the index; finish the removals (and
+// log) once c.mu is let go.
+//
+// Preconditions: c.mu is held.
+func (c *Cache) corruptLocked(e *entry) []removal {
+	c.stats.CorruptDetected++
+	if e.removed {
+		return nil
+	}
+	return []removal{c.removeLocked(e)}
+}
+
+// logCorrupt logs a corrupt chunk and finishes its removal.
+func (c *Cache) logCorrupt(e *entry, why string, err error, rs []removal) {
 	args := []any{"path", c.path(e.digest), "why", why}
 	if err != nil {
 		args = append(args, "err", err)
