@@ -25,6 +25,7 @@ import (
 	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/hostreg"
 	"github.com/corral-dev/corral/internal/egress/dns"
 	"github.com/corral-dev/corral/internal/egress/proxy"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -92,8 +93,11 @@ type Config struct {
 	MicroVM MicroVMConfig
 	// Agent is the static corral-agent binary; default: corral-agent beside this executable.
 	Agent string
-	// CgroupParent is the cgroup under which sandboxes' cgroups are made. Default /corral.
+	// CgroupParent is the cgroup under which sandboxes' cgroups are made. Empty: the host
+	// registry's choice for this data dir (/corral for the default data dir).
 	CgroupParent string
+	// Registry is the host-wide registry of Corral instances (default /run/corral).
+	Registry string
 	// DefaultTTL and MaxTTL bound sandbox lifetimes (defaults 1h and 7 days).
 	DefaultTTL, MaxTTL time.Duration
 	// MaxLayerBytes bounds the expanded size of one imported layer. Default 16 GiB.
@@ -150,9 +154,6 @@ func (c *Config) setDefaults() {
 	if c.Node == "" {
 		c.Node = "local"
 	}
-	if c.CgroupParent == "" {
-		c.CgroupParent = "/corral"
-	}
 	if c.DiskPool == 0 {
 		c.DiskPool = 4
 	}
@@ -199,6 +200,21 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// claimHost takes this data dir's claim in the host registry and fills cfg's cgroup parent, net
+// tag and pool from it. Explicit values are checked against every other instance's.
+func claimHost(cfg *Config) (hostreg.Claim, error) {
+	reg, err := hostreg.Open(cfg.Registry)
+	if err != nil {
+		return hostreg.Claim{}, err
+	}
+	claim, err := reg.Acquire(hostreg.Request{DataDir: cfg.DataDir, Tag: cfg.Net.Tag, Pool: cfg.Net.Pool, CgroupParent: cfg.CgroupParent})
+	if err != nil {
+		return claim, fmt.Errorf("claim host resources for data dir %s: %w", cfg.DataDir, err)
+	}
+	cfg.CgroupParent, cfg.Net.Tag, cfg.Net.Pool = claim.CgroupParent, claim.Tag, claim.Pool
+	return claim, nil
+}
+
 // FindRunc returns the runc binary Corral should use, or "": $CORRAL_RUNC, else the version
 // scripts/install-runc.sh pins (runc.DefaultRunc), else runc on PATH.
 func FindRunc() string {
@@ -239,6 +255,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	lock.Truncate(0)
 	fmt.Fprintf(lock, "%d\n", os.Getpid())
+	// Host resources no two Corrals may share (network tag and pool, NFLOG group, cgroup parent,
+	// VM uids) come from the host registry, keyed by the data dir.
+	claim, err := claimHost(&cfg)
+	if err != nil {
+		return err
+	}
+	log.Info("host resources of this data dir", "net_tag", claim.Tag, "net_pool", claim.Pool, "nflog_group", claim.LogGroup,
+		"cgroup_parent", claim.CgroupParent, "vm_uid_base", claim.VMUIDBase)
 	log = log.With("node", cfg.Node)
 	if cfg.Store == "" {
 		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
@@ -296,7 +320,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	// Built even when the tier is off: it still finds, serves and deletes the VMs a run with the
 	// tier on left.
 	vm, err := qemu.New(ctx, qemu.Config{
-		Off: cfg.MicroVM.Off, CgroupParent: cfg.CgroupParent,
+		Off: cfg.MicroVM.Off, CgroupParent: cfg.CgroupParent, UIDBase: claim.VMUIDBase, UIDCount: hostreg.VMUIDCount,
 		QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
 		Templates:        cfg.MicroVM.Templates,
 		StateDir:         filepath.Join(cfg.DataDir, "vms"),
@@ -314,7 +338,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }
 	proxyLookup := func(netip.Addr) (proxy.Sandbox, bool) { return proxy.Sandbox{}, false }
 	dropped := func(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time) {}
-	netCfg, nw, err := startNetwork(ctx, cfg, st, &lookup, &proxyLookup, &dropped, log)
+	netCfg, nw, err := startNetwork(ctx, cfg, claim.LogGroup, st, &lookup, &proxyLookup, &dropped, log)
 	netOff := ""
 	if err != nil {
 		// Corral still runs: sandboxes get loopback only, and a policy is refused with this reason.

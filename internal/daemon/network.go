@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -31,8 +30,9 @@ type NetConfig struct {
 	// Disabled turns networking off: every sandbox gets loopback only and policies other than
 	// "none" are refused.
 	Disabled bool
-	// Pool is the sandbox address pool (default 10.200.0.0/16); Tag tells this instance's
-	// interfaces and tables apart from another's on the same host (default "0").
+	// Pool is the sandbox address pool; Tag tells this instance's interfaces and tables apart
+	// from another's on the same host. Empty: the host registry chooses (internal/hostreg:
+	// "0" and 10.200.0.0/16 for the default data dir when free).
 	Pool, Tag string
 	// Services is the service catalog file (JSON: {"services": {"NAME": {"domains": [...],
 	// "addresses": [...]}}}); empty: no services.
@@ -97,7 +97,7 @@ func resolveA(ups []netip.AddrPort) func(ctx context.Context, name string) ([]ne
 }
 
 // startNetwork sets up sandbox networking; lookup is the edge's resolver view, bound later.
-func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func(netip.Addr) (dns.Sandbox, bool),
+func startNetwork(ctx context.Context, cfg Config, group uint16, st *store.Store, lookup *func(netip.Addr) (dns.Sandbox, bool),
 	proxyLookup *func(netip.Addr) (proxy.Sandbox, bool), dropped *func(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time),
 	log *slog.Logger) (*edge.NetConfig, *network, error) {
 	nc := cfg.Net
@@ -149,8 +149,7 @@ func startNetwork(ctx context.Context, cfg Config, st *store.Store, lookup *func
 			keep = append(keep, *r.NetSlot)
 		}
 	}
-	// Each instance logs its drops to its own NFLOG group, derived from its tag.
-	group := uint16(1000 + crc32.ChecksumIEEE([]byte(nc.Tag))%60000)
+	// Each instance logs its drops to its own NFLOG group, handed out by the host registry.
 	drops, err := nflog.Listen(ctx, group, 0, func(ev nflog.Event) {
 		if _, reason, ok := egress.ParseLogPrefix(ev.Prefix); ok {
 			(*dropped)(ev.Src, ev.Dst, ev.Proto, ev.DstPort, reason, ev.At)

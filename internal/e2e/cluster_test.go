@@ -314,7 +314,7 @@ func TestCluster(t *testing.T) {
 		ntag := tag[:2] + fmt.Sprint(i+1)
 		args := []string{"edge", "--server", s1url, "--join-token", filepath.Join(sdir, "join.token"),
 			"--name", name, "--data-dir", dir, "--listen", listen, "--cgroup-parent", "/corral-e2e-" + ntag, "--runc", runcPath(),
-			"--disk-pool", "1", "--net-tag", ntag, "--net-pool", fmt.Sprintf("10.%d.%d.0/24", 200+i, int(tag[0])), "--lease-ttl", "3s", "--log-level", "debug"}
+			"--disk-pool", "1", "--net-tag", ntag, "--net-pool", fmt.Sprintf("10.%d.%d.0/24", 253, (int(tag[0])*4+i)%256), "--lease-ttl", "3s", "--log-level", "debug"}
 		for _, l := range labels {
 			args = append(args, "--label", l)
 		}

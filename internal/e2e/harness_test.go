@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/hostreg"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store/pgtest"
@@ -142,6 +143,9 @@ type corralProc struct {
 	runtime string
 	// NetTag and NetPool keep this instance's sandbox networks apart from every other's.
 	NetTag, NetPool string
+	// auto starts corral up without --net-tag, --net-pool and --cgroup-parent: the host
+	// registry chooses them, and start reads them back from it.
+	auto bool
 }
 
 func randHex(n int) string {
@@ -174,7 +178,28 @@ func startCorral(t *testing.T, extra ...string) *corralProc {
 	b := make([]byte, 2)
 	rand.Read(b)
 	p.NetTag = hex.EncodeToString(b)
-	p.NetPool = fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, b[1])
+	// Outside 10.200-10.249, where the host registry chooses pools for Corrals started without
+	// --net-pool (a `make run` Corral beside the tests has one of those).
+	p.NetPool = fmt.Sprintf("10.%d.%d.0/24", 254+int(b[0])%2, b[1])
+	p.URL = "http://" + p.Listen
+	p.start()
+	t.Cleanup(func() {
+		p.cleanup()
+		os.RemoveAll(dataDir)
+	})
+	return p
+}
+
+// startCorralAuto is startCorral with the host registry choosing the instance's cgroup parent,
+// network tag and pool, as it does for an operator who passes none.
+func startCorralAuto(t *testing.T, extra ...string) *corralProc {
+	t.Helper()
+	needRoot(t)
+	dataDir, err := os.MkdirTemp("", "crl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &corralProc{t: t, DataDir: dataDir, Listen: freePort(t), extra: extra, auto: true}
 	p.URL = "http://" + p.Listen
 	p.start()
 	t.Cleanup(func() {
@@ -187,8 +212,11 @@ func startCorral(t *testing.T, extra ...string) *corralProc {
 func (p *corralProc) start() {
 	t := p.t
 	t.Helper()
-	args := append([]string{"up", "--data-dir", p.DataDir, "--listen", p.Listen, "--cgroup-parent", p.Cgroup,
-		"--runc", runcPath(), "--disk-pool", "1", "--log-level", "debug", "--net-tag", p.NetTag, "--net-pool", p.NetPool}, p.extra...)
+	args := []string{"up", "--data-dir", p.DataDir, "--listen", p.Listen, "--runc", runcPath(), "--disk-pool", "1", "--log-level", "debug"}
+	if !p.auto {
+		args = append(args, "--cgroup-parent", p.Cgroup, "--net-tag", p.NetTag, "--net-pool", p.NetPool)
+	}
+	args = append(args, p.extra...)
 	p.cmd = exec.Command(filepath.Join(binDir, "corral"), args...)
 	p.logs = &bytes.Buffer{}
 	p.cmd.Stdout, p.cmd.Stderr = &lockedWriter{w: p.logs}, &lockedWriter{w: p.logs}
@@ -217,6 +245,24 @@ func (p *corralProc) start() {
 			t.Fatalf("corral up not healthy after 30s:\n%s", p.Logs())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if p.auto {
+		reg, err := hostreg.Open("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		claims, err := reg.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range claims {
+			if c.DataDir == p.DataDir {
+				p.Cgroup, p.NetTag, p.NetPool = c.CgroupParent, c.Tag, c.Pool
+			}
+		}
+		if p.NetTag == "" {
+			t.Fatalf("no host registry claim for %s: %+v", p.DataDir, claims)
+		}
 	}
 	tok, err := os.ReadFile(filepath.Join(p.DataDir, "admin.token"))
 	if err != nil {
