@@ -6,6 +6,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // The kinds. Each maps to one HTTP status at the API boundary.
@@ -85,4 +86,46 @@ func Code(err error) string {
 		return "unavailable"
 	}
 	return "internal"
+}
+
+// Retryable marks err as transient: the same request is expected to succeed after about after
+// (a store that is restarting, a busy pool). The API answers it with a Retry-After header, and the
+// SDKs retry such answers on calls that are safe to repeat.
+func Retryable(err error, after time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &retryableError{err: err, after: after}
+}
+
+// RetryableCause is Retryable for a public err whose cause (a driver's error naming internal
+// addresses) belongs in the server's log only: Cause returns it.
+func RetryableCause(err, cause error, after time.Duration) error {
+	return &retryableError{err: err, after: after, cause: cause}
+}
+
+type retryableError struct {
+	err   error
+	after time.Duration
+	cause error
+}
+
+func (e *retryableError) Error() string { return e.err.Error() }
+func (e *retryableError) Unwrap() error { return e.err }
+
+// Cause returns what err hides from its message (RetryableCause), or nil.
+func Cause(err error) error {
+	if re, ok := errors.AsType[*retryableError](err); ok {
+		return re.cause
+	}
+	return nil
+}
+
+// RetryAfter returns how long to wait before repeating the request that failed with err, when
+// err (or one it wraps) was marked Retryable; 0 otherwise.
+func RetryAfter(err error) time.Duration {
+	if re, ok := errors.AsType[*retryableError](err); ok {
+		return re.after
+	}
+	return 0
 }

@@ -10,7 +10,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -125,9 +127,16 @@ func Error(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) 
 	if errors.As(err, &denied) {
 		body.Permission = denied.Permission()
 	}
-	if status == http.StatusInternalServerError {
+	switch status {
+	case http.StatusInternalServerError:
 		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		body.Message = "internal error; the server log has the details"
+	}
+	// A transient failure (errdefs.Retryable: a store that stays unreachable) says when to come
+	// back, unless the handler already did; clients retry only answers that carry it.
+	if d := errdefs.RetryAfter(err); d > 0 && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
+		log.Warn("request failed on a transient error", "method", r.Method, "path", r.URL.Path, "err", err, "cause", errdefs.Cause(err))
 	}
 	Write(w, status, body)
 }

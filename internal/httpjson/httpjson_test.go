@@ -2,10 +2,14 @@ package httpjson
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -74,4 +78,32 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("DecodeStream(%q) = %v: not a client error", body, err)
 		}
 	})
+}
+
+func TestErrorStatusAndRetryAfter(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, c := range []struct {
+		err        error
+		status     int
+		retryAfter string
+	}{
+		{errdefs.NotFound("sandbox x"), http.StatusNotFound, ""},
+		{errdefs.Unavailable("gVisor is not installed here"), http.StatusServiceUnavailable, ""},
+		{errdefs.Retryable(errdefs.Unavailable("the database is unreachable"), time.Second), http.StatusServiceUnavailable, "1"},
+		{fmt.Errorf("look up token: %w", errdefs.Retryable(errdefs.Unavailable("x"), 1500*time.Millisecond)), http.StatusServiceUnavailable, "2"},
+		{errors.New("boom"), http.StatusInternalServerError, ""},
+	} {
+		w := httptest.NewRecorder()
+		Error(w, httptest.NewRequest("GET", "/v1/x", nil), log, c.err)
+		if w.Code != c.status || w.Header().Get("Retry-After") != c.retryAfter {
+			t.Errorf("%v: status %d Retry-After %q, want %d %q", c.err, w.Code, w.Header().Get("Retry-After"), c.status, c.retryAfter)
+		}
+	}
+	// A handler's own Retry-After is kept.
+	w := httptest.NewRecorder()
+	w.Header().Set("Retry-After", "7")
+	Error(w, httptest.NewRequest("GET", "/v1/x", nil), log, errdefs.Retryable(errdefs.Unavailable("draining"), time.Second))
+	if got := w.Header().Get("Retry-After"); got != "7" {
+		t.Fatalf("Retry-After = %q, want the handler's 7", got)
+	}
 }

@@ -3,13 +3,20 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/corral-dev/corral/internal/errdefs"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 )
 
@@ -24,17 +31,41 @@ type conn struct {
 	pg bool
 }
 
+// ExecContext runs a statement outside a transaction. A write is not retried (it may have been
+// applied before the connection broke); a broken connection is reported as ErrUnavailable.
 func (c *conn) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	return c.DB.ExecContext(ctx, c.rebind(q), args...)
+	res, err := c.DB.ExecContext(ctx, c.rebind(q), args...)
+	return res, unavailable(err)
 }
 
+// QueryContext runs a read outside a transaction, again on a broken connection (readRetries).
 func (c *conn) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	return c.DB.QueryContext(ctx, c.rebind(q), args...)
+	q = c.rebind(q)
+	var rows *sql.Rows
+	err := retryReads(ctx, func() error {
+		var err error
+		rows, err = c.DB.QueryContext(ctx, q, args...)
+		return err
+	})
+	return rows, err
 }
 
-func (c *conn) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
-	return c.DB.QueryRowContext(ctx, c.rebind(q), args...)
+// QueryRowContext runs a one-row read outside a transaction; it runs at Scan, again on a broken
+// connection (readRetries).
+func (c *conn) QueryRowContext(ctx context.Context, q string, args ...any) *Row {
+	q = c.rebind(q)
+	return &Row{scan: func(dest ...any) error {
+		return retryReads(ctx, func() error { return c.DB.QueryRowContext(ctx, q, args...).Scan(dest...) })
+	}}
 }
+
+// Row is one row of a query, read by Scan (as *sql.Row).
+type Row struct {
+	scan func(dest ...any) error
+}
+
+// Scan copies the row's columns into dest; sql.ErrNoRows when there is none.
+func (r *Row) Scan(dest ...any) error { return r.scan(dest...) }
 
 func (c *conn) postgres() bool { return c.pg }
 
@@ -65,11 +96,12 @@ func (t *Tx) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows
 	return t.Tx.QueryContext(ctx, q, args...)
 }
 
-func (t *Tx) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+func (t *Tx) QueryRowContext(ctx context.Context, q string, args ...any) *Row {
 	if t.pg {
 		q = rebind(q)
 	}
-	return t.Tx.QueryRowContext(ctx, q, args...)
+	row := t.Tx.QueryRowContext(ctx, q, args...)
+	return &Row{scan: row.Scan}
 }
 
 func (t *Tx) postgres() bool { return t.pg }
@@ -136,6 +168,63 @@ func isUnique(err error) bool {
 func retryable(err error) bool {
 	pe, ok := errors.AsType[*pgconn.PgError](err)
 	return ok && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+// transient reports whether err is a failure of the connection to the database (a restart,
+// failover or network blip) rather than of the statement: worth trying again on another
+// connection. A cancelled or expired context is not.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		// 08: connection exception; 57P01-03: the server is shutting down or starting;
+		// 53300: too many connections.
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03" || pe.Code == "53300"
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE)
+}
+
+// unavailable turns a connection failure into ErrUnavailable (503 with Retry-After at the API),
+// keeping what the driver said; other errors pass unchanged.
+func unavailable(err error) error {
+	if !transient(err) {
+		return err
+	}
+	return errdefs.RetryableCause(fmt.Errorf("the store is unreachable; retry shortly: %w", errdefs.ErrUnavailable), err, time.Second)
+}
+
+// readRetryFor bounds how long a read outside a transaction, or a transaction that failed before
+// its commit, is tried again on connection failures: long enough for a PostgreSQL restart or
+// failover, short enough that the client's own retry takes over.
+const readRetryFor = 8 * time.Second
+
+// retryReads runs f, again with backoff while it fails on a broken connection, for at most
+// readRetryFor; a failure that outlasts it is ErrUnavailable.
+func retryReads(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(readRetryFor)
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if !transient(err) {
+			return err
+		}
+		wait := min(time.Duration(attempt*attempt)*25*time.Millisecond, time.Second)
+		if time.Now().Add(wait).After(deadline) {
+			return unavailable(err)
+		}
+		select {
+		case <-ctx.Done():
+			return unavailable(err)
+		case <-time.After(wait):
+		}
+	}
 }
 
 // txRetries bounds how often a transaction reruns after retryable failures.

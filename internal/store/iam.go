@@ -339,7 +339,7 @@ func scanProject(row interface{ Scan(...any) error }) (*ProjectRecord, error) {
 
 // querier is a conn or a Tx.
 type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryRowContext(ctx context.Context, query string, args ...any) *Row
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	postgres() bool

@@ -358,31 +358,50 @@ func (s *Store) migrate(ctx context.Context) error {
 
 // tx runs fn in a transaction, committing when it returns nil. On PostgreSQL a transaction that
 // lost a race (serialisation failure, deadlock) runs again.
+//
+// A transaction that fails on a broken connection before its commit rolled back with the
+// connection, so it runs again on another for up to readRetryFor; one whose commit failed that way
+// may or may not have been applied, so it is not rerun: both end as ErrUnavailable.
 func (s *Store) tx(ctx context.Context, fn func(*Tx) error) error {
+	deadline := time.Now().Add(readRetryFor)
 	for attempt := 1; ; attempt++ {
-		err := s.tx1(ctx, fn)
-		if err == nil || !retryable(err) || attempt == txRetries {
+		committing, err := s.tx1(ctx, fn)
+		var wait time.Duration
+		switch {
+		case err == nil:
+			return nil
+		case transient(err) && committing:
+			return errdefs.RetryableCause(fmt.Errorf("the store's connection broke during a commit, which may or may not have been applied; retry with an idempotency key, or check: %w", errdefs.ErrUnavailable), err, time.Second)
+		case transient(err):
+			wait = min(time.Duration(attempt*attempt)*25*time.Millisecond, time.Second)
+			if time.Now().Add(wait).After(deadline) {
+				return unavailable(err)
+			}
+		case retryable(err) && attempt < txRetries:
+			wait = backoff(attempt)
+		default:
 			return err
 		}
 		select {
 		case <-ctx.Done():
-			return err
-		case <-time.After(backoff(attempt)):
+			return unavailable(err)
+		case <-time.After(wait):
 		}
 	}
 }
 
-func (s *Store) tx1(ctx context.Context, fn func(*Tx) error) error {
+// tx1 runs fn in one transaction; committing is true when it got as far as the commit.
+func (s *Store) tx1(ctx context.Context, fn func(*Tx) error) (committing bool, err error) {
 	stx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	tx := &Tx{Tx: stx, pg: s.db.pg}
 	if err := fn(tx); err != nil {
 		stx.Rollback()
-		return err
+		return false, err
 	}
-	return stx.Commit()
+	return true, stx.Commit()
 }
 
 // PutSandbox inserts or replaces a sandbox record. New sandboxes go through AdmitSandbox.

@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // Client talks to one Corral API server. It is safe for concurrent use.
@@ -18,6 +23,8 @@ type Client struct {
 	token     string
 	hc        *http.Client
 	userAgent string
+	// retries is how many times a retryable call is tried again (WithRetries).
+	retries int
 }
 
 // Option configures a [Client].
@@ -35,10 +42,20 @@ func WithUserAgent(ua string) Option {
 	return func(c *Client) { c.userAgent = ua }
 }
 
+// WithRetries sets how many times a call is tried again after a connection error, a 502 or 504,
+// or a 503 with Retry-After (a transient failure such as a store restart) (default 4, 0 turns
+// retries off). Only calls that are safe to repeat are: GET,
+// HEAD, PUT and DELETE whose body can be sent again, and any call with an idempotency key (such
+// as a create with CreateRequest.IdempotencyKey). The pause between tries grows from 100 ms to
+// 2 s, or is the server's Retry-After (at most 10 s), and ends with the call's context.
+func WithRetries(n int) Option {
+	return func(c *Client) { c.retries = max(n, 0) }
+}
+
 // New returns a client for the server at baseURL ("http://127.0.0.1:7070") that authenticates
 // with token. A baseURL that does not parse makes every call fail with that error.
 func New(baseURL, token string, opts ...Option) *Client {
-	c := &Client{token: token, hc: http.DefaultClient, userAgent: "corral-go"}
+	c := &Client{token: token, hc: http.DefaultClient, userAgent: "corral-go", retries: 4}
 	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
 	switch {
 	case err != nil:
@@ -92,6 +109,86 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 		}
 		body, ctype = bytes.NewReader(b), "application/json"
 	}
+	retry := c.retries > 0 && r.repeatable(body)
+	for attempt := 1; ; attempt++ {
+		resp, err := c.send1(ctx, r, target, body, ctype)
+		wait, again := retryAfter(resp, err)
+		if !retry || !again || attempt > c.retries || ctx.Err() != nil {
+			return c.answer(resp, err)
+		}
+		if resp != nil {
+			resp.Body.Close()
+		}
+		if wait == 0 {
+			wait = min(100*time.Millisecond<<(attempt-1), 2*time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		if s, ok := body.(io.Seeker); ok {
+			if _, err := s.Seek(0, io.SeekStart); err != nil {
+				return nil, fmt.Errorf("rewind request body: %w", err)
+			}
+		}
+	}
+}
+
+// repeatable reports whether r may be sent again after a failure: its method is idempotent or it
+// carries an idempotency key, and its body (if any) can be rewound.
+func (r request) repeatable(body io.Reader) bool {
+	idem := r.header.Get("Idempotency-Key") != ""
+	switch r.method {
+	case http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete:
+		idem = true
+	}
+	if !idem {
+		return false
+	}
+	if body == nil {
+		return true
+	}
+	_, ok := body.(io.Seeker)
+	return ok
+}
+
+// retryAfter reports whether an exchange that ended with resp or err is worth trying again, and
+// how long the server asked to wait (0: the client's own backoff).
+func retryAfter(resp *http.Response, err error) (time.Duration, bool) {
+	if err != nil {
+		// A connection that could not be made, or broke before an answer came.
+		var op *net.OpError
+		return 0, errors.As(err, &op) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+			errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
+	}
+	switch resp.StatusCode {
+	case http.StatusBadGateway, http.StatusGatewayTimeout:
+		return 0, true
+	case http.StatusServiceUnavailable:
+		// Only a 503 that says when to come back is transient: others (a tier that is not
+		// installed, a lost node) would answer the same again.
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs >= 0 {
+			return min(max(time.Duration(secs)*time.Second, 100*time.Millisecond), 10*time.Second), true
+		}
+	}
+	return 0, false
+}
+
+// answer turns the outcome of the last try into send's result.
+func (c *Client) answer(resp *http.Response, err error) (*http.Response, error) {
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 400 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+// send1 makes one try of r.
+func (c *Client) send1(ctx context.Context, r request, target string, body io.Reader, ctype string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, r.method, target, body)
 	if err != nil {
 		return nil, err
@@ -109,15 +206,7 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 	for k, v := range r.header {
 		req.Header[k] = v
 	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode >= 400 {
-		defer resp.Body.Close()
-		return nil, decodeError(resp)
-	}
-	return resp, nil
+	return c.hc.Do(req)
 }
 
 // do performs r and decodes a JSON answer into out (when out is non-nil).
