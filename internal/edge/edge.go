@@ -414,6 +414,18 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.ID] = true
 		log := e.log.With("sandbox", rec.ID)
+		if st := rec.Stopping; st != nil {
+			// Its teardown was cut short: finish it, with the outcome it was going to record.
+			log.Warn("sandbox was being stopped when corral stopped; finishing", "state", st.State, "reason", st.Reason)
+			if err := e.rt.Delete(ctx, rec.ID); err != nil {
+				log.Error("remove the runtime state of a sandbox being stopped", "err", err)
+			}
+			e.releaseSlot(rec)
+			e.finishFetch(rec.ID)
+			rec.NetSlot = nil
+			e.finish(ctx, rec, st.State, st.Reason)
+			continue
+		}
 		if rec.State == corral.StateCreating {
 			log.Warn("sandbox was being created when corral stopped; removing it")
 			e.rt.Delete(ctx, rec.ID)
@@ -596,7 +608,7 @@ func (e *Edge) releaseLayers(rec *store.Sandbox, unheld map[string]bool) {
 
 // finish records that a sandbox left the running state.
 func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason string) {
-	rec.State, rec.Reason, rec.EndedAt = state, reason, time.Now().UTC()
+	rec.State, rec.Reason, rec.EndedAt, rec.Stopping = state, reason, time.Now().UTC(), nil
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		e.log.Error("record sandbox end", "sandbox", rec.ID, "state", state, "err", err)
 	}
@@ -1414,6 +1426,13 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx)
+	// The outcome goes on record before the teardown starts: a crash in the middle of it then
+	// ends as this outcome at the next start (reconcile), not as a sandbox that died.
+	rec.Stopping = &store.StopIntent{State: state, Reason: reason, At: time.Now().UTC()}
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		rec.Stopping = nil
+		return fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
+	}
 	if err := e.rt.Delete(ctx, rec.ID); err != nil {
 		e.log.Error("delete sandbox", "sandbox", rec.ID, "err", err)
 		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)

@@ -27,6 +27,9 @@ type fakeRuntime struct {
 	running map[string]bool
 	oom     map[string]uint64
 	failing error
+	// deleteFails, when set, is what Delete fails with, leaving the state in place (a teardown
+	// cut short).
+	deleteFails error
 	// agent, when set, is the socket of a real agent every sandbox gets (files_test.go).
 	agent string
 }
@@ -78,6 +81,9 @@ func (f *fakeRuntime) Status(ctx context.Context, id string) (runc.Status, error
 func (f *fakeRuntime) Delete(ctx context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.deleteFails != nil {
+		return f.deleteFails
+	}
 	delete(f.running, id)
 	return nil
 }
@@ -419,6 +425,49 @@ func TestReconcileAfterRestart(t *testing.T) {
 	}
 	if n := ls2.ref("sha256:b"); n != 1 {
 		t.Errorf("after restart the base has %d references; want 1 (the surviving sandbox)", n)
+	}
+}
+
+// TestInterruptedDeleteFinishesAfterRestart: a delete whose teardown was cut short (corral
+// killed in the middle of it) ends as deleted at the next start, not as a sandbox that died.
+func TestInterruptedDeleteFinishesAfterRestart(t *testing.T) {
+	rt := newFakeRuntime()
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"})
+	cfg := Config{AgentPath: "/agent", ReapInterval: time.Hour}
+	ls1 := newFakeLayers()
+	e1, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, ls1)
+	e1.Start(ctx)
+	sb, err := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.deleteFails = errors.New("killed in the middle of the teardown")
+	if _, err := e1.Delete(ctx, sb.ID); err == nil {
+		t.Fatal("delete succeeded with a failing runtime")
+	}
+	if rec, _ := st.GetSandbox(ctx, sb.ID); rec.Stopping == nil || rec.Stopping.Reason != corral.ReasonDeleted {
+		t.Fatalf("no stop intent on record before the teardown: %+v", rec.Stopping)
+	}
+	e1.Close()
+	rt.deleteFails = nil
+
+	e2, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, ls1.restarted())
+	if err := e2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	rec, _ := e2.Get(ctx, sb.ID)
+	if rec.State != corral.StateStopped || rec.Reason != corral.ReasonDeleted || rec.Stopping != nil {
+		t.Fatalf("interrupted delete after restart: %s (%s), intent %+v; want stopped (deleted)", rec.State, rec.Reason, rec.Stopping)
+	}
+	if _, ok := rt.running[sb.ID]; ok {
+		t.Fatal("runtime state of the deleted sandbox was left")
 	}
 }
 

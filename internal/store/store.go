@@ -69,6 +69,17 @@ type Sandbox struct {
 	NetSlot *int `json:"net_slot,omitempty"`
 	// ProjectID is the project the sandbox lives in (Project holds its path, filled on reads).
 	ProjectID string `json:"project_id,omitempty"`
+	// Stopping records, before its teardown starts, how a live sandbox is being ended (a delete,
+	// a TTL, ...), so a teardown cut short by a crash is finished with that outcome at the next
+	// start instead of being taken for a sandbox that died.
+	Stopping *StopIntent `json:"stopping,omitempty"`
+}
+
+// StopIntent is the outcome a sandbox's teardown will record.
+type StopIntent struct {
+	State  string    `json:"state"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
 }
 
 // migrations are applied in order, each once; never edit one that has shipped, add another.
