@@ -78,6 +78,8 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.StringVar(&cfg.Store, "store", "", "the database: postgres://USER@HOST:PORT/DB?sslmode=disable, or a SQLite file (default DATA-DIR/corral.db)")
 	f.StringVar(&cfg.BlobStore, "blob-store", "", "where layer images live, shared by every Corral given the same one: dir:/PATH or s3://BUCKET[/PREFIX]?endpoint=URL[&region=R] with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (default dir:DATA-DIR/blobs)")
 	f.StringVar(&cfg.Fetch.Mode, "fetch", "prefetch", "how sandboxes' layer data reaches this node unless a create says: eager (all of it before start), lazy (chunks as read) or prefetch (lazy, with the environment's recorded start-up set fetched at once)")
+	f.Var(&byteSize{&cfg.ReserveMemory}, "reserve-memory", "host memory the sandboxes together may not use, kept for corral and the host (default max(512M, 5% of the host)); corral's own cgroup also outweighs the sandboxes' CPU 8 to 1")
+	f.BoolVar(&cfg.NoReserve, "no-reserve", false, "reserve no share of the host for corral (its process stays in its cgroup; the sandboxes' parent has no memory limit)")
 	f.Var(&byteSize{&cfg.Fetch.CacheSize}, "cache-size", "bound of the node's layer chunk cache under DATA-DIR/layers/lazy/cache (default 10G)")
 	f.DurationVar(&cfg.Fetch.Timeout, "fetch-timeout", 0, "how long a sandbox's read waits on the blob store before it fails with EIO (default 30s)")
 	f.Var(&byteSize{&cfg.Fetch.FillRate}, "fetch-fill-rate", "after prefetch, fetch the rest of a sandbox's layers in the background at this many bytes per second (default 0: not at all)")

@@ -98,6 +98,12 @@ type Config struct {
 	CgroupParent string
 	// Registry is the host-wide registry of Corral instances (default /run/corral).
 	Registry string
+	// ReserveMemory is the host memory the sandboxes together may not use (kept for Corral and
+	// the host): 0 is max(512 MiB, 5% of the host).
+	ReserveMemory int64
+	// NoReserve keeps no share of the host for Corral: no control cgroup, no memory limit on
+	// the sandboxes' parent.
+	NoReserve bool
 	// DefaultTTL and MaxTTL bound sandbox lifetimes (defaults 1h and 7 days).
 	DefaultTTL, MaxTTL time.Duration
 	// MaxLayerBytes bounds the expanded size of one imported layer. Default 16 GiB.
@@ -263,6 +269,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	log.Info("host resources of this data dir", "net_tag", claim.Tag, "net_pool", claim.Pool, "nflog_group", claim.LogGroup,
 		"cgroup_parent", claim.CgroupParent, "vm_uid_base", claim.VMUIDBase)
+	// Corral's own share of the host: its cgroup outweighs all sandboxes' CPU, and the sandboxes
+	// together leave it memory headroom, so a host full of busy sandboxes still answers.
+	if !cfg.NoReserve {
+		if res, err := runc.DefaultReservation(cfg.CgroupParent, cfg.ReserveMemory); err != nil {
+			log.Warn("no share of the host reserved for corral", "err", err)
+		} else {
+			if err := runc.Reserve(cfg.CgroupParent, res, os.Getpid()); err != nil {
+				log.Warn("share of the host for corral only partly reserved", "err", err)
+			} else {
+				log.Info("share of the host reserved for corral", "cgroup", res.Control, "cpu_shares", res.CPUShares, "sandbox_memory_bytes", res.MemoryBytes)
+			}
+			defer func() {
+				// Out of the control cgroup, so it can go (lazyd, if it still serves, keeps it).
+				runc.ReleaseControl(cfg.CgroupParent, res, os.Getpid())
+			}()
+		}
+	}
 	log = log.With("node", cfg.Node)
 	if cfg.Store == "" {
 		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")

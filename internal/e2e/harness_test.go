@@ -332,9 +332,12 @@ func (p *corralProc) cleanup() {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	// The per-test cgroup parent itself (empty by now) goes too.
+	// The per-test cgroup parent itself (empty by now) goes too, and corral's own control
+	// cgroup beside it (emptied when corral up exited).
 	dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + p.Cgroup)
 	more, _ := filepath.Glob("/sys/fs/cgroup/*/*" + p.Cgroup)
+	ctl, _ := filepath.Glob("/sys/fs/cgroup/*" + p.Cgroup + "-ctl")
+	more = append(more, ctl...)
 	for _, d := range append(dirs, more...) {
 		os.Remove(d)
 	}

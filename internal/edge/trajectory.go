@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"hash"
 	"io"
 	"net/http"
@@ -201,22 +202,68 @@ func (e *Edge) followStep(sb *sandbox, entry *corral.TrajectoryEntry) {
 		e.finishStep(sb.id, entry, corral.StepFailed, "attach: "+err.Error())
 		return
 	}
-	defer st.Close()
 	next, closeNext := e.followOutput(ctx, sb, cid, st.Next)
-	defer closeNext()
 	entry.Output, entry.OutputTruncated = nil, false
 	rec := newStepRecorder(entry, DefaultStepOutputBytes)
 	for {
 		ev, err := next()
 		if err != nil {
+			closeNext()
+			st.Close()
 			e.finishStep(sb.id, entry, corral.StepFailed, "output stream ended: "+err.Error())
 			return
 		}
 		rec.add(ev)
 		if ev.Type == agentrpc.EventExit {
+			closeNext()
+			st.Close()
 			e.finishStep(sb.id, entry, corral.StepDone, "")
 			return
 		}
+		if rec.left == 0 {
+			// The log keeps no more of its output: stop reading it (a command printing without
+			// end would otherwise cost this process CPU and memory for as long as it runs) and
+			// only wait for its end.
+			closeNext()
+			st.Close()
+			entry.OutputTruncated = true
+			e.waitStepExit(sb, entry, cid)
+			return
+		}
+	}
+}
+
+// waitStepExit polls a command whose output the log no longer takes until it ends, and records
+// its exit. It stops with the edge (a restart picks the step up again) or the sandbox.
+func (e *Edge) waitStepExit(sb *sandbox, entry *corral.TrajectoryEntry, cid string) {
+	delay := 100 * time.Millisecond
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+		if e.lookup(sb.id) != sb {
+			e.finishStep(sb.id, entry, corral.StepFailed, "the sandbox ended while the command ran")
+			return
+		}
+		if sb.paused.Load() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		info, err := sb.agent.Command(ctx, cid)
+		cancel()
+		switch {
+		case errors.Is(err, errdefs.ErrNotFound):
+			e.finishStep(sb.id, entry, corral.StepFailed, "the sandbox forgot the command before its end was recorded")
+			return
+		case err != nil || info.State == agentrpc.CommandRunning:
+			continue
+		}
+		entry.Exit = apiExit(info.Exit)
+		e.finishStep(sb.id, entry, corral.StepDone, "")
+		return
 	}
 }
 
