@@ -193,6 +193,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 		a.newInfoCmd(),
 		// Commands owned outside this file set.
 		newUpCmd(),
+		newDownCmd(),
 		newServerCmd(),
 		newEdgeCmd(),
 		newLazydCmd(),

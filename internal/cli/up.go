@@ -41,6 +41,37 @@ re-adopted at the next start, as they are after a crash.`,
 	return cmd
 }
 
+// newDownCmd returns `corral down`: everything of a data dir off the host.
+func newDownCmd() *cobra.Command {
+	var cfg daemon.Config
+	var logFormat, logLevel string
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Remove everything of a data dir from this host: its corral, sandboxes, mounts, networks, cgroups",
+		Long: `Remove everything of a data dir from this host.
+
+A corral up serving the data dir is stopped (SIGTERM). Then every sandbox of the data dir is
+ended as by a delete, and with them their processes, mounts, loop devices, cgroups, network
+namespaces, veths and nftables tables; lazyd stops, the disk pool is emptied, and the data
+dir's claim in the host registry (network tag, pool, cgroup parent, VM uids) is given back.
+The store, layers and tokens stay: corral up on the same data dir starts again from them.
+Pass the same runtime flags as to corral up (--runc, --cgroup-parent, ...) when they differ
+from the defaults.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return daemon.Down(ctx, cfg, log)
+		},
+	}
+	addDaemonFlags(cmd.Flags(), &cfg, &logFormat, &logLevel)
+	return cmd
+}
+
 // newLogger makes the daemons' logger from --log-format and --log-level.
 func newLogger(cmd *cobra.Command, format, level string) (*slog.Logger, error) {
 	var lv slog.Level

@@ -101,6 +101,11 @@ type Config struct {
 	// ReserveMemory is the host memory the sandboxes together may not use (kept for Corral and
 	// the host): 0 is max(512 MiB, 5% of the host).
 	ReserveMemory int64
+	// Down makes Run remove everything of the data dir from the host instead of serving
+	// (`corral down`): it ends every sandbox, and with them their mounts, loop devices, cgroups,
+	// network namespaces, veths, nftables tables and processes, stops lazyd and gives back the
+	// data dir's host registry claim. The store and layers stay.
+	Down bool
 	// NoReserve keeps no share of the host for Corral: no control cgroup, no memory limit on
 	// the sandboxes' parent.
 	NoReserve bool
@@ -255,6 +260,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return fmt.Errorf("lock data dir: %w", err)
 	}
 	defer lock.Close()
+	if cfg.Down {
+		if err := stopHolder(ctx, lock, log); err != nil {
+			return err
+		}
+	}
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(lock.Name())
 		return fmt.Errorf("another corral up is running with data dir %s (pid %s): stop it first", cfg.DataDir, strings.TrimSpace(string(holder)))
@@ -404,13 +414,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	lookup, proxyLookup, dropped = e.ResolverLookup, e.ProxyLookup, e.LoggedDrop
-	if node != nil && node.State == corral.NodeDraining {
+	if (node != nil && node.State == corral.NodeDraining) || cfg.Down {
 		e.SetDraining(true) // before its pools start
 	}
 	if err := e.Start(ctx); err != nil {
 		return err
 	}
 	defer e.Close()
+	if cfg.Down {
+		// Everything ends here; the deferred closes then release the network, the disk pool,
+		// lazyd and the reservation, and Down the cgroups and the claim.
+		return down(ctx, cfg, e, st, log)
+	}
 	info := corral.Info{
 		Version: Version, Node: cfg.Node, Runtime: edge.RuntimeRunc, RuntimePath: cfg.Runc,
 		RuntimeVersion: runcVersion, DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),

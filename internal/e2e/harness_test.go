@@ -143,6 +143,8 @@ type corralProc struct {
 	runtime string
 	// NetTag and NetPool keep this instance's sandbox networks apart from every other's.
 	NetTag, NetPool string
+	// VMUIDBase is the first uid of the instance's VMs (hostreg.VMUIDCount of them).
+	VMUIDBase uint32
 	// auto starts corral up without --net-tag, --net-pool and --cgroup-parent: the host
 	// registry chooses them, and start reads them back from it.
 	auto bool
@@ -246,23 +248,26 @@ func (p *corralProc) start() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if p.auto {
-		reg, err := hostreg.Open("")
-		if err != nil {
-			t.Fatal(err)
-		}
-		claims, err := reg.List()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range claims {
-			if c.DataDir == p.DataDir {
+	// What the host registry gave this data dir: with auto, its cgroup, tag and pool; always,
+	// its VM uid range (which tells its QEMUs from other instances').
+	reg, err := hostreg.Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims, err := reg.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range claims {
+		if c.DataDir == p.DataDir {
+			p.VMUIDBase = c.VMUIDBase
+			if p.auto {
 				p.Cgroup, p.NetTag, p.NetPool = c.CgroupParent, c.Tag, c.Pool
 			}
 		}
-		if p.NetTag == "" {
-			t.Fatalf("no host registry claim for %s: %+v", p.DataDir, claims)
-		}
+	}
+	if p.VMUIDBase == 0 {
+		t.Fatalf("no host registry claim for %s: %+v", p.DataDir, claims)
 	}
 	tok, err := os.ReadFile(filepath.Join(p.DataDir, "admin.token"))
 	if err != nil {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"github.com/corral-dev/corral/internal/hostreg"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,9 +29,26 @@ func needMicroVM(t *testing.T) {
 // qemuPids returns the pids of QEMU processes running a VM of sandbox id.
 func qemuPids(id string) []int { return qemuProcs("\x00corral-" + id + "\x00") }
 
-// allQEMUPids returns the pids of every QEMU process running a Corral VM (the e2e tests run one
-// at a time, so any left when a test checks is a leftover).
-func allQEMUPids() []int { return qemuProcs("\x00corral-") }
+// instanceQEMUPids returns the pids of QEMU processes running as one of p's VM uids: its own,
+// not another Corral's on the same host.
+func instanceQEMUPids(p *corralProc) []int {
+	var out []int
+	for _, pid := range qemuProcs("") {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" {
+				uid, _ := strconv.ParseUint(f[1], 10, 32)
+				if uint32(uid) >= p.VMUIDBase && uint32(uid)-p.VMUIDBase < hostreg.VMUIDCount {
+					out = append(out, pid)
+				}
+			}
+		}
+	}
+	return out
+}
 
 func qemuProcs(match string) []int {
 	var pids []int

@@ -306,7 +306,7 @@ func assertNoLeftovers(t *testing.T, p *corralProc) {
 			t.Errorf("state left behind: %s", filepath.Join(p.DataDir, sub, e.Name()))
 		}
 	}
-	if pids := allQEMUPids(); len(pids) > 0 {
+	if pids := instanceQEMUPids(p); len(pids) > 0 {
 		t.Errorf("QEMU processes left behind: %v", pids)
 	}
 	if ns, _ := filepath.Glob("/run/netns/corral-" + p.NetTag + "-*"); len(ns) > 0 {
@@ -318,7 +318,7 @@ func assertNoLeftovers(t *testing.T, p *corralProc) {
 	if c, err := nftables.New(); err == nil {
 		tables, _ := c.ListTables()
 		for _, tb := range tables {
-			if strings.HasPrefix(tb.Name, "corral-"+p.NetTag) {
+			if tb.Name == "corral-"+p.NetTag || tb.Name == "corral-"+p.NetTag+"-nat" {
 				t.Errorf("nftables table left behind: %s", tb.Name)
 			}
 		}

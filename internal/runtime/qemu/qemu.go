@@ -283,9 +283,19 @@ func (r *Runtime) chooseAccel(ctx context.Context) (string, string) {
 		why = "/dev/kvm: " + err.Error()
 	} else {
 		f.Close()
-		if err := r.bootProbe(ctx); err != nil {
+		// The test boot takes up to 15 s when KVM hangs; its answer holds until the host, QEMU
+		// or the kernel changes, so it is kept for this boot of the host (on /run).
+		key := r.probeKey()
+		if ok, cachedWhy, hit := readProbe(key); hit {
+			if ok {
+				return AccelKVM, "KVM booted the guest kernel (test boot remembered since host boot)"
+			}
+			why = cachedWhy + " (test boot remembered since host boot)"
+		} else if err := r.bootProbe(ctx); err != nil {
 			why = "KVM test boot: " + err.Error()
+			writeProbe(key, false, why)
 		} else {
+			writeProbe(key, true, "")
 			return AccelKVM, "KVM booted the guest kernel"
 		}
 	}
@@ -293,6 +303,52 @@ func (r *Runtime) chooseAccel(ctx context.Context) (string, string) {
 		return "", "configured kvm, but " + why
 	}
 	return AccelTCG, why
+}
+
+// probeFile keeps KVM test boot results for this boot of the host.
+const probeFile = "/run/corral/kvm-probe.json"
+
+// probeKey names what a test boot's answer depends on: QEMU, the guest kernel, the host kernel.
+func (r *Runtime) probeKey() string {
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	fi, _ := os.Stat(r.kernel.Image)
+	var size, mtime int64
+	if fi != nil {
+		size, mtime = fi.Size(), fi.ModTime().UnixNano()
+	}
+	return fmt.Sprintf("%s|%s|%d|%d|%s|%s", r.version, r.kernel.Image, size, mtime, unix.ByteSliceToString(uts.Release[:]), unix.ByteSliceToString(uts.Version[:]))
+}
+
+type probeResult struct {
+	Key string `json:"key"`
+	KVM bool   `json:"kvm"`
+	Why string `json:"why,omitempty"`
+}
+
+// readProbe returns the remembered test boot for key, if any.
+func readProbe(key string) (ok bool, why string, hit bool) {
+	b, err := os.ReadFile(probeFile)
+	if err != nil {
+		return false, "", false
+	}
+	var p probeResult
+	if json.Unmarshal(b, &p) != nil || p.Key != key {
+		return false, "", false
+	}
+	return p.KVM, p.Why, true
+}
+
+// writeProbe remembers a test boot (best effort: without it the next start boots again).
+func writeProbe(key string, ok bool, why string) {
+	b, _ := json.Marshal(probeResult{Key: key, KVM: ok, Why: why})
+	if os.MkdirAll(filepath.Dir(probeFile), 0o700) != nil {
+		return
+	}
+	tmp := fmt.Sprintf("%s.%d", probeFile, os.Getpid())
+	if os.WriteFile(tmp, b, 0o600) == nil {
+		os.Rename(tmp, probeFile)
+	}
 }
 
 // bootProbe boots the guest kernel alone under KVM: without a root filesystem it panics
