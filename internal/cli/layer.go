@@ -341,7 +341,7 @@ func visibility(l corral.Layer) string {
 		return "public (every project)"
 	case l.Private:
 		return "private (project " + l.Project + " only)"
-	case l.Project == "/":
+	case l.Project == corral.RootProject:
 		return "the root project only"
 	}
 	return "project " + l.Project + " and its subprojects"

@@ -1503,7 +1503,7 @@ func (e *Edge) reaper() {
 			e.flushActivity(context.Background())
 			e.forgetOld(context.Background())
 			if e.artifacts != nil {
-				e.artifacts.expire(corral.ArtifactTTL)
+				e.artifacts.expire()
 			}
 		}
 	}
