@@ -62,4 +62,3 @@ func TestArtifactLimits(t *testing.T) {
 		}
 	})
 }
-

@@ -107,7 +107,7 @@ type ProjectQuota struct {
 // QuotaExceeded is the detail of a 429 refusal by a quota ([Error.Quota]).
 type QuotaExceeded struct {
 	Project  string  `json:"project"`  // the full project (the requester's or an ancestor)
-	Resource string  `json:"resource"` // sandboxes, cpus, memory_bytes, disk_bytes, creates_per_minute, tiers.NAME
+	Resource string  `json:"resource"` // sandboxes, cpus, memory_bytes, disk_bytes, creates_per_minute, artifact_bytes, tiers.NAME
 	Limit    float64 `json:"limit"`
 	Usage    float64 `json:"usage"`
 	Request  float64 `json:"request"`
