@@ -12,6 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 const (
@@ -137,5 +138,37 @@ func TestArtifactExpiry(t *testing.T) {
 		t.Fatalf("the long-lived artifact: %v", err)
 	} else {
 		f.Close()
+	}
+}
+
+// TestCheckCallKeepTTL: keep_ttl is a duration from 1s to MaxArtifactTTL, only with keep; a
+// call's artifacts go to its environment's project.
+func TestCheckCallKeepTTL(t *testing.T) {
+	a, err := openArtifacts(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &fncallPool{e: &Edge{artifacts: a}, env: corral.FncallEnv{FilesBytes: 1 << 20}, projectID: prjA, timeout: time.Minute}
+	for _, c := range []struct {
+		ttl  string
+		keep []string
+		want time.Duration // 0: invalid
+	}{
+		{"", []string{"out"}, corral.ArtifactTTL},
+		{"1s", []string{"out"}, time.Second},
+		{"24h", []string{"out"}, corral.MaxArtifactTTL},
+		{"24h1s", []string{"out"}, 0},
+		{"500ms", []string{"out"}, 0},
+		{"-1m", []string{"out"}, 0},
+		{"soon", []string{"out"}, 0},
+		{"1m", nil, 0},
+	} {
+		spec, err := p.checkCall(corral.CallRequest{Argv: []string{"true"}, Keep: c.keep, KeepTTL: c.ttl})
+		switch {
+		case c.want == 0 && (!errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != "keep_ttl"):
+			t.Errorf("keep_ttl %q keep %v: %v, want invalid keep_ttl", c.ttl, c.keep, err)
+		case c.want != 0 && (err != nil || spec.keepTTL != c.want || spec.project != prjA):
+			t.Errorf("keep_ttl %q: %+v, %v; want %s in %s", c.ttl, spec, err, c.want, prjA)
+		}
 	}
 }
