@@ -16,8 +16,9 @@ import (
 
 // Red-team cases of issue 22 items 3 and 5: one tenant reaching another's fncall artifacts, or
 // another project's (and the operator's root project's) snapshots and layers. Both are decided
-// in the API and the edge, not inside a sandbox, so they run on runc only (snapshots are taken
-// of runc sandboxes, and fncall pools are runc containers).
+// in the API and the edge before any runtime is asked, so most cases run on runc (snapshots are
+// taken of runc sandboxes, and fncall pools are runc containers); using and being refused a
+// layer is checked on runc, gVisor and microvm.
 
 // tenancy is a Corral with the projects a, a/sub and b, and an admin client scoped to each.
 type tenancy struct {
@@ -153,6 +154,28 @@ func TestRedTeamTenancyLayers(t *testing.T) {
 		}
 		p.Client.DeleteSandbox(ctx, sb.ID)
 	}
+	// The same on every tier: admission decides before a runtime is asked.
+	forRuntimes(t, func(t *testing.T, rt string) {
+		on := func(r corral.CreateRequest) corral.CreateRequest {
+			if rt == "microvm" {
+				r.Tier = "microvm"
+			} else {
+				r.Runtime = rt
+			}
+			return r
+		}
+		_, never := x.b.CreateSandbox(ctx, on(corral.CreateRequest{Base: "base:test", Toolkits: []string{"nothing:1"}}))
+		_, err := x.b.CreateSandbox(ctx, on(corral.CreateRequest{Base: "base:test", Toolkits: []string{"tool-a:1"}}))
+		sameRefusal(t, "b creates on tool-a:1", err, "tool-a:1", never, "nothing:1")
+		sb, err := x.sub.CreateSandbox(ctx, on(corral.CreateRequest{Base: "base:test", Toolkits: []string{"tool-a:1"}}))
+		if err != nil {
+			t.Fatalf("a/sub on a's layer: %v", err)
+		}
+		defer p.Client.DeleteSandbox(context.Background(), sb.ID)
+		if out, _, exit, err := x.sub.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"cat", "/answer"}}); err != nil || exit.Code != 0 || string(out) != "42\n" {
+			t.Errorf("a/sub's sandbox on tool-a:1: %q %+v %v", out, exit, err)
+		}
+	})
 	kr := p.create(corral.CreateRequest{FromSnapshot: "key:1"})
 	if out := p.sh(kr.ID, "cat /answer-key"); strings.TrimSpace(out) != "42" {
 		t.Errorf("the root's own snapshot: %q", out)
