@@ -31,13 +31,13 @@ if ! corral layer ls -o json | grep -q '"name": *"base"'; then
   # A real Debian base (shell, coreutils, python3, git), built once and cached; busybox if that
   # cannot be built here (no Debian mirror reachable).
   if tarball=$(scripts/debian-base.sh); then
-    step corral layer import base:debian-12 --kind base --tar "$tarball"
+    step corral layer import base:debian-12 --kind base --tar "$tarball" --public
     step corral layer tag base:default debian-12
   else
     echo "could not build the Debian base; publishing a busybox one instead" >&2
     tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
     scripts/busybox-rootfs.sh "$tmp/rootfs"
-    step corral layer import base:default --kind base --dir "$tmp/rootfs"
+    step corral layer import base:default --kind base --dir "$tmp/rootfs" --public
   fi
 fi
 step corral info

@@ -14,6 +14,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -552,13 +554,22 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	private := false
-	switch q.Get("private") {
-	case "", "false":
-	case "true":
-		private = true
-	default:
-		s.fail(w, r, errdefs.Invalid("private", "%q is not true or false", q.Get("private")))
+	private, err := queryBool(q, "private")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	public, err := queryBool(q, "public")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if private && public {
+		s.fail(w, r, errdefs.Invalid("public", "a layer cannot be both private and public"))
+		return
+	}
+	if err := s.checkPublicBelow(r.Context(), public, below); err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	log := s.log.With("layer", name+":"+version)
@@ -574,7 +585,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 	l, created, err := s.edge.PublishLayer(r.Context(), corral.Layer{
 		Name: name, Version: version, Kind: kind, Digest: blob.Digest,
 		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), ImageConfig: imageConfig, Below: below,
-		Project: project, Private: private,
+		Project: project, Private: private, Public: public,
 	})
 	if err != nil {
 		s.fail(w, r, err)
@@ -631,6 +642,39 @@ func (s *Server) callFailed(w http.ResponseWriter, r *http.Request, err error) {
 	s.fail(w, r, err)
 }
 
+// queryBool reads the boolean query parameter name: absent, true or false.
+func queryBool(q url.Values, name string) (bool, error) {
+	switch q.Get(name) {
+	case "", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	}
+	return false, errdefs.Invalid(name, "%q is not true or false", q.Get(name))
+}
+
+// checkPublicBelow refuses to make a layer public on parts (below) that are not: every project
+// would see a layer it cannot use.
+func (s *Server) checkPublicBelow(ctx context.Context, public bool, below []string) error {
+	if !public {
+		return nil
+	}
+	for i, ref := range below {
+		name, version, err := edge.ParseLayerRef("below", ref)
+		if err != nil {
+			return err
+		}
+		part, err := s.store.GetLayer(ctx, name, version)
+		if err != nil {
+			return err
+		}
+		if !part.Public {
+			return errdefs.Invalid(fmt.Sprintf("below[%d]", i), "layer %s is not public: publish the parts first (corral layer publish %s)", ref, ref)
+		}
+	}
+	return nil
+}
+
 func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("name")
 	if _, err := s.edge.SyncShared(r.Context(), name); err != nil {
@@ -644,7 +688,7 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
 	c := who(r)
 	out := []corral.Layer{}
 	for _, l := range ls {
-		if c.canRead(iam.LayerRead, l.Project, l.Private) {
+		if c.canReadLayer(l) {
 			out = append(out, l)
 		}
 	}
@@ -666,30 +710,29 @@ func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.L
 		return corral.Layer{}, false
 	}
 	l, err := s.store.GetLayer(r.Context(), name, version)
+	if err == nil && !who(r).canReadLayer(l) {
+		err = layerNotFound(name, version)
+	}
 	if err != nil {
 		s.fail(w, r, err)
-		return corral.Layer{}, false
-	}
-	if !who(r).canRead(iam.LayerRead, l.Project, l.Private) {
-		p, _ := iam.ParsePath("project", l.Project)
-		s.fail(w, r, who(r).require(iam.LayerRead, p))
 		return corral.Layer{}, false
 	}
 	return l, true
 }
 
-// setLayer changes a published version's settings (its background fill rate).
+// setLayer changes a published version's settings (its background fill rate, whether it is
+// public).
 func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 	var body corral.LayerSettings
 	if err := httpjson.Decode(r, &body); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if body.FillRate == nil {
-		s.fail(w, r, errdefs.Invalid("fill_rate", "nothing to set"))
+	if body.FillRate == nil && body.Public == nil {
+		s.fail(w, r, errdefs.Invalid("fill_rate", "nothing to set (fill_rate, public)"))
 		return
 	}
-	if *body.FillRate < -1 {
+	if body.FillRate != nil && *body.FillRate < -1 {
 		s.fail(w, r, errdefs.Invalid("fill_rate", "%d: want bytes per second, 0 for the node's default or -1 for never", *body.FillRate))
 		return
 	}
@@ -698,12 +741,25 @@ func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	l, err := s.store.SetLayerFillRate(r.Context(), name, version, *body.FillRate)
+	// Both settings are checked before either is set, so a refusal changes nothing.
+	l, err := s.store.GetLayer(r.Context(), name, version)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		// Perhaps another Corral sharing the blob store published it: adopt, then set.
 		if n, serr := s.edge.SyncShared(r.Context(), name); serr == nil && n > 0 {
-			l, err = s.store.SetLayerFillRate(r.Context(), name, version, *body.FillRate)
+			l, err = s.store.GetLayer(r.Context(), name, version)
 		}
+	}
+	if err == nil && (l.Name != name || l.Version != version) {
+		err = errdefs.Invalid("version", "%s:%s is a tag; settings belong to versions (%s:%s)", name, version, l.Name, l.Version)
+	}
+	if err == nil && body.Public != nil && *body.Public {
+		err = s.checkPublicBelow(r.Context(), true, l.Below)
+	}
+	if err == nil && body.FillRate != nil {
+		l, err = s.store.SetLayerFillRate(r.Context(), name, version, *body.FillRate)
+	}
+	if err == nil && body.Public != nil {
+		l, err = s.edge.SetLayerPublic(r.Context(), name, version, *body.Public)
 	}
 	if err != nil {
 		s.fail(w, r, err)
@@ -769,6 +825,25 @@ func (c *caller) canRead(perm iam.Perm, owner string, private bool) bool {
 	return !private && iam.Within(c.tok.ProjectPath, p) && c.perms(c.tok.ProjectPath).Has(perm)
 }
 
+// canReadLayer reports whether the caller may see layer l: with layer.read on its project, or
+// from a project that sees it (iam.LayerVisible) with layer.read there.
+func (c *caller) canReadLayer(l corral.Layer) bool {
+	owner, err := iam.ParsePath("project", l.Project)
+	if err != nil {
+		return false
+	}
+	if c.perms(owner).Has(iam.LayerRead) {
+		return true
+	}
+	return iam.LayerVisible(owner, l.Private, l.Public, c.tok.ProjectPath) && c.perms(c.tok.ProjectPath).Has(iam.LayerRead)
+}
+
+// layerNotFound is the answer for a layer the caller does not see: word for word the store's
+// answer for one that does not exist, so it tells nothing of other projects' layers.
+func layerNotFound(name, version string) error {
+	return errdefs.NotFound("layer %s:%s", name, version)
+}
+
 // onEnvironment resolves to the project of the environment in the path. Readers from inside
 // the project's subtree resolve to their own scope, since environments are shared down.
 func (s *Server) onEnvironment(read bool) resolver {
@@ -793,11 +868,14 @@ func (s *Server) onLayerName(r *http.Request) (string, string, error) {
 	if err != nil {
 		return "", name, err
 	}
-	if len(ls) == 0 {
-		return "", name, errdefs.NotFound("layer %s", name)
+	target := name + ":" + r.PathValue("version") + r.PathValue("tag")
+	// A caller who sees no version of the name is told it does not exist (the answer for a name
+	// nobody published), not that it lacks a permission on a project it cannot see.
+	if !slices.ContainsFunc(ls, who(r).canReadLayer) {
+		return "", target, errdefs.NotFound("layer %s", name)
 	}
 	p, err := iam.ParsePath("project", ls[0].Project)
-	return p, name + ":" + r.PathValue("version") + r.PathValue("tag"), err
+	return p, target, err
 }
 
 // onQueryProject resolves to the project in a query parameter (the caller's scope when absent);

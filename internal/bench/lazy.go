@@ -1147,7 +1147,8 @@ func (r *lazyRun) close(failed bool) []string {
 	return left
 }
 
-// importLayerDir publishes dir as name:version of kind through c.
+// importLayerDir publishes dir as name:version of kind through c, public: the benchmarks'
+// cold nodes adopt it from the shared blob store, which only public versions reach.
 func importLayerDir(ctx context.Context, c *corral.Client, dir, name, version, kind string) error {
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -1161,7 +1162,7 @@ func importLayerDir(ctx context.Context, c *corral.Client, dir, name, version, k
 		return err
 	}
 	pw.Close()
-	_, err = c.ImportLayer(ctx, name, version, kind, pr)
+	_, err = c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{Public: true}, pr)
 	pr.Close()
 	if werr := tar.Wait(); err == nil && werr != nil {
 		err = fmt.Errorf("tar %s: %w", dir, werr)

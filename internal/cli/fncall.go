@@ -181,8 +181,9 @@ func (a *app) newCallCmd() *cobra.Command {
 	var files, outs, env, keep, refs []string
 	var stdinFile, cwd, timeout, python string
 	var shell bool
+	var keepTTL string
 	cmd := &cobra.Command{
-		Use:   "call NAME [--file LOCAL=REMOTE]... [--out REMOTE[=LOCAL]]... [--keep REMOTE]... [--file-ref REF=REMOTE]... [--stdin FILE] -- CMD ARGS...",
+		Use:   "call NAME [--file LOCAL=REMOTE]... [--out REMOTE[=LOCAL]]... [--keep REMOTE]... [--keep-ttl DURATION] [--file-ref REF=REMOTE]... [--stdin FILE] -- CMD ARGS...",
 		Short: "Run one stateless call in an fncall environment (nothing of it survives)",
 		Long: `Run one command in a warm container of the fncall environment NAME. Input files are
 copied in first (REMOTE relative to the working directory, default /call); the command's stdout
@@ -190,7 +191,10 @@ and stderr pass through and corral exits with its status; the files named by --o
 back (to LOCAL, default the file's name in the current directory). Files named by --keep stay
 on the node as artifacts (printed as "kept REMOTE REF" on stderr) for a later call to take with
 --file-ref REF=REMOTE, so a binary compiled in one environment runs in another without passing
-through the client. Every process the call starts is killed and everything it wrote is
+through the client. Artifacts belong to the environment's project: calls of environments in other
+projects, or on other nodes, cannot find them. They live for --keep-ttl (default 10m, at most
+24h; each use keeps one at least 10 minutes longer) and count against the project's
+artifact_bytes quota. Every process the call starts is killed and everything it wrote is
 discarded when it ends.`,
 		Example: `  corral call judge --file main.c=main.c --out a.out -- gcc -O2 -o a.out main.c
   corral call build --file main.c=main.c --keep a.out -- gcc -o a.out main.c   # kept a.out sha256:…
@@ -237,7 +241,7 @@ discarded when it ends.`,
 				}
 				req.Files[remote] = b
 			}
-			req.Keep = keep
+			req.Keep, req.KeepTTL = keep, keepTTL
 			for _, fr := range refs {
 				ref, remote, ok := strings.Cut(fr, "=")
 				if !ok || ref == "" || remote == "" {
@@ -323,6 +327,7 @@ discarded when it ends.`,
 	f.StringArrayVar(&files, "file", nil, "copy LOCAL into the call as REMOTE (repeatable)")
 	f.StringArrayVar(&outs, "out", nil, "copy REMOTE back after the call, to LOCAL (default: its name here) (repeatable)")
 	f.StringArrayVar(&keep, "keep", nil, "keep REMOTE on the node as an artifact for later calls (repeatable)")
+	f.StringVar(&keepTTL, "keep-ttl", "", "how long the node keeps the --keep files (default 10m, at most 24h)")
 	f.StringArrayVar(&refs, "file-ref", nil, "write the artifact REF (sha256:…) into the call as REMOTE (repeatable)")
 	f.StringVar(&stdinFile, "stdin", "", `file to give the command as stdin ("-" for this command's stdin)`)
 	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE for the command (repeatable)")

@@ -546,10 +546,10 @@ quota is set by whoever holds quota.delegate on its parent; the ancestors' quota
 		},
 	}
 
-	var sandboxes, cpus, memory, disk, creates string
+	var sandboxes, cpus, memory, disk, creates, artifacts string
 	var tiers []string
 	set := &cobra.Command{
-		Use:   "set PATH [--sandboxes N] [--cpus N] [--memory SIZE] [--disk SIZE] [--creates-per-minute N] [--tier NAME=N ...]",
+		Use:   "set PATH [--sandboxes N] [--cpus N] [--memory SIZE] [--disk SIZE] [--creates-per-minute N] [--artifact-bytes SIZE] [--tier NAME=N ...]",
 		Short: "Change some of a project's limits (none removes one), keeping the others",
 		Example: `  corral quota set team-a --sandboxes 20 --memory 64G
   corral quota set team-a/rollout-17 --cpus none --tier container=5`,
@@ -566,6 +566,7 @@ quota is set by whoever holds quota.delegate on its parent; the ancestors' quota
 				{"memory", memory, true, func(q *corral.Quota) **int64 { return &q.MemoryBytes }},
 				{"disk", disk, true, func(q *corral.Quota) **int64 { return &q.DiskBytes }},
 				{"creates-per-minute", creates, false, func(q *corral.Quota) **int64 { return &q.CreatesPerMinute }},
+				{"artifact-bytes", artifacts, true, func(q *corral.Quota) **int64 { return &q.ArtifactBytes }},
 			} {
 				if !cmd.Flags().Changed(f.name) {
 					continue
@@ -612,7 +613,7 @@ quota is set by whoever holds quota.delegate on its parent; the ancestors' quota
 				})
 			}
 			if len(edits) == 0 {
-				return usagef("say which limits to change: --sandboxes, --cpus, --memory, --disk, --creates-per-minute or --tier")
+				return usagef("say which limits to change: --sandboxes, --cpus, --memory, --disk, --creates-per-minute, --artifact-bytes or --tier")
 			}
 			c, err := a.client()
 			if err != nil {
@@ -642,6 +643,7 @@ quota is set by whoever holds quota.delegate on its parent; the ancestors' quota
 	f.StringVar(&memory, "memory", "", "most memory in all, e.g. 64G, or none")
 	f.StringVar(&disk, "disk", "", "most writable disk in all, e.g. 500G, or none")
 	f.StringVar(&creates, "creates-per-minute", "", "most sandboxes created in any minute, or none")
+	f.StringVar(&artifacts, "artifact-bytes", "", "most bytes of fncall artifacts the subtree keeps on each node, e.g. 2G, or none (unset: 1G for the project's own)")
 	f.StringArrayVar(&tiers, "tier", nil, "most live sandboxes of a tier, NAME=N or NAME=none (repeatable)")
 	cmd.AddCommand(show, set)
 	return cmd
@@ -694,6 +696,9 @@ func (a *app) printQuota(q *corral.ProjectQuota) error {
 	t.row("memory", size(l.MemoryBytes), bytesOrZero(u.MemoryBytes), size(d.MemoryBytes))
 	t.row("disk", size(l.DiskBytes), bytesOrZero(u.DiskBytes), size(d.DiskBytes))
 	t.row("creates-per-minute", count(l.CreatesPerMinute), strconv.FormatInt(u.CreatesPerMinute, 10), count(d.CreatesPerMinute))
+	if l.ArtifactBytes != nil || d.ArtifactBytes != nil {
+		t.row("artifact-bytes", size(l.ArtifactBytes), "-", size(d.ArtifactBytes)) // usage is per node
+	}
 	names := slices.Sorted(maps.Keys(l.Tiers))
 	for tier := range u.Tiers {
 		names = append(names, tier)

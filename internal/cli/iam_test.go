@@ -204,6 +204,8 @@ func TestQuota(t *testing.T) {
 		{[]string{"--sandboxes", "1", "--memory", "2G", "--tier", "container=3"}, `{"sandboxes":1,"memory_bytes":2147483648,"tiers":{"container":3}}`},
 		{[]string{"--memory", "none", "--cpus", "1.5", "--creates-per-minute", "10"}, `{"sandboxes":1,"cpus":1.5,"creates_per_minute":10,"tiers":{"container":3}}`},
 		{[]string{"--tier", "container=none", "--disk", "10GB", "--cpus", "none"}, `{"sandboxes":1,"disk_bytes":10000000000,"creates_per_minute":10}`},
+		{[]string{"--artifact-bytes", "1M"}, `{"sandboxes":1,"disk_bytes":10000000000,"creates_per_minute":10,"artifact_bytes":1048576}`},
+		{[]string{"--artifact-bytes", "none"}, `{"sandboxes":1,"disk_bytes":10000000000,"creates_per_minute":10}`},
 	} {
 		before := len(srv.Requests())
 		got := mustCLI(t, srv, nil, append([]string{"quota", "set", "team-a", "-o", "json"}, step.args...)...)

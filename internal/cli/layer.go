@@ -21,13 +21,14 @@ func (a *app) newLayerCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "layer",
 		Short: "Publish and list layers (bases, workspaces, toolkits)",
-		Args:  exactArgs(0, "a subcommand: import, ls, get, tag, untag, rm or gc"),
+		Args:  exactArgs(0, "a subcommand: import, ls, get, tag, untag, publish, unpublish, set, stats, rm or gc"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cmd.Help()
 		},
 	}
 	cmd.AddCommand(a.newLayerImportCmd(), a.newLayerLsCmd(), a.newLayerGetCmd(), a.newLayerTagCmd(),
-		a.newLayerUntagCmd(), a.newLayerRmCmd(), a.newLayerGCCmd(), a.newLayerStatsCmd(), a.newLayerSetCmd())
+		a.newLayerUntagCmd(), a.newLayerRmCmd(), a.newLayerGCCmd(), a.newLayerStatsCmd(), a.newLayerSetCmd(),
+		a.newLayerPublishCmd(true), a.newLayerPublishCmd(false))
 	return cmd
 }
 
@@ -45,7 +46,7 @@ func (a *app) newLayerImportCmd() *cobra.Command {
 	var insecure, split bool
 	var pub corral.ImportOptions
 	cmd := &cobra.Command{
-		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE | --image REF | --oci-layout DIR[:TAG] | --docker-archive FILE) [--project PATH] [--private]",
+		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE | --image REF | --oci-layout DIR[:TAG] | --docker-archive FILE) [--project PATH] [--private|--public]",
 		Short: "Publish a directory, a tar stream or a container image as a layer version",
 		Long: `Publish a directory (--dir), a tar stream (--tar FILE, "-" for stdin; plain, gzip or
 zstd) or a container image as an immutable layer version. An image comes from a registry
@@ -59,8 +60,10 @@ NAME.partK:VERSION, and NAME:VERSION stacks on them, so an image that shares its
 another stores them once. Publishing the same content again under the same NAME:VERSION succeeds;
 other content under an existing NAME:VERSION is refused.
 
-The layer belongs to a project (--project, default the token's) and is usable in that project's
-whole subtree, unless --private keeps it to the project itself.`,
+The layer belongs to a project (--project, default the token's) and is seen and usable in that
+project's whole subtree (a root-project layer: in the root project only), unless --private keeps
+it to the project itself or --public shows it to every project (corral layer publish and
+unpublish change that later). Anyone else is told it does not exist.`,
 		Example: `  corral layer import base:2025-01 --kind base --dir ./rootfs
   corral layer import python:3.12 --kind base --image registry.example.com/library/python:3.12-slim
   corral layer import app:v1 --kind base --oci-layout ./app-oci:v1
@@ -134,7 +137,9 @@ whole subtree, unless --private keeps it to the project itself.`,
 	f.StringVar(&collapse, "collapse-below", "3GB", "with --split: merge consecutive image layers up to this many bytes in all (0: one layer per image layer)")
 	f.StringVar(&pub.Project, "project", "", "publish the layer in this project (default: the token's)")
 	f.BoolVar(&pub.Private, "private", false, "keep the layer from the project's subprojects")
+	f.BoolVar(&pub.Public, "public", false, "show the layer (every part of it, with --split) to every project")
 	cmd.MarkFlagRequired("kind")
+	cmd.MarkFlagsMutuallyExclusive("private", "public")
 	cmd.MarkFlagsMutuallyExclusive("dir", "tar", "image", "oci-layout", "docker-archive")
 	cmd.MarkFlagsOneRequired("dir", "tar", "image", "oci-layout", "docker-archive")
 	return cmd
@@ -164,7 +169,7 @@ func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, 
 		Entrypoint: info.Config.Entrypoint, Cmd: info.Config.Cmd, Labels: info.Config.Labels}
 	if threshold < 0 {
 		return uploadTar("image", func(w io.Writer) error { return img.Flatten(ctx, w) }, func(r io.Reader) (*corral.Layer, error) {
-			return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Project: pub.Project, Private: pub.Private}, r)
+			return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Project: pub.Project, Private: pub.Private, Public: pub.Public}, r)
 		})
 	}
 	groups := img.Groups(threshold)
@@ -172,7 +177,7 @@ func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, 
 	for k, g := range groups[:len(groups)-1] {
 		part := fmt.Sprintf("%s.part%d", name, k+1)
 		l, err := uploadTar("image", func(w io.Writer) error { return img.WriteGroup(ctx, g, w) }, func(r io.Reader) (*corral.Layer, error) {
-			return c.ImportLayerWith(ctx, part, version, kind, corral.ImportOptions{Project: pub.Project, Private: pub.Private}, r)
+			return c.ImportLayerWith(ctx, part, version, kind, corral.ImportOptions{Project: pub.Project, Private: pub.Private, Public: pub.Public}, r)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("part %d of %d (image layers %d-%d): %w", k+1, len(groups), g[0]+1, g[len(g)-1]+1, err)
@@ -181,7 +186,7 @@ func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, 
 	}
 	top := groups[len(groups)-1]
 	return uploadTar("image", func(w io.Writer) error { return img.WriteGroup(ctx, top, w) }, func(r io.Reader) (*corral.Layer, error) {
-		return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Below: below, Project: pub.Project, Private: pub.Private}, r)
+		return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Below: below, Project: pub.Project, Private: pub.Private, Public: pub.Public}, r)
 	})
 }
 
@@ -294,6 +299,54 @@ func (a *app) newLayerSetCmd() *cobra.Command {
 	return cmd
 }
 
+// newLayerPublishCmd returns `corral layer publish NAME:VERSION` (public) or `corral layer
+// unpublish NAME:VERSION`.
+func (a *app) newLayerPublishCmd(public bool) *cobra.Command {
+	use, short := "publish NAME:VERSION", "Show a layer version to every project (it stays its project's to change and delete)"
+	if !public {
+		use, short = "unpublish NAME:VERSION", "Take a public layer version back to its project's subtree (sandboxes already made keep it)"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Example: `  corral layer publish base:debian-12     # an operator's base image, for every tenant
+  corral layer unpublish base:debian-12`,
+		Args: exactArgs(1, "NAME:VERSION"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, version, err := splitRef(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			l, err := c.SetLayerPublic(cmd.Context(), name, version, public)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(l)
+			}
+			fmt.Fprintf(a.stdout, "%s:%s %s\n", l.Name, l.Version, visibility(*l))
+			return nil
+		},
+	}
+}
+
+// visibility says who sees a layer.
+func visibility(l corral.Layer) string {
+	switch {
+	case l.Public:
+		return "public (every project)"
+	case l.Private:
+		return "private (project " + l.Project + " only)"
+	case l.Project == corral.RootProject:
+		return "the root project only"
+	}
+	return "project " + l.Project + " and its subprojects"
+}
+
 // formatFillRate shows a layer's fill rate setting.
 func formatFillRate(rate int64) string {
 	switch {
@@ -383,6 +436,8 @@ func (a *app) newLayerGetCmd() *cobra.Command {
 				{"Digest:", l.Digest},
 				{"Size:", formatBytes(l.Size)},
 				{"Files:", strconv.FormatInt(l.Files, 10)},
+				{"Project:", l.Project},
+				{"Visible to:", visibility(*l)},
 				{"Fill rate:", formatFillRate(l.FillRate)},
 				{"Labels:", orDash(formatLabels(l.Labels))},
 				{"Created:", formatTime(l.CreatedAt, a.now())},

@@ -12,10 +12,14 @@ import (
 func (a *app) newSnapshotCmd() *cobra.Command {
 	var name string
 	var exclude []string
+	var public bool
 	cmd := &cobra.Command{
-		Use:   "snapshot ID --name NAME:VERSION [--exclude PATH ...]",
+		Use:   "snapshot ID --name NAME:VERSION [--exclude PATH ...] [--public]",
 		Short: "Publish a sandbox's changes as a snapshot layer (create --from-snapshot starts sandboxes from it)",
-		Args:  exactArgs(1, "a sandbox ID"),
+		Long: `Publish a sandbox's changes as a snapshot layer of the sandbox's project. Only that project
+and its subprojects see and use it (a root-project snapshot: the root project only), unless
+--public shows it to every project; corral layer publish and unpublish change that later.`,
+		Args: exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, v, ok := strings.Cut(name, ":")
 			if !ok || n == "" || v == "" {
@@ -25,7 +29,7 @@ func (a *app) newSnapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, err := c.Snapshot(cmd.Context(), args[0], corral.SnapshotRequest{Name: n, Version: v, Exclude: exclude})
+			l, err := c.Snapshot(cmd.Context(), args[0], corral.SnapshotRequest{Name: n, Version: v, Exclude: exclude, Public: public})
 			if err != nil {
 				return err
 			}
@@ -38,6 +42,7 @@ func (a *app) newSnapshotCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&name, "name", "", "publish as NAME:VERSION (required)")
 	cmd.Flags().StringArrayVar(&exclude, "exclude", nil, "leave out the changes under this absolute path (repeatable)")
+	cmd.Flags().BoolVar(&public, "public", false, "show the snapshot to every project (default: the sandbox's project and its subprojects)")
 	cmd.MarkFlagRequired("name")
 	return cmd
 }

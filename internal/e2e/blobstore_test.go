@@ -15,7 +15,9 @@ import (
 // TestSharedBlobStore: two Corrals configured with one S3 blob store (a real versitygw) share
 // layers. A version published on one is listed and usable on the other, whose first sandbox
 // fetches the image into its own cache; the other's garbage collector keeps content that a
-// shared version names; once no Corral publishes it, the content leaves the bucket.
+// shared version names; once no Corral publishes it, the content leaves the bucket. Only public
+// versions are adopted: one kept to its project stays on its Corral (its content kept from the
+// other's collector all the same) until it is published.
 func TestSharedBlobStore(t *testing.T) {
 	needRoot(t)
 	srv := s3test.Start(t)
@@ -27,11 +29,12 @@ func TestSharedBlobStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.importDir("base", "shared", corral.KindBase, busyboxRootfs(t))
+	public := corral.ImportOptions{Public: true}
+	a.importDirWith(a.Client, "base", "shared", corral.KindBase, busyboxRootfs(t), public)
 	tk := t.TempDir()
 	os.MkdirAll(filepath.Join(tk, "opt/tk"), 0o755)
 	os.WriteFile(filepath.Join(tk, "opt/tk/hello"), []byte("from a\n"), 0o644)
-	a.importDir("tk", "1", corral.KindToolkit, tk)
+	a.importDirWith(a.Client, "tk", "1", corral.KindToolkit, tk, public)
 
 	ls, err := b.Client.Layers(ctx, "")
 	if err != nil || len(ls) != 2 {
@@ -101,5 +104,30 @@ func TestSharedBlobStore(t *testing.T) {
 	if objs, err := bs.List(ctx, "refs/"); err != nil || len(objs) != 2 ||
 		!strings.HasPrefix(objs[0].Key, "refs/base/shared/") || !strings.HasPrefix(objs[1].Key, "refs/base/shared/") {
 		t.Errorf("refs in the bucket: %+v, %v; want base:shared's of each Corral", objs, err)
+	}
+
+	// A version that is not public (the root's: the first Corral's root project alone).
+	sec := t.TempDir()
+	os.WriteFile(filepath.Join(sec, "answer"), []byte("42\n"), 0o644)
+	a.importDir("secret", "1", corral.KindToolkit, sec)
+	if ls, err := b.Client.Layers(ctx, "secret"); err != nil || len(ls) != 0 {
+		t.Fatalf("the second Corral lists the first's private version: %+v, %v", ls, err)
+	}
+	if _, err := b.Client.CreateSandbox(ctx, corral.CreateRequest{Base: "base:shared", Toolkits: []string{"secret:1"}}); !corral.IsInvalid(err) || !strings.Contains(err.Error(), "not published") {
+		t.Fatalf("a sandbox of the second Corral on the first's private version: %v", err)
+	}
+	if _, err := b.Client.GCLayers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sb = a.create(corral.CreateRequest{Base: "base:shared", Toolkits: []string{"secret:1"}})
+	if out := strings.TrimSpace(a.sh(sb.ID, "cat /answer")); out != "42" {
+		t.Errorf("after the second Corral's collection the private version reads %q", out)
+	}
+	a.Client.DeleteSandbox(ctx, sb.ID)
+	if _, err := a.Client.SetLayerPublic(ctx, "secret", "1", true); err != nil {
+		t.Fatal(err)
+	}
+	if ls, err := b.Client.Layers(ctx, "secret"); err != nil || len(ls) != 1 || !ls[0].Public || ls[0].Project != corral.RootProject {
+		t.Fatalf("the published version on the second Corral: %+v, %v; want it adopted, public, in the root", ls, err)
 	}
 }

@@ -379,10 +379,11 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("nodes after joining: %v", got)
 	}
 
-	// A layer published through one replica is usable on every node.
+	// A layer published through one replica is usable on every node (public: the sandboxes
+	// below are made in tenant projects).
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(layers.WriteTar(context.Background(), busyboxRootfs(t), pw)) }()
-	if _, err := c2.ImportLayer(ctx, "base", "test", corral.KindBase, pr); err != nil {
+	if _, err := c2.ImportLayerWith(ctx, "base", "test", corral.KindBase, corral.ImportOptions{Public: true}, pr); err != nil {
 		t.Fatal(err)
 	}
 	// Small sandboxes: what is under test is where they go, not how many a host holds.

@@ -379,22 +379,29 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	return l.w.Write(b)
 }
 
-// importDir publishes dir as name:version of kind.
+// importDir publishes dir as name:version of kind, in the root project (so usable there only).
 func (p *corralProc) importDir(name, version, kind, dir string) *corral.Layer {
+	p.t.Helper()
+	return p.importDirWith(p.Client, name, version, kind, dir, corral.ImportOptions{})
+}
+
+// importDirWith publishes dir as name:version of kind through c, with opt.
+func (p *corralProc) importDirWith(c *corral.Client, name, version, kind, dir string, opt corral.ImportOptions) *corral.Layer {
 	p.t.Helper()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(layers.WriteTar(context.Background(), dir, pw)) }()
-	l, err := p.Client.ImportLayer(context.Background(), name, version, kind, pr)
+	l, err := c.ImportLayerWith(context.Background(), name, version, kind, opt, pr)
 	if err != nil {
 		p.t.Fatalf("import %s:%s: %v", name, version, err)
 	}
 	return l
 }
 
-// withBase starts corral and publishes the busybox rootfs as base:test.
+// withBase starts corral and publishes the busybox rootfs as base:test, public: the operator's
+// base image for every project.
 func withBase(t *testing.T, extra ...string) *corralProc {
 	p := startCorral(t, extra...)
-	p.importDir("base", "test", corral.KindBase, busyboxRootfs(t))
+	p.importDirWith(p.Client, "base", "test", corral.KindBase, busyboxRootfs(t), corral.ImportOptions{Public: true})
 	return p
 }
 

@@ -123,7 +123,9 @@ func TestLazyLayerData(t *testing.T) {
 	srv := s3test.Start(t)
 	spec := srv.Spec(s3test.Bucket, "lazy", "&access_key_file="+srv.KeyFile)
 	a := startCorral(t, "--blob-store", spec)
-	a.importDir("base", "1", corral.KindBase, busyboxRootfs(t))
+	// Public: only public versions reach the other Corrals of the blob store.
+	shared := corral.ImportOptions{Public: true}
+	a.importDirWith(a.Client, "base", "1", corral.KindBase, busyboxRootfs(t), shared)
 	tk := t.TempDir()
 	big := make([]byte, 12<<20)
 	rand.Read(big)
@@ -133,7 +135,7 @@ func TestLazyLayerData(t *testing.T) {
 	for i := range 40 {
 		os.WriteFile(filepath.Join(tk, "opt/tk/small", fmt.Sprintf("f%02d", i)), fmt.Appendf(nil, "small file %d\n", i), 0o644)
 	}
-	a.importDir("tk", "1", corral.KindToolkit, tk)
+	a.importDirWith(a.Client, "tk", "1", corral.KindToolkit, tk, shared)
 	if st := a.layerStats("tk:1"); st.Format != "erofs-split" || st.Fetch.CachedBytes != 0 || st.DataBytes < int64(len(big)) {
 		t.Fatalf("after import on the importing node: format %s, %d bytes cached of %d; want erofs-split with nothing cached", st.Format, st.Fetch.CachedBytes, st.DataBytes)
 	}
@@ -231,7 +233,7 @@ func TestLazyLayerData(t *testing.T) {
 	more := make([]byte, 6<<20)
 	rand.Read(more)
 	os.WriteFile(filepath.Join(tk2, "more"), more, 0o644)
-	a.importDir("tk", "2", corral.KindToolkit, tk2)
+	a.importDirWith(a.Client, "tk", "2", corral.KindToolkit, tk2, shared)
 	if _, errOut, code := d.cli("", "layer", "set", "tk:2", "--fill-rate", "64M"); code != 0 {
 		t.Fatalf("corral layer set: %s", errOut)
 	}

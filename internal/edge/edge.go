@@ -954,12 +954,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			return nil, err
 		}
 		snap, err = e.store.GetLayer(ctx, name, version)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, errdefs.Invalid("from_snapshot", "layer %s is not published (see `corral layer ls`)", req.FromSnapshot)
+		if errors.Is(err, errdefs.ErrNotFound) || err == nil && !LayerVisibleIn(snap, projectPath) {
+			return nil, notPublished("from_snapshot", req.FromSnapshot)
 		} else if err != nil {
-			return nil, err
-		}
-		if err := layerUsable("from_snapshot", snap, projectPath); err != nil {
 			return nil, err
 		}
 		if snap.Kind != corral.KindSnapshot || snap.Snapshot == nil {
@@ -997,11 +994,8 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	resolved := make([]string, 0, len(refs))
 	var imageCfg *corral.ImageConfig
 	for _, r := range refs {
-		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind)
+		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind, projectPath)
 		if err != nil {
-			return nil, err
-		}
-		if err := layerUsable(r.field, l, projectPath); err != nil {
 			return nil, err
 		}
 		resolved = append(resolved, l.Name+":"+l.Version)
@@ -1010,12 +1004,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 		// A layer imported in parts stacks on them.
 		for _, b := range l.Below {
-			part, err := e.resolveLayer(ctx, r.field, b, r.kind)
+			part, err := e.resolveLayer(ctx, r.field, b, r.kind, projectPath)
 			if err != nil {
 				return nil, fmt.Errorf("layer %s stacks on %s: %w", r.ref, b, err)
-			}
-			if err := layerUsable(r.field, part, projectPath); err != nil {
-				return nil, err
 			}
 			digests = append(digests, part.Digest)
 			fill[part.Digest] = part.FillRate
@@ -1085,17 +1076,18 @@ func (e *Edge) project(ctx context.Context, path string) (*store.ProjectRecord, 
 	return rec, err
 }
 
-// layerUsable checks that a sandbox in project at may use layer l: one of its own project's, or
-// one an ancestor shares down the tree.
-func layerUsable(field string, l corral.Layer, at string) error {
+// LayerVisibleIn reports whether project at (canonical) sees layer l (iam.LayerVisible): a layer
+// it does not see is, to it, not published.
+func LayerVisibleIn(l corral.Layer, at string) bool {
 	owner, err := iam.ParsePath("project", l.Project)
-	if err != nil {
-		return err
-	}
-	if !iam.LayerVisible(owner, l.Private, at) {
-		return errdefs.Invalid(field, "layer %s:%s is not published in project %s or shared down to it", l.Name, l.Version, iam.Display(at))
-	}
-	return nil
+	return err == nil && iam.LayerVisible(owner, l.Private, l.Public, at)
+}
+
+// notPublished is the answer for a layer reference that names nothing the caller sees: the
+// same whether the layer does not exist or belongs to a project the caller cannot see, so the
+// answer tells nothing about other projects' layers.
+func notPublished(field, ref string) error {
+	return errdefs.Invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
 }
 
 func (e *Edge) parseTTL(field, s string) (time.Duration, error) {
@@ -1225,13 +1217,17 @@ func ValidateImageConfig(c *corral.ImageConfig) error {
 	return nil
 }
 
-// resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, checking its kind.
-func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind string) (corral.Layer, error) {
+// resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, if project at
+// (canonical) sees it, checking its kind.
+func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind, at string) (corral.Layer, error) {
 	name, version, err := ParseLayerRef(field, ref)
 	if err != nil {
 		return corral.Layer{}, err
 	}
 	l, err := e.store.GetLayer(ctx, name, version)
+	if err == nil && !LayerVisibleIn(l, at) {
+		err = errdefs.NotFound("layer %s:%s", name, version) // and looked for as if it were
+	}
 	if errors.Is(err, errdefs.ErrNotFound) && e.cfg.Shared != nil {
 		// Perhaps another node sharing the blob store published it.
 		if n, serr := e.SyncShared(ctx, name); serr != nil {
@@ -1240,8 +1236,8 @@ func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind string) (corra
 			l, err = e.store.GetLayer(ctx, name, version)
 		}
 	}
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return corral.Layer{}, errdefs.Invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !LayerVisibleIn(l, at) {
+		return corral.Layer{}, notPublished(field, ref)
 	} else if err != nil {
 		return corral.Layer{}, err
 	}
@@ -1264,11 +1260,8 @@ func (e *Edge) CheckBelow(ctx context.Context, kind, at string, below []string) 
 	var out []string
 	for i, ref := range below {
 		field := fmt.Sprintf("below[%d]", i)
-		l, err := e.resolveLayer(ctx, field, ref, kind)
+		l, err := e.resolveLayer(ctx, field, ref, kind, at)
 		if err != nil {
-			return nil, err
-		}
-		if err := layerUsable(field, l, at); err != nil {
 			return nil, err
 		}
 		if len(l.Below) > 0 {
@@ -1297,11 +1290,8 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	at := proj.Path
 	// The environment is usable in its project's subtree: its layers must be usable there.
 	check := func(field, ref, kind string) error {
-		l, err := e.resolveLayer(ctx, field, ref, kind)
-		if err != nil {
-			return err
-		}
-		return layerUsable(field, l, at)
+		_, err := e.resolveLayer(ctx, field, ref, kind, at)
+		return err
 	}
 	if err := check("base", env.Base, corral.KindBase); err != nil {
 		return corral.Environment{}, err
@@ -1532,7 +1522,7 @@ func (e *Edge) reaper() {
 			e.flushActivity(context.Background())
 			e.forgetOld(context.Background())
 			if e.artifacts != nil {
-				e.artifacts.expire(corral.ArtifactTTL)
+				e.artifacts.expire()
 			}
 		}
 	}

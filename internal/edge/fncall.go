@@ -578,6 +578,9 @@ type callSpec struct {
 	outputs []callOutput
 	keep    []callOutput
 	limit   int64
+	// project is the ID of the environment's project: where artifacts are kept and looked up.
+	project string
+	keepTTL time.Duration
 }
 
 // callOutput is a file to return: as the request named it, and where it is.
@@ -590,7 +593,7 @@ type callFile struct {
 
 // checkCall validates a call against its environment.
 func (p *fncallPool) checkCall(req corral.CallRequest) (*callSpec, error) {
-	c := &callSpec{limit: defaultCallOutput}
+	c := &callSpec{limit: defaultCallOutput, project: p.projectID, keepTTL: corral.ArtifactTTL}
 	switch {
 	case req.Python != "" && req.Script != "":
 		return nil, errdefs.Invalid("python", "give python or script, not both")
@@ -679,6 +682,16 @@ func (p *fncallPool) checkCall(req corral.CallRequest) (*callSpec, error) {
 		}
 		c.keep = append(c.keep, callOutput{name: k, path: p})
 	}
+	if req.KeepTTL != "" {
+		d, err := time.ParseDuration(req.KeepTTL)
+		if err != nil || d < time.Second || d > corral.MaxArtifactTTL {
+			return nil, errdefs.Invalid("keep_ttl", "%q must be a duration from 1s to %s", req.KeepTTL, corral.MaxArtifactTTL)
+		}
+		if len(c.keep) == 0 {
+			return nil, errdefs.Invalid("keep_ttl", "is the lifetime of kept files, and the call keeps none")
+		}
+		c.keepTTL = d
+	}
 	if (len(c.refs) > 0 || len(c.keep) > 0) && p.e.artifacts == nil {
 		return nil, errdefs.Invalid("keep", "this node keeps no artifacts (no artifact directory configured)")
 	}
@@ -729,7 +742,7 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 	}
 	// An unknown artifact fails the call before it takes a container.
 	for _, f := range spec.refs {
-		a, _, err := e.artifacts.open(string(f.data))
+		a, _, err := e.artifacts.open(spec.project, string(f.data))
 		if err != nil {
 			return nil, err
 		}
@@ -830,19 +843,8 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 		}
 		res.Outputs[o.name] = data
 	}
-	for _, k := range spec.keep {
-		ref, err := e.keepArtifact(cctx, sb, upper, k.path)
-		if err != nil {
-			if res.OutputErrors == nil {
-				res.OutputErrors = map[string]string{}
-			}
-			res.OutputErrors[k.name] = err.Error()
-			continue
-		}
-		if res.Artifacts == nil {
-			res.Artifacts = map[string]string{}
-		}
-		res.Artifacts[k.name] = ref
+	if err := e.keepArtifacts(cctx, spec, sb, upper, res); err != nil {
+		return nil, err
 	}
 	p.mu.Lock()
 	p.calls++
@@ -887,7 +889,7 @@ func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, 
 			}
 		}
 		for _, f := range spec.refs {
-			if err := e.stageArtifact(cctx, sb, upper+f.path, string(f.data)); err != nil {
+			if err := e.stageArtifact(cctx, sb, spec.project, upper+f.path, string(f.data)); err != nil {
 				return nil, fmt.Errorf("call input file %s: %w", f.path, err)
 			}
 		}
@@ -905,9 +907,10 @@ func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, 
 	return &callEvents{next: sess.Next, close: func() { sess.Close() }}, nil
 }
 
-// stageArtifact writes the artifact ref into a call's writable layer at dst, with its mode.
-func (e *Edge) stageArtifact(ctx context.Context, sb *sandbox, dst, ref string) error {
-	f, mode, err := e.artifacts.open(ref)
+// stageArtifact writes the artifact ref of project into a call's writable layer at dst, with its
+// mode.
+func (e *Edge) stageArtifact(ctx context.Context, sb *sandbox, project, dst, ref string) error {
+	f, mode, err := e.artifacts.open(project, ref)
 	if err != nil {
 		return err
 	}
@@ -916,14 +919,53 @@ func (e *Edge) stageArtifact(ctx context.Context, sb *sandbox, dst, ref string) 
 	return err
 }
 
+// keepArtifacts keeps the files the call asked to keep as artifacts of its project and records
+// their references in res; a file the call did not leave is an output error. A file that would
+// take the project past its artifact quota fails the whole call with the quota error, and the
+// call keeps nothing (what it kept already is removed).
+func (e *Edge) keepArtifacts(ctx context.Context, spec *callSpec, sb *sandbox, upper string, res *corral.CallResult) error {
+	if len(spec.keep) == 0 {
+		return nil
+	}
+	limits, err := e.store.ArtifactLimits(ctx, spec.project)
+	if err != nil {
+		return fmt.Errorf("keep files of call in %s: %w", sb.id, err)
+	}
+	var created []string
+	for _, k := range spec.keep {
+		ref, isNew, err := e.keepArtifact(ctx, sb, spec, limits, upper, k.path)
+		if _, quota := errors.AsType[*iam.QuotaError](err); quota {
+			for _, ref := range created {
+				e.artifacts.remove(spec.project, ref)
+			}
+			return fmt.Errorf("keep %s: %w", k.name, err)
+		}
+		if err != nil {
+			if res.OutputErrors == nil {
+				res.OutputErrors = map[string]string{}
+			}
+			res.OutputErrors[k.name] = err.Error()
+			continue
+		}
+		if isNew {
+			created = append(created, ref)
+		}
+		if res.Artifacts == nil {
+			res.Artifacts = map[string]string{}
+		}
+		res.Artifacts[k.name] = ref
+	}
+	return nil
+}
+
 // keepArtifact keeps a file the call left as an artifact and returns its reference.
-func (e *Edge) keepArtifact(ctx context.Context, sb *sandbox, upper, p string) (string, error) {
+func (e *Edge) keepArtifact(ctx context.Context, sb *sandbox, spec *callSpec, limits []store.ArtifactLimit, upper, p string) (string, bool, error) {
 	rc, info, err := openCallFile(ctx, sb.agent, upper, p)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer rc.Close()
-	return e.artifacts.put(rc, info.Mode)
+	return e.artifacts.put(spec.project, rc, info.Mode, spec.keepTTL, limits)
 }
 
 // openCallFile opens a file as the call left it: from the call's writable layer if it wrote

@@ -25,6 +25,13 @@ import (
 // place. A Corral records the others' versions in its own catalogue when it lists layers or
 // resolves a version it does not know, and never deletes content that a ref names. Tags and
 // environments stay per Corral.
+//
+// Every version has a ref, so no Corral's collector deletes its content, but only public ones
+// (Layer.Public) are adopted by the others: a project's layer means nothing in another
+// installation's tree, and a snapshot kept to one project must not become usable by another
+// installation's tenants. An adopted version belongs to the adopting Corral's root project and
+// stays public there. Making a version public or taking it back rewrites its ref; a Corral that
+// adopted it before it was taken back keeps it (take it back there too).
 
 const refsPrefix = "refs/"
 
@@ -80,7 +87,7 @@ func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, 
 // shareVersion writes l to the shared catalogue. Tags stay per node, and so do projects: each
 // installation has its own tree.
 func (e *Edge) shareVersion(ctx context.Context, l corral.Layer) error {
-	l.Tags, l.Project, l.Private = nil, "", false
+	l.Tags, l.Project, l.Private = nil, "", false // Public stays: only public versions are adopted
 	b, err := json.Marshal(l)
 	if err != nil {
 		return err
@@ -120,6 +127,21 @@ func (e *Edge) shareAll(ctx context.Context) error {
 		e.log.Info("recorded layer versions in the shared catalogue", "count", n, "store", e.cfg.Shared.String())
 	}
 	return nil
+}
+
+// SetLayerPublic shows the published version name:version to every project, or takes it back
+// to its project's subtree, and rewrites its ref in the shared catalogue to say so.
+func (e *Edge) SetLayerPublic(ctx context.Context, name, version string, public bool) (corral.Layer, error) {
+	l, err := e.store.SetLayerPublic(ctx, name, version, public)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	if e.cfg.Shared != nil {
+		if err := e.shareVersion(context.WithoutCancel(ctx), l); err != nil {
+			return l, fmt.Errorf("layer %s:%s changed on this node only; the shared catalogue still says otherwise: %w", name, version, err)
+		}
+	}
+	return l, nil
 }
 
 // unshareVersion removes name:version from the shared catalogue.
@@ -215,6 +237,9 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 	if err := ValidateLayerName("name", l.Name, l.Version); err != nil {
 		return false, err
 	}
+	if !l.Public {
+		return false, nil // kept to a project of the Corral that published it
+	}
 	switch l.Kind {
 	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit, corral.KindSnapshot, corral.KindVMImage:
 	default:
@@ -237,8 +262,8 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 		l.Below = below
 	}
 	// Another installation's projects mean nothing here: adopted layers belong to the root
-	// project, usable everywhere in this installation.
-	l.Tags, l.Project, l.Private = nil, "", false
+	// project and stay public, usable everywhere in this installation, as where they come from.
+	l.Tags, l.Project, l.Private, l.Public = nil, "", false, true
 	_, created, err := e.store.PublishLayer(ctx, l)
 	if err != nil {
 		return false, err

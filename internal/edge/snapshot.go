@@ -98,6 +98,7 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	l, created, err := e.PublishLayer(ctx, corral.Layer{
 		Name: req.Name, Version: req.Version, Kind: corral.KindSnapshot, Digest: blob.Digest,
 		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), Snapshot: of, Project: rec.Project,
+		Public: req.Public,
 	})
 	if err != nil {
 		return corral.Layer{}, err

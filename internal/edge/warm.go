@@ -105,7 +105,7 @@ func (e *Edge) pyPayload(c *callSpec, code string, argv []string) ([]byte, error
 		h.Files = append(h.Files, pyFile{Path: f.path, Data: f.data})
 	}
 	for _, f := range c.refs {
-		a, mode, err := e.artifacts.open(string(f.data))
+		a, mode, err := e.artifacts.open(c.project, string(f.data))
 		if err != nil {
 			return nil, err
 		}

@@ -196,10 +196,19 @@ func SubtreeRange(p string) (lo, hi string) {
 	return p + "/", p + "0"
 }
 
-// LayerVisible reports whether a layer owned by project owner (private or not) may be used by a
-// sandbox in project at: its own project's, or an ancestor's when the layer is shared down.
-func LayerVisible(owner string, private bool, at string) bool {
-	return owner == at || (!private && Within(at, owner))
+// LayerVisible reports whether a layer owned by project owner may be seen and used from project
+// at. A public layer is visible everywhere; otherwise its own project sees it, and so do the
+// owner's descendants unless the layer is private, except that the root project's layers reach
+// no other project unless public: the root is the operator's, and what it keeps (a snapshot
+// with an answer key) is not every tenant's.
+func LayerVisible(owner string, private, public bool, at string) bool {
+	switch {
+	case owner == at || public:
+		return true
+	case private || owner == "":
+		return false
+	}
+	return Within(at, owner)
 }
 
 // TokenPrefix starts every token Corral issues, so a leaked one is recognisable.

@@ -106,11 +106,29 @@ func TestTree(t *testing.T) {
 }
 
 func TestLayerVisible(t *testing.T) {
-	if !LayerVisible("", false, "a/b") || LayerVisible("", true, "a/b") || !LayerVisible("a", true, "a") {
-		t.Error("root layers shared down, private ones only in their project")
-	}
-	if LayerVisible("a/b", false, "a") || LayerVisible("x", false, "a") {
-		t.Error("a layer is visible above or beside its project")
+	for _, c := range []struct {
+		owner           string
+		private, public bool
+		at              string
+		want            bool
+	}{
+		{"a", false, false, "a", true},    // its own project
+		{"a", false, false, "a/b", true},  // shared down the subtree
+		{"a", true, false, "a/b", false},  // private: its project only
+		{"a", true, false, "a", true},     //
+		{"a/b", false, false, "a", false}, // never up
+		{"x", false, false, "a", false},   // never beside
+		{"x", false, true, "a", true},     // unless public
+		{"a/b", false, true, "", true},    //
+		{"", false, false, "", true},      // the root's own
+		{"", false, false, "a", false},    // the root's layers reach no tenant...
+		{"", false, false, "a/b", false},  //
+		{"", false, true, "a/b", true},    // ...unless public
+		{"", true, false, "a", false},     //
+	} {
+		if got := LayerVisible(c.owner, c.private, c.public, c.at); got != c.want {
+			t.Errorf("LayerVisible(%q, private %v, public %v, %q) = %v, want %v", c.owner, c.private, c.public, c.at, got, c.want)
+		}
 	}
 }
 

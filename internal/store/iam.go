@@ -501,8 +501,9 @@ func (s *Store) DeleteProject(ctx context.Context, path string) error {
 			}
 		}
 		now := time.Now().UnixNano()
-		// Layers pass to the parent, private: nobody who could not use them before can now.
-		if _, err := tx.ExecContext(ctx, `UPDATE layers SET project_id = ?, private = 1 WHERE project_id IN (`+sub+`)`, append([]any{pp.ID}, args...)...); err != nil {
+		// Layers pass to the parent, private (public ones stay public): nobody who could not use
+		// them before can now.
+		if _, err := tx.ExecContext(ctx, `UPDATE layers SET project_id = ?, private = 1 - public WHERE project_id IN (`+sub+`)`, append([]any{pp.ID}, args...)...); err != nil {
 			return err
 		}
 		// Tokens scoped there or of principals created there end, with every token minted from

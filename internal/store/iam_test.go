@@ -423,7 +423,7 @@ func TestDeleteProjectHandsNothingSideways(t *testing.T) {
 		if err != nil || l.Project != "a" || !l.Private {
 			t.Fatalf("the layer after its project's deletion: %+v, %v", l, err)
 		}
-		if iam.LayerVisible("a", l.Private, "a/r18") {
+		if iam.LayerVisible("a", l.Private, l.Public, "a/r18") {
 			t.Error("a sibling can use the deleted project's layer")
 		}
 		for _, id := range []string{"tok-in", "tok-child"} {

@@ -264,6 +264,7 @@ func addQuota(a, b corral.Quota) corral.Quota {
 	a.MemoryBytes = addI(a.MemoryBytes, b.MemoryBytes)
 	a.DiskBytes = addI(a.DiskBytes, b.DiskBytes)
 	a.CreatesPerMinute = addI(a.CreatesPerMinute, b.CreatesPerMinute)
+	a.ArtifactBytes = addI(a.ArtifactBytes, b.ArtifactBytes)
 	if b.CPUs != nil {
 		v := *b.CPUs
 		if a.CPUs != nil {
@@ -313,6 +314,7 @@ func items(q, u corral.Quota) []limitItem {
 		{"memory_bytes", f64(q.MemoryBytes), val(u.MemoryBytes)},
 		{"disk_bytes", f64(q.DiskBytes), val(u.DiskBytes)},
 		{"creates_per_minute", f64(q.CreatesPerMinute), val(u.CreatesPerMinute)},
+		{"artifact_bytes", f64(q.ArtifactBytes), val(u.ArtifactBytes)},
 	}
 	for _, t := range slices.Sorted(maps.Keys(q.Tiers)) {
 		l := float64(q.Tiers[t])
@@ -658,4 +660,64 @@ func fits(p *ProjectRecord, u, want corral.Usage) error {
 		}
 	}
 	return nil
+}
+
+// ArtifactLimit is a limit on the fncall artifacts of a project's subtree (Quota.ArtifactBytes).
+type ArtifactLimit struct {
+	Path     string   // the limited project, canonical
+	Limit    int64    // bytes
+	Projects []string // the IDs of the projects in its subtree, itself included
+}
+
+// ArtifactLimits returns the limits on the artifacts of the project with this ID: its own
+// (corral.DefaultArtifactBytes when it sets none) and each of its ancestors' that sets one.
+func (s *Store) ArtifactLimits(ctx context.Context, projectID string) ([]ArtifactLimit, error) {
+	ids, err := ancestorIDs(ctx, s.rdb, projectID)
+	if err != nil {
+		return nil, fmt.Errorf("artifact limits: %w", err)
+	}
+	var out []ArtifactLimit
+	for _, id := range ids {
+		var path, doc string
+		if err := s.rdb.QueryRowContext(ctx, `SELECT path, quota FROM projects WHERE id = ?`, id).Scan(&path, &doc); err != nil {
+			return nil, fmt.Errorf("artifact limits: %w", err)
+		}
+		var q corral.Quota
+		if err := json.Unmarshal([]byte(doc), &q); err != nil {
+			return nil, fmt.Errorf("artifact limits: decode the quota of %s: %w", iam.Display(path), err)
+		}
+		l := ArtifactLimit{Path: path}
+		switch {
+		case q.ArtifactBytes != nil:
+			l.Limit = *q.ArtifactBytes
+		case id == projectID:
+			l.Limit = corral.DefaultArtifactBytes
+		default:
+			continue
+		}
+		if l.Projects, err = s.projectsUnder(ctx, path); err != nil {
+			return nil, fmt.Errorf("artifact limits: %w", err)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// projectsUnder returns the IDs of the project at the canonical path and its descendants.
+func (s *Store) projectsUnder(ctx context.Context, path string) ([]string, error) {
+	lo, hi := iam.SubtreeRange(path)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT id FROM projects WHERE path = ? OR (path > ? AND path < ?)`, path, lo, hi)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }

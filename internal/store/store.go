@@ -258,6 +258,10 @@ var migrations = []string{
 	// 11: project placement (cluster mode): the node groups a project's sandboxes are pinned to
 	// or kept off.
 	`ALTER TABLE projects ADD COLUMN placement TEXT NOT NULL DEFAULT '{}';`,
+	// 12: layer visibility (issue 22): public shows a layer to every project. Existing layers
+	// keep their project's subtree, which for the root project's means the root alone: the
+	// operator publishes (corral layer publish) the base images meant for tenants.
+	`ALTER TABLE layers ADD COLUMN public INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -685,13 +689,14 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 			return err
 		}
 		var doc string
-		err = tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, l.Name, l.Version).Scan(&doc)
+		var wasPrivate, wasPublic bool
+		err = tx.QueryRowContext(ctx, `SELECT doc, private, public FROM layers WHERE name = ? AND version = ?`, l.Name, l.Version).Scan(&doc, &wasPrivate, &wasPublic)
 		switch {
 		case err == nil:
 			if err := json.Unmarshal([]byte(doc), &got); err != nil {
 				return err
 			}
-			got.Project = iam.Display(path)
+			got.Project, got.Private, got.Public = iam.Display(path), wasPrivate, wasPublic
 			if got.Digest != l.Digest {
 				return errdefs.Conflict("layer %s:%s is already published with digest %s; versions are immutable, publish a new version",
 					l.Name, l.Version, got.Digest)
@@ -706,16 +711,20 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 		case !errors.Is(err, sql.ErrNoRows):
 			return err
 		}
-		l.Project = ""
+		private, public := l.Private, l.Public
+		if private && public {
+			return errdefs.Invalid("public", "a layer cannot be both private and public")
+		}
+		l.Project, l.Private, l.Public = "", false, false // the columns say
 		b, err := json.Marshal(l)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO layers (name, version, kind, digest, created_at, doc, project_id, private) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			l.Name, l.Version, l.Kind, l.Digest, l.CreatedAt.UnixNano(), string(b), proj.ID, boolInt(l.Private)); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO layers (name, version, kind, digest, created_at, doc, project_id, private, public) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			l.Name, l.Version, l.Kind, l.Digest, l.CreatedAt.UnixNano(), string(b), proj.ID, boolInt(private), boolInt(public)); err != nil {
 			return err
 		}
-		l.Project = iam.Display(path)
+		l.Project, l.Private, l.Public = iam.Display(path), private, public
 		got, created = l, true
 		return nil
 	})
@@ -731,14 +740,14 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 // GetLayer returns the layer published as name:version, or an ErrNotFound error.
 func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Layer, error) {
 	var doc, path string
-	var private bool
-	err := s.rdb.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layers l LEFT JOIN projects p ON p.id = l.project_id
-		WHERE l.name = ? AND l.version = ?`, name, version).Scan(&doc, &path, &private)
+	var private, public bool
+	err := s.rdb.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private, l.public FROM layers l LEFT JOIN projects p ON p.id = l.project_id
+		WHERE l.name = ? AND l.version = ?`, name, version).Scan(&doc, &path, &private, &public)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A tag (python:latest) names the version it points at now.
-		err = s.rdb.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layer_tags t
+		err = s.rdb.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private, l.public FROM layer_tags t
 			JOIN layers l ON l.name = t.name AND l.version = t.version LEFT JOIN projects p ON p.id = l.project_id
-			WHERE t.name = ? AND t.tag = ?`, name, version).Scan(&doc, &path, &private)
+			WHERE t.name = ? AND t.tag = ?`, name, version).Scan(&doc, &path, &private, &public)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return corral.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
@@ -750,7 +759,7 @@ func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Laye
 	if err := json.Unmarshal([]byte(doc), &l); err != nil {
 		return corral.Layer{}, fmt.Errorf("decode layer %s:%s: %w", name, version, err)
 	}
-	l.Project, l.Private = iam.Display(path), private
+	l.Project, l.Private, l.Public = iam.Display(path), private, public
 	if l.Tags, err = s.layerTags(ctx, l.Name, l.Version); err != nil {
 		return corral.Layer{}, err
 	}
@@ -783,6 +792,23 @@ func (s *Store) SetLayerFillRate(ctx context.Context, name, version string, rate
 	})
 	if err != nil {
 		return corral.Layer{}, fmt.Errorf("set fill rate of layer %s:%s: %w", name, version, err)
+	}
+	return s.GetLayer(ctx, name, version)
+}
+
+// SetLayerPublic shows the published version name:version to every project (public) or takes
+// it back to its default visibility, and returns the layer. Making a layer public clears private.
+func (s *Store) SetLayerPublic(ctx context.Context, name, version string, public bool) (corral.Layer, error) {
+	q := `UPDATE layers SET public = 0 WHERE name = ? AND version = ?`
+	if public {
+		q = `UPDATE layers SET public = 1, private = 0 WHERE name = ? AND version = ?`
+	}
+	res, err := s.db.ExecContext(ctx, q, name, version)
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("set visibility of layer %s:%s: %w", name, version, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return corral.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
 	}
 	return s.GetLayer(ctx, name, version)
 }
@@ -1026,7 +1052,7 @@ func (s *Store) DeleteFncallEnv(ctx context.Context, name string) error {
 
 // ListLayers returns published layers (of one name when name is set), by name then creation time.
 func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, error) {
-	q, args := `SELECT l.doc, COALESCE(p.path, ''), l.private FROM layers l LEFT JOIN projects p ON p.id = l.project_id`, []any{}
+	q, args := `SELECT l.doc, COALESCE(p.path, ''), l.private, l.public FROM layers l LEFT JOIN projects p ON p.id = l.project_id`, []any{}
 	if name != "" {
 		q += ` WHERE l.name = ?`
 		args = append(args, name)
@@ -1040,15 +1066,15 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 	var out []corral.Layer
 	for rows.Next() {
 		var doc, path string
-		var private bool
-		if err := rows.Scan(&doc, &path, &private); err != nil {
+		var private, public bool
+		if err := rows.Scan(&doc, &path, &private, &public); err != nil {
 			return nil, fmt.Errorf("list layers: %w", err)
 		}
 		var l corral.Layer
 		if err := json.Unmarshal([]byte(doc), &l); err != nil {
 			return nil, fmt.Errorf("list layers: decode: %w", err)
 		}
-		l.Project, l.Private = iam.Display(path), private
+		l.Project, l.Private, l.Public = iam.Display(path), private, public
 		out = append(out, l)
 	}
 	if err := rows.Err(); err != nil {

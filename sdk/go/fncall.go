@@ -98,8 +98,12 @@ type CallRequest struct {
 	// reference in CallResult.Artifacts, not through the client), for a later call to take with
 	// FileRefs: compile in one environment, run the binary in another.
 	Keep []string `json:"keep,omitempty"`
+	// KeepTTL (Go duration, 1s to MaxArtifactTTL; default ArtifactTTL) is how long the node
+	// keeps the Keep files; each use keeps an artifact at least ArtifactTTL longer.
+	KeepTTL string `json:"keep_ttl,omitempty"`
 	// FileRefs are artifacts ("sha256:<hex>" from an earlier call's Artifacts) to write before the
-	// command starts, path to reference, with the file mode they were kept with.
+	// command starts, path to reference, with the file mode they were kept with. An artifact is
+	// found only by calls of environments in the project whose call kept it, on the same node.
 	FileRefs map[string]string `json:"file_refs,omitempty"`
 	// OutputLimit caps stdout and stderr, each (default 1 MiB, at most 16 MiB).
 	OutputLimit int64 `json:"output_limit,omitempty"`
@@ -123,8 +127,9 @@ type CallResult struct {
 	// both keyed by the paths as CallRequest.Outputs gave them.
 	Outputs      map[string][]byte `json:"outputs,omitempty"`
 	OutputErrors map[string]string `json:"output_errors,omitempty"`
-	// Artifacts are the Keep files kept on the node: path as given to "sha256:<hex>" of the
-	// content. They live for ArtifactTTL after their last use.
+	// Artifacts are the Keep files kept on the node for the environment's project: path as given
+	// to "sha256:<hex>" of the content. They live for KeepTTL, and at least ArtifactTTL after
+	// their last use; they count against the project's Quota.ArtifactBytes.
 	Artifacts map[string]string `json:"artifacts,omitempty"`
 	// Warm says a warm interpreter, started before the call, ran it.
 	Warm bool `json:"warm,omitempty"`
@@ -132,8 +137,12 @@ type CallResult struct {
 	Container string `json:"container"`
 }
 
-// ArtifactTTL is how long the node keeps an artifact after it was last kept or used.
-const ArtifactTTL = 10 * time.Minute
+// ArtifactTTL is how long the node keeps an artifact after it was kept (unless the call set
+// KeepTTL) and, at least, after it was last used; MaxArtifactTTL bounds KeepTTL.
+const (
+	ArtifactTTL    = 10 * time.Minute
+	MaxArtifactTTL = 24 * time.Hour
+)
 
 // CreateFncallEnv defines an fncall environment and starts its pool.
 func (c *Client) CreateFncallEnv(ctx context.Context, env FncallEnv) (*FncallEnv, error) {

@@ -76,7 +76,14 @@ type Quota struct {
 	DiskBytes        *int64           `json:"disk_bytes,omitempty"`         // sum of writable-disk limits
 	CreatesPerMinute *int64           `json:"creates_per_minute,omitempty"` // creations in the last 60 s
 	Tiers            map[string]int64 `json:"tiers,omitempty"`              // live sandboxes per tier
+	// ArtifactBytes bounds the fncall artifacts (CallRequest.Keep) the subtree's calls keep on
+	// each node. Unset on a project, its own calls keep at most DefaultArtifactBytes (its
+	// ancestors' limits still hold).
+	ArtifactBytes *int64 `json:"artifact_bytes,omitempty"`
 }
+
+// DefaultArtifactBytes is a project's artifact quota (Quota.ArtifactBytes) when it sets none.
+const DefaultArtifactBytes = 1 << 30
 
 // Usage is what a project's subtree uses now, in the units of [Quota].
 type Usage struct {
@@ -100,7 +107,7 @@ type ProjectQuota struct {
 // QuotaExceeded is the detail of a 429 refusal by a quota ([Error.Quota]).
 type QuotaExceeded struct {
 	Project  string  `json:"project"`  // the full project (the requester's or an ancestor)
-	Resource string  `json:"resource"` // sandboxes, cpus, memory_bytes, disk_bytes, creates_per_minute, tiers.NAME
+	Resource string  `json:"resource"` // sandboxes, cpus, memory_bytes, disk_bytes, creates_per_minute, artifact_bytes, tiers.NAME
 	Limit    float64 `json:"limit"`
 	Usage    float64 `json:"usage"`
 	Request  float64 `json:"request"`

@@ -30,9 +30,10 @@ type ImportOptions struct {
 	// layer stacks on; see Layer.Below.
 	Below []string
 	// Project publishes the layer in this project (default: the caller's token's); Private keeps
-	// it from the project's descendants.
+	// it from the project's descendants; Public shows it to every project (see Layer.Public).
 	Project string
 	Private bool
+	Public  bool
 }
 
 // ImportLayerWith is ImportLayer with options.
@@ -53,6 +54,9 @@ func (c *Client) ImportLayerWith(ctx context.Context, name, version, kind string
 	}
 	if opt.Private {
 		q.Set("private", "true")
+	}
+	if opt.Public {
+		q.Set("public", "true")
 	}
 	var out Layer
 	err := c.do(ctx, request{
@@ -124,6 +128,17 @@ func (c *Client) SetLayerFillRate(ctx context.Context, name, version string, rat
 	var out Layer
 	path := "/v1/layers/" + url.PathEscape(name) + "/" + url.PathEscape(version)
 	if err := c.do(ctx, request{method: http.MethodPatch, path: path, json: LayerSettings{FillRate: &rate}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SetLayerPublic shows a layer version to every project (public true) or takes it back to its
+// default visibility, its project's subtree (false). See Layer.Public.
+func (c *Client) SetLayerPublic(ctx context.Context, name, version string, public bool) (*Layer, error) {
+	var out Layer
+	path := "/v1/layers/" + url.PathEscape(name) + "/" + url.PathEscape(version)
+	if err := c.do(ctx, request{method: http.MethodPatch, path: path, json: LayerSettings{Public: &public}}, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

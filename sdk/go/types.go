@@ -362,6 +362,9 @@ type SnapshotRequest struct {
 	// Exclude leaves out the sandbox's changes under these absolute paths (build leftovers,
 	// answers), so they never reach the sandboxes made from the snapshot.
 	Exclude []string `json:"exclude,omitempty"`
+	// Public publishes the snapshot to every project; by default only the sandbox's project and
+	// its descendants see it (a root-project snapshot: the root project only). See Layer.Public.
+	Public bool `json:"public,omitempty"`
 }
 
 // Layer is a published, immutable layer version.
@@ -386,10 +389,13 @@ type Layer struct {
 	// multi-layer image imported as several layers (`corral layer import --split`). Using this
 	// layer uses them, under it, in this order.
 	Below []string `json:"below,omitempty"`
-	// Project is the project that owns the layer's name; Private keeps it from the project's
-	// descendants (by default a layer is usable in its project's whole subtree).
+	// Project is the project that owns the layer's name. Who sees and uses the layer: by default
+	// its project and that project's descendants, except that a root-project layer reaches no
+	// other project; Private keeps it to its project alone; Public shows it to every project.
+	// A layer a caller does not see is, to that caller, not found.
 	Project string `json:"project"`
 	Private bool   `json:"private,omitempty"`
+	Public  bool   `json:"public,omitempty"`
 	// FillRate is how fast (bytes per second) a node fetches the rest of this layer in the
 	// background once a prefetch sandbox's start-up set is in: 0 takes the node's default
 	// (corral up --fetch-fill-rate), -1 never. Set with PATCH /v1/layers/{name}/{version} (corral layer set); it is a setting, not
@@ -402,6 +408,9 @@ type Layer struct {
 type LayerSettings struct {
 	// FillRate: bytes per second; 0 the node's default; -1 never.
 	FillRate *int64 `json:"fill_rate,omitempty"`
+	// Public true shows the version to every project (and clears Private); false takes it back
+	// to its default visibility (Layer.Project). Sandboxes already made keep what they use.
+	Public *bool `json:"public,omitempty"`
 }
 
 // ImageConfig is the part of an OCI image's configuration Corral keeps (POST /v1/layers takes it
