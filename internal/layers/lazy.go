@@ -157,6 +157,23 @@ type Fetch struct {
 // eager mode it returns once all their data is in the node's cache. Layers stored whole have
 // nothing to fetch.
 func (s *Store) Prepare(ctx context.Context, digests []string, f Fetch) error {
+	err := s.prepare(ctx, digests, f)
+	if errors.Is(err, errdefs.ErrUnavailable) && s.lazyDead() {
+		// lazyd died since it was last reached: once more, with a new one.
+		s.log.Warn("lazyd was gone when a sandbox's layers were registered; starting another", "sandbox", f.Sandbox, "err", err)
+		err = s.prepare(ctx, digests, f)
+	}
+	return err
+}
+
+// lazyDead reports whether the current lazyd client found its server gone.
+func (s *Store) lazyDead() bool {
+	s.lazyMu.Lock()
+	defer s.lazyMu.Unlock()
+	return s.lazyc != nil && s.lazyc.Dead()
+}
+
+func (s *Store) prepare(ctx context.Context, digests []string, f Fetch) error {
 	mode := f.Mode
 	if mode == "" {
 		mode = s.cfg.Lazy.Mode

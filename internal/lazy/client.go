@@ -285,6 +285,11 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		if ctx.Err() == nil {
+			// The server is not there (it died; its socket refuses or resets): the next
+			// lazyClient starts another rather than handing out this client again.
+			c.dead.Store(true)
+		}
 		return fmt.Errorf("lazyd %s %s: %v: %w", method, path, err, errdefs.ErrUnavailable)
 	}
 	defer resp.Body.Close()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -133,11 +134,8 @@ func (n *blobNode) Read(ctx context.Context, f fs.FileHandle, dest []byte, off i
 // sandboxes need restarting).
 func (s *Server) Mount() (*fuse.Server, error) {
 	mnt := filepath.Join(s.cfg.Dir, mntDir)
-	if _, err := os.Stat(mnt); errors.Is(err, syscall.ENOTCONN) || isFuseMount(mnt) {
-		s.cfg.Log.Warn("detaching the FUSE mount a previous lazyd left", "dir", mnt)
-		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-			return nil, fmt.Errorf("detach stale FUSE mount %s: %w", mnt, err)
-		}
+	if err := detachStaleMount(mnt, s.cfg.Log); err != nil {
+		return nil, err
 	}
 	hour := time.Hour
 	return fs.Mount(mnt, &rootNode{s: s}, &fs.Options{
@@ -159,6 +157,19 @@ func (s *Server) Mount() (*fuse.Server, error) {
 			// every byte is cached once, by EROFS.
 		},
 	})
+}
+
+// detachStaleMount detaches a FUSE mount of ours that a previous lazyd left at mnt (dead when it
+// crashed, still served when another lazyd of this directory runs, which the caller's lock rules
+// out).
+func detachStaleMount(mnt string, log *slog.Logger) error {
+	if _, err := os.Stat(mnt); errors.Is(err, syscall.ENOTCONN) || isFuseMount(mnt) {
+		log.Warn("detaching the FUSE mount a previous lazyd left", "dir", mnt)
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("detach stale FUSE mount %s: %w", mnt, err)
+		}
+	}
+	return nil
 }
 
 // isFuseMount reports whether dir is the mount point of a FUSE filesystem of ours.

@@ -204,6 +204,11 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
+	// A lazyd that died (rather than exited) leaves its FUSE mount behind, dead: stat of it
+	// fails with ENOTCONN and mkdir with EEXIST, so it is detached before anything else.
+	if err := detachStaleMount(filepath.Join(cfg.Dir, mntDir), cfg.Log); err != nil {
+		return nil, err
+	}
 	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, mntDir), filepath.Join(cfg.Dir, tablesDir), filepath.Join(cfg.Dir, profilesDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
