@@ -101,7 +101,7 @@ type CreateRequest struct {
 
 // EgressStats counts a networked sandbox's blocked egress attempts.
 type EgressStats struct {
-	// Blocked counts attempts by reason: no_rule, denied, blocked_range, dns_bypass (packets);
+	// Blocked counts attempts by reason: no_rule, denied, blocked_range, dns_bypass, host (packets; host: to the host itself);
 	// dns_refused, dns_type, dns_tunnel, dns_rate (DNS queries).
 	Blocked      map[string]uint64 `json:"blocked"`
 	BlockedTotal uint64            `json:"blocked_total"`
