@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"io"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -113,4 +114,30 @@ func FuzzTermEscaper(f *testing.F) {
 			t.Fatalf("escape(%q) = %q: safe input changed", in, whole)
 		}
 	})
+}
+
+// BenchmarkTermEscaper measures the escaper on 64 KiB writes of plain text (make output, logs)
+// and of text dense with escape sequences (colored output), against copying the bytes.
+func BenchmarkTermEscaper(b *testing.B) {
+	plain := bytes.Repeat([]byte("compiling internal/cli/termsafe.go ... ok — 12.3s\n"), 64<<10/52)
+	colored := bytes.Repeat([]byte("\x1b[32mok\x1b[0m  internal/cli  0.5s\n"), 64<<10/34)
+	for _, in := range []struct {
+		name string
+		data []byte
+	}{{"plain", plain}, {"colored", colored}} {
+		b.Run(in.name+"/copy", func(b *testing.B) {
+			var buf []byte
+			b.SetBytes(int64(len(in.data)))
+			for b.Loop() {
+				buf = append(buf[:0], in.data...)
+			}
+		})
+		b.Run(in.name+"/escaped", func(b *testing.B) {
+			e := newTermEscaper(io.Discard)
+			b.SetBytes(int64(len(in.data)))
+			for b.Loop() {
+				e.Write(in.data)
+			}
+		})
+	}
 }
