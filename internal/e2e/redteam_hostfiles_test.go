@@ -28,7 +28,8 @@ func TestRedTeamHostFiles(t *testing.T) {
 	execSecret := "crl-exec-secret-" + randHex(12)
 
 	forRuntimes(t, func(t *testing.T, rt string) {
-		req := corral.CreateRequest{Base: "base:test", Env: []string{"SECRET=" + secret}}
+		req := corral.CreateRequest{Base: "base:test", Env: []string{"SECRET=" + secret},
+			Network: &corral.NetworkPolicy{Mode: corral.NetworkAllowlist}}
 		if rt == "microvm" {
 			req.Tier, req.Limits.MemoryBytes = "microvm", 256<<20
 		} else {
@@ -40,6 +41,13 @@ func TestRedTeamHostFiles(t *testing.T) {
 		p.sh(sb.ID, `test "$SECRET" = "`+secret+`" && echo data > /root/file`)
 		if out, errOut, code := p.cli("", "exec", "--env", "EXEC_SECRET="+execSecret, sb.ID, "--", "/bin/sh", "-c", `test "$EXEC_SECRET" = "`+execSecret+`"`); code != 0 {
 			t.Fatalf("corral exec --env: exit %d\n%s%s", code, out, errOut)
+		}
+		// The daemon's umask (077) takes nothing from what the sandbox's other users need: its
+		// root, its bind-mounted resolv.conf, a world-writable /tmp.
+		out, errOut, exit := p.runReq(sb.ID, corral.ExecRequest{User: "65534", Argv: []string{"/bin/sh", "-c",
+			"ls / >/dev/null && grep -q nameserver /etc/resolv.conf && touch /tmp/nobody && echo ok"}})
+		if exit == nil || exit.Code != 0 || out != "ok\n" {
+			t.Errorf("a non-root user in the sandbox: %q %q %+v, want ok", out, errOut, exit)
 		}
 		// A refused env value is not echoed into the log either.
 		if _, _, _, err := p.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}, Env: []string{"=" + execSecret}}); !corral.IsInvalid(err) {
@@ -146,7 +154,7 @@ func TestRedTeamHostFiles(t *testing.T) {
 // ownedBySandbox reports whether rel (relative to the data dir) holds what is not the host's
 // to close, with the modes its readers need, so that its parent must be closed instead: an
 // overlay upper or work directory, a rootfs, an extracted layer tree (the sandbox's users'),
-// the agent binaries bind-mounted into sandboxes, a VM's boot files (read by the VM's own uid
+// the agent binaries and resolv.conf files bind-mounted into sandboxes, a VM's boot files (read by the VM's own uid
 // through a descriptor), and the directory blob store's objects (0644 in 0755 directories by
 // design, for corral processes sharing its mount).
 func ownedBySandbox(rel string) bool {
@@ -155,7 +163,7 @@ func ownedBySandbox(rel string) bool {
 		return true
 	}
 	switch filepath.Dir(rel) {
-	case "sandboxes/.agents", "vmboot", "blobs":
+	case "sandboxes/.agents", "vmboot", "blobs", "net":
 		return true
 	}
 	return false
