@@ -16,8 +16,8 @@ import (
 // Snapshots (pack_diff). A snapshot is the sandbox's writable layer — what it changed on top of
 // its layers, deletions as whiteouts, without what a layer cannot hold (devices, sockets, names
 // spelling whiteouts: reported in SnapshotOf.Skipped) and without privilege (the layer store
-// strips setuid/setgid and file capabilities, drops security.* and trusted.*) — published as an immutable layer of kind snapshot that
-// records the environment below it. The sandbox is frozen (or already paused) while its upper
+// strips setuid/setgid and file capabilities, drops security.* and trusted.*) — published as an
+// immutable layer of kind snapshot that records the environment below it. The sandbox is frozen (or already paused) while its upper
 // dir is read, so no half-written state is packed. A sandbox made from a snapshot stacks the
 // environment, the snapshot's parents and the snapshot; a snapshot of such a sandbox stores only
 // its own diff and lists the chain below it.

@@ -536,7 +536,7 @@ func (m *Manager) AllowAddrPort(s *Slot, ip netip.Addr, proto uint8, ports []uin
 }
 
 // Counters returns slot s's blocked-packet counts by reason: its policy's drops (slot chain)
-// and its attempts at the host (host chain, ReasonHost).
+// and its attempts at the host (its rules in input, ReasonHost).
 func (m *Manager) Counters(s *Slot) (map[string]uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

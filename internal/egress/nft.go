@@ -60,7 +60,7 @@ const (
 	ReasonDenied    = "denied"
 	ReasonBlocked   = "blocked_range"
 	ReasonNoRule    = "no_rule"
-	// ReasonHost is a packet to the host itself, on any of its addresses (host chain).
+	// ReasonHost is a packet to the host itself, on any of its addresses (the slot's input rules).
 	ReasonHost = "host"
 )
 

@@ -48,6 +48,8 @@ func TestSnapshotOfHostileUpper(t *testing.T) {
 	must(os.MkdirAll(p("home/.wh..wh..opq"), 0o755))
 	must(os.WriteFile(p("home/.wh..wh..opq/f"), []byte("x"), 0o644))
 	must(os.WriteFile(p("home/notes"), []byte("mine"), 0o644))
+	must(os.WriteFile(p("aa-excluded"), []byte("x"), 0o644))
+	must(os.Link(p("aa-excluded"), p("zz-link")))
 	must(os.MkdirAll(p("tmp"), 0o755))
 	ln, err := net.Listen("unix", p("tmp/sock"))
 	must(err)
@@ -55,7 +57,7 @@ func TestSnapshotOfHostileUpper(t *testing.T) {
 
 	var skipped []Skipped
 	var archive bytes.Buffer
-	must(WriteTarWith(context.Background(), upper, &archive, TarOptions{Skip: func(s Skipped) { skipped = append(skipped, s) }}))
+	must(WriteTarWith(context.Background(), upper, &archive, TarOptions{Exclude: []string{"aa-excluded"}, Skip: func(s Skipped) { skipped = append(skipped, s) }}))
 	want := []Skipped{
 		{".wh.etc", SkipWhiteout},
 		{"dev/mem", SkipDevice},
@@ -64,6 +66,7 @@ func TestSnapshotOfHostileUpper(t *testing.T) {
 		{"home/.wh..wh..opq", SkipWhiteout},
 		{"innocent", SkipLinkSkipped},
 		{"tmp/sock", SkipSocket},
+		{"zz-link", SkipLinkSkipped},
 	}
 	if !slices.Equal(skipped, want) {
 		t.Errorf("skipped:\n%v\nwant\n%v", skipped, want)
@@ -95,7 +98,7 @@ func TestSnapshotOfHostileUpper(t *testing.T) {
 		if desc == "whiteout" && name != "gone" || strings.HasPrefix(desc, "char") || strings.HasPrefix(desc, "block") {
 			t.Errorf("%s = %s: the layer has a device or whiteout the sandbox did not make by deleting", name, desc)
 		}
-		if strings.Contains(name, ".wh.") || name == "innocent" || strings.HasPrefix(name, "dev/") || name == "tmp/sock" {
+		if strings.Contains(name, ".wh.") || name == "innocent" || name == "zz-link" || name == "aa-excluded" || strings.HasPrefix(name, "dev/") || name == "tmp/sock" {
 			t.Errorf("%s is in the layer; it was skipped", name)
 		}
 	}

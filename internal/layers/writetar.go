@@ -52,7 +52,7 @@ const (
 	SkipDevice      = "device node: a layer carries no devices"
 	SkipSocket      = "socket: not a file a layer can hold"
 	SkipWhiteout    = "name starts with .wh.: in a layer it would mean a whiteout and hide files below"
-	SkipLinkSkipped = "hard link to a skipped entry"
+	SkipLinkSkipped = "hard link to a skipped or excluded entry"
 )
 
 // TarOptions configures WriteTarWith.
@@ -65,7 +65,8 @@ type TarOptions struct {
 	// the call. That is device nodes other than whiteouts (ImportTar refuses them), sockets,
 	// entries (a directory with all below it) whose name starts with ".wh." (an OCI whiteout's
 	// spelling: ".wh.etc" would hide the lower layers' /etc, ".wh..wh..opq" every file beside
-	// it), and hard links to any of those. Skip is called in walk order.
+	// it), and hard links to any of those or to an excluded file. Skip is called in walk
+	// order.
 	Skip func(Skipped)
 }
 
@@ -87,6 +88,9 @@ func WriteTarWith(ctx context.Context, dir string, w io.Writer, opts TarOptions)
 	}
 	err := walkTree(ctx, dir, func(n *node) error {
 		if excluded[n.rel] {
+			if n.typ() != unix.S_IFDIR {
+				skipped[n.rel] = true // a later hard link to it cannot name it
+			}
 			return fs.SkipDir
 		}
 		typ := n.typ()
