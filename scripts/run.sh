@@ -21,6 +21,8 @@ step() {
 if ! curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1; then
   mkdir -p "$DATA_DIR"
   echo "starting corral up (data dir $DATA_DIR, log $DATA_DIR/corral.log)"
+  # The log may hold what sandboxes print: root's alone (corral up closes it too).
+  umask 077
   nohup corral up --data-dir "$DATA_DIR" >>"$DATA_DIR/corral.log" 2>&1 &
   for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
   curl -fsS "$CORRAL_URL/healthz" >/dev/null || { echo "corral did not come up; see $DATA_DIR/corral.log" >&2; tail -20 "$DATA_DIR/corral.log" >&2; exit 1; }

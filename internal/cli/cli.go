@@ -4,7 +4,8 @@
 // Conventions every command follows: human output is an aligned table (or the bare ID where a
 // script wants one), `-o json` prints the API objects as JSON (lists as arrays); failures print
 // "corral: <message>" on stderr and exit 1, usage mistakes exit 2, and commands that run a
-// program in a sandbox exit with that program's status.
+// program in a sandbox exit with that program's status. A terminal on stdout or stderr gets
+// sandbox bytes with their control sequences escaped unless --raw (termsafe.go).
 //
 // Commands are wired in one place, newRootCmd. A command defined in another file of this
 // package (up.go) is added to the list there.
@@ -60,6 +61,12 @@ type app struct {
 	flagURL       string
 	flagTokenFile string
 	output        string
+	flagRaw       bool
+
+	// rawStdout and rawStderr are the streams as given, before guardTerminal wrapped a
+	// terminal in an escaper; flushers are those escapers, flushed when the command ends.
+	rawStdout, rawStderr io.Writer
+	flushers             []*termEscaper
 
 	// url and token are what client() resolved, for error messages.
 	url, token string
@@ -87,6 +94,12 @@ func (e runError) Error() string { return e.err.Error() }
 func (e runError) Unwrap() error { return e.err }
 
 func (a *app) run(ctx context.Context, args []string) int {
+	a.rawStdout, a.rawStderr = a.stdout, a.stderr
+	defer func() {
+		for _, e := range a.flushers {
+			e.Flush()
+		}
+	}()
 	root := a.newRootCmd()
 	prepare(root)
 	root.SetArgs(args)
@@ -162,7 +175,13 @@ func (a *app) newRootCmd() *cobra.Command {
 publishes the layers sandboxes are built from.
 
 The server is $CORRAL_URL (default ` + defaultURL + `); the token is $CORRAL_TOKEN, else the
-contents of ` + defaultTokenFile + ` when readable.`,
+contents of ` + defaultTokenFile + ` when readable.
+
+When stdout or stderr is a terminal, what sandboxes print there (command output, file
+contents, consoles, names, error messages) is shown with control sequences escaped as
+text (\x1b[31m), so no sandbox can drive the terminal; --raw passes them through, and a
+command run with --tty is a terminal session and passes them. Pipes, files and -o json
+are never changed.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
@@ -171,6 +190,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 			if a.output != "table" && a.output != "json" && cmd.Name() != "screen" {
 				return usagef("-o/--output must be table or json, not %q", a.output)
 			}
+			a.guardTerminal()
 			return nil
 		},
 	}
@@ -178,6 +198,7 @@ contents of ` + defaultTokenFile + ` when readable.`,
 	pf.StringVar(&a.flagURL, "url", "", "server URL (default $CORRAL_URL or "+defaultURL+")")
 	pf.StringVar(&a.flagTokenFile, "token-file", "", "read the API token from this file (default $CORRAL_TOKEN or "+defaultTokenFile+")")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
+	pf.BoolVar(&a.flagRaw, "raw", false, "write what sandboxes print to a terminal as it is, control sequences included (by default they are shown escaped, e.g. \\x1b[31m)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 
 	root.AddCommand(

@@ -40,6 +40,14 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 			if cfg.Store == "" {
 				return usagef("--store (or $CORRAL_STORE) is required: postgres://USER@HOST:PORT/DB?sslmode=disable")
 			}
+			daemon.PrivateUmask()
+			if cfg.DataDir != "" {
+				if _, err := os.Stat(cfg.DataDir); err == nil {
+					if _, err := daemon.SecureDataDir(cfg.DataDir, log); err != nil {
+						return err
+					}
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return cluster.Run(ctx, cfg, log, nil)

@@ -221,7 +221,13 @@ func (a *app) execute(ctx context.Context, c *corral.Client, id string, req corr
 			})
 			defer stop()
 		}
-		return s.Copy(a.stdout, a.stderr)
+		// A command on a PTY is a terminal session the operator asked for: its control
+		// sequences are its screen, so they pass. Without one they are shown escaped.
+		stdout, stderr := a.stdout, a.stderr
+		if req.TTY {
+			stdout, stderr = a.rawStdout, a.rawStderr
+		}
+		return s.Copy(stdout, stderr)
 	}()
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-dev/corral/internal/blobstore"
+	"github.com/corral-dev/corral/internal/daemon"
 	"github.com/corral-dev/corral/internal/lazy"
 )
 
@@ -26,6 +27,8 @@ func newLazydCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Its sockets, log and chunk cache are root's alone, as the rest of the data dir.
+			daemon.PrivateUmask()
 			cfg.Log = log.With("component", "lazyd")
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()

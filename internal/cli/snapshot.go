@@ -37,6 +37,15 @@ and its subprojects see and use it (a root-project snapshot: the root project on
 				return a.printJSON(l)
 			}
 			fmt.Fprintf(a.stdout, "%s:%s %s %s %d files\n", l.Name, l.Version, l.Digest, formatBytes(l.Size), l.Files)
+			if of := l.Snapshot; of != nil && of.SkippedCount > 0 {
+				fmt.Fprintf(a.stderr, "skipped %d entries a layer cannot hold:\n", of.SkippedCount)
+				for _, s := range of.Skipped {
+					fmt.Fprintf(a.stderr, "  %s: %s\n", s.Path, s.Reason)
+				}
+				if n := of.SkippedCount - len(of.Skipped); n > 0 {
+					fmt.Fprintf(a.stderr, "  ... and %d more\n", n)
+				}
+			}
 			return nil
 		},
 	}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 
 	corral "github.com/corral-dev/corral/sdk/go"
 	"github.com/corral-dev/corral/sdk/go/corraltest"
@@ -118,5 +120,96 @@ wait:
 	}
 	if lines := strings.Join(srv.RequestLines(), "\n"); !strings.Contains(lines, "/resize") {
 		t.Errorf("no resize request in\n%s", lines)
+	}
+}
+
+// TestTerminalEscaping runs commands whose output carries control sequences with stdout and
+// stderr on real pseudo-terminals, on pipes, and with --raw: on a terminal they arrive escaped
+// as text, on a pipe, with --raw and for a --tty command they arrive as they were written.
+func TestTerminalEscaping(t *testing.T) {
+	srv := corraltest.NewServer(t)
+	id := mustCreate(t, srv)
+	const evilOut, evilErr = "\x1b]0;pwned\x07\x1b[31mred\u009b\n", "\x1b[2Jcleared\rover\n"
+	const safeOut, safeErr = `\x1b]0;pwned\x07\x1b[31mred\u009b` + "\n", `\x1b[2Jcleared\x0dover` + "\n"
+	srv.Program("evil", func(ctx context.Context, p *corraltest.Process) corral.Exit {
+		// Split mid-sequence and mid-rune: the escaping holds across writes.
+		fmt.Fprint(p.Stdout, evilOut[:1])
+		fmt.Fprint(p.Stdout, evilOut[1:17])
+		fmt.Fprint(p.Stdout, evilOut[17:])
+		fmt.Fprint(p.Stderr, evilErr)
+		return corral.Exit{Code: 0}
+	})
+	srv.StartFailure("broken", corral.Exit{Code: 126, Error: "cannot run \x1b]52;c;cm0gLXJm\x07"})
+	if _, err := srv.Client().WriteFile(t.Context(), id, "/evil.txt", strings.NewReader(evilOut), corral.WriteFileOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name             string
+		stdoutTTY        bool
+		stderrTTY        bool
+		args             []string
+		wantOut, wantErr string
+	}{
+		{"terminal", true, true, []string{"exec", id, "--", "evil"}, safeOut, safeErr},
+		{"pipe", false, false, []string{"exec", id, "--", "evil"}, evilOut, evilErr},
+		{"stdout pipe, stderr terminal", false, true, []string{"exec", id, "--", "evil"}, evilOut, safeErr},
+		{"raw", true, true, []string{"exec", "--raw", id, "--", "evil"}, evilOut, evilErr},
+		{"json", true, true, []string{"exec", "-o", "json", id, "--", "evil"}, evilOut, evilErr},
+		// A PTY merges stderr into stdout.
+		{"tty command", true, true, []string{"exec", "--tty", id, "--", "evil"}, evilOut + evilErr, ""},
+		{"cp to terminal", true, true, []string{"cp", id + ":/evil.txt", "-"}, safeOut, ""},
+		{"cp to pipe", false, false, []string{"cp", id + ":/evil.txt", "-"}, evilOut, ""},
+		{"error message", true, true, []string{"exec", id, "--", "broken"}, "", `corral: cannot run \x1b]52;c;cm0gLXJm\x07` + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stdout, readOut := outputEnd(t, tc.stdoutTTY)
+			stderr, readErr := outputEnd(t, tc.stderrTTY)
+			a := &app{
+				stdout: stdout, stderr: stderr,
+				getenv:    func(k string) string { return map[string]string{"CORRAL_URL": srv.URL, "CORRAL_TOKEN": srv.Token}[k] },
+				tokenFile: filepath.Join(t.TempDir(), "none"),
+				now:       time.Now,
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			a.run(ctx, tc.args)
+			if got := readOut(); got != tc.wantOut {
+				t.Errorf("stdout = %q, want %q", got, tc.wantOut)
+			}
+			if got := readErr(); got != tc.wantErr {
+				t.Errorf("stderr = %q, want %q", got, tc.wantErr)
+			}
+		})
+	}
+}
+
+// outputEnd returns a file for the CLI to write, a pseudo-terminal in raw mode (so the line
+// discipline adds no CR) or a pipe, and a function that closes it and returns what was written.
+func outputEnd(t *testing.T, tty bool) (*os.File, func() string) {
+	t.Helper()
+	var r, w *os.File
+	var err error
+	if tty {
+		r, w, err = pty.Open()
+		if err != nil {
+			t.Skipf("no pseudo-terminal: %v", err)
+		}
+		if _, err := term.MakeRaw(int(w.Fd())); err != nil {
+			t.Fatal(err)
+		}
+	} else if r, w, err = os.Pipe(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	got := make(chan string, 1)
+	go func() {
+		// A pty master reads EIO once the terminal side is closed and drained.
+		b, _ := io.ReadAll(r)
+		got <- string(b)
+	}()
+	return w, func() string {
+		w.Close()
+		return <-got
 	}
 }

@@ -250,6 +250,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("corral up must run as root (it mounts filesystems and drives runc)")
 	}
+	PrivateUmask()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
@@ -271,6 +272,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	lock.Truncate(0)
 	fmt.Fprintf(lock, "%d\n", os.Getpid())
+	// A data dir an older Corral made (or one the operator's umask opened) is closed to the
+	// host's other users before anything in it is used.
+	if _, err := SecureDataDir(cfg.DataDir, log); err != nil {
+		return err
+	}
 	// Host resources no two Corrals may share (network tag and pool, NFLOG group, cgroup parent,
 	// VM uids) come from the host registry, keyed by the data dir.
 	claim, err := claimHost(&cfg)

@@ -179,7 +179,9 @@ func startNetwork(ctx context.Context, cfg Config, group uint16, st *store.Store
 		return nil, nil, err
 	}
 	dir := filepath.Join(cfg.DataDir, "net")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// Root's: the resolv.conf files in it are bind-mounted by path (0644, for the sandboxes'
+	// users), and no host user has a reason to reach them.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, err
 	}
 	services := 0

@@ -1151,8 +1151,12 @@ func validateEnv(field string, env []string) error {
 	total := 0
 	for i, kv := range env {
 		k, _, ok := strings.Cut(kv, "=")
-		if !ok || !envKeyRE.MatchString(k) {
-			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "%q is not KEY=VALUE with a valid name", kv)
+		// The message names the key only: a value may be a secret, and errors reach logs.
+		if !ok {
+			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "is not KEY=VALUE (no '=')")
+		}
+		if !envKeyRE.MatchString(k) {
+			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "%q is not a valid variable name", k)
 		}
 		if strings.IndexByte(kv, 0) >= 0 {
 			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")

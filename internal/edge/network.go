@@ -175,6 +175,10 @@ func (e *Edge) wireNetwork(id string, n *sandboxNet, keepDNS bool) (string, erro
 	if err := os.WriteFile(resolv, []byte(body), 0o644); err != nil {
 		return "", fmt.Errorf("network: %w", err)
 	}
+	// Every user inside the sandbox reads it, whatever the daemon's umask (077) took off.
+	if err := os.Chmod(resolv, 0o644); err != nil {
+		return "", fmt.Errorf("network: %w", err)
+	}
 	return resolv, nil
 }
 

@@ -14,14 +14,19 @@ import (
 )
 
 // Snapshots (pack_diff). A snapshot is the sandbox's writable layer — what it changed on top of
-// its layers, deletions as whiteouts — published as an immutable layer of kind snapshot that
-// records the environment below it. The sandbox is frozen (or already paused) while its upper
+// its layers, deletions as whiteouts, without what a layer cannot hold (devices, sockets, names
+// spelling whiteouts: reported in SnapshotOf.Skipped) and without privilege (the layer store
+// strips setuid/setgid and file capabilities, drops security.* and trusted.*) — published as an
+// immutable layer of kind snapshot that records the environment below it. The sandbox is frozen (or already paused) while its upper
 // dir is read, so no half-written state is packed. A sandbox made from a snapshot stacks the
 // environment, the snapshot's parents and the snapshot; a snapshot of such a sandbox stores only
 // its own diff and lists the chain below it.
 
 // maxExcludes bounds the exclusion list of one snapshot.
 const maxExcludes = 256
+
+// maxSkipped bounds the skipped entries a snapshot lists (it counts them all).
+const maxSkipped = 100
 
 // Snapshot publishes the writable layer of sandbox id as name:version.
 func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotRequest) (corral.Layer, error) {
@@ -67,8 +72,19 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	// stores the copy while it runs.
 	readDone := make(chan time.Duration, 1)
 	pr, pw := io.Pipe()
+	// What the sandbox made that a layer cannot hold (devices, sockets, .wh. names that would
+	// become whiteouts) is left out and reported, not a failure. Written by the archiving
+	// goroutine, read after readDone.
+	var skipped []corral.SnapshotSkip
+	skippedCount := 0
+	tarOpts := layers.TarOptions{Exclude: excludes, Skip: func(s layers.Skipped) {
+		skippedCount++
+		if len(skipped) < maxSkipped {
+			skipped = append(skipped, corral.SnapshotSkip{Path: "/" + s.Path, Reason: s.Reason})
+		}
+	}}
 	go func() {
-		err := layers.WriteTarExcluding(ctx, upper, pw, excludes)
+		err := layers.WriteTarWith(ctx, upper, pw, tarOpts)
 		if frozen {
 			e.rt.Thaw(ctx, id)
 		}
@@ -95,6 +111,7 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	for _, x := range excludes {
 		of.Excluded = append(of.Excluded, "/"+x)
 	}
+	of.Skipped, of.SkippedCount = skipped, skippedCount
 	l, created, err := e.PublishLayer(ctx, corral.Layer{
 		Name: req.Name, Version: req.Version, Kind: corral.KindSnapshot, Digest: blob.Digest,
 		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), Snapshot: of, Project: rec.Project,
@@ -107,7 +124,7 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published", req.Name, req.Version)
 	}
 	e.log.Info("snapshot published", "sandbox", id, "layer", req.Name+":"+req.Version, "digest", blob.Digest,
-		"bytes", blob.Size, "files", blob.Files, "frozen", frozen, "read_took", took.Round(time.Millisecond),
+		"bytes", blob.Size, "files", blob.Files, "skipped", skippedCount, "frozen", frozen, "read_took", took.Round(time.Millisecond),
 		"took", time.Since(start).Round(time.Millisecond))
 	return l, nil
 }

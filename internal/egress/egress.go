@@ -322,6 +322,7 @@ func (m *Manager) netnsPath(i int) string {
 func (m *Manager) hostIf(i int) string { return m.ifPrefix() + strconv.Itoa(i) }
 func (m *Manager) peerIf(i int) string { return "cp" + m.cfg.Tag + "-" + strconv.Itoa(i) }
 func slotChain(i int) string           { return "slot-" + strconv.Itoa(i) }
+func slotTag(i int) string             { return "corral-slot:" + strconv.Itoa(i) }
 func dnsSet(i int) string              { return "dns-" + strconv.Itoa(i) }
 func dnsPortSet(i int) string          { return "dnsp-" + strconv.Itoa(i) }
 
@@ -462,10 +463,13 @@ func (m *Manager) addSlotRules(s *Slot) error {
 			}
 		}
 	}
-	for _, proto := range []uint8{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		c.InsertRule(&nftables.Rule{Table: m.table, Chain: m.input, UserData: []byte("corral-slot:" + strconv.Itoa(s.Index)),
-			Exprs: cat(matchIIF(s.HostIf), matchIPv4(), matchAddr(16, netip.PrefixFrom(s.HostAddr, 32)), matchL4(proto), matchDport(53, 53),
-				[]expr.Any{verdict(expr.VerdictAccept)})})
+	// Everything the sandbox sends to the host itself (any of its addresses: its own gateway,
+	// the host's primary address, other sandboxes' gateways) is, after its resolver and its
+	// redirected proxy connections, dropped, logged and counted as the sandbox's (ReasonHost).
+	// Inserted at the top of input, in reverse, so they come in hostRules' order.
+	rules := hostRules(m.table, m.input, s, m.cfg.ProxyPort, m.cfg.LogGroup)
+	for i := len(rules) - 1; i >= 0; i-- {
+		c.InsertRule(rules[i])
 	}
 	if err := c.Flush(); err != nil {
 		return errNft("slot rules", err)
@@ -531,7 +535,8 @@ func (m *Manager) AllowAddrPort(s *Slot, ip netip.Addr, proto uint8, ports []uin
 	return m.nft.Flush()
 }
 
-// Counters returns slot s's blocked-packet counts by reason.
+// Counters returns slot s's blocked-packet counts by reason: its policy's drops (slot chain)
+// and its attempts at the host (its rules in input, ReasonHost).
 func (m *Manager) Counters(s *Slot) (map[string]uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -540,6 +545,21 @@ func (m *Manager) Counters(s *Slot) (map[string]uint64, error) {
 		return nil, errNft("read counters", err)
 	}
 	out := map[string]uint64{}
+	// The slot's rules in input carry its slot tag (for destroy); its one counter is ReasonHost.
+	input, err := m.nft.GetRules(m.table, m.input)
+	if err != nil {
+		return nil, errNft("read counters", err)
+	}
+	for _, r := range input {
+		if string(r.UserData) != slotTag(s.Index) {
+			continue
+		}
+		for _, e := range r.Exprs {
+			if c, ok := e.(*expr.Counter); ok {
+				out[ReasonHost] += c.Packets
+			}
+		}
+	}
 	for _, r := range rules {
 		reason := reasonOf(r)
 		if reason == "" {

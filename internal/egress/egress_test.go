@@ -129,8 +129,26 @@ func TestPolicyEnforced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cnt[ReasonNoRule] == 0 || cnt[ReasonBlocked] == 0 {
-		t.Errorf("counters = %v, want no_rule and blocked_range counted", cnt)
+	if cnt[ReasonNoRule] == 0 || cnt[ReasonBlocked] == 0 || cnt[ReasonHost] == 0 {
+		t.Errorf("counters = %v, want no_rule, blocked_range and host counted", cnt)
+	}
+	// Another slot's gateway is the host too: counted as this slot's attempt at the host, not
+	// the other's.
+	other, err := m.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Release(other)
+	before := cnt[ReasonHost]
+	if c, err := dialFrom(t, s, other.HostAddr.String()+":7070"); err == nil {
+		c.Close()
+		t.Errorf("connected to another slot's gateway %s", other.HostAddr)
+	}
+	if cnt, _ := m.Counters(s); cnt[ReasonHost] <= before {
+		t.Errorf("host count %d after a dial to another slot's gateway, was %d", cnt[ReasonHost], before)
+	}
+	if cnt, _ := m.Counters(other); cnt[ReasonHost] != 0 {
+		t.Errorf("the other slot counted %d attempts at the host it never made", cnt[ReasonHost])
 	}
 	// A new policy applies to an open connection from its next packet.
 	c, err = dialFrom(t, s, "203.0.113.1:80")

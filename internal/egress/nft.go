@@ -30,7 +30,13 @@ import (
 //	    oifname "cr<tag>-*" ct state established,related accept      replies
 //	    oifname "cr<tag>-*" counter drop                             nothing reaches a sandbox uninvited
 //	  chain input (hook input, filter, policy accept)
-//	    iifname "cr<tag>-*" meta l4proto {udp,tcp} th dport 53 ip daddr <host side of its slot> accept (per slot)
+//	    iifname "cr<tag>-*" tcp dport <proxy> ct status dnat accept  (connections prerouting redirected)
+//	    per slot n, what arrives on its veth (iifname "<host veth n>"), tagged corral-slot:<n>:
+//	      ip daddr <host side of its slot> udp/tcp dport 53 accept   its resolver
+//	      tcp dport <proxy> ct status dnat accept                    its redirected connections
+//	      log group <g> (rate-limited)           "host": its gateway's other ports (the API's
+//	      counter drop                           included), the host's other addresses, other
+//	                                             slots' gateways; read as slot n's by Counters
 //	    iifname "cr<tag>-*" counter drop                             the host itself is unreachable
 //	  chain slot-<n>   the sandbox's policy, evaluated for every packet it sends (no "established
 //	                   accept" first: a new policy applies to open connections at once)
@@ -54,6 +60,8 @@ const (
 	ReasonDenied    = "denied"
 	ReasonBlocked   = "blocked_range"
 	ReasonNoRule    = "no_rule"
+	// ReasonHost is a packet to the host itself, on any of its addresses (the slot's input rules).
+	ReasonHost = "host"
 )
 
 // NetRule is an address rule: a prefix, a protocol (0: TCP and UDP) and a port range (0-0:
@@ -289,6 +297,30 @@ func slotRules(t *nftables.Table, c *nftables.Chain, dns, dnsp *nftables.Set, bl
 		add(nil, verdict(expr.VerdictAccept))
 	}
 	drop(ReasonNoRule, nil)
+	return rules
+}
+
+// hostRules returns slot s's rules in the input chain, all matching what arrives on its veth
+// and tagged with its slot (slotTag): its resolver and (proxyPort not 0) its redirected proxy
+// connections are accepted, anything else it sends to the host is dropped and counted (the
+// one counter, read as ReasonHost), logged first (rate-limited, as the slot chain's drops) to
+// logGroup when set.
+func hostRules(t *nftables.Table, c *nftables.Chain, s *Slot, proxyPort, logGroup uint16) []*nftables.Rule {
+	var rules []*nftables.Rule
+	add := func(e ...expr.Any) {
+		rules = append(rules, &nftables.Rule{Table: t, Chain: c, Exprs: cat(matchIIF(s.HostIf), e), UserData: []byte(slotTag(s.Index))})
+	}
+	for _, proto := range []uint8{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		add(cat(matchIPv4(), matchAddr(16, netip.PrefixFrom(s.HostAddr, 32)), matchL4(proto), matchDport(53, 53),
+			[]expr.Any{verdict(expr.VerdictAccept)})...)
+	}
+	if proxyPort != 0 {
+		add(cat(matchL4(unix.IPPROTO_TCP), matchDport(proxyPort, proxyPort), matchCtDNAT(), []expr.Any{verdict(expr.VerdictAccept)})...)
+	}
+	if logGroup != 0 {
+		add(nflog.LogExprs(logGroup, LogPrefix(s.Index, ReasonHost))...)
+	}
+	add(&expr.Counter{}, verdict(expr.VerdictDrop))
 	return rules
 }
 

@@ -53,8 +53,9 @@ type Config struct {
 
 	// SetID says what to do with the setuid and setgid bits of non-directories: SetIDStrip (the
 	// default) clears them, SetIDKeep keeps them. The setgid bit of a directory (group
-	// inheritance, not a privilege) is always kept. File capabilities (security.capability) are
-	// always kept.
+	// inheritance, not a privilege) is always kept. File capabilities (security.capability),
+	// privilege as setuid is, go with them: dropped under SetIDStrip, kept under SetIDKeep.
+	// Other security.* and trusted.* attributes are always dropped (trusted.overlay.* refused).
 	SetID string
 
 	// Blobs is the blob store of record for layer images and their records: a directory

@@ -84,7 +84,9 @@
 //
 // A whiteout (a 0:0 character device, overlayfs's mark for a deleted lower entry) carries only
 // path and type: its mode and owner mean nothing to overlayfs. The preserved extended attributes
-// are user.* (except user.overlay.*), security.capability and trusted.overlay.opaque.
+// are user.* (except user.overlay.*), security.capability and trusted.overlay.opaque; an import
+// keeps security.capability only with Config.SetID "keep" (as it keeps setuid bits), so by
+// default no layer, and no snapshot, carries a file capability.
 // Modification, access and change times are NOT part of the digest: the same files with the same
 // ownership and modes are one layer, however and whenever they were built. A blob keeps the mtimes
 // of its first import; later imports of the same digest do not change them.

@@ -371,9 +371,11 @@ func (x *extractor) xattrs(hdr *tar.Header, dir bool) ([]xattr, error) {
 			if !dir || v != "y" {
 				return nil, invalidEntry(hdr.Name, "%s is only accepted as \"y\" on a directory", opaqueXattr)
 			}
-		case strings.HasPrefix(name, "trusted.") || strings.HasPrefix(name, "user.overlay."):
-			return nil, invalidEntry(hdr.Name, "extended attribute %q is not allowed: trusted.* and user.overlay.* steer overlayfs", name)
-		case !keepXattr(name):
+		case strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, "user.overlay."):
+			return nil, invalidEntry(hdr.Name, "extended attribute %q is not allowed: trusted.overlay.* and user.overlay.* steer overlayfs", name)
+		case !keepXattr(name), name == capabilityXattr && x.cfg.SetID == SetIDStrip:
+			// File capabilities are privilege as setuid is, and go with it (Config.SetID);
+			// other security.* (SELinux labels, IMA, EVM) and trusted.* are no layer's to set.
 			x.dropped[name]++
 			continue
 		}

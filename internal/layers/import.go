@@ -52,9 +52,10 @@ const zstdMaxWindow = 128 << 20
 //   - OCI whiteouts become overlayfs ones: ".wh.NAME" a 0:0 character device NAME and
 //     ".wh..wh..opq" the xattr trusted.overlay.opaque=y on its directory. Other ".wh..wh." names
 //     (AUFS bookkeeping) are skipped.
-//   - Owner (numeric; names are ignored), mode, mtime and atime are kept; setuid/setgid follow
-//     Config.SetID. Extended attributes user.* and security.capability are kept, trusted.* and
-//     user.overlay.* are refused, others (security.selinux, ACLs) are dropped with a log line.
+//   - Owner (numeric; names are ignored), mode, mtime and atime are kept; setuid/setgid and file
+//     capabilities (security.capability) follow Config.SetID (dropped by default). Extended
+//     attributes user.* are kept, trusted.overlay.* (but an opaque directory's) and user.overlay.*
+//     are refused, others (other security.* and trusted.*, ACLs) are dropped with a log line.
 //   - Limits: Config.MaxBytes of file content, Config.MaxEntries entries, Config.MaxRatio
 //     expansion over the input. Corrupt tar, gzip or zstd data and an empty (0-byte) input are
 //     refused; xz and bzip2 are refused by name.

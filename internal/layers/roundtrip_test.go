@@ -323,41 +323,56 @@ func TestSymlinkTargetsKept(t *testing.T) {
 	}
 }
 
-// TestXattrsAndTimes checks that kept attributes and times arrive, on every kind of entry.
+// TestXattrsAndTimes checks that kept attributes and times arrive, on every kind of entry, and
+// that no privilege does: security.capability goes with setuid (kept only with SetIDKeep), other
+// security.* and trusted.* attributes are dropped.
 func TestXattrsAndTimes(t *testing.T) {
 	requireRoot(t)
-	mt := time.Date(2019, 5, 6, 7, 8, 9, 500, time.UTC)
-	s := newStore(t, Config{})
-	archive := tarOf(t,
-		ent{name: "d/", typ: tar.TypeDir, mtime: mt, xattrs: map[string]string{"user.a": "1"}},
-		ent{name: "d/f", body: "x", mtime: mt, xattrs: map[string]string{"user.b": "2", "security.capability": string(capNetRaw),
-			"security.selinux": "system_u:object_r:bin_t:s0"}},
-		ent{name: "d/s", typ: tar.TypeSymlink, link: "f", mtime: mt},
-		ent{name: "d/p", typ: tar.TypeFifo, mtime: mt, xattrs: map[string]string{"security.capability": string(capNetRaw)}},
-	)
-	layer, _ := mounted(t, s, importBytes(t, s, archive).Digest)
-	snap := snapshot(t, layer)
-	for name, want := range map[string][]string{
-		"d":   {`xattr:user.a="1"`},
-		"d/f": {`xattr:security.capability=`, `xattr:user.b="2"`},
-	} {
-		for _, w := range want {
-			if !strings.Contains(snap[name], w) {
-				t.Errorf("%s = %s; want it to contain %s", name, snap[name], w)
+	for _, setID := range []string{SetIDStrip, SetIDKeep} {
+		t.Run(setID, func(t *testing.T) {
+			mt := time.Date(2019, 5, 6, 7, 8, 9, 500, time.UTC)
+			s := newStore(t, Config{SetID: setID})
+			archive := tarOf(t,
+				ent{name: "d/", typ: tar.TypeDir, mtime: mt, xattrs: map[string]string{"user.a": "1", "trusted.md5sum": "x"}},
+				ent{name: "d/f", body: "x", mtime: mt, xattrs: map[string]string{"user.b": "2", "security.capability": string(capNetRaw),
+					"security.selinux": "system_u:object_r:bin_t:s0", "security.ima": "\x01", "trusted.other": "t"}},
+				ent{name: "d/s", typ: tar.TypeSymlink, link: "f", mtime: mt},
+				ent{name: "d/p", typ: tar.TypeFifo, mtime: mt},
+			)
+			layer, _ := mounted(t, s, importBytes(t, s, archive).Digest)
+			snap := snapshot(t, layer)
+			want := map[string][]string{"d": {`xattr:user.a="1"`}, "d/f": {`xattr:user.b="2"`}}
+			if setID == SetIDKeep {
+				want["d/f"] = append(want["d/f"], `xattr:security.capability=`)
 			}
-		}
-	}
-	if strings.Contains(snap["d/f"], "selinux") {
-		t.Errorf("d/f kept security.selinux: %s", snap["d/f"])
-	}
-	for _, name := range []string{"d", "d/f", "d/s", "d/p"} {
-		var st unix.Stat_t
-		if err := unix.Lstat(filepath.Join(layer, name), &st); err != nil {
-			t.Fatal(err)
-		}
-		if got := time.Unix(st.Mtim.Sec, st.Mtim.Nsec); !got.Equal(mt) {
-			t.Errorf("mtime of %s = %v; want %v", name, got.UTC(), mt)
-		}
+			for name, want := range want {
+				for _, w := range want {
+					if !strings.Contains(snap[name], w) {
+						t.Errorf("%s = %s; want it to contain %s", name, snap[name], w)
+					}
+				}
+			}
+			for _, name := range []string{"d", "d/f"} {
+				for _, bad := range []string{"selinux", "security.ima", "trusted"} {
+					if strings.Contains(snap[name], bad) {
+						t.Errorf("%s kept %s: %s", name, bad, snap[name])
+					}
+				}
+			}
+			// On the mounted image itself, not only in what snapshot() reads.
+			if _, err := unix.Getxattr(filepath.Join(layer, "d/f"), "security.capability", make([]byte, 64)); (err == nil) != (setID == SetIDKeep) {
+				t.Errorf("getxattr security.capability on d/f: %v with SetID %s", err, setID)
+			}
+			for _, name := range []string{"d", "d/f", "d/s", "d/p"} {
+				var st unix.Stat_t
+				if err := unix.Lstat(filepath.Join(layer, name), &st); err != nil {
+					t.Fatal(err)
+				}
+				if got := time.Unix(st.Mtim.Sec, st.Mtim.Nsec); !got.Equal(mt) {
+					t.Errorf("mtime of %s = %v; want %v", name, got.UTC(), mt)
+				}
+			}
+		})
 	}
 }
 

@@ -29,6 +29,9 @@ const (
 	opaqueXattr    = "trusted.overlay.opaque"
 )
 
+// capabilityXattr holds a file's capabilities; an import keeps it only with SetIDKeep.
+const capabilityXattr = "security.capability"
+
 // fileID names an inode.
 type fileID struct{ dev, ino uint64 }
 
@@ -60,7 +63,7 @@ func isWhiteout(st *unix.Stat_t) bool {
 // written by WriteTar and covered by the digest.
 func keepXattr(name string) bool {
 	switch {
-	case name == "security.capability", name == opaqueXattr:
+	case name == capabilityXattr, name == opaqueXattr:
 		return true
 	case strings.HasPrefix(name, "user.overlay."):
 		return false // steers overlayfs mounted with userxattr; never trusted from a layer

@@ -38,21 +38,77 @@ func WriteTar(ctx context.Context, dir string, w io.Writer) error {
 // WriteTarExcluding is WriteTar leaving out every entry whose path relative to dir is in exclude
 // or below one that is (paths relative, cleaned, without a leading "/").
 func WriteTarExcluding(ctx context.Context, dir string, w io.Writer, exclude []string) error {
+	return WriteTarWith(ctx, dir, w, TarOptions{Exclude: exclude})
+}
+
+// Skipped is an entry a snapshot's archive left out, and why.
+type Skipped struct {
+	Path   string // relative to the tree's root
+	Reason string
+}
+
+// Reasons an entry is skipped (Skipped.Reason).
+const (
+	SkipDevice      = "device node: a layer carries no devices"
+	SkipSocket      = "socket: not a file a layer can hold"
+	SkipWhiteout    = "name starts with .wh.: in a layer it would mean a whiteout and hide files below"
+	SkipLinkSkipped = "hard link to a skipped or excluded entry"
+)
+
+// TarOptions configures WriteTarWith.
+type TarOptions struct {
+	// Exclude leaves out these paths and everything below them (relative, cleaned, without a
+	// leading "/").
+	Exclude []string
+	// Skip, when set, makes the archive of a tree someone else made (a sandbox's writable
+	// layer): what a layer cannot hold is left out and reported to Skip instead of failing
+	// the call. That is device nodes other than whiteouts (ImportTar refuses them), sockets,
+	// entries (a directory with all below it) whose name starts with ".wh." (an OCI whiteout's
+	// spelling: ".wh.etc" would hide the lower layers' /etc, ".wh..wh..opq" every file beside
+	// it), and hard links to any of those or to an excluded file. Skip is called in walk
+	// order.
+	Skip func(Skipped)
+}
+
+// WriteTarWith is WriteTar with options.
+func WriteTarWith(ctx context.Context, dir string, w io.Writer, opts TarOptions) error {
 	tw := tar.NewWriter(w)
 	buf := make([]byte, 1<<20)
-	excluded := make(map[string]bool, len(exclude))
-	for _, e := range exclude {
+	excluded := make(map[string]bool, len(opts.Exclude))
+	for _, e := range opts.Exclude {
 		excluded[e] = true
+	}
+	skipped := map[string]bool{} // non-directories left out, for their hard links
+	skip := func(n *node, reason string) error {
+		if n.typ() != unix.S_IFDIR {
+			skipped[n.rel] = true
+		}
+		opts.Skip(Skipped{Path: n.rel, Reason: reason})
+		return fs.SkipDir
 	}
 	err := walkTree(ctx, dir, func(n *node) error {
 		if excluded[n.rel] {
+			if n.typ() != unix.S_IFDIR {
+				skipped[n.rel] = true // a later hard link to it cannot name it
+			}
 			return fs.SkipDir
 		}
 		typ := n.typ()
+		base := path.Base(n.rel)
+		switch {
+		case opts.Skip == nil:
+		case n.linkTo != "" && skipped[n.linkTo]:
+			return skip(n, SkipLinkSkipped)
+		case n.rel != "" && strings.HasPrefix(base, whiteoutPrefix):
+			return skip(n, SkipWhiteout)
+		case typ == unix.S_IFSOCK:
+			return skip(n, SkipSocket)
+		case (typ == unix.S_IFCHR || typ == unix.S_IFBLK) && !isWhiteout(&n.st):
+			return skip(n, SkipDevice)
+		}
 		if typ == unix.S_IFSOCK {
 			return nil
 		}
-		base := path.Base(n.rel)
 		if n.rel != "" && strings.HasPrefix(base, whiteoutPrefix) {
 			return errdefs.Invalid("path "+n.rel, "a file named .wh.* cannot be stored in a layer: the name means a whiteout")
 		}

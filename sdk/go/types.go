@@ -101,7 +101,7 @@ type CreateRequest struct {
 
 // EgressStats counts a networked sandbox's blocked egress attempts.
 type EgressStats struct {
-	// Blocked counts attempts by reason: no_rule, denied, blocked_range, dns_bypass (packets);
+	// Blocked counts attempts by reason: no_rule, denied, blocked_range, dns_bypass, host (packets; host: to the host itself);
 	// dns_refused, dns_type, dns_tunnel, dns_rate (DNS queries).
 	Blocked      map[string]uint64 `json:"blocked"`
 	BlockedTotal uint64            `json:"blocked_total"`
@@ -352,6 +352,17 @@ type SnapshotOf struct {
 	Sandbox string `json:"sandbox"`
 	// Excluded lists the paths whose changes were left out.
 	Excluded []string `json:"excluded,omitempty"`
+	// Skipped lists entries of the sandbox's changes that a layer cannot hold and the snapshot
+	// left out (device nodes, sockets, names starting with ".wh.", which in a layer would be
+	// whiteouts, and hard links to those), the first 100 of them; SkippedCount counts them all.
+	Skipped      []SnapshotSkip `json:"skipped,omitempty"`
+	SkippedCount int            `json:"skipped_count,omitempty"`
+}
+
+// SnapshotSkip is an entry a snapshot left out, and why.
+type SnapshotSkip struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
 // SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshot.

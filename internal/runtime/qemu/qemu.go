@@ -167,14 +167,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		proxies: map[string]*vmlink.Proxy{}, uids: map[uint32]string{}, images: map[string]imageEntry{},
 		building: map[string]bool{}, failedUntil: map[string]time.Time{}, waits: map[int]chan struct{}{}}
 	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+	// Root's alone: QEMU opens no path in them (every file is a descriptor it is given).
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, err
 	}
-	// The boot files are read by the VMs' own uids.
-	if err := os.MkdirAll(cfg.CacheDir, 0o755); err != nil {
+	os.Chmod(cfg.StateDir, 0o700)
+	// The boot files in it are 0644, read by the VMs' own uids through descriptors; the
+	// directory keeps every other host user out.
+	if err := os.MkdirAll(cfg.CacheDir, 0o700); err != nil {
 		return nil, err
 	}
-	os.Chmod(cfg.CacheDir, 0o755)
+	os.Chmod(cfg.CacheDir, 0o700)
 	r.removeTemplates()
 	ids, err := r.List(ctx)
 	if err != nil {
@@ -675,7 +678,11 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	}
 	cfgPath := filepath.Join(dir, "guest.json")
 	b, _ := json.Marshal(gcfg)
-	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+	// QEMU reopens it through /proc/self/fd as the VM's uid: that uid's alone (it holds the env).
+	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if err := os.Chown(cfgPath, int(uid), int(uid)); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	files = append(files, vmFile{Role: "kernel", Path: img.Kernel}, vmFile{Role: "initrd", Path: img.Initrd},

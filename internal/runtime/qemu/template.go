@@ -149,6 +149,10 @@ func (r *Runtime) buildTemplate(ctx context.Context, key string, spec *runc.Spec
 	if err := os.WriteFile(filepath.Join(dir, "guest.json"), []byte(`{"template":true}`), 0o644); err != nil {
 		return err
 	}
+	// Read by the template VM's own uid through a descriptor, whatever the umask took off.
+	if err := os.Chmod(filepath.Join(dir, "guest.json"), 0o644); err != nil {
+		return err
+	}
 	id := "template-" + key
 	uid, err := r.allocUID(id)
 	if err != nil {
