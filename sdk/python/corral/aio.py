@@ -51,7 +51,7 @@ class _Response:
         cl = headers.get("content-length")
         self._left: Optional[int] = int(cl) if cl is not None and not self._chunked else None
         self._keep = headers.get("connection", "").lower() != "close" and (
-            self._chunked or self._left is not None)
+            self._chunked or self._left is not None or head_only)
         self._chunk_left = 0
         self._done = head_only or self._left == 0
         self._released = False
@@ -223,7 +223,9 @@ class _Transport:
             if isinstance(e, (_CONN_ERRORS + (asyncio.TimeoutError, errors.TransportError))):
                 raise _SendError(e, sent, reused) from e
             raise
-        return _Response(self.pool, conn, status, headers, req.method == "HEAD"), reused, sent
+        # HEAD answers, 204 and 304 have no body whatever their headers say (RFC 9112 6.3).
+        bodiless = req.method == "HEAD" or status in (204, 304)
+        return _Response(self.pool, conn, status, headers, bodiless), reused, sent
 
     async def open(self, req: Request) -> _Response:
         """Send req and return its answer once the status is below 400, retrying as the policy

@@ -55,3 +55,74 @@ def restart_corral() -> None:
 def can_restart() -> bool:
     """Whether the harness can restart corral."""
     return bool(os.environ.get("CORRAL_TEST_CONTROL"))
+
+
+class CuttingProxy:
+    """A TCP proxy in front of the server whose connections the test can cut at will, to break
+    streams mid-way the way a crashed proxy or a restarted server does."""
+
+    def __init__(self, target_url: str) -> None:
+        import socket
+        import threading
+        import urllib.parse
+        u = urllib.parse.urlsplit(target_url)
+        self._target = (u.hostname, u.port)
+        self._lsock = socket.socket()
+        self._lsock.bind(("127.0.0.1", 0))
+        self._lsock.listen(64)
+        self.url = "http://127.0.0.1:%d" % self._lsock.getsockname()[1]
+        self._conns: list = []
+        self._lock = threading.Lock()
+        self.cuts = 0
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+        while True:
+            try:
+                c, _ = self._lsock.accept()
+            except OSError:
+                return
+            s = socket.create_connection(self._target)
+            with self._lock:
+                self._conns += [c, s]
+                self.accepted += 1
+            for a, b in ((c, s), (s, c)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b) -> None:
+        import socket
+        try:
+            while True:
+                d = a.recv(65536)
+                if not d:
+                    break
+                b.sendall(d)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        """Break every open connection."""
+        import socket
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+        self.cuts += 1
+
+    def close(self) -> None:
+        """Stop accepting and cut what is open."""
+        self._lsock.close()
+        self.cut()
