@@ -22,6 +22,7 @@ func TestPythonSDK(t *testing.T) {
 		t.Skip("needs python3 for the Python SDK's tests (scripts/setup.sh installs it)")
 	}
 	p := withBase(t)
+	t.Run("install", testPythonSDKInstall)
 
 	// ctlR/ctlW: the suite's requests; ackR/ackW: this test's answers.
 	ctlR, ctlW, err := os.Pipe()
@@ -78,5 +79,32 @@ func TestPythonSDK(t *testing.T) {
 	// Here every test has what it needs: one that skipped would pass without testing anything.
 	if strings.Contains(out.String(), "... skipped") {
 		t.Errorf("some of the Python SDK's tests skipped")
+	}
+}
+
+// testPythonSDKInstall installs sdk/python into a fresh venv offline, as README says, with
+// Debian's python3, setuptools and wheel, and imports it from there.
+func testPythonSDKInstall(t *testing.T) {
+	if _, err := os.Stat("/usr/share/doc/python3-venv"); err != nil {
+		t.Skip("needs Debian's python3-venv (scripts/setup.sh installs it)")
+	}
+	dir := t.TempDir()
+	// pip builds in the source tree (build/, *.egg-info): give it a copy.
+	src := filepath.Join(dir, "src")
+	if out, err := exec.Command("cp", "-r", filepath.Join(repoRoot, "sdk", "python"), src).CombinedOutput(); err != nil {
+		t.Fatalf("copy sdk/python: %v\n%s", err, out)
+	}
+	venv := filepath.Join(dir, "venv")
+	for _, args := range [][]string{
+		{"/usr/bin/python3", "-m", "venv", "--system-site-packages", venv},
+		{filepath.Join(venv, "bin", "pip"), "install", "-q", "--no-build-isolation", "--no-index", src},
+		{filepath.Join(venv, "bin", "python"), "-c", "import corral, os, sys; assert corral.__file__.startswith(sys.prefix), corral.__file__; assert os.path.exists(os.path.join(os.path.dirname(corral.__file__), 'py.typed'))"},
+	} {
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Dir = dir // not the repository, whose sdk/python would shadow the installed package
+		cmd.Env = append(os.Environ(), "PYTHONPATH=", "PIP_DISABLE_PIP_VERSION_CHECK=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }
