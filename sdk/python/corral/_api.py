@@ -515,11 +515,9 @@ def grants(project: str) -> Call:
 
 
 def create_token(project: str, role: str, permissions: Sequence[str], ttl: Any, principal: str,
-                 kind: str, name: str, e2b: bool) -> Call:
+                 kind: str, name: str) -> Call:
     body = _drop_empty({"project": project, "role": role, "permissions": list(permissions),
                         "ttl": duration(ttl), "principal": principal, "kind": kind, "name": name})
-    if e2b:
-        body["e2b"] = True
     return Call(Request("POST", "/v1/tokens", json_body=body), into(m.Token))
 
 

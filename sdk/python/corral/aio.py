@@ -933,11 +933,10 @@ class AsyncCorral:
 
     async def create_token(self, project: str, role: str = "", *,
                            permissions: Sequence[str] = (), ttl: Optional[Duration] = None,
-                           principal: str = "", kind: str = "", name: str = "",
-                           e2b: bool = False) -> Token:
+                           principal: str = "", kind: str = "", name: str = "") -> Token:
         """Mint a token (see :meth:`corral.Corral.create_token`)."""
         return await self._do(_api.create_token(project, role, permissions, ttl, principal, kind,
-                                                name, e2b))
+                                                name))
 
     async def tokens(self) -> List[Token]:
         """The tokens the caller may manage."""

@@ -913,12 +913,11 @@ class Corral:
 
     def create_token(self, project: str, role: str = "", *, permissions: Sequence[str] = (),
                      ttl: Optional[Duration] = None, principal: str = "", kind: str = "",
-                     name: str = "", e2b: bool = False) -> Token:
+                     name: str = "") -> Token:
         """Mint a token scoped to ``project`` with a ``role`` (or ``permissions``); ``token``
-        holds the secret, shown only now. ``e2b`` also returns ``e2b_key``, the same token in
-        the ``e2b_<hex>`` shape E2B's SDKs require."""
-        return self._do(_api.create_token(project, role, permissions, ttl, principal, kind, name,
-                                          e2b))
+        holds the secret, shown only now (``e2b_key`` gives it in the ``e2b_<hex>`` shape E2B's
+        SDKs require)."""
+        return self._do(_api.create_token(project, role, permissions, ttl, principal, kind, name))
 
     def tokens(self) -> List[Token]:
         """The tokens the caller may manage."""

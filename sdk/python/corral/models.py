@@ -19,7 +19,7 @@ __all__ = [
     "Model", "Exit", "Event", "ExecResult", "Command", "SandboxInfo", "Limits", "NetworkPolicy",
     "FileInfo", "WatchEvent", "Layer", "Environment", "FncallEnv", "CallResult",
     "TrajectoryEntry", "Project", "ProjectQuota", "Principal", "Grant", "Token", "Whoami",
-    "AuditEntry", "ServerInfo", "BlockedAttempt", "NetworkService", "Node",
+    "AuditEntry", "ServerInfo", "BlockedAttempt", "NetworkService", "Node", "e2b_key",
 ]
 
 _TIME_RE = re.compile(
@@ -494,11 +494,10 @@ class Grant(Model):
 @dataclass
 class Token(Model):
     """An API token's record; ``token`` holds the secret only in the answer to its creation,
-    and ``e2b_key`` its E2B-style key (for E2B's SDKs through the gateway) when asked for."""
+    and ``e2b_key`` then gives the same secret as its E2B alias (for E2B's SDKs)."""
 
     id: str = ""
     token: str = ""
-    e2b_key: str = ""
     principal: str = ""
     project: str = ""
     role: str = ""
@@ -508,6 +507,27 @@ class Token(Model):
     expires_at: Optional[_dt.datetime] = None
     revoked_at: Optional[_dt.datetime] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+    @property
+    def e2b_key(self) -> str:
+        """The secret as its E2B alias ("e2b_" and hex), or "" when the secret is not known."""
+        return e2b_key(self.token) if self.token else ""
+
+
+def e2b_key(token: str) -> str:
+    """Return a Corral token's E2B alias: "e2b_" and the token's 32 secret bytes in lowercase hex,
+    the only key shape E2B's Python SDK accepts (E2B_API_KEY). The alias is the same token:
+    Corral and its E2B gateway take it wherever they take the token. Raises ValueError for a
+    string that is not a Corral token."""
+    import re
+    if re.fullmatch(r"e2b_[0-9a-f]{64}", token):
+        return token
+    m = re.fullmatch(r"crl_([A-Za-z0-9_-]{43})", token)
+    raw = base64.urlsafe_b64decode(m.group(1) + "=") if m else b""
+    if len(raw) != 32 or base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != (m.group(1) if m else ""):
+        raise ValueError("not a Corral token (crl_ followed by 43 base64url characters)")
+    return "e2b_" + raw.hex()
 
 
 @dataclass

@@ -82,6 +82,21 @@ class HelpersTest(unittest.TestCase):
         self.assertEqual(_core.project_path("/team a/x/"), "team%20a/x")
 
 
+class E2BKeyTest(unittest.TestCase):
+    def test_alias(self) -> None:
+        import base64
+        raw = bytes(range(32))
+        tok = "crl_" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        key = corral.e2b_key(tok)
+        self.assertEqual(key, "e2b_" + raw.hex())
+        self.assertEqual(corral.e2b_key(key), key)
+        self.assertEqual(corral.Token(token=tok).e2b_key, key)
+        self.assertEqual(corral.Token().e2b_key, "")
+        for bad in ("", "crl_", "crl_short", tok + "x", "ct_123", "e2b_12", "E2B_" + raw.hex()):
+            with self.assertRaises(ValueError, msg=bad):
+                corral.e2b_key(bad)
+
+
 class ErrorsTest(unittest.TestCase):
     def test_mapping(self) -> None:
         cases = [

@@ -301,9 +301,15 @@ class SyncTest(unittest.TestCase):
         self.assertEqual(as_bot.whoami().principal.name, pr.name)
         with self.assertRaises(corral.PermissionDenied):
             as_bot.create_project(proj + "/nope")
+        # The token's E2B alias (the only key shape E2B's Python SDK accepts) is the token.
+        self.assertRegex(tok.e2b_key, r"^e2b_[0-9a-f]+$")
+        as_alias = corral.Corral(URL, tok.e2b_key)
+        self.assertEqual(as_alias.whoami().token.id, tok.id)
         self.assertIsNotNone(self.c.revoke_token(tok.id).revoked_at)
         with self.assertRaises(corral.Unauthorized):
             as_bot.whoami()
+        with self.assertRaises(corral.Unauthorized):
+            as_alias.whoami()
         self.c.revoke(proj, pr.name, "user")
         q = self.c.set_quota(proj, sandboxes=5, memory_bytes="4G")
         self.assertEqual((q.limit["sandboxes"], q.limit["memory_bytes"]), (5, 4 << 30))
