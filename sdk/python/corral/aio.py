@@ -368,12 +368,14 @@ class AsyncExecStream:
             self._resp.release()
             self._resp = None
         self._pending.clear()
-        if not (self._resume and self.state.can_resume()):
+        if self._resume and self.state.can_resume():
+            self._req = self.state.resume_request()
+        elif not (self._resume and self._req.idempotent and not self.state.done):
             self._closed = True
             if cause is None:
                 self.state.ended()
             raise errors.StreamError("output stream broke: %s" % (cause,)) from cause
-        self._req = self.state.resume_request()
+        # Else sent again as it was (see ExecStream._broken).
         attempt = 0
         while True:
             attempt += 1
@@ -409,6 +411,13 @@ class AsyncExecStream:
                 await r.drain()
             else:
                 r.release()
+
+    def __del__(self) -> None:
+        # A stream abandoned without close must give its pooled connection back.
+        r = getattr(self, "_resp", None)
+        if r is not None:
+            self._resp = None
+            r.release()
 
     async def __aenter__(self) -> "AsyncExecStream":
         return await self.start()
@@ -458,6 +467,11 @@ class AsyncWatchStream:
         """End the watch."""
         self._closed = True
         self._resp.release()
+
+    def __del__(self) -> None:
+        r = getattr(self, "_resp", None)
+        if r is not None and not self._closed:
+            r.release()
 
     async def __aenter__(self) -> "AsyncWatchStream":
         return self

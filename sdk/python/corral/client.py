@@ -269,12 +269,15 @@ class ExecStream:
             self._resp.close()
             self._resp = None
         self._pending.clear()
-        if not (self._resume and self.state.can_resume()):
+        if self._resume and self.state.can_resume():
+            self._req = self.state.resume_request()
+        elif not (self._resume and self._req.idempotent and not self.state.done):
             self._closed = True
             if cause is None:
                 self.state.ended()
             raise errors.StreamError("output stream broke: %s" % (cause,)) from cause
-        self._req = self.state.resume_request()
+        # Else the command's ID was not read yet, but the request is safe to send again (an
+        # exec with a step_id attaches to its command); repeated output is dropped by offset.
         attempt = 0
         while True:
             attempt += 1
@@ -307,6 +310,11 @@ class ExecStream:
         if self._resp is not None:
             self._resp.close(clean=clean)
             self._resp = None
+
+    def __del__(self) -> None:
+        # A stream abandoned without close must not keep its connection open.
+        if getattr(self, "_resp", None) is not None:
+            self.close()
 
     def __enter__(self) -> "ExecStream":
         return self.start()

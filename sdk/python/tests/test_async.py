@@ -184,6 +184,27 @@ class AsyncTest(unittest.TestCase):
         asyncio.run(main())
 
 
+class AbandonedStreamTest(unittest.TestCase):
+    def setUp(self) -> None:
+        need_server(self)
+
+    def test_abandoned_stream_gives_its_connection_back(self) -> None:
+        import gc
+
+        async def main() -> None:
+            async with corral.AsyncCorral(URL, TOKEN, max_connections=1) as ac:
+                async with await ac.create(base=BASE, ttl="5m") as sb:
+                    st = sb.stream(["sh", "-c", "echo one; sleep 30"])
+                    async for ev in st:
+                        if ev.type == "stdout":
+                            break  # left without close: the one connection is the stream's
+                    del st, ev
+                    gc.collect()
+                    r = await asyncio.wait_for(sb.exec(["echo", "free"]), 30)
+                    self.assertEqual(r.stdout, "free\n")
+        asyncio.run(main())
+
+
 def _tar(files: dict) -> bytes:
     import io
     import tarfile
