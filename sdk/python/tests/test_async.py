@@ -108,6 +108,12 @@ class AsyncTest(unittest.TestCase):
                 self.assertIsNotNone(info)
                 self.assertIsInstance(await sb.blocked_attempts(), list)
                 self.assertIsInstance(await sb.fetch_stats(), dict)
+                for call in (sb.screenshot, lambda: sb.input({"type": "key", "key": "ret"}),
+                             lambda: sb.power("off"), sb.console):
+                    with self.assertRaises(corral.InvalidRequest):
+                        await call()
+                await sb.upload_tar("/up", _tar({"a": b"1"}))
+                self.assertEqual(await sb.read_file("/up/a"), b"1")
             finally:
                 await sb.delete()
         self.run_async(t)
@@ -130,6 +136,14 @@ class AsyncTest(unittest.TestCase):
             self.assertEqual(q.limit["sandboxes"], 3)
             self.assertEqual((await ac.quota(proj)).limit["sandboxes"], 3)
             self.assertIsInstance(await ac.placement(proj), dict)
+            p = await ac.set_placement(proj, avoid=[{"zone": "b"}])
+            self.assertEqual(p["avoid"], [{"zone": "b"}])
+            with self.assertRaises(corral.NotFound):
+                await ac.nodes()
+            with self.assertRaises(corral.NotFound):
+                await ac.node_action("edge1", "drain")
+            svcs = await ac.set_network_services({"services": {"apyidx": {"domains": ["pypi.org"]}}})
+            self.assertEqual([x.name for x in svcs], ["apyidx"])
             self.assertTrue(await ac.audit(project=proj))
             self.assertEqual((await ac.move_project(proj, proj + "-b")).path, proj + "-b")
             await ac.delete_project(proj + "-b")

@@ -336,6 +336,38 @@ class SyncTest(unittest.TestCase):
         self.assertEqual((e.quota["resource"], e.quota["limit"]), ("sandboxes", 1))
         self.assertEqual(len(qc.list()), 1)
 
+    def test_operator_and_vm_routes(self) -> None:
+        self.assertIn("corral_sandboxes", self.c.metrics())
+        svcs = self.c.set_network_services({"services": {"pyidx": {"domains": ["pypi.org"]}}})
+        self.assertEqual([(s.name, s.domains) for s in svcs], [("pyidx", ["pypi.org"])])
+        self.assertEqual([s.name for s in self.c.network_services()], ["pyidx"])
+        proj = uniq("place")
+        self.c.create_project(proj)
+        self.addCleanup(lambda: self.c.delete_project(proj))
+        p = self.c.set_placement(proj, pin=[{"pool": "a"}], avoid=[{"gpu": "none"}])
+        self.assertEqual((p["pin"], p["avoid"]), ([{"pool": "a"}], [{"gpu": "none"}]))
+        self.assertEqual(self.c.placement(proj)["effective"]["pin"], [{"pool": "a"}])
+        # Nodes are a cluster server's routes; a single corral up has none.
+        with self.assertRaises(corral.NotFound):
+            self.c.nodes()
+        with self.assertRaises(corral.NotFound):
+            self.c.node_action("edge1", "cordon")
+        # The vm tier's routes answer for a container sandbox by naming the tier.
+        sb = self.sandbox()
+        for call in (sb.screenshot, lambda: sb.input({"type": "text", "text": "x"}),
+                     lambda: sb.power("reboot"), sb.console):
+            with self.assertRaises(corral.InvalidRequest) as cm:
+                call()
+            self.assertIn("not a vm sandbox", cm.exception.message)
+        # A tar archive as it is.
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            ti = tarfile.TarInfo("t.txt")
+            ti.size = 2
+            tf.addfile(ti, io.BytesIO(b"ok"))
+        sb.upload_tar("/up", buf.getvalue())
+        self.assertEqual(sb.read_file("/up/t.txt"), b"ok")
+
     def test_idempotent_create(self) -> None:
         key = uniq("idem")
         a = self.sandbox(idempotency_key=key)
