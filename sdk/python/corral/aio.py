@@ -214,10 +214,8 @@ class _Transport:
             conn.writer.write(wire)
             await conn.writer.drain()
             sent = True
-            if req.stream:
-                status, headers = await _read_head(conn.reader)
-            else:
-                status, headers = await asyncio.wait_for(_read_head(conn.reader), self.timeout)
+            # Even a stream's head comes at once; only its body may pause for long.
+            status, headers = await asyncio.wait_for(_read_head(conn.reader), self.timeout)
         except BaseException as e:
             self.pool.put(conn, False)
             if isinstance(e, (_CONN_ERRORS + (asyncio.TimeoutError, errors.TransportError))):
@@ -706,7 +704,8 @@ class AsyncCorral:
     """The asyncio form of :class:`corral.Corral`: the same methods as coroutines.
 
     ``max_connections`` bounds the connections open at once (calls beyond it wait; an open
-    output stream holds one). Use it with ``async with`` or ``await ac.close()``.
+    output stream holds one). Use it with ``async with`` or ``await ac.close()``, within one
+    event loop (its pool belongs to the loop it is first used in).
     """
 
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *,

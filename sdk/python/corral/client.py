@@ -124,10 +124,6 @@ class _Transport:
             try:
                 target = req.target(self.ep)
                 headers, body = req.encode(self.ep, self.token, self.user_agent)
-                if conn.sock is None:
-                    conn.connect()
-                    if req.stream and conn.sock is not None:
-                        conn.sock.settimeout(self.timeout)
                 conn.putrequest(req.method, target, skip_host=True, skip_accept_encoding=True)
                 for k, v in headers.items():
                     conn.putheader(k, v)
