@@ -200,3 +200,71 @@ class SurfaceTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RouteCoverageTest(unittest.TestCase):
+    """Every operation of api/openapi.yaml has its builder in corral._api (both clients use
+    them), and each builder sends the method and path the contract names."""
+
+    # Not for an SDK: an edge registering with a cluster server, and the VNC connection upgrade.
+    LEFT_OUT = {("POST", "/v1/cluster/join"), ("GET", "/v1/sandboxes/{id}/vnc")}
+
+    def operations(self):
+        import re
+        spec = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "api",
+                            "openapi.yaml")
+        if not os.path.exists(spec):
+            self.skipTest("api/openapi.yaml is not beside this checkout")
+        ops, path, in_paths = set(), None, False
+        with open(spec) as f:
+            for line in f:
+                if line.startswith("paths:"):
+                    in_paths = True
+                elif in_paths and re.match(r"^\S", line):
+                    break
+                elif in_paths and re.match(r"^  /", line):
+                    path = line.strip().rstrip(":")
+                elif in_paths and path and re.match(r"^    (get|post|put|delete|patch):", line):
+                    ops.add((line.strip().rstrip(":").upper(), path))
+        return ops
+
+    def test_every_route(self) -> None:
+        b = _api.exec_body(["true"])
+        built = [
+            _api.health(), _api.info(), _api.metrics(), _api.create({}, None),
+            _api.list_sandboxes(None, None, ""), _api.get("i"), _api.delete("i"),
+            _api.set_ttl("i", "1m"), _api.set_network("i", "none"), _api.fetch_stats("i"),
+            _api.blocked("i"), _api.create_fncall_env({}), _api.fncall_envs(), _api.fncall_env("n"),
+            _api.delete_fncall_env("n"), _api.call("n", {}), _api.call_stream("n", {}),
+            _api.save_environment("n", "b", "", [], False), _api.environments(),
+            _api.environment("n"), _api.delete_environment("n"), _api.delete_tag("n", "t"),
+            _api.tag_layer("n", "t", "v"), _api.gc_layers(), _api.set_network_services({}),
+            _api.network_services(), _api.snapshot("i", "n", "v", None), _api.pause("i"),
+            _api.resume("i"), _api.power("i", "on", False), _api.screenshot("i"),
+            _api.input_events("i", []), _api.console("i", 0), _api.exec_stream("i", b),
+            _api.trajectory("i", 0), _api.start_command("i", b), _api.commands("i"),
+            _api.command("i", "c"), _api.attach("i", "c", 0, True),
+            _api.write_stdin("i", "c", b"", False), _api.signal("i", "c", "TERM"),
+            _api.resize("i", "c", 1, 1), _api.read_file("i", "/p"),
+            _api.write_file("i", "/p", b"", None, None, False, False), _api.remove("i", "/p", False),
+            _api.stat("i", "/p"), _api.list_dir("i", "/p"), _api.mkdir("i", "/p", None, False, None),
+            _api.move("i", "/a", "/b"), _api.watch("i", "/p", False), _api.tar_out("i", "/p"),
+            _api.tar_in("i", "/p", b""), _api.import_layer("n", "v", "base", b"", None, [], "", False),
+            _api.layers(""), _api.layer_stats("n", "v", ""), _api.layer("n", "v"),
+            _api.set_layer_fill_rate("n", "v", 0), _api.delete_layer("n", "v"), _api.nodes(),
+            _api.node_action("n", "drain"), _api.whoami(), _api.create_project("p"),
+            _api.projects(""), _api.move_project("a", "b", False), _api.project("p"),
+            _api.delete_project("p", False), _api.quota("p"), _api.set_quota("p", {}),
+            _api.placement("p"), _api.set_placement("p", [], []),
+            _api.create_principal("n", "", ""), _api.principals(""), _api.grant("p", "n", "user"),
+            _api.grants(""), _api.revoke("p", "n", ""), _api.create_token("p", "user", [], None, "", "", ""),
+            _api.tokens(), _api.revoke_token("t"), _api.audit("", "", 0, 0),
+        ]
+        import re
+        reqs = [x.request if isinstance(x, _core.Call) else x for x in built]
+        missing = []
+        for method, tmpl in sorted(self.operations() - self.LEFT_OUT):
+            pat = "^" + re.sub(r"\{[a-z]+\}", "[^/]+", tmpl) + "$"
+            if not any(r.method == method and re.match(pat, r.path) for r in reqs):
+                missing.append("%s %s" % (method, tmpl))
+        self.assertEqual(missing, [], "routes of api/openapi.yaml without a builder in corral._api")
