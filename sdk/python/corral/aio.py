@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _api, _tario, errors
 from ._core import (Call, Duration, Endpoint, NDJSONSplitter, OutputState, Request, RetryPolicy,

@@ -7,11 +7,10 @@ small thread-safe pool; retries, errors and streams follow :mod:`corral._core`.
 from __future__ import annotations
 
 import http.client
-import socket
 import ssl
 import threading
 import time
-from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union)
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _api, _tario, errors
 from ._core import (Call, Duration, Endpoint, NDJSONSplitter, OutputState, Request, RetryPolicy,
