@@ -16,6 +16,9 @@ go version >/dev/null 2>&1 || { echo "setup: 'go version' failed; Corral needs G
 declare -A want=(
   [busybox]=busybox-static
   [/usr/bin/python3]=python3
+  # The Python SDK (sdk/python) installs into a venv: python3 -m venv --system-site-packages, then
+  # pip install --no-build-isolation --no-index ./sdk/python (Debian's setuptools and wheel).
+  [/usr/share/doc/python3-venv]=python3-venv
   [mkfs.ext4]=e2fsprogs
   [losetup]=mount
   [gcc]=gcc

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -749,6 +750,7 @@ func (a *app) newTokenCmd() *cobra.Command {
 		},
 	}
 	var req corral.TokenRequest
+	var e2bKey bool
 	create := &cobra.Command{
 		Use:   "create --project PATH (--role ROLE | --permission P ...) [--ttl DURATION] [--principal NAME | --kind KIND --name NAME]",
 		Short: "Mint a token that acts in one project's subtree and print its secret",
@@ -758,9 +760,12 @@ is yours unless --principal names another principal, or --kind/--name create a n
 unless --kind says otherwise) in the project with --role granted there.
 
 The secret is printed alone on stdout, so TOK=$(corral token create ...) keeps it; it is shown
-only this once. -o json prints the whole token record, secret included.`,
+only this once. -o json prints the whole token record, secret included. With --e2b the secret is
+printed as its E2B alias instead (e2b_ and lowercase hex, the shape E2B's SDKs demand of
+E2B_API_KEY): the same token, accepted wherever the token is.`,
 		Example: `  TOK=$(corral token create --project team-a/rollout-17 --role user --ttl 2h --kind agent)
-  CORRAL_TOKEN=$TOK corral create`,
+  CORRAL_TOKEN=$TOK corral create
+  E2B_API_KEY=$(corral token create --project team-a --role user --e2b) python3 agent.py`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if req.Role != "" {
@@ -791,10 +796,22 @@ only this once. -o json prints the whole token record, secret included.`,
 			if err != nil {
 				return err
 			}
+			secret := tok.Token
+			if e2bKey {
+				if secret, err = iam.E2BKey(tok.Token); err != nil {
+					return fmt.Errorf("the server's token has no E2B alias: %w", err)
+				}
+			}
 			if a.jsonOut() {
+				if e2bKey {
+					return a.printJSON(struct {
+						*corral.Token
+						E2BKey string `json:"e2b_key"`
+					}{tok, secret})
+				}
 				return a.printJSON(tok)
 			}
-			if _, err := fmt.Fprintln(a.stdout, tok.Token); err != nil {
+			if _, err := fmt.Fprintln(a.stdout, secret); err != nil {
 				return err
 			}
 			expires := "never expires"
@@ -814,6 +831,7 @@ only this once. -o json prints the whole token record, secret included.`,
 	f.StringVar(&req.Principal, "principal", "", "mint for this existing principal (default: yourself)")
 	f.StringVar(&req.Kind, "kind", "", "create a new principal of this kind for the token: agent (the default), service or user")
 	f.StringVar(&req.Name, "name", "", "create a new principal with this name for the token (default: a generated one)")
+	f.BoolVar(&e2bKey, "e2b", false, "print the token as its E2B alias (e2b_<hex>), for E2B_API_KEY")
 	create.MarkFlagRequired("project")
 	create.MarkFlagsOneRequired("role", "permission")
 	create.MarkFlagsMutuallyExclusive("role", "permission")
@@ -875,7 +893,38 @@ only this once. -o json prints the whole token record, secret included.`,
 			return err
 		},
 	}
-	cmd.AddCommand(create, ls, revoke)
+	e2b := &cobra.Command{
+		Use:   "e2b-key [TOKEN]",
+		Short: "Print a token's E2B alias (e2b_<hex>), for E2B_API_KEY",
+		Long: `Print the E2B alias of TOKEN, or of the token this command would use (--token-file,
+$CORRAL_TOKEN, the admin token file): "e2b_" and the token's secret in lowercase hex, the only
+shape E2B's SDKs accept as an API key. The alias is the token itself, written another way: Corral
+and its E2B gateway accept it wherever they accept the token, and revoking the token revokes it.
+Nothing is asked of the server.`,
+		Example: `  export E2B_API_KEY=$(corral token e2b-key)`,
+		Args:    cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tok := ""
+			if len(args) == 1 {
+				tok = args[0]
+			} else {
+				if _, err := a.client(); err != nil {
+					return err
+				}
+				tok = a.token
+			}
+			if tok == "" {
+				return usagef("no token: give one, or set CORRAL_TOKEN or --token-file")
+			}
+			key, err := iam.E2BKey(tok)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			_, err = fmt.Fprintln(a.stdout, key)
+			return err
+		},
+	}
+	cmd.AddCommand(create, ls, revoke, e2b)
 	return cmd
 }
 

@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 	"github.com/corral-dev/corral/sdk/go/corraltest"
 )
@@ -380,4 +382,25 @@ func TestProjectFlags(t *testing.T) {
 			t.Errorf("help lacks command %s", c)
 		}
 	}
+}
+
+// TestTokenE2BKey: `corral token e2b-key` prints a token's E2B alias, of the given token or of the
+// one the CLI would use, without asking the server.
+func TestTokenE2BKey(t *testing.T) {
+	srv := corraltest.NewServer(t)
+	secret, _ := iam.NewToken()
+	want, err := iam.E2BKey(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustCLI(t, srv, nil, "token", "e2b-key", secret).stdout; got != want+"\n" {
+		t.Errorf("token e2b-key TOKEN = %q, want %q", got, want)
+	}
+	if got := mustCLI(t, srv, map[string]string{"CORRAL_TOKEN": secret}, "token", "e2b-key").stdout; got != want+"\n" {
+		t.Errorf("token e2b-key with CORRAL_TOKEN = %q, want %q", got, want)
+	}
+	if !regexp.MustCompile(`^e2b_[0-9a-f]+$`).MatchString(want) {
+		t.Errorf("alias %q does not have E2B's key shape", want)
+	}
+	usageRefused(t, srv, "not a Corral token", "token", "e2b-key", "ct_123")
 }

@@ -242,7 +242,17 @@ var testKey = bytes.Repeat([]byte{7}, MinTokenKey)
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	return newHarnessToken(t, "")
+}
+
+// newHarnessToken is newHarness whose fake Corral's admin token is token ("" keeps the default).
+func newHarnessToken(t *testing.T, token string) *harness {
+	t.Helper()
 	fake := corraltest.NewServer(t)
+	if token != "" {
+		// Set before any server reading it starts.
+		fake.Token = token
+	}
 	f := &front{
 		t: t, fake: fake,
 		paused:     map[string]bool{},

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -254,9 +255,11 @@ func (g *Gateway) authed(fn handlerFunc) http.Handler {
 			key = strings.TrimSpace(key)
 		}
 		if key == "" {
-			writeError(w, errorf(http.StatusUnauthorized, "no API key: send a Corral token in the X-API-Key header (E2B_API_KEY)"))
+			writeError(w, errorf(http.StatusUnauthorized, "no API key: send a Corral token or its e2b_ alias (corral token e2b-key) in the X-API-Key header (E2B_API_KEY)"))
 			return
 		}
+		// E2B's SDKs accept only e2b_<hex> keys: a token's alias of that shape stands for it.
+		key = iam.CanonicalToken(key)
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		if err := fn(w, r, g.client(r, key)); err != nil {
 			writeError(w, g.toAPIError(r, err))
@@ -315,7 +318,7 @@ func (g *Gateway) toAPIError(r *http.Request, err error) *apiError {
 	if ce, ok := errors.AsType[*corral.APIError](err); ok {
 		switch ce.Status {
 		case http.StatusUnauthorized:
-			return errorf(ce.Status, "Corral refused the API key (E2B_API_KEY must be a Corral token): %s", ce.Error())
+			return errorf(ce.Status, "Corral refused the API key (E2B_API_KEY must be a Corral token or its e2b_ alias): %s", ce.Error())
 		case http.StatusBadRequest, http.StatusForbidden, http.StatusNotFound,
 			http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusTooManyRequests, http.StatusServiceUnavailable:
 			return &apiError{status: ce.Status, msg: ce.Error()}

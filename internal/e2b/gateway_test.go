@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -520,6 +522,38 @@ func TestAuth(t *testing.T) {
 	resp = h.doKey(tok.Token, "POST", "/v2/sandboxes", `{"templateID":"base:default"}`)
 	if code, msg := resp.errBody(t); resp.status != http.StatusForbidden || code != 403 || msg == "" {
 		t.Errorf("viewer create: %d %s", resp.status, resp.body)
+	}
+}
+
+// TestE2BKeyAlias: a token's E2B alias (e2b_ and hex, the only shape E2B's Python SDK accepts)
+// works as the API key, and reaches Corral as the token it stands for.
+func TestE2BKeyAlias(t *testing.T) {
+	secret, _ := iam.NewToken()
+	key, err := iam.E2BKey(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^e2b_[0-9a-f]+$`).MatchString(key) {
+		t.Fatalf("alias %q does not have E2B's key shape", key)
+	}
+	h := newHarnessToken(t, secret)
+	if resp := h.doKey(key, "GET", "/v2/sandboxes", ""); resp.status != http.StatusOK {
+		t.Fatalf("list with the alias: %d %s", resp.status, resp.body)
+	}
+	resp := h.doKey(key, "POST", "/v2/sandboxes", `{"templateID":"base:default"}`)
+	if resp.status != http.StatusCreated {
+		t.Fatalf("create with the alias: %d %s", resp.status, resp.body)
+	}
+	for _, rec := range h.fake.Requests() {
+		if got := rec.Header.Get("Authorization"); got != "Bearer "+secret {
+			t.Errorf("%s %s reached Corral with %q, want the token the alias stands for", rec.Method, rec.Path, got)
+		}
+	}
+	// An alias of another token is not this one.
+	other, _ := iam.NewToken()
+	otherKey, _ := iam.E2BKey(other)
+	if resp := h.doKey(otherKey, "GET", "/v2/sandboxes", ""); resp.status != http.StatusUnauthorized {
+		t.Errorf("another token's alias: %d %s", resp.status, resp.body)
 	}
 }
 

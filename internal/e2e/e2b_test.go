@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -76,7 +77,8 @@ func TestE2BSDKControlPlane(t *testing.T) {
 	e2bAddr := freePort(t)
 	p := withBase(t, "--e2b-listen", e2bAddr, "--e2b-domain", "e2b.test")
 	run := randHex(4)
-	last := runE2BScript(t, p, e2bAddr, "control.mjs", "base:test", run)
+	// The key is the admin token's E2B alias, the only shape E2B's Python SDK accepts.
+	last := runE2BScript(t, withE2BKey(t, p, "token", "e2b-key"), e2bAddr, "control.mjs", "base:test", run)
 	// What the SDK did is what Corral did: the sandbox was created with its metadata as labels,
 	// and killed.
 	sb, err := p.Client.GetSandbox(t.Context(), last.Sandbox)
@@ -103,7 +105,9 @@ func TestE2BSDKSandbox(t *testing.T) {
 	if _, err := p.Client.SaveEnvironment(t.Context(), corral.Environment{Name: "e2benv", Base: "base:test"}); err != nil {
 		t.Fatal(err)
 	}
-	last := runE2BScript(t, p, e2bAddr, "sandbox.mjs", "e2benv", run)
+	// The key is a token minted for it, printed as its E2B alias.
+	key := withE2BKey(t, p, "token", "create", "--project", "/", "--role", "admin", "--e2b")
+	last := runE2BScript(t, key, e2bAddr, "sandbox.mjs", "e2benv", run)
 	// The network options became Corral's egress policy: internet off, one address allowed.
 	sb, err := p.Client.GetSandbox(t.Context(), last.Network)
 	if err != nil {
@@ -113,6 +117,35 @@ func TestE2BSDKSandbox(t *testing.T) {
 		t.Fatalf("the SDK's network options in Corral: %+v", sb.Network)
 	}
 	assertRunEnded(t, p, run)
+}
+
+// e2bPythonKey is the check E2B's Python SDK (2.25 and later) makes of E2B_API_KEY before it
+// sends anything (e2b/connection_config.py); Corral's aliases are lowercase on top of it.
+var (
+	e2bPythonKey = regexp.MustCompile(`(?i)^e2b_[0-9a-f]+$`)
+	e2bKeyShape  = regexp.MustCompile(`^e2b_[0-9a-f]+$`)
+)
+
+// withE2BKey runs the CLI command args, which prints an E2B key, checks the key's shape, and
+// returns a view of p whose Token is that key (what runE2BScript sends as E2B_API_KEY).
+func withE2BKey(t *testing.T, p *corralProc, args ...string) *corralProc {
+	t.Helper()
+	stdout, stderr, code := p.cli("", args...)
+	key := strings.TrimSpace(stdout)
+	if code != 0 {
+		t.Fatalf("corral %s: exit %d: %s", strings.Join(args, " "), code, stderr)
+	}
+	if !e2bPythonKey.MatchString(key) || !e2bKeyShape.MatchString(key) {
+		t.Fatalf("corral %s printed %q, which E2B's Python SDK refuses", strings.Join(args, " "), key)
+	}
+	// The alias is the token: Corral's own API takes it too.
+	c := corral.New(p.URL, key)
+	if _, err := c.Whoami(t.Context()); err != nil {
+		t.Fatalf("Corral refused the E2B alias %s: %v", key, err)
+	}
+	view := *p
+	view.Token = key
+	return &view
 }
 
 // assertRunEnded fails the test if a sandbox labelled run=RUN still runs or is paused.

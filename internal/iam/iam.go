@@ -217,11 +217,57 @@ const TokenPrefix = "crl_"
 // NewToken returns a fresh secret and the ID under which its record is listed. The secret has 256
 // random bits; the ID is independent of it.
 func NewToken() (secret, id string) {
-	var b [32]byte
+	var b [tokenBytes]byte
 	rand.Read(b[:])
 	var i [8]byte
 	rand.Read(i[:])
 	return TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:]), "tok-" + hex.EncodeToString(i[:])
+}
+
+// E2BKeyPrefix starts a token's E2B alias. E2B's SDKs (the Python one since 2.25) refuse an API
+// key that is not "e2b_" followed by lowercase hex, so every token can also be written that way:
+// the same 256 secret bits in hex instead of base64. The alias is the token (one hash, one record,
+// revoked together); nothing about it is stored.
+const E2BKeyPrefix = "e2b_"
+
+// tokenBytes is the size of a token's secret.
+const tokenBytes = 32
+
+// E2BKey returns the E2B alias of a token secret ("crl_" and 43 base64url characters): "e2b_"
+// and the secret's 32 bytes in lowercase hex. An alias is returned as it is.
+func E2BKey(secret string) (string, error) {
+	if _, ok := e2bBytes(secret); ok {
+		return secret, nil
+	}
+	rest, ok := strings.CutPrefix(secret, TokenPrefix)
+	b, err := base64.RawURLEncoding.Strict().DecodeString(rest)
+	if !ok || err != nil || len(b) != tokenBytes {
+		return "", fmt.Errorf("not a Corral token (%s followed by 43 base64url characters): %w", TokenPrefix, errdefs.ErrInvalid)
+	}
+	return E2BKeyPrefix + hex.EncodeToString(b), nil
+}
+
+// CanonicalToken returns the token secret an E2B alias stands for, and any other string as it is.
+func CanonicalToken(tok string) string {
+	if b, ok := e2bBytes(tok); ok {
+		return TokenPrefix + base64.RawURLEncoding.EncodeToString(b)
+	}
+	return tok
+}
+
+// e2bBytes decodes an E2B alias: "e2b_" and exactly 64 lowercase hex digits.
+func e2bBytes(s string) ([]byte, bool) {
+	h, ok := strings.CutPrefix(s, E2BKeyPrefix)
+	if !ok || len(h) != 2*tokenBytes {
+		return nil, false
+	}
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return nil, false
+		}
+	}
+	b, err := hex.DecodeString(h)
+	return b, err == nil
 }
 
 // NewID returns a random ID with a prefix ("prj-").
@@ -235,7 +281,8 @@ func NewID(prefix string) string {
 const maxTokenLen = 512
 
 // ParseBearer extracts the token of an Authorization header ("Bearer TOKEN"). The scheme is
-// case-insensitive (RFC 9110); the token must be printable ASCII without spaces.
+// case-insensitive (RFC 9110); the token must be printable ASCII without spaces. An E2B alias
+// (E2BKey) comes back as the token it stands for.
 func ParseBearer(header string) (string, error) {
 	scheme, tok, ok := strings.Cut(header, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
@@ -250,7 +297,7 @@ func ParseBearer(header string) (string, error) {
 			return "", fmt.Errorf("malformed bearer token: %w", errdefs.ErrUnauthorized)
 		}
 	}
-	return tok, nil
+	return CanonicalToken(tok), nil
 }
 
 var principalRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._@-]{0,63}$`)

@@ -2,6 +2,7 @@ package iam
 
 import (
 	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -153,10 +154,55 @@ func TestTokens(t *testing.T) {
 	}
 }
 
+// TestE2BKey: every token has an E2B alias of the shape E2B's SDKs demand, which stands for the
+// token wherever a bearer token is read; strings of almost that shape stand for nothing.
+func TestE2BKey(t *testing.T) {
+	shape := regexp.MustCompile(`^e2b_[0-9a-f]+$`)
+	for range 50 {
+		secret, _ := NewToken()
+		key, err := E2BKey(secret)
+		if err != nil {
+			t.Fatalf("E2BKey(%q): %v", secret, err)
+		}
+		if !shape.MatchString(key) || len(key) != len(E2BKeyPrefix)+64 {
+			t.Fatalf("E2BKey(%q) = %q, want e2b_ and 64 lowercase hex digits", secret, key)
+		}
+		if again, err := E2BKey(key); err != nil || again != key {
+			t.Errorf("E2BKey(its own alias) = %q, %v", again, err)
+		}
+		if got := CanonicalToken(key); got != secret {
+			t.Fatalf("CanonicalToken(%q) = %q, want %q", key, got, secret)
+		}
+		if got, err := ParseBearer("Bearer " + key); err != nil || got != secret {
+			t.Fatalf("ParseBearer(Bearer %s) = %q, %v; want the token %q", key, got, err, secret)
+		}
+	}
+	secret, _ := NewToken()
+	key, _ := E2BKey(secret)
+	for _, s := range []string{
+		strings.ToUpper(key[:4]) + key[4:], // prefix case
+		key[:4] + strings.ToUpper(key[4:]), // uppercase hex
+		key[:len(key)-2],                   // too short
+		key + "00",                         // too long
+		key[:len(key)-1] + "g",             // not hex
+		"e2b_",                             // empty
+		secret + "x",                       // not an alias at all
+	} {
+		if got := CanonicalToken(s); got != s {
+			t.Errorf("CanonicalToken(%q) = %q, want it unchanged", s, got)
+		}
+	}
+	for _, s := range []string{"", "crl_", "crl_short", secret[:len(secret)-1], "tok-123", "e2b_12"} {
+		if k, err := E2BKey(s); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("E2BKey(%q) = %q, %v; want invalid", s, k, err)
+		}
+	}
+}
+
 // FuzzParseBearer checks that whatever a client sends, a token comes out only from a well-formed
 // header, printable and bounded.
 func FuzzParseBearer(f *testing.F) {
-	for _, s := range []string{"Bearer crl_x", "bearer a", "Basic x", "Bearer  ", "Bearer a b", "\x00"} {
+	for _, s := range []string{"Bearer crl_x", "bearer a", "Basic x", "Bearer  ", "Bearer a b", "\x00", "Bearer e2b_" + strings.Repeat("0a", 32)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, h string) {
@@ -167,7 +213,12 @@ func FuzzParseBearer(f *testing.F) {
 			}
 			return
 		}
-		if tok == "" || len(tok) > maxTokenLen || strings.ContainsAny(tok, " \t\r\n") || !strings.HasSuffix(h, tok) {
+		// The token is the header's end, or the token an alias at its end stands for.
+		sent := tok
+		if !strings.HasSuffix(h, tok) {
+			sent, _ = E2BKey(tok)
+		}
+		if tok == "" || len(tok) > maxTokenLen || strings.ContainsAny(tok, " \t\r\n") || sent == "" || !strings.HasSuffix(h, sent) {
 			t.Fatalf("ParseBearer(%q) = %q", h, tok)
 		}
 	})
