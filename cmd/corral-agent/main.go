@@ -4,7 +4,7 @@
 // Usage:
 //
 //	corral-agent serve [--fd 3]                 serve on the listening socket at fd (default 3)
-//	corral-agent serve --stdio                  serve on stdin and stdout (a gVisor sandbox's link)
+//	corral-agent serve --stdio                  serve on stdin and stdout instead (a gVisor sandbox)
 //	corral-agent serve --calls ...              run fncalls only (see internal/agentrpc/calls.go)
 //	corral-agent vm                             in a vm sandbox's guest: serve on its virtio-serial
 //	                                            port with the host's config (internal/vmguest)
@@ -146,7 +146,7 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	fs.SetOutput(stderr)
 	o := &serveOptions{}
 	fs.IntVar(&o.fd, "fd", 3, "inherited listening unix socket")
-	fs.BoolVar(&o.stdio, "stdio", false, "serve on stdin and stdout (a vmlink session) instead of --fd")
+	fs.BoolVar(&o.stdio, "stdio", false, "serve on stdin and stdout (a vmlink session); --fd is then ignored")
 	fs.IntVar(&o.cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
 	fs.DurationVar(&o.cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
 	fs.BoolVar(&o.cfg.Calls, "calls", false, "run fncalls only: every command is a call, isolated in its own namespaces")
@@ -158,9 +158,6 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	if o.cfg.RetainExited < 0 || o.cfg.RetainFor < 0 {
 		return nil, errors.New("--retain-exited and --retain-for must not be negative")
-	}
-	if o.stdio && o.set["fd"] {
-		return nil, errors.New("--stdio and --fd exclude each other")
 	}
 	return o, nil
 }
