@@ -2,10 +2,10 @@ package runc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"encoding/json"
 	"io/fs"
 	"os"
 	"os/exec"
