@@ -135,6 +135,9 @@ func testRedTeamGVisorChannel(t *testing.T, rt string) {
 	assertAuthentic("after pause and resume")
 
 	// 5. kill -9 of corral up and a restart: the sandbox is re-adopted through the same channel.
+	if rt == "microvm" {
+		t.Logf("QEMU processes of %s before kill -9: %v", sb.ID, qemuPids(sb.ID))
+	}
 	p.Kill9()
 	p.Restart()
 	n2 := counter()
