@@ -168,7 +168,7 @@ func TestGVisorLifecycle(t *testing.T) {
 	if n1 == n2 || n1 == "" {
 		t.Errorf("counter did not keep running after restore: %q then %q", n1, n2)
 	}
-	// A second cycle works too (the agent re-listens each time).
+	// A second cycle works too (each restore gets new pipes and a new holder).
 	pause(t, e, sb.ID)
 	resume(t, e, sb.ID)
 	agentRun(t, c, "true")
