@@ -7,8 +7,8 @@
 #
 # e.g. git worktree add /tmp/gv-base 439579e && (cd /tmp/gv-base && make build) &&
 #      make build && scripts/bench-gvisor-channel.sh /tmp/gv-base/bin bin 2
-# Writes bench-out/gvchan-{base,new}-N.json and prints, per build, the mean of its rounds' p50s
-# and the worst of their p99s.
+# Writes bench-out/gvchan-{base,new}-N.json and prints, per build, the median of its rounds' p50s
+# and the worst of their p99s, with runc's create -> first exec of each round as a load control.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=$(realpath "$1") new=$(realpath "$2") rounds=${3:-2}
@@ -43,21 +43,24 @@ for r in $(seq "$rounds"); do
   one new "$new" "$r"
 done
 python3 - "$rounds" <<'PY'
-import json, sys
+import json, statistics, sys
 rounds = int(sys.argv[1])
-def load(label):
-    return [json.load(open(f"bench-out/gvchan-{label}-{r}.json")) for r in range(1, rounds + 1)]
+res = {l: [json.load(open(f"bench-out/gvchan-{l}-{r}.json")) for r in range(1, rounds + 1)] for l in ("base", "new")}
 rows = [("create -> first exec", lambda d: d["tti_gvisor"]),
         ("pause", lambda d: d["pause_gvisor"]["pause"]),
         ("resume", lambda d: d["pause_gvisor"]["resume"]),
         ("resume -> first exec", lambda d: d["pause_gvisor"]["resume_to_first_exec"])]
-res = {l: load(l) for l in ("base", "new")}
+# Per build: the median of its rounds' p50s and the worst of their p99s (each round is one corral
+# up). The control: runc's create -> first exec in the same corral up, to show each round's load.
 print(f"{'gVisor':24} {'base p50/p99 ms':>18} {'new p50/p99 ms':>18} {'p50 new/base':>12}")
 for name, f in rows:
     out = []
     for l in ("base", "new"):
-        # the mean of the rounds' p50s, the worst of their p99s (each round is one corral up)
         s = [f(d) for d in res[l]]
-        out.append((sum(x["p50_ms"] for x in s) / len(s), max(x["p99_ms"] for x in s)))
+        out.append((statistics.median(x["p50_ms"] for x in s), max(x["p99_ms"] for x in s)))
     print(f"{name:24} {out[0][0]:8.1f} / {out[0][1]:7.1f} {out[1][0]:8.1f} / {out[1][1]:7.1f} {out[1][0] / out[0][0]:11.2f}x")
+for l in ("base", "new"):
+    print(f"{l}: per round, gVisor / runc create -> first exec p50:",
+          " ".join(f"{d['tti_gvisor']['p50_ms']:.0f}/{d['tti_from_base']['p50_ms']:.0f}" for d in res[l]),
+          f"(median ratio {statistics.median(d['tti_gvisor']['p50_ms'] / d['tti_from_base']['p50_ms'] for d in res[l]):.2f})")
 PY

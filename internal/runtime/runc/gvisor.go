@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -284,10 +285,14 @@ func gvisorAgentBin(dir string) (string, error) {
 		return "", err
 	}
 	var spec struct {
-		Mounts []struct{ Destination, Source string }
+		Process struct{ Args []string }
+		Mounts  []struct{ Destination, Source string }
 	}
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return "", fmt.Errorf("config.json: %w", err)
+	}
+	if !slices.Contains(spec.Process.Args, "--stdio") {
+		return "", errors.New("its agent does not serve on stdio")
 	}
 	for _, m := range spec.Mounts {
 		if m.Destination == gvisorAgentPath {
@@ -491,6 +496,11 @@ func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, err
 // which outlived the process that started it. Preconditions: id's lock is held.
 func (r *Runtime) openGVisor(ctx context.Context, id string) (*Sandbox, error) {
 	dir := r.dir(id)
+	if _, err := gvisorAgentBin(dir); err != nil {
+		// Made by a corral before the agent's link moved out of the sandbox (its agent listens on
+		// /.corral/agent.sock, with no holder): it cannot be reached or restored the new way.
+		return nil, errdefs.NotFound("sandbox %s cannot be re-adopted (%v; made by an older corral?): Delete it", id, err)
+	}
 	sb := &Sandbox{ID: id, AgentSocket: socketPath(r.cfg.StateDir, id), Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log")}
 	if _, err := os.Lstat(filepath.Join(dir, checkpointedFile)); err == nil {
 		// Paused: no process, no runsc state. The Proxy serves the socket (and refuses calls)
