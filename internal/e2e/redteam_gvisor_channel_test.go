@@ -39,7 +39,7 @@ func testRedTeamGVisorChannel(t *testing.T, rt string) {
 	}
 	// A process whose state lives only in memory, to follow across the pause and the restart.
 	if _, err := p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c",
-		"i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"}}); err != nil {
+		"i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done"}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -115,10 +115,19 @@ func testRedTeamGVisorChannel(t *testing.T, rt string) {
 	}
 	assertAuthentic("after the hijack")
 
-	counter := func() int {
-		n, _ := strconv.Atoi(strings.TrimSpace(p.sh(sb.ID, "cat /tmp/n")))
+	counter := func() int { // /tmp/n is replaced whole (mv), never read half-written
+		t.Helper()
+		out := strings.TrimSpace(p.sh(sb.ID, "cat /tmp/n"))
+		n, err := strconv.Atoi(out)
+		if err != nil {
+			t.Fatalf("counter: %q", out)
+		}
 		return n
 	}
+	eventually(t, 10*time.Second, "the counter to start", func() bool {
+		_, _, exit := p.run(sb.ID, "/bin/sh", "-c", "test -s /tmp/n")
+		return exit.Code == 0
+	})
 	// 4. A pause (a checkpoint on gVisor): the counter resumes where it was, the forger stays
 	// bound and unreached.
 	n0 := counter()
