@@ -20,7 +20,7 @@ func TestGuestAgentArgs(t *testing.T) {
 		{nil, false, "want serve"},
 		{[]string{"version"}, false, "want serve"},
 		{[]string{"serve", "--fd", "3"}, false, "do not apply"},
-		{[]string{"serve", "--listen", "/x"}, false, "do not apply"},
+		{[]string{"serve", "--stdio"}, false, "do not apply"},
 		{[]string{"serve", "--bogus"}, false, "bad serve flags: flag provided but not defined"},
 		{[]string{"serve", "--retain-exited", "-1"}, false, "must not be negative"},
 		{[]string{"serve", "extra"}, false, "no arguments"},

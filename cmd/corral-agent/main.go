@@ -4,11 +4,11 @@
 // Usage:
 //
 //	corral-agent serve [--fd 3]                 serve on the listening socket at fd (default 3)
-//	corral-agent serve --listen PATH [--resume-marker PATH]
-//	                                            listen on a unix socket at PATH instead
+//	corral-agent serve --stdio                  serve on stdin and stdout instead (a gVisor sandbox)
 //	corral-agent serve --calls ...              run fncalls only (see internal/agentrpc/calls.go)
 //	corral-agent vm                             in a vm sandbox's guest: serve on its virtio-serial
 //	                                            port with the host's config (internal/vmguest)
+//	corral-agent hold                           on the host: hold a gVisor sandbox's link (below)
 //	corral-agent version
 //
 // With --calls the sandbox gives the agent CAP_SYS_ADMIN, which it uses to isolate each call; it
@@ -23,11 +23,15 @@
 //
 // On runc the edge starts it with the socket on fd 3 and, optionally, the agent's own binary on
 // fd 4 (closed at once, so nothing in the sandbox can reach it through /proc/1/fd). On gVisor,
-// which cannot accept on an inherited host socket, the agent listens on a path in a directory the
-// host shares with it; with --resume-marker it can be quiesced before a checkpoint and listens
-// again once the host creates the marker file (see internal/agentrpc/quiesce.go). The agent
-// writes nothing inside the sandbox but that socket: no logs, no files; only a fatal startup
-// error goes to stderr.
+// which cannot accept on an inherited host socket, the agent serves with --stdio: its stdin and
+// stdout are pipes to the host, carrying one vmlink session (yamux over a resynchronized byte
+// stream, as a microVM's virtio-serial port does); nothing inside the sandbox has a path to
+// them. On the host, `corral-agent hold` (run by the runtime from its copy of this binary, in
+// its own session, one per gVisor sandbox) holds the pipes' other ends and serves them on a
+// host-only unix socket, one client at a time, as QEMU's chardev server does (vmlink.Hold): it
+// inherits the listening socket on fd 3, the read end of the agent's stdout on fd 4 and the
+// write end of its stdin on fd 5, and exits when the sandbox's end closes. The agent writes
+// nothing inside the sandbox: no logs, no files; only a fatal startup error goes to stderr.
 package main
 
 import (
@@ -41,12 +45,12 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/vmguest"
+	"github.com/corral-dev/corral/internal/vmlink"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -74,6 +78,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case agentrpc.CallInitArg:
 		return agentrpc.CallInit()
+	case "hold":
+		if err := hold(); err != nil {
+			fmt.Fprintf(stderr, "corral-agent hold: %v\n", err)
+			return 1
+		}
+		return 0
 	case "vm":
 		// In a vm sandbox's guest: a service of its init (internal/vmimage/build.sh installs the unit).
 		err := vmguest.Machine(machineAgent)
@@ -101,8 +111,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	closeBinaryFD()
 	listen := func() (net.Listener, error) { return agentrpc.ListenFD(o.fd) }
-	if o.listen != "" {
-		listen = func() (net.Listener, error) { return agentrpc.ListenPath(o.listen) }
+	if o.stdio {
+		open, err := vmlink.TakeStdio()
+		if err != nil {
+			fmt.Fprintf(stderr, "corral-agent: %v\n", err)
+			return 1
+		}
+		listen = func() (net.Listener, error) { return vmlink.Listen(open, nil), nil }
 	}
 	if err := serve(ctx, listen, o.cfg); err != nil {
 		fmt.Fprintf(stderr, "corral-agent: %v\n", err)
@@ -113,12 +128,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // serveOptions are serve's flags.
 type serveOptions struct {
-	fd     int
-	listen string
-	marker string
-	cfg    agentrpc.Config
-	args   []string        // left after the flags
-	set    map[string]bool // the flags given
+	fd    int
+	stdio bool
+	cfg   agentrpc.Config
+	args  []string        // left after the flags
+	set   map[string]bool // the flags given
 }
 
 // errUsage is a usage error that parseServe has already reported (the flag package prints its
@@ -132,8 +146,7 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	fs.SetOutput(stderr)
 	o := &serveOptions{}
 	fs.IntVar(&o.fd, "fd", 3, "inherited listening unix socket")
-	fs.StringVar(&o.listen, "listen", "", "listen on a unix socket at this path instead of --fd")
-	fs.StringVar(&o.marker, "resume-marker", "", "with --listen: allow quiescing; listen again once this file exists")
+	fs.BoolVar(&o.stdio, "stdio", false, "serve on stdin and stdout (a vmlink session); --fd is then ignored")
 	fs.IntVar(&o.cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
 	fs.DurationVar(&o.cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
 	fs.BoolVar(&o.cfg.Calls, "calls", false, "run fncalls only: every command is a call, isolated in its own namespaces")
@@ -145,12 +158,6 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	if o.cfg.RetainExited < 0 || o.cfg.RetainFor < 0 {
 		return nil, errors.New("--retain-exited and --retain-for must not be negative")
-	}
-	if o.marker != "" && o.listen == "" {
-		return nil, errors.New("--resume-marker needs --listen")
-	}
-	if o.marker != "" {
-		o.cfg.Relisten = agentrpc.WaitForMarker(o.listen, o.marker, 2*time.Millisecond)
 	}
 	return o, nil
 }
@@ -186,8 +193,8 @@ func vmAgent(args []string, machine bool) (func(context.Context, net.Listener) e
 	if len(o.args) > 0 {
 		return nil, false, fmt.Errorf("serve takes no arguments, got %q", o.args)
 	}
-	if o.set["fd"] || o.set["listen"] || o.set["resume-marker"] {
-		return nil, false, errors.New("--fd, --listen and --resume-marker do not apply: the agent serves on the virtio-serial port")
+	if o.set["fd"] || o.set["stdio"] {
+		return nil, false, errors.New("--fd and --stdio do not apply: the agent serves on the virtio-serial port")
 	}
 	if machine && o.cfg.Calls {
 		return nil, false, errors.New("--calls: a vm sandbox runs no fncalls")
@@ -220,6 +227,21 @@ func serve(ctx context.Context, listen func() (net.Listener, error), cfg agentrp
 		return err
 	}
 	return srv.Serve(ctx, ln)
+}
+
+// hold is `corral-agent hold`: see the package comment.
+func hold() error {
+	lf := os.NewFile(3, "ctl-listener")
+	ln, err := net.FileListener(lf)
+	lf.Close()
+	if err != nil {
+		return fmt.Errorf("listener fd 3: %w", err)
+	}
+	fromGuest, toGuest := os.NewFile(4, "from-sandbox"), os.NewFile(5, "to-sandbox")
+	if fromGuest == nil || toGuest == nil {
+		return errors.New("want the sandbox's pipes on fds 4 and 5")
+	}
+	return vmlink.Hold(ln, fromGuest, toGuest)
 }
 
 // hasSysAdmin reports whether CAP_SYS_ADMIN is in this process's effective set.

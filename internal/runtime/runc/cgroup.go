@@ -276,6 +276,24 @@ func (l *cgroupLayout) killAll(id string, timeout time.Duration) error {
 	}
 }
 
+// join moves pid into the sandbox's existing cgroups (those its runtime made), in every hierarchy.
+func (l *cgroupLayout) join(id string, pid int) error {
+	joined := false
+	for _, d := range l.dirs(id) {
+		if _, err := os.Stat(d); err != nil {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+			return fmt.Errorf("cgroup %s: add %d: %w", d, pid, err)
+		}
+		joined = true
+	}
+	if !joined {
+		return fmt.Errorf("sandbox %s has no cgroup", id)
+	}
+	return nil
+}
+
 // remove deletes the sandbox's cgroup directories. They must be empty of processes.
 func (l *cgroupLayout) remove(id string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)

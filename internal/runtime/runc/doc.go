@@ -11,7 +11,9 @@
 //	disk/agent.log  stdout and stderr of the agent (bounded by the disk, like everything it writes)
 //	rootfs/      overlayfs: Spec.Lower (base lowest) + disk/upper; the container's /
 //	config.json  the OCI runtime spec (built from a template made once in New)
-//	agent.sock   the listening unix socket whose fd the agent inherits as fd 3
+//	agent.sock   the listening unix socket whose fd the agent inherits as fd 3 (gVisor: the
+//	             Proxy's socket, whose connections go over ctl.sock to the agent; see gvisor.go)
+//	ctl.sock     gVisor only: the holder's socket for the agent's link
 //	init.pid     the agent's host pid, written by runc
 //	runc.log     runc's own log (JSON lines); its last error is quoted in Create's error
 //	pause.json   the memory settings a Pause changes, saved while it runs (see pause.go); found

@@ -2,6 +2,7 @@ package runc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/vmlink"
 )
 
 // gVisor. A sandbox created with Spec.Engine EngineGVisor runs under gVisor's runsc instead of
@@ -25,10 +28,20 @@ import (
 // sentry), not the host's. What differs, and why:
 //
 //   - The agent cannot accept on an inherited host socket under gVisor (accept returns EINVAL),
-//     so it listens on <dir>/disk/agent/agent.sock, a host directory bind-mounted at /.corral
-//     and reached through runsc --host-uds=create. That directory lives on the sandbox's own
-//     disk (its quota), and the sandbox can write it: the edge dials without following a
-//     symlink there (agentrpc.dialNoFollow) and treats what the socket says as the sandbox's.
+//     and a socket file anywhere in the sandbox (gVisor's --host-uds) is one its root can
+//     connect to, unlink and replace. So the agent has no socket at all: it serves one vmlink
+//     session (yamux over a resynchronized byte stream, as a microVM's agent does on its
+//     virtio-serial port) on its stdin and stdout, two pipes whose host ends a small holder
+//     process keeps (`corral-agent hold`, vmlink.Hold: one per sandbox, in its own session and in
+//     the sandbox's cgroup, run from the host copy of the agent binary below). The holder serves
+//     the stream on <dir>/ctl.sock, one client at a time, as QEMU's chardev server does; the
+//     runtime runs a vmlink.Proxy from <dir>/agent.sock (what the edge dials, as for runc) to it.
+//     Both sockets are in <dir> (0700), which the sandbox does not mount. Inside, the agent moves
+//     the pipes to close-on-exec descriptors and puts /dev/null in their places: no path, no
+//     socket, no inherited descriptor leads to the link, and the agent is non-dumpable, so its
+//     /proc/1/fd is closed to the sandbox's root (gVisor also refuses to reopen a host pipe's
+//     or socket's descriptor through /proc). The holder and its pipes outlive corral up; a new
+//     corral up's Open starts a new Proxy, whose handshake resynchronizes the stream.
 //   - The agent binary is bind-mounted read-only at /.corral-agent from a host copy in
 //     <StateDir>/.agents/ (one per agent version, made from the sealed memfd, kept while any
 //     gVisor sandbox may need it: restore opens it again). runsc's --exec-fd would avoid the
@@ -39,11 +52,14 @@ import (
 //     then --network=sandbox, gVisor's netstack configured from that namespace's interfaces,
 //     with the host's nftables rules applying to its traffic as to a runc sandbox's.
 //   - Pause is `runsc checkpoint` to <dir>/checkpoint: the sandbox's processes and memory are
-//     gone, 100% of its memory returned; the image stays on the host's disk (StateDir), not the
-//     sandbox's. gVisor refuses to save a bound host socket, so the agent is first asked to
-//     quiesce (close its listener and connections; running commands keep running and keep
-//     their output). Resume is `runsc restore` from that image; the edge then creates
-//     <dir>/disk/agent/resume, the agent listens again, and Resume returns once it answers.
+//     gone, 100% of its memory returned (the holder, whose pipe ends then read EOF, is killed
+//     with what is left in the cgroup); the image stays on the host's disk (StateDir), not the
+//     sandbox's. Host pipes save and restore: gVisor saves the container's stdio by number and,
+//     on restore, binds them to the restoring process's stdin, stdout and stderr (runsc/boot/
+//     restore.go, fsimpl/host: a pipe's host descriptor is remapped on load, its unread bytes
+//     kept). So Resume is `runsc restore` from that image with fresh pipes, a new holder on their
+//     host ends, and the Proxy's next connection resynchronizes the stream; nothing is asked of
+//     the agent before a checkpoint (there is no quiesce to reach).
 //   - Freeze (for snapshots) is refused: gVisor keeps file data in the sentry's own cache, so
 //     the host's upper dir is not a consistent view of the sandbox's files while it runs.
 //
@@ -73,17 +89,11 @@ const (
 	checkpointedFile = "checkpointed"
 	checkpointDir    = "checkpoint"
 	networkFile      = "network"        // a gVisor sandbox with a network namespace of its own (Spec.Netns)
-	gvisorAgentDir   = "agent"          // under diskMount
-	gvisorMountPoint = "/.corral"       // where the sandbox sees it
 	gvisorAgentPath  = "/.corral-agent" // the agent binary, bind-mounted read-only
 	agentCopiesDir   = ".agents"        // under StateDir
-	gvisorResumeName = "resume"         // the marker the agent waits for after a quiesce
-	gvisorReadyWait  = 10 * time.Second // how long Create and Resume wait for the agent's socket
+	ctlSocketName    = "ctl.sock"       // the holder's socket, in the sandbox's directory
+	gvisorReadyWait  = 10 * time.Second // how long Create and Resume wait for the agent to answer
 )
-
-func gvisorSocket(dir string) string {
-	return filepath.Join(dir, diskMount, gvisorAgentDir, socketName)
-}
 
 // engineOf reads which engine runs id (runc when no marker is present).
 func (r *Runtime) engineOf(id string) Engine {
@@ -134,7 +144,7 @@ func (r *Runtime) runscCmd(ctx context.Context, logPath string, args ...string) 
 func (r *Runtime) runscCmdNet(ctx context.Context, logPath, network string, args ...string) *exec.Cmd {
 	full := []string{
 		"--root", r.cfg.RunscRoot, "--platform", r.cfg.RunscPlatform,
-		"--host-uds", "create", "--overlay2", "none", "--network", network,
+		"--overlay2", "none", "--network", network,
 	}
 	if logPath != "" {
 		full = append(full, "--log", logPath, "--log-format", "json")
@@ -162,15 +172,134 @@ func (r *Runtime) runscRun(ctx context.Context, logPath string, args ...string) 
 }
 
 // startGVisor is Create's runsc half: the bundle at dir is ready (rootfs mounted, config.json
-// written). It starts the sandbox and waits for the agent's socket.
-func (r *Runtime) startGVisor(ctx context.Context, id, dir string, logf *os.File) error {
+// written), bin is the host copy of the agent. It starts the sandbox on a new link (see the
+// package comment above) and waits for the agent to answer.
+func (r *Runtime) startGVisor(ctx context.Context, id, dir, bin string, logf *os.File) error {
+	l, err := newGVisorLink()
+	if err != nil {
+		return err
+	}
+	defer l.close()
 	cmd := r.runscCmdNet(ctx, filepath.Join(dir, "runsc.log"), gvisorNetwork(dir), "run", "--detach", "--bundle", dir,
 		"--pid-file", filepath.Join(dir, "init.pid"), id)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = l.agentIn, l.agentOut, logf
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("runsc run: %w: %s", err, lastRuncError(filepath.Join(dir, "runsc.log")))
 	}
-	return waitAgent(ctx, gvisorSocket(dir), filepath.Join(dir, diskMount, "agent.log"))
+	if err := r.startHolder(id, bin, l, logf); err != nil {
+		return err
+	}
+	if _, err := r.gvisorProxy(id); err != nil {
+		return err
+	}
+	return waitAgent(ctx, socketPath(r.cfg.StateDir, id), filepath.Join(dir, diskMount, "agent.log"))
+}
+
+// gvisorLink is the pair of pipes a gVisor sandbox's agent serves on: agentIn and agentOut
+// become its stdin and stdout; hostIn (what it writes) and hostOut (what it reads) go to its
+// holder.
+type gvisorLink struct {
+	agentIn, agentOut, hostIn, hostOut *os.File
+}
+
+func newGVisorLink() (*gvisorLink, error) {
+	toAgentR, toAgentW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("agent link: %w", err)
+	}
+	fromAgentR, fromAgentW, err := os.Pipe()
+	if err != nil {
+		toAgentR.Close()
+		toAgentW.Close()
+		return nil, fmt.Errorf("agent link: %w", err)
+	}
+	return &gvisorLink{agentIn: toAgentR, agentOut: fromAgentW, hostIn: fromAgentR, hostOut: toAgentW}, nil
+}
+
+// close closes this process's copies of the pipes (the sandbox and the holder keep theirs).
+func (l *gvisorLink) close() {
+	for _, f := range []*os.File{l.agentIn, l.agentOut, l.hostIn, l.hostOut} {
+		f.Close()
+	}
+}
+
+// startHolder starts `bin hold` on the host ends of l, serving <dir>/ctl.sock, in its own session
+// and in id's cgroups (so that a pause or delete, which kill what is left there, end it too, and
+// its few MiB count as the sandbox's). Preconditions: id's lock is held; the sandbox runs.
+func (r *Runtime) startHolder(id, bin string, l *gvisorLink, logf *os.File) error {
+	ctl := filepath.Join(r.dir(id), ctlSocketName)
+	os.Remove(ctl)
+	lis, err := listenUnix(ctl)
+	if err != nil {
+		return err
+	}
+	defer lis.Close()
+	cmd := exec.Command(bin, "hold")
+	cmd.Dir = "/"
+	cmd.Env = []string{}
+	cmd.Stderr = logf
+	cmd.ExtraFiles = []*os.File{lis, l.hostIn, l.hostOut} // fds 3, 4, 5
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start the agent link's holder: %w", err)
+	}
+	go cmd.Wait() // reap it while this process runs; after a restart, init does
+	if err := r.cg.join(id, cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		return fmt.Errorf("the agent link's holder: %w", err)
+	}
+	return nil
+}
+
+// gvisorProxy returns the forwarder from id's agent socket to its holder, starting it if needed.
+func (r *Runtime) gvisorProxy(id string) (*vmlink.Proxy, error) {
+	r.proxyMu.Lock()
+	defer r.proxyMu.Unlock()
+	if p := r.proxies[id]; p != nil {
+		return p, nil
+	}
+	p, err := vmlink.NewProxy(socketPath(r.cfg.StateDir, id), filepath.Join(r.dir(id), ctlSocketName), r.log.With("sandbox", id))
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	r.proxies[id] = p
+	return p, nil
+}
+
+// closeProxy stops id's forwarder, if any.
+func (r *Runtime) closeProxy(id string) {
+	r.proxyMu.Lock()
+	p := r.proxies[id]
+	delete(r.proxies, id)
+	r.proxyMu.Unlock()
+	if p != nil {
+		p.Close()
+	}
+}
+
+// gvisorAgentBin returns the host copy of the agent that the gVisor sandbox in dir binds in (its
+// config.json's mount at gvisorAgentPath): its holder runs it too.
+func gvisorAgentBin(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return "", err
+	}
+	var spec struct {
+		Process struct{ Args []string }
+		Mounts  []struct{ Destination, Source string }
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return "", fmt.Errorf("config.json: %w", err)
+	}
+	if !slices.Contains(spec.Process.Args, "--stdio") {
+		return "", errors.New("its agent does not serve on stdio")
+	}
+	for _, m := range spec.Mounts {
+		if m.Destination == gvisorAgentPath {
+			return m.Source, nil
+		}
+	}
+	return "", fmt.Errorf("config.json has no mount at %s", gvisorAgentPath)
 }
 
 // gvisorAgentCopy returns the host copy of the agent in img for bind-mounting, making it once.
@@ -280,20 +409,14 @@ func (r *Runtime) pauseGVisor(ctx context.Context, id string, st Status) (PauseS
 	start := time.Now()
 	stats := PauseStats{MemoryBefore: st.MemoryBytes}
 	dir := r.dir(id)
-	if err := agentrpc.NewClient(gvisorSocket(dir)).Quiesce(ctx); err != nil {
-		r.signalResume(id) // in case it quiesced before the error
-		return stats, fmt.Errorf("pause sandbox %s: quiesce agent: %w", id, err)
-	}
 	img := filepath.Join(dir, checkpointDir)
 	os.RemoveAll(img)
 	if err := os.Mkdir(img, 0o700); err != nil {
-		r.signalResume(id)
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	err := r.runscRun(ctx, filepath.Join(dir, "runsc.log"), "checkpoint", "--image-path", img, "--exclude-committed-zero-pages", id)
 	if err != nil {
 		os.RemoveAll(img)
-		r.signalResume(id) // when the sandbox survived the failure
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	stats.Freeze = time.Since(start)
@@ -304,8 +427,10 @@ func (r *Runtime) pauseGVisor(ctx context.Context, id string, st Status) (PauseS
 	if err := r.runscRun(ctx, "", "delete", "--force", id); err != nil {
 		r.log.Warn("runsc delete after checkpoint", "id", id, "err", err)
 	}
-	// Anything still charged (page cache of files the gofer read) is dropped with the processes.
+	// Anything still charged (page cache of files the gofer read) is dropped with the processes,
+	// the link's holder among them (its pipes to the sandbox are closed already).
 	r.cg.killAll(id, 5*time.Second)
+	os.Remove(filepath.Join(dir, ctlSocketName))
 	stats.MemoryAfter, _ = r.cg.memUsage(id)
 	if stats.MemoryBefore > stats.MemoryAfter {
 		stats.MemoryReturned = stats.MemoryBefore - stats.MemoryAfter
@@ -331,11 +456,21 @@ func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, err
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	defer logf.Close()
+	bin, err := gvisorAgentBin(dir)
+	if err != nil {
+		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	// The restored agent's stdin and stdout are new pipes (see the package comment above).
+	l, err := newGVisorLink()
+	if err != nil {
+		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	defer l.close()
 	// --background: the sandbox runs while its memory is still being read in (the image is
 	// uncompressed), so resume does not wait for the whole image.
 	cmd := r.runscCmdNet(ctx, logPath, gvisorNetwork(dir), "restore", "--detach", "--background", "--image-path", img, "--bundle", dir,
 		"--pid-file", filepath.Join(dir, "init.pid"), id)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = l.agentIn, l.agentOut, logf
 	if err := cmd.Run(); err != nil {
 		r.runscRun(context.WithoutCancel(ctx), "", "delete", "--force", id)
 		return stats, fmt.Errorf("resume sandbox %s: runsc restore: %w: %s", id, err, lastRuncError(logPath))
@@ -343,10 +478,13 @@ func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, err
 	// From here the sandbox runs: the checkpoint is spent.
 	os.Remove(filepath.Join(dir, checkpointedFile))
 	os.RemoveAll(img)
-	if err := r.signalResume(id); err != nil {
+	if err := r.startHolder(id, bin, l, logf); err != nil {
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
-	if err := waitAgent(ctx, gvisorSocket(dir), filepath.Join(dir, diskMount, "agent.log")); err != nil {
+	if _, err := r.gvisorProxy(id); err != nil {
+		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	if err := waitAgent(ctx, socketPath(r.cfg.StateDir, id), filepath.Join(dir, diskMount, "agent.log")); err != nil {
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	stats.Duration = time.Since(start)
@@ -354,12 +492,23 @@ func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, err
 	return stats, nil
 }
 
-// openGVisor is Open for a gVisor sandbox. Preconditions: id's lock is held.
+// openGVisor is Open for a gVisor sandbox: a running one is reached again through its holder,
+// which outlived the process that started it. Preconditions: id's lock is held.
 func (r *Runtime) openGVisor(ctx context.Context, id string) (*Sandbox, error) {
 	dir := r.dir(id)
-	sb := &Sandbox{ID: id, AgentSocket: gvisorSocket(dir), Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log")}
+	if _, err := gvisorAgentBin(dir); err != nil {
+		// Made by a corral before the agent's link moved out of the sandbox (its agent listens on
+		// /.corral/agent.sock, with no holder): it cannot be reached or restored the new way.
+		return nil, errdefs.NotFound("sandbox %s cannot be re-adopted (%v; made by an older corral?): Delete it", id, err)
+	}
+	sb := &Sandbox{ID: id, AgentSocket: socketPath(r.cfg.StateDir, id), Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log")}
 	if _, err := os.Lstat(filepath.Join(dir, checkpointedFile)); err == nil {
-		return sb, nil // paused: no process, no runsc state
+		// Paused: no process, no runsc state. The Proxy serves the socket (and refuses calls)
+		// until Resume starts a holder.
+		if _, err := r.gvisorProxy(id); err != nil {
+			return nil, err
+		}
+		return sb, nil
 	}
 	if !r.hasRunscState(id) {
 		return nil, errdefs.NotFound("sandbox %s has no runsc state and no checkpoint (interrupted create?): Delete it", id)
@@ -374,30 +523,15 @@ func (r *Runtime) openGVisor(ctx context.Context, id string) (*Sandbox, error) {
 	}
 	if st.State == StateRunning {
 		sb.Pid = pid
-		// An edge that died between quiescing the agent and the checkpoint left it waiting.
-		if _, err := os.Lstat(sb.AgentSocket); errors.Is(err, fs.ErrNotExist) {
-			r.signalResume(id)
-		}
+	}
+	if _, err := r.gvisorProxy(id); err != nil {
+		return nil, err
 	}
 	return sb, nil
 }
 
-// signalResume creates the marker that makes a quiesced agent listen again. The directory is
-// the sandbox's to write: never follow what it put there.
-func (r *Runtime) signalResume(id string) error {
-	p := filepath.Join(r.dir(id), diskMount, gvisorAgentDir, gvisorResumeName)
-	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0o600)
-	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENXIO) {
-		os.Remove(p)
-		fd, err = unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	}
-	if err != nil {
-		return fmt.Errorf("signal the agent to listen again: %w", err)
-	}
-	return unix.Close(fd)
-}
-
-// destroyGVisor removes runsc's state of id. Preconditions: id's lock is held.
+// destroyGVisor removes runsc's state of id. Preconditions: id's lock is held; its processes
+// (the holder among them) are killed.
 func (r *Runtime) destroyGVisor(ctx context.Context, id string) error {
 	if !r.hasRunscState(id) {
 		return nil

@@ -17,7 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// The real corral-agent, built once: gVisor sandboxes need its --listen mode.
+// The real corral-agent, built once: gVisor sandboxes need its --stdio mode and its holder.
 var realAgent struct {
 	once sync.Once
 	path string
@@ -168,7 +168,7 @@ func TestGVisorLifecycle(t *testing.T) {
 	if n1 == n2 || n1 == "" {
 		t.Errorf("counter did not keep running after restore: %q then %q", n1, n2)
 	}
-	// A second cycle works too (the agent re-listens each time).
+	// A second cycle works too (each restore gets new pipes and a new holder).
 	pause(t, e, sb.ID)
 	resume(t, e, sb.ID)
 	agentRun(t, c, "true")
@@ -181,16 +181,47 @@ func TestGVisorLifecycle(t *testing.T) {
 	}
 }
 
-// TestGVisorSymlinkedSocket: the sandbox can write its agent directory; a symlink planted in
-// place of the socket must not be followed by the edge's dialer.
-func TestGVisorSymlinkedSocket(t *testing.T) {
+// TestGVisorChannelOutOfReach: nothing inside a gVisor sandbox leads to the agent's link (no
+// socket file, no unix socket at all, no descriptor to inherit or reopen), the link's holder
+// outlives the Runtime that started it, and a new Runtime reaches the agent through it.
+func TestGVisorChannelOutOfReach(t *testing.T) {
 	e := newGVisorEnv(t)
+	ctx := context.Background()
 	sb := e.create(e.gvisorSpec("gv2"))
 	c := agentrpc.NewClient(sb.AgentSocket)
-	agentRun(t, c, "sh", "-c", "ln -s /some/host/socket /.corral/evil.sock")
-	evil := agentrpc.NewClient(filepath.Join(filepath.Dir(sb.AgentSocket), "evil.sock"))
-	_, err := evil.Ping(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "not a socket") {
-		t.Errorf("dial through a symlink: %v, want 'not a socket'", err)
+	for _, tc := range []struct{ name, script, want string }{
+		{"no socket file", "find / -xdev -type s 2>/dev/null; find /dev /tmp /run -type s 2>/dev/null; true", ""},
+		{"no unix socket in the kernel", "tail -n +2 /proc/net/unix", ""},
+		{"no agent directory", "ls -d /.corral 2>/dev/null || echo none", "none"},
+		{"agent's stdio not reopenable", "cat /proc/1/fd/0 2>/dev/null; echo x >/proc/1/fd/1 2>/dev/null || echo refused", "refused"},
+		{"commands inherit no link", "ls /proc/self/fd | tr '\\n' ' '", "0 1 2 3"},
+	} {
+		if got := agentRun(t, c, "sh", "-c", tc.script); got != tc.want {
+			t.Errorf("%s: %q printed %q, want %q", tc.name, tc.script, got, tc.want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sb.Dir, ctlSocketName)); err != nil {
+		t.Errorf("holder socket: %v", err)
+	}
+
+	// A new Runtime (a restart of corral) reaches the running sandbox through the same holder.
+	agentRun(t, c, "sh", "-c", "echo before > /tmp/state")
+	e.r.Close()
+	if _, err := c.Ping(ctx); err == nil {
+		t.Errorf("agent socket answered with no Runtime serving it")
+	}
+	e.r = e.open()
+	o, err := e.r.Open(ctx, sb.ID)
+	if err != nil || o.AgentSocket != sb.AgentSocket || o.Pid == 0 {
+		t.Fatalf("Open = %+v, %v", o, err)
+	}
+	if got := agentRun(t, c, "cat", "/tmp/state"); got != "before" {
+		t.Errorf("after re-adoption: %q", got)
+	}
+	if err := e.r.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sb.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("sandbox directory left: %v", err)
 	}
 }

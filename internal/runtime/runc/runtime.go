@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/vmlink"
 )
 
 // Defaults for Config and Spec fields left zero.
@@ -164,6 +165,9 @@ type Runtime struct {
 
 	runscVersion string // first line of `runsc --version`
 	runscErr     error  // why gVisor sandboxes cannot be created here, or nil
+
+	proxyMu sync.Mutex
+	proxies map[string]*vmlink.Proxy // gVisor agent socket forwarders, by sandbox; protected by proxyMu
 }
 
 // New checks the host and prepares a Runtime; see the package doc. ctx bounds only New itself;
@@ -187,6 +191,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	r.locks.m = map[string]*idLock{}
 	r.prefetches = map[string]*prefetchRun{}
 	r.agents.imgs = map[string]*agentImage{}
+	r.proxies = map[string]*vmlink.Proxy{}
 
 	out, err := r.runcOutput(ctx, "--version")
 	if err != nil {
@@ -258,6 +263,13 @@ func (r *Runtime) Close() error {
 		err = r.clearPool(context.Background())
 		if err == nil {
 			os.Remove(r.poolDir) // so that StateDir is empty when no sandbox is left
+		}
+		r.proxyMu.Lock()
+		ps := r.proxies
+		r.proxies = map[string]*vmlink.Proxy{}
+		r.proxyMu.Unlock()
+		for _, p := range ps {
+			p.Close() // the sandboxes' holders keep their links for the next process
 		}
 		r.removeGVisorLeftovers()
 		r.agents.close()

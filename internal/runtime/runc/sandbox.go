@@ -147,7 +147,6 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		if err := r.createGVisor(ctx, &spec, dir, agent, logf); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
-		sock = gvisorSocket(dir)
 	} else if err := r.createRunc(ctx, &spec, dir, sock, agent, logf); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
@@ -206,26 +205,18 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 			return err
 		}
 	}
-	agentDir := filepath.Join(dir, diskMount, gvisorAgentDir)
-	if err := os.Mkdir(agentDir, 0o700); err != nil {
-		return err
-	}
-	if n := len(gvisorSocket(dir)); n > maxSocketPath {
-		return errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit: use a shorter ID or StateDir",
-			gvisorSocket(dir), n, maxSocketPath)
-	}
 	bin, err := r.gvisorAgentCopy(agent)
 	if err != nil {
 		return err
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentDir: agentDir, agentBin: bin})
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin})
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o600); err != nil {
 		return err
 	}
-	return r.startGVisor(ctx, spec.ID, dir, logf)
+	return r.startGVisor(ctx, spec.ID, dir, bin, logf)
 }
 
 // listenUnix creates a listening unix socket at path; the file is 0600 in a 0700 directory.
@@ -399,6 +390,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 func (r *Runtime) destroy(ctx context.Context, id string) error {
 	start := time.Now()
 	r.stopPrefetch(id)
+	r.closeProxy(id)
 	var errs []error
 	// Kill first, then a plain `runc delete`: with --force runc always signals and sleeps
 	// 100 ms before it looks again, even for a stopped container.

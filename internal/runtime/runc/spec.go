@@ -278,7 +278,6 @@ func seccompProfile(s *specs.Spec, allArches bool, allow []string) (json.RawMess
 
 // gvisorPaths are the host paths a gVisor sandbox's spec binds in (see gvisor.go).
 type gvisorPaths struct {
-	agentDir string // the agent's socket directory, read-write, at gvisorMountPoint
 	agentBin string // the agent binary, read-only, at gvisorAgentPath
 }
 
@@ -289,8 +288,7 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 	proc := *t.spec.Process
 	if gv != nil {
 		proc.Args = append([]string{gvisorAgentPath}, s.AgentArgs...)
-		proc.Args = append(proc.Args, "--listen", gvisorMountPoint+"/"+socketName,
-			"--resume-marker", gvisorMountPoint+"/"+gvisorResumeName)
+		proc.Args = append(proc.Args, "--stdio")
 	} else {
 		proc.Args = append([]string{agentExecPath}, s.AgentArgs...)
 	}
@@ -319,8 +317,6 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 	}
 	if gv != nil {
 		spec.Mounts = append(spec.Mounts,
-			specs.Mount{Destination: gvisorMountPoint, Type: "bind", Source: gv.agentDir,
-				Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 			specs.Mount{Destination: gvisorAgentPath, Type: "bind", Source: gv.agentBin,
 				Options: []string{"bind", "ro", "nosuid", "nodev"}})
 	}
