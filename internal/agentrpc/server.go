@@ -171,6 +171,7 @@ type Server struct {
 	quiescing *quiesceReq           // a quiesce in progress, or nil
 	calls     map[string]*call      // prepared calls by id
 	watches   int                   // watch streams open
+	excl      exclusiveGate         // the exclusive command, if any (exclusive.go)
 
 	starting sync.WaitGroup // starts in progress (counted under mu while !closing)
 
@@ -411,6 +412,9 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 		}
 		cmd, err := s.lookup(req.ID)
 		if err != nil {
+			return err
+		}
+		if err := s.checkSignal(cmd); err != nil {
 			return err
 		}
 		if err := cmd.signal(syscall.Signal(req.Signal)); err != nil {
