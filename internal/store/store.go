@@ -252,7 +252,6 @@ var migrations = []string{
 	`ALTER TABLE trajectory ADD COLUMN exclusive INTEGER NOT NULL DEFAULT 0;`,
 }
 
-
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
 // sslmode=disable, for several API replicas on one database), or else the path of a SQLite file,
 // created if needed (the embedded default for one machine).
