@@ -25,6 +25,7 @@ const exclusiveAttacker = `package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,6 +33,7 @@ import (
 )
 
 func main() {
+	runtime.LockOSThread() // a tracee belongs to the thread that attached
 	log, _ := os.OpenFile("/tmp/attacker.log", os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	own := syscall.Getpgrp()
 	seen := map[string]bool{}
@@ -56,6 +58,8 @@ func main() {
 			}
 			seen[key] = true
 			if err := syscall.PtraceAttach(pid); err == nil {
+				var ws syscall.WaitStatus
+				syscall.Wait4(pid, &ws, 0x40000000, nil) // __WALL: until it stops
 				fmt.Fprintf(log, "%d ptrace ok\n", pid)
 				syscall.PtraceDetach(pid)
 			} else {
@@ -111,7 +115,7 @@ func testRedTeamExclusive(t *testing.T, rt string) {
 	script := `echo $$; echo one; sleep 0.5; echo two; echo err >&2; cut -d' ' -f3 /proc/` + strconv.Itoa(attacker.Pid) + `/stat; exit 3`
 
 	// The attack is real: a plain exec is forged or killed.
-	out, errOut, exit, err := p.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", script}})
+	out, errOut, exit, err := p.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, Timeout: "30s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +123,7 @@ func testRedTeamExclusive(t *testing.T, rt string) {
 		t.Fatalf("plain exec under attack: stdout %q stderr %q exit %+v; the attack does not work, so this test proves nothing\nattacker log:\n%s",
 			out, errOut, exit, readSandboxFile(t, p, sb.ID, "/tmp/attacker.log"))
 	}
-	t.Logf("plain exec under attack: stdout %q stderr %q exit %+v", out, errOut, exit)
+	t.Logf("plain exec under attack: stdout %q stderr %q exit %+v; attacker log:\n%s", out, errOut, exit, readSandboxFile(t, p, sb.ID, "/tmp/attacker.log"))
 
 	// An exclusive exec (through the CLI) is its own.
 	stdout, stderr, code := p.cli("", "exec", "--exclusive", "--timeout", "1m", sb.ID, "--", "/bin/sh", "-c", script)
