@@ -212,7 +212,8 @@ func readProcStat(pid, tid int) (procStat, error) {
 	if tid != pid {
 		p = "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/stat"
 	}
-	b, err := os.ReadFile(p)
+	var buf [1024]byte
+	b, err := readSmall(p, buf[:])
 	if err != nil {
 		return procStat{}, err
 	}
@@ -234,7 +235,8 @@ func readProcStat(pid, tid int) (procStat, error) {
 // runCount is the number of times the thread was scheduled (the third field of schedstat), or
 // empty where the kernel does not say (gVisor).
 func runCount(pid, tid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/schedstat")
+	var buf [128]byte
+	b, err := readSmall("/proc/"+strconv.Itoa(pid)+"/task/"+strconv.Itoa(tid)+"/schedstat", buf[:])
 	if err != nil {
 		return ""
 	}
@@ -243,6 +245,21 @@ func runCount(pid, tid int) string {
 		return ""
 	}
 	return string(f[2])
+}
+
+// readSmall reads a small /proc file into buf with one read (a /proc file's content is made at
+// that read), without os.File's bookkeeping: a freeze reads a few files per process, several times.
+func readSmall(path string, buf []byte) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	n, err := unix.Read(fd, buf)
+	unix.Close(fd)
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
 }
 
 // scanDescendants samples every process whose parent chain reaches self (every process of the
