@@ -235,6 +235,9 @@ func readProcStat(pid, tid int) (procStat, error) {
 // runCount is the number of times the thread was scheduled (the third field of schedstat), or
 // empty where the kernel does not say (gVisor).
 func runCount(pid, tid int) string {
+	if !haveSchedstat() {
+		return ""
+	}
 	var buf [128]byte
 	b, err := readSmall("/proc/"+strconv.Itoa(pid)+"/task/"+strconv.Itoa(tid)+"/schedstat", buf[:])
 	if err != nil {
@@ -246,6 +249,13 @@ func runCount(pid, tid int) string {
 	}
 	return string(f[2])
 }
+
+// haveSchedstat reports whether the kernel has /proc/PID/schedstat (gVisor has not: a freeze then
+// spares itself a failing open per thread and scan).
+var haveSchedstat = sync.OnceValue(func() bool {
+	_, err := os.Stat("/proc/self/schedstat")
+	return err == nil
+})
 
 // readSmall reads a small /proc file into buf with one read (a /proc file's content is made at
 // that read), without os.File's bookkeeping: a freeze reads a few files per process, several times.
