@@ -272,8 +272,9 @@ func readSmall(path string, buf []byte) ([]byte, error) {
 	return buf[:n], nil
 }
 
-// scanDescendants samples every process whose parent chain reaches self (every process of the
-// sandbox when self is its PID 1 or init), kernel threads excluded.
+// scanDescendants samples every process whose parent chain reaches self, kernel threads excluded:
+// every process of the sandbox, where self is its PID 1 (or the VM's init); the test binary's
+// children in tests.
 func scanDescendants(self int) (map[int]procSample, error) {
 	d, err := os.Open("/proc")
 	if err != nil {
@@ -298,7 +299,9 @@ func scanDescendants(self int) (map[int]procSample, error) {
 	}
 	out := make(map[int]procSample)
 	for pid, st := range stats {
-		if !descendsFrom(pid, self, stats) {
+		// As PID 1 (the sandbox's init) every process is the sandbox's: no parent chain to
+		// follow, which an orphan not yet reparented could break for a moment.
+		if self != 1 && !descendsFrom(pid, self, stats) {
 			continue
 		}
 		out[pid] = sampleProc(pid, st)
