@@ -38,9 +38,10 @@ import (
 // Limits (see docs/ARCHITECTURE.md): the command sees the sandbox's filesystem as the other
 // processes left it (`sh -c` runs the sandbox's /bin/sh, a dynamic program reads its
 // /etc/ld.so.preload), and kernel objects those processes set up before the freeze keep working
-// (a file lock, a full pipe, an F_SETOWN owner, an io_uring queue, a fanotify permission
-// listener that now never answers): they can make the command fail or wait until its timeout, not
-// forge its output.
+// (a file lock, a full pipe, a fanotify permission listener that now never answers): they can make
+// the command fail or wait until its timeout, not forge its output. An io_uring queue armed before
+// the freeze can: where io_uring is allowed (the microvm tier today) the guarantee has that gap.
+// Both are documented in docs/ARCHITECTURE.md ("Exclusive execs").
 
 // DefaultExclusiveTimeout bounds an exclusive command whose request sets no timeout: the sandbox
 // must not stay frozen forever.
