@@ -143,7 +143,23 @@ func testRedTeamExclusive(t *testing.T, rt string) {
 		}
 	}
 
-	// The trajectory marks the step exclusive, and only that one.
+	// A background command can be exclusive too; while one runs, other execs are refused.
+	bg, err := p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"sleep", "2"}, Exclusive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bg.Exclusive {
+		t.Errorf("background command %+v is not marked exclusive", bg)
+	}
+	if _, _, _, err := p.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}}); !corral.IsConflict(err) {
+		t.Errorf("plain exec during an exclusive command: %v, want a conflict", err)
+	}
+	eventually(t, 30*time.Second, "the exclusive background command to end", func() bool {
+		c, err := p.Client.Command(ctx, sb.ID, bg.ID)
+		return err == nil && c.State == "exited"
+	})
+
+	// The trajectory marks those two steps exclusive, and only them.
 	steps, err := p.Client.Trajectory(ctx, sb.ID, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -152,13 +168,16 @@ func testRedTeamExclusive(t *testing.T, rt string) {
 	for _, s := range steps {
 		if s.Exclusive {
 			marked = append(marked, s.Seq)
+			if s.CommandID == bg.ID {
+				continue
+			}
 			if s.Exit == nil || s.Exit.Code != 3 {
 				t.Errorf("exclusive step %d exit %+v, want 3", s.Seq, s.Exit)
 			}
 		}
 	}
-	if len(marked) != 1 {
-		t.Errorf("steps marked exclusive: %v, want exactly one", marked)
+	if len(marked) != 2 {
+		t.Errorf("steps marked exclusive: %v, want two (the exec and the background command)", marked)
 	}
 }
 
