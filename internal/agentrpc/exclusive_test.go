@@ -267,3 +267,59 @@ func BenchmarkFreezeThaw(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
+
+// TestExclusiveAgainstProcessesThatContinueEachOther: two processes keep sending SIGCONT to each
+// other (and, in the relay, stop themselves after each), so a stop the freeze sends to one is
+// undone by the other unless both are stopped at once. The exclusive command must then either
+// find neither scheduled while it runs, or be refused; never run while either runs. (A freeze that
+// stops nothing fails here at once; the narrow window a single confirming scan would leave is not
+// hit reliably, which is why freeze's two-scan rule is argued in its comment, not only tested.)
+func TestExclusiveAgainstProcessesThatContinueEachOther(t *testing.T) {
+	for _, tc := range []struct{ name, loop string }{
+		{"continuers", "while :; do kill -CONT $p; done"},
+		{"relay", "while :; do kill -CONT $p; kill -STOP $$; done"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _ := startServer(t, nil)
+			dir := t.TempDir()
+			var pids [2]int
+			for i, other := range []string{"b", "a"} {
+				me := string(rune('a' + i))
+				script := `echo $$ > ` + dir + `/` + me + `.pid; while [ ! -s ` + dir + `/` + other + `.pid ]; do :; done; read p < ` + dir + `/` + other + `.pid; ` + tc.loop
+				ci, err := c.Start(testCtx(t), ExecRequest{Argv: []string{"sh", "-c", script}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { syscall.Kill(-ci.Pid, syscall.SIGKILL) })
+				pids[i] = ci.Pid
+			}
+			waitFor(t, "both to know each other", 10*time.Second, func() bool {
+				_, errA := os.Stat(filepath.Join(dir, "a.pid"))
+				_, errB := os.Stat(filepath.Join(dir, "b.pid"))
+				return errA == nil && errB == nil
+			})
+			// The command reads both processes' state and run count, twice, 100ms apart.
+			files := "/proc/" + strconv.Itoa(pids[0]) + "/stat /proc/" + strconv.Itoa(pids[1]) + "/stat"
+			look := "cut -d' ' -f3 " + files + "; cat /proc/" + strconv.Itoa(pids[0]) + "/schedstat /proc/" + strconv.Itoa(pids[1]) + "/schedstat | cut -d' ' -f3"
+			script := look + "; sleep 0.1; " + look
+			ran := 0
+			for range 5 {
+				s, err := c.Exec(testCtx(t), ExecRequest{Argv: []string{"sh", "-c", script}, Exclusive: true})
+				if errors.Is(err, errdefs.ErrUnavailable) {
+					continue // refused: they could not be stopped together
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := drain(t, s)
+				s.Close()
+				ran++
+				lines := strings.Split(strings.TrimSpace(r.stdout.String()), "\n")
+				if len(lines) != 8 || lines[0] != "T" || lines[1] != "T" || strings.Join(lines[:4], " ") != strings.Join(lines[4:], " ") {
+					t.Errorf("the exclusive command saw the processes as %q; want both T and not scheduled meanwhile", lines)
+				}
+			}
+			t.Logf("%d of 5 exclusive commands ran, the others were refused", ran)
+		})
+	}
+}
