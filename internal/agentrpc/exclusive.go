@@ -135,6 +135,14 @@ type procSample struct {
 
 // freeze stops every process the agent descends to, but the agent itself, and returns them.
 // It fails (having continued what it stopped) when they are not all stopped by the deadline.
+//
+// Why two clean scans: a scan reads the processes one after another, so B may continue A after A
+// was read and then stop itself before B is read, leaving A running behind a clean scan. When two
+// consecutive scans find the same processes, each stopped both times and with the same run count
+// for each thread (a task must be scheduled to stop again after a SIGCONT), none of them ran
+// between its two reads, so all were stopped at once when the first scan ended; from then on none
+// can run, since only a running process (none) or the agent can continue one.
+
 func freeze(deadline time.Time) (*frozenSet, error) {
 	fs := &frozenSet{pids: make(map[int]uint64)}
 	self := os.Getpid()
