@@ -31,6 +31,8 @@ type ExclusiveFigure struct {
 	Exclusive Stats   `json:"exec_exclusive"`
 	RatioP50  float64 `json:"ratio_p50"`
 	RatioP99  float64 `json:"ratio_p99"`
+	// Error says why the runtime could not be measured (the others still are).
+	Error string `json:"error,omitempty"`
 }
 
 // Exclusive measures the round trip of `corral exec --exclusive ... -- true` against a plain exec
@@ -45,7 +47,9 @@ func Exclusive(ctx context.Context, c *corral.Client, cfg ExclusiveConfig, log *
 		}
 		sb, err := c.CreateSandbox(ctx, req)
 		if err != nil {
-			return nil, fmt.Errorf("create a %s sandbox: %w", rt, err)
+			log.Error("runtime not measured", "runtime", rt, "err", err)
+			res.Runtimes[rt] = ExclusiveFigure{Error: fmt.Sprintf("create a %s sandbox: %v", rt, err)}
+			continue
 		}
 		fig, err := exclusiveRounds(ctx, c, sb.ID, cfg, rt, log)
 		c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
