@@ -152,7 +152,7 @@ func (c *Config) Validate() error {
 // Server is the agent side of the protocol: it runs commands and file operations for the
 // connections it accepts.
 //
-// Lock order: call.mu (calls.go), then Server.mu, then command.mu, then output.mu. The reaper's
+// Lock order: exclusiveGate.gate (exclusive.go), then call.mu (calls.go), then Server.mu, then command.mu, then output.mu. The reaper's
 // locks are never taken while holding Server.mu, command.mu or output.mu.
 type Server struct {
 	cfg   Config       // immutable
@@ -171,9 +171,10 @@ type Server struct {
 	quiescing *quiesceReq           // a quiesce in progress, or nil
 	calls     map[string]*call      // prepared calls by id
 	watches   int                   // watch streams open
-	excl      exclusiveGate         // the exclusive command, if any (exclusive.go)
 
 	starting sync.WaitGroup // starts in progress (counted under mu while !closing)
+
+	excl exclusiveGate // the exclusive command, if any (exclusive.go); its fields are protected by mu
 
 	oomMu   sync.Mutex
 	oomSeen int64 // protected by oomMu: oom_kill count already attributed
