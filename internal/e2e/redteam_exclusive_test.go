@@ -38,7 +38,9 @@ func main() {
 	own := syscall.Getpgrp()
 	seen := map[string]bool{}
 	for round := 1; ; round++ {
-		os.WriteFile("/tmp/attacker.ticks", []byte(strconv.Itoa(round)), 0o644)
+		// Replaced whole (a reader through the files API must not see it truncated).
+		os.WriteFile("/tmp/attacker.ticks.new", []byte(strconv.Itoa(round)), 0o644)
+		os.Rename("/tmp/attacker.ticks.new", "/tmp/attacker.ticks")
 		ents, _ := os.ReadDir("/proc")
 		for _, e := range ents {
 			pid, err := strconv.Atoi(e.Name())
