@@ -57,7 +57,7 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, vm, microvm, lifecycle, compose, rebuild, import, fncall, e2b, network, iam, placement, cluster or lazy runs one of them.
+# BENCH_ONLY=container, vm, microvm, lifecycle, compose, rebuild, import, fncall, e2b, exclusive, network, iam, placement, cluster or lazy runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi
@@ -95,6 +95,9 @@ if [ "${BENCH_ONLY:-e2b}" = e2b ]; then
   # The real e2b SDK (test/e2b, from the npm registry) through the E2B gateway vs the own API.
   sdk=$(scripts/e2b-sdk.sh)
   corral bench e2b --base base:bench --e2b-url "http://127.0.0.1:$((port + 1))" --sdk-dir "$sdk" --script test/e2b/bench.mjs ${BENCH_E2B_ARGS:-} -o json | tee bench-out/e2b.json
+fi
+if [ "${BENCH_ONLY:-exclusive}" = exclusive ]; then
+  corral bench exclusive --base base:bench ${BENCH_EXCLUSIVE_ARGS:-} | tee bench-out/exclusive.json
 fi
 if [ "${BENCH_ONLY:-network}" = network ]; then
   # Starts its own lab internet (203.0.113.0/24 in a namespace) and its own corral up.

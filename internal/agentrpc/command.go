@@ -42,6 +42,7 @@ type command struct {
 	proc      *procWaiter // nil when the command could not start; for a call, fed by watchCall
 	call      *call       // immutable; set for a call's command
 	helper    *callHelper // immutable after spawn; the helper running a call's command
+	frozen    *frozenSet  // immutable; set for an exclusive command: what to thaw when it ends
 	done      chan struct{}
 
 	timedOut atomic.Bool
@@ -52,6 +53,7 @@ type command struct {
 	endedAt     time.Time
 	exit        *Exit
 	timer       *time.Timer // timeout
+	watchdog    *time.Timer // an exclusive command's thaw, should it never be reaped
 	forgetTimer *time.Timer
 	retained    int64 // output memory counted in Server.retained while kept
 }
@@ -61,7 +63,7 @@ func (c *command) info() CommandInfo {
 	c.mu.Lock()
 	ci := CommandInfo{
 		ID: c.id, Argv: c.argv, Tag: c.tag, Pid: c.pid, TTY: c.tty, State: CommandRunning,
-		StartedAt: c.startedAt, EndedAt: c.endedAt, Exit: c.exit,
+		StartedAt: c.startedAt, EndedAt: c.endedAt, Exit: c.exit, Exclusive: c.frozen != nil,
 	}
 	c.mu.Unlock()
 	if ci.Exit != nil {
@@ -173,10 +175,33 @@ var pumpBufs = sync.Pool{New: func() any { return new([dataChunk]byte) }}
 
 // start validates req, records a new command and starts it. A command that cannot be started
 // (missing program, bad cwd or user) is recorded as exited with Exit.Error; the returned error
-// is only for invalid requests.
+// is only for invalid requests, and for starts refused while an exclusive command runs (or, for
+// an exclusive one, when the sandbox could not be frozen; see exclusive.go).
 func (s *Server) start(req *ExecRequest) (*command, error) {
 	if err := s.validateExec(req); err != nil {
 		return nil, err
+	}
+	// Exclusive: claimed now, released by finalize once thawed, or below when nothing started.
+	exclusive := false
+	if req.Exclusive {
+		if err := s.claimExclusive(); err != nil {
+			return nil, err
+		}
+		exclusive = true
+		defer func() {
+			if exclusive {
+				s.releaseExclusive()
+			}
+		}()
+		if req.Timeout == 0 {
+			req.Timeout = DefaultExclusiveTimeout
+		}
+	} else {
+		leave, err := s.enterPlain()
+		if err != nil {
+			return nil, err
+		}
+		defer leave()
 	}
 	var cl *call
 	if req.Call != nil || s.cfg.Calls {
@@ -202,11 +227,23 @@ func (s *Server) start(req *ExecRequest) (*command, error) {
 		id: newCommandID(), argv: append([]string(nil), req.Argv...), tag: req.Tag, tty: req.TTY,
 		startedAt: time.Now(), out: newOutput(limit), done: make(chan struct{}), call: cl,
 	}
+	if req.Exclusive {
+		fs, err := freeze(time.Now().Add(freezeTimeout))
+		if err != nil {
+			return nil, err
+		}
+		// From here finalize thaws and releases the claim, whatever happens to the command.
+		c.frozen, exclusive = fs, false
+		c.watchdog = time.AfterFunc(req.Timeout+ExclusiveThawGrace, fs.thaw)
+	}
 	// spawn sets c's process fields; registering c afterwards publishes them to other goroutines
 	// (through s.mu), and only then may anything finalize c.
 	outputs, exit := s.spawn(c, req)
 	s.mu.Lock()
 	s.cmds[c.id] = c
+	if c.frozen != nil {
+		s.excl.cmd = c
+	}
 	s.mu.Unlock()
 	if cl != nil {
 		cl.state, cl.cmd = callStarted, c
@@ -251,6 +288,8 @@ func (s *Server) validateExec(req *ExecRequest) error {
 		return errdefs.Invalid("output_limit", "must be between 0 and %d", s.cfg.MaxOutputLimit)
 	case !req.TTY && (req.Rows != 0 || req.Cols != 0):
 		return errdefs.Invalid("rows", "rows and cols need tty")
+	case req.Exclusive && (req.Call != nil || s.cfg.Calls):
+		return errdefs.Invalid("exclusive", "a call is isolated already; exclusive is for a sandbox's commands")
 	}
 	for _, a := range req.Argv {
 		if strings.IndexByte(a, 0) >= 0 {
@@ -530,6 +569,12 @@ func (s *Server) exitFor(c *command, st *procStatus, report *callReport) *Exit {
 // finalize records c's exit and wakes everyone waiting for it. Retention is applied first, so a
 // client that has seen the exit event also sees its effect on older commands.
 func (s *Server) finalize(c *command, ended time.Time, exit *Exit) {
+	if c.frozen != nil {
+		// Before the exit is published: a client that saw it finds the sandbox running again.
+		c.watchdog.Stop()
+		c.frozen.thaw()
+		s.releaseExclusive()
+	}
 	c.mu.Lock()
 	c.endedAt, c.exit = ended, exit
 	c.mu.Unlock()

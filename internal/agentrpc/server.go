@@ -152,7 +152,7 @@ func (c *Config) Validate() error {
 // Server is the agent side of the protocol: it runs commands and file operations for the
 // connections it accepts.
 //
-// Lock order: call.mu (calls.go), then Server.mu, then command.mu, then output.mu. The reaper's
+// Lock order: exclusiveGate.gate (exclusive.go), then call.mu (calls.go), then Server.mu, then command.mu, then output.mu. The reaper's
 // locks are never taken while holding Server.mu, command.mu or output.mu.
 type Server struct {
 	cfg   Config       // immutable
@@ -173,6 +173,8 @@ type Server struct {
 	watches   int                   // watch streams open
 
 	starting sync.WaitGroup // starts in progress (counted under mu while !closing)
+
+	excl exclusiveGate // the exclusive command, if any (exclusive.go); its fields are protected by mu
 
 	oomMu   sync.Mutex
 	oomSeen int64 // protected by oomMu: oom_kill count already attributed
@@ -411,6 +413,9 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 		}
 		cmd, err := s.lookup(req.ID)
 		if err != nil {
+			return err
+		}
+		if err := s.checkSignal(cmd); err != nil {
 			return err
 		}
 		if err := cmd.signal(syscall.Signal(req.Signal)); err != nil {

@@ -56,6 +56,11 @@ type ExecRequest struct {
 	// the container and from other calls (see calls.go). An agent started with --calls runs
 	// nothing else; any other agent refuses it. A call's command cannot have a terminal.
 	Call *CallSpec `json:"call,omitempty"`
+	// Exclusive runs the command with every other process of the sandbox stopped, so none can
+	// signal it, ptrace it or touch its descriptors (see exclusive.go). While it runs other
+	// starts and signals are refused (errdefs.ErrConflict). Without a Timeout it gets
+	// DefaultExclusiveTimeout.
+	Exclusive bool `json:"exclusive,omitempty"`
 }
 
 // CallSpec names the call a command runs in.
@@ -86,6 +91,7 @@ type CommandInfo struct {
 	Tag       string    `json:"tag,omitempty"`
 	Pid       int       `json:"pid"`
 	TTY       bool      `json:"tty,omitempty"`
+	Exclusive bool      `json:"exclusive,omitempty"`
 	State     string    `json:"state"`
 	StartedAt time.Time `json:"started_at"`
 	EndedAt   time.Time `json:"ended_at,omitzero"`

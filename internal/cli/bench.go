@@ -115,6 +115,18 @@ func (a *app) newBenchCmd() *cobra.Command {
 	mf.BoolVar(&mc.Templates, "templates", false, "measure only VMs restored from a template (against a corral up --microvm-templates)")
 	cmd.AddCommand(microvm)
 
+	var xc bench.ExclusiveConfig
+	exclusive := a.jsonBench("exclusive", "Exec round trip with --exclusive (every other process stopped, then continued) vs a plain exec, with idle processes in the sandbox",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Exclusive(ctx, c, xc, log)
+		})
+	xf := exclusive.Flags()
+	xf.StringVar(&xc.Base, "base", "base:default", "base layer NAME:VERSION")
+	xf.StringSliceVar(&xc.Runtimes, "runtimes", []string{"runc", "gvisor", "microvm"}, "runtimes to measure (runc, gvisor, microvm)")
+	xf.IntVar(&xc.Rounds, "rounds", 200, "exec round trips each way, per runtime")
+	xf.IntVar(&xc.Idle, "idle", 20, "idle background processes in the sandbox")
+	cmd.AddCommand(exclusive)
+
 	var vc bench.VMConfig
 	vmb := a.jsonBench("vm", "The vm tier: boot to first screenshot and exec, screenshot latency, input round trip, exec, pause/resume, idle memory (baselines: microvm and container)",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {

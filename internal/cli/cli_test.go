@@ -344,6 +344,8 @@ func TestExec(t *testing.T) {
 		{name: "shell", args: []string{"exec", id, "--shell", "--", "echo a b"}, stdout: "a b\n",
 			wantBody: `{"argv":["echo a b"],"shell":true}`},
 		{name: "without --", args: []string{"exec", id, "whoami"}, stdout: "root\n"},
+		{name: "exclusive", args: []string{"exec", "--exclusive", id, "--", "echo", "mine"}, stdout: "mine\n",
+			wantBody: `{"argv":["echo","mine"],"exclusive":true}`},
 		{name: "piped stdin is streamed", args: []string{"exec", id, "--", "cat"}, stdin: strings.NewReader("piped\x00data"),
 			stdout: "piped\x00data", wantReq: "POST /v1/sandboxes/sb-1/exec?stdin=stream"},
 		{name: "tty", args: []string{"exec", "-t", id, "--", "stderr", "x"}, stdin: strings.NewReader(""), stdout: "x\n",

@@ -19,6 +19,7 @@ import (
 // execFlags are the flags of a command run in a sandbox, shared by exec and run.
 type execFlags struct {
 	tty, interactive, shell bool
+	exclusive               bool
 	env                     []string
 	cwd, user, timeout      string
 	step                    string
@@ -35,12 +36,13 @@ func (f *execFlags) add(fs *pflag.FlagSet, withEnv bool) {
 	fs.StringVarP(&f.cwd, "cwd", "w", "", "working directory inside the sandbox")
 	fs.StringVarP(&f.user, "user", "u", "", "user (name or uid) to run as")
 	fs.StringVar(&f.timeout, "timeout", "", "kill the command after this long, e.g. 5m")
+	fs.BoolVar(&f.exclusive, "exclusive", false, "stop every other process of the sandbox while the command runs, so none can signal, ptrace or write into it (for graders; other commands are refused meanwhile)")
 	fs.StringVar(&f.step, "step", "", "step ID in the sandbox's trajectory: a completed step is replayed from the log, a running one attached to, never run twice")
 }
 
 // request validates the flags and builds the exec request for argv.
 func (f *execFlags) request(argv []string) (corral.ExecRequest, error) {
-	req := corral.ExecRequest{Argv: argv, Shell: f.shell, Env: f.env, Cwd: f.cwd, User: f.user, Timeout: f.timeout, TTY: f.tty, StepID: f.step}
+	req := corral.ExecRequest{Argv: argv, Shell: f.shell, Env: f.env, Cwd: f.cwd, User: f.user, Timeout: f.timeout, TTY: f.tty, StepID: f.step, Exclusive: f.exclusive}
 	if len(argv) == 0 {
 		return req, usagef("no command given: put it after --, e.g. -- ls -l")
 	}
@@ -79,11 +81,18 @@ its status (128+N when killed by signal N, 127 or 126 when it could not start).
 
 Stdin is streamed to the command when -i or --tty is given, or when stdin is not a
 terminal; end of file closes the command's stdin. An interrupt (Ctrl-C) is forwarded to
-the command as SIGINT; a second one leaves it running.`,
+the command as SIGINT; a second one leaves it running.
+
+--exclusive stops (SIGSTOP) every other process of the sandbox while the command runs and
+continues them after, so nothing left running in the sandbox can signal it, ptrace it or
+write into its output: a grader's result is its own. Other commands in the sandbox are
+refused meanwhile; without --timeout it is killed after 10m. Prefer running a program you
+uploaded over --shell, which runs the sandbox's own /bin/sh.`,
 		Example: `  corral exec sb-local-0123456789abcdef -- ls -l /
   corral exec --cwd /work --env CI=1 ID -- make test
   echo hello | corral exec ID -- cat
-  corral exec -it ID -- /bin/sh`,
+  corral exec -it ID -- /bin/sh
+  corral exec --exclusive --timeout 5m ID -- /grader/check`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			_, _, err := splitCommand(cmd, args, 1, "a sandbox ID")
 			return err

@@ -50,7 +50,11 @@ func (a *app) newLogCmd() *cobra.Command {
 				if !s.EndedAt.IsZero() {
 					took = s.EndedAt.Sub(s.StartedAt).Round(time.Millisecond).String()
 				}
-				t.row(strconv.FormatInt(s.Seq, 10), orDash(s.StepID), s.Kind, s.State, exit, took, summarizeRequest(s))
+				kind := s.Kind
+				if s.Exclusive {
+					kind += " (exclusive)"
+				}
+				t.row(strconv.FormatInt(s.Seq, 10), orDash(s.StepID), kind, s.State, exit, took, summarizeRequest(s))
 			}
 			return t.flush()
 		},

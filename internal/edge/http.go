@@ -94,6 +94,7 @@ func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecR
 	out := agentrpc.ExecRequest{
 		Argv: req.Argv, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
 		Stdin: req.Stdin, KeepStdinOpen: req.OpenStdin, TTY: req.TTY, Rows: req.Rows, Cols: req.Cols, OutputLimit: sb.outputLimit,
+		Exclusive: req.Exclusive,
 	}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return out, errdefs.Invalid("argv", "a command is required")
@@ -211,7 +212,7 @@ func apiExit(x *agentrpc.Exit) *corral.Exit {
 
 func apiCommand(c agentrpc.CommandInfo) corral.Command {
 	return corral.Command{
-		ID: c.ID, Argv: c.Argv, Pid: c.Pid, TTY: c.TTY, State: c.State,
+		ID: c.ID, Argv: c.Argv, Pid: c.Pid, TTY: c.TTY, Exclusive: c.Exclusive, State: c.State,
 		StartedAt: c.StartedAt, EndedAt: c.EndedAt, Exit: apiExit(c.Exit),
 		OutputStart: c.OutputStart, OutputEnd: c.OutputEnd,
 	}

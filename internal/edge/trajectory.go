@@ -63,7 +63,7 @@ func normalJSON(v any) string {
 func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req corral.ExecRequest, areq *agentrpc.ExecRequest, streamStdin bool) (entry, existing *corral.TrajectoryEntry, err error) {
 	entry = &corral.TrajectoryEntry{
 		StepID: req.StepID, Kind: "exec", Request: execRecord(req, streamStdin),
-		State: corral.StepRunning, StartedAt: time.Now().UTC(),
+		State: corral.StepRunning, StartedAt: time.Now().UTC(), Exclusive: req.Exclusive,
 	}
 	if req.StepID == "" {
 		return entry, nil, nil

@@ -262,6 +262,9 @@ var migrations = []string{
 	// keep their project's subtree, which for the root project's means the root alone: the
 	// operator publishes (corral layer publish) the base images meant for tenants.
 	`ALTER TABLE layers ADD COLUMN public INTEGER NOT NULL DEFAULT 0;`,
+	// 13: a trajectory step run exclusive (corral exec --exclusive: every other process of the
+	// sandbox stopped while it ran), kept as a column so the mark does not depend on the document.
+	`ALTER TABLE trajectory ADD COLUMN exclusive INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -598,10 +601,15 @@ func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.Traject
 	err = s.tx(ctx, func(tx *Tx) error {
 		if e.StepID != "" {
 			var doc string
-			err := tx.QueryRowContext(ctx, `SELECT doc FROM trajectory WHERE sandbox_id = ? AND step_id = ?`, sandbox, e.StepID).Scan(&doc)
+			var exclusive bool
+			err := tx.QueryRowContext(ctx, `SELECT doc, exclusive FROM trajectory WHERE sandbox_id = ? AND step_id = ?`, sandbox, e.StepID).Scan(&doc, &exclusive)
 			if err == nil {
 				existing = new(corral.TrajectoryEntry)
-				return json.Unmarshal([]byte(doc), existing)
+				if err := json.Unmarshal([]byte(doc), existing); err != nil {
+					return err
+				}
+				existing.Exclusive = exclusive
+				return nil
 			}
 			if !errors.Is(err, sql.ErrNoRows) {
 				return err
@@ -614,8 +622,8 @@ func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.Traject
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO trajectory (sandbox_id, seq, step_id, state, doc) VALUES (?, ?, ?, ?, ?)`,
-			sandbox, e.Seq, e.StepID, e.State, string(doc))
+		_, err = tx.ExecContext(ctx, `INSERT INTO trajectory (sandbox_id, seq, step_id, state, doc, exclusive) VALUES (?, ?, ?, ?, ?, ?)`,
+			sandbox, e.Seq, e.StepID, e.State, string(doc), boolInt(e.Exclusive))
 		return err
 	})
 	if err != nil {
@@ -624,7 +632,8 @@ func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.Traject
 	return existing, nil
 }
 
-// UpdateStep rewrites step e.Seq of sandbox's trajectory.
+// UpdateStep rewrites step e.Seq of sandbox's trajectory. A step's exclusive mark is set when it
+// is appended and never changes.
 func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) error {
 	doc, err := json.Marshal(e)
 	if err != nil {
@@ -640,7 +649,7 @@ func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *corral.Trajec
 // ListSteps returns up to limit steps of sandbox's trajectory with seq > after, in order. A
 // non-empty state keeps only steps in that state.
 func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]corral.TrajectoryEntry, error) {
-	q := `SELECT doc FROM trajectory WHERE sandbox_id = ? AND seq > ?`
+	q := `SELECT doc, exclusive FROM trajectory WHERE sandbox_id = ? AND seq > ?`
 	args := []any{sandbox, after}
 	if state != "" {
 		q += ` AND state = ?`
@@ -656,13 +665,15 @@ func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limi
 	var out []corral.TrajectoryEntry
 	for rows.Next() {
 		var doc string
-		if err := rows.Scan(&doc); err != nil {
+		var exclusive bool
+		if err := rows.Scan(&doc, &exclusive); err != nil {
 			return nil, fmt.Errorf("read trajectory of %s: %w", sandbox, err)
 		}
 		var e corral.TrajectoryEntry
 		if err := json.Unmarshal([]byte(doc), &e); err != nil {
 			return nil, fmt.Errorf("read trajectory of %s: decode: %w", sandbox, err)
 		}
+		e.Exclusive = exclusive
 		out = append(out, e)
 	}
 	return out, rows.Err()

@@ -185,7 +185,7 @@ func TestTrajectory(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
 		for i, step := range []string{"", "a", ""} {
-			e := &corral.TrajectoryEntry{StepID: step, Kind: "exec", State: corral.StepRunning, Request: map[string]any{"argv": []string{"x"}}}
+			e := &corral.TrajectoryEntry{StepID: step, Kind: "exec", State: corral.StepRunning, Request: map[string]any{"argv": []string{"x"}}, Exclusive: step == "a"}
 			if ex, err := s.BeginStep(ctx, "sb-1", e); err != nil || ex != nil {
 				t.Fatalf("BeginStep %d: existing %v, err %v", i, ex, err)
 			}
@@ -198,13 +198,20 @@ func TestTrajectory(t *testing.T) {
 		if err != nil || ex == nil || ex.Seq != 2 {
 			t.Fatalf("reused step id: existing %+v, err %v; want step 2", ex, err)
 		}
-		ex.State, ex.Exit = corral.StepDone, &corral.Exit{Code: 3}
+		if !ex.Exclusive {
+			t.Errorf("existing step %+v lost its exclusive mark", ex)
+		}
+		// The mark is set once, when the step is appended: an update cannot clear it.
+		ex.State, ex.Exit, ex.Exclusive = corral.StepDone, &corral.Exit{Code: 3}, false
 		if err := s.UpdateStep(ctx, "sb-1", ex); err != nil {
 			t.Fatal(err)
 		}
 		steps, err := s.ListSteps(ctx, "sb-1", 1, 10, "")
 		if err != nil || len(steps) != 2 || steps[0].Seq != 2 || steps[0].Exit.Code != 3 {
 			t.Fatalf("ListSteps after 1 = %+v, %v", steps, err)
+		}
+		if !steps[0].Exclusive || steps[1].Exclusive {
+			t.Errorf("exclusive marks %v, %v; want true, false", steps[0].Exclusive, steps[1].Exclusive)
 		}
 		if running, _ := s.ListSteps(ctx, "sb-1", 0, 10, corral.StepRunning); len(running) != 2 {
 			t.Fatalf("running steps = %d, want 2", len(running))

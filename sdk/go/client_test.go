@@ -807,3 +807,47 @@ func TestExecStreamThenReuse(t *testing.T) {
 		}
 	}
 }
+
+func TestExclusiveCommand(t *testing.T) {
+	srv := corraltest.NewServer(t)
+	c := srv.Client()
+	ctx := testContext(t)
+	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: corraltest.DefaultBase})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"sleep", "1h"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := c.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"sleep", "1h"}, Exclusive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := lastBody(t, srv); body["exclusive"] != true {
+		t.Errorf("request body %v lacks exclusive: true", body)
+	}
+	if !x.Exclusive || other.Exclusive {
+		t.Errorf("exclusive marks %v (exclusive) and %v (plain)", x.Exclusive, other.Exclusive)
+	}
+	if _, err := c.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"echo"}}); !corral.IsConflict(err) {
+		t.Errorf("start during an exclusive command: %v, want a conflict", err)
+	}
+	if err := c.Signal(ctx, sb.ID, other.ID, "SIGTERM"); !corral.IsConflict(err) {
+		t.Errorf("signal to another command during an exclusive one: %v, want a conflict", err)
+	}
+	if err := c.Signal(ctx, sb.ID, x.ID, "SIGKILL"); err != nil {
+		t.Fatal(err)
+	}
+	// The kill ends it on its goroutine; then starts are admitted again.
+	for {
+		_, err := c.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"echo"}})
+		if err == nil {
+			break
+		}
+		if !corral.IsConflict(err) || ctx.Err() != nil {
+			t.Fatalf("start after the exclusive command was killed: %v", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

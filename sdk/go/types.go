@@ -218,6 +218,13 @@ type ExecRequest struct {
 	// completed returns the recorded result without running anything; with one still running it
 	// attaches to that command; with one used for a different request it is a 409.
 	StepID string `json:"step_id,omitempty"`
+	// Exclusive runs the command with every other process of the sandbox stopped (SIGSTOP) for
+	// its duration, so none can signal it, ptrace it, or read or write its stdin, stdout or
+	// stderr; they continue when it ends. Meant for a grader running after an agent's turn. While
+	// it runs, other commands and signals in the sandbox are refused (409), as is a second
+	// exclusive command; without a Timeout it is killed after 10 minutes. The argv runs directly;
+	// with Shell it runs the sandbox's /bin/sh, which the sandbox's processes may have replaced.
+	Exclusive bool `json:"exclusive,omitempty"`
 }
 
 // Command describes a command started in a sandbox.
@@ -226,6 +233,7 @@ type Command struct {
 	Argv        []string  `json:"argv"`
 	Pid         int       `json:"pid"`
 	TTY         bool      `json:"tty,omitempty"`
+	Exclusive   bool      `json:"exclusive,omitempty"`
 	State       string    `json:"state"` // running | exited
 	StartedAt   time.Time `json:"started_at"`
 	EndedAt     time.Time `json:"ended_at,omitzero"`
@@ -525,8 +533,11 @@ type TrajectoryEntry struct {
 	// Kind is exec, write_file, mkdir, remove, move or tar_in.
 	Kind string `json:"kind"`
 	// Request is the call as received (file contents are represented by their size and sha256).
-	Request   any       `json:"request"`
-	CommandID string    `json:"command_id,omitempty"`
+	Request   any    `json:"request"`
+	CommandID string `json:"command_id,omitempty"`
+	// Exclusive marks an exec run with every other process of the sandbox stopped
+	// (ExecRequest.Exclusive).
+	Exclusive bool      `json:"exclusive,omitempty"`
 	State     string    `json:"state"`
 	StartedAt time.Time `json:"started_at"`
 	EndedAt   time.Time `json:"ended_at,omitzero"`

@@ -194,6 +194,9 @@ func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *ht
 			return nil, invalid("timeout", "timeout %q is not a positive Go duration", req.Timeout)
 		}
 	}
+	if x := sb.exclusiveLocked(); x != nil {
+		return nil, conflict("an exclusive command (%s) is running in this sandbox; retry when it has ended", x.info.ID)
+	}
 	entry, ok := s.programs[path.Base(argv[0])]
 	switch {
 	case !ok:
@@ -213,6 +216,7 @@ func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *ht
 			Argv:      req.Argv,
 			Pid:       100 + s.nextCommand,
 			TTY:       req.TTY,
+			Exclusive: req.Exclusive,
 			State:     "running",
 			StartedAt: timeNow(),
 		},
@@ -279,6 +283,19 @@ func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *ht
 		cmd.appendLocked(corral.Event{Type: corral.EventExit, Exit: &e})
 	}()
 	return cmd, nil
+}
+
+// exclusiveLocked returns sb's running exclusive command, if any. The fake runs no processes, so
+// it models only what a client sees of one: other starts and signals are refused while it runs.
+//
+// Preconditions: the server's mu is held.
+func (sb *sandbox) exclusiveLocked() *command {
+	for _, c := range sb.cmds {
+		if c.info.Exclusive && c.info.Exit == nil {
+			return c
+		}
+	}
+	return nil
 }
 
 // outputWriter appends what a program writes as stdout or stderr events.
@@ -649,6 +666,12 @@ func (s *Server) signal(w http.ResponseWriter, r *http.Request) {
 	if cmd.info.Exit != nil {
 		fail(w, conflict("command %s has exited", cmd.info.ID))
 		return
+	}
+	if sb, herr := s.lookupLocked(r); herr == nil {
+		if x := sb.exclusiveLocked(); x != nil && x != cmd {
+			fail(w, conflict("an exclusive command (%s) is running in this sandbox; retry when it has ended", x.info.ID))
+			return
+		}
 	}
 	cmd.cancel(signalCause{name})
 	w.WriteHeader(http.StatusNoContent)
