@@ -199,6 +199,8 @@ class Command(Model):
     exit: Optional[Exit] = None
     output_start: int = 0
     output_end: int = 0
+    #: True for a command started with ``exclusive=True``.
+    exclusive: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -439,6 +441,9 @@ class TrajectoryEntry(Model):
     output: List[Event] = field(default_factory=list)
     output_truncated: bool = False
     error: str = ""
+    #: True for a step run with ``exclusive=True``: every other process of the sandbox was
+    #: stopped while it ran.
+    exclusive: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 

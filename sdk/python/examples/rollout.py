@@ -46,13 +46,9 @@ async def episode(ac: corral.AsyncCorral, env: str, run: str, i: int) -> Dict[st
         replayed += r.replayed
         if r.exit_code != 0:
             break
-    try:
-        grade = await sb.exec(["/bin/sh", "-c", GRADER], step_id="grade", exclusive=True)
-    except corral.InvalidRequest as e:
-        if e.field != "exclusive":
-            raise
-        # A server from before exclusive execs.
-        grade = await sb.exec(["/bin/sh", "-c", GRADER], step_id="grade")
+    # Exclusive: every other process of the sandbox is stopped while the grader runs, so
+    # nothing the agent left behind can touch its output or exit status.
+    grade = await sb.exec(["/bin/sh", "-c", GRADER], step_id="grade", exclusive=True)
     reward = float(grade.stdout.strip() or 0)
     await sb.delete()
     return {"episode": i, "sandbox": sb.id, "reward": reward, "replayed_steps": replayed}
