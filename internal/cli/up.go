@@ -86,6 +86,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
 	f.DurationVar(&cfg.AuditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")
 	f.BoolVar(&cfg.Net.Disabled, "no-net", false, "no sandbox networking: every sandbox has loopback only")
+	f.BoolVar(&cfg.NoLXCFS, "no-lxcfs", false, "run container sandboxes without LXCFS: they read the host's /proc/meminfo, cpuinfo, stat, uptime, loadavg and diskstats")
 	f.StringVar(&cfg.Net.Pool, "net-pool", "10.200.0.0/16", "IPv4 prefix sandbox addresses come from (a /30 each)")
 	f.StringVar(&cfg.Net.Tag, "net-tag", "0", "1-4 of [a-z0-9] naming this instance's interfaces and nftables tables")
 	f.StringVar(&cfg.Net.Services, "services", "", `service catalog file: {"services": {"NAME": {"domains": [...], "addresses": [...]}}}`)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,17 +20,35 @@ import (
 // mountOverlay mounts overlayfs at target: lower is bottom (base) first, as in Spec.Lower.
 // It uses the new mount API ("lowerdir+", Linux 6.8+), which takes each layer as its own
 // parameter: no escaping, no one-page limit on the option string. Older kernels get mount(2).
+//
+// Every directory is given to overlayfs as /proc/self/fd/N of a descriptor opened here, not by
+// its path: overlayfs shows the strings it was given in the mount's options, and those are
+// what a sandbox reads in its /proc/self/mountinfo (lowerdir+=/proc/self/fd/12, ...), so no host
+// path (data dir, layer names) is disclosed. Measured on 6.18: a layer given by fd
+// (FSCONFIG_SET_FD) is shown by its full host path instead, a relative path as given.
 func mountOverlay(target string, lower []string, upper, work string) error {
-	err := mountOverlayFsconfig(target, lower, upper, work)
+	dirs := append(slices.Clone(lower), upper, work)
+	names := make([]string, len(dirs))
+	for i, d := range dirs {
+		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open overlay dir %s: %w", d, err)
+		}
+		defer unix.Close(fd)
+		names[i] = "/proc/self/fd/" + strconv.Itoa(fd)
+	}
+	n := len(lower)
+	err := mountOverlayFsconfig(target, names[:n], names[n], names[n+1], lower)
 	if errors.Is(err, errNoLowerdirPlus) {
-		return mountOverlayLegacy(target, lower, upper, work)
+		return mountOverlayLegacy(target, names[:n], names[n], names[n+1])
 	}
 	return err
 }
 
 var errNoLowerdirPlus = errors.New("overlayfs lacks lowerdir+")
 
-func mountOverlayFsconfig(target string, lower []string, upper, work string) error {
+// mountOverlayFsconfig mounts with lowerdir+; hostLower are lower's host paths, for errors.
+func mountOverlayFsconfig(target string, lower []string, upper, work string, hostLower []string) error {
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		if errors.Is(err, unix.ENOSYS) {
@@ -44,7 +63,7 @@ func mountOverlayFsconfig(target string, lower []string, upper, work string) err
 			if errors.Is(err, unix.EINVAL) && i == len(lower)-1 {
 				return errNoLowerdirPlus
 			}
-			return fmt.Errorf("overlay layer %s: %w%s", lower[i], err, fsMessages(fsfd))
+			return fmt.Errorf("overlay layer %s: %w%s", hostLower[i], err, fsMessages(fsfd))
 		}
 	}
 	for _, kv := range [][2]string{{"upperdir", upper}, {"workdir", work}} {

@@ -107,7 +107,7 @@ func TestRender(t *testing.T) {
 	if err := s.normalize(64<<20, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	b, err := tmpl.render(&s, "/corral/x", nil)
+	b, err := tmpl.render(&s, "/corral/x", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestRenderCalls(t *testing.T) {
 		if err := s.normalize(64<<20, 1<<20); err != nil {
 			t.Fatal(err)
 		}
-		b, err := tmpl.render(&s, "/corral/x", nil)
+		b, err := tmpl.render(&s, "/corral/x", nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
