@@ -53,6 +53,10 @@ func readProbe(t *testing.T, p *corralProc, id string) map[string]string {
 	if exit == nil || exit.Code != 0 {
 		t.Fatalf("probe: exit %+v\n%s\n%s", exit, out, errOut)
 	}
+	return parseProbe(out)
+}
+
+func parseProbe(out string) map[string]string {
 	got := map[string]string{}
 	var key string
 	for _, line := range strings.SplitAfter(out, "\n") {
@@ -103,6 +107,21 @@ func testRedTeamHostFacts(t *testing.T, rt string) {
 	if out, _, _ := p.cli("", "info"); !strings.Contains(out, "LXCFS:") || !strings.Contains(out, "in use") {
 		t.Errorf("corral info says nothing of LXCFS in use:\n%s", out)
 	}
+
+	// A call of the fncall tier mounts a /proc of its own in its container: it gets the same.
+	start = time.Now()
+	if _, err := p.Client.CreateFncallEnv(ctx, corral.FncallEnv{Name: "facts", Base: "base:test", PoolMin: 1, PoolMax: 1,
+		Limits: corral.Limits{MemoryBytes: mem, CPUs: cpus}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Client.Call(ctx, "facts", corral.CallRequest{Script: hostFactsProbe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Exit.Code != 0 {
+		t.Fatalf("call: %+v\n%s", res.Exit, res.Stderr)
+	}
+	checkHostFacts(t, p, rt, parseProbe(string(res.Stdout)), start)
 
 	// Kill LXCFS: the existing sandbox's files fail (ENOTCONN) until Corral has started another,
 	// whose files reach the existing sandbox's binds (propagation) and every new sandbox.
