@@ -394,7 +394,8 @@ func findBinary(bin string) (string, error) {
 	return "", errdefs.Unavailable("lxcfs is not installed (apt-get install lxcfs, or scripts/setup.sh)")
 }
 
-// lxcfsPid returns the pid in dir's pid file when that process is an lxcfs, else 0.
+// lxcfsPid returns the pid in dir's pid file when that process is an lxcfs serving dir's mount
+// (never another Corral's, should the pid have been reused), else 0.
 func lxcfsPid(dir string) int {
 	b, err := os.ReadFile(filepath.Join(dir, "lxcfs.pid"))
 	if err != nil {
@@ -406,6 +407,10 @@ func lxcfsPid(dir string) int {
 	}
 	comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
 	if err != nil || strings.TrimSpace(string(comm)) != "lxcfs" {
+		return 0
+	}
+	args, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !slices.Contains(strings.Split(string(args), "\x00"), filepath.Join(dir, "mnt")) {
 		return 0
 	}
 	return pid

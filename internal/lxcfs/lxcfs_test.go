@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/doccheck"
 )
 
 func startServer(t *testing.T) *Server {
@@ -124,3 +126,5 @@ func TestStopLeavesNothing(t *testing.T) {
 		t.Fatalf("lxcfs %d still runs: %s", pid, b)
 	}
 }
+
+func TestExportedDocs(t *testing.T) { doccheck.Exported(t, ".") }
