@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,34 +22,41 @@ import (
 // It uses the new mount API ("lowerdir+", Linux 6.8+), which takes each layer as its own
 // parameter: no escaping, no one-page limit on the option string. Older kernels get mount(2).
 //
-// Every directory is given to overlayfs as /proc/self/fd/N of a descriptor opened here, not by
-// its path: overlayfs shows the strings it was given in the mount's options, and those are
-// what a sandbox reads in its /proc/self/mountinfo (lowerdir+=/proc/self/fd/12, ...), so no host
-// path (data dir, layer names) is disclosed. Measured on 6.18: a layer given by fd
-// (FSCONFIG_SET_FD) is shown by its full host path instead, a relative path as given.
+// overlayfs shows in the mount's options the strings it was given for its directories, and a
+// sandbox reads them in its /proc/self/mountinfo. Measured on 6.18: a directory given as a path
+// shows that path, one given by descriptor (FSCONFIG_SET_FD) its full host path, a relative one
+// the string as given. So each directory is given as "." from a working directory set to it,
+// on a thread of its own (see overlayOnThread): the options read lowerdir+=.,...,upperdir=.,
+// workdir=., nothing of the data dir. Older kernels get /proc/self/fd/N strings instead.
 func mountOverlay(target string, lower []string, upper, work string) error {
-	dirs := append(slices.Clone(lower), upper, work)
-	names := make([]string, len(dirs))
-	for i, d := range dirs {
-		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open overlay dir %s: %w", d, err)
-		}
-		defer unix.Close(fd)
-		names[i] = "/proc/self/fd/" + strconv.Itoa(fd)
-	}
-	n := len(lower)
-	err := mountOverlayFsconfig(target, names[:n], names[n], names[n+1], lower)
+	err := overlayOnThread(func() error { return mountOverlayFsconfig(target, lower, upper, work) })
 	if errors.Is(err, errNoLowerdirPlus) {
-		return mountOverlayLegacy(target, names[:n], names[n], names[n+1])
+		return mountOverlayLegacy(target, lower, upper, work)
 	}
 	return err
 }
 
 var errNoLowerdirPlus = errors.New("overlayfs lacks lowerdir+")
 
-// mountOverlayFsconfig mounts with lowerdir+; hostLower are lower's host paths, for errors.
-func mountOverlayFsconfig(target string, lower []string, upper, work string, hostLower []string) error {
+// overlayOnThread runs f on a locked OS thread with a working directory of its own
+// (unshare(CLONE_FS)), which f may change. The thread is never unlocked, so Go ends it after f
+// rather than reuse it with a changed directory; this process's other threads keep theirs.
+func overlayOnThread(f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("unshare working directory: %w", err)
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
+}
+
+// mountOverlayFsconfig mounts with lowerdir+, giving each directory as "." after a chdir into
+// it. Preconditions: runs under overlayOnThread.
+func mountOverlayFsconfig(target string, lower []string, upper, work string) error {
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		if errors.Is(err, unix.ENOSYS) {
@@ -57,17 +65,23 @@ func mountOverlayFsconfig(target string, lower []string, upper, work string, hos
 		return fmt.Errorf("fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
+	set := func(key, dir string) error {
+		if err := unix.Chdir(dir); err != nil {
+			return fmt.Errorf("overlay %s %s: %w", key, dir, err)
+		}
+		return unix.FsconfigSetString(fsfd, key, ".")
+	}
 	// overlayfs stacks lowerdir+ layers in the order given, the first being the topmost.
 	for i := len(lower) - 1; i >= 0; i-- {
-		if err := unix.FsconfigSetString(fsfd, "lowerdir+", lower[i]); err != nil {
+		if err := set("lowerdir+", lower[i]); err != nil {
 			if errors.Is(err, unix.EINVAL) && i == len(lower)-1 {
 				return errNoLowerdirPlus
 			}
-			return fmt.Errorf("overlay layer %s: %w%s", hostLower[i], err, fsMessages(fsfd))
+			return fmt.Errorf("overlay layer %s: %w%s", lower[i], err, fsMessages(fsfd))
 		}
 	}
 	for _, kv := range [][2]string{{"upperdir", upper}, {"workdir", work}} {
-		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
+		if err := set(kv[0], kv[1]); err != nil {
 			return fmt.Errorf("overlay %s %s: %w%s", kv[0], kv[1], err, fsMessages(fsfd))
 		}
 	}
@@ -102,17 +116,25 @@ func fsMessages(fsfd int) string {
 	return " (" + strings.Join(msgs, "; ") + ")"
 }
 
+// mountOverlayLegacy mounts with mount(2), each directory given as /proc/self/fd/N of a
+// descriptor opened here: no host path in the options (mount(2) resolves all of them at once,
+// so the "." of mountOverlayFsconfig cannot work), and no limit on the paths' characters.
 func mountOverlayLegacy(target string, lower []string, upper, work string) error {
-	dirs := make([]string, 0, len(lower))
-	for i := len(lower) - 1; i >= 0; i-- {
-		if strings.ContainsAny(lower[i], ":,\\") {
-			return errdefs.Invalid("Lower", "layer path %q contains ':', ',' or '\\' (unsupported by this kernel's overlayfs)", lower[i])
+	names := make([]string, 0, len(lower)+2)
+	for _, d := range append(slices.Clone(lower), upper, work) {
+		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open overlay dir %s: %w", d, err)
 		}
-		dirs = append(dirs, lower[i])
+		defer unix.Close(fd)
+		names = append(names, "/proc/self/fd/"+strconv.Itoa(fd))
 	}
-	opts := "lowerdir=" + strings.Join(dirs, ":") + ",upperdir=" + upper + ",workdir=" + work
+	n := len(lower)
+	dirs := slices.Clone(names[:n])
+	slices.Reverse(dirs) // lowerdir lists the topmost first
+	opts := "lowerdir=" + strings.Join(dirs, ":") + ",upperdir=" + names[n] + ",workdir=" + names[n+1]
 	if len(opts) >= unix.Getpagesize() {
-		return errdefs.Invalid("Lower", "overlay options are %d bytes, over this kernel's page-size limit: use fewer or shorter layer paths", len(opts))
+		return errdefs.Invalid("Lower", "overlay options are %d bytes, over this kernel's page-size limit: use fewer layers", len(opts))
 	}
 	if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount overlay on %s: %w", target, err)

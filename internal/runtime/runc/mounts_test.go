@@ -10,9 +10,15 @@ import (
 )
 
 // TestOverlayOptionsNameNoHostPath checks that the overlay's options, which a sandbox reads in
-// its mountinfo, name none of the directories it was made from.
+// its mountinfo, name none of the directories it was made from, with either mount call.
 func TestOverlayOptionsNameNoHostPath(t *testing.T) {
 	needRoot(t)
+	for name, mount := range map[string]func(string, []string, string, string) error{"fsconfig": mountOverlay, "legacy": mountOverlayLegacy} {
+		t.Run(name, func(t *testing.T) { testOverlayOptions(t, mount) })
+	}
+}
+
+func testOverlayOptions(t *testing.T, mount func(string, []string, string, string) error) {
 	dir := t.TempDir()
 	var lower []string
 	for _, d := range []string{"base", "top", "upper", "work", "root"} {
@@ -27,7 +33,7 @@ func TestOverlayOptionsNameNoHostPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := filepath.Join(dir, "root")
-	if err := mountOverlay(root, lower, filepath.Join(dir, "upper"), filepath.Join(dir, "work")); err != nil {
+	if err := mount(root, lower, filepath.Join(dir, "upper"), filepath.Join(dir, "work")); err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Unmount(root, unix.MNT_DETACH)
@@ -49,6 +55,7 @@ func TestOverlayOptionsNameNoHostPath(t *testing.T) {
 		if strings.Contains(opts, dir) || !strings.Contains(opts, "lowerdir") {
 			t.Errorf("overlay options name host paths: %s", opts)
 		}
+		t.Logf("options: %s", opts)
 	}
 	if !found {
 		t.Fatalf("no mount at %s", root)
