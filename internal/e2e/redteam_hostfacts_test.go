@@ -153,6 +153,20 @@ func testRedTeamHostFacts(t *testing.T, rt string) {
 		t.Errorf("corral up did not log the restart")
 	}
 
+	// corral up killed and restarted: it adopts the running LXCFS, sandboxes read on.
+	serving := readPid(t, pidFile)
+	p.Kill9()
+	if out, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(serving), "comm")); strings.TrimSpace(string(out)) != "lxcfs" {
+		t.Fatalf("lxcfs %d did not outlive corral up", serving)
+	}
+	p.Restart()
+	if pid := readPid(t, pidFile); pid != serving {
+		t.Errorf("after a restart of corral up lxcfs is %d, want the adopted %d", pid, serving)
+	}
+	if out := p.sh(sb.ID, "cat /proc/meminfo"); memTotalKiB(out) != mem>>10 {
+		t.Errorf("after a restart of corral up: MemTotal %d KiB", memTotalKiB(out))
+	}
+
 	// Without LXCFS (corral up --no-lxcfs): info says why; the host-only facts stay hidden.
 	p2 := withBaseOn(t, rt, "--no-lxcfs")
 	info, err = p2.Client.Info(ctx)
