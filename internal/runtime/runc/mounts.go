@@ -40,7 +40,9 @@ var errNoLowerdirPlus = errors.New("overlayfs lacks lowerdir+")
 
 // overlayOnThread runs f on a locked OS thread with a working directory of its own
 // (unshare(CLONE_FS)), which f may change. The thread is never unlocked, so Go ends it after f
-// rather than reuse it with a changed directory; this process's other threads keep theirs.
+// rather than reuse it with a changed directory (or, were it the main thread, parks it for
+// good); this process's other threads keep theirs. The directory goes back to / first: a thread
+// still ending (or parked) must not keep the sandbox's disk busy.
 func overlayOnThread(f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
@@ -49,7 +51,11 @@ func overlayOnThread(f func() error) error {
 			errc <- fmt.Errorf("unshare working directory: %w", err)
 			return
 		}
-		errc <- f()
+		err := f()
+		if cerr := unix.Chdir("/"); cerr != nil && err == nil {
+			err = fmt.Errorf("leave the overlay's directories: %w", cerr)
+		}
+		errc <- err
 	}()
 	return <-errc
 }
