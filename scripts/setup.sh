@@ -41,6 +41,9 @@ declare -A want=(
   [/usr/share/seabios/bios-256k.bin]=seabios
   [debootstrap]=debootstrap
   [sfdisk]=fdisk
+  # LXCFS gives container sandboxes their own /proc/meminfo, cpuinfo, uptime, ... (internal/lxcfs).
+  # corral up runs its own per data dir; Debian's lxcfs.service is disabled below.
+  [lxcfs]=lxcfs
 )
 missing=()
 for what in "${!want[@]}"; do
@@ -55,6 +58,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Installing lxcfs enables Debian's lxcfs.service (a host-wide LXCFS on /var/lib/lxcfs): Corral
+# starts and supervises its own, so turn that one off (no-op without systemd).
+if [ -e /etc/systemd/system/multi-user.target.wants/lxcfs.service ]; then
+  systemctl disable --now lxcfs >/dev/null 2>&1 || rm -f /etc/systemd/system/multi-user.target.wants/lxcfs.service
 fi
 if ! command -v npm >/dev/null; then
   echo "setup: installing npm" >&2

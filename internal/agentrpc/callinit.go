@@ -518,9 +518,10 @@ func prepareCallTmp(dir string) error {
 	return nil
 }
 
-// maskProc repeats the sandbox's /proc policy on the call's new /proc under root.
+// maskProc repeats the sandbox's /proc policy on the call's new /proc under root: its masks,
+// its read-only paths and the LXCFS files bound over its /proc (rebound from the sandbox's).
 func maskProc(root string) error {
-	for _, p := range maskedPaths {
+	for _, p := range append(maskedPaths, hostFactPaths...) {
 		if !strings.HasPrefix(p, "/proc/") {
 			continue
 		}
@@ -547,6 +548,30 @@ func maskProc(root string) error {
 			continue
 		}
 		if err := bindReadOnly(root+p, root+p, true); err != nil {
+			return err
+		}
+	}
+	// Last: LXCFS's /proc/swaps goes on top of the mask, as in the sandbox.
+	return rebindProcFUSE(root)
+}
+
+// rebindProcFUSE binds each FUSE file mounted over the sandbox's /proc (LXCFS's, see
+// internal/lxcfs) over the same file of the call's new /proc under root, read-only.
+func rebindProcFUSE(root string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 || !strings.HasPrefix(post, "fuse.") || !strings.HasPrefix(f[4], "/proc/") || strings.Contains(f[4], "\\") {
+			continue
+		}
+		if _, err := os.Lstat(root + f[4]); err != nil {
+			continue
+		}
+		if err := bindReadOnly(f[4], root+f[4], false); err != nil {
 			return err
 		}
 	}

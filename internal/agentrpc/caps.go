@@ -47,6 +47,21 @@ var (
 	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"}
 )
 
+// hostFactPaths describe the host rather than the sandbox and are hidden in a container
+// sandbox as maskedPaths are: the host's boot command line, its block devices (every other
+// sandbox's loop device among them), the host's swap devices, the kernel's slab caches and
+// crash-dump layout. /proc/swaps is also one of the files LXCFS serves per sandbox: where LXCFS
+// runs, internal/runtime/runc binds its file instead of the mask. The other figures LXCFS gives
+// (meminfo, cpuinfo, stat, uptime, loadavg, diskstats, cpu/online) stay the host's without it.
+// A VM's kernel is its own and keeps them all (internal/vmguest).
+var hostFactPaths = []string{
+	"/proc/cmdline", "/proc/partitions", "/proc/slabinfo", "/proc/swaps", "/sys/kernel/vmcoreinfo",
+	"/sys/block", "/sys/class/block",
+}
+
+// HostFactPaths returns the host facts a container sandbox does not see (see hostFactPaths).
+func HostFactPaths() []string { return slices.Clone(hostFactPaths) }
+
 // MaskedPaths and ReadonlyPaths return the /proc and /sys policy of a sandbox: what
 // internal/runtime/runc puts in every bundle, and what a call's helper repeats on the fresh /proc
 // it mounts for the call (its /sys is the sandbox's, bound with its masks).

@@ -86,6 +86,24 @@ func (a *app) newBenchCmd() *cobra.Command {
 	f.BoolVar(&jsonOut, "json", false, "print the result as JSON (same as -o json)")
 	cmd.AddCommand(container)
 
+	var hc bench.HostFactsConfig
+	var withoutURL, withoutToken string
+	hostFacts := a.jsonBench("lxcfs", "Create→first exec and /proc reads with LXCFS (this server) against a corral up --no-lxcfs (--without-url), sampled alternately; LXCFS's memory with idle sandboxes",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			without, err := bench.NewClientFromTokenFile(withoutURL, withoutToken)
+			if err != nil {
+				return nil, err
+			}
+			return bench.HostFacts(ctx, c, without, hc, log)
+		})
+	hf := hostFacts.Flags()
+	hf.StringVar(&hc.Base, "base", "base:default", "base layer NAME:VERSION (on both servers)")
+	hf.IntVar(&hc.TTIRounds, "tti", 50, "create→first exec samples per server")
+	hf.IntVar(&hc.Idle, "idle", 50, "idle sandboxes for LXCFS's memory (0 skips it)")
+	hf.StringVar(&withoutURL, "without-url", "", "URL of a corral up --no-lxcfs on this host")
+	hf.StringVar(&withoutToken, "without-token-file", "", "its admin token file (DATA-DIR/admin.token)")
+	cmd.AddCommand(hostFacts)
+
 	var lc bench.LifecycleConfig
 	lifecycle := a.jsonBench("lifecycle", "Step replay vs execution, snapshots, create-from-snapshot vs create-from-base, pause/resume",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {

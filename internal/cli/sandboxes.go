@@ -282,6 +282,7 @@ func (a *app) newInfoCmd() *cobra.Command {
 				{"Runtime version:", orDash(info.RuntimeVersion)},
 				{"Runtimes:", strings.Join(info.Runtimes, ", ")},
 				{"gVisor:", gvisorLine(info)},
+				{"LXCFS:", lxcfsLine(info)},
 				{"Tiers:", orDash(strings.Join(info.Tiers, ", "))},
 				{"MicroVM:", microvmLine(info)},
 				{"Networking:", networkingLine(info)},
@@ -322,6 +323,17 @@ func gvisorLine(info *corral.Info) string {
 		return info.GVisorVersion
 	}
 	return orDash(info.GVisorUnavailable)
+}
+
+// lxcfsLine says whether container sandboxes see their own /proc figures (LXCFS) or the host's.
+func lxcfsLine(info *corral.Info) string {
+	switch {
+	case info.LXCFSVersion != "":
+		return "in use (" + info.LXCFSVersion + "): container sandboxes see their own memory, CPUs and uptime in /proc"
+	case info.LXCFSUnavailable != "":
+		return "off: " + info.LXCFSUnavailable + " (container sandboxes see the host's /proc/meminfo, cpuinfo, uptime)"
+	}
+	return "-"
 }
 
 func networkingLine(info *corral.Info) string {

@@ -119,6 +119,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
 	f.DurationVar(&cfg.AuditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")
 	f.BoolVar(&cfg.Net.Disabled, "no-net", false, "no sandbox networking: every sandbox has loopback only")
+	f.BoolVar(&cfg.NoLXCFS, "no-lxcfs", false, "run container sandboxes without LXCFS: they read the host's /proc/meminfo, cpuinfo, stat, uptime, loadavg and diskstats")
 	f.StringVar(&cfg.Net.Pool, "net-pool", "", "IPv4 prefix sandbox addresses come from, a /30 each (default: a free /16 of 10.200-10.249 chosen per data dir; 10.200.0.0/16 for /var/lib/corral)")
 	f.StringVar(&cfg.Net.Tag, "net-tag", "", "1-4 of [a-z0-9] naming this instance's interfaces and nftables tables (default: chosen per data dir; 0 for /var/lib/corral)")
 	f.StringVar(&cfg.Net.Services, "services", "", `service catalog file: {"services": {"NAME": {"domains": [...], "addresses": [...]}}}`)

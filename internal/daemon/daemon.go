@@ -31,6 +31,7 @@ import (
 	"github.com/corral-dev/corral/internal/hostreg"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/lxcfs"
 	"github.com/corral-dev/corral/internal/runtime/qemu"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
@@ -137,6 +138,9 @@ type Config struct {
 	Cluster *ClusterConfig
 	// Net configures sandbox networking.
 	Net NetConfig
+	// NoLXCFS runs container sandboxes without LXCFS: they then read the host's /proc/meminfo,
+	// cpuinfo, stat, uptime, loadavg and diskstats (benchmarks compare with and without).
+	NoLXCFS bool
 }
 
 // MicroVMConfig configures the microvm tier. The tier is on wherever QEMU and the guest kernel
@@ -342,7 +346,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer ls.Close()
-	rt, err := runc.New(ctx, runc.Config{
+	lx, lxcfsOff := startLXCFS(ctx, cfg, log)
+	rcfg := runc.Config{
 		Runc:             cfg.Runc,
 		StateDir:         filepath.Join(cfg.DataDir, "sandboxes"),
 		RuncRoot:         filepath.Join(cfg.DataDir, "runc"),
@@ -351,11 +356,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		CgroupParent:     cfg.CgroupParent,
 		DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
 		DiskPool:         cfg.DiskPool,
-	}, log)
+	}
+	if lx != nil {
+		rcfg.LXCFS = lx
+	}
+	rt, err := runc.New(ctx, rcfg, log)
 	if err != nil {
+		if lx != nil {
+			lx.Close()
+		}
 		return err
 	}
 	defer rt.Close()
+	defer stopLXCFS(rt, lx, filepath.Join(cfg.DataDir, "lxcfs"), log)
 	// Built even when the tier is off: it still finds, serves and deletes the VMs a run with the
 	// tier on left.
 	vm, err := qemu.New(ctx, qemu.Config{
@@ -447,6 +460,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	} else {
 		info.GVisorVersion = v
 		info.Runtimes = append(info.Runtimes, edge.RuntimeGVisor)
+	}
+	if lx != nil {
+		info.LXCFSVersion = lx.Version()
+	} else {
+		info.LXCFSUnavailable = lxcfsOff
 	}
 	info.Tiers = e.Tiers()
 	info.QEMUVersion = vm.Version()
@@ -556,4 +574,41 @@ func cgroupVersion() string {
 		return "v1 (hybrid)"
 	}
 	return "v1"
+}
+
+// startLXCFS starts (or adopts) this data dir's LXCFS. Without one, container sandboxes read the
+// host's figures: a warning, and the reason for `corral info`.
+func startLXCFS(ctx context.Context, cfg Config, log *slog.Logger) (*lxcfs.Server, string) {
+	if cfg.NoLXCFS {
+		return nil, "corral up --no-lxcfs"
+	}
+	lx, err := lxcfs.Start(ctx, lxcfs.Config{Dir: filepath.Join(cfg.DataDir, "lxcfs")}, log)
+	if err != nil {
+		log.Warn("LXCFS is off: container sandboxes see the host's /proc/meminfo, cpuinfo, stat, uptime, loadavg and diskstats", "err", err)
+		return nil, err.Error()
+	}
+	return lx, ""
+}
+
+// stopLXCFS ends supervision at shutdown. LXCFS keeps serving while any sandbox is left (the next
+// corral up adopts it); with none, it is stopped and its directory removed. A run without LXCFS
+// removes what an earlier run's left, once no sandbox needs it.
+func stopLXCFS(rt *runc.Runtime, lx *lxcfs.Server, dir string, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ids, err := rt.List(ctx)
+	if err != nil || len(ids) > 0 {
+		if lx != nil {
+			lx.Close()
+		}
+		return
+	}
+	if lx != nil {
+		err = lx.Stop()
+	} else {
+		err = lxcfs.Remove(dir)
+	}
+	if err != nil {
+		log.Warn("stop lxcfs", "err", err)
+	}
 }

@@ -484,6 +484,12 @@ type Info struct {
 	// cannot be used here when it cannot.
 	GVisorVersion     string `json:"gvisor_version,omitempty"`
 	GVisorUnavailable string `json:"gvisor_unavailable,omitempty"`
+	// LXCFSVersion is the version of the LXCFS that gives container sandboxes their own
+	// /proc/meminfo, cpuinfo, stat, uptime, loadavg, diskstats, swaps and
+	// /sys/devices/system/cpu/online; LXCFSUnavailable says why none runs here (they then read
+	// the host's).
+	LXCFSVersion     string `json:"lxcfs_version,omitempty"`
+	LXCFSUnavailable string `json:"lxcfs_unavailable,omitempty"`
 	// Tiers lists the tiers sandboxes can be created in here ("container", "microvm", "vm").
 	Tiers []string `json:"tiers,omitempty"`
 	// MicroVMAccelerator is what microvm sandboxes run on here ("kvm" or "tcg") and

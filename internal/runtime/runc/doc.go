@@ -19,6 +19,13 @@
 //	pause.json   the memory settings a Pause changes, saved while it runs (see pause.go); found
 //	             later, it is a crashed Pause's, and Resume or the next Pause restores them
 //
+// The overlay is given each directory as "." from a thread-local working directory, so its
+// options in the sandbox's mountinfo name no host path (mounts.go). With Config.LXCFS, a runc
+// sandbox's /proc/{meminfo,cpuinfo,stat,uptime,loadavg,diskstats,swaps} and
+// /sys/devices/system/cpu/online are LXCFS's files, bound read-only as slaves of the host's view
+// of them so that a restarted LXCFS reaches them (internal/lxcfs); the host-only facts
+// (agentrpc.HostFactPaths) are masked.
+//
 // The container's cgroups are <CgroupParent>/<id> in every mounted hierarchy (cgroupfs driver),
 // runc's state is <RuncRoot>/<id>. StateDir, RuncRoot and CgroupParent belong to one Runtime: it
 // treats anything it finds there as its own, including leftovers of a crashed predecessor.

@@ -128,7 +128,7 @@ func BenchmarkRender(b *testing.B) {
 	s := Spec{ID: "x", Hostname: "x", AgentArgs: []string{"serve"}, CPUs: 1, MemoryBytes: 1 << 30, Pids: 100, OpenFiles: 1024, ShmBytes: 1 << 20}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := tmpl.render(&s, "/corral/x", nil); err != nil {
+		if _, err := tmpl.render(&s, "/corral/x", nil, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

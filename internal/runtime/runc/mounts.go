@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,8 +21,15 @@ import (
 // mountOverlay mounts overlayfs at target: lower is bottom (base) first, as in Spec.Lower.
 // It uses the new mount API ("lowerdir+", Linux 6.8+), which takes each layer as its own
 // parameter: no escaping, no one-page limit on the option string. Older kernels get mount(2).
+//
+// overlayfs shows in the mount's options the strings it was given for its directories, and a
+// sandbox reads them in its /proc/self/mountinfo. Measured on 6.18: a directory given as a path
+// shows that path, one given by descriptor (FSCONFIG_SET_FD) its full host path, a relative one
+// the string as given. So each directory is given as "." from a working directory set to it,
+// on a thread of its own (see overlayOnThread): the options read lowerdir+=.,...,upperdir=.,
+// workdir=., nothing of the data dir. Older kernels get /proc/self/fd/N strings instead.
 func mountOverlay(target string, lower []string, upper, work string) error {
-	err := mountOverlayFsconfig(target, lower, upper, work)
+	err := overlayOnThread(func() error { return mountOverlayFsconfig(target, lower, upper, work) })
 	if errors.Is(err, errNoLowerdirPlus) {
 		return mountOverlayLegacy(target, lower, upper, work)
 	}
@@ -29,6 +38,30 @@ func mountOverlay(target string, lower []string, upper, work string) error {
 
 var errNoLowerdirPlus = errors.New("overlayfs lacks lowerdir+")
 
+// overlayOnThread runs f on a locked OS thread with a working directory of its own
+// (unshare(CLONE_FS)), which f may change. The thread is never unlocked, so Go ends it after f
+// rather than reuse it with a changed directory (or, were it the main thread, parks it for
+// good); this process's other threads keep theirs. The directory goes back to / first: a thread
+// still ending (or parked) must not keep the sandbox's disk busy.
+func overlayOnThread(f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("unshare working directory: %w", err)
+			return
+		}
+		err := f()
+		if cerr := unix.Chdir("/"); cerr != nil && err == nil {
+			err = fmt.Errorf("leave the overlay's directories: %w", cerr)
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// mountOverlayFsconfig mounts with lowerdir+, giving each directory as "." after a chdir into
+// it. Preconditions: runs under overlayOnThread.
 func mountOverlayFsconfig(target string, lower []string, upper, work string) error {
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
@@ -38,9 +71,15 @@ func mountOverlayFsconfig(target string, lower []string, upper, work string) err
 		return fmt.Errorf("fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
+	set := func(key, dir string) error {
+		if err := unix.Chdir(dir); err != nil {
+			return fmt.Errorf("overlay %s %s: %w", key, dir, err)
+		}
+		return unix.FsconfigSetString(fsfd, key, ".")
+	}
 	// overlayfs stacks lowerdir+ layers in the order given, the first being the topmost.
 	for i := len(lower) - 1; i >= 0; i-- {
-		if err := unix.FsconfigSetString(fsfd, "lowerdir+", lower[i]); err != nil {
+		if err := set("lowerdir+", lower[i]); err != nil {
 			if errors.Is(err, unix.EINVAL) && i == len(lower)-1 {
 				return errNoLowerdirPlus
 			}
@@ -48,7 +87,7 @@ func mountOverlayFsconfig(target string, lower []string, upper, work string) err
 		}
 	}
 	for _, kv := range [][2]string{{"upperdir", upper}, {"workdir", work}} {
-		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
+		if err := set(kv[0], kv[1]); err != nil {
 			return fmt.Errorf("overlay %s %s: %w%s", kv[0], kv[1], err, fsMessages(fsfd))
 		}
 	}
@@ -83,17 +122,25 @@ func fsMessages(fsfd int) string {
 	return " (" + strings.Join(msgs, "; ") + ")"
 }
 
+// mountOverlayLegacy mounts with mount(2), each directory given as /proc/self/fd/N of a
+// descriptor opened here: no host path in the options (mount(2) resolves all of them at once,
+// so the "." of mountOverlayFsconfig cannot work), and no limit on the paths' characters.
 func mountOverlayLegacy(target string, lower []string, upper, work string) error {
-	dirs := make([]string, 0, len(lower))
-	for i := len(lower) - 1; i >= 0; i-- {
-		if strings.ContainsAny(lower[i], ":,\\") {
-			return errdefs.Invalid("Lower", "layer path %q contains ':', ',' or '\\' (unsupported by this kernel's overlayfs)", lower[i])
+	names := make([]string, 0, len(lower)+2)
+	for _, d := range append(slices.Clone(lower), upper, work) {
+		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open overlay dir %s: %w", d, err)
 		}
-		dirs = append(dirs, lower[i])
+		defer unix.Close(fd)
+		names = append(names, "/proc/self/fd/"+strconv.Itoa(fd))
 	}
-	opts := "lowerdir=" + strings.Join(dirs, ":") + ",upperdir=" + upper + ",workdir=" + work
+	n := len(lower)
+	dirs := slices.Clone(names[:n])
+	slices.Reverse(dirs) // lowerdir lists the topmost first
+	opts := "lowerdir=" + strings.Join(dirs, ":") + ",upperdir=" + names[n] + ",workdir=" + names[n+1]
 	if len(opts) >= unix.Getpagesize() {
-		return errdefs.Invalid("Lower", "overlay options are %d bytes, over this kernel's page-size limit: use fewer or shorter layer paths", len(opts))
+		return errdefs.Invalid("Lower", "overlay options are %d bytes, over this kernel's page-size limit: use fewer layers", len(opts))
 	}
 	if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount overlay on %s: %w", target, err)

@@ -400,7 +400,7 @@ func TestPartialState(t *testing.T) {
 	if err := hs.normalize(e.cfg.DefaultDiskBytes, e.r.maxOpenFiles); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := e.r.tmpl.render(&hs, e.r.cgroupPath("half"), nil)
+	cfg, err := e.r.tmpl.render(&hs, e.r.cgroupPath("half"), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

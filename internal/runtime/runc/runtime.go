@@ -21,6 +21,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/vmlink"
+	"github.com/corral-dev/corral/internal/lxcfs"
 )
 
 // Defaults for Config and Spec fields left zero.
@@ -72,6 +73,18 @@ type Config struct {
 	// RunscRoot is runsc's --root (its state); RunscPlatform its --platform (systrap works
 	// without KVM and inside VMs; kvm needs /dev/kvm).
 	RunscRoot, RunscPlatform string
+
+	// LXCFS, when set, serves runc sandboxes their own /proc/meminfo, cpuinfo, stat, uptime,
+	// loadavg, diskstats, swaps and /sys/devices/system/cpu/online (internal/lxcfs); a Create
+	// fails when it cannot (never a sandbox without them). gVisor sandboxes have the Sentry's
+	// own /proc and /sys and do not use it.
+	LXCFS HostFacts
+}
+
+// HostFacts gives the files a sandbox binds over the host's /proc and /sys facts
+// (*lxcfs.Server).
+type HostFacts interface {
+	Files(ctx context.Context) ([]lxcfs.Bind, error)
 }
 
 func (c *Config) setDefaults() {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lxcfs"
 )
 
 // Sandbox is a created sandbox.
@@ -166,7 +167,13 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 		return err
 	}
 	defer lis.Close()
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil)
+	var facts []lxcfs.Bind
+	if r.cfg.LXCFS != nil {
+		if facts, err = r.cfg.LXCFS.Files(ctx); err != nil {
+			return err
+		}
+	}
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
@@ -209,7 +216,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 	if err != nil {
 		return err
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin})
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}

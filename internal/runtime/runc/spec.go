@@ -19,6 +19,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lxcfs"
 )
 
 // Spec describes one sandbox to create. Zero limits take the package defaults.
@@ -183,9 +184,11 @@ var defaultCaps = agentrpc.SandboxCaps()
 var callsCaps = append(agentrpc.SandboxCaps(), "CAP_SYS_ADMIN")
 
 // maskedPaths are hidden (files: /dev/null bound over them; directories: an empty read-only
-// tmpfs); readonlyPaths are bound read-only. A calls agent repeats both on each call's /proc.
+// tmpfs): the sandbox policy and the host facts a container would read from the host's kernel
+// (agentrpc.HostFactPaths). readonlyPaths are bound read-only. A calls agent repeats both on each
+// call's /proc.
 var (
-	maskedPaths   = agentrpc.MaskedPaths()
+	maskedPaths   = append(agentrpc.MaskedPaths(), agentrpc.HostFactPaths()...)
 	readonlyPaths = agentrpc.ReadonlyPaths()
 )
 
@@ -232,9 +235,13 @@ func newTemplate(agentOOMScoreAdj *int, allArches bool) (*template, error) {
 				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace},
 			},
-			MaskedPaths:       maskedPaths,
-			ReadonlyPaths:     readonlyPaths,
-			RootfsPropagation: "rprivate",
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+			// rslave, not rprivate: the binds of LXCFS's files must stay slaves of the host's
+			// view of them, so an LXCFS restarted on the host reaches running sandboxes
+			// (internal/lxcfs). Nothing flows back to the host, and host mounts reach only the
+			// copies under the old root, which runc detaches.
+			RootfsPropagation: "rslave",
 		},
 	}
 	raw, err := seccompProfile(&s, allArches, nil)
@@ -282,8 +289,8 @@ type gvisorPaths struct {
 }
 
 // render returns config.json for s (normalized) with its cgroup at cgroupsPath; gv is set for
-// a gVisor sandbox.
-func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte, error) {
+// a gVisor sandbox. facts are LXCFS's files to bind read-only over /proc and /sys (runc only).
+func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []lxcfs.Bind) ([]byte, error) {
 	spec := t.spec
 	proc := *t.spec.Process
 	if gv != nil {
@@ -315,6 +322,11 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: s.ResolvConf,
 			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
+	for _, f := range facts {
+		// "slave": a slave of the host's view file even if runc clones the source as a peer.
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: f.Target, Type: "bind", Source: f.Source,
+			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec", "slave"}})
+	}
 	if gv != nil {
 		spec.Mounts = append(spec.Mounts,
 			specs.Mount{Destination: gvisorAgentPath, Type: "bind", Source: gv.agentBin,
@@ -323,6 +335,12 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths) ([]byte,
 
 	linux := *t.spec.Linux
 	linux.CgroupsPath = cgroupsPath
+	if len(facts) > 0 {
+		// runc masks after it mounts: a mask of a file LXCFS serves would hide LXCFS's.
+		linux.MaskedPaths = slices.DeleteFunc(slices.Clone(linux.MaskedPaths), func(p string) bool {
+			return slices.ContainsFunc(facts, func(f lxcfs.Bind) bool { return f.Target == p })
+		})
+	}
 	if s.Netns != "" {
 		linux.Namespaces = slices.Clone(linux.Namespaces)
 		for i := range linux.Namespaces {

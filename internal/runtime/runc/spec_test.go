@@ -11,6 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lxcfs"
 )
 
 // These tests need neither root nor runc.
@@ -107,7 +108,7 @@ func TestRender(t *testing.T) {
 	if err := s.normalize(64<<20, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	b, err := tmpl.render(&s, "/corral/x", nil)
+	b, err := tmpl.render(&s, "/corral/x", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +243,7 @@ func TestRenderCalls(t *testing.T) {
 		if err := s.normalize(64<<20, 1<<20); err != nil {
 			t.Fatal(err)
 		}
-		b, err := tmpl.render(&s, "/corral/x", nil)
+		b, err := tmpl.render(&s, "/corral/x", nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -305,5 +306,58 @@ func TestRenderCalls(t *testing.T) {
 	s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", Calls: true, Engine: EngineGVisor}
 	if err := s.normalize(64<<20, 1<<20); errdefs.Field(err) != "Calls" {
 		t.Errorf("Calls on gVisor: %v, want invalid Calls", err)
+	}
+}
+
+// TestRenderHostFacts checks the host facts: masked without LXCFS, LXCFS's files bound as
+// read-only slaves with it (and not masked under them), rootfs propagation rslave either way.
+func TestRenderHostFacts(t *testing.T) {
+	tmpl, err := newTemplate(nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a"}
+	if err := s.normalize(64<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	facts := []lxcfs.Bind{{Source: "/d/lxcfs/view/meminfo", Target: "/proc/meminfo"}, {Source: "/d/lxcfs/view/swaps", Target: "/proc/swaps"}}
+	for _, with := range []bool{false, true} {
+		var f []lxcfs.Bind
+		if with {
+			f = facts
+		}
+		b, err := tmpl.render(&s, "/corral/x", nil, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got specs.Spec
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Linux.RootfsPropagation != "rslave" {
+			t.Errorf("rootfs propagation %q, want rslave (LXCFS restarts reach sandboxes through it)", got.Linux.RootfsPropagation)
+		}
+		for _, m := range []string{"/proc/cmdline", "/proc/partitions", "/proc/slabinfo", "/sys/kernel/vmcoreinfo", "/sys/block", "/sys/class/block"} {
+			if !slices.Contains(got.Linux.MaskedPaths, m) {
+				t.Errorf("lxcfs %v: %s not masked", with, m)
+			}
+		}
+		if masked := slices.Contains(got.Linux.MaskedPaths, "/proc/swaps"); masked == with {
+			t.Errorf("lxcfs %v: /proc/swaps masked %v", with, masked)
+		}
+		var binds int
+		for _, m := range got.Mounts {
+			for _, fb := range facts {
+				if m.Destination == fb.Target {
+					binds++
+					if !with || m.Source != fb.Source || !slices.Contains(m.Options, "ro") || !slices.Contains(m.Options, "slave") {
+						t.Errorf("lxcfs %v: mount %+v", with, m)
+					}
+				}
+			}
+		}
+		if with && binds != len(facts) {
+			t.Errorf("%d LXCFS binds, want %d", binds, len(facts))
+		}
 	}
 }

@@ -1,0 +1,130 @@
+package lxcfs
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/doccheck"
+)
+
+func startServer(t *testing.T) *Server {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (FUSE mounts)")
+	}
+	if _, err := findBinary(""); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	s, err := Start(context.Background(), Config{Dir: filepath.Join(dir, "lxcfs")}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// TestRestartReachesSlaveBinds kills LXCFS with SIGKILL and checks that a slave bind of a view
+// file (what a sandbox has) reads the next LXCFS's file, and that Stop leaves nothing.
+func TestRestartReachesSlaveBinds(t *testing.T) {
+	s := startServer(t)
+	binds, err := s.Files(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(binds) != len(served) {
+		t.Fatalf("%d binds, want %d", len(binds), len(served))
+	}
+	var meminfo string
+	for _, b := range binds {
+		if b.Target == "/proc/meminfo" {
+			meminfo = b.Source
+		}
+	}
+	// A sandbox's bind: made from the shared view file, then made a slave.
+	target := filepath.Join(t.TempDir(), "meminfo")
+	if err := os.WriteFile(target, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(meminfo, target, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for unix.Unmount(target, unix.MNT_DETACH) == nil {
+		}
+	})
+	if err := unix.Mount("", target, "", unix.MS_SLAVE, ""); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(target); err != nil || !strings.Contains(string(b), "MemTotal:") {
+		t.Fatalf("read through the bind: %v %.40q", err, b)
+	}
+	// Writes are refused: the view's binds are read-only.
+	if err := os.WriteFile(meminfo, []byte("x"), 0o444); err == nil {
+		t.Fatal("wrote to a view file")
+	}
+	pid := s.Pid()
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Restarts() < 1 || s.Pid() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("lxcfs was not restarted within 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s.Pid() == pid {
+		t.Fatalf("same pid %d after the restart", pid)
+	}
+	if b, err := os.ReadFile(target); err != nil || !strings.Contains(string(b), "MemTotal:") {
+		t.Fatalf("read through the bind after the restart: %v %.40q", err, b)
+	}
+}
+
+// TestAdopt starts a second Server on a live directory: it adopts the LXCFS running there.
+func TestAdopt(t *testing.T) {
+	s := startServer(t)
+	pid := s.Pid()
+	s.Close()
+	s2, err := Start(context.Background(), s.cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if s2.Pid() != pid {
+		t.Fatalf("the second Server runs pid %d, want the adopted %d", s2.Pid(), pid)
+	}
+}
+
+func TestStopLeavesNothing(t *testing.T) {
+	s := startServer(t)
+	pid := s.Pid()
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if mps, _ := mountsUnder(s.cfg.Dir); len(mps) > 0 {
+		t.Fatalf("mounts left: %v", mps)
+	}
+	if _, err := os.Stat(s.cfg.Dir); !os.IsNotExist(err) {
+		t.Fatalf("%s left: %v", s.cfg.Dir, err)
+	}
+	// Gone, or a zombie about to be reaped by the Server's Wait.
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
+		t.Fatalf("lxcfs %d still runs: %s", pid, b)
+	}
+}
+
+func TestExportedDocs(t *testing.T) { doccheck.Exported(t, ".") }
