@@ -200,6 +200,9 @@ func (g *guest) run(agent Agent) error {
 	}
 	g.phase("prepared the sandbox's root")
 
+	if err := denyIOURing(); err != nil {
+		return err
+	}
 	if err := dropCaps(keep); err != nil {
 		return err
 	}

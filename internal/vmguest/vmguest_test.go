@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -25,6 +26,10 @@ import (
 func TestMain(m *testing.M) {
 	if os.Getenv("VMGUEST_TEST_DROPCAPS") != "" {
 		dropCapsChild()
+		return
+	}
+	if os.Getenv("VMGUEST_TEST_IOURING") != "" {
+		ioURingChild()
 		return
 	}
 	os.Exit(m.Run())
@@ -400,5 +405,40 @@ func TestPinPort(t *testing.T) {
 	}
 	if _, err := pinPort(func(string) (string, error) { return "", os.ErrNotExist }, PortName, 20*time.Millisecond); err == nil {
 		t.Error("a missing port is found")
+	}
+}
+
+// ioURingChild installs the agent's io_uring filter, then tries io_uring_setup in this process
+// and in a child it starts (the filter is inherited), and prints what each got.
+func ioURingChild() {
+	if err := denyIOURing(); err != nil {
+		fmt.Println("install:", err)
+		os.Exit(1)
+	}
+	var params [120]byte
+	_, _, errno := unix.Syscall(425, 8, uintptr(unsafe.Pointer(&params[0])), 0)
+	fmt.Println("self:", errno)
+	_, _, errno = unix.Syscall(unix.SYS_GETPID, 0, 0, 0)
+	fmt.Println("getpid:", errno)
+	if os.Getenv("VMGUEST_TEST_IOURING") == "1" {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "VMGUEST_TEST_IOURING=2")
+		out, _ := cmd.CombinedOutput()
+		fmt.Print("child ", string(out))
+	}
+}
+
+// TestIOURingRefused: the microvm agent refuses io_uring to itself and every process it starts,
+// with EPERM, and nothing else.
+func TestIOURingRefused(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "VMGUEST_TEST_IOURING=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	want := "self: operation not permitted\ngetpid: errno 0\nchild self: operation not permitted\ngetpid: errno 0\n"
+	if string(out) != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", out, want)
 	}
 }
