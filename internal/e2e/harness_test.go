@@ -175,6 +175,15 @@ func startCorral(t *testing.T, extra ...string) *corralProc {
 	rand.Read(b)
 	p.NetTag = hex.EncodeToString(b)
 	p.NetPool = fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, b[1])
+	// An extra --listen (the last one wins) names another address; the harness talks to its port
+	// on loopback.
+	for i, a := range extra {
+		if a == "--listen" && i+1 < len(extra) {
+			if _, port, err := net.SplitHostPort(extra[i+1]); err == nil {
+				p.Listen = "127.0.0.1:" + port
+			}
+		}
+	}
 	p.URL = "http://" + p.Listen
 	p.start()
 	t.Cleanup(func() {
