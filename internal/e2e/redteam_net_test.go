@@ -115,10 +115,11 @@ func testRedTeamNetwork(t *testing.T, p *corralProc, apiPort, hostPort string) {
 		for i := range 3 {
 			script = append(script, fmt.Sprintf("/root/probe dnsq %s%d.%s.exfil.test 1", label, i, label))
 		}
-		script = append(script, "/root/probe dnsq "+strings.Repeat("a", 70)+".exfil.test 1", // a label over 63
-			"/root/probe dnsq mirror.test 16", // TXT of an allowed name
-			"/root/probe dnsq mirror.test 1")  // the control: answered
-		want := "no answer\nno answer\nno answer\nno answer\nno answer\nanswered"
+		script = append(script, "/root/probe dnsq "+strings.Repeat(label+".", 5)+"exfil.test 1", // a name over 253
+			"/root/probe dnsq aGVsbG8+d29ybGQ=.exfil.test 1", // base64, not a hostname
+			"/root/probe dnsq mirror.test 16",                // TXT of an allowed name
+			"/root/probe dnsq mirror.test 1")                 // the control: answered
+		want := strings.Repeat("no answer\n", 6) + "answered"
 		if out := sh(strings.Join(script, "; ")); out != want {
 			t.Fatalf("tunnelling queries: %q, want %q", out, want)
 		}
