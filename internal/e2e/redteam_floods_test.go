@@ -17,7 +17,8 @@ import (
 // TestRedTeamFloods: a sandbox floods its output with `yes` and forks without end. Its output is
 // capped and the loss recorded, its pids limit holds, and meanwhile the API and a neighbour
 // sandbox keep answering (the bound on /healthz latency is generous: it catches a stalled server,
-// not a slow machine). Afterwards the sandbox is usable again.
+// not a slow machine). Afterwards the sandbox is usable again, or (gVisor, whose own threads
+// share the host's pids limit) has failed cleanly, alone.
 func TestRedTeamFloods(t *testing.T) { forRuntimes(t, testRedTeamFloods) }
 
 func testRedTeamFloods(t *testing.T, rt string) {
@@ -144,19 +145,25 @@ func testRedTeamFloods(t *testing.T, rt string) {
 		}
 		// The limit holds on the host: the sandbox's cgroup never has more than pids.max.
 		if rt != "microvm" {
-			pidsMax, current := cgroupPids(t, p, sb.ID)
-			deadline := time.Now().Add(5 * time.Second)
-			for time.Now().Before(deadline) {
-				if _, cur := cgroupPids(t, p, sb.ID); cur > pidsMax {
-					t.Errorf("pids.current %d over pids.max %d", cur, pidsMax)
+			var peak, limit int64
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				mx, cur, ok := cgroupPids(p, sb.ID)
+				if !ok {
+					break // the sandbox ended (gVisor, below)
 				}
-				time.Sleep(100 * time.Millisecond)
+				limit, peak = mx, max(peak, cur)
+				if cur > mx {
+					t.Errorf("pids.current %d over pids.max %d", cur, mx)
+				}
 			}
-			t.Logf("pids.max %d, pids.current at start %d", pidsMax, current)
+			t.Logf("pids.max %d, highest pids.current seen %d", limit, peak)
 		}
 		eventually(t, 90*time.Second, "the bomb to end", func() bool {
-			got, err := p.Client.Command(ctx, sb.ID, bomb.ID)
-			return err == nil && got.State == "exited"
+			if got, err := p.Client.Command(ctx, sb.ID, bomb.ID); err == nil && got.State == "exited" {
+				return true
+			}
+			got, err := p.Client.GetSandbox(ctx, sb.ID)
+			return err == nil && got.State != corral.StateRunning
 		})
 		close(stop)
 		health, exec, err := done()
@@ -167,14 +174,33 @@ func testRedTeamFloods(t *testing.T, rt string) {
 		if health > healthBound || exec > execBound {
 			t.Errorf("during the bomb: /healthz took up to %s (bound %s), a neighbour's exec %s (bound %s)", health, healthBound, exec, execBound)
 		}
+		got, err := p.Client.GetSandbox(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == corral.StateFailed {
+			// gVisor: the bomb exhausts the host's pids limit, which gVisor's own threads share,
+			// and the sandbox ends. It fails cleanly, with a reason, and only it.
+			if rt != "gvisor" || got.Reason == "" {
+				t.Fatalf("after the bomb: %s (%s)", got.State, got.Reason)
+			}
+			t.Logf("the bomb ended the gVisor sandbox: %s", got.Reason)
+			eventually(t, 30*time.Second, "the failed sandbox's cgroup removed", func() bool {
+				_, _, ok := cgroupPids(p, sb.ID)
+				return !ok
+			})
+			return
+		}
 		// Recoverable: once the bomb's processes are gone, the sandbox runs commands again.
 		eventually(t, 60*time.Second, "the sandbox to run a command after the bomb", func() bool {
 			out, _, exit, err := p.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "kill -9 -1 2>/dev/null; echo ok"}})
 			return err == nil && exit.Code == 0 && strings.Contains(string(out), "ok")
 		})
-		got, err := p.Client.GetSandbox(ctx, sb.ID)
-		if err != nil || got.State != corral.StateRunning {
-			t.Fatalf("after the bomb: %+v, %v", got, err)
+		if rt == "runc" {
+			// The limit was reached, and the kernel counted the forks it refused.
+			if ev := cgroupFile(p, sb.ID, "pids.events"); !strings.Contains(ev, "max ") || strings.Contains(ev, "max 0") {
+				t.Errorf("pids.events after the bomb: %q, want refused forks counted", ev)
+			}
 		}
 	})
 }
@@ -193,19 +219,24 @@ func errExit(exit *corral.Exit, out []byte) error {
 	return exitError{exit, out}
 }
 
-// cgroupPids reads a sandbox's pids.max and pids.current on the host (cgroup v1 or v2).
-func cgroupPids(t *testing.T, p *corralProc, id string) (int64, int64) {
-	t.Helper()
+// cgroupFile reads a file of a sandbox's pids cgroup on the host (cgroup v1 or v2); "" if none.
+func cgroupFile(p *corralProc, id, name string) string {
 	for _, dir := range []string{"/sys/fs/cgroup/pids" + p.Cgroup + "/" + id, "/sys/fs/cgroup" + p.Cgroup + "/" + id} {
-		m, err := os.ReadFile(filepath.Join(dir, "pids.max"))
-		if err != nil {
-			continue
+		if b, err := os.ReadFile(filepath.Join(dir, name)); err == nil {
+			return strings.TrimSpace(string(b))
 		}
-		c, _ := os.ReadFile(filepath.Join(dir, "pids.current"))
-		mx, _ := strconv.ParseInt(strings.TrimSpace(string(m)), 10, 64)
-		cur, _ := strconv.ParseInt(strings.TrimSpace(string(c)), 10, 64)
-		return mx, cur
 	}
-	t.Fatalf("no pids cgroup for %s under %s", id, p.Cgroup)
-	return 0, 0
+	return ""
+}
+
+// cgroupPids reads a sandbox's pids.max and pids.current on the host; ok is false when the
+// sandbox has no cgroup (any more).
+func cgroupPids(p *corralProc, id string) (limit, current int64, ok bool) {
+	m, c := cgroupFile(p, id, "pids.max"), cgroupFile(p, id, "pids.current")
+	if m == "" || c == "" {
+		return 0, 0, false
+	}
+	limit, _ = strconv.ParseInt(m, 10, 64)
+	current, _ = strconv.ParseInt(c, 10, 64)
+	return limit, current, true
 }
