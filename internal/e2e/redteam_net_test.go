@@ -196,14 +196,17 @@ func testRedTeamNetwork(t *testing.T, p *corralProc, apiPort, hostPort string) {
 		}
 	})
 	t.Run("sandbox to sandbox", func(t *testing.T) {
-		if out := sh("/root/probe dial tcp " + target.NetworkAddress + ":8080"); out != "refused" {
-			t.Fatalf("sandbox %s reached sandbox %s:8080: %s", sb.ID, target.NetworkAddress, out)
+		// The target serves (seen from inside it), so a refusal below is the boundary's.
+		if out, _, _ := p.run(target.ID, "/bin/sh", "-c", "nc 127.0.0.1 8080 </dev/null"); strings.TrimSpace(out) != "sandbox-b" {
+			t.Fatalf("the target's own listener: %q", out)
 		}
 		gw := prevAddr(target.NetworkAddress)
+		targets := []string{target.NetworkAddress + ":8080", target.NetworkAddress + ":22"}
 		for _, port := range []string{"8080", apiPort, hostPort} {
-			if out := sh("/root/probe dial tcp " + gw + ":" + port); out != "refused" {
-				t.Errorf("the other sandbox's gateway %s:%s: %s", gw, port, out)
-			}
+			targets = append(targets, gw+":"+port)
+		}
+		if out := sh("/root/probe dials tcp " + strings.Join(targets, " ")); out != "none" {
+			t.Fatalf("sandbox %s reached the other sandbox or its gateway: %s", sb.ID, out)
 		}
 		// ...and the other way.
 		if out, _, _ := p.run(target.ID, "/bin/sh", "-c", "nc -z -w 2 "+sb.NetworkAddress+" 22 && echo connected || echo refused"); strings.TrimSpace(out) != "refused" {
@@ -217,6 +220,10 @@ func testRedTeamNetwork(t *testing.T, p *corralProc, apiPort, hostPort string) {
 			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() {
 				addrs = append(addrs, ipn.IP.String())
 			}
+		}
+		// The probe connects where it may (open mode), so "none" below is the boundary's.
+		if out := sh("/root/probe dials tcp " + rtOther + ":80"); out != "connected "+rtOther+":80" {
+			t.Fatalf("dials to the internet in open mode: %s", out)
 		}
 		var targets []string
 		for _, a := range addrs {
