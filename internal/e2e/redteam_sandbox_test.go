@@ -110,7 +110,7 @@ func testRedTeamSandbox(t *testing.T, rt string) {
 }
 
 // testRedTeamSandboxFncall replays the attacks as fncall calls: each call is a fresh command in
-// a pool container, with the probe as an input file.
+// a pool container, with the probe as an input file; and floods a call's output and pids.
 func testRedTeamSandboxFncall(t *testing.T) {
 	p := withBase(t)
 	ctx := context.Background()
@@ -118,6 +118,30 @@ func testRedTeamSandboxFncall(t *testing.T) {
 		t.Fatal(err)
 	}
 	probe := probeBinary(t)
+	// Floods: a call's output is capped at its limit and the cut reported; a fork bomb is held
+	// by the container's pids limit and ended by the call's timeout; the pool serves on.
+	t.Run("yes flood", func(t *testing.T) {
+		res, err := p.Client.Call(ctx, "redteam", corral.CallRequest{Argv: []string{"yes", "flood"}, Timeout: "3s", OutputLimit: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Exit.TimedOut || !res.StdoutTruncated || len(res.Stdout) > 64<<10 {
+			t.Fatalf("yes in a call: exit %+v, truncated %v, %d bytes kept; want timed out, truncated, at most 64 KiB", res.Exit, res.StdoutTruncated, len(res.Stdout))
+		}
+	})
+	t.Run("fork bomb", func(t *testing.T) {
+		res, err := p.Client.Call(ctx, "redteam", corral.CallRequest{Script: "b() { b | b & }; b; sleep 5", Timeout: "5s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Exit.TimedOut {
+			t.Fatalf("fork bomb call: exit %+v, want timed out", res.Exit)
+		}
+		eventually(t, 60*time.Second, "a call to run after the bomb", func() bool {
+			res, err := p.Client.Call(ctx, "redteam", corral.CallRequest{Argv: []string{"echo", "ok"}})
+			return err == nil && string(res.Stdout) == "ok\n"
+		})
+	})
 	env := []string{"PROBE=./probe", "OTHER=sleep 3170"}
 	for _, a := range sandboxAttacks {
 		t.Run(a.name, func(t *testing.T) {
