@@ -25,7 +25,7 @@ const (
 	// mkfs.erofs recurses once per level: 2000 levels overflow its 8 MiB stack (a segfault, seen
 	// with erofs-utils 1.8.6). Real trees stay far below.
 	maxDepth = 512
-	maxID   = 1<<32 - 2
+	maxID    = 1<<32 - 2
 	// maxXattrValue is XATTR_SIZE_MAX.
 	maxXattrValue = 64 << 10
 )
