@@ -26,7 +26,8 @@ package e2e
 //	mount (proc, tmpfs, bind), remount                       TestRedTeamSandbox/*/mount_*, remount_*
 //	unshare (mount, user -U, -Ur then mount, net, pid)       TestRedTeamSandbox/*/unshare_*
 //	raw and packet sockets (no CAP_NET_RAW)                  TestRedTeamSandbox/*/raw_sockets; TestRedTeamNetwork/*/raw_sockets
-//	symlink / hard-link tricks through `corral cp` in, out   TestRedTeamFiles/*/cp_*
+//	symlink / hard-link tricks through `corral cp` in, out   TestRedTeamFiles/*/cp_*; a hostile stream to cp out (what a
+//	                                                         hijacked agent could send): cli TestExtractTreeStaysInside
 //	files API through symlinks (to /proc/1/root, ../../,     TestRedTeamFiles/*/files_*
 //	  host paths): read, write, stat, list, move
 //	tar upload: symlink then file through it, hardlink out,  TestRedTeamFiles/*/tar_in_*; TestRedTeamCovered/Files
