@@ -7,7 +7,7 @@ DATA_DIR ?= /var/lib/corral
 # Tests: race detector on, two packages at a time (CI has two cores).
 TEST_FLAGS ?= -race -p 2 -timeout 30m
 
-.PHONY: help setup build run test bench lint fuzz clean
+.PHONY: help setup build run test redteam bench lint fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ run: setup build ## set up, build, start `corral up` on its defaults and show a 
 
 test: setup build ## run every test (root-only tests run as root, skip elsewhere)
 	CORRAL_BIN=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) ./...
+
+redteam: build ## run the red-team suite (as root)
+	CORRAL_BIN=$(CURDIR)/bin $(GO) test -race -count=1 -timeout 30m ./internal/e2e -run 'TestRedTeam'
 
 bench: setup build ## run the benchmarks and print the figures for docs/BENCHMARKS.md
 	@scripts/bench.sh

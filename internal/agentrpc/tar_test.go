@@ -131,7 +131,7 @@ func TestTarRoundTrip(t *testing.T) {
 }
 
 func TestTarInRejectsEscapes(t *testing.T) {
-	c, _ := startServer(t, func(cfg *Config) { cfg.TarInLimit = 1000 })
+	c, _ := startServer(t, func(cfg *Config) { cfg.TarInLimit, cfg.TarInEntries = 1000, 3 })
 	ctx := testCtx(t)
 	tests := []struct {
 		name    string
@@ -162,6 +162,8 @@ func TestTarInRejectsEscapes(t *testing.T) {
 		{"char device", []entry{{name: "null", typ: tar.TypeChar}}, errdefs.ErrInvalid, "device node"},
 		{"block device", []entry{{name: "sda", typ: tar.TypeBlock}}, errdefs.ErrInvalid, "device node"},
 		{"too large", []entry{{name: "big", typ: tar.TypeReg, body: strings.Repeat("b", 1001)}}, errdefs.ErrTooLarge, "limit of 1000 bytes"},
+		{"too many entries", []entry{{name: "a", typ: tar.TypeReg}, {name: "b", typ: tar.TypeReg}, {name: "c", typ: tar.TypeReg}, {name: "d", typ: tar.TypeReg}},
+			errdefs.ErrTooLarge, "more than 3 entries"},
 		{"not a tar", nil, errdefs.ErrInvalid, "read tar"},
 	}
 	for _, tt := range tests {

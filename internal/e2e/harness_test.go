@@ -183,6 +183,15 @@ func startCorral(t *testing.T, extra ...string) *corralProc {
 	// Outside 10.200-10.249, where the host registry chooses pools for Corrals started without
 	// --net-pool (a `make run` Corral beside the tests has one of those).
 	p.NetPool = fmt.Sprintf("10.%d.%d.0/24", 254+int(b[0])%2, b[1])
+	// An extra --listen (the last one wins) names another address; the harness talks to its port
+	// on loopback.
+	for i, a := range extra {
+		if a == "--listen" && i+1 < len(extra) {
+			if _, port, err := net.SplitHostPort(extra[i+1]); err == nil {
+				p.Listen = "127.0.0.1:" + port
+			}
+		}
+	}
 	p.URL = "http://" + p.Listen
 	p.start()
 	t.Cleanup(func() {

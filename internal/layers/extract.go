@@ -21,7 +21,11 @@ import (
 const (
 	pathMax = 4096 // PATH_MAX, including the terminating NUL
 	nameMax = 255  // NAME_MAX
-	maxID   = 1<<32 - 2
+	// maxDepth bounds how many directories deep an entry may be. PATH_MAX alone allows 2047, and
+	// mkfs.erofs recurses once per level: 2000 levels overflow its 8 MiB stack (a segfault, seen
+	// with erofs-utils 1.8.6). Real trees stay far below.
+	maxDepth = 512
+	maxID    = 1<<32 - 2
 	// maxXattrValue is XATTR_SIZE_MAX.
 	maxXattrValue = 64 << 10
 )
@@ -109,6 +113,9 @@ func cleanPath(name string) (rel, why string) {
 	name = strings.TrimRight(name, "/")
 	if name == "" || name == "." {
 		return "", ""
+	}
+	if depth := strings.Count(name, "/") + 1; depth > maxDepth {
+		return "", fmt.Sprintf("name is %d components deep; the limit is %d", depth, maxDepth)
 	}
 	for comp := range strings.SplitSeq(name, "/") {
 		switch {

@@ -34,8 +34,8 @@ const zstdMaxWindow = 128 << 20
 //
 // What it accepts:
 //   - Names are relative paths; a leading "./" and trailing slashes are fine. Absolute names, ".."
-//     or "." components, empty components, NUL bytes, names of PATH_MAX (4096) bytes or more and
-//     components over NAME_MAX (255) are refused.
+//     or "." components, empty components, NUL bytes, names of PATH_MAX (4096) bytes or more,
+//     components over NAME_MAX (255) and names more than 512 components deep are refused.
 //   - Parent directories missing from the archive are created 0755. No entry is ever created
 //     through a symlink, so "a -> /etc" followed by "a/passwd" is refused. Symlink targets are
 //     stored as written, absolute or with "..": they resolve inside the container.

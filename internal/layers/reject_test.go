@@ -128,6 +128,7 @@ func TestImportRejects(t *testing.T) {
 			return append(paxPrefix(map[string]string{"path": "a\x00b"}), tarOf(t, file("a", "x"))...)
 		}, Config{}, errdefs.ErrInvalid, `malformed archive`},
 		{"name over PATH_MAX", tarFn(file(long, "x")), Config{}, errdefs.ErrInvalid, `name is 4096 bytes; the limit is 4095`},
+		{"too deep", tarFn(file(strings.Repeat("d/", 512)+"f", "x")), Config{}, errdefs.ErrInvalid, `name is 513 components deep; the limit is 512`},
 		{"component over NAME_MAX", tarFn(file(strings.Repeat("n", 256), "x")), Config{}, errdefs.ErrInvalid, `path component of 256 bytes; the limit is 255`},
 		{"symlink target over PATH_MAX", tarFn(symlink("s", strings.Repeat("t", 4096))), Config{}, errdefs.ErrInvalid, `symlink target is 4096 bytes`},
 		{"empty symlink target", tarFn(symlink("s", "")), Config{}, errdefs.ErrInvalid, `symlink with an empty target`},
@@ -189,6 +190,8 @@ func TestCleanPath(t *testing.T) {
 		{"a\x00b", "", "NUL byte"},
 		{strings.Repeat("x", 256), "", "NAME_MAX"},
 		{strings.Repeat("x/", 2048), "", "PATH_MAX"},
+		{strings.Repeat("x/", 511) + "x", strings.Repeat("x/", 511) + "x", ""},
+		{strings.Repeat("x/", 512) + "x", "", "513 components deep"},
 		{"..a/b..", "..a/b..", ""},
 		{"a b/ü/\xff", "a b/ü/\xff", ""},
 	}
