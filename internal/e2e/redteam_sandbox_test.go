@@ -63,7 +63,7 @@ var sandboxAttacks = []sandboxAttack{
 	{name: "unshare mount namespace", script: "unshare -m true 2>/dev/null && echo unshared || echo refused", want: "refused"},
 	{name: "unshare user namespace", script: "unshare -U true 2>/dev/null && echo unshared || echo refused", want: "refused",
 		skip:    map[string]string{"gvisor": "gVisor's kernel makes user namespaces of its own, no host one; mounting through one is refused (next case)"},
-		leftOut: map[string]string{"microvm": "no seccomp filter inside the guest (a known gap): user namespaces of the guest kernel can be made"}},
+		leftOut: map[string]string{"microvm": "by design: the guest kernel is the sandbox's own (docs/ARCHITECTURE.md, Harness protection); mounting through a user namespace is still refused (next case)"}},
 	{name: "unshare user namespace then mount", script: "unshare -Ur sh -c 'mount -t tmpfs t /tmp && echo mounted' 2>/dev/null || echo refused", want: "refused"},
 	{name: "unshare net and pid", script: "unshare -n true 2>/dev/null && echo unshared || echo refused; unshare -p -f true 2>/dev/null && echo unshared || echo refused", want: "refused\nrefused"},
 	{name: "raw sockets", script: "$PROBE raw", want: "refused"},

@@ -56,12 +56,13 @@ package e2e
 //	cross-project API access (exec, files, get, delete,      TestRedTeamCrossProject
 //	  pause, snapshot, trajectory, commands, network)
 //	token escalation (token, grant, role, quota)             TestRedTeamTokenEscalation; TestRedTeamCovered/AgentRolloutCLI
-//	fncall artifacts per project (item 3)                    TestRedTeam* in redteam_tenancy_test.go
+//	fncall artifacts per project (item 3)                    TestRedTeamTenancyArtifacts (redteam_tenancy_test.go)
 //	data directory modes, secrets in logs (item 4)           TestRedTeam* in redteam_hostfiles_test.go
-//	snapshots and layers private (item 5), no privilege in   TestRedTeam* in redteam_snapshot_test.go
-//	  snapshots and imports (item 6)
+//	snapshots and layers private (item 5)                    TestRedTeamTenancyLayers (redteam_tenancy_test.go)
+//	no privilege in snapshots and imports (item 6)           TestRedTeamSnapshotPrivilege (redteam_snapshot_test.go)
 //	blocked attempts at the host counted (item 7)            TestRedTeam* in redteam_hostnet_test.go
-//	terminal escapes from sandbox output (item 8)            not in the suite yet (no red-team file for item 8)
+//	terminal escapes from sandbox output (item 8)            TestRedTeamTerminal (redteam_terminal_test.go; the real CLI on a
+//	                                                         pseudo-terminal); cli TestTerminalEscaping, FuzzTermEscaper
 
 import (
 	"flag"
