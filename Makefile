@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/corral-dev/corral/internal/daemon.Version=$(VERSION)
 DATA_DIR ?= /var/lib/corral
 # Tests: race detector on, two packages at a time (CI has two cores).
-TEST_FLAGS ?= -race -p 2 -timeout 30m
+TEST_FLAGS ?= -race -p 2 -timeout 75m
 
 .PHONY: help setup build run test redteam bench lint fuzz clean
 
