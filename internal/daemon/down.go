@@ -14,6 +14,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/hostreg"
+	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -85,6 +86,11 @@ func Down(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg.Down = true
 	if err := Run(ctx, cfg, log, nil); err != nil {
 		return err
+	}
+	// A lazyd that crashed left its FUSE mount dead; with no sandbox left none restarts to
+	// detach it.
+	if err := lazy.DetachDead(filepath.Join(cfg.DataDir, "layers", "lazy"), log); err != nil {
+		log.Warn("detach lazyd's dead mount", "err", err)
 	}
 	reg, err := hostreg.Open(cfg.Registry)
 	if err != nil {

@@ -145,6 +145,8 @@ type corralProc struct {
 	NetTag, NetPool string
 	// VMUIDBase is the first uid of the instance's VMs (hostreg.VMUIDCount of them).
 	VMUIDBase uint32
+	// redraws counts how often start drew other host resources after a registry refusal.
+	redraws int
 	// auto starts corral up without --net-tag, --net-pool and --cgroup-parent: the host
 	// registry chooses them, and start reads them back from it.
 	auto bool
@@ -176,13 +178,8 @@ func startCorral(t *testing.T, extra ...string) *corralProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &corralProc{t: t, DataDir: dataDir, Cgroup: "/corral-e2e-" + randHex(4), Listen: freePort(t), extra: extra}
-	b := make([]byte, 2)
-	rand.Read(b)
-	p.NetTag = hex.EncodeToString(b)
-	// Outside 10.200-10.249, where the host registry chooses pools for Corrals started without
-	// --net-pool (a `make run` Corral beside the tests has one of those).
-	p.NetPool = fmt.Sprintf("10.%d.%d.0/24", 254+int(b[0])%2, b[1])
+	p := &corralProc{t: t, DataDir: dataDir, Listen: freePort(t), extra: extra}
+	p.pickHostResources()
 	// An extra --listen (the last one wins) names another address; the harness talks to its port
 	// on loopback.
 	for i, a := range extra {
@@ -220,6 +217,17 @@ func startCorralAuto(t *testing.T, extra ...string) *corralProc {
 	return p
 }
 
+// pickHostResources draws the instance's cgroup parent, network tag and pool at random: outside
+// 10.200-10.249, where the host registry chooses pools for Corrals started without --net-pool (a
+// `make run` Corral beside the tests has one of those).
+func (p *corralProc) pickHostResources() {
+	b := make([]byte, 2)
+	rand.Read(b)
+	p.Cgroup = "/corral-e2e-" + randHex(4)
+	p.NetTag = hex.EncodeToString(b)
+	p.NetPool = fmt.Sprintf("10.%d.%d.0/24", 254+int(b[0])%2, b[1])
+}
+
 func (p *corralProc) start() {
 	t := p.t
 	t.Helper()
@@ -249,6 +257,15 @@ func (p *corralProc) start() {
 		}
 		select {
 		case <-p.waitDone:
+			// Another Corral on the host (a test that left its data dir, a run beside this one)
+			// holds what was drawn: the host registry refused it, so draw again.
+			if logs := p.Logs(); !p.auto && p.redraws < 5 && strings.Contains(logs, "another Corral (data dir ") {
+				p.redraws++
+				t.Logf("host resources taken, drawing others: %s", strings.TrimSpace(logs))
+				p.pickHostResources()
+				p.start()
+				return
+			}
 			t.Fatalf("corral up exited early:\n%s", p.Logs())
 		default:
 		}

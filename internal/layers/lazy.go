@@ -33,6 +33,7 @@ func (s *Store) lazyClient(ctx context.Context) (*lazy.Client, error) {
 	}
 	if s.lazyc != nil {
 		s.log.Warn("lazyd went away; reaching or starting another")
+		s.lazyc.Drop()
 		s.lazyc = nil
 	}
 	if s.cfg.Lazy.Command == nil && s.lazyDone != nil {

@@ -52,6 +52,9 @@ type Client struct {
 	mu       sync.Mutex
 	stopHold context.CancelFunc
 	dead     atomic.Bool
+	// held is set once hold succeeded: only then does a failed call mean the server died
+	// (before, Start is still waiting for it to listen).
+	held atomic.Bool
 }
 
 // Dead reports whether the client no longer holds its server (it exited, or Close was called):
@@ -195,7 +198,20 @@ func (c *Client) hold() error {
 	c.mu.Lock()
 	c.stopHold = cancel
 	c.mu.Unlock()
+	c.held.Store(true)
 	return nil
+}
+
+// Drop lets go of a server found dead without asking it to exit (unlike Close: another lazyd may
+// already serve the directory).
+func (c *Client) Drop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopHold != nil {
+		c.stopHold()
+		c.stopHold = nil
+	}
+	c.hc.CloseIdleConnections()
 }
 
 // Close lets go of the server and asks it to exit once nothing uses it. When no layer is
@@ -285,9 +301,9 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		if ctx.Err() == nil {
-			// The server is not there (it died; its socket refuses or resets): the next
-			// lazyClient starts another rather than handing out this client again.
+		if ctx.Err() == nil && c.held.Load() {
+			// The server this client held is not there any more (it died; its socket refuses
+			// or resets): the next lazyClient starts another rather than handing this one out.
 			c.dead.Store(true)
 		}
 		return fmt.Errorf("lazyd %s %s: %v: %w", method, path, err, errdefs.ErrUnavailable)

@@ -172,6 +172,16 @@ func detachStaleMount(mnt string, log *slog.Logger) error {
 	return nil
 }
 
+// DetachDead detaches the FUSE mount under dir (a lazyd's directory) if the lazyd that served it
+// died: `corral down` calls it, since no new lazyd may start there to do it.
+func DetachDead(dir string, log *slog.Logger) error {
+	mnt := filepath.Join(dir, mntDir)
+	if _, err := os.Stat(mnt); !errors.Is(err, syscall.ENOTCONN) {
+		return nil
+	}
+	return detachStaleMount(mnt, log)
+}
+
 // isFuseMount reports whether dir is the mount point of a FUSE filesystem of ours.
 func isFuseMount(dir string) bool {
 	b, err := os.ReadFile("/proc/self/mountinfo")
