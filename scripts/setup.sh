@@ -19,6 +19,8 @@ declare -A want=(
   # The Python SDK (sdk/python) installs into a venv: python3 -m venv --system-site-packages, then
   # pip install --no-build-isolation --no-index ./sdk/python (Debian's setuptools and wheel).
   [/usr/share/doc/python3-venv]=python3-venv
+  [/usr/share/doc/python3-wheel]=python3-wheel
+  [/usr/share/doc/python3-pip]=python3-pip
   [mkfs.ext4]=e2fsprogs
   [losetup]=mount
   [gcc]=gcc
