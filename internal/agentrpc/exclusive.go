@@ -40,8 +40,9 @@ import (
 // /etc/ld.so.preload), and kernel objects those processes set up before the freeze keep working
 // (a file lock, a full pipe, a fanotify permission listener that now never answers): they can make
 // the command fail or wait until its timeout, not forge its output. An io_uring queue armed before
-// the freeze can: where io_uring is allowed (the microvm tier today) the guarantee has that gap.
-// Both are documented in docs/ARCHITECTURE.md ("Exclusive execs").
+// the freeze could, which is why no tier allows io_uring (runc: Docker's profile; gVisor: off by
+// default; microvm: the guest agent's filter, internal/vmguest/iouring.go). Both are documented in
+// docs/ARCHITECTURE.md ("Exclusive execs").
 
 // DefaultExclusiveTimeout bounds an exclusive command whose request sets no timeout: the sandbox
 // must not stay frozen forever.
