@@ -49,10 +49,6 @@ type Config struct {
 	MemoryEvents string
 	// Version is reported by Ping.
 	Version string
-	// Relisten, when set, lets the edge quiesce the agent before a checkpoint (see quiesce.go): it
-	// returns the listener to accept on once the sandbox may be reached again. nil: the agent
-	// refuses to quiesce.
-	Relisten func(ctx context.Context) (net.Listener, error)
 	// Calls makes this a calls agent (corral-agent serve --calls, see calls.go): every command
 	// must be a call, plain ones are refused. Without it, calls are refused.
 	Calls bool
@@ -161,16 +157,14 @@ type Server struct {
 
 	mu sync.Mutex
 	// Protected by mu:
-	cmds      map[string]*command
-	exited    []*command // kept exited commands, oldest first
-	retained  int64      // output memory of exited
-	serving   bool
-	closing   bool                  // Serve is shutting down: no more commands start
-	ln        net.Listener          // what Serve accepts on
-	live      map[net.Conn]struct{} // open connections
-	quiescing *quiesceReq           // a quiesce in progress, or nil
-	calls     map[string]*call      // prepared calls by id
-	watches   int                   // watch streams open
+	cmds     map[string]*command
+	exited   []*command // kept exited commands, oldest first
+	retained int64      // output memory of exited
+	serving  bool
+	closing  bool             // Serve is shutting down: no more commands start
+	ln       net.Listener     // what Serve accepts on
+	calls    map[string]*call // prepared calls by id
+	watches  int              // watch streams open
 
 	starting sync.WaitGroup // starts in progress (counted under mu while !closing)
 
@@ -209,7 +203,7 @@ func NewServer(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, log: log, users: &userDB{dir: cfg.EtcDir},
-		cmds: make(map[string]*command), live: make(map[net.Conn]struct{}), calls: make(map[string]*call),
+		cmds: make(map[string]*command), calls: make(map[string]*call),
 	}
 	s.oomSeen = s.readOOMKills()
 	return s, nil
@@ -248,18 +242,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		if aerr != nil {
 			if ctx.Err() != nil {
 				break
-			}
-			s.mu.Lock()
-			q := s.quiescing
-			s.mu.Unlock()
-			if q != nil {
-				if ln, err = s.relisten(ctx, q); err != nil {
-					if ctx.Err() != nil {
-						err = nil
-					}
-					break
-				}
-				continue
 			}
 			if errors.Is(aerr, net.ErrClosed) || permanentAcceptError(aerr) {
 				// Retrying cannot help: the channel is not a listening socket (or is gone).
@@ -334,9 +316,7 @@ const requestTimeout = 30 * time.Second
 func (s *Server) serveConn(ctx context.Context, nc net.Conn) {
 	c := &conn{nc: nc, f: newFramer(nc)}
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	forget := s.trackConn(nc)
 	defer func() {
-		forget()
 		stop()
 		nc.Close()
 		c.wg.Wait()
@@ -478,8 +458,6 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 		return s.tarOut(c, req.Path)
 	case opTarIn:
 		return s.tarIn(c, req.Path, writeOptions(req))
-	case opQuiesce:
-		return s.quiesce(c)
 	case opCallPrep:
 		dir, err := s.callPrep(req.ID, req.Size)
 		if err != nil {

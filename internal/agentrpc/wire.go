@@ -77,7 +77,6 @@ const (
 	opWatch    = "watch"
 	opTarOut   = "tarout"
 	opTarIn    = "tarin"
-	opQuiesce  = "quiesce"
 	opCallPrep = "callprep"
 	opCallEnd  = "callend"
 )

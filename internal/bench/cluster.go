@@ -29,6 +29,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"github.com/corral-dev/corral/internal/store/pgtest"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -801,25 +802,6 @@ func under(path string, dirs []string) bool {
 	return false
 }
 
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // mountsUnder returns the mount points of this mount namespace below dirs or named by prefixes,
 // in mount order.
 func mountsUnder(dirs, prefixes []string) []string {
@@ -835,7 +817,7 @@ func mountsUnder(dirs, prefixes []string) []string {
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMountinfo(fields[4])
+		mp := mountinfo.Unescape(fields[4])
 		hasPrefix := slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(mp, p) })
 		if under(mp, dirs) || hasPrefix {
 			out = append(out, mp)

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,8 +45,8 @@ func TestUnescapeMountinfo(t *testing.T) {
 		{`/tmp/back\134slash`, `/tmp/back\slash`},
 		{`/tmp/short\04`, `/tmp/short\04`},
 	} {
-		if got := unescapeMountinfo(tt.in); got != tt.want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", tt.in, got, tt.want)
+		if got := mountinfo.Unescape(tt.in); got != tt.want {
+			t.Errorf("mountinfo.Unescape(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
 }

@@ -165,8 +165,8 @@ func pauseInfo(st runc.PauseStats) corral.PauseInfo {
 }
 
 // followOutput returns a next function over command cid's events that survives the agent's
-// connections being cut while the sandbox lives on (a gVisor pause quiesces the agent, closing
-// every connection to it): it waits until the sandbox runs again and re-attaches from the last
+// connections being cut while the sandbox lives on (a gVisor pause checkpoints the sandbox,
+// which ends every connection to its agent): it waits until the sandbox runs again and re-attaches from the last
 // offset it passed on. It returns the stream's error when the sandbox is gone, the agent refuses
 // the re-attach, or ctx ends. close releases the re-attached stream, if any.
 func (e *Edge) followOutput(ctx context.Context, sb *sandbox, cid string, next func() (agentrpc.Event, error)) (follow func() (agentrpc.Event, error), close func()) {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
 // Mounts is a reference-counted set of mounted images under one directory, one mount point per
@@ -382,9 +383,9 @@ func parseMountinfo(b []byte) ([]mountInfo, error) {
 		}
 		out = append(out, mountInfo{
 			id:           f[0],
-			mountPoint:   unescapeMountinfo(f[4]),
+			mountPoint:   mountinfo.Unescape(f[4]),
 			fsType:       f[sep+1],
-			source:       unescapeMountinfo(f[sep+2]),
+			source:       mountinfo.Unescape(f[sep+2]),
 			superOptions: strings.Join(f[sep+3:], " "),
 		})
 	}
@@ -392,23 +393,6 @@ func parseMountinfo(b []byte) ([]mountInfo, error) {
 		return nil, fmt.Errorf("parse mountinfo: %w", err)
 	}
 	return out, nil
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space, \134 for a backslash).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) && s[i+1] <= '3' {
-			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func isOctal(c byte) bool { return c >= '0' && c <= '7' }

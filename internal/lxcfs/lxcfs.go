@@ -1,8 +1,6 @@
 package lxcfs
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
 // Config configures a Server.
@@ -171,7 +170,7 @@ func Remove(dir string) error {
 			unix.Close(fd)
 		}
 	}
-	mps, err := mountsUnder(dir)
+	mps, err := mountinfo.Under(dir)
 	if err != nil {
 		return err
 	}
@@ -180,7 +179,7 @@ func Remove(dir string) error {
 			return fmt.Errorf("unmount %s: %w", mp, err)
 		}
 	}
-	if mps, _ := mountsUnder(dir); len(mps) > 0 {
+	if mps, _ := mountinfo.Under(dir); len(mps) > 0 {
 		return fmt.Errorf("remove %s: still mounted: %v", dir, mps)
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -337,7 +336,7 @@ func (s *Server) bindView(mnt string) error {
 	if err := os.MkdirAll(view, 0o700); err != nil {
 		return err
 	}
-	if !isMountpoint(view) {
+	if !mountinfo.IsMountpoint(view) {
 		if err := unix.Mount("tmpfs", view, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0755"); err != nil {
 			return fmt.Errorf("mount lxcfs view: %w", err)
 		}
@@ -435,55 +434,6 @@ func fuseMounted(mnt string) bool {
 		return false
 	}
 	return st.Type == unix.FUSE_SUPER_MAGIC
-}
-
-// isMountpoint reports whether dir is a mount point in this mount namespace.
-func isMountpoint(dir string) bool {
-	mps, err := mountsUnder(dir)
-	return err == nil && slices.Contains(mps, dir)
-}
-
-// mountsUnder returns the mount points at or below dir, deepest (and latest) first.
-func mountsUnder(dir string) ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	var mps []string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescape(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			mps = append(mps, mp)
-		}
-	}
-	slices.Reverse(mps) // a stack's top comes later in mountinfo
-	slices.SortStableFunc(mps, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return mps, sc.Err()
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space and so on).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // logTail is the last line of the log at path.

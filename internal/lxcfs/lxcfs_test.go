@@ -2,6 +2,7 @@ package lxcfs
 
 import (
 	"context"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -115,7 +116,7 @@ func TestStopLeavesNothing(t *testing.T) {
 	if err := s.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if mps, _ := mountsUnder(s.cfg.Dir); len(mps) > 0 {
+	if mps, _ := mountinfo.Under(s.cfg.Dir); len(mps) > 0 {
 		t.Fatalf("mounts left: %v", mps)
 	}
 	if _, err := os.Stat(s.cfg.Dir); !os.IsNotExist(err) {

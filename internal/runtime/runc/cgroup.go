@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
 // cgroupLayout knows where runc's cgroupfs driver puts a sandbox's cgroups on this host.
@@ -44,7 +46,7 @@ func readCgroupLayout(parent string) (*cgroupLayout, error) {
 		if sep < 0 || len(f) < sep+4 || f[3] != "/" {
 			continue // a cgroup mount of a sub-tree (bind) is not the hierarchy's root
 		}
-		mp, fstype := unescapeMountinfo(f[4]), f[sep+1]
+		mp, fstype := mountinfo.Unescape(f[4]), f[sep+1]
 		switch fstype {
 		case "cgroup2":
 			if v2 == "" || mp == "/sys/fs/cgroup" {

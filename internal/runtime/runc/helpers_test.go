@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"log/slog"
 	"net"
 	"os"
@@ -244,7 +245,7 @@ func (e *testEnv) teardown() {
 	for _, h := range e.hierarchies() {
 		os.Remove(filepath.Join(h, e.parent))
 	}
-	if mps, _ := mountsUnder(e.top); len(mps) == 0 && os.Getenv("KEEP") == "" {
+	if mps, _ := mountinfo.Under(e.top); len(mps) == 0 && os.Getenv("KEEP") == "" {
 		os.RemoveAll(e.top)
 	}
 }
@@ -260,7 +261,7 @@ func (e *testEnv) hierarchies() []string {
 // processes, files.
 func (e *testEnv) leaks() []string {
 	var leaks []string
-	if mps, err := mountsUnder(e.cfg.StateDir); err != nil || len(mps) > 0 {
+	if mps, err := mountinfo.Under(e.cfg.StateDir); err != nil || len(mps) > 0 {
 		leaks = append(leaks, fmt.Sprintf("mounts under StateDir: %v %v", mps, err))
 	}
 	// Autoclear detaches a loop device when its last user goes; allow the kernel a moment.

@@ -1,8 +1,6 @@
 package runc
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
 // mountOverlay mounts overlayfs at target: lower is bottom (base) first, as in Spec.Lower.
@@ -148,48 +147,6 @@ func mountOverlayLegacy(target string, lower []string, upper, work string) error
 	return nil
 }
 
-// mountsUnder returns the mountpoints at or below dir in this mount namespace, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	var mps []string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			mps = append(mps, mp)
-		}
-	}
-	slices.SortStableFunc(mps, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return mps, sc.Err()
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for space and so on).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, ok := octal3(s[i+1 : i+4]); ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 func octal3(s string) (byte, bool) {
 	if len(s) != 3 {
 		return 0, false
@@ -209,7 +166,7 @@ func octal3(s string) (byte, bool) {
 func unmountAll(ctx context.Context, dir string) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for pass := 0; ; pass++ {
-		mps, err := mountsUnder(dir)
+		mps, err := mountinfo.Under(dir)
 		if err != nil || len(mps) == 0 {
 			return err
 		}
@@ -249,7 +206,7 @@ func teardownDir(ctx context.Context, dir string) error {
 	if err := detachLoopsUnder(dir); err != nil {
 		return err
 	}
-	if mps, err := mountsUnder(dir); err != nil || len(mps) > 0 {
+	if mps, err := mountinfo.Under(dir); err != nil || len(mps) > 0 {
 		return fmt.Errorf("remove %s: still mounted: %v (%v)", dir, mps, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {

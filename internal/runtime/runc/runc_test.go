@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -506,7 +507,7 @@ func (e *testEnv) leaksWhileOpen() []string {
 			out = append(out, l)
 		}
 	}
-	mps, _ := mountsUnder(e.cfg.StateDir)
+	mps, _ := mountinfo.Under(e.cfg.StateDir)
 	for _, mp := range mps {
 		if !strings.HasPrefix(mp, e.r.poolDir+"/") {
 			out = append(out, "mount "+mp)

@@ -2,6 +2,7 @@ package runc
 
 import (
 	"encoding/json"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"runtime"
 	"slices"
 	"strings"
@@ -223,8 +224,8 @@ func TestUnescapeMountinfo(t *testing.T) {
 		`/not\999octal`:  `/not\999octal`,
 		`/nl\012`:        "/nl\n",
 	} {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
+		if got := mountinfo.Unescape(in); got != want {
+			t.Errorf("mountinfo.Unescape(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
