@@ -1,6 +1,7 @@
 // Package hostreg is the host-wide registry of Corral instances: it hands each data dir the
 // host resources that must not be shared between two Corrals on one machine (its network tag and
-// address pool, its NFLOG group, its cgroup parent and its range of VM uids), and refuses a
+// address pool, its NFLOG group, its cgroup parent, its range of VM uids and its range of sandbox
+// user-namespace ids), and refuses a
 // request that would collide with another instance's.
 //
 // The registry is one JSON file (default /run/corral/instances.json) changed only under an
@@ -25,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -51,6 +53,13 @@ const (
 	// vmUIDSlots bounds how many instances can hold a VM uid range (0x70000000 + 4096 * 65536
 	// stays below 0x80000000).
 	vmUIDSlots = 4096
+	// SandboxUIDBase is the first host uid (and gid) of the ranges container sandboxes' user
+	// namespaces map to; each instance gets SandboxUIDSlots ranges of SandboxUIDSize ids, so
+	// sandboxUIDClaims instances fit below 0xFFFF0000 (uid -1 and the overflow ids stay out).
+	SandboxUIDBase   = 0x80000000
+	SandboxUIDSize   = 1 << 16
+	SandboxUIDSlots  = 512
+	sandboxUIDClaims = (0xFFFF0000 - SandboxUIDBase) / (SandboxUIDSize * SandboxUIDSlots)
 	// logGroupFirst..logGroupLast is the range NFLOG groups are chosen from.
 	logGroupFirst, logGroupLast = 1000, 60999
 )
@@ -76,8 +85,12 @@ type Claim struct {
 	LogGroup     uint16 `json:"log_group"`
 	CgroupParent string `json:"cgroup_parent"`
 	// VMUIDBase is the first of VMUIDCount host uids this instance's VMs run as.
-	VMUIDBase uint32    `json:"vm_uid_base"`
-	Since     time.Time `json:"since"`
+	VMUIDBase uint32 `json:"vm_uid_base"`
+	// SandboxUIDBase is the first of SandboxUIDSlots*SandboxUIDSize host uids (and gids) this
+	// instance's container sandboxes' user namespaces map to. Zero in a claim written by a
+	// Corral that predates it: Acquire then adds one.
+	SandboxUIDBase uint32    `json:"sandbox_uid_base,omitempty"`
+	Since          time.Time `json:"since"`
 }
 
 type file struct {
@@ -180,6 +193,19 @@ func (r *Registry) Acquire(req Request) (Claim, error) {
 		if out.DataDir != "" {
 			if err := sameChoice(out, req, reqPool); err != nil {
 				return changed, err
+			}
+			if out.SandboxUIDBase == 0 {
+				base, err := chooseSandboxUIDs(others)
+				if err != nil {
+					return changed, err
+				}
+				out.SandboxUIDBase = base
+				for i := range reg.Instances {
+					if reg.Instances[i].DataDir == out.DataDir {
+						reg.Instances[i].SandboxUIDBase = base
+					}
+				}
+				changed = true
 			}
 			return changed, nil
 		}
@@ -331,7 +357,23 @@ func (r *Registry) choose(req Request, pool netip.Prefix, others []Claim) (Claim
 	if c.VMUIDBase == 0 {
 		return c, fmt.Errorf("%s: no free range of VM uids on this host: %w", "vm-uids", errdefs.ErrExhausted)
 	}
+	base, err := chooseSandboxUIDs(others)
+	if err != nil {
+		return c, err
+	}
+	c.SandboxUIDBase = base
 	return c, nil
+}
+
+// chooseSandboxUIDs returns the first sandbox uid range no other instance holds.
+func chooseSandboxUIDs(others []Claim) (uint32, error) {
+	for i := uint32(0); i < sandboxUIDClaims; i++ {
+		base := SandboxUIDBase + i*SandboxUIDSize*SandboxUIDSlots
+		if !slices.ContainsFunc(others, func(o Claim) bool { return o.SandboxUIDBase == base }) {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no free range of sandbox uids on this host (%d instances hold one): %w", "sandbox-uids", sandboxUIDClaims, errdefs.ErrExhausted)
 }
 
 // cgroupNested reports whether one cgroup path is the other or below it: either would let one

@@ -1,6 +1,7 @@
 package hostreg
 
 import (
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"os"
@@ -45,7 +46,8 @@ func TestClaimsAreDistinctAndStable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ca.Tag == cb.Tag || ca.Pool == cb.Pool || ca.LogGroup == cb.LogGroup || ca.CgroupParent == cb.CgroupParent || ca.VMUIDBase == cb.VMUIDBase {
+	if ca.Tag == cb.Tag || ca.Pool == cb.Pool || ca.LogGroup == cb.LogGroup || ca.CgroupParent == cb.CgroupParent || ca.VMUIDBase == cb.VMUIDBase ||
+		ca.SandboxUIDBase == cb.SandboxUIDBase || ca.SandboxUIDBase < SandboxUIDBase || cb.SandboxUIDBase < SandboxUIDBase {
 		t.Fatalf("claims share a resource:\n%+v\n%+v", ca, cb)
 	}
 	for _, c := range []Claim{ca, cb} {
@@ -60,7 +62,8 @@ func TestClaimsAreDistinctAndStable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.Tag != ca.Tag || again.Pool != ca.Pool || again.LogGroup != ca.LogGroup || again.CgroupParent != ca.CgroupParent || again.VMUIDBase != ca.VMUIDBase {
+	if again.Tag != ca.Tag || again.Pool != ca.Pool || again.LogGroup != ca.LogGroup || again.CgroupParent != ca.CgroupParent || again.VMUIDBase != ca.VMUIDBase ||
+		again.SandboxUIDBase != ca.SandboxUIDBase {
 		t.Fatalf("restart got another claim:\n%+v\n%+v", ca, again)
 	}
 }
@@ -167,5 +170,42 @@ func TestConcurrentAcquiresNeverShare(t *testing.T) {
 			}
 			seen[k] = true
 		}
+	}
+}
+
+// TestOldClaimGetsSandboxUIDs: a claim written before sandbox uid ranges existed gets one at the
+// next Acquire, distinct from the others', and keeps it.
+func TestOldClaimGetsSandboxUIDs(t *testing.T) {
+	r := testRegistry(t)
+	a, b := dataDir(t), dataDir(t)
+	cb, err := r.Acquire(Request{DataDir: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := `{"instances":[{"data_dir":"` + a + `","tag":"zz","pool":"10.240.0.0/16","log_group":1001,"cgroup_parent":"/corral-zz","vm_uid_base":1879179264}]}`
+	reg, _ := os.ReadFile(r.path())
+	var f file
+	if err := json.Unmarshal(reg, &f); err != nil {
+		t.Fatal(err)
+	}
+	var o file
+	if err := json.Unmarshal([]byte(old), &o); err != nil {
+		t.Fatal(err)
+	}
+	f.Instances = append(f.Instances, o.Instances...)
+	out, _ := json.Marshal(f)
+	if err := os.WriteFile(r.path(), out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := r.Acquire(Request{DataDir: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ca.SandboxUIDBase == 0 || ca.SandboxUIDBase == cb.SandboxUIDBase || ca.Tag != "zz" {
+		t.Fatalf("old claim: got %+v beside %+v", ca, cb)
+	}
+	again, err := r.Acquire(Request{DataDir: a})
+	if err != nil || again.SandboxUIDBase != ca.SandboxUIDBase {
+		t.Fatalf("second acquire: %+v, %v; want base %d", again, err, ca.SandboxUIDBase)
 	}
 }
