@@ -33,6 +33,7 @@ var fx struct {
 }
 
 func TestMain(m *testing.M) {
+	RunUsernsHelperIfAsked()
 	if os.Getenv(helperEnv) != "" {
 		helperMain()
 		return
@@ -169,6 +170,10 @@ func newTestEnv(t testing.TB, tweak func(*Config)) *testEnv {
 		CgroupParent:     e.parent,
 		DefaultDiskBytes: 64 << 20,
 		DiskPool:         2,
+	}
+	if os.Getenv("CORRAL_TEST_USERNS") != "" {
+		// Every test of the package in user namespaces: a range far from any Corral's.
+		e.cfg.UserNS = &UserNS{UIDBase: 0xF0000000 + uint32(b[0]%64)*4*UserNSSize, Slots: 4}
 	}
 	if tweak != nil {
 		tweak(&e.cfg)

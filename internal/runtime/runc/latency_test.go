@@ -35,7 +35,7 @@ func TestCreateLatency(t *testing.T) {
 	for _, d := range []string{"rootfs", "upper", "work"} {
 		os.MkdirAll(filepath.Join(bdir, d), 0o755)
 	}
-	if err := mountOverlay(filepath.Join(bdir, "rootfs"), []string{fx.base, fx.top}, filepath.Join(bdir, "upper"), filepath.Join(bdir, "work")); err != nil {
+	if err := mountOverlay(filepath.Join(bdir, "rootfs"), []string{fx.base, fx.top}, filepath.Join(bdir, "upper"), filepath.Join(bdir, "work"), nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unmountAll(ctx, bdir) })
@@ -128,7 +128,7 @@ func BenchmarkRender(b *testing.B) {
 	s := Spec{ID: "x", Hostname: "x", AgentArgs: []string{"serve"}, CPUs: 1, MemoryBytes: 1 << 30, Pids: 100, OpenFiles: 1024, ShmBytes: 1 << 20}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := tmpl.render(&s, "/corral/x", nil, nil); err != nil {
+		if _, err := tmpl.render(&s, "/corral/x", nil, nil, nil, Budgets{}); err != nil {
 			b.Fatal(err)
 		}
 	}

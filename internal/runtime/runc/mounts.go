@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -17,7 +18,9 @@ import (
 	"github.com/corral-dev/corral/internal/mountinfo"
 )
 
-// mountOverlay mounts overlayfs at target: lower is bottom (base) first, as in Spec.Lower.
+// mountOverlay mounts overlayfs at target: lower is bottom (base) first, as in Spec.Lower. With
+// im every directory is given as an idmapped mount made with its user namespace (userns.go);
+// upper and work must then be directories at the root of one mount (the sandbox's disk).
 // It uses the new mount API ("lowerdir+", Linux 6.8+), which takes each layer as its own
 // parameter: no escaping, no one-page limit on the option string. Older kernels get mount(2).
 //
@@ -27,8 +30,11 @@ import (
 // the string as given. So each directory is given as "." from a working directory set to it,
 // on a thread of its own (see overlayOnThread): the options read lowerdir+=.,...,upperdir=.,
 // workdir=., nothing of the data dir. Older kernels get /proc/self/fd/N strings instead.
-func mountOverlay(target string, lower []string, upper, work string) error {
-	err := overlayOnThread(func() error { return mountOverlayFsconfig(target, lower, upper, work) })
+func mountOverlay(target string, lower []string, upper, work string, im *idmap) error {
+	err := overlayOnThread(func() error { return mountOverlayFsconfig(target, lower, upper, work, im) })
+	if errors.Is(err, errNoLowerdirPlus) && im != nil {
+		return fmt.Errorf("idmapped overlay: %w", err)
+	}
 	if errors.Is(err, errNoLowerdirPlus) {
 		return mountOverlayLegacy(target, lower, upper, work)
 	}
@@ -61,7 +67,18 @@ func overlayOnThread(f func() error) error {
 
 // mountOverlayFsconfig mounts with lowerdir+, giving each directory as "." after a chdir into
 // it. Preconditions: runs under overlayOnThread.
-func mountOverlayFsconfig(target string, lower []string, upper, work string) error {
+func mountOverlayFsconfig(target string, lower []string, upper, work string, im *idmap) error {
+	var ns *os.File
+	if im != nil {
+		// overlayfs does its own work in the upper layer (its work directory, whiteouts,
+		// copy-ups) with the credentials of whoever made it; through the idmapped upper layer
+		// only the namespace's ids can write, so it is made with the namespace owner's (which
+		// its root is), keeping this thread's capabilities. The thread is never reused.
+		if err := becomeOwner(im.owner); err != nil {
+			return err
+		}
+		ns = im.ns
+	}
 	fsfd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		if errors.Is(err, unix.ENOSYS) {
@@ -70,9 +87,48 @@ func mountOverlayFsconfig(target string, lower []string, upper, work string) err
 		return fmt.Errorf("fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
+	disk := -1 // the idmapped mount of upper's and work's filesystem
+	var keep []int
+	defer func() {
+		for _, fd := range keep {
+			unix.Close(fd)
+		}
+	}()
+	if ns != nil {
+		if filepath.Dir(upper) != filepath.Dir(work) {
+			return fmt.Errorf("idmapped overlay: upper %s and work %s are not in one directory", upper, work)
+		}
+		if disk, err = idmappedTree(filepath.Dir(upper), ns); err != nil {
+			return err
+		}
+		defer unix.Close(disk)
+	}
 	set := func(key, dir string) error {
-		if err := unix.Chdir(dir); err != nil {
-			return fmt.Errorf("overlay %s %s: %w", key, dir, err)
+		switch {
+		case ns == nil:
+			if err := unix.Chdir(dir); err != nil {
+				return fmt.Errorf("overlay %s %s: %w", key, dir, err)
+			}
+		case key == "lowerdir+":
+			fd, err := idmappedTree(dir, ns)
+			if err != nil {
+				return err
+			}
+			// Open until the overlay is made: closing a detached mount's last descriptor
+			// dissolves it, and overlayfs clones its layers only at FsconfigCreate.
+			keep = append(keep, fd)
+			if err := unix.Fchdir(fd); err != nil {
+				return fmt.Errorf("overlay %s %s: %w", key, dir, err)
+			}
+		default:
+			fd, err := unix.Openat(disk, filepath.Base(dir), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("overlay %s %s: %w", key, dir, err)
+			}
+			defer unix.Close(fd)
+			if err := unix.Fchdir(fd); err != nil {
+				return fmt.Errorf("overlay %s %s: %w", key, dir, err)
+			}
 		}
 		return unix.FsconfigSetString(fsfd, key, ".")
 	}

@@ -13,7 +13,10 @@ import (
 // its mountinfo, name none of the directories it was made from, with either mount call.
 func TestOverlayOptionsNameNoHostPath(t *testing.T) {
 	needRoot(t)
-	for name, mount := range map[string]func(string, []string, string, string) error{"fsconfig": mountOverlay, "legacy": mountOverlayLegacy} {
+	for name, mount := range map[string]func(string, []string, string, string) error{
+		"fsconfig": func(t string, l []string, u, w string) error { return mountOverlay(t, l, u, w, nil) },
+		"legacy":   mountOverlayLegacy,
+	} {
 		t.Run(name, func(t *testing.T) { testOverlayOptions(t, mount) })
 	}
 }

@@ -393,7 +393,7 @@ func TestPartialState(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Mkdir(filepath.Join(dir, "rootfs"), 0o755)
-	if err := mountOverlay(filepath.Join(dir, "rootfs"), []string{fx.base}, filepath.Join(dir, "disk/upper"), filepath.Join(dir, "disk/work")); err != nil {
+	if err := mountOverlay(filepath.Join(dir, "rootfs"), []string{fx.base}, filepath.Join(dir, "disk/upper"), filepath.Join(dir, "disk/work"), nil); err != nil {
 		t.Fatal(err)
 	}
 	// runc got as far as `runc create`: its init waits on the exec fifo, never started.
@@ -401,7 +401,7 @@ func TestPartialState(t *testing.T) {
 	if err := hs.normalize(e.cfg.DefaultDiskBytes, e.r.maxOpenFiles); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := e.r.tmpl.render(&hs, e.r.cgroupPath("half"), nil, nil)
+	cfg, err := e.r.tmpl.render(&hs, e.r.cgroupPath("half"), nil, nil, nil, Budgets{})
 	if err != nil {
 		t.Fatal(err)
 	}

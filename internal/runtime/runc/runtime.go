@@ -79,6 +79,11 @@ type Config struct {
 	// fails when it cannot (never a sandbox without them). gVisor sandboxes have the Sentry's
 	// own /proc and /sys and do not use it.
 	LXCFS HostFacts
+
+	// UserNS, when set, runs each runc sandbox in a user namespace of its own (userns.go). When
+	// the host cannot make them, New still succeeds, UserNSStatus says why, and Create refuses
+	// runc sandboxes (never one without). nil: sandboxes' root is the host's.
+	UserNS *UserNS
 }
 
 // HostFacts gives the files a sandbox binds over the host's /proc and /sys facts
@@ -143,6 +148,9 @@ func (c Config) Validate() error {
 	if c.DefaultDiskBytes < minDiskBytes {
 		return errdefs.Invalid("DefaultDiskBytes", "must be at least %d", minDiskBytes)
 	}
+	if c.UserNS != nil {
+		return c.UserNS.validate()
+	}
 	return nil
 }
 
@@ -179,6 +187,12 @@ type Runtime struct {
 	runscVersion string // first line of `runsc --version`
 	runscErr     error  // why gVisor sandboxes cannot be created here, or nil
 
+	// capSysResource: this process has CAP_SYS_RESOURCE (runc can set the rlimits of a
+	// process in another user namespace).
+	capSysResource bool
+	slots          *slots // user-namespace slots; nil without Config.UserNS
+	usernsErr      error  // why Config.UserNS cannot be honoured here, or nil
+
 	proxyMu sync.Mutex
 	proxies map[string]*vmlink.Proxy // gVisor agent socket forwarders, by sandbox; protected by proxyMu
 }
@@ -189,6 +203,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.UserNS != nil {
+		u := *cfg.UserNS
+		cfg.UserNS = &u // initUserNS fills in defaults
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -220,7 +238,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	// Raising RLIMIT_NOFILE past this process's hard limit needs the same capability.
 	var oomAdj *int
 	r.maxOpenFiles = readUint("/proc/sys/fs/nr_open", 1<<20)
-	if canLowerOOMScore() {
+	r.capSysResource = canLowerOOMScore()
+	if r.capSysResource {
 		oomAdj = ptr(agentOOMScoreAdj)
 	} else {
 		var lim unix.Rlimit
@@ -238,12 +257,20 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
+	r.initUserNS(ctx)
 	// Pool slots of an earlier process are not worth auditing; destroy and make fresh ones.
 	if err := r.clearPool(ctx); err != nil {
 		log.Warn("remove stale disk pool slots", "err", err)
 	}
 	log.Info("runc runtime ready", "runc", cfg.Runc, "version", r.version, "cgroup", r.cg.mode,
 		"state_dir", cfg.StateDir, "disk_pool", max(cfg.DiskPool, 0), "disk_bytes", cfg.DefaultDiskBytes)
+	switch {
+	case r.usernsErr != nil:
+		log.Error("runc sandboxes are refused: user namespaces are on but unusable", "err", r.usernsErr)
+	case cfg.UserNS != nil:
+		log.Info("runc sandboxes run in user namespaces", "uid_base", cfg.UserNS.UIDBase, "slots", cfg.UserNS.Slots,
+			"roots", cfg.UserNS.RootsDir, "budgets", fmt.Sprintf("%+v", cfg.UserNS.Budgets))
+	}
 	if r.runscErr != nil {
 		log.Warn("gVisor sandboxes unavailable", "err", r.runscErr)
 	} else {
@@ -285,6 +312,7 @@ func (r *Runtime) Close() error {
 			p.Close() // the sandboxes' holders keep their links for the next process
 		}
 		r.removeGVisorLeftovers()
+		r.removeRootsDir()
 		r.agents.close()
 	})
 	return err
@@ -319,6 +347,14 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 		}
 		for _, id := range strings.Fields(string(out)) {
 			ids[id] = true
+		}
+	}
+	if r.cfg.UserNS != nil {
+		ents, _ := os.ReadDir(r.cfg.UserNS.RootsDir)
+		for _, e := range ents {
+			if e.IsDir() && validID(e.Name()) {
+				ids[e.Name()] = true
+			}
 		}
 	}
 	for _, id := range r.cg.children() {

@@ -35,6 +35,9 @@ type Sandbox struct {
 	Accelerator string
 	// Template names the template a VM was restored from; empty when it booted.
 	Template string
+	// HostUID is the host uid (and gid) the sandbox's root is: the first of its user
+	// namespace's ids; 0 when it has none (Config.UserNS).
+	HostUID uint32
 }
 
 // State is a sandbox's run state as the kernel sees it.
@@ -133,8 +136,24 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	var ux *usernsSpec
+	if r.cfg.UserNS != nil && spec.Engine == EngineRunc {
+		h, base, err := r.claimUserns(ctx, id, dir)
+		if err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		defer h.close()
+		if rootfs, err = r.prepareRootDir(id, base); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		ux = &usernsSpec{handle: h, path: h.path, rootfs: rootfs, owner: base, shim: !r.capSysResource}
+	}
 	disk := filepath.Join(dir, diskMount)
-	if err := mountOverlay(rootfs, spec.Lower, filepath.Join(disk, "upper"), filepath.Join(disk, "work")); err != nil {
+	var im *idmap
+	if ux != nil {
+		im = &idmap{ns: ux.handle.ns, owner: ux.owner}
+	}
+	if err := mountOverlay(rootfs, spec.Lower, filepath.Join(disk, "upper"), filepath.Join(disk, "work"), im); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	tMount := time.Now()
@@ -148,7 +167,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		if err := r.createGVisor(ctx, &spec, dir, agent, logf); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
-	} else if err := r.createRunc(ctx, &spec, dir, sock, agent, logf); err != nil {
+	} else if err := r.createRunc(ctx, &spec, dir, sock, agent, logf, ux); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	pid, err := readPid(filepath.Join(dir, "init.pid"))
@@ -157,11 +176,11 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	r.log.Debug("sandbox created", "id", id, "engine", spec.Engine, "pid", pid, "pooled_disk", pooled,
 		"disk", tDisk.Sub(start), "overlay", tMount.Sub(tDisk), "runc", time.Since(tMount), "total", time.Since(start))
-	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath}, nil
+	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath, HostUID: r.HostUID(id)}, nil
 }
 
 // createRunc is Create's runc half: the rootfs is mounted at dir/rootfs.
-func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, agent *agentImage, logf *os.File) error {
+func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, agent *agentImage, logf *os.File, ux *usernsSpec) error {
 	lis, err := listenUnix(sock)
 	if err != nil {
 		return err
@@ -173,7 +192,15 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return err
 		}
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts)
+	if ux != nil && spec.Netns != "" {
+		// sysfs shows the network namespace of whoever mounts it, and a sandbox's user namespace
+		// does not own the egress one, so the kernel refuses it the mount: it gets one made here.
+		ux.sysfs = filepath.Join(filepath.Dir(ux.rootfs), "sys")
+		if err := mountSysfsIn(spec.Netns, ux.sysfs); err != nil {
+			return err
+		}
+	}
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets())
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
@@ -189,6 +216,9 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 	}
 	args := append([]string{"--log", runcLog, "--log-format", "json"}, verb...)
 	cmd := r.runcCmd(ctx, append(args, "--bundle", dir, "--pid-file", filepath.Join(dir, "init.pid"), "--preserve-fds", "2", spec.ID)...)
+	if ux != nil && ux.shim {
+		cmd.Path, cmd.Args = rlimitShim(ux.rlimits, cmd.Args)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lis, agent.f} // fds 3 and 4
 	if err := cmd.Run(); err != nil {
@@ -216,7 +246,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 	if err != nil {
 		return err
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil)
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{})
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
@@ -337,7 +367,7 @@ func (r *Runtime) Open(ctx context.Context, id string) (*Sandbox, error) {
 	if st.Status == "stopped" {
 		pid = 0
 	}
-	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log")}, nil
+	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log"), HostUID: r.HostUID(id)}, nil
 }
 
 // Status reports the sandbox's state from its cgroup; see the package doc.
@@ -425,8 +455,15 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	tRunc := time.Now()
+	if r.cfg.UserNS != nil {
+		if err := teardownDir(ctx, r.rootDir(id)); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := teardownDir(ctx, r.dir(id)); err != nil {
 		errs = append(errs, err)
+	} else if r.slots != nil {
+		r.slots.release(id) // only now: its processes and files are gone
 	}
 	tUnmount := time.Now()
 	if err := r.cg.remove(id, 5*time.Second); err != nil {

@@ -290,7 +290,10 @@ type gvisorPaths struct {
 
 // render returns config.json for s (normalized) with its cgroup at cgroupsPath; gv is set for
 // a gVisor sandbox. facts are LXCFS's files to bind read-only over /proc and /sys (runc only).
-func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []lxcfs.Bind) ([]byte, error) {
+//
+// With ux the sandbox joins its user namespace (userns.go): its rootfs is ux.rootfs, it gets
+// the per-user budgets as rlimits, and /sys is ux.sysfs bound when set.
+func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []lxcfs.Bind, ux *usernsSpec, budgets Budgets) ([]byte, error) {
 	spec := t.spec
 	proc := *t.spec.Process
 	if gv != nil {
@@ -309,6 +312,21 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 	}
 	proc.Env = agentrpc.DefaultEnv(s.Env)
 	proc.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: s.OpenFiles, Soft: s.OpenFiles}}
+	if ux != nil {
+		// Counted per user of the sandbox's namespace (its owner is the sandbox's own uid).
+		nproc := uint64(budgets.Procs)
+		if nproc == 0 {
+			nproc = uint64(s.Pids)
+		}
+		proc.Rlimits = append(proc.Rlimits,
+			specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},
+			specs.POSIXRlimit{Type: "RLIMIT_MSGQUEUE", Hard: uint64(budgets.MsgQueueBytes), Soft: uint64(budgets.MsgQueueBytes)})
+		spec.Root = &specs.Root{Path: ux.rootfs}
+		if ux.shim {
+			// runc cannot set them from outside the namespace: the shim sets them on runc.
+			ux.rlimits, proc.Rlimits = proc.Rlimits, nil
+		}
+	}
 	spec.Process = &proc
 	spec.Hostname = s.Hostname
 
@@ -316,6 +334,10 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 	for i := range spec.Mounts {
 		if spec.Mounts[i].Destination == "/dev/shm" {
 			spec.Mounts[i].Options = []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", s.ShmBytes)}
+		}
+		if spec.Mounts[i].Destination == "/sys" && ux != nil && ux.sysfs != "" {
+			spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: ux.sysfs,
+				Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}}
 		}
 	}
 	if s.ResolvConf != "" {
@@ -340,6 +362,9 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 		linux.MaskedPaths = slices.DeleteFunc(slices.Clone(linux.MaskedPaths), func(p string) bool {
 			return slices.ContainsFunc(facts, func(f lxcfs.Bind) bool { return f.Target == p })
 		})
+	}
+	if ux != nil {
+		linux.Namespaces = append(slices.Clone(linux.Namespaces), specs.LinuxNamespace{Type: specs.UserNamespace, Path: ux.path})
 	}
 	if s.Netns != "" {
 		linux.Namespaces = slices.Clone(linux.Namespaces)

@@ -109,7 +109,7 @@ func TestRender(t *testing.T) {
 	if err := s.normalize(64<<20, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	b, err := tmpl.render(&s, "/corral/x", nil, nil)
+	b, err := tmpl.render(&s, "/corral/x", nil, nil, nil, Budgets{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ func TestRenderCalls(t *testing.T) {
 		if err := s.normalize(64<<20, 1<<20); err != nil {
 			t.Fatal(err)
 		}
-		b, err := tmpl.render(&s, "/corral/x", nil, nil)
+		b, err := tmpl.render(&s, "/corral/x", nil, nil, nil, Budgets{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -327,7 +327,7 @@ func TestRenderHostFacts(t *testing.T) {
 		if with {
 			f = facts
 		}
-		b, err := tmpl.render(&s, "/corral/x", nil, f)
+		b, err := tmpl.render(&s, "/corral/x", nil, f, nil, Budgets{})
 		if err != nil {
 			t.Fatal(err)
 		}

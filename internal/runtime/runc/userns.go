@@ -1,0 +1,589 @@
+package runc
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// User namespaces (Config.UserNS).
+//
+// A runc sandbox's root is an unprivileged host uid: the sandbox runs in a user namespace that
+// maps its ids 0..UserNSSize-1 to a range of host ids of its own (a slot), the same for uids and
+// gids. The namespace is made by a short-lived helper, this binary re-executed
+// (RunUsernsHelperIfAsked), cloned by a thread whose effective uid is the slot's first uid: so
+// the namespace's owner is that uid, not root, and everything the kernel counts per user
+// (inotify instances and watches, mqueue bytes, processes) is counted against the sandbox, at
+// every level, never against the host's root. The helper sets the namespace's own inotify
+// limits (Budgets), which only a holder of CAP_SYS_RESOURCE in it can change and the sandbox
+// lacks, and runc joins the namespace by its path.
+//
+// The layers, the writable disk's upper and work directories, stay as they are on disk: the
+// overlay is given idmapped mounts of them (mount_setattr MOUNT_ATTR_IDMAP with the
+// namespace), so the sandbox sees its files owned by its own ids and writes inside ids to its
+// disk: a snapshot of the upper directory stores inside ids, as without a user namespace.
+//
+// The overlay is mounted at <rootsDir>/<id>/rootfs instead of the bundle's rootfs: runc's
+// container process, already in the namespace, bind-mounts the rootfs by path, and so needs to
+// traverse every directory above it, which the data directory (0700, root's) does not allow.
+// rootsDir is 0711 and root's, and <id> is 0700 and the slot's root's, so no other host user
+// and no other sandbox can go further.
+//
+// Slots are recorded in the sandbox's directory (usernsFile): a restarted Runtime reads them
+// back before it hands out any, and a slot is free again only once its sandbox's directory is
+// gone, so two live sandboxes never share one.
+
+// UserNSSize is how many ids each sandbox's user namespace maps.
+const UserNSSize = 1 << 16
+
+const (
+	usernsFile       = "userns" // in the sandbox's directory: its slot
+	usernsHelperArg0 = "corral-userns-init"
+	defaultRootsBase = "/run/corral-roots"
+)
+
+// UserNS turns on user namespaces for runc sandboxes (see above).
+type UserNS struct {
+	// UIDBase is the first host uid (and gid) of the Slots ranges of UserNSSize ids; they must
+	// be this Runtime's alone (internal/hostreg hands one out per data dir).
+	UIDBase uint32
+	Slots   int
+	// RootsDir holds the sandboxes' rootfs mount points; default /run/corral-roots/<hash of
+	// StateDir>.
+	RootsDir string
+	// Budgets are the per-sandbox kernel budgets.
+	Budgets Budgets
+}
+
+// Budgets are the limits the kernel counts per user, which a user namespace owned by the
+// sandbox's own uid makes per sandbox. Zero fields take the defaults.
+type Budgets struct {
+	// InotifyInstances and InotifyWatches are the user namespace's max_inotify_instances and
+	// max_inotify_watches (/proc/sys/user).
+	InotifyInstances, InotifyWatches int64
+	// MsgQueueBytes is RLIMIT_MSGQUEUE: POSIX message queue bytes of each of its users.
+	MsgQueueBytes int64
+	// Procs is RLIMIT_NPROC: processes of each of its users; 0 is the sandbox's Pids.
+	Procs int64
+}
+
+// Defaults for Budgets. The inotify ones are the host defaults of a stock kernel for one user.
+const (
+	DefaultInotifyInstances = 128
+	DefaultInotifyWatches   = 65536
+	DefaultMsgQueueBytes    = 819200
+)
+
+func (b *Budgets) setDefaults() {
+	if b.InotifyInstances == 0 {
+		b.InotifyInstances = DefaultInotifyInstances
+	}
+	if b.InotifyWatches == 0 {
+		b.InotifyWatches = DefaultInotifyWatches
+	}
+	if b.MsgQueueBytes == 0 {
+		b.MsgQueueBytes = DefaultMsgQueueBytes
+	}
+}
+
+// Validate reports the first budget out of the kernel's range, by its field name.
+func (b Budgets) Validate() error {
+	b.setDefaults()
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"InotifyInstances", b.InotifyInstances}, {"InotifyWatches", b.InotifyWatches}} {
+		// The ucount limits are ints in the kernel.
+		if f.v < 1 || f.v > math.MaxInt32 {
+			return errdefs.Invalid(f.name, "%d is out of range [1, %d]", f.v, math.MaxInt32)
+		}
+	}
+	if b.MsgQueueBytes < 1 || b.MsgQueueBytes > math.MaxInt64/2 {
+		return errdefs.Invalid("MsgQueueBytes", "%d is out of range [1, %d]", b.MsgQueueBytes, int64(math.MaxInt64/2))
+	}
+	if b.Procs < 0 || b.Procs > math.MaxInt32 {
+		return errdefs.Invalid("Procs", "%d is out of range [0, %d]", b.Procs, math.MaxInt32)
+	}
+	return nil
+}
+
+func (u *UserNS) validate() error {
+	if u.Slots < 1 {
+		return errdefs.Invalid("UserNS.Slots", "%d: want at least 1", u.Slots)
+	}
+	if u.UIDBase == 0 {
+		return errdefs.Invalid("UserNS.UIDBase", "0 would map a sandbox's root to the host's")
+	}
+	if end := uint64(u.UIDBase) + uint64(u.Slots)*UserNSSize; end > 0xFFFF0000 {
+		return errdefs.Invalid("UserNS.Slots", "%d ranges from %d end at %d, past the last usable uid", u.Slots, u.UIDBase, end)
+	}
+	if u.RootsDir != "" && (!filepath.IsAbs(u.RootsDir) || filepath.Clean(u.RootsDir) != u.RootsDir) {
+		return errdefs.Invalid("UserNS.RootsDir", "must be a clean absolute path, got %q", u.RootsDir)
+	}
+	return u.Budgets.Validate()
+}
+
+// slots hands out user-namespace slots.
+type slots struct {
+	mu   sync.Mutex
+	used map[int]string // slot -> sandbox ID; protected by mu
+	n    int
+}
+
+// take returns the lowest free slot for id.
+func (s *slots) take(id string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.n {
+		if _, ok := s.used[i]; !ok {
+			s.used[i] = id
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("all %d of this node's user-namespace id ranges are in use: delete a sandbox: %w", s.n, errdefs.ErrExhausted)
+}
+
+// release frees id's slot, if it holds one.
+func (s *slots) release(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, o := range s.used {
+		if o == id {
+			delete(s.used, i)
+		}
+	}
+}
+
+// slotOf returns id's slot.
+func (s *slots) slotOf(id string) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, o := range s.used {
+		if o == id {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// initUserNS sets up user namespaces when configured: reads back the slots of sandboxes left by
+// an earlier process and probes that this host can make them. On a failed probe r.usernsErr
+// says why and sandboxes are refused (never made without one): the operator turns them off.
+func (r *Runtime) initUserNS(ctx context.Context) {
+	u := r.cfg.UserNS
+	if u == nil {
+		return
+	}
+	if u.RootsDir == "" {
+		sum := sha256.Sum256([]byte(r.cfg.StateDir))
+		u.RootsDir = filepath.Join(defaultRootsBase, hex.EncodeToString(sum[:6]))
+	}
+	u.Budgets.setDefaults()
+	r.slots = &slots{used: map[int]string{}, n: u.Slots}
+	ents, _ := os.ReadDir(r.cfg.StateDir)
+	for _, e := range ents {
+		if slot, ok := readSlot(filepath.Join(r.cfg.StateDir, e.Name(), usernsFile)); ok && slot < u.Slots {
+			r.slots.used[slot] = e.Name()
+		}
+	}
+	if err := r.probeUserNS(ctx); err != nil {
+		r.usernsErr = errdefs.Unavailable("user namespaces are not usable here (%v): run corral up --no-userns", err)
+	}
+}
+
+func readSlot(path string) (int, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n, err == nil && n >= 0
+}
+
+// probeUserNS makes a user namespace the way Create does and an idmapped mount of StateDir's
+// filesystem with it.
+func (r *Runtime) probeUserNS(ctx context.Context) error {
+	for _, d := range []string{defaultRootsBase, filepath.Dir(r.cfg.UserNS.RootsDir), r.cfg.UserNS.RootsDir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return err
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return err
+		}
+	}
+	h, err := r.startUserns(ctx, r.cfg.UserNS.UIDBase)
+	if err != nil {
+		return err
+	}
+	defer h.close()
+	fd, err := idmappedTree(r.cfg.StateDir, h.ns)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	return nil
+}
+
+// UserNSStatus says whether sandboxes get user namespaces: "" when on, else why not.
+func (r *Runtime) UserNSStatus() string {
+	switch {
+	case r.cfg.UserNS == nil:
+		return "off (corral up --no-userns)"
+	case r.usernsErr != nil:
+		return r.usernsErr.Error()
+	}
+	return ""
+}
+
+// UserNS returns the configuration in use (defaults applied), or nil when sandboxes get no
+// user namespace.
+func (r *Runtime) UserNS() *UserNS {
+	if r.cfg.UserNS == nil || r.usernsErr != nil {
+		return nil
+	}
+	u := *r.cfg.UserNS
+	return &u
+}
+
+func (r *Runtime) slotBase(slot int) uint32 {
+	return r.cfg.UserNS.UIDBase + uint32(slot)*UserNSSize
+}
+
+// HostUID returns the host uid that sandbox id's root runs as: 0 without a user namespace.
+func (r *Runtime) HostUID(id string) uint32 {
+	if r.slots == nil {
+		return 0
+	}
+	if slot, ok := r.slots.slotOf(id); ok {
+		return r.slotBase(slot)
+	}
+	return 0
+}
+
+func (r *Runtime) rootDir(id string) string { return filepath.Join(r.cfg.UserNS.RootsDir, id) }
+
+// usernsHandle is a user namespace being set up for a sandbox: the helper process that holds
+// it, and a descriptor of it.
+type usernsHandle struct {
+	cmd   *exec.Cmd
+	stdin io.Closer
+	ns    *os.File // /proc/<helper>/ns/user
+	path  string   // the same, for runc to join while the helper lives
+}
+
+// close ends the helper; the namespace lives on while a process (the sandbox's) or a
+// descriptor holds it.
+func (h *usernsHandle) close() {
+	h.ns.Close()
+	h.stdin.Close()
+	h.cmd.Process.Kill()
+	h.cmd.Wait()
+}
+
+// startUserns makes a user namespace owned by host uid base that maps 0..UserNSSize-1 to
+// base..base+UserNSSize-1 (uids and gids), with the inotify budgets set in it.
+func (r *Runtime) startUserns(ctx context.Context, base uint32) (_ *usernsHandle, err error) {
+	b := r.cfg.UserNS.Budgets
+	cmd := exec.CommandContext(ctx, "/proc/self/exe",
+		"max_inotify_instances="+strconv.FormatInt(b.InotifyInstances, 10),
+		"max_inotify_watches="+strconv.FormatInt(b.InotifyWatches, 10))
+	cmd.Args[0] = usernsHelperArg0
+	cmd.Env = []string{}
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: UserNSSize}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER,
+		UidMappings: m, GidMappings: m,
+		// The sandbox's root sets its processes' supplementary groups (exec as another user).
+		GidMappingsEnableSetgroups: true,
+		Setpgid:                    true,
+		Pdeathsig:                  syscall.SIGKILL,
+	}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer inR.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inW.Close()
+		return nil, err
+	}
+	defer outR.Close()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, outW
+	err = startAsOwner(cmd, base)
+	outW.Close()
+	if err != nil {
+		inW.Close()
+		return nil, fmt.Errorf("start user namespace helper: %w", err)
+	}
+	h := &usernsHandle{cmd: cmd, stdin: inW}
+	defer func() {
+		if err != nil {
+			h.stdin.Close()
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+	line, rerr := bufio.NewReader(outR).ReadString('\n')
+	if line != "ok\n" {
+		return nil, fmt.Errorf("user namespace helper: %q %v", strings.TrimSpace(line), rerr)
+	}
+	h.path = "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user"
+	if h.ns, err = os.Open(h.path); err != nil {
+		return nil, fmt.Errorf("open user namespace: %w", err)
+	}
+	return h, nil
+}
+
+// startAsOwner starts cmd from a thread whose effective uid and gid are owner, so that the user
+// namespace cmd's clone makes is owned by owner. The thread keeps its capabilities across the
+// change (SECBIT_NO_SETUID_FIXUP), as writing cmd's id maps needs CAP_SETUID; it is locked and
+// never unlocked, so Go ends it with the goroutine and no other goroutine runs with its ids.
+func startAsOwner(cmd *exec.Cmd, owner uint32) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := becomeOwner(owner); err != nil {
+			errc <- err
+			return
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
+}
+
+// becomeOwner sets the calling thread's effective (and so file system) uid and gid to owner,
+// keeping its capabilities. Preconditions: the thread is locked and never unlocked (Go then
+// ends it with its goroutine).
+func becomeOwner(owner uint32) error {
+	const secbitNoSetuidFixup = 1 << 2
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, secbitNoSetuidFixup, 0, 0, 0); err != nil {
+		return fmt.Errorf("keep capabilities: %w", err)
+	}
+	const keep = 0xFFFFFFFF // (uid_t)-1: leave as is
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, keep, uintptr(owner), keep); e != 0 {
+		return fmt.Errorf("setresgid: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(owner), keep); e != 0 {
+		return fmt.Errorf("setresuid: %w", e)
+	}
+	return nil
+}
+
+// idmap is what an idmapped overlay needs: the user namespace and its owner.
+type idmap struct {
+	ns    *os.File
+	owner uint32
+}
+
+// RunUsernsHelperIfAsked is the user namespace helper's main: when this process was started
+// as one (by startUserns), it sets the namespace's budgets, says "ok", waits for its standard
+// input to close and exits. Otherwise it returns at once. Call it first thing in main (and
+// TestMain of tests that create sandboxes with user namespaces).
+//
+// It also serves as the rlimit shim (rlimitExecArg0): it sets its own limits and executes runc.
+func RunUsernsHelperIfAsked() {
+	if len(os.Args) > 0 && os.Args[0] == rlimitExecArg0 {
+		rlimitExecMain()
+	}
+	if len(os.Args) == 0 || os.Args[0] != usernsHelperArg0 {
+		return
+	}
+	for _, a := range os.Args[1:] {
+		k, v, _ := strings.Cut(a, "=")
+		if k != "max_inotify_instances" && k != "max_inotify_watches" {
+			fmt.Printf("unknown setting %q\n", a)
+			os.Exit(2)
+		}
+		// In this namespace, with its CAP_SYS_RESOURCE: sets this namespace's limit.
+		if err := os.WriteFile("/proc/sys/user/"+k, []byte(v), 0); err != nil {
+			fmt.Printf("set %s: %v\n", k, err)
+			os.Exit(1)
+		}
+	}
+	os.Stdout.WriteString("ok\n")
+	io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
+}
+
+// idmappedTree returns a detached copy of the mount tree at path (not recursive), idmapped
+// with the user namespace ns. Closing the descriptor frees it.
+func idmappedTree(path string, ns *os.File) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("clone mount %s: %w", path, err)
+	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		unix.Close(fd)
+		var st unix.Statfs_t
+		fsType := "?"
+		if unix.Statfs(path, &st) == nil {
+			fsType = "0x" + strconv.FormatInt(int64(st.Type), 16)
+		}
+		return -1, fmt.Errorf("idmapped mount of %s (filesystem type %s): %w", path, fsType, err)
+	}
+	return fd, nil
+}
+
+// prepareRootDir makes <RootsDir>/<id>/rootfs, <id> owned by the sandbox's root.
+func (r *Runtime) prepareRootDir(id string, base uint32) (string, error) {
+	d := r.rootDir(id)
+	if err := os.Mkdir(d, 0o700); err != nil {
+		return "", fmt.Errorf("create root dir: %w", err)
+	}
+	if err := os.Chown(d, int(base), int(base)); err != nil {
+		return "", fmt.Errorf("chown root dir: %w", err)
+	}
+	rootfs := filepath.Join(d, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return "", fmt.Errorf("create rootfs: %w", err)
+	}
+	return rootfs, nil
+}
+
+// removeRootsDir removes RootsDir when no sandbox is left in it.
+func (r *Runtime) removeRootsDir() {
+	if r.cfg.UserNS != nil && r.cfg.UserNS.RootsDir != "" {
+		os.Remove(r.cfg.UserNS.RootsDir)
+	}
+}
+
+// usernsSpec is what a sandbox's spec needs of its user namespace.
+type usernsSpec struct {
+	handle *usernsHandle
+	path   string // the namespace to join
+	rootfs string // the overlay's mount point
+	owner  uint32 // the host uid and gid of the sandbox's root, the namespace's owner
+	sysfs  string // a sysfs of the sandbox's network namespace, to bind at /sys; "": mount one
+	// shim: runc is started through the rlimit shim with rlimits (set by render) instead of
+	// setting them itself.
+	shim    bool
+	rlimits []specs.POSIXRlimit
+}
+
+// claimUserns takes a slot for id, records it in dir and makes its user namespace.
+// Preconditions: id's lock is held and dir is id's; on error, destroy releases the slot.
+func (r *Runtime) claimUserns(ctx context.Context, id, dir string) (*usernsHandle, uint32, error) {
+	if r.usernsErr != nil {
+		return nil, 0, r.usernsErr
+	}
+	slot, err := r.slots.take(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, usernsFile), []byte(strconv.Itoa(slot)+"\n"), 0o600); err != nil {
+		return nil, 0, fmt.Errorf("record user namespace slot: %w", err)
+	}
+	base := r.slotBase(slot)
+	h, err := r.startUserns(ctx, base)
+	if err != nil {
+		return nil, 0, err
+	}
+	return h, base, nil
+}
+
+// mountSysfsIn mounts a read-only sysfs at target as seen from the network namespace netns.
+func mountSysfsIn(netns, target string) error {
+	if err := os.Mkdir(target, 0o555); err != nil {
+		return fmt.Errorf("create sysfs mount point: %w", err)
+	}
+	return overlayOnThread(func() error {
+		f, err := os.Open(netns)
+		if err != nil {
+			return fmt.Errorf("open network namespace: %w", err)
+		}
+		defer f.Close()
+		// The thread is never reused (overlayOnThread), so it may stay in netns.
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("enter network namespace %s: %w", netns, err)
+		}
+		fsfd, err := unix.Fsopen("sysfs", unix.FSOPEN_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("fsopen sysfs: %w", err)
+		}
+		defer unix.Close(fsfd)
+		if err := unix.FsconfigCreate(fsfd); err != nil {
+			return fmt.Errorf("create sysfs: %w%s", err, fsMessages(fsfd))
+		}
+		mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+		if err != nil {
+			return fmt.Errorf("fsmount sysfs: %w", err)
+		}
+		defer unix.Close(mfd)
+		if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("move sysfs mount to %s: %w", target, err)
+		}
+		return nil
+	})
+}
+
+func (r *Runtime) budgets() Budgets {
+	if r.cfg.UserNS == nil {
+		return Budgets{}
+	}
+	return r.cfg.UserNS.Budgets
+}
+
+// rlimitExecArg0 names the rlimit shim. runc sets a container's rlimits with prlimit(2) from
+// outside, which for a process in another user namespace needs CAP_SYS_RESOURCE; without it
+// (a Corral in a container of its own) runc is started through this shim instead, which sets
+// the limits on itself and executes runc, whose processes, the sandbox's included, inherit them.
+const rlimitExecArg0 = "corral-rlimit-exec"
+
+var rlimitNames = map[string]int{"RLIMIT_NOFILE": unix.RLIMIT_NOFILE, "RLIMIT_NPROC": unix.RLIMIT_NPROC, "RLIMIT_MSGQUEUE": unix.RLIMIT_MSGQUEUE}
+
+// rlimitShim returns cmd's argv run through the shim with limits.
+func rlimitShim(limits []specs.POSIXRlimit, argv []string) (path string, args []string) {
+	args = []string{rlimitExecArg0}
+	for _, l := range limits {
+		args = append(args, fmt.Sprintf("%s=%d:%d", l.Type, l.Soft, l.Hard))
+	}
+	return "/proc/self/exe", append(append(args, "--"), argv...)
+}
+
+func rlimitExecMain() {
+	args := os.Args[1:]
+	for len(args) > 0 && args[0] != "--" {
+		k, v, _ := strings.Cut(args[0], "=")
+		soft, hard, _ := strings.Cut(v, ":")
+		res, ok := rlimitNames[k]
+		s, err1 := strconv.ParseUint(soft, 10, 64)
+		h, err2 := strconv.ParseUint(hard, 10, 64)
+		if !ok || err1 != nil || err2 != nil {
+			fmt.Fprintf(os.Stderr, "%s: bad limit %q\n", rlimitExecArg0, args[0])
+			os.Exit(2)
+		}
+		// syscall.Setrlimit, not unix's: it tells the runtime not to restore its own
+		// RLIMIT_NOFILE in the program it executes.
+		if err := syscall.Setrlimit(res, &syscall.Rlimit{Cur: s, Max: h}); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: set %s: %v\n", rlimitExecArg0, k, err)
+			os.Exit(1)
+		}
+		args = args[1:]
+	}
+	if len(args) < 2 {
+		fmt.Fprintf(os.Stderr, "%s: no command\n", rlimitExecArg0)
+		os.Exit(2)
+	}
+	err := syscall.Exec(args[1], args[1:], os.Environ())
+	fmt.Fprintf(os.Stderr, "%s: exec %s: %v\n", rlimitExecArg0, args[1], err)
+	os.Exit(1)
+}
