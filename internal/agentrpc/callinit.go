@@ -447,10 +447,16 @@ func enterCallRoot(spec *callSpec) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	if err := prepareCallTmp(upper + "/tmp"); err != nil {
+	// In a sandbox with a user namespace of its own (internal/runtime/runc/userns.go) the
+	// kernel keeps trusted.* xattrs from its root: the overlay then keeps its own in user.*.
+	userxattr := inUserNS()
+	if err := prepareCallTmp(upper+"/tmp", userxattr); err != nil {
 		return err
 	}
 	opts := "lowerdir=/,upperdir=" + upper + ",workdir=" + work
+	if userxattr {
+		opts += ",userxattr"
+	}
 	if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount overlay at %s: %w", root, err)
 	}
@@ -498,7 +504,7 @@ func enterCallRoot(spec *callSpec) error {
 
 // prepareCallTmp makes dir an empty-looking /tmp for the call: created (or kept, with what the
 // edge staged in it) with mode 1777, and marked opaque so the overlay hides the lower /tmp.
-func prepareCallTmp(dir string) error {
+func prepareCallTmp(dir string, userxattr bool) error {
 	if err := unix.Mkdir(dir, 0o1777); err != nil && err != unix.EEXIST {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
@@ -512,7 +518,11 @@ func prepareCallTmp(dir string) error {
 	if err := unix.Chmod(dir, 0o1777); err != nil {
 		return fmt.Errorf("chmod %s: %w", dir, err)
 	}
-	if err := unix.Setxattr(dir, "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+	name := "trusted.overlay.opaque"
+	if userxattr {
+		name = "user.overlay.opaque"
+	}
+	if err := unix.Setxattr(dir, name, []byte("y"), 0); err != nil {
 		return fmt.Errorf("make %s opaque: %w", dir, err)
 	}
 	return nil
@@ -625,4 +635,15 @@ func pivotInto(root string) error {
 		return fmt.Errorf("chdir /: %w", err)
 	}
 	return nil
+}
+
+// inUserNS reports whether this process runs in a user namespace other than the host's: one
+// whose uid map is not the identity of every id.
+func inUserNS() bool {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b))
+	return !(len(f) == 3 && f[0] == "0" && f[1] == "0" && f[2] == "4294967295")
 }

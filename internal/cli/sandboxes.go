@@ -283,6 +283,7 @@ func (a *app) newInfoCmd() *cobra.Command {
 				{"Runtimes:", strings.Join(info.Runtimes, ", ")},
 				{"gVisor:", gvisorLine(info)},
 				{"LXCFS:", lxcfsLine(info)},
+				{"User namespaces:", usernsLine(info)},
 				{"Tiers:", orDash(strings.Join(info.Tiers, ", "))},
 				{"MicroVM:", microvmLine(info)},
 				{"Networking:", networkingLine(info)},
@@ -332,6 +333,17 @@ func lxcfsLine(info *corral.Info) string {
 		return "in use (" + info.LXCFSVersion + "): container sandboxes see their own memory, CPUs and uptime in /proc"
 	case info.LXCFSUnavailable != "":
 		return "off: " + info.LXCFSUnavailable + " (container sandboxes see the host's /proc/meminfo, cpuinfo, uptime)"
+	}
+	return "-"
+}
+
+// usernsLine says whether a container sandbox's root is an unprivileged host uid.
+func usernsLine(info *corral.Info) string {
+	switch {
+	case info.UserNS != "":
+		return "in use with idmapped mounts: container sandboxes' root is an unprivileged host uid (" + info.UserNS + ")"
+	case info.UserNSUnavailable != "":
+		return "off: " + info.UserNSUnavailable + " (container sandboxes' root is the host's root, confined by capabilities and seccomp)"
 	}
 	return "-"
 }

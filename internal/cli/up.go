@@ -5,9 +5,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/corral-dev/corral/internal/daemon"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -28,6 +31,9 @@ re-adopted at the next start, as they are after a crash.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			log, err := newLogger(cmd, logFormat, logLevel)
 			if err != nil {
+				return err
+			}
+			if err := budgetFlagsValid(cfg.SandboxBudgets); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -119,6 +125,12 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
 	f.DurationVar(&cfg.AuditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")
 	f.BoolVar(&cfg.Net.Disabled, "no-net", false, "no sandbox networking: every sandbox has loopback only")
+	f.BoolVar(&cfg.NoUserNS, "no-userns", false, "run container sandboxes without user namespaces: their root is the host's root (for hosts without user namespaces or idmapped mounts)")
+	b := &cfg.SandboxBudgets
+	f.Int64Var(&b.InotifyInstances, "sandbox-inotify-instances", runc.DefaultInotifyInstances, "inotify instances each container sandbox may hold (per user, with user namespaces)")
+	f.Int64Var(&b.InotifyWatches, "sandbox-inotify-watches", runc.DefaultInotifyWatches, "inotify watches each container sandbox may hold (per user, with user namespaces)")
+	f.Int64Var(&b.MsgQueueBytes, "sandbox-mqueue-bytes", runc.DefaultMsgQueueBytes, "POSIX message queue bytes of each container sandbox user (RLIMIT_MSGQUEUE, with user namespaces)")
+	f.Int64Var(&b.Procs, "sandbox-nproc", 0, "processes of each container sandbox user (RLIMIT_NPROC, with user namespaces; 0: the sandbox's pids limit)")
 	f.BoolVar(&cfg.NoLXCFS, "no-lxcfs", false, "run container sandboxes without LXCFS: they read the host's /proc/meminfo, cpuinfo, stat, uptime, loadavg and diskstats")
 	f.StringVar(&cfg.Net.Pool, "net-pool", "", "IPv4 prefix sandbox addresses come from, a /30 each (default: a free /16 of 10.200-10.249 chosen per data dir; 10.200.0.0/16 for /var/lib/corral)")
 	f.StringVar(&cfg.Net.Tag, "net-tag", "", "1-4 of [a-z0-9] naming this instance's interfaces and nftables tables (default: chosen per data dir; 0 for /var/lib/corral)")
@@ -127,4 +139,19 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.IntVar(&cfg.Net.MaxRules, "net-max-rules", 0, "most allow and deny rules one policy may have (default 256)")
 	f.StringVar(logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
+}
+
+// budgetFlagsValid checks the sandbox budget flags, naming the flag at fault.
+func budgetFlagsValid(b runc.Budgets) error {
+	err := b.Validate()
+	if err == nil {
+		return nil
+	}
+	flag := map[string]string{"InotifyInstances": "sandbox-inotify-instances", "InotifyWatches": "sandbox-inotify-watches",
+		"MsgQueueBytes": "sandbox-mqueue-bytes", "Procs": "sandbox-nproc"}[errdefs.Field(err)]
+	msg := err.Error()
+	if _, m, ok := strings.Cut(msg, ": "); ok {
+		msg = m
+	}
+	return usagef("--%s: %s", flag, msg)
 }

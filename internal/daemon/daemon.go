@@ -141,6 +141,12 @@ type Config struct {
 	// NoLXCFS runs container sandboxes without LXCFS: they then read the host's /proc/meminfo,
 	// cpuinfo, stat, uptime, loadavg and diskstats (benchmarks compare with and without).
 	NoLXCFS bool
+	// NoUserNS runs container sandboxes without user namespaces: their root is the host's
+	// (for hosts that cannot make them; Corral also falls back by itself, and says so).
+	NoUserNS bool
+	// SandboxBudgets are each container sandbox's per-user kernel budgets (with user
+	// namespaces; zero fields take runc's defaults).
+	SandboxBudgets runc.Budgets
 }
 
 // MicroVMConfig configures the microvm tier. The tier is on wherever QEMU and the guest kernel
@@ -360,6 +366,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if lx != nil {
 		rcfg.LXCFS = lx
 	}
+	if !cfg.NoUserNS {
+		rcfg.UserNS = &runc.UserNS{UIDBase: claim.SandboxUIDBase, Slots: hostreg.SandboxUIDSlots, Budgets: cfg.SandboxBudgets}
+	}
 	rt, err := runc.New(ctx, rcfg, log)
 	if err != nil {
 		if lx != nil {
@@ -465,6 +474,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		info.LXCFSVersion = lx.Version()
 	} else {
 		info.LXCFSUnavailable = lxcfsOff
+	}
+	if why := rt.UserNSStatus(); why != "" {
+		info.UserNSUnavailable = why
+	} else {
+		u := rt.UserNS()
+		info.UserNS = fmt.Sprintf("uids %d-%d, %d ids each; budgets: %d inotify instances, %d watches, %d mqueue bytes",
+			u.UIDBase, u.UIDBase+uint32(u.Slots)*runc.UserNSSize-1, runc.UserNSSize, u.Budgets.InotifyInstances, u.Budgets.InotifyWatches, u.Budgets.MsgQueueBytes)
 	}
 	info.Tiers = e.Tiers()
 	info.QEMUVersion = vm.Version()

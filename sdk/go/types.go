@@ -490,6 +490,11 @@ type Info struct {
 	// the host's).
 	LXCFSVersion     string `json:"lxcfs_version,omitempty"`
 	LXCFSUnavailable string `json:"lxcfs_unavailable,omitempty"`
+	// UserNS describes the user namespaces container sandboxes (runc) run in: each its own
+	// range of unprivileged host ids, layers and disk through idmapped mounts.
+	// UserNSUnavailable says why they run without (their root is then the host's).
+	UserNS            string `json:"userns,omitempty"`
+	UserNSUnavailable string `json:"userns_unavailable,omitempty"`
 	// Tiers lists the tiers sandboxes can be created in here ("container", "microvm", "vm").
 	Tiers []string `json:"tiers,omitempty"`
 	// MicroVMAccelerator is what microvm sandboxes run on here ("kvm" or "tcg") and

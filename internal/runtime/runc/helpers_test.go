@@ -269,6 +269,15 @@ func (e *testEnv) leaks() []string {
 	if mps, err := mountinfo.Under(e.cfg.StateDir); err != nil || len(mps) > 0 {
 		leaks = append(leaks, fmt.Sprintf("mounts under StateDir: %v %v", mps, err))
 	}
+	if e.r != nil && e.r.cfg.UserNS != nil {
+		roots := e.r.cfg.UserNS.RootsDir
+		if mps, err := mountinfo.Under(roots); err != nil || len(mps) > 0 {
+			leaks = append(leaks, fmt.Sprintf("mounts under RootsDir: %v %v", mps, err))
+		}
+		if _, err := os.Lstat(roots); err == nil {
+			leaks = append(leaks, "RootsDir "+roots+" left after Close")
+		}
+	}
 	// Autoclear detaches a loop device when its last user goes; allow the kernel a moment.
 	deadline := time.Now().Add(3 * time.Second)
 	for len(loopsBackedUnder(e.cfg.StateDir)) > 0 && time.Now().Before(deadline) {

@@ -81,8 +81,8 @@ type Config struct {
 	LXCFS HostFacts
 
 	// UserNS, when set, runs each runc sandbox in a user namespace of its own (userns.go). When
-	// the host cannot make them, New still succeeds, UserNSStatus says why, and Create refuses
-	// runc sandboxes (never one without). nil: sandboxes' root is the host's.
+	// the host cannot make them (probed by New), sandboxes are made without and UserNSStatus
+	// says why. nil: sandboxes' root is the host's.
 	UserNS *UserNS
 }
 
@@ -266,7 +266,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		"state_dir", cfg.StateDir, "disk_pool", max(cfg.DiskPool, 0), "disk_bytes", cfg.DefaultDiskBytes)
 	switch {
 	case r.usernsErr != nil:
-		log.Error("runc sandboxes are refused: user namespaces are on but unusable", "err", r.usernsErr)
+		log.Error("runc sandboxes run without user namespaces", "err", r.usernsErr)
 	case cfg.UserNS != nil:
 		log.Info("runc sandboxes run in user namespaces", "uid_base", cfg.UserNS.UIDBase, "slots", cfg.UserNS.Slots,
 			"roots", cfg.UserNS.RootsDir, "budgets", fmt.Sprintf("%+v", cfg.UserNS.Budgets))

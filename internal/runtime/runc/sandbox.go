@@ -137,7 +137,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	var ux *usernsSpec
-	if r.cfg.UserNS != nil && spec.Engine == EngineRunc {
+	if r.cfg.UserNS != nil && r.usernsErr == nil && spec.Engine == EngineRunc {
 		h, base, err := r.claimUserns(ctx, id, dir)
 		if err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)

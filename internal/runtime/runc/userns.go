@@ -185,7 +185,7 @@ func (s *slots) slotOf(id string) (int, bool) {
 
 // initUserNS sets up user namespaces when configured: reads back the slots of sandboxes left by
 // an earlier process and probes that this host can make them. On a failed probe r.usernsErr
-// says why and sandboxes are refused (never made without one): the operator turns them off.
+// says why and new sandboxes are made without (UserNSStatus reports it), never half-made.
 func (r *Runtime) initUserNS(ctx context.Context) {
 	u := r.cfg.UserNS
 	if u == nil {
@@ -204,7 +204,7 @@ func (r *Runtime) initUserNS(ctx context.Context) {
 		}
 	}
 	if err := r.probeUserNS(ctx); err != nil {
-		r.usernsErr = errdefs.Unavailable("user namespaces are not usable here (%v): run corral up --no-userns", err)
+		r.usernsErr = errdefs.Unavailable("this host cannot give sandboxes user namespaces with idmapped mounts (%v): they run without; corral up --no-userns says so quietly", err)
 	}
 }
 
@@ -482,9 +482,6 @@ type usernsSpec struct {
 // claimUserns takes a slot for id, records it in dir and makes its user namespace.
 // Preconditions: id's lock is held and dir is id's; on error, destroy releases the slot.
 func (r *Runtime) claimUserns(ctx context.Context, id, dir string) (*usernsHandle, uint32, error) {
-	if r.usernsErr != nil {
-		return nil, 0, r.usernsErr
-	}
 	slot, err := r.slots.take(id)
 	if err != nil {
 		return nil, 0, err
