@@ -146,6 +146,11 @@ func (r *Runtime) runscCmdNet(ctx context.Context, logPath, network string, args
 		"--root", r.cfg.RunscRoot, "--platform", r.cfg.RunscPlatform,
 		"--overlay2", "none", "--network", network,
 	}
+	if r.gvisorUnprivileged {
+		// The Sentry then reaches files only through the gofer, and runsc runs it as the host's
+		// nobody in a user namespace of its own (with direct file access it stays host root).
+		full = append(full, "--directfs=false")
+	}
 	if logPath != "" {
 		full = append(full, "--log", logPath, "--log-format", "json")
 	}

@@ -191,6 +191,9 @@ type Runtime struct {
 	// process in another user namespace).
 	capSysResource bool
 	slots          *slots // user-namespace slots; nil without Config.UserNS
+	// gvisorUnprivileged runs gVisor's Sentry unprivileged (--directfs=false): with Config.UserNS
+	// on a host that can make user namespaces.
+	gvisorUnprivileged bool
 	usernsErr      error  // why Config.UserNS cannot be honoured here, or nil
 
 	proxyMu sync.Mutex

@@ -205,7 +205,9 @@ func (r *Runtime) initUserNS(ctx context.Context) {
 	}
 	if err := r.probeUserNS(ctx); err != nil {
 		r.usernsErr = errdefs.Unavailable("this host cannot give sandboxes user namespaces with idmapped mounts (%v): they run without; corral up --no-userns says so quietly", err)
+		return
 	}
+	r.gvisorUnprivileged = true
 }
 
 func readSlot(path string) (int, bool) {
