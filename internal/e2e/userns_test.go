@@ -4,12 +4,19 @@ import (
 	"archive/tar"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -120,4 +127,140 @@ func checkTarOwner(t *testing.T, r io.Reader, name string, uid int) {
 			return
 		}
 	}
+}
+
+// TestSandboxBudgets: with user namespaces each sandbox has its own per-user kernel budgets.
+// One sandbox uses up each (inotify instances, inotify watches, message-queue bytes,
+// processes of one user); another sandbox still gets its whole budget, and the host's root is
+// untouched.
+func TestSandboxBudgets(t *testing.T) {
+	p := withBase(t, "--sandbox-inotify-instances", "8", "--sandbox-inotify-watches", "32",
+		"--sandbox-mqueue-bytes", "16384", "--sandbox-nproc", "40")
+	ctx := context.Background()
+	if info, err := p.Client.Info(ctx); err != nil || info.UserNS == "" {
+		t.Skipf("no user namespaces here: %v %s", err, info.UserNSUnavailable)
+	}
+	probe := buildBudgetProbe(t)
+	a, b := p.create(corral.CreateRequest{}), p.create(corral.CreateRequest{})
+	for _, sb := range []*corral.Sandbox{a, b} {
+		f, err := os.Open(probe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = p.Client.WriteFile(ctx, sb.ID, "/bin/budget", f, corral.WriteFileOptions{Mode: 0o755})
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// take runs the probe as user in sb and returns how many it got and its error.
+	take := func(sb *corral.Sandbox, user, what string, n int) (int, string) {
+		t.Helper()
+		out, errOut, exit := p.runReq(sb.ID, corral.ExecRequest{Argv: []string{"budget", what, strconv.Itoa(n)}, User: user})
+		if exit == nil || exit.Code != 0 {
+			// The probe could not even start (no process left to the user).
+			return 0, fmt.Sprintf("exit %+v %s", exit, errOut)
+		}
+		var got int
+		var msg string
+		fields := strings.SplitN(strings.TrimSpace(out), " ", 2)
+		got, _ = strconv.Atoi(fields[0])
+		if len(fields) > 1 {
+			msg = fields[1]
+		}
+		return got, msg
+	}
+	// hold has the probe take what it can in sb and keep it, in the background.
+	hold := func(sb *corral.Sandbox, user, what string, n int) string {
+		t.Helper()
+		out := "/tmp/held-" + what
+		p.runReq(sb.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "budget -hold " + what + " " + strconv.Itoa(n) + " > " + out + " 2>&1 &"}, User: user})
+		var got string
+		eventually(t, 30*time.Second, what+" to be taken", func() bool {
+			o, _, _ := p.run(sb.ID, "cat", out)
+			got = strings.TrimSpace(o)
+			return got != ""
+		})
+		return got
+	}
+	for _, c := range []struct {
+		what, user string
+		limit      int
+		errWant    string
+		host       func() error
+	}{
+		{"inotify", "", 8, "too many open files", func() error {
+			fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+			unix.Close(fd)
+			return err
+		}},
+		{"watches", "", 32, "no space left on device", func() error {
+			fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			_, err = unix.InotifyAddWatch(fd, t.TempDir(), unix.IN_CREATE)
+			return err
+		}},
+		{"mqueue", "", 16, "too many open files", hostMqueue},
+		// As an ordinary user: the agent runs as the sandbox's root and must keep its threads.
+		{"procs", "1000", 40, "resource temporarily unavailable", func() error { return exec.Command("true").Run() }},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			held := hold(a, c.user, c.what, 1000)
+			n, _ := strconv.Atoi(strings.Fields(held)[0])
+			if n == 0 || n > c.limit || !strings.Contains(held, c.errWant) {
+				t.Fatalf("sandbox A: %q, want at most %d before %q", held, c.limit, c.errWant)
+			}
+			if got, msg := take(a, c.user, c.what, 1); got != 0 {
+				ps, _, _ := p.run(a.ID, "ps", "-o", "pid,user,args")
+				t.Fatalf("sandbox A could take more after using up its budget (%q): %d %s\n%s", held, got, msg, ps)
+			}
+			if got, msg := take(b, c.user, c.what, 1000); got == 0 || got > c.limit {
+				t.Fatalf("sandbox B after A used up its budget: %d (%s), want 1..%d", got, msg, c.limit)
+			}
+			if err := c.host(); err != nil {
+				t.Fatalf("the host's root after A used up its budget: %v", err)
+			}
+			// Give A its budget back for the next case.
+			p.run(a.ID, "/bin/sh", "-c", "killall -9 budget sleep")
+			eventually(t, 10*time.Second, "the holders to end", func() bool {
+				out, _, _ := p.run(a.ID, "/bin/sh", "-c", "pidof budget sleep || true")
+				return strings.TrimSpace(out) == ""
+			})
+		})
+	}
+	t.Run("keyrings", func(t *testing.T) {
+		// The kernel's key quotas are per host uid, not per namespace; the sandbox may not reach
+		// the keyring at all (seccomp), so no sandbox can spend another's.
+		if out, _, exit := p.run(a.ID, "/bin/sh", "-c", "keyctl add user k v @s 2>&1 || echo refused"); exit == nil || !strings.Contains(out, "refused") && !strings.Contains(out, "not found") {
+			t.Fatalf("keyctl in a sandbox: %q %+v", out, exit)
+		}
+	})
+}
+
+// hostMqueue opens and removes a POSIX message queue as this (the host's root) process.
+func hostMqueue() error {
+	name, _ := unix.BytePtrFromString(fmt.Sprintf("corral-e2e-%d", os.Getpid()))
+	attr := [8]int64{0, 1, 1024, 0}
+	fd, _, e := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(name)), uintptr(unix.O_CREAT|unix.O_RDWR), 0o600, uintptr(unsafe.Pointer(&attr[0])), 0, 0)
+	if e != 0 {
+		return e
+	}
+	unix.Close(int(fd))
+	unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(name)), 0, 0)
+	return nil
+}
+
+// buildBudgetProbe builds testdata/budget (static) and returns its path.
+func buildBudgetProbe(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "budget")
+	cmd := exec.Command("go", "build", "-o", out, "./testdata/budget")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the budget probe: %v\n%s", err, b)
+	}
+	return out
 }
