@@ -194,7 +194,7 @@ type Runtime struct {
 	// gvisorUnprivileged runs gVisor's Sentry unprivileged (--directfs=false): with Config.UserNS
 	// on a host that can make user namespaces.
 	gvisorUnprivileged bool
-	usernsErr      error  // why Config.UserNS cannot be honoured here, or nil
+	usernsErr          error // why Config.UserNS cannot be honoured here, or nil
 
 	proxyMu sync.Mutex
 	proxies map[string]*vmlink.Proxy // gVisor agent socket forwarders, by sandbox; protected by proxyMu
