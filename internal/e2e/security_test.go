@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -302,6 +304,15 @@ func assertNoLeftovers(t *testing.T, p *corralProc) {
 	}
 	if pids := instanceQEMUPids(p); len(pids) > 0 {
 		t.Errorf("QEMU processes left behind: %v", pids)
+	}
+	// The sandboxes' rootfs mount points (user namespaces; internal/runtime/runc/userns.go).
+	sum := sha256.Sum256([]byte(filepath.Join(p.DataDir, "sandboxes")))
+	roots := filepath.Join("/run/corral-roots", hex.EncodeToString(sum[:6]))
+	if entries, _ := os.ReadDir(roots); len(entries) > 0 {
+		t.Errorf("rootfs mount points left behind in %s: %d", roots, len(entries))
+	}
+	if strings.Contains(string(mi), roots) {
+		t.Errorf("mounts left behind under %s", roots)
 	}
 	if pids := gvisorHolderPids(p.DataDir); len(pids) > 0 {
 		t.Errorf("gVisor link holders left behind: %v", pids)
