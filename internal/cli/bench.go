@@ -104,6 +104,24 @@ func (a *app) newBenchCmd() *cobra.Command {
 	hf.StringVar(&withoutToken, "without-token-file", "", "its admin token file (DATA-DIR/admin.token)")
 	cmd.AddCommand(hostFacts)
 
+	var uc bench.UserNSConfig
+	var noUsernsURL, noUsernsToken string
+	userns := a.jsonBench("userns", "Create→first exec and exec round trip with user namespaces and idmapped mounts (this server) against a corral up --no-userns (--without-url), sampled alternately",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			without, err := bench.NewClientFromTokenFile(noUsernsURL, noUsernsToken)
+			if err != nil {
+				return nil, err
+			}
+			return bench.UserNS(ctx, c, without, uc, log)
+		})
+	uf := userns.Flags()
+	uf.StringVar(&uc.Base, "base", "base:default", "base layer NAME:VERSION (on both servers)")
+	uf.IntVar(&uc.TTIRounds, "tti", 50, "create→first exec samples per server")
+	uf.IntVar(&uc.ExecRounds, "exec", 200, "exec round trips per server")
+	uf.StringVar(&noUsernsURL, "without-url", "", "URL of a corral up --no-userns on this host")
+	uf.StringVar(&noUsernsToken, "without-token-file", "", "its admin token file (DATA-DIR/admin.token)")
+	cmd.AddCommand(userns)
+
 	var lc bench.LifecycleConfig
 	lifecycle := a.jsonBench("lifecycle", "Step replay vs execution, snapshots, create-from-snapshot vs create-from-base, pause/resume",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
