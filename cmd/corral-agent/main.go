@@ -9,6 +9,8 @@
 //	corral-agent vm                             in a vm sandbox's guest: serve on its virtio-serial
 //	                                            port with the host's config (internal/vmguest)
 //	corral-agent hold                           on the host: hold a gVisor sandbox's link (below)
+//	corral-agent userns-init | rlimit-exec      on the host: around a sandbox in a user namespace
+//	                                            (internal/usernsinit)
 //	corral-agent version
 //
 // With --calls the sandbox gives the agent CAP_SYS_ADMIN, which it uses to isolate each call; it
@@ -49,6 +51,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/usernsinit"
 	"github.com/corral-dev/corral/internal/vmguest"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
@@ -76,6 +79,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return 0
+	case usernsinit.HelperCmd, usernsinit.RlimitExecCmd:
+		// On the host, for the runc runtime (internal/usernsinit).
+		return usernsinit.Main(args, os.Stdin, stdout, stderr)
 	case agentrpc.CallInitArg:
 		return agentrpc.CallInit()
 	case "hold":

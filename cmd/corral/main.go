@@ -9,12 +9,9 @@ import (
 	"syscall"
 
 	"github.com/corral-dev/corral/internal/cli"
-	"github.com/corral-dev/corral/internal/runtime/runc"
 )
 
 func main() {
-	// This binary re-executed as a sandbox's user namespace helper or rlimit shim.
-	runc.RunUsernsHelperIfAsked()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	// After the first interrupt, which commands turn into a clean stop (a signal forwarded, a
 	// sandbox deleted), the default action returns, so a second one ends corral at once.

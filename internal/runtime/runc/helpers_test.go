@@ -33,7 +33,6 @@ var fx struct {
 }
 
 func TestMain(m *testing.M) {
-	RunUsernsHelperIfAsked()
 	if os.Getenv(helperEnv) != "" {
 		helperMain()
 		return
@@ -242,6 +241,11 @@ func (e *testEnv) teardown() {
 		if err := e.r.Close(); err != nil {
 			e.t.Errorf("teardown: Close: %v", err)
 		}
+		if u := e.r.cfg.UserNS; u != nil {
+			if _, err := os.Lstat(u.RootsDir); err == nil {
+				e.t.Errorf("leak: RootsDir %s left after Close", u.RootsDir)
+			}
+		}
 		for _, leak := range e.leaks() {
 			e.t.Errorf("leak: %s", leak)
 		}
@@ -274,8 +278,8 @@ func (e *testEnv) leaks() []string {
 		if mps, err := mountinfo.Under(roots); err != nil || len(mps) > 0 {
 			leaks = append(leaks, fmt.Sprintf("mounts under RootsDir: %v %v", mps, err))
 		}
-		if _, err := os.Lstat(roots); err == nil {
-			leaks = append(leaks, "RootsDir "+roots+" left after Close")
+		if ents, _ := os.ReadDir(roots); len(ents) > 0 {
+			leaks = append(leaks, fmt.Sprintf("rootfs mount points left in %s: %d", roots, len(ents)))
 		}
 	}
 	// Autoclear detaches a loop device when its last user goes; allow the kernel a moment.

@@ -332,6 +332,17 @@ func TestCreateErrors(t *testing.T) {
 		s := e.spec("bad-agent")
 		s.AgentPath = bad
 		sb, err := e.r.Create(ctx, s)
+		if e.r.UserNS() != nil {
+			// With user namespaces the agent's binary also runs on the host first (its
+			// namespace helper): the Create fails there, leaving nothing.
+			if err == nil || !strings.Contains(err.Error(), "user namespace helper") {
+				t.Fatalf("Create with a non-program agent: %v, want the helper's exec error", err)
+			}
+			if ids, _ := e.r.List(ctx); len(ids) != 1 {
+				t.Errorf("after a failed Create, List = %v, want only dup", ids)
+			}
+			return
+		}
 		if err != nil {
 			t.Fatalf("Create: %v", err)
 		}

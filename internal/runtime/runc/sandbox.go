@@ -138,7 +138,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	var ux *usernsSpec
 	if r.cfg.UserNS != nil && r.usernsErr == nil && spec.Engine == EngineRunc {
-		h, base, err := r.claimUserns(ctx, id, dir)
+		h, base, err := r.claimUserns(ctx, id, dir, agent.f)
 		if err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
@@ -217,7 +217,7 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 	args := append([]string{"--log", runcLog, "--log-format", "json"}, verb...)
 	cmd := r.runcCmd(ctx, append(args, "--bundle", dir, "--pid-file", filepath.Join(dir, "init.pid"), "--preserve-fds", "2", spec.ID)...)
 	if ux != nil && ux.shim {
-		cmd.Path, cmd.Args = rlimitShim(ux.rlimits, cmd.Args)
+		cmd.Path, cmd.Args = rlimitShim(agent.f, ux.rlimits, cmd.Args)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lis, agent.f} // fds 3 and 4

@@ -21,14 +21,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/usernsinit"
 )
 
 // User namespaces (Config.UserNS).
 //
 // A runc sandbox's root is an unprivileged host uid: the sandbox runs in a user namespace that
 // maps its ids 0..UserNSSize-1 to a range of host ids of its own (a slot), the same for uids and
-// gids. The namespace is made by a short-lived helper, this binary re-executed
-// (RunUsernsHelperIfAsked), cloned by a thread whose effective uid is the slot's first uid: so
+// gids. The namespace is made by a short-lived helper, the agent's binary run as
+// internal/usernsinit's HelperCmd, cloned by a thread whose effective uid is the slot's first uid: so
 // the namespace's owner is that uid, not root, and everything the kernel counts per user
 // (inotify instances and watches, mqueue bytes, processes) is counted against the sandbox, at
 // every level, never against the host's root. The helper sets the namespace's own inotify
@@ -55,7 +56,6 @@ const UserNSSize = 1 << 16
 
 const (
 	usernsFile       = "userns" // in the sandbox's directory: its slot
-	usernsHelperArg0 = "corral-userns-init"
 	defaultRootsBase = "/run/corral-roots"
 )
 
@@ -230,12 +230,25 @@ func (r *Runtime) probeUserNS(ctx context.Context) error {
 			return err
 		}
 	}
-	h, err := r.startUserns(ctx, r.cfg.UserNS.UIDBase)
+	// A process stopped in a new user namespace before it runs anything (traced at its exec:
+	// runc's way), which is enough to hold one for the idmapped mount.
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(r.cfg.UserNS.UIDBase), Size: UserNSSize}}
+	proc, err := os.StartProcess("/proc/self/exe", []string{"corral-userns-probe"}, &os.ProcAttr{Sys: &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m, Ptrace: true,
+	}})
+	if err != nil {
+		return fmt.Errorf("make a user namespace: %w", err)
+	}
+	defer func() {
+		proc.Kill()
+		proc.Wait()
+	}()
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", proc.Pid))
 	if err != nil {
 		return err
 	}
-	defer h.close()
-	fd, err := idmappedTree(r.cfg.StateDir, h.ns)
+	defer ns.Close()
+	fd, err := idmappedTree(r.cfg.StateDir, ns)
 	if err != nil {
 		return err
 	}
@@ -301,12 +314,14 @@ func (h *usernsHandle) close() {
 
 // startUserns makes a user namespace owned by host uid base that maps 0..UserNSSize-1 to
 // base..base+UserNSSize-1 (uids and gids), with the inotify budgets set in it.
-func (r *Runtime) startUserns(ctx context.Context, base uint32) (_ *usernsHandle, err error) {
+//
+// The helper is usernsinit.HelperCmd of agent, the agent binary's memfd.
+func (r *Runtime) startUserns(ctx context.Context, base uint32, agent *os.File) (_ *usernsHandle, err error) {
 	b := r.cfg.UserNS.Budgets
-	cmd := exec.CommandContext(ctx, "/proc/self/exe",
+	cmd := exec.CommandContext(ctx, agentFDPath(agent), usernsinit.HelperCmd,
 		"max_inotify_instances="+strconv.FormatInt(b.InotifyInstances, 10),
 		"max_inotify_watches="+strconv.FormatInt(b.InotifyWatches, 10))
-	cmd.Args[0] = usernsHelperArg0
+	cmd.Args[0] = "corral-agent"
 	cmd.Env = []string{}
 	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(base), Size: UserNSSize}}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -395,36 +410,6 @@ type idmap struct {
 	owner uint32
 }
 
-// RunUsernsHelperIfAsked is the user namespace helper's main: when this process was started
-// as one (by startUserns), it sets the namespace's budgets, says "ok", waits for its standard
-// input to close and exits. Otherwise it returns at once. Call it first thing in main (and
-// TestMain of tests that create sandboxes with user namespaces).
-//
-// It also serves as the rlimit shim (rlimitExecArg0): it sets its own limits and executes runc.
-func RunUsernsHelperIfAsked() {
-	if len(os.Args) > 0 && os.Args[0] == rlimitExecArg0 {
-		rlimitExecMain()
-	}
-	if len(os.Args) == 0 || os.Args[0] != usernsHelperArg0 {
-		return
-	}
-	for _, a := range os.Args[1:] {
-		k, v, _ := strings.Cut(a, "=")
-		if k != "max_inotify_instances" && k != "max_inotify_watches" {
-			fmt.Printf("unknown setting %q\n", a)
-			os.Exit(2)
-		}
-		// In this namespace, with its CAP_SYS_RESOURCE: sets this namespace's limit.
-		if err := os.WriteFile("/proc/sys/user/"+k, []byte(v), 0); err != nil {
-			fmt.Printf("set %s: %v\n", k, err)
-			os.Exit(1)
-		}
-	}
-	os.Stdout.WriteString("ok\n")
-	io.Copy(io.Discard, os.Stdin)
-	os.Exit(0)
-}
-
 // idmappedTree returns a detached copy of the mount tree at path (not recursive), idmapped
 // with the user namespace ns. Closing the descriptor frees it.
 func idmappedTree(path string, ns *os.File) (int, error) {
@@ -483,7 +468,7 @@ type usernsSpec struct {
 
 // claimUserns takes a slot for id, records it in dir and makes its user namespace.
 // Preconditions: id's lock is held and dir is id's; on error, destroy releases the slot.
-func (r *Runtime) claimUserns(ctx context.Context, id, dir string) (*usernsHandle, uint32, error) {
+func (r *Runtime) claimUserns(ctx context.Context, id, dir string, agent *os.File) (*usernsHandle, uint32, error) {
 	slot, err := r.slots.take(id)
 	if err != nil {
 		return nil, 0, err
@@ -492,7 +477,7 @@ func (r *Runtime) claimUserns(ctx context.Context, id, dir string) (*usernsHandl
 		return nil, 0, fmt.Errorf("record user namespace slot: %w", err)
 	}
 	base := r.slotBase(slot)
-	h, err := r.startUserns(ctx, base)
+	h, err := r.startUserns(ctx, base, agent)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -541,48 +526,17 @@ func (r *Runtime) budgets() Budgets {
 	return r.cfg.UserNS.Budgets
 }
 
-// rlimitExecArg0 names the rlimit shim. runc sets a container's rlimits with prlimit(2) from
-// outside, which for a process in another user namespace needs CAP_SYS_RESOURCE; without it
-// (a Corral in a container of its own) runc is started through this shim instead, which sets
-// the limits on itself and executes runc, whose processes, the sandbox's included, inherit them.
-const rlimitExecArg0 = "corral-rlimit-exec"
-
-var rlimitNames = map[string]int{"RLIMIT_NOFILE": unix.RLIMIT_NOFILE, "RLIMIT_NPROC": unix.RLIMIT_NPROC, "RLIMIT_MSGQUEUE": unix.RLIMIT_MSGQUEUE}
-
-// rlimitShim returns cmd's argv run through the shim with limits.
-func rlimitShim(limits []specs.POSIXRlimit, argv []string) (path string, args []string) {
-	args = []string{rlimitExecArg0}
+// rlimitShim returns the path and argv that run argv through the rlimit shim
+// (usernsinit.RlimitExecCmd) of the agent binary agent, with limits.
+func rlimitShim(agent *os.File, limits []specs.POSIXRlimit, argv []string) (path string, args []string) {
+	var names []string
+	var soft, hard []uint64
 	for _, l := range limits {
-		args = append(args, fmt.Sprintf("%s=%d:%d", l.Type, l.Soft, l.Hard))
+		names, soft, hard = append(names, l.Type), append(soft, l.Soft), append(hard, l.Hard)
 	}
-	return "/proc/self/exe", append(append(args, "--"), argv...)
+	return agentFDPath(agent), append([]string{"corral-agent"}, usernsinit.RlimitArgs(names, soft, hard, argv)...)
 }
 
-func rlimitExecMain() {
-	args := os.Args[1:]
-	for len(args) > 0 && args[0] != "--" {
-		k, v, _ := strings.Cut(args[0], "=")
-		soft, hard, _ := strings.Cut(v, ":")
-		res, ok := rlimitNames[k]
-		s, err1 := strconv.ParseUint(soft, 10, 64)
-		h, err2 := strconv.ParseUint(hard, 10, 64)
-		if !ok || err1 != nil || err2 != nil {
-			fmt.Fprintf(os.Stderr, "%s: bad limit %q\n", rlimitExecArg0, args[0])
-			os.Exit(2)
-		}
-		// syscall.Setrlimit, not unix's: it tells the runtime not to restore its own
-		// RLIMIT_NOFILE in the program it executes.
-		if err := syscall.Setrlimit(res, &syscall.Rlimit{Cur: s, Max: h}); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: set %s: %v\n", rlimitExecArg0, k, err)
-			os.Exit(1)
-		}
-		args = args[1:]
-	}
-	if len(args) < 2 {
-		fmt.Fprintf(os.Stderr, "%s: no command\n", rlimitExecArg0)
-		os.Exit(2)
-	}
-	err := syscall.Exec(args[1], args[1:], os.Environ())
-	fmt.Fprintf(os.Stderr, "%s: exec %s: %v\n", rlimitExecArg0, args[1], err)
-	os.Exit(1)
-}
+// agentFDPath is the path that executes the agent binary's memfd, valid in this process and,
+// until it executes, in any child it forks.
+func agentFDPath(agent *os.File) string { return "/proc/self/fd/" + strconv.Itoa(int(agent.Fd())) }

@@ -23,9 +23,15 @@ import (
 	"sync"
 	"syscall"
 	"unsafe"
+
+	"github.com/corral-dev/corral/internal/usernsinit"
 )
 
 func main() {
+	// On the host, around a sandbox in a user namespace, as the real agent does.
+	if len(os.Args) > 1 && (os.Args[1] == usernsinit.HelperCmd || os.Args[1] == usernsinit.RlimitExecCmd) {
+		os.Exit(usernsinit.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	// Non-dumpable: no process inside may ptrace this one or open /proc/1/{exe,fd/*,mem,environ},
 	// which would reach the control socket and this binary. "--dumpable" skips it, for the test
 	// that shows why.
