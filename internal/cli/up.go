@@ -130,7 +130,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.Int64Var(&b.InotifyInstances, "sandbox-inotify-instances", runc.DefaultInotifyInstances, "inotify instances each container sandbox may hold (per user, with user namespaces)")
 	f.Int64Var(&b.InotifyWatches, "sandbox-inotify-watches", runc.DefaultInotifyWatches, "inotify watches each container sandbox may hold (per user, with user namespaces)")
 	f.Int64Var(&b.MsgQueueBytes, "sandbox-mqueue-bytes", runc.DefaultMsgQueueBytes, "POSIX message queue bytes of each container sandbox user (RLIMIT_MSGQUEUE, with user namespaces)")
-	f.Int64Var(&b.Procs, "sandbox-nproc", 0, "processes of each container sandbox user (RLIMIT_NPROC, with user namespaces; 0: the sandbox's pids limit)")
+	f.Int64Var(&b.Procs, "sandbox-nproc", 0, "processes of each container sandbox user (RLIMIT_NPROC, with user namespaces; 0: twice the sandbox's pids limit)")
 	f.BoolVar(&cfg.NoLXCFS, "no-lxcfs", false, "run container sandboxes without LXCFS: they read the host's /proc/meminfo, cpuinfo, stat, uptime, loadavg and diskstats")
 	f.StringVar(&cfg.Net.Pool, "net-pool", "", "IPv4 prefix sandbox addresses come from, a /30 each (default: a free /16 of 10.200-10.249 chosen per data dir; 10.200.0.0/16 for /var/lib/corral)")
 	f.StringVar(&cfg.Net.Tag, "net-tag", "", "1-4 of [a-z0-9] naming this instance's interfaces and nftables tables (default: chosen per data dir; 0 for /var/lib/corral)")

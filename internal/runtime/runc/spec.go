@@ -316,7 +316,9 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 		// Counted per user of the sandbox's namespace (its owner is the sandbox's own uid).
 		nproc := uint64(budgets.Procs)
 		if nproc == 0 {
-			nproc = uint64(s.Pids)
+			// Above pids.max: the sandbox's pids cgroup, whose refusals are counted, is what
+			// stops a fork bomb; this bounds each user within it.
+			nproc = 2 * uint64(hostPids(s))
 		}
 		proc.Rlimits = append(proc.Rlimits,
 			specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},

@@ -80,7 +80,8 @@ type Budgets struct {
 	InotifyInstances, InotifyWatches int64
 	// MsgQueueBytes is RLIMIT_MSGQUEUE: POSIX message queue bytes of each of its users.
 	MsgQueueBytes int64
-	// Procs is RLIMIT_NPROC: processes of each of its users; 0 is the sandbox's Pids.
+	// Procs is RLIMIT_NPROC: processes (threads included) of each of its users; 0 is twice the
+	// sandbox's Pids, so that its pids cgroup stays what stops it as a whole.
 	Procs int64
 }
 
