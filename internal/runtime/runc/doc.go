@@ -9,7 +9,9 @@
 //	disk.img     sparse ext4 image of DiskBytes, loop-mounted at disk/ (the write quota)
 //	disk/upper   overlayfs upper dir   disk/work  overlayfs work dir
 //	disk/agent.log  stdout and stderr of the agent (bounded by the disk, like everything it writes)
-//	rootfs/      overlayfs: Spec.Lower (base lowest) + disk/upper; the container's /
+//	rootfs/      overlayfs: Spec.Lower (base lowest) + disk/upper; the container's / (with
+//	             Config.UserNS it is mounted at <RootsDir>/<id>/rootfs instead, see userns.go)
+//	userns       with Config.UserNS: the sandbox's user-namespace slot
 //	config.json  the OCI runtime spec (built from a template made once in New)
 //	agent.sock   the listening unix socket whose fd the agent inherits as fd 3 (gVisor: the
 //	             Proxy's socket, whose connections go over ctl.sock to the agent; see gvisor.go)
@@ -25,6 +27,10 @@
 // /sys/devices/system/cpu/online are LXCFS's files, bound read-only as slaves of the host's view
 // of them so that a restarted LXCFS reaches them (internal/lxcfs); the host-only facts
 // (agentrpc.HostFactPaths) are masked.
+//
+// With Config.UserNS each runc sandbox runs in a user namespace of its own, owned by and mapping
+// its root to an unprivileged host uid of its slot, with its layers and disk given to the
+// overlay as idmapped mounts (userns.go says how and why).
 //
 // The container's cgroups are <CgroupParent>/<id> in every mounted hierarchy (cgroupfs driver),
 // runc's state is <RuncRoot>/<id>. StateDir, RuncRoot and CgroupParent belong to one Runtime: it
