@@ -264,3 +264,29 @@ func buildBudgetProbe(t *testing.T) string {
 	}
 	return out
 }
+
+// TestUsernsOptOut: corral up --no-userns runs container sandboxes as before (their root is the
+// host's), and corral info says so; with the default, it says they are in use.
+func TestUsernsOptOut(t *testing.T) {
+	p := withBase(t, "--no-userns")
+	out, errOut, code := p.cli("", "info")
+	if code != 0 || !strings.Contains(out, "User namespaces:") || !strings.Contains(out, "off: corral up --no-userns") {
+		t.Fatalf("corral info with --no-userns: %d %q %s", code, out, errOut)
+	}
+	sb := p.create(corral.CreateRequest{})
+	m := strconv.Itoa(100000 + int(time.Now().UnixNano()%800000))
+	p.sh(sb.ID, "setsid sleep "+m+" >/dev/null 2>&1 < /dev/null &")
+	var pid int
+	eventually(t, 10*time.Second, "the marker process", func() bool {
+		pid = hostPidByCmdline("sleep\x00" + m + "\x00")
+		return pid != 0
+	})
+	if ids := hostIDs(t, pid); ids[0] != 0 {
+		t.Fatalf("with --no-userns the sandbox's root is uid %d on the host, want 0", ids[0])
+	}
+
+	q := withBase(t)
+	if out, _, _ := q.cli("", "info"); !strings.Contains(out, "in use with idmapped mounts") {
+		t.Fatalf("corral info by default: %q", out)
+	}
+}

@@ -261,7 +261,7 @@ func (r *Runtime) probeUserNS(ctx context.Context) error {
 func (r *Runtime) UserNSStatus() string {
 	switch {
 	case r.cfg.UserNS == nil:
-		return "off (corral up --no-userns)"
+		return "corral up --no-userns"
 	case r.usernsErr != nil:
 		return r.usernsErr.Error()
 	}
