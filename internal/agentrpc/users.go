@@ -73,7 +73,66 @@ func (d *userDB) resolve(spec string) (identity, error) {
 	if err != nil {
 		return identity{}, err
 	}
-	return resolveIn(passwd, groups, d.dir, userPart, groupPart, hasGroup)
+	id, err := resolveIn(passwd, groups, d.dir, userPart, groupPart, hasGroup)
+	if err != nil {
+		return id, err
+	}
+	return id, ownMaps().check(id)
+}
+
+// idMaps are this process's user namespace's uid and gid maps (/proc/self/{uid,gid}_map): a
+// sandbox with a user namespace of its own has ids 0-65535 only (internal/runtime/runc).
+type idMaps struct{ uid, gid [][3]uint64 }
+
+var ownMaps = sync.OnceValue(func() idMaps {
+	read := func(f string) [][3]uint64 {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil // no /proc: nothing to check
+		}
+		var m [][3]uint64
+		for _, line := range strings.Split(string(b), "\n") {
+			var e [3]uint64
+			if n, _ := fmt.Sscan(line, &e[0], &e[1], &e[2]); n == 3 {
+				m = append(m, e)
+			}
+		}
+		return m
+	}
+	return idMaps{uid: read("/proc/self/uid_map"), gid: read("/proc/self/gid_map")}
+})
+
+// check refuses an identity with an id the namespace does not map: the kernel would refuse
+// to switch to it (EINVAL) after the command was accepted.
+func (m idMaps) check(id identity) error {
+	mapped := func(mp [][3]uint64, v uint32) bool {
+		if mp == nil {
+			return true
+		}
+		for _, e := range mp {
+			if uint64(v) >= e[0] && uint64(v) < e[0]+e[2] {
+				return true
+			}
+		}
+		return false
+	}
+	if !mapped(m.uid, id.uid) {
+		return errdefs.Invalid("user", "uid %d is outside this sandbox's user namespace (ids 0-%d)", id.uid, maxMapped(m.uid))
+	}
+	for _, g := range id.groups {
+		if !mapped(m.gid, g) {
+			return errdefs.Invalid("user", "gid %d is outside this sandbox's user namespace (ids 0-%d)", g, maxMapped(m.gid))
+		}
+	}
+	return nil
+}
+
+func maxMapped(mp [][3]uint64) uint64 {
+	var hi uint64
+	for _, e := range mp {
+		hi = max(hi, e[0]+e[2]-1)
+	}
+	return hi
 }
 
 // resolveIn resolves a parsed spec against parsed passwd and group entries read from dir.

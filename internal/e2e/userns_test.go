@@ -95,6 +95,19 @@ func TestUsernsOwners(t *testing.T) {
 		}
 	})
 
+	t.Run("user outside the namespace", func(t *testing.T) {
+		// The namespace maps ids 0-65535: an exec as another is a 400 naming the field.
+		for _, u := range []string{"70000", "0:65536"} {
+			_, _, _, err := p.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}, User: u})
+			if !corral.IsInvalid(err) || !strings.Contains(err.Error(), "user") || !strings.Contains(err.Error(), "outside") {
+				t.Errorf("exec as %s: %v, want invalid user", u, err)
+			}
+		}
+		if got := p.sh(sb.ID, "echo ok"); got != "ok\n" {
+			t.Fatalf("after the refused execs: %q", got)
+		}
+	})
+
 	t.Run("snapshot and from-snapshot", func(t *testing.T) {
 		if _, err := p.Client.Snapshot(ctx, sb.ID, corral.SnapshotRequest{Name: "owners", Version: "1"}); err != nil {
 			t.Fatal(err)
