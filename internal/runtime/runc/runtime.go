@@ -191,6 +191,7 @@ type Runtime struct {
 	// process in another user namespace).
 	capSysResource bool
 	slots          *slots // user-namespace slots; nil without Config.UserNS
+	rootsDir       string // UserNS.RootsDir, or its default when there is no Config.UserNS
 	// gvisorUnprivileged runs gVisor's Sentry unprivileged (--directfs=false): with Config.UserNS
 	// on a host that can make user namespaces.
 	gvisorUnprivileged bool
@@ -352,8 +353,8 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 			ids[id] = true
 		}
 	}
-	if r.cfg.UserNS != nil {
-		ents, _ := os.ReadDir(r.cfg.UserNS.RootsDir)
+	if r.rootsDir != "" {
+		ents, _ := os.ReadDir(r.rootsDir)
 		for _, e := range ents {
 			if e.IsDir() && validID(e.Name()) {
 				ids[e.Name()] = true

@@ -455,10 +455,8 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	tRunc := time.Now()
-	if r.cfg.UserNS != nil {
-		if err := teardownDir(ctx, r.rootDir(id)); err != nil {
-			errs = append(errs, err)
-		}
+	if err := teardownDir(ctx, r.rootDir(id)); err != nil {
+		errs = append(errs, err)
 	}
 	if err := teardownDir(ctx, r.dir(id)); err != nil {
 		errs = append(errs, err)

@@ -184,18 +184,20 @@ func (s *slots) slotOf(id string) (int, bool) {
 	return 0, false
 }
 
-// initUserNS sets up user namespaces when configured: reads back the slots of sandboxes left by
+// initUserNS sets up user namespaces when configured (and the roots directory always): reads back the slots of sandboxes left by
 // an earlier process and probes that this host can make them. On a failed probe r.usernsErr
 // says why and new sandboxes are made without (UserNSStatus reports it), never half-made.
 func (r *Runtime) initUserNS(ctx context.Context) {
+	sum := sha256.Sum256([]byte(r.cfg.StateDir))
+	r.rootsDir = filepath.Join(defaultRootsBase, hex.EncodeToString(sum[:6]))
 	u := r.cfg.UserNS
 	if u == nil {
 		return
 	}
 	if u.RootsDir == "" {
-		sum := sha256.Sum256([]byte(r.cfg.StateDir))
-		u.RootsDir = filepath.Join(defaultRootsBase, hex.EncodeToString(sum[:6]))
+		u.RootsDir = r.rootsDir
 	}
+	r.rootsDir = u.RootsDir
 	u.Budgets.setDefaults()
 	r.slots = &slots{used: map[int]string{}, n: u.Slots}
 	ents, _ := os.ReadDir(r.cfg.StateDir)
@@ -223,7 +225,11 @@ func readSlot(path string) (int, bool) {
 // probeUserNS makes a user namespace the way Create does and an idmapped mount of StateDir's
 // filesystem with it.
 func (r *Runtime) probeUserNS(ctx context.Context) error {
-	for _, d := range []string{defaultRootsBase, filepath.Dir(r.cfg.UserNS.RootsDir), r.cfg.UserNS.RootsDir} {
+	dirs := []string{r.rootsDir}
+	if filepath.Dir(r.rootsDir) == defaultRootsBase {
+		dirs = []string{defaultRootsBase, r.rootsDir}
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return err
 		}
@@ -293,7 +299,9 @@ func (r *Runtime) HostUID(id string) uint32 {
 	return 0
 }
 
-func (r *Runtime) rootDir(id string) string { return filepath.Join(r.cfg.UserNS.RootsDir, id) }
+// rootDir is where id's rootfs is mounted when it has a user namespace. Known without
+// Config.UserNS too, so that a Runtime started without them still deletes such sandboxes.
+func (r *Runtime) rootDir(id string) string { return filepath.Join(r.rootsDir, id) }
 
 // usernsHandle is a user namespace being set up for a sandbox: the helper process that holds
 // it, and a descriptor of it.
@@ -449,8 +457,8 @@ func (r *Runtime) prepareRootDir(id string, base uint32) (string, error) {
 
 // removeRootsDir removes RootsDir when no sandbox is left in it.
 func (r *Runtime) removeRootsDir() {
-	if r.cfg.UserNS != nil && r.cfg.UserNS.RootsDir != "" {
-		os.Remove(r.cfg.UserNS.RootsDir)
+	if r.rootsDir != "" {
+		os.Remove(r.rootsDir)
 	}
 }
 
