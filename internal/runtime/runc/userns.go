@@ -338,8 +338,9 @@ func (r *Runtime) startUserns(ctx context.Context, base uint32, agent *os.File) 
 		UidMappings: m, GidMappings: m,
 		// The sandbox's root sets its processes' supplementary groups (exec as another user).
 		GidMappingsEnableSetgroups: true,
-		Setpgid:                    true,
-		Pdeathsig:                  syscall.SIGKILL,
+		// No Pdeathsig: it fires when the creating thread ends, which startAsOwner's does at
+		// once. The helper ends when its standard input closes, with this process if need be.
+		Setpgid: true,
 	}
 	inR, inW, err := os.Pipe()
 	if err != nil {
