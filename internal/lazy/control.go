@@ -390,15 +390,20 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer s.Close()
-	fsrv, err := s.Mount()
+	fsrv, err := s.mount()
 	if err != nil {
 		return fmt.Errorf("mount the lazy blob filesystem: %w", err)
+	}
+	if fsrv.fc.resumed {
+		// Taken over from a lazyd that died: nothing may hold this one yet, and it exits once
+		// idle as one that was held.
+		s.everHeld.Store(true)
 	}
 	sock := filepath.Join(cfg.Dir, SocketName)
 	os.Remove(sock) // ours: the lock says no other server runs
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
-		fsrv.Unmount()
+		fsrv.unmount()
 		return err
 	}
 	hs := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -435,7 +440,7 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.Log.Info("lazyd idle: unmounting and exiting")
 	// Unmount before the socket goes: a client waiting for the socket to die then finds the
 	// mount gone too.
-	uerr := fsrv.Unmount()
+	uerr := fsrv.unmount()
 	hs.Close()
 	os.Remove(sock)
 	if uerr != nil {
