@@ -486,7 +486,9 @@ func (c *fuseConn) send(h fuse.InHeader, errno syscall.Errno, buf []byte) {
 	}
 }
 
-func (c *fuseConn) replyErr(h fuse.InHeader, errno syscall.Errno) { c.send(h, errno, make([]byte, outHeaderSize)) }
+func (c *fuseConn) replyErr(h fuse.InHeader, errno syscall.Errno) {
+	c.send(h, errno, make([]byte, outHeaderSize))
+}
 
 // unmount detaches the mount (waiting for the readers to end) and closes the device.
 func (c *fuseConn) unmount() error {
@@ -564,4 +566,3 @@ func (s *Server) tableNames() []string {
 	sort.Strings(names)
 	return names
 }
-
