@@ -403,7 +403,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer s.Close()
+	s.resumeOnly = os.Getenv(resumeOnlyEnv) == "1"
+	os.Unsetenv(resumeOnlyEnv) // not for the keepers it starts
 	fsrv, err := s.mount()
+	if errors.Is(err, errNothingToResume) {
+		cfg.Log.Info("started to resume a kept FUSE connection, which is gone: exiting")
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("mount the lazy blob filesystem: %w", err)
 	}

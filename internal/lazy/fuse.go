@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -94,6 +95,8 @@ type fuseConn struct {
 	id  string // names the connection: its opens file is valid only for it
 	// resumed: taken over from a lazyd that died
 	resumed bool
+	// resent counts requests the kernel sent again (the previous lazyd read them and died).
+	resent atomic.Int64
 
 	loops sync.WaitGroup
 
@@ -212,6 +215,9 @@ func (c *fuseConn) loop() {
 // RELEASE, which write the opens file) are answered on a goroutine of their own.
 func (c *fuseConn) dispatch(b []byte) {
 	h := *(*fuse.InHeader)(unsafe.Pointer(&b[0]))
+	if h.Unique&uniqueResend != 0 && c.resent.Add(1) == 1 {
+		c.s.cfg.Log.Info("answering requests the previous lazyd left unanswered", "opcode", h.Opcode)
+	}
 	switch h.Opcode {
 	case opForget, opBatchForget, opInterrupt:
 		// Node IDs are names, not references: nothing to forget. A read that is interrupted

@@ -36,7 +36,9 @@ import (
 //	lazyd:  exit\n                           (before it exits on purpose; EOF without it = died)
 
 const (
-	keeperSock = "keeper.sock"
+	// resumeOnlyEnv, set to 1, has Run exit at once when no keeper holds a connection.
+	resumeOnlyEnv = "CORRAL_LAZYD_RESUME_ONLY"
+	keeperSock    = "keeper.sock"
 	keeperLock = "keeper.lock"
 )
 
@@ -196,6 +198,9 @@ func (k *keeper) restart() {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// It only resumes: if another lazyd takes the connection first and then exits on purpose,
+	// this one finds no keeper and exits rather than mounting anew with nobody to serve.
+	cmd.Env = append(os.Environ(), resumeOnlyEnv+"=1")
 	if err := cmd.Start(); err != nil {
 		k.cfg.Log.Error("restart lazyd", "err", err)
 		return

@@ -57,6 +57,8 @@ func (s *Server) mount() (*served, error) {
 		link.goodbye()
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return nil, err
+	case s.resumeOnly:
+		return nil, errNothingToResume
 	}
 	// A lazyd that died with no keeper leaves its FUSE mount behind, dead: stat of it fails
 	// with ENOTCONN and mkdir with EEXIST, so it is detached before anything else.
@@ -82,6 +84,10 @@ func (s *Server) mount() (*served, error) {
 	}
 	return sv, nil
 }
+
+// errNothingToResume: a lazyd the keeper started found no connection to resume (another one
+// took it and exited on purpose meanwhile).
+var errNothingToResume = errors.New("no kept FUSE connection to resume")
 
 // attachKeeperRetrying is attachKeeper, tried for up to 2 s while the keeper still counts a
 // lazyd that just died as attached.
