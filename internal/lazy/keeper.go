@@ -39,7 +39,7 @@ const (
 	// resumeOnlyEnv, set to 1, has Run exit at once when no keeper holds a connection.
 	resumeOnlyEnv = "CORRAL_LAZYD_RESUME_ONLY"
 	keeperSock    = "keeper.sock"
-	keeperLock = "keeper.lock"
+	keeperLock    = "keeper.lock"
 )
 
 // KeeperConfig configures RunKeeper.

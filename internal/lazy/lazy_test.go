@@ -277,7 +277,11 @@ func TestReadsFetchOnDemandAndCache(t *testing.T) {
 		t.Fatalf("open handles = %d, want 1 (the mount)", part.Open)
 	}
 	f.compare(mnt)
+	// Fetched bytes reach the reader before they are stored: the cache catches up just after.
 	full := f.stats()
+	for deadline := time.Now().Add(5 * time.Second); full.CachedBytes != full.DataSize && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		full = f.stats()
+	}
 	if full.CachedBytes != full.DataSize || full.CachedChunks != full.Chunks {
 		t.Fatalf("after reading everything the cache holds %d of %d bytes", full.CachedBytes, full.DataSize)
 	}

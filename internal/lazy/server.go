@@ -134,7 +134,7 @@ type Server struct {
 	exitWhenIdle, everHeld atomic.Bool
 	closing                bool // guarded by mu
 	saveMu                 sync.Mutex
-	resumeOnly             bool // started by a keeper: serve only the connection it holds
+	resumeOnly             bool          // started by a keeper: serve only the connection it holds
 	idle                   chan struct{} // poked when opens or holds drop
 }
 
