@@ -154,6 +154,25 @@ func TestFaultLazydKill(t *testing.T) {
 		wg.Wait()
 	}
 
+	// The keeper killed: lazyd starts another and hands it the connection; a lazyd killed
+	// after that is replaced as before.
+	keepers := lazydKeeperPids(p.DataDir)
+	if len(keepers) != 1 {
+		t.Fatalf("keepers of the data dir: %v", keepers)
+	}
+	kpid, _ := strconv.Atoi(keepers[0])
+	syscall.Kill(kpid, syscall.SIGKILL)
+	eventually(t, 30*time.Second, "another keeper", func() bool {
+		got := lazydKeeperPids(p.DataDir)
+		return len(got) == 1 && got[0] != keepers[0]
+	})
+	before := rounds()
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0)
+	pids := lazydPids(p.DataDir)
+	lpid, _ := strconv.Atoi(pids[0])
+	syscall.Kill(lpid, syscall.SIGKILL)
+	eventually(t, 30*time.Second, "every reader to be served again after a kill under the new keeper", func() bool { return servedSince(before) })
+
 	for _, id := range ids {
 		p.sh(id, "touch /tmp/stop")
 	}
@@ -170,6 +189,11 @@ func TestFaultLazydKill(t *testing.T) {
 	t.Logf("%d kills of lazyd; reader rounds completed per sandbox: %v; creates %d tried, %d failed", kills, final, createsTried, createsFailed)
 	t.Logf("kill -> new lazyd serving: %v", restartTook)
 	t.Logf("kill -> every reader served again (two rounds): %v", backTook)
+	log, _ := os.ReadFile(filepath.Join(p.DataDir, "layers", "lazy", "lazyd.log"))
+	if n := strings.Count(string(log), "resumed the FUSE connection"); n < kills+1 {
+		t.Errorf("lazyd.log says the connection was resumed %d times after %d kills", n, kills+1)
+	}
+	t.Logf("kills after which the kernel resent requests the dead lazyd had taken: %d", strings.Count(string(log), "answering requests the previous lazyd left"))
 
 	// Nothing left: with no sandbox and corral stopped, lazyd and its keeper exit and unmount.
 	for _, id := range ids {
