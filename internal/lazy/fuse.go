@@ -98,7 +98,10 @@ type fuseConn struct {
 	// resent counts requests the kernel sent again (the previous lazyd read them and died).
 	resent atomic.Int64
 
+	fd    int // dev's descriptor: the device stays open until every reader and handler is done
 	loops sync.WaitGroup
+	// handlers counts requests answered on goroutines of their own.
+	handlers sync.WaitGroup
 
 	opensMu sync.Mutex
 	opens   map[uint64]string // file handle -> layer name, as in the opens file
@@ -128,7 +131,7 @@ func mountFuse(s *Server, mnt string) (*fuseConn, error) {
 		dev.Close()
 		return nil, fmt.Errorf("mount FUSE at %s: %w", mnt, err)
 	}
-	c := &fuseConn{s: s, dev: dev, mnt: mnt, id: randomID(), opens: map[uint64]string{}}
+	c := &fuseConn{s: s, dev: dev, fd: fd, mnt: mnt, id: randomID(), opens: map[uint64]string{}}
 	if err := c.saveOpens(); err != nil {
 		c.unmount()
 		return nil, err
@@ -140,7 +143,7 @@ func mountFuse(s *Server, mnt string) (*fuseConn, error) {
 // loads that connection's open handles and has the kernel resend what the previous one left
 // unanswered.
 func resumeFuse(s *Server, mnt string, dev *os.File, id string) (*fuseConn, error) {
-	c := &fuseConn{s: s, dev: dev, mnt: mnt, id: id, opens: map[uint64]string{}, resumed: true}
+	c := &fuseConn{s: s, dev: dev, fd: int(dev.Fd()), mnt: mnt, id: id, opens: map[uint64]string{}, resumed: true}
 	b, err := os.ReadFile(filepath.Join(s.cfg.Dir, opensFile))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
@@ -173,7 +176,7 @@ func resumeFuse(s *Server, mnt string, dev *os.File, id string) (*fuseConn, erro
 	hdr := make([]byte, outHeaderSize)
 	binary.NativeEndian.PutUint32(hdr[0:], uint32(outHeaderSize))
 	binary.NativeEndian.PutUint32(hdr[4:], notifyResend)
-	if _, err := unix.Write(int(dev.Fd()), hdr); err != nil {
+	if _, err := unix.Write(c.fd, hdr); err != nil {
 		// Before Linux 6.9: what the dead one had read stays unanswered (its readers wait).
 		s.cfg.Log.Error("FUSE_NOTIFY_RESEND refused: requests the previous lazyd left unanswered stay pending", "err", err)
 	}
@@ -191,9 +194,9 @@ func (c *fuseConn) serve() {
 
 func (c *fuseConn) loop() {
 	defer c.loops.Done()
-	fd := int(c.dev.Fd())
+	fd := c.fd
+	buf := make([]byte, readBufBytes)
 	for {
-		buf := make([]byte, readBufBytes)
 		n, err := unix.Read(fd, buf)
 		switch {
 		case err == unix.EINTR || err == unix.ENOENT || err == unix.EAGAIN:
@@ -207,7 +210,9 @@ func (c *fuseConn) loop() {
 			c.s.cfg.Log.Error("short FUSE request", "bytes", n)
 			continue
 		}
-		c.dispatch(buf[:n])
+		// Requests are small (no writes reach a read-only filesystem): handlers that outlive
+		// this loop's next read get a copy of their own.
+		c.dispatch(append([]byte(nil), buf[:n]...))
 	}
 }
 
@@ -229,11 +234,11 @@ func (c *fuseConn) dispatch(b []byte) {
 	case opGetattr:
 		c.getattr(h)
 	case opOpen:
-		go c.open(h, b)
+		c.async(func() { c.open(h, b) })
 	case opRead:
-		go c.read(h, b)
+		c.async(func() { c.read(h, b) })
 	case opRelease:
-		go c.release(h, b)
+		c.async(func() { c.release(h, b) })
 	case opOpendir:
 		if h.NodeId != rootID {
 			c.replyErr(h, unix.ENOTDIR)
@@ -254,6 +259,15 @@ func (c *fuseConn) dispatch(b []byte) {
 	default:
 		c.replyErr(h, unix.ENOSYS) // xattrs, access, ioctl, poll, lseek...: the kernel stops asking
 	}
+}
+
+// async answers a request on a goroutine of its own.
+func (c *fuseConn) async(f func()) {
+	c.handlers.Add(1)
+	go func() {
+		defer c.handlers.Done()
+		f()
+	}()
 }
 
 // asBytes is v's memory, for writing a wire struct.
@@ -486,7 +500,7 @@ func (c *fuseConn) send(h fuse.InHeader, errno syscall.Errno, buf []byte) {
 	binary.NativeEndian.PutUint32(buf[0:], uint32(len(buf)))
 	binary.NativeEndian.PutUint32(buf[4:], uint32(-int32(errno)))
 	binary.NativeEndian.PutUint64(buf[8:], h.Unique)
-	if _, err := unix.Write(int(c.dev.Fd()), buf); err != nil && err != unix.ENOENT {
+	if _, err := unix.Write(c.fd, buf); err != nil && err != unix.ENOENT {
 		// ENOENT: the request was interrupted, or handed back for resending.
 		c.s.cfg.Log.Warn("answer a FUSE request", "opcode", h.Opcode, "err", err)
 	}
@@ -510,6 +524,7 @@ func (c *fuseConn) unmount() error {
 		return err
 	}
 	c.loops.Wait()
+	c.handlers.Wait()
 	return c.dev.Close()
 }
 
