@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -35,6 +36,10 @@ func newLazydCmd() *cobra.Command {
 			if cfg.Blobs, err = blobstore.Open(ctx, spec); err != nil {
 				return err
 			}
+			// A keeper holds the FUSE connection so that it outlives this process, and starts
+			// this same command again if it dies.
+			cfg.KeeperCommand = []string{os.Args[0], "lazyd-keeper", "--dir", cfg.Dir, "--log-format", logFormat}
+			cfg.RestartCommand = os.Args
 			return lazy.Run(ctx, cfg)
 		},
 	}
@@ -47,5 +52,42 @@ func newLazydCmd() *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "info", "log level")
 	cmd.MarkFlagRequired("dir")
 	cmd.MarkFlagRequired("blob-store")
+	return cmd
+}
+
+// newLazydKeeperCmd returns the hidden `corral lazyd-keeper`: it holds lazyd's FUSE connection
+// (fd 3) so that a lazyd that dies is replaced without breaking the reads through it, and
+// restarts lazyd (the command after --) when it dies. lazyd starts it.
+func newLazydKeeperCmd() *cobra.Command {
+	var cfg lazy.KeeperConfig
+	var logFormat string
+	cmd := &cobra.Command{
+		Use:    "lazyd-keeper --dir DIR --conn ID -- LAZYD-COMMAND...",
+		Short:  "Hold lazyd's FUSE connection and restart lazyd when it dies (started by lazyd)",
+		Hidden: true,
+		Args:   cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd, logFormat, "info")
+			if err != nil {
+				return err
+			}
+			daemon.PrivateUmask()
+			signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
+			cfg.Log = log.With("component", "lazyd-keeper")
+			cfg.Restart = args
+			var st syscall.Stat_t
+			if err := syscall.Fstat(3, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFCHR {
+				return fmt.Errorf("fd 3 is not lazyd's /dev/fuse descriptor (%v)", err)
+			}
+			cfg.Dev = os.NewFile(3, "/dev/fuse")
+			return lazy.RunKeeper(cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Dir, "dir", "", "lazyd's state directory")
+	f.StringVar(&cfg.Conn, "conn", "", "the FUSE connection's name")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	cmd.MarkFlagRequired("dir")
+	cmd.MarkFlagRequired("conn")
 	return cmd
 }

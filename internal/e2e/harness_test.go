@@ -383,10 +383,27 @@ func (p *corralProc) checkLazyd() {
 	}
 	pids := lazydPids(p.DataDir)
 	if len(pids) == 0 {
+		// lazyd's keeper exits with it.
+		for len(lazydKeeperPids(p.DataDir)) > 0 && time.Now().Before(deadline.Add(5*time.Second)) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if k := lazydKeeperPids(p.DataDir); len(k) > 0 {
+			p.t.Errorf("lazyd's keeper %v outlives lazyd of %s", k, p.DataDir)
+			for _, pid := range k {
+				if n, err := strconv.Atoi(pid); err == nil {
+					syscall.Kill(n, syscall.SIGKILL)
+				}
+			}
+		}
 		return
 	}
-	p.t.Errorf("lazyd %v still serves %s 10 s after corral up stopped with no sandbox", pids, p.DataDir)
-	for _, pid := range pids {
+	log, _ := os.ReadFile(filepath.Join(p.DataDir, "layers", "lazy", "lazyd.log"))
+	if len(log) > 4000 {
+		log = log[len(log)-4000:]
+	}
+	p.t.Errorf("lazyd %v still serves %s 10 s after corral up stopped with no sandbox; its log ends:\n%s", pids, p.DataDir, log)
+	// Its keeper first: it would start another.
+	for _, pid := range append(lazydKeeperPids(p.DataDir), pids...) {
 		if n, err := strconv.Atoi(pid); err == nil {
 			syscall.Kill(n, syscall.SIGKILL)
 		}

@@ -259,7 +259,14 @@ func TestLazyLayerData(t *testing.T) {
 }
 
 // lazydPids lists the lazyd processes serving dataDir.
-func lazydPids(dataDir string) []string {
+func lazydPids(dataDir string) []string { return procsOf(dataDir, "lazyd") }
+
+// lazydKeeperPids lists the keepers of lazyd's FUSE connection (`corral lazyd-keeper`) of the
+// data dir.
+func lazydKeeperPids(dataDir string) []string { return procsOf(dataDir, "lazyd-keeper") }
+
+// procsOf lists the processes running `corral <sub> --dir <dataDir>/...`.
+func procsOf(dataDir, sub string) []string {
 	var pids []string
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -268,7 +275,7 @@ func lazydPids(dataDir string) []string {
 			continue
 		}
 		args := strings.Split(string(b), "\x00")
-		if len(args) > 3 && args[1] == "lazyd" && strings.HasPrefix(args[3], dataDir+"/") {
+		if len(args) > 3 && args[1] == sub && strings.HasPrefix(args[3], dataDir+"/") {
 			pids = append(pids, e.Name())
 		}
 	}

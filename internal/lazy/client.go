@@ -67,13 +67,7 @@ func Start(ctx context.Context, o StartOptions) (*Client, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	sock := filepath.Join(o.Dir, SocketName)
-	c := &Client{dir: o.Dir, hc: &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		},
-		MaxIdleConnsPerHost: 16,
-	}}}
+	c := newClient(o.Dir)
 	info, err := c.Info(ctx)
 	if err != nil && o.NoStart {
 		return nil, fmt.Errorf("no lazyd serves %s: %v: %w", o.Dir, err, errdefs.ErrUnavailable)
@@ -144,6 +138,18 @@ func Start(ctx context.Context, o StartOptions) (*Client, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// newClient returns a client of the lazyd serving dir, holding nothing yet.
+func newClient(dir string) *Client {
+	sock := filepath.Join(dir, SocketName)
+	return &Client{dir: dir, hc: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		MaxIdleConnsPerHost: 16,
+	}}}
 }
 
 // StartRetrying is Start, tried again (up to 3 times, a short pause between) when the server it

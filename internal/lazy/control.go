@@ -31,6 +31,8 @@ type Info struct {
 	Pid       int    `json:"pid"`
 	BlobStore string `json:"blob_store"`
 	Mount     string `json:"mount"`
+	// Closing: the server decided to exit (a starting one waits for its lock).
+	Closing bool `json:"closing,omitempty"`
 }
 
 // SandboxRequest registers a sandbox about to start on lazily fetched layers.
@@ -235,7 +237,10 @@ func (s *Server) unregister(id string) (Stats, error) {
 func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
-		reply(w, Info{Protocol: ProtocolVersion, Pid: os.Getpid(), BlobStore: s.cfg.Blobs.String(), Mount: filepath.Join(s.cfg.Dir, mntDir)}, nil)
+		s.mu.Lock()
+		closing := s.closing
+		s.mu.Unlock()
+		reply(w, Info{Protocol: ProtocolVersion, Pid: os.Getpid(), BlobStore: s.cfg.Blobs.String(), Mount: filepath.Join(s.cfg.Dir, mntDir), Closing: closing}, nil)
 	})
 	mux.HandleFunc("GET /v1/hold", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
@@ -375,30 +380,49 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer lock.Close()
-	// A lazyd that is exiting may still hold the lock for a moment: wait for it, briefly.
+	// A lazyd that is exiting (or still starting) may hold the lock for a moment: wait for it,
+	// briefly. One that serves and is not exiting wins at once: two may be started at the same
+	// time (corral up, and the keeper replacing one that died), and the second must not take
+	// over later when the first exits idle.
+	probe := newClient(cfg.Dir)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
 			break
 		}
-		if time.Now().After(deadline) {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		info, perr := probe.Info(pctx)
+		cancel()
+		if time.Now().After(deadline) || (perr == nil && !info.Closing) {
 			return fmt.Errorf("another lazyd serves %s: %w", cfg.Dir, errdefs.ErrConflict)
 		}
 	}
+	probe.hc.CloseIdleConnections()
 	s, err := New(cfg)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	fsrv, err := s.Mount()
+	s.resumeOnly = os.Getenv(resumeOnlyEnv) == "1"
+	os.Unsetenv(resumeOnlyEnv) // not for the keepers it starts
+	fsrv, err := s.mount()
+	if errors.Is(err, errNothingToResume) {
+		cfg.Log.Info("started to resume a kept FUSE connection, which is gone: exiting")
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("mount the lazy blob filesystem: %w", err)
+	}
+	if fsrv.fc.resumed {
+		// Taken over from a lazyd that died: nothing may hold this one yet, and it exits once
+		// idle as one that was held.
+		s.everHeld.Store(true)
 	}
 	sock := filepath.Join(cfg.Dir, SocketName)
 	os.Remove(sock) // ours: the lock says no other server runs
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
-		fsrv.Unmount()
+		fsrv.unmount()
 		return err
 	}
 	hs := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -435,7 +459,7 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.Log.Info("lazyd idle: unmounting and exiting")
 	// Unmount before the socket goes: a client waiting for the socket to die then finds the
 	// mount gone too.
-	uerr := fsrv.Unmount()
+	uerr := fsrv.unmount()
 	hs.Close()
 	os.Remove(sock)
 	if uerr != nil {

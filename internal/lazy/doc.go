@@ -66,6 +66,8 @@
 //	<Dir>/tables/      <name>.json chunk tables, written by the layer store
 //	<Dir>/cache/       the chunk cache
 //	<Dir>/profiles/    <key hash>/<name>.json prefetch profiles
+//	<Dir>/keeper.sock  the keeper of the FUSE connection (keeper.lock: held by it)
+//	<Dir>/fuse-opens.json  the connection's open file handles, for the lazyd that resumes it
 //
 // corral up and corral edge start it (Start) as `corral lazyd` in a session of its own, so it
 // outlives their restarts and crashes: EROFS mounts of surviving sandboxes read through it, and
@@ -74,9 +76,20 @@
 // a client holds it again), two seconds after the last client went otherwise, 15 s after start
 // when no client ever came. Once it decided to exit it refuses holds and opens, so a starting
 // client retries and starts a new lazyd (StartRetrying), and no mount lands on a dying server.
-// A client whose hold ends (the server went) reports Dead and is replaced. A FUSE
-// mount a crashed lazyd left is detached when the next one starts; mounts that read through it
-// fail with EIO until their sandboxes are recreated.
+// A client whose hold ends (the server went) reports Dead and is replaced.
+//
+// # Crashes
+//
+// The FUSE protocol is spoken here (fuse.go) so that a lazyd can take over a connection another
+// one served: node IDs are the first 8 bytes of layer names, file handles are the unique IDs of
+// their OPEN requests, and open handles are kept in fuse-opens.json. With Config.KeeperCommand,
+// Run hands a descriptor of the connection it mounts to a keeper process (RunKeeper, `corral
+// lazyd-keeper`), which holds it, so the connection and its mounts outlive a lazyd that dies:
+// reads wait in the kernel. The keeper starts lazyd again; the new one attaches, receives the
+// descriptor, has the kernel resend what the dead one left unanswered (FUSE_NOTIFY_RESEND) and
+// serves on. A lazyd whose keeper dies starts another. Only both dying together ends the
+// connection: the next lazyd detaches the dead mount, and mounts that read through it fail with
+// EIO until their sandboxes are recreated.
 //
 // # Statistics
 //

@@ -84,6 +84,7 @@ type fixture struct {
 	meta   string // the metadata image
 	name   string
 	blobs  *faultyStore
+	spec   string // the blob store's spec
 	stop   context.CancelFunc
 	done   chan error
 	client *Client
@@ -94,6 +95,15 @@ const testChunk = 64 << 10
 // newFixture builds a layer with a 3 MiB random file, a copy of it, 200 small files and a
 // zero file, publishes its data blob and table, and starts a server.
 func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := buildFixture(t)
+	f.start(Config{ReadTimeout: 2 * time.Second, CatchUp: -1})
+	t.Cleanup(f.close)
+	return f
+}
+
+// buildFixture is newFixture without a server.
+func buildFixture(t *testing.T) *fixture {
 	t.Helper()
 	needRoot(t)
 	base := t.TempDir()
@@ -139,8 +149,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	writeTestFile(t, filepath.Join(f.dir, tablesDir, f.name+".json"), b)
-	f.start(Config{ReadTimeout: 2 * time.Second, CatchUp: -1})
-	t.Cleanup(f.close)
+	f.spec = "dir:" + filepath.Join(base, "blobs")
 	return f
 }
 
@@ -268,7 +277,11 @@ func TestReadsFetchOnDemandAndCache(t *testing.T) {
 		t.Fatalf("open handles = %d, want 1 (the mount)", part.Open)
 	}
 	f.compare(mnt)
+	// Fetched bytes reach the reader before they are stored: the cache catches up just after.
 	full := f.stats()
+	for deadline := time.Now().Add(5 * time.Second); full.CachedBytes != full.DataSize && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		full = f.stats()
+	}
 	if full.CachedBytes != full.DataSize || full.CachedChunks != full.Chunks {
 		t.Fatalf("after reading everything the cache holds %d of %d bytes", full.CachedBytes, full.DataSize)
 	}

@@ -50,6 +50,12 @@ type Config struct {
 	// 0.25; negative: never), the rest of it is fetched at once, as eager would, instead of one
 	// miss at a time (a task that reads much of a layer in no order).
 	CatchUp float64
+	// KeeperCommand starts a keeper (the corral binary's hidden `lazyd-keeper` with --dir),
+	// which holds the FUSE connection so that it outlives this server and restarts a server
+	// that dies (RestartCommand). Nil: none; a server that dies leaves its mount dead.
+	KeeperCommand []string
+	// RestartCommand is this server's own command line, which the keeper runs again.
+	RestartCommand []string
 	// Log receives the server's log; nil discards.
 	Log *slog.Logger
 }
@@ -121,13 +127,14 @@ type Server struct {
 	layers    map[string]*layer   // name -> loaded layer
 	inflight  map[[32]byte]*call  // chunk sum -> fetch in flight
 	sandboxes map[string]*sandbox // registered sandboxes, by ID
+	byID      map[uint64]*layer   // node ID -> loaded layer
 	holds     int                 // control connections holding the server
-	nextIno   uint64
 	// exitWhenIdle is set by a client's Close (cleared by the next hold); everHeld once any
 	// client held the server; closing once Run decided to exit (holds are then refused).
 	exitWhenIdle, everHeld atomic.Bool
 	closing                bool // guarded by mu
 	saveMu                 sync.Mutex
+	resumeOnly             bool          // started by a keeper: serve only the connection it holds
 	idle                   chan struct{} // poked when opens or holds drop
 }
 
@@ -143,7 +150,7 @@ type call struct {
 type layer struct {
 	name string
 	t    *Table
-	ino  uint64
+	ino  uint64 // FUSE node ID and inode number: nodeID(name)
 
 	pinMu sync.Mutex // orders open/release with their Pin/Unpin
 
@@ -204,12 +211,9 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	// A lazyd that died (rather than exited) leaves its FUSE mount behind, dead: stat of it
-	// fails with ENOTCONN and mkdir with EEXIST, so it is detached before anything else.
-	if err := detachStaleMount(filepath.Join(cfg.Dir, mntDir), cfg.Log); err != nil {
-		return nil, err
-	}
-	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, mntDir), filepath.Join(cfg.Dir, tablesDir), filepath.Join(cfg.Dir, profilesDir)} {
+	// The mount point is left to mount: a kept connection's mount must not be touched before
+	// this server serves it.
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, tablesDir), filepath.Join(cfg.Dir, profilesDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -221,7 +225,7 @@ func New(cfg Config) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{cfg: cfg, cache: cache, fetch: make(chan struct{}, 2*cfg.Parallel), demand: make(chan struct{}, 2*cfg.Parallel), ctx: ctx, cancel: cancel,
 		layers: map[string]*layer{}, inflight: map[[32]byte]*call{}, sandboxes: map[string]*sandbox{},
-		nextIno: 2, idle: make(chan struct{}, 1)}, nil
+		byID: map[uint64]*layer{}, idle: make(chan struct{}, 1)}, nil
 }
 
 // Close stops background work and closes the cache. The FUSE mount must be gone first.
@@ -257,9 +261,12 @@ func (s *Server) layer(name string) (*layer, error) {
 	if l := s.layers[name]; l != nil {
 		return l, nil
 	}
-	l = &layer{name: name, t: t, ino: s.nextIno, prefetched: map[int]bool{}, nextSeq: -1}
-	s.nextIno++
+	l = &layer{name: name, t: t, ino: nodeID(name), prefetched: map[int]bool{}, nextSeq: -1}
+	if other := s.byID[l.ino]; other != nil {
+		return nil, fmt.Errorf("layers %s and %s share the node ID %016x: one of them cannot be served", other.name, name, l.ino)
+	}
 	s.layers[name] = l
+	s.byID[l.ino] = l
 	return l, nil
 }
 

@@ -1,0 +1,255 @@
+//go:build linux
+
+package lazy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/blobstore"
+)
+
+// The test binary doubles as lazyd and its keeper (as `corral lazyd` and `corral lazyd-keeper`
+// are one binary), so that TestTakeoverAfterKill can kill a real process.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "lazy-test-lazyd":
+			os.Exit(testLazydMain(os.Args[2:]))
+		case "lazy-test-keeper":
+			os.Exit(testKeeperMain(os.Args[2:]))
+		case "lazy-test-mmap":
+			// A reader of its own: a thread stuck in a page fault stops a Go process's
+			// garbage collector, which would stall the test itself.
+			want, _ := os.ReadFile(os.Args[3])
+			if err := mmapCompare(os.Args[2], want); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			os.Exit(0)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// testLazydMain serves DIR from blob store SPEC; <DIR>/test-delay, when present, holds a delay
+// in milliseconds added to every ranged read.
+func testLazydMain(args []string) int {
+	dir, spec := args[0], args[1]
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	st, err := blobstore.Open(ctx, spec)
+	if err != nil {
+		log.Error("open the blob store", "err", err)
+		return 1
+	}
+	exe, _ := os.Executable()
+	err = Run(ctx, Config{Dir: dir, Blobs: &delayedStore{Store: st, dir: dir}, ReadTimeout: 30 * time.Second, CatchUp: -1, Readahead: -1,
+		KeeperCommand: []string{exe, "lazy-test-keeper", dir}, RestartCommand: append([]string{exe}, os.Args[1:]...), Log: log})
+	if err != nil {
+		log.Error("lazyd", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// testKeeperMain is `lazy-test-keeper DIR --conn ID -- COMMAND...` with the connection at fd 3.
+func testKeeperMain(args []string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if len(args) < 5 || args[1] != "--conn" || args[3] != "--" {
+		log.Error("usage", "args", args)
+		return 2
+	}
+	if err := RunKeeper(KeeperConfig{Dir: args[0], Conn: args[2], Dev: os.NewFile(3, "/dev/fuse"), Restart: args[4:], Log: log}); err != nil {
+		log.Error("keeper", "err", err)
+		return 1
+	}
+	return 0
+}
+
+type delayedStore struct {
+	blobstore.Store
+	dir string
+}
+
+func (d *delayedStore) GetRange(ctx context.Context, key string, off, length int64) (io.ReadCloser, error) {
+	if b, err := os.ReadFile(filepath.Join(d.dir, "test-delay")); err == nil {
+		ms, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		os.WriteFile(filepath.Join(d.dir, "test-fetching"), nil, 0o600) // a read waits on us
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return d.Store.GetRange(ctx, key, off, length)
+}
+
+// TestTakeoverAfterKill: lazyd runs as its own process with a keeper. It is killed with SIGKILL
+// while a READ it took from the kernel waits on a slow blob store, and while an mmap reader
+// faults on the same layer. The keeper starts another lazyd, which resumes the connection and
+// has the kernel resend the unanswered READ: both readers get every byte right, nobody gets EIO
+// or SIGBUS. Then lazyd exits once unused, and the keeper with it.
+func TestTakeoverAfterKill(t *testing.T) {
+	f := buildFixture(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := StartOptions{Dir: f.dir, BlobStore: f.spec, Command: []string{exe, "lazy-test-lazyd", f.dir, f.spec}}
+	c, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.client = c
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(f.dir, "lazyd.log"))
+			t.Logf("lazyd.log:\n%s", b)
+		}
+	})
+	mnt, unmount := f.mount()
+	want, _ := os.ReadFile(filepath.Join(f.src, "big.bin"))
+	if got, err := os.ReadFile(filepath.Join(mnt, "small/f007")); err != nil || len(got) == 0 {
+		t.Fatalf("read through the first lazyd: %v", err)
+	}
+
+	// Every ranged read now takes 2 s: the next miss is a READ lazyd holds when it dies.
+	os.WriteFile(filepath.Join(f.dir, "test-delay"), []byte("2000"), 0o600)
+	readDone := make(chan error, 1)
+	go func() {
+		got, err := os.ReadFile(filepath.Join(mnt, "big.bin"))
+		if err == nil && !bytes.Equal(got, want) {
+			err = fmt.Errorf("read %d bytes, not the file's %d (or other bytes)", len(got), len(want))
+		}
+		readDone <- err
+	}()
+	mmapDone := make(chan error, 1)
+	go func() {
+		out, err := exec.Command(exe, "lazy-test-mmap", filepath.Join(mnt, "copy/big.bin"), filepath.Join(f.src, "big.bin")).CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("%v: %s", err, out)
+		}
+		mmapDone <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(f.dir, "test-fetching")); err == nil {
+			break // lazyd holds a READ: it waits on the blob store
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no read reached the blob store")
+		}
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(info.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	for name, ch := range map[string]chan error{"read(2)": readDone, "mmap": mmapDone} {
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Errorf("%s reader across the kill: %v", name, err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%s reader still waits 60 s after the kill", name)
+		}
+	}
+	t.Logf("readers done %s after the kill", time.Since(killed).Round(time.Millisecond))
+	log, _ := os.ReadFile(filepath.Join(f.dir, "lazyd.log"))
+	for _, line := range []string{"lazyd died holding the FUSE connection", "resumed the FUSE connection", "answering requests the previous lazyd left"} {
+		if !strings.Contains(string(log), line) {
+			t.Errorf("lazyd.log lacks %q", line)
+		}
+	}
+
+	// The new lazyd counts the mount as open (from the opens file): it stays until the unmount,
+	// then exits once its new client lets go, and the keeper exits with it.
+	os.Remove(filepath.Join(f.dir, "test-delay"))
+	c2, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info2, _ := c2.Info(context.Background())
+	if info2.Pid == info.Pid {
+		t.Fatalf("lazyd pid %d after the kill", info2.Pid)
+	}
+	unmount()
+	c2.Close()
+	f.client = nil
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		lazyd, keeper := pidAlive(info2.Pid), keeperAlive(f.dir)
+		if !lazyd && !keeper && !isFuseMount(filepath.Join(f.dir, mntDir)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s after the last unmount: lazyd alive %v, keeper alive %v, FUSE mounted %v", lazyd, keeper, isFuseMount(filepath.Join(f.dir, mntDir)))
+		}
+	}
+}
+
+// mmapCompare maps path and compares it with want, reporting a SIGBUS as an error.
+func mmapCompare(path string, want []byte) (err error) {
+	fd, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer fd.Close()
+	m, err := syscall.Mmap(int(fd.Fd()), 0, len(want), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return err
+	}
+	defer syscall.Munmap(m)
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("fault reading the mapping: %v", r)
+		}
+	}()
+	if !bytes.Equal(m, want) {
+		return fmt.Errorf("the mapping differs from the file")
+	}
+	return nil
+}
+
+func pidAlive(pid int) bool { return syscall.Kill(pid, 0) == nil && !zombie(pid) }
+
+func zombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	_, after, _ := strings.Cut(string(b), ") ")
+	return strings.HasPrefix(after, "Z")
+}
+
+// keeperAlive reports whether a keeper of dir runs (it holds the keeper lock).
+func keeperAlive(dir string) bool {
+	lock, err := os.OpenFile(filepath.Join(dir, keeperLock), os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return true
+	}
+	syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	return false
+}
