@@ -256,7 +256,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	PrivateUmask()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("create data dir: %w", err)
+		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	// A data dir it cannot write is refused before anything is written; `corral down` goes on,
+	// since removing what a data dir holds is what frees its filesystem.
+	if !cfg.Down {
+		if err := checkDataDirFS(cfg.DataDir); err != nil {
+			return err
+		}
 	}
 	// One corral per data dir: a second one would adopt, reap and tear down the first's sandboxes
 	// and networks. The lock goes with the process, however it ends.
@@ -274,12 +281,39 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		holder, _ := os.ReadFile(lock.Name())
 		return fmt.Errorf("another corral up is running with data dir %s (pid %s): stop it first", cfg.DataDir, strings.TrimSpace(string(holder)))
 	}
-	lock.Truncate(0)
-	fmt.Fprintf(lock, "%d\n", os.Getpid())
+	// The lock is the flock, which ends with its holder: a pid left in the file by one that died
+	// (kill -9, a crash, a reboot) is stale and taken over.
+	if holder, _ := os.ReadFile(lock.Name()); len(strings.TrimSpace(string(holder))) > 0 {
+		log.Info("data dir lock was left by a corral up that is gone; taking it over", "pid", strings.TrimSpace(string(holder)))
+	}
+	if err := lock.Truncate(0); err != nil {
+		return fmt.Errorf("lock data dir: %w", err)
+	}
+	if _, err := fmt.Fprintf(lock, "%d\n", os.Getpid()); err != nil {
+		return fmt.Errorf("lock data dir: write pid: %w", err)
+	}
 	// A data dir an older Corral made (or one the operator's umask opened) is closed to the
 	// host's other users before anything in it is used.
 	if _, err := SecureDataDir(cfg.DataDir, log); err != nil {
 		return err
+	}
+	// The store before anything of the host is claimed: a store that is not this data dir's is
+	// refused with nothing changed.
+	if cfg.Store == "" {
+		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
+	}
+	st, err := store.Open(ctx, cfg.Store)
+	if err != nil {
+		if store.IsPostgres(cfg.Store) {
+			err = fmt.Errorf("store %s: %w", redactDSN(cfg.Store), err)
+		}
+		return err
+	}
+	defer st.Close()
+	if cfg.Cluster == nil { // a cluster's nodes share their store by design
+		if err := checkStoreOwner(ctx, st, cfg.DataDir, redactDSN(cfg.Store)); err != nil {
+			return err
+		}
 	}
 	// Host resources no two Corrals may share (network tag and pool, NFLOG group, cgroup parent,
 	// VM uids) come from the host registry, keyed by the data dir.
@@ -307,14 +341,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 	}
 	log = log.With("node", cfg.Node)
-	if cfg.Store == "" {
-		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
-	}
-	st, err := store.Open(ctx, cfg.Store)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	// Quota usage counters are rebuilt from the sandbox rows at every start: whatever happened
 	// before, admission starts from the truth.
 	if err := st.RecountUsage(ctx); err != nil {

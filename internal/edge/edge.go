@@ -431,7 +431,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			e.rt.Delete(ctx, rec.ID)
 			e.releaseSlot(rec)
 			e.finishFetch(rec.ID) // a lazyd that outlived corral may still count it
-			e.finish(ctx, rec, corral.StateFailed, "error: corral stopped while the sandbox was being created")
+			e.finish(ctx, rec, corral.StateFailed, reasonInterruptedCreate)
 			continue
 		}
 		rsb, err := e.rt.Open(ctx, rec.ID)
@@ -656,16 +656,34 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 	return e.create(ctx, req, false, nil)
 }
 
+// reasonInterruptedCreate is the end of a sandbox whose create a crash (or stop) of corral cut
+// short: rolled back at the next start.
+const reasonInterruptedCreate = "error: corral stopped while the sandbox was being created"
+
 // CreateOnce is Create with an idempotency key: a create that repeats an earlier one (same
 // principal, key and request) makes nothing and returns the sandbox the first one made (its
-// current record), and replayed reports true.
+// current record), and replayed reports true. When the first one was cut short by a crash and
+// rolled back at the restart, the client never had an answer, so its retry creates anew.
 func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *store.Idempotency) (rec *store.Sandbox, replayed bool, err error) {
-	rec, err = e.create(ctx, req, false, key)
-	if re, ok := errors.AsType[*store.ReplayError](err); ok {
-		rec, err = e.Get(ctx, re.SandboxID)
-		return rec, err == nil, err
+	for try := 0; ; try++ {
+		rec, err = e.create(ctx, req, false, key)
+		re, ok := errors.AsType[*store.ReplayError](err)
+		if !ok {
+			return rec, false, err
+		}
+		if rec, err = e.Get(ctx, re.SandboxID); err != nil {
+			return nil, false, err
+		}
+		if try > 0 || rec.State != corral.StateFailed || rec.Reason != reasonInterruptedCreate {
+			return rec, true, nil
+		}
+		// A concurrent retry that released the key first makes the sandbox; this one then finds
+		// the key naming it and answers with it.
+		if err := e.store.ReleaseIdempotency(ctx, key, rec.ID); err != nil {
+			return nil, false, err
+		}
+		e.log.Info("retry of a create that a crash cut short: creating anew", "interrupted", rec.ID)
 	}
-	return rec, false, err
 }
 
 // create is Create; calls makes a container of an fncall pool (tier fncall), whose agent runs
@@ -1410,7 +1428,9 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 	if sb == nil {
 		if rec.State == corral.StateRunning || rec.State == corral.StateCreating {
 			// Live in the store but not here: a create in flight, or a record another process owns.
-			return errdefs.Conflict("sandbox %s is %s on this node but not managed by it yet; retry", rec.ID, rec.State)
+			// Either ends within moments (the create finishes or is rolled back), so the client's
+			// retry succeeds: a 503 with Retry-After, which the SDKs repeat on their own.
+			return errdefs.Retryable(errdefs.Unavailable("sandbox %s is %s on this node but not managed by it yet; retry", rec.ID, rec.State), time.Second)
 		}
 		return nil
 	}
