@@ -267,7 +267,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	// One corral per data dir: a second one would adopt, reap and tear down the first's sandboxes
 	// and networks. The lock goes with the process, however it ends.
-	lock, err := os.OpenFile(filepath.Join(cfg.DataDir, "corral.lock"), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	lockPath := filepath.Join(cfg.DataDir, "corral.lock")
+	_, statErr := os.Stat(lockPath)
+	lock, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("lock data dir: %w", err)
 	}
@@ -283,8 +285,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	// The lock is the flock, which ends with its holder: a pid left in the file by one that died
 	// (kill -9, a crash, a reboot) is stale and taken over.
-	if holder, _ := os.ReadFile(lock.Name()); len(strings.TrimSpace(string(holder))) > 0 {
+	holder, _ := os.ReadFile(lockPath)
+	if len(strings.TrimSpace(string(holder))) > 0 {
 		log.Info("data dir lock was left by a corral up that is gone; taking it over", "pid", strings.TrimSpace(string(holder)))
+	}
+	// refuse ends a start that found its data dir or store unusable, leaving the lock file as it
+	// was: a refused start changes nothing.
+	refuse := func(err error) error {
+		if errors.Is(statErr, os.ErrNotExist) {
+			os.Remove(lockPath)
+		} else {
+			lock.Truncate(0)
+			lock.WriteAt(holder, 0)
+		}
+		return err
 	}
 	if err := lock.Truncate(0); err != nil {
 		return fmt.Errorf("lock data dir: %w", err)
@@ -307,12 +321,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		if store.IsPostgres(cfg.Store) {
 			err = fmt.Errorf("store %s: %w", redactDSN(cfg.Store), err)
 		}
-		return err
+		return refuse(err)
 	}
 	defer st.Close()
 	if cfg.Cluster == nil { // a cluster's nodes share their store by design
 		if err := checkStoreOwner(ctx, st, cfg.DataDir, redactDSN(cfg.Store)); err != nil {
-			return err
+			return refuse(err)
 		}
 	}
 	// Host resources no two Corrals may share (network tag and pool, NFLOG group, cgroup parent,

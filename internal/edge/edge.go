@@ -812,7 +812,12 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		e.rt.Delete(context.WithoutCancel(ctx), rec.ID)
 		e.detachNetwork(rec.ID, nw)
 		e.releaseLayers(rec, nil)
-		return nil, err
+		// Its record ends too (the write above failed, often because the client went away and
+		// took ctx with it): left in state creating, it would hold its quota and refuse deletes
+		// as "not managed yet" until the next restart.
+		rec.NetSlot = nil
+		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 	}
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
 	return rec, nil

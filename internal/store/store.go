@@ -418,8 +418,8 @@ func (s *Store) checkOwnDatabase(ctx context.Context) error {
 	if len(names) > 5 {
 		names = append(names[:5], "...")
 	}
-	return errdefs.Invalid("store", "the store's database holds tables that are not Corral's (%s): it belongs to another application; "+
-		"give --store an empty database or the one Corral made, nothing was changed", strings.Join(names, ", "))
+	return fmt.Errorf("the database holds tables that are not Corral's (%s): it belongs to another application; "+
+		"give --store an empty database or the one Corral made; nothing was changed: %w", strings.Join(names, ", "), errdefs.ErrInvalid)
 }
 
 // tx runs fn in a transaction, committing when it returns nil. On PostgreSQL a transaction that
