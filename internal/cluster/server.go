@@ -375,7 +375,15 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 					return
 				}
 			}
-			httpjson.Error(w, r, s.log, errdefs.Unavailable("edge %s (%s) did not answer: %v", n.Name, u.Host, err))
+			gone := unreachable(err)
+			err = errdefs.Unavailable("edge %s (%s) did not answer: %v", n.Name, u.Host, err)
+			if gone {
+				// Transient: the edge comes back (a restart), or is declared lost within its
+				// lease and grace, after which its sandboxes answer as failed. Either way a
+				// retry soon gets the real answer.
+				err = errdefs.Retryable(err, time.Second)
+			}
+			httpjson.Error(w, r, s.log, err)
 		},
 	}
 	c := &edgeConn{client: &http.Client{Transport: tr}, proxy: p}
@@ -543,7 +551,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			// It may have reached the node: trying another could make a second sandbox (a
 			// client's retry with an Idempotency-Key cannot).
-			return errdefs.Unavailable("node %s: %v (the create may have happened; retry with an Idempotency-Key)", name, err)
+			err = errdefs.Unavailable("node %s: %v (the create may have happened; retry with an Idempotency-Key)", name, err)
+			if r.Header.Get("Idempotency-Key") != "" {
+				// With a key the retry is safe, and finds the sandbox if the create happened.
+				err = errdefs.Retryable(err, time.Second)
+			}
+			return err
 		}
 		switch resp.StatusCode {
 		case http.StatusServiceUnavailable:

@@ -674,6 +674,11 @@ func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *st
 		if rec, err = e.Get(ctx, re.SandboxID); err != nil {
 			return nil, false, err
 		}
+		if rec.State == corral.StateCreating {
+			// The first try is still at work (its client gave up, or its server replica died,
+			// while the edge went on): answered when it ends, never as a sandbox half made.
+			return nil, false, errdefs.Retryable(errdefs.Unavailable("the create with idempotency key %q is still in progress (sandbox %s); retry", key.Key, rec.ID), time.Second)
+		}
 		if try > 0 || rec.State != corral.StateFailed || rec.Reason != reasonInterruptedCreate {
 			return rec, true, nil
 		}
