@@ -693,7 +693,7 @@ func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *st
 
 // create is Create; calls makes a container of an fncall pool (tier fncall), whose agent runs
 // isolated calls only.
-func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool, key *store.Idempotency) (*store.Sandbox, error) {
+func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool, key *store.Idempotency) (_ *store.Sandbox, err error) {
 	if key != nil {
 		// Most retries find the key before any work (the admission transaction checks again).
 		if err := e.store.CheckIdempotency(ctx, key); err != nil {
@@ -714,6 +714,16 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil && key != nil && ctx.Err() != nil {
+			// Cut short because its caller went away (the client, or the server replica that
+			// forwarded it): nobody had an answer, so the key is released and the client's
+			// retry makes the sandbox instead of finding this failure.
+			if rerr := e.store.ReleaseIdempotency(context.WithoutCancel(ctx), key, rec.ID); rerr != nil {
+				log.Error("release the idempotency key of a cancelled create", "err", rerr)
+			}
+		}
+	}()
 	// The record (state creating) now keeps the layers from deletion; fetch and mount them.
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
 	if err != nil {
