@@ -4,14 +4,22 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/blobstore/s3test"
+	"github.com/corral-dev/corral/internal/layers"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -224,4 +232,93 @@ func TestFaultCorralsStartStop(t *testing.T) {
 			t.Errorf("%s: %d of %d failed on the first Corral while others started and stopped: %v", k, st.Failed, st.Tried, st.ByClass)
 		}
 	}
+}
+
+// versitygwProc finds the versitygw serving endpoint ("http://127.0.0.1:port") and returns its
+// pid, command line and environment, to kill it and start it again as it was.
+func versitygwProc(t *testing.T, endpoint string) (int, []string, []string) {
+	t.Helper()
+	addr := strings.TrimPrefix(endpoint, "http://")
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(argv) > 2 && strings.HasSuffix(argv[0], "versitygw") && slices.Contains(argv, addr) {
+			env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+			return pid, argv, strings.Split(strings.TrimRight(string(env), "\x00"), "\x00")
+		}
+	}
+	t.Fatalf("no versitygw process serves %s", endpoint)
+	return 0, nil, nil
+}
+
+// TestFaultBlobStoreOutage takes the blob store (a real versitygw) away under load for a few
+// seconds, and brings it back: sandboxes run from their local layers and lose nothing; what
+// needs the blob store (a layer import) fails with a retryable 503 while it is gone and works
+// once it is back.
+func TestFaultBlobStoreOutage(t *testing.T) {
+	needRoot(t)
+	srv := s3test.Start(t)
+	p := withBase(t, "--blob-store", srv.Spec(s3test.Bucket, "faults", "&access_key_file="+srv.KeyFile))
+	tk := t.TempDir()
+	os.MkdirAll(filepath.Join(tk, "opt/tk"), 0o755)
+	importTK := func(c *corral.Client, version string) error {
+		os.WriteFile(filepath.Join(tk, "opt/tk/v"), []byte(version), 0o644)
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(layers.WriteTar(context.Background(), tk, pw)) }()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := c.ImportLayer(ctx, "tk", version, corral.KindToolkit, pr)
+		return err
+	}
+	l := newFaultLoad(t, p.Token, p.URL).start()
+	runFor(3 * time.Second)
+	pid, argv, env := versitygwProc(t, srv.Endpoint)
+	end := l.expect(false)
+	down := time.Now()
+	syscall.Kill(pid, syscall.SIGKILL)
+	eventually(t, 5*time.Second, "versitygw gone", func() bool { return syscall.Kill(pid, 0) != nil })
+	// While it is gone: an import, which must write to it, fails clearly and retryably (through
+	// the load's client, whose wire recorder checks the Retry-After).
+	err := importTK(l.clients[0], "1")
+	var apiErr *corral.APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != 503 {
+		t.Errorf("a layer import with the blob store down: %v; want a retryable 503", err)
+	}
+	runFor(3 * time.Second)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	eventually(t, 10*time.Second, "versitygw back", func() bool {
+		resp, err := http.Get(srv.Endpoint + "/")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	})
+	outage := time.Since(down)
+	back := time.Now()
+	eventually(t, serviceBackWithin, "a layer import after the blob store came back", func() bool { return importTK(p.Client, "2") == nil })
+	backIn := time.Since(back)
+	waitService(t, p.Client, serviceBackWithin)
+	end()
+	sb := p.create(corral.CreateRequest{Toolkits: []string{"tk:2"}, Limits: faultLimits})
+	if got := p.sh(sb.ID, "cat /opt/tk/v"); got != "2" {
+		t.Errorf("toolkit imported after the outage reads %q", got)
+	}
+	runFor(2 * time.Second)
+	r := finishFault(t, p, l)
+	r.FaultFor, r.RecoveredIn = outage, backIn
+	r.log(t, "blob store (versitygw) killed for 3 s, then restarted")
 }
