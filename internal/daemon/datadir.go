@@ -108,14 +108,15 @@ func checkStoreOwner(ctx context.Context, st *store.Store, dataDir, storeName st
 	return nil
 }
 
-// redactDSN is a store's DSN fit for messages: a PostgreSQL URL without its password.
+// redactDSN is a store's DSN fit for messages: a PostgreSQL URL without its password (a
+// key=value DSN, which may hold one anywhere, not at all).
 func redactDSN(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
-		if store.IsPostgres(dsn) {
-			return "(a PostgreSQL DSN)"
-		}
+	if !store.IsPostgres(dsn) {
 		return dsn
+	}
+	u, err := url.Parse(dsn)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "(a PostgreSQL DSN)"
 	}
 	if _, ok := u.User.Password(); ok {
 		u.User = url.UserPassword(u.User.Username(), "xxxxx")
