@@ -320,5 +320,5 @@ func TestFaultBlobStoreOutage(t *testing.T) {
 	runFor(2 * time.Second)
 	r := finishFault(t, p, l)
 	r.FaultFor, r.RecoveredIn = outage, backIn
-	r.log(t, "blob store (versitygw) killed for 3 s, then restarted")
+	r.log(t, "blob store (versitygw) killed, started again 3 s later")
 }
