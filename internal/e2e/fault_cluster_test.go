@@ -25,7 +25,7 @@ type faultFleet struct {
 	edges  []*proc
 	token  string
 	// loads are the phases' loads, verified again once every fault is over.
-	loads []*faultLoad
+	loads  []*faultLoad
 	c1, c2 *corral.Client
 }
 
