@@ -7,7 +7,7 @@ DATA_DIR ?= /var/lib/corral
 # Tests: race detector on, two packages at a time (CI has two cores).
 TEST_FLAGS ?= -race -p 2 -timeout 75m
 
-.PHONY: help setup build run test redteam bench lint fuzz clean
+.PHONY: help setup build run test redteam soak bench lint fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -27,6 +27,12 @@ test: setup build ## run every test (root-only tests run as root, skip elsewhere
 
 redteam: build ## run the red-team suite (as root)
 	CORRAL_BIN=$(CURDIR)/bin $(GO) test -race -count=1 -timeout 30m ./internal/e2e -run 'TestRedTeam'
+
+# The soak's length (a Go duration).
+SOAK ?= 1h
+
+soak: build ## an hour of mixed load (SOAK=10m for less), reporting fds, goroutines, RSS, mounts, loops (as root)
+	set -o pipefail; CORRAL_BIN=$(CURDIR)/bin CORRAL_SOAK=$(SOAK) $(GO) test -count=1 -timeout 0 -v ./internal/e2e -run '^TestSoak$$' 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|SOAK|FAULT|soak_test|fault_'
 
 bench: setup build ## run the benchmarks and print the figures for docs/BENCHMARKS.md
 	@scripts/bench.sh

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,6 +90,8 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/metrics", s.guard(iam.Operator, "", operator, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		s.edge.WriteMetrics(w)
+		// The process's own, for leak hunting (make soak watches it).
+		fmt.Fprintf(w, "# HELP go_goroutines Goroutines of this corral process.\n# TYPE go_goroutines gauge\ngo_goroutines %d\n", runtime.NumGoroutine())
 	}))
 	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())

@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -123,18 +124,24 @@ func (s *s3Store) classify(err error) error {
 	case minio.NoSuchBucket:
 		return errdefs.NotFound("bucket %q at %s", s.bucket, s.endpoint())
 	case "SlowDown", "ServiceUnavailable", minio.InternalError:
-		return fmt.Errorf("%s: %w: %w", s.endpoint(), errdefs.ErrUnavailable, err)
+		return s.transient("the blob store is busy or failing", fmt.Errorf("%s: %w", s.endpoint(), err))
 	}
 	if resp.StatusCode >= http.StatusInternalServerError {
-		return fmt.Errorf("%s: %w: %w", s.endpoint(), errdefs.ErrUnavailable, err)
+		return s.transient("the blob store is failing", fmt.Errorf("%s: %w", s.endpoint(), err))
 	}
 	var netErr *net.OpError
 	if errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) {
 		// The client retries refused connections until ctx ends, so an endpoint that is down
 		// mostly shows as the deadline.
-		return fmt.Errorf("no answer from %s (is it up and reachable?): %w: %w", s.endpoint(), errdefs.ErrUnavailable, err)
+		return s.transient("the blob store did not answer", fmt.Errorf("no answer from %s (is it up and reachable?): %w", s.endpoint(), err))
 	}
 	return err
+}
+
+// transient is an outage of the blob store: a retryable ErrUnavailable (503 with Retry-After)
+// whose message names no internal address; cause, with the endpoint, goes to the server's log.
+func (s *s3Store) transient(what string, cause error) error {
+	return errdefs.RetryableCause(fmt.Errorf("%s; retry: %w", what, errdefs.ErrUnavailable), cause, 2*time.Second)
 }
 
 func (s *s3Store) endpoint() string { return s.client.EndpointURL().String() }

@@ -375,7 +375,15 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 					return
 				}
 			}
-			httpjson.Error(w, r, s.log, errdefs.Unavailable("edge %s (%s) did not answer: %v", n.Name, u.Host, err))
+			gone := unreachable(err)
+			err = errdefs.Unavailable("edge %s (%s) did not answer: %v", n.Name, u.Host, err)
+			if gone {
+				// Transient: the edge comes back (a restart), or is declared lost within its
+				// lease and grace, after which its sandboxes answer as failed. Either way a
+				// retry soon gets the real answer.
+				err = errdefs.Retryable(err, time.Second)
+			}
+			httpjson.Error(w, r, s.log, err)
 		},
 	}
 	c := &edgeConn{client: &http.Client{Transport: tr}, proxy: p}
@@ -538,17 +546,22 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		if neverSent(err) {
 			// The create never reached the node: safe to try another.
 			s.log.Warn("node did not take a create; trying another", "node", name, "err", err)
-			return fmt.Errorf("node %s: %v: %w", name, err, placement.ErrRefused)
+			return fmt.Errorf("node %s: %v: %w: %w", name, err, placement.ErrRefused, errNodeUnavailable)
 		}
 		if err != nil {
 			// It may have reached the node: trying another could make a second sandbox (a
 			// client's retry with an Idempotency-Key cannot).
-			return errdefs.Unavailable("node %s: %v (the create may have happened; retry with an Idempotency-Key)", name, err)
+			err = errdefs.Unavailable("node %s: %v (the create may have happened; retry with an Idempotency-Key)", name, err)
+			if r.Header.Get("Idempotency-Key") != "" {
+				// With a key the retry is safe, and finds the sandbox if the create happened.
+				err = errdefs.Retryable(err, time.Second)
+			}
+			return err
 		}
 		switch resp.StatusCode {
 		case http.StatusServiceUnavailable:
 			resp.Body.Close()
-			return fmt.Errorf("node %s is unavailable: %w", name, placement.ErrRefused)
+			return fmt.Errorf("node %s is unavailable: %w: %w", name, placement.ErrRefused, errNodeUnavailable)
 		case http.StatusConflict:
 			// The edge has the final say: node_full (no room, draining, labels) sends the
 			// create elsewhere; any other conflict is the client's to see.
@@ -565,7 +578,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}, s.cfg.MaxTries)
 	if err != nil {
 		// No node fits: 429 when the cluster (or the part the request may use) is full or the
-		// nodes refused it for room, 503 when no node could take it at all.
+		// nodes refused it for room, 503 when no node could take it at all. When the last node
+		// tried could not be reached or was unavailable for a moment (restarting, a create with
+		// the same key still at work on it), that is no answer about room: a retryable 503.
+		if errors.Is(err, errNodeUnavailable) {
+			err = errdefs.Retryable(errdefs.Unavailable("no node could take the sandbox now (%v); retry", err), time.Second)
+		}
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
@@ -577,6 +595,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
 }
+
+// errNodeUnavailable marks a placement refusal by a node that could not take a create at the
+// moment (unreachable, or answering 503), as opposed to one without room.
+var errNodeUnavailable = errors.New("node unavailable")
 
 // How a replica notices an edge it cannot hear: a ping after edgePingEvery of silence on the
 // connection, given up after edgePingTimeout.

@@ -262,11 +262,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	PrivateUmask()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("create data dir: %w", err)
+		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	// A data dir it cannot write is refused before anything is written; `corral down` goes on,
+	// since removing what a data dir holds is what frees its filesystem.
+	if !cfg.Down {
+		if err := checkDataDirFS(cfg.DataDir); err != nil {
+			return err
+		}
 	}
 	// One corral per data dir: a second one would adopt, reap and tear down the first's sandboxes
 	// and networks. The lock goes with the process, however it ends.
-	lock, err := os.OpenFile(filepath.Join(cfg.DataDir, "corral.lock"), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	lockPath := filepath.Join(cfg.DataDir, "corral.lock")
+	_, statErr := os.Stat(lockPath)
+	lock, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("lock data dir: %w", err)
 	}
@@ -280,12 +289,51 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		holder, _ := os.ReadFile(lock.Name())
 		return fmt.Errorf("another corral up is running with data dir %s (pid %s): stop it first", cfg.DataDir, strings.TrimSpace(string(holder)))
 	}
-	lock.Truncate(0)
-	fmt.Fprintf(lock, "%d\n", os.Getpid())
+	// The lock is the flock, which ends with its holder: a pid left in the file by one that died
+	// (kill -9, a crash, a reboot) is stale and taken over.
+	holder, _ := os.ReadFile(lockPath)
+	if len(strings.TrimSpace(string(holder))) > 0 {
+		log.Info("data dir lock was left by a corral up that is gone; taking it over", "pid", strings.TrimSpace(string(holder)))
+	}
+	// refuse ends a start that found its data dir or store unusable, leaving the lock file as it
+	// was: a refused start changes nothing.
+	refuse := func(err error) error {
+		if errors.Is(statErr, os.ErrNotExist) {
+			os.Remove(lockPath)
+		} else {
+			lock.Truncate(0)
+			lock.WriteAt(holder, 0)
+		}
+		return err
+	}
+	if err := lock.Truncate(0); err != nil {
+		return fmt.Errorf("lock data dir: %w", err)
+	}
+	if _, err := fmt.Fprintf(lock, "%d\n", os.Getpid()); err != nil {
+		return fmt.Errorf("lock data dir: write pid: %w", err)
+	}
 	// A data dir an older Corral made (or one the operator's umask opened) is closed to the
 	// host's other users before anything in it is used.
 	if _, err := SecureDataDir(cfg.DataDir, log); err != nil {
 		return err
+	}
+	// The store before anything of the host is claimed: a store that is not this data dir's is
+	// refused with nothing changed.
+	if cfg.Store == "" {
+		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
+	}
+	st, err := store.Open(ctx, cfg.Store)
+	if err != nil {
+		if store.IsPostgres(cfg.Store) {
+			err = fmt.Errorf("store %s: %w", redactDSN(cfg.Store), err)
+		}
+		return refuse(err)
+	}
+	defer st.Close()
+	if cfg.Cluster == nil { // a cluster's nodes share their store by design
+		if err := checkStoreOwner(ctx, st, cfg.DataDir, redactDSN(cfg.Store)); err != nil {
+			return refuse(err)
+		}
 	}
 	// Host resources no two Corrals may share (network tag and pool, NFLOG group, cgroup parent,
 	// VM uids) come from the host registry, keyed by the data dir.
@@ -313,14 +361,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 	}
 	log = log.With("node", cfg.Node)
-	if cfg.Store == "" {
-		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
-	}
-	st, err := store.Open(ctx, cfg.Store)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	// Quota usage counters are rebuilt from the sandbox rows at every start: whatever happened
 	// before, admission starts from the truth.
 	if err := st.RecountUsage(ctx); err != nil {

@@ -431,7 +431,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			e.rt.Delete(ctx, rec.ID)
 			e.releaseSlot(rec)
 			e.finishFetch(rec.ID) // a lazyd that outlived corral may still count it
-			e.finish(ctx, rec, corral.StateFailed, "error: corral stopped while the sandbox was being created")
+			e.finish(ctx, rec, corral.StateFailed, reasonInterruptedCreate)
 			continue
 		}
 		rsb, err := e.rt.Open(ctx, rec.ID)
@@ -656,21 +656,44 @@ func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.San
 	return e.create(ctx, req, false, nil)
 }
 
+// reasonInterruptedCreate is the end of a sandbox whose create a crash (or stop) of corral cut
+// short: rolled back at the next start.
+const reasonInterruptedCreate = "error: corral stopped while the sandbox was being created"
+
 // CreateOnce is Create with an idempotency key: a create that repeats an earlier one (same
 // principal, key and request) makes nothing and returns the sandbox the first one made (its
-// current record), and replayed reports true.
+// current record), and replayed reports true. When the first one was cut short by a crash and
+// rolled back at the restart, the client never had an answer, so its retry creates anew.
 func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *store.Idempotency) (rec *store.Sandbox, replayed bool, err error) {
-	rec, err = e.create(ctx, req, false, key)
-	if re, ok := errors.AsType[*store.ReplayError](err); ok {
-		rec, err = e.Get(ctx, re.SandboxID)
-		return rec, err == nil, err
+	for try := 0; ; try++ {
+		rec, err = e.create(ctx, req, false, key)
+		re, ok := errors.AsType[*store.ReplayError](err)
+		if !ok {
+			return rec, false, err
+		}
+		if rec, err = e.Get(ctx, re.SandboxID); err != nil {
+			return nil, false, err
+		}
+		if rec.State == corral.StateCreating {
+			// The first try is still at work (its client gave up, or its server replica died,
+			// while the edge went on): answered when it ends, never as a sandbox half made.
+			return nil, false, errdefs.Retryable(errdefs.Unavailable("the create with idempotency key %q is still in progress (sandbox %s); retry", key.Key, rec.ID), time.Second)
+		}
+		if try > 0 || rec.State != corral.StateFailed || rec.Reason != reasonInterruptedCreate {
+			return rec, true, nil
+		}
+		// A concurrent retry that released the key first makes the sandbox; this one then finds
+		// the key naming it and answers with it.
+		if err := e.store.ReleaseIdempotency(ctx, key, rec.ID); err != nil {
+			return nil, false, err
+		}
+		e.log.Info("retry of a create that a crash cut short: creating anew", "interrupted", rec.ID)
 	}
-	return rec, false, err
 }
 
 // create is Create; calls makes a container of an fncall pool (tier fncall), whose agent runs
 // isolated calls only.
-func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool, key *store.Idempotency) (*store.Sandbox, error) {
+func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool, key *store.Idempotency) (_ *store.Sandbox, err error) {
 	if key != nil {
 		// Most retries find the key before any work (the admission transaction checks again).
 		if err := e.store.CheckIdempotency(ctx, key); err != nil {
@@ -691,6 +714,16 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil && key != nil && ctx.Err() != nil {
+			// Cut short because its caller went away (the client, or the server replica that
+			// forwarded it): nobody had an answer, so the key is released and the client's
+			// retry makes the sandbox instead of finding this failure.
+			if rerr := e.store.ReleaseIdempotency(context.WithoutCancel(ctx), key, rec.ID); rerr != nil {
+				log.Error("release the idempotency key of a cancelled create", "err", rerr)
+			}
+		}
+	}()
 	// The record (state creating) now keeps the layers from deletion; fetch and mount them.
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
 	if err != nil {
@@ -794,7 +827,12 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		e.rt.Delete(context.WithoutCancel(ctx), rec.ID)
 		e.detachNetwork(rec.ID, nw)
 		e.releaseLayers(rec, nil)
-		return nil, err
+		// Its record ends too (the write above failed, often because the client went away and
+		// took ctx with it): left in state creating, it would hold its quota and refuse deletes
+		// as "not managed yet" until the next restart.
+		rec.NetSlot = nil
+		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 	}
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
 	return rec, nil
@@ -1410,7 +1448,9 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 	if sb == nil {
 		if rec.State == corral.StateRunning || rec.State == corral.StateCreating {
 			// Live in the store but not here: a create in flight, or a record another process owns.
-			return errdefs.Conflict("sandbox %s is %s on this node but not managed by it yet; retry", rec.ID, rec.State)
+			// Either ends within moments (the create finishes or is rolled back), so the client's
+			// retry succeeds: a 503 with Retry-After, which the SDKs repeat on their own.
+			return errdefs.Retryable(errdefs.Unavailable("sandbox %s is %s on this node but not managed by it yet; retry", rec.ID, rec.State), time.Second)
 		}
 		return nil
 	}

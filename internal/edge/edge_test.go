@@ -32,6 +32,8 @@ type fakeRuntime struct {
 	deleteFails error
 	// agent, when set, is the socket of a real agent every sandbox gets (files_test.go).
 	agent string
+	// beforeCreate, when set, runs at the start of Create (without the lock).
+	beforeCreate func()
 }
 
 func (f *fakeRuntime) agentSocket(id string) string {
@@ -46,6 +48,9 @@ func newFakeRuntime() *fakeRuntime {
 }
 
 func (f *fakeRuntime) Create(ctx context.Context, spec runc.Spec) (*runc.Sandbox, error) {
+	if f.beforeCreate != nil {
+		f.beforeCreate()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failing != nil {
@@ -674,5 +679,59 @@ func TestNodeHasFinalSay(t *testing.T) {
 	}
 	if len(list) != 4 {
 		t.Fatalf("%d records, want 4 (one deleted, three live)", len(list))
+	}
+}
+
+// TestCreateRetryAfterCutShortCreate: the retry of a create nobody had an answer for makes the
+// sandbox: one whose caller went away mid-create (its key released at once), and one a crash
+// interrupted (rolled back at the restart, its key released on the retry). A retry while the
+// first try is still at work is a retryable 503, and a retry of a create that succeeded replays.
+func TestCreateRetryAfterCutShortCreate(t *testing.T) {
+	rt := newFakeRuntime()
+	e, st := newTestEdge(t, rt)
+	ctx := context.Background()
+	req := corral.CreateRequest{Base: "base:1"}
+	key := func(k string) *store.Idempotency {
+		return &store.Idempotency{Principal: "root", Key: k, RequestHash: "h"}
+	}
+
+	// The caller goes away while the runtime creates: the create fails, its key is released.
+	cctx, cancel := context.WithCancel(ctx)
+	rt.beforeCreate = cancel // after admission: the key is recorded
+	rt.failing = context.Canceled
+	if _, _, err := e.CreateOnce(cctx, req, key("gone")); err == nil {
+		t.Fatal("a create whose context ended succeeded")
+	}
+	rt.beforeCreate, rt.failing = nil, nil
+	sb, replayed, err := e.CreateOnce(ctx, req, key("gone"))
+	if err != nil || replayed || sb.State != corral.StateRunning {
+		t.Fatalf("retry of a create whose caller went away = %+v, replayed %v, %v; want a new running sandbox", sb, replayed, err)
+	}
+
+	// A crash interrupted it: the record is failed with the rollback's reason.
+	first, _, err := e.CreateOnce(ctx, req, key("crash"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.State, first.Reason = corral.StateFailed, reasonInterruptedCreate
+	if err := st.PutSandbox(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	sb, replayed, err = e.CreateOnce(ctx, req, key("crash"))
+	if err != nil || replayed || sb.ID == first.ID || sb.State != corral.StateRunning {
+		t.Fatalf("retry of a create a crash interrupted = %+v, replayed %v, %v; want a new running sandbox", sb, replayed, err)
+	}
+	if again, replayed, err := e.CreateOnce(ctx, req, key("crash")); err != nil || !replayed || again.ID != sb.ID {
+		t.Fatalf("a second retry = %+v, replayed %v, %v; want the replay of %s", again, replayed, err, sb.ID)
+	}
+
+	// Still at work: a retryable 503.
+	sb.State = corral.StateCreating
+	if err := st.PutSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = e.CreateOnce(ctx, req, key("crash"))
+	if !errors.Is(err, errdefs.ErrUnavailable) || errdefs.RetryAfter(err) == 0 {
+		t.Fatalf("retry while the first try is at work = %v; want unavailable with a Retry-After", err)
 	}
 }

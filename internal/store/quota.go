@@ -485,6 +485,17 @@ func (s *Store) CheckIdempotency(ctx context.Context, key *Idempotency) error {
 	return lookupIdempotency(ctx, s.rdb, key)
 }
 
+// ReleaseIdempotency forgets key if it still names sandboxID, so that the next create with it makes
+// a new sandbox: for a create that was rolled back (cut short by a crash) and left nothing but a
+// failed record.
+func (s *Store) ReleaseIdempotency(ctx context.Context, key *Idempotency, sandboxID string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE principal = ? AND idem_key = ? AND sandbox_id = ?`,
+		key.Principal, key.Key, sandboxID); err != nil {
+		return fmt.Errorf("release idempotency key of %s: %w", sandboxID, err)
+	}
+	return nil
+}
+
 // PruneIdempotency forgets keys older than IdempotencyTTL.
 func (s *Store) PruneIdempotency(ctx context.Context) (int64, error) {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency WHERE created_at <= ?`, time.Now().Add(-IdempotencyTTL).UnixNano())

@@ -336,6 +336,9 @@ func (s *Store) Close() error {
 // migrate applies the migrations this binary has and the database lacks, each in its own
 // transaction. On PostgreSQL an advisory lock makes replicas starting together take turns.
 func (s *Store) migrate(ctx context.Context) error {
+	if err := s.checkOwnDatabase(ctx); err != nil {
+		return err
+	}
 	if _, err := s.db.ExecContext(ctx, migrateDDL(`CREATE TABLE IF NOT EXISTS schema_migrations (
 		version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`, s.db.pg)); err != nil && !(s.db.pg && isUnique(err)) {
 		return fmt.Errorf("migrate store: %w", err)
@@ -372,6 +375,51 @@ func (s *Store) migrate(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// checkOwnDatabase refuses a database that holds tables and not Corral's: another application's
+// (a --store that names the wrong database), which Corral must neither add tables to nor read as
+// its own. An empty database, or one Corral made, passes.
+func (s *Store) checkOwnDatabase(ctx context.Context) error {
+	q := `SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\'`
+	if s.db.pg {
+		q = `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()`
+	}
+	rows, err := s.db.QueryContext(ctx, q)
+	if err != nil {
+		return fmt.Errorf("open store: list its tables: %w", err)
+	}
+	var names []string
+	ours := false
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return fmt.Errorf("open store: list its tables: %w", err)
+		}
+		names = append(names, n)
+		ours = ours || n == "sandboxes"
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("open store: list its tables: %w", err)
+	}
+	if ours || len(names) == 0 {
+		return nil
+	}
+	// Only schema_migrations: Corral's first start stopped before its first migration, unless the
+	// table is another tool's (golang-migrate, Rails), which lacks applied_at.
+	if len(names) == 1 && names[0] == "schema_migrations" {
+		if _, err := s.db.ExecContext(ctx, `SELECT version, applied_at FROM schema_migrations WHERE 1 = 0`); err == nil {
+			return nil
+		}
+	}
+	sort.Strings(names)
+	if len(names) > 5 {
+		names = append(names[:5], "...")
+	}
+	return fmt.Errorf("the database holds tables that are not Corral's (%s): it belongs to another application; "+
+		"give --store an empty database or the one Corral made; nothing was changed: %w", strings.Join(names, ", "), errdefs.ErrInvalid)
 }
 
 // tx runs fn in a transaction, committing when it returns nil. On PostgreSQL a transaction that
