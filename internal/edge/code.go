@@ -76,7 +76,9 @@ func (e *Edge) codeServer(ctx context.Context, id, method, path string, body any
 	}
 	req.Header.Set("Content-Type", "application/json")
 	c := &http.Client{Transport: &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return dialInNetns(ctx, ns, id, corral.CodePort) },
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialInNetns(ctx, ns, id, corral.CodePort)
+		},
 		DisableKeepAlives: true,
 	}}
 	resp, err := c.Do(req)

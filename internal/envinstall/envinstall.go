@@ -420,4 +420,3 @@ func (p *prefixWriter) Flush() {
 		p.buf = nil
 	}
 }
-
