@@ -400,6 +400,7 @@ type prefixWriter struct {
 	buf    []byte
 }
 
+// Write buffers b and writes its complete lines.
 func (p *prefixWriter) Write(b []byte) (int, error) {
 	p.buf = append(p.buf, b...)
 	for {
