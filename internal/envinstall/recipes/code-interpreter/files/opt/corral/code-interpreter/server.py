@@ -13,13 +13,13 @@ It listens on 127.0.0.1:49999 and speaks the protocol of E2B's code interpreter,
   POST   /contexts/{id}/restart -> 204
   GET    /health                -> 200 {"status": "ok", "default_context": "ready"|"starting"}
 
-Each context is a kernel of its own. The default context ("default") is started before the
-server listens, so the first execution does not wait for a kernel. Executions in one context run one
+Each context is a kernel of its own. The default context ("default") starts with the server
+(with the sandbox), so a first execution finds it ready or nearly. Executions in one context run one
 at a time, in order. A timeout (the request's, or the client going away) interrupts the kernel
 and keeps its state; a kernel that does not stop within a few seconds, or dies (out of memory),
 is replaced by a new one and the execution ends with an error saying so. Output beyond a bound
-is dropped with a marker. Standard library and jupyter_client only: the recipe installs
-Debian's python3-jupyter-client and python3-ipykernel.
+is dropped with a marker. Standard library and jupyter_client only (imported once the server listens): the recipe
+installs Debian's python3-jupyter-client and python3-ipykernel; kernel.py starts the kernels.
 """
 
 import json
@@ -33,8 +33,6 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-from jupyter_client.manager import KernelManager
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PORT = int(os.environ.get("CORRAL_CODE_PORT", "49999"))
@@ -105,6 +103,8 @@ class Context:
     def start(self):
         """Starts the kernel and waits until it answers (protected by lock or before use)."""
         try:
+            # Imported here, in the thread that starts the first kernel, after the server listens.
+            from jupyter_client.manager import KernelManager
             km = KernelManager(kernel_name=KERNEL_NAME)
             km.start_kernel(cwd=self.cwd)
             kc = km.client()
@@ -499,11 +499,12 @@ def main():
     os.environ["JUPYTER_PATH"] = HERE
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
-    # The default context's kernel starts before the server listens: Corral's create waits for
-    # the port, so a new sandbox's first execution finds the kernel ready.
-    CONTEXTS.create("python", DEFAULT_CWD, "default")
+    # The server listens first (Corral's create waits for the port: standard library only, so
+    # that is quick), then the default context's kernel starts in the background, with the
+    # sandbox: an execution that comes before it is ready waits for it.
     srv = ThreadingHTTPServer((HOST, PORT), Handler)
     srv.daemon_threads = True
+    CONTEXTS.create("python", DEFAULT_CWD, "default", background=True)
     log("listening on %s:%d" % (HOST, PORT))
     srv.serve_forever()
 
