@@ -1,10 +1,12 @@
 // Package envinstall builds and publishes the environments Corral ships as recipes
 // (`corral env install NAME`): a recipe (recipes/NAME/recipe.json and recipes/NAME/files/,
-// embedded in the binary) names Debian packages to install on the Debian base, files to add,
-// a check to run, and the services its sandboxes start (corral.Service). Build makes the
-// recipe's toolkit layer once per host, cached under <cache>/recipes/NAME-<key>/ where key
-// hashes every input (the base's key, the recipe, its files, the builder); Install publishes
-// the base and the toolkit layer and saves an environment of the recipe's name.
+// embedded in the binary) names Debian packages to install on the Debian base, a check to run
+// after them, files to add, and the services its sandboxes start (corral.Service). A recipe
+// makes two toolkit layers: NAME-packages:KEY, what apt installed, built once per host and
+// cached under <cache>/recipes/NAME-packages-KEY/ (KEY hashes the base's key, the builder, the
+// packages and the check), and NAME:KEY2, the files and services, made on each install (it is
+// small), so changing a recipe's files rebuilds nothing. Install publishes the base and both
+// layers and saves an environment of the recipe's name.
 //
 // The build is a chroot, not a sandbox: build.sh unpacks the base under an overlay, runs apt in
 // a chroot of it and archives the overlay's upper directory. It needs root (mounts, chroot)
@@ -115,16 +117,28 @@ func Load(name string) (*Recipe, error) {
 			r.files = sub
 		}
 	}
+	if len(r.Services) > 0 && r.files == nil {
+		return nil, fmt.Errorf("recipe %s: services come with the recipe's files layer, and it has no files", name)
+	}
 	return r, nil
 }
 
-// Key hashes the recipe's inputs on the base whose key is baseKey: the layer it builds is
-// cached under it and published as version NAME:KEY, so a changed recipe is a new version and
-// an unchanged one is found in the cache.
-func (r *Recipe) Key(baseKey string) (string, error) {
+// PackagesKey hashes the inputs of the recipe's packages layer on the base whose key is
+// baseKey: the builder, its exclusions, the packages and the check. The layer is cached under it
+// and published as NAME-packages:KEY, so a changed package list is a new version and an
+// unchanged one is found in the cache, whatever happens to the recipe's files.
+func (r *Recipe) PackagesKey(baseKey string) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "builder %s\nbase %s\nexclude %q\n", builderVersion, baseKey, layerExclude)
+	fmt.Fprintf(h, "builder %s\nbase %s\nexclude %q\npackages %q\ncheck %q\n", builderVersion, baseKey, layerExclude, r.Packages, r.Check)
 	h.Write(buildScript)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// FilesKey hashes the recipe's files layer: its files and recipe.json (the services), on top
+// of the packages layer packagesKey. The layer is published as NAME:KEY.
+func (r *Recipe) FilesKey(packagesKey string) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "packages %s\n", packagesKey)
 	h.Write(r.raw)
 	if r.files != nil {
 		err := fs.WalkDir(r.files, ".", func(p string, d fs.DirEntry, err error) error {
@@ -168,18 +182,24 @@ func (o *Options) fill() {
 	}
 }
 
-// Built is a recipe's layer on this host.
+// Built is a recipe's layers on this host: the Debian packages installed on the base, and the
+// recipe's files (two layers, so that a change of the files, such as a server's code, costs no
+// rebuild of the packages).
 type Built struct {
 	Recipe *Recipe
-	// BaseTar is the Debian base the layer was built on; BaseKey its cache key.
+	// BaseTar is the Debian base the layers were built on; BaseKey its cache key.
 	BaseTar, BaseKey string
-	// Key is the layer's version; LayerTar its archive.
+	// Key is the packages layer's version; LayerTar its archive (cached).
 	Key, LayerTar string
-	// Cached: the layer came from the cache.
+	// FilesKey is the files layer's version; FilesTar its archive ("" when the recipe has no
+	// files), made in a temporary directory the caller removes with FilesDir.
+	FilesKey, FilesTar, FilesDir string
+	// Cached: the packages layer came from the cache.
 	Cached bool
 }
 
-// Build returns recipe r's layer, building it (as root) when the cache lacks it.
+// Build returns recipe r's layers, building the packages layer (as root) when the cache lacks
+// it. The caller removes b.FilesDir.
 func Build(ctx context.Context, r *Recipe, o Options) (*Built, error) {
 	o.fill()
 	baseTar := o.BaseTar
@@ -197,21 +217,38 @@ func Build(ctx context.Context, r *Recipe, o Options) (*Built, error) {
 		}
 		baseKey = sum[:16]
 	}
-	key, err := r.Key(baseKey)
+	key := r.PackagesKey(baseKey)
+	filesKey, err := r.FilesKey(key)
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(o.CacheDir, "recipes", r.Name+"-"+key)
-	b := &Built{Recipe: r, BaseTar: baseTar, BaseKey: baseKey, Key: key, LayerTar: filepath.Join(dir, "layer.tar")}
+	dir := filepath.Join(o.CacheDir, "recipes", r.Name+"-packages-"+key)
+	b := &Built{Recipe: r, BaseTar: baseTar, BaseKey: baseKey, Key: key, LayerTar: filepath.Join(dir, "layer.tar"), FilesKey: filesKey}
+	if r.files != nil {
+		if b.FilesDir, err = os.MkdirTemp("", "corral-recipe-"); err != nil {
+			return nil, err
+		}
+		if err := filesLayer(ctx, r.files, b.FilesDir); err != nil {
+			os.RemoveAll(b.FilesDir)
+			return nil, fmt.Errorf("recipe %s: the files layer: %w", r.Name, err)
+		}
+		b.FilesTar = filepath.Join(b.FilesDir, "layer.tar")
+	}
 	if st, err := os.Stat(b.LayerTar); err == nil && st.Size() > 0 {
 		b.Cached = true
-		fmt.Fprintf(o.Log, "%s: layer %s found in %s\n", r.Name, key, dir)
+		fmt.Fprintf(o.Log, "%s: packages layer %s found in %s\n", r.Name, key, dir)
 		return b, nil
 	}
+	ok := false
+	defer func() {
+		if !ok && b.FilesDir != "" {
+			os.RemoveAll(b.FilesDir)
+		}
+	}()
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("build recipe %s: needs root (an overlay mount and a chroot); run as root once on this host, later installs use the cache in %s", r.Name, dir)
 	}
-	fmt.Fprintf(o.Log, "%s: building layer %s once on this host (Debian packages: %s)\n", r.Name, key, strings.Join(r.Packages, " "))
+	fmt.Fprintf(o.Log, "%s: building the packages layer %s once on this host (Debian packages: %s)\n", r.Name, key, strings.Join(r.Packages, " "))
 	start := time.Now()
 	if err := os.MkdirAll(filepath.Join(o.CacheDir, "recipes"), 0o755); err != nil {
 		return nil, err
@@ -221,16 +258,9 @@ func Build(ctx context.Context, r *Recipe, o Options) (*Built, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(work)
-	files := ""
-	if r.files != nil {
-		files = filepath.Join(work, "files")
-		if err := writeFiles(r.files, files); err != nil {
-			return nil, fmt.Errorf("build recipe %s: %w", r.Name, err)
-		}
-	}
 	cmd := exec.CommandContext(ctx, "bash", "-s")
 	cmd.Stdin = bytes.NewReader(buildScript)
-	cmd.Env = append(os.Environ(), "BASE_TAR="+baseTar, "WORK="+work, "PACKAGES="+strings.Join(r.Packages, " "), "FILES="+files, "CHECK="+r.Check)
+	cmd.Env = append(os.Environ(), "BASE_TAR="+baseTar, "WORK="+work, "PACKAGES="+strings.Join(r.Packages, " "), "CHECK="+r.Check)
 	pw := &prefixWriter{w: o.Log, prefix: "  " + r.Name + ": "}
 	cmd.Stdout, cmd.Stderr = pw, pw
 	// Cancelled: SIGTERM to the script's group, whose trap unmounts the chroot's mounts.
@@ -261,8 +291,26 @@ func Build(ctx context.Context, r *Recipe, o Options) (*Built, error) {
 		os.Remove(tmp)
 		return nil, fmt.Errorf("build recipe %s: archive the layer: %w", r.Name, err)
 	}
-	fmt.Fprintf(o.Log, "%s: built layer %s in %s\n", r.Name, key, time.Since(start).Round(time.Second))
+	fmt.Fprintf(o.Log, "%s: built the packages layer %s in %s\n", r.Name, key, time.Since(start).Round(time.Second))
+	ok = true
 	return b, nil
+}
+
+// filesLayer writes the recipe's files to dir/files and their archive to dir/layer.tar.
+func filesLayer(ctx context.Context, files fs.FS, dir string) error {
+	tree := filepath.Join(dir, "files")
+	if err := writeFiles(files, tree); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "layer.tar"))
+	if err != nil {
+		return err
+	}
+	err = layers.WriteTar(ctx, tree, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // debianBase runs the embedded debian-base.sh (the same as scripts/debian-base.sh) and
@@ -323,8 +371,8 @@ func fileSum(p string) (string, error) {
 // Result is what Install published.
 type Result struct {
 	Environment corral.Environment
-	Base        string // NAME:VERSION
-	Toolkit     string // NAME:VERSION
+	Base        string   // NAME:VERSION
+	Toolkits    []string // NAME-packages:KEY, then NAME:KEY (the files and services)
 	Cached      bool
 }
 
@@ -341,6 +389,9 @@ func Install(ctx context.Context, c *corral.Client, r *Recipe, envName string, o
 	if err != nil {
 		return nil, err
 	}
+	if b.FilesDir != "" {
+		defer os.RemoveAll(b.FilesDir)
+	}
 	base, err := publish(ctx, c, o.Log, b.BaseTar, "base", "debian-12", corral.KindBase, nil)
 	if corral.IsConflict(err) {
 		base, err = publish(ctx, c, o.Log, b.BaseTar, "base", "debian-12-"+b.BaseKey, corral.KindBase, nil)
@@ -352,11 +403,20 @@ func Install(ctx context.Context, c *corral.Client, r *Recipe, envName string, o
 	if len(r.Services) > 0 {
 		cfg = &corral.ImageConfig{Services: r.Services}
 	}
-	tk, err := publish(ctx, c, o.Log, b.LayerTar, r.Name, b.Key, corral.KindToolkit, cfg)
+	toolkits := []string{}
+	pkgs, err := publish(ctx, c, o.Log, b.LayerTar, r.Name+"-packages", b.Key, corral.KindToolkit, nil)
 	if err != nil {
 		return nil, err
 	}
-	env := corral.Environment{Name: envName, Base: base, Toolkits: []string{tk}}
+	toolkits = append(toolkits, pkgs)
+	if b.FilesTar != "" {
+		tk, err := publish(ctx, c, o.Log, b.FilesTar, r.Name, b.FilesKey, corral.KindToolkit, cfg)
+		if err != nil {
+			return nil, err
+		}
+		toolkits = append(toolkits, tk)
+	}
+	env := corral.Environment{Name: envName, Base: base, Toolkits: toolkits}
 	saved, err := c.SaveEnvironment(ctx, env)
 	if corral.IsConflict(err) {
 		// Another composition under the name (an older build of the recipe): replaced.
@@ -367,8 +427,8 @@ func Install(ctx context.Context, c *corral.Client, r *Recipe, envName string, o
 	if err != nil {
 		return nil, fmt.Errorf("save environment %s: %w", envName, err)
 	}
-	fmt.Fprintf(o.Log, "environment %s: %s + %s\n", envName, base, tk)
-	return &Result{Environment: *saved, Base: base, Toolkit: tk, Cached: b.Cached}, nil
+	fmt.Fprintf(o.Log, "environment %s: %s + %s\n", envName, base, strings.Join(toolkits, " + "))
+	return &Result{Environment: *saved, Base: base, Toolkits: toolkits, Cached: b.Cached}, nil
 }
 
 // publish imports the tarball at p as name:version (public) unless that version is already

@@ -38,23 +38,30 @@ func TestRecipes(t *testing.T) {
 	}
 }
 
-// TestKey: a recipe's key depends on its inputs only (the base's key among them), so that
-// every host and every `make test` run finds the layer it built before.
+// TestKey: a recipe's keys depend on its inputs only (the base's key among them), so that
+// every host and every `make test` run finds the layer it built before; its files are outside
+// the packages layer's key.
 func TestKey(t *testing.T) {
 	r, err := Load("code-interpreter")
 	if err != nil {
 		t.Fatal(err)
 	}
-	k1, _ := r.Key("base-a")
-	k2, _ := r.Key("base-a")
-	k3, _ := r.Key("base-b")
+	k1, k2, k3 := r.PackagesKey("base-a"), r.PackagesKey("base-a"), r.PackagesKey("base-b")
 	if k1 != k2 || k1 == k3 || len(k1) != 16 {
 		t.Errorf("keys %q %q %q: want equal for equal inputs, different for another base", k1, k2, k3)
 	}
+	f1, _ := r.FilesKey(k1)
 	r2 := *r
 	r2.raw = append(bytes.Clone(r.raw), ' ')
-	if k4, _ := r2.Key("base-a"); k4 == k1 {
-		t.Error("a changed recipe keeps its key")
+	if f2, _ := r2.FilesKey(k1); f2 == f1 || r2.PackagesKey("base-a") != k1 {
+		t.Error("a changed recipe.json keeps its files key, or changes its packages key")
+	}
+	r2.Packages = append([]string{"extra"}, r.Packages...)
+	if r2.PackagesKey("base-a") == k1 {
+		t.Error("another package list keeps the packages key")
+	}
+	if f3, _ := r.FilesKey(k3); f3 == f1 {
+		t.Error("the files key does not follow the packages layer")
 	}
 }
 

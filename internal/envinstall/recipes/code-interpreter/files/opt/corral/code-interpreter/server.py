@@ -140,6 +140,33 @@ class Context:
     def alive(self):
         return self.km is not None and self.km.is_alive()
 
+    def reap_strays(self):
+        """Kills the processes the kernel's code forked into its process group (they would
+        outlive an interrupted run, each a copy of the kernel), leaving the kernel."""
+        try:
+            pid = self.km.provisioner.pid
+            pgid = os.getpgid(pid)
+        except Exception:
+            return 0
+        n = 0
+        for _ in range(3):  # again, for children forked while the first pass ran
+            found = False
+            for d in os.listdir("/proc"):
+                if not d.isdigit() or int(d) == pid:
+                    continue
+                try:
+                    with open("/proc/%s/stat" % d) as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    if int(fields[2]) == pgid:  # pgrp
+                        os.kill(int(d), signal.SIGKILL)
+                        n += 1
+                        found = True
+                except (OSError, IndexError, ValueError):
+                    pass
+            if not found:
+                break
+        return n
+
 
 class Contexts:
     """The contexts by ID (protected by mu)."""
@@ -335,6 +362,10 @@ def run(ctx, code, out, timeout, env_vars, sock):
         c = msg["content"]
         try:
             if t == "status" and c.get("execution_state") == "idle":
+                if interrupted_at is not None:
+                    n = ctx.reap_strays()
+                    if n:
+                        log("context %s: killed %d processes the interrupted code left" % (ctx.id, n))
                 return
             if gone:
                 continue
