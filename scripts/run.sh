@@ -98,6 +98,19 @@ step corral fncall ls
 step corral fncall rm demo
 rm -f /tmp/corral-demo.txt
 
+# A code interpreter (Python, a Jupyter kernel, numpy, pandas, matplotlib, scipy), when installed:
+# `corral env install code-interpreter` builds it once per host from Debian's packages (minutes).
+if corral env get code-interpreter >/dev/null 2>&1; then
+  ci=$(corral create --env code-interpreter --ttl 10m --label demo=make-run)
+  echo "created code-interpreter sandbox $ci"
+  step corral code "$ci" -c 'import numpy as np; xs = np.arange(10); print("squares:", xs ** 2)'
+  step corral code "$ci" -c 'int(xs.sum())'
+  step corral code "$ci" -c '1 / 0' || echo "(the traceback above; the kernel is still there)"
+  step corral rm "$ci"
+else
+  echo; echo "(a code interpreter: corral env install code-interpreter, then make run shows it)"
+fi
+
 # Identity: a harness token for a project, a rollout subproject with 2 sandboxes of quota, and an
 # agent token scoped to it. The agent works there, is refused the third sandbox, and sees nothing else.
 echo; echo "== projects, tokens and quotas"

@@ -163,6 +163,17 @@ func (a *app) newBenchCmd() *cobra.Command {
 	xf.IntVar(&xc.Idle, "idle", 20, "idle background processes in the sandbox")
 	cmd.AddCommand(exclusive)
 
+	var codeCfg bench.CodeConfig
+	codeb := a.jsonBench("code", "A code-interpreter environment: create→first runCode result vs create→first python3 exec, runCode('1+1') vs an exec of python3 -c 1+1",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Code(ctx, c, codeCfg, log)
+		})
+	codeFlags := codeb.Flags()
+	codeFlags.StringVar(&codeCfg.Env, "env", "code-interpreter", "the environment (corral env install code-interpreter)")
+	codeFlags.IntVar(&codeCfg.Creates, "creates", 10, "sandboxes created for each way of getting a first result")
+	codeFlags.IntVar(&codeCfg.Rounds, "rounds", 100, "round trips each way")
+	cmd.AddCommand(codeb)
+
 	var vc bench.VMConfig
 	vmb := a.jsonBench("vm", "The vm tier: boot to first screenshot and exec, screenshot latency, input round trip, exec, pause/resume, idle memory (baselines: microvm and container)",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {

@@ -248,6 +248,7 @@ are never changed.`,
 		a.newPowerCmd(),
 		a.newConsoleCmd(),
 		a.newVNCCmd(),
+		a.newCodeCmd(),
 	)
 	return root
 }

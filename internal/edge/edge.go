@@ -834,6 +834,9 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 	}
+	if !calls {
+		e.startServices(ctx, sb, rec, adm.services)
+	}
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
 	return rec, nil
 }
@@ -862,6 +865,8 @@ type admission struct {
 	fill map[string]int64
 	// template: the sandbox's environment starts its microvms from a template.
 	template bool
+	// services are the layers' services (services.go), started once the sandbox runs.
+	services []corral.Service
 }
 
 // admit validates a create request and turns it into a record in state creating.
@@ -1031,6 +1036,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	// Tags (python:latest) are recorded as the versions they resolved to.
 	resolved := make([]string, 0, len(refs))
 	var imageCfg *corral.ImageConfig
+	var services []corral.Service // every layer's, bottom first
 	for _, r := range refs {
 		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind, projectPath)
 		if err != nil {
@@ -1039,6 +1045,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		resolved = append(resolved, l.Name+":"+l.Version)
 		if r.field == "base" && l.ImageConfig != nil {
 			imageCfg = l.ImageConfig
+		}
+		if l.ImageConfig != nil {
+			services = append(services, l.ImageConfig.Services...)
 		}
 		// A layer imported in parts stacks on them.
 		for _, b := range l.Below {
@@ -1098,7 +1107,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		Lower:     digests,
 		ProjectID: project.ID,
 	}
-	return &admission{rec: rec, net: netc, fill: fill, template: template}, nil
+	return &admission{rec: rec, net: netc, fill: fill, template: template, services: services}, nil
 }
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.
@@ -1256,7 +1265,7 @@ func ValidateImageConfig(c *corral.ImageConfig) error {
 	if c.User != "" && !userRE.MatchString(c.User) {
 		return errdefs.Invalid("image_config.user", "%q is not a user name or uid[:gid]", c.User)
 	}
-	return nil
+	return validateServices(c.Services)
 }
 
 // resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, if project at

@@ -53,6 +53,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/input", h.input)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/console", h.console)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/vnc", h.vnc)
+	h.codeRoutes(mux) // code.go
 	return mux
 }
 

@@ -441,6 +441,22 @@ type ImageConfig struct {
 	Entrypoint []string          `json:"entrypoint,omitempty"`
 	Cmd        []string          `json:"cmd,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty"`
+	// Services are programs every sandbox with this layer (base or toolkit) starts in the
+	// background when it is created: a toolkit's server, such as the code interpreter's that
+	// `corral env install code-interpreter` publishes.
+	Services []Service `json:"services,omitempty"`
+}
+
+// Service is a program a layer starts in each sandbox made with it (ImageConfig.Services), as
+// root, in /, with the sandbox's environment and Env. It runs as a command of the sandbox
+// (`corral ps`), tagged "service:NAME".
+type Service struct {
+	Name    string   `json:"name"`
+	Command []string `json:"command"`
+	Env     []string `json:"env,omitempty"`
+	// Port, when set, is the loopback TCP port the service listens on: on container sandboxes
+	// (runc) the create returns once it accepts connections, or after 10 s.
+	Port int `json:"port,omitempty"`
 }
 
 // Environment is a saved composition of layers (POST /v1/environments): create a sandbox from it

@@ -25,7 +25,8 @@ from .client import Corral, ExecStream, Sandbox, WatchStream
 from .errors import (APIError, Conflict, CorralError, InvalidRequest, NotFound, PayloadTooLarge,
                      PermissionDenied, QuotaExceeded, ServerError, StreamError, TransportError,
                      Unauthorized, Unavailable)
-from .models import (AuditEntry, BlockedAttempt, CallResult, Command, CommandFailed, Environment,
+from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, CodeError, CodeResult,
+                     Command, CommandFailed, Environment, Execution,
                      Event, ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, Limits,
                      NetworkPolicy, NetworkService, Node, Principal, Project, ProjectQuota,
                      SandboxInfo, ServerInfo, Token, TrajectoryEntry, WatchEvent, Whoami, e2b_key)
@@ -40,6 +41,7 @@ __all__ = [
     "PayloadTooLarge", "Unauthorized", "PermissionDenied", "NotFound", "Conflict",
     "QuotaExceeded", "Unavailable", "ServerError", "CommandFailed",
     "AuditEntry", "BlockedAttempt", "CallResult", "Command", "Environment", "Event",
+    "CodeContext", "CodeError", "CodeResult", "Execution",
     "ExecResult", "Exit", "FileInfo", "FncallEnv", "Grant", "Layer", "Limits", "NetworkPolicy",
     "NetworkService", "Node", "Principal", "Project", "ProjectQuota", "SandboxInfo",
     "ServerInfo", "Token", "TrajectoryEntry", "WatchEvent", "Whoami", "e2b_key",

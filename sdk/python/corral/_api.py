@@ -554,3 +554,34 @@ def fncall_env_body(name: str, base: str, workspace: str = "",
         body["warm"] = _drop_empty({"imports": list(warm_imports or []), "interpreter": interpreter})
     return body
 
+
+
+# ---- code (a code-interpreter sandbox's kernels) ----
+
+def run_code(id: str, code: str, language: Optional[str] = None, context: Optional[str] = None,
+             timeout: Any = None, env: Optional[Mapping[str, str]] = None) -> Call:
+    body = _drop_empty({"language": language, "context": context, "timeout": duration(timeout),
+                        "env": dict(env or {})})
+    body["code"] = code
+    # Streamed: a run may be quiet for as long as its timeout.
+    return Call(Request("POST", sandbox_path(id, "code"), json_body=body, stream=True),
+                lambda s, h, b: m.Execution.from_events(parse_ndjson(b)))
+
+
+def code_contexts(id: str) -> Call:
+    return Call(Request("GET", sandbox_path(id, "code", "contexts")),
+                lambda s, h, b: [m.CodeContext(**x) for x in (parse_json(b) or [])])
+
+
+def create_code_context(id: str, language: Optional[str], cwd: Optional[str]) -> Call:
+    return Call(Request("POST", sandbox_path(id, "code", "contexts"),
+                        json_body=_drop_empty({"language": language, "cwd": cwd})),
+                lambda s, h, b: m.CodeContext(**parse_json(b)))
+
+
+def restart_code_context(id: str, context: str) -> Call:
+    return Call(Request("POST", sandbox_path(id, "code", "contexts", context, "restart")))
+
+
+def delete_code_context(id: str, context: str) -> Call:
+    return Call(Request("DELETE", sandbox_path(id, "code", "contexts", context)))

@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from . import _api, _tario, errors
 from ._core import (Call, Duration, Endpoint, NDJSONSplitter, OutputState, Request, RetryPolicy,
                     USER_AGENT, decode_error, resolve, watch_line)
-from .models import (AuditEntry, BlockedAttempt, CallResult, Command, Environment, Event,
+from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, Command, Environment, Event,
+                     Execution,
                      ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, NetworkService, Node,
                      Principal, Project, ProjectQuota, SandboxInfo, ServerInfo, Token,
                      TrajectoryEntry, WatchEvent, Whoami)
@@ -564,6 +565,34 @@ class AsyncSandbox:
         body = _api.exec_body(argv, env, cwd, user, stdin, timeout, step_id, exclusive)
         return AsyncExecStream(self._c._t, _api.exec_stream(self.id, body), OutputState(self.id),
                                resume)
+
+    # -- code (a code-interpreter sandbox: corral env install code-interpreter) --
+
+    async def run_code(self, code: str, context: Optional[str] = None, language: Optional[str] = None,
+                 timeout: Optional[Duration] = None, env: Optional[Dict[str, str]] = None) -> Execution:
+        """Run ``code`` in the sandbox's stateful kernel (variables stay between runs of one
+        context) and return its :class:`~corral.models.Execution`: ``stdout``, ``stderr``,
+        ``results`` (``text``, ``png``, ``html``...; ``.text`` is the last expression's value),
+        ``error`` (the exception, by ``name``). ``timeout`` (default 5m) interrupts the kernel,
+        not the sandbox. A sandbox without the code server raises :class:`Conflict`."""
+        return await self._c._do(_api.run_code(self.id, code, language, context, timeout, env))
+
+    async def create_code_context(self, cwd: Optional[str] = None, language: Optional[str] = None) -> CodeContext:
+        """Start a separate kernel; pass its ``id`` as ``run_code(..., context=)``."""
+        return await self._c._do(_api.create_code_context(self.id, language, cwd))
+
+    async def code_contexts(self) -> List[CodeContext]:
+        """The sandbox's contexts, the default one included."""
+        return await self._c._do(_api.code_contexts(self.id))
+
+    async def restart_code_context(self, context: str) -> None:
+        """Replace a context's kernel with a new one (its variables are gone)."""
+        await self._c._do(_api.restart_code_context(self.id, context))
+
+    async def delete_code_context(self, context: str) -> None:
+        """Stop a context's kernel and forget it."""
+        await self._c._do(_api.delete_code_context(self.id, context))
+
 
     async def exec(self, argv: Union[Sequence[str], str], env: Any = None,
                    cwd: Optional[str] = None, user: Optional[str] = None,

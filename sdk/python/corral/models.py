@@ -13,7 +13,7 @@ import dataclasses
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
 __all__ = [
     "Model", "Exit", "Event", "ExecResult", "Command", "SandboxInfo", "Limits", "NetworkPolicy",
@@ -616,3 +616,83 @@ class Node(Model):
     labels: Dict[str, str] = field(default_factory=dict)
     heartbeat_at: Optional[_dt.datetime] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class CodeResult:
+    """One result of a code run: the value of its last expression (``is_main_result``) or
+    something it displayed (a figure, a table), in each representation the kernel gave: ``text``,
+    ``html``, ``markdown``, ``svg``, ``png`` and ``jpeg`` (base64), ``latex``, ``json``..."""
+
+    text: str = ""
+    html: str = ""
+    markdown: str = ""
+    svg: str = ""
+    png: str = ""
+    jpeg: str = ""
+    pdf: str = ""
+    latex: str = ""
+    javascript: str = ""
+    json: Any = None
+    is_main_result: bool = False
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "CodeResult":
+        names = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class CodeError:
+    """The exception a code run ended with: ``name`` (``ZeroDivisionError``; ``TimeoutError``
+    when its timeout interrupted the kernel; ``KernelDied`` when the kernel died and was
+    replaced), ``value`` and ``traceback``."""
+
+    name: str = ""
+    value: str = ""
+    traceback: str = ""
+
+
+@dataclass
+class Execution:
+    """A finished code run (``Sandbox.run_code``): what it printed, its results, its error."""
+
+    stdout: List[str] = field(default_factory=list)
+    stderr: List[str] = field(default_factory=list)
+    results: List[CodeResult] = field(default_factory=list)
+    error: Optional[CodeError] = None
+    execution_count: int = 0
+
+    @property
+    def text(self) -> str:
+        """The plain text of the main result ("" when there is none)."""
+        for r in self.results:
+            if r.is_main_result:
+                return r.text
+        return ""
+
+    @classmethod
+    def from_events(cls, events: List[Mapping[str, Any]]) -> "Execution":
+        ex = cls()
+        for ev in events:
+            t = ev.get("type")
+            if t == "stdout":
+                ex.stdout.append(ev.get("text", ""))
+            elif t == "stderr":
+                ex.stderr.append(ev.get("text", ""))
+            elif t == "result":
+                ex.results.append(CodeResult.from_json(ev))
+            elif t == "error":
+                ex.error = CodeError(ev.get("name", ""), ev.get("value", ""), ev.get("traceback", ""))
+            elif t == "end":
+                ex.execution_count = ev.get("execution_count", 0)
+        return ex
+
+
+@dataclass
+class CodeContext:
+    """A separate kernel of a sandbox's code-execution server."""
+
+    id: str = ""
+    language: str = ""
+    cwd: str = ""
