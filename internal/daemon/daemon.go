@@ -125,6 +125,16 @@ type Config struct {
 	Store string
 	// DiskPool is how many writable disks of the default size are kept formatted ahead. Default 4.
 	DiskPool int
+	// SandboxDisk is the writable disk of a sandbox whose create names none (default 1 GiB);
+	// MaxSandboxDisk the most one sandbox may ask for, whatever its project's quota (default
+	// 64 GiB).
+	SandboxDisk, MaxSandboxDisk int64
+	// OvercommitDisk is how far the node's disk promise may exceed what the data dir's filesystem
+	// can hold (edge.DiskConfig; default 1). In cluster mode Cluster.Overcommit.Disk says it.
+	OvercommitDisk float64
+	// SparseDisks makes writable disks sparse instead of allocating them when made
+	// (runc.Config.SparseDisks): denser, but a full host disk can lose acknowledged writes.
+	SparseDisks bool
 	// KeepExitedCommands and KeepExitedFor bound the exited commands each sandbox's agent keeps for
 	// re-attach (agent defaults: 64 commands, 10 minutes).
 	KeepExitedCommands int
@@ -172,6 +182,15 @@ func (c *Config) setDefaults() {
 	if c.DiskPool == 0 {
 		c.DiskPool = 4
 	}
+	if c.SandboxDisk == 0 {
+		c.SandboxDisk = edge.DefaultLimits.DiskBytes
+	}
+	if c.MaxSandboxDisk == 0 {
+		c.MaxSandboxDisk = edge.MaxLimits.DiskBytes
+	}
+	if c.OvercommitDisk == 0 {
+		c.OvercommitDisk = 1
+	}
 	if c.AuditRetention == 0 {
 		c.AuditRetention = 90 * 24 * time.Hour
 	}
@@ -198,6 +217,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Runc == "" {
 		return errdefs.Invalid("runc", "no runc found: run scripts/install-runc.sh (make setup) or pass --runc")
+	}
+	if c.SandboxDisk < 16<<20 || c.SandboxDisk > c.MaxSandboxDisk {
+		return errdefs.Invalid("sandbox-disk", "%d bytes must be at least 16 MiB and at most --max-sandbox-disk (%d)", c.SandboxDisk, c.MaxSandboxDisk)
+	}
+	if c.MaxSandboxDisk > 1<<50 {
+		return errdefs.Invalid("max-sandbox-disk", "%d bytes is more than 1 PiB", c.MaxSandboxDisk)
+	}
+	if o := c.OvercommitDisk; !(o >= 0.1 && o <= 100) {
+		return errdefs.Invalid("overcommit-disk", "%g is outside [0.1, 100]", o)
 	}
 	if c.Agent == "" {
 		self, err := os.Executable()
@@ -354,8 +382,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Runsc:            cfg.Runsc,
 		RunscRoot:        filepath.Join(cfg.DataDir, "runsc"),
 		CgroupParent:     cfg.CgroupParent,
-		DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
+		DefaultDiskBytes: cfg.SandboxDisk,
 		DiskPool:         cfg.DiskPool,
+		SparseDisks:      cfg.SparseDisks,
 	}
 	if lx != nil {
 		rcfg.LXCFS = lx
@@ -377,7 +406,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Templates:        cfg.MicroVM.Templates,
 		StateDir:         filepath.Join(cfg.DataDir, "vms"),
 		CacheDir:         filepath.Join(cfg.DataDir, "vmboot"),
-		DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
+		DefaultDiskBytes: cfg.SandboxDisk,
+		SparseDisks:      cfg.SparseDisks,
 	}, log)
 	if err != nil {
 		return err
@@ -415,7 +445,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		if vm.MachineAvailable() == nil {
 			tiers = append(tiers, edge.TierVM)
 		}
-		if node, err = registerNode(ctx, cfg, st, tiers, runtimes, log); err != nil {
+		if node, err = registerNode(ctx, cfg, st, tiers, runtimes, diskAllocated(diskHolders(rt, vm)), log); err != nil {
 			return err
 		}
 	}
@@ -425,8 +455,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
 	ecfg.VM = vm
+	ecfg.DefaultLimits, ecfg.MaxLimits = edge.DefaultLimits, edge.MaxLimits
+	ecfg.DefaultLimits.DiskBytes, ecfg.MaxLimits.DiskBytes = cfg.SandboxDisk, cfg.MaxSandboxDisk
+	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Holders: diskHolders(rt, vm)}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
+		// The edge's disk promise has the final say on disk (edge.DiskConfig), with the same
+		// figure the node registered (hostCapacity).
+		ecfg.Capacity.DiskBytes, ecfg.Disk.Overcommit = 0, cfg.Cluster.Overcommit.Disk
 	}
 	e, err := edge.New(ecfg, log, st, rt, ls)
 	if err != nil {

@@ -72,6 +72,9 @@ type Config struct {
 	BootTimeout time.Duration
 	// DefaultDiskBytes is the writable disk of a Spec with DiskBytes 0.
 	DefaultDiskBytes int64
+	// SparseDisks makes microvm disks sparse files instead of allocating their blocks when they
+	// are made (runc.Config.SparseDisks says what that risks).
+	SparseDisks bool
 	// Mkfs is mkfs.ext4 (default: looked up in PATH, /usr/sbin and /sbin).
 	Mkfs string
 	// Debug asks the guest to log its boot to the console (console.log in the VM's directory).
@@ -771,15 +774,23 @@ func (r *Runtime) validate(spec *runc.Spec) error {
 	return nil
 }
 
-// makeDisk makes the VM's writable disk: a sparse file of size bytes (its size is the limit)
-// formatted ext4 on the host, so the guest mounts it at once.
+// makeDisk makes the VM's writable disk: a file of size bytes (its size is the limit), its blocks
+// allocated unless Config.SparseDisks (as a runc sandbox's, see runc's disk.go), formatted ext4
+// on the host, so the guest mounts it at once.
 func (r *Runtime) makeDisk(ctx context.Context, path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
-	err = f.Truncate(size)
+	if r.cfg.SparseDisks {
+		err = f.Truncate(size)
+	} else {
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+	}
 	f.Close()
+	if errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("allocate a %d-byte disk: the host filesystem of %s is full: %w", size, r.cfg.StateDir, errdefs.ErrNodeFull)
+	}
 	if err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
@@ -930,7 +941,14 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string 
 			// the fd set's other descriptor.
 			drive := "id=" + f.Serial + ",file=/dev/fdset/" + set + ",if=none,format=raw,file.locking=off"
 			if f.Role == "upper" {
-				drive += ",discard=unmap,aio=threads"
+				// The disk's blocks are allocated when it is made (makeDisk): a guest's discard
+				// must not punch them out again, or its later writes would need blocks the host
+				// may no longer have (QEMU then stops the VM on ENOSPC).
+				discard := "ignore"
+				if r.cfg.SparseDisks {
+					discard = "unmap"
+				}
+				drive += ",discard=" + discard + ",aio=threads"
 			} else {
 				drive += ",readonly=on"
 			}
@@ -1396,4 +1414,20 @@ func (r *Runtime) killOrphans(ids []string) {
 			break
 		}
 	}
+}
+
+// DiskAllocated is the bytes the VMs' writable disks (a microvm's upper.img, a vm's qcow2
+// overlay) take on the host's filesystem, for the edge's disk promise.
+func (r *Runtime) DiskAllocated() int64 {
+	var n int64
+	for _, name := range []string{"upper.img", "disk.qcow2"} {
+		imgs, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "*", name))
+		for _, img := range imgs {
+			var st unix.Stat_t
+			if unix.Stat(img, &st) == nil {
+				n += st.Blocks * 512
+			}
+		}
+	}
+	return n
 }
