@@ -343,6 +343,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer st.Close()
+	reserve := newDiskReserve(cfg.DataDir, log)
+	if !cfg.Down {
+		reserve.make()
+		st.OnFull(reserve.release)
+		go reserve.keep(ctx)
+	}
 	// Quota usage counters are rebuilt from the sandbox rows at every start: whatever happened
 	// before, admission starts from the truth.
 	if err := st.RecountUsage(ctx); err != nil {
@@ -457,7 +463,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	ecfg.VM = vm
 	ecfg.DefaultLimits, ecfg.MaxLimits = edge.DefaultLimits, edge.MaxLimits
 	ecfg.DefaultLimits.DiskBytes, ecfg.MaxLimits.DiskBytes = cfg.SandboxDisk, cfg.MaxSandboxDisk
-	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Holders: diskHolders(rt, vm)}
+	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Keep: reserveBytes, Holders: diskHolders(rt, vm)}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
 		// The edge's disk promise has the final say on disk (edge.DiskConfig), with the same

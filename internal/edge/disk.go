@@ -23,6 +23,8 @@ type DiskConfig struct {
 	// Overcommit is how far the promise may exceed what the filesystem can hold (default 1).
 	// Above 1 it only means something for disks made sparse (corral up --sparse-disks).
 	Overcommit float64
+	// Keep is free space never promised: room for Corral's own writes (the store).
+	Keep int64
 	// Holders report disk held on the filesystem besides live sandboxes' limits: the runtimes'
 	// pools and the disks they have allocated, volumes. Each is called at every admission.
 	Holders []DiskHolder
@@ -46,7 +48,8 @@ type DiskPromise struct {
 	Promised int64
 	// Allocated is what of Promised is taken from the filesystem already (at most Promised).
 	Allocated int64
-	// Free is the filesystem's free space (for unprivileged use: root's reserve stays the host's).
+	// Free is the filesystem's free space (for unprivileged use: root's reserve stays the host's)
+	// less DiskConfig.Keep.
 	Free int64
 	// Overcommit is DiskConfig.Overcommit.
 	Overcommit float64
@@ -84,7 +87,7 @@ func (c *DiskConfig) promise(sandboxes int64) (DiskPromise, error) {
 	if err := unix.Statfs(c.Dir, &fs); err != nil {
 		return d, fmt.Errorf("read free space of %s: %w", c.Dir, err)
 	}
-	d.Free = int64(fs.Bavail) * fs.Bsize
+	d.Free = max(0, int64(fs.Bavail)*fs.Bsize-c.Keep)
 	return d, nil
 }
 

@@ -43,7 +43,14 @@ type Store struct {
 		node  string
 		epoch int64
 	}
+	// onFull, set once before use (OnFull), frees disk for a write that failed on a full disk.
+	onFull func() bool
 }
+
+// OnFull sets f, called when a transaction fails because the database's disk is full; when f
+// reports that it freed space (a reserve file it kept for this), the transaction runs once more.
+// Call it before the store is used.
+func (s *Store) OnFull(f func() bool) { s.onFull = f }
 
 // Fence makes every later write of a sandbox record of node conditional on epoch being the
 // node's incarnation (ErrFenced otherwise): a cluster edge calls it once, after registering.
@@ -382,12 +389,20 @@ func (s *Store) migrate(ctx context.Context) error {
 // may or may not have been applied, so it is not rerun: both end as ErrUnavailable.
 func (s *Store) tx(ctx context.Context, fn func(*Tx) error) error {
 	deadline := time.Now().Add(readRetryFor)
+	freed := false
 	for attempt := 1; ; attempt++ {
 		committing, err := s.tx1(ctx, fn)
 		var wait time.Duration
 		switch {
 		case err == nil:
 			return nil
+		case diskFull(err) && !freed && s.onFull != nil:
+			// SQLite rolls a transaction back when it cannot write it; PostgreSQL never
+			// commits one that failed with disk_full.
+			if freed = s.onFull(); freed {
+				continue
+			}
+			return err
 		case transient(err) && committing:
 			return errdefs.RetryableCause(fmt.Errorf("the store's connection broke during a commit, which may or may not have been applied; retry with an idempotency key, or check: %w", errdefs.ErrUnavailable), err, time.Second)
 		case transient(err):
