@@ -118,6 +118,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.IntVar(&cfg.DiskPool, "disk-pool", 4, "writable disks of the default size kept formatted ahead")
 	f.Var(&byteSize{&cfg.SandboxDisk}, "sandbox-disk", "writable disk of a sandbox whose create names none (default 1G)")
 	f.Var(&byteSize{&cfg.MaxSandboxDisk}, "max-sandbox-disk", "most writable disk one sandbox may ask for, whatever its project's quota (default 64G)")
+	f.Var(&byteSize{&cfg.TrajectoryMax}, "trajectory-max", "stored trajectory per sandbox, charged to its project's disk while it runs; past it the outputs of its oldest finished steps are dropped, the steps kept (default 64M)")
 	f.BoolVar(&cfg.SparseDisks, "sparse-disks", false, "make writable disks sparse instead of allocating them when made: denser with --overcommit-disk above 1, but a full host disk can then lose writes a sandbox was told succeeded")
 	f.IntVar(&cfg.KeepExitedCommands, "keep-exited-commands", 0, "exited commands each sandbox keeps for re-attach (default 64)")
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")

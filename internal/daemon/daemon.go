@@ -132,6 +132,9 @@ type Config struct {
 	// OvercommitDisk is how far the node's disk promise may exceed what the data dir's filesystem
 	// can hold (edge.DiskConfig; default 1). In cluster mode Cluster.Overcommit.Disk says it.
 	OvercommitDisk float64
+	// TrajectoryMax bounds each sandbox's stored trajectory (default 64 MiB): past it the outputs
+	// of its oldest finished steps are dropped, the steps kept.
+	TrajectoryMax int64
 	// SparseDisks makes writable disks sparse instead of allocating them when made
 	// (runc.Config.SparseDisks): denser, but a full host disk can lose acknowledged writes.
 	SparseDisks bool
@@ -191,6 +194,9 @@ func (c *Config) setDefaults() {
 	if c.OvercommitDisk == 0 {
 		c.OvercommitDisk = 1
 	}
+	if c.TrajectoryMax == 0 {
+		c.TrajectoryMax = store.DefaultTrajectoryBytes
+	}
 	if c.AuditRetention == 0 {
 		c.AuditRetention = 90 * 24 * time.Hour
 	}
@@ -223,6 +229,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxSandboxDisk > 1<<50 {
 		return errdefs.Invalid("max-sandbox-disk", "%d bytes is more than 1 PiB", c.MaxSandboxDisk)
+	}
+	if c.TrajectoryMax < 1<<20 || c.TrajectoryMax > 1<<40 {
+		return errdefs.Invalid("trajectory-max", "%d bytes is outside [1 MiB, 1 TiB]", c.TrajectoryMax)
 	}
 	if o := c.OvercommitDisk; !(o >= 0.1 && o <= 100) {
 		return errdefs.Invalid("overcommit-disk", "%g is outside [0.1, 100]", o)
@@ -343,6 +352,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer st.Close()
+	st.SetTrajectoryLimit(cfg.TrajectoryMax)
 	reserve := newDiskReserve(cfg.DataDir, log)
 	if !cfg.Down {
 		reserve.make()

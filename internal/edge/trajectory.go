@@ -159,7 +159,7 @@ func replayStep(w http.ResponseWriter, entry *corral.TrajectoryEntry) {
 			return
 		}
 	}
-	if entry.OutputTruncated {
+	if entry.OutputTruncated || entry.OutputDropped {
 		out.send(corral.Event{Type: "truncated"})
 	}
 	exit := entry.Exit

@@ -569,7 +569,11 @@ type TrajectoryEntry struct {
 	// were left out.
 	Output          []Event `json:"output,omitempty"`
 	OutputTruncated bool    `json:"output_truncated,omitempty"`
-	Error           string  `json:"error,omitempty"`
+	// OutputDropped says the step's output was dropped after it finished, to keep its
+	// sandbox's stored trajectory within its bound (oldest steps' first; the step and its
+	// step_id stay, and a replay of it returns its exit without its output).
+	OutputDropped bool   `json:"output_dropped,omitempty"`
+	Error         string `json:"error,omitempty"`
 }
 
 // FetchStats describe how a layer's data, or a sandbox's layers' data, reached the node: Corral
