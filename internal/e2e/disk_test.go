@@ -16,8 +16,8 @@ import (
 // back, and bounds each sandbox's disk by --max-sandbox-disk whatever the project's quota.
 func TestDiskAdmission(t *testing.T) {
 	needRoot(t)
-	fs := smallFS(t, 256<<20)
-	p := startCorralIn(t, fs, "--sandbox-disk", "32M", "--max-sandbox-disk", "96M", "--disk-pool", "-1", "--no-microvm")
+	fs := diskTestFS(t, 256<<20)
+	p := startCorralOnDir(t, fs, "--sandbox-disk", "32M", "--max-sandbox-disk", "96M", "--disk-pool", "-1", "--no-microvm")
 	p.importDirWith(p.Client, "base", "test", corral.KindBase, busyboxRootfs(t), corral.ImportOptions{Public: true})
 	ctx := context.Background()
 

@@ -21,10 +21,10 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// smallFS makes an ext4 filesystem of size bytes in an image file, loop-mounted on a fresh short
+// diskTestFS makes an ext4 filesystem of size bytes in an image file, loop-mounted on a fresh short
 // directory (agent sockets live under a data dir). The test's cleanup unmounts it, checks that
 // no loop device is left on the image, and removes both.
-func smallFS(t *testing.T, size int64) string {
+func diskTestFS(t *testing.T, size int64) string {
 	t.Helper()
 	work, err := os.MkdirTemp("", "crl-fs-")
 	if err != nil {
@@ -63,8 +63,8 @@ func smallFS(t *testing.T, size int64) string {
 	return mnt
 }
 
-// startCorralIn is startCorral on a data dir the caller made (and removes).
-func startCorralIn(t *testing.T, dataDir string, extra ...string) *corralProc {
+// startCorralOnDir is startCorral on a data dir the caller made (and removes).
+func startCorralOnDir(t *testing.T, dataDir string, extra ...string) *corralProc {
 	t.Helper()
 	needRoot(t)
 	p := &corralProc{t: t, DataDir: dataDir, Listen: freePort(t), extra: extra}
@@ -75,8 +75,8 @@ func startCorralIn(t *testing.T, dataDir string, extra ...string) *corralProc {
 	return p
 }
 
-// loopsUnder lists the loop devices whose backing file lies under dir.
-func loopsUnder(dir string) []string {
+// loopsBackedUnderDir lists the loop devices whose backing file lies under dir.
+func loopsBackedUnderDir(dir string) []string {
 	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	var devs []string
 	for _, p := range paths {
@@ -88,9 +88,9 @@ func loopsUnder(dir string) []string {
 	return devs
 }
 
-// fillFile writes zeros to path until its filesystem is full, the way anything else on a host
+// fillDisk writes zeros to path until its filesystem is full, the way anything else on a host
 // (a log, another tenant) fills it.
-func fillFile(t *testing.T, path string) int64 {
+func fillDisk(t *testing.T, path string) int64 {
 	t.Helper()
 	f, err := os.Create(path)
 	if err != nil {
@@ -119,8 +119,8 @@ func fillFile(t *testing.T, path string) int64 {
 	return n
 }
 
-// acked is a write Corral acknowledged: a file and the checksum of what was written.
-type acked struct {
+// ackedWrite is a write Corral acknowledged: a file and the checksum of what was written.
+type ackedWrite struct {
 	sandbox, path, sum string
 	viaAPI             bool
 }
@@ -134,9 +134,9 @@ type acked struct {
 // (mounts, loop devices).
 func TestFaultFullDisk(t *testing.T) {
 	needRoot(t)
-	fs := smallFS(t, 512<<20)
+	fs := diskTestFS(t, 512<<20)
 	// 64 MiB disks, none made ahead: the filesystem holds about seven.
-	p := startCorralIn(t, fs, "--sandbox-disk", "64M", "--disk-pool", "-1", "--no-microvm")
+	p := startCorralOnDir(t, fs, "--sandbox-disk", "64M", "--disk-pool", "-1", "--no-microvm")
 	p.importDirWith(p.Client, "base", "test", corral.KindBase, busyboxRootfs(t), corral.ImportOptions{Public: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -159,14 +159,14 @@ func TestFaultFullDisk(t *testing.T) {
 	t.Logf("%d sandboxes admitted, then: %v", len(sbs), refused)
 
 	// Something else fills the host's filesystem.
-	filled := fillFile(t, filepath.Join(fs, "filler"))
+	filled := fillDisk(t, filepath.Join(fs, "filler"))
 	t.Cleanup(func() { os.Remove(filepath.Join(fs, "filler")) })
 	t.Logf("filler took %d MiB; the data dir's filesystem is full", filled>>20)
 
 	// Load: every sandbox writes through the files API and through a command that fsyncs,
 	// 1 MiB at a time, until its own disk is full.
 	var mu sync.Mutex
-	var acks []acked
+	var acks []ackedWrite
 	var apiFull, cmdFull int
 	var wg sync.WaitGroup
 	for _, id := range sbs {
@@ -189,7 +189,7 @@ func TestFaultFullDisk(t *testing.T) {
 				}
 				sum := sha256.Sum256(buf)
 				mu.Lock()
-				acks = append(acks, acked{id, path, hex.EncodeToString(sum[:]), true})
+				acks = append(acks, ackedWrite{id, path, hex.EncodeToString(sum[:]), true})
 				mu.Unlock()
 			}
 		}()
@@ -210,7 +210,7 @@ func TestFaultFullDisk(t *testing.T) {
 			for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 				switch f := strings.Fields(line); {
 				case len(f) == 3 && f[0] == "OK":
-					acks = append(acks, acked{id, f[1], f[2], false})
+					acks = append(acks, ackedWrite{id, f[1], f[2], false})
 				case strings.HasPrefix(line, "FAIL"):
 					if !strings.Contains(line, "No space left on device") {
 						t.Errorf("command write in %s failed with %q, want ENOSPC", id, line)
@@ -288,9 +288,9 @@ func TestFaultFullDisk(t *testing.T) {
 	})
 
 	// Nothing left: corral's cleanup deletes the sandboxes and stops it; then no mount and no
-	// loop device of the data dir may remain (smallFS's cleanup unmounts and checks the image).
+	// loop device of the data dir may remain (diskTestFS's cleanup unmounts and checks the image).
 	p.cleanup()
-	if devs := loopsUnder(fs); len(devs) > 0 {
+	if devs := loopsBackedUnderDir(fs); len(devs) > 0 {
 		t.Errorf("loop devices left backed by the data dir after corral stopped: %v", devs)
 	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
