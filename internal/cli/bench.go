@@ -121,6 +121,25 @@ func (a *app) newBenchCmd() *cobra.Command {
 	uf.StringVar(&noUsernsURL, "without-url", "", "URL of a corral up --no-userns on this host")
 	uf.StringVar(&noUsernsToken, "without-token-file", "", "its admin token file (DATA-DIR/admin.token)")
 	cmd.AddCommand(userns)
+	var dc bench.DiskConfig
+	var sparseURL, sparseToken string
+	disk := a.jsonBench("disk", "Create→first exec with writable disks allocated when made (this server) against a corral up --sparse-disks (--sparse-url), sampled alternately; the node's disk account after many creates",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			sparse, err := bench.NewClientFromTokenFile(sparseURL, sparseToken)
+			if err != nil {
+				return nil, err
+			}
+			return bench.Disk(ctx, c, sparse, dc, log)
+		})
+	df := disk.Flags()
+	df.StringVar(&dc.Base, "base", "base:default", "base layer NAME:VERSION (on both servers)")
+	df.IntVar(&dc.TTIRounds, "tti", 30, "create→first exec samples per server")
+	df.Var(&byteSize{&dc.DiskBytes}, "disk", "disk of the measured sandboxes (default: the servers' default, from their pools)")
+	df.IntVar(&dc.Creates, "creates", 200, "sandboxes created for the disk account (0 skips it)")
+	df.Var(&byteSize{&dc.AccountDiskBytes}, "account-disk", "disk of each of them (default: the server's default)")
+	df.StringVar(&sparseURL, "sparse-url", "", "URL of a corral up --sparse-disks on this host")
+	df.StringVar(&sparseToken, "sparse-token-file", "", "its admin token file (DATA-DIR/admin.token)")
+	cmd.AddCommand(disk)
 
 	var lc bench.LifecycleConfig
 	lifecycle := a.jsonBench("lifecycle", "Step replay vs execution, snapshots, create-from-snapshot vs create-from-base, pause/resume",

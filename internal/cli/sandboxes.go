@@ -290,6 +290,7 @@ func (a *app) newInfoCmd() *cobra.Command {
 				{"Cgroup version:", orDash(info.CgroupVersion)},
 				{"Data dir:", orDash(info.DataDir)},
 				{"Sandboxes:", strconv.Itoa(info.Sandboxes)},
+				{"Disk:", diskLine(info.Disk)},
 			} {
 				t.row(kv[0], kv[1])
 			}
@@ -346,6 +347,15 @@ func usernsLine(info *corral.Info) string {
 		return "off: " + info.UserNSUnavailable + " (container sandboxes' root is the host's root, confined by capabilities and seccomp)"
 	}
 	return "-"
+}
+
+// diskLine says what the node has promised of its data dir's filesystem and what it can hold.
+func diskLine(d *corral.DiskAccount) string {
+	if d == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%s promised of %s (free %s + %s allocated, ×%g)", formatBytes(d.PromisedBytes), formatBytes(d.HaveBytes),
+		formatBytes(d.FreeBytes), formatBytes(d.AllocatedBytes), d.Overcommit)
 }
 
 func networkingLine(info *corral.Info) string {

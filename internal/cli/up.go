@@ -42,6 +42,7 @@ re-adopted at the next start, as they are after a crash.`,
 		},
 	}
 	addDaemonFlags(cmd.Flags(), &cfg, &logFormat, &logLevel)
+	cmd.Flags().Float64Var(&cfg.OvercommitDisk, "overcommit-disk", 0, "writable-disk limits admitted per byte the data dir's filesystem can hold (its free space plus what sandbox disks took; default 1); over it a create is refused with 409 node_full")
 	cmd.Flags().StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API (the e2b SDKs' E2B_API_URL) on this address (default: off)")
 	cmd.Flags().StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>; default: the host a request came to)")
 	return cmd
@@ -121,6 +122,10 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.DurationVar(&cfg.Fetch.Timeout, "fetch-timeout", 0, "how long a sandbox's read waits on the blob store before it fails with EIO (default 30s)")
 	f.Var(&byteSize{&cfg.Fetch.FillRate}, "fetch-fill-rate", "after prefetch, fetch the rest of a sandbox's layers in the background at this many bytes per second (default 0: not at all)")
 	f.IntVar(&cfg.DiskPool, "disk-pool", 4, "writable disks of the default size kept formatted ahead")
+	f.Var(&byteSize{&cfg.SandboxDisk}, "sandbox-disk", "writable disk of a sandbox whose create names none (default 1G)")
+	f.Var(&byteSize{&cfg.MaxSandboxDisk}, "max-sandbox-disk", "most writable disk one sandbox may ask for, whatever its project's quota (default 64G)")
+	f.Var(&byteSize{&cfg.TrajectoryMax}, "trajectory-max", "stored trajectory per sandbox, charged to its project's disk while it runs; past it the outputs of its oldest finished steps are dropped, the steps kept (default 64M)")
+	f.BoolVar(&cfg.SparseDisks, "sparse-disks", false, "make writable disks sparse instead of allocating them when made: denser with --overcommit-disk above 1, but a full host disk can then lose writes a sandbox was told succeeded")
 	f.IntVar(&cfg.KeepExitedCommands, "keep-exited-commands", 0, "exited commands each sandbox keeps for re-attach (default 64)")
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
 	f.DurationVar(&cfg.AuditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")

@@ -69,10 +69,10 @@ func (c *ClusterConfig) admissible(host corral.Resources) *corral.Resources {
 }
 
 // registerNode starts this edge's incarnation and fences the store's writes with its epoch.
-func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, log *slog.Logger) (*corral.Node, error) {
+func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, diskHeld int64, log *slog.Logger) (*corral.Node, error) {
 	n, err := st.RegisterNode(ctx, corral.Node{
 		Name: cfg.Node, URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
-		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes),
+		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes, diskHeld),
 		Tiers:    tiers, Runtimes: runtimes,
 	}, cfg.Cluster.LeaseTTL)
 	if err != nil {
@@ -118,8 +118,9 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 }
 
 // hostCapacity is what this host offers: its CPUs, memory, the data dir's disk, and a cap on
-// sandboxes.
-func hostCapacity(dataDir string, sandboxes int) corral.Resources {
+// sandboxes. The disk is the edge's figure (edge.DiskPromise.Have before overcommit): the
+// filesystem's free space plus what sandbox disks (diskHeld) have taken from it already.
+func hostCapacity(dataDir string, sandboxes int, diskHeld int64) corral.Resources {
 	c := corral.Resources{CPUs: float64(runtime.NumCPU()), Sandboxes: sandboxes}
 	if f, err := os.Open("/proc/meminfo"); err == nil {
 		sc := bufio.NewScanner(f)
@@ -133,7 +134,7 @@ func hostCapacity(dataDir string, sandboxes int) corral.Resources {
 	}
 	var fs syscall.Statfs_t
 	if syscall.Statfs(dataDir, &fs) == nil {
-		c.DiskBytes = int64(fs.Blocks) * int64(fs.Bsize)
+		c.DiskBytes = int64(fs.Bavail)*int64(fs.Bsize) + diskHeld
 	}
 	return c
 }

@@ -125,6 +125,19 @@ type Config struct {
 	Store string
 	// DiskPool is how many writable disks of the default size are kept formatted ahead. Default 4.
 	DiskPool int
+	// SandboxDisk is the writable disk of a sandbox whose create names none (default 1 GiB);
+	// MaxSandboxDisk the most one sandbox may ask for, whatever its project's quota (default
+	// 64 GiB).
+	SandboxDisk, MaxSandboxDisk int64
+	// OvercommitDisk is how far the node's disk promise may exceed what the data dir's filesystem
+	// can hold (edge.DiskConfig; default 1). In cluster mode Cluster.Overcommit.Disk says it.
+	OvercommitDisk float64
+	// TrajectoryMax bounds each sandbox's stored trajectory (default 64 MiB): past it the outputs
+	// of its oldest finished steps are dropped, the steps kept.
+	TrajectoryMax int64
+	// SparseDisks makes writable disks sparse instead of allocating them when made
+	// (runc.Config.SparseDisks): denser, but a full host disk can lose acknowledged writes.
+	SparseDisks bool
 	// KeepExitedCommands and KeepExitedFor bound the exited commands each sandbox's agent keeps for
 	// re-attach (agent defaults: 64 commands, 10 minutes).
 	KeepExitedCommands int
@@ -178,6 +191,18 @@ func (c *Config) setDefaults() {
 	if c.DiskPool == 0 {
 		c.DiskPool = 4
 	}
+	if c.SandboxDisk == 0 {
+		c.SandboxDisk = edge.DefaultLimits.DiskBytes
+	}
+	if c.MaxSandboxDisk == 0 {
+		c.MaxSandboxDisk = edge.MaxLimits.DiskBytes
+	}
+	if c.OvercommitDisk == 0 {
+		c.OvercommitDisk = 1
+	}
+	if c.TrajectoryMax == 0 {
+		c.TrajectoryMax = store.DefaultTrajectoryBytes
+	}
 	if c.AuditRetention == 0 {
 		c.AuditRetention = 90 * 24 * time.Hour
 	}
@@ -204,6 +229,18 @@ func (c *Config) Validate() error {
 	}
 	if c.Runc == "" {
 		return errdefs.Invalid("runc", "no runc found: run scripts/install-runc.sh (make setup) or pass --runc")
+	}
+	if c.SandboxDisk < 16<<20 || c.SandboxDisk > c.MaxSandboxDisk {
+		return errdefs.Invalid("sandbox-disk", "%d bytes must be at least 16 MiB and at most --max-sandbox-disk (%d)", c.SandboxDisk, c.MaxSandboxDisk)
+	}
+	if c.MaxSandboxDisk > 1<<50 {
+		return errdefs.Invalid("max-sandbox-disk", "%d bytes is more than 1 PiB", c.MaxSandboxDisk)
+	}
+	if c.TrajectoryMax < 1<<20 || c.TrajectoryMax > 1<<40 {
+		return errdefs.Invalid("trajectory-max", "%d bytes is outside [1 MiB, 1 TiB]", c.TrajectoryMax)
+	}
+	if o := c.OvercommitDisk; !(o >= 0.1 && o <= 100) {
+		return errdefs.Invalid("overcommit-disk", "%g is outside [0.1, 100]", o)
 	}
 	if c.Agent == "" {
 		self, err := os.Executable()
@@ -361,6 +398,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 	}
 	log = log.With("node", cfg.Node)
+	st.SetTrajectoryLimit(cfg.TrajectoryMax)
+	reserve := newDiskReserve(cfg.DataDir, log)
+	if !cfg.Down {
+		reserve.make()
+		st.OnFull(reserve.release)
+		go reserve.keep(ctx)
+	}
 	// Quota usage counters are rebuilt from the sandbox rows at every start: whatever happened
 	// before, admission starts from the truth.
 	if err := st.RecountUsage(ctx); err != nil {
@@ -400,8 +444,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Runsc:            cfg.Runsc,
 		RunscRoot:        filepath.Join(cfg.DataDir, "runsc"),
 		CgroupParent:     cfg.CgroupParent,
-		DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
+		DefaultDiskBytes: cfg.SandboxDisk,
 		DiskPool:         cfg.DiskPool,
+		SparseDisks:      cfg.SparseDisks,
 	}
 	if lx != nil {
 		rcfg.LXCFS = lx
@@ -426,7 +471,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Templates:        cfg.MicroVM.Templates,
 		StateDir:         filepath.Join(cfg.DataDir, "vms"),
 		CacheDir:         filepath.Join(cfg.DataDir, "vmboot"),
-		DefaultDiskBytes: edge.DefaultLimits.DiskBytes,
+		DefaultDiskBytes: cfg.SandboxDisk,
+		SparseDisks:      cfg.SparseDisks,
 	}, log)
 	if err != nil {
 		return err
@@ -464,7 +510,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		if vm.MachineAvailable() == nil {
 			tiers = append(tiers, edge.TierVM)
 		}
-		if node, err = registerNode(ctx, cfg, st, tiers, runtimes, log); err != nil {
+		if node, err = registerNode(ctx, cfg, st, tiers, runtimes, diskAllocated(diskHolders(rt, vm)), log); err != nil {
 			return err
 		}
 	}
@@ -474,8 +520,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
 	ecfg.VM = vm
+	ecfg.DefaultLimits, ecfg.MaxLimits = edge.DefaultLimits, edge.MaxLimits
+	ecfg.DefaultLimits.DiskBytes, ecfg.MaxLimits.DiskBytes = cfg.SandboxDisk, cfg.MaxSandboxDisk
+	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Keep: reserveBytes, Holders: diskHolders(rt, vm)}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
+		// The edge's disk promise has the final say on disk (edge.DiskConfig), with the same
+		// figure the node registered (hostCapacity).
+		ecfg.Capacity.DiskBytes, ecfg.Disk.Overcommit = 0, cfg.Cluster.Overcommit.Disk
 	}
 	e, err := edge.New(ecfg, log, st, rt, ls)
 	if err != nil {

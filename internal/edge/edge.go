@@ -109,6 +109,9 @@ type Config struct {
 	// A create over it fails with errdefs.ErrNodeFull (409 node_full), which a cluster's
 	// placement takes as "try another node": the edge has the final say.
 	Capacity *corral.Resources
+	// Disk, when set, admits creates against the data dir's filesystem (disk.go): a create whose
+	// disk limit does not fit what the node can still promise is refused with node_full.
+	Disk *DiskConfig
 	// VM, when set, runs microvm and vm sandboxes (internal/runtime/qemu); nil: those tiers are off.
 	VM VMRuntime
 	// VMAgentWait bounds how long a data-plane call to a vm sandbox waits for the agent of a
@@ -147,7 +150,7 @@ var DefaultLimits = corral.Limits{
 	CPUs:        1,
 	MemoryBytes: 1 << 30,
 	Pids:        1024,
-	DiskBytes:   10 << 30,
+	DiskBytes:   1 << 30,
 	OpenFiles:   4096,
 	OutputBytes: 16 << 20,
 }
@@ -157,7 +160,7 @@ var MaxLimits = corral.Limits{
 	CPUs:        64,
 	MemoryBytes: 256 << 30,
 	Pids:        1 << 20,
-	DiskBytes:   4 << 40,
+	DiskBytes:   64 << 30,
 	OpenFiles:   1 << 20,
 	OutputBytes: 1 << 30,
 }
@@ -187,6 +190,9 @@ func (c *Config) setDefaults() {
 	if c.Retention == 0 {
 		c.Retention = 24 * time.Hour
 	}
+	if c.Disk != nil && c.Disk.Overcommit == 0 {
+		c.Disk.Overcommit = 1
+	}
 }
 
 // nodePattern is a node name: 1-32 lowercase letters, digits and inner hyphens.
@@ -207,6 +213,17 @@ func (c *Config) Validate() error {
 	}
 	if c.DefaultTTL > c.MaxTTL {
 		return errdefs.Invalid("default-ttl", "%s exceeds the maximum TTL %s", c.DefaultTTL, c.MaxTTL)
+	}
+	if d, m := c.DefaultLimits.DiskBytes, c.MaxLimits.DiskBytes; d < 16<<20 || d > m {
+		return errdefs.Invalid("sandbox-disk", "the default disk %d must be at least 16 MiB and at most the ceiling %d (max-sandbox-disk)", d, m)
+	}
+	if c.Disk != nil {
+		if c.Disk.Dir == "" {
+			return errdefs.Invalid("data-dir", "disk admission needs the data dir")
+		}
+		if o := c.Disk.Overcommit; o < 0.1 || o > 100 || o != o {
+			return errdefs.Invalid("overcommit-disk", "%g is outside [0.1, 100]", o)
+		}
 	}
 	return nil
 }
@@ -622,11 +639,19 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 		return fmt.Errorf("node %s is draining (corral node uncordon %s lets it take sandboxes again): %w", e.cfg.Node, e.cfg.Node, errdefs.ErrNodeFull)
 	}
 	c := e.cfg.Capacity
-	if c == nil {
+	if c == nil && e.cfg.Disk == nil {
 		return e.store.AdmitSandbox(ctx, rec, key)
 	}
 	e.capMu.Lock()
 	defer e.capMu.Unlock()
+	if e.cfg.Disk != nil {
+		if err := e.admitDiskLocked(ctx, rec); err != nil {
+			return err
+		}
+	}
+	if c == nil {
+		return e.store.AdmitSandbox(ctx, rec, key)
+	}
 	used, err := e.store.NodeUsage(ctx, e.cfg.Node)
 	if err != nil {
 		return err

@@ -6,12 +6,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash"
 	"io"
 	"net/http"
 	"regexp"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -72,6 +75,9 @@ func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req corral.ExecReques
 		return nil, nil, errdefs.Invalid("step_id", "%q must be 1-128 letters, digits or . _ : / -", req.StepID)
 	}
 	areq.Tag = req.StepID
+	if !e.trajectoryRoom() {
+		return nil, nil, fmt.Errorf("record step %q: the node's data dir is full, so the step could not be recorded and was not run; retry later: %w", req.StepID, errdefs.ErrExhausted)
+	}
 	// Recorded before it runs: a retry after any crash finds it and never runs it twice.
 	existing, err = e.store.BeginStep(ctx, sb.id, entry)
 	if err != nil {
@@ -85,6 +91,10 @@ func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req corral.ExecReques
 func (e *Edge) recordStarted(ctx context.Context, sb *sandbox, entry *corral.TrajectoryEntry, commandID string) bool {
 	entry.CommandID = commandID
 	var err error
+	if entry.Seq == 0 && !e.trajectoryRoom() {
+		e.log.Warn("trajectory step not recorded: the data dir is full", "sandbox", sb.id)
+		return false
+	}
 	if entry.Seq > 0 {
 		err = e.store.UpdateStep(ctx, sb.id, entry)
 	} else {
@@ -129,6 +139,10 @@ func (r *stepRecorder) add(ev agentrpc.Event) {
 // finish records the end of a step.
 func (e *Edge) finishStep(sandbox string, entry *corral.TrajectoryEntry, state, errMsg string) {
 	entry.State, entry.Error, entry.EndedAt = state, errMsg, time.Now().UTC()
+	if !e.trajectoryRoom() && len(entry.Output) > 0 {
+		// The step's end is recorded, its output is not: the disk kept for deletes stays free.
+		entry.Output, entry.OutputTruncated = nil, true
+	}
 	if err := e.store.UpdateStep(context.Background(), sandbox, entry); err != nil {
 		e.log.Error("record trajectory step", "sandbox", sandbox, "seq", entry.Seq, "err", err)
 	}
@@ -145,7 +159,7 @@ func replayStep(w http.ResponseWriter, entry *corral.TrajectoryEntry) {
 			return
 		}
 	}
-	if entry.OutputTruncated {
+	if entry.OutputTruncated || entry.OutputDropped {
 		out.send(corral.Event{Type: "truncated"})
 	}
 	exit := entry.Exit
@@ -273,9 +287,24 @@ func (e *Edge) recordFileCall(sb *sandbox, kind string, request any, callErr err
 	if callErr != nil {
 		entry.State, entry.Error = corral.StepFailed, callErr.Error()
 	}
+	if !e.trajectoryRoom() {
+		e.log.Warn("trajectory step not recorded: the data dir is full", "sandbox", sb.id, "kind", kind)
+		return
+	}
 	if _, err := e.store.BeginStep(context.Background(), sb.id, entry); err != nil {
 		e.log.Error("record trajectory step", "sandbox", sb.id, "kind", kind, "err", err)
 	}
+}
+
+// trajectoryRoom reports whether the data dir's filesystem has room for trajectory records:
+// more free space than DiskConfig.Keep, which is kept for recording sandboxes' ends and deletes.
+func (e *Edge) trajectoryRoom() bool {
+	c := e.cfg.Disk
+	if c == nil || c.Keep == 0 {
+		return true
+	}
+	var fs unix.Statfs_t
+	return unix.Statfs(c.Dir, &fs) != nil || int64(fs.Bavail)*fs.Bsize > c.Keep
 }
 
 // hashingReader counts and hashes what passes through it.

@@ -192,6 +192,15 @@ func transient(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE)
 }
 
+// diskFull reports whether err says the database's disk is full (SQLITE_FULL, PostgreSQL's
+// disk_full, ENOSPC).
+func diskFull(err error) bool {
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pe.Code == "53100"
+	}
+	return err != nil && (errors.Is(err, syscall.ENOSPC) || strings.Contains(err.Error(), "database or disk is full"))
+}
+
 // unavailable turns a connection failure into ErrUnavailable (503 with Retry-After at the API),
 // keeping what the driver said; other errors pass unchanged.
 func unavailable(err error) error {

@@ -196,7 +196,7 @@ func (s *Store) RecountUsage(ctx context.Context) error {
 				return err
 			}
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT project_id, tier, cpus, memory_bytes, disk_bytes FROM sandboxes WHERE state IN `+liveStatesSQL)
+		rows, err := tx.QueryContext(ctx, `SELECT project_id, tier, cpus, memory_bytes, disk_bytes + trajectory_bytes FROM sandboxes WHERE state IN `+liveStatesSQL)
 		if err != nil {
 			return err
 		}

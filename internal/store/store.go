@@ -43,7 +43,24 @@ type Store struct {
 		node  string
 		epoch int64
 	}
+	// onFull, set once before use (OnFull), frees disk for a write that failed on a full disk.
+	onFull func() bool
+	// trajectoryMax bounds each sandbox's stored trajectory (SetTrajectoryLimit).
+	trajectoryMax int64
 }
+
+// DefaultTrajectoryBytes bounds each sandbox's stored trajectory unless SetTrajectoryLimit says.
+const DefaultTrajectoryBytes = 64 << 20
+
+// SetTrajectoryLimit bounds each sandbox's stored trajectory to n bytes (0: the default): past
+// it, the outputs of its oldest finished steps are dropped (OutputDropped), their steps and
+// step IDs kept. Call it before the store is used.
+func (s *Store) SetTrajectoryLimit(n int64) { s.trajectoryMax = n }
+
+// OnFull sets f, called when a transaction fails because the database's disk is full; when f
+// reports that it freed space (a reserve file it kept for this), the transaction runs once more.
+// Call it before the store is used.
+func (s *Store) OnFull(f func() bool) { s.onFull = f }
 
 // Fence makes every later write of a sandbox record of node conditional on epoch being the
 // node's incarnation (ErrFenced otherwise): a cluster edge calls it once, after registering.
@@ -265,6 +282,14 @@ var migrations = []string{
 	// 13: a trajectory step run exclusive (corral exec --exclusive: every other process of the
 	// sandbox stopped while it ran), kept as a column so the mark does not depend on the document.
 	`ALTER TABLE trajectory ADD COLUMN exclusive INTEGER NOT NULL DEFAULT 0;`,
+	// 14: trajectory storage bounded per sandbox (issue 23): each step's stored size, whether its
+	// output was dropped to keep the bound, and each sandbox's total (charged to its project's
+	// disk usage while it is live).
+	`ALTER TABLE trajectory ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE trajectory ADD COLUMN output_dropped INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN trajectory_bytes INTEGER NOT NULL DEFAULT 0;
+	UPDATE trajectory SET bytes = LENGTH(doc);
+	UPDATE sandboxes SET trajectory_bytes = (SELECT COALESCE(SUM(bytes), 0) FROM trajectory WHERE sandbox_id = sandboxes.id);`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -430,12 +455,20 @@ func (s *Store) checkOwnDatabase(ctx context.Context) error {
 // may or may not have been applied, so it is not rerun: both end as ErrUnavailable.
 func (s *Store) tx(ctx context.Context, fn func(*Tx) error) error {
 	deadline := time.Now().Add(readRetryFor)
+	freed := false
 	for attempt := 1; ; attempt++ {
 		committing, err := s.tx1(ctx, fn)
 		var wait time.Duration
 		switch {
 		case err == nil:
 			return nil
+		case diskFull(err) && !freed && s.onFull != nil:
+			// SQLite rolls a transaction back when it cannot write it; PostgreSQL never
+			// commits one that failed with disk_full.
+			if freed = s.onFull(); freed {
+				continue
+			}
+			return err
 		case transient(err) && committing:
 			return errdefs.RetryableCause(fmt.Errorf("the store's connection broke during a commit, which may or may not have been applied; retry with an idempotency key, or check: %w", errdefs.ErrUnavailable), err, time.Second)
 		case transient(err):
@@ -488,14 +521,16 @@ func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
 	}
 	var old usageRow
 	var oldState string
-	err := q.QueryRowContext(ctx, `SELECT state, project_id, tier, cpus, memory_bytes, disk_bytes FROM sandboxes WHERE id = ?`, sb.ID).
-		Scan(&oldState, &old.project, &old.tier, &old.cpus, &old.memory, &old.disk)
+	var trajectory int64 // its stored trajectory, charged to its project's disk while it is live
+	err := q.QueryRowContext(ctx, `SELECT state, project_id, tier, cpus, memory_bytes, disk_bytes, trajectory_bytes FROM sandboxes WHERE id = ?`, sb.ID).
+		Scan(&oldState, &old.project, &old.tier, &old.cpus, &old.memory, &old.disk, &trajectory)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
 	}
+	old.disk += trajectory
 	wasLive := err == nil && slices.Contains(liveStates, oldState)
 	isLive := slices.Contains(liveStates, sb.State)
-	now := usageRow{project: sb.ProjectID, tier: sb.Tier, cpus: sb.Limits.CPUs, memory: sb.Limits.MemoryBytes, disk: sb.Limits.DiskBytes}
+	now := usageRow{project: sb.ProjectID, tier: sb.Tier, cpus: sb.Limits.CPUs, memory: sb.Limits.MemoryBytes, disk: sb.Limits.DiskBytes + trajectory}
 	if wasLive != isLive || (isLive && old != now) {
 		if wasLive {
 			if err := addUsage(ctx, q, old, -1); err != nil {
@@ -621,7 +656,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	err := s.tx(ctx, func(tx *Tx) error {
 		var u usageRow
 		var state string
-		err := tx.QueryRowContext(ctx, `SELECT state, project_id, tier, cpus, memory_bytes, disk_bytes FROM sandboxes WHERE id = ?`, id).
+		err := tx.QueryRowContext(ctx, `SELECT state, project_id, tier, cpus, memory_bytes, disk_bytes + trajectory_bytes FROM sandboxes WHERE id = ?`, id).
 			Scan(&state, &u.project, &u.tier, &u.cpus, &u.memory, &u.disk)
 		if err == nil && slices.Contains(liveStates, state) {
 			if err := addUsage(ctx, tx, u, -1); err != nil {
@@ -670,9 +705,12 @@ func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.Traject
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO trajectory (sandbox_id, seq, step_id, state, doc, exclusive) VALUES (?, ?, ?, ?, ?, ?)`,
-			sandbox, e.Seq, e.StepID, e.State, string(doc), boolInt(e.Exclusive))
-		return err
+		_, err = tx.ExecContext(ctx, `INSERT INTO trajectory (sandbox_id, seq, step_id, state, doc, exclusive, bytes) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			sandbox, e.Seq, e.StepID, e.State, string(doc), boolInt(e.Exclusive), len(doc))
+		if err != nil {
+			return err
+		}
+		return s.chargeTrajectory(ctx, tx, sandbox, int64(len(doc)))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("append to trajectory of %s: %w", sandbox, err)
@@ -687,11 +725,115 @@ func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *corral.Trajec
 	if err != nil {
 		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
 	}
-	if _, err := s.db.ExecContext(ctx, `UPDATE trajectory SET state = ?, doc = ? WHERE sandbox_id = ? AND seq = ?`,
-		e.State, string(doc), sandbox, e.Seq); err != nil {
+	err = s.tx(ctx, func(tx *Tx) error {
+		var old int64
+		if err := tx.QueryRowContext(ctx, `SELECT bytes FROM trajectory WHERE sandbox_id = ? AND seq = ?`, sandbox, e.Seq).Scan(&old); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE trajectory SET state = ?, doc = ?, bytes = ? WHERE sandbox_id = ? AND seq = ?`,
+			e.State, string(doc), len(doc), sandbox, e.Seq); err != nil {
+			return err
+		}
+		return s.chargeTrajectory(ctx, tx, sandbox, int64(len(doc))-old)
+	})
+	if err != nil {
 		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
 	}
 	return nil
+}
+
+// chargeTrajectory adds delta bytes to sandbox's stored trajectory, and to its project's disk
+// usage while it is live; past the bound it drops the outputs of the oldest finished steps
+// (charging what that gives back) until the trajectory fits again or no output is left to drop.
+func (s *Store) chargeTrajectory(ctx context.Context, tx *Tx, sandbox string, delta int64) error {
+	var project, state string
+	var total int64
+	err := tx.QueryRowContext(ctx, `SELECT project_id, state, trajectory_bytes FROM sandboxes WHERE id = ?`, sandbox).Scan(&project, &state, &total)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // no record (a test's bare trajectory): nothing to charge
+	}
+	if err != nil {
+		return err
+	}
+	limit := s.trajectoryMax
+	if limit <= 0 {
+		limit = DefaultTrajectoryBytes
+	}
+	for total+delta > limit {
+		freed, err := dropOldestOutputs(ctx, tx, sandbox, total+delta-limit)
+		if err != nil {
+			return err
+		}
+		if freed == 0 {
+			break // only running steps and steps without output are left
+		}
+		delta -= freed
+	}
+	if delta == 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET trajectory_bytes = trajectory_bytes + ? WHERE id = ?`, delta, sandbox); err != nil {
+		return err
+	}
+	if !slices.Contains(liveStates, state) {
+		return nil
+	}
+	ids, err := ancestorIDs(ctx, tx, project)
+	if err != nil {
+		return err
+	}
+	return addUsageTo(ctx, tx, ids, corral.Usage{DiskBytes: delta})
+}
+
+// dropOldestOutputs drops the outputs of sandbox's oldest finished steps that still have them,
+// until at least want bytes are freed or a batch is done; it returns the bytes freed.
+func dropOldestOutputs(ctx context.Context, tx *Tx, sandbox string, want int64) (int64, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT seq, doc, bytes FROM trajectory WHERE sandbox_id = ? AND output_dropped = 0 AND state != ?
+		ORDER BY seq LIMIT 64`, sandbox, corral.StepRunning)
+	if err != nil {
+		return 0, err
+	}
+	type step struct {
+		seq, bytes int64
+		doc        string
+	}
+	var steps []step
+	for rows.Next() {
+		var st step
+		if err := rows.Scan(&st.seq, &st.doc, &st.bytes); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		steps = append(steps, st)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	var freed int64
+	for _, st := range steps {
+		if freed >= want {
+			break
+		}
+		var e corral.TrajectoryEntry
+		if err := json.Unmarshal([]byte(st.doc), &e); err != nil {
+			return freed, fmt.Errorf("decode step %d: %w", st.seq, err)
+		}
+		doc := []byte(st.doc)
+		if len(e.Output) > 0 {
+			e.Output, e.OutputDropped = nil, true
+			if doc, err = json.Marshal(&e); err != nil {
+				return freed, err
+			}
+		}
+		// Marked either way, so that a step without output is not read again.
+		if _, err := tx.ExecContext(ctx, `UPDATE trajectory SET doc = ?, bytes = ?, output_dropped = 1 WHERE sandbox_id = ? AND seq = ?`,
+			string(doc), len(doc), sandbox, st.seq); err != nil {
+			return freed, err
+		}
+		freed += st.bytes - int64(len(doc))
+	}
+	return freed, nil
 }
 
 // ListSteps returns up to limit steps of sandbox's trajectory with seq > after, in order. A

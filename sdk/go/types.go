@@ -530,6 +530,23 @@ type Info struct {
 	DataDir       string `json:"data_dir"`
 	Sandboxes     int    `json:"sandboxes"`
 	CgroupVersion string `json:"cgroup_version"`
+	// Disk is the node's disk account (shown to operators only).
+	Disk *DiskAccount `json:"disk,omitempty"`
+}
+
+// DiskAccount is what a node has promised of its data dir's filesystem. A create is admitted
+// while PromisedBytes plus its disk limit stays within HaveBytes (else 409 node_full).
+type DiskAccount struct {
+	// PromisedBytes is the disk limits of live sandboxes plus disks made ahead (and volumes).
+	PromisedBytes int64 `json:"promised_bytes"`
+	// AllocatedBytes is what of it is already taken from the filesystem.
+	AllocatedBytes int64 `json:"allocated_bytes"`
+	// FreeBytes is the filesystem's free space, less what Corral keeps for itself.
+	FreeBytes int64 `json:"free_bytes"`
+	// Overcommit multiplies what the filesystem can hold (corral up --overcommit-disk).
+	Overcommit float64 `json:"overcommit"`
+	// HaveBytes is (FreeBytes + AllocatedBytes) × Overcommit.
+	HaveBytes int64 `json:"have_bytes"`
 }
 
 // Error is the body of every error response.
@@ -573,7 +590,11 @@ type TrajectoryEntry struct {
 	// were left out.
 	Output          []Event `json:"output,omitempty"`
 	OutputTruncated bool    `json:"output_truncated,omitempty"`
-	Error           string  `json:"error,omitempty"`
+	// OutputDropped says the step's output was dropped after it finished, to keep its
+	// sandbox's stored trajectory within its bound (oldest steps' first; the step and its
+	// step_id stay, and a replay of it returns its exit without its output).
+	OutputDropped bool   `json:"output_dropped,omitempty"`
+	Error         string `json:"error,omitempty"`
 }
 
 // FetchStats describe how a layer's data, or a sandbox's layers' data, reached the node: Corral

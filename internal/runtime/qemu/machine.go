@@ -26,6 +26,10 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
+// machineTCGCacheMiB is the TCG translation cache of a vm (a full distribution runs more code
+// than a microvm's guest).
+const machineTCGCacheMiB = 256
+
 // MachineVM is runc.Spec.Machine for the vm tier: a full q35 machine with firmware (SeaBIOS),
 // booted from a disk image under a copy-on-write overlay of its own, with a standard VGA screen,
 // a PS/2 keyboard and a USB tablet (absolute pointer). See the package doc.
@@ -151,7 +155,7 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 	}
 	files = append(files, vmFile{Role: "machine-config", Path: cfgPath}, vmFile{Role: "console", Path: filepath.Join(dir, "console.log")},
 		vmFile{Role: "qmp", Path: filepath.Join(dir, "qmp.sock")}, vmFile{Role: "ctl", Path: filepath.Join(dir, "ctl.sock")})
-	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(), CPUs: spec.CPUs,
+	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(), CPUs: spec.CPUs, MemoryLimit: qemuMemoryLimit(spec.MemoryBytes, r.accel, machineTCGCacheMiB, 64<<20),
 		Machine: MachineVM, FileLimit: max(size+size/8, spec.MemoryBytes+spec.MemoryBytes/256) + 64<<20}
 	st.Args = r.machineArgs(&spec, files)
 	if err := r.writeState(st); err != nil {
@@ -180,7 +184,7 @@ func (r *Runtime) machineArgs(spec *runc.Spec, files []vmFile) []string {
 	} else {
 		// TCG's translation cache defaults to 1 GiB; a quarter of it keeps a full distribution
 		// fast enough and QEMU's own memory bounded.
-		a = append(a, "-accel", "tcg,thread=multi,tb-size=256")
+		a = append(a, "-accel", "tcg,thread=multi,tb-size="+strconv.Itoa(machineTCGCacheMiB))
 	}
 	a = append(a, "-m", strconv.FormatInt(spec.MemoryBytes>>20, 10), "-smp", strconv.Itoa(cpus),
 		"-nodefaults", "-no-user-config", "-display", "none", "-vga", "std", "-vnc", "none",
@@ -689,12 +693,29 @@ func (r *Runtime) Power(ctx context.Context, id, action string, force bool) erro
 	return nil
 }
 
-// Console returns the end of a VM's serial console output (at most limit bytes).
+// Console returns the end of a VM's serial console output (at most limit bytes): of console.log,
+// preceded by console.log.1 (where capConsoles moved the earlier output) when that is short.
 func (r *Runtime) Console(id string, limit int64) ([]byte, error) {
 	if _, err := r.readState(id); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(filepath.Join(r.dir(id), "console.log"))
+	cur, err := fileEnd(filepath.Join(r.dir(id), "console.log"), limit)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(cur)) >= limit {
+		return cur, nil
+	}
+	prev, err := fileEnd(filepath.Join(r.dir(id), "console.log.1"), limit-int64(len(cur)))
+	if err != nil {
+		return nil, err
+	}
+	return append(prev, cur...), nil
+}
+
+// fileEnd returns the last limit bytes of the file at path (none when it does not exist).
+func fileEnd(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	} else if err != nil {

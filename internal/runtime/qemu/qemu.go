@@ -72,6 +72,9 @@ type Config struct {
 	BootTimeout time.Duration
 	// DefaultDiskBytes is the writable disk of a Spec with DiskBytes 0.
 	DefaultDiskBytes int64
+	// SparseDisks makes microvm disks sparse files instead of allocating their blocks when they
+	// are made (runc.Config.SparseDisks says what that risks).
+	SparseDisks bool
 	// Mkfs is mkfs.ext4 (default: looked up in PATH, /usr/sbin and /sbin).
 	Mkfs string
 	// Debug asks the guest to log its boot to the console (console.log in the VM's directory).
@@ -205,6 +208,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 			os.Remove(p)
 		}
 	}
+	// Also with the tiers off: VMs of an earlier run may still print.
+	r.builds.Add(1)
+	go r.capConsoles(r.ctx)
 	if cfg.CgroupParent != "" {
 		if r.cg, err = runc.NewCgroups(cfg.CgroupParent); err != nil {
 			r.log.Warn("microvms get no cgroups of their own: CPU quotas are not enforced", "err", err)
@@ -391,6 +397,9 @@ type vmState struct {
 	Since time.Time `json:"since"`
 	// CPUs is the VM's CFS quota (its cgroup), which -smp rounds up to whole vCPUs.
 	CPUs float64 `json:"cpus,omitempty"`
+	// MemoryLimit is its cgroup's memory limit: the guest's memory plus QEMU's overhead
+	// (qemuMemoryLimit); 0 (a VM made before it was set) is none.
+	MemoryLimit int64 `json:"memory_limit,omitempty"`
 	// FileLimit is QEMU's RLIMIT_FSIZE: the larger of the disk and the memory (plus the
 	// migration stream's 8 bytes per page), plus 64 MiB.
 	FileLimit int64 `json:"file_limit"`
@@ -688,7 +697,7 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	files = append(files, vmFile{Role: "kernel", Path: img.Kernel}, vmFile{Role: "initrd", Path: img.Initrd},
 		vmFile{Role: "config", Path: cfgPath}, vmFile{Role: "console", Path: filepath.Join(dir, "console.log")},
 		vmFile{Role: "qmp", Path: filepath.Join(dir, "qmp.sock")}, vmFile{Role: "ctl", Path: filepath.Join(dir, "ctl.sock")})
-	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(), CPUs: spec.CPUs,
+	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(), CPUs: spec.CPUs, MemoryLimit: qemuMemoryLimit(spec.MemoryBytes, r.accel, tcgCacheMiB, 0),
 		FileLimit: max(spec.DiskBytes, spec.MemoryBytes+spec.MemoryBytes/256) + 64<<20}
 	st.Args = r.args(&spec, files, false)
 	if err := r.writeState(st); err != nil {
@@ -771,15 +780,23 @@ func (r *Runtime) validate(spec *runc.Spec) error {
 	return nil
 }
 
-// makeDisk makes the VM's writable disk: a sparse file of size bytes (its size is the limit)
-// formatted ext4 on the host, so the guest mounts it at once.
+// makeDisk makes the VM's writable disk: a file of size bytes (its size is the limit), its blocks
+// allocated unless Config.SparseDisks (as a runc sandbox's, see runc's disk.go), formatted ext4
+// on the host, so the guest mounts it at once.
 func (r *Runtime) makeDisk(ctx context.Context, path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
-	err = f.Truncate(size)
+	if r.cfg.SparseDisks {
+		err = f.Truncate(size)
+	} else {
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+	}
 	f.Close()
+	if errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("allocate a %d-byte disk: the host filesystem of %s is full: %w", size, r.cfg.StateDir, errdefs.ErrNodeFull)
+	}
 	if err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
@@ -907,7 +924,9 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string 
 	} else {
 		// microvm has no HPET or ACPI PM timer: under TCG the TSC calibration against the PIT
 		// can fail and hang the boot (docs/microvm-notes.md §1).
-		a = append(a, "-accel", "tcg,thread=multi")
+		// The translation cache is bounded (QEMU's default reserves 1 GiB and fills it over a
+		// long run), so that QEMU fits its memory cgroup (qemuMemoryLimit).
+		a = append(a, "-accel", "tcg,thread=multi,tb-size="+strconv.Itoa(tcgCacheMiB))
 		cmdline += " tsc_early_khz=2000000"
 	}
 	if r.cfg.Debug {
@@ -930,7 +949,14 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string 
 			// the fd set's other descriptor.
 			drive := "id=" + f.Serial + ",file=/dev/fdset/" + set + ",if=none,format=raw,file.locking=off"
 			if f.Role == "upper" {
-				drive += ",discard=unmap,aio=threads"
+				// The disk's blocks are allocated when it is made (makeDisk): a guest's discard
+				// must not punch them out again, or its later writes would need blocks the host
+				// may no longer have (QEMU then stops the VM on ENOSPC).
+				discard := "ignore"
+				if r.cfg.SparseDisks {
+					discard = "unmap"
+				}
+				drive += ",discard=" + discard + ",aio=threads"
 			} else {
 				drive += ",readonly=on"
 			}
@@ -1039,7 +1065,7 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 		return fmt.Errorf("QEMU exited at once:%s", fileTail(filepath.Join(dir, "qemu.log"), "qemu"))
 	}
 	if r.cg != nil && st.dir == "" {
-		if err := r.cg.Join(st.ID, pid, st.CPUs, 0); err != nil {
+		if err := r.cg.Join(st.ID, pid, st.CPUs, 0, st.MemoryLimit); err != nil {
 			unix.Kill(pid, unix.SIGKILL)
 			return fmt.Errorf("QEMU's cgroup: %w", err)
 		}
@@ -1051,8 +1077,81 @@ func (r *Runtime) start(ctx context.Context, st *vmState, restore bool) error {
 	return r.writeState(st)
 }
 
+// tcgCacheMiB is the TCG translation cache of a VM under TCG.
+const tcgCacheMiB = 128
+
+// qemuMemoryLimit is the memory cgroup limit of a VM with guest bytes of memory: the guest's
+// RAM (all of it may become resident), QEMU's own heap, device buffers and I/O threads (64 MiB
+// plus 1/32 of the guest for its page tables and dirty bitmaps), extra (a vm's firmware and
+// display) and, under TCG, the translation cache of tcgMiB. Past it the kernel reclaims QEMU's
+// page cache first (its disk reads and writes), then kills QEMU: the VM ends and its sandbox
+// fails, and the host's memory stays bounded.
+func qemuMemoryLimit(guest int64, accel string, tcgMiB int, extra int64) int64 {
+	n := guest + guest/32 + 64<<20 + extra
+	if accel == AccelTCG {
+		n += int64(tcgMiB) << 20
+	}
+	return n
+}
+
 // consoleKeep is the size past which a VM's console log is rotated when QEMU starts.
 const consoleKeep = 8 << 20
+
+// consoleCap bounds a VM's console log within one QEMU run: past it, its last consoleCap/2
+// bytes move to console.log.1 and console.log starts again, so the two files hold at most
+// 1.5×consoleCap (plus what a guest prints within consoleCheck). QEMU appends (O_APPEND), so
+// its next write lands at the start of the emptied file.
+const (
+	consoleCap   = 8 << 20
+	consoleCheck = 500 * time.Millisecond
+)
+
+// capConsoles keeps every VM's console log within consoleCap until ctx ends. builds counts it.
+func (r *Runtime) capConsoles(ctx context.Context) {
+	defer r.builds.Done()
+	t := time.NewTicker(consoleCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		logs, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "*", "console.log"))
+		for _, c := range logs {
+			if fileSize(c) > consoleCap {
+				if err := capConsole(c, consoleCap/2); err != nil {
+					r.log.Warn("cap a VM's console log", "path", c, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// capConsole moves the last keep bytes of the console log at path to path.1 and empties path.
+// What QEMU writes between the copy and the truncation is lost (a few bytes of a flood).
+func capConsole(path string, keep int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	tail := make([]byte, min(keep, fi.Size()))
+	if _, err := f.ReadAt(tail, fi.Size()-int64(len(tail))); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path+".1.tmp", tail, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(path+".1.tmp", path+".1"); err != nil {
+		return err
+	}
+	return f.Truncate(0)
+}
 
 func fileSize(p string) int64 {
 	fi, err := os.Stat(p)
@@ -1396,4 +1495,20 @@ func (r *Runtime) killOrphans(ids []string) {
 			break
 		}
 	}
+}
+
+// DiskAllocated is the bytes the VMs' writable disks (a microvm's upper.img, a vm's qcow2
+// overlay) take on the host's filesystem, for the edge's disk promise.
+func (r *Runtime) DiskAllocated() int64 {
+	var n int64
+	for _, name := range []string{"upper.img", "disk.qcow2"} {
+		imgs, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "*", name))
+		for _, img := range imgs {
+			var st unix.Stat_t
+			if unix.Stat(img, &st) == nil {
+				n += st.Blocks * 512
+			}
+		}
+	}
+	return n
 }

@@ -333,9 +333,9 @@ func NewCgroups(parent string) (*Cgroups, error) {
 	return &Cgroups{l: l}, nil
 }
 
-// Join moves pid into the cgroups of id, making them, with a CFS quota of cpus (0: none) and
-// pids.max (0: none).
-func (c *Cgroups) Join(id string, pid int, cpus float64, pids int64) error {
+// Join moves pid into the cgroups of id, making them, with a CFS quota of cpus (0: none),
+// pids.max (0: none) and a memory limit of memory bytes (0: none).
+func (c *Cgroups) Join(id string, pid int, cpus float64, pids, memory int64) error {
 	type file struct{ name, value string }
 	quota := int64(cpus * 100000)
 	var dirs []string
@@ -353,6 +353,9 @@ func (c *Cgroups) Join(id string, pid int, cpus float64, pids int64) error {
 		if pids > 0 {
 			limits[d] = append(limits[d], file{"pids.max", strconv.FormatInt(pids, 10)})
 		}
+		if memory > 0 {
+			limits[d] = append(limits[d], file{"memory.max", strconv.FormatInt(memory, 10)})
+		}
 	} else {
 		cpu, pd, mem := c.l.dir("cpu", id), c.l.dir("pids", id), c.l.dir("memory", id)
 		dirs = []string{cpu, pd, mem}
@@ -361,6 +364,9 @@ func (c *Cgroups) Join(id string, pid int, cpus float64, pids int64) error {
 		}
 		if pids > 0 {
 			limits[pd] = []file{{"pids.max", strconv.FormatInt(pids, 10)}}
+		}
+		if memory > 0 {
+			limits[mem] = []file{{"memory.limit_in_bytes", strconv.FormatInt(memory, 10)}}
 		}
 	}
 	slices.Sort(dirs)

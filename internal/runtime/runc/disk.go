@@ -15,11 +15,21 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// A slot is a sandbox directory made ahead of the sandbox: a sparse ext4 image, loop-mounted at
-// disk/, with disk/upper and disk/work made. Create claims one by renaming it to <StateDir>/<id>;
-// the mount follows the rename. Slots of the default size are pooled; others are made on demand.
+// A slot is a sandbox directory made ahead of the sandbox: an ext4 image, loop-mounted at disk/,
+// with disk/upper and disk/work made. Create claims one by renaming it to <StateDir>/<id>; the
+// mount follows the rename. Slots of the default size are pooled; others are made on demand.
+//
+// The image's blocks are allocated on the host when it is made (fallocate: unwritten extents,
+// no data written), unless Config.SparseDisks. A sparse image promises blocks the host may not
+// have when the sandbox writes: the loop device's write into a hole then fails after ext4 inside
+// has acknowledged it, and the data is lost ("potential data loss"). Allocated up front, every
+// block the sandbox's ext4 hands out is already the host's to give: a sandbox that fills its disk
+// gets ENOSPC from write(2) inside, and a host whose filesystem fills takes nothing from it
+// (ext4 and XFS keep reserved blocks for converting unwritten extents).
 
 const (
 	diskImage = "disk.img"
@@ -48,7 +58,15 @@ func (r *Runtime) makeSlot(ctx context.Context, size int64) (_ string, err error
 		return "", fmt.Errorf("create disk image: %w", err)
 	}
 	defer f.Close()
-	if err := f.Truncate(size); err != nil {
+	if r.cfg.SparseDisks {
+		err = f.Truncate(size)
+	} else {
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+	}
+	if errors.Is(err, unix.ENOSPC) {
+		return "", fmt.Errorf("allocate a %d-byte disk image: the host filesystem of %s is full: %w", size, r.cfg.StateDir, errdefs.ErrNodeFull)
+	}
+	if err != nil {
 		return "", fmt.Errorf("size disk image: %w", err)
 	}
 	// 4 KiB blocks match the loop device's logical block size (direct I/O, see attachLoop).
@@ -185,6 +203,37 @@ func detachLoopsUnder(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// DiskUse is what a runtime's writable disks hold on the host's filesystem.
+type DiskUse struct {
+	// Pooled is the size of the disks made ahead for sandboxes not created yet (the pool).
+	Pooled int64
+	// Allocated is the bytes the sandboxes' and the pool's disk images take on the filesystem
+	// (their allocated blocks, at most each image's size).
+	Allocated int64
+}
+
+// DiskUse reports the writable disks of every sandbox directory and pool slot under StateDir.
+// It stats one file per disk.
+func (r *Runtime) DiskUse() DiskUse {
+	var u DiskUse
+	add := func(pattern string, pooled bool) {
+		imgs, _ := filepath.Glob(pattern)
+		for _, img := range imgs {
+			var st unix.Stat_t
+			if unix.Stat(img, &st) != nil {
+				continue // a sandbox deleted meanwhile
+			}
+			u.Allocated += min(st.Blocks*512, st.Size)
+			if pooled {
+				u.Pooled += st.Size
+			}
+		}
+	}
+	add(filepath.Join(r.cfg.StateDir, "*", diskImage), false)
+	add(filepath.Join(r.poolDir, "*", diskImage), true)
+	return u
 }
 
 // refillPool keeps r.ready full. It runs until ctx ends; Close waits for it.

@@ -6,7 +6,7 @@
 //
 // Each sandbox owns <StateDir>/<id> (mode 0700), which is also its OCI bundle:
 //
-//	disk.img     sparse ext4 image of DiskBytes, loop-mounted at disk/ (the write quota)
+//	disk.img     ext4 image of DiskBytes, its blocks allocated (disk.go), loop-mounted at disk/ (the write quota)
 //	disk/upper   overlayfs upper dir   disk/work  overlayfs work dir
 //	disk/agent.log  stdout and stderr of the agent (bounded by the disk, like everything it writes)
 //	rootfs/      overlayfs: Spec.Lower (base lowest) + disk/upper; the container's / (with

@@ -60,6 +60,11 @@ type Config struct {
 	// DiskPool is how many formatted and mounted disks of DefaultDiskBytes are kept ready; 0 means
 	// DefaultDiskPool, negative means no pool (every Create runs mkfs).
 	DiskPool int
+	// SparseDisks makes writable disks sparse files instead of allocating their blocks when they
+	// are made (see disk.go): faster to make and denser on the host, but a host filesystem that
+	// fills can then lose writes a sandbox was told succeeded. Only for hosts whose disk is
+	// overcommitted on purpose.
+	SparseDisks bool
 	// Mkfs is mkfs.ext4; empty means look it up in PATH, /usr/sbin and /sbin.
 	Mkfs string
 	// SeccompAllArches keeps the sub-architectures of Docker's seccomp profile (x86 and x32 on
