@@ -41,7 +41,18 @@ func finishFault(t *testing.T, p *corralProc, l *faultLoad) faultReport {
 	}
 	for _, sb := range list {
 		if sb.State == corral.StateRunning || sb.State == corral.StateCreating || sb.State == corral.StatePaused {
-			if _, err := p.Client.DeleteSandbox(ctx, sb.ID); err != nil {
+			// A create the fault left running on the node (its client gone) ends within
+			// seconds; until then a delete is a retryable 503.
+			var err error
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				if _, err = p.Client.DeleteSandbox(ctx, sb.ID); err == nil || time.Now().After(deadline) {
+					break
+				}
+				if apiErr, ok := errors.AsType[*corral.APIError](err); !ok || apiErr.Status != 503 {
+					break
+				}
+			}
+			if err != nil {
 				t.Errorf("delete %s at the end: %v", sb.ID, err)
 			}
 		}
