@@ -35,6 +35,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/qemu"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/volume"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -427,6 +428,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	ecfg.VM = vm
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
+	} else {
+		// Volumes are local images: one node only, until they live in the blob store.
+		if ecfg.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), ""); err != nil {
+			return err
+		}
 	}
 	e, err := edge.New(ecfg, log, st, rt, ls)
 	if err != nil {

@@ -136,6 +136,8 @@ type Config struct {
 	NetOff string
 	// ArtifactDir keeps the files calls keep for later calls (artifacts.go); "" refuses them.
 	ArtifactDir string
+	// Volumes keeps this node's volume images (internal/volume); nil: volumes are off.
+	Volumes VolumeDir
 	// Shared is the blob store the layer store keeps its blobs in; published versions are
 	// recorded there too, so that every Corral using it sees them (see shared.go). nil: versions
 	// are recorded in this node's catalogue only.
@@ -380,6 +382,9 @@ func (e *Edge) Start(ctx context.Context) error {
 	}
 	if err := e.reconcile(ctx); err != nil {
 		return err
+	}
+	if err := e.reconcileVolumes(ctx); err != nil {
+		return fmt.Errorf("reconcile volumes: %w", err)
 	}
 	if err := e.loadInstance(ctx); err != nil {
 		return fmt.Errorf("edge instance name: %w", err)
@@ -763,6 +768,8 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
 		Engine:      runc.Engine(rec.Runtime),
+		Volumes:     e.runtimeVolumes(rec),
+		Workdir:     rec.Cwd,
 	})
 	if err != nil {
 		log.Error("create sandbox", "err", err)
@@ -904,6 +911,10 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		return nil, err
 	}
 	projectPath := project.Path
+	volumes, volumeIDs, err := e.admitVolumes(ctx, tier, project.ID, projectPath, req.Volumes)
+	if err != nil {
+		return nil, err
+	}
 	netc, err := e.compileNetwork(req.Network)
 	if err != nil {
 		return nil, err
@@ -1055,10 +1066,11 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
-			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch,
+			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
 		},
 		Lower:     digests,
 		ProjectID: project.ID,
+		VolumeIDs: volumeIDs,
 	}
 	return &admission{rec: rec, net: netc, fill: fill, template: template}, nil
 }
