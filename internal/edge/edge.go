@@ -1439,6 +1439,7 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		rec.Stopping = nil
 		return fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
 	}
+	e.flushVolumes(ctx, rec, sb)
 	if err := e.rt.Delete(ctx, rec.ID); err != nil {
 		e.log.Error("delete sandbox", "sandbox", rec.ID, "err", err)
 		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)

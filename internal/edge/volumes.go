@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -231,4 +233,29 @@ func (e *Edge) runtimeVolumes(rec *store.Sandbox) []runc.Volume {
 		out[i] = runc.Volume{Image: e.cfg.Volumes.Path(rec.VolumeIDs[i]), Path: m.Path, ReadOnly: m.ReadOnly}
 	}
 	return out
+}
+
+// flushVolumes has a running microvm's guest write its read-write volumes' dirty data back
+// before the VM is stopped: the end of its QEMU is a power cut to the guest, which loses what
+// its page cache held. (A container's writes are in the host's page cache already, and its
+// volume's unmount writes them back.) Best effort and bounded: a guest that does not answer
+// loses what a machine losing power would.
+func (e *Edge) flushVolumes(ctx context.Context, rec *store.Sandbox, sb *sandbox) {
+	if rec.Tier != TierMicroVM || sb.paused.Load() || !slices.ContainsFunc(rec.Volumes, func(m corral.VolumeMount) bool { return !m.ReadOnly }) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sess, err := sb.agent.Exec(ctx, agentrpc.ExecRequest{Argv: []string{"sync"}, Timeout: 10 * time.Second})
+	if err == nil {
+		err = startError(sess.Info())
+		defer sess.Close()
+	}
+	for err == nil {
+		var ev agentrpc.Event
+		if ev, err = sess.Next(); err == nil && ev.Type == agentrpc.EventExit {
+			return
+		}
+	}
+	e.log.Warn("flush the volumes of a microvm before it stops", "sandbox", rec.ID, "err", err)
 }

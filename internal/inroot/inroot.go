@@ -80,3 +80,79 @@ func Mkdir(root, p string, follow bool) error {
 	}
 	return nil
 }
+
+// CheckLayers reports, from the layer directories an overlay of lower (bottom first) would
+// merge, whether p could be made as Mkdir(root, p, false) makes it in that overlay: no
+// component of p is a symlink or a non-directory in the layer that shows it. An entry a layer
+// whites out (a 0/0 character device) hides what lies below; anything deeper than an absent
+// component is absent. It reads the layers with openat2 and no symlink followed, so a layer's
+// own links never lead it onto the host. A VM, which mounts its layers itself, is checked with
+// it before it boots.
+func CheckLayers(lower []string, p string) error {
+	rel := strings.TrimPrefix(p, "/")
+	if rel == "" {
+		return nil
+	}
+	fds := make([]int, len(lower))
+	for i, l := range lower {
+		fd, err := unix.Open(l, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			for _, f := range fds[:i] {
+				unix.Close(f)
+			}
+			return fmt.Errorf("open layer: %w", err)
+		}
+		fds[i] = fd
+	}
+	defer func() {
+		for _, f := range fds {
+			unix.Close(f)
+		}
+	}()
+	parts := strings.Split(rel, "/")
+	// below is how many layers, from the bottom, can show the next component: none above the
+	// one that shows its parent has the parent at all.
+	below := len(fds)
+	for i := range parts {
+		prefix := strings.Join(parts[:i+1], "/")
+		found := false
+		for j := below - 1; j >= 0; j-- {
+			fd, err := unix.Openat2(fds[j], prefix, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV})
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) && i > 0 {
+				continue // not in this layer (or under something this layer does not show)
+			}
+			if err != nil && !errors.Is(err, unix.ELOOP) {
+				return fmt.Errorf("look up /%s: %w", prefix, err)
+			}
+			var st unix.Stat_t
+			if err == nil {
+				err = unix.Fstat(fd, &st)
+				unix.Close(fd)
+				if err != nil {
+					return fmt.Errorf("look up /%s: %w", prefix, err)
+				}
+			} else {
+				st.Mode = unix.S_IFLNK // the last component itself is a symlink (O_NOFOLLOW with O_PATH opens it; ELOOP otherwise)
+			}
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFLNK:
+				return errdefs.Invalid("path", "/%s is a symlink in the sandbox's image; mount at a real directory", prefix)
+			case unix.S_IFDIR:
+			case unix.S_IFCHR:
+				if st.Rdev == 0 {
+					return nil // whited out: absent from here down
+				}
+				fallthrough
+			default:
+				return errdefs.Invalid("path", "/%s is not a directory in the sandbox's image", prefix)
+			}
+			found, below = true, j+1
+			break
+		}
+		if !found {
+			return nil
+		}
+	}
+	return nil
+}

@@ -63,3 +63,46 @@ func TestMkdir(t *testing.T) {
 		t.Fatalf("an existing directory: %v", err)
 	}
 }
+
+func TestCheckLayers(t *testing.T) {
+	bottom, top := t.TempDir(), t.TempDir()
+	host := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(bottom, "data/sub"), 0o755))
+	must(os.MkdirAll(filepath.Join(bottom, "opt"), 0o755))
+	must(os.MkdirAll(filepath.Join(top, "opt"), 0o755))
+	must(os.Symlink(host, filepath.Join(bottom, "hostlink")))
+	must(os.Symlink("/proc", filepath.Join(top, "proc-link")))
+	must(os.Symlink("/", filepath.Join(top, "opt/x")))
+	must(os.MkdirAll(filepath.Join(host, "inside"), 0o755))
+	must(os.WriteFile(filepath.Join(top, "file"), nil, 0o644))
+	if err := unixMknodWhiteout(filepath.Join(top, "data")); err != nil {
+		t.Skipf("make a whiteout (needs CAP_MKNOD): %v", err)
+	}
+	lower := []string{bottom, top}
+	for _, tc := range []struct {
+		p   string
+		bad bool
+	}{
+		{"/new/dir", false},
+		{"/data/sub", false}, // whited out above: absent, so made fresh
+		{"/opt", false},
+		{"/opt/x", true},
+		{"/opt/x/y", true},
+		{"/proc-link", true},
+		{"/hostlink", true},
+		{"/hostlink/inside", true},
+		{"/file", true},
+		{"/file/x", true},
+	} {
+		err := CheckLayers(lower, tc.p)
+		if tc.bad != (err != nil) || err != nil && !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("CheckLayers(%s) = %v, want bad=%v", tc.p, err, tc.bad)
+		}
+	}
+}

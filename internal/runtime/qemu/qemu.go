@@ -25,6 +25,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/inroot"
 	"github.com/corral-dev/corral/internal/guestimage"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/vmguest"
@@ -647,6 +648,13 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	}
 	if spec.Machine == MachineVM {
 		return r.createMachine(ctx, spec)
+	}
+	// The guest refuses a volume path through a symlink too; checking the layers here makes
+	// that a clear refusal before anything boots.
+	for _, v := range spec.Volumes {
+		if err := inroot.CheckLayers(spec.Lower, v.Path); err != nil {
+			return nil, fmt.Errorf("volume at %s: %w", v.Path, err)
+		}
 	}
 	// A boot that never answers (or a QEMU that hangs) ends here rather than holding the
 	// sandbox in "creating".
