@@ -232,3 +232,43 @@ func TestVolumeProjectRmForce(t *testing.T) {
 		t.Fatalf("root usage after the project went: %+v, %v", q, err)
 	}
 }
+
+// TestVolumePause: a paused sandbox keeps its volume (attached, its data there on resume), and
+// deleting it paused detaches everything.
+func TestVolumePause(t *testing.T) {
+	needRoot(t)
+	forRuntimes(t, func(t *testing.T, rt string) {
+		p := withBaseOn(t, rt)
+		ctx := context.Background()
+		if _, err := p.Client.CreateVolume(ctx, corral.CreateVolumeRequest{Name: "v", SizeBytes: 32 << 20}); err != nil {
+			t.Fatal(err)
+		}
+		a := p.create(corral.CreateRequest{Volumes: []corral.VolumeMount{{Name: "v", Path: "/v"}}})
+		p.sh(a.ID, "echo one > /v/f")
+		if _, err := p.Client.PauseSandbox(ctx, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := p.Client.Volume(ctx, "", "v"); err != nil || len(v.AttachedTo) != 1 {
+			t.Fatalf("a paused sandbox's volume: %+v, %v", v, err)
+		}
+		if _, err := p.Client.ResumeSandbox(ctx, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.sh(a.ID, "cat /v/f; echo two >> /v/f"); got != "one\n" {
+			t.Fatalf("after resume: %q", got)
+		}
+		if _, err := p.Client.PauseSandbox(ctx, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Client.DeleteSandbox(ctx, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		if left := p.volumeLeftovers(); len(left) > 0 {
+			t.Fatalf("deleting a paused sandbox left %v", left)
+		}
+		b := p.create(corral.CreateRequest{Volumes: []corral.VolumeMount{{Name: "v", Path: "/v", ReadOnly: true}}})
+		if got := p.sh(b.ID, "cat /v/f"); got != "one\ntwo\n" {
+			t.Fatalf("the next sandbox read %q", got)
+		}
+	})
+}

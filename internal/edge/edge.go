@@ -1446,6 +1446,8 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 	}
 	e.detachNetwork(rec.ID, sb.net)
 	e.releaseLayers(rec, sb.unheld)
+	// Before the record lets another sandbox attach the volumes.
+	e.recoverVolumes(ctx, rec)
 	if sb.fncall != "" {
 		e.poolGone(rec)
 	}

@@ -35,6 +35,9 @@ type VolumeDir interface {
 	List() (ids, tmp []string, err error)
 	RemoveLeftover(name string) error
 	Bytes() (int64, error)
+	// Recover replays a volume's journal left by a writer that did not unmount; only while
+	// the volume is attached nowhere.
+	Recover(ctx context.Context, id string) error
 }
 
 // Bounds of a volume's size.
@@ -154,6 +157,12 @@ func (e *Edge) reconcileVolumes(ctx context.Context) error {
 			continue
 		}
 		known[v.ID] = true
+		if len(v.AttachedTo) == 0 {
+			// Attached nowhere: a writer a crash cut short may have left its journal unreplayed.
+			if err := e.cfg.Volumes.Recover(ctx, v.ID); err != nil {
+				e.log.Error("replay a volume's journal", "volume", v.ID, "err", err)
+			}
+		}
 	}
 	ids, tmp, err := e.cfg.Volumes.List()
 	if err != nil {
@@ -221,6 +230,23 @@ func (e *Edge) admitVolumes(ctx context.Context, tier string, projectID, project
 		out[i], ids[i] = m, v.ID
 	}
 	return out, ids, nil
+}
+
+// recoverVolumes replays the journals of rec's read-write volumes, whose writer (rec's sandbox,
+// just deleted) may have ended without unmounting them (a microvm's): until then a read-only
+// mount would miss what it wrote last.
+func (e *Edge) recoverVolumes(ctx context.Context, rec *store.Sandbox) {
+	if e.cfg.Volumes == nil {
+		return
+	}
+	for i, m := range rec.Volumes {
+		if m.ReadOnly {
+			continue
+		}
+		if err := e.cfg.Volumes.Recover(ctx, rec.VolumeIDs[i]); err != nil {
+			e.log.Error("replay the journal of a volume its sandbox left", "sandbox", rec.ID, "volume", rec.VolumeIDs[i], "err", err)
+		}
+	}
 }
 
 // runtimeVolumes are rec's volumes as the runtime mounts them.

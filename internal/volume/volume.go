@@ -102,6 +102,29 @@ func (d *Dir) Create(ctx context.Context, id string, size int64) (err error) {
 	return nil
 }
 
+// Recover replays the journal of volume id's filesystem into place, if it has one to replay:
+// call it when no sandbox has the volume attached. A writer that ended without unmounting (a
+// microvm's QEMU is stopped with the guest's mount in place; a host crash) leaves committed
+// changes in the journal only, where a read-only mount, which replays nothing, would not see
+// them. It runs e2fsck in user space: the host's kernel never replays a journal a guest wrote.
+func (d *Dir) Recover(ctx context.Context, id string) error {
+	if !idRE.MatchString(id) {
+		return errdefs.Invalid("id", "%q is not a volume ID", id)
+	}
+	fsck := filepath.Join(filepath.Dir(d.mkfs), "e2fsck")
+	cmd := exec.CommandContext(ctx, fsck, "-p", "-E", "journal_only", d.Path(id))
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	out, err := cmd.CombinedOutput()
+	// Exit status 1: errors corrected (here: the journal replayed).
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok && ee.ExitCode() == 1 {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("replay volume %s's journal: %w: %s", id, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
 // Remove deletes the image of volume id; one already gone is not an error.
 func (d *Dir) Remove(id string) error {
 	if !idRE.MatchString(id) {
