@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"archive/tar"
 	"context"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,12 +71,18 @@ ENTRYPOINT ["/bin/sh"]
 	if err := os.WriteFile(filepath.Join(ctxDir, "bundle.tar"), bundle, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	podmanCmd(t, store, "build", "--network", "none", "--build-arg", "GREETING=hi", "-t", "corral-e2e-app:1", "-f", filepath.Join(ctxDir, "Containerfile"), ctxDir)
+	podmanCmd(t, store, "build", "--build-arg", "GREETING=hi", "-t", "corral-e2e-app:1", "-f", filepath.Join(ctxDir, "Containerfile"), ctxDir)
 	out := t.TempDir()
 	docker, ociTar := filepath.Join(out, "app-docker.tar"), filepath.Join(out, "app-oci.tar")
 	podmanCmd(t, store, "save", "--format", "docker-archive", "-o", docker, "corral-e2e-app:1")
 	podmanCmd(t, store, "save", "--format", "oci-archive", "-o", ociTar, "corral-e2e-app:1")
 
+	// The case the issue is about: no layer of the saved image has the working directory.
+	if archiveHas(t, docker, "srv/app/work") {
+		t.Log("podman wrote the WORKDIR into a layer; the missing-directory case is not exercised by this build")
+	} else {
+		t.Log("no layer has /srv/app/work: the runtime makes it")
+	}
 	p := withBase(t)
 	ctx := context.Background()
 	for _, src := range []struct{ version, flag, file string }{{"docker", "--docker-archive", docker}, {"oci", "--oci-archive", ociTar}} {
@@ -102,4 +111,37 @@ ENTRYPOINT ["/bin/sh"]
 			}
 		}
 	})
+}
+
+// archiveHas reports whether a layer of the docker-archive file has an entry at name.
+func archiveHas(t *testing.T, file, name string) bool {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag != tar.TypeReg || !strings.HasSuffix(h.Name, ".tar") {
+			continue
+		}
+		lr := tar.NewReader(tr)
+		for {
+			lh, err := lr.Next()
+			if err != nil {
+				break // the end of this layer, or not a tar (the config)
+			}
+			if strings.TrimSuffix(strings.TrimPrefix(lh.Name, "./"), "/") == name {
+				return true
+			}
+		}
+	}
 }
