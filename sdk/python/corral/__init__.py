@@ -28,7 +28,8 @@ from .errors import (APIError, Conflict, CorralError, InvalidRequest, NotFound, 
 from .models import (AuditEntry, BlockedAttempt, CallResult, Command, CommandFailed, Environment,
                      Event, ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, Limits,
                      NetworkPolicy, NetworkService, Node, Principal, Project, ProjectQuota,
-                     SandboxInfo, ServerInfo, Token, TrajectoryEntry, WatchEvent, Whoami, e2b_key)
+                     SandboxInfo, ServerInfo, Token, TrajectoryEntry, Volume, VolumeAttachment,
+                     VolumeMount, WatchEvent, Whoami, e2b_key)
 
 __version__ = "0.1.0"
 
@@ -42,5 +43,6 @@ __all__ = [
     "AuditEntry", "BlockedAttempt", "CallResult", "Command", "Environment", "Event",
     "ExecResult", "Exit", "FileInfo", "FncallEnv", "Grant", "Layer", "Limits", "NetworkPolicy",
     "NetworkService", "Node", "Principal", "Project", "ProjectQuota", "SandboxInfo",
-    "ServerInfo", "Token", "TrajectoryEntry", "WatchEvent", "Whoami", "e2b_key",
+    "ServerInfo", "Token", "TrajectoryEntry", "Volume", "VolumeAttachment", "VolumeMount",
+    "WatchEvent", "Whoami", "e2b_key",
 ]
