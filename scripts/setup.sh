@@ -46,6 +46,12 @@ declare -A want=(
   # LXCFS gives container sandboxes their own /proc/meminfo, cpuinfo, uptime, ... (internal/lxcfs).
   # corral up runs its own per data dir; Debian's lxcfs.service is disabled below.
   [lxcfs]=lxcfs
+  # podman: the image check (internal/e2e/podman_test.go) builds Containerfiles with Debian's
+  # podman and imports what `podman save --format docker-archive|oci-archive` writes.
+  [podman]=podman
+  # fio: the volume benchmark (docs/BENCHMARKS.md) runs the host's fio, copied with its
+  # libraries into a toolkit layer, in a volume and in the sandbox's writable layer.
+  [fio]=fio
 )
 missing=()
 for what in "${!want[@]}"; do

@@ -200,6 +200,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/fncall/{name}", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, false) }))
 	api.HandleFunc("POST /v1/fncall/{name}/stream", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, true) }))
 	s.iamRoutes(api)
+	s.volumeRoutes(api)
 	// Everything else under a sandbox is its data plane, served by the edge that runs it.
 	api.Handle("/v1/sandboxes/{id}/", s.guard(iam.SandboxUse, "", s.onSandbox, s.route().ServeHTTP))
 	api.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -175,6 +175,9 @@ func (s *Server) deleteProject(w http.ResponseWriter, r *http.Request) {
 		if err = c.require(iam.SandboxAdmin, p); err == nil {
 			err = s.deleteSandboxesUnder(r, p)
 		}
+		if err == nil {
+			err = s.deleteVolumesUnder(r, p)
+		}
 	}
 	if err == nil {
 		err = s.store.DeleteProject(r.Context(), p)
@@ -198,6 +201,22 @@ func (s *Server) deleteSandboxesUnder(r *http.Request, p string) error {
 	for _, id := range ids {
 		_, err := s.edge.Delete(r.Context(), id)
 		s.audit(r, "sandbox.delete", p, id, err, "project deleted with force")
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteVolumesUnder deletes the volumes of p's subtree (their sandboxes are gone already).
+func (s *Server) deleteVolumesUnder(r *http.Request, p string) error {
+	vs, err := s.store.ListVolumes(r.Context(), p, "")
+	if err != nil {
+		return err
+	}
+	for _, v := range vs {
+		_, err := s.edge.DeleteVolume(r.Context(), v.Project, v.Name)
+		s.audit(r, "volume.delete", p, v.Name, err, "project deleted with force")
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}

@@ -192,6 +192,18 @@ func (a *app) newBenchCmd() *cobra.Command {
 	codeFlags.IntVar(&codeCfg.Creates, "creates", 10, "sandboxes created for each way of getting a first result")
 	codeFlags.IntVar(&codeCfg.Rounds, "rounds", 100, "round trips each way")
 	cmd.AddCommand(codeb)
+	var volc bench.VolumesConfig
+	volumes := a.jsonBench("volumes", "Sequential and random I/O (fio) in a volume against the sandbox's writable layer, same sandbox",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Volumes(ctx, c, volc, log)
+		})
+	volf := volumes.Flags()
+	volf.StringVar(&volc.Base, "base", "base:default", "base layer NAME:VERSION")
+	volf.StringVar(&volc.FIO, "fio", "fio:host", "toolkit layer holding fio at /opt/fio (scripts/fio-toolkit.sh)")
+	volf.StringSliceVar(&volc.Runtimes, "runtimes", []string{"runc", "gvisor", "microvm"}, "runtimes to measure (runc, gvisor, microvm)")
+	volf.IntVar(&volc.SizeMiB, "size-mib", 256, "the file each job writes and reads, MiB")
+	volf.IntVar(&volc.Seconds, "seconds", 10, "the random-write job's run time")
+	cmd.AddCommand(volumes)
 
 	var vc bench.VMConfig
 	vmb := a.jsonBench("vm", "The vm tier: boot to first screenshot and exec, screenshot latency, input round trip, exec, pause/resume, idle memory (baselines: microvm and container)",

@@ -619,7 +619,7 @@ func TestLayerImport(t *testing.T) {
 		stderr string
 	}{
 		{[]string{"layer", "import", "tools:3", "--dir", dir}, `required flag(s) "kind" not set`},
-		{[]string{"layer", "import", "tools:3", "--kind", "toolkit"}, "at least one of the flags in the group [dir tar image oci-layout docker-archive] is required"},
+		{[]string{"layer", "import", "tools:3", "--kind", "toolkit"}, "at least one of the flags in the group [dir tar image oci-layout oci-archive docker-archive] is required"},
 		{[]string{"layer", "import", "tools:3", "--kind", "toolkit", "--dir", dir, "--tar", "x"}, "none of the others can be"},
 		{[]string{"layer", "import", "tools", "--kind", "toolkit", "--dir", dir}, "want NAME:VERSION"},
 		{[]string{"layer", "import", "tools:3", "--kind", "os", "--dir", dir}, "--kind must be base, workspace or toolkit"},

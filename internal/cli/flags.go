@@ -66,6 +66,26 @@ func parseSize(s string) (int64, error) {
 	return int64(b), nil
 }
 
+// parseVolumeMount parses --volume NAME:/path[:ro|:rw].
+func parseVolumeMount(s string) (corral.VolumeMount, error) {
+	name, rest, ok := strings.Cut(s, ":")
+	if !ok || name == "" || !strings.HasPrefix(rest, "/") {
+		return corral.VolumeMount{}, usagef("--volume %q: want NAME:/path or NAME:/path:ro", s)
+	}
+	m := corral.VolumeMount{Name: name, Path: rest}
+	if p, mode, ok := strings.Cut(rest, ":"); ok {
+		switch mode {
+		case "ro":
+			m.ReadOnly = true
+		case "rw":
+		default:
+			return corral.VolumeMount{}, usagef("--volume %q: the mode after the path is ro or rw, not %q", s, mode)
+		}
+		m.Path = p
+	}
+	return m, nil
+}
+
 // parseKV splits "KEY=VALUE" pairs into a map; flag names the flag for the error message.
 func parseKV(flag string, pairs []string) (map[string]string, error) {
 	if len(pairs) == 0 {
@@ -128,6 +148,7 @@ type createFlags struct {
 	runtime, tier             string
 	image                     string
 	fetch                     string
+	volumes                   []string
 	net                       netFlags
 	baseDefault               string // what --base is when not given
 }
@@ -180,6 +201,7 @@ func (f *createFlags) add(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&f.outputLimit, "output-limit", "", "output kept per command, e.g. 16M")
 	fs.StringArrayVar(&f.env, "env", nil, "KEY=VALUE: an environment variable for every command (repeatable); NAME: create from the saved environment NAME (corral env create)")
 	fs.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
+	fs.StringArrayVar(&f.volumes, "volume", nil, "mount the volume NAME of the sandbox's project: NAME:/path or NAME:/path:ro (repeatable; corral volume create)")
 	fs.StringArrayVar(&f.nodeSelector, "node-selector", nil, "in a cluster, run on a node with label KEY=VALUE, e.g. gpu=h100 (repeatable)")
 	fs.StringVar(&f.ttl, "ttl", "", "lifetime, e.g. 30m (default: the server's)")
 	fs.StringVar(&f.idleTTL, "idle-ttl", "", "stop after this long without activity, e.g. 10m")
@@ -246,6 +268,13 @@ func (f *createFlags) request() (corral.CreateRequest, error) {
 		req.Image, req.Base = f.image, ""
 	default:
 		return req, usagef("--tier: %q: want container, microvm or vm", f.tier)
+	}
+	for _, v := range f.volumes {
+		m, err := parseVolumeMount(v)
+		if err != nil {
+			return req, err
+		}
+		req.Volumes = append(req.Volumes, m)
 	}
 	pol, err := f.net.policy()
 	if err != nil {

@@ -215,7 +215,7 @@ have no common visible parent, the top node is --under (or "/") with an empty id
 			return c.DeleteProject(cmd.Context(), args[0], rmForce)
 		},
 	}
-	rm.Flags().BoolVar(&rmForce, "force", false, "delete the subtree's live sandboxes first")
+	rm.Flags().BoolVar(&rmForce, "force", false, "delete the subtree's live sandboxes first, then its volumes")
 
 	var mvForce bool
 	mv := &cobra.Command{

@@ -42,17 +42,17 @@ func splitRef(ref string) (name, version string, err error) {
 }
 
 func (a *app) newLayerImportCmd() *cobra.Command {
-	var kind, dir, tarFile, image, layout, archive, platform, collapse string
+	var kind, dir, tarFile, image, layout, archive, ociArchive, platform, collapse string
 	var insecure, split bool
 	var pub corral.ImportOptions
 	cmd := &cobra.Command{
-		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE | --image REF | --oci-layout DIR[:TAG] | --docker-archive FILE) [--project PATH] [--private|--public]",
+		Use:   "import NAME:VERSION --kind base|workspace|toolkit (--dir PATH | --tar FILE | --image REF | --oci-layout DIR[:TAG] | --oci-archive FILE[:TAG] | --docker-archive FILE) [--project PATH] [--private|--public]",
 		Short: "Publish a directory, a tar stream or a container image as a layer version",
 		Long: `Publish a directory (--dir), a tar stream (--tar FILE, "-" for stdin; plain, gzip or
 zstd) or a container image as an immutable layer version. An image comes from a registry
 (--image REF, pulled by this command with the credentials of ~/.docker/config.json), an OCI image
-layout directory (--oci-layout DIR, DIR:TAG to pick one) or a docker save archive
-(--docker-archive FILE); its layers are flattened into one layer (whiteouts applied) and its
+layout directory (--oci-layout DIR, DIR:TAG to pick one), a tar of one (--oci-archive FILE, as
+podman save --format oci-archive writes) or a docker save archive (--docker-archive FILE); its layers are flattened into one layer (whiteouts applied) and its
 configuration (env, working directory, user) is kept for sandboxes built on it. With --split the
 image becomes several layers instead: runs of consecutive image layers of at most
 --collapse-below bytes together (default 3GB) are merged, each run but the last is published as
@@ -67,6 +67,7 @@ unpublish change that later). Anyone else is told it does not exist.`,
 		Example: `  corral layer import base:2025-01 --kind base --dir ./rootfs
   corral layer import python:3.12 --kind base --image registry.example.com/library/python:3.12-slim
   corral layer import app:v1 --kind base --oci-layout ./app-oci:v1
+  podman save --format oci-archive -o app.tar app:v1 && corral layer import app:v1 --kind base --oci-archive app.tar
   corral layer import py:3.12 --kind base --image registry.example.com/python:3.12 --split --collapse-below 1GB
   docker export $(docker create alpine) | corral layer import alpine:3 --kind base --tar -`,
 		Args: exactArgs(1, "NAME:VERSION"),
@@ -92,11 +93,23 @@ unpublish change that later). Anyone else is told it does not exist.`,
 			} else if cmd.Flags().Changed("collapse-below") {
 				return usagef("--collapse-below needs --split")
 			}
+			if ociArchive != "" {
+				file, tag, _ := strings.Cut(ociArchive, ":")
+				dir, err := extractOCIArchive(file)
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				layout = dir
+				if tag != "" {
+					layout += ":" + tag
+				}
+			}
 			var l *corral.Layer
 			if src := (oci.Source{Image: image, Layout: layout, DockerArchive: archive}); src != (oci.Source{}) {
 				l, err = a.importImage(cmd.Context(), c, name, version, kind, src, oci.Options{Platform: platform, Insecure: insecure}, threshold, pub)
 			} else if split {
-				return usagef("--split applies to images (--image, --oci-layout, --docker-archive)")
+				return usagef("--split applies to images (--image, --oci-layout, --oci-archive, --docker-archive)")
 			} else if dir != "" {
 				l, err = importDir(cmd.Context(), c, name, version, kind, dir, pub)
 			} else {
@@ -131,6 +144,7 @@ unpublish change that later). Anyone else is told it does not exist.`,
 	f.StringVar(&image, "image", "", "container image in a registry, e.g. registry.example.com/repo:tag or repo@sha256:...")
 	f.StringVar(&layout, "oci-layout", "", "OCI image layout directory, DIR or DIR:TAG")
 	f.StringVar(&archive, "docker-archive", "", "docker save archive (a tar file)")
+	f.StringVar(&ociArchive, "oci-archive", "", "OCI image layout in a tar file (podman save --format oci-archive), FILE or FILE:TAG")
 	f.StringVar(&platform, "platform", "", "image platform, e.g. linux/amd64 (default: this host's)")
 	f.BoolVar(&insecure, "insecure", false, "allow a plain-HTTP registry")
 	f.BoolVar(&split, "split", false, "publish an image as several stacked layers instead of one")
@@ -140,8 +154,8 @@ unpublish change that later). Anyone else is told it does not exist.`,
 	f.BoolVar(&pub.Public, "public", false, "show the layer (every part of it, with --split) to every project")
 	cmd.MarkFlagRequired("kind")
 	cmd.MarkFlagsMutuallyExclusive("private", "public")
-	cmd.MarkFlagsMutuallyExclusive("dir", "tar", "image", "oci-layout", "docker-archive")
-	cmd.MarkFlagsOneRequired("dir", "tar", "image", "oci-layout", "docker-archive")
+	cmd.MarkFlagsMutuallyExclusive("dir", "tar", "image", "oci-layout", "oci-archive", "docker-archive")
+	cmd.MarkFlagsOneRequired("dir", "tar", "image", "oci-layout", "oci-archive", "docker-archive")
 	return cmd
 }
 

@@ -115,6 +115,7 @@ func (a *app) printSandbox(sb *corral.Sandbox) error {
 		{"Pids:", count(lim.Pids)},
 		{"Open files:", count(lim.OpenFiles)},
 		{"Output limit:", formatBytes(lim.OutputBytes)},
+		{"Volumes:", orDash(volumeMounts(sb.Volumes))},
 		{"Env:", orDash(strings.Join(sb.Env, " "))},
 		{"Labels:", orDash(formatLabels(sb.Labels))},
 		{"Created:", formatTime(sb.CreatedAt, now)},
@@ -126,6 +127,19 @@ func (a *app) printSandbox(sb *corral.Sandbox) error {
 		t.row(kv[0], kv[1])
 	}
 	return t.flush()
+}
+
+// volumeMounts is a sandbox's volumes as "data:/data, cache:/cache:ro".
+func volumeMounts(ms []corral.VolumeMount) string {
+	var out []string
+	for _, m := range ms {
+		s := m.Name + ":" + m.Path
+		if m.ReadOnly {
+			s += ":ro"
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, ", ")
 }
 
 func (a *app) newLsCmd() *cobra.Command {

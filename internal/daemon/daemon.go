@@ -35,6 +35,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/qemu"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/volume"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -528,6 +529,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		// The edge's disk promise has the final say on disk (edge.DiskConfig), with the same
 		// figure the node registered (hostCapacity).
 		ecfg.Capacity.DiskBytes, ecfg.Disk.Overcommit = 0, cfg.Cluster.Overcommit.Disk
+	} else {
+		// Volumes are local images: one node only, until they live in the blob store.
+		if ecfg.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), ""); err != nil {
+			return err
+		}
 	}
 	e, err := edge.New(ecfg, log, st, rt, ls)
 	if err != nil {

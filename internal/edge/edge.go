@@ -139,6 +139,8 @@ type Config struct {
 	NetOff string
 	// ArtifactDir keeps the files calls keep for later calls (artifacts.go); "" refuses them.
 	ArtifactDir string
+	// Volumes keeps this node's volume images (internal/volume); nil: volumes are off.
+	Volumes VolumeDir
 	// Shared is the blob store the layer store keeps its blobs in; published versions are
 	// recorded there too, so that every Corral using it sees them (see shared.go). nil: versions
 	// are recorded in this node's catalogue only.
@@ -397,6 +399,9 @@ func (e *Edge) Start(ctx context.Context) error {
 	}
 	if err := e.reconcile(ctx); err != nil {
 		return err
+	}
+	if err := e.reconcileVolumes(ctx); err != nil {
+		return fmt.Errorf("reconcile volumes: %w", err)
 	}
 	if err := e.loadInstance(ctx); err != nil {
 		return fmt.Errorf("edge instance name: %w", err)
@@ -821,6 +826,8 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
 		Engine:      runc.Engine(rec.Runtime),
+		Volumes:     e.runtimeVolumes(rec),
+		Workdir:     rec.Cwd,
 	})
 	if err != nil {
 		log.Error("create sandbox", "err", err)
@@ -972,6 +979,10 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		return nil, err
 	}
 	projectPath := project.Path
+	volumes, volumeIDs, err := e.admitVolumes(ctx, tier, project.ID, projectPath, req.Volumes)
+	if err != nil {
+		return nil, err
+	}
 	netc, err := e.compileNetwork(req.Network)
 	if err != nil {
 		return nil, err
@@ -1127,10 +1138,11 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
-			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch,
+			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
 		},
 		Lower:     digests,
 		ProjectID: project.ID,
+		VolumeIDs: volumeIDs,
 	}
 	return &admission{rec: rec, net: netc, fill: fill, template: template, services: services}, nil
 }
@@ -1501,12 +1513,15 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		rec.Stopping = nil
 		return fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
 	}
+	e.flushVolumes(ctx, rec, sb)
 	if err := e.rt.Delete(ctx, rec.ID); err != nil {
 		e.log.Error("delete sandbox", "sandbox", rec.ID, "err", err)
 		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)
 	}
 	e.detachNetwork(rec.ID, sb.net)
 	e.releaseLayers(rec, sb.unheld)
+	// Before the record lets another sandbox attach the volumes.
+	e.recoverVolumes(ctx, rec)
 	if sb.fncall != "" {
 		e.poolGone(rec)
 	}

@@ -86,6 +86,9 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (*store.S
 		return nil, err
 	}
 	start := time.Now()
+	// A paused microvm is a memory image: what its guest has not written to a volume is lost
+	// with it if the sandbox is deleted while paused.
+	e.flushVolumes(ctx, rec, sb)
 	st, err := e.rt.Pause(ctx, sb.id)
 	if err != nil {
 		return nil, fmt.Errorf("pause sandbox %s: %w", sb.id, err)

@@ -491,7 +491,7 @@ func (s *Store) DeleteProject(ctx context.Context, path string) error {
 		if n > 0 {
 			return errdefs.Conflict("project %s has %d live sandboxes; delete them or force", iam.Display(path), n)
 		}
-		for _, t := range []struct{ table, what string }{{"environments", "environment"}, {"fncall_envs", "fncall environment"}} {
+		for _, t := range []struct{ table, what string }{{"environments", "environment"}, {"fncall_envs", "fncall environment"}, {"volumes", "volume"}} {
 			var name string
 			err := tx.QueryRowContext(ctx, `SELECT name FROM `+t.table+` WHERE project_id IN (`+sub+`) ORDER BY name LIMIT 1`, args...).Scan(&name)
 			if err == nil {

@@ -218,7 +218,7 @@ func (s *Store) RecountUsage(ctx context.Context) error {
 				return err
 			}
 		}
-		return nil
+		return recountVolumes(ctx, tx)
 	})
 	if err != nil {
 		return fmt.Errorf("recount project usage: %w", err)
@@ -523,70 +523,12 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency)
 				return err
 			}
 		}
-		var path string
-		if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, sb.ProjectID).Scan(&path); err != nil {
-			if err == sql.ErrNoRows {
-				return errdefs.NotFound("project %s", sb.ProjectID)
-			}
-			return err
-		}
-		anc := iam.Ancestors(path)
-		args := make([]any, len(anc))
-		for i, a := range anc {
-			args[i] = a
-		}
-		if tx.pg {
-			// Concurrent admissions under a common ancestor take turns here: what they read
-			// below is what they change. (SQLite has one writer: nothing to lock.)
-			ancIDs, err := idsOfPaths(ctx, tx, anc)
-			if err != nil {
-				return err
-			}
-			if err := lockUsage(ctx, tx, slices.Sorted(slices.Values(ancIDs))); err != nil {
-				return err
-			}
-			// A deletion or move that held the locks first may have changed the project.
-			var now string
-			if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, sb.ProjectID).Scan(&now); errors.Is(err, sql.ErrNoRows) {
-				return errdefs.NotFound("project %s (deleted meanwhile)", iam.Display(path))
-			} else if err != nil {
-				return err
-			}
-			if now != path {
-				return errdefs.Conflict("project %s moved to %s meanwhile; try again", iam.Display(path), iam.Display(now))
-			}
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT `+projectCols+` FROM projects WHERE quota != '{}' AND path IN (?`+
-			strings.Repeat(", ?", len(anc)-1)+`) ORDER BY path`, args...)
-		if err != nil {
-			return err
-		}
-		var limited []*ProjectRecord
-		for rows.Next() {
-			p, err := scanProject(rows)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			limited = append(limited, p)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
 		want := corral.Usage{Sandboxes: 1, CPUs: sb.Limits.CPUs, MemoryBytes: sb.Limits.MemoryBytes, DiskBytes: sb.Limits.DiskBytes,
 			CreatesPerMinute: 1, Tiers: map[string]int64{sb.Tier: 1}}
 		now := time.Now()
-		// Nearest first: the most specific refusal is the most useful one.
-		for i := len(limited) - 1; i >= 0; i-- {
-			p := limited[i]
-			u, err := readUsage(ctx, tx, p, len(p.Quota.Tiers) > 0, false, now)
-			if err != nil {
-				return err
-			}
-			if err := fits(p, u, want); err != nil {
-				return err
-			}
+		limited, err := checkQuotas(ctx, tx, sb.ProjectID, want, now)
+		if err != nil {
+			return err
 		}
 		// The creation rate: a token bucket per limited project, N creations a minute in bursts
 		// of up to N. Taken only once every other check passed.
@@ -607,6 +549,9 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency)
 				return err
 			}
 		}
+		if err := attachVolumes(ctx, tx, sb); err != nil {
+			return err
+		}
 		return putSandbox(ctx, tx, sb)
 	})
 	if isUnique(err) && key != nil {
@@ -625,6 +570,75 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency)
 		return fmt.Errorf("admit sandbox %s: %w", sb.ID, err)
 	}
 	return nil
+}
+
+// checkQuotas checks, in tx, that usage want fits the quotas of the project with this ID and of
+// every ancestor, and returns the limited ones, nearest last. On PostgreSQL it first locks their
+// usage rows, so that concurrent admissions under a common ancestor take turns.
+func checkQuotas(ctx context.Context, tx *Tx, projectID string, want corral.Usage, now time.Time) ([]*ProjectRecord, error) {
+	var path string
+	if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, projectID).Scan(&path); err != nil {
+		if err == sql.ErrNoRows {
+			return nil, errdefs.NotFound("project %s", projectID)
+		}
+		return nil, err
+	}
+	anc := iam.Ancestors(path)
+	args := make([]any, len(anc))
+	for i, a := range anc {
+		args[i] = a
+	}
+	if tx.pg {
+		// Concurrent admissions under a common ancestor take turns here: what they read
+		// below is what they change. (SQLite has one writer: nothing to lock.)
+		ancIDs, err := idsOfPaths(ctx, tx, anc)
+		if err != nil {
+			return nil, err
+		}
+		if err := lockUsage(ctx, tx, slices.Sorted(slices.Values(ancIDs))); err != nil {
+			return nil, err
+		}
+		// A deletion or move that held the locks first may have changed the project.
+		var cur string
+		if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, projectID).Scan(&cur); errors.Is(err, sql.ErrNoRows) {
+			return nil, errdefs.NotFound("project %s (deleted meanwhile)", iam.Display(path))
+		} else if err != nil {
+			return nil, err
+		}
+		if cur != path {
+			return nil, errdefs.Conflict("project %s moved to %s meanwhile; try again", iam.Display(path), iam.Display(cur))
+		}
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT `+projectCols+` FROM projects WHERE quota != '{}' AND path IN (?`+
+		strings.Repeat(", ?", len(anc)-1)+`) ORDER BY path`, args...)
+	if err != nil {
+		return nil, err
+	}
+	var limited []*ProjectRecord
+	for rows.Next() {
+		p, err := scanProject(rows)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		limited = append(limited, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// Nearest first: the most specific refusal is the most useful one.
+	for i := len(limited) - 1; i >= 0; i-- {
+		p := limited[i]
+		u, err := readUsage(ctx, tx, p, len(p.Quota.Tiers) > 0, false, now)
+		if err != nil {
+			return nil, err
+		}
+		if err := fits(p, u, want); err != nil {
+			return nil, err
+		}
+	}
+	return limited, nil
 }
 
 // takeCreation takes one creation from p's rate bucket, or refuses when it is empty.
@@ -661,8 +675,8 @@ func fits(p *ProjectRecord, u, want corral.Usage) error {
 	have := items(p.Quota, asQuota(u))
 	add := items(p.Quota, asQuota(want))
 	for i, it := range have {
-		if it.limit == nil || it.name == "creates_per_minute" {
-			continue
+		if it.limit == nil || it.name == "creates_per_minute" || add[i].value == 0 {
+			continue // a resource the request does not use cannot be what it exceeds
 		}
 		if it.value+add[i].value > *it.limit+1e-9 {
 			return &iam.QuotaError{QuotaExceeded: corral.QuotaExceeded{

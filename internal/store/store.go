@@ -86,6 +86,8 @@ type Sandbox struct {
 	NetSlot *int `json:"net_slot,omitempty"`
 	// ProjectID is the project the sandbox lives in (Project holds its path, filled on reads).
 	ProjectID string `json:"project_id,omitempty"`
+	// VolumeIDs are the IDs of the volumes in Volumes, in the same order.
+	VolumeIDs []string `json:"volume_ids,omitempty"`
 	// Stopping records, before its teardown starts, how a live sandbox is being ended (a delete,
 	// a TTL, ...), so a teardown cut short by a crash is finished with that outcome at the next
 	// start instead of being taken for a sandbox that died.
@@ -290,6 +292,25 @@ var migrations = []string{
 	ALTER TABLE sandboxes ADD COLUMN trajectory_bytes INTEGER NOT NULL DEFAULT 0;
 	UPDATE trajectory SET bytes = LENGTH(doc);
 	UPDATE sandboxes SET trajectory_bytes = (SELECT COALESCE(SUM(bytes), 0) FROM trajectory WHERE sandbox_id = sandboxes.id);`,
+	// 15: volumes (issue 27): persistent filesystems of a project, charged to its disk quota, and
+	// their attachments to live sandboxes (volumes.go).
+	`CREATE TABLE volumes (
+		id TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL,
+		name TEXT NOT NULL,
+		size_bytes INTEGER NOT NULL,
+		node TEXT NOT NULL,
+		state TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		UNIQUE (project_id, name)
+	);
+	CREATE TABLE volume_attachments (
+		volume_id TEXT NOT NULL,
+		sandbox_id TEXT NOT NULL,
+		read_only INTEGER NOT NULL,
+		PRIMARY KEY (volume_id, sandbox_id)
+	);
+	CREATE INDEX volume_attachments_sandbox ON volume_attachments(sandbox_id);`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -541,6 +562,11 @@ func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
 			if err := addUsage(ctx, q, now, 1); err != nil {
 				return fmt.Errorf("put sandbox %s: usage: %w", sb.ID, err)
 			}
+		}
+	}
+	if !isLive && len(sb.VolumeIDs) > 0 {
+		if err := detachVolumes(ctx, q, sb.ID); err != nil {
+			return fmt.Errorf("put sandbox %s: detach volumes: %w", sb.ID, err)
 		}
 	}
 	project := sb.Project

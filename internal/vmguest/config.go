@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -44,6 +45,12 @@ type Config struct {
 	Net *Net `json:"net,omitempty"`
 	// ResolvConf is written to /etc/resolv.conf in the sandbox's root when set.
 	ResolvConf string `json:"resolv_conf,omitempty"`
+	// Volumes are ext4 disks mounted into the sandbox's root at their paths, each on a
+	// virtio-blk disk of its own (runc.Volume on the host).
+	Volumes []Volume `json:"volumes,omitempty"`
+	// Workdir, when set, is made in the sandbox's root if missing (owned by root, mode 0755):
+	// the image's working directory, which commands start in.
+	Workdir string `json:"workdir,omitempty"`
 
 	// Template makes this VM a template (see the package documentation): it boots until the
 	// sandbox's own Config is needed and then waits for it on the port (ReceiveConfig), where
@@ -73,6 +80,15 @@ type Layer struct {
 	// Devices are the serials of the image's extra devices (its data blobs), in the order the
 	// image's device table lists them; they are passed to erofs as device=.
 	Devices []string `json:"devices,omitempty"`
+}
+
+// Volume is a volume's disk and where it is mounted.
+type Volume struct {
+	// Serial is the virtio-blk serial of the volume's disk.
+	Serial string `json:"serial"`
+	// Path is an absolute path in the sandbox; no symlink on the way to it is followed.
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
 // Net configures the one network interface.
@@ -157,6 +173,17 @@ func (c *Config) Validate() error {
 	if err := serial("upper_serial", c.UpperSerial); err != nil {
 		return err
 	}
+	for i, v := range c.Volumes {
+		if err := serial(fmt.Sprintf("volumes[%d].serial", i), v.Serial); err != nil {
+			return err
+		}
+		if !path.IsAbs(v.Path) || path.Clean(v.Path) != v.Path || v.Path == "/" {
+			return errdefs.Invalid(fmt.Sprintf("volumes[%d].path", i), "%q is not a clean absolute path other than /", v.Path)
+		}
+	}
+	if c.Workdir != "" && !path.IsAbs(c.Workdir) {
+		return errdefs.Invalid("workdir", "%q is not an absolute path", c.Workdir)
+	}
 	switch {
 	case c.Pids < 0:
 		return errdefs.Invalid("pids", "must not be negative")
@@ -228,5 +255,9 @@ func (c *Config) serials() []string {
 		s = append(s, l.Serial)
 		s = append(s, l.Devices...)
 	}
-	return append(s, c.UpperSerial)
+	s = append(s, c.UpperSerial)
+	for _, v := range c.Volumes {
+		s = append(s, v.Serial)
+	}
+	return s
 }

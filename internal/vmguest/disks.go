@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/inroot"
 )
 
 // pollInterval is how often the guest looks again for something that is still probing (a disk,
@@ -141,6 +144,26 @@ func mountRoot(c *Config, disks map[string]string, dir, newroot string) error {
 	}
 	if err := unix.Mount("overlay", newroot, "overlay", 0, data); err != nil {
 		return fmt.Errorf("mount overlay root: %w", err)
+	}
+	// Under newroot, so they move with it to /. Nothing of the sandbox runs yet.
+	for _, v := range c.Volumes {
+		if err := inroot.Mkdir(newroot, v.Path, false); err != nil {
+			return fmt.Errorf("volume at %s: %w", v.Path, err)
+		}
+		flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME)
+		data := ""
+		if v.ReadOnly {
+			flags |= unix.MS_RDONLY
+			data = "noload" // no journal replay: nothing written to a shared read-only disk
+		}
+		if err := unix.Mount(disks[v.Serial], filepath.Join(newroot, v.Path), "ext4", flags, data); err != nil {
+			return fmt.Errorf("mount volume %s (%s) at %s: %w", v.Serial, disks[v.Serial], v.Path, err)
+		}
+	}
+	if c.Workdir != "" {
+		if err := inroot.Mkdir(newroot, path.Clean(c.Workdir), true); err != nil {
+			return fmt.Errorf("working directory %s: %w", c.Workdir, err)
+		}
 	}
 	return nil
 }

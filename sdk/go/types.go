@@ -93,6 +93,9 @@ type CreateRequest struct {
 	// sandbox starts), "lazy" (chunks fetched when read) or "prefetch" (lazy, with the start-up
 	// set its environment read last time fetched at once); empty takes the node's default.
 	Fetch string `json:"fetch,omitempty"`
+	// Volumes are volumes of the sandbox's project mounted into it (at most 8): one read-write
+	// attachment of a volume at a time, or any number of read-only ones.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// IdempotencyKey, sent as the Idempotency-Key header (not in the body), makes the create safe
 	// to retry: for 24 hours the same key with the same request returns the sandbox the first
 	// create made (200, header Idempotent-Replayed), and with another request is refused (409).
@@ -173,6 +176,8 @@ type Sandbox struct {
 	NetworkAddress string         `json:"network_address,omitempty"`
 	// Egress counts blocked egress attempts (running networked sandboxes).
 	Egress *EgressStats `json:"egress,omitempty"`
+	// Volumes are the volumes mounted into the sandbox.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 }
 
 // PauseInfo reports what a pause did.

@@ -26,6 +26,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guestimage"
+	"github.com/corral-dev/corral/internal/inroot"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/vmguest"
 	"github.com/corral-dev/corral/internal/vmlink"
@@ -418,7 +419,7 @@ type vmState struct {
 // vmFile is a file QEMU gets as a descriptor (3, 4, ... in vmState.Files order): QEMU opens no
 // path of the host's itself, so it needs no access to the data directory.
 type vmFile struct {
-	// Role is layer, upper, upper-ro, tap, private-tap (a template's), kernel, initrd, config,
+	// Role is layer, upper, upper-ro, volume, volume-fd-ro, volume-ro, tap, private-tap (a template's), kernel, initrd, config,
 	// console, qmp or ctl; a vm's also disk-base, disk, disk-ro, agent-disk and machine-config.
 	Role string `json:"role"`
 	Path string `json:"path,omitempty"`
@@ -431,7 +432,7 @@ func (f vmFile) open(st *vmState) (*os.File, error) {
 	switch f.Role {
 	case "tap":
 		return openTap(st.Netns)
-	case "upper", "disk":
+	case "upper", "disk", "volume":
 		return os.OpenFile(f.Path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	case "private-tap":
 		return openPrivateTap()
@@ -657,6 +658,13 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	if spec.Machine == MachineVM {
 		return r.createMachine(ctx, spec)
 	}
+	// The guest refuses a volume path through a symlink too; checking the layers here makes
+	// that a clear refusal before anything boots.
+	for _, v := range spec.Volumes {
+		if err := inroot.CheckLayers(spec.Lower, v.Path); err != nil {
+			return nil, fmt.Errorf("volume at %s: %w", v.Path, err)
+		}
+	}
 	// A boot that never answers (or a QEMU that hangs) ends here rather than holding the
 	// sandbox in "creating".
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout+30*time.Second)
@@ -704,7 +712,8 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	key := ""
-	if r.cfg.Templates || spec.Template {
+	// A template's VMs share its devices: a VM with volumes has devices of its own, so it boots.
+	if (r.cfg.Templates || spec.Template) && len(spec.Volumes) == 0 {
 		key = r.templateKey(&spec, files)
 	}
 	if snap := r.templateSnapshot(key); key != "" && snap != "" {
@@ -754,13 +763,18 @@ func (r *Runtime) validate(spec *runc.Spec) error {
 	if len(spec.Images) == 0 {
 		return errdefs.Invalid("Images", "a VM needs at least one layer image")
 	}
-	n := fixedDevices
+	n := fixedDevices + len(spec.Volumes)
 	for _, l := range spec.Images {
 		n += 1 + len(l.Devices)
 	}
 	if n > MaxDevices {
-		return errdefs.Invalid("layers", "%d layers need %d virtio devices with the VM's own, over the %d a VM may have: use fewer layers (a split layer takes two)",
-			len(spec.Images), n, MaxDevices)
+		return errdefs.Invalid("layers", "%d layers and %d volumes need %d virtio devices with the VM's own, over the %d a VM may have: use fewer layers (a split layer takes two) or volumes",
+			len(spec.Images), len(spec.Volumes), n, MaxDevices)
+	}
+	for _, v := range spec.Volumes {
+		if err := runc.CheckVolumePath("volumes.path", v.Path); err != nil {
+			return err
+		}
 	}
 	if spec.MemoryBytes == 0 {
 		spec.MemoryBytes = 512 << 20
@@ -833,6 +847,18 @@ func (r *Runtime) guestConfig(spec *runc.Spec, upper string) (*vmguest.Config, [
 	// QEMU looks in a disk's fd set for a descriptor of the access mode it opens with, and it
 	// opens the writable disk both read-only (to probe it) and read-write.
 	files = append(files, vmFile{Role: "upper", Path: upper, Serial: c.UpperSerial}, vmFile{Role: "upper-ro", Path: upper, Serial: c.UpperSerial})
+	// Volumes: a read-write one as the writable disk (both access modes in its fd set), a
+	// read-only one as a layer (readonly=on).
+	for i, v := range spec.Volumes {
+		gv := vmguest.Volume{Serial: "v" + strconv.Itoa(i), Path: v.Path, ReadOnly: v.ReadOnly}
+		if v.ReadOnly {
+			files = append(files, vmFile{Role: "volume-ro", Path: v.Image, Serial: gv.Serial})
+		} else {
+			files = append(files, vmFile{Role: "volume", Path: v.Image, Serial: gv.Serial}, vmFile{Role: "volume-fd-ro", Path: v.Image, Serial: gv.Serial})
+		}
+		c.Volumes = append(c.Volumes, gv)
+	}
+	c.Workdir = spec.Workdir
 	if spec.Netns != "" {
 		files = append(files, vmFile{Role: "tap"})
 		c.Net = &vmguest.Net{MAC: guestMAC, Address: spec.Addr.String() + "/30", Gateway: spec.Gateway.String()}
@@ -940,15 +966,16 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string 
 		fd := strconv.Itoa(3 + i)
 		self := "/proc/self/fd/" + fd
 		switch f.Role {
-		case "upper-ro":
+		case "upper-ro", "volume-fd-ro":
 			a = append(a, "-add-fd", "fd="+fd+",set="+strconv.Itoa(i))
-		case "layer", "upper":
+		case "layer", "upper", "volume", "volume-ro":
 			set := strconv.Itoa(i + 1)
 			// No image locks: each file is this VM's alone or read-only, as the runtime
 			// arranges, and a restore's activation of the disk trips over QEMU's own lock on
 			// the fd set's other descriptor.
 			drive := "id=" + f.Serial + ",file=/dev/fdset/" + set + ",if=none,format=raw,file.locking=off"
-			if f.Role == "upper" {
+			switch f.Role {
+			case "upper":
 				// The disk's blocks are allocated when it is made (makeDisk): a guest's discard
 				// must not punch them out again, or its later writes would need blocks the host
 				// may no longer have (QEMU then stops the VM on ENOSPC).
@@ -957,7 +984,9 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string 
 					discard = "unmap"
 				}
 				drive += ",discard=" + discard + ",aio=threads"
-			} else {
+			case "volume":
+				drive += ",aio=threads" // no discard: a volume's blocks stay allocated (its size is charged)
+			default:
 				drive += ",readonly=on"
 			}
 			a = append(a, "-add-fd", "fd="+fd+",set="+set, "-drive", drive,

@@ -12,6 +12,8 @@
 //	rootfs/      overlayfs: Spec.Lower (base lowest) + disk/upper; the container's / (with
 //	             Config.UserNS it is mounted at <RootsDir>/<id>/rootfs instead, see userns.go)
 //	userns       with Config.UserNS: the sandbox's user-namespace slot
+//	vol/<i>      Spec.Volumes[i]'s ext4 image, loop-mounted (read-only when the volume is), bound
+//	             in at its path by the last mount entries of config.json (volumes.go)
 //	config.json  the OCI runtime spec (built from a template made once in New)
 //	agent.sock   the listening unix socket whose fd the agent inherits as fd 3 (gVisor: the
 //	             Proxy's socket, whose connections go over ctl.sock to the agent; see gvisor.go)
@@ -93,7 +95,8 @@
 //	          nobody watched. errdefs.ErrNotFound when nothing of the sandbox is left.
 //	Delete    is idempotent and tolerates any partial state: it kills every process in the
 //	          sandbox's cgroup (pidfd, so a recycled pid is never hit), runs `runc delete`,
-//	          unmounts the overlay and the disk (their loop device detaches itself: autoclear),
+//	          unmounts the overlay, the volumes and the disk (their loop devices detach
+//	          themselves: autoclear),
 //	          removes the cgroups, runc's state and the directory. Deleting an unknown ID returns
 //	          nil. On error some state may remain; calling Delete again continues from there.
 //	Pause     freezes every process (cgroup freezer, waiting until all are frozen, at most 5 s),

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/inroot"
 	"github.com/corral-dev/corral/internal/lxcfs"
 )
 
@@ -156,6 +157,21 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := mountOverlay(rootfs, spec.Lower, filepath.Join(disk, "upper"), filepath.Join(disk, "work"), im); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	if err := mountVolumes(dir, rootfs, spec.Volumes); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if im != nil {
+		// A volume keeps inside ids on disk, like the writable layer: its mount is idmapped
+		// with the sandbox's user namespace.
+		if err := idmapVolumes(dir, len(spec.Volumes), im.ns); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
+	if spec.Workdir != "" {
+		if err := inroot.Mkdir(rootfs, filepath.Clean(spec.Workdir), true); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: working directory %s: %w", id, spec.Workdir, err)
+		}
+	}
 	tMount := time.Now()
 	logPath := filepath.Join(disk, "agent.log")
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
@@ -200,7 +216,7 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return err
 		}
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets())
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), volumeMounts(dir, spec)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
@@ -246,7 +262,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 	if err != nil {
 		return err
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{})
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, volumeMounts(dir, spec)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}

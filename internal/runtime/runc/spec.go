@@ -63,6 +63,12 @@ type Spec struct {
 	// overlay of its own, with firmware, a screen, keyboard and mouse; empty: a microvm.
 	Machine, Disk, DiskFormat string
 
+	// Volumes are volume images mounted into the sandbox (volumes.go); at most MaxVolumes.
+	Volumes []Volume
+	// Workdir, when set, is the image's working directory: made in the sandbox's root (owned by
+	// root, mode 0755) when no layer has it, as Docker and runc make a missing working directory.
+	Workdir string
+
 	// Calls makes a container of the fncall tier: its agent gets CAP_SYS_ADMIN besides the
 	// sandbox's capability set (and a seccomp profile built for it, plus pivot_root), which it
 	// needs to isolate each call in its own namespaces and drops for the call's command; and it
@@ -133,6 +139,12 @@ func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
 	}
 	if !filepath.IsAbs(s.AgentPath) {
 		return errdefs.Invalid("AgentPath", "%q is not an absolute path", s.AgentPath)
+	}
+	if err := checkVolumes(s.Volumes); err != nil {
+		return err
+	}
+	if s.Workdir != "" && (!filepath.IsAbs(s.Workdir) || strings.ContainsRune(s.Workdir, 0)) {
+		return errdefs.Invalid("Workdir", "%q is not an absolute path", s.Workdir)
 	}
 	for _, e := range s.Env {
 		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
@@ -293,7 +305,8 @@ type gvisorPaths struct {
 //
 // With ux the sandbox joins its user namespace (userns.go): its rootfs is ux.rootfs, it gets
 // the per-user budgets as rlimits, and /sys is ux.sysfs bound when set.
-func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []lxcfs.Bind, ux *usernsSpec, budgets Budgets) ([]byte, error) {
+// vols are the volumes' mount entries (volumeMounts), which go last.
+func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []lxcfs.Bind, ux *usernsSpec, budgets Budgets, vols ...specs.Mount) ([]byte, error) {
 	spec := t.spec
 	proc := *t.spec.Process
 	if gv != nil {
@@ -356,6 +369,8 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 			specs.Mount{Destination: gvisorAgentPath, Type: "bind", Source: gv.agentBin,
 				Options: []string{"bind", "ro", "nosuid", "nodev"}})
 	}
+	// Volumes last, each an entry of its own (volumes.go).
+	spec.Mounts = append(spec.Mounts, vols...)
 
 	linux := *t.spec.Linux
 	linux.CgroupsPath = cgroupsPath

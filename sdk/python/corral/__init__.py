@@ -29,7 +29,8 @@ from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, CodeEr
                      Command, CommandFailed, Environment, Execution,
                      Event, ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, Limits,
                      NetworkPolicy, NetworkService, Node, Principal, Project, ProjectQuota,
-                     SandboxInfo, ServerInfo, Token, TrajectoryEntry, WatchEvent, Whoami, e2b_key)
+                     SandboxInfo, ServerInfo, Token, TrajectoryEntry, Volume, VolumeAttachment,
+                     VolumeMount, WatchEvent, Whoami, e2b_key)
 
 __version__ = "0.1.0"
 
@@ -44,5 +45,6 @@ __all__ = [
     "CodeContext", "CodeError", "CodeResult", "Execution",
     "ExecResult", "Exit", "FileInfo", "FncallEnv", "Grant", "Layer", "Limits", "NetworkPolicy",
     "NetworkService", "Node", "Principal", "Project", "ProjectQuota", "SandboxInfo",
-    "ServerInfo", "Token", "TrajectoryEntry", "WatchEvent", "Whoami", "e2b_key",
+    "ServerInfo", "Token", "TrajectoryEntry", "Volume", "VolumeAttachment", "VolumeMount",
+    "WatchEvent", "Whoami", "e2b_key",
 ]

@@ -45,7 +45,7 @@ def create_body(base: str = "", workspace: str = "", toolkits: Optional[Sequence
                 pause_keeps_ttl: Optional[bool] = None, project: str = "",
                 node_selector: Optional[Mapping[str, str]] = None, fetch: str = "",
                 image: str = "", open_files: Optional[int] = None,
-                output_bytes: Any = None) -> Dict[str, Any]:
+                output_bytes: Any = None, volumes: Any = None) -> Dict[str, Any]:
     limits = _drop_empty({"cpus": cpus, "memory_bytes": size(memory), "disk_bytes": size(disk),
                           "pids": pids, "open_files": open_files,
                           "output_bytes": size(output_bytes)})
@@ -56,11 +56,34 @@ def create_body(base: str = "", workspace: str = "", toolkits: Optional[Sequence
         "idle_ttl": duration(idle_ttl), "hostname": hostname, "from_snapshot": from_snapshot,
         "auto_pause_after": duration(auto_pause_after), "project": project,
         "node_selector": dict(node_selector or {}), "fetch": fetch, "image": image,
-        "network": network_json(network),
+        "network": network_json(network), "volumes": volume_mounts(volumes),
     })
     if pause_keeps_ttl is not None:
         body["pause_keeps_ttl"] = pause_keeps_ttl
     return body
+
+
+def volume_mounts(volumes: Any) -> List[Dict[str, Any]]:
+    """A create's volumes: "NAME:/path[:ro]" strings, (name, path[, read_only]) tuples, dicts
+    or VolumeMount objects."""
+    out: List[Dict[str, Any]] = []
+    for v in volumes or []:
+        if isinstance(v, str):
+            name, _, rest = v.partition(":")
+            path, ro = rest, False
+            if rest.endswith(":ro") or rest.endswith(":rw"):
+                path, ro = rest[:-3], rest.endswith(":ro")
+            d: Dict[str, Any] = {"name": name, "path": path}
+        elif isinstance(v, (tuple, list)):
+            d, ro = {"name": v[0], "path": v[1]}, bool(v[2]) if len(v) > 2 else False
+        elif isinstance(v, dict):
+            d, ro = {"name": v["name"], "path": v["path"]}, bool(v.get("read_only"))
+        else:
+            d, ro = {"name": v.name, "path": v.path}, bool(v.read_only)
+        if ro:
+            d["read_only"] = True
+        out.append(d)
+    return out
 
 
 def create(body: Dict[str, Any], idempotency_key: Optional[str]) -> Call:
@@ -364,6 +387,29 @@ def environment(name: str) -> Call:
 
 def delete_environment(name: str) -> Call:
     return Call(Request("DELETE", "/v1/environments/" + esc(name)))
+
+
+# ---- volumes ----
+
+def _project_query(project: str) -> str:
+    return "?project=" + esc(project) if project else ""
+
+
+def create_volume(name: str, size_bytes: Any, project: str) -> Call:
+    body = _drop_empty({"name": name, "size_bytes": size(size_bytes), "project": project})
+    return Call(Request("POST", "/v1/volumes", json_body=body), into(m.Volume))
+
+
+def volumes(project: str) -> Call:
+    return Call(Request("GET", "/v1/volumes" + _project_query(project)), into(m.Volume))
+
+
+def volume(name: str, project: str) -> Call:
+    return Call(Request("GET", "/v1/volumes/" + esc(name) + _project_query(project)), into(m.Volume))
+
+
+def delete_volume(name: str, project: str) -> Call:
+    return Call(Request("DELETE", "/v1/volumes/" + esc(name) + _project_query(project)))
 
 
 # ---- fncall ----

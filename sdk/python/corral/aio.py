@@ -19,7 +19,7 @@ from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, Comman
                      Execution,
                      ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, NetworkService, Node,
                      Principal, Project, ProjectQuota, SandboxInfo, ServerInfo, Token,
-                     TrajectoryEntry, WatchEvent, Whoami)
+                     TrajectoryEntry, Volume, WatchEvent, Whoami)
 
 __all__ = ["AsyncCorral", "AsyncSandbox", "AsyncExecStream", "AsyncWatchStream"]
 
@@ -786,12 +786,13 @@ class AsyncCorral:
                      auto_pause_after: Optional[Duration] = None,
                      pause_keeps_ttl: Optional[bool] = None, project: str = "",
                      node_selector: Optional[Mapping[str, str]] = None, fetch: str = "",
-                     image: str = "", idempotency_key: Optional[str] = None) -> AsyncSandbox:
+                     image: str = "", idempotency_key: Optional[str] = None,
+                     volumes: Any = None) -> AsyncSandbox:
         """Create a sandbox (see :meth:`corral.Corral.create`)."""
         body = _api.create_body(base, workspace, toolkits, env, ttl, labels, memory, cpus, network,
                                 tier, runtime, environment, disk, pids, idle_ttl, hostname,
                                 from_snapshot, auto_pause_after, pause_keeps_ttl, project,
-                                node_selector, fetch, image)
+                                node_selector, fetch, image, volumes=volumes)
         return AsyncSandbox(self, await self._do(_api.create(body, idempotency_key)))
 
     async def get(self, id: str) -> AsyncSandbox:
@@ -876,6 +877,22 @@ class AsyncCorral:
     async def gc_layers(self) -> Dict[str, Any]:
         """Remove unused layer contents (operator)."""
         return await self._do(_api.gc_layers())
+
+    async def create_volume(self, name: str, size: Union[str, int], project: str = "") -> Volume:
+        """Make a volume of ``size`` ("10G", bytes), charged to ``project``'s disk quota."""
+        return await self._do(_api.create_volume(name, size, project))
+
+    async def volumes(self, project: str = "") -> List[Volume]:
+        """The volumes of ``project``'s subtree (default the token's project)."""
+        return await self._do(_api.volumes(project))
+
+    async def volume(self, name: str, project: str = "") -> Volume:
+        """One volume, with the sandboxes it is mounted into."""
+        return await self._do(_api.volume(name, project))
+
+    async def delete_volume(self, name: str, project: str = "") -> None:
+        """Delete a volume and its data (Conflict while a sandbox has it mounted)."""
+        await self._do(_api.delete_volume(name, project))
 
     async def save_environment(self, name: str, base: str, workspace: str = "",
                                toolkits: Sequence[str] = (),

@@ -19,7 +19,7 @@ from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, Comman
                      Execution,
                      ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, NetworkService, Node,
                      Principal, Project, ProjectQuota, SandboxInfo, ServerInfo, Token,
-                     TrajectoryEntry, WatchEvent, Whoami)
+                     TrajectoryEntry, Volume, WatchEvent, Whoami)
 
 __all__ = ["Corral", "Sandbox", "ExecStream", "WatchStream"]
 
@@ -716,7 +716,8 @@ class Corral:
                auto_pause_after: Optional[Duration] = None,
                pause_keeps_ttl: Optional[bool] = None, project: str = "",
                node_selector: Optional[Mapping[str, str]] = None, fetch: str = "",
-               image: str = "", idempotency_key: Optional[str] = None) -> Sandbox:
+               image: str = "", idempotency_key: Optional[str] = None,
+               volumes: Any = None) -> Sandbox:
         """Create a sandbox and return it once it runs.
 
         ``base``, ``workspace`` and ``toolkits`` are layers ("NAME:VERSION" or tags), or give a
@@ -724,14 +725,15 @@ class Corral:
         ``ttl`` the hard lifetime ("10m", seconds, timedelta); ``memory`` and ``disk`` sizes
         ("512M", bytes); ``network`` an egress policy (a mode "open"/"none", a list of allow
         rules, a dict or NetworkPolicy); ``tier`` container, microvm or vm; ``runtime`` runc or
-        gvisor. Every create carries an idempotency key (``idempotency_key``, else a fresh one),
+        gvisor; ``volumes`` volumes of the sandbox's project to mount ("NAME:/path" or
+        "NAME:/path:ro", tuples, dicts or VolumeMount). Every create carries an idempotency key (``idempotency_key``, else a fresh one),
         so a create retried after a lost answer never makes a second sandbox. A quota refusal
         raises QuotaExceeded.
         """
         body = _api.create_body(base, workspace, toolkits, env, ttl, labels, memory, cpus, network,
                                 tier, runtime, environment, disk, pids, idle_ttl, hostname,
                                 from_snapshot, auto_pause_after, pause_keeps_ttl, project,
-                                node_selector, fetch, image)
+                                node_selector, fetch, image, volumes=volumes)
         return Sandbox(self, self._do(_api.create(body, idempotency_key)))
 
     def get(self, id: str) -> Sandbox:
@@ -834,6 +836,22 @@ class Corral:
     def gc_layers(self) -> Dict[str, Any]:
         """Remove layer contents nothing uses (operator)."""
         return self._do(_api.gc_layers())
+
+    def create_volume(self, name: str, size: Union[str, int], project: str = "") -> Volume:
+        """Make a volume of ``size`` ("10G", bytes), charged to ``project``'s disk quota."""
+        return self._do(_api.create_volume(name, size, project))
+
+    def volumes(self, project: str = "") -> List[Volume]:
+        """The volumes of ``project``'s subtree (default the token's project)."""
+        return self._do(_api.volumes(project))
+
+    def volume(self, name: str, project: str = "") -> Volume:
+        """One volume, with the sandboxes it is mounted into."""
+        return self._do(_api.volume(name, project))
+
+    def delete_volume(self, name: str, project: str = "") -> None:
+        """Delete a volume and its data (Conflict while a sandbox has it mounted)."""
+        self._do(_api.delete_volume(name, project))
 
     def save_environment(self, name: str, base: str, workspace: str = "",
                          toolkits: Sequence[str] = (), microvm_template: bool = False) -> Environment:

@@ -240,12 +240,23 @@ class NetworkPolicy(Model):
 
 
 @dataclass
+class VolumeMount(Model):
+    """A volume mounted into a sandbox (``create(volumes=)``; also ``SandboxInfo.volumes``)."""
+
+    name: str = ""
+    path: str = ""
+    read_only: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
 class SandboxInfo(Model):
     """The server's view of a sandbox (``Sandbox.info()``): its ``state`` ("creating",
     "running", "paused", "stopped", "failed", "off"), the ``reason`` it stopped, its layers,
     limits, labels and times."""
 
-    _models: ClassVar[Dict[str, type]] = {"limits": Limits, "network": NetworkPolicy}
+    _models: ClassVar[Dict[str, type]] = {"limits": Limits, "network": NetworkPolicy,
+                                          "volumes": VolumeMount}
 
     id: str = ""
     project: str = ""
@@ -277,6 +288,7 @@ class SandboxInfo(Model):
     fetch: str = ""
     network: Optional[NetworkPolicy] = None
     network_address: str = ""
+    volumes: List[VolumeMount] = field(default_factory=list)
     last_pause: Optional[Dict[str, Any]] = None
     egress: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
@@ -358,6 +370,30 @@ class Environment(Model):
     created_at: Optional[_dt.datetime] = None
     project: str = ""
     microvm_template: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class VolumeAttachment(Model):
+    """A sandbox a volume is mounted into."""
+
+    sandbox: str = ""
+    read_only: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Volume(Model):
+    """A project's filesystem that outlives its sandboxes, charged to its disk quota."""
+
+    _models: ClassVar[Dict[str, type]] = {"attached_to": VolumeAttachment}
+
+    name: str = ""
+    project: str = ""
+    size_bytes: int = 0
+    node: str = ""
+    created_at: Optional[_dt.datetime] = None
+    attached_to: List[VolumeAttachment] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 

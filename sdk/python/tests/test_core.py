@@ -259,6 +259,8 @@ class RouteCoverageTest(unittest.TestCase):
             _api.create_principal("n", "", ""), _api.principals(""), _api.grant("p", "n", "user"),
             _api.grants(""), _api.revoke("p", "n", ""), _api.create_token("p", "user", [], None, "", "", ""),
             _api.tokens(), _api.revoke_token("t"), _api.audit("", "", 0, 0),
+            _api.create_volume("n", 1 << 24, ""), _api.volumes(""), _api.volume("n", ""),
+            _api.delete_volume("n", ""),
         ]
         import re
         reqs = [x.request if isinstance(x, _core.Call) else x for x in built]

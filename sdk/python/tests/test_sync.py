@@ -43,6 +43,28 @@ class SyncTest(unittest.TestCase):
         with self.assertRaises(corral.Unauthorized):
             corral.Corral(URL, "crl_wrong").server_info()
 
+    def test_volumes(self) -> None:
+        name = uniq("vol")
+        v = self.c.create_volume(name, "32M")
+        self.assertEqual((v.name, v.size_bytes), (name, 32 << 20))
+        self.assertIn(name, [x.name for x in self.c.volumes()])
+        a = self.sandbox(volumes=[name + ":/data"])
+        self.assertEqual(a.info().volumes[0].path, "/data")
+        a.exec("echo kept > /data/f && sync")
+        with self.assertRaises(corral.Conflict):
+            self.sandbox(volumes=[(name, "/data", True)])
+        with self.assertRaises(corral.Conflict):
+            self.c.delete_volume(name)
+        self.assertEqual([x.sandbox for x in self.c.volume(name).attached_to], [a.id])
+        a.delete()
+        b = self.sandbox(volumes=[{"name": name, "path": "/v", "read_only": True}])
+        self.assertEqual(b.exec("cat /v/f").stdout, "kept\n")
+        self.assertNotEqual(b.exec("touch /v/x").exit.code, 0)
+        b.delete()
+        self.c.delete_volume(name)
+        with self.assertRaises(corral.NotFound):
+            self.c.volume(name)
+
     def test_lifecycle(self) -> None:
         label = uniq("run")
         with self.c.create(base=BASE, ttl="10m", labels={"run": label}, memory="256M", cpus=1,

@@ -1,0 +1,287 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Volumes on one node. A volume's record (the store) says who owns it, its size (charged to its
+// project's disk quota when it is made) and which live sandboxes have it attached; its bytes are
+// an ext4 image in Config.Volumes, allocated in full. A sandbox's create names volumes by name
+// in its own project; the admission transaction records the attachments (one read-write, or
+// any number read-only), and the runtime mounts the image: a loop mount bound in for runc and
+// gVisor, a virtio-blk disk for a microvm. An attachment ends with the sandbox's record leaving
+// the live states, and the runtime's teardown of the sandbox unmounts it. A paused sandbox keeps
+// its attachments (runc: frozen with the mount in place; gVisor: its checkpoint restores onto
+// the same mount; microvm: QEMU is gone, its disk reopened on resume).
+
+// VolumeDir keeps a node's volume images (internal/volume implements it).
+type VolumeDir interface {
+	Path(id string) string
+	Create(ctx context.Context, id string, size int64) error
+	Remove(id string) error
+	List() (ids, tmp []string, err error)
+	RemoveLeftover(name string) error
+	Bytes() (int64, error)
+	// Recover replays a volume's journal left by a writer that did not unmount; only while
+	// the volume is attached nowhere.
+	Recover(ctx context.Context, id string) error
+}
+
+// Bounds of a volume's size.
+const (
+	MinVolumeBytes = 16 << 20
+	MaxVolumeBytes = 4 << 40
+)
+
+var volumeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
+
+func (e *Edge) volumesOn() error {
+	if e.cfg.Volumes == nil {
+		if e.cfg.SharedStore {
+			return errdefs.Invalid("volumes", "volumes are not available in cluster mode yet (single-node corral up only)")
+		}
+		return errdefs.Invalid("volumes", "volumes are off on this node")
+	}
+	return nil
+}
+
+// CreateVolume makes a volume: its record (the quota checked and charged, the name claimed in its
+// project), then its image. A volume whose image cannot be made is not left behind.
+func (e *Edge) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest) (*store.VolumeRecord, error) {
+	if err := e.volumesOn(); err != nil {
+		return nil, err
+	}
+	if !volumeNameRE.MatchString(req.Name) {
+		return nil, errdefs.Invalid("name", "%q: want 1-63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit", req.Name)
+	}
+	if req.SizeBytes < MinVolumeBytes || req.SizeBytes > MaxVolumeBytes {
+		return nil, errdefs.Invalid("size_bytes", "%d is outside [%d, %d]", req.SizeBytes, int64(MinVolumeBytes), int64(MaxVolumeBytes))
+	}
+	// Whole 4 KiB blocks: the filesystem is made of them.
+	size := (req.SizeBytes + 4095) &^ 4095
+	p, err := e.project(ctx, req.Project)
+	if err != nil {
+		return nil, err
+	}
+	v := &store.VolumeRecord{
+		Volume: corral.Volume{Name: req.Name, Project: iam.Display(p.Path), SizeBytes: size, Node: e.cfg.Node, CreatedAt: time.Now().UTC()},
+		ID:     store.NewVolumeID(), ProjectID: p.ID, State: store.VolumeCreating,
+	}
+	if err := e.store.CreateVolume(ctx, v); err != nil {
+		return nil, err
+	}
+	if err := e.cfg.Volumes.Create(ctx, v.ID, size); err != nil {
+		if _, derr := e.store.DeleteVolume(context.WithoutCancel(ctx), v.ID); derr != nil {
+			e.log.Error("remove the record of a volume that could not be made", "volume", v.ID, "err", derr)
+		}
+		return nil, fmt.Errorf("create volume %s: %w", req.Name, err)
+	}
+	if err := e.store.SetVolumeState(ctx, v.ID, store.VolumeReady); err != nil {
+		return nil, err
+	}
+	v.State = store.VolumeReady
+	e.log.Info("volume created", "volume", v.ID, "name", v.Name, "project", v.Project, "bytes", size)
+	return v, nil
+}
+
+// Volume returns the volume name of the project at path.
+func (e *Edge) Volume(ctx context.Context, project, name string) (*store.VolumeRecord, error) {
+	p, err := e.project(ctx, project)
+	if err != nil {
+		return nil, err
+	}
+	return e.store.GetVolume(ctx, p.ID, name)
+}
+
+// DeleteVolume deletes a volume and its image; refused (409) while a sandbox has it attached.
+func (e *Edge) DeleteVolume(ctx context.Context, project, name string) (*store.VolumeRecord, error) {
+	v, err := e.Volume(ctx, project, name)
+	if err != nil {
+		return nil, err
+	}
+	if v.Node != e.cfg.Node {
+		return nil, errdefs.Invalid("name", "volume %s lives on node %s, not on this one", name, v.Node)
+	}
+	if v, err = e.store.DeleteVolume(ctx, v.ID); err != nil {
+		return nil, err
+	}
+	if e.cfg.Volumes != nil {
+		if err := e.cfg.Volumes.Remove(v.ID); err != nil {
+			// The record is gone: the next start removes the orphaned image.
+			e.log.Error("remove a deleted volume's image", "volume", v.ID, "err", err)
+		}
+	}
+	e.log.Info("volume deleted", "volume", v.ID, "name", v.Name, "project", v.Project)
+	return v, nil
+}
+
+// VolumeBytes is what this node's volume images hold on its disk (for the node's disk admission).
+func (e *Edge) VolumeBytes() (int64, error) {
+	if e.cfg.Volumes == nil {
+		return 0, nil
+	}
+	return e.cfg.Volumes.Bytes()
+}
+
+// reconcileVolumes, at start, finishes what a crash cut short: volumes still being made lose
+// their record and image, and images no record names (a delete cut short) go.
+func (e *Edge) reconcileVolumes(ctx context.Context) error {
+	if e.cfg.Volumes == nil {
+		return nil
+	}
+	vs, err := e.store.ListVolumes(ctx, "", e.cfg.Node)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, v := range vs {
+		if v.State == store.VolumeCreating {
+			e.log.Warn("volume was being made when corral stopped; removing it", "volume", v.ID, "name", v.Name)
+			if _, err := e.store.DeleteVolume(ctx, v.ID); err != nil {
+				e.log.Error("remove an unfinished volume", "volume", v.ID, "err", err)
+				known[v.ID] = true
+			}
+			continue
+		}
+		known[v.ID] = true
+		if len(v.AttachedTo) == 0 {
+			// Attached nowhere: a writer a crash cut short may have left its journal unreplayed.
+			if err := e.cfg.Volumes.Recover(ctx, v.ID); err != nil {
+				e.log.Error("replay a volume's journal", "volume", v.ID, "err", err)
+			}
+		}
+	}
+	ids, tmp, err := e.cfg.Volumes.List()
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if !known[id] {
+			e.log.Warn("removing a volume image no record names", "volume", id)
+			if err := e.cfg.Volumes.Remove(id); err != nil {
+				e.log.Error("remove an orphaned volume image", "volume", id, "err", err)
+			}
+		}
+	}
+	for _, name := range tmp {
+		if err := e.cfg.Volumes.RemoveLeftover(name); err != nil {
+			e.log.Error("remove a leftover volume image", "file", name, "err", err)
+		}
+	}
+	return nil
+}
+
+// admitVolumes validates a create's volumes and resolves them in the sandbox's project: the
+// mounts as recorded, and the volumes' IDs in the same order. The attachments themselves are
+// taken by the admission transaction.
+func (e *Edge) admitVolumes(ctx context.Context, tier string, projectID, projectPath string, mounts []corral.VolumeMount) ([]corral.VolumeMount, []string, error) {
+	if len(mounts) == 0 {
+		return nil, nil, nil
+	}
+	if err := e.volumesOn(); err != nil {
+		return nil, nil, err
+	}
+	if tier != TierContainer && tier != TierMicroVM {
+		return nil, nil, errdefs.Invalid("volumes", "volumes mount into containers and microvms, not the %s tier", tier)
+	}
+	if len(mounts) > runc.MaxVolumes {
+		return nil, nil, errdefs.Invalid("volumes", "%d volumes, at most %d", len(mounts), runc.MaxVolumes)
+	}
+	out := make([]corral.VolumeMount, len(mounts))
+	ids := make([]string, len(mounts))
+	for i, m := range mounts {
+		field := fmt.Sprintf("volumes[%d]", i)
+		if !volumeNameRE.MatchString(m.Name) {
+			return nil, nil, errdefs.Invalid(field+".name", "%q is not a volume name", m.Name)
+		}
+		if err := runc.CheckVolumePath(field+".path", m.Path); err != nil {
+			return nil, nil, err
+		}
+		for j, o := range out[:i] {
+			if o.Name == m.Name {
+				return nil, nil, errdefs.Invalid(field+".name", "volume %s is named twice (volumes[%d])", m.Name, j)
+			}
+			if o.Path == m.Path || strings.HasPrefix(m.Path, o.Path+"/") || strings.HasPrefix(o.Path, m.Path+"/") {
+				return nil, nil, errdefs.Invalid(field+".path", "%s overlaps volumes[%d] at %s", m.Path, j, o.Path)
+			}
+		}
+		v, err := e.store.GetVolume(ctx, projectID, m.Name)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, nil, errdefs.Invalid(field+".name", "volume %s does not exist in project %s (see `corral volume ls`)", m.Name, iam.Display(projectPath))
+		} else if err != nil {
+			return nil, nil, err
+		}
+		if v.Node != e.cfg.Node {
+			return nil, nil, errdefs.Invalid(field+".name", "volume %s lives on node %s, not on %s", m.Name, v.Node, e.cfg.Node)
+		}
+		out[i], ids[i] = m, v.ID
+	}
+	return out, ids, nil
+}
+
+// recoverVolumes replays the journals of rec's read-write volumes, whose writer (rec's sandbox,
+// just deleted) may have ended without unmounting them (a microvm's): until then a read-only
+// mount would miss what it wrote last.
+func (e *Edge) recoverVolumes(ctx context.Context, rec *store.Sandbox) {
+	if e.cfg.Volumes == nil {
+		return
+	}
+	for i, m := range rec.Volumes {
+		if m.ReadOnly {
+			continue
+		}
+		if err := e.cfg.Volumes.Recover(ctx, rec.VolumeIDs[i]); err != nil {
+			e.log.Error("replay the journal of a volume its sandbox left", "sandbox", rec.ID, "volume", rec.VolumeIDs[i], "err", err)
+		}
+	}
+}
+
+// runtimeVolumes are rec's volumes as the runtime mounts them.
+func (e *Edge) runtimeVolumes(rec *store.Sandbox) []runc.Volume {
+	if len(rec.Volumes) == 0 || e.cfg.Volumes == nil {
+		return nil
+	}
+	out := make([]runc.Volume, len(rec.Volumes))
+	for i, m := range rec.Volumes {
+		out[i] = runc.Volume{Image: e.cfg.Volumes.Path(rec.VolumeIDs[i]), Path: m.Path, ReadOnly: m.ReadOnly}
+	}
+	return out
+}
+
+// flushVolumes has a running microvm's guest write its read-write volumes' dirty data back
+// before the VM is stopped: the end of its QEMU is a power cut to the guest, which loses what
+// its page cache held. (A container's writes are in the host's page cache already, and its
+// volume's unmount writes them back.) Best effort and bounded: a guest that does not answer
+// loses what a machine losing power would.
+func (e *Edge) flushVolumes(ctx context.Context, rec *store.Sandbox, sb *sandbox) {
+	if rec.Tier != TierMicroVM || sb.paused.Load() || !slices.ContainsFunc(rec.Volumes, func(m corral.VolumeMount) bool { return !m.ReadOnly }) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sess, err := sb.agent.Exec(ctx, agentrpc.ExecRequest{Argv: []string{"sync"}, Timeout: 10 * time.Second})
+	if err == nil {
+		err = startError(sess.Info())
+		defer sess.Close()
+	}
+	for err == nil {
+		var ev agentrpc.Event
+		if ev, err = sess.Next(); err == nil && ev.Type == agentrpc.EventExit {
+			return
+		}
+	}
+	e.log.Warn("flush the volumes of a microvm before it stops", "sandbox", rec.ID, "err", err)
+}

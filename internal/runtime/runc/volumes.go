@@ -1,0 +1,176 @@
+package runc
+
+import (
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/inroot"
+)
+
+// Volumes. A volume is an ext4 filesystem image on the host (the edge makes and keeps it; see
+// internal/volume). A runc or gVisor sandbox mounts it through a loop device of its own at
+// <dir>/vol/<i> (read-only: the loop device and the mount both), and the bundle binds that
+// directory at the volume's path: one mount entry per volume, after every other, so nothing
+// mounts over it and a change to the user mapping can treat the volumes as entries of their
+// own. The mount lives under <dir>, so Delete's unmount of everything under <dir> detaches it,
+// and the loop device (autoclear) goes with its mount. A microvm gets the image as a virtio-blk
+// disk instead (internal/runtime/qemu) and its guest mounts it.
+//
+// The mountpoint inside the rootfs is made by the runtime before the sandbox starts, with no
+// symlink followed (openat2 RESOLVE_NO_SYMLINKS beneath the rootfs): an image whose /data is a
+// symlink to /proc, /, or anywhere else, is refused rather than followed. Nothing in the
+// sandbox runs yet, and the layers below the overlay are read-only, so the check cannot race.
+
+// Volume is a volume to mount into a sandbox (Spec.Volumes).
+type Volume struct {
+	// Image is the host path of the volume's ext4 image.
+	Image string
+	// Path is where it is mounted in the sandbox: clean, absolute, not reserved (CheckVolumePath).
+	Path     string
+	ReadOnly bool
+}
+
+// MaxVolumes is the most volumes one sandbox mounts.
+const MaxVolumes = 8
+
+// reservedPaths are the sandbox paths a volume may not be mounted at or under: the kernel's
+// filesystems, and Corral's own files in the sandbox.
+var reservedPaths = []string{"/proc", "/dev", "/sys", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts"}
+
+// CheckVolumePath reports whether p may be a volume's path in a sandbox: absolute, clean, not /,
+// not at or under /proc, /dev, /sys or a file Corral provides, and not a /.corral* path.
+func CheckVolumePath(field, p string) error {
+	switch {
+	case p == "" || !path.IsAbs(p):
+		return errdefs.Invalid(field, "%q is not an absolute path", p)
+	case path.Clean(p) != p:
+		return errdefs.Invalid(field, "%q is not clean (want %q)", p, path.Clean(p))
+	case p == "/":
+		return errdefs.Invalid(field, "a volume cannot be mounted at /")
+	case len(p) > 512 || strings.ContainsAny(p, "\x00,:"):
+		return errdefs.Invalid(field, "%q: at most 512 bytes, without NUL, ',' or ':'", p)
+	case strings.HasPrefix(p, "/.corral"):
+		return errdefs.Invalid(field, "%q: /.corral* paths are Corral's own", p)
+	}
+	for _, r := range reservedPaths {
+		if p == r || strings.HasPrefix(p, r+"/") {
+			return errdefs.Invalid(field, "%q: a volume cannot be mounted at or under %s", p, r)
+		}
+	}
+	return nil
+}
+
+// checkVolumes validates s.Volumes: paths, images, no path twice or under another.
+func checkVolumes(vols []Volume) error {
+	if len(vols) > MaxVolumes {
+		return errdefs.Invalid("Volumes", "%d volumes, at most %d", len(vols), MaxVolumes)
+	}
+	for i, v := range vols {
+		if err := CheckVolumePath("Volumes.Path", v.Path); err != nil {
+			return err
+		}
+		if !filepath.IsAbs(v.Image) {
+			return errdefs.Invalid("Volumes.Image", "%q is not an absolute path", v.Image)
+		}
+		for _, o := range vols[:i] {
+			if o.Path == v.Path || strings.HasPrefix(v.Path, o.Path+"/") || strings.HasPrefix(o.Path, v.Path+"/") {
+				return errdefs.Invalid("Volumes.Path", "%s and %s overlap", o.Path, v.Path)
+			}
+		}
+	}
+	return nil
+}
+
+// volumeDir is where a sandbox's i-th volume is mounted on the host.
+func volumeDir(dir string, i int) string { return filepath.Join(dir, "vol", strconv.Itoa(i)) }
+
+// mountVolumes mounts s's volumes under dir (volumeDir) and makes their mountpoints in rootfs.
+// On error the caller's teardown of dir removes what was mounted.
+func mountVolumes(dir, rootfs string, vols []Volume) error {
+	for i, v := range vols {
+		if err := inroot.Mkdir(rootfs, v.Path, false); err != nil {
+			return fmt.Errorf("volume at %s: %w", v.Path, err)
+		}
+		mnt := volumeDir(dir, i)
+		if err := os.MkdirAll(mnt, 0o700); err != nil {
+			return err
+		}
+		if err := mountVolume(v.Image, mnt, v.ReadOnly); err != nil {
+			return fmt.Errorf("volume at %s: %w", v.Path, err)
+		}
+	}
+	return nil
+}
+
+// mountVolume mounts the ext4 image at mnt through a loop device of its own (autoclear: it goes
+// with the mount).
+func mountVolume(image, mnt string, readOnly bool) error {
+	flag := os.O_RDWR
+	if readOnly {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(image, flag|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open volume image: %w", err)
+	}
+	defer f.Close()
+	loop, err := attachLoopMode(f, readOnly)
+	if err != nil {
+		return err
+	}
+	defer loop.Close()
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOATIME)
+	data := ""
+	if readOnly {
+		// noload: a read-only mount replays no journal, so it writes nothing to the image.
+		flags |= unix.MS_RDONLY
+		data = "noload"
+	}
+	if err := unix.Mount(loop.Name(), mnt, "ext4", flags, data); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", loop.Name(), mnt, err)
+	}
+	return nil
+}
+
+// volumeMounts are the bundle's mount entries of s's volumes, sources under dir.
+func volumeMounts(dir string, s *Spec) []specs.Mount {
+	var out []specs.Mount
+	for i, v := range s.Volumes {
+		opts := []string{"bind", "nosuid", "nodev"}
+		if v.ReadOnly {
+			opts = append(opts, "ro")
+		}
+		out = append(out, specs.Mount{Destination: v.Path, Type: "bind", Source: volumeDir(dir, i), Options: opts})
+	}
+	return out
+}
+
+// idmapVolumes replaces each of the n volume mounts under dir (volumeDir) with a copy idmapped
+// with the user namespace ns, so the sandbox's root owns what the host's root owns on disk.
+func idmapVolumes(dir string, n int, ns *os.File) error {
+	for i := 0; i < n; i++ {
+		mnt := volumeDir(dir, i)
+		fd, err := idmappedTree(mnt, ns)
+		if err != nil {
+			return fmt.Errorf("volume %d: %w", i, err)
+		}
+		// The detached copy holds the filesystem, so the plain mount can go first.
+		err = unix.Unmount(mnt, unix.MNT_DETACH)
+		if err == nil {
+			err = unix.MoveMount(fd, "", unix.AT_FDCWD, mnt, unix.MOVE_MOUNT_F_EMPTY_PATH)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("volume %d: idmapped mount at %s: %w", i, mnt, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,299 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Volumes. A volume row is made in state creating (its size charged to its project's disk
+// quota in the same transaction), becomes ready once its node has allocated the filesystem, and
+// goes with DeleteVolume, which gives the bytes back. Attachments are rows of
+// volume_attachments written by AdmitSandbox in the transaction that records the sandbox, and
+// removed by putSandbox when the sandbox leaves the live states: so the rule "one read-write
+// attachment or any number of read-only ones" is checked and taken atomically with the create,
+// and an attachment can never outlive its sandbox's record.
+
+// The states of a volume row.
+const (
+	VolumeCreating = "creating"
+	VolumeReady    = "ready"
+)
+
+// VolumeRecord is a volume's durable record.
+type VolumeRecord struct {
+	corral.Volume
+	ID        string
+	ProjectID string
+	State     string
+}
+
+// NewVolumeID returns a fresh volume ID.
+func NewVolumeID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return "vol-" + hex.EncodeToString(b[:])
+}
+
+const volumeCols = `v.id, v.project_id, COALESCE(p.path, ''), v.name, v.size_bytes, v.node, v.state, v.created_at`
+
+func scanVolume(row interface{ Scan(...any) error }) (*VolumeRecord, error) {
+	var v VolumeRecord
+	var path string
+	var created int64
+	if err := row.Scan(&v.ID, &v.ProjectID, &path, &v.Name, &v.SizeBytes, &v.Node, &v.State, &created); err != nil {
+		return nil, err
+	}
+	v.Project = iam.Display(path)
+	v.CreatedAt = time.Unix(0, created).UTC()
+	return &v, nil
+}
+
+// CreateVolume records a new volume (v.State creating) if its project's and every ancestor's
+// disk quota allow its size. A name taken in the project is a conflict; a refusal by a quota is
+// an *iam.QuotaError naming the quota.
+func (s *Store) CreateVolume(ctx context.Context, v *VolumeRecord) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM volumes WHERE project_id = ? AND name = ?`, v.ProjectID, v.Name).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			return errdefs.Conflict("volume %s already exists in project %s", v.Name, v.Project)
+		}
+		if _, err := checkQuotas(ctx, tx, v.ProjectID, corral.Usage{DiskBytes: v.SizeBytes}, time.Now()); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO volumes (id, project_id, name, size_bytes, node, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			v.ID, v.ProjectID, v.Name, v.SizeBytes, v.Node, v.State, v.CreatedAt.UnixNano()); err != nil {
+			if isUnique(err) {
+				return errdefs.Conflict("volume %s already exists in project %s", v.Name, v.Project)
+			}
+			return err
+		}
+		return chargeVolume(ctx, tx, v.ProjectID, v.SizeBytes)
+	})
+	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
+		return qe
+	}
+	if err != nil {
+		return fmt.Errorf("create volume %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// chargeVolume adds size bytes (negative: gives them back) to the disk usage of the project
+// with this ID and of its ancestors.
+func chargeVolume(ctx context.Context, q querier, projectID string, size int64) error {
+	ids, err := ancestorIDs(ctx, q, projectID)
+	if err != nil {
+		return err
+	}
+	return addUsageTo(ctx, q, ids, corral.Usage{DiskBytes: size})
+}
+
+// SetVolumeState sets the state of the volume with this ID.
+func (s *Store) SetVolumeState(ctx context.Context, id, state string) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE volumes SET state = ? WHERE id = ?`, state, id)
+	if err != nil {
+		return fmt.Errorf("set volume %s %s: %w", id, state, err)
+	}
+	return nil
+}
+
+// GetVolume returns the volume name of the project with this ID, with its attachments.
+func (s *Store) GetVolume(ctx context.Context, projectID, name string) (*VolumeRecord, error) {
+	v, err := scanVolume(s.rdb.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes v LEFT JOIN projects p ON p.id = v.project_id
+		WHERE v.project_id = ? AND v.name = ?`, projectID, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.NotFound("volume %s", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get volume %s: %w", name, err)
+	}
+	return v, s.fillAttachments(ctx, []*VolumeRecord{v})
+}
+
+// ListVolumes returns the volumes of the project at path (canonical) and its subtree, by
+// project and name; node, when set, keeps those of that node only.
+func (s *Store) ListVolumes(ctx context.Context, path, node string) ([]*VolumeRecord, error) {
+	cond, args := subtreeCond("p.path", path)
+	if node != "" {
+		cond += ` AND v.node = ?`
+		args = append(args, node)
+	}
+	rows, err := s.rdb.QueryContext(ctx, `SELECT `+volumeCols+` FROM volumes v JOIN projects p ON p.id = v.project_id
+		WHERE `+cond+` ORDER BY p.path, v.name`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list volumes: %w", err)
+	}
+	var out []*VolumeRecord
+	for rows.Next() {
+		v, err := scanVolume(rows)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("list volumes: %w", err)
+		}
+		out = append(out, v)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list volumes: %w", err)
+	}
+	return out, s.fillAttachments(ctx, out)
+}
+
+// fillAttachments reads the attachments of vs.
+func (s *Store) fillAttachments(ctx context.Context, vs []*VolumeRecord) error {
+	if len(vs) == 0 {
+		return nil
+	}
+	byID := make(map[string]*VolumeRecord, len(vs))
+	args := make([]any, 0, len(vs))
+	for _, v := range vs {
+		byID[v.ID] = v
+		args = append(args, v.ID)
+	}
+	rows, err := s.rdb.QueryContext(ctx, `SELECT volume_id, sandbox_id, read_only FROM volume_attachments WHERE volume_id IN (?`+
+		strings.Repeat(", ?", len(args)-1)+`) ORDER BY sandbox_id`, args...)
+	if err != nil {
+		return fmt.Errorf("read volume attachments: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var vid string
+		var a corral.VolumeAttachment
+		var ro int
+		if err := rows.Scan(&vid, &a.Sandbox, &ro); err != nil {
+			return fmt.Errorf("read volume attachments: %w", err)
+		}
+		a.ReadOnly = ro != 0
+		byID[vid].AttachedTo = append(byID[vid].AttachedTo, a)
+	}
+	return rows.Err()
+}
+
+// DeleteVolume deletes the volume with this ID and gives its bytes back to its project's quota;
+// refused (conflict) while a sandbox has it attached. It returns the deleted record.
+func (s *Store) DeleteVolume(ctx context.Context, id string) (*VolumeRecord, error) {
+	var v *VolumeRecord
+	err := s.tx(ctx, func(tx *Tx) error {
+		var err error
+		// Locked first (PostgreSQL): an attachment racing with the deletion takes turns with it.
+		var state string
+		if err := tx.QueryRowContext(ctx, `SELECT state FROM volumes WHERE id = ?`+forUpdate(tx), id).Scan(&state); errors.Is(err, sql.ErrNoRows) {
+			return errdefs.NotFound("volume %s", id)
+		} else if err != nil {
+			return err
+		}
+		v, err = scanVolume(tx.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes v LEFT JOIN projects p ON p.id = v.project_id
+			WHERE v.id = ?`, id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return errdefs.NotFound("volume %s", id)
+		} else if err != nil {
+			return err
+		}
+		var sb string
+		err = tx.QueryRowContext(ctx, `SELECT sandbox_id FROM volume_attachments WHERE volume_id = ? ORDER BY sandbox_id LIMIT 1`, id).Scan(&sb)
+		if err == nil {
+			return errdefs.Conflict("volume %s is attached to sandbox %s; delete that sandbox first", v.Name, sb)
+		} else if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM volumes WHERE id = ?`, id); err != nil {
+			return err
+		}
+		return chargeVolume(ctx, tx, v.ProjectID, -v.SizeBytes)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("delete volume: %w", err)
+	}
+	return v, nil
+}
+
+// attachVolumes records sb's volume attachments (sb.VolumeIDs, in the order of sb.Volumes),
+// refusing (conflict) a volume that is gone, not ready, or attached in a way the new attachment
+// may not share: a read-write attachment excludes every other.
+func attachVolumes(ctx context.Context, tx *Tx, sb *Sandbox) error {
+	if len(sb.VolumeIDs) != len(sb.Volumes) {
+		return fmt.Errorf("sandbox %s: %d volume IDs for %d volumes", sb.ID, len(sb.VolumeIDs), len(sb.Volumes))
+	}
+	for i, id := range sb.VolumeIDs {
+		m := sb.Volumes[i]
+		var state string
+		// FOR UPDATE (PostgreSQL): concurrent attachments of one volume take turns.
+		err := tx.QueryRowContext(ctx, `SELECT state FROM volumes WHERE id = ?`+forUpdate(tx), id).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return errdefs.Conflict("volume %s was deleted meanwhile", m.Name)
+		} else if err != nil {
+			return err
+		}
+		if state != VolumeReady {
+			return errdefs.Conflict("volume %s is still being made; try again", m.Name)
+		}
+		var other string
+		var ro int
+		err = tx.QueryRowContext(ctx, `SELECT sandbox_id, read_only FROM volume_attachments WHERE volume_id = ? ORDER BY read_only, sandbox_id LIMIT 1`, id).
+			Scan(&other, &ro)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return err
+		case ro == 0:
+			return errdefs.Conflict("volume %s is attached read-write to sandbox %s; a read-write volume has one sandbox at a time", m.Name, other)
+		case !m.ReadOnly:
+			return errdefs.Conflict("volume %s is attached read-only to sandbox %s; a read-write attachment needs the volume to itself", m.Name, other)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO volume_attachments (volume_id, sandbox_id, read_only) VALUES (?, ?, ?)`,
+			id, sb.ID, boolInt(m.ReadOnly)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// detachVolumes removes the attachments of the sandbox with this ID.
+func detachVolumes(ctx context.Context, q querier, sandboxID string) error {
+	_, err := q.ExecContext(ctx, `DELETE FROM volume_attachments WHERE sandbox_id = ?`, sandboxID)
+	return err
+}
+
+// recountVolumes adds every volume's size to its project's usage (RecountUsage).
+func recountVolumes(ctx context.Context, tx *Tx) error {
+	rows, err := tx.QueryContext(ctx, `SELECT project_id, size_bytes FROM volumes`)
+	if err != nil {
+		return err
+	}
+	type charge struct {
+		project string
+		size    int64
+	}
+	var all []charge
+	for rows.Next() {
+		var c charge
+		if err := rows.Scan(&c.project, &c.size); err != nil {
+			rows.Close()
+			return err
+		}
+		all = append(all, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, c := range all {
+		if err := chargeVolume(ctx, tx, c.project, c.size); err != nil {
+			return err
+		}
+	}
+	return nil
+}

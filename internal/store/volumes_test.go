@@ -1,0 +1,173 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+func newVolume(p *ProjectRecord, name string, size int64) *VolumeRecord {
+	return &VolumeRecord{
+		Volume: corral.Volume{Name: name, Project: iam.Display(p.Path), SizeBytes: size, Node: "test", CreatedAt: time.Now().UTC()},
+		ID:     NewVolumeID(), ProjectID: p.ID, State: VolumeReady,
+	}
+}
+
+func withVolumes(sb *Sandbox, vols ...any) *Sandbox {
+	for i := 0; i < len(vols); i += 2 {
+		v := vols[i].(*VolumeRecord)
+		sb.Volumes = append(sb.Volumes, corral.VolumeMount{Name: v.Name, Path: "/data", ReadOnly: vols[i+1].(bool)})
+		sb.VolumeIDs = append(sb.VolumeIDs, v.ID)
+	}
+	return sb
+}
+
+// TestVolumes is the volumes' conformance: names, the disk quota, the attachment rule, and
+// that an attachment ends with its sandbox and blocks the volume's deletion while it lasts.
+func TestVolumes(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		p := mustProject(t, s, "p")
+		if _, err := s.SetQuota(ctx, "p", corral.Quota{DiskBytes: ptr[int64](100 << 20)}); err != nil {
+			t.Fatal(err)
+		}
+		v := newVolume(p, "data", 40<<20)
+		if err := s.CreateVolume(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CreateVolume(ctx, newVolume(p, "data", 1<<20)); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("a taken name: %v, want a conflict", err)
+		}
+		var qe *iam.QuotaError
+		if err := s.CreateVolume(ctx, newVolume(p, "big", 70<<20)); !errors.As(err, &qe) || qe.Resource != "disk_bytes" || qe.Project != "p" {
+			t.Fatalf("over the disk quota: %v", err)
+		}
+		if vs, err := s.ListVolumes(ctx, "p", ""); err != nil || len(vs) != 1 {
+			t.Fatalf("a refused volume was recorded: %v, %v", vs, err)
+		}
+		if q, err := s.GetQuota(ctx, "p"); err != nil || q.Usage.DiskBytes != 40<<20 {
+			t.Fatalf("usage %+v, %v; want the volume's 40 MiB", q, err)
+		}
+		// The volume's bytes count against sandboxes too.
+		sb := newRecord(p.ID, 0)
+		sb.Limits.DiskBytes = 70 << 20
+		if err := s.AdmitSandbox(ctx, sb, nil); !errors.As(err, &qe) || qe.Resource != "disk_bytes" {
+			t.Fatalf("a sandbox over the disk left by the volume: %v", err)
+		}
+
+		// One writer, or many readers.
+		w := withVolumes(newRecord(p.ID, 0), v, false)
+		if err := s.AdmitSandbox(ctx, w, nil); err != nil {
+			t.Fatal(err)
+		}
+		w2 := withVolumes(newRecord(p.ID, 0), v, false)
+		if err := s.AdmitSandbox(ctx, w2, nil); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("a second writer: %v, want a conflict", err)
+		}
+		if _, err := s.GetSandbox(ctx, w2.ID); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("the refused sandbox was recorded: %v", err)
+		}
+		if err := s.AdmitSandbox(ctx, withVolumes(newRecord(p.ID, 0), v, true), nil); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("a reader beside the writer: %v, want a conflict", err)
+		}
+		if _, err := s.DeleteVolume(ctx, v.ID); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("delete an attached volume: %v, want a conflict", err)
+		}
+		got, err := s.GetVolume(ctx, p.ID, "data")
+		if err != nil || len(got.AttachedTo) != 1 || got.AttachedTo[0].Sandbox != w.ID || got.AttachedTo[0].ReadOnly {
+			t.Fatalf("GetVolume = %+v, %v", got, err)
+		}
+		// A paused sandbox keeps it; a stopped one lets it go.
+		w.State = corral.StatePaused
+		if err := s.PutSandbox(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.GetVolume(ctx, p.ID, "data"); len(got.AttachedTo) != 1 {
+			t.Fatalf("a paused sandbox lost its attachment: %+v", got)
+		}
+		w.State = corral.StateStopped
+		if err := s.PutSandbox(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		readers := []*Sandbox{withVolumes(newRecord(p.ID, 0), v, true), withVolumes(newRecord(p.ID, 0), v, true)}
+		for _, r := range readers {
+			if err := s.AdmitSandbox(ctx, r, nil); err != nil {
+				t.Fatalf("a reader: %v", err)
+			}
+		}
+		if err := s.AdmitSandbox(ctx, withVolumes(newRecord(p.ID, 0), v, false), nil); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("a writer beside readers: %v, want a conflict", err)
+		}
+		for _, r := range readers {
+			r.State = corral.StateFailed
+			if err := s.PutSandbox(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.DeleteProject(ctx, "p"); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("delete a project that owns a volume: %v, want a conflict", err)
+		}
+		if err := s.RecountUsage(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if q, err := s.GetQuota(ctx, "p"); err != nil || q.Usage.DiskBytes != 40<<20 {
+			t.Fatalf("usage after a recount %+v, %v; want the volume's 40 MiB", q, err)
+		}
+		if _, err := s.DeleteVolume(ctx, v.ID); err != nil {
+			t.Fatal(err)
+		}
+		if q, err := s.GetQuota(ctx, "p"); err != nil || q.Usage.DiskBytes != 0 {
+			t.Fatalf("usage after delete %+v, %v", q, err)
+		}
+		if err := s.AdmitSandbox(ctx, withVolumes(newRecord(p.ID, 0), v, true), nil); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("attach a deleted volume: %v, want a conflict", err)
+		}
+		if err := s.DeleteProject(ctx, "p"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestVolumeWritersRace: of many concurrent read-write attachments of one volume, exactly one
+// is admitted.
+func TestVolumeWritersRace(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		p := mustProject(t, s, "p")
+		v := newVolume(p, "data", 1<<20)
+		if err := s.CreateVolume(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+		var ok, conflict atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 32 {
+			wg.Go(func() {
+				<-start
+				err := s.AdmitSandbox(ctx, withVolumes(newRecord(p.ID, 0), v, false), nil)
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, errdefs.ErrConflict):
+					conflict.Add(1)
+				default:
+					t.Errorf("admit: %v", err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if ok.Load() != 1 || conflict.Load() != 31 {
+			t.Fatalf("admitted %d writers, refused %d; want 1 and 31", ok.Load(), conflict.Load())
+		}
+	})
+}
