@@ -184,9 +184,10 @@ func (s *slots) slotOf(id string) (int, bool) {
 	return 0, false
 }
 
-// initUserNS sets up user namespaces when configured (and the roots directory always): reads back the slots of sandboxes left by
-// an earlier process and probes that this host can make them. On a failed probe r.usernsErr
-// says why and new sandboxes are made without (UserNSStatus reports it), never half-made.
+// initUserNS sets up user namespaces when configured (and the roots directory always): reads
+// back the slots of sandboxes left by an earlier process and probes that this host can make
+// them. On a failed probe r.usernsErr says why and new sandboxes are made without
+// (UserNSStatus reports it), never half-made.
 func (r *Runtime) initUserNS(ctx context.Context) {
 	sum := sha256.Sum256([]byte(r.cfg.StateDir))
 	r.rootsDir = filepath.Join(defaultRootsBase, hex.EncodeToString(sum[:6]))
@@ -207,7 +208,7 @@ func (r *Runtime) initUserNS(ctx context.Context) {
 		}
 	}
 	if err := r.probeUserNS(ctx); err != nil {
-		r.usernsErr = errdefs.Unavailable("this host cannot give sandboxes user namespaces with idmapped mounts (%v): they run without; corral up --no-userns says so quietly", err)
+		r.usernsErr = errdefs.Unavailable("this host cannot give sandboxes user namespaces with idmapped mounts (%v): they run without (corral up --no-userns makes that the configuration)", err)
 		return
 	}
 	r.gvisorUnprivileged = true
@@ -222,8 +223,9 @@ func readSlot(path string) (int, bool) {
 	return n, err == nil && n >= 0
 }
 
-// probeUserNS makes a user namespace the way Create does and an idmapped mount of StateDir's
-// filesystem with it.
+// probeUserNS makes the roots directory, a user namespace and an idmapped mount of StateDir's
+// filesystem with it. (What else a Create needs, the owner's thread and the helper, fails that
+// Create cleanly if it fails.)
 func (r *Runtime) probeUserNS(ctx context.Context) error {
 	dirs := []string{r.rootsDir}
 	if filepath.Dir(r.rootsDir) == defaultRootsBase {
