@@ -231,7 +231,9 @@ func (p *corralProc) pickHostResources() {
 func (p *corralProc) start() {
 	t := p.t
 	t.Helper()
-	args := []string{"up", "--data-dir", p.DataDir, "--listen", p.Listen, "--runc", runcPath(), "--disk-pool", "1", "--log-level", "debug"}
+	// 256 MiB disks: writable disks take their whole size on the host (allocated when made), and
+	// the e2e Corrals of several people share this host's disk.
+	args := []string{"up", "--data-dir", p.DataDir, "--listen", p.Listen, "--runc", runcPath(), "--disk-pool", "1", "--sandbox-disk", "256M", "--log-level", "debug"}
 	if !p.auto {
 		args = append(args, "--cgroup-parent", p.Cgroup, "--net-tag", p.NetTag, "--net-pool", p.NetPool)
 	}
