@@ -531,9 +531,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		ecfg.Capacity.DiskBytes, ecfg.Disk.Overcommit = 0, cfg.Cluster.Overcommit.Disk
 	} else {
 		// Volumes are local images: one node only, until they live in the blob store.
-		if ecfg.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), ""); err != nil {
+		vols, err := volume.Open(filepath.Join(cfg.DataDir, "volumes"), "")
+		if err != nil {
 			return err
 		}
+		ecfg.Volumes = vols
+		// A volume's image is allocated in full: promised and taken from the filesystem at once.
+		ecfg.Disk.Holders = append(ecfg.Disk.Holders, func() edge.DiskHeld {
+			n, err := vols.Bytes()
+			if err != nil {
+				log.Warn("count the volumes' disk", "err", err)
+			}
+			return edge.DiskHeld{Promised: n, Allocated: n}
+		})
 	}
 	e, err := edge.New(ecfg, log, st, rt, ls)
 	if err != nil {

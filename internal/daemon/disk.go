@@ -17,7 +17,7 @@ import (
 
 // diskHolders are what the edge's disk promise counts besides its live sandboxes' limits: the
 // runc runtime's pool of disks made ahead, and what every runtime's disks have allocated on the
-// data dir's filesystem. Volumes, when they come, add theirs here.
+// data dir's filesystem. Volumes add theirs where they are opened (Run).
 func diskHolders(rt *runc.Runtime, vm *qemu.Runtime) []edge.DiskHolder {
 	return []edge.DiskHolder{
 		func() edge.DiskHeld {

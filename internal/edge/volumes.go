@@ -83,7 +83,7 @@ func (e *Edge) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest)
 	if err := e.store.CreateVolume(ctx, v); err != nil {
 		return nil, err
 	}
-	if err := e.cfg.Volumes.Create(ctx, v.ID, size); err != nil {
+	if err := e.makeVolumeImage(ctx, v.ID, size); err != nil {
 		if _, derr := e.store.DeleteVolume(context.WithoutCancel(ctx), v.ID); derr != nil {
 			e.log.Error("remove the record of a volume that could not be made", "volume", v.ID, "err", derr)
 		}
@@ -284,4 +284,20 @@ func (e *Edge) flushVolumes(ctx context.Context, rec *store.Sandbox, sb *sandbox
 		}
 	}
 	e.log.Warn("flush the volumes of a microvm before it stops", "sandbox", rec.ID, "err", err)
+}
+
+// makeVolumeImage makes a volume's image once the node's disk promise has room for it: a
+// volume's blocks are allocated in full, like a sandbox's disk, and counted by the same promise
+// (daemon.diskHolders).
+func (e *Edge) makeVolumeImage(ctx context.Context, id string, size int64) error {
+	e.capMu.Lock()
+	defer e.capMu.Unlock()
+	if d, ok, err := e.DiskPromise(ctx); err != nil {
+		return err
+	} else if ok && d.Promised+size > d.Have() {
+		return fmt.Errorf("node %s has no room for volume %s: disk: have %s (free %s + %s its disks hold, ×%g), promised %s, asked %s; delete sandboxes or volumes, or ask for less (size_bytes): %w",
+			e.cfg.Node, id, formatBytes(d.Have()), formatBytes(d.Free), formatBytes(d.Allocated), d.Overcommit,
+			formatBytes(d.Promised), formatBytes(size), errdefs.ErrNodeFull)
+	}
+	return e.cfg.Volumes.Create(ctx, id, size)
 }
