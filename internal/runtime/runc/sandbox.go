@@ -157,7 +157,13 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err := mountOverlay(rootfs, spec.Lower, filepath.Join(disk, "upper"), filepath.Join(disk, "work"), im); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	if err := mountVolumes(dir, rootfs, spec.Volumes); err != nil {
+	// Mountpoints and the working directory are made in the container's rootfs, as its root.
+	mkdir := func(p string, follow bool) error { return inroot.Mkdir(rootfs, p, follow) }
+	if im != nil {
+		plain := mkdir
+		mkdir = func(p string, follow bool) error { return asOwner(im.owner, func() error { return plain(p, follow) }) }
+	}
+	if err := mountVolumes(dir, rootfs, spec.Volumes, mkdir); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	if im != nil {
@@ -168,7 +174,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		}
 	}
 	if spec.Workdir != "" {
-		if err := inroot.Mkdir(rootfs, filepath.Clean(spec.Workdir), true); err != nil {
+		if err := mkdir(filepath.Clean(spec.Workdir), true); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: working directory %s: %w", id, spec.Workdir, err)
 		}
 	}

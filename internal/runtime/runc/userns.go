@@ -552,3 +552,24 @@ func rlimitShim(agent *os.File, limits []specs.POSIXRlimit, argv []string) (path
 // agentFDPath is the path that executes the agent binary's memfd, valid in this process and,
 // until it executes, in any child it forks.
 func agentFDPath(agent *os.File) string { return "/proc/self/fd/" + strconv.Itoa(int(agent.Fd())) }
+
+// asOwner runs fn on a thread of its own whose filesystem ids are owner's, so what fn makes in
+// a tree idmapped with the sandbox's user namespace belongs to the sandbox's root (the host's
+// root has no id inside, and the kernel refuses it with EOVERFLOW). The thread is never given
+// back to the Go scheduler: it ends with fn's goroutine.
+func asOwner(owner uint32, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // not unlocked: the thread's ids stay changed until it exits
+		if _, err := unix.SetfsgidRetGid(int(owner)); err != nil {
+			errc <- fmt.Errorf("setfsgid: %w", err)
+			return
+		}
+		if _, err := unix.SetfsuidRetUid(int(owner)); err != nil {
+			errc <- fmt.Errorf("setfsuid: %w", err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

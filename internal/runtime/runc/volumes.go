@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/inroot"
 )
 
 // Volumes. A volume is an ext4 filesystem image on the host (the edge makes and keeps it; see
@@ -92,11 +91,12 @@ func checkVolumes(vols []Volume) error {
 // volumeDir is where a sandbox's i-th volume is mounted on the host.
 func volumeDir(dir string, i int) string { return filepath.Join(dir, "vol", strconv.Itoa(i)) }
 
-// mountVolumes mounts s's volumes under dir (volumeDir) and makes their mountpoints in rootfs.
+// mountVolumes mounts s's volumes under dir (volumeDir) and makes their mountpoints in rootfs
+// with mkdir (inroot.Mkdir in rootfs, as the sandbox's root when it has a user namespace).
 // On error the caller's teardown of dir removes what was mounted.
-func mountVolumes(dir, rootfs string, vols []Volume) error {
+func mountVolumes(dir, rootfs string, vols []Volume, mkdir func(p string, follow bool) error) error {
 	for i, v := range vols {
-		if err := inroot.Mkdir(rootfs, v.Path, false); err != nil {
+		if err := mkdir(v.Path, false); err != nil {
 			return fmt.Errorf("volume at %s: %w", v.Path, err)
 		}
 		mnt := volumeDir(dir, i)
