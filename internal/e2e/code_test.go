@@ -205,7 +205,7 @@ func TestCodeInterpreter(t *testing.T) {
 		if _, err := p.Client.CodeContexts(ctx, sb.ID); !corral.IsConflict(err) {
 			t.Errorf("contexts of a sandbox without the server: %v, want conflict", err)
 		}
-		if _, err := p.Client.RunCode(ctx, "sb-local-nope", corral.CodeRequest{Code: "1"}, nil); !corral.IsNotFound(err) {
+		if _, err := p.Client.RunCode(ctx, "sb-local-aaaaaaaaaaaaaaaa", corral.CodeRequest{Code: "1"}, nil); !corral.IsNotFound(err) {
 			t.Errorf("code on an unknown sandbox: %v, want not found", err)
 		}
 	})
