@@ -495,10 +495,9 @@ class Handler(BaseHTTPRequestHandler):
             cwd = req.get("cwd") or DEFAULT_CWD
             if not isinstance(cwd, str) or not os.path.isdir(cwd):
                 return self.fail(400, "cwd %r is not a directory" % cwd)
-            ctx = CONTEXTS.create(lang, cwd)
-            if ctx.kc is None:
-                CONTEXTS.remove(ctx.id)
-                return self.fail(500, ctx.start_error or "the kernel did not start")
+            # The kernel starts in the background: the first execution in the context waits
+            # for it (and reports it if it could not start).
+            ctx = CONTEXTS.create(lang, cwd, background=True)
             return self.reply(200, ctx.describe())
         if len(parts) == 3 and parts[0] == "contexts" and parts[2] == "restart":
             ctx = CONTEXTS.get(parts[1])
