@@ -504,7 +504,7 @@ class Handler(BaseHTTPRequestHandler):
             if ctx is None:
                 return self.fail(404, "context %s not found" % parts[1])
             with ctx.lock:
-                ctx.restart()
+                ctx.restart(background=True)
             return self.reply(204)
         self.fail(404, "no route POST %s" % self.path)
 
