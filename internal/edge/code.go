@@ -38,7 +38,7 @@ const (
 	maxCodeLine = 32 << 20
 	// codeGrace is how long past the run's timeout the edge waits for the server's own
 	// timeout error before giving up on it.
-	codeGrace = 30 * time.Second
+	codeGrace = 3 * time.Minute
 )
 
 var codeContextRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

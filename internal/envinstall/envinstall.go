@@ -432,9 +432,15 @@ func Install(ctx context.Context, c *corral.Client, r *Recipe, envName string, o
 }
 
 // publish imports the tarball at p as name:version (public) unless that version is already
-// there, and returns its reference.
+// published (toolkits, whose version is a hash of their inputs), and returns its reference.
+// The base is imported again: the same content is a no-op, another build a conflict.
 func publish(ctx context.Context, c *corral.Client, log io.Writer, p, name, version, kind string, cfg *corral.ImageConfig) (string, error) {
 	ref := name + ":" + version
+	if _, err := c.Layer(ctx, name, version); err == nil && kind == corral.KindToolkit {
+		// Published before: a toolkit's version is its inputs' hash, so it holds this content.
+		fmt.Fprintf(log, "%s is published already\n", ref)
+		return ref, nil
+	}
 	f, err := os.Open(p)
 	if err != nil {
 		return "", err

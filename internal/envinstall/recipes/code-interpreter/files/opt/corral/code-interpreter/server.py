@@ -68,15 +68,17 @@ def log(*args):
 
 
 def oom_kills():
-    """The sandbox cgroup's count of processes killed for lack of memory, or None."""
-    try:
-        with open("/sys/fs/cgroup/memory.events") as f:
-            for line in f:
-                k, _, v = line.partition(" ")
-                if k == "oom_kill":
-                    return int(v)
-    except OSError:
-        pass
+    """The sandbox cgroup's count of processes killed for lack of memory (cgroup v2, or v1's
+    memory controller), or None."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == "oom_kill":
+                        return int(v)
+        except (OSError, ValueError):
+            pass
     return None
 
 
@@ -131,11 +133,23 @@ class Context:
                 pass
         self.km = self.kc = None
 
-    def restart(self):
-        """Replaces the kernel with a new one: every variable is gone."""
+    def restart(self, background=False):
+        """Replaces the kernel with a new one: every variable is gone. In the background, the
+        old kernel is gone on return and executions wait for the new one (ready)."""
         self.ready.clear()
         self.stop()
-        self.start()
+        if background:
+            threading.Thread(target=self.start, daemon=True).start()
+        else:
+            self.start()
+
+    def exit_signal(self):
+        """The signal that ended the kernel's process, or 0."""
+        try:
+            code = self.km.provisioner.process.poll()
+        except Exception:
+            return 0
+        return -code if code is not None and code < 0 else 0
 
     def alive(self):
         return self.km is not None and self.km.is_alive()
@@ -292,8 +306,8 @@ def client_gone(sock):
 def run(ctx, code, out, timeout, env_vars, sock):
     """Runs code in ctx (its lock held), writing events to out. Returns nothing; the caller
     writes end_of_execution."""
-    if not ctx.ready.wait(timeout=90):
-        out.send({"type": "error", "name": "KernelNotReady", "value": "the kernel did not start in 90 s", "traceback": ""})
+    if not ctx.ready.wait(timeout=150):
+        out.send({"type": "error", "name": "KernelNotReady", "value": "the kernel did not start in 150 s", "traceback": ""})
         return
     if ctx.kc is None or not ctx.alive():
         # A kernel that died between executions (or never started) is replaced first.
@@ -324,14 +338,18 @@ def run(ctx, code, out, timeout, env_vars, sock):
             checked = now
             if not ctx.alive():
                 oom = oom_kills()
+                sig = ctx.exit_signal()
                 why = "the kernel died"
                 if oom is not None and oom_before is not None and oom > oom_before:
                     why = "the kernel was killed for lack of memory (the sandbox's memory limit)"
+                elif sig == signal.SIGKILL:
+                    why = "the kernel was killed (SIGKILL: most likely for lack of memory, the sandbox's memory limit)"
+                elif sig:
+                    why = "the kernel died of signal %d" % sig
                 log("context %s: %s; starting a new one" % (ctx.id, why))
-                ctx.restart()
-                if not gone:
-                    out.send({"type": "error", "name": "KernelDied", "traceback": "",
-                              "value": why + "; a new kernel was started: the context's variables are gone"})
+                out_send(out, gone, {"type": "error", "name": "KernelDied", "traceback": "",
+                                     "value": why + "; a new kernel is starting: the context's variables are gone"})
+                ctx.restart(background=True)
                 return
             if interrupted_at is None:
                 if deadline is not None and now > deadline:
@@ -350,9 +368,9 @@ def run(ctx, code, out, timeout, env_vars, sock):
                                              "value": "execution timed out after %gs: the kernel was interrupted (its variables are kept)" % timeout})
             elif now - interrupted_at > INTERRUPT_GRACE:
                 log("context %s: the kernel did not stop; starting a new one" % ctx.id)
-                ctx.restart()
                 out_send(out, gone, {"type": "error", "name": "KernelRestarted", "traceback": "",
                                      "value": "the kernel did not stop when interrupted and was replaced: the context's variables are gone"})
+                ctx.restart(background=True)
                 return
         if msg is None:
             continue
@@ -477,17 +495,16 @@ class Handler(BaseHTTPRequestHandler):
             cwd = req.get("cwd") or DEFAULT_CWD
             if not isinstance(cwd, str) or not os.path.isdir(cwd):
                 return self.fail(400, "cwd %r is not a directory" % cwd)
-            ctx = CONTEXTS.create(lang, cwd)
-            if ctx.kc is None:
-                CONTEXTS.remove(ctx.id)
-                return self.fail(500, ctx.start_error or "the kernel did not start")
+            # The kernel starts in the background: the first execution in the context waits
+            # for it (and reports it if it could not start).
+            ctx = CONTEXTS.create(lang, cwd, background=True)
             return self.reply(200, ctx.describe())
         if len(parts) == 3 and parts[0] == "contexts" and parts[2] == "restart":
             ctx = CONTEXTS.get(parts[1])
             if ctx is None:
                 return self.fail(404, "context %s not found" % parts[1])
             with ctx.lock:
-                ctx.restart()
+                ctx.restart(background=True)
             return self.reply(204)
         self.fail(404, "no route POST %s" % self.path)
 
