@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/edge"
@@ -136,6 +138,8 @@ type Config struct {
 	// Cluster, when set, makes this an edge of a cluster (`corral edge`): Store is then the
 	// cluster's PostgreSQL, and the node registers and heartbeats there.
 	Cluster *ClusterConfig
+	// Observe configures per-sandbox metrics, events and webhooks.
+	Observe ObserveConfig
 	// Net configures sandbox networking.
 	Net NetConfig
 	// NoLXCFS runs container sandboxes without LXCFS: they then read the host's /proc/meminfo,
@@ -425,6 +429,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
 	ecfg.VM = vm
+	bus := events.New(cfg.Node, events.Config{}, log)
+	ecfg.Events, ecfg.SampleInterval, ecfg.MetricsKeep, ecfg.PerSandboxMetrics = bus, cfg.Observe.SampleInterval, cfg.Observe.MetricsKeep, cfg.Observe.PerSandbox
+	// The bus's store writer outlives the edge's Close (deferred before it), so its last events
+	// are written.
+	busCtx, stopBus := context.WithCancel(context.WithoutCancel(ctx))
+	busDone := make(chan struct{})
+	go func() { defer close(busDone); bus.Run(busCtx, st) }()
+	defer func() { stopBus(); <-busDone }()
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
 	}
@@ -478,6 +490,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	api := apiserver.New(log, st, e, ls, info)
 	go api.Prune(ctx, cfg.AuditRetention)
+	hooks := webhook.New(webhook.Config{}, log, st, bus)
+	go hooks.Run(ctx)
+	api.SetWebhooks(hooks)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
@@ -611,4 +626,12 @@ func stopLXCFS(rt *runc.Runtime, lx *lxcfs.Server, dir string, log *slog.Logger)
 	if err != nil {
 		log.Warn("stop lxcfs", "err", err)
 	}
+}
+
+// ObserveConfig configures per-sandbox metrics (internal/edge observe.go); zero fields take the
+// edge's defaults.
+type ObserveConfig struct {
+	SampleInterval time.Duration
+	MetricsKeep    time.Duration
+	PerSandbox     bool
 }

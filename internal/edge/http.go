@@ -53,6 +53,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/input", h.input)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/console", h.console)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/vnc", h.vnc)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/metrics", h.metrics)
 	return mux
 }
 
@@ -73,6 +74,10 @@ func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 		return nil
 	}
 	sb.actions.Add(1)
+	if err := h.e.observeCall(sb, r.Method, r.URL.Path, r.Header.Get(corral.TokensHeader)); err != nil {
+		h.fail(w, r, err)
+		return nil
+	}
 	return sb
 }
 
