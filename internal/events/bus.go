@@ -227,26 +227,27 @@ func (b *Bus) Run(ctx context.Context, rec Recorder) {
 	t := time.NewTicker(b.cfg.FlushEvery)
 	defer t.Stop()
 	var batch []corral.LifecycleEvent
+	// flush writes what is queued, in batches of at most 512.
 	flush := func(ctx context.Context) {
 		for {
-			select {
-			case ev := <-b.toStore:
-				batch = append(batch, ev)
-				if len(batch) < 512 {
-					continue
+		fill:
+			for len(batch) < 512 {
+				select {
+				case ev := <-b.toStore:
+					batch = append(batch, ev)
+				default:
+					break fill
 				}
-			default:
 			}
-			break
+			if len(batch) == 0 {
+				return
+			}
+			if err := rec.AddEvents(ctx, batch); err != nil {
+				b.storeFailed.Add(uint64(len(batch)))
+				b.log.Warn("record events", "events", len(batch), "err", err)
+			}
+			batch = batch[:0]
 		}
-		if len(batch) == 0 {
-			return
-		}
-		if err := rec.AddEvents(ctx, batch); err != nil {
-			b.storeFailed.Add(uint64(len(batch)))
-			b.log.Warn("record events", "events", len(batch), "err", err)
-		}
-		batch = batch[:0]
 	}
 	for {
 		select {

@@ -170,11 +170,12 @@ type Store interface {
 
 // Dispatcher delivers the bus's events to the store's webhooks.
 type Dispatcher struct {
-	cfg   Config
-	log   *slog.Logger
-	st    Store
-	bus   *events.Bus
-	queue chan *delivery
+	cfg     Config
+	log     *slog.Logger
+	started time.Time
+	st      Store
+	bus     *events.Bus
+	queue   chan *delivery
 
 	mu    sync.Mutex
 	hooks []*store.WebhookRecord // protected by mu
@@ -195,7 +196,7 @@ type delivery struct {
 // New returns a dispatcher; Run starts it.
 func New(cfg Config, log *slog.Logger, st Store, bus *events.Bus) *Dispatcher {
 	cfg.setDefaults()
-	return &Dispatcher{cfg: cfg, log: log, st: st, bus: bus, queue: make(chan *delivery, cfg.Queue)}
+	return &Dispatcher{cfg: cfg, log: log, st: st, bus: bus, queue: make(chan *delivery, cfg.Queue), started: time.Now()}
 }
 
 // Run delivers until ctx ends.
@@ -212,29 +213,41 @@ func (d *Dispatcher) Run(ctx context.Context) {
 	defer wg.Wait()
 	t := time.NewTicker(d.cfg.Refresh)
 	defer t.Stop()
+	// Events published since New are replayed from the bus's buffer; so are those published
+	// while the dispatcher was too far behind and was dropped, as far as the buffer reaches.
+	since, last := d.started, ""
 	for ctx.Err() == nil {
-		sub, _ := d.bus.Subscribe(4096, time.Time{}, nil)
-		d.follow(ctx, sub, t.C)
+		sub, past := d.bus.Subscribe(4096, since, nil)
+		for _, ev := range past {
+			if ev.ID != last {
+				d.enqueue(ev)
+				since, last = ev.At, ev.ID
+			}
+		}
+		since, last = d.follow(ctx, sub, t.C, since, last)
 		sub.Close()
 		if sub.Dropped() {
 			d.lost.Add(1)
-			d.log.Warn("webhook dispatcher fell behind the event bus; events were not delivered")
+			d.log.Warn("webhook dispatcher fell behind the event bus; catching up from its replay buffer")
 		}
 	}
 }
 
-func (d *Dispatcher) follow(ctx context.Context, sub *events.Sub, tick <-chan time.Time) {
+// follow enqueues the subscription's events until it ends, and returns the time and ID of the
+// last one.
+func (d *Dispatcher) follow(ctx context.Context, sub *events.Sub, tick <-chan time.Time, since time.Time, last string) (time.Time, string) {
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return since, last
 		case <-tick:
 			d.refresh(ctx)
 		case ev, ok := <-sub.C():
 			if !ok {
-				return
+				return since, last
 			}
 			d.enqueue(ev)
+			since, last = ev.At, ev.ID
 		}
 	}
 }
@@ -381,7 +394,8 @@ type Stats struct {
 }
 
 // Stats returns the counters: deliveries that succeeded, attempts retried, deliveries given up,
-// deliveries dropped on a full queue, and times the dispatcher fell behind the bus.
+// deliveries dropped on a full queue, and times the dispatcher fell behind the bus (and caught
+// up from its replay buffer, losing what had left it).
 func (d *Dispatcher) Stats() Stats {
 	return Stats{Delivered: d.delivered.Load(), Retried: d.retried.Load(), Failed: d.failed.Load(),
 		Dropped: d.dropped.Load(), Lost: d.lost.Load()}
