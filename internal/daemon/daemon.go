@@ -490,7 +490,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	api := apiserver.New(log, st, e, ls, info)
 	go api.Prune(ctx, cfg.AuditRetention)
-	hooks := webhook.New(webhook.Config{}, log, st, bus)
+	hooks := webhook.New(cfg.Observe.Webhooks, log, st, bus)
 	go hooks.Run(ctx)
 	api.SetWebhooks(hooks)
 	lis, err := net.Listen("tcp", cfg.Listen)
@@ -634,4 +634,6 @@ type ObserveConfig struct {
 	SampleInterval time.Duration
 	MetricsKeep    time.Duration
 	PerSandbox     bool
+	// Webhooks tunes webhook delivery (timeouts, attempts, backoff).
+	Webhooks webhook.Config
 }

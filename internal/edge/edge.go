@@ -1490,6 +1490,7 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		rec.Stopping = nil
 		return fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
 	}
+	e.noticeBlocked(sb) // while its chain's counters are still there
 	if err := e.rt.Delete(ctx, rec.ID); err != nil {
 		e.log.Error("delete sandbox", "sandbox", rec.ID, "err", err)
 		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)
@@ -1504,7 +1505,6 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 	e.mu.Lock()
 	delete(e.live, rec.ID)
 	e.mu.Unlock()
-	e.noticeBlocked(sb)
 	e.flushUsage(ctx, sb, true)
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
 	e.finish(ctx, rec, state, reason)
