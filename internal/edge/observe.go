@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
+	"golang.org/x/sys/unix"
 )
 
 // Observation (issue 28): per-sandbox resource samples kept in memory, lifecycle events on the
@@ -302,6 +303,9 @@ func (e *Edge) writeSampleMetrics(b io.Writer) {
 		node, float64(e.sampleNanos.Load())/1e9)
 	fmt.Fprintf(b, "# HELP corral_metrics_samples_total Samples taken.\n# TYPE corral_metrics_samples_total counter\ncorral_metrics_samples_total{node=%q} %d\n",
 		node, e.sampledSandboxes.Load())
+	if cpu, ok := processCPU(); ok {
+		fmt.Fprintf(b, "# HELP process_cpu_seconds_total User and system CPU time of this process.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %g\n", cpu)
+	}
 	st := e.bus.Stats()
 	fmt.Fprintf(b, "# HELP corral_events_total Events published.\n# TYPE corral_events_total counter\ncorral_events_total{node=%q} %d\n", node, st.Published)
 	fmt.Fprintf(b, "# HELP corral_event_followers Event stream followers now.\n# TYPE corral_event_followers gauge\ncorral_event_followers{node=%q} %d\n", node, st.Followers)
@@ -454,4 +458,13 @@ func (h *dataPlane) metrics(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, m)
+}
+
+// processCPU is this process's user and system CPU time in seconds (getrusage).
+func processCPU() (float64, bool) {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0, false
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, true
 }

@@ -296,3 +296,14 @@ func (c *Client) Report(ctx context.Context, q ReportQuery) (*Report, error) {
 // TokensHeader is the request header a client reports the model tokens of the action it asks
 // for with (a non-negative integer); Corral sums it per sandbox for the report.
 const TokensHeader = "X-Corral-Tokens"
+
+// PrometheusMetrics returns GET /v1/metrics, the server's Prometheus text (operator).
+func (c *Client) PrometheusMetrics(ctx context.Context) (string, error) {
+	resp, err := c.send(ctx, request{method: http.MethodGet, path: "/v1/metrics"})
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	return string(b), err
+}
