@@ -35,13 +35,17 @@ func TestObserveMetrics(t *testing.T) {
 		}
 		p.sh(sb.ID, "dd if=/dev/urandom of=/root/blob bs=1M count=24 2>/dev/null; sync")
 		var last corral.MetricSample
+		minCPU := 10.0 // idle: about 0
+		if rt == "microvm" {
+			minCPU = 5 // its QEMU under TCG on a shared host
+		}
 		eventually(t, 60*time.Second, "samples showing the busy loop, its memory, tasks and the file written", func() bool {
 			m, err := p.Client.SandboxMetrics(ctx, sb.ID, time.Time{})
 			if err != nil || len(m.Samples) == 0 {
 				return false
 			}
 			last = m.Samples[len(m.Samples)-1]
-			return last.CPUPercent > 10 && last.MemoryBytes > 0 && last.MemoryPeakBytes >= last.MemoryBytes &&
+			return last.CPUPercent > minCPU && last.MemoryBytes > 0 && last.MemoryPeakBytes >= last.MemoryBytes &&
 				last.Pids >= 2 && (rt == "gvisor" || last.DiskBytes >= 20<<20)
 		})
 		t.Logf("%s: latest sample %+v", rt, last)
@@ -340,7 +344,7 @@ func (h *hookReceiver) types(id string) []string {
 // signed, after a retry on 500; the log shows both attempts; a hanging receiver is given up
 // and counted; bad URLs are refused; another tenant cannot see or remove it.
 func TestObserveWebhooks(t *testing.T) {
-	x := newTenancyWith(t, "--webhook-timeout", "500ms", "--webhook-attempts", "2", "--webhook-backoff", "100ms")
+	x := newTenancyWith(t, "--webhook-timeout", "500ms", "--webhook-attempts", "2", "--webhook-backoff", "100ms", "--webhook-allow-private")
 	p, ctx := x.p, t.Context()
 	rc := &hookReceiver{seen: map[string]int{}}
 	srv := httptest.NewServer(rc)

@@ -747,7 +747,8 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	e.layersMu.RUnlock()
 	if err != nil {
 		if _, ok := errors.AsType[*iam.QuotaError](err); ok {
-			e.emit(corral.EventQuotaRefused, rec, err.Error())
+			// No sandbox was made: the event names the project and the quota, not an ID.
+			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventQuotaRefused, Project: rec.Project, Tier: rec.Tier, Reason: err.Error()})
 		}
 		return nil, err
 	}

@@ -21,13 +21,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -130,8 +133,12 @@ type Config struct {
 	Workers int
 	// Refresh is how often the webhooks are reread from the store (default 2s).
 	Refresh time.Duration
+	// AllowPrivate lets deliveries go to loopback, private, link-local and other non-public
+	// addresses. Off, a webhook cannot make Corral reach its own host or network (the check is
+	// on the address dialled, after DNS).
+	AllowPrivate bool
 	// Client sends the deliveries (default: a client with no proxy from the environment that
-	// follows no redirects).
+	// follows no redirects and dials only what AllowPrivate permits).
 	Client *http.Client
 }
 
@@ -155,8 +162,15 @@ func (c *Config) setDefaults() {
 		c.Refresh = 2 * time.Second
 	}
 	if c.Client == nil {
+		allow := c.AllowPrivate
+		d := &net.Dialer{Timeout: c.Timeout, Control: func(network, address string, _ syscall.RawConn) error {
+			if allow {
+				return nil
+			}
+			return publicOnly(address)
+		}}
 		c.Client = &http.Client{
-			Transport:     &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second},
+			Transport:     &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second, TLSHandshakeTimeout: c.Timeout},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
@@ -400,3 +414,24 @@ func (d *Dispatcher) Stats() Stats {
 	return Stats{Delivered: d.delivered.Load(), Retried: d.retried.Load(), Failed: d.failed.Load(),
 		Dropped: d.dropped.Load(), Lost: d.lost.Load()}
 }
+
+// publicOnly refuses a dial to an address that is not a public unicast one.
+func publicOnly(address string) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return err
+	}
+	ip = ip.Unmap()
+	if ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsMulticast() ||
+		ip.IsUnspecified() || ip.IsInterfaceLocalMulticast() || cgnat.Contains(ip) {
+		return fmt.Errorf("%s is not a public address (corral up --webhook-allow-private allows it)", ip)
+	}
+	return nil
+}
+
+// cgnat is the shared address space of carrier-grade NAT (RFC 6598), not public either.
+var cgnat = netip.MustParsePrefix("100.64.0.0/10")

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -142,7 +143,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // Deliveries are signed, retried on 500 with backoff until answered 2xx, and logged; events of
 // other projects and of types the webhook does not ask for are not sent.
 func TestDeliverRetriesOn500(t *testing.T) {
-	st, bus, d := setup(t, Config{Backoff: 20 * time.Millisecond, Attempts: 5})
+	st, bus, d := setup(t, Config{Backoff: 20 * time.Millisecond, Attempts: 5, AllowPrivate: true})
 	rc := &receiver{statuses: []int{500, 503, 200}}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
@@ -180,7 +181,7 @@ func TestDeliverRetriesOn500(t *testing.T) {
 // A receiver that never answers is given up after the attempts, each bounded by the timeout;
 // one that answers 4xx is not retried.
 func TestGiveUp(t *testing.T) {
-	st, bus, d := setup(t, Config{Backoff: 10 * time.Millisecond, Attempts: 3, Timeout: 100 * time.Millisecond})
+	st, bus, d := setup(t, Config{Backoff: 10 * time.Millisecond, Attempts: 3, Timeout: 100 * time.Millisecond, AllowPrivate: true})
 	hang := &receiver{statuses: []int{200}, hang: true}
 	hangSrv := httptest.NewServer(hang)
 	defer hangSrv.Close()
@@ -206,7 +207,7 @@ func TestGiveUp(t *testing.T) {
 
 // A full queue drops deliveries (counted) instead of waiting.
 func TestQueueBounded(t *testing.T) {
-	st, bus, d := setup(t, Config{Queue: 2, Workers: 1, Timeout: 5 * time.Second, Attempts: 1})
+	st, bus, d := setup(t, Config{Queue: 2, Workers: 1, Timeout: 5 * time.Second, Attempts: 1, AllowPrivate: true})
 	hang := &receiver{statuses: []int{200}, hang: true}
 	srv := httptest.NewServer(hang)
 	defer srv.Close()
@@ -215,4 +216,33 @@ func TestQueueBounded(t *testing.T) {
 		bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Project: "/a"})
 	}
 	eventually(t, "deliveries dropped", func() bool { return d.Stats().Dropped >= 17 })
+}
+
+// Without AllowPrivate, a webhook cannot reach loopback or private addresses: the delivery
+// fails at the dial, and nothing arrives.
+func TestPrivateAddressesRefused(t *testing.T) {
+	st, bus, d := setup(t, Config{Attempts: 1})
+	rc := &receiver{statuses: []int{200}}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	h := addHook(t, st, d, srv.URL)
+	bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Project: "/a"})
+	eventually(t, "the delivery refused", func() bool { return d.Stats().Failed == 1 })
+	if rc.count() != 0 {
+		t.Errorf("the loopback receiver got %d requests", rc.count())
+	}
+	log, _ := st.Deliveries(context.Background(), h.ID, 10)
+	if len(log) != 1 || !strings.Contains(log[0].Error, "not a public address") {
+		t.Errorf("delivery log = %+v", log)
+	}
+	for _, a := range []string{"127.0.0.1:80", "10.1.2.3:443", "[::1]:80", "169.254.169.254:80", "192.168.1.1:80", "100.64.0.1:80", "[::ffff:127.0.0.1]:80", "0.0.0.0:80", "[fe80::1]:80"} {
+		if publicOnly(a) == nil {
+			t.Errorf("publicOnly(%s) allowed it", a)
+		}
+	}
+	for _, a := range []string{"203.0.113.9:443", "[2001:db8::1]:80", "8.8.8.8:53"} {
+		if err := publicOnly(a); err != nil {
+			t.Errorf("publicOnly(%s) = %v", a, err)
+		}
+	}
 }
