@@ -252,7 +252,7 @@ func (b *Bus) Run(ctx context.Context, rec Recorder) {
 	for {
 		select {
 		case <-ctx.Done():
-			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			flush(wctx)
 			cancel()
 			return

@@ -130,14 +130,26 @@ func TestRunRecordsEvents(t *testing.T) {
 	for i := range 700 {
 		b.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: fmt.Sprint("sb", i), Project: "/a"})
 	}
+	list := func() []corral.LifecycleEvent {
+		got, err := st.ListEvents(ctx, "a", time.Time{}, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(list()) < 700 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// What is queued when it stops is written too.
+	for i := 700; i < 705; i++ {
+		b.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: fmt.Sprint("sb", i), Project: "/a"})
+	}
 	cancel()
 	<-done
-	got, err := st.ListEvents(ctx, "a", time.Time{}, 10000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 700 || got[0].Sandbox != "sb0" || got[699].Sandbox != "sb699" {
-		t.Fatalf("store has %d events (first %+v), want the 700 in order", len(got), got[0])
+	got := list()
+	if len(got) != 705 || got[0].Sandbox != "sb0" || got[704].Sandbox != "sb704" {
+		t.Fatalf("store has %d events, want the 705 in order", len(got))
 	}
 	if other, _ := st.ListEvents(ctx, "b", time.Time{}, 10); len(other) != 0 {
 		t.Errorf("project b sees %d of a's events", len(other))

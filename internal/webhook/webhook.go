@@ -336,27 +336,31 @@ func (d *Dispatcher) attempt(ctx context.Context, dl *delivery) {
 	rec := corral.WebhookDelivery{Webhook: dl.hook.ID, Event: dl.ev.ID, Type: dl.ev.Type, Attempt: dl.attempt,
 		At: start.UTC(), Status: status, DurationMs: float64(time.Since(start).Microseconds()) / 1000}
 	retry := false
-	switch {
-	case err == nil && status >= 200 && status < 300:
+	if err == nil && status >= 200 && status < 300 {
 		rec.Result = "ok"
-		d.delivered.Add(1)
-	default:
+	} else {
 		if err != nil {
 			rec.Error = err.Error()
 		} else {
 			rec.Error = fmt.Sprintf("receiver answered %d", status)
 		}
 		retry = (err != nil || status >= 500 || status == http.StatusTooManyRequests) && dl.attempt < d.cfg.Attempts
+		rec.Result = "failed"
 		if retry {
 			rec.Result = "retry"
-			d.retried.Add(1)
-		} else {
-			rec.Result = "failed"
-			d.failed.Add(1)
 		}
 	}
+	// Logged before counted: whoever sees the count finds the attempt in the log.
 	if werr := d.st.AddDelivery(context.WithoutCancel(ctx), rec); werr != nil {
 		d.log.Warn("record webhook delivery", "err", werr)
+	}
+	switch rec.Result {
+	case "ok":
+		d.delivered.Add(1)
+	case "retry":
+		d.retried.Add(1)
+	default:
+		d.failed.Add(1)
 	}
 	if !retry {
 		return
