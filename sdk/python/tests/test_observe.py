@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import threading
 import time
 import unittest
 
@@ -18,24 +17,20 @@ class ObserveTest(unittest.TestCase):
 
     def test_events_follow_and_replay(self) -> None:
         since = datetime.datetime.now(datetime.timezone.utc)
-        got = []
+        # Opened first, read after: what happens meanwhile waits in the stream. (A sync stream is
+        # read and closed by one thread.)
         stream = self.c.events(follow=True, types=["created", "deleted"])
         self.addCleanup(stream.close)
-
-        def read() -> None:
-            for ev in stream:
-                got.append(ev)
-
-        t = threading.Thread(target=read, daemon=True)
-        t.start()
         sb = self.c.create(base=BASE, ttl="10m")
         sb.delete()
-        deadline = time.time() + 30
-        while time.time() < deadline and [e.type for e in got if e.sandbox == sb.id] != ["created", "deleted"]:
-            time.sleep(0.05)
-        self.assertEqual([e.type for e in got if e.sandbox == sb.id], ["created", "deleted"])
-        ev = [e for e in got if e.sandbox == sb.id][0]
-        self.assertTrue(ev.id and ev.node and ev.at is not None)
+        got = []
+        for ev in stream:
+            if ev.sandbox == sb.id:
+                got.append(ev)
+            if len(got) == 2:
+                break
+        self.assertEqual([e.type for e in got], ["created", "deleted"])
+        self.assertTrue(got[0].id and got[0].node and got[0].at is not None)
         stream.close()
         # Replay: since a datetime, and since a duration.
         with self.c.events(since=since) as past:
@@ -62,7 +57,9 @@ class ObserveTest(unittest.TestCase):
         self.assertIsInstance(s, corral.MetricSample)
         self.assertGreater(s.memory_bytes, 0)
         self.assertGreater(s.pids, 0)
-        self.assertEqual(sb.metrics(since=s.at), [])
+        # since keeps later samples only (a datetime has microseconds; samples, nanoseconds).
+        later = sb.metrics(since=s.at + datetime.timedelta(milliseconds=1))
+        self.assertTrue(all(x.at > s.at for x in later), later)
         with self.assertRaises(corral.InvalidRequest):
             sb.metrics(since="yesterday")
 
