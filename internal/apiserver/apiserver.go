@@ -28,6 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/webhook"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -45,6 +46,9 @@ type Server struct {
 	// importMu serialises layer imports, so that dropping the tree of a rejected import can never
 	// race with another import publishing the same content.
 	importMu sync.Mutex
+
+	// hooks, when set, delivers this process's events to webhooks (SetWebhooks).
+	hooks *webhook.Dispatcher
 }
 
 // New returns a Server. info is served by GET /v1/info (Sandboxes is filled in per call).
@@ -92,6 +96,7 @@ func (s *Server) Handler() http.Handler {
 		s.edge.WriteMetrics(w)
 		// The process's own, for leak hunting (make soak watches it).
 		fmt.Fprintf(w, "# HELP go_goroutines Goroutines of this corral process.\n# TYPE go_goroutines gauge\ngo_goroutines %d\n", runtime.NumGoroutine())
+		s.writeWebhookMetrics(w)
 	}))
 	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
@@ -201,6 +206,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/fncall/{name}/stream", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, true) }))
 	s.iamRoutes(api)
 	s.volumeRoutes(api)
+	s.observeRoutes(api)
 	// Everything else under a sandbox is its data plane, served by the edge that runs it.
 	api.Handle("/v1/sandboxes/{id}/", s.guard(iam.SandboxUse, "", s.onSandbox, s.route().ServeHTTP))
 	api.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

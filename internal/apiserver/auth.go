@@ -304,6 +304,10 @@ func (s *Server) Prune(ctx context.Context, retention time.Duration) {
 		if _, err := s.store.PruneIdempotency(ctx); err != nil {
 			s.log.Warn("prune idempotency keys", "err", err)
 		}
+		// Events and webhook deliveries are kept a week; usage rows (the report) as long as the audit log.
+		if err := s.store.PruneObservations(ctx, time.Now().Add(-7*24*time.Hour), time.Now().Add(-retention)); err != nil {
+			s.log.Warn("prune events and usage", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -140,6 +140,17 @@ func (a *app) newBenchCmd() *cobra.Command {
 	df.StringVar(&sparseURL, "sparse-url", "", "URL of a corral up --sparse-disks on this host")
 	df.StringVar(&sparseToken, "sparse-token-file", "", "its admin token file (DATA-DIR/admin.token)")
 	cmd.AddCommand(disk)
+	var oc bench.ObserveConfig
+	observe := a.jsonBench("observe", "The sampler's cost with idle sandboxes (extrapolated to 1000) against the edge's whole CPU, and the event stream's latency against a GET",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Observe(ctx, c, oc, log)
+		})
+	of := observe.Flags()
+	of.StringVar(&oc.Base, "base", "base:default", "base layer NAME:VERSION")
+	of.IntVar(&oc.Sandboxes, "sandboxes", 200, "idle sandboxes sampled")
+	of.DurationVar(&oc.Window, "window", time.Minute, "how long the sampler is measured")
+	of.IntVar(&oc.Events, "events", 100, "pause/resume rounds (two events each) for the stream's latency")
+	cmd.AddCommand(observe)
 
 	var lc bench.LifecycleConfig
 	lifecycle := a.jsonBench("lifecycle", "Step replay vs execution, snapshots, create-from-snapshot vs create-from-base, pause/resume",

@@ -129,6 +129,13 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.IntVar(&cfg.KeepExitedCommands, "keep-exited-commands", 0, "exited commands each sandbox keeps for re-attach (default 64)")
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
 	f.DurationVar(&cfg.AuditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")
+	f.DurationVar(&cfg.Observe.SampleInterval, "sample-interval", 0, "how often every running sandbox's resource use is sampled for its metrics (default 5s; negative: never)")
+	f.DurationVar(&cfg.Observe.MetricsKeep, "metrics-keep", 0, "how long a sandbox's samples are kept after it ends (default 1h)")
+	f.DurationVar(&cfg.Observe.Webhooks.Timeout, "webhook-timeout", 0, "how long one webhook delivery attempt may take (default 10s)")
+	f.IntVar(&cfg.Observe.Webhooks.Attempts, "webhook-attempts", 0, "attempts of one webhook delivery before it is given up (default 5)")
+	f.BoolVar(&cfg.Observe.Webhooks.AllowPrivate, "webhook-allow-private", false, "let webhooks deliver to loopback, private and link-local addresses (off: only public ones, so a webhook cannot reach this host or its network)")
+	f.DurationVar(&cfg.Observe.Webhooks.Backoff, "webhook-backoff", 0, "pause after a failed webhook delivery attempt, doubling after each (default 1s)")
+	f.BoolVar(&cfg.Observe.PerSandbox, "metrics-per-sandbox", false, "add each sandbox's latest sample to /v1/metrics (one Prometheus series per sandbox and resource; off: the node's sums only)")
 	f.BoolVar(&cfg.Net.Disabled, "no-net", false, "no sandbox networking: every sandbox has loopback only")
 	f.BoolVar(&cfg.NoUserNS, "no-userns", false, "run container sandboxes without user namespaces: their root is the host's root (for hosts without user namespaces or idmapped mounts)")
 	b := &cfg.SandboxBudgets

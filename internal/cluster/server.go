@@ -226,6 +226,7 @@ func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("node state set", "node", n.Name, "state", n.State)
+	s.nodeEvent(r.Context(), n.Name, n.State)
 	s.refresh(r.Context(), true)
 	httpjson.Write(w, http.StatusOK, n)
 }
@@ -241,6 +242,9 @@ func (s *Server) watch(ctx context.Context) {
 			s.log.Warn("sweep lost nodes", "err", err)
 		case len(lost) > 0:
 			s.log.Warn("nodes lost: their lease ran out past the grace period", "nodes", lost, "sandboxes_failed", failed, "grace", s.cfg.LeaseGrace)
+			for _, n := range lost {
+				s.nodeEvent(ctx, n, corral.NodeLost)
+			}
 		}
 		s.refresh(ctx, true)
 		select {
@@ -658,4 +662,14 @@ func unreachable(err error) bool {
 	}
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
 		strings.Contains(msg, "connection lost") || strings.Contains(msg, "connection reset")
+}
+
+// nodeEvent records a node's state change in the store's events, which every edge's followers
+// read in cluster mode (GET /v1/events; operators see them: they belong to the root project).
+func (s *Server) nodeEvent(ctx context.Context, node, state string) {
+	ev := corral.LifecycleEvent{ID: fmt.Sprintf("ev-server-%x-%s", time.Now().UnixNano(), node), At: time.Now().UTC(),
+		Type: corral.EventNodeState, Node: node, Reason: state}
+	if err := s.store.AddEvents(context.WithoutCancel(ctx), []corral.LifecycleEvent{ev}); err != nil {
+		s.log.Warn("record node event", "node", node, "err", err)
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/egress/dns"
 	"github.com/corral-dev/corral/internal/egress/proxy"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/hostreg"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
@@ -36,6 +37,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/volume"
+	"github.com/corral-dev/corral/internal/webhook"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -150,6 +152,8 @@ type Config struct {
 	// Cluster, when set, makes this an edge of a cluster (`corral edge`): Store is then the
 	// cluster's PostgreSQL, and the node registers and heartbeats there.
 	Cluster *ClusterConfig
+	// Observe configures per-sandbox metrics, events and webhooks.
+	Observe ObserveConfig
 	// Net configures sandbox networking.
 	Net NetConfig
 	// NoLXCFS runs container sandboxes without LXCFS: they then read the host's /proc/meminfo,
@@ -524,6 +528,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	ecfg.DefaultLimits, ecfg.MaxLimits = edge.DefaultLimits, edge.MaxLimits
 	ecfg.DefaultLimits.DiskBytes, ecfg.MaxLimits.DiskBytes = cfg.SandboxDisk, cfg.MaxSandboxDisk
 	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Keep: reserveBytes, Holders: diskHolders(rt, vm)}
+	bus := events.New(cfg.Node, events.Config{}, log)
+	ecfg.Events, ecfg.SampleInterval, ecfg.MetricsKeep, ecfg.PerSandboxMetrics = bus, cfg.Observe.SampleInterval, cfg.Observe.MetricsKeep, cfg.Observe.PerSandbox
+	// The bus's store writer outlives the edge's Close (deferred before it), so its last events
+	// are written.
+	busCtx, stopBus := context.WithCancel(context.WithoutCancel(ctx))
+	busDone := make(chan struct{})
+	go func() { defer close(busDone); bus.Run(busCtx, st) }()
+	defer func() { stopBus(); <-busDone }()
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
 		// The edge's disk promise has the final say on disk (edge.DiskConfig), with the same
@@ -602,6 +614,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	api := apiserver.New(log, st, e, ls, info)
 	go api.Prune(ctx, cfg.AuditRetention)
+	hooks := webhook.New(cfg.Observe.Webhooks, log, st, bus)
+	go hooks.Run(ctx)
+	api.SetWebhooks(hooks)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
@@ -735,4 +750,14 @@ func stopLXCFS(rt *runc.Runtime, lx *lxcfs.Server, dir string, log *slog.Logger)
 	if err != nil {
 		log.Warn("stop lxcfs", "err", err)
 	}
+}
+
+// ObserveConfig configures per-sandbox metrics (internal/edge observe.go); zero fields take the
+// edge's defaults.
+type ObserveConfig struct {
+	SampleInterval time.Duration
+	MetricsKeep    time.Duration
+	PerSandbox     bool
+	// Webhooks tunes webhook delivery (timeouts, attempts, backoff).
+	Webhooks webhook.Config
 }

@@ -46,8 +46,10 @@
 //	refresh (POST …/{id}/refreshes)         GET, POST ttl                 204; extends to duration (default 15 s), never
 //	                                                                      shortens.
 //	pause (POST …/{id}/pause)               POST pause                    204; 409 (code 409) when already paused.
-//	getMetrics (GET …/{id}/metrics)         GET                           200 [] — Corral keeps no resource samples.
-//	metrics of many                         GET per ID                    200 {"sandboxes": {}}.
+//	getMetrics (GET …/{id}/metrics)         GET …/metrics?since=          200 the node's samples in [start, end]; CPU
+//	                                                                      as a share of the sandbox's CPUs, memory
+//	                                                                      and disk against its limits.
+//	metrics of many                         GET per ID                    200 {"sandboxes": {ID: latest sample}}.
 //	  (GET /sandboxes/metrics?sandbox_ids=)
 //	logs (GET /v2/sandboxes/{id}/logs,      GET trajectory                the trajectory, one entry per exec or file
 //	  v1: GET /sandboxes/{id}/logs)                                       change (cursor, direction, level, search, limit).

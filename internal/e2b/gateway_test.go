@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -562,10 +563,35 @@ func TestMetricsAndLogs(t *testing.T) {
 	sb := h.create(`{"templateID":"base"}`)
 	resp := h.do("GET", "/sandboxes/"+sb.SandboxID+"/metrics?start=1&end=2", "")
 	if resp.status != 200 || strings.TrimSpace(string(resp.body)) != "[]" {
+		t.Errorf("metrics before any sample: %d %s", resp.status, resp.body)
+	}
+	// The node's samples, in E2B's shape: CPU as a share of the sandbox's CPUs.
+	m0 := time.Now().Add(-10 * time.Second).UTC().Truncate(time.Second)
+	if !h.front.fake.SetMetrics(sb.SandboxID, []corral.MetricSample{
+		{At: m0, CPUPercent: 50, MemoryBytes: 1 << 20, DiskBytes: 4096},
+		{At: m0.Add(5 * time.Second), CPUPercent: 100, MemoryBytes: 2 << 20, DiskBytes: 8192},
+	}) {
+		t.Fatal("SetMetrics: no such sandbox")
+	}
+	var ms []metric
+	resp = h.do("GET", "/sandboxes/"+sb.SandboxID+"/metrics", "")
+	if resp.status != 200 || json.Unmarshal(resp.body, &ms) != nil || len(ms) != 2 || ms[1].MemUsed != 2<<20 || ms[1].DiskUsed != 8192 ||
+		ms[1].TimestampUnix != m0.Add(5*time.Second).Unix() || ms[0].CPUUsedPct <= 0 {
 		t.Errorf("metrics: %d %s", resp.status, resp.body)
 	}
+	resp = h.do("GET", fmt.Sprintf("/sandboxes/%s/metrics?start=%d", sb.SandboxID, m0.Add(time.Second).Unix()), "")
+	if resp.status != 200 || json.Unmarshal(resp.body, &ms) != nil || len(ms) != 1 {
+		t.Errorf("metrics from start: %d %s", resp.status, resp.body)
+	}
+	resp = h.do("GET", "/sandboxes/"+sb.SandboxID+"/metrics?start=5&end=2", "")
+	if resp.status != 400 {
+		t.Errorf("metrics with end before start: %d %s", resp.status, resp.body)
+	}
 	resp = h.do("GET", "/sandboxes/metrics?sandbox_ids="+sb.SandboxID+",sb-nope", "")
-	if resp.status != 200 || strings.TrimSpace(string(resp.body)) != `{"sandboxes":{}}` {
+	var many struct {
+		Sandboxes map[string]metric `json:"sandboxes"`
+	}
+	if resp.status != 200 || json.Unmarshal(resp.body, &many) != nil || len(many.Sandboxes) != 1 || many.Sandboxes[sb.SandboxID].MemUsed != 2<<20 {
 		t.Errorf("metrics of many: %d %s", resp.status, resp.body)
 	}
 

@@ -3,6 +3,7 @@ package e2b
 import (
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,28 +14,76 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// Metrics and logs. Corral keeps no per-sandbox resource samples, so metrics are empty lists of
-// the right shape (for sandboxes that exist). Its nearest thing to E2B's sandbox logs is the
-// trajectory: every exec and file-changing call the sandbox received, in order; logs report
-// those, one entry per step.
+// Metrics and logs. Metrics are the node's resource samples of the sandbox (GET
+// /v1/sandboxes/{id}/metrics) in E2B's shape: CPU as a share of the sandbox's CPUs, memory and
+// disk against its limits. Corral's nearest thing to E2B's sandbox logs is the trajectory:
+// every exec and file-changing call the sandbox received, in order; logs report those, one
+// entry per step.
 
-// metrics serves GET /sandboxes/{id}/metrics: an empty list for a live sandbox, 404 otherwise.
+// metrics serves GET /sandboxes/{id}/metrics?start=&end= (unix seconds): the live sandbox's
+// samples in that window, oldest first; 404 for a sandbox that ended or does not exist.
 func (g *Gateway) metrics(w http.ResponseWriter, r *http.Request, c *corral.Client) error {
-	if err := onlyParams(r.URL.Query(), "start", "end"); err != nil {
+	q := r.URL.Query()
+	if err := onlyParams(q, "start", "end"); err != nil {
 		return err
 	}
-	if _, err := live(r.Context(), c, r.PathValue("sandboxID")); err != nil {
+	start, err := intParam(q, "start", 0)
+	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, []metric{})
+	end, err := intParam(q, "end", 0)
+	if err != nil {
+		return err
+	}
+	if start < 0 || end < 0 || (end > 0 && end < start) {
+		return invalid("end", "want 0 <= start <= end (unix seconds)")
+	}
+	sb, err := live(r.Context(), c, r.PathValue("sandboxID"))
+	if err != nil {
+		return err
+	}
+	list, err := sandboxMetrics(r, c, sb, start, end)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, list)
 	return nil
+}
+
+// sandboxMetrics reads sb's samples in [start, end] (unix seconds; 0: open) as E2B metrics.
+func sandboxMetrics(r *http.Request, c *corral.Client, sb *corral.Sandbox, start, end int64) ([]metric, error) {
+	var since time.Time
+	if start > 0 {
+		since = time.Unix(start, 0).Add(-time.Nanosecond)
+	}
+	m, err := c.SandboxMetrics(r.Context(), sb.ID, since)
+	if err != nil {
+		return nil, sandboxError(r.Context(), c, sb.ID, err)
+	}
+	cpus := max(sb.Limits.CPUs, 0)
+	out := make([]metric, 0, len(m.Samples))
+	for _, s := range m.Samples {
+		if end > 0 && s.At.Unix() > end {
+			break
+		}
+		pct := s.CPUPercent
+		if cpus > 0 {
+			pct /= cpus // E2B's share is of all the sandbox's CPUs
+		}
+		out = append(out, metric{
+			Timestamp: s.At, TimestampUnix: s.At.Unix(), CPUCount: int32(math.Ceil(cpus)), CPUUsedPct: pct,
+			MemUsed: s.MemoryBytes, MemTotal: sb.Limits.MemoryBytes, DiskUsed: s.DiskBytes, DiskTotal: sb.Limits.DiskBytes,
+		})
+	}
+	return out, nil
 }
 
 // maxMetricsIDs bounds the sandbox_ids of one GET /sandboxes/metrics.
 const maxMetricsIDs = 100
 
-// metricsMany serves GET /sandboxes/metrics?sandbox_ids=a,b: {"sandboxes": {}} once every named
-// sandbox the caller may see was looked up (unknown ones are left out, as E2B does).
+// metricsMany serves GET /sandboxes/metrics?sandbox_ids=a,b: each named live sandbox the caller
+// may see with its latest sample (unknown ones and those without a sample yet are left out, as
+// E2B does).
 func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request, c *corral.Client) error {
 	q := r.URL.Query()
 	if err := onlyParams(q, "sandbox_ids"); err != nil {
@@ -51,8 +100,19 @@ func (g *Gateway) metricsMany(w http.ResponseWriter, r *http.Request, c *corral.
 	if len(ids) == 0 || len(ids) > maxMetricsIDs {
 		return invalid("sandbox_ids", "want 1 to %d comma-separated sandbox IDs", maxMetricsIDs)
 	}
-	// Corral keeps no samples: the answer is empty whatever the sandboxes, so none is looked up.
-	writeJSON(w, http.StatusOK, map[string]map[string]metric{"sandboxes": {}})
+	out := map[string]metric{}
+	for _, id := range ids {
+		sb, err := live(r.Context(), c, id)
+		if err != nil {
+			continue
+		}
+		list, err := sandboxMetrics(r, c, sb, time.Now().Add(-time.Minute).Unix(), 0)
+		if err != nil || len(list) == 0 {
+			continue
+		}
+		out[id] = list[len(list)-1]
+	}
+	writeJSON(w, http.StatusOK, map[string]map[string]metric{"sandboxes": out})
 	return nil
 }
 

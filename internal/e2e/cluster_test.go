@@ -406,6 +406,8 @@ func TestCluster(t *testing.T) {
 	}
 
 	// Placement spreads creates; either replica serves each sandbox; deletes go through either.
+	// A follower of either replica's event stream sees every node's events (issue 28).
+	created := follow(t, c1, corral.EventQuery{Types: []string{corral.EventCreated}})
 	byNode := map[string][]string{}
 	for i := range 6 {
 		sb := create(clients[i%2], corral.CreateRequest{})
@@ -414,6 +416,7 @@ func TestCluster(t *testing.T) {
 	if len(byNode) < 2 {
 		t.Fatalf("placement used one node only: %v", byNode)
 	}
+	observeCluster(t, ctx, c1, c2, created, byNode)
 	for _, ids := range byNode {
 		for _, id := range ids {
 			for _, c := range clients {
@@ -726,4 +729,30 @@ func TestCluster(t *testing.T) {
 	}
 	e1.start()
 	eventually(t, 10*time.Second, "edge1 back", func() bool { return nodeStates()["edge1"] == corral.NodeReady })
+}
+
+// observeCluster checks observation across a cluster: the creates on every node reach a
+// follower of one replica (through the store), each sandbox's samples are read through the
+// other replica from its node, and the report counts the sandboxes of every node.
+func observeCluster(t *testing.T, ctx context.Context, c1, c2 *corral.Client, created *follower, byNode map[string][]string) {
+	t.Helper()
+	for _, ids := range byNode {
+		for _, id := range ids {
+			eventually(t, 30*time.Second, "the follower of server1 sees "+id+" created", func() bool { return len(created.of(id)) == 1 })
+		}
+	}
+	for _, ids := range byNode {
+		eventually(t, 30*time.Second, "samples of "+ids[0]+" through server2", func() bool {
+			m, err := c2.SandboxMetrics(ctx, ids[0], time.Time{})
+			return err == nil && len(m.Samples) > 0 && m.Samples[0].MemoryBytes > 0
+		})
+	}
+	rep, err := c2.Report(ctx, corral.ReportQuery{Since: time.Hour})
+	n := 0
+	for _, ids := range byNode {
+		n += len(ids)
+	}
+	if err != nil || rep.Sandboxes < n {
+		t.Errorf("report through server2: %+v, %v; want at least %d sandboxes", rep, err, n)
+	}
 }

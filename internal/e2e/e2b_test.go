@@ -70,8 +70,8 @@ func runE2BScript(t *testing.T, p *corralProc, e2bAddr, script, template, run st
 
 // TestE2BSDKControlPlane drives `corral up --e2b-listen` with the real e2b SDK
 // (test/e2b/control.mjs): create, refusals of what Corral cannot honour, info, timeout, list by
-// metadata, pause, resume through connect, kill, each answer checked as the SDK sees it;
-// Corral's own view is checked here.
+// metadata, pause, resume through connect, metrics (the node's samples), kill, each answer
+// checked as the SDK sees it; Corral's own view is checked here.
 func TestE2BSDKControlPlane(t *testing.T) {
 	needRoot(t)
 	e2bAddr := freePort(t)

@@ -30,7 +30,13 @@ type tenancy struct {
 
 func newTenancy(t *testing.T) *tenancy {
 	t.Helper()
-	p := withBase(t)
+	return newTenancyWith(t)
+}
+
+// newTenancyWith is newTenancy on a corral started with extra arguments.
+func newTenancyWith(t *testing.T, extra ...string) *tenancy {
+	t.Helper()
+	p := withBase(t, extra...)
 	ctx := t.Context()
 	x := &tenancy{p: p}
 	ids := map[string]string{}

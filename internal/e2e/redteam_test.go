@@ -63,6 +63,8 @@ package e2e
 //	blocked attempts at the host counted (item 7)            TestRedTeam* in redteam_hostnet_test.go
 //	terminal escapes from sandbox output (item 8)            TestRedTeamTerminal (redteam_terminal_test.go; the real CLI on a
 //	                                                         pseudo-terminal); cli TestTerminalEscaping, FuzzTermEscaper
+//	webhooks into the host's network (SSRF: corral's API on  TestRedTeamWebhook (redteam_webhook_test.go; issue 28):
+//	  loopback, private, metadata addresses; non-http URLs)    refused at the dial, logged and counted
 
 import (
 	"flag"

@@ -32,6 +32,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
@@ -141,6 +142,17 @@ type Config struct {
 	ArtifactDir string
 	// Volumes keeps this node's volume images (internal/volume); nil: volumes are off.
 	Volumes VolumeDir
+	// SampleInterval is how often every live sandbox's resource use is sampled (default 5s;
+	// negative: never). MetricsRing bounds the samples kept per sandbox (default 720: an hour
+	// at 5s), MetricsKeep how long a sandbox's samples outlive it (default 1h).
+	SampleInterval time.Duration
+	MetricsRing    int
+	MetricsKeep    time.Duration
+	// PerSandboxMetrics adds each sandbox's latest sample to the Prometheus output (one series
+	// per sandbox and resource); off, only the node's sums are.
+	PerSandboxMetrics bool
+	// Events is the bus the edge publishes lifecycle events on; nil: the edge makes its own.
+	Events *events.Bus
 	// Shared is the blob store the layer store keeps its blobs in; published versions are
 	// recorded there too, so that every Corral using it sees them (see shared.go). nil: versions
 	// are recorded in this node's catalogue only.
@@ -194,6 +206,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.Disk != nil && c.Disk.Overcommit == 0 {
 		c.Disk.Overcommit = 1
+	}
+	if c.SampleInterval == 0 {
+		c.SampleInterval = 5 * time.Second
+	}
+	if c.MetricsRing <= 0 {
+		c.MetricsRing = 720
+	}
+	if c.MetricsKeep <= 0 {
+		c.MetricsKeep = time.Hour
 	}
 }
 
@@ -262,8 +283,17 @@ type Edge struct {
 	// layers and recording them (read lock).
 	layersMu sync.RWMutex
 
-	stop chan struct{}
-	done chan struct{}
+	// bus carries lifecycle events (observe.go).
+	bus *events.Bus
+	// ringsMu guards rings: each sandbox's resource samples, kept MetricsKeep after it ends.
+	ringsMu sync.Mutex
+	rings   map[string]*ring
+	// The sampler's own cost and output, for the Prometheus output.
+	sampleNanos, samplePasses, sampledSandboxes atomic.Uint64
+
+	stop        chan struct{}
+	done        chan struct{}
+	samplerDone chan struct{}
 }
 
 // sandbox is the in-memory side of a live sandbox.
@@ -305,6 +335,17 @@ type sandbox struct {
 	// sandboxes). Its agent runs isolated calls only, and the data plane refuses it.
 	fncall string
 
+	// project (display path) and tier label its events.
+	project, tier string
+	// For the report (observe.go): tokens clients reported, whether an exec came yet, blocked
+	// egress attempts seen by the sampler, and the counters last written to the usage row.
+	tokens       atomic.Int64
+	firstExec    atomic.Bool
+	blockedSeen  atomic.Uint64
+	usageFlushed atomic.Int64
+	// oomEvented is the OOM-kill count the last oom event reported.
+	oomEvented atomic.Uint64
+
 	// mu serialises lifecycle transitions (stop, TTL change) of this sandbox.
 	mu sync.Mutex
 	// gone is set once the sandbox left the running state. Protected by mu.
@@ -322,6 +363,8 @@ func newSandbox(rec *store.Sandbox, socket string) *sandbox {
 		autoPause:   time.Duration(rec.AutoPauseAfterSeconds) * time.Second,
 		cwd:         rec.Cwd,
 		user:        rec.User,
+		project:     rec.Project,
+		tier:        rec.Tier,
 	}
 	if rec.Tier == TierFncall {
 		sb.fncall = rec.Labels[fncallLabel]
@@ -347,7 +390,11 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	e := &Edge{
 		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
 		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
-		stop: make(chan struct{}), done: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}),
+		bus: cfg.Events, rings: map[string]*ring{},
+	}
+	if e.bus == nil {
+		e.bus = events.New(cfg.Node, events.Config{}, log)
 	}
 	if cfg.ArtifactDir != "" {
 		a, err := openArtifacts(cfg.ArtifactDir)
@@ -414,13 +461,15 @@ func (e *Edge) Start(ctx context.Context) error {
 		return fmt.Errorf("start fncall pools: %w", err)
 	}
 	go e.reaper()
+	go e.sampler()
 	return nil
 }
 
-// Close stops the reaper and flushes activity. Sandboxes keep running.
+// Close stops the reaper and the sampler and flushes activity. Sandboxes keep running.
 func (e *Edge) Close() {
 	close(e.stop)
 	<-e.done
+	<-e.samplerDone
 	e.flushActivity(context.Background())
 }
 
@@ -507,6 +556,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			log.Error("re-attach the sandbox's network; it keeps its namespace but its policy and DNS are not enforced until fixed", "err", err)
 		}
 		sb.oomSeen.Store(st.OOMKills)
+		sb.oomEvented.Store(st.OOMKills)
 		e.mu.Lock()
 		e.live[rec.ID] = sb
 		e.mu.Unlock()
@@ -634,6 +684,13 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		e.log.Error("record sandbox end", "sandbox", rec.ID, "state", state, "err", err)
 	}
+	if rec.Tier != TierFncall {
+		if err := e.store.UsageEnded(context.WithoutCancel(ctx), rec.ID, rec.EndedAt, reason); err != nil {
+			e.log.Warn("record usage", "sandbox", rec.ID, "err", err)
+		}
+	}
+	e.ringEnded(rec.ID)
+	e.emitEnd(rec, state, reason)
 }
 
 // admitOnNode records rec through the store's admission (quotas, idempotency), first checking
@@ -742,6 +799,10 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	err = e.admitOnNode(ctx, rec, key)
 	e.layersMu.RUnlock()
 	if err != nil {
+		if _, ok := errors.AsType[*iam.QuotaError](err); ok {
+			// No sandbox was made: the event names the project and the quota, not an ID.
+			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventQuotaRefused, Project: rec.Project, Tier: rec.Tier, Reason: err.Error()})
+		}
 		return nil, err
 	}
 	defer func() {
@@ -754,6 +815,8 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 			}
 		}
 	}()
+	e.emit(corral.EventCreated, rec, "")
+	e.usageCreated(ctx, rec)
 	// The record (state creating) now keeps the layers from deletion; fetch and mount them.
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
 	if err != nil {
@@ -870,6 +933,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		e.startServices(ctx, sb, rec, adm.services)
 	}
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
+	e.emit(corral.EventStarted, rec, "")
 	return rec, nil
 }
 
@@ -1514,6 +1578,7 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		return fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
 	}
 	e.flushVolumes(ctx, rec, sb)
+	e.noticeBlocked(sb) // while its chain's counters are still there
 	if err := e.rt.Delete(ctx, rec.ID); err != nil {
 		e.log.Error("delete sandbox", "sandbox", rec.ID, "err", err)
 		return fmt.Errorf("delete sandbox %s: %w", rec.ID, err)
@@ -1530,6 +1595,7 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 	e.mu.Lock()
 	delete(e.live, rec.ID)
 	e.mu.Unlock()
+	e.flushUsage(ctx, sb, true)
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
 	e.finish(ctx, rec, state, reason)
 	e.log.Info("sandbox stopped", "sandbox", rec.ID, "state", state, "reason", reason)
@@ -1558,10 +1624,16 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
+	extended := time.Now().UTC().Add(d).After(rec.ExpiresAt)
 	rec.ExpiresAt = time.Now().UTC().Add(d)
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return nil, err
+	}
+	if extended {
+		if err := e.store.UsageExtended(ctx, id); err != nil {
+			e.log.Warn("record usage", "sandbox", id, "err", err)
+		}
 	}
 	sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
 	return rec, nil
@@ -1649,6 +1721,12 @@ func (e *Edge) reap(ctx context.Context) {
 		if err == nil && st.State == runc.StateRunning && sb.off.Load() {
 			e.machinePower(ctx, sb, false) // a power-on whose record failed
 		}
+		if err == nil && st.OOMKills > sb.oomEvented.Load() {
+			// A process of the sandbox was OOM-killed (the sandbox may live on).
+			sb.oomEvented.Store(st.OOMKills)
+			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventOOM, Sandbox: sb.id, Project: sb.project, Tier: sb.tier,
+				Reason: fmt.Sprintf("the kernel killed a process for memory (%d kills so far)", st.OOMKills)})
+		}
 		if err != nil || st.State != runc.StateRunning {
 			reason := "error: the sandbox's processes exited"
 			if err != nil {
@@ -1682,6 +1760,7 @@ func (e *Edge) reap(ctx context.Context) {
 // flushActivity writes live sandboxes' last activity to the store.
 func (e *Edge) flushActivity(ctx context.Context) {
 	for _, sb := range e.liveSandboxes() {
+		e.flushUsage(ctx, sb, false)
 		at := sb.lastActivity.Load()
 		if at == sb.flushed.Load() {
 			continue // nothing new: no store read or write

@@ -54,6 +54,7 @@ func (e *Edge) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/console", h.console)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/vnc", h.vnc)
 	h.codeRoutes(mux) // code.go
+	mux.HandleFunc("GET /v1/sandboxes/{id}/metrics", h.metrics)
 	return mux
 }
 
@@ -74,6 +75,10 @@ func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 		return nil
 	}
 	sb.actions.Add(1)
+	if err := h.e.observeCall(sb, r.Method, r.URL.Path, r.Header.Get(corral.TokensHeader)); err != nil {
+		h.fail(w, r, err)
+		return nil
+	}
 	return sb
 }
 

@@ -80,6 +80,7 @@ func (e *Edge) WriteMetrics(w io.Writer) error {
 		}
 	}
 	e.writeFetchMetrics(&b)
+	e.writeSampleMetrics(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

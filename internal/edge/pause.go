@@ -104,6 +104,11 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (*store.S
 		return nil, err
 	}
 	sb.paused.Store(true)
+	why := "asked"
+	if automatic {
+		why = "idle"
+	}
+	e.emit(corral.EventPaused, rec, why)
 	e.log.Info("sandbox paused", "sandbox", sb.id, "automatic", automatic, "took_ms", info.TookMs,
 		"memory_returned", info.MemoryReturned, "memory_before", info.MemoryBefore)
 	return rec, nil
@@ -153,6 +158,11 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (*store.S
 		e.log.Error("record resume", "sandbox", sb.id, "err", err)
 	}
 	sb.paused.Store(false)
+	why := "call"
+	if explicit {
+		why = "asked"
+	}
+	e.emit(corral.EventResumed, rec, why)
 	e.log.Info("sandbox resumed", "sandbox", sb.id, "explicit", explicit, "took_ms", float64(took.Microseconds())/1000)
 	return rec, nil
 }

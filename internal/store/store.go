@@ -311,6 +311,50 @@ var migrations = []string{
 		PRIMARY KEY (volume_id, sandbox_id)
 	);
 	CREATE INDEX volume_attachments_sandbox ON volume_attachments(sandbox_id);`,
+	// 16: observability (issue 28): the event stream's durable copy, webhooks and their
+	// delivery log, and one usage row per sandbox for the report, kept after the sandbox's
+	// record is forgotten.
+	`CREATE TABLE events (
+		id TEXT PRIMARY KEY,
+		at INTEGER NOT NULL,
+		type TEXT NOT NULL,
+		project_path TEXT NOT NULL,
+		doc TEXT NOT NULL
+	);
+	CREATE INDEX events_at ON events(at);
+	CREATE TABLE webhooks (
+		id TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL,
+		url TEXT NOT NULL,
+		events TEXT NOT NULL,
+		secret TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		created_by TEXT NOT NULL
+	);
+	CREATE INDEX webhooks_project ON webhooks(project_id);
+	CREATE TABLE webhook_deliveries (
+		id INTEGER PRIMARY KEY,
+		webhook_id TEXT NOT NULL,
+		at INTEGER NOT NULL,
+		doc TEXT NOT NULL
+	);
+	CREATE INDEX webhook_deliveries_hook ON webhook_deliveries(webhook_id, id);
+	CREATE TABLE sandbox_usage (
+		id TEXT PRIMARY KEY,
+		project_path TEXT NOT NULL,
+		node TEXT NOT NULL,
+		tier TEXT NOT NULL,
+		environment TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		first_exec_at INTEGER NOT NULL DEFAULT 0,
+		ended_at INTEGER NOT NULL DEFAULT 0,
+		reason TEXT NOT NULL DEFAULT '',
+		ttl_extended INTEGER NOT NULL DEFAULT 0,
+		actions INTEGER NOT NULL DEFAULT 0,
+		blocked INTEGER NOT NULL DEFAULT 0,
+		tokens INTEGER NOT NULL DEFAULT 0
+	);
+	CREATE INDEX sandbox_usage_created ON sandbox_usage(created_at);`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?

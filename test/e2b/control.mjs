@@ -78,6 +78,21 @@ await finish(async () => {
     return { state: info.state, host }
   })
 
+  await step('metrics', async () => {
+    // The node samples every few seconds (corral up --sample-interval); wait for one.
+    let m = []
+    for (let i = 0; i < 150 && m.length === 0; i++) {
+      m = await sbx.getMetrics()
+      if (m.length === 0) await new Promise((r) => setTimeout(r, 200))
+    }
+    check(m.length > 0, 'no metrics within 30s')
+    const s = m[m.length - 1]
+    check(s.timestamp instanceof Date && s.memUsed > 0 && s.memTotal >= s.memUsed && s.cpuCount >= 1 && s.diskTotal > 0,
+      `metric ${JSON.stringify(s)}`)
+    const later = await sbx.getMetrics({ start: new Date(s.timestamp.getTime() + 1000) })
+    check(later.every((x) => x.timestamp > s.timestamp), `metrics after start: ${JSON.stringify(later)}`)
+  })
+
   await step('kill', async () => {
     check((await sbx.kill()) === true, 'kill did not answer true')
     check((await Sandbox.kill(sbx.sandboxId)) === false, 'a second kill did not answer false')

@@ -1541,3 +1541,24 @@ func (r *Runtime) DiskAllocated() int64 {
 	}
 	return n
 }
+
+// Usage reads what a VM sandbox uses now: its QEMU's cgroups (CPU time, memory, tasks) and the
+// bytes its writable disk has allocated on the host (the guest's writes; a sparse file's
+// allocation, not what the guest's filesystem counts as used).
+func (r *Runtime) Usage(id string) (runc.Usage, error) {
+	if r.cg == nil {
+		return runc.Usage{}, errdefs.Unavailable("VMs get no cgroups on this host")
+	}
+	u, err := r.cg.Usage(id)
+	if err != nil {
+		return u, err
+	}
+	for _, name := range []string{"upper.img", "disk.qcow2"} {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(r.dir(id), name), &st) == nil {
+			u.DiskBytes = st.Blocks * 512
+			break
+		}
+	}
+	return u, nil
+}

@@ -359,6 +359,10 @@ func (c *Cgroups) Join(id string, pid int, cpus float64, pids, memory int64) err
 	} else {
 		cpu, pd, mem := c.l.dir("cpu", id), c.l.dir("pids", id), c.l.dir("memory", id)
 		dirs = []string{cpu, pd, mem}
+		if c.l.mounts["cpuacct"] != "" {
+			// Where cpuacct is a hierarchy of its own, it counts the CPU time the metrics report.
+			dirs = append(dirs, c.l.dir("cpuacct", id))
+		}
 		if quota > 0 {
 			limits[cpu] = []file{{"cpu.cfs_period_us", "100000"}, {"cpu.cfs_quota_us", strconv.FormatInt(quota, 10)}}
 		}

@@ -24,6 +24,8 @@ type sandbox struct {
 	cmdList []string
 	// watchers are the open watches of the tree.
 	watchers []*fakeWatch
+	// samples are its resource samples, as SetMetrics gave them.
+	samples []corral.MetricSample
 }
 
 func (sb *sandbox) view() corral.Sandbox {
@@ -272,4 +274,43 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 	}
 	sb.spec.ExpiresAt = timeNow().Add(ttl)
 	writeJSON(w, http.StatusOK, sb.view())
+}
+
+// SetMetrics sets the resource samples GET /v1/sandboxes/{id}/metrics answers for sandbox id
+// (the fake samples nothing itself). It reports whether the sandbox exists.
+func (s *Server) SetMetrics(id string, samples []corral.MetricSample) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, ok := s.sandboxes[id]
+	if ok {
+		sb.samples = slices.Clone(samples)
+	}
+	return ok
+}
+
+// metrics serves GET /v1/sandboxes/{id}/metrics?since=: the samples SetMetrics gave, after since.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	var since time.Time
+	if v := r.URL.Query().Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, corral.CodeInvalid, "since: not an RFC 3339 time", "since")
+			return
+		}
+		since = t
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, err := s.lookupLocked(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	out := corral.Metrics{Samples: []corral.MetricSample{}, IntervalSeconds: 5}
+	for _, m := range sb.samples {
+		if m.At.After(since) {
+			out.Samples = append(out.Samples, m)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 }

@@ -188,6 +188,7 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/files/move", s.move)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/watch", s.watch)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/files/tar", s.tarOut)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/metrics", s.metrics)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files/tar", s.tarIn)
 	mux.HandleFunc("POST /v1/layers", s.importLayer)
 	mux.HandleFunc("GET /v1/layers", s.listLayers)

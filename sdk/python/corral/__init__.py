@@ -20,14 +20,15 @@ Errors are :class:`APIError` subclasses (:class:`NotFound`, :class:`Conflict`,
 from __future__ import annotations
 
 from ._core import DEFAULT_URL, RetryPolicy, resolve
-from .aio import AsyncCorral, AsyncExecStream, AsyncSandbox, AsyncWatchStream
-from .client import Corral, ExecStream, Sandbox, WatchStream
+from .aio import AsyncCorral, AsyncEventStream, AsyncExecStream, AsyncSandbox, AsyncWatchStream
+from .client import Corral, EventStream, ExecStream, Sandbox, WatchStream
 from .errors import (APIError, Conflict, CorralError, InvalidRequest, NotFound, PayloadTooLarge,
                      PermissionDenied, QuotaExceeded, ServerError, StreamError, TransportError,
                      Unauthorized, Unavailable)
 from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, CodeError, CodeResult,
                      Command, CommandFailed, Environment, Execution,
-                     Event, ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, Limits,
+                     Event, ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, LifecycleEvent,
+                     Limits, MetricSample,
                      NetworkPolicy, NetworkService, Node, Principal, Project, ProjectQuota,
                      SandboxInfo, ServerInfo, Token, TrajectoryEntry, Volume, VolumeAttachment,
                      VolumeMount, WatchEvent, Whoami, e2b_key)
@@ -35,14 +36,15 @@ from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, CodeEr
 __version__ = "0.1.0"
 
 __all__ = [
-    "Corral", "Sandbox", "ExecStream", "WatchStream",
-    "AsyncCorral", "AsyncSandbox", "AsyncExecStream", "AsyncWatchStream",
+    "Corral", "Sandbox", "ExecStream", "WatchStream", "EventStream",
+    "AsyncCorral", "AsyncSandbox", "AsyncExecStream", "AsyncWatchStream", "AsyncEventStream",
     "RetryPolicy", "resolve", "DEFAULT_URL",
     "CorralError", "APIError", "TransportError", "StreamError", "InvalidRequest",
     "PayloadTooLarge", "Unauthorized", "PermissionDenied", "NotFound", "Conflict",
     "QuotaExceeded", "Unavailable", "ServerError", "CommandFailed",
     "AuditEntry", "BlockedAttempt", "CallResult", "Command", "Environment", "Event",
     "CodeContext", "CodeError", "CodeResult", "Execution",
+    "LifecycleEvent", "MetricSample",
     "ExecResult", "Exit", "FileInfo", "FncallEnv", "Grant", "Layer", "Limits", "NetworkPolicy",
     "NetworkService", "Node", "Principal", "Project", "ProjectQuota", "SandboxInfo",
     "ServerInfo", "Token", "TrajectoryEntry", "Volume", "VolumeAttachment", "VolumeMount",

@@ -145,6 +145,40 @@ def blocked(id: str) -> Call:
     return Call(Request("GET", sandbox_path(id, "network", "blocked")), into(m.BlockedAttempt))
 
 
+def _since(since: Any) -> str:
+    """A since parameter: a datetime (RFC 3339), or a duration back from now ("10m", seconds)."""
+    if since is None or since == "":
+        return ""
+    if hasattr(since, "isoformat"):
+        if since.tzinfo is None:
+            import datetime as _dt
+            since = since.replace(tzinfo=_dt.timezone.utc)
+        return since.isoformat()
+    if isinstance(since, (int, float)):
+        return "%ds" % int(since)
+    return str(since)
+
+
+def sandbox_metrics(id: str, since: Any) -> Call:
+    s = _since(since)
+    return Call(Request("GET", sandbox_path(id, "metrics"), query=[("since", s)] if s else []),
+                lambda st, h, b: [m.MetricSample.from_json(x) for x in (parse_json(b).get("samples") or [])])
+
+
+def events(project: str, since: Any, types: Optional[Sequence[str]], follow: bool) -> Request:
+    q = []
+    if project:
+        q.append(("project", project))
+    s = _since(since)
+    if s:
+        q.append(("since", s))
+    if types:
+        q.append(("type", ",".join(types)))
+    if follow:
+        q.append(("follow", "true"))
+    return Request("GET", "/v1/events", query=q, stream=True)
+
+
 def fetch_stats(id: str) -> Call:
     return Call(Request("GET", sandbox_path(id, "fetch")), lambda s, h, b: parse_json(b))
 

@@ -320,6 +320,16 @@ def watch_line(obj: Any, status: int = 200):
     return WatchEvent.from_json(obj)
 
 
+def event_line(obj: Any, status: int = 200):
+    """Interpret one line of the event stream: a LifecycleEvent, or raise the APIError it carries
+    (a follower dropped for falling behind gets code exhausted)."""
+    from .models import LifecycleEvent
+    if isinstance(obj, dict) and obj.get("code") and not obj.get("type"):
+        code = str(obj.get("code"))
+        raise errors.error_class(code)(status, code, str(obj.get("message") or ""))
+    return LifecycleEvent.from_json(obj)
+
+
 # ---- helpers for building requests ----
 
 def esc(s: str) -> str:

@@ -14,9 +14,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _api, _tario, errors
 from ._core import (Call, Duration, Endpoint, NDJSONSplitter, OutputState, Request, RetryPolicy,
-                    USER_AGENT, decode_error, resolve, watch_line)
+                    USER_AGENT, decode_error, event_line, resolve, watch_line)
 from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, Command, Environment, Event,
-                     Execution,
+                     Execution, LifecycleEvent, MetricSample,
                      ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, NetworkService, Node,
                      Principal, Project, ProjectQuota, SandboxInfo, ServerInfo, Token,
                      TrajectoryEntry, Volume, WatchEvent, Whoami)
@@ -425,6 +425,49 @@ class AsyncExecStream:
         await self.close()
 
 
+class AsyncEventStream:
+    """The event stream (:meth:`AsyncCorral.events`): ``async for`` it for LifecycleEvents;
+    close it when done."""
+
+    def __init__(self, resp: _Response) -> None:
+        self._resp = resp
+        self._split = NDJSONSplitter()
+        self._pending: List[Any] = []
+        self._closed = False
+
+    def __aiter__(self) -> "AsyncEventStream":
+        return self
+
+    async def __anext__(self) -> LifecycleEvent:
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            if self._pending:
+                return event_line(self._pending.pop(0), self._resp.status)
+            try:
+                data = await self._resp.read1()
+            except _CONN_ERRORS as e:
+                raise errors.StreamError("read event stream: %s" % e) from e
+            if data:
+                self._pending.extend(self._split.feed(data))
+                continue
+            self._pending.extend(self._split.finish())
+            if self._pending:
+                continue
+            self._closed = True
+            raise StopAsyncIteration
+
+    async def close(self) -> None:
+        """End the stream."""
+        self._closed = True
+        self._resp.release()
+
+    def __del__(self) -> None:
+        r = getattr(self, "_resp", None)
+        if r is not None and not self._closed:
+            r.release()
+
+
 class AsyncWatchStream:
     """An open watch of a directory tree: ``async for`` it for WatchEvents; close it when done."""
 
@@ -547,6 +590,10 @@ class AsyncSandbox:
     async def blocked_attempts(self) -> List[BlockedAttempt]:
         """The sandbox's latest blocked egress attempts."""
         return await self._c._do(_api.blocked(self.id))
+
+    async def metrics(self, since: Any = None) -> List[MetricSample]:
+        """The sandbox's resource samples (see :meth:`corral.Sandbox.metrics`)."""
+        return await self._c._do(_api.sandbox_metrics(self.id, since))
 
     async def fetch_stats(self) -> Dict[str, Any]:
         """How the sandbox's layer data reaches its node."""
@@ -1004,6 +1051,11 @@ class AsyncCorral:
     async def revoke_token(self, id: str) -> Token:
         """Revoke a token."""
         return await self._do(_api.revoke_token(id))
+
+    async def events(self, project: str = "", since: Any = None,
+                     types: Optional[Sequence[str]] = None, follow: bool = False) -> AsyncEventStream:
+        """The event stream (see :meth:`corral.Corral.events`)."""
+        return AsyncEventStream(await self._t.open(_api.events(project, since, types, follow)))
 
     async def audit(self, project: str = "", action: str = "", before: int = 0,
                     limit: int = 0) -> List[AuditEntry]:

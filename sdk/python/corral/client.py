@@ -14,9 +14,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _api, _tario, errors
 from ._core import (Call, Duration, Endpoint, NDJSONSplitter, OutputState, Request, RetryPolicy,
-                    USER_AGENT, decode_error, resolve, watch_line)
+                    USER_AGENT, decode_error, event_line, resolve, watch_line)
 from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, Command, Environment, Event,
-                     Execution,
+                     Execution, LifecycleEvent, MetricSample,
                      ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, NetworkService, Node,
                      Principal, Project, ProjectQuota, SandboxInfo, ServerInfo, Token,
                      TrajectoryEntry, Volume, WatchEvent, Whoami)
@@ -374,6 +374,54 @@ class WatchStream:
         self.close()
 
 
+class EventStream:
+    """The event stream (:meth:`Corral.events`): iterate it for
+    :class:`~corral.models.LifecycleEvent`. Without follow it ends after the past events; with
+    it, it runs until closed. A follower the server dropped for falling behind raises
+    :class:`~corral.errors.QuotaExceeded` (code exhausted; reconnect with ``since`` = the last event's ``at``)."""
+
+    def __init__(self, resp: _Response) -> None:
+        self._resp = resp
+        self._split = NDJSONSplitter()
+        self._pending: List[Any] = []
+        self._closed = False
+
+    def __iter__(self) -> "EventStream":
+        return self
+
+    def __next__(self) -> LifecycleEvent:
+        while True:
+            if self._closed:
+                raise StopIteration
+            if self._pending:
+                return event_line(self._pending.pop(0), self._resp.status)
+            try:
+                data = self._resp.read1()
+            except _CONN_ERRORS as e:
+                if self._closed:
+                    raise StopIteration
+                raise errors.StreamError("read event stream: %s" % e) from e
+            if data:
+                self._pending.extend(self._split.feed(data))
+                continue
+            self._pending.extend(self._split.finish())
+            if self._pending:
+                continue
+            self._closed = True
+            raise StopIteration
+
+    def close(self) -> None:
+        """End the stream."""
+        self._closed = True
+        self._resp.close()
+
+    def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class Sandbox:
     """A handle on one sandbox: run commands in it, move files, pause it, delete it.
 
@@ -450,6 +498,11 @@ class Sandbox:
     def blocked_attempts(self) -> List[BlockedAttempt]:
         """The sandbox's latest blocked egress attempts, oldest first."""
         return self._c._do(_api.blocked(self.id))
+
+    def metrics(self, since: Any = None) -> List[MetricSample]:
+        """The sandbox's resource samples, oldest first (``since``: a datetime, or a duration back
+        from now such as "10m" or seconds). Reading them is not activity."""
+        return self._c._do(_api.sandbox_metrics(self.id, since))
 
     def fetch_stats(self) -> Dict[str, Any]:
         """How the sandbox's layer data reaches its node (lazy fetching counters)."""
@@ -976,6 +1029,13 @@ class Corral:
     def revoke_token(self, id: str) -> Token:
         """Revoke a token and every token minted from it."""
         return self._do(_api.revoke_token(id))
+
+    def events(self, project: str = "", since: Any = None, types: Optional[Sequence[str]] = None,
+               follow: bool = False) -> EventStream:
+        """The event stream of ``project``'s subtree (default: the token's project): past events
+        after ``since`` (a datetime, or a duration back from now; default the last hour, or none
+        with ``follow``), then with ``follow`` new ones as they happen. Close it when done."""
+        return EventStream(self._t.open(_api.events(project, since, types, follow)))
 
     def audit(self, project: str = "", action: str = "", before: int = 0,
               limit: int = 0) -> List[AuditEntry]:

@@ -602,6 +602,42 @@ class AuditEntry(Model):
 
 
 @dataclass
+class MetricSample(Model):
+    """One resource sample of a sandbox (GET /v1/sandboxes/{id}/metrics): CPU in percent of one
+    CPU, memory and its peak, bytes in use on the writable layer, network byte totals, tasks."""
+
+    at: Optional[_dt.datetime] = None
+    cpu_percent: float = 0.0
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0
+    disk_bytes: int = 0
+    net_rx_bytes: int = 0
+    net_tx_bytes: int = 0
+    pids: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    _times: ClassVar[tuple] = ("at",)
+
+
+@dataclass
+class LifecycleEvent(Model):
+    """One event of the event stream (GET /v1/events): what happened to a sandbox or a node."""
+
+    id: str = ""
+    at: Optional[_dt.datetime] = None
+    type: str = ""
+    sandbox: str = ""
+    project: str = ""
+    node: str = ""
+    tier: str = ""
+    reason: str = ""
+    count: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    _times: ClassVar[tuple] = ("at",)
+
+
+@dataclass
 class ServerInfo(Model):
     """What the server says about itself (GET /v1/info): version, node, runtimes, tiers."""
 

@@ -1,0 +1,313 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// The observability tables (issue 28): the durable copy of the event stream, webhooks and
+// their delivery log, and a usage row per sandbox that outlives the sandbox's record (the
+// report reads it).
+
+// AddEvents records events in one transaction. An event's project is its display path ("" or
+// "/" for the root).
+func (s *Store) AddEvents(ctx context.Context, evs []corral.LifecycleEvent) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	err := s.tx(ctx, func(tx *Tx) error {
+		for _, ev := range evs {
+			p, err := iam.ParsePath("project", ev.Project)
+			if err != nil {
+				p = ""
+			}
+			doc, err := json.Marshal(ev)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO events (id, at, type, project_path, doc) VALUES (?, ?, ?, ?, ?)
+				ON CONFLICT (id) DO NOTHING`, ev.ID, ev.At.UnixNano(), ev.Type, p, string(doc)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record %d events: %w", len(evs), err)
+	}
+	return nil
+}
+
+// ListEvents returns up to limit events of the canonical project's subtree at or after since,
+// oldest first.
+func (s *Store) ListEvents(ctx context.Context, project string, since time.Time, limit int) ([]corral.LifecycleEvent, error) {
+	cond, args := subtreeCond("project_path", project)
+	args = append([]any{since.UnixNano()}, args...)
+	args = append(args, limit)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT doc FROM events WHERE at >= ? AND `+cond+` ORDER BY at, id LIMIT ?`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	defer rows.Close()
+	var out []corral.LifecycleEvent
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, fmt.Errorf("list events: %w", err)
+		}
+		var ev corral.LifecycleEvent
+		if err := json.Unmarshal([]byte(doc), &ev); err != nil {
+			return nil, fmt.Errorf("list events: decode: %w", err)
+		}
+		out = append(out, ev)
+	}
+	return out, rows.Err()
+}
+
+// PruneObservations removes events and webhook deliveries older than before, and usage rows of
+// sandboxes created before usageBefore.
+func (s *Store) PruneObservations(ctx context.Context, before, usageBefore time.Time) error {
+	for _, q := range []struct {
+		sql string
+		at  time.Time
+	}{
+		{`DELETE FROM events WHERE at < ?`, before},
+		{`DELETE FROM webhook_deliveries WHERE at < ?`, before},
+		{`DELETE FROM sandbox_usage WHERE created_at < ?`, usageBefore},
+	} {
+		if _, err := s.db.ExecContext(ctx, q.sql, q.at.UnixNano()); err != nil {
+			return fmt.Errorf("prune observations: %w", err)
+		}
+	}
+	return nil
+}
+
+// WebhookRecord is a webhook with what delivery needs: its secret and its project's canonical path.
+type WebhookRecord struct {
+	corral.Webhook
+	ProjectPath string
+	SecretKey   string
+}
+
+// CreateWebhook records w in the project at its (canonical) ProjectPath, which must exist.
+func (s *Store) CreateWebhook(ctx context.Context, w *WebhookRecord) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		proj, err := getProject(ctx, tx, w.ProjectPath)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO webhooks (id, project_id, url, events, secret, created_at, created_by) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			w.ID, proj.ID, w.URL, strings.Join(w.Events, ","), w.SecretKey, w.CreatedAt.UnixNano(), w.CreatedBy)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("create webhook: %w", err)
+	}
+	return nil
+}
+
+const webhookCols = `w.id, p.path, w.url, w.events, w.secret, w.created_at, w.created_by FROM webhooks w JOIN projects p ON p.id = w.project_id`
+
+func scanWebhook(sc interface{ Scan(...any) error }) (*WebhookRecord, error) {
+	var w WebhookRecord
+	var events string
+	var created int64
+	if err := sc.Scan(&w.ID, &w.ProjectPath, &w.URL, &events, &w.SecretKey, &created, &w.CreatedBy); err != nil {
+		return nil, err
+	}
+	w.Project = iam.Display(w.ProjectPath)
+	if events != "" {
+		w.Events = strings.Split(events, ",")
+	}
+	w.CreatedAt = time.Unix(0, created).UTC()
+	return &w, nil
+}
+
+// Webhooks returns the webhooks of the canonical project's subtree, oldest first.
+func (s *Store) Webhooks(ctx context.Context, project string) ([]*WebhookRecord, error) {
+	cond, args := subtreeCond("p.path", project)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT `+webhookCols+` WHERE `+cond+` ORDER BY w.created_at, w.id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list webhooks: %w", err)
+	}
+	defer rows.Close()
+	var out []*WebhookRecord
+	for rows.Next() {
+		w, err := scanWebhook(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list webhooks: %w", err)
+		}
+		out = append(out, w)
+	}
+	return out, rows.Err()
+}
+
+// Webhook returns one webhook, or an ErrNotFound error.
+func (s *Store) Webhook(ctx context.Context, id string) (*WebhookRecord, error) {
+	w, err := scanWebhook(s.rdb.QueryRowContext(ctx, `SELECT `+webhookCols+` WHERE w.id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.NotFound("webhook %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get webhook %s: %w", id, err)
+	}
+	return w, nil
+}
+
+// DeleteWebhook removes a webhook and its delivery log.
+func (s *Store) DeleteWebhook(ctx context.Context, id string) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM webhooks WHERE id = ?`, id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return errdefs.NotFound("webhook %s", id)
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM webhook_deliveries WHERE webhook_id = ?`, id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete webhook %s: %w", id, err)
+	}
+	return nil
+}
+
+// AddDelivery appends one delivery attempt to its webhook's log.
+func (s *Store) AddDelivery(ctx context.Context, d corral.WebhookDelivery) error {
+	doc, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO webhook_deliveries (webhook_id, at, doc) VALUES (?, ?, ?)`,
+		d.Webhook, d.At.UnixNano(), string(doc)); err != nil {
+		return fmt.Errorf("record webhook delivery: %w", err)
+	}
+	return nil
+}
+
+// Deliveries returns up to limit of a webhook's delivery attempts, newest first.
+func (s *Store) Deliveries(ctx context.Context, webhook string, limit int) ([]corral.WebhookDelivery, error) {
+	rows, err := s.rdb.QueryContext(ctx, `SELECT doc FROM webhook_deliveries WHERE webhook_id = ? ORDER BY id DESC LIMIT ?`, webhook, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list webhook deliveries: %w", err)
+	}
+	defer rows.Close()
+	out := []corral.WebhookDelivery{}
+	for rows.Next() {
+		var doc string
+		if err := rows.Scan(&doc); err != nil {
+			return nil, fmt.Errorf("list webhook deliveries: %w", err)
+		}
+		var d corral.WebhookDelivery
+		if err := json.Unmarshal([]byte(doc), &d); err != nil {
+			return nil, fmt.Errorf("list webhook deliveries: decode: %w", err)
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// Usage is a sandbox's row for the report: when it was made and first used, how it ended, and
+// its counters (flushed while it runs, final when it ends).
+type Usage struct {
+	ID          string
+	ProjectPath string // canonical
+	Node        string
+	Tier        string
+	Environment string
+	CreatedAt   time.Time
+	FirstExecAt time.Time // zero: no exec yet
+	EndedAt     time.Time // zero: still live
+	Reason      string
+	TTLExtended bool
+	Actions     int64
+	Blocked     int64
+	Tokens      int64
+}
+
+// AddUsage records a new sandbox's usage row.
+func (s *Store) AddUsage(ctx context.Context, u Usage) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandbox_usage (id, project_path, node, tier, environment, created_at) VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO NOTHING`, u.ID, u.ProjectPath, u.Node, u.Tier, u.Environment, u.CreatedAt.UnixNano())
+	if err != nil {
+		return fmt.Errorf("record usage of %s: %w", u.ID, err)
+	}
+	return nil
+}
+
+// UsageFirstExec records a sandbox's first exec, once.
+func (s *Store) UsageFirstExec(ctx context.Context, id string, at time.Time) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE sandbox_usage SET first_exec_at = ? WHERE id = ? AND first_exec_at = 0`, at.UnixNano(), id)
+	if err != nil {
+		return fmt.Errorf("record first exec of %s: %w", id, err)
+	}
+	return nil
+}
+
+// UsageExtended marks a sandbox whose TTL was extended.
+func (s *Store) UsageExtended(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE sandbox_usage SET ttl_extended = 1 WHERE id = ?`, id); err != nil {
+		return fmt.Errorf("record TTL extension of %s: %w", id, err)
+	}
+	return nil
+}
+
+// UsageCounters sets a sandbox's counters.
+func (s *Store) UsageCounters(ctx context.Context, id string, actions, blocked, tokens int64) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE sandbox_usage SET actions = ?, blocked = ?, tokens = ? WHERE id = ?`,
+		actions, blocked, tokens, id); err != nil {
+		return fmt.Errorf("record usage of %s: %w", id, err)
+	}
+	return nil
+}
+
+// UsageEnded records how a sandbox ended.
+func (s *Store) UsageEnded(ctx context.Context, id string, at time.Time, reason string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE sandbox_usage SET ended_at = ?, reason = ? WHERE id = ? AND ended_at = 0`,
+		at.UnixNano(), reason, id); err != nil {
+		return fmt.Errorf("record the end of %s: %w", id, err)
+	}
+	return nil
+}
+
+// ListUsage returns the usage rows of sandboxes of the canonical project's subtree created at
+// or after since.
+func (s *Store) ListUsage(ctx context.Context, project string, since time.Time) ([]Usage, error) {
+	cond, args := subtreeCond("project_path", project)
+	args = append([]any{since.UnixNano()}, args...)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT id, project_path, node, tier, environment, created_at, first_exec_at, ended_at, reason,
+		ttl_extended, actions, blocked, tokens FROM sandbox_usage WHERE created_at >= ? AND `+cond+` ORDER BY created_at, id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list usage: %w", err)
+	}
+	defer rows.Close()
+	var out []Usage
+	for rows.Next() {
+		var u Usage
+		var created, first, ended, ext int64
+		if err := rows.Scan(&u.ID, &u.ProjectPath, &u.Node, &u.Tier, &u.Environment, &created, &first, &ended, &u.Reason,
+			&ext, &u.Actions, &u.Blocked, &u.Tokens); err != nil {
+			return nil, fmt.Errorf("list usage: %w", err)
+		}
+		u.CreatedAt = time.Unix(0, created).UTC()
+		if first > 0 {
+			u.FirstExecAt = time.Unix(0, first).UTC()
+		}
+		if ended > 0 {
+			u.EndedAt = time.Unix(0, ended).UTC()
+		}
+		u.TTLExtended = ext != 0
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}

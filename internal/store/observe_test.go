@@ -1,0 +1,177 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+func TestEventsConformance(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		t0 := time.Now().UTC().Truncate(time.Microsecond)
+		evs := []corral.LifecycleEvent{
+			{ID: "e1", At: t0, Type: corral.EventCreated, Sandbox: "sb-1", Project: "/a"},
+			{ID: "e2", At: t0.Add(time.Second), Type: corral.EventCreated, Sandbox: "sb-2", Project: "/b"},
+			{ID: "e3", At: t0.Add(2 * time.Second), Type: corral.EventDeleted, Sandbox: "sb-1", Project: "/a/x"},
+			{ID: "e4", At: t0.Add(3 * time.Second), Type: corral.EventNodeState, Node: "n1", Reason: "cordoned"},
+		}
+		if err := s.AddEvents(ctx, evs); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.AddEvents(ctx, evs[:1]); err != nil { // recorded twice: once
+			t.Fatal(err)
+		}
+		ids := func(list []corral.LifecycleEvent) (out []string) {
+			for _, e := range list {
+				out = append(out, e.ID)
+			}
+			return out
+		}
+		for _, c := range []struct {
+			project string
+			since   time.Time
+			limit   int
+			want    string
+		}{
+			{"", time.Time{}, 100, "[e1 e2 e3 e4]"},
+			{"a", time.Time{}, 100, "[e1 e3]"},
+			{"b", time.Time{}, 100, "[e2]"},
+			{"", t0.Add(time.Second), 100, "[e2 e3 e4]"},
+			{"", time.Time{}, 2, "[e1 e2]"},
+		} {
+			got, err := s.ListEvents(ctx, c.project, c.since, c.limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := fmtList(ids(got)); g != c.want {
+				t.Errorf("ListEvents(%q, %v, %d) = %s, want %s", c.project, c.since, c.limit, g, c.want)
+			}
+		}
+		got, _ := s.ListEvents(ctx, "", time.Time{}, 1)
+		if got[0].Sandbox != "sb-1" || !got[0].At.Equal(t0) || got[0].Type != corral.EventCreated {
+			t.Errorf("round trip: %+v", got[0])
+		}
+		if err := s.PruneObservations(ctx, t0.Add(2*time.Second), t0); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.ListEvents(ctx, "", time.Time{}, 100); fmtList(ids(got)) != "[e3 e4]" {
+			t.Errorf("after prune: %v", ids(got))
+		}
+	})
+}
+
+func fmtList(v []string) string {
+	out := "["
+	for i, s := range v {
+		if i > 0 {
+			out += " "
+		}
+		out += s
+	}
+	return out + "]"
+}
+
+func TestWebhooksConformance(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		for _, p := range []string{"a", "a/x", "b"} {
+			if _, err := s.CreateProject(ctx, p, "root"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		for i, h := range []*WebhookRecord{
+			{Webhook: corral.Webhook{ID: "wh-1", URL: "https://x/1", Events: []string{"created", "deleted"}, CreatedAt: now, CreatedBy: "root"}, ProjectPath: "a", SecretKey: "s1"},
+			{Webhook: corral.Webhook{ID: "wh-2", URL: "https://x/2", CreatedAt: now.Add(time.Second)}, ProjectPath: "a/x", SecretKey: "s2"},
+			{Webhook: corral.Webhook{ID: "wh-3", URL: "https://x/3", CreatedAt: now.Add(2 * time.Second)}, ProjectPath: "b", SecretKey: "s3"},
+		} {
+			if err := s.CreateWebhook(ctx, h); err != nil {
+				t.Fatalf("webhook %d: %v", i, err)
+			}
+		}
+		if err := s.CreateWebhook(ctx, &WebhookRecord{Webhook: corral.Webhook{ID: "wh-4", URL: "https://x"}, ProjectPath: "nope"}); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("webhook in a missing project: %v, want not found", err)
+		}
+		list, err := s.Webhooks(ctx, "a")
+		if err != nil || len(list) != 2 || list[0].ID != "wh-1" || list[1].Project != "a/x" {
+			t.Fatalf("Webhooks(a) = %+v, %v", list, err)
+		}
+		h, err := s.Webhook(ctx, "wh-1")
+		if err != nil || h.SecretKey != "s1" || fmtList(h.Events) != "[created deleted]" || !h.CreatedAt.Equal(now) || h.ProjectPath != "a" {
+			t.Fatalf("Webhook(wh-1) = %+v, %v", h, err)
+		}
+		for i := range 3 {
+			d := corral.WebhookDelivery{Webhook: "wh-1", Event: "e1", Type: "created", Attempt: i + 1, At: now.Add(time.Duration(i) * time.Second), Result: "retry"}
+			if err := s.AddDelivery(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ds, err := s.Deliveries(ctx, "wh-1", 2)
+		if err != nil || len(ds) != 2 || ds[0].Attempt != 3 || ds[1].Attempt != 2 {
+			t.Errorf("Deliveries = %+v, %v, want attempts 3 and 2", ds, err)
+		}
+		if err := s.DeleteWebhook(ctx, "wh-1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Webhook(ctx, "wh-1"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("deleted webhook: %v", err)
+		}
+		if err := s.DeleteWebhook(ctx, "wh-1"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("deleting again: %v, want not found", err)
+		}
+		if ds, _ := s.Deliveries(ctx, "wh-1", 10); len(ds) != 0 {
+			t.Errorf("a deleted webhook's log has %d entries", len(ds))
+		}
+	})
+}
+
+func TestUsageConformance(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		t0 := time.Now().UTC().Truncate(time.Microsecond)
+		for i, u := range []Usage{
+			{ID: "sb-1", ProjectPath: "a", Node: "n1", Tier: "container", Environment: "py", CreatedAt: t0},
+			{ID: "sb-2", ProjectPath: "a/x", Node: "n1", Tier: "microvm", CreatedAt: t0.Add(time.Second)},
+			{ID: "sb-3", ProjectPath: "b", Node: "n2", Tier: "container", CreatedAt: t0.Add(2 * time.Second)},
+		} {
+			if err := s.AddUsage(ctx, u); err != nil {
+				t.Fatalf("usage %d: %v", i, err)
+			}
+		}
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		must(s.UsageFirstExec(ctx, "sb-1", t0.Add(300*time.Millisecond)))
+		must(s.UsageFirstExec(ctx, "sb-1", t0.Add(time.Hour))) // only the first counts
+		must(s.UsageExtended(ctx, "sb-1"))
+		must(s.UsageCounters(ctx, "sb-1", 10, 2, 5000))
+		must(s.UsageEnded(ctx, "sb-1", t0.Add(time.Minute), corral.ReasonTTLExpired))
+		must(s.UsageEnded(ctx, "sb-1", t0.Add(time.Hour), corral.ReasonDeleted)) // ended once
+		list, err := s.ListUsage(ctx, "a", time.Time{})
+		if err != nil || len(list) != 2 {
+			t.Fatalf("ListUsage(a) = %+v, %v", list, err)
+		}
+		u := list[0]
+		if u.ID != "sb-1" || !u.FirstExecAt.Equal(t0.Add(300*time.Millisecond)) || !u.EndedAt.Equal(t0.Add(time.Minute)) ||
+			u.Reason != corral.ReasonTTLExpired || !u.TTLExtended || u.Actions != 10 || u.Blocked != 2 || u.Tokens != 5000 || u.Environment != "py" {
+			t.Errorf("usage of sb-1 = %+v", u)
+		}
+		if v := list[1]; !v.FirstExecAt.IsZero() || !v.EndedAt.IsZero() || v.TTLExtended {
+			t.Errorf("usage of sb-2 = %+v, want nothing recorded", v)
+		}
+		if list, _ := s.ListUsage(ctx, "", t0.Add(time.Second)); len(list) != 2 {
+			t.Errorf("ListUsage since t0+1s: %d rows, want 2", len(list))
+		}
+	})
+}
