@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/console/bundle"
+	"github.com/corral-dev/corral/internal/doccheck"
 )
 
 // TestBundleMatchesSources fails when web/ changed and dist/ was not rebuilt (make console):
@@ -117,3 +118,5 @@ func TestHandler(t *testing.T) {
 		t.Errorf("CSP allows inline or eval'd script: %s", CSP)
 	}
 }
+
+func TestDocs(t *testing.T) { doccheck.Exported(t, ".") }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -302,4 +303,82 @@ func TestConsole(t *testing.T) {
 	ok(t, "tenant opens another project's sandbox", chromedp.Do(tenant, goTo(tenant, "#/sandboxes/"+theirs.ID)))
 	ok(t, "refused", waitText(tenant, "#page .error", "not found"))
 	shot(t, tenant, dir, "tenant-refused")
+}
+
+// TestConsoleListLoad measures the console's sandbox list with many sandboxes (docs/BENCHMARKS.md):
+// the time from opening /ui/#/sandboxes (signed in) to its first page rendered, against the API's
+// list call alone, in the same run. It runs only when CORRAL_BENCH_CONSOLE names how many
+// sandboxes to list (1000 for the figure): they are created and deleted, so their records (state
+// stopped) are listed without a thousand running sandboxes on the host. The test asserts only
+// that the page renders one page of rows, never a thousand; the timings are logged.
+func TestConsoleListLoad(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CORRAL_BENCH_CONSOLE"))
+	if n <= 0 {
+		t.Skip("set CORRAL_BENCH_CONSOLE=1000 to measure the console's list with 1000 sandboxes")
+	}
+	needRoot(t)
+	bctx := newBrowser(t)
+	dir := artifactDir(t)
+	p := withBase(t)
+	ctx := t.Context()
+	ids := make(chan string, n)
+	errs := make(chan error, 4)
+	for w := 0; w < 4; w++ {
+		go func() {
+			for id := range ids {
+				_, err := p.Client.DeleteSandbox(ctx, id)
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		sb, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Labels: map[string]string{"i": strconv.Itoa(i), "run": "bench"}})
+		ok(t, "create", err)
+		ids <- sb.ID
+	}
+	close(ids)
+	for w := 0; w < 4; w++ {
+		ok(t, "delete", <-errs)
+	}
+	t.Logf("made %d sandbox records in %s", n, time.Since(start).Round(time.Second))
+
+	page := tab(t, bctx, 10*time.Minute)
+	ok(t, "sign in", chromedp.Do(page, chromedp.Navigate(p.URL+"/ui/#token="+p.Token), chromedp.WaitVisible(css("#sandboxes"))))
+	ok(t, "count", waitText(page, "#sandbox-count", strconv.Itoa(n)+" sandboxes"))
+	const rounds = 30
+	var api, ui []time.Duration
+	for i := 0; i < rounds; i++ {
+		t0 := time.Now()
+		list, err := p.Client.ListSandboxes(ctx, corral.ListOptions{})
+		api = append(api, time.Since(t0))
+		ok(t, "list", err)
+		if len(list) != n {
+			t.Fatalf("the API lists %d sandboxes, want %d", len(list), n)
+		}
+		t0 = time.Now()
+		ok(t, "load the list page", chromedp.Do(page,
+			chromedp.Navigate(p.URL+"/ui/?r="+strconv.Itoa(i)+"#/sandboxes"),
+			chromedp.WaitVisible(css("#sandboxes tbody tr:nth-child(50)"))))
+		ui = append(ui, time.Since(t0))
+	}
+	rows, err := eval[int](page, `document.querySelectorAll('#sandboxes tbody tr').length`)
+	ok(t, "rows", err)
+	if rows != 50 {
+		t.Fatalf("the list page rendered %d rows for %d sandboxes, want one page of 50", rows, n)
+	}
+	shot(t, page, dir, "sandboxes-"+strconv.Itoa(n))
+	q := func(d []time.Duration, f float64) time.Duration {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(f*float64(len(s))))]
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
+	t.Logf("console list, %d sandboxes, %d rounds: API list p50/p99 %s/%s ms; console page load to first page rendered p50/p99 %s/%s ms; ratio %.1fx/%.1fx",
+		n, rounds, ms(q(api, .5)), ms(q(api, .99)), ms(q(ui, .5)), ms(q(ui, .99)),
+		float64(q(ui, .5))/float64(q(api, .5)), float64(q(ui, .99))/float64(q(api, .99)))
 }
