@@ -60,10 +60,11 @@ export async function call(path, opts) {
 }
 
 // lines streams an NDJSON response, calling onLine with each decoded line until the response
-// ends or signal aborts. EventSource cannot send an Authorization header, so this reads a
-// fetch body as a stream instead.
-export async function lines(path, query, onLine, signal) {
+// ends or signal aborts; onOpen, if given, runs once the response has begun. EventSource cannot
+// send an Authorization header, so this reads a fetch body as a stream instead.
+export async function lines(path, query, onLine, signal, onOpen) {
   const resp = await call(path, { query, raw: true, signal });
+  if (onOpen) onOpen();
   const reader = resp.body.getReader();
   const dec = new TextDecoder();
   let buf = '';

@@ -81,21 +81,23 @@ export async function render(root) {
     pending = setTimeout(() => { pending = null; load(); }, 500);
   }
   async function follow() {
-    const q = { follow: 'true' };
-    if (filter.project) q.project = filter.project;
+    let last = '';
     while (!abort.signal.aborted) {
+      // A reconnect asks for what it missed since the last event it saw.
+      const q = { follow: 'true' };
+      if (filter.project) q.project = filter.project;
+      if (last) q.since = last;
       try {
-        status.textContent = '';
-        status.appendChild(h('span', { class: 'live' }, '● live'));
         await api.lines('/v1/events', q, (ev) => {
           if (ev.code) throw new Error(ev.message || ev.code);
+          last = ev.at;
           const line = h('div', { class: 'event' }, new Date(ev.at).toLocaleTimeString() + ' ' + ev.type + ' ',
             ev.sandbox ? h('a', { href: '#/sandboxes/' + encodeURIComponent(ev.sandbox) }, ev.sandbox) : null,
             ev.reason ? ' (' + ev.reason + ')' : '', ev.count ? ' ×' + ev.count : '');
           feed.prepend(line);
           while (feed.childNodes.length > 100) feed.lastChild.remove();
           if (ev.sandbox) refreshSoon();
-        }, abort.signal);
+        }, abort.signal, () => replace(status, h('span', { class: 'live' }, '● live')));
       } catch (e) {
         if (abort.signal.aborted) return;
         status.textContent = 'disconnected (' + (e.message || e) + '), retrying…';
