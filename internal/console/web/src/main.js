@@ -39,7 +39,7 @@ function signInPage(message) {
       start();
     },
   }, h('h1', {}, 'Corral'), h('p', {}, 'Sign in with an API token. It is kept in this tab only and sent with each API call.'),
-  input, ' ', h('button', { type: 'submit' }, 'Sign in'), message ? errorBox(message) : null);
+  input, ' ', h('button', { type: 'submit', id: 'signin-button' }, 'Sign in'), message ? errorBox(message) : null);
   replace(app, form);
   input.focus();
 }

@@ -11,7 +11,7 @@ export async function render(root, sb) {
   const list = h('div', { id: 'files' });
   replace(root,
     h('form', { class: 'filters', onsubmit: (e) => { e.preventDefault(); open(where.value.trim() || '/'); } },
-      where, h('button', { type: 'submit' }, 'Open'), h('button', { type: 'button', onclick: () => open(parent(dir)) }, 'Up'),
+      where, h('button', { type: 'submit', id: 'files-open' }, 'Open'), h('button', { type: 'button', onclick: () => open(parent(dir)) }, 'Up'),
       h('label', {}, ' Upload: ', upload)),
     status, list);
 

@@ -2,7 +2,7 @@
 import { h, replace, table, bytes, when, labels, errorBox } from '../dom.js';
 import * as api from '../api.js';
 
-const ref = (r) => (r && r.name ? r.name + (r.version ? ':' + r.version : '') : '');
+const ref = (r) => r || '';
 
 export async function render(root) {
   const [layers, envs] = await Promise.allSettled([api.call('/v1/layers'), api.call('/v1/environments')]);

@@ -51,7 +51,7 @@ function kv(pairs) {
   return h('dl', { class: 'kv' }, pairs.filter(Boolean).map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
 }
 
-const ref = (r) => (r && r.name ? r.name + (r.version ? ':' + r.version : '') : '—');
+const ref = (r) => (typeof r === 'string' ? r || '—' : r && r.name ? r.name + (r.version ? ':' + r.version : '') : '—');
 
 async function overview(root, sb) {
   const l = sb.limits || {};

@@ -104,5 +104,7 @@ export async function render(root, sb) {
     }
   }
   listCommands();
-  return () => { stopSession(); window.removeEventListener('resize', onWindowResize); term.dispose(); };
+  // The terminal is not disposed: its element leaves the page with the tab, and disposing it
+  // while the output stream unwinds wedged the page in Chromium.
+  return () => { stopSession(); window.removeEventListener('resize', onWindowResize); };
 }
