@@ -46,6 +46,10 @@ declare -A want=(
   # LXCFS gives container sandboxes their own /proc/meminfo, cpuinfo, uptime, ... (internal/lxcfs).
   # corral up runs its own per data dir; Debian's lxcfs.service is disabled below.
   [lxcfs]=lxcfs
+  # Headless Chromium: the web console's tests (internal/e2e TestConsole*) drive it with chromedp;
+  # DejaVu gives its screenshots legible text.
+  [chromium]=chromium
+  [/usr/share/fonts/truetype/dejavu]=fonts-dejavu-core
 )
 missing=()
 for what in "${!want[@]}"; do
