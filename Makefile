@@ -7,7 +7,7 @@ DATA_DIR ?= /var/lib/corral
 # Tests: race detector on, two packages at a time (CI has two cores).
 TEST_FLAGS ?= -race -p 2 -timeout 75m
 
-.PHONY: help setup build run test redteam soak bench lint fuzz clean
+.PHONY: help setup build run test redteam soak bench lint fuzz clean console
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -43,6 +43,10 @@ lint: ## gofmt, go vet
 
 fuzz: ## run each fuzz target for a short while
 	@scripts/fuzz.sh
+
+console: ## rebuild the web console's bundle (internal/console/dist) from its sources and pinned npm packages
+	cd internal/console/web && npm ci --no-audit --no-fund
+	$(GO) generate ./internal/console
 
 clean: ## remove build outputs
 	rm -rf bin

@@ -41,6 +41,14 @@ if [ "${BENCH_ONLY:-lazy}" = lazy ]; then
   trap - EXIT
   if [ "${BENCH_ONLY:-}" = lazy ]; then exit 0; fi
 fi
+# BENCH_ONLY=console: the web console's sandbox list with BENCH_CONSOLE_N (1000) sandboxes, loaded
+# in headless Chromium, against the API's list call in the same run (a go test with its own
+# corral up; needs chromium, which make setup installs).
+if [ "${BENCH_ONLY:-console}" = console ]; then
+  CORRAL_BIN="$PWD/bin" CORRAL_BENCH_CONSOLE="${BENCH_CONSOLE_N:-1000}" go test ./internal/e2e \
+    -run 'TestConsoleListLoad$' -count=1 -v -timeout 60m | grep -E 'console list|sandbox records|^(--- |ok|FAIL)'
+  if [ "${BENCH_ONLY:-}" = console ]; then exit 0; fi
+fi
 work=$(mktemp -d /tmp/crl-bench-XXXX)
 port=${BENCH_PORT:-7199}
 export CORRAL_URL=http://127.0.0.1:$port

@@ -52,6 +52,10 @@ declare -A want=(
   # fio: the volume benchmark (docs/BENCHMARKS.md) runs the host's fio, copied with its
   # libraries into a toolkit layer, in a volume and in the sandbox's writable layer.
   [fio]=fio
+  # Headless Chromium: the web console's tests (internal/e2e TestConsole*) drive it with chromedp;
+  # DejaVu gives its screenshots legible text.
+  [chromium]=chromium
+  [/usr/share/fonts/truetype/dejavu]=fonts-dejavu-core
 )
 missing=()
 for what in "${!want[@]}"; do

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/console"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
@@ -70,6 +71,10 @@ func (s *Server) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain")
 		w.Write([]byte("ok\n"))
 	})
+	// The web console's static files carry no data and need no token; its pages call this API
+	// with the user's token like any client.
+	mux.Handle("/ui/", console.Handler())
+	mux.Handle("/ui", console.Handler())
 	api := http.NewServeMux()
 	api.HandleFunc("GET /v1/info", s.getInfo)
 	api.HandleFunc("POST /v1/sandboxes", s.createSandbox)

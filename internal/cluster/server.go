@@ -41,6 +41,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/clusterauth"
+	"github.com/corral-dev/corral/internal/console"
 	"github.com/corral-dev/corral/internal/daemon"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -185,6 +186,8 @@ func (s *Server) Handler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("POST /v1/cluster/join", s.join)
+	mux.Handle("/ui/", console.Handler())
+	mux.Handle("/ui", console.Handler())
 	nodes := http.NewServeMux()
 	nodes.HandleFunc("GET /v1/nodes", func(w http.ResponseWriter, r *http.Request) {
 		if err := apiserver.Require(r, iam.Operator, ""); err != nil {
