@@ -364,6 +364,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if cfg.Store == "" {
 		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
 	}
+	// What this start makes of the store, a refusal below takes away again.
+	_, dbErr := os.Stat(cfg.Store)
+	newSQLite := !store.IsPostgres(cfg.Store) && errors.Is(dbErr, os.ErrNotExist)
+	_, ownerErr := os.Stat(filepath.Join(cfg.DataDir, ownerFile))
+	newOwner := errors.Is(ownerErr, os.ErrNotExist)
 	st, err := store.Open(ctx, cfg.Store)
 	if err != nil {
 		if store.IsPostgres(cfg.Store) {
@@ -381,7 +386,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	// VM uids) come from the host registry, keyed by the data dir.
 	claim, err := claimHost(&cfg)
 	if err != nil {
-		return err
+		st.Close()
+		if newSQLite {
+			for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
+				os.Remove(cfg.Store + suffix)
+			}
+		}
+		if newOwner {
+			os.Remove(filepath.Join(cfg.DataDir, ownerFile))
+		}
+		return refuse(err)
 	}
 	log.Info("host resources of this data dir", "net_tag", claim.Tag, "net_pool", claim.Pool, "nflog_group", claim.LogGroup,
 		"cgroup_parent", claim.CgroupParent, "vm_uid_base", claim.VMUIDBase)

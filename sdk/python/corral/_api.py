@@ -446,6 +446,35 @@ def delete_volume(name: str, project: str) -> Call:
     return Call(Request("DELETE", "/v1/volumes/" + esc(name) + _project_query(project)))
 
 
+# ---- webhooks and the report (request builders; the clients do not wrap them yet) ----
+
+def add_webhook(project: str, url: str, events: Optional[Sequence[str]]) -> Call:
+    body = _drop_empty({"project": project, "url": url, "events": list(events or [])})
+    return Call(Request("POST", "/v1/webhooks", json_body=body), lambda s, h, b: parse_json(b))
+
+
+def webhooks(project: str) -> Call:
+    return Call(Request("GET", "/v1/webhooks" + _project_query(project)), lambda s, h, b: parse_json(b))
+
+
+def remove_webhook(id: str) -> Call:
+    return Call(Request("DELETE", "/v1/webhooks/" + esc(id)))
+
+
+def webhook_deliveries(id: str) -> Call:
+    return Call(Request("GET", "/v1/webhooks/" + esc(id) + "/deliveries"), lambda s, h, b: parse_json(b))
+
+
+def report(project: str, since: Any) -> Call:
+    q = []
+    if project:
+        q.append(("project", project))
+    s = _since(since)
+    if s:
+        q.append(("since", s))
+    return Call(Request("GET", "/v1/report", query=q), lambda s, h, b: parse_json(b))
+
+
 # ---- fncall ----
 
 def create_fncall_env(body: Dict[str, Any]) -> Call:

@@ -261,6 +261,11 @@ class RouteCoverageTest(unittest.TestCase):
             _api.tokens(), _api.revoke_token("t"), _api.audit("", "", 0, 0),
             _api.create_volume("n", 1 << 24, ""), _api.volumes(""), _api.volume("n", ""),
             _api.delete_volume("n", ""),
+            _api.sandbox_metrics("i", None), _api.events("", None, None, False),
+            _api.run_code("i", "1"), _api.code_contexts("i"), _api.create_code_context("i", None, None),
+            _api.restart_code_context("i", "c"), _api.delete_code_context("i", "c"),
+            _api.add_webhook("p", "https://example.com/h", None), _api.webhooks(""),
+            _api.remove_webhook("w"), _api.webhook_deliveries("w"), _api.report("", "7d"),
         ]
         import re
         reqs = [x.request if isinstance(x, _core.Call) else x for x in built]
