@@ -61,10 +61,11 @@ func TestRedTeamNetwork(t *testing.T) {
 		port := strings.Split(freePort(t), ":")[1]
 		flags := []string{"--services", services, "--dns-upstream", in.DNS, "--listen", "0.0.0.0:" + port}
 		if rt == "microvm" {
-			// Known bug (docs/ARCHITECTURE.md, Known gaps): with the runc target of this test in a
-			// user namespace, the microvm's connections to an allowed host get no answer (its DNS
-			// works, nothing is counted as blocked). It fails closed; until it is found, the
-			// microvm case runs beside a runc target without user namespaces.
+			// Known bug (docs/ARCHITECTURE.md, Known gaps): on a Corral whose runc sandboxes run
+			// in user namespaces, a microvm's connections to an allowed host get no answer (its
+			// DNS works, nothing is counted as blocked; the same with the runc target of this test
+			// given no network). It fails closed; until it is found, the microvm case runs on a
+			// Corral started with --no-userns.
 			flags = append(flags, "--no-userns")
 		}
 		p := withBaseOn(t, rt, flags...)
