@@ -64,8 +64,9 @@ func TestRedTeamNetwork(t *testing.T) {
 			// Known bug (docs/ARCHITECTURE.md, Known gaps): on a Corral whose runc sandboxes run
 			// in user namespaces, a microvm's connections to an allowed host get no answer (its
 			// DNS works, nothing is counted as blocked; the same with the runc target of this test
-			// given no network). It fails closed; until it is found, the microvm case runs on a
-			// Corral started with --no-userns.
+			// given no network, and not with the target on gVisor: a runc create in a user
+			// namespace triggers it). It fails closed; until it is found, the microvm case runs on
+			// a Corral started with --no-userns.
 			flags = append(flags, "--no-userns")
 		}
 		p := withBaseOn(t, rt, flags...)
