@@ -375,9 +375,14 @@ func (e *Edge) observeCall(sb *sandbox, method, path string, tokens string) erro
 		sb.tokens.Add(n)
 	}
 	if method == "POST" && (strings.HasSuffix(path, "/exec") || strings.HasSuffix(path, "/commands")) && sb.firstExec.CompareAndSwap(false, true) {
-		if err := e.store.UsageFirstExec(context.Background(), sb.id, time.Now()); err != nil {
-			e.log.Warn("record first exec", "sandbox", sb.id, "err", err)
-		}
+		// Off the exec's path: the first exec is what create→first exec measures, and its
+		// answer must not wait for a store write (one goroutine per sandbox, once).
+		at := time.Now()
+		go func() {
+			if err := e.store.UsageFirstExec(context.Background(), sb.id, at); err != nil {
+				e.log.Warn("record first exec", "sandbox", sb.id, "err", err)
+			}
+		}()
 	}
 	return nil
 }
