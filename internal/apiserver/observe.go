@@ -287,6 +287,9 @@ func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = webhook.ValidateRequest(req)
 	}
+	if err == nil && s.hooks != nil {
+		err = s.hooks.CheckTarget(req.URL)
+	}
 	if err != nil {
 		s.audit(r, "webhook.create", project, req.URL, err, "")
 		s.fail(w, r, err)

@@ -419,6 +419,30 @@ func (d *Dispatcher) Stats() Stats {
 		Dropped: d.dropped.Load(), Lost: d.lost.Load()}
 }
 
+// CheckTarget refuses, when the dispatcher delivers to public addresses only, a URL whose host is
+// an address literal (or "localhost") that is not public: a clear 400 at creation rather than
+// deliveries that can only fail. Names are checked where they resolve, at each dial.
+func (d *Dispatcher) CheckTarget(rawURL string) error {
+	if d.cfg.AllowPrivate {
+		return nil
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return errdefs.Invalid("url", "%q is not an http or https URL", rawURL)
+	}
+	host := u.Hostname()
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		host = "127.0.0.1"
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		return nil
+	}
+	if err := publicOnly(net.JoinHostPort(host, "0")); err != nil {
+		return errdefs.Invalid("url", "%v", err)
+	}
+	return nil
+}
+
 // publicOnly refuses a dial to an address that is not a public unicast one.
 func publicOnly(address string) error {
 	host, _, err := net.SplitHostPort(address)

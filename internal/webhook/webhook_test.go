@@ -245,4 +245,20 @@ func TestPrivateAddressesRefused(t *testing.T) {
 			t.Errorf("publicOnly(%s) = %v", a, err)
 		}
 	}
+	// At creation: an address literal that cannot be delivered to is a 400; names pass (they are
+	// checked at each dial), and so does everything when private targets are allowed.
+	for _, u := range []string{srv.URL + "/hook", "http://localhost:8080/x", "https://[::1]/x", "http://169.254.169.254/latest"} {
+		if err := d.CheckTarget(u); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("CheckTarget(%s) = %v, want invalid", u, err)
+		}
+	}
+	for _, u := range []string{"https://hooks.example.com/x", "http://203.0.113.9/x"} {
+		if err := d.CheckTarget(u); err != nil {
+			t.Errorf("CheckTarget(%s) = %v", u, err)
+		}
+	}
+	_, _, open := setup(t, Config{AllowPrivate: true})
+	if err := open.CheckTarget(srv.URL); err != nil {
+		t.Errorf("with AllowPrivate: CheckTarget(%s) = %v", srv.URL, err)
+	}
 }

@@ -446,7 +446,7 @@ def delete_volume(name: str, project: str) -> Call:
     return Call(Request("DELETE", "/v1/volumes/" + esc(name) + _project_query(project)))
 
 
-# ---- webhooks and the report (request builders; the clients do not wrap them yet) ----
+# ---- webhooks and the report ----
 
 def add_webhook(project: str, url: str, events: Optional[Sequence[str]]) -> Call:
     body = _drop_empty({"project": project, "url": url, "events": list(events or [])})

@@ -941,6 +941,30 @@ class AsyncCorral:
         """Delete a volume and its data (Conflict while a sandbox has it mounted)."""
         await self._do(_api.delete_volume(name, project))
 
+    async def add_webhook(self, url: str, events: Optional[Sequence[str]] = None,
+                  project: str = "") -> Dict[str, Any]:
+        """Send ``project``'s events (``events`` types, default all) to ``url``, signed; the answer
+        carries the webhook's ``secret``, shown only here."""
+        return await self._do(_api.add_webhook(project, url, events))
+
+    async def webhooks(self, project: str = "") -> List[Dict[str, Any]]:
+        """The webhooks of ``project`` (default the token's), without their secrets."""
+        return await self._do(_api.webhooks(project))
+
+    async def remove_webhook(self, id: str) -> None:
+        """Stop a webhook's deliveries and forget it."""
+        await self._do(_api.remove_webhook(id))
+
+    async def webhook_deliveries(self, id: str) -> List[Dict[str, Any]]:
+        """A webhook's recent deliveries, newest last: event, attempt, status, result, error."""
+        return await self._do(_api.webhook_deliveries(id))
+
+    async def report(self, project: str = "", since: Any = None) -> Dict[str, Any]:
+        """The weekly instruments for ``project`` since ``since`` (a duration such as "7d" or a
+        datetime; default the server's, 7 days): setup time, time and tokens per task, blocked
+        egress per 1000 actions, TTL outcomes."""
+        return await self._do(_api.report(project, since))
+
     async def save_environment(self, name: str, base: str, workspace: str = "",
                                toolkits: Sequence[str] = (),
                                microvm_template: bool = False) -> Environment:

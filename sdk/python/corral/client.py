@@ -906,6 +906,30 @@ class Corral:
         """Delete a volume and its data (Conflict while a sandbox has it mounted)."""
         self._do(_api.delete_volume(name, project))
 
+    def add_webhook(self, url: str, events: Optional[Sequence[str]] = None,
+                  project: str = "") -> Dict[str, Any]:
+        """Send ``project``'s events (``events`` types, default all) to ``url``, signed; the answer
+        carries the webhook's ``secret``, shown only here."""
+        return self._do(_api.add_webhook(project, url, events))
+
+    def webhooks(self, project: str = "") -> List[Dict[str, Any]]:
+        """The webhooks of ``project`` (default the token's), without their secrets."""
+        return self._do(_api.webhooks(project))
+
+    def remove_webhook(self, id: str) -> None:
+        """Stop a webhook's deliveries and forget it."""
+        self._do(_api.remove_webhook(id))
+
+    def webhook_deliveries(self, id: str) -> List[Dict[str, Any]]:
+        """A webhook's recent deliveries, newest last: event, attempt, status, result, error."""
+        return self._do(_api.webhook_deliveries(id))
+
+    def report(self, project: str = "", since: Any = None) -> Dict[str, Any]:
+        """The weekly instruments for ``project`` since ``since`` (a duration such as "7d" or a
+        datetime; default the server's, 7 days): setup time, time and tokens per task, blocked
+        egress per 1000 actions, TTL outcomes."""
+        return self._do(_api.report(project, since))
+
     def save_environment(self, name: str, base: str, workspace: str = "",
                          toolkits: Sequence[str] = (), microvm_template: bool = False) -> Environment:
         """Save a named composition of layers; ``create(environment=name)`` uses it."""

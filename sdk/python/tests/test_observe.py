@@ -63,6 +63,26 @@ class ObserveTest(unittest.TestCase):
         with self.assertRaises(corral.InvalidRequest):
             sb.metrics(since="yesterday")
 
+    def test_report_and_webhooks(self) -> None:
+        sb = self.c.create(base=BASE, ttl="10m")
+        sb.exec(["true"])
+        sb.delete()
+        rep = self.c.report(since="1h")
+        self.assertGreaterEqual(rep["sandboxes"], 1)
+        self.assertIn("blocked_per_1000_actions", rep)
+        self.assertTrue(rep["setup"], rep)
+        with self.assertRaises(corral.InvalidRequest):
+            self.c.report(since="last week")
+        # This server refuses private targets (no --webhook-allow-private): the guard answers,
+        # and nothing is kept.
+        with self.assertRaises(corral.InvalidRequest):
+            self.c.add_webhook("http://127.0.0.1:9/hook", events=["created"])
+        with self.assertRaises(corral.InvalidRequest):
+            self.c.add_webhook("ftp://hooks.test/x")
+        self.assertEqual(self.c.webhooks(), [])
+        with self.assertRaises(corral.NotFound):
+            self.c.webhook_deliveries("wh-nope")
+
     def test_async(self) -> None:
         import asyncio
 
