@@ -470,6 +470,8 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 			return err
 		}
 		return c.reply(reply{CallEnd: &ce})
+	case opDial:
+		return s.dialPort(ctx, c, req.Port)
 	}
 	return errdefs.Invalid("op", "unknown operation %q", req.Op)
 }

@@ -79,6 +79,7 @@ const (
 	opTarIn    = "tarin"
 	opCallPrep = "callprep"
 	opCallEnd  = "callend"
+	opDial     = "dial"
 )
 
 // request is the payload of a request frame; Op says which other fields matter.
@@ -97,6 +98,7 @@ type request struct {
 	Write     *WriteOptions `json:"write,omitempty"`
 	Recursive bool          `json:"recursive,omitempty"`
 	Size      int64         `json:"size,omitempty"` // callprep: bytes of the call's tmpfs
+	Port      int           `json:"port,omitempty"` // dial
 }
 
 // reply is the payload of a reply frame.

@@ -212,6 +212,18 @@ func TestCodeInterpreter(t *testing.T) {
 		}
 	})
 
+	t.Run("gvisor", func(t *testing.T) {
+		// The server is reached through the agent inside (gVisor's network stack is its own).
+		sb := p.create(corral.CreateRequest{Environment: "code-interpreter", Runtime: "gvisor"})
+		ex := runCode(t, p, sb.ID, corral.CodeRequest{Code: "import platform\nx = 20\nx + 22"})
+		if ex.Text() != "42" || ex.Error != nil {
+			t.Fatalf("code on gVisor: %+v (error %+v)", ex, ex.Error)
+		}
+		if ex = runCode(t, p, sb.ID, corral.CodeRequest{Code: "x"}); ex.Text() != "20" {
+			t.Errorf("state across runs on gVisor: %+v", ex)
+		}
+	})
+
 	t.Run("python-sdk", func(t *testing.T) {
 		py, err := exec.LookPath("python3")
 		if err != nil {

@@ -14,10 +14,15 @@ import (
 )
 
 // TestPortProxy reaches an HTTP server listening on a sandbox's own loopback (a sandbox without
-// networking) through the API and through `corral port`; a port where nothing listens and a
-// caller without a token get clear errors.
+// networking) through the API and through `corral port`, on each runtime (runc through the
+// sandbox's network namespace, gVisor and microvm through the agent inside); a port where
+// nothing listens and a caller without a token get clear errors.
 func TestPortProxy(t *testing.T) {
-	p := withBase(t)
+	forRuntimes(t, testPortProxy)
+}
+
+func testPortProxy(t *testing.T, rt string) {
+	p := withBaseOn(t, rt)
 	sb := p.create(corral.CreateRequest{})
 	ctx := t.Context()
 	if _, err := p.Client.WriteFile(ctx, sb.ID, "/www/hello.txt", strings.NewReader("hello from inside\n"), corral.WriteFileOptions{Parents: true}); err != nil {
@@ -40,7 +45,7 @@ func TestPortProxy(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	base := p.URL + "/v1/sandboxes/" + sb.ID + "/ports/"
-	eventually(t, 10*time.Second, "httpd in the sandbox answers through the API", func() bool {
+	eventually(t, 30*time.Second, "httpd in the sandbox answers through the API", func() bool {
 		code, body := get(base+"8000/hello.txt", p.Token)
 		return code == 200 && body == "hello from inside\n"
 	})

@@ -55,10 +55,7 @@ func (h *dataPlane) codeRoutes(mux *http.ServeMux) {
 // codeServer sends one request to sandbox id's code-execution server. A sandbox without one is
 // a conflict that says how to get one; the server's own refusals keep their kinds.
 func (e *Edge) codeServer(ctx context.Context, id, method, path string, body any) (*http.Response, error) {
-	ns, err := e.portNetns(ctx, id)
-	if errors.Is(err, errdefs.ErrInvalid) {
-		return nil, errdefs.Conflict("sandbox %s: its code-execution server is out of reach: %v", id, err)
-	}
+	dial, err := e.portDialer(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +74,7 @@ func (e *Edge) codeServer(ctx context.Context, id, method, path string, body any
 	req.Header.Set("Content-Type", "application/json")
 	c := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return dialInNetns(ctx, ns, id, corral.CodePort)
+			return dial(ctx, corral.CodePort)
 		},
 		DisableKeepAlives: true,
 	}}

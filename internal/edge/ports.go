@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,44 +12,63 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/nsutil"
+	"github.com/corral-dev/corral/internal/store"
 )
 
-// Ports: an HTTP proxy to a TCP port inside a sandbox (`corral port`, and the E2B gateway's
-// <port>-<id>.<domain> hosts). The edge opens the connection from inside the sandbox's network
-// namespace to its loopback, so the port needs no address reachable from the host, works with
-// networking "none", and nothing of the sandbox is exposed on the host's interfaces. The egress
-// policy is about traffic leaving the sandbox and does not apply to this inbound path; the API's
-// authorisation (sandbox.use on the sandbox's project) does.
+// Ports: an HTTP proxy to a TCP port inside a sandbox (`corral port`, the code interpreter, the
+// E2B gateway's <port>-<id>.<domain> hosts). The connection is made from inside the sandbox to
+// its loopback, so the port needs no address reachable from the host, works with networking
+// "none", and nothing of the sandbox is exposed on the host's interfaces: for runc the edge
+// dials from the sandbox's network namespace; for gVisor (whose network stack lives in its
+// sandbox process, not in the namespace), microvm and vm, the agent inside dials and carries the
+// stream over its own connection (agentrpc Dial). The egress policy is about traffic leaving
+// the sandbox and does not apply to this inbound path; the API's authorisation (sandbox.use on
+// the sandbox's project) does.
 
 // portDialTimeout bounds connecting to a port inside a sandbox.
 const portDialTimeout = 5 * time.Second
 
-// portNetns returns the network namespace ports of sandbox id are reached in (resuming a
-// paused sandbox, as any data-plane call does).
-func (e *Edge) portNetns(ctx context.Context, id string) (string, error) {
+// portDialFunc connects to a port on a sandbox's loopback.
+type portDialFunc func(ctx context.Context, port int) (net.Conn, error)
+
+// portDialer returns how to reach the ports of sandbox id (resuming a paused sandbox, as any
+// data-plane call does).
+func (e *Edge) portDialer(ctx context.Context, id string) (portDialFunc, error) {
 	sb, err := e.active(ctx, id)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	rec, err := e.store.GetSandbox(ctx, sb.id)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	if rec.Tier == TierMicroVM || rec.Tier == TierVM {
-		return "", errdefs.Invalid("port", "ports of %s sandboxes are not reachable yet (tier %s)", rec.Tier, rec.Tier)
+	return e.dialerFor(ctx, sb, rec)
+}
+
+// dialerFor returns how to reach the ports of sandbox sb, whose record is rec.
+func (e *Edge) dialerFor(ctx context.Context, sb *sandbox, rec *store.Sandbox) (portDialFunc, error) {
+	id := sb.id
+	if rec.Tier == TierContainer && rec.Runtime != RuntimeGVisor {
+		st, err := e.rt.Status(ctx, sb.id)
+		if err != nil {
+			return nil, err
+		}
+		if st.Pid <= 0 {
+			return nil, errdefs.Conflict("sandbox %s has no running init to reach ports through", id)
+		}
+		ns := fmt.Sprintf("/proc/%d/ns/net", st.Pid)
+		return func(ctx context.Context, port int) (net.Conn, error) { return dialInNetns(ctx, ns, id, port) }, nil
 	}
-	if rec.Runtime == RuntimeGVisor {
-		// gVisor's network stack lives in its sandbox process, not in the namespace.
-		return "", errdefs.Invalid("port", "ports of gVisor sandboxes are not reachable yet (runtime gvisor)")
-	}
-	st, err := e.rt.Status(ctx, sb.id)
-	if err != nil {
-		return "", err
-	}
-	if st.Pid <= 0 {
-		return "", errdefs.Conflict("sandbox %s has no running init to reach ports through", id)
-	}
-	return fmt.Sprintf("/proc/%d/ns/net", st.Pid), nil
+	agent := sb.agent
+	return func(ctx context.Context, port int) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(ctx, portDialTimeout+time.Second)
+		defer cancel()
+		conn, err := agent.Dial(ctx, port)
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			return nil, errdefs.Unavailable("nothing answers on port %d in sandbox %s: %v", port, id, err)
+		}
+		return conn, err
+	}, nil
 }
 
 // dialInNetns connects to port on the loopback of the network namespace at nsPath.
@@ -79,7 +99,7 @@ func (h *dataPlane) port(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The sandbox is looked up once, before proxying, so that a bad ID is a clear error.
-	ns, err := h.e.portNetns(r.Context(), id)
+	dial, err := h.e.portDialer(r.Context(), id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -94,7 +114,7 @@ func (h *dataPlane) port(w http.ResponseWriter, r *http.Request) {
 			pr.SetXForwarded()
 		},
 		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dialInNetns(ctx, ns, id, port) },
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx, port) },
 			// One connection per request: the transport lives for this request only.
 			DisableKeepAlives: true,
 		},

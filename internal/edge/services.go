@@ -54,10 +54,9 @@ func validateServices(svcs []corral.Service) error {
 	return nil
 }
 
-// startServices starts svcs in sandbox sb and, on a container sandbox whose ports the edge
-// reaches (runc), waits until each service's port accepts connections. A service that does
-// not start is logged, not fatal: the sandbox works without it, and a request for it says
-// that nothing answers.
+// startServices starts svcs in sandbox sb and waits until each service's port accepts
+// connections. A service that does not start is logged, not fatal: the sandbox works without
+// it, and a request for it says that nothing answers.
 func (e *Edge) startServices(ctx context.Context, sb *sandbox, rec *store.Sandbox, svcs []corral.Service) {
 	if len(svcs) == 0 || rec.Tier == TierVM {
 		return
@@ -77,21 +76,25 @@ func (e *Edge) startServices(ctx context.Context, sb *sandbox, rec *store.Sandbo
 			ports = append(ports, s.Port)
 		}
 	}
-	if len(ports) == 0 || rec.Tier != TierContainer || rec.Runtime == RuntimeGVisor {
+	if len(ports) == 0 {
 		return
 	}
-	st, err := e.rt.Status(ctx, rec.ID)
-	if err != nil || st.Pid <= 0 {
+	dial, err := e.dialerFor(ctx, sb, rec)
+	if err != nil {
+		log.Warn("services' ports cannot be waited for", "err", err)
 		return
 	}
-	ns := fmt.Sprintf("/proc/%d/ns/net", st.Pid)
 	ctx, cancel := context.WithTimeout(ctx, serviceWait)
 	defer cancel()
-	tick := time.NewTicker(5 * time.Millisecond)
+	every := 5 * time.Millisecond
+	if rec.Tier != TierContainer || rec.Runtime == RuntimeGVisor {
+		every = 50 * time.Millisecond // each try is a call to the agent
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for _, port := range ports {
 		for {
-			conn, err := dialInNetns(ctx, ns, rec.ID, port)
+			conn, err := dial(ctx, port)
 			if err == nil {
 				conn.Close()
 				break
