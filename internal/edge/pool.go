@@ -193,7 +193,7 @@ func (e *Edge) warmLoop() {
 		}
 		select {
 		case <-e.stop:
-			e.stopWarm(nil)
+			e.stopWarm()
 			close(e.warmDone)
 			return
 		case <-t.C:
@@ -232,6 +232,7 @@ func (e *Edge) syncWarm(ctx context.Context) error {
 			pctx, cancel := context.WithCancel(ctx)
 			p = &warmPool{key: k, cancel: cancel, done: make(chan struct{}), kick: make(chan struct{}, 1), env: env, since: time.Now()}
 			w.pools[k] = p
+			e.log.Info("warm pool started", "environment", k.env, "runtime", k.runtime, "networked", k.networked, "size", env.Warm)
 			go e.runWarm(pctx, p)
 			continue
 		}
@@ -244,20 +245,24 @@ func (e *Edge) syncWarm(ctx context.Context) error {
 		p.poke()
 	}
 	w.mu.Unlock()
-	e.stopWarm(gone)
+	endWarm(gone)
 	return nil
 }
 
-// stopWarm ends pools (nil: all of them) and waits until each has deleted its sandboxes.
-func (e *Edge) stopWarm(pools []*warmPool) {
-	if pools == nil {
-		e.warm.mu.Lock()
-		for k, p := range e.warm.pools {
-			pools = append(pools, p)
-			delete(e.warm.pools, k)
-		}
-		e.warm.mu.Unlock()
+// stopWarm ends every pool and waits until each has deleted its sandboxes.
+func (e *Edge) stopWarm() {
+	var pools []*warmPool
+	e.warm.mu.Lock()
+	for k, p := range e.warm.pools {
+		pools = append(pools, p)
+		delete(e.warm.pools, k)
 	}
+	e.warm.mu.Unlock()
+	endWarm(pools)
+}
+
+// endWarm ends pools and waits until each has deleted its sandboxes.
+func endWarm(pools []*warmPool) {
 	for _, p := range pools {
 		p.cancel()
 	}
@@ -455,7 +460,9 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		e.deleteWarm(w)
 		return 0, ctx.Err()
 	}
-	return time.Since(start), nil
+	took := time.Since(start)
+	e.log.Debug("warm sandbox ready", "environment", p.key.env, "sandbox", rec.ID, "took", took)
+	return took, nil
 }
 
 // deleteWarm deletes a pooled sandbox and everything it held.
