@@ -29,14 +29,16 @@ func (p *corralProc) sandboxDirs() []string {
 	for _, sub := range []string{"sandboxes", "runc"} {
 		entries, _ := os.ReadDir(filepath.Join(p.DataDir, sub))
 		for _, e := range entries {
-			out = append(out, filepath.Join(sub, e.Name()))
+			if strings.HasPrefix(e.Name(), "sb-") {
+				out = append(out, filepath.Join(sub, e.Name()))
+			}
 		}
 	}
 	ctrls, _ := filepath.Glob("/sys/fs/cgroup/*" + p.Cgroup)
 	for _, dir := range ctrls {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
-			if e.IsDir() {
+			if e.IsDir() && strings.HasPrefix(e.Name(), "sb-") {
 				out = append(out, filepath.Join(dir, e.Name()))
 			}
 		}
@@ -179,7 +181,7 @@ func TestWarmPools(t *testing.T) {
 		}
 		p.warmEnv(name, "the pool to drain", func(e *corral.Environment) bool { return e.WarmReady == 0 })
 		eventually(t, time.Minute, "nothing of the pool left", func() bool { return len(p.sandboxDirs()) == 0 })
-		if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), filepath.Join(p.DataDir, "sandboxes")) {
+		if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), filepath.Join(p.DataDir, "sandboxes", "sb-")) {
 			t.Errorf("sandbox mounts left after the drain")
 		}
 		if err := p.Client.DeleteEnvironment(ctx, name); err != nil {

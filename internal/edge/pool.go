@@ -565,6 +565,8 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 		return nil, false, nil
 	}
 	if err := e.store.AdmitSandbox(ctx, rec, key); err != nil {
+		// Refused (quota, a replayed idempotency key): no sandbox was made, so no claim either.
+		p.claims.Add(-1)
 		put()
 		if _, quota := errors.AsType[*iam.QuotaError](err); quota {
 			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventQuotaRefused, Project: rec.Project, Tier: rec.Tier, Reason: err.Error()})
