@@ -80,7 +80,7 @@ func TestWarmPools(t *testing.T) {
 			t.Errorf("environment = %+v", env)
 		}
 		// Pooled sandboxes are nobody's: not listed, no quota used.
-		if list, err := p.Client.ListSandboxes(ctx, corral.ListOptions{}); err != nil || len(list) != 0 {
+		if list, err := p.Client.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning}); err != nil || len(list) != 0 {
 			t.Errorf("sandboxes listed with only a pool: %d, %v", len(list), err)
 		}
 		if _, err := p.Client.CreateProject(ctx, "team-"+rt); err != nil {
@@ -168,10 +168,10 @@ func TestWarmPools(t *testing.T) {
 		if env.WarmHits != 1 || env.WarmClaims != 4 {
 			t.Errorf("after three mismatching creates: hits %d of %d claims, want 1 of 4", env.WarmHits, env.WarmClaims)
 		}
-		if list, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{}); len(list) != 4 {
+		if list, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning}); len(list) != 4 {
 			t.Errorf("sandboxes listed: %d, want 4 (the pool's are not)", len(list))
 		}
-		for _, s := range func() []corral.Sandbox { l, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{}); return l }() {
+		for _, s := range func() []corral.Sandbox { l, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning}); return l }() {
 			p.Client.DeleteSandbox(ctx, s.ID)
 		}
 
