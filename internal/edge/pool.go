@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,9 @@ const (
 	// warmSync is how often the pools follow the store (another edge of a cluster may change
 	// an environment).
 	warmSync = 5 * time.Second
+	// warmCheck is how often a pool checks that its sandboxes still run (one that died, an
+	// agent OOM-killed, is replaced instead of handed to a create).
+	warmCheck = 30 * time.Second
 	// warmIdle: a pool younger than this aims at its full size; one without a claim for this
 	// long aims at 0. Between, it aims at the most claims seen in one minute of the last
 	// warmIdle, at least 1.
@@ -280,7 +284,12 @@ func (e *Edge) runWarm(ctx context.Context, p *warmPool) {
 	backoff := time.Duration(0)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	lastCheck := time.Now()
 	for {
+		if time.Since(lastCheck) >= warmCheck {
+			lastCheck = time.Now()
+			e.checkWarm(ctx, p)
+		}
 		for ctx.Err() == nil {
 			p.mu.Lock()
 			target, have := p.targetLocked(time.Now()), len(p.ready)
@@ -323,6 +332,32 @@ func (e *Edge) runWarm(ctx context.Context, p *warmPool) {
 	}
 }
 
+// checkWarm deletes the pool's sandboxes that no longer run.
+func (e *Edge) checkWarm(ctx context.Context, p *warmPool) {
+	p.mu.Lock()
+	ready := slices.Clone(p.ready)
+	p.mu.Unlock()
+	for _, w := range ready {
+		st, err := e.rt.Status(ctx, w.rec.ID)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil && st.State == runc.StateRunning {
+			continue
+		}
+		p.mu.Lock()
+		i := slices.Index(p.ready, w)
+		if i >= 0 {
+			p.ready = slices.Delete(p.ready, i, i+1)
+		}
+		p.mu.Unlock()
+		if i >= 0 {
+			e.log.Warn("a warm pool's sandbox stopped running; replacing it", "environment", p.key.env, "sandbox", w.rec.ID, "state", st.State, "err", err)
+			e.deleteWarm(w)
+		}
+	}
+}
+
 // sleepCtx waits d or until ctx ends (false then).
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
@@ -344,6 +379,10 @@ func (e *Edge) warmNoRoom() bool {
 	if e.draining.Load() {
 		return true
 	}
+	// The host itself: a pool never takes the last 5% of its memory.
+	if total, avail := hostMemory(); total > 0 && avail < total/20 {
+		return true
+	}
 	c := e.cfg.Capacity
 	if c == nil {
 		return false
@@ -358,6 +397,28 @@ func (e *Edge) warmNoRoom() bool {
 	return near(float64(used.Sandboxes), 1, float64(c.Sandboxes)) || near(used.CPUs, def.CPUs, c.CPUs) ||
 		near(float64(used.MemoryBytes), float64(def.MemoryBytes), float64(c.MemoryBytes)) ||
 		near(float64(used.DiskBytes), float64(def.DiskBytes), float64(c.DiskBytes))
+}
+
+// hostMemory returns MemTotal and MemAvailable of /proc/meminfo in bytes (0s when unread).
+func hostMemory() (total, avail int64) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "MemTotal":
+			total = n << 10
+		case "MemAvailable":
+			avail = n << 10
+		}
+	}
+	return total, avail
 }
 
 // withPooled adds the pooled sandboxes to a node's usage.
