@@ -171,7 +171,10 @@ func TestWarmPools(t *testing.T) {
 		if list, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning}); len(list) != 4 {
 			t.Errorf("sandboxes listed: %d, want 4 (the pool's are not)", len(list))
 		}
-		for _, s := range func() []corral.Sandbox { l, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning}); return l }() {
+		for _, s := range func() []corral.Sandbox {
+			l, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning})
+			return l
+		}() {
 			p.Client.DeleteSandbox(ctx, s.ID)
 		}
 
