@@ -218,3 +218,46 @@ func TestWarmPools(t *testing.T) {
 	p.Stop()
 	assertNoLeftovers(t, p)
 }
+
+// TestWarmPoolTagMove: when a tag the environment names moves, the pooled sandboxes made with
+// the old version are never claimed: the create gets the new version, as a fresh create would,
+// and the pool refills with it.
+func TestWarmPoolTagMove(t *testing.T) {
+	p := withBase(t)
+	ctx := context.Background()
+	mk := func(content string) string {
+		dir := t.TempDir()
+		os.MkdirAll(filepath.Join(dir, "opt/tk"), 0o755)
+		os.WriteFile(filepath.Join(dir, "opt/tk/version"), []byte(content), 0o644)
+		return dir
+	}
+	p.importDir("tk", "1", corral.KindToolkit, mk("one\n"))
+	p.importDir("tk", "2", corral.KindToolkit, mk("two\n"))
+	if _, err := p.Client.TagLayer(ctx, "tk", "latest", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Client.SaveEnvironment(ctx, corral.Environment{Name: "tagged", Base: "base:test", Toolkits: []string{"tk:latest"}, Warm: 2}); err != nil {
+		t.Fatal(err)
+	}
+	p.warmEnv("tagged", "the pool to fill", func(e *corral.Environment) bool { return e.WarmReady == 2 })
+	a := p.create(corral.CreateRequest{Environment: "tagged"})
+	if got := strings.TrimSpace(p.sh(a.ID, "cat /opt/tk/version")); got != "one" || a.Toolkits[0] != "tk:1" {
+		t.Errorf("claim before the tag moved: %q, toolkits %v", got, a.Toolkits)
+	}
+	if _, err := p.Client.TagLayer(ctx, "tk", "latest", "2"); err != nil {
+		t.Fatal(err)
+	}
+	b := p.create(corral.CreateRequest{Environment: "tagged"})
+	if got := strings.TrimSpace(p.sh(b.ID, "cat /opt/tk/version")); got != "two" || b.Toolkits[0] != "tk:2" {
+		t.Errorf("create after the tag moved: %q, toolkits %v (a stale pooled sandbox was claimed)", got, b.Toolkits)
+	}
+	env := p.warmEnv("tagged", "the pool to refill with the new version", func(e *corral.Environment) bool { return e.WarmReady == 2 })
+	c := p.create(corral.CreateRequest{Environment: "tagged"})
+	if got := strings.TrimSpace(p.sh(c.ID, "cat /opt/tk/version")); got != "two" {
+		t.Errorf("claim from the refilled pool: %q", got)
+	}
+	after, _ := p.Client.Environment(ctx, "tagged")
+	if after == nil || after.WarmHits != env.WarmHits+1 {
+		t.Errorf("the create after the refill was not a claim: %+v -> %+v", env, after)
+	}
+}

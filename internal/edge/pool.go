@@ -85,8 +85,10 @@ type warmPool struct {
 	mu sync.Mutex
 	// env is the environment as last read from the store. Protected by mu.
 	env corral.Environment
-	// ready are the sandboxes waiting, oldest first. Protected by mu.
-	ready []*warmSandbox
+	// ready are the sandboxes waiting, oldest first; stale are those taken out of ready because
+	// the environment now resolves to other layers (a tag moved), for run to delete. Protected
+	// by mu.
+	ready, stale []*warmSandbox
 	// since is when the pool was made or its size last changed; lastClaim the last claim.
 	// Protected by mu.
 	since, lastClaim time.Time
@@ -294,7 +296,10 @@ func (e *Edge) runWarm(ctx context.Context, p *warmPool) {
 			p.mu.Lock()
 			target, have := p.targetLocked(time.Now()), len(p.ready)
 			var surplus *warmSandbox
-			if have > target {
+			switch {
+			case len(p.stale) > 0:
+				surplus, p.stale = p.stale[0], p.stale[1:]
+			case have > target:
 				surplus, p.ready = p.ready[0], p.ready[1:]
 			}
 			p.mu.Unlock()
@@ -540,8 +545,8 @@ func (e *Edge) deleteWarm(w *warmSandbox) {
 // drainWarm deletes every sandbox of a pool that has ended.
 func (e *Edge) drainWarm(p *warmPool) {
 	p.mu.Lock()
-	ready := p.ready
-	p.ready = nil
+	ready := append(p.ready, p.stale...)
+	p.ready, p.stale = nil, nil
 	p.mu.Unlock()
 	for _, w := range ready {
 		e.deleteWarm(w)
@@ -597,12 +602,17 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	p.claimedLocked(time.Now())
 	var w *warmSandbox
 	if req.Hostname == "" && len(req.Volumes) == 0 {
-		for i, c := range p.ready {
-			if c.rec.Limits == rec.Limits && c.rec.Fetch == rec.Fetch && slices.Equal(c.rec.Lower, rec.Lower) &&
-				!(c.services && len(req.Env) > 0) {
+		for i := 0; i < len(p.ready) && w == nil; i++ {
+			c := p.ready[i]
+			switch {
+			case !slices.Equal(c.rec.Lower, rec.Lower):
+				// Made before a tag of the environment moved: never claimable again.
+				p.stale = append(p.stale, c)
+				p.ready = slices.Delete(p.ready, i, i+1)
+				i--
+			case c.rec.Limits == rec.Limits && c.rec.Fetch == rec.Fetch && !(c.services && len(req.Env) > 0):
 				w = c
 				p.ready = slices.Delete(p.ready, i, i+1)
-				break
 			}
 		}
 	}
