@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,9 +49,14 @@ type WarmResult struct {
 	BurstHitRate           float64 `json:"burst_hit_rate"`
 
 	// PoolFill is how long the pool took to fill to Burst from empty; PoolHostMiBPerSbx the
-	// drop in MemAvailable per pooled sandbox (page cache dropped before both reads).
+	// drop in MemAvailable per pooled sandbox (page cache dropped before both reads: noisy on a
+	// shared host); PoolAgentPSSMiB and PoolCgroupMiB the pooled sandboxes' agent PSS and memory
+	// cgroup usage, each (the sandboxes of the data dir that the API does not list).
 	PoolFillSeconds   float64 `json:"pool_fill_seconds"`
 	PoolHostMiBPerSbx float64 `json:"pool_host_mib_per_sandbox"`
+	PoolAgentPSSMiB   float64 `json:"pool_agent_pss_mib_per_sandbox"`
+	PoolCgroupMiB     float64 `json:"pool_cgroup_mib_per_sandbox"`
+	PoolMeasured      int     `json:"pool_sandboxes_measured"`
 }
 
 // Warm runs the warm pool benchmark: it saves cfg.Env on cfg.Base with a pool of cfg.Burst,
@@ -82,6 +89,9 @@ func Warm(ctx context.Context, c *corral.Client, cfg WarmConfig, log *slog.Logge
 	res.PoolFillSeconds = time.Since(fillStart).Seconds()
 	dropCaches()
 	res.PoolHostMiBPerSbx = float64(availBefore-memAvailable()) / float64(cfg.Burst) / (1 << 20)
+	if err := poolMemory(ctx, c, info, res); err != nil {
+		return nil, err
+	}
 
 	// Warm up both paths once.
 	if _, err := warmTTIOnce(ctx, c, cfg.Env); err != nil {
@@ -176,6 +186,39 @@ func Warm(ctx context.Context, c *corral.Client, cfg WarmConfig, log *slog.Logge
 	}
 	res.BurstRatio = res.BurstPerSec / res.BurstBaselinePerSec
 	return res, nil
+}
+
+// poolMemory measures the pooled sandboxes: those with state under the data dir that the API
+// does not list.
+func poolMemory(ctx context.Context, c *corral.Client, info *corral.Info, res *WarmResult) error {
+	listed := map[string]bool{}
+	list, err := c.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning})
+	if err != nil {
+		return err
+	}
+	for _, sb := range list {
+		listed[sb.ID] = true
+	}
+	ents, _ := os.ReadDir(filepath.Join(info.DataDir, "sandboxes"))
+	var pss, cg float64
+	n := 0
+	for _, e := range ents {
+		id := e.Name()
+		if !strings.HasPrefix(id, "sb-") || listed[id] {
+			continue
+		}
+		n++
+		pss += float64(pssOf(readInt(filepath.Join(info.DataDir, "sandboxes", id, "init.pid"))))
+		if p := cgroupMemFile(id); p != "" {
+			cg += float64(readInt(p))
+		}
+	}
+	if n > 0 {
+		res.PoolMeasured = n
+		res.PoolAgentPSSMiB = pss / float64(n) / (1 << 20)
+		res.PoolCgroupMiB = cg / float64(n) / (1 << 20)
+	}
+	return nil
 }
 
 // warmTTIOnce times a create naming env to its first exec's result.

@@ -109,7 +109,7 @@ func (a *app) newBenchCmd() *cobra.Command {
 				fmt.Sprintf("%.1f / %.1f (runc run true)", res.TTIBaseline.P50, res.TTIBaseline.P99), fmt.Sprintf("%.2fx (%.2fx)", res.TTIRatioP50, res.TTIRatioP99))
 			t.row(fmt.Sprintf("burst of %d creates/s at concurrency %d", res.Burst, res.Concurrency), fmt.Sprintf("%.1f (hit rate %.2f)", res.BurstPerSec, res.BurstHitRate),
 				fmt.Sprintf("%.1f (runc run --detach)", res.BurstBaselinePerSec), fmt.Sprintf("%.2fx", res.BurstRatio))
-			t.row(fmt.Sprintf("pool of %d: fill, host MiB each", res.Burst), fmt.Sprintf("%.1fs, %.2f MiB", res.PoolFillSeconds, res.PoolHostMiBPerSbx), "-", "-")
+			t.row(fmt.Sprintf("pool of %d: fill, MiB each", res.Burst), fmt.Sprintf("%.1fs; agent PSS %.2f, cgroup %.2f, host %.2f", res.PoolFillSeconds, res.PoolAgentPSSMiB, res.PoolCgroupMiB, res.PoolHostMiBPerSbx), "-", "-")
 			return t.flush()
 		},
 	}
