@@ -90,9 +90,13 @@ func (a *app) newEnvCmd() *cobra.Command {
 				return a.printJSON(list)
 			}
 			t := newTable(a.stdout)
-			t.row("NAME", "BASE", "WORKSPACE", "TOOLKITS", "CREATED")
+			t.row("NAME", "BASE", "WORKSPACE", "TOOLKITS", "WARM", "CREATED")
 			for _, e := range list {
-				t.row(e.Name, e.Base, orDash(e.Workspace), orDash(strings.Join(e.Toolkits, ",")), formatTime(e.CreatedAt, a.now()))
+				warm := "-"
+				if e.Warm > 0 {
+					warm = fmt.Sprint(e.Warm)
+				}
+				t.row(e.Name, e.Base, orDash(e.Workspace), orDash(strings.Join(e.Toolkits, ",")), warm, formatTime(e.CreatedAt, a.now()))
 			}
 			return t.flush()
 		},

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +23,20 @@ func (p *corralProc) warmEnv(name, what string, cond func(e *corral.Environment)
 		return err == nil && cond(env)
 	})
 	return env
+}
+
+// metrics returns GET /v1/metrics.
+func (p *corralProc) metrics() string {
+	p.t.Helper()
+	req, _ := http.NewRequest("GET", p.URL+"/v1/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+p.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 // sandboxDirs lists the per-sandbox state corral keeps under its data dir and cgroup parent.
@@ -136,6 +152,9 @@ func TestWarmPools(t *testing.T) {
 			return seen[corral.EventCreated] == 1 && seen[corral.EventStarted] == 1
 		})
 
+		if m := p.metrics(); !strings.Contains(m, `corral_warm_claims_total{environment="`+name+`",runtime="`+rt+`",networked="true",hit="true"} 1`) {
+			t.Errorf("metrics lack the pool's hit:\n%s", m)
+		}
 		// Quota: the pool charged none of it; the claim charged one, so a second create in the
 		// project is refused and leaves the pool as it was.
 		q, err := p.Client.Quota(ctx, "team-"+rt)

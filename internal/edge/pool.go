@@ -708,6 +708,40 @@ func (e *Edge) WarmStats(env *corral.Environment) {
 	}
 }
 
+// writeWarmMetrics writes the pools' gauges and counters in the Prometheus text format.
+func (e *Edge) writeWarmMetrics(b *strings.Builder) {
+	type row struct {
+		k             warmKey
+		ready, target int
+		hits, claims  int64
+	}
+	var rows []row
+	e.warm.mu.Lock()
+	now := time.Now()
+	for k, p := range e.warm.pools {
+		p.mu.Lock()
+		rows = append(rows, row{k: k, ready: len(p.ready), target: p.targetLocked(now), hits: p.hits.Load(), claims: p.claims.Load()})
+		p.mu.Unlock()
+	}
+	e.warm.mu.Unlock()
+	slices.SortFunc(rows, func(a, c row) int {
+		return strings.Compare(a.k.env+"/"+a.k.runtime, c.k.env+"/"+c.k.runtime)
+	})
+	fmt.Fprintf(b, "# HELP corral_warm_ready Started sandboxes ready in a warm pool of this node.\n# TYPE corral_warm_ready gauge\n")
+	for _, r := range rows {
+		fmt.Fprintf(b, "corral_warm_ready{environment=%q,runtime=%q,networked=\"%t\"} %d\n", r.k.env, r.k.runtime, r.k.networked, r.ready)
+	}
+	fmt.Fprintf(b, "# HELP corral_warm_target The size a warm pool of this node aims at now.\n# TYPE corral_warm_target gauge\n")
+	for _, r := range rows {
+		fmt.Fprintf(b, "corral_warm_target{environment=%q,runtime=%q,networked=\"%t\"} %d\n", r.k.env, r.k.runtime, r.k.networked, r.target)
+	}
+	fmt.Fprintf(b, "# HELP corral_warm_claims_total Creates naming an environment with a warm pool here, and those served from it (hit).\n# TYPE corral_warm_claims_total counter\n")
+	for _, r := range rows {
+		fmt.Fprintf(b, "corral_warm_claims_total{environment=%q,runtime=%q,networked=\"%t\",hit=\"true\"} %d\n", r.k.env, r.k.runtime, r.k.networked, r.hits)
+		fmt.Fprintf(b, "corral_warm_claims_total{environment=%q,runtime=%q,networked=\"%t\",hit=\"false\"} %d\n", r.k.env, r.k.runtime, r.k.networked, r.claims-r.hits)
+	}
+}
+
 // checkEnvironmentDefaults validates an environment's runtime, network and pool size.
 func (e *Edge) checkEnvironmentDefaults(env *corral.Environment) error {
 	switch env.Runtime {
