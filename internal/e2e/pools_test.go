@@ -211,6 +211,31 @@ func TestWarmPools(t *testing.T) {
 		}
 	})
 
+	// Bad input: a clear 4xx, nothing saved.
+	for _, bad := range []corral.Environment{{Name: "bad", Base: "base:test", Warm: -1}, {Name: "bad", Base: "base:test", Warm: 257},
+		{Name: "bad", Base: "base:test", Runtime: "kata"}, {Name: "bad", Base: "base:test", Network: &corral.NetworkPolicy{Mode: "wide"}}} {
+		if _, err := p.Client.SaveEnvironment(ctx, bad); !corral.IsInvalid(err) {
+			t.Errorf("SaveEnvironment(%+v): %v, want invalid", bad, err)
+		}
+	}
+	if _, err := p.Client.Environment(ctx, "bad"); !corral.IsNotFound(err) {
+		t.Errorf("a refused environment was saved: %v", err)
+	}
+	if _, err := p.Client.SaveEnvironment(ctx, corral.Environment{Name: "cold", Base: "base:test"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []int{-1, 1000} {
+		if _, err := p.Client.UpdateEnvironment(ctx, "cold", corral.EnvironmentPatch{Warm: &w}); !corral.IsInvalid(err) {
+			t.Errorf("PATCH warm %d: %v, want invalid", w, err)
+		}
+	}
+	if e, err := p.Client.Environment(ctx, "cold"); err != nil || e.Warm != 0 {
+		t.Errorf("after refused PATCHes: %+v, %v", e, err)
+	}
+	if _, err := p.Client.UpdateEnvironment(ctx, "nope", corral.EnvironmentPatch{Warm: new(int)}); !corral.IsNotFound(err) {
+		t.Errorf("PATCH of a missing environment: %v, want not found", err)
+	}
+
 	// Restart: the pool of the earlier run is deleted, not adopted, and filled again.
 	if _, stderr, code := p.cli("", "env", "create", "warm-restart", "--base", "base:test", "--net", "allowlist", "--warm", "2"); code != 0 {
 		t.Fatalf("corral env create: %s", stderr)
