@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +21,10 @@ type WarmConfig struct {
 	TTIRounds   int    // warm create→first exec samples (and as many runc run samples)
 	Burst       int    // the pool's size and the creates of the burst
 	Concurrency int    // concurrent creators in the burst
+	// Sustained creates (0: skipped) at Concurrency with the pool refilling, each deleted right
+	// after it was made (so that the host holds no more than Concurrency of them), against
+	// `runc run --detach` + `runc delete -f` of as many at the same concurrency.
+	Sustained int
 }
 
 // WarmResult is what one warm pool run measured.
@@ -47,6 +52,13 @@ type WarmResult struct {
 	BurstRatio             float64 `json:"burst_ratio"`
 	BurstHits, BurstClaims int64   `json:"-"`
 	BurstHitRate           float64 `json:"burst_hit_rate"`
+
+	Sustained               int     `json:"sustained_creates,omitempty"`
+	SustainedPerSec         float64 `json:"sustained_create_delete_per_s,omitempty"`
+	SustainedCreate         Stats   `json:"sustained_create_latency"`
+	SustainedHitRate        float64 `json:"sustained_hit_rate"`
+	SustainedBaselinePerSec float64 `json:"sustained_baseline_runc_run_detach_delete_per_s,omitempty"`
+	SustainedRatio          float64 `json:"sustained_ratio,omitempty"`
 
 	// PoolFill is how long the pool took to fill to Burst from empty; PoolHostMiBPerSbx the
 	// drop in MemAvailable per pooled sandbox (page cache dropped before both reads: noisy on a
@@ -174,7 +186,33 @@ func Warm(ctx context.Context, c *corral.Client, cfg WarmConfig, log *slog.Logge
 			res.BurstHitRate = float64(res.BurstHits) / float64(res.BurstClaims)
 		}
 	}
-	// The baseline runs with the pool drained, so that its refills do not compete with it.
+	if cfg.Sustained > 0 {
+		log.Info("measuring sustained creates with the pool refilling", "creates", cfg.Sustained, "concurrency", cfg.Concurrency)
+		if err := waitReady(ctx, c, cfg.Env, cfg.Burst, 10*time.Minute); err != nil {
+			return nil, err
+		}
+		before, err := c.Environment(ctx, cfg.Env)
+		if err != nil {
+			return nil, err
+		}
+		n, lat, elapsed, err := churn(ctx, cfg.Sustained, cfg.Concurrency, func() (time.Duration, func(), error) {
+			t0 := time.Now()
+			sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Environment: cfg.Env})
+			if err != nil {
+				return 0, nil, err
+			}
+			return time.Since(t0), func() { c.DeleteSandbox(ctx, sb.ID) }, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		after, _ := c.Environment(ctx, cfg.Env)
+		res.Sustained, res.SustainedPerSec, res.SustainedCreate = n, float64(n)/elapsed.Seconds(), summarise(lat)
+		if after != nil && after.WarmClaims > before.WarmClaims {
+			res.SustainedHitRate = float64(after.WarmHits-before.WarmHits) / float64(after.WarmClaims-before.WarmClaims)
+		}
+	}
+	// The baselines run with the pool drained, so that its refills do not compete with them.
 	if _, err := c.UpdateEnvironment(ctx, cfg.Env, corral.EnvironmentPatch{Warm: new(int)}); err != nil {
 		return nil, err
 	}
@@ -185,7 +223,71 @@ func Warm(ctx context.Context, c *corral.Client, cfg WarmConfig, log *slog.Logge
 		return nil, err
 	}
 	res.BurstRatio = res.BurstPerSec / res.BurstBaselinePerSec
+	if cfg.Sustained > 0 {
+		if err := b.setArgs("/bin/sleep", "3600"); err != nil {
+			return nil, err
+		}
+		defer b.setArgs("/bin/true")
+		var seq sync.Mutex
+		i := 0
+		n, _, elapsed, err := churn(ctx, cfg.Sustained, cfg.Concurrency, func() (time.Duration, func(), error) {
+			seq.Lock()
+			id := fmt.Sprintf("bench-sus-%d-%d", os.Getpid(), i)
+			i++
+			seq.Unlock()
+			t0 := time.Now()
+			if err := exec.CommandContext(ctx, b.runc, "--root", b.root, "run", "--detach", "--bundle", b.dir, id).Run(); err != nil {
+				return 0, nil, fmt.Errorf("runc run --detach %s: %w", id, err)
+			}
+			return time.Since(t0), func() { exec.Command(b.runc, "--root", b.root, "delete", "-f", id).Run() }, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		res.SustainedBaselinePerSec = float64(n) / elapsed.Seconds()
+		res.SustainedRatio = res.SustainedPerSec / res.SustainedBaselinePerSec
+	}
 	return res, nil
+}
+
+// churn runs n create-then-delete steps at the given concurrency and returns how many
+// succeeded, the creates' latencies and the wall time.
+func churn(ctx context.Context, n, concurrency int, step func() (time.Duration, func(), error)) (int, []time.Duration, time.Duration, error) {
+	work := make(chan struct{}, n)
+	for range n {
+		work <- struct{}{}
+	}
+	close(work)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	start := time.Now()
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range work {
+				if ctx.Err() != nil {
+					return
+				}
+				d, del, err := step()
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if err == nil {
+					lat = append(lat, d)
+				}
+				mu.Unlock()
+				if del != nil {
+					del()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return len(lat), lat, time.Since(start), firstErr
 }
 
 // poolMemory measures the pooled sandboxes: those with state under the data dir that the API

@@ -109,6 +109,10 @@ func (a *app) newBenchCmd() *cobra.Command {
 				fmt.Sprintf("%.1f / %.1f (runc run true)", res.TTIBaseline.P50, res.TTIBaseline.P99), fmt.Sprintf("%.2fx (%.2fx)", res.TTIRatioP50, res.TTIRatioP99))
 			t.row(fmt.Sprintf("burst of %d creates/s at concurrency %d", res.Burst, res.Concurrency), fmt.Sprintf("%.1f (hit rate %.2f)", res.BurstPerSec, res.BurstHitRate),
 				fmt.Sprintf("%.1f (runc run --detach)", res.BurstBaselinePerSec), fmt.Sprintf("%.2fx", res.BurstRatio))
+			if res.Sustained > 0 {
+				t.row(fmt.Sprintf("sustained %d create+delete/s at concurrency %d", res.Sustained, res.Concurrency), fmt.Sprintf("%.1f (hit rate %.2f)", res.SustainedPerSec, res.SustainedHitRate),
+					fmt.Sprintf("%.1f (runc run --detach + delete)", res.SustainedBaselinePerSec), fmt.Sprintf("%.2fx", res.SustainedRatio))
+			}
 			t.row(fmt.Sprintf("pool of %d: fill, MiB each", res.Burst), fmt.Sprintf("%.1fs; agent PSS %.2f, cgroup %.2f, host %.2f", res.PoolFillSeconds, res.PoolAgentPSSMiB, res.PoolCgroupMiB, res.PoolHostMiBPerSbx), "-", "-")
 			return t.flush()
 		},
@@ -119,6 +123,7 @@ func (a *app) newBenchCmd() *cobra.Command {
 	wf.IntVar(&wc.TTIRounds, "tti", 50, "warm create→first exec samples (and as many runc run samples)")
 	wf.IntVar(&wc.Burst, "burst", 64, "the pool's size and the creates of the burst")
 	wf.IntVar(&wc.Concurrency, "concurrency", 8, "concurrent creators in the burst")
+	wf.IntVar(&wc.Sustained, "sustained", 0, "then N create-then-delete steps at --concurrency with the pool refilling, against runc run --detach + delete (0 skips it)")
 	cmd.AddCommand(warm)
 
 	var hc bench.HostFactsConfig
