@@ -65,9 +65,12 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, vm, microvm, lifecycle, compose, rebuild, import, fncall, e2b, exclusive, volumes, observe, network, iam, placement, cluster or lazy runs one of them.
+# BENCH_ONLY=container, warm, vm, microvm, lifecycle, compose, rebuild, import, fncall, e2b, exclusive, volumes, observe, network, iam, placement, cluster or lazy runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
+fi
+if [ "${BENCH_ONLY:-warm}" = warm ]; then
+  corral bench warm --base base:bench ${BENCH_WARM_ARGS:-} -o json | tee bench-out/warm.json
 fi
 if [ "${BENCH_ONLY:-vm}" = vm ]; then
   # The project's Debian image: built once per machine (cached in /var/cache/corral/vm-image).

@@ -141,10 +141,29 @@ func (s *Server) Handler() http.Handler {
 			s.fail(w, r, err)
 			return
 		}
+		s.edge.WarmStats(&env)
+		httpjson.Write(w, http.StatusOK, env)
+	}))
+	api.HandleFunc("PATCH /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
+		var patch corral.EnvironmentPatch
+		if err := httpjson.Decode(r, &patch); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if patch.Warm == nil {
+			s.fail(w, r, errdefs.Invalid("warm", "nothing to change: the body names no field (warm)"))
+			return
+		}
+		env, err := s.edge.SetEnvironmentWarm(r.Context(), r.PathValue("name"), *patch.Warm)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		s.edge.WarmStats(&env)
 		httpjson.Write(w, http.StatusOK, env)
 	}))
 	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
-		if err := s.store.DeleteEnvironment(r.Context(), r.PathValue("name")); err != nil {
+		if err := s.edge.DeleteEnvironment(r.Context(), r.PathValue("name")); err != nil {
 			s.fail(w, r, err)
 			return
 		}

@@ -86,6 +86,46 @@ func (a *app) newBenchCmd() *cobra.Command {
 	f.BoolVar(&jsonOut, "json", false, "print the result as JSON (same as -o json)")
 	cmd.AddCommand(container)
 
+	var wc bench.WarmConfig
+	warm := &cobra.Command{
+		Use:   "warm",
+		Short: "Warm pools: create→first exec from a warm environment vs runc run, and a burst from a full pool vs runc run --detach",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := bench.Warm(cmd.Context(), c, wc, slog.New(slog.NewTextHandler(a.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(res)
+			}
+			t := newTable(a.stdout)
+			t.row("MEASURE", "CORRAL p50/p99", "BASELINE p50/p99", "RATIO p50 (p99)")
+			t.row("warm create→first exec (ms)", fmt.Sprintf("%.1f / %.1f", res.TTI.P50, res.TTI.P99),
+				fmt.Sprintf("%.1f / %.1f (runc run true)", res.TTIBaseline.P50, res.TTIBaseline.P99), fmt.Sprintf("%.2fx (%.2fx)", res.TTIRatioP50, res.TTIRatioP99))
+			t.row(fmt.Sprintf("burst of %d creates/s at concurrency %d", res.Burst, res.Concurrency), fmt.Sprintf("%.1f (hit rate %.2f)", res.BurstPerSec, res.BurstHitRate),
+				fmt.Sprintf("%.1f (runc run --detach)", res.BurstBaselinePerSec), fmt.Sprintf("%.2fx", res.BurstRatio))
+			if res.Sustained > 0 {
+				t.row(fmt.Sprintf("sustained %d create+delete/s at concurrency %d", res.Sustained, res.Concurrency), fmt.Sprintf("%.1f (hit rate %.2f)", res.SustainedPerSec, res.SustainedHitRate),
+					fmt.Sprintf("%.1f (runc run --detach + delete)", res.SustainedBaselinePerSec), fmt.Sprintf("%.2fx", res.SustainedRatio))
+			}
+			t.row(fmt.Sprintf("pool of %d: fill, MiB each", res.Burst), fmt.Sprintf("%.1fs; agent PSS %.2f, cgroup %.2f, host %.2f", res.PoolFillSeconds, res.PoolAgentPSSMiB, res.PoolCgroupMiB, res.PoolHostMiBPerSbx), "-", "-")
+			return t.flush()
+		},
+	}
+	wf := warm.Flags()
+	wf.StringVar(&wc.Base, "base", "base:default", "base layer NAME:VERSION of the environment")
+	wf.StringVar(&wc.Env, "env", "bench-warm", "the environment the run saves and deletes")
+	wf.IntVar(&wc.TTIRounds, "tti", 50, "warm create→first exec samples (and as many runc run samples)")
+	wf.IntVar(&wc.Burst, "burst", 64, "the pool's size and the creates of the burst")
+	wf.IntVar(&wc.Concurrency, "concurrency", 8, "concurrent creators in the burst")
+	wf.IntVar(&wc.Sustained, "sustained", 0, "then N create-then-delete steps at --concurrency with the pool refilling, against runc run --detach + delete (0 skips it)")
+	cmd.AddCommand(warm)
+
 	var hc bench.HostFactsConfig
 	var withoutURL, withoutToken string
 	hostFacts := a.jsonBench("lxcfs", "Create→first exec and /proc reads with LXCFS (this server) against a corral up --no-lxcfs (--without-url), sampled alternately; LXCFS's memory with idle sandboxes",

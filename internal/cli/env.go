@@ -13,7 +13,7 @@ func (a *app) newEnvCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "env",
 		Short: "Saved environments: a base, a workspace and toolkits, composed by name",
-		Args:  exactArgs(0, "a subcommand: create, ls, get or rm"),
+		Args:  exactArgs(0, "a subcommand: create, ls, get, set or rm"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return cmd.Help()
 		},
@@ -21,11 +21,15 @@ func (a *app) newEnvCmd() *cobra.Command {
 	var base, workspace string
 	var toolkits []string
 	var template bool
+	var warm int
+	var runtime string
+	var nf netFlags
 	create := &cobra.Command{
-		Use:   "create NAME --base N:V [--workspace N:V] [--toolkit N:V]... [--microvm-template]",
+		Use:   "create NAME --base N:V [--workspace N:V] [--toolkit N:V]... [--microvm-template] [--warm N] [--runtime R] [--net MODE]",
 		Short: "Save a composition of layers under NAME (then: corral create --env NAME)",
 		Example: `  corral env create swe-task-17 --base debian:12 --workspace repo-17:v3 --toolkit python:latest
-  corral create --env swe-task-17`,
+  corral create --env swe-task-17
+  corral env create rollout --base debian:12 --warm 16 --net allowlist   # 16 started sandboxes ready per node`,
 		Args: exactArgs(1, "an environment NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if base == "" {
@@ -38,11 +42,19 @@ func (a *app) newEnvCmd() *cobra.Command {
 					}
 				}
 			}
+			if warm < 0 {
+				return usagef("--warm: %d is negative", warm)
+			}
+			policy, err := nf.policy()
+			if err != nil {
+				return err
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			env, err := c.SaveEnvironment(cmd.Context(), corral.Environment{Name: args[0], Base: base, Workspace: workspace, Toolkits: toolkits, MicroVMTemplate: template})
+			env, err := c.SaveEnvironment(cmd.Context(), corral.Environment{Name: args[0], Base: base, Workspace: workspace, Toolkits: toolkits, MicroVMTemplate: template,
+				Warm: warm, Runtime: runtime, Network: policy})
 			if err != nil {
 				return err
 			}
@@ -57,6 +69,9 @@ func (a *app) newEnvCmd() *cobra.Command {
 	f.StringVar(&base, "base", "", "base layer NAME:VERSION (or NAME:TAG)")
 	f.StringVar(&workspace, "workspace", "", "workspace layer NAME:VERSION")
 	f.StringArrayVar(&toolkits, "toolkit", nil, "toolkit layer NAME:VERSION, stacked in the order given (repeatable)")
+	f.IntVar(&warm, "warm", 0, "keep N started container sandboxes of the environment ready on each node: a create that matches claims one (corral env set NAME --warm N changes it)")
+	f.StringVar(&runtime, "runtime", "", "the runtime of its sandboxes when a create names none, and of its warm pool: runc (default) or gvisor")
+	nf.add(f)
 	f.BoolVar(&template, "microvm-template", false, "start the environment's microvm sandboxes from a snapshot of a template VM of their shape (built by the first one on each node) instead of booting each")
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -75,9 +90,13 @@ func (a *app) newEnvCmd() *cobra.Command {
 				return a.printJSON(list)
 			}
 			t := newTable(a.stdout)
-			t.row("NAME", "BASE", "WORKSPACE", "TOOLKITS", "CREATED")
+			t.row("NAME", "BASE", "WORKSPACE", "TOOLKITS", "WARM", "CREATED")
 			for _, e := range list {
-				t.row(e.Name, e.Base, orDash(e.Workspace), orDash(strings.Join(e.Toolkits, ",")), formatTime(e.CreatedAt, a.now()))
+				warm := "-"
+				if e.Warm > 0 {
+					warm = fmt.Sprint(e.Warm)
+				}
+				t.row(e.Name, e.Base, orDash(e.Workspace), orDash(strings.Join(e.Toolkits, ",")), warm, formatTime(e.CreatedAt, a.now()))
 			}
 			return t.flush()
 		},
@@ -100,9 +119,41 @@ func (a *app) newEnvCmd() *cobra.Command {
 			}
 			_, err = fmt.Fprintf(a.stdout, "Name:       %s\nBase:       %s\nWorkspace:  %s\nToolkits:   %s\nCreated:    %s\n",
 				e.Name, e.Base, orDash(e.Workspace), orDash(strings.Join(e.Toolkits, ", ")), formatTime(e.CreatedAt, a.now()))
+			if err == nil && e.Warm > 0 {
+				_, err = fmt.Fprintf(a.stdout, "Warm:       %d ready of %d (aiming at %d), %d hits of %d claims\n", e.WarmReady, e.Warm, e.WarmTarget, e.WarmHits, e.WarmClaims)
+			}
 			return err
 		},
 	}
+	var setWarm int
+	set := &cobra.Command{
+		Use:     "set NAME --warm N",
+		Short:   "Change a saved environment's warm pool size (0 drains it)",
+		Example: `  corral env set rollout --warm 64`,
+		Args:    exactArgs(1, "an environment NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("warm") {
+				return usagef("--warm is required")
+			}
+			if setWarm < 0 {
+				return usagef("--warm: %d is negative", setWarm)
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			e, err := c.UpdateEnvironment(cmd.Context(), args[0], corral.EnvironmentPatch{Warm: &setWarm})
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(e)
+			}
+			_, err = fmt.Fprintln(a.stdout, e.Name)
+			return err
+		},
+	}
+	set.Flags().IntVar(&setWarm, "warm", 0, "keep N started sandboxes ready on each node (0: none)")
 	rm := &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Delete a saved environment (sandboxes made from it are not affected)",
@@ -115,6 +166,6 @@ func (a *app) newEnvCmd() *cobra.Command {
 			return c.DeleteEnvironment(cmd.Context(), args[0])
 		},
 	}
-	cmd.AddCommand(create, ls, get, rm, a.newEnvInstallCmd())
+	cmd.AddCommand(create, ls, get, set, rm, a.newEnvInstallCmd())
 	return cmd
 }

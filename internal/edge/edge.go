@@ -291,6 +291,10 @@ type Edge struct {
 	// The sampler's own cost and output, for the Prometheus output.
 	sampleNanos, samplePasses, sampledSandboxes atomic.Uint64
 
+	// warm holds the warm pools of container sandboxes (pool.go); warmLoop closes warmDone.
+	warm     *warmState
+	warmDone chan struct{}
+
 	stop        chan struct{}
 	done        chan struct{}
 	samplerDone chan struct{}
@@ -331,6 +335,10 @@ type sandbox struct {
 	// unheld are layers of a sandbox re-adopted after a restart that were not mounted under the
 	// layer store (so it holds no reference on them). Set before the sandbox is published.
 	unheld map[string]bool
+	// env is added to every command's environment: a sandbox claimed from a warm pool, whose
+	// agent started before the create's variables were known (nil otherwise). Set before the
+	// sandbox is published.
+	env []string
 	// fncall names the fncall environment whose pool the sandbox belongs to ("" for ordinary
 	// sandboxes). Its agent runs isolated calls only, and the data plane refuses it.
 	fncall string
@@ -391,7 +399,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
 		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
 		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}),
-		bus: cfg.Events, rings: map[string]*ring{},
+		bus: cfg.Events, rings: map[string]*ring{}, warm: newWarmState(), warmDone: make(chan struct{}),
 	}
 	if e.bus == nil {
 		e.bus = events.New(cfg.Node, events.Config{}, log)
@@ -462,6 +470,7 @@ func (e *Edge) Start(ctx context.Context) error {
 	}
 	go e.reaper()
 	go e.sampler()
+	go e.warmLoop()
 	return nil
 }
 
@@ -470,6 +479,7 @@ func (e *Edge) Close() {
 	close(e.stop)
 	<-e.done
 	<-e.samplerDone
+	<-e.warmDone
 	e.flushActivity(context.Background())
 }
 
@@ -718,6 +728,7 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	if err != nil {
 		return err
 	}
+	used = e.withPooled(used)
 	var over []string
 	if c.Sandboxes > 0 && used.Sandboxes+1 > c.Sandboxes {
 		over = append(over, fmt.Sprintf("sandboxes %d of %d", used.Sandboxes, c.Sandboxes))
@@ -787,11 +798,20 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 			return nil, err
 		}
 	}
+	if !calls {
+		req = e.withEnvDefaults(ctx, req)
+	}
 	e.layersMu.RLock()
 	adm, err := e.admit(ctx, req, calls)
 	if err != nil {
 		e.layersMu.RUnlock()
 		return nil, err
+	}
+	if !calls {
+		if rec, ok, err := e.claimWarm(ctx, req, adm, key); ok {
+			e.layersMu.RUnlock()
+			return rec, err
+		}
 	}
 	rec := adm.rec
 	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
@@ -1432,6 +1452,9 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	if env.Base == "" {
 		return corral.Environment{}, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
 	}
+	if err := e.checkEnvironmentDefaults(&env); err != nil {
+		return corral.Environment{}, err
+	}
 	if len(env.Toolkits) > 32 {
 		return corral.Environment{}, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(env.Toolkits))
 	}
@@ -1460,7 +1483,12 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	}
 	env.Project = iam.Display(at)
 	env.CreatedAt = time.Now().UTC()
-	return e.store.PutEnvironment(ctx, env)
+	env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims, env.WarmHitRate = 0, 0, 0, 0, 0
+	saved, err := e.store.PutEnvironment(ctx, env)
+	if err == nil {
+		e.warmChanged()
+	}
+	return saved, err
 }
 
 // ValidateLayerName checks a layer name and version.

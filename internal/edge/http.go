@@ -121,6 +121,9 @@ func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecR
 	if err := validateEnv("env", req.Env); err != nil {
 		return out, err
 	}
+	if len(sb.env) > 0 {
+		out.Env = append(sb.env, req.Env...) // sb.env is clipped: a fresh array
+	}
 	if req.Cwd != "" {
 		if err := checkPath("cwd", req.Cwd); err != nil {
 			return out, err

@@ -29,6 +29,7 @@ func (e *Edge) WriteMetrics(w io.Writer) error {
 	fmt.Fprintf(&b, "# HELP corral_sandboxes Live sandboxes on this node by state.\n# TYPE corral_sandboxes gauge\n")
 	fmt.Fprintf(&b, "corral_sandboxes{node=%q,state=\"running\"} %d\ncorral_sandboxes{node=%q,state=\"paused\"} %d\n",
 		node, len(live)-paused, node, paused)
+	e.writeWarmMetrics(&b)
 	fmt.Fprintf(&b, "# HELP corral_sandbox_actions_total Data-plane calls (exec, commands, files) per sandbox.\n# TYPE corral_sandbox_actions_total counter\n")
 	for _, sb := range live {
 		fmt.Fprintf(&b, "corral_sandbox_actions_total{sandbox=%q} %d\n", sb.id, sb.actions.Load())

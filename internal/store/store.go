@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -355,6 +356,9 @@ var migrations = []string{
 		tokens INTEGER NOT NULL DEFAULT 0
 	);
 	CREATE INDEX sandbox_usage_created ON sandbox_usage(created_at);`,
+	// 17: warm pools (issue 24): an environment's pool size, as a column so that the edges
+	// find the environments with pools without reading every document.
+	`ALTER TABLE environments ADD COLUMN warm INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -1155,10 +1159,16 @@ func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (cor
 			if err := json.Unmarshal([]byte(doc), &got); err != nil {
 				return err
 			}
-			if got.Base != env.Base || got.Workspace != env.Workspace || !slices.Equal(got.Toolkits, env.Toolkits) || got.MicroVMTemplate != env.MicroVMTemplate {
+			if got.Base != env.Base || got.Workspace != env.Workspace || !slices.Equal(got.Toolkits, env.Toolkits) || got.MicroVMTemplate != env.MicroVMTemplate ||
+				got.Runtime != env.Runtime || !reflect.DeepEqual(got.Network, env.Network) {
 				return errdefs.Conflict("environment %s exists with another composition; delete it first or use another name", env.Name)
 			}
-			return nil
+			if got.Warm == env.Warm {
+				return nil
+			}
+			// The pool size is no part of the composition: saving it again changes it.
+			got.Warm = env.Warm
+			return putEnvironmentWarm(ctx, tx, got)
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
 			return err
@@ -1168,13 +1178,74 @@ func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (cor
 			return err
 		}
 		got = env
-		_, err = tx.ExecContext(ctx, `INSERT INTO environments (name, created_at, doc, project_id) VALUES (?, ?, ?, ?)`, env.Name, env.CreatedAt.UnixNano(), string(b), proj.ID)
+		_, err = tx.ExecContext(ctx, `INSERT INTO environments (name, created_at, doc, project_id, warm) VALUES (?, ?, ?, ?, ?)`, env.Name, env.CreatedAt.UnixNano(), string(b), proj.ID, env.Warm)
 		return err
 	})
 	if err != nil {
 		return corral.Environment{}, fmt.Errorf("save environment %s: %w", env.Name, err)
 	}
 	return got, nil
+}
+
+// putEnvironmentWarm writes env's document and pool size.
+func putEnvironmentWarm(ctx context.Context, tx *Tx, env corral.Environment) error {
+	b, err := json.Marshal(env)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE environments SET doc = ?, warm = ? WHERE name = ?`, string(b), env.Warm, env.Name)
+	return err
+}
+
+// SetEnvironmentWarm changes the pool size of the environment saved as name and returns it
+// (ErrNotFound when there is none).
+func (s *Store) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
+	var env corral.Environment
+	err := s.tx(ctx, func(tx *Tx) error {
+		var doc, path string
+		err := tx.QueryRowContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
+			WHERE e.name = ?`, name).Scan(&doc, &path)
+		if errors.Is(err, sql.ErrNoRows) {
+			return errdefs.NotFound("environment %s", name)
+		}
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal([]byte(doc), &env); err != nil {
+			return err
+		}
+		env.Project = iam.Display(path)
+		env.Warm = warm
+		return putEnvironmentWarm(ctx, tx, env)
+	})
+	if err != nil {
+		return corral.Environment{}, fmt.Errorf("set the warm pool of environment %s: %w", name, err)
+	}
+	return env, nil
+}
+
+// WarmEnvironments returns the environments with a warm pool (Warm > 0), by name.
+func (s *Store) WarmEnvironments(ctx context.Context) ([]corral.Environment, error) {
+	rows, err := s.rdb.QueryContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
+		WHERE e.warm > 0 ORDER BY e.name`)
+	if err != nil {
+		return nil, fmt.Errorf("list warm environments: %w", err)
+	}
+	defer rows.Close()
+	out := []corral.Environment{}
+	for rows.Next() {
+		var doc, path string
+		if err := rows.Scan(&doc, &path); err != nil {
+			return nil, err
+		}
+		var env corral.Environment
+		if err := json.Unmarshal([]byte(doc), &env); err != nil {
+			return nil, err
+		}
+		env.Project = iam.Display(path)
+		out = append(out, env)
+	}
+	return out, rows.Err()
 }
 
 // GetEnvironment returns the environment saved as name, or an ErrNotFound error.

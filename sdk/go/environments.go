@@ -33,6 +33,15 @@ func (c *Client) Environment(ctx context.Context, name string) (*Environment, er
 	return &out, nil
 }
 
+// UpdateEnvironment changes a saved environment's warm pool size (PATCH /v1/environments/{name}).
+func (c *Client) UpdateEnvironment(ctx context.Context, name string, patch EnvironmentPatch) (*Environment, error) {
+	var out Environment
+	if err := c.do(ctx, request{method: http.MethodPatch, path: "/v1/environments/" + url.PathEscape(name), json: patch}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // DeleteEnvironment removes a saved environment (sandboxes made from it are not affected).
 func (c *Client) DeleteEnvironment(ctx context.Context, name string) error {
 	return c.do(ctx, request{method: http.MethodDelete, path: "/v1/environments/" + url.PathEscape(name)}, nil)

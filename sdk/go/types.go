@@ -478,6 +478,34 @@ type Environment struct {
 	// MicroVMTemplate starts the environment's microvm sandboxes from a snapshot of a template
 	// VM of their shape, built by the first of them on each node, instead of booting each.
 	MicroVMTemplate bool `json:"microvm_template,omitempty"`
+	// Runtime is the container runtime of the environment's sandboxes when a create names none
+	// ("runc" or "gvisor"; empty: runc), and the runtime of its warm pool.
+	Runtime string `json:"runtime,omitempty"`
+	// Network is the egress policy of the environment's sandboxes when a create names none. A
+	// warm pool's sandboxes are networked when its mode is not none; a claim applies the
+	// create's own policy.
+	Network *NetworkPolicy `json:"network,omitempty"`
+	// Warm keeps up to this many started container sandboxes of the environment ready on each
+	// node (at most 256; 0: none). A create naming the environment whose request matches the
+	// pool's shape claims one instead of starting a sandbox; PATCH /v1/environments/{name}
+	// changes it. The pool shrinks towards 1 (0 after 10 minutes without claims) when demand is
+	// lower.
+	Warm int `json:"warm,omitempty"`
+	// WarmReady, WarmTarget, WarmHits, WarmClaims and WarmHitRate describe this node's pools of
+	// the environment (read-only): sandboxes ready, the size the pool aims at now, creates
+	// served from the pool, creates that named the environment while it had a pool, and
+	// hits/claims.
+	WarmReady   int     `json:"warm_ready"`
+	WarmTarget  int     `json:"warm_target"`
+	WarmHits    int64   `json:"warm_hits"`
+	WarmClaims  int64   `json:"warm_claims"`
+	WarmHitRate float64 `json:"warm_hit_rate"`
+}
+
+// EnvironmentPatch is the body of PATCH /v1/environments/{name}: the fields to change (nil:
+// unchanged).
+type EnvironmentPatch struct {
+	Warm *int `json:"warm,omitempty"`
 }
 
 // GCResult is the answer of POST /v1/layers/gc.

@@ -403,12 +403,22 @@ def gc_layers() -> Call:
 
 
 def save_environment(name: str, base: str, workspace: str, toolkits: Sequence[str],
-                     microvm_template: bool) -> Call:
+                     microvm_template: bool, warm: int = 0, runtime: str = "",
+                     network: Optional[Dict[str, Any]] = None) -> Call:
     body = _drop_empty({"name": name, "base": base, "workspace": workspace,
-                        "toolkits": list(toolkits)})
+                        "toolkits": list(toolkits), "runtime": runtime})
     if microvm_template:
         body["microvm_template"] = True
+    if warm:
+        body["warm"] = warm
+    if network is not None:
+        body["network"] = network
     return Call(Request("POST", "/v1/environments", json_body=body), into(m.Environment))
+
+
+def update_environment(name: str, warm: int) -> Call:
+    return Call(Request("PATCH", "/v1/environments/" + esc(name), json_body={"warm": warm}),
+                into(m.Environment))
 
 
 def environments() -> Call:

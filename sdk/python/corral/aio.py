@@ -967,10 +967,16 @@ class AsyncCorral:
 
     async def save_environment(self, name: str, base: str, workspace: str = "",
                                toolkits: Sequence[str] = (),
-                               microvm_template: bool = False) -> Environment:
-        """Save a named composition of layers."""
+                               microvm_template: bool = False, *, warm: int = 0,
+                               runtime: str = "",
+                               network: Optional[Dict[str, Any]] = None) -> Environment:
+        """Save a named composition of layers (see :meth:`corral.Corral.save_environment`)."""
         return await self._do(_api.save_environment(name, base, workspace, toolkits,
-                                                    microvm_template))
+                                                    microvm_template, warm, runtime, network))
+
+    async def set_environment_warm(self, name: str, warm: int) -> Environment:
+        """Change a saved environment's warm pool size (0 drains it)."""
+        return await self._do(_api.update_environment(name, warm))
 
     async def environments(self) -> List[Environment]:
         """The saved environments."""

@@ -931,9 +931,20 @@ class Corral:
         return self._do(_api.report(project, since))
 
     def save_environment(self, name: str, base: str, workspace: str = "",
-                         toolkits: Sequence[str] = (), microvm_template: bool = False) -> Environment:
-        """Save a named composition of layers; ``create(environment=name)`` uses it."""
-        return self._do(_api.save_environment(name, base, workspace, toolkits, microvm_template))
+                         toolkits: Sequence[str] = (), microvm_template: bool = False, *,
+                         warm: int = 0, runtime: str = "",
+                         network: Optional[Dict[str, Any]] = None) -> Environment:
+        """Save a named composition of layers; ``create(environment=name)`` uses it.
+
+        ``runtime`` and ``network`` (a policy dict) are the defaults of its sandboxes; ``warm``
+        keeps that many started container sandboxes ready on each node, claimed by creates that
+        match their shape."""
+        return self._do(_api.save_environment(name, base, workspace, toolkits, microvm_template,
+                                              warm, runtime, network))
+
+    def set_environment_warm(self, name: str, warm: int) -> Environment:
+        """Change a saved environment's warm pool size (0 drains it)."""
+        return self._do(_api.update_environment(name, warm))
 
     def environments(self) -> List[Environment]:
         """The saved environments."""

@@ -368,8 +368,20 @@ class Environment(Model):
     workspace: str = ""
     toolkits: List[str] = field(default_factory=list)
     created_at: Optional[_dt.datetime] = None
+    _models: ClassVar[Dict[str, type]] = {"network": NetworkPolicy}
+
     project: str = ""
     microvm_template: bool = False
+    runtime: str = ""
+    network: Optional[NetworkPolicy] = None
+    warm: int = 0
+    #: This node's warm pool: sandboxes ready, the size it aims at, creates served from it,
+    #: creates that named the environment while it had a pool, and hits/claims.
+    warm_ready: int = 0
+    warm_target: int = 0
+    warm_hits: int = 0
+    warm_claims: int = 0
+    warm_hit_rate: float = 0.0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 

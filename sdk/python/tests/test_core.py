@@ -237,7 +237,7 @@ class RouteCoverageTest(unittest.TestCase):
             _api.blocked("i"), _api.create_fncall_env({}), _api.fncall_envs(), _api.fncall_env("n"),
             _api.delete_fncall_env("n"), _api.call("n", {}), _api.call_stream("n", {}),
             _api.save_environment("n", "b", "", [], False), _api.environments(),
-            _api.environment("n"), _api.delete_environment("n"), _api.delete_tag("n", "t"),
+            _api.environment("n"), _api.update_environment("n", 0), _api.delete_environment("n"), _api.delete_tag("n", "t"),
             _api.tag_layer("n", "t", "v"), _api.gc_layers(), _api.set_network_services({}),
             _api.network_services(), _api.snapshot("i", "n", "v", None), _api.pause("i"),
             _api.resume("i"), _api.power("i", "on", False), _api.screenshot("i"),

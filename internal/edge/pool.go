@@ -1,0 +1,811 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Warm pools of container sandboxes (issue 24). An environment with Warm N keeps up to N started
+// sandboxes of its shape ready on each node: its layers, its runtime, the node's default limits,
+// and a network slot (denying everything) when its default policy is networked. A create that
+// names the environment and matches that shape claims one instead of starting a sandbox: the
+// claim records it (quota, idempotency) under the ID it was started with, which no API user has
+// seen, and sets what belongs to the request: project, labels, TTLs, environment variables for
+// later commands, and the egress policy, applied to its slot at the claim. Anything else (other
+// limits, a hostname, volumes, another fetch mode, network none against a networked pool) falls
+// back to a fresh create.
+//
+// A pooled sandbox has no store record: it is not listed, not in the report, and charges no
+// quota until claimed; it counts against the node's capacity (admitOnNode adds pooledUsage). At
+// a restart its runtime state, network slot and layer mounts belong to no record, so reconcile
+// removes them like any orphan; the pools then fill again.
+//
+// Goroutines: warmLoop (started by Start, ends with Close) syncs the pools with the store's
+// environments every warmSync and on every change made through this edge; each pool has its
+// own goroutine (run), ended by its context, which fills and shrinks it. One fill runs at a
+// time on the node (warmFill), each followed by a pause half as long as it took, and none while
+// the node is near capacity or draining.
+//
+// Lock order: warmMu before warmPool.mu. The pool's mu never is held across a runtime call.
+
+const (
+	// maxWarm bounds an environment's pool on each node.
+	maxWarm = 256
+	// warmSync is how often the pools follow the store (another edge of a cluster may change
+	// an environment).
+	warmSync = 5 * time.Second
+	// warmCheck is how often a pool checks that its sandboxes still run (one that died, an
+	// agent OOM-killed, is replaced instead of handed to a create).
+	warmCheck = 30 * time.Second
+	// warmIdle: a pool younger than this aims at its full size; one without a claim for this
+	// long aims at 0. Between, it aims at the most claims seen in one minute of the last
+	// warmIdle, at least 1.
+	warmIdle = 10 * time.Minute
+)
+
+// warmKey names a pool: the environment, the runtime, and whether its sandboxes are networked.
+type warmKey struct {
+	env       string
+	runtime   string
+	networked bool
+}
+
+// warmSandbox is a started sandbox waiting in a pool.
+type warmSandbox struct {
+	rec      *store.Sandbox // never stored; ID, Lower, Limits, Fetch, NetSlot, Cwd, User
+	socket   string
+	net      *sandboxNet
+	services bool // its layers started services (with the pool's environment variables)
+}
+
+// warmPool is one environment's pool on this node.
+type warmPool struct {
+	key    warmKey
+	cancel context.CancelFunc
+	done   chan struct{}
+	kick   chan struct{}
+
+	hits, claims atomic.Int64
+
+	mu sync.Mutex
+	// env is the environment as last read from the store. Protected by mu.
+	env corral.Environment
+	// ready are the sandboxes waiting, oldest first; stale are those taken out of ready because
+	// the environment now resolves to other layers (a tag moved), for run to delete. Protected
+	// by mu.
+	ready, stale []*warmSandbox
+	// since is when the pool was made or its size last changed; lastClaim the last claim.
+	// Protected by mu.
+	since, lastClaim time.Time
+	// perMinute counts claims in each of the last minutes (index: unix minute % len).
+	// Protected by mu.
+	perMinute [10]struct {
+		minute int64
+		n      int
+	}
+}
+
+// target is the size the pool aims at now. Preconditions: p.mu is held.
+func (p *warmPool) targetLocked(now time.Time) int {
+	n := p.env.Warm
+	if now.Sub(p.since) < warmIdle {
+		return n
+	}
+	if now.Sub(p.lastClaim) > warmIdle {
+		return 0
+	}
+	peak, cur := 1, now.Unix()/60
+	for _, b := range p.perMinute {
+		if cur-b.minute < int64(len(p.perMinute)) && b.n > peak {
+			peak = b.n
+		}
+	}
+	return min(peak, n)
+}
+
+// claimedLocked counts a claim. Preconditions: p.mu is held.
+func (p *warmPool) claimedLocked(now time.Time) {
+	p.claims.Add(1)
+	p.lastClaim = now
+	m := now.Unix() / 60
+	b := &p.perMinute[m%int64(len(p.perMinute))]
+	if b.minute != m {
+		b.minute, b.n = m, 0
+	}
+	b.n++
+}
+
+func (p *warmPool) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// warmState is the edge's pools; it lives in Edge.warm.
+type warmState struct {
+	mu    sync.Mutex
+	pools map[warmKey]*warmPool // protected by mu
+	// fill admits one pool fill at a time on the node.
+	fill chan struct{}
+	// sync asks warmLoop to follow the store now.
+	sync chan struct{}
+	// used sums the pooled sandboxes' limits, for the node's capacity.
+	used struct {
+		sync.Mutex
+		r corral.Resources
+	}
+}
+
+func newWarmState() *warmState {
+	return &warmState{pools: map[warmKey]*warmPool{}, fill: make(chan struct{}, 1), sync: make(chan struct{}, 1)}
+}
+
+// warmKeyOf is the pool an environment keeps on this node, and ok false when it keeps none here.
+func (e *Edge) warmKeyOf(env corral.Environment) (warmKey, bool) {
+	k := warmKey{env: env.Name, runtime: env.Runtime}
+	if k.runtime == "" {
+		k.runtime = RuntimeRunc
+	}
+	if k.runtime == RuntimeGVisor {
+		if _, err := e.rt.GVisor(); err != nil {
+			return k, false
+		}
+	}
+	if env.Network != nil {
+		c, err := e.compileNetwork(env.Network)
+		if err != nil {
+			return k, false
+		}
+		k.networked = c.Mode != corral.NetworkNone
+	}
+	return k, env.Warm > 0
+}
+
+// warmChanged asks warmLoop to follow the store now (an environment changed through this edge).
+func (e *Edge) warmChanged() {
+	select {
+	case e.warm.sync <- struct{}{}:
+	default:
+	}
+}
+
+// warmLoop keeps the pools those of the store's environments until the edge closes, then
+// drains them.
+func (e *Edge) warmLoop() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e.removeStaleResolvConfs()
+	t := time.NewTicker(warmSync)
+	defer t.Stop()
+	for {
+		if err := e.syncWarm(ctx); err != nil {
+			e.log.Warn("sync warm pools", "err", err)
+		}
+		select {
+		case <-e.stop:
+			e.stopWarm()
+			close(e.warmDone)
+			return
+		case <-t.C:
+		case <-e.warm.sync:
+		}
+	}
+}
+
+// syncWarm starts the pools the store's environments ask for, updates their sizes, and drains
+// the others.
+func (e *Edge) syncWarm(ctx context.Context) error {
+	want := map[warmKey]corral.Environment{}
+	if !e.draining.Load() {
+		envs, err := e.store.WarmEnvironments(ctx)
+		if err != nil {
+			return err
+		}
+		for _, env := range envs {
+			if k, ok := e.warmKeyOf(env); ok {
+				want[k] = env
+			}
+		}
+	}
+	w := e.warm
+	w.mu.Lock()
+	var gone []*warmPool
+	for k, p := range w.pools {
+		if _, ok := want[k]; !ok {
+			gone = append(gone, p)
+			delete(w.pools, k)
+		}
+	}
+	for k, env := range want {
+		p := w.pools[k]
+		if p == nil {
+			pctx, cancel := context.WithCancel(ctx)
+			p = &warmPool{key: k, cancel: cancel, done: make(chan struct{}), kick: make(chan struct{}, 1), env: env, since: time.Now()}
+			w.pools[k] = p
+			e.log.Info("warm pool started", "environment", k.env, "runtime", k.runtime, "networked", k.networked, "size", env.Warm)
+			go e.runWarm(pctx, p)
+			continue
+		}
+		p.mu.Lock()
+		if p.env.Warm != env.Warm {
+			p.since = time.Now()
+		}
+		p.env = env
+		p.mu.Unlock()
+		p.poke()
+	}
+	w.mu.Unlock()
+	endWarm(gone)
+	return nil
+}
+
+// stopWarm ends every pool and waits until each has deleted its sandboxes.
+func (e *Edge) stopWarm() {
+	var pools []*warmPool
+	e.warm.mu.Lock()
+	for k, p := range e.warm.pools {
+		pools = append(pools, p)
+		delete(e.warm.pools, k)
+	}
+	e.warm.mu.Unlock()
+	endWarm(pools)
+}
+
+// endWarm ends pools and waits until each has deleted its sandboxes.
+func endWarm(pools []*warmPool) {
+	for _, p := range pools {
+		p.cancel()
+	}
+	for _, p := range pools {
+		<-p.done
+	}
+}
+
+// runWarm is a pool's goroutine: it fills the pool up to its target, one sandbox at a time,
+// and deletes what is over it, until ctx ends; then it deletes every sandbox left.
+func (e *Edge) runWarm(ctx context.Context, p *warmPool) {
+	defer close(p.done)
+	defer e.drainWarm(p)
+	log := e.log.With("environment", p.key.env, "runtime", p.key.runtime)
+	backoff := time.Duration(0)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	lastCheck := time.Now()
+	for {
+		if time.Since(lastCheck) >= warmCheck {
+			lastCheck = time.Now()
+			e.checkWarm(ctx, p)
+		}
+		for ctx.Err() == nil {
+			p.mu.Lock()
+			target, have := p.targetLocked(time.Now()), len(p.ready)
+			var surplus *warmSandbox
+			switch {
+			case len(p.stale) > 0:
+				surplus, p.stale = p.stale[0], p.stale[1:]
+			case have > target:
+				surplus, p.ready = p.ready[0], p.ready[1:]
+			}
+			p.mu.Unlock()
+			if surplus != nil {
+				e.deleteWarm(surplus)
+				continue
+			}
+			if have >= target || e.warmNoRoom() {
+				break
+			}
+			took, err := e.fillWarm(ctx, p)
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				backoff = min(max(2*backoff, time.Second), 30*time.Second)
+				log.Warn("fill warm pool", "err", err, "retry_in", backoff)
+				if !sleepCtx(ctx, backoff) {
+					break
+				}
+				continue
+			}
+			backoff = 0
+			// Paced: the node's CPUs go to running sandboxes at least a third of the time.
+			if !sleepCtx(ctx, took/2) {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// checkWarm deletes the pool's sandboxes that no longer run.
+func (e *Edge) checkWarm(ctx context.Context, p *warmPool) {
+	p.mu.Lock()
+	ready := slices.Clone(p.ready)
+	p.mu.Unlock()
+	for _, w := range ready {
+		st, err := e.rt.Status(ctx, w.rec.ID)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil && st.State == runc.StateRunning {
+			continue
+		}
+		p.mu.Lock()
+		i := slices.Index(p.ready, w)
+		if i >= 0 {
+			p.ready = slices.Delete(p.ready, i, i+1)
+		}
+		p.mu.Unlock()
+		if i >= 0 {
+			e.log.Warn("a warm pool's sandbox stopped running; replacing it", "environment", p.key.env, "sandbox", w.rec.ID, "state", st.State, "err", err)
+			e.deleteWarm(w)
+		}
+	}
+}
+
+// sleepCtx waits d or until ctx ends (false then).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// warmNoRoom says the node is near its capacity (90% of any bound) or draining: pools do not
+// grow then.
+func (e *Edge) warmNoRoom() bool {
+	if e.draining.Load() {
+		return true
+	}
+	// The host itself: a pool never takes the last 5% of its memory.
+	if total, avail := hostMemory(); total > 0 && avail < total/20 {
+		return true
+	}
+	c := e.cfg.Capacity
+	if c == nil {
+		return false
+	}
+	used, err := e.store.NodeUsage(context.Background(), e.cfg.Node)
+	if err != nil {
+		return true
+	}
+	used = e.withPooled(used)
+	def := e.cfg.DefaultLimits
+	near := func(u, add, c float64) bool { return c > 0 && u+add > 0.9*c }
+	return near(float64(used.Sandboxes), 1, float64(c.Sandboxes)) || near(used.CPUs, def.CPUs, c.CPUs) ||
+		near(float64(used.MemoryBytes), float64(def.MemoryBytes), float64(c.MemoryBytes)) ||
+		near(float64(used.DiskBytes), float64(def.DiskBytes), float64(c.DiskBytes))
+}
+
+// hostMemory returns MemTotal and MemAvailable of /proc/meminfo in bytes (0s when unread).
+func hostMemory() (total, avail int64) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "MemTotal":
+			total = n << 10
+		case "MemAvailable":
+			avail = n << 10
+		}
+	}
+	return total, avail
+}
+
+// withPooled adds the pooled sandboxes to a node's usage.
+func (e *Edge) withPooled(u corral.Resources) corral.Resources {
+	e.warm.used.Lock()
+	defer e.warm.used.Unlock()
+	r := e.warm.used.r
+	u.Sandboxes += r.Sandboxes
+	u.CPUs += r.CPUs
+	u.MemoryBytes += r.MemoryBytes
+	u.DiskBytes += r.DiskBytes
+	return u
+}
+
+func (e *Edge) countPooled(l corral.Limits, sign int) {
+	e.warm.used.Lock()
+	defer e.warm.used.Unlock()
+	r := &e.warm.used.r
+	r.Sandboxes += sign
+	r.CPUs += float64(sign) * l.CPUs
+	r.MemoryBytes += int64(sign) * l.MemoryBytes
+	r.DiskBytes += int64(sign) * l.DiskBytes
+}
+
+// fillWarm starts one sandbox for p, waiting its turn among the node's fills, and returns how
+// long the start took.
+func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error) {
+	select {
+	case e.warm.fill <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-e.warm.fill }()
+	start := time.Now()
+	p.mu.Lock()
+	env := p.env
+	p.mu.Unlock()
+	req := corral.CreateRequest{Environment: env.Name, Project: env.Project, Runtime: p.key.runtime,
+		Network: &corral.NetworkPolicy{Mode: corral.NetworkNone}}
+	if p.key.networked {
+		// Networked, denying everything until a claim applies the create's policy.
+		req.Network = &corral.NetworkPolicy{Mode: corral.NetworkAllowlist}
+	}
+	e.layersMu.RLock()
+	adm, err := e.admit(ctx, req, false)
+	if err != nil {
+		e.layersMu.RUnlock()
+		return 0, err
+	}
+	rec := adm.rec
+	lower, err := e.prepareLayers(ctx, rec, adm.fill)
+	e.layersMu.RUnlock()
+	if err != nil {
+		return 0, fmt.Errorf("mount layers: %w", err)
+	}
+	env0 := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
+	var nw *sandboxNet
+	var netnsPath, resolv string
+	if adm.net.Mode != corral.NetworkNone {
+		if nw, resolv, err = e.attachNetwork(ctx, rec, adm.net); err != nil {
+			e.releaseLayers(rec, nil)
+			return 0, err
+		}
+		netnsPath = nw.slot.Netns
+	}
+	rsb, err := e.rt.Create(ctx, runc.Spec{
+		Netns:       netnsPath,
+		ResolvConf:  resolv,
+		ID:          rec.ID,
+		Hostname:    rec.Hostname,
+		Lower:       lower,
+		AgentPath:   e.cfg.AgentPath,
+		AgentArgs:   e.agentArgs(false),
+		Env:         env0,
+		CPUs:        rec.Limits.CPUs,
+		MemoryBytes: rec.Limits.MemoryBytes,
+		Pids:        rec.Limits.Pids,
+		DiskBytes:   rec.Limits.DiskBytes,
+		OpenFiles:   uint64(rec.Limits.OpenFiles),
+		Engine:      runc.Engine(rec.Runtime),
+		Workdir:     rec.Cwd,
+	})
+	if err != nil {
+		e.detachNetwork(rec.ID, nw)
+		e.releaseLayers(rec, nil)
+		return 0, err
+	}
+	w := &warmSandbox{rec: rec, socket: rsb.AgentSocket, net: nw, services: len(adm.services) > 0}
+	e.countPooled(rec.Limits, 1)
+	if w.services {
+		e.startServices(ctx, newSandbox(rec, rsb.AgentSocket), rec, adm.services)
+	}
+	p.mu.Lock()
+	stale := ctx.Err() != nil
+	if !stale {
+		p.ready = append(p.ready, w)
+	}
+	p.mu.Unlock()
+	if stale {
+		e.deleteWarm(w)
+		return 0, ctx.Err()
+	}
+	took := time.Since(start)
+	e.log.Debug("warm sandbox ready", "environment", p.key.env, "sandbox", rec.ID, "took", took)
+	return took, nil
+}
+
+// deleteWarm deletes a pooled sandbox and everything it held.
+func (e *Edge) deleteWarm(w *warmSandbox) {
+	ctx := context.Background()
+	if err := e.rt.Delete(ctx, w.rec.ID); err != nil {
+		e.log.Error("delete a warm pool's sandbox", "sandbox", w.rec.ID, "err", err)
+	}
+	e.detachNetwork(w.rec.ID, w.net)
+	e.releaseLayers(w.rec, nil)
+	e.countPooled(w.rec.Limits, -1)
+}
+
+// drainWarm deletes every sandbox of a pool that has ended.
+func (e *Edge) drainWarm(p *warmPool) {
+	p.mu.Lock()
+	ready := append(p.ready, p.stale...)
+	p.ready, p.stale = nil, nil
+	p.mu.Unlock()
+	for _, w := range ready {
+		e.deleteWarm(w)
+	}
+	if len(ready) > 0 {
+		e.log.Info("warm pool drained", "environment", p.key.env, "runtime", p.key.runtime, "sandboxes", len(ready))
+	}
+}
+
+// removeStaleResolvConfs removes the resolv.conf files of sandboxes that no longer exist (the
+// pooled sandboxes of an earlier run, which reconcile removed as orphans). Called after
+// reconcile.
+func (e *Edge) removeStaleResolvConfs() {
+	if e.cfg.Net == nil {
+		return
+	}
+	names, _ := filepath.Glob(filepath.Join(e.cfg.Net.Dir, "*.resolv.conf"))
+	for _, n := range names {
+		id := strings.TrimSuffix(filepath.Base(n), ".resolv.conf")
+		if e.lookup(id) == nil && ValidID(id) {
+			os.Remove(n)
+		}
+	}
+}
+
+// claimWarm serves a create from a warm pool when the request matches the pool's shape: ok
+// false means there is no match (or nothing ready) and the create goes on as usual. adm is the
+// admitted request; the caller holds e.layersMu for reading.
+func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *admission, key *store.Idempotency) (_ *store.Sandbox, ok bool, _ error) {
+	rec := adm.rec
+	if rec.Tier != TierContainer || req.Environment == "" {
+		return nil, false, nil
+	}
+	k := warmKey{env: req.Environment, runtime: rec.Runtime, networked: adm.net.Mode != corral.NetworkNone}
+	e.warm.mu.Lock()
+	p := e.warm.pools[k]
+	if p == nil {
+		// A pool of the environment with another shape still counts the claim as a miss.
+		for pk, q := range e.warm.pools {
+			if pk.env == req.Environment {
+				q.mu.Lock()
+				q.claimedLocked(time.Now())
+				q.mu.Unlock()
+				break
+			}
+		}
+	}
+	e.warm.mu.Unlock()
+	if p == nil {
+		return nil, false, nil
+	}
+	p.mu.Lock()
+	p.claimedLocked(time.Now())
+	var w *warmSandbox
+	if req.Hostname == "" && len(req.Volumes) == 0 {
+		for i := 0; i < len(p.ready) && w == nil; i++ {
+			c := p.ready[i]
+			switch {
+			case !slices.Equal(c.rec.Lower, rec.Lower):
+				// Made before a tag of the environment moved: never claimable again.
+				p.stale = append(p.stale, c)
+				p.ready = slices.Delete(p.ready, i, i+1)
+				i--
+			case c.rec.Limits == rec.Limits && c.rec.Fetch == rec.Fetch && !(c.services && len(req.Env) > 0):
+				w = c
+				p.ready = slices.Delete(p.ready, i, i+1)
+			}
+		}
+	}
+	p.mu.Unlock()
+	if w == nil {
+		p.poke()
+		return nil, false, nil
+	}
+	defer p.poke()
+	put := func() {
+		p.mu.Lock()
+		p.ready = append(p.ready, w)
+		p.mu.Unlock()
+	}
+	// The sandbox becomes the request's: the ID (and default hostname) it was started with,
+	// which nobody has seen, its network slot, and everything else from the request.
+	rec.ID, rec.Hostname = w.rec.ID, w.rec.Hostname
+	rec.NetSlot, rec.NetworkAddress = w.rec.NetSlot, w.rec.NetworkAddress
+	if e.draining.Load() {
+		put()
+		return nil, false, nil
+	}
+	if err := e.store.AdmitSandbox(ctx, rec, key); err != nil {
+		// Refused (quota, a replayed idempotency key): no sandbox was made, so no claim either.
+		p.claims.Add(-1)
+		put()
+		if _, quota := errors.AsType[*iam.QuotaError](err); quota {
+			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventQuotaRefused, Project: rec.Project, Tier: rec.Tier, Reason: err.Error()})
+		}
+		return nil, true, err
+	}
+	e.countPooled(w.rec.Limits, -1)
+	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
+	e.emit(corral.EventCreated, rec, "")
+	e.usageCreated(ctx, rec)
+	fail := func(err error) (*store.Sandbox, bool, error) {
+		log.Error("claim a warm sandbox", "err", err)
+		if err := e.rt.Delete(context.WithoutCancel(ctx), rec.ID); err != nil {
+			log.Error("delete a claimed warm sandbox", "err", err)
+		}
+		e.detachNetwork(rec.ID, w.net)
+		e.releaseLayers(rec, nil)
+		rec.NetSlot = nil
+		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+		return nil, true, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+	}
+	if w.net != nil {
+		if err := e.cfg.Net.Manager.Apply(w.net.slot, e.slotPolicy(adm.net), false); err != nil {
+			return fail(err)
+		}
+		w.net.policy.Store(adm.net)
+	}
+	sb := newSandbox(rec, w.socket)
+	sb.net = w.net
+	// The agent started with the image's environment; the request's is added to each command's
+	// (the request's win, as at a fresh create).
+	sb.env = slices.Clip(req.Env)
+	sb.touch()
+	rec.State = corral.StateRunning
+	e.mu.Lock()
+	e.live[rec.ID] = sb
+	e.mu.Unlock()
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		e.mu.Lock()
+		delete(e.live, rec.ID)
+		e.mu.Unlock()
+		return fail(err)
+	}
+	p.hits.Add(1)
+	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "warm", true)
+	e.emit(corral.EventStarted, rec, "")
+	return rec, true, nil
+}
+
+// WarmStats fills env's read-only pool fields from this node's pools of it.
+func (e *Edge) WarmStats(env *corral.Environment) {
+	e.warm.mu.Lock()
+	defer e.warm.mu.Unlock()
+	now := time.Now()
+	for k, p := range e.warm.pools {
+		if k.env != env.Name {
+			continue
+		}
+		p.mu.Lock()
+		env.WarmReady += len(p.ready)
+		env.WarmTarget += p.targetLocked(now)
+		p.mu.Unlock()
+		env.WarmHits += p.hits.Load()
+		env.WarmClaims += p.claims.Load()
+	}
+	if env.WarmClaims > 0 {
+		env.WarmHitRate = float64(env.WarmHits) / float64(env.WarmClaims)
+	}
+}
+
+// writeWarmMetrics writes the pools' gauges and counters in the Prometheus text format.
+func (e *Edge) writeWarmMetrics(b *strings.Builder) {
+	type row struct {
+		k             warmKey
+		ready, target int
+		hits, claims  int64
+	}
+	var rows []row
+	e.warm.mu.Lock()
+	now := time.Now()
+	for k, p := range e.warm.pools {
+		p.mu.Lock()
+		rows = append(rows, row{k: k, ready: len(p.ready), target: p.targetLocked(now), hits: p.hits.Load(), claims: p.claims.Load()})
+		p.mu.Unlock()
+	}
+	e.warm.mu.Unlock()
+	slices.SortFunc(rows, func(a, c row) int {
+		return strings.Compare(a.k.env+"/"+a.k.runtime, c.k.env+"/"+c.k.runtime)
+	})
+	fmt.Fprintf(b, "# HELP corral_warm_ready Started sandboxes ready in a warm pool of this node.\n# TYPE corral_warm_ready gauge\n")
+	for _, r := range rows {
+		fmt.Fprintf(b, "corral_warm_ready{environment=%q,runtime=%q,networked=\"%t\"} %d\n", r.k.env, r.k.runtime, r.k.networked, r.ready)
+	}
+	fmt.Fprintf(b, "# HELP corral_warm_target The size a warm pool of this node aims at now.\n# TYPE corral_warm_target gauge\n")
+	for _, r := range rows {
+		fmt.Fprintf(b, "corral_warm_target{environment=%q,runtime=%q,networked=\"%t\"} %d\n", r.k.env, r.k.runtime, r.k.networked, r.target)
+	}
+	fmt.Fprintf(b, "# HELP corral_warm_claims_total Creates naming an environment with a warm pool here, and those served from it (hit).\n# TYPE corral_warm_claims_total counter\n")
+	for _, r := range rows {
+		fmt.Fprintf(b, "corral_warm_claims_total{environment=%q,runtime=%q,networked=\"%t\",hit=\"true\"} %d\n", r.k.env, r.k.runtime, r.k.networked, r.hits)
+		fmt.Fprintf(b, "corral_warm_claims_total{environment=%q,runtime=%q,networked=\"%t\",hit=\"false\"} %d\n", r.k.env, r.k.runtime, r.k.networked, r.claims-r.hits)
+	}
+}
+
+// checkEnvironmentDefaults validates an environment's runtime, network and pool size.
+func (e *Edge) checkEnvironmentDefaults(env *corral.Environment) error {
+	switch env.Runtime {
+	case "", RuntimeRunc, RuntimeGVisor:
+	default:
+		return errdefs.Invalid("runtime", "%q: want %q or %q", env.Runtime, RuntimeRunc, RuntimeGVisor)
+	}
+	if env.Network != nil {
+		c, err := e.compileNetwork(env.Network)
+		if err != nil {
+			return err
+		}
+		src := c.Source
+		env.Network = &src
+	}
+	return checkWarmSize(env.Warm)
+}
+
+func checkWarmSize(n int) error {
+	if n < 0 || n > maxWarm {
+		return errdefs.Invalid("warm", "%d is outside [0, %d]", n, maxWarm)
+	}
+	return nil
+}
+
+// SetEnvironmentWarm changes an environment's pool size (PATCH /v1/environments/{name}).
+func (e *Edge) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
+	if err := checkWarmSize(warm); err != nil {
+		return corral.Environment{}, err
+	}
+	env, err := e.store.SetEnvironmentWarm(ctx, name, warm)
+	if err != nil {
+		return env, err
+	}
+	e.warmChanged()
+	return env, nil
+}
+
+// DeleteEnvironment removes a saved environment and drains its pools (sandboxes made from it
+// are not affected).
+func (e *Edge) DeleteEnvironment(ctx context.Context, name string) error {
+	if err := e.store.DeleteEnvironment(ctx, name); err != nil {
+		return err
+	}
+	e.warmChanged()
+	return nil
+}
+
+// withEnvDefaults fills a create's runtime and network from its environment's defaults when it
+// names none. A missing environment is left to admit to refuse.
+func (e *Edge) withEnvDefaults(ctx context.Context, req corral.CreateRequest) corral.CreateRequest {
+	if req.Environment == "" || (req.Runtime != "" && req.Network != nil) {
+		return req
+	}
+	env, err := e.store.GetEnvironment(ctx, req.Environment)
+	if err != nil {
+		return req
+	}
+	if req.Runtime == "" && (req.Tier == "" || req.Tier == TierContainer) {
+		req.Runtime = env.Runtime
+	}
+	if req.Network == nil && env.Network != nil {
+		n := *env.Network
+		req.Network = &n
+	}
+	return req
+}
