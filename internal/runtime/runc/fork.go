@@ -244,6 +244,16 @@ func (r *Runtime) forkSlot(ctx context.Context, img *ForkImage) (_ string, err e
 		return "", fmt.Errorf("open disk image: %w", err)
 	}
 	defer f.Close()
+	if !r.cfg.SparseDisks {
+		// The copy has holes where the source's disk was never written; a disk's blocks are the
+		// host's to give when it is made (makeSlot), so they are allocated here too.
+		if err := unix.Fallocate(int(f.Fd()), 0, 0, img.DiskBytes); err != nil {
+			if errors.Is(err, unix.ENOSPC) {
+				return "", fmt.Errorf("allocate a %d-byte disk image: %w", img.DiskBytes, errdefs.ErrNodeFull)
+			}
+			return "", fmt.Errorf("allocate disk image: %w", err)
+		}
+	}
 	mnt := filepath.Join(dir, diskMount)
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return "", fmt.Errorf("create disk mountpoint: %w", err)
