@@ -177,7 +177,7 @@ func TestForkBadInput(t *testing.T) {
 		{"count over the max", src.ID, `{"count": 65}`, 400, "count"},
 		{"bad label", src.ID, `{"labels": {"": "x"}}`, 400, "label"},
 		{"unknown field", src.ID, `{"copies": 2}`, 400, "copies"},
-		{"unknown sandbox", "sb-local-0123456789abcdef", `{}`, 404, "sb-local-0123456789abcdef"},
+		{"unknown sandbox", "sb-local-aaaaaaaaaaaaaaaa", `{}`, 404, "sb-local-aaaaaaaaaaaaaaaa"},
 		{"not an ID", "nope", `{}`, 400, "id"},
 	} {
 		code, body := post(c.id, c.body)
