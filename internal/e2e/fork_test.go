@@ -41,7 +41,9 @@ func TestFork(t *testing.T) {
 func testFork(t *testing.T, rt string) {
 	p := withBaseOn(t, rt)
 	ctx := context.Background()
-	src := p.create(corral.CreateRequest{Labels: map[string]string{"role": "source"}})
+	// Networked (an allowlist that allows nothing): each copy gets a network slot of its own.
+	src := p.create(corral.CreateRequest{Labels: map[string]string{"role": "source"},
+		Network: &corral.NetworkPolicy{Mode: corral.NetworkAllowlist}})
 	p.sh(src.ID, "echo before > /root/file")
 	if _, err := p.Client.StartCommand(ctx, src.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", counterScript}}); err != nil {
 		t.Fatal(err)
@@ -77,6 +79,12 @@ func testFork(t *testing.T, rt string) {
 		if err != nil || got.ForkedFrom != src.ID {
 			t.Fatalf("get copy %s: forked_from %q, %v", c.ID, got.ForkedFrom, err)
 		}
+		if got.NetworkAddress == "" || got.NetworkAddress == src.NetworkAddress || got.Network == nil || got.Network.Mode != corral.NetworkAllowlist {
+			t.Fatalf("copy %s: address %q (source %q), policy %+v: want an address of its own and the source's policy", c.ID, got.NetworkAddress, src.NetworkAddress, got.Network)
+		}
+		if out := p.sh(c.ID, "ip -4 addr show eth0"); !strings.Contains(out, " "+got.NetworkAddress+"/") {
+			t.Fatalf("copy %s: its eth0 does not have its address %s: %s", c.ID, got.NetworkAddress, out)
+		}
 		if out := p.sh(c.ID, "cat /root/file"); out != "before\n" {
 			t.Fatalf("copy %s: /root/file = %q, want the source's", c.ID, out)
 		}
@@ -103,7 +111,10 @@ func testFork(t *testing.T, rt string) {
 			}
 		}
 	}
-	// The source runs on.
+	// The source runs on, with its address.
+	if out := p.sh(src.ID, "ip -4 addr show eth0"); !strings.Contains(out, " "+src.NetworkAddress+"/") {
+		t.Fatalf("the source lost its address %s: %s", src.NetworkAddress, out)
+	}
 	after := p.readCount(src.ID)
 	eventually(t, 30*time.Second, "the source to go on counting", func() bool { return p.readCount(src.ID) > after+3 })
 
