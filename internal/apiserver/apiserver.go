@@ -456,12 +456,13 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		Count    *int              `json:"count"`
 		Labels   map[string]string `json:"labels"`
 		DiskOnly bool              `json:"disk_only"`
+		TTL      string            `json:"ttl"`
 	}
 	if err := httpjson.Decode(r, &body); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	req := corral.ForkRequest{Count: 1, Labels: body.Labels, DiskOnly: body.DiskOnly}
+	req := corral.ForkRequest{Count: 1, Labels: body.Labels, DiskOnly: body.DiskOnly, TTL: body.TTL}
 	if body.Count != nil {
 		if *body.Count < 1 {
 			s.fail(w, r, errdefs.Invalid("count", "%d: want 1 to %d copies", *body.Count, corral.MaxForkCount))

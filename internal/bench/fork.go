@@ -27,10 +27,14 @@ type ForkConfig struct {
 type ForkCount struct {
 	N int `json:"n"`
 	// Fork is the time from the fork call until every copy answered an exec; Create is the
-	// time from N concurrent creates until every sandbox answered one (the baseline).
-	Fork   Stats   `json:"fork_ready"`
-	Create Stats   `json:"create_ready"`
-	Ratio  float64 `json:"fork_create_ratio_p50"`
+	// time from N concurrent creates until every sandbox answered one (the baseline asked for);
+	// CreateHold is N creates until each has rebuilt the source's state (its process holding
+	// the memory), what a fork saves.
+	Fork            Stats   `json:"fork_ready"`
+	Create          Stats   `json:"create_ready"`
+	CreateHold      Stats   `json:"create_and_hold_ready"`
+	Ratio           float64 `json:"fork_create_ratio_p50"`
+	CreateHoldRatio float64 `json:"fork_create_and_hold_ratio_p50"`
 	// HostMiBPerCopy is the host memory the copies took (MemAvailable before and after, per
 	// copy; noisy on a shared host) and CopyCgroupMiB a copy's own memory cgroup.
 	HostMiBPerCopy float64 `json:"host_mib_per_copy"`
@@ -58,18 +62,14 @@ func Fork(ctx context.Context, c *corral.Client, cfg ForkConfig, log *slog.Logge
 	}
 	defer c.DeleteSandbox(context.WithoutCancel(ctx), src.ID)
 	hold := fmt.Sprintf(`BEGIN { s = "x"; while (length(s) < %d) s = s s; print "ready"; fflush(); system("sleep 100000") }`, cfg.HeldMiB<<20)
-	cmd, err := c.StartCommand(ctx, src.ID, corral.ExecRequest{Argv: []string{"awk", hold}})
-	if err != nil {
-		return nil, err
-	}
-	if err := waitOutput(ctx, c, src.ID, cmd.ID, "ready\n", 2*time.Minute); err != nil {
+	if err := holdAll(ctx, c, []string{src.ID}, hold); err != nil {
 		return nil, err
 	}
 	res.SourceMiB = cgroupMiB(ctx, c, src.ID)
 	diskOnly := cfg.Runtime == "runc"
 	for _, n := range cfg.Counts {
 		fc := ForkCount{N: n}
-		var forks, creates []time.Duration
+		var forks, creates, holds []time.Duration
 		var hostMiB, cgMiB []float64
 		for round := range cfg.Rounds {
 			log.Info("measuring a fork", "copies", n, "round", round)
@@ -105,13 +105,51 @@ func Fork(ctx context.Context, c *corral.Client, cfg ForkConfig, log *slog.Logge
 			if err != nil {
 				return nil, err
 			}
+
+			log.Info("measuring creates that rebuild the state", "count", n, "round", round)
+			start = time.Now()
+			ids, err = createAll(ctx, c, n, corral.CreateRequest{Base: cfg.Base, Runtime: cfg.Runtime, Limits: limits})
+			if err == nil {
+				err = holdAll(ctx, c, ids, hold)
+			}
+			holds = append(holds, time.Since(start))
+			deleteAll(ctx, c, ids)
+			if err != nil {
+				return nil, err
+			}
 		}
 		fc.Fork, fc.Create = summarise(forks), summarise(creates)
+		fc.CreateHold = summarise(holds)
 		fc.Ratio = fc.Fork.P50 / fc.Create.P50
+		fc.CreateHoldRatio = fc.Fork.P50 / fc.CreateHold.P50
 		fc.HostMiBPerCopy, fc.CopyCgroupMiB = median(hostMiB), median(cgMiB)
 		res.Counts = append(res.Counts, fc)
 	}
 	return res, nil
+}
+
+// holdAll starts the awk program hold in every sandbox at once and waits until each is ready.
+func holdAll(ctx context.Context, c *corral.Client, ids []string, hold string) error {
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd, err := c.StartCommand(ctx, id, corral.ExecRequest{Argv: []string{"awk", hold}})
+			if err == nil {
+				err = waitOutput(ctx, c, id, cmd.ID, "ready\n", 2*time.Minute)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // waitOutput waits until command cid of sandbox id has written want.

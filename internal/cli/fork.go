@@ -12,8 +12,9 @@ func (a *app) newForkCmd() *cobra.Command {
 	var count int
 	var labels []string
 	var diskOnly bool
+	var ttl string
 	cmd := &cobra.Command{
-		Use:   "fork ID [--count N] [--label K=V]... [--disk-only]",
+		Use:   "fork ID [--count N] [--label K=V]... [--disk-only] [--ttl D]",
 		Short: "Copy a running sandbox into N sandboxes that go on from its state now",
 		Long: `Fork makes N sandboxes that continue from the sandbox's state at this moment: on gVisor its
 memory, running processes and disk; with --disk-only (the only fork a runc sandbox has) its disk
@@ -34,7 +35,7 @@ on after a brief stop. Copies count against quotas like creates, all or nothing.
 			if err != nil {
 				return err
 			}
-			list, err := c.Fork(cmd.Context(), args[0], corral.ForkRequest{Count: count, Labels: want, DiskOnly: diskOnly})
+			list, err := c.Fork(cmd.Context(), args[0], corral.ForkRequest{Count: count, Labels: want, DiskOnly: diskOnly, TTL: ttl})
 			if err != nil {
 				return err
 			}
@@ -50,5 +51,6 @@ on after a brief stop. Copies count against quotas like creates, all or nothing.
 	cmd.Flags().IntVar(&count, "count", 1, fmt.Sprintf("how many copies (1 to %d)", corral.MaxForkCount))
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "label KEY=VALUE set on every copy over the source's (repeatable)")
 	cmd.Flags().BoolVar(&diskOnly, "disk-only", false, "copy the disk alone: the copies start their processes afresh (the only fork of a runc sandbox)")
+	cmd.Flags().StringVar(&ttl, "ttl", "", "the copies' hard TTL from now, e.g. 30m (default: they expire when the source does)")
 	return cmd
 }

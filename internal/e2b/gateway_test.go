@@ -657,7 +657,6 @@ func TestUnsupportedRoutes(t *testing.T) {
 		method, path string
 		status       int
 	}{
-		{"POST", "/sandboxes/sb-1/fork", 501},
 		{"POST", "/sandboxes/sb-1/snapshots", 501},
 		{"GET", "/snapshots", 501},
 		{"DELETE", "/templates/t", 501},

@@ -24,7 +24,7 @@ import (
 //
 // What a copy is: the source's record with a new ID, state creating, forked_from naming the
 // source, the source's labels with the request's over them, the same layers, limits, TTLs (it
-// expires when the source would), environment and egress policy, and a network slot of its own
+// expires when the source would, or the request's ttl from now), environment and egress policy, and a network slot of its own
 // (so its address differs from the source's). Volumes are not copied: a source with volumes
 // is refused (a read-write volume has one writer). A copy restored with processes keeps its
 // source's hostname (the guest kernel's state); a disk-only copy boots with its own.
@@ -54,6 +54,13 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) ([]*
 	if err := validateLabels(req.Labels); err != nil {
 		return nil, err
 	}
+	var ttl time.Duration
+	if req.TTL != "" {
+		var err error
+		if ttl, err = e.parseTTL("ttl", req.TTL); err != nil {
+			return nil, err
+		}
+	}
 	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return nil, err
@@ -75,6 +82,9 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) ([]*
 	for i := range recs {
 		recs[i] = forkRecord(src, e.newID(), req.Labels, memory, now)
 		recs[i].Network = &netc.Source
+		if ttl > 0 {
+			recs[i].ExpiresAt = now.Add(ttl)
+		}
 	}
 	if err := e.admitForks(ctx, recs); err != nil {
 		if _, ok := errors.AsType[*iam.QuotaError](err); ok {

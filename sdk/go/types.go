@@ -202,11 +202,14 @@ const MaxForkCount = 64
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork: Count copies (1 when absent, at most
 // MaxForkCount) that go on from the sandbox's state at the moment of the fork. Labels are set on
 // every copy over the source's. DiskOnly copies the writable layer only (each copy then starts
-// its processes afresh): the only fork a runc sandbox has.
+// its processes afresh): the only fork a runc sandbox has. TTL, when set, is the copies' hard
+// TTL from the fork (a Go duration, as in CreateRequest); without it they expire when the
+// source does.
 type ForkRequest struct {
 	Count    int               `json:"count,omitempty"`
 	Labels   map[string]string `json:"labels,omitempty"`
 	DiskOnly bool              `json:"disk_only,omitempty"`
+	TTL      string            `json:"ttl,omitempty"`
 }
 
 // ForkResult answers a fork: the new sandboxes, running.
