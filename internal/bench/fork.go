@@ -138,7 +138,8 @@ func holdAll(ctx context.Context, c *corral.Client, ids []string, hold string) e
 			defer wg.Done()
 			cmd, err := c.StartCommand(ctx, id, corral.ExecRequest{Argv: []string{"awk", hold}})
 			if err == nil {
-				err = waitOutput(ctx, c, id, cmd.ID, "ready\n", 2*time.Minute)
+				// All at once on the host's cores: the wait grows with their number.
+				err = waitOutput(ctx, c, id, cmd.ID, "ready\n", 2*time.Minute+time.Duration(len(ids))*15*time.Second)
 			}
 			errs[i] = err
 		}()
