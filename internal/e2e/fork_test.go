@@ -112,6 +112,28 @@ func testFork(t *testing.T, rt string) {
 			}
 		}
 	}
+	// Events: each copy was created (as a fork of the source), started and forked, once.
+	st, err := p.Client.Events(ctx, corral.EventQuery{Types: []string{corral.EventCreated, corral.EventForked}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for {
+		ev, err := st.Next()
+		if err != nil {
+			break
+		}
+		if ev.Reason == "fork of "+src.ID {
+			seen[ev.Sandbox+" "+ev.Type]++
+		}
+	}
+	st.Close()
+	for _, c := range copies {
+		if seen[c.ID+" created"] != 1 || seen[c.ID+" forked"] != 1 {
+			t.Fatalf("events of copy %s: %v; want one created and one forked, each naming the source", c.ID, seen)
+		}
+	}
+
 	// The source runs on, with its address.
 	if out := p.sh(src.ID, "ip -4 addr show eth0"); !strings.Contains(out, " "+src.NetworkAddress+"/") {
 		t.Fatalf("the source lost its address %s: %s", src.NetworkAddress, out)

@@ -837,7 +837,11 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 			}
 		}
 	}()
-	e.emit(corral.EventCreated, rec, "")
+	created := ""
+	if adm.fork != nil {
+		created = "fork of " + adm.fork.Source
+	}
+	e.emit(corral.EventCreated, rec, created)
 	e.usageCreated(ctx, rec)
 	// The record (state creating) now keeps the layers from deletion; fetch and mount them.
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)

@@ -92,14 +92,11 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) ([]*
 		}
 		return nil, err
 	}
-	for _, rec := range recs {
-		e.emit(corral.EventCreated, rec, "fork of "+id)
-		e.usageCreated(ctx, rec)
-	}
 	// Admitted: from here every failure ends the copies' records (failed) and leaves nothing.
 	img, err := e.takeForkImage(ctx, sb, src, req.DiskOnly)
 	if err != nil {
 		for _, rec := range recs {
+			e.emit(corral.EventCreated, rec, "fork of "+id)
 			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 		}
 		return nil, err
