@@ -141,6 +141,15 @@ func testFork(t *testing.T, rt string) {
 	after := p.readCount(src.ID)
 	eventually(t, 30*time.Second, "the source to go on counting", func() bool { return p.readCount(src.ID) > after+3 })
 
+	// Copies do not share a random stream: the first bytes each reads from /dev/urandom differ.
+	rnd := map[string]bool{}
+	for _, c := range copies {
+		rnd[p.sh(c.ID, "head -c 16 /dev/urandom | od -An -tx1")] = true
+	}
+	if len(rnd) != len(copies) {
+		t.Fatalf("copies read the same bytes from /dev/urandom: %v", rnd)
+	}
+
 	// Each copy diverges on its own.
 	for i, c := range copies {
 		p.sh(c.ID, "echo mine-"+strconv.Itoa(i)+" > /root/own")
