@@ -65,7 +65,7 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, warm, vm, microvm, lifecycle, compose, rebuild, import, fncall, e2b, exclusive, volumes, observe, network, iam, placement, cluster or lazy runs one of them.
+# BENCH_ONLY=container, warm, vm, microvm, lifecycle, fork, compose, rebuild, import, fncall, e2b, exclusive, volumes, observe, network, iam, placement, cluster or lazy runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi
@@ -88,6 +88,9 @@ if [ "${BENCH_ONLY:-microvm}" = microvm ]; then
 fi
 if [ "${BENCH_ONLY:-lifecycle}" = lifecycle ]; then
   corral bench lifecycle --base base:bench ${BENCH_LIFECYCLE_ARGS:-} | tee bench-out/lifecycle.json
+fi
+if [ "${BENCH_ONLY:-fork}" = fork ]; then
+  corral bench fork --base base:bench ${BENCH_FORK_ARGS:-} -o json | tee bench-out/fork.json
 fi
 if [ "${BENCH_ONLY:-compose}" = compose ]; then
   corral bench compose --base base:bench ${BENCH_COMPOSE_ARGS:-} | tee bench-out/compose.json

@@ -83,6 +83,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("DELETE /v1/sandboxes/{id}", s.guard(iam.SandboxAdmin, "sandbox.delete", s.onSandbox, s.deleteSandbox))
 	api.HandleFunc("POST /v1/sandboxes/{id}/ttl", s.guard(iam.SandboxAdmin, "sandbox.ttl", s.onSandbox, s.setTTL))
 	api.HandleFunc("POST /v1/sandboxes/{id}/snapshot", s.guard(iam.SandboxAdmin|iam.LayerPublish, "sandbox.snapshot", s.onSandbox, s.snapshot))
+	api.HandleFunc("POST /v1/sandboxes/{id}/fork", s.guard(iam.SandboxAdmin|iam.SandboxCreate, "sandbox.fork", s.onSandbox, s.fork))
 	api.HandleFunc("POST /v1/sandboxes/{id}/pause", s.guard(iam.SandboxAdmin, "sandbox.pause", s.onSandbox, s.lifecycle(s.edge.Pause)))
 	api.HandleFunc("POST /v1/sandboxes/{id}/resume", s.guard(iam.SandboxAdmin, "sandbox.resume", s.onSandbox, s.lifecycle(s.edge.Resume)))
 	api.HandleFunc("POST /v1/sandboxes/{id}/power", s.guard(iam.SandboxAdmin, "sandbox.power", s.onSandbox, s.power))
@@ -465,6 +466,39 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusCreated, l)
+}
+
+// fork serves POST /v1/sandboxes/{id}/fork (corral.ForkRequest): 201 with the copies. A count
+// given as 0 is refused; an absent one is 1.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Count    *int              `json:"count"`
+		Labels   map[string]string `json:"labels"`
+		DiskOnly bool              `json:"disk_only"`
+		TTL      string            `json:"ttl"`
+	}
+	if err := httpjson.Decode(r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	req := corral.ForkRequest{Count: 1, Labels: body.Labels, DiskOnly: body.DiskOnly, TTL: body.TTL}
+	if body.Count != nil {
+		if *body.Count < 1 {
+			s.fail(w, r, errdefs.Invalid("count", "%d: want 1 to %d copies", *body.Count, corral.MaxForkCount))
+			return
+		}
+		req.Count = *body.Count
+	}
+	recs, err := s.edge.Fork(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := corral.ForkResult{Sandboxes: make([]corral.Sandbox, len(recs))}
+	for i, rec := range recs {
+		out.Sandboxes[i] = rec.Sandbox
+	}
+	httpjson.Write(w, http.StatusCreated, out)
 }
 
 func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {

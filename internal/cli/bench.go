@@ -144,6 +144,19 @@ func (a *app) newBenchCmd() *cobra.Command {
 	hf.StringVar(&withoutToken, "without-token-file", "", "its admin token file (DATA-DIR/admin.token)")
 	cmd.AddCommand(hostFacts)
 
+	var fkc bench.ForkConfig
+	fork := a.jsonBench("fork", "Time to N ready copies of a sandbox holding memory (corral fork) against N creates from scratch, p50/p99; host memory of the copies",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Fork(ctx, c, fkc, log)
+		})
+	fkf := fork.Flags()
+	fkf.StringVar(&fkc.Base, "base", "base:default", "base layer NAME:VERSION")
+	fkf.StringVar(&fkc.Runtime, "runtime", "gvisor", "runtime of the source and the creates: gvisor (memory and processes) or runc (disk only)")
+	fkf.IntVar(&fkc.HeldMiB, "held-mib", 256, "anonymous memory the source's process holds")
+	fkf.IntSliceVar(&fkc.Counts, "counts", []int{1, 8}, "copies per fork, one measure each")
+	fkf.IntVar(&fkc.Rounds, "rounds", 5, "forks (and batches of creates) per count")
+	cmd.AddCommand(fork)
+
 	var uc bench.UserNSConfig
 	var noUsernsURL, noUsernsToken string
 	userns := a.jsonBench("userns", "Create→first exec and exec round trip with user namespaces and idmapped mounts (this server) against a corral up --no-userns (--without-url), sampled alternately",

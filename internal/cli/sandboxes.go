@@ -104,6 +104,7 @@ func (a *app) printSandbox(sb *corral.Sandbox) error {
 		{"Network:", policyLine(sb.Network)},
 		{"Address:", orDash(sb.NetworkAddress)},
 		{"Blocked:", egressLine(sb.Egress)},
+		{"Forked from:", orDash(sb.ForkedFrom)},
 		{"Hostname:", orDash(sb.Hostname)},
 		{"Image:", orDash(sb.Image)},
 		{"Base:", orDash(sb.Base)},

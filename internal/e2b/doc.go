@@ -54,7 +54,11 @@
 //	logs (GET /v2/sandboxes/{id}/logs,      GET trajectory                the trajectory, one entry per exec or file
 //	  v1: GET /sandboxes/{id}/logs)                                       change (cursor, direction, level, search, limit).
 //	updateNetwork (PUT …/{id}/network)      PUT network                   204; replaces the policy, as below.
-//	fork, createSnapshot, listSnapshots,    —                             501.
+//	fork (POST /sandboxes/{id}/fork)        POST fork                     201 [{sandbox}] per copy; count (1..64),
+//	                                                                      timeout the copies' TTL (default as a
+//	                                                                      create). All or nothing: a failure is the
+//	                                                                      request's status, never a per-fork error.
+//	createSnapshot, listSnapshots,          —                             501.
 //	  deleteSnapshot
 //
 // Fields of create (NewSandboxV2 / NewSandbox):

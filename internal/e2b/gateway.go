@@ -220,11 +220,11 @@ func (g *Gateway) routes() http.Handler {
 	h("GET /sandboxes/{sandboxID}/logs", g.logsV1)
 	h("GET /v2/sandboxes/{sandboxID}/logs", g.logsV2)
 	h("PUT /sandboxes/{sandboxID}/network", g.updateNetwork)
+	h("POST /sandboxes/{sandboxID}/fork", g.fork)
 
 	// Calls of the SDK that Corral has no counterpart for yet: an explicit refusal, so that no
 	// client reads a 404 as "no such sandbox" or "no such snapshot".
 	for _, p := range []string{
-		"POST /sandboxes/{sandboxID}/fork",
 		"POST /sandboxes/{sandboxID}/snapshots",
 		"GET /snapshots",
 		"DELETE /templates/{templateID}",

@@ -14,6 +14,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/sdk/go/corraltest"
 )
 
 func TestCreate(t *testing.T) {
@@ -657,7 +658,6 @@ func TestUnsupportedRoutes(t *testing.T) {
 		method, path string
 		status       int
 	}{
-		{"POST", "/sandboxes/sb-1/fork", 501},
 		{"POST", "/sandboxes/sb-1/snapshots", 501},
 		{"GET", "/snapshots", 501},
 		{"DELETE", "/templates/t", 501},
@@ -706,5 +706,47 @@ func TestDomainDefaultsToHost(t *testing.T) {
 	sb := h.create(`{"templateID":"base"}`)
 	if u, _ := url.Parse(h.url); sb.Domain != u.Host {
 		t.Errorf("domain = %q, want the request's host %q", sb.Domain, u.Host)
+	}
+}
+
+// TestFork: E2B's fork maps onto Corral's: count copies living timeout seconds, one entry per
+// copy with its sandbox; a runc sandbox (no processes to fork) is a 409, an unknown one a 404.
+func TestFork(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	src, err := h.fake.Client().CreateSandbox(ctx, corral.CreateRequest{Base: corraltest.DefaultBase, Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := h.do("POST", "/sandboxes/"+src.ID+"/fork", `{"count":2,"timeout":60}`)
+	if resp.status != http.StatusCreated {
+		t.Fatalf("fork: %d %s", resp.status, resp.body)
+	}
+	var out []struct {
+		Sandbox *sandboxJSON `json:"sandbox"`
+		Error   any          `json:"error"`
+	}
+	resp.decode(t, &out)
+	if len(out) != 2 {
+		t.Fatalf("fork answered %d entries, want 2: %s", len(out), resp.body)
+	}
+	for _, e := range out {
+		if e.Sandbox == nil || e.Error != nil || e.Sandbox.SandboxID == src.ID || e.Sandbox.EnvdAccessToken != h.gw.EnvdAccessToken(e.Sandbox.SandboxID) {
+			t.Fatalf("entry %+v: want a new sandbox with its envd token", e)
+		}
+		v, _ := h.fake.Sandbox(e.Sandbox.SandboxID)
+		if left := time.Until(v.ExpiresAt); v.ForkedFrom != src.ID || left < 50*time.Second || left > 61*time.Second {
+			t.Errorf("copy %+v: want forked_from %s, expiring in about 60 s (%v)", v, src.ID, left)
+		}
+	}
+	plain := h.create(`{"templateID":"base"}`)
+	if resp := h.do("POST", "/sandboxes/"+plain.SandboxID+"/fork", `{}`); resp.status != http.StatusConflict {
+		t.Errorf("fork of a runc sandbox: %d %s, want 409", resp.status, resp.body)
+	}
+	if resp := h.do("POST", "/sandboxes/sb-404/fork", `{}`); resp.status != http.StatusNotFound {
+		t.Errorf("fork of an unknown sandbox: %d %s, want 404", resp.status, resp.body)
+	}
+	if resp := h.do("POST", "/sandboxes/"+src.ID+"/fork", `{"count":0}`); resp.status != http.StatusBadRequest {
+		t.Errorf("fork of 0: %d %s, want 400", resp.status, resp.body)
 	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,10 @@ func TestRedTeamCrossProject(t *testing.T) {
 						_, err := c.Snapshot(ctx, sb.ID, corral.SnapshotRequest{Name: "stolen", Version: "1"})
 						return err
 					}},
+					{"fork", func() error {
+						_, err := c.Fork(ctx, sb.ID, corral.ForkRequest{Count: 2, DiskOnly: true})
+						return err
+					}},
 					{"set ttl", func() error { _, err := c.SetTTL(ctx, sb.ID, time.Second); return err }},
 					{"set network", func() error {
 						_, err := c.SetNetwork(ctx, sb.ID, corral.NetworkPolicy{Mode: corral.NetworkOpen})
@@ -120,6 +125,9 @@ func TestRedTeamCrossProject(t *testing.T) {
 		}
 		if out := p.sh(sb.ID, "cat /root/f; ls /root/pwned /root/g 2>/dev/null; true"); out != "original\n" {
 			t.Fatalf("victim %s's files after the attacks: %q", sb.ID, out)
+		}
+		if list, _ := admin.ListSandboxes(ctx, corral.ListOptions{}); slices.ContainsFunc(list, func(s corral.Sandbox) bool { return s.ForkedFrom == sb.ID }) {
+			t.Fatalf("a refused fork left a copy of %s", sb.ID)
 		}
 		if _, err := admin.Layer(ctx, "stolen", "1"); !corral.IsNotFound(err) {
 			t.Fatalf("a refused snapshot left a layer: %v", err)

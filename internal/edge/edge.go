@@ -64,6 +64,10 @@ type Runtime interface {
 	Freeze(ctx context.Context, id string) error
 	Thaw(ctx context.Context, id string) error
 	UpperDir(id string) (string, error)
+	// Fork takes an image of a running sandbox that Create (runc.Spec.Fork) starts copies
+	// from; DropFork removes it (fork.go).
+	Fork(ctx context.Context, id string, opts runc.ForkOptions) (*runc.ForkImage, error)
+	DropFork(img *runc.ForkImage)
 	// GVisor returns runsc's version, or why gVisor sandboxes cannot be created here.
 	GVisor() (string, error)
 }
@@ -716,13 +720,23 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	}
 	e.capMu.Lock()
 	defer e.capMu.Unlock()
+	if err := e.roomLocked(ctx, rec, 1); err != nil {
+		return err
+	}
+	return e.store.AdmitSandbox(ctx, rec, key)
+}
+
+// roomLocked checks that the node has room for n sandboxes of rec's limits (rec's limits are
+// the n's sum). Preconditions: e.capMu is held.
+func (e *Edge) roomLocked(ctx context.Context, rec *store.Sandbox, n int) error {
+	c := e.cfg.Capacity
 	if e.cfg.Disk != nil {
 		if err := e.admitDiskLocked(ctx, rec); err != nil {
 			return err
 		}
 	}
 	if c == nil {
-		return e.store.AdmitSandbox(ctx, rec, key)
+		return nil
 	}
 	used, err := e.store.NodeUsage(ctx, e.cfg.Node)
 	if err != nil {
@@ -730,7 +744,7 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	}
 	used = e.withPooled(used)
 	var over []string
-	if c.Sandboxes > 0 && used.Sandboxes+1 > c.Sandboxes {
+	if c.Sandboxes > 0 && used.Sandboxes+n > c.Sandboxes {
 		over = append(over, fmt.Sprintf("sandboxes %d of %d", used.Sandboxes, c.Sandboxes))
 	}
 	if c.CPUs > 0 && used.CPUs+rec.Limits.CPUs > c.CPUs+1e-9 {
@@ -745,7 +759,7 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	if len(over) > 0 {
 		return fmt.Errorf("node %s has no room for sandbox %s (%s): %w", e.cfg.Node, rec.ID, strings.Join(over, "; "), errdefs.ErrNodeFull)
 	}
-	return e.store.AdmitSandbox(ctx, rec, key)
+	return nil
 }
 
 // Create validates req, resolves its layers, and starts a sandbox. It returns once the sandbox is
@@ -814,7 +828,6 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		}
 	}
 	rec := adm.rec
-	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
 	// The quotas of the project and its ancestors are checked in the transaction that records it.
 	err = e.admitOnNode(ctx, rec, key)
 	e.layersMu.RUnlock()
@@ -825,6 +838,15 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		}
 		return nil, err
 	}
+	return e.launch(ctx, adm, calls, key)
+}
+
+// launch starts the sandbox of an admission whose record the store holds (state creating): it
+// mounts its layers, attaches its network and has the runtime create it (from adm.fork, when a
+// fork). On error the record ends failed and nothing is left.
+func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *store.Idempotency) (_ *store.Sandbox, err error) {
+	rec := adm.rec
+	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
 	defer func() {
 		if err != nil && key != nil && ctx.Err() != nil {
 			// Cut short because its caller went away (the client, or the server replica that
@@ -835,7 +857,11 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 			}
 		}
 	}()
-	e.emit(corral.EventCreated, rec, "")
+	created := ""
+	if adm.fork != nil {
+		created = "fork of " + adm.fork.Source
+	}
+	e.emit(corral.EventCreated, rec, created)
 	e.usageCreated(ctx, rec)
 	// The record (state creating) now keeps the layers from deletion; fetch and mount them.
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
@@ -911,6 +937,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 		Engine:      runc.Engine(rec.Runtime),
 		Volumes:     e.runtimeVolumes(rec),
 		Workdir:     rec.Cwd,
+		Fork:        adm.fork,
 	})
 	if err != nil {
 		log.Error("create sandbox", "err", err)
@@ -983,6 +1010,8 @@ type admission struct {
 	template bool
 	// services are the layers' services (services.go), started once the sandbox runs.
 	services []corral.Service
+	// fork, for a copy of a fork (fork.go), is the image the runtime starts it from.
+	fork *runc.ForkImage
 }
 
 // admit validates a create request and turns it into a record in state creating.

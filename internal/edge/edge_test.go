@@ -117,6 +117,10 @@ func (f *fakeRuntime) GVisor() (string, error) {
 }
 func (f *fakeRuntime) Thaw(ctx context.Context, id string) error { return nil }
 func (f *fakeRuntime) UpperDir(id string) (string, error)        { return "", errdefs.NotFound("upper") }
+func (f *fakeRuntime) Fork(ctx context.Context, id string, opts runc.ForkOptions) (*runc.ForkImage, error) {
+	return nil, errdefs.Conflict("the fake runtime does not fork")
+}
+func (f *fakeRuntime) DropFork(img *runc.ForkImage) {}
 
 func (f *fakeRuntime) kill(id string, oom bool) {
 	f.mu.Lock()

@@ -102,6 +102,16 @@ func (t *tiered) Thaw(ctx context.Context, id string) error   { return t.by(id).
 func (t *tiered) UpperDir(id string) (string, error)          { return t.by(id).UpperDir(id) }
 func (t *tiered) GVisor() (string, error)                     { return t.ct.GVisor() }
 
+func (t *tiered) Fork(ctx context.Context, id string, opts runc.ForkOptions) (*runc.ForkImage, error) {
+	return t.by(id).Fork(ctx, id, opts)
+}
+
+func (t *tiered) DropFork(img *runc.ForkImage) {
+	if img != nil {
+		t.by(img.Source).DropFork(img)
+	}
+}
+
 // layerImages returns the files of a microvm's layers (bottom first): each layer's EROFS
 // image and its extra devices, which the VM gets as read-only disks.
 func (e *Edge) layerImages(ctx context.Context, digests []string) ([]runc.LayerImage, error) {

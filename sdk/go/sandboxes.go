@@ -146,6 +146,18 @@ func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error)
 	return &out, nil
 }
 
+// Fork makes copies of a running sandbox that go on from its state now (memory, processes
+// and disk on gVisor; the disk alone with DiskOnly, the only fork of a runc sandbox) and returns
+// them, running. Count 0 asks for one copy. Forks count against quotas like creates, all or
+// nothing. A paused, stopped or failed source is a conflict (IsConflict).
+func (c *Client) Fork(ctx context.Context, id string, req ForkRequest) ([]Sandbox, error) {
+	var out ForkResult
+	if err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "fork"), json: req}, &out); err != nil {
+		return nil, err
+	}
+	return out.Sandboxes, nil
+}
+
 // Snapshot publishes the sandbox's writable layer (its changes on top of its layers) as a layer
 // of kind snapshot; CreateRequest.FromSnapshot starts new sandboxes from it.
 func (c *Client) Snapshot(ctx context.Context, id string, req SnapshotRequest) (*Layer, error) {

@@ -156,6 +156,8 @@ type Sandbox struct {
 	EndedAt        time.Time `json:"ended_at,omitzero"`
 	// FromSnapshot names the snapshot the sandbox was made from, if any.
 	FromSnapshot LayerRef `json:"from_snapshot,omitempty"`
+	// ForkedFrom names the sandbox this one is a fork copy of (POST /v1/sandboxes/{id}/fork).
+	ForkedFrom string `json:"forked_from,omitempty"`
 	// AutoPauseAfterSeconds is 0 when the sandbox never pauses by itself.
 	AutoPauseAfterSeconds int64 `json:"auto_pause_after_seconds,omitempty"`
 	PauseKeepsTTL         bool  `json:"pause_keeps_ttl"`
@@ -192,6 +194,27 @@ type PauseInfo struct {
 	NoSwap         bool    `json:"no_swap,omitempty"`
 	ResumeTookMs   float64 `json:"resume_took_ms,omitempty"`
 	AutomaticPause bool    `json:"automatic,omitempty"`
+}
+
+// MaxForkCount is the most copies one fork makes.
+const MaxForkCount = 64
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork: Count copies (1 when absent, at most
+// MaxForkCount) that go on from the sandbox's state at the moment of the fork. Labels are set on
+// every copy over the source's. DiskOnly copies the writable layer only (each copy then starts
+// its processes afresh): the only fork a runc sandbox has. TTL, when set, is the copies' hard
+// TTL from the fork (a Go duration, as in CreateRequest); without it they expire when the
+// source does.
+type ForkRequest struct {
+	Count    int               `json:"count,omitempty"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	DiskOnly bool              `json:"disk_only,omitempty"`
+	TTL      string            `json:"ttl,omitempty"`
+}
+
+// ForkResult answers a fork: the new sandboxes, running.
+type ForkResult struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
 }
 
 // TTLRequest is the body of POST /v1/sandboxes/{id}/ttl: the sandbox then expires TTL from now.

@@ -452,7 +452,6 @@ func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, err
 	var stats ResumeStats
 	dir := r.dir(id)
 	img := filepath.Join(dir, checkpointDir)
-	logPath := filepath.Join(dir, "runsc.log")
 	if r.hasRunscState(id) {
 		r.runscRun(ctx, "", "delete", "--force", id) // a crash between checkpoint and delete
 	}
@@ -465,36 +464,51 @@ func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, err
 	if err != nil {
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
-	// The restored agent's stdin and stdout are new pipes (see the package comment above).
-	l, err := newGVisorLink()
+	err = r.restoreGVisor(ctx, id, img, bin, logf, func() {
+		// From here the sandbox runs: the checkpoint is spent.
+		os.Remove(filepath.Join(dir, checkpointedFile))
+		os.RemoveAll(img)
+	})
 	if err != nil {
-		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
-	}
-	defer l.close()
-	// --background: the sandbox runs while its memory is still being read in (the image is
-	// uncompressed), so resume does not wait for the whole image.
-	cmd := r.runscCmdNet(ctx, logPath, gvisorNetwork(dir), "restore", "--detach", "--background", "--image-path", img, "--bundle", dir,
-		"--pid-file", filepath.Join(dir, "init.pid"), id)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = l.agentIn, l.agentOut, logf
-	if err := cmd.Run(); err != nil {
-		r.runscRun(context.WithoutCancel(ctx), "", "delete", "--force", id)
-		return stats, fmt.Errorf("resume sandbox %s: runsc restore: %w: %s", id, err, lastRuncError(logPath))
-	}
-	// From here the sandbox runs: the checkpoint is spent.
-	os.Remove(filepath.Join(dir, checkpointedFile))
-	os.RemoveAll(img)
-	if err := r.startHolder(id, bin, l, logf); err != nil {
-		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
-	}
-	if _, err := r.gvisorProxy(id); err != nil {
-		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
-	}
-	if err := waitAgent(ctx, socketPath(r.cfg.StateDir, id), filepath.Join(dir, diskMount, "agent.log")); err != nil {
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	stats.Duration = time.Since(start)
 	r.log.Debug("gvisor sandbox restored", "id", id, "total", stats.Duration)
 	return stats, nil
+}
+
+// restoreGVisor restores sandbox id from the checkpoint image img on a new agent link, starts
+// its holder and proxy and waits for the agent; restored runs once runsc restore succeeded
+// (nil: nothing). bin is the host copy of the agent its spec binds in. Preconditions: id's lock
+// is held; its bundle is ready and it has no runsc state.
+func (r *Runtime) restoreGVisor(ctx context.Context, id, img, bin string, logf *os.File, restored func()) error {
+	dir := r.dir(id)
+	logPath := filepath.Join(dir, "runsc.log")
+	// The restored agent's stdin and stdout are new pipes (see the package comment above).
+	l, err := newGVisorLink()
+	if err != nil {
+		return err
+	}
+	defer l.close()
+	// --background: the sandbox runs while its memory is still being read in (the image is
+	// uncompressed), so a restore does not wait for the whole image.
+	cmd := r.runscCmdNet(ctx, logPath, gvisorNetwork(dir), "restore", "--detach", "--background", "--image-path", img, "--bundle", dir,
+		"--pid-file", filepath.Join(dir, "init.pid"), id)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = l.agentIn, l.agentOut, logf
+	if err := cmd.Run(); err != nil {
+		r.runscRun(context.WithoutCancel(ctx), "", "delete", "--force", id)
+		return fmt.Errorf("runsc restore: %w: %s", err, lastRuncError(logPath))
+	}
+	if restored != nil {
+		restored()
+	}
+	if err := r.startHolder(id, bin, l, logf); err != nil {
+		return err
+	}
+	if _, err := r.gvisorProxy(id); err != nil {
+		return err
+	}
+	return waitAgent(ctx, socketPath(r.cfg.StateDir, id), filepath.Join(dir, diskMount, "agent.log"))
 }
 
 // openGVisor is Open for a gVisor sandbox: a running one is reached again through its holder,

@@ -271,6 +271,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	if err := r.clearPool(ctx); err != nil {
 		log.Warn("remove stale disk pool slots", "err", err)
 	}
+	r.removeForkLeftovers()
 	log.Info("runc runtime ready", "runc", cfg.Runc, "version", r.version, "cgroup", r.cg.mode,
 		"state_dir", cfg.StateDir, "disk_pool", max(cfg.DiskPool, 0), "disk_bytes", cfg.DefaultDiskBytes)
 	switch {

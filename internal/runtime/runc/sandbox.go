@@ -109,7 +109,13 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	}
 	defer r.agents.release(agent)
 
-	slot, pooled, err := r.takeSlot(ctx, spec.DiskBytes)
+	var slot string
+	var pooled bool
+	if spec.Fork != nil {
+		slot, err = r.forkSlot(ctx, spec.Fork)
+	} else {
+		slot, pooled, err = r.takeSlot(ctx, spec.DiskBytes)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: make disk: %w", id, err)
 	}
@@ -268,12 +274,19 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 	if err != nil {
 		return err
 	}
+	if spec.Fork != nil && spec.Fork.Memory {
+		// The checkpoint maps the agent the source ran: the copies bind in the same file.
+		bin = spec.Fork.agentBin
+	}
 	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, volumeMounts(dir, spec)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o600); err != nil {
 		return err
+	}
+	if spec.Fork != nil && spec.Fork.Memory {
+		return r.restoreGVisor(ctx, spec.ID, spec.Fork.checkpoint, bin, logf, nil)
 	}
 	return r.startGVisor(ctx, spec.ID, dir, bin, logf)
 }

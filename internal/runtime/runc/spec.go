@@ -38,6 +38,9 @@ type Spec struct {
 	Env []string
 	// Engine runs the sandbox: EngineRunc (the default) or EngineGVisor (see gvisor.go).
 	Engine Engine
+	// Fork, when set, starts the sandbox from an image Fork took of another (fork.go): on its
+	// disk, and from its checkpoint when the image holds one. DiskBytes is then the image's.
+	Fork *ForkImage
 	// Netns is the path of a prepared network namespace to join (internal/egress); empty: a new,
 	// empty one (loopback only). ResolvConf is a host file bind-mounted read-only at
 	// /etc/resolv.conf (with Netns: it names the edge's resolver).
@@ -111,6 +114,15 @@ func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
 	}
 	if s.Calls && s.Engine != EngineRunc {
 		return errdefs.Invalid("Calls", "calls run on runc only, not on %s", s.Engine)
+	}
+	if s.Fork != nil {
+		if s.Fork.Memory && s.Engine != EngineGVisor {
+			return errdefs.Invalid("Fork", "an image with processes restores on gVisor only, not on %s", s.Engine)
+		}
+		if s.Fork.Memory && (s.Netns != "") != s.Fork.network {
+			return errdefs.Invalid("Fork", "a copy restores with the network mode of its source: give it a network namespace exactly when the source had one")
+		}
+		s.DiskBytes = s.Fork.DiskBytes
 	}
 	for _, p := range []string{s.Netns, s.ResolvConf} {
 		if p != "" && !filepath.IsAbs(p) {

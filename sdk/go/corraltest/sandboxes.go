@@ -86,6 +86,15 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		fail(w, invalid("tier", "tier %q is not supported", req.Tier))
 		return
 	}
+	runtime := "runc"
+	switch req.Runtime {
+	case "", "runc":
+	case "gvisor":
+		runtime = "gvisor"
+	default:
+		fail(w, invalid("runtime", "%q: want runc or gvisor", req.Runtime))
+		return
+	}
 	for _, e := range req.Env {
 		if !strings.Contains(e, "=") {
 			fail(w, invalid("env", "env entry %q is not KEY=VALUE", e))
@@ -153,7 +162,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			Project:        project,
 			Node:           "fake-node",
 			Tier:           "container",
-			Runtime:        "runc",
+			Runtime:        runtime,
 			Base:           req.Base,
 			Workspace:      req.Workspace,
 			Toolkits:       req.Toolkits,

@@ -171,6 +171,7 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/ttl", s.setTTL)
+	mux.HandleFunc("POST /v1/sandboxes/{id}/fork", s.fork)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/exec", s.exec)
 	mux.HandleFunc("POST /v1/sandboxes/{id}/commands", s.startCommand)
 	mux.HandleFunc("GET /v1/sandboxes/{id}/commands", s.listCommands)

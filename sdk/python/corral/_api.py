@@ -127,6 +127,15 @@ def resume(id: str) -> Call:
     return Call(Request("POST", sandbox_path(id, "resume"), idempotent=True), into(m.SandboxInfo))
 
 
+def fork(id: str, count: int, labels: Optional[Mapping[str, str]], disk_only: bool,
+         ttl: Any) -> Call:
+    body: Dict[str, Any] = {"count": count}
+    body.update(_drop_empty({"labels": dict(labels or {}), "disk_only": disk_only,
+                             "ttl": duration(ttl)}))
+    return Call(Request("POST", sandbox_path(id, "fork"), json_body=body),
+                into(m.SandboxInfo, "sandboxes"))
+
+
 def snapshot(id: str, name: str, version: Optional[str], exclude: Optional[Sequence[str]]) -> Call:
     if version is None and ":" in name:
         name, version = name.split(":", 1)

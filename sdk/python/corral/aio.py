@@ -567,6 +567,13 @@ class AsyncSandbox:
         """Make the sandbox expire ``ttl`` from now."""
         return await self._keep(_api.set_ttl(self.id, ttl))
 
+    async def fork(self, count: int = 1, labels: Optional[Mapping[str, str]] = None,
+                   disk_only: bool = False, ttl: Optional[Duration] = None) -> List["AsyncSandbox"]:
+        """Make ``count`` copies that go on from this sandbox's state now (see
+        :meth:`corral.Sandbox.fork`)."""
+        infos = await self._c._do(_api.fork(self.id, count, labels, disk_only, ttl))
+        return [AsyncSandbox(self._c, i) for i in infos]
+
     async def snapshot(self, name: str, version: Optional[str] = None,
                        exclude: Optional[Sequence[str]] = None) -> Layer:
         """Publish the sandbox's changes as a snapshot layer (see :meth:`corral.Sandbox.snapshot`)."""

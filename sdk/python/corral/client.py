@@ -473,6 +473,16 @@ class Sandbox:
         """Make the sandbox expire ``ttl`` from now ("10m", seconds or a timedelta)."""
         return self._keep(self._c._do(_api.set_ttl(self.id, ttl)))
 
+    def fork(self, count: int = 1, labels: Optional[Mapping[str, str]] = None,
+             disk_only: bool = False, ttl: Optional[Duration] = None) -> List["Sandbox"]:
+        """Make ``count`` sandboxes (1 to 64) that go on from this one's state now: on gVisor its
+        memory, processes and disk; with ``disk_only`` (the only fork of a runc sandbox) its disk
+        alone. Each copy then diverges; this one runs on. ``labels`` are set on every copy over
+        this one's; ``ttl`` is the copies' lifetime (default: they expire with this one). All or
+        nothing: a quota that admits fewer copies makes none."""
+        infos = self._c._do(_api.fork(self.id, count, labels, disk_only, ttl))
+        return [Sandbox(self._c, i) for i in infos]
+
     def snapshot(self, name: str, version: Optional[str] = None,
                  exclude: Optional[Sequence[str]] = None) -> Layer:
         """Publish the sandbox's changes as snapshot layer ``name`` ("NAME" or "NAME:VERSION";

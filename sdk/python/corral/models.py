@@ -282,6 +282,7 @@ class SandboxInfo(Model):
     auto_pause_after_seconds: int = 0
     pause_keeps_ttl: bool = True
     from_snapshot: str = ""
+    forked_from: str = ""
     environment: str = ""
     cwd: str = ""
     user: str = ""

@@ -240,6 +240,7 @@ class RouteCoverageTest(unittest.TestCase):
             _api.environment("n"), _api.update_environment("n", 0), _api.delete_environment("n"), _api.delete_tag("n", "t"),
             _api.tag_layer("n", "t", "v"), _api.gc_layers(), _api.set_network_services({}),
             _api.network_services(), _api.snapshot("i", "n", "v", None), _api.pause("i"),
+            _api.fork("i", 2, None, False, None),
             _api.resume("i"), _api.power("i", "on", False), _api.screenshot("i"),
             _api.input_events("i", []), _api.console("i", 0), _api.exec_stream("i", b),
             _api.trajectory("i", 0), _api.start_command("i", b), _api.commands("i"),

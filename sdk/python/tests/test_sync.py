@@ -246,6 +246,22 @@ class SyncTest(unittest.TestCase):
         child = self.sandbox(base="", from_snapshot=layer.ref)
         self.assertEqual(child.read_file("/root/state"), b"snap\n")
 
+    def test_fork(self) -> None:
+        sb = self.sandbox(labels={"run": "f"})
+        sb.write_file("/root/f", b"forked")
+        with self.assertRaises(corral.errors.Conflict):
+            sb.fork(count=2)  # runc: processes cannot be checkpointed; disk_only can
+        copies = sb.fork(count=2, disk_only=True, labels={"branch": "b"}, ttl="5m")
+        for cp in copies:
+            self.addCleanup(cp.delete)
+        self.assertEqual(len(copies), 2)
+        for cp in copies:
+            self.assertEqual(cp.record.forked_from, sb.id)
+            self.assertEqual(cp.record.labels, {"run": "f", "branch": "b"})
+            self.assertEqual(cp.read_file("/root/f"), b"forked")
+        with self.assertRaises(corral.errors.InvalidRequest):
+            sb.fork(count=0)
+
     def test_network(self) -> None:
         sb = self.sandbox(network=["198.51.100.7:80/tcp"])
         self.assertEqual(sb.record.network.allow, ["198.51.100.7:80/tcp"])

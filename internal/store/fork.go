@@ -1,0 +1,75 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/corral-dev/corral/internal/iam"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// AdmitSandboxes is AdmitSandbox for several sandboxes of one project at once (the copies of a
+// fork), all or nothing: their sum is checked against the quotas of the project and its
+// ancestors, and either every record is written or none. They take no idempotency key and
+// no volumes.
+func (s *Store) AdmitSandboxes(ctx context.Context, sbs []*Sandbox) error {
+	if len(sbs) == 0 {
+		return nil
+	}
+	projectID := sbs[0].ProjectID
+	if projectID == "" {
+		projectID = RootProjectID
+	}
+	want := corral.Usage{Tiers: map[string]int64{}}
+	for _, sb := range sbs {
+		if sb.ProjectID == "" {
+			sb.ProjectID = RootProjectID
+		}
+		if sb.ProjectID != projectID {
+			return fmt.Errorf("admit sandboxes: %s is in another project than %s", sb.ID, sbs[0].ID)
+		}
+		if len(sb.VolumeIDs) > 0 {
+			return fmt.Errorf("admit sandboxes: %s has volumes", sb.ID)
+		}
+		want.Sandboxes++
+		want.CPUs += sb.Limits.CPUs
+		want.MemoryBytes += sb.Limits.MemoryBytes
+		want.DiskBytes += sb.Limits.DiskBytes
+		want.CreatesPerMinute++
+		want.Tiers[sb.Tier]++
+	}
+	err := s.tx(ctx, func(tx *Tx) error {
+		for _, sb := range sbs {
+			if err := s.checkFence(ctx, tx, sb); err != nil {
+				return err
+			}
+		}
+		now := time.Now()
+		limited, err := checkQuotas(ctx, tx, projectID, want, now)
+		if err != nil {
+			return err
+		}
+		for i := len(limited) - 1; i >= 0; i-- {
+			for range sbs {
+				if err := takeCreation(ctx, tx, limited[i], now); err != nil {
+					return err
+				}
+			}
+		}
+		for _, sb := range sbs {
+			if err := putSandbox(ctx, tx, sb); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
+		return qe
+	}
+	if err != nil {
+		return fmt.Errorf("admit %d sandboxes: %w", len(sbs), err)
+	}
+	return nil
+}
