@@ -63,8 +63,8 @@ func TestTraces(t *testing.T) {
 			t.Errorf("create span attribute %s = %q, want %q (all: %v)", k, create.Attrs[k], want, create.Attrs)
 		}
 	}
-	// The create's steps are its children, in its trace.
-	for _, name := range []string{trace.Admit, trace.LayerFetch, trace.RuntimeNew} // no network by default: no corral.net.attach {
+	// The create's steps are its children, in its trace (no network by default: no corral.net.attach).
+	for _, name := range []string{trace.Admit, trace.LayerFetch, trace.RuntimeNew} {
 		found := false
 		for _, s := range spans {
 			if s.Name == name && s.ParentID == create.SpanID && s.TraceID == create.TraceID {
