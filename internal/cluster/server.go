@@ -555,7 +555,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if preq.DiskBytes == 0 {
 		preq.DiskBytes = edge.DefaultLimits.DiskBytes
 	}
-	ctx, span := trace.Start(r.Context(), trace.Placement, trace.Project(project), trace.Tier(preq.Tier))
+	ctx, span := trace.Start(r.Context(), trace.Placement, trace.Project(iam.Display(project)), trace.Tier(preq.Tier))
 	nodes := placementNodes(s.upNodes(ctx))
 	var resp *http.Response
 	node, err := s.placer.PlaceWithRetry(ctx, preq, nodes, func(ctx context.Context, name string) error {
