@@ -148,3 +148,24 @@ func TestEnvironmentEndpoint(t *testing.T) {
 		return len(rcv.Find(trace.Create, trace.KeySandbox, "sb-local-env")) == 1
 	})
 }
+
+// BenchmarkSpan is one span's cost on a hot path, off and on (exported to a real receiver).
+func BenchmarkSpan(b *testing.B) {
+	run := func(b *testing.B) {
+		ctx := context.Background()
+		b.ReportAllocs()
+		for b.Loop() {
+			_, span := trace.Start(ctx, trace.Exec, trace.Sandbox("sb-local-x"), trace.Node("local"))
+			span.Set(trace.Project("/"), trace.Tier("container"))
+			span.End(nil)
+		}
+	}
+	b.Run("off", run)
+	rcv := otlptest.Start(b)
+	stop, err := trace.Setup(context.Background(), trace.Config{Endpoint: rcv.URL(), Service: "bench"}, quiet)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stop(context.Background())
+	b.Run("on", run)
+}
