@@ -398,18 +398,21 @@ func TestConsoleListLoad(t *testing.T) {
 		// first page of rows is in the DOM (the list call, decoding, sorting and rendering). A
 		// reload per round would add the bundle's load, and Chromium aborts loads with
 		// ERR_NETWORK_CHANGED whenever the host's interfaces change (every Corral's veths).
-		ms, err := chromedp.Run(within(t, page), chromedp.Evaluate[float64](`new Promise((resolve) => {
-			location.hash = '#/tokens';
-			const away = () => {
-				if (!document.querySelector('#tokens') || document.querySelector('#sandboxes')) return setTimeout(away, 5);
-				const t0 = performance.now();
-				location.hash = '#/sandboxes';
-				const check = () => document.querySelector('#sandboxes tbody tr:nth-child(50)') ? resolve(performance.now() - t0) : setTimeout(check, 2);
-				check();
-			};
-			away();
-		})`, chromedp.EvalAwaitPromise))
+		ok(t, "away from the list", chromedp.Do(within(t, page), goTo(page, "#/tokens"), chromedp.WaitVisible(css("#tokens"))))
+		// A MutationObserver stamps the moment the 50th row is in the DOM (no timer in between).
+		_, err = eval[any](page, `{ window.__t1 = 0;
+			window.__mo && window.__mo.disconnect();
+			const mo = window.__mo = new MutationObserver(() => {
+				if (!window.__t1 && document.querySelector('#sandboxes tbody tr:nth-child(50)')) { window.__t1 = performance.now(); mo.disconnect(); }
+			});
+			mo.observe(document.body, { childList: true, subtree: true });
+			window.__t0 = performance.now();
+			location.hash = '#/sandboxes'; }
+			null`)
 		ok(t, "route to the list page", err)
+		ok(t, "the list's first page", chromedp.Do(within(t, page), chromedp.WaitVisible(css("#sandboxes tbody tr:nth-child(50)"))))
+		ms, err := eval[float64](page, `window.__t1 - window.__t0`)
+		ok(t, "the route's time", err)
 		ui = append(ui, time.Duration(ms*float64(time.Millisecond)))
 	}
 	rows, err := eval[int](page, `document.querySelectorAll('#sandboxes tbody tr').length`)
