@@ -382,6 +382,8 @@ func TestConsoleListLoad(t *testing.T) {
 	t.Logf("made %d sandbox records in %s", n, time.Since(start).Round(time.Second))
 
 	page := tab(t, bctx, 10*time.Minute)
+	lastPage, lastDir = page, dir // a failure shows the page
+	t.Cleanup(func() { lastPage = nil })
 	ok(t, "sign in", chromedp.Do(within(t, page), chromedp.Navigate(p.URL+"/ui/#token="+p.Token), chromedp.WaitVisible(css("#sandboxes"))))
 	ok(t, "count", waitText(page, "#sandbox-count", strconv.Itoa(n)+" sandboxes"))
 	const rounds = 30
@@ -410,7 +412,14 @@ func TestConsoleListLoad(t *testing.T) {
 			location.hash = '#/sandboxes'; }
 			null`)
 		ok(t, "route to the list page", err)
-		ok(t, "the list's first page", chromedp.Do(within(t, page), chromedp.WaitVisible(css("#sandboxes tbody tr:nth-child(50)"))))
+		if err := chromedp.Do(within(t, page), chromedp.WaitVisible(css("#sandboxes tbody tr:nth-child(50)"))); err != nil {
+			dctx, cancel := context.WithTimeout(page, 10*time.Second)
+			why, _ := eval[string](dctx, `location.hash + ' · rows ' + document.querySelectorAll('#sandboxes tbody tr').length + ' · ' +
+				JSON.stringify(performance.getEntriesByType('resource').filter((e) => e.name.includes('/v1/')).slice(-6).map((e) => [e.name.replace(location.origin, ''), Math.round(e.duration)]))`)
+			cancel()
+			t.Logf("round %d: %s", i, why)
+			ok(t, "the list's first page", err)
+		}
 		ms, err := eval[float64](page, `window.__t1 - window.__t0`)
 		ok(t, "the route's time", err)
 		ui = append(ui, time.Duration(ms*float64(time.Millisecond)))
