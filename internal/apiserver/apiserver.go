@@ -29,6 +29,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/webhook"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -238,7 +239,8 @@ func (s *Server) Handler() http.Handler {
 		httpjson.Error(w, r, s.log, errdefs.NotFound("no API route %s %s", r.Method, r.URL.Path))
 	})
 	mux.Handle("/", s.authenticate(api))
-	return mux
+	// A request's spans continue its caller's trace (a cluster server's, or a client's).
+	return trace.Extract(mux)
 }
 
 // route sends a sandbox data-plane request to the edge named by the sandbox ID.

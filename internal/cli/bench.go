@@ -174,6 +174,23 @@ func (a *app) newBenchCmd() *cobra.Command {
 	uf.StringVar(&noUsernsURL, "without-url", "", "URL of a corral up --no-userns on this host")
 	uf.StringVar(&noUsernsToken, "without-token-file", "", "its admin token file (DATA-DIR/admin.token)")
 	cmd.AddCommand(userns)
+	var tc bench.TracingConfig
+	var untracedURL, untracedToken string
+	tracing := a.jsonBench("trace", "Create→first exec and exec round trip with traces exported over OTLP (this server, --otlp-endpoint) against a corral up without (--without-url), sampled alternately",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			without, err := bench.NewClientFromTokenFile(untracedURL, untracedToken)
+			if err != nil {
+				return nil, err
+			}
+			return bench.Tracing(ctx, c, without, tc, log)
+		})
+	tf := tracing.Flags()
+	tf.StringVar(&tc.Base, "base", "base:default", "base layer NAME:VERSION (on both servers)")
+	tf.IntVar(&tc.TTIRounds, "tti", 50, "create→first exec samples per server")
+	tf.IntVar(&tc.ExecRounds, "exec", 200, "exec round trips per server")
+	tf.StringVar(&untracedURL, "without-url", "", "URL of a corral up without --otlp-endpoint on this host")
+	tf.StringVar(&untracedToken, "without-token-file", "", "its admin token file (DATA-DIR/admin.token)")
+	cmd.AddCommand(tracing)
 	var dc bench.DiskConfig
 	var sparseURL, sparseToken string
 	disk := a.jsonBench("disk", "Create→first exec with writable disks allocated when made (this server) against a corral up --sparse-disks (--sparse-url), sampled alternately; the node's disk account after many creates",

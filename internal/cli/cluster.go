@@ -67,6 +67,7 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API on this address (every replica; default: off)")
 	f.StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>)")
+	f.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this receiver, http(s)://HOST:PORT (/v1/traces is added unless the URL has a path; default $OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing)")
 	return cmd
 }
 
@@ -134,6 +135,7 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 	f.Float64Var(&cfg.Cluster.Overcommit.CPU, "overcommit-cpu", 0, "CPU limits admitted per CPU of this host (default 4); over it a create is refused with 409 node_full")
 	f.Float64Var(&cfg.Cluster.Overcommit.Memory, "overcommit-memory", 0, "memory limits admitted per byte of this host's memory (default 1)")
 	f.Float64Var(&cfg.Cluster.Overcommit.Disk, "overcommit-disk", 0, "writable-disk limits admitted per byte of the data dir's filesystem (default 1)")
+	f.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this receiver, http(s)://HOST:PORT (/v1/traces is added unless the URL has a path; default $OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing)")
 	f.MarkHidden("node") // --name says it for an edge
 	for _, req := range []string{"server", "join-token", "name"} {
 		cmd.MarkFlagRequired(req)

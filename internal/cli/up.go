@@ -45,6 +45,7 @@ re-adopted at the next start, as they are after a crash.`,
 	cmd.Flags().Float64Var(&cfg.OvercommitDisk, "overcommit-disk", 0, "writable-disk limits admitted per byte the data dir's filesystem can hold (its free space plus what sandbox disks took; default 1); over it a create is refused with 409 node_full")
 	cmd.Flags().StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API (the e2b SDKs' E2B_API_URL) on this address (default: off)")
 	cmd.Flags().StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>; default: the host a request came to)")
+	cmd.Flags().StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this receiver, http(s)://HOST:PORT (/v1/traces is added unless the URL has a path; default $OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing)")
 	return cmd
 }
 

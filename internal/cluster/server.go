@@ -49,6 +49,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -69,6 +70,9 @@ type Config struct {
 	Overcommit placement.Overcommit
 	// E2B serves E2B's API beside Corral's on every replica (off unless E2B.Listen is set).
 	E2B daemon.E2BConfig
+	// OTLPEndpoint is the OTLP/HTTP receiver traces go to (trace.Config.Endpoint); empty:
+	// $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing.
+	OTLPEndpoint string
 }
 
 func (c *Config) setDefaults() {
@@ -115,6 +119,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
+	stopTracing, err := trace.Setup(ctx, trace.Config{Endpoint: cfg.OTLPEndpoint, Service: "corral-server"}, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		stopTracing(sctx)
+	}()
 	st, err := store.Open(ctx, cfg.Store)
 	if err != nil {
 		return err
@@ -209,7 +222,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/v1/sandboxes/{id}", s.toOwner)
 	mux.HandleFunc("/v1/sandboxes/{id}/", s.toOwner)
 	mux.HandleFunc("/", s.toAny)
-	return mux
+	return trace.Extract(mux)
 }
 
 // nodeAction cordons, drains or uncordons a node (operator).
@@ -363,7 +376,11 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 		HTTP2: &http.HTTP2Config{SendPingTimeout: edgePingEvery, PingTimeout: edgePingTimeout},
 	}
 	p := &httputil.ReverseProxy{
-		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.Out.Host = pr.In.Host },
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(u)
+			pr.Out.Host = pr.In.Host
+			trace.Inject(pr.Out.Context(), pr.Out.Header) // the edge's spans join this replica's trace
+		},
 		Transport:     tr,
 		FlushInterval: -1, // streams (exec output, attach) pass through as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -424,6 +441,8 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
+	r, span := trace.StartRequest(r, trace.Route, trace.Sandbox(id), trace.Node(name))
+	defer span.End(nil)
 	c.proxy.ServeHTTP(w, r)
 }
 
@@ -536,9 +555,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if preq.DiskBytes == 0 {
 		preq.DiskBytes = edge.DefaultLimits.DiskBytes
 	}
-	nodes := placementNodes(s.upNodes(r.Context()))
+	ctx, span := trace.Start(r.Context(), trace.Placement, trace.Project(iam.Display(project)), trace.Tier(preq.Tier))
+	nodes := placementNodes(s.upNodes(ctx))
 	var resp *http.Response
-	node, err := s.placer.PlaceWithRetry(r.Context(), preq, nodes, func(ctx context.Context, name string) error {
+	node, err := s.placer.PlaceWithRetry(ctx, preq, nodes, func(ctx context.Context, name string) error {
 		n, _ := s.node(ctx, name)
 		c, err := s.conn(n)
 		if err != nil {
@@ -549,6 +569,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		out.Header = r.Header.Clone()
+		trace.Inject(ctx, out.Header) // the edge's create is a child of this placement
 		resp, err = c.client.Do(out)
 		if neverSent(err) {
 			// The create never reached the node: safe to try another.
@@ -583,6 +604,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		}
 		return nil
 	}, s.cfg.MaxTries)
+	span.Set(trace.Node(node), trace.Int("corral.nodes", len(nodes)))
+	span.End(&err)
 	if err != nil {
 		// No node fits: 429 when the cluster (or the part the request may use) is full or the
 		// nodes refused it for room, 503 when no node could take it at all. When the last node

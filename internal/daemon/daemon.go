@@ -36,6 +36,7 @@ import (
 	"github.com/corral-dev/corral/internal/runtime/qemu"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/volume"
 	"github.com/corral-dev/corral/internal/webhook"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -165,6 +166,9 @@ type Config struct {
 	// SandboxBudgets are each container sandbox's per-user kernel budgets (with user
 	// namespaces; zero fields take runc's defaults).
 	SandboxBudgets runc.Budgets
+	// OTLPEndpoint is the OTLP/HTTP receiver traces are sent to (trace.Config.Endpoint); empty:
+	// $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing.
+	OTLPEndpoint string
 }
 
 // MicroVMConfig configures the microvm tier. The tier is on wherever QEMU and the guest kernel
@@ -260,7 +264,7 @@ func (c *Config) Validate() error {
 	if fi, err := os.Stat(c.Agent); err != nil || !fi.Mode().IsRegular() {
 		return errdefs.Invalid("agent", "corral-agent not found at %s (build it with `make build`, or pass --agent)", c.Agent)
 	}
-	return nil
+	return trace.Config{Endpoint: c.OTLPEndpoint}.Validate()
 }
 
 // claimHost takes this data dir's claim in the host registry and fills cfg's cgroup parent, net
@@ -305,6 +309,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	PrivateUmask()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	if !cfg.Down {
+		service := "corral-up"
+		if cfg.Cluster != nil {
+			service = "corral-edge"
+		}
+		stopTracing, err := trace.Setup(ctx, trace.Config{Endpoint: cfg.OTLPEndpoint, Service: service, Node: cfg.Node}, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			// What is still batched goes out, within a bound: a receiver that is down must not
+			// hold up a shutdown.
+			sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			stopTracing(sctx)
+		}()
 	}
 	// A data dir it cannot write is refused before anything is written; `corral down` goes on,
 	// since removing what a data dir holds is what frees its filesystem.

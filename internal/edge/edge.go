@@ -40,6 +40,7 @@ import (
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -620,7 +621,9 @@ func (e *Edge) acquireLayers(ctx context.Context, digests []string) ([]string, e
 
 // prepareLayers starts fetching rec's layers as its Fetch mode says (eager waits for all their
 // data), then mounts them.
-func (e *Edge) prepareLayers(ctx context.Context, rec *store.Sandbox, fill map[string]int64) ([]string, error) {
+func (e *Edge) prepareLayers(ctx context.Context, rec *store.Sandbox, fill map[string]int64) (_ []string, err error) {
+	ctx, span := trace.Start(ctx, trace.LayerFetch, trace.Sandbox(rec.ID), trace.String("corral.fetch", rec.Fetch), trace.Int("corral.layers", len(rec.Lower)))
+	defer span.End(&err)
 	key := "env:" + rec.Environment
 	if rec.Environment == "" {
 		key = "layers:" + strings.Join(rec.Lower, ",")
@@ -806,6 +809,8 @@ func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *st
 // create is Create; calls makes a container of an fncall pool (tier fncall), whose agent runs
 // isolated calls only.
 func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool, key *store.Idempotency) (_ *store.Sandbox, err error) {
+	ctx, span := trace.Start(ctx, trace.Create, trace.Node(e.cfg.Node))
+	defer span.End(&err)
 	if key != nil {
 		// Most retries find the key before any work (the admission transaction checks again).
 		if err := e.store.CheckIdempotency(ctx, key); err != nil {
@@ -815,22 +820,30 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	if !calls {
 		req = e.withEnvDefaults(ctx, req)
 	}
+	actx, aspan := trace.Start(ctx, trace.Admit)
 	e.layersMu.RLock()
-	adm, err := e.admit(ctx, req, calls)
+	adm, err := e.admit(actx, req, calls)
 	if err != nil {
 		e.layersMu.RUnlock()
+		aspan.End(&err)
 		return nil, err
 	}
 	if !calls {
-		if rec, ok, err := e.claimWarm(ctx, req, adm, key); ok {
+		if rec, ok, err := e.claimWarm(actx, req, adm, key); ok {
 			e.layersMu.RUnlock()
+			aspan.End(&err)
+			if rec != nil {
+				span.Set(trace.Sandbox(rec.ID), trace.Project(rec.Project), trace.Tier(rec.Tier), trace.String("corral.claimed", "true"))
+			}
 			return rec, err
 		}
 	}
 	rec := adm.rec
+	span.Set(trace.Sandbox(rec.ID), trace.Project(rec.Project), trace.Tier(rec.Tier))
 	// The quotas of the project and its ancestors are checked in the transaction that records it.
-	err = e.admitOnNode(ctx, rec, key)
+	err = e.admitOnNode(actx, rec, key)
 	e.layersMu.RUnlock()
+	aspan.End(&err)
 	if err != nil {
 		if _, ok := errors.AsType[*iam.QuotaError](err); ok {
 			// No sandbox was made: the event names the project and the quota, not an ID.
@@ -874,7 +887,10 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	var nw *sandboxNet
 	var netnsPath, resolv string
 	if adm.net.Mode != corral.NetworkNone {
-		if nw, resolv, err = e.attachNetwork(ctx, rec, adm.net); err != nil {
+		nctx, nspan := trace.Start(ctx, trace.NetAttach, trace.Sandbox(rec.ID))
+		nw, resolv, err = e.attachNetwork(nctx, rec, adm.net)
+		nspan.End(&err)
+		if err != nil {
 			log.Error("create sandbox network", "err", err)
 			e.releaseLayers(rec, nil)
 			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
@@ -912,7 +928,8 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 		}
 	}
-	rsb, err := e.rt.Create(ctx, runc.Spec{
+	rctx, rspan := trace.Start(ctx, trace.RuntimeNew, trace.Sandbox(rec.ID), trace.Tier(rec.Tier), trace.String("corral.runtime", rec.Runtime))
+	rsb, err := e.rt.Create(rctx, runc.Spec{
 		Machine:     machine,
 		Disk:        disk,
 		DiskFormat:  diskFormat,
@@ -939,6 +956,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		Workdir:     rec.Cwd,
 		Fork:        adm.fork,
 	})
+	rspan.End(&err)
 	if err != nil {
 		log.Error("create sandbox", "err", err)
 		e.detachNetwork(rec.ID, nw)

@@ -13,6 +13,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -43,7 +44,9 @@ const forkParallel = 8
 
 // Fork makes req.Count copies of the running sandbox id; see the comment above. It returns the
 // copies' records, running, in order.
-func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) ([]*store.Sandbox, error) {
+func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ []*store.Sandbox, err error) {
+	ctx, span := trace.Start(ctx, trace.Fork, trace.Sandbox(id), trace.Node(e.cfg.Node))
+	defer span.End(&err)
 	n := req.Count
 	if n == 0 {
 		n = 1

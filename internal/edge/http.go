@@ -17,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 	"golang.org/x/sys/unix"
 )
@@ -231,10 +232,13 @@ func apiCommand(c agentrpc.CommandInfo) corral.Command {
 // with the command's stdin after the JSON object and a newline. The call is appended to the
 // sandbox's trajectory; a step_id makes it replayable (see trajectory.go).
 func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
+	r, span := trace.StartRequest(r, trace.Exec, trace.Sandbox(r.PathValue("id")), trace.Node(h.e.cfg.Node))
+	defer span.End(nil) // failures mark it through h.fail
 	sb := h.sandbox(w, r)
 	if sb == nil {
 		return
 	}
+	span.Set(trace.Project(sb.project), trace.Tier(sb.tier))
 	streamStdin := r.URL.Query().Get("stdin") == "stream"
 	var req corral.ExecRequest
 	var stdin io.Reader
@@ -427,10 +431,13 @@ func (h *dataPlane) stream(ctx context.Context, sb *sandbox, out *ndjson, next f
 }
 
 func (h *dataPlane) startCommand(w http.ResponseWriter, r *http.Request) {
+	r, span := trace.StartRequest(r, trace.CommandNew, trace.Sandbox(r.PathValue("id")), trace.Node(h.e.cfg.Node))
+	defer span.End(nil) // failures mark it through h.fail
 	sb := h.sandbox(w, r)
 	if sb == nil {
 		return
 	}
+	span.Set(trace.Project(sb.project), trace.Tier(sb.tier))
 	var req corral.ExecRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		h.fail(w, r, err)

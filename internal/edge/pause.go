@@ -10,6 +10,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -67,8 +68,9 @@ func (e *Edge) liveSandbox(ctx context.Context, id string) (*sandbox, error) {
 	return nil, errdefs.Conflict("sandbox %s is %s (%s)", id, rec.State, rec.Reason)
 }
 
-func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (*store.Sandbox, error) {
-	ctx = context.WithoutCancel(ctx)
+func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (_ *store.Sandbox, err error) {
+	ctx, span := trace.Start(context.WithoutCancel(ctx), trace.Pause, trace.Sandbox(sb.id), trace.Node(e.cfg.Node), trace.Bool("corral.automatic", automatic))
+	defer span.End(&err)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.gone {
@@ -85,6 +87,7 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (*store.S
 	if err != nil {
 		return nil, err
 	}
+	span.Set(trace.Project(rec.Project), trace.Tier(rec.Tier))
 	start := time.Now()
 	// A paused microvm is a memory image: what its guest has not written to a volume is lost
 	// with it if the sandbox is deleted while paused.
@@ -116,7 +119,7 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (*store.S
 
 // resume thaws a paused sandbox. explicit says a client asked for it by name (a conflict if it is
 // not paused); otherwise it is the transparent resume of a data-plane call.
-func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (*store.Sandbox, error) {
+func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (_ *store.Sandbox, err error) {
 	ctx = context.WithoutCancel(ctx)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -129,10 +132,14 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (*store.S
 		}
 		return nil, nil
 	}
+	// Only a real resume is a span: every data-plane call passes here.
+	ctx, span := trace.Start(ctx, trace.Resume, trace.Sandbox(sb.id), trace.Node(e.cfg.Node), trace.Bool("corral.explicit", explicit))
+	defer span.End(&err)
 	rec, err := e.store.GetSandbox(ctx, sb.id)
 	if err != nil {
 		return nil, err
 	}
+	span.Set(trace.Project(rec.Project), trace.Tier(rec.Tier))
 	start := time.Now()
 	if sb.net != nil && rec.Runtime == RuntimeGVisor {
 		// The restored netstack takes the address over from the namespace again.

@@ -17,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -575,7 +576,7 @@ func (e *Edge) removeStaleResolvConfs() {
 // claimWarm serves a create from a warm pool when the request matches the pool's shape: ok
 // false means there is no match (or nothing ready) and the create goes on as usual. adm is the
 // admitted request; the caller holds e.layersMu for reading.
-func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *admission, key *store.Idempotency) (_ *store.Sandbox, ok bool, _ error) {
+func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *admission, key *store.Idempotency) (_ *store.Sandbox, ok bool, err error) {
 	rec := adm.rec
 	if rec.Tier != TierContainer || req.Environment == "" {
 		return nil, false, nil
@@ -622,6 +623,8 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 		return nil, false, nil
 	}
 	defer p.poke()
+	ctx, span := trace.Start(ctx, trace.Claim, trace.Sandbox(w.rec.ID), trace.Project(rec.Project), trace.Tier(rec.Tier))
+	defer span.End(&err)
 	put := func() {
 		p.mu.Lock()
 		p.ready = append(p.ready, w)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -118,6 +119,7 @@ func Status(err error) int {
 // and answered with a generic message, so internals stay in the log.
 func Error(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	status := Status(err)
+	trace.Fail(r.Context(), err)
 	body := corral.Error{Code: errdefs.Code(err), Message: err.Error(), Field: errdefs.Field(err)}
 	var quota interface{ Detail() *corral.QuotaExceeded }
 	if errors.As(err, &quota) {

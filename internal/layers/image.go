@@ -21,6 +21,7 @@ import (
 	"github.com/corral-dev/corral/internal/erofs"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/trace"
 )
 
 // localFiles is implemented by blob stores whose objects are files this host can open (the
@@ -291,7 +292,9 @@ func (s *Store) localImage(ctx context.Context, m blobMeta) (string, error) {
 
 // download copies m's image from the blob store to p, checking its size and digest before it
 // becomes visible under p.
-func (s *Store) download(ctx context.Context, m blobMeta, p string) (string, error) {
+func (s *Store) download(ctx context.Context, m blobMeta, p string) (_ string, err error) {
+	ctx, span := trace.Start(ctx, trace.BlobFetch, trace.String("corral.layer.digest", m.Digest), trace.Int("corral.bytes", int(m.ImageSize)))
+	defer span.End(&err)
 	start := time.Now()
 	ihex, _ := ParseDigest(m.Image)
 	rc, err := s.blobs.Get(ctx, imageKey(ihex))

@@ -66,7 +66,10 @@ async function route() {
     if (!m) continue;
     replace(main);
     try {
-      stop = (await r.page.render(main, m.slice(1).map(decodeURIComponent), me)) || null;
+      // Only a function stops anything: a page that returned something else (replace's element)
+      // once made the next route throw before it drew, leaving the old page up.
+      const s = await r.page.render(main, m.slice(1).map(decodeURIComponent), me);
+      stop = typeof s === 'function' ? s : null;
     } catch (e) {
       replace(main, errorBox(e));
     }

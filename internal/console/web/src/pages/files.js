@@ -55,17 +55,18 @@ export async function render(root, sb) {
 
   async function open(d) {
     try {
-      const entries = await api.call(api.sandboxPath(sb.id, 'files', 'list'), { query: { path: d } });
+      const out = await api.call(api.sandboxPath(sb.id, 'files', 'list'), { query: { path: d } });
+      const entries = (out && out.files) || []; // {"files": [FileInfo...]}
       dir = d;
       where.value = d;
       list.dataset.dir = d;
-      (entries || []).sort((a, b) => (b.is_dir - a.is_dir) || a.name.localeCompare(b.name));
+      entries.sort((a, b) => (b.is_dir - a.is_dir) || a.name.localeCompare(b.name));
       replace(list, table([
         { title: 'Name', get: (f) => f.is_dir ? h('a', { href: '#', onclick: (e) => { e.preventDefault(); open(f.path); } }, f.name + '/') : h('span', { class: 'mono' }, f.name + (f.link ? ' → ' + f.link : '')) },
         { title: 'Size', get: (f) => f.is_dir ? '' : bytes(f.size) },
         { title: 'Modified', get: (f) => when(f.mod_time) },
         { title: '', get: (f) => [f.is_dir ? null : h('button', { 'data-download': f.name, onclick: () => download(f) }, 'Download'), ' ', h('button', { onclick: () => remove(f) }, 'Delete')] },
-      ], entries || [], { id: 'file-table' }));
+      ], entries, { id: 'file-table' }));
     } catch (e) {
       replace(list, errorBox(e));
     }

@@ -7,8 +7,9 @@ export async function render(root) {
   try {
     list = await api.call('/v1/nodes');
   } catch (e) {
-    if (e.status === 404) return replace(root, h('h1', {}, 'Nodes'), h('p', { class: 'muted', id: 'nodes' }, 'This Corral is a single node (no cluster server): its sandboxes run here.'));
-    return replace(root, h('h1', {}, 'Nodes'), errorBox(e));
+    if (e.status === 404) replace(root, h('h1', {}, 'Nodes'), h('p', { class: 'muted', id: 'nodes' }, 'This Corral is a single node (no cluster server): its sandboxes run here.'));
+    else replace(root, h('h1', {}, 'Nodes'), errorBox(e));
+    return;
   }
   const res = (r) => r ? (r.cpus || 0) + ' cpus · ' + bytes(r.memory_bytes) : '';
   replace(root, h('h1', {}, 'Nodes'), table([

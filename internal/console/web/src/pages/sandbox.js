@@ -26,7 +26,8 @@ export async function render(root, [id]) {
     for (const b of bar.children) b.classList.toggle('active', b.textContent === t.name);
     replace(body);
     try {
-      stop = (await t.render(body, sb)) || null;
+      const s = await t.render(body, sb);
+      stop = typeof s === 'function' ? s : null; // as in main.js's route
     } catch (e) {
       replace(body, errorBox(e));
     }

@@ -9,7 +9,10 @@ export async function render(root, sb) {
   try {
     const resp = await api.call(api.sandboxPath(sb.id, 'trajectory'), { raw: true });
     const entries = (await resp.text()).split('\n').filter(Boolean).map((l) => JSON.parse(l));
-    if (entries.length === 0) return replace(root, h('p', { class: 'muted' }, 'Nothing has been run in this sandbox yet.'));
+    if (entries.length === 0) {
+      replace(root, h('p', { class: 'muted' }, 'Nothing has been run in this sandbox yet.'));
+      return;
+    }
     for (const e of entries) {
       const req = e.request || {};
       const what = e.kind === 'exec' ? (req.argv || []).join(' ') : (req.path || req.dir || req.source || '');
