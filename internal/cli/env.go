@@ -115,6 +115,6 @@ func (a *app) newEnvCmd() *cobra.Command {
 			return c.DeleteEnvironment(cmd.Context(), args[0])
 		},
 	}
-	cmd.AddCommand(create, ls, get, rm, a.newEnvInstallCmd())
+	cmd.AddCommand(create, ls, get, rm, a.newEnvInstallCmd(), a.newEnvBuildCmd())
 	return cmd
 }
