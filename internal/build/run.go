@@ -36,7 +36,8 @@ type Backend interface {
 	BuildCommit(ctx context.Context, id string, l corral.Layer) (corral.Layer, error)
 	// BuildPublish publishes l, whose content is stored already; an existing version is returned.
 	BuildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error)
-	SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
+	// BuildSaveEnvironment saves env, replacing an environment of the same name and project.
+	BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
 	// EnvironmentOwner is the project owning environment name ("" and no error when none).
 	EnvironmentOwner(ctx context.Context, name string) (string, error)
 	ValidateImageConfig(c *corral.ImageConfig) error
@@ -328,7 +329,7 @@ func (j *Jobs) steps(ctx context.Context, job *Job, r *Request) (string, error) 
 		return "", fmt.Errorf("publish the environment's layer %s:%s: %w", final.Name, final.Version, err)
 	}
 	ref := got.Name + ":" + got.Version
-	if _, err := j.b.SaveEnvironment(ctx, corral.Environment{Name: r.Name, Base: ref, Project: r.Project}); err != nil {
+	if _, err := j.b.BuildSaveEnvironment(ctx, corral.Environment{Name: r.Name, Base: ref, Project: r.Project}); err != nil {
 		return "", fmt.Errorf("save environment %s: %w", r.Name, err)
 	}
 	return ref, nil

@@ -1426,6 +1426,16 @@ func (e *Edge) CheckBelow(ctx context.Context, kind, at string, below []string) 
 
 // SaveEnvironment validates and saves a named composition of layers.
 func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	return e.saveEnvironment(ctx, env, false)
+}
+
+// BuildSaveEnvironment is SaveEnvironment for a build: it replaces the composition of an
+// environment of the same project.
+func (e *Edge) BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	return e.saveEnvironment(ctx, env, true)
+}
+
+func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
 	if !layerNameRE.MatchString(env.Name) {
 		return corral.Environment{}, errdefs.Invalid("name", "environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
 	}
@@ -1460,6 +1470,9 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	}
 	env.Project = iam.Display(at)
 	env.CreatedAt = time.Now().UTC()
+	if replace {
+		return e.store.ReplaceEnvironment(ctx, env)
+	}
 	return e.store.PutEnvironment(ctx, env)
 }
 
