@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/runtime/runc"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -24,6 +25,9 @@ type BuildConfig struct {
 	Rounds int    // cold builds and last-step rebuilds per builder
 	Files  int    // 4 KiB files in the context the COPY step copies
 	Podman string // the podman binary ("" finds it on PATH; "none" skips the baseline)
+	// PodmanRuntime is the OCI runtime podman runs RUN steps with: Corral's runc by default (the
+	// same runtime on both sides; Debian's crun refuses this host's hybrid cgroups).
+	PodmanRuntime string
 }
 
 // BuildResult compares `corral env build` with `podman build` of the same 5-step Dockerfile:
@@ -40,6 +44,7 @@ type BuildResult struct {
 	LastRatioP50    float64 `json:"last_step_corral_over_podman_p50"`
 	PodmanVersion   string  `json:"podman_version"`
 	PodmanStorage   string  `json:"podman_storage_driver"`
+	PodmanRuntime   string  `json:"podman_runtime"`
 	CorralCachedMin int     `json:"corral_cached_steps_min_on_rebuild"`
 }
 
@@ -85,23 +90,30 @@ func Build(ctx context.Context, c *corral.Client, cfg BuildConfig, log *slog.Log
 		}
 	}
 	const podmanBase = "localhost/corral-bench-build-base:latest"
+	if cfg.PodmanRuntime == "" {
+		cfg.PodmanRuntime = runc.DefaultRunc
+	}
+	pod := func(args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, podman, append([]string{"--runtime", cfg.PodmanRuntime, "--cgroup-manager", "cgroupfs"}, args...)...)
+	}
 	if podman != "none" {
-		if out, err := exec.CommandContext(ctx, podman, "version", "--format", "{{.Client.Version}}").Output(); err == nil {
+		if out, err := pod("version", "--format", "{{.Client.Version}}").Output(); err == nil {
 			res.PodmanVersion = strings.TrimSpace(string(out))
 		}
-		if out, err := exec.CommandContext(ctx, podman, "info", "--format", "{{.Store.GraphDriverName}}").Output(); err == nil {
+		if out, err := pod("info", "--format", "{{.Store.GraphDriverName}}").Output(); err == nil {
 			res.PodmanStorage = strings.TrimSpace(string(out))
 		}
 		// The same base for podman: the rootfs imported as an image (not timed).
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(layers.WriteTar(ctx, cfg.Rootfs, pw)) }()
-		imp := exec.CommandContext(ctx, podman, "import", "-", podmanBase)
+		imp := pod("import", "-", podmanBase)
 		imp.Stdin = pr
 		if out, err := imp.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("podman import the base: %v: %s", err, out)
 		}
 		defer exec.Command(podman, "rmi", "-f", podmanBase).Run()
 	}
+	res.PodmanRuntime = cfg.PodmanRuntime
 	run := fmt.Sprintf("%d", time.Now().UnixNano())
 	var cc, cl, pc, pl []time.Duration
 	for r := range cfg.Rounds {
@@ -129,7 +141,7 @@ func Build(ctx context.Context, c *corral.Client, cfg BuildConfig, log *slog.Log
 				return nil, err
 			}
 			start := time.Now()
-			cmd := exec.CommandContext(ctx, podman, "build", "-q", "--pull=never", "-t", "corral-bench-build:"+last, "-f", df, ctxDir)
+			cmd := pod("build", "-q", "--pull=never", "-t", "corral-bench-build:"+last, "-f", df, ctxDir)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				return nil, fmt.Errorf("podman build, round %d: %v: %s", r, err, out)
 			}

@@ -313,6 +313,7 @@ func (a *app) newBenchCmd() *cobra.Command {
 	bf.IntVar(&bc.Rounds, "rounds", 5, "cold builds and last-step rebuilds per builder")
 	bf.IntVar(&bc.Files, "files", 100, "4 KiB files in the context the COPY step copies")
 	bf.StringVar(&bc.Podman, "podman", "", "podman binary for the baseline (default: on PATH; none skips it)")
+	bf.StringVar(&bc.PodmanRuntime, "podman-runtime", "", "OCI runtime podman runs RUN steps with (default: Corral's runc)")
 	cmd.AddCommand(buildBench)
 
 	var nc bench.NetworkConfig
