@@ -281,6 +281,7 @@ type countReader struct {
 	n int64
 }
 
+// Read counts what it reads.
 func (c *countReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
@@ -292,6 +293,7 @@ type limitedBuilder struct {
 	max int
 }
 
+// Write keeps the first max bytes and drops the rest.
 func (l *limitedBuilder) Write(p []byte) (int, error) {
 	if room := l.max - l.b.Len(); room > 0 {
 		if len(p) > room {

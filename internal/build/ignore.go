@@ -127,6 +127,7 @@ var errBadClass = errorString("unterminated [ class")
 
 type errorString string
 
+// Error is the message.
 func (e errorString) Error() string { return string(e) }
 
 // MayReinclude reports whether some pattern re-includes ("!"), so that a walker cannot skip an

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/doccheck"
 	"github.com/corral-dev/corral/internal/errdefs"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -416,3 +417,5 @@ func FuzzReadContext(f *testing.F) {
 		}
 	})
 }
+
+func TestDocComments(t *testing.T) { doccheck.Exported(t, ".") }
