@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -188,4 +189,71 @@ func decodeBuild(t *testing.T, s string) corral.Build {
 // applies .dockerignore again).
 func contextTarOf(dir string, w io.Writer) error {
 	return layers.WriteTar(context.Background(), dir, w)
+}
+
+// TestBuildFrom builds from each kind of FROM (a local docker archive the CLI imports, an
+// environment with a toolkit) and on gVisor.
+func TestBuildFrom(t *testing.T) {
+	needRoot(t)
+	p := withBase(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	build := func(t *testing.T, name, dockerfile string, extra ...string) {
+		t.Helper()
+		df := filepath.Join(dir, name+".Dockerfile")
+		noErr(t, os.WriteFile(df, []byte(dockerfile), 0o644))
+		out, errOut, code := p.cli("", append([]string{"env", "build", name, "-f", df}, extra...)...)
+		if code != 0 {
+			t.Fatalf("env build %s: exit %d\n%s\n%s", name, code, out, errOut)
+		}
+	}
+	check := func(t *testing.T, env, script, want string) {
+		t.Helper()
+		sb := p.create(corral.CreateRequest{Environment: env})
+		defer p.Client.DeleteSandbox(ctx, sb.ID)
+		if got := p.sh(sb.ID, script); got != want {
+			t.Errorf("%s: %q, want %q", env, got, want)
+		}
+	}
+
+	t.Run("docker archive", func(t *testing.T) {
+		if _, err := exec.LookPath("podman"); err != nil {
+			t.Skip("needs podman")
+		}
+		store := t.TempDir()
+		rootTar := filepath.Join(dir, "rootfs.tar")
+		f, err := os.Create(rootTar)
+		noErr(t, err)
+		noErr(t, layers.WriteTar(ctx, busyboxRootfs(t), f))
+		f.Close()
+		podmanCmd(t, store, "import", "--change", "ENV FROM_IMAGE=yes", rootTar, "corral-e2e-bb:1")
+		archive := filepath.Join(dir, "bb-docker.tar")
+		podmanCmd(t, store, "save", "--format", "docker-archive", "-o", archive, "corral-e2e-bb:1")
+		build(t, "fromarchive", "FROM docker-archive:"+archive+"\nRUN echo built > /built\n")
+		check(t, "fromarchive", "cat /built; echo $FROM_IMAGE", "built\nyes\n")
+		// The archive is imported once: a second build finds its layer and the step cached.
+		df := filepath.Join(dir, "again.Dockerfile")
+		noErr(t, os.WriteFile(df, []byte("FROM docker-archive:"+archive+"\nRUN echo built > /built\n"), 0o644))
+		_, errOut, code := p.cli("", "env", "build", "fromarchive", "-f", df)
+		if code != 0 || strings.Contains(errOut, "importing") || !strings.Contains(errOut, "CACHED") {
+			t.Errorf("second build from the archive: exit %d\n%s", code, errOut)
+		}
+	})
+
+	t.Run("environment with a toolkit", func(t *testing.T) {
+		tk := t.TempDir()
+		noErr(t, os.MkdirAll(filepath.Join(tk, "opt", "tk"), 0o755))
+		noErr(t, os.WriteFile(filepath.Join(tk, "opt", "tk", "file"), []byte("from the toolkit\n"), 0o644))
+		p.importDir("tk", "1", corral.KindToolkit, tk)
+		_, err := p.Client.SaveEnvironment(ctx, corral.Environment{Name: "withtk", Base: "base:test", Toolkits: []string{"tk:1"}})
+		noErr(t, err)
+		build(t, "fromenv", "FROM withtk\nRUN cat /opt/tk/file > /copied\n")
+		check(t, "fromenv", "cat /copied /opt/tk/file", "from the toolkit\nfrom the toolkit\n")
+	})
+
+	t.Run("gvisor", func(t *testing.T) {
+		needGVisor(t)
+		build(t, "ongvisor", "FROM base:test\nRUN echo on gvisor > /gv && mkdir -p /d/e && echo deep > /d/e/f\n", "--runtime", "runsc")
+		check(t, "ongvisor", "cat /gv /d/e/f", "on gvisor\ndeep\n")
+	})
 }
