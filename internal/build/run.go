@@ -294,7 +294,13 @@ func (j *Jobs) steps(ctx context.Context, job *Job, r *Request) (string, error) 
 			job.setStep(i, func(s *corral.BuildStep) { s.State = "done" })
 			continue
 		}
-		key = Key(key, st.Inputs)
+		inputs := st.Inputs
+		if st.Kind == StepRun && r.Network != nil {
+			// What a command could reach is one of its inputs.
+			nb, _ := json.Marshal(r.Network)
+			inputs += "\x00network=" + string(nb)
+		}
+		key = Key(key, inputs)
 		if l, ok, err := j.b.BuildLayer(ctx, r.Project, key); err != nil {
 			return "", fmt.Errorf("step %d (%s): %w", st.N, st.Text, err)
 		} else if ok && !r.NoCache {
