@@ -12,6 +12,7 @@
 // change. The environment's base is one more layer of the top step's content and stack that
 // carries the configuration (ENV, WORKDIR, USER, CMD, ENTRYPOINT, LABEL).
 //
-// Concurrency: Jobs.mu protects the job table; each Job.mu its state and events; one goroutine
-// per running build, ended by the context given to NewJobs.
+// Concurrency: Jobs.mu protects the job table; each Job.mu its state and events (lock order:
+// Jobs.mu, then Job.mu). One goroutine per running build, started by Jobs.Start and ended by
+// the build's end or the context given to NewJobs; followers wait on Job's changed channel.
 package build

@@ -51,7 +51,7 @@ const LayerName = "corral.build"
 // the page the kernel reads it from.
 const MaxStack = 65
 
-// maxLogBytes bounds the log a job keeps (older output is dropped, steps are kept).
+// maxLogBytes bounds the command output a job keeps (older output is dropped, steps kept).
 const maxLogBytes = 8 << 20
 
 // maxJobs is how many jobs Jobs remembers.
@@ -91,8 +91,8 @@ type Job struct {
 	mu      sync.Mutex // protects the fields below
 	build   corral.Build
 	events  []corral.BuildEvent
-	logged  int
-	dropped int           // events dropped from the front
+	logged  int           // bytes of output held
+	trimmed int           // events before this index have had their output dropped
 	changed chan struct{} // closed and replaced whenever something is appended
 }
 
@@ -218,35 +218,32 @@ func (job *Job) Snapshot() corral.Build {
 func (job *Job) Events(from int) ([]corral.BuildEvent, int, bool, <-chan struct{}) {
 	job.mu.Lock()
 	defer job.mu.Unlock()
-	i := from - job.dropped
-	if i < 0 {
-		i = 0
+	if from > len(job.events) {
+		from = len(job.events)
 	}
-	out := append([]corral.BuildEvent(nil), job.events[i:]...)
+	out := append([]corral.BuildEvent(nil), job.events[from:]...)
 	done := len(job.events) > 0 && job.events[len(job.events)-1].Type == "end"
-	return out, job.dropped + len(job.events), done, job.changed
+	return out, len(job.events), done, job.changed
 }
 
 func (job *Job) emit(ev corral.BuildEvent) {
 	job.mu.Lock()
 	defer job.mu.Unlock()
-	job.events = append(job.events, ev)
-	job.logged += len(ev.Data) + len(ev.Text)
-	for job.logged > maxLogBytes && len(job.events) > 1 {
-		// Drop the oldest output, keeping step lines.
-		k := 0
-		for k < len(job.events)-1 && job.events[k].Type != "log" {
-			k++
-		}
-		if job.events[k].Type != "log" {
-			break
-		}
-		job.logged -= len(job.events[k].Data)
-		job.events = append(job.events[:k], job.events[k+1:]...)
-		if k == 0 {
-			job.dropped++
+	// Over the budget, the oldest output goes (its event stays, empty, so that followers'
+	// positions stay valid); step lines and the end are kept.
+	for job.logged+len(ev.Data) > maxLogBytes && job.trimmed < len(job.events) {
+		old := &job.events[job.trimmed]
+		job.trimmed++
+		if old.Type == "log" && len(old.Data) > 0 {
+			job.logged -= len(old.Data)
+			old.Data = nil
 		}
 	}
+	if len(ev.Data) > maxLogBytes {
+		ev.Data = ev.Data[len(ev.Data)-maxLogBytes:]
+	}
+	job.events = append(job.events, ev)
+	job.logged += len(ev.Data)
 	close(job.changed)
 	job.changed = make(chan struct{})
 }
