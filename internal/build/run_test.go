@@ -267,7 +267,6 @@ func TestJobFollowers(t *testing.T) {
 	}
 }
 
-
 // TestJobLogBudget: output beyond the budget drops the oldest output, keeps every event (so
 // followers' positions hold) and every step line.
 func TestJobLogBudget(t *testing.T) {
