@@ -27,6 +27,8 @@ type Backend interface {
 	BuildFrom(ctx context.Context, at, ref string, dry bool) (corral.Layer, int, *corral.ImageConfig, error)
 	// BuildLayer finds the layer of a cache key.
 	BuildLayer(ctx context.Context, at, key string) (corral.Layer, bool, error)
+	// BuildCheckTarget validates the environment's name and that project at exists.
+	BuildCheckTarget(ctx context.Context, at, name string) error
 	BuildCheckNetwork(p *corral.NetworkPolicy) error
 	BuildSandbox(ctx context.Context, req corral.CreateRequest) (string, error)
 	BuildDelete(ctx context.Context, id string) error
@@ -109,6 +111,9 @@ func (j *Jobs) Check(ctx context.Context, req corral.BuildRequest, project strin
 	case "", "runc", "gvisor":
 	default:
 		return nil, errdefs.Invalid("runtime", "%q: builds run on runc or gvisor", req.Runtime)
+	}
+	if err := j.b.BuildCheckTarget(ctx, project, req.Name); err != nil {
+		return nil, err
 	}
 	if err := j.b.BuildCheckNetwork(req.Network); err != nil {
 		return nil, err

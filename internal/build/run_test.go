@@ -52,6 +52,13 @@ func (f *fakeNode) BuildLayer(ctx context.Context, at, key string) (corral.Layer
 
 func (f *fakeNode) BuildCheckNetwork(p *corral.NetworkPolicy) error { return nil }
 
+func (f *fakeNode) BuildCheckTarget(ctx context.Context, at, name string) error {
+	if strings.ContainsAny(name, " /:") {
+		return errdefs.Invalid("name", "%q is not a name", name)
+	}
+	return nil
+}
+
 func (f *fakeNode) BuildSandbox(ctx context.Context, req corral.CreateRequest) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -117,6 +117,17 @@ func TestBuild(t *testing.T) {
 				}
 			})
 		}
+		for _, req := range []corral.BuildRequest{
+			{Name: "Bad Name", Dockerfile: "FROM base:test\n"},
+			{Name: "ok", Dockerfile: "FROM base:test\n", Project: "nosuch"},
+			{Name: "ok", Dockerfile: "FROM base:test\n", Runtime: "qemu"},
+			{Name: "ok", Dockerfile: "FROM base:test\n", BuildArgs: []string{"NOT AN ARG"}},
+			{Name: "ok", Dockerfile: "FROM base:test\n", Network: &corral.NetworkPolicy{Allow: []string{"not a rule!"}}},
+		} {
+			if _, err := p.Client.StartBuild(ctx, req, nil); !corral.IsInvalid(err) {
+				t.Errorf("build %+v = %v, want invalid", req, err)
+			}
+		}
 		before, err := p.Client.Layers(ctx, "corral.build")
 		noErr(t, err)
 		// A failing RUN: the build fails naming the step; no environment, no sandbox is left.

@@ -216,6 +216,16 @@ func (e *Edge) BuildCommit(ctx context.Context, id string, l corral.Layer) (corr
 	return e.BuildPublish(ctx, l)
 }
 
+// BuildCheckTarget validates a build's target: the environment (and layer) name, and the
+// project at (canonical), which must exist.
+func (e *Edge) BuildCheckTarget(ctx context.Context, at, name string) error {
+	if err := ValidateLayerName("name", name, "b-0"); err != nil {
+		return err
+	}
+	_, err := e.project(ctx, iam.Display(at))
+	return err
+}
+
 // BuildCheckNetwork validates a build's network policy (nil: no network).
 func (e *Edge) BuildCheckNetwork(p *corral.NetworkPolicy) error {
 	_, err := e.compileNetwork(p)
