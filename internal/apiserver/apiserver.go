@@ -129,6 +129,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/builds", s.listBuilds)
 	api.HandleFunc("GET /v1/builds/{id}", s.guard(iam.LayerRead, "", s.onBuild, s.getBuild))
 	api.HandleFunc("GET /v1/builds/{id}/logs", s.guard(iam.LayerRead, "", s.onBuild, s.buildLogs))
+	api.HandleFunc("POST /v1/builds/{id}/cancel", s.guard(iam.LayerPublish|iam.SandboxAdmin, "build.cancel", s.onBuild, s.cancelBuild))
 	api.HandleFunc("GET /v1/environments", func(w http.ResponseWriter, r *http.Request) {
 		list, err := s.store.ListEnvironments(r.Context())
 		if err != nil {

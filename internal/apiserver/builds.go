@@ -155,3 +155,9 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 }
+
+func (s *Server) cancelBuild(w http.ResponseWriter, r *http.Request) {
+	job, _ := s.builds.Get(r.PathValue("id"))
+	job.Cancel()
+	httpjson.Write(w, http.StatusOK, job.Snapshot())
+}

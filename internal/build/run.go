@@ -96,7 +96,17 @@ type Job struct {
 	logged  int           // bytes of output held
 	trimmed int           // events before this index have had their output dropped
 	changed chan struct{} // closed and replaced whenever something is appended
+
+	ctx    context.Context // the build's; ended by Cancel or the Jobs' context
+	cancel context.CancelFunc
 }
+
+// ErrCancelled is the cause of a build ended by Cancel.
+var ErrCancelled = errors.New("the build was cancelled")
+
+// Cancel ends a running build: the step running stops, its sandbox is removed and no
+// environment is saved. Cancelling an ended build does nothing.
+func (job *Job) Cancel() { job.cancel() }
 
 // Check validates and plans a build; every error is a 4xx (ErrInvalid, ErrConflict, ...) and
 // nothing is made. bctx may be nil.
@@ -164,6 +174,7 @@ func (j *Jobs) Check(ctx context.Context, req corral.BuildRequest, project strin
 func (j *Jobs) Start(r *Request, projectDisplay string) *Job {
 	id := "b" + randHex(8)
 	job := &Job{changed: make(chan struct{})}
+	job.ctx, job.cancel = context.WithCancel(j.ctx)
 	job.build = corral.Build{ID: id, Name: r.Name, Project: projectDisplay, State: corral.BuildRunning, From: r.Plan.From,
 		Warnings: r.Plan.Warnings, CreatedAt: time.Now().UTC()}
 	for _, s := range r.Plan.Steps {
@@ -185,6 +196,7 @@ func (j *Jobs) Start(r *Request, projectDisplay string) *Job {
 	go func() {
 		defer j.wg.Done()
 		defer r.Context.Close()
+		defer job.cancel()
 		j.run(job, r)
 	}()
 	return job
@@ -263,10 +275,13 @@ func (job *Job) setStep(i int, f func(*corral.BuildStep)) {
 // layers of the steps that succeeded stay as the cache of the next build (each is an ordinary
 // layer, `corral layer rm` takes it, `corral layer gc` the content of one never published).
 func (j *Jobs) run(job *Job, r *Request) {
-	ctx := j.ctx
+	ctx := job.ctx
 	log := j.log.With("build", job.build.ID, "environment", r.Name)
 	start := time.Now()
 	layer, err := j.steps(ctx, job, r)
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w (%v)", ErrCancelled, err)
+	}
 	now := time.Now().UTC()
 	job.mu.Lock()
 	job.build.FinishedAt = &now

@@ -84,6 +84,10 @@ func (f *fakeNode) BuildExec(ctx context.Context, id string, req corral.ExecRequ
 	f.mu.Unlock()
 	script := strings.Join(req.Argv, " ")
 	out(corral.Event{Type: "stdout", Data: []byte("running: " + script + "\n")})
+	if strings.Contains(script, "block") {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	if strings.Contains(script, "fail") {
 		return &corral.Exit{Code: 3}, nil
 	}
@@ -293,5 +297,32 @@ func TestJobLogBudget(t *testing.T) {
 	}
 	if held > maxLogBytes || held < maxLogBytes-(1<<20) || len(evs[20].Data) != 1<<20 || len(evs[1].Data) != 0 {
 		t.Errorf("held %d bytes; newest %d, oldest %d", held, len(evs[20].Data), len(evs[1].Data))
+	}
+}
+
+func TestJobCancel(t *testing.T) {
+	f := newFakeNode()
+	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
+	r, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: "FROM base:1\nRUN block\n"}, "/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := jobs.Start(r, "/")
+	for job.Snapshot().Steps[1].State != "running" {
+		_, _, _, changed := job.Events(0)
+		select {
+		case <-changed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the step did not start")
+		}
+	}
+	job.Cancel()
+	jobs.Wait()
+	b := job.Snapshot()
+	if b.State != corral.BuildFailed || !strings.Contains(b.Error, "cancelled") || !strings.Contains(b.Error, "step 2 (RUN block)") {
+		t.Errorf("cancelled build = %s: %s", b.State, b.Error)
+	}
+	if len(f.live) != 0 || len(f.envs) != 0 {
+		t.Errorf("left behind: sandboxes %v, environments %v", f.live, f.envs)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -112,8 +113,21 @@ func (a *app) followBuild(ctx context.Context, c *corral.Client, id string) erro
 		return err
 	}
 	defer logs.Close()
+	// Interrupted (Ctrl-C), the CLI cancels the build it started, as docker build does.
+	stop := context.AfterFunc(ctx, func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, err := c.CancelBuild(cctx, id); err == nil {
+			fmt.Fprintf(a.stderr, "build %s cancelled\n", id)
+		}
+		logs.Close()
+	})
+	defer stop()
 	for {
 		ev, err := logs.Next()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if errors.Is(err, io.EOF) {
 			return fmt.Errorf("build %s: the log ended before the build did (its state: GET /v1/builds/%s)", id, id)
 		}

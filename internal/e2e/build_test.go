@@ -171,6 +171,44 @@ func TestBuild(t *testing.T) {
 			}
 			return true
 		})
+		// A cancelled build stops its command and leaves nothing either.
+		cb, err := p.Client.StartBuild(ctx, corral.BuildRequest{Name: "bad", Dockerfile: "FROM base:test\nRUN echo started; sleep 600\n"}, nil)
+		noErr(t, err)
+		eventually(t, time.Minute, "the sleeping step's command runs", func() bool {
+			logs, err := p.Client.BuildLogs(ctx, cb.ID, false)
+			noErr(t, err)
+			defer logs.Close()
+			for {
+				ev, err := logs.Next()
+				if err != nil {
+					return false
+				}
+				if strings.Contains(string(ev.Data), "started") {
+					return true
+				}
+			}
+		})
+		_, err = p.Client.CancelBuild(ctx, cb.ID)
+		noErr(t, err)
+		eventually(t, time.Minute, "the cancelled build ends", func() bool {
+			got, err := p.Client.Build(ctx, cb.ID)
+			noErr(t, err)
+			end = *got
+			return got.State != corral.BuildRunning
+		})
+		if end.State != corral.BuildFailed || !strings.Contains(end.Error, "cancelled") {
+			t.Errorf("cancelled build ended %s: %s", end.State, end.Error)
+		}
+		eventually(t, 30*time.Second, "the cancelled build's sandbox is gone", func() bool {
+			list, err := p.Client.ListSandboxes(ctx, corral.ListOptions{Labels: map[string]string{"corral.build": cb.ID}})
+			noErr(t, err)
+			for _, s := range list {
+				if s.State == corral.StateRunning || s.State == corral.StateCreating {
+					return false
+				}
+			}
+			return len(list) > 0 // it had one
+		})
 		after, err := p.Client.Layers(ctx, "corral.build")
 		noErr(t, err)
 		// The step that succeeded stays as the cache of the next build; the failed one made none.

@@ -146,8 +146,14 @@ func (e *Edge) BuildExec(ctx context.Context, id string, req corral.ExecRequest,
 		return nil, err
 	}
 	defer sess.Close()
+	// A cancelled build stops reading; deleting the sandbox then ends the command.
+	stop := context.AfterFunc(ctx, func() { sess.Close() })
+	defer stop()
 	for {
 		ev, err := sess.Next()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("command output: %w", err)
 		}

@@ -111,6 +111,16 @@ func (c *Client) Build(ctx context.Context, id string) (*Build, error) {
 	return &out, nil
 }
 
+// CancelBuild ends a running build (it fails, "cancelled"; its sandbox is removed and no
+// environment saved); an ended build is returned as it is.
+func (c *Client) CancelBuild(ctx context.Context, id string) (*Build, error) {
+	var out Build
+	if err := c.do(ctx, request{method: http.MethodPost, path: "/v1/builds/" + url.PathEscape(id) + "/cancel"}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Builds lists the build jobs this server remembers (the last 100).
 func (c *Client) Builds(ctx context.Context) ([]Build, error) {
 	var out []Build

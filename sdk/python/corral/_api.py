@@ -446,6 +446,10 @@ def build(build_id: str) -> Call:
     return Call(Request("GET", "/v1/builds/" + esc(build_id)), into(m.Build))
 
 
+def cancel_build(build_id: str) -> Call:
+    return Call(Request("POST", "/v1/builds/%s/cancel" % esc(build_id)), into(m.Build))
+
+
 def build_logs(build_id: str, follow: bool = False) -> Call:
     """The build's events (step, log, end) as dicts; with follow, until the build ends."""
     q = [("follow", "true")] if follow else []

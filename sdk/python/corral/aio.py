@@ -960,6 +960,10 @@ class AsyncCorral:
         """A build job."""
         return await self._do(_api.build(build_id))
 
+    async def cancel_build(self, build_id: str) -> Build:
+        """End a running build (it fails, cancelled; nothing is saved)."""
+        return await self._do(_api.cancel_build(build_id))
+
     async def builds(self) -> List[Build]:
         """The build jobs the server remembers."""
         return await self._do(_api.builds())

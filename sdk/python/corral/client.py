@@ -923,6 +923,10 @@ class Corral:
         """A build job."""
         return self._do(_api.build(build_id))
 
+    def cancel_build(self, build_id: str) -> Build:
+        """End a running build (it fails, cancelled; nothing is saved)."""
+        return self._do(_api.cancel_build(build_id))
+
     def builds(self) -> List[Build]:
         """The build jobs the server remembers."""
         return self._do(_api.builds())
