@@ -93,8 +93,12 @@ func Build(ctx context.Context, c *corral.Client, cfg BuildConfig, log *slog.Log
 	if cfg.PodmanRuntime == "" {
 		cfg.PodmanRuntime = runc.DefaultRunc
 	}
+	// A store of its own (overlay, on the work directory's filesystem): the host's podman
+	// images are never touched.
+	store := filepath.Join(work, "podman")
 	pod := func(args ...string) *exec.Cmd {
-		return exec.CommandContext(ctx, podman, append([]string{"--runtime", cfg.PodmanRuntime, "--cgroup-manager", "cgroupfs"}, args...)...)
+		return exec.CommandContext(ctx, podman, append([]string{"--root", filepath.Join(store, "root"), "--runroot", filepath.Join(store, "run"),
+			"--storage-driver", "overlay", "--events-backend", "none", "--runtime", cfg.PodmanRuntime, "--cgroup-manager", "cgroupfs"}, args...)...)
 	}
 	if podman != "none" {
 		if out, err := pod("version", "--format", "{{.Client.Version}}").Output(); err == nil {
@@ -111,7 +115,12 @@ func Build(ctx context.Context, c *corral.Client, cfg BuildConfig, log *slog.Log
 		if out, err := imp.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("podman import the base: %v: %s", err, out)
 		}
-		defer exec.Command(podman, "rmi", "-f", podmanBase).Run()
+		// Before the work directory goes: the store's mounts and layers.
+		defer func() {
+			c := pod("system", "reset", "-f")
+			c.Stdin = strings.NewReader("y\n")
+			c.Run()
+		}()
 	}
 	res.PodmanRuntime = cfg.PodmanRuntime
 	run := fmt.Sprintf("%d", time.Now().UnixNano())
@@ -152,10 +161,6 @@ func Build(ctx context.Context, c *corral.Client, cfg BuildConfig, log *slog.Log
 			}
 		}
 		log.Info("build round", "round", r+1, "corral_cold", cc[len(cc)-1], "corral_last", cl[len(cl)-1])
-	}
-	if podman != "none" {
-		exec.Command(podman, "rmi", "-f", "corral-bench-build:one", "corral-bench-build:two").Run()
-		exec.Command(podman, "image", "prune", "-f").Run()
 	}
 	res.CorralCold, res.CorralLast = summarise(cc), summarise(cl)
 	res.PodmanCold, res.PodmanLast = summarise(pc), summarise(pl)
