@@ -71,7 +71,7 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, warm, vm, microvm, lifecycle, fork, compose, rebuild, import, fncall, e2b, exclusive, volumes, observe, network, iam, placement, cluster or lazy runs one of them.
+# BENCH_ONLY=container, warm, vm, microvm, lifecycle, fork, compose, rebuild, build, import, fncall, e2b, exclusive, volumes, observe, network, iam, placement, cluster or lazy runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi
@@ -103,6 +103,9 @@ if [ "${BENCH_ONLY:-compose}" = compose ]; then
 fi
 if [ "${BENCH_ONLY:-rebuild}" = rebuild ]; then
   corral bench rebuild --base base:bench --rootfs "$work/rootfs" ${BENCH_REBUILD_ARGS:-} | tee bench-out/rebuild.json
+fi
+if [ "${BENCH_ONLY:-build}" = build ]; then
+  corral bench build --base base:bench --rootfs "$work/rootfs" ${BENCH_BUILD_ARGS:-} | tee bench-out/build.json
 fi
 if [ "${BENCH_ONLY:-import}" = import ]; then
   corral bench import ${BENCH_IMPORT_ARGS:-} | tee bench-out/import.json

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/build"
 	"github.com/corral-dev/corral/internal/console"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -48,6 +49,10 @@ type Server struct {
 	// importMu serialises layer imports, so that dropping the tree of a rejected import can never
 	// race with another import publishing the same content.
 	importMu sync.Mutex
+
+	// builds runs Dockerfile builds (SetBuilds); nil where no edge runs in this process.
+	builds     *build.Jobs
+	buildSpool string
 
 	// hooks, when set, delivers this process's events to webhooks (SetWebhooks).
 	hooks *webhook.Dispatcher
@@ -122,6 +127,11 @@ func (s *Server) Handler() http.Handler {
 		httpjson.Write(w, http.StatusOK, list)
 	}))
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
+	api.HandleFunc("POST /v1/builds", s.startBuild)
+	api.HandleFunc("GET /v1/builds", s.listBuilds)
+	api.HandleFunc("GET /v1/builds/{id}", s.guard(iam.LayerRead, "", s.onBuild, s.getBuild))
+	api.HandleFunc("GET /v1/builds/{id}/logs", s.guard(iam.LayerRead, "", s.onBuild, s.buildLogs))
+	api.HandleFunc("POST /v1/builds/{id}/cancel", s.guard(iam.LayerPublish|iam.SandboxAdmin, "build.cancel", s.onBuild, s.cancelBuild))
 	api.HandleFunc("GET /v1/environments", func(w http.ResponseWriter, r *http.Request) {
 		list, err := s.store.ListEnvironments(r.Context())
 		if err != nil {

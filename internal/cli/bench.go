@@ -369,6 +369,23 @@ func (a *app) newBenchCmd() *cobra.Command {
 	rf.IntVar(&rc.TKFiles, "tk-files", 2000, "1 KiB files in the toolkit")
 	cmd.AddCommand(rebuild)
 
+	var bc bench.BuildConfig
+	buildBench := a.jsonBench("build --base N:V --rootfs DIR", "A 5-step Dockerfile built cold and after a change of its last step: corral env build against podman build of the same file, alternating",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			if bc.Rootfs == "" {
+				return nil, usagef("--rootfs is required: the base layer's directory (imported into podman as the same base)")
+			}
+			return bench.Build(ctx, c, bc, log)
+		})
+	bf := buildBench.Flags()
+	bf.StringVar(&bc.Base, "base", "base:default", "base layer NAME:VERSION (published from --rootfs)")
+	bf.StringVar(&bc.Rootfs, "rootfs", "", "the base layer's directory")
+	bf.IntVar(&bc.Rounds, "rounds", 5, "cold builds and last-step rebuilds per builder")
+	bf.IntVar(&bc.Files, "files", 100, "4 KiB files in the context the COPY step copies")
+	bf.StringVar(&bc.Podman, "podman", "", "podman binary for the baseline (default: on PATH; none skips it)")
+	bf.StringVar(&bc.PodmanRuntime, "podman-runtime", "", "OCI runtime podman runs RUN steps with (default: Corral's runc)")
+	cmd.AddCommand(buildBench)
+
 	var nc bench.NetworkConfig
 	network := &cobra.Command{
 		Use:   "network --rootfs DIR",

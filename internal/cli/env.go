@@ -166,6 +166,6 @@ func (a *app) newEnvCmd() *cobra.Command {
 			return c.DeleteEnvironment(cmd.Context(), args[0])
 		},
 	}
-	cmd.AddCommand(create, ls, get, set, rm, a.newEnvInstallCmd())
+	cmd.AddCommand(create, ls, get, set, rm, a.newEnvInstallCmd(), a.newEnvBuildCmd())
 	return cmd
 }

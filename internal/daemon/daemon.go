@@ -23,6 +23,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/blobstore"
+	"github.com/corral-dev/corral/internal/build"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/egress/dns"
@@ -648,6 +649,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		info.VMUnavailable = err.Error()
 	}
 	api := apiserver.New(log, st, e, ls, info)
+	api.SetBuilds(build.NewJobs(ctx, e, log.With("component", "build")), filepath.Join(cfg.DataDir, "builds"))
 	go api.Prune(ctx, cfg.AuditRetention)
 	hooks := webhook.New(cfg.Observe.Webhooks, log, st, bus)
 	go hooks.Run(ctx)

@@ -1493,6 +1493,16 @@ func (e *Edge) CheckBelow(ctx context.Context, kind, at string, below []string) 
 
 // SaveEnvironment validates and saves a named composition of layers.
 func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	return e.saveEnvironment(ctx, env, false)
+}
+
+// BuildSaveEnvironment is SaveEnvironment for a build: it replaces the composition of an
+// environment of the same project.
+func (e *Edge) BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	return e.saveEnvironment(ctx, env, true)
+}
+
+func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
 	if !layerNameRE.MatchString(env.Name) {
 		return corral.Environment{}, errdefs.Invalid("name", "environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
 	}
@@ -1531,7 +1541,12 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	env.Project = iam.Display(at)
 	env.CreatedAt = time.Now().UTC()
 	env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims, env.WarmHitRate = 0, 0, 0, 0, 0
-	saved, err := e.store.PutEnvironment(ctx, env)
+	var saved corral.Environment
+	if replace {
+		saved, err = e.store.ReplaceEnvironment(ctx, env)
+	} else {
+		saved, err = e.store.PutEnvironment(ctx, env)
+	}
 	if err == nil {
 		e.warmChanged()
 	}

@@ -57,24 +57,8 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	if rec.Runtime != RuntimeRunc {
 		return corral.Layer{}, errdefs.Invalid("runtime", "sandbox %s runs on %s: snapshots are taken of runc sandboxes only (gVisor keeps file data inside its own kernel, so the host never sees a consistent writable layer)", id, rec.Runtime)
 	}
-	upper, err := e.rt.UpperDir(id)
-	if err != nil {
-		return corral.Layer{}, err
-	}
-	start := time.Now()
-	frozen := !sb.paused.Load()
-	if frozen {
-		if err := e.rt.Freeze(ctx, id); err != nil {
-			return corral.Layer{}, err
-		}
-	}
-	// The sandbox runs again once its upper directory is read; the layer store converts and
-	// stores the copy while it runs.
-	readDone := make(chan time.Duration, 1)
-	pr, pw := io.Pipe()
 	// What the sandbox made that a layer cannot hold (devices, sockets, .wh. names that would
-	// become whiteouts) is left out and reported, not a failure. Written by the archiving
-	// goroutine, read after readDone.
+	// become whiteouts) is left out and reported, not a failure.
 	var skipped []corral.SnapshotSkip
 	skippedCount := 0
 	tarOpts := layers.TarOptions{Exclude: excludes, Skip: func(s layers.Skipped) {
@@ -83,17 +67,8 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 			skipped = append(skipped, corral.SnapshotSkip{Path: "/" + s.Path, Reason: s.Reason})
 		}
 	}}
-	go func() {
-		err := layers.WriteTarWith(ctx, upper, pw, tarOpts)
-		if frozen {
-			e.rt.Thaw(ctx, id)
-		}
-		readDone <- time.Since(start)
-		pw.CloseWithError(err)
-	}()
-	blob, err := e.layers.ImportTar(ctx, pr)
-	pr.CloseWithError(err)
-	took := <-readDone
+	start := time.Now()
+	blob, frozen, took, err := e.packUpperLocked(ctx, sb, tarOpts)
 	if err != nil {
 		return corral.Layer{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
@@ -153,4 +128,39 @@ func cleanExcludes(in []string) ([]string, error) {
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// packUpperLocked imports the writable layer of sandbox sb as a layer blob: the sandbox is
+// frozen (unless paused) while its upper directory is read, and runs again while the layer
+// store converts and stores the copy. It reports whether it froze the sandbox and how long the
+// read took. The skip callback of opts is called from another goroutine, before this returns.
+//
+// Preconditions: sb.mu is held; the sandbox is a runc sandbox.
+func (e *Edge) packUpperLocked(ctx context.Context, sb *sandbox, opts layers.TarOptions) (layers.Blob, bool, time.Duration, error) {
+	id := sb.id
+	upper, err := e.rt.UpperDir(id)
+	if err != nil {
+		return layers.Blob{}, false, 0, err
+	}
+	start := time.Now()
+	frozen := !sb.paused.Load()
+	if frozen {
+		if err := e.rt.Freeze(ctx, id); err != nil {
+			return layers.Blob{}, false, 0, err
+		}
+	}
+	readDone := make(chan time.Duration, 1)
+	pr, pw := io.Pipe()
+	go func() {
+		err := layers.WriteTarWith(ctx, upper, pw, opts)
+		if frozen {
+			e.rt.Thaw(ctx, id)
+		}
+		readDone <- time.Since(start)
+		pw.CloseWithError(err)
+	}()
+	blob, err := e.layers.ImportTar(ctx, pr)
+	pr.CloseWithError(err)
+	took := <-readDone
+	return blob, frozen, took, err
 }

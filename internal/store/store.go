@@ -1138,6 +1138,16 @@ func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (corral
 // returns the existing record; another composition under a taken name is ErrConflict (delete it
 // first).
 func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	return s.putEnvironment(ctx, env, false)
+}
+
+// ReplaceEnvironment is PutEnvironment that replaces the composition of an environment of the
+// same project (a rebuilt environment); sandboxes made from the old one keep what they got.
+func (s *Store) ReplaceEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	return s.putEnvironment(ctx, env, true)
+}
+
+func (s *Store) putEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
 	var got corral.Environment
 	err := s.tx(ctx, func(tx *Tx) error {
 		path, err := iam.ParsePath("project", env.Project)
@@ -1159,8 +1169,22 @@ func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (cor
 			if err := json.Unmarshal([]byte(doc), &got); err != nil {
 				return err
 			}
-			if got.Base != env.Base || got.Workspace != env.Workspace || !slices.Equal(got.Toolkits, env.Toolkits) || got.MicroVMTemplate != env.MicroVMTemplate ||
-				got.Runtime != env.Runtime || !reflect.DeepEqual(got.Network, env.Network) {
+			if replace {
+				// A rebuild keeps the pool size: it is no part of the composition.
+				env.Warm = got.Warm
+			}
+			same := got.Base == env.Base && got.Workspace == env.Workspace && slices.Equal(got.Toolkits, env.Toolkits) && got.MicroVMTemplate == env.MicroVMTemplate &&
+				got.Runtime == env.Runtime && reflect.DeepEqual(got.Network, env.Network)
+			if !same && replace {
+				b, err := json.Marshal(env)
+				if err != nil {
+					return err
+				}
+				got = env
+				_, err = tx.ExecContext(ctx, `UPDATE environments SET doc = ?, created_at = ?, warm = ? WHERE name = ?`, string(b), env.CreatedAt.UnixNano(), env.Warm, env.Name)
+				return err
+			}
+			if !same {
 				return errdefs.Conflict("environment %s exists with another composition; delete it first or use another name", env.Name)
 			}
 			if got.Warm == env.Warm {

@@ -442,6 +442,40 @@ def delete_environment(name: str) -> Call:
     return Call(Request("DELETE", "/v1/environments/" + esc(name)))
 
 
+# ---- builds ----
+
+def start_build(name: str, dockerfile: str, context_tar: bytes = b"",
+                build_args: Sequence[str] = (), network: Any = None, runtime: str = "",
+                project: str = "", no_cache: bool = False) -> Call:
+    """POST /v1/builds: the JSON head, a newline, then the build context as a tar."""
+    head = _drop_empty({"name": name, "dockerfile": dockerfile, "build_args": list(build_args),
+                        "runtime": runtime, "project": project, "no_cache": no_cache})
+    if network is not None:
+        head["network"] = network_json(network)
+    body = json.dumps(head).encode() + b"\n" + context_tar
+    return Call(Request("POST", "/v1/builds", body=body, content_type="application/octet-stream"),
+                into(m.Build))
+
+
+def builds() -> Call:
+    return Call(Request("GET", "/v1/builds"), into(m.Build))
+
+
+def build(build_id: str) -> Call:
+    return Call(Request("GET", "/v1/builds/" + esc(build_id)), into(m.Build))
+
+
+def cancel_build(build_id: str) -> Call:
+    return Call(Request("POST", "/v1/builds/%s/cancel" % esc(build_id)), into(m.Build))
+
+
+def build_logs(build_id: str, follow: bool = False) -> Call:
+    """The build's events (step, log, end) as dicts; with follow, until the build ends."""
+    q = [("follow", "true")] if follow else []
+    return Call(Request("GET", "/v1/builds/%s/logs" % esc(build_id), query=q),
+                lambda s, h, b: parse_ndjson(b))
+
+
 # ---- volumes ----
 
 def _project_query(project: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from . import _api, _tario, errors
 from ._core import (Call, Duration, Endpoint, NDJSONSplitter, OutputState, Request, RetryPolicy,
                     USER_AGENT, decode_error, event_line, resolve, watch_line)
-from .models import (AuditEntry, BlockedAttempt, CallResult, CodeContext, Command, Environment, Event,
+from .models import (AuditEntry, BlockedAttempt, Build, CallResult, CodeContext, Command, Environment, Event,
                      Execution, LifecycleEvent, MetricSample,
                      ExecResult, Exit, FileInfo, FncallEnv, Grant, Layer, NetworkService, Node,
                      Principal, Project, ProjectQuota, SandboxInfo, ServerInfo, Token,
@@ -955,6 +955,30 @@ class Corral:
     def set_environment_warm(self, name: str, warm: int) -> Environment:
         """Change a saved environment's warm pool size (0 drains it)."""
         return self._do(_api.update_environment(name, warm))
+
+    def build_environment(self, name: str, dockerfile: str, context_tar: bytes = b"",
+                          build_args: Sequence[str] = (), network: Any = None,
+                          runtime: str = "", project: str = "", no_cache: bool = False) -> Build:
+        """Start building the environment ``name`` from a Dockerfile (``context_tar``: the build
+        context as a tar); follow it with ``build(id)`` or ``build_logs(id, follow=True)``."""
+        return self._do(_api.start_build(name, dockerfile, context_tar, build_args, network,
+                                          runtime, project, no_cache))
+
+    def build(self, build_id: str) -> Build:
+        """A build job."""
+        return self._do(_api.build(build_id))
+
+    def cancel_build(self, build_id: str) -> Build:
+        """End a running build (it fails, cancelled; nothing is saved)."""
+        return self._do(_api.cancel_build(build_id))
+
+    def builds(self) -> List[Build]:
+        """The build jobs the server remembers."""
+        return self._do(_api.builds())
+
+    def build_logs(self, build_id: str, follow: bool = False) -> List[Dict[str, Any]]:
+        """A build's events (step, log, end); with follow, read until the build ends."""
+        return self._do(_api.build_logs(build_id, follow))
 
     def environments(self) -> List[Environment]:
         """The saved environments."""

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional
 __all__ = [
     "Model", "Exit", "Event", "ExecResult", "Command", "SandboxInfo", "Limits", "NetworkPolicy",
     "FileInfo", "WatchEvent", "Layer", "Environment", "FncallEnv", "CallResult",
-    "TrajectoryEntry", "Project", "ProjectQuota", "Principal", "Grant", "Token", "Whoami",
+    "TrajectoryEntry", "Build", "BuildStep", "Project", "ProjectQuota", "Principal", "Grant", "Token", "Whoami",
     "AuditEntry", "ServerInfo", "BlockedAttempt", "NetworkService", "Node", "e2b_key",
 ]
 
@@ -383,6 +383,39 @@ class Environment(Model):
     warm_hits: int = 0
     warm_claims: int = 0
     warm_hit_rate: float = 0.0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class BuildStep(Model):
+    """One instruction of a Dockerfile build: its kind (config, run, copy) and state (pending,
+    running, cached, done, failed)."""
+
+    n: int = 0
+    text: str = ""
+    kind: str = ""
+    state: str = ""
+    layer: str = ""
+    seconds: float = 0.0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Build(Model):
+    """A build job (``POST /v1/builds``): a Dockerfile built into the environment ``name``."""
+
+    _models: ClassVar[Dict[str, type]] = {"steps": BuildStep}
+
+    id: str = ""
+    name: str = ""
+    project: str = ""
+    state: str = ""
+    error: str = ""
+    steps: List[BuildStep] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    layer: str = ""
+    created_at: Optional[_dt.datetime] = None
+    finished_at: Optional[_dt.datetime] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 

@@ -267,6 +267,8 @@ class RouteCoverageTest(unittest.TestCase):
             _api.restart_code_context("i", "c"), _api.delete_code_context("i", "c"),
             _api.add_webhook("p", "https://example.com/h", None), _api.webhooks(""),
             _api.remove_webhook("w"), _api.webhook_deliveries("w"), _api.report("", "7d"),
+            _api.start_build("n", "FROM b:1"), _api.builds(), _api.build("b"),
+            _api.build_logs("b", True), _api.cancel_build("b"),
         ]
         import re
         reqs = [x.request if isinstance(x, _core.Call) else x for x in built]

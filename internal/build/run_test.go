@@ -1,0 +1,328 @@
+package build
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// fakeNode is an in-memory Backend for the job runner's tests: layers in a map, sandboxes as
+// IDs, commands that "fail" when their text says so. The real backend (the edge) is exercised
+// by internal/e2e/build_test.go.
+type fakeNode struct {
+	mu        sync.Mutex
+	layers    map[string]corral.Layer // by NAME:VERSION
+	live      map[string]bool         // sandboxes not yet deleted
+	made, ran int
+	envs      map[string]corral.Environment
+}
+
+func newFakeNode() *fakeNode {
+	return &fakeNode{
+		layers: map[string]corral.Layer{"base:1": {Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:base",
+			ImageConfig: &corral.ImageConfig{Env: []string{"PATH=/bin"}}}},
+		live: map[string]bool{}, envs: map[string]corral.Environment{},
+	}
+}
+
+func (f *fakeNode) BuildFrom(ctx context.Context, at, ref string, dry bool) (corral.Layer, int, *corral.ImageConfig, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.layers[ref]
+	if !ok {
+		return l, 0, nil, errdefs.Invalid("from", "layer %s is not published", ref)
+	}
+	return l, 1, l.ImageConfig, nil
+}
+
+func (f *fakeNode) BuildLayer(ctx context.Context, at, key string) (corral.Layer, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.layers[LayerName+":"+key]
+	return l, ok, nil
+}
+
+func (f *fakeNode) BuildCheckNetwork(p *corral.NetworkPolicy) error { return nil }
+
+func (f *fakeNode) BuildCheckTarget(ctx context.Context, at, name string) error {
+	if strings.ContainsAny(name, " /:") {
+		return errdefs.Invalid("name", "%q is not a name", name)
+	}
+	return nil
+}
+
+func (f *fakeNode) BuildSandbox(ctx context.Context, req corral.CreateRequest) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.layers[req.Base]; !ok {
+		return "", fmt.Errorf("create on %s: not published", req.Base)
+	}
+	f.made++
+	id := fmt.Sprintf("sb%d", f.made)
+	f.live[id] = true
+	return id, nil
+}
+
+func (f *fakeNode) BuildDelete(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.live, id)
+	return nil
+}
+
+func (f *fakeNode) BuildExec(ctx context.Context, id string, req corral.ExecRequest, out func(corral.Event)) (*corral.Exit, error) {
+	f.mu.Lock()
+	f.ran++
+	f.mu.Unlock()
+	script := strings.Join(req.Argv, " ")
+	out(corral.Event{Type: "stdout", Data: []byte("running: " + script + "\n")})
+	if strings.Contains(script, "block") {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	if strings.Contains(script, "fail") {
+		return &corral.Exit{Code: 3}, nil
+	}
+	return &corral.Exit{}, nil
+}
+
+func (f *fakeNode) BuildTarIn(ctx context.Context, id, dir, user string, r io.Reader) error {
+	_, err := io.Copy(io.Discard, r)
+	return err
+}
+
+func (f *fakeNode) BuildCommit(ctx context.Context, id string, l corral.Layer) (corral.Layer, error) {
+	l.Kind, l.Digest = corral.KindBase, "sha256:"+l.Version
+	return f.BuildPublish(ctx, l)
+}
+
+func (f *fakeNode) BuildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range l.Below {
+		if _, ok := f.layers[b]; !ok {
+			return l, fmt.Errorf("below %s: not published", b)
+		}
+	}
+	if got, ok := f.layers[l.Name+":"+l.Version]; ok {
+		return got, nil
+	}
+	f.layers[l.Name+":"+l.Version] = l
+	return l, nil
+}
+
+func (f *fakeNode) BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.envs[env.Name] = env
+	return env, nil
+}
+
+func (f *fakeNode) EnvironmentOwner(ctx context.Context, name string) (string, error) { return "", nil }
+
+func (f *fakeNode) ValidateImageConfig(c *corral.ImageConfig) error { return nil }
+
+// runJob checks, starts and waits for a build, following its log as the API does.
+func runJob(t *testing.T, jobs *Jobs, dockerfile string) (corral.Build, []corral.BuildEvent) {
+	t.Helper()
+	r, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: dockerfile}, "/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := jobs.Start(r, "/")
+	var evs []corral.BuildEvent
+	next := 0
+	deadline := time.After(10 * time.Second)
+	for {
+		got, n, done, changed := job.Events(next)
+		evs, next = append(evs, got...), n
+		if done {
+			return job.Snapshot(), evs
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatal("the build did not end")
+		}
+	}
+}
+
+func TestJobs(t *testing.T) {
+	f := newFakeNode()
+	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
+	df := "FROM base:1\nENV A=1\nRUN one\nRUN two\nCMD [\"x\"]\n"
+	b, evs := runJob(t, jobs, df)
+	if b.State != corral.BuildSucceeded || !strings.HasPrefix(b.Layer, "env:b-") {
+		t.Fatalf("build = %+v", b)
+	}
+	var lines []string
+	for _, ev := range evs {
+		if ev.Type == "step" {
+			lines = append(lines, ev.Text)
+		}
+	}
+	want := []string{"Step 1/5: FROM base:1", "Step 2/5: ENV A=1", "Step 3/5: RUN one", "Step 4/5: RUN two", `Step 5/5: CMD ["x"]`}
+	if strings.Join(lines, "|") != strings.Join(want, "|") {
+		t.Errorf("progress lines %q, want %q", lines, want)
+	}
+	if last := evs[len(evs)-1]; last.Type != "end" || last.Build.State != corral.BuildSucceeded {
+		t.Errorf("last event %+v", last)
+	}
+	final := f.layers[b.Layer]
+	if len(final.Below) != 2 || final.Below[0] != "base:1" || final.ImageConfig == nil || final.ImageConfig.Cmd[0] != "x" {
+		t.Errorf("final layer %+v", final)
+	}
+	if f.envs["env"].Base != b.Layer {
+		t.Errorf("environment %+v", f.envs["env"])
+	}
+
+	// The last step changed: one command runs, the first is cached.
+	ran := f.ran
+	b, evs = runJob(t, jobs, strings.Replace(df, "RUN two", "RUN three", 1))
+	if b.State != corral.BuildSucceeded || f.ran != ran+1 || b.Steps[2].State != "cached" || b.Steps[3].State != "done" {
+		t.Errorf("rebuild ran %d commands, steps %+v", f.ran-ran, b.Steps)
+	}
+	cached := 0
+	for _, ev := range evs {
+		if ev.Cached {
+			cached++
+			if !strings.HasSuffix(ev.Text, " CACHED") {
+				t.Errorf("cached step line %q", ev.Text)
+			}
+		}
+	}
+	if cached != 1 {
+		t.Errorf("%d cached progress lines, want 1", cached)
+	}
+
+	// A failing step names itself, leaves no environment and no sandbox.
+	delete(f.envs, "env")
+	b, _ = runJob(t, jobs, "FROM base:1\nRUN one\nRUN fail now\nRUN never\n")
+	if b.State != corral.BuildFailed || !strings.Contains(b.Error, "step 3 (RUN fail now): the command failed: exit code 3") {
+		t.Errorf("failed build = %s: %s", b.State, b.Error)
+	}
+	if _, ok := f.envs["env"]; ok {
+		t.Error("a failed build saved its environment")
+	}
+	if len(f.live) != 0 {
+		t.Errorf("sandboxes left: %v", f.live)
+	}
+	if b.Steps[3].State != "pending" {
+		t.Errorf("the step after the failure: %+v", b.Steps[3])
+	}
+
+	// Checks refuse before anything is made.
+	made := f.made
+	for _, bad := range []string{"FROM nosuch:1\n", "FROM base:1\nHEALTHCHECK NONE\n", "FROM base:1\nCOPY x /y\n"} {
+		if _, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: bad}, "/", nil); err == nil {
+			t.Errorf("%q was accepted", bad)
+		}
+	}
+	if _, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: "FROM base:1\n", Runtime: "qemu"}, "/", nil); err == nil {
+		t.Error("runtime qemu was accepted")
+	}
+	if f.made != made {
+		t.Error("a refused build made a sandbox")
+	}
+	if len(jobs.List()) != 3 {
+		t.Errorf("%d jobs listed, want 3", len(jobs.List()))
+	}
+}
+
+// TestJobFollowers reads one build's log from several goroutines while it runs.
+func TestJobFollowers(t *testing.T) {
+	f := newFakeNode()
+	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
+	var steps strings.Builder
+	steps.WriteString("FROM base:1\n")
+	for i := range 20 {
+		fmt.Fprintf(&steps, "RUN step %d\n", i)
+	}
+	r, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: steps.String()}, "/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := jobs.Start(r, "/")
+	var wg sync.WaitGroup
+	counts := make([]int, 4)
+	for i := range counts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := 0
+			for {
+				got, n, done, changed := job.Events(next)
+				counts[i] += len(got)
+				next = n
+				if done {
+					return
+				}
+				<-changed
+			}
+		}()
+	}
+	wg.Wait()
+	jobs.Wait()
+	for i, c := range counts {
+		if c != counts[0] || c < 21 {
+			t.Errorf("follower %d read %d events (first: %d)", i, c, counts[0])
+		}
+	}
+}
+
+// TestJobLogBudget: output beyond the budget drops the oldest output, keeps every event (so
+// followers' positions hold) and every step line.
+func TestJobLogBudget(t *testing.T) {
+	job := &Job{changed: make(chan struct{})}
+	job.emit(corral.BuildEvent{Type: "step", Text: "Step 1/1: RUN x"})
+	chunk := make([]byte, 1<<20)
+	for range 20 {
+		job.emit(corral.BuildEvent{Type: "log", Data: chunk})
+	}
+	evs, n, _, _ := job.Events(0)
+	if n != 21 || len(evs) != 21 || evs[0].Text != "Step 1/1: RUN x" {
+		t.Fatalf("%d events, first %+v", n, evs[0])
+	}
+	held := 0
+	for _, ev := range evs {
+		held += len(ev.Data)
+	}
+	if held > maxLogBytes || held < maxLogBytes-(1<<20) || len(evs[20].Data) != 1<<20 || len(evs[1].Data) != 0 {
+		t.Errorf("held %d bytes; newest %d, oldest %d", held, len(evs[20].Data), len(evs[1].Data))
+	}
+}
+
+func TestJobCancel(t *testing.T) {
+	f := newFakeNode()
+	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
+	r, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: "FROM base:1\nRUN block\n"}, "/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := jobs.Start(r, "/")
+	for job.Snapshot().Steps[1].State != "running" {
+		_, _, _, changed := job.Events(0)
+		select {
+		case <-changed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the step did not start")
+		}
+	}
+	job.Cancel()
+	jobs.Wait()
+	b := job.Snapshot()
+	if b.State != corral.BuildFailed || !strings.Contains(b.Error, "cancelled") || !strings.Contains(b.Error, "step 2 (RUN block)") {
+		t.Errorf("cancelled build = %s: %s", b.State, b.Error)
+	}
+	if len(f.live) != 0 || len(f.envs) != 0 {
+		t.Errorf("left behind: sandboxes %v, environments %v", f.live, f.envs)
+	}
+}

@@ -1,0 +1,268 @@
+package edge
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/layers"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// The edge's side of Dockerfile builds (internal/build drives them): a build's steps run in
+// ordinary sandboxes of the build's project, and each step's writable layer becomes a layer of
+// kind base named BuildLayerName that stacks (Below) on every layer under it, so a sandbox made
+// with it as base gets the whole stack.
+
+// BuildLayerName is the name of the layers builds make; the version is the step's cache key.
+const BuildLayerName = "corral.build"
+
+// BuildFrom resolves a build's FROM for project at: a layer NAME:VERSION (or tag) of kind base,
+// or a saved environment's name. It returns the layer to make the first sandbox with (stacking
+// on below), the number of layers in the stack, and the configuration of its base. An
+// environment with a workspace or toolkits is restacked as base layers of the same content
+// (BuildLayerName, no new data).
+//
+// With dry set nothing is published: the answer is the configuration and the depth only.
+func (e *Edge) BuildFrom(ctx context.Context, at, ref string, dry bool) (top corral.Layer, depth int, cfg *corral.ImageConfig, err error) {
+	if !strings.Contains(ref, ":") {
+		env, err := e.store.GetEnvironment(ctx, ref)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return top, 0, nil, errdefs.Invalid("from", "FROM %s: no environment of that name, and not a layer NAME:VERSION (import images with `corral layer import`)", ref)
+		} else if err != nil {
+			return top, 0, nil, err
+		}
+		if !LayerVisibleInPath(env.Project, at) {
+			return top, 0, nil, errdefs.Invalid("from", "FROM %s: the environment is not usable in this project", ref)
+		}
+		base, err := e.resolveLayer(ctx, "from", env.Base, corral.KindBase, at)
+		if err != nil {
+			return top, 0, nil, err
+		}
+		refs := []string{env.Workspace}
+		refs = append(refs, env.Toolkits...)
+		top, depth = base, len(base.Below)+1
+		below := append(append([]string(nil), base.Below...), base.Name+":"+base.Version)
+		for i, r := range refs {
+			if r == "" {
+				continue
+			}
+			kind := corral.KindToolkit
+			if i == 0 {
+				kind = corral.KindWorkspace
+			}
+			l, err := e.resolveLayer(ctx, "from", r, kind, at)
+			if err != nil {
+				return top, 0, nil, err
+			}
+			if dry {
+				depth++
+				continue
+			}
+			// The same content as a base layer that stacks on what is under it here.
+			alias := corral.Layer{
+				Name: BuildLayerName, Version: "from-" + shortKey(l.Digest+"\x00"+strings.Join(below, "\x00")),
+				Kind: corral.KindBase, Digest: l.Digest, Size: l.Size, Files: l.Files,
+				Below: append([]string(nil), below...), CreatedAt: time.Now().UTC(), Project: at,
+			}
+			if top, err = e.BuildPublish(ctx, alias); err != nil {
+				return top, 0, nil, err
+			}
+			below = append(below, top.Name+":"+top.Version)
+			depth++
+		}
+		return top, depth, base.ImageConfig, nil
+	}
+	l, err := e.resolveLayer(ctx, "from", ref, corral.KindBase, at)
+	if err != nil {
+		return top, 0, nil, err
+	}
+	return l, len(l.Below) + 1, l.ImageConfig, nil
+}
+
+// LayerVisibleInPath reports whether something owned by project owner (as the API names it)
+// is usable in project at (canonical).
+func LayerVisibleInPath(owner, at string) bool {
+	return LayerVisibleIn(corral.Layer{Project: owner}, at)
+}
+
+// shortKey is a 40-hex-digit digest of s, a layer version.
+func shortKey(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:20])
+}
+
+// BuildLayer returns the build layer of cache key key, if one is published and visible in at.
+func (e *Edge) BuildLayer(ctx context.Context, at, key string) (corral.Layer, bool, error) {
+	l, err := e.store.GetLayer(ctx, BuildLayerName, key)
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !LayerVisibleIn(l, at) {
+		return corral.Layer{}, false, nil
+	}
+	return l, err == nil, err
+}
+
+// BuildPublish publishes a build layer whose content is already stored. A version published
+// already (an identical step of another build, or a race) is returned as it is.
+func (e *Edge) BuildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error) {
+	if got, err := e.store.GetLayer(ctx, l.Name, l.Version); err == nil {
+		return got, nil
+	}
+	got, _, err := e.PublishLayer(ctx, l)
+	if err != nil && errors.Is(err, errdefs.ErrConflict) {
+		// Another build published the same step first; its result stands.
+		if prev, gerr := e.store.GetLayer(ctx, l.Name, l.Version); gerr == nil {
+			return prev, nil
+		}
+	}
+	return got, err
+}
+
+// BuildExec runs a build step's command in sandbox id and passes its output events to out. It
+// returns the command's exit.
+func (e *Edge) BuildExec(ctx context.Context, id string, req corral.ExecRequest, out func(corral.Event)) (*corral.Exit, error) {
+	sb, err := e.ownSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	areq, err := e.agentRequest(sb, req)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := sb.agent.Exec(ctx, areq)
+	if err == nil {
+		if err = startError(sess.Info()); err != nil {
+			sess.Close()
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer sess.Close()
+	// A cancelled build stops reading; deleting the sandbox then ends the command.
+	stop := context.AfterFunc(ctx, func() { sess.Close() })
+	defer stop()
+	for {
+		ev, err := sess.Next()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("command output: %w", err)
+		}
+		sb.touch()
+		if ev.Type == agentrpc.EventExit {
+			return apiExit(ev.Exit), nil
+		}
+		out(apiEvent(ev))
+	}
+}
+
+// BuildTarIn extracts a tar into directory dir of sandbox id (made if missing), everything
+// owned by user (empty: root).
+func (e *Edge) BuildTarIn(ctx context.Context, id, dir, user string, r io.Reader) error {
+	sb, err := e.ownSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	if user != "" && !userRE.MatchString(user) {
+		return errdefs.Invalid("user", "%q is not a user name or uid[:gid]", user)
+	}
+	if err := checkPath("path", dir); err != nil {
+		return err
+	}
+	return sb.agent.TarIn(ctx, dir, r, agentrpc.WriteOptions{User: user, Parents: true})
+}
+
+// BuildCommit makes the writable layer of build sandbox id into layer l (Name, Version,
+// Below, Project set by the caller): imported, then published. On gVisor the sandbox must be
+// idle (its step ended) and synced, since it cannot be frozen.
+func (e *Edge) BuildCommit(ctx context.Context, id string, l corral.Layer) (corral.Layer, error) {
+	sb, err := e.ownSandbox(ctx, id)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return corral.Layer{}, errdefs.Conflict("sandbox %s stopped", id)
+	}
+	rec, err := e.store.GetSandbox(ctx, id)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	var blob layers.Blob
+	switch rec.Runtime {
+	case RuntimeRunc:
+		blob, _, _, err = e.packUpperLocked(ctx, sb, layers.TarOptions{})
+	case RuntimeGVisor:
+		// Nothing runs but the agent, and the step synced: the upper dir is what it wrote.
+		var upper string
+		if upper, err = e.rt.UpperDir(id); err == nil {
+			pr, pw := io.Pipe()
+			go func() { pw.CloseWithError(layers.WriteTarWith(ctx, upper, pw, layers.TarOptions{})) }()
+			blob, err = e.layers.ImportTar(ctx, pr)
+			pr.CloseWithError(err)
+		}
+	default:
+		err = errdefs.Invalid("runtime", "builds run on runc or gvisor, not %s", rec.Runtime)
+	}
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("pack the writable layer of sandbox %s: %w", id, err)
+	}
+	l.Kind, l.Digest, l.Size, l.Files, l.CreatedAt = corral.KindBase, blob.Digest, blob.Size, blob.Files, time.Now().UTC()
+	return e.BuildPublish(ctx, l)
+}
+
+// BuildCheckTarget validates a build's target: the environment (and layer) name, and the
+// project at (canonical), which must exist.
+func (e *Edge) BuildCheckTarget(ctx context.Context, at, name string) error {
+	if err := ValidateLayerName("name", name, "b-0"); err != nil {
+		return err
+	}
+	_, err := e.project(ctx, iam.Display(at))
+	return err
+}
+
+// BuildCheckNetwork validates a build's network policy (nil: no network).
+func (e *Edge) BuildCheckNetwork(p *corral.NetworkPolicy) error {
+	_, err := e.compileNetwork(p)
+	return err
+}
+
+// BuildSandbox creates a sandbox for one build step and returns its ID.
+func (e *Edge) BuildSandbox(ctx context.Context, req corral.CreateRequest) (string, error) {
+	rec, err := e.Create(ctx, req)
+	if err != nil {
+		return "", err
+	}
+	return rec.ID, nil
+}
+
+// BuildDelete removes a build step's sandbox.
+func (e *Edge) BuildDelete(ctx context.Context, id string) error {
+	_, err := e.Delete(context.WithoutCancel(ctx), id)
+	return err
+}
+
+// EnvironmentOwner returns the project (canonical) owning environment name, "" when none.
+func (e *Edge) EnvironmentOwner(ctx context.Context, name string) (string, error) {
+	env, err := e.store.GetEnvironment(ctx, name)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return "", nil
+	} else if err != nil {
+		return "", err
+	}
+	return iam.ParsePath("project", env.Project)
+}
+
+// ValidateImageConfig is the package function, for builds.
+func (e *Edge) ValidateImageConfig(c *corral.ImageConfig) error { return ValidateImageConfig(c) }
