@@ -3,10 +3,10 @@ package cli
 import (
 	"encoding/base64"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	"github.com/spf13/cobra"
 
@@ -14,7 +14,7 @@ import (
 )
 
 // sgrRE matches the colour sequences of a Jupyter traceback.
-var sgrRE = regexp.MustCompile("\x1b\\[[0-9;]*m")
+var sgrRE = lazyregexp.New("\x1b\\[[0-9;]*m")
 
 // newCodeCmd is `corral code`: run code in a sandbox's code-execution server.
 func (a *app) newCodeCmd() *cobra.Command {

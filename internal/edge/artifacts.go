@@ -5,11 +5,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"time"
 
@@ -46,7 +46,7 @@ const (
 
 // projectIDRE matches the project IDs the store issues (iam.NewID), the only names of the
 // store's project directories.
-var projectIDRE = regexp.MustCompile(`^prj-[a-z0-9]{1,64}$`)
+var projectIDRE = lazyregexp.New(`^prj-[a-z0-9]{1,64}$`)
 
 type artifacts struct {
 	dir string

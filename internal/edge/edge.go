@@ -18,10 +18,10 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"io"
 	"log/slog"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -221,7 +221,7 @@ func (c *Config) setDefaults() {
 // nodePattern is a node name: 1-32 lowercase letters, digits and inner hyphens.
 const nodePattern = `[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?`
 
-var nodeRE = regexp.MustCompile(`^` + nodePattern + `$`)
+var nodeRE = lazyregexp.New(`^` + nodePattern + `$`)
 
 // Validate checks c after defaults are applied.
 func (c *Config) Validate() error {
@@ -410,7 +410,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 func (e *Edge) Node() string { return e.cfg.Node }
 
 // idRE matches sandbox IDs: "sb-", the node name, "-", 16 base32 characters.
-var idRE = regexp.MustCompile(`^sb-(` + nodePattern + `)-([a-z2-7]{16})$`)
+var idRE = lazyregexp.New(`^sb-(` + nodePattern + `)-([a-z2-7]{16})$`)
 
 // ValidID reports whether id has the form of a sandbox ID.
 func ValidID(id string) bool { return idRE.MatchString(id) }
@@ -1287,11 +1287,11 @@ func (e *Edge) limits(in corral.Limits) (corral.Limits, error) {
 }
 
 var (
-	hostnameRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
-	envKeyRE     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	labelKeyRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-	layerNameRE  = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$`)
-	layerVerRE   = regexp.MustCompile(`^[A-Za-z0-9_]([A-Za-z0-9._-]{0,126})$`)
+	hostnameRE   = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+	envKeyRE     = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelKeyRE   = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	layerNameRE  = lazyregexp.New(`^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$`)
+	layerVerRE   = lazyregexp.New(`^[A-Za-z0-9_]([A-Za-z0-9._-]{0,126})$`)
 	maxEnvLength = 128 << 10
 )
 

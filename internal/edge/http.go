@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -83,8 +83,8 @@ func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 }
 
 var (
-	userRE      = regexp.MustCompile(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
-	commandIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	userRE      = lazyregexp.New(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
+	commandIDRE = lazyregexp.New(`^[A-Za-z0-9_-]{1,64}$`)
 )
 
 const maxArgvBytes = 256 << 10

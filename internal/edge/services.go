@@ -3,7 +3,7 @@ package edge
 import (
 	"context"
 	"fmt"
-	"regexp"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
@@ -24,7 +24,7 @@ const serviceWait = 10 * time.Second
 // maxServices bounds the services one layer declares.
 const maxServices = 8
 
-var serviceNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var serviceNameRE = lazyregexp.New(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // validateServices checks the services of an imported layer's configuration.
 func validateServices(svcs []corral.Service) error {

@@ -7,10 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"hash"
 	"io"
 	"net/http"
-	"regexp"
 	"strconv"
 	"time"
 
@@ -26,7 +26,7 @@ import (
 // retry after any failure (client, network, corral itself) finds it: completed steps are replayed
 // from the log, running ones are attached to, and nothing runs twice.
 
-var stepIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+var stepIDRE = lazyregexp.New(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 
 // DefaultStepOutputBytes caps the output kept in the trajectory per step.
 const DefaultStepOutputBytes = 256 << 10

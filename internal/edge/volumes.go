@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"slices"
 	"strings"
 	"time"
@@ -46,7 +46,7 @@ const (
 	MaxVolumeBytes = 4 << 40
 )
 
-var volumeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
+var volumeNameRE = lazyregexp.New(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 
 func (e *Edge) volumesOn() error {
 	if e.cfg.Volumes == nil {

@@ -14,12 +14,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -59,7 +59,7 @@ type Config struct {
 	LogGroup uint16
 }
 
-var tagRE = regexp.MustCompile(`^[a-z0-9]{1,4}$`)
+var tagRE = lazyregexp.New(`^[a-z0-9]{1,4}$`)
 
 func (c *Config) setDefaults() {
 	if !c.Pool.IsValid() {

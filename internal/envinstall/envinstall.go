@@ -24,12 +24,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -72,8 +72,8 @@ type Recipe struct {
 }
 
 var (
-	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-	packageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
+	nameRE    = lazyregexp.New(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	packageRE = lazyregexp.New(`^[a-z0-9][a-z0-9+.-]+$`)
 )
 
 // Names lists the recipes, sorted.

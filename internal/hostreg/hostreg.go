@@ -19,13 +19,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"hash/crc32"
 	"io/fs"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -64,7 +64,7 @@ const (
 	logGroupFirst, logGroupLast = 1000, 60999
 )
 
-var tagRE = regexp.MustCompile(`^[a-z0-9]{1,4}$`)
+var tagRE = lazyregexp.New(`^[a-z0-9]{1,4}$`)
 
 // Request is what a starting instance asks for. Empty fields are chosen by the registry.
 type Request struct {

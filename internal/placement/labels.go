@@ -1,8 +1,8 @@
 package placement
 
 import (
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"maps"
-	"regexp"
 	"slices"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -15,8 +15,8 @@ const (
 )
 
 var (
-	labelKeyRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-	labelValueRE = regexp.MustCompile(`^[A-Za-z0-9._-]{0,63}$`)
+	labelKeyRE   = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	labelValueRE = lazyregexp.New(`^[A-Za-z0-9._-]{0,63}$`)
 )
 
 // ValidateLabels checks node labels or a selector: at most MaxLabels, keys of 1-64 letters,

@@ -6,9 +6,9 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"io"
 	"net"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -139,9 +139,9 @@ func forUpdate(q querier) string {
 }
 
 var (
-	ddlIdentity = regexp.MustCompile(`\bid INTEGER PRIMARY KEY\b`)
-	ddlInteger  = regexp.MustCompile(`\bINTEGER\b`)
-	ddlReal     = regexp.MustCompile(`\bREAL\b`)
+	ddlIdentity = lazyregexp.New(`\bid INTEGER PRIMARY KEY\b`)
+	ddlInteger  = lazyregexp.New(`\bINTEGER\b`)
+	ddlReal     = lazyregexp.New(`\bREAL\b`)
 )
 
 // migrateDDL translates a migration written for SQLite to PostgreSQL: 64-bit integers (SQLite's

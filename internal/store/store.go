@@ -18,9 +18,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -1233,7 +1233,7 @@ func (s *Store) DeleteEnvironment(ctx context.Context, name string) error {
 // one store ("edge.instance" alone, the key before cluster mode, is taken over by its node).
 const instanceSetting = "edge.instance"
 
-var instanceRE = regexp.MustCompile(`^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?-[0-9a-f]{16}$`)
+var instanceRE = lazyregexp.New(`^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?-[0-9a-f]{16}$`)
 
 // Instance returns node's instance name ("<node>-<16 hex digits>"), choosing it on the first
 // call. Corrals that share a blob store tell their refs and imports apart by it.

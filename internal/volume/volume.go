@@ -9,10 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 
@@ -33,7 +33,7 @@ const (
 	tmpExt   = ".tmp"
 )
 
-var idRE = regexp.MustCompile(`^vol-[0-9a-f]{16}$`)
+var idRE = lazyregexp.New(`^vol-[0-9a-f]{16}$`)
 
 // Open opens (making it if needed) the directory dir. mkfs is mkfs.ext4's path; empty looks it
 // up in PATH, /usr/sbin and /sbin.

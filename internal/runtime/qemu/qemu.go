@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"io/fs"
 	"log/slog"
 	"math"
@@ -13,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -469,7 +469,7 @@ const (
 	maxSocket    = 107
 )
 
-var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+var idRE = lazyregexp.New(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, id) }
 
