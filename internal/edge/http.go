@@ -288,7 +288,7 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 	}
 	out := newNDJSON(w)
-	clientGone := out.send(corral.Event{Type: "start", CommandID: entry.CommandID}) != nil
+	clientGone := out.send(corral.Event{Type: "start", CommandID: entry.CommandID, Pid: sess.Info().Pid}) != nil
 	if streamStdin {
 		copied := make(chan struct{})
 		go func() {
