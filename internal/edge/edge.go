@@ -294,6 +294,8 @@ type Edge struct {
 	stop        chan struct{}
 	done        chan struct{}
 	samplerDone chan struct{}
+	// steps records exec trajectory entries off the exec's path (steplog.go).
+	steps stepWriter
 }
 
 // sandbox is the in-memory side of a live sandbox.
@@ -470,6 +472,7 @@ func (e *Edge) Close() {
 	close(e.stop)
 	<-e.done
 	<-e.samplerDone
+	e.steps.close()
 	e.flushActivity(context.Background())
 }
 
