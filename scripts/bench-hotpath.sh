@@ -13,12 +13,15 @@ work=$(mktemp -d /tmp/crl-hotpath-XXXX)
 port=${BENCH_PORT:-7291}
 export CORRAL_URL=http://127.0.0.1:$port
 cleanup() {
-  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  [ -n "${pid:-}" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
   rmdir /sys/fs/cgroup/corral-hp /sys/fs/cgroup/*/corral-hp 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
-"$bindir/corral" up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$((port + 1))" \
+# HOTPATH_PERF=FILE records corral up's CPU profile (perf record -g) for the run.
+perf=()
+[ -n "${HOTPATH_PERF:-}" ] && perf=(perf record -q -F 999 -g -o "$HOTPATH_PERF" --)
+"${perf[@]}" "$bindir/corral" up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$((port + 1))" \
   --cgroup-parent /corral-hp --disk-pool 4 --net-tag hp --net-pool 10.252.7.0/24 >"$work/corral.log" 2>&1 &
 pid=$!
 for _ in $(seq 200); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done

@@ -35,10 +35,11 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"math/big"
 	"net"
 	"time"
+
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // The roles a certificate of the cluster CA carries, as its Subject's OrganizationalUnit.

@@ -2,7 +2,6 @@ package e2b
 
 import (
 	"fmt"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"maps"
 	"math"
 	"net/netip"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 

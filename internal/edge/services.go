@@ -3,11 +3,11 @@ package edge
 import (
 	"context"
 	"fmt"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )

@@ -14,7 +14,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -33,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // Config configures a Manager.

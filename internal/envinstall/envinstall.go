@@ -24,7 +24,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"io"
 	"io/fs"
 	"os"
@@ -36,6 +35,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 

@@ -17,12 +17,12 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"math/bits"
 	"slices"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 

@@ -1,11 +1,11 @@
 package placement
 
 import (
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"maps"
 	"slices"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // Label limits: node labels, node selectors and project placements are small by design.

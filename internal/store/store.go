@@ -18,7 +18,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/placement"
 	corral "github.com/corral-dev/corral/sdk/go"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -387,7 +387,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", dsn, err)
 	}
 	rdb.SetMaxOpenConns(4)
-	s.rdb = &conn{DB: rdb}
+	s.rdb = &conn{DB: rdb, stmts: &stmtCache{db: rdb}}
 	return s, nil
 }
 
@@ -418,6 +418,7 @@ func openPostgres(ctx context.Context, dsn string) (*Store, error) {
 // Close closes the database.
 func (s *Store) Close() error {
 	if s.rdb != s.db {
+		s.rdb.stmts.close()
 		s.rdb.Close()
 	}
 	return s.db.Close()

@@ -2,7 +2,6 @@ package vmguest
 
 import (
 	"fmt"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"net"
 	"net/netip"
 	"path"
@@ -10,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // ConfigFwCfg is the fw_cfg item that carries the guest's Config as JSON
