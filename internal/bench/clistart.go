@@ -31,7 +31,10 @@ type CLIStartResult struct {
 	RuncVersion     Stats   `json:"baseline_runc_version"`
 	VersionRatioP50 float64 `json:"version_ratio_p50"`
 	GetRatioP50     float64 `json:"get_404_ratio_p50"`
-	Get404Stderr    string  `json:"get_404_stderr"`
+	// CPU is each command's CPU time (user + system), which a loaded host does not inflate as
+	// it does wall time.
+	CPU          map[string]Stats `json:"cpu_ms"`
+	Get404Stderr string           `json:"get_404_stderr"`
 }
 
 // CLIStart times `corral --version`, `corral --help` and `corral get` answered 404 by a stub
@@ -53,7 +56,7 @@ func CLIStart(ctx context.Context, cfg CLIStartConfig, log *slog.Logger) (*CLISt
 	cmds := []struct {
 		args    []string
 		wantErr bool
-		d       []time.Duration
+		d, cpu  []time.Duration
 	}{
 		{args: []string{cfg.Runc, "--version"}},
 		{args: []string{cfg.Corral, "--version"}},
@@ -82,6 +85,7 @@ func CLIStart(ctx context.Context, cfg CLIStartConfig, log *slog.Logger) (*CLISt
 			}
 			if i >= 5 { // the first rounds warm the page cache
 				c.d = append(c.d, d)
+				c.cpu = append(c.cpu, cmd.ProcessState.UserTime()+cmd.ProcessState.SystemTime())
 			}
 		}
 	}
@@ -89,6 +93,8 @@ func CLIStart(ctx context.Context, cfg CLIStartConfig, log *slog.Logger) (*CLISt
 	res.Version = summarise(cmds[1].d)
 	res.Help = summarise(cmds[2].d)
 	res.Get404 = summarise(cmds[3].d)
+	res.CPU = map[string]Stats{"runc --version": summarise(cmds[0].cpu), "corral --version": summarise(cmds[1].cpu),
+		"corral --help": summarise(cmds[2].cpu), "corral get": summarise(cmds[3].cpu)}
 	res.VersionRatioP50 = ratio(res.Version.P50, res.RuncVersion.P50)
 	res.GetRatioP50 = ratio(res.Get404.P50, res.RuncVersion.P50)
 	log.Info("cli start", "version_p50_ms", res.Version.P50, "get_p50_ms", res.Get404.P50, "runc_p50_ms", res.RuncVersion.P50)

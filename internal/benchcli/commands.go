@@ -604,11 +604,16 @@ func (a *app) newCLIStartCmd() *cobra.Command {
 				return a.printJSON(res)
 			}
 			ms := func(s bench.Stats) string { return fmt.Sprintf("%.2f / %.2f", s.P50, s.P99) }
-			t := newTable(a.stdout, "COMMAND", "p50 / p99 ms", "RATIO p50 (vs runc --version)")
-			t.row("runc --version", ms(res.RuncVersion), "1.00x")
-			t.row("corral --version", ms(res.Version), fmt.Sprintf("%.2fx", res.VersionRatioP50))
-			t.row("corral --help", ms(res.Help), fmt.Sprintf("%.2fx", ratioOf(res.Help.P50, res.RuncVersion.P50)))
-			t.row("corral get (404 from a stub server)", ms(res.Get404), fmt.Sprintf("%.2fx", res.GetRatioP50))
+			t := newTable(a.stdout, "COMMAND", "WALL p50 / p99 ms", "RATIO p50 (vs runc --version)", "CPU p50 / p99 ms", "CPU RATIO p50")
+			row := func(name, label string, wall bench.Stats) {
+				c := res.CPU[name]
+				t.row(label, ms(wall), fmt.Sprintf("%.2fx", ratioOf(wall.P50, res.RuncVersion.P50)),
+					ms(c), fmt.Sprintf("%.2fx", ratioOf(c.P50, res.CPU["runc --version"].P50)))
+			}
+			row("runc --version", "runc --version", res.RuncVersion)
+			row("corral --version", "corral --version", res.Version)
+			row("corral --help", "corral --help", res.Help)
+			row("corral get", "corral get (404 from a stub server)", res.Get404)
 			return t.flush()
 		},
 	}
