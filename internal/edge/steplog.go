@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -137,8 +138,9 @@ func (e *Edge) stepWriterLoop() {
 	}
 }
 
-// writeSteps applies ops in order. A begin whose final update is in the same batch is written
-// once, as that update.
+// writeSteps applies ops in order, in one transaction (store.WriteSteps). A begin whose final
+// update is in the same batch is written once, as that update. Should the batch fail, each write
+// is tried on its own, so one bad entry loses only itself.
 func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) {
 	last := map[*corral.TrajectoryEntry]int{} // the last op of each step in this batch
 	for i, op := range ops {
@@ -146,18 +148,24 @@ func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) 
 			last[op.key] = i
 		}
 	}
+	type pending struct {
+		key   *corral.TrajectoryEntry
+		write store.StepWrite
+	}
+	var batch, after []pending // after: updates of steps begun (unmerged) in this batch
+	begun := map[*corral.TrajectoryEntry]bool{}
 	skip := make([]bool, len(ops))
+	var barriers []chan struct{}
 	for i, op := range ops {
 		switch {
 		case skip[i]:
 			continue
 		case op.barrier != nil:
-			close(op.barrier)
+			barriers = append(barriers, op.barrier)
 			continue
 		}
-		ctx := context.Background()
+		entry := op.entry
 		if op.begin {
-			entry := op.entry
 			if j := last[op.key]; j > i && ops[j].entry.State != corral.StepRunning {
 				// Its end is queued too: append the finished entry, once.
 				entry = ops[j].entry
@@ -168,26 +176,67 @@ func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) 
 				}
 			}
 			entry.Seq = 0
-			if _, err := e.store.BeginStep(ctx, op.sandbox, &entry); err != nil {
-				e.log.Error("record trajectory step", "sandbox", op.sandbox, "err", err)
-				continue
-			}
-			if entry.State == corral.StepRunning {
-				seqs[op.key] = entry.Seq
-			}
+			begun[op.key] = true
+			batch = append(batch, pending{op.key, store.StepWrite{Sandbox: op.sandbox, Entry: &entry}})
+			continue
+		}
+		p := pending{op.key, store.StepWrite{Sandbox: op.sandbox, Entry: &entry, Update: true}}
+		if begun[op.key] {
+			after = append(after, p)
 			continue
 		}
 		seq, ok := seqs[op.key]
 		if !ok {
 			continue // its append failed, or it was never queued
 		}
-		entry := op.entry
 		entry.Seq = seq
-		if entry.State != corral.StepRunning {
-			delete(seqs, op.key)
+		batch = append(batch, p)
+	}
+	write := func(ps []pending, together bool) {
+		ws := make([]store.StepWrite, len(ps))
+		for i, p := range ps {
+			ws[i] = p.write
 		}
-		if err := e.store.UpdateStep(ctx, op.sandbox, &entry); err != nil {
-			e.log.Error("record trajectory step", "sandbox", op.sandbox, "seq", seq, "err", err)
+		failed := make([]bool, len(ps))
+		if together && len(ws) > 1 {
+			if err := e.store.WriteSteps(context.Background(), ws); err != nil {
+				e.log.Warn("record trajectory steps together; writing them one by one", "steps", len(ws), "err", err)
+				together = false
+			}
 		}
+		if !together || len(ws) == 1 {
+			for i, w := range ws {
+				if err := e.store.WriteSteps(context.Background(), []store.StepWrite{w}); err != nil {
+					e.log.Error("record trajectory step", "sandbox", w.Sandbox, "err", err)
+					failed[i] = true
+				}
+			}
+		}
+		for i, p := range ps {
+			switch {
+			case failed[i]:
+				if !p.write.Update {
+					delete(seqs, p.key)
+				}
+			case p.write.Entry.State != corral.StepRunning:
+				delete(seqs, p.key) // finished: no more writes
+			default:
+				seqs[p.key] = p.write.Entry.Seq
+			}
+		}
+	}
+	if len(batch) > 0 {
+		write(batch, true)
+	}
+	for _, p := range after {
+		seq, ok := seqs[p.key]
+		if !ok {
+			continue
+		}
+		p.write.Entry.Seq = seq
+		write([]pending{p}, false)
+	}
+	for _, b := range barriers {
+		close(b)
 	}
 }

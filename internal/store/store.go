@@ -753,6 +753,18 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 // step is returned instead (the caller decides between replay, attach and conflict).
 func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error) {
 	err = s.tx(ctx, func(tx *Tx) error {
+		existing, err = s.beginStep(ctx, tx, sandbox, e)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("append to trajectory of %s: %w", sandbox, err)
+	}
+	return existing, nil
+}
+
+// beginStep is BeginStep in tx.
+func (s *Store) beginStep(ctx context.Context, tx *Tx, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error) {
+	err = func() error {
 		if e.StepID != "" {
 			var doc string
 			var exclusive bool
@@ -782,33 +794,67 @@ func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.Traject
 			return err
 		}
 		return s.chargeTrajectory(ctx, tx, sandbox, int64(len(doc)))
-	})
-	if err != nil {
-		return nil, fmt.Errorf("append to trajectory of %s: %w", sandbox, err)
-	}
-	return existing, nil
+	}()
+	return existing, err
 }
 
 // UpdateStep rewrites step e.Seq of sandbox's trajectory. A step's exclusive mark is set when it
 // is appended and never changes.
 func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) error {
-	doc, err := json.Marshal(e)
+	err := s.tx(ctx, func(tx *Tx) error { return s.updateStep(ctx, tx, sandbox, e) })
 	if err != nil {
 		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
 	}
-	err = s.tx(ctx, func(tx *Tx) error {
-		var old int64
-		if err := tx.QueryRowContext(ctx, `SELECT bytes FROM trajectory WHERE sandbox_id = ? AND seq = ?`, sandbox, e.Seq).Scan(&old); err != nil {
-			return err
+	return nil
+}
+
+// updateStep is UpdateStep in tx.
+func (s *Store) updateStep(ctx context.Context, tx *Tx, sandbox string, e *corral.TrajectoryEntry) error {
+	doc, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	var old int64
+	if err := tx.QueryRowContext(ctx, `SELECT bytes FROM trajectory WHERE sandbox_id = ? AND seq = ?`, sandbox, e.Seq).Scan(&old); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE trajectory SET state = ?, doc = ?, bytes = ? WHERE sandbox_id = ? AND seq = ?`,
+		e.State, string(doc), len(doc), sandbox, e.Seq); err != nil {
+		return err
+	}
+	return s.chargeTrajectory(ctx, tx, sandbox, int64(len(doc))-old)
+}
+
+// StepWrite is one write of WriteSteps: append Entry to Sandbox's trajectory (giving it the next
+// sequence number, as BeginStep; Entry.StepID must be empty), or, with Update, rewrite the step
+// Entry.Seq (as UpdateStep).
+type StepWrite struct {
+	Sandbox string
+	Entry   *corral.TrajectoryEntry
+	Update  bool
+}
+
+// WriteSteps applies writes in order in one transaction: all of them or, on an error, none
+// (the entries' Seq may then have been set; the caller writes them one by one instead).
+func (s *Store) WriteSteps(ctx context.Context, writes []StepWrite) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		for _, w := range writes {
+			var err error
+			if w.Update {
+				err = s.updateStep(ctx, tx, w.Sandbox, w.Entry)
+			} else if w.Entry.StepID != "" {
+				err = fmt.Errorf("step %q: a step with an ID is appended with BeginStep", w.Entry.StepID)
+			} else {
+				_, err = s.beginStep(ctx, tx, w.Sandbox, w.Entry)
+			}
+			if err != nil {
+				return fmt.Errorf("trajectory of %s: %w", w.Sandbox, err)
+			}
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE trajectory SET state = ?, doc = ?, bytes = ? WHERE sandbox_id = ? AND seq = ?`,
-			e.State, string(doc), len(doc), sandbox, e.Seq); err != nil {
-			return err
-		}
-		return s.chargeTrajectory(ctx, tx, sandbox, int64(len(doc))-old)
+		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
+		return fmt.Errorf("write %d trajectory steps: %w", len(writes), err)
 	}
 	return nil
 }
