@@ -15,9 +15,10 @@ help: ## list the targets
 setup: ## install what the host lacks (Debian packages, a current runc; as root)
 	@scripts/setup.sh
 
-build: ## build bin/corral and the static bin/corral-agent
+build: ## build bin/corral, the static bin/corral-agent and bin/corral-bench (the benchmarks)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-agent ./cmd/corral-agent
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral ./cmd/corral
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-bench ./cmd/corral-bench
 
 run: setup build ## set up, build, start `corral up` on its defaults and show a sandbox at work
 	@scripts/run.sh

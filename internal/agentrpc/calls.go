@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // Calls: the fncall tier's isolation inside one warm container.
@@ -84,7 +84,7 @@ const CallInitArg = "call-init"
 // UTS and cgroup namespaces of its own: see startCommand).
 const callCloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWPID
 
-var callIDRE = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
+var callIDRE = lazyregexp.New(`^[a-z0-9-]{1,64}$`)
 
 // validCallID reports whether id can name a call: 1-64 of [a-z0-9-].
 func validCallID(id string) bool { return callIDRE.MatchString(id) }

@@ -6,15 +6,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	"github.com/spf13/cobra"
 
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // sgrRE matches the colour sequences of a Jupyter traceback.
-var sgrRE = regexp.MustCompile("\x1b\\[[0-9;]*m")
+var sgrRE = lazyregexp.New("\x1b\\[[0-9;]*m")
 
 // newCodeCmd is `corral code`: run code in a sandbox's code-execution server.
 func (a *app) newCodeCmd() *cobra.Command {

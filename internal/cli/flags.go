@@ -373,3 +373,7 @@ func envNames(env []string) []string {
 	}
 	return out
 }
+
+// SizeFlag returns a pflag.Value that parses a byte size ("10G", "512M", "1048576") into dst,
+// for command lines outside this package (corral-bench) that take sizes the same way.
+func SizeFlag(dst *int64) pflag.Value { return &byteSize{dst} }

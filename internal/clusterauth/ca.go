@@ -37,8 +37,9 @@ import (
 	"fmt"
 	"math/big"
 	"net"
-	"regexp"
 	"time"
+
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // The roles a certificate of the cluster CA carries, as its Subject's OrganizationalUnit.
@@ -225,7 +226,7 @@ func (ca *CA) sign(tmpl *x509.Certificate, pub crypto.PublicKey, ttl time.Durati
 
 // nodeRE is a node name usable as a TLS server name: one lowercase DNS label. Edge node names
 // (1-32 lowercase letters, digits and inner hyphens) all match.
-var nodeRE = regexp.MustCompile(`^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$`)
+var nodeRE = lazyregexp.New(`^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$`)
 
 func checkNode(node string) error {
 	if !nodeRE.MatchString(node) || net.ParseIP(node) != nil {

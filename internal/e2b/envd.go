@@ -7,10 +7,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -41,7 +41,7 @@ type sandboxTarget struct {
 type envdHandler func(w http.ResponseWriter, r *http.Request, t *sandboxTarget)
 
 // hostRE matches "<port>-<sandbox ID>." at the start of a host name.
-var hostRE = regexp.MustCompile(`^([0-9]{1,5})-(sb-[a-z0-9-]+)\.`)
+var hostRE = lazyregexp.New(`^([0-9]{1,5})-(sb-[a-z0-9-]+)\.`)
 
 // sandboxOf reports whether r is for the in-sandbox surface, and for which sandbox and port.
 func sandboxOf(r *http.Request) (id string, port int, ok bool) {

@@ -26,8 +26,9 @@ import (
 //
 //	Method       Corral calls                       Notes
 //	Start        [stat /bin/bash], [read            stream: start{pid}, data, keepalive, end. The
-//	             /etc/passwd], POST commands,       process outlives the stream; Connect-Timeout-Ms
-//	             [stdin eof], GET output (follow)   is the command's timeout (absent: none).
+//	             /etc/passwd], POST exec (one       process outlives the stream; Connect-Timeout-Ms
+//	             streaming call; its start event    is the command's timeout (absent: none).
+//	             carries the pid)
 //	Connect      GET commands, GET output from      stream: start{pid}, then live output only.
 //	             its current end (follow)
 //	List         GET commands                       running commands: config{cmd, args}, pid.
@@ -293,7 +294,10 @@ func (s *processSignal) UnmarshalJSON(b []byte) error {
 // keepaliveMessage is the event sent on an idle stream.
 var keepaliveMessage = processEventMessage{Event: processEvent{Keepalive: &struct{}{}}}
 
-// processStart serves Start: run a command and stream its events until it ends.
+// processStart serves Start: run a command and stream its events until it ends. It is one
+// Corral call, an exec: its stream's start event names the command and its pid, and the
+// command outlives the stream (Corral's exec survives its client leaving as a background
+// command, reachable with Connect, SendInput and SendSignal by pid).
 func (g *Gateway) processStart(w http.ResponseWriter, r *http.Request, t *sandboxTarget) {
 	var req processStartRequest
 	err := readStreamRequest(r, &req)
@@ -301,10 +305,21 @@ func (g *Gateway) processStart(w http.ResponseWriter, r *http.Request, t *sandbo
 	if err == nil {
 		exec, err = g.processExecRequest(r, t, &req)
 	}
-	var cmd *corral.Command
+	var out *corral.Stream
+	var first corral.Event
 	if err == nil {
-		cmd, err = t.c.StartCommand(r.Context(), t.id, exec)
-		if err != nil {
+		out, err = t.c.Exec(r.Context(), t.id, exec)
+		if err == nil {
+			first, err = out.Next()
+			if err == nil && (first.Type != corral.EventStart || first.Pid == 0) {
+				err = fmt.Errorf("exec stream began with %q, not a start event with a pid", first.Type)
+			}
+			if err != nil {
+				out.Close()
+				g.log.Warn("e2b process: exec stream", "sandbox", t.id, "err", err)
+				err = rpcErrorf(codeUnavailable, "start the process: %v", err)
+			}
+		} else {
 			err = g.processCorralError(r, t, err, true)
 		}
 	}
@@ -313,12 +328,14 @@ func (g *Gateway) processStart(w http.ResponseWriter, r *http.Request, t *sandbo
 		s.End(err)
 		return
 	}
+	defer out.Close()
 	// stdin false: the command was started without open stdin (open_stdin unset), so it reads
 	// end of file as from /dev/null.
-	if s.Send(processEventMessage{Event: processEvent{Start: &processStartEvent{PID: uint32(cmd.Pid)}}}) != nil {
+	if s.Send(processEventMessage{Event: processEvent{Start: &processStartEvent{PID: uint32(first.Pid)}}}) != nil {
 		return // the client left; the command runs on
 	}
-	g.processFollow(r.Context(), r, s, t, cmd, 0)
+	cmd := &corral.Command{ID: first.CommandID, Pid: first.Pid, TTY: exec.TTY}
+	g.processStream(r.Context(), r, s, t, cmd, out)
 }
 
 // processConnect serves Connect: stream the live output of a running process until it ends.
@@ -357,6 +374,11 @@ func (g *Gateway) processFollow(ctx context.Context, r *http.Request, s *stream,
 		return
 	}
 	defer out.Close()
+	g.processStream(ctx, r, s, t, cmd, out)
+}
+
+// processStream is processFollow on a stream of cmd's output already open.
+func (g *Gateway) processStream(ctx context.Context, r *http.Request, s *stream, t *sandboxTarget, cmd *corral.Command, out *corral.Stream) {
 	stop := processKeepalive(s, keepaliveEvery(r))
 	defer stop()
 	for {

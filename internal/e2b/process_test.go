@@ -345,11 +345,12 @@ func startBody(cmd string, stdin bool) string {
 
 func strp(s string) *string { return &s }
 
-// commandRequests returns the bodies of POST /commands Corral received for a sandbox.
-func (h *procHarness) commandRequests(sandbox string) []corral.ExecRequest {
+// execRequests returns the bodies of POST /exec (how Start runs a process) Corral received for
+// a sandbox.
+func (h *procHarness) execRequests(sandbox string) []corral.ExecRequest {
 	var out []corral.ExecRequest
 	for _, r := range h.fake.Requests() {
-		if r.Method == "POST" && r.Path == "/v1/sandboxes/"+sandbox+"/commands" {
+		if r.Method == "POST" && r.Path == "/v1/sandboxes/"+sandbox+"/exec" {
 			var req corral.ExecRequest
 			if err := json.Unmarshal(r.Body, &req); err != nil {
 				h.t.Fatal(err)
@@ -377,10 +378,23 @@ func TestProcessStartFraming(t *testing.T) {
 	if !slices.Equal(raws, want) || s.trailer != "{}" {
 		t.Errorf("stream =\n %s\n %s\nwant\n %s\n {}", strings.Join(raws, "\n "), s.trailer, strings.Join(want, "\n "))
 	}
-	got := h.commandRequests(h.withBash)
+	got := h.execRequests(h.withBash)
 	wantReq := corral.ExecRequest{Argv: []string{"/bin/bash", "-l", "-c", "echo hello; err oops"}, Env: []string{"A=1", "B=2"}}
 	if len(got) != 1 || fmt.Sprint(got[0]) != fmt.Sprint(wantReq) {
 		t.Errorf("Corral got %+v, want %+v", got, wantReq)
+	}
+	// One call per Start once the sandbox's shell is known (issue 24 item 4): a second Start
+	// makes exactly one request to Corral.
+	before := len(h.fake.Requests())
+	again := h.stream(h.withBash, "Start", startBody("true", false), nil)
+	again.started()
+	again.rest()
+	if calls := h.fake.Requests()[before:]; len(calls) != 1 {
+		var paths []string
+		for _, c := range calls {
+			paths = append(paths, c.Method+" "+c.Path)
+		}
+		t.Errorf("a Start made %d Corral calls (%s), want 1 (POST exec)", len(calls), strings.Join(paths, ", "))
 	}
 }
 
@@ -423,7 +437,7 @@ func TestProcessStart(t *testing.T) {
 		s.t = t
 		s.started()
 		s.rest()
-		got := h.commandRequests(h.withBash)
+		got := h.execRequests(h.withBash)
 		if last := got[len(got)-1]; last.Timeout != "1m0s" {
 			t.Errorf("Corral got timeout %q, want 1m0s", last.Timeout)
 		}
@@ -622,7 +636,7 @@ func TestProcessPTY(t *testing.T) {
 	h.wantUnaryError(h.withBash, "Update", sel+`}`, 400, codeInvalidArgument, "pty.size")
 	h.wantUnaryError(h.withBash, "Update", sel+`,"pty":{"size":{"cols":0,"rows":3}}}`, 400, codeInvalidArgument, "pty.size")
 	h.wantUnaryError(h.withBash, "Update", `{"process":{"pid":4242},"pty":{"size":{"cols":1,"rows":1}}}`, 404, codeNotFound, "4242")
-	if reqs := h.commandRequests(h.withBash); len(reqs) != 1 || !reqs[0].TTY || reqs[0].Rows != 24 || reqs[0].Cols != 80 {
+	if reqs := h.execRequests(h.withBash); len(reqs) != 1 || !reqs[0].TTY || reqs[0].Rows != 24 || reqs[0].Cols != 80 {
 		t.Errorf("Corral got %+v", reqs)
 	}
 	h.unary(h.withBash, "SendSignal", sel+`,"signal":"SIGNAL_SIGKILL"}`, nil)
@@ -718,7 +732,7 @@ func TestProcessCwd(t *testing.T) {
 			t.Errorf("cwd %q as %q: ran in %q, want %q", tt.cwd, tt.auth, got, tt.want)
 		}
 	}
-	reqs := h.commandRequests(h.withBash)
+	reqs := h.execRequests(h.withBash)
 	if u := reqs[4].User; u != "alice" {
 		t.Errorf("Corral got user %q, want alice", u)
 	}

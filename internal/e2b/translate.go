@@ -5,11 +5,11 @@ import (
 	"maps"
 	"math"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -22,8 +22,8 @@ const templateLabel = labelPrefix + "template"
 
 // Corral's limits on labels and environment variables (internal/edge validates the same).
 var (
-	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-	envKeyRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelKeyRE = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	envKeyRE   = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
 const (

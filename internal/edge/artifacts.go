@@ -9,13 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -46,7 +46,7 @@ const (
 
 // projectIDRE matches the project IDs the store issues (iam.NewID), the only names of the
 // store's project directories.
-var projectIDRE = regexp.MustCompile(`^prj-[a-z0-9]{1,64}$`)
+var projectIDRE = lazyregexp.New(`^prj-[a-z0-9]{1,64}$`)
 
 type artifacts struct {
 	dir string

@@ -10,12 +10,12 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
 	"strconv"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -41,7 +41,7 @@ const (
 	codeGrace = 3 * time.Minute
 )
 
-var codeContextRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+var codeContextRE = lazyregexp.New(`^[A-Za-z0-9_-]{1,64}$`)
 
 // codeRoutes adds the code routes to the data plane's mux.
 func (h *dataPlane) codeRoutes(mux *http.ServeMux) {
@@ -157,7 +157,7 @@ func checkCodeRequest(req *corral.CodeRequest) (time.Duration, error) {
 	return timeout, nil
 }
 
-var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+var envNameRE = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 // runCode serves POST /v1/sandboxes/{id}/code.
 func (h *dataPlane) runCode(w http.ResponseWriter, r *http.Request) {

@@ -21,7 +21,6 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +35,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -226,7 +226,7 @@ func (c *Config) setDefaults() {
 // nodePattern is a node name: 1-32 lowercase letters, digits and inner hyphens.
 const nodePattern = `[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?`
 
-var nodeRE = regexp.MustCompile(`^` + nodePattern + `$`)
+var nodeRE = lazyregexp.New(`^` + nodePattern + `$`)
 
 // Validate checks c after defaults are applied.
 func (c *Config) Validate() error {
@@ -303,6 +303,8 @@ type Edge struct {
 	stop        chan struct{}
 	done        chan struct{}
 	samplerDone chan struct{}
+	// steps records exec trajectory entries off the exec's path (steplog.go).
+	steps stepWriter
 }
 
 // sandbox is the in-memory side of a live sandbox.
@@ -423,7 +425,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 func (e *Edge) Node() string { return e.cfg.Node }
 
 // idRE matches sandbox IDs: "sb-", the node name, "-", 16 base32 characters.
-var idRE = regexp.MustCompile(`^sb-(` + nodePattern + `)-([a-z2-7]{16})$`)
+var idRE = lazyregexp.New(`^sb-(` + nodePattern + `)-([a-z2-7]{16})$`)
 
 // ValidID reports whether id has the form of a sandbox ID.
 func ValidID(id string) bool { return idRE.MatchString(id) }
@@ -485,6 +487,7 @@ func (e *Edge) Close() {
 	<-e.done
 	<-e.samplerDone
 	<-e.warmDone
+	e.steps.close()
 	e.flushActivity(context.Background())
 }
 
@@ -1354,11 +1357,11 @@ func (e *Edge) limits(in corral.Limits) (corral.Limits, error) {
 }
 
 var (
-	hostnameRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
-	envKeyRE     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	labelKeyRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-	layerNameRE  = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$`)
-	layerVerRE   = regexp.MustCompile(`^[A-Za-z0-9_]([A-Za-z0-9._-]{0,126})$`)
+	hostnameRE   = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+	envKeyRE     = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelKeyRE   = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	layerNameRE  = lazyregexp.New(`^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$`)
+	layerVerRE   = lazyregexp.New(`^[A-Za-z0-9_]([A-Za-z0-9._-]{0,126})$`)
 	maxEnvLength = 128 << 10
 )
 

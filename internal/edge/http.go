@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 	"golang.org/x/sys/unix"
@@ -84,8 +84,8 @@ func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 }
 
 var (
-	userRE      = regexp.MustCompile(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
-	commandIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	userRE      = lazyregexp.New(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
+	commandIDRE = lazyregexp.New(`^[A-Za-z0-9_-]{1,64}$`)
 )
 
 const maxArgvBytes = 256 << 10
@@ -295,7 +295,7 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 	}
 	out := newNDJSON(w)
-	clientGone := out.send(corral.Event{Type: "start", CommandID: entry.CommandID}) != nil
+	clientGone := out.send(corral.Event{Type: "start", CommandID: entry.CommandID, Pid: sess.Info().Pid}) != nil
 	if streamStdin {
 		copied := make(chan struct{})
 		go func() {

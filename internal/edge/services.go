@@ -3,11 +3,11 @@ package edge
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -24,7 +24,7 @@ const serviceWait = 10 * time.Second
 // maxServices bounds the services one layer declares.
 const maxServices = 8
 
-var serviceNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var serviceNameRE = lazyregexp.New(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // validateServices checks the services of an imported layer's configuration.
 func validateServices(svcs []corral.Service) error {

@@ -10,7 +10,6 @@ import (
 	"hash"
 	"io"
 	"net/http"
-	"regexp"
 	"strconv"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -26,7 +26,7 @@ import (
 // retry after any failure (client, network, corral itself) finds it: completed steps are replayed
 // from the log, running ones are attached to, and nothing runs twice.
 
-var stepIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+var stepIDRE = lazyregexp.New(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 
 // DefaultStepOutputBytes caps the output kept in the trajectory per step.
 const DefaultStepOutputBytes = 256 << 10
@@ -95,6 +95,11 @@ func (e *Edge) recordStarted(ctx context.Context, sb *sandbox, entry *corral.Tra
 		e.log.Warn("trajectory step not recorded: the data dir is full", "sandbox", sb.id)
 		return false
 	}
+	if entry.StepID == "" && entry.Seq == 0 {
+		// A log line, not a step a retry must find: written off the exec's path (steplog.go).
+		e.queueStepBegin(sb.id, entry)
+		return true
+	}
 	if entry.Seq > 0 {
 		err = e.store.UpdateStep(ctx, sb.id, entry)
 	} else {
@@ -142,6 +147,10 @@ func (e *Edge) finishStep(sandbox string, entry *corral.TrajectoryEntry, state, 
 	if !e.trajectoryRoom() && len(entry.Output) > 0 {
 		// The step's end is recorded, its output is not: the disk kept for deletes stays free.
 		entry.Output, entry.OutputTruncated = nil, true
+	}
+	if entry.StepID == "" && entry.Seq == 0 {
+		e.queueStepUpdate(sandbox, entry)
+		return
 	}
 	if err := e.store.UpdateStep(context.Background(), sandbox, entry); err != nil {
 		e.log.Error("record trajectory step", "sandbox", sandbox, "seq", entry.Seq, "err", err)
@@ -346,6 +355,8 @@ func (h *dataPlane) trajectory(w http.ResponseWriter, r *http.Request) {
 		}
 		after = v
 	}
+	// Every exec that has returned to its client is in the log.
+	h.e.flushSteps(r.Context())
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
 	wrote := false

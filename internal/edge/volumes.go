@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -46,7 +46,7 @@ const (
 	MaxVolumeBytes = 4 << 40
 )
 
-var volumeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
+var volumeNameRE = lazyregexp.New(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 
 func (e *Edge) volumesOn() error {
 	if e.cfg.Volumes == nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -49,8 +49,8 @@ exec(compile(_code, "<call>", "exec"), {"__name__": "__main__", "__builtins__": 
 `
 
 var (
-	moduleRE      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
-	interpreterRE = regexp.MustCompile(`^[A-Za-z0-9_./+-]{1,256}$`)
+	moduleRE      = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
+	interpreterRE = lazyregexp.New(`^[A-Za-z0-9_./+-]{1,256}$`)
 )
 
 const maxWarmImports = 256

@@ -19,7 +19,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -33,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // Config configures a Manager.
@@ -59,7 +59,7 @@ type Config struct {
 	LogGroup uint16
 }
 
-var tagRE = regexp.MustCompile(`^[a-z0-9]{1,4}$`)
+var tagRE = lazyregexp.New(`^[a-z0-9]{1,4}$`)
 
 func (c *Config) setDefaults() {
 	if !c.Pool.IsValid() {

@@ -29,13 +29,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -72,8 +72,8 @@ type Recipe struct {
 }
 
 var (
-	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-	packageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`)
+	nameRE    = lazyregexp.New(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	packageRE = lazyregexp.New(`^[a-z0-9][a-z0-9+.-]+$`)
 )
 
 // Names lists the recipes, sorted.

@@ -25,7 +25,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -34,6 +33,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // DefaultDir is where the registry lives.
@@ -64,7 +64,7 @@ const (
 	logGroupFirst, logGroupLast = 1000, 60999
 )
 
-var tagRE = regexp.MustCompile(`^[a-z0-9]{1,4}$`)
+var tagRE = lazyregexp.New(`^[a-z0-9]{1,4}$`)
 
 // Request is what a starting instance asks for. Empty fields are chosen by the registry.
 type Request struct {

@@ -18,11 +18,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/bits"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -123,7 +123,7 @@ func (p Perm) String() string { return strings.Join(p.Names(), ",") }
 // MaxDepth bounds how deep projects nest.
 const MaxDepth = 32
 
-var segmentRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var segmentRE = lazyregexp.New(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
 // ParsePath checks a project path and returns it in canonical form: names joined by '/', without
 // leading or trailing slashes; the root is "". "/" and "" both name the root.
@@ -300,7 +300,7 @@ func ParseBearer(header string) (string, error) {
 	return CanonicalToken(tok), nil
 }
 
-var principalRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._@-]{0,63}$`)
+var principalRE = lazyregexp.New(`^[a-z0-9][a-z0-9._@-]{0,63}$`)
 
 // CheckPrincipalName validates a principal's name.
 func CheckPrincipalName(field, name string) error {

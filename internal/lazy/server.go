@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/blobstore"
 	"github.com/corral-dev/corral/internal/chunkcache"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // Config configures a Server. Zero fields take the defaults documented on each.
@@ -110,7 +110,7 @@ const (
 // ValidMode reports whether m names a fetch mode.
 func ValidMode(m string) bool { return m == ModeEager || m == ModeLazy || m == ModePrefetch }
 
-var nameRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var nameRE = lazyregexp.New(`^[0-9a-f]{64}$`)
 
 // Server serves layers' data blobs as files of a FUSE mount, fetching their chunks from the blob
 // store into the node's chunk cache on demand.

@@ -2,10 +2,10 @@ package placement
 
 import (
 	"maps"
-	"regexp"
 	"slices"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // Label limits: node labels, node selectors and project placements are small by design.
@@ -15,8 +15,8 @@ const (
 )
 
 var (
-	labelKeyRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-	labelValueRE = regexp.MustCompile(`^[A-Za-z0-9._-]{0,63}$`)
+	labelKeyRE   = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	labelValueRE = lazyregexp.New(`^[A-Za-z0-9._-]{0,63}$`)
 )
 
 // ValidateLabels checks node labels or a selector: at most MaxLabels, keys of 1-64 letters,

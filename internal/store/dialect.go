@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 )
 
@@ -29,6 +29,8 @@ import (
 type conn struct {
 	*sql.DB
 	pg bool
+	// stmts keeps reads prepared (SQLite's read handle only; nil elsewhere): stmtcache.go.
+	stmts *stmtCache
 }
 
 // ExecContext runs a statement outside a transaction. A write is not retried (it may have been
@@ -44,7 +46,11 @@ func (c *conn) QueryContext(ctx context.Context, q string, args ...any) (*sql.Ro
 	var rows *sql.Rows
 	err := retryReads(ctx, func() error {
 		var err error
-		rows, err = c.DB.QueryContext(ctx, q, args...)
+		if st := c.stmts.get(ctx, q); st != nil {
+			rows, err = st.QueryContext(ctx, args...)
+		} else {
+			rows, err = c.DB.QueryContext(ctx, q, args...)
+		}
 		return err
 	})
 	return rows, err
@@ -55,7 +61,12 @@ func (c *conn) QueryContext(ctx context.Context, q string, args ...any) (*sql.Ro
 func (c *conn) QueryRowContext(ctx context.Context, q string, args ...any) *Row {
 	q = c.rebind(q)
 	return &Row{scan: func(dest ...any) error {
-		return retryReads(ctx, func() error { return c.DB.QueryRowContext(ctx, q, args...).Scan(dest...) })
+		return retryReads(ctx, func() error {
+			if st := c.stmts.get(ctx, q); st != nil {
+				return st.QueryRowContext(ctx, args...).Scan(dest...)
+			}
+			return c.DB.QueryRowContext(ctx, q, args...).Scan(dest...)
+		})
 	}}
 }
 
@@ -139,9 +150,9 @@ func forUpdate(q querier) string {
 }
 
 var (
-	ddlIdentity = regexp.MustCompile(`\bid INTEGER PRIMARY KEY\b`)
-	ddlInteger  = regexp.MustCompile(`\bINTEGER\b`)
-	ddlReal     = regexp.MustCompile(`\bREAL\b`)
+	ddlIdentity = lazyregexp.New(`\bid INTEGER PRIMARY KEY\b`)
+	ddlInteger  = lazyregexp.New(`\bINTEGER\b`)
+	ddlReal     = lazyregexp.New(`\bREAL\b`)
 )
 
 // migrateDDL translates a migration written for SQLite to PostgreSQL: 64-bit integers (SQLite's

@@ -21,7 +21,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/placement"
 	corral "github.com/corral-dev/corral/sdk/go"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -391,7 +391,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", dsn, err)
 	}
 	rdb.SetMaxOpenConns(4)
-	s.rdb = &conn{DB: rdb}
+	s.rdb = &conn{DB: rdb, stmts: &stmtCache{db: rdb}}
 	return s, nil
 }
 
@@ -422,6 +422,7 @@ func openPostgres(ctx context.Context, dsn string) (*Store, error) {
 // Close closes the database.
 func (s *Store) Close() error {
 	if s.rdb != s.db {
+		s.rdb.stmts.close()
 		s.rdb.Close()
 	}
 	return s.db.Close()
@@ -756,6 +757,18 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 // step is returned instead (the caller decides between replay, attach and conflict).
 func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error) {
 	err = s.tx(ctx, func(tx *Tx) error {
+		existing, err = s.beginStep(ctx, tx, sandbox, e)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("append to trajectory of %s: %w", sandbox, err)
+	}
+	return existing, nil
+}
+
+// beginStep is BeginStep in tx.
+func (s *Store) beginStep(ctx context.Context, tx *Tx, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error) {
+	err = func() error {
 		if e.StepID != "" {
 			var doc string
 			var exclusive bool
@@ -785,33 +798,67 @@ func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.Traject
 			return err
 		}
 		return s.chargeTrajectory(ctx, tx, sandbox, int64(len(doc)))
-	})
-	if err != nil {
-		return nil, fmt.Errorf("append to trajectory of %s: %w", sandbox, err)
-	}
-	return existing, nil
+	}()
+	return existing, err
 }
 
 // UpdateStep rewrites step e.Seq of sandbox's trajectory. A step's exclusive mark is set when it
 // is appended and never changes.
 func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) error {
-	doc, err := json.Marshal(e)
+	err := s.tx(ctx, func(tx *Tx) error { return s.updateStep(ctx, tx, sandbox, e) })
 	if err != nil {
 		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
 	}
-	err = s.tx(ctx, func(tx *Tx) error {
-		var old int64
-		if err := tx.QueryRowContext(ctx, `SELECT bytes FROM trajectory WHERE sandbox_id = ? AND seq = ?`, sandbox, e.Seq).Scan(&old); err != nil {
-			return err
+	return nil
+}
+
+// updateStep is UpdateStep in tx.
+func (s *Store) updateStep(ctx context.Context, tx *Tx, sandbox string, e *corral.TrajectoryEntry) error {
+	doc, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	var old int64
+	if err := tx.QueryRowContext(ctx, `SELECT bytes FROM trajectory WHERE sandbox_id = ? AND seq = ?`, sandbox, e.Seq).Scan(&old); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE trajectory SET state = ?, doc = ?, bytes = ? WHERE sandbox_id = ? AND seq = ?`,
+		e.State, string(doc), len(doc), sandbox, e.Seq); err != nil {
+		return err
+	}
+	return s.chargeTrajectory(ctx, tx, sandbox, int64(len(doc))-old)
+}
+
+// StepWrite is one write of WriteSteps: append Entry to Sandbox's trajectory (giving it the next
+// sequence number, as BeginStep; Entry.StepID must be empty), or, with Update, rewrite the step
+// Entry.Seq (as UpdateStep).
+type StepWrite struct {
+	Sandbox string
+	Entry   *corral.TrajectoryEntry
+	Update  bool
+}
+
+// WriteSteps applies writes in order in one transaction: all of them or, on an error, none
+// (the entries' Seq may then have been set; the caller writes them one by one instead).
+func (s *Store) WriteSteps(ctx context.Context, writes []StepWrite) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		for _, w := range writes {
+			var err error
+			if w.Update {
+				err = s.updateStep(ctx, tx, w.Sandbox, w.Entry)
+			} else if w.Entry.StepID != "" {
+				err = fmt.Errorf("step %q: a step with an ID is appended with BeginStep", w.Entry.StepID)
+			} else {
+				_, err = s.beginStep(ctx, tx, w.Sandbox, w.Entry)
+			}
+			if err != nil {
+				return fmt.Errorf("trajectory of %s: %w", w.Sandbox, err)
+			}
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE trajectory SET state = ?, doc = ?, bytes = ? WHERE sandbox_id = ? AND seq = ?`,
-			e.State, string(doc), len(doc), sandbox, e.Seq); err != nil {
-			return err
-		}
-		return s.chargeTrajectory(ctx, tx, sandbox, int64(len(doc))-old)
+		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
+		return fmt.Errorf("write %d trajectory steps: %w", len(writes), err)
 	}
 	return nil
 }
@@ -1328,7 +1375,7 @@ func (s *Store) DeleteEnvironment(ctx context.Context, name string) error {
 // one store ("edge.instance" alone, the key before cluster mode, is taken over by its node).
 const instanceSetting = "edge.instance"
 
-var instanceRE = regexp.MustCompile(`^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?-[0-9a-f]{16}$`)
+var instanceRE = lazyregexp.New(`^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?-[0-9a-f]{16}$`)
 
 // Instance returns node's instance name ("<node>-<16 hex digits>"), choosing it on the first
 // call. Corrals that share a blob store tell their refs and imports apart by it.

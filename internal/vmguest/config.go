@@ -5,11 +5,11 @@ import (
 	"net"
 	"net/netip"
 	"path"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // ConfigFwCfg is the fw_cfg item that carries the guest's Config as JSON
@@ -120,8 +120,8 @@ const (
 )
 
 var (
-	hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$`)
-	serialRE   = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+	hostnameRE = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$`)
+	serialRE   = lazyregexp.New(`^[A-Za-z0-9_.-]+$`)
 )
 
 // Validate reports the first field that is out of range.

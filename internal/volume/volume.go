@@ -12,13 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 )
 
 // Dir holds the images of one node's volumes, <id>.ext4 each.
@@ -33,7 +33,7 @@ const (
 	tmpExt   = ".tmp"
 )
 
-var idRE = regexp.MustCompile(`^vol-[0-9a-f]{16}$`)
+var idRE = lazyregexp.New(`^vol-[0-9a-f]{16}$`)
 
 // Open opens (making it if needed) the directory dir. mkfs is mkfs.ext4's path; empty looks it
 // up in PATH, /usr/sbin and /sbin.

@@ -281,15 +281,18 @@ type Exit struct {
 
 // Event is one line of an NDJSON output stream (exec, attach).
 //
-// type "start" carries the command ID; "stdout"/"stderr" carry Data at Offset (stdout and stderr
+// type "start" carries the command ID (and, from exec, its Pid); "stdout"/"stderr" carry Data at Offset (stdout and stderr
 // bytes counted together); "truncated" says Dropped bytes before Offset are gone; "exit" is last.
 type Event struct {
 	Type      string `json:"type"`
 	CommandID string `json:"command_id,omitempty"`
-	Offset    int64  `json:"offset,omitempty"`
-	Data      []byte `json:"data,omitempty"`
-	Dropped   int64  `json:"dropped,omitempty"`
-	Exit      *Exit  `json:"exit,omitempty"`
+	// Pid is the command's process ID in the sandbox, on the start event of an exec that ran
+	// it (a replayed step has none).
+	Pid     int    `json:"pid,omitempty"`
+	Offset  int64  `json:"offset,omitempty"`
+	Data    []byte `json:"data,omitempty"`
+	Dropped int64  `json:"dropped,omitempty"`
+	Exit    *Exit  `json:"exit,omitempty"`
 	// Replayed is set on the start event when the result comes from the trajectory log (a
 	// completed step_id) and nothing was run.
 	Replayed bool `json:"replayed,omitempty"`

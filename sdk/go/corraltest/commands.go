@@ -449,10 +449,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			}
 		}()
 	} else {
+		// As the real edge: open_stdin keeps stdin open for WriteStdin after the request's bytes.
 		_, _ = cmd.stdin.Write(req.Stdin)
-		cmd.stdin.CloseWithError(io.EOF)
+		if !req.OpenStdin && !req.TTY {
+			cmd.stdin.CloseWithError(io.EOF)
+		}
 	}
-	if err := enc.Encode(corral.Event{Type: corral.EventStart, CommandID: cmd.info.ID}); err != nil {
+	if err := enc.Encode(corral.Event{Type: corral.EventStart, CommandID: cmd.info.ID, Pid: cmd.info.Pid}); err != nil {
 		return
 	}
 	_ = rc.Flush()

@@ -1,0 +1,242 @@
+package edge
+
+import (
+	"context"
+	"sync"
+
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// stepWriter records the trajectory entries of execs and commands that carry no step ID off
+// their path: the exec streams its start and its exit without waiting for the store, and one
+// goroutine writes the entries in the order they were queued. When a command's start and end
+// are both waiting, they are written as one insert (one transaction instead of two).
+//
+// An entry with a step ID is recorded synchronously, as before it runs (a retry after a crash
+// must find it); one without is a log line, and a crash may lose the last ones queued. Readers
+// of the trajectory call flush first, so a client sees every exec that returned to it.
+//
+// Lifecycle: the goroutine starts with the first entry queued and ends in close, after
+// writing what was queued; entries queued after close are written by the caller.
+//
+// Concurrency: the fields but seqs are protected by mu.
+type stepWriter struct {
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	queue   []stepOp
+	wake    chan struct{} // capacity 1
+	done    chan struct{} // closed when the goroutine ends
+
+	// seqs maps a live entry to the sequence number the store gave it: the goroutine's while
+	// it runs, then protected by mu.
+	seqs map[*corral.TrajectoryEntry]int64
+}
+
+// stepOp is one queued write, or a barrier (flush).
+type stepOp struct {
+	sandbox string
+	key     *corral.TrajectoryEntry // the live entry: it names the step between its writes
+	entry   corral.TrajectoryEntry  // a copy, as it was when queued
+	begin   bool                    // append (else: rewrite the appended step)
+	barrier chan struct{}           // set on a flush: closed once everything before is written
+}
+
+// queueStepBegin queues the append of entry (a step with no StepID) to sandbox's trajectory.
+func (e *Edge) queueStepBegin(sandbox string, entry *corral.TrajectoryEntry) {
+	e.steps.push(e, stepOp{sandbox: sandbox, key: entry, entry: *entry, begin: true})
+}
+
+// queueStepUpdate queues the rewrite of entry, appended earlier with queueStepBegin.
+func (e *Edge) queueStepUpdate(sandbox string, entry *corral.TrajectoryEntry) {
+	e.steps.push(e, stepOp{sandbox: sandbox, key: entry, entry: *entry})
+}
+
+// flushSteps waits until every entry queued before the call is in the store, or ctx ends.
+func (e *Edge) flushSteps(ctx context.Context) {
+	ch := make(chan struct{})
+	if !e.steps.push(e, stepOp{barrier: ch}) {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+// push queues op, starting the goroutine if needed. After close it writes op itself and
+// reports false.
+func (w *stepWriter) push(e *Edge, op stepOp) bool {
+	w.mu.Lock()
+	if w.closed {
+		// The goroutine has ended (close waited for it): write here, under mu.
+		if op.barrier == nil {
+			w.seqsInit()
+			e.writeSteps([]stepOp{op}, w.seqs)
+		}
+		w.mu.Unlock()
+		return false
+	}
+	if !w.started {
+		w.started = true
+		w.wake = make(chan struct{}, 1)
+		w.done = make(chan struct{})
+		w.seqsInit()
+		go e.stepWriterLoop()
+	}
+	w.queue = append(w.queue, op)
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (w *stepWriter) seqsInit() {
+	if w.seqs == nil {
+		w.seqs = map[*corral.TrajectoryEntry]int64{}
+	}
+}
+
+// close writes what is queued and ends the goroutine.
+func (w *stepWriter) close() {
+	w.mu.Lock()
+	w.closed = true
+	started := w.started
+	w.mu.Unlock()
+	if started {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+		<-w.done
+	}
+}
+
+// stepWriterLoop writes queued entries until close.
+func (e *Edge) stepWriterLoop() {
+	w := &e.steps
+	defer close(w.done)
+	for {
+		<-w.wake
+		for {
+			w.mu.Lock()
+			ops := w.queue
+			w.queue = nil
+			closed := w.closed
+			w.mu.Unlock()
+			if len(ops) == 0 {
+				if closed {
+					return
+				}
+				break
+			}
+			e.writeSteps(ops, w.seqs)
+		}
+	}
+}
+
+// writeSteps applies ops in order, in one transaction (store.WriteSteps). A begin whose final
+// update is in the same batch is written once, as that update. Should the batch fail, each write
+// is tried on its own, so one bad entry loses only itself.
+func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) {
+	last := map[*corral.TrajectoryEntry]int{} // the last op of each step in this batch
+	for i, op := range ops {
+		if op.barrier == nil {
+			last[op.key] = i
+		}
+	}
+	type pending struct {
+		key   *corral.TrajectoryEntry
+		write store.StepWrite
+	}
+	var batch, after []pending // after: updates of steps begun (unmerged) in this batch
+	begun := map[*corral.TrajectoryEntry]bool{}
+	skip := make([]bool, len(ops))
+	var barriers []chan struct{}
+	for i, op := range ops {
+		switch {
+		case skip[i]:
+			continue
+		case op.barrier != nil:
+			barriers = append(barriers, op.barrier)
+			continue
+		}
+		entry := op.entry
+		if op.begin {
+			if j := last[op.key]; j > i && ops[j].entry.State != corral.StepRunning {
+				// Its end is queued too: append the finished entry, once.
+				entry = ops[j].entry
+				for k := i + 1; k <= j; k++ {
+					if ops[k].key == op.key {
+						skip[k] = true
+					}
+				}
+			}
+			entry.Seq = 0
+			begun[op.key] = true
+			batch = append(batch, pending{op.key, store.StepWrite{Sandbox: op.sandbox, Entry: &entry}})
+			continue
+		}
+		p := pending{op.key, store.StepWrite{Sandbox: op.sandbox, Entry: &entry, Update: true}}
+		if begun[op.key] {
+			after = append(after, p)
+			continue
+		}
+		seq, ok := seqs[op.key]
+		if !ok {
+			continue // its append failed, or it was never queued
+		}
+		entry.Seq = seq
+		batch = append(batch, p)
+	}
+	write := func(ps []pending, together bool) {
+		ws := make([]store.StepWrite, len(ps))
+		for i, p := range ps {
+			ws[i] = p.write
+		}
+		failed := make([]bool, len(ps))
+		if together && len(ws) > 1 {
+			if err := e.store.WriteSteps(context.Background(), ws); err != nil {
+				e.log.Warn("record trajectory steps together; writing them one by one", "steps", len(ws), "err", err)
+				together = false
+			}
+		}
+		if !together || len(ws) == 1 {
+			for i, w := range ws {
+				if err := e.store.WriteSteps(context.Background(), []store.StepWrite{w}); err != nil {
+					e.log.Error("record trajectory step", "sandbox", w.Sandbox, "err", err)
+					failed[i] = true
+				}
+			}
+		}
+		for i, p := range ps {
+			switch {
+			case failed[i]:
+				if !p.write.Update {
+					delete(seqs, p.key)
+				}
+			case p.write.Entry.State != corral.StepRunning:
+				delete(seqs, p.key) // finished: no more writes
+			default:
+				seqs[p.key] = p.write.Entry.Seq
+			}
+		}
+	}
+	if len(batch) > 0 {
+		write(batch, true)
+	}
+	for _, p := range after {
+		seq, ok := seqs[p.key]
+		if !ok {
+			continue
+		}
+		p.write.Entry.Seq = seq
+		write([]pending{p}, false)
+	}
+	for _, b := range barriers {
+		close(b)
+	}
+}

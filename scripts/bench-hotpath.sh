@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 24's hot-path figures for one build, on a throwaway `corral up` of its own: exec round
+# trip (corral-bench container, exec only), E2B commands.run vs Corral's exec (the pinned e2b
+# SDK), fncall calls/s. Usage: scripts/bench-hotpath.sh [BIN_DIR] (default bin/; corral and
+# corral-agent are taken from there, corral-bench from bin/). Run it for two builds back to back
+# and compare the ratios, which carry their own baselines. JSON goes to bench-out/hotpath-*.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bindir=$(cd "${1:-bin}" && pwd)
+tag=${HOTPATH_TAG:-$(basename "$(dirname "$bindir")")}
+mkdir -p bench-out
+work=$(mktemp -d /tmp/crl-hotpath-XXXX)
+port=${BENCH_PORT:-7291}
+export CORRAL_URL=http://127.0.0.1:$port
+cleanup() {
+  [ -n "${pid:-}" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  rmdir /sys/fs/cgroup/corral-hp /sys/fs/cgroup/*/corral-hp 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# HOTPATH_PERF=FILE records corral up's CPU profile (perf record -g) for the run.
+perf=()
+[ -n "${HOTPATH_PERF:-}" ] && perf=(perf record -q -F 999 -g -o "$HOTPATH_PERF" --)
+"${perf[@]}" "$bindir/corral" up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$((port + 1))" \
+  --cgroup-parent /corral-hp --disk-pool 4 --net-tag hp --net-pool 10.252.7.0/24 >"$work/corral.log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+export CORRAL_TOKEN=$(cat "$work/data/admin.token")
+scripts/busybox-rootfs.sh "$work/rootfs"
+"$bindir/corral" layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
+out=bench-out/hotpath-$tag
+if [ "${HOTPATH_ONLY:-exec}" = exec ]; then
+  bin/corral-bench container --base base:bench --tti 10 --execs ${EXECS:-500} --throughput 16 --idle 0 -o json >"$out-container.json"
+  jq -c '{exec: .exec_true_round_trip, runc_exec: .exec_baseline_runc_exec_true, ratio: .exec_ratio_p50, tti: .tti_create_to_first_exec, tti_ratio: .tti_ratio_p50}' "$out-container.json"
+fi
+if [ "${HOTPATH_ONLY:-e2b}" = e2b ]; then
+  sdk=$(scripts/e2b-sdk.sh)
+  bin/corral-bench e2b --base base:bench --e2b-url "http://127.0.0.1:$((port + 1))" --sdk-dir "$sdk" --script test/e2b/bench.mjs \
+    --creates 3 --runs ${E2B_RUNS:-200} -o json >"$out-e2b.json"
+  jq -c '{sdk_run: .e2b_sdk.run_true, corral_run: .corral_api.run_true, ratio: .run_true_ratio_p50}' "$out-e2b.json"
+fi
+if [ "${HOTPATH_ONLY:-fncall}" = fncall ]; then
+  bin/corral-bench fncall --base base:bench --calls 100 --throughput ${FNCALLS:-1000} -o json >"$out-fncall.json"
+  jq -c '.' "$out-fncall.json" | head -c 1500; echo
+fi
