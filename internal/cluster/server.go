@@ -536,6 +536,16 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if preq.DiskBytes == 0 {
 		preq.DiskBytes = edge.DefaultLimits.DiskBytes
 	}
+	if len(req.Volumes) > 0 {
+		// Nodes that cache the volumes' current versions skip a download (edge/volblob.go).
+		names := make([]string, len(req.Volumes))
+		for i, v := range req.Volumes {
+			names[i] = v.Name
+		}
+		if preq.Prefer, err = s.store.VolumeCopyNodes(r.Context(), project, names); err != nil {
+			s.log.Warn("find the nodes caching a create's volumes", "err", err)
+		}
+	}
 	nodes := placementNodes(s.upNodes(r.Context()))
 	var resp *http.Response
 	node, err := s.placer.PlaceWithRetry(r.Context(), preq, nodes, func(ctx context.Context, name string) error {

@@ -262,6 +262,7 @@ type Edge struct {
 	instance string
 
 	capMu    sync.Mutex  // one admission at a time checks the node's capacity (Config.Capacity)
+	volLocks volumeLocks // one fetch or upload of a volume at a time on this node (volblob.go)
 	draining atomic.Bool // the node is draining: no new sandboxes, no fncall pools (SetDraining)
 
 	fncallMu sync.Mutex
@@ -821,6 +822,12 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
 	if err != nil {
 		log.Error("mount the sandbox's layers", "err", err)
+		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+	}
+	if err := e.fetchVolumes(ctx, rec); err != nil {
+		log.Error("fetch the sandbox's volumes", "err", err)
+		e.releaseLayers(rec, nil)
 		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 	}

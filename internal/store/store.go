@@ -355,6 +355,17 @@ var migrations = []string{
 		tokens INTEGER NOT NULL DEFAULT 0
 	);
 	CREATE INDEX sandbox_usage_created ON sandbox_usage(created_at);`,
+	// 17: volumes in a cluster (issue 27): the version a volume's image was last uploaded as
+	// (0: never written; the first attach makes it empty) and that image's digest, and which
+	// node caches which version (placement prefers a node holding the current one).
+	`ALTER TABLE volumes ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE volumes ADD COLUMN digest TEXT NOT NULL DEFAULT '';
+	CREATE TABLE volume_copies (
+		volume_id TEXT NOT NULL,
+		node TEXT NOT NULL,
+		version INTEGER NOT NULL,
+		PRIMARY KEY (volume_id, node)
+	);`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
