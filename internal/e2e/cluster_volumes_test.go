@@ -23,7 +23,9 @@ import (
 // lands. A writer on edge1 writes; while it is attached a second writer (on edge2) is a 409;
 // its delete uploads the image as version 1; a reader on edge2 downloads it and reads what the
 // writer wrote. A writer on edge2 makes version 2, and a create naming the volume without a
-// node selector is placed on edge2, the one node caching version 2. Deleting the volume
+// node selector is placed on edge2, the one node caching version 2. A writer whose node dies
+// loses its change: once the node is declared lost, the volume attaches elsewhere at its last
+// uploaded version. Deleting the volume
 // removes its objects, and a node that still caches a copy removes it when it starts again.
 func TestClusterVolumes(t *testing.T) {
 	needRoot(t)
@@ -207,6 +209,31 @@ func TestClusterVolumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+
+	// A node that dies with the writer attached: once it is declared lost the attachment is
+	// released, and the volume attaches elsewhere at its last uploaded version (the dead
+	// writer's change is lost). Its new incarnation cleans up.
+	dw, err := create("edge1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(dw.ID, "echo lost-with-its-node >> /data/f")
+	edges[0].kill9()
+	var w3 *corral.Sandbox
+	eventually(t, 60*time.Second, "edge1 lost and its writer's attachment released", func() bool {
+		w3, err = create("edge2", false)
+		if err != nil && !corral.IsConflict(err) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	if got := sh(w3.ID, "cat /data/f"); got != "written-on-edge1\nagain-on-edge2\n" {
+		t.Fatalf("after the writer's node died, the volume reads %q; want its last uploaded version", got)
+	}
+	if _, err := c.DeleteSandbox(ctx, w3.ID); err != nil {
+		t.Fatal(err)
+	}
+	edges[0].start()
 
 	if err := c.DeleteVolume(ctx, "", "data"); err != nil {
 		t.Fatal(err)

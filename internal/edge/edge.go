@@ -495,6 +495,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			e.releaseSlot(rec)
 			e.finishFetch(rec.ID)
 			rec.NetSlot = nil
+			e.uploadLeftVolumes(ctx, rec)
 			e.finish(ctx, rec, st.State, st.Reason)
 			continue
 		}
@@ -540,6 +541,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			e.rt.Delete(ctx, rec.ID)
 			e.releaseSlot(rec)
 			e.finishFetch(rec.ID)
+			e.uploadLeftVolumes(ctx, rec)
 			e.finish(ctx, rec, corral.StateFailed, reason)
 			continue
 		}

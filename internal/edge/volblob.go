@@ -132,6 +132,15 @@ func (e *Edge) fetchVolume(ctx context.Context, id string, writer bool) error {
 	return nil
 }
 
+// uploadLeftVolumes, at start, uploads the read-write volumes of rec, a sandbox that ended while
+// corral was down (or whose teardown a stop cut short), before its record releases them: what
+// its writer wrote is in the image. (On one node reconcileVolumes replays their journals.)
+func (e *Edge) uploadLeftVolumes(ctx context.Context, rec *store.Sandbox) {
+	if e.clustered() {
+		e.recoverVolumes(ctx, rec)
+	}
+}
+
 // uploadVolume uploads the image of volume id, which sandbox (ending now, its journal replayed)
 // had attached read-write, as the volume's next version and commits it. On error the volume
 // stays at its last version, and this node's image, without a version, is fetched again before
