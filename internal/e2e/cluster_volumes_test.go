@@ -256,6 +256,14 @@ func TestClusterVolumes(t *testing.T) {
 	if stale < 0 {
 		t.Fatal("no edge has a cached copy of the deleted volume (the test would prove nothing)")
 	}
+	// The transfers' costs, for the record (-v).
+	for _, e := range edges {
+		for _, l := range strings.Split(e.log(), "\n") {
+			if strings.Contains(l, "volume image uploaded") || strings.Contains(l, "volume image downloaded") {
+				t.Logf("%s: %s", e.name, l)
+			}
+		}
+	}
 	edges[stale].stop()
 	edges[stale].start()
 	if left := cached(stale); len(left) != 0 {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -104,6 +105,7 @@ func (e *Edge) fetchVolume(ctx context.Context, id string, writer bool) error {
 		if err := vols.ClearCached(id); err != nil {
 			return err
 		}
+		start := time.Now()
 		r, err := e.cfg.Shared.Get(ctx, volumeKey(id, v.Version))
 		if err != nil {
 			return fmt.Errorf("download version %d: %w", v.Version, err)
@@ -117,7 +119,7 @@ func (e *Edge) fetchVolume(ctx context.Context, id string, writer bool) error {
 		if err := vols.Import(id, zr, v.Digest); err != nil {
 			return fmt.Errorf("download version %d: %w", v.Version, err)
 		}
-		e.log.Info("volume image downloaded", "volume", id, "version", v.Version)
+		e.log.Info("volume image downloaded", "volume", id, "version", v.Version, "bytes", v.SizeBytes, "took", time.Since(start))
 	}
 	if err := vols.SetCached(id, v.Version, v.Digest); err != nil {
 		return err
@@ -152,6 +154,7 @@ func (e *Edge) uploadVolume(ctx context.Context, id, sandbox string) error {
 		return err
 	}
 	next := v.Version + 1
+	start := time.Now()
 	f, err := e.cfg.Volumes.Open(id)
 	if err != nil {
 		return err
@@ -190,7 +193,7 @@ func (e *Edge) uploadVolume(ctx context.Context, id, sandbox string) error {
 			e.log.Warn("remove a volume's previous version", "volume", id, "version", v.Version, "err", err)
 		}
 	}
-	e.log.Info("volume image uploaded", "volume", id, "version", next, "digest", digest)
+	e.log.Info("volume image uploaded", "volume", id, "version", next, "digest", digest, "bytes", v.SizeBytes, "took", time.Since(start))
 	return nil
 }
 
