@@ -556,6 +556,16 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		preq.DiskBytes = edge.DefaultLimits.DiskBytes
 	}
 	ctx, span := trace.Start(r.Context(), trace.Placement, trace.Project(iam.Display(project)), trace.Tier(preq.Tier))
+	if len(req.Volumes) > 0 {
+		// Nodes that cache the volumes' current versions skip a download (edge/volblob.go).
+		names := make([]string, len(req.Volumes))
+		for i, v := range req.Volumes {
+			names[i] = v.Name
+		}
+		if preq.Prefer, err = s.store.VolumeCopyNodes(ctx, project, names); err != nil {
+			s.log.Warn("find the nodes caching a create's volumes", "err", err)
+		}
+	}
 	nodes := placementNodes(s.upNodes(ctx))
 	var resp *http.Response
 	node, err := s.placer.PlaceWithRetry(ctx, preq, nodes, func(ctx context.Context, name string) error {

@@ -577,22 +577,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		// The edge's disk promise has the final say on disk (edge.DiskConfig), with the same
 		// figure the node registered (hostCapacity).
 		ecfg.Capacity.DiskBytes, ecfg.Disk.Overcommit = 0, cfg.Cluster.Overcommit.Disk
-	} else {
-		// Volumes are local images: one node only, until they live in the blob store.
-		vols, err := volume.Open(filepath.Join(cfg.DataDir, "volumes"), "")
-		if err != nil {
-			return err
-		}
-		ecfg.Volumes = vols
-		// A volume's image is allocated in full: promised and taken from the filesystem at once.
-		ecfg.Disk.Holders = append(ecfg.Disk.Holders, func() edge.DiskHeld {
-			n, err := vols.Bytes()
-			if err != nil {
-				log.Warn("count the volumes' disk", "err", err)
-			}
-			return edge.DiskHeld{Promised: n, Allocated: n}
-		})
 	}
+	// Volumes: local images on one node; in a cluster, cached copies of versions in the blob
+	// store (edge/volblob.go).
+	vols, err := volume.Open(filepath.Join(cfg.DataDir, "volumes"), "")
+	if err != nil {
+		return err
+	}
+	ecfg.Volumes = vols
+	// A volume's image is allocated in full: promised and taken from the filesystem at once.
+	ecfg.Disk.Holders = append(ecfg.Disk.Holders, func() edge.DiskHeld {
+		n, err := vols.Bytes()
+		if err != nil {
+			log.Warn("count the volumes' disk", "err", err)
+		}
+		return edge.DiskHeld{Promised: n, Allocated: n}
+	})
 	e, err := edge.New(ecfg, log, st, rt, ls)
 	if err != nil {
 		return err

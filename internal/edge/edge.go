@@ -267,6 +267,7 @@ type Edge struct {
 	instance string
 
 	capMu    sync.Mutex  // one admission at a time checks the node's capacity (Config.Capacity)
+	volLocks volumeLocks // one fetch or upload of a volume at a time on this node (volblob.go)
 	draining atomic.Bool // the node is draining: no new sandboxes, no fncall pools (SetDraining)
 
 	fncallMu sync.Mutex
@@ -512,6 +513,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			e.releaseSlot(rec)
 			e.finishFetch(rec.ID)
 			rec.NetSlot = nil
+			e.uploadLeftVolumes(ctx, rec)
 			e.finish(ctx, rec, st.State, st.Reason)
 			continue
 		}
@@ -557,6 +559,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			e.rt.Delete(ctx, rec.ID)
 			e.releaseSlot(rec)
 			e.finishFetch(rec.ID)
+			e.uploadLeftVolumes(ctx, rec)
 			e.finish(ctx, rec, corral.StateFailed, reason)
 			continue
 		}
@@ -883,6 +886,12 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
 	if err != nil {
 		log.Error("mount the sandbox's layers", "err", err)
+		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+	}
+	if err := e.fetchVolumes(ctx, rec); err != nil {
+		log.Error("fetch the sandbox's volumes", "err", err)
+		e.releaseLayers(rec, nil)
 		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 	}

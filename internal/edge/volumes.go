@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -38,6 +40,12 @@ type VolumeDir interface {
 	// Recover replays a volume's journal left by a writer that did not unmount; only while
 	// the volume is attached nowhere.
 	Recover(ctx context.Context, id string) error
+	// A cluster node's images are cached copies of versions in the blob store (volblob.go).
+	Cached(id string) (version int64, digest string, ok bool)
+	SetCached(id string, version int64, digest string) error
+	ClearCached(id string) error
+	Import(id string, r io.Reader, digest string) error
+	Open(id string) (*os.File, error)
 }
 
 // Bounds of a volume's size.
@@ -50,10 +58,10 @@ var volumeNameRE = lazyregexp.New(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 
 func (e *Edge) volumesOn() error {
 	if e.cfg.Volumes == nil {
-		if e.cfg.SharedStore {
-			return errdefs.Invalid("volumes", "volumes are not available in cluster mode yet (single-node corral up only)")
-		}
 		return errdefs.Invalid("volumes", "volumes are off on this node")
+	}
+	if e.clustered() && e.cfg.Shared == nil {
+		return errdefs.Invalid("volumes", "volumes in a cluster need its blob store, and this node has none")
 	}
 	return nil
 }
@@ -80,8 +88,16 @@ func (e *Edge) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest)
 		Volume: corral.Volume{Name: req.Name, Project: iam.Display(p.Path), SizeBytes: size, Node: e.cfg.Node, CreatedAt: time.Now().UTC()},
 		ID:     store.NewVolumeID(), ProjectID: p.ID, State: store.VolumeCreating,
 	}
+	if e.clustered() {
+		// Made lazily: version 0, whose first attach makes the filesystem (volblob.go).
+		v.State = store.VolumeReady
+	}
 	if err := e.store.CreateVolume(ctx, v); err != nil {
 		return nil, err
+	}
+	if e.clustered() {
+		e.log.Info("volume created", "volume", v.ID, "name", v.Name, "project", v.Project, "bytes", size)
+		return v, nil
 	}
 	if err := e.makeVolumeImage(ctx, v.ID, size); err != nil {
 		if _, derr := e.store.DeleteVolume(context.WithoutCancel(ctx), v.ID); derr != nil {
@@ -112,11 +128,17 @@ func (e *Edge) DeleteVolume(ctx context.Context, project, name string) (*store.V
 	if err != nil {
 		return nil, err
 	}
-	if v.Node != e.cfg.Node {
+	if v.Node != e.cfg.Node && !e.clustered() {
 		return nil, errdefs.Invalid("name", "volume %s lives on node %s, not on this one", name, v.Node)
 	}
 	if v, err = e.store.DeleteVolume(ctx, v.ID); err != nil {
 		return nil, err
+	}
+	if e.clustered() && e.cfg.Shared != nil {
+		// Other nodes' cached copies go at their next start (reconcileClusterVolumes).
+		if err := e.removeVolumeBlobs(context.WithoutCancel(ctx), v.ID); err != nil {
+			e.log.Error("remove a deleted volume's versions from the blob store (the next start of a node removes them)", "volume", v.ID, "err", err)
+		}
 	}
 	if e.cfg.Volumes != nil {
 		if err := e.cfg.Volumes.Remove(v.ID); err != nil {
@@ -141,6 +163,12 @@ func (e *Edge) VolumeBytes() (int64, error) {
 func (e *Edge) reconcileVolumes(ctx context.Context) error {
 	if e.cfg.Volumes == nil {
 		return nil
+	}
+	if e.clustered() {
+		if e.cfg.Shared == nil {
+			return nil
+		}
+		return e.reconcileClusterVolumes(ctx)
 	}
 	vs, err := e.store.ListVolumes(ctx, "", e.cfg.Node)
 	if err != nil {
@@ -224,7 +252,7 @@ func (e *Edge) admitVolumes(ctx context.Context, tier string, projectID, project
 		} else if err != nil {
 			return nil, nil, err
 		}
-		if v.Node != e.cfg.Node {
+		if v.Node != e.cfg.Node && !e.clustered() {
 			return nil, nil, errdefs.Invalid(field+".name", "volume %s lives on node %s, not on %s", m.Name, v.Node, e.cfg.Node)
 		}
 		out[i], ids[i] = m, v.ID
@@ -245,6 +273,13 @@ func (e *Edge) recoverVolumes(ctx context.Context, rec *store.Sandbox) {
 		}
 		if err := e.cfg.Volumes.Recover(ctx, rec.VolumeIDs[i]); err != nil {
 			e.log.Error("replay the journal of a volume its sandbox left", "sandbox", rec.ID, "volume", rec.VolumeIDs[i], "err", err)
+			continue // not uploaded: the volume stays at its last version
+		}
+		if e.clustered() && e.cfg.Shared != nil {
+			// Before the record releases the attachment: the next attach anywhere sees it.
+			if err := e.uploadVolume(ctx, rec.VolumeIDs[i], rec.ID); err != nil {
+				e.log.Error("upload a volume its writer left; it stays at its last version", "sandbox", rec.ID, "volume", rec.VolumeIDs[i], "err", err)
+			}
 		}
 	}
 }
@@ -292,6 +327,22 @@ func (e *Edge) flushVolumes(ctx context.Context, rec *store.Sandbox, sb *sandbox
 func (e *Edge) makeVolumeImage(ctx context.Context, id string, size int64) error {
 	e.capMu.Lock()
 	defer e.capMu.Unlock()
+	if err := e.roomForVolumeLocked(ctx, id, size); err != nil {
+		return err
+	}
+	return e.cfg.Volumes.Create(ctx, id, size)
+}
+
+// roomForVolume checks that the node's disk promise has room for a volume image of size bytes
+// (a cluster node about to download one).
+func (e *Edge) roomForVolume(ctx context.Context, id string, size int64) error {
+	e.capMu.Lock()
+	defer e.capMu.Unlock()
+	return e.roomForVolumeLocked(ctx, id, size)
+}
+
+// roomForVolumeLocked is roomForVolume with e.capMu held.
+func (e *Edge) roomForVolumeLocked(ctx context.Context, id string, size int64) error {
 	if d, ok, err := e.DiskPromise(ctx); err != nil {
 		return err
 	} else if ok && d.Promised+size > d.Have() {
@@ -299,5 +350,5 @@ func (e *Edge) makeVolumeImage(ctx context.Context, id string, size int64) error
 			e.cfg.Node, id, formatBytes(d.Have()), formatBytes(d.Free), formatBytes(d.Allocated), d.Overcommit,
 			formatBytes(d.Promised), formatBytes(size), errdefs.ErrNodeFull)
 	}
-	return e.cfg.Volumes.Create(ctx, id, size)
+	return nil
 }

@@ -100,6 +100,10 @@ type Request struct {
 	Avoid []Selector
 	// Exclude names nodes already tried for this sandbox.
 	Exclude []string
+	// Prefer names nodes to choose first when one of them fits (those caching the sandbox's
+	// volumes): the least loaded fitting one of them wins; when none fits, placement is as if
+	// Prefer were empty.
+	Prefer []string
 }
 
 // Overcommit is how far each resource may be granted beyond a node's capacity: 4 lets a node
@@ -284,12 +288,48 @@ func (p *Placer) Done(id ID, admitted bool) {
 // newer report or InflightTTL ends it. The error, when nothing fits, is a *NoFitError saying how
 // many nodes each filter removed. Place reads nodes and never keeps or changes them.
 func (p *Placer) Place(req Request, nodes []Node) (Decision, error) {
+	if len(req.Prefer) > 0 {
+		only := req
+		only.Prefer, only.Exclude = nil, slices.Clip(req.Exclude)
+		for i := range nodes {
+			if !slices.Contains(req.Prefer, nodes[i].Name) {
+				only.Exclude = append(only.Exclude, nodes[i].Name)
+			}
+		}
+		if len(only.Exclude) < len(nodes) {
+			if d, err := p.placeAll(only, nodes); err == nil {
+				return d, nil
+			}
+		}
+		req.Prefer = nil
+	}
+	return p.place(req, nodes)
+}
+
+// placeAll places req on the least loaded fitting node of all (K ignored): the preferred
+// nodes are few, and each is worth its score.
+func (p *Placer) placeAll(req Request, nodes []Node) (Decision, error) {
 	q, err := compile(&req)
 	if err != nil {
 		return Decision{}, err
 	}
-	if d, ok := p.placeSampled(&q, nodes); ok {
-		return d, nil
+	q.all = true
+	return p.placeQuery(&q, nodes)
+}
+
+func (p *Placer) place(req Request, nodes []Node) (Decision, error) {
+	q, err := compile(&req)
+	if err != nil {
+		return Decision{}, err
+	}
+	return p.placeQuery(&q, nodes)
+}
+
+func (p *Placer) placeQuery(q *query, nodes []Node) (Decision, error) {
+	if !q.all {
+		if d, ok := p.placeSampled(q, nodes); ok {
+			return d, nil
+		}
 	}
 
 	// Full scan: the static filters and reported usage first, without the lock.
@@ -316,6 +356,9 @@ func (p *Placer) Place(req Request, nodes []Node) (Decision, error) {
 	now := p.cfg.Now()
 	p.expireLocked(now)
 	k := p.cfg.K
+	if q.all {
+		k = KAll
+	}
 	best, bestScore, ties, found := -1, 0.0, 0, 0
 	for i := 0; i < len(cands) && (k < 0 || found < k); i++ {
 		if k > 0 && k < len(cands) {
@@ -324,7 +367,7 @@ func (p *Placer) Place(req Request, nodes []Node) (Decision, error) {
 			cands[i], cands[j] = cands[j], cands[i]
 		}
 		n := &nodes[cands[i]]
-		s, r := p.scoreLocked(&q, n)
+		s, r := p.scoreLocked(q, n)
 		if r != fitOK {
 			c.add(r, n.State)
 			continue
@@ -333,9 +376,9 @@ func (p *Placer) Place(req Request, nodes []Node) (Decision, error) {
 		best, bestScore, ties = p.better(int(cands[i]), s, best, bestScore, ties)
 	}
 	if best < 0 {
-		return Decision{}, c.err(&q, len(nodes))
+		return Decision{}, c.err(q, len(nodes))
 	}
-	return p.recordLocked(&q, &nodes[best], bestScore, now, len(cands)), nil
+	return p.recordLocked(q, &nodes[best], bestScore, now, len(cands)), nil
 }
 
 // Sampling before filtering: with K small and most nodes fitting, K fitting nodes turn up in a
@@ -526,6 +569,7 @@ type query struct {
 	avoid   [][]label
 	exclude []string
 	exSet   map[string]bool // instead of exclude when it is long
+	all     bool            // the least loaded of all fitting nodes, whatever K is
 }
 
 type label struct{ k, v string }

@@ -773,3 +773,41 @@ func BenchmarkPlace(b *testing.B) {
 		}
 	}
 }
+
+// TestPrefer: a preferred node (one caching the sandbox's volumes) wins while it fits, even
+// when busier than the others; the least loaded of several preferred ones wins; a preferred
+// node that does not fit, or is excluded, leaves placement as without the hint.
+func TestPrefer(t *testing.T) {
+	p := newPlacer(t, Config{K: 2})
+	var nodes []Node
+	for i := range 40 {
+		nodes = append(nodes, node(fmt.Sprintf("n%02d", i)))
+	}
+	nodes[7].Used = Resources{CPUs: 200}
+	nodes[9].Used = Resources{CPUs: 100}
+	req := small
+	req.Prefer = []string{"n07", "n09", "gone"}
+	for range 5 {
+		d, err := p.Place(req, nodes)
+		if err != nil || d.Node != "n09" {
+			t.Fatalf("Place with Prefer = %+v, %v; want n09 (the less loaded preferred node)", d, err)
+		}
+	}
+	nodes[9].Used = Resources{CPUs: 256} // full
+	if d, err := p.Place(req, nodes); err != nil || d.Node != "n07" {
+		t.Fatalf("Place with n09 full = %+v, %v; want n07", d, err)
+	}
+	nodes[7].Used = Resources{CPUs: 256}
+	d, err := p.Place(req, nodes)
+	if err != nil || d.Node == "n07" || d.Node == "n09" {
+		t.Fatalf("Place with every preferred node full = %+v, %v; want another node", d, err)
+	}
+	req.Exclude = []string{"n07", "n09"}
+	nodes[7].Used, nodes[9].Used = Resources{}, Resources{}
+	if d, err := p.Place(req, nodes); err != nil || d.Node == "n07" || d.Node == "n09" {
+		t.Fatalf("Place with the preferred nodes excluded = %+v, %v; want another node", d, err)
+	}
+	if len(req.Exclude) != 2 {
+		t.Fatalf("Place changed the caller's Exclude: %v", req.Exclude)
+	}
+}

@@ -359,6 +359,17 @@ var migrations = []string{
 	// 17: warm pools (issue 24): an environment's pool size, as a column so that the edges
 	// find the environments with pools without reading every document.
 	`ALTER TABLE environments ADD COLUMN warm INTEGER NOT NULL DEFAULT 0;`,
+	// 18: volumes in a cluster (issue 27): the version a volume's image was last uploaded as
+	// (0: never written; the first attach makes it empty) and that image's digest, and which
+	// node caches which version (placement prefers a node holding the current one).
+	`ALTER TABLE volumes ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE volumes ADD COLUMN digest TEXT NOT NULL DEFAULT '';
+	CREATE TABLE volume_copies (
+		volume_id TEXT NOT NULL,
+		node TEXT NOT NULL,
+		version INTEGER NOT NULL,
+		PRIMARY KEY (volume_id, node)
+	);`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?

@@ -35,6 +35,10 @@ type VolumeRecord struct {
 	ID        string
 	ProjectID string
 	State     string
+	// Version is the version a cluster's volume was last uploaded as (0: never written), and
+	// Digest that image's SHA-256 (hex). Single-node volumes stay at 0.
+	Version int64
+	Digest  string
 }
 
 // NewVolumeID returns a fresh volume ID.
@@ -44,13 +48,13 @@ func NewVolumeID() string {
 	return "vol-" + hex.EncodeToString(b[:])
 }
 
-const volumeCols = `v.id, v.project_id, COALESCE(p.path, ''), v.name, v.size_bytes, v.node, v.state, v.created_at`
+const volumeCols = `v.id, v.project_id, COALESCE(p.path, ''), v.name, v.size_bytes, v.node, v.state, v.created_at, v.version, v.digest`
 
 func scanVolume(row interface{ Scan(...any) error }) (*VolumeRecord, error) {
 	var v VolumeRecord
 	var path string
 	var created int64
-	if err := row.Scan(&v.ID, &v.ProjectID, &path, &v.Name, &v.SizeBytes, &v.Node, &v.State, &created); err != nil {
+	if err := row.Scan(&v.ID, &v.ProjectID, &path, &v.Name, &v.SizeBytes, &v.Node, &v.State, &created, &v.Version, &v.Digest); err != nil {
 		return nil, err
 	}
 	v.Project = iam.Display(path)
@@ -212,6 +216,9 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) (*VolumeRecord, err
 		if _, err := tx.ExecContext(ctx, `DELETE FROM volumes WHERE id = ?`, id); err != nil {
 			return err
 		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM volume_copies WHERE volume_id = ?`, id); err != nil {
+			return err
+		}
 		return chargeVolume(ctx, tx, v.ProjectID, -v.SizeBytes)
 	})
 	if err != nil {
@@ -296,4 +303,103 @@ func recountVolumes(ctx context.Context, tx *Tx) error {
 		}
 	}
 	return nil
+}
+
+// Volumes in a cluster. A volume's image lives in the blob store, one object per version; the
+// row's version and digest name the current one. Only the sandbox holding the read-write
+// attachment may move it on (CommitVolumeVersion), and only from the version it attached at,
+// so a writer fenced off (its node declared lost, its attachment released) cannot overwrite
+// what came after. volume_copies says which node caches which version, for placement.
+
+// GetVolumeByID returns the volume with this ID, with its attachments.
+func (s *Store) GetVolumeByID(ctx context.Context, id string) (*VolumeRecord, error) {
+	v, err := scanVolume(s.rdb.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes v LEFT JOIN projects p ON p.id = v.project_id
+		WHERE v.id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.NotFound("volume %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get volume %s: %w", id, err)
+	}
+	return v, s.fillAttachments(ctx, []*VolumeRecord{v})
+}
+
+// CommitVolumeVersion records version (from-1 is the one the writer attached at) with its
+// digest as volume id's current image, and node as holding it, if sandbox still has the
+// volume attached read-write and the volume is still at from-1. Otherwise it is a conflict
+// and nothing changes.
+func (s *Store) CommitVolumeVersion(ctx context.Context, id, sandbox, node string, version int64, digest string) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE volumes SET version = ?, digest = ? WHERE id = ? AND version = ?
+			AND EXISTS (SELECT 1 FROM volume_attachments a WHERE a.volume_id = ? AND a.sandbox_id = ? AND a.read_only = 0)`,
+			version, digest, id, version-1, id, sandbox)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return errdefs.Conflict("volume %s is no longer attached read-write to sandbox %s at version %d", id, sandbox, version-1)
+		}
+		return putVolumeCopy(ctx, tx, id, node, version)
+	})
+	if err != nil {
+		return fmt.Errorf("commit volume %s version %d: %w", id, version, err)
+	}
+	return nil
+}
+
+// SetVolumeCopy records that node caches version of volume id (version < 0: caches none).
+func (s *Store) SetVolumeCopy(ctx context.Context, id, node string, version int64) error {
+	if err := putVolumeCopy(ctx, s.db, id, node, version); err != nil {
+		return fmt.Errorf("record volume %s's copy on %s: %w", id, node, err)
+	}
+	return nil
+}
+
+func putVolumeCopy(ctx context.Context, q querier, id, node string, version int64) error {
+	if _, err := q.ExecContext(ctx, `DELETE FROM volume_copies WHERE volume_id = ? AND node = ?`, id, node); err != nil {
+		return err
+	}
+	if version < 0 {
+		return nil
+	}
+	_, err := q.ExecContext(ctx, `INSERT INTO volume_copies (volume_id, node, version) VALUES (?, ?, ?)`, id, node, version)
+	return err
+}
+
+// VolumeCopyNodes returns the nodes that cache the current version of the most of the named
+// volumes of the project at path (canonical), best first; none when no node caches any.
+func (s *Store) VolumeCopyNodes(ctx context.Context, path string, names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	args := []any{path}
+	for _, n := range names {
+		args = append(args, n)
+	}
+	rows, err := s.rdb.QueryContext(ctx, `SELECT c.node, COUNT(*) FROM volume_copies c
+		JOIN volumes v ON v.id = c.volume_id AND v.version = c.version
+		JOIN projects p ON p.id = v.project_id
+		WHERE p.path = ? AND v.name IN (?`+strings.Repeat(", ?", len(names)-1)+`)
+		GROUP BY c.node ORDER BY COUNT(*) DESC, c.node`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("find the nodes caching volumes: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	best := -1
+	for rows.Next() {
+		var node string
+		var n int
+		if err := rows.Scan(&node, &n); err != nil {
+			return nil, fmt.Errorf("find the nodes caching volumes: %w", err)
+		}
+		if best >= 0 && n < best {
+			break
+		}
+		best = n
+		out = append(out, node)
+	}
+	return out, rows.Err()
 }

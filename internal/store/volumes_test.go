@@ -171,3 +171,61 @@ func TestVolumeWritersRace(t *testing.T) {
 		}
 	})
 }
+
+// TestVolumeVersions: only the sandbox holding a volume's read-write attachment moves its
+// version on, one step from the current one; a writer whose attachment was released (its node
+// declared lost) is fenced off. The nodes caching the current version are found by name.
+func TestVolumeVersions(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		p := mustProject(t, s, "p")
+		v := newVolume(p, "data", 16<<20)
+		if err := s.CreateVolume(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+		r := withVolumes(newRecord(p.ID, 0), v, true)
+		if err := s.AdmitSandbox(ctx, r, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CommitVolumeVersion(ctx, v.ID, r.ID, "n1", 1, "d1"); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("a reader committed a version: %v, want a conflict", err)
+		}
+		r.State = corral.StateStopped
+		if err := s.PutSandbox(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		w := withVolumes(newRecord(p.ID, 0), v, false)
+		if err := s.AdmitSandbox(ctx, w, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CommitVolumeVersion(ctx, v.ID, w.ID, "n1", 2, "d2"); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("a version skipped: %v, want a conflict", err)
+		}
+		if err := s.CommitVolumeVersion(ctx, v.ID, w.ID, "n1", 1, "d1"); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.GetVolumeByID(ctx, v.ID); err != nil || got.Version != 1 || got.Digest != "d1" {
+			t.Fatalf("volume %+v, %v; want version 1, d1", got, err)
+		}
+		if err := s.SetVolumeCopy(ctx, v.ID, "n2", 0); err != nil {
+			t.Fatal(err)
+		}
+		if nodes, err := s.VolumeCopyNodes(ctx, "p", []string{"data", "other"}); err != nil || len(nodes) != 1 || nodes[0] != "n1" {
+			t.Fatalf("nodes caching the current version: %v, %v; want n1 (n2's copy is old)", nodes, err)
+		}
+		w.State = corral.StateFailed
+		if err := s.PutSandbox(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CommitVolumeVersion(ctx, v.ID, w.ID, "n1", 2, "d2"); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("a writer whose attachment was released committed: %v, want a conflict", err)
+		}
+		if _, err := s.DeleteVolume(ctx, v.ID); err != nil {
+			t.Fatal(err)
+		}
+		if nodes, err := s.VolumeCopyNodes(ctx, "p", []string{"data"}); err != nil || len(nodes) != 0 {
+			t.Fatalf("a deleted volume's copies: %v, %v", nodes, err)
+		}
+	})
+}

@@ -133,6 +133,9 @@ func (d *Dir) Remove(id string) error {
 	if err := os.Remove(d.Path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove volume image: %w", err)
 	}
+	if err := os.Remove(d.marker(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove volume image: %w", err)
+	}
 	return nil
 }
 
@@ -146,7 +149,7 @@ func (d *Dir) List() (ids, tmp []string, err error) {
 	for _, e := range ents {
 		name := e.Name()
 		switch {
-		case strings.HasSuffix(name, imageExt+tmpExt):
+		case strings.HasSuffix(name, imageExt+tmpExt), strings.HasSuffix(name, imageExt+markerExt+tmpExt):
 			tmp = append(tmp, name)
 		case strings.HasSuffix(name, imageExt) && idRE.MatchString(strings.TrimSuffix(name, imageExt)):
 			ids = append(ids, strings.TrimSuffix(name, imageExt))
@@ -157,7 +160,7 @@ func (d *Dir) List() (ids, tmp []string, err error) {
 
 // RemoveLeftover removes a leftover List reported.
 func (d *Dir) RemoveLeftover(name string) error {
-	if !strings.HasSuffix(name, imageExt+tmpExt) || strings.ContainsRune(name, '/') {
+	if !(strings.HasSuffix(name, imageExt+tmpExt) || strings.HasSuffix(name, imageExt+markerExt+tmpExt)) || strings.ContainsRune(name, '/') {
 		return errdefs.Invalid("name", "%q is not a leftover volume image", name)
 	}
 	return os.Remove(filepath.Join(d.dir, name))

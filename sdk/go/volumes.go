@@ -14,7 +14,8 @@ type Volume struct {
 	Project string `json:"project"`
 	// SizeBytes is the filesystem's size, allocated in full when the volume is made.
 	SizeBytes int64 `json:"size_bytes"`
-	// Node is where the volume's data lives.
+	// Node is where the volume's data lives (in a cluster: the node that made the record; the
+	// data is in the cluster's blob store and attaches on any node).
 	Node      string    `json:"node"`
 	CreatedAt time.Time `json:"created_at"`
 	// AttachedTo lists the sandboxes the volume is mounted into now (paused ones included).
