@@ -18,16 +18,16 @@ if [ "${BENCH_ONLY:-placement}" = placement ]; then
   corral bench placement ${BENCH_PLACEMENT_ARGS:-} -o json | tee bench-out/placement.json
   if [ "${BENCH_ONLY:-}" = placement ]; then exit 0; fi
 fi
-# BENCH_ONLY=cluster starts its own PostgreSQL, 2 servers, 3 edges and two `corral up`s (and
-# stops them all), so it needs only a base rootfs.
-if [ "${BENCH_ONLY:-cluster}" = cluster ]; then
-  c# BENCH_ONLY=trace: create→first exec and exec with and without OTLP trace export (two corral
+# BENCH_ONLY=trace: create→first exec and exec with and without OTLP trace export (two corral
 # up of its own, one exporting to a local sink; scripts/bench-trace.sh).
 if [ "${BENCH_ONLY:-trace}" = trace ]; then
   TTI=${TTI:-60} EXEC=${EXEC:-300} scripts/bench-trace.sh
   if [ "${BENCH_ONLY:-}" = trace ]; then exit 0; fi
 fi
-work=$(mktemp -d /tmp/crl-bench-XXXX)
+# BENCH_ONLY=cluster starts its own PostgreSQL, 2 servers, 3 edges and two `corral up`s (and
+# stops them all), so it needs only a base rootfs.
+if [ "${BENCH_ONLY:-cluster}" = cluster ]; then
+  cwork=$(mktemp -d /tmp/crl-bench-XXXX)
   trap 'rm -rf "$cwork"' EXIT
   scripts/busybox-rootfs.sh "$cwork/rootfs"
   corral bench cluster --rootfs "$cwork/rootfs" ${BENCH_CLUSTER_ARGS:-} -o json | tee bench-out/cluster.json
