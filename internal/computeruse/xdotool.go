@@ -23,10 +23,21 @@ const (
 	ExitNoDisplay = 91
 )
 
-// preamble checks for the tools and the display; it leaves the display in $DISPLAY.
+// preamble checks for the tools and the display; it leaves the display in $DISPLAY. A display
+// that is starting (an Xvfb process, or the desktop recipe's start script, corral-desktop, which
+// the sandbox's create started a moment ago) is waited for, 10 s at most; none is a conflict at
+// once.
 var preamble = fmt.Sprintf(`command -v xdotool >/dev/null 2>&1 && command -v scrot >/dev/null 2>&1 || exit %d
 export DISPLAY="${DISPLAY:-:0}"
-xdotool getdisplaygeometry >/dev/null 2>&1 || { echo "$DISPLAY" >&2; exit %d; }
+if ! xdotool getdisplaygeometry >/dev/null 2>&1; then
+  i=0
+  while [ $i -lt 500 ] && { pgrep -x Xvfb || pgrep -x corral-desktop; } >/dev/null 2>&1; do
+    sleep 0.02
+    i=$((i + 1))
+    xdotool getdisplaygeometry >/dev/null 2>&1 && break
+  done
+  xdotool getdisplaygeometry >/dev/null 2>&1 || { echo "$DISPLAY" >&2; ps -eo pid,stat,args >&2; exit %d; }
+fi
 `, ExitNoTools, ExitNoDisplay)
 
 // ScreenScript writes a PNG of the display, the pointer drawn in, to stdout.

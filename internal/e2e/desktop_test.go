@@ -80,7 +80,13 @@ func TestDesktop(t *testing.T) {
 		if got := cursorAt(t, p, sb.ID); got != "x:123 y:45" {
 			t.Errorf("after a move to 123,45 the pointer is at %s", got)
 		}
-		// Typing and keys: a terminal whose shell writes the line typed into it to a file.
+		// Typing and keys: a terminal whose shell writes the line typed into it to a file, once
+		// XFCE's window manager (which activates it) is up.
+		eventually(t, time.Minute, "XFCE", func() bool {
+			_, _, x := p.run(sb.ID, "sh", "-c", "pgrep -x xfce4-session && pgrep -x xfwm4 && pgrep -x xfdesktop")
+			return x.Code == 0
+		})
+		t.Logf("create → XFCE up: %s", time.Since(start))
 		if _, err := p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"xfce4-terminal", "--disable-server", "--title", "typed-here",
 			"-x", "sh", "-c", `read line; echo "$line" > /tmp/typed`}, Env: []string{"DISPLAY=:0"}}); err != nil {
 			t.Fatal(err)
