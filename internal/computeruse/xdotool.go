@@ -31,7 +31,7 @@ var preamble = fmt.Sprintf(`command -v xdotool >/dev/null 2>&1 && command -v scr
 export DISPLAY="${DISPLAY:-:0}"
 if ! xdotool getdisplaygeometry >/dev/null 2>&1; then
   i=0
-  while [ $i -lt 500 ] && { pgrep -x Xvfb || pgrep -x corral-desktop; } >/dev/null 2>&1; do
+  while [ $i -lt 500 ] && { pgrep -x Xvfb || pgrep -f '^/bin/sh /opt/corral/desktop/corral-desktop'; } >/dev/null 2>&1; do
     sleep 0.02
     i=$((i + 1))
     xdotool getdisplaygeometry >/dev/null 2>&1 && break
