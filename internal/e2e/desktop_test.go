@@ -179,11 +179,17 @@ func TestDesktop(t *testing.T) {
 		}
 		u.Scheme, u.Host = "http", u.Hostname()+":"+e2bAddr[strings.LastIndexByte(e2bAddr, ':')+1:]
 		bctx := newBrowserWith(t, chromedp.Flag("host-resolver-rules", "MAP *.e2b.test 127.0.0.1"))
-		page := tab(t, bctx, 2*time.Minute)
+		// Generous bounds: the page's ~45 ES modules each cross the gateway, Corral's port proxy
+		// and websockify (a process forked per connection), ~13 s in all on a busy 2-core host.
+		page := tab(t, bctx, 6*time.Minute)
 		dir := artifactDir(t)
-		ok(t, "open the stream URL "+u.String(), chromedp.Do(within(t, page), chromedp.Navigate(u.String())))
+		start := time.Now()
+		nav, cancel := context.WithTimeout(page, 3*time.Minute)
+		defer cancel()
+		ok(t, "open the stream URL "+u.String(), chromedp.Do(nav, chromedp.Navigate(u.String())))
+		t.Logf("the noVNC page loaded in %s", time.Since(start))
 		var got string
-		deadline := time.Now().Add(time.Minute)
+		deadline := time.Now().Add(2 * time.Minute)
 		for {
 			// The canvas has the desktop's size once connected, and the desktop's pixels are
 			// not all one colour.
@@ -200,6 +206,7 @@ func TestDesktop(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond) // polling the page's state, bounded by deadline
 		}
+		t.Logf("the noVNC page shows the desktop %s after it was opened", time.Since(start))
 		shot(t, page, dir, "novnc")
 		if got != "1024x768 3 colours" {
 			body, _ := eval[string](within(t, page), `document.body.innerText`)

@@ -56,3 +56,5 @@ await finish(async () => {
   })
   return { sandbox: desktop.sandboxId, url }
 })
+// The stream's noVNC command stays attached (the SDK keeps its handle): done, without it.
+process.exit(0)
