@@ -216,6 +216,19 @@ func (a *app) newBenchCmd() *cobra.Command {
 	volf.IntVar(&volc.Seconds, "seconds", 10, "the random-write job's run time")
 	cmd.AddCommand(volumes)
 
+	var dtc bench.DesktopConfig
+	desktop := a.jsonBench("desktop", "A desktop environment's container sandboxes: create→first screenshot vs create→first exec, screenshot vs exec round trip, input round trip (--vm-image: the vm tier's screenshot and input, same run)",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Desktop(ctx, c, dtc, log)
+		})
+	dtf := desktop.Flags()
+	dtf.StringVar(&dtc.Env, "env", "desktop", "the environment (corral env install desktop)")
+	dtf.IntVar(&dtc.Creates, "creates", 10, "sandboxes created for each way of getting a first answer")
+	dtf.IntVar(&dtc.Screens, "screens", 50, "screenshots (and execs) timed")
+	dtf.IntVar(&dtc.Inputs, "inputs", 10, "input → changed screenshot samples")
+	dtf.StringVar(&dtc.VMImage, "vm-image", "", "also measure the vm tier's screen and input on a VM of this vm-image layer NAME:VERSION")
+	cmd.AddCommand(desktop)
+
 	var vc bench.VMConfig
 	vmb := a.jsonBench("vm", "The vm tier: boot to first screenshot and exec, screenshot latency, input round trip, exec, pause/resume, idle memory (baselines: microvm and container)",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
