@@ -133,6 +133,19 @@ func Desktop(ctx context.Context, c *corral.Client, cfg DesktopConfig, log *slog
 		return nil, fmt.Errorf("create a vm: %w", err)
 	}
 	defer c.DeleteSandbox(context.WithoutCancel(ctx), vm.ID)
+	// Its agent first (a boot under TCG takes minutes), then tty1's shell, which the input
+	// samples type into.
+	booted := time.Now().Add(10 * time.Minute)
+	for {
+		_, _, exit, err := c.Run(ctx, vm.ID, corral.ExecRequest{Argv: []string{"true"}})
+		if err == nil && exit.Code == 0 {
+			break
+		}
+		if time.Now().After(booted) {
+			return nil, fmt.Errorf("vm %s: no agent within 10 minutes: %v", vm.ID, err)
+		}
+		time.Sleep(time.Second)
+	}
 	if err := waitShell(ctx, c, vm.ID); err != nil {
 		return nil, err
 	}

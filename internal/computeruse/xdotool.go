@@ -29,21 +29,22 @@ const (
 // once.
 var preamble = fmt.Sprintf(`command -v xdotool >/dev/null 2>&1 && command -v scrot >/dev/null 2>&1 || exit %d
 export DISPLAY="${DISPLAY:-:0}"
-if ! xdotool getdisplaygeometry >/dev/null 2>&1; then
-  i=0
-  while [ $i -lt 500 ] && { pgrep -x Xvfb || pgrep -f '^/bin/sh /opt/corral/desktop/corral-desktop'; } >/dev/null 2>&1; do
-    sleep 0.02
-    i=$((i + 1))
-    xdotool getdisplaygeometry >/dev/null 2>&1 && break
-  done
-  xdotool getdisplaygeometry >/dev/null 2>&1 || { echo "$DISPLAY" >&2; ps -eo pid,stat,args >&2; exit %d; }
-fi
+i=0
+until err=$(xdotool getdisplaygeometry 2>&1 >/dev/null); do
+  i=$((i + 1))
+  if [ $i -gt 500 ] || ! { pgrep -x Xvfb || pgrep -f '^/bin/sh /opt/corral/desktop/corral-desktop'; } >/dev/null 2>&1; then
+    echo "$DISPLAY" >&2; echo "$err" >&2; ps -eo pid,stat,args >&2; exit %d
+  fi
+  sleep 0.02
+done
 `, ExitNoTools, ExitNoDisplay)
 
 // ScreenScript writes a PNG of the display, the pointer drawn in, to stdout.
 var ScreenScript = preamble + `f=/tmp/.corral-screen-$$.png
 rm -f "$f"
-scrot --pointer "$f" && cat "$f"
+# A session that is starting may refuse a client a moment: scrot is tried three times.
+for n in 1 2 3; do scrot --pointer "$f" && break; sleep 0.1; done
+cat "$f"
 rc=$?
 rm -f "$f"
 exit $rc

@@ -64,8 +64,8 @@ func (e *Edge) desktopRun(ctx context.Context, sb *sandbox, what, script string)
 			case x.Code == computeruse.ExitNoTools || x.Code == 127 && x.Error != "":
 				return nil, errdefs.Conflict("sandbox %s has no desktop: scrot and xdotool are not installed in it (screen and input drive an X display; create the sandbox from the desktop environment: corral env install desktop)", sb.id)
 			case x.Code == computeruse.ExitNoDisplay:
-				display, procs, _ := strings.Cut(msg, "\n")
-				e.log.Info("no X display in a sandbox", "sandbox", sb.id, "display", display, "processes", procs)
+				display, detail, _ := strings.Cut(msg, "\n")
+				e.log.Info("no X display in a sandbox", "sandbox", sb.id, "display", display, "detail", detail)
 				return nil, errdefs.Conflict("sandbox %s has no display: no X server answers on %s in it (the desktop environment starts one on :0 with the sandbox; a sandbox of another environment starts its own, e.g. Xvfb :0)", sb.id, display)
 			case x.TimedOut:
 				return nil, fmt.Errorf("%s of %s: took more than %s: %w", what, sb.id, desktopTimeout, errdefs.ErrUnavailable)
