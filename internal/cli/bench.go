@@ -227,6 +227,7 @@ func (a *app) newBenchCmd() *cobra.Command {
 	dtf.IntVar(&dtc.Screens, "screens", 50, "screenshots (and execs) timed")
 	dtf.IntVar(&dtc.Inputs, "inputs", 10, "input → changed screenshot samples")
 	dtf.StringVar(&dtc.VMImage, "vm-image", "", "also measure the vm tier's screen and input on a VM of this vm-image layer NAME:VERSION")
+	dtf.DurationVar(&dtc.VMWait, "vm-wait", 10*time.Minute, "how long the VM's agent and shell are waited for before its input is left unmeasured")
 	cmd.AddCommand(desktop)
 
 	var vc bench.VMConfig
