@@ -65,7 +65,7 @@ for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
 scripts/busybox-rootfs.sh "$work/rootfs"
 corral layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
-# BENCH_ONLY=container, vm, desktop, microvm, lifecycle, compose, rebuild, import, fncall, e2b, exclusive, volumes, observe, network, iam, placement, cluster or lazy runs one of them.
+# BENCH_ONLY=container, vm, microvm, lifecycle, compose, rebuild, import, fncall, e2b, exclusive, volumes, observe, network, iam, placement, cluster or lazy runs one of them.
 if [ "${BENCH_ONLY:-container}" = container ]; then
   corral bench container --base base:bench ${BENCH_ARGS:-} -o json | tee bench-out/container.json
 fi
@@ -75,7 +75,8 @@ if [ "${BENCH_ONLY:-vm}" = vm ]; then
   corral bench vm --image debian-vm:bench --base base:bench ${BENCH_VM_ARGS:-} | tee bench-out/vm.json
 fi
 if [ "${BENCH_ONLY:-desktop}" = desktop ]; then
-  # The desktop recipe's layer: built once per machine (cached in /var/cache/corral/recipes).
+  # BENCH_ONLY=desktop runs this one alone. The desktop recipe's layer: built once per machine
+  # (cached in /var/cache/corral/recipes).
   corral env install desktop >/dev/null
   corral vm-image build debian-vm:bench >/dev/null
   corral bench desktop --vm-image debian-vm:bench ${BENCH_DESKTOP_ARGS:-} -o json | tee bench-out/desktop.json
