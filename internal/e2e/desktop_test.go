@@ -73,6 +73,13 @@ func TestDesktop(t *testing.T) {
 		if pw, ph := pngSize(t, png); pw != 1024 || ph != 768 || w != 1024 || h != 768 {
 			t.Errorf("screenshot %dx%d (headers %dx%d), want 1024x768", pw, ph, w, h)
 		}
+		// The rest once XFCE is up: its start puts the pointer in the middle of the screen, and
+		// its window manager activates the terminal below.
+		eventually(t, time.Minute, "XFCE", func() bool {
+			_, _, x := p.run(sb.ID, "sh", "-c", "pgrep -x xfce4-session && pgrep -x xfwm4 && pgrep -x xfdesktop && pgrep -x xfce4-panel")
+			return x.Code == 0
+		})
+		t.Logf("create → XFCE up: %s", time.Since(start))
 		res, err := p.Client.Input(ctx, sb.ID, corral.InputEvent{Type: corral.InputMove, X: 123, Y: 45})
 		if err != nil || res.Events != 1 || res.Width != 1024 || res.Height != 768 {
 			t.Fatalf("move: %+v, %v", res, err)
@@ -80,13 +87,7 @@ func TestDesktop(t *testing.T) {
 		if got := cursorAt(t, p, sb.ID); got != "x:123 y:45" {
 			t.Errorf("after a move to 123,45 the pointer is at %s", got)
 		}
-		// Typing and keys: a terminal whose shell writes the line typed into it to a file, once
-		// XFCE's window manager (which activates it) is up.
-		eventually(t, time.Minute, "XFCE", func() bool {
-			_, _, x := p.run(sb.ID, "sh", "-c", "pgrep -x xfce4-session && pgrep -x xfwm4 && pgrep -x xfdesktop")
-			return x.Code == 0
-		})
-		t.Logf("create → XFCE up: %s", time.Since(start))
+		// Typing and keys: a terminal whose shell writes the line typed into it to a file.
 		if _, err := p.Client.StartCommand(ctx, sb.ID, corral.ExecRequest{Argv: []string{"xfce4-terminal", "--disable-server", "--title", "typed-here",
 			"-x", "sh", "-c", `read line; echo "$line" > /tmp/typed`}, Env: []string{"DISPLAY=:0"}}); err != nil {
 			t.Fatal(err)
