@@ -50,6 +50,16 @@ func cursorAt(t *testing.T, p *corralProc, id string) string {
 	return f[0] + " " + f[1]
 }
 
+// waitXFCE waits until XFCE runs in sandbox id: its start puts the pointer in the middle of the
+// screen, so pointer checks come after it.
+func waitXFCE(t *testing.T, p *corralProc, id string) {
+	t.Helper()
+	eventually(t, time.Minute, "XFCE", func() bool {
+		_, _, x := p.run(id, "sh", "-c", "pgrep -x xfce4-session && pgrep -x xfwm4 && pgrep -x xfdesktop && pgrep -x xfce4-panel")
+		return x.Code == 0
+	})
+}
+
 // TestDesktop: `corral env install desktop` publishes an environment whose container sandboxes
 // start an X desktop (Xvfb, XFCE) with the sandbox; Corral's screen and input routes, its CLI
 // (screen, type, key, click) and E2B's unmodified @e2b/desktop SDK see and drive it; the SDK's
@@ -75,10 +85,7 @@ func TestDesktop(t *testing.T) {
 		}
 		// The rest once XFCE is up: its start puts the pointer in the middle of the screen, and
 		// its window manager activates the terminal below.
-		eventually(t, time.Minute, "XFCE", func() bool {
-			_, _, x := p.run(sb.ID, "sh", "-c", "pgrep -x xfce4-session && pgrep -x xfwm4 && pgrep -x xfdesktop && pgrep -x xfce4-panel")
-			return x.Code == 0
-		})
+		waitXFCE(t, p, sb.ID)
 		t.Logf("create → XFCE up: %s", time.Since(start))
 		res, err := p.Client.Input(ctx, sb.ID, corral.InputEvent{Type: corral.InputMove, X: 123, Y: 45})
 		if err != nil || res.Events != 1 || res.Width != 1024 || res.Height != 768 {
@@ -149,6 +156,7 @@ func TestDesktop(t *testing.T) {
 		if w, h := pngSize(t, b); w != 1024 || h != 768 {
 			t.Errorf("corral screen wrote %dx%d", w, h)
 		}
+		waitXFCE(t, p, sb.ID)
 		if _, stderr, code := p.cli("", "click", sb.ID, "400", "300"); code != 0 {
 			t.Fatalf("corral click: exit %d, %s", code, stderr)
 		}
