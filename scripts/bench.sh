@@ -83,6 +83,13 @@ if [ "${BENCH_ONLY:-vm}" = vm ]; then
   corral vm-image build debian-vm:bench >/dev/null
   corral bench vm --image debian-vm:bench --base base:bench ${BENCH_VM_ARGS:-} | tee bench-out/vm.json
 fi
+if [ "${BENCH_ONLY:-desktop}" = desktop ]; then
+  # BENCH_ONLY=desktop runs this one alone. The desktop recipe's layer: built once per machine
+  # (cached in /var/cache/corral/recipes).
+  corral env install desktop >/dev/null
+  corral vm-image build debian-vm:bench >/dev/null
+  corral bench desktop --vm-image debian-vm:bench ${BENCH_DESKTOP_ARGS:-} -o json | tee bench-out/desktop.json
+fi
 if [ "${BENCH_ONLY:-microvm}" = microvm ]; then
   corral bench microvm --base base:bench ${BENCH_MICROVM_ARGS:-} | tee bench-out/microvm.json
   # Restores from a template need a corral up with --microvm-templates: a second one, alone.

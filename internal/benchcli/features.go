@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -11,7 +12,8 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// addFeatureBenchCmds adds the benchmarks of warm pools, fork, tracing and Dockerfile builds.
+// addFeatureBenchCmds adds the benchmarks of warm pools, fork, tracing, Dockerfile builds and the
+// desktop.
 func (a *app) addFeatureBenchCmds(cmd *cobra.Command) {
 	var wc bench.WarmConfig
 	warm := &cobra.Command{
@@ -100,4 +102,18 @@ func (a *app) addFeatureBenchCmds(cmd *cobra.Command) {
 	bf.StringVar(&bc.Podman, "podman", "", "podman binary for the baseline (default: on PATH; none skips it)")
 	bf.StringVar(&bc.PodmanRuntime, "podman-runtime", "", "OCI runtime podman runs RUN steps with (default: Corral's runc)")
 	cmd.AddCommand(buildBench)
+
+	var dtc bench.DesktopConfig
+	desktop := a.jsonBench("desktop", "A desktop environment's container sandboxes: create→first screenshot vs create→first exec, screenshot vs exec round trip, input round trip (--vm-image: the vm tier's screenshot and input, same run)",
+		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
+			return bench.Desktop(ctx, c, dtc, log)
+		})
+	dtf := desktop.Flags()
+	dtf.StringVar(&dtc.Env, "env", "desktop", "the environment (corral env install desktop)")
+	dtf.IntVar(&dtc.Creates, "creates", 10, "sandboxes created for each way of getting a first answer")
+	dtf.IntVar(&dtc.Screens, "screens", 50, "screenshots (and execs) timed")
+	dtf.IntVar(&dtc.Inputs, "inputs", 10, "input → changed screenshot samples")
+	dtf.StringVar(&dtc.VMImage, "vm-image", "", "also measure the vm tier's screen and input on a VM of this vm-image layer NAME:VERSION")
+	dtf.DurationVar(&dtc.VMWait, "vm-wait", 10*time.Minute, "how long the VM's agent and shell are waited for before its input is left unmeasured")
+	cmd.AddCommand(desktop)
 }

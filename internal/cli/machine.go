@@ -98,8 +98,10 @@ func (a *app) newScreenCmd() *cobra.Command {
 	var file string
 	cmd := &cobra.Command{
 		Use:   "screen ID --file FILE.png",
-		Short: "Save a screenshot (PNG) of a vm sandbox's display",
-		Long: `Save a screenshot (PNG) of a vm sandbox's display to FILE ("-" writes it to stdout).
+		Short: "Save a screenshot (PNG) of a sandbox's display (a vm's, or a desktop container's)",
+		Long: `Save a screenshot (PNG) of a sandbox's display to FILE ("-" writes it to stdout): a vm
+sandbox's machine display, or the X display in a container or microvm sandbox (the desktop
+environment's: corral env install desktop).
 The global -o/--output flag names the file here when it is not table or json:
   corral screen ID -o shot.png`,
 		Args: exactArgs(1, "a sandbox ID"),
@@ -138,7 +140,7 @@ func (a *app) newTypeCmd() *cobra.Command {
 	var enter bool
 	cmd := &cobra.Command{
 		Use:   "type ID TEXT",
-		Short: "Type text on a vm sandbox's keyboard (US layout; --enter presses Enter after it)",
+		Short: "Type text on a sandbox's keyboard (US layout; --enter presses Enter after it)",
 		Args:  exactArgs(2, "a sandbox ID and the text"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			events := []corral.InputEvent{{Type: corral.InputText, Text: args[1]}}
@@ -156,7 +158,7 @@ func (a *app) newTypeCmd() *cobra.Command {
 func (a *app) newKeyCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "key ID COMBO...",
-		Short: "Press key combinations on a vm sandbox's keyboard, e.g. ctrl+alt+t, ret, f2",
+		Short: "Press key combinations on a sandbox's keyboard, e.g. ctrl+alt+t, ret, f2",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var events []corral.InputEvent
@@ -174,7 +176,7 @@ func (a *app) newClickCmd() *cobra.Command {
 	var count int
 	cmd := &cobra.Command{
 		Use:   "click ID X Y",
-		Short: "Click a mouse button at X, Y (screen pixels from the top left) on a vm sandbox",
+		Short: "Click a mouse button at X, Y (screen pixels from the top left) on a sandbox's display",
 		Args:  exactArgs(3, "a sandbox ID and the X and Y pixel"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			x, err1 := strconv.Atoi(args[1])

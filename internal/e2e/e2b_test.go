@@ -18,6 +18,7 @@ import (
 type e2bRun struct {
 	OK      bool   `json:"ok"`
 	Sandbox string `json:"sandbox"`
+	URL     string `json:"url"` // desktop.mjs: the stream's URL
 	Network string `json:"network"`
 }
 

@@ -73,7 +73,7 @@ func (e *Edge) machineSandbox(ctx context.Context, id string, off bool) (*sandbo
 		return nil, err
 	}
 	if !sb.machine || e.cfg.VM == nil {
-		return nil, errdefs.Invalid("sandbox", "%s is not a vm sandbox: screen, input and power are for the vm tier", id)
+		return nil, errdefs.Invalid("sandbox", "%s is not a vm sandbox: power, console and vnc are for the vm tier (screen and input work on a container with a desktop: corral env install desktop)", id)
 	}
 	if off {
 		return sb, nil
@@ -90,23 +90,44 @@ func (e *Edge) machineSandbox(ctx context.Context, id string, off bool) (*sandbo
 	return sb, nil
 }
 
-// Screen returns a PNG screenshot of a vm sandbox's display and its size.
+// Screen returns a PNG screenshot of a sandbox's display and its size: a vm sandbox's machine
+// display, or the X display inside any other sandbox (desktop.go).
 func (e *Edge) Screen(ctx context.Context, id string) ([]byte, int, int, error) {
-	sb, err := e.machineSandbox(ctx, id, false)
+	sb, err := e.displaySandbox(ctx, id)
 	if err != nil {
 		return nil, 0, 0, err
+	}
+	if !sb.machine {
+		return e.desktopScreen(ctx, sb)
 	}
 	return e.cfg.VM.Screen(ctx, sb.id)
 }
 
-// Input sends keyboard and mouse events to a vm sandbox.
+// Input sends keyboard and mouse events to a sandbox's display (as Screen finds it).
 func (e *Edge) Input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
-	sb, err := e.machineSandbox(ctx, id, false)
+	sb, err := e.displaySandbox(ctx, id)
 	if err != nil {
 		return corral.InputResult{}, err
 	}
 	sb.actions.Add(1)
+	if !sb.machine {
+		return e.desktopInput(ctx, sb, events)
+	}
 	return e.cfg.VM.Input(ctx, sb.id, events)
+}
+
+// displaySandbox returns the running sandbox whose display a screen or input call drives: a vm
+// sandbox as machineSandbox returns it (its display works before its agent), any other once its
+// agent answers (its display is reached through the agent).
+func (e *Edge) displaySandbox(ctx context.Context, id string) (*sandbox, error) {
+	sb, err := e.ownSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.machine {
+		return e.machineSandbox(ctx, id, false)
+	}
+	return e.active(ctx, id)
 }
 
 // Console returns the end of a vm sandbox's serial console (at most limit bytes); it works in
@@ -203,7 +224,7 @@ func (e *Edge) machinePower(ctx context.Context, sb *sandbox, off bool) {
 // MaxConsole bounds what GET .../console returns (the end of the serial console).
 const MaxConsole = 1 << 20
 
-// screen serves GET /v1/sandboxes/{id}/screen: a PNG of the vm's display, its size in the
+// screen serves GET /v1/sandboxes/{id}/screen: a PNG of the sandbox's display, its size in the
 // X-Screen-Width and X-Screen-Height headers.
 func (h *dataPlane) screen(w http.ResponseWriter, r *http.Request) {
 	png, width, height, err := h.e.Screen(r.Context(), r.PathValue("id"))

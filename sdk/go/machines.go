@@ -12,8 +12,8 @@ import (
 // MaxScreenBytes bounds a screenshot the client reads.
 const MaxScreenBytes = 64 << 20
 
-// Screenshot returns a PNG of a vm sandbox's display (GET /v1/sandboxes/{id}/screen) and its
-// width and height in pixels. A paused sandbox is resumed first.
+// Screenshot returns a PNG of a sandbox's display (GET /v1/sandboxes/{id}/screen: a vm's, or
+// the X display in a desktop container) and its width and height in pixels. A paused sandbox is resumed first.
 func (c *Client) Screenshot(ctx context.Context, id string) (png []byte, width, height int, err error) {
 	resp, err := c.send(ctx, request{method: http.MethodGet, path: sandboxPath(id, "screen")})
 	if err != nil {
@@ -32,7 +32,7 @@ func (c *Client) Screenshot(ctx context.Context, id string) (png []byte, width, 
 	return png, width, height, nil
 }
 
-// Input sends keyboard and mouse events to a vm sandbox, in order (POST .../input).
+// Input sends keyboard and mouse events to a sandbox's display (as Screenshot's), in order (POST .../input).
 func (c *Client) Input(ctx context.Context, id string, events ...InputEvent) (*InputResult, error) {
 	var out InputResult
 	err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "input"), json: InputRequest{Events: events}}, &out)
@@ -42,19 +42,19 @@ func (c *Client) Input(ctx context.Context, id string, events ...InputEvent) (*I
 	return &out, nil
 }
 
-// Type types text on a vm sandbox's keyboard (US layout; "\n" is Enter).
+// Type types text on a sandbox's keyboard (US layout; "\n" is Enter).
 func (c *Client) Type(ctx context.Context, id, text string) error {
 	_, err := c.Input(ctx, id, InputEvent{Type: InputText, Text: text})
 	return err
 }
 
-// Key presses a key combination on a vm sandbox's keyboard ("ctrl+alt+t", "ret").
+// Key presses a key combination on a sandbox's keyboard ("ctrl+alt+t", "ret").
 func (c *Client) Key(ctx context.Context, id, combo string) error {
 	_, err := c.Input(ctx, id, InputEvent{Type: InputKey, Key: combo})
 	return err
 }
 
-// Click clicks the left mouse button at x, y (screen pixels) on a vm sandbox.
+// Click clicks the left mouse button at x, y (screen pixels) on a sandbox's display.
 func (c *Client) Click(ctx context.Context, id string, x, y int) error {
 	_, err := c.Input(ctx, id, InputEvent{Type: InputClick, X: x, Y: y})
 	return err

@@ -767,11 +767,11 @@ class AsyncSandbox:
         return ws
 
     async def screenshot(self) -> bytes:
-        """A PNG of a vm sandbox's display."""
+        """A PNG of the sandbox's display (a vm's, or a desktop container's X display)."""
         return await self._c._do(_api.screenshot(self.id))
 
     async def input(self, *events: Mapping[str, Any]) -> Dict[str, Any]:
-        """Send keyboard and mouse events to a vm sandbox."""
+        """Send keyboard and mouse events to the sandbox's display."""
         return await self._c._do(_api.input_events(self.id, events))
 
     async def power(self, action: str, force: bool = False) -> SandboxInfo:

@@ -701,11 +701,11 @@ class Sandbox:
     # -- vm sandboxes --
 
     def screenshot(self) -> bytes:
-        """A PNG of a vm sandbox's display."""
+        """A PNG of the sandbox's display (a vm's, or a desktop container's X display)."""
         return self._c._do(_api.screenshot(self.id))
 
     def input(self, *events: Mapping[str, Any]) -> Dict[str, Any]:
-        """Send keyboard and mouse events to a vm sandbox ({"type": "text", "text": "hi"}, ...)."""
+        """Send keyboard and mouse events to the sandbox's display ({"type": "text", "text": "hi"}, ...)."""
         return self._c._do(_api.input_events(self.id, events))
 
     def power(self, action: str, force: bool = False) -> SandboxInfo:

@@ -387,13 +387,17 @@ class SyncTest(unittest.TestCase):
             self.c.nodes()
         with self.assertRaises(corral.NotFound):
             self.c.node_action("edge1", "cordon")
-        # The vm tier's routes answer for a container sandbox by naming the tier.
+        # The vm tier's routes answer for a container sandbox by naming the tier; screen and
+        # input drive a container's X display, and one without a desktop is a conflict.
         sb = self.sandbox()
-        for call in (sb.screenshot, lambda: sb.input({"type": "text", "text": "x"}),
-                     lambda: sb.power("reboot"), sb.console):
+        for call in (lambda: sb.power("reboot"), sb.console):
             with self.assertRaises(corral.InvalidRequest) as cm:
                 call()
             self.assertIn("not a vm sandbox", cm.exception.message)
+        for call in (sb.screenshot, lambda: sb.input({"type": "text", "text": "x"})):
+            with self.assertRaises(corral.Conflict) as cm:
+                call()
+            self.assertIn("has no desktop", cm.exception.message)
         # A tar archive as it is.
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
