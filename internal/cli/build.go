@@ -316,12 +316,22 @@ func contextTar(dir string, w io.Writer) error {
 			}
 			_, err = io.CopyN(tw, f, h.Size)
 			f.Close()
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("%s shrank while it was read (a file in use? leave it out with .dockerignore)", rel)
+			}
 			return err
 		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("build context %s: %w", dir, err)
+		return contextError{fmt.Errorf("build context %s: %w", dir, err)}
 	}
 	return tw.Close()
 }
+
+// contextError is a failure to read the build context: the upload of the context breaks off
+// because of it, and the user must see it rather than the broken upload.
+type contextError struct{ err error }
+
+func (e contextError) Error() string { return e.err.Error() }
+func (e contextError) Unwrap() error { return e.err }

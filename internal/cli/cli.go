@@ -140,6 +140,9 @@ func (a *app) describe(err error) string {
 		}
 		return err.Error()
 	}
+	if cerr, ok := errors.AsType[contextError](err); ok {
+		return cerr.Error()
+	}
 	if uerr, ok := errors.AsType[*url.Error](err); ok && !errors.Is(err, context.Canceled) {
 		return fmt.Sprintf("cannot reach the Corral server at %s (set CORRAL_URL or --url): %v", a.url, uerr.Err)
 	}
