@@ -86,10 +86,12 @@ func TestTraceAcrossServer(t *testing.T) {
 	if _, err := c.GetSandbox(ctx, id); err != nil {
 		t.Fatalf("get through the server: %v", err)
 	}
+	// The server ends its route span after the answer is written, so the client may have it
+	// first: wait for the spans to be exported (every second) before tracing stops.
+	rcv.Wait(t, 10*time.Second, "four spans", func(s []otlptest.Span) bool { return len(s) >= 4 })
 	if err := stopTracing(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rcv.Wait(t, 10*time.Second, "four spans", func(s []otlptest.Span) bool { return len(s) >= 4 })
 	one := func(name string) otlptest.Span {
 		t.Helper()
 		got := rcv.Find(name, "", "")

@@ -98,10 +98,9 @@ func testRedTeamNetwork(t *testing.T, p *corralProc, apiPort, hostPort string) {
 	}
 	// The network works: the allowed mirror answers, by name.
 	get := `ip=$(nslookup mirror.test 2>/dev/null | awk '/^Address: /{a=$2} END{print a}'); printf 'GET / HTTP/1.0\r\nHost: mirror.test\r\n\r\n' | timeout 5 nc -w 3 $ip 80 | tail -n 1`
-	// A microvm under TCG on a loaded host can lose its first lookups to its own clock: when its
-	// vCPU thread waits seconds for a core, the guest's time jumps on resume and the resolver's
-	// 2 s timeout fires before the answer that is already there is read. So the check is
-	// retried for a while; a network that never works still fails it.
+	// Retried for a while: a lookup lost to a slow guest is not the boundary's doing; a network
+	// that never works still fails here. (A microvm under TCG once ran on a clock of 4 ms steps
+	// and lost every lookup: the guests now boot with tsc=reliable.)
 	for deadline := time.Now().Add(60 * time.Second); ; {
 		out := sh(get)
 		if out == "served by "+rtMirror {

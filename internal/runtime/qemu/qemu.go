@@ -953,7 +953,12 @@ func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string 
 		// The translation cache is bounded (QEMU's default reserves 1 GiB and fills it over a
 		// long run), so that QEMU fits its memory cgroup (qemuMemoryLimit).
 		a = append(a, "-accel", "tcg,thread=multi,tb-size="+strconv.Itoa(tcgCacheMiB))
-		cmdline += " tsc_early_khz=2000000"
+		// tsc=reliable: with no other timer to check the TSC against, the guest kernel would
+		// keep it unverified and run on refined-jiffies, a clock of 4 ms steps. Clock reads
+		// then repeat, and whatever draws on them collides: glibc's resolver gave its A and
+		// AAAA queries the same ID from two equal readings, so one answer was taken for the
+		// other and the name did not resolve (TestRedTeamNetwork's microvm failures).
+		cmdline += " tsc_early_khz=2000000 tsc=reliable"
 	}
 	if r.cfg.Debug {
 		cmdline += " corral.debug"

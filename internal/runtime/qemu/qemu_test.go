@@ -89,7 +89,7 @@ func TestArgs(t *testing.T) {
 	files := testFiles(r, &spec, dir)
 	args := r.args(&spec, files, false)
 	line := strings.Join(args, " ")
-	for _, want := range []string{"-m 256", "-smp 2", "-accel tcg,thread=multi", "tsc_early_khz=",
+	for _, want := range []string{"-m 256", "-smp 2", "-accel tcg,thread=multi", "tsc_early_khz=", "tsc=reliable",
 		"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"serial=l0 ", "serial=l0d0 ", "serial=l1 ", "serial=upper ", "readonly=on", "-netdev tap,id=net0,fd=",
 		"-kernel /proc/self/fd/", "chardev=qmp,mode=control", "name=corral.ctl", "-name corral-sb-1"} {
