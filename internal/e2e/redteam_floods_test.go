@@ -180,11 +180,13 @@ func testRedTeamFloods(t *testing.T, rt string) {
 		}
 		if got.State == corral.StateFailed {
 			// gVisor: the bomb exhausts the host's pids limit, which gVisor's own threads share,
-			// and the sandbox ends. It fails cleanly, with a reason, and only it.
-			if rt != "gvisor" || got.Reason == "" {
+			// and the sandbox ends. microvm: the guest's agent shares the guest's pids cgroup and
+			// memory with the bomb, and on a loaded host the guest can lose it (seen once in a
+			// full run), which ends the VM. Either fails cleanly, with a reason, and only it.
+			if rt == "runc" || got.Reason == "" {
 				t.Fatalf("after the bomb: %s (%s)", got.State, got.Reason)
 			}
-			t.Logf("the bomb ended the gVisor sandbox: %s", got.Reason)
+			t.Logf("the bomb ended the %s sandbox: %s", rt, got.Reason)
 			eventually(t, 30*time.Second, "the failed sandbox's cgroup removed", func() bool {
 				_, _, ok := cgroupPids(p, sb.ID)
 				return !ok
