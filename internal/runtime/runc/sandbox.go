@@ -228,11 +228,7 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return err
 		}
 	}
-	hosts, err := hostsMount(dir, spec)
-	if err != nil {
-		return err
-	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), append(volumeMounts(dir, spec), hosts)...)
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), volumeMounts(dir, spec)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
@@ -282,11 +278,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 		// The checkpoint maps the agent the source ran: the copies bind in the same file.
 		bin = spec.Fork.agentBin
 	}
-	hosts, err := hostsMount(dir, spec)
-	if err != nil {
-		return err
-	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, append(volumeMounts(dir, spec), hosts)...)
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, volumeMounts(dir, spec)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
