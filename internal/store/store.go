@@ -1313,21 +1313,7 @@ func (s *Store) WarmEnvironments(ctx context.Context) ([]corral.Environment, err
 	if err != nil {
 		return nil, fmt.Errorf("list warm environments: %w", err)
 	}
-	defer rows.Close()
-	out := []corral.Environment{}
-	for rows.Next() {
-		var doc, path string
-		if err := rows.Scan(&doc, &path); err != nil {
-			return nil, err
-		}
-		var env corral.Environment
-		if err := json.Unmarshal([]byte(doc), &env); err != nil {
-			return nil, err
-		}
-		env.Project = iam.Display(path)
-		out = append(out, env)
-	}
-	return out, rows.Err()
+	return scanEnvironments(rows)
 }
 
 // GetEnvironment returns the environment saved as name, or an ErrNotFound error.
@@ -1353,6 +1339,11 @@ func (s *Store) ListEnvironments(ctx context.Context) ([]corral.Environment, err
 	if err != nil {
 		return nil, fmt.Errorf("list environments: %w", err)
 	}
+	return scanEnvironments(rows)
+}
+
+// scanEnvironments reads rows of (doc, project path) into environments, and closes rows.
+func scanEnvironments(rows *sql.Rows) ([]corral.Environment, error) {
 	defer rows.Close()
 	out := []corral.Environment{}
 	for rows.Next() {
