@@ -138,6 +138,7 @@ type corralProc struct {
 	cmd      *exec.Cmd
 	logs     *bytes.Buffer
 	waitDone chan struct{}
+	exitErr  error // how corral up ended (set before waitDone closes)
 	extra    []string
 	// runtime is what create asks for when the request names none ("" = the server's default).
 	runtime string
@@ -247,7 +248,7 @@ func (p *corralProc) start() {
 		t.Fatal(err)
 	}
 	p.waitDone = make(chan struct{})
-	go func() { p.cmd.Wait(); close(p.waitDone) }()
+	go func() { p.exitErr = p.cmd.Wait(); close(p.waitDone) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(p.URL + "/healthz")
@@ -327,6 +328,9 @@ func (p *corralProc) Stop() {
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.waitDone:
+		if p.exitErr != nil {
+			p.t.Errorf("corral up ended with %v after SIGTERM (it must exit 0)", p.exitErr)
+		}
 	case <-time.After(15 * time.Second):
 		p.t.Errorf("corral up did not exit within 15s of SIGTERM")
 		p.Kill9()
