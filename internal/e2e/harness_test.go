@@ -325,6 +325,11 @@ func (p *corralProc) Restart() { p.start() }
 
 // Stop sends SIGTERM and waits.
 func (p *corralProc) Stop() {
+	select {
+	case <-p.waitDone:
+		return // it had exited already (killed by the test, or `corral down`)
+	default:
+	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.waitDone:

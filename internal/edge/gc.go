@@ -82,7 +82,7 @@ func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
 }
 
 // removeIfUnused removes digest's blob unless a published version (of this node or of the shared
-// catalogue) or a live sandbox uses it. Preconditions: e.layersMu is held for writing.
+// catalogue), a live sandbox or a pooled one uses it. Preconditions: e.layersMu is held for writing.
 func (e *Edge) removeIfUnused(ctx context.Context, digest string) (bool, error) {
 	if inUse, err := e.store.LayerDigestInUse(ctx, digest); err != nil || inUse {
 		return false, err
@@ -100,6 +100,9 @@ func (e *Edge) removeIfUnused(ctx context.Context, digest string) (bool, error) 
 				return false, nil
 			}
 		}
+	}
+	if e.warm.usesDigest(digest) {
+		return false, nil // a pooled sandbox has no record but the blob in its rootfs
 	}
 	if err := e.layers.Remove(ctx, digest); err != nil {
 		return false, err

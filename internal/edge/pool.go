@@ -90,6 +90,9 @@ type warmPool struct {
 	// the environment now resolves to other layers (a tag moved), for run to delete. Protected
 	// by mu.
 	ready, stale []*warmSandbox
+	// filling are the records of sandboxes being started for the pool (layers mounted, not
+	// ready yet): layer GC must see their blobs in use. Protected by mu.
+	filling []*store.Sandbox
 	// since is when the pool was made or its size last changed; lastClaim the last claim.
 	// Protected by mu.
 	since, lastClaim time.Time
@@ -151,6 +154,27 @@ type warmState struct {
 		sync.Mutex
 		r corral.Resources
 	}
+}
+
+// usesDigest reports whether a pooled sandbox (being started, ready, or stale and not yet
+// deleted) has the layer blob digest in its rootfs: layer GC must not remove it.
+func (w *warmState) usesDigest(digest string) bool {
+	w.mu.Lock()
+	pools := make([]*warmPool, 0, len(w.pools))
+	for _, p := range w.pools {
+		pools = append(pools, p)
+	}
+	w.mu.Unlock()
+	for _, p := range pools {
+		p.mu.Lock()
+		found := slices.ContainsFunc(slices.Concat(p.ready, p.stale), func(ws *warmSandbox) bool { return slices.Contains(ws.rec.Lower, digest) }) ||
+			slices.ContainsFunc(p.filling, func(r *store.Sandbox) bool { return slices.Contains(r.Lower, digest) })
+		p.mu.Unlock()
+		if found {
+			return true
+		}
+	}
+	return false
 }
 
 func newWarmState() *warmState {
@@ -476,6 +500,17 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	}
 	rec := adm.rec
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
+	if err == nil {
+		// Seen by layer GC from here on: the read lock goes before the sandbox is ready.
+		p.mu.Lock()
+		p.filling = append(p.filling, rec)
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			p.filling = slices.DeleteFunc(p.filling, func(r *store.Sandbox) bool { return r == rec })
+			p.mu.Unlock()
+		}()
+	}
 	e.layersMu.RUnlock()
 	if err != nil {
 		return 0, fmt.Errorf("mount layers: %w", err)
