@@ -530,12 +530,9 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		if err == nil {
 			st, err = e.rt.Status(ctx, rec.ID)
 		}
-		if err == nil && st.State == runc.StatePaused && rec.State == corral.StateRunning {
-			// Frozen by a pause that did not get recorded: thaw it rather than leave it stuck.
-			if _, err := e.rt.Resume(ctx, rec.ID); err != nil {
-				log.Error("resume a sandbox found frozen", "err", err)
-			}
-		}
+		// Frozen (runc) or checkpointed (gVisor) by a pause that did not get recorded: thawed
+		// below, once its network is adopted, rather than left stuck.
+		thaw := err == nil && st.State == runc.StatePaused && rec.State == corral.StateRunning
 		if err == nil && rec.State == corral.StatePaused && st.State == runc.StateRunning {
 			rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
 			e.store.PutSandbox(ctx, rec)
@@ -575,6 +572,18 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		}
 		if sb.net, err = e.adoptNetwork(rec); err != nil {
 			log.Error("re-attach the sandbox's network; it keeps its namespace but its policy and DNS are not enforced until fixed", "err", err)
+		}
+		if thaw {
+			log.Warn("sandbox found paused though recorded running (a pause cut short); resuming it")
+			if sb.net != nil && rec.Runtime == RuntimeGVisor {
+				// As in resume: the restored netstack takes the address over from the namespace.
+				if err := e.cfg.Net.Manager.Reconfigure(sb.net.slot); err != nil {
+					log.Error("give the namespace its address back before the restore", "err", err)
+				}
+			}
+			if _, err := e.rt.Resume(ctx, rec.ID); err != nil {
+				log.Error("resume a sandbox found paused", "err", err)
+			}
 		}
 		sb.oomSeen.Store(st.OOMKills)
 		sb.oomEvented.Store(st.OOMKills)
