@@ -36,6 +36,7 @@ import (
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -105,11 +106,10 @@ type Config struct {
 	Node string
 	// AgentPath is the host path of the static corral-agent binary.
 	AgentPath string
-	// DefaultTTL applies when a create call names none (default 1h); MaxTTL bounds every TTL
-	// (default 7 days).
-	DefaultTTL, MaxTTL time.Duration
-	// DefaultLimits fill zero fields of a create call; MaxLimits bound them.
-	DefaultLimits, MaxLimits corral.Limits
+	// Limits is what this node configures of the limits policy (internal/limits): the default
+	// and largest writable disk and TTL of a sandbox. Every other default and bound is the
+	// policy's own.
+	Limits limits.Config
 	// Capacity, when set, is the most this node admits: the number of its live sandboxes and
 	// the sums of their CPU, memory and disk limits never exceed it (a zero field is no bound).
 	// A create over it fails with errdefs.ErrNodeFull (409 node_full), which a cluster's
@@ -164,44 +164,12 @@ type Config struct {
 	Shared blobstore.Store
 }
 
-// DefaultLimits are the limits of a sandbox whose create call names none.
-var DefaultLimits = corral.Limits{
-	CPUs:        1,
-	MemoryBytes: 1 << 30,
-	Pids:        1024,
-	DiskBytes:   1 << 30,
-	OpenFiles:   4096,
-	OutputBytes: 16 << 20,
-}
-
-// MaxLimits are the largest limits a create call may ask for by default.
-var MaxLimits = corral.Limits{
-	CPUs:        64,
-	MemoryBytes: 256 << 30,
-	Pids:        1 << 20,
-	DiskBytes:   64 << 30,
-	OpenFiles:   1 << 20,
-	OutputBytes: 1 << 30,
-}
-
 func (c *Config) setDefaults() {
 	if c.Node == "" {
 		c.Node = "local"
 	}
 	if c.VMAgentWait <= 0 {
 		c.VMAgentWait = 5 * time.Minute
-	}
-	if c.DefaultTTL == 0 {
-		c.DefaultTTL = time.Hour
-	}
-	if c.MaxTTL == 0 {
-		c.MaxTTL = 7 * 24 * time.Hour
-	}
-	if c.DefaultLimits == (corral.Limits{}) {
-		c.DefaultLimits = DefaultLimits
-	}
-	if c.MaxLimits == (corral.Limits{}) {
-		c.MaxLimits = MaxLimits
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = time.Second
@@ -239,11 +207,8 @@ func (c *Config) Validate() error {
 	if c.KeepExitedCommands < 0 || c.KeepExitedFor < 0 {
 		return errdefs.Invalid("keep-exited", "must not be negative")
 	}
-	if c.DefaultTTL > c.MaxTTL {
-		return errdefs.Invalid("default-ttl", "%s exceeds the maximum TTL %s", c.DefaultTTL, c.MaxTTL)
-	}
-	if d, m := c.DefaultLimits.DiskBytes, c.MaxLimits.DiskBytes; d < 16<<20 || d > m {
-		return errdefs.Invalid("sandbox-disk", "the default disk %d must be at least 16 MiB and at most the ceiling %d (max-sandbox-disk)", d, m)
+	if err := c.Limits.Validate(); err != nil {
+		return err
 	}
 	if c.Disk != nil {
 		if c.Disk.Dir == "" {
@@ -258,7 +223,9 @@ func (c *Config) Validate() error {
 
 // Edge manages the sandboxes of one node.
 type Edge struct {
-	cfg    Config
+	cfg Config
+	// policy resolves every create's limits and lifetimes (admit), once.
+	policy *limits.Policy
 	log    *slog.Logger
 	store  *store.Store
 	rt     Runtime
@@ -400,11 +367,15 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge config: %w", err)
 	}
+	policy, err := limits.New(cfg.Limits)
+	if err != nil {
+		return nil, fmt.Errorf("edge config: %w", err)
+	}
 	if cfg.VM != nil {
 		rt = &tiered{ct: rt, vm: cfg.VM}
 	}
 	e := &Edge{
-		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
+		cfg: cfg, log: log, store: st, rt: rt, layers: layers, policy: policy,
 		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
 		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}),
 		bus: cfg.Events, rings: map[string]*ring{}, warm: newWarmState(), warmDone: make(chan struct{}),
@@ -1095,24 +1066,25 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if !placement.Matches(req.NodeSelector, e.cfg.Labels) {
 		return nil, fmt.Errorf("node %s lacks the labels the create asks for (node_selector %v; the node has %v): %w", e.cfg.Node, req.NodeSelector, e.cfg.Labels, errdefs.ErrNodeFull)
 	}
-	limits, err := e.limits(req.Limits)
+	// Every limit is resolved here, before anything is allocated: the runtimes get them whole.
+	limits, err := e.policy.Resolve(tier, req.Limits)
 	if err != nil {
 		return nil, err
 	}
-	ttl := e.cfg.DefaultTTL
+	ttl := e.policy.DefaultTTL()
 	if req.TTL != "" {
-		if ttl, err = e.parseTTL("ttl", req.TTL); err != nil {
+		if ttl, err = e.policy.TTL("ttl", req.TTL); err != nil {
 			return nil, err
 		}
 	}
 	var idle, autoPause time.Duration
 	if req.IdleTTL != "" {
-		if idle, err = e.parseTTL("idle_ttl", req.IdleTTL); err != nil {
+		if idle, err = e.policy.TTL("idle_ttl", req.IdleTTL); err != nil {
 			return nil, err
 		}
 	}
 	if req.AutoPauseAfter != "" {
-		if autoPause, err = e.parseTTL("auto_pause_after", req.AutoPauseAfter); err != nil {
+		if autoPause, err = e.policy.TTL("auto_pause_after", req.AutoPauseAfter); err != nil {
 			return nil, err
 		}
 	}
@@ -1315,54 +1287,6 @@ func LayerVisibleIn(l corral.Layer, at string) bool {
 // answer tells nothing about other projects' layers.
 func notPublished(field, ref string) error {
 	return errdefs.Invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
-}
-
-func (e *Edge) parseTTL(field, s string) (time.Duration, error) {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, errdefs.Invalid(field, "%q is not a duration (e.g. 30m, 2h)", s)
-	}
-	if d < time.Second {
-		return 0, errdefs.Invalid(field, "%s is shorter than the minimum 1s", s)
-	}
-	if d > e.cfg.MaxTTL {
-		return 0, errdefs.Invalid(field, "%s exceeds the maximum %s", s, e.cfg.MaxTTL)
-	}
-	return d, nil
-}
-
-// limits fills zero fields from the defaults and checks every field against the maximums.
-func (e *Edge) limits(in corral.Limits) (corral.Limits, error) {
-	def, max := e.cfg.DefaultLimits, e.cfg.MaxLimits
-	out := in
-	if in.CPUs < 0 || in.CPUs > max.CPUs {
-		return out, errdefs.Invalid("limits.cpus", "%g is outside (0, %g]", in.CPUs, max.CPUs)
-	}
-	if in.CPUs == 0 {
-		out.CPUs = def.CPUs
-	}
-	type field struct {
-		name     string
-		v        *int64
-		def, max int64
-		min      int64
-	}
-	for _, f := range []field{
-		{"limits.memory_bytes", &out.MemoryBytes, def.MemoryBytes, max.MemoryBytes, 16 << 20},
-		{"limits.pids", &out.Pids, def.Pids, max.Pids, 8},
-		{"limits.disk_bytes", &out.DiskBytes, def.DiskBytes, max.DiskBytes, 16 << 20},
-		{"limits.open_files", &out.OpenFiles, def.OpenFiles, max.OpenFiles, 64},
-		{"limits.output_bytes", &out.OutputBytes, def.OutputBytes, max.OutputBytes, 4 << 10},
-	} {
-		if *f.v == 0 {
-			*f.v = f.def
-			continue
-		}
-		if *f.v < f.min || *f.v > f.max {
-			return out, errdefs.Invalid(f.name, "%d is outside [%d, %d]", *f.v, f.min, f.max)
-		}
-	}
-	return out, nil
 }
 
 var (
@@ -1709,7 +1633,7 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	d, err := e.parseTTL("ttl", ttl)
+	d, err := e.policy.TTL("ttl", ttl)
 	if err != nil {
 		return nil, err
 	}
