@@ -512,11 +512,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	vm, err := qemu.New(ctx, qemu.Config{
 		Off: cfg.MicroVM.Off, CgroupParent: cfg.CgroupParent, UIDBase: claim.VMUIDBase, UIDCount: hostreg.VMUIDCount,
 		QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
-		Templates:        cfg.MicroVM.Templates,
-		StateDir:         filepath.Join(cfg.DataDir, "vms"),
-		CacheDir:         filepath.Join(cfg.DataDir, "vmboot"),
-		DefaultDiskBytes: cfg.SandboxDisk,
-		SparseDisks:      cfg.SparseDisks,
+		Templates:   cfg.MicroVM.Templates,
+		StateDir:    filepath.Join(cfg.DataDir, "vms"),
+		CacheDir:    filepath.Join(cfg.DataDir, "vmboot"),
+		SparseDisks: cfg.SparseDisks,
 	}, log)
 	if err != nil {
 		return err

@@ -934,6 +934,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		Pids:        rec.Limits.Pids,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
+		ShmBytes:    limits.ShmBytes,
 		Engine:      runc.Engine(rec.Runtime),
 		Volumes:     e.runtimeVolumes(rec),
 		Workdir:     rec.Cwd,

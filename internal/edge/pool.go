@@ -507,6 +507,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		Pids:        rec.Limits.Pids,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
+		ShmBytes:    limits.ShmBytes,
 		Engine:      runc.Engine(rec.Runtime),
 		Workdir:     rec.Cwd,
 	})
