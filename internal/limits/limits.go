@@ -13,6 +13,7 @@ package limits
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -254,4 +255,41 @@ func Size(n int64) string {
 		return fmt.Sprintf("%d %ciB", n/div, "KMGTPE"[exp])
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// Table renders the policy of a node that configures nothing as a Markdown table, one row per
+// limit, its default (the same on every tier: TestResolveDefaults) and each tier's min–max, as
+// docs/ARCHITECTURE.md shows it.
+func Table() string {
+	p := Default()
+	var b strings.Builder
+	b.WriteString("| limit | default |")
+	for _, tier := range Tiers {
+		b.WriteString(" " + tier + " |")
+	}
+	b.WriteString("\n|---|---|")
+	for range Tiers {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	def, _ := p.Bounds(TierContainer)
+	row := func(name, dflt string, bounds func(Bounds) string) {
+		fmt.Fprintf(&b, "| `%s` | %s |", name, dflt)
+		for _, tier := range Tiers {
+			bt, _ := p.Bounds(tier)
+			b.WriteString(" " + bounds(bt) + " |")
+		}
+		b.WriteString("\n")
+	}
+	row("limits.cpus", fmt.Sprint(def.Default.CPUs), func(bt Bounds) string { return fmt.Sprintf("%g–%g", bt.Min.CPUs, bt.Max.CPUs) })
+	var probe corral.Limits
+	for i, f := range fields(&probe, &def) {
+		row(f.name, f.show(f.def), func(bt Bounds) string {
+			g := fields(&probe, &bt)[i]
+			return g.show(g.min) + "–" + g.show(g.max)
+		})
+	}
+	fmt.Fprintf(&b, "| `ttl`, `idle_ttl`, `auto_pause_after` | %s (`ttl`) | %s–%s | %s–%s | %s–%s | %s–%s |\n", p.DefaultTTL(),
+		MinTTL, p.MaxTTL(), MinTTL, p.MaxTTL(), MinTTL, p.MaxTTL(), MinTTL, p.MaxTTL())
+	return b.String()
 }

@@ -2,7 +2,9 @@ package limits
 
 import (
 	"errors"
+	"flag"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -169,3 +171,31 @@ func TestSize(t *testing.T) {
 		}
 	}
 }
+
+// TestDocumented: docs/ARCHITECTURE.md shows the table this package holds (go test -run
+// TestDocumented -update rewrites it).
+func TestDocumented(t *testing.T) {
+	const path = "../../docs/ARCHITECTURE.md"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const begin, end = "<!-- limits table: begin (internal/limits.Table) -->\n", "<!-- limits table: end -->"
+	doc := string(b)
+	i, j := strings.Index(doc, begin), strings.Index(doc, end)
+	if i < 0 || j < i {
+		t.Fatalf("%s lacks the markers %q and %q", path, begin, end)
+	}
+	want := Table()
+	if got := doc[i+len(begin) : j]; got != want {
+		if *update {
+			if err := os.WriteFile(path, []byte(doc[:i+len(begin)]+want+doc[j:]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		t.Errorf("%s shows another limits table than internal/limits holds (go test ./internal/limits -run TestDocumented -update):\n%s", path, want)
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite the documented limits table")
