@@ -1072,24 +1072,10 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if err != nil {
 		return nil, err
 	}
-	ttl := e.policy.DefaultTTL()
-	if req.TTL != "" {
-		if ttl, err = e.policy.TTL("ttl", req.TTL); err != nil {
-			return nil, err
-		}
+	life, err := e.lifetimes(req)
+	if err != nil {
+		return nil, err
 	}
-	var idle, autoPause time.Duration
-	if req.IdleTTL != "" {
-		if idle, err = e.policy.TTL("idle_ttl", req.IdleTTL); err != nil {
-			return nil, err
-		}
-	}
-	if req.AutoPauseAfter != "" {
-		if autoPause, err = e.policy.TTL("auto_pause_after", req.AutoPauseAfter); err != nil {
-			return nil, err
-		}
-	}
-	keepsTTL := req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
 	project, err := e.project(ctx, req.Project)
 	if err != nil {
 		return nil, err
@@ -1103,26 +1089,91 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if err != nil {
 		return nil, err
 	}
-	if err := validateEnv("env", req.Env); err != nil {
+	if err := checkFields(req, tier); err != nil {
 		return nil, err
+	}
+	comp, err := e.compose(ctx, &req, tier, projectPath)
+	if err != nil {
+		return nil, err
+	}
+	// The base image's configuration: its environment under the request's (the request wins),
+	// its working directory and user as the commands' defaults.
+	env := req.Env
+	var cwd, user string
+	if comp.imageCfg != nil {
+		env = mergeEnv(comp.imageCfg.Env, req.Env)
+		cwd, user = comp.imageCfg.WorkingDir, comp.imageCfg.User
+	}
+	fetch := req.Fetch
+	if fetch == "" {
+		fetch = e.cfg.FetchMode
+	}
+	if fetch != "" && !lazy.ValidMode(fetch) {
+		return nil, errdefs.Invalid("fetch", "%q: want eager, lazy or prefetch", req.Fetch)
+	}
+	now := time.Now().UTC()
+	id := e.newID()
+	host := req.Hostname
+	if host == "" {
+		host = id
+	}
+	rec := &store.Sandbox{
+		Sandbox: corral.Sandbox{
+			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
+			State: corral.StateCreating, Image: req.Image,
+			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
+			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
+			CreatedAt: now, ExpiresAt: now.Add(life.ttl), IdleTTLSeconds: int64(life.idle / time.Second),
+			LastActivityAt: now, AutoPauseAfterSeconds: int64(life.autoPause / time.Second), PauseKeepsTTL: life.keepsTTL,
+			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
+		},
+		Lower:     comp.digests,
+		ProjectID: project.ID,
+		VolumeIDs: volumeIDs,
+	}
+	return &admission{rec: rec, net: netc, fill: comp.fill, template: comp.template, services: comp.services}, nil
+}
+
+// checkFields checks the fields of a create that need no lookup: env, labels, hostname, and
+// that a vm names its disk image and nothing else names one.
+func checkFields(req corral.CreateRequest, tier string) error {
+	if err := validateEnv("env", req.Env); err != nil {
+		return err
 	}
 	if err := validateLabels(req.Labels); err != nil {
-		return nil, err
+		return err
 	}
 	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
-		return nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
+		return errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
 	}
 	if tier == TierVM {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" || req.Environment != "" {
-			return nil, errdefs.Invalid("image", "a vm sandbox boots its disk image (image); base, workspace, toolkits, from_snapshot and environment are for containers and microvms")
+			return errdefs.Invalid("image", "a vm sandbox boots its disk image (image); base, workspace, toolkits, from_snapshot and environment are for containers and microvms")
 		}
 		if req.Image == "" {
-			return nil, errdefs.Invalid("image", "a vm sandbox needs its disk image: a vm-image layer NAME:VERSION (corral vm-image build)")
+			return errdefs.Invalid("image", "a vm sandbox needs its disk image: a vm-image layer NAME:VERSION (corral vm-image build)")
 		}
 	} else if req.Image != "" {
-		return nil, errdefs.Invalid("image", "a disk image is for the vm tier (tier vm); containers and microvms take base, workspace and toolkits")
+		return errdefs.Invalid("image", "a disk image is for the vm tier (tier vm); containers and microvms take base, workspace and toolkits")
 	}
-	template := false
+	return nil
+}
+
+// composition is what a create's layers resolve to.
+type composition struct {
+	digests []string         // the layers' digests, bottom first
+	fill    map[string]int64 // each layer's background fill setting, by digest
+	// imageCfg is the base layer's image configuration; nil: none.
+	imageCfg *corral.ImageConfig
+	services []corral.Service // every layer's, bottom first
+	template bool             // the environment starts its microvms from a template
+}
+
+// compose resolves the layers of req (its environment's or snapshot's, when it names one) in
+// project projectPath, and rewrites req's layer references to the versions they resolved to
+// (tags are recorded as versions).
+func (e *Edge) compose(ctx context.Context, req *corral.CreateRequest, tier, projectPath string) (*composition, error) {
+	var c composition
 	if req.Environment != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
 			return nil, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
@@ -1137,7 +1188,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			return nil, errdefs.Invalid("environment", "environment %q is not usable in project %s", req.Environment, iam.Display(projectPath))
 		}
 		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
-		template = env.MicroVMTemplate
+		c.template = env.MicroVMTemplate
 	}
 	var snap corral.Layer
 	if req.FromSnapshot != "" {
@@ -1183,12 +1234,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
 	}
-	var digests []string
-	fill := map[string]int64{} // layer digest -> its fill rate setting
+	c.fill = map[string]int64{} // layer digest -> its fill rate setting
 	// Tags (python:latest) are recorded as the versions they resolved to.
 	resolved := make([]string, 0, len(refs))
-	var imageCfg *corral.ImageConfig
-	var services []corral.Service // every layer's, bottom first
 	for _, r := range refs {
 		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind, projectPath)
 		if err != nil {
@@ -1196,10 +1244,10 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 		resolved = append(resolved, l.Name+":"+l.Version)
 		if r.field == "base" && l.ImageConfig != nil {
-			imageCfg = l.ImageConfig
+			c.imageCfg = l.ImageConfig
 		}
 		if l.ImageConfig != nil {
-			services = append(services, l.ImageConfig.Services...)
+			c.services = append(c.services, l.ImageConfig.Services...)
 		}
 		// A layer imported in parts stacks on them.
 		for _, b := range l.Below {
@@ -1207,11 +1255,11 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			if err != nil {
 				return nil, fmt.Errorf("layer %s stacks on %s: %w", r.ref, b, err)
 			}
-			digests = append(digests, part.Digest)
-			fill[part.Digest] = part.FillRate
+			c.digests = append(c.digests, part.Digest)
+			c.fill[part.Digest] = part.FillRate
 		}
-		digests = append(digests, l.Digest)
-		fill[l.Digest] = l.FillRate
+		c.digests = append(c.digests, l.Digest)
+		c.fill[l.Digest] = l.FillRate
 	}
 	if tier == TierVM {
 		req.Image = resolved[0]
@@ -1225,42 +1273,35 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			req.Toolkits = nil
 		}
 	}
-	// The base image's configuration: its environment under the request's (the request wins),
-	// its working directory and user as the commands' defaults.
-	env := req.Env
-	var cwd, user string
-	if imageCfg != nil {
-		env = mergeEnv(imageCfg.Env, req.Env)
-		cwd, user = imageCfg.WorkingDir, imageCfg.User
+	return &c, nil
+}
+
+// lifetimes are a create's ttl, idle_ttl and auto_pause_after (0: none), resolved by the limits
+// policy, and whether a pause keeps the TTL running.
+type lifetimes struct {
+	ttl, idle, autoPause time.Duration
+	keepsTTL             bool
+}
+
+func (e *Edge) lifetimes(req corral.CreateRequest) (l lifetimes, err error) {
+	l.ttl = e.policy.DefaultTTL()
+	if req.TTL != "" {
+		if l.ttl, err = e.policy.TTL("ttl", req.TTL); err != nil {
+			return l, err
+		}
 	}
-	fetch := req.Fetch
-	if fetch == "" {
-		fetch = e.cfg.FetchMode
+	if req.IdleTTL != "" {
+		if l.idle, err = e.policy.TTL("idle_ttl", req.IdleTTL); err != nil {
+			return l, err
+		}
 	}
-	if fetch != "" && !lazy.ValidMode(fetch) {
-		return nil, errdefs.Invalid("fetch", "%q: want eager, lazy or prefetch", req.Fetch)
+	if req.AutoPauseAfter != "" {
+		if l.autoPause, err = e.policy.TTL("auto_pause_after", req.AutoPauseAfter); err != nil {
+			return l, err
+		}
 	}
-	now := time.Now().UTC()
-	id := e.newID()
-	host := req.Hostname
-	if host == "" {
-		host = id
-	}
-	rec := &store.Sandbox{
-		Sandbox: corral.Sandbox{
-			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
-			State: corral.StateCreating, Image: req.Image,
-			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
-			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
-			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
-			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
-			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
-		},
-		Lower:     digests,
-		ProjectID: project.ID,
-		VolumeIDs: volumeIDs,
-	}
-	return &admission{rec: rec, net: netc, fill: fill, template: template, services: services}, nil
+	l.keepsTTL = req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
+	return l, nil
 }
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.

@@ -534,6 +534,33 @@ func TestAutoPauseAndResume(t *testing.T) {
 	}
 }
 
+// TestAdmitLimitsPolicy: every admission path resolves limits by the one policy: a create and an
+// fncall environment's containers (tier fncall). A bad limit is invalid
+// naming the field and the tier, and the runtime is never asked for a sandbox.
+func TestAdmitLimitsPolicy(t *testing.T) {
+	rt := newFakeRuntime()
+	e, _ := newTestEdge(t, rt)
+	ctx := context.Background()
+	_, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{MemoryBytes: 8 << 20}})
+	if errdefs.Field(err) != "limits.memory_bytes" || !strings.Contains(err.Error(), "on container") {
+		t.Errorf("create with 8 MiB: %v; want invalid limits.memory_bytes on container", err)
+	}
+	_, err = e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", Limits: corral.Limits{OpenFiles: 10}})
+	if errdefs.Field(err) != "limits.open_files" || !strings.Contains(err.Error(), "on fncall") {
+		t.Errorf("fncall env with 10 open files: %v; want invalid limits.open_files on fncall", err)
+	}
+	if n := e.Count(); n != 0 {
+		t.Errorf("%d sandboxes after refused creates", n)
+	}
+	env, err := e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", Limits: corral.Limits{MemoryBytes: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def, _ := limits.Default().Bounds(limits.TierFncall); env.Limits.MemoryBytes != 256<<20 || env.Limits.Pids != def.Default.Pids {
+		t.Errorf("fncall env limits %+v; want its memory and the fncall defaults", env.Limits)
+	}
+}
+
 // TestFncallPoolBackoff: when containers cannot be started, the pool says why, backs off, and
 // calls fail at once with 503 instead of waiting in the queue.
 func TestFncallPoolBackoff(t *testing.T) {
