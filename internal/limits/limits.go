@@ -208,8 +208,8 @@ func (f field) show(n int64) string {
 	return fmt.Sprint(n)
 }
 
-func fields(l *corral.Limits, b *Bounds) []field {
-	return []field{
+func fields(l *corral.Limits, b *Bounds) [5]field {
+	return [5]field{
 		{"limits.memory_bytes", &l.MemoryBytes, b.Default.MemoryBytes, b.Min.MemoryBytes, b.Max.MemoryBytes, true},
 		{"limits.pids", &l.Pids, b.Default.Pids, b.Min.Pids, b.Max.Pids, false},
 		{"limits.disk_bytes", &l.DiskBytes, b.Default.DiskBytes, b.Min.DiskBytes, b.Max.DiskBytes, true},

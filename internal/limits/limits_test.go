@@ -199,3 +199,13 @@ func TestDocumented(t *testing.T) {
 }
 
 var update = flag.Bool("update", false, "rewrite the documented limits table")
+
+func BenchmarkResolve(b *testing.B) {
+	p := Default()
+	req := corral.Limits{MemoryBytes: 512 << 20, CPUs: 2}
+	for b.Loop() {
+		if _, err := p.Resolve(TierMicroVM, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
