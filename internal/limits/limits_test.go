@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/doccheck"
 	"github.com/corral-dev/corral/internal/errdefs"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -209,3 +210,5 @@ func BenchmarkResolve(b *testing.B) {
 		}
 	}
 }
+
+func TestDocComments(t *testing.T) { doccheck.Exported(t, ".") }
