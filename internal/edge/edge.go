@@ -36,6 +36,7 @@ import (
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/runtime/runc"
@@ -105,11 +106,10 @@ type Config struct {
 	Node string
 	// AgentPath is the host path of the static corral-agent binary.
 	AgentPath string
-	// DefaultTTL applies when a create call names none (default 1h); MaxTTL bounds every TTL
-	// (default 7 days).
-	DefaultTTL, MaxTTL time.Duration
-	// DefaultLimits fill zero fields of a create call; MaxLimits bound them.
-	DefaultLimits, MaxLimits corral.Limits
+	// Limits is what this node configures of the limits policy (internal/limits): the default
+	// and largest writable disk and TTL of a sandbox. Every other default and bound is the
+	// policy's own.
+	Limits limits.Config
 	// Capacity, when set, is the most this node admits: the number of its live sandboxes and
 	// the sums of their CPU, memory and disk limits never exceed it (a zero field is no bound).
 	// A create over it fails with errdefs.ErrNodeFull (409 node_full), which a cluster's
@@ -164,44 +164,12 @@ type Config struct {
 	Shared blobstore.Store
 }
 
-// DefaultLimits are the limits of a sandbox whose create call names none.
-var DefaultLimits = corral.Limits{
-	CPUs:        1,
-	MemoryBytes: 1 << 30,
-	Pids:        1024,
-	DiskBytes:   1 << 30,
-	OpenFiles:   4096,
-	OutputBytes: 16 << 20,
-}
-
-// MaxLimits are the largest limits a create call may ask for by default.
-var MaxLimits = corral.Limits{
-	CPUs:        64,
-	MemoryBytes: 256 << 30,
-	Pids:        1 << 20,
-	DiskBytes:   64 << 30,
-	OpenFiles:   1 << 20,
-	OutputBytes: 1 << 30,
-}
-
 func (c *Config) setDefaults() {
 	if c.Node == "" {
 		c.Node = "local"
 	}
 	if c.VMAgentWait <= 0 {
 		c.VMAgentWait = 5 * time.Minute
-	}
-	if c.DefaultTTL == 0 {
-		c.DefaultTTL = time.Hour
-	}
-	if c.MaxTTL == 0 {
-		c.MaxTTL = 7 * 24 * time.Hour
-	}
-	if c.DefaultLimits == (corral.Limits{}) {
-		c.DefaultLimits = DefaultLimits
-	}
-	if c.MaxLimits == (corral.Limits{}) {
-		c.MaxLimits = MaxLimits
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = time.Second
@@ -239,11 +207,8 @@ func (c *Config) Validate() error {
 	if c.KeepExitedCommands < 0 || c.KeepExitedFor < 0 {
 		return errdefs.Invalid("keep-exited", "must not be negative")
 	}
-	if c.DefaultTTL > c.MaxTTL {
-		return errdefs.Invalid("default-ttl", "%s exceeds the maximum TTL %s", c.DefaultTTL, c.MaxTTL)
-	}
-	if d, m := c.DefaultLimits.DiskBytes, c.MaxLimits.DiskBytes; d < 16<<20 || d > m {
-		return errdefs.Invalid("sandbox-disk", "the default disk %d must be at least 16 MiB and at most the ceiling %d (max-sandbox-disk)", d, m)
+	if err := c.Limits.Validate(); err != nil {
+		return err
 	}
 	if c.Disk != nil {
 		if c.Disk.Dir == "" {
@@ -258,7 +223,9 @@ func (c *Config) Validate() error {
 
 // Edge manages the sandboxes of one node.
 type Edge struct {
-	cfg    Config
+	cfg Config
+	// policy resolves every create's limits and lifetimes (admit), once.
+	policy *limits.Policy
 	log    *slog.Logger
 	store  *store.Store
 	rt     Runtime
@@ -400,11 +367,15 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge config: %w", err)
 	}
+	policy, err := limits.New(cfg.Limits)
+	if err != nil {
+		return nil, fmt.Errorf("edge config: %w", err)
+	}
 	if cfg.VM != nil {
 		rt = &tiered{ct: rt, vm: cfg.VM}
 	}
 	e := &Edge{
-		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
+		cfg: cfg, log: log, store: st, rt: rt, layers: layers, policy: policy,
 		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
 		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}),
 		bus: cfg.Events, rings: map[string]*ring{}, warm: newWarmState(), warmDone: make(chan struct{}),
@@ -972,6 +943,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		Pids:        rec.Limits.Pids,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
+		ShmBytes:    limits.ShmBytes,
 		Engine:      runc.Engine(rec.Runtime),
 		Volumes:     e.runtimeVolumes(rec),
 		Workdir:     rec.Cwd,
@@ -1104,28 +1076,15 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if !placement.Matches(req.NodeSelector, e.cfg.Labels) {
 		return nil, fmt.Errorf("node %s lacks the labels the create asks for (node_selector %v; the node has %v): %w", e.cfg.Node, req.NodeSelector, e.cfg.Labels, errdefs.ErrNodeFull)
 	}
-	limits, err := e.limits(req.Limits)
+	// Every limit is resolved here, before anything is allocated: the runtimes get them whole.
+	limits, err := e.policy.Resolve(tier, req.Limits)
 	if err != nil {
 		return nil, err
 	}
-	ttl := e.cfg.DefaultTTL
-	if req.TTL != "" {
-		if ttl, err = e.parseTTL("ttl", req.TTL); err != nil {
-			return nil, err
-		}
+	life, err := e.lifetimes(req)
+	if err != nil {
+		return nil, err
 	}
-	var idle, autoPause time.Duration
-	if req.IdleTTL != "" {
-		if idle, err = e.parseTTL("idle_ttl", req.IdleTTL); err != nil {
-			return nil, err
-		}
-	}
-	if req.AutoPauseAfter != "" {
-		if autoPause, err = e.parseTTL("auto_pause_after", req.AutoPauseAfter); err != nil {
-			return nil, err
-		}
-	}
-	keepsTTL := req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
 	project, err := e.project(ctx, req.Project)
 	if err != nil {
 		return nil, err
@@ -1139,26 +1098,91 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if err != nil {
 		return nil, err
 	}
-	if err := validateEnv("env", req.Env); err != nil {
+	if err := checkFields(req, tier); err != nil {
 		return nil, err
+	}
+	comp, err := e.compose(ctx, &req, tier, projectPath)
+	if err != nil {
+		return nil, err
+	}
+	// The base image's configuration: its environment under the request's (the request wins),
+	// its working directory and user as the commands' defaults.
+	env := req.Env
+	var cwd, user string
+	if comp.imageCfg != nil {
+		env = mergeEnv(comp.imageCfg.Env, req.Env)
+		cwd, user = comp.imageCfg.WorkingDir, comp.imageCfg.User
+	}
+	fetch := req.Fetch
+	if fetch == "" {
+		fetch = e.cfg.FetchMode
+	}
+	if fetch != "" && !lazy.ValidMode(fetch) {
+		return nil, errdefs.Invalid("fetch", "%q: want eager, lazy or prefetch", req.Fetch)
+	}
+	now := time.Now().UTC()
+	id := e.newID()
+	host := req.Hostname
+	if host == "" {
+		host = id
+	}
+	rec := &store.Sandbox{
+		Sandbox: corral.Sandbox{
+			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
+			State: corral.StateCreating, Image: req.Image,
+			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
+			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
+			CreatedAt: now, ExpiresAt: now.Add(life.ttl), IdleTTLSeconds: int64(life.idle / time.Second),
+			LastActivityAt: now, AutoPauseAfterSeconds: int64(life.autoPause / time.Second), PauseKeepsTTL: life.keepsTTL,
+			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
+		},
+		Lower:     comp.digests,
+		ProjectID: project.ID,
+		VolumeIDs: volumeIDs,
+	}
+	return &admission{rec: rec, net: netc, fill: comp.fill, template: comp.template, services: comp.services}, nil
+}
+
+// checkFields checks the fields of a create that need no lookup: env, labels, hostname, and
+// that a vm names its disk image and nothing else names one.
+func checkFields(req corral.CreateRequest, tier string) error {
+	if err := validateEnv("env", req.Env); err != nil {
+		return err
 	}
 	if err := validateLabels(req.Labels); err != nil {
-		return nil, err
+		return err
 	}
 	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
-		return nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
+		return errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
 	}
 	if tier == TierVM {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" || req.Environment != "" {
-			return nil, errdefs.Invalid("image", "a vm sandbox boots its disk image (image); base, workspace, toolkits, from_snapshot and environment are for containers and microvms")
+			return errdefs.Invalid("image", "a vm sandbox boots its disk image (image); base, workspace, toolkits, from_snapshot and environment are for containers and microvms")
 		}
 		if req.Image == "" {
-			return nil, errdefs.Invalid("image", "a vm sandbox needs its disk image: a vm-image layer NAME:VERSION (corral vm-image build)")
+			return errdefs.Invalid("image", "a vm sandbox needs its disk image: a vm-image layer NAME:VERSION (corral vm-image build)")
 		}
 	} else if req.Image != "" {
-		return nil, errdefs.Invalid("image", "a disk image is for the vm tier (tier vm); containers and microvms take base, workspace and toolkits")
+		return errdefs.Invalid("image", "a disk image is for the vm tier (tier vm); containers and microvms take base, workspace and toolkits")
 	}
-	template := false
+	return nil
+}
+
+// composition is what a create's layers resolve to.
+type composition struct {
+	digests []string         // the layers' digests, bottom first
+	fill    map[string]int64 // each layer's background fill setting, by digest
+	// imageCfg is the base layer's image configuration; nil: none.
+	imageCfg *corral.ImageConfig
+	services []corral.Service // every layer's, bottom first
+	template bool             // the environment starts its microvms from a template
+}
+
+// compose resolves the layers of req (its environment's or snapshot's, when it names one) in
+// project projectPath, and rewrites req's layer references to the versions they resolved to
+// (tags are recorded as versions).
+func (e *Edge) compose(ctx context.Context, req *corral.CreateRequest, tier, projectPath string) (*composition, error) {
+	var c composition
 	if req.Environment != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
 			return nil, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
@@ -1173,7 +1197,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			return nil, errdefs.Invalid("environment", "environment %q is not usable in project %s", req.Environment, iam.Display(projectPath))
 		}
 		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
-		template = env.MicroVMTemplate
+		c.template = env.MicroVMTemplate
 	}
 	var snap corral.Layer
 	if req.FromSnapshot != "" {
@@ -1219,12 +1243,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
 	}
-	var digests []string
-	fill := map[string]int64{} // layer digest -> its fill rate setting
+	c.fill = map[string]int64{} // layer digest -> its fill rate setting
 	// Tags (python:latest) are recorded as the versions they resolved to.
 	resolved := make([]string, 0, len(refs))
-	var imageCfg *corral.ImageConfig
-	var services []corral.Service // every layer's, bottom first
 	for _, r := range refs {
 		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind, projectPath)
 		if err != nil {
@@ -1232,10 +1253,10 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 		resolved = append(resolved, l.Name+":"+l.Version)
 		if r.field == "base" && l.ImageConfig != nil {
-			imageCfg = l.ImageConfig
+			c.imageCfg = l.ImageConfig
 		}
 		if l.ImageConfig != nil {
-			services = append(services, l.ImageConfig.Services...)
+			c.services = append(c.services, l.ImageConfig.Services...)
 		}
 		// A layer imported in parts stacks on them.
 		for _, b := range l.Below {
@@ -1243,11 +1264,11 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			if err != nil {
 				return nil, fmt.Errorf("layer %s stacks on %s: %w", r.ref, b, err)
 			}
-			digests = append(digests, part.Digest)
-			fill[part.Digest] = part.FillRate
+			c.digests = append(c.digests, part.Digest)
+			c.fill[part.Digest] = part.FillRate
 		}
-		digests = append(digests, l.Digest)
-		fill[l.Digest] = l.FillRate
+		c.digests = append(c.digests, l.Digest)
+		c.fill[l.Digest] = l.FillRate
 	}
 	if tier == TierVM {
 		req.Image = resolved[0]
@@ -1261,42 +1282,35 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			req.Toolkits = nil
 		}
 	}
-	// The base image's configuration: its environment under the request's (the request wins),
-	// its working directory and user as the commands' defaults.
-	env := req.Env
-	var cwd, user string
-	if imageCfg != nil {
-		env = mergeEnv(imageCfg.Env, req.Env)
-		cwd, user = imageCfg.WorkingDir, imageCfg.User
+	return &c, nil
+}
+
+// lifetimes are a create's ttl, idle_ttl and auto_pause_after (0: none), resolved by the limits
+// policy, and whether a pause keeps the TTL running.
+type lifetimes struct {
+	ttl, idle, autoPause time.Duration
+	keepsTTL             bool
+}
+
+func (e *Edge) lifetimes(req corral.CreateRequest) (l lifetimes, err error) {
+	l.ttl = e.policy.DefaultTTL()
+	if req.TTL != "" {
+		if l.ttl, err = e.policy.TTL("ttl", req.TTL); err != nil {
+			return l, err
+		}
 	}
-	fetch := req.Fetch
-	if fetch == "" {
-		fetch = e.cfg.FetchMode
+	if req.IdleTTL != "" {
+		if l.idle, err = e.policy.TTL("idle_ttl", req.IdleTTL); err != nil {
+			return l, err
+		}
 	}
-	if fetch != "" && !lazy.ValidMode(fetch) {
-		return nil, errdefs.Invalid("fetch", "%q: want eager, lazy or prefetch", req.Fetch)
+	if req.AutoPauseAfter != "" {
+		if l.autoPause, err = e.policy.TTL("auto_pause_after", req.AutoPauseAfter); err != nil {
+			return l, err
+		}
 	}
-	now := time.Now().UTC()
-	id := e.newID()
-	host := req.Hostname
-	if host == "" {
-		host = id
-	}
-	rec := &store.Sandbox{
-		Sandbox: corral.Sandbox{
-			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
-			State: corral.StateCreating, Image: req.Image,
-			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
-			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
-			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
-			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
-			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
-		},
-		Lower:     digests,
-		ProjectID: project.ID,
-		VolumeIDs: volumeIDs,
-	}
-	return &admission{rec: rec, net: netc, fill: fill, template: template, services: services}, nil
+	l.keepsTTL = req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
+	return l, nil
 }
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.
@@ -1324,54 +1338,6 @@ func LayerVisibleIn(l corral.Layer, at string) bool {
 // answer tells nothing about other projects' layers.
 func notPublished(field, ref string) error {
 	return errdefs.Invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
-}
-
-func (e *Edge) parseTTL(field, s string) (time.Duration, error) {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, errdefs.Invalid(field, "%q is not a duration (e.g. 30m, 2h)", s)
-	}
-	if d < time.Second {
-		return 0, errdefs.Invalid(field, "%s is shorter than the minimum 1s", s)
-	}
-	if d > e.cfg.MaxTTL {
-		return 0, errdefs.Invalid(field, "%s exceeds the maximum %s", s, e.cfg.MaxTTL)
-	}
-	return d, nil
-}
-
-// limits fills zero fields from the defaults and checks every field against the maximums.
-func (e *Edge) limits(in corral.Limits) (corral.Limits, error) {
-	def, max := e.cfg.DefaultLimits, e.cfg.MaxLimits
-	out := in
-	if in.CPUs < 0 || in.CPUs > max.CPUs {
-		return out, errdefs.Invalid("limits.cpus", "%g is outside (0, %g]", in.CPUs, max.CPUs)
-	}
-	if in.CPUs == 0 {
-		out.CPUs = def.CPUs
-	}
-	type field struct {
-		name     string
-		v        *int64
-		def, max int64
-		min      int64
-	}
-	for _, f := range []field{
-		{"limits.memory_bytes", &out.MemoryBytes, def.MemoryBytes, max.MemoryBytes, 16 << 20},
-		{"limits.pids", &out.Pids, def.Pids, max.Pids, 8},
-		{"limits.disk_bytes", &out.DiskBytes, def.DiskBytes, max.DiskBytes, 16 << 20},
-		{"limits.open_files", &out.OpenFiles, def.OpenFiles, max.OpenFiles, 64},
-		{"limits.output_bytes", &out.OutputBytes, def.OutputBytes, max.OutputBytes, 4 << 10},
-	} {
-		if *f.v == 0 {
-			*f.v = f.def
-			continue
-		}
-		if *f.v < f.min || *f.v > f.max {
-			return out, errdefs.Invalid(f.name, "%d is outside [%d, %d]", *f.v, f.min, f.max)
-		}
-	}
-	return out, nil
 }
 
 var (
@@ -1718,7 +1684,7 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	d, err := e.parseTTL("ttl", ttl)
+	d, err := e.policy.TTL("ttl", ttl)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -321,7 +322,7 @@ func TestCreateDefaultsAndLayerOrder(t *testing.T) {
 	if want := []string{"sha256:b", "sha256:w", "sha256:t"}; len(rec.Lower) != 3 || rec.Lower[0] != want[0] || rec.Lower[2] != want[2] {
 		t.Fatalf("lower = %v, want %v (base first)", rec.Lower, want)
 	}
-	if rec.Limits != DefaultLimits || rec.State != corral.StateRunning || rec.Hostname != rec.ID {
+	if def, _ := limits.Default().Bounds(TierContainer); rec.Limits != def.Default || rec.State != corral.StateRunning || rec.Hostname != rec.ID {
 		t.Fatalf("record = %+v", rec)
 	}
 	if d := rec.ExpiresAt.Sub(rec.CreatedAt); d != time.Hour {
@@ -530,6 +531,33 @@ func TestAutoPauseAndResume(t *testing.T) {
 	}
 	if _, err := e.Resume(ctx, rec.ID); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("resume of a running sandbox: %v, want conflict", err)
+	}
+}
+
+// TestAdmitLimitsPolicy: every admission path resolves limits by the one policy: a create and an
+// fncall environment's containers (tier fncall). A bad limit is invalid
+// naming the field and the tier, and the runtime is never asked for a sandbox.
+func TestAdmitLimitsPolicy(t *testing.T) {
+	rt := newFakeRuntime()
+	e, _ := newTestEdge(t, rt)
+	ctx := context.Background()
+	_, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{MemoryBytes: 8 << 20}})
+	if errdefs.Field(err) != "limits.memory_bytes" || !strings.Contains(err.Error(), "on container") {
+		t.Errorf("create with 8 MiB: %v; want invalid limits.memory_bytes on container", err)
+	}
+	_, err = e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", Limits: corral.Limits{OpenFiles: 10}})
+	if errdefs.Field(err) != "limits.open_files" || !strings.Contains(err.Error(), "on fncall") {
+		t.Errorf("fncall env with 10 open files: %v; want invalid limits.open_files on fncall", err)
+	}
+	if n := e.Count(); n != 0 {
+		t.Errorf("%d sandboxes after refused creates", n)
+	}
+	env, err := e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", Limits: corral.Limits{MemoryBytes: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def, _ := limits.Default().Bounds(limits.TierFncall); env.Limits.MemoryBytes != 256<<20 || env.Limits.Pids != def.Default.Pids {
+		t.Errorf("fncall env limits %+v; want its memory and the fncall defaults", env.Limits)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
@@ -422,7 +423,9 @@ func (e *Edge) warmNoRoom() bool {
 		return true
 	}
 	used = e.withPooled(used)
-	def := e.cfg.DefaultLimits
+	// A pool's sandboxes are containers of the default limits (its create names none).
+	b, _ := e.policy.Bounds(limits.TierContainer)
+	def := b.Default
 	near := func(u, add, c float64) bool { return c > 0 && u+add > 0.9*c }
 	return near(float64(used.Sandboxes), 1, float64(c.Sandboxes)) || near(used.CPUs, def.CPUs, c.CPUs) ||
 		near(float64(used.MemoryBytes), float64(def.MemoryBytes), float64(c.MemoryBytes)) ||
@@ -539,6 +542,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		Pids:        rec.Limits.Pids,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
+		ShmBytes:    limits.ShmBytes,
 		Engine:      runc.Engine(rec.Runtime),
 		Workdir:     rec.Cwd,
 	})

@@ -39,8 +39,6 @@ const MachineVM = "vm"
 const (
 	// MinMachineMemory: a full distribution's init needs more than a microvm's agent.
 	MinMachineMemory = 256 << 20
-	// DefaultMachineMemory is a vm's memory when the spec names none.
-	DefaultMachineMemory = 1 << 30
 	// AgentDiskSerial is the virtio-blk serial of the read-only disk that carries corral-agent
 	// into the guest; the image's udev rule starts corral-agent.service when it appears.
 	AgentDiskSerial = "corral-agent"
@@ -80,11 +78,9 @@ func (r *Runtime) validateMachine(spec *runc.Spec) error {
 	if spec.Disk == "" {
 		return errdefs.Invalid("Disk", "a vm needs its disk image")
 	}
-	if spec.MemoryBytes == 0 {
-		spec.MemoryBytes = DefaultMachineMemory
-	}
-	if spec.MemoryBytes < MinMachineMemory {
-		return errdefs.Invalid("limits.memory_bytes", "a vm needs at least %d MiB, got %d bytes", MinMachineMemory>>20, spec.MemoryBytes)
+	// A vm's disk is at least its image's, whatever DiskBytes asks (createMachine).
+	if err := checkLimits(spec, MinMachineMemory, 1); err != nil {
+		return err
 	}
 	if spec.Netns != "" && (!spec.Addr.Is4() || !spec.Gateway.Is4()) {
 		return errdefs.Invalid("Addr", "a VM with a network namespace needs its IPv4 address and gateway")

@@ -56,7 +56,7 @@ func TestValidateMachine(t *testing.T) {
 		want string
 	}{
 		{runc.Spec{ID: "a", Machine: MachineVM}, "disk image"},
-		{runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d", MemoryBytes: 128 << 20}, "256 MiB"},
+		{resolved(runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d", MemoryBytes: 128 << 20}), "256 MiB"},
 		{runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d", Template: true}, "templates"},
 		{runc.Spec{ID: "a", Machine: "pc"}, "want"},
 	} {
@@ -66,8 +66,12 @@ func TestValidateMachine(t *testing.T) {
 		}
 	}
 	s := runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d"}
-	if err := r.validate(&s); err != nil || s.MemoryBytes != DefaultMachineMemory {
-		t.Errorf("validate: %v, memory %d; want the default %d", err, s.MemoryBytes, DefaultMachineMemory)
+	if err := r.validate(&s); err == nil || s.MemoryBytes != 0 {
+		t.Errorf("validate without limits: %v, memory %d; want an error and no default", err, s.MemoryBytes)
+	}
+	s = resolved(runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d"})
+	if err := r.validate(&s); err != nil {
+		t.Errorf("validate(%+v): %v", s, err)
 	}
 }
 

@@ -46,6 +46,8 @@ const (
 	DefaultBootTimeout = 2 * time.Minute
 	// MinMemoryBytes is the least memory a VM gets: the kernel and the agent need about 100 MiB.
 	MinMemoryBytes = 128 << 20
+	// minDiskBytes is the least writable disk of a microvm (an ext4 with its journal).
+	minDiskBytes = 64 << 20
 	// MaxDevices bounds the virtio devices of one VM: QEMU 7.2's microvm has 24 transports,
 	// but a guest with more than 16 stalled in tests (docs/microvm-notes.md §4).
 	MaxDevices = 16
@@ -71,8 +73,6 @@ type Config struct {
 	UIDBase, UIDCount uint32
 	// BootTimeout bounds a boot until the agent answers (default 2m: TCG on a loaded host).
 	BootTimeout time.Duration
-	// DefaultDiskBytes is the writable disk of a Spec with DiskBytes 0.
-	DefaultDiskBytes int64
 	// SparseDisks makes microvm disks sparse files instead of allocating their blocks when they
 	// are made (runc.Config.SparseDisks says what that risks).
 	SparseDisks bool
@@ -158,9 +158,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	}
 	if cfg.BootTimeout <= 0 {
 		cfg.BootTimeout = DefaultBootTimeout
-	}
-	if cfg.DefaultDiskBytes <= 0 {
-		cfg.DefaultDiskBytes = 10 << 30
 	}
 	switch cfg.Accel {
 	case "", AccelKVM, AccelTCG:
@@ -776,20 +773,29 @@ func (r *Runtime) validate(spec *runc.Spec) error {
 			return err
 		}
 	}
-	if spec.MemoryBytes == 0 {
-		spec.MemoryBytes = 512 << 20
-	}
-	if spec.MemoryBytes < MinMemoryBytes {
-		return errdefs.Invalid("limits.memory_bytes", "a VM needs at least %d MiB, got %d bytes", MinMemoryBytes>>20, spec.MemoryBytes)
-	}
-	if spec.DiskBytes == 0 {
-		spec.DiskBytes = r.cfg.DefaultDiskBytes
-	}
-	if spec.DiskBytes < 64<<20 {
-		return errdefs.Invalid("limits.disk_bytes", "a VM's disk needs at least 64 MiB, got %d bytes", spec.DiskBytes)
+	// The limits come resolved by admission (internal/limits, whose microvm minimums are these);
+	// one below what a VM can boot with is the caller's bug, not the user's.
+	if err := checkLimits(spec, MinMemoryBytes, minDiskBytes); err != nil {
+		return err
 	}
 	if spec.Netns != "" && (!spec.Addr.Is4() || !spec.Gateway.Is4()) {
 		return errdefs.Invalid("Addr", "a VM with a network namespace needs its IPv4 address and gateway")
+	}
+	return nil
+}
+
+// checkLimits checks the invariants of a spec's limits: resolved (none zero) and no less than
+// the VM can run with.
+func checkLimits(spec *runc.Spec, minMemory, minDisk int64) error {
+	switch {
+	case !(spec.CPUs > 0):
+		return fmt.Errorf("spec of %s: CPUs %v is not a resolved limit", spec.ID, spec.CPUs)
+	case spec.MemoryBytes < minMemory:
+		return fmt.Errorf("spec of %s: MemoryBytes %d is not a resolved limit (a VM needs at least %d MiB)", spec.ID, spec.MemoryBytes, minMemory>>20)
+	case spec.DiskBytes < minDisk:
+		return fmt.Errorf("spec of %s: DiskBytes %d is not a resolved limit (want at least %d MiB)", spec.ID, spec.DiskBytes, minDisk>>20)
+	case spec.Pids <= 0 || spec.OpenFiles == 0:
+		return fmt.Errorf("spec of %s: Pids %d, OpenFiles %d are not resolved limits", spec.ID, spec.Pids, spec.OpenFiles)
 	}
 	return nil
 }

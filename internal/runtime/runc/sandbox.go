@@ -77,7 +77,7 @@ func socketPath(stateDir, id string) string { return filepath.Join(stateDir, id,
 // Create makes and starts a sandbox; see the package doc for its guarantees.
 func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	start := time.Now()
-	if err := spec.normalize(r.cfg.DefaultDiskBytes, r.maxOpenFiles); err != nil {
+	if err := spec.normalize(r.maxOpenFiles); err != nil {
 		return nil, err
 	}
 	id := spec.ID
