@@ -157,11 +157,8 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	tpl, err := newTemplateBuilds(cfg.SpoolDir)
-	if err != nil {
-		return nil, err
-	}
-	g := &Gateway{cfg: cfg.withDefaults(), log: log, fs: newFSState(), shells: processShells{m: map[string]processShellEntry{}}, tpl: tpl}
+	g := &Gateway{cfg: cfg.withDefaults(), log: log, fs: newFSState(), shells: processShells{m: map[string]processShellEntry{}},
+		tpl: newTemplateBuilds(cfg.SpoolDir)}
 	g.handler, g.envd = g.routes(), g.envdRoutes()
 	return g, nil
 }

@@ -79,9 +79,10 @@ var filesHashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // templateBuilds holds the pending builds and the uploads. Lock order: mu only; file I/O is
 // done outside it, with the results recorded under it.
 type templateBuilds struct {
-	dir string // spool root: one directory per upload area
+	root string // where the spool directory is made
 
 	mu     sync.Mutex                // protects the fields below
+	dir    string                    // the spool: one directory per upload area ("" until used)
 	builds map[string]*templateBuild // by E2B build ID
 	areas  map[string]*uploadArea    // by areaKey(owner, template)
 }
@@ -104,19 +105,36 @@ type uploadArea struct {
 	files map[string]int64 // files hash -> bytes of its normalized tar
 }
 
-func newTemplateBuilds(root string) (*templateBuilds, error) {
+func newTemplateBuilds(root string) *templateBuilds {
 	if root == "" {
 		root = os.TempDir()
 	}
-	dir, err := os.MkdirTemp(root, "corral-e2b-templates-")
-	if err != nil {
-		return nil, fmt.Errorf("e2b gateway: make the template upload spool: %w", err)
+	return &templateBuilds{root: root, builds: map[string]*templateBuild{}, areas: map[string]*uploadArea{}}
+}
+
+// spoolLocked returns the spool directory, made on first use (a gateway that builds nothing
+// leaves nothing behind). Preconditions: tb.mu is held.
+func (tb *templateBuilds) spoolLocked() (string, error) {
+	if tb.dir == "" {
+		d, err := os.MkdirTemp(tb.root, "corral-e2b-templates-")
+		if err != nil {
+			return "", fmt.Errorf("make the template upload spool: %w", err)
+		}
+		tb.dir = d
 	}
-	return &templateBuilds{dir: dir, builds: map[string]*templateBuild{}, areas: map[string]*uploadArea{}}, nil
+	return tb.dir, nil
 }
 
 // close removes the uploads.
-func (tb *templateBuilds) close() { os.RemoveAll(tb.dir) }
+func (tb *templateBuilds) close() {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.dir != "" {
+		os.RemoveAll(tb.dir)
+		tb.dir = ""
+		clear(tb.areas)
+	}
+}
 
 func areaKey(owner, template string) string { return owner + "/" + template }
 
@@ -164,7 +182,11 @@ func (tb *templateBuilds) newBuild(owner, template string) (*templateBuild, erro
 	k := areaKey(owner, template)
 	a := tb.areas[k]
 	if a == nil {
-		d := filepath.Join(tb.dir, owner+"-"+template)
+		spool, err := tb.spoolLocked()
+		if err != nil {
+			return nil, err
+		}
+		d := filepath.Join(spool, owner+"-"+template)
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("make an upload area: %w", err)
 		}
@@ -556,7 +578,7 @@ func (g *Gateway) templateFrom(ctx context.Context, c *corral.Client, in templat
 		if tpl != "" {
 			return "", "", invalid("fromTemplate", "%q: no layer %s here", tpl, base)
 		}
-		return "", "", invalid("fromImage", "%q: no layer %s here, and Corral pulls from no registry: import the image as that layer (corral layer import --name %s --version %s) or build fromTemplate(<a Corral environment>)", img, base, name, ver)
+		return "", "", invalid("fromImage", "%q: no layer %s here, and Corral pulls from no registry: import the image as that layer (corral layer import %s --kind base --docker-archive FILE, or --oci-archive, --dir) or build fromTemplate(<a Corral environment>)", img, base, base)
 	} else if err != nil {
 		return "", "", templateError(base, err)
 	}
@@ -730,7 +752,11 @@ func planTemplate(in templateStart, from, baseUser string) (*templatePlan, error
 			if err := oneLine(0); err != nil {
 				return nil, err
 			}
-			line(step, "WORKDIR %s", s.Args[0])
+			if strings.HasSuffix(strings.TrimSpace(s.Args[0]), `\`) {
+				// A Dockerfile line ending in a backslash goes on to the next.
+				return nil, invalid(field+".args[0]", "%q: a working directory may not end in a backslash", s.Args[0])
+			}
+			line(step, "WORKDIR %s", strings.TrimSpace(s.Args[0]))
 		case "USER":
 			if len(s.Args) != 1 {
 				return nil, invalid(field+".args", "USER takes [user]")
@@ -1008,9 +1034,25 @@ func statusOf(b corral.Build, entries []buildLogEntry, stepOf []string) (string,
 		if related == nil {
 			related = []buildLogEntry{}
 		}
-		return "error", map[string]any{"message": b.Error, "step": step, "logEntries": related}
+		return "error", map[string]any{"message": e2bStepError(b.Error, stepOf), "step": step, "logEntries": related}
 	}
 	return "building", nil
+}
+
+var corralStepRE = regexp.MustCompile(`^step (\d+) \(`)
+
+// e2bStepError renames the Corral step a build error starts with ("step 4 (RUN ...): ") to the
+// E2B step it came from ("steps[2] (RUN ...): ").
+func e2bStepError(msg string, stepOf []string) string {
+	m := corralStepRE.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	n, _ := strconv.Atoi(m[1])
+	if n < 1 || n > len(stepOf) {
+		return msg
+	}
+	return stepName(stepOf[n-1]) + " (" + strings.TrimPrefix(msg, m[0])
 }
 
 // templateExists serves GET /templates/aliases/{alias}: 200 when a Corral environment of that

@@ -104,7 +104,7 @@ await finish(async () => {
     const logs = []
     const tpl = Template().fromImage(base).runCmd('echo about-to-fail; exit 3')
     const e = await refused(() => Template.build(tpl, `${name}-bad`, { onBuildLogs: (l) => logs.push(l.message) }))
-    check(e.constructor.name === 'BuildError' && /exit code 3/.test(e.message), `${e.constructor.name}: ${e.message}`)
+    check(e.constructor.name === 'BuildError' && /^steps\[0\] \(RUN .*exit code 3/.test(e.message), `${e.constructor.name}: ${e.message}`)
     check(logs.some((l) => l.includes('about-to-fail')), `no output of the failing command in the logs: ${JSON.stringify(logs)}`)
     return { error: e.constructor.name, message: e.message }
   })
