@@ -67,6 +67,14 @@ const (
 	maxPendingBuilds = 1024
 )
 
+// E2B's default resources of a template, which E2B's CLI (`e2b template create`) sends when the
+// user gave none. Corral environments carry no resources, so these are accepted meaning "the
+// default" (Corral's limits) and any other value is refused.
+const (
+	e2bDefaultCPUs     = 2
+	e2bDefaultMemoryMB = 1024
+)
+
 // e2bBaseImage is the image the SDK's Template() starts from unless told otherwise
 // (fromBaseImage); it stands for the template "base".
 const e2bBaseImage = "e2bdev/base"
@@ -275,10 +283,10 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request, c *corral
 	switch {
 	case len(in.Tags) > 0:
 		return invalid("tags", "not supported: a Corral environment has one version, its last build")
-	case in.CPUCount != nil:
-		return invalid("cpuCount", "not supported: Corral environments carry no resources; sandboxes get Corral's limits")
-	case in.MemoryMB != nil:
-		return invalid("memoryMB", "not supported: Corral environments carry no resources; sandboxes get Corral's limits")
+	case in.CPUCount != nil && *in.CPUCount != e2bDefaultCPUs:
+		return invalid("cpuCount", "%d not supported: Corral environments carry no resources, so sandboxes get Corral's limits; only E2B's default, %d, is accepted", *in.CPUCount, e2bDefaultCPUs)
+	case in.MemoryMB != nil && *in.MemoryMB != e2bDefaultMemoryMB:
+		return invalid("memoryMB", "%d not supported: Corral environments carry no resources, so sandboxes get Corral's limits; only E2B's default, %d, is accepted", *in.MemoryMB, e2bDefaultMemoryMB)
 	case in.MinFreeDiskMB != nil:
 		return invalid("minFreeDiskMb", "not supported: Corral environments carry no resources; sandboxes get Corral's limits")
 	case in.TeamID != nil && *in.TeamID != "":

@@ -285,7 +285,13 @@ func TestTemplateUploads(t *testing.T) {
 	}
 
 	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl:v1"}`), http.StatusBadRequest)
-	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","cpuCount":2}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","cpuCount":4}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","memoryMB":2048}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","tags":["v1"]}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"Tpl"}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", "", []byte(`{"name":"tpl"}`), http.StatusUnauthorized)
+	// What E2B's CLI sends when the user gave no resources: E2B's defaults.
+	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","cpuCount":2,"memoryMB":1024}`), http.StatusAccepted)
 	out := do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl"}`), http.StatusAccepted)
 	if out["templateID"] != "tpl" || out["buildID"] == "" {
 		t.Fatalf("request: %v", out)

@@ -14,7 +14,8 @@ import (
 
 // TestE2BSDKTemplateBuild drives E2B template builds through the gateway with the real e2b
 // SDK's template builder (test/e2b/template.mjs): build, a sandbox of the template, a cached
-// rebuild, a template on a template, and the refusals. Corral's view is checked here: the
+// rebuild, a template on a template, and the refusals; then E2B's CLI, `e2b template create`
+// of an e2b.Dockerfile (test/e2b/template-cli.mjs). Corral's view is checked here: the
 // template is an environment, the builds are Corral builds and the rebuild reused every
 // layer; and the gateway refuses, with the raw protocol, what the SDK never sends (an upload
 // or a COPY source leaving the file context, a forged upload URL).
@@ -60,6 +61,14 @@ func TestE2BSDKTemplateBuild(t *testing.T) {
 			}
 		}
 	}
+
+	// E2B's CLI: `e2b template create` builds e2b.Dockerfile through the same calls.
+	t.Run("cli", func(t *testing.T) {
+		runE2BScript(t, key, e2bAddr, "template-cli.mjs", "base:test", run)
+		if _, err := p.Client.Environment(t.Context(), "tpl-cli-"+run); err != nil {
+			t.Fatalf("the CLI's template: %v", err)
+		}
+	})
 
 	t.Run("raw-protocol-refusals", func(t *testing.T) {
 		e2bRefusals(t, "http://"+e2bAddr, key.Token, run)
