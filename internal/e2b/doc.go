@@ -158,6 +158,7 @@
 //
 // A Gateway's configuration is immutable after New; each request builds its own Corral client.
 // Shared state is small and locked: the per-sandbox caches of whether bash exists and of the
-// users' homes, and the registry of polling watchers (bounded, expiring). Streams (Start,
+// users' homes, the registry of polling watchers (bounded, expiring), and the pending template
+// builds with their uploads (templateBuilds.mu; bounded, expiring, files in a spool directory). Streams (Start,
 // Connect, WatchDir) run one keepalive goroutine each, stopped before the stream ends.
 package e2b

@@ -137,8 +137,9 @@ func parseVersion(s string) ([3]int, bool) {
 }
 
 // Gateway serves E2B's control-plane REST API by translating each call into calls of the Corral
-// API, made with the caller's own token. It keeps no state of its own and is safe for
-// concurrent use.
+// API, made with the caller's own token. Its only state is what E2B's template builds need
+// between calls (pending builds and their uploads, templates.go), and per-sandbox caches; it
+// is safe for concurrent use.
 type Gateway struct {
 	cfg     Config
 	log     *slog.Logger

@@ -40,11 +40,14 @@ function template() {
 
 await finish(async () => {
   let sbx
+  let cold
   await step('build', async () => {
+    const t0 = Date.now()
     const { info, logs } = await build(template(), name)
+    cold = Date.now() - t0
     check(info.templateId === name, `templateId ${info.templateId}`)
     check(logs.some((l) => l.includes('log-line-from-runcmd')), `no runCmd output in the logs: ${JSON.stringify(logs)}`)
-    return { templateId: info.templateId, buildId: info.buildId, logLines: logs.length }
+    return { templateId: info.templateId, buildId: info.buildId, logLines: logs.length, ms: cold }
   })
 
   await step('exists', async () => {
@@ -66,10 +69,12 @@ await finish(async () => {
   })
 
   await step('rebuild-cached', async () => {
+    const t0 = Date.now()
     const { logs } = await build(template(), name)
+    const ms = Date.now() - t0
     const cached = logs.filter((l) => l.includes('CACHED'))
     check(cached.length === 3, `want the runCmd and both copies CACHED, got ${JSON.stringify(logs)}`)
-    return { cached }
+    return { cached, ms, coldMs: cold }
   })
 
   await step('from-template', async () => {
