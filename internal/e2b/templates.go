@@ -38,6 +38,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,8 +52,8 @@ import (
 
 // Bounds of template builds.
 const (
-	// maxUploadBytes bounds what one template's uploads hold together (compressed as sent, and
-	// again as they expand): Corral's bound on a build context.
+	// maxUploadBytes bounds one upload (compressed as sent, and again as it expands) and what one
+	// caller's uploads hold together: Corral's bound on a build context.
 	maxUploadBytes = build.DefaultMaxContextBytes
 	// maxUploadEntries bounds the entries of one upload.
 	maxUploadEntries = build.DefaultMaxContextEntries
@@ -107,6 +108,7 @@ type templateBuild struct {
 // uploadArea holds the uploads of one caller's template. Its fields are protected by
 // templateBuilds.mu.
 type uploadArea struct {
+	owner string
 	dir   string
 	used  time.Time
 	bytes int64
@@ -198,7 +200,7 @@ func (tb *templateBuilds) newBuild(owner, template string) (*templateBuild, erro
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("make an upload area: %w", err)
 		}
-		a = &uploadArea{dir: d, files: map[string]int64{}}
+		a = &uploadArea{owner: owner, dir: d, files: map[string]int64{}}
 		tb.areas[k] = a
 	}
 	a.used = now
@@ -216,6 +218,18 @@ func (tb *templateBuilds) build(owner, template, id string) (*templateBuild, err
 		return nil, errorf(http.StatusNotFound, "build %s of template %s not found (the gateway remembers builds for %s, and forgets them when it restarts)", id, template, buildKeep)
 	}
 	return b, nil
+}
+
+// heldLocked is the bytes owner's uploads hold, over all its templates. Preconditions: tb.mu
+// is held.
+func (tb *templateBuilds) heldLocked(owner string) int64 {
+	var n int64
+	for _, a := range tb.areas {
+		if a.owner == owner {
+			n += a.bytes
+		}
+	}
+	return n
 }
 
 // area returns owner's upload area of template, or a 404.
@@ -291,6 +305,15 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request, c *corral
 		return invalid("minFreeDiskMb", "not supported: Corral environments carry no resources; sandboxes get Corral's limits")
 	case in.TeamID != nil && *in.TeamID != "":
 		return invalid("teamID", "not supported: the API key's Corral project owns the template")
+	}
+	// Nothing is kept for a key that cannot build: a build makes sandboxes, publishes layers
+	// and saves an environment in the key's project.
+	who, err := c.Whoami(r.Context())
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(who.Permissions, corral.PermLayerPublish) || !slices.Contains(who.Permissions, corral.PermSandboxAdmin) {
+		return errorf(http.StatusForbidden, "the API key may not build templates: a build needs %s and %s in the key's project", corral.PermLayerPublish, corral.PermSandboxAdmin)
 	}
 	b, err := g.tpl.newBuild(ownerOf(apiKey(r)), name)
 	if err != nil {
@@ -415,8 +438,8 @@ func (g *Gateway) serveUpload(r *http.Request) error {
 	g.tpl.mu.Lock()
 	defer g.tpl.mu.Unlock()
 	old := a.files[hash]
-	if a.bytes-old+size > maxUploadBytes {
-		return errorf(http.StatusRequestEntityTooLarge, "the uploads of template %s would hold more than %d bytes", t, int64(maxUploadBytes))
+	if held := g.tpl.heldLocked(owner); held-old+size > maxUploadBytes {
+		return errorf(http.StatusRequestEntityTooLarge, "the caller's template uploads would hold more than %d bytes (they are kept for %s after their last use)", int64(maxUploadBytes), uploadKeep)
 	}
 	if err := os.Rename(f.Name(), filepath.Join(a.dir, hash+".tar")); err != nil {
 		return fmt.Errorf("keep an upload: %w", err)

@@ -236,13 +236,15 @@ func TestBuildErrorNamesTheStep(t *testing.T) {
 // present; an entry leaving the context, a device node, a bad or expired signature and another
 // caller's template are refused.
 func TestTemplateUploads(t *testing.T) {
-	gw, err := New(Config{CorralURL: "http://127.0.0.1:1", TokenKey: testKey, SpoolDir: t.TempDir()}, nil)
+	h := newHarness(t)
+	gw := h.gw
+	defer gw.Close()
+	srv := struct{ URL string }{h.url}
+	k1 := h.fake.Token
+	user, err := corral.New(h.fake.URL, h.fake.Token).CreateToken(t.Context(), corral.TokenRequest{Project: "/", Role: corral.RoleUser})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer gw.Close()
-	srv := httptest.NewServer(gw.Handler())
-	defer srv.Close()
 	do := func(method, url, key string, body []byte, want int) map[string]any {
 		t.Helper()
 		req, _ := http.NewRequest(method, url, bytes.NewReader(body))
@@ -284,21 +286,27 @@ func TestTemplateUploads(t *testing.T) {
 		return b.Bytes()
 	}
 
-	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl:v1"}`), http.StatusBadRequest)
-	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","cpuCount":4}`), http.StatusBadRequest)
-	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","memoryMB":2048}`), http.StatusBadRequest)
-	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","tags":["v1"]}`), http.StatusBadRequest)
-	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"Tpl"}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", k1, []byte(`{"name":"tpl:v1"}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", k1, []byte(`{"name":"tpl","cpuCount":4}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", k1, []byte(`{"name":"tpl","memoryMB":2048}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", k1, []byte(`{"name":"tpl","tags":["v1"]}`), http.StatusBadRequest)
+	do("POST", srv.URL+"/v3/templates", k1, []byte(`{"name":"Tpl"}`), http.StatusBadRequest)
 	do("POST", srv.URL+"/v3/templates", "", []byte(`{"name":"tpl"}`), http.StatusUnauthorized)
+	do("POST", srv.URL+"/v3/templates", "crl_unknown", []byte(`{"name":"tpl"}`), http.StatusUnauthorized)
+	if out := do("POST", srv.URL+"/v3/templates", user.Token, []byte(`{"name":"tpl"}`), http.StatusForbidden); !strings.Contains(out["message"].(string), "layer.publish") {
+		t.Errorf("a key that may not build: %v", out)
+	}
+	// Nothing was kept for them: no upload area.
+	do("GET", srv.URL+"/templates/tpl/files/"+testHash, user.Token, nil, http.StatusNotFound)
 	// What E2B's CLI sends when the user gave no resources: E2B's defaults.
-	do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl","cpuCount":2,"memoryMB":1024}`), http.StatusAccepted)
-	out := do("POST", srv.URL+"/v3/templates", "k1", []byte(`{"name":"tpl"}`), http.StatusAccepted)
+	do("POST", srv.URL+"/v3/templates", k1, []byte(`{"name":"tpl","cpuCount":2,"memoryMB":1024}`), http.StatusAccepted)
+	out := do("POST", srv.URL+"/v3/templates", k1, []byte(`{"name":"tpl"}`), http.StatusAccepted)
 	if out["templateID"] != "tpl" || out["buildID"] == "" {
 		t.Fatalf("request: %v", out)
 	}
-	do("GET", srv.URL+"/templates/tpl/files/nothex", "k1", nil, http.StatusBadRequest)
+	do("GET", srv.URL+"/templates/tpl/files/nothex", k1, nil, http.StatusBadRequest)
 	do("GET", srv.URL+"/templates/tpl/files/"+testHash, "k2", nil, http.StatusNotFound) // another caller
-	link := do("GET", srv.URL+"/templates/tpl/files/"+testHash, "k1", nil, http.StatusOK)
+	link := do("GET", srv.URL+"/templates/tpl/files/"+testHash, k1, nil, http.StatusOK)
 	url := link["url"].(string)
 	if link["present"] != false || !strings.HasPrefix(url, srv.URL+"/templates/tpl/files/"+testHash+"/upload?") {
 		t.Fatalf("link: %v", link)
@@ -310,7 +318,7 @@ func TestTemplateUploads(t *testing.T) {
 	}
 	do("PUT", url, "", mkTar(false, &tar.Header{Name: "dev", Mode: 0o644, Typeflag: tar.TypeChar}), http.StatusBadRequest)
 	do("PUT", strings.Replace(url, "signature=", "signature=0", 1), "", mkTar(false), http.StatusForbidden)
-	expired := gw.uploadURL(httptest.NewRequest("GET", srv.URL, nil), ownerOf("k1"), "tpl", testHash, time.Now().Add(-time.Second))
+	expired := gw.uploadURL(httptest.NewRequest("GET", srv.URL, nil), ownerOf(k1), "tpl", testHash, time.Now().Add(-time.Second))
 	do("PUT", strings.Replace(expired, "http://example.com", srv.URL, 1), "", mkTar(false), http.StatusForbidden)
 
 	do("PUT", url, "", mkTar(true,
@@ -318,12 +326,12 @@ func TestTemplateUploads(t *testing.T) {
 		&tar.Header{Name: "dir/f", Size: 3, Mode: 0o644, Typeflag: tar.TypeReg},
 		&tar.Header{Name: "link", Linkname: "/etc/passwd", Typeflag: tar.TypeSymlink},
 	), http.StatusOK)
-	if link := do("GET", srv.URL+"/templates/tpl/files/"+testHash, "k1", nil, http.StatusOK); link["present"] != true {
+	if link := do("GET", srv.URL+"/templates/tpl/files/"+testHash, k1, nil, http.StatusOK); link["present"] != true {
 		t.Fatalf("after the upload: %v", link)
 	}
 	// The context a build gets holds the upload, with nothing outside it.
 	var ctx bytes.Buffer
-	a, _ := gw.tpl.area(ownerOf("k1"), "tpl")
+	a, _ := gw.tpl.area(ownerOf(k1), "tpl")
 	if err := writeTemplateContext(a.dir, []uploadRef{{hash: testHash}, {hash: testHash}}, &ctx); err != nil {
 		t.Fatal(err)
 	}
