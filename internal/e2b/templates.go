@@ -363,8 +363,9 @@ func (g *Gateway) fileUploadLink(w http.ResponseWriter, r *http.Request, c *corr
 // uploadURL is the signed URL the SDK PUTs one COPY step's files to. It carries no API key (the
 // SDK sends none there): the signature, over owner, template, hash and expiry, is the proof.
 func (g *Gateway) uploadURL(r *http.Request, owner, template, hash string, expires time.Time) string {
+	// The URL goes back to the caller as it reached the gateway (a TLS proxy in front says so).
 	scheme := "http"
-	if r.TLS != nil {
+	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
 	}
 	exp := strconv.FormatInt(expires.Unix(), 10)
