@@ -63,7 +63,7 @@
 //	Template.build (POST /v3/templates,     POST /v1/builds (a Dockerfile  templates.go: the template is the environment
 //	  GET+PUT …/files/{hash}, POST           and the uploads as context),  the build saves; uploads checked as build
 //	  /v2/templates/{t}/builds/{b}, GET      GET /v1/builds/{id}[/logs]    contexts; status and log from the build job.
-//	  …/builds/{b}/status)
+//	  …/builds/{b}/status)                                                 templateplan.go: steps to Dockerfile lines.
 //	Template.exists                         GET /v1/environments/{t}      200, or 404.
 //	  (GET /templates/aliases/{t})
 //	delete template (DELETE /templates/{t}) DELETE /v1/environments/{t}   204; the layers stay.
