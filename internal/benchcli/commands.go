@@ -256,7 +256,7 @@ func (a *app) addBenchCmds(cmd *cobra.Command) {
 	cmd.AddCommand(fn)
 
 	var ec bench.E2BConfig
-	e2bCmd := a.jsonBench("e2b --e2b-url URL --sdk-dir DIR --script FILE", "The real e2b SDK through Corral's E2B gateway vs Corral's own API: create to first command, run('true') round trip",
+	e2bCmd := a.jsonBench("e2b --e2b-url URL --sdk-dir DIR --script FILE", "The real e2b SDK through Corral's E2B gateway vs Corral's own API: create to first command, run('true') round trip, template builds",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
 			ec.APIKey = a.token
 			return bench.E2B(ctx, c, ec, log)
@@ -268,6 +268,7 @@ func (a *app) addBenchCmds(cmd *cobra.Command) {
 	ef.StringVar(&ec.Script, "script", "test/e2b/bench.mjs", "the SDK side's script")
 	ef.IntVar(&ec.Creates, "creates", 10, "sandboxes created each way")
 	ef.IntVar(&ec.Runs, "runs", 100, "run('true') round trips each way")
+	ef.IntVar(&ec.Builds, "builds", 5, "template builds each way, cold and cached (0: none)")
 	cmd.AddCommand(e2bCmd)
 
 	var ic bench.ImportConfig

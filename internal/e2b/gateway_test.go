@@ -660,7 +660,9 @@ func TestUnsupportedRoutes(t *testing.T) {
 	}{
 		{"POST", "/sandboxes/sb-1/snapshots", 501},
 		{"GET", "/snapshots", 501},
-		{"DELETE", "/templates/t", 501},
+		{"POST", "/templates/tags", 501},
+		{"DELETE", "/templates/tags", 501},
+		{"DELETE", "/templates/t", 404}, // an unknown template (templates.go maps the route)
 		{"GET", "/teams", 404},
 	} {
 		resp := h.do(tc.method, tc.path, "")
