@@ -226,7 +226,7 @@ func TestConsoleScreen(t *testing.T) {
 			{"a token not base64url", vncPath(plain.ID), []string{"binary", corral.WebSocketBearerProtocol + teamTok + "=="}, nil, 401, ""},
 			{"another project's token", vncPath(plain.ID), []string{"binary", bearerProtocol(otherTok)}, nil, 0, "outside the token's scope"},
 			{"a revoked-looking token", vncPath(plain.ID), []string{"binary", bearerProtocol("crl_" + strings.Repeat("A", 43))}, nil, 401, "invalid token"},
-			{"no binary subprotocol", vncPath(plain.ID), []string{"chat", bearerProtocol(teamTok)}, nil, 400, "speaks \"binary\" only"},
+			{"no binary subprotocol", vncPath(plain.ID), []string{"chat", bearerProtocol(teamTok)}, nil, 400, "the VNC WebSocket speaks"},
 			{"no desktop", vncPath(plain.ID), []string{"binary", bearerProtocol(teamTok)}, nil, 409, "has no desktop"},
 		} {
 			resp, ws := wsDial(t, p.URL, tc.path, tc.protocols, tc.header)
@@ -238,6 +238,34 @@ func TestConsoleScreen(t *testing.T) {
 			if tc.status == 0 && resp.StatusCode != 403 && resp.StatusCode != 404 || tc.status != 0 && resp.StatusCode != tc.status || !strings.Contains(string(body), tc.body) {
 				t.Errorf("%s: %s %s, want %d with %q", tc.name, resp.Status, body, tc.status, tc.body)
 			}
+		}
+	})
+
+	t.Run("vm", func(t *testing.T) {
+		needVM(t)
+		if m, _ := filepath.Glob("/var/cache/corral/vm-image/*/*"); len(m) == 0 {
+			t.Skip("no vm image was built on this host (TestVM builds it, minutes)")
+		}
+		if out, errOut, code := p.cli("", "vm-image", "build", "vmimg:test"); code != 0 {
+			t.Fatalf("vm-image build: exit %d: %s\n%s", code, errOut, out)
+		}
+		sb, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Project: "team", Tier: "vm", Image: "vmimg:test", Limits: corral.Limits{MemoryBytes: 1 << 30}})
+		if err != nil {
+			t.Fatalf("create a vm: %v", err)
+		}
+		t.Cleanup(func() { p.Client.DeleteSandbox(context.Background(), sb.ID) })
+		resp, ws := wsDial(t, p.URL, vncPath(sb.ID), []string{"binary", bearerProtocol(teamTok)}, nil)
+		if ws == nil {
+			body, _ := io.ReadAll(resp.Body)
+			t.Fatalf("the VNC WebSocket of a vm: %s %s", resp.Status, body)
+		}
+		version, w, h := rfbHandshake(t, ws)
+		t.Logf("QEMU's VNC through the WebSocket: %q, %dx%d", version, w, h)
+		if w < 320 || h < 200 {
+			t.Errorf("the vm's display is %dx%d", w, h)
+		}
+		if _, ws := wsDial(t, p.URL, vncPath(sb.ID), []string{"binary", bearerProtocol(otherTok)}, nil); ws != nil {
+			t.Errorf("another project's token opened the vm's screen")
 		}
 	})
 
