@@ -246,7 +246,7 @@ func TestConsoleScreen(t *testing.T) {
 		if m, _ := filepath.Glob("/var/cache/corral/vm-image/*/*"); len(m) == 0 {
 			t.Skip("no vm image was built on this host (TestVM builds it, minutes)")
 		}
-		if out, errOut, code := p.cli("", "vm-image", "build", "vmimg:test"); code != 0 {
+		if out, errOut, code := p.cli("", "vm-image", "build", "vmimg:test", "--project", "team"); code != 0 {
 			t.Fatalf("vm-image build: exit %d: %s\n%s", code, errOut, out)
 		}
 		sb, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Project: "team", Tier: "vm", Image: "vmimg:test", Limits: corral.Limits{MemoryBytes: 1 << 30}})
