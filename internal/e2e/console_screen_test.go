@@ -348,7 +348,8 @@ func TestConsoleScreen(t *testing.T) {
 // internal/console/testdata/create-form.json (which TestCreateRequest holds createRequest to) is
 // accepted by POST /v1/sandboxes and makes the sandbox it describes; the new-sandbox page, filled
 // in headless Chromium, creates one; the webhooks page adds a webhook, sends it a test event the
-// receiver gets signed, and removes it; POST /v1/webhooks/{id}/test refuses another project.
+// receiver gets signed, and removes it; the tokens page mints a working token; POST
+// /v1/webhooks/{id}/test refuses another project.
 func TestConsoleForms(t *testing.T) {
 	needRoot(t)
 	p := withBase(t, "--webhook-allow-private")
@@ -531,5 +532,20 @@ func TestConsoleForms(t *testing.T) {
 		if hooks, _ := p.Client.Webhooks(ctx, "team"); len(hooks) != 0 {
 			t.Fatalf("after remove: %+v", hooks)
 		}
+
+		// The tokens page mints a token for a new agent, shown once, that works.
+		name := "minted-" + randHex(3)
+		ok(t, "mint", chromedp.Do(within(t, page), goTo(page, "#/tokens"), chromedp.WaitVisible(css("#token-mint")),
+			chromedp.SetValue(css("#token-project"), "team"), chromedp.SetValue(css("#token-role"), "viewer"),
+			chromedp.SetValue(css("#token-agent"), name), chromedp.SetValue(css("#token-ttl"), "1h"),
+			chromedp.Click(css("#token-mint-button"))))
+		ok(t, "minted", waitText(page, "#token-new", "shown this once"))
+		minted, err := eval[string](page, `document.querySelector('#token-new .mono').textContent`)
+		ok(t, "the minted token", err)
+		who, err := corral.New(p.URL, minted).Whoami(ctx)
+		if err != nil || who.Principal.Name != name || strings.Trim(who.Token.Project, "/") != "team" || who.Token.Role != "viewer" {
+			t.Fatalf("the minted token is %+v, %v", who, err)
+		}
+		shot(t, page, dir, "tokens")
 	})
 }
