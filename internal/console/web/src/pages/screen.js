@@ -45,6 +45,7 @@ export async function render(root, sb) {
     if (rfb) { rfb.disconnect(); rfb = null; }
     replace(view);
     replace(why);
+    view.hidden = false;
     connected = false;
     status.textContent = 'connecting…';
     const r = new RFB(view, vncURL(sb.id), { wsProtocols: ['binary', api.bearerProtocol(api.token())], shared: true });
@@ -62,7 +63,7 @@ export async function render(root, sb) {
       if (rfb !== r || !live) return;
       view.dataset.connected = 'false';
       status.textContent = connected ? 'disconnected' + (e.detail.clean ? '' : ' (the connection broke)') : 'could not connect';
-      if (!connected) explain();
+      if (!connected) { view.hidden = true; explain(); }
     });
     r.addEventListener('securityfailure', (e) => { status.textContent = 'refused by the VNC server: ' + (e.detail.reason || e.detail.status); });
     r.addEventListener('credentialsrequired', () => { status.textContent = 'the VNC server asks for a password, which Corral does not set'; });
