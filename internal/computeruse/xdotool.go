@@ -173,6 +173,6 @@ const VNCPort = 5900
 // /v1/sandboxes/{id}/vnc). x11vnc -bg returns once it listens.
 var VNCScript = preamble + fmt.Sprintf(`command -v x11vnc >/dev/null 2>&1 || exit %d
 pgrep -x x11vnc >/dev/null 2>&1 && exit 0
-x11vnc -display "$DISPLAY" -rfbport %d -localhost -forever -shared -nopw -bg -quiet -o /tmp/x11vnc.log >/dev/null 2>&1 ||
+x11vnc -display "$DISPLAY" -rfbport %d -localhost -forever -shared -nopw -nolookup -bg -quiet -o /tmp/x11vnc.log >/dev/null 2>&1 ||
   pgrep -x x11vnc >/dev/null 2>&1 || { tail -5 /tmp/x11vnc.log >&2; exit 1; }
 `, ExitNoVNC, VNCPort)

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -298,6 +299,28 @@ func TestConsoleScreen(t *testing.T) {
 		if n := strings.Count(p.sh(sb.ID, "pgrep -x x11vnc || true"), "\n"); n != 1 {
 			t.Errorf("%d x11vnc processes after two viewers, want 1", n)
 		}
+		// Timings, logged (docs/BENCHMARKS.md takes ratios, never asserted): a viewer's WebSocket
+		// opened through to RFB's ServerInit, against one PNG screenshot through the API.
+		var vncT, pngT []time.Duration
+		for range 20 {
+			t0 := time.Now()
+			_, c := wsDial(t, p.URL, vncPath(sb.ID), []string{"binary", bearerProtocol(teamTok)}, nil)
+			if c == nil {
+				t.Fatal("a viewer was refused")
+			}
+			rfbHandshake(t, c)
+			vncT = append(vncT, time.Since(t0))
+			c.conn.Close()
+			t0 = time.Now()
+			if _, _, _, err := p.Client.Screenshot(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			pngT = append(pngT, time.Since(t0))
+		}
+		slices.Sort(vncT)
+		slices.Sort(pngT)
+		t.Logf("20 rounds: VNC WebSocket to ServerInit p50/p99 %s/%s; GET .../screen (PNG) p50/p99 %s/%s; ratio p50/p99 %.2f/%.2f",
+			vncT[10], vncT[19], pngT[10], pngT[19], float64(vncT[10])/float64(pngT[10]), float64(vncT[19])/float64(pngT[19]))
 		// corral vnc's raw upgrade reaches the desktop too.
 		raw, err := p.Client.VNC(ctx, sb.ID)
 		if err != nil {
