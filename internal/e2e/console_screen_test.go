@@ -268,6 +268,32 @@ func TestConsoleScreen(t *testing.T) {
 		if _, ws := wsDial(t, p.URL, vncPath(sb.ID), []string{"binary", bearerProtocol(otherTok)}, nil); ws != nil {
 			t.Errorf("another project's token opened the vm's screen")
 		}
+		// The console's screen tab shows the machine's display in noVNC.
+		bctx := newBrowser(t)
+		dir := artifactDir(t)
+		page := tab(t, bctx, 3*time.Minute)
+		lastPage, lastDir = page, dir
+		t.Cleanup(func() { lastPage = nil })
+		ok(t, "sign in", chromedp.Do(within(t, page), chromedp.Navigate(p.URL+"/ui/#token="+teamTok), chromedp.WaitVisible(css("#sandboxes"))))
+		ok(t, "the vm's screen tab", chromedp.Do(within(t, page), goTo(page, "#/sandboxes/"+sb.ID), chromedp.WaitVisible(css(`button[data-tab="screen"]`)),
+			chromedp.Click(css(`button[data-tab="screen"]`))))
+		ok(t, "noVNC connected to the vm", waitText(page, "#screen-status", "connected to"))
+		// The canvas takes the display's size (the guest may have changed its mode since the
+		// handshake above), and the display shows something (the boot's text).
+		var got string
+		eventually(t, time.Minute, "noVNC's canvas with the vm's display", func() bool {
+			got, _ = eval[string](page, `(() => {
+				const c = document.querySelector('#screen-view canvas');
+				if (!c || c.width < 320) return 'no canvas';
+				const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+				const colours = new Set();
+				for (let i = 0; i < d.length && colours.size < 2; i += 4 * 7) colours.add(d[i] << 16 | d[i+1] << 8 | d[i+2]);
+				return c.width + 'x' + c.height + ' ' + colours.size + ' colours';
+			})()`)
+			return strings.HasSuffix(got, " 2 colours")
+		})
+		t.Logf("noVNC shows the vm's display: %s", got)
+		shot(t, page, dir, "vm-screen")
 	})
 
 	t.Run("desktop", func(t *testing.T) {
