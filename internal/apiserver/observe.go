@@ -357,7 +357,7 @@ func (s *Server) deleteWebhook(w http.ResponseWriter, r *http.Request) {
 // attempt (corral.WebhookDelivery).
 func (s *Server) testWebhook(w http.ResponseWriter, r *http.Request) {
 	if s.hooks == nil {
-		s.fail(w, r, errdefs.Unavailable("this server delivers no webhooks (no edge runs in it): test the webhook through a node's API"))
+		s.fail(w, r, errdefs.Unavailable("this server runs no webhook dispatcher"))
 		return
 	}
 	h, err := s.store.Webhook(r.Context(), r.PathValue("id"))
