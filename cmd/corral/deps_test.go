@@ -22,6 +22,7 @@ func TestNoTestCodeLinked(t *testing.T) {
 		"github.com/corral-dev/corral/internal/blobstore/s3test":    true,
 		"github.com/google/go-containerregistry/pkg/registry":       true,
 		"github.com/corral-dev/corral/internal/blobstore/versitygw": true,
+		"github.com/corral-dev/corral/sdk/go/corraltest":            true,
 	}
 	for _, p := range strings.Fields(string(out)) {
 		if banned[p] {
