@@ -51,15 +51,18 @@ type Server struct {
 
 	mu sync.Mutex
 	// The fields below are protected by mu.
-	sandboxes   map[string]*sandbox
-	sbOrder     []string
-	layers      map[string]*layer // by "name:version"
-	layerOrder  []string
-	programs    map[string]programEntry
-	requests    []Request
-	nextSandbox int
-	nextCommand int
-	iam         iamState
+	sandboxes  map[string]*sandbox
+	sbOrder    []string
+	layers     map[string]*layer // by "name:version"
+	layerOrder []string
+	// environments are the saved environments, by name, in envOrder.
+	environments map[string]*corral.Environment
+	envOrder     []string
+	programs     map[string]programEntry
+	requests     []Request
+	nextSandbox  int
+	nextCommand  int
+	iam          iamState
 }
 
 // NewServer starts a fake server and arranges for t's cleanup to close it.
@@ -72,10 +75,11 @@ func NewServer(t testing.TB) *Server {
 // Start starts a fake server; the caller must Close it. Tests use [NewServer].
 func Start() *Server {
 	s := &Server{
-		Token:     DefaultToken,
-		sandboxes: make(map[string]*sandbox),
-		layers:    make(map[string]*layer),
-		programs:  builtinPrograms(),
+		Token:        DefaultToken,
+		sandboxes:    make(map[string]*sandbox),
+		layers:       make(map[string]*layer),
+		environments: make(map[string]*corral.Environment),
+		programs:     builtinPrograms(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.initIAMLocked()
@@ -194,6 +198,10 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/layers", s.importLayer)
 	mux.HandleFunc("GET /v1/layers", s.listLayers)
 	mux.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
+	mux.HandleFunc("POST /v1/environments", s.saveEnvironment)
+	mux.HandleFunc("GET /v1/environments", s.listEnvironments)
+	mux.HandleFunc("GET /v1/environments/{name}", s.getEnvironment)
+	mux.HandleFunc("DELETE /v1/environments/{name}", s.deleteEnvironment)
 	mux.HandleFunc("GET /v1/whoami", s.whoami)
 	mux.HandleFunc("POST /v1/projects", s.createProject)
 	mux.HandleFunc("GET /v1/projects", s.listProjects)
