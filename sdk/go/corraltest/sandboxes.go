@@ -196,6 +196,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	state := q.Get("state")
+	switch state {
+	case "", corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateStopped, corral.StateFailed:
+	default:
+		fail(w, invalid("state", "%q is not a state (creating, running, paused, off, stopped, failed)", state))
+		return
+	}
 	project := q.Get("project")
 	if project != "" {
 		var err *httpError

@@ -59,12 +59,16 @@ var cases = []struct {
 	{"SandboxMissing", sandboxMissing},
 	{"SandboxDeleted", sandboxDeleted},
 	{"Exec", execCase},
+	{"ExecInvalid", execInvalid},
+	{"Commands", commands},
 	{"Files", files},
 	{"FilesMissing", filesMissing},
+	{"FilesTar", filesTar},
 	{"Layers", layersCase},
 	{"LayersInvalid", layersInvalid},
 	{"Environments", environments},
 	{"Unauthorized", unauthorized},
+	{"Info", info},
 }
 
 // suite is one case's view of the target.
@@ -637,4 +641,156 @@ func unauthorized(s *suite) {
 		_, err = c.CreateSandbox(s.ctx, corral.CreateRequest{Base: s.Base})
 		s.wantError("create with token "+token, err, http.StatusUnauthorized, corral.CodeUnauthorized, "")
 	}
+}
+
+func execInvalid(s *suite) {
+	sb := s.create(corral.CreateRequest{})
+	if out, _, code := s.run(sb.ID, "", nil, "pwd"); code != 0 || out == "" {
+		s.t.Errorf("pwd: %q exit %d, want a directory and exit 0", out, code)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+	defer cancel()
+	out, _, exit, err := s.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"pwd"}, Cwd: "/tmp"})
+	if err != nil || exit.Code != 0 || string(out) != "/tmp\n" {
+		s.t.Errorf("pwd in /tmp: %q exit %+v err %v, want /tmp", out, exit, err)
+	}
+	_, _, _, err = s.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"conformance-no-such-program"}})
+	s.wantError("exec of a missing program", err, http.StatusBadRequest, corral.CodeInvalid, "argv")
+	for _, b := range []struct {
+		what  string
+		req   corral.ExecRequest
+		field string
+	}{
+		{"a timeout that is no duration", corral.ExecRequest{Argv: []string{"true"}, Timeout: "a while"}, "timeout"},
+		{"a relative cwd", corral.ExecRequest{Argv: []string{"true"}, Cwd: "tmp"}, "cwd"},
+		{"env without =", corral.ExecRequest{Argv: []string{"true"}, Env: []string{"NOEQUALS"}}, "env[0]"},
+	} {
+		_, _, _, err := s.Client.Run(ctx, sb.ID, b.req)
+		s.wantError("exec with "+b.what, err, http.StatusBadRequest, corral.CodeInvalid, b.field)
+	}
+	status, e := s.raw(http.MethodPost, "/v1/sandboxes/"+sb.ID+"/exec", s.Token, []byte(`{"argv":["true"],"bogus_field":1}`))
+	if status != http.StatusBadRequest || e.Code != corral.CodeInvalid {
+		s.t.Errorf("exec with an unknown field: %d %q, want 400 invalid", status, e.Code)
+	}
+}
+
+func commands(s *suite) {
+	sb := s.create(corral.CreateRequest{})
+	cmd, err := s.Client.StartCommand(s.ctx, sb.ID, corral.ExecRequest{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		s.t.Fatalf("start sleep: %v", err)
+	}
+	got, err := s.Client.Command(s.ctx, sb.ID, cmd.ID)
+	if err != nil {
+		s.t.Fatalf("get command: %v", err)
+	}
+	if got.State != "running" || got.Exit != nil {
+		s.t.Errorf("sleeping command = state %q exit %+v, want running without an exit", got.State, got.Exit)
+	}
+	err = s.Client.Signal(s.ctx, sb.ID, cmd.ID, "NOSUCHSIGNAL")
+	s.wantError("signal with an unknown signal", err, http.StatusBadRequest, corral.CodeInvalid, "signal")
+	if err := s.Client.Signal(s.ctx, sb.ID, cmd.ID, "SIGKILL"); err != nil {
+		s.t.Fatalf("signal SIGKILL: %v", err)
+	}
+	s.eventually("the killed command to exit", func() bool {
+		got, err = s.Client.Command(s.ctx, sb.ID, cmd.ID)
+		return err == nil && got.Exit != nil
+	})
+	if got.State != "exited" || got.Exit.Signal == "" {
+		s.t.Errorf("killed command = state %q exit %+v, want exited by a signal", got.State, got.Exit)
+	}
+	err = s.Client.Signal(s.ctx, sb.ID, cmd.ID, "SIGTERM")
+	s.wantError("signal an exited command", err, http.StatusConflict, corral.CodeConflict, "")
+	err = s.Client.Signal(s.ctx, sb.ID, "cmd-conformance-missing", "SIGTERM")
+	s.wantError("signal a missing command", err, http.StatusNotFound, corral.CodeNotFound, "")
+
+	// Stdin of a started command, then end of input.
+	cat, err := s.Client.StartCommand(s.ctx, sb.ID, corral.ExecRequest{Argv: []string{"cat"}, OpenStdin: true})
+	if err != nil {
+		s.t.Fatalf("start cat: %v", err)
+	}
+	if err := s.Client.WriteStdin(s.ctx, sb.ID, cat.ID, strings.NewReader("to stdin\n"), true); err != nil {
+		s.t.Fatalf("write stdin: %v", err)
+	}
+	st, err := s.Client.Attach(s.ctx, sb.ID, cat.ID, 0, true)
+	if err != nil {
+		s.t.Fatalf("attach: %v", err)
+	}
+	var stdout bytes.Buffer
+	exit, err := st.Copy(&stdout, io.Discard)
+	st.Close()
+	if err != nil || exit.Code != 0 || stdout.String() != "to stdin\n" {
+		s.t.Errorf("cat of written stdin: %q exit %+v err %v, want %q exit 0", stdout.String(), exit, err, "to stdin\n")
+	}
+	err = s.Client.WriteStdin(s.ctx, sb.ID, cat.ID, strings.NewReader("late"), false)
+	s.wantError("write stdin of an exited command", err, http.StatusConflict, corral.CodeConflict, "")
+}
+
+func info(s *suite) {
+	if err := s.Client.Health(s.ctx); err != nil {
+		s.t.Errorf("health: %v", err)
+	}
+	if err := corral.New(s.URL, "").Health(s.ctx); err != nil {
+		s.t.Errorf("health without a token: %v (want it open)", err)
+	}
+	in, err := s.Client.Info(s.ctx)
+	if err != nil {
+		s.t.Fatalf("info: %v", err)
+	}
+	if in.Version == "" || in.Node == "" || in.Runtime == "" {
+		s.t.Errorf("info = %+v, want a version, a node and a runtime", in)
+	}
+	_, err = s.Client.ListSandboxes(s.ctx, corral.ListOptions{Labels: map[string]string{"": "x"}})
+	s.wantError("list with an empty label key", err, http.StatusBadRequest, corral.CodeInvalid, "label")
+	_, err = s.Client.ListSandboxes(s.ctx, corral.ListOptions{State: "sideways"})
+	s.wantError("list with an unknown state", err, http.StatusBadRequest, corral.CodeInvalid, "state")
+}
+
+func filesTar(s *suite) {
+	sb := s.create(corral.CreateRequest{})
+	in := layerTar("from-tar.txt", "tarred\n")
+	if _, err := s.Client.Mkdir(s.ctx, sb.ID, corral.MkdirRequest{Path: "/tmp/tar-in"}); err != nil {
+		s.t.Fatalf("mkdir: %v", err)
+	}
+	_, err := s.Client.Mkdir(s.ctx, sb.ID, corral.MkdirRequest{Path: "/tmp/tar-in"})
+	s.wantError("mkdir of an existing directory", err, http.StatusConflict, corral.CodeConflict, "")
+	if err := s.Client.TarIn(s.ctx, sb.ID, "/tmp/tar-in", bytes.NewReader(in)); err != nil {
+		s.t.Fatalf("tar in: %v", err)
+	}
+	rc, err := s.Client.ReadFile(s.ctx, sb.ID, "/tmp/tar-in/from-tar.txt")
+	if err != nil {
+		s.t.Fatalf("read a file from the tar: %v", err)
+	}
+	got, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(got) != "tarred\n" {
+		s.t.Errorf("file from the tar = %q, want %q", got, "tarred\n")
+	}
+	out, err := s.Client.TarOut(s.ctx, sb.ID, "/tmp/tar-in")
+	if err != nil {
+		s.t.Fatalf("tar out: %v", err)
+	}
+	defer out.Close()
+	tr := tar.NewReader(out)
+	found := false
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			s.t.Fatalf("read the tar out: %v", err)
+		}
+		if strings.TrimPrefix(h.Name, "./") == "from-tar.txt" {
+			b, _ := io.ReadAll(tr)
+			found = string(b) == "tarred\n"
+		}
+	}
+	if !found {
+		s.t.Errorf("tar out of /tmp/tar-in lacks from-tar.txt with its content")
+	}
+	_, err = s.Client.TarOut(s.ctx, sb.ID, "/tmp/conformance-missing")
+	s.wantError("tar out of a missing directory", err, http.StatusNotFound, corral.CodeNotFound, "")
+	_, err = s.Client.Move(s.ctx, sb.ID, "/tmp/conformance-missing", "/tmp/elsewhere")
+	s.wantError("move a missing file", err, http.StatusNotFound, corral.CodeNotFound, "")
 }
