@@ -219,6 +219,13 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("GET /v1/tokens", s.listTokens)
 	mux.HandleFunc("DELETE /v1/tokens/{id}", s.revokeToken)
 	mux.HandleFunc("GET /v1/audit", s.listAudit)
+	// As the real server's: any other route is a JSON 404. The real server serves more routes
+	// than the fake (pause, snapshots, tags, volumes, ...): those land here too, and the message
+	// says so.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, corral.CodeNotFound,
+			fmt.Sprintf("no API route %s %s (or one the fake corraltest does not serve)", r.Method, r.URL.Path), "")
+	})
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.Query(), Header: r.Header.Clone()}

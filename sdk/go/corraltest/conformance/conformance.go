@@ -746,6 +746,10 @@ func info(s *suite) {
 	}
 	_, err = s.Client.ListSandboxes(s.ctx, corral.ListOptions{Labels: map[string]string{"": "x"}})
 	s.wantError("list with an empty label key", err, http.StatusBadRequest, corral.CodeInvalid, "label")
+	status, e := s.raw(http.MethodGet, "/v1/conformance-no-such-route", s.Token, nil)
+	if status != http.StatusNotFound || e.Code != corral.CodeNotFound || e.Message == "" {
+		s.t.Errorf("an unknown route: %d %+v, want a JSON 404 not_found", status, e)
+	}
 	_, err = s.Client.ListSandboxes(s.ctx, corral.ListOptions{State: "sideways"})
 	s.wantError("list with an unknown state", err, http.StatusBadRequest, corral.CodeInvalid, "state")
 }
