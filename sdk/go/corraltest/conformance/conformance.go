@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -61,6 +62,7 @@ var cases = []struct {
 	{"Exec", execCase},
 	{"ExecInvalid", execInvalid},
 	{"Commands", commands},
+	{"Fork", fork},
 	{"Files", files},
 	{"FilesMissing", filesMissing},
 	{"FilesTar", filesTar},
@@ -971,4 +973,45 @@ func auditPaging(s *suite) {
 			s.t.Errorf("audit entry %+v: want an ok project action", e)
 		}
 	}
+}
+
+func fork(s *suite) {
+	sb := s.create(corral.CreateRequest{Labels: map[string]string{"case": "fork-" + s.uniq}})
+	if _, err := s.Client.WriteFile(s.ctx, sb.ID, "/tmp/before-fork", strings.NewReader("kept"), corral.WriteFileOptions{}); err != nil {
+		s.t.Fatalf("write file: %v", err)
+	}
+	// runc cannot checkpoint processes: a fork of a running runc sandbox copies its disk only.
+	_, err := s.Client.Fork(s.ctx, sb.ID, corral.ForkRequest{})
+	s.wantError("fork a runc sandbox with its processes", err, http.StatusConflict, corral.CodeConflict, "")
+	forks, err := s.Client.Fork(s.ctx, sb.ID, corral.ForkRequest{Count: 2, DiskOnly: true, Labels: map[string]string{"copy": "yes"}})
+	if err != nil {
+		s.t.Fatalf("fork: %v", err)
+	}
+	for _, f := range forks {
+		s.t.Cleanup(func() { s.Client.DeleteSandbox(context.Background(), f.ID) })
+	}
+	if len(forks) != 2 {
+		s.t.Fatalf("fork of 2 answered %d sandboxes", len(forks))
+	}
+	for _, f := range forks {
+		if f.ID == sb.ID || f.State != corral.StateRunning || f.Base != s.Base || f.Labels["copy"] != "yes" {
+			s.t.Errorf("fork = %s %s base %s labels %v, want a new running sandbox on %s labelled copy=yes", f.ID, f.State, f.Base, f.Labels, s.Base)
+		}
+		rc, err := s.Client.ReadFile(s.ctx, f.ID, "/tmp/before-fork")
+		if err != nil {
+			s.t.Errorf("read the parent's file in fork %s: %v", f.ID, err)
+			continue
+		}
+		b, _ := io.ReadAll(rc)
+		rc.Close()
+		if string(b) != "kept" {
+			s.t.Errorf("fork %s: /tmp/before-fork = %q, want %q", f.ID, b, "kept")
+		}
+	}
+	for _, n := range []int{-1, corral.MaxForkCount + 1} {
+		_, err = s.Client.Fork(s.ctx, sb.ID, corral.ForkRequest{Count: n, DiskOnly: true})
+		s.wantError(fmt.Sprintf("fork of %d", n), err, http.StatusBadRequest, corral.CodeInvalid, "count")
+	}
+	_, err = s.Client.Fork(s.ctx, missingID(sb.ID), corral.ForkRequest{DiskOnly: true})
+	s.wantError("fork a missing sandbox", err, http.StatusNotFound, corral.CodeNotFound, "")
 }
