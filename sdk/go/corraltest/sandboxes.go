@@ -195,12 +195,15 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	state := q.Get("state")
-	switch state {
-	case "", corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateStopped, corral.StateFailed:
-	default:
-		fail(w, invalid("state", "%q is not a state (creating, running, paused, off, stopped, failed)", state))
-		return
+	// state is repeatable; any may match.
+	states := q["state"]
+	for _, st := range states {
+		switch st {
+		case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateStopped, corral.StateFailed:
+		default:
+			fail(w, invalid("state", "%q is not a state (creating, running, paused, off, stopped, failed)", st))
+			return
+		}
 	}
 	project := q.Get("project")
 	if project != "" {
@@ -227,7 +230,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	out := []corral.Sandbox{}
 	for _, id := range s.sbOrder {
 		sb := s.sandboxes[id]
-		if (state != "" && sb.state != state) || !within(sb.spec.Project, project) {
+		if (len(states) > 0 && !slices.Contains(states, sb.state)) || !within(sb.spec.Project, project) {
 			continue
 		}
 		match := true

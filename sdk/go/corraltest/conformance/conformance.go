@@ -149,6 +149,25 @@ func (s *suite) raw(method, path, token string, body []byte) (int, corral.Error)
 	return resp.StatusCode, e
 }
 
+// getJSON GETs path with the target's token and decodes the JSON answer into v.
+func (s *suite) getJSON(path string, v any) error {
+	req, err := http.NewRequestWithContext(s.ctx, http.MethodGet, s.URL+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("GET %s: %s: %s", path, resp.Status, b)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
 // run executes argv in sandbox id with stdin and returns stdout, stderr and the exit code.
 func (s *suite) run(id string, stdin string, env []string, argv ...string) (string, string, int) {
 	s.t.Helper()
@@ -238,6 +257,14 @@ func sandboxLifecycle(s *suite) {
 		got, err := s.Client.GetSandbox(s.ctx, sb.ID)
 		return (err == nil && got.State == corral.StateStopped) || corral.IsNotFound(err)
 	})
+	// state is repeatable, and any may match.
+	var both struct{ Sandboxes []corral.Sandbox }
+	if err := s.getJSON("/v1/sandboxes?state=running&state=stopped&label=case%3D"+label, &both); err != nil {
+		s.t.Fatalf("list running or stopped: %v", err)
+	}
+	if !slices.Equal(ids(both.Sandboxes), []string{sb.ID}) {
+		s.t.Errorf("list running or stopped = %v, want the stopped %s", ids(both.Sandboxes), sb.ID)
+	}
 	running, err := s.Client.ListSandboxes(s.ctx, corral.ListOptions{State: corral.StateRunning, Labels: map[string]string{"case": label}})
 	if err != nil {
 		s.t.Fatalf("list sandboxes: %v", err)
