@@ -13,39 +13,42 @@ import (
 // envNameRE is the real server's rule for environment (and layer) names.
 var envNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$`)
 
-// checkLayerLocked checks that ref names a published layer of kind, as the request's field.
-// Like the real server's, a missing layer named in a body is invalid input (400), not a
-// missing URL (404).
+// checkLayerLocked checks that *ref names a published layer of kind, as the request's field, and
+// replaces a tag in it by the version it points at. Like the real server's, a missing layer
+// named in a body is invalid input (400), not a missing URL (404).
 //
 // Preconditions: s.mu is held.
-func (s *Server) checkLayerLocked(field, ref, kind string) *httpError {
-	l, ok := s.layers[ref]
+func (s *Server) checkLayerLocked(field string, ref *string, kind string) *httpError {
+	key, ok := s.resolveLocked(*ref)
 	if !ok {
-		return invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
+		return invalid(field, "layer %s is not published (see `corral layer ls`)", *ref)
 	}
+	l := s.layers[key]
 	if l.info.Kind != kind {
-		return invalid(field, "layer %s is a %s layer, not a %s layer", ref, l.info.Kind, kind)
+		return invalid(field, "layer %s is a %s layer, not a %s layer", *ref, l.info.Kind, kind)
 	}
+	*ref = key
 	return nil
 }
 
-// checkLayersLocked checks the layers of a sandbox or an environment.
+// checkLayersLocked checks the layers of a sandbox or an environment, replacing tags by the
+// versions they point at.
 //
 // Preconditions: s.mu is held.
-func (s *Server) checkLayersLocked(base, workspace string, toolkits []string) *httpError {
-	if base == "" {
+func (s *Server) checkLayersLocked(base, workspace *string, toolkits []string) *httpError {
+	if *base == "" {
 		return invalid("base", "a base layer is required (NAME:VERSION)")
 	}
 	if err := s.checkLayerLocked("base", base, corral.KindBase); err != nil {
 		return err
 	}
-	if workspace != "" {
+	if *workspace != "" {
 		if err := s.checkLayerLocked("workspace", workspace, corral.KindWorkspace); err != nil {
 			return err
 		}
 	}
-	for i, t := range toolkits {
-		if err := s.checkLayerLocked(fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit); err != nil {
+	for i := range toolkits {
+		if err := s.checkLayerLocked(fmt.Sprintf("toolkits[%d]", i), &toolkits[i], corral.KindToolkit); err != nil {
 			return err
 		}
 	}
@@ -80,7 +83,8 @@ func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
 		refuse(w, e)
 		return
 	}
-	if err := s.checkLayersLocked(env.Base, env.Workspace, env.Toolkits); err != nil {
+	env.Toolkits = slices.Clone(env.Toolkits)
+	if err := s.checkLayersLocked(&env.Base, &env.Workspace, env.Toolkits); err != nil {
 		fail(w, err)
 		return
 	}

@@ -143,7 +143,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
 		}
 	}
-	if err := s.checkLayersLocked(req.Base, req.Workspace, req.Toolkits); err != nil {
+	req.Toolkits = slices.Clone(req.Toolkits)
+	if err := s.checkLayersLocked(&req.Base, &req.Workspace, req.Toolkits); err != nil {
 		fail(w, err)
 		return
 	}

@@ -57,12 +57,14 @@ type Server struct {
 	layerOrder []string
 	// environments are the saved environments, by name, in envOrder.
 	environments map[string]*corral.Environment
-	envOrder     []string
-	programs     map[string]programEntry
-	requests     []Request
-	nextSandbox  int
-	nextCommand  int
-	iam          iamState
+	// tags maps a layer name's tags to the versions they point at.
+	tags        map[string]map[string]string
+	envOrder    []string
+	programs    map[string]programEntry
+	requests    []Request
+	nextSandbox int
+	nextCommand int
+	iam         iamState
 }
 
 // NewServer starts a fake server and arranges for t's cleanup to close it.
@@ -79,6 +81,7 @@ func Start() *Server {
 		sandboxes:    make(map[string]*sandbox),
 		layers:       make(map[string]*layer),
 		environments: make(map[string]*corral.Environment),
+		tags:         make(map[string]map[string]string),
 		programs:     builtinPrograms(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -198,6 +201,9 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/layers", s.importLayer)
 	mux.HandleFunc("GET /v1/layers", s.listLayers)
 	mux.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
+	mux.HandleFunc("DELETE /v1/layers/{name}/{version}", s.deleteLayer)
+	mux.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.tagLayer)
+	mux.HandleFunc("DELETE /v1/layers/{name}/tags/{tag}", s.deleteTag)
 	mux.HandleFunc("POST /v1/environments", s.saveEnvironment)
 	mux.HandleFunc("GET /v1/environments", s.listEnvironments)
 	mux.HandleFunc("GET /v1/environments/{name}", s.getEnvironment)

@@ -68,6 +68,7 @@ var cases = []struct {
 	{"FilesTar", filesTar},
 	{"Layers", layersCase},
 	{"LayersInvalid", layersInvalid},
+	{"LayerTags", layerTags},
 	{"Environments", environments},
 	{"Unauthorized", unauthorized},
 	{"Projects", projects},
@@ -1041,4 +1042,62 @@ func fork(s *suite) {
 	}
 	_, err = s.Client.Fork(s.ctx, missingID(sb.ID), corral.ForkRequest{DiskOnly: true})
 	s.wantError("fork a missing sandbox", err, http.StatusNotFound, corral.CodeNotFound, "")
+}
+
+func layerTags(s *suite) {
+	name := "conformance-" + s.uniq
+	v1, err := s.Client.ImportLayer(s.ctx, name, "1", corral.KindToolkit, bytes.NewReader(layerTar("v", "1")))
+	if err != nil {
+		s.t.Fatalf("import 1: %v", err)
+	}
+	v2, err := s.Client.ImportLayer(s.ctx, name, "2", corral.KindToolkit, bytes.NewReader(layerTar("v", "2")))
+	if err != nil {
+		s.t.Fatalf("import 2: %v", err)
+	}
+	tagged, err := s.Client.TagLayer(s.ctx, name, "latest", "1")
+	if err != nil {
+		s.t.Fatalf("tag: %v", err)
+	}
+	if tagged.Version != "1" || tagged.Digest != v1.Digest || !slices.Equal(tagged.Tags, []string{"latest"}) {
+		s.t.Errorf("tag answered %+v, want version 1 carrying tag latest", tagged)
+	}
+	// A sandbox names the tag; it gets the version the tag points at.
+	sb := s.create(corral.CreateRequest{Toolkits: []string{name + ":latest"}})
+	if !slices.Equal(sb.Toolkits, []string{name + ":1"}) {
+		s.t.Errorf("sandbox of %s:latest has toolkits %v, want the version it pointed at, %s:1", name, sb.Toolkits, name)
+	}
+	moved, err := s.Client.TagLayer(s.ctx, name, "latest", "2")
+	if err != nil {
+		s.t.Fatalf("move the tag: %v", err)
+	}
+	if moved.Version != "2" || moved.Digest != v2.Digest {
+		s.t.Errorf("moved tag answered %+v, want version 2", moved)
+	}
+	got, err := s.Client.Layer(s.ctx, name, "1")
+	if err != nil {
+		s.t.Fatalf("get 1: %v", err)
+	}
+	if slices.Contains(got.Tags, "latest") {
+		s.t.Errorf("version 1 still carries the moved tag: %v", got.Tags)
+	}
+	_, err = s.Client.TagLayer(s.ctx, name, "latest", "9")
+	s.wantError("tag a missing version", err, http.StatusNotFound, corral.CodeNotFound, "")
+	_, err = s.Client.DeleteLayer(s.ctx, name, "2")
+	s.wantError("delete a tagged version", err, http.StatusConflict, corral.CodeConflict, "")
+	if err := s.Client.DeleteTag(s.ctx, name, "latest"); err != nil {
+		s.t.Fatalf("delete tag: %v", err)
+	}
+	err = s.Client.DeleteTag(s.ctx, name, "latest")
+	s.wantError("delete a deleted tag", err, http.StatusNotFound, corral.CodeNotFound, "")
+	del, err := s.Client.DeleteLayer(s.ctx, name, "2")
+	if err != nil {
+		s.t.Fatalf("delete version 2: %v", err)
+	}
+	if del.Version != "2" {
+		s.t.Errorf("delete answered %+v, want version 2", del)
+	}
+	_, err = s.Client.Layer(s.ctx, name, "2")
+	s.wantError("get a deleted version", err, http.StatusNotFound, corral.CodeNotFound, "")
+	_, err = s.Client.DeleteLayer(s.ctx, name, "2")
+	s.wantError("delete a deleted version", err, http.StatusNotFound, corral.CodeNotFound, "")
 }
