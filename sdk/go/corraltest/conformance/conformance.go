@@ -1100,4 +1100,19 @@ func layerTags(s *suite) {
 	s.wantError("get a deleted version", err, http.StatusNotFound, corral.CodeNotFound, "")
 	_, err = s.Client.DeleteLayer(s.ctx, name, "2")
 	s.wantError("delete a deleted version", err, http.StatusNotFound, corral.CodeNotFound, "")
+
+	// A version a saved environment names stays until the environment goes.
+	env := corral.Environment{Name: name, Base: s.Base, Toolkits: []string{name + ":1"}}
+	if _, err := s.Client.SaveEnvironment(s.ctx, env); err != nil {
+		s.t.Fatalf("save environment: %v", err)
+	}
+	s.t.Cleanup(func() { s.Client.DeleteEnvironment(context.Background(), name) })
+	_, err = s.Client.DeleteLayer(s.ctx, name, "1")
+	s.wantError("delete a version an environment names", err, http.StatusConflict, corral.CodeConflict, "")
+	if err := s.Client.DeleteEnvironment(s.ctx, name); err != nil {
+		s.t.Fatalf("delete environment: %v", err)
+	}
+	if _, err := s.Client.DeleteLayer(s.ctx, name, "1"); err != nil {
+		s.t.Errorf("delete version 1 once nothing names it: %v", err)
+	}
 }
