@@ -247,6 +247,13 @@ func sandboxLifecycle(s *suite) {
 		s.t.Errorf("after set ttl 20m, expires at %v, not after %v", ttl.ExpiresAt, sb.ExpiresAt)
 	}
 
+	for _, bad := range []string{`{"ttl":"soon"}`, `{"ttl":"-1m"}`, `{}`} {
+		status, e := s.raw(http.MethodPost, "/v1/sandboxes/"+sb.ID+"/ttl", s.Token, []byte(bad))
+		if status != http.StatusBadRequest || e.Code != corral.CodeInvalid || e.Field != "ttl" {
+			s.t.Errorf("set ttl %s: %d %+v, want 400 invalid on ttl", bad, status, e)
+		}
+	}
+
 	del, err := s.Client.DeleteSandbox(s.ctx, sb.ID)
 	if err != nil {
 		s.t.Fatalf("delete sandbox: %v", err)
@@ -388,6 +395,8 @@ func sandboxDeleted(s *suite) {
 	s.wantError("exec in a deleted sandbox", err, http.StatusConflict, corral.CodeConflict, "")
 	_, err = s.Client.WriteFile(s.ctx, sb.ID, "/tmp/x", strings.NewReader("x"), corral.WriteFileOptions{})
 	s.wantError("write a file in a deleted sandbox", err, http.StatusConflict, corral.CodeConflict, "")
+	_, err = s.Client.SetTTL(s.ctx, sb.ID, time.Hour)
+	s.wantError("set the ttl of a deleted sandbox", err, http.StatusConflict, corral.CodeConflict, "")
 }
 
 func execCase(s *suite) {
