@@ -225,7 +225,7 @@ func (e *Edge) BuildCommit(ctx context.Context, id string, l corral.Layer) (corr
 // BuildCheckTarget validates a build's target: the environment (and layer) name, and the
 // project at (canonical), which must exist.
 func (e *Edge) BuildCheckTarget(ctx context.Context, at, name string) error {
-	if err := ValidateLayerName("name", name, "b-0"); err != nil {
+	if err := ValidateLayerName("name", "name", name, "b-0"); err != nil {
 		return err
 	}
 	_, err := e.project(ctx, iam.Display(at))

@@ -1392,7 +1392,7 @@ func ParseLayerRef(field, ref string) (name, version string, err error) {
 	if !ok {
 		return "", "", errdefs.Invalid(field, "%q is not NAME:VERSION", ref)
 	}
-	if err := ValidateLayerName(field, name, version); err != nil {
+	if err := ValidateLayerName(field, field, name, version); err != nil {
 		return "", "", err
 	}
 	return name, version, nil
@@ -1540,13 +1540,14 @@ func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, repl
 	return saved, err
 }
 
-// ValidateLayerName checks a layer name and version.
-func ValidateLayerName(field, name, version string) error {
+// ValidateLayerName checks a layer name and version; a bad one is invalid on nameField or
+// versionField.
+func ValidateLayerName(nameField, versionField, name, version string) error {
 	if !layerNameRE.MatchString(name) {
-		return errdefs.Invalid(field, "layer name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", name)
+		return errdefs.Invalid(nameField, "layer name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", name)
 	}
 	if !layerVerRE.MatchString(version) {
-		return errdefs.Invalid(field, "layer version %q must be letters, digits, '.', '_' or '-' (at most 128)", version)
+		return errdefs.Invalid(versionField, "layer version %q must be letters, digits, '.', '_' or '-' (at most 128)", version)
 	}
 	return nil
 }

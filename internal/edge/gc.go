@@ -22,7 +22,7 @@ const foreignImportGrace = time.Hour
 
 // DeleteLayer deletes the published version name:version and, when unused, its blob.
 func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
-	if err := ValidateLayerName("name", name, version); err != nil {
+	if err := ValidateLayerName("name", "version", name, version); err != nil {
 		return corral.Layer{}, err
 	}
 	e.layersMu.Lock()

@@ -77,9 +77,7 @@ func layersInvalid(s *suite) {
 	bad := []struct{ what, name, version, kind, field string }{
 		{"an unknown kind", name, "1", "firmware", "kind"},
 		{"a name with a slash", "a/b", "1", corral.KindToolkit, "name"},
-		// The real server names field "name" for a bad version too (issue 29 item 5's report), so
-		// the field is not checked here.
-		{"a version with a colon", name, "1:2", corral.KindToolkit, ""},
+		{"a version with a colon", name, "1:2", corral.KindToolkit, "version"},
 		{"no name", "", "1", corral.KindToolkit, "name"},
 	}
 	for _, b := range bad {
