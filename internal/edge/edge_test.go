@@ -132,7 +132,7 @@ func (f *fakeRuntime) Kill(ctx context.Context, id string) error {
 	f.killed[id] = true
 	return nil
 }
-func (f *fakeRuntime) UpperDir(id string) (string, error)        { return "", errdefs.NotFound("upper") }
+func (f *fakeRuntime) UpperDir(id string) (string, error) { return "", errdefs.NotFound("upper") }
 func (f *fakeRuntime) Fork(ctx context.Context, id string, opts runc.ForkOptions) (*runc.ForkImage, error) {
 	return nil, errdefs.Conflict("the fake runtime does not fork")
 }
