@@ -511,6 +511,11 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.ID] = true
 		log := e.log.With("sandbox", rec.ID)
+		if rec.State == corral.StateDeleting && rec.Stopping == nil {
+			// Never written so (Delete records both at once), but a deleting sandbox is never
+			// re-adopted.
+			rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: corral.ReasonDeleted, At: time.Now().UTC()}
+		}
 		if st := rec.Stopping; st != nil {
 			// Its teardown was cut short: finish it, with the outcome it was going to record.
 			log.Warn("sandbox was being stopped when corral stopped; finishing", "state", st.State, "reason", st.Reason)
