@@ -202,13 +202,8 @@ func loopsBackedUnder(dir string, among []string) []string {
 	return devs
 }
 
-// detachLoopsUnder detaches loop devices backed by files under dir. With autoclear they are
-// normally gone once their mount is; this handles devices attached by other means.
-func detachLoopsUnder(dir string) error {
-	return detachLoops(loopsBackedUnder(dir, nil))
-}
-
-// detachLoops detaches the loop devices devs.
+// detachLoops detaches the loop devices devs (found by loopsBackedUnder). With autoclear they
+// are normally gone once their mount is; this handles devices attached by other means.
 func detachLoops(devs []string) error {
 	var errs []error
 	for _, dev := range devs {
