@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,8 +46,10 @@ type cleaner struct {
 	mu      sync.Mutex
 	queue   []cleanupJob // protected by mu
 	running int          // workers now running; protected by mu
-	closed  bool         // protected by mu
-	idle    sync.Cond    // signalled when running drops to 0; uses mu
+	// active holds the sandboxes whose cleanup is queued or running; protected by mu.
+	active map[string]bool
+	closed bool      // protected by mu
+	idle   sync.Cond // signalled when running drops to 0; uses mu
 }
 
 // enqueue hands j to a worker (starting one when fewer than cleanupWorkers run). After close it
@@ -60,6 +63,10 @@ func (e *Edge) enqueueCleanup(j cleanupJob) {
 		return
 	}
 	c.queue = append(c.queue, j)
+	if c.active == nil {
+		c.active = map[string]bool{}
+	}
+	c.active[j.rec.ID] = true
 	if c.running < cleanupWorkers {
 		c.running++
 		go e.cleanupWorker()
@@ -85,6 +92,9 @@ func (e *Edge) cleanupWorker() {
 		c.queue = c.queue[1:]
 		c.mu.Unlock()
 		e.cleanup(j)
+		c.mu.Lock()
+		delete(c.active, j.rec.ID)
+		c.mu.Unlock()
 	}
 }
 
@@ -100,19 +110,28 @@ func (e *Edge) closeCleanups() {
 	c.mu.Unlock()
 }
 
-// WaitCleanups returns once no cleanup is queued or running (or ctx ends).
+// WaitCleanups returns once every cleanup queued or running when it was called has ended (or
+// ctx ends). What needs a deleted sandbox's host state gone waits on it: deleting a layer's
+// blob, which a deleting sandbox may still have mounted.
 func (e *Edge) WaitCleanups(ctx context.Context) error {
+	c := &e.cleanups
+	c.mu.Lock()
+	ids := make([]string, 0, len(c.active))
+	for id := range c.active {
+		ids = append(ids, id)
+	}
+	c.mu.Unlock()
 	for {
-		e.cleanups.mu.Lock()
-		n := e.cleanups.running
-		e.cleanups.mu.Unlock()
-		if n == 0 {
+		c.mu.Lock()
+		left := slices.ContainsFunc(ids, func(id string) bool { return c.active[id] })
+		c.mu.Unlock()
+		if !left {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond): // polling with a deadline: cleanups are short
 		}
 	}
 }
