@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/corral-dev/corral/internal/daemon.Version=$(VERSION)
+LDFLAGS := -s -w -X github.com/corral-dev/corral/internal/daemon.Version=$(VERSION) -X github.com/corral-dev/corral/internal/cli.leanVersion=$(VERSION)
 DATA_DIR ?= /var/lib/corral
 # Two Go modules: the server (this directory) and the Go SDK (sdk/go, which `./...` here does not
 # reach); test and lint run both.
@@ -17,9 +17,10 @@ help: ## list the targets
 setup: ## install what the host lacks (Debian packages, a current runc; as root)
 	@scripts/setup.sh
 
-build: ## build bin/corral, the static bin/corral-agent and bin/corral-bench (the benchmarks)
+build: ## build bin/corral (the lean CLI), bin/corrald (the same with the daemon), the static bin/corral-agent and bin/corral-bench
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-agent ./cmd/corral-agent
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral ./cmd/corral
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corrald ./cmd/corral
+	$(GO) build -trimpath -tags lean -ldflags '$(LDFLAGS)' -o bin/corral ./cmd/corral
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-bench ./cmd/corral-bench
 
 run: setup build ## set up, build, start `corral up` on its defaults and show a sandbox at work

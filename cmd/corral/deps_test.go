@@ -93,3 +93,32 @@ func TestSDKImporters(t *testing.T) {
 		}
 	}
 }
+
+// TestLeanLinksNoDaemon keeps the daemon out of the lean bin/corral (-tags lean): the init of
+// its packages (SQLite, the blob stores' S3 client, FUSE, OTel, gRPC) was most of the CLI's start
+// (docs/BENCHMARKS.md, CLI start). The commands that need them run bin/corrald.
+func TestLeanLinksNoDaemon(t *testing.T) {
+	out, err := exec.Command("go", "list", "-tags", "lean", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -tags lean -deps: %v", err)
+	}
+	banned := []string{
+		"github.com/corral-dev/corral/internal/daemon",
+		"github.com/corral-dev/corral/internal/edge",
+		"github.com/corral-dev/corral/internal/store",
+		"github.com/corral-dev/corral/internal/blobstore",
+		"github.com/corral-dev/corral/internal/layers",
+		"github.com/minio/minio-go/v7",
+		"google.golang.org/grpc",
+		"go.opentelemetry.io/otel",
+		"modernc.org/sqlite",
+		"github.com/hanwen/go-fuse/v2/fuse",
+	}
+	for _, p := range strings.Fields(string(out)) {
+		for _, b := range banned {
+			if p == b {
+				t.Errorf("the lean bin/corral links %s (a daemon package: only bin/corrald may)", p)
+			}
+		}
+	}
+}

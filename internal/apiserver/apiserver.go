@@ -354,10 +354,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	var f store.SandboxFilter
 	for _, st := range q["state"] {
 		switch st {
-		case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateStopped, corral.StateFailed:
+		case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting, corral.StateStopped, corral.StateFailed:
 			f.States = append(f.States, st)
 		default:
-			s.fail(w, r, errdefs.Invalid("state", "%q is not a state (creating, running, paused, off, stopped, failed)", st))
+			s.fail(w, r, errdefs.Invalid("state", "%q is not a state (creating, running, paused, off, deleting, stopped, failed)", st))
 			return
 		}
 	}

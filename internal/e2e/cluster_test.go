@@ -433,8 +433,8 @@ func TestCluster(t *testing.T) {
 		if _, err := c2.DeleteSandbox(ctx, ids[0]); err != nil {
 			t.Fatal(err)
 		}
-		if sb, err := c1.GetSandbox(ctx, ids[0]); err != nil || sb.State != corral.StateStopped {
-			t.Fatalf("a deleted sandbox through the other replica: %+v, %v", sb, err)
+		if sb := waitEnded(t, c1, ids[0]); sb.State != corral.StateStopped {
+			t.Fatalf("a deleted sandbox through the other replica: %+v", sb)
 		}
 		byNode[node] = ids[1:]
 	}

@@ -579,6 +579,19 @@ func (p *corralProc) cliAs(token, dir, stdin string, args ...string) (string, st
 }
 
 // eventually polls cond until it holds or the deadline passes.
+// waitEnded waits until sandbox id is no longer deleting (a delete answers before its host
+// cleanup ends; the record then becomes stopped) and returns its record.
+func waitEnded(t *testing.T, c *corral.Client, id string) *corral.Sandbox {
+	t.Helper()
+	var sb *corral.Sandbox
+	eventually(t, time.Minute, "the cleanup of deleted sandbox "+id, func() bool {
+		got, err := c.GetSandbox(context.Background(), id)
+		sb = got
+		return err == nil && got.State != corral.StateDeleting
+	})
+	return sb
+}
+
 func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)

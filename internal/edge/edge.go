@@ -60,6 +60,9 @@ type Runtime interface {
 	Open(ctx context.Context, id string) (*runc.Sandbox, error)
 	Status(ctx context.Context, id string) (runc.Status, error)
 	Delete(ctx context.Context, id string) error
+	// Kill ends every process of a sandbox and returns once they are gone; what it leaves
+	// (files, mounts, cgroups) Delete removes later.
+	Kill(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
 	Pause(ctx context.Context, id string) (runc.PauseStats, error)
 	Resume(ctx context.Context, id string) (runc.ResumeStats, error)
@@ -273,6 +276,8 @@ type Edge struct {
 	samplerDone chan struct{}
 	// steps records exec trajectory entries off the exec's path (steplog.go).
 	steps stepWriter
+	// cleanups finishes deleted sandboxes' teardowns off the request's path (cleanup.go).
+	cleanups cleaner
 }
 
 // sandbox is the in-memory side of a live sandbox.
@@ -380,6 +385,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}),
 		bus: cfg.Events, rings: map[string]*ring{}, warm: newWarmState(), warmDone: make(chan struct{}),
 	}
+	e.cleanups.idle.L = &e.cleanups.mu
 	if e.bus == nil {
 		e.bus = events.New(cfg.Node, events.Config{}, log)
 	}
@@ -459,13 +465,14 @@ func (e *Edge) Close() {
 	<-e.done
 	<-e.samplerDone
 	<-e.warmDone
+	e.closeCleanups()
 	e.steps.close()
 	e.flushActivity(context.Background())
 }
 
 func (e *Edge) reconcile(ctx context.Context) error {
 	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{
-		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff},
+		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting},
 	})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -475,6 +482,11 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.ID] = true
 		log := e.log.With("sandbox", rec.ID)
+		if rec.State == corral.StateDeleting && rec.Stopping == nil {
+			// Never written so (Delete records both at once), but a deleting sandbox is never
+			// re-adopted.
+			rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: corral.ReasonDeleted, At: time.Now().UTC()}
+		}
 		if st := rec.Stopping; st != nil {
 			// Its teardown was cut short: finish it, with the outcome it was going to record.
 			log.Warn("sandbox was being stopped when corral stopped; finishing", "state", st.State, "reason", st.Reason)
@@ -1613,8 +1625,11 @@ func (e *Edge) active(ctx context.Context, id string) (*sandbox, error) {
 	return sb, nil
 }
 
-// Delete stops a sandbox and removes everything it had on the host. Deleting a sandbox that already
-// stopped returns its record unchanged.
+// Delete ends a sandbox: when it returns, nothing of the sandbox runs and it no longer counts
+// against a quota. A sandbox with volumes, or one of an fncall pool, is torn down before the
+// answer (state stopped); any other answers in state "deleting" and its cleanup runs off the
+// request's path (cleanup.go), recording state stopped and the deleted event when it finished.
+// Deleting a sandbox that already stopped, or is being deleted, returns its record unchanged.
 func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
@@ -1623,10 +1638,45 @@ func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.stopSandbox(ctx, rec, corral.StateStopped, corral.ReasonDeleted); err != nil {
-		return nil, err
+	sb := e.lookup(rec.ID)
+	if sb == nil || len(rec.VolumeIDs) > 0 || sb.fncall != "" {
+		// Volumes are detached in the store as the record leaves the live states, so another
+		// sandbox may attach them at once: their data must be flushed and recovered first.
+		if err := e.stopSandbox(ctx, rec, corral.StateStopped, corral.ReasonDeleted); err != nil {
+			return nil, err
+		}
+		return e.store.GetSandbox(ctx, id)
 	}
-	return e.store.GetSandbox(ctx, id)
+	ctx = context.WithoutCancel(ctx)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return e.store.GetSandbox(ctx, id)
+	}
+	// One write makes the end durable and releases the quota: "deleting" is not a live state,
+	// and reconcile finishes a cleanup cut short by a crash with the outcome in Stopping.
+	prev := rec.State
+	rec.State, rec.Reason = corral.StateDeleting, corral.ReasonDeleted
+	rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: corral.ReasonDeleted, At: time.Now().UTC()}
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		rec.State, rec.Reason, rec.Stopping = prev, "", nil
+		return nil, fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
+	}
+	e.noticeBlocked(sb) // while its chain's counters are still there
+	if err := e.rt.Kill(ctx, rec.ID); err != nil {
+		// The cleanup's teardown kills again (and reports what it cannot); the sandbox is
+		// out of the live set either way.
+		e.log.Error("kill the processes of a deleted sandbox", "sandbox", rec.ID, "err", err)
+	}
+	sb.gone = true
+	e.mu.Lock()
+	delete(e.live, rec.ID)
+	e.mu.Unlock()
+	e.flushUsage(ctx, sb, true)
+	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	out := *rec
+	e.enqueueCleanup(cleanupJob{rec: rec, net: sb.net, unheld: sb.unheld})
+	return &out, nil
 }
 
 // stopSandbox ends a live sandbox: runtime state removed, record updated. It is a no-op for a

@@ -25,6 +25,10 @@ func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.La
 	if err := ValidateLayerName("name", "version", name, version); err != nil {
 		return corral.Layer{}, err
 	}
+	// A sandbox deleted just before may still have the layer mounted until its cleanup ends.
+	if err := e.WaitCleanups(ctx); err != nil {
+		return corral.Layer{}, err
+	}
 	e.layersMu.Lock()
 	defer e.layersMu.Unlock()
 	l, err := e.store.DeleteLayer(ctx, name, version)
@@ -45,6 +49,9 @@ func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.La
 // GC removes every blob of the layer store that no published version and no sandbox uses, and
 // returns how many it removed (blobs and orphaned images) and the bytes they held.
 func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
+	if err := e.WaitCleanups(ctx); err != nil {
+		return corral.GCResult{}, err
+	}
 	e.layersMu.Lock()
 	defer e.layersMu.Unlock()
 	var res corral.GCResult

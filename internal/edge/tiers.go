@@ -80,6 +80,7 @@ func (t *tiered) Status(ctx context.Context, id string) (runc.Status, error) {
 }
 
 func (t *tiered) Delete(ctx context.Context, id string) error { return t.by(id).Delete(ctx, id) }
+func (t *tiered) Kill(ctx context.Context, id string) error   { return t.by(id).Kill(ctx, id) }
 
 func (t *tiered) List(ctx context.Context) ([]string, error) {
 	a, err1 := t.ct.List(ctx)

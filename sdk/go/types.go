@@ -11,6 +11,10 @@ const (
 	StateRunning  = "running"
 	StatePaused   = "paused"
 	StateStopped  = "stopped"
+	// StateDeleting is a deleted sandbox whose host cleanup has not finished: nothing of it
+	// runs and it no longer counts against quotas; it becomes stopped (reason deleted, with
+	// the deleted event) once its mounts, cgroups and network are gone.
+	StateDeleting = "deleting"
 	StateFailed   = "failed"
 	// StateOff is a vm sandbox whose machine is powered off (POST .../power off): its disk
 	// stays; power on boots it again.

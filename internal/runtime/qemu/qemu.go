@@ -1378,6 +1378,24 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	return r.destroy(ctx, id)
 }
 
+// Kill ends sandbox id's QEMU process and returns once it is gone; its directory, cgroup and
+// uid stay until Delete (the edge kills a deleted sandbox before it answers, and removes the
+// rest off the request's path).
+func (r *Runtime) Kill(ctx context.Context, id string) error {
+	if !idRE.MatchString(id) {
+		return errdefs.Invalid("ID", "%q is not a sandbox ID", id)
+	}
+	unlock := r.lock(id)
+	defer unlock()
+	st, err := r.readState(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	return kill(ctx, st)
+}
+
 func (r *Runtime) destroy(ctx context.Context, id string) error {
 	r.closeProxy(id)
 	var errs []error

@@ -310,10 +310,10 @@ func (e *testEnv) leaks() []string {
 	}
 	// Autoclear detaches a loop device when its last user goes; allow the kernel a moment.
 	deadline := time.Now().Add(3 * time.Second)
-	for len(loopsBackedUnder(e.cfg.StateDir)) > 0 && time.Now().Before(deadline) {
+	for len(loopsBackedUnder(e.cfg.StateDir, nil)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if l := loopsBackedUnder(e.cfg.StateDir); len(l) > 0 {
+	if l := loopsBackedUnder(e.cfg.StateDir, nil); len(l) > 0 {
 		leaks = append(leaks, fmt.Sprintf("loop devices: %v", l))
 	}
 	for _, h := range e.hierarchies() {

@@ -528,8 +528,8 @@ func (e *testEnv) leaksWhileOpen() []string {
 			out = append(out, "mount "+mp)
 		}
 	}
-	pool := loopsBackedUnder(e.r.poolDir)
-	for _, dev := range loopsBackedUnder(e.cfg.StateDir) {
+	pool := loopsBackedUnder(e.r.poolDir, nil)
+	for _, dev := range loopsBackedUnder(e.cfg.StateDir, nil) {
 		if !slices.Contains(pool, dev) {
 			out = append(out, "loop device "+dev)
 		}
