@@ -6,7 +6,7 @@ import * as api from '../api.js';
 
 export const pageSize = 50;
 
-const states = ['', 'creating', 'running', 'paused', 'off', 'stopped', 'failed'];
+const states = ['', 'creating', 'running', 'paused', 'off', 'deleting', 'stopped', 'failed'];
 const tiers = ['', 'container', 'microvm', 'vm'];
 
 // Filters and the page number survive leaving the page and coming back.
