@@ -136,6 +136,8 @@ corral rm "$other" >/dev/null
 step corral project tree
 as HARNESS corral audit --project demo-team --limit 5
 step corral project rm --force demo-team
-printf '\nCorral is running at %s (pid %s); stop it with: pkill -f "corral up" (its sandboxes keep running),\nor remove it and everything it runs from this host with: corral down --data-dir %s\n' "$CORRAL_URL" "$(pgrep -f 'corral up' | head -1)" "$DATA_DIR"
+# `corral up` runs as bin/corrald (the lean CLI execs it, same pid).
+pid=$(pgrep -f "corrald? up --data-dir $DATA_DIR" | head -1)
+printf '\nCorral is running at %s (pid %s); stop it with: kill %s (its sandboxes keep running),\nor remove it and everything it runs from this host with: corral down --data-dir %s\n' "$CORRAL_URL" "$pid" "$pid" "$DATA_DIR"
 printf 'Try: export CORRAL_TOKEN=$(cat %s/admin.token); corral run -- echo hi\n' "$DATA_DIR"
 printf 'The web console: open %s/ui/ and sign in with the token in %s/admin.token\n' "$CORRAL_URL" "$DATA_DIR"
