@@ -82,7 +82,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return nil, errdefs.Unavailable("no /dev/fuse: LXCFS needs FUSE (modprobe fuse)")
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.Dir, "mnt"), 0o700); err != nil {
+	// Only the directory: mnt/ may hold the dead mount of an LXCFS that died while nobody
+	// supervised it (mkdir: EEXIST), which launch detaches before making mnt/ again.
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create lxcfs dir: %w", err)
 	}
 	// The directory is 0700, but sandboxes' processes read through the binds, never by path.

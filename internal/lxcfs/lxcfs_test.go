@@ -110,6 +110,45 @@ func TestAdopt(t *testing.T) {
 	}
 }
 
+// TestStartAfterDeadLXCFS: LXCFS died while no Server supervised it (corral was down), leaving
+// its FUSE mount dead (stat: ENOTCONN, mkdir: EEXIST) and the view's binds on top. The next Start
+// replaces it rather than failing (seen on a host after a crash: "create lxcfs dir: mkdir
+// .../mnt: file exists", and sandboxes saw the host's /proc).
+func TestStartAfterDeadLXCFS(t *testing.T) {
+	s := startServer(t)
+	pid := s.Pid()
+	s.Close()
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	mnt := filepath.Join(s.cfg.Dir, "mnt")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(mnt); err != nil {
+			break // ENOTCONN: the mount is dead
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the killed LXCFS's mount still answers")
+		}
+	}
+	s2, err := Start(context.Background(), s.cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("start over a dead LXCFS: %v", err)
+	}
+	t.Cleanup(func() { s2.Stop() })
+	if s2.Pid() == pid || s2.Pid() == 0 {
+		t.Fatalf("the second Server runs pid %d (the dead one was %d)", s2.Pid(), pid)
+	}
+	binds, err := s2.Files(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range binds {
+		if _, err := os.ReadFile(b.Source); err != nil {
+			t.Errorf("view file %s after the restart: %v", b.Source, err)
+		}
+	}
+}
+
 func TestStopLeavesNothing(t *testing.T) {
 	s := startServer(t)
 	pid := s.Pid()
