@@ -34,6 +34,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lxcfs"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/runtime/qemu"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
@@ -544,7 +545,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 			runtimes = append(runtimes, edge.RuntimeGVisor)
 		}
 		tiers := []string{edge.TierContainer, edge.TierFncall}
-		if vm.Available() == nil {
+		if vm.Available(qemu.RuntimeName) == nil {
 			tiers = append(tiers, edge.TierMicroVM)
 			runtimes = append(runtimes, edge.RuntimeQEMU)
 		}
@@ -560,7 +561,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
-	ecfg.VM = vm
 	ecfg.DefaultLimits, ecfg.MaxLimits = edge.DefaultLimits, edge.MaxLimits
 	ecfg.DefaultLimits.DiskBytes, ecfg.MaxLimits.DiskBytes = cfg.SandboxDisk, cfg.MaxSandboxDisk
 	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Keep: reserveBytes, Holders: diskHolders(rt, vm)}
@@ -593,7 +593,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 		return edge.DiskHeld{Promised: n, Allocated: n}
 	})
-	e, err := edge.New(ecfg, log, st, rt, ls)
+	runtimes, err := runtime.NewSet(rt, vm)
+	if err != nil {
+		return err
+	}
+	e, err := edge.New(ecfg, log, st, runtimes, ls)
 	if err != nil {
 		return err
 	}
@@ -640,7 +644,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	info.Tiers = e.Tiers()
 	info.QEMUVersion = vm.Version()
-	if err := vm.Available(); err != nil {
+	if err := vm.Available(qemu.RuntimeName); err != nil {
 		info.MicroVMUnavailable = err.Error()
 	} else {
 		info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = vm.Accelerator()

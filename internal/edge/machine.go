@@ -72,7 +72,7 @@ func (e *Edge) machineSandbox(ctx context.Context, id string, off bool) (*sandbo
 	if err != nil {
 		return nil, err
 	}
-	if !sb.machine || e.cfg.VM == nil {
+	if !sb.machine || e.machines == nil {
 		return nil, errdefs.Invalid("sandbox", "%s is not a vm sandbox: power, console and vnc are for the vm tier (screen and input work on a container with a desktop: corral env install desktop)", id)
 	}
 	if off {
@@ -100,7 +100,7 @@ func (e *Edge) Screen(ctx context.Context, id string) ([]byte, int, int, error) 
 	if !sb.machine {
 		return e.desktopScreen(ctx, sb)
 	}
-	return e.cfg.VM.Screen(ctx, sb.id)
+	return e.machines.Screen(ctx, sb.id)
 }
 
 // Input sends keyboard and mouse events to a sandbox's display (as Screen finds it).
@@ -113,7 +113,7 @@ func (e *Edge) Input(ctx context.Context, id string, events []corral.InputEvent)
 	if !sb.machine {
 		return e.desktopInput(ctx, sb, events)
 	}
-	return e.cfg.VM.Input(ctx, sb.id, events)
+	return e.machines.Input(ctx, sb.id, events)
 }
 
 // displaySandbox returns the running sandbox whose display a screen or input call drives: a vm
@@ -137,7 +137,7 @@ func (e *Edge) Console(ctx context.Context, id string, limit int64) ([]byte, err
 	if err != nil {
 		return nil, err
 	}
-	return e.cfg.VM.Console(sb.id, limit)
+	return e.machines.Console(sb.id, limit)
 }
 
 // Power turns a vm sandbox's machine off or on, or reboots it, and records its state (off while
@@ -167,7 +167,7 @@ func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*
 	}
 	// Not under sb.mu: an ACPI power-off may take a minute, and the reaper takes sb.mu. The
 	// runtime serialises the VM's own calls (a pause now waits, then finds it off).
-	if err := e.cfg.VM.Power(ctx, sb.id, req.Action, req.Force); err != nil {
+	if err := e.machines.Power(ctx, sb.id, req.Action, req.Force); err != nil {
 		return nil, err
 	}
 	off := req.Action == corral.PowerOff
@@ -293,7 +293,7 @@ func (h *dataPlane) vnc(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	conn, err := h.e.cfg.VM.VNC(r.Context(), sb.id)
+	conn, err := h.e.machines.VNC(r.Context(), sb.id)
 	if err != nil {
 		h.fail(w, r, err)
 		return

@@ -15,7 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -164,7 +164,7 @@ func (e *Edge) warmKeyOf(env corral.Environment) (warmKey, bool) {
 		k.runtime = RuntimeRunc
 	}
 	if k.runtime == RuntimeGVisor {
-		if _, err := e.rt.GVisor(); err != nil {
+		if err := e.rt.Available(RuntimeGVisor); err != nil {
 			return k, false
 		}
 	}
@@ -348,7 +348,7 @@ func (e *Edge) checkWarm(ctx context.Context, p *warmPool) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil && st.State == runc.StateRunning {
+		if err == nil && st.State == runtime.StateRunning {
 			continue
 		}
 		p.mu.Lock()
@@ -490,7 +490,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		}
 		netnsPath = nw.slot.Netns
 	}
-	rsb, err := e.rt.Create(ctx, runc.Spec{
+	rsb, err := e.rt.Create(ctx, runtime.Spec{
 		Netns:       netnsPath,
 		ResolvConf:  resolv,
 		ID:          rec.ID,
@@ -504,7 +504,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		Pids:        rec.Limits.Pids,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
-		Engine:      runc.Engine(rec.Runtime),
+		Runtime:     rec.Runtime,
 		Workdir:     rec.Cwd,
 	})
 	if err != nil {

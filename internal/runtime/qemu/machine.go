@@ -20,7 +20,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/vmdisk"
 	"github.com/corral-dev/corral/internal/vmguest"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -30,7 +30,8 @@ import (
 // than a microvm's guest).
 const machineTCGCacheMiB = 256
 
-// MachineVM is runc.Spec.Machine for the vm tier: a full q35 machine with firmware (SeaBIOS),
+// MachineVM marks a vm's state (vmState.Machine): a sandbox whose runtime.Spec has a BootDisk,
+// the vm tier. It is a full q35 machine with firmware (SeaBIOS),
 // booted from a disk image under a copy-on-write overlay of its own, with a standard VGA screen,
 // a PS/2 keyboard and a USB tablet (absolute pointer). See the package doc.
 const MachineVM = "vm"
@@ -70,15 +71,12 @@ func (r *Runtime) probeMachine() error {
 	return nil
 }
 
-func (r *Runtime) validateMachine(spec *runc.Spec) error {
+func (r *Runtime) validateMachine(spec *runtime.Spec) error {
 	if r.machineErr != nil {
 		return r.machineErr
 	}
 	if spec.Calls || spec.Template {
 		return errdefs.Invalid("Machine", "vm sandboxes run no fncalls and have no templates")
-	}
-	if spec.Disk == "" {
-		return errdefs.Invalid("Disk", "a vm needs its disk image")
 	}
 	if spec.MemoryBytes == 0 {
 		spec.MemoryBytes = DefaultMachineMemory
@@ -95,8 +93,8 @@ func (r *Runtime) validateMachine(spec *runc.Spec) error {
 // createMachine starts a vm sandbox: it returns once QEMU runs the machine, not when the guest
 // has booted (an image without the agent still has its screen, input and console). WaitAgent
 // waits for the agent.
-func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, err error) {
-	info, err := vmdisk.Inspect(spec.Disk, spec.DiskFormat)
+func (r *Runtime) createMachine(ctx context.Context, spec runtime.Spec) (_ *runtime.Sandbox, err error) {
+	info, err := vmdisk.Inspect(spec.BootDisk, spec.BootDiskFormat)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +129,7 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 		return nil, fmt.Errorf("create sandbox %s: qemu-img create: %v: %s", id, err, strings.TrimSpace(string(out)))
 	}
 	c := &vmguest.MachineConfig{Hostname: guestHostname(&spec), Env: spec.Env, AgentArgs: guestAgentArgs(spec.AgentArgs), OpenFiles: spec.OpenFiles}
-	files := []vmFile{{Role: "disk-base", Path: spec.Disk, Serial: info.Format},
+	files := []vmFile{{Role: "disk-base", Path: spec.BootDisk, Serial: info.Format},
 		{Role: "disk", Path: overlay}, {Role: "disk-ro", Path: overlay},
 		{Role: "agent-disk", Path: agentDisk}}
 	if spec.Netns != "" {
@@ -176,7 +174,7 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 
 // machineArgs is QEMU's command line for a vm sandbox; files are the descriptors 3, 4, ... in
 // order. Every disk is a -blockdev node on an fd set: QEMU opens no host path but its firmware.
-func (r *Runtime) machineArgs(spec *runc.Spec, files []vmFile) []string {
+func (r *Runtime) machineArgs(spec *runtime.Spec, files []vmFile) []string {
 	cpus := max(int(math.Ceil(spec.CPUs)), 1)
 	a := []string{"-name", "corral-" + spec.ID, "-M", "q35"}
 	if r.accel == AccelKVM {

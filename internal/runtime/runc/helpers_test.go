@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/corral-dev/corral/internal/mountinfo"
+	"github.com/corral-dev/corral/internal/runtime"
 	"log/slog"
 	"net"
 	"os"
@@ -208,9 +209,9 @@ func (e *testEnv) spec(id string) Spec {
 	}
 }
 
-func (e *testEnv) create(s Spec) *Sandbox {
+func (e *testEnv) create(s Spec) *runtime.Sandbox {
 	e.t.Helper()
-	sb, err := e.r.Create(context.Background(), s)
+	sb, err := e.r.Create(context.Background(), runtime.Spec(s))
 	if err != nil {
 		e.t.Fatalf("Create(%s): %v", s.ID, err)
 	}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // Pause and Resume.
@@ -93,34 +94,6 @@ const (
 	populateChunk = 1 << 20
 )
 
-// PauseStats describes what a Pause did. Memory figures are bytes charged to the sandbox's
-// memory cgroup, as in Status.MemoryBytes (RAM only: page cache, tmpfs and kernel memory
-// included, swap not).
-type PauseStats struct {
-	// Duration is the whole call.
-	Duration time.Duration
-	// Freeze is the time from the start of the call until every process was frozen: from then on
-	// the sandbox used no CPU. The rest of Duration is the reclaim.
-	Freeze time.Duration
-	// MemoryBefore is the usage just before the freeze, MemoryAfter after the reclaim.
-	MemoryBefore, MemoryAfter uint64
-	// MemoryReturned is MemoryBefore - MemoryAfter (0 if it grew): the RAM the host got back.
-	MemoryReturned uint64
-	// Swapped is the part of MemoryReturned written to swap; the rest was page cache.
-	Swapped uint64
-	// NoSwap reports that the host had no free swap: only page cache could be returned.
-	NoSwap bool
-}
-
-// ResumeStats describes what a Resume did.
-type ResumeStats struct {
-	// Duration is the whole call; the processes run again from its end (minus microseconds).
-	Duration time.Duration
-	// InSwap is how much of the sandbox's memory was in swap when Resume began: what the
-	// prefetch reads back in the background after Resume returns, or page faults do.
-	InSwap uint64
-}
-
 // Pause freezes every process of the sandbox and then pushes its memory out to swap so the host
 // gets it back; see the package doc. It is all-or-nothing: on error (ctx ending included) the
 // sandbox is thawed again and its limits are as before. A host without swap is no error: Pause
@@ -128,18 +101,18 @@ type ResumeStats struct {
 //
 // Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is already
 // paused or is stopped.
-func (r *Runtime) Pause(ctx context.Context, id string) (PauseStats, error) {
+func (r *Runtime) Pause(ctx context.Context, id string) (runtime.PauseStats, error) {
 	start := time.Now()
-	var stats PauseStats
+	var stats runtime.PauseStats
 	st, unlock, err := r.lockedStatus(ctx, id)
 	if err != nil {
 		return stats, err
 	}
 	defer unlock()
 	switch st.State {
-	case StatePaused:
+	case runtime.StatePaused:
 		return stats, errdefs.Conflict("sandbox %s is already paused: Resume it first", id)
-	case StateStopped:
+	case runtime.StateStopped:
 		return stats, errdefs.Conflict("sandbox %s is stopped, there is nothing to pause: Delete it", id)
 	}
 	if r.engineOf(id) == EngineGVisor {
@@ -187,9 +160,9 @@ func (r *Runtime) Pause(ctx context.Context, id string) (PauseStats, error) {
 //
 // Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is running
 // (not paused) or stopped.
-func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
+func (r *Runtime) Resume(ctx context.Context, id string) (runtime.ResumeStats, error) {
 	start := time.Now()
-	var stats ResumeStats
+	var stats runtime.ResumeStats
 	st, unlock, err := r.lockedStatus(ctx, id)
 	if err != nil {
 		return stats, err
@@ -199,9 +172,9 @@ func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	switch st.State {
-	case StateRunning:
+	case runtime.StateRunning:
 		return stats, errdefs.Conflict("sandbox %s is running, not paused", id)
-	case StateStopped:
+	case runtime.StateStopped:
 		return stats, errdefs.Conflict("sandbox %s is stopped, there is nothing to resume: Delete it", id)
 	}
 	if r.engineOf(id) == EngineGVisor {
@@ -226,15 +199,15 @@ func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
 }
 
 // lockedStatus takes id's lock and reads its status; the caller calls unlock (unless err).
-func (r *Runtime) lockedStatus(ctx context.Context, id string) (Status, func(), error) {
+func (r *Runtime) lockedStatus(ctx context.Context, id string) (runtime.Status, func(), error) {
 	if !validID(id) {
-		return Status{}, nil, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+		return runtime.Status{}, nil, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
 	}
 	unlock := r.locks.lock(id)
 	st, err := r.Status(ctx, id)
 	if err != nil {
 		unlock()
-		return Status{}, nil, err
+		return runtime.Status{}, nil, err
 	}
 	return st, unlock, nil
 }

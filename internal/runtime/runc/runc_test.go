@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 var capNumbers = map[string]uint{
@@ -214,7 +215,7 @@ func TestSandboxInside(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.State != StateRunning || st.Pid != sb.Pid || st.MemoryBytes == 0 {
+		if st.State != runtime.StateRunning || st.Pid != sb.Pid || st.MemoryBytes == 0 {
 			t.Errorf("Status = %+v, want running with pid %d and some memory", st, sb.Pid)
 		}
 	})
@@ -274,7 +275,7 @@ func TestOOMThenStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != StateRunning || st.OOMKills == 0 {
+	if st.State != runtime.StateRunning || st.OOMKills == 0 {
 		t.Fatalf("after the OOM kill of a child: %+v, want running with OOMKills > 0", st)
 	}
 	if err := unix.Kill(sb.Pid, unix.SIGKILL); err != nil {
@@ -282,7 +283,7 @@ func TestOOMThenStopped(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, func() bool {
 		st, err = e.r.Status(context.Background(), s.ID)
-		return err == nil && st.State == StateStopped
+		return err == nil && st.State == runtime.StateStopped
 	})
 	if st.OOMKills == 0 || st.Pid != 0 {
 		t.Errorf("stopped status = %+v, want OOMKills kept and no pid", st)
@@ -304,7 +305,7 @@ func TestCreateErrors(t *testing.T) {
 	sb := e.create(e.spec("dup"))
 
 	t.Run("conflict", func(t *testing.T) {
-		if _, err := e.r.Create(ctx, e.spec("dup")); !errors.Is(err, errdefs.ErrConflict) {
+		if _, err := e.r.Create(ctx, runtime.Spec(e.spec("dup"))); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("second Create: %v, want conflict", err)
 		}
 		okSh(t, sb.AgentSocket, "true") // the first is untouched
@@ -315,7 +316,7 @@ func TestCreateErrors(t *testing.T) {
 		os.WriteFile(filepath.Join(broken, "proc"), nil, 0o644) // runc cannot mount /proc on a file
 		s := e.spec("runc-fails")
 		s.Lower = append(s.Lower, broken)
-		_, err := e.r.Create(ctx, s)
+		_, err := e.r.Create(ctx, runtime.Spec(s))
 		if err == nil || !strings.Contains(err.Error(), "runc run") || !strings.Contains(err.Error(), "proc") {
 			t.Fatalf("Create over a layer with /proc a file: %v, want runc's error", err)
 		}
@@ -331,7 +332,7 @@ func TestCreateErrors(t *testing.T) {
 		os.WriteFile(bad, []byte("not a program\n"), 0o755)
 		s := e.spec("bad-agent")
 		s.AgentPath = bad
-		sb, err := e.r.Create(ctx, s)
+		sb, err := e.r.Create(ctx, runtime.Spec(s))
 		if e.r.UserNS() != nil {
 			// With user namespaces the agent's binary also runs on the host first (its
 			// namespace helper): the Create fails there, leaving nothing.
@@ -348,7 +349,7 @@ func TestCreateErrors(t *testing.T) {
 		}
 		waitFor(t, 5*time.Second, func() bool {
 			st, err := e.r.Status(ctx, s.ID)
-			return err == nil && st.State == StateStopped
+			return err == nil && st.State == runtime.StateStopped
 		})
 		if _, err := trySh(sb.AgentSocket, "true"); !errors.Is(err, unix.ECONNREFUSED) {
 			t.Errorf("connect to a dead agent: %v, want connection refused", err)
@@ -366,7 +367,7 @@ func TestCreateErrors(t *testing.T) {
 			{ID: "ok", Lower: []string{fx.base}, AgentPath: "/nonexistent"},
 			{ID: "ok", Lower: []string{fx.base}, AgentPath: fx.agent, DiskBytes: 1 << 20},
 		} {
-			if _, err := e.r.Create(ctx, s); !errors.Is(err, errdefs.ErrInvalid) {
+			if _, err := e.r.Create(ctx, runtime.Spec(s)); !errors.Is(err, errdefs.ErrInvalid) {
 				t.Errorf("Create(%+v): %v, want invalid", s, err)
 			}
 		}
@@ -376,7 +377,7 @@ func TestCreateErrors(t *testing.T) {
 func TestSocketPathTooLong(t *testing.T) {
 	e := newTestEnv(t, func(c *Config) { c.StateDir = filepath.Join(filepath.Dir(c.StateDir), strings.Repeat("d", 40), "s") })
 	ok := strings.Repeat("k", 107-len(e.cfg.StateDir+"//agent.sock"))
-	if _, err := e.r.Create(context.Background(), e.spec(ok+"x")); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "unix socket limit") {
+	if _, err := e.r.Create(context.Background(), runtime.Spec(e.spec(ok+"x"))); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "unix socket limit") {
 		t.Fatalf("Create with a socket path of 108 bytes: %v", err)
 	}
 	sb := e.create(e.spec(ok))
@@ -480,7 +481,7 @@ func TestManyCreateDelete(t *testing.T) {
 				if i%4 == 0 {
 					s.DiskBytes = 24 << 20
 				}
-				sb, err := e.r.Create(ctx, s)
+				sb, err := e.r.Create(ctx, runtime.Spec(s))
 				if err != nil {
 					errs <- err
 					continue

@@ -21,6 +21,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lxcfs"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
 
@@ -327,6 +328,38 @@ func (r *Runtime) Close() error {
 	})
 	return err
 }
+
+// Runtimes are the engines this backend runs (runtime.Spec.Runtime), runc the default.
+func (r *Runtime) Runtimes() []string { return []string{string(EngineRunc), string(EngineGVisor)} }
+
+// Available is nil for runc, and for gVisor when runsc works here (GVisor says why not).
+func (r *Runtime) Available(name string) error {
+	switch Engine(name) {
+	case EngineRunc:
+		return nil
+	case EngineGVisor:
+		_, err := r.GVisor()
+		return err
+	}
+	return errdefs.Unavailable("runc does not run %q", name)
+}
+
+// Has reports whether id has a state directory here.
+func (r *Runtime) Has(id string) bool {
+	if !validID(id) {
+		return false
+	}
+	_, err := os.Stat(r.dir(id))
+	return err == nil
+}
+
+var (
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.Pauser      = (*Runtime)(nil)
+	_ runtime.Snapshotter = (*Runtime)(nil)
+	_ runtime.Forker      = (*Runtime)(nil)
+	_ runtime.UsageReader = (*Runtime)(nil)
+)
 
 // Version is the first line of `runc --version`, e.g. "runc version 1.3.3".
 func (r *Runtime) Version(ctx context.Context) (string, error) { return r.version, nil }

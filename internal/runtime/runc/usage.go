@@ -10,24 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
-
-// Usage is what a sandbox uses now, read from its cgroups and its writable disk. CPUNanos is
-// the CPU time its processes used since its cgroup was made (the caller turns two reads into a
-// rate); zero fields were not available.
-type Usage struct {
-	CPUNanos        uint64
-	MemoryBytes     int64
-	MemoryPeakBytes int64
-	Pids            int64
-	DiskBytes       int64
-}
 
 // usage reads the sandbox's cgroups: CPU time (v1 cpuacct.usage, v2 cpu.stat usage_usec),
 // memory in use and its peak (v1 memory.max_usage_in_bytes; v2 memory.peak where the kernel
 // has it) and the number of tasks. A sandbox without a memory cgroup is not found.
-func (l *cgroupLayout) usage(id string) (Usage, error) {
-	var u Usage
+func (l *cgroupLayout) usage(id string) (runtime.Usage, error) {
+	var u runtime.Usage
 	if l.mode == "v2" {
 		d := l.dir("", id)
 		cur, err := readCgroupUint(filepath.Join(d, "memory.current"))
@@ -91,9 +81,9 @@ func usedBytes(dir string) (int64, error) {
 
 // Usage reads what a container sandbox uses now: its cgroups, and the bytes in use on its
 // writable disk (the ext4 filesystem holding the overlay's upper directory).
-func (r *Runtime) Usage(id string) (Usage, error) {
+func (r *Runtime) Usage(id string) (runtime.Usage, error) {
 	if !validID(id) {
-		return Usage{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+		return runtime.Usage{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
 	}
 	u, err := r.cg.usage(id)
 	if err != nil {
@@ -106,4 +96,4 @@ func (r *Runtime) Usage(id string) (Usage, error) {
 }
 
 // Usage reads the cgroups of id (those Join made). DiskBytes is left to the caller.
-func (c *Cgroups) Usage(id string) (Usage, error) { return c.l.usage(id) }
+func (c *Cgroups) Usage(id string) (runtime.Usage, error) { return c.l.usage(id) }
