@@ -35,6 +35,7 @@ import (
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lxcfs"
 	"github.com/corral-dev/corral/internal/runtime"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 	"github.com/corral-dev/corral/internal/runtime/qemu"
 	"github.com/corral-dev/corral/internal/runtime/runc"
 	"github.com/corral-dev/corral/internal/store"
@@ -425,17 +426,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	// Corral's own share of the host: its cgroup outweighs all sandboxes' CPU, and the sandboxes
 	// together leave it memory headroom, so a host full of busy sandboxes still answers.
 	if !cfg.NoReserve {
-		if res, err := runc.DefaultReservation(cfg.CgroupParent, cfg.ReserveMemory); err != nil {
+		if res, err := cgroups.DefaultReservation(cfg.CgroupParent, cfg.ReserveMemory); err != nil {
 			log.Warn("no share of the host reserved for corral", "err", err)
 		} else {
-			if err := runc.Reserve(cfg.CgroupParent, res, os.Getpid()); err != nil {
+			if err := cgroups.Reserve(cfg.CgroupParent, res, os.Getpid()); err != nil {
 				log.Warn("share of the host for corral only partly reserved", "err", err)
 			} else {
 				log.Info("share of the host reserved for corral", "cgroup", res.Control, "cpu_shares", res.CPUShares, "sandbox_memory_bytes", res.MemoryBytes)
 			}
 			defer func() {
 				// Out of the control cgroup, so it can go (lazyd, if it still serves, keeps it).
-				runc.ReleaseControl(cfg.CgroupParent, res, os.Getpid())
+				cgroups.ReleaseControl(cfg.CgroupParent, res, os.Getpid())
 			}()
 		}
 	}

@@ -28,7 +28,7 @@ import (
 	"github.com/corral-dev/corral/internal/inroot"
 	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/runtime"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 	"github.com/corral-dev/corral/internal/vmguest"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
@@ -104,7 +104,7 @@ type Runtime struct {
 	kernel   *guestimage.Kernel
 	// machineErr is why vm sandboxes (MachineVM) cannot be created here besides err.
 	machineErr error
-	cg         *runc.Cgroups // nil: VMs get no cgroups of their own
+	cg         *cgroups.Manager // nil: VMs get no cgroups of their own
 
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex   // per VM; protected by mu
@@ -214,7 +214,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	r.builds.Add(1)
 	go r.capConsoles(r.ctx)
 	if cfg.CgroupParent != "" {
-		if r.cg, err = runc.NewCgroups(cfg.CgroupParent); err != nil {
+		if r.cg, err = cgroups.NewManager(cfg.CgroupParent); err != nil {
 			r.log.Warn("microvms get no cgroups of their own: CPU quotas are not enforced", "err", err)
 		}
 	}

@@ -97,12 +97,12 @@ func (r *Runtime) Fork(ctx context.Context, id string, opts runtime.ForkOptions)
 
 	if !gvisor {
 		r.stopPrefetch(id)
-		if err := r.cg.freeze(ctx, id, freezeTimeout); err != nil {
-			r.cg.thaw(id)
+		if err := r.cg.Freeze(ctx, id, freezeTimeout); err != nil {
+			r.cg.Thaw(id)
 			return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
 		}
 		err := r.copyDisk(ctx, id, ff.disk)
-		if terr := r.cg.thaw(id); terr != nil {
+		if terr := r.cg.Thaw(id); terr != nil {
 			err = errors.Join(err, fmt.Errorf("thaw: %w", terr))
 		}
 		img.Stopped = time.Since(start)

@@ -250,7 +250,7 @@ func (r *Runtime) startHolder(id, bin string, l *gvisorLink, logf *os.File) erro
 		return fmt.Errorf("start the agent link's holder: %w", err)
 	}
 	go cmd.Wait() // reap it while this process runs; after a restart, init does
-	if err := r.cg.join(id, cmd.Process.Pid); err != nil {
+	if err := r.cg.Join(id, cmd.Process.Pid); err != nil {
 		cmd.Process.Kill()
 		return fmt.Errorf("the agent link's holder: %w", err)
 	}
@@ -435,9 +435,9 @@ func (r *Runtime) pauseGVisor(ctx context.Context, id string, st runtime.Status)
 	}
 	// Anything still charged (page cache of files the gofer read) is dropped with the processes,
 	// the link's holder among them (its pipes to the sandbox are closed already).
-	r.cg.killAll(id, 5*time.Second)
+	r.cg.KillAll(id, 5*time.Second)
 	os.Remove(filepath.Join(dir, ctlSocketName))
-	stats.MemoryAfter, _ = r.cg.memUsage(id)
+	stats.MemoryAfter, _ = r.cg.MemUsage(id)
 	if stats.MemoryBefore > stats.MemoryAfter {
 		stats.MemoryReturned = stats.MemoryBefore - stats.MemoryAfter
 	}

@@ -262,7 +262,7 @@ func (e *testEnv) teardown() {
 
 func (e *testEnv) hierarchies() []string {
 	if e.r != nil {
-		return e.r.cg.hier
+		return e.r.cg.Hier
 	}
 	return nil
 }

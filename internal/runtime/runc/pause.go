@@ -21,6 +21,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 )
 
 // Pause and Resume.
@@ -125,27 +126,27 @@ func (r *Runtime) Pause(ctx context.Context, id string) (runtime.PauseStats, err
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	stats.MemoryBefore = st.MemoryBytes
-	swapBefore := r.cg.swapUsage(id)
-	if err := r.cg.freeze(ctx, id, freezeTimeout); err != nil {
-		r.cg.thaw(id)
+	swapBefore := r.cg.SwapUsage(id)
+	if err := r.cg.Freeze(ctx, id, freezeTimeout); err != nil {
+		r.cg.Thaw(id)
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	stats.Freeze = time.Since(start)
 	stats.NoSwap = !hostHasSwap()
 	if err := r.reclaim(ctx, id, !stats.NoSwap); err != nil {
-		if terr := r.cg.thaw(id); terr != nil {
+		if terr := r.cg.Thaw(id); terr != nil {
 			err = errors.Join(err, fmt.Errorf("thaw: %w", terr))
 		}
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
-	stats.MemoryAfter, err = r.cg.memUsage(id)
+	stats.MemoryAfter, err = r.cg.MemUsage(id)
 	if err != nil {
 		stats.MemoryAfter = stats.MemoryBefore
 	}
 	if stats.MemoryBefore > stats.MemoryAfter {
 		stats.MemoryReturned = stats.MemoryBefore - stats.MemoryAfter
 	}
-	if s := r.cg.swapUsage(id); s > swapBefore {
+	if s := r.cg.SwapUsage(id); s > swapBefore {
 		stats.Swapped = s - swapBefore
 	}
 	stats.Duration = time.Since(start)
@@ -181,14 +182,14 @@ func (r *Runtime) Resume(ctx context.Context, id string) (runtime.ResumeStats, e
 		return r.resumeGVisor(ctx, id)
 	}
 	r.stopPrefetch(id) // one of an earlier Resume, if something else froze the sandbox since
-	stats.InSwap = r.cg.swapUsage(id)
+	stats.InSwap = r.cg.SwapUsage(id)
 	// Read the address ranges while every process is frozen: none can exit (so no pid is
 	// recycled between the pidfd and /proc/<pid>/maps) or change its mappings meanwhile.
 	var targets []prefetchTarget
 	if stats.InSwap > 0 && !r.noPrefetch && r.bg.Err() == nil {
 		targets = r.prefetchTargets(id)
 	}
-	if err := r.cg.thaw(id); err != nil {
+	if err := r.cg.Thaw(id); err != nil {
 		closeTargets(targets)
 		return stats, fmt.Errorf("resume sandbox %s: thaw: %w", id, err)
 	}
@@ -215,8 +216,8 @@ func (r *Runtime) lockedStatus(ctx context.Context, id string) (runtime.Status, 
 // reclaim pushes the frozen sandbox's memory out; see the package doc. It restores every setting
 // it changed before it returns, error or not. Preconditions: id's lock is held; id is frozen.
 func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err error) {
-	d := r.cg.dir("memory", id)
-	v2 := r.cg.mode == "v2"
+	d := r.cg.Dir("memory", id)
+	v2 := r.cg.Mode == "v2"
 	// The settings to change, in order, and their values during the reclaim ("" = set by the loop).
 	type knob struct{ file, val string }
 	knobs := []knob{{"memory.swappiness", "100"}, {"memory.limit_in_bytes", ""}}
@@ -272,7 +273,7 @@ func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err erro
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("reclaim: %w", err)
 		}
-		u, err := readCgroupUint(filepath.Join(d, usageFile))
+		u, err := cgroups.ReadUint(filepath.Join(d, usageFile))
 		if err != nil {
 			return fmt.Errorf("reclaim: %w", err)
 		}
@@ -290,7 +291,7 @@ func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err erro
 		if err != nil && !errors.Is(err, expected) {
 			return fmt.Errorf("reclaim: %w", err)
 		}
-		after, err := readCgroupUint(filepath.Join(d, usageFile))
+		after, err := cgroups.ReadUint(filepath.Join(d, usageFile))
 		if err != nil {
 			return fmt.Errorf("reclaim: %w", err)
 		}
@@ -303,7 +304,7 @@ func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err erro
 		// At the true floor the retries are cheap, since nothing reclaimable is left to scan.
 		backoff := time.Millisecond << stuck
 		time.Sleep(backoff)
-		if waited += backoff; !v2 && memStat(d, "writeback") > 0 && waited < reclaimWritebackWait {
+		if waited += backoff; !v2 && cgroups.MemStat(d, "writeback") > 0 && waited < reclaimWritebackWait {
 			continue
 		}
 		stuck++
@@ -345,7 +346,7 @@ func (r *Runtime) restoreMemory(id string) error {
 	if err := json.Unmarshal(b, &saved); err != nil {
 		return fmt.Errorf("restore memory settings: %s: %w", p, err)
 	}
-	d := r.cg.dir("memory", id)
+	d := r.cg.Dir("memory", id)
 	var errs []error
 	for _, f := range memorySettings {
 		v, ok := saved[f]
@@ -382,7 +383,7 @@ type remoteIovec struct{ base, len uintptr }
 // may be in swap: anonymous memory and tmpfs (shmem) mappings. A regular file's mapping is
 // left out: MADV_WILLNEED on it would read the whole file range ahead, not swap.
 func (r *Runtime) prefetchTargets(id string) []prefetchTarget {
-	pids, err := r.cg.procs(id)
+	pids, err := r.cg.Procs(id)
 	if err != nil {
 		return nil
 	}
@@ -645,41 +646,4 @@ func hostHasSwap() bool {
 		}
 	}
 	return false
-}
-
-func readCgroupUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-}
-
-// memUsage is the bytes charged to the sandbox's memory cgroup (RAM, not swap).
-func (l *cgroupLayout) memUsage(id string) (uint64, error) {
-	if l.mode == "v2" {
-		return readCgroupUint(filepath.Join(l.dir("", id), "memory.current"))
-	}
-	return readCgroupUint(filepath.Join(l.dir("memory", id), "memory.usage_in_bytes"))
-}
-
-// swapUsage is the bytes of the sandbox's memory in swap; 0 when unknown (no swap accounting).
-func (l *cgroupLayout) swapUsage(id string) uint64 {
-	if l.mode == "v2" {
-		n, _ := readCgroupUint(filepath.Join(l.dir("", id), "memory.swap.current"))
-		return n
-	}
-	return memStat(l.dir("memory", id), "swap")
-}
-
-// memStat returns one counter of memory.stat in the memory cgroup dir; 0 if absent.
-func memStat(dir, key string) uint64 {
-	b, _ := os.ReadFile(filepath.Join(dir, "memory.stat"))
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, key+" "); ok {
-			n, _ := strconv.ParseUint(v, 10, 64)
-			return n
-		}
-	}
-	return 0
 }

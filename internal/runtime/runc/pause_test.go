@@ -96,13 +96,13 @@ func TestPauseResume(t *testing.T) {
 
 	// A Pause that crashed half-way left a lowered limit and pause.json: Resume puts it back
 	// even though it refuses (the sandbox is running), and the next Pause would too.
-	usage, err := e.r.cg.memUsage(s.ID)
+	usage, err := e.r.cg.MemUsage(s.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	knob, crashed := filepath.Join(e.r.cg.dir("memory", s.ID), "memory.limit_in_bytes"), strconv.FormatUint(usage+8<<20, 10)
-	if e.r.cg.mode == "v2" {
-		knob, crashed = filepath.Join(e.r.cg.dir("", s.ID), "memory.swap.max"), "max"
+	knob, crashed := filepath.Join(e.r.cg.Dir("memory", s.ID), "memory.limit_in_bytes"), strconv.FormatUint(usage+8<<20, 10)
+	if e.r.cg.Mode == "v2" {
+		knob, crashed = filepath.Join(e.r.cg.Dir("", s.ID), "memory.swap.max"), "max"
 	}
 	orig := readFileTrim(t, knob)
 	if err := e.r.saveMemory(s.ID, map[string]string{filepath.Base(knob): orig}); err != nil {

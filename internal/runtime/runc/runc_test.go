@@ -168,12 +168,12 @@ func TestSandboxInside(t *testing.T) {
 		if !strings.Contains(res.Out, "can't fork") && !strings.Contains(res.Out, "Resource temporarily unavailable") {
 			t.Errorf("60 processes under pids=40 were allowed: exit %d %q", res.Code, res.Out)
 		}
-		if got := readTrim(t, filepath.Join(e.r.cg.dir("pids", s.ID), "pids.max")); got != "40" {
+		if got := readTrim(t, filepath.Join(e.r.cg.Dir("pids", s.ID), "pids.max")); got != "40" {
 			t.Errorf("pids.max = %s, want 40", got)
 		}
 		// The shell gives up at the first failed fork; let its orphans finish.
 		deadline := time.Now().Add(10 * time.Second)
-		for procs, _ := e.r.cg.procs(s.ID); len(procs) > 1; procs, _ = e.r.cg.procs(s.ID) {
+		for procs, _ := e.r.cg.Procs(s.ID); len(procs) > 1; procs, _ = e.r.cg.Procs(s.ID) {
 			if time.Now().After(deadline) {
 				t.Fatalf("processes left: %v", procs)
 			}
@@ -188,7 +188,7 @@ func TestSandboxInside(t *testing.T) {
 			"freezer": {"freezer.state": "THAWED"},
 		} {
 			for file, v := range want {
-				p := filepath.Join(e.r.cg.dir(c, s.ID), file)
+				p := filepath.Join(e.r.cg.Dir(c, s.ID), file)
 				if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) && file == "memory.memsw.limit_in_bytes" {
 					continue // no swap accounting on this kernel
 				}
@@ -428,11 +428,11 @@ func TestPartialState(t *testing.T) {
 		t.Fatalf("runc create: %v: %s", err, out)
 	}
 	outf.Close()
-	if procs, _ := e.r.cg.procs("half"); len(procs) != 1 {
+	if procs, _ := e.r.cg.Procs("half"); len(procs) != 1 {
 		t.Fatalf("runc create left %d processes, want its waiting init", len(procs))
 	}
 	// A cgroup made by runc, with no runc state.
-	for _, d := range e.r.cg.dirs("orphan-cg") {
+	for _, d := range e.r.cg.Dirs("orphan-cg") {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}

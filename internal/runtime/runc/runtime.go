@@ -22,6 +22,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lxcfs"
 	"github.com/corral-dev/corral/internal/runtime"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
 
@@ -171,7 +172,7 @@ type Runtime struct {
 	// createStart makes Create use `runc create` + `runc start` instead of `runc run --detach`;
 	// only TestCreateLatency sets it, to measure the difference.
 	createStart bool
-	cg          *cgroupLayout
+	cg          *cgroups.Layout
 	agents      agentCache
 	locks       idLocks
 
@@ -239,7 +240,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		return nil, fmt.Errorf("run %s --version: %w", cfg.Runc, err)
 	}
 	r.version, _, _ = strings.Cut(string(out), "\n")
-	if r.cg, err = readCgroupLayout(cfg.CgroupParent); err != nil {
+	if r.cg, err = cgroups.Read(cfg.CgroupParent); err != nil {
 		return nil, err
 	}
 	r.initGVisor(ctx)
@@ -273,7 +274,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		log.Warn("remove stale disk pool slots", "err", err)
 	}
 	r.removeForkLeftovers()
-	log.Info("runc runtime ready", "runc", cfg.Runc, "version", r.version, "cgroup", r.cg.mode,
+	log.Info("runc runtime ready", "runc", cfg.Runc, "version", r.version, "cgroup", r.cg.Mode,
 		"state_dir", cfg.StateDir, "disk_pool", max(cfg.DiskPool, 0), "disk_bytes", cfg.DefaultDiskBytes)
 	switch {
 	case r.usernsErr != nil:
@@ -400,7 +401,7 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 			}
 		}
 	}
-	for _, id := range r.cg.children() {
+	for _, id := range r.cg.Children() {
 		if validID(id) {
 			ids[id] = true
 		}

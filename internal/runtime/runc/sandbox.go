@@ -366,10 +366,10 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		return runtime.Status{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
 	}
 	if _, err := os.Lstat(filepath.Join(r.dir(id), checkpointedFile)); err == nil {
-		mem, _ := r.cg.memUsage(id)
+		mem, _ := r.cg.MemUsage(id)
 		return runtime.Status{State: runtime.StatePaused, MemoryBytes: mem}, nil
 	}
-	if !r.cg.exists(id) {
+	if !r.cg.Exists(id) {
 		if _, err := os.Lstat(r.dir(id)); err == nil {
 			return runtime.Status{State: runtime.StateStopped}, nil
 		}
@@ -377,7 +377,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	}
 	var st runtime.Status
 	var err error
-	st.MemoryBytes, st.OOMKills, st.UnderOOM, err = r.cg.memStats(id)
+	st.MemoryBytes, st.OOMKills, st.UnderOOM, err = r.cg.MemStats(id)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return runtime.Status{}, fmt.Errorf("status of %s: %w", id, err)
 	}
@@ -385,7 +385,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	// other process there, so "running" is "the recorded init pid is still in our cgroup".
 	st.State = runtime.StateStopped
 	pid, perr := readPid(filepath.Join(r.dir(id), "init.pid"))
-	procs, err := r.cg.procs(id)
+	procs, err := r.cg.Procs(id)
 	if err != nil {
 		return runtime.Status{}, fmt.Errorf("status of %s: %w", id, err)
 	}
@@ -393,7 +393,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		for _, p := range procs {
 			if p == pid {
 				st.State, st.Pid = runtime.StateRunning, pid
-				if r.cg.frozen(id) {
+				if r.cg.Frozen(id) {
 					st.State = runtime.StatePaused
 				}
 				break
@@ -421,7 +421,7 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 	var errs []error
 	// Kill first, then a plain `runc delete`: with --force runc always signals and sleeps
 	// 100 ms before it looks again, even for a stopped container.
-	if err := r.cg.killAll(id, 10*time.Second); err != nil {
+	if err := r.cg.KillAll(id, 10*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	tKill := time.Now()
@@ -454,7 +454,7 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 		r.slots.release(id) // only now: its processes and files are gone
 	}
 	tUnmount := time.Now()
-	if err := r.cg.remove(id, 5*time.Second); err != nil {
+	if err := r.cg.Remove(id, 5*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
