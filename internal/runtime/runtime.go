@@ -72,3 +72,9 @@ type Machine interface {
 	// WaitAgent waits up to timeout for a machine's agent to answer.
 	WaitAgent(ctx context.Context, id string, timeout time.Duration) error
 }
+
+// DiskHolder reports what a backend's disks hold on the data dir's filesystem beyond its
+// sandboxes' limits: promised (made ahead, e.g. a pool of formatted disks) and allocated.
+type DiskHolder interface {
+	DiskHeld() (promised, allocated int64)
+}

@@ -273,3 +273,6 @@ var (
 	_ UsageReader = (*Set)(nil)
 	_ Machine     = (*Set)(nil)
 )
+
+// Backend returns the backend that runs the named runtime, or nil.
+func (s *Set) Backend(runtime string) Runtime { return s.byName[runtime] }

@@ -238,6 +238,27 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 // BootDisk full machines (the vm tier).
 const RuntimeName = "qemu"
 
+// Factory builds the qemu backend (a runtime.Factory): opts is a *Config (nil: the defaults)
+// whose node fields it sets from node: StateDir and CacheDir under node.DataDir (vms/,
+// vmboot/), CgroupParent, DefaultDiskBytes and SparseDisks.
+func Factory(ctx context.Context, node runtime.Node, opts any, log *slog.Logger) (runtime.Runtime, error) {
+	cfg, err := runtime.OptionsOf[Config](opts)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = filepath.Join(node.DataDir, "vms")
+	cfg.CacheDir = filepath.Join(node.DataDir, "vmboot")
+	cfg.CgroupParent, cfg.DefaultDiskBytes, cfg.SparseDisks = node.CgroupParent, node.DefaultDiskBytes, node.SparseDisks
+	r, err := New(ctx, *cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// DiskHeld is DiskAllocated: a VM's disks are sparse, promised by their sandboxes' limits.
+func (r *Runtime) DiskHeld() (promised, allocated int64) { return 0, r.DiskAllocated() }
+
 // Runtimes is RuntimeName alone.
 func (r *Runtime) Runtimes() []string { return []string{RuntimeName} }
 
@@ -256,6 +277,7 @@ var (
 	_ runtime.Forker      = (*Runtime)(nil)
 	_ runtime.UsageReader = (*Runtime)(nil)
 	_ runtime.Machine     = (*Runtime)(nil)
+	_ runtime.DiskHolder  = (*Runtime)(nil)
 )
 
 // Accelerator returns the accelerator new VMs use and why it was chosen.

@@ -330,6 +330,25 @@ func (r *Runtime) Close() error {
 	return err
 }
 
+// Factory builds the runc backend (a runtime.Factory): opts is a *Config (nil: the defaults)
+// whose node fields it sets from node: StateDir, RuncRoot and RunscRoot under node.DataDir
+// (sandboxes/, runc/, runsc/), CgroupParent, DefaultDiskBytes and SparseDisks.
+func Factory(ctx context.Context, node runtime.Node, opts any, log *slog.Logger) (runtime.Runtime, error) {
+	cfg, err := runtime.OptionsOf[Config](opts)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = filepath.Join(node.DataDir, "sandboxes")
+	cfg.RuncRoot = filepath.Join(node.DataDir, "runc")
+	cfg.RunscRoot = filepath.Join(node.DataDir, "runsc")
+	cfg.CgroupParent, cfg.DefaultDiskBytes, cfg.SparseDisks = node.CgroupParent, node.DefaultDiskBytes, node.SparseDisks
+	r, err := New(ctx, *cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
 // Runtimes are the engines this backend runs (runtime.Spec.Runtime), runc the default.
 func (r *Runtime) Runtimes() []string { return []string{string(EngineRunc), string(EngineGVisor)} }
 
@@ -360,7 +379,15 @@ var (
 	_ runtime.Snapshotter = (*Runtime)(nil)
 	_ runtime.Forker      = (*Runtime)(nil)
 	_ runtime.UsageReader = (*Runtime)(nil)
+	_ runtime.DiskHolder  = (*Runtime)(nil)
 )
+
+// DiskHeld is DiskUse for the edge's disk promise: the pool's disks are promised, and every
+// disk's blocks are allocated.
+func (r *Runtime) DiskHeld() (promised, allocated int64) {
+	u := r.DiskUse()
+	return u.Pooled, u.Allocated
+}
 
 // Version is the first line of `runc --version`, e.g. "runc version 1.3.3".
 func (r *Runtime) Version(ctx context.Context) (string, error) { return r.version, nil }
