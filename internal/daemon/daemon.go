@@ -142,7 +142,7 @@ type Config struct {
 	// of its oldest finished steps are dropped, the steps kept.
 	TrajectoryMax int64
 	// SparseDisks makes writable disks sparse instead of allocating them when made
-	// (runc.Config.SparseDisks): denser, but a full host disk can lose acknowledged writes.
+	// (runtime.Node.SparseDisks): denser, but a full host disk can lose acknowledged writes.
 	SparseDisks bool
 	// KeepExitedCommands and KeepExitedFor bound the exited commands each sandbox's agent keeps for
 	// re-attach (agent defaults: 64 commands, 10 minutes).

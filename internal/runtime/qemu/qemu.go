@@ -75,7 +75,7 @@ type Config struct {
 	// DefaultDiskBytes is the writable disk of a Spec with DiskBytes 0.
 	DefaultDiskBytes int64
 	// SparseDisks makes microvm disks sparse files instead of allocating their blocks when they
-	// are made (runc.Config.SparseDisks says what that risks).
+	// are made (runtime.Node.SparseDisks; runc's Config.SparseDisks says what that risks).
 	SparseDisks bool
 	// Mkfs is mkfs.ext4 (default: looked up in PATH, /usr/sbin and /sbin).
 	Mkfs string

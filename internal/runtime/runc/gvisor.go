@@ -23,7 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/vmlink"
 )
 
-// gVisor. A sandbox created with Spec.Engine EngineGVisor runs under gVisor's runsc instead of
+// gVisor. A sandbox created with Spec.Runtime EngineGVisor runs under gVisor's runsc instead of
 // runc: same bundle (overlay rootfs on the sandbox's ext4 disk, limits, cgroups), same agent,
 // different boundary: the sandbox's syscalls are served by gVisor's user-space kernel (the
 // sentry), not the host's. What differs, and why:
@@ -74,8 +74,6 @@ type Engine string
 const (
 	EngineRunc   Engine = "runc"
 	EngineGVisor Engine = "gvisor"
-	// EngineQEMU is the microvm tier's (internal/runtime/qemu); runc refuses it.
-	EngineQEMU Engine = "qemu"
 )
 
 // Defaults for the gVisor fields of Config.
