@@ -594,9 +594,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Version: Version, Node: cfg.Node, Runtime: edge.RuntimeRunc, RuntimePath: cfg.Runc,
 		DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),
 	}
-	if err := backends.Describe(ctx, runtimes, &info); err != nil {
+	facts, err := backends.Describe(ctx, runtimes)
+	if err != nil {
 		return err
 	}
+	info.RuntimeVersion, info.Runtimes = facts.RuntimeVersion, facts.Runtimes
+	info.GVisorVersion, info.GVisorUnavailable = facts.GVisorVersion, facts.GVisorUnavailable
+	info.UserNS, info.UserNSUnavailable = facts.UserNS, facts.UserNSUnavailable
+	info.QEMUVersion, info.MicroVMUnavailable, info.VMUnavailable = facts.QEMUVersion, facts.MicroVMUnavailable, facts.VMUnavailable
+	info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = facts.MicroVMAccelerator, facts.MicroVMAcceleratorWhy
 	if netOff != "" {
 		info.NetworkOff = netOff
 	} else {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/vmdisk"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -113,7 +114,12 @@ func (e *Edge) Input(ctx context.Context, id string, events []corral.InputEvent)
 	if !sb.machine {
 		return e.desktopInput(ctx, sb, events)
 	}
-	return e.machines.Input(ctx, sb.id, events)
+	evs := make([]runtime.InputEvent, len(events))
+	for i, ev := range events {
+		evs[i] = runtime.InputEvent(ev)
+	}
+	res, err := e.machines.Input(ctx, sb.id, evs)
+	return corral.InputResult(res), err
 }
 
 // displaySandbox returns the running sandbox whose display a screen or input call drives: a vm

@@ -4,8 +4,6 @@ import (
 	"context"
 	"net"
 	"time"
-
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Runtime is what every backend does (the package doc has the lifecycle and errors).
@@ -62,8 +60,9 @@ type Machine interface {
 	// Screen returns a PNG of a machine's display and its size.
 	Screen(ctx context.Context, id string) (png []byte, width, height int, err error)
 	// Input sends keyboard and mouse events to a machine.
-	Input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error)
-	// Power turns a machine off (force: at once) or on, or resets it (corral.PowerOn, ...).
+	Input(ctx context.Context, id string, events []InputEvent) (InputResult, error)
+	// Power turns a machine off (force: at once) or on, or resets it (action "off", "on" or
+	// "reboot", as the API names them).
 	Power(ctx context.Context, id, action string, force bool) error
 	// Console returns the end of a VM's serial console output, at most limit bytes.
 	Console(id string, limit int64) ([]byte, error)
@@ -77,4 +76,26 @@ type Machine interface {
 // sandboxes' limits: promised (made ahead, e.g. a pool of formatted disks) and allocated.
 type DiskHolder interface {
 	DiskHeld() (promised, allocated int64)
+}
+
+// InputEvent is one keyboard or mouse event for Machine.Input: the API's input event (the edge
+// converts it; the fields are the same, so a conversion is a type conversion), kept here so the
+// contract does not import the SDK.
+type InputEvent struct {
+	Type   string // "text", "key", "move", "click", "scroll" or "button"
+	Text   string
+	Key    string
+	X, Y   int
+	Button string // "left" (the default), "right" or "middle"
+	Count  int
+	Delta  int
+	Down   *bool
+}
+
+// InputResult is what Machine.Input did: the events sent and the screen size mouse coordinates
+// were scaled against.
+type InputResult struct {
+	Events int
+	Width  int
+	Height int
 }

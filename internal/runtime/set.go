@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Set is the node's backends as one Runtime: Create goes to the backend that runs
@@ -225,10 +224,10 @@ func (s *Set) Screen(ctx context.Context, id string) ([]byte, int, int, error) {
 	return m.Screen(ctx, id)
 }
 
-func (s *Set) Input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
+func (s *Set) Input(ctx context.Context, id string, events []InputEvent) (InputResult, error) {
 	m, err := s.machine(id)
 	if err != nil {
-		return corral.InputResult{}, err
+		return InputResult{}, err
 	}
 	return m.Input(ctx, id, events)
 }

@@ -1,6 +1,6 @@
 // Package backends is where Corral's runtime backends are wired: the one list of them (All),
 // the names of their option types for the daemon (RuncConfig, QEMUConfig, ...), and what they
-// report about the host in /v1/info (Describe). It is the only package outside a backend's own
+// report about the host for /v1/info (Describe). It is the only package outside a backend's own
 // that imports backend packages (internal/runtime's imports_test.go enforces it); everything
 // else speaks internal/runtime.
 //
@@ -17,7 +17,6 @@ import (
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/runtime/qemu"
 	"github.com/corral-dev/corral/internal/runtime/runc"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // All are the backends, the default (runc: containers) first.
@@ -54,41 +53,57 @@ const (
 	DefaultMsgQueueBytes    = runc.DefaultMsgQueueBytes
 )
 
-// Describe fills what the backends of s say about this host into info: the container
-// runtime's version and runtimes (runc, and gVisor when it works), user namespaces, and QEMU's
-// version, accelerator and tiers. Fields of backends s lacks stay empty.
-func Describe(ctx context.Context, s *runtime.Set, info *corral.Info) error {
+// Facts are what the backends say about this host, for /v1/info (the daemon copies them into
+// the API's Info). Fields of backends a Set lacks stay empty.
+type Facts struct {
+	// RuntimeVersion is runc's version; Runtimes the container runtimes that work here (runc,
+	// and gvisor when runsc does), GVisorVersion or GVisorUnavailable says which.
+	RuntimeVersion                   string
+	Runtimes                         []string
+	GVisorVersion, GVisorUnavailable string
+	// UserNS describes the container sandboxes' user namespaces, or UserNSUnavailable why none.
+	UserNS, UserNSUnavailable string
+	// QEMUVersion, and the microvm tier's accelerator or why it is off; VMUnavailable why the
+	// vm tier is off.
+	QEMUVersion                               string
+	MicroVMAccelerator, MicroVMAcceleratorWhy string
+	MicroVMUnavailable, VMUnavailable         string
+}
+
+// Describe reports what the backends of s say about this host.
+func Describe(ctx context.Context, s *runtime.Set) (Facts, error) {
+	var f Facts
 	for _, rt := range runtime.Backends[*runc.Runtime](s) {
 		v, err := rt.Version(ctx)
 		if err != nil {
-			return err
+			return f, err
 		}
-		info.RuntimeVersion = v
-		info.Runtimes = append(info.Runtimes, string(runc.EngineRunc))
+		f.RuntimeVersion = v
+		f.Runtimes = append(f.Runtimes, string(runc.EngineRunc))
 		if v, err := rt.GVisor(); err != nil {
-			info.GVisorUnavailable = err.Error()
+			f.GVisorUnavailable = err.Error()
 		} else {
-			info.GVisorVersion = v
-			info.Runtimes = append(info.Runtimes, string(runc.EngineGVisor))
+			f.GVisorVersion = v
+			f.Runtimes = append(f.Runtimes, string(runc.EngineGVisor))
 		}
 		if why := rt.UserNSStatus(); why != "" {
-			info.UserNSUnavailable = why
+			f.UserNSUnavailable = why
 		} else {
 			u := rt.UserNS()
-			info.UserNS = fmt.Sprintf("uids %d-%d, %d ids each; budgets: %d inotify instances, %d watches, %d mqueue bytes",
+			f.UserNS = fmt.Sprintf("uids %d-%d, %d ids each; budgets: %d inotify instances, %d watches, %d mqueue bytes",
 				u.UIDBase, u.UIDBase+uint32(u.Slots)*runc.UserNSSize-1, runc.UserNSSize, u.Budgets.InotifyInstances, u.Budgets.InotifyWatches, u.Budgets.MsgQueueBytes)
 		}
 	}
 	for _, vm := range runtime.Backends[*qemu.Runtime](s) {
-		info.QEMUVersion = vm.Version()
+		f.QEMUVersion = vm.Version()
 		if err := vm.Available(qemu.RuntimeName); err != nil {
-			info.MicroVMUnavailable = err.Error()
+			f.MicroVMUnavailable = err.Error()
 		} else {
-			info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = vm.Accelerator()
+			f.MicroVMAccelerator, f.MicroVMAcceleratorWhy = vm.Accelerator()
 		}
 		if err := vm.MachineAvailable(); err != nil {
-			info.VMUnavailable = err.Error()
+			f.VMUnavailable = err.Error()
 		}
 	}
-	return nil
+	return f, nil
 }

@@ -461,7 +461,16 @@ type screenSize struct{ w, h int }
 
 // Input sends keyboard and mouse events to a vm sandbox, in order. Mouse coordinates are screen
 // pixels, scaled to the USB tablet's absolute axes against the display's current size.
-func (r *Runtime) Input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
+func (r *Runtime) Input(ctx context.Context, id string, events []runtime.InputEvent) (runtime.InputResult, error) {
+	evs := make([]corral.InputEvent, len(events))
+	for i, e := range events {
+		evs[i] = corral.InputEvent(e)
+	}
+	res, err := r.input(ctx, id, evs)
+	return runtime.InputResult(res), err
+}
+
+func (r *Runtime) input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
 	if err := checkInput(events); err != nil {
 		return corral.InputResult{}, err
 	}
