@@ -2,8 +2,10 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/corral-dev/corral/internal/daemon.Version=$(VERSION)
+LDFLAGS := -s -w -X github.com/corral-dev/corral/internal/daemon.Version=$(VERSION) -X github.com/corral-dev/corral/internal/cli.leanVersion=$(VERSION)
 DATA_DIR ?= /var/lib/corral
+# Two Go modules: the server (this directory) and the Go SDK (sdk/go, which `./...` here does not
+# reach); test and lint run both.
 # Tests: race detector on, two packages at a time (CI has two cores).
 TEST_FLAGS ?= -race -p 2 -timeout 75m
 
@@ -15,15 +17,17 @@ help: ## list the targets
 setup: ## install what the host lacks (Debian packages, a current runc; as root)
 	@scripts/setup.sh
 
-build: ## build bin/corral, the static bin/corral-agent and bin/corral-bench (the benchmarks)
+build: ## build bin/corral (the lean CLI), bin/corrald (the same with the daemon), the static bin/corral-agent and bin/corral-bench
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-agent ./cmd/corral-agent
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral ./cmd/corral
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corrald ./cmd/corral
+	$(GO) build -trimpath -tags lean -ldflags '$(LDFLAGS)' -o bin/corral ./cmd/corral
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-bench ./cmd/corral-bench
 
 run: setup build ## set up, build, start `corral up` on its defaults and show a sandbox at work
 	@scripts/run.sh
 
-test: setup build ## run every test (root-only tests run as root, skip elsewhere)
+test: setup build ## run every test of both modules (root-only tests run as root, skip elsewhere)
+	cd sdk/go && $(GO) test $(TEST_FLAGS) ./...
 	CORRAL_BIN=$(CURDIR)/bin $(GO) test $(TEST_FLAGS) ./...
 
 redteam: build ## run the red-team suite (as root)
@@ -41,6 +45,7 @@ bench: setup build ## run the benchmarks and print the figures for docs/BENCHMAR
 lint: ## gofmt, go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	cd sdk/go && $(GO) vet ./...
 
 fuzz: ## run each fuzz target for a short while
 	@scripts/fuzz.sh

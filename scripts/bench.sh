@@ -56,16 +56,22 @@ if [ "${BENCH_ONLY:-console}" = console ]; then
   if [ "${BENCH_ONLY:-}" = console ]; then exit 0; fi
 fi
 work=$(mktemp -d /tmp/crl-bench-XXXX)
-port=${BENCH_PORT:-7199}
+# Free ports, and host resources of this run's own (the host registry gives the data dir a
+# network tag, address pool and NFLOG group no other Corral holds), so two benches, a `make
+# run` and tests can share the host.
+freeport() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=${BENCH_PORT:-$(freeport)}
+e2bport=${BENCH_E2B_PORT:-$(freeport)}
+cgparent=/corral-$(basename "$work")
 export CORRAL_URL=http://127.0.0.1:$port
 cleanup() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
   # The cgroup parent corral made (empty once its sandboxes are gone).
-  rmdir /sys/fs/cgroup/corral-bench /sys/fs/cgroup/*/corral-bench 2>/dev/null || true
+  rmdir /sys/fs/cgroup"$cgparent" /sys/fs/cgroup/*"$cgparent" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
-corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$((port + 1))" --cgroup-parent /corral-bench --disk-pool ${DISK_POOL:-8} --net-tag bc --net-pool 10.251.0.0/24 >"$work/corral.log" 2>&1 &
+corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$e2bport" --cgroup-parent "$cgparent" --disk-pool ${DISK_POOL:-8} >"$work/corral.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
@@ -94,7 +100,7 @@ if [ "${BENCH_ONLY:-microvm}" = microvm ]; then
   corral bench microvm --base base:bench ${BENCH_MICROVM_ARGS:-} | tee bench-out/microvm.json
   # Restores from a template need a corral up with --microvm-templates: a second one, alone.
   kill "$pid" && wait "$pid" 2>/dev/null || true
-  corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --cgroup-parent /corral-bench --no-net --microvm-templates >"$work/corral-templates.log" 2>&1 &
+  corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --cgroup-parent "$cgparent" --no-net --microvm-templates >"$work/corral-templates.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
   corral bench microvm --templates --base base:bench ${BENCH_MICROVM_ARGS:-} | tee bench-out/microvm-templates.json
@@ -124,7 +130,7 @@ fi
 if [ "${BENCH_ONLY:-e2b}" = e2b ]; then
   # The real e2b SDK (test/e2b, from the npm registry) through the E2B gateway vs the own API.
   sdk=$(scripts/e2b-sdk.sh)
-  corral bench e2b --base base:bench --e2b-url "http://127.0.0.1:$((port + 1))" --sdk-dir "$sdk" --script test/e2b/bench.mjs ${BENCH_E2B_ARGS:-} -o json | tee bench-out/e2b.json
+  corral bench e2b --base base:bench --e2b-url "http://127.0.0.1:$e2bport" --sdk-dir "$sdk" --script test/e2b/bench.mjs ${BENCH_E2B_ARGS:-} -o json | tee bench-out/e2b.json
 fi
 if [ "${BENCH_ONLY:-exclusive}" = exclusive ]; then
   corral bench exclusive --base base:bench ${BENCH_EXCLUSIVE_ARGS:-} | tee bench-out/exclusive.json

@@ -5,9 +5,10 @@ cd "$(dirname "$0")/.."
 t=${FUZZTIME:-20s}
 grep -rl --include='*_test.go' '^func Fuzz' internal sdk | while read -r f; do
   pkg=./$(dirname "$f")
+  # The SDK (sdk/go) is a module of its own: run each target from its package's directory.
   for target in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$f" | sed 's/^func //'); do
     echo "== $pkg $target ($t)"
     # -run='^$': a running agent server reaps children process-wide, which would break fuzz workers.
-    go test "$pkg" -run='^$' -fuzz="^${target}\$" -fuzztime="$t" -fuzzminimizetime=2s
+    (cd "$pkg" && go test . -run='^$' -fuzz="^${target}\$" -fuzztime="$t" -fuzzminimizetime=2s)
   done
 done

@@ -354,10 +354,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	var f store.SandboxFilter
 	for _, st := range q["state"] {
 		switch st {
-		case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateStopped, corral.StateFailed:
+		case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting, corral.StateStopped, corral.StateFailed:
 			f.States = append(f.States, st)
 		default:
-			s.fail(w, r, errdefs.Invalid("state", "%q is not a state (creating, running, paused, off, stopped, failed)", st))
+			s.fail(w, r, errdefs.Invalid("state", "%q is not a state (creating, running, paused, off, deleting, stopped, failed)", st))
 			return
 		}
 	}
@@ -562,11 +562,11 @@ func (s *Server) tagLayer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, tag := r.PathValue("name"), r.PathValue("tag")
-	if err := edge.ValidateLayerName("tag", name, tag); err != nil {
+	if err := edge.ValidateLayerName("name", "tag", name, tag); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if err := edge.ValidateLayerName("version", name, req.Version); err != nil {
+	if err := edge.ValidateLayerName("name", "version", name, req.Version); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -604,7 +604,7 @@ func (s *Server) blockedAttempts(w http.ResponseWriter, r *http.Request) {
 func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	name, version, kind := q.Get("name"), q.Get("version"), q.Get("kind")
-	if err := edge.ValidateLayerName("name", name, version); err != nil {
+	if err := edge.ValidateLayerName("name", "version", name, version); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -789,7 +789,7 @@ func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
 // it has answered with the error.
 func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.Layer, bool) {
 	name, version := r.PathValue("name"), r.PathValue("version")
-	if err := edge.ValidateLayerName("name", name, version); err != nil {
+	if err := edge.ValidateLayerName("name", "version", name, version); err != nil {
 		s.fail(w, r, err)
 		return corral.Layer{}, false
 	}
@@ -821,7 +821,7 @@ func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, version := r.PathValue("name"), r.PathValue("version")
-	if err := edge.ValidateLayerName("name", name, version); err != nil {
+	if err := edge.ValidateLayerName("name", "version", name, version); err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -2,9 +2,11 @@ package apiserver
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,7 +73,7 @@ func (c *caller) require(perm iam.Perm, p string) error {
 // revocation holds from the next request on.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := s.caller(r.Context(), r.Header.Get("Authorization"))
+		c, err := s.caller(r.Context(), bearer(r))
 		if err != nil {
 			if errors.Is(err, errdefs.ErrUnauthorized) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="corral", error="invalid_token"`)
@@ -81,6 +83,42 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
+}
+
+// bearer returns the request's Authorization header or, on a WebSocket upgrade without one, the
+// token a browser offered as a subprotocol (corral.WebSocketBearerProtocol), as a header value.
+// The token's subprotocol is removed from the request either way, so it never travels further
+// as one (to a port inside a sandbox, say) nor is answered back.
+func bearer(r *http.Request) string {
+	header := r.Header.Get("Authorization")
+	if len(r.Header.Values("Sec-WebSocket-Protocol")) == 0 {
+		return header
+	}
+	var keep []string
+	for _, v := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for _, p := range strings.Split(v, ",") {
+			p = strings.TrimSpace(p)
+			enc, ok := strings.CutPrefix(p, corral.WebSocketBearerProtocol)
+			if !ok {
+				if p != "" {
+					keep = append(keep, p)
+				}
+				continue
+			}
+			tok, err := base64.RawURLEncoding.DecodeString(enc)
+			if header == "" && err == nil && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+				// Set as the header too: a cluster server forwards it to the edge, which
+				// authenticates again; a port proxy drops it as it drops any token.
+				header = "Bearer " + string(tok)
+				r.Header.Set("Authorization", header)
+			}
+		}
+	}
+	r.Header.Del("Sec-WebSocket-Protocol")
+	if len(keep) > 0 {
+		r.Header.Set("Sec-WebSocket-Protocol", strings.Join(keep, ", "))
+	}
+	return header
 }
 
 // Authenticated serves next to requests with a valid token, the caller in their context (for

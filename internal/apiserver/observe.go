@@ -48,6 +48,7 @@ func (s *Server) observeRoutes(api *http.ServeMux) {
 	api.HandleFunc("POST /v1/webhooks", s.createWebhook)
 	api.HandleFunc("GET /v1/webhooks", s.guard(iam.SandboxRead, "", s.onQueryProject("project", ""), s.listWebhooks))
 	api.HandleFunc("DELETE /v1/webhooks/{id}", s.guard(iam.SandboxAdmin, "webhook.delete", s.onWebhook, s.deleteWebhook))
+	api.HandleFunc("POST /v1/webhooks/{id}/test", s.guard(iam.SandboxAdmin, "webhook.test", s.onWebhook, s.testWebhook))
 	api.HandleFunc("GET /v1/webhooks/{id}/deliveries", s.guard(iam.SandboxRead, "", s.onWebhook, s.webhookDeliveries))
 }
 
@@ -350,6 +351,21 @@ func (s *Server) deleteWebhook(w http.ResponseWriter, r *http.Request) {
 		s.hooks.Refresh(r.Context())
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// testWebhook serves POST /v1/webhooks/{id}/test: one test delivery now, answered with the
+// attempt (corral.WebhookDelivery).
+func (s *Server) testWebhook(w http.ResponseWriter, r *http.Request) {
+	if s.hooks == nil {
+		s.fail(w, r, errdefs.Unavailable("this server runs no webhook dispatcher"))
+		return
+	}
+	h, err := s.store.Webhook(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, s.hooks.Test(r.Context(), h, who(r).tok.Principal))
 }
 
 func (s *Server) webhookDeliveries(w http.ResponseWriter, r *http.Request) {

@@ -53,6 +53,11 @@ type ClusterConfig struct {
 	Rounds int
 	// SkipSQLite leaves out the `corral up` on its default SQLite store.
 	SkipSQLite bool
+	// Baseline, when set, is another corral binary whose `corral up` on SQLite is measured as one
+	// more setup, "up-sqlite-baseline" (a before/after comparison in one run).
+	Baseline string
+	// OnlyUp leaves out the cluster and the `corral up` on PostgreSQL (no PostgreSQL is started).
+	OnlyUp bool
 }
 
 func (c ClusterConfig) withDefaults() ClusterConfig {
@@ -162,6 +167,8 @@ type ClusterRatio struct {
 	Throughput float64 `json:"creates_per_s_ratio"`
 	P50        float64 `json:"create_p50_ratio"`
 	P99        float64 `json:"create_p99_ratio"`
+	DeleteP50  float64 `json:"delete_p50_ratio"`
+	DeleteP99  float64 `json:"delete_p99_ratio"`
 }
 
 // Cluster measures create throughput through a cluster of 2 `corral server` replicas and 3
@@ -207,32 +214,42 @@ func Cluster(ctx context.Context, cfg ClusterConfig, log *slog.Logger) (res *Clu
 			err = errors.Join(err, fmt.Errorf("left on the host after the cleanup: %s", strings.Join(res.Leftovers, "; ")))
 		}
 	}()
-	log.Info("starting PostgreSQL")
-	if env.pg, err = pgtest.Start(); err != nil {
-		return res, fmt.Errorf("start PostgreSQL: %w", err)
-	}
-	clusterDB, err := env.pg.CreateDB("bench_cluster")
-	if err != nil {
-		return res, err
-	}
-	upDB, err := env.pg.CreateDB("bench_up")
-	if err != nil {
-		return res, err
-	}
-
 	type setup struct {
 		name, desc, store string
 		start             func(context.Context, *phase) error
 	}
-	setups := []setup{
-		{"cluster", fmt.Sprintf("%d servers + %d edges, PostgreSQL", clusterServers, clusterEdges), "postgres",
+	var setups []setup
+	if !cfg.OnlyUp {
+		log.Info("starting PostgreSQL")
+		if env.pg, err = pgtest.Start(); err != nil {
+			return res, fmt.Errorf("start PostgreSQL: %w", err)
+		}
+		clusterDB, err := env.pg.CreateDB("bench_cluster")
+		if err != nil {
+			return res, err
+		}
+		upDB, err := env.pg.CreateDB("bench_up")
+		if err != nil {
+			return res, err
+		}
+		setups = append(setups, setup{"cluster", fmt.Sprintf("%d servers + %d edges, PostgreSQL", clusterServers, clusterEdges), "postgres",
 			func(ctx context.Context, p *phase) error { return env.startCluster(ctx, p, clusterDB) }},
-		{"up-postgres", "one corral up, PostgreSQL", "postgres",
-			func(ctx context.Context, p *phase) error { return env.startUp(ctx, p, "up", "cbu", 8, upDB) }},
+			setup{"up-postgres", "one corral up, PostgreSQL", "postgres",
+				func(ctx context.Context, p *phase) error { return env.startUp(ctx, p, "up", "cbu", 8, upDB) }})
 	}
 	if !cfg.SkipSQLite {
 		setups = append(setups, setup{"up-sqlite", "one corral up, SQLite (its default)", "sqlite",
 			func(ctx context.Context, p *phase) error { return env.startUp(ctx, p, "us", "cbs", 10, "") }})
+	}
+	if cfg.Baseline != "" {
+		setups = append(setups, setup{"up-sqlite-baseline", "one corral up, SQLite, the baseline binary", "sqlite",
+			func(ctx context.Context, p *phase) error {
+				p.bin = cfg.Baseline
+				return env.startUp(ctx, p, "ub", "cbb", 12, "")
+			}})
+	}
+	if len(setups) == 0 {
+		return res, errdefs.Invalid("setups", "no setup left to measure")
 	}
 	// Every setup is started and warmed up first, then measured in rounds whose order reverses
 	// each round (A B C, C B A, ...): a change in the machine's load during the run (this is a
@@ -289,7 +306,8 @@ func Cluster(ctx context.Context, cfg ClusterConfig, log *slog.Logger) (res *Clu
 	for _, s := range res.Setups[1:] {
 		c := res.Setups[0]
 		res.Ratios = append(res.Ratios, ClusterRatio{Versus: s.Name, Throughput: c.CreatesPerSec / s.CreatesPerSec,
-			P50: c.Create.P50 / s.Create.P50, P99: c.Create.P99 / s.Create.P99})
+			P50: c.Create.P50 / s.Create.P50, P99: c.Create.P99 / s.Create.P99,
+			DeleteP50: c.Delete.P50 / s.Delete.P50, DeleteP99: c.Delete.P99 / s.Delete.P99})
 	}
 	return res, nil
 }
@@ -307,6 +325,7 @@ type clusterEnv struct {
 // phase is one setup's processes, what they put on the host, and its measures so far.
 type phase struct {
 	name     string
+	bin      string // the corral binary its processes run (default ClusterConfig.Corral)
 	out      ClusterSetup
 	procs    []*benchProc // in start order; stopped in reverse
 	clients  []*corral.Client
@@ -673,7 +692,11 @@ func (e *clusterEnv) start(p *phase, name string, args ...string) (*benchProc, e
 	if err != nil {
 		return nil, err
 	}
-	pr.cmd = exec.Command(e.cfg.Corral, args...)
+	bin := e.cfg.Corral
+	if p.bin != "" {
+		bin = p.bin
+	}
+	pr.cmd = exec.Command(bin, args...)
 	pr.cmd.Stdout, pr.cmd.Stderr = logf, logf
 	pr.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := pr.cmd.Start(); err != nil {

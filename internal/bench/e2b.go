@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -25,6 +26,7 @@ type E2BConfig struct {
 	Script   string // test/e2b/bench.mjs
 	Creates  int    // sandboxes created each way (default 10)
 	Runs     int    // commands run('true') each way (default 100)
+	Builds   int    // template builds each way, cold and cached (0: none)
 	NodePath string // node (default: on PATH)
 	APIKey   string // the Corral token the SDK presents (the client's)
 }
@@ -39,12 +41,20 @@ type E2BResult struct {
 	// Ratios are the SDK's p50 over Corral's own.
 	CreateRatioP50 float64 `json:"create_to_first_run_ratio_p50"`
 	RunRatioP50    float64 `json:"run_true_ratio_p50"`
+	// The same for template builds (Template.build against POST /v1/builds of the Dockerfile
+	// the gateway writes), with Builds set.
+	BuildColdRatioP50   float64 `json:"build_cold_ratio_p50,omitempty"`
+	BuildCachedRatioP50 float64 `json:"build_cached_ratio_p50,omitempty"`
 }
 
 // E2BSide is one way of doing the operations.
 type E2BSide struct {
 	CreateToFirstRun Stats `json:"create_to_first_run"`
 	RunTrue          Stats `json:"run_true"`
+	// A template of an ENV, a WORKDIR, a RUN and a COPY of a small file, built without the cache
+	// (cold) and again unchanged (cached), to its end.
+	BuildCold   Stats `json:"build_cold"`
+	BuildCached Stats `json:"build_cached"`
 }
 
 // E2B runs the benchmark: the SDK side in node (the script), the native side here with c.
@@ -69,6 +79,7 @@ func E2B(ctx context.Context, c *corral.Client, cfg E2BConfig, log *slog.Logger)
 
 	log.Info("measuring Corral's own API", "creates", cfg.Creates, "runs", cfg.Runs)
 	var create, run []time.Duration
+	var err error
 	for i := range cfg.Creates {
 		t0 := time.Now()
 		sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: cfg.Base, Labels: map[string]string{"bench": "e2b-native"}})
@@ -93,6 +104,12 @@ func E2B(ctx context.Context, c *corral.Client, cfg E2BConfig, log *slog.Logger)
 		}
 	}
 	res.Native = E2BSide{CreateToFirstRun: summarise(create), RunTrue: summarise(run)}
+	if cfg.Builds > 0 {
+		log.Info("measuring Corral's builds", "builds", cfg.Builds)
+		if res.Native.BuildCold, res.Native.BuildCached, err = nativeBuilds(ctx, c, cfg); err != nil {
+			return nil, err
+		}
+	}
 
 	log.Info("measuring the e2b SDK through the gateway", "url", cfg.E2BURL)
 	dir, err := os.MkdirTemp("", "corral-bench-e2b-")
@@ -113,23 +130,91 @@ func E2B(ctx context.Context, c *corral.Client, cfg E2BConfig, log *slog.Logger)
 	cmd := exec.CommandContext(ctx, cfg.NodePath, "bench.mjs")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+cfg.E2BURL, "E2B_SANDBOX_URL="+cfg.E2BURL, "E2B_API_KEY="+cfg.APIKey,
-		"E2B_TEMPLATE="+cfg.Base, "BENCH_CREATES="+strconv.Itoa(cfg.Creates), "BENCH_RUNS="+strconv.Itoa(cfg.Runs))
+		"E2B_TEMPLATE="+cfg.Base, "BENCH_CREATES="+strconv.Itoa(cfg.Creates), "BENCH_RUNS="+strconv.Itoa(cfg.Runs),
+		"BENCH_BUILDS="+strconv.Itoa(cfg.Builds))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("the e2b SDK side: %v: %s", err, stderr.String())
 	}
 	var sdk struct {
-		Create []float64 `json:"create_to_first_run_ms"`
-		Run    []float64 `json:"run_true_ms"`
+		Create      []float64 `json:"create_to_first_run_ms"`
+		Run         []float64 `json:"run_true_ms"`
+		BuildCold   []float64 `json:"build_cold_ms"`
+		BuildCached []float64 `json:"build_cached_ms"`
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &sdk); err != nil {
 		return nil, fmt.Errorf("the e2b SDK side printed %q: %w", stdout.String(), err)
 	}
 	res.SDK = E2BSide{CreateToFirstRun: summarise(millis(sdk.Create)), RunTrue: summarise(millis(sdk.Run))}
+	res.SDK.BuildCold, res.SDK.BuildCached = summarise(millis(sdk.BuildCold)), summarise(millis(sdk.BuildCached))
 	res.CreateRatioP50 = res.SDK.CreateToFirstRun.P50 / res.Native.CreateToFirstRun.P50
 	res.RunRatioP50 = res.SDK.RunTrue.P50 / res.Native.RunTrue.P50
+	if cfg.Builds > 0 {
+		res.BuildColdRatioP50 = res.SDK.BuildCold.P50 / res.Native.BuildCold.P50
+		res.BuildCachedRatioP50 = res.SDK.BuildCached.P50 / res.Native.BuildCached.P50
+	}
 	return res, nil
+}
+
+// benchDockerfile is what the gateway writes for bench.mjs's template (internal/e2b
+// planTemplate), so that both ways build the same steps.
+const benchDockerfile = `ENV GREETING="hi"
+WORKDIR /app
+RUN ["/bin/sh","-c","echo made \u003e /app/made.txt"]
+COPY ["hello.txt","/app/hello.txt"]
+`
+
+// nativeBuilds builds benchDockerfile with Corral's own API: cfg.Builds times without the
+// cache, then as many times unchanged, each to its end.
+func nativeBuilds(ctx context.Context, c *corral.Client, cfg E2BConfig) (cold, cached Stats, err error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	body := []byte("hello from the bench\n")
+	tw.WriteHeader(&tar.Header{Name: "hello.txt", Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+	tw.Write(body)
+	tw.Close()
+	one := func(noCache bool) (time.Duration, error) {
+		t0 := time.Now()
+		b, err := c.StartBuild(ctx, corral.BuildRequest{Name: "bench-native-build", Dockerfile: "FROM " + cfg.Base + "\n" + benchDockerfile, NoCache: noCache},
+			bytes.NewReader(buf.Bytes()))
+		if err != nil {
+			return 0, err
+		}
+		logs, err := c.BuildLogs(ctx, b.ID, true)
+		if err != nil {
+			return 0, err
+		}
+		defer logs.Close()
+		for {
+			ev, err := logs.Next()
+			if err != nil {
+				return 0, fmt.Errorf("follow build %s: %w", b.ID, err)
+			}
+			if ev.Type == "end" {
+				if ev.Build == nil || ev.Build.State != corral.BuildSucceeded {
+					return 0, fmt.Errorf("build %s did not succeed: %+v", b.ID, ev.Build)
+				}
+				return time.Since(t0), nil
+			}
+		}
+	}
+	var c0, c1 []time.Duration
+	for range cfg.Builds {
+		d, err := one(true)
+		if err != nil {
+			return cold, cached, err
+		}
+		c0 = append(c0, d)
+	}
+	for range cfg.Builds {
+		d, err := one(false)
+		if err != nil {
+			return cold, cached, err
+		}
+		c1 = append(c1, d)
+	}
+	return summarise(c0), summarise(c1), nil
 }
 
 func millis(ms []float64) []time.Duration {

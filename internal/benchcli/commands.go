@@ -256,7 +256,7 @@ func (a *app) addBenchCmds(cmd *cobra.Command) {
 	cmd.AddCommand(fn)
 
 	var ec bench.E2BConfig
-	e2bCmd := a.jsonBench("e2b --e2b-url URL --sdk-dir DIR --script FILE", "The real e2b SDK through Corral's E2B gateway vs Corral's own API: create to first command, run('true') round trip",
+	e2bCmd := a.jsonBench("e2b --e2b-url URL --sdk-dir DIR --script FILE", "The real e2b SDK through Corral's E2B gateway vs Corral's own API: create to first command, run('true') round trip, template builds",
 		func(ctx context.Context, c *corral.Client, log *slog.Logger) (any, error) {
 			ec.APIKey = a.token
 			return bench.E2B(ctx, c, ec, log)
@@ -268,6 +268,7 @@ func (a *app) addBenchCmds(cmd *cobra.Command) {
 	ef.StringVar(&ec.Script, "script", "test/e2b/bench.mjs", "the SDK side's script")
 	ef.IntVar(&ec.Creates, "creates", 10, "sandboxes created each way")
 	ef.IntVar(&ec.Runs, "runs", 100, "run('true') round trips each way")
+	ef.IntVar(&ec.Builds, "builds", 5, "template builds each way, cold and cached (0: none)")
 	cmd.AddCommand(e2bCmd)
 
 	var ic bench.ImportConfig
@@ -436,9 +437,10 @@ func (a *app) newBenchClusterCmd() *cobra.Command {
 			}
 			if len(res.Ratios) > 0 {
 				t.row("")
-				t.row("CLUSTER VS", "CREATES/S RATIO", "p50 RATIO", "p99 RATIO")
+				t.row(res.Setups[0].Name+" VS", "CREATES/S RATIO", "p50 RATIO", "p99 RATIO", "DELETE p50 / p99 RATIO")
 				for _, r := range res.Ratios {
-					t.row(r.Versus, fmt.Sprintf("%.2fx", r.Throughput), fmt.Sprintf("%.2fx", r.P50), fmt.Sprintf("%.2fx", r.P99))
+					t.row(r.Versus, fmt.Sprintf("%.2fx", r.Throughput), fmt.Sprintf("%.2fx", r.P50), fmt.Sprintf("%.2fx", r.P99),
+						fmt.Sprintf("%.2fx / %.2fx", r.DeleteP50, r.DeleteP99))
 				}
 			}
 			if ferr := t.flush(); ferr != nil {
@@ -459,6 +461,8 @@ func (a *app) newBenchClusterCmd() *cobra.Command {
 	f.IntVar(&cfg.DiskPool, "disk-pool", 6, "formatted disks kept ready in all: corral up keeps this many, each edge a third")
 	f.IntVar(&cfg.Rounds, "rounds", 4, "rounds the creates are split into, the setups taking turns")
 	f.BoolVar(&cfg.SkipSQLite, "skip-sqlite", false, "leave out corral up on its default SQLite store")
+	f.StringVar(&cfg.Baseline, "baseline-bin", "", "also measure corral up (SQLite) of this corral binary, as setup up-sqlite-baseline (before/after in one run)")
+	f.BoolVar(&cfg.OnlyUp, "only-up", false, "leave out the cluster and corral up on PostgreSQL (no PostgreSQL started)")
 	return cmd
 }
 

@@ -151,6 +151,15 @@ func (c *Context) Close() error {
 // Len is the number of entries kept.
 func (c *Context) Len() int { return len(c.entries) }
 
+// Entries returns the entries kept, sorted by name.
+func (c *Context) Entries() []*Entry {
+	out := make([]*Entry, 0, len(c.names))
+	for _, name := range c.names {
+		out = append(out, c.entries[name])
+	}
+	return out
+}
+
 // Open returns the content of a regular file entry.
 func (c *Context) Open(e *Entry) io.Reader {
 	return io.NewSectionReader(c.f, e.offset, e.Hdr.Size)

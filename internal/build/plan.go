@@ -9,13 +9,13 @@ import (
 	"io"
 	"maps"
 	"path"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -73,7 +73,7 @@ func (p *Plan) Layers() int {
 	return n
 }
 
-var argNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var argNameRE = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // ValidateArgs checks build arguments (KEY=VALUE) and returns them as a map.
 func ValidateArgs(args []string) (map[string]string, error) {
@@ -340,7 +340,7 @@ func MakePlan(df *Dockerfile, args map[string]string, base *corral.ImageConfig, 
 }
 
 // userRE is the edge's rule for a user name or uid[:gid].
-var userRE = regexp.MustCompile(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
+var userRE = lazyregexp.New(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
 
 func cwdOf(cfg corral.ImageConfig) string {
 	if cfg.WorkingDir == "" {

@@ -40,8 +40,9 @@ type Backend interface {
 	BuildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error)
 	// BuildSaveEnvironment saves env, replacing an environment of the same name and project.
 	BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
-	// EnvironmentOwner is the project owning environment name ("" and no error when none).
-	EnvironmentOwner(ctx context.Context, name string) (string, error)
+	// EnvironmentOwner is the project (canonical; the root is "") owning environment name, and
+	// whether there is one.
+	EnvironmentOwner(ctx context.Context, name string) (string, bool, error)
 	ValidateImageConfig(c *corral.ImageConfig) error
 }
 
@@ -161,9 +162,10 @@ func (j *Jobs) Check(ctx context.Context, req corral.BuildRequest, project strin
 	if err := j.b.ValidateImageConfig(&cfg); err != nil {
 		return nil, err
 	}
-	if owner, err := j.b.EnvironmentOwner(ctx, req.Name); err != nil {
+	// A root-owned environment's owner is "" too: whether it exists is asked apart.
+	if owner, exists, err := j.b.EnvironmentOwner(ctx, req.Name); err != nil {
 		return nil, err
-	} else if owner != "" && owner != project {
+	} else if exists && owner != project {
 		return nil, errdefs.Conflict("environment name %s belongs to another project; choose another name", req.Name)
 	}
 	return &Request{BuildRequest: req, Project: project, Plan: plan, Context: bctx}, nil

@@ -2,6 +2,7 @@ package build
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -126,7 +127,12 @@ func (f *fakeNode) BuildSaveEnvironment(ctx context.Context, env corral.Environm
 	return env, nil
 }
 
-func (f *fakeNode) EnvironmentOwner(ctx context.Context, name string) (string, error) { return "", nil }
+func (f *fakeNode) EnvironmentOwner(ctx context.Context, name string) (string, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	env, ok := f.envs[name]
+	return env.Project, ok, nil // the tests name projects as Check is given them
+}
 
 func (f *fakeNode) ValidateImageConfig(c *corral.ImageConfig) error { return nil }
 
@@ -324,5 +330,23 @@ func TestJobCancel(t *testing.T) {
 	}
 	if len(f.live) != 0 || len(f.envs) != 0 {
 		t.Errorf("left behind: sandboxes %v, environments %v", f.live, f.envs)
+	}
+}
+
+// TestCheckEnvironmentOfAnotherProject: a build may not take over an environment name another
+// project owns, the root included (whose canonical path is "", as "no owner" once was).
+func TestCheckEnvironmentOfAnotherProject(t *testing.T) {
+	node := newFakeNode()
+	node.envs["taken"] = corral.Environment{Name: "taken", Base: "base:1", Project: ""} // the root
+	node.envs["team-env"] = corral.Environment{Name: "team-env", Base: "base:1", Project: "team"}
+	jobs := NewJobs(context.Background(), node, slog.New(slog.DiscardHandler))
+	for _, name := range []string{"taken", "team-env"} {
+		_, err := jobs.Check(context.Background(), corral.BuildRequest{Name: name, Dockerfile: "FROM base:1\n"}, "other", nil)
+		if !errors.Is(err, errdefs.ErrConflict) {
+			t.Errorf("%s: got %v, want a conflict", name, err)
+		}
+	}
+	if _, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "team-env", Dockerfile: "FROM base:1\n"}, "team", nil); err != nil {
+		t.Errorf("the owner's rebuild: %v", err)
 	}
 }

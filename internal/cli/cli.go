@@ -23,7 +23,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/corral-dev/corral/internal/daemon"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -186,7 +185,7 @@ contents, consoles, names, error messages) is shown with control sequences escap
 text (\x1b[31m), so no sandbox can drive the terminal; --raw passes them through, and a
 command run with --tty is a terminal session and passes them. Pipes, files and -o json
 are never changed.`,
-		Version:           daemon.Version,
+		Version:           buildVersion(),
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
@@ -224,6 +223,7 @@ are never changed.`,
 		newEdgeCmd(),
 		newLazydCmd(),
 		newLazydKeeperCmd(),
+		newLayerTarCmd(),
 		a.newNodeCmd(),
 		a.newPortCmd(),
 		a.newBenchCmd(),

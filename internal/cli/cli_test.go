@@ -116,7 +116,7 @@ func TestCreate(t *testing.T) {
 			env:      map[string]string{"CORRAL_BASE": "ubuntu:24.04"},
 			code:     1,
 			wantBody: `{"base":"ubuntu:24.04"}`,
-			stderr:   `corral: layer ubuntu:24.04 not found (field "base")`,
+			stderr:   "corral: base: layer ubuntu:24.04 is not published (see `corral layer ls`)",
 		},
 		{name: "bad size", args: []string{"create", "--memory", "12X"}, code: 2, stderr: "--memory"},
 		{name: "bad label", args: []string{"create", "--label", "novalue"}, code: 2, stderr: `--label "novalue": want KEY=VALUE`},
@@ -247,8 +247,8 @@ func TestTables(t *testing.T) {
 		}
 	}
 
-	got = cli(t, srv, nil, nil, "rm", id, "nope", "sb-2")
-	checkResult(t, got, 1, id+"\nsb-2\n", "corral: nope: sandbox nope not found")
+	got = cli(t, srv, nil, nil, "rm", id, "sb-99", "sb-2")
+	checkResult(t, got, 1, id+"\nsb-2\n", "corral: sb-99: sandbox sb-99 not found")
 	for _, id := range []string{id, "sb-2"} {
 		if sb, _ := srv.Sandbox(id); sb.State != corral.StateStopped {
 			t.Errorf("after rm, %s is %s", id, sb.State)

@@ -215,12 +215,17 @@ func uploadTar(what string, write func(io.Writer) error, upload func(io.Reader) 
 		done <- err
 	}()
 	l, err := upload(pr)
-	pr.CloseWithError(errors.New("upload ended"))
-	if werr := <-done; werr != nil && err == nil {
+	pr.CloseWithError(errUploadEnded)
+	// A writer that failed on its own (not because the upload ended) is the cause of an upload
+	// that failed for want of its data.
+	if werr := <-done; werr != nil && (err == nil || !errors.Is(werr, errUploadEnded)) {
 		return nil, fmt.Errorf("read %s: %w", what, werr)
 	}
 	return l, err
 }
+
+// errUploadEnded is what a tar writer gets once its upload has ended.
+var errUploadEnded = errors.New("upload ended")
 
 // importDir streams a tar of dir into ImportLayerWith.
 func importDir(ctx context.Context, c *corral.Client, name, version, kind, dir string, opt corral.ImportOptions) (*corral.Layer, error) {

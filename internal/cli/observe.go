@@ -274,7 +274,7 @@ func (a *app) printJSONLine(v any) error {
 func (a *app) newWebhookCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "webhook",
-		Short: "Send a project's events to a URL, signed (add, ls, rm, deliveries)",
+		Short: "Send a project's events to a URL, signed (add, ls, rm, test, deliveries)",
 		Long: "A webhook POSTs each event of its project's subtree (of the types it names) as JSON to its URL,\n" +
 			"with the header Corral-Signature: t=UNIX,v1=HEX, HEX being HMAC-SHA256 under the webhook's\n" +
 			"secret of \"UNIX.\" followed by the body. A delivery that times out or is answered with a 5xx or\n" +
@@ -376,7 +376,30 @@ func (a *app) newWebhookCmd() *cobra.Command {
 			return t.flush()
 		},
 	}
-	cmd.AddCommand(add, ls, rm, deliveries)
+	test := &cobra.Command{
+		Use:   "test ID",
+		Short: "Send the webhook one test event now and show how its receiver answered",
+		Args:  exactArgs(1, "a webhook ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			d, err := c.TestWebhook(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.jsonOut() {
+				return a.printJSON(d)
+			}
+			fmt.Fprintf(a.stdout, "%s %s: status %d in %.1f ms %s\n", d.Event, d.Result, d.Status, d.DurationMs, d.Error)
+			if d.Result != "ok" {
+				return fmt.Errorf("test delivery to webhook %s failed: %s", args[0], d.Error)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(add, ls, rm, deliveries, test)
 	return cmd
 }
 

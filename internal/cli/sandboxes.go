@@ -192,7 +192,7 @@ func (a *app) newLsCmd() *cobra.Command {
 			return t.flush()
 		},
 	}
-	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: creating, running, paused, off, stopped, failed")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state: creating, running, paused, off, deleting, stopped, failed")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with this label KEY=VALUE (repeatable; all must match)")
 	cmd.Flags().StringVar(&project, "project", "", "only sandboxes in this project's subtree")
 	return cmd

@@ -47,6 +47,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
@@ -83,6 +84,17 @@ func (c *Config) setDefaults() {
 		c.MaxTries = 3
 	}
 }
+
+// clusterLimits is the limits policy the servers resolve a create's limits with before placing
+// it. Its disk ceiling is the policy's outermost: --max-sandbox-disk is each node's own, and the
+// node the create lands on checks it.
+var clusterLimits = func() *limits.Policy {
+	p, err := limits.New(limits.Config{MaxDiskBytes: limits.DiskCeiling})
+	if err != nil {
+		panic(err)
+	}
+	return p
+}()
 
 // Server is one replica.
 type Server struct {
@@ -536,25 +548,23 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = placement.ValidateLabels("node_selector", req.NodeSelector)
 	}
+	tier := req.Tier
+	if tier == "" {
+		tier = limits.TierContainer
+	}
+	// The limits are resolved by the same policy as the edge's, before placement: a limit left
+	// out is placed as its default, and one out of its tier's bounds is refused here, not by
+	// every node in turn. (A tier the table does not know is the edge's to refuse.)
+	lim := req.Limits
+	if _, ok := clusterLimits.Bounds(tier); ok && err == nil {
+		lim, err = clusterLimits.Resolve(tier, req.Limits)
+	}
 	if err != nil {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
-	preq := placement.Request{Tier: req.Tier, Runtime: req.Runtime, CPUs: req.Limits.CPUs, MemoryBytes: req.Limits.MemoryBytes, DiskBytes: req.Limits.DiskBytes,
+	preq := placement.Request{Tier: tier, Runtime: req.Runtime, CPUs: lim.CPUs, MemoryBytes: lim.MemoryBytes, DiskBytes: lim.DiskBytes,
 		Require: req.NodeSelector, Pin: selectors(groups.Effective.Pin), Avoid: selectors(groups.Effective.Avoid)}
-	if preq.Tier == "" {
-		preq.Tier = "container"
-	}
-	// A limit left out takes the edges' default, and is placed as such.
-	if preq.CPUs == 0 {
-		preq.CPUs = edge.DefaultLimits.CPUs
-	}
-	if preq.MemoryBytes == 0 {
-		preq.MemoryBytes = edge.DefaultLimits.MemoryBytes
-	}
-	if preq.DiskBytes == 0 {
-		preq.DiskBytes = edge.DefaultLimits.DiskBytes
-	}
 	ctx, span := trace.Start(r.Context(), trace.Placement, trace.Project(iam.Display(project)), trace.Tier(preq.Tier))
 	if len(req.Volumes) > 0 {
 		// Nodes that cache the volumes' current versions skip a download (edge/volblob.go).

@@ -21,6 +21,8 @@ const (
 	ExitNoTools = 90
 	// ExitNoDisplay: no X server answers on the display (named on stderr).
 	ExitNoDisplay = 91
+	// ExitNoVNC: x11vnc is not installed (VNCScript).
+	ExitNoVNC = 92
 )
 
 // preamble checks for the tools and the display; it leaves the display in $DISPLAY. A display
@@ -159,3 +161,18 @@ func PNGSize(b []byte) (width, height int, err error) {
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'"'"'`) + "'"
 }
+
+// VNCPort is the loopback port inside a sandbox where VNCScript serves its X display as RFB
+// (x11vnc's default, and where E2B's desktop SDK starts it too).
+const VNCPort = 5900
+
+// VNCScript starts x11vnc on the display, serving RFB on 127.0.0.1:VNCPort to any number of
+// viewers until the sandbox ends, unless an x11vnc runs already (the edge runs it only when
+// nothing answers on the port). It asks no password: only the sandbox's own processes reach its
+// loopback, and Corral's API (a token with sandbox.use) is the check for everyone else (GET
+// /v1/sandboxes/{id}/vnc). x11vnc -bg returns once it listens.
+var VNCScript = preamble + fmt.Sprintf(`command -v x11vnc >/dev/null 2>&1 || exit %d
+pgrep -x x11vnc >/dev/null 2>&1 && exit 0
+x11vnc -display "$DISPLAY" -rfbport %d -localhost -forever -shared -nopw -nolookup -bg -quiet -o /tmp/x11vnc.log >/dev/null 2>&1 ||
+  pgrep -x x11vnc >/dev/null 2>&1 || { tail -5 /tmp/x11vnc.log >&2; exit 1; }
+`, ExitNoVNC, VNCPort)

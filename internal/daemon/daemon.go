@@ -33,6 +33,7 @@ import (
 	"github.com/corral-dev/corral/internal/hostreg"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/lxcfs"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/runtime/backends"
@@ -203,10 +204,10 @@ func (c *Config) setDefaults() {
 		c.DiskPool = 4
 	}
 	if c.SandboxDisk == 0 {
-		c.SandboxDisk = edge.DefaultLimits.DiskBytes
+		c.SandboxDisk = limits.DefaultDiskBytes
 	}
 	if c.MaxSandboxDisk == 0 {
-		c.MaxSandboxDisk = edge.MaxLimits.DiskBytes
+		c.MaxSandboxDisk = limits.MaxDiskBytes
 	}
 	if c.OvercommitDisk == 0 {
 		c.OvercommitDisk = 1
@@ -220,6 +221,11 @@ func (c *Config) setDefaults() {
 	if c.Cluster != nil {
 		c.Cluster.setDefaults()
 	}
+}
+
+// limits is what this node configures of the limits policy.
+func (c *Config) limits() limits.Config {
+	return limits.Config{DefaultDiskBytes: c.SandboxDisk, MaxDiskBytes: c.MaxSandboxDisk, DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL}
 }
 
 // Validate checks c and resolves the runc and agent binaries.
@@ -241,11 +247,8 @@ func (c *Config) Validate() error {
 	if c.Runc == "" {
 		return errdefs.Invalid("runc", "no runc found: run scripts/install-runc.sh (make setup) or pass --runc")
 	}
-	if c.SandboxDisk < 16<<20 || c.SandboxDisk > c.MaxSandboxDisk {
-		return errdefs.Invalid("sandbox-disk", "%d bytes must be at least 16 MiB and at most --max-sandbox-disk (%d)", c.SandboxDisk, c.MaxSandboxDisk)
-	}
-	if c.MaxSandboxDisk > 1<<50 {
-		return errdefs.Invalid("max-sandbox-disk", "%d bytes is more than 1 PiB", c.MaxSandboxDisk)
+	if err := c.limits().Validate(); err != nil {
+		return err
 	}
 	if c.TrajectoryMax < 1<<20 || c.TrajectoryMax > 1<<40 {
 		return errdefs.Invalid("trajectory-max", "%d bytes is outside [1 MiB, 1 TiB]", c.TrajectoryMax)
@@ -537,12 +540,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 	}
 	ecfg := edge.Config{
-		Node: cfg.Node, AgentPath: cfg.Agent, DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
+		Node: cfg.Node, AgentPath: cfg.Agent,
+		Limits:             cfg.limits(),
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
-	ecfg.DefaultLimits, ecfg.MaxLimits = edge.DefaultLimits, edge.MaxLimits
-	ecfg.DefaultLimits.DiskBytes, ecfg.MaxLimits.DiskBytes = cfg.SandboxDisk, cfg.MaxSandboxDisk
 	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Keep: reserveBytes, Holders: diskHolders(runtimes)}
 	bus := events.New(cfg.Node, events.Config{}, log)
 	ecfg.Events, ecfg.SampleInterval, ecfg.MetricsKeep, ecfg.PerSandboxMetrics = bus, cfg.Observe.SampleInterval, cfg.Observe.MetricsKeep, cfg.Observe.PerSandbox

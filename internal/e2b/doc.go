@@ -60,6 +60,14 @@
 //	                                                                      request's status, never a per-fork error.
 //	createSnapshot, listSnapshots,          —                             501.
 //	  deleteSnapshot
+//	Template.build (POST /v3/templates,     POST /v1/builds (a Dockerfile  templates.go: the template is the environment
+//	  GET+PUT …/files/{hash}, POST           and the uploads as context),  the build saves; uploads checked as build
+//	  /v2/templates/{t}/builds/{b}, GET      GET /v1/builds/{id}[/logs]    contexts; status and log from the build job.
+//	  …/builds/{b}/status)                                                 templateplan.go: steps to Dockerfile lines.
+//	Template.exists                         GET /v1/environments/{t}      200, or 404.
+//	  (GET /templates/aliases/{t})
+//	delete template (DELETE /templates/{t}) DELETE /v1/environments/{t}   204; the layers stay.
+//	tags (POST, DELETE /templates/tags)     —                             501.
 //
 // Fields of create (NewSandboxV2 / NewSandbox):
 //
@@ -150,6 +158,7 @@
 //
 // A Gateway's configuration is immutable after New; each request builds its own Corral client.
 // Shared state is small and locked: the per-sandbox caches of whether bash exists and of the
-// users' homes, and the registry of polling watchers (bounded, expiring). Streams (Start,
+// users' homes, the registry of polling watchers (bounded, expiring), and the pending template
+// builds with their uploads (templateBuilds.mu; bounded, expiring, files in a spool directory). Streams (Start,
 // Connect, WatchDir) run one keepalive goroutine each, stopped before the stream ends.
 package e2b

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -75,6 +74,10 @@ type Config struct {
 	// It needs sandbox.read and sandbox.use on the sandboxes' projects, and nothing more. Empty:
 	// the in-sandbox surface answers unavailable.
 	ServiceToken string
+	// SpoolDir is where the files template builds upload wait for their build (a directory of
+	// the gateway's own is made in it and removed by Close); empty: the system's temporary
+	// directory.
+	SpoolDir string
 }
 
 // withDefaults returns c with empty fields filled in.
@@ -134,8 +137,9 @@ func parseVersion(s string) ([3]int, bool) {
 }
 
 // Gateway serves E2B's control-plane REST API by translating each call into calls of the Corral
-// API, made with the caller's own token. It keeps no state of its own and is safe for
-// concurrent use.
+// API, made with the caller's own token. Its only state is what E2B's template builds need
+// between calls (pending builds and their uploads, templates.go), and per-sandbox caches; it
+// is safe for concurrent use.
 type Gateway struct {
 	cfg     Config
 	log     *slog.Logger
@@ -143,6 +147,7 @@ type Gateway struct {
 	envd    http.Handler // the in-sandbox surface (envd.go)
 	fs      *fsState     // users per sandbox and polling watchers (filesystem.go)
 	shells  processShells
+	tpl     *templateBuilds // pending template builds and their uploads (templates.go)
 }
 
 // New returns a gateway for cfg, or the error [Config.Validate] finds. A nil log discards.
@@ -153,7 +158,8 @@ func New(cfg Config, log *slog.Logger) (*Gateway, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg.withDefaults(), log: log, fs: newFSState(), shells: processShells{m: map[string]processShellEntry{}}}
+	g := &Gateway{cfg: cfg.withDefaults(), log: log, fs: newFSState(), shells: processShells{m: map[string]processShellEntry{}},
+		tpl: newTemplateBuilds(cfg.SpoolDir)}
 	g.handler, g.envd = g.routes(), g.envdRoutes()
 	return g, nil
 }
@@ -175,9 +181,12 @@ func (g *Gateway) Handler() http.Handler {
 	})
 }
 
-// Close ends the gateway's polling watchers (their Corral watch streams); requests still being
-// served end with their connections.
-func (g *Gateway) Close() { g.fs.closeWatchers() }
+// Close ends the gateway's polling watchers (their Corral watch streams) and removes the files
+// template builds uploaded; requests still being served end with their connections.
+func (g *Gateway) Close() {
+	g.fs.closeWatchers()
+	g.tpl.close()
+}
 
 // EnvdAccessToken returns the envd access token of a sandbox: the secret create and connect
 // hand to the SDK, which sends it as X-Access-Token to the in-sandbox surface and signs file
@@ -221,13 +230,22 @@ func (g *Gateway) routes() http.Handler {
 	h("GET /v2/sandboxes/{sandboxID}/logs", g.logsV2)
 	h("PUT /sandboxes/{sandboxID}/network", g.updateNetwork)
 	h("POST /sandboxes/{sandboxID}/fork", g.fork)
+	h("POST /v3/templates", g.requestBuild)
+	h("GET /templates/{templateID}/files/{hash}", g.fileUploadLink)
+	h("POST /v2/templates/{templateID}/builds/{buildID}", g.triggerBuild)
+	h("GET /templates/{templateID}/builds/{buildID}/status", g.buildStatus)
+	h("GET /templates/aliases/{alias}", g.templateExists)
+	h("DELETE /templates/{templateID}", g.deleteTemplate)
+	// The upload URL fileUploadLink hands out: signed, as the SDK sends no API key there.
+	mux.HandleFunc("PUT /templates/{templateID}/files/{hash}/upload", g.uploadFiles)
 
 	// Calls of the SDK that Corral has no counterpart for yet: an explicit refusal, so that no
 	// client reads a 404 as "no such sandbox" or "no such snapshot".
 	for _, p := range []string{
 		"POST /sandboxes/{sandboxID}/snapshots",
 		"GET /snapshots",
-		"DELETE /templates/{templateID}",
+		"POST /templates/tags",
+		"DELETE /templates/tags",
 	} {
 		what := p
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
@@ -249,17 +267,12 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request, c *corral.Client) 
 // Corral bearer token. Corral alone decides what the key may do.
 func (g *Gateway) authed(fn handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := strings.TrimSpace(r.Header.Get("X-API-Key"))
-		if key == "" {
-			key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			key = strings.TrimSpace(key)
-		}
+		// E2B's SDKs accept only e2b_<hex> keys: a token's alias of that shape stands for it.
+		key := apiKey(r)
 		if key == "" {
 			writeError(w, errorf(http.StatusUnauthorized, "no API key: send a Corral token or its e2b_ alias (corral token e2b-key) in the X-API-Key header (E2B_API_KEY)"))
 			return
 		}
-		// E2B's SDKs accept only e2b_<hex> keys: a token's alias of that shape stands for it.
-		key = iam.CanonicalToken(key)
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		if err := fn(w, r, g.client(r, key)); err != nil {
 			writeError(w, g.toAPIError(r, err))

@@ -433,8 +433,8 @@ func TestCluster(t *testing.T) {
 		if _, err := c2.DeleteSandbox(ctx, ids[0]); err != nil {
 			t.Fatal(err)
 		}
-		if sb, err := c1.GetSandbox(ctx, ids[0]); err != nil || sb.State != corral.StateStopped {
-			t.Fatalf("a deleted sandbox through the other replica: %+v, %v", sb, err)
+		if sb := waitEnded(t, c1, ids[0]); sb.State != corral.StateStopped {
+			t.Fatalf("a deleted sandbox through the other replica: %+v", sb)
 		}
 		byNode[node] = ids[1:]
 	}
@@ -483,6 +483,18 @@ func TestCluster(t *testing.T) {
 	}
 	if _, err := c2.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small, NodeSelector: map[string]string{"gpu": "h100"}}); err == nil || !strings.Contains(err.Error(), "lack") {
 		t.Fatalf("a create no node can take: %v", err)
+	}
+	// The servers resolve limits by the edges' policy before placing: a limit out of its tier's
+	// bounds is a 400 naming it, even where no node could take the create (it is not placed).
+	for _, req := range []corral.CreateRequest{
+		{Base: "base:test", Limits: corral.Limits{MemoryBytes: 8 << 20}, NodeSelector: map[string]string{"gpu": "h100"}},
+		{Base: "base:test", Tier: "microvm", Limits: corral.Limits{MemoryBytes: 64 << 20}, NodeSelector: map[string]string{"gpu": "h100"}},
+	} {
+		_, err := c2.CreateSandbox(ctx, req)
+		var ae *corral.APIError
+		if !errors.As(err, &ae) || ae.Status != 400 || ae.Field != "limits.memory_bytes" {
+			t.Fatalf("a %s create with %d bytes of memory through a server: %v; want a 400 naming limits.memory_bytes", req.Tier, req.Limits.MemoryBytes, err)
+		}
 	}
 	for _, p := range []string{"tenant-a", "tenant-b"} {
 		if _, err := c1.CreateProject(ctx, p); err != nil {

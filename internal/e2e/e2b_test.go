@@ -82,10 +82,7 @@ func TestE2BSDKControlPlane(t *testing.T) {
 	last := runE2BScript(t, withE2BKey(t, p, "token", "e2b-key"), e2bAddr, "control.mjs", "base:test", run)
 	// What the SDK did is what Corral did: the sandbox was created with its metadata as labels,
 	// and killed.
-	sb, err := p.Client.GetSandbox(t.Context(), last.Sandbox)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sb := waitEnded(t, p.Client, last.Sandbox)
 	if sb.State != corral.StateStopped || sb.Labels["run"] != run || sb.Labels["role"] != "first" {
 		t.Fatalf("the SDK's sandbox in Corral: %+v", sb)
 	}

@@ -138,6 +138,7 @@ type corralProc struct {
 	cmd      *exec.Cmd
 	logs     *bytes.Buffer
 	waitDone chan struct{}
+	exitErr  error // how corral up ended (set before waitDone closes)
 	extra    []string
 	// runtime is what create asks for when the request names none ("" = the server's default).
 	runtime string
@@ -247,7 +248,7 @@ func (p *corralProc) start() {
 		t.Fatal(err)
 	}
 	p.waitDone = make(chan struct{})
-	go func() { p.cmd.Wait(); close(p.waitDone) }()
+	go func() { p.exitErr = p.cmd.Wait(); close(p.waitDone) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(p.URL + "/healthz")
@@ -324,9 +325,17 @@ func (p *corralProc) Restart() { p.start() }
 
 // Stop sends SIGTERM and waits.
 func (p *corralProc) Stop() {
+	select {
+	case <-p.waitDone:
+		return // it had exited already (killed by the test, or `corral down`)
+	default:
+	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.waitDone:
+		if p.exitErr != nil {
+			p.t.Errorf("corral up ended with %v after SIGTERM (it must exit 0)", p.exitErr)
+		}
 	case <-time.After(15 * time.Second):
 		p.t.Errorf("corral up did not exit within 15s of SIGTERM")
 		p.Kill9()
@@ -570,6 +579,19 @@ func (p *corralProc) cliAs(token, dir, stdin string, args ...string) (string, st
 }
 
 // eventually polls cond until it holds or the deadline passes.
+// waitEnded waits until sandbox id is no longer deleting (a delete answers before its host
+// cleanup ends; the record then becomes stopped) and returns its record.
+func waitEnded(t *testing.T, c *corral.Client, id string) *corral.Sandbox {
+	t.Helper()
+	var sb *corral.Sandbox
+	eventually(t, time.Minute, "the cleanup of deleted sandbox "+id, func() bool {
+		got, err := c.GetSandbox(context.Background(), id)
+		sb = got
+		return err == nil && got.State != corral.StateDeleting
+	})
+	return sb
+}
+
 func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)

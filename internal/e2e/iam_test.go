@@ -132,9 +132,8 @@ func TestAgentRolloutCLI(t *testing.T) {
 	refused(harness.Token, "live sandboxes", "project", "rm", "team-a/rollout-17")
 	ok(harness.Token, "project", "rm", "--force", "team-a/rollout-17")
 	for _, id := range ids {
-		sb, err := p.Client.GetSandbox(t.Context(), id)
-		if err != nil || sb.State != corral.StateStopped {
-			t.Errorf("sandbox %s of the deleted project: %+v, %v", id, sb, err)
+		if sb := waitEnded(t, p.Client, id); sb.State != corral.StateStopped {
+			t.Errorf("sandbox %s of the deleted project: %+v", id, sb)
 		}
 	}
 }

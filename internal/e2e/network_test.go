@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/internal/egress/netlab"
+	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -207,6 +209,20 @@ printf 'GET / HTTP/1.0\r\nHost: %s\r\n\r\n' $h | timeout 4 nc -w 2 $ip 80 | tail
 		if out, ok := fetch(gv.ID, "http://mirror.test/"); !ok {
 			t.Errorf("gVisor after checkpoint/restore: %q", out)
 		}
+		// A pause cut short by a crash (checkpointed; the record still says running): the
+		// next start restores it with its address, and its network works.
+		if _, err := p.Client.PauseSandbox(ctx, gv.ID); err != nil {
+			t.Fatal(err)
+		}
+		p.Kill9()
+		recordRunning(t, p, gv.ID)
+		p.Restart()
+		if got, err := p.Client.GetSandbox(ctx, gv.ID); err != nil || got.State != corral.StateRunning {
+			t.Errorf("gVisor sandbox after a pause cut short and a restart: %+v, %v", got, err)
+		}
+		if out, ok := fetch(gv.ID, "http://mirror.test/"); !ok {
+			t.Errorf("gVisor restored by reconcile after a pause cut short: %q", out)
+		}
 		if _, err := p.Client.DeleteSandbox(ctx, gv.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -257,4 +273,24 @@ func TestServiceCatalogAPI(t *testing.T) {
 		t.Fatalf("policy naming the saved service after a restart: %v", err)
 	}
 	p.Client.DeleteSandbox(ctx, sb.ID)
+}
+
+// recordRunning rewrites sandbox id's record as running, as a pause that crashed before it was
+// recorded leaves it. Corral must be stopped.
+func recordRunning(t *testing.T, p *corralProc, id string) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(p.DataDir, "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rec, err := st.GetSandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
+	if err := st.PutSandbox(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -78,7 +78,7 @@ func testLifecycleAndExec(t *testing.T, rt string) {
 
 	// Delete, then the sandbox is stopped and refuses work; the other one is untouched.
 	del, err := p.Client.DeleteSandbox(ctx, sb.ID)
-	if err != nil || del.State != corral.StateStopped || del.Reason != corral.ReasonDeleted {
+	if err != nil || (del.State != corral.StateDeleting && del.State != corral.StateStopped) || del.Reason != corral.ReasonDeleted {
 		t.Fatalf("delete = %+v, %v", del, err)
 	}
 	if _, _, _, err := p.Client.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}}); !corral.IsConflict(err) {
@@ -86,6 +86,9 @@ func testLifecycleAndExec(t *testing.T, rt string) {
 	}
 	if again, err := p.Client.DeleteSandbox(ctx, sb.ID); err != nil || again.Reason != corral.ReasonDeleted {
 		t.Fatalf("second delete = %+v, %v; want the same stopped record", again, err)
+	}
+	if got := waitEnded(t, p.Client, sb.ID); got.State != corral.StateStopped || got.Reason != corral.ReasonDeleted {
+		t.Fatalf("deleted sandbox after its cleanup = %+v", got)
 	}
 	running, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning})
 	if len(running) != 1 || running[0].ID != other.ID {

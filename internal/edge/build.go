@@ -225,7 +225,7 @@ func (e *Edge) BuildCommit(ctx context.Context, id string, l corral.Layer) (corr
 // BuildCheckTarget validates a build's target: the environment (and layer) name, and the
 // project at (canonical), which must exist.
 func (e *Edge) BuildCheckTarget(ctx context.Context, at, name string) error {
-	if err := ValidateLayerName("name", name, "b-0"); err != nil {
+	if err := ValidateLayerName("name", "name", name, "b-0"); err != nil {
 		return err
 	}
 	_, err := e.project(ctx, iam.Display(at))
@@ -253,15 +253,17 @@ func (e *Edge) BuildDelete(ctx context.Context, id string) error {
 	return err
 }
 
-// EnvironmentOwner returns the project (canonical) owning environment name, "" when none.
-func (e *Edge) EnvironmentOwner(ctx context.Context, name string) (string, error) {
+// EnvironmentOwner returns the project (canonical; the root is "") owning environment name,
+// and whether there is one.
+func (e *Edge) EnvironmentOwner(ctx context.Context, name string) (string, bool, error) {
 	env, err := e.store.GetEnvironment(ctx, name)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return "", nil
+		return "", false, nil
 	} else if err != nil {
-		return "", err
+		return "", false, err
 	}
-	return iam.ParsePath("project", env.Project)
+	owner, err := iam.ParsePath("project", env.Project)
+	return owner, err == nil, err
 }
 
 // ValidateImageConfig is the package function, for builds.

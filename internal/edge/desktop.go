@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -63,6 +64,8 @@ func (e *Edge) desktopRun(ctx context.Context, sb *sandbox, what, script string)
 				return stdout.b.Bytes(), nil
 			case x.Code == computeruse.ExitNoTools || x.Code == 127 && x.Error != "":
 				return nil, errdefs.Conflict("sandbox %s has no desktop: scrot and xdotool are not installed in it (screen and input drive an X display; create the sandbox from the desktop environment: corral env install desktop)", sb.id)
+			case x.Code == computeruse.ExitNoVNC:
+				return nil, errdefs.Conflict("sandbox %s has no VNC server: x11vnc is not installed in it (the desktop environment has it: corral env install desktop)", sb.id)
 			case x.Code == computeruse.ExitNoDisplay:
 				display, detail, _ := strings.Cut(msg, "\n")
 				e.log.Info("no X display in a sandbox", "sandbox", sb.id, "display", display, "detail", detail)
@@ -105,4 +108,40 @@ func (e *Edge) desktopInput(ctx context.Context, sb *sandbox, events []corral.In
 		return corral.InputResult{}, fmt.Errorf("input to %s: %w", sb.id, err)
 	}
 	return corral.InputResult{Events: len(events), Width: w, Height: h}, nil
+}
+
+// desktopVNC connects to the RFB server of the X display in sandbox sb (x11vnc on
+// computeruse.VNCPort of its loopback), starting one when nothing answers there.
+func (e *Edge) desktopVNC(ctx context.Context, sb *sandbox) (net.Conn, error) {
+	rec, err := e.store.GetSandbox(ctx, sb.id)
+	if err != nil {
+		return nil, err
+	}
+	dial, err := e.dialerFor(ctx, sb, rec)
+	if err != nil {
+		return nil, err
+	}
+	if conn, err := dial(ctx, computeruse.VNCPort); err == nil {
+		return conn, nil
+	}
+	if _, err := e.desktopRun(ctx, sb, "vnc", computeruse.VNCScript); err != nil {
+		return nil, err
+	}
+	// x11vnc -bg returns once it listens; a second viewer racing this one may have started the
+	// x11vnc that answers, still setting up: a few tries, 5 s at most.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		conn, err := dial(ctx, computeruse.VNCPort)
+		if err == nil || time.Now().After(deadline) {
+			if err != nil {
+				return nil, fmt.Errorf("vnc of %s: x11vnc started but does not answer on port %d: %w", sb.id, computeruse.VNCPort, err)
+			}
+			return conn, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/limits"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -67,8 +68,7 @@ func TestDiskConfigValidate(t *testing.T) {
 			t.Errorf("overcommit %g: err = %v, want invalid overcommit-disk", oc, err)
 		}
 	}
-	c := Config{AgentPath: "/agent", DefaultLimits: DefaultLimits, MaxLimits: MaxLimits}
-	c.DefaultLimits.DiskBytes = c.MaxLimits.DiskBytes + 1
+	c := Config{AgentPath: "/agent", Limits: limits.Config{DefaultDiskBytes: limits.MaxDiskBytes + 1}}
 	c.setDefaults()
 	if err := c.Validate(); errdefs.Field(err) != "sandbox-disk" {
 		t.Errorf("default disk above the ceiling: err = %v, want invalid sandbox-disk", err)

@@ -36,6 +36,7 @@ import (
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/runtime"
@@ -61,6 +62,9 @@ type Runtime interface {
 	Open(ctx context.Context, id string) (*runtime.Sandbox, error)
 	Status(ctx context.Context, id string) (runtime.Status, error)
 	Delete(ctx context.Context, id string) error
+	// Kill ends every process of a sandbox and returns once they are gone; what it leaves
+	// (files, mounts, cgroups) Delete removes later.
+	Kill(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
 	Pause(ctx context.Context, id string) (runtime.PauseStats, error)
 	Resume(ctx context.Context, id string) (runtime.ResumeStats, error)
@@ -105,11 +109,10 @@ type Config struct {
 	Node string
 	// AgentPath is the host path of the static corral-agent binary.
 	AgentPath string
-	// DefaultTTL applies when a create call names none (default 1h); MaxTTL bounds every TTL
-	// (default 7 days).
-	DefaultTTL, MaxTTL time.Duration
-	// DefaultLimits fill zero fields of a create call; MaxLimits bound them.
-	DefaultLimits, MaxLimits corral.Limits
+	// Limits is what this node configures of the limits policy (internal/limits): the default
+	// and largest writable disk and TTL of a sandbox. Every other default and bound is the
+	// policy's own.
+	Limits limits.Config
 	// Capacity, when set, is the most this node admits: the number of its live sandboxes and
 	// the sums of their CPU, memory and disk limits never exceed it (a zero field is no bound).
 	// A create over it fails with errdefs.ErrNodeFull (409 node_full), which a cluster's
@@ -162,44 +165,12 @@ type Config struct {
 	Shared blobstore.Store
 }
 
-// DefaultLimits are the limits of a sandbox whose create call names none.
-var DefaultLimits = corral.Limits{
-	CPUs:        1,
-	MemoryBytes: 1 << 30,
-	Pids:        1024,
-	DiskBytes:   1 << 30,
-	OpenFiles:   4096,
-	OutputBytes: 16 << 20,
-}
-
-// MaxLimits are the largest limits a create call may ask for by default.
-var MaxLimits = corral.Limits{
-	CPUs:        64,
-	MemoryBytes: 256 << 30,
-	Pids:        1 << 20,
-	DiskBytes:   64 << 30,
-	OpenFiles:   1 << 20,
-	OutputBytes: 1 << 30,
-}
-
 func (c *Config) setDefaults() {
 	if c.Node == "" {
 		c.Node = "local"
 	}
 	if c.VMAgentWait <= 0 {
 		c.VMAgentWait = 5 * time.Minute
-	}
-	if c.DefaultTTL == 0 {
-		c.DefaultTTL = time.Hour
-	}
-	if c.MaxTTL == 0 {
-		c.MaxTTL = 7 * 24 * time.Hour
-	}
-	if c.DefaultLimits == (corral.Limits{}) {
-		c.DefaultLimits = DefaultLimits
-	}
-	if c.MaxLimits == (corral.Limits{}) {
-		c.MaxLimits = MaxLimits
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = time.Second
@@ -237,11 +208,8 @@ func (c *Config) Validate() error {
 	if c.KeepExitedCommands < 0 || c.KeepExitedFor < 0 {
 		return errdefs.Invalid("keep-exited", "must not be negative")
 	}
-	if c.DefaultTTL > c.MaxTTL {
-		return errdefs.Invalid("default-ttl", "%s exceeds the maximum TTL %s", c.DefaultTTL, c.MaxTTL)
-	}
-	if d, m := c.DefaultLimits.DiskBytes, c.MaxLimits.DiskBytes; d < 16<<20 || d > m {
-		return errdefs.Invalid("sandbox-disk", "the default disk %d must be at least 16 MiB and at most the ceiling %d (max-sandbox-disk)", d, m)
+	if err := c.Limits.Validate(); err != nil {
+		return err
 	}
 	if c.Disk != nil {
 		if c.Disk.Dir == "" {
@@ -256,10 +224,12 @@ func (c *Config) Validate() error {
 
 // Edge manages the sandboxes of one node.
 type Edge struct {
-	cfg   Config
-	log   *slog.Logger
-	store *store.Store
-	rt    Runtime
+	cfg Config
+	// policy resolves every create's limits and lifetimes (admit), once.
+	policy *limits.Policy
+	log    *slog.Logger
+	store  *store.Store
+	rt     Runtime
 	// machines is rt as a runtime.Machine (the vm tier); nil when it runs no machines.
 	machines runtime.Machine
 	layers   LayerStore
@@ -306,6 +276,8 @@ type Edge struct {
 	samplerDone chan struct{}
 	// steps records exec trajectory entries off the exec's path (steplog.go).
 	steps stepWriter
+	// cleanups finishes deleted sandboxes' teardowns off the request's path (cleanup.go).
+	cleanups cleaner
 }
 
 // sandbox is the in-memory side of a live sandbox.
@@ -400,13 +372,18 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("edge config: %w", err)
 	}
+	policy, err := limits.New(cfg.Limits)
+	if err != nil {
+		return nil, fmt.Errorf("edge config: %w", err)
+	}
 	e := &Edge{
-		cfg: cfg, log: log, store: st, rt: rt, layers: layers,
+		cfg: cfg, log: log, store: st, rt: rt, layers: layers, policy: policy,
 		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
 		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}),
 		bus: cfg.Events, rings: map[string]*ring{}, warm: newWarmState(), warmDone: make(chan struct{}),
 	}
 	e.machines, _ = rt.(runtime.Machine)
+	e.cleanups.idle.L = &e.cleanups.mu
 	if e.bus == nil {
 		e.bus = events.New(cfg.Node, events.Config{}, log)
 	}
@@ -486,13 +463,14 @@ func (e *Edge) Close() {
 	<-e.done
 	<-e.samplerDone
 	<-e.warmDone
+	e.closeCleanups()
 	e.steps.close()
 	e.flushActivity(context.Background())
 }
 
 func (e *Edge) reconcile(ctx context.Context) error {
 	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{
-		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff},
+		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting},
 	})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -502,6 +480,11 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.ID] = true
 		log := e.log.With("sandbox", rec.ID)
+		if rec.State == corral.StateDeleting && rec.Stopping == nil {
+			// Never written so (Delete records both at once), but a deleting sandbox is never
+			// re-adopted.
+			rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: corral.ReasonDeleted, At: time.Now().UTC()}
+		}
 		if st := rec.Stopping; st != nil {
 			// Its teardown was cut short: finish it, with the outcome it was going to record.
 			log.Warn("sandbox was being stopped when corral stopped; finishing", "state", st.State, "reason", st.Reason)
@@ -528,12 +511,9 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		if err == nil {
 			st, err = e.rt.Status(ctx, rec.ID)
 		}
-		if err == nil && st.State == runtime.StatePaused && rec.State == corral.StateRunning {
-			// Frozen by a pause that did not get recorded: thaw it rather than leave it stuck.
-			if _, err := e.rt.Resume(ctx, rec.ID); err != nil {
-				log.Error("resume a sandbox found frozen", "err", err)
-			}
-		}
+		// Frozen (runc) or checkpointed (gVisor) by a pause that did not get recorded: thawed
+		// below, once its network is adopted, rather than left stuck.
+		thaw := err == nil && st.State == runtime.StatePaused && rec.State == corral.StateRunning
 		if err == nil && rec.State == corral.StatePaused && st.State == runtime.StateRunning {
 			rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
 			e.store.PutSandbox(ctx, rec)
@@ -573,6 +553,18 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		}
 		if sb.net, err = e.adoptNetwork(rec); err != nil {
 			log.Error("re-attach the sandbox's network; it keeps its namespace but its policy and DNS are not enforced until fixed", "err", err)
+		}
+		if thaw {
+			log.Warn("sandbox found paused though recorded running (a pause cut short); resuming it")
+			if sb.net != nil && rec.Runtime == RuntimeGVisor {
+				// As in resume: the restored netstack takes the address over from the namespace.
+				if err := e.cfg.Net.Manager.Reconfigure(sb.net.slot); err != nil {
+					log.Error("give the namespace its address back before the restore", "err", err)
+				}
+			}
+			if _, err := e.rt.Resume(ctx, rec.ID); err != nil {
+				log.Error("resume a sandbox found paused", "err", err)
+			}
 		}
 		sb.oomSeen.Store(st.OOMKills)
 		sb.oomEvented.Store(st.OOMKills)
@@ -959,6 +951,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		Pids:           rec.Limits.Pids,
 		DiskBytes:      rec.Limits.DiskBytes,
 		OpenFiles:      uint64(rec.Limits.OpenFiles),
+		ShmBytes:       limits.ShmBytes,
 		Runtime:        rec.Runtime,
 		Volumes:        e.runtimeVolumes(rec),
 		Workdir:        rec.Cwd,
@@ -1088,28 +1081,15 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if !placement.Matches(req.NodeSelector, e.cfg.Labels) {
 		return nil, fmt.Errorf("node %s lacks the labels the create asks for (node_selector %v; the node has %v): %w", e.cfg.Node, req.NodeSelector, e.cfg.Labels, errdefs.ErrNodeFull)
 	}
-	limits, err := e.limits(req.Limits)
+	// Every limit is resolved here, before anything is allocated: the runtimes get them whole.
+	limits, err := e.policy.Resolve(tier, req.Limits)
 	if err != nil {
 		return nil, err
 	}
-	ttl := e.cfg.DefaultTTL
-	if req.TTL != "" {
-		if ttl, err = e.parseTTL("ttl", req.TTL); err != nil {
-			return nil, err
-		}
+	life, err := e.lifetimes(req)
+	if err != nil {
+		return nil, err
 	}
-	var idle, autoPause time.Duration
-	if req.IdleTTL != "" {
-		if idle, err = e.parseTTL("idle_ttl", req.IdleTTL); err != nil {
-			return nil, err
-		}
-	}
-	if req.AutoPauseAfter != "" {
-		if autoPause, err = e.parseTTL("auto_pause_after", req.AutoPauseAfter); err != nil {
-			return nil, err
-		}
-	}
-	keepsTTL := req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
 	project, err := e.project(ctx, req.Project)
 	if err != nil {
 		return nil, err
@@ -1123,26 +1103,91 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if err != nil {
 		return nil, err
 	}
-	if err := validateEnv("env", req.Env); err != nil {
+	if err := checkFields(req, tier); err != nil {
 		return nil, err
+	}
+	comp, err := e.compose(ctx, &req, tier, projectPath)
+	if err != nil {
+		return nil, err
+	}
+	// The base image's configuration: its environment under the request's (the request wins),
+	// its working directory and user as the commands' defaults.
+	env := req.Env
+	var cwd, user string
+	if comp.imageCfg != nil {
+		env = mergeEnv(comp.imageCfg.Env, req.Env)
+		cwd, user = comp.imageCfg.WorkingDir, comp.imageCfg.User
+	}
+	fetch := req.Fetch
+	if fetch == "" {
+		fetch = e.cfg.FetchMode
+	}
+	if fetch != "" && !lazy.ValidMode(fetch) {
+		return nil, errdefs.Invalid("fetch", "%q: want eager, lazy or prefetch", req.Fetch)
+	}
+	now := time.Now().UTC()
+	id := e.newID()
+	host := req.Hostname
+	if host == "" {
+		host = id
+	}
+	rec := &store.Sandbox{
+		Sandbox: corral.Sandbox{
+			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
+			State: corral.StateCreating, Image: req.Image,
+			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
+			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
+			CreatedAt: now, ExpiresAt: now.Add(life.ttl), IdleTTLSeconds: int64(life.idle / time.Second),
+			LastActivityAt: now, AutoPauseAfterSeconds: int64(life.autoPause / time.Second), PauseKeepsTTL: life.keepsTTL,
+			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
+		},
+		Lower:     comp.digests,
+		ProjectID: project.ID,
+		VolumeIDs: volumeIDs,
+	}
+	return &admission{rec: rec, net: netc, fill: comp.fill, template: comp.template, services: comp.services}, nil
+}
+
+// checkFields checks the fields of a create that need no lookup: env, labels, hostname, and
+// that a vm names its disk image and nothing else names one.
+func checkFields(req corral.CreateRequest, tier string) error {
+	if err := validateEnv("env", req.Env); err != nil {
+		return err
 	}
 	if err := validateLabels(req.Labels); err != nil {
-		return nil, err
+		return err
 	}
 	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
-		return nil, errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
+		return errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
 	}
 	if tier == TierVM {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" || req.Environment != "" {
-			return nil, errdefs.Invalid("image", "a vm sandbox boots its disk image (image); base, workspace, toolkits, from_snapshot and environment are for containers and microvms")
+			return errdefs.Invalid("image", "a vm sandbox boots its disk image (image); base, workspace, toolkits, from_snapshot and environment are for containers and microvms")
 		}
 		if req.Image == "" {
-			return nil, errdefs.Invalid("image", "a vm sandbox needs its disk image: a vm-image layer NAME:VERSION (corral vm-image build)")
+			return errdefs.Invalid("image", "a vm sandbox needs its disk image: a vm-image layer NAME:VERSION (corral vm-image build)")
 		}
 	} else if req.Image != "" {
-		return nil, errdefs.Invalid("image", "a disk image is for the vm tier (tier vm); containers and microvms take base, workspace and toolkits")
+		return errdefs.Invalid("image", "a disk image is for the vm tier (tier vm); containers and microvms take base, workspace and toolkits")
 	}
-	template := false
+	return nil
+}
+
+// composition is what a create's layers resolve to.
+type composition struct {
+	digests []string         // the layers' digests, bottom first
+	fill    map[string]int64 // each layer's background fill setting, by digest
+	// imageCfg is the base layer's image configuration; nil: none.
+	imageCfg *corral.ImageConfig
+	services []corral.Service // every layer's, bottom first
+	template bool             // the environment starts its microvms from a template
+}
+
+// compose resolves the layers of req (its environment's or snapshot's, when it names one) in
+// project projectPath, and rewrites req's layer references to the versions they resolved to
+// (tags are recorded as versions).
+func (e *Edge) compose(ctx context.Context, req *corral.CreateRequest, tier, projectPath string) (*composition, error) {
+	var c composition
 	if req.Environment != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
 			return nil, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
@@ -1157,7 +1202,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			return nil, errdefs.Invalid("environment", "environment %q is not usable in project %s", req.Environment, iam.Display(projectPath))
 		}
 		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
-		template = env.MicroVMTemplate
+		c.template = env.MicroVMTemplate
 	}
 	var snap corral.Layer
 	if req.FromSnapshot != "" {
@@ -1203,12 +1248,9 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
 	}
-	var digests []string
-	fill := map[string]int64{} // layer digest -> its fill rate setting
+	c.fill = map[string]int64{} // layer digest -> its fill rate setting
 	// Tags (python:latest) are recorded as the versions they resolved to.
 	resolved := make([]string, 0, len(refs))
-	var imageCfg *corral.ImageConfig
-	var services []corral.Service // every layer's, bottom first
 	for _, r := range refs {
 		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind, projectPath)
 		if err != nil {
@@ -1216,10 +1258,10 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		}
 		resolved = append(resolved, l.Name+":"+l.Version)
 		if r.field == "base" && l.ImageConfig != nil {
-			imageCfg = l.ImageConfig
+			c.imageCfg = l.ImageConfig
 		}
 		if l.ImageConfig != nil {
-			services = append(services, l.ImageConfig.Services...)
+			c.services = append(c.services, l.ImageConfig.Services...)
 		}
 		// A layer imported in parts stacks on them.
 		for _, b := range l.Below {
@@ -1227,11 +1269,11 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			if err != nil {
 				return nil, fmt.Errorf("layer %s stacks on %s: %w", r.ref, b, err)
 			}
-			digests = append(digests, part.Digest)
-			fill[part.Digest] = part.FillRate
+			c.digests = append(c.digests, part.Digest)
+			c.fill[part.Digest] = part.FillRate
 		}
-		digests = append(digests, l.Digest)
-		fill[l.Digest] = l.FillRate
+		c.digests = append(c.digests, l.Digest)
+		c.fill[l.Digest] = l.FillRate
 	}
 	if tier == TierVM {
 		req.Image = resolved[0]
@@ -1245,42 +1287,35 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			req.Toolkits = nil
 		}
 	}
-	// The base image's configuration: its environment under the request's (the request wins),
-	// its working directory and user as the commands' defaults.
-	env := req.Env
-	var cwd, user string
-	if imageCfg != nil {
-		env = mergeEnv(imageCfg.Env, req.Env)
-		cwd, user = imageCfg.WorkingDir, imageCfg.User
+	return &c, nil
+}
+
+// lifetimes are a create's ttl, idle_ttl and auto_pause_after (0: none), resolved by the limits
+// policy, and whether a pause keeps the TTL running.
+type lifetimes struct {
+	ttl, idle, autoPause time.Duration
+	keepsTTL             bool
+}
+
+func (e *Edge) lifetimes(req corral.CreateRequest) (l lifetimes, err error) {
+	l.ttl = e.policy.DefaultTTL()
+	if req.TTL != "" {
+		if l.ttl, err = e.policy.TTL("ttl", req.TTL); err != nil {
+			return l, err
+		}
 	}
-	fetch := req.Fetch
-	if fetch == "" {
-		fetch = e.cfg.FetchMode
+	if req.IdleTTL != "" {
+		if l.idle, err = e.policy.TTL("idle_ttl", req.IdleTTL); err != nil {
+			return l, err
+		}
 	}
-	if fetch != "" && !lazy.ValidMode(fetch) {
-		return nil, errdefs.Invalid("fetch", "%q: want eager, lazy or prefetch", req.Fetch)
+	if req.AutoPauseAfter != "" {
+		if l.autoPause, err = e.policy.TTL("auto_pause_after", req.AutoPauseAfter); err != nil {
+			return l, err
+		}
 	}
-	now := time.Now().UTC()
-	id := e.newID()
-	host := req.Hostname
-	if host == "" {
-		host = id
-	}
-	rec := &store.Sandbox{
-		Sandbox: corral.Sandbox{
-			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
-			State: corral.StateCreating, Image: req.Image,
-			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
-			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
-			CreatedAt: now, ExpiresAt: now.Add(ttl), IdleTTLSeconds: int64(idle / time.Second),
-			LastActivityAt: now, AutoPauseAfterSeconds: int64(autoPause / time.Second), PauseKeepsTTL: keepsTTL,
-			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
-		},
-		Lower:     digests,
-		ProjectID: project.ID,
-		VolumeIDs: volumeIDs,
-	}
-	return &admission{rec: rec, net: netc, fill: fill, template: template, services: services}, nil
+	l.keepsTTL = req.PauseKeepsTTL == nil || *req.PauseKeepsTTL
+	return l, nil
 }
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.
@@ -1308,54 +1343,6 @@ func LayerVisibleIn(l corral.Layer, at string) bool {
 // answer tells nothing about other projects' layers.
 func notPublished(field, ref string) error {
 	return errdefs.Invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
-}
-
-func (e *Edge) parseTTL(field, s string) (time.Duration, error) {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, errdefs.Invalid(field, "%q is not a duration (e.g. 30m, 2h)", s)
-	}
-	if d < time.Second {
-		return 0, errdefs.Invalid(field, "%s is shorter than the minimum 1s", s)
-	}
-	if d > e.cfg.MaxTTL {
-		return 0, errdefs.Invalid(field, "%s exceeds the maximum %s", s, e.cfg.MaxTTL)
-	}
-	return d, nil
-}
-
-// limits fills zero fields from the defaults and checks every field against the maximums.
-func (e *Edge) limits(in corral.Limits) (corral.Limits, error) {
-	def, max := e.cfg.DefaultLimits, e.cfg.MaxLimits
-	out := in
-	if in.CPUs < 0 || in.CPUs > max.CPUs {
-		return out, errdefs.Invalid("limits.cpus", "%g is outside (0, %g]", in.CPUs, max.CPUs)
-	}
-	if in.CPUs == 0 {
-		out.CPUs = def.CPUs
-	}
-	type field struct {
-		name     string
-		v        *int64
-		def, max int64
-		min      int64
-	}
-	for _, f := range []field{
-		{"limits.memory_bytes", &out.MemoryBytes, def.MemoryBytes, max.MemoryBytes, 16 << 20},
-		{"limits.pids", &out.Pids, def.Pids, max.Pids, 8},
-		{"limits.disk_bytes", &out.DiskBytes, def.DiskBytes, max.DiskBytes, 16 << 20},
-		{"limits.open_files", &out.OpenFiles, def.OpenFiles, max.OpenFiles, 64},
-		{"limits.output_bytes", &out.OutputBytes, def.OutputBytes, max.OutputBytes, 4 << 10},
-	} {
-		if *f.v == 0 {
-			*f.v = f.def
-			continue
-		}
-		if *f.v < f.min || *f.v > f.max {
-			return out, errdefs.Invalid(f.name, "%d is outside [%d, %d]", *f.v, f.min, f.max)
-		}
-	}
-	return out, nil
 }
 
 var (
@@ -1410,7 +1397,7 @@ func ParseLayerRef(field, ref string) (name, version string, err error) {
 	if !ok {
 		return "", "", errdefs.Invalid(field, "%q is not NAME:VERSION", ref)
 	}
-	if err := ValidateLayerName(field, name, version); err != nil {
+	if err := ValidateLayerName(field, field, name, version); err != nil {
 		return "", "", err
 	}
 	return name, version, nil
@@ -1558,13 +1545,14 @@ func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, repl
 	return saved, err
 }
 
-// ValidateLayerName checks a layer name and version.
-func ValidateLayerName(field, name, version string) error {
+// ValidateLayerName checks a layer name and version; a bad one is invalid on nameField or
+// versionField.
+func ValidateLayerName(nameField, versionField, name, version string) error {
 	if !layerNameRE.MatchString(name) {
-		return errdefs.Invalid(field, "layer name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", name)
+		return errdefs.Invalid(nameField, "layer name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", name)
 	}
 	if !layerVerRE.MatchString(version) {
-		return errdefs.Invalid(field, "layer version %q must be letters, digits, '.', '_' or '-' (at most 128)", version)
+		return errdefs.Invalid(versionField, "layer version %q must be letters, digits, '.', '_' or '-' (at most 128)", version)
 	}
 	return nil
 }
@@ -1630,8 +1618,11 @@ func (e *Edge) active(ctx context.Context, id string) (*sandbox, error) {
 	return sb, nil
 }
 
-// Delete stops a sandbox and removes everything it had on the host. Deleting a sandbox that already
-// stopped returns its record unchanged.
+// Delete ends a sandbox: when it returns, nothing of the sandbox runs and it no longer counts
+// against a quota. A sandbox with volumes, or one of an fncall pool, is torn down before the
+// answer (state stopped); any other answers in state "deleting" and its cleanup runs off the
+// request's path (cleanup.go), recording state stopped and the deleted event when it finished.
+// Deleting a sandbox that already stopped, or is being deleted, returns its record unchanged.
 func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
@@ -1640,10 +1631,45 @@ func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.stopSandbox(ctx, rec, corral.StateStopped, corral.ReasonDeleted); err != nil {
-		return nil, err
+	sb := e.lookup(rec.ID)
+	if sb == nil || len(rec.VolumeIDs) > 0 || sb.fncall != "" {
+		// Volumes are detached in the store as the record leaves the live states, so another
+		// sandbox may attach them at once: their data must be flushed and recovered first.
+		if err := e.stopSandbox(ctx, rec, corral.StateStopped, corral.ReasonDeleted); err != nil {
+			return nil, err
+		}
+		return e.store.GetSandbox(ctx, id)
 	}
-	return e.store.GetSandbox(ctx, id)
+	ctx = context.WithoutCancel(ctx)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.gone {
+		return e.store.GetSandbox(ctx, id)
+	}
+	// One write makes the end durable and releases the quota: "deleting" is not a live state,
+	// and reconcile finishes a cleanup cut short by a crash with the outcome in Stopping.
+	prev := rec.State
+	rec.State, rec.Reason = corral.StateDeleting, corral.ReasonDeleted
+	rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: corral.ReasonDeleted, At: time.Now().UTC()}
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		rec.State, rec.Reason, rec.Stopping = prev, "", nil
+		return nil, fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
+	}
+	e.noticeBlocked(sb) // while its chain's counters are still there
+	if err := e.rt.Kill(ctx, rec.ID); err != nil {
+		// The cleanup's teardown kills again (and reports what it cannot); the sandbox is
+		// out of the live set either way.
+		e.log.Error("kill the processes of a deleted sandbox", "sandbox", rec.ID, "err", err)
+	}
+	sb.gone = true
+	e.mu.Lock()
+	delete(e.live, rec.ID)
+	e.mu.Unlock()
+	e.flushUsage(ctx, sb, true)
+	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	out := *rec
+	e.enqueueCleanup(cleanupJob{rec: rec, net: sb.net, unheld: sb.unheld})
+	return &out, nil
 }
 
 // stopSandbox ends a live sandbox: runtime state removed, record updated. It is a no-op for a
@@ -1702,7 +1728,7 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	d, err := e.parseTTL("ttl", ttl)
+	d, err := e.policy.TTL("ttl", ttl)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -30,6 +31,10 @@ type fakeRuntime struct {
 	// deleteFails, when set, is what Delete fails with, leaving the state in place (a teardown
 	// cut short).
 	deleteFails error
+	// deleteGate, when set, holds every Delete until it is closed (a cleanup still running).
+	deleteGate chan struct{}
+	// killed records the sandboxes Kill ended.
+	killed map[string]bool
 	// agent, when set, is the socket of a real agent every sandbox gets (files_test.go).
 	agent string
 	// beforeCreate, when set, runs at the start of Create (without the lock).
@@ -44,7 +49,7 @@ func (f *fakeRuntime) agentSocket(id string) string {
 }
 
 func newFakeRuntime() *fakeRuntime {
-	return &fakeRuntime{running: map[string]bool{}, oom: map[string]uint64{}}
+	return &fakeRuntime{running: map[string]bool{}, oom: map[string]uint64{}, killed: map[string]bool{}}
 }
 
 func (f *fakeRuntime) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandbox, error) {
@@ -85,6 +90,12 @@ func (f *fakeRuntime) Status(ctx context.Context, id string) (runtime.Status, er
 
 func (f *fakeRuntime) Delete(ctx context.Context, id string) error {
 	f.mu.Lock()
+	gate := f.deleteGate
+	f.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.deleteFails != nil {
 		return f.deleteFails
@@ -119,7 +130,13 @@ func (f *fakeRuntime) Available(name string) error {
 	return errdefs.Unavailable("no %s in the fake runtime", name)
 }
 func (f *fakeRuntime) Thaw(ctx context.Context, id string) error { return nil }
-func (f *fakeRuntime) UpperDir(id string) (string, error)        { return "", errdefs.NotFound("upper") }
+func (f *fakeRuntime) Kill(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.killed[id] = true
+	return nil
+}
+func (f *fakeRuntime) UpperDir(id string) (string, error) { return "", errdefs.NotFound("upper") }
 func (f *fakeRuntime) Fork(ctx context.Context, id string, opts runtime.ForkOptions) (*runtime.ForkImage, error) {
 	return nil, errdefs.Conflict("the fake runtime does not fork")
 }
@@ -324,7 +341,7 @@ func TestCreateDefaultsAndLayerOrder(t *testing.T) {
 	if want := []string{"sha256:b", "sha256:w", "sha256:t"}; len(rec.Lower) != 3 || rec.Lower[0] != want[0] || rec.Lower[2] != want[2] {
 		t.Fatalf("lower = %v, want %v (base first)", rec.Lower, want)
 	}
-	if rec.Limits != DefaultLimits || rec.State != corral.StateRunning || rec.Hostname != rec.ID {
+	if def, _ := limits.Default().Bounds(TierContainer); rec.Limits != def.Default || rec.State != corral.StateRunning || rec.Hostname != rec.ID {
 		t.Fatalf("record = %+v", rec)
 	}
 	if d := rec.ExpiresAt.Sub(rec.CreatedAt); d != time.Hour {
@@ -337,6 +354,9 @@ func TestCreateDefaultsAndLayerOrder(t *testing.T) {
 		}
 	}
 	if _, err := e.Delete(context.Background(), rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.WaitCleanups(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range rec.Lower {
@@ -460,11 +480,14 @@ func TestInterruptedDeleteFinishesAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt.deleteFails = errors.New("killed in the middle of the teardown")
-	if _, err := e1.Delete(ctx, sb.ID); err == nil {
-		t.Fatal("delete succeeded with a failing runtime")
+	if del, err := e1.Delete(ctx, sb.ID); err != nil || del.State != corral.StateDeleting {
+		t.Fatalf("delete = %+v, %v; want state deleting (the cleanup runs after the answer)", del, err)
 	}
-	if rec, _ := st.GetSandbox(ctx, sb.ID); rec.Stopping == nil || rec.Stopping.Reason != corral.ReasonDeleted {
-		t.Fatalf("no stop intent on record before the teardown: %+v", rec.Stopping)
+	if err := e1.WaitCleanups(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := st.GetSandbox(ctx, sb.ID); rec.State != corral.StateDeleting || rec.Stopping == nil || rec.Stopping.Reason != corral.ReasonDeleted {
+		t.Fatalf("record after a failed cleanup: %s, intent %+v; want deleting with the stop intent", rec.State, rec.Stopping)
 	}
 	e1.Close()
 	rt.deleteFails = nil
@@ -480,6 +503,69 @@ func TestInterruptedDeleteFinishesAfterRestart(t *testing.T) {
 	}
 	if _, ok := rt.running[sb.ID]; ok {
 		t.Fatal("runtime state of the deleted sandbox was left")
+	}
+}
+
+// TestDeleteAnswersBeforeCleanup: a delete answers with the sandbox killed, out of the live set
+// and off the quota, in state deleting; the deleted event and state stopped come when the
+// cleanup has finished.
+func TestDeleteAnswersBeforeCleanup(t *testing.T) {
+	rt := newFakeRuntime()
+	e, st := newTestEdge(t, rt)
+	ctx := context.Background()
+	rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, _ := e.Events().Subscribe(64, time.Now(), nil)
+	defer sub.Close()
+	gate := make(chan struct{})
+	rt.mu.Lock()
+	rt.deleteGate = gate
+	rt.mu.Unlock()
+	opened := false
+	defer func() {
+		if !opened {
+			close(gate) // a failed check must not leave Close waiting for the cleanup
+		}
+	}()
+	del, err := e.Delete(ctx, rec.ID)
+	if err != nil || del.State != corral.StateDeleting || del.Reason != corral.ReasonDeleted {
+		t.Fatalf("delete = %+v, %v; want deleting (deleted)", del, err)
+	}
+	rt.mu.Lock()
+	killed, left := rt.killed[rec.ID], rt.running[rec.ID]
+	rt.mu.Unlock()
+	if !killed || !left {
+		t.Fatalf("after the answer: killed %v, runtime state left %v; want killed with the cleanup pending", killed, left)
+	}
+	if _, err := e.ownSandbox(ctx, rec.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("data-plane lookup of a deleting sandbox: %v, want conflict", err)
+	}
+	if u, err := st.NodeUsage(ctx, "local"); err != nil || u.Sandboxes != 0 || u.CPUs != 0 {
+		t.Fatalf("node usage while deleting = %+v, %v; want nothing counted", u, err)
+	}
+	if got, err := e.Get(ctx, rec.ID); err != nil || got.State != corral.StateDeleting {
+		t.Fatalf("get while deleting = %+v, %v", got, err)
+	}
+	if again, err := e.Delete(ctx, rec.ID); err != nil || again.State != corral.StateDeleting {
+		t.Fatalf("second delete = %+v, %v; want the deleting record", again, err)
+	}
+	select {
+	case ev := <-sub.C():
+		t.Fatalf("event %+v before the cleanup finished", ev)
+	default:
+	}
+	close(gate)
+	opened = true
+	if err := e.WaitCleanups(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(t, sub.C()); ev.Type != corral.EventDeleted || ev.Sandbox != rec.ID {
+		t.Fatalf("event = %+v, want deleted", ev)
+	}
+	if got, _ := e.Get(ctx, rec.ID); got.State != corral.StateStopped || got.Reason != corral.ReasonDeleted || got.Stopping != nil {
+		t.Fatalf("after the cleanup: %s (%s), intent %+v; want stopped (deleted)", got.State, got.Reason, got.Stopping)
 	}
 }
 
@@ -533,6 +619,33 @@ func TestAutoPauseAndResume(t *testing.T) {
 	}
 	if _, err := e.Resume(ctx, rec.ID); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("resume of a running sandbox: %v, want conflict", err)
+	}
+}
+
+// TestAdmitLimitsPolicy: every admission path resolves limits by the one policy: a create and an
+// fncall environment's containers (tier fncall). A bad limit is invalid
+// naming the field and the tier, and the runtime is never asked for a sandbox.
+func TestAdmitLimitsPolicy(t *testing.T) {
+	rt := newFakeRuntime()
+	e, _ := newTestEdge(t, rt)
+	ctx := context.Background()
+	_, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{MemoryBytes: 8 << 20}})
+	if errdefs.Field(err) != "limits.memory_bytes" || !strings.Contains(err.Error(), "on container") {
+		t.Errorf("create with 8 MiB: %v; want invalid limits.memory_bytes on container", err)
+	}
+	_, err = e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", Limits: corral.Limits{OpenFiles: 10}})
+	if errdefs.Field(err) != "limits.open_files" || !strings.Contains(err.Error(), "on fncall") {
+		t.Errorf("fncall env with 10 open files: %v; want invalid limits.open_files on fncall", err)
+	}
+	if n := e.Count(); n != 0 {
+		t.Errorf("%d sandboxes after refused creates", n)
+	}
+	env, err := e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", Limits: corral.Limits{MemoryBytes: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def, _ := limits.Default().Bounds(limits.TierFncall); env.Limits.MemoryBytes != 256<<20 || env.Limits.Pids != def.Default.Pids {
+		t.Errorf("fncall env limits %+v; want its memory and the fncall defaults", env.Limits)
 	}
 }
 

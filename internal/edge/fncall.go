@@ -156,8 +156,8 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	if env.Timeout == "" {
 		env.Timeout = "30s"
 	}
-	if p.timeout, err = time.ParseDuration(env.Timeout); err != nil || p.timeout <= 0 || p.timeout > e.cfg.MaxTTL {
-		return nil, errdefs.Invalid("timeout", "%q must be a positive duration of at most %s", env.Timeout, e.cfg.MaxTTL)
+	if p.timeout, err = time.ParseDuration(env.Timeout); err != nil || p.timeout <= 0 || p.timeout > e.policy.MaxTTL() {
+		return nil, errdefs.Invalid("timeout", "%q must be a positive duration of at most %s", env.Timeout, e.policy.MaxTTL())
 	}
 	if env.QueueWait == "" {
 		env.QueueWait = "10s"
@@ -183,7 +183,7 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 func (p *fncallPool) containerRequest(env corral.FncallEnv, project string) corral.CreateRequest {
 	return corral.CreateRequest{
 		Base: env.Base, Workspace: env.Workspace, Toolkits: env.Toolkits, Limits: env.Limits, Network: env.Network,
-		TTL: p.e.cfg.MaxTTL.String(), Labels: map[string]string{fncallLabel: env.Name}, Project: project,
+		TTL: p.e.policy.MaxTTL().String(), Labels: map[string]string{fncallLabel: env.Name}, Project: project,
 	}
 }
 

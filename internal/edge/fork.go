@@ -60,7 +60,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 	var ttl time.Duration
 	if req.TTL != "" {
 		var err error
-		if ttl, err = e.parseTTL("ttl", req.TTL); err != nil {
+		if ttl, err = e.policy.TTL("ttl", req.TTL); err != nil {
 			return nil, err
 		}
 	}

@@ -22,7 +22,11 @@ const foreignImportGrace = time.Hour
 
 // DeleteLayer deletes the published version name:version and, when unused, its blob.
 func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
-	if err := ValidateLayerName("name", name, version); err != nil {
+	if err := ValidateLayerName("name", "version", name, version); err != nil {
+		return corral.Layer{}, err
+	}
+	// A sandbox deleted just before may still have the layer mounted until its cleanup ends.
+	if err := e.WaitCleanups(ctx); err != nil {
 		return corral.Layer{}, err
 	}
 	e.layersMu.Lock()
@@ -45,6 +49,9 @@ func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.La
 // GC removes every blob of the layer store that no published version and no sandbox uses, and
 // returns how many it removed (blobs and orphaned images) and the bytes they held.
 func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
+	if err := e.WaitCleanups(ctx); err != nil {
+		return corral.GCResult{}, err
+	}
 	e.layersMu.Lock()
 	defer e.layersMu.Unlock()
 	var res corral.GCResult
@@ -82,7 +89,7 @@ func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
 }
 
 // removeIfUnused removes digest's blob unless a published version (of this node or of the shared
-// catalogue) or a live sandbox uses it. Preconditions: e.layersMu is held for writing.
+// catalogue), a live sandbox or a pooled one uses it. Preconditions: e.layersMu is held for writing.
 func (e *Edge) removeIfUnused(ctx context.Context, digest string) (bool, error) {
 	if inUse, err := e.store.LayerDigestInUse(ctx, digest); err != nil || inUse {
 		return false, err
@@ -100,6 +107,9 @@ func (e *Edge) removeIfUnused(ctx context.Context, digest string) (bool, error) 
 				return false, nil
 			}
 		}
+	}
+	if e.warm.usesDigest(digest) {
+		return false, nil // a pooled sandbox has no record but the blob in its rootfs
 	}
 	if err := e.layers.Remove(ctx, digest); err != nil {
 		return false, err

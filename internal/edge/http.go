@@ -135,8 +135,8 @@ func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecR
 	}
 	if req.Timeout != "" {
 		d, err := time.ParseDuration(req.Timeout)
-		if err != nil || d <= 0 || d > e.cfg.MaxTTL {
-			return out, errdefs.Invalid("timeout", "%q must be a positive duration of at most %s", req.Timeout, e.cfg.MaxTTL)
+		if err != nil || d <= 0 || d > e.policy.MaxTTL() {
+			return out, errdefs.Invalid("timeout", "%q must be a positive duration of at most %s", req.Timeout, e.policy.MaxTTL())
 		}
 		out.Timeout = d
 	}

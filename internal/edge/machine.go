@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/net/websocket"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
@@ -74,7 +78,7 @@ func (e *Edge) machineSandbox(ctx context.Context, id string, off bool) (*sandbo
 		return nil, err
 	}
 	if !sb.machine || e.machines == nil {
-		return nil, errdefs.Invalid("sandbox", "%s is not a vm sandbox: power, console and vnc are for the vm tier (screen and input work on a container with a desktop: corral env install desktop)", id)
+		return nil, errdefs.Invalid("sandbox", "%s is not a vm sandbox: power and console are for the vm tier (screen, input and vnc work on a container with a desktop: corral env install desktop)", id)
 	}
 	if off {
 		return sb, nil
@@ -286,41 +290,63 @@ func (h *dataPlane) console(w http.ResponseWriter, r *http.Request) {
 // the RFB stream of the vm's display (corral vnc serves it to local VNC viewers).
 const VNCUpgrade = "corral-vnc"
 
-// vnc serves GET /v1/sandboxes/{id}/vnc: with "Connection: Upgrade" and "Upgrade: corral-vnc"
-// the response is 101 Switching Protocols and the connection carries RFB (VNC) to and from the
-// vm's display, for as long as both ends keep it open.
-func (h *dataPlane) vnc(w http.ResponseWriter, r *http.Request) {
-	if !strings.EqualFold(r.Header.Get("Upgrade"), VNCUpgrade) {
-		h.fail(w, r, errdefs.Invalid("Upgrade", "GET .../vnc upgrades the connection to RFB: send Connection: Upgrade and Upgrade: %s (corral vnc ID serves it to local VNC viewers)", VNCUpgrade))
-		return
-	}
-	sb, err := h.e.machineSandbox(r.Context(), r.PathValue("id"), false)
+// VNCWebSocketProtocol is the WebSocket subprotocol GET /v1/sandboxes/{id}/vnc answers with when
+// a browser offers it (noVNC does): binary frames carrying RFB.
+const VNCWebSocketProtocol = "binary"
+
+// vnc connects a new RFB client to a sandbox's display: a vm's machine display (QEMU's VNC
+// server), or the X display inside any other sandbox (x11vnc, started on first use: desktop.go).
+// It returns the sandbox too, whose activity the caller keeps up while the client is connected.
+func (e *Edge) vnc(ctx context.Context, id string) (net.Conn, *sandbox, error) {
+	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
-		h.fail(w, r, err)
+		return nil, nil, err
+	}
+	if sb.machine {
+		if sb, err = e.machineSandbox(ctx, id, false); err != nil {
+			return nil, nil, err
+		}
+		conn, err := e.machines.VNC(ctx, sb.id)
+		return conn, sb, err
+	}
+	if sb, err = e.active(ctx, id); err != nil {
+		return nil, nil, err
+	}
+	conn, err := e.desktopVNC(ctx, sb)
+	return conn, sb, err
+}
+
+// vnc serves GET /v1/sandboxes/{id}/vnc: the connection is upgraded and carries RFB (VNC) to and
+// from the sandbox's display for as long as both ends keep it open, either as the raw stream
+// ("Upgrade: corral-vnc", corral vnc) or in WebSocket binary frames ("Upgrade: websocket", the
+// web console's noVNC; a browser's WebSocket cannot send an Authorization header, so it offers
+// the token as a subprotocol, which the API's authentication takes and removes).
+func (h *dataPlane) vnc(w http.ResponseWriter, r *http.Request) {
+	upgrade := r.Header.Get("Upgrade")
+	ws := strings.EqualFold(upgrade, "websocket")
+	if !ws && !strings.EqualFold(upgrade, VNCUpgrade) {
+		h.fail(w, r, errdefs.Invalid("Upgrade", "GET .../vnc upgrades the connection to RFB: send Connection: Upgrade and Upgrade: %s (corral vnc ID serves it to local VNC viewers) or Upgrade: websocket (noVNC)", VNCUpgrade))
 		return
 	}
-	conn, err := h.e.machines.VNC(r.Context(), sb.id)
+	var offered []string
+	for _, v := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				offered = append(offered, p)
+			}
+		}
+	}
+	if ws && len(offered) > 0 && !slices.Contains(offered, VNCWebSocketProtocol) {
+		h.fail(w, r, errdefs.Invalid("Sec-WebSocket-Protocol", "%q: the VNC WebSocket speaks %q only", strings.Join(offered, ", "), VNCWebSocketProtocol))
+		return
+	}
+	conn, sb, err := h.e.vnc(r.Context(), r.PathValue("id"))
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	defer conn.Close()
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		h.fail(w, r, errdefs.Unavailable("this connection cannot be upgraded"))
-		return
-	}
-	client, buf, err := hj.Hijack()
-	if err != nil {
-		h.log.Warn("vnc: hijack", "sandbox", sb.id, "err", err)
-		return
-	}
-	defer client.Close()
-	fmt.Fprintf(buf, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", VNCUpgrade)
-	if err := buf.Flush(); err != nil {
-		return
-	}
-	h.log.Info("vnc client connected", "sandbox", sb.id)
+	h.log.Info("vnc client connected", "sandbox", sb.id, "websocket", ws)
 	// A person working through VNC is activity: the idle TTL and auto-pause must not end the
 	// session under them.
 	stop := make(chan struct{})
@@ -337,19 +363,57 @@ func (h *dataPlane) vnc(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}()
+	if ws {
+		srv := websocket.Server{
+			Handshake: func(cfg *websocket.Config, _ *http.Request) error {
+				cfg.Protocol = nil
+				if len(offered) > 0 {
+					cfg.Protocol = []string{VNCWebSocketProtocol}
+				}
+				return nil
+			},
+			Handler: func(c *websocket.Conn) {
+				c.PayloadType = websocket.BinaryFrame
+				pipe(c, c, conn)
+			},
+		}
+		srv.ServeHTTP(w, r)
+	} else {
+		hj, ok := w.(http.Hijacker)
+		if !ok {
+			h.fail(w, r, errdefs.Unavailable("this connection cannot be upgraded"))
+			return
+		}
+		client, buf, err := hj.Hijack()
+		if err != nil {
+			h.log.Warn("vnc: hijack", "sandbox", sb.id, "err", err)
+			return
+		}
+		fmt.Fprintf(buf, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", VNCUpgrade)
+		if err := buf.Flush(); err != nil {
+			client.Close()
+			return
+		}
+		pipe(client, buf, conn) // what the client sent, buffered bytes first
+	}
+	sb.touch()
+	h.log.Info("vnc client disconnected", "sandbox", sb.id)
+}
+
+// pipe copies between a client (read through in, which may hold bytes read ahead) and the
+// display's RFB server until either end closes, then closes both.
+func pipe(client io.WriteCloser, in io.Reader, display net.Conn) {
 	done := make(chan struct{}, 2)
 	go func() {
-		io.Copy(conn, buf) // what the client sent, buffered bytes first
-		conn.Close()
+		io.Copy(display, in)
+		display.Close()
 		done <- struct{}{}
 	}()
 	go func() {
-		io.Copy(client, conn)
+		io.Copy(client, display)
 		client.Close()
 		done <- struct{}{}
 	}()
 	<-done
 	<-done
-	sb.touch()
-	h.log.Info("vnc client disconnected", "sandbox", sb.id)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
@@ -90,6 +91,9 @@ type warmPool struct {
 	// the environment now resolves to other layers (a tag moved), for run to delete. Protected
 	// by mu.
 	ready, stale []*warmSandbox
+	// filling are the records of sandboxes being started for the pool (layers mounted, not
+	// ready yet): layer GC must see their blobs in use. Protected by mu.
+	filling []*store.Sandbox
 	// since is when the pool was made or its size last changed; lastClaim the last claim.
 	// Protected by mu.
 	since, lastClaim time.Time
@@ -151,6 +155,27 @@ type warmState struct {
 		sync.Mutex
 		r corral.Resources
 	}
+}
+
+// usesDigest reports whether a pooled sandbox (being started, ready, or stale and not yet
+// deleted) has the layer blob digest in its rootfs: layer GC must not remove it.
+func (w *warmState) usesDigest(digest string) bool {
+	w.mu.Lock()
+	pools := make([]*warmPool, 0, len(w.pools))
+	for _, p := range w.pools {
+		pools = append(pools, p)
+	}
+	w.mu.Unlock()
+	for _, p := range pools {
+		p.mu.Lock()
+		found := slices.ContainsFunc(slices.Concat(p.ready, p.stale), func(ws *warmSandbox) bool { return slices.Contains(ws.rec.Lower, digest) }) ||
+			slices.ContainsFunc(p.filling, func(r *store.Sandbox) bool { return slices.Contains(r.Lower, digest) })
+		p.mu.Unlock()
+		if found {
+			return true
+		}
+	}
+	return false
 }
 
 func newWarmState() *warmState {
@@ -398,7 +423,9 @@ func (e *Edge) warmNoRoom() bool {
 		return true
 	}
 	used = e.withPooled(used)
-	def := e.cfg.DefaultLimits
+	// A pool's sandboxes are containers of the default limits (its create names none).
+	b, _ := e.policy.Bounds(limits.TierContainer)
+	def := b.Default
 	near := func(u, add, c float64) bool { return c > 0 && u+add > 0.9*c }
 	return near(float64(used.Sandboxes), 1, float64(c.Sandboxes)) || near(used.CPUs, def.CPUs, c.CPUs) ||
 		near(float64(used.MemoryBytes), float64(def.MemoryBytes), float64(c.MemoryBytes)) ||
@@ -476,6 +503,17 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	}
 	rec := adm.rec
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
+	if err == nil {
+		// Seen by layer GC from here on: the read lock goes before the sandbox is ready.
+		p.mu.Lock()
+		p.filling = append(p.filling, rec)
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			p.filling = slices.DeleteFunc(p.filling, func(r *store.Sandbox) bool { return r == rec })
+			p.mu.Unlock()
+		}()
+	}
 	e.layersMu.RUnlock()
 	if err != nil {
 		return 0, fmt.Errorf("mount layers: %w", err)
@@ -504,6 +542,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		Pids:        rec.Limits.Pids,
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
+		ShmBytes:    limits.ShmBytes,
 		Runtime:     rec.Runtime,
 		Workdir:     rec.Cwd,
 	})

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -43,5 +44,26 @@ func TestWarmTarget(t *testing.T) {
 				t.Errorf("claims = %d, want %d", got, len(tc.claims))
 			}
 		})
+	}
+}
+
+// TestWarmUsesDigest: layer GC sees a blob in use while a pooled sandbox has it, whether it is
+// being started, ready or stale, and free once none has it.
+func TestWarmUsesDigest(t *testing.T) {
+	w := newWarmState()
+	p := &warmPool{}
+	w.pools[warmKey{env: "e"}] = p
+	sb := func(lower ...string) *store.Sandbox { return &store.Sandbox{Lower: lower} }
+	p.filling = []*store.Sandbox{sb("sha256:a")}
+	p.ready = []*warmSandbox{{rec: sb("sha256:b", "sha256:c")}}
+	p.stale = []*warmSandbox{{rec: sb("sha256:d")}}
+	for d, want := range map[string]bool{"sha256:a": true, "sha256:b": true, "sha256:c": true, "sha256:d": true, "sha256:e": false} {
+		if got := w.usesDigest(d); got != want {
+			t.Errorf("usesDigest(%s) = %v, want %v", d, got, want)
+		}
+	}
+	p.filling, p.ready, p.stale = nil, nil, nil
+	if w.usesDigest("sha256:a") {
+		t.Error("an emptied pool still holds sha256:a")
 	}
 }

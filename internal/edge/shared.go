@@ -234,7 +234,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 	if err := json.Unmarshal(b, &l); err != nil || l.Name != name || l.Version != version || l.Digest != digest {
 		return false, fmt.Errorf("%s is not a layer record for %s:%s", key, name, version)
 	}
-	if err := ValidateLayerName("name", l.Name, l.Version); err != nil {
+	if err := ValidateLayerName("name", "version", l.Name, l.Version); err != nil {
 		return false, err
 	}
 	if !l.Public {

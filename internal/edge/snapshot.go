@@ -30,7 +30,7 @@ const maxSkipped = 100
 
 // Snapshot publishes the writable layer of sandbox id as name:version.
 func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotRequest) (corral.Layer, error) {
-	if err := ValidateLayerName("name", req.Name, req.Version); err != nil {
+	if err := ValidateLayerName("name", "version", req.Name, req.Version); err != nil {
 		return corral.Layer{}, err
 	}
 	excludes, err := cleanExcludes(req.Exclude)

@@ -90,7 +90,9 @@ func RunKeeper(cfg KeeperConfig) error {
 	}()
 	cfg.Log.Info("lazyd keeper holding the FUSE connection", "conn", cfg.Conn, "pid", os.Getpid())
 	backoff := 500 * time.Millisecond
-	var retry <-chan time.Time
+	// The lazyd that started this keeper attaches within moments; one that died before it did
+	// leaves nobody to serve the connection, so a lazyd is started if none attached by then.
+	retry := time.After(attachGrace)
 	for {
 		select {
 		case <-retry:
@@ -123,6 +125,24 @@ func RunKeeper(cfg KeeperConfig) error {
 			}
 		}
 	}
+}
+
+// attachGrace is how long a new keeper waits for a lazyd to attach before starting one.
+const attachGrace = 5 * time.Second
+
+// keeperRuns reports whether a keeper of dir runs (it holds its lock), though it may not
+// listen yet.
+func keeperRuns(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, keeperLock))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		return errors.Is(err, unix.EWOULDBLOCK)
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
 }
 
 type keeperEvent struct{ kind string }

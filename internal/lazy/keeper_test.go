@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -194,8 +195,15 @@ func TestTakeoverAfterKill(t *testing.T) {
 	unmount()
 	c2.Close()
 	f.client = nil
+	awaitAllGone(t, f, info2.Pid)
+}
+
+// awaitAllGone waits for lazyd (pid), its keeper and the FUSE mount to go once nothing is
+// mounted through it and no client holds it.
+func awaitAllGone(t *testing.T, f *fixture, pid int) {
+	t.Helper()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		lazyd, keeper := pidAlive(info2.Pid), keeperAlive(f.dir)
+		lazyd, keeper := pidAlive(pid), keeperRuns(f.dir)
 		if !lazyd && !keeper && !isFuseMount(filepath.Join(f.dir, mntDir)) {
 			break
 		}
@@ -240,16 +248,99 @@ func zombie(pid int) bool {
 	return strings.HasPrefix(after, "Z")
 }
 
-// keeperAlive reports whether a keeper of dir runs (it holds the keeper lock).
-func keeperAlive(dir string) bool {
-	lock, err := os.OpenFile(filepath.Join(dir, keeperLock), os.O_RDWR, 0)
+// TestKeeperReplacedThenLazydKilled: the keeper is killed, lazyd starts another, and lazyd is
+// killed the moment the new keeper runs, before it could attach to it (seen in a loaded full
+// run: the new keeper waited for a lazyd for ever, and a lazyd started meanwhile found no
+// keeper socket, detached the live mount and mounted afresh, so readers of the kept
+// connection hung). The new keeper starts a lazyd that resumes its connection, and a read
+// through the mount gets its bytes.
+func TestKeeperReplacedThenLazydKilled(t *testing.T) {
+	f := buildFixture(t)
+	exe, err := os.Executable()
 	if err != nil {
-		return false
+		t.Fatal(err)
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return true
+	opts := StartOptions{Dir: f.dir, BlobStore: f.spec, Command: []string{exe, "lazy-test-lazyd", f.dir, f.spec}}
+	c, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
 	}
-	syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	return false
+	f.client = c
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(f.dir, "lazyd.log"))
+			t.Logf("lazyd.log:\n%s", b)
+		}
+	})
+	mnt, unmount := f.mount()
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepers := pidsOf(t, "lazy-test-keeper", f.dir)
+	if len(keepers) != 1 {
+		t.Fatalf("keepers: %v", keepers)
+	}
+	syscall.Kill(keepers[0], syscall.SIGKILL)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if k := pidsOf(t, "lazy-test-keeper", f.dir); len(k) == 1 && k[0] != keepers[0] && keeperRuns(f.dir) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lazyd started no other keeper")
+		}
+	}
+	syscall.Kill(info.Pid, syscall.SIGKILL)
+	os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0)
+	want, _ := os.ReadFile(filepath.Join(f.src, "big.bin"))
+	done := make(chan error, 1)
+	go func() {
+		got, err := os.ReadFile(filepath.Join(mnt, "big.bin"))
+		if err == nil && !bytes.Equal(got, want) {
+			err = fmt.Errorf("read %d bytes, not the file's %d (or other bytes)", len(got), len(want))
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("read after the kills: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("a read through the mount still waits 60 s after the kills")
+	}
+	if log, _ := os.ReadFile(filepath.Join(f.dir, "lazyd.log")); !strings.Contains(string(log), "resumed the FUSE connection") {
+		t.Error("no lazyd resumed the kept connection")
+	}
+	c2, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info2, _ := c2.Info(context.Background())
+	unmount()
+	c2.Close()
+	f.client = nil
+	awaitAllGone(t, f, info2.Pid)
+}
+
+// pidsOf lists the processes whose command line holds every one of words.
+func pidsOf(t *testing.T, words ...string) []int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || zombie(pid) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if slices.IndexFunc(words, func(w string) bool { return !slices.Contains(args, w) }) < 0 {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

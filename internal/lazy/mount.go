@@ -90,11 +90,20 @@ func (s *Server) mount() (*served, error) {
 var errNothingToResume = errors.New("no kept FUSE connection to resume")
 
 // attachKeeperRetrying is attachKeeper, tried for up to 2 s while the keeper still counts a
-// lazyd that just died as attached.
+// lazyd that just died as attached, and for up to 10 s while a keeper holds its lock but does
+// not listen yet (one a lazyd started just before it died): that keeper's connection is the
+// one the mounts read through, and detaching its mount to start afresh would leave every
+// reader of it waiting for ever.
 func attachKeeperRetrying(dir string) (*keeperLink, *os.File, string, error) {
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	start := time.Now()
+	for ; ; time.Sleep(50 * time.Millisecond) {
 		link, dev, id, err := attachKeeper(dir)
-		if err == nil || !errors.Is(err, errdefs.ErrConflict) || time.Now().After(deadline) {
+		switch {
+		case err == nil:
+			return link, dev, id, nil
+		case errors.Is(err, errdefs.ErrConflict) && time.Since(start) < 2*time.Second:
+		case errors.Is(err, errdefs.ErrNotFound) && time.Since(start) < 10*time.Second && keeperRuns(dir):
+		default:
 			return link, dev, id, err
 		}
 	}

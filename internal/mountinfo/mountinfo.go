@@ -16,11 +16,28 @@ import (
 // Under returns the mount points at or below dir in this mount namespace, deepest first and,
 // at one depth, latest first (a stack's top comes later in mountinfo): the order to unmount them.
 func Under(dir string) ([]string, error) {
+	ms, err := UnderAny(dir)
+	mps := make([]string, len(ms))
+	for i, m := range ms {
+		mps[i] = m.Point
+	}
+	return mps, err
+}
+
+// Mount is one mount of the table: its mount point and its source (a device such as
+// /dev/loop3, or what the filesystem was given).
+type Mount struct {
+	Point, Source string
+}
+
+// UnderAny returns the mounts at or below any of dirs, in Under's order, from one read of the
+// table.
+func UnderAny(dirs ...string) ([]Mount, error) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
-	var mps []string
+	var ms []Mount
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -29,13 +46,19 @@ func Under(dir string) ([]string, error) {
 			continue
 		}
 		mp := Unescape(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			mps = append(mps, mp)
+		if !slices.ContainsFunc(dirs, func(dir string) bool { return mp == dir || strings.HasPrefix(mp, dir+"/") }) {
+			continue
 		}
+		m := Mount{Point: mp}
+		// Optional fields end at "-"; the filesystem type and the source follow.
+		if i := slices.Index(f[5:], "-"); i >= 0 && 5+i+2 < len(f) {
+			m.Source = Unescape(f[5+i+2])
+		}
+		ms = append(ms, m)
 	}
-	slices.Reverse(mps)
-	slices.SortStableFunc(mps, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return mps, sc.Err()
+	slices.Reverse(ms)
+	slices.SortStableFunc(ms, func(a, b Mount) int { return strings.Count(b.Point, "/") - strings.Count(a.Point, "/") })
+	return ms, sc.Err()
 }
 
 // IsMountpoint reports whether dir is a mount point in this mount namespace.

@@ -25,7 +25,7 @@
 // run, ErrUnavailable for what this host cannot do now and, from Set, for an optional
 // operation the sandbox's backend lacks (also ErrUnavailable: "this sandbox cannot").
 //
-// A backend checks its own invariants (what it can run) and refuses a Spec it cannot run. The
-// target is that Specs arrive resolved, limits filled in and bounded by admission, and backends
-// never choose values (issue 29 item 4); until then runc and qemu still fill zero limits.
+// Specs arrive resolved: limits are filled in and bounded once, in admission (internal/limits).
+// A backend checks its own invariants (what it can run) and refuses a Spec it cannot run; it
+// never chooses values.
 package runtime

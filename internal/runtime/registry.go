@@ -15,7 +15,7 @@ type Node struct {
 	DataDir string
 	// CgroupParent is the cgroup every sandbox's cgroups are made under (internal/runtime/cgroups).
 	CgroupParent string
-	// DefaultDiskBytes is the writable disk of a Spec without DiskBytes.
+	// DefaultDiskBytes is the node's default sandbox disk (runc makes disks of it ahead).
 	DefaultDiskBytes int64
 	// SparseDisks makes writable disks sparse instead of allocating them when made.
 	SparseDisks bool

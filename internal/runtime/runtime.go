@@ -20,6 +20,9 @@ type Runtime interface {
 	Open(ctx context.Context, id string) (*Sandbox, error)
 	Status(ctx context.Context, id string) (Status, error)
 	Delete(ctx context.Context, id string) error
+	// Kill ends every process of a sandbox and returns once they are gone; what it leaves
+	// (files, mounts, cgroups) Delete removes later.
+	Kill(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
 	// Close releases what the backend holds in this process; its sandboxes keep running.
 	Close() error

@@ -91,6 +91,8 @@ func (s *Set) Status(ctx context.Context, id string) (Status, error) {
 
 func (s *Set) Delete(ctx context.Context, id string) error { return s.by(id).Delete(ctx, id) }
 
+func (s *Set) Kill(ctx context.Context, id string) error { return s.by(id).Kill(ctx, id) }
+
 // List merges every backend's sandboxes (sorted, once each); a backend's error does not hide
 // the others' sandboxes.
 func (s *Set) List(ctx context.Context) ([]string, error) {

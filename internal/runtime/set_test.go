@@ -41,6 +41,7 @@ func (m *memBackend) Status(ctx context.Context, id string) (Status, error) {
 	return Status{State: StateRunning}, nil
 }
 func (m *memBackend) Delete(ctx context.Context, id string) error { delete(m.ids, id); return nil }
+func (m *memBackend) Kill(ctx context.Context, id string) error   { return nil }
 func (m *memBackend) List(ctx context.Context) ([]string, error) {
 	var ids []string
 	for id := range m.ids {

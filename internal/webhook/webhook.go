@@ -384,6 +384,35 @@ func (d *Dispatcher) attempt(ctx context.Context, dl *delivery) {
 	}()
 }
 
+// TestType is the type of the event Test sends.
+const TestType = "test"
+
+// Test delivers one event of type TestType to hook now, whatever events it subscribes to: one
+// attempt, signed and logged like any delivery and never retried, so whoever set the webhook up
+// sees at once whether its receiver answers and checks the signature. It returns the attempt.
+func (d *Dispatcher) Test(ctx context.Context, hook *store.WebhookRecord, by string) corral.WebhookDelivery {
+	var b [6]byte
+	rand.Read(b[:])
+	ev := corral.LifecycleEvent{ID: "test-" + hex.EncodeToString(b[:]), At: time.Now().UTC(), Type: TestType,
+		Project: hook.Project, Reason: "a test delivery asked for by " + by}
+	body, _ := json.Marshal(ev)
+	dl := &delivery{hook: hook, ev: ev, body: body, attempt: 1, due: time.Now()}
+	start := time.Now()
+	status, err := d.send(ctx, dl)
+	rec := corral.WebhookDelivery{Webhook: hook.ID, Event: ev.ID, Type: ev.Type, Attempt: 1, At: start.UTC(), Status: status,
+		DurationMs: float64(time.Since(start).Microseconds()) / 1000, Result: "ok"}
+	switch {
+	case err != nil:
+		rec.Result, rec.Error = "failed", err.Error()
+	case status < 200 || status >= 300:
+		rec.Result, rec.Error = "failed", fmt.Sprintf("receiver answered %d", status)
+	}
+	if werr := d.st.AddDelivery(context.WithoutCancel(ctx), rec); werr != nil {
+		d.log.Warn("record webhook delivery", "err", werr)
+	}
+	return rec
+}
+
 func (d *Dispatcher) send(ctx context.Context, dl *delivery) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()

@@ -147,10 +147,10 @@ func TestErrors(t *testing.T) {
 	srv := corraltest.NewServer(t)
 	ctx := testContext(t)
 
-	_, err := srv.Client().GetSandbox(ctx, "nope")
+	_, err := srv.Client().GetSandbox(ctx, "sb-999")
 	var apiErr *corral.APIError
 	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusNotFound || !corral.IsNotFound(err) {
-		t.Fatalf("GetSandbox(nope) error = %#v, want a 404 *APIError", err)
+		t.Fatalf("GetSandbox(sb-999) error = %#v, want a 404 *APIError", err)
 	}
 	if corral.IsConflict(err) || corral.IsInvalid(err) {
 		t.Errorf("a not-found error also classifies as conflict or invalid")
@@ -244,7 +244,7 @@ func TestRun(t *testing.T) {
 	if apiErr, ok := errors.AsType[*corral.APIError](err); !ok || apiErr.Code != corral.CodeInvalid || apiErr.Field != "argv" {
 		t.Errorf("Run of a missing program: %v, want invalid on field argv", err)
 	}
-	if _, _, _, err := c.Run(ctx, "nope", corral.ExecRequest{Argv: []string{"true"}}); !corral.IsNotFound(err) {
+	if _, _, _, err := c.Run(ctx, "sb-999", corral.ExecRequest{Argv: []string{"true"}}); !corral.IsNotFound(err) {
 		t.Errorf("Run in a missing sandbox: %v, want not found", err)
 	}
 	if _, _, _, err := c.Run(ctx, id, corral.ExecRequest{}); !corral.IsInvalid(err) {
@@ -339,7 +339,7 @@ func TestExecStreamFullDuplex(t *testing.T) {
 	if _, err := c.ExecStream(ctx, id, corral.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("x")}, strings.NewReader("")); err == nil {
 		t.Error("ExecStream with both Stdin and a reader succeeded")
 	}
-	if _, err := c.ExecStream(ctx, "nope", corral.ExecRequest{Argv: []string{"cat"}}, strings.NewReader("")); !corral.IsNotFound(err) {
+	if _, err := c.ExecStream(ctx, "sb-999", corral.ExecRequest{Argv: []string{"cat"}}, strings.NewReader("")); !corral.IsNotFound(err) {
 		t.Errorf("ExecStream in a missing sandbox: %v, want not found", err)
 	}
 }
@@ -749,8 +749,8 @@ func TestLayers(t *testing.T) {
 	}
 	_, err = c.CreateSandbox(ctx, corral.CreateRequest{Base: "nope:1"})
 	var apiErr *corral.APIError
-	if !errors.As(err, &apiErr) || apiErr.Code != corral.CodeNotFound || apiErr.Field != "base" {
-		t.Errorf("CreateSandbox with base nope:1: %v, want not found on field base", err)
+	if !errors.As(err, &apiErr) || apiErr.Code != corral.CodeInvalid || apiErr.Field != "base" {
+		t.Errorf("CreateSandbox with base nope:1: %v, want invalid on field base", err)
 	}
 }
 

@@ -88,6 +88,13 @@ func (c *Client) Console(ctx context.Context, id string, bytes int64) ([]byte, e
 // VNCUpgrade is the Upgrade protocol of GET /v1/sandboxes/{id}/vnc.
 const VNCUpgrade = "corral-vnc"
 
+// WebSocketBearerProtocol prefixes the WebSocket subprotocol that carries a token where a
+// client cannot set the Authorization header (a browser's WebSocket): "corral.bearer." followed
+// by the token in unpadded base64url, offered beside the route's own subprotocol ("binary" for
+// GET /v1/sandboxes/{id}/vnc). The server takes it only on a WebSocket upgrade without an
+// Authorization header, and removes it before the request goes further.
+const WebSocketBearerProtocol = "corral.bearer."
+
 // VNC opens a view of a vm sandbox's display: the returned connection carries RFB (the VNC
 // protocol; the server needs no password: the API token authorised it). Close it to disconnect.
 // ctx bounds only the opening.

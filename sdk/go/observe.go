@@ -224,6 +224,13 @@ func (c *Client) DeleteWebhook(ctx context.Context, id string) error {
 	return c.do(ctx, request{method: http.MethodDelete, path: "/v1/webhooks/" + url.PathEscape(id)}, nil)
 }
 
+// TestWebhook sends the webhook one event of type "test" now, whatever events it subscribes to,
+// and returns the attempt (logged with its deliveries, never retried).
+func (c *Client) TestWebhook(ctx context.Context, id string) (*WebhookDelivery, error) {
+	var out WebhookDelivery
+	return &out, c.do(ctx, request{method: http.MethodPost, path: "/v1/webhooks/" + url.PathEscape(id) + "/test"}, &out)
+}
+
 // WebhookDeliveries returns a webhook's most recent delivery attempts, newest first.
 func (c *Client) WebhookDeliveries(ctx context.Context, id string) ([]WebhookDelivery, error) {
 	var out []WebhookDelivery

@@ -11,6 +11,10 @@ const (
 	StateRunning  = "running"
 	StatePaused   = "paused"
 	StateStopped  = "stopped"
+	// StateDeleting is a deleted sandbox whose host cleanup has not finished: nothing of it
+	// runs and it no longer counts against quotas; it becomes stopped (reason deleted, with
+	// the deleted event) once its mounts, cgroups and network are gone.
+	StateDeleting = "deleting"
 	StateFailed   = "failed"
 	// StateOff is a vm sandbox whose machine is powered off (POST .../power off): its disk
 	// stays; power on boots it again.
@@ -429,7 +433,8 @@ type Layer struct {
 	CreatedAt time.Time         `json:"created_at"`
 	// Snapshot is set on layers of kind snapshot.
 	Snapshot *SnapshotOf `json:"snapshot,omitempty"`
-	// Tags are the movable names (NAME:TAG, e.g. python:latest) pointing at this version now.
+	// Tags are the tags of the movable names NAME:TAG pointing at this version now: "latest"
+	// for python:latest.
 	Tags []string `json:"tags,omitempty"`
 	// ImageConfig is the configuration of the container image the layer was imported from, if
 	// any: sandboxes whose base is this layer get its Env, and its WorkingDir and User as the

@@ -1,13 +1,19 @@
 // Times the e2b SDK against Corral's E2B gateway: Sandbox.create to the first commands.run
-// result, and the commands.run('true') round trip. Run by `corral bench e2b` with E2B_API_URL,
-// E2B_SANDBOX_URL, E2B_API_KEY, E2B_TEMPLATE, BENCH_CREATES and BENCH_RUNS set; prints one JSON
-// line {"create_to_first_run_ms": [...], "run_true_ms": [...]}.
-import { Sandbox } from 'e2b'
+// result, the commands.run('true') round trip, and Template.build of a template of an env var,
+// a workdir, a runCmd and a copy, without the cache (cold) and unchanged (cached). Run by
+// `corral bench e2b` with E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_TEMPLATE,
+// BENCH_CREATES, BENCH_RUNS and BENCH_BUILDS set; prints one JSON line
+// {"create_to_first_run_ms": [...], "run_true_ms": [...], "build_cold_ms": [...], "build_cached_ms": [...]}.
+import { Sandbox, Template } from 'e2b'
+import fs from 'node:fs'
+import path from 'node:path'
+import { fileURLToPath } from 'node:url'
 
 const template = process.env.E2B_TEMPLATE
 const creates = Number(process.env.BENCH_CREATES || 10)
 const runs = Number(process.env.BENCH_RUNS || 100)
-const out = { create_to_first_run_ms: [], run_true_ms: [] }
+const builds = Number(process.env.BENCH_BUILDS || 0)
+const out = { create_to_first_run_ms: [], run_true_ms: [], build_cold_ms: [], build_cached_ms: [] }
 
 for (let i = 0; i < creates; i++) {
   const t0 = performance.now()
@@ -22,5 +28,18 @@ for (let i = 0; i < creates; i++) {
     }
   }
   await sbx.kill()
+}
+// The same steps as internal/bench's Dockerfile for Corral's own builds.
+const ctx = path.join(path.dirname(fileURLToPath(import.meta.url)), 'benchctx')
+fs.mkdirSync(ctx, { recursive: true })
+fs.writeFileSync(path.join(ctx, 'hello.txt'), 'hello from the bench\n')
+const tpl = () => Template({ fileContextPath: ctx }).fromImage(template)
+  .setEnvs({ GREETING: 'hi' }).setWorkdir('/app').runCmd('echo made > /app/made.txt').copy('hello.txt', '/app/hello.txt')
+for (const [key, skipCache] of [['build_cold_ms', true], ['build_cached_ms', false]]) {
+  for (let i = 0; i < builds; i++) {
+    const t0 = performance.now()
+    await Template.build(tpl(), 'bench-e2b-build', { skipCache })
+    out[key].push(performance.now() - t0)
+  }
 }
 console.log(JSON.stringify(out))

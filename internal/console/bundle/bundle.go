@@ -76,16 +76,19 @@ func Build(consoleDir, outDir string) error {
 		Bundle:              true,
 		Write:               true,
 		Outdir:              tmp,
-		Format:              api.FormatIIFE,
-		Target:              api.ES2020,
-		Platform:            api.PlatformBrowser,
-		MinifyWhitespace:    true,
-		MinifyIdentifiers:   true,
-		MinifySyntax:        true,
-		LegalComments:       api.LegalCommentsEndOfFile,
-		Charset:             api.CharsetUTF8,
-		Loader:              map[string]api.Loader{".woff": api.LoaderDataURL, ".woff2": api.LoaderDataURL},
-		LogLevel:            api.LogLevelSilent,
+		// An ES module (index.html loads it with type="module"): noVNC's core/util/browser.js
+		// awaits at its top level (its H.264 decoder probe), which only a module can.
+		Format:            api.FormatESModule,
+		Target:            api.ES2020,
+		Supported:         map[string]bool{"top-level-await": true},
+		Platform:          api.PlatformBrowser,
+		MinifyWhitespace:  true,
+		MinifyIdentifiers: true,
+		MinifySyntax:      true,
+		LegalComments:     api.LegalCommentsEndOfFile,
+		Charset:           api.CharsetUTF8,
+		Loader:            map[string]api.Loader{".woff": api.LoaderDataURL, ".woff2": api.LoaderDataURL},
+		LogLevel:          api.LogLevelSilent,
 	})
 	if len(res.Errors) > 0 {
 		var msgs []string

@@ -30,8 +30,7 @@ import (
 // than a microvm's guest).
 const machineTCGCacheMiB = 256
 
-// MachineVM marks a vm's state (vmState.Machine): a sandbox whose runtime.Spec has a BootDisk,
-// the vm tier. It is a full q35 machine with firmware (SeaBIOS),
+// MachineVM is runtime.Spec.Machine for the vm tier: a full q35 machine with firmware (SeaBIOS),
 // booted from a disk image under a copy-on-write overlay of its own, with a standard VGA screen,
 // a PS/2 keyboard and a USB tablet (absolute pointer). See the package doc.
 const MachineVM = "vm"
@@ -40,8 +39,6 @@ const MachineVM = "vm"
 const (
 	// MinMachineMemory: a full distribution's init needs more than a microvm's agent.
 	MinMachineMemory = 256 << 20
-	// DefaultMachineMemory is a vm's memory when the spec names none.
-	DefaultMachineMemory = 1 << 30
 	// AgentDiskSerial is the virtio-blk serial of the read-only disk that carries corral-agent
 	// into the guest; the image's udev rule starts corral-agent.service when it appears.
 	AgentDiskSerial = "corral-agent"
@@ -78,11 +75,9 @@ func (r *Runtime) validateMachine(spec *runtime.Spec) error {
 	if spec.Calls || spec.Template {
 		return errdefs.Invalid("Machine", "vm sandboxes run no fncalls and have no templates")
 	}
-	if spec.MemoryBytes == 0 {
-		spec.MemoryBytes = DefaultMachineMemory
-	}
-	if spec.MemoryBytes < MinMachineMemory {
-		return errdefs.Invalid("limits.memory_bytes", "a vm needs at least %d MiB, got %d bytes", MinMachineMemory>>20, spec.MemoryBytes)
+	// A vm's disk is at least its image's, whatever DiskBytes asks (createMachine).
+	if err := checkLimits(spec, MinMachineMemory, 1); err != nil {
+		return err
 	}
 	if spec.Netns != "" && (!spec.Addr.Is4() || !spec.Gateway.Is4()) {
 		return errdefs.Invalid("Addr", "a VM with a network namespace needs its IPv4 address and gateway")

@@ -56,7 +56,7 @@ func TestValidateMachine(t *testing.T) {
 		want string
 	}{
 		{runtime.Spec{ID: "a", Runtime: "gvisor"}, "this backend runs"},
-		{runtime.Spec{ID: "a", BootDisk: "/d", MemoryBytes: 128 << 20}, "256 MiB"},
+		{resolved(runtime.Spec{ID: "a", BootDisk: "/d", MemoryBytes: 128 << 20}), "256 MiB"},
 		{runtime.Spec{ID: "a", BootDisk: "/d", Template: true}, "templates"},
 		{runtime.Spec{ID: "a", BootDisk: "/d", Calls: true}, "no fncalls"},
 	} {
@@ -66,8 +66,12 @@ func TestValidateMachine(t *testing.T) {
 		}
 	}
 	s := runtime.Spec{ID: "a", BootDisk: "/d"}
-	if err := r.validate(&s); err != nil || s.MemoryBytes != DefaultMachineMemory {
-		t.Errorf("validate: %v, memory %d; want the default %d", err, s.MemoryBytes, DefaultMachineMemory)
+	if err := r.validate(&s); err == nil || s.MemoryBytes != 0 {
+		t.Errorf("validate without limits: %v, memory %d; want an error and no default", err, s.MemoryBytes)
+	}
+	s = resolved(runtime.Spec{ID: "a", BootDisk: "/d"})
+	if err := r.validate(&s); err != nil {
+		t.Errorf("validate(%+v): %v", s, err)
 	}
 }
 

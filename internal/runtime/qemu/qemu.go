@@ -47,6 +47,8 @@ const (
 	DefaultBootTimeout = 2 * time.Minute
 	// MinMemoryBytes is the least memory a VM gets: the kernel and the agent need about 100 MiB.
 	MinMemoryBytes = 128 << 20
+	// minDiskBytes is the least writable disk of a microvm (an ext4 with its journal).
+	minDiskBytes = 64 << 20
 	// MaxDevices bounds the virtio devices of one VM: QEMU 7.2's microvm has 24 transports,
 	// but a guest with more than 16 stalled in tests (docs/microvm-notes.md §4).
 	MaxDevices = 16
@@ -72,8 +74,6 @@ type Config struct {
 	UIDBase, UIDCount uint32
 	// BootTimeout bounds a boot until the agent answers (default 2m: TCG on a loaded host).
 	BootTimeout time.Duration
-	// DefaultDiskBytes is the writable disk of a Spec with DiskBytes 0.
-	DefaultDiskBytes int64
 	// SparseDisks makes microvm disks sparse files instead of allocating their blocks when they
 	// are made (runtime.Node.SparseDisks; runc's Config.SparseDisks says what that risks).
 	SparseDisks bool
@@ -160,9 +160,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	if cfg.BootTimeout <= 0 {
 		cfg.BootTimeout = DefaultBootTimeout
 	}
-	if cfg.DefaultDiskBytes <= 0 {
-		cfg.DefaultDiskBytes = 10 << 30
-	}
 	switch cfg.Accel {
 	case "", AccelKVM, AccelTCG:
 	default:
@@ -240,7 +237,7 @@ const RuntimeName = "qemu"
 
 // Factory builds the qemu backend (a runtime.Factory): opts is a *Config (nil: the defaults)
 // whose node fields it sets from node: StateDir and CacheDir under node.DataDir (vms/,
-// vmboot/), CgroupParent, DefaultDiskBytes and SparseDisks.
+// vmboot/), CgroupParent and SparseDisks.
 func Factory(ctx context.Context, node runtime.Node, opts any, log *slog.Logger) (runtime.Runtime, error) {
 	cfg, err := runtime.OptionsOf[Config](opts)
 	if err != nil {
@@ -248,7 +245,7 @@ func Factory(ctx context.Context, node runtime.Node, opts any, log *slog.Logger)
 	}
 	cfg.StateDir = filepath.Join(node.DataDir, "vms")
 	cfg.CacheDir = filepath.Join(node.DataDir, "vmboot")
-	cfg.CgroupParent, cfg.DefaultDiskBytes, cfg.SparseDisks = node.CgroupParent, node.DefaultDiskBytes, node.SparseDisks
+	cfg.CgroupParent, cfg.SparseDisks = node.CgroupParent, node.SparseDisks
 	r, err := New(ctx, *cfg, log)
 	if err != nil {
 		return nil, err
@@ -819,20 +816,29 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 			return err
 		}
 	}
-	if spec.MemoryBytes == 0 {
-		spec.MemoryBytes = 512 << 20
-	}
-	if spec.MemoryBytes < MinMemoryBytes {
-		return errdefs.Invalid("limits.memory_bytes", "a VM needs at least %d MiB, got %d bytes", MinMemoryBytes>>20, spec.MemoryBytes)
-	}
-	if spec.DiskBytes == 0 {
-		spec.DiskBytes = r.cfg.DefaultDiskBytes
-	}
-	if spec.DiskBytes < 64<<20 {
-		return errdefs.Invalid("limits.disk_bytes", "a VM's disk needs at least 64 MiB, got %d bytes", spec.DiskBytes)
+	// The limits come resolved by admission (internal/limits, whose microvm minimums are these);
+	// one below what a VM can boot with is the caller's bug, not the user's.
+	if err := checkLimits(spec, MinMemoryBytes, minDiskBytes); err != nil {
+		return err
 	}
 	if spec.Netns != "" && (!spec.Addr.Is4() || !spec.Gateway.Is4()) {
 		return errdefs.Invalid("Addr", "a VM with a network namespace needs its IPv4 address and gateway")
+	}
+	return nil
+}
+
+// checkLimits checks the invariants of a spec's limits: resolved (none zero) and no less than
+// the VM can run with.
+func checkLimits(spec *runtime.Spec, minMemory, minDisk int64) error {
+	switch {
+	case !(spec.CPUs > 0):
+		return fmt.Errorf("spec of %s: CPUs %v is not a resolved limit", spec.ID, spec.CPUs)
+	case spec.MemoryBytes < minMemory:
+		return fmt.Errorf("spec of %s: MemoryBytes %d is not a resolved limit (a VM needs at least %d MiB)", spec.ID, spec.MemoryBytes, minMemory>>20)
+	case spec.DiskBytes < minDisk:
+		return fmt.Errorf("spec of %s: DiskBytes %d is not a resolved limit (want at least %d MiB)", spec.ID, spec.DiskBytes, minDisk>>20)
+	case spec.Pids <= 0 || spec.OpenFiles == 0:
+		return fmt.Errorf("spec of %s: Pids %d, OpenFiles %d are not resolved limits", spec.ID, spec.Pids, spec.OpenFiles)
 	}
 	return nil
 }
@@ -1413,6 +1419,24 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	unlock := r.lock(id)
 	defer unlock()
 	return r.destroy(ctx, id)
+}
+
+// Kill ends sandbox id's QEMU process and returns once it is gone; its directory, cgroup and
+// uid stay until Delete (the edge kills a deleted sandbox before it answers, and removes the
+// rest off the request's path).
+func (r *Runtime) Kill(ctx context.Context, id string) error {
+	if !idRE.MatchString(id) {
+		return errdefs.Invalid("ID", "%q is not a sandbox ID", id)
+	}
+	unlock := r.lock(id)
+	defer unlock()
+	st, err := r.readState(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	return kill(ctx, st)
 }
 
 func (r *Runtime) destroy(ctx context.Context, id string) error {

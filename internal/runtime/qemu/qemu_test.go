@@ -26,15 +26,37 @@ func TestDocComments(t *testing.T) { doccheck.Exported(t, ".") }
 
 func testRuntime(t *testing.T) *Runtime {
 	t.Helper()
-	return &Runtime{cfg: Config{StateDir: t.TempDir(), DefaultDiskBytes: 1 << 30, UIDBase: 1000, UIDCount: 2, QEMU: "/usr/bin/qemu-system-x86_64"},
+	return &Runtime{cfg: Config{StateDir: t.TempDir(), UIDBase: 1000, UIDCount: 2, QEMU: "/usr/bin/qemu-system-x86_64"},
 		accel: AccelTCG, version: "QEMU 7.2", uids: map[uint32]string{}, locks: map[string]*sync.Mutex{}}
+}
+
+// resolved gives s's zero limits what admission resolves (internal/limits; the runtime
+// defaults none).
+func resolved(s runtime.Spec) runtime.Spec {
+	if s.CPUs == 0 {
+		s.CPUs = 1
+	}
+	if s.MemoryBytes == 0 {
+		s.MemoryBytes = 512 << 20
+	}
+	if s.DiskBytes == 0 {
+		s.DiskBytes = 1 << 30
+	}
+	if s.Pids == 0 {
+		s.Pids = 1024
+	}
+	if s.OpenFiles == 0 {
+		s.OpenFiles = 4096
+	}
+	return s
 }
 
 func TestValidate(t *testing.T) {
 	r := testRuntime(t)
-	ok := runtime.Spec{ID: "sb-1", Images: []runtime.LayerImage{{Image: "/l0"}}}
-	if err := r.validate(&ok); err != nil || ok.MemoryBytes != 512<<20 || ok.DiskBytes != 1<<30 {
-		t.Fatalf("defaults: %+v, %v", ok, err)
+	ok := resolved(runtime.Spec{ID: "sb-1", Images: []runtime.LayerImage{{Image: "/l0"}}})
+	want := ok
+	if err := r.validate(&ok); err != nil || ok.MemoryBytes != want.MemoryBytes || ok.DiskBytes != want.DiskBytes {
+		t.Fatalf("validate(%+v): %v; want it valid and its limits kept", ok, err)
 	}
 	seven := make([]runtime.LayerImage, 7)
 	for i := range seven {
@@ -42,17 +64,24 @@ func TestValidate(t *testing.T) {
 	}
 	for name, c := range map[string]struct {
 		spec  runtime.Spec
-		field string
+		field string // "": an internal error (a limit not resolved)
 	}{
 		"no layers":       {runtime.Spec{ID: "a"}, "Images"},
 		"bad id":          {runtime.Spec{ID: "../x", Images: ok.Images}, "ID"},
 		"calls":           {runtime.Spec{ID: "a", Images: ok.Images, Calls: true}, "Calls"},
-		"small memory":    {runtime.Spec{ID: "a", Images: ok.Images, MemoryBytes: 64 << 20}, "limits.memory_bytes"},
-		"small disk":      {runtime.Spec{ID: "a", Images: ok.Images, DiskBytes: 1 << 20}, "limits.disk_bytes"},
 		"too many disks":  {runtime.Spec{ID: "a", Images: seven}, "layers"},
-		"netns, no addrs": {runtime.Spec{ID: "a", Images: ok.Images, Netns: "/run/netns/x"}, "Addr"},
+		"netns, no addrs": {resolved(runtime.Spec{ID: "a", Images: ok.Images, Netns: "/run/netns/x"}), "Addr"},
+		"no limits":       {runtime.Spec{ID: "a", Images: ok.Images}, ""},
+		"small memory":    {resolved(runtime.Spec{ID: "a", Images: ok.Images, MemoryBytes: 64 << 20}), ""},
+		"small disk":      {resolved(runtime.Spec{ID: "a", Images: ok.Images, DiskBytes: 1 << 20}), ""},
 	} {
 		err := r.validate(&c.spec)
+		if c.field == "" {
+			if err == nil || errors.Is(err, errdefs.ErrInvalid) {
+				t.Errorf("%s: %v; want an internal error (admission resolves limits)", name, err)
+			}
+			continue
+		}
 		if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != c.field {
 			t.Errorf("%s: %v; want invalid %s", name, err, c.field)
 		}

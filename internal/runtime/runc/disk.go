@@ -178,9 +178,16 @@ func setLoopLegacy(loop, img *os.File) error {
 	return nil
 }
 
-// loopsBackedUnder returns the loop devices whose backing file lies under dir.
-func loopsBackedUnder(dir string) []string {
-	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+// loopsBackedUnder returns the loop devices whose backing file lies under dir, looking at only
+// the devices among (/dev/loopN paths) when that is not nil, else at every loop device.
+func loopsBackedUnder(dir string, among []string) []string {
+	var paths []string
+	if among == nil {
+		paths, _ = filepath.Glob("/sys/block/loop*/loop/backing_file")
+	}
+	for _, dev := range among {
+		paths = append(paths, filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+	}
 	var devs []string
 	for _, p := range paths {
 		b, err := os.ReadFile(p)
@@ -195,11 +202,11 @@ func loopsBackedUnder(dir string) []string {
 	return devs
 }
 
-// detachLoopsUnder detaches loop devices backed by files under dir. With autoclear they are
-// normally gone once their mount is; this handles devices attached by other means.
-func detachLoopsUnder(dir string) error {
+// detachLoops detaches the loop devices devs (found by loopsBackedUnder). With autoclear they
+// are normally gone once their mount is; this handles devices attached by other means.
+func detachLoops(devs []string) error {
 	var errs []error
-	for _, dev := range loopsBackedUnder(dir) {
+	for _, dev := range devs {
 		f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			continue // gone already

@@ -201,13 +201,39 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 func (e *testEnv) spec(id string) Spec {
-	return Spec{
+	return resolved(Spec{
 		ID:        id,
 		Lower:     []string{fx.base, fx.top},
 		AgentPath: fx.agent,
 		AgentArgs: []string{"serve"},
-	}
+	})
 }
+
+// resolved gives s's zero limits the values admission resolves (internal/limits owns them;
+// the runtime defaults none), with the tests' small disk.
+func resolved(s Spec) Spec {
+	if s.CPUs == 0 {
+		s.CPUs = 1
+	}
+	if s.MemoryBytes == 0 {
+		s.MemoryBytes = 512 << 20
+	}
+	if s.Pids == 0 {
+		s.Pids = 1024
+	}
+	if s.DiskBytes == 0 {
+		s.DiskBytes = 64 << 20
+	}
+	if s.OpenFiles == 0 {
+		s.OpenFiles = 1000
+	}
+	if s.ShmBytes == 0 {
+		s.ShmBytes = testShmBytes
+	}
+	return s
+}
+
+const testShmBytes = 64 << 20
 
 func (e *testEnv) create(s Spec) *runtime.Sandbox {
 	e.t.Helper()
@@ -285,10 +311,10 @@ func (e *testEnv) leaks() []string {
 	}
 	// Autoclear detaches a loop device when its last user goes; allow the kernel a moment.
 	deadline := time.Now().Add(3 * time.Second)
-	for len(loopsBackedUnder(e.cfg.StateDir)) > 0 && time.Now().Before(deadline) {
+	for len(loopsBackedUnder(e.cfg.StateDir, nil)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if l := loopsBackedUnder(e.cfg.StateDir); len(l) > 0 {
+	if l := loopsBackedUnder(e.cfg.StateDir, nil); len(l) > 0 {
 		leaks = append(leaks, fmt.Sprintf("loop devices: %v", l))
 	}
 	for _, h := range e.hierarchies() {

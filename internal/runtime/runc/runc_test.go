@@ -83,7 +83,7 @@ func TestSandboxInside(t *testing.T) {
 		{"sys read-only", "touch /sys/x 2>/dev/null; echo $?", "1"},
 		{"devices", "ls /dev | grep -v -x -e core -e fd -e full -e mqueue -e null -e ptmx -e pts -e random -e shm -e stderr -e stdin -e stdout -e tty -e urandom -e zero | wc -l", "0"},
 		{"device nodes", "ls -l /dev | grep ^c | wc -l", "6"}, // null zero full tty random urandom
-		{"shm size", "df -k /dev/shm | tail -1 | awk '{print $2}'", strconv.Itoa(int(DefaultShmBytes >> 10))},
+		{"shm size", "df -k /dev/shm | tail -1 | awk '{print $2}'", strconv.Itoa(int(testShmBytes >> 10))},
 		{"agent is pid 1", "cat /proc/1/comm", "4"},
 		{"agent's /proc is closed", "readlink /proc/1/exe || readlink /proc/1/fd/3 || cat /proc/1/environ 2>/dev/null; echo $?", "1"},
 		{"agent not ptraceable", "cat /proc/1/mem 2>/dev/null; echo $?", "1"},
@@ -365,11 +365,15 @@ func TestCreateErrors(t *testing.T) {
 			{ID: "ok", AgentPath: fx.agent},
 			{ID: "ok", Lower: []string{"relative"}, AgentPath: fx.agent},
 			{ID: "ok", Lower: []string{fx.base}, AgentPath: "/nonexistent"},
-			{ID: "ok", Lower: []string{fx.base}, AgentPath: fx.agent, DiskBytes: 1 << 20},
 		} {
-			if _, err := e.r.Create(ctx, runtime.Spec(s)); !errors.Is(err, errdefs.ErrInvalid) {
+			if _, err := e.r.Create(ctx, runtime.Spec(resolved(s))); !errors.Is(err, errdefs.ErrInvalid) {
 				t.Errorf("Create(%+v): %v, want invalid", s, err)
 			}
+		}
+		// A limit admission did not resolve is the caller's bug: an error, not a default.
+		s := Spec{ID: "ok", Lower: []string{fx.base}, AgentPath: fx.agent, DiskBytes: 1 << 20}
+		if _, err := e.r.Create(ctx, runtime.Spec(s)); err == nil || errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("Create(%+v): %v, want an internal error", s, err)
 		}
 	})
 }
@@ -410,7 +414,7 @@ func TestPartialState(t *testing.T) {
 	}
 	// runc got as far as `runc create`: its init waits on the exec fifo, never started.
 	hs := e.spec("half")
-	if err := hs.normalize(e.cfg.DefaultDiskBytes, e.r.maxOpenFiles); err != nil {
+	if err := hs.normalize(e.r.maxOpenFiles); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := e.r.tmpl.render(&hs, e.r.cgroupPath("half"), nil, nil, nil, Budgets{})
@@ -525,8 +529,8 @@ func (e *testEnv) leaksWhileOpen() []string {
 			out = append(out, "mount "+mp)
 		}
 	}
-	pool := loopsBackedUnder(e.r.poolDir)
-	for _, dev := range loopsBackedUnder(e.cfg.StateDir) {
+	pool := loopsBackedUnder(e.r.poolDir, nil)
+	for _, dev := range loopsBackedUnder(e.cfg.StateDir, nil) {
 		if !slices.Contains(pool, dev) {
 			out = append(out, "loop device "+dev)
 		}

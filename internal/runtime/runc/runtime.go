@@ -35,12 +35,6 @@ const (
 	DefaultDiskBytes    = 1 << 30
 	DefaultDiskPool     = 4
 
-	DefaultCPUs        = 1.0
-	DefaultMemoryBytes = 512 << 20
-	DefaultPids        = 1024
-	DefaultOpenFiles   = 1 << 16
-	DefaultShmBytes    = 64 << 20
-
 	minDiskBytes     = 8 << 20
 	agentOOMScoreAdj = -1000 // below this mkfs.ext4 makes a uselessly small filesystem
 )
@@ -56,8 +50,8 @@ type Config struct {
 	RuncRoot string
 	// CgroupParent is the cgroup path under which each sandbox gets <CgroupParent>/<id>.
 	CgroupParent string
-	// DefaultDiskBytes is the writable-layer size of a Spec with DiskBytes 0, and the size of the
-	// pooled disks.
+	// DefaultDiskBytes is the size of the pooled disks: the node's default sandbox disk, so a
+	// Spec of that DiskBytes takes one ready.
 	DefaultDiskBytes int64
 	// DiskPool is how many formatted and mounted disks of DefaultDiskBytes are kept ready; 0 means
 	// DefaultDiskPool, negative means no pool (every Create runs mkfs).

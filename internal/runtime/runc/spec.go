@@ -43,8 +43,9 @@ func validID(id string) bool { return idRE.MatchString(id) }
 
 var hostnameRE = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$`)
 
-// normalize applies defaults and validates s.
-func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
+// normalize validates s and fills what runc derives from it (Engine, Hostname). It defaults no
+// limit: they come resolved (internal/limits).
+func (s *Spec) normalize(maxOpenFiles uint64) error {
 	if !validID(s.ID) {
 		return errdefs.Invalid("ID", "%q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", s.ID)
 	}
@@ -112,38 +113,25 @@ func (s *Spec) normalize(defaultDisk int64, maxOpenFiles uint64) error {
 			return errdefs.Invalid("Env", "%q is not KEY=VALUE", e)
 		}
 	}
-	if s.CPUs < 0 || s.MemoryBytes < 0 || s.Pids < 0 || s.DiskBytes < 0 || s.ShmBytes < 0 {
-		return errdefs.Invalid("Spec", "limits must not be negative")
-	}
-	if s.CPUs == 0 {
-		s.CPUs = DefaultCPUs
-	}
-	if s.CPUs < 0.01 || s.CPUs > 1024 {
-		return errdefs.Invalid("CPUs", "%v is out of range [0.01, 1024]", s.CPUs)
-	}
-	if s.MemoryBytes == 0 {
-		s.MemoryBytes = DefaultMemoryBytes
-	}
-	if s.MemoryBytes < 4<<20 {
-		return errdefs.Invalid("MemoryBytes", "%d is below 4 MiB", s.MemoryBytes)
-	}
-	if s.Pids == 0 {
-		s.Pids = DefaultPids
-	}
-	if s.DiskBytes == 0 {
-		s.DiskBytes = defaultDisk
-	}
-	if s.DiskBytes < minDiskBytes {
-		return errdefs.Invalid("DiskBytes", "%d is below %d", s.DiskBytes, minDiskBytes)
-	}
-	if s.OpenFiles == 0 {
-		s.OpenFiles = min(DefaultOpenFiles, maxOpenFiles)
+	// The limits come resolved by admission (internal/limits), which owns their defaults and
+	// bounds; one missing or out of what runc can enforce is the caller's bug, not the user's.
+	switch {
+	case !(s.CPUs >= 0.01 && s.CPUs <= 1024):
+		return fmt.Errorf("spec of %s: CPUs %v is not a resolved limit (want [0.01, 1024])", s.ID, s.CPUs)
+	case s.MemoryBytes < 4<<20:
+		return fmt.Errorf("spec of %s: MemoryBytes %d is not a resolved limit (want at least 4 MiB)", s.ID, s.MemoryBytes)
+	case s.Pids <= 0:
+		return fmt.Errorf("spec of %s: Pids %d is not a resolved limit", s.ID, s.Pids)
+	case s.DiskBytes < minDiskBytes:
+		return fmt.Errorf("spec of %s: DiskBytes %d is not a resolved limit (want at least %d)", s.ID, s.DiskBytes, minDiskBytes)
+	case s.OpenFiles == 0:
+		return fmt.Errorf("spec of %s: OpenFiles 0 is not a resolved limit", s.ID)
+	case s.ShmBytes <= 0:
+		return fmt.Errorf("spec of %s: ShmBytes %d is not a resolved size", s.ID, s.ShmBytes)
 	}
 	if s.OpenFiles > maxOpenFiles {
-		return errdefs.Invalid("OpenFiles", "%d is over what this host allows (%d)", s.OpenFiles, maxOpenFiles)
-	}
-	if s.ShmBytes == 0 {
-		s.ShmBytes = DefaultShmBytes
+		// This host's own ceiling (fs.nr_open, runc's hard limit), below the policy's.
+		return errdefs.Invalid("limits.open_files", "%d is over what this host allows (%d)", s.OpenFiles, maxOpenFiles)
 	}
 	return nil
 }

@@ -49,47 +49,59 @@ func errorsIsInvalid(err error) bool { return errdefs.Code(err) == "invalid" }
 
 func TestSpecNormalize(t *testing.T) {
 	dir := t.TempDir()
-	base := func() Spec { return Spec{ID: "sb-1", Lower: []string{dir}, AgentPath: "/agent"} }
+	base := func() Spec { return resolved(Spec{ID: "sb-1", Lower: []string{dir}, AgentPath: "/agent"}) }
 	tests := []struct {
 		name  string
 		edit  func(*Spec)
-		field string
+		field string // "" with internal: an error that is no ErrInvalid
 		check func(*testing.T, Spec)
+		// internal: the spec breaks an invariant of the caller (a limit not resolved).
+		internal bool
 	}{
-		{"defaults", func(*Spec) {}, "", func(t *testing.T, s Spec) {
-			if s.Hostname != "sb-1" || s.CPUs != DefaultCPUs || s.MemoryBytes != DefaultMemoryBytes || s.Pids != DefaultPids ||
-				s.DiskBytes != 64<<20 || s.OpenFiles != 1000 || s.ShmBytes != DefaultShmBytes {
-				t.Errorf("defaults not applied: %+v", s)
+		{"resolved limits kept", func(*Spec) {}, "", func(t *testing.T, s Spec) {
+			if s.Hostname != "sb-1" || s.CPUs != 1 || s.MemoryBytes != 512<<20 || s.Pids != 1024 || s.DiskBytes != 64<<20 ||
+				s.OpenFiles != 1000 || s.ShmBytes != testShmBytes {
+				t.Errorf("limits changed: %+v", s)
 			}
-		}},
+		}, false},
 		{"hostname from an underscore ID", func(s *Spec) { s.ID = "a_b." }, "", func(t *testing.T, s Spec) {
 			if s.Hostname != "a-b" {
 				t.Errorf("hostname %q, want a-b", s.Hostname)
 			}
-		}},
-		{"empty ID", func(s *Spec) { s.ID = "" }, "ID", nil},
-		{"ID with slash", func(s *Spec) { s.ID = "a/b" }, "ID", nil},
-		{"ID dot-dot", func(s *Spec) { s.ID = ".." }, "ID", nil},
-		{"ID too long", func(s *Spec) { s.ID = strings.Repeat("a", 65) }, "ID", nil},
-		{"bad hostname", func(s *Spec) { s.Hostname = "-x" }, "Hostname", nil},
-		{"no layers", func(s *Spec) { s.Lower = nil }, "Lower", nil},
-		{"relative layer", func(s *Spec) { s.Lower = []string{"x"} }, "Lower", nil},
-		{"missing layer", func(s *Spec) { s.Lower = []string{dir + "/nope"} }, "Lower", nil},
-		{"relative agent", func(s *Spec) { s.AgentPath = "agent" }, "AgentPath", nil},
-		{"bad env", func(s *Spec) { s.Env = []string{"=x"} }, "Env", nil},
-		{"negative memory", func(s *Spec) { s.MemoryBytes = -1 }, "Spec", nil},
-		{"tiny memory", func(s *Spec) { s.MemoryBytes = 1 << 20 }, "MemoryBytes", nil},
-		{"too many cpus", func(s *Spec) { s.CPUs = 5000 }, "CPUs", nil},
-		{"tiny disk", func(s *Spec) { s.DiskBytes = 1 << 20 }, "DiskBytes", nil},
-		{"too many files", func(s *Spec) { s.OpenFiles = 1001 }, "OpenFiles", nil},
+		}, false},
+		{"empty ID", func(s *Spec) { s.ID = "" }, "ID", nil, false},
+		{"ID with slash", func(s *Spec) { s.ID = "a/b" }, "ID", nil, false},
+		{"ID dot-dot", func(s *Spec) { s.ID = ".." }, "ID", nil, false},
+		{"ID too long", func(s *Spec) { s.ID = strings.Repeat("a", 65) }, "ID", nil, false},
+		{"bad hostname", func(s *Spec) { s.Hostname = "-x" }, "Hostname", nil, false},
+		{"no layers", func(s *Spec) { s.Lower = nil }, "Lower", nil, false},
+		{"relative layer", func(s *Spec) { s.Lower = []string{"x"} }, "Lower", nil, false},
+		{"missing layer", func(s *Spec) { s.Lower = []string{dir + "/nope"} }, "Lower", nil, false},
+		{"relative agent", func(s *Spec) { s.AgentPath = "agent" }, "AgentPath", nil, false},
+		{"bad env", func(s *Spec) { s.Env = []string{"=x"} }, "Env", nil, false},
+		{"too many files for the host", func(s *Spec) { s.OpenFiles = 1001 }, "limits.open_files", nil, false},
+		// The runtime defaults nothing: a limit admission did not resolve is refused.
+		{"no cpus", func(s *Spec) { s.CPUs = 0 }, "", nil, true},
+		{"too many cpus", func(s *Spec) { s.CPUs = 5000 }, "", nil, true},
+		{"no memory", func(s *Spec) { s.MemoryBytes = 0 }, "", nil, true},
+		{"negative memory", func(s *Spec) { s.MemoryBytes = -1 }, "", nil, true},
+		{"tiny memory", func(s *Spec) { s.MemoryBytes = 1 << 20 }, "", nil, true},
+		{"no pids", func(s *Spec) { s.Pids = 0 }, "", nil, true},
+		{"no disk", func(s *Spec) { s.DiskBytes = 0 }, "", nil, true},
+		{"tiny disk", func(s *Spec) { s.DiskBytes = 1 << 20 }, "", nil, true},
+		{"no open files", func(s *Spec) { s.OpenFiles = 0 }, "", nil, true},
+		{"no shm", func(s *Spec) { s.ShmBytes = 0 }, "", nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := base()
 			tt.edit(&s)
-			err := s.normalize(64<<20, 1000)
+			err := s.normalize(1000)
 			if got := errdefs.Field(err); got != tt.field {
 				t.Fatalf("normalize() = %v (field %q), want field %q", err, got, tt.field)
+			}
+			if tt.internal != (err != nil && !errorsIsInvalid(err)) {
+				t.Fatalf("normalize() = %v, want an internal error: %v", err, tt.internal)
 			}
 			if tt.check != nil {
 				tt.check(t, s)
@@ -104,9 +116,9 @@ func TestRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", AgentArgs: []string{"serve", "--fd", "3"}, CPUs: 1.5,
-		MemoryBytes: 1 << 30, Pids: 99, OpenFiles: 777, Env: []string{"A=b"}}
-	if err := s.normalize(64<<20, 1<<20); err != nil {
+	s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", AgentArgs: []string{"serve", "--fd", "3"}, CPUs: 1.5,
+		MemoryBytes: 1 << 30, Pids: 99, OpenFiles: 777, Env: []string{"A=b"}})
+	if err := s.normalize(1 << 20); err != nil {
 		t.Fatal(err)
 	}
 	b, err := tmpl.render(&s, "/corral/x", nil, nil, nil, Budgets{})
@@ -240,8 +252,8 @@ func TestRenderCalls(t *testing.T) {
 	}
 	render := func(calls bool, args ...string) specs.Spec {
 		t.Helper()
-		s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", AgentArgs: args, Calls: calls}
-		if err := s.normalize(64<<20, 1<<20); err != nil {
+		s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", AgentArgs: args, Calls: calls})
+		if err := s.normalize(1 << 20); err != nil {
 			t.Fatal(err)
 		}
 		b, err := tmpl.render(&s, "/corral/x", nil, nil, nil, Budgets{})
@@ -304,8 +316,8 @@ func TestRenderCalls(t *testing.T) {
 		t.Errorf("calls sandbox's masked or read-only paths differ")
 	}
 
-	s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", Calls: true, Runtime: string(EngineGVisor)}
-	if err := s.normalize(64<<20, 1<<20); errdefs.Field(err) != "Calls" {
+	s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", Calls: true, Runtime: string(EngineGVisor)})
+	if err := s.normalize(1 << 20); errdefs.Field(err) != "Calls" {
 		t.Errorf("Calls on gVisor: %v, want invalid Calls", err)
 	}
 }
@@ -317,8 +329,8 @@ func TestRenderHostFacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a"}
-	if err := s.normalize(64<<20, 1<<20); err != nil {
+	s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a"})
+	if err := s.normalize(1 << 20); err != nil {
 		t.Fatal(err)
 	}
 	facts := []lxcfs.Bind{{Source: "/d/lxcfs/view/meminfo", Target: "/proc/meminfo"}, {Source: "/d/lxcfs/view/swaps", Target: "/proc/swaps"}}

@@ -40,9 +40,9 @@ func TestRenderVolumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", ResolvConf: "/r",
-		Volumes: []runtime.Volume{{Image: "/v/a.ext4", Path: "/data"}, {Image: "/v/b.ext4", Path: "/ro", ReadOnly: true}}}
-	if err := s.normalize(64<<20, 1<<20); err != nil {
+	s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", ResolvConf: "/r",
+		Volumes: []runtime.Volume{{Image: "/v/a.ext4", Path: "/data"}, {Image: "/v/b.ext4", Path: "/ro", ReadOnly: true}}})
+	if err := s.normalize(1 << 20); err != nil {
 		t.Fatal(err)
 	}
 	b, err := tmpl.render(&s, "/corral/x", nil, nil, nil, Budgets{}, volumeMounts("/state/x", &s)...)

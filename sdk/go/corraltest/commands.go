@@ -102,7 +102,12 @@ func builtinPrograms() map[string]programEntry {
 		"sleep": func(ctx context.Context, p *Process) corral.Exit {
 			d := time.Hour
 			if len(p.Args) > 1 {
-				d, _ = time.ParseDuration(p.Args[1])
+				// sleep's operand: seconds ("600", as coreutils and busybox read it) or a Go duration.
+				if n, err := strconv.ParseFloat(p.Args[1], 64); err == nil {
+					d = time.Duration(n * float64(time.Second))
+				} else {
+					d, _ = time.ParseDuration(p.Args[1])
+				}
 			}
 			t := time.NewTimer(d)
 			defer t.Stop()
@@ -192,6 +197,14 @@ func (s *Server) startLocked(sb *sandbox, req corral.ExecRequest) (*command, *ht
 		var err error
 		if timeout, err = time.ParseDuration(req.Timeout); err != nil || timeout <= 0 {
 			return nil, invalid("timeout", "timeout %q is not a positive Go duration", req.Timeout)
+		}
+	}
+	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
+		return nil, invalid("cwd", "%q is not an absolute path", req.Cwd)
+	}
+	for i, e := range req.Env {
+		if !strings.Contains(e, "=") {
+			return nil, invalid(fmt.Sprintf("env[%d]", i), "is not KEY=VALUE (no '=')")
 		}
 	}
 	if x := sb.exclusiveLocked(); x != nil {

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -551,19 +552,33 @@ func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	for _, v := range []*int64{q.Sandboxes, q.MemoryBytes, q.DiskBytes, q.CreatesPerMinute} {
-		if v != nil && *v < 0 {
-			fail(w, invalid("", "quota limits must not be negative"))
+	// As the real server's: each limit named as its field, tiers sorted, then tier names.
+	limits := []struct {
+		name string
+		v    *int64
+	}{{"sandboxes", q.Sandboxes}, {"memory_bytes", q.MemoryBytes}, {"disk_bytes", q.DiskBytes},
+		{"creates_per_minute", q.CreatesPerMinute}, {"artifact_bytes", q.ArtifactBytes}}
+	if q.CPUs != nil && *q.CPUs < 0 {
+		fail(w, invalid("cpus", "a limit cannot be negative (%g)", *q.CPUs))
+		return
+	}
+	for _, l := range limits {
+		if l.v != nil && *l.v < 0 {
+			fail(w, invalid(l.name, "a limit cannot be negative (%d)", *l.v))
 			return
 		}
 	}
-	if q.CPUs != nil && *q.CPUs < 0 {
-		fail(w, invalid("cpus", "quota limits must not be negative"))
-		return
+	for _, tier := range slices.Sorted(maps.Keys(q.Tiers)) {
+		if n := q.Tiers[tier]; n < 0 {
+			fail(w, invalid("tiers."+tier, "a limit cannot be negative (%d)", n))
+			return
+		}
 	}
-	for tier, n := range q.Tiers {
-		if n < 0 {
-			fail(w, invalid("tiers", "tier %s: quota limits must not be negative", tier))
+	for tier := range q.Tiers {
+		switch tier {
+		case "container", "fncall", "microvm", "vm":
+		default:
+			fail(w, invalid("tiers", "%q is not a tier (container, fncall, microvm, vm)", tier))
 			return
 		}
 	}

@@ -104,7 +104,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 			fail(w, conflict("layer %s:%s already exists with other content; publish a new version", name, version))
 			return
 		}
-		writeJSON(w, http.StatusOK, old.info)
+		writeJSON(w, http.StatusOK, s.layerViewLocked(old))
 		return
 	}
 	l := s.addLayerLocked(corral.Layer{Name: name, Version: version, Kind: kind, Files: files}, content)
@@ -118,7 +118,7 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
 	out := []corral.Layer{}
 	for _, key := range s.layerOrder {
 		if l := s.layers[key]; name == "" || l.info.Name == name {
-			out = append(out, l.info)
+			out = append(out, s.layerViewLocked(l))
 		}
 	}
 	slices.SortStableFunc(out, func(a, b corral.Layer) int { return strings.Compare(a.Name, b.Name) })
@@ -134,5 +134,5 @@ func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
 		fail(w, notFound("layer %s not found", key))
 		return
 	}
-	writeJSON(w, http.StatusOK, l.info)
+	writeJSON(w, http.StatusOK, s.layerViewLocked(l))
 }

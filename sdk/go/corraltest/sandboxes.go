@@ -2,8 +2,10 @@ package corraltest
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,11 +38,22 @@ func (sb *sandbox) view() corral.Sandbox {
 	return v
 }
 
+// idRE matches the real server's sandbox IDs ("sb-", the node name, "-", 16 base32
+// characters) and the fake's own, shorter ones ("sb-1").
+var idRE = regexp.MustCompile(`^sb-([a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?-[a-z2-7]{16}|[0-9]+)$`)
+
+// validID reports whether id has the shape of a sandbox ID: the real server refuses any
+// other with 400 before looking it up.
+func validID(id string) bool { return idRE.MatchString(id) }
+
 // lookupLocked returns the sandbox named by the request's {id}.
 //
 // Preconditions: s.mu is held.
 func (s *Server) lookupLocked(r *http.Request) (*sandbox, *httpError) {
 	id := r.PathValue("id")
+	if !validID(id) {
+		return nil, invalid("id", "%q is not a sandbox ID (sb-NODE-XXXXXXXXXXXXXXXX)", id)
+	}
 	sb, ok := s.sandboxes[id]
 	if !ok {
 		return nil, notFound("sandbox %s not found", id)
@@ -95,9 +108,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		fail(w, invalid("runtime", "%q: want runc or gvisor", req.Runtime))
 		return
 	}
-	for _, e := range req.Env {
+	for i, e := range req.Env {
 		if !strings.Contains(e, "=") {
-			fail(w, invalid("env", "env entry %q is not KEY=VALUE", e))
+			fail(w, invalid(fmt.Sprintf("env[%d]", i), "is not KEY=VALUE (no '=')"))
 			return
 		}
 	}
@@ -120,32 +133,20 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		fail(w, &httpError{http.StatusNotFound, corral.CodeNotFound, "project " + project + " not found", "project"})
 		return
 	}
-	if req.Base == "" {
-		fail(w, invalid("base", "base is required"))
-		return
-	}
-	check := func(field, ref, kind string) bool {
-		l, ok := s.layers[ref]
+	if req.Environment != "" {
+		env, ok := s.environments[req.Environment]
 		if !ok {
-			fail(w, &httpError{http.StatusNotFound, corral.CodeNotFound, "layer " + ref + " not found", field})
-			return false
-		}
-		if l.info.Kind != kind {
-			fail(w, invalid(field, "layer %s is a %s layer, not %s", ref, l.info.Kind, kind))
-			return false
-		}
-		return true
-	}
-	if !check("base", req.Base, corral.KindBase) {
-		return
-	}
-	if req.Workspace != "" && !check("workspace", req.Workspace, corral.KindWorkspace) {
-		return
-	}
-	for _, t := range req.Toolkits {
-		if !check("toolkits", t, corral.KindToolkit) {
+			fail(w, invalid("environment", "environment %q is not saved (see `corral env ls`)", req.Environment))
 			return
 		}
+		if req.Base == "" {
+			req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
+		}
+	}
+	req.Toolkits = slices.Clone(req.Toolkits)
+	if err := s.checkLayersLocked(&req.Base, &req.Workspace, req.Toolkits); err != nil {
+		fail(w, err)
+		return
 	}
 
 	if e := s.admitLocked(project, req.Limits, "container"); e != nil {
@@ -170,6 +171,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 			Env:            req.Env,
 			Labels:         req.Labels,
 			Hostname:       req.Hostname,
+			Environment:    req.Environment,
 			CreatedAt:      now,
 			ExpiresAt:      now.Add(ttl),
 			IdleTTLSeconds: int64(idle / time.Second),
@@ -194,7 +196,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	state := q.Get("state")
+	// state is repeatable; any may match.
+	states := q["state"]
+	for _, st := range states {
+		switch st {
+		case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateStopped, corral.StateFailed:
+		default:
+			fail(w, invalid("state", "%q is not a state (creating, running, paused, off, stopped, failed)", st))
+			return
+		}
+	}
 	project := q.Get("project")
 	if project != "" {
 		var err *httpError
@@ -220,7 +231,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	out := []corral.Sandbox{}
 	for _, id := range s.sbOrder {
 		sb := s.sandboxes[id]
-		if (state != "" && sb.state != state) || !within(sb.spec.Project, project) {
+		if (len(states) > 0 && !slices.Contains(states, sb.state)) || !within(sb.spec.Project, project) {
 			continue
 		}
 		match := true

@@ -51,10 +51,15 @@ type Server struct {
 
 	mu sync.Mutex
 	// The fields below are protected by mu.
-	sandboxes   map[string]*sandbox
-	sbOrder     []string
-	layers      map[string]*layer // by "name:version"
-	layerOrder  []string
+	sandboxes  map[string]*sandbox
+	sbOrder    []string
+	layers     map[string]*layer // by "name:version"
+	layerOrder []string
+	// environments are the saved environments, by name, in envOrder.
+	environments map[string]*corral.Environment
+	// tags maps a layer name's tags to the versions they point at.
+	tags        map[string]map[string]string
+	envOrder    []string
 	programs    map[string]programEntry
 	requests    []Request
 	nextSandbox int
@@ -72,10 +77,12 @@ func NewServer(t testing.TB) *Server {
 // Start starts a fake server; the caller must Close it. Tests use [NewServer].
 func Start() *Server {
 	s := &Server{
-		Token:     DefaultToken,
-		sandboxes: make(map[string]*sandbox),
-		layers:    make(map[string]*layer),
-		programs:  builtinPrograms(),
+		Token:        DefaultToken,
+		sandboxes:    make(map[string]*sandbox),
+		layers:       make(map[string]*layer),
+		environments: make(map[string]*corral.Environment),
+		tags:         make(map[string]map[string]string),
+		programs:     builtinPrograms(),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.initIAMLocked()
@@ -194,6 +201,13 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST /v1/layers", s.importLayer)
 	mux.HandleFunc("GET /v1/layers", s.listLayers)
 	mux.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
+	mux.HandleFunc("DELETE /v1/layers/{name}/{version}", s.deleteLayer)
+	mux.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.tagLayer)
+	mux.HandleFunc("DELETE /v1/layers/{name}/tags/{tag}", s.deleteTag)
+	mux.HandleFunc("POST /v1/environments", s.saveEnvironment)
+	mux.HandleFunc("GET /v1/environments", s.listEnvironments)
+	mux.HandleFunc("GET /v1/environments/{name}", s.getEnvironment)
+	mux.HandleFunc("DELETE /v1/environments/{name}", s.deleteEnvironment)
 	mux.HandleFunc("GET /v1/whoami", s.whoami)
 	mux.HandleFunc("POST /v1/projects", s.createProject)
 	mux.HandleFunc("GET /v1/projects", s.listProjects)
@@ -211,6 +225,13 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("GET /v1/tokens", s.listTokens)
 	mux.HandleFunc("DELETE /v1/tokens/{id}", s.revokeToken)
 	mux.HandleFunc("GET /v1/audit", s.listAudit)
+	// As the real server's: any other route is a JSON 404. The real server serves more routes
+	// than the fake (pause, snapshots, tags, volumes, ...): those land here too, and the message
+	// says so.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, corral.CodeNotFound,
+			fmt.Sprintf("no API route %s %s (or one the fake corraltest does not serve)", r.Method, r.URL.Path), "")
+	})
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := Request{Method: r.Method, Path: r.URL.Path, Query: r.URL.Query(), Header: r.Header.Clone()}

@@ -252,7 +252,7 @@ class VolumeMount(Model):
 @dataclass
 class SandboxInfo(Model):
     """The server's view of a sandbox (``Sandbox.info()``): its ``state`` ("creating",
-    "running", "paused", "stopped", "failed", "off"), the ``reason`` it stopped, its layers,
+    "running", "paused", "deleting", "stopped", "failed", "off"), the ``reason`` it stopped, its layers,
     limits, labels and times."""
 
     _models: ClassVar[Dict[str, type]] = {"limits": Limits, "network": NetworkPolicy,

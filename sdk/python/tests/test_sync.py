@@ -85,8 +85,12 @@ class SyncTest(unittest.TestCase):
             self.assertEqual(sb.info().state, "paused")
             self.assertEqual(sb.resume().state, "running")
             self.assertEqual(sb.exec(["echo", "back"]).stdout, "back\n")
-        # The with block deleted it.
+        # The with block deleted it: "deleting" until its host cleanup ended, then "stopped".
+        deadline = time.monotonic() + 30
         info = self.c.get(sb.id).info()
+        while info.state == "deleting" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            info = self.c.get(sb.id).info()
         self.assertEqual((info.state, info.reason), ("stopped", "deleted"))
         with self.assertRaises(corral.NotFound):
             self.c.get("sb-local-aaaaaaaaaaaaaaaa")

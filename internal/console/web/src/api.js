@@ -17,6 +17,16 @@ export function takeTokenFromURL() {
   history.replaceState(null, '', location.pathname + location.search + '#/sandboxes');
 }
 
+// bearerProtocol is the token as a WebSocket subprotocol (corral.WebSocketBearerProtocol in the
+// Go SDK): a browser's WebSocket cannot send an Authorization header, and a token in the URL
+// would be logged and kept in history, so it is offered as "corral.bearer." and the token in
+// unpadded base64url; the server takes it and never answers it back.
+export function bearerProtocol(t) {
+  let s = '';
+  for (const b of new TextEncoder().encode(t)) s += String.fromCharCode(b);
+  return 'corral.bearer.' + btoa(s).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+}
+
 export class APIError extends Error {
   constructor(status, body) {
     super((body && body.message) || 'HTTP ' + status);

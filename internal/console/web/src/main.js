@@ -13,8 +13,11 @@ import * as layers from './pages/layers.js';
 import * as fncall from './pages/fncall.js';
 import * as nodes from './pages/nodes.js';
 import * as report from './pages/report.js';
+import * as create from './pages/create.js';
+import * as webhooks from './pages/webhooks.js';
 
 const routes = [
+  { re: /^#\/new$/, page: create },
   { re: /^#\/sandboxes\/([^/]+)$/, page: sandbox },
   { re: /^#\/sandboxes$/, page: sandboxes, nav: 'Sandboxes', path: '#/sandboxes' },
   { re: /^#\/projects$/, page: projects, nav: 'Projects', path: '#/projects' },
@@ -22,6 +25,7 @@ const routes = [
   { re: /^#\/layers$/, page: layers, nav: 'Layers & environments', path: '#/layers' },
   { re: /^#\/fncall$/, page: fncall, nav: 'Fncall pools', path: '#/fncall' },
   { re: /^#\/nodes$/, page: nodes, nav: 'Nodes', path: '#/nodes' },
+  { re: /^#\/webhooks$/, page: webhooks, nav: 'Webhooks', path: '#/webhooks' },
   { re: /^#\/report$/, page: report, nav: 'Report', path: '#/report' },
 ];
 

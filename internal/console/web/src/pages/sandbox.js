@@ -1,6 +1,6 @@
 // A sandbox's page: its state, limits and network policy with the attempts it blocked, live
-// metrics charts, the trajectory as a timeline, a terminal, a file browser and, for vm
-// sandboxes, the screen. Each tab is a module; only the open one runs.
+// metrics charts, the trajectory as a timeline, a terminal, a file browser and the screen (noVNC,
+// for vm and desktop sandboxes). Each tab is a module; only the open one runs.
 import { h, replace, bytes, when, labels, errorBox, section } from '../dom.js';
 import * as api from '../api.js';
 import { Chart } from '../chart.js';
@@ -17,7 +17,9 @@ export async function render(root, [id]) {
     { name: 'Terminal', render: terminal.render },
     { name: 'Files', render: files.render },
   ];
-  if (sb.tier === 'vm') tabs.push({ name: 'Screen', render: screen.render });
+  // Every sandbox may have a display (a vm's, or a desktop environment's X server); the tab says
+  // so when this one has none.
+  tabs.push({ name: 'Screen', render: screen.render });
   const body = h('div', { id: 'tab' });
   let stop = null;
   const bar = h('div', { class: 'tabs', role: 'tablist' });

@@ -33,7 +33,7 @@ export async function render(root) {
   field('tier', h('select', {}, tiers.map((s) => h('option', { value: s }, s || 'any tier')))),
   h('button', { type: 'submit' }, 'Filter'));
 
-  replace(root, h('h1', {}, 'Sandboxes'), form, listBox,
+  replace(root, h('h1', {}, 'Sandboxes ', h('a', { href: '#/new', class: 'button', id: 'new-sandbox-link' }, 'New sandbox')), form, listBox,
     h('h2', {}, 'Events ', status), feed);
 
   let all = [];
