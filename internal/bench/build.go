@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/layers"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime/backends"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -91,7 +91,7 @@ func Build(ctx context.Context, c *corral.Client, cfg BuildConfig, log *slog.Log
 	}
 	const podmanBase = "localhost/corral-bench-build-base:latest"
 	if cfg.PodmanRuntime == "" {
-		cfg.PodmanRuntime = runc.DefaultRunc
+		cfg.PodmanRuntime = backends.DefaultRunc
 	}
 	// A store of its own (overlay, on the work directory's filesystem): the host's podman
 	// images are never touched.

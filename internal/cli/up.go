@@ -12,7 +12,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/daemon"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime/backends"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -142,9 +142,9 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.BoolVar(&cfg.Net.Disabled, "no-net", false, "no sandbox networking: every sandbox has loopback only")
 	f.BoolVar(&cfg.NoUserNS, "no-userns", false, "run container sandboxes without user namespaces: their root is the host's root (for hosts without user namespaces or idmapped mounts)")
 	b := &cfg.SandboxBudgets
-	f.Int64Var(&b.InotifyInstances, "sandbox-inotify-instances", runc.DefaultInotifyInstances, "inotify instances each container sandbox may hold (per user, with user namespaces)")
-	f.Int64Var(&b.InotifyWatches, "sandbox-inotify-watches", runc.DefaultInotifyWatches, "inotify watches each container sandbox may hold (per user, with user namespaces)")
-	f.Int64Var(&b.MsgQueueBytes, "sandbox-mqueue-bytes", runc.DefaultMsgQueueBytes, "POSIX message queue bytes of each container sandbox user (RLIMIT_MSGQUEUE, with user namespaces)")
+	f.Int64Var(&b.InotifyInstances, "sandbox-inotify-instances", backends.DefaultInotifyInstances, "inotify instances each container sandbox may hold (per user, with user namespaces)")
+	f.Int64Var(&b.InotifyWatches, "sandbox-inotify-watches", backends.DefaultInotifyWatches, "inotify watches each container sandbox may hold (per user, with user namespaces)")
+	f.Int64Var(&b.MsgQueueBytes, "sandbox-mqueue-bytes", backends.DefaultMsgQueueBytes, "POSIX message queue bytes of each container sandbox user (RLIMIT_MSGQUEUE, with user namespaces)")
 	f.Int64Var(&b.Procs, "sandbox-nproc", 0, "processes of each container sandbox user (RLIMIT_NPROC, with user namespaces; 0: twice the sandbox's pids limit)")
 	f.BoolVar(&cfg.NoLXCFS, "no-lxcfs", false, "run container sandboxes without LXCFS: they read the host's /proc/meminfo, cpuinfo, stat, uptime, loadavg and diskstats")
 	f.StringVar(&cfg.Net.Pool, "net-pool", "", "IPv4 prefix sandbox addresses come from, a /30 each (default: a free /16 of 10.200-10.249 chosen per data dir; 10.200.0.0/16 for /var/lib/corral)")
@@ -157,7 +157,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 }
 
 // budgetFlagsValid checks the sandbox budget flags, naming the flag at fault.
-func budgetFlagsValid(b runc.Budgets) error {
+func budgetFlagsValid(b backends.Budgets) error {
 	err := b.Validate()
 	if err == nil {
 		return nil

@@ -35,8 +35,9 @@ import (
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/lxcfs"
-	"github.com/corral-dev/corral/internal/runtime/qemu"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
+	"github.com/corral-dev/corral/internal/runtime/backends"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/volume"
@@ -142,7 +143,7 @@ type Config struct {
 	// of its oldest finished steps are dropped, the steps kept.
 	TrajectoryMax int64
 	// SparseDisks makes writable disks sparse instead of allocating them when made
-	// (runc.Config.SparseDisks): denser, but a full host disk can lose acknowledged writes.
+	// (runtime.Node.SparseDisks): denser, but a full host disk can lose acknowledged writes.
 	SparseDisks bool
 	// KeepExitedCommands and KeepExitedFor bound the exited commands each sandbox's agent keeps for
 	// re-attach (agent defaults: 64 commands, 10 minutes).
@@ -167,7 +168,7 @@ type Config struct {
 	NoUserNS bool
 	// SandboxBudgets are each container sandbox's per-user kernel budgets (with user
 	// namespaces; zero fields take runc's defaults).
-	SandboxBudgets runc.Budgets
+	SandboxBudgets backends.Budgets
 	// OTLPEndpoint is the OTLP/HTTP receiver traces are sent to (trace.Config.Endpoint); empty:
 	// $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing.
 	OTLPEndpoint string
@@ -287,13 +288,13 @@ func claimHost(cfg *Config) (hostreg.Claim, error) {
 }
 
 // FindRunc returns the runc binary Corral should use, or "": $CORRAL_RUNC, else the version
-// scripts/install-runc.sh pins (runc.DefaultRunc), else runc on PATH.
+// scripts/install-runc.sh pins (backends.DefaultRunc), else runc on PATH.
 func FindRunc() string {
 	if p := os.Getenv("CORRAL_RUNC"); p != "" {
 		return p
 	}
-	if _, err := os.Stat(runc.DefaultRunc); err == nil {
-		return runc.DefaultRunc
+	if _, err := os.Stat(backends.DefaultRunc); err == nil {
+		return backends.DefaultRunc
 	}
 	if p, err := exec.LookPath("runc"); err == nil {
 		return p
@@ -427,17 +428,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	// Corral's own share of the host: its cgroup outweighs all sandboxes' CPU, and the sandboxes
 	// together leave it memory headroom, so a host full of busy sandboxes still answers.
 	if !cfg.NoReserve {
-		if res, err := runc.DefaultReservation(cfg.CgroupParent, cfg.ReserveMemory); err != nil {
+		if res, err := cgroups.DefaultReservation(cfg.CgroupParent, cfg.ReserveMemory); err != nil {
 			log.Warn("no share of the host reserved for corral", "err", err)
 		} else {
-			if err := runc.Reserve(cfg.CgroupParent, res, os.Getpid()); err != nil {
+			if err := cgroups.Reserve(cfg.CgroupParent, res, os.Getpid()); err != nil {
 				log.Warn("share of the host for corral only partly reserved", "err", err)
 			} else {
 				log.Info("share of the host reserved for corral", "cgroup", res.Control, "cpu_shares", res.CPUShares, "sandbox_memory_bytes", res.MemoryBytes)
 			}
 			defer func() {
 				// Out of the control cgroup, so it can go (lazyd, if it still serves, keeps it).
-				runc.ReleaseControl(cfg.CgroupParent, res, os.Getpid())
+				cgroups.ReleaseControl(cfg.CgroupParent, res, os.Getpid())
 			}()
 		}
 	}
@@ -481,50 +482,30 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	defer ls.Close()
 	lx, lxcfsOff := startLXCFS(ctx, cfg, log)
-	rcfg := runc.Config{
-		Runc:             cfg.Runc,
-		StateDir:         filepath.Join(cfg.DataDir, "sandboxes"),
-		RuncRoot:         filepath.Join(cfg.DataDir, "runc"),
-		Runsc:            cfg.Runsc,
-		RunscRoot:        filepath.Join(cfg.DataDir, "runsc"),
-		CgroupParent:     cfg.CgroupParent,
-		DefaultDiskBytes: cfg.SandboxDisk,
-		DiskPool:         cfg.DiskPool,
-		SparseDisks:      cfg.SparseDisks,
-	}
+	rcfg := &backends.RuncConfig{Runc: cfg.Runc, Runsc: cfg.Runsc, DiskPool: cfg.DiskPool}
 	if lx != nil {
 		rcfg.LXCFS = lx
 	}
 	if !cfg.NoUserNS {
-		rcfg.UserNS = &runc.UserNS{UIDBase: claim.SandboxUIDBase, Slots: hostreg.SandboxUIDSlots, Budgets: cfg.SandboxBudgets}
+		rcfg.UserNS = &backends.UserNS{UIDBase: claim.SandboxUIDBase, Slots: hostreg.SandboxUIDSlots, Budgets: cfg.SandboxBudgets}
 	}
-	rt, err := runc.New(ctx, rcfg, log)
+	// The VM backend is built even when its tiers are off: it still finds, serves and deletes
+	// the VMs a run with them on left.
+	vcfg := &backends.QEMUConfig{
+		Off: cfg.MicroVM.Off, UIDBase: claim.VMUIDBase, UIDCount: hostreg.VMUIDCount,
+		QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
+		Templates: cfg.MicroVM.Templates,
+	}
+	node0 := runtime.Node{DataDir: cfg.DataDir, CgroupParent: cfg.CgroupParent, DefaultDiskBytes: cfg.SandboxDisk, SparseDisks: cfg.SparseDisks}
+	runtimes, err := backends.Open(ctx, node0, map[string]any{"runc": rcfg, "qemu": vcfg}, log)
 	if err != nil {
 		if lx != nil {
 			lx.Close()
 		}
 		return err
 	}
-	defer rt.Close()
-	defer stopLXCFS(rt, lx, filepath.Join(cfg.DataDir, "lxcfs"), log)
-	// Built even when the tier is off: it still finds, serves and deletes the VMs a run with the
-	// tier on left.
-	vm, err := qemu.New(ctx, qemu.Config{
-		Off: cfg.MicroVM.Off, CgroupParent: cfg.CgroupParent, UIDBase: claim.VMUIDBase, UIDCount: hostreg.VMUIDCount,
-		QEMU: cfg.MicroVM.QEMU, KernelDir: cfg.MicroVM.KernelDir, Accel: cfg.MicroVM.Accel, Debug: cfg.MicroVM.Debug,
-		Templates:   cfg.MicroVM.Templates,
-		StateDir:    filepath.Join(cfg.DataDir, "vms"),
-		CacheDir:    filepath.Join(cfg.DataDir, "vmboot"),
-		SparseDisks: cfg.SparseDisks,
-	}, log)
-	if err != nil {
-		return err
-	}
-	defer vm.Close()
-	runcVersion, err := rt.Version(ctx)
-	if err != nil {
-		return err
-	}
+	defer runtimes.Close()
+	defer stopLXCFS(runtimes.Backend(edge.RuntimeRunc), lx, filepath.Join(cfg.DataDir, "lxcfs"), log)
 	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }
 	proxyLookup := func(netip.Addr) (proxy.Sandbox, bool) { return proxy.Sandbox{}, false }
 	dropped := func(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time) {}
@@ -541,19 +522,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	var node *corral.Node
 	if cfg.Cluster != nil {
 		// Before the edge writes anything: its writes are fenced with this incarnation's epoch.
-		runtimes := []string{edge.RuntimeRunc}
-		if _, err := rt.GVisor(); err == nil {
-			runtimes = append(runtimes, edge.RuntimeGVisor)
+		var names []string
+		for _, n := range runtimes.Runtimes() {
+			if runtimes.Available(n) == nil {
+				names = append(names, n)
+			}
 		}
 		tiers := []string{edge.TierContainer, edge.TierFncall}
-		if vm.Available() == nil {
+		if runtimes.Available(edge.RuntimeQEMU) == nil {
 			tiers = append(tiers, edge.TierMicroVM)
-			runtimes = append(runtimes, edge.RuntimeQEMU)
 		}
-		if vm.MachineAvailable() == nil {
+		if runtimes.MachineAvailable() == nil {
 			tiers = append(tiers, edge.TierVM)
 		}
-		if node, err = registerNode(ctx, cfg, st, tiers, runtimes, diskAllocated(diskHolders(rt, vm)), log); err != nil {
+		if node, err = registerNode(ctx, cfg, st, tiers, names, diskAllocated(diskHolders(runtimes)), log); err != nil {
 			return err
 		}
 	}
@@ -563,8 +545,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
 	}
-	ecfg.VM = vm
-	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Keep: reserveBytes, Holders: diskHolders(rt, vm)}
+	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Keep: reserveBytes, Holders: diskHolders(runtimes)}
 	bus := events.New(cfg.Node, events.Config{}, log)
 	ecfg.Events, ecfg.SampleInterval, ecfg.MetricsKeep, ecfg.PerSandboxMetrics = bus, cfg.Observe.SampleInterval, cfg.Observe.MetricsKeep, cfg.Observe.PerSandbox
 	// The bus's store writer outlives the edge's Close (deferred before it), so its last events
@@ -594,7 +575,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 		return edge.DiskHeld{Promised: n, Allocated: n}
 	})
-	e, err := edge.New(ecfg, log, st, rt, ls)
+	e, err := edge.New(ecfg, log, st, runtimes, ls)
 	if err != nil {
 		return err
 	}
@@ -613,42 +594,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	info := corral.Info{
 		Version: Version, Node: cfg.Node, Runtime: edge.RuntimeRunc, RuntimePath: cfg.Runc,
-		RuntimeVersion: runcVersion, DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),
-		Runtimes: []string{edge.RuntimeRunc},
+		DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),
 	}
+	facts, err := backends.Describe(ctx, runtimes)
+	if err != nil {
+		return err
+	}
+	info.RuntimeVersion, info.Runtimes = facts.RuntimeVersion, facts.Runtimes
+	info.GVisorVersion, info.GVisorUnavailable = facts.GVisorVersion, facts.GVisorUnavailable
+	info.UserNS, info.UserNSUnavailable = facts.UserNS, facts.UserNSUnavailable
+	info.QEMUVersion, info.MicroVMUnavailable, info.VMUnavailable = facts.QEMUVersion, facts.MicroVMUnavailable, facts.VMUnavailable
+	info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = facts.MicroVMAccelerator, facts.MicroVMAcceleratorWhy
 	if netOff != "" {
 		info.NetworkOff = netOff
 	} else {
 		info.NetworkPool = netCfg.Pool
-	}
-	if v, err := rt.GVisor(); err != nil {
-		info.GVisorUnavailable = err.Error()
-	} else {
-		info.GVisorVersion = v
-		info.Runtimes = append(info.Runtimes, edge.RuntimeGVisor)
 	}
 	if lx != nil {
 		info.LXCFSVersion = lx.Version()
 	} else {
 		info.LXCFSUnavailable = lxcfsOff
 	}
-	if why := rt.UserNSStatus(); why != "" {
-		info.UserNSUnavailable = why
-	} else {
-		u := rt.UserNS()
-		info.UserNS = fmt.Sprintf("uids %d-%d, %d ids each; budgets: %d inotify instances, %d watches, %d mqueue bytes",
-			u.UIDBase, u.UIDBase+uint32(u.Slots)*runc.UserNSSize-1, runc.UserNSSize, u.Budgets.InotifyInstances, u.Budgets.InotifyWatches, u.Budgets.MsgQueueBytes)
-	}
 	info.Tiers = e.Tiers()
-	info.QEMUVersion = vm.Version()
-	if err := vm.Available(); err != nil {
-		info.MicroVMUnavailable = err.Error()
-	} else {
-		info.MicroVMAccelerator, info.MicroVMAcceleratorWhy = vm.Accelerator()
-	}
-	if err := vm.MachineAvailable(); err != nil {
-		info.VMUnavailable = err.Error()
-	}
 	api := apiserver.New(log, st, e, ls, info)
 	api.SetBuilds(build.NewJobs(ctx, e, log.With("component", "build")), filepath.Join(cfg.DataDir, "builds"))
 	go api.Prune(ctx, cfg.AuditRetention)
@@ -696,7 +663,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}()
 	}
 	log.Info("corral is up", "listen", lis.Addr().String(), "data_dir", cfg.DataDir,
-		"runc", runcVersion, "agent", cfg.Agent, "version", Version)
+		"runc", info.RuntimeVersion, "agent", cfg.Agent, "version", Version)
 	if ready != nil {
 		ready <- lis.Addr().String()
 	}
@@ -770,7 +737,7 @@ func startLXCFS(ctx context.Context, cfg Config, log *slog.Logger) (*lxcfs.Serve
 // stopLXCFS ends supervision at shutdown. LXCFS keeps serving while any sandbox is left (the next
 // corral up adopts it); with none, it is stopped and its directory removed. A run without LXCFS
 // removes what an earlier run's left, once no sandbox needs it.
-func stopLXCFS(rt *runc.Runtime, lx *lxcfs.Server, dir string, log *slog.Logger) {
+func stopLXCFS(rt runtime.Runtime, lx *lxcfs.Server, dir string, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ids, err := rt.List(ctx)

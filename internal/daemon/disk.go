@@ -11,21 +11,21 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/edge"
-	"github.com/corral-dev/corral/internal/runtime/qemu"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
-// diskHolders are what the edge's disk promise counts besides its live sandboxes' limits: the
-// runc runtime's pool of disks made ahead, and what every runtime's disks have allocated on the
-// data dir's filesystem. Volumes add theirs where they are opened (Run).
-func diskHolders(rt *runc.Runtime, vm *qemu.Runtime) []edge.DiskHolder {
-	return []edge.DiskHolder{
-		func() edge.DiskHeld {
-			u := rt.DiskUse()
-			return edge.DiskHeld{Promised: u.Pooled, Allocated: u.Allocated}
-		},
-		func() edge.DiskHeld { return edge.DiskHeld{Allocated: vm.DiskAllocated()} },
+// diskHolders are what the edge's disk promise counts besides its live sandboxes' limits: what
+// each runtime backend holds on the data dir's filesystem (runc's pool of disks made ahead,
+// every backend's allocated disks). Volumes add theirs where they are opened (Run).
+func diskHolders(s *runtime.Set) []edge.DiskHolder {
+	var hs []edge.DiskHolder
+	for _, b := range runtime.Backends[runtime.DiskHolder](s) {
+		hs = append(hs, func() edge.DiskHeld {
+			p, a := b.DiskHeld()
+			return edge.DiskHeld{Promised: p, Allocated: a}
+		})
 	}
+	return hs
 }
 
 // diskAllocated sums what the holders have allocated.

@@ -25,7 +25,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/hostreg"
 	"github.com/corral-dev/corral/internal/layers"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime/backends"
 	"github.com/corral-dev/corral/internal/store/pgtest"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -99,8 +99,8 @@ func runcPath() string {
 	if p := os.Getenv("CORRAL_RUNC"); p != "" {
 		return p
 	}
-	if _, err := os.Stat(runc.DefaultRunc); err == nil {
-		return runc.DefaultRunc
+	if _, err := os.Stat(backends.DefaultRunc); err == nil {
+		return backends.DefaultRunc
 	}
 	return ""
 }
@@ -480,7 +480,7 @@ func needGVisor(t *testing.T) {
 	t.Helper()
 	p := os.Getenv("CORRAL_RUNSC")
 	if p == "" {
-		p = runc.DefaultRunsc
+		p = backends.DefaultRunsc
 	}
 	if _, err := os.Stat(p); err != nil {
 		t.Skipf("needs gVisor's runsc at %s (scripts/install-runsc.sh builds it; or set CORRAL_RUNSC)", p)

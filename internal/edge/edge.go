@@ -39,42 +39,42 @@ import (
 	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/placement"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// The runtimes a container sandbox can run on (corral.Sandbox.Runtime).
+// The runtimes a container sandbox can run on (corral.Sandbox.Runtime): the names of the
+// runtime backends that run them (runtime.Spec.Runtime).
 const (
-	RuntimeRunc   = string(runc.EngineRunc)
-	RuntimeGVisor = string(runc.EngineGVisor)
+	RuntimeRunc   = "runc"
+	RuntimeGVisor = "gvisor"
 )
 
-// Runtime runs container sandboxes. internal/runtime/runc implements it; the edge is its only user.
-//
-// Create is all-or-nothing; Delete is idempotent and leaves nothing behind; Open re-adopts a sandbox
-// created by an earlier process; Status is cheap enough to call for every sandbox every few seconds.
+// Runtime runs sandboxes: the node's runtime backends as one (runtime.Set implements it; the
+// package doc of internal/runtime has the lifecycle). The edge reaches the vm tier's screen,
+// input, power and console through runtime.Machine when the Runtime implements it.
 type Runtime interface {
-	Create(ctx context.Context, spec runc.Spec) (*runc.Sandbox, error)
-	Open(ctx context.Context, id string) (*runc.Sandbox, error)
-	Status(ctx context.Context, id string) (runc.Status, error)
+	// Available is nil when sandboxes of the named runtime can be created here, else why not.
+	Available(runtime string) error
+	Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandbox, error)
+	Open(ctx context.Context, id string) (*runtime.Sandbox, error)
+	Status(ctx context.Context, id string) (runtime.Status, error)
 	Delete(ctx context.Context, id string) error
 	// Kill ends every process of a sandbox and returns once they are gone; what it leaves
 	// (files, mounts, cgroups) Delete removes later.
 	Kill(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
-	Pause(ctx context.Context, id string) (runc.PauseStats, error)
-	Resume(ctx context.Context, id string) (runc.ResumeStats, error)
+	Pause(ctx context.Context, id string) (runtime.PauseStats, error)
+	Resume(ctx context.Context, id string) (runtime.ResumeStats, error)
 	Freeze(ctx context.Context, id string) error
 	Thaw(ctx context.Context, id string) error
 	UpperDir(id string) (string, error)
-	// Fork takes an image of a running sandbox that Create (runc.Spec.Fork) starts copies
+	// Fork takes an image of a running sandbox that Create (runtime.Spec.Fork) starts copies
 	// from; DropFork removes it (fork.go).
-	Fork(ctx context.Context, id string, opts runc.ForkOptions) (*runc.ForkImage, error)
-	DropFork(img *runc.ForkImage)
-	// GVisor returns runsc's version, or why gVisor sandboxes cannot be created here.
-	GVisor() (string, error)
+	Fork(ctx context.Context, id string, opts runtime.ForkOptions) (*runtime.ForkImage, error)
+	DropFork(img *runtime.ForkImage)
 }
 
 // LayerStore holds layers: it mounts them as directories usable as overlay lower dirs, counting
@@ -121,8 +121,6 @@ type Config struct {
 	// Disk, when set, admits creates against the data dir's filesystem (disk.go): a create whose
 	// disk limit does not fit what the node can still promise is refused with node_full.
 	Disk *DiskConfig
-	// VM, when set, runs microvm and vm sandboxes (internal/runtime/qemu); nil: those tiers are off.
-	VM VMRuntime
 	// VMAgentWait bounds how long a data-plane call to a vm sandbox waits for the agent of a
 	// machine that is still booting (default 5m: a full distribution under TCG).
 	VMAgentWait time.Duration
@@ -232,7 +230,9 @@ type Edge struct {
 	log    *slog.Logger
 	store  *store.Store
 	rt     Runtime
-	layers LayerStore
+	// machines is rt as a runtime.Machine (the vm tier); nil when it runs no machines.
+	machines runtime.Machine
+	layers   LayerStore
 	// instance names this Corral's data directory in the shared catalogue (shared.go).
 	instance string
 
@@ -376,15 +376,13 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if err != nil {
 		return nil, fmt.Errorf("edge config: %w", err)
 	}
-	if cfg.VM != nil {
-		rt = &tiered{ct: rt, vm: cfg.VM}
-	}
 	e := &Edge{
 		cfg: cfg, log: log, store: st, rt: rt, layers: layers, policy: policy,
 		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
 		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}),
 		bus: cfg.Events, rings: map[string]*ring{}, warm: newWarmState(), warmDone: make(chan struct{}),
 	}
+	e.machines, _ = rt.(runtime.Machine)
 	e.cleanups.idle.L = &e.cleanups.mu
 	if e.bus == nil {
 		e.bus = events.New(cfg.Node, events.Config{}, log)
@@ -509,26 +507,26 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			continue
 		}
 		rsb, err := e.rt.Open(ctx, rec.ID)
-		var st runc.Status
+		var st runtime.Status
 		if err == nil {
 			st, err = e.rt.Status(ctx, rec.ID)
 		}
 		// Frozen (runc) or checkpointed (gVisor) by a pause that did not get recorded: thawed
 		// below, once its network is adopted, rather than left stuck.
-		thaw := err == nil && st.State == runc.StatePaused && rec.State == corral.StateRunning
-		if err == nil && rec.State == corral.StatePaused && st.State == runc.StateRunning {
+		thaw := err == nil && st.State == runtime.StatePaused && rec.State == corral.StateRunning
+		if err == nil && rec.State == corral.StatePaused && st.State == runtime.StateRunning {
 			rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
 			e.store.PutSandbox(ctx, rec)
 		}
 		switch {
-		case err == nil && st.State == runc.StateOff && rec.State != corral.StateOff:
+		case err == nil && st.State == runtime.StateOff && rec.State != corral.StateOff:
 			rec.State = corral.StateOff // its QEMU ended while corral was down (machineGone)
 			e.store.PutSandbox(ctx, rec)
-		case err == nil && st.State == runc.StateRunning && rec.State == corral.StateOff:
+		case err == nil && st.State == runtime.StateRunning && rec.State == corral.StateOff:
 			rec.State = corral.StateRunning // powered on just before corral stopped
 			e.store.PutSandbox(ctx, rec)
 		}
-		if err != nil || (st.State != runc.StateRunning && st.State != runc.StatePaused && st.State != runc.StateOff) {
+		if err != nil || (st.State != runtime.StateRunning && st.State != runtime.StatePaused && st.State != runtime.StateOff) {
 			reason := "error: the sandbox's processes exited while corral was down"
 			if err == nil && st.OOMKills > 0 {
 				reason = corral.ReasonOOMKilled
@@ -902,7 +900,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		}
 		netnsPath = nw.slot.Netns
 	}
-	var images []runc.LayerImage
+	var images []runtime.LayerImage
 	var addr, gw netip.Addr
 	if rec.Tier == TierMicroVM {
 		if nw != nil {
@@ -917,12 +915,11 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 		}
 	}
-	var machine, disk, diskFormat string
+	var disk, diskFormat string
 	if rec.Tier == TierVM {
 		if nw != nil {
 			addr, gw = nw.slot.SandboxAddr, nw.slot.HostAddr
 		}
-		machine = "vm"
 		if disk, diskFormat, err = vmDiskFile(lower); err != nil {
 			log.Error("find the sandbox's disk image", "err", err)
 			e.detachNetwork(rec.ID, nw)
@@ -933,33 +930,32 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		}
 	}
 	rctx, rspan := trace.Start(ctx, trace.RuntimeNew, trace.Sandbox(rec.ID), trace.Tier(rec.Tier), trace.String("corral.runtime", rec.Runtime))
-	rsb, err := e.rt.Create(rctx, runc.Spec{
-		Machine:     machine,
-		Disk:        disk,
-		DiskFormat:  diskFormat,
-		Images:      images,
-		Addr:        addr,
-		Gateway:     gw,
-		Template:    adm.template,
-		Netns:       netnsPath,
-		ResolvConf:  resolv,
-		ID:          rec.ID,
-		Hostname:    rec.Hostname,
-		Lower:       lower,
-		AgentPath:   e.cfg.AgentPath,
-		AgentArgs:   e.agentArgs(calls),
-		Calls:       calls,
-		Env:         env,
-		CPUs:        rec.Limits.CPUs,
-		MemoryBytes: rec.Limits.MemoryBytes,
-		Pids:        rec.Limits.Pids,
-		DiskBytes:   rec.Limits.DiskBytes,
-		OpenFiles:   uint64(rec.Limits.OpenFiles),
-		ShmBytes:    limits.ShmBytes,
-		Engine:      runc.Engine(rec.Runtime),
-		Volumes:     e.runtimeVolumes(rec),
-		Workdir:     rec.Cwd,
-		Fork:        adm.fork,
+	rsb, err := e.rt.Create(rctx, runtime.Spec{
+		BootDisk:       disk,
+		BootDiskFormat: diskFormat,
+		Images:         images,
+		Addr:           addr,
+		Gateway:        gw,
+		Template:       adm.template,
+		Netns:          netnsPath,
+		ResolvConf:     resolv,
+		ID:             rec.ID,
+		Hostname:       rec.Hostname,
+		Lower:          lower,
+		AgentPath:      e.cfg.AgentPath,
+		AgentArgs:      e.agentArgs(calls),
+		Calls:          calls,
+		Env:            env,
+		CPUs:           rec.Limits.CPUs,
+		MemoryBytes:    rec.Limits.MemoryBytes,
+		Pids:           rec.Limits.Pids,
+		DiskBytes:      rec.Limits.DiskBytes,
+		OpenFiles:      uint64(rec.Limits.OpenFiles),
+		ShmBytes:       limits.ShmBytes,
+		Runtime:        rec.Runtime,
+		Volumes:        e.runtimeVolumes(rec),
+		Workdir:        rec.Cwd,
+		Fork:           adm.fork,
 	})
 	rspan.End(&err)
 	if err != nil {
@@ -1034,7 +1030,7 @@ type admission struct {
 	// services are the layers' services (services.go), started once the sandbox runs.
 	services []corral.Service
 	// fork, for a copy of a fork (fork.go), is the image the runtime starts it from.
-	fork *runc.ForkImage
+	fork *runtime.ForkImage
 }
 
 // admit validates a create request and turns it into a record in state creating.
@@ -1047,18 +1043,15 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	case req.Tier == TierFncall:
 		return nil, errdefs.Invalid("tier", "fncall containers are made by fncall environments (POST /v1/fncall), not created directly")
 	case req.Tier == TierVM:
-		if e.cfg.VM == nil {
+		if e.machines == nil {
 			return nil, errdefs.Invalid("tier", "vm is not available on this node: the VM tiers are off")
 		}
-		if err := e.cfg.VM.MachineAvailable(); err != nil {
+		if err := e.machines.MachineAvailable(); err != nil {
 			return nil, errdefs.Invalid("tier", "vm is not available on this node: %v", err)
 		}
 		tier = TierVM
 	case req.Tier == TierMicroVM:
-		if e.cfg.VM == nil {
-			return nil, errdefs.Invalid("tier", "microvm is not available on this node: the microvm tier is off")
-		}
-		if err := e.cfg.VM.Available(); err != nil {
+		if err := e.rt.Available(RuntimeQEMU); err != nil {
 			return nil, errdefs.Invalid("tier", "microvm is not available on this node: %v", err)
 		}
 		tier = TierMicroVM
@@ -1076,7 +1069,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	case runtime == "", runtime == RuntimeRunc:
 		runtime = RuntimeRunc
 	case runtime == RuntimeGVisor:
-		if _, err := e.rt.GVisor(); err != nil {
+		if err := e.rt.Available(RuntimeGVisor); err != nil {
 			return nil, errdefs.Invalid("runtime", "gvisor is not available on this node: %v", err)
 		}
 	default:
@@ -1616,7 +1609,7 @@ func (e *Edge) active(ctx context.Context, id string) (*sandbox, error) {
 		return nil, errdefs.Conflict("sandbox %s is powered off: power it on first (corral power %s on)", id, id)
 	}
 	if sb.machine && !sb.agentUp.Load() {
-		if err := e.cfg.VM.WaitAgent(ctx, id, e.cfg.VMAgentWait); err != nil {
+		if err := e.machines.WaitAgent(ctx, id, e.cfg.VMAgentWait); err != nil {
 			return nil, err
 		}
 		sb.agentUp.Store(true)
@@ -1837,16 +1830,16 @@ func (e *Edge) reap(ctx context.Context) {
 			continue
 		}
 		st, err := e.rt.Status(ctx, sb.id)
-		if err == nil && st.State == runc.StatePaused {
+		if err == nil && st.State == runtime.StatePaused {
 			continue // paused time never counts as idle
 		}
-		if err == nil && st.State == runc.StateOff {
+		if err == nil && st.State == runtime.StateOff {
 			if !sb.off.Load() {
 				e.machinePower(ctx, sb, true) // its guest powered it off
 			}
 			continue
 		}
-		if err == nil && st.State == runc.StateRunning && sb.off.Load() {
+		if err == nil && st.State == runtime.StateRunning && sb.off.Load() {
 			e.machinePower(ctx, sb, false) // a power-on whose record failed
 		}
 		if err == nil && st.OOMKills > sb.oomEvented.Load() {
@@ -1855,7 +1848,7 @@ func (e *Edge) reap(ctx context.Context) {
 			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventOOM, Sandbox: sb.id, Project: sb.project, Tier: sb.tier,
 				Reason: fmt.Sprintf("the kernel killed a process for memory (%d kills so far)", st.OOMKills)})
 		}
-		if err != nil || st.State != runc.StateRunning {
+		if err != nil || st.State != runtime.StateRunning {
 			reason := "error: the sandbox's processes exited"
 			if err != nil {
 				reason = "error: " + err.Error()

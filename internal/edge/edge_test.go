@@ -16,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/limits"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -52,7 +52,7 @@ func newFakeRuntime() *fakeRuntime {
 	return &fakeRuntime{running: map[string]bool{}, oom: map[string]uint64{}, killed: map[string]bool{}}
 }
 
-func (f *fakeRuntime) Create(ctx context.Context, spec runc.Spec) (*runc.Sandbox, error) {
+func (f *fakeRuntime) Create(ctx context.Context, spec runtime.Spec) (*runtime.Sandbox, error) {
 	if f.beforeCreate != nil {
 		f.beforeCreate()
 	}
@@ -62,28 +62,28 @@ func (f *fakeRuntime) Create(ctx context.Context, spec runc.Spec) (*runc.Sandbox
 		return nil, f.failing
 	}
 	f.running[spec.ID] = true
-	return &runc.Sandbox{ID: spec.ID, AgentSocket: f.agentSocket(spec.ID)}, nil
+	return &runtime.Sandbox{ID: spec.ID, AgentSocket: f.agentSocket(spec.ID)}, nil
 }
 
-func (f *fakeRuntime) Open(ctx context.Context, id string) (*runc.Sandbox, error) {
+func (f *fakeRuntime) Open(ctx context.Context, id string) (*runtime.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.running[id]; !ok {
 		return nil, errdefs.NotFound("sandbox %s", id)
 	}
-	return &runc.Sandbox{ID: id, AgentSocket: f.agentSocket(id)}, nil
+	return &runtime.Sandbox{ID: id, AgentSocket: f.agentSocket(id)}, nil
 }
 
-func (f *fakeRuntime) Status(ctx context.Context, id string) (runc.Status, error) {
+func (f *fakeRuntime) Status(ctx context.Context, id string) (runtime.Status, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	run, ok := f.running[id]
 	if !ok {
-		return runc.Status{}, errdefs.NotFound("sandbox %s", id)
+		return runtime.Status{}, errdefs.NotFound("sandbox %s", id)
 	}
-	st := runc.Status{State: runc.StateStopped, OOMKills: f.oom[id]}
+	st := runtime.Status{State: runtime.StateStopped, OOMKills: f.oom[id]}
 	if run {
-		st.State = runc.StateRunning
+		st.State = runtime.StateRunning
 	}
 	return st, nil
 }
@@ -114,17 +114,20 @@ func (f *fakeRuntime) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-func (f *fakeRuntime) Pause(ctx context.Context, id string) (runc.PauseStats, error) {
-	return runc.PauseStats{}, nil
+func (f *fakeRuntime) Pause(ctx context.Context, id string) (runtime.PauseStats, error) {
+	return runtime.PauseStats{}, nil
 }
 
-func (f *fakeRuntime) Resume(ctx context.Context, id string) (runc.ResumeStats, error) {
-	return runc.ResumeStats{}, nil
+func (f *fakeRuntime) Resume(ctx context.Context, id string) (runtime.ResumeStats, error) {
+	return runtime.ResumeStats{}, nil
 }
 
 func (f *fakeRuntime) Freeze(ctx context.Context, id string) error { return nil }
-func (f *fakeRuntime) GVisor() (string, error) {
-	return "", errdefs.Unavailable("no gVisor in the fake runtime")
+func (f *fakeRuntime) Available(name string) error {
+	if name == RuntimeRunc {
+		return nil
+	}
+	return errdefs.Unavailable("no %s in the fake runtime", name)
 }
 func (f *fakeRuntime) Thaw(ctx context.Context, id string) error { return nil }
 func (f *fakeRuntime) Kill(ctx context.Context, id string) error {
@@ -134,10 +137,10 @@ func (f *fakeRuntime) Kill(ctx context.Context, id string) error {
 	return nil
 }
 func (f *fakeRuntime) UpperDir(id string) (string, error) { return "", errdefs.NotFound("upper") }
-func (f *fakeRuntime) Fork(ctx context.Context, id string, opts runc.ForkOptions) (*runc.ForkImage, error) {
+func (f *fakeRuntime) Fork(ctx context.Context, id string, opts runtime.ForkOptions) (*runtime.ForkImage, error) {
 	return nil, errdefs.Conflict("the fake runtime does not fork")
 }
-func (f *fakeRuntime) DropFork(img *runc.ForkImage) {}
+func (f *fakeRuntime) DropFork(img *runtime.ForkImage) {}
 
 func (f *fakeRuntime) kill(id string, oom bool) {
 	f.mu.Lock()

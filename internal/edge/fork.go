@@ -11,7 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -19,7 +19,7 @@ import (
 
 // Fork. A fork makes N sandboxes (copies) that go on from a running sandbox's state at the
 // moment of the fork, each diverging on its own afterwards; the source runs on after a brief
-// stop. The runtime takes one image of the source (runc.Runtime.Fork: on gVisor a checkpoint
+// stop. The runtime takes one image of the source (runtime.Forker; with runc's backend, on gVisor a checkpoint
 // of its processes and memory plus a copy of its disk, on runc its disk alone) and every copy
 // is created from it like any sandbox (launch, with admission.fork).
 //
@@ -203,7 +203,7 @@ func (e *Edge) admitForks(ctx context.Context, recs []*store.Sandbox) error {
 
 // takeForkImage has the runtime take the fork image of the running sandbox sb (record src),
 // holding its lock so that no pause, resume or delete runs meanwhile.
-func (e *Edge) takeForkImage(ctx context.Context, sb *sandbox, src *store.Sandbox, diskOnly bool) (*runc.ForkImage, error) {
+func (e *Edge) takeForkImage(ctx context.Context, sb *sandbox, src *store.Sandbox, diskOnly bool) (*runtime.ForkImage, error) {
 	ctx = context.WithoutCancel(ctx) // the source must be restored whatever the client does
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -213,7 +213,7 @@ func (e *Edge) takeForkImage(ctx context.Context, sb *sandbox, src *store.Sandbo
 	if sb.paused.Load() {
 		return nil, errdefs.Conflict("sandbox %s is paused: resume it first, then fork it", sb.id)
 	}
-	opts := runc.ForkOptions{DiskOnly: diskOnly}
+	opts := runtime.ForkOptions{DiskOnly: diskOnly}
 	if sb.net != nil && src.Runtime == RuntimeGVisor {
 		// As for Resume: the restored netstack takes the address over from the namespace again.
 		opts.BeforeRestore = func() error { return e.cfg.Net.Manager.Reconfigure(sb.net.slot) }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/vmdisk"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -76,7 +77,7 @@ func (e *Edge) machineSandbox(ctx context.Context, id string, off bool) (*sandbo
 	if err != nil {
 		return nil, err
 	}
-	if !sb.machine || e.cfg.VM == nil {
+	if !sb.machine || e.machines == nil {
 		return nil, errdefs.Invalid("sandbox", "%s is not a vm sandbox: power and console are for the vm tier (screen, input and vnc work on a container with a desktop: corral env install desktop)", id)
 	}
 	if off {
@@ -104,7 +105,7 @@ func (e *Edge) Screen(ctx context.Context, id string) ([]byte, int, int, error) 
 	if !sb.machine {
 		return e.desktopScreen(ctx, sb)
 	}
-	return e.cfg.VM.Screen(ctx, sb.id)
+	return e.machines.Screen(ctx, sb.id)
 }
 
 // Input sends keyboard and mouse events to a sandbox's display (as Screen finds it).
@@ -117,7 +118,12 @@ func (e *Edge) Input(ctx context.Context, id string, events []corral.InputEvent)
 	if !sb.machine {
 		return e.desktopInput(ctx, sb, events)
 	}
-	return e.cfg.VM.Input(ctx, sb.id, events)
+	evs := make([]runtime.InputEvent, len(events))
+	for i, ev := range events {
+		evs[i] = runtime.InputEvent(ev)
+	}
+	res, err := e.machines.Input(ctx, sb.id, evs)
+	return corral.InputResult(res), err
 }
 
 // displaySandbox returns the running sandbox whose display a screen or input call drives: a vm
@@ -141,7 +147,7 @@ func (e *Edge) Console(ctx context.Context, id string, limit int64) ([]byte, err
 	if err != nil {
 		return nil, err
 	}
-	return e.cfg.VM.Console(sb.id, limit)
+	return e.machines.Console(sb.id, limit)
 }
 
 // Power turns a vm sandbox's machine off or on, or reboots it, and records its state (off while
@@ -171,7 +177,7 @@ func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*
 	}
 	// Not under sb.mu: an ACPI power-off may take a minute, and the reaper takes sb.mu. The
 	// runtime serialises the VM's own calls (a pause now waits, then finds it off).
-	if err := e.cfg.VM.Power(ctx, sb.id, req.Action, req.Force); err != nil {
+	if err := e.machines.Power(ctx, sb.id, req.Action, req.Force); err != nil {
 		return nil, err
 	}
 	off := req.Action == corral.PowerOff
@@ -300,7 +306,7 @@ func (e *Edge) vnc(ctx context.Context, id string) (net.Conn, *sandbox, error) {
 		if sb, err = e.machineSandbox(ctx, id, false); err != nil {
 			return nil, nil, err
 		}
-		conn, err := e.cfg.VM.VNC(ctx, sb.id)
+		conn, err := e.machines.VNC(ctx, sb.id)
 		return conn, sb, err
 	}
 	if sb, err = e.active(ctx, id); err != nil {

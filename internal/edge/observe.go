@@ -17,7 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 	"golang.org/x/sys/unix"
@@ -36,19 +36,6 @@ import (
 // Concurrency: the sampler is one goroutine (started by Start, ended by Close); ringsMu guards
 // the ring map; each ring has its own mu, so a reader copies one ring without stopping the
 // sampler's pass over the others.
-
-// usageReader reads what a sandbox uses now (the container and VM runtimes implement it).
-type usageReader interface {
-	Usage(id string) (runc.Usage, error)
-}
-
-// Usage reads a sandbox's usage from whichever runtime has it.
-func (t *tiered) Usage(id string) (runc.Usage, error) {
-	if u, ok := t.by(id).(usageReader); ok {
-		return u.Usage(id)
-	}
-	return runc.Usage{}, errdefs.Unavailable("the runtime of %s reports no usage", id)
-}
 
 // sample is one MetricSample, compactly.
 type sample struct {
@@ -133,7 +120,7 @@ func (e *Edge) sampler() {
 
 // sampleAll takes one sample of every live sandbox and returns how many it sampled.
 func (e *Edge) sampleAll() int {
-	ur, ok := e.rt.(usageReader)
+	ur, ok := e.rt.(runtime.UsageReader)
 	if !ok {
 		return 0
 	}
@@ -158,7 +145,7 @@ func (e *Edge) ringOf(id string) *ring {
 	return r
 }
 
-func (e *Edge) sampleOne(ur usageReader, sb *sandbox) bool {
+func (e *Edge) sampleOne(ur runtime.UsageReader, sb *sandbox) bool {
 	u, err := ur.Usage(sb.id)
 	if err != nil {
 		return false // gone, or a paused VM (no QEMU): no sample

@@ -8,7 +8,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -174,7 +174,7 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (_ *store
 	return rec, nil
 }
 
-func pauseInfo(st runc.PauseStats) corral.PauseInfo {
+func pauseInfo(st runtime.PauseStats) corral.PauseInfo {
 	return corral.PauseInfo{
 		MemoryBefore:   int64(st.MemoryBefore),
 		MemoryAfter:    int64(st.MemoryAfter),

@@ -16,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -189,7 +189,7 @@ func (e *Edge) warmKeyOf(env corral.Environment) (warmKey, bool) {
 		k.runtime = RuntimeRunc
 	}
 	if k.runtime == RuntimeGVisor {
-		if _, err := e.rt.GVisor(); err != nil {
+		if err := e.rt.Available(RuntimeGVisor); err != nil {
 			return k, false
 		}
 	}
@@ -373,7 +373,7 @@ func (e *Edge) checkWarm(ctx context.Context, p *warmPool) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil && st.State == runc.StateRunning {
+		if err == nil && st.State == runtime.StateRunning {
 			continue
 		}
 		p.mu.Lock()
@@ -528,7 +528,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		}
 		netnsPath = nw.slot.Netns
 	}
-	rsb, err := e.rt.Create(ctx, runc.Spec{
+	rsb, err := e.rt.Create(ctx, runtime.Spec{
 		Netns:       netnsPath,
 		ResolvConf:  resolv,
 		ID:          rec.ID,
@@ -543,7 +543,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		DiskBytes:   rec.Limits.DiskBytes,
 		OpenFiles:   uint64(rec.Limits.OpenFiles),
 		ShmBytes:    limits.ShmBytes,
-		Engine:      runc.Engine(rec.Runtime),
+		Runtime:     rec.Runtime,
 		Workdir:     rec.Cwd,
 	})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -225,8 +225,8 @@ func (e *Edge) admitVolumes(ctx context.Context, tier string, projectID, project
 	if tier != TierContainer && tier != TierMicroVM {
 		return nil, nil, errdefs.Invalid("volumes", "volumes mount into containers and microvms, not the %s tier", tier)
 	}
-	if len(mounts) > runc.MaxVolumes {
-		return nil, nil, errdefs.Invalid("volumes", "%d volumes, at most %d", len(mounts), runc.MaxVolumes)
+	if len(mounts) > runtime.MaxVolumes {
+		return nil, nil, errdefs.Invalid("volumes", "%d volumes, at most %d", len(mounts), runtime.MaxVolumes)
 	}
 	out := make([]corral.VolumeMount, len(mounts))
 	ids := make([]string, len(mounts))
@@ -235,7 +235,7 @@ func (e *Edge) admitVolumes(ctx context.Context, tier string, projectID, project
 		if !volumeNameRE.MatchString(m.Name) {
 			return nil, nil, errdefs.Invalid(field+".name", "%q is not a volume name", m.Name)
 		}
-		if err := runc.CheckVolumePath(field+".path", m.Path); err != nil {
+		if err := runtime.CheckVolumePath(field+".path", m.Path); err != nil {
 			return nil, nil, err
 		}
 		for j, o := range out[:i] {
@@ -285,13 +285,13 @@ func (e *Edge) recoverVolumes(ctx context.Context, rec *store.Sandbox) {
 }
 
 // runtimeVolumes are rec's volumes as the runtime mounts them.
-func (e *Edge) runtimeVolumes(rec *store.Sandbox) []runc.Volume {
+func (e *Edge) runtimeVolumes(rec *store.Sandbox) []runtime.Volume {
 	if len(rec.Volumes) == 0 || e.cfg.Volumes == nil {
 		return nil
 	}
-	out := make([]runc.Volume, len(rec.Volumes))
+	out := make([]runtime.Volume, len(rec.Volumes))
 	for i, m := range rec.Volumes {
-		out[i] = runc.Volume{Image: e.cfg.Volumes.Path(rec.VolumeIDs[i]), Path: m.Path, ReadOnly: m.ReadOnly}
+		out[i] = runtime.Volume{Image: e.cfg.Volumes.Path(rec.VolumeIDs[i]), Path: m.Path, ReadOnly: m.ReadOnly}
 	}
 	return out
 }

@@ -1,7 +1,10 @@
 // Package qemu is Corral's microvm backend: each sandbox is a QEMU "microvm" machine with a
 // kernel of its own (Debian's cloud kernel), booted from an initramfs whose /init is
-// corral-agent (internal/guestimage, internal/vmguest). It takes the same Spec as the container
-// backend (internal/runtime/runc) and gives the same Sandbox: an agent socket the edge dials.
+// corral-agent (internal/guestimage, internal/vmguest). It implements internal/runtime's
+// Runtime (runtime name "qemu") with Pauser, Snapshotter, Forker, UsageReader, DiskHolder and,
+// for the vm tier (a Spec with a BootDisk), Machine: it takes a runtime.Spec and gives a
+// runtime.Sandbox, an agent socket the edge dials. It imports no other backend; the cgroups a
+// VM's QEMU joins come from internal/runtime/cgroups.
 //
 // # What a VM is on the host
 //

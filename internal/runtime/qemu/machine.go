@@ -20,7 +20,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/vmdisk"
 	"github.com/corral-dev/corral/internal/vmguest"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -30,7 +30,7 @@ import (
 // than a microvm's guest).
 const machineTCGCacheMiB = 256
 
-// MachineVM is runc.Spec.Machine for the vm tier: a full q35 machine with firmware (SeaBIOS),
+// MachineVM is runtime.Spec.Machine for the vm tier: a full q35 machine with firmware (SeaBIOS),
 // booted from a disk image under a copy-on-write overlay of its own, with a standard VGA screen,
 // a PS/2 keyboard and a USB tablet (absolute pointer). See the package doc.
 const MachineVM = "vm"
@@ -68,15 +68,12 @@ func (r *Runtime) probeMachine() error {
 	return nil
 }
 
-func (r *Runtime) validateMachine(spec *runc.Spec) error {
+func (r *Runtime) validateMachine(spec *runtime.Spec) error {
 	if r.machineErr != nil {
 		return r.machineErr
 	}
 	if spec.Calls || spec.Template {
 		return errdefs.Invalid("Machine", "vm sandboxes run no fncalls and have no templates")
-	}
-	if spec.Disk == "" {
-		return errdefs.Invalid("Disk", "a vm needs its disk image")
 	}
 	// A vm's disk is at least its image's, whatever DiskBytes asks (createMachine).
 	if err := checkLimits(spec, MinMachineMemory, 1); err != nil {
@@ -91,8 +88,8 @@ func (r *Runtime) validateMachine(spec *runc.Spec) error {
 // createMachine starts a vm sandbox: it returns once QEMU runs the machine, not when the guest
 // has booted (an image without the agent still has its screen, input and console). WaitAgent
 // waits for the agent.
-func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, err error) {
-	info, err := vmdisk.Inspect(spec.Disk, spec.DiskFormat)
+func (r *Runtime) createMachine(ctx context.Context, spec runtime.Spec) (_ *runtime.Sandbox, err error) {
+	info, err := vmdisk.Inspect(spec.BootDisk, spec.BootDiskFormat)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +124,7 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 		return nil, fmt.Errorf("create sandbox %s: qemu-img create: %v: %s", id, err, strings.TrimSpace(string(out)))
 	}
 	c := &vmguest.MachineConfig{Hostname: guestHostname(&spec), Env: spec.Env, AgentArgs: guestAgentArgs(spec.AgentArgs), OpenFiles: spec.OpenFiles}
-	files := []vmFile{{Role: "disk-base", Path: spec.Disk, Serial: info.Format},
+	files := []vmFile{{Role: "disk-base", Path: spec.BootDisk, Serial: info.Format},
 		{Role: "disk", Path: overlay}, {Role: "disk-ro", Path: overlay},
 		{Role: "agent-disk", Path: agentDisk}}
 	if spec.Netns != "" {
@@ -172,7 +169,7 @@ func (r *Runtime) createMachine(ctx context.Context, spec runc.Spec) (_ *runc.Sa
 
 // machineArgs is QEMU's command line for a vm sandbox; files are the descriptors 3, 4, ... in
 // order. Every disk is a -blockdev node on an fd set: QEMU opens no host path but its firmware.
-func (r *Runtime) machineArgs(spec *runc.Spec, files []vmFile) []string {
+func (r *Runtime) machineArgs(spec *runtime.Spec, files []vmFile) []string {
 	cpus := max(int(math.Ceil(spec.CPUs)), 1)
 	a := []string{"-name", "corral-" + spec.ID, "-M", "q35"}
 	if r.accel == AccelKVM {
@@ -459,7 +456,16 @@ type screenSize struct{ w, h int }
 
 // Input sends keyboard and mouse events to a vm sandbox, in order. Mouse coordinates are screen
 // pixels, scaled to the USB tablet's absolute axes against the display's current size.
-func (r *Runtime) Input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
+func (r *Runtime) Input(ctx context.Context, id string, events []runtime.InputEvent) (runtime.InputResult, error) {
+	evs := make([]corral.InputEvent, len(events))
+	for i, e := range events {
+		evs[i] = corral.InputEvent(e)
+	}
+	res, err := r.input(ctx, id, evs)
+	return runtime.InputResult(res), err
+}
+
+func (r *Runtime) input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
 	if err := checkInput(events); err != nil {
 		return corral.InputResult{}, err
 	}

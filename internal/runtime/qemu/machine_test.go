@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -16,10 +16,10 @@ import (
 // on QEMU's command line.
 func TestMachineArgs(t *testing.T) {
 	r := testRuntime(t)
-	spec := runc.Spec{ID: "sb-vm", MemoryBytes: 1 << 30, CPUs: 2, Machine: MachineVM, Disk: "/layers/x/disk.qcow2", DiskFormat: "qcow2",
+	spec := runtime.Spec{ID: "sb-vm", MemoryBytes: 1 << 30, CPUs: 2, BootDisk: "/layers/x/disk.qcow2", BootDiskFormat: "qcow2",
 		Netns: "/run/netns/x", Addr: netip.MustParseAddr("10.0.0.2"), Gateway: netip.MustParseAddr("10.0.0.1")}
 	dir := filepath.Join(r.cfg.StateDir, spec.ID)
-	files := []vmFile{{Role: "disk-base", Path: spec.Disk, Serial: "qcow2"}, {Role: "disk", Path: dir + "/disk.qcow2"},
+	files := []vmFile{{Role: "disk-base", Path: spec.BootDisk, Serial: "qcow2"}, {Role: "disk", Path: dir + "/disk.qcow2"},
 		{Role: "disk-ro", Path: dir + "/disk.qcow2"}, {Role: "agent-disk", Path: "/cache/agent.img"}, {Role: "tap"},
 		{Role: "machine-config", Path: dir + "/machine.json"}, {Role: "console", Path: dir + "/console.log"},
 		{Role: "qmp", Path: dir + "/qmp.sock"}, {Role: "ctl", Path: dir + "/ctl.sock"}}
@@ -52,24 +52,24 @@ func TestMachineArgs(t *testing.T) {
 func TestValidateMachine(t *testing.T) {
 	r := testRuntime(t)
 	for _, tc := range []struct {
-		spec runc.Spec
+		spec runtime.Spec
 		want string
 	}{
-		{runc.Spec{ID: "a", Machine: MachineVM}, "disk image"},
-		{resolved(runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d", MemoryBytes: 128 << 20}), "256 MiB"},
-		{runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d", Template: true}, "templates"},
-		{runc.Spec{ID: "a", Machine: "pc"}, "want"},
+		{runtime.Spec{ID: "a", Runtime: "gvisor"}, "this backend runs"},
+		{resolved(runtime.Spec{ID: "a", BootDisk: "/d", MemoryBytes: 128 << 20}), "256 MiB"},
+		{runtime.Spec{ID: "a", BootDisk: "/d", Template: true}, "templates"},
+		{runtime.Spec{ID: "a", BootDisk: "/d", Calls: true}, "no fncalls"},
 	} {
 		err := r.validate(&tc.spec)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("validate(%+v) = %v; want an error with %q", tc.spec, err, tc.want)
 		}
 	}
-	s := runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d"}
+	s := runtime.Spec{ID: "a", BootDisk: "/d"}
 	if err := r.validate(&s); err == nil || s.MemoryBytes != 0 {
 		t.Errorf("validate without limits: %v, memory %d; want an error and no default", err, s.MemoryBytes)
 	}
-	s = resolved(runc.Spec{ID: "a", Machine: MachineVM, Disk: "/d"})
+	s = resolved(runtime.Spec{ID: "a", BootDisk: "/d"})
 	if err := r.validate(&s); err != nil {
 		t.Errorf("validate(%+v): %v", s, err)
 	}

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // Pause saves the VM's memory and device state to <dir>/snapshot.bin and ends its QEMU process,
@@ -20,31 +20,31 @@ import (
 //
 // Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is already
 // paused or is stopped.
-func (r *Runtime) Pause(ctx context.Context, id string) (runc.PauseStats, error) {
+func (r *Runtime) Pause(ctx context.Context, id string) (runtime.PauseStats, error) {
 	start := time.Now()
 	unlock := r.lock(id)
 	defer unlock()
 	st, err := r.readState(id)
 	if err != nil {
-		return runc.PauseStats{}, err
+		return runtime.PauseStats{}, err
 	}
 	if st.Paused {
-		return runc.PauseStats{}, errdefs.Conflict("sandbox %s is already paused", id)
+		return runtime.PauseStats{}, errdefs.Conflict("sandbox %s is already paused", id)
 	}
 	if st.Off {
-		return runc.PauseStats{}, errdefs.Conflict("sandbox %s is powered off", id)
+		return runtime.PauseStats{}, errdefs.Conflict("sandbox %s is powered off", id)
 	}
 	if !alive(st) {
-		return runc.PauseStats{}, errdefs.Conflict("sandbox %s is stopped", id)
+		return runtime.PauseStats{}, errdefs.Conflict("sandbox %s is stopped", id)
 	}
 	before := rss(st.Pid)
 	dir := r.dir(id)
 	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
 	if err != nil {
-		return runc.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
+		return runtime.PauseStats{}, fmt.Errorf("pause %s: %w", id, err)
 	}
 	defer q.Close()
-	undo := func(err error) (runc.PauseStats, error) {
+	undo := func(err error) (runtime.PauseStats, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if cerr := q.run(cctx, "cont", nil, nil); cerr != nil {
@@ -52,7 +52,7 @@ func (r *Runtime) Pause(ctx context.Context, id string) (runc.PauseStats, error)
 		}
 		os.Remove(filepath.Join(dir, snapshotFile))
 		os.Remove(filepath.Join(dir, "frozen"))
-		return runc.PauseStats{}, fmt.Errorf("pause %s: %w%s", id, err, r.qemuLogTail(id))
+		return runtime.PauseStats{}, fmt.Errorf("pause %s: %w%s", id, err, r.qemuLogTail(id))
 	}
 	// Marked first: if corral dies from here until the pause is recorded, Status reports the
 	// stopped vCPUs and reconcile lets them run again.
@@ -80,7 +80,7 @@ func (r *Runtime) Pause(ctx context.Context, id string) (runc.PauseStats, error)
 		r.log.Error("end the paused VM's QEMU", "sandbox", id, "err", err)
 	}
 	os.Remove(filepath.Join(dir, "frozen"))
-	return runc.PauseStats{Duration: time.Since(start), Freeze: frozen, MemoryBefore: before, MemoryReturned: before}, nil
+	return runtime.PauseStats{Duration: time.Since(start), Freeze: frozen, MemoryBefore: before, MemoryReturned: before}, nil
 }
 
 func syncFile(p string) error {
@@ -97,23 +97,23 @@ func syncFile(p string) error {
 // snapshot is removed once the VM runs.
 //
 // Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is not paused.
-func (r *Runtime) Resume(ctx context.Context, id string) (runc.ResumeStats, error) {
+func (r *Runtime) Resume(ctx context.Context, id string) (runtime.ResumeStats, error) {
 	start := time.Now()
 	unlock := r.lock(id)
 	defer unlock()
 	st, err := r.readState(id)
 	if err != nil {
-		return runc.ResumeStats{}, err
+		return runtime.ResumeStats{}, err
 	}
 	if !st.Paused {
 		if alive(st) {
 			// Stopped by Freeze: let it run.
 			if err := r.thaw(ctx, id); err != nil {
-				return runc.ResumeStats{}, err
+				return runtime.ResumeStats{}, err
 			}
-			return runc.ResumeStats{Duration: time.Since(start)}, nil
+			return runtime.ResumeStats{Duration: time.Since(start)}, nil
 		}
-		return runc.ResumeStats{}, errdefs.Conflict("sandbox %s is not paused", id)
+		return runtime.ResumeStats{}, errdefs.Conflict("sandbox %s is not paused", id)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
 	defer cancel()
@@ -121,27 +121,27 @@ func (r *Runtime) Resume(ctx context.Context, id string) (runc.ResumeStats, erro
 	snap := filepath.Join(dir, snapshotFile)
 	f, err := os.Open(snap)
 	if err != nil {
-		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w", id, err)
+		return runtime.ResumeStats{}, fmt.Errorf("resume %s: %w", id, err)
 	}
 	defer f.Close()
 	// A QEMU still recorded here is one a crash left: of a pause that had saved the snapshot
 	// but not yet ended it, or of a resume that had not finished. The snapshot is the VM.
 	if err := kill(ctx, st); err != nil {
-		return runc.ResumeStats{}, fmt.Errorf("resume %s: end the earlier QEMU: %w", id, err)
+		return runtime.ResumeStats{}, fmt.Errorf("resume %s: end the earlier QEMU: %w", id, err)
 	}
 	os.Remove(filepath.Join(dir, "qmp.sock"))
 	os.Remove(filepath.Join(dir, "ctl.sock"))
 	// vm.json says paused, with the new process's pid, until the VM runs: a crash in between
 	// leaves a sandbox that the next Resume restores again.
 	if err := r.start(ctx, st, true); err != nil {
-		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w", id, err)
+		return runtime.ResumeStats{}, fmt.Errorf("resume %s: %w", id, err)
 	}
-	fail := func(err error) (runc.ResumeStats, error) {
+	fail := func(err error) (runtime.ResumeStats, error) {
 		proc := *st
 		st.Pid, st.PidStart = 0, 0
 		r.writeState(st)
 		kill(context.WithoutCancel(ctx), &proc)
-		return runc.ResumeStats{}, fmt.Errorf("resume %s: %w%s", id, err, r.qemuLogTail(id))
+		return runtime.ResumeStats{}, fmt.Errorf("resume %s: %w%s", id, err, r.qemuLogTail(id))
 	}
 	if err := incoming(ctx, filepath.Join(dir, "qmp.sock"), f); err != nil {
 		return fail(err)
@@ -153,9 +153,9 @@ func (r *Runtime) Resume(ctx context.Context, id string) (runc.ResumeStats, erro
 	os.Remove(snap)
 	os.Remove(filepath.Join(dir, "frozen")) // a crashed pause's
 	if _, err := r.proxy(id); err != nil {
-		return runc.ResumeStats{}, err
+		return runtime.ResumeStats{}, err
 	}
-	return runc.ResumeStats{Duration: time.Since(start)}, nil
+	return runtime.ResumeStats{Duration: time.Since(start)}, nil
 }
 
 // Freeze stops the VM's vCPUs (QMP stop); Thaw lets them run again. The memory stays.

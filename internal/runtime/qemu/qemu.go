@@ -27,7 +27,8 @@ import (
 	"github.com/corral-dev/corral/internal/guestimage"
 	"github.com/corral-dev/corral/internal/inroot"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 	"github.com/corral-dev/corral/internal/vmguest"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
@@ -74,7 +75,7 @@ type Config struct {
 	// BootTimeout bounds a boot until the agent answers (default 2m: TCG on a loaded host).
 	BootTimeout time.Duration
 	// SparseDisks makes microvm disks sparse files instead of allocating their blocks when they
-	// are made (runc.Config.SparseDisks says what that risks).
+	// are made (runtime.Node.SparseDisks; runc's Config.SparseDisks says what that risks).
 	SparseDisks bool
 	// Mkfs is mkfs.ext4 (default: looked up in PATH, /usr/sbin and /sbin).
 	Mkfs string
@@ -103,7 +104,7 @@ type Runtime struct {
 	kernel   *guestimage.Kernel
 	// machineErr is why vm sandboxes (MachineVM) cannot be created here besides err.
 	machineErr error
-	cg         *runc.Cgroups // nil: VMs get no cgroups of their own
+	cg         *cgroups.Manager // nil: VMs get no cgroups of their own
 
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex   // per VM; protected by mu
@@ -210,7 +211,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	r.builds.Add(1)
 	go r.capConsoles(r.ctx)
 	if cfg.CgroupParent != "" {
-		if r.cg, err = runc.NewCgroups(cfg.CgroupParent); err != nil {
+		if r.cg, err = cgroups.NewManager(cfg.CgroupParent); err != nil {
 			r.log.Warn("microvms get no cgroups of their own: CPU quotas are not enforced", "err", err)
 		}
 	}
@@ -230,8 +231,51 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	return r, nil
 }
 
+// RuntimeName is what runtime.Spec.Runtime names for this backend: microvms, and with a
+// BootDisk full machines (the vm tier).
+const RuntimeName = "qemu"
+
+// Factory builds the qemu backend (a runtime.Factory): opts is a *Config (nil: the defaults)
+// whose node fields it sets from node: StateDir and CacheDir under node.DataDir (vms/,
+// vmboot/), CgroupParent and SparseDisks.
+func Factory(ctx context.Context, node runtime.Node, opts any, log *slog.Logger) (runtime.Runtime, error) {
+	cfg, err := runtime.OptionsOf[Config](opts)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = filepath.Join(node.DataDir, "vms")
+	cfg.CacheDir = filepath.Join(node.DataDir, "vmboot")
+	cfg.CgroupParent, cfg.SparseDisks = node.CgroupParent, node.SparseDisks
+	r, err := New(ctx, *cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// DiskHeld is DiskAllocated: a VM's disks are sparse, promised by their sandboxes' limits.
+func (r *Runtime) DiskHeld() (promised, allocated int64) { return 0, r.DiskAllocated() }
+
+// Runtimes is RuntimeName alone.
+func (r *Runtime) Runtimes() []string { return []string{RuntimeName} }
+
 // Available returns nil when VMs can be created here, else why not.
-func (r *Runtime) Available() error { return r.err }
+func (r *Runtime) Available(name string) error {
+	if name != RuntimeName {
+		return errdefs.Unavailable("qemu does not run %q", name)
+	}
+	return r.err
+}
+
+var (
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.Pauser      = (*Runtime)(nil)
+	_ runtime.Snapshotter = (*Runtime)(nil)
+	_ runtime.Forker      = (*Runtime)(nil)
+	_ runtime.UsageReader = (*Runtime)(nil)
+	_ runtime.Machine     = (*Runtime)(nil)
+	_ runtime.DiskHolder  = (*Runtime)(nil)
+)
 
 // Accelerator returns the accelerator new VMs use and why it was chosen.
 func (r *Runtime) Accelerator() (accel, why string) { return r.accel, r.accelWhy }
@@ -645,14 +689,14 @@ func (r *Runtime) bootImage(ctx context.Context, path string) (guestimage.Image,
 }
 
 // Create boots a VM for spec and returns once its agent answers; see the package doc.
-func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, err error) {
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Sandbox, err error) {
 	if r.err != nil {
 		return nil, r.err
 	}
 	if err := r.validate(&spec); err != nil {
 		return nil, err
 	}
-	if spec.Machine == MachineVM {
+	if spec.BootDisk != "" {
 		return r.createMachine(ctx, spec)
 	}
 	// The guest refuses a volume path through a symlink too; checking the layers here makes
@@ -743,16 +787,15 @@ func (r *Runtime) Create(ctx context.Context, spec runc.Spec) (_ *runc.Sandbox, 
 	return r.sandbox(st), nil
 }
 
-func (r *Runtime) validate(spec *runc.Spec) error {
+func (r *Runtime) validate(spec *runtime.Spec) error {
 	if !idRE.MatchString(spec.ID) {
 		return errdefs.Invalid("ID", "%q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", spec.ID)
 	}
-	switch spec.Machine {
-	case MachineVM:
+	if spec.Runtime != "" && spec.Runtime != RuntimeName {
+		return errdefs.Invalid("Runtime", "%q: this backend runs %q", spec.Runtime, RuntimeName)
+	}
+	if spec.BootDisk != "" {
 		return r.validateMachine(spec)
-	case "":
-	default:
-		return errdefs.Invalid("Machine", "%q: want %q or empty (a microvm)", spec.Machine, MachineVM)
 	}
 	if spec.Calls {
 		return errdefs.Invalid("Calls", "calls run in containers, not VMs")
@@ -769,7 +812,7 @@ func (r *Runtime) validate(spec *runc.Spec) error {
 			len(spec.Images), len(spec.Volumes), n, MaxDevices)
 	}
 	for _, v := range spec.Volumes {
-		if err := runc.CheckVolumePath("volumes.path", v.Path); err != nil {
+		if err := runtime.CheckVolumePath("volumes.path", v.Path); err != nil {
 			return err
 		}
 	}
@@ -786,7 +829,7 @@ func (r *Runtime) validate(spec *runc.Spec) error {
 
 // checkLimits checks the invariants of a spec's limits: resolved (none zero) and no less than
 // the VM can run with.
-func checkLimits(spec *runc.Spec, minMemory, minDisk int64) error {
+func checkLimits(spec *runtime.Spec, minMemory, minDisk int64) error {
 	switch {
 	case !(spec.CPUs > 0):
 		return fmt.Errorf("spec of %s: CPUs %v is not a resolved limit", spec.ID, spec.CPUs)
@@ -828,7 +871,7 @@ func (r *Runtime) makeDisk(ctx context.Context, path string, size int64) error {
 }
 
 // guestConfig is what the guest's init reads (vmguest.Config) and the files QEMU gets.
-func (r *Runtime) guestConfig(spec *runc.Spec, upper string) (*vmguest.Config, []vmFile, error) {
+func (r *Runtime) guestConfig(spec *runtime.Spec, upper string) (*vmguest.Config, []vmFile, error) {
 	c := &vmguest.Config{
 		Hostname:    spec.Hostname,
 		Env:         spec.Env,
@@ -880,7 +923,7 @@ func (r *Runtime) guestConfig(spec *runc.Spec, upper string) (*vmguest.Config, [
 }
 
 // guestHostname is the VM's hostname: the spec's, else its ID (cut to 63 bytes).
-func guestHostname(spec *runc.Spec) string {
+func guestHostname(spec *runtime.Spec) string {
 	if spec.Hostname != "" {
 		return spec.Hostname
 	}
@@ -889,7 +932,7 @@ func guestHostname(spec *runc.Spec) string {
 
 // readResolvConf returns the content of the spec's resolv.conf (the edge's resolver), which the
 // guest writes itself: "" without one.
-func readResolvConf(spec *runc.Spec) (string, error) {
+func readResolvConf(spec *runtime.Spec) (string, error) {
 	if spec.ResolvConf == "" {
 		return "", nil
 	}
@@ -939,7 +982,7 @@ const guestMAC = "52:54:00:c0:44:01"
 
 // args is QEMU's command line for the VM; files are the descriptors 3, 4, ... in order. A
 // template's differs from its sandboxes' only in its name.
-func (r *Runtime) args(spec *runc.Spec, files []vmFile, template bool) []string {
+func (r *Runtime) args(spec *runtime.Spec, files []vmFile, template bool) []string {
 	mib := spec.MemoryBytes >> 20
 	cpus := int(math.Ceil(spec.CPUs))
 	if cpus < 1 {
@@ -1291,15 +1334,15 @@ func (r *Runtime) closeProxy(id string) {
 	}
 }
 
-func (r *Runtime) sandbox(st *vmState) *runc.Sandbox {
+func (r *Runtime) sandbox(st *vmState) *runtime.Sandbox {
 	dir := r.dir(st.ID)
-	return &runc.Sandbox{ID: st.ID, Pid: st.Pid, AgentSocket: filepath.Join(dir, agentSocket), Dir: dir,
+	return &runtime.Sandbox{ID: st.ID, Pid: st.Pid, AgentSocket: filepath.Join(dir, agentSocket), Dir: dir,
 		AgentLog: filepath.Join(dir, "console.log"), Accelerator: st.Accel, Template: st.Template}
 }
 
 // Open returns a VM that exists (after a restart of corral, for one that outlived it) and
 // makes its agent socket answer again.
-func (r *Runtime) Open(ctx context.Context, id string) (*runc.Sandbox, error) {
+func (r *Runtime) Open(ctx context.Context, id string) (*runtime.Sandbox, error) {
 	if !idRE.MatchString(id) {
 		return nil, errdefs.Invalid("ID", "%q is not a sandbox ID", id)
 	}
@@ -1317,20 +1360,20 @@ func (r *Runtime) Open(ctx context.Context, id string) (*runc.Sandbox, error) {
 
 // Status reports the VM's state; MemoryBytes is QEMU's resident memory (the guest's RAM it
 // has touched, plus QEMU's own).
-func (r *Runtime) Status(ctx context.Context, id string) (runc.Status, error) {
+func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
 	st, err := r.readState(id)
 	if err != nil {
-		return runc.Status{}, err
+		return runtime.Status{}, err
 	}
 	switch {
 	case st.Paused:
-		return runc.Status{State: runc.StatePaused}, nil
+		return runtime.Status{State: runtime.StatePaused}, nil
 	case st.Off:
-		return runc.Status{State: runc.StateOff}, nil
+		return runtime.Status{State: runtime.StateOff}, nil
 	case alive(st):
-		s := runc.Status{State: runc.StateRunning, Pid: st.Pid, MemoryBytes: rss(st.Pid)}
+		s := runtime.Status{State: runtime.StateRunning, Pid: st.Pid, MemoryBytes: rss(st.Pid)}
 		if r.frozen(id) {
-			s.State = runc.StatePaused
+			s.State = runtime.StatePaused
 		}
 		return s, nil
 	case st.Machine == MachineVM:
@@ -1338,10 +1381,10 @@ func (r *Runtime) Status(ctx context.Context, id string) (runc.Status, error) {
 		// recorded by machineExited (waited for when it has not run yet).
 		r.exitHandled(st.Pid)
 		if r.machineGone(id) {
-			return runc.Status{State: runc.StateOff}, nil
+			return runtime.Status{State: runtime.StateOff}, nil
 		}
 	}
-	return runc.Status{State: runc.StateStopped}, nil
+	return runtime.Status{State: runtime.StateStopped}, nil
 }
 
 // frozen reports whether the VM's vCPUs were stopped (Freeze, or a pause under way) and not
@@ -1453,11 +1496,6 @@ func kill(ctx context.Context, st *vmState) error {
 			return fmt.Errorf("QEMU %d did not exit after SIGKILL", st.Pid)
 		}
 	}
-}
-
-// GVisor: VMs are not containers.
-func (r *Runtime) GVisor() (string, error) {
-	return "", errors.New("gVisor is a container runtime")
 }
 
 // UpperDir: a VM's writable layer is a disk inside the guest, not a host directory.
@@ -1574,9 +1612,9 @@ func (r *Runtime) DiskAllocated() int64 {
 // Usage reads what a VM sandbox uses now: its QEMU's cgroups (CPU time, memory, tasks) and the
 // bytes its writable disk has allocated on the host (the guest's writes; a sparse file's
 // allocation, not what the guest's filesystem counts as used).
-func (r *Runtime) Usage(id string) (runc.Usage, error) {
+func (r *Runtime) Usage(id string) (runtime.Usage, error) {
 	if r.cg == nil {
-		return runc.Usage{}, errdefs.Unavailable("VMs get no cgroups on this host")
+		return runtime.Usage{}, errdefs.Unavailable("VMs get no cgroups on this host")
 	}
 	u, err := r.cg.Usage(id)
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 	"github.com/corral-dev/corral/internal/doccheck"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/guestimage"
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 func TestDocComments(t *testing.T) { doccheck.Exported(t, ".") }
@@ -32,7 +32,7 @@ func testRuntime(t *testing.T) *Runtime {
 
 // resolved gives s's zero limits what admission resolves (internal/limits; the runtime
 // defaults none).
-func resolved(s runc.Spec) runc.Spec {
+func resolved(s runtime.Spec) runtime.Spec {
 	if s.CPUs == 0 {
 		s.CPUs = 1
 	}
@@ -53,27 +53,27 @@ func resolved(s runc.Spec) runc.Spec {
 
 func TestValidate(t *testing.T) {
 	r := testRuntime(t)
-	ok := resolved(runc.Spec{ID: "sb-1", Images: []runc.LayerImage{{Image: "/l0"}}})
+	ok := resolved(runtime.Spec{ID: "sb-1", Images: []runtime.LayerImage{{Image: "/l0"}}})
 	want := ok
 	if err := r.validate(&ok); err != nil || ok.MemoryBytes != want.MemoryBytes || ok.DiskBytes != want.DiskBytes {
 		t.Fatalf("validate(%+v): %v; want it valid and its limits kept", ok, err)
 	}
-	seven := make([]runc.LayerImage, 7)
+	seven := make([]runtime.LayerImage, 7)
 	for i := range seven {
-		seven[i] = runc.LayerImage{Image: "/i", Devices: []string{"/b"}}
+		seven[i] = runtime.LayerImage{Image: "/i", Devices: []string{"/b"}}
 	}
 	for name, c := range map[string]struct {
-		spec  runc.Spec
+		spec  runtime.Spec
 		field string // "": an internal error (a limit not resolved)
 	}{
-		"no layers":       {runc.Spec{ID: "a"}, "Images"},
-		"bad id":          {runc.Spec{ID: "../x", Images: ok.Images}, "ID"},
-		"calls":           {runc.Spec{ID: "a", Images: ok.Images, Calls: true}, "Calls"},
-		"too many disks":  {runc.Spec{ID: "a", Images: seven}, "layers"},
-		"netns, no addrs": {resolved(runc.Spec{ID: "a", Images: ok.Images, Netns: "/run/netns/x"}), "Addr"},
-		"no limits":       {runc.Spec{ID: "a", Images: ok.Images}, ""},
-		"small memory":    {resolved(runc.Spec{ID: "a", Images: ok.Images, MemoryBytes: 64 << 20}), ""},
-		"small disk":      {resolved(runc.Spec{ID: "a", Images: ok.Images, DiskBytes: 1 << 20}), ""},
+		"no layers":       {runtime.Spec{ID: "a"}, "Images"},
+		"bad id":          {runtime.Spec{ID: "../x", Images: ok.Images}, "ID"},
+		"calls":           {runtime.Spec{ID: "a", Images: ok.Images, Calls: true}, "Calls"},
+		"too many disks":  {runtime.Spec{ID: "a", Images: seven}, "layers"},
+		"netns, no addrs": {resolved(runtime.Spec{ID: "a", Images: ok.Images, Netns: "/run/netns/x"}), "Addr"},
+		"no limits":       {runtime.Spec{ID: "a", Images: ok.Images}, ""},
+		"small memory":    {resolved(runtime.Spec{ID: "a", Images: ok.Images, MemoryBytes: 64 << 20}), ""},
+		"small disk":      {resolved(runtime.Spec{ID: "a", Images: ok.Images, DiskBytes: 1 << 20}), ""},
 	} {
 		err := r.validate(&c.spec)
 		if c.field == "" {
@@ -95,7 +95,7 @@ func TestGuestAgentArgs(t *testing.T) {
 	}
 }
 
-func testFiles(r *Runtime, spec *runc.Spec, dir string) []vmFile {
+func testFiles(r *Runtime, spec *runtime.Spec, dir string) []vmFile {
 	c, files, err := r.guestConfig(spec, filepath.Join(dir, "upper.img"))
 	if err != nil {
 		panic(err)
@@ -111,8 +111,8 @@ func testFiles(r *Runtime, spec *runc.Spec, dir string) []vmFile {
 // in its name.
 func TestArgs(t *testing.T) {
 	r := testRuntime(t)
-	spec := runc.Spec{ID: "sb-1", Hostname: "h", MemoryBytes: 256 << 20, CPUs: 1.5, DiskBytes: 1 << 30,
-		Images: []runc.LayerImage{{Image: "/img/base.erofs", Devices: []string{"/mnt/base.blob"}}, {Image: "/img/tk.erofs"}},
+	spec := runtime.Spec{ID: "sb-1", Hostname: "h", MemoryBytes: 256 << 20, CPUs: 1.5, DiskBytes: 1 << 30,
+		Images: []runtime.LayerImage{{Image: "/img/base.erofs", Devices: []string{"/mnt/base.blob"}}, {Image: "/img/tk.erofs"}},
 		Netns:  "/run/netns/x", Addr: netip.MustParseAddr("10.0.0.2"), Gateway: netip.MustParseAddr("10.0.0.1")}
 	dir := filepath.Join(r.cfg.StateDir, spec.ID)
 	files := testFiles(r, &spec, dir)
@@ -147,22 +147,22 @@ func TestArgs(t *testing.T) {
 // addresses; memory, vCPUs, the disks and the network card make another shape.
 func TestTemplateKey(t *testing.T) {
 	r := testRuntime(t)
-	base := runc.Spec{ID: "sb-1", MemoryBytes: 256 << 20, CPUs: 1, DiskBytes: 1 << 30, Images: []runc.LayerImage{{Image: "/a", Devices: []string{"/b"}}}}
-	key := func(s runc.Spec) string {
+	base := runtime.Spec{ID: "sb-1", MemoryBytes: 256 << 20, CPUs: 1, DiskBytes: 1 << 30, Images: []runtime.LayerImage{{Image: "/a", Devices: []string{"/b"}}}}
+	key := func(s runtime.Spec) string {
 		return r.templateKey(&s, testFiles(r, &s, filepath.Join(r.cfg.StateDir, s.ID)))
 	}
 	k := key(base)
 	same := base
 	same.ID, same.Hostname, same.Env = "sb-2", "other", []string{"A=1"}
-	same.Images = []runc.LayerImage{{Image: "/c", Devices: []string{"/d"}}}
+	same.Images = []runtime.LayerImage{{Image: "/c", Devices: []string{"/d"}}}
 	if key(same) != k {
 		t.Errorf("another sandbox of the same shape has another template")
 	}
-	for name, change := range map[string]func(*runc.Spec){
-		"memory": func(s *runc.Spec) { s.MemoryBytes = 512 << 20 },
-		"cpus":   func(s *runc.Spec) { s.CPUs = 2 },
-		"layers": func(s *runc.Spec) { s.Images = append(s.Images, runc.LayerImage{Image: "/e"}) },
-		"net": func(s *runc.Spec) {
+	for name, change := range map[string]func(*runtime.Spec){
+		"memory": func(s *runtime.Spec) { s.MemoryBytes = 512 << 20 },
+		"cpus":   func(s *runtime.Spec) { s.CPUs = 2 },
+		"layers": func(s *runtime.Spec) { s.Images = append(s.Images, runtime.LayerImage{Image: "/e"}) },
+		"net": func(s *runtime.Spec) {
 			s.Netns, s.Addr, s.Gateway = "/run/netns/x", netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.1")
 		},
 	} {

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/corral-dev/corral/internal/runtime/runc"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/vmguest"
 )
 
@@ -39,7 +39,7 @@ const templatesDir = ".templates"
 
 // templateKey names the template of a VM with files and spec: a digest of the template's
 // command line (which names the kernel and the content-named initramfs) and QEMU's version.
-func (r *Runtime) templateKey(spec *runc.Spec, files []vmFile) string {
+func (r *Runtime) templateKey(spec *runtime.Spec, files []vmFile) string {
 	tfiles, _ := r.templateFiles(files, "")
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00", r.version, r.cfg.QEMU)
@@ -95,7 +95,7 @@ func (r *Runtime) templateSnapshot(key string) string {
 }
 
 // kickTemplate builds the template key in the background unless it exists or is being built.
-func (r *Runtime) kickTemplate(key string, spec runc.Spec, files []vmFile) {
+func (r *Runtime) kickTemplate(key string, spec runtime.Spec, files []vmFile) {
 	r.mu.Lock()
 	if r.building[key] || r.closed || r.templateSnapshot(key) != "" || time.Now().Before(r.failedUntil[key]) {
 		r.mu.Unlock()
@@ -125,7 +125,7 @@ func (r *Runtime) kickTemplate(key string, spec runc.Spec, files []vmFile) {
 
 // buildTemplate boots the template key, waits until its guest asks for its configuration and
 // saves it. It is built in <key>.tmp and renamed into place once complete.
-func (r *Runtime) buildTemplate(ctx context.Context, key string, spec *runc.Spec, files []vmFile) (err error) {
+func (r *Runtime) buildTemplate(ctx context.Context, key string, spec *runtime.Spec, files []vmFile) (err error) {
 	root := filepath.Join(r.cfg.StateDir, templatesDir)
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return err

@@ -19,13 +19,14 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // Tests of the fncall tier's isolation (internal/agentrpc/calls.go) with the real agent in real
 // runc containers.
 
 // callsSandbox creates a sandbox that runs calls, with the real agent.
-func (e *testEnv) callsSandbox(id string) (*Sandbox, *agentrpc.Client) {
+func (e *testEnv) callsSandbox(id string) (*runtime.Sandbox, *agentrpc.Client) {
 	e.t.Helper()
 	s := e.spec(id)
 	s.AgentPath = buildRealAgent(e.t)
@@ -120,7 +121,7 @@ func shCall(t testing.TB, c *agentrpc.Client, id, cmdline string) callOut {
 
 // callLeftovers lists the live processes in sandbox id's cgroup, as seen from the host, other
 // than the agent (pid) and one spare call helper.
-func callLeftovers(e *testEnv, sb *Sandbox) []string {
+func callLeftovers(e *testEnv, sb *runtime.Sandbox) []string {
 	var left []string
 	spare := false
 	for _, p := range sandboxProcesses(e, sb.ID) {

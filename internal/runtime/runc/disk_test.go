@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // TestDiskAllocated: a sandbox's disk image holds all its blocks on the host from its create
@@ -16,7 +18,7 @@ func TestDiskAllocated(t *testing.T) {
 		e := newTestEnv(t, func(c *Config) { c.SparseDisks, c.DiskPool = sparse, -1 })
 		s := e.spec("disk")
 		s.DiskBytes = 48 << 20
-		if _, err := e.r.Create(context.Background(), s); err != nil {
+		if _, err := e.r.Create(context.Background(), runtime.Spec(s)); err != nil {
 			t.Fatal(err)
 		}
 		var st unix.Stat_t

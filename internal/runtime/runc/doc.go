@@ -1,6 +1,8 @@
-// Package runc is Corral's container sandbox backend: it turns a Spec (read-only layers, the
-// corral-agent binary, limits) into a running runc container whose init process is the agent, and
-// takes it apart again leaving nothing behind on the host.
+// Package runc is Corral's container sandbox backend: it turns a runtime.Spec (read-only layers,
+// the corral-agent binary, limits) into a running runc container whose init process is the agent,
+// and takes it apart again leaving nothing behind on the host. It implements internal/runtime's
+// Runtime for the runtime names "runc" and "gvisor" (gvisor.go), with Pauser, Snapshotter,
+// Forker, UsageReader and DiskHolder; Factory builds it for internal/runtime/backends.
 //
 // # What a sandbox is on disk
 //

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // Fork. A fork takes one image of a running sandbox (Fork) and starts any number of new
@@ -40,18 +41,8 @@ import (
 
 const forksDir = ".forks"
 
-// ForkImage is what Fork took of a sandbox. Its methods are safe for concurrent use.
-type ForkImage struct {
-	// Source is the sandbox it was taken of.
-	Source string
-	// Memory reports that it holds the source's processes and memory (a gVisor checkpoint);
-	// false: its disk only, and a copy boots afresh on it.
-	Memory bool
-	// Stopped is how long the source was stopped (checkpoint, disk copy and restore).
-	Stopped time.Duration
-	// DiskBytes is the size of the disk image.
-	DiskBytes int64
-
+// forkFiles is runc's part of a ForkImage (runtime.ForkImage.Backend): where the image is.
+type forkFiles struct {
 	dir        string // <StateDir>/.forks/<random>
 	disk       string // dir/disk.img
 	checkpoint string // dir/checkpoint: the gVisor checkpoint image; "" without Memory
@@ -59,13 +50,10 @@ type ForkImage struct {
 	network    bool   // the source joined a network namespace (gVisor's --network=sandbox)
 }
 
-// ForkOptions tune Fork.
-type ForkOptions struct {
-	// DiskOnly takes the disk alone, also of a gVisor sandbox.
-	DiskOnly bool
-	// BeforeRestore runs before the gVisor source is restored (the edge puts its network
-	// address back in its namespace, as for Resume).
-	BeforeRestore func() error
+// filesOf returns img's files, or nil when another backend took it.
+func filesOf(img *runtime.ForkImage) *forkFiles {
+	f, _ := img.Backend.(*forkFiles)
+	return f
 }
 
 // Fork takes an image of the running sandbox id for Create (Spec.Fork); see the comment above.
@@ -74,14 +62,14 @@ type ForkOptions struct {
 //
 // Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is not
 // running (paused or stopped), or is runc and opts.DiskOnly is false.
-func (r *Runtime) Fork(ctx context.Context, id string, opts ForkOptions) (_ *ForkImage, err error) {
+func (r *Runtime) Fork(ctx context.Context, id string, opts runtime.ForkOptions) (_ *runtime.ForkImage, err error) {
 	start := time.Now()
 	st, unlock, err := r.lockedStatus(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if st.State != StateRunning {
+	if st.State != runtime.StateRunning {
 		return nil, errdefs.Conflict("sandbox %s is %s: only a running sandbox can be forked", id, st.State)
 	}
 	gvisor := r.engineOf(id) == EngineGVisor
@@ -89,31 +77,32 @@ func (r *Runtime) Fork(ctx context.Context, id string, opts ForkOptions) (_ *For
 		return nil, errdefs.Conflict("sandbox %s runs on runc, whose processes cannot be checkpointed on this host (no CRIU): fork it with disk_only (its writable layer only), or create it on gVisor (runtime gvisor) to fork its processes too", id)
 	}
 	dir := r.dir(id)
-	img := &ForkImage{Source: id, Memory: gvisor && !opts.DiskOnly}
+	ff := &forkFiles{}
+	img := &runtime.ForkImage{Source: id, Memory: gvisor && !opts.DiskOnly, Backend: ff}
 	var b [8]byte
 	rand.Read(b[:])
-	img.dir = filepath.Join(r.cfg.StateDir, forksDir, hex.EncodeToString(b[:]))
-	if err := os.MkdirAll(img.dir, 0o700); err != nil {
+	ff.dir = filepath.Join(r.cfg.StateDir, forksDir, hex.EncodeToString(b[:]))
+	if err := os.MkdirAll(ff.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
 	}
 	defer func() {
 		if err != nil {
-			os.RemoveAll(img.dir)
+			os.RemoveAll(ff.dir)
 		}
 	}()
-	img.disk = filepath.Join(img.dir, diskImage)
+	ff.disk = filepath.Join(ff.dir, diskImage)
 	if st, err := os.Stat(filepath.Join(dir, diskImage)); err == nil {
 		img.DiskBytes = st.Size()
 	}
 
 	if !gvisor {
 		r.stopPrefetch(id)
-		if err := r.cg.freeze(ctx, id, freezeTimeout); err != nil {
-			r.cg.thaw(id)
+		if err := r.cg.Freeze(ctx, id, freezeTimeout); err != nil {
+			r.cg.Thaw(id)
 			return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
 		}
-		err := r.copyDisk(ctx, id, img.disk)
-		if terr := r.cg.thaw(id); terr != nil {
+		err := r.copyDisk(ctx, id, ff.disk)
+		if terr := r.cg.Thaw(id); terr != nil {
 			err = errors.Join(err, fmt.Errorf("thaw: %w", terr))
 		}
 		img.Stopped = time.Since(start)
@@ -123,21 +112,21 @@ func (r *Runtime) Fork(ctx context.Context, id string, opts ForkOptions) (_ *For
 		return img, nil
 	}
 
-	if img.agentBin, err = gvisorAgentBin(dir); err != nil {
+	if ff.agentBin, err = gvisorAgentBin(dir); err != nil {
 		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
 	}
-	img.network = gvisorNetwork(dir) == "sandbox"
+	ff.network = gvisorNetwork(dir) == "sandbox"
 	if _, err := r.pauseGVisor(ctx, id, st); err != nil {
 		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
 	}
 	// From here the source is checkpointed: whatever happens, it is restored before Fork returns.
 	var takeErr error
 	if img.Memory {
-		img.checkpoint = filepath.Join(img.dir, checkpointDir)
-		takeErr = linkTree(filepath.Join(dir, checkpointDir), img.checkpoint)
+		ff.checkpoint = filepath.Join(ff.dir, checkpointDir)
+		takeErr = linkTree(filepath.Join(dir, checkpointDir), ff.checkpoint)
 	}
 	if takeErr == nil {
-		takeErr = r.copyDisk(ctx, id, img.disk)
+		takeErr = r.copyDisk(ctx, id, ff.disk)
 	}
 	var restoreErr error
 	if opts.BeforeRestore != nil {
@@ -160,14 +149,15 @@ func (r *Runtime) Fork(ctx context.Context, id string, opts ForkOptions) (_ *For
 }
 
 // DropFork removes what Fork took. Sandboxes created from it are not affected.
-func (r *Runtime) DropFork(img *ForkImage) {
-	if img == nil {
+func (r *Runtime) DropFork(img *runtime.ForkImage) {
+	if img == nil || filesOf(img) == nil {
 		return
 	}
-	if err := os.RemoveAll(img.dir); err != nil {
-		r.log.Warn("remove fork image", "dir", img.dir, "err", err)
+	ff := filesOf(img)
+	if err := os.RemoveAll(ff.dir); err != nil {
+		r.log.Warn("remove fork image", "dir", ff.dir, "err", err)
 	}
-	os.Remove(filepath.Dir(img.dir)) // the last one: StateDir empty when nothing is left
+	os.Remove(filepath.Dir(ff.dir)) // the last one: StateDir empty when nothing is left
 }
 
 // copyDisk syncs sandbox id's disk and copies its image to dst, sparse. Preconditions: id's
@@ -218,7 +208,7 @@ func linkTree(src, dst string) error {
 }
 
 // forkSlot makes a slot for a sandbox created from img: a copy of its disk, mounted.
-func (r *Runtime) forkSlot(ctx context.Context, img *ForkImage) (_ string, err error) {
+func (r *Runtime) forkSlot(ctx context.Context, img *runtime.ForkImage) (_ string, err error) {
 	var b [8]byte
 	rand.Read(b[:])
 	dir := filepath.Join(r.poolDir, hex.EncodeToString(b[:]))
@@ -233,7 +223,7 @@ func (r *Runtime) forkSlot(ctx context.Context, img *ForkImage) (_ string, err e
 		}
 	}()
 	p := filepath.Join(dir, diskImage)
-	if err := copySparse(ctx, img.disk, p); err != nil {
+	if err := copySparse(ctx, filesOf(img).disk, p); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
 			return "", fmt.Errorf("%w: %w", err, errdefs.ErrNodeFull)
 		}

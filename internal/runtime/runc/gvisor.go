@@ -19,10 +19,11 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
 
-// gVisor. A sandbox created with Spec.Engine EngineGVisor runs under gVisor's runsc instead of
+// gVisor. A sandbox created with Spec.Runtime EngineGVisor runs under gVisor's runsc instead of
 // runc: same bundle (overlay rootfs on the sandbox's ext4 disk, limits, cgroups), same agent,
 // different boundary: the sandbox's syscalls are served by gVisor's user-space kernel (the
 // sentry), not the host's. What differs, and why:
@@ -73,8 +74,6 @@ type Engine string
 const (
 	EngineRunc   Engine = "runc"
 	EngineGVisor Engine = "gvisor"
-	// EngineQEMU is the microvm tier's (internal/runtime/qemu); runc refuses it.
-	EngineQEMU Engine = "qemu"
 )
 
 // Defaults for the gVisor fields of Config.
@@ -249,7 +248,7 @@ func (r *Runtime) startHolder(id, bin string, l *gvisorLink, logf *os.File) erro
 		return fmt.Errorf("start the agent link's holder: %w", err)
 	}
 	go cmd.Wait() // reap it while this process runs; after a restart, init does
-	if err := r.cg.join(id, cmd.Process.Pid); err != nil {
+	if err := r.cg.Join(id, cmd.Process.Pid); err != nil {
 		cmd.Process.Kill()
 		return fmt.Errorf("the agent link's holder: %w", err)
 	}
@@ -410,9 +409,9 @@ func tailFile(path string, n int64) string {
 
 // pauseGVisor checkpoints the sandbox to disk; see the package comment above.
 // Preconditions: id's lock is held; id is running.
-func (r *Runtime) pauseGVisor(ctx context.Context, id string, st Status) (PauseStats, error) {
+func (r *Runtime) pauseGVisor(ctx context.Context, id string, st runtime.Status) (runtime.PauseStats, error) {
 	start := time.Now()
-	stats := PauseStats{MemoryBefore: st.MemoryBytes}
+	stats := runtime.PauseStats{MemoryBefore: st.MemoryBytes}
 	dir := r.dir(id)
 	img := filepath.Join(dir, checkpointDir)
 	os.RemoveAll(img)
@@ -434,9 +433,9 @@ func (r *Runtime) pauseGVisor(ctx context.Context, id string, st Status) (PauseS
 	}
 	// Anything still charged (page cache of files the gofer read) is dropped with the processes,
 	// the link's holder among them (its pipes to the sandbox are closed already).
-	r.cg.killAll(id, 5*time.Second)
+	r.cg.KillAll(id, 5*time.Second)
 	os.Remove(filepath.Join(dir, ctlSocketName))
-	stats.MemoryAfter, _ = r.cg.memUsage(id)
+	stats.MemoryAfter, _ = r.cg.MemUsage(id)
 	if stats.MemoryBefore > stats.MemoryAfter {
 		stats.MemoryReturned = stats.MemoryBefore - stats.MemoryAfter
 	}
@@ -447,9 +446,9 @@ func (r *Runtime) pauseGVisor(ctx context.Context, id string, st Status) (PauseS
 
 // resumeGVisor restores the sandbox from its checkpoint and waits for the agent.
 // Preconditions: id's lock is held; id is checkpointed.
-func (r *Runtime) resumeGVisor(ctx context.Context, id string) (ResumeStats, error) {
+func (r *Runtime) resumeGVisor(ctx context.Context, id string) (runtime.ResumeStats, error) {
 	start := time.Now()
-	var stats ResumeStats
+	var stats runtime.ResumeStats
 	dir := r.dir(id)
 	img := filepath.Join(dir, checkpointDir)
 	if r.hasRunscState(id) {
@@ -513,14 +512,14 @@ func (r *Runtime) restoreGVisor(ctx context.Context, id, img, bin string, logf *
 
 // openGVisor is Open for a gVisor sandbox: a running one is reached again through its holder,
 // which outlived the process that started it. Preconditions: id's lock is held.
-func (r *Runtime) openGVisor(ctx context.Context, id string) (*Sandbox, error) {
+func (r *Runtime) openGVisor(ctx context.Context, id string) (*runtime.Sandbox, error) {
 	dir := r.dir(id)
 	if _, err := gvisorAgentBin(dir); err != nil {
 		// Made by a corral before the agent's link moved out of the sandbox (its agent listens on
 		// /.corral/agent.sock, with no holder): it cannot be reached or restored the new way.
 		return nil, errdefs.NotFound("sandbox %s cannot be re-adopted (%v; made by an older corral?): Delete it", id, err)
 	}
-	sb := &Sandbox{ID: id, AgentSocket: socketPath(r.cfg.StateDir, id), Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log")}
+	sb := &runtime.Sandbox{ID: id, AgentSocket: socketPath(r.cfg.StateDir, id), Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log")}
 	if _, err := os.Lstat(filepath.Join(dir, checkpointedFile)); err == nil {
 		// Paused: no process, no runsc state. The Proxy serves the socket (and refuses calls)
 		// until Resume starts a holder.
@@ -540,7 +539,7 @@ func (r *Runtime) openGVisor(ctx context.Context, id string) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if st.State == StateRunning {
+	if st.State == runtime.StateRunning {
 		sb.Pid = pid
 	}
 	if _, err := r.gvisorProxy(id); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // The real corral-agent, built once: gVisor sandboxes need its --stdio mode and its holder.
@@ -68,7 +69,7 @@ func newGVisorEnv(t *testing.T) *testEnv {
 
 func (e *testEnv) gvisorSpec(id string) Spec {
 	s := e.spec(id)
-	s.Engine = EngineGVisor
+	s.Runtime = string(EngineGVisor)
 	s.AgentPath = realAgent.path
 	s.AgentArgs = []string{"serve"}
 	return s
@@ -136,7 +137,7 @@ func TestGVisorLifecycle(t *testing.T) {
 	if st.MemoryBefore == 0 {
 		t.Errorf("MemoryBefore = 0")
 	}
-	if s, err := e.r.Status(ctx, sb.ID); err != nil || s.State != StatePaused {
+	if s, err := e.r.Status(ctx, sb.ID); err != nil || s.State != runtime.StatePaused {
 		t.Fatalf("Status after pause = %+v, %v; want paused", s, err)
 	}
 	if _, err := e.r.Pause(ctx, sb.ID); !errors.Is(err, errdefs.ErrConflict) {
@@ -156,7 +157,7 @@ func TestGVisorLifecycle(t *testing.T) {
 	}
 
 	resume(t, e, sb.ID)
-	if s, err := e.r.Status(ctx, sb.ID); err != nil || s.State != StateRunning {
+	if s, err := e.r.Status(ctx, sb.ID); err != nil || s.State != runtime.StateRunning {
 		t.Fatalf("Status after resume = %+v, %v; want running", s, err)
 	}
 	if got := agentRun(t, c, "cat", "/root/file"); got != "kept" {

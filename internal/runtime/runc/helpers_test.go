@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/corral-dev/corral/internal/mountinfo"
+	"github.com/corral-dev/corral/internal/runtime"
 	"log/slog"
 	"net"
 	"os"
@@ -234,9 +235,9 @@ func resolved(s Spec) Spec {
 
 const testShmBytes = 64 << 20
 
-func (e *testEnv) create(s Spec) *Sandbox {
+func (e *testEnv) create(s Spec) *runtime.Sandbox {
 	e.t.Helper()
-	sb, err := e.r.Create(context.Background(), s)
+	sb, err := e.r.Create(context.Background(), runtime.Spec(s))
 	if err != nil {
 		e.t.Fatalf("Create(%s): %v", s.ID, err)
 	}
@@ -287,7 +288,7 @@ func (e *testEnv) teardown() {
 
 func (e *testEnv) hierarchies() []string {
 	if e.r != nil {
-		return e.r.cg.hier
+		return e.r.cg.Hier
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // TestCreateLatency compares Create (and Create plus the first command through the agent)
@@ -68,7 +70,7 @@ func TestCreateLatency(t *testing.T) {
 			e.r.createStart = cs
 			id := fmt.Sprintf("lat-%d-%v", i, cs)
 			start = time.Now()
-			sb, err := e.r.Create(ctx, e.spec(id))
+			sb, err := e.r.Create(ctx, runtime.Spec(e.spec(id)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,7 +111,7 @@ func BenchmarkCreateDelete(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		id := fmt.Sprintf("bench-%d", i)
-		if _, err := e.r.Create(ctx, e.spec(id)); err != nil {
+		if _, err := e.r.Create(ctx, runtime.Spec(e.spec(id))); err != nil {
 			b.Fatal(err)
 		}
 		if err := e.r.Delete(ctx, id); err != nil {

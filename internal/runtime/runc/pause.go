@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 )
 
 // Pause and Resume.
@@ -93,34 +95,6 @@ const (
 	populateChunk = 1 << 20
 )
 
-// PauseStats describes what a Pause did. Memory figures are bytes charged to the sandbox's
-// memory cgroup, as in Status.MemoryBytes (RAM only: page cache, tmpfs and kernel memory
-// included, swap not).
-type PauseStats struct {
-	// Duration is the whole call.
-	Duration time.Duration
-	// Freeze is the time from the start of the call until every process was frozen: from then on
-	// the sandbox used no CPU. The rest of Duration is the reclaim.
-	Freeze time.Duration
-	// MemoryBefore is the usage just before the freeze, MemoryAfter after the reclaim.
-	MemoryBefore, MemoryAfter uint64
-	// MemoryReturned is MemoryBefore - MemoryAfter (0 if it grew): the RAM the host got back.
-	MemoryReturned uint64
-	// Swapped is the part of MemoryReturned written to swap; the rest was page cache.
-	Swapped uint64
-	// NoSwap reports that the host had no free swap: only page cache could be returned.
-	NoSwap bool
-}
-
-// ResumeStats describes what a Resume did.
-type ResumeStats struct {
-	// Duration is the whole call; the processes run again from its end (minus microseconds).
-	Duration time.Duration
-	// InSwap is how much of the sandbox's memory was in swap when Resume began: what the
-	// prefetch reads back in the background after Resume returns, or page faults do.
-	InSwap uint64
-}
-
 // Pause freezes every process of the sandbox and then pushes its memory out to swap so the host
 // gets it back; see the package doc. It is all-or-nothing: on error (ctx ending included) the
 // sandbox is thawed again and its limits are as before. A host without swap is no error: Pause
@@ -128,18 +102,18 @@ type ResumeStats struct {
 //
 // Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is already
 // paused or is stopped.
-func (r *Runtime) Pause(ctx context.Context, id string) (PauseStats, error) {
+func (r *Runtime) Pause(ctx context.Context, id string) (runtime.PauseStats, error) {
 	start := time.Now()
-	var stats PauseStats
+	var stats runtime.PauseStats
 	st, unlock, err := r.lockedStatus(ctx, id)
 	if err != nil {
 		return stats, err
 	}
 	defer unlock()
 	switch st.State {
-	case StatePaused:
+	case runtime.StatePaused:
 		return stats, errdefs.Conflict("sandbox %s is already paused: Resume it first", id)
-	case StateStopped:
+	case runtime.StateStopped:
 		return stats, errdefs.Conflict("sandbox %s is stopped, there is nothing to pause: Delete it", id)
 	}
 	if r.engineOf(id) == EngineGVisor {
@@ -152,27 +126,27 @@ func (r *Runtime) Pause(ctx context.Context, id string) (PauseStats, error) {
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	stats.MemoryBefore = st.MemoryBytes
-	swapBefore := r.cg.swapUsage(id)
-	if err := r.cg.freeze(ctx, id, freezeTimeout); err != nil {
-		r.cg.thaw(id)
+	swapBefore := r.cg.SwapUsage(id)
+	if err := r.cg.Freeze(ctx, id, freezeTimeout); err != nil {
+		r.cg.Thaw(id)
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	stats.Freeze = time.Since(start)
 	stats.NoSwap = !hostHasSwap()
 	if err := r.reclaim(ctx, id, !stats.NoSwap); err != nil {
-		if terr := r.cg.thaw(id); terr != nil {
+		if terr := r.cg.Thaw(id); terr != nil {
 			err = errors.Join(err, fmt.Errorf("thaw: %w", terr))
 		}
 		return stats, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
-	stats.MemoryAfter, err = r.cg.memUsage(id)
+	stats.MemoryAfter, err = r.cg.MemUsage(id)
 	if err != nil {
 		stats.MemoryAfter = stats.MemoryBefore
 	}
 	if stats.MemoryBefore > stats.MemoryAfter {
 		stats.MemoryReturned = stats.MemoryBefore - stats.MemoryAfter
 	}
-	if s := r.cg.swapUsage(id); s > swapBefore {
+	if s := r.cg.SwapUsage(id); s > swapBefore {
 		stats.Swapped = s - swapBefore
 	}
 	stats.Duration = time.Since(start)
@@ -187,9 +161,9 @@ func (r *Runtime) Pause(ctx context.Context, id string) (PauseStats, error) {
 //
 // Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is running
 // (not paused) or stopped.
-func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
+func (r *Runtime) Resume(ctx context.Context, id string) (runtime.ResumeStats, error) {
 	start := time.Now()
-	var stats ResumeStats
+	var stats runtime.ResumeStats
 	st, unlock, err := r.lockedStatus(ctx, id)
 	if err != nil {
 		return stats, err
@@ -199,23 +173,23 @@ func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
 		return stats, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	switch st.State {
-	case StateRunning:
+	case runtime.StateRunning:
 		return stats, errdefs.Conflict("sandbox %s is running, not paused", id)
-	case StateStopped:
+	case runtime.StateStopped:
 		return stats, errdefs.Conflict("sandbox %s is stopped, there is nothing to resume: Delete it", id)
 	}
 	if r.engineOf(id) == EngineGVisor {
 		return r.resumeGVisor(ctx, id)
 	}
 	r.stopPrefetch(id) // one of an earlier Resume, if something else froze the sandbox since
-	stats.InSwap = r.cg.swapUsage(id)
+	stats.InSwap = r.cg.SwapUsage(id)
 	// Read the address ranges while every process is frozen: none can exit (so no pid is
 	// recycled between the pidfd and /proc/<pid>/maps) or change its mappings meanwhile.
 	var targets []prefetchTarget
 	if stats.InSwap > 0 && !r.noPrefetch && r.bg.Err() == nil {
 		targets = r.prefetchTargets(id)
 	}
-	if err := r.cg.thaw(id); err != nil {
+	if err := r.cg.Thaw(id); err != nil {
 		closeTargets(targets)
 		return stats, fmt.Errorf("resume sandbox %s: thaw: %w", id, err)
 	}
@@ -226,15 +200,15 @@ func (r *Runtime) Resume(ctx context.Context, id string) (ResumeStats, error) {
 }
 
 // lockedStatus takes id's lock and reads its status; the caller calls unlock (unless err).
-func (r *Runtime) lockedStatus(ctx context.Context, id string) (Status, func(), error) {
+func (r *Runtime) lockedStatus(ctx context.Context, id string) (runtime.Status, func(), error) {
 	if !validID(id) {
-		return Status{}, nil, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+		return runtime.Status{}, nil, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
 	}
 	unlock := r.locks.lock(id)
 	st, err := r.Status(ctx, id)
 	if err != nil {
 		unlock()
-		return Status{}, nil, err
+		return runtime.Status{}, nil, err
 	}
 	return st, unlock, nil
 }
@@ -242,8 +216,8 @@ func (r *Runtime) lockedStatus(ctx context.Context, id string) (Status, func(), 
 // reclaim pushes the frozen sandbox's memory out; see the package doc. It restores every setting
 // it changed before it returns, error or not. Preconditions: id's lock is held; id is frozen.
 func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err error) {
-	d := r.cg.dir("memory", id)
-	v2 := r.cg.mode == "v2"
+	d := r.cg.Dir("memory", id)
+	v2 := r.cg.Mode == "v2"
 	// The settings to change, in order, and their values during the reclaim ("" = set by the loop).
 	type knob struct{ file, val string }
 	knobs := []knob{{"memory.swappiness", "100"}, {"memory.limit_in_bytes", ""}}
@@ -299,7 +273,7 @@ func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err erro
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("reclaim: %w", err)
 		}
-		u, err := readCgroupUint(filepath.Join(d, usageFile))
+		u, err := cgroups.ReadUint(filepath.Join(d, usageFile))
 		if err != nil {
 			return fmt.Errorf("reclaim: %w", err)
 		}
@@ -317,7 +291,7 @@ func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err erro
 		if err != nil && !errors.Is(err, expected) {
 			return fmt.Errorf("reclaim: %w", err)
 		}
-		after, err := readCgroupUint(filepath.Join(d, usageFile))
+		after, err := cgroups.ReadUint(filepath.Join(d, usageFile))
 		if err != nil {
 			return fmt.Errorf("reclaim: %w", err)
 		}
@@ -330,7 +304,7 @@ func (r *Runtime) reclaim(ctx context.Context, id string, swapOn bool) (err erro
 		// At the true floor the retries are cheap, since nothing reclaimable is left to scan.
 		backoff := time.Millisecond << stuck
 		time.Sleep(backoff)
-		if waited += backoff; !v2 && memStat(d, "writeback") > 0 && waited < reclaimWritebackWait {
+		if waited += backoff; !v2 && cgroups.MemStat(d, "writeback") > 0 && waited < reclaimWritebackWait {
 			continue
 		}
 		stuck++
@@ -372,7 +346,7 @@ func (r *Runtime) restoreMemory(id string) error {
 	if err := json.Unmarshal(b, &saved); err != nil {
 		return fmt.Errorf("restore memory settings: %s: %w", p, err)
 	}
-	d := r.cg.dir("memory", id)
+	d := r.cg.Dir("memory", id)
 	var errs []error
 	for _, f := range memorySettings {
 		v, ok := saved[f]
@@ -409,7 +383,7 @@ type remoteIovec struct{ base, len uintptr }
 // may be in swap: anonymous memory and tmpfs (shmem) mappings. A regular file's mapping is
 // left out: MADV_WILLNEED on it would read the whole file range ahead, not swap.
 func (r *Runtime) prefetchTargets(id string) []prefetchTarget {
-	pids, err := r.cg.procs(id)
+	pids, err := r.cg.Procs(id)
 	if err != nil {
 		return nil
 	}
@@ -672,41 +646,4 @@ func hostHasSwap() bool {
 		}
 	}
 	return false
-}
-
-func readCgroupUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-}
-
-// memUsage is the bytes charged to the sandbox's memory cgroup (RAM, not swap).
-func (l *cgroupLayout) memUsage(id string) (uint64, error) {
-	if l.mode == "v2" {
-		return readCgroupUint(filepath.Join(l.dir("", id), "memory.current"))
-	}
-	return readCgroupUint(filepath.Join(l.dir("memory", id), "memory.usage_in_bytes"))
-}
-
-// swapUsage is the bytes of the sandbox's memory in swap; 0 when unknown (no swap accounting).
-func (l *cgroupLayout) swapUsage(id string) uint64 {
-	if l.mode == "v2" {
-		n, _ := readCgroupUint(filepath.Join(l.dir("", id), "memory.swap.current"))
-		return n
-	}
-	return memStat(l.dir("memory", id), "swap")
-}
-
-// memStat returns one counter of memory.stat in the memory cgroup dir; 0 if absent.
-func memStat(dir, key string) uint64 {
-	b, _ := os.ReadFile(filepath.Join(dir, "memory.stat"))
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, key+" "); ok {
-			n, _ := strconv.ParseUint(v, 10, 64)
-			return n
-		}
-	}
-	return 0
 }

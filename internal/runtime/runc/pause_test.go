@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // TestPauseResume pauses a sandbox that holds 128 MiB of anonymous memory, first without swap
@@ -95,13 +96,13 @@ func TestPauseResume(t *testing.T) {
 
 	// A Pause that crashed half-way left a lowered limit and pause.json: Resume puts it back
 	// even though it refuses (the sandbox is running), and the next Pause would too.
-	usage, err := e.r.cg.memUsage(s.ID)
+	usage, err := e.r.cg.MemUsage(s.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	knob, crashed := filepath.Join(e.r.cg.dir("memory", s.ID), "memory.limit_in_bytes"), strconv.FormatUint(usage+8<<20, 10)
-	if e.r.cg.mode == "v2" {
-		knob, crashed = filepath.Join(e.r.cg.dir("", s.ID), "memory.swap.max"), "max"
+	knob, crashed := filepath.Join(e.r.cg.Dir("memory", s.ID), "memory.limit_in_bytes"), strconv.FormatUint(usage+8<<20, 10)
+	if e.r.cg.Mode == "v2" {
+		knob, crashed = filepath.Join(e.r.cg.Dir("", s.ID), "memory.swap.max"), "max"
 	}
 	orig := readFileTrim(t, knob)
 	if err := e.r.saveMemory(s.ID, map[string]string{filepath.Base(knob): orig}); err != nil {
@@ -126,7 +127,7 @@ func TestPauseResume(t *testing.T) {
 	if _, err := e.r.Pause(cctx, s.ID); !errors.Is(err, context.Canceled) {
 		t.Errorf("Pause with a cancelled ctx = %v, want context.Canceled", err)
 	}
-	if st, err := e.r.Status(ctx, s.ID); err != nil || st.State != StateRunning {
+	if st, err := e.r.Status(ctx, s.ID); err != nil || st.State != runtime.StateRunning {
 		t.Errorf("Status after a cancelled Pause = %+v %v, want running", st, err)
 	}
 	if got := readFileTrim(t, knob); got != orig {
@@ -139,7 +140,7 @@ func TestPauseResume(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, func() bool {
 		st, err := e.r.Status(ctx, s.ID)
-		return err == nil && st.State == StateStopped
+		return err == nil && st.State == runtime.StateStopped
 	})
 	if _, err := e.r.Pause(ctx, s.ID); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("Pause of a stopped sandbox = %v, want conflict", err)
@@ -159,7 +160,7 @@ func TestDeletePaused(t *testing.T) {
 	if _, err := e.r.Pause(ctx, sb.ID); err != nil {
 		t.Fatalf("Pause: %v", err)
 	}
-	if st, err := e.r.Status(ctx, sb.ID); err != nil || st.State != StatePaused {
+	if st, err := e.r.Status(ctx, sb.ID); err != nil || st.State != runtime.StatePaused {
 		t.Fatalf("Status = %+v %v, want paused", st, err)
 	}
 	if err := e.r.Delete(ctx, sb.ID); err != nil {
@@ -294,26 +295,26 @@ func waitPrefetch(t *testing.T, r *Runtime, id string) time.Duration {
 	return time.Since(start)
 }
 
-func pause(t *testing.T, e *testEnv, id string) PauseStats {
+func pause(t *testing.T, e *testEnv, id string) runtime.PauseStats {
 	t.Helper()
 	ps, err := e.r.Pause(context.Background(), id)
 	if err != nil {
 		t.Fatalf("Pause(%s): %v", id, err)
 	}
-	if st, err := e.r.Status(context.Background(), id); err != nil || st.State != StatePaused {
+	if st, err := e.r.Status(context.Background(), id); err != nil || st.State != runtime.StatePaused {
 		t.Fatalf("Status after Pause = %+v %v, want paused", st, err)
 	}
 	t.Logf("Pause(%s): %+v", id, ps)
 	return ps
 }
 
-func resume(t *testing.T, e *testEnv, id string) ResumeStats {
+func resume(t *testing.T, e *testEnv, id string) runtime.ResumeStats {
 	t.Helper()
 	rs, err := e.r.Resume(context.Background(), id)
 	if err != nil {
 		t.Fatalf("Resume(%s): %v", id, err)
 	}
-	if st, err := e.r.Status(context.Background(), id); err != nil || st.State != StateRunning {
+	if st, err := e.r.Status(context.Background(), id); err != nil || st.State != runtime.StateRunning {
 		t.Fatalf("Status after Resume = %+v %v, want running", st, err)
 	}
 	t.Logf("Resume(%s): %+v", id, rs)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 const helperEnv = "CORRAL_RUNC_TEST_HELPER"
@@ -30,7 +32,7 @@ func helperMain() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	sb, err := r.Create(context.Background(), in.Spec)
+	sb, err := r.Create(context.Background(), runtime.Spec(in.Spec))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -84,7 +86,7 @@ func TestSurvivesCallerKill9(t *testing.T) {
 		cmd.Process.Kill()
 		t.Fatal("helper did not create the sandbox in time")
 	}
-	var sb Sandbox
+	var sb runtime.Sandbox
 	if err := json.Unmarshal([]byte(out.buf.String()), &sb); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +117,7 @@ func TestSurvivesCallerKill9(t *testing.T) {
 		t.Errorf("agent after the caller's death: %q", out)
 	}
 	st, err := e.r.Status(ctx, spec.ID)
-	if err != nil || st.State != StateRunning || st.Pid != sb.Pid {
+	if err != nil || st.State != runtime.StateRunning || st.Pid != sb.Pid {
 		t.Errorf("Status = %+v %v, want running", st, err)
 	}
 }

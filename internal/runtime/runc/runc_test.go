@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 var capNumbers = map[string]uint{
@@ -167,12 +168,12 @@ func TestSandboxInside(t *testing.T) {
 		if !strings.Contains(res.Out, "can't fork") && !strings.Contains(res.Out, "Resource temporarily unavailable") {
 			t.Errorf("60 processes under pids=40 were allowed: exit %d %q", res.Code, res.Out)
 		}
-		if got := readTrim(t, filepath.Join(e.r.cg.dir("pids", s.ID), "pids.max")); got != "40" {
+		if got := readTrim(t, filepath.Join(e.r.cg.Dir("pids", s.ID), "pids.max")); got != "40" {
 			t.Errorf("pids.max = %s, want 40", got)
 		}
 		// The shell gives up at the first failed fork; let its orphans finish.
 		deadline := time.Now().Add(10 * time.Second)
-		for procs, _ := e.r.cg.procs(s.ID); len(procs) > 1; procs, _ = e.r.cg.procs(s.ID) {
+		for procs, _ := e.r.cg.Procs(s.ID); len(procs) > 1; procs, _ = e.r.cg.Procs(s.ID) {
 			if time.Now().After(deadline) {
 				t.Fatalf("processes left: %v", procs)
 			}
@@ -187,7 +188,7 @@ func TestSandboxInside(t *testing.T) {
 			"freezer": {"freezer.state": "THAWED"},
 		} {
 			for file, v := range want {
-				p := filepath.Join(e.r.cg.dir(c, s.ID), file)
+				p := filepath.Join(e.r.cg.Dir(c, s.ID), file)
 				if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) && file == "memory.memsw.limit_in_bytes" {
 					continue // no swap accounting on this kernel
 				}
@@ -214,7 +215,7 @@ func TestSandboxInside(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.State != StateRunning || st.Pid != sb.Pid || st.MemoryBytes == 0 {
+		if st.State != runtime.StateRunning || st.Pid != sb.Pid || st.MemoryBytes == 0 {
 			t.Errorf("Status = %+v, want running with pid %d and some memory", st, sb.Pid)
 		}
 	})
@@ -274,7 +275,7 @@ func TestOOMThenStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != StateRunning || st.OOMKills == 0 {
+	if st.State != runtime.StateRunning || st.OOMKills == 0 {
 		t.Fatalf("after the OOM kill of a child: %+v, want running with OOMKills > 0", st)
 	}
 	if err := unix.Kill(sb.Pid, unix.SIGKILL); err != nil {
@@ -282,7 +283,7 @@ func TestOOMThenStopped(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, func() bool {
 		st, err = e.r.Status(context.Background(), s.ID)
-		return err == nil && st.State == StateStopped
+		return err == nil && st.State == runtime.StateStopped
 	})
 	if st.OOMKills == 0 || st.Pid != 0 {
 		t.Errorf("stopped status = %+v, want OOMKills kept and no pid", st)
@@ -304,7 +305,7 @@ func TestCreateErrors(t *testing.T) {
 	sb := e.create(e.spec("dup"))
 
 	t.Run("conflict", func(t *testing.T) {
-		if _, err := e.r.Create(ctx, e.spec("dup")); !errors.Is(err, errdefs.ErrConflict) {
+		if _, err := e.r.Create(ctx, runtime.Spec(e.spec("dup"))); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("second Create: %v, want conflict", err)
 		}
 		okSh(t, sb.AgentSocket, "true") // the first is untouched
@@ -315,7 +316,7 @@ func TestCreateErrors(t *testing.T) {
 		os.WriteFile(filepath.Join(broken, "proc"), nil, 0o644) // runc cannot mount /proc on a file
 		s := e.spec("runc-fails")
 		s.Lower = append(s.Lower, broken)
-		_, err := e.r.Create(ctx, s)
+		_, err := e.r.Create(ctx, runtime.Spec(s))
 		if err == nil || !strings.Contains(err.Error(), "runc run") || !strings.Contains(err.Error(), "proc") {
 			t.Fatalf("Create over a layer with /proc a file: %v, want runc's error", err)
 		}
@@ -331,7 +332,7 @@ func TestCreateErrors(t *testing.T) {
 		os.WriteFile(bad, []byte("not a program\n"), 0o755)
 		s := e.spec("bad-agent")
 		s.AgentPath = bad
-		sb, err := e.r.Create(ctx, s)
+		sb, err := e.r.Create(ctx, runtime.Spec(s))
 		if e.r.UserNS() != nil {
 			// With user namespaces the agent's binary also runs on the host first (its
 			// namespace helper): the Create fails there, leaving nothing.
@@ -348,7 +349,7 @@ func TestCreateErrors(t *testing.T) {
 		}
 		waitFor(t, 5*time.Second, func() bool {
 			st, err := e.r.Status(ctx, s.ID)
-			return err == nil && st.State == StateStopped
+			return err == nil && st.State == runtime.StateStopped
 		})
 		if _, err := trySh(sb.AgentSocket, "true"); !errors.Is(err, unix.ECONNREFUSED) {
 			t.Errorf("connect to a dead agent: %v, want connection refused", err)
@@ -365,13 +366,13 @@ func TestCreateErrors(t *testing.T) {
 			{ID: "ok", Lower: []string{"relative"}, AgentPath: fx.agent},
 			{ID: "ok", Lower: []string{fx.base}, AgentPath: "/nonexistent"},
 		} {
-			if _, err := e.r.Create(ctx, resolved(s)); !errors.Is(err, errdefs.ErrInvalid) {
+			if _, err := e.r.Create(ctx, runtime.Spec(resolved(s))); !errors.Is(err, errdefs.ErrInvalid) {
 				t.Errorf("Create(%+v): %v, want invalid", s, err)
 			}
 		}
 		// A limit admission did not resolve is the caller's bug: an error, not a default.
 		s := Spec{ID: "ok", Lower: []string{fx.base}, AgentPath: fx.agent, DiskBytes: 1 << 20}
-		if _, err := e.r.Create(ctx, s); err == nil || errors.Is(err, errdefs.ErrInvalid) {
+		if _, err := e.r.Create(ctx, runtime.Spec(s)); err == nil || errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("Create(%+v): %v, want an internal error", s, err)
 		}
 	})
@@ -380,7 +381,7 @@ func TestCreateErrors(t *testing.T) {
 func TestSocketPathTooLong(t *testing.T) {
 	e := newTestEnv(t, func(c *Config) { c.StateDir = filepath.Join(filepath.Dir(c.StateDir), strings.Repeat("d", 40), "s") })
 	ok := strings.Repeat("k", 107-len(e.cfg.StateDir+"//agent.sock"))
-	if _, err := e.r.Create(context.Background(), e.spec(ok+"x")); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "unix socket limit") {
+	if _, err := e.r.Create(context.Background(), runtime.Spec(e.spec(ok+"x"))); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "unix socket limit") {
 		t.Fatalf("Create with a socket path of 108 bytes: %v", err)
 	}
 	sb := e.create(e.spec(ok))
@@ -431,11 +432,11 @@ func TestPartialState(t *testing.T) {
 		t.Fatalf("runc create: %v: %s", err, out)
 	}
 	outf.Close()
-	if procs, _ := e.r.cg.procs("half"); len(procs) != 1 {
+	if procs, _ := e.r.cg.Procs("half"); len(procs) != 1 {
 		t.Fatalf("runc create left %d processes, want its waiting init", len(procs))
 	}
 	// A cgroup made by runc, with no runc state.
-	for _, d := range e.r.cg.dirs("orphan-cg") {
+	for _, d := range e.r.cg.Dirs("orphan-cg") {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -484,7 +485,7 @@ func TestManyCreateDelete(t *testing.T) {
 				if i%4 == 0 {
 					s.DiskBytes = 24 << 20
 				}
-				sb, err := e.r.Create(ctx, s)
+				sb, err := e.r.Create(ctx, runtime.Spec(s))
 				if err != nil {
 					errs <- err
 					continue

@@ -21,6 +21,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lxcfs"
+	"github.com/corral-dev/corral/internal/runtime"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
 
@@ -164,7 +166,7 @@ type Runtime struct {
 	// createStart makes Create use `runc create` + `runc start` instead of `runc run --detach`;
 	// only TestCreateLatency sets it, to measure the difference.
 	createStart bool
-	cg          *cgroupLayout
+	cg          *cgroups.Layout
 	agents      agentCache
 	locks       idLocks
 
@@ -232,7 +234,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		return nil, fmt.Errorf("run %s --version: %w", cfg.Runc, err)
 	}
 	r.version, _, _ = strings.Cut(string(out), "\n")
-	if r.cg, err = readCgroupLayout(cfg.CgroupParent); err != nil {
+	if r.cg, err = cgroups.Read(cfg.CgroupParent); err != nil {
 		return nil, err
 	}
 	r.initGVisor(ctx)
@@ -266,7 +268,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		log.Warn("remove stale disk pool slots", "err", err)
 	}
 	r.removeForkLeftovers()
-	log.Info("runc runtime ready", "runc", cfg.Runc, "version", r.version, "cgroup", r.cg.mode,
+	log.Info("runc runtime ready", "runc", cfg.Runc, "version", r.version, "cgroup", r.cg.Mode,
 		"state_dir", cfg.StateDir, "disk_pool", max(cfg.DiskPool, 0), "disk_bytes", cfg.DefaultDiskBytes)
 	switch {
 	case r.usernsErr != nil:
@@ -322,6 +324,65 @@ func (r *Runtime) Close() error {
 	return err
 }
 
+// Factory builds the runc backend (a runtime.Factory): opts is a *Config (nil: the defaults)
+// whose node fields it sets from node: StateDir, RuncRoot and RunscRoot under node.DataDir
+// (sandboxes/, runc/, runsc/), CgroupParent, DefaultDiskBytes and SparseDisks.
+func Factory(ctx context.Context, node runtime.Node, opts any, log *slog.Logger) (runtime.Runtime, error) {
+	cfg, err := runtime.OptionsOf[Config](opts)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StateDir = filepath.Join(node.DataDir, "sandboxes")
+	cfg.RuncRoot = filepath.Join(node.DataDir, "runc")
+	cfg.RunscRoot = filepath.Join(node.DataDir, "runsc")
+	cfg.CgroupParent, cfg.DefaultDiskBytes, cfg.SparseDisks = node.CgroupParent, node.DefaultDiskBytes, node.SparseDisks
+	r, err := New(ctx, *cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Runtimes are the engines this backend runs (runtime.Spec.Runtime), runc the default.
+func (r *Runtime) Runtimes() []string { return []string{string(EngineRunc), string(EngineGVisor)} }
+
+// Available is nil for runc, and for gVisor when runsc works here (GVisor says why not).
+func (r *Runtime) Available(name string) error {
+	switch Engine(name) {
+	case EngineRunc:
+		return nil
+	case EngineGVisor:
+		_, err := r.GVisor()
+		return err
+	}
+	return errdefs.Unavailable("runc does not run %q", name)
+}
+
+// Has reports whether id has a state directory here.
+func (r *Runtime) Has(id string) bool {
+	if !validID(id) {
+		return false
+	}
+	_, err := os.Stat(r.dir(id))
+	return err == nil
+}
+
+var (
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.Pauser      = (*Runtime)(nil)
+	_ runtime.Snapshotter = (*Runtime)(nil)
+	_ runtime.Forker      = (*Runtime)(nil)
+	_ runtime.UsageReader = (*Runtime)(nil)
+	_ runtime.DiskHolder  = (*Runtime)(nil)
+)
+
+// DiskHeld is DiskUse for the edge's disk promise: the pool's disks are promised, and every
+// disk's blocks are allocated.
+func (r *Runtime) DiskHeld() (promised, allocated int64) {
+	u := r.DiskUse()
+	return u.Pooled, u.Allocated
+}
+
 // Version is the first line of `runc --version`, e.g. "runc version 1.3.3".
 func (r *Runtime) Version(ctx context.Context) (string, error) { return r.version, nil }
 
@@ -361,7 +422,7 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 			}
 		}
 	}
-	for _, id := range r.cg.children() {
+	for _, id := range r.cg.Children() {
 		if validID(id) {
 			ids[id] = true
 		}

@@ -18,54 +18,8 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/inroot"
 	"github.com/corral-dev/corral/internal/lxcfs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
-
-// Sandbox is a created sandbox.
-type Sandbox struct {
-	ID string
-	// Pid is the agent's (the container init's) pid in the host's pid namespace.
-	Pid int
-	// AgentSocket is the unix socket the agent accepts on (as fd 3): connect here to reach it.
-	AgentSocket string
-	// Dir is the sandbox's state directory (and OCI bundle).
-	Dir string
-	// AgentLog receives the agent's stdout and stderr; it lives on the sandbox's disk.
-	AgentLog string
-	// Accelerator runs a VM sandbox (internal/runtime/qemu): "kvm" or "tcg"; empty for a
-	// container.
-	Accelerator string
-	// Template names the template a VM was restored from; empty when it booted.
-	Template string
-	// HostUID is the host uid (and gid) the sandbox's root is: the first of its user
-	// namespace's ids; 0 when it has none (Config.UserNS).
-	HostUID uint32
-}
-
-// State is a sandbox's run state as the kernel sees it.
-type State string
-
-// The states Status reports.
-const (
-	StateRunning State = "running"
-	StatePaused  State = "paused"  // frozen by the cgroup freezer
-	StateStopped State = "stopped" // the agent is gone; Delete to free the resources
-	// StateOff is a vm whose machine is powered off (internal/runtime/qemu): no process runs,
-	// its disk stays, and power on boots it again.
-	StateOff State = "off"
-)
-
-// Status is a sandbox's state and its memory cgroup's counters.
-type Status struct {
-	State State
-	Pid   int // the agent's host pid; 0 unless running or paused
-	// OOMKills counts processes the kernel's OOM killer ended in this sandbox.
-	OOMKills uint64
-	// UnderOOM: at its memory limit with nothing the OOM killer may kill (v1 only). Processes
-	// that allocate are stuck until memory is freed; the caller should Delete the sandbox.
-	UnderOOM bool
-	// MemoryBytes is the memory charged to the sandbox now (page cache and /dev/shm included).
-	MemoryBytes uint64
-}
 
 const (
 	maxSocketPath = 107 // sun_path is 108 bytes including the terminating NUL
@@ -75,8 +29,9 @@ const (
 func socketPath(stateDir, id string) string { return filepath.Join(stateDir, id, socketName) }
 
 // Create makes and starts a sandbox; see the package doc for its guarantees.
-func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sandbox, err error) {
 	start := time.Now()
+	spec := Spec(rspec)
 	if err := spec.normalize(r.maxOpenFiles); err != nil {
 		return nil, err
 	}
@@ -87,7 +42,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, errdefs.Invalid("ID", "agent socket path %s is %d bytes, over the %d-byte unix socket limit: use a shorter ID or StateDir",
 			sock, len(sock), maxSocketPath)
 	}
-	if spec.Engine == EngineGVisor && r.runscErr != nil {
+	if spec.engine() == EngineGVisor && r.runscErr != nil {
 		return nil, r.runscErr
 	}
 	unlock := r.locks.lock(id)
@@ -144,7 +99,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	var ux *usernsSpec
-	if r.cfg.UserNS != nil && r.usernsErr == nil && spec.Engine == EngineRunc {
+	if r.cfg.UserNS != nil && r.usernsErr == nil && spec.engine() == EngineRunc {
 		h, base, err := r.claimUserns(ctx, id, dir, agent.f)
 		if err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
@@ -191,7 +146,7 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	defer logf.Close()
-	if spec.Engine == EngineGVisor {
+	if spec.engine() == EngineGVisor {
 		if err := r.createGVisor(ctx, &spec, dir, agent, logf); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
@@ -202,9 +157,9 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	r.log.Debug("sandbox created", "id", id, "engine", spec.Engine, "pid", pid, "pooled_disk", pooled,
+	r.log.Debug("sandbox created", "id", id, "engine", spec.engine(), "pid", pid, "pooled_disk", pooled,
 		"disk", tDisk.Sub(start), "overlay", tMount.Sub(tDisk), "runc", time.Since(tMount), "total", time.Since(start))
-	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath, HostUID: r.HostUID(id)}, nil
+	return &runtime.Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath, HostUID: r.HostUID(id)}, nil
 }
 
 // createRunc is Create's runc half: the rootfs is mounted at dir/rootfs.
@@ -276,7 +231,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 	}
 	if spec.Fork != nil && spec.Fork.Memory {
 		// The checkpoint maps the agent the source ran: the copies bind in the same file.
-		bin = spec.Fork.agentBin
+		bin = filesOf(spec.Fork).agentBin
 	}
 	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, volumeMounts(dir, spec)...)
 	if err != nil {
@@ -286,7 +241,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 		return err
 	}
 	if spec.Fork != nil && spec.Fork.Memory {
-		return r.restoreGVisor(ctx, spec.ID, spec.Fork.checkpoint, bin, logf, nil)
+		return r.restoreGVisor(ctx, spec.ID, filesOf(spec.Fork).checkpoint, bin, logf, nil)
 	}
 	return r.startGVisor(ctx, spec.ID, dir, bin, logf)
 }
@@ -370,7 +325,7 @@ func (r *Runtime) runcState(ctx context.Context, id string) (*runcState, error) 
 }
 
 // Open re-adopts a sandbox made by an earlier process; see the package doc.
-func (r *Runtime) Open(ctx context.Context, id string) (*Sandbox, error) {
+func (r *Runtime) Open(ctx context.Context, id string) (*runtime.Sandbox, error) {
 	if !validID(id) {
 		return nil, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
 	}
@@ -402,44 +357,44 @@ func (r *Runtime) Open(ctx context.Context, id string) (*Sandbox, error) {
 	if st.Status == "stopped" {
 		pid = 0
 	}
-	return &Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log"), HostUID: r.HostUID(id)}, nil
+	return &runtime.Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: filepath.Join(dir, diskMount, "agent.log"), HostUID: r.HostUID(id)}, nil
 }
 
 // Status reports the sandbox's state from its cgroup; see the package doc.
-func (r *Runtime) Status(ctx context.Context, id string) (Status, error) {
+func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
 	if !validID(id) {
-		return Status{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+		return runtime.Status{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
 	}
 	if _, err := os.Lstat(filepath.Join(r.dir(id), checkpointedFile)); err == nil {
-		mem, _ := r.cg.memUsage(id)
-		return Status{State: StatePaused, MemoryBytes: mem}, nil
+		mem, _ := r.cg.MemUsage(id)
+		return runtime.Status{State: runtime.StatePaused, MemoryBytes: mem}, nil
 	}
-	if !r.cg.exists(id) {
+	if !r.cg.Exists(id) {
 		if _, err := os.Lstat(r.dir(id)); err == nil {
-			return Status{State: StateStopped}, nil
+			return runtime.Status{State: runtime.StateStopped}, nil
 		}
-		return Status{}, errdefs.NotFound("sandbox %s", id)
+		return runtime.Status{}, errdefs.NotFound("sandbox %s", id)
 	}
-	var st Status
+	var st runtime.Status
 	var err error
-	st.MemoryBytes, st.OOMKills, st.UnderOOM, err = r.cg.memStats(id)
+	st.MemoryBytes, st.OOMKills, st.UnderOOM, err = r.cg.MemStats(id)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return Status{}, fmt.Errorf("status of %s: %w", id, err)
+		return runtime.Status{}, fmt.Errorf("status of %s: %w", id, err)
 	}
 	// The agent is pid 1 of the sandbox's pid namespace: when it dies, the kernel kills every
 	// other process there, so "running" is "the recorded init pid is still in our cgroup".
-	st.State = StateStopped
+	st.State = runtime.StateStopped
 	pid, perr := readPid(filepath.Join(r.dir(id), "init.pid"))
-	procs, err := r.cg.procs(id)
+	procs, err := r.cg.Procs(id)
 	if err != nil {
-		return Status{}, fmt.Errorf("status of %s: %w", id, err)
+		return runtime.Status{}, fmt.Errorf("status of %s: %w", id, err)
 	}
 	if perr == nil {
 		for _, p := range procs {
 			if p == pid {
-				st.State, st.Pid = StateRunning, pid
-				if r.cg.frozen(id) {
-					st.State = StatePaused
+				st.State, st.Pid = runtime.StateRunning, pid
+				if r.cg.Frozen(id) {
+					st.State = runtime.StatePaused
 				}
 				break
 			}
@@ -468,7 +423,7 @@ func (r *Runtime) Kill(ctx context.Context, id string) error {
 	unlock := r.locks.lock(id)
 	defer unlock()
 	r.stopPrefetch(id)
-	return r.cg.killAll(id, 10*time.Second)
+	return r.cg.KillAll(id, 10*time.Second)
 }
 
 // destroy removes every trace of id, whatever state it is in. Preconditions: id's lock is held.
@@ -479,7 +434,7 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 	var errs []error
 	// Kill first, then a plain `runc delete`: with --force runc always signals and sleeps
 	// 100 ms before it looks again, even for a stopped container.
-	if err := r.cg.killAll(id, 10*time.Second); err != nil {
+	if err := r.cg.KillAll(id, 10*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	tKill := time.Now()
@@ -511,7 +466,7 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 		r.slots.release(id) // only now: its processes and files are gone
 	}
 	tUnmount := time.Now()
-	if err := r.cg.remove(id, 5*time.Second); err != nil {
+	if err := r.cg.Remove(id, 5*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -36,8 +36,8 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	if r.engineOf(id) == EngineGVisor {
 		return errdefs.Invalid("Runtime", "sandbox %s runs on gVisor, whose writable layer cannot be read consistently while it runs: snapshots need a runc sandbox", id)
 	}
-	if err := r.cg.freeze(ctx, id, 5*time.Second); err != nil {
-		r.cg.thaw(id)
+	if err := r.cg.Freeze(ctx, id, 5*time.Second); err != nil {
+		r.cg.Thaw(id)
 		return fmt.Errorf("freeze sandbox %s: %w", id, err)
 	}
 	return nil
@@ -50,7 +50,7 @@ func (r *Runtime) Thaw(ctx context.Context, id string) error {
 	}
 	unlock := r.locks.lock(id)
 	defer unlock()
-	if err := r.cg.thaw(id); err != nil {
+	if err := r.cg.Thaw(id); err != nil {
 		return fmt.Errorf("thaw sandbox %s: %w", id, err)
 	}
 	return nil

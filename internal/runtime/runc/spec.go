@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,72 +19,16 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/lxcfs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
-// Spec describes one sandbox to create. Zero limits take the package defaults.
-type Spec struct {
-	// ID names the sandbox: 1-64 of [A-Za-z0-9_.-], starting with a letter or digit.
-	ID string
-	// Hostname defaults to the ID (cut to 63 bytes).
-	Hostname string
-	// Lower are the read-only layer directories, bottom (base) first; a later layer's files win.
-	Lower []string
-	// AgentPath is the host path of the static corral-agent binary; it runs as the container's init.
-	AgentPath string
-	// AgentArgs follow argv[0], e.g. {"serve", "--fd", "3"}.
-	AgentArgs []string
-	// Env is KEY=VALUE for the agent; PATH and HOME get defaults unless set here.
-	Env []string
-	// Engine runs the sandbox: EngineRunc (the default) or EngineGVisor (see gvisor.go).
-	Engine Engine
-	// Fork, when set, starts the sandbox from an image Fork took of another (fork.go): on its
-	// disk, and from its checkpoint when the image holds one. DiskBytes is then the image's.
-	Fork *ForkImage
-	// Netns is the path of a prepared network namespace to join (internal/egress); empty: a new,
-	// empty one (loopback only). ResolvConf is a host file bind-mounted read-only at
-	// /etc/resolv.conf (with Netns: it names the edge's resolver).
-	Netns, ResolvConf string
+// Spec is runtime.Spec as runc reads it: Create converts the neutral Spec to it, and its
+// methods apply runc's own rules. runc uses Lower (not Images) and refuses BootDisk; Runtime is
+// EngineRunc (also when empty) or EngineGVisor; Calls is runc only.
+type Spec runtime.Spec
 
-	CPUs        float64 // CFS quota in CPUs
-	MemoryBytes int64   // memory limit; memory+swap is set to the same, so no swap
-	Pids        int64   // pids.max
-	DiskBytes   int64   // size of the writable layer (ext4)
-	OpenFiles   uint64  // RLIMIT_NOFILE, soft and hard
-	ShmBytes    int64   // size of /dev/shm (tmpfs, charged to the sandbox's memory)
-
-	// Images, Addr and Gateway are for the microvm tier (internal/runtime/qemu), which boots
-	// the layers' EROFS images as the VM's block devices rather than mounting Lower, and gives
-	// the guest the network namespace's address (Addr) and gateway. runc ignores them.
-	Images        []LayerImage
-	Addr, Gateway netip.Addr
-	// Template asks the microvm tier to start the VM from a template of its shape (its
-	// environment enables templates).
-	Template bool
-	// Machine "vm" asks internal/runtime/qemu for a full machine (the vm tier) booted from the
-	// disk image Disk (a qcow2 or raw file, DiskFormat "qcow2" or "raw") under a writable
-	// overlay of its own, with firmware, a screen, keyboard and mouse; empty: a microvm.
-	Machine, Disk, DiskFormat string
-
-	// Volumes are volume images mounted into the sandbox (volumes.go); at most MaxVolumes.
-	Volumes []Volume
-	// Workdir, when set, is the image's working directory: made in the sandbox's root (owned by
-	// root, mode 0755) when no layer has it, as Docker and runc make a missing working directory.
-	Workdir string
-
-	// Calls makes a container of the fncall tier: its agent gets CAP_SYS_ADMIN besides the
-	// sandbox's capability set (and a seccomp profile built for it, plus pivot_root), which it
-	// needs to isolate each call in its own namespaces and drops for the call's command; and it
-	// runs with --calls (appended to AgentArgs when missing), so it runs nothing but calls. See
-	// internal/agentrpc/calls.go. runc only: refused with EngineGVisor.
-	Calls bool
-}
-
-// LayerImage is one layer as files: its EROFS image and the image's extra devices (a split
-// layer's data blob), bottom layer first in Spec.Images.
-type LayerImage struct {
-	Image   string
-	Devices []string
-}
+// engine is the OCI runtime that runs the sandbox.
+func (s *Spec) engine() Engine { return Engine(s.Runtime) }
 
 // The agent binary's descriptor and the path runc execs it by.
 const (
@@ -106,21 +49,27 @@ func (s *Spec) normalize(maxOpenFiles uint64) error {
 	if !validID(s.ID) {
 		return errdefs.Invalid("ID", "%q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", s.ID)
 	}
-	switch s.Engine {
+	switch s.engine() {
 	case "":
-		s.Engine = EngineRunc
+		s.Runtime = string(EngineRunc)
 	case EngineRunc, EngineGVisor:
 	default:
-		return errdefs.Invalid("Engine", "%q: want %q or %q", s.Engine, EngineRunc, EngineGVisor)
+		return errdefs.Invalid("Runtime", "%q: want %q or %q", s.Runtime, EngineRunc, EngineGVisor)
 	}
-	if s.Calls && s.Engine != EngineRunc {
-		return errdefs.Invalid("Calls", "calls run on runc only, not on %s", s.Engine)
+	if s.BootDisk != "" {
+		return errdefs.Invalid("BootDisk", "%s runs containers, not machines booted from a disk", s.engine())
+	}
+	if s.Calls && s.engine() != EngineRunc {
+		return errdefs.Invalid("Calls", "calls run on runc only, not on %s", s.engine())
 	}
 	if s.Fork != nil {
-		if s.Fork.Memory && s.Engine != EngineGVisor {
-			return errdefs.Invalid("Fork", "an image with processes restores on gVisor only, not on %s", s.Engine)
+		if filesOf(s.Fork) == nil {
+			return errdefs.Invalid("Fork", "the image of %s was not taken by this runtime", s.Fork.Source)
 		}
-		if s.Fork.Memory && (s.Netns != "") != s.Fork.network {
+		if s.Fork.Memory && s.engine() != EngineGVisor {
+			return errdefs.Invalid("Fork", "an image with processes restores on gVisor only, not on %s", s.engine())
+		}
+		if s.Fork.Memory && (s.Netns != "") != filesOf(s.Fork).network {
 			return errdefs.Invalid("Fork", "a copy restores with the network mode of its source: give it a network namespace exactly when the source had one")
 		}
 		s.DiskBytes = s.Fork.DiskBytes
@@ -429,7 +378,7 @@ const gvisorPidsHeadroom = 256
 
 // hostPids is the pids.max of the sandbox's host cgroup.
 func hostPids(s *Spec) int64 {
-	if s.Engine == EngineGVisor {
+	if s.engine() == EngineGVisor {
 		return s.Pids + gvisorPidsHeadroom
 	}
 	return s.Pids

@@ -316,7 +316,7 @@ func TestRenderCalls(t *testing.T) {
 		t.Errorf("calls sandbox's masked or read-only paths differ")
 	}
 
-	s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", Calls: true, Engine: EngineGVisor})
+	s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", Calls: true, Runtime: string(EngineGVisor)})
 	if err := s.normalize(1 << 20); errdefs.Field(err) != "Calls" {
 		t.Errorf("Calls on gVisor: %v, want invalid Calls", err)
 	}

@@ -1,84 +1,13 @@
 package runc
 
 import (
-	"errors"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
-
-// Usage is what a sandbox uses now, read from its cgroups and its writable disk. CPUNanos is
-// the CPU time its processes used since its cgroup was made (the caller turns two reads into a
-// rate); zero fields were not available.
-type Usage struct {
-	CPUNanos        uint64
-	MemoryBytes     int64
-	MemoryPeakBytes int64
-	Pids            int64
-	DiskBytes       int64
-}
-
-// usage reads the sandbox's cgroups: CPU time (v1 cpuacct.usage, v2 cpu.stat usage_usec),
-// memory in use and its peak (v1 memory.max_usage_in_bytes; v2 memory.peak where the kernel
-// has it) and the number of tasks. A sandbox without a memory cgroup is not found.
-func (l *cgroupLayout) usage(id string) (Usage, error) {
-	var u Usage
-	if l.mode == "v2" {
-		d := l.dir("", id)
-		cur, err := readCgroupUint(filepath.Join(d, "memory.current"))
-		if err != nil {
-			return u, cgroupGone(id, err)
-		}
-		u.MemoryBytes = int64(cur)
-		if p, err := readCgroupUint(filepath.Join(d, "memory.peak")); err == nil {
-			u.MemoryPeakBytes = int64(p)
-		}
-		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil {
-			for line := range strings.SplitSeq(string(b), "\n") {
-				if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
-					us, _ := strconv.ParseUint(v, 10, 64)
-					u.CPUNanos = us * 1000
-				}
-			}
-		}
-		if n, err := readCgroupUint(filepath.Join(d, "pids.current")); err == nil {
-			u.Pids = int64(n)
-		}
-		return u, nil
-	}
-	mem := l.dir("memory", id)
-	cur, err := readCgroupUint(filepath.Join(mem, "memory.usage_in_bytes"))
-	if err != nil {
-		return u, cgroupGone(id, err)
-	}
-	u.MemoryBytes = int64(cur)
-	if p, err := readCgroupUint(filepath.Join(mem, "memory.max_usage_in_bytes")); err == nil {
-		u.MemoryPeakBytes = int64(p)
-	}
-	acct := "cpuacct"
-	if l.mounts[acct] == "" {
-		acct = "cpu" // cpu,cpuacct mounted together
-	}
-	if n, err := readCgroupUint(filepath.Join(l.dir(acct, id), "cpuacct.usage")); err == nil {
-		u.CPUNanos = n
-	}
-	if n, err := readCgroupUint(filepath.Join(l.dir("pids", id), "pids.current")); err == nil {
-		u.Pids = int64(n)
-	}
-	return u, nil
-}
-
-func cgroupGone(id string, err error) error {
-	if errors.Is(err, os.ErrNotExist) {
-		return errdefs.NotFound("cgroup of sandbox %s", id)
-	}
-	return err
-}
 
 // usedBytes is how much of the filesystem at dir is in use (statfs: blocks less free blocks).
 func usedBytes(dir string) (int64, error) {
@@ -91,11 +20,11 @@ func usedBytes(dir string) (int64, error) {
 
 // Usage reads what a container sandbox uses now: its cgroups, and the bytes in use on its
 // writable disk (the ext4 filesystem holding the overlay's upper directory).
-func (r *Runtime) Usage(id string) (Usage, error) {
+func (r *Runtime) Usage(id string) (runtime.Usage, error) {
 	if !validID(id) {
-		return Usage{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
+		return runtime.Usage{}, errdefs.Invalid("ID", "%q is not a valid sandbox ID", id)
 	}
-	u, err := r.cg.usage(id)
+	u, err := r.cg.Usage(id)
 	if err != nil {
 		return u, err
 	}
@@ -104,6 +33,3 @@ func (r *Runtime) Usage(id string) (Usage, error) {
 	}
 	return u, nil
 }
-
-// Usage reads the cgroups of id (those Join made). DiskBytes is left to the caller.
-func (c *Cgroups) Usage(id string) (Usage, error) { return c.l.usage(id) }

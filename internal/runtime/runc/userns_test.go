@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 func usernsEnv(t *testing.T, slots int) *testEnv {
@@ -74,7 +75,7 @@ func TestUserNSSlots(t *testing.T) {
 	if a.HostUID == b.HostUID || e.r.HostUID("s1") != a.HostUID {
 		t.Fatalf("slots: s1 %d (now %d), s2 %d", a.HostUID, e.r.HostUID("s1"), b.HostUID)
 	}
-	if _, err := e.r.Create(ctx, e.spec("s3")); !errors.Is(err, errdefs.ErrExhausted) {
+	if _, err := e.r.Create(ctx, runtime.Spec(e.spec("s3"))); !errors.Is(err, errdefs.ErrExhausted) {
 		t.Fatalf("third Create with 2 slots: %v, want exhausted", err)
 	}
 	if ids, _ := e.r.List(ctx); len(ids) != 2 {

@@ -3,7 +3,6 @@ package runc
 import (
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // Volumes. A volume is an ext4 filesystem image on the host (the edge makes and keeps it; see
@@ -28,52 +28,13 @@ import (
 // symlink to /proc, /, or anywhere else, is refused rather than followed. Nothing in the
 // sandbox runs yet, and the layers below the overlay are read-only, so the check cannot race.
 
-// Volume is a volume to mount into a sandbox (Spec.Volumes).
-type Volume struct {
-	// Image is the host path of the volume's ext4 image.
-	Image string
-	// Path is where it is mounted in the sandbox: clean, absolute, not reserved (CheckVolumePath).
-	Path     string
-	ReadOnly bool
-}
-
-// MaxVolumes is the most volumes one sandbox mounts.
-const MaxVolumes = 8
-
-// reservedPaths are the sandbox paths a volume may not be mounted at or under: the kernel's
-// filesystems, and Corral's own files in the sandbox.
-var reservedPaths = []string{"/proc", "/dev", "/sys", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts"}
-
-// CheckVolumePath reports whether p may be a volume's path in a sandbox: absolute, clean, not /,
-// not at or under /proc, /dev, /sys or a file Corral provides, and not a /.corral* path.
-func CheckVolumePath(field, p string) error {
-	switch {
-	case p == "" || !path.IsAbs(p):
-		return errdefs.Invalid(field, "%q is not an absolute path", p)
-	case path.Clean(p) != p:
-		return errdefs.Invalid(field, "%q is not clean (want %q)", p, path.Clean(p))
-	case p == "/":
-		return errdefs.Invalid(field, "a volume cannot be mounted at /")
-	case len(p) > 512 || strings.ContainsAny(p, "\x00,:"):
-		return errdefs.Invalid(field, "%q: at most 512 bytes, without NUL, ',' or ':'", p)
-	case strings.HasPrefix(p, "/.corral"):
-		return errdefs.Invalid(field, "%q: /.corral* paths are Corral's own", p)
-	}
-	for _, r := range reservedPaths {
-		if p == r || strings.HasPrefix(p, r+"/") {
-			return errdefs.Invalid(field, "%q: a volume cannot be mounted at or under %s", p, r)
-		}
-	}
-	return nil
-}
-
 // checkVolumes validates s.Volumes: paths, images, no path twice or under another.
-func checkVolumes(vols []Volume) error {
-	if len(vols) > MaxVolumes {
-		return errdefs.Invalid("Volumes", "%d volumes, at most %d", len(vols), MaxVolumes)
+func checkVolumes(vols []runtime.Volume) error {
+	if len(vols) > runtime.MaxVolumes {
+		return errdefs.Invalid("Volumes", "%d volumes, at most %d", len(vols), runtime.MaxVolumes)
 	}
 	for i, v := range vols {
-		if err := CheckVolumePath("Volumes.Path", v.Path); err != nil {
+		if err := runtime.CheckVolumePath("Volumes.Path", v.Path); err != nil {
 			return err
 		}
 		if !filepath.IsAbs(v.Image) {
@@ -94,7 +55,7 @@ func volumeDir(dir string, i int) string { return filepath.Join(dir, "vol", strc
 // mountVolumes mounts s's volumes under dir (volumeDir) and makes their mountpoints in rootfs
 // with mkdir (inroot.Mkdir in rootfs, as the sandbox's root when it has a user namespace).
 // On error the caller's teardown of dir removes what was mounted.
-func mountVolumes(dir, rootfs string, vols []Volume, mkdir func(p string, follow bool) error) error {
+func mountVolumes(dir, rootfs string, vols []runtime.Volume, mkdir func(p string, follow bool) error) error {
 	for i, v := range vols {
 		if err := mkdir(v.Path, false); err != nil {
 			return fmt.Errorf("volume at %s: %w", v.Path, err)

@@ -9,6 +9,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 func TestCheckVolumePath(t *testing.T) {
@@ -22,12 +23,12 @@ func TestCheckVolumePath(t *testing.T) {
 		{"/.corral-agent", false}, {"/.corral-calls/x", false}, {"/etc/resolv.conf", false}, {"/etc/hosts", false},
 		{"/a,b", false}, {"/a:b", false},
 	} {
-		err := CheckVolumePath("path", tc.p)
+		err := runtime.CheckVolumePath("path", tc.p)
 		if tc.ok != (err == nil) || err != nil && !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("CheckVolumePath(%q) = %v, want ok=%v", tc.p, err, tc.ok)
 		}
 	}
-	if err := checkVolumes([]Volume{{Image: "/i", Path: "/a"}, {Image: "/j", Path: "/a/b"}}); !errors.Is(err, errdefs.ErrInvalid) {
+	if err := checkVolumes([]runtime.Volume{{Image: "/i", Path: "/a"}, {Image: "/j", Path: "/a/b"}}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("nested volume paths: %v", err)
 	}
 }
@@ -40,7 +41,7 @@ func TestRenderVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", ResolvConf: "/r",
-		Volumes: []Volume{{Image: "/v/a.ext4", Path: "/data"}, {Image: "/v/b.ext4", Path: "/ro", ReadOnly: true}}})
+		Volumes: []runtime.Volume{{Image: "/v/a.ext4", Path: "/data"}, {Image: "/v/b.ext4", Path: "/ro", ReadOnly: true}}})
 	if err := s.normalize(1 << 20); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package runc
+package cgroups
 
 import (
 	"bufio"
@@ -66,7 +66,7 @@ func memTotal() (int64, error) {
 // limits the sandboxes' parent to r.MemoryBytes. A parent already using more memory keeps its
 // old limit (the error says so); the process still moves.
 func Reserve(parent string, r Reservation, pid int) error {
-	l, err := readCgroupLayout(parent)
+	l, err := Read(parent)
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ func Reserve(parent string, r Reservation, pid int) error {
 		}
 		write(dir, "cgroup.procs", strconv.Itoa(pid))
 	}
-	if l.mode == "v2" {
+	if l.Mode == "v2" {
 		root := l.mounts[""]
 		os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+cpu +memory"), 0o644)
 		ctl, sb := filepath.Join(root, r.Control), filepath.Join(root, parent)
@@ -116,11 +116,11 @@ func Reserve(parent string, r Reservation, pid int) error {
 // ReleaseControl moves pid (when not 0) back to the root cgroups and removes the control cgroup
 // of r if no process is left in it (lazyd may still serve running sandboxes from it).
 func ReleaseControl(parent string, r Reservation, pid int) {
-	l, err := readCgroupLayout(parent)
+	l, err := Read(parent)
 	if err != nil {
 		return
 	}
-	for _, h := range l.hier {
+	for _, h := range l.Hier {
 		if pid != 0 {
 			os.WriteFile(filepath.Join(h, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
 		}
