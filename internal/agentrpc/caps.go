@@ -176,3 +176,11 @@ func DefaultEnv(env []string) []string {
 	}
 	return append(out, env...)
 }
+
+// HostsFile is a sandbox's /etc/hosts: localhost for both address families and the sandbox's
+// hostname on 127.0.1.1, as Debian writes it, so that programs connecting to "localhost" or
+// resolving their own name depend neither on the image nor on DNS (which answers only the
+// policy's names). Like Docker's, it replaces the image's.
+func HostsFile(hostname string) string {
+	return "# written by corral\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"
+}

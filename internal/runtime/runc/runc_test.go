@@ -143,11 +143,21 @@ func TestSandboxInside(t *testing.T) {
 	t.Run("no host mounts", func(t *testing.T) {
 		out := okSh(t, sock, "cut -d' ' -f5 /proc/self/mountinfo | sort -u | tr '\\n' ' '")
 		for _, mp := range strings.Fields(out) {
-			ok := mp == "/" || mp == "/proc" || mp == "/sys" || mp == "/dev" || strings.HasPrefix(mp, "/dev/") ||
+			ok := mp == "/" || mp == "/proc" || mp == "/sys" || mp == "/dev" || mp == "/etc/hosts" || strings.HasPrefix(mp, "/dev/") ||
 				strings.HasPrefix(mp, "/proc/") || strings.HasPrefix(mp, "/sys/")
 			if !ok {
 				t.Errorf("unexpected mount %s in the sandbox", mp)
 			}
+		}
+	})
+
+	t.Run("etc hosts", func(t *testing.T) {
+		if got := okSh(t, sock, "cat /etc/hosts"); !strings.Contains(got, "127.0.0.1\tlocalhost") {
+			t.Errorf("/etc/hosts: %q", got)
+		}
+		// Its mount names no host path (the file is on a tmpfs of the sandbox's own).
+		if mi := okSh(t, sock, "grep ' /etc/hosts ' /proc/self/mountinfo | cut -d' ' -f4"); strings.TrimSpace(mi) != "/hosts" {
+			t.Errorf("/etc/hosts is mounted from %q", mi)
 		}
 	})
 

@@ -228,7 +228,11 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return err
 		}
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), volumeMounts(dir, spec)...)
+	hosts, err := hostsMount(dir, spec)
+	if err != nil {
+		return err
+	}
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), append(volumeMounts(dir, spec), hosts)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
@@ -278,7 +282,11 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 		// The checkpoint maps the agent the source ran: the copies bind in the same file.
 		bin = spec.Fork.agentBin
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, volumeMounts(dir, spec)...)
+	hosts, err := hostsMount(dir, spec)
+	if err != nil {
+		return err
+	}
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, append(volumeMounts(dir, spec), hosts)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}

@@ -1,7 +1,9 @@
 package runc
 
 import (
+	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"os"
 	"path"
 	"path/filepath"
@@ -151,6 +153,35 @@ func volumeMounts(dir string, s *Spec) []specs.Mount {
 		out = append(out, specs.Mount{Destination: v.Path, Type: "bind", Source: volumeDir(dir, i), Options: opts})
 	}
 	return out
+}
+
+// hostsMount writes the sandbox's /etc/hosts (agentrpc.HostsFile) and returns its read-only
+// bind mount. The file lives on a small tmpfs of the sandbox's own at DIR/etc (unmounted with
+// the state directory), so the sandbox's mountinfo shows "/hosts" as the mount's root, not a
+// path of the host's.
+func hostsMount(dir string, s *Spec) (specs.Mount, error) {
+	etc := filepath.Join(dir, "etc")
+	if err := os.Mkdir(etc, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(etc, &st); err != nil {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	if st.Type != unix.TMPFS_MAGIC {
+		if err := unix.Mount("corral-etc", etc, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,nr_inodes=16,mode=0755"); err != nil {
+			return specs.Mount{}, fmt.Errorf("write /etc/hosts: mount a tmpfs at %s: %w", etc, err)
+		}
+	}
+	path := filepath.Join(etc, "hosts")
+	if err := os.WriteFile(path, []byte(agentrpc.HostsFile(s.Hostname)), 0o644); err != nil {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	// Every user inside reads it, whatever the daemon's umask took off.
+	if err := os.Chmod(path, 0o644); err != nil {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	return specs.Mount{Destination: "/etc/hosts", Type: "bind", Source: path, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}}, nil
 }
 
 // idmapVolumes replaces each of the n volume mounts under dir (volumeDir) with a copy idmapped
