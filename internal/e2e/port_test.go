@@ -49,9 +49,9 @@ func testPortProxy(t *testing.T, rt string) {
 		code, body := get(base+"8000/hello.txt", p.Token)
 		return code == 200 && body == "hello from inside\n"
 	})
-	if rt != "microvm" {
-		// "localhost" resolves inside without DNS (the runtime writes /etc/hosts), and so does
-		// the sandbox's own name.
+	{
+		// "localhost" resolves inside without DNS (the runtime, or the microvm's guest, writes
+		// /etc/hosts), and so does the sandbox's own name.
 		out, errOut, exit := p.run(sb.ID, "/bin/sh", "-c", "wget -q -O- http://localhost:8000/hello.txt && grep -w \"$(hostname)\" /etc/hosts")
 		if exit == nil || exit.Code != 0 || !strings.HasPrefix(out, "hello from inside\n") {
 			t.Errorf("localhost inside: %q %q (exit %+v)", out, errOut, exit)
