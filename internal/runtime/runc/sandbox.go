@@ -228,7 +228,11 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return err
 		}
 	}
-	hosts, err := hostsMount(dir, spec)
+	var owner uint32
+	if ux != nil {
+		owner = ux.owner
+	}
+	hosts, err := hostsMount(dir, spec, owner)
 	if err != nil {
 		return err
 	}
@@ -282,7 +286,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 		// The checkpoint maps the agent the source ran: the copies bind in the same file.
 		bin = spec.Fork.agentBin
 	}
-	hosts, err := hostsMount(dir, spec)
+	hosts, err := hostsMount(dir, spec, 0)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package runc
 import (
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/agentrpc"
 	"os"
 	"path"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
@@ -155,11 +155,13 @@ func volumeMounts(dir string, s *Spec) []specs.Mount {
 	return out
 }
 
-// hostsMount writes the sandbox's /etc/hosts (agentrpc.HostsFile) and returns its read-only
-// bind mount. The file lives on a small tmpfs of the sandbox's own at DIR/etc (unmounted with
-// the state directory), so the sandbox's mountinfo shows "/hosts" as the mount's root, not a
-// path of the host's.
-func hostsMount(dir string, s *Spec) (specs.Mount, error) {
+// hostsMount writes the sandbox's /etc/hosts (agentrpc.HostsFile) and returns its bind mount.
+// The file lives on a small tmpfs of the sandbox's own at DIR/etc (unmounted with the state
+// directory), so the sandbox's mountinfo shows "/hosts" as the mount's root, not a path of the
+// host's. As in Docker, the sandbox's root may add entries: the file is writable and owned by
+// owner (the host uid and gid of the sandbox's root; 0 without a user namespace), and the
+// tmpfs bounds what it can grow to (64 KiB, charged to the sandbox's memory).
+func hostsMount(dir string, s *Spec, owner uint32) (specs.Mount, error) {
 	etc := filepath.Join(dir, "etc")
 	if err := os.Mkdir(etc, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
@@ -181,7 +183,10 @@ func hostsMount(dir string, s *Spec) (specs.Mount, error) {
 	if err := os.Chmod(path, 0o644); err != nil {
 		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
 	}
-	return specs.Mount{Destination: "/etc/hosts", Type: "bind", Source: path, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}}, nil
+	if err := os.Chown(path, int(owner), int(owner)); err != nil {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	return specs.Mount{Destination: "/etc/hosts", Type: "bind", Source: path, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}}, nil
 }
 
 // idmapVolumes replaces each of the n volume mounts under dir (volumeDir) with a copy idmapped
