@@ -131,7 +131,7 @@ func setupSandbox(c *Config) error {
 			return err
 		}
 	}
-	return writeEtcFile("/etc/hosts", agentrpc.HostsFile(c.Hostname))
+	return writeEtcFile("/etc/hosts", agentrpc.HostsFile())
 }
 
 // populateDev makes the standard nodes and links in dev (a fresh tmpfs).

@@ -232,7 +232,7 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 	if ux != nil {
 		owner = ux.owner
 	}
-	hosts, err := hostsMount(dir, spec, owner)
+	hosts, err := hostsMount(dir, owner)
 	if err != nil {
 		return err
 	}
@@ -286,7 +286,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 		// The checkpoint maps the agent the source ran: the copies bind in the same file.
 		bin = spec.Fork.agentBin
 	}
-	hosts, err := hostsMount(dir, spec, 0)
+	hosts, err := hostsMount(dir, 0)
 	if err != nil {
 		return err
 	}

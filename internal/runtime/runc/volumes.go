@@ -161,7 +161,7 @@ func volumeMounts(dir string, s *Spec) []specs.Mount {
 // host's. As in Docker, the sandbox's root may add entries: the file is writable and owned by
 // owner (the host uid and gid of the sandbox's root; 0 without a user namespace), and the
 // tmpfs bounds what it can grow to (64 KiB, charged to the sandbox's memory).
-func hostsMount(dir string, s *Spec, owner uint32) (specs.Mount, error) {
+func hostsMount(dir string, owner uint32) (specs.Mount, error) {
 	etc := filepath.Join(dir, "etc")
 	if err := os.Mkdir(etc, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
@@ -176,7 +176,7 @@ func hostsMount(dir string, s *Spec, owner uint32) (specs.Mount, error) {
 		}
 	}
 	path := filepath.Join(etc, "hosts")
-	if err := os.WriteFile(path, []byte(agentrpc.HostsFile(s.Hostname)), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(agentrpc.HostsFile()), 0o644); err != nil {
 		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
 	}
 	// Every user inside reads it, whatever the daemon's umask took off.
