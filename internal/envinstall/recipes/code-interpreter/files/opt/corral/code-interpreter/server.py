@@ -121,6 +121,14 @@ class Context:
             self.ready.set()
 
     def stop(self):
+        """Ends the kernel and every process of its group. The group is killed first, with one
+        system call (which a process forking meanwhile cannot escape): a fork bomb whose kernel
+        died (the OOM killer takes the kernel first) forks on, and under it jupyter_client's
+        shutdown, many steps of Python, could take minutes to get to its own kill."""
+        try:
+            os.killpg(self.km.provisioner.pgid, signal.SIGKILL)
+        except Exception:
+            pass
         if self.kc is not None:
             try:
                 self.kc.stop_channels()
@@ -152,7 +160,12 @@ class Context:
         return -code if code is not None and code < 0 else 0
 
     def alive(self):
-        return self.km is not None and self.km.is_alive()
+        """Whether the kernel's process runs (Popen.poll: a system call, where jupyter_client's
+        is_alive runs an event loop, slow when a fork bomb starves this server of CPU)."""
+        try:
+            return self.km.provisioner.process.poll() is None
+        except Exception:
+            return self.km is not None and self.km.is_alive()
 
     def stop_strays(self, interrupt=False):
         """Kills the processes the kernel's code forked into its process group (they would
