@@ -176,3 +176,14 @@ func DefaultEnv(env []string) []string {
 	}
 	return append(out, env...)
 }
+
+// HostsFile is a sandbox's /etc/hosts: localhost for both address families, in Debian's order
+// (IPv4 first), so that programs connecting to "localhost" depend neither on the image nor on
+// DNS (which answers only the policy's names). Like Docker's, it replaces the image's.
+//
+// It does not name the sandbox's hostname (Debian's "127.0.1.1 <hostname>"): with that line,
+// the noVNC stream of E2B's desktop SDK never showed the desktop (TestDesktop/e2b-sdk failed
+// twice with it and passed without it; the cause is not found yet).
+func HostsFile() string {
+	return "# written by corral\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+}

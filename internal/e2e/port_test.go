@@ -49,6 +49,15 @@ func testPortProxy(t *testing.T, rt string) {
 		code, body := get(base+"8000/hello.txt", p.Token)
 		return code == 200 && body == "hello from inside\n"
 	})
+	{
+		// "localhost" resolves inside without DNS (the runtime, or the microvm's guest, writes
+		// /etc/hosts); root inside may add an entry, as in Docker, and a name it adds resolves.
+		out, errOut, exit := p.run(sb.ID, "/bin/sh", "-c", "wget -q -O- http://localhost:8000/hello.txt && "+
+			"echo '127.0.0.1 added.example' >> /etc/hosts && wget -q -O- http://added.example:8000/hello.txt")
+		if exit == nil || exit.Code != 0 || !strings.HasPrefix(out, "hello from inside\n") || !strings.HasSuffix(out, "hello from inside\n") {
+			t.Errorf("localhost inside: %q %q (exit %+v)", out, errOut, exit)
+		}
+	}
 	if code, body := get(base+"8001/hello.txt", p.Token); code != 503 || !strings.Contains(body, "nothing answers on port 8001") {
 		t.Errorf("a port where nothing listens: %d %s", code, body)
 	}

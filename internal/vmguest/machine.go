@@ -97,7 +97,7 @@ func Machine(agent Agent) error {
 		return err
 	}
 	if c.ResolvConf != "" {
-		if err := writeResolvConf("/etc/resolv.conf", c.ResolvConf); err != nil {
+		if err := writeEtcFile("/etc/resolv.conf", c.ResolvConf); err != nil {
 			return err
 		}
 	}

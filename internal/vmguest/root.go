@@ -127,11 +127,11 @@ func setupSandbox(c *Config) error {
 		return err
 	}
 	if c.ResolvConf != "" {
-		if err := writeResolvConf("/etc/resolv.conf", c.ResolvConf); err != nil {
+		if err := writeEtcFile("/etc/resolv.conf", c.ResolvConf); err != nil {
 			return err
 		}
 	}
-	return nil
+	return writeEtcFile("/etc/hosts", agentrpc.HostsFile())
 }
 
 // populateDev makes the standard nodes and links in dev (a fresh tmpfs).
@@ -236,10 +236,10 @@ func setupCgroup(dir, tmp string, pids int64) error {
 	return remountReadOnly(dir)
 }
 
-// writeResolvConf replaces path with a regular file holding content. The image's entry is removed
-// first: Debian-like images make it a symbolic link (to systemd's stub), which must not be
-// followed.
-func writeResolvConf(path, content string) error {
+// writeEtcFile replaces path with a regular file holding content. The image's entry is removed
+// first: Debian-like images make /etc/resolv.conf a symbolic link (to systemd's stub), which
+// must not be followed.
+func writeEtcFile(path, content string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}

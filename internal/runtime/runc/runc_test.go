@@ -144,11 +144,31 @@ func TestSandboxInside(t *testing.T) {
 	t.Run("no host mounts", func(t *testing.T) {
 		out := okSh(t, sock, "cut -d' ' -f5 /proc/self/mountinfo | sort -u | tr '\\n' ' '")
 		for _, mp := range strings.Fields(out) {
-			ok := mp == "/" || mp == "/proc" || mp == "/sys" || mp == "/dev" || strings.HasPrefix(mp, "/dev/") ||
+			ok := mp == "/" || mp == "/proc" || mp == "/sys" || mp == "/dev" || mp == "/etc/hosts" || strings.HasPrefix(mp, "/dev/") ||
 				strings.HasPrefix(mp, "/proc/") || strings.HasPrefix(mp, "/sys/")
 			if !ok {
 				t.Errorf("unexpected mount %s in the sandbox", mp)
 			}
+		}
+	})
+
+	t.Run("etc hosts", func(t *testing.T) {
+		// Debian's order: IPv4 localhost first, then ::1 (agentrpc.HostsFile says why the
+		// sandbox's own name is not there).
+		want := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback"
+		if got := okSh(t, sock, "grep -v '^#' /etc/hosts"); got != want {
+			t.Errorf("/etc/hosts: %q, want %q", got, want)
+		}
+		// Root inside may add entries, as in Docker; the tmpfs bounds how far the file grows.
+		if got := okSh(t, sock, "echo '10.9.8.7\tadded.example' >> /etc/hosts && tail -n1 /etc/hosts"); got != "10.9.8.7\tadded.example" {
+			t.Errorf("an appended entry: %q", got)
+		}
+		if res := sh(t, sock, "head -c 200000 /dev/zero >> /etc/hosts"); res.Code == 0 {
+			t.Errorf("/etc/hosts grew by 200 kB: its tmpfs does not bound it")
+		}
+		// Its mount names no host path (the file is on a tmpfs of the sandbox's own).
+		if mi := okSh(t, sock, "grep ' /etc/hosts ' /proc/self/mountinfo | cut -d' ' -f4"); strings.TrimSpace(mi) != "/hosts" {
+			t.Errorf("/etc/hosts is mounted from %q", mi)
 		}
 	})
 

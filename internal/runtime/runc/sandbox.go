@@ -183,7 +183,15 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return err
 		}
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), volumeMounts(dir, spec)...)
+	var owner uint32
+	if ux != nil {
+		owner = ux.owner
+	}
+	hosts, err := hostsMount(dir, owner)
+	if err != nil {
+		return err
+	}
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), append(volumeMounts(dir, spec), hosts)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}
@@ -233,7 +241,11 @@ func (r *Runtime) createGVisor(ctx context.Context, spec *Spec, dir string, agen
 		// The checkpoint maps the agent the source ran: the copies bind in the same file.
 		bin = filesOf(spec.Fork).agentBin
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, volumeMounts(dir, spec)...)
+	hosts, err := hostsMount(dir, 0)
+	if err != nil {
+		return err
+	}
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), &gvisorPaths{agentBin: bin}, nil, nil, Budgets{}, append(volumeMounts(dir, spec), hosts)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}

@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime"
 )
@@ -112,6 +114,40 @@ func volumeMounts(dir string, s *Spec) []specs.Mount {
 		out = append(out, specs.Mount{Destination: v.Path, Type: "bind", Source: volumeDir(dir, i), Options: opts})
 	}
 	return out
+}
+
+// hostsMount writes the sandbox's /etc/hosts (agentrpc.HostsFile) and returns its bind mount.
+// The file lives on a small tmpfs of the sandbox's own at DIR/etc (unmounted with the state
+// directory), so the sandbox's mountinfo shows "/hosts" as the mount's root, not a path of the
+// host's. As in Docker, the sandbox's root may add entries: the file is writable and owned by
+// owner (the host uid and gid of the sandbox's root; 0 without a user namespace), and the
+// tmpfs bounds what it can grow to (64 KiB, charged to the sandbox's memory).
+func hostsMount(dir string, owner uint32) (specs.Mount, error) {
+	etc := filepath.Join(dir, "etc")
+	if err := os.Mkdir(etc, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(etc, &st); err != nil {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	if st.Type != unix.TMPFS_MAGIC {
+		if err := unix.Mount("corral-etc", etc, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,nr_inodes=16,mode=0755"); err != nil {
+			return specs.Mount{}, fmt.Errorf("write /etc/hosts: mount a tmpfs at %s: %w", etc, err)
+		}
+	}
+	path := filepath.Join(etc, "hosts")
+	if err := os.WriteFile(path, []byte(agentrpc.HostsFile()), 0o644); err != nil {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	// Every user inside reads it, whatever the daemon's umask took off.
+	if err := os.Chmod(path, 0o644); err != nil {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	if err := os.Chown(path, int(owner), int(owner)); err != nil {
+		return specs.Mount{}, fmt.Errorf("write /etc/hosts: %w", err)
+	}
+	return specs.Mount{Destination: "/etc/hosts", Type: "bind", Source: path, Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}}, nil
 }
 
 // idmapVolumes replaces each of the n volume mounts under dir (volumeDir) with a copy idmapped

@@ -121,6 +121,14 @@ class Context:
             self.ready.set()
 
     def stop(self):
+        """Ends the kernel and every process of its group. The group is killed first, with one
+        system call (which a process forking meanwhile cannot escape): a fork bomb whose kernel
+        died (the OOM killer takes the kernel first) forks on, and under it jupyter_client's
+        shutdown, many steps of Python, could take minutes to get to its own kill."""
+        try:
+            os.killpg(self.km.provisioner.pgid, signal.SIGKILL)
+        except Exception:
+            pass
         if self.kc is not None:
             try:
                 self.kc.stop_channels()
@@ -152,34 +160,88 @@ class Context:
         return -code if code is not None and code < 0 else 0
 
     def alive(self):
-        return self.km is not None and self.km.is_alive()
+        """Whether the kernel's process runs (Popen.poll: a system call, where jupyter_client's
+        is_alive runs an event loop, slow when a fork bomb starves this server of CPU)."""
+        try:
+            return self.km.provisioner.process.poll() is None
+        except Exception:
+            return self.km is not None and self.km.is_alive()
 
-    def reap_strays(self):
+    def stop_strays(self, interrupt=False):
         """Kills the processes the kernel's code forked into its process group (they would
-        outlive an interrupted run, each a copy of the kernel), leaving the kernel."""
+        outlive an interrupted run, each a copy of the kernel), leaving the kernel; with
+        interrupt, then interrupts the code (SIGINT to the kernel's main thread). Returns how
+        many were killed.
+
+        The group is stopped first (SIGSTOP to the group, which Linux gives to children forked
+        while it is sent too), so no member forks while they are found and killed. Without that,
+        a fork bomb outlives its interruption: a signal to the group reaches only the copies that
+        exist when it is sent, the copies forked after it fork on, and they keep the sandbox's
+        pids and memory exhausted, so that this server, starved of both, no longer gets to
+        replace the kernel. The SIGINT is sent while the kernel is stopped, so the code forks
+        nothing more, and to its main thread (tgkill): Python raises KeyboardInterrupt in the
+        main thread only, and a signal for the whole process, sent while its threads are stopped
+        or waking, may be taken by another of the kernel's threads, leaving the code running."""
         try:
             pid = self.km.provisioner.pid
             pgid = os.getpgid(pid)
+            os.killpg(pgid, signal.SIGSTOP)
         except Exception:
+            if interrupt:
+                self.interrupt()
             return 0
-        n = 0
-        for _ in range(3):  # again, for children forked while the first pass ran
-            found = False
-            for d in os.listdir("/proc"):
-                if not d.isdigit() or int(d) == pid:
-                    continue
-                try:
-                    with open("/proc/%s/stat" % d) as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                    if int(fields[2]) == pgid:  # pgrp
-                        os.kill(int(d), signal.SIGKILL)
-                        n += 1
-                        found = True
-                except (OSError, IndexError, ValueError):
-                    pass
-            if not found:
-                break
-        return n
+        killed = set()
+        sent = False
+        try:
+            for _ in range(20):  # again, for children whose fork was under way
+                found = False
+                for d in os.listdir("/proc"):
+                    if not d.isdigit() or int(d) == pid or int(d) in killed:
+                        continue
+                    try:
+                        with open("/proc/%s/stat" % d) as f:
+                            fields = f.read().rsplit(")", 1)[1].split()
+                        if int(fields[2]) == pgid and fields[0] != "Z":  # pgrp; zombies are dead
+                            os.kill(int(d), signal.SIGKILL)
+                            killed.add(int(d))
+                            found = True
+                    except (OSError, IndexError, ValueError):
+                        pass
+                if not found:
+                    break
+            if interrupt:
+                sent = tgkill(pid, pid, signal.SIGINT)
+        finally:
+            try:
+                os.killpg(pgid, signal.SIGCONT)
+            except OSError:
+                pass
+        if interrupt and not sent:
+            self.interrupt()
+        return len(killed)
+
+    def interrupt(self):
+        """Interrupts the kernel as jupyter_client does (SIGINT to its process group)."""
+        try:
+            self.km.interrupt_kernel()
+        except Exception as e:
+            log("interrupt: %s" % e)
+
+
+# tgkill's system call number by machine (the standard library has no tgkill).
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
+
+
+def tgkill(tgid, tid, sig):
+    """Sends sig to thread tid of process tgid; False where it could not."""
+    if SYS_TGKILL is None:
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(SYS_TGKILL, tgid, tid, sig) == 0
+    except Exception:
+        return False
 
 
 class Contexts:
@@ -359,10 +421,9 @@ def run(ctx, code, out, timeout, env_vars, sock):
                 if timed_out or gone:
                     log("context %s: %s, interrupting the kernel" % (ctx.id, "timeout" if timed_out else "client gone"))
                     interrupted_at = now
-                    try:
-                        ctx.km.interrupt_kernel()
-                    except Exception as e:
-                        log("interrupt: %s" % e)
+                    n = ctx.stop_strays(interrupt=True)
+                    if n:
+                        log("context %s: killed %d processes the code forked" % (ctx.id, n))
                     if timed_out:
                         out_send(out, gone, {"type": "error", "name": "TimeoutError", "traceback": "",
                                              "value": "execution timed out after %gs: the kernel was interrupted (its variables are kept)" % timeout})
@@ -381,7 +442,7 @@ def run(ctx, code, out, timeout, env_vars, sock):
         try:
             if t == "status" and c.get("execution_state") == "idle":
                 if interrupted_at is not None:
-                    n = ctx.reap_strays()
+                    n = ctx.stop_strays()
                     if n:
                         log("context %s: killed %d processes the interrupted code left" % (ctx.id, n))
                 return
