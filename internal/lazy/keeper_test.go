@@ -100,12 +100,10 @@ func (d *delayedStore) GetRange(ctx context.Context, key string, off, length int
 	return d.Store.GetRange(ctx, key, off, length)
 }
 
-// TestTakeoverAfterKill: lazyd runs as its own process with a keeper. It is killed with SIGKILL
-// while a READ it took from the kernel waits on a slow blob store, and while an mmap reader
-// faults on the same layer. The keeper starts another lazyd, which resumes the connection and
-// has the kernel resend the unanswered READ: both readers get every byte right, nobody gets EIO
-// or SIGBUS. Then lazyd exits once unused, and the keeper with it.
-func TestTakeoverAfterKill(t *testing.T) {
+// startLazydProcess builds a fixture and starts lazyd for it as a process of its own (the test
+// binary as lazyd, with a keeper); lazyd.log is shown if the test fails.
+func startLazydProcess(t *testing.T) (*fixture, StartOptions, *Client) {
+	t.Helper()
 	f := buildFixture(t)
 	exe, err := os.Executable()
 	if err != nil {
@@ -123,6 +121,16 @@ func TestTakeoverAfterKill(t *testing.T) {
 			t.Logf("lazyd.log:\n%s", b)
 		}
 	})
+	return f, opts, c
+}
+
+// TestTakeoverAfterKill: lazyd runs as its own process with a keeper. It is killed with SIGKILL
+// while a READ it took from the kernel waits on a slow blob store, and while an mmap reader
+// faults on the same layer. The keeper starts another lazyd, which resumes the connection and
+// has the kernel resend the unanswered READ: both readers get every byte right, nobody gets EIO
+// or SIGBUS. Then lazyd exits once unused, and the keeper with it.
+func TestTakeoverAfterKill(t *testing.T) {
+	f, opts, c := startLazydProcess(t)
 	mnt, unmount := f.mount()
 	want, _ := os.ReadFile(filepath.Join(f.src, "big.bin"))
 	if got, err := os.ReadFile(filepath.Join(mnt, "small/f007")); err != nil || len(got) == 0 {
@@ -141,7 +149,7 @@ func TestTakeoverAfterKill(t *testing.T) {
 	}()
 	mmapDone := make(chan error, 1)
 	go func() {
-		out, err := exec.Command(exe, "lazy-test-mmap", filepath.Join(mnt, "copy/big.bin"), filepath.Join(f.src, "big.bin")).CombinedOutput()
+		out, err := exec.Command(opts.Command[0], "lazy-test-mmap", filepath.Join(mnt, "copy/big.bin"), filepath.Join(f.src, "big.bin")).CombinedOutput()
 		if err != nil {
 			err = fmt.Errorf("%v: %s", err, out)
 		}
@@ -255,23 +263,7 @@ func zombie(pid int) bool {
 // connection hung). The new keeper starts a lazyd that resumes its connection, and a read
 // through the mount gets its bytes.
 func TestKeeperReplacedThenLazydKilled(t *testing.T) {
-	f := buildFixture(t)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := StartOptions{Dir: f.dir, BlobStore: f.spec, Command: []string{exe, "lazy-test-lazyd", f.dir, f.spec}}
-	c, err := Start(context.Background(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.client = c
-	t.Cleanup(func() {
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(f.dir, "lazyd.log"))
-			t.Logf("lazyd.log:\n%s", b)
-		}
-	})
+	f, opts, c := startLazydProcess(t)
 	mnt, unmount := f.mount()
 	info, err := c.Info(context.Background())
 	if err != nil {
