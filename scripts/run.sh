@@ -59,7 +59,7 @@ set -e
 # The base's file data came from the blob store in chunks, only as the sandbox read it.
 step corral layer stats base:default
 step corral ttl "$id" 30m
-step corral ls
+step corral ls --state running
 step corral rm "$id"
 step corral get "$id"
 if corral info -o json | grep -q '"network_pool"'; then
