@@ -120,6 +120,19 @@ type Server struct {
 type edgeConn struct {
 	client *http.Client
 	proxy  *httputil.ReverseProxy
+	// upgrade proxies requests that ask for a connection upgrade (a WebSocket to a sandbox's
+	// port, the console's screen, `corral vnc`) over HTTP/1.1: HTTP/2 carries no Upgrade.
+	upgrade *httputil.ReverseProxy
+}
+
+// serve proxies r to the edge: over the shared HTTP/2 connection, or over a connection of its
+// own when r asks for an upgrade.
+func (c *edgeConn) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Upgrade") != "" {
+		c.upgrade.ServeHTTP(w, r)
+		return
+	}
+	c.serve(w, r)
 }
 
 // Run serves until ctx ends. ready, if not nil, receives the listen address once serving.
@@ -422,7 +435,20 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 			httpjson.Error(w, r, s.log, err)
 		},
 	}
-	c := &edgeConn{client: &http.Client{Transport: tr}, proxy: p}
+	// Upgrades: HTTP/1.1 only (a TLSNextProto that is empty but not nil turns HTTP/2 off, and
+	// ALPN offers http/1.1 alone), one connection per upgraded request, spliced both ways by the
+	// reverse proxy once the edge answers 101.
+	up := *p
+	upTLS := clusterauth.ForNode(s.tls, n.Name)
+	upTLS.NextProtos = []string{"http/1.1"}
+	up.Transport = &http.Transport{
+		DialContext:         tr.DialContext,
+		TLSClientConfig:     upTLS,
+		TLSHandshakeTimeout: tr.TLSHandshakeTimeout,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+		DisableKeepAlives:   true,
+	}
+	c := &edgeConn{client: &http.Client{Transport: tr}, proxy: p, upgrade: &up}
 	s.conns[key] = c
 	return c, nil
 }
@@ -455,7 +481,7 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 	}
 	r, span := trace.StartRequest(r, trace.Route, trace.Sandbox(id), trace.Node(name))
 	defer span.End(nil)
-	c.proxy.ServeHTTP(w, r)
+	c.serve(w, r)
 }
 
 // toAny sends a request that is not about one sandbox to a ready (or at least not lost) edge,
@@ -484,7 +510,7 @@ func (s *Server) toNamedNode(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
-	c.proxy.ServeHTTP(w, r)
+	c.serve(w, r)
 }
 
 // toAnyExcept is toAny avoiding the edges at skip (ones that just did not answer). Draining
@@ -517,7 +543,7 @@ func (s *Server) toAnyExcept(w http.ResponseWriter, r *http.Request, skip ...str
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
-	c.proxy.ServeHTTP(w, r)
+	c.serve(w, r)
 }
 
 // maxCreateBody bounds a create's body (it is read whole to place it).

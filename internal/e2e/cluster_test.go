@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -593,6 +594,9 @@ func TestCluster(t *testing.T) {
 	if len(target) == 0 {
 		target = []string{create(c2, corral.CreateRequest{}).ID}
 	}
+	// First, a connection upgrade (a WebSocket to a sandbox's port, the console's screen)
+	// crosses a server replica to the edge and back (HTTP/2 to edges carries no Upgrade).
+	upgradeThrough(t, c1, s1url, token, target[0])
 	st, err := c1.Exec(ctx, target[0], corral.ExecRequest{Argv: []string{"sh", "-c", "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo line$i; sleep 0.05; done"}})
 	if err != nil {
 		t.Fatal(err)
@@ -767,4 +771,56 @@ func observeCluster(t *testing.T, ctx context.Context, c1, c2 *corral.Client, cr
 	if err != nil || rep.Sandboxes < n {
 		t.Errorf("report through server2: %+v, %v; want at least %d sandboxes", rep, err, n)
 	}
+}
+
+// upgradeThrough starts an echo server behind an HTTP upgrade on port 8090 of sandbox id and
+// upgrades a connection to it through the API at url: the 101 and the bytes both ways must
+// pass.
+func upgradeThrough(t *testing.T, c *corral.Client, url, token, id string) {
+	t.Helper()
+	ctx := context.Background()
+	script := `printf '%s\n' '#!/bin/sh' \
+	'while IFS= read -r l; do [ -z "$(printf %s "$l" | tr -d "\r")" ] && break; done' \
+	'printf "HTTP/1.1 101 Switching Protocols\r\nUpgrade: corral-echo\r\nConnection: Upgrade\r\n\r\n"' \
+	'exec cat' >/tmp/up.sh
+chmod +x /tmp/up.sh
+exec nc -ll -p 8090 -e /tmp/up.sh`
+	if _, err := c.StartCommand(ctx, id, corral.ExecRequest{Argv: []string{"sh", "-c", script}}); err != nil {
+		t.Fatalf("start the upgrade echo server: %v", err)
+	}
+	host := strings.TrimPrefix(strings.TrimPrefix(url, "http://"), "https://")
+	var last string
+	ok := false
+	for deadline := time.Now().Add(30 * time.Second); !ok && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		ok, last = upgradeEcho(host, token, id)
+	}
+	if !ok {
+		t.Errorf("an upgraded connection through the server to the sandbox's port: %s", last)
+	}
+}
+
+// upgradeEcho makes one upgraded connection to port 8090 of sandbox id through the API at host
+// and checks that a line comes back; it says what went wrong otherwise.
+func upgradeEcho(host, token, id string) (bool, string) {
+	conn, err := net.DialTimeout("tcp", host, 5*time.Second)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/ports/8090/ HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: corral-echo\r\n\r\n", id, host, token)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return false, fmt.Sprintf("%s: %s", resp.Status, b)
+	}
+	fmt.Fprint(conn, "ping through the server\n")
+	if line, err := br.ReadString('\n'); line != "ping through the server\n" {
+		return false, fmt.Sprintf("echo %q, %v", line, err)
+	}
+	return true, ""
 }
