@@ -132,7 +132,7 @@ func (c *edgeConn) serve(w http.ResponseWriter, r *http.Request) {
 		c.upgrade.ServeHTTP(w, r)
 		return
 	}
-	c.serve(w, r)
+	c.proxy.ServeHTTP(w, r)
 }
 
 // Run serves until ctx ends. ready, if not nil, receives the listen address once serving.
