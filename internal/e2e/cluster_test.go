@@ -554,6 +554,10 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// As after the cordon: the other replica sees them ready at its next reread of the nodes
+	// (every second); until then it places on edge3 alone (seen: an E2B create through server2
+	// 0.6 s after the uncordon found edge3 full).
+	time.Sleep(2 * time.Second)
 
 	// Layer GC through a replica while every node runs sandboxes of the layer: the edges share
 	// one catalogue and see each other's sandboxes, so nothing in use goes, and creates go on.

@@ -110,6 +110,17 @@ func (e *Edge) closeCleanups() {
 	c.mu.Unlock()
 }
 
+// cleanupWaitOnFull bounds how long a create refused for room waits for pending cleanups
+// before it is refused after all.
+const cleanupWaitOnFull = 30 * time.Second
+
+// cleanupsPending reports whether a deleted sandbox's cleanup is queued or running.
+func (e *Edge) cleanupsPending() bool {
+	e.cleanups.mu.Lock()
+	defer e.cleanups.mu.Unlock()
+	return len(e.cleanups.active) > 0
+}
+
 // WaitCleanups returns once every cleanup queued or running when it was called has ended (or
 // ctx ends). What needs a deleted sandbox's host state gone waits on it: deleting a layer's
 // blob, which a deleting sandbox may still have mounted.

@@ -719,7 +719,20 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	}
 	e.capMu.Lock()
 	defer e.capMu.Unlock()
-	if err := e.roomLocked(ctx, rec, 1); err != nil {
+	err := e.roomLocked(ctx, rec, 1)
+	if errors.Is(err, errdefs.ErrNodeFull) && e.cleanupsPending() {
+		// A delete answers before its cleanup gives the disk back: a create right after it
+		// waits for the cleanups pending now (they take a moment), then looks again.
+		e.capMu.Unlock()
+		wctx, cancel := context.WithTimeout(ctx, cleanupWaitOnFull)
+		werr := e.WaitCleanups(wctx)
+		cancel()
+		e.capMu.Lock()
+		if werr == nil {
+			err = e.roomLocked(ctx, rec, 1)
+		}
+	}
+	if err != nil {
 		return err
 	}
 	return e.store.AdmitSandbox(ctx, rec, key)

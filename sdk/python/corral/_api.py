@@ -514,6 +514,10 @@ def remove_webhook(id: str) -> Call:
     return Call(Request("DELETE", "/v1/webhooks/" + esc(id)))
 
 
+def test_webhook(id: str) -> Call:
+    return Call(Request("POST", "/v1/webhooks/" + esc(id) + "/test"), lambda s, h, b: parse_json(b))
+
+
 def webhook_deliveries(id: str) -> Call:
     return Call(Request("GET", "/v1/webhooks/" + esc(id) + "/deliveries"), lambda s, h, b: parse_json(b))
 

@@ -962,6 +962,12 @@ class AsyncCorral:
         """Stop a webhook's deliveries and forget it."""
         await self._do(_api.remove_webhook(id))
 
+    async def test_webhook(self, id: str) -> Dict[str, Any]:
+        """Sends the webhook one event of type "test" now, whatever events it subscribes to, and
+        returns the attempt (logged with its deliveries, never retried): event, attempt, status,
+        result, error."""
+        return await self._do(_api.test_webhook(id))
+
     async def webhook_deliveries(self, id: str) -> List[Dict[str, Any]]:
         """A webhook's recent deliveries, newest last: event, attempt, status, result, error."""
         return await self._do(_api.webhook_deliveries(id))

@@ -266,7 +266,7 @@ class RouteCoverageTest(unittest.TestCase):
             _api.run_code("i", "1"), _api.code_contexts("i"), _api.create_code_context("i", None, None),
             _api.restart_code_context("i", "c"), _api.delete_code_context("i", "c"),
             _api.add_webhook("p", "https://example.com/h", None), _api.webhooks(""),
-            _api.remove_webhook("w"), _api.webhook_deliveries("w"), _api.report("", "7d"),
+            _api.remove_webhook("w"), _api.webhook_deliveries("w"), _api.test_webhook("w"), _api.report("", "7d"),
             _api.start_build("n", "FROM b:1"), _api.builds(), _api.build("b"),
             _api.build_logs("b", True), _api.cancel_build("b"),
         ]

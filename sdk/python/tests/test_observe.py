@@ -82,6 +82,8 @@ class ObserveTest(unittest.TestCase):
         self.assertEqual(self.c.webhooks(), [])
         with self.assertRaises(corral.NotFound):
             self.c.webhook_deliveries("wh-nope")
+        with self.assertRaises(corral.NotFound):
+            self.c.test_webhook("wh-nope")
 
     def test_async(self) -> None:
         import asyncio
