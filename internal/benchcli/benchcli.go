@@ -14,8 +14,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -141,17 +139,10 @@ func (a *app) client() (*corral.Client, error) {
 // corralBinary is the corral the benches that start their own servers run: the one beside
 // this executable, else corral on $PATH.
 func corralBinary() (string, error) {
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), "corral")
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
+	if p, ok := cli.SiblingBinary("corral"); ok {
+		return p, nil
 	}
-	p, err := exec.LookPath("corral")
-	if err != nil {
-		return "", fmt.Errorf("find corral: none beside corral-bench nor on PATH (or pass --bin)")
-	}
-	return p, nil
+	return "", fmt.Errorf("find corral: none beside corral-bench nor on PATH (or pass --bin)")
 }
 
 func (a *app) jsonOut() bool { return a.output == "json" }

@@ -40,17 +40,23 @@ func (a *app) newBenchCmd() *cobra.Command {
 	}
 }
 
-// benchBinary finds corral-bench: beside this executable, else on $PATH.
-func benchBinary() (string, error) {
+// SiblingBinary finds the program name of Corral's build (corral, corrald, corral-bench):
+// beside this executable, else on $PATH; ok is false when it is in neither place.
+func SiblingBinary(name string) (path string, ok bool) {
 	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), "corral-bench")
+		p := filepath.Join(filepath.Dir(self), name)
 		if _, err := os.Stat(p); err == nil {
-			return p, nil
+			return p, true
 		}
 	}
-	p, err := exec.LookPath("corral-bench")
-	if err != nil {
-		return "", errors.New("corral bench runs corral-bench, which is neither beside corral nor on PATH (make build builds bin/corral-bench)")
+	p, err := exec.LookPath(name)
+	return p, err == nil
+}
+
+// benchBinary finds corral-bench.
+func benchBinary() (string, error) {
+	if p, ok := SiblingBinary("corral-bench"); ok {
+		return p, nil
 	}
-	return p, nil
+	return "", errors.New("corral bench runs corral-bench, which is neither beside corral nor on PATH (make build builds bin/corral-bench)")
 }

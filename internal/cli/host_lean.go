@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -97,17 +96,10 @@ func execCorrald(args []string) error {
 	return fmt.Errorf("run %s: %w", bin, syscall.Exec(bin, append([]string{bin}, args...), os.Environ()))
 }
 
-// corraldBinary finds corrald: beside this executable, else on $PATH.
+// corraldBinary finds corrald.
 func corraldBinary() (string, error) {
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), "corrald")
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
+	if p, ok := SiblingBinary("corrald"); ok {
+		return p, nil
 	}
-	p, err := exec.LookPath("corrald")
-	if err != nil {
-		return "", errors.New("this command runs corrald (the server build of corral), which is neither beside corral nor on PATH (make build builds bin/corrald)")
-	}
-	return p, nil
+	return "", errors.New("this command runs corrald (the server build of corral), which is neither beside corral nor on PATH (make build builds bin/corrald)")
 }
