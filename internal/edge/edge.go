@@ -943,33 +943,12 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		}
 	}
 	rctx, rspan := trace.Start(ctx, trace.RuntimeNew, trace.Sandbox(rec.ID), trace.Tier(rec.Tier), trace.String("corral.runtime", rec.Runtime))
-	rsb, err := e.rt.Create(rctx, runtime.Spec{
-		BootDisk:       disk,
-		BootDiskFormat: diskFormat,
-		Images:         images,
-		Addr:           addr,
-		Gateway:        gw,
-		Template:       adm.template,
-		Netns:          netnsPath,
-		ResolvConf:     resolv,
-		ID:             rec.ID,
-		Hostname:       rec.Hostname,
-		Lower:          lower,
-		AgentPath:      e.cfg.AgentPath,
-		AgentArgs:      e.agentArgs(calls),
-		Calls:          calls,
-		Env:            env,
-		CPUs:           rec.Limits.CPUs,
-		MemoryBytes:    rec.Limits.MemoryBytes,
-		Pids:           rec.Limits.Pids,
-		DiskBytes:      rec.Limits.DiskBytes,
-		OpenFiles:      uint64(rec.Limits.OpenFiles),
-		ShmBytes:       limits.ShmBytes,
-		Runtime:        rec.Runtime,
-		Volumes:        e.runtimeVolumes(rec),
-		Workdir:        rec.Cwd,
-		Fork:           adm.fork,
-	})
+	spec := e.runtimeSpec(rec, lower, env, calls)
+	spec.BootDisk, spec.BootDiskFormat, spec.Images = disk, diskFormat, images
+	spec.Addr, spec.Gateway, spec.Template = addr, gw, adm.template
+	spec.Netns, spec.ResolvConf = netnsPath, resolv
+	spec.Volumes, spec.Fork = e.runtimeVolumes(rec), adm.fork
+	rsb, err := e.rt.Create(rctx, spec)
 	rspan.End(&err)
 	if err != nil {
 		log.Error("create sandbox", "err", err)
@@ -1936,5 +1915,28 @@ func (e *Edge) forgetOld(ctx context.Context) {
 		if !rec.EndedAt.IsZero() && rec.EndedAt.Before(cutoff) {
 			e.store.DeleteSandbox(ctx, rec.ID)
 		}
+	}
+}
+
+// runtimeSpec is what every create asks of the runtime for rec (a fresh create and a warm
+// pool's fill alike): its identity, layers, agent, environment and resolved limits. Callers add
+// what only they have (network, tier-specific disks, volumes, a fork's image).
+func (e *Edge) runtimeSpec(rec *store.Sandbox, lower []string, env []string, calls bool) runtime.Spec {
+	return runtime.Spec{
+		ID:          rec.ID,
+		Hostname:    rec.Hostname,
+		Lower:       lower,
+		AgentPath:   e.cfg.AgentPath,
+		AgentArgs:   e.agentArgs(calls),
+		Calls:       calls,
+		Env:         env,
+		CPUs:        rec.Limits.CPUs,
+		MemoryBytes: rec.Limits.MemoryBytes,
+		Pids:        rec.Limits.Pids,
+		DiskBytes:   rec.Limits.DiskBytes,
+		OpenFiles:   uint64(rec.Limits.OpenFiles),
+		ShmBytes:    limits.ShmBytes,
+		Runtime:     rec.Runtime,
+		Workdir:     rec.Cwd,
 	}
 }

@@ -528,24 +528,9 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		}
 		netnsPath = nw.slot.Netns
 	}
-	rsb, err := e.rt.Create(ctx, runtime.Spec{
-		Netns:       netnsPath,
-		ResolvConf:  resolv,
-		ID:          rec.ID,
-		Hostname:    rec.Hostname,
-		Lower:       lower,
-		AgentPath:   e.cfg.AgentPath,
-		AgentArgs:   e.agentArgs(false),
-		Env:         env0,
-		CPUs:        rec.Limits.CPUs,
-		MemoryBytes: rec.Limits.MemoryBytes,
-		Pids:        rec.Limits.Pids,
-		DiskBytes:   rec.Limits.DiskBytes,
-		OpenFiles:   uint64(rec.Limits.OpenFiles),
-		ShmBytes:    limits.ShmBytes,
-		Runtime:     rec.Runtime,
-		Workdir:     rec.Cwd,
-	})
+	spec := e.runtimeSpec(rec, lower, env0, false)
+	spec.Netns, spec.ResolvConf = netnsPath, resolv
+	rsb, err := e.rt.Create(ctx, spec)
 	if err != nil {
 		e.detachNetwork(rec.ID, nw)
 		e.releaseLayers(rec, nil)
