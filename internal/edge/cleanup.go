@@ -10,7 +10,8 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// A delete answers once the sandbox can no longer run anything and no longer counts against a
+// A delete (and an expired TTL or idle timeout, which end a sandbox the same way, with their own
+// reason) answers once the sandbox can no longer run anything and no longer counts against a
 // quota; the rest of its teardown (runc/runsc state, unmounts, loop devices, cgroups, network
 // namespace, veth and nftables rules, layer references) is a cleanup that runs here, off the
 // request's path:
@@ -159,6 +160,10 @@ func (e *Edge) cleanup(j cleanupJob) {
 	e.detachNetwork(rec.ID, j.net)
 	e.releaseLayers(rec, j.unheld)
 	rec.NetSlot = nil
-	e.finish(ctx, rec, corral.StateStopped, corral.ReasonDeleted)
-	e.log.Info("sandbox stopped", "sandbox", rec.ID, "state", corral.StateStopped, "reason", corral.ReasonDeleted)
+	state, reason := corral.StateStopped, corral.ReasonDeleted
+	if rec.Stopping != nil {
+		state, reason = rec.Stopping.State, rec.Stopping.Reason
+	}
+	e.finish(ctx, rec, state, reason)
+	e.log.Info("sandbox stopped", "sandbox", rec.ID, "state", state, "reason", reason)
 }

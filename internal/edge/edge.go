@@ -1623,35 +1623,42 @@ func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	return e.endSandbox(ctx, rec, corral.ReasonDeleted)
+}
+
+// endSandbox ends a sandbox with state stopped and reason (a delete, an expired TTL or idle
+// timeout): a live sandbox's processes are killed and the outcome recorded, and the rest of its
+// teardown is left to the cleanup workers (cleanup.go), so the caller does not wait for it. A
+// sandbox with volumes or an fncall pool's member is stopped in full first (stopSandbox): its
+// volumes must be flushed and recovered before the record lets another sandbox attach them.
+func (e *Edge) endSandbox(ctx context.Context, rec *store.Sandbox, reason string) (*store.Sandbox, error) {
 	sb := e.lookup(rec.ID)
 	if sb == nil || len(rec.VolumeIDs) > 0 || sb.fncall != "" {
-		// Volumes are detached in the store as the record leaves the live states, so another
-		// sandbox may attach them at once: their data must be flushed and recovered first.
-		if err := e.stopSandbox(ctx, rec, corral.StateStopped, corral.ReasonDeleted); err != nil {
+		if err := e.stopSandbox(ctx, rec, corral.StateStopped, reason); err != nil {
 			return nil, err
 		}
-		return e.store.GetSandbox(ctx, id)
+		return e.store.GetSandbox(ctx, rec.ID)
 	}
 	ctx = context.WithoutCancel(ctx)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.gone {
-		return e.store.GetSandbox(ctx, id)
+		return e.store.GetSandbox(ctx, rec.ID)
 	}
 	// One write makes the end durable and releases the quota: "deleting" is not a live state,
 	// and reconcile finishes a cleanup cut short by a crash with the outcome in Stopping.
-	prev := rec.State
-	rec.State, rec.Reason = corral.StateDeleting, corral.ReasonDeleted
-	rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: corral.ReasonDeleted, At: time.Now().UTC()}
+	prev, prevReason := rec.State, rec.Reason
+	rec.State, rec.Reason = corral.StateDeleting, reason
+	rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: reason, At: time.Now().UTC()}
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
-		rec.State, rec.Reason, rec.Stopping = prev, "", nil
+		rec.State, rec.Reason, rec.Stopping = prev, prevReason, nil
 		return nil, fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
 	}
 	e.noticeBlocked(sb) // while its chain's counters are still there
 	if err := e.rt.Kill(ctx, rec.ID); err != nil {
 		// The cleanup's teardown kills again (and reports what it cannot); the sandbox is
 		// out of the live set either way.
-		e.log.Error("kill the processes of a deleted sandbox", "sandbox", rec.ID, "err", err)
+		e.log.Error("kill the processes of an ending sandbox", "sandbox", rec.ID, "reason", reason, "err", err)
 	}
 	sb.gone = true
 	e.mu.Lock()
@@ -1813,6 +1820,14 @@ func (e *Edge) reap(ctx context.Context) {
 			rec, err := e.store.GetSandbox(ctx, sb.id)
 			if err != nil {
 				e.log.Error("reaper: read sandbox", "sandbox", sb.id, "err", err)
+				return
+			}
+			if state == corral.StateStopped {
+				// An expiry ends like a delete: the teardown runs on the cleanup workers, so
+				// many expiring at once do not hold up this loop (and others' TTLs) behind it.
+				if _, err := e.endSandbox(ctx, rec, reason); err != nil {
+					e.log.Error("reaper: end sandbox", "sandbox", sb.id, "reason", reason, "err", err)
+				}
 				return
 			}
 			e.stopSandbox(ctx, rec, state, reason)

@@ -569,6 +569,65 @@ func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 	}
 }
 
+// TestExpiryDoesNotWaitForTeardown: sandboxes whose TTL passes in one tick all leave the live
+// set (deleting, ttl_expired, nothing counted) while their teardowns are still held, and end
+// stopped (ttl_expired) once the teardowns run.
+func TestExpiryDoesNotWaitForTeardown(t *testing.T) {
+	rt := newFakeRuntime()
+	e, st := newTestEdge(t, rt)
+	ctx := context.Background()
+	var ids []string
+	for range 4 {
+		rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", TTL: "1s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, rec.ID)
+	}
+	gate := make(chan struct{})
+	rt.mu.Lock()
+	rt.deleteGate = gate
+	rt.mu.Unlock()
+	opened := false
+	defer func() {
+		if !opened {
+			close(gate)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, id := range ids {
+		for {
+			rec, err := e.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.State == corral.StateDeleting {
+				if rec.Reason != corral.ReasonTTLExpired {
+					t.Fatalf("%s: deleting with reason %q, want %s", id, rec.Reason, corral.ReasonTTLExpired)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s (%s) with every teardown held; want all four deleting", id, rec.State, rec.Reason)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if u, err := st.NodeUsage(ctx, "local"); err != nil || u.Sandboxes != 0 {
+		t.Fatalf("node usage with the teardowns pending = %+v, %v; want nothing counted", u, err)
+	}
+	close(gate)
+	opened = true
+	if err := e.WaitCleanups(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if got, _ := e.Get(ctx, id); got.State != corral.StateStopped || got.Reason != corral.ReasonTTLExpired || got.Stopping != nil {
+			t.Errorf("%s after the cleanup: %s (%s), intent %+v; want stopped (ttl_expired)", id, got.State, got.Reason, got.Stopping)
+		}
+	}
+}
+
 func TestParseSignal(t *testing.T) {
 	for in, want := range map[string]int{"SIGTERM": 15, "term": 15, "9": 9, "KILL": 9} {
 		got, err := ParseSignal(in)
