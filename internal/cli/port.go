@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/corral-dev/corral/internal/revproxy"
 )
 
 // newPortCmd returns `corral port`: a local address forwarded to a TCP port inside a sandbox.
@@ -59,7 +61,7 @@ Ctrl-C.`,
 				return fmt.Errorf("listen on %s: %w", listen, err)
 			}
 			fmt.Fprintf(a.stdout, "http://%s -> port %d of %s (Ctrl-C stops)\n", lis.Addr(), port, args[0])
-			srv := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
+			srv := &http.Server{Handler: revproxy.Handler(proxy), ReadHeaderTimeout: 10 * time.Second}
 			go func() {
 				<-cmd.Context().Done()
 				srv.Close()

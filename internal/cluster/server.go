@@ -49,6 +49,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/placement"
+	"github.com/corral-dev/corral/internal/revproxy"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -132,7 +133,7 @@ func (c *edgeConn) serve(w http.ResponseWriter, r *http.Request) {
 		c.upgrade.ServeHTTP(w, r)
 		return
 	}
-	c.proxy.ServeHTTP(w, r)
+	revproxy.Serve(c.proxy, w, r)
 }
 
 // Run serves until ctx ends. ready, if not nil, receives the listen address once serving.

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/revproxy"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -152,7 +153,7 @@ func (g *Gateway) portProxy(w http.ResponseWriter, r *http.Request, id string, p
 			writePortError(w, id, port, http.StatusBadGateway, "Corral did not answer: "+err.Error())
 		},
 	}
-	proxy.ServeHTTP(w, r)
+	revproxy.Serve(proxy, w, r)
 }
 
 // writePortError answers a port request as E2B's proxy does for a closed port.

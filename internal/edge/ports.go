@@ -12,6 +12,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/nsutil"
+	"github.com/corral-dev/corral/internal/revproxy"
 	"github.com/corral-dev/corral/internal/store"
 )
 
@@ -126,5 +127,5 @@ func (h *dataPlane) port(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, err)
 		},
 	}
-	proxy.ServeHTTP(w, r)
+	revproxy.Serve(proxy, w, r)
 }

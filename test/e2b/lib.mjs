@@ -31,7 +31,10 @@ export async function finish(main) {
   try {
     console.log(JSON.stringify({ ok: true, ...(await main()) }))
   } catch (e) {
-    console.log(JSON.stringify({ ok: false, step: current, error: e.constructor.name, message: e.message }))
+    // The cause says what a bare "TypeError: terminated" or "fetch failed" hides (the socket's
+    // error), and the stack which call it was.
+    const cause = e.cause ? `${e.cause.constructor.name}: ${e.cause.message}${e.cause.code ? ` (${e.cause.code})` : ''}` : undefined
+    console.log(JSON.stringify({ ok: false, step: current, error: e.constructor.name, message: e.message, cause, stack: e.stack }))
     process.exit(1)
   }
 }
