@@ -98,12 +98,19 @@ class Context:
         self.start_error = None
         self.km = None
         self.kc = None
+        # Counts stops: a kernel whose start began before a stop (a context removed or
+        # restarted while its kernel was still starting) is shut down, not kept.
+        self.generation = 0
+        self.mu = threading.Lock()  # protects generation, km and kc against a start and a stop
 
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
-    def start(self):
-        """Starts the kernel and waits until it answers (protected by lock or before use)."""
+    def start(self, generation=None):
+        """Starts the kernel and waits until it answers (protected by lock or before use). A
+        start in the background is given the generation it was started for."""
+        if generation is None:
+            generation = self.generation
         try:
             # Imported here, in the thread that starts the first kernel, after the server listens.
             from jupyter_client.manager import KernelManager
@@ -112,34 +119,50 @@ class Context:
             kc = km.client()
             kc.start_channels()
             kc.wait_for_ready(timeout=60)
-            self.km, self.kc = km, kc
-            self.start_error = None
+            with self.mu:
+                current = generation == self.generation
+                if current:
+                    self.km, self.kc = km, kc
+                    self.start_error = None
+            if not current:
+                # Stopped while it started: nothing may use it, and nothing else would end it.
+                Context.end(km, kc)
         except Exception as e:  # reported to the executions that wait for it
-            self.start_error = "start the kernel: %s" % e
-            log(self.start_error)
+            log("start the kernel: %s" % e)
+            if generation == self.generation:
+                self.start_error = "start the kernel: %s" % e
         finally:
-            self.ready.set()
+            if generation == self.generation:  # else the start after the stop sets it
+                self.ready.set()
 
     def stop(self):
         """Ends the kernel and every process of its group. The group is killed first, with one
         system call (which a process forking meanwhile cannot escape): a fork bomb whose kernel
         died (the OOM killer takes the kernel first) forks on, and under it jupyter_client's
         shutdown, many steps of Python, could take minutes to get to its own kill."""
+        with self.mu:
+            self.generation += 1
+            km, kc = self.km, self.kc
+            self.km = self.kc = None
+        Context.end(km, kc)
+
+    @staticmethod
+    def end(km, kc):
+        """Kills kernel km's process group, then lets jupyter_client clean up after it."""
         try:
-            os.killpg(self.km.provisioner.pgid, signal.SIGKILL)
+            os.killpg(km.provisioner.pgid, signal.SIGKILL)
         except Exception:
             pass
-        if self.kc is not None:
+        if kc is not None:
             try:
-                self.kc.stop_channels()
+                kc.stop_channels()
             except Exception:
                 pass
-        if self.km is not None:
+        if km is not None:
             try:
-                self.km.shutdown_kernel(now=True)
+                km.shutdown_kernel(now=True)
             except Exception:
                 pass
-        self.km = self.kc = None
 
     def restart(self, background=False):
         """Replaces the kernel with a new one: every variable is gone. In the background, the
@@ -147,7 +170,7 @@ class Context:
         self.ready.clear()
         self.stop()
         if background:
-            threading.Thread(target=self.start, daemon=True).start()
+            threading.Thread(target=self.start, args=(self.generation,), daemon=True).start()
         else:
             self.start()
 
@@ -256,7 +279,7 @@ class Contexts:
         with self.mu:
             self.by_id[ctx.id] = ctx
         if background:
-            threading.Thread(target=ctx.start, daemon=True).start()
+            threading.Thread(target=ctx.start, args=(ctx.generation,), daemon=True).start()
         else:
             ctx.start()
         return ctx
