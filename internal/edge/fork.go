@@ -36,8 +36,9 @@ import (
 // the others down with it: the fork then answers the error and no copy is left running.
 //
 // Refused with 409: a paused source (resume it first: a fork needs its processes running to
-// checkpoint them), a stopped or failed one, a runc source without disk_only (no CRIU here),
-// microvm and vm sandboxes (not built yet), fncall containers.
+// checkpoint them), a stopped or failed one, a runc source without disk_only (CRIU cannot
+// checkpoint Corral's runc sandboxes: docs/ARCHITECTURE.md, Fork), microvm and vm sandboxes (not
+// built yet), fncall containers.
 
 // forkParallel bounds the copies started at once.
 const forkParallel = 8
@@ -152,7 +153,7 @@ func forkable(src *store.Sandbox, sb *sandbox, diskOnly bool) error {
 	case src.Tier != TierContainer:
 		return errdefs.Conflict("sandbox %s is a %s sandbox, which cannot be forked", src.ID, src.Tier)
 	case src.Runtime == RuntimeRunc && !diskOnly:
-		return errdefs.Conflict("sandbox %s runs on runc, whose processes cannot be checkpointed on this host (no CRIU): fork it with disk_only (--disk-only: its writable layer only, processes start afresh), or use runtime gvisor to fork running processes", src.ID)
+		return errdefs.Conflict("sandbox %s runs on runc, whose running processes Corral cannot checkpoint (CRIU cannot take a runc sandbox as Corral builds it): fork it with disk_only (--disk-only: its writable layer only, processes start afresh), or use runtime gvisor to fork running processes", src.ID)
 	case len(src.Volumes) > 0:
 		return errdefs.Conflict("sandbox %s has volumes, which a fork does not copy (a read-write volume has one writer): fork a sandbox without volumes", src.ID)
 	}

@@ -57,8 +57,9 @@ func filesOf(img *runtime.ForkImage) *forkFiles {
 }
 
 // Fork takes an image of the running sandbox id for Create (Spec.Fork); see the comment above.
-// The caller must DropFork it once done. A runc sandbox's processes cannot be taken (no CRIU
-// here): Fork refuses it unless opts.DiskOnly.
+// The caller must DropFork it once done. A runc sandbox's processes cannot be taken (CRIU
+// cannot checkpoint one as Corral builds it: docs/ARCHITECTURE.md, Fork): Fork refuses it unless
+// opts.DiskOnly.
 //
 // Errors: errdefs.ErrNotFound for an unknown sandbox; errdefs.ErrConflict if it is not
 // running (paused or stopped), or is runc and opts.DiskOnly is false.
@@ -74,7 +75,7 @@ func (r *Runtime) Fork(ctx context.Context, id string, opts runtime.ForkOptions)
 	}
 	gvisor := r.engineOf(id) == EngineGVisor
 	if !gvisor && !opts.DiskOnly {
-		return nil, errdefs.Conflict("sandbox %s runs on runc, whose processes cannot be checkpointed on this host (no CRIU): fork it with disk_only (its writable layer only), or create it on gVisor (runtime gvisor) to fork its processes too", id)
+		return nil, errdefs.Conflict("sandbox %s runs on runc, whose running processes Corral cannot checkpoint (CRIU cannot take a runc sandbox as Corral builds it): fork it with disk_only (its writable layer only), or create it on gVisor (runtime gvisor) to fork its processes too", id)
 	}
 	dir := r.dir(id)
 	ff := &forkFiles{}
