@@ -33,6 +33,9 @@ type Stack struct {
 
 // Push adds step on top: it will run before every step pushed earlier.
 func (s *Stack) Push(step func()) {
+	if s.steps == nil {
+		s.steps = make([]func(), 0, 8) // a create's steps: one allocation, not four
+	}
 	s.steps = append(s.steps, step)
 }
 
