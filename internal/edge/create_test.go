@@ -3,8 +3,10 @@ package edge
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -59,5 +61,47 @@ func TestCreateFailsAtTheLastStep(t *testing.T) {
 	sb, replayed, err := e.CreateOnce(ctx, req, key)
 	if err != nil || replayed || sb.ID == made || sb.State != corral.StateRunning {
 		t.Fatalf("retry = %+v, replayed %v, %v; want a new running sandbox", sb, replayed, err)
+	}
+}
+
+// TestWarmFillFailureGivesBack: a warm pool's fill that fails at its last step (the runtime's
+// create) gives back the layers it mounted and is no longer counted as filling (layer GC); one
+// that succeeds holds them until the pooled sandbox is deleted.
+func TestWarmFillFailureGivesBack(t *testing.T) {
+	rt := newFakeRuntime()
+	e, st := newTestEdge(t, rt)
+	ctx := context.Background()
+	env, err := st.PutEnvironment(ctx, corral.Environment{Name: "env", Base: "base:1", Workspace: "ws:1", CreatedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &warmPool{key: warmKey{env: env.Name, runtime: RuntimeRunc}, env: env}
+	ls := e.layers.(*fakeLayers)
+	refs := func() []int { return []int{ls.ref("sha256:b"), ls.ref("sha256:w")} }
+
+	rt.failing = errors.New("runc exploded")
+	if _, err := e.fillWarm(ctx, p); err == nil || !strings.Contains(err.Error(), "runc exploded") {
+		t.Fatalf("fill with a failing runtime: %v", err)
+	}
+	if got := refs(); !slices.Equal(got, []int{0, 0}) {
+		t.Errorf("after a failed fill the layers have %v references; want none", got)
+	}
+	if len(p.filling) != 0 || len(p.ready) != 0 || e.withPooled(corral.Resources{}).Sandboxes != 0 {
+		t.Errorf("after a failed fill: filling %d, ready %d, pooled %+v", len(p.filling), len(p.ready), e.withPooled(corral.Resources{}))
+	}
+
+	rt.failing = nil
+	if _, err := e.fillWarm(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := refs(); !slices.Equal(got, []int{1, 1}) || len(p.ready) != 1 {
+		t.Fatalf("after a fill: references %v, ready %d; want 1 each, 1 ready", got, len(p.ready))
+	}
+	e.drainWarm(p)
+	if got := refs(); !slices.Equal(got, []int{0, 0}) {
+		t.Errorf("after the pool drained the layers have %v references; want none", got)
+	}
+	if ids, _ := rt.List(ctx); len(ids) != 0 {
+		t.Errorf("the runtime still has %v", ids)
 	}
 }
