@@ -30,6 +30,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/blobstore"
+	"github.com/corral-dev/corral/internal/cleanup"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
@@ -863,14 +864,30 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	return e.launch(ctx, adm, calls, key)
 }
 
-// launch starts the sandbox of an admission whose record the store holds (state creating): it
-// mounts its layers, attaches its network and has the runtime create it (from adm.fork, when a
-// fork). On error the record ends failed and nothing is left.
-func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *store.Idempotency) (_ *store.Sandbox, err error) {
+// launch starts the sandbox of an admission whose record the store holds (state creating). It
+// is the create's story, one resource a step, each step pushing its undo onto a cleanup stack
+// as soon as it holds the resource:
+//
+//  1. the record, written by admission: on failure it ends failed with the cause as its reason,
+//     and the idempotency key of a create whose caller went away is released;
+//  2. the layers, fetched and mounted (prepareLayers), then the volumes fetched;
+//  3. the network slot (attachNetwork), when the policy asks for a network;
+//  4. the runtime's sandbox (Runtime.Create; from adm.fork when a fork);
+//  5. the live entry and the record's running state; then the services start.
+//
+// On error the stack unwinds newest first, so the record ends failed and nothing is left.
+func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *store.Idempotency) (*store.Sandbox, error) {
 	rec := adm.rec
 	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
-	defer func() {
-		if err != nil && key != nil && ctx.Err() != nil {
+	var undo cleanup.Stack
+	var cause error // the failure, for the record's reason
+	fail := func(err error) (*store.Sandbox, error) {
+		cause = err
+		undo.Unwind()
+		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+	}
+	undo.Push(func() {
+		if key != nil && ctx.Err() != nil {
 			// Cut short because its caller went away (the client, or the server replica that
 			// forwarded it): nobody had an answer, so the key is released and the client's
 			// retry makes the sandbox instead of finding this failure.
@@ -878,7 +895,8 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 				log.Error("release the idempotency key of a cancelled create", "err", rerr)
 			}
 		}
-	}()
+	})
+	undo.Push(func() { e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+cause.Error()) })
 	created := ""
 	if adm.fork != nil {
 		created = "fork of " + adm.fork.Source
@@ -889,75 +907,99 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
 	if err != nil {
 		log.Error("mount the sandbox's layers", "err", err)
-		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
-		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+		return fail(err)
 	}
+	undo.Push(func() { e.releaseLayers(rec, nil) })
 	if err := e.fetchVolumes(ctx, rec); err != nil {
 		log.Error("fetch the sandbox's volumes", "err", err)
-		e.releaseLayers(rec, nil)
-		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
-		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+		return fail(err)
 	}
-	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
 	var nw *sandboxNet
-	var netnsPath, resolv string
+	var resolv string
 	if adm.net.Mode != corral.NetworkNone {
 		nctx, nspan := trace.Start(ctx, trace.NetAttach, trace.Sandbox(rec.ID))
 		nw, resolv, err = e.attachNetwork(nctx, rec, adm.net)
 		nspan.End(&err)
 		if err != nil {
 			log.Error("create sandbox network", "err", err)
-			e.releaseLayers(rec, nil)
-			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
-			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+			return fail(err)
 		}
-		netnsPath = nw.slot.Netns
-	}
-	var images []runtime.LayerImage
-	var addr, gw netip.Addr
-	if rec.Tier == TierMicroVM {
-		if nw != nil {
-			addr, gw = nw.slot.SandboxAddr, nw.slot.HostAddr
-		}
-		if images, err = e.layerImages(ctx, rec.Lower); err != nil {
-			log.Error("find the sandbox's layer images", "err", err)
+		undo.Push(func() {
 			e.detachNetwork(rec.ID, nw)
-			e.releaseLayers(rec, nil)
 			rec.NetSlot = nil
-			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
-			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
-		}
+		})
 	}
-	var disk, diskFormat string
-	if rec.Tier == TierVM {
-		if nw != nil {
-			addr, gw = nw.slot.SandboxAddr, nw.slot.HostAddr
-		}
-		if disk, diskFormat, err = vmDiskFile(lower); err != nil {
-			log.Error("find the sandbox's disk image", "err", err)
-			e.detachNetwork(rec.ID, nw)
-			e.releaseLayers(rec, nil)
-			rec.NetSlot = nil
-			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
-			return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
-		}
+	spec, err := e.launchSpec(ctx, adm, lower, nw, resolv, calls, log)
+	if err != nil {
+		return fail(err)
 	}
 	rctx, rspan := trace.Start(ctx, trace.RuntimeNew, trace.Sandbox(rec.ID), trace.Tier(rec.Tier), trace.String("corral.runtime", rec.Runtime))
-	spec := e.runtimeSpec(rec, lower, env, calls)
-	spec.BootDisk, spec.BootDiskFormat, spec.Images = disk, diskFormat, images
-	spec.Addr, spec.Gateway, spec.Template = addr, gw, adm.template
-	spec.Netns, spec.ResolvConf = netnsPath, resolv
-	spec.Volumes, spec.Fork = e.runtimeVolumes(rec), adm.fork
 	rsb, err := e.rt.Create(rctx, spec)
 	rspan.End(&err)
 	if err != nil {
 		log.Error("create sandbox", "err", err)
-		e.detachNetwork(rec.ID, nw)
-		e.releaseLayers(rec, nil)
-		rec.NetSlot = nil
-		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
-		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
+		return fail(err)
 	}
+	undo.Push(func() { e.rt.Delete(context.WithoutCancel(ctx), rec.ID) })
+	sb := e.goLive(rec, rsb, nw)
+	undo.Push(func() {
+		e.mu.Lock()
+		delete(e.live, rec.ID)
+		e.mu.Unlock()
+	})
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
+		// The sandbox runs but the store does not say so: undo, so the two never disagree. Its
+		// record ends too (the write failed, often because the client went away and took ctx
+		// with it): left in state creating, it would hold its quota and refuse deletes as "not
+		// managed yet" until the next restart.
+		return fail(err)
+	}
+	undo.Release()
+	if !calls {
+		e.startServices(ctx, sb, rec, adm.services)
+	}
+	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
+	e.emit(corral.EventStarted, rec, "")
+	return rec, nil
+}
+
+// launchSpec is the runtime spec of adm's sandbox, its layers mounted at lower and its network
+// (nil: none) attached; a microvm gets its layers' images, a vm its disk image. It logs why it
+// fails.
+func (e *Edge) launchSpec(ctx context.Context, adm *admission, lower []string, nw *sandboxNet, resolv string, calls bool, log *slog.Logger) (runtime.Spec, error) {
+	rec := adm.rec
+	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
+	spec := e.runtimeSpec(rec, lower, env, calls)
+	if nw != nil {
+		spec.Netns, spec.ResolvConf = nw.slot.Netns, resolv
+	}
+	var err error
+	switch rec.Tier {
+	case TierMicroVM:
+		if nw != nil {
+			spec.Addr, spec.Gateway = nw.slot.SandboxAddr, nw.slot.HostAddr
+		}
+		if spec.Images, err = e.layerImages(ctx, rec.Lower); err != nil {
+			log.Error("find the sandbox's layer images", "err", err)
+			return spec, err
+		}
+	case TierVM:
+		if nw != nil {
+			spec.Addr, spec.Gateway = nw.slot.SandboxAddr, nw.slot.HostAddr
+		}
+		if spec.BootDisk, spec.BootDiskFormat, err = vmDiskFile(lower); err != nil {
+			log.Error("find the sandbox's disk image", "err", err)
+			return spec, err
+		}
+	}
+	spec.Template = adm.template
+	spec.Volumes, spec.Fork = e.runtimeVolumes(rec), adm.fork
+	return spec, nil
+}
+
+// goLive makes the runtime's new sandbox rsb a live sandbox of the edge, its record in state
+// running (the caller writes it).
+func (e *Edge) goLive(rec *store.Sandbox, rsb *runtime.Sandbox, nw *sandboxNet) *sandbox {
 	sb := newSandbox(rec, rsb.AgentSocket)
 	sb.net = nw
 	sb.touch()
@@ -972,27 +1014,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	e.mu.Lock()
 	e.live[rec.ID] = sb
 	e.mu.Unlock()
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
-		// The sandbox runs but the store does not say so: undo, so the two never disagree.
-		e.mu.Lock()
-		delete(e.live, rec.ID)
-		e.mu.Unlock()
-		e.rt.Delete(context.WithoutCancel(ctx), rec.ID)
-		e.detachNetwork(rec.ID, nw)
-		e.releaseLayers(rec, nil)
-		// Its record ends too (the write above failed, often because the client went away and
-		// took ctx with it): left in state creating, it would hold its quota and refuse deletes
-		// as "not managed yet" until the next restart.
-		rec.NetSlot = nil
-		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
-		return nil, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
-	}
-	if !calls {
-		e.startServices(ctx, sb, rec, adm.services)
-	}
-	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
-	e.emit(corral.EventStarted, rec, "")
-	return rec, nil
+	return sb
 }
 
 // agentArgs are corral-agent's arguments in every new sandbox.
@@ -1025,47 +1047,57 @@ type admission struct {
 	fork *runtime.ForkImage
 }
 
-// admit validates a create request and turns it into a record in state creating.
-func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) (*admission, error) {
-	tier := TierContainer
+// admitTier resolves a create's tier and runtime (calls: an fncall pool's container), refusing
+// those this node does not offer.
+func (e *Edge) admitTier(req corral.CreateRequest, calls bool) (tier, runtime string, err error) {
+	tier = TierContainer
 	switch {
 	case calls:
 		tier = TierFncall
 	case req.Tier == "", req.Tier == TierContainer:
 	case req.Tier == TierFncall:
-		return nil, errdefs.Invalid("tier", "fncall containers are made by fncall environments (POST /v1/fncall), not created directly")
+		return "", "", errdefs.Invalid("tier", "fncall containers are made by fncall environments (POST /v1/fncall), not created directly")
 	case req.Tier == TierVM:
 		if e.machines == nil {
-			return nil, errdefs.Invalid("tier", "vm is not available on this node: the VM tiers are off")
+			return "", "", errdefs.Invalid("tier", "vm is not available on this node: the VM tiers are off")
 		}
 		if err := e.machines.MachineAvailable(); err != nil {
-			return nil, errdefs.Invalid("tier", "vm is not available on this node: %v", err)
+			return "", "", errdefs.Invalid("tier", "vm is not available on this node: %v", err)
 		}
 		tier = TierVM
 	case req.Tier == TierMicroVM:
 		if err := e.rt.Available(RuntimeQEMU); err != nil {
-			return nil, errdefs.Invalid("tier", "microvm is not available on this node: %v", err)
+			return "", "", errdefs.Invalid("tier", "microvm is not available on this node: %v", err)
 		}
 		tier = TierMicroVM
 	default:
-		return nil, errdefs.Invalid("tier", "%q is not a tier: want %s (available here: %s)", req.Tier,
+		return "", "", errdefs.Invalid("tier", "%q is not a tier: want %s (available here: %s)", req.Tier,
 			"container, microvm or vm", strings.Join(e.Tiers(), ", "))
 	}
-	runtime := req.Runtime
+	runtime = req.Runtime
 	switch {
 	case tier == TierMicroVM || tier == TierVM:
 		if runtime != "" && runtime != RuntimeQEMU {
-			return nil, errdefs.Invalid("runtime", "%q: %s sandboxes run on %q", req.Runtime, tier, RuntimeQEMU)
+			return "", "", errdefs.Invalid("runtime", "%q: %s sandboxes run on %q", req.Runtime, tier, RuntimeQEMU)
 		}
 		runtime = RuntimeQEMU
 	case runtime == "", runtime == RuntimeRunc:
 		runtime = RuntimeRunc
 	case runtime == RuntimeGVisor:
 		if err := e.rt.Available(RuntimeGVisor); err != nil {
-			return nil, errdefs.Invalid("runtime", "gvisor is not available on this node: %v", err)
+			return "", "", errdefs.Invalid("runtime", "gvisor is not available on this node: %v", err)
 		}
 	default:
-		return nil, errdefs.Invalid("runtime", "%q: want %q or %q", req.Runtime, RuntimeRunc, RuntimeGVisor)
+		return "", "", errdefs.Invalid("runtime", "%q: want %q or %q", req.Runtime, RuntimeRunc, RuntimeGVisor)
+	}
+	return tier, runtime, nil
+}
+
+// admit validates a create request and turns it into a record in state creating.
+func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) (*admission, error) {
+	tier, runtime, err := e.admitTier(req, calls)
+	if err != nil {
+		return nil, err
 	}
 	if err := placement.ValidateLabels("node_selector", req.NodeSelector); err != nil {
 		return nil, err
@@ -1181,19 +1213,10 @@ type composition struct {
 func (e *Edge) compose(ctx context.Context, req *corral.CreateRequest, tier, projectPath string) (*composition, error) {
 	var c composition
 	if req.Environment != "" {
-		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
-			return nil, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
-		}
-		env, err := e.store.GetEnvironment(ctx, req.Environment)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, errdefs.Invalid("environment", "environment %q is not saved (see `corral env ls`)", req.Environment)
-		} else if err != nil {
+		env, err := e.composeEnvironment(ctx, req, projectPath)
+		if err != nil {
 			return nil, err
 		}
-		if owner, _ := iam.ParsePath("project", env.Project); !iam.Within(projectPath, owner) {
-			return nil, errdefs.Invalid("environment", "environment %q is not usable in project %s", req.Environment, iam.Display(projectPath))
-		}
-		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
 		c.template = env.MicroVMTemplate
 	}
 	var snap corral.Layer
@@ -1280,6 +1303,25 @@ func (e *Edge) compose(ctx context.Context, req *corral.CreateRequest, tier, pro
 		}
 	}
 	return &c, nil
+}
+
+// composeEnvironment looks up the environment req names, usable in project projectPath, and
+// sets req's layers to its layers.
+func (e *Edge) composeEnvironment(ctx context.Context, req *corral.CreateRequest, projectPath string) (corral.Environment, error) {
+	if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
+		return corral.Environment{}, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
+	}
+	env, err := e.store.GetEnvironment(ctx, req.Environment)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return corral.Environment{}, errdefs.Invalid("environment", "environment %q is not saved (see `corral env ls`)", req.Environment)
+	} else if err != nil {
+		return corral.Environment{}, err
+	}
+	if owner, _ := iam.ParsePath("project", env.Project); !iam.Within(projectPath, owner) {
+		return corral.Environment{}, errdefs.Invalid("environment", "environment %q is not usable in project %s", req.Environment, iam.Display(projectPath))
+	}
+	req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
+	return env, nil
 }
 
 // lifetimes are a create's ttl, idle_ttl and auto_pause_after (0: none), resolved by the limits

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/corral-dev/corral/internal/cleanup"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
@@ -518,24 +519,28 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	if err != nil {
 		return 0, fmt.Errorf("mount layers: %w", err)
 	}
+	// What the pool's sandbox holds is given back if it never gets to the pool.
+	var undo cleanup.Stack
+	defer undo.Unwind()
+	undo.Push(func() { e.releaseLayers(rec, nil) })
 	env0 := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
 	var nw *sandboxNet
 	var netnsPath, resolv string
 	if adm.net.Mode != corral.NetworkNone {
 		if nw, resolv, err = e.attachNetwork(ctx, rec, adm.net); err != nil {
-			e.releaseLayers(rec, nil)
 			return 0, err
 		}
+		undo.Push(func() { e.detachNetwork(rec.ID, nw) })
 		netnsPath = nw.slot.Netns
 	}
 	spec := e.runtimeSpec(rec, lower, env0, false)
 	spec.Netns, spec.ResolvConf = netnsPath, resolv
 	rsb, err := e.rt.Create(ctx, spec)
 	if err != nil {
-		e.detachNetwork(rec.ID, nw)
-		e.releaseLayers(rec, nil)
 		return 0, err
 	}
+	// From here on the sandbox is the pool's: deleteWarm gives back all it holds.
+	undo.Release()
 	w := &warmSandbox{rec: rec, socket: rsb.AgentSocket, net: nw, services: len(adm.services) > 0}
 	e.countPooled(rec.Limits, 1)
 	if w.services {
@@ -600,50 +605,17 @@ func (e *Edge) removeStaleResolvConfs() {
 // claimWarm serves a create from a warm pool when the request matches the pool's shape: ok
 // false means there is no match (or nothing ready) and the create goes on as usual. adm is the
 // admitted request; the caller holds e.layersMu for reading.
+//
+// A claimed sandbox already holds its layers, network slot and runtime sandbox; once the store
+// admits the request's record, each of them gets its undo on a cleanup stack (as launch's
+// steps do), so a failure after the claim ends the record failed and leaves nothing.
 func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *admission, key *store.Idempotency) (_ *store.Sandbox, ok bool, err error) {
 	rec := adm.rec
-	if rec.Tier != TierContainer || req.Environment == "" {
-		return nil, false, nil
-	}
-	k := warmKey{env: req.Environment, runtime: rec.Runtime, networked: adm.net.Mode != corral.NetworkNone}
-	e.warm.mu.Lock()
-	p := e.warm.pools[k]
-	if p == nil {
-		// A pool of the environment with another shape still counts the claim as a miss.
-		for pk, q := range e.warm.pools {
-			if pk.env == req.Environment {
-				q.mu.Lock()
-				q.claimedLocked(time.Now())
-				q.mu.Unlock()
-				break
-			}
-		}
-	}
-	e.warm.mu.Unlock()
-	if p == nil {
-		return nil, false, nil
-	}
-	p.mu.Lock()
-	p.claimedLocked(time.Now())
-	var w *warmSandbox
-	if req.Hostname == "" && len(req.Volumes) == 0 {
-		for i := 0; i < len(p.ready) && w == nil; i++ {
-			c := p.ready[i]
-			switch {
-			case !slices.Equal(c.rec.Lower, rec.Lower):
-				// Made before a tag of the environment moved: never claimable again.
-				p.stale = append(p.stale, c)
-				p.ready = slices.Delete(p.ready, i, i+1)
-				i--
-			case c.rec.Limits == rec.Limits && c.rec.Fetch == rec.Fetch && !(c.services && len(req.Env) > 0):
-				w = c
-				p.ready = slices.Delete(p.ready, i, i+1)
-			}
-		}
-	}
-	p.mu.Unlock()
+	p, w := e.takeWarm(req, adm)
 	if w == nil {
-		p.poke()
+		if p != nil {
+			p.poke()
+		}
 		return nil, false, nil
 	}
 	defer p.poke()
@@ -675,15 +647,23 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
 	e.emit(corral.EventCreated, rec, "")
 	e.usageCreated(ctx, rec)
-	fail := func(err error) (*store.Sandbox, bool, error) {
-		log.Error("claim a warm sandbox", "err", err)
+	var undo cleanup.Stack
+	var cause error // the failure, for the record's reason
+	undo.Push(func() { e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+cause.Error()) })
+	undo.Push(func() { e.releaseLayers(rec, nil) })
+	undo.Push(func() {
+		e.detachNetwork(rec.ID, w.net)
+		rec.NetSlot = nil
+	})
+	undo.Push(func() {
 		if err := e.rt.Delete(context.WithoutCancel(ctx), rec.ID); err != nil {
 			log.Error("delete a claimed warm sandbox", "err", err)
 		}
-		e.detachNetwork(rec.ID, w.net)
-		e.releaseLayers(rec, nil)
-		rec.NetSlot = nil
-		e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+	})
+	fail := func(err error) (*store.Sandbox, bool, error) {
+		log.Error("claim a warm sandbox", "err", err)
+		cause = err
+		undo.Unwind()
 		return nil, true, fmt.Errorf("create sandbox %s: %w", rec.ID, err)
 	}
 	if w.net != nil {
@@ -702,16 +682,68 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	e.mu.Lock()
 	e.live[rec.ID] = sb
 	e.mu.Unlock()
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	undo.Push(func() {
 		e.mu.Lock()
 		delete(e.live, rec.ID)
 		e.mu.Unlock()
+	})
+	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return fail(err)
 	}
+	undo.Release()
 	p.hits.Add(1)
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "warm", true)
 	e.emit(corral.EventStarted, rec, "")
 	return rec, true, nil
+}
+
+// takeWarm takes a ready sandbox that matches the admitted request out of its warm pool,
+// counting the claim: w nil means none (p, the request's pool if there is one, then wants a
+// poke to refill). Ready sandboxes made before a tag of the environment moved go to the stale
+// list on the way.
+func (e *Edge) takeWarm(req corral.CreateRequest, adm *admission) (p *warmPool, w *warmSandbox) {
+	rec := adm.rec
+	if rec.Tier != TierContainer || req.Environment == "" {
+		return nil, nil
+	}
+	k := warmKey{env: req.Environment, runtime: rec.Runtime, networked: adm.net.Mode != corral.NetworkNone}
+	e.warm.mu.Lock()
+	p = e.warm.pools[k]
+	if p == nil {
+		// A pool of the environment with another shape still counts the claim as a miss.
+		for pk, q := range e.warm.pools {
+			if pk.env == req.Environment {
+				q.mu.Lock()
+				q.claimedLocked(time.Now())
+				q.mu.Unlock()
+				break
+			}
+		}
+	}
+	e.warm.mu.Unlock()
+	if p == nil {
+		return nil, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.claimedLocked(time.Now())
+	if req.Hostname != "" || len(req.Volumes) > 0 {
+		return p, nil
+	}
+	for i := 0; i < len(p.ready) && w == nil; i++ {
+		c := p.ready[i]
+		switch {
+		case !slices.Equal(c.rec.Lower, rec.Lower):
+			// Made before a tag of the environment moved: never claimable again.
+			p.stale = append(p.stale, c)
+			p.ready = slices.Delete(p.ready, i, i+1)
+			i--
+		case c.rec.Limits == rec.Limits && c.rec.Fetch == rec.Fetch && !(c.services && len(req.Env) > 0):
+			w = c
+			p.ready = slices.Delete(p.ready, i, i+1)
+		}
+	}
+	return p, w
 }
 
 // WarmStats fills env's read-only pool fields from this node's pools of it.

@@ -6,7 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/mountinfo"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/mountinfo"
 	"github.com/corral-dev/corral/internal/runtime"
 )
 
@@ -343,6 +344,16 @@ func TestCreateErrors(t *testing.T) {
 		t.Logf("error as the caller sees it: %v", err)
 		if ids, _ := e.r.List(ctx); len(ids) != 1 {
 			t.Errorf("after a failed Create, List = %v, want only dup", ids)
+		}
+		// runc was Create's last step: what every step before it took is given back (the
+		// environment's teardown checks the rest: mounts, loop devices, cgroups, processes).
+		if _, err := os.Lstat(e.r.dir(s.ID)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the failed sandbox's directory: %v, want it gone", err)
+		}
+		if e.r.slots != nil {
+			if slot, ok := e.r.slots.slotOf(s.ID); ok {
+				t.Errorf("the failed sandbox still holds user namespace slot %d", slot)
+			}
 		}
 	})
 	t.Run("agent that cannot exec", func(t *testing.T) {

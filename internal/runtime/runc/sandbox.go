@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-dev/corral/internal/cleanup"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/inroot"
 	"github.com/corral-dev/corral/internal/lxcfs"
@@ -28,7 +29,12 @@ const (
 
 func socketPath(stateDir, id string) string { return filepath.Join(stateDir, id, socketName) }
 
-// Create makes and starts a sandbox; see the package doc for its guarantees.
+// Create makes and starts a sandbox; see the package doc for its guarantees. Its steps:
+// checks, the disk claimed as the sandbox's directory (claimDisk), the user namespace, the
+// rootfs (mountRootfs), then runc or runsc. Once the directory is the sandbox's, destroy is the
+// undo on the cleanup stack: it removes every resource the directory holds, in the order
+// teardown needs (processes, runc or runsc state, mounts and loop devices, the user-namespace
+// slot only once its files are gone, cgroups), so the steps after it push nothing of their own.
 func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sandbox, err error) {
 	start := time.Now()
 	spec := Spec(rspec)
@@ -64,35 +70,22 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 	}
 	defer r.agents.release(agent)
 
-	var slot string
-	var pooled bool
-	if spec.Fork != nil {
-		slot, err = r.forkSlot(ctx, spec.Fork)
-	} else {
-		slot, pooled, err = r.takeSlot(ctx, spec.DiskBytes)
-	}
+	var undo cleanup.Stack
+	defer undo.Unwind()
+	pooled, err := r.claimDisk(ctx, &spec, dir)
 	if err != nil {
-		return nil, fmt.Errorf("create sandbox %s: make disk: %w", id, err)
+		return nil, err
 	}
 	tDisk := time.Now()
-	if err := unix.Renameat2(unix.AT_FDCWD, slot, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
-		terr := teardownDir(context.WithoutCancel(ctx), slot)
-		if errors.Is(err, unix.EEXIST) {
-			return nil, errors.Join(errdefs.Conflict("sandbox %s already exists", id), terr)
+	// From here on the directory is ours: destroy undoes everything on failure.
+	undo.Push(func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if derr := r.destroy(cctx, id); derr != nil {
+			r.log.Error("clean up failed create", "id", id, "err", derr)
+			err = errors.Join(err, fmt.Errorf("clean up: %w", derr))
 		}
-		return nil, errors.Join(fmt.Errorf("create sandbox %s: claim disk: %w", id, err), terr)
-	}
-	// From here on the directory is ours: undo everything on failure.
-	defer func() {
-		if err != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			if derr := r.destroy(cctx, id); derr != nil {
-				r.log.Error("clean up failed create", "id", id, "err", derr)
-				err = errors.Join(err, fmt.Errorf("clean up: %w", derr))
-			}
-		}
-	}()
+	})
 
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
@@ -110,37 +103,11 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 		}
 		ux = &usernsSpec{handle: h, path: h.path, rootfs: rootfs, owner: base, shim: !r.capSysResource}
 	}
-	disk := filepath.Join(dir, diskMount)
-	var im *idmap
-	if ux != nil {
-		im = &idmap{ns: ux.handle.ns, owner: ux.owner}
-	}
-	if err := mountOverlay(rootfs, spec.Lower, filepath.Join(disk, "upper"), filepath.Join(disk, "work"), im); err != nil {
+	if err := mountRootfs(&spec, dir, rootfs, ux); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
-	}
-	// Mountpoints and the working directory are made in the container's rootfs, as its root.
-	mkdir := func(p string, follow bool) error { return inroot.Mkdir(rootfs, p, follow) }
-	if im != nil {
-		plain := mkdir
-		mkdir = func(p string, follow bool) error { return asOwner(im.owner, func() error { return plain(p, follow) }) }
-	}
-	if err := mountVolumes(dir, rootfs, spec.Volumes, mkdir); err != nil {
-		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
-	}
-	if im != nil {
-		// A volume keeps inside ids on disk, like the writable layer: its mount is idmapped
-		// with the sandbox's user namespace.
-		if err := idmapVolumes(dir, len(spec.Volumes), im.ns); err != nil {
-			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
-		}
-	}
-	if spec.Workdir != "" {
-		if err := mkdir(filepath.Clean(spec.Workdir), true); err != nil {
-			return nil, fmt.Errorf("create sandbox %s: working directory %s: %w", id, spec.Workdir, err)
-		}
 	}
 	tMount := time.Now()
-	logPath := filepath.Join(disk, "agent.log")
+	logPath := filepath.Join(dir, diskMount, "agent.log")
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
@@ -157,9 +124,70 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	undo.Release()
 	r.log.Debug("sandbox created", "id", id, "engine", spec.engine(), "pid", pid, "pooled_disk", pooled,
 		"disk", tDisk.Sub(start), "overlay", tMount.Sub(tDisk), "runc", time.Since(tMount), "total", time.Since(start))
 	return &runtime.Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath, HostUID: r.HostUID(id)}, nil
+}
+
+// claimDisk takes a formatted disk for spec's sandbox (a copy of its fork's, or one from the
+// pool or made now) and renames its directory to dir, the sandbox's. On error nothing is left;
+// pooled says the disk came from the pool.
+func (r *Runtime) claimDisk(ctx context.Context, spec *Spec, dir string) (pooled bool, err error) {
+	id := spec.ID
+	var slot string
+	if spec.Fork != nil {
+		slot, err = r.forkSlot(ctx, spec.Fork)
+	} else {
+		slot, pooled, err = r.takeSlot(ctx, spec.DiskBytes)
+	}
+	if err != nil {
+		return false, fmt.Errorf("create sandbox %s: make disk: %w", id, err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, slot, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
+		terr := teardownDir(context.WithoutCancel(ctx), slot)
+		if errors.Is(err, unix.EEXIST) {
+			return false, errors.Join(errdefs.Conflict("sandbox %s already exists", id), terr)
+		}
+		return false, errors.Join(fmt.Errorf("create sandbox %s: claim disk: %w", id, err), terr)
+	}
+	return pooled, nil
+}
+
+// mountRootfs mounts spec's overlay at rootfs (its writable layer on the sandbox's disk in
+// dir) and its volumes, and makes its working directory; with ux, as the sandbox's user
+// namespace owns them. What it mounted stays for the caller's teardown (destroy) on error.
+func mountRootfs(spec *Spec, dir, rootfs string, ux *usernsSpec) error {
+	disk := filepath.Join(dir, diskMount)
+	var im *idmap
+	if ux != nil {
+		im = &idmap{ns: ux.handle.ns, owner: ux.owner}
+	}
+	if err := mountOverlay(rootfs, spec.Lower, filepath.Join(disk, "upper"), filepath.Join(disk, "work"), im); err != nil {
+		return err
+	}
+	// Mountpoints and the working directory are made in the container's rootfs, as its root.
+	mkdir := func(p string, follow bool) error { return inroot.Mkdir(rootfs, p, follow) }
+	if im != nil {
+		plain := mkdir
+		mkdir = func(p string, follow bool) error { return asOwner(im.owner, func() error { return plain(p, follow) }) }
+	}
+	if err := mountVolumes(dir, rootfs, spec.Volumes, mkdir); err != nil {
+		return err
+	}
+	if im != nil {
+		// A volume keeps inside ids on disk, like the writable layer: its mount is idmapped
+		// with the sandbox's user namespace.
+		if err := idmapVolumes(dir, len(spec.Volumes), im.ns); err != nil {
+			return err
+		}
+	}
+	if spec.Workdir != "" {
+		if err := mkdir(filepath.Clean(spec.Workdir), true); err != nil {
+			return fmt.Errorf("working directory %s: %w", spec.Workdir, err)
+		}
+	}
+	return nil
 }
 
 // createRunc is Create's runc half: the rootfs is mounted at dir/rootfs.
