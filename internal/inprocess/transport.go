@@ -76,6 +76,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	w.buf = bufio.NewWriterSize(pw, bufferSize)
 	go func() {
 		defer cancel()
+		defer body.Close() // as a server does once its handler returns; RoundTrip's contract
 		defer func() {
 			// A panic ends this response only, as net/http's server would: the client's read
 			// fails with it.

@@ -36,6 +36,20 @@ func TestRoundTrip(t *testing.T) {
 	if resp.StatusCode != 201 || string(b) != "body" || resp.Header.Get("X-Name") != "x/y" || resp.Header.Get("X-Late") != "" {
 		t.Errorf("echo: %d %q %v", resp.StatusCode, b, resp.Header)
 	}
+	// The request body is closed once the handler is done, as a RoundTripper must.
+	closed := &closeRecorder{Reader: strings.NewReader("x"), closed: make(chan struct{})}
+	req2, _ := http.NewRequest("POST", "http://corral.test/echo/z", closed)
+	resp2, err := c.Do(req2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp2.Body)
+	resp2.Body.Close()
+	select {
+	case <-closed.closed:
+	case <-time.After(10 * time.Second):
+		t.Error("the request body was not closed")
+	}
 	if got, want := resp.Header.Get("X-Seen"), "corral.test:7070 /echo/x%2Fy?q=1 127.0.0.1:0 c"; got != want {
 		t.Errorf("the handler saw %q, want %q", got, want)
 	}
@@ -189,3 +203,10 @@ func TestUpgradeFallback(t *testing.T) {
 		t.Errorf("plain request went to %q", b)
 	}
 }
+
+type closeRecorder struct {
+	io.Reader
+	closed chan struct{}
+}
+
+func (c *closeRecorder) Close() error { close(c.closed); return nil }
