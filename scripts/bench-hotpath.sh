@@ -12,17 +12,22 @@ mkdir -p bench-out
 work=$(mktemp -d /tmp/crl-hotpath-XXXX)
 port=${BENCH_PORT:-7291}
 export CORRAL_URL=http://127.0.0.1:$port
+# corral up runs in a cgroup of its own, beside its sandboxes' parent, so that fncall can report
+# the CPU time the whole Corral spent per call (cgroup v2, or v1's cpuacct hierarchy).
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then cgroot=/sys/fs/cgroup; else cgroot=/sys/fs/cgroup/cpuacct; fi
+upcg=$cgroot/corral-hp-up
 cleanup() {
   [ -n "${pid:-}" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-  rmdir /sys/fs/cgroup/corral-hp /sys/fs/cgroup/*/corral-hp 2>/dev/null || true
+  rmdir /sys/fs/cgroup/corral-hp /sys/fs/cgroup/*/corral-hp "$upcg" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 # HOTPATH_PERF=FILE records corral up's CPU profile (perf record -g) for the run.
 perf=()
 [ -n "${HOTPATH_PERF:-}" ] && perf=(perf record -q -F 999 -g -o "$HOTPATH_PERF" --)
-"${perf[@]}" "$bindir/corral" up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$((port + 1))" \
-  --cgroup-parent /corral-hp --disk-pool 4 --net-tag hp --net-pool 10.252.7.0/24 >"$work/corral.log" 2>&1 &
+mkdir -p "$upcg"
+(echo $BASHPID >"$upcg/cgroup.procs"; exec "${perf[@]}" "$bindir/corral" up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$((port + 1))" \
+  --cgroup-parent /corral-hp --disk-pool 4 --net-tag hp --net-pool 10.252.7.0/24 >"$work/corral.log" 2>&1) &
 pid=$!
 for _ in $(seq 200); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
@@ -36,10 +41,11 @@ fi
 if [ "${HOTPATH_ONLY:-e2b}" = e2b ]; then
   sdk=$(scripts/e2b-sdk.sh)
   bin/corral-bench e2b --base base:bench --e2b-url "http://127.0.0.1:$((port + 1))" --sdk-dir "$sdk" --script test/e2b/bench.mjs \
-    --creates 3 --runs ${E2B_RUNS:-200} -o json >"$out-e2b.json"
-  jq -c '{sdk_run: .e2b_sdk.run_true, corral_run: .corral_api.run_true, ratio: .run_true_ratio_p50}' "$out-e2b.json"
+    --creates 3 --runs ${E2B_RUNS:-200} --builds 0 -o json >"$out-e2b.json"
+  jq -c '{sdk_run: .e2b_sdk.run_true, corral_run: .corral_api.run_true, ratio: .run_true_ratio_p50, corral_login_shell: .corral_api.run_login_shell_true, login_shell_ratio: .run_true_vs_login_shell_ratio_p50, argv: .login_shell_argv}' "$out-e2b.json"
 fi
 if [ "${HOTPATH_ONLY:-fncall}" = fncall ]; then
-  bin/corral-bench fncall --base base:bench --calls 100 --throughput ${FNCALLS:-1000} -o json >"$out-fncall.json"
+  bin/corral-bench fncall --base base:bench --calls 100 --throughput ${FNCALLS:-1000} \
+    --cpu-cgroups "$upcg,$cgroot/corral-hp" -o json >"$out-fncall.json"
   jq -c '.' "$out-fncall.json" | head -c 1500; echo
 fi

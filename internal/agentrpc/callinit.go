@@ -449,7 +449,7 @@ func enterCallRoot(spec *callSpec) error {
 	}
 	// In a sandbox with a user namespace of its own (internal/runtime/runc/userns.go) the
 	// kernel keeps trusted.* xattrs from its root: the overlay then keeps its own in user.*.
-	userxattr := inUserNS()
+	userxattr := inUserNSOnce()
 	if err := prepareCallTmp(upper+"/tmp", userxattr); err != nil {
 		return err
 	}
@@ -485,7 +485,7 @@ func enterCallRoot(spec *callSpec) error {
 			return fmt.Errorf("mount %s (%s) at %s: %w", st.src, st.fstype, st.dst, err)
 		}
 	}
-	if err := maskProc(root); err != nil {
+	if err := maskProc(root, spec.ProcFUSE); err != nil {
 		return err
 	}
 	if err := bindReadOnly("/sys", root+"/sys", true); err != nil {
@@ -528,60 +528,81 @@ func prepareCallTmp(dir string, userxattr bool) error {
 	return nil
 }
 
+// procPlan is what maskProc does to a new /proc: which of the masked paths exist on this
+// kernel, and as what, and which read-only paths exist. It is the same for every call (a new
+// proc of the same kernel), so a helper works it out at its first call.
+type procPlan struct {
+	maskDirs, maskFiles, readonly []string
+}
+
+var (
+	procPlanOnce sync.Once
+	procPlanDone procPlan // set by procPlanOnce
+)
+
+// procPlanFor returns the helper's procPlan, worked out on the new /proc under root the first
+// time.
+func procPlanFor(root string) procPlan {
+	procPlanOnce.Do(func() {
+		for _, p := range append(maskedPaths, hostFactPaths...) {
+			if !strings.HasPrefix(p, "/proc/") {
+				continue
+			}
+			var st unix.Stat_t
+			if err := unix.Lstat(root+p, &st); err != nil {
+				continue // not on this kernel
+			}
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				procPlanDone.maskDirs = append(procPlanDone.maskDirs, p)
+			} else {
+				procPlanDone.maskFiles = append(procPlanDone.maskFiles, p)
+			}
+		}
+		for _, p := range readonlyPaths {
+			if !strings.HasPrefix(p, "/proc/") {
+				continue
+			}
+			if _, err := os.Lstat(root + p); err == nil {
+				procPlanDone.readonly = append(procPlanDone.readonly, p)
+			}
+		}
+	})
+	return procPlanDone
+}
+
 // maskProc repeats the sandbox's /proc policy on the call's new /proc under root: its masks,
-// its read-only paths and the LXCFS files bound over its /proc (rebound from the sandbox's).
-func maskProc(root string) error {
-	for _, p := range append(maskedPaths, hostFactPaths...) {
-		if !strings.HasPrefix(p, "/proc/") {
-			continue
-		}
-		dst := root + p
-		var st unix.Stat_t
-		if err := unix.Lstat(dst, &st); err != nil {
-			continue // not on this kernel
-		}
-		var err error
-		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			err = unix.Mount("tmpfs", dst, "tmpfs", unix.MS_RDONLY, "")
-		} else {
-			err = unix.Mount(root+"/dev/null", dst, "", unix.MS_BIND, "")
-		}
-		if err != nil {
+// its read-only paths and the FUSE files bound over its /proc (fuse, rebound from the
+// sandbox's).
+func maskProc(root string, fuse []string) error {
+	plan := procPlanFor(root)
+	for _, p := range plan.maskDirs {
+		if err := unix.Mount("tmpfs", root+p, "tmpfs", unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("mask %s: %w", p, err)
 		}
 	}
-	for _, p := range readonlyPaths {
-		if !strings.HasPrefix(p, "/proc/") {
-			continue
+	for _, p := range plan.maskFiles {
+		if err := unix.Mount(root+"/dev/null", root+p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("mask %s: %w", p, err)
 		}
-		if _, err := os.Lstat(root + p); err != nil {
-			continue
-		}
+	}
+	for _, p := range plan.readonly {
 		if err := bindReadOnly(root+p, root+p, true); err != nil {
 			return err
 		}
 	}
 	// Last: LXCFS's /proc/swaps goes on top of the mask, as in the sandbox.
-	return rebindProcFUSE(root)
+	return rebindProcFUSE(root, fuse)
 }
 
-// rebindProcFUSE binds each FUSE file mounted over the sandbox's /proc (LXCFS's, see
-// internal/lxcfs) over the same file of the call's new /proc under root, read-only.
-func rebindProcFUSE(root string) error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return fmt.Errorf("read mountinfo: %w", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		f := strings.Fields(pre)
-		if !ok || len(f) < 5 || !strings.HasPrefix(post, "fuse.") || !strings.HasPrefix(f[4], "/proc/") || strings.Contains(f[4], "\\") {
+// rebindProcFUSE binds each of the FUSE files mounted over the sandbox's /proc (LXCFS's, see
+// internal/lxcfs; the agent lists them, procFUSEFiles) over the same file of the call's new
+// /proc under root, read-only.
+func rebindProcFUSE(root string, fuse []string) error {
+	for _, f := range fuse {
+		if _, err := os.Lstat(root + f); err != nil {
 			continue
 		}
-		if _, err := os.Lstat(root + f[4]); err != nil {
-			continue
-		}
-		if err := bindReadOnly(f[4], root+f[4], false); err != nil {
+		if err := bindReadOnly(f, root+f, false); err != nil {
 			return err
 		}
 	}
@@ -636,6 +657,9 @@ func pivotInto(root string) error {
 	}
 	return nil
 }
+
+// inUserNSOnce is inUserNS, read once by a helper (a process stays in its user namespace).
+var inUserNSOnce = sync.OnceValue(inUserNS)
 
 // inUserNS reports whether this process runs in a user namespace other than the host's: one
 // whose uid map is not the identity of every id.

@@ -48,6 +48,11 @@ import (
 //	                    in the sandbox's PID namespace but the agent, and any mount under CallsDir
 //	                    no call owns, is killed or detached and reported (CallEnd.Clean false).
 //
+// A call with nothing to stage and nothing to read afterwards can be all three in one Exec
+// (CallSpec.Prepare and End): the agent prepares it (and makes the directories asked for in its
+// root), runs its command, and once the exit event is sent ends it and sends CallEnd's result
+// as a reply frame on the same connection (Session.CallEnd).
+//
 // Call helpers are the agent itself, re-executed (Config.SelfExe call-init, callinit.go) as the
 // first process of a new PID namespace and of a mount namespace whose copy of CallsDir is a slave
 // of the agent's (so calls prepared later appear in it). Starting one (an execve of the agent and
@@ -119,7 +124,10 @@ type callSpec struct {
 	EtcDir  string      `json:"etc_dir"`
 	// Binds are files the sandbox has bound over its root filesystem (/etc/resolv.conf): the
 	// call's root shows the file below them, so the helper binds them again.
-	Binds    []string `json:"binds,omitempty"`
+	Binds []string `json:"binds,omitempty"`
+	// ProcFUSE are the FUSE files mounted over the sandbox's /proc (LXCFS's), which the helper
+	// binds over the call's new /proc.
+	ProcFUSE []string `json:"proc_fuse,omitempty"`
 	ShmBytes int64    `json:"shm_bytes"`
 
 	dropCaps []int // set by the helper: capsBeyondSandbox
@@ -180,6 +188,35 @@ func (s *Server) callPrep(id string, size int64) (string, error) {
 	cl.state = callReady
 	s.refillHelpers()
 	return cl.dir, nil
+}
+
+// prepareInline prepares the call of an exec request that asks for it (CallSpec.Prepare): as
+// CallPrep, then the directories asked for under its upper/, and points the request at the
+// call's directory. The directories are made on the call's fresh tmpfs, before anything of the
+// call runs, so there is nothing on the way to guard against (checkCallPath).
+func (s *Server) prepareInline(req *ExecRequest) error {
+	if req == nil || req.Call == nil || req.Call.Prepare == nil {
+		return nil
+	}
+	p := req.Call.Prepare
+	dirs := make([]string, len(p.Dirs))
+	for i, d := range p.Dirs {
+		var err error
+		if dirs[i], err = cleanPath("call.prepare.dirs", d); err != nil {
+			return err
+		}
+	}
+	dir, err := s.callPrep(p.ID, p.Size)
+	if err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		if _, err := s.mkdir(dir+"/upper"+d, WriteOptions{Parents: true}); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			return fmt.Errorf("call %s: make %s: %w", p.ID, d, err)
+		}
+	}
+	req.Call.Dir = dir
+	return nil
 }
 
 // mountCall makes dir a fresh tmpfs of size bytes holding upper/ (owned and moded like the
@@ -289,8 +326,8 @@ func (s *Server) claimCall(req *ExecRequest) (*call, error) {
 
 // callEnvironment is what every call in this sandbox needs to know about it, read once.
 type callEnvironment struct {
-	binds    []string
-	shmBytes int64
+	binds, procFUSE []string
+	shmBytes        int64
 }
 
 func (s *Server) callEnv() callEnvironment {
@@ -301,6 +338,7 @@ func (s *Server) callEnv() callEnvironment {
 			s.callEnvCache.shmBytes = int64(st.Blocks) * st.Bsize
 		}
 		s.callEnvCache.binds = boundEtcFiles("/proc/self/mountinfo")
+		s.callEnvCache.procFUSE = procFUSEFiles("/proc/self/mountinfo")
 	})
 	return s.callEnvCache
 }
@@ -328,6 +366,26 @@ func boundEtcFiles(mountinfo string) []string {
 	return out
 }
 
+// procFUSEFiles lists the FUSE files mounted over /proc in mountinfo (LXCFS's, see
+// internal/lxcfs): they are the sandbox's for its life, so the agent reads them once for every
+// call, instead of each call's helper reading its mount table.
+func procFUSEFiles(mountinfo string) []string {
+	b, err := os.ReadFile(mountinfo)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 || !strings.HasPrefix(post, "fuse.") || !strings.HasPrefix(f[4], "/proc/") || strings.Contains(f[4], "\\") {
+			continue
+		}
+		out = append(out, f[4])
+	}
+	return out
+}
+
 // spawnCall starts c, a call's command, through a helper (see the top of this file). It sets c's
 // pid (the helper's), proc (fed by watchCall) and stdin, and returns the descriptors to read
 // output from, or the Exit of a call whose helper could not be started.
@@ -336,7 +394,7 @@ func (s *Server) spawnCall(c *command, req *ExecRequest) ([]outputFile, *Exit) {
 	spec, err := json.Marshal(&callSpec{
 		Dir:     c.call.dir,
 		Exec:    ExecRequest{Argv: req.Argv, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User},
-		BaseEnv: s.cfg.Env, EtcDir: s.cfg.EtcDir, Binds: env.binds, ShmBytes: env.shmBytes,
+		BaseEnv: s.cfg.Env, EtcDir: s.cfg.EtcDir, Binds: env.binds, ProcFUSE: env.procFUSE, ShmBytes: env.shmBytes,
 	})
 	if err != nil {
 		return nil, &Exit{Code: 126, Error: fmt.Sprintf("encode the call: %v", err)}

@@ -439,3 +439,18 @@ func TestBoundEtcFiles(t *testing.T) {
 		t.Errorf("boundEtcFiles = %q, want %q", got, want)
 	}
 }
+
+func TestProcFUSEFiles(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "mountinfo")
+	os.WriteFile(p, []byte(`22 1 0:21 / / rw - overlay overlay rw
+23 22 0:22 / /proc rw - proc proc rw
+40 23 0:50 /proc/cpuinfo /proc/cpuinfo rw - fuse.lxcfs lxcfs rw
+41 23 0:50 /proc/swaps /proc/swaps rw - fuse.lxcfs lxcfs rw
+42 23 0:50 /x /proc/odd\040name rw - fuse.lxcfs lxcfs rw
+43 23 0:51 /k /proc/kcore ro - tmpfs tmpfs ro
+44 22 0:50 /proc/uptime /etc/uptime rw - fuse.lxcfs lxcfs rw
+`), 0o644)
+	if got, want := procFUSEFiles(p), []string{"/proc/cpuinfo", "/proc/swaps"}; !slices.Equal(got, want) {
+		t.Errorf("procFUSEFiles = %q, want %q", got, want)
+	}
+}

@@ -638,6 +638,24 @@ func (s *Session) Stdin() io.WriteCloser {
 	return s.stdin
 }
 
+// CallEnd returns what the agent found when it ended the call of a command started with
+// CallSpec.End, once Next has returned the exit event. An error means the result did not come
+// (the connection was lost, or the agent could not end the call): end it with Client.CallEnd,
+// which answers ErrNotFound when the agent did end it.
+func (s *Session) CallEnd() (CallEnd, error) {
+	if !s.events.done {
+		return CallEnd{}, fmt.Errorf("agent %s: the call's end is read after the exit event: %w", s.events.cc.op, errdefs.ErrConflict)
+	}
+	r, err := s.events.cc.readReply()
+	if err != nil {
+		return CallEnd{}, err
+	}
+	if r.CallEnd == nil {
+		return CallEnd{}, fmt.Errorf("agent %s: reply without the call's end: %w", s.events.cc.op, errdefs.ErrUnavailable)
+	}
+	return *r.CallEnd, nil
+}
+
 // Close hangs up. The command keeps running; its stdin stays open when it was kept open.
 func (s *Session) Close() error { return s.events.cc.close() }
 

@@ -360,14 +360,29 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 	case opPing:
 		return c.reply(reply{Info: s.info()})
 	case opExec:
+		if err := s.prepareInline(req.Exec); err != nil {
+			return err
+		}
 		cmd, err := s.start(req.Exec)
 		if err != nil {
 			return err
 		}
 		info := cmd.info()
 		c.f.writeJSON(frameReply, reply{Command: &info}) // flushed by stream
-		return s.stream(ctx, c, cmd, 0, true, true)
+		if err := s.stream(ctx, c, cmd, 0, true, true); err != nil || req.Exec.Call == nil || !req.Exec.Call.End {
+			return err
+		}
+		// The exit event is out: end the call (see CallSpec.End). Had the client left before
+		// it, the call would be left for the client's CallEnd.
+		ce, err := s.callEnd(cmd.call.id)
+		if err != nil {
+			return err
+		}
+		return c.reply(reply{CallEnd: &ce})
 	case opStart:
+		if req.Exec != nil && req.Exec.Call != nil && (req.Exec.Call.Prepare != nil || req.Exec.Call.End) {
+			return errdefs.Invalid("call", "prepare and end are for exec only: start a call's command with a call prepared by CallPrep")
+		}
 		cmd, err := s.start(req.Exec)
 		if err != nil {
 			return err

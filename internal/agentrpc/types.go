@@ -65,8 +65,26 @@ type ExecRequest struct {
 
 // CallSpec names the call a command runs in.
 type CallSpec struct {
-	// Dir is what CallPrep returned.
-	Dir string `json:"dir"`
+	// Dir is what CallPrep returned; unused with Prepare.
+	Dir string `json:"dir,omitempty"`
+	// Prepare prepares the call in the same request (Exec only), as CallPrep then Mkdir under
+	// its upper/ would: one connection to the agent instead of three. A call prepared this way
+	// whose command then fails to start stays prepared: end it with CallEnd.
+	Prepare *CallPrepare `json:"prepare,omitempty"`
+	// End ends the call once its command has exited and its exit event is sent (Exec only), as
+	// CallEnd would; Session.CallEnd returns what the agent found. Set it only when nothing of
+	// the call is to be read afterwards (its outputs are gone with it).
+	End bool `json:"end,omitempty"`
+}
+
+// CallPrepare is a call to prepare along with its command.
+type CallPrepare struct {
+	// ID and Size are CallPrep's id and sizeBytes.
+	ID   string `json:"id"`
+	Size int64  `json:"size"`
+	// Dirs are directories to make in the call's root (absolute paths, made under upper/ with
+	// their parents, mode 0755, owned by root), such as the command's working directory.
+	Dirs []string `json:"dirs,omitempty"`
 }
 
 // CallEnd is what the agent found when it ended a call.

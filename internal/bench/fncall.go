@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +27,10 @@ type FncallConfig struct {
 	// Python calls that import heavy modules are then measured with and without warm interpreters.
 	PyToolkit string
 	PyCalls   int
+	// CPUCgroups are cgroup directories (v2, or v1's cpuacct hierarchy) holding everything of the Corral
+	// under test (corral up and its sandboxes' parent): their CPU time over the throughput test
+	// is reported per call, which the host's other load changes far less than calls/s.
+	CPUCgroups []string
 }
 
 // FncallResult compares a call of `true` with the other ways to run `true`, measured in one run.
@@ -42,6 +50,11 @@ type FncallResult struct {
 	Concurrency int     `json:"concurrency"`
 	PoolMax     int     `json:"pool_max"`
 	Rejected    int64   `json:"rejected_429"`
+	// CPUMsPerCall is the CPU time of CPUCgroups over the throughput test, per call (with
+	// CPUCgroups set); CPUBoundCallsPerSec is the calls/s that CPU time allows on this host's
+	// CPUs, were nothing else running.
+	CPUMsPerCall        float64 `json:"cpu_ms_per_call,omitempty"`
+	CPUBoundCallsPerSec float64 `json:"cpu_bound_calls_per_s,omitempty"`
 	// PyWarm and PyCold time a Python call importing PyImports, with a warm interpreter (imports
 	// done before the call) and without.
 	PyImports  []string `json:"py_imports,omitempty"`
@@ -133,6 +146,10 @@ func Fncall(ctx context.Context, c *corral.Client, cfg FncallConfig, log *slog.L
 	var firstErr error
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	cpu0, err := cgroupsCPU(cfg.CPUCgroups)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	for range cfg.Concurrency {
 		wg.Add(1)
@@ -152,6 +169,14 @@ func Fncall(ctx context.Context, c *corral.Client, cfg FncallConfig, log *slog.L
 	}
 	wg.Wait()
 	res.CallsPerSec = float64(cfg.Throughput) / time.Since(start).Seconds()
+	if len(cfg.CPUCgroups) > 0 {
+		cpu1, err := cgroupsCPU(cfg.CPUCgroups)
+		if err != nil {
+			return nil, err
+		}
+		res.CPUMsPerCall = float64((cpu1 - cpu0).Microseconds()) / 1000 / float64(cfg.Throughput)
+		res.CPUBoundCallsPerSec = 1000 * float64(runtime.NumCPU()) / res.CPUMsPerCall
+	}
 	if e, err := c.FncallEnv(ctx, env); err == nil {
 		res.Rejected = e.Pool.Rejected
 	}
@@ -164,6 +189,40 @@ func Fncall(ctx context.Context, c *corral.Client, cfg FncallConfig, log *slog.L
 		}
 	}
 	return res, nil
+}
+
+// cgroupsCPU is the CPU time used so far by the processes of the cgroup directories dirs:
+// cgroup v2's cpu.stat usage_usec, or cgroup v1's cpuacct.usage (a cpuacct hierarchy's).
+func cgroupsCPU(dirs []string) (time.Duration, error) {
+	var total time.Duration
+	for _, d := range dirs {
+		if b, err := os.ReadFile(filepath.Join(d, "cpuacct.usage")); err == nil {
+			ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("CPU time of cgroup %s: %w", d, err)
+			}
+			total += time.Duration(ns)
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d, "cpu.stat"))
+		if err != nil {
+			return 0, fmt.Errorf("CPU time of cgroup %s: %w", d, err)
+		}
+		found := false
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+				us, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("CPU time of cgroup %s: %q: %w", d, line, err)
+				}
+				total, found = total+time.Duration(us)*time.Microsecond, true
+			}
+		}
+		if !found {
+			return 0, fmt.Errorf("CPU time of cgroup %s: no usage_usec in its cpu.stat", d)
+		}
+	}
+	return total, nil
 }
 
 // pythonCalls measures a Python call that imports heavy modules, in an environment with warm

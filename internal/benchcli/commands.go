@@ -253,6 +253,7 @@ func (a *app) addBenchCmds(cmd *cobra.Command) {
 	ff.IntVar(&fc.PoolMax, "pool", 4, "warm containers in the pool")
 	ff.StringVar(&fc.PyToolkit, "python-toolkit", "", "toolkit NAME:VERSION with python3: also measure Python calls with and without warm interpreters")
 	ff.IntVar(&fc.PyCalls, "python-calls", 30, "Python call samples each way")
+	ff.StringSliceVar(&fc.CPUCgroups, "cpu-cgroups", nil, "cgroup directories (v2, or v1 cpuacct) of the Corral under test (corral up's, its sandboxes' parent): report their CPU time per call")
 	cmd.AddCommand(fn)
 
 	var ec bench.E2BConfig

@@ -195,7 +195,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 			srv.Close()
 			return err
 		}
-		stopE2B, err := daemon.ServeE2B(cfg.E2B, lis.Addr(), key, service, log, errc)
+		stopE2B, err := daemon.ServeE2B(cfg.E2B, lis.Addr(), srv.Handler, key, service, log, errc)
 		if err != nil {
 			srv.Close()
 			return err

@@ -648,7 +648,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		errc <- srv.Serve(lis)
 	}()
 	if cfg.E2B.Listen != "" {
-		stopE2B, err := startE2B(ctx, cfg, st, lis.Addr(), log, errc)
+		// The gateway calls the API in process, unless the API is only for the cluster's
+		// servers (mutual TLS): then it goes through the listener like any client.
+		inproc := handler
+		if tlsCfg != nil {
+			inproc = nil
+		}
+		stopE2B, err := startE2B(ctx, cfg, st, lis.Addr(), inproc, log, errc)
 		if err != nil {
 			srv.Close()
 			return err

@@ -17,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/e2b"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/inprocess"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -34,9 +35,10 @@ type E2BConfig struct {
 // survive restarts, or every token handed out stops working.
 const e2bKeyFile = "e2b.key"
 
-// startE2B starts the E2B gateway on its own listener, translating onto the API at apiAddr. The
-// returned server is shut down with the API's.
-func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr, log *slog.Logger, errc chan<- error) (stop func(), err error) {
+// startE2B starts the E2B gateway on its own listener, translating onto the API at apiAddr,
+// whose handler api (when not nil) it calls in process. The returned server is shut down with
+// the API's.
+func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr, api http.Handler, log *slog.Logger, errc chan<- error) (stop func(), err error) {
 	key, err := e2bKey(filepath.Join(cfg.DataDir, e2bKeyFile))
 	if err != nil {
 		return nil, err
@@ -45,20 +47,28 @@ func startE2B(ctx context.Context, cfg Config, st *store.Store, apiAddr net.Addr
 	if err != nil {
 		return nil, err
 	}
-	return ServeE2B(cfg.E2B, apiAddr, key, service, log, errc)
+	return ServeE2B(cfg.E2B, apiAddr, api, key, service, log, errc)
 }
 
 // ServeE2B serves the E2B gateway on e2bCfg.Listen in front of the Corral API at apiAddr (over
 // loopback when that listens on every address), with the envd-token key and the service token
-// given, until the returned stop is called. `corral up` and `corral server` both use it.
-func ServeE2B(e2bCfg E2BConfig, apiAddr net.Addr, key []byte, service string, log *slog.Logger, errc chan<- error) (stop func(), err error) {
-	api := apiAddr.(*net.TCPAddr)
-	host := api.IP
+// given, until the returned stop is called. `corral up` and `corral server` both use it. With
+// api, the API's handler in this process, the gateway calls it directly (internal/inprocess):
+// no loopback connection, no HTTP encoding and parsing per call; only requests that upgrade
+// their connection (a sandbox port's WebSocket) go to apiAddr.
+func ServeE2B(e2bCfg E2BConfig, apiAddr net.Addr, api http.Handler, key []byte, service string, log *slog.Logger, errc chan<- error) (stop func(), err error) {
+	tcp := apiAddr.(*net.TCPAddr)
+	host := tcp.IP
 	if host.IsUnspecified() {
 		host = net.IPv4(127, 0, 0, 1)
 	}
+	var client *http.Client
+	if api != nil {
+		client = &http.Client{Transport: &inprocess.Transport{Handler: api, Fallback: http.DefaultTransport}}
+	}
 	gw, err := e2b.New(e2b.Config{
-		CorralURL:    "http://" + net.JoinHostPort(host.String(), fmt.Sprint(api.Port)),
+		CorralURL:    "http://" + net.JoinHostPort(host.String(), fmt.Sprint(tcp.Port)),
+		HTTPClient:   client,
 		Domain:       e2bCfg.Domain,
 		TokenKey:     key,
 		ServiceToken: service,

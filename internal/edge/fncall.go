@@ -766,19 +766,40 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 	if spec.python != "" && spec.limit <= defaultCallOutput {
 		warm = p.takeWarm(sb)
 	}
+	// A call with nothing to stage before its command and nothing to read after it is one
+	// request to the agent: prepared, run and ended on one connection (CallSpec.Prepare, End).
+	// Others prepare first, stage their files, run, read their outputs, then end.
+	oneTrip := warm == nil && len(spec.files)+len(spec.refs)+len(spec.outputs)+len(spec.keep) == 0
 	var id, dir string
-	if warm != nil {
+	var call *agentrpc.CallSpec
+	switch {
+	case warm != nil:
 		id, dir = warm.id, warm.dir
-	} else {
+		call = &agentrpc.CallSpec{Dir: dir}
+	case oneTrip:
+		id = newCallID()
+		call = &agentrpc.CallSpec{Prepare: &agentrpc.CallPrepare{ID: id, Size: p.env.FilesBytes}, End: true}
+	default:
 		id = newCallID()
 		if dir, err = sb.agent.CallPrep(cctx, id, p.env.FilesBytes); err != nil {
 			p.log.Error("prepare a call", "sandbox", sb.id, "call", id, "err", err)
 			return nil, fmt.Errorf("call in %s: prepare: %w", sb.id, err)
 		}
+		call = &agentrpc.CallSpec{Dir: dir}
 	}
 	log := p.log.With("sandbox", sb.id, "call", id)
+	// ended is what the agent found when it ended the call itself (CallSpec.End), once read.
+	var ended *agentrpc.CallEnd
 	end := func() {
-		ce, err := sb.agent.CallEnd(cctx, id)
+		ce, err := agentrpc.CallEnd{}, error(nil)
+		if ended != nil {
+			ce = *ended
+		} else {
+			// Also when the agent was to end the call but its answer did not come: if it did
+			// end it, this is ErrNotFound, and the container, whose state is then unknown, is
+			// replaced.
+			ce, err = sb.agent.CallEnd(cctx, id)
+		}
 		switch {
 		case err != nil:
 			log.Error("clean up after a call; the container is replaced", "err", err)
@@ -790,7 +811,10 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 	}
 	defer end()
 	upper := dir + "/upper"
-	events, err := e.startCall(ctx, cctx, p, sb, spec, warm, dir, res)
+	events, err := e.startCall(ctx, cctx, p, sb, spec, warm, call, res)
+	if events != nil && events.ended != nil {
+		ended = events.ended
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -810,6 +834,13 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 			}
 			if events.timedOut != nil && events.timedOut.Load() {
 				res.Exit.TimedOut = true
+			}
+			if events.callEnd != nil {
+				if ce, err := events.callEnd(); err == nil {
+					ended = &ce
+				} else {
+					log.Debug("the agent's end of the call did not come; ending it apart", "err", err)
+				}
 			}
 			break
 		}
@@ -858,12 +889,19 @@ type callEvents struct {
 	next     func() (agentrpc.Event, error)
 	close    func()
 	timedOut *atomic.Bool // set when the edge enforced the timeout (warm interpreters)
+	// callEnd, for a call the agent ends itself (CallSpec.End), reads what it found, after the
+	// exit event.
+	callEnd func() (agentrpc.CallEnd, error)
+	// ended is what the agent found when it ended a call whose command did not start.
+	ended *agentrpc.CallEnd
 }
 
-// startCall stages the call's input and starts its command: a warm interpreter fed through its
-// stdin, or a command started now (Python code then goes to a fresh interpreter's stdin).
-func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, spec *callSpec, warm *warmCall, dir string, res *corral.CallResult) (*callEvents, error) {
-	upper := dir + "/upper"
+// startCall stages the call's input and starts its command, as the call of call: a warm
+// interpreter fed through its stdin, or a command started now (Python code then goes to a fresh
+// interpreter's stdin). A call the agent prepares (call.Prepare) has nothing to stage but its
+// working directory, which the agent makes.
+func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, spec *callSpec, warm *warmCall, call *agentrpc.CallSpec, res *corral.CallResult) (*callEvents, error) {
+	upper := call.Dir + "/upper"
 	if spec.python != "" {
 		payload, err := e.pyPayload(spec, spec.python, spec.pyArgs)
 		if err != nil {
@@ -879,6 +917,8 @@ func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, 
 		}
 		// The boot program creates the working directory and goes there itself.
 		spec.req.Stdin, spec.req.Cwd = payload, "/"
+	} else if call.Prepare != nil {
+		call.Prepare.Dirs = []string{spec.req.Cwd}
 	} else {
 		if _, err := sb.agent.Mkdir(cctx, upper+spec.req.Cwd, agentrpc.WriteOptions{Parents: true}); err != nil && !errors.Is(err, errdefs.ErrConflict) {
 			return nil, fmt.Errorf("call in %s: working directory: %w", sb.id, err)
@@ -894,17 +934,31 @@ func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, 
 			}
 		}
 	}
-	spec.req.Call = &agentrpc.CallSpec{Dir: dir}
+	spec.req.Call = call
 	sess, err := sb.agent.Exec(ctx, spec.req)
-	if err == nil {
-		if err = startError(sess.Info()); err != nil {
-			sess.Close()
-		}
-	}
 	if err != nil {
 		return nil, err
 	}
-	return &callEvents{next: sess.Next, close: func() { sess.Close() }}, nil
+	events := &callEvents{next: sess.Next, close: func() { sess.Close() }}
+	if call.End {
+		events.callEnd = sess.CallEnd
+	}
+	if err := startError(sess.Info()); err != nil {
+		if call.End {
+			// The agent sends the exit and ends the call all the same: take what it found.
+			for ev, nerr := sess.Next(); nerr == nil; ev, nerr = sess.Next() {
+				if ev.Type == agentrpc.EventExit {
+					if ce, cerr := sess.CallEnd(); cerr == nil {
+						events.ended = &ce
+					}
+					break
+				}
+			}
+		}
+		sess.Close()
+		return events, err
+	}
+	return events, nil
 }
 
 // stageArtifact writes the artifact ref of project into a call's writable layer at dst, with its

@@ -58,6 +58,12 @@ func execCall(t testing.TB, c *agentrpc.Client, dir string, req agentrpc.ExecReq
 		t.Fatalf("exec %q in %s: %v", req.Argv, dir, err)
 	}
 	defer s.Close()
+	return readCall(t, s, req.Argv)
+}
+
+// readCall reads a call's command's events to its exit.
+func readCall(t testing.TB, s *agentrpc.Session, argv []string) callOut {
+	t.Helper()
 	out := callOut{info: s.Info()}
 	var stdout, stderr bytes.Buffer
 	for {
@@ -66,7 +72,7 @@ func execCall(t testing.TB, c *agentrpc.Client, dir string, req agentrpc.ExecReq
 			break
 		}
 		if err != nil {
-			t.Fatalf("exec %q: %v", req.Argv, err)
+			t.Fatalf("exec %q: %v", argv, err)
 		}
 		switch ev.Type {
 		case agentrpc.EventStdout:
@@ -79,9 +85,29 @@ func execCall(t testing.TB, c *agentrpc.Client, dir string, req agentrpc.ExecReq
 	}
 	out.stdout, out.stderr = stdout.String(), stderr.String()
 	if out.exit == nil {
-		t.Fatalf("exec %q: no exit", req.Argv)
+		t.Fatalf("exec %q: no exit", argv)
 	}
 	return out
+}
+
+// oneTripCall runs req as call id prepared, run and ended in one request (CallSpec.Prepare and
+// End), with dirs made in its root, and returns what it did and what the end found.
+func oneTripCall(t testing.TB, c *agentrpc.Client, id string, dirs []string, req agentrpc.ExecRequest) (callOut, agentrpc.CallEnd) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req.Call = &agentrpc.CallSpec{Prepare: &agentrpc.CallPrepare{ID: id, Size: 16 << 20, Dirs: dirs}, End: true}
+	s, err := c.Exec(ctx, req)
+	if err != nil {
+		t.Fatalf("exec %q as call %s: %v", req.Argv, id, err)
+	}
+	defer s.Close()
+	out := readCall(t, s, req.Argv)
+	ce, err := s.CallEnd()
+	if err != nil {
+		t.Fatalf("the end of call %s: %v", id, err)
+	}
+	return out, ce
 }
 
 // prepCall prepares call id with a 16 MiB tmpfs and returns its directory.
@@ -218,6 +244,53 @@ func TestCallLeavesNothing(t *testing.T) {
 	}
 	if procs := callLeftovers(e, sb); len(procs) != 0 {
 		t.Errorf("processes in the sandbox after the calls: %q, want the agent and a spare helper", procs)
+	}
+}
+
+// TestCallOneTrip: a call prepared, run and ended in one request to the agent is isolated and
+// cleaned up as one made of three (CallPrep, Exec, CallEnd), and leaves nothing for a CallEnd.
+func TestCallOneTrip(t *testing.T) {
+	e := newTestEnv(t, nil)
+	sb, c := e.callsSandbox("calls-onetrip")
+	ctx := context.Background()
+	upper := filepath.Join(sb.Dir, diskMount, "upper")
+	shCall(t, c, "warm-up", "true") // makes /.corral-calls, once
+	before := treeOf(t, upper)
+
+	out, ce := oneTripCall(t, c, "one", []string{"/work/deep"}, agentrpc.ExecRequest{Argv: []string{`
+		pwd; echo x > /root/x; (sleep 1000 &); ls -A /.corral-calls`}, Shell: true, Cwd: "/work/deep"})
+	if out.exit.Code != 0 || strings.Fields(out.stdout)[0] != "/work/deep" || len(strings.Fields(out.stdout)) != 1 {
+		t.Errorf("one-trip call: %s, want its cwd made and nothing under /.corral-calls", out)
+	}
+	if !ce.Clean {
+		t.Errorf("one-trip call's end not clean: %q", ce.Problems)
+	}
+	if _, err := c.CallEnd(ctx, "one"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("CallEnd after a one-trip call: %v, want not found (the agent ended it)", err)
+	}
+	// The id is free again, and a command that fails still ends its call.
+	out, ce = oneTripCall(t, c, "one", nil, agentrpc.ExecRequest{Argv: []string{"/nonexistent"}})
+	if out.exit.Code != 127 || !ce.Clean {
+		t.Errorf("one-trip call of a missing program: %s, end %+v; want 127 and clean", out, ce)
+	}
+	if after := treeOf(t, upper); !slices.Equal(before, after) {
+		t.Errorf("the container's writable layer changed:\nbefore %q\nafter  %q", before, after)
+	}
+	if procs := callLeftovers(e, sb); len(procs) != 0 {
+		t.Errorf("processes in the sandbox after the calls: %q", procs)
+	}
+	// Prepare and end are for exec only.
+	req := agentrpc.ExecRequest{Argv: []string{"true"}, Call: &agentrpc.CallSpec{Prepare: &agentrpc.CallPrepare{ID: "bg", Size: 1 << 20}}}
+	if _, err := c.Start(ctx, req); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("Start with a call to prepare: %v, want invalid", err)
+	}
+	// A directory outside the call's root is refused before anything is prepared.
+	req = agentrpc.ExecRequest{Argv: []string{"true"}, Call: &agentrpc.CallSpec{Prepare: &agentrpc.CallPrepare{ID: "up", Size: 1 << 20, Dirs: []string{"../../x"}}, End: true}}
+	if _, err := c.Exec(ctx, req); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("a call's directory ../../x: %v, want invalid", err)
+	}
+	if _, err := c.CallEnd(ctx, "up"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("CallEnd of the refused call: %v, want not found (never prepared)", err)
 	}
 }
 
@@ -641,6 +714,18 @@ func BenchmarkCallTrue(b *testing.B) {
 		reportLatency(b, prep, "prep-")
 		reportLatency(b, exec, "exec-")
 		reportLatency(b, end, "end-")
+	})
+	b.Run("call-one-trip", func(b *testing.B) {
+		var total []time.Duration
+		for i := 0; b.Loop(); i++ {
+			t0 := time.Now()
+			out, ce := oneTripCall(b, c, "o"+strconv.Itoa(i), nil, req)
+			if out.exit.Code != 0 || !ce.Clean {
+				b.Fatalf("call: %s, end %+v", out, ce)
+			}
+			total = append(total, time.Since(t0))
+		}
+		reportLatency(b, total, "")
 	})
 	b.Run("call-parallel", func(b *testing.B) {
 		var n sync.Mutex
