@@ -71,6 +71,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		body.rc = http.NoBody
 	}
 	sr.Body = body
+	if req.Body != nil && req.Body != http.NoBody && req.ContentLength == 0 {
+		// A client's 0 with a body means its length is unknown (net/http sends it chunked);
+		// a server's 0 means no body, which a proxy behind the handler would then drop.
+		sr.ContentLength = -1
+	}
 	pr, pw := io.Pipe()
 	w := &responseWriter{header: http.Header{}, pw: pw, ready: make(chan struct{}), body: body}
 	w.buf = bufio.NewWriterSize(pw, bufferSize)

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -210,3 +212,32 @@ type closeRecorder struct {
 }
 
 func (c *closeRecorder) Close() error { close(c.closed); return nil }
+
+// TestUnknownLengthBody: a body whose length the client does not know (ContentLength 0 with a
+// body, sent chunked over a network) reaches a handler that proxies it on, as it would through
+// a server (the cluster's server forwards requests to edges with a ReverseProxy).
+func TestUnknownLengthBody(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	}))
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }}
+	c := &http.Client{Transport: &Transport{Handler: proxy}}
+	pr, pw := io.Pipe()
+	go func() {
+		io.WriteString(pw, "hello")
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("PUT", "http://corral.test/files", pr) // a pipe: length unknown
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "hello" {
+		t.Fatalf("the upstream got %q, want the body", b)
+	}
+}
