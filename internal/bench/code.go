@@ -14,6 +14,10 @@ type CodeConfig struct {
 	Env     string // the code-interpreter environment (corral env install code-interpreter)
 	Creates int    // sandboxes created, each measured to its first run
 	Rounds  int    // runCode('1+1') round trips on one sandbox
+	// Warm, when above 0, also measures create→first runCode from a warm pool of that many
+	// sandboxes of the environment (set on the environment for the run, then restored): each
+	// create waits until the pool has a sandbox ready, so each is a claim.
+	Warm int
 }
 
 // CodeResult compares a code-interpreter sandbox's create→first run and run round trip with the
@@ -33,6 +37,13 @@ type CodeResult struct {
 	RatioRun float64 `json:"ratio_run_p50"`
 	// RatioFirst is CreateToFirst / CreateToExec at p50.
 	RatioFirst float64 `json:"ratio_create_to_first_p50"`
+	// WarmToFirst: with a warm pool (Warm), create (a claim) → the first run's result, and
+	// WarmCreate the create alone; WarmClaims counts the creates the pool served (of Creates).
+	WarmToFirst *Stats `json:"warm_create_to_first_run,omitempty"`
+	WarmCreate  *Stats `json:"warm_create,omitempty"`
+	WarmClaims  int    `json:"warm_claims,omitempty"`
+	// RatioWarmFirst is WarmToFirst / CreateToExec at p50.
+	RatioWarmFirst float64 `json:"ratio_warm_create_to_first_p50,omitempty"`
 }
 
 // Code measures a code-interpreter environment: create→first runCode result against create→first
@@ -93,5 +104,64 @@ func Code(ctx context.Context, c *corral.Client, cfg CodeConfig, log *slog.Logge
 	res.Run, res.Exec = summarise(run), summarise(exec)
 	res.RatioRun = ratio(res.Run.P50, res.Exec.P50)
 	res.RatioFirst = ratio(res.CreateToFirst.P50, res.CreateToExec.P50)
+	if cfg.Warm > 0 {
+		if err := codeWarm(ctx, c, cfg, res, log); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
+}
+
+// codeWarm measures create→first runCode with a warm pool of cfg.Warm sandboxes on cfg.Env.
+func codeWarm(ctx context.Context, c *corral.Client, cfg CodeConfig, res *CodeResult, log *slog.Logger) error {
+	env, err := c.Environment(ctx, cfg.Env)
+	if err != nil {
+		return err
+	}
+	was := env.Warm
+	if _, err := c.UpdateEnvironment(ctx, cfg.Env, corral.EnvironmentPatch{Warm: &cfg.Warm}); err != nil {
+		return fmt.Errorf("set warm %d on %s: %w", cfg.Warm, cfg.Env, err)
+	}
+	defer c.UpdateEnvironment(context.WithoutCancel(ctx), cfg.Env, corral.EnvironmentPatch{Warm: &was})
+	log.Info("measuring create → first result from a warm pool", "env", cfg.Env, "warm", cfg.Warm, "creates", cfg.Creates)
+	var first, create []time.Duration
+	for i := range cfg.Creates {
+		// A pool fills off the hot path: wait for a ready sandbox, so the create is a claim.
+		deadline := time.Now().Add(5 * time.Minute)
+		before := int64(0)
+		for {
+			e, err := c.Environment(ctx, cfg.Env)
+			if err != nil {
+				return err
+			}
+			if e.WarmReady > 0 {
+				before = e.WarmHits
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the warm pool of %s has no sandbox ready after 5m", cfg.Env)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		start := time.Now()
+		sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Environment: cfg.Env, TTL: "10m"})
+		if err != nil {
+			return fmt.Errorf("warm create %d: %w", i, err)
+		}
+		created := time.Since(start)
+		ex, err := c.RunCode(ctx, sb.ID, corral.CodeRequest{Code: "1+1"}, nil)
+		took := time.Since(start)
+		c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
+		if err != nil || ex.Text() != "2" {
+			return fmt.Errorf("first run in %s: %v %+v", sb.ID, err, ex)
+		}
+		first, create = append(first, took), append(create, created)
+		if e, err := c.Environment(ctx, cfg.Env); err == nil && e.WarmHits > before {
+			res.WarmClaims++
+		}
+	}
+	wf, wc := summarise(first), summarise(create)
+	res.WarmToFirst, res.WarmCreate = &wf, &wc
+	res.RatioWarmFirst = ratio(wf.P50, res.CreateToExec.P50)
+	return nil
 }

@@ -198,6 +198,7 @@ func (a *app) addBenchCmds(cmd *cobra.Command) {
 	codeFlags.StringVar(&codeCfg.Env, "env", "code-interpreter", "the environment (corral env install code-interpreter)")
 	codeFlags.IntVar(&codeCfg.Creates, "creates", 10, "sandboxes created for each way of getting a first result")
 	codeFlags.IntVar(&codeCfg.Rounds, "rounds", 100, "round trips each way")
+	codeFlags.IntVar(&codeCfg.Warm, "warm", 0, "also measure create→first runCode from a warm pool of this many sandboxes (0: not measured)")
 	cmd.AddCommand(codeb)
 	var volc bench.VolumesConfig
 	volumes := a.jsonBench("volumes", "Sequential and random I/O (fio) in a volume against the sandbox's writable layer, same sandbox",
