@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/store/pgtest"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -106,4 +107,39 @@ func TestNodeLeases(t *testing.T) {
 			t.Fatalf("re-register after the loss: %+v, %v", n, err)
 		}
 	})
+}
+
+// TestSweepNotHeldByAQuietSession: a node whose client took its row lock in a transaction and
+// then went quiet (an edge cut off between its SELECT ... FOR UPDATE and its COMMIT) is still
+// declared lost: PostgreSQL ends the idle session (pgIdleInTransaction) and its lock with it,
+// instead of keeping both until TCP notices the dead peer.
+func TestSweepNotHeldByAQuietSession(t *testing.T) {
+	s, err := Open(context.Background(), pgtest.NewDB(t)) // skips where PostgreSQL is missing
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if _, err := s.RegisterNode(ctx, corral.Node{Name: "edge-q", URL: "http://127.0.0.4:7071"}, -time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The quiet client: a connection of the store's own pool (so with its session settings) that
+	// locks the row and then sends nothing more, as a partitioned edge would.
+	c, err := s.db.DB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.ExecContext(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, `SELECT name FROM nodes WHERE name = 'edge-q' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	lost, _, err := s.SweepLostNodes(sctx, 0)
+	if err != nil || len(lost) != 1 || lost[0] != "edge-q" {
+		t.Fatalf("sweep with the node's row locked by a quiet session: %v, %v; want edge-q lost", lost, err)
+	}
 }

@@ -31,6 +31,8 @@ import (
 	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/placement"
 	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
@@ -406,13 +408,27 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	return s, nil
 }
 
+// pgIdleInTransaction is how long PostgreSQL keeps a session of Corral's that sits in a
+// transaction without sending its next statement before it ends the session and so releases its
+// row locks (idle_in_transaction_session_timeout; a DSN may set its own). Corral's transactions
+// are the store's own statements, sent one after another: a session idle in one that long belongs
+// to a process that is gone or cut off, say an edge partitioned between its node row's SELECT
+// FOR UPDATE and the COMMIT. Without the bound, PostgreSQL keeps that lock until TCP keepalive
+// notices the dead peer (hours by default), and every server's sweep of lost nodes waits on it,
+// so the partitioned node is never declared lost (seen in TestCluster's partition step).
+const pgIdleInTransaction = "5s"
+
 // openPostgres opens the store on a PostgreSQL database: one pool for reads and writes, since
 // PostgreSQL runs transactions side by side (those that must not, lock rows: forUpdate).
 func openPostgres(ctx context.Context, dsn string) (*Store, error) {
-	db, err := sql.Open("pgx", dsn)
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	if _, ok := cfg.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
+		cfg.RuntimeParams["idle_in_transaction_session_timeout"] = pgIdleInTransaction
+	}
+	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(16)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
