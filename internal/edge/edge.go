@@ -948,11 +948,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	}
 	undo.Push(func() { e.rt.Delete(context.WithoutCancel(ctx), rec.ID) })
 	sb := e.goLive(rec, rsb, nw)
-	undo.Push(func() {
-		e.mu.Lock()
-		delete(e.live, rec.ID)
-		e.mu.Unlock()
-	})
+	undo.Push(func() { e.dropLive(rec.ID) })
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		// The sandbox runs but the store does not say so: undo, so the two never disagree. Its
 		// record ends too (the write failed, often because the client went away and took ctx
@@ -1708,12 +1704,7 @@ func (e *Edge) endSandbox(ctx context.Context, rec *store.Sandbox, reason string
 		// out of the live set either way.
 		e.log.Error("kill the processes of an ending sandbox", "sandbox", rec.ID, "reason", reason, "err", err)
 	}
-	sb.gone = true
-	e.mu.Lock()
-	delete(e.live, rec.ID)
-	e.mu.Unlock()
-	e.flushUsage(ctx, sb, true)
-	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	e.leaveLive(ctx, sb, rec)
 	out := *rec
 	e.enqueueCleanup(cleanupJob{rec: rec, net: sb.net, unheld: sb.unheld})
 	return &out, nil
@@ -1759,12 +1750,7 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 		e.poolGone(rec)
 	}
 	rec.NetSlot = nil
-	sb.gone = true
-	e.mu.Lock()
-	delete(e.live, rec.ID)
-	e.mu.Unlock()
-	e.flushUsage(ctx, sb, true)
-	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+	e.leaveLive(ctx, sb, rec)
 	e.finish(ctx, rec, state, reason)
 	e.log.Info("sandbox stopped", "sandbox", rec.ID, "state", state, "reason", reason)
 	return nil
@@ -1952,6 +1938,22 @@ func (e *Edge) flushActivity(ctx context.Context) {
 		}
 		sb.mu.Unlock()
 	}
+}
+
+// leaveLive ends sb's life as a live sandbox (sb.mu held): marked gone, out of the live set, its
+// usage flushed and its last activity copied to rec, whose end the caller then records.
+func (e *Edge) leaveLive(ctx context.Context, sb *sandbox, rec *store.Sandbox) {
+	sb.gone = true
+	e.dropLive(rec.ID)
+	e.flushUsage(ctx, sb, true)
+	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
+}
+
+// dropLive takes sandbox id out of the live set (data-plane calls then find it gone).
+func (e *Edge) dropLive(id string) {
+	e.mu.Lock()
+	delete(e.live, id)
+	e.mu.Unlock()
 }
 
 // liveSandboxes returns a copy of the live set, for loops that must not hold e.mu.

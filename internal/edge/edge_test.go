@@ -509,6 +509,19 @@ func TestInterruptedDeleteFinishesAfterRestart(t *testing.T) {
 // TestDeleteAnswersBeforeCleanup: a delete answers with the sandbox killed, out of the live set
 // and off the quota, in state deleting; the deleted event and state stopped come when the
 // cleanup has finished.
+// holdDeletes holds every Delete of rt until the returned func is called (once; at the test's
+// end at the latest, so that a failed check does not leave Close waiting for a cleanup).
+func holdDeletes(t *testing.T, rt *fakeRuntime) func() {
+	gate := make(chan struct{})
+	rt.mu.Lock()
+	rt.deleteGate = gate
+	rt.mu.Unlock()
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return release
+}
+
 func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 	rt := newFakeRuntime()
 	e, st := newTestEdge(t, rt)
@@ -519,16 +532,7 @@ func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 	}
 	sub, _ := e.Events().Subscribe(64, time.Now(), nil)
 	defer sub.Close()
-	gate := make(chan struct{})
-	rt.mu.Lock()
-	rt.deleteGate = gate
-	rt.mu.Unlock()
-	opened := false
-	defer func() {
-		if !opened {
-			close(gate) // a failed check must not leave Close waiting for the cleanup
-		}
-	}()
+	open := holdDeletes(t, rt)
 	del, err := e.Delete(ctx, rec.ID)
 	if err != nil || del.State != corral.StateDeleting || del.Reason != corral.ReasonDeleted {
 		t.Fatalf("delete = %+v, %v; want deleting (deleted)", del, err)
@@ -556,8 +560,7 @@ func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 		t.Fatalf("event %+v before the cleanup finished", ev)
 	default:
 	}
-	close(gate)
-	opened = true
+	open()
 	if err := e.WaitCleanups(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -584,16 +587,7 @@ func TestExpiryDoesNotWaitForTeardown(t *testing.T) {
 		}
 		ids = append(ids, rec.ID)
 	}
-	gate := make(chan struct{})
-	rt.mu.Lock()
-	rt.deleteGate = gate
-	rt.mu.Unlock()
-	opened := false
-	defer func() {
-		if !opened {
-			close(gate)
-		}
-	}()
+	open := holdDeletes(t, rt)
 	deadline := time.Now().Add(10 * time.Second)
 	for _, id := range ids {
 		for {
@@ -616,8 +610,7 @@ func TestExpiryDoesNotWaitForTeardown(t *testing.T) {
 	if u, err := st.NodeUsage(ctx, "local"); err != nil || u.Sandboxes != 0 {
 		t.Fatalf("node usage with the teardowns pending = %+v, %v; want nothing counted", u, err)
 	}
-	close(gate)
-	opened = true
+	open()
 	if err := e.WaitCleanups(ctx); err != nil {
 		t.Fatal(err)
 	}

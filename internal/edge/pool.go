@@ -683,11 +683,7 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	e.mu.Lock()
 	e.live[rec.ID] = sb
 	e.mu.Unlock()
-	undo.Push(func() {
-		e.mu.Lock()
-		delete(e.live, rec.ID)
-		e.mu.Unlock()
-	})
+	undo.Push(func() { e.dropLive(rec.ID) })
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return fail(err)
 	}
