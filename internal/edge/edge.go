@@ -714,15 +714,9 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	if e.draining.Load() {
 		return fmt.Errorf("node %s is draining (corral node uncordon %s lets it take sandboxes again): %w", e.cfg.Node, e.cfg.Node, errdefs.ErrNodeFull)
 	}
-	// The admission's transaction runs to its end even when the caller goes away: PostgreSQL may
-	// apply a COMMIT whose client context has just ended, and the edge would then take the create
-	// for failed while the store holds a "creating" record that no launch owns (seen under
-	// TestFaultCluster's cut connections). Once admitted, a launch whose caller left fails at
-	// its first step and records the failure.
-	actx := context.WithoutCancel(ctx)
 	c := e.cfg.Capacity
 	if c == nil && e.cfg.Disk == nil {
-		return e.store.AdmitSandbox(actx, rec, key)
+		return e.store.AdmitSandbox(ctx, rec, key)
 	}
 	e.capMu.Lock()
 	defer e.capMu.Unlock()
@@ -742,7 +736,7 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	if err != nil {
 		return err
 	}
-	return e.store.AdmitSandbox(actx, rec, key)
+	return e.store.AdmitSandbox(ctx, rec, key)
 }
 
 // roomLocked checks that the node has room for n sandboxes of rec's limits (rec's limits are

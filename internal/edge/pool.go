@@ -634,8 +634,7 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 		put()
 		return nil, false, nil
 	}
-	// To its end even when the caller goes away, as in admitOnNode.
-	if err := e.store.AdmitSandbox(context.WithoutCancel(ctx), rec, key); err != nil {
+	if err := e.store.AdmitSandbox(ctx, rec, key); err != nil {
 		// Refused (quota, a replayed idempotency key): no sandbox was made, so no claim either.
 		p.claims.Add(-1)
 		put()

@@ -13,8 +13,9 @@ import (
 // AdmitSandboxes is AdmitSandbox for several sandboxes of one project at once (the copies of a
 // fork), all or nothing: their sum is checked against the quotas of the project and its
 // ancestors, and either every record is written or none. They take no idempotency key and
-// no volumes.
+// no volumes. Like AdmitSandbox, it runs to its end when ctx ends.
 func (s *Store) AdmitSandboxes(ctx context.Context, sbs []*Sandbox) error {
+	ctx = context.WithoutCancel(ctx)
 	if len(sbs) == 0 {
 		return nil
 	}

@@ -510,7 +510,13 @@ func (s *Store) PruneIdempotency(ctx context.Context) (int64, error) {
 // write lock, so a quota of N admits exactly N. A refusal is an *iam.QuotaError. With key, the
 // same transaction records the idempotency key; a create that raced with the same key finds it
 // taken and gets a *ReplayError naming the sandbox the other one made.
+//
+// The transaction runs to its end even when ctx ends: PostgreSQL may apply a COMMIT whose
+// client context has just ended, and the caller would take the admission for failed while a
+// "creating" record nobody owns stays behind (its delete then answers "retry" for ever). A
+// caller whose client left fails at its next step and records the failure.
 func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency) error {
+	ctx = context.WithoutCancel(ctx)
 	if sb.ProjectID == "" {
 		sb.ProjectID = RootProjectID
 	}
