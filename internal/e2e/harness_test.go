@@ -314,6 +314,33 @@ func (p *corralProc) Logs() string {
 	return p.logs.String()
 }
 
+// failureLog orders a corral up log for a failed test's output, where CI keeps only a part: the
+// errors first (a failed create's error carries the VM console's tail), then every line but the
+// debug ones, then the last lastDebug debug lines.
+func failureLog(logs string) string {
+	const lastDebug = 40
+	var errs, info, debug []string
+	for _, l := range strings.Split(strings.TrimRight(logs, "\n"), "\n") {
+		switch {
+		case strings.Contains(l, " level=ERROR "):
+			errs = append(errs, l)
+			info = append(info, l)
+		case strings.Contains(l, " level=DEBUG "):
+			debug = append(debug, l)
+		default:
+			info = append(info, l)
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- %d errors --\n%s\n", len(errs), strings.Join(errs, "\n"))
+	fmt.Fprintf(&b, "-- the log without its %d debug lines --\n%s\n", len(debug), strings.Join(info, "\n"))
+	if len(debug) > lastDebug {
+		debug = debug[len(debug)-lastDebug:]
+	}
+	fmt.Fprintf(&b, "-- its last %d debug lines --\n%s", len(debug), strings.Join(debug, "\n"))
+	return b.String()
+}
+
 // Kill9 kills corral up with SIGKILL and waits for it to be gone.
 func (p *corralProc) Kill9() {
 	p.cmd.Process.Signal(syscall.SIGKILL)
@@ -365,7 +392,7 @@ func (p *corralProc) cleanup() {
 		p.Stop()
 	}
 	if p.t.Failed() {
-		p.t.Logf("corral up log:\n%s", p.Logs())
+		p.t.Logf("corral up log:\n%s", failureLog(p.Logs()))
 	}
 	// VMs outlive corral up (a test that failed with it killed leaves them): end them.
 	vms, _ := os.ReadDir(filepath.Join(p.DataDir, "vms"))

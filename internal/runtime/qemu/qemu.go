@@ -777,7 +777,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err := r.recordAccel(ctx, st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w%s%s", id, err, r.qemuLogTail(id), r.consoleTail(id))
 	}
-	if err := r.waitAgent(ctx, st); err != nil {
+	if err := r.awaitBoot(ctx, st, upper, spec.DiskBytes); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	if key != "" && st.Template == "" {
@@ -1274,13 +1274,49 @@ func alive(st *vmState) bool {
 	return err == nil && s == st.PidStart
 }
 
+// awaitBoot waits for a new VM's agent. A boot takes seconds, even under TCG on a loaded host; a
+// cold boot (not a template's restore) whose agent has not answered in half the boot timeout is
+// taken as hung in the guest and tried once more from the start, on a new writable disk, with
+// what is left of the timeout. The first boot's console goes to the log.
+func (r *Runtime) awaitBoot(ctx context.Context, st *vmState, upper string, diskBytes int64) error {
+	if st.Template != "" {
+		return r.waitAgent(ctx, st, r.cfg.BootTimeout)
+	}
+	first := r.cfg.BootTimeout / 2
+	err := r.waitAgent(ctx, st, first)
+	if !errors.Is(err, errAgentSilent) || ctx.Err() != nil {
+		return err
+	}
+	r.log.Warn("a microvm's agent did not answer; booting it again", "sandbox", st.ID, "after", first, "console", r.consoleTail(st.ID))
+	if err := kill(ctx, st); err != nil {
+		return err
+	}
+	st.Pid, st.PidStart = 0, 0
+	if err := os.Remove(upper); err != nil {
+		return fmt.Errorf("boot again: %w", err)
+	}
+	if err := r.makeDisk(ctx, upper, diskBytes); err != nil {
+		return fmt.Errorf("boot again: %w", err)
+	}
+	if err := r.start(ctx, st, false); err != nil {
+		return fmt.Errorf("boot again: %w", err)
+	}
+	if err := r.recordAccel(ctx, st); err != nil {
+		return fmt.Errorf("boot again: %w%s%s", err, r.qemuLogTail(st.ID), r.consoleTail(st.ID))
+	}
+	return r.waitAgent(ctx, st, r.cfg.BootTimeout-first)
+}
+
+// errAgentSilent is waitAgent's error when QEMU runs but its guest's agent never answered.
+var errAgentSilent = errors.New("the VM's agent did not answer")
+
 // waitAgent waits until the agent answers through the VM's agent socket, or QEMU exits, or
-// the boot timeout passes.
-func (r *Runtime) waitAgent(ctx context.Context, st *vmState) error {
+// timeout passes (errAgentSilent).
+func (r *Runtime) waitAgent(ctx context.Context, st *vmState, timeout time.Duration) error {
 	if _, err := r.proxy(st.ID); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.BootTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	c := agentrpc.NewClient(filepath.Join(r.dir(st.ID), agentSocket))
 	for {
@@ -1294,7 +1330,7 @@ func (r *Runtime) waitAgent(ctx context.Context, st *vmState) error {
 			return fmt.Errorf("the VM stopped before its agent answered:%s%s", r.qemuLogTail(st.ID), r.consoleTail(st.ID))
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("the VM's agent did not answer within %s (last: %v):%s", r.cfg.BootTimeout, err, r.consoleTail(st.ID))
+			return fmt.Errorf("%w within %s (last: %v):%s", errAgentSilent, timeout, err, r.consoleTail(st.ID))
 		}
 		select {
 		case <-ctx.Done():
