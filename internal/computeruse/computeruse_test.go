@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/doccheck"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 func TestXKeysym(t *testing.T) {
@@ -31,7 +31,7 @@ func TestXKeysym(t *testing.T) {
 // text as one word, and ends with the display's size; bad events make no script.
 func TestInputScript(t *testing.T) {
 	down := false
-	s, err := InputScript([]corral.InputEvent{{Type: "text", Text: "it's $HOME `x`\n"}, {Type: "key", Key: "ctrl+c"}, {Type: "move", X: 1, Y: 2},
+	s, err := InputScript([]runtime.InputEvent{{Type: "text", Text: "it's $HOME `x`\n"}, {Type: "key", Key: "ctrl+c"}, {Type: "move", X: 1, Y: 2},
 		{Type: "click", X: 3, Y: 4, Button: "right", Count: 2}, {Type: "scroll", X: 5, Y: 6, Delta: -3}, {Type: "button", X: 7, Y: 8, Down: &down}})
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +48,7 @@ func TestInputScript(t *testing.T) {
 	if err := exec.Command("sh", "-n", "-c", s).Run(); err != nil {
 		t.Errorf("sh -n: %v\n%s", err, s)
 	}
-	if _, err := InputScript([]corral.InputEvent{{Type: "move"}, {Type: "key", Key: "hyper"}}); err == nil {
+	if _, err := InputScript([]runtime.InputEvent{{Type: "move"}, {Type: "key", Key: "hyper"}}); err == nil {
 		t.Error("a bad event made a script")
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // Bounds of one Input call.
@@ -130,7 +130,7 @@ func ParseCombo(combo string) ([]string, error) {
 var Buttons = map[string]string{"": "left", "left": "left", "right": "right", "middle": "middle"}
 
 // CheckInput validates a list of input events before any is sent.
-func CheckInput(events []corral.InputEvent) error {
+func CheckInput(events []runtime.InputEvent) error {
 	if len(events) == 0 {
 		return errdefs.Invalid("events", "no events")
 	}
@@ -141,7 +141,7 @@ func CheckInput(events []corral.InputEvent) error {
 	for i, e := range events {
 		field := fmt.Sprintf("events[%d]", i)
 		switch e.Type {
-		case corral.InputText:
+		case runtime.InputText:
 			text += len(e.Text)
 			if text > MaxInputText {
 				return errdefs.Invalid(field+".text", "more than %d bytes of text in one call", MaxInputText)
@@ -149,24 +149,24 @@ func CheckInput(events []corral.InputEvent) error {
 			if _, err := TextKeys(e.Text); err != nil {
 				return errdefs.Invalid(field+".text", "%v", err)
 			}
-		case corral.InputKey:
+		case runtime.InputKey:
 			if _, err := ParseCombo(e.Key); err != nil {
 				return errdefs.Invalid(field+".key", "%v", err)
 			}
-		case corral.InputMove, corral.InputClick, corral.InputScroll, corral.InputButton:
+		case runtime.InputMove, runtime.InputClick, runtime.InputScroll, runtime.InputButton:
 			if e.X < 0 || e.Y < 0 || e.X > 16384 || e.Y > 16384 {
 				return errdefs.Invalid(field, "x=%d y=%d: want 0 to 16384", e.X, e.Y)
 			}
 			if _, ok := Buttons[e.Button]; !ok {
 				return errdefs.Invalid(field+".button", "%q: want left, right or middle", e.Button)
 			}
-			if e.Type == corral.InputClick && (e.Count < 0 || e.Count > 3) {
+			if e.Type == runtime.InputClick && (e.Count < 0 || e.Count > 3) {
 				return errdefs.Invalid(field+".count", "%d: want 1 to 3 (0 is 1)", e.Count)
 			}
-			if e.Type == corral.InputScroll && (e.Delta == 0 || e.Delta < -100 || e.Delta > 100) {
+			if e.Type == runtime.InputScroll && (e.Delta == 0 || e.Delta < -100 || e.Delta > 100) {
 				return errdefs.Invalid(field+".delta", "%d: want -100 to 100 steps, not 0 (negative scrolls up)", e.Delta)
 			}
-			if e.Type == corral.InputButton && e.Down == nil {
+			if e.Type == runtime.InputButton && e.Down == nil {
 				return errdefs.Invalid(field+".down", "a button event says down (true) or up (false)")
 			}
 		default:

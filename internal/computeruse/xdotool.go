@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // An X display inside a sandbox is reached by running a script there (sh -c) as the sandbox's
@@ -91,36 +91,36 @@ const typeDelay = 8
 // InputScript returns the script that sends events, in order, to the display and then prints
 // its size ("W H", xdotool getdisplaygeometry) as its last line of output. The events are
 // checked first (CheckInput): nothing is sent when one is invalid.
-func InputScript(events []corral.InputEvent) (string, error) {
+func InputScript(events []runtime.InputEvent) (string, error) {
 	if err := CheckInput(events); err != nil {
 		return "", err
 	}
 	var b strings.Builder
 	b.WriteString(preamble)
 	b.WriteString("set -e\n")
-	at := func(e corral.InputEvent) string { return fmt.Sprintf("mousemove --sync %d %d", e.X, e.Y) }
+	at := func(e runtime.InputEvent) string { return fmt.Sprintf("mousemove --sync %d %d", e.X, e.Y) }
 	for _, e := range events {
 		b.WriteString("xdotool ")
 		switch e.Type {
-		case corral.InputText:
+		case runtime.InputText:
 			fmt.Fprintf(&b, "type --delay %d -- %s", typeDelay, shellQuote(e.Text))
-		case corral.InputKey:
+		case runtime.InputKey:
 			keys, _ := ParseCombo(e.Key)
 			for i, k := range keys {
 				keys[i] = XKeysym(k)
 			}
 			b.WriteString("key -- " + shellQuote(strings.Join(keys, "+")))
-		case corral.InputMove:
+		case runtime.InputMove:
 			b.WriteString(at(e))
-		case corral.InputClick:
+		case runtime.InputClick:
 			fmt.Fprintf(&b, "%s click --repeat %d %d", at(e), max(e.Count, 1), XButtons[e.Button])
-		case corral.InputScroll:
+		case runtime.InputScroll:
 			wheel, n := 5, e.Delta
 			if n < 0 {
 				wheel, n = 4, -n
 			}
 			fmt.Fprintf(&b, "%s click --repeat %d %d", at(e), n, wheel)
-		case corral.InputButton:
+		case runtime.InputButton:
 			op := "mouseup"
 			if *e.Down {
 				op = "mousedown"

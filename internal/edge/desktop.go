@@ -11,7 +11,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/computeruse"
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // Computer use on container and microvm sandboxes: the screen and input routes, which on the vm
@@ -94,20 +94,20 @@ func (e *Edge) desktopScreen(ctx context.Context, sb *sandbox) ([]byte, int, int
 
 // desktopInput sends events to the X display in sandbox sb; mouse coordinates are the display's
 // pixels.
-func (e *Edge) desktopInput(ctx context.Context, sb *sandbox, events []corral.InputEvent) (corral.InputResult, error) {
+func (e *Edge) desktopInput(ctx context.Context, sb *sandbox, events []runtime.InputEvent) (runtime.InputResult, error) {
 	script, err := computeruse.InputScript(events)
 	if err != nil {
-		return corral.InputResult{}, err
+		return runtime.InputResult{}, err
 	}
 	out, err := e.desktopRun(ctx, sb, "input", script)
 	if err != nil {
-		return corral.InputResult{}, err
+		return runtime.InputResult{}, err
 	}
 	w, h, err := computeruse.ParseGeometry(bytes.TrimSpace(out))
 	if err != nil {
-		return corral.InputResult{}, fmt.Errorf("input to %s: %w", sb.id, err)
+		return runtime.InputResult{}, fmt.Errorf("input to %s: %w", sb.id, err)
 	}
-	return corral.InputResult{Events: len(events), Width: w, Height: h}, nil
+	return runtime.InputResult{Events: len(events), Width: w, Height: h}, nil
 }
 
 // desktopVNC connects to the RFB server of the X display in sandbox sb (x11vnc on

@@ -115,14 +115,16 @@ func (e *Edge) Input(ctx context.Context, id string, events []corral.InputEvent)
 		return corral.InputResult{}, err
 	}
 	sb.actions.Add(1)
-	if !sb.machine {
-		return e.desktopInput(ctx, sb, events)
-	}
 	evs := make([]runtime.InputEvent, len(events))
 	for i, ev := range events {
 		evs[i] = runtime.InputEvent(ev)
 	}
-	res, err := e.machines.Input(ctx, sb.id, evs)
+	var res runtime.InputResult
+	if sb.machine {
+		res, err = e.machines.Input(ctx, sb.id, evs)
+	} else {
+		res, err = e.desktopInput(ctx, sb, evs)
+	}
 	return corral.InputResult(res), err
 }
 

@@ -14,7 +14,8 @@ const module = "github.com/corral-dev/corral"
 
 // TestImportRules keeps the seam a seam: no package outside internal/runtime/... imports a
 // backend package (they speak internal/runtime; internal/runtime/backends wires the backends),
-// no backend imports another, and the contract imports none. The backends are the packages of
+// no backend imports another, the contract imports none, and nothing under internal/runtime
+// imports the SDK (the API's wire types; the edge converts at its boundary). The backends are the packages of
 // the factories in backends.All, so a new backend is checked from its registration on.
 func TestImportRules(t *testing.T) {
 	isBackend := map[string]bool{}
@@ -40,6 +41,9 @@ func TestImportRules(t *testing.T) {
 		pkg, imports := f[0], f[1:]
 		inRuntime := strings.HasPrefix(pkg, module+"/internal/runtime/")
 		for _, imp := range imports {
+			if (pkg == module+"/internal/runtime" || inRuntime) && imp == module+"/sdk/go" {
+				t.Errorf("%s imports the SDK: the runtime speaks its own types (internal/runtime), the edge converts", pkg)
+			}
 			if !isBackend[imp] || imp == pkg {
 				continue
 			}

@@ -95,6 +95,23 @@ type InputEvent struct {
 	Down   *bool
 }
 
+// The kinds of InputEvent (InputEvent.Type), the API's.
+const (
+	InputText   = "text"   // type Text on a US keyboard layout
+	InputKey    = "key"    // press and release Key, a combination such as "ctrl+alt+t"
+	InputMove   = "move"   // move the pointer to X, Y
+	InputClick  = "click"  // click Button Count times at X, Y
+	InputScroll = "scroll" // scroll Delta steps at X, Y (negative: up)
+	InputButton = "button" // press (Down) or release Button at X, Y
+)
+
+// The actions of Machine.Power.
+const (
+	PowerOn     = "on"
+	PowerOff    = "off"
+	PowerReboot = "reboot"
+)
+
 // InputResult is what Machine.Input did: the events sent and the screen size mouse coordinates
 // were scaled against.
 type InputResult struct {

@@ -2,7 +2,7 @@ package qemu
 
 import (
 	"github.com/corral-dev/corral/internal/computeruse"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // Bounds of one Input call (computeruse's, shared with container desktops).
@@ -13,9 +13,9 @@ const (
 
 // The events' validation and key names are computeruse's: the API's key names are QEMU's
 // QKeyCodes, which sendInput passes as they are.
-func textKeys(s string) ([][]string, error)       { return computeruse.TextKeys(s) }
-func parseCombo(combo string) ([]string, error)   { return computeruse.ParseCombo(combo) }
-func checkInput(events []corral.InputEvent) error { return computeruse.CheckInput(events) }
+func textKeys(s string) ([][]string, error)        { return computeruse.TextKeys(s) }
+func parseCombo(combo string) ([]string, error)    { return computeruse.ParseCombo(combo) }
+func checkInput(events []runtime.InputEvent) error { return computeruse.CheckInput(events) }
 
 // buttons maps the API's mouse buttons to QEMU's InputButton.
 var buttons = computeruse.Buttons

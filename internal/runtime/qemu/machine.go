@@ -23,7 +23,6 @@ import (
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/vmdisk"
 	"github.com/corral-dev/corral/internal/vmguest"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // machineTCGCacheMiB is the TCG translation cache of a vm (a full distribution runs more code
@@ -457,33 +456,28 @@ type screenSize struct{ w, h int }
 // Input sends keyboard and mouse events to a vm sandbox, in order. Mouse coordinates are screen
 // pixels, scaled to the USB tablet's absolute axes against the display's current size.
 func (r *Runtime) Input(ctx context.Context, id string, events []runtime.InputEvent) (runtime.InputResult, error) {
-	evs := make([]corral.InputEvent, len(events))
-	for i, e := range events {
-		evs[i] = corral.InputEvent(e)
-	}
-	res, err := r.input(ctx, id, evs)
-	return runtime.InputResult(res), err
+	return r.input(ctx, id, events)
 }
 
-func (r *Runtime) input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
+func (r *Runtime) input(ctx context.Context, id string, events []runtime.InputEvent) (runtime.InputResult, error) {
 	if err := checkInput(events); err != nil {
-		return corral.InputResult{}, err
+		return runtime.InputResult{}, err
 	}
 	unlock := r.lock(id)
 	defer unlock()
 	if _, err := r.running(id); err != nil {
-		return corral.InputResult{}, err
+		return runtime.InputResult{}, err
 	}
 	q, err := dialQMP(ctx, filepath.Join(r.dir(id), "qmp.sock"))
 	if err != nil {
-		return corral.InputResult{}, fmt.Errorf("input to %s: %w", id, err)
+		return runtime.InputResult{}, fmt.Errorf("input to %s: %w", id, err)
 	}
 	defer q.Close()
-	res := corral.InputResult{}
+	res := runtime.InputResult{}
 	var size screenSize
 	for _, e := range events {
 		switch e.Type {
-		case corral.InputMove, corral.InputClick, corral.InputScroll, corral.InputButton:
+		case runtime.InputMove, runtime.InputClick, runtime.InputScroll, runtime.InputButton:
 			if size.w == 0 {
 				// The display's size now: a screenshot (the guest may have changed its mode).
 				png, err := r.screendump(ctx, q, id)
@@ -517,7 +511,7 @@ const (
 )
 
 // sendInput sends one event.
-func sendInput(ctx context.Context, q *qmp, e corral.InputEvent, size screenSize) error {
+func sendInput(ctx context.Context, q *qmp, e runtime.InputEvent, size screenSize) error {
 	pause := func(d time.Duration) error {
 		select {
 		case <-ctx.Done():
@@ -558,7 +552,7 @@ func sendInput(ctx context.Context, q *qmp, e corral.InputEvent, size screenSize
 		return events(map[string]any{"type": "btn", "data": map[string]any{"down": down, "button": name}})
 	}
 	switch e.Type {
-	case corral.InputText:
+	case runtime.InputText:
 		keys, err := textKeys(e.Text)
 		if err != nil {
 			return err
@@ -569,15 +563,15 @@ func sendInput(ctx context.Context, q *qmp, e corral.InputEvent, size screenSize
 			}
 		}
 		return nil
-	case corral.InputKey:
+	case runtime.InputKey:
 		keys, err := parseCombo(e.Key)
 		if err != nil {
 			return err
 		}
 		return sendKeys(keys)
-	case corral.InputMove:
+	case runtime.InputMove:
 		return move()
-	case corral.InputClick:
+	case runtime.InputClick:
 		if err := move(); err != nil {
 			return err
 		}
@@ -590,7 +584,7 @@ func sendInput(ctx context.Context, q *qmp, e corral.InputEvent, size screenSize
 			}
 		}
 		return nil
-	case corral.InputScroll:
+	case runtime.InputScroll:
 		if err := move(); err != nil {
 			return err
 		}
@@ -607,7 +601,7 @@ func sendInput(ctx context.Context, q *qmp, e corral.InputEvent, size screenSize
 			}
 		}
 		return nil
-	case corral.InputButton:
+	case runtime.InputButton:
 		if err := move(); err != nil {
 			return err
 		}
@@ -630,7 +624,7 @@ func (r *Runtime) Power(ctx context.Context, id, action string, force bool) erro
 	}
 	dir := r.dir(id)
 	switch action {
-	case corral.PowerOn:
+	case runtime.PowerOn:
 		if !st.Off && alive(st) {
 			return errdefs.Conflict("sandbox %s is already on", id)
 		}
@@ -645,7 +639,7 @@ func (r *Runtime) Power(ctx context.Context, id, action string, force bool) erro
 		}
 		r.log.Info("vm powered on", "sandbox", id, "pid", st.Pid)
 		return nil
-	case corral.PowerOff, corral.PowerReboot:
+	case runtime.PowerOff, runtime.PowerReboot:
 	default:
 		return errdefs.Invalid("action", "%q: want on, off or reboot", action)
 	}
@@ -657,7 +651,7 @@ func (r *Runtime) Power(ctx context.Context, id, action string, force bool) erro
 		return fmt.Errorf("power %s %s: %w", action, id, err)
 	}
 	defer q.Close()
-	if action == corral.PowerReboot {
+	if action == runtime.PowerReboot {
 		if err := q.run(ctx, "system_reset", nil, nil); err != nil {
 			return fmt.Errorf("reboot %s: %w", id, err)
 		}

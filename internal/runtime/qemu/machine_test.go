@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/runtime"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestMachineArgs: a vm is a q35 machine with a screen, a keyboard and a tablet, its disk a qcow2
@@ -110,12 +109,12 @@ func TestParseCombo(t *testing.T) {
 
 func TestCheckInput(t *testing.T) {
 	down := true
-	ok := []corral.InputEvent{{Type: "text", Text: "hi"}, {Type: "key", Key: "ret"}, {Type: "move", X: 1, Y: 2},
+	ok := []runtime.InputEvent{{Type: "text", Text: "hi"}, {Type: "key", Key: "ret"}, {Type: "move", X: 1, Y: 2},
 		{Type: "click", X: 3, Y: 4, Button: "right", Count: 2}, {Type: "scroll", Delta: -3}, {Type: "button", Down: &down}}
 	if err := checkInput(ok); err != nil {
 		t.Fatalf("checkInput(valid) = %v", err)
 	}
-	for _, bad := range [][]corral.InputEvent{
+	for _, bad := range [][]runtime.InputEvent{
 		nil,
 		{{Type: "jump"}},
 		{{Type: "text", Text: "ü"}},
@@ -125,7 +124,7 @@ func TestCheckInput(t *testing.T) {
 		{{Type: "scroll"}},
 		{{Type: "button"}},
 		{{Type: "text", Text: strings.Repeat("a", MaxInputText+1)}},
-		make([]corral.InputEvent, MaxInputEvents+1),
+		make([]runtime.InputEvent, MaxInputEvents+1),
 	} {
 		if err := checkInput(bad); err == nil {
 			t.Errorf("checkInput(%+v) accepted", bad)
