@@ -313,7 +313,7 @@ func popcount(m uint64) int {
 // dropCapsChild runs in a child process of TestDropCaps: it drops the capabilities and runs
 // cat /proc/self/status, as the agent would start a command.
 func dropCapsChild() {
-	if err := dropCaps(commandCaps(false)); err != nil {
+	if err := dropCaps(commandCaps(false), false); err != nil {
 		fmt.Fprintln(os.Stderr, "dropCaps:", err)
 		os.Exit(1)
 	}
