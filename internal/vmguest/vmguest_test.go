@@ -442,3 +442,19 @@ func TestIOURingRefused(t *testing.T) {
 		t.Fatalf("got:\n%s\nwant:\n%s", out, want)
 	}
 }
+
+// TestClaimHostnameInvalid: a bad name is refused before anything changes, and does not use up
+// the one claim.
+func TestClaimHostnameInvalid(t *testing.T) {
+	for _, name := range []string{"", "-x", "a b", strings.Repeat("a", 64)} {
+		if err := ClaimHostname(name); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("ClaimHostname(%q) = %v, want invalid", name, err)
+		}
+	}
+	claim.Lock()
+	done := claim.done
+	claim.Unlock()
+	if done {
+		t.Errorf("a refused name used up the claim")
+	}
+}
