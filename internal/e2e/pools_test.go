@@ -311,7 +311,8 @@ func TestWarmPoolTagMove(t *testing.T) {
 // listed nowhere and charged to no quota; a matching create claims it (boot "warm") with the
 // request's hostname, env vars, labels, TTL and egress policy, and its PID 1 no longer holds the
 // capability the pool kept for setting the hostname; a create of another shape (other memory)
-// boots a fresh VM; deleting the sandboxes and warm 0 leave no QEMU, tap, netns or cgroup.
+// boots a fresh VM; a restart removes the pooled VM of the earlier run; deleting the sandboxes
+// and warm 0 leave no QEMU, tap, netns or cgroup.
 func TestWarmPoolMicroVM(t *testing.T) {
 	needMicroVM(t)
 	needRoot(t)
@@ -347,6 +348,7 @@ func TestWarmPoolMicroVM(t *testing.T) {
 	}
 
 	// The claim: the request's project, hostname, labels, env vars, TTL and egress policy.
+	before := time.Now()
 	sb, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Environment: name, Project: "team-vm", Hostname: "agent-box",
 		Labels: map[string]string{"task": "t1"}, Env: []string{"TASK=t1"}, TTL: "20m",
 		Network: &corral.NetworkPolicy{Allow: []string{"grader"}}})
@@ -387,6 +389,26 @@ func TestWarmPoolMicroVM(t *testing.T) {
 	if m := p.metrics(); !strings.Contains(m, `corral_warm_claims_total{environment="`+name+`",runtime="qemu",networked="true",hit="true"} 1`) {
 		t.Errorf("metrics lack the pool's hit:\n%s", m)
 	}
+	// Its events are those of a fresh sandbox, and the pool made none.
+	eventually(t, 30*time.Second, "the claimed VM's created and started events", func() bool {
+		evs, err := p.Client.Events(ctx, corral.EventQuery{Since: before.Add(-time.Minute)})
+		if err != nil {
+			return false
+		}
+		defer evs.Close()
+		seen := map[string]int{}
+		for {
+			ev, err := evs.Next()
+			if err != nil {
+				break
+			}
+			seen[ev.Sandbox+" "+ev.Type]++
+			if ev.Sandbox != sb.ID && ev.Sandbox != "" {
+				t.Errorf("an event of a sandbox other than the claimed one: %+v", ev)
+			}
+		}
+		return seen[sb.ID+" "+corral.EventCreated] == 1 && seen[sb.ID+" "+corral.EventStarted] == 1
+	})
 	if _, err := p.Client.DeleteSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -411,6 +433,20 @@ func TestWarmPoolMicroVM(t *testing.T) {
 	if _, err := p.Client.DeleteSandbox(ctx, fresh.ID); err != nil {
 		t.Fatal(err)
 	}
+
+	// A restart of corral (kill -9): the pool's VM, which outlives it, is removed as an orphan,
+	// not adopted, and the pool boots a new one.
+	old := instanceQEMUPids(p)
+	if len(old) != 1 {
+		t.Fatalf("QEMU processes before the restart: %v, want the pool's one", old)
+	}
+	p.Kill9()
+	p.Restart()
+	p.warmEnv(name, "the pool to refill after the restart", func(e *corral.Environment) bool { return e.WarmReady == 1 })
+	eventually(t, time.Minute, "the earlier run's pooled VM gone", func() bool {
+		now := instanceQEMUPids(p)
+		return len(now) == 1 && now[0] != old[0]
+	})
 
 	// warm 0 drains the pool: no QEMU, no VM state, no network slot left.
 	if _, stderr, code := p.cli("", "env", "set", name, "--warm", "0"); code != 0 {
