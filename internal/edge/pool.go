@@ -91,7 +91,8 @@ type warmSandbox struct {
 	socket   string
 	net      *sandboxNet
 	services bool // its layers started services (with the pool's environment variables)
-	// accel and boot are a microvm's Accelerator and Boot ("boot" or "template"), for the log.
+	// accel is a microvm's Accelerator, recorded at its claim; boot how it started ("boot" or
+	// "template"), for the log (a claimed one reports Boot "warm").
 	accel, boot string
 }
 
