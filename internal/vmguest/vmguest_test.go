@@ -310,10 +310,11 @@ func popcount(m uint64) int {
 	return n
 }
 
-// dropCapsChild runs in a child process of TestDropCaps: it drops the capabilities and runs
-// cat /proc/self/status, as the agent would start a command.
+// dropCapsChild runs in a child process of TestDropCaps: it drops the capabilities (as a
+// claimable VM's init when VMGUEST_TEST_DROPCAPS is "claimable") and runs cat /proc/self/status,
+// as the agent would start a command, then writes its own status after a line "--self--".
 func dropCapsChild() {
-	if err := dropCaps(commandCaps(false), false); err != nil {
+	if err := dropCaps(commandCaps(false), os.Getenv("VMGUEST_TEST_DROPCAPS") == "claimable"); err != nil {
 		fmt.Fprintln(os.Stderr, "dropCaps:", err)
 		os.Exit(1)
 	}
@@ -322,12 +323,20 @@ func dropCapsChild() {
 		fmt.Fprintln(os.Stderr, "cat:", err)
 		os.Exit(1)
 	}
+	self, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "own status:", err)
+		os.Exit(1)
+	}
 	os.Stdout.Write(b)
+	os.Stdout.WriteString("--self--\n")
+	os.Stdout.Write(self)
 	os.Exit(0)
 }
 
 // TestDropCaps: after dropCaps, a command the process starts (as root) has the sandbox's
-// capabilities and no_new_privs, and the process itself keeps CAP_SYS_BOOT.
+// capabilities and no_new_privs, and the process itself keeps CAP_SYS_BOOT, and CAP_SYS_ADMIN
+// when claimable (a warm pool's VM), outside the bounding set: no command gets it.
 func TestDropCaps(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -350,26 +359,38 @@ func TestDropCaps(t *testing.T) {
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go test -c: %v\n%s", err, b)
 	}
-	cmd := exec.Command(bin, "-test.run=^$")
-	cmd.Env = append(os.Environ(), "VMGUEST_TEST_DROPCAPS=1")
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("child: %v: %s", err, ee.Stderr)
+	for _, mode := range []string{"1", "claimable"} {
+		cmd := exec.Command(bin, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "VMGUEST_TEST_DROPCAPS="+mode)
+		out, err := cmd.Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				t.Fatalf("child: %v: %s", err, ee.Stderr)
+			}
+			t.Fatal(err)
 		}
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "status")
-	os.WriteFile(path, out, 0o644)
-	got, err := readStatus(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]uint64{"CapBnd": keep, "CapEff": keep, "CapPrm": keep, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
-	for k, w := range want {
-		if got[k] != w {
-			t.Errorf("command's %s = %#x, want %#x", k, got[k], w)
+		command, self, _ := strings.Cut(string(out), "--self--\n")
+		read := func(name, text string) map[string]uint64 {
+			path := filepath.Join(t.TempDir(), name)
+			os.WriteFile(path, []byte(text), 0o644)
+			got, err := readStatus(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		got := read("command", command)
+		want := map[string]uint64{"CapBnd": keep, "CapEff": keep, "CapPrm": keep, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
+		for k, w := range want {
+			if got[k] != w {
+				t.Errorf("%s: command's %s = %#x, want %#x", mode, k, got[k], w)
+			}
+		}
+		own := read("self", self)
+		admin := own["CapEff"]&(1<<unix.CAP_SYS_ADMIN) != 0
+		if admin != (mode == "claimable") || own["CapBnd"]&(1<<unix.CAP_SYS_ADMIN) != 0 || own["CapEff"]&(1<<unix.CAP_SYS_BOOT) == 0 {
+			t.Errorf("%s: the process's own CapEff %#x, CapBnd %#x", mode, own["CapEff"], own["CapBnd"])
 		}
 	}
 }
