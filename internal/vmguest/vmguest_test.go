@@ -11,7 +11,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -26,6 +28,10 @@ import (
 func TestMain(m *testing.M) {
 	if os.Getenv("VMGUEST_TEST_DROPCAPS") != "" {
 		dropCapsChild()
+		return
+	}
+	if os.Getenv("VMGUEST_TEST_CLAIM") != "" {
+		claimChild()
 		return
 	}
 	if os.Getenv("VMGUEST_TEST_IOURING") != "" {
@@ -461,6 +467,65 @@ func TestIOURingRefused(t *testing.T) {
 	want := "self: operation not permitted\ngetpid: errno 0\nchild self: operation not permitted\ngetpid: errno 0\n"
 	if string(out) != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// claimChild runs in a child process of TestClaimHostname, in a UTS namespace of its own: it
+// drops the capabilities as a claimable VM's init, claims with hostname "claimed-box", claims
+// again, and writes the hostname, the second claim's error and its own CapEff.
+func claimChild() {
+	if err := dropCaps(commandCaps(false), true); err != nil {
+		fmt.Fprintln(os.Stderr, "dropCaps:", err)
+		os.Exit(1)
+	}
+	if err := ClaimHostname("claimed-box"); err != nil {
+		fmt.Fprintln(os.Stderr, "claim:", err)
+		os.Exit(1)
+	}
+	again := ClaimHostname("again")
+	host, _ := os.Hostname()
+	st, err := readStatus("/proc/self/status")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Printf("%s\n%v\n%x\n", host, errors.Is(again, errdefs.ErrConflict), st["CapEff"])
+	os.Exit(0)
+}
+
+// TestClaimHostname: a claimable VM's init sets the hostname once at the claim and no longer
+// holds CAP_SYS_ADMIN afterwards; a second claim is a conflict.
+func TestClaimHostname(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if testing.Short() {
+		t.Skip("builds a test binary")
+	}
+	bin := filepath.Join(t.TempDir(), "vmguest.test")
+	build := exec.Command("go", "test", "-c", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go test -c: %v\n%s", err, b)
+	}
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "VMGUEST_TEST_CLAIM=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS}
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("child: %v: %s", err, ee.Stderr)
+		}
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 3 || lines[0] != "claimed-box" || lines[1] != "true" {
+		t.Fatalf("child: %q; want the claim's hostname and a conflict for the second", out)
+	}
+	eff, err := strconv.ParseUint(lines[2], 16, 64)
+	if err != nil || eff&(1<<unix.CAP_SYS_ADMIN) != 0 || eff&(1<<unix.CAP_SYS_BOOT) == 0 {
+		t.Errorf("CapEff after the claim = %s: want CAP_SYS_BOOT kept, CAP_SYS_ADMIN gone", lines[2])
 	}
 }
 
