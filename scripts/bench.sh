@@ -98,6 +98,8 @@ if [ "${BENCH_ONLY:-desktop}" = desktop ]; then
 fi
 if [ "${BENCH_ONLY:-microvm}" = microvm ]; then
   corral bench microvm --base base:bench ${BENCH_MICROVM_ARGS:-} | tee bench-out/microvm.json
+  # Claims from a warm pool of booted VMs against booted VMs of the same shape, in turn.
+  corral bench microvm --warm --base base:bench ${BENCH_MICROVM_ARGS:-} | tee bench-out/microvm-warm.json
   # Restores from a template need a corral up with --microvm-templates: a second one, alone.
   kill "$pid" && wait "$pid" 2>/dev/null || true
   corral up --data-dir "$work/data" --listen "127.0.0.1:$port" --cgroup-parent "$cgparent" --no-net --microvm-templates >"$work/corral-templates.log" 2>&1 &

@@ -24,6 +24,9 @@ func TestGuestAgentArgs(t *testing.T) {
 		{[]string{"serve", "--bogus"}, false, "bad serve flags: flag provided but not defined"},
 		{[]string{"serve", "--retain-exited", "-1"}, false, "must not be negative"},
 		{[]string{"serve", "extra"}, false, "no arguments"},
+		// A warm pool's VM: the hostname is set at the claim; never with --calls.
+		{[]string{"serve", "--claimable"}, false, ""},
+		{[]string{"serve", "--claimable", "--calls"}, false, "without --calls"},
 	} {
 		serve, calls, err := guestAgent(tt.args)
 		switch {
@@ -32,5 +35,9 @@ func TestGuestAgentArgs(t *testing.T) {
 		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
 			t.Errorf("guestAgent(%q) = %v, want an error with %q", tt.args, err, tt.err)
 		}
+	}
+	// A vm sandbox's agent (the machine's own service) is never claimable.
+	if _, _, err := machineAgent([]string{"serve", "--claimable"}); err == nil || !strings.Contains(err.Error(), "microvm") {
+		t.Errorf("machineAgent(serve --claimable) = %v, want an error", err)
 	}
 }

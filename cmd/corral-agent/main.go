@@ -107,6 +107,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	if o.claimable {
+		fmt.Fprintf(stderr, "corral-agent: %s is for a microvm's agent (the VM's init)\n", agentrpc.ClaimableFlag)
+		return 2
+	}
 	if o.cfg.Calls && os.Getpid() != 1 {
 		fmt.Fprintln(stderr, "corral-agent: --calls needs the agent to be PID 1 of the sandbox's PID namespace")
 		return 2
@@ -136,9 +140,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 type serveOptions struct {
 	fd    int
 	stdio bool
-	cfg   agentrpc.Config
-	args  []string        // left after the flags
-	set   map[string]bool // the flags given
+	// claimable: a microvm's agent in a warm pool (agentrpc.ClaimableFlag).
+	claimable bool
+	cfg       agentrpc.Config
+	args      []string        // left after the flags
+	set       map[string]bool // the flags given
 }
 
 // errUsage is a usage error that parseServe has already reported (the flag package prints its
@@ -156,6 +162,7 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	fs.IntVar(&o.cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
 	fs.DurationVar(&o.cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
 	fs.BoolVar(&o.cfg.Calls, "calls", false, "run fncalls only: every command is a call, isolated in its own namespaces")
+	fs.BoolVar(&o.claimable, strings.TrimPrefix(agentrpc.ClaimableFlag, "--"), false, "a microvm's agent in a warm pool: its PID 1 keeps CAP_SYS_ADMIN until the claim sets the hostname")
 	if err := fs.Parse(args); err != nil {
 		return nil, errUsage
 	}
@@ -205,8 +212,15 @@ func vmAgent(args []string, machine bool) (func(context.Context, net.Listener) e
 	if machine && o.cfg.Calls {
 		return nil, false, errors.New("--calls: a vm sandbox runs no fncalls")
 	}
+	if o.claimable {
+		if machine || o.cfg.Calls {
+			return nil, false, fmt.Errorf("%s is for a microvm's agent without --calls", agentrpc.ClaimableFlag)
+		}
+		// The guest's init kept CAP_SYS_ADMIN for this, outside every command's bounding set.
+		o.cfg.SetHostname = vmguest.ClaimHostname
+	}
 	return func(ctx context.Context, ln net.Listener) error {
-		if !machine && !o.cfg.Calls && hasSysAdmin() {
+		if !machine && !o.cfg.Calls && !o.claimable && hasSysAdmin() {
 			ln.Close()
 			return errors.New("PID 1 with CAP_SYS_ADMIN: start with --calls, or every command would inherit it")
 		}

@@ -35,6 +35,8 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"serve", "--calls=x"}, 2, "", "invalid"},
 		// A calls agent must be its sandbox's init: its leftover check owns the PID namespace.
 		{[]string{"serve", "--calls"}, 2, "", "--calls needs the agent to be PID 1"},
+		// Only a microvm's init keeps CAP_SYS_ADMIN for a claim's hostname.
+		{[]string{"serve", "--claimable"}, 2, "", "--claimable is for a microvm's agent"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer

@@ -279,6 +279,13 @@ func (c *Client) Signal(ctx context.Context, id string, sig syscall.Signal) erro
 	return err
 }
 
+// SetHostname sets the sandbox's hostname: once, on a microvm's agent started with
+// ClaimableFlag (a VM of a warm pool, at its claim); any other agent refuses it (ErrInvalid).
+func (c *Client) SetHostname(ctx context.Context, name string) error {
+	_, err := c.roundTrip(ctx, &request{Op: opHostname, Hostname: name})
+	return err
+}
+
 // Resize changes the terminal size of a TTY command (ErrInvalid for a command without one).
 func (c *Client) Resize(ctx context.Context, id string, rows, cols uint16) error {
 	_, err := c.roundTrip(ctx, &request{Op: opResize, ID: id, Rows: rows, Cols: cols})

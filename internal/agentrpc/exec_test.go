@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -746,5 +747,34 @@ func TestOOMKillIsReportedFromMemoryEvents(t *testing.T) {
 	r = run(t, c, ExecRequest{Argv: []string{"sh", "-c", "kill -KILL $$"}})
 	if r.exit.OOMKilled {
 		t.Errorf("exit %+v: count did not grow, not an OOM kill", r.exit)
+	}
+}
+
+// TestSetHostname: an agent without Config.SetHostname (every one but a claimable microvm's)
+// refuses it; one with it passes the name through and returns its error.
+func TestSetHostname(t *testing.T) {
+	c, _ := startServer(t, nil)
+	ctx := testCtx(t)
+	if err := c.SetHostname(ctx, "box"); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("SetHostname on a plain agent: %v, want invalid", err)
+	}
+	var got []string
+	c, _ = startServer(t, func(cfg *Config) {
+		cfg.SetHostname = func(name string) error {
+			got = append(got, name)
+			if len(got) > 1 {
+				return errdefs.Conflict("set once")
+			}
+			return nil
+		}
+	})
+	if err := c.SetHostname(ctx, "box"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetHostname(ctx, "again"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("a second SetHostname: %v, want the hook's conflict", err)
+	}
+	if !slices.Equal(got, []string{"box", "again"}) {
+		t.Errorf("hook calls = %q", got)
 	}
 }

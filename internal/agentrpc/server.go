@@ -19,6 +19,11 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
+// ClaimableFlag is the serve flag of a microvm's agent in a warm pool (internal/edge/pool.go):
+// the guest's PID 1 keeps CAP_SYS_ADMIN, outside every command's bounding set, so that the claim
+// can set the sandbox's hostname (Client.SetHostname), after which it drops it.
+const ClaimableFlag = "--claimable"
+
 // Config configures a Server. Zero fields take the defaults documented on each.
 type Config struct {
 	// Env is the sandbox's default environment for commands (KEY=VALUE); default: the agent's own
@@ -49,6 +54,9 @@ type Config struct {
 	MemoryEvents string
 	// Version is reported by Ping.
 	Version string
+	// SetHostname, when set, serves SetHostname once: a microvm's agent started claimable
+	// (ClaimableFlag; internal/vmguest.ClaimHostname). Nil: SetHostname is refused.
+	SetHostname func(name string) error
 	// Calls makes this a calls agent (corral-agent serve --calls, see calls.go): every command
 	// must be a call, plain ones are refused. Without it, calls are refused.
 	Calls bool
@@ -402,6 +410,14 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 		return s.stream(ctx, c, cmd, req.Offset, req.Follow, false)
 	case opStdin:
 		return s.writeStdin(c, req)
+	case opHostname:
+		if s.cfg.SetHostname == nil {
+			return errdefs.Invalid("op", "this agent does not set its sandbox's hostname: only a microvm's agent started %s does, once", ClaimableFlag)
+		}
+		if err := s.cfg.SetHostname(req.Hostname); err != nil {
+			return err
+		}
+		return c.reply(reply{})
 	case opSignal:
 		if req.Signal <= 0 || req.Signal > 64 {
 			return errdefs.Invalid("signal", "%d is not a signal number", req.Signal)

@@ -80,6 +80,7 @@ const (
 	opCallPrep = "callprep"
 	opCallEnd  = "callend"
 	opDial     = "dial"
+	opHostname = "hostname"
 )
 
 // request is the payload of a request frame; Op says which other fields matter.
@@ -99,6 +100,7 @@ type request struct {
 	Recursive bool          `json:"recursive,omitempty"`
 	Size      int64         `json:"size,omitempty"` // callprep: bytes of the call's tmpfs
 	Port      int           `json:"port,omitempty"` // dial
+	Hostname  string        `json:"hostname,omitempty"`
 }
 
 // reply is the payload of a reply frame.

@@ -25,6 +25,10 @@ type MicroVMConfig struct {
 	// Templates measures only create→first exec of VMs restored from a template, against a
 	// corral up started with --microvm-templates (and boot TTI on it, for the ratio).
 	Templates bool
+	// Warm measures only create→first exec of VMs claimed from a warm pool (an environment of
+	// tier microvm with warm 1, the pool full before each sample) against booted VMs of the
+	// same shape (the tier's default limits, so MemoryMiB does not apply), sampled in turn.
+	Warm bool
 }
 
 // MicroVMResult is what one run measured. Every figure of the microvm tier has its container
@@ -54,6 +58,13 @@ type MicroVMResult struct {
 	TTITemplate         Stats   `json:"tti_microvm_template,omitzero"`
 	TTIBoot             Stats   `json:"tti_microvm_boot,omitzero"`
 	TTITemplateRatioP50 float64 `json:"tti_template_ratio_p50,omitempty"`
+
+	// TTIWarm is create→first exec of VMs claimed from a warm pool (Warm mode), TTICold that of
+	// booted VMs of the same shape sampled in turn; the ratios are warm/cold.
+	TTIWarm         Stats   `json:"tti_microvm_warm,omitzero"`
+	TTICold         Stats   `json:"tti_microvm_cold,omitzero"`
+	TTIWarmRatioP50 float64 `json:"tti_warm_ratio_p50,omitempty"`
+	TTIWarmRatioP99 float64 `json:"tti_warm_ratio_p99,omitempty"`
 
 	Idle             int     `json:"idle_microvms"`
 	IdleQEMURSSMiB   float64 `json:"idle_qemu_rss_mib_per_vm"`
@@ -102,6 +113,9 @@ func MicroVM(ctx context.Context, c *corral.Client, cfg MicroVMConfig, log *slog
 	}
 	if cfg.Templates {
 		return res, templateTTI(ctx, c, cfg, req, res, log)
+	}
+	if cfg.Warm {
+		return res, warmTTI(ctx, c, cfg, res, log)
 	}
 	for _, tier := range []string{"container", "microvm"} {
 		log.Info("create→first exec", "tier", tier, "rounds", cfg.TTIRounds)
@@ -154,6 +168,65 @@ func createToExec(ctx context.Context, c *corral.Client, req corral.CreateReques
 		}
 	}
 	return tti, nil
+}
+
+// warmTTI is the Warm mode: it saves an environment of tier microvm with warm 1 on cfg.Base,
+// then takes cfg.TTIRounds samples each of a create naming it (a claim, the pool full) and of a
+// create of a booted VM of the same shape (with the pool full again, so that its refill does not
+// compete), and deletes the environment.
+func warmTTI(ctx context.Context, c *corral.Client, cfg MicroVMConfig, res *MicroVMResult, log *slog.Logger) error {
+	env := fmt.Sprintf("bench-warm-vm-%d", os.Getpid())
+	if _, err := c.SaveEnvironment(ctx, corral.Environment{Name: env, Base: cfg.Base, Tier: "microvm", Warm: 1}); err != nil {
+		return err
+	}
+	defer c.DeleteEnvironment(context.WithoutCancel(ctx), env)
+	once := func(req corral.CreateRequest, want string) (time.Duration, error) {
+		if err := waitReady(ctx, c, env, 1, 5*time.Minute); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		sb, err := c.CreateSandbox(ctx, req)
+		if err != nil {
+			return 0, err
+		}
+		defer c.DeleteSandbox(ctx, sb.ID)
+		_, _, exit, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}})
+		if err != nil || exit == nil || exit.Code != 0 {
+			return 0, fmt.Errorf("first exec: %v %+v", err, exit)
+		}
+		d := time.Since(start)
+		if sb.Boot != want {
+			return 0, fmt.Errorf("a VM that should have been %q was %q", want, sb.Boot)
+		}
+		return d, nil
+	}
+	warm := corral.CreateRequest{Environment: env}
+	cold := corral.CreateRequest{Base: cfg.Base, Tier: "microvm"}
+	log.Info("filling the pool", "environment", env)
+	// One of each first: the layers' files and QEMU's binary in the page cache for both.
+	if _, err := once(warm, "warm"); err != nil {
+		return err
+	}
+	if _, err := once(cold, "boot"); err != nil {
+		return err
+	}
+	log.Info("create→first exec, warm and cold in turn", "rounds", cfg.TTIRounds)
+	var w, b []time.Duration
+	for range cfg.TTIRounds {
+		d, err := once(warm, "warm")
+		if err != nil {
+			return err
+		}
+		w = append(w, d)
+		if d, err = once(cold, "boot"); err != nil {
+			return err
+		}
+		b = append(b, d)
+	}
+	res.TTIWarm, res.TTICold = summarise(w), summarise(b)
+	res.TTIWarmRatioP50 = ratio(res.TTIWarm.P50, res.TTICold.P50)
+	res.TTIWarmRatioP99 = ratio(res.TTIWarm.P99, res.TTICold.P99)
+	return nil
 }
 
 func ratio(a, b float64) float64 {

@@ -175,6 +175,7 @@ func (a *app) addBenchCmds(cmd *cobra.Command) {
 	mf.IntVar(&mc.Idle, "idle", 4, "idle microVMs for the memory measure (0 skips it)")
 	mf.Int64Var(&mc.MemoryMiB, "memory-mib", 256, "memory of every sandbox (a VM's RAM), MiB")
 	mf.BoolVar(&mc.Templates, "templates", false, "measure only VMs restored from a template (against a corral up --microvm-templates)")
+	mf.BoolVar(&mc.Warm, "warm", false, "measure only create→first exec of VMs claimed from a warm pool (an environment of tier microvm, warm 1) against booted VMs of the same shape")
 	cmd.AddCommand(microvm)
 
 	var xc bench.ExclusiveConfig

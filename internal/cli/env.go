@@ -22,14 +22,15 @@ func (a *app) newEnvCmd() *cobra.Command {
 	var toolkits []string
 	var template bool
 	var warm int
-	var runtime string
+	var runtime, tier string
 	var nf netFlags
 	create := &cobra.Command{
-		Use:   "create NAME --base N:V [--workspace N:V] [--toolkit N:V]... [--microvm-template] [--warm N] [--runtime R] [--net MODE]",
+		Use:   "create NAME --base N:V [--workspace N:V] [--toolkit N:V]... [--microvm-template] [--tier T] [--warm N] [--runtime R] [--net MODE]",
 		Short: "Save a composition of layers under NAME (then: corral create --env NAME)",
 		Example: `  corral env create swe-task-17 --base debian:12 --workspace repo-17:v3 --toolkit python:latest
   corral create --env swe-task-17
-  corral env create rollout --base debian:12 --warm 16 --net allowlist   # 16 started sandboxes ready per node`,
+  corral env create rollout --base debian:12 --warm 16 --net allowlist   # 16 started sandboxes ready per node
+  corral env create vm-task --base debian:12 --tier microvm --warm 2       # 2 booted microvms ready per node`,
 		Args: exactArgs(1, "an environment NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if base == "" {
@@ -54,7 +55,7 @@ func (a *app) newEnvCmd() *cobra.Command {
 				return err
 			}
 			env, err := c.SaveEnvironment(cmd.Context(), corral.Environment{Name: args[0], Base: base, Workspace: workspace, Toolkits: toolkits, MicroVMTemplate: template,
-				Warm: warm, Runtime: runtime, Network: policy})
+				Tier: tier, Warm: warm, Runtime: runtime, Network: policy})
 			if err != nil {
 				return err
 			}
@@ -69,7 +70,8 @@ func (a *app) newEnvCmd() *cobra.Command {
 	f.StringVar(&base, "base", "", "base layer NAME:VERSION (or NAME:TAG)")
 	f.StringVar(&workspace, "workspace", "", "workspace layer NAME:VERSION")
 	f.StringArrayVar(&toolkits, "toolkit", nil, "toolkit layer NAME:VERSION, stacked in the order given (repeatable)")
-	f.IntVar(&warm, "warm", 0, "keep N started container sandboxes of the environment ready on each node: a create that matches claims one (corral env set NAME --warm N changes it)")
+	f.IntVar(&warm, "warm", 0, "keep N started sandboxes of the environment ready on each node (booted VMs for --tier microvm): a create that matches claims one (corral env set NAME --warm N changes it)")
+	f.StringVar(&tier, "tier", "", "the tier of its sandboxes when a create names none, and of its warm pool: container (default) or microvm")
 	f.StringVar(&runtime, "runtime", "", "the runtime of its sandboxes when a create names none, and of its warm pool: runc (default) or gvisor")
 	nf.add(f)
 	f.BoolVar(&template, "microvm-template", false, "start the environment's microvm sandboxes from a snapshot of a template VM of their shape (built by the first one on each node) instead of booting each")
@@ -117,8 +119,12 @@ func (a *app) newEnvCmd() *cobra.Command {
 			if a.jsonOut() {
 				return a.printJSON(e)
 			}
-			_, err = fmt.Fprintf(a.stdout, "Name:       %s\nBase:       %s\nWorkspace:  %s\nToolkits:   %s\nCreated:    %s\n",
-				e.Name, e.Base, orDash(e.Workspace), orDash(strings.Join(e.Toolkits, ", ")), formatTime(e.CreatedAt, a.now()))
+			tier := e.Tier
+			if tier == "" {
+				tier = "container"
+			}
+			_, err = fmt.Fprintf(a.stdout, "Name:       %s\nTier:       %s\nBase:       %s\nWorkspace:  %s\nToolkits:   %s\nCreated:    %s\n",
+				e.Name, tier, e.Base, orDash(e.Workspace), orDash(strings.Join(e.Toolkits, ", ")), formatTime(e.CreatedAt, a.now()))
 			if err == nil && e.Warm > 0 {
 				_, err = fmt.Fprintf(a.stdout, "Warm:       %d ready of %d (aiming at %d), %d hits of %d claims\n", e.WarmReady, e.Warm, e.WarmTarget, e.WarmHits, e.WarmClaims)
 			}

@@ -575,6 +575,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = placement.ValidateLabels("node_selector", req.NodeSelector)
 	}
+	if err == nil && req.Environment != "" && req.Tier == "" && req.Runtime == "" {
+		// The environment's tier and runtime are the create's when it names none (the edge
+		// applies them the same way): a microvm environment is placed on a node with microvms.
+		if env, gerr := s.store.GetEnvironment(r.Context(), req.Environment); gerr == nil {
+			req.Tier, req.Runtime = env.Tier, env.Runtime
+		}
+	}
 	tier := req.Tier
 	if tier == "" {
 		tier = limits.TierContainer

@@ -168,6 +168,13 @@ func TestServerWithoutEdges(t *testing.T) {
 			t.Fatalf("a read with two of three edges unreachable: %d", resp.StatusCode)
 		}
 	}
+	// A create naming only a microvm environment is placed as a microvm: no node offers one.
+	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "vmenv", Base: "base:x", Tier: "microvm", CreatedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateSandbox(ctx, corral.CreateRequest{Environment: "vmenv"}); err == nil || !strings.Contains(err.Error(), "microvm") {
+		t.Errorf("a create of a microvm environment with no microvm node: %v", err)
+	}
 }
 
 // TestBootstrapWithGivenTokens checks that tokens placed in the data dir before the first start

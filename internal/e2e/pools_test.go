@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -81,7 +82,7 @@ func TestWarmPools(t *testing.T) {
 	}
 	forRuntimes(t, func(t *testing.T, rt string) {
 		if rt == "microvm" {
-			t.Skip("warm pools are for the container tier (runc and gVisor)")
+			t.Skip("microvm pools have their own test (TestWarmPoolMicroVM): a pool of 3 VMs is too heavy here")
 		}
 		sub := *p
 		sub.t = t
@@ -304,4 +305,161 @@ func TestWarmPoolTagMove(t *testing.T) {
 	if after == nil || after.WarmHits != env.WarmHits+1 {
 		t.Errorf("the create after the refill was not a claim: %+v -> %+v", env, after)
 	}
+}
+
+// TestWarmPoolMicroVM: an environment of the microvm tier with warm 1 keeps one booted VM ready,
+// listed nowhere and charged to no quota; a matching create claims it (boot "warm") with the
+// request's hostname, env vars, labels, TTL and egress policy, and its PID 1 no longer holds the
+// capability the pool kept for setting the hostname; a create of another shape (other memory)
+// boots a fresh VM; a restart removes the pooled VM of the earlier run; deleting the sandboxes
+// and warm 0 leave no QEMU, tap, netns or cgroup.
+func TestWarmPoolMicroVM(t *testing.T) {
+	needMicroVM(t)
+	needRoot(t)
+	startInternet(t)
+	services := filepath.Join(t.TempDir(), "services.json")
+	os.WriteFile(services, []byte(`{"services": {"grader": {"addresses": ["`+inetGrader+`:80/tcp"]},
+		"github": {"addresses": ["`+inetGitHub+`:80/tcp"]}}}`), 0o644)
+	p := withBase(t, "--services", services, "--dns-upstream", inetDNS)
+	ctx := context.Background()
+	reach := func(id, addr string) bool {
+		out, _, _ := p.run(id, "/bin/sh", "-c", `printf 'GET / HTTP/1.0\r\nHost: x\r\n\r\n' | timeout 4 nc -w 2 `+addr+` 80 | tail -n 1`)
+		return strings.HasPrefix(strings.TrimSpace(out), "served by")
+	}
+	const name = "warm-vm"
+	if _, stderr, code := p.cli("", "env", "create", name, "--base", "base:test", "--tier", "microvm", "--net", "allowlist", "--warm", "1"); code != 0 {
+		t.Fatalf("corral env create --tier microvm --warm 1: %s", stderr)
+	}
+	env := p.warmEnv(name, "a booted VM in the pool", func(e *corral.Environment) bool { return e.WarmReady == 1 })
+	if env.Tier != "microvm" || env.Warm != 1 || env.Runtime != "" {
+		t.Errorf("environment = %+v", env)
+	}
+	if pids := instanceQEMUPids(p); len(pids) != 1 {
+		t.Errorf("QEMU processes with a pool of 1: %v", pids)
+	}
+	if list, err := p.Client.ListSandboxes(ctx, corral.ListOptions{State: corral.StateRunning}); err != nil || len(list) != 0 {
+		t.Errorf("sandboxes listed with only a pool: %d, %v", len(list), err)
+	}
+	if _, err := p.Client.CreateProject(ctx, "team-vm"); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := p.Client.Quota(ctx, "team-vm"); err != nil || q.Usage.Sandboxes != 0 {
+		t.Errorf("project usage with only a pool = %+v, %v", q, err)
+	}
+
+	// The claim: the request's project, hostname, labels, env vars, TTL and egress policy.
+	before := time.Now()
+	sb, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Environment: name, Project: "team-vm", Hostname: "agent-box",
+		Labels: map[string]string{"task": "t1"}, Env: []string{"TASK=t1"}, TTL: "20m",
+		Network: &corral.NetworkPolicy{Allow: []string{"grader"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Tier != "microvm" || sb.Runtime != "qemu" || sb.Boot != "warm" || sb.Project != "team-vm" || sb.Hostname != "agent-box" ||
+		sb.Labels["task"] != "t1" || sb.ExpiresAt.Sub(sb.CreatedAt) != 20*time.Minute || sb.Environment != name ||
+		sb.Network == nil || len(sb.Network.Allow) != 1 || sb.NetworkAddress == "" {
+		t.Errorf("claimed sandbox = %+v", sb)
+	}
+	env = p.warmEnv(name, "the claim counted", func(e *corral.Environment) bool { return e.WarmClaims >= 1 })
+	if env.WarmHits != 1 || env.WarmClaims != 1 || env.WarmHitRate != 1 {
+		t.Errorf("after a matching create: hits %d of %d claims (rate %g), want 1 of 1", env.WarmHits, env.WarmClaims, env.WarmHitRate)
+	}
+	if q, err := p.Client.Quota(ctx, "team-vm"); err != nil || q.Usage.Sandboxes != 1 {
+		t.Errorf("project usage after the claim = %+v, %v", q, err)
+	}
+	out := p.sh(sb.ID, `echo "$TASK $(hostname) $(cat /proc/sys/kernel/hostname)"; grep '^CapEff:' /proc/1/status`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || lines[0] != "t1 agent-box agent-box" {
+		t.Fatalf("env var and hostname in the claimed VM: %q", out)
+	}
+	// CAP_SYS_ADMIN (21) is gone from the guest's PID 1 once claimed.
+	eff, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(lines[1], "CapEff:")), 16, 64)
+	if err != nil || eff&(1<<21) != 0 {
+		t.Errorf("the claimed VM's PID 1 still holds CAP_SYS_ADMIN: %q", lines[1])
+	}
+	if _, _, exit := p.run(sb.ID, "hostname", "other"); exit == nil || exit.Code == 0 {
+		t.Errorf("a command in the claimed VM could set the hostname: %+v", exit)
+	}
+	if !reach(sb.ID, inetGrader) {
+		t.Errorf("the claim's allowed target %s is unreachable", inetGrader)
+	}
+	if reach(sb.ID, inetGitHub) {
+		t.Errorf("the claim's policy does not allow %s, yet it is reachable", inetGitHub)
+	}
+	if m := p.metrics(); !strings.Contains(m, `corral_warm_claims_total{environment="`+name+`",runtime="qemu",networked="true",hit="true"} 1`) {
+		t.Errorf("metrics lack the pool's hit:\n%s", m)
+	}
+	// Its events are those of a fresh sandbox, and the pool made none.
+	eventually(t, 30*time.Second, "the claimed VM's created and started events", func() bool {
+		evs, err := p.Client.Events(ctx, corral.EventQuery{Since: before.Add(-time.Minute)})
+		if err != nil {
+			return false
+		}
+		defer evs.Close()
+		seen := map[string]int{}
+		for {
+			ev, err := evs.Next()
+			if err != nil {
+				break
+			}
+			seen[ev.Sandbox+" "+ev.Type]++
+			if ev.Sandbox != sb.ID && ev.Sandbox != "" {
+				t.Errorf("an event of a sandbox other than the claimed one: %+v", ev)
+			}
+		}
+		return seen[sb.ID+" "+corral.EventCreated] == 1 && seen[sb.ID+" "+corral.EventStarted] == 1
+	})
+	if _, err := p.Client.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the claimed VM's QEMU gone", func() bool { return len(qemuPids(sb.ID)) == 0 })
+	p.warmEnv(name, "the pool to refill", func(e *corral.Environment) bool { return e.WarmReady == 1 })
+
+	// Another shape (limits fixed at boot): a fresh VM, and the pool keeps its own.
+	fresh, err := p.Client.CreateSandbox(ctx, corral.CreateRequest{Environment: name, Limits: corral.Limits{MemoryBytes: 256 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh.Tier != "microvm" || fresh.Boot != "boot" || fresh.Hostname != fresh.ID || fresh.Limits.MemoryBytes != 256<<20 {
+		t.Errorf("a mismatching create = %+v, want a booted microvm of 256 MiB", fresh)
+	}
+	if got := p.sh(fresh.ID, "hostname"); strings.TrimSpace(got) != fresh.ID {
+		t.Errorf("the fresh VM's hostname = %q", got)
+	}
+	env = p.warmEnv(name, "the miss counted", func(e *corral.Environment) bool { return e.WarmClaims >= 2 })
+	if env.WarmHits != 1 || env.WarmClaims != 2 || env.WarmReady != 1 {
+		t.Errorf("after a mismatching create: hits %d of %d claims, %d ready; want 1 of 2, 1", env.WarmHits, env.WarmClaims, env.WarmReady)
+	}
+	if _, err := p.Client.DeleteSandbox(ctx, fresh.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart of corral (kill -9): the pool's VM, which outlives it, is removed as an orphan,
+	// not adopted, and the pool boots a new one.
+	old := instanceQEMUPids(p)
+	if len(old) != 1 {
+		t.Fatalf("QEMU processes before the restart: %v, want the pool's one", old)
+	}
+	p.Kill9()
+	p.Restart()
+	p.warmEnv(name, "the pool to refill after the restart", func(e *corral.Environment) bool { return e.WarmReady == 1 })
+	eventually(t, time.Minute, "the earlier run's pooled VM gone", func() bool {
+		now := instanceQEMUPids(p)
+		return len(now) == 1 && now[0] != old[0]
+	})
+
+	// warm 0 drains the pool: no QEMU, no VM state, no network slot left.
+	if _, stderr, code := p.cli("", "env", "set", name, "--warm", "0"); code != 0 {
+		t.Fatalf("corral env set --warm 0: %s", stderr)
+	}
+	p.warmEnv(name, "the pool to drain", func(e *corral.Environment) bool { return e.WarmReady == 0 })
+	eventually(t, time.Minute, "nothing of the pool left", func() bool {
+		vms, _ := filepath.Glob(filepath.Join(p.DataDir, "vms", "sb-*"))
+		return len(instanceQEMUPids(p)) == 0 && len(vms) == 0 && len(p.sandboxDirs()) == 0
+	})
+	if err := p.Client.DeleteEnvironment(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	p.Stop()
+	assertNoLeftovers(t, p)
 }

@@ -13,25 +13,33 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/cleanup"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// Warm pools of container sandboxes (issue 24). An environment with Warm N keeps up to N started
-// sandboxes of its shape ready on each node: its layers, its runtime, the node's default limits,
-// and a network slot (denying everything) when its default policy is networked. A create that
+// Warm pools (issue 24). An environment with Warm N keeps up to N started sandboxes of its shape
+// ready on each node: its tier (containers, or microvms booted ahead), its layers, its runtime,
+// the tier's default limits, and a network slot (denying everything) when its default policy is
+// networked. A create that
 // names the environment and matches that shape claims one instead of starting a sandbox: the
 // claim records it (quota, idempotency) under the ID it was started with, which no API user has
 // seen, and sets what belongs to the request: project, labels, TTLs, environment variables for
 // later commands, and the egress policy, applied to its slot at the claim. Anything else (other
-// limits, a hostname, volumes, another fetch mode, network none against a networked pool) falls
-// back to a fresh create.
+// limits, a container's hostname, volumes, another fetch mode, network none against a networked
+// pool) falls back to a fresh create.
+//
+// A microvm's limits (memory, vCPUs, disk) are fixed when it boots, so they are part of the
+// match as a container's are. Its hostname is not: a pooled VM's agent is started claimable
+// (corral-agent serve --claimable), its PID 1 keeping CAP_SYS_ADMIN, outside every command's
+// bounding set, until the claim sets the sandbox's hostname through it (agentrpc SetHostname)
+// and it drops the capability for good; every claim does this, with the request's hostname or
+// the sandbox's ID, so a claimed VM holds nothing a fresh one does not.
 //
 // A pooled sandbox has no store record: it is not listed, not in the report, and charges no
 // quota until claimed; it counts against the node's capacity (admitOnNode adds pooledUsage). At
@@ -61,11 +69,20 @@ const (
 	warmIdle = 10 * time.Minute
 )
 
-// warmKey names a pool: the environment, the runtime, and whether its sandboxes are networked.
+// warmKey names a pool: the environment, the runtime (RuntimeQEMU: the microvm tier), and
+// whether its sandboxes are networked.
 type warmKey struct {
 	env       string
 	runtime   string
 	networked bool
+}
+
+// tier is the tier of the pool's sandboxes.
+func (k warmKey) tier() string {
+	if k.runtime == RuntimeQEMU {
+		return TierMicroVM
+	}
+	return TierContainer
 }
 
 // warmSandbox is a started sandbox waiting in a pool.
@@ -74,6 +91,9 @@ type warmSandbox struct {
 	socket   string
 	net      *sandboxNet
 	services bool // its layers started services (with the pool's environment variables)
+	// accel is a microvm's Accelerator, recorded at its claim; boot how it started ("boot" or
+	// "template"), for the log (a claimed one reports Boot "warm").
+	accel, boot string
 }
 
 // warmPool is one environment's pool on this node.
@@ -186,11 +206,14 @@ func newWarmState() *warmState {
 // warmKeyOf is the pool an environment keeps on this node, and ok false when it keeps none here.
 func (e *Edge) warmKeyOf(env corral.Environment) (warmKey, bool) {
 	k := warmKey{env: env.Name, runtime: env.Runtime}
-	if k.runtime == "" {
+	switch {
+	case env.Tier == TierMicroVM:
+		k.runtime = RuntimeQEMU
+	case k.runtime == "":
 		k.runtime = RuntimeRunc
 	}
-	if k.runtime == RuntimeGVisor {
-		if err := e.rt.Available(RuntimeGVisor); err != nil {
+	if k.runtime != RuntimeRunc {
+		if err := e.rt.Available(k.runtime); err != nil {
 			return k, false
 		}
 	}
@@ -334,7 +357,7 @@ func (e *Edge) runWarm(ctx context.Context, p *warmPool) {
 				e.deleteWarm(surplus)
 				continue
 			}
-			if have >= target || e.warmNoRoom() {
+			if have >= target || e.warmNoRoom(p.key.tier()) {
 				break
 			}
 			took, err := e.fillWarm(ctx, p)
@@ -405,9 +428,9 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// warmNoRoom says the node is near its capacity (90% of any bound) or draining: pools do not
-// grow then.
-func (e *Edge) warmNoRoom() bool {
+// warmNoRoom says the node is near its capacity (90% of any bound, counting one more sandbox of
+// tier's default limits) or draining: pools do not grow then.
+func (e *Edge) warmNoRoom(tier string) bool {
 	if e.draining.Load() {
 		return true
 	}
@@ -424,8 +447,8 @@ func (e *Edge) warmNoRoom() bool {
 		return true
 	}
 	used = e.withPooled(used)
-	// A pool's sandboxes are containers of the default limits (its create names none).
-	b, _ := e.policy.Bounds(limits.TierContainer)
+	// A pool's sandboxes have their tier's default limits (its create names none).
+	b, _ := e.policy.Bounds(tier)
 	def := b.Default
 	near := func(u, add, c float64) bool { return c > 0 && u+add > 0.9*c }
 	return near(float64(used.Sandboxes), 1, float64(c.Sandboxes)) || near(used.CPUs, def.CPUs, c.CPUs) ||
@@ -490,7 +513,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	p.mu.Lock()
 	env := p.env
 	p.mu.Unlock()
-	req := corral.CreateRequest{Environment: env.Name, Project: env.Project, Runtime: p.key.runtime,
+	req := corral.CreateRequest{Environment: env.Name, Project: env.Project, Tier: p.key.tier(), Runtime: p.key.runtime,
 		Network: &corral.NetworkPolicy{Mode: corral.NetworkNone}}
 	if p.key.networked {
 		// Networked, denying everything until a claim applies the create's policy.
@@ -523,25 +546,35 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	var undo cleanup.Stack
 	defer undo.Unwind()
 	undo.Push(func() { e.releaseLayers(rec, nil) })
-	env0 := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}, rec.Env...)
 	var nw *sandboxNet
-	var netnsPath, resolv string
+	var resolv string
 	if adm.net.Mode != corral.NetworkNone {
 		if nw, resolv, err = e.attachNetwork(ctx, rec, adm.net); err != nil {
 			return 0, err
 		}
 		undo.Push(func() { e.detachNetwork(rec.ID, nw) })
-		netnsPath = nw.slot.Netns
 	}
-	spec := e.runtimeSpec(rec, lower, env0, false)
-	spec.Netns, spec.ResolvConf = netnsPath, resolv
+	spec, err := e.launchSpec(ctx, adm, lower, nw, resolv, false, e.log.With("sandbox", rec.ID, "environment", p.key.env))
+	if err != nil {
+		return 0, err
+	}
+	if rec.Tier == TierMicroVM {
+		// The claim sets the hostname through the agent (see the package comment).
+		spec.AgentArgs = append(spec.AgentArgs, agentrpc.ClaimableFlag)
+	}
 	rsb, err := e.rt.Create(ctx, spec)
 	if err != nil {
 		return 0, err
 	}
 	// From here on the sandbox is the pool's: deleteWarm gives back all it holds.
 	undo.Release()
-	w := &warmSandbox{rec: rec, socket: rsb.AgentSocket, net: nw, services: len(adm.services) > 0}
+	w := &warmSandbox{rec: rec, socket: rsb.AgentSocket, net: nw, services: len(adm.services) > 0, accel: rsb.Accelerator}
+	if rec.Tier == TierMicroVM {
+		w.boot = "boot"
+		if rsb.Template != "" {
+			w.boot = "template"
+		}
+	}
 	e.countPooled(rec.Limits, 1)
 	if w.services {
 		e.startServices(ctx, newSandbox(rec, rsb.AgentSocket), rec, adm.services)
@@ -557,7 +590,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		return 0, ctx.Err()
 	}
 	took := time.Since(start)
-	e.log.Debug("warm sandbox ready", "environment", p.key.env, "sandbox", rec.ID, "took", took)
+	e.log.Debug("warm sandbox ready", "environment", p.key.env, "sandbox", rec.ID, "tier", rec.Tier, "boot", w.boot, "took", took)
 	return took, nil
 }
 
@@ -628,7 +661,10 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	}
 	// The sandbox becomes the request's: the ID (and default hostname) it was started with,
 	// which nobody has seen, its network slot, and everything else from the request.
-	rec.ID, rec.Hostname = w.rec.ID, w.rec.Hostname
+	rec.ID = w.rec.ID
+	if req.Hostname == "" {
+		rec.Hostname = w.rec.ID
+	}
 	rec.NetSlot, rec.NetworkAddress = w.rec.NetSlot, w.rec.NetworkAddress
 	if e.draining.Load() {
 		put()
@@ -674,6 +710,14 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	}
 	sb := newSandbox(rec, w.socket)
 	sb.net = w.net
+	if rec.Tier == TierMicroVM {
+		// The request's hostname, or its ID, which it booted with; either way the agent's PID 1
+		// drops the capability it kept for this (see the package comment).
+		if err := sb.agent.SetHostname(ctx, rec.Hostname); err != nil {
+			return fail(fmt.Errorf("set the hostname: %w", err))
+		}
+		rec.Accelerator, rec.Boot = w.accel, "warm"
+	}
 	// The agent started with the image's environment; the request's is added to each command's
 	// (the request's win, as at a fresh create).
 	sb.env = slices.Clip(req.Env)
@@ -699,7 +743,7 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 // list on the way.
 func (e *Edge) takeWarm(req corral.CreateRequest, adm *admission) (p *warmPool, w *warmSandbox) {
 	rec := adm.rec
-	if rec.Tier != TierContainer || req.Environment == "" {
+	if (rec.Tier != TierContainer && rec.Tier != TierMicroVM) || req.Environment == "" {
 		return nil, nil
 	}
 	k := warmKey{env: req.Environment, runtime: rec.Runtime, networked: adm.net.Mode != corral.NetworkNone}
@@ -723,7 +767,9 @@ func (e *Edge) takeWarm(req corral.CreateRequest, adm *admission) (p *warmPool, 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.claimedLocked(time.Now())
-	if req.Hostname != "" || len(req.Volumes) > 0 {
+	// A container's hostname is its UTS namespace's, set by the runtime; a microvm's is set at
+	// the claim.
+	if (req.Hostname != "" && rec.Tier == TierContainer) || len(req.Volumes) > 0 {
 		return p, nil
 	}
 	for i := 0; i < len(p.ready) && w == nil; i++ {
@@ -797,8 +843,19 @@ func (e *Edge) writeWarmMetrics(b *strings.Builder) {
 	}
 }
 
-// checkEnvironmentDefaults validates an environment's runtime, network and pool size.
+// checkEnvironmentDefaults validates an environment's tier, runtime, network and pool size.
 func (e *Edge) checkEnvironmentDefaults(env *corral.Environment) error {
+	switch env.Tier {
+	case "", TierContainer:
+		env.Tier = "" // the default, recorded as none
+	case TierMicroVM:
+		if env.Runtime != "" && env.Runtime != RuntimeQEMU {
+			return errdefs.Invalid("runtime", "%q: microvm sandboxes run on %q; runtime is for the container tier", env.Runtime, RuntimeQEMU)
+		}
+		env.Runtime = ""
+	default:
+		return errdefs.Invalid("tier", "%q: want %q or %q", env.Tier, TierContainer, TierMicroVM)
+	}
 	switch env.Runtime {
 	case "", RuntimeRunc, RuntimeGVisor:
 	default:
@@ -845,15 +902,18 @@ func (e *Edge) DeleteEnvironment(ctx context.Context, name string) error {
 	return nil
 }
 
-// withEnvDefaults fills a create's runtime and network from its environment's defaults when it
-// names none. A missing environment is left to admit to refuse.
+// withEnvDefaults fills a create's tier, runtime and network from its environment's defaults
+// when it names none. A missing environment is left to admit to refuse.
 func (e *Edge) withEnvDefaults(ctx context.Context, req corral.CreateRequest) corral.CreateRequest {
-	if req.Environment == "" || (req.Runtime != "" && req.Network != nil) {
+	if req.Environment == "" || (req.Tier != "" && req.Runtime != "" && req.Network != nil) {
 		return req
 	}
 	env, err := e.store.GetEnvironment(ctx, req.Environment)
 	if err != nil {
 		return req
+	}
+	if req.Tier == "" && req.Runtime == "" {
+		req.Tier = env.Tier
 	}
 	if req.Runtime == "" && (req.Tier == "" || req.Tier == TierContainer) {
 		req.Runtime = env.Runtime

@@ -1,9 +1,12 @@
 package edge
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -65,5 +68,59 @@ func TestWarmUsesDigest(t *testing.T) {
 	p.filling, p.ready, p.stale = nil, nil, nil
 	if w.usesDigest("sha256:a") {
 		t.Error("an emptied pool still holds sha256:a")
+	}
+}
+
+// TestEnvironmentTier: an environment's tier is container (recorded as none) or microvm, whose
+// runtime is QEMU's (none recorded); its pool is of runtime qemu, and only where the node offers
+// microvms; a create naming only the environment takes its tier.
+func TestEnvironmentTier(t *testing.T) {
+	e, st := newTestEdge(t, newFakeRuntime())
+	for _, tc := range []struct {
+		tier, runtime string
+		wantTier      string
+		bad           string // the invalid field; "" for accepted
+	}{
+		{"", "", "", ""},
+		{"container", "gvisor", "", ""},
+		{"microvm", "", "microvm", ""},
+		{"microvm", "qemu", "microvm", ""},
+		{"microvm", "runc", "", "runtime"},
+		{"vm", "", "", "tier"},
+		{"fncall", "", "", "tier"},
+	} {
+		env := corral.Environment{Name: "x", Base: "base:1", Tier: tc.tier, Runtime: tc.runtime}
+		err := e.checkEnvironmentDefaults(&env)
+		if tc.bad != "" {
+			if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != tc.bad {
+				t.Errorf("tier %q runtime %q: %v, want invalid %s", tc.tier, tc.runtime, err, tc.bad)
+			}
+			continue
+		}
+		if err != nil || env.Tier != tc.wantTier || (tc.tier == "microvm" && env.Runtime != "") {
+			t.Errorf("tier %q runtime %q: %+v, %v", tc.tier, tc.runtime, env, err)
+		}
+	}
+	// The fake runtime offers runc only: no microvm pool here.
+	if _, ok := e.warmKeyOf(corral.Environment{Name: "vm", Tier: TierMicroVM, Warm: 1}); ok {
+		t.Errorf("a microvm pool on a node without QEMU")
+	}
+	if k, ok := e.warmKeyOf(corral.Environment{Name: "c", Warm: 1}); !ok || k.runtime != RuntimeRunc || k.tier() != TierContainer {
+		t.Errorf("container pool key = %+v, %v", k, ok)
+	}
+	if k := (warmKey{runtime: RuntimeQEMU}); k.tier() != TierMicroVM {
+		t.Errorf("a qemu pool's tier = %s", k.tier())
+	}
+	ctx := context.Background()
+	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "vmenv", Base: "base:1", Tier: TierMicroVM}); err != nil {
+		t.Fatal(err)
+	}
+	if req := e.withEnvDefaults(ctx, corral.CreateRequest{Environment: "vmenv"}); req.Tier != TierMicroVM || req.Runtime != "" {
+		t.Errorf("a create naming a microvm environment: tier %q runtime %q", req.Tier, req.Runtime)
+	}
+	for _, req := range []corral.CreateRequest{{Environment: "vmenv", Tier: TierContainer}, {Environment: "vmenv", Runtime: RuntimeGVisor}} {
+		if got := e.withEnvDefaults(ctx, req); got.Tier != req.Tier {
+			t.Errorf("%+v: the request's own tier or runtime lost to the environment's: %+v", req, got)
+		}
 	}
 }

@@ -1248,7 +1248,7 @@ func (s *Store) putEnvironment(ctx context.Context, env corral.Environment, repl
 				env.Warm = got.Warm
 			}
 			same := got.Base == env.Base && got.Workspace == env.Workspace && slices.Equal(got.Toolkits, env.Toolkits) && got.MicroVMTemplate == env.MicroVMTemplate &&
-				got.Runtime == env.Runtime && reflect.DeepEqual(got.Network, env.Network)
+				got.Tier == env.Tier && got.Runtime == env.Runtime && reflect.DeepEqual(got.Network, env.Network)
 			if !same && replace {
 				b, err := json.Marshal(env)
 				if err != nil {

@@ -11,7 +11,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -26,6 +28,10 @@ import (
 func TestMain(m *testing.M) {
 	if os.Getenv("VMGUEST_TEST_DROPCAPS") != "" {
 		dropCapsChild()
+		return
+	}
+	if os.Getenv("VMGUEST_TEST_CLAIM") != "" {
+		claimChild()
 		return
 	}
 	if os.Getenv("VMGUEST_TEST_IOURING") != "" {
@@ -310,10 +316,11 @@ func popcount(m uint64) int {
 	return n
 }
 
-// dropCapsChild runs in a child process of TestDropCaps: it drops the capabilities and runs
-// cat /proc/self/status, as the agent would start a command.
+// dropCapsChild runs in a child process of TestDropCaps: it drops the capabilities (as a
+// claimable VM's init when VMGUEST_TEST_DROPCAPS is "claimable") and runs cat /proc/self/status,
+// as the agent would start a command, then writes its own status after a line "--self--".
 func dropCapsChild() {
-	if err := dropCaps(commandCaps(false)); err != nil {
+	if err := dropCaps(commandCaps(false), os.Getenv("VMGUEST_TEST_DROPCAPS") == "claimable"); err != nil {
 		fmt.Fprintln(os.Stderr, "dropCaps:", err)
 		os.Exit(1)
 	}
@@ -322,12 +329,20 @@ func dropCapsChild() {
 		fmt.Fprintln(os.Stderr, "cat:", err)
 		os.Exit(1)
 	}
+	self, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "own status:", err)
+		os.Exit(1)
+	}
 	os.Stdout.Write(b)
+	os.Stdout.WriteString("--self--\n")
+	os.Stdout.Write(self)
 	os.Exit(0)
 }
 
 // TestDropCaps: after dropCaps, a command the process starts (as root) has the sandbox's
-// capabilities and no_new_privs, and the process itself keeps CAP_SYS_BOOT.
+// capabilities and no_new_privs, and the process itself keeps CAP_SYS_BOOT, and CAP_SYS_ADMIN
+// when claimable (a warm pool's VM), outside the bounding set: no command gets it.
 func TestDropCaps(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -350,26 +365,38 @@ func TestDropCaps(t *testing.T) {
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go test -c: %v\n%s", err, b)
 	}
-	cmd := exec.Command(bin, "-test.run=^$")
-	cmd.Env = append(os.Environ(), "VMGUEST_TEST_DROPCAPS=1")
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("child: %v: %s", err, ee.Stderr)
+	for _, mode := range []string{"1", "claimable"} {
+		cmd := exec.Command(bin, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "VMGUEST_TEST_DROPCAPS="+mode)
+		out, err := cmd.Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				t.Fatalf("child: %v: %s", err, ee.Stderr)
+			}
+			t.Fatal(err)
 		}
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "status")
-	os.WriteFile(path, out, 0o644)
-	got, err := readStatus(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]uint64{"CapBnd": keep, "CapEff": keep, "CapPrm": keep, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
-	for k, w := range want {
-		if got[k] != w {
-			t.Errorf("command's %s = %#x, want %#x", k, got[k], w)
+		command, self, _ := strings.Cut(string(out), "--self--\n")
+		read := func(name, text string) map[string]uint64 {
+			path := filepath.Join(t.TempDir(), name)
+			os.WriteFile(path, []byte(text), 0o644)
+			got, err := readStatus(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		got := read("command", command)
+		want := map[string]uint64{"CapBnd": keep, "CapEff": keep, "CapPrm": keep, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
+		for k, w := range want {
+			if got[k] != w {
+				t.Errorf("%s: command's %s = %#x, want %#x", mode, k, got[k], w)
+			}
+		}
+		own := read("self", self)
+		admin := own["CapEff"]&(1<<unix.CAP_SYS_ADMIN) != 0
+		if admin != (mode == "claimable") || own["CapBnd"]&(1<<unix.CAP_SYS_ADMIN) != 0 || own["CapEff"]&(1<<unix.CAP_SYS_BOOT) == 0 {
+			t.Errorf("%s: the process's own CapEff %#x, CapBnd %#x", mode, own["CapEff"], own["CapBnd"])
 		}
 	}
 }
@@ -440,5 +467,80 @@ func TestIOURingRefused(t *testing.T) {
 	want := "self: operation not permitted\ngetpid: errno 0\nchild self: operation not permitted\ngetpid: errno 0\n"
 	if string(out) != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// claimChild runs in a child process of TestClaimHostname, in a UTS namespace of its own: it
+// drops the capabilities as a claimable VM's init, claims with hostname "claimed-box", claims
+// again, and writes the hostname, the second claim's error and its own CapEff.
+func claimChild() {
+	if err := dropCaps(commandCaps(false), true); err != nil {
+		fmt.Fprintln(os.Stderr, "dropCaps:", err)
+		os.Exit(1)
+	}
+	if err := ClaimHostname("claimed-box"); err != nil {
+		fmt.Fprintln(os.Stderr, "claim:", err)
+		os.Exit(1)
+	}
+	again := ClaimHostname("again")
+	host, _ := os.Hostname()
+	st, err := readStatus("/proc/self/status")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Printf("%s\n%v\n%x\n", host, errors.Is(again, errdefs.ErrConflict), st["CapEff"])
+	os.Exit(0)
+}
+
+// TestClaimHostname: a claimable VM's init sets the hostname once at the claim and no longer
+// holds CAP_SYS_ADMIN afterwards; a second claim is a conflict.
+func TestClaimHostname(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	if testing.Short() {
+		t.Skip("builds a test binary")
+	}
+	bin := filepath.Join(t.TempDir(), "vmguest.test")
+	build := exec.Command("go", "test", "-c", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go test -c: %v\n%s", err, b)
+	}
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "VMGUEST_TEST_CLAIM=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS}
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("child: %v: %s", err, ee.Stderr)
+		}
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 3 || lines[0] != "claimed-box" || lines[1] != "true" {
+		t.Fatalf("child: %q; want the claim's hostname and a conflict for the second", out)
+	}
+	eff, err := strconv.ParseUint(lines[2], 16, 64)
+	if err != nil || eff&(1<<unix.CAP_SYS_ADMIN) != 0 || eff&(1<<unix.CAP_SYS_BOOT) == 0 {
+		t.Errorf("CapEff after the claim = %s: want CAP_SYS_BOOT kept, CAP_SYS_ADMIN gone", lines[2])
+	}
+}
+
+// TestClaimHostnameInvalid: a bad name is refused before anything changes, and does not use up
+// the one claim.
+func TestClaimHostnameInvalid(t *testing.T) {
+	for _, name := range []string{"", "-x", "a b", strings.Repeat("a", 64)} {
+		if err := ClaimHostname(name); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("ClaimHostname(%q) = %v, want invalid", name, err)
+		}
+	}
+	claim.Lock()
+	done := claim.done
+	claim.Unlock()
+	if done {
+		t.Errorf("a refused name used up the claim")
 	}
 }

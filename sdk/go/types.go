@@ -137,8 +137,9 @@ type Sandbox struct {
 	// Accelerator runs a microvm sandbox: "kvm", or "tcg" (QEMU's software emulation, several
 	// times slower) where KVM cannot boot the guest.
 	Accelerator string `json:"accelerator,omitempty"`
-	// Boot says how a microvm sandbox started: "boot" (its kernel booted) or "template"
-	// (restored from a snapshot of a template VM of its shape; corral up --microvm-templates).
+	// Boot says how a microvm sandbox started: "boot" (its kernel booted), "template"
+	// (restored from a snapshot of a template VM of its shape; corral up --microvm-templates), or
+	// "warm" (claimed from its environment's warm pool, booted ahead).
 	Boot string `json:"boot,omitempty"`
 	// Image is a vm sandbox's disk image layer (NAME:VERSION).
 	Image     LayerRef          `json:"image,omitempty"`
@@ -509,6 +510,9 @@ type Environment struct {
 	// MicroVMTemplate starts the environment's microvm sandboxes from a snapshot of a template
 	// VM of their shape, built by the first of them on each node, instead of booting each.
 	MicroVMTemplate bool `json:"microvm_template,omitempty"`
+	// Tier is the tier of the environment's sandboxes when a create names none, and the tier of
+	// its warm pool: "container" (empty: container) or "microvm".
+	Tier string `json:"tier,omitempty"`
 	// Runtime is the container runtime of the environment's sandboxes when a create names none
 	// ("runc" or "gvisor"; empty: runc), and the runtime of its warm pool.
 	Runtime string `json:"runtime,omitempty"`
@@ -516,8 +520,8 @@ type Environment struct {
 	// warm pool's sandboxes are networked when its mode is not none; a claim applies the
 	// create's own policy.
 	Network *NetworkPolicy `json:"network,omitempty"`
-	// Warm keeps up to this many started container sandboxes of the environment ready on each
-	// node (at most 256; 0: none). A create naming the environment whose request matches the
+	// Warm keeps up to this many started sandboxes of the environment ready on each node (at
+	// most 256; 0: none): containers, or booted VMs when its tier is microvm. A create naming the environment whose request matches the
 	// pool's shape claims one instead of starting a sandbox; PATCH /v1/environments/{name}
 	// changes it. The pool shrinks towards 1 (0 after 10 minutes without claims) when demand is
 	// lower.

@@ -92,7 +92,7 @@ func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
 		// As on the real server: saving the same composition again is idempotent (and sets the
 		// pool size); another composition under the name is a conflict.
 		same := old.Base == env.Base && old.Workspace == env.Workspace && slices.Equal(old.Toolkits, env.Toolkits) &&
-			old.MicroVMTemplate == env.MicroVMTemplate && old.Runtime == env.Runtime && reflect.DeepEqual(old.Network, env.Network)
+			old.MicroVMTemplate == env.MicroVMTemplate && old.Tier == env.Tier && old.Runtime == env.Runtime && reflect.DeepEqual(old.Network, env.Network)
 		if !same || old.Project != project {
 			fail(w, conflict("environment %s exists with another composition; delete it first or use another name", env.Name))
 			return

@@ -413,9 +413,9 @@ def gc_layers() -> Call:
 
 def save_environment(name: str, base: str, workspace: str, toolkits: Sequence[str],
                      microvm_template: bool, warm: int = 0, runtime: str = "",
-                     network: Optional[Dict[str, Any]] = None) -> Call:
+                     network: Optional[Dict[str, Any]] = None, tier: str = "") -> Call:
     body = _drop_empty({"name": name, "base": base, "workspace": workspace,
-                        "toolkits": list(toolkits), "runtime": runtime})
+                        "toolkits": list(toolkits), "runtime": runtime, "tier": tier})
     if microvm_template:
         body["microvm_template"] = True
     if warm:

@@ -982,10 +982,12 @@ class AsyncCorral:
                                toolkits: Sequence[str] = (),
                                microvm_template: bool = False, *, warm: int = 0,
                                runtime: str = "",
-                               network: Optional[Dict[str, Any]] = None) -> Environment:
+                               network: Optional[Dict[str, Any]] = None,
+                               tier: str = "") -> Environment:
         """Save a named composition of layers (see :meth:`corral.Corral.save_environment`)."""
         return await self._do(_api.save_environment(name, base, workspace, toolkits,
-                                                    microvm_template, warm, runtime, network))
+                                                    microvm_template, warm, runtime, network,
+                                                    tier))
 
     async def set_environment_warm(self, name: str, warm: int) -> Environment:
         """Change a saved environment's warm pool size (0 drains it)."""

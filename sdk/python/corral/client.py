@@ -949,14 +949,15 @@ class Corral:
     def save_environment(self, name: str, base: str, workspace: str = "",
                          toolkits: Sequence[str] = (), microvm_template: bool = False, *,
                          warm: int = 0, runtime: str = "",
-                         network: Optional[Dict[str, Any]] = None) -> Environment:
+                         network: Optional[Dict[str, Any]] = None,
+                         tier: str = "") -> Environment:
         """Save a named composition of layers; ``create(environment=name)`` uses it.
 
-        ``runtime`` and ``network`` (a policy dict) are the defaults of its sandboxes; ``warm``
-        keeps that many started container sandboxes ready on each node, claimed by creates that
-        match their shape."""
+        ``tier`` ("container" or "microvm"), ``runtime`` and ``network`` (a policy dict) are the
+        defaults of its sandboxes; ``warm`` keeps that many started sandboxes (booted VMs for
+        the microvm tier) ready on each node, claimed by creates that match their shape."""
         return self._do(_api.save_environment(name, base, workspace, toolkits, microvm_template,
-                                              warm, runtime, network))
+                                              warm, runtime, network, tier))
 
     def set_environment_warm(self, name: str, warm: int) -> Environment:
         """Change a saved environment's warm pool size (0 drains it)."""

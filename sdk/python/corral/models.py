@@ -373,6 +373,8 @@ class Environment(Model):
 
     project: str = ""
     microvm_template: bool = False
+    #: The tier of its sandboxes when a create names none, and of its warm pool ("" : container).
+    tier: str = ""
     runtime: str = ""
     network: Optional[NetworkPolicy] = None
     warm: int = 0
