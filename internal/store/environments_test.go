@@ -72,3 +72,26 @@ func TestEnvironmentWarm(t *testing.T) {
 		}
 	})
 }
+
+// TestEnvironmentRebuild: a build's ReplaceEnvironment replaces the composition and keeps what is
+// no part of it: the pool size, the tier and the runtime.
+func TestEnvironmentRebuild(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		env := corral.Environment{Name: "vm", Base: "b:1", Tier: "microvm", Runtime: "qemu", Warm: 2, CreatedAt: time.Now().UTC()}
+		if _, err := s.PutEnvironment(ctx, env); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.ReplaceEnvironment(ctx, corral.Environment{Name: "vm", Base: "b:2", CreatedAt: time.Now().UTC()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Base != "b:2" || got.Warm != 2 || got.Tier != "microvm" || got.Runtime != "qemu" {
+			t.Errorf("rebuilt environment = %+v, want base b:2 with warm 2, tier microvm, runtime qemu", got)
+		}
+		if saved, err := s.GetEnvironment(ctx, "vm"); err != nil || saved.Base != "b:2" || saved.Tier != "microvm" {
+			t.Errorf("saved after the rebuild: %+v, %v", saved, err)
+		}
+	})
+}

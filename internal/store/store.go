@@ -1244,8 +1244,9 @@ func (s *Store) putEnvironment(ctx context.Context, env corral.Environment, repl
 				return err
 			}
 			if replace {
-				// A rebuild keeps the pool size: it is no part of the composition.
-				env.Warm = got.Warm
+				// A rebuild keeps the pool size and where the environment runs (tier, runtime):
+				// they are no part of the composition.
+				env.Warm, env.Tier, env.Runtime = got.Warm, got.Tier, got.Runtime
 			}
 			same := got.Base == env.Base && got.Workspace == env.Workspace && slices.Equal(got.Toolkits, env.Toolkits) && got.MicroVMTemplate == env.MicroVMTemplate &&
 				got.Tier == env.Tier && got.Runtime == env.Runtime && reflect.DeepEqual(got.Network, env.Network)
