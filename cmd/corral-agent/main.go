@@ -205,6 +205,10 @@ func vmAgent(args []string, machine bool) (func(context.Context, net.Listener) e
 	if machine && o.cfg.Calls {
 		return nil, false, errors.New("--calls: a vm sandbox runs no fncalls")
 	}
+	if !machine {
+		// A fork's copy of this microvm has the host give it its own address and hostname.
+		o.cfg.ForkIdentity = vmguest.ApplyForkIdentity
+	}
 	return func(ctx context.Context, ln net.Listener) error {
 		if !machine && !o.cfg.Calls && hasSysAdmin() {
 			ln.Close()

@@ -80,6 +80,9 @@ const (
 	opCallPrep = "callprep"
 	opCallEnd  = "callend"
 	opDial     = "dial"
+	// opForkIdentity gives a microvm restored from another's memory (a fork's copy) its own
+	// network address, hostname and entropy (forkidentity.go).
+	opForkIdentity = "forkidentity"
 )
 
 // request is the payload of a request frame; Op says which other fields matter.
@@ -99,6 +102,8 @@ type request struct {
 	Recursive bool          `json:"recursive,omitempty"`
 	Size      int64         `json:"size,omitempty"` // callprep: bytes of the call's tmpfs
 	Port      int           `json:"port,omitempty"` // dial
+	// Identity is forkidentity's: what the copy of a forked VM takes on.
+	Identity *ForkIdentity `json:"identity,omitempty"`
 }
 
 // reply is the payload of a reply frame.

@@ -35,8 +35,9 @@ const initOnlyCaps = 1 << unix.CAP_SYS_BOOT
 // which is what makes commands as privileged as a container's processes and no more:
 //   - every other capability leaves the bounding set, so no execve (as root, of a setuid or a
 //     file-capability binary) can bring it back;
-//   - the effective and permitted sets become the commands' set plus initOnlyCaps, the
-//     inheritable and ambient sets empty;
+//   - the effective set becomes the commands' set plus initOnlyCaps, the permitted set that
+//     plus forkCaps (raised on one thread by ApplyForkIdentity alone), the inheritable and
+//     ambient sets empty;
 //   - no_new_privs is set, as runc sets it for a container's processes.
 //
 // Capabilities and no_new_privs are per thread: this runs on every thread of the Go runtime at
@@ -63,9 +64,10 @@ func dropCaps(keep uint64) error {
 		}
 	}
 	set := (keep | initOnlyCaps) & held
+	prm := (set | forkCaps) & held
 	*data = [2]unix.CapUserData{
-		{Effective: uint32(set), Permitted: uint32(set)},
-		{Effective: uint32(set >> 32), Permitted: uint32(set >> 32)},
+		{Effective: uint32(set), Permitted: uint32(prm)},
+		{Effective: uint32(set >> 32), Permitted: uint32(prm >> 32)},
 	}
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
 		return fmt.Errorf("set capabilities: %w", e)
@@ -74,18 +76,18 @@ func dropCaps(keep uint64) error {
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
 		return fmt.Errorf("set no_new_privs: %w", e)
 	}
-	return checkCaps("/proc/self/task", bnd, set)
+	return checkCaps("/proc/self/task", bnd, set, prm)
 }
 
 // checkCaps reads the status of every thread under taskDir (/proc/self/task) and fails unless
-// each has bounding set bnd, effective and permitted sets set, empty inheritable and ambient
-// sets, and no_new_privs.
-func checkCaps(taskDir string, bnd, set uint64) error {
+// each has bounding set bnd, effective set set and permitted set prm, empty inheritable and
+// ambient sets, and no_new_privs.
+func checkCaps(taskDir string, bnd, set, prm uint64) error {
 	ents, err := os.ReadDir(taskDir)
 	if err != nil {
 		return fmt.Errorf("check capabilities: %w", err)
 	}
-	want := map[string]uint64{"CapBnd": bnd, "CapEff": set, "CapPrm": set, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
+	want := map[string]uint64{"CapBnd": bnd, "CapEff": set, "CapPrm": prm, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
 	for _, e := range ents {
 		got, err := readStatus(filepath.Join(taskDir, e.Name(), "status"))
 		if err != nil {
