@@ -93,6 +93,11 @@ func testFork(t *testing.T, rt string) {
 	}
 
 	if rt == "microvm" {
+		for _, c := range copies {
+			if c.Boot != "fork" {
+				t.Errorf("copy %s: boot %q, want fork", c.ID, c.Boot)
+			}
+		}
 		// Its own hostname and its own network: the copy's traffic leaves through its own
 		// namespace (a blocked attempt is counted for it) from its own address.
 		for _, c := range copies {
