@@ -168,6 +168,11 @@ func testFork(t *testing.T, rt string) {
 	}
 	after := p.readCount(src.ID)
 	eventually(t, 30*time.Second, "the source to go on counting", func() bool { return p.readCount(src.ID) > after+3 })
+	// Its disk takes writes again (a microvm's was inactivated by the migration, and cont
+	// activates it again: a write to an inactive disk would abort its QEMU).
+	if out := p.sh(src.ID, "echo after > /root/after && sync && cat /root/after"); out != "after\n" {
+		t.Fatalf("the source after the fork: a synced write gives %q", out)
+	}
 
 	// Copies do not share a random stream: the first bytes each reads from /dev/urandom differ.
 	rnd := map[string]bool{}
