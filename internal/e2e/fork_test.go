@@ -109,9 +109,14 @@ func testFork(t *testing.T, rt string) {
 				t.Fatalf("copy %s: eth0 keeps more than its own address, or the source's route: %q", c.ID, out)
 			}
 			p.sh(c.ID, "nc -w 2 203.0.113.9 80 </dev/null; true")
-			eventually(t, 10*time.Second, "copy "+c.ID+"'s blocked attempt to be counted", func() bool {
+			// The edge's resolver, at the copy's gateway (its resolv.conf rewritten), knows a
+			// sandbox by its source address: a refused name counted for the copy came from its own.
+			if out := p.sh(c.ID, "nslookup fork-check.test 2>&1; true"); strings.Contains(out, "timed out") {
+				t.Fatalf("copy %s: no answer from its resolver: %q", c.ID, out)
+			}
+			eventually(t, 10*time.Second, "copy "+c.ID+"'s blocked attempt and refused name to be counted", func() bool {
 				g, err := p.Client.GetSandbox(ctx, c.ID)
-				return err == nil && g.Egress != nil && g.Egress.BlockedTotal > 0
+				return err == nil && g.Egress != nil && g.Egress.BlockedTotal > 0 && g.Egress.Blocked["dns_refused"] > 0
 			})
 			t.Logf("copy %s: address %s", c.ID, got.NetworkAddress)
 		}
