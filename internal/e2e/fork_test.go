@@ -236,13 +236,13 @@ func assertNoForkImages(t *testing.T, p *corralProc) {
 }
 
 // testForkMicroVMDiskOnly: a disk-only fork of a microvm boots a new VM on a copy of its disk:
-// the source's files are there (synced before the fork), its processes are not, the copy has
-// its own hostname, and writes stay on their side.
+// the source's files are there (the fork syncs the guest first), its processes are not, the
+// copy has its own hostname, and writes stay on their side.
 func testForkMicroVMDiskOnly(t *testing.T) {
 	p := withBaseOn(t, "microvm")
 	ctx := context.Background()
 	src := p.create(corral.CreateRequest{})
-	p.sh(src.ID, "echo before > /root/file; sync")
+	p.sh(src.ID, "echo before > /root/file")
 	if _, err := p.Client.StartCommand(ctx, src.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "sleep 1000"}}); err != nil {
 		t.Fatal(err)
 	}

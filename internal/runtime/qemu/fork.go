@@ -29,9 +29,10 @@ import (
 // its vCPUs stand still, so the disk holds what the memory's page cache expects. QEMU flushed
 // the disk when the migration inactivated it; "cont" activates it again and lets the source
 // run on: it stops for the save and one sparse copy of its disk (a reflink where the host
-// filesystem has them). A disk-only image (ForkOptions.DiskOnly) is the disk copy alone, taken
-// while the vCPUs are stopped: what the guest had written by then, as after a power cut (its
-// ext4 journal recovers it).
+// filesystem has them). A disk-only image (ForkOptions.DiskOnly) is the disk copy alone: the
+// guest is asked to sync (syncGuest), then the disk is copied while the vCPUs are stopped, so
+// it holds what the guest had written by then (what it wrote during the sync is there as after
+// a power cut: ext4's journal recovers it).
 //
 // Each Create from a memory image copies the disk again into the new VM's directory, starts a
 // QEMU of the same command line as the source's (the same kernel, initramfs, memory, vCPUs and
@@ -111,6 +112,9 @@ func (r *Runtime) Fork(ctx context.Context, id string, opts runtime.ForkOptions)
 	if fi, err := os.Stat(upper); err == nil {
 		img.DiskBytes = fi.Size()
 	}
+	if opts.DiskOnly {
+		r.syncGuest(ctx, id)
+	}
 	q, err := dialQMP(ctx, filepath.Join(dir, "qmp.sock"))
 	if err != nil {
 		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
@@ -143,6 +147,30 @@ func (r *Runtime) Fork(ctx context.Context, id string, opts runtime.ForkOptions)
 	}
 	r.log.Debug("fork image taken", "sandbox", id, "memory", img.Memory, "stopped", img.Stopped)
 	return img, nil
+}
+
+// syncGuest has the guest write what its page cache holds to its disks (sync(1) through the
+// agent) before a disk-only image is taken, which has no memory to keep it: the copies then
+// boot on everything written before the fork. Best effort: an image without sync, or a guest
+// that takes longer than 10 s, leaves the disk as after a power cut (ext4's journal recovers it).
+func (r *Runtime) syncGuest(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := agentrpc.NewClient(filepath.Join(r.dir(id), agentSocket)).Exec(ctx, agentrpc.ExecRequest{Argv: []string{"sync"}, Timeout: 10 * time.Second})
+	if err != nil {
+		r.log.Warn("sync a microvm's guest before a disk-only fork", "sandbox", id, "err", err)
+		return
+	}
+	defer s.Close()
+	for {
+		ev, err := s.Next()
+		if err != nil || ev.Exit != nil {
+			if ev.Exit != nil && ev.Exit.Error != "" {
+				r.log.Warn("sync a microvm's guest before a disk-only fork", "sandbox", id, "err", ev.Exit.Error)
+			}
+			return
+		}
+	}
 }
 
 // DropFork removes what Fork took. VMs created from it are not affected.
