@@ -70,6 +70,11 @@ func testFork(t *testing.T, rt string) {
 		t.Fatalf("fork: %v", err)
 	}
 	t.Logf("fork of 2 copies took %v", time.Since(start))
+	for _, l := range strings.Split(p.Logs(), "\n") {
+		if strings.Contains(l, `msg="sandbox forked"`) {
+			t.Logf("corral: %s", l) // with how long the source stood (source_stopped)
+		}
+	}
 	if len(copies) != 2 {
 		t.Fatalf("fork made %d copies, want 2", len(copies))
 	}
