@@ -162,7 +162,7 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	fs.IntVar(&o.cfg.RetainExited, "retain-exited", 0, "exited commands kept for re-attach (default 64)")
 	fs.DurationVar(&o.cfg.RetainFor, "retain-for", 0, "how long an exited command is kept for re-attach (default 10m)")
 	fs.BoolVar(&o.cfg.Calls, "calls", false, "run fncalls only: every command is a call, isolated in its own namespaces")
-	fs.BoolVar(&o.claimable, strings.TrimPrefix(agentrpc.ClaimableFlag, "--"), false, "a microvm's agent in a warm pool: its PID 1 keeps CAP_SYS_ADMIN until the claim sets the hostname")
+	fs.BoolVar(&o.claimable, strings.TrimPrefix(agentrpc.ClaimableFlag, "--"), false, "a microvm's agent in a warm pool: its claim sets the hostname (once)")
 	if err := fs.Parse(args); err != nil {
 		return nil, errUsage
 	}
@@ -216,11 +216,17 @@ func vmAgent(args []string, machine bool) (func(context.Context, net.Listener) e
 		if machine || o.cfg.Calls {
 			return nil, false, fmt.Errorf("%s is for a microvm's agent without --calls", agentrpc.ClaimableFlag)
 		}
-		// The guest's init kept CAP_SYS_ADMIN for this, outside every command's bounding set.
+		// The hostname is set once, at the claim, with CAP_SYS_ADMIN raised on a thread of its
+		// own: the guest's init keeps it in PID 1's permitted set alone, outside every command's
+		// bounding set.
 		o.cfg.SetHostname = vmguest.ClaimHostname
 	}
+	if !machine {
+		// A fork's copy of this microvm has the host give it its own address and hostname.
+		o.cfg.ForkIdentity = vmguest.ApplyForkIdentity
+	}
 	return func(ctx context.Context, ln net.Listener) error {
-		if !machine && !o.cfg.Calls && !o.claimable && hasSysAdmin() {
+		if !machine && !o.cfg.Calls && hasSysAdmin() {
 			ln.Close()
 			return errors.New("PID 1 with CAP_SYS_ADMIN: start with --calls, or every command would inherit it")
 		}

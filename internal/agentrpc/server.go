@@ -72,6 +72,9 @@ type Config struct {
 	MaxWatches   int
 	MaxWatchDirs int
 	WatchQueue   int
+	// ForkIdentity applies a ForkIdentity (the forkidentity operation): set by a microvm's
+	// agent, whose guest it reconfigures; nil refuses the operation.
+	ForkIdentity func(context.Context, ForkIdentity) error
 }
 
 func (c *Config) setDefaults() {
@@ -503,6 +506,11 @@ func (s *Server) dispatch(ctx context.Context, c *conn, req *request) error {
 		return c.reply(reply{CallEnd: &ce})
 	case opDial:
 		return s.dialPort(ctx, c, req.Port)
+	case opForkIdentity:
+		if err := s.forkIdentity(ctx, req.Identity); err != nil {
+			return err
+		}
+		return c.reply(reply{})
 	}
 	return errdefs.Invalid("op", "unknown operation %q", req.Op)
 }

@@ -81,6 +81,9 @@ const (
 	opCallEnd  = "callend"
 	opDial     = "dial"
 	opHostname = "hostname"
+	// opForkIdentity gives a microvm restored from another's memory (a fork's copy) its own
+	// network address, hostname and entropy (forkidentity.go).
+	opForkIdentity = "forkidentity"
 )
 
 // request is the payload of a request frame; Op says which other fields matter.
@@ -101,6 +104,8 @@ type request struct {
 	Size      int64         `json:"size,omitempty"` // callprep: bytes of the call's tmpfs
 	Port      int           `json:"port,omitempty"` // dial
 	Hostname  string        `json:"hostname,omitempty"`
+	// Identity is forkidentity's: what the copy of a forked VM takes on.
+	Identity *ForkIdentity `json:"identity,omitempty"`
 }
 
 // reply is the payload of a reply frame.

@@ -17,7 +17,7 @@ import (
 // ForkConfig sizes a fork benchmark run.
 type ForkConfig struct {
 	Base    string
-	Runtime string // of the source and the creates: "gvisor" (memory and processes) or "runc" (disk only)
+	Runtime string // of the source and the creates: "gvisor" or "microvm" (memory and processes), or "runc" (disk only)
 	HeldMiB int    // anonymous memory the source's process holds
 	Counts  []int  // copies per fork, one measure each
 	Rounds  int    // forks (and as many batches of creates) per count
@@ -55,8 +55,11 @@ type ForkResult struct {
 func Fork(ctx context.Context, c *corral.Client, cfg ForkConfig, log *slog.Logger) (*ForkResult, error) {
 	res := &ForkResult{Date: time.Now().UTC().Format(time.RFC3339), Runtime: cfg.Runtime, HeldMiB: cfg.HeldMiB}
 	mem := int64(cfg.HeldMiB)*3<<20 + 256<<20
-	limits := corral.Limits{MemoryBytes: mem}
-	src, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: cfg.Base, Runtime: cfg.Runtime, Limits: limits})
+	create := corral.CreateRequest{Base: cfg.Base, Runtime: cfg.Runtime, Limits: corral.Limits{MemoryBytes: mem}}
+	if cfg.Runtime == "microvm" {
+		create.Tier, create.Runtime = "microvm", ""
+	}
+	src, err := c.CreateSandbox(ctx, create)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +99,7 @@ func Fork(ctx context.Context, c *corral.Client, cfg ForkConfig, log *slog.Logge
 
 			log.Info("measuring creates from scratch", "count", n, "round", round)
 			start = time.Now()
-			ids, err = createAll(ctx, c, n, corral.CreateRequest{Base: cfg.Base, Runtime: cfg.Runtime, Limits: limits})
+			ids, err = createAll(ctx, c, n, create)
 			if err == nil {
 				err = execAll(ctx, c, ids)
 			}
@@ -108,7 +111,7 @@ func Fork(ctx context.Context, c *corral.Client, cfg ForkConfig, log *slog.Logge
 
 			log.Info("measuring creates that rebuild the state", "count", n, "round", round)
 			start = time.Now()
-			ids, err = createAll(ctx, c, n, corral.CreateRequest{Base: cfg.Base, Runtime: cfg.Runtime, Limits: limits})
+			ids, err = createAll(ctx, c, n, create)
 			if err == nil {
 				err = holdAll(ctx, c, ids, hold)
 			}

@@ -62,7 +62,7 @@ func (a *app) addFeatureBenchCmds(cmd *cobra.Command) {
 		})
 	fkf := fork.Flags()
 	fkf.StringVar(&fkc.Base, "base", "base:default", "base layer NAME:VERSION")
-	fkf.StringVar(&fkc.Runtime, "runtime", "gvisor", "runtime of the source and the creates: gvisor (memory and processes) or runc (disk only)")
+	fkf.StringVar(&fkc.Runtime, "runtime", "gvisor", "runtime of the source and the creates: gvisor or microvm (memory and processes), or runc (disk only)")
 	fkf.IntVar(&fkc.HeldMiB, "held-mib", 256, "anonymous memory the source's process holds")
 	fkf.IntSliceVar(&fkc.Counts, "counts", []int{1, 8}, "copies per fork, one measure each")
 	fkf.IntVar(&fkc.Rounds, "rounds", 5, "forks (and batches of creates) per count")

@@ -16,8 +16,9 @@ func (a *app) newForkCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "fork ID [--count N] [--label K=V]... [--disk-only] [--ttl D]",
 		Short: "Copy a running sandbox into N sandboxes that go on from its state now",
-		Long: `Fork makes N sandboxes that continue from the sandbox's state at this moment: on gVisor its
-memory, running processes and disk; with --disk-only (the only fork a runc sandbox has) its disk
+		Long: `Fork makes N sandboxes that continue from the sandbox's state at this moment: on gVisor and
+microvm its memory, running processes and disk (a microvm's copies get their own address and
+hostname); with --disk-only (the only fork a runc sandbox has) its disk
 alone, the copies' processes starting afresh. Each copy then diverges on its own; the source runs
 on after a brief stop. Copies count against quotas like creates, all or nothing.`,
 		Example: `  corral fork sb-local-0123456789abcdef --count 8 --label branch=search

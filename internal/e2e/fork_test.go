@@ -28,14 +28,15 @@ func (p *corralProc) readCount(id string) int {
 
 // TestFork: a fork's copies go on from the source's state (a counting process keeps counting
 // from where it was, files are there) and diverge; the source runs on; forked_from and labels
-// are set; runc forks its disk only, and refuses a fork of its processes; deletes leave nothing.
+// are set; runc forks its disk only, and refuses a fork of its processes; a microvm's copies
+// get their own hostname and address, and its disk-only fork boots fresh VMs on copies of the
+// disk; deletes leave nothing.
 func TestFork(t *testing.T) {
 	forRuntimes(t, func(t *testing.T, rt string) {
-		if rt == "microvm" {
-			testForkMicroVMRefused(t)
-			return
-		}
 		testFork(t, rt)
+		if rt == "microvm" {
+			t.Run("disk-only", testForkMicroVMDiskOnly)
+		}
 	})
 }
 
@@ -69,6 +70,11 @@ func testFork(t *testing.T, rt string) {
 		t.Fatalf("fork: %v", err)
 	}
 	t.Logf("fork of 2 copies took %v", time.Since(start))
+	for _, l := range strings.Split(p.Logs(), "\n") {
+		if strings.Contains(l, `msg="sandbox forked"`) {
+			t.Logf("corral: %s", l) // with how long the source stood (source_stopped)
+		}
+	}
 	if len(copies) != 2 {
 		t.Fatalf("fork made %d copies, want 2", len(copies))
 	}
@@ -91,7 +97,39 @@ func testFork(t *testing.T, rt string) {
 		}
 	}
 
-	if rt == "gvisor" {
+	if rt == "microvm" {
+		for _, c := range copies {
+			if c.Boot != "fork" {
+				t.Errorf("copy %s: boot %q, want fork", c.ID, c.Boot)
+			}
+		}
+		// Its own hostname and its own network: the copy's traffic leaves through its own
+		// namespace (a blocked attempt is counted for it) from its own address.
+		for _, c := range copies {
+			if out := p.sh(c.ID, "hostname"); out != c.ID+"\n" {
+				t.Fatalf("copy %s: hostname %q, want its ID", c.ID, out)
+			}
+			got, _ := p.Client.GetSandbox(ctx, c.ID)
+			if out := p.sh(c.ID, "ip -4 addr show eth0 | grep -c inet; ip route | grep default"); !strings.HasPrefix(out, "1\n") || strings.Contains(out, src.NetworkAddress) {
+				t.Fatalf("copy %s: eth0 keeps more than its own address, or the source's route: %q", c.ID, out)
+			}
+			p.sh(c.ID, "nc -w 2 203.0.113.9 80 </dev/null; true")
+			// The edge's resolver, at the copy's gateway (its resolv.conf rewritten), knows a
+			// sandbox by its source address: a refused name counted for the copy came from its own.
+			if out := p.sh(c.ID, "nslookup fork-check.test 2>&1; true"); strings.Contains(out, "timed out") {
+				t.Fatalf("copy %s: no answer from its resolver: %q", c.ID, out)
+			}
+			eventually(t, 10*time.Second, "copy "+c.ID+"'s blocked attempt and refused name to be counted", func() bool {
+				g, err := p.Client.GetSandbox(ctx, c.ID)
+				return err == nil && g.Egress != nil && g.Egress.BlockedTotal > 0 && g.Egress.Blocked["dns_refused"] > 0
+			})
+			t.Logf("copy %s: address %s", c.ID, got.NetworkAddress)
+		}
+		if out := p.sh(src.ID, "hostname"); out != src.ID+"\n" {
+			t.Fatalf("the source's hostname changed: %q", out)
+		}
+	}
+	if rt != "runc" {
 		// The counting process goes on in each copy from where it was.
 		for _, c := range copies {
 			first := p.readCount(c.ID)
@@ -140,6 +178,11 @@ func testFork(t *testing.T, rt string) {
 	}
 	after := p.readCount(src.ID)
 	eventually(t, 30*time.Second, "the source to go on counting", func() bool { return p.readCount(src.ID) > after+3 })
+	// Its disk takes writes again (a microvm's was inactivated by the migration, and cont
+	// activates it again: a write to an inactive disk would abort its QEMU).
+	if out := p.sh(src.ID, "echo after > /root/after && sync && cat /root/after"); out != "after\n" {
+		t.Fatalf("the source after the fork: a synced write gives %q", out)
+	}
 
 	// Copies do not share a random stream: the first bytes each reads from /dev/urandom differ.
 	rnd := map[string]bool{}
@@ -182,25 +225,52 @@ func testFork(t *testing.T, rt string) {
 			t.Fatal(err)
 		}
 	}
-	if ents, _ := os.ReadDir(filepath.Join(p.DataDir, "sandboxes", ".forks")); len(ents) > 0 {
-		t.Errorf("fork images left behind: %d", len(ents))
-	}
+	assertNoForkImages(t, p)
 	p.Stop()
 	assertNoLeftovers(t, p)
 }
 
-// testForkMicroVMRefused: forking microVMs is not built yet: a clear 409 that makes nothing.
-func testForkMicroVMRefused(t *testing.T) {
+// assertNoForkImages fails if a fork image is left in the runtimes' state directories.
+func assertNoForkImages(t *testing.T, p *corralProc) {
+	t.Helper()
+	for _, d := range []string{"sandboxes", "vms"} {
+		if ents, _ := os.ReadDir(filepath.Join(p.DataDir, d, ".forks")); len(ents) > 0 {
+			t.Errorf("fork images left behind in %s: %d", d, len(ents))
+		}
+	}
+}
+
+// testForkMicroVMDiskOnly: a disk-only fork of a microvm boots a new VM on a copy of its disk:
+// the source's files are there (the fork syncs the guest first), its processes are not, the
+// copy has its own hostname, and writes stay on their side.
+func testForkMicroVMDiskOnly(t *testing.T) {
 	p := withBaseOn(t, "microvm")
 	ctx := context.Background()
 	src := p.create(corral.CreateRequest{})
-	_, err := p.Client.Fork(ctx, src.ID, corral.ForkRequest{Count: 2})
-	if !corral.IsConflict(err) || !strings.Contains(err.Error(), "microvm") {
-		t.Fatalf("fork of a microvm: %v, want a 409 naming microvm", err)
+	p.sh(src.ID, "echo before > /root/file")
+	if _, err := p.Client.StartCommand(ctx, src.ID, corral.ExecRequest{Argv: []string{"/bin/sh", "-c", "sleep 1000"}}); err != nil {
+		t.Fatal(err)
 	}
-	if list, _ := p.Client.ListSandboxes(ctx, corral.ListOptions{}); len(list) != 1 {
-		t.Fatalf("a refused fork left sandboxes: %d listed", len(list))
+	copies, err := p.Client.Fork(ctx, src.ID, corral.ForkRequest{Count: 1, DiskOnly: true})
+	if err != nil {
+		t.Fatalf("disk-only fork: %v", err)
 	}
+	c := copies[0]
+	if out := p.sh(c.ID, "cat /root/file; hostname; pidof sleep || echo none"); out != "before\n"+c.ID+"\nnone\n" {
+		t.Fatalf("copy %s: %q; want the source's file, its own hostname and no sleep", c.ID, out)
+	}
+	p.sh(c.ID, "echo copy > /root/own")
+	if out := p.sh(src.ID, "cat /root/own 2>/dev/null || echo none; echo after > /root/file2; cat /root/file2"); out != "none\nafter\n" {
+		t.Fatalf("the source after a disk-only fork: %q", out)
+	}
+	for _, id := range []string{src.ID, c.ID} {
+		if _, err := p.Client.DeleteSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertNoForkImages(t, p)
+	p.Stop()
+	assertNoLeftovers(t, p)
 }
 
 // TestForkBadInput: a fork with a bad count, a bad label or an unknown source is a 4xx that makes

@@ -942,6 +942,9 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	}
 	undo.Push(func() { e.rt.Delete(context.WithoutCancel(ctx), rec.ID) })
 	sb := e.goLive(rec, rsb, nw)
+	if rec.Tier == TierMicroVM && adm.fork != nil && adm.fork.Memory {
+		rec.Boot = "fork"
+	}
 	undo.Push(func() { e.dropLive(rec.ID) })
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		// The sandbox runs but the store does not say so: undo, so the two never disagree. Its

@@ -19,16 +19,19 @@ import (
 
 // Fork. A fork makes N sandboxes (copies) that go on from a running sandbox's state at the
 // moment of the fork, each diverging on its own afterwards; the source runs on after a brief
-// stop. The runtime takes one image of the source (runtime.Forker; with runc's backend, on gVisor a checkpoint
-// of its processes and memory plus a copy of its disk, on runc its disk alone) and every copy
-// is created from it like any sandbox (launch, with admission.fork).
+// stop. The runtime takes one image of the source (runtime.Forker; with runc's backend, on
+// gVisor a checkpoint of its processes and memory plus a copy of its disk, on runc its disk
+// alone; with qemu's, a microvm's memory snapshot plus a copy of its disk, or its disk alone
+// with disk_only) and every copy is created from it like any sandbox (launch, with
+// admission.fork).
 //
 // What a copy is: the source's record with a new ID, state creating, forked_from naming the
 // source, the source's labels with the request's over them, the same layers, limits, TTLs (it
 // expires when the source would, or the request's ttl from now), environment and egress policy, and a network slot of its own
 // (so its address differs from the source's). Volumes are not copied: a source with volumes
-// is refused (a read-write volume has one writer). A copy restored with processes keeps its
-// source's hostname (the guest kernel's state); a disk-only copy boots with its own.
+// is refused (a read-write volume has one writer). A gVisor copy restored with processes keeps
+// its source's hostname (the sandbox kernel's state); a microvm's copy is given its own, with
+// its address, by its agent after the restore; a disk-only copy boots with its own.
 //
 // Admission is all or nothing: the N copies are checked against the node's room and the
 // project's quotas together and recorded in one transaction (store.AdmitSandboxes), so a quota
@@ -37,8 +40,8 @@ import (
 //
 // Refused with 409: a paused source (resume it first: a fork needs its processes running to
 // checkpoint them), a stopped or failed one, a runc source without disk_only (CRIU cannot
-// checkpoint Corral's runc sandboxes: docs/ARCHITECTURE.md, Fork), microvm and vm sandboxes (not
-// built yet), fncall containers.
+// checkpoint Corral's runc sandboxes: docs/ARCHITECTURE.md, Fork), vm sandboxes, fncall
+// containers.
 
 // forkParallel bounds the copies started at once.
 const forkParallel = 8
@@ -76,7 +79,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 	if err := forkable(src, sb, req.DiskOnly); err != nil {
 		return nil, err
 	}
-	memory := src.Runtime == RuntimeGVisor && !req.DiskOnly
+	memory := (src.Runtime == RuntimeGVisor || src.Tier == TierMicroVM) && !req.DiskOnly
 	netc, err := e.compileNetwork(src.Network)
 	if err != nil {
 		return nil, fmt.Errorf("fork sandbox %s: its network policy: %w", id, err)
@@ -148,9 +151,9 @@ func forkable(src *store.Sandbox, sb *sandbox, diskOnly bool) error {
 		return errdefs.Conflict("sandbox %s is paused: resume it first (corral resume %s), then fork it; a fork checkpoints running processes", src.ID, src.ID)
 	case src.State != corral.StateRunning:
 		return errdefs.Conflict("sandbox %s is %s: only a running sandbox can be forked", src.ID, src.State)
-	case src.Tier == TierVM || src.Tier == TierMicroVM:
-		return errdefs.Conflict("sandbox %s is a %s: forking %s sandboxes is not available yet; fork gVisor sandboxes (runtime gvisor), or runc ones with disk_only", src.ID, src.Tier, src.Tier)
-	case src.Tier != TierContainer:
+	case src.Tier == TierVM:
+		return errdefs.Conflict("sandbox %s is a vm sandbox, which cannot be forked: fork microvm sandboxes, gVisor ones (runtime gvisor), or runc ones with disk_only", src.ID)
+	case src.Tier != TierContainer && src.Tier != TierMicroVM:
 		return errdefs.Conflict("sandbox %s is a %s sandbox, which cannot be forked", src.ID, src.Tier)
 	case src.Runtime == RuntimeRunc && !diskOnly:
 		return errdefs.Conflict("sandbox %s runs on runc, whose running processes Corral cannot checkpoint (CRIU cannot take a runc sandbox as Corral builds it): fork it with disk_only (--disk-only: its writable layer only, processes start afresh), or use runtime gvisor to fork running processes", src.ID)
@@ -170,7 +173,9 @@ func forkRecord(src *store.Sandbox, id string, labels map[string]string, memory 
 	}
 	maps.Copy(rec.Labels, labels)
 	rec.Env, rec.Toolkits = slices.Clone(src.Env), slices.Clone(src.Toolkits)
-	if !memory && src.Hostname == src.ID {
+	// A microvm's copy is given its own hostname after its restore (runtime/qemu's fork.go); a
+	// gVisor one keeps the one its restored sandbox holds.
+	if (!memory || src.Tier == TierMicroVM) && src.Hostname == src.ID {
 		rec.Hostname = id
 	}
 	rec.CreatedAt, rec.LastActivityAt = now, now

@@ -7,14 +7,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
-	"github.com/corral-dev/corral/internal/errdefs"
 )
 
 // commandCaps is what every command the agent starts may have: the sandbox's capability set
@@ -33,23 +31,19 @@ func commandCaps(calls bool) uint64 {
 // set; a non-root one nothing): CAP_SYS_BOOT, to power the VM off when the agent fails.
 const initOnlyCaps = 1 << unix.CAP_SYS_BOOT
 
-// claimCaps are kept by the PID 1 of a claimable VM (agentrpc.ClaimableFlag: a VM of a warm
-// pool) beyond initOnlyCaps, as those are, until ClaimHostname drops them: CAP_SYS_ADMIN, for
-// sethostname.
-const claimCaps = 1 << unix.CAP_SYS_ADMIN
-
 // dropCaps reduces every thread of the process to the commands' capabilities (commandCaps),
 // which is what makes commands as privileged as a container's processes and no more:
 //   - every other capability leaves the bounding set, so no execve (as root, of a setuid or a
 //     file-capability binary) can bring it back;
-//   - the effective and permitted sets become the commands' set plus initOnlyCaps (and
-//     claimCaps when claimable), the inheritable and ambient sets empty;
+//   - the effective set becomes the commands' set plus initOnlyCaps, the permitted set that
+//     plus forkCaps (raised on one thread by ApplyForkIdentity alone), the inheritable and
+//     ambient sets empty;
 //   - no_new_privs is set, as runc sets it for a container's processes.
 //
 // Capabilities and no_new_privs are per thread: this runs on every thread of the Go runtime at
 // once (syscall.AllThreadsSyscall, which needs a binary without cgo, as the static agent is), and
 // threads started later inherit the calling thread's credentials. It then checks every thread.
-func dropCaps(keep uint64, claimable bool) error {
+func dropCaps(keep uint64) error {
 	hdr := &unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	data := &[2]unix.CapUserData{}
 	if err := unix.Capget(hdr, &data[0]); err != nil {
@@ -69,14 +63,11 @@ func dropCaps(keep uint64, claimable bool) error {
 			return fmt.Errorf("drop capability %d from the bounding set: %w", c, e)
 		}
 	}
-	own := uint64(initOnlyCaps)
-	if claimable {
-		own |= claimCaps
-	}
-	set := (keep | own) & held
+	set := (keep | initOnlyCaps) & held
+	prm := (set | forkCaps) & held
 	*data = [2]unix.CapUserData{
-		{Effective: uint32(set), Permitted: uint32(set)},
-		{Effective: uint32(set >> 32), Permitted: uint32(set >> 32)},
+		{Effective: uint32(set), Permitted: uint32(prm)},
+		{Effective: uint32(set >> 32), Permitted: uint32(prm >> 32)},
 	}
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
 		return fmt.Errorf("set capabilities: %w", e)
@@ -85,56 +76,18 @@ func dropCaps(keep uint64, claimable bool) error {
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); e != 0 {
 		return fmt.Errorf("set no_new_privs: %w", e)
 	}
-	return checkCaps("/proc/self/task", bnd, set)
-}
-
-// claim is the state of ClaimHostname.
-var claim struct {
-	sync.Mutex
-	done bool
-}
-
-// ClaimHostname sets the hostname of a claimable VM's sandbox at its claim
-// (agentrpc.Config.SetHostname), then drops claimCaps from every thread of PID 1 for good: it
-// serves once.
-func ClaimHostname(name string) error {
-	claim.Lock()
-	defer claim.Unlock()
-	if claim.done {
-		return errdefs.Conflict("the sandbox's hostname was set at its claim already")
-	}
-	if !hostnameRE.MatchString(name) {
-		return errdefs.Invalid("hostname", "%q is not a valid hostname", name)
-	}
-	claim.done = true
-	if err := unix.Sethostname([]byte(name)); err != nil {
-		return fmt.Errorf("set hostname: %w", err)
-	}
-	hdr := &unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	data := &[2]unix.CapUserData{}
-	if err := unix.Capget(hdr, &data[0]); err != nil {
-		return fmt.Errorf("read capabilities: %w", err)
-	}
-	set := (uint64(data[0].Permitted) | uint64(data[1].Permitted)<<32) &^ claimCaps
-	*data = [2]unix.CapUserData{
-		{Effective: uint32(set), Permitted: uint32(set)},
-		{Effective: uint32(set >> 32), Permitted: uint32(set >> 32)},
-	}
-	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
-		return fmt.Errorf("drop the claim's capabilities: %w", e)
-	}
-	return nil
+	return checkCaps("/proc/self/task", bnd, set, prm)
 }
 
 // checkCaps reads the status of every thread under taskDir (/proc/self/task) and fails unless
-// each has bounding set bnd, effective and permitted sets set, empty inheritable and ambient
-// sets, and no_new_privs.
-func checkCaps(taskDir string, bnd, set uint64) error {
+// each has bounding set bnd, effective set set and permitted set prm, empty inheritable and
+// ambient sets, and no_new_privs.
+func checkCaps(taskDir string, bnd, set, prm uint64) error {
 	ents, err := os.ReadDir(taskDir)
 	if err != nil {
 		return fmt.Errorf("check capabilities: %w", err)
 	}
-	want := map[string]uint64{"CapBnd": bnd, "CapEff": set, "CapPrm": set, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
+	want := map[string]uint64{"CapBnd": bnd, "CapEff": set, "CapPrm": prm, "CapInh": 0, "CapAmb": 0, "NoNewPrivs": 1}
 	for _, e := range ents {
 		got, err := readStatus(filepath.Join(taskDir, e.Name(), "status"))
 		if err != nil {

@@ -203,7 +203,7 @@ func (g *guest) run(agent Agent) error {
 	if err := denyIOURing(); err != nil {
 		return err
 	}
-	if err := dropCaps(keep, slices.Contains(c.agentArgs(), agentrpc.ClaimableFlag)); err != nil {
+	if err := dropCaps(keep); err != nil {
 		return err
 	}
 	setEnv(c.Env)

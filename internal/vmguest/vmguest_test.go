@@ -316,11 +316,11 @@ func popcount(m uint64) int {
 	return n
 }
 
-// dropCapsChild runs in a child process of TestDropCaps: it drops the capabilities (as a
-// claimable VM's init when VMGUEST_TEST_DROPCAPS is "claimable") and runs cat /proc/self/status,
+// dropCapsChild runs in a child process of TestDropCaps: it drops the capabilities and runs cat
+// /proc/self/status,
 // as the agent would start a command, then writes its own status after a line "--self--".
 func dropCapsChild() {
-	if err := dropCaps(commandCaps(false), os.Getenv("VMGUEST_TEST_DROPCAPS") == "claimable"); err != nil {
+	if err := dropCaps(commandCaps(false)); err != nil {
 		fmt.Fprintln(os.Stderr, "dropCaps:", err)
 		os.Exit(1)
 	}
@@ -341,8 +341,8 @@ func dropCapsChild() {
 }
 
 // TestDropCaps: after dropCaps, a command the process starts (as root) has the sandbox's
-// capabilities and no_new_privs, and the process itself keeps CAP_SYS_BOOT, and CAP_SYS_ADMIN
-// when claimable (a warm pool's VM), outside the bounding set: no command gets it.
+// capabilities and no_new_privs, and the process itself keeps CAP_SYS_BOOT in effect and forkCaps
+// in its permitted set alone, all outside the bounding set: no command gets them.
 func TestDropCaps(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -365,7 +365,7 @@ func TestDropCaps(t *testing.T) {
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go test -c: %v\n%s", err, b)
 	}
-	for _, mode := range []string{"1", "claimable"} {
+	for _, mode := range []string{"1"} {
 		cmd := exec.Command(bin, "-test.run=^$")
 		cmd.Env = append(os.Environ(), "VMGUEST_TEST_DROPCAPS="+mode)
 		out, err := cmd.Output()
@@ -394,9 +394,10 @@ func TestDropCaps(t *testing.T) {
 			}
 		}
 		own := read("self", self)
-		admin := own["CapEff"]&(1<<unix.CAP_SYS_ADMIN) != 0
-		if admin != (mode == "claimable") || own["CapBnd"]&(1<<unix.CAP_SYS_ADMIN) != 0 || own["CapEff"]&(1<<unix.CAP_SYS_BOOT) == 0 {
-			t.Errorf("%s: the process's own CapEff %#x, CapBnd %#x", mode, own["CapEff"], own["CapBnd"])
+		if own["CapEff"]&forkCaps != 0 || own["CapBnd"]&forkCaps != 0 || own["CapEff"]&(1<<unix.CAP_SYS_BOOT) == 0 ||
+			own["CapPrm"]&forkCaps != forkCaps {
+			t.Errorf("%s: the process's own CapEff %#x, CapPrm %#x, CapBnd %#x; want CAP_SYS_BOOT in effect, forkCaps %#x permitted only",
+				mode, own["CapEff"], own["CapPrm"], own["CapBnd"], forkCaps)
 		}
 	}
 }
@@ -471,10 +472,10 @@ func TestIOURingRefused(t *testing.T) {
 }
 
 // claimChild runs in a child process of TestClaimHostname, in a UTS namespace of its own: it
-// drops the capabilities as a claimable VM's init, claims with hostname "claimed-box", claims
+// drops the capabilities as a VM's init does, claims with hostname "claimed-box", claims
 // again, and writes the hostname, the second claim's error and its own CapEff.
 func claimChild() {
-	if err := dropCaps(commandCaps(false), true); err != nil {
+	if err := dropCaps(commandCaps(false)); err != nil {
 		fmt.Fprintln(os.Stderr, "dropCaps:", err)
 		os.Exit(1)
 	}
@@ -493,8 +494,9 @@ func claimChild() {
 	os.Exit(0)
 }
 
-// TestClaimHostname: a claimable VM's init sets the hostname once at the claim and no longer
-// holds CAP_SYS_ADMIN afterwards; a second claim is a conflict.
+// TestClaimHostname: a claimable VM's init sets the hostname once at the claim, on a thread of its
+// own (CAP_SYS_ADMIN is in no other thread's effective set, before or after); a second claim is a
+// conflict.
 func TestClaimHostname(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -525,7 +527,7 @@ func TestClaimHostname(t *testing.T) {
 	}
 	eff, err := strconv.ParseUint(lines[2], 16, 64)
 	if err != nil || eff&(1<<unix.CAP_SYS_ADMIN) != 0 || eff&(1<<unix.CAP_SYS_BOOT) == 0 {
-		t.Errorf("CapEff after the claim = %s: want CAP_SYS_BOOT kept, CAP_SYS_ADMIN gone", lines[2])
+		t.Errorf("CapEff after the claim = %s: want CAP_SYS_BOOT kept, CAP_SYS_ADMIN not in effect", lines[2])
 	}
 }
 

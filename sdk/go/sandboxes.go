@@ -147,7 +147,7 @@ func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error)
 }
 
 // Fork makes copies of a running sandbox that go on from its state now (memory, processes
-// and disk on gVisor; the disk alone with DiskOnly, the only fork of a runc sandbox) and returns
+// and disk on gVisor and microvm; the disk alone with DiskOnly, the only fork of a runc sandbox) and returns
 // them, running. Count 0 asks for one copy. Forks count against quotas like creates, all or
 // nothing. A paused, stopped or failed source is a conflict (IsConflict).
 func (c *Client) Fork(ctx context.Context, id string, req ForkRequest) ([]Sandbox, error) {

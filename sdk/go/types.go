@@ -138,8 +138,9 @@ type Sandbox struct {
 	// times slower) where KVM cannot boot the guest.
 	Accelerator string `json:"accelerator,omitempty"`
 	// Boot says how a microvm sandbox started: "boot" (its kernel booted), "template"
-	// (restored from a snapshot of a template VM of its shape; corral up --microvm-templates), or
-	// "warm" (claimed from its environment's warm pool, booted ahead).
+	// (restored from a snapshot of a template VM of its shape; corral up --microvm-templates),
+	// "warm" (claimed from its environment's warm pool, booted ahead) or "fork" (restored from the
+	// memory snapshot of the sandbox it was forked from).
 	Boot string `json:"boot,omitempty"`
 	// Image is a vm sandbox's disk image layer (NAME:VERSION).
 	Image     LayerRef          `json:"image,omitempty"`

@@ -53,6 +53,14 @@
 // commands' output survive. The writable disk is not in the snapshot and is not touched while
 // paused.
 //
+// # Fork
+//
+// Fork stops the vCPUs, migrates the VM into a snapshot as Pause does, copies its writable disk
+// and lets it run on ("cont" activates the disks the migration inactivated); each Create with
+// Spec.Fork restores that snapshot into a VM of the same command line on its own copy of the disk
+// and has its agent take on the copy's own address and hostname (fork.go). The images live in
+// <StateDir>/.forks/ until DropFork.
+//
 // # Accelerator
 //
 // New chooses KVM when /dev/kvm opens and the guest kernel boots under it within 15 s, else TCG

@@ -181,6 +181,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	}
 	os.Chmod(cfg.CacheDir, 0o700)
 	r.removeTemplates()
+	r.removeForkLeftovers()
 	ids, err := r.List(ctx)
 	if err != nil {
 		return nil, err
@@ -712,7 +713,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	defer cancel()
 	id := spec.ID
 	dir := r.dir(id)
-	img, err := r.bootImage(ctx, spec.AgentPath)
+	// A copy restored from a fork's memory runs its source's kernel and initramfs (fork.go).
+	forked := spec.Fork != nil && spec.Fork.Memory
+	var kernel, initrd string
+	if forked {
+		kernel, initrd, err = forkBootFiles(spec.Fork)
+	} else {
+		var img guestimage.Image
+		img, err = r.bootImage(ctx, spec.AgentPath)
+		kernel, initrd = img.Kernel, img.Initrd
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -727,7 +737,14 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 		}
 	}()
 	upper := filepath.Join(dir, "upper.img")
-	if err := r.makeDisk(ctx, upper, spec.DiskBytes); err != nil {
+	// makeUpper makes the writable disk: a copy of a fork's, else a new one.
+	makeUpper := func(ctx context.Context) error {
+		if spec.Fork != nil {
+			return r.forkDisk(ctx, spec.Fork, upper)
+		}
+		return r.makeDisk(ctx, upper, spec.DiskBytes)
+	}
+	if err := makeUpper(ctx); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	gcfg, files, err := r.guestConfig(&spec, upper)
@@ -743,14 +760,24 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err := os.Chown(cfgPath, int(uid), int(uid)); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	files = append(files, vmFile{Role: "kernel", Path: img.Kernel}, vmFile{Role: "initrd", Path: img.Initrd},
+	files = append(files, vmFile{Role: "kernel", Path: kernel}, vmFile{Role: "initrd", Path: initrd},
 		vmFile{Role: "config", Path: cfgPath}, vmFile{Role: "console", Path: filepath.Join(dir, "console.log")},
 		vmFile{Role: "qmp", Path: filepath.Join(dir, "qmp.sock")}, vmFile{Role: "ctl", Path: filepath.Join(dir, "ctl.sock")})
 	st := &vmState{ID: id, UID: uid, Accel: r.accel, Files: files, Netns: spec.Netns, Since: time.Now().UTC(), CPUs: spec.CPUs, MemoryLimit: qemuMemoryLimit(spec.MemoryBytes, r.accel, tcgCacheMiB, 0),
 		FileLimit: max(spec.DiskBytes, spec.MemoryBytes+spec.MemoryBytes/256) + 64<<20}
 	st.Args = r.args(&spec, files, false)
+	if forked && !sameShape(st.Args, filesOf(spec.Fork).source.Args) {
+		return nil, fmt.Errorf("create sandbox %s: its VM would differ from its fork's source %s (memory, vCPUs, layers, network card or accelerator), which its memory image needs: %w", id, spec.Fork.Source, errdefs.ErrConflict)
+	}
 	if err := r.writeState(st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if forked {
+		if err := r.restoreFork(ctx, st, spec.Fork, gcfg); err != nil {
+			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		r.log.Info("microvm restored from a fork", "sandbox", id, "source", spec.Fork.Source, "accel", st.Accel, "pid", st.Pid, "uid", st.UID)
+		return r.sandbox(st), nil
 	}
 	key := ""
 	// A template's VMs share its devices: a VM with volumes has devices of its own, so it boots.
@@ -777,7 +804,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.San
 	if err := r.recordAccel(ctx, st); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w%s%s", id, err, r.qemuLogTail(id), r.consoleTail(id))
 	}
-	if err := r.awaitBoot(ctx, st, upper, spec.DiskBytes); err != nil {
+	if err := r.awaitBoot(ctx, st, upper, makeUpper); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	if key != "" && st.Template == "" {
@@ -802,6 +829,12 @@ func (r *Runtime) validate(spec *runtime.Spec) error {
 	}
 	if len(spec.Images) == 0 {
 		return errdefs.Invalid("Images", "a VM needs at least one layer image")
+	}
+	if spec.Fork != nil && filesOf(spec.Fork) == nil {
+		return errdefs.Invalid("Fork", "the fork image of %s was not taken by the qemu backend", spec.Fork.Source)
+	}
+	if spec.Fork != nil && len(spec.Volumes) > 0 {
+		return errdefs.Invalid("Volumes", "a fork's copy has no volumes")
 	}
 	n := fixedDevices + len(spec.Volumes)
 	for _, l := range spec.Images {
@@ -1276,9 +1309,9 @@ func alive(st *vmState) bool {
 
 // awaitBoot waits for a new VM's agent. A boot takes seconds, even under TCG on a loaded host; a
 // cold boot (not a template's restore) whose agent has not answered in half the boot timeout is
-// taken as hung in the guest and tried once more from the start, on a new writable disk, with
-// what is left of the timeout. The first boot's console goes to the log.
-func (r *Runtime) awaitBoot(ctx context.Context, st *vmState, upper string, diskBytes int64) error {
+// taken as hung in the guest and tried once more from the start, on a new writable disk (made
+// by makeUpper), with what is left of the timeout. The first boot's console goes to the log.
+func (r *Runtime) awaitBoot(ctx context.Context, st *vmState, upper string, makeUpper func(context.Context) error) error {
 	if st.Template != "" {
 		return r.waitAgent(ctx, st, r.cfg.BootTimeout)
 	}
@@ -1295,7 +1328,7 @@ func (r *Runtime) awaitBoot(ctx context.Context, st *vmState, upper string, disk
 	if err := os.Remove(upper); err != nil {
 		return fmt.Errorf("boot again: %w", err)
 	}
-	if err := r.makeDisk(ctx, upper, diskBytes); err != nil {
+	if err := makeUpper(ctx); err != nil {
 		return fmt.Errorf("boot again: %w", err)
 	}
 	if err := r.start(ctx, st, false); err != nil {
