@@ -454,7 +454,11 @@ def run(ctx, code, out, timeout, env_vars, sock):
     if env_vars:
         code = env_prelude(env_vars) + code
     oom_before = oom_kills()
-    msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
+    # Never stop_on_error: after an error (a KeyboardInterrupt from a timeout, too) ipykernel then
+    # aborts every execute request it receives for a short while, and the next run, sent as soon
+    # as this one is idle, came back empty (status "aborted", no output, no error). Runs of a
+    # context are one at a time (its lock), so there is never a queued one to abort.
+    msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
     deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
     interrupted_at = None
     gone = False
