@@ -544,7 +544,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	w := &warmSandbox{rec: rec, socket: rsb.AgentSocket, net: nw, services: len(adm.services) > 0}
 	e.countPooled(rec.Limits, 1)
 	if w.services {
-		e.startServices(ctx, newSandbox(rec, rsb.AgentSocket), rec, adm.services)
+		e.startServices(ctx, newSandbox(rec, rsb.AgentSocket), rec, adm.services, true)
 	}
 	p.mu.Lock()
 	stale := ctx.Err() != nil

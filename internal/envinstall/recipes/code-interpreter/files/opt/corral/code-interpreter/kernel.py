@@ -7,9 +7,19 @@ but a reserve of the sandbox's processes (RLIMIT_NPROC, see nproc_cap), so a for
 forks before the server, the agent or a command the user runs beside it cannot start a thread.
 debugpy is kept out: importing it is half of ipykernel's start-up, and no client here debugs
 kernels.
+
+The kernel reaps the processes of its code that the server killed (reap, which the server calls
+with a silent execution after it stopped a run's strays): each is a child of the kernel, and
+left a zombie it would hold one of the kernel's processes (RLIMIT_NPROC) until the kernel ends.
+Only those, and of those not the code's pending subprocesses (a Popen that has not collected its
+child's status): the kernel installs no SIGCHLD handler and never waits for any other child, so
+the code's own subprocess.run, Popen.wait and os.wait get their children's exit statuses.
 """
+import gc
+import os
 import resource
 import sys
+import time
 
 
 # What one more process of the kernel's costs the sandbox's memory: a copy of a kernel
@@ -49,6 +59,66 @@ def nproc_cap(limit, memory):
         cap = min(cap, max(64, memory // 2 // PROCESS_BYTES))
     return cap
 
+
+def child_stat(pid):
+    """The parent's pid and the start time (clock ticks after boot) of process pid, or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pending_pids():
+    """The pids of the code's subprocess.Popen and multiprocessing children whose exit status
+    it has not collected yet: their owners wait for them (or reap them when collected)."""
+    kinds = []
+    for mod, name in (("subprocess", "Popen"), ("multiprocessing.popen_fork", "Popen")):
+        m = sys.modules.get(mod)
+        if m is not None and hasattr(m, name):
+            kinds.append(getattr(m, name))
+    if not kinds:
+        return set()
+    kinds = tuple(kinds)
+    return {o.pid for o in gc.get_objects() if isinstance(o, kinds) and getattr(o, "returncode", 0) is None}
+
+
+def reap(children, wait=2.0):
+    """Reaps the kernel's children the server killed, given as (pid, start time) pairs, waiting
+    up to wait seconds for each to end (SIGKILL takes effect at once, but not in the same
+    instant). A pid is waited for only while it is still this kernel's child with that start
+    time and no Popen of the code's owns it: one the code reaped itself, a pid reused since,
+    and a subprocess whose status the code will ask for are left alone. Returns how many were
+    reaped."""
+    me = os.getpid()
+    deadline = time.monotonic() + wait
+    pending = pending_pids()
+    left, reaped = [tuple(c) for c in children if c[0] not in pending], 0
+    while left:
+        keep = []
+        for pid, start in left:
+            if child_stat(pid) != (me, start):
+                continue
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # the code reaped it between the check and the wait
+                continue
+            if done:
+                reaped += 1
+            else:
+                keep.append((pid, start))
+        left = keep
+        if left and time.monotonic() < deadline:
+            time.sleep(0.01)
+        else:
+            break
+    return reaped
+
+
+# The server's silent execution imports this module by this name: the kernel's __main__ becomes
+# the user's namespace.
+sys.modules["_corral_kernel"] = sys.modules[__name__]
 
 try:
     soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)

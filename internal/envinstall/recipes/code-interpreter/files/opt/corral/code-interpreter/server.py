@@ -12,6 +12,10 @@ It listens on 127.0.0.1:49999 and speaks the protocol of E2B's code interpreter,
   DELETE /contexts/{id}         -> 204
   POST   /contexts/{id}/restart -> 204
   GET    /health                -> 200 {"status": "ok", "default_context": "ready"|"starting"}
+  GET    /ready?wait=S          -> 200 once the default context's kernel answers (waiting up to S
+                                   seconds for it), 503 while it starts, 500 if it could not
+                                   (the recipe's readiness check: a warm pool's sandbox is ready
+                                   once it passes)
 
 Each context is a kernel of its own. The default context ("default") starts with the server
 (with the sandbox), so a first execution finds it ready or nearly. Executions in one context run one
@@ -33,6 +37,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PORT = int(os.environ.get("CORRAL_CODE_PORT", "49999"))
@@ -44,6 +49,10 @@ MAX_RESULTS = 200
 # How long an interrupted kernel has to stop before it is replaced.
 INTERRUPT_GRACE = float(os.environ.get("CORRAL_CODE_INTERRUPT_GRACE", "3"))
 MAX_BODY = 16 << 20
+# How long a readiness check may wait for the default kernel (GET /ready?wait=S).
+MAX_READY_WAIT = 30.0
+# How long a run waits for the kernel to reap the processes a stop killed.
+REAP_WAIT = 5.0
 KERNEL_NAME = "corral-python3"
 LANGUAGES = ("python", "python3")
 DEFAULT_CWD = os.environ.get("CORRAL_CODE_CWD") or os.environ.get("HOME") or "/root"
@@ -102,6 +111,9 @@ class Context:
         # restarted while its kernel was still starting) is shut down, not kept.
         self.generation = 0
         self.mu = threading.Lock()  # protects generation, km and kc against a start and a stop
+        # The kernel's children that stop_strays killed, (pid, start time) pairs, for the
+        # kernel to reap (reap_killed). Protected by lock.
+        self.killed = []
 
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -144,6 +156,7 @@ class Context:
             self.generation += 1
             km, kc = self.km, self.kc
             self.km = self.kc = None
+        self.killed = []  # the kernel's end hands them to the sandbox's init, which reaps them
         Context.end(km, kc)
 
     @staticmethod
@@ -194,7 +207,8 @@ class Context:
         """Kills the processes the kernel's code forked into its process group (they would
         outlive an interrupted run, each a copy of the kernel), leaving the kernel; with
         interrupt, then interrupts the code (SIGINT to the kernel's main thread). Returns how
-        many were killed.
+        many were killed; those that were the kernel's own children are added to killed, for
+        reap_killed (the others' parents are killed too, and the sandbox's init reaps them).
 
         The group is stopped first (SIGSTOP to the group, which Linux gives to children forked
         while it is sent too), so no member forks while they are found and killed. Without that,
@@ -228,6 +242,8 @@ class Context:
                             os.kill(int(d), signal.SIGKILL)
                             killed.add(int(d))
                             found = True
+                            if int(fields[1]) == pid:  # ppid
+                                self.killed.append((int(d), int(fields[19])))  # start time
                     except (OSError, IndexError, ValueError):
                         pass
                 if not found:
@@ -242,6 +258,38 @@ class Context:
         if interrupt and not sent:
             self.interrupt()
         return len(killed)
+
+    def reap_killed(self, kc):
+        """Has the kernel reap its children that stop_strays killed, with a silent execution of
+        kernel.py's reap, and waits (up to REAP_WAIT) until it did. Only the kernel can reap
+        them, and only it may wait for its children: the server tells it which, so it waits for
+        no child of the code's own (a subprocess whose exit status the code waits for). Left
+        zombies, they would hold the kernel's processes (RLIMIT_NPROC) until it ends: after a
+        fork bomb, all of them. Returns how many were reaped, or None where it is not known."""
+        killed, self.killed = self.killed, []
+        if not killed:
+            return 0
+        # A user expression: its value (the count) comes back in the reply.
+        reap = "__import__('_corral_kernel').reap(%r)" % (killed,)
+        try:
+            msg_id = kc.execute("pass", silent=True, store_history=False, allow_stdin=False,
+                                user_expressions={"n": reap})
+        except Exception as e:
+            log("reap: %s" % e)
+            return None
+        deadline = time.monotonic() + REAP_WAIT
+        while time.monotonic() < deadline:
+            try:
+                msg = kc.get_shell_msg(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                try:
+                    return int(msg["content"]["user_expressions"]["n"]["data"]["text/plain"])
+                except (KeyError, TypeError, ValueError):
+                    return None
+        log("reap: the kernel did not answer in %gs" % REAP_WAIT)
+        return None
 
     def interrupt(self):
         """Interrupts the kernel as jupyter_client does (SIGINT to its process group)."""
@@ -468,6 +516,9 @@ def run(ctx, code, out, timeout, env_vars, sock):
                     n = ctx.stop_strays()
                     if n:
                         log("context %s: killed %d processes the interrupted code left" % (ctx.id, n))
+                    n = len(ctx.killed)
+                    if n:
+                        log("context %s: the kernel reaped %s of the %d children killed" % (ctx.id, ctx.reap_killed(kc), n))
                 return
             if gone:
                 continue
@@ -549,9 +600,28 @@ class Handler(BaseHTTPRequestHandler):
             d = CONTEXTS.get("default")
             state = "ready" if d is not None and d.ready.is_set() and d.kc is not None else "starting"
             return self.reply(200, {"status": "ok", "default_context": state})
+        if parts == ["ready"]:
+            return self.ready()
         if parts == ["contexts"]:
             return self.reply(200, CONTEXTS.list())
         self.fail(404, "no route GET %s" % self.path)
+
+    def ready(self):
+        """GET /ready?wait=S: the readiness check (200 once the default context's kernel
+        answers; 503 while it starts; 500 if it could not), waiting up to S seconds first."""
+        try:
+            wait = float(parse_qs(urlsplit(self.path).query).get("wait", ["0"])[0])
+        except ValueError:
+            return self.fail(400, "wait: want seconds")
+        d = CONTEXTS.get("default")
+        if d is not None and wait > 0:
+            d.ready.wait(min(wait, MAX_READY_WAIT))
+        if d is not None and d.ready.is_set():
+            if d.kc is not None:
+                return self.reply(200, {"default_context": "ready"})
+            if d.start_error:
+                return self.fail(500, d.start_error)
+        self.reply(503, {"default_context": "starting"})
 
     def do_DELETE(self):
         parts = self.path_parts()
