@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -170,22 +171,74 @@ func TestCodeInterpreter(t *testing.T) {
 			t.Errorf("a flood: %d bytes of stdout, stderr %q", len(out), strings.Join(ex.Stderr, ""))
 		}
 		usable("a flood", true)
+		// noZombies fails the test if processes the code forked are left unreaped in the
+		// sandbox: the kernel's own children reaped by the kernel, the others by the
+		// sandbox's init (their parents were killed too).
+		noZombies := func(what string) {
+			t.Helper()
+			q := *p
+			q.t = t
+			var z string
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				out, _, _ := q.run(sb.ID, "python3", "-c", `import os
+for d in os.listdir('/proc'):
+    try:
+        with open('/proc/%s/stat' % d) as f:
+            comm, rest = f.read().rsplit(')', 1)
+    except (OSError, ValueError):
+        continue
+    st = rest.split()
+    if st[0] == 'Z':
+        print(d, 'ppid', st[1], comm.split('(', 1)[1])`)
+				if z = out; z == "" {
+					return
+				}
+			}
+			t.Errorf("zombies left in the sandbox 30 s %s (pid, parent, command):\n%s", what, z)
+		}
 		// Forks: children that never end, then a fork bomb. The timeout interrupts the kernel's
-		// process group; one that does not stop is replaced.
-		ex = runCode(t, p, sb.ID, corral.CodeRequest{Code: "import os, time\nfor i in range(5):\n    if os.fork() == 0:\n        time.sleep(1000)\ntime.sleep(1000)", Timeout: "2s"})
+		// process group; one that does not stop is replaced. The kernel then reaps the
+		// children the stop killed, and only those: a child started before in a session of
+		// its own (the stop leaves it) that ends meanwhile, and a subprocess the stop killed
+		// whose Popen has not collected it, keep their exit statuses for the code's wait.
+		runCode(t, p, sb.ID, corral.CodeRequest{Code: "import subprocess, sys\n" +
+			"waiter = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1); raise SystemExit(5)'], start_new_session=True)"})
+		ex = runCode(t, p, sb.ID, corral.CodeRequest{Code: "import os, time\nvictim = subprocess.Popen(['sleep', '1000'])\n" +
+			"for i in range(5):\n    if os.fork() == 0:\n        time.sleep(1000)\ntime.sleep(1000)", Timeout: "2s"})
 		if ex.Error == nil || ex.Error.Name != "TimeoutError" {
 			t.Errorf("forked sleepers: %+v", ex.Error)
 		}
 		usable("forked sleepers", true)
+		if ex := runCode(t, p, sb.ID, corral.CodeRequest{Code: "(waiter.wait(60), victim.wait(60))"}); ex.Text() != "(5, -9)" {
+			t.Errorf("the exit statuses of a child that ended during a stopped run and of one the stop killed: %q (error %+v), want (5, -9)", ex.Text(), ex.Error)
+		}
+		noZombies("after forked sleepers were stopped")
+		// The code's children report their exit statuses to it, before a fork bomb and after.
+		children := func(what string) {
+			t.Helper()
+			code := "import os, subprocess\npid = os.fork()\nif pid == 0:\n    os._exit(9)\n" +
+				"[subprocess.run(['sh', '-c', 'exit %d' % i]).returncode for i in (0, 3, 7)] + [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])]"
+			if ex := runCode(t, p, sb.ID, corral.CodeRequest{Code: code}); ex.Text() != "[0, 3, 7, 9]" || ex.Error != nil {
+				t.Errorf("%s, the exit statuses of subprocess.run and os.waitpid: %q (error %+v), want [0, 3, 7, 9]", what, ex.Text(), ex.Error)
+			}
+		}
+		children("before a fork bomb")
 		ex = runCode(t, p, sb.ID, corral.CodeRequest{Code: "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", Timeout: "3s"})
 		// Interrupted (TimeoutError), replaced when it did not stop (KernelRestarted), or killed
 		// when its copies exhausted the sandbox's memory (KernelDied): each a clear error.
 		if ex.Error == nil || (ex.Error.Name != "TimeoutError" && ex.Error.Name != "KernelRestarted" && ex.Error.Name != "KernelDied") {
 			t.Errorf("a fork bomb: %+v", ex.Error)
 		}
+		if ex.Error != nil {
+			t.Logf("a fork bomb ended with %s: %s", ex.Error.Name, ex.Error.Value)
+		}
 		if ex := runCode(t, p, sb.ID, corral.CodeRequest{Code: "1 + 1"}); ex.Text() != "2" {
 			t.Errorf("after a fork bomb: %+v", ex)
 		}
+		if ex.Error != nil {
+			children("after a fork bomb (" + ex.Error.Name + ")")
+		}
+		noZombies("after a fork bomb")
 		runCode(t, p, sb.ID, corral.CodeRequest{Code: "kept = 'yes'"})
 		// Memory: the kernel is killed (it, not the server: its OOM score is the highest) and
 		// replaced; the run says why.
@@ -260,5 +313,31 @@ print("ok")
 
 	t.Run("e2b-sdk", func(t *testing.T) {
 		runE2BScript(t, p, e2bAddr, "code.mjs", "code-interpreter", randHex(4))
+	})
+
+	t.Run("warm-pool", func(t *testing.T) {
+		// A pooled sandbox counts as ready once its services' readiness checks pass (the
+		// recipe's: GET /ready, once the default kernel answers), so a claimed sandbox's
+		// kernel is up before any code asks for it.
+		sub := *p
+		sub.t = t
+		p := &sub
+		warm, none := 1, 0
+		if _, err := p.Client.UpdateEnvironment(ctx, "code-interpreter", corral.EnvironmentPatch{Warm: &warm}); err != nil {
+			t.Fatal(err)
+		}
+		defer p.Client.UpdateEnvironment(ctx, "code-interpreter", corral.EnvironmentPatch{Warm: &none})
+		before := p.warmEnv("code-interpreter", "the pool to fill", func(e *corral.Environment) bool { return e.WarmReady == 1 })
+		sb := p.create(corral.CreateRequest{Environment: "code-interpreter"})
+		if env, err := p.Client.Environment(ctx, "code-interpreter"); err != nil || env.WarmHits != before.WarmHits+1 {
+			t.Fatalf("the create was not a claim (%v): warm hits %d, then %+v", err, before.WarmHits, env)
+		}
+		health := p.sh(sb.ID, `python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:49999/health').read().decode())"`)
+		if !strings.Contains(health, `"default_context": "ready"`) {
+			t.Errorf("a claimed sandbox's code server, before any code ran: %s, want its default context ready", health)
+		}
+		if ex := runCode(t, p, sb.ID, corral.CodeRequest{Code: "1 + 1"}); ex.Text() != "2" {
+			t.Errorf("code in a claimed sandbox: %+v", ex)
+		}
 	})
 }

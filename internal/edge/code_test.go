@@ -2,9 +2,15 @@ package edge
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -49,17 +55,52 @@ func TestReadLine(t *testing.T) {
 }
 
 func TestValidateServices(t *testing.T) {
-	good := []corral.Service{{Name: "code-interpreter", Command: []string{"/usr/bin/python3", "s.py"}, Env: []string{"A=1"}, Port: 49999}}
+	good := []corral.Service{{Name: "code-interpreter", Command: []string{"/usr/bin/python3", "s.py"}, Env: []string{"A=1"}, Port: 49999, Ready: "/ready?wait=10"}}
 	if err := validateServices(good); err != nil {
 		t.Error(err)
 	}
 	for _, s := range []corral.Service{{Name: "Bad", Command: []string{"x"}}, {Name: "x"}, {Name: "x", Command: []string{"x"}, Port: 70000},
-		{Name: "x", Command: []string{"x"}, Env: []string{"=x"}}} {
+		{Name: "x", Command: []string{"x"}, Env: []string{"=x"}},
+		{Name: "x", Command: []string{"x"}, Ready: "/ready"}, {Name: "x", Command: []string{"x"}, Port: 1, Ready: "ready"},
+		{Name: "x", Command: []string{"x"}, Port: 1, Ready: "/a b"}, {Name: "x", Command: []string{"x"}, Port: 1, Ready: "/" + strings.Repeat("a", maxReadyPath)}} {
 		if err := validateServices([]corral.Service{s}); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("validateServices(%+v): %v, want invalid", s, err)
 		}
 	}
 	if err := validateServices(make([]corral.Service, maxServices+1)); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("too many services: %v", err)
+	}
+}
+
+func TestWaitReady(t *testing.T) {
+	var tries, broken atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/ready" && r.URL.Query().Get("wait") == "1":
+			if tries.Add(1) < 3 {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+		case r.URL.Path == "/broken":
+			broken.Add(1)
+			w.WriteHeader(http.StatusInternalServerError)
+		default:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	dial := func(ctx context.Context, port int) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
+	}
+	log := slog.New(slog.DiscardHandler)
+	// 503 is "not yet": tried again until 2xx; a service without a check is not asked.
+	waitReady(context.Background(), dial, []corral.Service{{Name: "a", Port: 1, Ready: "/ready?wait=1"}, {Name: "b", Port: 2}}, log)
+	if got := tries.Load(); got != 3 {
+		t.Errorf("the check answered 503, 503, 200: tried %d times, want 3", got)
+	}
+	// Any other status is a failure: the wait ends at once.
+	waitReady(context.Background(), dial, []corral.Service{{Name: "c", Port: 1, Ready: "/broken"}}, log)
+	if got := broken.Load(); got != 1 {
+		t.Errorf("a check that answered 500: tried %d times, want 1", got)
 	}
 }

@@ -955,7 +955,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	}
 	undo.Release()
 	if !calls {
-		e.startServices(ctx, sb, rec, adm.services)
+		e.startServices(ctx, sb, rec, adm.services, false)
 	}
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
 	e.emit(corral.EventStarted, rec, "")

@@ -577,7 +577,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	}
 	e.countPooled(rec.Limits, 1)
 	if w.services {
-		e.startServices(ctx, newSandbox(rec, rsb.AgentSocket), rec, adm.services)
+		e.startServices(ctx, newSandbox(rec, rsb.AgentSocket), rec, adm.services, true)
 	}
 	p.mu.Lock()
 	stale := ctx.Err() != nil

@@ -495,6 +495,12 @@ type Service struct {
 	// Port, when set, is the loopback TCP port the service listens on: on container sandboxes
 	// (runc) the create returns once it accepts connections, or after 10 s.
 	Port int `json:"port,omitempty"`
+	// Ready, when set, is the service's readiness check: an HTTP path on Port ("/ready") that
+	// answers GET with a 2xx status once the service can serve, 503 while it is still starting
+	// (any other status: it failed to get ready). A warm pool counts a sandbox ready only once
+	// every such check passes (or after 60 s), so a claimed sandbox's services are ready. A
+	// create that starts a sandbox waits for Port only.
+	Ready string `json:"ready,omitempty"`
 }
 
 // Environment is a saved composition of layers (POST /v1/environments): create a sandbox from it

@@ -14,11 +14,18 @@ left a zombie it would hold one of the kernel's processes (RLIMIT_NPROC) until t
 Only those, and of those not the code's pending subprocesses (a Popen that has not collected its
 child's status): the kernel installs no SIGCHLD handler and never waits for any other child, so
 the code's own subprocess.run, Popen.wait and os.wait get their children's exit statuses.
+
+An interrupt that Python drops is sent again (Reinterrupt): a KeyboardInterrupt raised inside an
+os.fork hook (logging's lock, released after every fork) is printed as "Exception ignored" and
+lost, and a fork bomb spends nearly all its time in os.fork, so without this its interrupt was
+lost and the kernel replaced.
 """
 import gc
 import os
 import resource
+import signal
 import sys
+import threading
 import time
 
 
@@ -116,6 +123,36 @@ def reap(children, wait=2.0):
     return reaped
 
 
+class Reinterrupt:
+    """Sends SIGINT again to the main thread whenever Python drops a KeyboardInterrupt as
+    unraisable (an os.fork hook, a finalizer): the interrupt then lands where the code runs.
+    The signal is sent by a thread of its own, started with the kernel (a fork bomb leaves no
+    process for a new one), once the hook has returned: sent from the hook, it would be raised in
+    the hook again. Other unraisable exceptions go to the previous hook."""
+
+    def __init__(self):
+        self.lost = threading.Event()
+        self.main = threading.main_thread().ident
+        self.previous = sys.unraisablehook
+        threading.Thread(target=self.run, name="corral-reinterrupt", daemon=True).start()
+        sys.unraisablehook = self.hook
+
+    def hook(self, unraisable):
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            self.lost.set()
+            return
+        self.previous(unraisable)
+
+    def run(self):
+        while True:
+            self.lost.wait()
+            self.lost.clear()
+            try:
+                signal.pthread_kill(self.main, signal.SIGINT)
+            except OSError:
+                return
+
+
 # The server's silent execution imports this module by this name: the kernel's __main__ becomes
 # the user's namespace.
 sys.modules["_corral_kernel"] = sys.modules[__name__]
@@ -134,6 +171,7 @@ try:
 except OSError:
     pass
 sys.modules["debugpy"] = None  # import debugpy raises ImportError: ipykernel runs without it
+Reinterrupt()
 
 from ipykernel import kernelapp  # noqa: E402
 

@@ -48,6 +48,8 @@ MAX_RESULT = int(os.environ.get("CORRAL_CODE_MAX_RESULT", str(16 << 20)))
 MAX_RESULTS = 200
 # How long an interrupted kernel has to stop before it is replaced.
 INTERRUPT_GRACE = float(os.environ.get("CORRAL_CODE_INTERRUPT_GRACE", "3"))
+# How often the strays of an interrupted kernel are swept again until it stops.
+STRAY_SWEEP = 0.25
 MAX_BODY = 16 << 20
 # How long a readiness check may wait for the default kernel (GET /ready?wait=S).
 MAX_READY_WAIT = 30.0
@@ -460,7 +462,7 @@ def run(ctx, code, out, timeout, env_vars, sock):
     # context are one at a time (its lock), so there is never a queued one to abort.
     msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
     deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
-    interrupted_at = None
+    interrupted_at = swept_at = None
     gone = False
     timed_out = False
     checked = 0.0
@@ -495,7 +497,7 @@ def run(ctx, code, out, timeout, env_vars, sock):
                     gone = True
                 if timed_out or gone:
                     log("context %s: %s, interrupting the kernel" % (ctx.id, "timeout" if timed_out else "client gone"))
-                    interrupted_at = now
+                    interrupted_at = swept_at = now
                     n = ctx.stop_strays(interrupt=True)
                     if n:
                         log("context %s: killed %d processes the code forked" % (ctx.id, n))
@@ -508,6 +510,12 @@ def run(ctx, code, out, timeout, env_vars, sock):
                                      "value": "the kernel did not stop when interrupted and was replaced: the context's variables are gone"})
                 ctx.restart(background=True)
                 return
+            elif now - swept_at > STRAY_SWEEP:
+                # What the code forked between the interrupt and its KeyboardInterrupt (a fork
+                # bomb's copies fork on): left running, they starve the kernel, which then does
+                # not get to stop within the grace.
+                swept_at = now
+                ctx.stop_strays()
         if msg is None:
             continue
         if msg.get("parent_header", {}).get("msg_id") != msg_id:
