@@ -49,7 +49,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/benchcli":      true, // a client
 		"sdk/python/bench/gosdk": true, // a client
 		"internal/build":         false,
-		"internal/computeruse":   false,
 		"internal/daemon":        false,
 		"internal/edge":          false,
 		"internal/events":        false,
@@ -58,7 +57,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/limits":        false,
 		"internal/netpolicy":     false,
 		"internal/report":        false,
-		"internal/runtime/qemu":  false,
 		"internal/store":         false,
 		"internal/vmimage":       false,
 		"internal/webhook":       false,
