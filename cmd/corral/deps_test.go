@@ -58,7 +58,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/netpolicy":     false,
 		"internal/report":        false,
 		"internal/store":         false,
-		"internal/vmimage":       false,
 		"internal/webhook":       false,
 	}
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "github.com/corral-dev/corral/...").Output()

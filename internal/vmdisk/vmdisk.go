@@ -20,6 +20,21 @@ const (
 	Raw   = "raw"
 )
 
+// The file a vm-image layer holds, one of the two by its format (the API's corral.VMDiskQCOW2
+// and corral.VMDiskRaw: TestFileNames keeps them equal).
+const (
+	FileQCOW2 = "disk.qcow2"
+	FileRaw   = "disk.raw"
+)
+
+// FileName is the layer's file name for an image of format.
+func FileName(format string) string {
+	if format == Raw {
+		return FileRaw
+	}
+	return FileQCOW2
+}
+
 // Bounds of an image.
 const (
 	// MaxVirtualBytes bounds the disk a guest sees (1 TiB).

@@ -8,7 +8,15 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/doccheck"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
+
+// TestFileNames: the layer's file names are the API's.
+func TestFileNames(t *testing.T) {
+	if FileName(QCOW2) != corral.VMDiskQCOW2 || FileName(Raw) != corral.VMDiskRaw {
+		t.Errorf("FileName: %q, %q; the API says %q, %q", FileName(QCOW2), FileName(Raw), corral.VMDiskQCOW2, corral.VMDiskRaw)
+	}
+}
 
 func qemuImg(t *testing.T, args ...string) {
 	t.Helper()

@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/vmdisk"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 //go:embed build.sh
@@ -91,10 +90,7 @@ func Tar(path, format string) (io.ReadCloser, int64, error) {
 		f.Close()
 		return nil, 0, err
 	}
-	name := corral.VMDiskQCOW2
-	if format == vmdisk.Raw {
-		name = corral.VMDiskRaw
-	}
+	name := vmdisk.FileName(format)
 	pr, pw := io.Pipe()
 	go func() {
 		defer f.Close()
