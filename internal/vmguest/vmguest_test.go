@@ -357,14 +357,7 @@ func TestDropCaps(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a test binary")
 	}
-	// syscall.AllThreadsSyscall needs a binary without cgo, which a -race one is not: build
-	// this package's tests as the agent is built.
-	bin := filepath.Join(t.TempDir(), "vmguest.test")
-	build := exec.Command("go", "test", "-c", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go test -c: %v\n%s", err, b)
-	}
+	bin := testBinary(t)
 	for _, mode := range []string{"1"} {
 		cmd := exec.Command(bin, "-test.run=^$")
 		cmd.Env = append(os.Environ(), "VMGUEST_TEST_DROPCAPS="+mode)
@@ -504,12 +497,7 @@ func TestClaimHostname(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a test binary")
 	}
-	bin := filepath.Join(t.TempDir(), "vmguest.test")
-	build := exec.Command("go", "test", "-c", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go test -c: %v\n%s", err, b)
-	}
+	bin := testBinary(t)
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "VMGUEST_TEST_CLAIM=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS}
@@ -545,4 +533,17 @@ func TestClaimHostnameInvalid(t *testing.T) {
 	if done {
 		t.Errorf("a refused name used up the claim")
 	}
+}
+
+// testBinary builds this package's tests as the agent is built, without cgo:
+// syscall.AllThreadsSyscall needs such a binary, which a -race one is not.
+func testBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "vmguest.test")
+	build := exec.Command("go", "test", "-c", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go test -c: %v\n%s", err, b)
+	}
+	return bin
 }
