@@ -18,18 +18,22 @@ import (
 // spent, the next is node_full naming disk, and a delete makes room again.
 func TestDiskAdmission(t *testing.T) {
 	dir := t.TempDir()
-	var fs unix.Statfs_t
-	if err := unix.Statfs(dir, &fs); err != nil {
-		t.Fatal(err)
+	free := func() int64 {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(dir, &fs); err != nil {
+			t.Fatal(err)
+		}
+		return int64(fs.Bavail) * fs.Bsize
 	}
-	free := int64(fs.Bavail) * fs.Bsize
-	if free < 4<<30 {
-		t.Skipf("needs 4 GiB free under %s, has %d bytes", dir, free)
+	if f := free(); f < 4<<30 {
+		t.Skipf("needs 4 GiB free under %s, has %d bytes", dir, f)
 	}
-	// Half a GiB either way absorbs what other writers on this filesystem do meanwhile.
-	held := free - 5<<29
+	// The holder's promise follows the free space, 2.5 GiB below it at every admission: other
+	// test packages write and delete gigabytes on this filesystem meanwhile. Half a GiB either
+	// way absorbs what they do between the holder's reading and the admission's.
+	var held int64
 	e, _ := newTestEdgeWith(t, newFakeRuntime(), Config{Disk: &DiskConfig{Dir: dir, Holders: []DiskHolder{
-		func() DiskHeld { return DiskHeld{Promised: held} },
+		func() DiskHeld { held = free() - 5<<29; return DiskHeld{Promised: held} },
 	}}})
 	ctx := context.Background()
 	req := corral.CreateRequest{Base: "base:1", Limits: corral.Limits{DiskBytes: 1 << 30}}
