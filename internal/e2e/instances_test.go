@@ -43,7 +43,8 @@ func TestCorralsSideBySide(t *testing.T) {
 	}
 	a := start()
 	sa := a.create(corral.CreateRequest{Network: grader})
-	a.sh(sa.ID, `(n=0; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.1; done) >/dev/null 2>&1 &`)
+	// The counter is renamed into place: a reader never sees it truncated.
+	a.sh(sa.ID, `(n=0; while :; do n=$((n+1)); echo $n > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.1; done) >/dev/null 2>&1 &`)
 	if got := fetch(a, sa.ID); got != "served by "+inetGrader {
 		t.Fatalf("first Corral's sandbox cannot reach the grader: %q", got)
 	}
