@@ -96,10 +96,11 @@
 //	          runc's, so it is cheap enough to poll and right even when every process died while
 //	          nobody watched. errdefs.ErrNotFound when nothing of the sandbox is left.
 //	Delete    is idempotent and tolerates any partial state: it kills every process in the
-//	          sandbox's cgroup (pidfd, so a recycled pid is never hit), runs `runc delete`,
-//	          unmounts the overlay, the volumes and the disk (their loop devices detach
+//	          sandbox's cgroup (pidfd, so a recycled pid is never hit), removes runc's state
+//	          itself (no `runc delete` process; only when a process survived the kill does it
+//	          run `runc delete --force`, keeping the state for the next try), unmounts the overlay, the volumes and the disk (their loop devices detach
 //	          themselves: autoclear),
-//	          removes the cgroups, runc's state and the directory. Deleting an unknown ID returns
+//	          removes the cgroups and the directory. Deleting an unknown ID returns
 //	          nil. On error some state may remain; calling Delete again continues from there.
 //	Pause     freezes every process (cgroup freezer, waiting until all are frozen, at most 5 s),
 //	          then has the kernel reclaim the sandbox's memory: anonymous and tmpfs pages to
