@@ -53,7 +53,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/edge":          false,
 		"internal/events":        false,
 		"internal/iam":           false,
-		"internal/lazy":          false,
 		"internal/limits":        false,
 		"internal/netpolicy":     false,
 		"internal/report":        false,

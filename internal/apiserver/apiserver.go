@@ -101,7 +101,7 @@ func (s *Server) Handler() http.Handler {
 			s.fail(w, r, err)
 			return
 		}
-		httpjson.Write(w, http.StatusOK, st)
+		httpjson.Write(w, http.StatusOK, fetchStats(st))
 	}))
 	api.HandleFunc("GET /v1/metrics", s.guard(iam.Operator, "", operator, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
@@ -867,8 +867,17 @@ func (s *Server) layerStats(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	httpjson.Write(w, http.StatusOK, corral.LayerStats{Name: l.Name, Version: l.Version, Digest: l.Digest, Node: s.edge.Node(),
-		Format: st.Format, ImageBytes: st.ImageSize, DataBytes: st.DataSize, Fetch: st.Fetch, Cache: st.Cache})
+	out := corral.LayerStats{Name: l.Name, Version: l.Version, Digest: l.Digest, Node: s.edge.Node(),
+		Format: st.Format, ImageBytes: st.ImageSize, DataBytes: st.DataSize}
+	if st.Fetch != nil {
+		f := fetchStats(*st.Fetch)
+		out.Fetch = &f
+	}
+	if st.Cache != nil {
+		c := chunkCacheStats(*st.Cache)
+		out.Cache = &c
+	}
+	httpjson.Write(w, http.StatusOK, out)
 }
 
 func (s *Server) createFncallEnv(w http.ResponseWriter, r *http.Request) {

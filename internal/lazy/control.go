@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // ProtocolVersion names the control API; a client refuses a server that speaks another.
@@ -49,17 +48,78 @@ type SandboxRequest struct {
 	FillRate map[string]int64 `json:"fill_rate,omitempty"`
 }
 
-// Stats are a layer's or a sandbox's fetch statistics.
-type Stats = corral.FetchStats
+// Stats are a layer's or a sandbox's fetch statistics. The control API carries them as this
+// JSON, which a daemon reads from the lazyd it finds running, perhaps one started by an older
+// corrald: a field may be added, never renamed. The HTTP API's FetchStats has the same fields
+// (internal/apiserver converts).
+type Stats struct {
+	Layer   string `json:"layer,omitempty"`   // the layer's name (hex of its metadata image), for a layer
+	Sandbox string `json:"sandbox,omitempty"` // the sandbox ID, for a sandbox
+	// DataSize and Chunks describe the layer's data blob; CachedChunks and CachedBytes how much
+	// of it the chunk cache holds; Open how many mounts read it now.
+	DataSize     int64 `json:"data_size,omitempty"`
+	Chunks       int   `json:"chunks,omitempty"`
+	CachedChunks int   `json:"cached_chunks,omitempty"`
+	CachedBytes  int64 `json:"cached_bytes"`
+	Open         int   `json:"open,omitempty"`
+	// BytesRead were served to the kernel; Hits and Misses count chunk reads found in, or
+	// missing from, the cache.
+	BytesRead int64 `json:"bytes_read"`
+	Hits      int64 `json:"cache_hits"`
+	Misses    int64 `json:"cache_misses"`
+	// BytesFetched and Fetches count ranged reads of the blob store; FetchErrors the failed ones
+	// (retried), Corrupt the chunks that did not match their SHA-256 (refetched), ReadErrors the
+	// reads answered with EIO.
+	BytesFetched int64 `json:"bytes_fetched"`
+	Fetches      int64 `json:"fetches"`
+	FetchErrors  int64 `json:"fetch_errors"`
+	Corrupt      int64 `json:"corrupt_chunks"`
+	ReadErrors   int64 `json:"read_errors"`
+	// FillBytes were fetched by the background fill.
+	FillBytes    int64            `json:"fill_bytes"`
+	Prefetch     PrefetchStats    `json:"prefetch"`
+	FetchLatency LatencyHistogram `json:"fetch_latency"`
+	LastError    string           `json:"last_error,omitempty"`
+	LastErrorAt  time.Time        `json:"last_error_at,omitzero"`
+}
 
-// CacheStats describe the node's chunk cache.
-type CacheStats = corral.ChunkCacheStats
+// PrefetchStats say how much prefetch fetched and how much of it was then read.
+type PrefetchStats struct {
+	Chunks int64 `json:"chunks"`
+	Bytes  int64 `json:"bytes"`
+	Used   int64 `json:"used_chunks"`
+	// Effectiveness is Used / Chunks: the share of prefetched chunks that were then read.
+	Effectiveness float64 `json:"effectiveness"`
+}
+
+// LatencyHistogram counts fetch latencies in buckets with upper bounds BoundsMs (one more count
+// for everything above the last bound).
+type LatencyHistogram struct {
+	BoundsMs []float64 `json:"bounds_ms"`
+	Counts   []int64   `json:"counts"`
+	// P50Ms and P99Ms are the upper bounds of the buckets holding those quantiles (-1: above
+	// the last bound).
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+}
+
+// CacheStats describe the node's chunk cache (the control API's JSON, compatible as Stats is).
+type CacheStats struct {
+	Bytes        int64 `json:"bytes"`
+	Limit        int64 `json:"limit"`
+	Chunks       int64 `json:"chunks"`
+	PinnedBytes  int64 `json:"pinned_bytes"`
+	Evictions    int64 `json:"evictions"`
+	EvictedBytes int64 `json:"evicted_bytes"`
+	Corrupt      int64 `json:"corrupt"`
+	Bypassed     int64 `json:"bypassed"`
+}
 
 func (c *counters) stats() Stats {
 	st := Stats{BytesRead: c.bytesRead.Load(), Hits: c.hits.Load(), Misses: c.misses.Load(),
 		BytesFetched: c.bytesFetched.Load(), Fetches: c.fetches.Load(), FetchErrors: c.fetchErrors.Load(),
 		Corrupt: c.corrupt.Load(), ReadErrors: c.readErrors.Load(), FillBytes: c.fillBytes.Load(),
-		Prefetch:     corral.PrefetchStats{Chunks: c.prefetchChunks.Load(), Bytes: c.prefetchBytes.Load(), Used: c.used.Load()},
+		Prefetch:     PrefetchStats{Chunks: c.prefetchChunks.Load(), Bytes: c.prefetchBytes.Load(), Used: c.used.Load()},
 		FetchLatency: c.lat.snapshot()}
 	if st.Prefetch.Chunks > 0 {
 		st.Prefetch.Effectiveness = float64(st.Prefetch.Used) / float64(st.Prefetch.Chunks)
@@ -82,8 +142,8 @@ func (h *histogram) observe(d time.Duration) {
 	h.counts[i].Add(1)
 }
 
-func (h *histogram) snapshot() corral.LatencyHistogram {
-	out := corral.LatencyHistogram{BoundsMs: bucketsMs, Counts: make([]int64, len(h.counts))}
+func (h *histogram) snapshot() LatencyHistogram {
+	out := LatencyHistogram{BoundsMs: bucketsMs, Counts: make([]int64, len(h.counts))}
 	var total int64
 	for i := range h.counts {
 		out.Counts[i] = h.counts[i].Load()

@@ -1,0 +1,29 @@
+package apiserver
+
+import (
+	"github.com/corral-dev/corral/internal/lazy"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Packages behind the API keep types of their own (issue 29 item 5: lazyd's control protocol
+// must not change when the SDK does, and the SDK is a module of its own); these functions turn
+// them into the API's where a handler writes them, and nowhere else.
+
+// fetchStats is lazyd's fetch statistics as the API's FetchStats.
+func fetchStats(st lazy.Stats) corral.FetchStats {
+	return corral.FetchStats{
+		Layer: st.Layer, Sandbox: st.Sandbox,
+		DataSize: st.DataSize, Chunks: st.Chunks, CachedChunks: st.CachedChunks, CachedBytes: st.CachedBytes, Open: st.Open,
+		BytesRead: st.BytesRead, Hits: st.Hits, Misses: st.Misses,
+		BytesFetched: st.BytesFetched, Fetches: st.Fetches, FetchErrors: st.FetchErrors, Corrupt: st.Corrupt, ReadErrors: st.ReadErrors,
+		FillBytes:    st.FillBytes,
+		Prefetch:     corral.PrefetchStats(st.Prefetch),
+		FetchLatency: corral.LatencyHistogram(st.FetchLatency),
+		LastError:    st.LastError, LastErrorAt: st.LastErrorAt,
+	}
+}
+
+// chunkCacheStats is lazyd's chunk cache statistics as the API's ChunkCacheStats.
+func chunkCacheStats(st lazy.CacheStats) corral.ChunkCacheStats {
+	return corral.ChunkCacheStats(st)
+}
