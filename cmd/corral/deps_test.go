@@ -55,7 +55,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/iam":           false,
 		"internal/limits":        false,
 		"internal/netpolicy":     false,
-		"internal/report":        false,
 		"internal/store":         false,
 		"internal/webhook":       false,
 	}

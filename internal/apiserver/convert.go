@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/report"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -26,4 +27,16 @@ func fetchStats(st lazy.Stats) corral.FetchStats {
 // chunkCacheStats is lazyd's chunk cache statistics as the API's ChunkCacheStats.
 func chunkCacheStats(st lazy.CacheStats) corral.ChunkCacheStats {
 	return corral.ChunkCacheStats(st)
+}
+
+// apiReport is a report on project as the API's Report.
+func apiReport(rep report.Report, project string) corral.Report {
+	out := corral.Report{Project: project, Since: rep.Since, Until: rep.Until, Sandboxes: rep.Sandboxes,
+		Setup: make([]corral.SetupTime, len(rep.Setup)), Task: corral.TaskTime(rep.Task),
+		Actions: rep.Actions, BlockedEgress: rep.BlockedEgress, BlockedPer1000Actions: rep.BlockedPer1000Actions,
+		TTLExtended: rep.TTLExtended, TTLKilled: rep.TTLKilled, TTLExtendedShare: rep.TTLExtendedShare, TTLKilledShare: rep.TTLKilledShare}
+	for i, s := range rep.Setup {
+		out.Setup[i] = corral.SetupTime(s)
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/report"
 )
 
 // fill sets every field under v to a value no other field has, so that a conversion that drops
@@ -74,8 +75,10 @@ func TestConversions(t *testing.T) {
 	n := 0
 	var st lazy.Stats
 	var cs lazy.CacheStats
+	var rep report.Report
 	fill(t, reflect.ValueOf(&st).Elem(), &n)
 	fill(t, reflect.ValueOf(&cs).Elem(), &n)
+	fill(t, reflect.ValueOf(&rep).Elem(), &n)
 	for _, c := range []struct {
 		name    string
 		in, out any
@@ -83,6 +86,7 @@ func TestConversions(t *testing.T) {
 	}{
 		{"fetchStats", st, fetchStats(st), nil},
 		{"chunkCacheStats", cs, chunkCacheStats(cs), nil},
+		{"apiReport", rep, apiReport(rep, "p"), []string{"Project"}},
 	} {
 		got, want := leaves(reflect.ValueOf(c.out), c.skip...), leaves(reflect.ValueOf(c.in))
 		if !reflect.DeepEqual(got, want) {
@@ -101,5 +105,8 @@ func TestConversions(t *testing.T) {
 		if string(a) != string(b) {
 			t.Errorf("lazy.%s's JSON differs from the API's:\nlazyd %s\nAPI   %s", c.name, a, b)
 		}
+	}
+	if got := apiReport(report.Report{}, "p"); got.Setup == nil || got.Project != "p" {
+		t.Errorf("apiReport of an empty report = %+v, want Setup [] and Project p", got)
 	}
 }

@@ -269,9 +269,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request) {
 	}
 	// A report over a project covers what the caller may read below it.
 	rows = slices.DeleteFunc(rows, func(u store.Usage) bool { return !c.perms(u.ProjectPath).Has(iam.SandboxRead) })
-	rep := report.Compute(rows, since, now)
-	rep.Project = iam.Display(under)
-	httpjson.Write(w, http.StatusOK, rep)
+	httpjson.Write(w, http.StatusOK, apiReport(report.Compute(rows, since, now), iam.Display(under)))
 }
 
 func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) {

@@ -11,12 +11,53 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
+// reasonTTLExpired is the reason the edge records for a sandbox its TTL ended (the API's
+// ReasonTTLExpired; TestCompute's rows use that constant, so the two cannot drift apart).
+const reasonTTLExpired = "ttl_expired"
+
+// Report is the instruments over a period. GET /v1/report serves it as the API's Report
+// (internal/apiserver converts, and adds the project).
+type Report struct {
+	Since, Until time.Time
+	// Sandboxes created in the period.
+	Sandboxes int
+	// Setup is create → first exec, by tier and environment, sorted by both; never nil.
+	Setup []SetupTime
+	// Task is wall-clock per ended sandbox (created → ended) and the tokens reported for it.
+	Task TaskTime
+	// Actions counts data-plane calls; BlockedEgress blocked egress attempts.
+	Actions               int64
+	BlockedEgress         int64
+	BlockedPer1000Actions float64
+	// TTLExtended counts sandboxes whose TTL was extended, TTLKilled those ended by their TTL;
+	// the shares are of Sandboxes.
+	TTLExtended      int
+	TTLKilled        int
+	TTLExtendedShare float64
+	TTLKilledShare   float64
+}
+
+// SetupTime is create → first exec of one tier and environment, in seconds.
+type SetupTime struct {
+	Tier, Environment      string
+	Count                  int
+	P50Seconds, P99Seconds float64
+}
+
+// TaskTime is the wall-clock of ended sandboxes, in seconds, and reported tokens.
+type TaskTime struct {
+	Count                  int
+	P50Seconds, P99Seconds float64
+	Tokens                 int64
+	// TokensPerTask is the mean of tokens over sandboxes that reported any.
+	TokensPerTask float64
+}
+
 // Compute reports on rows, the usage of the sandboxes created in [since, now].
-func Compute(rows []store.Usage, since, now time.Time) corral.Report {
-	rep := corral.Report{Since: since.UTC(), Until: now.UTC(), Setup: []corral.SetupTime{}, Sandboxes: len(rows)}
+func Compute(rows []store.Usage, since, now time.Time) Report {
+	rep := Report{Since: since.UTC(), Until: now.UTC(), Setup: []SetupTime{}, Sandboxes: len(rows)}
 	type key struct{ tier, env string }
 	setup := map[key][]float64{}
 	var task []float64
@@ -38,15 +79,15 @@ func Compute(rows []store.Usage, since, now time.Time) corral.Report {
 		if u.TTLExtended {
 			rep.TTLExtended++
 		}
-		if u.Reason == corral.ReasonTTLExpired {
+		if u.Reason == reasonTTLExpired {
 			rep.TTLKilled++
 		}
 	}
 	for k, v := range setup {
-		rep.Setup = append(rep.Setup, corral.SetupTime{Tier: k.tier, Environment: k.env, Count: len(v),
+		rep.Setup = append(rep.Setup, SetupTime{Tier: k.tier, Environment: k.env, Count: len(v),
 			P50Seconds: Percentile(v, 50), P99Seconds: Percentile(v, 99)})
 	}
-	slices.SortFunc(rep.Setup, func(a, b corral.SetupTime) int {
+	slices.SortFunc(rep.Setup, func(a, b SetupTime) int {
 		if c := strings.Compare(a.Tier, b.Tier); c != 0 {
 			return c
 		}
