@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -300,6 +301,47 @@ func TestReadsFetchOnDemandAndCache(t *testing.T) {
 	}
 	if st := f.stats(); st.Hits <= full.Hits {
 		t.Fatalf("no cache hits counted: %+v", st)
+	}
+}
+
+// TestChunkStoredAfterAMissIsNotFetchedAgain: a reader that missed a chunk in the cache while
+// another fetch of it was finishing asks for it once that fetch stored it and left flight. The
+// chunk comes from the cache; the blob store is not read again (under load this was a second
+// fetch of the same chunk).
+func TestChunkStoredAfterAMissIsNotFetchedAgain(t *testing.T) {
+	f := buildFixture(t)
+	s, err := New(Config{Dir: f.dir, Blobs: f.blobs, ReadTimeout: 10 * time.Second, CatchUp: -1, CacheMax: 64 << 20,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l, err := s.layer(f.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The first reader's fetch, until its chunk is in the cache and out of flight.
+	c, _ := s.startFetch(l, 0, 1, testChunk, nil, true)
+	<-c.stored
+	if c.err != nil {
+		t.Fatal(c.err)
+	}
+	reads := f.blobs.rangeReads.Load()
+	// The second reader missed before that: it now asks for the chunk.
+	if c, _ := s.startFetch(l, 0, 1, testChunk, nil, true); c != nil {
+		t.Fatalf("a cached chunk was fetched again")
+	}
+	data, err := s.chunk(ctx, l, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sha256.Sum256(data) != l.t.Chunks[0].Sum {
+		t.Fatalf("chunk 0 from the cache has the wrong content")
+	}
+	if n := f.blobs.rangeReads.Load() - reads; n != 0 {
+		t.Fatalf("the blob store was read %d more times for a cached chunk", n)
 	}
 }
 

@@ -491,8 +491,21 @@ func (s *Server) attribute(pid uint32) *sandbox {
 // when no fetch of it is in flight. The fetch runs on its own deadline, so a reader that gives up
 // does not cancel it for the others waiting.
 func (s *Server) chunk(ctx context.Context, l *layer, i int, sb *sandbox) ([]byte, error) {
-	for {
+	for cached := 0; ; {
 		c, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb, true)
+		if c == nil {
+			// Stored since this reader missed it. Read from the cache; if it went again
+			// (evicted), the next turn fetches it.
+			data := make([]byte, l.t.Chunks[i].Len)
+			_, err := s.cache.ReadAt(l.t.Chunks[i].Sum, data, 0)
+			if err == nil {
+				return data, nil
+			}
+			if cached++; cached > 3 || !errors.Is(err, errdefs.ErrNotFound) {
+				return nil, fmt.Errorf("chunk %d of layer %s: read from the cache: %w", i, l.name, err)
+			}
+			continue
+		}
 		if s.cfg.Readahead > 0 {
 			// A miss where the last one's range ended, or inside what was read ahead, is a
 			// sequential reader: keep up to Readahead bytes in flight ahead of it.
@@ -569,7 +582,7 @@ func (s *Server) readahead(l *layer, from int, size int64, sb *sandbox) {
 			i++
 			continue
 		}
-		_, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb, false)
+		_, end := s.startFetch(l, i, i+1, s.cfg.FetchWindow, sb, false) // nil: stored meanwhile
 		i = end
 	}
 	s.mu.Lock()
@@ -582,12 +595,19 @@ func (s *Server) readahead(l *layer, from int, size int64, sb *sandbox) {
 
 // startFetch starts fetching chunks [i, j) of l, extended past j with following chunks that are
 // neither cached nor in flight while the range stays within window, and returns the call of chunk
-// i (which may be one already in flight) and the index after the last chunk it started.
+// i (which may be one already in flight) and the index after the last chunk it started. The call
+// is nil when chunk i is in the cache: a fetch stored it after the caller looked. (A fetch puts
+// its chunks in the cache before it takes them out of flight, both seen here under s.mu, so a
+// chunk is never fetched twice.)
 func (s *Server) startFetch(l *layer, i, j int, window int64, sb *sandbox, demand bool) (*call, int) {
 	s.mu.Lock()
 	if c := s.inflight[l.t.Chunks[i].Sum]; c != nil {
 		s.mu.Unlock()
 		return c, i + 1
+	}
+	if s.cache.Has(l.t.Chunks[i].Sum) {
+		s.mu.Unlock()
+		return nil, i + 1
 	}
 	var calls []*call
 	var sums [][32]byte
@@ -795,6 +815,9 @@ func (s *Server) fetchRun(ctx context.Context, l *layer, i, j int, window int64,
 			continue
 		}
 		c, end := s.startFetch(l, x, j, window, sb, false)
+		if c == nil {
+			continue // stored since Has was asked
+		}
 		select {
 		case <-c.stored:
 		case <-ctx.Done():
