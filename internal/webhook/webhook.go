@@ -191,8 +191,12 @@ type Dispatcher struct {
 	bus     *events.Bus
 	queue   chan *delivery
 
-	mu    sync.Mutex
-	hooks []*store.WebhookRecord // protected by mu
+	// reads numbers the reads of the webhooks; hooks is the result of read number hooksRead
+	// (protected by mu), so a slow read never replaces what a later one found.
+	reads     atomic.Uint64
+	mu        sync.Mutex
+	hooks     []*store.WebhookRecord
+	hooksRead uint64
 
 	delivered, retried, failed, dropped, lost atomic.Uint64
 	// waiting counts retries waiting out their backoff; at most cfg.Queue wait at once.
@@ -267,13 +271,18 @@ func (d *Dispatcher) follow(ctx context.Context, sub *events.Sub, tick <-chan ti
 }
 
 func (d *Dispatcher) refresh(ctx context.Context) {
+	n := d.reads.Add(1)
 	hooks, err := d.st.Webhooks(ctx, "")
 	if err != nil {
 		d.log.Warn("read webhooks", "err", err)
 		return
 	}
 	d.mu.Lock()
-	d.hooks = hooks
+	// A read that began later saw every webhook this one did: Run's first read, slow under
+	// load, must not undo a Refresh made after a webhook was added.
+	if n > d.hooksRead {
+		d.hooks, d.hooksRead = hooks, n
+	}
 	d.mu.Unlock()
 }
 

@@ -262,3 +262,51 @@ func TestPrivateAddressesRefused(t *testing.T) {
 		t.Errorf("with AllowPrivate: CheckTarget(%s) = %v", srv.URL, err)
 	}
 }
+
+// slowFirstRead holds the first read of the webhooks (Run's) until release is closed, and
+// answers it with what the store held when that read began.
+type slowFirstRead struct {
+	*store.Store
+	once           sync.Once
+	begun, release chan struct{}
+}
+
+func (s *slowFirstRead) Webhooks(ctx context.Context, project string) ([]*store.WebhookRecord, error) {
+	first := false
+	s.once.Do(func() { first = true })
+	hooks, err := s.Store.Webhooks(ctx, project)
+	if first {
+		close(s.begun)
+		<-s.release
+	}
+	return hooks, err
+}
+
+// Run's first read of the webhooks, slow under load, ends after a webhook was added and
+// Refresh read it: the older list must not replace the newer one (the webhook would get
+// nothing until the next periodic refresh).
+func TestSlowFirstReadDoesNotHideANewHook(t *testing.T) {
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.CreateProject(context.Background(), "a", "root"); err != nil {
+		t.Fatal(err)
+	}
+	slow := &slowFirstRead{Store: st, begun: make(chan struct{}), release: make(chan struct{})}
+	bus := events.New("n1", events.Config{}, slog.New(slog.DiscardHandler))
+	d := New(Config{AllowPrivate: true, Refresh: time.Hour}, slog.New(slog.DiscardHandler), slow, bus)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	<-slow.begun // Run's read has read the store, and waits
+	rc := &receiver{statuses: []int{200}}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	addHook(t, st, d, srv.URL)
+	close(slow.release)
+	bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: "sb-a", Project: "/a"})
+	eventually(t, "the delivery", func() bool { return d.Stats().Delivered == 1 })
+}
