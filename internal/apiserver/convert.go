@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/report"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -39,4 +40,10 @@ func apiReport(rep report.Report, project string) corral.Report {
 		out.Setup[i] = corral.SetupTime(s)
 	}
 	return out
+}
+
+// lifecycleEvent is an event of the bus or the store as the API's LifecycleEvent (the same
+// fields: the conversion does not compile if one side gains a field the other lacks).
+func lifecycleEvent(ev events.Event) corral.LifecycleEvent {
+	return corral.LifecycleEvent(ev)
 }

@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/report"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // fill sets every field under v to a value no other field has, so that a conversion that drops
@@ -108,5 +110,43 @@ func TestConversions(t *testing.T) {
 	}
 	if got := apiReport(report.Report{}, "p"); got.Setup == nil || got.Project != "p" {
 		t.Errorf("apiReport of an empty report = %+v, want Setup [] and Project p", got)
+	}
+}
+
+// TestEventConversion: an event of the bus reaches the API whole, and its JSON (what the store
+// keeps and webhooks deliver as their payload) is the API's LifecycleEvent's byte for byte,
+// with every field set and with the omitempty ones empty; the bus's event types are the API's.
+func TestEventConversion(t *testing.T) {
+	n := 0
+	var ev events.Event
+	fill(t, reflect.ValueOf(&ev).Elem(), &n)
+	if got, want := leaves(reflect.ValueOf(lifecycleEvent(ev))), leaves(reflect.ValueOf(ev)); !reflect.DeepEqual(got, want) {
+		t.Errorf("lifecycleEvent: the API's fields hold %v, want %v (the bus's, in order)", got, want)
+	}
+	for _, ev := range []events.Event{ev, {ID: "e1", At: time.Unix(1, 5).UTC(), Type: events.Created}, {}} {
+		a, _ := json.Marshal(ev)
+		b, _ := json.Marshal(lifecycleEvent(ev))
+		if string(a) != string(b) {
+			t.Errorf("events.Event's JSON differs from the API's:\nbus %s\nAPI %s", a, b)
+		}
+		var back events.Event
+		if err := json.Unmarshal(b, &back); err != nil || back != ev {
+			t.Errorf("the API's JSON %s reads back as %+v (%v), want %+v", b, back, err, ev)
+		}
+	}
+	if !slices.Equal(events.Types, corral.EventTypes) {
+		t.Errorf("events.Types = %v, want the API's %v", events.Types, corral.EventTypes)
+	}
+	for _, c := range [][2]string{
+		{events.Created, corral.EventCreated}, {events.Started, corral.EventStarted}, {events.Paused, corral.EventPaused},
+		{events.Resumed, corral.EventResumed}, {events.Forked, corral.EventForked}, {events.OOM, corral.EventOOM},
+		{events.TTLExpired, corral.EventTTLExpired}, {events.IdleExpired, corral.EventIdleExpired},
+		{events.Deleted, corral.EventDeleted}, {events.Failed, corral.EventFailed},
+		{events.EgressBlocked, corral.EventEgressBlocked}, {events.QuotaRefused, corral.EventQuotaRefused},
+		{events.NodeState, corral.EventNodeState},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("event type %q is %q in the API", c[0], c[1])
+		}
 	}
 }

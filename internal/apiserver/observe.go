@@ -58,8 +58,8 @@ func (s *Server) SetWebhooks(d *webhook.Dispatcher) { s.hooks = d }
 
 // eventFilter says which events a request sees: those of the project's subtree the caller may
 // read, of the types asked for.
-func eventFilter(c *caller, under string, types []string) func(corral.LifecycleEvent) bool {
-	return func(ev corral.LifecycleEvent) bool {
+func eventFilter(c *caller, under string, types []string) func(events.Event) bool {
+	return func(ev events.Event) bool {
 		p, err := iam.ParsePath("project", ev.Project)
 		if err != nil || !iam.Within(p, under) || !c.perms(p).Has(iam.SandboxRead) {
 			return false
@@ -128,7 +128,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	// The past: the store's copy, and the bus's events it may not have yet.
 	seen := map[string]bool{}
-	var past []corral.LifecycleEvent
+	var past []events.Event
 	if !since.IsZero() {
 		stored, err := s.store.ListEvents(r.Context(), under, since, replayLimit)
 		if err != nil {
@@ -163,7 +163,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		seen[ev.ID] = true
-		if !send(ev) {
+		if !send(lifecycleEvent(ev)) {
 			return
 		}
 	}
@@ -189,7 +189,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			if seen[ev.ID] {
 				continue
 			}
-			if !send(ev) {
+			if !send(lifecycleEvent(ev)) {
 				return
 			}
 		}
@@ -199,7 +199,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 // followStore follows the events of every node through the store (cluster mode, where other
 // edges publish on their own buses), rereading storeFollowLag back each time for events
 // written late, and sending each event once.
-func (s *Server) followStore(ctx context.Context, under string, match func(corral.LifecycleEvent) bool, seen map[string]bool, from time.Time, send func(any) bool) {
+func (s *Server) followStore(ctx context.Context, under string, match func(events.Event) bool, seen map[string]bool, from time.Time, send func(any) bool) {
 	t := time.NewTicker(storeFollowEvery)
 	defer t.Stop()
 	cursor := from
@@ -219,7 +219,7 @@ func (s *Server) followStore(ctx context.Context, under string, match func(corra
 				continue
 			}
 			seen[ev.ID] = true
-			if !send(ev) {
+			if !send(lifecycleEvent(ev)) {
 				return
 			}
 			if ev.At.After(cursor) {

@@ -45,6 +45,7 @@ import (
 	"github.com/corral-dev/corral/internal/daemon"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
@@ -747,9 +748,9 @@ func unreachable(err error) bool {
 // nodeEvent records a node's state change in the store's events, which every edge's followers
 // read in cluster mode (GET /v1/events; operators see them: they belong to the root project).
 func (s *Server) nodeEvent(ctx context.Context, node, state string) {
-	ev := corral.LifecycleEvent{ID: fmt.Sprintf("ev-server-%x-%s", time.Now().UnixNano(), node), At: time.Now().UTC(),
-		Type: corral.EventNodeState, Node: node, Reason: state}
-	if err := s.store.AddEvents(context.WithoutCancel(ctx), []corral.LifecycleEvent{ev}); err != nil {
+	ev := events.Event{ID: fmt.Sprintf("ev-server-%x-%s", time.Now().UnixNano(), node), At: time.Now().UTC(),
+		Type: events.NodeState, Node: node, Reason: state}
+	if err := s.store.AddEvents(context.WithoutCancel(ctx), []events.Event{ev}); err != nil {
 		s.log.Warn("record node event", "node", node, "err", err)
 	}
 }

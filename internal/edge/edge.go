@@ -857,7 +857,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	if err != nil {
 		if _, ok := errors.AsType[*iam.QuotaError](err); ok {
 			// No sandbox was made: the event names the project and the quota, not an ID.
-			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventQuotaRefused, Project: rec.Project, Tier: rec.Tier, Reason: err.Error()})
+			e.bus.Publish(events.Event{Type: events.QuotaRefused, Project: rec.Project, Tier: rec.Tier, Reason: err.Error()})
 		}
 		return nil, err
 	}
@@ -901,7 +901,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	if adm.fork != nil {
 		created = "fork of " + adm.fork.Source
 	}
-	e.emit(corral.EventCreated, rec, created)
+	e.emit(events.Created, rec, created)
 	e.usageCreated(ctx, rec)
 	// The record (state creating) now keeps the layers from deletion; fetch and mount them.
 	lower, err := e.prepareLayers(ctx, rec, adm.fill)
@@ -958,7 +958,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		e.startServices(ctx, sb, rec, adm.services, false)
 	}
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
-	e.emit(corral.EventStarted, rec, "")
+	e.emit(events.Started, rec, "")
 	return rec, nil
 }
 
@@ -1883,7 +1883,7 @@ func (e *Edge) reap(ctx context.Context) {
 		if err == nil && st.OOMKills > sb.oomEvented.Load() {
 			// A process of the sandbox was OOM-killed (the sandbox may live on).
 			sb.oomEvented.Store(st.OOMKills)
-			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventOOM, Sandbox: sb.id, Project: sb.project, Tier: sb.tier,
+			e.bus.Publish(events.Event{Type: events.OOM, Sandbox: sb.id, Project: sb.project, Tier: sb.tier,
 				Reason: fmt.Sprintf("the kernel killed a process for memory (%d kills so far)", st.OOMKills)})
 		}
 		if err != nil || st.State != runtime.StateRunning {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/limits"
@@ -564,7 +565,7 @@ func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 	if err := e.WaitCleanups(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ev := next(t, sub.C()); ev.Type != corral.EventDeleted || ev.Sandbox != rec.ID {
+	if ev := next(t, sub.C()); ev.Type != events.Deleted || ev.Sandbox != rec.ID {
 		t.Fatalf("event = %+v, want deleted", ev)
 	}
 	if got, _ := e.Get(ctx, rec.ID); got.State != corral.StateStopped || got.Reason != corral.ReasonDeleted || got.Stopping != nil {

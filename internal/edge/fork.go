@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
@@ -95,7 +96,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 	}
 	if err := e.admitForks(ctx, recs); err != nil {
 		if _, ok := errors.AsType[*iam.QuotaError](err); ok {
-			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventQuotaRefused, Project: src.Project, Tier: src.Tier, Reason: err.Error()})
+			e.bus.Publish(events.Event{Type: events.QuotaRefused, Project: src.Project, Tier: src.Tier, Reason: err.Error()})
 		}
 		return nil, err
 	}
@@ -103,7 +104,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 	img, err := e.takeForkImage(ctx, sb, src, req.DiskOnly)
 	if err != nil {
 		for _, rec := range recs {
-			e.emit(corral.EventCreated, rec, "fork of "+id)
+			e.emit(events.Created, rec, "fork of "+id)
 			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
 		}
 		return nil, err
@@ -137,7 +138,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
 	}
 	for _, rec := range recs {
-		e.emit(corral.EventForked, rec, "fork of "+id)
+		e.emit(events.Forked, rec, "fork of "+id)
 	}
 	e.log.Info("sandbox forked", "sandbox", id, "copies", n, "memory", img.Memory,
 		"source_stopped", img.Stopped.Round(time.Millisecond), "took", time.Since(now).Round(time.Millisecond))

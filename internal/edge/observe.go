@@ -305,24 +305,24 @@ func (e *Edge) emit(typ string, rec *store.Sandbox, reason string) {
 	if rec.Tier == TierFncall {
 		return // pool containers come and go with their pools, not with anyone's tasks
 	}
-	e.bus.Publish(corral.LifecycleEvent{Type: typ, Sandbox: rec.ID, Project: rec.Project, Tier: rec.Tier, Reason: reason})
+	e.bus.Publish(events.Event{Type: typ, Sandbox: rec.ID, Project: rec.Project, Tier: rec.Tier, Reason: reason})
 }
 
 // emitEnd publishes how a sandbox ended: deleted, ttl_expired, idle_expired, or failed (with
 // an oom event first when the kernel killed it for memory).
 func (e *Edge) emitEnd(rec *store.Sandbox, state, reason string) {
-	typ := corral.EventFailed
+	typ := events.Failed
 	switch {
 	case state == corral.StateStopped && reason == corral.ReasonDeleted:
-		typ = corral.EventDeleted
+		typ = events.Deleted
 	case state == corral.StateStopped && reason == corral.ReasonTTLExpired:
-		typ = corral.EventTTLExpired
+		typ = events.TTLExpired
 	case state == corral.StateStopped && reason == corral.ReasonIdleExpired:
-		typ = corral.EventIdleExpired
+		typ = events.IdleExpired
 	case state == corral.StateStopped:
-		typ = corral.EventDeleted
+		typ = events.Deleted
 	case reason == corral.ReasonOOMKilled:
-		e.emit(corral.EventOOM, rec, reason)
+		e.emit(events.OOM, rec, reason)
 	}
 	e.emit(typ, rec, reason)
 }
@@ -344,7 +344,7 @@ func (e *Edge) noticeBlocked(sb *sandbox) {
 		reason = sb.net.recent[n-1].Reason
 	}
 	sb.net.mu.Unlock()
-	e.bus.Publish(corral.LifecycleEvent{Type: corral.EventEgressBlocked, Sandbox: sb.id, Project: sb.project,
+	e.bus.Publish(events.Event{Type: events.EgressBlocked, Sandbox: sb.id, Project: sb.project,
 		Tier: sb.tier, Reason: reason, Count: int64(st.BlockedTotal - prev)})
 }
 

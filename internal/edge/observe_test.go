@@ -8,6 +8,7 @@ import (
 
 	"errors"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -58,14 +59,14 @@ func TestParseSince(t *testing.T) {
 }
 
 // next reads the next event of sub, failing after a while.
-func next(t *testing.T, c <-chan corral.LifecycleEvent) corral.LifecycleEvent {
+func next(t *testing.T, c <-chan events.Event) events.Event {
 	t.Helper()
 	select {
 	case ev := <-c:
 		return ev
 	case <-time.After(10 * time.Second):
 		t.Fatal("no event")
-		return corral.LifecycleEvent{}
+		return events.Event{}
 	}
 }
 
@@ -80,7 +81,7 @@ func TestLifecycleEventsAndUsage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{corral.EventCreated, corral.EventStarted} {
+	for _, want := range []string{events.Created, events.Started} {
 		if ev := next(t, sub.C()); ev.Type != want || ev.Sandbox != rec.ID || ev.Project != "/" || ev.Tier != TierContainer || ev.Node != "local" {
 			t.Fatalf("event = %+v, want %s of %s", ev, want, rec.ID)
 		}
@@ -91,16 +92,16 @@ func TestLifecycleEventsAndUsage(t *testing.T) {
 	if _, err := e.Pause(ctx, rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if ev := next(t, sub.C()); ev.Type != corral.EventPaused || ev.Reason != "asked" {
+	if ev := next(t, sub.C()); ev.Type != events.Paused || ev.Reason != "asked" {
 		t.Fatalf("event = %+v, want paused", ev)
 	}
 	if _, err := e.Resume(ctx, rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if ev := next(t, sub.C()); ev.Type != corral.EventResumed {
+	if ev := next(t, sub.C()); ev.Type != events.Resumed {
 		t.Fatalf("event = %+v, want resumed", ev)
 	}
-	if ev := next(t, sub.C()); ev.Type != corral.EventTTLExpired || ev.Reason != corral.ReasonTTLExpired {
+	if ev := next(t, sub.C()); ev.Type != events.TTLExpired || ev.Reason != corral.ReasonTTLExpired {
 		t.Fatalf("event = %+v, want ttl_expired", ev)
 	}
 	rows, err := st.ListUsage(ctx, "", time.Time{})
@@ -148,7 +149,7 @@ func TestDeleteAndFailedEvents(t *testing.T) {
 		t.Fatal("create succeeded on a failing runtime")
 	}
 	next(t, sub.C()) // created
-	if ev := next(t, sub.C()); ev.Type != corral.EventFailed || ev.Reason == "" {
+	if ev := next(t, sub.C()); ev.Type != events.Failed || ev.Reason == "" {
 		t.Errorf("event = %+v, want failed with a reason", ev)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
@@ -111,7 +112,7 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (_ *store
 	if automatic {
 		why = "idle"
 	}
-	e.emit(corral.EventPaused, rec, why)
+	e.emit(events.Paused, rec, why)
 	e.log.Info("sandbox paused", "sandbox", sb.id, "automatic", automatic, "took_ms", info.TookMs,
 		"memory_returned", info.MemoryReturned, "memory_before", info.MemoryBefore)
 	return rec, nil
@@ -169,7 +170,7 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (_ *store
 	if explicit {
 		why = "asked"
 	}
-	e.emit(corral.EventResumed, rec, why)
+	e.emit(events.Resumed, rec, why)
 	e.log.Info("sandbox resumed", "sandbox", sb.id, "explicit", explicit, "took_ms", float64(took.Microseconds())/1000)
 	return rec, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/cleanup"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
@@ -675,13 +676,13 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 		p.claims.Add(-1)
 		put()
 		if _, quota := errors.AsType[*iam.QuotaError](err); quota {
-			e.bus.Publish(corral.LifecycleEvent{Type: corral.EventQuotaRefused, Project: rec.Project, Tier: rec.Tier, Reason: err.Error()})
+			e.bus.Publish(events.Event{Type: events.QuotaRefused, Project: rec.Project, Tier: rec.Tier, Reason: err.Error()})
 		}
 		return nil, true, err
 	}
 	e.countPooled(w.rec.Limits, -1)
 	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
-	e.emit(corral.EventCreated, rec, "")
+	e.emit(events.Created, rec, "")
 	e.usageCreated(ctx, rec)
 	var undo cleanup.Stack
 	var cause error // the failure, for the record's reason
@@ -733,7 +734,7 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	undo.Release()
 	p.hits.Add(1)
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "warm", true)
-	e.emit(corral.EventStarted, rec, "")
+	e.emit(events.Started, rec, "")
 	return rec, true, nil
 }
 

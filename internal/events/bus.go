@@ -1,5 +1,5 @@
-// Package events is the in-process event bus: what happened to sandboxes and nodes
-// (corral.LifecycleEvent), fanned out to followers of GET /v1/events and to the webhook
+// Package events is the in-process event bus: what happened to sandboxes and nodes (Event),
+// fanned out to followers of GET /v1/events and to the webhook
 // dispatcher, kept in a bounded replay buffer, and written to the store in batches.
 //
 // Publishing never blocks: a follower whose buffer is full is dropped (its stream ends with an
@@ -18,9 +18,48 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	corral "github.com/corral-dev/corral/sdk/go"
 )
+
+// Event types: those of the event stream (GET /v1/events) and of webhooks. They are the API's
+// (the SDK's EventCreated and so on; internal/apiserver's tests hold them equal).
+const (
+	Created       = "created"
+	Started       = "started"
+	Paused        = "paused"
+	Resumed       = "resumed"
+	Forked        = "forked"
+	OOM           = "oom"
+	TTLExpired    = "ttl_expired"
+	IdleExpired   = "idle_expired"
+	Deleted       = "deleted"
+	Failed        = "failed"
+	EgressBlocked = "egress_blocked"
+	QuotaRefused  = "quota_refused"
+	NodeState     = "node_state"
+)
+
+// Types lists every event type, in the API's order.
+var Types = []string{Created, Started, Paused, Resumed, Forked, OOM,
+	TTLExpired, IdleExpired, Deleted, Failed, EgressBlocked, QuotaRefused, NodeState}
+
+// Event is something that happened to a sandbox or a node. Sandbox events name the sandbox, its
+// project (display path) and node; egress_blocked is a burst of blocked attempts (Count of them,
+// the first's reason); node_state names the node and its new state (Reason).
+//
+// Its JSON is the API's LifecycleEvent, byte for byte: the store keeps events as this JSON and
+// webhooks deliver it as their payload (internal/apiserver's tests hold the two equal). The API
+// and the cluster server convert to the SDK's type where they write events.
+type Event struct {
+	ID      string    `json:"id"`
+	At      time.Time `json:"at"`
+	Type    string    `json:"type"`
+	Sandbox string    `json:"sandbox,omitempty"`
+	Project string    `json:"project,omitempty"`
+	Node    string    `json:"node,omitempty"`
+	Tier    string    `json:"tier,omitempty"`
+	Reason  string    `json:"reason,omitempty"`
+	Count   int64     `json:"count,omitempty"`
+}
 
 // Config sizes a Bus. Zero fields take the defaults.
 type Config struct {
@@ -47,7 +86,7 @@ func (c *Config) setDefaults() {
 
 // Recorder keeps events durably (internal/store implements it).
 type Recorder interface {
-	AddEvents(ctx context.Context, evs []corral.LifecycleEvent) error
+	AddEvents(ctx context.Context, evs []Event) error
 }
 
 // Bus fans events out. The zero value is not usable; call New.
@@ -58,13 +97,13 @@ type Bus struct {
 	log    *slog.Logger
 
 	mu   sync.Mutex
-	seq  uint64                  // protected by mu
-	ring []corral.LifecycleEvent // the last cfg.Replay events, oldest at next; protected by mu
-	next int                     // protected by mu
-	full bool                    // protected by mu
-	subs map[*Sub]struct{}       // protected by mu
+	seq  uint64            // protected by mu
+	ring []Event           // the last cfg.Replay events, oldest at next; protected by mu
+	next int               // protected by mu
+	full bool              // protected by mu
+	subs map[*Sub]struct{} // protected by mu
 
-	toStore chan corral.LifecycleEvent
+	toStore chan Event
 
 	published, droppedFollowers, storeDropped, storeFailed atomic.Uint64
 }
@@ -76,16 +115,16 @@ func New(node string, cfg Config, log *slog.Logger) *Bus {
 	return &Bus{
 		cfg: cfg, node: node, log: log,
 		prefix: fmt.Sprintf("ev-%s-%x-", node, time.Now().UnixNano()),
-		ring:   make([]corral.LifecycleEvent, cfg.Replay),
+		ring:   make([]Event, cfg.Replay),
 		subs:   map[*Sub]struct{}{},
 		// The channel holds the queue; the writer drains it in batches.
-		toStore: make(chan corral.LifecycleEvent, cfg.StoreQueue),
+		toStore: make(chan Event, cfg.StoreQueue),
 	}
 }
 
 // Publish stamps ev (ID, At when zero, Node when empty) and hands it to every follower, the
 // replay buffer and the store writer. It never blocks.
-func (b *Bus) Publish(ev corral.LifecycleEvent) {
+func (b *Bus) Publish(ev Event) {
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
@@ -126,13 +165,13 @@ func (b *Bus) Publish(ev corral.LifecycleEvent) {
 // Sub is a subscription: events arrive on C until the bus drops it (Dropped) or Close.
 type Sub struct {
 	b       *Bus
-	c       chan corral.LifecycleEvent
-	match   func(corral.LifecycleEvent) bool
+	c       chan Event
+	match   func(Event) bool
 	dropped atomic.Bool
 }
 
 // C delivers the subscription's events; it is closed when the subscription ends.
-func (s *Sub) C() <-chan corral.LifecycleEvent { return s.c }
+func (s *Sub) C() <-chan Event { return s.c }
 
 // Dropped reports whether the bus ended the subscription because its buffer was full.
 func (s *Sub) Dropped() bool { return s.dropped.Load() }
@@ -151,11 +190,11 @@ func (s *Sub) Close() {
 // buffer of them, and the replay buffer's events at or after since that match (none when since
 // is zero). Events published after the call are on the subscription, those before in the
 // returned slice, none in both.
-func (b *Bus) Subscribe(buffer int, since time.Time, match func(corral.LifecycleEvent) bool) (*Sub, []corral.LifecycleEvent) {
+func (b *Bus) Subscribe(buffer int, since time.Time, match func(Event) bool) (*Sub, []Event) {
 	if match == nil {
-		match = func(corral.LifecycleEvent) bool { return true }
+		match = func(Event) bool { return true }
 	}
-	s := &Sub{b: b, c: make(chan corral.LifecycleEvent, buffer), match: match}
+	s := &Sub{b: b, c: make(chan Event, buffer), match: match}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.subs[s] = struct{}{}
@@ -166,9 +205,9 @@ func (b *Bus) Subscribe(buffer int, since time.Time, match func(corral.Lifecycle
 }
 
 // Recent returns the replay buffer's events at or after since that match (nil: all).
-func (b *Bus) Recent(since time.Time, match func(corral.LifecycleEvent) bool) []corral.LifecycleEvent {
+func (b *Bus) Recent(since time.Time, match func(Event) bool) []Event {
 	if match == nil {
-		match = func(corral.LifecycleEvent) bool { return true }
+		match = func(Event) bool { return true }
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -176,8 +215,8 @@ func (b *Bus) Recent(since time.Time, match func(corral.LifecycleEvent) bool) []
 }
 
 // Preconditions: b.mu is held.
-func (b *Bus) recentLocked(since time.Time, match func(corral.LifecycleEvent) bool) []corral.LifecycleEvent {
-	var out []corral.LifecycleEvent
+func (b *Bus) recentLocked(since time.Time, match func(Event) bool) []Event {
+	var out []Event
 	start, n := 0, b.next
 	if b.full {
 		start, n = b.next, len(b.ring)
@@ -226,7 +265,7 @@ func (b *Bus) Stats() Stats {
 func (b *Bus) Run(ctx context.Context, rec Recorder) {
 	t := time.NewTicker(b.cfg.FlushEvery)
 	defer t.Stop()
-	var batch []corral.LifecycleEvent
+	var batch []Event
 	// flush writes what is queued, in batches of at most 512.
 	flush := func(ctx context.Context) {
 		for {

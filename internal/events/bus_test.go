@@ -1,15 +1,10 @@
 package events
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 func newBus(t *testing.T, cfg Config) *Bus {
@@ -19,13 +14,13 @@ func newBus(t *testing.T, cfg Config) *Bus {
 
 func TestPublishOrderAndFilter(t *testing.T) {
 	b := newBus(t, Config{})
-	sub, past := b.Subscribe(16, time.Time{}, func(ev corral.LifecycleEvent) bool { return ev.Project == "a" })
+	sub, past := b.Subscribe(16, time.Time{}, func(ev Event) bool { return ev.Project == "a" })
 	defer sub.Close()
 	if past != nil {
 		t.Fatalf("no since: past = %v, want none", past)
 	}
 	for i, p := range []string{"a", "b", "a", "a"} {
-		b.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: fmt.Sprint("sb", i), Project: p})
+		b.Publish(Event{Type: Created, Sandbox: fmt.Sprint("sb", i), Project: p})
 	}
 	var got []string
 	for range 3 {
@@ -49,7 +44,7 @@ func TestReplayBuffer(t *testing.T) {
 	b := newBus(t, Config{Replay: 4})
 	t0 := time.Now().UTC()
 	for i := range 6 {
-		b.Publish(corral.LifecycleEvent{At: t0.Add(time.Duration(i) * time.Second), Type: corral.EventCreated, Sandbox: fmt.Sprint("sb", i)})
+		b.Publish(Event{At: t0.Add(time.Duration(i) * time.Second), Type: Created, Sandbox: fmt.Sprint("sb", i)})
 	}
 	var got []string
 	for _, ev := range b.Recent(t0.Add(3*time.Second), nil) {
@@ -85,7 +80,7 @@ func TestSlowFollowerDropped(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		for range 50 {
-			b.Publish(corral.LifecycleEvent{Type: corral.EventStarted})
+			b.Publish(Event{Type: Started})
 		}
 		close(done)
 	}()
@@ -113,45 +108,4 @@ func TestSlowFollowerDropped(t *testing.T) {
 		t.Errorf("StoreDropped = %d, want 42", st.StoreDropped)
 	}
 	slow.Close() // closing a dropped subscription is harmless
-}
-
-// Run writes published events to the store, in order, and what is queued when it stops.
-func TestRunRecordsEvents(t *testing.T) {
-	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	b := newBus(t, Config{FlushEvery: 10 * time.Millisecond})
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { b.Run(rctx, st); close(done) }()
-	for i := range 700 {
-		b.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: fmt.Sprint("sb", i), Project: "/a"})
-	}
-	list := func() []corral.LifecycleEvent {
-		got, err := st.ListEvents(ctx, "a", time.Time{}, 10000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(list()) < 700 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	// What is queued when it stops is written too.
-	for i := 700; i < 705; i++ {
-		b.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: fmt.Sprint("sb", i), Project: "/a"})
-	}
-	cancel()
-	<-done
-	got := list()
-	if len(got) != 705 || got[0].Sandbox != "sb0" || got[704].Sandbox != "sb704" {
-		t.Fatalf("store has %d events, want the 705 in order", len(got))
-	}
-	if other, _ := st.ListEvents(ctx, "b", time.Time{}, 10); len(other) != 0 {
-		t.Errorf("project b sees %d of a's events", len(other))
-	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -20,7 +21,7 @@ import (
 
 // AddEvents records events in one transaction. An event's project is its display path ("" or
 // "/" for the root).
-func (s *Store) AddEvents(ctx context.Context, evs []corral.LifecycleEvent) error {
+func (s *Store) AddEvents(ctx context.Context, evs []events.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
@@ -49,7 +50,7 @@ func (s *Store) AddEvents(ctx context.Context, evs []corral.LifecycleEvent) erro
 
 // ListEvents returns up to limit events of the canonical project's subtree at or after since,
 // oldest first.
-func (s *Store) ListEvents(ctx context.Context, project string, since time.Time, limit int) ([]corral.LifecycleEvent, error) {
+func (s *Store) ListEvents(ctx context.Context, project string, since time.Time, limit int) ([]events.Event, error) {
 	cond, args := subtreeCond("project_path", project)
 	args = append([]any{since.UnixNano()}, args...)
 	args = append(args, limit)
@@ -58,13 +59,13 @@ func (s *Store) ListEvents(ctx context.Context, project string, since time.Time,
 		return nil, fmt.Errorf("list events: %w", err)
 	}
 	defer rows.Close()
-	var out []corral.LifecycleEvent
+	var out []events.Event
 	for rows.Next() {
 		var doc string
 		if err := rows.Scan(&doc); err != nil {
 			return nil, fmt.Errorf("list events: %w", err)
 		}
-		var ev corral.LifecycleEvent
+		var ev events.Event
 		if err := json.Unmarshal([]byte(doc), &ev); err != nil {
 			return nil, fmt.Errorf("list events: decode: %w", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -15,11 +16,11 @@ func TestEventsConformance(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
 		t0 := time.Now().UTC().Truncate(time.Microsecond)
-		evs := []corral.LifecycleEvent{
-			{ID: "e1", At: t0, Type: corral.EventCreated, Sandbox: "sb-1", Project: "/a"},
-			{ID: "e2", At: t0.Add(time.Second), Type: corral.EventCreated, Sandbox: "sb-2", Project: "/b"},
-			{ID: "e3", At: t0.Add(2 * time.Second), Type: corral.EventDeleted, Sandbox: "sb-1", Project: "/a/x"},
-			{ID: "e4", At: t0.Add(3 * time.Second), Type: corral.EventNodeState, Node: "n1", Reason: "cordoned"},
+		evs := []events.Event{
+			{ID: "e1", At: t0, Type: events.Created, Sandbox: "sb-1", Project: "/a"},
+			{ID: "e2", At: t0.Add(time.Second), Type: events.Created, Sandbox: "sb-2", Project: "/b"},
+			{ID: "e3", At: t0.Add(2 * time.Second), Type: events.Deleted, Sandbox: "sb-1", Project: "/a/x"},
+			{ID: "e4", At: t0.Add(3 * time.Second), Type: events.NodeState, Node: "n1", Reason: "cordoned"},
 		}
 		if err := s.AddEvents(ctx, evs); err != nil {
 			t.Fatal(err)
@@ -27,7 +28,7 @@ func TestEventsConformance(t *testing.T) {
 		if err := s.AddEvents(ctx, evs[:1]); err != nil { // recorded twice: once
 			t.Fatal(err)
 		}
-		ids := func(list []corral.LifecycleEvent) (out []string) {
+		ids := func(list []events.Event) (out []string) {
 			for _, e := range list {
 				out = append(out, e.ID)
 			}
@@ -54,7 +55,7 @@ func TestEventsConformance(t *testing.T) {
 			}
 		}
 		got, _ := s.ListEvents(ctx, "", time.Time{}, 1)
-		if got[0].Sandbox != "sb-1" || !got[0].At.Equal(t0) || got[0].Type != corral.EventCreated {
+		if got[0].Sandbox != "sb-1" || !got[0].At.Equal(t0) || got[0].Type != events.Created {
 			t.Errorf("round trip: %+v", got[0])
 		}
 		if err := s.PruneObservations(ctx, t0.Add(2*time.Second), t0); err != nil {

@@ -108,12 +108,12 @@ func ValidateRequest(req corral.WebhookRequest) error {
 	if u.User != nil {
 		return errdefs.Invalid("url", "must not carry user info (the signature authenticates deliveries)")
 	}
-	if len(req.Events) > len(corral.EventTypes) {
-		return errdefs.Invalid("events", "at most %d types", len(corral.EventTypes))
+	if len(req.Events) > len(events.Types) {
+		return errdefs.Invalid("events", "at most %d types", len(events.Types))
 	}
 	for i, t := range req.Events {
-		if !slices.Contains(corral.EventTypes, t) {
-			return errdefs.Invalid(fmt.Sprintf("events[%d]", i), "%q is not an event type (%s)", t, strings.Join(corral.EventTypes, ", "))
+		if !slices.Contains(events.Types, t) {
+			return errdefs.Invalid(fmt.Sprintf("events[%d]", i), "%q is not an event type (%s)", t, strings.Join(events.Types, ", "))
 		}
 	}
 	return nil
@@ -205,7 +205,7 @@ type Dispatcher struct {
 
 type delivery struct {
 	hook    *store.WebhookRecord
-	ev      corral.LifecycleEvent
+	ev      events.Event
 	body    []byte
 	attempt int
 	due     time.Time
@@ -289,7 +289,7 @@ func (d *Dispatcher) refresh(ctx context.Context) {
 // Refresh rereads the webhooks now (after one was added or removed through this process).
 func (d *Dispatcher) Refresh(ctx context.Context) { d.refresh(ctx) }
 
-func (d *Dispatcher) enqueue(ev corral.LifecycleEvent) {
+func (d *Dispatcher) enqueue(ev events.Event) {
 	p, err := iam.ParsePath("project", ev.Project)
 	if err != nil {
 		p = ""
@@ -402,7 +402,7 @@ const TestType = "test"
 func (d *Dispatcher) Test(ctx context.Context, hook *store.WebhookRecord, by string) corral.WebhookDelivery {
 	var b [6]byte
 	rand.Read(b[:])
-	ev := corral.LifecycleEvent{ID: "test-" + hex.EncodeToString(b[:]), At: time.Now().UTC(), Type: TestType,
+	ev := events.Event{ID: "test-" + hex.EncodeToString(b[:]), At: time.Now().UTC(), Type: TestType,
 		Project: hook.Project, Reason: "a test delivery asked for by " + by}
 	body, _ := json.Marshal(ev)
 	dl := &delivery{hook: hook, ev: ev, body: body, attempt: 1, due: time.Now()}

@@ -147,10 +147,10 @@ func TestDeliverRetriesOn500(t *testing.T) {
 	rc := &receiver{statuses: []int{500, 503, 200}}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
-	h := addHook(t, st, d, srv.URL+"/hook", corral.EventCreated)
-	bus.Publish(corral.LifecycleEvent{Type: corral.EventDeleted, Sandbox: "sb-x", Project: "/a"}) // not asked for
-	bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: "sb-b", Project: "/b"}) // another project
-	bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: "sb-a", Project: "/a/sub"})
+	h := addHook(t, st, d, srv.URL+"/hook", events.Created)
+	bus.Publish(events.Event{Type: events.Deleted, Sandbox: "sb-x", Project: "/a"}) // not asked for
+	bus.Publish(events.Event{Type: events.Created, Sandbox: "sb-b", Project: "/b"}) // another project
+	bus.Publish(events.Event{Type: events.Created, Sandbox: "sb-a", Project: "/a/sub"})
 	eventually(t, "a delivery answered 200", func() bool { return d.Stats().Delivered == 1 })
 	if n := rc.count(); n != 3 {
 		t.Fatalf("receiver got %d requests, want 3 (500, 503, 200)", n)
@@ -160,7 +160,7 @@ func TestDeliverRetriesOn500(t *testing.T) {
 		if err := Verify(h.SecretKey, r.Header.Get(corral.SignatureHeader), rc.bodies[i], time.Now(), time.Minute); err != nil {
 			t.Errorf("request %d: signature: %v", i, err)
 		}
-		if r.Header.Get("Corral-Event") != corral.EventCreated || r.Header.Get("Content-Type") != "application/json" {
+		if r.Header.Get("Corral-Event") != events.Created || r.Header.Get("Content-Type") != "application/json" {
 			t.Errorf("request %d: headers %v", i, r.Header)
 		}
 	}
@@ -191,7 +191,7 @@ func TestGiveUp(t *testing.T) {
 	hh := addHook(t, st, d, hangSrv.URL)
 	addHook(t, st, d, goneSrv.URL)
 	start := time.Now()
-	bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: "sb-a", Project: "/a"})
+	bus.Publish(events.Event{Type: events.Created, Sandbox: "sb-a", Project: "/a"})
 	eventually(t, "both deliveries given up", func() bool { return d.Stats().Failed == 2 })
 	if hang.count() != 3 || gone.count() != 1 {
 		t.Errorf("hanging receiver got %d requests (want 3), 410 one %d (want 1)", hang.count(), gone.count())
@@ -213,7 +213,7 @@ func TestQueueBounded(t *testing.T) {
 	defer srv.Close()
 	addHook(t, st, d, srv.URL)
 	for range 20 {
-		bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Project: "/a"})
+		bus.Publish(events.Event{Type: events.Created, Project: "/a"})
 	}
 	eventually(t, "deliveries dropped", func() bool { return d.Stats().Dropped >= 17 })
 }
@@ -226,7 +226,7 @@ func TestPrivateAddressesRefused(t *testing.T) {
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	h := addHook(t, st, d, srv.URL)
-	bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Project: "/a"})
+	bus.Publish(events.Event{Type: events.Created, Project: "/a"})
 	eventually(t, "the delivery refused", func() bool { return d.Stats().Failed == 1 })
 	if rc.count() != 0 {
 		t.Errorf("the loopback receiver got %d requests", rc.count())
@@ -307,6 +307,6 @@ func TestSlowFirstReadDoesNotHideANewHook(t *testing.T) {
 	defer srv.Close()
 	addHook(t, st, d, srv.URL)
 	close(slow.release)
-	bus.Publish(corral.LifecycleEvent{Type: corral.EventCreated, Sandbox: "sb-a", Project: "/a"})
+	bus.Publish(events.Event{Type: events.Created, Sandbox: "sb-a", Project: "/a"})
 	eventually(t, "the delivery", func() bool { return d.Stats().Delivered == 1 })
 }
