@@ -55,7 +55,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/limits":        false,
 		"internal/netpolicy":     false,
 		"internal/store":         false,
-		"internal/webhook":       false,
 	}
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "github.com/corral-dev/corral/...").Output()
 	if err != nil {

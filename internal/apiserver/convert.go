@@ -4,6 +4,7 @@ import (
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/report"
+	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -46,4 +47,10 @@ func apiReport(rep report.Report, project string) corral.Report {
 // fields: the conversion does not compile if one side gains a field the other lacks).
 func lifecycleEvent(ev events.Event) corral.LifecycleEvent {
 	return corral.LifecycleEvent(ev)
+}
+
+// webhookDelivery is an entry of a webhook's delivery log as the API's WebhookDelivery (the same
+// fields: the conversion does not compile if one side gains a field the other lacks).
+func webhookDelivery(d store.WebhookDelivery) corral.WebhookDelivery {
+	return corral.WebhookDelivery(d)
 }

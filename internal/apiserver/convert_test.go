@@ -11,6 +11,8 @@ import (
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/report"
+	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/webhook"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -148,5 +150,31 @@ func TestEventConversion(t *testing.T) {
 		if c[0] != c[1] {
 			t.Errorf("event type %q is %q in the API", c[0], c[1])
 		}
+	}
+}
+
+// TestWebhookDeliveryConversion: an entry of the delivery log reaches the API whole, and the JSON
+// the store keeps is the API's WebhookDelivery's byte for byte (with every field set, and with
+// the omitempty ones empty); deliveries are signed in the API's header.
+func TestWebhookDeliveryConversion(t *testing.T) {
+	n := 0
+	var d store.WebhookDelivery
+	fill(t, reflect.ValueOf(&d).Elem(), &n)
+	if got, want := leaves(reflect.ValueOf(webhookDelivery(d))), leaves(reflect.ValueOf(d)); !reflect.DeepEqual(got, want) {
+		t.Errorf("webhookDelivery: the API's fields hold %v, want %v (the store's, in order)", got, want)
+	}
+	for _, d := range []store.WebhookDelivery{d, {Webhook: "wh-1", Event: "e1", Type: events.Created, Attempt: 1, At: time.Unix(1, 5).UTC(), Result: "ok"}, {}} {
+		a, _ := json.Marshal(d)
+		b, _ := json.Marshal(webhookDelivery(d))
+		if string(a) != string(b) {
+			t.Errorf("store.WebhookDelivery's JSON differs from the API's:\nstore %s\nAPI   %s", a, b)
+		}
+		var back store.WebhookDelivery
+		if err := json.Unmarshal(b, &back); err != nil || back != d {
+			t.Errorf("the API's JSON %s reads back as %+v (%v), want %+v", b, back, err, d)
+		}
+	}
+	if webhook.SignatureHeader != corral.SignatureHeader {
+		t.Errorf("webhook.SignatureHeader = %q, want the API's %q", webhook.SignatureHeader, corral.SignatureHeader)
 	}
 }

@@ -284,7 +284,7 @@ func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) {
 		err = c.require(iam.SandboxAdmin, project)
 	}
 	if err == nil {
-		err = webhook.ValidateRequest(req)
+		err = webhook.ValidateRequest(req.URL, req.Events)
 	}
 	if err == nil && s.hooks != nil {
 		err = s.hooks.CheckTarget(req.URL)
@@ -363,7 +363,7 @@ func (s *Server) testWebhook(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	httpjson.Write(w, http.StatusOK, s.hooks.Test(r.Context(), h, who(r).tok.Principal))
+	httpjson.Write(w, http.StatusOK, webhookDelivery(s.hooks.Test(r.Context(), h, who(r).tok.Principal)))
 }
 
 func (s *Server) webhookDeliveries(w http.ResponseWriter, r *http.Request) {
@@ -372,7 +372,11 @@ func (s *Server) webhookDeliveries(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	httpjson.Write(w, http.StatusOK, list)
+	out := make([]corral.WebhookDelivery, len(list)) // [] when none, never null
+	for i, d := range list {
+		out[i] = webhookDelivery(d)
+	}
+	httpjson.Write(w, http.StatusOK, out)
 }
 
 // writeWebhookMetrics adds the webhook dispatcher's counters to the Prometheus output.

@@ -183,8 +183,24 @@ func (s *Store) DeleteWebhook(ctx context.Context, id string) error {
 	return nil
 }
 
+// WebhookDelivery is one attempt to deliver an event to a webhook. Result is "ok", "retry"
+// (another attempt follows) or "failed" (given up), with Error saying why. The log keeps its
+// JSON, which is the API's corral.WebhookDelivery byte for byte (internal/apiserver converts
+// where it answers, and its tests hold the two equal).
+type WebhookDelivery struct {
+	Webhook    string    `json:"webhook"`
+	Event      string    `json:"event"`
+	Type       string    `json:"type"`
+	Attempt    int       `json:"attempt"`
+	At         time.Time `json:"at"`
+	Status     int       `json:"status,omitempty"`
+	Result     string    `json:"result"`
+	Error      string    `json:"error,omitempty"`
+	DurationMs float64   `json:"duration_ms"`
+}
+
 // AddDelivery appends one delivery attempt to its webhook's log.
-func (s *Store) AddDelivery(ctx context.Context, d corral.WebhookDelivery) error {
+func (s *Store) AddDelivery(ctx context.Context, d WebhookDelivery) error {
 	doc, err := json.Marshal(d)
 	if err != nil {
 		return err
@@ -197,19 +213,19 @@ func (s *Store) AddDelivery(ctx context.Context, d corral.WebhookDelivery) error
 }
 
 // Deliveries returns up to limit of a webhook's delivery attempts, newest first.
-func (s *Store) Deliveries(ctx context.Context, webhook string, limit int) ([]corral.WebhookDelivery, error) {
+func (s *Store) Deliveries(ctx context.Context, webhook string, limit int) ([]WebhookDelivery, error) {
 	rows, err := s.rdb.QueryContext(ctx, `SELECT doc FROM webhook_deliveries WHERE webhook_id = ? ORDER BY id DESC LIMIT ?`, webhook, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list webhook deliveries: %w", err)
 	}
 	defer rows.Close()
-	out := []corral.WebhookDelivery{}
+	out := []WebhookDelivery{}
 	for rows.Next() {
 		var doc string
 		if err := rows.Scan(&doc); err != nil {
 			return nil, fmt.Errorf("list webhook deliveries: %w", err)
 		}
-		var d corral.WebhookDelivery
+		var d WebhookDelivery
 		if err := json.Unmarshal([]byte(doc), &d); err != nil {
 			return nil, fmt.Errorf("list webhook deliveries: decode: %w", err)
 		}

@@ -109,7 +109,7 @@ func TestWebhooksConformance(t *testing.T) {
 			t.Fatalf("Webhook(wh-1) = %+v, %v", h, err)
 		}
 		for i := range 3 {
-			d := corral.WebhookDelivery{Webhook: "wh-1", Event: "e1", Type: "created", Attempt: i + 1, At: now.Add(time.Duration(i) * time.Second), Result: "retry"}
+			d := WebhookDelivery{Webhook: "wh-1", Event: "e1", Type: "created", Attempt: i + 1, At: now.Add(time.Duration(i) * time.Second), Result: "retry"}
 			if err := s.AddDelivery(ctx, d); err != nil {
 				t.Fatal(err)
 			}

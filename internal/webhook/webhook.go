@@ -37,8 +37,11 @@ import (
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
+
+// SignatureHeader carries a delivery's signature (Sign); it is the API's (the SDK's
+// SignatureHeader: internal/apiserver's tests hold them equal).
+const SignatureHeader = "Corral-Signature"
 
 // Sign returns the signature header's value for body sent at t under secret:
 // "t=UNIX,v1=HEX", HEX = HMAC-SHA256(secret, "UNIX." + body).
@@ -97,21 +100,21 @@ func NewID() string {
 
 // ValidateRequest checks a webhook's URL (absolute http or https, at most 2048 bytes, no user
 // info) and event types (known ones; none means all).
-func ValidateRequest(req corral.WebhookRequest) error {
-	if len(req.URL) > 2048 {
+func ValidateRequest(rawURL string, types []string) error {
+	if len(rawURL) > 2048 {
 		return errdefs.Invalid("url", "longer than 2048 bytes")
 	}
-	u, err := url.Parse(req.URL)
+	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return errdefs.Invalid("url", "%q is not an http or https URL", req.URL)
+		return errdefs.Invalid("url", "%q is not an http or https URL", rawURL)
 	}
 	if u.User != nil {
 		return errdefs.Invalid("url", "must not carry user info (the signature authenticates deliveries)")
 	}
-	if len(req.Events) > len(events.Types) {
+	if len(types) > len(events.Types) {
 		return errdefs.Invalid("events", "at most %d types", len(events.Types))
 	}
-	for i, t := range req.Events {
+	for i, t := range types {
 		if !slices.Contains(events.Types, t) {
 			return errdefs.Invalid(fmt.Sprintf("events[%d]", i), "%q is not an event type (%s)", t, strings.Join(events.Types, ", "))
 		}
@@ -179,7 +182,7 @@ func (c *Config) setDefaults() {
 // Store is what the dispatcher needs of the store.
 type Store interface {
 	Webhooks(ctx context.Context, project string) ([]*store.WebhookRecord, error)
-	AddDelivery(ctx context.Context, d corral.WebhookDelivery) error
+	AddDelivery(ctx context.Context, d store.WebhookDelivery) error
 }
 
 // Dispatcher delivers the bus's events to the store's webhooks.
@@ -342,7 +345,7 @@ func (d *Dispatcher) work(ctx context.Context) {
 func (d *Dispatcher) attempt(ctx context.Context, dl *delivery) {
 	start := time.Now()
 	status, err := d.send(ctx, dl)
-	rec := corral.WebhookDelivery{Webhook: dl.hook.ID, Event: dl.ev.ID, Type: dl.ev.Type, Attempt: dl.attempt,
+	rec := store.WebhookDelivery{Webhook: dl.hook.ID, Event: dl.ev.ID, Type: dl.ev.Type, Attempt: dl.attempt,
 		At: start.UTC(), Status: status, DurationMs: float64(time.Since(start).Microseconds()) / 1000}
 	retry := false
 	if err == nil && status >= 200 && status < 300 {
@@ -399,7 +402,7 @@ const TestType = "test"
 // Test delivers one event of type TestType to hook now, whatever events it subscribes to: one
 // attempt, signed and logged like any delivery and never retried, so whoever set the webhook up
 // sees at once whether its receiver answers and checks the signature. It returns the attempt.
-func (d *Dispatcher) Test(ctx context.Context, hook *store.WebhookRecord, by string) corral.WebhookDelivery {
+func (d *Dispatcher) Test(ctx context.Context, hook *store.WebhookRecord, by string) store.WebhookDelivery {
 	var b [6]byte
 	rand.Read(b[:])
 	ev := events.Event{ID: "test-" + hex.EncodeToString(b[:]), At: time.Now().UTC(), Type: TestType,
@@ -408,7 +411,7 @@ func (d *Dispatcher) Test(ctx context.Context, hook *store.WebhookRecord, by str
 	dl := &delivery{hook: hook, ev: ev, body: body, attempt: 1, due: time.Now()}
 	start := time.Now()
 	status, err := d.send(ctx, dl)
-	rec := corral.WebhookDelivery{Webhook: hook.ID, Event: ev.ID, Type: ev.Type, Attempt: 1, At: start.UTC(), Status: status,
+	rec := store.WebhookDelivery{Webhook: hook.ID, Event: ev.ID, Type: ev.Type, Attempt: 1, At: start.UTC(), Status: status,
 		DurationMs: float64(time.Since(start).Microseconds()) / 1000, Result: "ok"}
 	switch {
 	case err != nil:
@@ -434,7 +437,7 @@ func (d *Dispatcher) send(ctx context.Context, dl *delivery) (int, error) {
 	req.Header.Set("Corral-Event", dl.ev.Type)
 	req.Header.Set("Corral-Delivery", dl.ev.ID)
 	req.Header.Set("Corral-Webhook", dl.hook.ID)
-	req.Header.Set(corral.SignatureHeader, Sign(dl.hook.SecretKey, time.Now(), dl.body))
+	req.Header.Set(SignatureHeader, Sign(dl.hook.SecretKey, time.Now(), dl.body))
 	resp, err := d.cfg.Client.Do(req)
 	if err != nil {
 		return 0, err
