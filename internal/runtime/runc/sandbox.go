@@ -474,7 +474,8 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 	var errs []error
 	// Every process is killed first (through the cgroup, by pidfd), so what `runc delete` would
 	// still do is remove its state directory and the cgroups (Remove, below, does those): no
-	// runc process is started for it (one Go program's start, a tenth of a sandbox's CPU).
+	// runc process is started for it (a Go program's start: 3-6% of a sandbox's CPU,
+	// docs/BENCHMARKS.md).
 	if err := r.cg.KillAll(id, 10*time.Second); err != nil {
 		errs = append(errs, err)
 	}
