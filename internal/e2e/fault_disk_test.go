@@ -54,7 +54,16 @@ func diskTestFS(t *testing.T, size int64) string {
 			t.Errorf("umount %s: %v: %s (something of corral still holds the data dir's filesystem)", mnt, err, out)
 			exec.Command("umount", "-l", mnt).Run()
 		}
-		if out, _ := exec.Command("losetup", "-j", img).Output(); len(bytes.TrimSpace(out)) > 0 {
+		// The kernel detaches an autoclear loop device after the unmount returns (its release
+		// runs on a workqueue): give it a moment before calling it left behind.
+		var out []byte
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			out, _ = exec.Command("losetup", "-j", img).Output()
+			if len(bytes.TrimSpace(out)) == 0 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(bytes.TrimSpace(out)) > 0 {
 			t.Errorf("loop device left on the test filesystem's image: %s", out)
 		}
 		os.Remove(mnt)
