@@ -3,12 +3,17 @@ package apiserver
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/store"
@@ -176,5 +181,61 @@ func TestWebhookDeliveryConversion(t *testing.T) {
 	}
 	if webhook.SignatureHeader != corral.SignatureHeader {
 		t.Errorf("webhook.SignatureHeader = %q, want the API's %q", webhook.SignatureHeader, corral.SignatureHeader)
+	}
+}
+
+// TestIAMNames: the authorisation model's names are the API's: permissions (in the SDK's order),
+// roles (weakest first), principal kinds and the root project's path; and a quota refusal
+// reaches the error body whole, its detail's JSON the API's QuotaExceeded's byte for byte.
+func TestIAMNames(t *testing.T) {
+	perms := []string{
+		corral.PermSandboxRead, corral.PermSandboxCreate, corral.PermSandboxUse, corral.PermSandboxAdmin,
+		corral.PermLayerRead, corral.PermLayerPublish, corral.PermProjectRead, corral.PermProjectCreate,
+		corral.PermProjectGrant, corral.PermQuotaDelegate, corral.PermAuditRead, corral.PermOperator,
+	}
+	if got := iam.All.Names(); !slices.Equal(got, perms) {
+		t.Errorf("iam's permissions are %q, want the API's %q", got, perms)
+	}
+	if p, err := iam.ParsePerms(perms); err != nil || p != iam.All {
+		t.Errorf("iam.ParsePerms(the API's permissions) = %v, %v; want all", p, err)
+	}
+	if want := []string{corral.RoleViewer, corral.RoleUser, corral.RoleAdmin, corral.RoleOwner}; !slices.Equal(iam.Roles, want) {
+		t.Errorf("iam.Roles = %q, want the API's %q", iam.Roles, want)
+	}
+	for _, c := range [][2]string{
+		{iam.KindUser, corral.KindUser}, {iam.KindService, corral.KindService}, {iam.KindAgent, corral.KindAgent},
+		{iam.RootProject, corral.RootProject}, {iam.Display(""), corral.RootProject},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("iam's %q is %q in the API", c[0], c[1])
+		}
+	}
+	for _, kind := range []string{corral.KindUser, corral.KindService, corral.KindAgent} {
+		if err := iam.CheckKind(kind); err != nil {
+			t.Errorf("iam.CheckKind(%q): %v", kind, err)
+		}
+	}
+
+	n := 0
+	var q iam.QuotaExceeded
+	fill(t, reflect.ValueOf(&q).Elem(), &n)
+	api := corral.QuotaExceeded(q)
+	if got, want := leaves(reflect.ValueOf(api)), leaves(reflect.ValueOf(q)); !reflect.DeepEqual(got, want) {
+		t.Errorf("QuotaExceeded: the API's fields hold %v, want %v (iam's, in order)", got, want)
+	}
+	if a, b := q.String(), api.String(); a != b {
+		t.Errorf("iam.QuotaExceeded reads %q, the API's %q", a, b)
+	}
+	a, _ := json.Marshal(q)
+	b, _ := json.Marshal(api)
+	if string(a) != string(b) {
+		t.Errorf("iam.QuotaExceeded's JSON differs from the API's:\niam %s\nAPI %s", a, b)
+	}
+	rec := httptest.NewRecorder()
+	err := fmt.Errorf("create: %w", &iam.QuotaError{QuotaExceeded: q})
+	httpjson.Error(rec, httptest.NewRequest(http.MethodPost, "/v1/sandboxes", nil), slog.New(slog.DiscardHandler), err)
+	var body corral.Error
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusTooManyRequests || body.Quota == nil || *body.Quota != api {
+		t.Errorf("a quota refusal answers %d %s (%v), want 429 with quota %+v", rec.Code, rec.Body, err, api)
 	}
 }

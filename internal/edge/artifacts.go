@@ -147,7 +147,7 @@ func (a *artifacts) put(project string, r io.Reader, mode fs.FileMode, ttl time.
 			used += a.bytes[id]
 		}
 		if used+n > l.Limit {
-			return "", false, &iam.QuotaError{QuotaExceeded: corral.QuotaExceeded{
+			return "", false, &iam.QuotaError{QuotaExceeded: iam.QuotaExceeded{
 				Project: iam.Display(l.Path), Resource: "artifact_bytes", Limit: float64(l.Limit), Usage: float64(used), Request: float64(n),
 			}}
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -121,9 +122,9 @@ func Error(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) 
 	status := Status(err)
 	trace.Fail(r.Context(), err)
 	body := corral.Error{Code: errdefs.Code(err), Message: err.Error(), Field: errdefs.Field(err)}
-	var quota interface{ Detail() *corral.QuotaExceeded }
-	if errors.As(err, &quota) {
-		body.Quota = quota.Detail()
+	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
+		q := corral.QuotaExceeded(qe.QuotaExceeded) // the same fields: iam stays off the SDK
+		body.Quota = &q
 	}
 	var denied interface{ Permission() string }
 	if errors.As(err, &denied) {

@@ -19,11 +19,11 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Perm is a set of permissions, one bit each.
@@ -48,11 +48,32 @@ const (
 	All = Operator<<1 - 1
 )
 
+// permNames are the permissions' names on the wire, the SDK's Perm* constants (a test in
+// internal/apiserver holds them equal: the API speaks these names, iam does not import the SDK).
 var permNames = []string{
-	corral.PermSandboxRead, corral.PermSandboxCreate, corral.PermSandboxUse, corral.PermSandboxAdmin,
-	corral.PermLayerRead, corral.PermLayerPublish, corral.PermProjectRead, corral.PermProjectCreate,
-	corral.PermProjectGrant, corral.PermQuotaDelegate, corral.PermAuditRead, corral.PermOperator,
+	"sandbox.read", "sandbox.create", "sandbox.use", "sandbox.admin",
+	"layer.read", "layer.publish", "project.read", "project.create",
+	"project.grant", "quota.delegate", "audit.read", "operator",
 }
+
+// The role names, the SDK's Role* constants.
+const (
+	RoleViewer = "viewer" // read-only
+	RoleUser   = "user"   // viewer + create and use sandboxes
+	RoleAdmin  = "admin"  // user + manage sandboxes, publish layers, subprojects, quotas, audit
+	RoleOwner  = "owner"  // admin + grant roles and mint tokens for other principals, operator
+)
+
+// The principal kinds, the SDK's Kind{User,Service,Agent}.
+const (
+	KindUser    = "user"
+	KindService = "service"
+	KindAgent   = "agent"
+)
+
+// RootProject is how the API and people write the root project's path (canonically ""), the
+// SDK's RootProject.
+const RootProject = "/"
 
 // The roles, each a superset of the one before.
 var (
@@ -63,18 +84,18 @@ var (
 )
 
 // Roles lists the role names, weakest first.
-var Roles = []string{corral.RoleViewer, corral.RoleUser, corral.RoleAdmin, corral.RoleOwner}
+var Roles = []string{RoleViewer, RoleUser, RoleAdmin, RoleOwner}
 
 // RolePerms returns the permissions of a role.
 func RolePerms(role string) (Perm, bool) {
 	switch role {
-	case corral.RoleViewer:
+	case RoleViewer:
 		return viewer, true
-	case corral.RoleUser:
+	case RoleUser:
 		return user, true
-	case corral.RoleAdmin:
+	case RoleAdmin:
 		return admin, true
-	case corral.RoleOwner:
+	case RoleOwner:
 		return owner, true
 	}
 	return 0, false
@@ -150,7 +171,7 @@ func ParsePath(field, s string) (string, error) {
 // Display renders a canonical path for people and the API: the root is "/".
 func Display(p string) string {
 	if p == "" {
-		return corral.RootProject
+		return RootProject
 	}
 	return p
 }
@@ -313,7 +334,7 @@ func CheckPrincipalName(field, name string) error {
 // CheckKind validates a principal kind.
 func CheckKind(kind string) error {
 	switch kind {
-	case corral.KindUser, corral.KindService, corral.KindAgent:
+	case KindUser, KindService, KindAgent:
 		return nil
 	}
 	return errdefs.Invalid("kind", "%q is not a principal kind (user, service or agent)", kind)
@@ -346,13 +367,27 @@ func (e *DeniedError) Unwrap() error { return errdefs.ErrDenied }
 // Permission names the missing permission for the API's error body.
 func (e *DeniedError) Permission() string { return e.Perm.String() }
 
+// QuotaExceeded is the detail of a refusal by a quota: the fields (and JSON) of the SDK's
+// QuotaExceeded, which internal/httpjson converts it to for the API's error body (a test in
+// internal/apiserver holds the two equal).
+type QuotaExceeded struct {
+	Project  string  `json:"project"`  // the full project (the requester's or an ancestor)
+	Resource string  `json:"resource"` // sandboxes, cpus, memory_bytes, disk_bytes, creates_per_minute, artifact_bytes, tiers.NAME
+	Limit    float64 `json:"limit"`
+	Usage    float64 `json:"usage"`
+	Request  float64 `json:"request"`
+}
+
+// String describes the refusal in one line, as the SDK's QuotaExceeded does.
+func (q *QuotaExceeded) String() string {
+	n := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+	return fmt.Sprintf("project %s: %s limit %s, in use %s, requested %s", q.Project, q.Resource, n(q.Limit), n(q.Usage), n(q.Request))
+}
+
 // QuotaError is a 429: a limit of a project would be exceeded.
-type QuotaError struct{ corral.QuotaExceeded }
+type QuotaError struct{ QuotaExceeded }
 
 func (e *QuotaError) Error() string { return "quota exceeded: " + e.QuotaExceeded.String() }
 
 // Unwrap makes a QuotaError an errdefs.ErrExhausted.
 func (e *QuotaError) Unwrap() error { return errdefs.ErrExhausted }
-
-// Detail returns the refusal's detail for the API's error body.
-func (e *QuotaError) Detail() *corral.QuotaExceeded { q := e.QuotaExceeded; return &q }

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 func TestRolesNest(t *testing.T) {
@@ -39,11 +38,11 @@ func TestRolesNest(t *testing.T) {
 }
 
 func TestPerms(t *testing.T) {
-	p, err := ParsePerms([]string{corral.PermSandboxUse, corral.PermAuditRead})
+	p, err := ParsePerms([]string{"sandbox.use", "audit.read"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := p.Names(); !slices.Equal(got, []string{corral.PermSandboxUse, corral.PermAuditRead}) {
+	if got := p.Names(); !slices.Equal(got, []string{"sandbox.use", "audit.read"}) {
 		t.Errorf("Names = %v", got)
 	}
 	if _, err := ParsePerms([]string{"sandbox.everything"}); !errors.Is(err, errdefs.ErrInvalid) {

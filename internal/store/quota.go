@@ -664,7 +664,7 @@ func takeCreation(ctx context.Context, tx *Tx, p *ProjectRecord, now time.Time) 
 		bucket = min(limit, bucket+float64(now.UnixNano()-at)/float64(time.Minute)*limit)
 	}
 	if bucket < 1 {
-		return &iam.QuotaError{QuotaExceeded: corral.QuotaExceeded{
+		return &iam.QuotaError{QuotaExceeded: iam.QuotaExceeded{
 			Project: iam.Display(p.Path), Resource: "creates_per_minute", Limit: limit, Usage: math.Ceil(limit - bucket), Request: 1,
 		}}
 	}
@@ -685,7 +685,7 @@ func fits(p *ProjectRecord, u, want corral.Usage) error {
 			continue // a resource the request does not use cannot be what it exceeds
 		}
 		if it.value+add[i].value > *it.limit+1e-9 {
-			return &iam.QuotaError{QuotaExceeded: corral.QuotaExceeded{
+			return &iam.QuotaError{QuotaExceeded: iam.QuotaExceeded{
 				Project: iam.Display(p.Path), Resource: it.name, Limit: *it.limit, Usage: it.value, Request: add[i].value,
 			}}
 		}
