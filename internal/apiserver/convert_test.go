@@ -130,17 +130,7 @@ func TestEventConversion(t *testing.T) {
 	if got, want := leaves(reflect.ValueOf(lifecycleEvent(ev))), leaves(reflect.ValueOf(ev)); !reflect.DeepEqual(got, want) {
 		t.Errorf("lifecycleEvent: the API's fields hold %v, want %v (the bus's, in order)", got, want)
 	}
-	for _, ev := range []events.Event{ev, {ID: "e1", At: time.Unix(1, 5).UTC(), Type: events.Created}, {}} {
-		a, _ := json.Marshal(ev)
-		b, _ := json.Marshal(lifecycleEvent(ev))
-		if string(a) != string(b) {
-			t.Errorf("events.Event's JSON differs from the API's:\nbus %s\nAPI %s", a, b)
-		}
-		var back events.Event
-		if err := json.Unmarshal(b, &back); err != nil || back != ev {
-			t.Errorf("the API's JSON %s reads back as %+v (%v), want %+v", b, back, err, ev)
-		}
-	}
+	sameJSON(t, lifecycleEvent, ev, events.Event{ID: "e1", At: time.Unix(1, 5).UTC(), Type: events.Created}, events.Event{})
 	if !slices.Equal(events.Types, corral.EventTypes) {
 		t.Errorf("events.Types = %v, want the API's %v", events.Types, corral.EventTypes)
 	}
@@ -168,17 +158,8 @@ func TestWebhookDeliveryConversion(t *testing.T) {
 	if got, want := leaves(reflect.ValueOf(webhookDelivery(d))), leaves(reflect.ValueOf(d)); !reflect.DeepEqual(got, want) {
 		t.Errorf("webhookDelivery: the API's fields hold %v, want %v (the store's, in order)", got, want)
 	}
-	for _, d := range []store.WebhookDelivery{d, {Webhook: "wh-1", Event: "e1", Type: events.Created, Attempt: 1, At: time.Unix(1, 5).UTC(), Result: "ok"}, {}} {
-		a, _ := json.Marshal(d)
-		b, _ := json.Marshal(webhookDelivery(d))
-		if string(a) != string(b) {
-			t.Errorf("store.WebhookDelivery's JSON differs from the API's:\nstore %s\nAPI   %s", a, b)
-		}
-		var back store.WebhookDelivery
-		if err := json.Unmarshal(b, &back); err != nil || back != d {
-			t.Errorf("the API's JSON %s reads back as %+v (%v), want %+v", b, back, err, d)
-		}
-	}
+	sameJSON(t, webhookDelivery, d, store.WebhookDelivery{Webhook: "wh-1", Event: "e1", Type: events.Created, Attempt: 1,
+		At: time.Unix(1, 5).UTC(), Result: "ok"}, store.WebhookDelivery{})
 	if webhook.SignatureHeader != corral.SignatureHeader {
 		t.Errorf("webhook.SignatureHeader = %q, want the API's %q", webhook.SignatureHeader, corral.SignatureHeader)
 	}
@@ -237,5 +218,22 @@ func TestIAMNames(t *testing.T) {
 	var body corral.Error
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusTooManyRequests || body.Quota == nil || *body.Quota != api {
 		t.Errorf("a quota refusal answers %d %s (%v), want 429 with quota %+v", rec.Code, rec.Body, err, api)
+	}
+}
+
+// sameJSON checks, for each internal value, that its JSON is its API conversion's byte for byte
+// and that the API's JSON reads back as the same value.
+func sameJSON[In comparable, Out any](t *testing.T, conv func(In) Out, values ...In) {
+	t.Helper()
+	for _, v := range values {
+		a, _ := json.Marshal(v)
+		b, _ := json.Marshal(conv(v))
+		if string(a) != string(b) {
+			t.Errorf("%T's JSON differs from the API's %T:\ninternal %s\nAPI      %s", v, conv(v), a, b)
+		}
+		var back In
+		if err := json.Unmarshal(b, &back); err != nil || back != v {
+			t.Errorf("the API's JSON %s reads back as %+v (%v), want %+v", b, back, err, v)
+		}
 	}
 }
