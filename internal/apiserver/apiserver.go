@@ -56,12 +56,31 @@ type Server struct {
 
 	// hooks, when set, delivers this process's events to webhooks (SetWebhooks).
 	hooks *webhook.Dispatcher
+
+	// servesNodes: this API is a cluster edge's, served only to the cluster's servers
+	// (ServeClusterServers), and takes its callers from them instead of from tokens.
+	servesNodes bool
+
+	// fleet deletes what a forced project delete removes: the local edge's (New), or every
+	// node's through a cluster server (SetFleet).
+	fleet Fleet
 }
 
 // New returns a Server. info is served by GET /v1/info (Sandboxes is filled in per call).
 func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info corral.Info) *Server {
-	return &Server{log: log, store: st, edge: e, layers: ls, info: info}
+	s := &Server{log: log, store: st, edge: e, layers: ls, info: info}
+	if e != nil {
+		s.fleet = localFleet{s}
+	}
+	return s
 }
+
+// ServeClusterServers makes this API a cluster edge's: every request's caller is the one its
+// server authenticated and sent along (internal/nodeproto), and no token is looked up here.
+// Identity, projects, quotas, placement and the audit log are the servers' (IAMHandler): the
+// edge does not serve them. The handler must be served only behind clusterauth.RequireServer,
+// which lets nothing but the cluster's servers reach it.
+func (s *Server) ServeClusterServers() { s.servesNodes = true }
 
 // HashToken returns the form in which a token is stored.
 func HashToken(token string) string {
@@ -240,7 +259,15 @@ func (s *Server) Handler() http.Handler {
 	}))
 	api.HandleFunc("POST /v1/fncall/{name}", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, false) }))
 	api.HandleFunc("POST /v1/fncall/{name}/stream", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, true) }))
-	s.iamRoutes(api)
+	if s.servesNodes {
+		for _, p := range IAMPaths {
+			api.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s: identity, projects and the audit log are served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
+			})
+		}
+	} else {
+		s.iamRoutes(api)
+	}
 	s.volumeRoutes(api)
 	s.observeRoutes(api)
 	// Everything else under a sandbox is its data plane, served by the edge that runs it.
@@ -263,7 +290,7 @@ func (s *Server) route() http.Handler {
 			return
 		}
 		if node := edge.NodeOf(id); node != s.edge.Node() {
-			httpjson.Error(w, r, s.log, errdefs.NotFound("sandbox %s (node %s is not known here)", id, node))
+			httpjson.Error(w, r, s.log, errdefs.UnknownSandbox(id, "(node %s is not known here)", node))
 			return
 		}
 		local.ServeHTTP(w, r)

@@ -14,6 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -73,7 +74,13 @@ func (c *caller) require(perm iam.Perm, p string) error {
 // revocation holds from the next request on.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := s.caller(r.Context(), bearer(r))
+		var c *caller
+		var err error
+		if s.servesNodes {
+			c, err = nodeCaller(r)
+		} else {
+			c, err = s.caller(r.Context(), bearer(r))
+		}
 		if err != nil {
 			if errors.Is(err, errdefs.ErrUnauthorized) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="corral", error="invalid_token"`)
@@ -107,8 +114,8 @@ func bearer(r *http.Request) string {
 			}
 			tok, err := base64.RawURLEncoding.DecodeString(enc)
 			if header == "" && err == nil && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-				// Set as the header too: a cluster server forwards it to the edge, which
-				// authenticates again; a port proxy drops it as it drops any token.
+				// Set as the header too, as the token of the request; a cluster server sends
+				// the edge the caller instead, and a port proxy drops it as it drops any token.
 				header = "Bearer " + string(tok)
 				r.Header.Set("Authorization", header)
 			}
@@ -164,6 +171,32 @@ func (s *Server) caller(ctx context.Context, header string) (*caller, error) {
 		c.held[g.ProjectPath] |= p
 	}
 	return c, nil
+}
+
+// nodeCaller returns the caller a cluster server authenticated and sent with r, on an edge.
+func nodeCaller(r *http.Request) (*caller, error) {
+	nc, err := nodeproto.CallerOf(r)
+	if err != nil {
+		return nil, err
+	}
+	r.Header.Del("Authorization") // none comes from a server; none goes further if one did
+	return &caller{
+		tok: &store.TokenRecord{ID: nc.TokenID, Principal: nc.Principal, ProjectID: nc.ProjectID, ProjectPath: nc.ProjectPath,
+			Perms: nc.Perms, Role: nc.Role, Parent: nc.Parent, CreatedAt: nc.CreatedAt, ExpiresAt: nc.ExpiresAt},
+		held: nc.Held,
+	}, nil
+}
+
+// ForwardCaller makes h, an Authenticated request's header on its way to an edge, carry its
+// caller for the edge (nodeproto.SetCaller) instead of the user's token: the token stays here.
+func ForwardCaller(r *http.Request, h http.Header) error {
+	c := who(r)
+	h.Del("Authorization")
+	return nodeproto.SetCaller(h, &nodeproto.Caller{
+		TokenID: c.tok.ID, Principal: c.tok.Principal, ProjectID: c.tok.ProjectID, ProjectPath: c.tok.ProjectPath,
+		Perms: c.tok.Perms, Role: c.tok.Role, Parent: c.tok.Parent, CreatedAt: c.tok.CreatedAt, ExpiresAt: c.tok.ExpiresAt,
+		Held: c.held,
+	})
 }
 
 // project returns the canonical path named by a request field, or the caller's scope when empty.

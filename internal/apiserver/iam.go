@@ -16,6 +16,49 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
+// IAMPaths are the patterns of the identity routes (iamRoutes): who the caller is, projects,
+// quotas, placement, principals, grants, tokens and the audit log.
+var IAMPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/quotas/", "/v1/placement/",
+	"/v1/principals", "/v1/grants", "/v1/tokens", "/v1/tokens/", "/v1/audit"}
+
+// IAMHandler serves the identity routes alone, authenticated, for a cluster server: identity and
+// the audit log are served where the API is, never by an edge. A forced project delete deletes
+// its sandboxes and volumes through the Fleet given to SetFleet.
+func (s *Server) IAMHandler() http.Handler {
+	mux := http.NewServeMux()
+	s.iamRoutes(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpjson.Error(w, r, s.log, errdefs.NotFound("no API route %s %s", r.Method, r.URL.Path))
+	})
+	return s.authenticate(mux)
+}
+
+// Fleet deletes the sandboxes and volumes of project under, deleted with force, wherever they
+// are, and audits each delete where it happens. A volume is named by its own project and name.
+type Fleet interface {
+	DeleteSandbox(r *http.Request, under, id string) error
+	DeleteVolume(r *http.Request, under, project, name string) error
+}
+
+// SetFleet sets how a forced project delete reaches sandboxes and volumes (a cluster server's
+// nodes); New sets the local edge's.
+func (s *Server) SetFleet(f Fleet) { s.fleet = f }
+
+// localFleet is the edge in this process.
+type localFleet struct{ s *Server }
+
+func (f localFleet) DeleteSandbox(r *http.Request, under, id string) error {
+	_, err := f.s.edge.Delete(r.Context(), id)
+	f.s.audit(r, "sandbox.delete", under, id, err, "project deleted with force")
+	return err
+}
+
+func (f localFleet) DeleteVolume(r *http.Request, under, project, name string) error {
+	_, err := f.s.edge.DeleteVolume(r.Context(), project, name)
+	f.s.audit(r, "volume.delete", under, name, err, "project deleted with force")
+	return err
+}
+
 // maxTokenTTL bounds how long a minted token may live.
 const maxTokenTTL = 366 * 24 * time.Hour
 
@@ -198,10 +241,11 @@ func (s *Server) deleteSandboxesUnder(r *http.Request, p string) error {
 	if err != nil {
 		return err
 	}
+	if len(ids) > 0 && s.fleet == nil {
+		return errdefs.Unavailable("project %s has %d live sandboxes and this API reaches no node to delete them", iam.Display(p), len(ids))
+	}
 	for _, id := range ids {
-		_, err := s.edge.Delete(r.Context(), id)
-		s.audit(r, "sandbox.delete", p, id, err, "project deleted with force")
-		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := s.fleet.DeleteSandbox(r, p, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
 	}
@@ -214,10 +258,11 @@ func (s *Server) deleteVolumesUnder(r *http.Request, p string) error {
 	if err != nil {
 		return err
 	}
+	if len(vs) > 0 && s.fleet == nil {
+		return errdefs.Unavailable("project %s has %d volumes and this API reaches no node to delete them", iam.Display(p), len(vs))
+	}
 	for _, v := range vs {
-		_, err := s.edge.DeleteVolume(r.Context(), v.Project, v.Name)
-		s.audit(r, "volume.delete", p, v.Name, err, "project deleted with force")
-		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := s.fleet.DeleteVolume(r, p, v.Project, v.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
 	}

@@ -54,7 +54,8 @@ type ClusterConfig struct {
 	// SkipSQLite leaves out the `corral up` on its default SQLite store.
 	SkipSQLite bool
 	// Baseline, when set, is another corral binary whose `corral up` on SQLite is measured as one
-	// more setup, "up-sqlite-baseline" (a before/after comparison in one run).
+	// more setup, "up-sqlite-baseline", and, unless OnlyUp, whose cluster is measured as
+	// "cluster-baseline" (before/after comparisons in one run).
 	Baseline string
 	// OnlyUp leaves out the cluster and the `corral up` on PostgreSQL (no PostgreSQL is started).
 	OnlyUp bool
@@ -155,6 +156,10 @@ type ClusterSetup struct {
 	Create        Stats   `json:"create_latency"`
 	DeletesPerSec float64 `json:"deletes_per_s"`
 	Delete        Stats   `json:"delete_latency"`
+	// Read and Exec are one request at a time on each created sandbox, through the setup's API
+	// (a replica, for a cluster): GET /v1/sandboxes/{id}, and an exec of `true` to its result.
+	Read Stats `json:"read_latency"`
+	Exec Stats `json:"exec_latency"`
 	// ByNode counts the measured sandboxes per node that ran them.
 	ByNode map[string]int `json:"by_node"`
 	// LogErrors counts level=ERROR lines per process of the setup.
@@ -169,6 +174,9 @@ type ClusterRatio struct {
 	P99        float64 `json:"create_p99_ratio"`
 	DeleteP50  float64 `json:"delete_p50_ratio"`
 	DeleteP99  float64 `json:"delete_p99_ratio"`
+	ReadP50    float64 `json:"read_p50_ratio"`
+	ExecP50    float64 `json:"exec_p50_ratio"`
+	ExecP99    float64 `json:"exec_p99_ratio"`
 }
 
 // Cluster measures create throughput through a cluster of 2 `corral server` replicas and 3
@@ -233,13 +241,24 @@ func Cluster(ctx context.Context, cfg ClusterConfig, log *slog.Logger) (res *Clu
 			return res, err
 		}
 		setups = append(setups, setup{"cluster", fmt.Sprintf("%d servers + %d edges, PostgreSQL", clusterServers, clusterEdges), "postgres",
-			func(ctx context.Context, p *phase) error { return env.startCluster(ctx, p, clusterDB) }},
+			func(ctx context.Context, p *phase) error { return env.startCluster(ctx, p, clusterDB, "", 0) }},
 			setup{"up-postgres", "one corral up, PostgreSQL", "postgres",
 				func(ctx context.Context, p *phase) error { return env.startUp(ctx, p, "up", "cbu", 8, upDB) }})
 	}
 	if !cfg.SkipSQLite {
 		setups = append(setups, setup{"up-sqlite", "one corral up, SQLite (its default)", "sqlite",
 			func(ctx context.Context, p *phase) error { return env.startUp(ctx, p, "us", "cbs", 10, "") }})
+	}
+	if cfg.Baseline != "" && !cfg.OnlyUp {
+		baseDB, err := env.pg.CreateDB("bench_cluster_baseline")
+		if err != nil {
+			return res, err
+		}
+		setups = append(setups, setup{"cluster-baseline", fmt.Sprintf("%d servers + %d edges, PostgreSQL, the baseline binary", clusterServers, clusterEdges), "postgres",
+			func(ctx context.Context, p *phase) error {
+				p.bin = cfg.Baseline
+				return env.startCluster(ctx, p, baseDB, "b", 1)
+			}})
 	}
 	if cfg.Baseline != "" {
 		setups = append(setups, setup{"up-sqlite-baseline", "one corral up, SQLite, the baseline binary", "sqlite",
@@ -295,6 +314,7 @@ func Cluster(ctx context.Context, cfg ClusterConfig, log *slog.Logger) (res *Clu
 		out := p.out
 		out.Create, out.CreatesPerSec = summarise(p.creates), float64(len(p.creates))/p.createWall.Seconds()
 		out.Delete, out.DeletesPerSec = summarise(p.deletes), float64(len(p.deletes))/p.deleteWall.Seconds()
+		out.Read, out.Exec = summarise(p.reads), summarise(p.execs)
 		out.LogErrors = map[string]int{}
 		for _, pr := range p.procs {
 			out.LogErrors[pr.name] = pr.logErrors()
@@ -307,7 +327,8 @@ func Cluster(ctx context.Context, cfg ClusterConfig, log *slog.Logger) (res *Clu
 		c := res.Setups[0]
 		res.Ratios = append(res.Ratios, ClusterRatio{Versus: s.Name, Throughput: c.CreatesPerSec / s.CreatesPerSec,
 			P50: c.Create.P50 / s.Create.P50, P99: c.Create.P99 / s.Create.P99,
-			DeleteP50: c.Delete.P50 / s.Delete.P50, DeleteP99: c.Delete.P99 / s.Delete.P99})
+			DeleteP50: c.Delete.P50 / s.Delete.P50, DeleteP99: c.Delete.P99 / s.Delete.P99,
+			ReadP50: c.Read.P50 / s.Read.P50, ExecP50: c.Exec.P50 / s.Exec.P50, ExecP99: c.Exec.P99 / s.Exec.P99})
 	}
 	return res, nil
 }
@@ -336,7 +357,8 @@ type phase struct {
 	tags     []string // net tags
 
 	creates, deletes       []time.Duration // latencies, over the rounds so far
-	createWall, deleteWall time.Duration   // wall times, over the rounds so far
+	reads, execs           []time.Duration
+	createWall, deleteWall time.Duration // wall times, over the rounds so far
 }
 
 // freeAddr returns a loopback address whose port was free a moment ago.
@@ -357,15 +379,17 @@ func benchHTTP(concurrency int) *http.Client {
 	return &http.Client{Transport: tr}
 }
 
-func (e *clusterEnv) startCluster(ctx context.Context, p *phase, dsn string) error {
-	blobs := filepath.Join(e.work, "blobs")
+// Its processes' names, net tags and cgroups start with prefix, and its edges' network pools are
+// the set'th of the 10.252.0.0/16 range, so two clusters run side by side.
+func (e *clusterEnv) startCluster(ctx context.Context, p *phase, dsn, prefix string, set int) error {
+	blobs := filepath.Join(e.work, prefix+"blobs")
 	var urls []string
 	for i := range clusterServers {
 		addr, err := freeAddr()
 		if err != nil {
 			return err
 		}
-		name := fmt.Sprintf("s%d", i+1)
+		name := fmt.Sprintf("%ss%d", prefix, i+1)
 		dir := filepath.Join(e.work, name)
 		pr, err := e.start(p, name, "server", "--store", dsn, "--data-dir", dir, "--listen", addr,
 			"--blob-store", "dir:"+blobs)
@@ -379,7 +403,7 @@ func (e *clusterEnv) startCluster(ctx context.Context, p *phase, dsn string) err
 		}
 		urls = append(urls, url)
 	}
-	sdir := filepath.Join(e.work, "s1")
+	sdir := filepath.Join(e.work, prefix+"s1")
 	token, err := os.ReadFile(filepath.Join(sdir, "admin.token"))
 	if err != nil {
 		return fmt.Errorf("the first replica wrote no admin token: %w", err)
@@ -395,13 +419,13 @@ func (e *clusterEnv) startCluster(ctx context.Context, p *phase, dsn string) err
 		if err != nil {
 			return err
 		}
-		name, tag, cg := fmt.Sprintf("e%d", i+1), fmt.Sprintf("cb%d", i+1), fmt.Sprintf("/corral-bench-e%d", i+1)
+		name, tag, cg := fmt.Sprintf("%se%d", prefix, i+1), fmt.Sprintf("cb%s%d", prefix, i+1), fmt.Sprintf("/corral-bench-%se%d", prefix, i+1)
 		dir := filepath.Join(e.work, name)
 		edgeAddrs = append(edgeAddrs, addr)
 		p.cgroups, p.tags, p.dataDirs, p.nodes = append(p.cgroups, cg), append(p.tags, tag), append(p.dataDirs, dir), append(p.nodes, name)
 		if _, err := e.start(p, name, "edge", "--server", urls[i%len(urls)], "--join-token", filepath.Join(sdir, "join.token"),
 			"--name", name, "--data-dir", dir, "--listen", addr, "--cgroup-parent", cg, "--net-tag", tag,
-			"--net-pool", fmt.Sprintf("10.252.%d.0/23", 2*i), "--disk-pool", strconv.Itoa(p.pool)); err != nil {
+			"--net-pool", fmt.Sprintf("10.252.%d.0/23", 2*i+16*set), "--disk-pool", strconv.Itoa(p.pool)); err != nil {
 			return err
 		}
 	}
@@ -521,6 +545,20 @@ func (e *clusterEnv) round(ctx context.Context, p *phase, r, n int) error {
 		p.out.ByNode[c.node]++
 	}
 	p.createWall += elapsed
+
+	// One request at a time through the setup's API: a sandbox's record, then an exec.
+	for i, c := range results {
+		cl := p.clients[i%len(p.clients)]
+		t0 := time.Now()
+		if _, err := cl.GetSandbox(ctx, c.id); err != nil {
+			return fmt.Errorf("read %s: %w", c.id, err)
+		}
+		t1 := time.Now()
+		if _, _, exit, err := cl.Run(ctx, c.id, corral.ExecRequest{Argv: []string{"true"}}); err != nil || exit.Code != 0 {
+			return fmt.Errorf("exec true in %s: exit %+v, %v", c.id, exit, err)
+		}
+		p.reads, p.execs = append(p.reads, t1.Sub(t0)), append(p.execs, time.Since(t1))
+	}
 
 	del := make([]time.Duration, n)
 	elapsed, err = parallel(ctx, n, e.cfg.Concurrency, func(ctx context.Context, i int) error {

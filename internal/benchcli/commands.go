@@ -429,21 +429,22 @@ func (a *app) newBenchClusterCmd() *cobra.Command {
 				}
 				return err
 			}
-			t := newTable(a.stdout, "SETUP", "CREATES/S", "CREATE p50 / p99 ms", "DELETES/S", "DELETE p50 / p99 ms", "SANDBOXES PER NODE")
+			t := newTable(a.stdout, "SETUP", "CREATES/S", "CREATE p50 / p99 ms", "DELETES/S", "DELETE p50 / p99 ms", "READ p50 / p99 ms", "EXEC p50 / p99 ms", "SANDBOXES PER NODE")
 			for _, s := range res.Setups {
 				var spread []string
 				for _, n := range slices.Sorted(maps.Keys(s.ByNode)) {
 					spread = append(spread, fmt.Sprintf("%s=%d", n, s.ByNode[n]))
 				}
 				t.row(s.Name+" ("+s.Description+")", fmt.Sprintf("%.2f", s.CreatesPerSec), fmt.Sprintf("%.1f / %.1f", s.Create.P50, s.Create.P99),
-					fmt.Sprintf("%.2f", s.DeletesPerSec), fmt.Sprintf("%.1f / %.1f", s.Delete.P50, s.Delete.P99), strings.Join(spread, " "))
+					fmt.Sprintf("%.2f", s.DeletesPerSec), fmt.Sprintf("%.1f / %.1f", s.Delete.P50, s.Delete.P99),
+					fmt.Sprintf("%.2f / %.2f", s.Read.P50, s.Read.P99), fmt.Sprintf("%.2f / %.2f", s.Exec.P50, s.Exec.P99), strings.Join(spread, " "))
 			}
 			if len(res.Ratios) > 0 {
 				t.row("")
-				t.row(res.Setups[0].Name+" VS", "CREATES/S RATIO", "p50 RATIO", "p99 RATIO", "DELETE p50 / p99 RATIO")
+				t.row(res.Setups[0].Name+" VS", "CREATES/S RATIO", "p50 RATIO", "p99 RATIO", "DELETE p50 / p99 RATIO", "READ p50 RATIO", "EXEC p50 / p99 RATIO")
 				for _, r := range res.Ratios {
 					t.row(r.Versus, fmt.Sprintf("%.2fx", r.Throughput), fmt.Sprintf("%.2fx", r.P50), fmt.Sprintf("%.2fx", r.P99),
-						fmt.Sprintf("%.2fx / %.2fx", r.DeleteP50, r.DeleteP99))
+						fmt.Sprintf("%.2fx / %.2fx", r.DeleteP50, r.DeleteP99), fmt.Sprintf("%.2fx", r.ReadP50), fmt.Sprintf("%.2fx / %.2fx", r.ExecP50, r.ExecP99))
 				}
 			}
 			if ferr := t.flush(); ferr != nil {
@@ -464,7 +465,7 @@ func (a *app) newBenchClusterCmd() *cobra.Command {
 	f.IntVar(&cfg.DiskPool, "disk-pool", 6, "formatted disks kept ready in all: corral up keeps this many, each edge a third")
 	f.IntVar(&cfg.Rounds, "rounds", 4, "rounds the creates are split into, the setups taking turns")
 	f.BoolVar(&cfg.SkipSQLite, "skip-sqlite", false, "leave out corral up on its default SQLite store")
-	f.StringVar(&cfg.Baseline, "baseline-bin", "", "also measure corral up (SQLite) of this corral binary, as setup up-sqlite-baseline (before/after in one run)")
+	f.StringVar(&cfg.Baseline, "baseline-bin", "", "also measure this corral binary's cluster (cluster-baseline, unless --only-up) and corral up on SQLite (up-sqlite-baseline): before/after in one run")
 	f.BoolVar(&cfg.OnlyUp, "only-up", false, "leave out the cluster and corral up on PostgreSQL (no PostgreSQL started)")
 	return cmd
 }

@@ -2,20 +2,22 @@
 // replicas serve one PostgreSQL store; each edge (`corral edge`) runs the sandboxes of its host
 // and serves them through the same API as `corral up`.
 //
-// A server replica does three things and keeps no state of its own:
+// A server replica does four things and keeps no state of its own:
+//   - identity: it authenticates every request once and serves who the caller is, projects,
+//     quotas, placement, principals, grants, tokens and the audit log itself (edges do not);
 //   - placement: a create goes to a ready node chosen by power-of-k choice on the load the
 //     nodes' heartbeats report plus this replica's own placements not yet reported
 //     (internal/placement); a node that is unreachable or unavailable is excluded and another
 //     tried;
 //   - routing: a sandbox's ID names its node, so every request about it goes straight there;
-//     everything else (identity, layers, environments, listings) goes to any ready edge, since
+//     everything else (layers, environments, listings) goes to any ready edge, since
 //     every edge serves the one shared store and blob store;
 //   - watching: nodes whose lease ran out past the grace period are declared lost (store:
 //     SweepLostNodes), their sandboxes fail with node_lost and their quota is given back.
 //
-// Users' tokens are checked by the edge that serves the request (the shared store holds them);
-// the server checks them itself only for its own routes (nodes). Edges join with the join token
-// and then hold a lease in the store.
+// Users' tokens are checked here, once per request: the server sends the edge the caller it
+// found (internal/nodeproto), never the token, and the edge looks no token up. Edges join with
+// the join token and then hold a lease in the store.
 package cluster
 
 import (
@@ -49,6 +51,7 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/revproxy"
 	"github.com/corral-dev/corral/internal/store"
@@ -178,6 +181,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		conns: map[string]*edgeConn{},
 		name:  host + "/" + cfg.Listen,
 	}
+	s.api.SetFleet(fleet{s})
 	if s.tls, err = s.clientTLS(); err != nil {
 		return err
 	}
@@ -244,12 +248,39 @@ func (s *Server) Handler() http.Handler {
 	nodes.HandleFunc("POST /v1/nodes/{name}/{action}", s.nodeAction)
 	mux.Handle("/v1/nodes", s.api.Authenticated(nodes))
 	mux.Handle("/v1/nodes/", s.api.Authenticated(nodes))
+	// Identity, projects, quotas, placement and the audit log are this replica's own: no edge
+	// serves them (a forced project delete reaches the nodes through fleet).
+	iamRoutes := s.api.IAMHandler()
+	for _, p := range apiserver.IAMPaths {
+		mux.Handle(p, iamRoutes)
+	}
 	mux.Handle("POST /v1/sandboxes", s.api.Authenticated(http.HandlerFunc(s.create)))
-	mux.Handle("GET /v1/layers/{name}/{version}/stats", s.api.Authenticated(http.HandlerFunc(s.toNamedNode)))
-	mux.HandleFunc("/v1/sandboxes/{id}", s.toOwner)
-	mux.HandleFunc("/v1/sandboxes/{id}/", s.toOwner)
-	mux.HandleFunc("/", s.toAny)
-	return trace.Extract(mux)
+	mux.Handle("GET /v1/layers/{name}/{version}/stats", s.forward(s.toNamedNode))
+	mux.Handle("/v1/sandboxes/{id}", s.forward(s.toOwner))
+	mux.Handle("/v1/sandboxes/{id}/", s.forward(s.toOwner))
+	mux.Handle("/", s.forward(s.toAny))
+	return trace.Extract(stripNodeHeaders(mux))
+}
+
+// forward authenticates a request bound for an edge and makes it carry its caller instead of
+// the user's token (apiserver.ForwardCaller): the edge authenticates no one itself.
+func (s *Server) forward(next http.HandlerFunc) http.Handler {
+	return s.api.Authenticated(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := apiserver.ForwardCaller(r, r.Header); err != nil {
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+		next(w, r)
+	}))
+}
+
+// stripNodeHeaders removes the node protocol's headers from what a client sends: only this
+// replica says who the caller is to an edge.
+func stripNodeHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		nodeproto.Strip(r.Header)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // nodeAction cordons, drains or uncordons a node (operator).
@@ -410,6 +441,10 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 		},
 		Transport:     tr,
 		FlushInterval: -1, // streams (exec output, attach) pass through as they come
+		ModifyResponse: func(resp *http.Response) error {
+			nodeproto.Strip(resp.Header) // the protocol's refusals are for this replica
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			// What an edge reads from the shared store any other edge can read too: when the
 			// edge cannot be reached (it may have stopped, or been cut off, since the node list
@@ -624,6 +659,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		out.Header = r.Header.Clone()
+		if err := apiserver.ForwardCaller(r, out.Header); err != nil {
+			return err
+		}
 		trace.Inject(ctx, out.Header) // the edge's create is a child of this placement
 		resp, err = c.client.Do(out)
 		if neverSent(err) {
@@ -641,21 +679,23 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			}
 			return err
 		}
-		switch resp.StatusCode {
-		case http.StatusServiceUnavailable:
+		// The edge has the final say: its typed refusals send the create elsewhere; any other
+		// answer is the client's to see.
+		switch ref := nodeproto.Refused(resp.Header); {
+		case ref == nodeproto.NodeFull:
+			// No room, draining, or labels that do not match.
+			why := refusalMessage(resp)
+			s.log.Info("node refused a create; trying another", "node", name, "refusal", ref, "why", why)
+			return fmt.Errorf("node %s: %s: %w", name, why, placement.ErrRefused)
+		case ref == nodeproto.StaleEpoch || ref == nodeproto.WrongVersion:
+			// An incarnation the cluster fenced off (it stops itself), or a release that
+			// cannot talk to this replica: no answer about room.
+			why := refusalMessage(resp)
+			s.log.Warn("node cannot take creates from this replica; trying another", "node", name, "refusal", ref, "why", why)
+			return fmt.Errorf("node %s: %s: %w: %w", name, why, placement.ErrRefused, errNodeUnavailable)
+		case resp.StatusCode == http.StatusServiceUnavailable:
 			resp.Body.Close()
 			return fmt.Errorf("node %s is unavailable: %w: %w", name, placement.ErrRefused, errNodeUnavailable)
-		case http.StatusConflict:
-			// The edge has the final say: node_full (no room, draining, labels) sends the
-			// create elsewhere; any other conflict is the client's to see.
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
-			var e corral.Error
-			if json.Unmarshal(b, &e) == nil && e.Code == "node_full" {
-				s.log.Info("node refused a create; trying another", "node", name, "why", e.Message)
-				return fmt.Errorf("node %s: %s: %w", name, e.Message, placement.ErrRefused)
-			}
-			resp.Body = io.NopCloser(bytes.NewReader(b))
 		}
 		return nil
 	}, s.cfg.MaxTries)
@@ -673,12 +713,24 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	nodeproto.Strip(resp.Header)
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
 	w.Header().Set("Corral-Node", node)
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
+}
+
+// refusalMessage reads (and closes) the body of an edge's refusal for its message.
+func refusalMessage(resp *http.Response) string {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e corral.Error
+	if json.Unmarshal(b, &e) != nil || e.Message == "" {
+		return fmt.Sprintf("refused (%s, %s)", resp.Status, resp.Header.Get(nodeproto.HeaderRefusal))
+	}
+	return e.Message
 }
 
 // errNodeUnavailable marks a placement refusal by a node that could not take a create at the

@@ -626,9 +626,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	clusterTLS := cfg.Cluster != nil && cfg.Cluster.TLS != nil
+	if clusterTLS {
+		// Callers come authenticated by the cluster's servers (internal/nodeproto): no token
+		// is looked up here.
+		api.ServeClusterServers()
+	}
 	handler := api.Handler()
 	var tlsCfg *tls.Config
-	if cfg.Cluster != nil && cfg.Cluster.TLS != nil {
+	if clusterTLS {
 		// Only the cluster's servers are served; probes may ask /healthz.
 		handler = clusterauth.RequireServer(handler, "/healthz")
 		tlsCfg = cfg.Cluster.TLS

@@ -472,10 +472,21 @@ func TestCluster(t *testing.T) {
 	if len(burst) != 3 || refused != 13 {
 		t.Fatalf("16 creates through two replicas against a quota of 3: %d admitted, %d refused", len(burst), refused)
 	}
+	if _, err := c1.DeleteSandbox(ctx, burst[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Identity is the replicas' own: a project deleted with force through the other replica
+	// has its sandboxes deleted on the nodes that run them, then goes.
+	if err := c2.DeleteProject(ctx, "burst", true); err != nil {
+		t.Fatalf("delete project burst with force through a replica: %v", err)
+	}
 	for _, id := range burst {
-		if _, err := c1.DeleteSandbox(ctx, id); err != nil {
-			t.Fatal(err)
+		if sb := waitEnded(t, c1, id); sb.State != corral.StateStopped {
+			t.Fatalf("sandbox %s of a project deleted with force: %+v", id, sb)
 		}
+	}
+	if _, err := c1.Project(ctx, "burst"); err == nil {
+		t.Fatal("project burst is still there after its delete")
 	}
 
 	// Node selectors, and a project's node groups (set by an operator, through the CLI).

@@ -23,6 +23,12 @@ var (
 	// ErrNodeFull is the conflict of a node asked for more than it has left (409 node_full):
 	// a cluster's placement takes it as "try another node".
 	ErrNodeFull = fmt.Errorf("node full: %w", ErrConflict)
+	// ErrStaleEpoch is the unavailability of an edge whose incarnation the cluster has fenced
+	// off (a newer one registered, or the node was declared lost): 503, and on the node protocol
+	// a refusal that sends a create to another node.
+	ErrStaleEpoch = fmt.Errorf("stale node epoch: %w", ErrUnavailable)
+	// ErrUnknownSandbox is the not-found of a sandbox ID that names no sandbox here (404).
+	ErrUnknownSandbox = fmt.Errorf("unknown sandbox: %w", ErrNotFound)
 )
 
 // Invalid returns an ErrInvalid error whose message names the field.
@@ -34,6 +40,25 @@ func Invalid(field, format string, args ...any) error {
 func NotFound(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrNotFound)
 }
+
+// UnknownSandbox returns an ErrUnknownSandbox error for sandbox id, with what follows the ID in
+// its message (may be empty).
+func UnknownSandbox(id, format string, args ...any) error {
+	msg := "sandbox " + id
+	if format != "" {
+		msg += " " + fmt.Sprintf(format, args...)
+	}
+	return &kindError{kind: ErrUnknownSandbox, msg: msg}
+}
+
+// kindError is an error of a kind whose message does not repeat the kind's text.
+type kindError struct {
+	kind error
+	msg  string
+}
+
+func (e *kindError) Error() string { return e.msg + ": not found" }
+func (e *kindError) Unwrap() error { return e.kind }
 
 // Conflict returns an ErrConflict error.
 func Conflict(format string, args ...any) error {
@@ -61,6 +86,30 @@ func Field(err error) string {
 		return fe.field
 	}
 	return ""
+}
+
+// KindOf returns the kind an HTTP status answers for (the reverse of the API's mapping), for
+// errors read back from another Corral's answer; statuses of no kind are internal failures.
+func KindOf(status int) error {
+	switch status {
+	case 400:
+		return ErrInvalid
+	case 401:
+		return ErrUnauthorized
+	case 403:
+		return ErrDenied
+	case 404:
+		return ErrNotFound
+	case 409:
+		return ErrConflict
+	case 413:
+		return ErrTooLarge
+	case 429:
+		return ErrExhausted
+	case 503:
+		return ErrUnavailable
+	}
+	return fmt.Errorf("status %d", status)
 }
 
 // Code returns the short machine-readable code for err's kind ("not_found", "invalid", ...).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/trace"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -141,5 +142,6 @@ func Error(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) 
 		w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
 		log.Warn("request failed on a transient error", "method", r.Method, "path", r.URL.Path, "err", err, "cause", errdefs.Cause(err))
 	}
+	nodeproto.Annotate(w, r, err) // a cluster server acts on an edge's refusals by their type
 	Write(w, status, body)
 }

@@ -880,7 +880,7 @@ func (s *Store) SandboxProject(ctx context.Context, id string) (string, error) {
 	var p string
 	err := s.rdb.QueryRowContext(ctx, `SELECT COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id WHERE s.id = ?`, id).Scan(&p)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", errdefs.NotFound("sandbox %s", id)
+		return "", errdefs.UnknownSandbox(id, "")
 	}
 	if err != nil {
 		return "", fmt.Errorf("project of sandbox %s: %w", id, err)

@@ -19,7 +19,7 @@ import (
 
 // ErrFenced says an edge's epoch is no longer its node's: a newer incarnation registered, or the
 // node was declared lost. The edge must stop and register again.
-var ErrFenced = errors.New("fenced: this node's lease belongs to a newer incarnation")
+var ErrFenced = fmt.Errorf("fenced: this node's lease belongs to a newer incarnation: %w", errdefs.ErrStaleEpoch)
 
 const nodeCols = `name, url, epoch, state, lease_expires_at, heartbeat_at, registered_at, doc`
 

@@ -681,7 +681,7 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	err := s.rdb.QueryRowContext(ctx, `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s
 		LEFT JOIN projects p ON p.id = s.project_id WHERE s.id = ?`, id).Scan(&doc, &pid, &path)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.NotFound("sandbox %s", id)
+		return nil, errdefs.UnknownSandbox(id, "")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get sandbox %s: %w", id, err)

@@ -1,0 +1,73 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// fleet is how a replica's identity routes reach what a forced project delete removes: each
+// sandbox's delete goes to the node that runs it, each volume's to any edge (they share the
+// blob store), over the node protocol as the caller of the project delete. The edges audit them.
+type fleet struct{ s *Server }
+
+func (f fleet) DeleteSandbox(r *http.Request, under, id string) error {
+	name := edge.NodeOf(id)
+	n, ok := f.s.node(r.Context(), name)
+	switch {
+	case !ok:
+		return errdefs.UnknownSandbox(id, "(no node %s in this cluster)", name)
+	case n.State == corral.NodeLost:
+		return errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes fail with %s within a second; delete the project again)", id, name, corral.ReasonNodeLost)
+	}
+	return f.s.callEdge(r, n, http.MethodDelete, "/v1/sandboxes/"+id)
+}
+
+func (f fleet) DeleteVolume(r *http.Request, under, project, name string) error {
+	up := f.s.upNodes(r.Context())
+	if len(up) == 0 {
+		return errdefs.Unavailable("volume %s of %s: no edge is up to delete it (corral node ls)", name, project)
+	}
+	n := up[f.s.rr.Add(1)%uint64(len(up))]
+	return f.s.callEdge(r, n, http.MethodDelete, "/v1/volumes/"+url.PathEscape(name)+"?project="+url.QueryEscape(iam.Display(project)))
+}
+
+// callEdge sends a request without a body to node n's edge as r's caller, and turns an error
+// answer back into an error of its kind.
+func (s *Server) callEdge(r *http.Request, n corral.Node, method, path string) error {
+	c, err := s.conn(n)
+	if err != nil {
+		return err
+	}
+	out, err := http.NewRequestWithContext(context.WithoutCancel(r.Context()), method, strings.TrimRight(n.URL, "/")+path, nil)
+	if err != nil {
+		return err
+	}
+	if err := apiserver.ForwardCaller(r, out.Header); err != nil {
+		return err
+	}
+	resp, err := c.client.Do(out)
+	if err != nil {
+		return errdefs.Unavailable("node %s: %s %s: %v", n.Name, method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 300 {
+		return nil
+	}
+	var e corral.Error
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &e) != nil || e.Message == "" {
+		e.Message = strings.TrimSpace(string(b))
+	}
+	return fmt.Errorf("node %s: %s: %w", n.Name, e.Message, errdefs.KindOf(resp.StatusCode))
+}

@@ -1,0 +1,223 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/corral-dev/corral/internal/clusterauth"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/nodeproto"
+	"github.com/corral-dev/corral/internal/store"
+	"github.com/corral-dev/corral/internal/store/pgtest"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// standIn is an edge that answers over the real mutual TLS with a handler of the test's, and
+// keeps the headers of what it was sent.
+type standIn struct {
+	name string
+	srv  *httptest.Server
+	mu   sync.Mutex
+	seen []http.Header
+}
+
+func (e *standIn) headers() []http.Header {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]http.Header(nil), e.seen...)
+}
+
+// TestNodeProtocol: a replica authenticates each request once and sends the edge the caller
+// (never the token, never a caller a client made up); the edge's typed refusals send a create
+// elsewhere (node_full, stale_epoch, version), while any other answer, and an unknown sandbox,
+// is the client's; the protocol's headers never reach the client.
+func TestNodeProtocol(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the throwaway PostgreSQL cluster runs as the postgres user")
+	}
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	dsn := pgtest.NewDB(t)
+	dir := t.TempDir()
+	st, err := store.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := bootstrapTokens(ctx, Config{DataDir: dir, Store: dsn}, st, log); err != nil {
+		t.Fatal(err)
+	}
+	admin, _ := os.ReadFile(filepath.Join(dir, "admin.token"))
+	token := strings.TrimSpace(string(admin))
+	// K -1: the least loaded node is tried first, so "full" (the larger) always is.
+	s := testServer(t, st, Config{DataDir: dir, Store: dsn, K: -1}, log)
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+
+	var refuseWith error // what "full" answers a create with
+	var refuseMu sync.Mutex
+	start := func(name string, capacity corral.Resources, h http.HandlerFunc) *standIn {
+		j, err := Join(ctx, hs.URL, filepath.Join(dir, "join.token"), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := &standIn{name: name}
+		e.srv = httptest.NewUnstartedServer(clusterauth.RequireServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			e.mu.Lock()
+			e.seen = append(e.seen, r.Header.Clone())
+			e.mu.Unlock()
+			h(w, r)
+		}), "/healthz"))
+		e.srv.TLS = j.TLS
+		e.srv.StartTLS()
+		t.Cleanup(e.srv.Close)
+		if _, err := st.RegisterNode(ctx, corral.Node{Name: name, URL: "https://" + e.srv.Listener.Addr().String(),
+			Tiers: []string{"container"}, Runtimes: []string{"runc"}, Capacity: capacity}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	big := corral.Resources{CPUs: 64, MemoryBytes: 64 << 30, DiskBytes: 1 << 40, Sandboxes: 100}
+	small := corral.Resources{CPUs: 8, MemoryBytes: 8 << 30, DiskBytes: 1 << 40, Sandboxes: 10}
+	full := start("full", big, func(w http.ResponseWriter, r *http.Request) {
+		refuseMu.Lock()
+		err := refuseWith
+		refuseMu.Unlock()
+		if r.URL.Path == "/v1/sandboxes/sb-full-aaaaaaaaaaaaaaaa" {
+			err = errdefs.UnknownSandbox("sb-full-aaaaaaaaaaaaaaaa", "")
+		}
+		httpjson.Error(w, r, log, err)
+	})
+	const id = "sb-roomy-aaaaaaaaaaaaaaaa"
+	roomy := start("roomy", small, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		json.NewEncoder(w).Encode(corral.Sandbox{ID: id, State: corral.StateRunning})
+	})
+	s.refresh(ctx, true)
+
+	post := func(extra http.Header) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/sandboxes", strings.NewReader(`{"base":"base:x"}`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		for k, v := range extra {
+			req.Header[k] = v
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	noProtocolHeaders := func(what string, h http.Header) {
+		t.Helper()
+		for _, k := range nodeproto.Headers {
+			if h.Get(k) != "" {
+				t.Errorf("%s: the client got %s: %s", what, k, h.Get(k))
+			}
+		}
+	}
+
+	// Each refusal sends the create on to the other node.
+	for _, refusal := range []error{
+		fmt.Errorf("node full has no room: %w", errdefs.ErrNodeFull),
+		fmt.Errorf("record: %w", store.ErrFenced),
+		fmt.Errorf("talk: %w", nodeproto.ErrVersion),
+	} {
+		refuseMu.Lock()
+		refuseWith = refusal
+		refuseMu.Unlock()
+		before := len(full.headers())
+		resp, body := post(nil)
+		if resp.StatusCode != http.StatusCreated || resp.Header.Get("Corral-Node") != "roomy" {
+			t.Errorf("%v: the create came back %s from %q: %s (want 201 from roomy)", refusal, resp.Status, resp.Header.Get("Corral-Node"), body)
+		}
+		if len(full.headers()) == before {
+			t.Errorf("%v: the create never went to node full first", refusal)
+		}
+		noProtocolHeaders(fmt.Sprint(refusal), resp.Header)
+	}
+
+	// A conflict that is no refusal is the client's: not tried elsewhere.
+	refuseMu.Lock()
+	refuseWith = errdefs.Conflict("an idempotency key in use with another body")
+	refuseMu.Unlock()
+	before := len(roomy.headers())
+	if resp, body := post(nil); resp.StatusCode != http.StatusConflict || !strings.Contains(body, "idempotency key") {
+		t.Errorf("a plain conflict: %s %s (want the edge's 409)", resp.Status, body)
+	}
+	if len(roomy.headers()) != before {
+		t.Errorf("a plain conflict was tried on another node")
+	}
+
+	// A caller a client makes up is replaced by the one the replica authenticated.
+	forged := http.Header{}
+	nodeproto.SetCaller(forged, &nodeproto.Caller{TokenID: "tok-forged", Principal: "mallory", ProjectPath: ""})
+	refuseMu.Lock()
+	refuseWith = fmt.Errorf("no room: %w", errdefs.ErrNodeFull)
+	refuseMu.Unlock()
+	if resp, body := post(forged); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create with a forged caller header: %s %s", resp.Status, body)
+	}
+
+	// Every request either edge got carries the replica's caller, never a token.
+	for _, e := range []*standIn{full, roomy} {
+		for _, h := range e.headers() {
+			if h.Get("Authorization") != "" {
+				t.Errorf("edge %s was sent the user's token", e.name)
+			}
+			c, err := nodeproto.CallerOf(&http.Request{Header: h})
+			if err != nil {
+				t.Errorf("edge %s: %v", e.name, err)
+				continue
+			}
+			if c.Principal != store.RootPrincipal || c.TokenID == "tok-forged" {
+				t.Errorf("edge %s was told the caller is %s (token %s), want the admin's", e.name, c.Principal, c.TokenID)
+			}
+		}
+	}
+
+	// Routed requests: an unknown sandbox is the client's 404, without the refusal header; a
+	// request without a token never reaches an edge.
+	get := func(tok, path string) *http.Response {
+		req, _ := http.NewRequest("GET", hs.URL+path, nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	resp := get(token, "/v1/sandboxes/sb-full-aaaaaaaaaaaaaaaa")
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("an unknown sandbox: %s, want 404", resp.Status)
+	}
+	noProtocolHeaders("an unknown sandbox", resp.Header)
+	before = len(full.headers()) + len(roomy.headers())
+	if resp := get("", "/v1/sandboxes/sb-full-aaaaaaaaaaaaaaaa"); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("no token: %s, want 401", resp.Status)
+	}
+	if resp := get("not-a-token", "/v1/layers"); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a bad token: %s, want 401", resp.Status)
+	}
+	if after := len(full.headers()) + len(roomy.headers()); after != before {
+		t.Errorf("%d unauthenticated requests reached an edge", after-before)
+	}
+}
