@@ -51,7 +51,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/build":         false,
 		"internal/daemon":        false,
 		"internal/edge":          false,
-		"internal/limits":        false,
 		"internal/netpolicy":     false,
 		"internal/store":         false,
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -219,6 +220,22 @@ func TestIAMNames(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusTooManyRequests || body.Quota == nil || *body.Quota != api {
 		t.Errorf("a quota refusal answers %d %s (%v), want 429 with quota %+v", rec.Code, rec.Body, err, api)
 	}
+}
+
+// TestLimitsConversion: the limits policy's Limits are the API's (an unnamed struct type whose
+// fields and tags are the API's: the edge and the cluster server hand the API's value to
+// limits.Policy.Resolve as it is), every field in its place, and the JSON the same byte for byte,
+// set and empty.
+func TestLimitsConversion(t *testing.T) {
+	n := 0
+	var l limits.Limits
+	fill(t, reflect.ValueOf(&l).Elem(), &n)
+	if got, want := leaves(reflect.ValueOf(corral.Limits(l))), leaves(reflect.ValueOf(l)); !reflect.DeepEqual(got, want) {
+		t.Errorf("Limits: the API's fields hold %v, want %v (the policy's, in order)", got, want)
+	}
+	conv := func(l limits.Limits) corral.Limits { return l }
+	def, _ := limits.Default().Bounds(limits.TierMicroVM)
+	sameJSON(t, conv, l, def.Default, def.Min, def.Max, limits.Limits{MemoryBytes: 1 << 30}, limits.Limits{})
 }
 
 // sameJSON checks, for each internal value, that its JSON is its API conversion's byte for byte
