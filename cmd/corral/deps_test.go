@@ -51,7 +51,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/build":         false,
 		"internal/daemon":        false,
 		"internal/edge":          false,
-		"internal/netpolicy":     false,
 		"internal/store":         false,
 	}
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "github.com/corral-dev/corral/...").Output()

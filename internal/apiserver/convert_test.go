@@ -16,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -238,9 +239,39 @@ func TestLimitsConversion(t *testing.T) {
 	sameJSON(t, conv, l, def.Default, def.Min, def.Max, limits.Limits{MemoryBytes: 1 << 30}, limits.Limits{})
 }
 
+// TestNetworkConversion: the egress policy's Policy and Service are the API's NetworkPolicy and
+// NetworkService (the edge converts them where a record or an answer takes them), every field in
+// its place and the JSON the same byte for byte, set and empty: sandbox records keep the
+// policy's. The modes are the API's.
+func TestNetworkConversion(t *testing.T) {
+	n := 0
+	var p netpolicy.Policy
+	var s netpolicy.Service
+	fill(t, reflect.ValueOf(&p).Elem(), &n)
+	fill(t, reflect.ValueOf(&s).Elem(), &n)
+	if got, want := leaves(reflect.ValueOf(corral.NetworkPolicy(p))), leaves(reflect.ValueOf(p)); !reflect.DeepEqual(got, want) {
+		t.Errorf("Policy: the API's fields hold %v, want %v (netpolicy's, in order)", got, want)
+	}
+	if got, want := leaves(reflect.ValueOf(corral.NetworkService(s))), leaves(reflect.ValueOf(s)); !reflect.DeepEqual(got, want) {
+		t.Errorf("Service: the API's fields hold %v, want %v (netpolicy's, in order)", got, want)
+	}
+	sameJSON(t, func(p netpolicy.Policy) corral.NetworkPolicy { return corral.NetworkPolicy(p) },
+		p, netpolicy.Policy{Mode: netpolicy.ModeOpen, Deny: []string{"203.0.113.7"}}, netpolicy.Policy{})
+	sameJSON(t, func(s netpolicy.Service) corral.NetworkService { return corral.NetworkService(s) },
+		s, netpolicy.Service{Name: "pypi"}, netpolicy.Service{})
+	for _, c := range [][2]string{
+		{netpolicy.ModeNone, corral.NetworkNone}, {netpolicy.ModeAllowlist, corral.NetworkAllowlist}, {netpolicy.ModeOpen, corral.NetworkOpen},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("network mode %q is %q in the API", c[0], c[1])
+		}
+	}
+}
+
 // sameJSON checks, for each internal value, that its JSON is its API conversion's byte for byte
-// and that the API's JSON reads back as the same value.
-func sameJSON[In comparable, Out any](t *testing.T, conv func(In) Out, values ...In) {
+// and that the API's JSON reads back as the same value (so a value's slices are nil or hold
+// something: omitempty reads an empty one back as nil).
+func sameJSON[In, Out any](t *testing.T, conv func(In) Out, values ...In) {
 	t.Helper()
 	for _, v := range values {
 		a, _ := json.Marshal(v)
@@ -249,7 +280,7 @@ func sameJSON[In comparable, Out any](t *testing.T, conv func(In) Out, values ..
 			t.Errorf("%T's JSON differs from the API's %T:\ninternal %s\nAPI      %s", v, conv(v), a, b)
 		}
 		var back In
-		if err := json.Unmarshal(b, &back); err != nil || back != v {
+		if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, v) {
 			t.Errorf("the API's JSON %s reads back as %+v (%v), want %+v", b, back, err, v)
 		}
 	}

@@ -1162,7 +1162,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(life.ttl), IdleTTLSeconds: int64(life.idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(life.autoPause / time.Second), PauseKeepsTTL: life.keepsTTL,
-			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
+			Network: apiPolicy(netc), Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
 		},
 		Lower:     comp.digests,
 		ProjectID: project.ID,
