@@ -8,9 +8,11 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"slices"
+	"sort"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/build"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
@@ -40,6 +42,19 @@ func fill(t *testing.T, v reflect.Value, n *int) {
 		v.SetInt(int64(*n))
 	case reflect.Float64:
 		v.SetFloat(float64(*n) + 0.5)
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Uint8:
+		v.SetUint(uint64(*n % 256))
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fill(t, v.Elem(), n)
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fill(t, k, n)
+		fill(t, e, n)
+		v.SetMapIndex(k, e)
 	case reflect.Slice:
 		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
 		for i := range v.Len() {
@@ -64,6 +79,20 @@ func leaves(v reflect.Value, skip ...string) []any {
 		var out []any
 		for i := range v.Len() {
 			out = append(out, leaves(v.Index(i))...)
+		}
+		return out
+	case reflect.Pointer:
+		if v.IsNil() {
+			return []any{nil}
+		}
+		return leaves(v.Elem())
+	case reflect.Map:
+		keys := v.MapKeys()
+		sort.Slice(keys, func(i, j int) bool { return fmt.Sprint(keys[i]) < fmt.Sprint(keys[j]) })
+		var out []any
+		for _, k := range keys {
+			out = append(out, leaves(k)...)
+			out = append(out, leaves(v.MapIndex(k))...)
 		}
 		return out
 	case reflect.Struct:
@@ -264,6 +293,43 @@ func TestNetworkConversion(t *testing.T) {
 	} {
 		if c[0] != c[1] {
 			t.Errorf("network mode %q is %q in the API", c[0], c[1])
+		}
+	}
+}
+
+// TestBuildConversion: a build request reaches internal/build whole, and a build's state and
+// log reach the API whole, every field in its place and the JSON the same byte for byte (set,
+// and with the omitempty ones empty); the states are the API's.
+func TestBuildConversion(t *testing.T) {
+	n := 0
+	var req corral.BuildRequest
+	var b build.Build
+	var ev build.Event
+	fill(t, reflect.ValueOf(&req).Elem(), &n)
+	fill(t, reflect.ValueOf(&b).Elem(), &n)
+	fill(t, reflect.ValueOf(&ev).Elem(), &n)
+	for _, c := range []struct {
+		name    string
+		in, out any
+	}{
+		{"buildSpec", req, buildSpec(req)},
+		{"apiBuild", b, apiBuild(b)},
+		{"apiBuildEvent", ev, apiBuildEvent(ev)},
+	} {
+		if got, want := leaves(reflect.ValueOf(c.out)), leaves(reflect.ValueOf(c.in)); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: the fields hold %v, want %v (in order)", c.name, got, want)
+		}
+	}
+	sameJSON(t, buildSpec, req, corral.BuildRequest{Name: "env", Dockerfile: "FROM base:1\n"}, corral.BuildRequest{})
+	at := time.Unix(1, 5).UTC()
+	sameJSON(t, apiBuild, b, build.Build{ID: "b1", State: build.Running, Steps: []build.StepStatus{{N: 1, Text: "RUN x", Kind: build.StepRun, State: "pending"}}},
+		build.Build{FinishedAt: &at}, build.Build{})
+	sameJSON(t, apiBuildEvent, ev, build.Event{Type: "end", Build: &build.Build{ID: "b1", State: build.Failed}}, build.Event{Type: "log", Data: []byte("x")}, build.Event{})
+	for _, c := range [][2]string{
+		{build.Running, corral.BuildRunning}, {build.Succeeded, corral.BuildSucceeded}, {build.Failed, corral.BuildFailed},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("build state %q is %q in the API", c[0], c[1])
 		}
 	}
 }

@@ -1521,10 +1521,12 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	return e.saveEnvironment(ctx, env, false)
 }
 
-// BuildSaveEnvironment is SaveEnvironment for a build: it replaces the composition of an
-// environment of the same project.
-func (e *Edge) BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
-	return e.saveEnvironment(ctx, env, true)
+// BuildSaveEnvironment is SaveEnvironment for a build: it saves environment name of project
+// with base (NAME:VERSION) as its base layer, replacing the composition of an environment of
+// the same project.
+func (e *Edge) BuildSaveEnvironment(ctx context.Context, name, base, project string) error {
+	_, err := e.saveEnvironment(ctx, corral.Environment{Name: name, Base: base, Project: project}, true)
+	return err
 }
 
 func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
