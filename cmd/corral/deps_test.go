@@ -48,11 +48,8 @@ func TestSDKImporters(t *testing.T) {
 		"internal/bench":         true, // a client
 		"internal/benchcli":      true, // a client
 		"sdk/python/bench/gosdk": true, // a client
-		"internal/build":         false,
 		"internal/daemon":        false,
 		"internal/edge":          false,
-		"internal/limits":        false,
-		"internal/netpolicy":     false,
 		"internal/store":         false,
 	}
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "github.com/corral-dev/corral/...").Output()

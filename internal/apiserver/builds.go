@@ -75,7 +75,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, perr)
 		return
 	}
-	checked, err := s.builds.Check(r.Context(), req, project, bctx)
+	checked, err := s.builds.Check(r.Context(), buildSpec(req), project, bctx)
 	if err != nil {
 		bctx.Close()
 		s.audit(r, "build.start", project, req.Name, err, "")
@@ -85,7 +85,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	job := s.builds.Start(checked, iam.Display(project))
 	b := job.Snapshot()
 	s.audit(r, "build.start", project, req.Name, nil, b.ID)
-	httpjson.Write(w, http.StatusCreated, b)
+	httpjson.Write(w, http.StatusCreated, apiBuild(b))
 }
 
 // onBuild resolves to the project of the build in the path.
@@ -104,7 +104,7 @@ func (s *Server) onBuild(r *http.Request) (string, string, error) {
 
 func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
 	job, _ := s.builds.Get(r.PathValue("id"))
-	httpjson.Write(w, http.StatusOK, job.Snapshot())
+	httpjson.Write(w, http.StatusOK, apiBuild(job.Snapshot()))
 }
 
 func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
@@ -114,7 +114,7 @@ func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
 		for _, job := range s.builds.List() {
 			b := job.Snapshot()
 			if c.canRead(iam.LayerRead, b.Project, false) {
-				out = append(out, b)
+				out = append(out, apiBuild(b))
 			}
 		}
 	}
@@ -137,7 +137,7 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 	for {
 		evs, n, done, changed := job.Events(next)
 		for _, ev := range evs {
-			if err := enc.Encode(ev); err != nil {
+			if err := enc.Encode(apiBuildEvent(ev)); err != nil {
 				return
 			}
 		}
@@ -159,5 +159,5 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 func (s *Server) cancelBuild(w http.ResponseWriter, r *http.Request) {
 	job, _ := s.builds.Get(r.PathValue("id"))
 	job.Cancel()
-	httpjson.Write(w, http.StatusOK, job.Snapshot())
+	httpjson.Write(w, http.StatusOK, apiBuild(job.Snapshot()))
 }

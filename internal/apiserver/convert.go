@@ -1,8 +1,10 @@
 package apiserver
 
 import (
+	"github.com/corral-dev/corral/internal/build"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -53,4 +55,34 @@ func lifecycleEvent(ev events.Event) corral.LifecycleEvent {
 // fields: the conversion does not compile if one side gains a field the other lacks).
 func webhookDelivery(d store.WebhookDelivery) corral.WebhookDelivery {
 	return corral.WebhookDelivery(d)
+}
+
+// buildSpec is a build request as internal/build takes it (the same fields; the network policy
+// is netpolicy's, the same fields too).
+func buildSpec(r corral.BuildRequest) build.Spec {
+	return build.Spec{Name: r.Name, Dockerfile: r.Dockerfile, BuildArgs: r.BuildArgs, Network: (*netpolicy.Policy)(r.Network),
+		Runtime: r.Runtime, Project: r.Project, From: r.From, NoCache: r.NoCache}
+}
+
+// apiBuild is a build's state as the API's Build.
+func apiBuild(b build.Build) corral.Build {
+	out := corral.Build{ID: b.ID, Name: b.Name, Project: b.Project, State: b.State, Error: b.Error, From: b.From,
+		Warnings: b.Warnings, Layer: b.Layer, CreatedAt: b.CreatedAt, FinishedAt: b.FinishedAt}
+	if b.Steps != nil {
+		out.Steps = make([]corral.BuildStep, len(b.Steps))
+		for i, st := range b.Steps {
+			out.Steps[i] = corral.BuildStep(st)
+		}
+	}
+	return out
+}
+
+// apiBuildEvent is an entry of a build's log as the API's BuildEvent.
+func apiBuildEvent(ev build.Event) corral.BuildEvent {
+	out := corral.BuildEvent{Type: ev.Type, Step: ev.Step, Text: ev.Text, Cached: ev.Cached, Data: ev.Data}
+	if ev.Build != nil {
+		b := apiBuild(*ev.Build)
+		out.Build = &b
+	}
+	return out
 }

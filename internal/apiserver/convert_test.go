@@ -8,13 +8,17 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"slices"
+	"sort"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/build"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -38,6 +42,19 @@ func fill(t *testing.T, v reflect.Value, n *int) {
 		v.SetInt(int64(*n))
 	case reflect.Float64:
 		v.SetFloat(float64(*n) + 0.5)
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Uint8:
+		v.SetUint(uint64(*n % 256))
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fill(t, v.Elem(), n)
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fill(t, k, n)
+		fill(t, e, n)
+		v.SetMapIndex(k, e)
 	case reflect.Slice:
 		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
 		for i := range v.Len() {
@@ -62,6 +79,20 @@ func leaves(v reflect.Value, skip ...string) []any {
 		var out []any
 		for i := range v.Len() {
 			out = append(out, leaves(v.Index(i))...)
+		}
+		return out
+	case reflect.Pointer:
+		if v.IsNil() {
+			return []any{nil}
+		}
+		return leaves(v.Elem())
+	case reflect.Map:
+		keys := v.MapKeys()
+		sort.Slice(keys, func(i, j int) bool { return fmt.Sprint(keys[i]) < fmt.Sprint(keys[j]) })
+		var out []any
+		for _, k := range keys {
+			out = append(out, leaves(k)...)
+			out = append(out, leaves(v.MapIndex(k))...)
 		}
 		return out
 	case reflect.Struct:
@@ -221,9 +252,92 @@ func TestIAMNames(t *testing.T) {
 	}
 }
 
+// TestLimitsConversion: the limits policy's Limits are the API's (an unnamed struct type whose
+// fields and tags are the API's: the edge and the cluster server hand the API's value to
+// limits.Policy.Resolve as it is), every field in its place, and the JSON the same byte for byte,
+// set and empty.
+func TestLimitsConversion(t *testing.T) {
+	n := 0
+	var l limits.Limits
+	fill(t, reflect.ValueOf(&l).Elem(), &n)
+	if got, want := leaves(reflect.ValueOf(corral.Limits(l))), leaves(reflect.ValueOf(l)); !reflect.DeepEqual(got, want) {
+		t.Errorf("Limits: the API's fields hold %v, want %v (the policy's, in order)", got, want)
+	}
+	conv := func(l limits.Limits) corral.Limits { return l }
+	def, _ := limits.Default().Bounds(limits.TierMicroVM)
+	sameJSON(t, conv, l, def.Default, def.Min, def.Max, limits.Limits{MemoryBytes: 1 << 30}, limits.Limits{})
+}
+
+// TestNetworkConversion: the egress policy's Policy and Service are the API's NetworkPolicy and
+// NetworkService (the edge converts them where a record or an answer takes them), every field in
+// its place and the JSON the same byte for byte, set and empty: sandbox records keep the
+// policy's. The modes are the API's.
+func TestNetworkConversion(t *testing.T) {
+	n := 0
+	var p netpolicy.Policy
+	var s netpolicy.Service
+	fill(t, reflect.ValueOf(&p).Elem(), &n)
+	fill(t, reflect.ValueOf(&s).Elem(), &n)
+	if got, want := leaves(reflect.ValueOf(corral.NetworkPolicy(p))), leaves(reflect.ValueOf(p)); !reflect.DeepEqual(got, want) {
+		t.Errorf("Policy: the API's fields hold %v, want %v (netpolicy's, in order)", got, want)
+	}
+	if got, want := leaves(reflect.ValueOf(corral.NetworkService(s))), leaves(reflect.ValueOf(s)); !reflect.DeepEqual(got, want) {
+		t.Errorf("Service: the API's fields hold %v, want %v (netpolicy's, in order)", got, want)
+	}
+	sameJSON(t, func(p netpolicy.Policy) corral.NetworkPolicy { return corral.NetworkPolicy(p) },
+		p, netpolicy.Policy{Mode: netpolicy.ModeOpen, Deny: []string{"203.0.113.7"}}, netpolicy.Policy{})
+	sameJSON(t, func(s netpolicy.Service) corral.NetworkService { return corral.NetworkService(s) },
+		s, netpolicy.Service{Name: "pypi"}, netpolicy.Service{})
+	for _, c := range [][2]string{
+		{netpolicy.ModeNone, corral.NetworkNone}, {netpolicy.ModeAllowlist, corral.NetworkAllowlist}, {netpolicy.ModeOpen, corral.NetworkOpen},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("network mode %q is %q in the API", c[0], c[1])
+		}
+	}
+}
+
+// TestBuildConversion: a build request reaches internal/build whole, and a build's state and
+// log reach the API whole, every field in its place and the JSON the same byte for byte (set,
+// and with the omitempty ones empty); the states are the API's.
+func TestBuildConversion(t *testing.T) {
+	n := 0
+	var req corral.BuildRequest
+	var b build.Build
+	var ev build.Event
+	fill(t, reflect.ValueOf(&req).Elem(), &n)
+	fill(t, reflect.ValueOf(&b).Elem(), &n)
+	fill(t, reflect.ValueOf(&ev).Elem(), &n)
+	for _, c := range []struct {
+		name    string
+		in, out any
+	}{
+		{"buildSpec", req, buildSpec(req)},
+		{"apiBuild", b, apiBuild(b)},
+		{"apiBuildEvent", ev, apiBuildEvent(ev)},
+	} {
+		if got, want := leaves(reflect.ValueOf(c.out)), leaves(reflect.ValueOf(c.in)); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: the fields hold %v, want %v (in order)", c.name, got, want)
+		}
+	}
+	sameJSON(t, buildSpec, req, corral.BuildRequest{Name: "env", Dockerfile: "FROM base:1\n"}, corral.BuildRequest{})
+	at := time.Unix(1, 5).UTC()
+	sameJSON(t, apiBuild, b, build.Build{ID: "b1", State: build.Running, Steps: []build.StepStatus{{N: 1, Text: "RUN x", Kind: build.StepRun, State: "pending"}}},
+		build.Build{FinishedAt: &at}, build.Build{})
+	sameJSON(t, apiBuildEvent, ev, build.Event{Type: "end", Build: &build.Build{ID: "b1", State: build.Failed}}, build.Event{Type: "log", Data: []byte("x")}, build.Event{})
+	for _, c := range [][2]string{
+		{build.Running, corral.BuildRunning}, {build.Succeeded, corral.BuildSucceeded}, {build.Failed, corral.BuildFailed},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("build state %q is %q in the API", c[0], c[1])
+		}
+	}
+}
+
 // sameJSON checks, for each internal value, that its JSON is its API conversion's byte for byte
-// and that the API's JSON reads back as the same value.
-func sameJSON[In comparable, Out any](t *testing.T, conv func(In) Out, values ...In) {
+// and that the API's JSON reads back as the same value (so a value's slices are nil or hold
+// something: omitempty reads an empty one back as nil).
+func sameJSON[In, Out any](t *testing.T, conv func(In) Out, values ...In) {
 	t.Helper()
 	for _, v := range values {
 		a, _ := json.Marshal(v)
@@ -232,7 +346,7 @@ func sameJSON[In comparable, Out any](t *testing.T, conv func(In) Out, values ..
 			t.Errorf("%T's JSON differs from the API's %T:\ninternal %s\nAPI      %s", v, conv(v), a, b)
 		}
 		var back In
-		if err := json.Unmarshal(b, &back); err != nil || back != v {
+		if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, v) {
 			t.Errorf("the API's JSON %s reads back as %+v (%v), want %+v", b, back, err, v)
 		}
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/doccheck"
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 func TestParse(t *testing.T) {
@@ -251,7 +250,7 @@ EXPOSE 80
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := &corral.ImageConfig{Env: []string{"PATH=/bin"}, Cmd: []string{"sh"}}
+	base := &ImageConfig{Env: []string{"PATH=/bin"}, Cmd: []string{"sh"}}
 	p, err := MakePlan(df, map[string]string{"WHO": "corral", "UNUSED": "x"}, base, bctx)
 	if err != nil {
 		t.Fatal(err)

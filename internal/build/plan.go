@@ -16,7 +16,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Step kinds.
@@ -58,7 +57,7 @@ type CopyFile struct {
 type Plan struct {
 	From     string
 	Steps    []Step
-	Config   corral.ImageConfig
+	Config   ImageConfig
 	Warnings []string
 }
 
@@ -167,14 +166,14 @@ func lookupIn(m map[string]string) func(string) (string, bool) {
 
 // MakePlan checks df against the base configuration of its FROM and the context, and plans
 // its steps. Every error is ErrInvalid naming the line: nothing has been made yet.
-func MakePlan(df *Dockerfile, args map[string]string, base *corral.ImageConfig, bctx *Context) (*Plan, error) {
+func MakePlan(df *Dockerfile, args map[string]string, base *ImageConfig, bctx *Context) (*Plan, error) {
 	from, err := FromRef(df, args)
 	if err != nil {
 		return nil, err
 	}
 	meta, _ := metaArgs(df, args)
 	p := &Plan{From: from}
-	cfg := corral.ImageConfig{}
+	cfg := ImageConfig{}
 	if base != nil {
 		cfg = *base
 		cfg.Env = slices.Clone(base.Env)
@@ -342,7 +341,7 @@ func MakePlan(df *Dockerfile, args map[string]string, base *corral.ImageConfig, 
 // userRE is the edge's rule for a user name or uid[:gid].
 var userRE = lazyregexp.New(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
 
-func cwdOf(cfg corral.ImageConfig) string {
+func cwdOf(cfg ImageConfig) string {
 	if cfg.WorkingDir == "" {
 		return "/"
 	}
@@ -360,7 +359,7 @@ func sortedKeys(m map[string]string) []string {
 
 var archiveSuffixes = []string{".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst"}
 
-func planCopy(st *Step, in Instruction, bctx *Context, cfg corral.ImageConfig, expand func(string) (string, error)) error {
+func planCopy(st *Step, in Instruction, bctx *Context, cfg ImageConfig, expand func(string) (string, error)) error {
 	st.Kind = StepCopy
 	for _, f := range in.Flags {
 		name, val, _ := strings.Cut(f, "=")

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/netpolicy"
 )
 
 // Backend is what a build needs of the node that runs it (the edge). Every layer a build makes
@@ -24,26 +24,29 @@ import (
 type Backend interface {
 	// BuildFrom resolves FROM in project at: the layer to stack on, the stack's depth and the
 	// base's configuration. With dry set it publishes nothing.
-	BuildFrom(ctx context.Context, at, ref string, dry bool) (corral.Layer, int, *corral.ImageConfig, error)
+	BuildFrom(ctx context.Context, at, ref string, dry bool) (Layer, int, *ImageConfig, error)
 	// BuildLayer finds the layer of a cache key.
-	BuildLayer(ctx context.Context, at, key string) (corral.Layer, bool, error)
+	BuildLayer(ctx context.Context, at, key string) (Layer, bool, error)
 	// BuildCheckTarget validates the environment's name and that project at exists.
 	BuildCheckTarget(ctx context.Context, at, name string) error
-	BuildCheckNetwork(p *corral.NetworkPolicy) error
-	BuildSandbox(ctx context.Context, req corral.CreateRequest) (string, error)
+	BuildCheckNetwork(p *netpolicy.Policy) error
+	BuildSandbox(ctx context.Context, s Sandbox) (string, error)
 	BuildDelete(ctx context.Context, id string) error
-	BuildExec(ctx context.Context, id string, req corral.ExecRequest, out func(corral.Event)) (*corral.Exit, error)
+	// BuildExec runs cmd in sandbox id, passes its output (stdout and stderr) to out as it
+	// comes, and returns how it ended.
+	BuildExec(ctx context.Context, id string, cmd Command, out func(data []byte)) (*Exit, error)
 	BuildTarIn(ctx context.Context, id, dir, user string, r io.Reader) error
 	// BuildCommit publishes the sandbox's writable layer as l (Name, Version, Below, Project set).
-	BuildCommit(ctx context.Context, id string, l corral.Layer) (corral.Layer, error)
+	BuildCommit(ctx context.Context, id string, l Layer) (Layer, error)
 	// BuildPublish publishes l, whose content is stored already; an existing version is returned.
-	BuildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error)
-	// BuildSaveEnvironment saves env, replacing an environment of the same name and project.
-	BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
+	BuildPublish(ctx context.Context, l Layer) (Layer, error)
+	// BuildSaveEnvironment saves environment name of project with base (NAME:VERSION) as its
+	// base layer, replacing an environment of the same name and project.
+	BuildSaveEnvironment(ctx context.Context, name, base, project string) error
 	// EnvironmentOwner is the project (canonical; the root is "") owning environment name, and
 	// whether there is one.
 	EnvironmentOwner(ctx context.Context, name string) (string, bool, error)
-	ValidateImageConfig(c *corral.ImageConfig) error
+	ValidateImageConfig(c *ImageConfig) error
 }
 
 // LayerName is the name of the layers builds make (the edge's BuildLayerName).
@@ -62,7 +65,7 @@ const maxJobs = 100
 
 // Request is a checked build request: everything is validated and planned, nothing made.
 type Request struct {
-	corral.BuildRequest
+	Spec
 	Project string // canonical
 	Plan    *Plan
 	Context *Context
@@ -92,8 +95,8 @@ func (j *Jobs) Wait() { j.wg.Wait() }
 // Job is one build.
 type Job struct {
 	mu      sync.Mutex // protects the fields below
-	build   corral.Build
-	events  []corral.BuildEvent
+	build   Build
+	events  []Event
 	logged  int           // bytes of output held
 	trimmed int           // events before this index have had their output dropped
 	changed chan struct{} // closed and replaced whenever something is appended
@@ -111,7 +114,7 @@ func (job *Job) Cancel() { job.cancel() }
 
 // Check validates and plans a build; every error is a 4xx (ErrInvalid, ErrConflict, ...) and
 // nothing is made. bctx may be nil.
-func (j *Jobs) Check(ctx context.Context, req corral.BuildRequest, project string, bctx *Context) (*Request, error) {
+func (j *Jobs) Check(ctx context.Context, req Spec, project string, bctx *Context) (*Request, error) {
 	if req.Name == "" {
 		return nil, errdefs.Invalid("name", "the environment to build is required")
 	}
@@ -168,7 +171,7 @@ func (j *Jobs) Check(ctx context.Context, req corral.BuildRequest, project strin
 	} else if exists && owner != project {
 		return nil, errdefs.Conflict("environment name %s belongs to another project; choose another name", req.Name)
 	}
-	return &Request{BuildRequest: req, Project: project, Plan: plan, Context: bctx}, nil
+	return &Request{Spec: req, Project: project, Plan: plan, Context: bctx}, nil
 }
 
 // Start runs a checked build in the background and returns its job. The job owns r.Context
@@ -177,17 +180,17 @@ func (j *Jobs) Start(r *Request, projectDisplay string) *Job {
 	id := "b" + randHex(8)
 	job := &Job{changed: make(chan struct{})}
 	job.ctx, job.cancel = context.WithCancel(j.ctx)
-	job.build = corral.Build{ID: id, Name: r.Name, Project: projectDisplay, State: corral.BuildRunning, From: r.Plan.From,
+	job.build = Build{ID: id, Name: r.Name, Project: projectDisplay, State: Running, From: r.Plan.From,
 		Warnings: r.Plan.Warnings, CreatedAt: time.Now().UTC()}
 	for _, s := range r.Plan.Steps {
-		job.build.Steps = append(job.build.Steps, corral.BuildStep{N: s.N, Text: s.Text, Kind: s.Kind, State: "pending"})
+		job.build.Steps = append(job.build.Steps, StepStatus{N: s.N, Text: s.Text, Kind: s.Kind, State: "pending"})
 	}
 	j.mu.Lock()
 	j.jobs[id] = job
 	j.order = append(j.order, id)
 	for len(j.order) > maxJobs {
 		old := j.jobs[j.order[0]]
-		if old != nil && old.Snapshot().State == corral.BuildRunning {
+		if old != nil && old.Snapshot().State == Running {
 			break // never forget a running build
 		}
 		delete(j.jobs, j.order[0])
@@ -224,28 +227,28 @@ func (j *Jobs) List() []*Job {
 }
 
 // Snapshot returns the job's state now.
-func (job *Job) Snapshot() corral.Build {
+func (job *Job) Snapshot() Build {
 	job.mu.Lock()
 	defer job.mu.Unlock()
 	b := job.build
-	b.Steps = append([]corral.BuildStep(nil), b.Steps...)
+	b.Steps = append([]StepStatus(nil), b.Steps...)
 	return b
 }
 
 // Events returns the events from index from on (an index into all events ever appended), the
 // next index, whether the job has ended, and a channel closed on the next change.
-func (job *Job) Events(from int) ([]corral.BuildEvent, int, bool, <-chan struct{}) {
+func (job *Job) Events(from int) ([]Event, int, bool, <-chan struct{}) {
 	job.mu.Lock()
 	defer job.mu.Unlock()
 	if from > len(job.events) {
 		from = len(job.events)
 	}
-	out := append([]corral.BuildEvent(nil), job.events[from:]...)
+	out := append([]Event(nil), job.events[from:]...)
 	done := len(job.events) > 0 && job.events[len(job.events)-1].Type == "end"
 	return out, len(job.events), done, job.changed
 }
 
-func (job *Job) emit(ev corral.BuildEvent) {
+func (job *Job) emit(ev Event) {
 	job.mu.Lock()
 	defer job.mu.Unlock()
 	// Over the budget, the oldest output goes (its event stays, empty, so that followers'
@@ -267,7 +270,7 @@ func (job *Job) emit(ev corral.BuildEvent) {
 	job.changed = make(chan struct{})
 }
 
-func (job *Job) setStep(i int, f func(*corral.BuildStep)) {
+func (job *Job) setStep(i int, f func(*StepStatus)) {
 	job.mu.Lock()
 	f(&job.build.Steps[i])
 	job.mu.Unlock()
@@ -288,14 +291,14 @@ func (j *Jobs) run(job *Job, r *Request) {
 	job.mu.Lock()
 	job.build.FinishedAt = &now
 	if err != nil {
-		job.build.State, job.build.Error = corral.BuildFailed, err.Error()
+		job.build.State, job.build.Error = Failed, err.Error()
 	} else {
-		job.build.State, job.build.Layer = corral.BuildSucceeded, layer
+		job.build.State, job.build.Layer = Succeeded, layer
 	}
 	b := job.build
-	b.Steps = append([]corral.BuildStep(nil), b.Steps...)
+	b.Steps = append([]StepStatus(nil), b.Steps...)
 	job.mu.Unlock()
-	job.emit(corral.BuildEvent{Type: "end", Build: &b})
+	job.emit(Event{Type: "end", Build: &b})
 	log.Info("build ended", "state", b.State, "err", err, "took", time.Since(start).Round(time.Millisecond))
 }
 
@@ -309,8 +312,8 @@ func (j *Jobs) steps(ctx context.Context, job *Job, r *Request) (string, error) 
 	for i, st := range r.Plan.Steps {
 		t0 := time.Now()
 		if st.Kind == StepConfig {
-			job.emit(corral.BuildEvent{Type: "step", Step: st.N, Text: fmt.Sprintf("Step %d/%d: %s", st.N, n, st.Text)})
-			job.setStep(i, func(s *corral.BuildStep) { s.State = "done" })
+			job.emit(Event{Type: "step", Step: st.N, Text: fmt.Sprintf("Step %d/%d: %s", st.N, n, st.Text)})
+			job.setStep(i, func(s *StepStatus) { s.State = "done" })
 			continue
 		}
 		inputs := st.Inputs
@@ -323,19 +326,19 @@ func (j *Jobs) steps(ctx context.Context, job *Job, r *Request) (string, error) 
 		if l, ok, err := j.b.BuildLayer(ctx, r.Project, key); err != nil {
 			return "", fmt.Errorf("step %d (%s): %w", st.N, st.Text, err)
 		} else if ok && !r.NoCache {
-			job.emit(corral.BuildEvent{Type: "step", Step: st.N, Cached: true, Text: fmt.Sprintf("Step %d/%d: %s CACHED", st.N, n, st.Text)})
-			job.setStep(i, func(s *corral.BuildStep) { s.State, s.Layer = "cached", l.Name+":"+l.Version })
+			job.emit(Event{Type: "step", Step: st.N, Cached: true, Text: fmt.Sprintf("Step %d/%d: %s CACHED", st.N, n, st.Text)})
+			job.setStep(i, func(s *StepStatus) { s.State, s.Layer = "cached", l.Name+":"+l.Version })
 			top = l
 			continue
 		}
-		job.emit(corral.BuildEvent{Type: "step", Step: st.N, Text: fmt.Sprintf("Step %d/%d: %s", st.N, n, st.Text)})
-		job.setStep(i, func(s *corral.BuildStep) { s.State = "running" })
+		job.emit(Event{Type: "step", Step: st.N, Text: fmt.Sprintf("Step %d/%d: %s", st.N, n, st.Text)})
+		job.setStep(i, func(s *StepStatus) { s.State = "running" })
 		l, err := j.runStep(ctx, job, r, st, top, key)
 		if err != nil {
-			job.setStep(i, func(s *corral.BuildStep) { s.State, s.Seconds = "failed", time.Since(t0).Seconds() })
+			job.setStep(i, func(s *StepStatus) { s.State, s.Seconds = "failed", time.Since(t0).Seconds() })
 			return "", fmt.Errorf("step %d (%s): %w", st.N, st.Text, err)
 		}
-		job.setStep(i, func(s *corral.BuildStep) {
+		job.setStep(i, func(s *StepStatus) {
 			s.State, s.Layer, s.Seconds = "done", l.Name+":"+l.Version, time.Since(t0).Seconds()
 		})
 		top = l
@@ -343,8 +346,8 @@ func (j *Jobs) steps(ctx context.Context, job *Job, r *Request) (string, error) 
 	// The environment's base: the top layer's content and stack, with the configuration.
 	cfg := r.Plan.Config
 	cb, _ := json.Marshal(cfg)
-	final := corral.Layer{
-		Name: r.Name, Version: "b-" + Key(key, string(cb))[:16], Kind: corral.KindBase,
+	final := Layer{
+		Name: r.Name, Version: "b-" + Key(key, string(cb))[:16],
 		// The same content as top, stacked on what top stacks on.
 		Digest: top.Digest, Size: top.Size, Files: top.Files, Below: append([]string(nil), top.Below...),
 		ImageConfig: &cfg, Project: r.Project, CreatedAt: time.Now().UTC(),
@@ -354,24 +357,24 @@ func (j *Jobs) steps(ctx context.Context, job *Job, r *Request) (string, error) 
 		return "", fmt.Errorf("publish the environment's layer %s:%s: %w", final.Name, final.Version, err)
 	}
 	ref := got.Name + ":" + got.Version
-	if _, err := j.b.BuildSaveEnvironment(ctx, corral.Environment{Name: r.Name, Base: ref, Project: r.Project}); err != nil {
+	if err := j.b.BuildSaveEnvironment(ctx, r.Name, ref, r.Project); err != nil {
 		return "", fmt.Errorf("save environment %s: %w", r.Name, err)
 	}
 	return ref, nil
 }
 
 // runStep makes the layer of one RUN or COPY step in a sandbox of its own, removed after.
-func (j *Jobs) runStep(ctx context.Context, job *Job, r *Request, st Step, top corral.Layer, key string) (corral.Layer, error) {
+func (j *Jobs) runStep(ctx context.Context, job *Job, r *Request, st Step, top Layer, key string) (Layer, error) {
 	net := r.Network
 	if st.Kind == StepCopy {
 		net = nil // copying needs no network
 	}
-	id, err := j.b.BuildSandbox(ctx, corral.CreateRequest{
+	id, err := j.b.BuildSandbox(ctx, Sandbox{
 		Base: top.Name + ":" + top.Version, Project: r.Project, Runtime: r.Runtime, Network: net,
 		TTL: "2h", Labels: map[string]string{"corral.build": job.build.ID},
 	})
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("create the step's sandbox: %w", err)
+		return Layer{}, fmt.Errorf("create the step's sandbox: %w", err)
 	}
 	defer func() {
 		if err := j.b.BuildDelete(ctx, id); err != nil {
@@ -383,25 +386,23 @@ func (j *Jobs) runStep(ctx context.Context, job *Job, r *Request, st Step, top c
 		if st.Cwd != "/" {
 			// As Docker: the working directory exists for the command.
 			if err := j.b.BuildTarIn(ctx, id, st.Cwd, "", emptyTar()); err != nil {
-				return corral.Layer{}, fmt.Errorf("make the working directory %s: %w", st.Cwd, err)
+				return Layer{}, fmt.Errorf("make the working directory %s: %w", st.Cwd, err)
 			}
 		}
-		exit, err := j.b.BuildExec(ctx, id, corral.ExecRequest{Argv: st.Argv, Env: st.Env, Cwd: st.Cwd, User: st.User}, func(ev corral.Event) {
-			if ev.Type == "stdout" || ev.Type == "stderr" {
-				job.emit(corral.BuildEvent{Type: "log", Step: st.N, Data: ev.Data})
-			}
+		exit, err := j.b.BuildExec(ctx, id, Command{Argv: st.Argv, Env: st.Env, Cwd: st.Cwd, User: st.User}, func(data []byte) {
+			job.emit(Event{Type: "log", Step: st.N, Data: data})
 		})
 		if err != nil {
-			return corral.Layer{}, err
+			return Layer{}, err
 		}
 		if exit.Code != 0 || exit.Signal != "" || exit.Error != "" {
-			return corral.Layer{}, fmt.Errorf("the command failed: %s", describeExit(exit))
+			return Layer{}, fmt.Errorf("the command failed: %s", describeExit(exit))
 		}
 		if r.Runtime == "gvisor" {
 			// gVisor keeps written data in its own page cache: flush it to the host's upper
 			// directory before it is read.
-			if _, err := j.b.BuildExec(ctx, id, corral.ExecRequest{Argv: []string{"sync"}, User: "0"}, func(corral.Event) {}); err != nil {
-				return corral.Layer{}, fmt.Errorf("sync the step's writes: %w", err)
+			if _, err := j.b.BuildExec(ctx, id, Command{Argv: []string{"sync"}, User: "0"}, func([]byte) {}); err != nil {
+				return Layer{}, fmt.Errorf("sync the step's writes: %w", err)
 			}
 		}
 	case StepCopy:
@@ -410,14 +411,14 @@ func (j *Jobs) runStep(ctx context.Context, job *Job, r *Request, st Step, top c
 		err := j.b.BuildTarIn(ctx, id, st.DestDir, st.Chown, pr)
 		pr.CloseWithError(errors.New("copy ended"))
 		if err != nil {
-			return corral.Layer{}, fmt.Errorf("copy into %s: %w", st.DestDir, err)
+			return Layer{}, fmt.Errorf("copy into %s: %w", st.DestDir, err)
 		}
 	}
 	below := append(append([]string(nil), top.Below...), top.Name+":"+top.Version)
-	return j.b.BuildCommit(ctx, id, corral.Layer{Name: LayerName, Version: key, Below: below, Project: r.Project})
+	return j.b.BuildCommit(ctx, id, Layer{Name: LayerName, Version: key, Below: below, Project: r.Project})
 }
 
-func describeExit(x *corral.Exit) string {
+func describeExit(x *Exit) string {
 	var parts []string
 	if x.Signal != "" {
 		parts = append(parts, "killed by "+x.Signal)

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/netpolicy"
 )
 
 // fakeNode is an in-memory Backend for the job runner's tests: layers in a map, sandboxes as
@@ -20,21 +20,24 @@ import (
 // by internal/e2e/build_test.go.
 type fakeNode struct {
 	mu        sync.Mutex
-	layers    map[string]corral.Layer // by NAME:VERSION
-	live      map[string]bool         // sandboxes not yet deleted
+	layers    map[string]Layer // by NAME:VERSION
+	live      map[string]bool  // sandboxes not yet deleted
 	made, ran int
-	envs      map[string]corral.Environment
+	envs      map[string]fakeEnv
 }
+
+// fakeEnv is a saved environment: its base layer and project.
+type fakeEnv struct{ Base, Project string }
 
 func newFakeNode() *fakeNode {
 	return &fakeNode{
-		layers: map[string]corral.Layer{"base:1": {Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:base",
-			ImageConfig: &corral.ImageConfig{Env: []string{"PATH=/bin"}}}},
-		live: map[string]bool{}, envs: map[string]corral.Environment{},
+		layers: map[string]Layer{"base:1": {Name: "base", Version: "1", Digest: "sha256:base",
+			ImageConfig: &ImageConfig{Env: []string{"PATH=/bin"}}}},
+		live: map[string]bool{}, envs: map[string]fakeEnv{},
 	}
 }
 
-func (f *fakeNode) BuildFrom(ctx context.Context, at, ref string, dry bool) (corral.Layer, int, *corral.ImageConfig, error) {
+func (f *fakeNode) BuildFrom(ctx context.Context, at, ref string, dry bool) (Layer, int, *ImageConfig, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	l, ok := f.layers[ref]
@@ -44,14 +47,14 @@ func (f *fakeNode) BuildFrom(ctx context.Context, at, ref string, dry bool) (cor
 	return l, 1, l.ImageConfig, nil
 }
 
-func (f *fakeNode) BuildLayer(ctx context.Context, at, key string) (corral.Layer, bool, error) {
+func (f *fakeNode) BuildLayer(ctx context.Context, at, key string) (Layer, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	l, ok := f.layers[LayerName+":"+key]
 	return l, ok, nil
 }
 
-func (f *fakeNode) BuildCheckNetwork(p *corral.NetworkPolicy) error { return nil }
+func (f *fakeNode) BuildCheckNetwork(p *netpolicy.Policy) error { return nil }
 
 func (f *fakeNode) BuildCheckTarget(ctx context.Context, at, name string) error {
 	if strings.ContainsAny(name, " /:") {
@@ -60,7 +63,7 @@ func (f *fakeNode) BuildCheckTarget(ctx context.Context, at, name string) error 
 	return nil
 }
 
-func (f *fakeNode) BuildSandbox(ctx context.Context, req corral.CreateRequest) (string, error) {
+func (f *fakeNode) BuildSandbox(ctx context.Context, req Sandbox) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.layers[req.Base]; !ok {
@@ -79,20 +82,20 @@ func (f *fakeNode) BuildDelete(ctx context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeNode) BuildExec(ctx context.Context, id string, req corral.ExecRequest, out func(corral.Event)) (*corral.Exit, error) {
+func (f *fakeNode) BuildExec(ctx context.Context, id string, req Command, out func([]byte)) (*Exit, error) {
 	f.mu.Lock()
 	f.ran++
 	f.mu.Unlock()
 	script := strings.Join(req.Argv, " ")
-	out(corral.Event{Type: "stdout", Data: []byte("running: " + script + "\n")})
+	out([]byte("running: " + script + "\n"))
 	if strings.Contains(script, "block") {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
 	if strings.Contains(script, "fail") {
-		return &corral.Exit{Code: 3}, nil
+		return &Exit{Code: 3}, nil
 	}
-	return &corral.Exit{}, nil
+	return &Exit{}, nil
 }
 
 func (f *fakeNode) BuildTarIn(ctx context.Context, id, dir, user string, r io.Reader) error {
@@ -100,12 +103,12 @@ func (f *fakeNode) BuildTarIn(ctx context.Context, id, dir, user string, r io.Re
 	return err
 }
 
-func (f *fakeNode) BuildCommit(ctx context.Context, id string, l corral.Layer) (corral.Layer, error) {
-	l.Kind, l.Digest = corral.KindBase, "sha256:"+l.Version
+func (f *fakeNode) BuildCommit(ctx context.Context, id string, l Layer) (Layer, error) {
+	l.Digest = "sha256:" + l.Version
 	return f.BuildPublish(ctx, l)
 }
 
-func (f *fakeNode) BuildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error) {
+func (f *fakeNode) BuildPublish(ctx context.Context, l Layer) (Layer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, b := range l.Below {
@@ -120,11 +123,11 @@ func (f *fakeNode) BuildPublish(ctx context.Context, l corral.Layer) (corral.Lay
 	return l, nil
 }
 
-func (f *fakeNode) BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+func (f *fakeNode) BuildSaveEnvironment(ctx context.Context, name, base, project string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.envs[env.Name] = env
-	return env, nil
+	f.envs[name] = fakeEnv{Base: base, Project: project}
+	return nil
 }
 
 func (f *fakeNode) EnvironmentOwner(ctx context.Context, name string) (string, bool, error) {
@@ -134,17 +137,17 @@ func (f *fakeNode) EnvironmentOwner(ctx context.Context, name string) (string, b
 	return env.Project, ok, nil // the tests name projects as Check is given them
 }
 
-func (f *fakeNode) ValidateImageConfig(c *corral.ImageConfig) error { return nil }
+func (f *fakeNode) ValidateImageConfig(c *ImageConfig) error { return nil }
 
 // runJob checks, starts and waits for a build, following its log as the API does.
-func runJob(t *testing.T, jobs *Jobs, dockerfile string) (corral.Build, []corral.BuildEvent) {
+func runJob(t *testing.T, jobs *Jobs, dockerfile string) (Build, []Event) {
 	t.Helper()
-	r, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: dockerfile}, "/", nil)
+	r, err := jobs.Check(context.Background(), Spec{Name: "env", Dockerfile: dockerfile}, "/", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	job := jobs.Start(r, "/")
-	var evs []corral.BuildEvent
+	var evs []Event
 	next := 0
 	deadline := time.After(10 * time.Second)
 	for {
@@ -166,7 +169,7 @@ func TestJobs(t *testing.T) {
 	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
 	df := "FROM base:1\nENV A=1\nRUN one\nRUN two\nCMD [\"x\"]\n"
 	b, evs := runJob(t, jobs, df)
-	if b.State != corral.BuildSucceeded || !strings.HasPrefix(b.Layer, "env:b-") {
+	if b.State != Succeeded || !strings.HasPrefix(b.Layer, "env:b-") {
 		t.Fatalf("build = %+v", b)
 	}
 	var lines []string
@@ -179,7 +182,7 @@ func TestJobs(t *testing.T) {
 	if strings.Join(lines, "|") != strings.Join(want, "|") {
 		t.Errorf("progress lines %q, want %q", lines, want)
 	}
-	if last := evs[len(evs)-1]; last.Type != "end" || last.Build.State != corral.BuildSucceeded {
+	if last := evs[len(evs)-1]; last.Type != "end" || last.Build.State != Succeeded {
 		t.Errorf("last event %+v", last)
 	}
 	final := f.layers[b.Layer]
@@ -193,7 +196,7 @@ func TestJobs(t *testing.T) {
 	// The last step changed: one command runs, the first is cached.
 	ran := f.ran
 	b, evs = runJob(t, jobs, strings.Replace(df, "RUN two", "RUN three", 1))
-	if b.State != corral.BuildSucceeded || f.ran != ran+1 || b.Steps[2].State != "cached" || b.Steps[3].State != "done" {
+	if b.State != Succeeded || f.ran != ran+1 || b.Steps[2].State != "cached" || b.Steps[3].State != "done" {
 		t.Errorf("rebuild ran %d commands, steps %+v", f.ran-ran, b.Steps)
 	}
 	cached := 0
@@ -212,7 +215,7 @@ func TestJobs(t *testing.T) {
 	// A failing step names itself, leaves no environment and no sandbox.
 	delete(f.envs, "env")
 	b, _ = runJob(t, jobs, "FROM base:1\nRUN one\nRUN fail now\nRUN never\n")
-	if b.State != corral.BuildFailed || !strings.Contains(b.Error, "step 3 (RUN fail now): the command failed: exit code 3") {
+	if b.State != Failed || !strings.Contains(b.Error, "step 3 (RUN fail now): the command failed: exit code 3") {
 		t.Errorf("failed build = %s: %s", b.State, b.Error)
 	}
 	if _, ok := f.envs["env"]; ok {
@@ -228,11 +231,11 @@ func TestJobs(t *testing.T) {
 	// Checks refuse before anything is made.
 	made := f.made
 	for _, bad := range []string{"FROM nosuch:1\n", "FROM base:1\nHEALTHCHECK NONE\n", "FROM base:1\nCOPY x /y\n"} {
-		if _, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: bad}, "/", nil); err == nil {
+		if _, err := jobs.Check(context.Background(), Spec{Name: "env", Dockerfile: bad}, "/", nil); err == nil {
 			t.Errorf("%q was accepted", bad)
 		}
 	}
-	if _, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: "FROM base:1\n", Runtime: "qemu"}, "/", nil); err == nil {
+	if _, err := jobs.Check(context.Background(), Spec{Name: "env", Dockerfile: "FROM base:1\n", Runtime: "qemu"}, "/", nil); err == nil {
 		t.Error("runtime qemu was accepted")
 	}
 	if f.made != made {
@@ -252,7 +255,7 @@ func TestJobFollowers(t *testing.T) {
 	for i := range 20 {
 		fmt.Fprintf(&steps, "RUN step %d\n", i)
 	}
-	r, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: steps.String()}, "/", nil)
+	r, err := jobs.Check(context.Background(), Spec{Name: "env", Dockerfile: steps.String()}, "/", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,10 +291,10 @@ func TestJobFollowers(t *testing.T) {
 // followers' positions hold) and every step line.
 func TestJobLogBudget(t *testing.T) {
 	job := &Job{changed: make(chan struct{})}
-	job.emit(corral.BuildEvent{Type: "step", Text: "Step 1/1: RUN x"})
+	job.emit(Event{Type: "step", Text: "Step 1/1: RUN x"})
 	chunk := make([]byte, 1<<20)
 	for range 20 {
-		job.emit(corral.BuildEvent{Type: "log", Data: chunk})
+		job.emit(Event{Type: "log", Data: chunk})
 	}
 	evs, n, _, _ := job.Events(0)
 	if n != 21 || len(evs) != 21 || evs[0].Text != "Step 1/1: RUN x" {
@@ -309,7 +312,7 @@ func TestJobLogBudget(t *testing.T) {
 func TestJobCancel(t *testing.T) {
 	f := newFakeNode()
 	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
-	r, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "env", Dockerfile: "FROM base:1\nRUN block\n"}, "/", nil)
+	r, err := jobs.Check(context.Background(), Spec{Name: "env", Dockerfile: "FROM base:1\nRUN block\n"}, "/", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +328,7 @@ func TestJobCancel(t *testing.T) {
 	job.Cancel()
 	jobs.Wait()
 	b := job.Snapshot()
-	if b.State != corral.BuildFailed || !strings.Contains(b.Error, "cancelled") || !strings.Contains(b.Error, "step 2 (RUN block)") {
+	if b.State != Failed || !strings.Contains(b.Error, "cancelled") || !strings.Contains(b.Error, "step 2 (RUN block)") {
 		t.Errorf("cancelled build = %s: %s", b.State, b.Error)
 	}
 	if len(f.live) != 0 || len(f.envs) != 0 {
@@ -337,16 +340,16 @@ func TestJobCancel(t *testing.T) {
 // project owns, the root included (whose canonical path is "", as "no owner" once was).
 func TestCheckEnvironmentOfAnotherProject(t *testing.T) {
 	node := newFakeNode()
-	node.envs["taken"] = corral.Environment{Name: "taken", Base: "base:1", Project: ""} // the root
-	node.envs["team-env"] = corral.Environment{Name: "team-env", Base: "base:1", Project: "team"}
+	node.envs["taken"] = fakeEnv{Base: "base:1", Project: ""} // the root
+	node.envs["team-env"] = fakeEnv{Base: "base:1", Project: "team"}
 	jobs := NewJobs(context.Background(), node, slog.New(slog.DiscardHandler))
 	for _, name := range []string{"taken", "team-env"} {
-		_, err := jobs.Check(context.Background(), corral.BuildRequest{Name: name, Dockerfile: "FROM base:1\n"}, "other", nil)
+		_, err := jobs.Check(context.Background(), Spec{Name: name, Dockerfile: "FROM base:1\n"}, "other", nil)
 		if !errors.Is(err, errdefs.ErrConflict) {
 			t.Errorf("%s: got %v, want a conflict", name, err)
 		}
 	}
-	if _, err := jobs.Check(context.Background(), corral.BuildRequest{Name: "team-env", Dockerfile: "FROM base:1\n"}, "team", nil); err != nil {
+	if _, err := jobs.Check(context.Background(), Spec{Name: "team-env", Dockerfile: "FROM base:1\n"}, "team", nil); err != nil {
 		t.Errorf("the owner's rebuild: %v", err)
 	}
 }

@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/build"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/netpolicy"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -25,6 +27,46 @@ import (
 // BuildLayerName is the name of the layers builds make; the version is the step's cache key.
 const BuildLayerName = "corral.build"
 
+// internal/build keeps types of its own (issue 29 item 5): the methods it calls (build.Backend)
+// take and return them, and convert to the API's here, and nowhere else. TestBuildConversion
+// holds them equal to the API's.
+
+// buildLayer is what a build reads of layer l.
+func buildLayer(l corral.Layer) build.Layer {
+	return build.Layer{Name: l.Name, Version: l.Version, Digest: l.Digest, Size: l.Size, Files: l.Files,
+		Below: l.Below, ImageConfig: buildImageConfig(l.ImageConfig), Project: l.Project, CreatedAt: l.CreatedAt}
+}
+
+// apiLayer is a layer a build makes, of kind base.
+func apiLayer(l build.Layer) corral.Layer {
+	return corral.Layer{Name: l.Name, Version: l.Version, Kind: corral.KindBase, Digest: l.Digest, Size: l.Size, Files: l.Files,
+		Below: l.Below, ImageConfig: apiImageConfig(l.ImageConfig), Project: l.Project, CreatedAt: l.CreatedAt}
+}
+
+// buildImageConfig is c as a build's (nil stays nil).
+func buildImageConfig(c *corral.ImageConfig) *build.ImageConfig {
+	if c == nil {
+		return nil
+	}
+	out := &build.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, Labels: c.Labels}
+	for _, s := range c.Services {
+		out.Services = append(out.Services, build.Service(s))
+	}
+	return out
+}
+
+// apiImageConfig is a build's c as the API's (nil stays nil).
+func apiImageConfig(c *build.ImageConfig) *corral.ImageConfig {
+	if c == nil {
+		return nil
+	}
+	out := &corral.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, Labels: c.Labels}
+	for _, s := range c.Services {
+		out.Services = append(out.Services, corral.Service(s))
+	}
+	return out
+}
+
 // BuildFrom resolves a build's FROM for project at: a layer NAME:VERSION (or tag) of kind base,
 // or a saved environment's name. It returns the layer to make the first sandbox with (stacking
 // on below), the number of layers in the stack, and the configuration of its base. An
@@ -32,7 +74,12 @@ const BuildLayerName = "corral.build"
 // (BuildLayerName, no new data).
 //
 // With dry set nothing is published: the answer is the configuration and the depth only.
-func (e *Edge) BuildFrom(ctx context.Context, at, ref string, dry bool) (top corral.Layer, depth int, cfg *corral.ImageConfig, err error) {
+func (e *Edge) BuildFrom(ctx context.Context, at, ref string, dry bool) (build.Layer, int, *build.ImageConfig, error) {
+	top, depth, cfg, err := e.buildFrom(ctx, at, ref, dry)
+	return buildLayer(top), depth, buildImageConfig(cfg), err
+}
+
+func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top corral.Layer, depth int, cfg *corral.ImageConfig, err error) {
 	if !strings.Contains(ref, ":") {
 		env, err := e.store.GetEnvironment(ctx, ref)
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -73,7 +120,7 @@ func (e *Edge) BuildFrom(ctx context.Context, at, ref string, dry bool) (top cor
 				Kind: corral.KindBase, Digest: l.Digest, Size: l.Size, Files: l.Files,
 				Below: append([]string(nil), below...), CreatedAt: time.Now().UTC(), Project: at,
 			}
-			if top, err = e.BuildPublish(ctx, alias); err != nil {
+			if top, err = e.buildPublish(ctx, alias); err != nil {
 				return top, 0, nil, err
 			}
 			below = append(below, top.Name+":"+top.Version)
@@ -101,17 +148,23 @@ func shortKey(s string) string {
 }
 
 // BuildLayer returns the build layer of cache key key, if one is published and visible in at.
-func (e *Edge) BuildLayer(ctx context.Context, at, key string) (corral.Layer, bool, error) {
+func (e *Edge) BuildLayer(ctx context.Context, at, key string) (build.Layer, bool, error) {
 	l, err := e.store.GetLayer(ctx, BuildLayerName, key)
 	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !LayerVisibleIn(l, at) {
-		return corral.Layer{}, false, nil
+		return build.Layer{}, false, nil
 	}
-	return l, err == nil, err
+	return buildLayer(l), err == nil, err
 }
 
-// BuildPublish publishes a build layer whose content is already stored. A version published
-// already (an identical step of another build, or a race) is returned as it is.
-func (e *Edge) BuildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error) {
+// BuildPublish publishes a build layer (of kind base) whose content is already stored. A
+// version published already (an identical step of another build, or a race) is returned as it
+// is.
+func (e *Edge) BuildPublish(ctx context.Context, l build.Layer) (build.Layer, error) {
+	got, err := e.buildPublish(ctx, apiLayer(l))
+	return buildLayer(got), err
+}
+
+func (e *Edge) buildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error) {
 	if got, err := e.store.GetLayer(ctx, l.Name, l.Version); err == nil {
 		return got, nil
 	}
@@ -125,14 +178,14 @@ func (e *Edge) BuildPublish(ctx context.Context, l corral.Layer) (corral.Layer, 
 	return got, err
 }
 
-// BuildExec runs a build step's command in sandbox id and passes its output events to out. It
-// returns the command's exit.
-func (e *Edge) BuildExec(ctx context.Context, id string, req corral.ExecRequest, out func(corral.Event)) (*corral.Exit, error) {
+// BuildExec runs a build step's command in sandbox id and passes its output (stdout and
+// stderr) to out. It returns the command's exit.
+func (e *Edge) BuildExec(ctx context.Context, id string, cmd build.Command, out func(data []byte)) (*build.Exit, error) {
 	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	areq, err := e.agentRequest(sb, req)
+	areq, err := e.agentRequest(sb, corral.ExecRequest{Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, User: cmd.User})
 	if err != nil {
 		return nil, err
 	}
@@ -158,10 +211,12 @@ func (e *Edge) BuildExec(ctx context.Context, id string, req corral.ExecRequest,
 			return nil, fmt.Errorf("command output: %w", err)
 		}
 		sb.touch()
-		if ev.Type == agentrpc.EventExit {
-			return apiExit(ev.Exit), nil
+		switch ev.Type {
+		case agentrpc.EventExit:
+			return buildExit(ev.Exit), nil
+		case agentrpc.EventStdout, agentrpc.EventStderr:
+			out(ev.Data)
 		}
-		out(apiEvent(ev))
 	}
 }
 
@@ -184,7 +239,12 @@ func (e *Edge) BuildTarIn(ctx context.Context, id, dir, user string, r io.Reader
 // BuildCommit makes the writable layer of build sandbox id into layer l (Name, Version,
 // Below, Project set by the caller): imported, then published. On gVisor the sandbox must be
 // idle (its step ended) and synced, since it cannot be frozen.
-func (e *Edge) BuildCommit(ctx context.Context, id string, l corral.Layer) (corral.Layer, error) {
+func (e *Edge) BuildCommit(ctx context.Context, id string, bl build.Layer) (build.Layer, error) {
+	l, err := e.buildCommit(ctx, id, apiLayer(bl))
+	return buildLayer(l), err
+}
+
+func (e *Edge) buildCommit(ctx context.Context, id string, l corral.Layer) (corral.Layer, error) {
 	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return corral.Layer{}, err
@@ -219,7 +279,7 @@ func (e *Edge) BuildCommit(ctx context.Context, id string, l corral.Layer) (corr
 		return corral.Layer{}, fmt.Errorf("pack the writable layer of sandbox %s: %w", id, err)
 	}
 	l.Kind, l.Digest, l.Size, l.Files, l.CreatedAt = corral.KindBase, blob.Digest, blob.Size, blob.Files, time.Now().UTC()
-	return e.BuildPublish(ctx, l)
+	return e.buildPublish(ctx, l)
 }
 
 // BuildCheckTarget validates a build's target: the environment (and layer) name, and the
@@ -233,14 +293,15 @@ func (e *Edge) BuildCheckTarget(ctx context.Context, at, name string) error {
 }
 
 // BuildCheckNetwork validates a build's network policy (nil: no network).
-func (e *Edge) BuildCheckNetwork(p *corral.NetworkPolicy) error {
-	_, err := e.compileNetwork(p)
+func (e *Edge) BuildCheckNetwork(p *netpolicy.Policy) error {
+	_, err := e.compileNetwork((*corral.NetworkPolicy)(p))
 	return err
 }
 
 // BuildSandbox creates a sandbox for one build step and returns its ID.
-func (e *Edge) BuildSandbox(ctx context.Context, req corral.CreateRequest) (string, error) {
-	rec, err := e.Create(ctx, req)
+func (e *Edge) BuildSandbox(ctx context.Context, s build.Sandbox) (string, error) {
+	rec, err := e.Create(ctx, corral.CreateRequest{Base: s.Base, Project: s.Project, Runtime: s.Runtime,
+		Network: (*corral.NetworkPolicy)(s.Network), TTL: s.TTL, Labels: s.Labels})
 	if err != nil {
 		return "", err
 	}
@@ -267,4 +328,14 @@ func (e *Edge) EnvironmentOwner(ctx context.Context, name string) (string, bool,
 }
 
 // ValidateImageConfig is the package function, for builds.
-func (e *Edge) ValidateImageConfig(c *corral.ImageConfig) error { return ValidateImageConfig(c) }
+func (e *Edge) ValidateImageConfig(c *build.ImageConfig) error {
+	return ValidateImageConfig(apiImageConfig(c))
+}
+
+// buildExit is how a build step's command ended (nil stays nil).
+func buildExit(x *agentrpc.Exit) *build.Exit {
+	if x == nil {
+		return nil
+	}
+	return &build.Exit{Code: x.Code, Signal: x.Signal, TimedOut: x.TimedOut, OOMKilled: x.OOMKilled, Error: x.Error}
+}

@@ -1162,7 +1162,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(life.ttl), IdleTTLSeconds: int64(life.idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(life.autoPause / time.Second), PauseKeepsTTL: life.keepsTTL,
-			Network: &netc.Source, Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
+			Network: apiPolicy(netc), Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
 		},
 		Lower:     comp.digests,
 		ProjectID: project.ID,
@@ -1521,10 +1521,12 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 	return e.saveEnvironment(ctx, env, false)
 }
 
-// BuildSaveEnvironment is SaveEnvironment for a build: it replaces the composition of an
-// environment of the same project.
-func (e *Edge) BuildSaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
-	return e.saveEnvironment(ctx, env, true)
+// BuildSaveEnvironment is SaveEnvironment for a build: it saves environment name of project
+// with base (NAME:VERSION) as its base layer, replacing the composition of an environment of
+// the same project.
+func (e *Edge) BuildSaveEnvironment(ctx context.Context, name, base, project string) error {
+	_, err := e.saveEnvironment(ctx, corral.Environment{Name: name, Base: base, Project: project}, true)
+	return err
 }
 
 func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {

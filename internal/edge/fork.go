@@ -89,7 +89,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 	recs := make([]*store.Sandbox, n)
 	for i := range recs {
 		recs[i] = forkRecord(src, e.newID(), req.Labels, memory, now)
-		recs[i].Network = &netc.Source
+		recs[i].Network = apiPolicy(netc)
 		if ttl > 0 {
 			recs[i].ExpiresAt = now.Add(ttl)
 		}

@@ -87,7 +87,7 @@ func (e *Edge) compileNetwork(p *corral.NetworkPolicy) (*netpolicy.Compiled, err
 	if e.cfg.Net != nil {
 		env = e.cfg.Net.Env
 	}
-	c, err := netpolicy.Compile(*p, cat, env)
+	c, err := netpolicy.Compile(netpolicy.Policy(*p), cat, env)
 	if err != nil {
 		return nil, err
 	}
@@ -99,6 +99,26 @@ func (e *Edge) compileNetwork(p *corral.NetworkPolicy) (*netpolicy.Compiled, err
 		return nil, errdefs.Invalid("network", "sandbox networking is off on this node (%s): only mode none is possible", why)
 	}
 	return c, nil
+}
+
+// netpolicy keeps types of its own (issue 29 item 5), the API's field for field: the edge turns
+// them into the API's where a record or an answer takes them, and nowhere else.
+// apiserver.TestNetworkConversion holds their JSON equal.
+
+// apiPolicy is a compiled policy's source (its mode explicit, its rules normalised) as the API's
+// NetworkPolicy, which the sandbox's record keeps and shows.
+func apiPolicy(c *netpolicy.Compiled) *corral.NetworkPolicy {
+	p := corral.NetworkPolicy(c.Source)
+	return &p
+}
+
+// apiServices is the catalog's services as the API lists them.
+func apiServices(s []netpolicy.Service) []corral.NetworkService {
+	out := make([]corral.NetworkService, len(s))
+	for i, v := range s {
+		out[i] = corral.NetworkService(v)
+	}
+	return out
 }
 
 // slotPolicy turns a compiled policy into the rules of the sandbox's chain: deny (and the
@@ -382,12 +402,11 @@ func (e *Edge) SetNetwork(ctx context.Context, id string, p corral.NetworkPolicy
 		return nil, err
 	}
 	n.policy.Store(c)
-	src := c.Source
-	rec.Network = &src
+	rec.Network = apiPolicy(c)
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return nil, err
 	}
-	e.log.Info("network policy replaced", "sandbox", id, "mode", c.Mode, "allow", len(src.Allow), "deny", len(src.Deny))
+	e.log.Info("network policy replaced", "sandbox", id, "mode", c.Mode, "allow", len(c.Source.Allow), "deny", len(c.Source.Deny))
 	return e.withNetStats(rec), nil
 }
 
@@ -443,7 +462,7 @@ func (e *Edge) NetworkServices() []corral.NetworkService {
 	if cat == nil {
 		return []corral.NetworkService{}
 	}
-	return cat.Services()
+	return apiServices(cat.Services())
 }
 
 // catalogSetting is the store key of the catalog saved through the API.
@@ -467,7 +486,7 @@ func (e *Edge) SetCatalog(ctx context.Context, raw []byte) ([]corral.NetworkServ
 	}
 	e.catalog.Store(cat)
 	e.log.Info("service catalog replaced", "services", len(cat.Names()))
-	return cat.Services(), nil
+	return apiServices(cat.Services()), nil
 }
 
 // loadCatalog picks the catalog at start: --services, else the one saved through the API.

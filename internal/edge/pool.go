@@ -867,8 +867,7 @@ func (e *Edge) checkEnvironmentDefaults(env *corral.Environment) error {
 		if err != nil {
 			return err
 		}
-		src := c.Source
-		env.Network = &src
+		env.Network = apiPolicy(c)
 	}
 	return checkWarmSize(env.Warm)
 }

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The tiers the table knows (the edge's tier names).
@@ -31,10 +30,31 @@ const (
 // Tiers lists the tiers in the order the documentation shows them.
 var Tiers = []string{TierContainer, TierFncall, TierMicroVM, TierVM}
 
+// Limits are a sandbox's limits, as a create asks for them and as Resolve fills them in. It is
+// the API's Limits (sdk/go) field for field, tag for tag, but the package does not import the SDK
+// (issue 29 item 5). It is an alias of an unnamed struct type rather than a named type, so that
+// the API's value passes to Resolve and its result back without a conversion function, in the
+// edge and the cluster server alike; a field or tag that changes on one side only no longer
+// compiles there. apiserver.TestLimitsConversion holds the JSON equal.
+type Limits = struct {
+	// CPUs is a CPU quota in cores (0.5 = half a core).
+	CPUs float64 `json:"cpus,omitempty"`
+	// MemoryBytes is the memory limit (processes and page cache, without swap).
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// Pids caps the number of processes and threads.
+	Pids int64 `json:"pids,omitempty"`
+	// DiskBytes caps the writable layer (enforced by a filesystem of that size).
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// OpenFiles is RLIMIT_NOFILE for every process in the sandbox.
+	OpenFiles int64 `json:"open_files,omitempty"`
+	// OutputBytes caps the output kept per command (stdout and stderr together).
+	OutputBytes int64 `json:"output_bytes,omitempty"`
+}
+
 // Bounds are one tier's limits: Default fills a zero field of a request, Min and Max bound a
 // field the request sets. Every field of all three is set.
 type Bounds struct {
-	Default, Min, Max corral.Limits
+	Default, Min, Max Limits
 }
 
 // The defaults and ceilings every tier shares, and the node's disk and TTL settings when its
@@ -68,7 +88,7 @@ const (
 
 // minimums are each tier's least limits. A microvm's kernel and agent need about 100 MiB and
 // its writable disk holds an ext4 journal; a vm boots a full distribution's init.
-var minimums = map[string]corral.Limits{
+var minimums = map[string]Limits{
 	TierContainer: {CPUs: 0.01, MemoryBytes: 16 << 20, Pids: 8, DiskBytes: 16 << 20, OpenFiles: 64, OutputBytes: 4 << 10},
 	TierFncall:    {CPUs: 0.01, MemoryBytes: 16 << 20, Pids: 8, DiskBytes: 16 << 20, OpenFiles: 64, OutputBytes: 4 << 10},
 	TierMicroVM:   {CPUs: 0.01, MemoryBytes: 128 << 20, Pids: 8, DiskBytes: 64 << 20, OpenFiles: 64, OutputBytes: 4 << 10},
@@ -133,10 +153,10 @@ func New(c Config) (*Policy, error) {
 	for _, tier := range Tiers {
 		lo := minimums[tier]
 		b := Bounds{
-			Default: corral.Limits{CPUs: DefaultCPUs, MemoryBytes: DefaultMemoryBytes, Pids: DefaultPids,
+			Default: Limits{CPUs: DefaultCPUs, MemoryBytes: DefaultMemoryBytes, Pids: DefaultPids,
 				DiskBytes: c.DefaultDiskBytes, OpenFiles: DefaultOpenFiles, OutputBytes: DefaultOutputBytes},
 			Min: lo,
-			Max: corral.Limits{CPUs: MaxCPUs, MemoryBytes: MaxMemoryBytes, Pids: MaxPids,
+			Max: Limits{CPUs: MaxCPUs, MemoryBytes: MaxMemoryBytes, Pids: MaxPids,
 				DiskBytes: c.MaxDiskBytes, OpenFiles: MaxOpenFiles, OutputBytes: MaxOutputBytes},
 		}
 		// A node whose default disk is below a tier's least (a microvm's 64 MiB) gives that
@@ -165,7 +185,7 @@ func (p *Policy) Bounds(tier string) (b Bounds, ok bool) {
 // Resolve fills req's zero fields with tier's defaults and checks every field against its
 // bounds. The error is errdefs.ErrInvalid naming the field; an unknown tier is an error of the
 // caller (admission checks the tier first).
-func (p *Policy) Resolve(tier string, req corral.Limits) (corral.Limits, error) {
+func (p *Policy) Resolve(tier string, req Limits) (Limits, error) {
 	b, ok := p.tiers[tier]
 	if !ok {
 		return req, fmt.Errorf("resolve limits: tier %q is not in the limits table", tier)
@@ -208,7 +228,7 @@ func (f field) show(n int64) string {
 	return fmt.Sprint(n)
 }
 
-func fields(l *corral.Limits, b *Bounds) [5]field {
+func fields(l *Limits, b *Bounds) [5]field {
 	return [5]field{
 		{"limits.memory_bytes", &l.MemoryBytes, b.Default.MemoryBytes, b.Min.MemoryBytes, b.Max.MemoryBytes, true},
 		{"limits.pids", &l.Pids, b.Default.Pids, b.Min.Pids, b.Max.Pids, false},
@@ -282,7 +302,7 @@ func Table() string {
 		b.WriteString("\n")
 	}
 	row("limits.cpus", fmt.Sprint(def.Default.CPUs), func(bt Bounds) string { return fmt.Sprintf("%g–%g", bt.Min.CPUs, bt.Max.CPUs) })
-	var probe corral.Limits
+	var probe Limits
 	for i, f := range fields(&probe, &def) {
 		row(f.name, f.show(f.def), func(bt Bounds) string {
 			g := fields(&probe, &bt)[i]

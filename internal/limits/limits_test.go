@@ -11,16 +11,15 @@ import (
 
 	"github.com/corral-dev/corral/internal/doccheck"
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestResolveDefaults: an empty request takes every default of its tier, and every resolved
 // field is within the tier's bounds.
 func TestResolveDefaults(t *testing.T) {
 	p := Default()
-	want := corral.Limits{CPUs: 1, MemoryBytes: 1 << 30, Pids: 1024, DiskBytes: 1 << 30, OpenFiles: 4096, OutputBytes: 16 << 20}
+	want := Limits{CPUs: 1, MemoryBytes: 1 << 30, Pids: 1024, DiskBytes: 1 << 30, OpenFiles: 4096, OutputBytes: 16 << 20}
 	for _, tier := range Tiers {
-		got, err := p.Resolve(tier, corral.Limits{})
+		got, err := p.Resolve(tier, Limits{})
 		if err != nil || got != want {
 			t.Errorf("%s: Resolve({}) = %+v, %v; want %+v", tier, got, err, want)
 		}
@@ -39,21 +38,21 @@ func TestResolveBounds(t *testing.T) {
 		}
 		type limit struct {
 			field    string
-			set      func(l *corral.Limits, v float64)
-			get      func(l corral.Limits) float64
+			set      func(l *Limits, v float64)
+			get      func(l Limits) float64
 			min, max float64
 			step     float64
 		}
 		for _, lim := range []limit{
-			{"limits.cpus", func(l *corral.Limits, v float64) { l.CPUs = v }, func(l corral.Limits) float64 { return l.CPUs }, b.Min.CPUs, b.Max.CPUs, 0.001},
-			{"limits.memory_bytes", func(l *corral.Limits, v float64) { l.MemoryBytes = int64(v) }, func(l corral.Limits) float64 { return float64(l.MemoryBytes) }, float64(b.Min.MemoryBytes), float64(b.Max.MemoryBytes), 1},
-			{"limits.pids", func(l *corral.Limits, v float64) { l.Pids = int64(v) }, func(l corral.Limits) float64 { return float64(l.Pids) }, float64(b.Min.Pids), float64(b.Max.Pids), 1},
-			{"limits.disk_bytes", func(l *corral.Limits, v float64) { l.DiskBytes = int64(v) }, func(l corral.Limits) float64 { return float64(l.DiskBytes) }, float64(b.Min.DiskBytes), float64(b.Max.DiskBytes), 1},
-			{"limits.open_files", func(l *corral.Limits, v float64) { l.OpenFiles = int64(v) }, func(l corral.Limits) float64 { return float64(l.OpenFiles) }, float64(b.Min.OpenFiles), float64(b.Max.OpenFiles), 1},
-			{"limits.output_bytes", func(l *corral.Limits, v float64) { l.OutputBytes = int64(v) }, func(l corral.Limits) float64 { return float64(l.OutputBytes) }, float64(b.Min.OutputBytes), float64(b.Max.OutputBytes), 1},
+			{"limits.cpus", func(l *Limits, v float64) { l.CPUs = v }, func(l Limits) float64 { return l.CPUs }, b.Min.CPUs, b.Max.CPUs, 0.001},
+			{"limits.memory_bytes", func(l *Limits, v float64) { l.MemoryBytes = int64(v) }, func(l Limits) float64 { return float64(l.MemoryBytes) }, float64(b.Min.MemoryBytes), float64(b.Max.MemoryBytes), 1},
+			{"limits.pids", func(l *Limits, v float64) { l.Pids = int64(v) }, func(l Limits) float64 { return float64(l.Pids) }, float64(b.Min.Pids), float64(b.Max.Pids), 1},
+			{"limits.disk_bytes", func(l *Limits, v float64) { l.DiskBytes = int64(v) }, func(l Limits) float64 { return float64(l.DiskBytes) }, float64(b.Min.DiskBytes), float64(b.Max.DiskBytes), 1},
+			{"limits.open_files", func(l *Limits, v float64) { l.OpenFiles = int64(v) }, func(l Limits) float64 { return float64(l.OpenFiles) }, float64(b.Min.OpenFiles), float64(b.Max.OpenFiles), 1},
+			{"limits.output_bytes", func(l *Limits, v float64) { l.OutputBytes = int64(v) }, func(l Limits) float64 { return float64(l.OutputBytes) }, float64(b.Min.OutputBytes), float64(b.Max.OutputBytes), 1},
 		} {
 			for _, v := range []float64{lim.min, lim.max} {
-				var req corral.Limits
+				var req Limits
 				lim.set(&req, v)
 				got, err := p.Resolve(tier, req)
 				if err != nil || lim.get(got) != v {
@@ -61,7 +60,7 @@ func TestResolveBounds(t *testing.T) {
 				}
 			}
 			for _, v := range []float64{lim.min - lim.step, lim.max + lim.step, -1} {
-				var req corral.Limits
+				var req Limits
 				lim.set(&req, v)
 				_, err := p.Resolve(tier, req)
 				if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != lim.field || !strings.Contains(err.Error(), tier) {
@@ -77,14 +76,14 @@ func TestTierMinimums(t *testing.T) {
 	p := Default()
 	for _, c := range []struct {
 		tier string
-		req  corral.Limits
+		req  Limits
 		msg  string
 	}{
-		{TierMicroVM, corral.Limits{MemoryBytes: 64 << 20}, "limits.memory_bytes: at least 128 MiB on microvm, got 64 MiB"},
-		{TierMicroVM, corral.Limits{DiskBytes: 32 << 20}, "limits.disk_bytes: at least 64 MiB on microvm, got 32 MiB"},
-		{TierVM, corral.Limits{MemoryBytes: 128 << 20}, "limits.memory_bytes: at least 256 MiB on vm, got 128 MiB"},
-		{TierContainer, corral.Limits{MemoryBytes: 8 << 20}, "limits.memory_bytes: at least 16 MiB on container, got 8 MiB"},
-		{TierContainer, corral.Limits{CPUs: 0.001}, "limits.cpus: at least 0.01 on container, got 0.001"},
+		{TierMicroVM, Limits{MemoryBytes: 64 << 20}, "limits.memory_bytes: at least 128 MiB on microvm, got 64 MiB"},
+		{TierMicroVM, Limits{DiskBytes: 32 << 20}, "limits.disk_bytes: at least 64 MiB on microvm, got 32 MiB"},
+		{TierVM, Limits{MemoryBytes: 128 << 20}, "limits.memory_bytes: at least 256 MiB on vm, got 128 MiB"},
+		{TierContainer, Limits{MemoryBytes: 8 << 20}, "limits.memory_bytes: at least 16 MiB on container, got 8 MiB"},
+		{TierContainer, Limits{CPUs: 0.001}, "limits.cpus: at least 0.01 on container, got 0.001"},
 	} {
 		_, err := p.Resolve(c.tier, c.req)
 		if err == nil || err.Error() != c.msg {
@@ -92,7 +91,7 @@ func TestTierMinimums(t *testing.T) {
 		}
 	}
 	// What a container takes, a microvm refuses: the minimums really differ.
-	if _, err := p.Resolve(TierContainer, corral.Limits{MemoryBytes: 64 << 20}); err != nil {
+	if _, err := p.Resolve(TierContainer, Limits{MemoryBytes: 64 << 20}); err != nil {
 		t.Errorf("container with 64 MiB: %v", err)
 	}
 }
@@ -100,11 +99,11 @@ func TestTierMinimums(t *testing.T) {
 func TestResolveOddCPUs(t *testing.T) {
 	p := Default()
 	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
-		if _, err := p.Resolve(TierContainer, corral.Limits{CPUs: v}); errdefs.Field(err) != "limits.cpus" {
+		if _, err := p.Resolve(TierContainer, Limits{CPUs: v}); errdefs.Field(err) != "limits.cpus" {
 			t.Errorf("cpus %v: err = %v; want invalid limits.cpus", v, err)
 		}
 	}
-	if _, err := p.Resolve("pc", corral.Limits{}); err == nil || errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := p.Resolve("pc", Limits{}); err == nil || errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("unknown tier: err = %v; want an internal error", err)
 	}
 }
@@ -117,11 +116,11 @@ func TestNodeConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for tier, want := range map[string]int64{TierContainer: 32 << 20, TierFncall: 32 << 20, TierMicroVM: 64 << 20, TierVM: 32 << 20} {
-		got, err := p.Resolve(tier, corral.Limits{})
+		got, err := p.Resolve(tier, Limits{})
 		if err != nil || got.DiskBytes != want {
 			t.Errorf("%s: default disk %d, %v; want %d", tier, got.DiskBytes, err, want)
 		}
-		if _, err := p.Resolve(tier, corral.Limits{DiskBytes: 100 << 30}); err != nil {
+		if _, err := p.Resolve(tier, Limits{DiskBytes: 100 << 30}); err != nil {
 			t.Errorf("%s: 100 GiB under a 128 GiB ceiling: %v", tier, err)
 		}
 	}
@@ -203,7 +202,7 @@ var update = flag.Bool("update", false, "rewrite the documented limits table")
 
 func BenchmarkResolve(b *testing.B) {
 	p := Default()
-	req := corral.Limits{MemoryBytes: 512 << 20, CPUs: 2}
+	req := Limits{MemoryBytes: 512 << 20, CPUs: 2}
 	for b.Loop() {
 		if _, err := p.Resolve(TierMicroVM, req); err != nil {
 			b.Fatal(err)

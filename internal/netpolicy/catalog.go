@@ -11,7 +11,6 @@ import (
 	"slices"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Catalog is the operator's service catalog: named sets of domains and addresses that policies
@@ -24,7 +23,7 @@ type Catalog struct {
 
 // service is one catalog entry with its rules parsed.
 type service struct {
-	view    corral.NetworkService
+	view    Service
 	domains []Rule
 	addrs   []Rule
 }
@@ -96,7 +95,7 @@ func parseService(name string, e catalogEntry) (*service, error) {
 	if len(e.Domains) == 0 && len(e.Addresses) == 0 {
 		return nil, errdefs.Invalid(field, "service %q has neither domains nor addresses", name)
 	}
-	s := &service{view: corral.NetworkService{Name: name, Description: e.Description}}
+	s := &service{view: Service{Name: name, Description: e.Description}}
 	for i, d := range e.Domains {
 		f := fmt.Sprintf("%s.domains[%d]", field, i)
 		r, err := parseRule(d)
@@ -129,11 +128,11 @@ func parseService(name string, e catalogEntry) (*service, error) {
 }
 
 // Services returns every service, sorted by name, for the API's catalog listing.
-func (c *Catalog) Services() []corral.NetworkService {
+func (c *Catalog) Services() []Service {
 	if c == nil {
 		return nil
 	}
-	out := make([]corral.NetworkService, 0, len(c.names))
+	out := make([]Service, 0, len(c.names))
 	for _, n := range c.names {
 		out = append(out, c.services[n].copyView())
 	}
@@ -141,10 +140,10 @@ func (c *Catalog) Services() []corral.NetworkService {
 }
 
 // Service returns the service called name, or an error wrapping errdefs.ErrNotFound.
-func (c *Catalog) Service(name string) (corral.NetworkService, error) {
+func (c *Catalog) Service(name string) (Service, error) {
 	s := c.lookup(name)
 	if s == nil {
-		return corral.NetworkService{}, errdefs.NotFound("network service %q", name)
+		return Service{}, errdefs.NotFound("network service %q", name)
 	}
 	return s.copyView(), nil
 }
@@ -165,7 +164,7 @@ func (c *Catalog) lookup(name string) *service {
 }
 
 // copyView returns the API view with its own slices, so callers cannot change the catalog.
-func (s *service) copyView() corral.NetworkService {
+func (s *service) copyView() Service {
 	v := s.view
 	v.Domains = slices.Clone(v.Domains)
 	v.Addresses = slices.Clone(v.Addresses)

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 const testCatalogJSON = `{"services": {
@@ -47,7 +46,7 @@ func TestParseCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Service(pypi): %v", err)
 	}
-	want := corral.NetworkService{Name: "pypi", Description: "Python packages", Domains: []string{"pypi.org", "*.pythonhosted.org"}}
+	want := Service{Name: "pypi", Description: "Python packages", Domains: []string{"pypi.org", "*.pythonhosted.org"}}
 	if got.Name != want.Name || got.Description != want.Description || !slices.Equal(got.Domains, want.Domains) || got.Addresses != nil {
 		t.Errorf("Service(pypi) = %+v, want %+v (normalised, de-duplicated)", got, want)
 	}

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // DefaultMaxRules is the number of allow and deny rules together that a policy may have when
@@ -129,30 +128,30 @@ type Compiled struct {
 	Opened []NetRule
 	// Source is the policy with its mode made explicit and its rules normalised and
 	// de-duplicated, for the API to show.
-	Source corral.NetworkPolicy
+	Source Policy
 
 	allowNames, denyNames nameIndex
 }
 
 // Compile checks a policy against the catalog and the deployment and compiles it. Mode defaults
-// as corral.NetworkPolicy says; mode "none" takes no rules. Service rules expand to the service's
+// as Policy.Mode says; mode "none" takes no rules. Service rules expand to the service's
 // domains and addresses (narrowed to the rule's port and protocol, if it names them); address
 // rules in the allow list may not touch the always-blocked set, which only catalog services may
 // open. Every error wraps errdefs.ErrInvalid, names the field (network.allow[3]) and quotes the
 // rule.
-func Compile(p corral.NetworkPolicy, cat *Catalog, env Env) (*Compiled, error) {
+func Compile(p Policy, cat *Catalog, env Env) (*Compiled, error) {
 	mode := p.Mode
 	if mode == "" {
-		mode = corral.NetworkNone
+		mode = ModeNone
 		if len(p.Allow) > 0 {
-			mode = corral.NetworkAllowlist
+			mode = ModeAllowlist
 		}
 	}
 	switch mode {
-	case corral.NetworkNone, corral.NetworkAllowlist, corral.NetworkOpen:
+	case ModeNone, ModeAllowlist, ModeOpen:
 	default:
 		return nil, errdefs.Invalid("network.mode", "%q: want %q, %q or %q", p.Mode,
-			corral.NetworkNone, corral.NetworkAllowlist, corral.NetworkOpen)
+			ModeNone, ModeAllowlist, ModeOpen)
 	}
 	limit := env.MaxRules
 	if limit <= 0 {
@@ -161,9 +160,9 @@ func Compile(p corral.NetworkPolicy, cat *Catalog, env Env) (*Compiled, error) {
 	if n := len(p.Allow) + len(p.Deny); n > limit {
 		return nil, errdefs.Invalid("network", "%d allow and deny rules; the limit is %d", n, limit)
 	}
-	if mode == corral.NetworkNone {
+	if mode == ModeNone {
 		if len(p.Allow) > 0 {
-			return nil, errdefs.Invalid("network.allow", "mode %q allows no egress and takes no rules; use mode %q", mode, corral.NetworkAllowlist)
+			return nil, errdefs.Invalid("network.allow", "mode %q allows no egress and takes no rules; use mode %q", mode, ModeAllowlist)
 		}
 		if len(p.Deny) > 0 {
 			return nil, errdefs.Invalid("network.deny", "mode %q allows no egress, so deny rules have no effect", mode)
@@ -184,7 +183,7 @@ func Compile(p corral.NetworkPolicy, cat *Catalog, env Env) (*Compiled, error) {
 		DenyNets:     normalizeNets(deny.nets),
 		AllowDomains: normalizeDomains(allow.domains),
 		DenyDomains:  normalizeDomains(deny.domains),
-		Source:       corral.NetworkPolicy{Mode: mode, Allow: allow.source, Deny: deny.source},
+		Source:       Policy{Mode: mode, Allow: allow.source, Deny: deny.source},
 	}
 	full := env.Blocked.Prefixes()
 	c.Blocked, c.BlockedNets = carve(full, allow.opened)
@@ -457,8 +456,8 @@ func (c *Compiled) AllowsAddr(ip netip.Addr, port uint16, proto string) (allowed
 			return true, r.Rule
 		}
 	}
-	if c.Mode == corral.NetworkOpen {
-		return true, corral.NetworkOpen
+	if c.Mode == ModeOpen {
+		return true, ModeOpen
 	}
 	return false, ReasonNoRule
 }
@@ -469,7 +468,7 @@ func (c *Compiled) AllowsAddr(ip netip.Addr, port uint16, proto string) (allowed
 // NameRules). rule is the rule that decided ("*.pythonhosted.org (service pypi)", or "open"), or
 // ReasonNoRule when nothing allows the name.
 func (c *Compiled) AllowsName(name string) (allowed bool, rule string) {
-	if c.Mode == corral.NetworkNone {
+	if c.Mode == ModeNone {
 		return false, ReasonNoRule
 	}
 	allow, deny := c.NameRules(name)
@@ -481,8 +480,8 @@ func (c *Compiled) AllowsName(name string) (allowed bool, rule string) {
 	if len(allow) > 0 {
 		return true, allow[0].String()
 	}
-	if c.Mode == corral.NetworkOpen {
-		return true, corral.NetworkOpen
+	if c.Mode == ModeOpen {
+		return true, ModeOpen
 	}
 	return false, ReasonNoRule
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // testEnv blocks a host at 192.0.2.1, a control plane at 192.0.2.2 and the pool 10.200.0.0/16.
@@ -22,7 +21,7 @@ func testEnv() Env {
 	)}
 }
 
-func mustCompile(t *testing.T, p corral.NetworkPolicy) *Compiled {
+func mustCompile(t *testing.T, p Policy) *Compiled {
 	t.Helper()
 	c, err := Compile(p, testCatalog(t), testEnv())
 	if err != nil {
@@ -31,19 +30,19 @@ func mustCompile(t *testing.T, p corral.NetworkPolicy) *Compiled {
 	return c
 }
 
-func allow(rules ...string) corral.NetworkPolicy { return corral.NetworkPolicy{Allow: rules} }
+func allow(rules ...string) Policy { return Policy{Allow: rules} }
 
 func TestCompileModes(t *testing.T) {
 	tests := []struct {
-		in   corral.NetworkPolicy
+		in   Policy
 		mode string
 	}{
-		{corral.NetworkPolicy{}, "none"},
-		{corral.NetworkPolicy{Mode: "none"}, "none"},
+		{Policy{}, "none"},
+		{Policy{Mode: "none"}, "none"},
 		{allow("pypi"), "allowlist"},
-		{corral.NetworkPolicy{Mode: "allowlist"}, "allowlist"},
-		{corral.NetworkPolicy{Mode: "open"}, "open"},
-		{corral.NetworkPolicy{Mode: "open", Allow: []string{"gateway"}, Deny: []string{"203.0.113.7"}}, "open"},
+		{Policy{Mode: "allowlist"}, "allowlist"},
+		{Policy{Mode: "open"}, "open"},
+		{Policy{Mode: "open", Allow: []string{"gateway"}, Deny: []string{"203.0.113.7"}}, "open"},
 	}
 	for _, tt := range tests {
 		c := mustCompile(t, tt.in)
@@ -56,13 +55,13 @@ func TestCompileModes(t *testing.T) {
 func TestCompileRejects(t *testing.T) {
 	tests := []struct {
 		name  string
-		in    corral.NetworkPolicy
+		in    Policy
 		field string
 		msg   string
 	}{
-		{"unknown mode", corral.NetworkPolicy{Mode: "closed"}, "network.mode", `"closed": want "none", "allowlist" or "open"`},
-		{"rules in mode none", corral.NetworkPolicy{Mode: "none", Allow: []string{"pypi"}}, "network.allow", `mode "none"`},
-		{"deny alone", corral.NetworkPolicy{Deny: []string{"pypi"}}, "network.deny", `mode "none"`},
+		{"unknown mode", Policy{Mode: "closed"}, "network.mode", `"closed": want "none", "allowlist" or "open"`},
+		{"rules in mode none", Policy{Mode: "none", Allow: []string{"pypi"}}, "network.allow", `mode "none"`},
+		{"deny alone", Policy{Deny: []string{"pypi"}}, "network.deny", `mode "none"`},
 
 		// The always-blocked set, from a user.
 		{"private", allow("pypi", "10.0.0.0/8"), "network.allow[1]",
@@ -81,10 +80,10 @@ func TestCompileRejects(t *testing.T) {
 
 		// Syntax, with the field of the offending rule.
 		{"bad wildcard", allow("pypi", "github", "*.com"), "network.allow[2]", `"*.com": a wildcard needs at least two labels`},
-		{"bad deny", corral.NetworkPolicy{Allow: []string{"pypi"}, Deny: []string{"foo*.bar"}}, "network.deny[0]", `"foo*.bar"`},
+		{"bad deny", Policy{Allow: []string{"pypi"}, Deny: []string{"foo*.bar"}}, "network.deny[0]", `"foo*.bar"`},
 		{"bad CIDR", allow("1.2.3.4/33"), "network.allow[0]", `"1.2.3.4/33"`},
 		{"IPv6", allow("[2001:db8::1]:443"), "network.allow[0]", "IPv6 egress is blocked"},
-		{"IPv6 deny", corral.NetworkPolicy{Mode: "open", Deny: []string{"2001:db8::/32"}}, "network.deny[0]", "IPv6 egress is blocked"},
+		{"IPv6 deny", Policy{Mode: "open", Deny: []string{"2001:db8::/32"}}, "network.deny[0]", "IPv6 egress is blocked"},
 
 		// Services.
 		{"unknown service", allow("pypi", "npm"), "network.allow[1]", `"npm": no service "npm" in the operator's catalog (it has gateway, github, infra, ntp, pypi)`},
@@ -133,7 +132,7 @@ func TestCompileLimits(t *testing.T) {
 
 	env := testEnv()
 	env.MaxRules = 3
-	p := corral.NetworkPolicy{Allow: []string{"pypi", "github"}, Deny: []string{"203.0.113.7"}}
+	p := Policy{Allow: []string{"pypi", "github"}, Deny: []string{"203.0.113.7"}}
 	if _, err := Compile(p, cat, env); err != nil {
 		t.Errorf("3 rules, limit 3: %v", err)
 	}
@@ -144,7 +143,7 @@ func TestCompileLimits(t *testing.T) {
 }
 
 func TestCompileNormalizes(t *testing.T) {
-	c := mustCompile(t, corral.NetworkPolicy{
+	c := mustCompile(t, Policy{
 		Allow: []string{
 			"PyPI.org", "pypi.org.", "pypi", "pypi.org:443", // all covered by the service's pypi.org
 			"203.0.113.7/32", "203.0.113.7", "203.0.113.0/24", // the /24 covers the address
@@ -153,7 +152,7 @@ func TestCompileNormalizes(t *testing.T) {
 		},
 		Deny: []string{"*.Example.com", "*.example.com."},
 	})
-	wantSource := corral.NetworkPolicy{
+	wantSource := Policy{
 		Mode: "allowlist",
 		Allow: []string{"pypi.org", "pypi", "pypi.org:443", "203.0.113.7", "203.0.113.0/24",
 			"198.51.100.0/24:443/tcp", "198.51.100.0/24:443", "198.51.100.9:443/udp", "198.51.100.0/24:80"},
@@ -246,7 +245,7 @@ func TestWildcardMatching(t *testing.T) {
 }
 
 func TestDenyWins(t *testing.T) {
-	c := mustCompile(t, corral.NetworkPolicy{
+	c := mustCompile(t, Policy{
 		Allow: []string{"*.example.com", "203.0.113.0/24", "github", "gateway"},
 		Deny:  []string{"bad.example.com", "*.evil.example.com", "ports.example.com:80", "203.0.113.7", "203.0.113.8:22/tcp", "10.0.0.5"},
 	})
@@ -298,7 +297,7 @@ func TestDenyWins(t *testing.T) {
 	}
 
 	// In mode open, deny rules and services in the deny list still refuse.
-	open := mustCompile(t, corral.NetworkPolicy{Mode: "open", Deny: []string{"github", "*.evil.example"}})
+	open := mustCompile(t, Policy{Mode: "open", Deny: []string{"github", "*.evil.example"}})
 	for name, want := range map[string]bool{"github.com": false, "api.github.com": false, "x.evil.example": false, "pypi.org": true} {
 		if got, rule := open.AllowsName(name); got != want {
 			t.Errorf("open: AllowsName(%q) = %v (%s), want %v", name, got, rule, want)
@@ -311,8 +310,8 @@ func TestDenyWins(t *testing.T) {
 
 func TestAllowsAddrReasons(t *testing.T) {
 	allowlist := mustCompile(t, allow("203.0.113.0/24:443/tcp", "pypi"))
-	open := mustCompile(t, corral.NetworkPolicy{Mode: "open"})
-	none := mustCompile(t, corral.NetworkPolicy{})
+	open := mustCompile(t, Policy{Mode: "open"})
+	none := mustCompile(t, Policy{})
 	tests := []struct {
 		c      *Compiled
 		ip     string
@@ -364,7 +363,7 @@ func TestAllowsAddrReasons(t *testing.T) {
 // protocols in the always-blocked set, in both modes, and only for policies that allow it.
 func TestPrivateService(t *testing.T) {
 	for _, mode := range []string{"allowlist", "open"} {
-		c := mustCompile(t, corral.NetworkPolicy{Mode: mode, Allow: []string{"gateway"}})
+		c := mustCompile(t, Policy{Mode: mode, Allow: []string{"gateway"}})
 		tests := []struct {
 			ip     string
 			port   uint16
@@ -405,7 +404,7 @@ func TestPrivateService(t *testing.T) {
 	}
 
 	// Not allowed, not opened; a service in the deny list opens nothing either.
-	for _, p := range []corral.NetworkPolicy{allow("pypi"), {Mode: "open", Deny: []string{"gateway"}}} {
+	for _, p := range []Policy{allow("pypi"), {Mode: "open", Deny: []string{"gateway"}}} {
 		c := mustCompile(t, p)
 		if got, reason := c.AllowsAddr(netip.MustParseAddr("10.0.0.5"), 8080, "tcp"); got || (reason != ReasonBlocked) {
 			t.Errorf("%+v: gateway = %v, %q, want blocked", p, got, reason)
@@ -423,7 +422,7 @@ func TestPrivateService(t *testing.T) {
 func TestBlockedCarving(t *testing.T) {
 	env := testEnv()
 	full := env.Blocked.Prefixes()
-	policies := []corral.NetworkPolicy{
+	policies := []Policy{
 		allow("gateway", "infra"),
 		allow("gateway", "infra:9000/udp"),
 		{Mode: "open", Allow: []string{"infra", "github"}},
@@ -557,7 +556,7 @@ func FuzzCompile(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, mode, a1, a2, d1 string) {
-		p := corral.NetworkPolicy{Mode: mode}
+		p := Policy{Mode: mode}
 		for _, r := range []string{a1, a2} {
 			if r != "" {
 				p.Allow = append(p.Allow, r)

@@ -6,10 +6,11 @@
 //
 // # Rules
 //
-// A policy (corral.NetworkPolicy) has a mode and two lists of rule strings, allow and deny. A rule
-// is a catalog service name ("pypi"), a domain ("pypi.org", or "*.example.com" for any name below
-// example.com but not example.com itself) or an IPv4 address or prefix ("203.0.113.0/24"), each
-// with an optional port or port range and protocol: "203.0.113.0/24:443/tcp", "pypi.org:443".
+// A policy (Policy, the API's NetworkPolicy) has a mode and two lists of rule strings, allow and
+// deny. A rule is a catalog service name ("pypi"), a domain ("pypi.org", or "*.example.com" for
+// any name below example.com but not example.com itself) or an IPv4 address or prefix
+// ("203.0.113.0/24"), each with an optional port or port range and protocol:
+// "203.0.113.0/24:443/tcp", "pypi.org:443".
 // ParseRule documents the syntax; Rule.String writes it back in normal form.
 //
 // # What may be opened
