@@ -252,10 +252,9 @@ func TestIAMNames(t *testing.T) {
 	}
 }
 
-// TestLimitsConversion: the limits policy's Limits are the API's (an unnamed struct type whose
-// fields and tags are the API's: the edge and the cluster server hand the API's value to
-// limits.Policy.Resolve as it is), every field in its place, and the JSON the same byte for byte,
-// set and empty.
+// TestLimitsConversion: the limits policy's Limits are the API's (a type with the API's fields
+// and tags: the edge and the cluster server convert with a plain conversion), every field in its
+// place, and the JSON the same byte for byte, set and empty.
 func TestLimitsConversion(t *testing.T) {
 	n := 0
 	var l limits.Limits
@@ -263,7 +262,7 @@ func TestLimitsConversion(t *testing.T) {
 	if got, want := leaves(reflect.ValueOf(corral.Limits(l))), leaves(reflect.ValueOf(l)); !reflect.DeepEqual(got, want) {
 		t.Errorf("Limits: the API's fields hold %v, want %v (the policy's, in order)", got, want)
 	}
-	conv := func(l limits.Limits) corral.Limits { return l }
+	conv := func(l limits.Limits) corral.Limits { return corral.Limits(l) }
 	def, _ := limits.Default().Bounds(limits.TierMicroVM)
 	sameJSON(t, conv, l, def.Default, def.Min, def.Max, limits.Limits{MemoryBytes: 1 << 30}, limits.Limits{})
 }

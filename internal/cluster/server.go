@@ -625,9 +625,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	// The limits are resolved by the same policy as the edge's, before placement: a limit left
 	// out is placed as its default, and one out of its tier's bounds is refused here, not by
 	// every node in turn. (A tier the table does not know is the edge's to refuse.)
-	lim := req.Limits
+	lim := limits.Limits(req.Limits)
 	if _, ok := clusterLimits.Bounds(tier); ok && err == nil {
-		lim, err = clusterLimits.Resolve(tier, req.Limits)
+		lim, err = clusterLimits.Resolve(tier, lim)
 	}
 	if err != nil {
 		httpjson.Error(w, r, s.log, err)

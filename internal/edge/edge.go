@@ -1105,10 +1105,11 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		return nil, fmt.Errorf("node %s lacks the labels the create asks for (node_selector %v; the node has %v): %w", e.cfg.Node, req.NodeSelector, e.cfg.Labels, errdefs.ErrNodeFull)
 	}
 	// Every limit is resolved here, before anything is allocated: the runtimes get them whole.
-	limits, err := e.policy.Resolve(tier, req.Limits)
+	resolved, err := e.policy.Resolve(tier, limits.Limits(req.Limits))
 	if err != nil {
 		return nil, err
 	}
+	limits := corral.Limits(resolved)
 	life, err := e.lifetimes(req)
 	if err != nil {
 		return nil, err

@@ -342,7 +342,7 @@ func TestCreateDefaultsAndLayerOrder(t *testing.T) {
 	if want := []string{"sha256:b", "sha256:w", "sha256:t"}; len(rec.Lower) != 3 || rec.Lower[0] != want[0] || rec.Lower[2] != want[2] {
 		t.Fatalf("lower = %v, want %v (base first)", rec.Lower, want)
 	}
-	if def, _ := limits.Default().Bounds(TierContainer); rec.Limits != def.Default || rec.State != corral.StateRunning || rec.Hostname != rec.ID {
+	if def, _ := limits.Default().Bounds(TierContainer); rec.Limits != corral.Limits(def.Default) || rec.State != corral.StateRunning || rec.Hostname != rec.ID {
 		t.Fatalf("record = %+v", rec)
 	}
 	if d := rec.ExpiresAt.Sub(rec.CreatedAt); d != time.Hour {

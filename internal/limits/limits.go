@@ -32,11 +32,10 @@ var Tiers = []string{TierContainer, TierFncall, TierMicroVM, TierVM}
 
 // Limits are a sandbox's limits, as a create asks for them and as Resolve fills them in. It is
 // the API's Limits (sdk/go) field for field, tag for tag, but the package does not import the SDK
-// (issue 29 item 5). It is an alias of an unnamed struct type rather than a named type, so that
-// the API's value passes to Resolve and its result back without a conversion function, in the
-// edge and the cluster server alike; a field or tag that changes on one side only no longer
-// compiles there. apiserver.TestLimitsConversion holds the JSON equal.
-type Limits = struct {
+// (issue 29 item 5): the edge and the cluster server convert with a plain type conversion, which
+// stops compiling the day a field or tag changes on one side only. apiserver.TestLimitsConversion
+// holds the JSON equal.
+type Limits struct {
 	// CPUs is a CPU quota in cores (0.5 = half a core).
 	CPUs float64 `json:"cpus,omitempty"`
 	// MemoryBytes is the memory limit (processes and page cache, without swap).
