@@ -51,7 +51,7 @@ type ClusterConfig struct {
 	DiskPool int
 	// Rounds splits the creates of each setup into rounds, the setups taking turns (default 4).
 	Rounds int
-	// SkipSQLite leaves out the `corral up` on its default SQLite store.
+	// SkipSQLite leaves out the `corral up` on its default SQLite store (the baseline's too).
 	SkipSQLite bool
 	// Baseline, when set, is another corral binary whose `corral up` on SQLite is measured as one
 	// more setup, "up-sqlite-baseline", and, unless OnlyUp, whose cluster is measured as
@@ -260,7 +260,7 @@ func Cluster(ctx context.Context, cfg ClusterConfig, log *slog.Logger) (res *Clu
 				return env.startCluster(ctx, p, baseDB, "b", 1)
 			}})
 	}
-	if cfg.Baseline != "" {
+	if cfg.Baseline != "" && !cfg.SkipSQLite {
 		setups = append(setups, setup{"up-sqlite-baseline", "one corral up, SQLite, the baseline binary", "sqlite",
 			func(ctx context.Context, p *phase) error {
 				p.bin = cfg.Baseline
