@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -14,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/cluster"
 	"github.com/corral-dev/corral/internal/daemon"
 	"github.com/corral-dev/corral/internal/placement"
+	"github.com/corral-dev/corral/internal/store"
 )
 
 // newServerCmd returns `corral server`: a stateless replica in front of a cluster's edges.
@@ -41,6 +43,9 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 			if cfg.Store == "" {
 				return usagef("--store (or $CORRAL_STORE) is required: postgres://USER@HOST:PORT/DB?sslmode=disable")
 			}
+			if cfg.EdgeStore == "" {
+				cfg.EdgeStore = os.Getenv("CORRAL_EDGE_STORE")
+			}
 			daemon.PrivateUmask()
 			if cfg.DataDir != "" {
 				if _, err := os.Stat(cfg.DataDir); err == nil {
@@ -58,6 +63,7 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral-server", "directory for admin.token and join.token (written by the replica that bootstraps the store)")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address of the API")
 	f.StringVar(&cfg.Store, "store", "", "the cluster's PostgreSQL: postgres://USER@HOST:PORT/DB?sslmode=disable (default $CORRAL_STORE, which keeps a password out of the process list; required)")
+	f.StringVar(&cfg.EdgeStore, "edge-store", "", "the store DSN handed to joining edges, for a role with the edge's privileges only (corral server edge-role; default $CORRAL_EDGE_STORE, else --store itself)")
 	f.StringVar(&cfg.BlobStore, "blob-store", "", "the cluster's layer store, handed to joining edges: dir:/SHARED/PATH or s3://BUCKET[/PREFIX]?endpoint=URL")
 	f.DurationVar(&cfg.LeaseGrace, "lease-grace", 0, "how long past its lease a node is declared lost and its sandboxes failed (default 10s)")
 	f.IntVar(&cfg.K, "placement-k", 0, "nodes sampled per placement, the least loaded wins (default 2; 1 random; -1 all)")
@@ -69,6 +75,59 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f.StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API on this address (every replica; default: off)")
 	f.StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>)")
 	f.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this receiver, http(s)://HOST:PORT (/v1/traces is added unless the URL has a path; default $OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing)")
+	cmd.AddCommand(newEdgeRoleCmd())
+	return cmd
+}
+
+// newEdgeRoleCmd returns `corral server edge-role`: a PostgreSQL role with an edge's privileges
+// on the cluster's store, for --edge-store.
+func newEdgeRoleCmd() *cobra.Command {
+	var dsn, role, passwordFile string
+	cmd := &cobra.Command{
+		Use:   "edge-role --store postgres://OWNER@... [--role corral_edge] [--password-file F]",
+		Short: "Create or update the PostgreSQL role edges use (no identity tables, no cluster secrets)",
+		Long: `Give a PostgreSQL role exactly what a cluster's edges need in the shared store, creating it
+(LOGIN) when it does not exist. Run it as the tables' owner (the servers' --store; a new store
+gets its tables first), and again after an upgrade, once the new servers have started and
+before the new edges do: a table a release adds is the role's only then. Start the servers with
+--edge-store (or $CORRAL_EDGE_STORE) set to a DSN of this role: joining edges get that DSN
+instead of the servers'.
+
+The role cannot read or write tokens, principals or grants, cannot change projects or quotas,
+and sees only the settings an edge keeps (row-level security): not the cluster CA's key, the join
+token or the E2B secrets. It prints the statements it ran.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dsn == "" {
+				dsn = os.Getenv("CORRAL_STORE")
+			}
+			if dsn == "" {
+				return usagef("--store (or $CORRAL_STORE) is required: the owner's postgres://USER@HOST:PORT/DB?sslmode=disable")
+			}
+			var password string
+			if passwordFile != "" {
+				b, err := os.ReadFile(passwordFile)
+				if err != nil {
+					return err
+				}
+				password = strings.TrimSpace(string(b))
+			}
+			st, err := store.Open(cmd.Context(), dsn)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			done, err := st.ApplyEdgeRole(cmd.Context(), role, password)
+			for _, s := range done {
+				fmt.Fprintln(cmd.OutOrStdout(), s+";")
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dsn, "store", "", "the cluster's PostgreSQL as its tables' owner (default $CORRAL_STORE)")
+	f.StringVar(&role, "role", "corral_edge", "the role to create or update")
+	f.StringVar(&passwordFile, "password-file", "", "file holding the password a new role logs in with (default: none; pg_hba then decides)")
 	return cmd
 }
 

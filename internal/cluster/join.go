@@ -130,7 +130,7 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.Invalid("csr", "%v", err))
 		return
 	}
-	answer, _ := json.Marshal(JoinResponse{Store: s.cfg.Store, BlobStore: s.cfg.BlobStore, CA: string(s.ca.CertPEM()), Cert: string(cert)})
+	answer, _ := json.Marshal(JoinResponse{Store: s.edgeStore(), BlobStore: s.cfg.BlobStore, CA: string(s.ca.CertPEM()), Cert: string(cert)})
 	sealed, err := clusterauth.Seal(tok, proof, answer)
 	if err != nil {
 		httpjson.Error(w, r, s.log, err)
@@ -326,4 +326,12 @@ func tokenFile(path string) (tok string, given bool, err error) {
 		return "", false, errdefs.Invalid(path, "a cluster token is at least %d printable ASCII characters without spaces (make one with: openssl rand -hex 32)", clusterauth.MinTokenLen)
 	}
 	return tok, true, nil
+}
+
+// edgeStore is the store DSN joining edges get: the edge role's when one is configured.
+func (s *Server) edgeStore() string {
+	if s.cfg.EdgeStore != "" {
+		return s.cfg.EdgeStore
+	}
+	return s.cfg.Store
 }

@@ -64,6 +64,9 @@ type Config struct {
 	DataDir   string // holds admin.token and join.token when this replica bootstraps the store
 	Listen    string
 	Store     string // postgres://...
+	// EdgeStore is the DSN handed to joining edges (default Store): a role with an edge's
+	// privileges only (store.EdgeRoleSQL; `corral server edge-role`).
+	EdgeStore string
 	BlobStore string // handed to joining edges
 	// LeaseGrace is how long past its lease a node is declared lost (default 10s).
 	LeaseGrace time.Duration
@@ -145,6 +148,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	cfg.setDefaults()
 	if !store.IsPostgres(cfg.Store) {
 		return errdefs.Invalid("store", "corral server needs a PostgreSQL store shared by every replica and edge (postgres://USER@HOST:PORT/DB?sslmode=disable)")
+	}
+	if cfg.EdgeStore != "" && !store.IsPostgres(cfg.EdgeStore) {
+		return errdefs.Invalid("edge-store", "the edges' store is the cluster's PostgreSQL, as a role of its own (postgres://corral_edge@HOST:PORT/DB?sslmode=disable)")
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)

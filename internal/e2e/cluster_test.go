@@ -45,6 +45,23 @@ type proc struct {
 // certificate only the cluster's servers check (the probe path needs none).
 var probeClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 
+// edgeStore gives the cluster's edges a store role of their own (`corral server edge-role`: no
+// identity tables, no cluster secrets) and returns its DSN, for the servers' --edge-store. Every
+// cluster test runs its edges under it, so an edge that needs more than the role allows fails
+// there (TestCluster checks that the edges' sessions are the role's).
+func edgeStore(t *testing.T, dsn string) string {
+	t.Helper()
+	role := "corral_edge_" + randHex(4)
+	out, err := exec.Command(filepath.Join(binDir, "corral"), "server", "edge-role", "--store", dsn, "--role", role).CombinedOutput()
+	if err != nil {
+		t.Fatalf("corral server edge-role: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "CREATE ROLE "+role) || !strings.Contains(string(out), "REVOKE ALL ON \"api_tokens\"") {
+		t.Fatalf("corral server edge-role printed:\n%s", out)
+	}
+	return strings.Replace(dsn, "postgres://postgres@", "postgres://"+role+"@", 1)
+}
+
 func startProc(t *testing.T, name, url string, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, name: name, args: args, url: url}
@@ -272,6 +289,7 @@ func TestCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	edgeDSN := edgeStore(t, dsn)
 	shared := t.TempDir() // the cluster's blob store: a directory every host reaches
 	sdir := t.TempDir()
 	s1url, s2url := "http://"+freePortOn(t, fleetGateway), "http://"+freePortOn(t, fleetGateway)
@@ -285,7 +303,7 @@ func TestCluster(t *testing.T) {
 	})
 	e2bAddr := freePortOn(t, fleetGateway)
 	server := func(name, url, dir string, extra ...string) *proc {
-		p := startProc(t, name, url, append([]string{"server", "--store", dsn, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
+		p := startProc(t, name, url, append([]string{"server", "--store", dsn, "--edge-store", edgeDSN, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
 			"--blob-store", "dir:" + shared, "--lease-grace", "2s", "--log-level", "debug"}, extra...)...)
 		procs = append(procs, p)
 		return p
@@ -365,6 +383,11 @@ func TestCluster(t *testing.T) {
 	e1 := edge(0, "pool=a")
 	edge(1, "pool=a")
 	e3 := edge(2, "pool=b", "gpu=fake")
+	// The edges hold the store role the servers handed them, not the servers' own.
+	edgeRole := strings.TrimPrefix(edgeDSN[:strings.Index(edgeDSN, "@")], "postgres://")
+	if n, err := pg.Sessions(edgeRole); err != nil || n == 0 {
+		t.Fatalf("sessions of the edges' role %s: %d, %v", edgeRole, n, err)
+	}
 	nodeStates := func() map[string]string {
 		list, err := c2.Nodes(ctx)
 		if err != nil {

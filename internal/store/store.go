@@ -461,6 +461,12 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err := s.checkOwnDatabase(ctx); err != nil {
 		return err
 	}
+	// A schema already at this binary's version needs no DDL: a role that may not create
+	// tables (a cluster edge's, EdgeRoleSQL) opens it.
+	var have int
+	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err == nil && have == len(migrations) {
+		return nil
+	}
 	if _, err := s.db.ExecContext(ctx, migrateDDL(`CREATE TABLE IF NOT EXISTS schema_migrations (
 		version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)`, s.db.pg)); err != nil && !(s.db.pg && isUnique(err)) {
 		return fmt.Errorf("migrate store: %w", err)

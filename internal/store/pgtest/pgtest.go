@@ -84,6 +84,13 @@ func (c *Cluster) url(db string) string {
 	return "postgres://postgres@" + net.JoinHostPort(c.host, c.port) + "/" + db + "?sslmode=disable"
 }
 
+// Sessions returns how many sessions role has open on the cluster (pg_stat_activity).
+func (c *Cluster) Sessions(role string) (int, error) {
+	var n int
+	err := c.admin.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE usename = $1`, role).Scan(&n)
+	return n, err
+}
+
 // Stop stops the shared cluster, if one was started, and removes its files.
 func Stop() {
 	if cluster != nil {

@@ -1,0 +1,137 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/lazyregexp"
+)
+
+// The edge role: what a cluster's edges may do in the shared PostgreSQL store, as a role of its
+// own (`corral server edge-role`, handed to joining edges with `corral server --edge-store`).
+// Since the servers authenticate every request and serve identity themselves (internal/nodeproto),
+// an edge needs nothing of identity: the role cannot read or write tokens, principals or grants,
+// cannot change projects or quotas (it reads projects: admission checks quotas against them), and
+// of the settings sees only the few an edge keeps there, never the cluster CA's key, the join
+// token or the E2B secrets. A stolen edge's credentials then mint no token and forge no server
+// certificate. Every other table is the edge's to read and write (its sandboxes, their usage,
+// events, layers it imports, volumes, idempotency keys, the audit of what it did).
+
+// edgeDenied lists the tables an edge role gets no privilege on.
+var edgeDenied = []string{"api_tokens", "principals", "grants"}
+
+// edgeReadOnly lists the tables an edge role may only read.
+var edgeReadOnly = []string{"projects", "schema_migrations"}
+
+// EdgeSettings are the settings an edge role sees and writes (a key, or a prefix ending in /):
+// the network service catalogue and each node's instance name.
+var EdgeSettings = []string{"service_catalog", instanceSetting, instanceSetting + "/"}
+
+var roleRE = lazyregexp.New(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// EdgeRoleSQL returns the statements that give role (which must exist) the edge's privileges on
+// this store's tables, and no more: everything it held before on them is revoked first. It
+// needs a PostgreSQL store, opened as the tables' owner.
+func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) {
+	if !s.db.pg {
+		return nil, errdefs.Invalid("store", "an edge role is for a cluster's PostgreSQL store; this one is SQLite")
+	}
+	if !roleRE.MatchString(role) {
+		return nil, errdefs.Invalid("role", "%q is not a role name (lower-case letters, digits and _, at most 63, not starting with a digit)", role)
+	}
+	var schema string
+	if err := s.db.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return nil, fmt.Errorf("edge role: the store's schema: %w", err)
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' ORDER BY table_name`)
+	if err != nil {
+		return nil, fmt.Errorf("edge role: list the store's tables: %w", err)
+	}
+	defer rows.Close()
+	var tables []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		tables = append(tables, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if !slices.Contains(tables, "settings") {
+		return nil, errdefs.Invalid("store", "the store has no Corral tables yet: start a corral server on it first (it creates them)")
+	}
+	q := func(id string) string { return `"` + id + `"` }
+	stmts := []string{
+		fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s`, q(schema), role),
+		fmt.Sprintf(`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA %s TO %s`, q(schema), role),
+	}
+	for _, t := range tables {
+		stmts = append(stmts, fmt.Sprintf(`REVOKE ALL ON %s FROM %s`, q(t), role))
+		switch {
+		case slices.Contains(edgeDenied, t):
+		case slices.Contains(edgeReadOnly, t):
+			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT ON %s TO %s`, q(t), role))
+		default:
+			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s`, q(t), role))
+		}
+	}
+	// Settings: row-level security shows the role only its own keys. The tables' owner is not
+	// subject to it, so the servers see every row as before.
+	var keys []string
+	for _, k := range EdgeSettings {
+		if strings.HasSuffix(k, "/") {
+			keys = append(keys, fmt.Sprintf(`key LIKE '%s%%'`, k))
+		} else {
+			keys = append(keys, fmt.Sprintf(`key = '%s'`, k))
+		}
+	}
+	cond := strings.Join(keys, " OR ")
+	policy := "corral_edge_settings_" + role
+	stmts = append(stmts,
+		`ALTER TABLE settings ENABLE ROW LEVEL SECURITY`,
+		fmt.Sprintf(`DROP POLICY IF EXISTS %s ON settings`, policy),
+		fmt.Sprintf(`CREATE POLICY %s ON settings TO %s USING (%s) WITH CHECK (%s)`, policy, role, cond, cond),
+	)
+	return stmts, nil
+}
+
+// ApplyEdgeRole creates role when it does not exist (LOGIN, with password when not empty) and
+// gives it the edge's privileges (EdgeRoleSQL), in one transaction. It returns the statements
+// it ran, the password left out.
+func (s *Store) ApplyEdgeRole(ctx context.Context, role, password string) ([]string, error) {
+	stmts, err := s.EdgeRoleSQL(ctx, role)
+	if err != nil {
+		return nil, err
+	}
+	var exists bool
+	if err := s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = ?)`, role).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("edge role: look role %s up: %w", role, err)
+	}
+	run, shown := stmts, stmts
+	if !exists {
+		create := fmt.Sprintf(`CREATE ROLE %s LOGIN`, role)
+		show := create
+		if password != "" {
+			create += ` PASSWORD '` + strings.ReplaceAll(password, `'`, `''`) + `'`
+			show += ` PASSWORD '…'`
+		}
+		run, shown = append([]string{create}, stmts...), append([]string{show}, stmts...)
+	}
+	err = s.tx(ctx, func(tx *Tx) error {
+		for _, st := range run {
+			if _, err := tx.ExecContext(ctx, st); err != nil {
+				return fmt.Errorf("%s: %w", strings.SplitN(st, " PASSWORD", 2)[0], err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("edge role %s: %w", role, err)
+	}
+	return shown, nil
+}

@@ -1,0 +1,100 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/store/pgtest"
+)
+
+// TestEdgeRole: a store opened as the edge role (ApplyEdgeRole) opens without migrating, reads
+// and writes what an edge keeps, and can neither read nor write identity, change projects, nor
+// see or write the cluster's secret settings; the owner still sees everything.
+func TestEdgeRole(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t) // skips where PostgreSQL is missing
+	owner, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	if err := owner.AddRootToken(ctx, "hash-of-the-root-token"); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.PutSetting(ctx, "cluster.ca", []byte(`{"key":"the CA's private key"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.PutSetting(ctx, "service_catalog", []byte(`{"services":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	role := fmt.Sprintf("corral_edge_t%d", os.Getpid())
+	if _, err := owner.ApplyEdgeRole(ctx, "Bad-Name", ""); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("a bad role name: %v", err)
+	}
+	ran, err := owner.ApplyEdgeRole(ctx, role, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(ran[0], "CREATE ROLE "+role) {
+		t.Errorf("the first statement %q does not create the role", ran[0])
+	}
+	if _, err := owner.ApplyEdgeRole(ctx, role, ""); err != nil { // again, as after an upgrade
+		t.Fatalf("applying the role a second time: %v", err)
+	}
+
+	edge, err := Open(ctx, strings.Replace(dsn, "postgres://postgres@", "postgres://"+role+"@", 1))
+	if err != nil {
+		t.Fatalf("open the store as the edge role: %v", err)
+	}
+	defer edge.Close()
+	// What an edge keeps.
+	if _, err := edge.Instance(ctx, "n1"); err != nil {
+		t.Errorf("the edge's instance name: %v", err)
+	}
+	if b, err := edge.GetSetting(ctx, "service_catalog"); err != nil || !strings.Contains(string(b), "services") {
+		t.Errorf("the service catalogue as the edge: %q, %v", b, err)
+	}
+	if err := edge.PutSetting(ctx, "service_catalog", []byte(`{"services":{"x":{}}}`)); err != nil {
+		t.Errorf("write the service catalogue as the edge: %v", err)
+	}
+	for _, table := range []string{"sandboxes", "events", "layers", "volumes", "audit", "project_usage", "idempotency", "nodes"} {
+		var ok bool
+		if err := edge.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT has_table_privilege('%s', 'SELECT') AND has_table_privilege('%s', 'INSERT') AND has_table_privilege('%s', 'UPDATE') AND has_table_privilege('%s', 'DELETE')`, table, table, table, table)).Scan(&ok); err != nil || !ok {
+			t.Errorf("the edge role on %s: read and write %v, %v", table, ok, err)
+		}
+	}
+	if _, err := edge.db.ExecContext(ctx, `SELECT count(*) FROM projects`); err != nil {
+		t.Errorf("read projects as the edge: %v", err)
+	}
+	// What it may not.
+	for _, q := range []string{
+		`SELECT count(*) FROM api_tokens`,
+		`INSERT INTO api_tokens (id, hash, principal, project_id, perms, role, parent, created_at, expires_at, revoked_at) VALUES ('t', 'h', 'root', 'p', 1, 'owner', '', 0, 0, 0)`,
+		`SELECT count(*) FROM grants`,
+		`SELECT count(*) FROM principals`,
+		`UPDATE projects SET quota = '{}'`,
+		`DELETE FROM projects`,
+	} {
+		if _, err := edge.db.ExecContext(ctx, q); err == nil || !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("as the edge role, %s: %v (want permission denied)", q, err)
+		}
+	}
+	if _, err := edge.GetSetting(ctx, "cluster.ca"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the CA's key as the edge: %v (want not found: row-level security hides it)", err)
+	}
+	if err := edge.PutSetting(ctx, "cluster.ca", []byte(`{"key":"mine"}`)); err == nil {
+		t.Error("the edge role replaced the cluster CA")
+	}
+	if err := edge.PutSetting(ctx, "cluster.join.token", []byte(`"mine"`)); err == nil {
+		t.Error("the edge role wrote a join token")
+	}
+	// The owner is not bound by the policy.
+	if b, err := owner.GetSetting(ctx, "cluster.ca"); err != nil || !strings.Contains(string(b), "private key") {
+		t.Errorf("the CA as the owner: %q, %v", b, err)
+	}
+}
