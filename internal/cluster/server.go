@@ -61,9 +61,9 @@ import (
 
 // Config configures `corral server`.
 type Config struct {
-	DataDir   string // holds admin.token and join.token when this replica bootstraps the store
-	Listen    string
-	Store     string // postgres://...
+	DataDir string // holds admin.token and join.token when this replica bootstraps the store
+	Listen  string
+	Store   string // postgres://...
 	// EdgeStore is the DSN handed to joining edges (default Store): a role with an edge's
 	// privileges only (store.EdgeRoleSQL; `corral server edge-role`).
 	EdgeStore string
