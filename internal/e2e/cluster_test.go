@@ -512,6 +512,21 @@ func TestCluster(t *testing.T) {
 		t.Fatal("project burst is still there after its delete")
 	}
 
+	// A service catalog saved through one edge reaches every edge (each takes it up from the
+	// store within a flush interval): reads go round robin, so consecutive ones see each edge.
+	if _, err := c1.SetNetworkServices(ctx, []byte(`{"services": {"grader": {"addresses": ["10.9.9.9:80/tcp"]}}}`)); err != nil {
+		t.Fatalf("save a service catalog through a replica: %v", err)
+	}
+	eventually(t, 30*time.Second, "the service catalog on every edge", func() bool {
+		for range 6 {
+			list, err := c2.NetworkServices(ctx)
+			if err != nil || len(list) != 1 || list[0].Name != "grader" {
+				return false
+			}
+		}
+		return true
+	})
+
 	// Node selectors, and a project's node groups (set by an operator, through the CLI).
 	if sb := create(c1, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {
 		t.Fatalf("node_selector gpu=fake placed on %s", sb.Node)

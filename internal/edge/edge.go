@@ -255,6 +255,8 @@ type Edge struct {
 
 	// catalog is the network service catalog in force (nil: none).
 	catalog atomic.Pointer[netpolicy.Catalog]
+	// catalogRaw is the saved catalog's JSON in force (syncCatalog compares the store's to it).
+	catalogRaw atomic.Pointer[[]byte]
 
 	// layersMu keeps layer trees from being removed (write lock) between a create resolving its
 	// layers and recording them (read lock).
@@ -1836,6 +1838,9 @@ func (e *Edge) reaper() {
 			if e.cfg.SharedStore {
 				if err := e.syncPools(context.Background()); err != nil {
 					e.log.Warn("sync fncall pools", "err", err)
+				}
+				if err := e.syncCatalog(context.Background()); err != nil {
+					e.log.Warn("sync the service catalog", "err", err)
 				}
 			}
 			e.flushActivity(context.Background())

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -485,8 +486,34 @@ func (e *Edge) SetCatalog(ctx context.Context, raw []byte) ([]corral.NetworkServ
 		return nil, err
 	}
 	e.catalog.Store(cat)
+	e.catalogRaw.Store(&raw)
 	e.log.Info("service catalog replaced", "services", len(cat.Names()))
 	return apiServices(cat.Services()), nil
+}
+
+// syncCatalog takes up a catalog saved through another edge of a cluster (the nodes share one
+// store), within a flush interval. A catalog from --services stays this node's own.
+func (e *Edge) syncCatalog(ctx context.Context) error {
+	if e.cfg.Net == nil || e.cfg.Net.CatalogFromFile {
+		return nil
+	}
+	raw, err := e.store.GetSetting(ctx, catalogSetting)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if old := e.catalogRaw.Load(); old != nil && bytes.Equal(*old, raw) {
+		return nil
+	}
+	cat, err := netpolicy.ParseCatalog(raw)
+	if err != nil {
+		return fmt.Errorf("the service catalog saved through the API: %w", err)
+	}
+	e.catalog.Store(cat)
+	e.catalogRaw.Store(&raw)
+	e.log.Info("service catalog taken up from the store", "services", len(cat.Names()))
+	return nil
 }
 
 // loadCatalog picks the catalog at start: --services, else the one saved through the API.
@@ -509,5 +536,6 @@ func (e *Edge) loadCatalog(ctx context.Context) error {
 		return fmt.Errorf("the service catalog saved through the API: %w", err)
 	}
 	e.catalog.Store(cat)
+	e.catalogRaw.Store(&raw)
 	return nil
 }
