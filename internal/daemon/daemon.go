@@ -519,7 +519,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		netOff = "corral up --no-net"
 	}
 	defer nw.close()
-	var node *corral.Node
+	var node *store.Node
 	if cfg.Cluster != nil {
 		// Before the edge writes anything: its writes are fenced with this incarnation's epoch.
 		var names []string
@@ -580,7 +580,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	lookup, proxyLookup, dropped = e.ResolverLookup, e.ProxyLookup, e.LoggedDrop
-	if (node != nil && node.State == corral.NodeDraining) || cfg.Down {
+	if (node != nil && node.State == store.NodeDraining) || cfg.Down {
 		e.SetDraining(true) // before its pools start
 	}
 	if err := e.Start(ctx); err != nil {
