@@ -42,7 +42,6 @@ import (
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/volume"
 	"github.com/corral-dev/corral/internal/webhook"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Version is the Corral version, set at build time with -ldflags.
@@ -592,7 +591,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		// lazyd and the reservation, and Down the cgroups and the claim.
 		return down(ctx, cfg, e, st, log)
 	}
-	info := corral.Info{
+	info := apiserver.Info{
 		Version: Version, Node: cfg.Node, Runtime: edge.RuntimeRunc, RuntimePath: cfg.Runc,
 		DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),
 	}
