@@ -48,7 +48,6 @@ func TestSDKImporters(t *testing.T) {
 		"internal/bench":         true, // a client
 		"internal/benchcli":      true, // a client
 		"sdk/python/bench/gosdk": true, // a client
-		"internal/daemon":        false,
 		"internal/edge":          false,
 		"internal/store":         false,
 	}

@@ -41,7 +41,7 @@ type Server struct {
 	store  *store.Store
 	edge   *edge.Edge
 	layers *layers.Store
-	info   corral.Info
+	info   Info
 
 	// refusals bounds how many refused requests of one token reach the audit log.
 	refusals refusalLimiter
@@ -66,8 +66,9 @@ type Server struct {
 	fleet Fleet
 }
 
-// New returns a Server. info is served by GET /v1/info (Sandboxes is filled in per call).
-func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info corral.Info) *Server {
+// New returns a Server. info is served by GET /v1/info (Sandboxes and Disk are filled in per
+// call).
+func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info Info) *Server {
 	s := &Server{log: log, store: st, edge: e, layers: ls, info: info}
 	if e != nil {
 		s.fleet = localFleet{s}
@@ -313,7 +314,7 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
 				FreeBytes: d.Free, Overcommit: d.Overcommit, HaveBytes: d.Have()}
 		}
 	}
-	httpjson.Write(w, http.StatusOK, info)
+	httpjson.Write(w, http.StatusOK, corral.Info(info))
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {

@@ -267,6 +267,23 @@ func TestLimitsConversion(t *testing.T) {
 	sameJSON(t, conv, l, def.Default, def.Min, def.Max, limits.Limits{MemoryBytes: 1 << 30}, limits.Limits{})
 }
 
+// TestInfoConversion: what the daemon fills for GET /v1/info (Info) is the API's Info, every
+// field in its place, and the JSON the same byte for byte, set and empty; the API's value is
+// still New's (internal/cluster passes corral.Info{}).
+func TestInfoConversion(t *testing.T) {
+	n := 0
+	var info Info
+	fill(t, reflect.ValueOf(&info).Elem(), &n)
+	if got, want := leaves(reflect.ValueOf(corral.Info(info))), leaves(reflect.ValueOf(info)); !reflect.DeepEqual(got, want) {
+		t.Errorf("Info: the API's fields hold %v, want %v (the daemon's, in order)", got, want)
+	}
+	sameJSON(t, func(i Info) corral.Info { return corral.Info(i) }, info,
+		Info{Version: "v1", Node: "local", Runtime: "runc", Runtimes: []string{"runc"}, DataDir: "/var/lib/corral", CgroupVersion: "2"}, Info{})
+	if s := New(nil, nil, nil, nil, corral.Info{Node: "n"}); s.info.Node != "n" {
+		t.Errorf("New(corral.Info) kept %+v", s.info)
+	}
+}
+
 // TestNetworkConversion: the egress policy's Policy and Service are the API's NetworkPolicy and
 // NetworkService (the edge converts them where a record or an answer takes them), every field in
 // its place and the JSON the same byte for byte, set and empty: sandbox records keep the

@@ -16,7 +16,6 @@ import (
 
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // ClusterConfig makes `corral up` an edge of a cluster (`corral edge`): it registers its node in
@@ -59,8 +58,8 @@ func (c *ClusterConfig) setDefaults() {
 }
 
 // admissible is what the edge admits: the host's capacity with the overcommit applied.
-func (c *ClusterConfig) admissible(host corral.Resources) *corral.Resources {
-	return &corral.Resources{
+func (c *ClusterConfig) admissible(host store.Resources) *store.Resources {
+	return &store.Resources{
 		CPUs:        host.CPUs * c.Overcommit.CPU,
 		MemoryBytes: int64(float64(host.MemoryBytes) * c.Overcommit.Memory),
 		DiskBytes:   int64(float64(host.DiskBytes) * c.Overcommit.Disk),
@@ -69,8 +68,8 @@ func (c *ClusterConfig) admissible(host corral.Resources) *corral.Resources {
 }
 
 // registerNode starts this edge's incarnation and fences the store's writes with its epoch.
-func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, diskHeld int64, log *slog.Logger) (*corral.Node, error) {
-	n, err := st.RegisterNode(ctx, corral.Node{
+func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, diskHeld int64, log *slog.Logger) (*store.Node, error) {
+	n, err := st.Register(ctx, store.Node{
 		Name: cfg.Node, URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
 		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes, diskHeld),
 		Tiers:    tiers, Runtimes: runtimes,
@@ -103,7 +102,7 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 			state, err = st.Heartbeat(ctx, cfg.Node, epoch, used, cfg.Cluster.LeaseTTL)
 		}
 		if err == nil {
-			e.SetDraining(state == corral.NodeDraining)
+			e.SetDraining(state == store.NodeDraining)
 		}
 		switch {
 		case errors.Is(err, store.ErrFenced):
@@ -120,8 +119,8 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 // hostCapacity is what this host offers: its CPUs, memory, the data dir's disk, and a cap on
 // sandboxes. The disk is the edge's figure (edge.DiskPromise.Have before overcommit): the
 // filesystem's free space plus what sandbox disks (diskHeld) have taken from it already.
-func hostCapacity(dataDir string, sandboxes int, diskHeld int64) corral.Resources {
-	c := corral.Resources{CPUs: float64(runtime.NumCPU()), Sandboxes: sandboxes}
+func hostCapacity(dataDir string, sandboxes int, diskHeld int64) store.Resources {
+	c := store.Resources{CPUs: float64(runtime.NumCPU()), Sandboxes: sandboxes}
 	if f, err := os.Open("/proc/meminfo"); err == nil {
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {

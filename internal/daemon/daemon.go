@@ -42,7 +42,6 @@ import (
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/volume"
 	"github.com/corral-dev/corral/internal/webhook"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Version is the Corral version, set at build time with -ldflags.
@@ -519,7 +518,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		netOff = "corral up --no-net"
 	}
 	defer nw.close()
-	var node *corral.Node
+	var node *store.Node
 	if cfg.Cluster != nil {
 		// Before the edge writes anything: its writes are fenced with this incarnation's epoch.
 		var names []string
@@ -580,7 +579,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	lookup, proxyLookup, dropped = e.ResolverLookup, e.ProxyLookup, e.LoggedDrop
-	if (node != nil && node.State == corral.NodeDraining) || cfg.Down {
+	if (node != nil && node.State == store.NodeDraining) || cfg.Down {
 		e.SetDraining(true) // before its pools start
 	}
 	if err := e.Start(ctx); err != nil {
@@ -592,7 +591,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		// lazyd and the reservation, and Down the cgroups and the claim.
 		return down(ctx, cfg, e, st, log)
 	}
-	info := corral.Info{
+	info := apiserver.Info{
 		Version: Version, Node: cfg.Node, Runtime: edge.RuntimeRunc, RuntimePath: cfg.Runc,
 		DataDir: cfg.DataDir, CgroupVersion: cgroupVersion(),
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/corral-dev/corral/internal/hostreg"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // stopHolder asks the corral up holding the data dir's lock (if any) to stop, and waits for it
@@ -55,7 +54,7 @@ func stopHolder(ctx context.Context, lock *os.File, log *slog.Logger) error {
 // cgroup parent and gives back the host registry claim.
 func down(ctx context.Context, cfg Config, e *edge.Edge, st *store.Store, log *slog.Logger) error {
 	recs, err := st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node,
-		States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}})
+		States: store.LiveStates()})
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/inprocess"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // E2BConfig serves E2B's API (internal/e2b) beside Corral's own, on a listener of its own.
@@ -132,12 +131,11 @@ func MintE2BServiceToken(ctx context.Context, st *store.Store, log *slog.Logger)
 	secret, id := iam.NewToken()
 	m := store.MintRequest{
 		Token: store.TokenRecord{ID: id, Hash: apiserver.HashToken(secret), Principal: e2bPrincipal, ProjectID: store.RootProjectID,
-			Perms: iam.SandboxRead | iam.SandboxUse, Role: corral.RoleUser},
+			Perms: iam.SandboxRead | iam.SandboxUse, Role: iam.RoleUser},
 		CreatedBy: store.RootPrincipal,
 	}
 	if _, err := st.GetPrincipal(ctx, e2bPrincipal); errors.Is(err, errdefs.ErrNotFound) {
-		m.NewPrincipal = &corral.Principal{Name: e2bPrincipal, Kind: corral.KindService}
-		m.GrantRole = corral.RoleUser
+		m.NewPrincipalKind, m.GrantRole = iam.KindService, iam.RoleUser
 	} else if err != nil {
 		return "", err
 	}

@@ -22,7 +22,6 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // NetConfig configures sandbox networking in `corral up`.
@@ -140,7 +139,7 @@ func startNetwork(ctx context.Context, cfg Config, group uint16, st *store.Store
 
 	// Slots of sandboxes that outlived the last run are kept; the edge re-adopts them.
 	var keep []int
-	recs, err := st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}})
+	recs, err := st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: store.LiveStates()})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -86,8 +86,8 @@ func TestWarmFillFailureGivesBack(t *testing.T) {
 	if got := refs(); !slices.Equal(got, []int{0, 0}) {
 		t.Errorf("after a failed fill the layers have %v references; want none", got)
 	}
-	if len(p.filling) != 0 || len(p.ready) != 0 || e.withPooled(corral.Resources{}).Sandboxes != 0 {
-		t.Errorf("after a failed fill: filling %d, ready %d, pooled %+v", len(p.filling), len(p.ready), e.withPooled(corral.Resources{}))
+	if len(p.filling) != 0 || len(p.ready) != 0 || e.withPooled(store.Resources{}).Sandboxes != 0 {
+		t.Errorf("after a failed fill: filling %d, ready %d, pooled %+v", len(p.filling), len(p.ready), e.withPooled(store.Resources{}))
 	}
 
 	rt.failing = nil

@@ -118,7 +118,7 @@ type Config struct {
 	// the sums of their CPU, memory and disk limits never exceed it (a zero field is no bound).
 	// A create over it fails with errdefs.ErrNodeFull (409 node_full), which a cluster's
 	// placement takes as "try another node": the edge has the final say.
-	Capacity *corral.Resources
+	Capacity *store.Resources
 	// Disk, when set, admits creates against the data dir's filesystem (disk.go): a create whose
 	// disk limit does not fit what the node can still promise is refused with node_full.
 	Disk *DiskConfig

@@ -809,7 +809,7 @@ func TestNodeOf(t *testing.T) {
 // placement takes as "try another node") and leaves nothing behind.
 func TestNodeHasFinalSay(t *testing.T) {
 	rt := newFakeRuntime()
-	e, st := newTestEdgeWith(t, rt, Config{Capacity: &corral.Resources{CPUs: 2, MemoryBytes: 4 << 30, Sandboxes: 3}, Labels: map[string]string{"pool": "a"}})
+	e, st := newTestEdgeWith(t, rt, Config{Capacity: &store.Resources{CPUs: 2, MemoryBytes: 4 << 30, Sandboxes: 3}, Labels: map[string]string{"pool": "a"}})
 	ctx := context.Background()
 	small := corral.Limits{CPUs: 0.5, MemoryBytes: 1 << 30}
 	full := func(what string, req corral.CreateRequest, want string) {

@@ -175,7 +175,7 @@ type warmState struct {
 	// used sums the pooled sandboxes' limits, for the node's capacity.
 	used struct {
 		sync.Mutex
-		r corral.Resources
+		r store.Resources
 	}
 }
 
@@ -480,7 +480,7 @@ func hostMemory() (total, avail int64) {
 }
 
 // withPooled adds the pooled sandboxes to a node's usage.
-func (e *Edge) withPooled(u corral.Resources) corral.Resources {
+func (e *Edge) withPooled(u store.Resources) store.Resources {
 	e.warm.used.Lock()
 	defer e.warm.used.Unlock()
 	r := e.warm.used.r

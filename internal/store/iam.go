@@ -27,6 +27,9 @@ var liveStates = []string{corral.StateCreating, corral.StateRunning, corral.Stat
 
 const liveStatesSQL = `('creating', 'running', 'paused', 'off')`
 
+// LiveStates returns the live states (a copy of liveStates), for a SandboxFilter.
+func LiveStates() []string { return slices.Clone(liveStates) }
+
 // TokenRecord is a token as the store keeps it (never the secret, only its hash).
 type TokenRecord struct {
 	ID          string
@@ -132,8 +135,11 @@ type MintRequest struct {
 	// NewPrincipal, when set, is created in the token's project first, and granted GrantRole
 	// there.
 	NewPrincipal *corral.Principal
-	GrantRole    string
-	CreatedBy    string
+	// NewPrincipalKind, when set (and NewPrincipal is not), does the same for a principal
+	// named Token.Principal of this kind (iam.KindService, ...), for callers outside the API.
+	NewPrincipalKind string
+	GrantRole        string
+	CreatedBy        string
 	// MaxActive, when set, refuses the token if its principal has that many active tokens.
 	MaxActive int
 }
@@ -142,7 +148,11 @@ type MintRequest struct {
 func (s *Store) MintToken(ctx context.Context, m MintRequest) error {
 	now := time.Now().UnixNano()
 	err := s.tx(ctx, func(tx *Tx) error {
-		if p := m.NewPrincipal; p != nil {
+		p := m.NewPrincipal
+		if p == nil && m.NewPrincipalKind != "" {
+			p = &corral.Principal{Name: m.Token.Principal, Kind: m.NewPrincipalKind}
+		}
+		if p != nil {
 			if err := insertPrincipal(ctx, tx, *p, m.Token.ProjectID, m.CreatedBy); err != nil {
 				return err
 			}

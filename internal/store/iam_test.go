@@ -274,6 +274,17 @@ func TestTokenLifecycle(t *testing.T) {
 		if err := s.MintToken(ctx, MintRequest{Token: TokenRecord{ID: "tok-d", Hash: "h-d", Principal: "nobody", ProjectID: p.ID}}); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Fatalf("minted for a missing principal: %v", err)
 		}
+		// A new principal by its kind alone (the E2B gateway's service): named by the token.
+		if err := s.MintToken(ctx, MintRequest{Token: TokenRecord{ID: "tok-s", Hash: "h-s", Principal: "svc-1", ProjectID: p.ID, Perms: userPerms, Role: "user"},
+			NewPrincipalKind: iam.KindService, GrantRole: "user", CreatedBy: "root"}); err != nil {
+			t.Fatal(err)
+		}
+		if pr, err := s.GetPrincipal(ctx, "svc-1"); err != nil || pr.Kind != iam.KindService || pr.Project != "p" || pr.CreatedBy != "root" {
+			t.Fatalf("the principal minted by kind: %+v, %v", pr, err)
+		}
+		if grants, err := s.PrincipalGrants(ctx, "svc-1", "p"); err != nil || len(grants) != 1 || grants[0].Role != "user" {
+			t.Fatalf("its grants: %+v, %v", grants, err)
+		}
 		desc, err := s.ListTokens(ctx, TokenFilter{Ancestor: "tok-a"})
 		if err != nil || len(desc) != 2 {
 			t.Fatalf("descendants of tok-a: %d, %v", len(desc), err)

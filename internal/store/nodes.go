@@ -21,16 +21,70 @@ import (
 // node was declared lost. The edge must stop and register again.
 var ErrFenced = fmt.Errorf("fenced: this node's lease belongs to a newer incarnation: %w", errdefs.ErrStaleEpoch)
 
+// Node states. They are the API's (corral.Node*; TestNodeConversion holds them equal).
+const (
+	NodeReady    = "ready"    // takes sandboxes
+	NodeCordoned = "cordoned" // kept out of placement by an operator
+	NodeDraining = "draining" // takes no sandboxes; its own end as they end
+	NodeLost     = "lost"     // its lease ran out: fenced until it registers again
+)
+
+// Resources are an amount of each resource a node offers (its capacity) or its live sandboxes
+// use. They are the API's corral.Resources field for field and tag for tag (the store keeps them
+// in the node's document, and the cluster server serves them): a plain type conversion
+// converts, and stops compiling the day a field changes on one side only.
+type Resources struct {
+	CPUs        float64 `json:"cpus"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	DiskBytes   int64   `json:"disk_bytes"`
+	Sandboxes   int     `json:"sandboxes"`
+}
+
+// Node is a node's row: one edge, the incarnation holding its lease, and what it reports. It is
+// the API's corral.Node field for field and tag for tag (its JSON is the row's document, byte for
+// byte what it was when the store kept the API's type; TestNodeConversion holds it so).
+type Node struct {
+	Name     string            `json:"name"`
+	URL      string            `json:"url"`
+	State    string            `json:"state"`
+	Epoch    int64             `json:"epoch"` // this incarnation's fencing token
+	Capacity Resources         `json:"capacity"`
+	Used     Resources         `json:"used"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Tiers    []string          `json:"tiers,omitempty"`
+	Runtimes []string          `json:"runtimes,omitempty"`
+	// HeartbeatAt is the last heartbeat; LeaseExpiresAt when the node is lost without another.
+	HeartbeatAt    time.Time `json:"heartbeat_at"`
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	RegisteredAt   time.Time `json:"registered_at"`
+}
+
+// apiNode and nodeOf convert a node to and from the API's type, for the methods the cluster
+// server calls in it (RegisterNode, ListNodes, SetNodeState).
+func apiNode(n Node) corral.Node {
+	return corral.Node{Name: n.Name, URL: n.URL, State: n.State, Epoch: n.Epoch,
+		Capacity: corral.Resources(n.Capacity), Used: corral.Resources(n.Used),
+		Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes,
+		HeartbeatAt: n.HeartbeatAt, LeaseExpiresAt: n.LeaseExpiresAt, RegisteredAt: n.RegisteredAt}
+}
+
+func nodeOf(n corral.Node) Node {
+	return Node{Name: n.Name, URL: n.URL, State: n.State, Epoch: n.Epoch,
+		Capacity: Resources(n.Capacity), Used: Resources(n.Used),
+		Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes,
+		HeartbeatAt: n.HeartbeatAt, LeaseExpiresAt: n.LeaseExpiresAt, RegisteredAt: n.RegisteredAt}
+}
+
 const nodeCols = `name, url, epoch, state, lease_expires_at, heartbeat_at, registered_at, doc`
 
-func scanNode(row interface{ Scan(...any) error }) (*corral.Node, error) {
-	var n corral.Node
+func scanNode(row interface{ Scan(...any) error }) (*Node, error) {
+	var n Node
 	var doc string
 	var lease, beat, reg int64
 	if err := row.Scan(&n.Name, &n.URL, &n.Epoch, &n.State, &lease, &beat, &reg, &doc); err != nil {
 		return nil, err
 	}
-	var body corral.Node
+	var body Node
 	if err := json.Unmarshal([]byte(doc), &body); err != nil {
 		return nil, fmt.Errorf("decode node %s: %w", n.Name, err)
 	}
@@ -40,28 +94,28 @@ func scanNode(row interface{ Scan(...any) error }) (*corral.Node, error) {
 }
 
 // nodeDoc is the part of a node kept as a document: what the edge reports.
-func nodeDoc(n corral.Node) (string, error) {
-	b, err := json.Marshal(corral.Node{Capacity: n.Capacity, Used: n.Used, Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes})
+func nodeDoc(n Node) (string, error) {
+	b, err := json.Marshal(Node{Capacity: n.Capacity, Used: n.Used, Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes})
 	return string(b), err
 }
 
-// RegisterNode starts a new incarnation of the node n.Name (creating it on first sight) with a
+// Register starts a new incarnation of the node n.Name (creating it on first sight) with a
 // lease of ttl, and returns it with its new epoch. A cordoned or draining node stays so; a lost
-// one is ready again.
-func (s *Store) RegisterNode(ctx context.Context, n corral.Node, ttl time.Duration) (*corral.Node, error) {
+// one is ready again. Of n it takes the name, URL, capacity, labels, tiers and runtimes.
+func (s *Store) Register(ctx context.Context, n Node, ttl time.Duration) (*Node, error) {
 	doc, err := nodeDoc(n)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
-	var out *corral.Node
+	var out *Node
 	err = s.tx(ctx, func(tx *Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeCols+`) VALUES (?, ?, 1, ?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET url = excluded.url, epoch = nodes.epoch + 1,
 				state = CASE WHEN nodes.state IN ('cordoned', 'draining') THEN nodes.state ELSE 'ready' END,
 				lease_expires_at = excluded.lease_expires_at, heartbeat_at = excluded.heartbeat_at,
 				registered_at = excluded.registered_at, doc = excluded.doc`,
-			n.Name, n.URL, corral.NodeReady, now.Add(ttl).UnixNano(), now.UnixNano(), now.UnixNano(), doc)
+			n.Name, n.URL, NodeReady, now.Add(ttl).UnixNano(), now.UnixNano(), now.UnixNano(), doc)
 		if err != nil {
 			return err
 		}
@@ -74,10 +128,21 @@ func (s *Store) RegisterNode(ctx context.Context, n corral.Node, ttl time.Durati
 	return out, nil
 }
 
+// RegisterNode is Register in the API's types. Only internal/cluster's tests call it, to
+// register the edges they fake; it goes when they call Register (issue 29 item 5).
+func (s *Store) RegisterNode(ctx context.Context, n corral.Node, ttl time.Duration) (*corral.Node, error) {
+	out, err := s.Register(ctx, nodeOf(n), ttl)
+	if err != nil {
+		return nil, err
+	}
+	a := apiNode(*out)
+	return &a, nil
+}
+
 // Heartbeat renews the lease of node name's incarnation epoch for ttl, records what it uses now
 // and returns the node's state (an operator may have cordoned or drained it). It fails with
 // ErrFenced when epoch is no longer the node's.
-func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used corral.Resources, ttl time.Duration) (state string, err error) {
+func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used Resources, ttl time.Duration) (state string, err error) {
 	err = s.tx(ctx, func(tx *Tx) error {
 		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE name = ?`+forUpdate(tx), name))
 		if errors.Is(err, sql.ErrNoRows) {
@@ -85,7 +150,7 @@ func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used co
 		} else if err != nil {
 			return err
 		}
-		if n.Epoch != epoch || n.State == corral.NodeLost {
+		if n.Epoch != epoch || n.State == NodeLost {
 			return ErrFenced
 		}
 		n.Used, state = used, n.State
@@ -110,13 +175,14 @@ func checkEpoch(ctx context.Context, q querier, name string, epoch int64) error 
 	var cur int64
 	var state string
 	err := q.QueryRowContext(ctx, `SELECT epoch, state FROM nodes WHERE name = ?`+forUpdate(q), name).Scan(&cur, &state)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && (cur != epoch || state == corral.NodeLost)) {
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && (cur != epoch || state == NodeLost)) {
 		return fmt.Errorf("node %s epoch %d: %w", name, epoch, ErrFenced)
 	}
 	return err
 }
 
-// ListNodes returns the nodes by name.
+// ListNodes returns the nodes by name, in the API's type (the cluster server serves them and
+// places sandboxes on them).
 func (s *Store) ListNodes(ctx context.Context) ([]corral.Node, error) {
 	rows, err := s.rdb.QueryContext(ctx, `SELECT `+nodeCols+` FROM nodes ORDER BY name`)
 	if err != nil {
@@ -129,7 +195,7 @@ func (s *Store) ListNodes(ctx context.Context) ([]corral.Node, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, *n)
+		out = append(out, apiNode(*n))
 	}
 	return out, rows.Err()
 }
@@ -138,7 +204,7 @@ func (s *Store) ListNodes(ctx context.Context) ([]corral.Node, error) {
 // registering again.
 func (s *Store) SetNodeState(ctx context.Context, name, state string) (*corral.Node, error) {
 	switch state {
-	case corral.NodeReady, corral.NodeCordoned, corral.NodeDraining:
+	case NodeReady, NodeCordoned, NodeDraining:
 	default:
 		return nil, errdefs.Invalid("state", "%q: want ready, cordoned or draining", state)
 	}
@@ -150,14 +216,15 @@ func (s *Store) SetNodeState(ctx context.Context, name, state string) (*corral.N
 		} else if err != nil {
 			return err
 		}
-		if n.State == corral.NodeLost {
+		if n.State == NodeLost {
 			return errdefs.Conflict("node %s is lost; it comes back by registering again", name)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = ? WHERE name = ?`, state, name); err != nil {
 			return err
 		}
 		n.State = state
-		out = n
+		a := apiNode(*n)
+		out = &a
 		return nil
 	})
 	if err != nil {
@@ -233,8 +300,8 @@ func (s *Store) SweepLostNodes(ctx context.Context, grace time.Duration) ([]stri
 }
 
 // NodeUsage sums what the live sandboxes of node use (their limits), for its heartbeat.
-func (s *Store) NodeUsage(ctx context.Context, node string) (corral.Resources, error) {
-	var u corral.Resources
+func (s *Store) NodeUsage(ctx context.Context, node string) (Resources, error) {
+	var u Resources
 	err := s.rdb.QueryRowContext(ctx, `SELECT COUNT(*), CAST(COALESCE(SUM(cpus), 0) AS REAL), CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT),
 		CAST(COALESCE(SUM(disk_bytes), 0) AS BIGINT) FROM sandboxes WHERE node = ? AND state IN `+liveStatesSQL, node).
 		Scan(&u.Sandboxes, &u.CPUs, &u.MemoryBytes, &u.DiskBytes)

@@ -2,7 +2,10 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,36 +20,36 @@ func TestNodeLeases(t *testing.T) {
 	drivers(t, func(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
-		node := corral.Node{Name: "edge-1", URL: "http://127.0.0.2:7071", Capacity: corral.Resources{CPUs: 8, Sandboxes: 100},
+		node := Node{Name: "edge-1", URL: "http://127.0.0.2:7071", Capacity: Resources{CPUs: 8, Sandboxes: 100},
 			Labels: map[string]string{"kvm": "true"}, Tiers: []string{"container"}, Runtimes: []string{"runc"}}
-		first, err := s.RegisterNode(ctx, node, time.Minute)
-		if err != nil || first.Epoch != 1 || first.State != corral.NodeReady || first.Labels["kvm"] != "true" {
+		first, err := s.Register(ctx, node, time.Minute)
+		if err != nil || first.Epoch != 1 || first.State != NodeReady || first.Labels["kvm"] != "true" {
 			t.Fatalf("register: %+v, %v", first, err)
 		}
-		second, err := s.RegisterNode(ctx, node, time.Minute)
+		second, err := s.Register(ctx, node, time.Minute)
 		if err != nil || second.Epoch != 2 {
 			t.Fatalf("register again: %+v, %v", second, err)
 		}
-		if _, err := s.Heartbeat(ctx, "edge-1", 1, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
+		if _, err := s.Heartbeat(ctx, "edge-1", 1, Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
 			t.Fatalf("heartbeat of the old incarnation: %v", err)
 		}
-		if state, err := s.Heartbeat(ctx, "edge-1", 2, corral.Resources{CPUs: 1, Sandboxes: 1}, time.Minute); err != nil || state != corral.NodeReady {
+		if state, err := s.Heartbeat(ctx, "edge-1", 2, Resources{CPUs: 1, Sandboxes: 1}, time.Minute); err != nil || state != NodeReady {
 			t.Fatalf("heartbeat: %q, %v", state, err)
 		}
-		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeCordoned); err != nil {
+		if _, err := s.SetNodeState(ctx, "edge-1", NodeCordoned); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := s.RegisterNode(ctx, node, time.Minute); err != nil || n.State != corral.NodeCordoned || n.Epoch != 3 {
+		if n, err := s.Register(ctx, node, time.Minute); err != nil || n.State != NodeCordoned || n.Epoch != 3 {
 			t.Fatalf("a cordoned node restarting: %+v, %v", n, err)
 		}
 		// The edge learns its state from its heartbeats (a draining edge winds its pools down).
-		if state, err := s.Heartbeat(ctx, "edge-1", 3, corral.Resources{}, time.Minute); err != nil || state != corral.NodeCordoned {
+		if state, err := s.Heartbeat(ctx, "edge-1", 3, Resources{}, time.Minute); err != nil || state != NodeCordoned {
 			t.Fatalf("heartbeat of a cordoned node: %q, %v", state, err)
 		}
-		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeReady); err != nil {
+		if _, err := s.SetNodeState(ctx, "edge-1", NodeReady); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.SetNodeState(ctx, "edge-9", corral.NodeReady); err == nil {
+		if _, err := s.SetNodeState(ctx, "edge-9", NodeReady); err == nil {
 			t.Error("set the state of a missing node")
 		}
 		// A sandbox on the node, in a project with a quota of one.
@@ -64,11 +67,12 @@ func TestNodeLeases(t *testing.T) {
 		if err := s.PutSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
-		// The lease runs out; the sweep declares the node lost.
+		// Another node, registered in the API's types (as internal/cluster's tests do).
 		if _, err := s.RegisterNode(ctx, corral.Node{Name: "edge-2", URL: "http://127.0.0.3:7071"}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.RegisterNode(ctx, node, -time.Second); err != nil { // epoch 4, already expired
+		// The lease runs out; the sweep declares the node lost.
+		if _, err := s.Register(ctx, node, -time.Second); err != nil { // epoch 4, already expired
 			t.Fatal(err)
 		}
 		lost, failed, err := s.SweepLostNodes(ctx, 0)
@@ -83,7 +87,7 @@ func TestNodeLeases(t *testing.T) {
 			t.Fatalf("quota after the loss: %+v, %v", q, err)
 		}
 		// The old incarnation wakes up: it can neither heartbeat nor write.
-		if _, err := s.Heartbeat(ctx, "edge-1", 4, corral.Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
+		if _, err := s.Heartbeat(ctx, "edge-1", 4, Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
 			t.Errorf("heartbeat after the loss: %v", err)
 		}
 		s.Fence("edge-1", 4)
@@ -95,15 +99,15 @@ func TestNodeLeases(t *testing.T) {
 			t.Errorf("an admission after the loss: %v", err)
 		}
 		s.Fence("", 0)
-		if _, err := s.SetNodeState(ctx, "edge-1", corral.NodeReady); err == nil {
+		if _, err := s.SetNodeState(ctx, "edge-1", NodeReady); err == nil {
 			t.Error("uncordoned a lost node")
 		}
 		nodes, err := s.ListNodes(ctx)
-		if err != nil || len(nodes) != 2 || nodes[0].State != corral.NodeLost || nodes[1].State != corral.NodeReady {
+		if err != nil || len(nodes) != 2 || nodes[0].State != NodeLost || nodes[1].State != NodeReady {
 			t.Fatalf("nodes: %+v, %v", nodes, err)
 		}
 		// It registers again: a new incarnation, ready.
-		if n, err := s.RegisterNode(ctx, node, time.Minute); err != nil || n.State != corral.NodeReady || n.Epoch != 6 {
+		if n, err := s.Register(ctx, node, time.Minute); err != nil || n.State != NodeReady || n.Epoch != 6 {
 			t.Fatalf("re-register after the loss: %+v, %v", n, err)
 		}
 	})
@@ -141,5 +145,58 @@ func TestSweepNotHeldByAQuietSession(t *testing.T) {
 	lost, _, err := s.SweepLostNodes(sctx, 0)
 	if err != nil || len(lost) != 1 || lost[0] != "edge-q" {
 		t.Fatalf("sweep with the node's row locked by a quiet session: %v, %v; want edge-q lost", lost, err)
+	}
+}
+
+// TestNodeConversion: the store's Node and Resources are the API's, field for field and tag for
+// tag (a field added on one side only fails here, where apiNode and nodeOf would drop it); the
+// conversions keep every field; a node's document is byte for byte what it was when the store
+// kept the API's type; and the node and live states are the API's.
+func TestNodeConversion(t *testing.T) {
+	for _, c := range []struct{ ours, api reflect.Type }{
+		{reflect.TypeFor[Node](), reflect.TypeFor[corral.Node]()},
+		{reflect.TypeFor[Resources](), reflect.TypeFor[corral.Resources]()},
+	} {
+		if c.ours.NumField() != c.api.NumField() {
+			t.Errorf("%v has %d fields, the API's %v %d", c.ours, c.ours.NumField(), c.api, c.api.NumField())
+			continue
+		}
+		for i := range c.ours.NumField() {
+			f, g := c.ours.Field(i), c.api.Field(i)
+			if f.Name != g.Name || f.Tag != g.Tag {
+				t.Errorf("%v field %d is %s `%s`, the API's %s `%s`", c.ours, i, f.Name, f.Tag, g.Name, g.Tag)
+			}
+		}
+	}
+	at := time.Unix(1, 5).UTC()
+	full := Node{Name: "edge-1", URL: "https://127.0.0.2:7071", State: NodeDraining, Epoch: 3,
+		Capacity: Resources{CPUs: 8, MemoryBytes: 1 << 34, DiskBytes: 1 << 40, Sandboxes: 100},
+		Used:     Resources{CPUs: 0.5, MemoryBytes: 1 << 20, DiskBytes: 1 << 30, Sandboxes: 1},
+		Labels:   map[string]string{"kvm": "true"}, Tiers: []string{"container"}, Runtimes: []string{"runc"},
+		HeartbeatAt: at, LeaseExpiresAt: at.Add(time.Minute), RegisteredAt: at.Add(-time.Hour)}
+	for _, n := range []Node{full, {}} {
+		if back := nodeOf(apiNode(n)); !reflect.DeepEqual(back, n) {
+			t.Errorf("nodeOf(apiNode(%+v)) = %+v", n, back)
+		}
+		a, _ := json.Marshal(n)
+		b, _ := json.Marshal(apiNode(n))
+		if string(a) != string(b) {
+			t.Errorf("Node's JSON differs from the API's:\nstore %s\nAPI   %s", a, b)
+		}
+		doc, err := nodeDoc(n)
+		api, _ := json.Marshal(corral.Node{Capacity: corral.Resources(n.Capacity), Used: corral.Resources(n.Used),
+			Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes})
+		if err != nil || doc != string(api) {
+			t.Errorf("nodeDoc = %s, %v; want the API type's %s", doc, err, api)
+		}
+	}
+	for _, c := range [][2]string{{NodeReady, corral.NodeReady}, {NodeCordoned, corral.NodeCordoned},
+		{NodeDraining, corral.NodeDraining}, {NodeLost, corral.NodeLost}} {
+		if c[0] != c[1] {
+			t.Errorf("node state %q, want the API's %q", c[0], c[1])
+		}
+	}
+	if want := []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}; !slices.Equal(LiveStates(), want) {
+		t.Errorf("LiveStates() = %v, want %v", LiveStates(), want)
 	}
 }
