@@ -268,8 +268,7 @@ func TestLimitsConversion(t *testing.T) {
 }
 
 // TestInfoConversion: what the daemon fills for GET /v1/info (Info) is the API's Info, every
-// field in its place, and the JSON the same byte for byte, set and empty; the API's value is
-// still New's (internal/cluster passes corral.Info{}).
+// field in its place, and the JSON the same byte for byte, set and empty.
 func TestInfoConversion(t *testing.T) {
 	n := 0
 	var info Info
@@ -279,9 +278,6 @@ func TestInfoConversion(t *testing.T) {
 	}
 	sameJSON(t, func(i Info) corral.Info { return corral.Info(i) }, info,
 		Info{Version: "v1", Node: "local", Runtime: "runc", Runtimes: []string{"runc"}, DataDir: "/var/lib/corral", CgroupVersion: "2"}, Info{})
-	if s := New(nil, nil, nil, nil, corral.Info{Node: "n"}); s.info.Node != "n" {
-		t.Errorf("New(corral.Info) kept %+v", s.info)
-	}
 }
 
 // TestNetworkConversion: the egress policy's Policy and Service are the API's NetworkPolicy and

@@ -572,7 +572,7 @@ func (s *Server) mint(r *http.Request, c *caller, req corral.TokenRequest) (*cor
 			return nil, p, err
 		}
 		m.Token.Principal = req.Name
-		m.NewPrincipal = &corral.Principal{Name: req.Name, Kind: req.Kind}
+		m.NewPrincipalKind = req.Kind
 		m.GrantRole = req.Role
 	case req.Principal != "" && req.Principal != c.tok.Principal:
 		// Only for a principal of the caller's own subtree, with project.grant where it lives: a

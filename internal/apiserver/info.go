@@ -9,10 +9,7 @@ import (
 // (issue 29 item 5) and getInfo converts it with a plain conversion where it writes it, which
 // stops compiling the day a field or tag changes on one side only; TestInfoConversion holds the
 // JSON byte for byte. Sandboxes and Disk are filled in per call.
-//
-// It is an alias of an unnamed struct type rather than a named type (as limits.Limits is) only
-// because internal/cluster passes corral.Info{} to New; once it passes Info{}, name it.
-type Info = struct {
+type Info struct {
 	Version     string `json:"version"`
 	Node        string `json:"node"`
 	Runtime     string `json:"runtime"`      // the default runtime, "runc"

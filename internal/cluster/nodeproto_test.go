@@ -68,7 +68,7 @@ func TestNodeProtocol(t *testing.T) {
 
 	var refuseWith error // what "full" answers a create with
 	var refuseMu sync.Mutex
-	start := func(name string, capacity corral.Resources, h http.HandlerFunc) *standIn {
+	start := func(name string, capacity store.Resources, h http.HandlerFunc) *standIn {
 		j, err := Join(ctx, hs.URL, filepath.Join(dir, "join.token"), name)
 		if err != nil {
 			t.Fatal(err)
@@ -83,14 +83,14 @@ func TestNodeProtocol(t *testing.T) {
 		e.srv.TLS = j.TLS
 		e.srv.StartTLS()
 		t.Cleanup(e.srv.Close)
-		if _, err := st.RegisterNode(ctx, corral.Node{Name: name, URL: "https://" + e.srv.Listener.Addr().String(),
+		if _, err := st.Register(ctx, store.Node{Name: name, URL: "https://" + e.srv.Listener.Addr().String(),
 			Tiers: []string{"container"}, Runtimes: []string{"runc"}, Capacity: capacity}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		return e
 	}
-	big := corral.Resources{CPUs: 64, MemoryBytes: 64 << 30, DiskBytes: 1 << 40, Sandboxes: 100}
-	small := corral.Resources{CPUs: 8, MemoryBytes: 8 << 30, DiskBytes: 1 << 40, Sandboxes: 10}
+	big := store.Resources{CPUs: 64, MemoryBytes: 64 << 30, DiskBytes: 1 << 40, Sandboxes: 100}
+	small := store.Resources{CPUs: 8, MemoryBytes: 8 << 30, DiskBytes: 1 << 40, Sandboxes: 10}
 	full := start("full", big, func(w http.ResponseWriter, r *http.Request) {
 		refuseMu.Lock()
 		err := refuseWith

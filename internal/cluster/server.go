@@ -183,7 +183,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	host, _ := os.Hostname()
 	s := &Server{
 		cfg: cfg, log: log, store: st, placer: placer, ca: ca,
-		api:   apiserver.New(log, st, nil, nil, corral.Info{}),
+		api:   apiserver.New(log, st, nil, nil, apiserver.Info{}),
 		conns: map[string]*edgeConn{},
 		name:  host + "/" + cfg.Listen,
 	}

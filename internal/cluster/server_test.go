@@ -111,7 +111,7 @@ func TestServerWithoutEdges(t *testing.T) {
 	defer edge.Close()
 	edgeURL := "https://" + edge.Listener.Addr().String()
 	for _, name := range []string{"edge1", "edge2"} {
-		if _, err := st.RegisterNode(ctx, corral.Node{Name: name, URL: edgeURL}, time.Minute); err != nil {
+		if _, err := st.Register(ctx, store.Node{Name: name, URL: edgeURL}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -144,7 +144,7 @@ func TestServerWithoutEdges(t *testing.T) {
 		t.Error("an unknown token listed the nodes")
 	}
 	// The node it routes to does not answer: a clear 503, not a hang.
-	if _, err := st.RegisterNode(ctx, corral.Node{Name: "edge3", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
+	if _, err := st.Register(ctx, store.Node{Name: "edge3", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.GetSandbox(ctx, "sb-edge3-aaaaaaaaaaaaaaaa"); err == nil || !strings.Contains(err.Error(), "did not answer") {
@@ -152,7 +152,7 @@ func TestServerWithoutEdges(t *testing.T) {
 	}
 	// Reads that any edge can serve go on to the next edge until one answers: with two of three
 	// unreachable, every one of them is served.
-	if _, err := st.RegisterNode(ctx, corral.Node{Name: "edge2", URL: "https://127.0.0.1:2"}, time.Minute); err != nil {
+	if _, err := st.Register(ctx, store.Node{Name: "edge2", URL: "https://127.0.0.1:2"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	s.refresh(ctx, true)
@@ -223,7 +223,7 @@ func testServer(t *testing.T, st *store.Store, cfg Config, log *slog.Logger) *Se
 		t.Fatal(err)
 	}
 	s := &Server{cfg: cfg, log: log, store: st, placer: placer, ca: ca, name: "test",
-		api: apiserver.New(log, st, nil, nil, corral.Info{}), conns: map[string]*edgeConn{}}
+		api: apiserver.New(log, st, nil, nil, apiserver.Info{}), conns: map[string]*edgeConn{}}
 	s.api.SetFleet(fleet{s})
 	if s.tls, err = s.clientTLS(); err != nil {
 		t.Fatal(err)

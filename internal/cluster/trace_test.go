@@ -72,8 +72,8 @@ func TestTraceAcrossServer(t *testing.T) {
 	edge.TLS = j.TLS
 	edge.StartTLS()
 	defer edge.Close()
-	room := corral.Resources{CPUs: 64, MemoryBytes: 64 << 30, DiskBytes: 1 << 40, Sandboxes: 100}
-	if _, err := st.RegisterNode(ctx, corral.Node{Name: "edge1", URL: "https://" + edge.Listener.Addr().String(),
+	room := store.Resources{CPUs: 64, MemoryBytes: 64 << 30, DiskBytes: 1 << 40, Sandboxes: 100}
+	if _, err := st.Register(ctx, store.Node{Name: "edge1", URL: "https://" + edge.Listener.Addr().String(),
 		Tiers: []string{"container"}, Runtimes: []string{"runc"}, Capacity: room}, time.Minute); err != nil {
 		t.Fatal(err)
 	}

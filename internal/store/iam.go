@@ -132,11 +132,9 @@ func (s *Store) AddRootToken(ctx context.Context, hash string) error {
 // MintRequest is a token to record, optionally with a new principal and its grant.
 type MintRequest struct {
 	Token TokenRecord // ID, Hash, Principal, ProjectID, Perms, Role, Parent, ExpiresAt
-	// NewPrincipal, when set, is created in the token's project first, and granted GrantRole
+	// NewPrincipalKind, when set, makes a principal named Token.Principal of this kind
+	// (iam.KindService, ...): it is created in the token's project first, and granted GrantRole
 	// there.
-	NewPrincipal *corral.Principal
-	// NewPrincipalKind, when set (and NewPrincipal is not), does the same for a principal
-	// named Token.Principal of this kind (iam.KindService, ...), for callers outside the API.
 	NewPrincipalKind string
 	GrantRole        string
 	CreatedBy        string
@@ -148,8 +146,8 @@ type MintRequest struct {
 func (s *Store) MintToken(ctx context.Context, m MintRequest) error {
 	now := time.Now().UnixNano()
 	err := s.tx(ctx, func(tx *Tx) error {
-		p := m.NewPrincipal
-		if p == nil && m.NewPrincipalKind != "" {
+		var p *corral.Principal
+		if m.NewPrincipalKind != "" {
 			p = &corral.Principal{Name: m.Token.Principal, Kind: m.NewPrincipalKind}
 		}
 		if p != nil {

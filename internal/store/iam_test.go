@@ -254,7 +254,7 @@ func TestTokenLifecycle(t *testing.T) {
 			t.Helper()
 			m := MintRequest{Token: TokenRecord{ID: id, Hash: hash, Principal: "root", ProjectID: p.ID, Perms: userPerms, Role: "user", Parent: parent}, CreatedBy: "root"}
 			if np != nil {
-				m.Token.Principal, m.NewPrincipal, m.GrantRole = np.Name, np, "user"
+				m.Token.Principal, m.NewPrincipalKind, m.GrantRole = np.Name, np.Kind, "user"
 			}
 			if err := s.MintToken(ctx, m); err != nil {
 				t.Fatal(err)
@@ -420,7 +420,7 @@ func TestDeleteProjectHandsNothingSideways(t *testing.T) {
 		}
 		userPerms, _ := iam.RolePerms(corral.RoleUser)
 		if err := s.MintToken(ctx, MintRequest{Token: TokenRecord{ID: "tok-in", Hash: "h-in", Principal: "agent", ProjectID: r.ID, Perms: userPerms},
-			NewPrincipal: &corral.Principal{Name: "agent", Kind: corral.KindAgent}, GrantRole: "user"}); err != nil {
+			NewPrincipalKind: corral.KindAgent, GrantRole: "user"}); err != nil {
 			t.Fatal(err)
 		}
 		// A token minted from the agent's (scoped inside too) ends with it.

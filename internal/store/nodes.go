@@ -128,17 +128,6 @@ func (s *Store) Register(ctx context.Context, n Node, ttl time.Duration) (*Node,
 	return out, nil
 }
 
-// RegisterNode is Register in the API's types. Only internal/cluster's tests call it, to
-// register the edges they fake; it goes when they call Register (issue 29 item 5).
-func (s *Store) RegisterNode(ctx context.Context, n corral.Node, ttl time.Duration) (*corral.Node, error) {
-	out, err := s.Register(ctx, nodeOf(n), ttl)
-	if err != nil {
-		return nil, err
-	}
-	a := apiNode(*out)
-	return &a, nil
-}
-
 // Heartbeat renews the lease of node name's incarnation epoch for ttl, records what it uses now
 // and returns the node's state (an operator may have cordoned or drained it). It fails with
 // ErrFenced when epoch is no longer the node's.

@@ -68,7 +68,7 @@ func TestNodeLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Another node, registered in the API's types (as internal/cluster's tests do).
-		if _, err := s.RegisterNode(ctx, corral.Node{Name: "edge-2", URL: "http://127.0.0.3:7071"}, time.Hour); err != nil {
+		if _, err := s.Register(ctx, Node{Name: "edge-2", URL: "http://127.0.0.3:7071"}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		// The lease runs out; the sweep declares the node lost.
@@ -124,7 +124,7 @@ func TestSweepNotHeldByAQuietSession(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	ctx := context.Background()
-	if _, err := s.RegisterNode(ctx, corral.Node{Name: "edge-q", URL: "http://127.0.0.4:7071"}, -time.Second); err != nil {
+	if _, err := s.Register(ctx, Node{Name: "edge-q", URL: "http://127.0.0.4:7071"}, -time.Second); err != nil {
 		t.Fatal(err)
 	}
 	// The quiet client: a connection of the store's own pool (so with its session settings) that
