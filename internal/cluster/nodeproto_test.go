@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,7 +19,6 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
-	"github.com/corral-dev/corral/internal/store/pgtest"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -44,23 +42,9 @@ func (e *standIn) headers() []http.Header {
 // elsewhere (node_full, stale_epoch, version), while any other answer, and an unknown sandbox,
 // is the client's; the protocol's headers never reach the client.
 func TestNodeProtocol(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the throwaway PostgreSQL cluster runs as the postgres user")
-	}
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	dsn := pgtest.NewDB(t)
-	dir := t.TempDir()
-	st, err := store.Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := bootstrapTokens(ctx, Config{DataDir: dir, Store: dsn}, st, log); err != nil {
-		t.Fatal(err)
-	}
-	admin, _ := os.ReadFile(filepath.Join(dir, "admin.token"))
-	token := strings.TrimSpace(string(admin))
+	st, dsn, dir, token := bootstrapped(t, log)
 	// K -1: the least loaded node is tried first, so "full" (the larger) always is.
 	s := testServer(t, st, Config{DataDir: dir, Store: dsn, K: -1}, log)
 	hs := httptest.NewServer(s.Handler())

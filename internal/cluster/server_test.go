@@ -264,3 +264,27 @@ func TestE2BSecretsShared(t *testing.T) {
 		t.Fatalf("after revoking the service token: %v", err)
 	}
 }
+
+// bootstrapped returns a store on a throwaway PostgreSQL database, bootstrapped as a replica
+// would (tokens in dir), and the admin token. It skips the test unless root.
+func bootstrapped(t *testing.T, log *slog.Logger) (st *store.Store, dsn, dir, admin string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the throwaway PostgreSQL cluster runs as the postgres user")
+	}
+	ctx := context.Background()
+	dsn, dir = pgtest.NewDB(t), t.TempDir()
+	st, err := store.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := bootstrapTokens(ctx, Config{DataDir: dir, Store: dsn}, st, log); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, dsn, dir, strings.TrimSpace(string(b))
+}

@@ -9,13 +9,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/store"
-	"github.com/corral-dev/corral/internal/store/pgtest"
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/trace/otlptest"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -37,17 +35,7 @@ func TestTraceAcrossServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopTracing(ctx)
-	dsn := pgtest.NewDB(t)
-	dir := t.TempDir()
-	st, err := store.Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := bootstrapTokens(ctx, Config{DataDir: dir, Store: dsn}, st, log); err != nil {
-		t.Fatal(err)
-	}
-	admin, _ := os.ReadFile(filepath.Join(dir, "admin.token"))
+	st, dsn, dir, admin := bootstrapped(t, log)
 	s := testServer(t, st, Config{DataDir: dir, Store: dsn}, log)
 	hs := httptest.NewServer(s.Handler())
 	defer hs.Close()
@@ -79,7 +67,7 @@ func TestTraceAcrossServer(t *testing.T) {
 	}
 	s.refresh(ctx, true)
 
-	c := corral.New(hs.URL, strings.TrimSpace(string(admin)))
+	c := corral.New(hs.URL, admin)
 	if sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:x"}); err != nil || sb.ID != id {
 		t.Fatalf("create through the server: %+v, %v", sb, err)
 	}

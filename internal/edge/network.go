@@ -497,23 +497,11 @@ func (e *Edge) syncCatalog(ctx context.Context) error {
 	if e.cfg.Net == nil || e.cfg.Net.CatalogFromFile {
 		return nil
 	}
-	raw, err := e.store.GetSetting(ctx, catalogSetting)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
-	} else if err != nil {
-		return err
+	changed, err := e.readCatalog(ctx)
+	if changed {
+		e.log.Info("service catalog taken up from the store", "services", len(e.catalog.Load().Names()))
 	}
-	if old := e.catalogRaw.Load(); old != nil && bytes.Equal(*old, raw) {
-		return nil
-	}
-	cat, err := netpolicy.ParseCatalog(raw)
-	if err != nil {
-		return fmt.Errorf("the service catalog saved through the API: %w", err)
-	}
-	e.catalog.Store(cat)
-	e.catalogRaw.Store(&raw)
-	e.log.Info("service catalog taken up from the store", "services", len(cat.Names()))
-	return nil
+	return err
 }
 
 // loadCatalog picks the catalog at start: --services, else the one saved through the API.
@@ -525,17 +513,27 @@ func (e *Edge) loadCatalog(ctx context.Context) error {
 		e.catalog.Store(e.cfg.Net.Catalog)
 		return nil
 	}
+	_, err := e.readCatalog(ctx)
+	return err
+}
+
+// readCatalog puts the catalog saved through the API in force, when there is one and it is not
+// the one in force already (changed).
+func (e *Edge) readCatalog(ctx context.Context) (changed bool, err error) {
 	raw, err := e.store.GetSetting(ctx, catalogSetting)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil
+		return false, nil
 	} else if err != nil {
-		return err
+		return false, err
+	}
+	if old := e.catalogRaw.Load(); old != nil && bytes.Equal(*old, raw) {
+		return false, nil
 	}
 	cat, err := netpolicy.ParseCatalog(raw)
 	if err != nil {
-		return fmt.Errorf("the service catalog saved through the API: %w", err)
+		return false, fmt.Errorf("the service catalog saved through the API: %w", err)
 	}
 	e.catalog.Store(cat)
 	e.catalogRaw.Store(&raw)
-	return nil
+	return true, nil
 }
