@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
@@ -53,7 +52,7 @@ func (s *Server) callEdge(r *http.Request, n corral.Node, method, path string) e
 	if err != nil {
 		return err
 	}
-	if err := apiserver.ForwardCaller(r, out.Header); err != nil {
+	if err := asCaller(r, n, out.Header); err != nil {
 		return err
 	}
 	resp, err := c.client.Do(out)

@@ -53,25 +53,7 @@ func TestNodeProtocol(t *testing.T) {
 	var refuseWith error // what "full" answers a create with
 	var refuseMu sync.Mutex
 	start := func(name string, capacity store.Resources, h http.HandlerFunc) *standIn {
-		j, err := Join(ctx, hs.URL, filepath.Join(dir, "join.token"), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := &standIn{name: name}
-		e.srv = httptest.NewUnstartedServer(clusterauth.RequireServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			e.mu.Lock()
-			e.seen = append(e.seen, r.Header.Clone())
-			e.mu.Unlock()
-			h(w, r)
-		}), "/healthz"))
-		e.srv.TLS = j.TLS
-		e.srv.StartTLS()
-		t.Cleanup(e.srv.Close)
-		if _, err := st.Register(ctx, store.Node{Name: name, URL: "https://" + e.srv.Listener.Addr().String(),
-			Tiers: []string{"container"}, Runtimes: []string{"runc"}, Capacity: capacity}, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		return e
+		return startStandIn(t, st, hs.URL, dir, name, nodeproto.Version, capacity, h)
 	}
 	big := store.Resources{CPUs: 64, MemoryBytes: 64 << 30, DiskBytes: 1 << 40, Sandboxes: 100}
 	small := store.Resources{CPUs: 8, MemoryBytes: 8 << 30, DiskBytes: 1 << 40, Sandboxes: 10}
@@ -203,5 +185,83 @@ func TestNodeProtocol(t *testing.T) {
 	}
 	if after := len(full.headers()) + len(roomy.headers()); after != before {
 		t.Errorf("%d unauthenticated requests reached an edge", after-before)
+	}
+}
+
+// startStandIn joins a stand-in edge named name through the replica at serverURL (the join token
+// in dir), serves h over the real mutual TLS, and registers the node with the protocol version
+// and capacity given.
+func startStandIn(t *testing.T, st *store.Store, serverURL, dir, name string, protocol int, capacity store.Resources, h http.HandlerFunc) *standIn {
+	t.Helper()
+	ctx := context.Background()
+	j, err := Join(ctx, serverURL, filepath.Join(dir, "join.token"), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &standIn{name: name}
+	e.srv = httptest.NewUnstartedServer(clusterauth.RequireServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.mu.Lock()
+		e.seen = append(e.seen, r.Header.Clone())
+		e.mu.Unlock()
+		h(w, r)
+	}), "/healthz"))
+	e.srv.TLS = j.TLS
+	e.srv.StartTLS()
+	t.Cleanup(e.srv.Close)
+	if _, err := st.Register(ctx, store.Node{Name: name, URL: "https://" + e.srv.Listener.Addr().String(), Protocol: protocol,
+		Tiers: []string{"container"}, Runtimes: []string{"runc"}, Capacity: capacity}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestNodeProtocolOldEdge: during a rolling upgrade (servers first), an edge registered without
+// a protocol version still gets the user's token, as before, and no caller, and its node_full,
+// said only in its body's code, still sends a create elsewhere; an upgraded edge beside it gets
+// the caller and no token.
+func TestNodeProtocolOldEdge(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st, dsn, dir, token := bootstrapped(t, log)
+	s := testServer(t, st, Config{DataDir: dir, Store: dsn, K: -1}, log) // the larger, "old", first
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+	old := startStandIn(t, st, hs.URL, dir, "old", 0, store.Resources{CPUs: 64, MemoryBytes: 64 << 30, DiskBytes: 1 << 40, Sandboxes: 100},
+		func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				// An old edge's refusal: the code in the body, no protocol header (the
+				// request speaks none, so httpjson adds none).
+				httpjson.Error(w, r, log, fmt.Errorf("no room: %w", errdefs.ErrNodeFull))
+				return
+			}
+			json.NewEncoder(w).Encode(corral.Sandbox{ID: "sb-old-aaaaaaaaaaaaaaaa", State: corral.StateRunning})
+		})
+	upgraded := startStandIn(t, st, hs.URL, dir, "upgraded", nodeproto.Version, store.Resources{CPUs: 8, MemoryBytes: 8 << 30, DiskBytes: 1 << 40, Sandboxes: 10},
+		func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			json.NewEncoder(w).Encode(corral.Sandbox{ID: "sb-upgraded-aaaaaaaaaaaaaaaa", State: corral.StateRunning})
+		})
+	s.refresh(ctx, true)
+	c := corral.New(hs.URL, token)
+	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: "base:x"})
+	if err != nil || sb.ID != "sb-upgraded-aaaaaaaaaaaaaaaa" {
+		t.Fatalf("a create the old edge refuses: %+v, %v (want it on the upgraded edge)", sb, err)
+	}
+	if _, err := c.GetSandbox(ctx, "sb-old-aaaaaaaaaaaaaaaa"); err != nil {
+		t.Fatalf("a read routed to the old edge: %v", err)
+	}
+	if got := old.headers(); len(got) != 2 {
+		t.Fatalf("the old edge got %d requests, want the create and the read", len(got))
+	}
+	for _, h := range old.headers() {
+		if h.Get("Authorization") != "Bearer "+token || h.Get(nodeproto.HeaderCaller) != "" || h.Get(nodeproto.HeaderVersion) != "" {
+			t.Errorf("the old edge got Authorization %q, caller %q, version %q; want the token and nothing of the protocol",
+				h.Get("Authorization"), h.Get(nodeproto.HeaderCaller), h.Get(nodeproto.HeaderVersion))
+		}
+	}
+	for _, h := range upgraded.headers() {
+		if _, err := nodeproto.CallerOf(&http.Request{Header: h}); err != nil || h.Get("Authorization") != "" {
+			t.Errorf("the upgraded edge: caller %v, Authorization %q; want the caller and no token", err, h.Get("Authorization"))
+		}
 	}
 }

@@ -268,16 +268,24 @@ func (s *Server) Handler() http.Handler {
 	return trace.Extract(stripNodeHeaders(mux))
 }
 
-// forward authenticates a request bound for an edge and makes it carry its caller instead of
-// the user's token (apiserver.ForwardCaller): the edge authenticates no one itself.
+// forward authenticates a request bound for an edge; the edge it goes to gets the caller the
+// way it speaks (asCaller), once the node is chosen.
 func (s *Server) forward(next http.HandlerFunc) http.Handler {
-	return s.api.Authenticated(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := apiserver.ForwardCaller(r, r.Header); err != nil {
-			httpjson.Error(w, r, s.log, err)
-			return
-		}
-		next(w, r)
-	}))
+	return s.api.Authenticated(next)
+}
+
+// asCaller makes h, the header of the authenticated request r on its way to node n's edge,
+// carry r's caller as n speaks: from node protocol 1 on, the caller and no token
+// (apiserver.ForwardCaller); to an edge older than the protocol, registered without a version
+// (a rolling upgrade, servers first), the user's token as before, which that edge checks.
+func asCaller(r *http.Request, n corral.Node, h http.Header) error {
+	if n.Protocol >= nodeproto.Version {
+		return apiserver.ForwardCaller(r, h)
+	}
+	if a := r.Header.Get("Authorization"); a != "" {
+		h.Set("Authorization", a)
+	}
+	return nil
 }
 
 // stripNodeHeaders removes the node protocol's headers from what a client sends: only this
@@ -421,7 +429,7 @@ func (s *Server) clientTLS() (*tls.Config, error) {
 func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := n.Name + " " + n.URL
+	key := fmt.Sprintf("%s %s %d", n.Name, n.URL, n.Protocol) // an upgraded edge speaks anew
 	if c, ok := s.conns[key]; ok {
 		return c, nil
 	}
@@ -443,6 +451,10 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
 			pr.Out.Host = pr.In.Host
+			if err := asCaller(pr.In, n, pr.Out.Header); err != nil {
+				pr.Out.Header.Del("Authorization") // the edge answers 401; the token stays here
+				s.log.Error("send the caller to an edge", "node", n.Name, "err", err)
+			}
 			trace.Inject(pr.Out.Context(), pr.Out.Header) // the edge's spans join this replica's trace
 		},
 		Transport:     tr,
@@ -665,7 +677,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		out.Header = r.Header.Clone()
-		if err := apiserver.ForwardCaller(r, out.Header); err != nil {
+		if err := asCaller(r, n, out.Header); err != nil {
 			return err
 		}
 		trace.Inject(ctx, out.Header) // the edge's create is a child of this placement
@@ -702,6 +714,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		case resp.StatusCode == http.StatusServiceUnavailable:
 			resp.Body.Close()
 			return fmt.Errorf("node %s is unavailable: %w: %w", name, placement.ErrRefused, errNodeUnavailable)
+		case resp.StatusCode == http.StatusConflict && n.Protocol == 0:
+			// An edge older than the protocol says node_full only in its body's code (until
+			// every edge is upgraded; goes with the protocol's next version).
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			var e corral.Error
+			if json.Unmarshal(b, &e) == nil && e.Code == string(nodeproto.NodeFull) {
+				s.log.Info("node refused a create; trying another", "node", name, "why", e.Message)
+				return fmt.Errorf("node %s: %s: %w", name, e.Message, placement.ErrRefused)
+			}
+			resp.Body = io.NopCloser(bytes.NewReader(b))
 		}
 		return nil
 	}, s.cfg.MaxTries)

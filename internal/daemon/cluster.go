@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 )
 
@@ -73,6 +74,7 @@ func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runti
 		Name: cfg.Node, URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
 		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes, diskHeld),
 		Tiers:    tiers, Runtimes: runtimes,
+		Protocol: nodeproto.Version, // servers send this edge callers, never tokens
 	}, cfg.Cluster.LeaseTTL)
 	if err != nil {
 		return nil, err

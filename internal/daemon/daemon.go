@@ -394,7 +394,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	newSQLite := !store.IsPostgres(cfg.Store) && errors.Is(dbErr, os.ErrNotExist)
 	_, ownerErr := os.Stat(filepath.Join(cfg.DataDir, ownerFile))
 	newOwner := errors.Is(ownerErr, os.ErrNotExist)
-	st, err := store.Open(ctx, cfg.Store)
+	open := store.Open
+	if cfg.Cluster != nil {
+		open = store.OpenEdge // the servers migrate the cluster's store, never an edge
+	}
+	st, err := open(ctx, cfg.Store)
 	if err != nil {
 		if store.IsPostgres(cfg.Store) {
 			err = fmt.Errorf("store %s: %w", redactDSN(cfg.Store), err)

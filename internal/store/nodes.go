@@ -53,6 +53,9 @@ type Node struct {
 	Labels   map[string]string `json:"labels,omitempty"`
 	Tiers    []string          `json:"tiers,omitempty"`
 	Runtimes []string          `json:"runtimes,omitempty"`
+	// Protocol is the node protocol version the edge speaks (servers send it the caller, not
+	// the user's token, from version 1 on); 0 for an edge older than the protocol.
+	Protocol int `json:"protocol,omitempty"`
 	// HeartbeatAt is the last heartbeat; LeaseExpiresAt when the node is lost without another.
 	HeartbeatAt    time.Time `json:"heartbeat_at"`
 	LeaseExpiresAt time.Time `json:"lease_expires_at"`
@@ -64,14 +67,14 @@ type Node struct {
 func apiNode(n Node) corral.Node {
 	return corral.Node{Name: n.Name, URL: n.URL, State: n.State, Epoch: n.Epoch,
 		Capacity: corral.Resources(n.Capacity), Used: corral.Resources(n.Used),
-		Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes,
+		Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes, Protocol: n.Protocol,
 		HeartbeatAt: n.HeartbeatAt, LeaseExpiresAt: n.LeaseExpiresAt, RegisteredAt: n.RegisteredAt}
 }
 
 func nodeOf(n corral.Node) Node {
 	return Node{Name: n.Name, URL: n.URL, State: n.State, Epoch: n.Epoch,
 		Capacity: Resources(n.Capacity), Used: Resources(n.Used),
-		Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes,
+		Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes, Protocol: n.Protocol,
 		HeartbeatAt: n.HeartbeatAt, LeaseExpiresAt: n.LeaseExpiresAt, RegisteredAt: n.RegisteredAt}
 }
 
@@ -88,20 +91,21 @@ func scanNode(row interface{ Scan(...any) error }) (*Node, error) {
 	if err := json.Unmarshal([]byte(doc), &body); err != nil {
 		return nil, fmt.Errorf("decode node %s: %w", n.Name, err)
 	}
-	n.Capacity, n.Used, n.Labels, n.Tiers, n.Runtimes = body.Capacity, body.Used, body.Labels, body.Tiers, body.Runtimes
+	n.Capacity, n.Used, n.Labels, n.Tiers, n.Runtimes, n.Protocol = body.Capacity, body.Used, body.Labels, body.Tiers, body.Runtimes, body.Protocol
 	n.LeaseExpiresAt, n.HeartbeatAt, n.RegisteredAt = unixNano(lease), unixNano(beat), unixNano(reg)
 	return &n, nil
 }
 
 // nodeDoc is the part of a node kept as a document: what the edge reports.
 func nodeDoc(n Node) (string, error) {
-	b, err := json.Marshal(Node{Capacity: n.Capacity, Used: n.Used, Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes})
+	b, err := json.Marshal(Node{Capacity: n.Capacity, Used: n.Used, Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes, Protocol: n.Protocol})
 	return string(b), err
 }
 
 // Register starts a new incarnation of the node n.Name (creating it on first sight) with a
 // lease of ttl, and returns it with its new epoch. A cordoned or draining node stays so; a lost
-// one is ready again. Of n it takes the name, URL, capacity, labels, tiers and runtimes.
+// one is ready again. Of n it takes the name, URL, capacity, labels, tiers, runtimes and
+// protocol version.
 func (s *Store) Register(ctx context.Context, n Node, ttl time.Duration) (*Node, error) {
 	doc, err := nodeDoc(n)
 	if err != nil {

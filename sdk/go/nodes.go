@@ -38,6 +38,9 @@ type Node struct {
 	Labels   map[string]string `json:"labels,omitempty"`
 	Tiers    []string          `json:"tiers,omitempty"`
 	Runtimes []string          `json:"runtimes,omitempty"`
+	// Protocol is the node protocol version the edge speaks (servers send it the caller, not
+	// the user's token, from version 1 on); 0 for an edge older than the protocol.
+	Protocol int `json:"protocol,omitempty"`
 	// HeartbeatAt is the last heartbeat; LeaseExpiresAt when the node is lost without another.
 	HeartbeatAt    time.Time `json:"heartbeat_at"`
 	LeaseExpiresAt time.Time `json:"lease_expires_at"`
