@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -48,7 +49,11 @@ func (s *Server) callEdge(r *http.Request, n corral.Node, method, path string) e
 	if err != nil {
 		return err
 	}
-	out, err := http.NewRequestWithContext(context.WithoutCancel(r.Context()), method, strings.TrimRight(n.URL, "/")+path, nil)
+	// A delete started is seen through even if the client goes away, but not for ever: an
+	// edge's delete answers before its cleanup, so a minute is plenty.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
+	defer cancel()
+	out, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(n.URL, "/")+path, nil)
 	if err != nil {
 		return err
 	}

@@ -697,34 +697,25 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			}
 			return err
 		}
-		// The edge has the final say: its typed refusals send the create elsewhere; any other
-		// answer is the client's to see.
-		switch ref := nodeproto.Refused(resp.Header); {
+		// The edge has the final say: its refusals send the create elsewhere; any other answer
+		// is the client's to see.
+		ref := nodeproto.Refused(resp.Header)
+		if ref == nodeproto.None && n.Protocol == 0 && resp.StatusCode == http.StatusConflict {
+			ref = legacyRefusal(resp)
+		}
+		switch {
 		case ref == nodeproto.NodeFull:
 			// No room, draining, or labels that do not match.
 			why := refusalMessage(resp)
 			s.log.Info("node refused a create; trying another", "node", name, "refusal", ref, "why", why)
 			return fmt.Errorf("node %s: %s: %w", name, why, placement.ErrRefused)
-		case ref == nodeproto.StaleEpoch || ref == nodeproto.WrongVersion:
-			// An incarnation the cluster fenced off (it stops itself), or a release that
-			// cannot talk to this replica: no answer about room.
-			why := refusalMessage(resp)
-			s.log.Warn("node cannot take creates from this replica; trying another", "node", name, "refusal", ref, "why", why)
-			return fmt.Errorf("node %s: %s: %w: %w", name, why, placement.ErrRefused, errNodeUnavailable)
 		case resp.StatusCode == http.StatusServiceUnavailable:
-			resp.Body.Close()
-			return fmt.Errorf("node %s is unavailable: %w: %w", name, placement.ErrRefused, errNodeUnavailable)
-		case resp.StatusCode == http.StatusConflict && n.Protocol == 0:
-			// An edge older than the protocol says node_full only in its body's code (until
-			// every edge is upgraded; goes with the protocol's next version).
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
-			var e corral.Error
-			if json.Unmarshal(b, &e) == nil && e.Code == string(nodeproto.NodeFull) {
-				s.log.Info("node refused a create; trying another", "node", name, "why", e.Message)
-				return fmt.Errorf("node %s: %s: %w", name, e.Message, placement.ErrRefused)
-			}
-			resp.Body = io.NopCloser(bytes.NewReader(b))
+			// Restarting, a create with the same key still at work, an incarnation the cluster
+			// fenced off (stale_epoch), a release that cannot talk to this one (version): no
+			// answer about room.
+			why := refusalMessage(resp)
+			s.log.Info("node unavailable for a create; trying another", "node", name, "refusal", ref, "why", why)
+			return fmt.Errorf("node %s is unavailable: %s: %w: %w", name, why, placement.ErrRefused, errNodeUnavailable)
 		}
 		return nil
 	}, s.cfg.MaxTries)
@@ -749,6 +740,19 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Corral-Node", node)
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
+}
+
+// legacyRefusal reads the refusal an edge older than the node protocol says only in its 409's
+// body code, and puts the body back (goes with the protocol's next version).
+func legacyRefusal(resp *http.Response) nodeproto.Refusal {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	var e corral.Error
+	if json.Unmarshal(b, &e) == nil && e.Code == string(nodeproto.NodeFull) {
+		return nodeproto.NodeFull
+	}
+	return nodeproto.None
 }
 
 // refusalMessage reads (and closes) the body of an edge's refusal for its message.
