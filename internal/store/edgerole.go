@@ -26,9 +26,9 @@ var edgeDenied = []string{"api_tokens", "principals", "grants"}
 // edgeReadOnly lists the tables an edge role may only read.
 var edgeReadOnly = []string{"projects", "schema_migrations"}
 
-// EdgeSettings are the settings an edge role sees and writes (a key, or a prefix ending in /):
+// edgeSettings are the settings an edge role sees and writes (a key, or a prefix ending in /):
 // the network service catalogue and each node's instance name.
-var EdgeSettings = []string{"service_catalog", instanceSetting, instanceSetting + "/"}
+var edgeSettings = []string{"service_catalog", instanceSetting, instanceSetting + "/"}
 
 var roleRE = lazyregexp.New(`^[a-z_][a-z0-9_]{0,62}$`)
 
@@ -83,7 +83,7 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 	// Settings: row-level security shows the role only its own keys. The tables' owner is not
 	// subject to it, so the servers see every row as before.
 	var keys []string
-	for _, k := range EdgeSettings {
+	for _, k := range edgeSettings {
 		if strings.HasSuffix(k, "/") {
 			keys = append(keys, fmt.Sprintf(`key LIKE '%s%%'`, k))
 		} else {
