@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -88,6 +89,8 @@ type request struct {
 	closeConn bool
 	// header holds extra request headers.
 	header http.Header
+	// once keeps an otherwise idempotent request from being repeated (an append).
+	once bool
 }
 
 // send performs r and returns the response when its status is below 400; otherwise it returns
@@ -111,7 +114,13 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 	}
 	retry := c.retries > 0 && r.repeatable(body)
 	for attempt := 1; ; attempt++ {
-		resp, err := c.send1(ctx, r, target, body, ctype)
+		try := body
+		var sent *tryBody
+		if retry && body != nil {
+			sent = newTryBody(body)
+			try = sent
+		}
+		resp, err := c.send1(ctx, r, target, try, ctype)
 		wait, again := retryAfter(resp, err)
 		if !retry || !again || attempt > c.retries || ctx.Err() != nil {
 			return c.answer(resp, err)
@@ -128,6 +137,13 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 		case <-time.After(wait):
 		}
 		if s, ok := body.(io.Seeker); ok {
+			// The transport may go on reading the last try's body after it answered: rewind
+			// only once it let go of it.
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-sent.closed:
+			}
 			if _, err := s.Seek(0, io.SeekStart); err != nil {
 				return nil, fmt.Errorf("rewind request body: %w", err)
 			}
@@ -138,6 +154,9 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 // repeatable reports whether r may be sent again after a failure: its method is idempotent or it
 // carries an idempotency key, and its body (if any) can be rewound.
 func (r request) repeatable(body io.Reader) bool {
+	if r.once {
+		return false
+	}
 	idem := r.header.Get("Idempotency-Key") != ""
 	switch r.method {
 	case http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete:
@@ -151,6 +170,32 @@ func (r request) repeatable(body io.Reader) bool {
 	}
 	_, ok := body.(io.Seeker)
 	return ok
+}
+
+// tryBody is one try's view of a request body that is sent again on failure. The HTTP transport
+// closes a request body when it is done with it, which may be after the exchange returned (its
+// writer still sending); closed tells the next try when rewinding is safe.
+type tryBody struct {
+	r      io.Reader
+	closed chan struct{}
+	once   sync.Once
+	// size is the body's remaining length when known (bytes and strings readers), -1 otherwise.
+	size int64
+}
+
+func newTryBody(r io.Reader) *tryBody {
+	b := &tryBody{r: r, closed: make(chan struct{}), size: -1}
+	if l, ok := r.(interface{ Len() int }); ok {
+		b.size = int64(l.Len())
+	}
+	return b
+}
+
+func (b *tryBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+func (b *tryBody) Close() error {
+	b.once.Do(func() { close(b.closed) })
+	return nil
 }
 
 // retryAfter reports whether an exchange that ended with resp or err is worth trying again, and
@@ -192,6 +237,14 @@ func (c *Client) send1(ctx context.Context, r request, target string, body io.Re
 	req, err := http.NewRequestWithContext(ctx, r.method, target, body)
 	if err != nil {
 		return nil, err
+	}
+	if b, ok := body.(*tryBody); ok && b.size >= 0 {
+		// What http.NewRequest does for the readers tryBody wraps.
+		req.ContentLength = b.size
+		if b.size == 0 {
+			req.Body, req.GetBody = http.NoBody, nil
+			b.Close()
+		}
 	}
 	req.Close = r.closeConn
 	if ctype != "" {

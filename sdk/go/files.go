@@ -66,6 +66,8 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader, op
 		query:       q,
 		body:        r,
 		contentType: "application/octet-stream",
+		// An append that failed on the way may have landed: repeating it could write twice.
+		once: opts.Append,
 	}, &out)
 	if err != nil {
 		return nil, err
