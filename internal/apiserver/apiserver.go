@@ -78,9 +78,9 @@ func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info
 
 // ServeClusterServers makes this API a cluster edge's: every request's caller is the one its
 // server authenticated and sent along (internal/nodeproto), and no token is looked up here.
-// Identity, projects, quotas, placement and the audit log are the servers' (IAMHandler): the
-// edge does not serve them. The handler must be served only behind clusterauth.RequireServer,
-// which lets nothing but the cluster's servers reach it.
+// Identity, the audit log, events, the usage report and webhooks are the servers'
+// (ServerHandler): the edge does not serve them. The handler must be served only behind
+// clusterauth.RequireServer, which lets nothing but the cluster's servers reach it.
 func (s *Server) ServeClusterServers() { s.servesNodes = true }
 
 // HashToken returns the form in which a token is stored.
@@ -261,16 +261,17 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("POST /v1/fncall/{name}", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, false) }))
 	api.HandleFunc("POST /v1/fncall/{name}/stream", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, true) }))
 	if s.servesNodes {
-		for _, p := range IAMPaths {
+		for _, p := range ServerPaths {
 			api.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s: identity, projects and the audit log are served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
+				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s: identity, the audit log, events, the usage report and webhooks are served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
 			})
 		}
 	} else {
 		s.iamRoutes(api)
+		s.clusterObserveRoutes(api)
 	}
 	s.volumeRoutes(api)
-	s.observeRoutes(api)
+	api.HandleFunc("GET /v1/sandboxes/{id}/metrics", s.guard(iam.SandboxRead, "", s.onSandbox, s.route().ServeHTTP))
 	// Everything else under a sandbox is its data plane, served by the edge that runs it.
 	api.Handle("/v1/sandboxes/{id}/", s.guard(iam.SandboxUse, "", s.onSandbox, s.route().ServeHTTP))
 	api.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -16,17 +16,21 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// IAMPaths are the patterns of the identity routes (iamRoutes): who the caller is, projects,
-// quotas, placement, principals, grants, tokens and the audit log.
-var IAMPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/quotas/", "/v1/placement/",
-	"/v1/principals", "/v1/grants", "/v1/tokens", "/v1/tokens/", "/v1/audit"}
+// ServerPaths are the patterns of the routes a cluster's servers serve themselves
+// (ServerHandler), never an edge: identity (who the caller is, projects, quotas, placement,
+// principals, grants, tokens, the audit log) and what spans every node (the event stream, the
+// usage report, webhooks and their deliveries).
+var ServerPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/quotas/", "/v1/placement/",
+	"/v1/principals", "/v1/grants", "/v1/tokens", "/v1/tokens/", "/v1/audit",
+	"/v1/events", "/v1/report", "/v1/webhooks", "/v1/webhooks/"}
 
-// IAMHandler serves the identity routes alone, authenticated, for a cluster server: identity and
-// the audit log are served where the API is, never by an edge. A forced project delete deletes
-// its sandboxes and volumes through the Fleet given to SetFleet.
-func (s *Server) IAMHandler() http.Handler {
+// ServerHandler serves the ServerPaths routes alone, authenticated, for a cluster server. A
+// forced project delete deletes its sandboxes and volumes through the Fleet given to SetFleet;
+// events are read from the store, where every edge records its own.
+func (s *Server) ServerHandler() http.Handler {
 	mux := http.NewServeMux()
 	s.iamRoutes(mux)
+	s.clusterObserveRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.NotFound("no API route %s %s", r.Method, r.URL.Path))
 	})

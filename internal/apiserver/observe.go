@@ -34,15 +34,11 @@ const (
 	eventWriteTimeout = 10 * time.Second
 	// replayLimit bounds the past events one request replays.
 	replayLimit = 10000
-	// storeFollowEvery is how often a follower in cluster mode reads new events from the store,
-	// and storeFollowLag how far back each read looks again for events written late (each
-	// edge writes its events in batches).
-	storeFollowEvery = 250 * time.Millisecond
-	storeFollowLag   = 5 * time.Second
 )
 
-func (s *Server) observeRoutes(api *http.ServeMux) {
-	api.HandleFunc("GET /v1/sandboxes/{id}/metrics", s.guard(iam.SandboxRead, "", s.onSandbox, s.route().ServeHTTP))
+// clusterObserveRoutes adds what observes more than one sandbox: the event stream, the usage
+// report, webhooks. A cluster's servers serve them (ServerHandler); so does corral up.
+func (s *Server) clusterObserveRoutes(api *http.ServeMux) {
 	api.HandleFunc("GET /v1/events", s.events)
 	api.HandleFunc("GET /v1/report", s.guard(iam.SandboxRead, "", s.onQueryProject("project", ""), s.report))
 	api.HandleFunc("POST /v1/webhooks", s.createWebhook)
@@ -119,15 +115,20 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		since = now.Add(-time.Hour)
 	}
 	match := eventFilter(c, under, types)
-	bus := s.edge.Events()
-	shared := s.edge.SharedStore()
+	// corral up's events are on its bus before they reach the store; a cluster server's are
+	// read from the store, where every edge records its own.
+	var bus *events.Bus
+	if s.edge != nil && !s.edge.SharedStore() {
+		bus = s.edge.Events()
+	}
+	shared := bus == nil
 	var sub *events.Sub
 	if follow && !shared {
 		sub, _ = bus.Subscribe(followBuffer, time.Time{}, match)
 		defer sub.Close()
 	}
 	// The past: the store's copy, and the bus's events it may not have yet.
-	seen := map[string]bool{}
+	seen := map[string]time.Time{}
 	var past []events.Event
 	if !since.IsZero() {
 		stored, err := s.store.ListEvents(r.Context(), under, since, replayLimit)
@@ -159,10 +160,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return rc.Flush() == nil
 	}
 	for _, ev := range past {
-		if seen[ev.ID] {
+		if _, ok := seen[ev.ID]; ok {
 			continue
 		}
-		seen[ev.ID] = true
+		seen[ev.ID] = ev.At
 		if !send(lifecycleEvent(ev)) {
 			return
 		}
@@ -172,7 +173,15 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	rc.Flush()
 	if shared {
-		s.followStore(r.Context(), under, match, seen, now, send)
+		list := func(ctx context.Context, since time.Time) ([]events.Event, error) {
+			return s.store.ListEvents(ctx, under, since, replayLimit)
+		}
+		err := events.Follow(r.Context(), list, now, seen, func(ev events.Event) bool {
+			return !match(ev) || send(lifecycleEvent(ev))
+		})
+		if err != nil {
+			send(map[string]string{"code": errdefs.Code(err), "message": err.Error()})
+		}
 		return
 	}
 	for {
@@ -186,53 +195,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				}
 				return
 			}
-			if seen[ev.ID] {
+			if _, ok := seen[ev.ID]; ok {
 				continue
 			}
 			if !send(lifecycleEvent(ev)) {
 				return
-			}
-		}
-	}
-}
-
-// followStore follows the events of every node through the store (cluster mode, where other
-// edges publish on their own buses), rereading storeFollowLag back each time for events
-// written late, and sending each event once.
-func (s *Server) followStore(ctx context.Context, under string, match func(events.Event) bool, seen map[string]bool, from time.Time, send func(any) bool) {
-	t := time.NewTicker(storeFollowEvery)
-	defer t.Stop()
-	cursor := from
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		evs, err := s.store.ListEvents(ctx, under, cursor.Add(-storeFollowLag), replayLimit)
-		if err != nil {
-			send(map[string]string{"code": errdefs.Code(err), "message": err.Error()})
-			return
-		}
-		for _, ev := range evs {
-			if seen[ev.ID] || !match(ev) {
-				continue
-			}
-			seen[ev.ID] = true
-			if !send(lifecycleEvent(ev)) {
-				return
-			}
-			if ev.At.After(cursor) {
-				cursor = ev.At
-			}
-		}
-		// Forget what is too old to be read again.
-		if len(seen) > 4*replayLimit {
-			for id := range seen {
-				delete(seen, id)
-				if len(seen) <= replayLimit {
-					break
-				}
 			}
 		}
 	}

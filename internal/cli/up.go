@@ -9,10 +9,12 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/corral-dev/corral/internal/daemon"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime/backends"
+	"github.com/corral-dev/corral/internal/webhook"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -44,6 +46,7 @@ re-adopted at the next start, as they are after a crash.`,
 		},
 	}
 	addDaemonFlags(cmd.Flags(), &cfg, &logFormat, &logLevel)
+	addAPIFlags(cmd.Flags(), &cfg.AuditRetention, &cfg.Observe.Webhooks)
 	cmd.Flags().Float64Var(&cfg.OvercommitDisk, "overcommit-disk", 0, "writable-disk limits admitted per byte the data dir's filesystem can hold (its free space plus what sandbox disks took; default 1); over it a create is refused with 409 node_full")
 	cmd.Flags().StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API (the e2b SDKs' E2B_API_URL) on this address (default: off)")
 	cmd.Flags().StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>; default: the host a request came to)")
@@ -98,6 +101,16 @@ func newLogger(cmd *cobra.Command, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
 }
 
+// addAPIFlags adds the flags of what runs where the API is served (`corral up`, `corral
+// server`): the audit log's retention and the webhook dispatcher.
+func addAPIFlags(f *pflag.FlagSet, auditRetention *time.Duration, hooks *webhook.Config) {
+	f.DurationVar(auditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")
+	f.DurationVar(&hooks.Timeout, "webhook-timeout", 0, "how long one webhook delivery attempt may take (default 10s)")
+	f.IntVar(&hooks.Attempts, "webhook-attempts", 0, "attempts of one webhook delivery before it is given up (default 5)")
+	f.BoolVar(&hooks.AllowPrivate, "webhook-allow-private", false, "let webhooks deliver to loopback, private and link-local addresses (off: only public ones, so a webhook cannot reach this host or its network)")
+	f.DurationVar(&hooks.Backoff, "webhook-backoff", 0, "pause after a failed webhook delivery attempt, doubling after each (default 1s)")
+}
+
 // addDaemonFlags adds the flags of a host's daemon (`corral up`, `corral edge`) to f.
 func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *string) {
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral", "directory for the store, layers, sandbox state and admin.token")
@@ -131,13 +144,8 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.BoolVar(&cfg.SparseDisks, "sparse-disks", false, "make writable disks sparse instead of allocating them when made: denser with --overcommit-disk above 1, but a full host disk can then lose writes a sandbox was told succeeded")
 	f.IntVar(&cfg.KeepExitedCommands, "keep-exited-commands", 0, "exited commands each sandbox keeps for re-attach (default 64)")
 	f.DurationVar(&cfg.KeepExitedFor, "keep-exited-for", 0, "how long an exited command's output stays re-attachable (default 10m)")
-	f.DurationVar(&cfg.AuditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")
 	f.DurationVar(&cfg.Observe.SampleInterval, "sample-interval", 0, "how often every running sandbox's resource use is sampled for its metrics (default 5s; negative: never)")
 	f.DurationVar(&cfg.Observe.MetricsKeep, "metrics-keep", 0, "how long a sandbox's samples are kept after it ends (default 1h)")
-	f.DurationVar(&cfg.Observe.Webhooks.Timeout, "webhook-timeout", 0, "how long one webhook delivery attempt may take (default 10s)")
-	f.IntVar(&cfg.Observe.Webhooks.Attempts, "webhook-attempts", 0, "attempts of one webhook delivery before it is given up (default 5)")
-	f.BoolVar(&cfg.Observe.Webhooks.AllowPrivate, "webhook-allow-private", false, "let webhooks deliver to loopback, private and link-local addresses (off: only public ones, so a webhook cannot reach this host or its network)")
-	f.DurationVar(&cfg.Observe.Webhooks.Backoff, "webhook-backoff", 0, "pause after a failed webhook delivery attempt, doubling after each (default 1s)")
 	f.BoolVar(&cfg.Observe.PerSandbox, "metrics-per-sandbox", false, "add each sandbox's latest sample to /v1/metrics (one Prometheus series per sandbox and resource; off: the node's sums only)")
 	f.BoolVar(&cfg.Net.Disabled, "no-net", false, "no sandbox networking: every sandbox has loopback only")
 	f.BoolVar(&cfg.NoUserNS, "no-userns", false, "run container sandboxes without user namespaces: their root is the host's root (for hosts without user namespaces or idmapped mounts)")

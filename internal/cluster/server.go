@@ -56,6 +56,7 @@ import (
 	"github.com/corral-dev/corral/internal/revproxy"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
+	"github.com/corral-dev/corral/internal/webhook"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -82,9 +83,16 @@ type Config struct {
 	// OTLPEndpoint is the OTLP/HTTP receiver traces go to (trace.Config.Endpoint); empty:
 	// $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing.
 	OTLPEndpoint string
+	// AuditRetention is how long audit entries are kept (default 90 days).
+	AuditRetention time.Duration
+	// Webhooks tunes the webhook dispatcher, which one replica at a time runs.
+	Webhooks webhook.Config
 }
 
 func (c *Config) setDefaults() {
+	if c.AuditRetention == 0 {
+		c.AuditRetention = 90 * 24 * time.Hour
+	}
 	if c.LeaseGrace == 0 {
 		c.LeaseGrace = 10 * time.Second
 	}
@@ -191,6 +199,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if s.tls, err = s.clientTLS(); err != nil {
 		return err
 	}
+	// Quota usage counters are rebuilt from the sandbox rows at every start of a replica (edges
+	// no longer do it): whatever happened before, admission starts from the truth.
+	if err := st.RecountUsage(ctx); err != nil {
+		return err
+	}
+	hooks := webhook.New(cfg.Webhooks, log.With("component", "webhooks"), st, nil)
+	s.api.SetWebhooks(hooks)
+	go s.dispatchWebhooks(ctx, hooks)
+	go s.api.Prune(ctx, cfg.AuditRetention)
 	go s.watch(ctx)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -254,11 +271,12 @@ func (s *Server) Handler() http.Handler {
 	nodes.HandleFunc("POST /v1/nodes/{name}/{action}", s.nodeAction)
 	mux.Handle("/v1/nodes", s.api.Authenticated(nodes))
 	mux.Handle("/v1/nodes/", s.api.Authenticated(nodes))
-	// Identity, projects, quotas, placement and the audit log are this replica's own: no edge
-	// serves them (a forced project delete reaches the nodes through fleet).
-	iamRoutes := s.api.IAMHandler()
-	for _, p := range apiserver.IAMPaths {
-		mux.Handle(p, iamRoutes)
+	// Identity, projects, quotas, placement, the audit log, events, the usage report and
+	// webhooks are this replica's own: no edge serves them (a forced project delete reaches the
+	// nodes through fleet).
+	own := s.api.ServerHandler()
+	for _, p := range apiserver.ServerPaths {
+		mux.Handle(p, own)
 	}
 	mux.Handle("POST /v1/sandboxes", s.api.Authenticated(http.HandlerFunc(s.create)))
 	mux.Handle("GET /v1/layers/{name}/{version}/stats", s.forward(s.toNamedNode))

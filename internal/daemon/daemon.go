@@ -453,12 +453,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		st.OnFull(reserve.release)
 		go reserve.keep(ctx)
 	}
-	// Quota usage counters are rebuilt from the sandbox rows at every start: whatever happened
-	// before, admission starts from the truth.
-	if err := st.RecountUsage(ctx); err != nil {
-		return err
-	}
-	if cfg.Cluster == nil { // a cluster's first server writes the admin token
+	if cfg.Cluster == nil {
+		// Quota usage counters are rebuilt from the sandbox rows at every start: whatever
+		// happened before, admission starts from the truth. (A cluster's servers do it at
+		// theirs, and write the admin token.)
+		if err := st.RecountUsage(ctx); err != nil {
+			return err
+		}
 		if err := EnsureAdminToken(ctx, st, filepath.Join(cfg.DataDir, "admin.token"), log); err != nil {
 			return err
 		}
@@ -621,10 +622,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	info.Tiers = e.Tiers()
 	api := apiserver.New(log, st, e, ls, info)
 	api.SetBuilds(build.NewJobs(ctx, e, log.With("component", "build")), filepath.Join(cfg.DataDir, "builds"))
-	go api.Prune(ctx, cfg.AuditRetention)
-	hooks := webhook.New(cfg.Observe.Webhooks, log, st, bus)
-	go hooks.Run(ctx)
-	api.SetWebhooks(hooks)
+	if cfg.Cluster == nil {
+		// What runs where the API is served; a cluster's servers run it (internal/cluster).
+		go api.Prune(ctx, cfg.AuditRetention)
+		hooks := webhook.New(cfg.Observe.Webhooks, log, st, bus)
+		go hooks.Run(ctx)
+		api.SetWebhooks(hooks)
+	}
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -304,7 +305,8 @@ func TestCluster(t *testing.T) {
 	e2bAddr := freePortOn(t, fleetGateway)
 	server := func(name, url, dir string, extra ...string) *proc {
 		p := startProc(t, name, url, append([]string{"server", "--store", dsn, "--edge-store", edgeDSN, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
-			"--blob-store", "dir:" + shared, "--lease-grace", "2s", "--log-level", "debug"}, extra...)...)
+			"--blob-store", "dir:" + shared, "--lease-grace", "2s", "--log-level", "debug",
+			"--webhook-allow-private", "--webhook-backoff", "100ms"}, extra...)...)
 		procs = append(procs, p)
 		return p
 	}
@@ -432,6 +434,7 @@ func TestCluster(t *testing.T) {
 	// Placement spreads creates; either replica serves each sandbox; deletes go through either.
 	// A follower of either replica's event stream sees every node's events (issue 28).
 	created := follow(t, c1, corral.EventQuery{Types: []string{corral.EventCreated}})
+	hooks := clusterWebhook(t, c2)
 	byNode := map[string][]string{}
 	for i := range 6 {
 		sb := create(clients[i%2], corral.CreateRequest{})
@@ -441,6 +444,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("placement used one node only: %v", byNode)
 	}
 	observeCluster(t, ctx, c1, c2, created, byNode)
+	hooks.check(t, ctx, c1, byNode)
 	for _, ids := range byNode {
 		for _, id := range ids {
 			for _, c := range clients {
@@ -823,6 +827,61 @@ func observeCluster(t *testing.T, ctx context.Context, c1, c2 *corral.Client, cr
 	}
 	if err != nil || rep.Sandboxes < n {
 		t.Errorf("report through server2: %+v, %v; want at least %d sandboxes", rep, err, n)
+	}
+}
+
+// clusterHook is a webhook of the root project on a receiver on this host, added through one
+// replica.
+type clusterHook struct {
+	rc   *hookReceiver
+	hook *corral.Webhook
+}
+
+func clusterWebhook(t *testing.T, c *corral.Client) *clusterHook {
+	t.Helper()
+	rc := &hookReceiver{seen: map[string]int{}}
+	srv := httptest.NewServer(rc)
+	t.Cleanup(srv.Close)
+	hook, err := c.CreateWebhook(t.Context(), corral.WebhookRequest{URL: srv.URL + "/fleet", Events: []string{corral.EventCreated}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.mu.Lock()
+	rc.secret = hook.Secret
+	rc.mu.Unlock()
+	return &clusterHook{rc: rc, hook: hook}
+}
+
+// check: the servers deliver every node's created events, signed, once each however many
+// replicas run (one holds the delivery lock), after the receiver's 500; the delivery log is read
+// through the other replica.
+func (h *clusterHook) check(t *testing.T, ctx context.Context, c *corral.Client, byNode map[string][]string) {
+	t.Helper()
+	for _, ids := range byNode {
+		for _, id := range ids {
+			eventually(t, 30*time.Second, "a delivery of "+id+"'s created event", func() bool { return len(h.rc.types(id)) > 0 })
+		}
+	}
+	time.Sleep(time.Second) // a second dispatcher's copies would be on their way
+	for _, ids := range byNode {
+		for _, id := range ids {
+			if got := h.rc.types(id); fmt.Sprint(got) != "[created]" {
+				t.Errorf("deliveries of %s's events: %v, want one created", id, got)
+			}
+		}
+	}
+	h.rc.mu.Lock()
+	if len(h.rc.badSig) > 0 {
+		t.Errorf("deliveries with bad signatures: %v", h.rc.badSig)
+	}
+	h.rc.mu.Unlock()
+	log, err := c.WebhookDeliveries(ctx, h.hook.ID)
+	results := map[string]int{}
+	for _, d := range log {
+		results[d.Result]++
+	}
+	if err != nil || results["ok"] == 0 || results["retry"] == 0 {
+		t.Errorf("the delivery log through the other replica: %v, %v (want ok and retry attempts)", results, err)
 	}
 }
 

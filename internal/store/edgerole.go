@@ -16,15 +16,23 @@ import (
 // an edge needs nothing of identity: the role cannot read or write tokens, principals or grants,
 // cannot change projects or quotas (it reads projects: admission checks quotas against them), and
 // of the settings sees only the few an edge keeps there, never the cluster CA's key, the join
-// token or the E2B secrets. A stolen edge's credentials then mint no token and forge no server
-// certificate. Every other table is the edge's to read and write (its sandboxes, their usage,
-// events, layers it imports, volumes, idempotency keys, the audit of what it did).
+// token or the E2B secrets. Webhooks are delivered by the servers, so an edge cannot read their
+// secrets or their delivery log; the audit log and the event stream are served by the servers
+// too, so an edge only adds to them: it can neither read them nor erase what it did. A stolen
+// edge's credentials then mint no token, forge no server certificate, sign no webhook delivery
+// and cover no tracks. Every other table is the edge's to read and write (its sandboxes, their
+// usage, layers it imports, volumes, idempotency keys).
 
 // edgeDenied lists the tables an edge role gets no privilege on.
-var edgeDenied = []string{"api_tokens", "principals", "grants"}
+var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries"}
 
 // edgeReadOnly lists the tables an edge role may only read.
 var edgeReadOnly = []string{"projects", "schema_migrations"}
+
+// edgeAppendOnly lists the tables an edge role may only add rows to, with the columns it may
+// read: an insert's conflict key (an edge writes a batch of events again after a broken
+// connection, ON CONFLICT (id) DO NOTHING, which needs it).
+var edgeAppendOnly = map[string]string{"audit": "", "events": "id"}
 
 // edgeSettings are the settings an edge role sees and writes (a key, or a prefix ending in /):
 // the network service catalogue and each node's instance name.
@@ -72,10 +80,16 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 	}
 	for _, t := range tables {
 		stmts = append(stmts, fmt.Sprintf(`REVOKE ALL ON %s FROM %s`, q(t), role))
+		key, appendOnly := edgeAppendOnly[t]
 		switch {
 		case slices.Contains(edgeDenied, t):
 		case slices.Contains(edgeReadOnly, t):
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT ON %s TO %s`, q(t), role))
+		case appendOnly:
+			stmts = append(stmts, fmt.Sprintf(`GRANT INSERT ON %s TO %s`, q(t), role))
+			if key != "" {
+				stmts = append(stmts, fmt.Sprintf(`GRANT SELECT (%s) ON %s TO %s`, q(key), q(t), role))
+			}
 		default:
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s`, q(t), role))
 		}

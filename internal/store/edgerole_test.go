@@ -7,9 +7,12 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/store/pgtest"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestEdgeRole: a store opened as the edge role (ApplyEdgeRole) opens without migrating, reads
@@ -62,7 +65,7 @@ func TestEdgeRole(t *testing.T) {
 	if err := edge.PutSetting(ctx, "service_catalog", []byte(`{"services":{"x":{}}}`)); err != nil {
 		t.Errorf("write the service catalogue as the edge: %v", err)
 	}
-	for _, table := range []string{"sandboxes", "events", "layers", "volumes", "audit", "project_usage", "idempotency", "nodes"} {
+	for _, table := range []string{"sandboxes", "layers", "volumes", "project_usage", "idempotency", "nodes", "sandbox_usage", "trajectory"} {
 		var ok bool
 		if err := edge.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT has_table_privilege('%s', 'SELECT') AND has_table_privilege('%s', 'INSERT') AND has_table_privilege('%s', 'UPDATE') AND has_table_privilege('%s', 'DELETE')`, table, table, table, table)).Scan(&ok); err != nil || !ok {
 			t.Errorf("the edge role on %s: read and write %v, %v", table, ok, err)
@@ -70,6 +73,20 @@ func TestEdgeRole(t *testing.T) {
 	}
 	if _, err := edge.db.ExecContext(ctx, `SELECT count(*) FROM projects`); err != nil {
 		t.Errorf("read projects as the edge: %v", err)
+	}
+	// The audit log and the events: added to, as an edge does, twice for an event (a batch
+	// written again after a broken connection).
+	ev := events.Event{ID: "ev-n1-1", At: time.Now().UTC(), Type: events.Created, Sandbox: "sb-n1-aaaaaaaaaaaaaaaa", Project: "/"}
+	for range 2 {
+		if err := edge.AddEvents(ctx, []events.Event{ev}); err != nil {
+			t.Errorf("record an event as the edge: %v", err)
+		}
+	}
+	if err := edge.AddAudit(ctx, corral.AuditEntry{At: time.Now(), Principal: "root", Project: "/", Action: "sandbox.delete", Target: "sb-n1-aaaaaaaaaaaaaaaa", Result: "ok"}, "/"); err != nil {
+		t.Errorf("audit as the edge: %v", err)
+	}
+	if evs, err := owner.ListEvents(ctx, "", time.Time{}, 10); err != nil || len(evs) != 1 {
+		t.Errorf("the edge's event, read by the owner: %v, %v", evs, err)
 	}
 	// What it may not.
 	for _, q := range []string{
@@ -79,6 +96,13 @@ func TestEdgeRole(t *testing.T) {
 		`SELECT count(*) FROM principals`,
 		`UPDATE projects SET quota = '{}'`,
 		`DELETE FROM projects`,
+		`SELECT count(*) FROM webhooks`,
+		`SELECT count(*) FROM webhook_deliveries`,
+		`SELECT count(*) FROM audit`,
+		`DELETE FROM audit`,
+		`UPDATE audit SET result = 'ok'`,
+		`SELECT doc FROM events`,
+		`DELETE FROM events`,
 	} {
 		if _, err := edge.db.ExecContext(ctx, q); err == nil || !strings.Contains(err.Error(), "permission denied") {
 			t.Errorf("as the edge role, %s: %v (want permission denied)", q, err)

@@ -220,18 +220,10 @@ func New(cfg Config, log *slog.Logger, st Store, bus *events.Bus) *Dispatcher {
 	return &Dispatcher{cfg: cfg, log: log, st: st, bus: bus, queue: make(chan *delivery, cfg.Queue), started: time.Now()}
 }
 
-// Run delivers until ctx ends.
+// Run delivers the bus's events until ctx ends.
 func (d *Dispatcher) Run(ctx context.Context) {
-	d.refresh(ctx)
-	var wg sync.WaitGroup
-	for range d.cfg.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d.work(ctx)
-		}()
-	}
-	defer wg.Wait()
+	stop := d.serve(ctx)
+	defer stop()
 	t := time.NewTicker(d.cfg.Refresh)
 	defer t.Stop()
 	// Events published since New are replayed from the bus's buffer; so are those published
@@ -251,6 +243,43 @@ func (d *Dispatcher) Run(ctx context.Context) {
 			d.lost.Add(1)
 			d.log.Warn("webhook dispatcher fell behind the event bus; catching up from its replay buffer")
 		}
+	}
+}
+
+// RunFeed delivers the events feed sends, each once, until ctx ends or feed is closed: a cluster
+// server's dispatcher, fed from the store where every edge records its events.
+func (d *Dispatcher) RunFeed(ctx context.Context, feed <-chan events.Event) {
+	stop := d.serve(ctx)
+	defer stop()
+	t := time.NewTicker(d.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.refresh(ctx)
+		case ev, ok := <-feed:
+			if !ok {
+				return
+			}
+			d.enqueue(ev)
+		}
+	}
+}
+
+// serve reads the webhooks and starts the workers; stop ends them (with ctx, or when called)
+// and waits for them.
+func (d *Dispatcher) serve(ctx context.Context) (stop func()) {
+	d.refresh(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range d.cfg.Workers {
+		wg.Go(func() { d.work(ctx) })
+	}
+	return func() {
+		cancel()
+		wg.Wait()
 	}
 }
 
