@@ -60,7 +60,7 @@ func startFaultFleet(t *testing.T) *faultFleet {
 	edgeDSN := edgeStore(t, dsn)
 	server := func(name, url, dir string) *proc {
 		p := startProc(t, name, url, "server", "--store", dsn, "--edge-store", edgeDSN, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
-			"--blob-store", "dir:"+shared, "--lease-grace", "5s", "--log-level", "debug")
+			"--blob-store", "dir:"+shared, "--lease-grace", "5s", "--log-level", "debug", "--webhook-allow-private", "--webhook-backoff", "100ms")
 		procs = append(procs, p)
 		return p
 	}
@@ -163,10 +163,33 @@ func TestFaultCluster(t *testing.T) {
 		})
 	})
 	t.Run("kill -9 server replica", func(t *testing.T) {
-		f.phase(t, "kill -9 of a server replica, restarted", false, func() {
-			f.s1.kill9()
-			f.s1.start()
+		// The replica killed is the one delivering webhooks: the other takes delivery over.
+		hooks := clusterWebhook(t, f.c2)
+		var victim, survivor *proc
+		eventually(t, 30*time.Second, "a replica delivering webhooks", func() bool {
+			for _, p := range []*proc{f.s1, f.s2} {
+				if strings.Contains(p.log(), "this replica delivers the webhooks") {
+					victim = p
+				}
+			}
+			return victim != nil
 		})
+		survivor = map[*proc]*proc{f.s1: f.s2, f.s2: f.s1}[victim]
+		f.phase(t, "kill -9 of a server replica (the one delivering webhooks), restarted once the other took delivery over", false, func() {
+			victim.kill9()
+			eventually(t, 15*time.Second, survivor.name+" takes webhook delivery over", func() bool {
+				return strings.Contains(survivor.log(), "this replica delivers the webhooks")
+			})
+			victim.start()
+		})
+		sb, err := f.c2.CreateSandbox(t.Context(), corral.CreateRequest{Base: "base:test", Limits: faultLimits})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hooks.check(t, t.Context(), f.c1, map[string][]string{sb.Node: {sb.ID}})
+		if _, err := f.c2.DeleteSandbox(t.Context(), sb.ID); err != nil {
+			t.Error(err)
+		}
 	})
 	t.Run("PostgreSQL restart", func(t *testing.T) {
 		// A fast shutdown, as an operator's restart or a failover does (pgtest's immediate
