@@ -75,7 +75,7 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f.StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API on this address (every replica; default: off)")
 	f.StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>)")
 	f.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this receiver, http(s)://HOST:PORT (/v1/traces is added unless the URL has a path; default $OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing)")
-	addAPIFlags(f, &cfg.AuditRetention, &cfg.Webhooks)
+	addAPIFlags(f, &cfg.AuditRetention, &cfg.SandboxRetention, &cfg.Webhooks)
 	cmd.AddCommand(newEdgeRoleCmd())
 	return cmd
 }

@@ -46,7 +46,7 @@ re-adopted at the next start, as they are after a crash.`,
 		},
 	}
 	addDaemonFlags(cmd.Flags(), &cfg, &logFormat, &logLevel)
-	addAPIFlags(cmd.Flags(), &cfg.AuditRetention, &cfg.Observe.Webhooks)
+	addAPIFlags(cmd.Flags(), &cfg.AuditRetention, &cfg.SandboxRetention, &cfg.Observe.Webhooks)
 	cmd.Flags().Float64Var(&cfg.OvercommitDisk, "overcommit-disk", 0, "writable-disk limits admitted per byte the data dir's filesystem can hold (its free space plus what sandbox disks took; default 1); over it a create is refused with 409 node_full")
 	cmd.Flags().StringVar(&cfg.E2B.Listen, "e2b-listen", "", "also serve E2B's API (the e2b SDKs' E2B_API_URL) on this address (default: off)")
 	cmd.Flags().StringVar(&cfg.E2B.Domain, "e2b-domain", "", "the domain E2B sandbox views name (getHost(port) gives <port>-<id>.<domain>; default: the host a request came to)")
@@ -102,9 +102,11 @@ func newLogger(cmd *cobra.Command, format, level string) (*slog.Logger, error) {
 }
 
 // addAPIFlags adds the flags of what runs where the API is served (`corral up`, `corral
-// server`): the audit log's retention and the webhook dispatcher.
-func addAPIFlags(f *pflag.FlagSet, auditRetention *time.Duration, hooks *webhook.Config) {
+// server`): the retention of the audit log and of ended sandboxes' records, and the webhook
+// dispatcher.
+func addAPIFlags(f *pflag.FlagSet, auditRetention, sandboxRetention *time.Duration, hooks *webhook.Config) {
 	f.DurationVar(auditRetention, "audit-retention", 0, "how long audit log entries are kept (default 90 days)")
+	f.DurationVar(sandboxRetention, "sandbox-retention", 0, "how long records of ended (stopped, failed) sandboxes are kept, and their trajectories (default 24h)")
 	f.DurationVar(&hooks.Timeout, "webhook-timeout", 0, "how long one webhook delivery attempt may take (default 10s)")
 	f.IntVar(&hooks.Attempts, "webhook-attempts", 0, "attempts of one webhook delivery before it is given up (default 5)")
 	f.BoolVar(&hooks.AllowPrivate, "webhook-allow-private", false, "let webhooks deliver to loopback, private and link-local addresses (off: only public ones, so a webhook cannot reach this host or its network)")

@@ -85,6 +85,9 @@ type Config struct {
 	OTLPEndpoint string
 	// AuditRetention is how long audit entries are kept (default 90 days).
 	AuditRetention time.Duration
+	// SandboxRetention is how long records of ended sandboxes, every node's, are kept
+	// (default 24h).
+	SandboxRetention time.Duration
 	// Webhooks tunes the webhook dispatcher, which one replica at a time runs.
 	Webhooks webhook.Config
 }
@@ -92,6 +95,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.AuditRetention == 0 {
 		c.AuditRetention = 90 * 24 * time.Hour
+	}
+	if c.SandboxRetention == 0 {
+		c.SandboxRetention = 24 * time.Hour
 	}
 	if c.LeaseGrace == 0 {
 		c.LeaseGrace = 10 * time.Second
@@ -208,6 +214,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	s.api.SetWebhooks(hooks)
 	go s.dispatchWebhooks(ctx, hooks)
 	go s.api.Prune(ctx, cfg.AuditRetention)
+	go s.forgetEnded(ctx)
 	go s.watch(ctx)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -335,6 +342,31 @@ func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 	s.nodeEvent(r.Context(), n.Name, n.State)
 	s.refresh(r.Context(), true)
 	httpjson.Write(w, http.StatusOK, n)
+}
+
+// forgetEvery is how often a replica deletes the records of sandboxes ended longer ago than
+// their retention, every node's (a lost node's included).
+const forgetEvery = 10 * time.Minute
+
+// forgetEnded deletes ended sandboxes' records past the retention every forgetEvery, from a
+// minute after the start, until ctx ends. Every replica does it; the deletes do not conflict.
+func (s *Server) forgetEnded(ctx context.Context) {
+	wait := time.Minute
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = forgetEvery
+		n, err := s.store.ForgetEnded(ctx, time.Now().Add(-s.cfg.SandboxRetention))
+		switch {
+		case err != nil:
+			s.log.Warn("forget ended sandboxes", "err", err)
+		case n > 0:
+			s.log.Info("forgot ended sandboxes", "records", n, "retention", s.cfg.SandboxRetention)
+		}
+	}
 }
 
 // watch declares lost nodes and keeps the node list fresh until ctx ends.

@@ -150,6 +150,9 @@ type Config struct {
 	KeepExitedFor      time.Duration
 	// AuditRetention is how long audit entries are kept. Default 90 days.
 	AuditRetention time.Duration
+	// SandboxRetention is how long records of ended sandboxes are kept (default 24h; a
+	// cluster's servers keep them for their own --sandbox-retention).
+	SandboxRetention time.Duration
 	// E2B serves E2B's API beside Corral's (off unless E2B.Listen is set).
 	E2B E2BConfig
 	// Cluster, when set, makes this an edge of a cluster (`corral edge`): Store is then the
@@ -548,6 +551,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		Limits:             cfg.limits(),
 		KeepExitedCommands: cfg.KeepExitedCommands, KeepExitedFor: cfg.KeepExitedFor, Net: netCfg, NetOff: netOff,
 		Shared: blobs, ArtifactDir: filepath.Join(cfg.DataDir, "artifacts"), FetchMode: cfg.Fetch.Mode,
+		Retention: cfg.SandboxRetention,
 	}
 	ecfg.Disk = &edge.DiskConfig{Dir: cfg.DataDir, Overcommit: cfg.OvercommitDisk, Keep: reserveBytes, Holders: diskHolders(runtimes)}
 	bus := events.New(cfg.Node, events.Config{}, log)

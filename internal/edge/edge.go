@@ -135,7 +135,8 @@ type Config struct {
 	SharedStore bool
 	// ReapInterval is how often TTLs, idleness and liveness are checked (default 1s).
 	ReapInterval time.Duration
-	// Retention is how long records of stopped and failed sandboxes are kept (default 24h).
+	// Retention is how long records of stopped and failed sandboxes are kept (default 24h). In
+	// a cluster (SharedStore) the servers forget them, every node's.
 	Retention time.Duration
 	// KeepExitedCommands and KeepExitedFor bound how many exited commands each agent keeps for
 	// re-attach, and for how long (agent defaults: 64, 10m). They apply to sandboxes created after.
@@ -1844,7 +1845,9 @@ func (e *Edge) reaper() {
 				}
 			}
 			e.flushActivity(context.Background())
-			e.forgetOld(context.Background())
+			if !e.cfg.SharedStore {
+				e.forgetOld(context.Background())
+			}
 			if e.artifacts != nil {
 				e.artifacts.expire()
 			}
@@ -1974,17 +1977,8 @@ func (e *Edge) liveSandboxes() []*sandbox {
 
 // forgetOld removes records of sandboxes that ended longer ago than the retention period.
 func (e *Edge) forgetOld(ctx context.Context) {
-	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{
-		Node: e.cfg.Node, States: []string{corral.StateStopped, corral.StateFailed},
-	})
-	if err != nil {
-		return
-	}
-	cutoff := time.Now().Add(-e.cfg.Retention)
-	for _, rec := range recs {
-		if !rec.EndedAt.IsZero() && rec.EndedAt.Before(cutoff) {
-			e.store.DeleteSandbox(ctx, rec.ID)
-		}
+	if _, err := e.store.ForgetEnded(ctx, time.Now().Add(-e.cfg.Retention)); err != nil {
+		e.log.Warn("forget ended sandboxes", "err", err)
 	}
 }
 

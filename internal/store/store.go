@@ -372,6 +372,11 @@ var migrations = []string{
 		version INTEGER NOT NULL,
 		PRIMARY KEY (volume_id, node)
 	);`,
+	// 19: when a sandbox ended, as a column, so that ended records past their retention are
+	// found without reading every document (ForgetEnded; records that ended before it are
+	// filled in there).
+	`ALTER TABLE sandboxes ADD COLUMN ended_ns INTEGER NOT NULL DEFAULT 0;
+	CREATE INDEX sandboxes_ended ON sandboxes(ended_ns);`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -688,17 +693,25 @@ func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
 	}
-	_, err = q.ExecContext(ctx, `INSERT INTO sandboxes (id, node, state, expires_at, doc, project_id, tier, cpus, memory_bytes, disk_bytes, created_ns)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	_, err = q.ExecContext(ctx, `INSERT INTO sandboxes (id, node, state, expires_at, doc, project_id, tier, cpus, memory_bytes, disk_bytes, created_ns, ended_ns)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET node = excluded.node, state = excluded.state,
 			expires_at = excluded.expires_at, doc = excluded.doc, project_id = excluded.project_id, tier = excluded.tier,
-			cpus = excluded.cpus, memory_bytes = excluded.memory_bytes, disk_bytes = excluded.disk_bytes`,
+			cpus = excluded.cpus, memory_bytes = excluded.memory_bytes, disk_bytes = excluded.disk_bytes, ended_ns = excluded.ended_ns`,
 		sb.ID, sb.Node, sb.State, sb.ExpiresAt.UnixNano(), string(doc), sb.ProjectID, sb.Tier,
-		sb.Limits.CPUs, sb.Limits.MemoryBytes, sb.Limits.DiskBytes, sb.CreatedAt.UnixNano())
+		sb.Limits.CPUs, sb.Limits.MemoryBytes, sb.Limits.DiskBytes, sb.CreatedAt.UnixNano(), endedNS(sb))
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
 	}
 	return nil
+}
+
+// endedNS is the ended_ns column of sb: when it ended, 0 while it is live.
+func endedNS(sb *Sandbox) int64 {
+	if slices.Contains(liveStates, sb.State) || sb.EndedAt.IsZero() {
+		return 0
+	}
+	return sb.EndedAt.UnixNano()
 }
 
 // decodeSandbox builds a record from its row: the document, its project's ID and path.
@@ -813,6 +826,107 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// forgetBatch bounds the records ForgetEnded reads or deletes in one transaction.
+const forgetBatch = 500
+
+// ForgetEnded deletes the records (and trajectories) of sandboxes, of every node, that ended
+// before `before`, and returns how many. Records that ended before the ended_ns column existed
+// (migration 19) get it from their documents first, a batch at a time. Several processes may
+// run it at once.
+func (s *Store) ForgetEnded(ctx context.Context, before time.Time) (int, error) {
+	if err := s.fillEnded(ctx); err != nil {
+		return 0, err
+	}
+	total := 0
+	for {
+		var n int
+		err := s.tx(ctx, func(tx *Tx) error {
+			rows, err := tx.QueryContext(ctx, `SELECT id FROM sandboxes WHERE ended_ns > 0 AND ended_ns < ? LIMIT ?`, before.UnixNano(), forgetBatch)
+			if err != nil {
+				return err
+			}
+			var ids []any
+			for rows.Next() {
+				var id string
+				if err := rows.Scan(&id); err != nil {
+					rows.Close()
+					return err
+				}
+				ids = append(ids, id)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil || len(ids) == 0 {
+				return err
+			}
+			in := "(?" + strings.Repeat(", ?", len(ids)-1) + ")"
+			if _, err := tx.ExecContext(ctx, `DELETE FROM trajectory WHERE sandbox_id IN `+in, ids...); err != nil {
+				return err
+			}
+			// Only ended ones: a record made live again since the read keeps its row.
+			res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE ended_ns > 0 AND id IN `+in, ids...)
+			if err != nil {
+				return err
+			}
+			d, err := res.RowsAffected()
+			n = int(d)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("forget ended sandboxes: %w", err)
+		}
+		total += n
+		if n < forgetBatch {
+			return total, nil
+		}
+	}
+}
+
+// fillEnded sets ended_ns of ended records that have none from their documents (now, for a
+// document that says no time).
+func (s *Store) fillEnded(ctx context.Context) error {
+	ended := []any{corral.StateStopped, corral.StateFailed}
+	for {
+		var n int
+		err := s.tx(ctx, func(tx *Tx) error {
+			rows, err := tx.QueryContext(ctx, `SELECT id, doc FROM sandboxes WHERE ended_ns = 0 AND state IN (?, ?) LIMIT ?`, append(ended, forgetBatch)...)
+			if err != nil {
+				return err
+			}
+			at := map[string]int64{}
+			for rows.Next() {
+				var id, doc string
+				if err := rows.Scan(&id, &doc); err != nil {
+					rows.Close()
+					return err
+				}
+				var sb Sandbox
+				if json.Unmarshal([]byte(doc), &sb) == nil && !sb.EndedAt.IsZero() {
+					at[id] = sb.EndedAt.UnixNano()
+				} else {
+					at[id] = time.Now().UnixNano()
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			for id, ns := range at {
+				if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET ended_ns = ? WHERE id = ? AND ended_ns = 0 AND state IN (?, ?)`, append([]any{ns, id}, ended...)...); err != nil {
+					return err
+				}
+			}
+			n = len(at)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("fill in when sandboxes ended: %w", err)
+		}
+		if n < forgetBatch {
+			return nil
+		}
+	}
 }
 
 // BeginStep appends e to the trajectory of sandbox, giving it the next sequence number. When

@@ -191,8 +191,10 @@ func newTryBody(r io.Reader) *tryBody {
 	return b
 }
 
+// Read reads the body on.
 func (b *tryBody) Read(p []byte) (int, error) { return b.r.Read(p) }
 
+// Close says the transport is done with this try's body (it does not close the body itself).
 func (b *tryBody) Close() error {
 	b.once.Do(func() { close(b.closed) })
 	return nil
