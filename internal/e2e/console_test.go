@@ -12,10 +12,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
 	"github.com/corral-dev/corral/internal/console"
@@ -439,4 +441,54 @@ func TestConsoleListLoad(t *testing.T) {
 	t.Logf("console list, %d sandboxes, %d rounds: API list p50/p99 %s/%s ms; console route to the list's first page rendered p50/p99 %s/%s ms; ratio %.1fx/%.1fx",
 		n, rounds, ms(q(api, .5)), ms(q(api, .99)), ms(q(ui, .5)), ms(q(ui, .99)),
 		float64(q(ui, .5))/float64(q(api, .5)), float64(q(ui, .99))/float64(q(api, .99)))
+}
+
+// pageNet follows a page's requests, so a page that never finishes loading can say which of its
+// requests failed, answered an error, or never finished.
+type pageNet struct {
+	mu      sync.Mutex
+	urls    map[network.RequestID]string
+	pending map[network.RequestID]time.Time
+	trouble []string
+}
+
+// watchNet starts following the requests of the page (tab) ctx.
+func watchNet(t *testing.T, ctx context.Context) *pageNet {
+	t.Helper()
+	n := &pageNet{urls: map[network.RequestID]string{}, pending: map[network.RequestID]time.Time{}}
+	err := chromedp.Listen(ctx, func(ev any) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		switch ev := ev.(type) {
+		case *network.EventRequestWillBeSent:
+			n.urls[ev.RequestID], n.pending[ev.RequestID] = ev.Request.URL, time.Now()
+		case *network.EventResponseReceived:
+			if ev.Response.Status >= 400 {
+				n.trouble = append(n.trouble, fmt.Sprintf("%s answered %d", ev.Response.URL, ev.Response.Status))
+			}
+		case *network.EventLoadingFinished:
+			delete(n.pending, ev.RequestID)
+		case *network.EventLoadingFailed:
+			delete(n.pending, ev.RequestID)
+			n.trouble = append(n.trouble, fmt.Sprintf("%s failed: %s", n.urls[ev.RequestID], ev.ErrorText))
+		}
+	})
+	if err != nil {
+		t.Fatalf("follow the page's requests: %v", err)
+	}
+	return n
+}
+
+// String lists the requests that failed or answered an error, and those still unfinished.
+func (n *pageNet) String() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := slices.Clone(n.trouble)
+	for id, since := range n.pending {
+		out = append(out, fmt.Sprintf("%s unfinished after %s", n.urls[id], time.Since(since).Round(time.Millisecond)))
+	}
+	if len(out) == 0 {
+		return "every request of the page finished without an error"
+	}
+	return strings.Join(out, "\n")
 }

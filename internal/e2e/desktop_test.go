@@ -191,6 +191,7 @@ func TestDesktop(t *testing.T) {
 		// Generous bounds: the page's ~45 ES modules each cross the gateway, Corral's port proxy
 		// and websockify (a process forked per connection), ~13 s in all on a busy 2-core host.
 		page := tab(t, bctx, 6*time.Minute)
+		reqs := watchNet(t, page)
 		dir := artifactDir(t)
 		start := time.Now()
 		nav, cancel := context.WithTimeout(page, 3*time.Minute)
@@ -219,7 +220,7 @@ func TestDesktop(t *testing.T) {
 		shot(t, page, dir, "novnc")
 		if got != "1024x768 3 colours" {
 			body, _ := eval[string](within(t, page), `document.body.innerText`)
-			t.Fatalf("the noVNC page's canvas: %q (%v); the page reads:\n%s", got, err, body)
+			t.Fatalf("the noVNC page's canvas: %q (%v); the page reads:\n%s\nits requests:\n%s", got, err, body, reqs)
 		}
 	})
 }

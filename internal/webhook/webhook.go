@@ -268,8 +268,9 @@ func (d *Dispatcher) RunFeed(ctx context.Context, feed <-chan events.Event) {
 	}
 }
 
-// serve reads the webhooks and starts the workers; stop ends them (with ctx, or when called)
-// and waits for them.
+// serve reads the webhooks and starts the workers; stop ends them (with ctx, or when called),
+// waits for them and drops what is still queued: a replica that stops delivering leaves the
+// events to the one that takes over (retries waiting out their backoff end with ctx too).
 func (d *Dispatcher) serve(ctx context.Context) (stop func()) {
 	d.refresh(ctx)
 	ctx, cancel := context.WithCancel(ctx)
@@ -280,6 +281,13 @@ func (d *Dispatcher) serve(ctx context.Context) (stop func()) {
 	return func() {
 		cancel()
 		wg.Wait()
+		for {
+			select {
+			case <-d.queue:
+			default:
+				return
+			}
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -310,4 +311,45 @@ func TestSlowFirstReadDoesNotHideANewHook(t *testing.T) {
 	close(slow.release)
 	bus.Publish(events.Event{Type: events.Created, Sandbox: "sb-a", Project: "/a"})
 	eventually(t, "the delivery", func() bool { return d.Stats().Delivered == 1 })
+}
+
+// RunFeed (a cluster server's dispatcher) delivers what its feed sends, as given (IDs and times
+// kept), and returns when the feed closes; what is still queued then is dropped, left to the
+// replica that takes over.
+func TestRunFeed(t *testing.T) {
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.CreateProject(context.Background(), "a", "root"); err != nil {
+		t.Fatal(err)
+	}
+	d := New(Config{Backoff: 20 * time.Millisecond, AllowPrivate: true}, slog.New(slog.DiscardHandler), st, nil)
+	rc := &receiver{statuses: []int{200}}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	addHook(t, st, d, srv.URL+"/hook", events.Created)
+	feed := make(chan events.Event)
+	done := make(chan struct{})
+	go func() { d.RunFeed(context.Background(), feed); close(done) }()
+	at := time.Now().Add(-time.Minute).UTC().Truncate(time.Millisecond)
+	feed <- events.Event{ID: "ev-edge1-1", At: at, Type: events.Created, Sandbox: "sb-edge1-a", Project: "/a", Node: "edge1"}
+	feed <- events.Event{ID: "ev-edge2-1", At: at, Type: events.Deleted, Sandbox: "sb-edge2-b", Project: "/a", Node: "edge2"} // not asked for
+	eventually(t, "the delivery", func() bool { return d.Stats().Delivered == 1 })
+	rc.mu.Lock()
+	var ev events.Event
+	if err := json.Unmarshal(rc.bodies[0], &ev); err != nil || ev.ID != "ev-edge1-1" || !ev.At.Equal(at) || rc.got[0].Header.Get("Corral-Delivery") != "ev-edge1-1" {
+		t.Errorf("delivered %s (%v), Corral-Delivery %q; want the event as fed", rc.bodies[0], err, rc.got[0].Header.Get("Corral-Delivery"))
+	}
+	rc.mu.Unlock()
+	close(feed)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RunFeed did not return when its feed closed")
+	}
+	if n := rc.count(); n != 1 {
+		t.Errorf("the receiver got %d deliveries, want 1", n)
+	}
 }
