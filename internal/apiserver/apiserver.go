@@ -128,7 +128,7 @@ func (s *Server) Handler() http.Handler {
 		s.edge.WriteMetrics(w)
 		// The process's own, for leak hunting (make soak watches it).
 		fmt.Fprintf(w, "# HELP go_goroutines Goroutines of this corral process.\n# TYPE go_goroutines gauge\ngo_goroutines %d\n", runtime.NumGoroutine())
-		s.writeWebhookMetrics(w)
+		s.WriteWebhookMetrics(w)
 	}))
 	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())

@@ -346,8 +346,9 @@ func (s *Server) webhookDeliveries(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, out)
 }
 
-// writeWebhookMetrics adds the webhook dispatcher's counters to the Prometheus output.
-func (s *Server) writeWebhookMetrics(w io.Writer) {
+// WriteWebhookMetrics adds the webhook dispatcher's counters to the Prometheus output (none
+// without a dispatcher).
+func (s *Server) WriteWebhookMetrics(w io.Writer) {
 	if s.hooks == nil {
 		return
 	}

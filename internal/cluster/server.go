@@ -285,6 +285,7 @@ func (s *Server) Handler() http.Handler {
 	for _, p := range apiserver.ServerPaths {
 		mux.Handle(p, own)
 	}
+	mux.Handle("GET /v1/metrics", s.api.Authenticated(http.HandlerFunc(s.metrics)))
 	mux.Handle("POST /v1/sandboxes", s.api.Authenticated(http.HandlerFunc(s.create)))
 	mux.Handle("GET /v1/layers/{name}/{version}/stats", s.forward(s.toNamedNode))
 	mux.Handle("/v1/sandboxes/{id}", s.forward(s.toOwner))

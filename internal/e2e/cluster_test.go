@@ -828,6 +828,30 @@ func observeCluster(t *testing.T, ctx context.Context, c1, c2 *corral.Client, cr
 	if err != nil || rep.Sandboxes < n {
 		t.Errorf("report through server2: %+v, %v; want at least %d sandboxes", rep, err, n)
 	}
+	// One scrape of a replica has every node's metrics, each series naming its node, and each
+	// family once.
+	text, err := c1.PrometheusMetrics(ctx)
+	if err != nil {
+		t.Fatalf("metrics through server1: %v", err)
+	}
+	for node := range byNode {
+		for _, want := range []string{`corral_node_scrape_ok{node="` + node + `"} 1`, `corral_sandboxes{node="` + node + `",state="running"}`, `go_goroutines{node="` + node + `"}`} {
+			if !strings.Contains(text, want) {
+				t.Errorf("the cluster's metrics lack %s:\n%s", want, text)
+			}
+		}
+	}
+	types := map[string]int{}
+	for _, l := range strings.Split(text, "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[0] == "#" && f[1] == "TYPE" {
+			if types[f[2]]++; types[f[2]] == 2 {
+				t.Errorf("family %s declared twice in the cluster's metrics", f[2])
+			}
+		}
+	}
+	if !strings.Contains(text, `corral_cluster_nodes{state="ready"}`) {
+		t.Errorf("the cluster's metrics lack the nodes by state:\n%.2000s", text)
+	}
 }
 
 // clusterHook is a webhook of the root project on a receiver on this host, added through one
