@@ -104,7 +104,6 @@ func (s *Server) Handler() http.Handler {
 	api := http.NewServeMux()
 	api.HandleFunc("GET /v1/info", s.getInfo)
 	api.HandleFunc("POST /v1/sandboxes", s.createSandbox)
-	api.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
 	api.HandleFunc("GET /v1/sandboxes/{id}", s.guard(iam.SandboxRead, "", s.onSandbox, s.getSandbox))
 	api.HandleFunc("DELETE /v1/sandboxes/{id}", s.guard(iam.SandboxAdmin, "sandbox.delete", s.onSandbox, s.deleteSandbox))
 	api.HandleFunc("POST /v1/sandboxes/{id}/ttl", s.guard(iam.SandboxAdmin, "sandbox.ttl", s.onSandbox, s.setTTL))
@@ -152,21 +151,6 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/builds/{id}", s.guard(iam.LayerRead, "", s.onBuild, s.getBuild))
 	api.HandleFunc("GET /v1/builds/{id}/logs", s.guard(iam.LayerRead, "", s.onBuild, s.buildLogs))
 	api.HandleFunc("POST /v1/builds/{id}/cancel", s.guard(iam.LayerPublish|iam.SandboxAdmin, "build.cancel", s.onBuild, s.cancelBuild))
-	api.HandleFunc("GET /v1/environments", func(w http.ResponseWriter, r *http.Request) {
-		list, err := s.store.ListEnvironments(r.Context())
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		c := who(r)
-		out := []corral.Environment{}
-		for _, env := range list {
-			if c.canRead(iam.LayerRead, env.Project, false) {
-				out = append(out, env)
-			}
-		}
-		httpjson.Write(w, http.StatusOK, out)
-	})
 	api.HandleFunc("GET /v1/environments/{name}", s.guard(iam.LayerRead, "", s.onEnvironment(true), func(w http.ResponseWriter, r *http.Request) {
 		env, err := s.store.GetEnvironment(r.Context(), r.PathValue("name"))
 		if err != nil {
@@ -263,12 +247,11 @@ func (s *Server) Handler() http.Handler {
 	if s.servesNodes {
 		for _, p := range ServerPaths {
 			api.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s: identity, the audit log, events, the usage report and webhooks are served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
+				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s: identity, the audit log, events, the usage report, webhooks and the lists of sandboxes, volumes and environments are served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
 			})
 		}
 	} else {
-		s.iamRoutes(api)
-		s.clusterObserveRoutes(api)
+		s.serverRoutes(api)
 	}
 	s.volumeRoutes(api)
 	api.HandleFunc("GET /v1/sandboxes/{id}/metrics", s.guard(iam.SandboxRead, "", s.onSandbox, s.route().ServeHTTP))
@@ -417,7 +400,12 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		under = c.tok.ProjectPath // nothing above the token's scope is visible anyway
 	}
 	f.Project = &under
-	recs, err := s.edge.List(r.Context(), f)
+	var recs []*store.Sandbox
+	if s.edge != nil {
+		recs, err = s.edge.List(r.Context(), f) // with the live sandboxes' latest activity
+	} else {
+		recs, err = s.store.ListSandboxes(r.Context(), f)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

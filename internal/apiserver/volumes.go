@@ -14,7 +14,6 @@ import (
 // same permissions (create, read, admin to delete).
 func (s *Server) volumeRoutes(api *http.ServeMux) {
 	api.HandleFunc("POST /v1/volumes", s.createVolume)
-	api.HandleFunc("GET /v1/volumes", s.listVolumes)
 	api.HandleFunc("GET /v1/volumes/{name}", s.guard(iam.SandboxRead, "", s.onVolume, func(w http.ResponseWriter, r *http.Request) {
 		v, err := s.edge.Volume(r.Context(), r.URL.Query().Get("project"), r.PathValue("name"))
 		if err != nil {
