@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -128,22 +127,6 @@ func (s *Server) Handler() http.Handler {
 		// The process's own, for leak hunting (make soak watches it).
 		fmt.Fprintf(w, "# HELP go_goroutines Goroutines of this corral process.\n# TYPE go_goroutines gauge\ngo_goroutines %d\n", runtime.NumGoroutine())
 		s.WriteWebhookMetrics(w)
-	}))
-	api.HandleFunc("GET /v1/network/services", func(w http.ResponseWriter, r *http.Request) {
-		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
-	})
-	api.HandleFunc("PUT /v1/network/services", s.guard(iam.Operator, "network.catalog", operator, func(w http.ResponseWriter, r *http.Request) {
-		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-		if err != nil {
-			s.fail(w, r, errdefs.Invalid("catalog", "read the body (at most 1 MiB): %v", err))
-			return
-		}
-		list, err := s.edge.SetCatalog(r.Context(), raw)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		httpjson.Write(w, http.StatusOK, list)
 	}))
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
 	api.HandleFunc("POST /v1/builds", s.startBuild)

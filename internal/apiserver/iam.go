@@ -16,55 +16,6 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// ServerPaths are the patterns of the routes a cluster's servers serve themselves
-// (ServerHandler, serverRoutes), never an edge: identity (who the caller is, projects, quotas,
-// placement, principals, grants, tokens, the audit log) and what spans every node (the event
-// stream, the usage report, webhooks and their deliveries, the lists of sandboxes, volumes and
-// environments), all read from the store.
-var ServerPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/quotas/", "/v1/placement/",
-	"/v1/principals", "/v1/grants", "/v1/tokens", "/v1/tokens/", "/v1/audit",
-	"/v1/events", "/v1/report", "/v1/webhooks", "/v1/webhooks/",
-	"GET /v1/sandboxes", "GET /v1/volumes", "GET /v1/environments"}
-
-// ServerHandler serves the ServerPaths routes alone, authenticated, for a cluster server. A
-// forced project delete deletes its sandboxes and volumes through the Fleet given to SetFleet;
-// events are read from the store, where every edge records its own.
-func (s *Server) ServerHandler() http.Handler {
-	mux := http.NewServeMux()
-	s.serverRoutes(mux)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		httpjson.Error(w, r, s.log, errdefs.NotFound("no API route %s %s", r.Method, r.URL.Path))
-	})
-	return s.authenticate(mux)
-}
-
-// serverRoutes adds the routes of ServerPaths: corral up serves them with the rest, a cluster's
-// servers alone.
-func (s *Server) serverRoutes(api *http.ServeMux) {
-	s.iamRoutes(api)
-	s.clusterObserveRoutes(api)
-	api.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
-	api.HandleFunc("GET /v1/volumes", s.listVolumes)
-	api.HandleFunc("GET /v1/environments", s.listEnvironments)
-}
-
-// listEnvironments serves GET /v1/environments: those the caller may read.
-func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
-	list, err := s.store.ListEnvironments(r.Context())
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	c := who(r)
-	out := []corral.Environment{}
-	for _, env := range list {
-		if c.canRead(iam.LayerRead, env.Project, false) {
-			out = append(out, env)
-		}
-	}
-	httpjson.Write(w, http.StatusOK, out)
-}
-
 // Fleet deletes the sandboxes and volumes of project under, deleted with force, wherever they
 // are, and audits each delete where it happens. A volume is named by its own project and name.
 type Fleet interface {

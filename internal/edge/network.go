@@ -467,7 +467,7 @@ func (e *Edge) NetworkServices() []corral.NetworkService {
 }
 
 // catalogSetting is the store key of the catalog saved through the API.
-const catalogSetting = "service_catalog"
+const catalogSetting = store.CatalogSetting
 
 // SetCatalog replaces the service catalog with raw (the --services file's JSON shape) and saves
 // it. Policies compiled before keep the services as they were until they are set again.

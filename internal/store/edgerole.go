@@ -34,9 +34,17 @@ var edgeReadOnly = []string{"projects", "schema_migrations"}
 // connection, ON CONFLICT (id) DO NOTHING, which needs it).
 var edgeAppendOnly = map[string]string{"audit": "", "events": "id"}
 
-// edgeSettings are the settings an edge role sees and writes (a key, or a prefix ending in /):
-// the network service catalogue and each node's instance name.
-var edgeSettings = []string{"service_catalog", instanceSetting, instanceSetting + "/"}
+// CatalogSetting is the setting that keeps the network service catalogue saved through the API
+// (PUT /v1/network/services): the servers write it, every edge reads it.
+const CatalogSetting = "service_catalog"
+
+// edgeSettings are the settings an edge role writes (a key, or a prefix ending in /): each
+// node's instance name. edgeReadSettings are those it may also read: the service catalogue,
+// which the servers write (a stolen edge cannot widen other nodes' sandboxes' egress).
+var (
+	edgeSettings     = []string{instanceSetting, instanceSetting + "/"}
+	edgeReadSettings = append([]string{CatalogSetting}, edgeSettings...)
+)
 
 var roleRE = lazyregexp.New(`^[a-z_][a-z0-9_]{0,62}$`)
 
@@ -94,22 +102,27 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s`, q(t), role))
 		}
 	}
-	// Settings: row-level security shows the role only its own keys. The tables' owner is not
-	// subject to it, so the servers see every row as before.
-	var keys []string
-	for _, k := range edgeSettings {
-		if strings.HasSuffix(k, "/") {
-			keys = append(keys, fmt.Sprintf(`key LIKE '%s%%'`, k))
-		} else {
-			keys = append(keys, fmt.Sprintf(`key = '%s'`, k))
+	// Settings: row-level security shows the role only the keys it reads, and lets it write only
+	// its own. The tables' owner is not subject to it, so the servers see every row as before.
+	cond := func(keys []string) string {
+		var c []string
+		for _, k := range keys {
+			if strings.HasSuffix(k, "/") {
+				c = append(c, fmt.Sprintf(`key LIKE '%s%%'`, k))
+			} else {
+				c = append(c, fmt.Sprintf(`key = '%s'`, k))
+			}
 		}
+		return strings.Join(c, " OR ")
 	}
-	cond := strings.Join(keys, " OR ")
+	read, write := cond(edgeReadSettings), cond(edgeSettings)
 	policy := "corral_edge_settings_" + role
 	stmts = append(stmts,
 		`ALTER TABLE settings ENABLE ROW LEVEL SECURITY`,
 		fmt.Sprintf(`DROP POLICY IF EXISTS %s ON settings`, policy),
-		fmt.Sprintf(`CREATE POLICY %s ON settings TO %s USING (%s) WITH CHECK (%s)`, policy, role, cond, cond),
+		fmt.Sprintf(`DROP POLICY IF EXISTS %s_read ON settings`, policy),
+		fmt.Sprintf(`CREATE POLICY %s_read ON settings FOR SELECT TO %s USING (%s)`, policy, role, read),
+		fmt.Sprintf(`CREATE POLICY %s ON settings TO %s USING (%s) WITH CHECK (%s)`, policy, role, write, write),
 	)
 	return stmts, nil
 }

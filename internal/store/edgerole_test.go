@@ -62,8 +62,12 @@ func TestEdgeRole(t *testing.T) {
 	if b, err := edge.GetSetting(ctx, "service_catalog"); err != nil || !strings.Contains(string(b), "services") {
 		t.Errorf("the service catalogue as the edge: %q, %v", b, err)
 	}
-	if err := edge.PutSetting(ctx, "service_catalog", []byte(`{"services":{"x":{}}}`)); err != nil {
-		t.Errorf("write the service catalogue as the edge: %v", err)
+	// The catalogue is the servers' to write: a stolen edge cannot widen every node's egress.
+	if err := edge.PutSetting(ctx, "service_catalog", []byte(`{"services":{"x":{}}}`)); err == nil {
+		t.Error("the edge role replaced the service catalogue")
+	}
+	if b, err := owner.GetSetting(ctx, "service_catalog"); err != nil || string(b) != `{"services":{}}` {
+		t.Errorf("the service catalogue after the edge's attempt: %q, %v", b, err)
 	}
 	for _, table := range []string{"sandboxes", "layers", "volumes", "project_usage", "idempotency", "nodes", "sandbox_usage", "trajectory"} {
 		var ok bool

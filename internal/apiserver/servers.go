@@ -1,0 +1,133 @@
+package apiserver
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// The routes a cluster's servers serve from the store, never an edge (corral up serves them with
+// the rest): identity (iam.go), what spans every node, and the network service catalog.
+
+// ServerPaths are the patterns of the routes a cluster's servers serve themselves
+// (ServerHandler, serverRoutes), never an edge: identity (who the caller is, projects, quotas,
+// placement, principals, grants, tokens, the audit log) and what spans every node (the event
+// stream, the usage report, webhooks and their deliveries, the lists of sandboxes, volumes and
+// environments), all read from the store.
+var ServerPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/quotas/", "/v1/placement/",
+	"/v1/principals", "/v1/grants", "/v1/tokens", "/v1/tokens/", "/v1/audit",
+	"/v1/events", "/v1/report", "/v1/webhooks", "/v1/webhooks/",
+	"GET /v1/sandboxes", "GET /v1/volumes", "GET /v1/environments", "/v1/network/services"}
+
+// ServerHandler serves the ServerPaths routes alone, authenticated, for a cluster server. A
+// forced project delete deletes its sandboxes and volumes through the Fleet given to SetFleet;
+// events are read from the store, where every edge records its own.
+func (s *Server) ServerHandler() http.Handler {
+	mux := http.NewServeMux()
+	s.serverRoutes(mux)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpjson.Error(w, r, s.log, errdefs.NotFound("no API route %s %s", r.Method, r.URL.Path))
+	})
+	return s.authenticate(mux)
+}
+
+// serverRoutes adds the routes of ServerPaths: corral up serves them with the rest, a cluster's
+// servers alone.
+func (s *Server) serverRoutes(api *http.ServeMux) {
+	s.iamRoutes(api)
+	s.clusterObserveRoutes(api)
+	api.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
+	api.HandleFunc("GET /v1/volumes", s.listVolumes)
+	api.HandleFunc("GET /v1/environments", s.listEnvironments)
+	api.HandleFunc("GET /v1/network/services", s.networkServices)
+	api.HandleFunc("PUT /v1/network/services", s.guard(iam.Operator, "network.catalog", operator, s.setNetworkServices))
+}
+
+// networkServices serves GET /v1/network/services: the catalog corral up's edge has in force,
+// or, on a cluster's server, the one saved in the store (edges take it up within a flush
+// interval; one started with --services keeps its file's).
+func (s *Server) networkServices(w http.ResponseWriter, r *http.Request) {
+	if s.edge != nil {
+		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
+		return
+	}
+	raw, err := s.store.GetSetting(r.Context(), store.CatalogSetting)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		httpjson.Write(w, http.StatusOK, []corral.NetworkService{})
+		return
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	cat, err := netpolicy.ParseCatalog(raw)
+	if err != nil {
+		s.fail(w, r, fmt.Errorf("the service catalog saved through the API: %w", err))
+		return
+	}
+	httpjson.Write(w, http.StatusOK, networkServices(cat))
+}
+
+// setNetworkServices serves PUT /v1/network/services: the catalog replaced, corral up's edge's
+// at once, a cluster's in the store, which every edge reads.
+func (s *Server) setNetworkServices(w http.ResponseWriter, r *http.Request) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err != nil {
+		s.fail(w, r, errdefs.Invalid("catalog", "read the body (at most 1 MiB): %v", err))
+		return
+	}
+	if s.edge != nil {
+		list, err := s.edge.SetCatalog(r.Context(), raw)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		httpjson.Write(w, http.StatusOK, list)
+		return
+	}
+	cat, err := netpolicy.ParseCatalog(raw)
+	if err == nil {
+		err = s.store.PutSetting(r.Context(), store.CatalogSetting, raw)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.log.Info("service catalog replaced", "services", len(cat.Names()))
+	httpjson.Write(w, http.StatusOK, networkServices(cat))
+}
+
+// networkServices is the API's form of cat's services.
+func networkServices(cat *netpolicy.Catalog) []corral.NetworkService {
+	svcs := cat.Services()
+	out := make([]corral.NetworkService, len(svcs))
+	for i, v := range svcs {
+		out[i] = corral.NetworkService(v)
+	}
+	return out
+}
+
+// listEnvironments serves GET /v1/environments: those the caller may read.
+func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
+	list, err := s.store.ListEnvironments(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	c := who(r)
+	out := []corral.Environment{}
+	for _, env := range list {
+		if c.canRead(iam.LayerRead, env.Project, false) {
+			out = append(out, env)
+		}
+	}
+	httpjson.Write(w, http.StatusOK, out)
+}
