@@ -100,7 +100,8 @@ func (rc *receiver) count() int {
 	return len(rc.got)
 }
 
-func setup(t *testing.T, cfg Config) (*store.Store, *events.Bus, *Dispatcher) {
+// openStore opens a fresh store with a project "a".
+func openStore(t *testing.T) *store.Store {
 	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"))
 	if err != nil {
@@ -110,6 +111,12 @@ func setup(t *testing.T, cfg Config) (*store.Store, *events.Bus, *Dispatcher) {
 	if _, err := st.CreateProject(context.Background(), "a", "root"); err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+func setup(t *testing.T, cfg Config) (*store.Store, *events.Bus, *Dispatcher) {
+	t.Helper()
+	st := openStore(t)
 	log := slog.New(slog.DiscardHandler)
 	bus := events.New("n1", events.Config{}, log)
 	d := New(cfg, log, st, bus)
@@ -288,14 +295,7 @@ func (s *slowFirstRead) Webhooks(ctx context.Context, project string) ([]*store.
 // Refresh read it: the older list must not replace the newer one (the webhook would get
 // nothing until the next periodic refresh).
 func TestSlowFirstReadDoesNotHideANewHook(t *testing.T) {
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.CreateProject(context.Background(), "a", "root"); err != nil {
-		t.Fatal(err)
-	}
+	st := openStore(t)
 	slow := &slowFirstRead{Store: st, begun: make(chan struct{}), release: make(chan struct{})}
 	bus := events.New("n1", events.Config{}, slog.New(slog.DiscardHandler))
 	d := New(Config{AllowPrivate: true, Refresh: time.Hour}, slog.New(slog.DiscardHandler), slow, bus)
@@ -317,14 +317,7 @@ func TestSlowFirstReadDoesNotHideANewHook(t *testing.T) {
 // kept), and returns when the feed closes; what is still queued then is dropped, left to the
 // replica that takes over.
 func TestRunFeed(t *testing.T) {
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.CreateProject(context.Background(), "a", "root"); err != nil {
-		t.Fatal(err)
-	}
+	st := openStore(t)
 	d := New(Config{Backoff: 20 * time.Millisecond, AllowPrivate: true}, slog.New(slog.DiscardHandler), st, nil)
 	rc := &receiver{statuses: []int{200}}
 	srv := httptest.NewServer(rc)
