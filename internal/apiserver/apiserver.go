@@ -168,14 +168,6 @@ func (s *Server) Handler() http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	}))
-	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.tag", s.onLayerName, s.tagLayer))
-	api.HandleFunc("DELETE /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.untag", s.onLayerName, func(w http.ResponseWriter, r *http.Request) {
-		if err := s.store.DeleteTag(r.Context(), r.PathValue("name"), r.PathValue("tag")); err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	}))
 	api.HandleFunc("DELETE /v1/layers/{name}/{version}", s.guard(iam.LayerPublish, "layer.delete", s.onLayerName, func(w http.ResponseWriter, r *http.Request) {
 		l, err := s.edge.DeleteLayer(r.Context(), r.PathValue("name"), r.PathValue("version"))
 		if err != nil {
@@ -230,7 +222,7 @@ func (s *Server) Handler() http.Handler {
 	if s.servesNodes {
 		for _, p := range ServerPaths {
 			api.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s: identity, the audit log, events, the usage report, webhooks and the lists of sandboxes, volumes and environments are served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
+				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s: identity, the audit log, events, the usage report, webhooks, the lists of sandboxes, volumes and environments, the service catalog and layer tags are served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
 			})
 		}
 	} else {

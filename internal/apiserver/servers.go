@@ -19,13 +19,15 @@ import (
 
 // ServerPaths are the patterns of the routes a cluster's servers serve themselves
 // (ServerHandler, serverRoutes), never an edge: identity (who the caller is, projects, quotas,
-// placement, principals, grants, tokens, the audit log) and what spans every node (the event
+// placement, principals, grants, tokens, the audit log), what spans every node (the event
 // stream, the usage report, webhooks and their deliveries, the lists of sandboxes, volumes and
-// environments), all read from the store.
+// environments), and what only the servers may change in the store: the network service catalog
+// and layer tags.
 var ServerPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/quotas/", "/v1/placement/",
 	"/v1/principals", "/v1/grants", "/v1/tokens", "/v1/tokens/", "/v1/audit",
 	"/v1/events", "/v1/report", "/v1/webhooks", "/v1/webhooks/",
-	"GET /v1/sandboxes", "GET /v1/volumes", "GET /v1/environments", "/v1/network/services"}
+	"GET /v1/sandboxes", "GET /v1/volumes", "GET /v1/environments", "/v1/network/services",
+	"PUT /v1/layers/{name}/tags/{tag}", "DELETE /v1/layers/{name}/tags/{tag}"}
 
 // ServerHandler serves the ServerPaths routes alone, authenticated, for a cluster server. A
 // forced project delete deletes its sandboxes and volumes through the Fleet given to SetFleet;
@@ -49,6 +51,14 @@ func (s *Server) serverRoutes(api *http.ServeMux) {
 	api.HandleFunc("GET /v1/environments", s.listEnvironments)
 	api.HandleFunc("GET /v1/network/services", s.networkServices)
 	api.HandleFunc("PUT /v1/network/services", s.guard(iam.Operator, "network.catalog", operator, s.setNetworkServices))
+	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.tag", s.onLayerName, s.tagLayer))
+	api.HandleFunc("DELETE /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.untag", s.onLayerName, func(w http.ResponseWriter, r *http.Request) {
+		if err := s.store.DeleteTag(r.Context(), r.PathValue("name"), r.PathValue("tag")); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
 }
 
 // networkServices serves GET /v1/network/services: the catalog corral up's edge has in force,

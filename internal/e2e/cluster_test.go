@@ -536,6 +536,21 @@ func TestCluster(t *testing.T) {
 		})
 	}
 
+	// Layer tags are the servers' to move (the edges' role only reads them); every edge
+	// resolves a tag moved through either replica.
+	if _, err := c2.TagLayer(ctx, "base", "stable", "test"); err != nil {
+		t.Fatalf("tag a layer through a replica: %v", err)
+	}
+	for i := range 3 {
+		sb, err := clients[i%2].CreateSandbox(ctx, corral.CreateRequest{Base: "base:stable", Limits: small})
+		if err != nil {
+			t.Fatalf("create from a tag moved through a replica: %v", err)
+		}
+		if _, err := c1.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// Node selectors, and a project's node groups (set by an operator, through the CLI).
 	if sb := create(c1, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {
 		t.Fatalf("node_selector gpu=fake placed on %s", sb.Node)

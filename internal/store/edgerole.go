@@ -26,8 +26,10 @@ import (
 // edgeDenied lists the tables an edge role gets no privilege on.
 var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries"}
 
-// edgeReadOnly lists the tables an edge role may only read.
-var edgeReadOnly = []string{"projects", "schema_migrations"}
+// edgeReadOnly lists the tables an edge role may only read: projects, and layer tags (the
+// servers move them; a stolen edge cannot point a tag every tenant creates from at a layer of
+// its choosing).
+var edgeReadOnly = []string{"projects", "schema_migrations", "layer_tags"}
 
 // edgeAppendOnly lists the tables an edge role may only add rows to, with the columns it may
 // read: an insert's conflict key (an edge writes a batch of events again after a broken

@@ -75,8 +75,10 @@ func TestEdgeRole(t *testing.T) {
 			t.Errorf("the edge role on %s: read and write %v, %v", table, ok, err)
 		}
 	}
-	if _, err := edge.db.ExecContext(ctx, `SELECT count(*) FROM projects`); err != nil {
-		t.Errorf("read projects as the edge: %v", err)
+	for _, table := range []string{"projects", "layer_tags"} {
+		if _, err := edge.db.ExecContext(ctx, `SELECT count(*) FROM `+table); err != nil {
+			t.Errorf("read %s as the edge: %v", table, err)
+		}
 	}
 	// The audit log and the events: added to, as an edge does, twice for an event (a batch
 	// written again after a broken connection).
@@ -99,6 +101,8 @@ func TestEdgeRole(t *testing.T) {
 		`SELECT count(*) FROM grants`,
 		`SELECT count(*) FROM principals`,
 		`UPDATE projects SET quota = '{}'`,
+		`INSERT INTO layer_tags (name, tag, version, updated_at) VALUES ('python', 'latest', 'evil', 0)`,
+		`DELETE FROM layer_tags`,
 		`DELETE FROM projects`,
 		`SELECT count(*) FROM webhooks`,
 		`SELECT count(*) FROM webhook_deliveries`,
