@@ -77,9 +77,9 @@ func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info
 
 // ServeClusterServers makes this API a cluster edge's: every request's caller is the one its
 // server authenticated and sent along (internal/nodeproto), and no token is looked up here.
-// Identity, the audit log, events, the usage report and webhooks are the servers'
-// (ServerHandler): the edge does not serve them. The handler must be served only behind
-// clusterauth.RequireServer, which lets nothing but the cluster's servers reach it.
+// The routes of ServerPaths are the servers' (ServerHandler): the edge answers them 404. The
+// handler must be served only behind clusterauth.RequireServer, which lets nothing but the
+// cluster's servers reach it.
 func (s *Server) ServeClusterServers() { s.servesNodes = true }
 
 // HashToken returns the form in which a token is stored.
@@ -222,7 +222,7 @@ func (s *Server) Handler() http.Handler {
 	if s.servesNodes {
 		for _, p := range ServerPaths {
 			api.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s: identity, the audit log, events, the usage report, webhooks, the lists of sandboxes, volumes and environments, the service catalog and layer tags are served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
+				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s is served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
 			})
 		}
 	} else {

@@ -173,10 +173,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	rc.Flush()
 	if shared {
-		list := func(ctx context.Context, since time.Time) ([]events.Event, error) {
-			return s.store.ListEvents(ctx, under, since, replayLimit)
+		list := func(ctx context.Context, since time.Time, limit int) ([]events.Event, error) {
+			return s.store.ListEvents(ctx, under, since, limit)
 		}
-		err := events.Follow(r.Context(), list, now, seen, func(ev events.Event) bool {
+		err := events.Follow(r.Context(), list, replayLimit, now, seen, func(ev events.Event) bool {
 			return !match(ev) || send(lifecycleEvent(ev))
 		})
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
@@ -13,9 +14,6 @@ import (
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
-
-// The routes a cluster's servers serve from the store, never an edge (corral up serves them with
-// the rest): identity (iam.go), what spans every node, and the network service catalog.
 
 // ServerPaths are the patterns of the routes a cluster's servers serve themselves
 // (ServerHandler, serverRoutes), never an edge: identity (who the caller is, projects, quotas,
@@ -83,7 +81,7 @@ func (s *Server) networkServices(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, fmt.Errorf("the service catalog saved through the API: %w", err))
 		return
 	}
-	httpjson.Write(w, http.StatusOK, networkServices(cat))
+	httpjson.Write(w, http.StatusOK, edge.APIServices(cat.Services()))
 }
 
 // setNetworkServices serves PUT /v1/network/services: the catalog replaced, corral up's edge's
@@ -112,17 +110,7 @@ func (s *Server) setNetworkServices(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("service catalog replaced", "services", len(cat.Names()))
-	httpjson.Write(w, http.StatusOK, networkServices(cat))
-}
-
-// networkServices is the API's form of cat's services.
-func networkServices(cat *netpolicy.Catalog) []corral.NetworkService {
-	svcs := cat.Services()
-	out := make([]corral.NetworkService, len(svcs))
-	for i, v := range svcs {
-		out[i] = corral.NetworkService(v)
-	}
-	return out
+	httpjson.Write(w, http.StatusOK, edge.APIServices(cat.Services()))
 }
 
 // listEnvironments serves GET /v1/environments: those the caller may read.

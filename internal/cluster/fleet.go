@@ -42,27 +42,37 @@ func (f fleet) DeleteVolume(r *http.Request, under, project, name string) error 
 	return f.s.callEdge(r, n, http.MethodDelete, "/v1/volumes/"+url.PathEscape(name)+"?project="+url.QueryEscape(iam.Display(project)))
 }
 
+// edgeRequest sends a request without a body to node n's edge as r's caller, under ctx; the
+// caller closes the answer's body.
+func (s *Server) edgeRequest(ctx context.Context, r *http.Request, n corral.Node, method, path string) (*http.Response, error) {
+	c, err := s.conn(n)
+	if err != nil {
+		return nil, err
+	}
+	out, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(n.URL, "/")+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := asCaller(r, n, out.Header); err != nil {
+		return nil, err
+	}
+	resp, err := c.client.Do(out)
+	if err != nil {
+		return nil, errdefs.Unavailable("node %s: %s %s: %v", n.Name, method, path, err)
+	}
+	return resp, nil
+}
+
 // callEdge sends a request without a body to node n's edge as r's caller, and turns an error
 // answer back into an error of its kind.
 func (s *Server) callEdge(r *http.Request, n corral.Node, method, path string) error {
-	c, err := s.conn(n)
-	if err != nil {
-		return err
-	}
 	// A delete started is seen through even if the client goes away, but not for ever: an
 	// edge's delete answers before its cleanup, so a minute is plenty.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
 	defer cancel()
-	out, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(n.URL, "/")+path, nil)
+	resp, err := s.edgeRequest(ctx, r, n, method, path)
 	if err != nil {
 		return err
-	}
-	if err := asCaller(r, n, out.Header); err != nil {
-		return err
-	}
-	resp, err := c.client.Do(out)
-	if err != nil {
-		return errdefs.Unavailable("node %s: %s %s: %v", n.Name, method, path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 300 {

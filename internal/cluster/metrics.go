@@ -78,22 +78,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 
 // scrape reads node n's metrics as r's caller.
 func (s *Server) scrape(r *http.Request, n corral.Node) (string, error) {
-	c, err := s.conn(n)
-	if err != nil {
-		return "", err
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), scrapeTimeout)
 	defer cancel()
-	out, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(n.URL, "/")+"/v1/metrics", nil)
+	resp, err := s.edgeRequest(ctx, r, n, http.MethodGet, "/v1/metrics")
 	if err != nil {
 		return "", err
-	}
-	if err := asCaller(r, n, out.Header); err != nil {
-		return "", err
-	}
-	resp, err := c.client.Do(out)
-	if err != nil {
-		return "", errdefs.Unavailable("node %s: %v", n.Name, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, scrapeMax+1))
@@ -111,9 +100,8 @@ func (s *Server) scrape(r *http.Request, n corral.Node) (string, error) {
 // writeOwnMetrics writes the replica's own metrics: the nodes by state, whether each up node
 // answered the scrape and how long it took, the webhook dispatcher's counters, goroutines.
 func (s *Server) writeOwnMetrics(ctx context.Context, w io.Writer, up []corral.Node, errs []error, took []time.Duration) {
-	all, _ := s.store.ListNodes(ctx)
 	states := map[string]int{}
-	for _, n := range all {
+	for _, n := range s.refresh(ctx, false) { // the node list placement reads, at most 1 s old
 		states[n.State]++
 	}
 	fmt.Fprintf(w, "# HELP corral_cluster_nodes Nodes of the cluster by state.\n# TYPE corral_cluster_nodes gauge\n")

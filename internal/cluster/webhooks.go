@@ -87,18 +87,22 @@ func (s *Server) followForWebhooks(ctx context.Context, hooks *webhook.Dispatche
 		saved = cursor
 	}
 	last := time.Now()
-	list := func(ctx context.Context, since time.Time) ([]events.Event, error) {
+	list := func(ctx context.Context, since time.Time, limit int) ([]events.Event, error) {
 		// Every FollowEvery: the time to save the position, in step with the reads.
 		if time.Since(last) >= cursorEvery {
 			save(ctx)
 			last = time.Now()
 		}
-		// The webhooks are reread before each read of the events: a webhook added through
-		// any replica gets the events recorded after it (one small read, on one replica).
-		hooks.Refresh(ctx)
-		return s.store.ListEvents(ctx, "", since, 4096)
+		evs, err := s.store.ListEvents(ctx, "", since, limit)
+		if err == nil && len(evs) > 0 {
+			// The webhooks are reread after the events they are matched with (and only when
+			// there are some): a webhook added through any replica before an event was
+			// recorded is in the list that event meets.
+			hooks.Refresh(ctx)
+		}
+		return evs, err
 	}
-	err := events.Follow(ctx, list, from, nil, func(ev events.Event) bool {
+	err := events.Follow(ctx, list, 4096, from, nil, func(ev events.Event) bool {
 		select {
 		case feed <- ev:
 		case <-ctx.Done():

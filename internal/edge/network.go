@@ -113,8 +113,8 @@ func apiPolicy(c *netpolicy.Compiled) *corral.NetworkPolicy {
 	return &p
 }
 
-// apiServices is the catalog's services as the API lists them.
-func apiServices(s []netpolicy.Service) []corral.NetworkService {
+// APIServices is the catalog's services as the API lists them.
+func APIServices(s []netpolicy.Service) []corral.NetworkService {
 	out := make([]corral.NetworkService, len(s))
 	for i, v := range s {
 		out[i] = corral.NetworkService(v)
@@ -463,7 +463,7 @@ func (e *Edge) NetworkServices() []corral.NetworkService {
 	if cat == nil {
 		return []corral.NetworkService{}
 	}
-	return apiServices(cat.Services())
+	return APIServices(cat.Services())
 }
 
 // catalogSetting is the store key of the catalog saved through the API.
@@ -488,7 +488,7 @@ func (e *Edge) SetCatalog(ctx context.Context, raw []byte) ([]corral.NetworkServ
 	e.catalog.Store(cat)
 	e.catalogRaw.Store(&raw)
 	e.log.Info("service catalog replaced", "services", len(cat.Names()))
-	return apiServices(cat.Services()), nil
+	return APIServices(cat.Services()), nil
 }
 
 // syncCatalog takes up a catalog saved through another edge of a cluster (the nodes share one

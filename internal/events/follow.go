@@ -17,13 +17,15 @@ const (
 	FollowLag = 5 * time.Second
 )
 
-// List returns the recorded events at or after since, oldest first (at most a page of them).
-type List func(ctx context.Context, since time.Time) ([]Event, error)
+// List returns up to limit recorded events at or after since, oldest first.
+type List func(ctx context.Context, since time.Time, limit int) ([]Event, error)
 
-// Follow reads list every FollowEvery from `from` on and calls send once for each event it has
-// not seen (seen maps the IDs already sent to their times, and is added to; nil starts empty),
-// until ctx ends (nil), send returns false (nil) or a read fails (its error).
-func Follow(ctx context.Context, list List, from time.Time, seen map[string]time.Time, send func(Event) bool) error {
+// Follow reads list every FollowEvery from `from` on, pages of up to page events, and calls send
+// once for each event it has not seen (seen maps the IDs already sent to their times, and is
+// added to; nil starts empty), until ctx ends (nil), send returns false (nil) or a read fails
+// (its error). A full page is followed at once by the next, read from its newest event's time:
+// more events than a page within FollowLag must not hold the follower on the same page.
+func Follow(ctx context.Context, list List, page int, from time.Time, seen map[string]time.Time, send func(Event) bool) error {
 	if seen == nil {
 		seen = map[string]time.Time{}
 	}
@@ -36,24 +38,30 @@ func Follow(ctx context.Context, list List, from time.Time, seen map[string]time
 			return nil
 		case <-t.C:
 		}
-		evs, err := list(ctx, cursor.Add(-FollowLag))
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+		for since := cursor.Add(-FollowLag); ; {
+			evs, err := list(ctx, since, page)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
 			}
-			return err
-		}
-		for _, ev := range evs {
-			if _, ok := seen[ev.ID]; ok {
-				continue
+			for _, ev := range evs {
+				if _, ok := seen[ev.ID]; ok {
+					continue
+				}
+				seen[ev.ID] = ev.At
+				if !send(ev) {
+					return nil
+				}
+				if ev.At.After(cursor) {
+					cursor = ev.At
+				}
 			}
-			seen[ev.ID] = ev.At
-			if !send(ev) {
-				return nil
+			if len(evs) < page || !evs[len(evs)-1].At.After(since) {
+				break
 			}
-			if ev.At.After(cursor) {
-				cursor = ev.At
-			}
+			since = evs[len(evs)-1].At
 		}
 		// Forget what no read reaches any more.
 		for id, at := range seen {

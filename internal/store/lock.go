@@ -14,7 +14,6 @@ import (
 // connection of its own. The holder's connection ending (its process killed, the database
 // restarted) releases it for the next waiter; Lost tells the holder.
 type Lock struct {
-	name string
 	c    *sql.Conn // nil on SQLite: one process owns the store
 	lost chan struct{}
 	stop chan struct{}
@@ -36,7 +35,7 @@ func lockKey(name string) int64 {
 // Lock waits until this process holds the cluster-wide lock name, or ctx ends. On SQLite it is
 // held at once.
 func (s *Store) Lock(ctx context.Context, name string) (*Lock, error) {
-	l := &Lock{name: name, lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	l := &Lock{lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	if !s.db.pg {
 		close(l.done)
 		return l, nil

@@ -24,6 +24,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -50,6 +51,8 @@ type Store struct {
 	onFull func() bool
 	// trajectoryMax bounds each sandbox's stored trajectory (SetTrajectoryLimit).
 	trajectoryMax int64
+	// endedFilled is set once ForgetEnded filled in ended_ns of the records older than it.
+	endedFilled atomic.Bool
 }
 
 // DefaultTrajectoryBytes bounds each sandbox's stored trajectory unless SetTrajectoryLimit says.
@@ -706,10 +709,14 @@ func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
 	return nil
 }
 
-// endedNS is the ended_ns column of sb: when it ended, 0 while it is live.
+// endedNS is the ended_ns column of sb: when it ended (stopped or failed; now, for a record
+// that says no time), 0 otherwise.
 func endedNS(sb *Sandbox) int64 {
-	if slices.Contains(liveStates, sb.State) || sb.EndedAt.IsZero() {
+	switch {
+	case sb.State != corral.StateStopped && sb.State != corral.StateFailed:
 		return 0
+	case sb.EndedAt.IsZero():
+		return time.Now().UnixNano()
 	}
 	return sb.EndedAt.UnixNano()
 }
@@ -836,8 +843,12 @@ const forgetBatch = 500
 // (migration 19) get it from their documents first, a batch at a time. Several processes may
 // run it at once.
 func (s *Store) ForgetEnded(ctx context.Context, before time.Time) (int, error) {
-	if err := s.fillEnded(ctx); err != nil {
-		return 0, err
+	// Every ended record written since migration 19 has its time: the fill is needed once.
+	if !s.endedFilled.Load() {
+		if err := s.fillEnded(ctx); err != nil {
+			return 0, err
+		}
+		s.endedFilled.Store(true)
 	}
 	total := 0
 	for {

@@ -247,18 +247,15 @@ func (d *Dispatcher) Run(ctx context.Context) {
 }
 
 // RunFeed delivers the events feed sends, each once, until ctx ends or feed is closed: a cluster
-// server's dispatcher, fed from the store where every edge records its events.
+// server's dispatcher, fed from the store where every edge records its events. The feeder
+// rereads the webhooks (Refresh) as it reads the events they are matched with.
 func (d *Dispatcher) RunFeed(ctx context.Context, feed <-chan events.Event) {
 	stop := d.serve(ctx)
 	defer stop()
-	t := time.NewTicker(d.cfg.Refresh)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			d.refresh(ctx)
 		case ev, ok := <-feed:
 			if !ok {
 				return
