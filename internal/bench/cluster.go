@@ -391,8 +391,12 @@ func (e *clusterEnv) startCluster(ctx context.Context, p *phase, dsn, prefix str
 		}
 		name := fmt.Sprintf("%ss%d", prefix, i+1)
 		dir := filepath.Join(e.work, name)
+		nodeAddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
 		pr, err := e.start(p, name, "server", "--store", dsn, "--data-dir", dir, "--listen", addr,
-			"--blob-store", "dir:"+blobs)
+			"--node-listen", nodeAddr, "--blob-store", "dir:"+blobs)
 		if err != nil {
 			return err
 		}

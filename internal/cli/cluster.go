@@ -62,6 +62,8 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "/var/lib/corral-server", "directory for admin.token and join.token (written by the replica that bootstraps the store)")
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "address of the API")
+	f.StringVar(&cfg.NodeListen, "node-listen", "", "address of the node channel, where edges register, heartbeat and send events over mutual TLS (default: --listen's host, the next port)")
+	f.StringVar(&cfg.NodeURL, "node-url", "", "URL edges reach the node channel at, https://HOST:PORT, the same for every replica (default: the host an edge joined through, --node-listen's port)")
 	f.StringVar(&cfg.Store, "store", "", "the cluster's PostgreSQL: postgres://USER@HOST:PORT/DB?sslmode=disable (default $CORRAL_STORE, which keeps a password out of the process list; required)")
 	f.StringVar(&cfg.EdgeStore, "edge-store", "", "the store DSN handed to joining edges, for a role with the edge's privileges only (corral server edge-role; default $CORRAL_EDGE_STORE, else --store itself)")
 	f.StringVar(&cfg.BlobStore, "blob-store", "", "the cluster's layer store, handed to joining edges: dir:/SHARED/PATH or s3://BUCKET[/PREFIX]?endpoint=URL")
@@ -174,7 +176,7 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 				return err
 			}
 			go j.KeepFresh(ctx, log)
-			cfg.Cluster.TLS = j.TLS
+			cfg.Cluster.TLS, cfg.Cluster.Servers = j.TLS, j.Servers
 			if cfg.Store == "" {
 				cfg.Store = j.Store
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 )
 
@@ -58,6 +59,10 @@ type JoinResponse struct {
 	BlobStore string `json:"blob_store"`
 	CA        string `json:"ca"`
 	Cert      string `json:"cert"`
+	// NodeURLs are the servers' node channel (internal/nodeproto), where the edge registers,
+	// heartbeats and sends its events: the replica joined through first, then the others alive;
+	// none from a server older than the node channel (the edge then does those in the store).
+	NodeURLs []string `json:"node_urls,omitempty"`
 }
 
 // caRecord is the CA as the store keeps it.
@@ -130,7 +135,8 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.Invalid("csr", "%v", err))
 		return
 	}
-	answer, _ := json.Marshal(JoinResponse{Store: s.edgeStore(), BlobStore: s.cfg.BlobStore, CA: string(s.ca.CertPEM()), Cert: string(cert)})
+	answer, _ := json.Marshal(JoinResponse{Store: s.edgeStore(), BlobStore: s.cfg.BlobStore, CA: string(s.ca.CertPEM()), Cert: string(cert),
+		NodeURLs: s.nodeURLs(r)})
 	sealed, err := clusterauth.Seal(tok, proof, answer)
 	if err != nil {
 		httpjson.Error(w, r, s.log, err)
@@ -148,6 +154,9 @@ type Joined struct {
 	// TLS serves the edge's API: its certificate, and client certificates checked against the
 	// cluster CA (serve through clusterauth.RequireServer).
 	TLS *tls.Config
+	// Servers is the client of the servers' node channel (nil when the server joined through
+	// is older than the node channel), with the edge's certificate as KeepFresh renews it.
+	Servers *nodeproto.Servers
 
 	server, token, node string
 	cert                atomic.Pointer[tls.Certificate]
@@ -221,6 +230,18 @@ func (j *Joined) join(ctx context.Context) (*JoinResponse, error) {
 		cfg.Certificates = nil
 		cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return j.cert.Load(), nil }
 		j.TLS = cfg
+		if len(ans.NodeURLs) > 0 {
+			// The same certificate is the edge's client one on the node channel.
+			ccfg, err := clusterauth.EdgeClientTLS([]byte(ans.CA), []byte(ans.Cert), keyPEM)
+			if err != nil {
+				return nil, fmt.Errorf("join %s: %w", j.server, err)
+			}
+			ccfg.Certificates = nil
+			ccfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return j.cert.Load(), nil }
+			if j.Servers, err = nodeproto.NewServers(ans.NodeURLs, ccfg); err != nil {
+				return nil, fmt.Errorf("join %s: %w", j.server, err)
+			}
+		}
 	}
 	return &ans, nil
 }

@@ -35,6 +35,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,12 @@ import (
 type Config struct {
 	DataDir string // holds admin.token and join.token when this replica bootstraps the store
 	Listen  string
+	// NodeListen is the node channel's address: edges register, heartbeat and send their events
+	// there, over mutual TLS (default: Listen's host, the port after Listen's).
+	NodeListen string
+	// NodeURL is how edges reach the node channel, https://HOST:PORT, one address for every
+	// replica (default: the host a joining edge reached this replica at, NodeListen's port).
+	NodeURL string
 	Store   string // postgres://...
 	// EdgeStore is the DSN handed to joining edges (default Store): a role with an edge's
 	// privileges only (store.EdgeRoleSQL; `corral server edge-role`).
@@ -105,6 +112,13 @@ func (c *Config) setDefaults() {
 	if c.MaxTries == 0 {
 		c.MaxTries = 3
 	}
+	if c.NodeListen == "" {
+		if host, port, err := net.SplitHostPort(c.Listen); err == nil {
+			if p, err := strconv.Atoi(port); err == nil && p > 0 && p < 65535 {
+				c.NodeListen = net.JoinHostPort(host, strconv.Itoa(p+1))
+			}
+		}
+	}
 }
 
 // clusterLimits is the limits policy the servers resolve a create's limits with before placing
@@ -134,7 +148,11 @@ type Server struct {
 	readAt time.Time
 	conns  map[string]*edgeConn // by node name and URL
 	rr     atomic.Uint64
-	cert   *tls.Certificate // this replica's client certificate, reissued at half its life
+	cert   *tls.Certificate // this replica's certificate, reissued at half its life
+
+	nodePort   int       // the node channel's port, for the node URL a joining edge gets
+	replicas   []string  // the replicas' node channel URLs as last read; protected by mu
+	replicasAt time.Time // when; protected by mu
 }
 
 // edgeConn is how this replica reaches one edge: over mutual TLS that checks the edge's
@@ -216,14 +234,39 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	go s.api.Prune(ctx, cfg.AuditRetention)
 	go s.forgetEnded(ctx)
 	go s.watch(ctx)
+	if cfg.NodeListen == "" {
+		return errdefs.Invalid("node-listen", "the node channel needs an address (--listen %q gives none to derive it from)", cfg.Listen)
+	}
+	if cfg.NodeURL != "" {
+		if u, err := parseHTTPS(cfg.NodeURL); err != nil || u == "" {
+			return errdefs.Invalid("node-url", "%q: edges reach the node channel at https://HOST:PORT", cfg.NodeURL)
+		}
+	}
+	nodeLis, err := net.Listen("tcp", cfg.NodeListen)
+	if err != nil {
+		return fmt.Errorf("listen on %s for the node channel (--node-listen): %w", cfg.NodeListen, err)
+	}
+	s.nodePort = nodeLis.Addr().(*net.TCPAddr).Port
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		nodeLis.Close()
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(lis) }()
+	nodeSrv, err := s.serveNodes(nodeLis, errc)
+	if err != nil {
+		srv.Close()
+		nodeLis.Close()
+		return err
+	}
+	defer nodeSrv.Close()
+	announceCtx, stopAnnounce := context.WithCancel(ctx)
+	announced := make(chan struct{})
+	go func() { defer close(announced); s.announce(announceCtx) }()
+	defer func() { stopAnnounce(); <-announced }()
 	if cfg.E2B.Listen != "" {
 		key, service, err := e2bSecrets(ctx, st, log)
 		if err != nil {
@@ -237,7 +280,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 		defer stopE2B()
 	}
-	log.Info("corral server is up", "listen", lis.Addr().String(), "k", cfg.K, "lease_grace", cfg.LeaseGrace)
+	log.Info("corral server is up", "listen", lis.Addr().String(), "node_listen", nodeLis.Addr().String(), "node_url", cfg.NodeURL, "k", cfg.K, "lease_grace", cfg.LeaseGrace)
 	if ready != nil {
 		ready <- lis.Addr().String()
 	}
@@ -371,11 +414,25 @@ func (s *Server) forgetEnded(ctx context.Context) {
 }
 
 // watch declares lost nodes and keeps the node list fresh until ctx ends.
+//
+// Edges heartbeat through the servers: after an outage of every replica each node's lease has
+// run out, though its edge kept trying. So a replica declares nothing lost until it has been up
+// for the longest lease a node holds (sweepAfter): every edge that is alive has heartbeated
+// through it or another replica by then.
 func (s *Server) watch(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	sweepFrom := time.Now().Add(sweepAfter(s.refresh(ctx, true)))
+	if wait := time.Until(sweepFrom); wait > 0 {
+		s.log.Info("declaring no node lost until the longest lease has passed since this replica started", "wait", wait.Round(time.Millisecond))
+	}
 	for {
-		lost, failed, err := s.store.SweepLostNodes(ctx, s.cfg.LeaseGrace)
+		var lost []string
+		var failed int
+		var err error
+		if !time.Now().Before(sweepFrom) {
+			lost, failed, err = s.store.SweepLostNodes(ctx, s.cfg.LeaseGrace)
+		}
 		switch {
 		case err != nil:
 			s.log.Warn("sweep lost nodes", "err", err)
@@ -392,6 +449,18 @@ func (s *Server) watch(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// sweepAfter is the longest lease of nodes (a heartbeat's lease is its expiry less its time),
+// within nodeproto's bounds.
+func sweepAfter(nodes []corral.Node) time.Duration {
+	var d time.Duration
+	for _, n := range nodes {
+		if n.State != corral.NodeLost {
+			d = max(d, n.LeaseExpiresAt.Sub(n.HeartbeatAt))
+		}
+	}
+	return min(d, nodeproto.MaxLeaseTTL)
 }
 
 // refresh rereads the nodes table when the copy is older than a second (or when forced).
@@ -456,24 +525,28 @@ func (s *Server) clientTLS() (*tls.Config, error) {
 	}
 	s.cert = &cfg.Certificates[0]
 	cfg.Certificates = nil
-	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if time.Until(s.cert.Leaf.NotAfter) < serverTTL/2 {
-			certPEM, keyPEM, err := s.ca.IssueServer(s.name, serverTTL)
-			if err == nil {
-				var c tls.Certificate
-				if c, err = tls.X509KeyPair(certPEM, keyPEM); err == nil {
-					s.cert = &c
-				}
-			}
-			if err != nil {
-				s.log.Error("reissue this replica's client certificate", "err", err, "expires", s.cert.Leaf.NotAfter)
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return s.certificate(), nil }
+	return cfg, nil
+}
+
+// certificate returns this replica's certificate, which it calls edges with and serves the node
+// channel with, reissued first when half its life has passed.
+func (s *Server) certificate() *tls.Certificate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Until(s.cert.Leaf.NotAfter) < serverTTL/2 {
+		certPEM, keyPEM, err := s.ca.IssueServer(s.name, serverTTL)
+		if err == nil {
+			var c tls.Certificate
+			if c, err = tls.X509KeyPair(certPEM, keyPEM); err == nil {
+				s.cert = &c
 			}
 		}
-		return s.cert, nil
+		if err != nil {
+			s.log.Error("reissue this replica's certificate", "err", err, "expires", s.cert.Leaf.NotAfter)
+		}
 	}
-	return cfg, nil
+	return s.cert
 }
 
 // conn returns how to reach node n's edge.

@@ -9,13 +9,18 @@
 // bound to that proof, which the edge [Open]s. Only a holder of the token can make either, so
 // each side knows the other holds it, and a sealed answer cannot be replayed to another request.
 //
-// After the join every request from a server to an edge is mutual TLS 1.3 under the cluster CA,
-// which the servers keep in the shared store. An edge's certificate ([CA.SignEdge]) names its
-// node (CN and DNS SAN), carries the edge role and may only serve (ExtKeyUsage ServerAuth). A
-// replica's certificate ([CA.IssueServer]) carries the server role and may only be a client
-// (ClientAuth). An edge serves with [EdgeTLS] and wraps its handler in [RequireServer]; a server
-// dials with [ServerTLS] and [ForNode], so the certificate of one edge presented at another
-// node's address is refused.
+// After the join, traffic goes both ways over mutual TLS 1.3 under the cluster CA, which the
+// servers keep in the shared store. An edge's certificate ([CA.SignEdge]) names its node (CN and
+// DNS SAN) and carries the edge role; a replica's ([CA.IssueServer]) carries the server role and
+// names [ServersName]. Both may serve and be clients (ExtKeyUsage ServerAuth and ClientAuth);
+// what each may do is its role's, checked on every connection:
+//   - server → edge (the node's API): an edge serves with [EdgeTLS] and wraps its handler in
+//     [RequireServer]; a server dials with [ServerTLS] and [ForNode], so the certificate of one
+//     edge presented at another node's address is refused.
+//   - edge → server (the node channel: registration, heartbeats, events): a server serves with
+//     [NodeChannelTLS] and wraps its handler in [RequireEdge], which tells the handler the node
+//     from the certificate ([EdgeNode]), never from the request; an edge dials with
+//     [EdgeClientTLS], which accepts only a certificate with the server role.
 //
 // Roles are the Subject's OrganizationalUnit ([RoleServer], [RoleEdge]), always set by the CA
 // and never taken from a request. Keys are ECDSA P-256, written as PKCS #8 PEM ("PRIVATE KEY");
@@ -45,8 +50,14 @@ import (
 // The roles a certificate of the cluster CA carries, as its Subject's OrganizationalUnit.
 const (
 	RoleServer = "corral-server" // a server replica: may call edges
-	RoleEdge   = "corral-edge"   // an edge: may serve its node's API, never call another edge
+	RoleEdge   = "corral-edge"   // an edge: may serve its node's API and call the node channel, never call another edge
 )
+
+// ServersName is the DNS name every replica's certificate carries, and the name an edge checks
+// on the node channel whatever address it dials: replicas come and go behind one service
+// address, and the server role, not a host name, is what makes a peer one of them. No edge gets
+// it: node names are checked against it (checkNode).
+const ServersName = "corral-servers"
 
 // clockSkew is how far in the past a certificate's validity starts, so that a host whose clock
 // is a little behind the CA's accepts it at once.
@@ -159,10 +170,12 @@ func (ca *CA) SignEdge(csrPEM []byte, node string, ttl time.Duration) (certPEM [
 		return nil, fmt.Errorf("sign edge certificate for %s: %w", node, err)
 	}
 	tmpl := &x509.Certificate{
-		Subject:     pkix.Name{CommonName: node, OrganizationalUnit: []string{RoleEdge}},
-		DNSNames:    []string{node},
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		Subject:  pkix.Name{CommonName: node, OrganizationalUnit: []string{RoleEdge}},
+		DNSNames: []string{node},
+		KeyUsage: x509.KeyUsageDigitalSignature,
+		// It serves the node's API to servers and is the edge's client certificate on the
+		// servers' node channel.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	certPEM, err = ca.sign(tmpl, csr.PublicKey, ttl)
 	if err != nil {
@@ -171,8 +184,9 @@ func (ca *CA) SignEdge(csrPEM []byte, node string, ttl time.Duration) (certPEM [
 	return certPEM, nil
 }
 
-// IssueServer makes a key and a client certificate with the server role for the replica named
-// replica (its CN, for logs), valid for ttl (but never past the CA's own expiry).
+// IssueServer makes a key and a certificate with the server role for the replica named replica
+// (its CN, for logs), valid for ttl (but never past the CA's own expiry). The replica calls edges
+// with it (ClientAuth) and serves the node channel with it (ServerAuth, DNS name ServersName).
 func (ca *CA) IssueServer(replica string, ttl time.Duration) (certPEM, keyPEM []byte, err error) {
 	if replica == "" || len(replica) > 64 {
 		return nil, nil, fmt.Errorf("issue server certificate: replica name %q must be 1-64 characters", replica)
@@ -183,8 +197,9 @@ func (ca *CA) IssueServer(replica string, ttl time.Duration) (certPEM, keyPEM []
 	}
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: replica, OrganizationalUnit: []string{RoleServer}},
+		DNSNames:    []string{ServersName},
 		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 	}
 	certPEM, err = ca.sign(tmpl, &key.PublicKey, ttl)
 	if err != nil {
@@ -231,6 +246,9 @@ var nodeRE = lazyregexp.New(`^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$`)
 func checkNode(node string) error {
 	if !nodeRE.MatchString(node) || net.ParseIP(node) != nil {
 		return fmt.Errorf("node name %q must be 1-63 lowercase letters, digits or inner hyphens", node)
+	}
+	if node == ServersName {
+		return fmt.Errorf("node name %q is the name the servers' certificates carry", node)
 	}
 	return nil
 }

@@ -179,8 +179,8 @@ func TestSignEdgeTakesIdentityFromNode(t *testing.T) {
 	if got := cert.Subject.OrganizationalUnit; !slices.Equal(got, []string{RoleEdge}) {
 		t.Errorf("OU = %q, want [%s]", got, RoleEdge)
 	}
-	if got := cert.ExtKeyUsage; !slices.Equal(got, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}) {
-		t.Errorf("ExtKeyUsage = %v, want ServerAuth only", got)
+	if got := cert.ExtKeyUsage; !slices.Equal(got, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}) {
+		t.Errorf("ExtKeyUsage = %v, want ServerAuth and ClientAuth", got)
 	}
 	if cert.IsCA {
 		t.Error("edge certificate is a CA")
@@ -232,6 +232,7 @@ func TestSignEdgeRefuses(t *testing.T) {
 		{"bad node", ca, csrPEM, "Edge_1", time.Hour, "node name"},
 		{"IP as node", ca, csrPEM, "10.0.0.1", time.Hour, "node name"},
 		{"empty node", ca, csrPEM, "", time.Hour, "node name"},
+		{"the servers' name", ca, csrPEM, ServersName, time.Hour, "servers' certificates"},
 		{"no validity", ca, csrPEM, "edge1", 0, "must be positive"},
 		{"expired CA", expired, csrPEM, "edge1", time.Hour, "CA expired"},
 	} {
@@ -263,11 +264,11 @@ func TestIssueServer(t *testing.T) {
 	if got := cert.Subject.OrganizationalUnit; !slices.Equal(got, []string{RoleServer}) {
 		t.Errorf("OU = %q, want [%s]", got, RoleServer)
 	}
-	if got := cert.ExtKeyUsage; !slices.Equal(got, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}) {
-		t.Errorf("ExtKeyUsage = %v, want ClientAuth only", got)
+	if got := cert.ExtKeyUsage; !slices.Equal(got, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}) {
+		t.Errorf("ExtKeyUsage = %v, want ClientAuth and ServerAuth", got)
 	}
-	if cert.Subject.CommonName != "replica-a" || len(cert.DNSNames) != 0 {
-		t.Errorf("CN %q, DNS names %q; want replica-a and none", cert.Subject.CommonName, cert.DNSNames)
+	if cert.Subject.CommonName != "replica-a" || !slices.Equal(cert.DNSNames, []string{ServersName}) {
+		t.Errorf("CN %q, DNS names %q; want replica-a and %s", cert.Subject.CommonName, cert.DNSNames, ServersName)
 	}
 	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
 		t.Errorf("certificate and key do not pair: %v", err)
@@ -277,8 +278,8 @@ func TestIssueServer(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Errorf("server certificate does not verify as a client: %v", err)
 	}
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool}); err == nil {
-		t.Error("server certificate verifies as a TLS server; it must be a client only")
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: ServersName}); err != nil {
+		t.Errorf("server certificate does not verify as the node channel's server: %v", err)
 	}
 	if _, _, err := ca.IssueServer("", time.Hour); err == nil {
 		t.Error("IssueServer with no name: no error")
@@ -429,7 +430,7 @@ func TestMutualTLS(t *testing.T) {
 		{"no client cert", noCert, "edge1", "/v1/sandboxes", 401, ""},
 		{"no client cert, probe", noCert, "edge1", "/healthz", 200, ""},
 		{"no client cert, probe path variant", noCert, "edge1", "/healthz/", 401, ""},
-		{"edge cert as client", edgeAsClient, "edge1", "/v1/sandboxes", 0, "certificate"},
+		{"edge cert as client", edgeAsClient, "edge1", "/v1/sandboxes", 401, ""},
 		{"client cert without server role", roleless, "edge1", "/v1/sandboxes", 401, ""},
 		{"client cert of another CA, not offered", otherClient, "edge1", "/v1/sandboxes", 401, ""},
 		{"client cert of another CA, offered", forcedOther, "edge1", "/v1/sandboxes", 0, "certificate"},
@@ -458,6 +459,163 @@ func TestMutualTLS(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// nodeChannel serves the node channel the way a replica does (NodeChannelTLS, RequireEdge), and
+// answers with the node RequireEdge found.
+func nodeChannel(t *testing.T, ca *CA, caPEM []byte) *httptest.Server {
+	t.Helper()
+	certPEM, keyPEM, err := ca.IssueServer("replica-a", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := NodeChannelTLS(caPEM, certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewUnstartedServer(RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, EdgeNode(r))
+	})))
+	hs.TLS = cfg
+	hs.Config.ErrorLog = log.New(testLog{t}, "node channel: ", 0)
+	hs.StartTLS()
+	t.Cleanup(hs.Close)
+	return hs
+}
+
+func TestNodeChannel(t *testing.T) {
+	ca, caPEM := newCA(t, "ca")
+	hs := nodeChannel(t, ca, caPEM)
+	edgeCfg := func(certPEM, keyPEM []byte) *tls.Config {
+		t.Helper()
+		cfg, err := EdgeClientTLS(caPEM, certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	good := edgeCfg(edgeCert(t, ca, "edge1", time.Hour))
+
+	// A replica's certificate offered as a client: verified, but not an edge's.
+	srvPEM, srvKey, err := ca.IssueServer("replica-b", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := good.Clone()
+	pair, err := tls.X509KeyPair(srvPEM, srvKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica.Certificates = []tls.Certificate{pair}
+
+	// An edge's certificate from before the node channel (ServerAuth only) is no client one.
+	oldPEM, oldKey := craft(t, ca, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "edge1", OrganizationalUnit: []string{RoleEdge}},
+		DNSNames:    []string{"edge1"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if _, err := EdgeClientTLS(caPEM, oldPEM, oldKey); err == nil || !strings.Contains(err.Error(), "role") {
+		t.Errorf("EdgeClientTLS took a ServerAuth-only edge certificate: %v", err)
+	}
+	old := good.Clone()
+	if pair, err = tls.X509KeyPair(oldPEM, oldKey); err != nil {
+		t.Fatal(err)
+	}
+	old.Certificates = []tls.Certificate{pair}
+
+	noCert := good.Clone()
+	noCert.Certificates = nil
+
+	// A ClientAuth certificate with the edge role and a name no node may have.
+	badName := good.Clone()
+	bnPEM, bnKey := craft(t, ca, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "Not_A_Node", OrganizationalUnit: []string{RoleEdge}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if pair, err = tls.X509KeyPair(bnPEM, bnKey); err != nil {
+		t.Fatal(err)
+	}
+	badName.Certificates = []tls.Certificate{pair}
+
+	other, _ := newCA(t, "other")
+	otherEdge := good.Clone()
+	oPEM, oKey := edgeCert(t, other, "edge1", time.Hour)
+	if pair, err = tls.X509KeyPair(oPEM, oKey); err != nil {
+		t.Fatal(err)
+	}
+	otherEdge.Certificates = []tls.Certificate{pair}
+	otherEdge.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &pair, nil }
+
+	for _, tc := range []struct {
+		name    string
+		cfg     *tls.Config
+		want    int
+		wantErr string
+	}{
+		{"edge", good, 200, ""},
+		{"replica as client", replica, 401, ""},
+		{"edge cert from before the node channel", old, 0, "certificate"},
+		{"no client cert", noCert, 0, "certificate"},
+		{"bad node name", badName, 401, ""},
+		{"edge of another CA", otherEdge, 0, "certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body, err := get(tc.cfg, hs.URL+"/node/v1/heartbeat")
+			if tc.want == 0 {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got status %d (%s), error %v; want an error containing %q", status, body, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || status != tc.want {
+				t.Fatalf("got status %d (%s), error %v; want %d", status, body, err, tc.want)
+			}
+			if status == 200 && string(body) != "edge1" {
+				t.Errorf("EdgeNode = %q, want edge1 (from the certificate)", body)
+			}
+		})
+	}
+
+	// The edge refuses a node channel served with an edge's certificate (a stolen edge posing
+	// as the servers to its peers), though the CA signed it and it may serve.
+	impostor := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	ePEM, eKey := edgeCert(t, ca, ServersName+"x", time.Hour)
+	if pair, err = tls.X509KeyPair(ePEM, eKey); err != nil {
+		t.Fatal(err)
+	}
+	impostor.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	impostor.Config.ErrorLog = log.New(testLog{t}, "impostor: ", 0)
+	impostor.StartTLS()
+	defer impostor.Close()
+	if status, _, err := get(good, impostor.URL+"/"); err == nil {
+		t.Errorf("an edge's certificate served the node channel: status %d", status)
+	}
+	// And one crafted to name the servers but without the server role.
+	craftedPEM, craftedKey := craft(t, ca, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "x", OrganizationalUnit: []string{RoleEdge}},
+		DNSNames:    []string{ServersName},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if pair, err = tls.X509KeyPair(craftedPEM, craftedKey); err != nil {
+		t.Fatal(err)
+	}
+	impostor2 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	impostor2.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	impostor2.Config.ErrorLog = log.New(testLog{t}, "impostor: ", 0)
+	impostor2.StartTLS()
+	defer impostor2.Close()
+	if _, _, err := get(good, impostor2.URL+"/"); err == nil || !strings.Contains(err.Error(), "server role") {
+		t.Errorf("a certificate naming the servers without their role: %v, want refused for the role", err)
+	}
+}
+
+func TestRequireEdgeWithoutTLS(t *testing.T) {
+	rec := httptest.NewRecorder()
+	RequireEdge(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("served") })).
+		ServeHTTP(rec, httptest.NewRequest("POST", "/node/v1/heartbeat", nil))
+	if rec.Code != 401 {
+		t.Errorf("status %d, want 401", rec.Code)
 	}
 }
 

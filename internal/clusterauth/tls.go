@@ -1,6 +1,7 @@
 package clusterauth
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -22,13 +23,9 @@ import (
 // so a mismatched file is noticed at start and not at the first request. Expiry is not checked
 // here: see Expiry.
 func EdgeTLS(caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
-	cas, pool, err := caPool(caPEM)
+	cert, pool, err := load("edge TLS", caPEM, certPEM, keyPEM, RoleEdge, x509.ExtKeyUsageServerAuth)
 	if err != nil {
-		return nil, fmt.Errorf("edge TLS: %w", err)
-	}
-	cert, err := keyPair(certPEM, keyPEM, cas, RoleEdge, x509.ExtKeyUsageServerAuth)
-	if err != nil {
-		return nil, fmt.Errorf("edge TLS: %w", err)
+		return nil, err
 	}
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
@@ -46,13 +43,9 @@ func EdgeTLS(caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
 // It fails when the certificate is not a server's, or was not issued by one of the CAs of
 // caPEM. Expiry is not checked here: see Expiry.
 func ServerTLS(caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
-	cas, pool, err := caPool(caPEM)
+	cert, pool, err := load("server TLS", caPEM, certPEM, keyPEM, RoleServer, x509.ExtKeyUsageClientAuth)
 	if err != nil {
-		return nil, fmt.Errorf("server TLS: %w", err)
-	}
-	cert, err := keyPair(certPEM, keyPEM, cas, RoleServer, x509.ExtKeyUsageClientAuth)
-	if err != nil {
-		return nil, fmt.Errorf("server TLS: %w", err)
+		return nil, err
 	}
 	return &tls.Config{
 		MinVersion:       tls.VersionTLS13,
@@ -70,8 +63,8 @@ func ForNode(base *tls.Config, node string) *tls.Config {
 	return c
 }
 
-// verifyEdge refuses an edge whose verified certificate lacks the edge role. The CA issues
-// ServerAuth certificates to edges only, so this is a second lock, not the first.
+// verifyEdge refuses an edge whose verified certificate lacks the edge role: a replica's
+// certificate is a ServerAuth one too, but it names ServersName, never a node.
 func verifyEdge(cs tls.ConnectionState) error {
 	if len(cs.VerifiedChains) == 0 {
 		return fmt.Errorf("edge %s presented no certificate verified by the cluster CA", cs.ServerName)
@@ -119,6 +112,100 @@ func checkServerPeer(cs *tls.ConnectionState) error {
 	return nil
 }
 
+// NodeChannelTLS returns the configuration a server replica serves the node channel with: TLS
+// 1.3, its certificate (certPEM, keyPEM from IssueServer), and a client certificate required of
+// every connection and verified against the cluster CA (caPEM). Wrap the handler in RequireEdge,
+// which also checks the certificate's role.
+//
+// It fails when the certificate is not a server's, or was not issued by one of the CAs of caPEM.
+func NodeChannelTLS(caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
+	cert, pool, err := load("node channel TLS", caPEM, certPEM, keyPEM, RoleServer, x509.ExtKeyUsageServerAuth)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+	}, nil
+}
+
+// EdgeClientTLS returns the configuration an edge calls the servers' node channel with: TLS 1.3,
+// its certificate (certPEM, keyPEM from SignEdge and NewCSR), and a server verified against the
+// cluster CA (caPEM) that must carry the server role and name ServersName, whatever address the
+// edge dialled.
+//
+// It fails when the certificate is not an edge's that may be a client (one signed before the
+// node channel: join again), or was not issued by one of the CAs of caPEM.
+func EdgeClientTLS(caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
+	cert, pool, err := load("edge client TLS", caPEM, certPEM, keyPEM, RoleEdge, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:       tls.VersionTLS13,
+		Certificates:     []tls.Certificate{cert},
+		RootCAs:          pool,
+		ServerName:       ServersName,
+		VerifyConnection: verifyServer,
+	}, nil
+}
+
+// verifyServer refuses a node channel peer whose verified certificate lacks the server role.
+func verifyServer(cs tls.ConnectionState) error {
+	if len(cs.VerifiedChains) == 0 {
+		return fmt.Errorf("the node channel's server presented no certificate verified by the cluster CA")
+	}
+	if leaf := cs.VerifiedChains[0][0]; !hasRole(leaf, RoleServer, x509.ExtKeyUsageServerAuth) {
+		return fmt.Errorf("the node channel's server presented certificate %q, which lacks the server role", leaf.Subject.CommonName)
+	}
+	return nil
+}
+
+// edgeNodeKey carries the node RequireEdge found in a request's context.
+type edgeNodeKey struct{}
+
+// RequireEdge serves next only to edges of the cluster: a request must have come over TLS with
+// a client certificate verified by the cluster CA (NodeChannelTLS) that carries the edge role
+// and ClientAuth usage. The node its certificate names is then in the request's context
+// (EdgeNode). Others are answered 401 with a JSON error {code, message}.
+func RequireEdge(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		node, err := edgePeer(r.TLS)
+		if err != nil {
+			httpjson.Write(w, http.StatusUnauthorized, corral.Error{Code: errdefs.Code(err), Message: err.Error()})
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), edgeNodeKey{}, node)))
+	})
+}
+
+// EdgeNode returns the node whose edge sent r, as RequireEdge found it in the edge's
+// certificate; "" outside RequireEdge.
+func EdgeNode(r *http.Request) string {
+	node, _ := r.Context().Value(edgeNodeKey{}).(string)
+	return node
+}
+
+// edgePeer returns the node of the edge at the other end of cs, or why it is not one.
+func edgePeer(cs *tls.ConnectionState) (string, error) {
+	switch {
+	case cs == nil:
+		return "", fmt.Errorf("the node channel is served to edges over mutual TLS only, and this request came without TLS: %w", errdefs.ErrUnauthorized)
+	case len(cs.VerifiedChains) == 0:
+		return "", fmt.Errorf("no client certificate verified by the cluster CA: the node channel is served to the cluster's edges only: %w", errdefs.ErrUnauthorized)
+	}
+	leaf := cs.VerifiedChains[0][0]
+	if !hasRole(leaf, RoleEdge, x509.ExtKeyUsageClientAuth) {
+		return "", fmt.Errorf("client certificate %q lacks the edge role (or was signed before the node channel: the edge joins again): %w", leaf.Subject.CommonName, errdefs.ErrUnauthorized)
+	}
+	if err := checkNode(leaf.Subject.CommonName); err != nil {
+		return "", fmt.Errorf("client certificate: %v: %w", err, errdefs.ErrUnauthorized)
+	}
+	return leaf.Subject.CommonName, nil
+}
+
 // hasRole reports whether cert carries role, and no other, and the extended key usage.
 func hasRole(cert *x509.Certificate, role string, usage x509.ExtKeyUsage) bool {
 	ou := cert.Subject.OrganizationalUnit
@@ -132,6 +219,20 @@ func Expiry(certPEM []byte) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("read certificate expiry: %w", err)
 	}
 	return cert.NotAfter, nil
+}
+
+// load returns the certificate of certPEM and keyPEM, checked to carry role and usage and to be
+// issued by one of the CAs of caPEM, and a pool of those CAs; errors start with what.
+func load(what string, caPEM, certPEM, keyPEM []byte, role string, usage x509.ExtKeyUsage) (tls.Certificate, *x509.CertPool, error) {
+	cas, pool, err := caPool(caPEM)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	cert, err := keyPair(certPEM, keyPEM, cas, role, usage)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return cert, pool, nil
 }
 
 // caPool parses the cluster CA certificates (more than one while a CA is replaced).

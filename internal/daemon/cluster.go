@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 )
@@ -28,6 +29,10 @@ type ClusterConfig struct {
 	// TLS serves the API to the cluster's servers only (mutual TLS under the cluster CA; from
 	// cluster.Join). Without it the API is served in the clear, as `corral up` serves it.
 	TLS *tls.Config
+	// Servers is the servers' node channel (from cluster.Join): the edge registers, heartbeats
+	// and sends its events there. Without it (a server older than the node channel) it does
+	// them in the store.
+	Servers *nodeproto.Servers
 	// Labels describe the node to placement (gpu=h100, kvm=true).
 	Labels map[string]string
 	// LeaseTTL is how long a heartbeat holds the lease (default 15s; heartbeats every third).
@@ -70,19 +75,64 @@ func (c *ClusterConfig) admissible(host store.Resources) *store.Resources {
 
 // registerNode starts this edge's incarnation and fences the store's writes with its epoch.
 func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, diskHeld int64, log *slog.Logger) (*store.Node, error) {
-	n, err := st.Register(ctx, store.Node{
-		Name: cfg.Node, URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
+	req := nodeproto.RegisterRequest{
+		URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
 		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes, diskHeld),
 		Tiers:    tiers, Runtimes: runtimes,
-		Protocol: nodeproto.Version, // servers send this edge callers, never tokens
-	}, cfg.Cluster.LeaseTTL)
+		Protocol:       nodeproto.Version, // servers send this edge callers, never tokens
+		LeaseTTLMillis: cfg.Cluster.LeaseTTL.Milliseconds(),
+	}
+	var n *store.Node
+	var err error
+	if srv := cfg.Cluster.Servers; srv != nil {
+		n, err = registerWithServers(ctx, srv, req, log)
+	} else {
+		n, err = st.Register(ctx, store.Node{
+			Name: cfg.Node, URL: req.URL, Labels: req.Labels, Capacity: req.Capacity,
+			Tiers: req.Tiers, Runtimes: req.Runtimes, Protocol: req.Protocol,
+		}, cfg.Cluster.LeaseTTL)
+	}
 	if err != nil {
 		return nil, err
 	}
+	if n.Name != cfg.Node {
+		return nil, fmt.Errorf("the servers registered node %q, not %q: the edge's certificate names another node", n.Name, cfg.Node)
+	}
 	st.Fence(cfg.Node, n.Epoch)
-	log.Info("node registered", "epoch", n.Epoch, "state", n.State, "url", n.URL, "capacity", n.Capacity,
+	log.Info("node registered", "epoch", n.Epoch, "state", n.State, "url", n.URL, "capacity", n.Capacity, "through", registeredThrough(cfg.Cluster),
 		"overcommit_cpu", cfg.Cluster.Overcommit.CPU, "overcommit_memory", cfg.Cluster.Overcommit.Memory, "overcommit_disk", cfg.Cluster.Overcommit.Disk)
 	return n, nil
+}
+
+// registerTries bounds how long an edge's start waits for the servers' node channel: servers
+// rolling or restarting come back within it.
+const registerTries = 10
+
+// registerWithServers registers through the node channel, trying again while the servers are
+// unavailable.
+func registerWithServers(ctx context.Context, srv *nodeproto.Servers, req nodeproto.RegisterRequest, log *slog.Logger) (*store.Node, error) {
+	wait := time.Second
+	for try := 1; ; try++ {
+		n, err := srv.Register(ctx, req)
+		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, nodeproto.ErrVersion) || try == registerTries {
+			return n, err
+		}
+		log.Warn("register with the servers; trying again", "err", err, "try", try, "wait", wait)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+// registeredThrough says where the edge registers and heartbeats, for its logs.
+func registeredThrough(c *ClusterConfig) string {
+	if c.Servers != nil {
+		return strings.Join(c.Servers.URLs(), ",")
+	}
+	return "store"
 }
 
 // heartbeat renews the node's lease until ctx ends, telling the edge whether its node is
@@ -98,10 +148,16 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 			return nil
 		case <-t.C:
 		}
-		used, err := st.NodeUsage(ctx, cfg.Node)
 		var state string
-		if err == nil {
-			state, err = st.Heartbeat(ctx, cfg.Node, epoch, used, cfg.Cluster.LeaseTTL)
+		var err error
+		if srv := cfg.Cluster.Servers; srv != nil {
+			// The servers count what this node's sandboxes use from their records.
+			state, err = srv.Heartbeat(ctx, epoch, cfg.Cluster.LeaseTTL)
+		} else {
+			var used store.Resources
+			if used, err = st.NodeUsage(ctx, cfg.Node); err == nil {
+				state, err = st.Heartbeat(ctx, cfg.Node, epoch, used, cfg.Cluster.LeaseTTL)
+			}
 		}
 		if err == nil {
 			e.SetDraining(state == store.NodeDraining)

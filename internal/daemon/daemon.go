@@ -35,6 +35,7 @@ import (
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/lxcfs"
+	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/runtime/backends"
 	"github.com/corral-dev/corral/internal/runtime/cgroups"
@@ -257,6 +258,11 @@ func (c *Config) Validate() error {
 	}
 	if o := c.OvercommitDisk; !(o >= 0.1 && o <= 100) {
 		return errdefs.Invalid("overcommit-disk", "%g is outside [0.1, 100]", o)
+	}
+	if c.Cluster != nil {
+		if _, err := nodeproto.LeaseTTL(c.Cluster.LeaseTTL.Milliseconds()); err != nil {
+			return errdefs.Invalid("lease-ttl", "%v is outside [%v, %v]", c.Cluster.LeaseTTL, nodeproto.MinLeaseTTL, nodeproto.MaxLeaseTTL)
+		}
 	}
 	if c.Agent == "" {
 		self, err := os.Executable()
@@ -560,7 +566,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	// are written.
 	busCtx, stopBus := context.WithCancel(context.WithoutCancel(ctx))
 	busDone := make(chan struct{})
-	go func() { defer close(busDone); bus.Run(busCtx, st) }()
+	var recorder events.Recorder = st
+	if node != nil && cfg.Cluster.Servers != nil {
+		recorder = cfg.Cluster.Servers.EventRecorder(node.Epoch) // the servers record them
+	}
+	go func() { defer close(busDone); bus.Run(busCtx, recorder) }()
 	defer func() { stopBus(); <-busDone }()
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true

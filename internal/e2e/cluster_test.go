@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -305,6 +306,7 @@ func TestCluster(t *testing.T) {
 	e2bAddr := freePortOn(t, fleetGateway)
 	server := func(name, url, dir string, extra ...string) *proc {
 		p := startProc(t, name, url, append([]string{"server", "--store", dsn, "--edge-store", edgeDSN, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
+			"--node-listen", freePortOn(t, fleetGateway),
 			"--blob-store", "dir:" + shared, "--lease-grace", "2s", "--log-level", "debug",
 			"--webhook-allow-private", "--webhook-backoff", "100ms"}, extra...)...)
 		procs = append(procs, p)
@@ -389,6 +391,13 @@ func TestCluster(t *testing.T) {
 	edgeRole := strings.TrimPrefix(edgeDSN[:strings.Index(edgeDSN, "@")], "postgres://")
 	if n, err := pg.Sessions(edgeRole); err != nil || n == 0 {
 		t.Fatalf("sessions of the edges' role %s: %d, %v", edgeRole, n, err)
+	}
+	// They registered through the servers' node channel, knowing both replicas (the role may
+	// not write events, so every event below came that way too).
+	for _, p := range procs {
+		if strings.HasPrefix(p.name, "edge") && !regexp.MustCompile(`node registered.*through=https://[^ ,]+,https://`).MatchString(p.log()) {
+			t.Errorf("%s did not register through the node channel knowing both replicas:\n%s", p.name, p.log())
+		}
 	}
 	nodeStates := func() map[string]string {
 		list, err := c2.Nodes(ctx)

@@ -17,24 +17,34 @@ import (
 // cannot change projects or quotas (it reads projects: admission checks quotas against them), and
 // of the settings sees only the few an edge keeps there, never the cluster CA's key, the join
 // token or the E2B secrets. Webhooks are delivered by the servers, so an edge cannot read their
-// secrets or their delivery log; the audit log and the event stream are served by the servers
-// too, so an edge only adds to them: it can neither read them nor erase what it did. A stolen
+// secrets or their delivery log. The event stream is served by the servers and recorded by
+// them too: an edge sends its events over the node channel (internal/nodeproto), where the
+// servers refuse any that speak for another node, so the role has no privilege on it. The audit
+// log is served by the servers, so an edge only adds to it: it can neither read it nor erase
+// what it did. A stolen
 // edge's credentials then mint no token, forge no server certificate, sign no webhook delivery
 // and cover no tracks. Every other table is the edge's to read and write (its sandboxes, their
-// usage, layers it imports, volumes, idempotency keys).
+// usage, layers it imports, volumes, idempotency keys), but the nodes: it reads them and may lock
+// a row, since its nodes' registrations and heartbeats go through the servers.
 
 // edgeDenied lists the tables an edge role gets no privilege on.
-var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries"}
+var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers"}
 
 // edgeReadOnly lists the tables an edge role may only read: projects, and layer tags (the
 // servers move them; a stolen edge cannot point a tag every tenant creates from at a layer of
 // its choosing).
 var edgeReadOnly = []string{"projects", "schema_migrations", "layer_tags"}
 
+// edgeLockOnly lists the tables an edge role may read and lock rows of (SELECT ... FOR UPDATE
+// needs the UPDATE privilege on one column), with that column, which nothing writes: the nodes,
+// whose rows an edge's record writes lock to check their epoch. Registration and heartbeats go
+// through the servers (the node channel), so a stolen edge can neither register another node's
+// name, renew a lease, nor change a node's state.
+var edgeLockOnly = map[string]string{"nodes": "lock_only"}
+
 // edgeAppendOnly lists the tables an edge role may only add rows to, with the columns it may
-// read: an insert's conflict key (an edge writes a batch of events again after a broken
-// connection, ON CONFLICT (id) DO NOTHING, which needs it).
-var edgeAppendOnly = map[string]string{"audit": "", "events": "id"}
+// read (an insert's conflict key, when it has one): the audit log.
+var edgeAppendOnly = map[string]string{"audit": ""}
 
 // CatalogSetting is the setting that keeps the network service catalogue saved through the API
 // (PUT /v1/network/services): the servers write it, every edge reads it.
@@ -91,8 +101,11 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 	for _, t := range tables {
 		stmts = append(stmts, fmt.Sprintf(`REVOKE ALL ON %s FROM %s`, q(t), role))
 		key, appendOnly := edgeAppendOnly[t]
+		lockCol, lockOnly := edgeLockOnly[t]
 		switch {
 		case slices.Contains(edgeDenied, t):
+		case lockOnly:
+			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, UPDATE (%s) ON %s TO %s`, q(lockCol), q(t), role))
 		case slices.Contains(edgeReadOnly, t):
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT ON %s TO %s`, q(t), role))
 		case appendOnly:

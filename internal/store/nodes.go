@@ -303,3 +303,43 @@ func (s *Store) NodeUsage(ctx context.Context, node string) (Resources, error) {
 	}
 	return u, nil
 }
+
+// Server replicas (cluster mode). Each replica announces where edges reach its node channel
+// every few seconds; edges learn the replicas alive from the join answer and every heartbeat, so
+// an edge keeps its lease through any replica when the one it joined through is gone.
+
+// AnnounceServer records that replica name is alive now and serves the node channel at nodeURL.
+func (s *Store) AnnounceServer(ctx context.Context, name, nodeURL string) error {
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO servers (name, node_url, seen_ns) VALUES (?, ?, ?)
+		ON CONFLICT (name) DO UPDATE SET node_url = excluded.node_url, seen_ns = excluded.seen_ns`,
+		name, nodeURL, time.Now().UnixNano()); err != nil {
+		return fmt.Errorf("announce server %s: %w", name, err)
+	}
+	return nil
+}
+
+// ForgetServer removes replica name (it stops), and every replica not seen since before.
+func (s *Store) ForgetServer(ctx context.Context, name string, before time.Time) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM servers WHERE name = ? OR seen_ns < ?`, name, before.UnixNano()); err != nil {
+		return fmt.Errorf("forget server %s: %w", name, err)
+	}
+	return nil
+}
+
+// ServerURLs returns the node channel URLs of the replicas seen since since, each once, in order.
+func (s *Store) ServerURLs(ctx context.Context, since time.Time) ([]string, error) {
+	rows, err := s.rdb.QueryContext(ctx, `SELECT DISTINCT node_url FROM servers WHERE seen_ns >= ? AND node_url != '' ORDER BY node_url`, since.UnixNano())
+	if err != nil {
+		return nil, fmt.Errorf("list the servers: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var u string
+		if err := rows.Scan(&u); err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}

@@ -200,3 +200,35 @@ func TestNodeConversion(t *testing.T) {
 		t.Errorf("LiveStates() = %v, want %v", LiveStates(), want)
 	}
 }
+
+// TestServersAnnounced checks the replica registry edges learn the node channel from: one URL
+// per replica, each listed once, those not seen lately left out, a stopped replica forgotten.
+func TestServersAnnounced(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		for _, r := range []struct{ name, url string }{
+			{"a", "https://10.0.0.1:7071"}, {"b", "https://10.0.0.2:7071"}, {"c", "https://svc:7071"},
+			{"d", "https://svc:7071"}, {"e", ""}, {"gone", "https://10.0.0.3:7071"},
+		} {
+			if err := s.AnnounceServer(ctx, r.name, r.url); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.db.ExecContext(ctx, `UPDATE servers SET seen_ns = ? WHERE name = 'gone'`, time.Now().Add(-time.Hour).UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"https://10.0.0.1:7071", "https://10.0.0.2:7071", "https://svc:7071"}
+		if got, err := s.ServerURLs(ctx, time.Now().Add(-time.Minute)); err != nil || !slices.Equal(got, want) {
+			t.Errorf("server URLs: %q, %v; want %q", got, err, want)
+		}
+		// A replica that stops forgets itself, and the long gone with it.
+		if err := s.ForgetServer(ctx, "a", time.Now().Add(-30*time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM servers`).Scan(&n); err != nil || n != 4 {
+			t.Errorf("%d replicas left, %v; want b, c, d and e", n, err)
+		}
+	})
+}

@@ -380,6 +380,16 @@ var migrations = []string{
 	// filled in there).
 	`ALTER TABLE sandboxes ADD COLUMN ended_ns INTEGER NOT NULL DEFAULT 0;
 	CREATE INDEX sandboxes_ended ON sandboxes(ended_ns);`,
+	// 20: the cluster's server replicas and where edges reach their node channel
+	// (AnnounceServer); a column of the nodes no one writes, whose UPDATE privilege alone lets
+	// the edges' role lock a node row to check its epoch (checkEpoch) while it may write nothing
+	// of a node (EdgeRoleSQL).
+	`CREATE TABLE servers (
+		name TEXT PRIMARY KEY,
+		node_url TEXT NOT NULL,
+		seen_ns BIGINT NOT NULL
+	);
+	ALTER TABLE nodes ADD COLUMN lock_only INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?

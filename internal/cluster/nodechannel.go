@@ -1,0 +1,313 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/corral-dev/corral/internal/clusterauth"
+	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/nodeproto"
+	"github.com/corral-dev/corral/internal/placement"
+	"github.com/corral-dev/corral/internal/store"
+)
+
+// The node channel (internal/nodeproto): edges register, heartbeat and record their events
+// through the servers instead of in the store. Every replica serves it on its node listener,
+// over mutual TLS under the cluster CA; the node is the one the edge's certificate names.
+
+// maxNodeBody bounds a node channel request (an events batch of nodeproto.MaxEvents is well
+// under it).
+const maxNodeBody = 8 << 20
+
+// nodeHandler serves the node channel.
+func (s *Server) nodeHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+nodeproto.PathRegister, s.nodeRegister)
+	mux.HandleFunc("POST "+nodeproto.PathHeartbeat, s.nodeHeartbeat)
+	mux.HandleFunc("POST "+nodeproto.PathEvents, s.nodeEvents)
+	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := nodeproto.CheckVersion(r.Header); err != nil {
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}))
+}
+
+// nodeTLS returns the node listener's TLS configuration: this replica's certificate (the one it
+// calls edges with, reissued at half its life) and edges' certificates required.
+func (s *Server) nodeTLS() (*tls.Config, error) {
+	certPEM, keyPEM, err := s.ca.IssueServer(s.name, serverTTL)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := clusterauth.NodeChannelTLS(s.ca.CertPEM(), certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Certificates = nil
+	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.certificate(), nil }
+	return cfg, nil
+}
+
+// nodeRegister starts a new incarnation of the caller's node.
+func (s *Server) nodeRegister(w http.ResponseWriter, r *http.Request) {
+	node := clusterauth.EdgeNode(r)
+	var req nodeproto.RegisterRequest
+	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	ttl, err := checkRegister(&req)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	n, err := s.store.Register(r.Context(), store.Node{
+		Name: node, URL: req.URL, Capacity: req.Capacity, Labels: req.Labels,
+		Tiers: req.Tiers, Runtimes: req.Runtimes, Protocol: req.Protocol,
+	}, ttl)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	s.log.Info("node registered", "node", node, "epoch", n.Epoch, "state", n.State, "url", n.URL, "remote", r.RemoteAddr)
+	s.refresh(r.Context(), true)
+	httpjson.Write(w, http.StatusOK, n)
+}
+
+// checkRegister validates a registration and returns its lease TTL.
+func checkRegister(req *nodeproto.RegisterRequest) (time.Duration, error) {
+	ttl, err := nodeproto.LeaseTTL(req.LeaseTTLMillis)
+	if err != nil {
+		return 0, err
+	}
+	if u, perr := parseHTTPS(req.URL); perr != nil {
+		return 0, errdefs.Invalid("url", "%q: %v", req.URL, perr)
+	} else if u == "" {
+		return 0, errdefs.Invalid("url", "%q: servers reach edges at https://HOST:PORT", req.URL)
+	}
+	if req.Protocol != nodeproto.Version {
+		return 0, fmt.Errorf("the edge speaks node protocol %d, this server %d (upgrade the older side): %w", req.Protocol, nodeproto.Version, nodeproto.ErrVersion)
+	}
+	c := req.Capacity
+	if c.CPUs < 0 || c.MemoryBytes < 0 || c.DiskBytes < 0 || c.Sandboxes < 0 {
+		return 0, errdefs.Invalid("capacity", "%+v: no resource is negative", c)
+	}
+	if err := placement.ValidateLabels("labels", req.Labels); err != nil {
+		return 0, errdefs.Invalid("labels", "%v", err)
+	}
+	for _, f := range []struct {
+		name string
+		list []string
+	}{{"tiers", req.Tiers}, {"runtimes", req.Runtimes}} {
+		if len(f.list) > 16 || slices.ContainsFunc(f.list, func(v string) bool { return v == "" || len(v) > 32 }) {
+			return 0, errdefs.Invalid(f.name, "%q: at most 16 names of 1-32 characters", f.list)
+		}
+	}
+	return ttl, nil
+}
+
+// parseHTTPS returns u's host:port when u is https://HOST:PORT with nothing else, "" when it is
+// not https.
+func parseHTTPS(u string) (string, error) {
+	rest, ok := strings.CutPrefix(u, "https://")
+	if !ok {
+		return "", nil
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil || host == "" {
+		return "", fmt.Errorf("not https://HOST:PORT")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return "", fmt.Errorf("port %q", port)
+	}
+	return rest, nil
+}
+
+// nodeHeartbeat renews the caller's lease with what its live sandboxes use, counted here.
+func (s *Server) nodeHeartbeat(w http.ResponseWriter, r *http.Request) {
+	node := clusterauth.EdgeNode(r)
+	var req nodeproto.HeartbeatRequest
+	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	ttl, err := nodeproto.LeaseTTL(req.LeaseTTLMillis)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	used, err := s.store.NodeUsage(r.Context(), node)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	state, err := s.store.Heartbeat(r.Context(), node, req.Epoch, used, ttl)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, nodeproto.HeartbeatResponse{State: state, Servers: s.replicaURLs(r.Context())})
+}
+
+// nodeEvents records a batch of the caller's events. An event of another node, or of a sandbox
+// another node runs, refuses the whole batch: nothing an edge sends speaks for anyone else.
+func (s *Server) nodeEvents(w http.ResponseWriter, r *http.Request) {
+	node := clusterauth.EdgeNode(r)
+	var req nodeproto.EventsRequest
+	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	if err := checkEvents(node, &req); err != nil {
+		s.log.Warn("events refused", "node", node, "epoch", req.Epoch, "err", err)
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	if err := s.store.AddEvents(r.Context(), req.Events); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// checkEvents refuses a batch that is too large or speaks for another node.
+func checkEvents(node string, req *nodeproto.EventsRequest) error {
+	if len(req.Events) > nodeproto.MaxEvents {
+		return errdefs.Invalid("events", "%d events: at most %d a batch", len(req.Events), nodeproto.MaxEvents)
+	}
+	prefix := "ev-" + node + "-"
+	for i, ev := range req.Events {
+		switch {
+		case ev.Node != node:
+			return fmt.Errorf("events[%d] names node %q; node %s records its own events only: %w", i, ev.Node, node, errdefs.ErrDenied)
+		case !strings.HasPrefix(ev.ID, prefix) || len(ev.ID) > 128:
+			return errdefs.Invalid(fmt.Sprintf("events[%d].id", i), "%q: node %s's event IDs start with %s", ev.ID, node, prefix)
+		case ev.Sandbox != "" && edge.NodeOf(ev.Sandbox) != node:
+			return fmt.Errorf("events[%d]: sandbox %q is not node %s's: %w", i, ev.Sandbox, node, errdefs.ErrDenied)
+		case ev.Type == "" || ev.At.IsZero():
+			return errdefs.Invalid(fmt.Sprintf("events[%d]", i), "an event has a type and a time")
+		}
+	}
+	return nil
+}
+
+// serveNodes serves the node channel on lis; its end goes to errc.
+func (s *Server) serveNodes(lis net.Listener, errc chan<- error) (*http.Server, error) {
+	cfg, err := s.nodeTLS()
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: s.nodeHandler(), TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	go func() {
+		if err := srv.ServeTLS(lis, "", ""); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("node channel: %w", err)
+		}
+	}()
+	return srv, nil
+}
+
+// nodeURLs are the node channel's URLs for an edge that joined through r: this replica's first
+// (NodeURL, else the host r reached it at with the node channel's port), then the other replicas
+// alive.
+func (s *Server) nodeURLs(r *http.Request) []string {
+	if s.nodePort == 0 {
+		return nil // not serving it (a test's replica)
+	}
+	own := s.cfg.NodeURL
+	if own == "" {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(r.Host); err == nil {
+			host = h
+		}
+		if host != "" {
+			own = "https://" + net.JoinHostPort(host, strconv.Itoa(s.nodePort))
+		}
+	}
+	var urls []string
+	if own != "" {
+		urls = append(urls, own)
+	}
+	for _, u := range s.replicaURLs(r.Context()) {
+		if !slices.Contains(urls, u) {
+			urls = append(urls, u)
+		}
+	}
+	return urls
+}
+
+// advertised is the node channel URL this replica announces to the others: NodeURL, else the
+// node listener's address when it names one host; "" when it names none (0.0.0.0): edges then
+// learn it only when they join through it.
+func (s *Server) advertised() string {
+	if s.cfg.NodeURL != "" {
+		return s.cfg.NodeURL
+	}
+	host, _, err := net.SplitHostPort(s.cfg.NodeListen)
+	if err != nil || host == "" {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return ""
+	}
+	return "https://" + net.JoinHostPort(host, strconv.Itoa(s.nodePort))
+}
+
+// Replica announcements: every announceEvery a replica records that it is alive (store.
+// AnnounceServer); one not seen for replicaGone is left out of what edges learn.
+const (
+	announceEvery = 5 * time.Second
+	replicaGone   = 30 * time.Second
+)
+
+// announce records this replica every announceEvery until ctx ends, and forgets it then.
+func (s *Server) announce(ctx context.Context) {
+	url := s.advertised()
+	t := time.NewTicker(announceEvery)
+	defer t.Stop()
+	for {
+		if err := s.store.AnnounceServer(ctx, s.name, url); err != nil && ctx.Err() == nil {
+			s.log.Warn("announce this replica to the edges", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+			defer cancel()
+			if err := s.store.ForgetServer(fctx, s.name, time.Now().Add(-time.Hour)); err != nil {
+				s.log.Warn("forget this replica", "err", err)
+			}
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// replicaURLs returns the node channel URLs of the replicas alive, read at most every
+// announceEvery.
+func (s *Server) replicaURLs(ctx context.Context) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Since(s.replicasAt) < announceEvery {
+		return s.replicas
+	}
+	urls, err := s.store.ServerURLs(ctx, time.Now().Add(-replicaGone))
+	if err != nil {
+		s.log.Warn("read the replicas", "err", err)
+		return s.replicas
+	}
+	s.replicas, s.replicasAt = urls, time.Now()
+	return urls
+}

@@ -1,0 +1,303 @@
+package nodeproto
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/store"
+)
+
+// The node channel: what an edge asks of the cluster's servers, over mutual TLS to the servers'
+// node listener (clusterauth.NodeChannelTLS and EdgeClientTLS). The server takes the node from
+// the edge's certificate, never from a body, and checks every call's epoch against the node's
+// row in the same transaction as what it writes, so an edge can act only as the incarnation of
+// its own node that holds the lease.
+//
+// Each call is a POST of a JSON body that speaks Version (HeaderVersion); errors are the API's
+// JSON {code, message} with HeaderRefusal set to StaleEpoch when the edge's incarnation was
+// fenced off.
+
+// The node channel's paths.
+const (
+	PathRegister  = "/node/v1/register"
+	PathHeartbeat = "/node/v1/heartbeat"
+	PathEvents    = "/node/v1/events"
+)
+
+// Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
+// of it loads the servers for nothing; above the maximum a dead node keeps its sandboxes' quota
+// and a server starting after an outage of every server waits too long before declaring any node
+// lost (it waits MaxLeaseTTL first).
+const (
+	MinLeaseTTL = 3 * time.Second
+	MaxLeaseTTL = 5 * time.Minute
+)
+
+// MaxEvents bounds one PushEvents batch (an edge's bus writes at most its queue, 4096 by
+// default, in batches of what piled up in 100 ms).
+const MaxEvents = 4096
+
+// maxBody bounds a node channel request or answer.
+const maxBody = 8 << 20
+
+// RegisterRequest starts a new incarnation of the caller's node: where the servers reach its
+// API, what it offers and speaks, and how long a heartbeat holds its lease.
+type RegisterRequest struct {
+	URL      string            `json:"url"`
+	Capacity store.Resources   `json:"capacity"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Tiers    []string          `json:"tiers,omitempty"`
+	Runtimes []string          `json:"runtimes,omitempty"`
+	// Protocol is the node protocol the edge's API speaks (Version).
+	Protocol int `json:"protocol"`
+	// LeaseTTLMillis is the lease's length, within [MinLeaseTTL, MaxLeaseTTL].
+	LeaseTTLMillis int64 `json:"lease_ttl_ms"`
+}
+
+// HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
+// the node's live sandboxes use from their records: the edge reports nothing it could misstate.
+type HeartbeatRequest struct {
+	Epoch          int64 `json:"epoch"`
+	LeaseTTLMillis int64 `json:"lease_ttl_ms"`
+}
+
+// HeartbeatResponse is the node's state (an operator may have cordoned or drained it), and the
+// node channel URLs of the replicas alive now, which the edge calls from then on.
+type HeartbeatResponse struct {
+	State   string   `json:"state"`
+	Servers []string `json:"servers,omitempty"`
+}
+
+// EventsRequest records a batch of the caller's events. Each must name the caller's node, and a
+// sandbox event a sandbox of that node.
+type EventsRequest struct {
+	Epoch  int64          `json:"epoch"`
+	Events []events.Event `json:"events"`
+}
+
+// LeaseTTL checks an edge's requested lease length.
+func LeaseTTL(ms int64) (time.Duration, error) {
+	d := time.Duration(ms) * time.Millisecond
+	if d < MinLeaseTTL || d > MaxLeaseTTL {
+		return 0, errdefs.Invalid("lease_ttl_ms", "%d: a lease is %v to %v", ms, MinLeaseTTL, MaxLeaseTTL)
+	}
+	return d, nil
+}
+
+// MaxServers bounds the replicas' URLs an edge keeps.
+const MaxServers = 64
+
+// Servers is an edge's client of the servers' node channel. It calls one replica until that one
+// cannot be reached, then the next it knows of; every heartbeat's answer tells it the replicas
+// alive. Its methods may be called concurrently.
+type Servers struct {
+	client *http.Client
+
+	mu   sync.Mutex
+	urls []string // the replicas' node channel URLs, the one called now first
+}
+
+// NewServers returns a client of the node channel at urls (https://HOST:PORT each: the replicas',
+// or one service address for all) that dials with tlsCfg (clusterauth.EdgeClientTLS).
+func NewServers(urls []string, tlsCfg *tls.Config) (*Servers, error) {
+	urls, err := checkURLs(urls)
+	if err != nil {
+		return nil, err
+	}
+	if len(urls) == 0 {
+		return nil, errdefs.Invalid("node_url", "no URL of the node channel")
+	}
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		TLSClientConfig:     tlsCfg,
+		TLSHandshakeTimeout: 5 * time.Second,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: 4,
+		// A dead replica behind the service address is noticed within seconds and the next
+		// call dials again (possibly another replica).
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 5 * time.Second, PingTimeout: 5 * time.Second},
+	}
+	return &Servers{urls: urls, client: &http.Client{Transport: tr, Timeout: 15 * time.Second}}, nil
+}
+
+// checkURLs returns urls without trailing slashes or repeats, or why one is not a node channel's.
+func checkURLs(urls []string) ([]string, error) {
+	var out []string
+	for _, u := range urls {
+		if !strings.HasPrefix(u, "https://") || len(u) > 512 {
+			return nil, errdefs.Invalid("node_url", "%q: the node channel is https://HOST:PORT (mutual TLS under the cluster CA)", u)
+		}
+		if u = strings.TrimRight(u, "/"); !slices.Contains(out, u) && len(out) < MaxServers {
+			out = append(out, u)
+		}
+	}
+	return out, nil
+}
+
+// URLs returns the replicas the client knows, the one it calls now first.
+func (s *Servers) URLs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.urls)
+}
+
+// learn takes the replicas a heartbeat named, after the one called now, which just answered
+// (it may not be among them: a replica listening on every address announces no URL of its own).
+// Replicas neither named nor called now are dropped.
+func (s *Servers) learn(named []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	urls, err := checkURLs(append([]string{s.urls[0]}, named...))
+	if err != nil {
+		return // a server's answer this build cannot use: keep what it knows
+	}
+	s.urls = urls
+}
+
+// failed moves url, which could not be reached, behind the others.
+func (s *Servers) failed(url string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.urls) > 1 && s.urls[0] == url {
+		s.urls = append(s.urls[1:], url)
+	}
+}
+
+// Register starts a new incarnation of the edge's node (named by its certificate) and returns
+// the node's row, with its new epoch.
+func (s *Servers) Register(ctx context.Context, req RegisterRequest) (*store.Node, error) {
+	var n store.Node
+	if err := s.call(ctx, PathRegister, req, &n); err != nil {
+		return nil, fmt.Errorf("register with the servers: %w", err)
+	}
+	return &n, nil
+}
+
+// Heartbeat renews the lease of incarnation epoch for ttl and returns the node's state. It fails
+// with store.ErrFenced when the incarnation was fenced off (a newer one registered, or the node
+// was declared lost).
+func (s *Servers) Heartbeat(ctx context.Context, epoch int64, ttl time.Duration) (string, error) {
+	var out HeartbeatResponse
+	if err := s.call(ctx, PathHeartbeat, HeartbeatRequest{Epoch: epoch, LeaseTTLMillis: ttl.Milliseconds()}, &out); err != nil {
+		return "", fmt.Errorf("heartbeat (epoch %d): %w", epoch, err)
+	}
+	s.learn(out.Servers)
+	return out.State, nil
+}
+
+// EventRecorder returns the events.Recorder of incarnation epoch: its batches go to the servers
+// (PushEvents), in pieces of at most MaxEvents.
+func (s *Servers) EventRecorder(epoch int64) events.Recorder {
+	return eventRecorder{s, epoch}
+}
+
+type eventRecorder struct {
+	s     *Servers
+	epoch int64
+}
+
+// AddEvents sends evs to the servers.
+func (r eventRecorder) AddEvents(ctx context.Context, evs []events.Event) error {
+	for len(evs) > 0 {
+		n := min(len(evs), MaxEvents)
+		if err := r.s.call(ctx, PathEvents, EventsRequest{Epoch: r.epoch, Events: evs[:n]}, nil); err != nil {
+			return fmt.Errorf("send %d events to the servers: %w", n, err)
+		}
+		evs = evs[n:]
+	}
+	return nil
+}
+
+// call POSTs in to path and decodes the answer into out (unless nil). A replica that cannot be
+// reached is put last and the next one tried, each at most once: every call is safe to repeat
+// (a registration that reached a replica whose answer was lost only fences an incarnation that
+// never ran; events are recorded once by their IDs).
+func (s *Servers) call(ctx context.Context, path string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, url := range s.URLs() {
+		err := s.callOne(ctx, url, path, body, out)
+		if !errors.Is(err, errUnreachable) {
+			return err
+		}
+		s.failed(url)
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("no replica's node channel answered: %w: %w", errors.Join(errs...), errdefs.ErrUnavailable)
+}
+
+// errUnreachable marks a replica that could not be reached, whose answer broke off, or that
+// answered it is unavailable (its store, or another version during a rolling upgrade): another
+// replica may do better.
+var errUnreachable = errors.New("unreachable")
+
+// callOne is one try of call, at the replica at url.
+func (s *Servers) callOne(ctx context.Context, url, path string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderVersion, strconv.Itoa(Version))
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %v: %w", url, err, errUnreachable)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return fmt.Errorf("%s: read the answer: %v: %w", url, err, errUnreachable)
+	}
+	switch {
+	case resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusGatewayTimeout:
+		return fmt.Errorf("%s: %w: %w", url, answerError(resp, raw), errUnreachable)
+	case resp.StatusCode/100 != 2:
+		return answerError(resp, raw)
+	case out == nil:
+		return nil
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("the servers' node channel %s: undecodable answer: %v", url, err)
+	}
+	return nil
+}
+
+// answerError turns an error answer into the error it says: store.ErrFenced for a StaleEpoch
+// refusal, else the errdefs kind of its status with the server's message.
+func answerError(resp *http.Response, raw []byte) error {
+	var e struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+	msg := strings.TrimSpace(string(raw))
+	if json.Unmarshal(raw, &e) == nil && e.Message != "" {
+		msg = e.Message
+	}
+	switch Refused(resp.Header) {
+	case StaleEpoch:
+		return fmt.Errorf("%s: %w", msg, store.ErrFenced)
+	case WrongVersion:
+		return fmt.Errorf("%s: %w", msg, ErrVersion)
+	}
+	return fmt.Errorf("%s (%s): %w", msg, resp.Status, errdefs.KindOf(resp.StatusCode))
+}
