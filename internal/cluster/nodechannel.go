@@ -163,7 +163,8 @@ func (s *Server) nodeHeartbeat(w http.ResponseWriter, r *http.Request) {
 }
 
 // nodeEvents records a batch of the caller's events. An event of another node, or of a sandbox
-// another node runs, refuses the whole batch: nothing an edge sends speaks for anyone else.
+// another node runs, refuses the whole batch: nothing an edge sends speaks for anyone else. A
+// fenced incarnation's batch is refused as a stale epoch.
 func (s *Server) nodeEvents(w http.ResponseWriter, r *http.Request) {
 	node := clusterauth.EdgeNode(r)
 	var req nodeproto.EventsRequest
@@ -176,7 +177,7 @@ func (s *Server) nodeEvents(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
-	if err := s.store.AddEvents(r.Context(), req.Events); err != nil {
+	if err := s.store.AddNodeEvents(r.Context(), node, req.Epoch, req.Events); err != nil {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}

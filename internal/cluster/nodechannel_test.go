@@ -125,6 +125,11 @@ func TestNodeChannel(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
+	// The incarnation a registration fenced off records nothing more.
+	stale := events.Event{ID: "ev-edge1-0-1", At: at, Type: events.Deleted, Sandbox: "sb-edge1-aaaaaaaaaaaaaaaa", Node: "edge1"}
+	if err := edge1.EventRecorder(1).AddEvents(ctx, []events.Event{stale}); !errors.Is(err, store.ErrFenced) {
+		t.Errorf("events of a fenced incarnation: %v, want ErrFenced", err)
+	}
 	evs, err := st.ListEvents(ctx, "", time.Time{}, 100)
 	if err != nil || len(evs) != 1 || evs[0].ID != own.ID {
 		t.Errorf("recorded events: %+v, %v; want edge1's one", evs, err)

@@ -25,25 +25,49 @@ func (s *Store) AddEvents(ctx context.Context, evs []events.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	err := s.tx(ctx, func(tx *Tx) error {
-		for _, ev := range evs {
-			p, err := iam.ParsePath("project", ev.Project)
-			if err != nil {
-				p = ""
-			}
-			doc, err := json.Marshal(ev)
-			if err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO events (id, at, type, project_path, doc) VALUES (?, ?, ?, ?, ?)
-				ON CONFLICT (id) DO NOTHING`, ev.ID, ev.At.UnixNano(), ev.Type, p, string(doc)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err := s.tx(ctx, func(tx *Tx) error { return insertEvents(ctx, tx, evs) })
 	if err != nil {
 		return fmt.Errorf("record %d events: %w", len(evs), err)
+	}
+	return nil
+}
+
+// AddNodeEvents records evs of incarnation epoch of node, in one transaction with the check that
+// epoch is still the node's and the node not lost (ErrFenced otherwise): what an incarnation the
+// cluster fenced off says happened is not recorded. The node's row is read, not locked.
+func (s *Store) AddNodeEvents(ctx context.Context, node string, epoch int64, evs []events.Event) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		var cur int64
+		var state string
+		err := tx.QueryRowContext(ctx, `SELECT epoch, state FROM nodes WHERE name = ?`, node).Scan(&cur, &state)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && (cur != epoch || state == NodeLost)) {
+			return fmt.Errorf("node %s epoch %d: %w", node, epoch, ErrFenced)
+		} else if err != nil {
+			return err
+		}
+		return insertEvents(ctx, tx, evs)
+	})
+	if err != nil {
+		return fmt.Errorf("record %d events of node %s: %w", len(evs), node, err)
+	}
+	return nil
+}
+
+// insertEvents adds evs to the events table; one already there (a batch sent again) is kept.
+func insertEvents(ctx context.Context, tx *Tx, evs []events.Event) error {
+	for _, ev := range evs {
+		p, err := iam.ParsePath("project", ev.Project)
+		if err != nil {
+			p = ""
+		}
+		doc, err := json.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO events (id, at, type, project_path, doc) VALUES (?, ?, ?, ?, ?)
+			ON CONFLICT (id) DO NOTHING`, ev.ID, ev.At.UnixNano(), ev.Type, p, string(doc)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
