@@ -36,6 +36,7 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathRegister, s.nodeRegister)
 	mux.HandleFunc("POST "+nodeproto.PathHeartbeat, s.nodeHeartbeat)
 	mux.HandleFunc("POST "+nodeproto.PathEvents, s.nodeEvents)
+	mux.HandleFunc("POST "+nodeproto.PathActivity, s.nodeActivity)
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := nodeproto.CheckVersion(r.Header); err != nil {
 			httpjson.Error(w, r, s.log, err)
@@ -178,6 +179,34 @@ func (s *Server) nodeEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.store.AddNodeEvents(r.Context(), node, req.Epoch, req.Events); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// nodeActivity records what the caller's live sandboxes did. A sandbox of another node refuses
+// the batch; a fenced incarnation's is refused as a stale epoch.
+func (s *Server) nodeActivity(w http.ResponseWriter, r *http.Request) {
+	node := clusterauth.EdgeNode(r)
+	var req nodeproto.ActivityRequest
+	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	if len(req.Sandboxes) > nodeproto.MaxActivity {
+		httpjson.Error(w, r, s.log, errdefs.Invalid("sandboxes", "%d sandboxes: at most %d a batch", len(req.Sandboxes), nodeproto.MaxActivity))
+		return
+	}
+	for i, a := range req.Sandboxes {
+		if edge.NodeOf(a.ID) != node {
+			err := fmt.Errorf("sandboxes[%d]: %q is not a sandbox of node %s: %w", i, a.ID, node, errdefs.ErrDenied)
+			s.log.Warn("activity refused", "node", node, "epoch", req.Epoch, "err", err)
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+	}
+	if err := s.store.RecordActivity(r.Context(), node, req.Epoch, req.Sandboxes); err != nil {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}

@@ -135,6 +135,18 @@ func TestNodeChannel(t *testing.T) {
 		t.Errorf("recorded events: %+v, %v; want edge1's one", evs, err)
 	}
 
+	// Activity: of the node's own sandboxes only, and of the incarnation holding the node.
+	act := edge1.ActivityRecorder(2)
+	if err := act.RecordActivity(ctx, []store.Activity{{ID: "sb-edge1-aaaaaaaaaaaaaaaa", LastActivityAt: at}}); err != nil {
+		t.Errorf("record edge1's activity: %v", err)
+	}
+	if err := act.RecordActivity(ctx, []store.Activity{{ID: "sb-edge1-aaaaaaaaaaaaaaaa", LastActivityAt: at}, {ID: "sb-edge2-aaaaaaaaaaaaaaaa", LastActivityAt: at}}); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("activity of another node's sandbox: %v, want ErrDenied", err)
+	}
+	if err := edge1.ActivityRecorder(1).RecordActivity(ctx, []store.Activity{{ID: "sb-edge1-aaaaaaaaaaaaaaaa", LastActivityAt: at}}); !errors.Is(err, store.ErrFenced) {
+		t.Errorf("activity of a fenced incarnation: %v, want ErrFenced", err)
+	}
+
 	// Edges learn the replicas alive from every heartbeat, the one they call kept first.
 	if err := st.AnnounceServer(ctx, "replica-b", "https://10.0.0.9:7071"); err != nil {
 		t.Fatal(err)

@@ -572,6 +572,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	go func() { defer close(busDone); bus.Run(busCtx, recorder) }()
 	defer func() { stopBus(); <-busDone }()
+	if node != nil && cfg.Cluster.Servers != nil {
+		ecfg.Activity = cfg.Cluster.Servers.ActivityRecorder(node.Epoch) // the servers record it
+	}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
 		// The edge's disk promise has the final say on disk (edge.DiskConfig), with the same

@@ -466,6 +466,31 @@ func TestCluster(t *testing.T) {
 	if list, err := c2.ListSandboxes(ctx, corral.ListOptions{}); err != nil || len(list) != 6 {
 		t.Fatalf("list through a replica: %d, %v", len(list), err)
 	}
+	// What they did reached the servers over the node channel: every sandbox's first exec, the
+	// actions, and a last activity past the create, read through the other replica.
+	eventually(t, 30*time.Second, "the report counts the sandboxes' first execs and actions", func() bool {
+		rep, err := c1.Report(ctx, corral.ReportQuery{Since: time.Hour})
+		if err != nil {
+			return false
+		}
+		execs := 0
+		for _, st := range rep.Setup {
+			execs += st.Count
+		}
+		return execs >= 6 && rep.Actions >= 12
+	})
+	eventually(t, 30*time.Second, "the sandboxes' last activity is past their create", func() bool {
+		list, err := c2.ListSandboxes(ctx, corral.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, sb := range list {
+			if !sb.LastActivityAt.After(sb.CreatedAt) {
+				return false
+			}
+		}
+		return len(list) == 6
+	})
 	for node, ids := range byNode {
 		if _, err := c2.DeleteSandbox(ctx, ids[0]); err != nil {
 			t.Fatal(err)

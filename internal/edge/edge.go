@@ -161,6 +161,9 @@ type Config struct {
 	PerSandboxMetrics bool
 	// Events is the bus the edge publishes lifecycle events on; nil: the edge makes its own.
 	Events *events.Bus
+	// Activity, when set, records what live sandboxes did (last activity, usage counters, first
+	// exec) instead of the store: a cluster's servers, over the node channel. nil: the store.
+	Activity ActivityRecorder
 	// Shared is the blob store the layer store keeps its blobs in; published versions are
 	// recorded there too, so that every Corral using it sees them (see shared.go). nil: versions
 	// are recorded in this node's catalogue only.
@@ -1927,8 +1930,18 @@ func (e *Edge) reap(ctx context.Context) {
 	}
 }
 
-// flushActivity writes live sandboxes' last activity to the store.
+// ActivityRecorder records what live sandboxes did (nodeproto.ActivityRecorder).
+type ActivityRecorder interface {
+	RecordActivity(ctx context.Context, acts []store.Activity) error
+}
+
+// flushActivity writes live sandboxes' last activity and usage counters to the store, or sends
+// them to cfg.Activity.
 func (e *Edge) flushActivity(ctx context.Context) {
+	if e.cfg.Activity != nil {
+		e.sendActivity(ctx)
+		return
+	}
 	for _, sb := range e.liveSandboxes() {
 		e.flushUsage(ctx, sb, false)
 		at := sb.lastActivity.Load()
@@ -1945,6 +1958,48 @@ func (e *Edge) flushActivity(ctx context.Context) {
 			}
 		}
 		sb.mu.Unlock()
+	}
+}
+
+// sendActivity sends cfg.Activity, in one batch, what changed in the live sandboxes since the
+// batch before; what a failed batch held goes with the next.
+func (e *Edge) sendActivity(ctx context.Context) {
+	type sent struct {
+		sb       *sandbox
+		at, sum  int64
+		counters bool
+	}
+	var acts []store.Activity
+	var marks []sent
+	for _, sb := range e.liveSandboxes() {
+		a := store.Activity{ID: sb.id}
+		m := sent{sb: sb, at: sb.lastActivity.Load()}
+		if m.at != sb.flushed.Load() {
+			a.LastActivityAt = time.Unix(0, m.at).UTC()
+		}
+		if sb.fncall == "" {
+			c, sum := sb.usageCounts()
+			if sum != sb.usageFlushed.Load() {
+				a.Counters, m.sum, m.counters = &c, sum, true
+			}
+		}
+		if a.LastActivityAt.IsZero() && a.Counters == nil {
+			continue
+		}
+		acts, marks = append(acts, a), append(marks, m)
+	}
+	if len(acts) == 0 {
+		return
+	}
+	if err := e.cfg.Activity.RecordActivity(ctx, acts); err != nil {
+		e.log.Warn("record the live sandboxes' activity; it goes with the next batch", "sandboxes", len(acts), "err", err)
+		return
+	}
+	for _, m := range marks {
+		m.sb.flushed.Store(m.at)
+		if m.counters {
+			m.sb.usageFlushed.Store(m.sum)
+		}
 	}
 }
 

@@ -366,7 +366,13 @@ func (e *Edge) observeCall(sb *sandbox, method, path string, tokens string) erro
 		// answer must not wait for a store write (one goroutine per sandbox, once).
 		at := time.Now()
 		go func() {
-			if err := e.store.UsageFirstExec(context.Background(), sb.id, at); err != nil {
+			var err error
+			if e.cfg.Activity != nil {
+				err = e.cfg.Activity.RecordActivity(context.Background(), []store.Activity{{ID: sb.id, FirstExecAt: at}})
+			} else {
+				err = e.store.UsageFirstExec(context.Background(), sb.id, at)
+			}
+			if err != nil {
 				e.log.Warn("record first exec", "sandbox", sb.id, "err", err)
 			}
 		}()
@@ -392,14 +398,25 @@ func (e *Edge) flushUsage(ctx context.Context, sb *sandbox, final bool) {
 	if sb.fncall != "" {
 		return
 	}
-	actions, blocked, tokens := int64(sb.actions.Load()), int64(sb.blockedSeen.Load()), sb.tokens.Load()
-	sum := actions + blocked<<20 + tokens<<40
+	c, sum := sb.usageCounts()
 	if sb.usageFlushed.Swap(sum) == sum && !final {
 		return
 	}
-	if err := e.store.UsageCounters(context.WithoutCancel(ctx), sb.id, actions, blocked, tokens); err != nil {
+	var err error
+	if e.cfg.Activity != nil {
+		err = e.cfg.Activity.RecordActivity(context.WithoutCancel(ctx), []store.Activity{{ID: sb.id, Counters: &c}})
+	} else {
+		err = e.store.UsageCounters(context.WithoutCancel(ctx), sb.id, c.Actions, c.Blocked, c.Tokens)
+	}
+	if err != nil {
 		e.log.Warn("record usage", "sandbox", sb.id, "err", err)
 	}
+}
+
+// usageCounts returns sb's usage counters and a sum that changes whenever one of them does.
+func (sb *sandbox) usageCounts() (store.UsageCounts, int64) {
+	c := store.UsageCounts{Actions: int64(sb.actions.Load()), Blocked: int64(sb.blockedSeen.Load()), Tokens: sb.tokens.Load()}
+	return c, c.Actions + c.Blocked<<20 + c.Tokens<<40
 }
 
 // Events returns the node's event bus.

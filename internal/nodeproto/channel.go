@@ -36,6 +36,7 @@ const (
 	PathRegister  = "/node/v1/register"
 	PathHeartbeat = "/node/v1/heartbeat"
 	PathEvents    = "/node/v1/events"
+	PathActivity  = "/node/v1/activity"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -48,8 +49,12 @@ const (
 )
 
 // MaxEvents bounds one PushEvents batch (an edge's bus writes at most its queue, 4096 by
-// default, in batches of what piled up in 100 ms).
-const MaxEvents = 4096
+// default, in batches of what piled up in 100 ms), and MaxActivity one activity batch (an edge
+// runs at most --max-sandboxes, 1000 by default); a client sends larger ones in pieces.
+const (
+	MaxEvents   = 4096
+	MaxActivity = 4096
+)
 
 // maxBody bounds a node channel request or answer.
 const maxBody = 8 << 20
@@ -87,6 +92,13 @@ type HeartbeatResponse struct {
 type EventsRequest struct {
 	Epoch  int64          `json:"epoch"`
 	Events []events.Event `json:"events"`
+}
+
+// ActivityRequest records what live sandboxes of the caller's node did: their last activity,
+// usage counters and first exec (store.Activity). Sandboxes of other nodes refuse the batch.
+type ActivityRequest struct {
+	Epoch     int64            `json:"epoch"`
+	Sandboxes []store.Activity `json:"sandboxes"`
 }
 
 // LeaseTTL checks an edge's requested lease length.
@@ -203,6 +215,30 @@ func (s *Servers) Heartbeat(ctx context.Context, epoch int64, ttl time.Duration)
 // (PushEvents), in pieces of at most MaxEvents.
 func (s *Servers) EventRecorder(epoch int64) events.Recorder {
 	return eventRecorder{s, epoch}
+}
+
+// ActivityRecorder returns what records the live sandboxes' activity of incarnation epoch: its
+// batches go to the servers, in pieces of at most MaxActivity.
+func (s *Servers) ActivityRecorder(epoch int64) ActivityRecorder {
+	return ActivityRecorder{s, epoch}
+}
+
+// ActivityRecorder sends an incarnation's activity batches to the servers.
+type ActivityRecorder struct {
+	s     *Servers
+	epoch int64
+}
+
+// RecordActivity sends acts to the servers.
+func (r ActivityRecorder) RecordActivity(ctx context.Context, acts []store.Activity) error {
+	for len(acts) > 0 {
+		n := min(len(acts), MaxActivity)
+		if err := r.s.call(ctx, PathActivity, ActivityRequest{Epoch: r.epoch, Sandboxes: acts[:n]}, nil); err != nil {
+			return fmt.Errorf("send the activity of %d sandboxes to the servers: %w", n, err)
+		}
+		acts = acts[n:]
+	}
+	return nil
 }
 
 type eventRecorder struct {

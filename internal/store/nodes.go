@@ -256,7 +256,7 @@ func (s *Store) SweepLostNodes(ctx context.Context, grace time.Duration) ([]stri
 			if _, err := tx.ExecContext(ctx, `UPDATE nodes SET state = 'lost', epoch = epoch + 1 WHERE name = ?`, n); err != nil {
 				return err
 			}
-			srows, err := tx.QueryContext(ctx, `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
+			srows, err := tx.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
 				WHERE s.node = ? AND s.state IN `+liveStatesSQL, n)
 			if err != nil {
 				return err
@@ -264,11 +264,12 @@ func (s *Store) SweepLostNodes(ctx context.Context, grace time.Duration) ([]stri
 			var recs []*Sandbox
 			for srows.Next() {
 				var doc, pid, path string
-				if err := srows.Scan(&doc, &pid, &path); err != nil {
+				var activity int64
+				if err := srows.Scan(&doc, &pid, &path, &activity); err != nil {
 					srows.Close()
 					return err
 				}
-				sb, err := decodeSandbox(doc, pid, path)
+				sb, err := decodeSandbox(doc, pid, path, activity)
 				if err != nil {
 					srows.Close()
 					return err

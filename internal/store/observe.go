@@ -37,12 +37,7 @@ func (s *Store) AddEvents(ctx context.Context, evs []events.Event) error {
 // cluster fenced off says happened is not recorded. The node's row is read, not locked.
 func (s *Store) AddNodeEvents(ctx context.Context, node string, epoch int64, evs []events.Event) error {
 	err := s.tx(ctx, func(tx *Tx) error {
-		var cur int64
-		var state string
-		err := tx.QueryRowContext(ctx, `SELECT epoch, state FROM nodes WHERE name = ?`, node).Scan(&cur, &state)
-		if errors.Is(err, sql.ErrNoRows) || (err == nil && (cur != epoch || state == NodeLost)) {
-			return fmt.Errorf("node %s epoch %d: %w", node, epoch, ErrFenced)
-		} else if err != nil {
+		if err := readEpoch(ctx, tx, node, epoch); err != nil {
 			return err
 		}
 		return insertEvents(ctx, tx, evs)
@@ -351,4 +346,74 @@ func (s *Store) ListUsage(ctx context.Context, project string, since time.Time) 
 		out = append(out, u)
 	}
 	return out, rows.Err()
+}
+
+// Activity is what a live sandbox did, as its edge reports it in a batch (RecordActivity): zero
+// fields say nothing changed.
+type Activity struct {
+	ID string `json:"id"`
+	// LastActivityAt is when the sandbox was last used.
+	LastActivityAt time.Time `json:"last_activity_at,omitzero"`
+	// Counters are its usage counters' totals so far (UsageCounters), when they moved.
+	Counters *UsageCounts `json:"counters,omitempty"`
+	// FirstExecAt is when its first exec came (UsageFirstExec).
+	FirstExecAt time.Time `json:"first_exec_at,omitzero"`
+}
+
+// UsageCounts are a sandbox's usage counters: actions (API calls into it), blocked egress
+// attempts, and the tokens its agent reported.
+type UsageCounts struct {
+	Actions int64 `json:"actions"`
+	Blocked int64 `json:"blocked"`
+	Tokens  int64 `json:"tokens"`
+}
+
+// RecordActivity records acts of sandboxes of node for its incarnation epoch, in one
+// transaction with the check that epoch is still the node's (ErrFenced otherwise). Each write
+// names the node, so a sandbox of another node is left as it is; a last activity only moves
+// forward, and a first exec is kept once recorded. It writes columns and no record's document,
+// so it races none of the edge's record writes.
+func (s *Store) RecordActivity(ctx context.Context, node string, epoch int64, acts []Activity) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		if err := readEpoch(ctx, tx, node, epoch); err != nil {
+			return err
+		}
+		for _, a := range acts {
+			if !a.LastActivityAt.IsZero() {
+				if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET activity_ns = ? WHERE id = ? AND node = ? AND activity_ns < ?`,
+					a.LastActivityAt.UnixNano(), a.ID, node, a.LastActivityAt.UnixNano()); err != nil {
+					return err
+				}
+			}
+			if c := a.Counters; c != nil {
+				if _, err := tx.ExecContext(ctx, `UPDATE sandbox_usage SET actions = ?, blocked = ?, tokens = ? WHERE id = ? AND node = ?`,
+					c.Actions, c.Blocked, c.Tokens, a.ID, node); err != nil {
+					return err
+				}
+			}
+			if !a.FirstExecAt.IsZero() {
+				if _, err := tx.ExecContext(ctx, `UPDATE sandbox_usage SET first_exec_at = ? WHERE id = ? AND node = ? AND first_exec_at = 0`,
+					a.FirstExecAt.UnixNano(), a.ID, node); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record the activity of %d sandboxes of node %s: %w", len(acts), node, err)
+	}
+	return nil
+}
+
+// readEpoch fails with ErrFenced unless epoch is node's current incarnation and the node is not
+// lost, reading the node's row without locking it.
+func readEpoch(ctx context.Context, tx *Tx, node string, epoch int64) error {
+	var cur int64
+	var state string
+	err := tx.QueryRowContext(ctx, `SELECT epoch, state FROM nodes WHERE name = ?`, node).Scan(&cur, &state)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && (cur != epoch || state == NodeLost)) {
+		return fmt.Errorf("node %s epoch %d: %w", node, epoch, ErrFenced)
+	}
+	return err
 }

@@ -176,3 +176,83 @@ func TestUsageConformance(t *testing.T) {
 		}
 	})
 }
+
+// TestRecordActivity checks a node's activity batches: they touch only the node's own sandboxes,
+// move a last activity forward only (overlaid on the record's document when read), keep a first
+// exec once recorded, and are refused whole for a fenced incarnation.
+func TestRecordActivity(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		for _, n := range []string{"n1", "n2"} {
+			if _, err := s.Register(ctx, Node{Name: n, URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := mustProject(t, s, "act")
+		mine, theirs := newRecord(p.ID, 0), newRecord(p.ID, 0)
+		mine.Node, theirs.Node = "n1", "n2"
+		for _, sb := range []*Sandbox{mine, theirs} {
+			sb.State = corral.StateRunning
+			sb.LastActivityAt = sb.CreatedAt
+			if err := s.PutSandbox(ctx, sb); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.AddUsage(ctx, Usage{ID: sb.ID, ProjectPath: "/act", Node: sb.Node, Tier: sb.Tier, CreatedAt: sb.CreatedAt}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		later, exec := mine.CreatedAt.Add(time.Minute), mine.CreatedAt.Add(time.Second)
+		acts := []Activity{
+			{ID: mine.ID, LastActivityAt: later, Counters: &UsageCounts{Actions: 3, Blocked: 1, Tokens: 50}, FirstExecAt: exec},
+			{ID: theirs.ID, LastActivityAt: later, Counters: &UsageCounts{Actions: 99}, FirstExecAt: exec},
+		}
+		if err := s.RecordActivity(ctx, "n1", 1, acts); err != nil {
+			t.Fatal(err)
+		}
+		// An older activity and a second first exec change nothing.
+		if err := s.RecordActivity(ctx, "n1", 1, []Activity{{ID: mine.ID, LastActivityAt: exec, FirstExecAt: later}}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.GetSandbox(ctx, mine.ID); err != nil || !got.LastActivityAt.Equal(later) {
+			t.Errorf("the node's sandbox: last activity %v, %v; want %v", got.LastActivityAt, err, later)
+		}
+		if got, err := s.GetSandbox(ctx, theirs.ID); err != nil || !got.LastActivityAt.Equal(theirs.CreatedAt) {
+			t.Errorf("another node's sandbox: last activity %v, %v; want it unchanged", got.LastActivityAt, err)
+		}
+		list, err := s.ListSandboxes(ctx, SandboxFilter{Node: "n1"})
+		if err != nil || len(list) != 1 || !list[0].LastActivityAt.Equal(later) {
+			t.Errorf("the node's sandboxes listed: %+v, %v; want the recorded activity", list, err)
+		}
+		usage, err := s.ListUsage(ctx, "/act", time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range usage {
+			switch u.ID {
+			case mine.ID:
+				if u.Actions != 3 || u.Blocked != 1 || u.Tokens != 50 || !u.FirstExecAt.Equal(exec) {
+					t.Errorf("the node's usage: %+v", u)
+				}
+			case theirs.ID:
+				if u.Actions != 0 || !u.FirstExecAt.IsZero() {
+					t.Errorf("another node's usage moved: %+v", u)
+				}
+			}
+		}
+		// The document's own later activity (an edge's write) still wins over the column.
+		mine.LastActivityAt = later.Add(time.Hour)
+		if err := s.PutSandbox(ctx, mine); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.GetSandbox(ctx, mine.ID); !got.LastActivityAt.Equal(mine.LastActivityAt) {
+			t.Errorf("last activity %v, want the document's later %v", got.LastActivityAt, mine.LastActivityAt)
+		}
+		if _, err := s.Register(ctx, Node{Name: "n1", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RecordActivity(ctx, "n1", 1, acts[:1]); !errors.Is(err, ErrFenced) {
+			t.Errorf("a fenced incarnation's activity: %v, want ErrFenced", err)
+		}
+	})
+}

@@ -390,6 +390,10 @@ var migrations = []string{
 		seen_ns BIGINT NOT NULL
 	);
 	ALTER TABLE nodes ADD COLUMN lock_only INTEGER NOT NULL DEFAULT 0;`,
+	// 21: a live sandbox's last activity as the servers record it from its edge's batches
+	// (RecordActivity), beside the document, which a record read overlays (decodeSandbox):
+	// a column update races no write of the document.
+	`ALTER TABLE sandboxes ADD COLUMN activity_ns BIGINT NOT NULL DEFAULT 0;`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
@@ -731,28 +735,36 @@ func endedNS(sb *Sandbox) int64 {
 	return sb.EndedAt.UnixNano()
 }
 
-// decodeSandbox builds a record from its row: the document, its project's ID and path.
-func decodeSandbox(doc, projectID, path string) (*Sandbox, error) {
+// sandboxCols are the columns a record is read from (decodeSandbox), s being the sandboxes.
+const sandboxCols = `s.doc, s.project_id, COALESCE(p.path, ''), s.activity_ns`
+
+// decodeSandbox builds a record from its row: the document, its project's ID and path, and the
+// last activity the servers recorded (activity_ns), when later than the document's.
+func decodeSandbox(doc, projectID, path string, activity int64) (*Sandbox, error) {
 	var sb Sandbox
 	if err := json.Unmarshal([]byte(doc), &sb); err != nil {
 		return nil, err
 	}
 	sb.ProjectID, sb.Project = projectID, iam.Display(path)
+	if activity > sb.LastActivityAt.UnixNano() {
+		sb.LastActivityAt = time.Unix(0, activity).UTC()
+	}
 	return &sb, nil
 }
 
 // GetSandbox returns the record of id, or an ErrNotFound error.
 func (s *Store) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	var doc, pid, path string
-	err := s.rdb.QueryRowContext(ctx, `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s
-		LEFT JOIN projects p ON p.id = s.project_id WHERE s.id = ?`, id).Scan(&doc, &pid, &path)
+	var activity int64
+	err := s.rdb.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes s
+		LEFT JOIN projects p ON p.id = s.project_id WHERE s.id = ?`, id).Scan(&doc, &pid, &path, &activity)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errdefs.UnknownSandbox(id, "")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
 	}
-	sb, err := decodeSandbox(doc, pid, path)
+	sb, err := decodeSandbox(doc, pid, path, activity)
 	if err != nil {
 		return nil, fmt.Errorf("decode sandbox %s: %w", id, err)
 	}
@@ -770,7 +782,7 @@ type SandboxFilter struct {
 
 // ListSandboxes returns the sandboxes matching f, oldest first.
 func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error) {
-	q := `SELECT s.doc, s.project_id, COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id WHERE 1 = 1`
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id WHERE 1 = 1`
 	var args []any
 	if f.Project != nil {
 		cond, a := subtreeCond("p.path", *f.Project)
@@ -795,10 +807,11 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox,
 	var out []*Sandbox
 	for rows.Next() {
 		var doc, pid, path string
-		if err := rows.Scan(&doc, &pid, &path); err != nil {
+		var activity int64
+		if err := rows.Scan(&doc, &pid, &path, &activity); err != nil {
 			return nil, fmt.Errorf("list sandboxes: %w", err)
 		}
-		sb, err := decodeSandbox(doc, pid, path)
+		sb, err := decodeSandbox(doc, pid, path, activity)
 		if err != nil {
 			return nil, fmt.Errorf("list sandboxes: decode: %w", err)
 		}
