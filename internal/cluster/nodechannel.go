@@ -16,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
@@ -38,8 +39,8 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathEvents, s.nodeEvents)
 	mux.HandleFunc("POST "+nodeproto.PathActivity, s.nodeActivity)
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := nodeproto.CheckVersion(r.Header); err != nil {
-			httpjson.Error(w, r, s.log, err)
+		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
+			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -227,8 +228,10 @@ func checkEvents(node string, req *nodeproto.EventsRequest) error {
 			return errdefs.Invalid(fmt.Sprintf("events[%d].id", i), "%q: node %s's event IDs start with %s", ev.ID, node, prefix)
 		case ev.Sandbox != "" && edge.NodeOf(ev.Sandbox) != node:
 			return fmt.Errorf("events[%d]: sandbox %q is not node %s's: %w", i, ev.Sandbox, node, errdefs.ErrDenied)
-		case ev.Type == "" || ev.At.IsZero():
-			return errdefs.Invalid(fmt.Sprintf("events[%d]", i), "an event has a type and a time")
+		case ev.At.IsZero() || !slices.Contains(events.Types, ev.Type):
+			return errdefs.Invalid(fmt.Sprintf("events[%d]", i), "an event has a time and one of the event types, not %q", ev.Type)
+		case ev.Type == events.NodeState:
+			return fmt.Errorf("events[%d]: a node's state changes are the servers' to record: %w", i, errdefs.ErrDenied)
 		}
 	}
 	return nil

@@ -119,11 +119,25 @@ func TestNodeChannel(t *testing.T) {
 		{"another node's sandbox", events.Event{ID: "ev-edge1-1-3", At: at, Type: events.Deleted, Sandbox: "sb-edge2-aaaaaaaaaaaaaaaa", Node: "edge1"}, errdefs.ErrDenied},
 		{"another node's ID", events.Event{ID: "ev-edge2-1-4", At: at, Type: events.Deleted, Node: "edge1"}, errdefs.ErrInvalid},
 		{"no type", events.Event{ID: "ev-edge1-1-5", At: at, Node: "edge1"}, errdefs.ErrInvalid},
+		{"an unknown type", events.Event{ID: "ev-edge1-1-6", At: at, Type: "evil", Node: "edge1"}, errdefs.ErrInvalid},
+		{"a node's state", events.Event{ID: "ev-edge1-1-8", At: at, Type: events.NodeState, Node: "edge1", Reason: "ready"}, errdefs.ErrDenied},
 	} {
 		ok := events.Event{ID: "ev-edge1-1-9", At: at, Type: events.Started, Node: "edge1"}
 		if err := edge1.EventRecorder(2).AddEvents(ctx, []events.Event{ok, c.ev}); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
+	}
+	// A sandbox event's project is its record's, whatever the edge says, and a time ahead of
+	// the servers' is taken as now.
+	rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: "sb-edge1-bbbbbbbbbbbbbbbb", Node: "edge1", Tier: "container",
+		State: corral.StateRunning, CreatedAt: at, ExpiresAt: at.Add(time.Hour)}}
+	if err := st.PutSandbox(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	recorded, _ := st.GetSandbox(ctx, rec.ID)
+	forged := events.Event{ID: "ev-edge1-1-7", At: at.Add(100 * 365 * 24 * time.Hour), Type: events.OOM, Sandbox: rec.ID, Project: "/victim", Node: "edge1"}
+	if err := edge1.EventRecorder(2).AddEvents(ctx, []events.Event{forged}); err != nil {
+		t.Fatalf("record an event with another project and a time in 2126: %v", err)
 	}
 	// The incarnation a registration fenced off records nothing more.
 	stale := events.Event{ID: "ev-edge1-0-1", At: at, Type: events.Deleted, Sandbox: "sb-edge1-aaaaaaaaaaaaaaaa", Node: "edge1"}
@@ -131,8 +145,11 @@ func TestNodeChannel(t *testing.T) {
 		t.Errorf("events of a fenced incarnation: %v, want ErrFenced", err)
 	}
 	evs, err := st.ListEvents(ctx, "", time.Time{}, 100)
-	if err != nil || len(evs) != 1 || evs[0].ID != own.ID {
-		t.Errorf("recorded events: %+v, %v; want edge1's one", evs, err)
+	if err != nil || len(evs) != 2 || evs[0].ID != own.ID || evs[1].ID != forged.ID {
+		t.Fatalf("recorded events: %+v, %v; want edge1's two", evs, err)
+	}
+	if evs[1].Project != recorded.Project || evs[1].At.After(time.Now()) {
+		t.Errorf("the forged event was recorded with project %q at %v; want the record's %q, now at the latest", evs[1].Project, evs[1].At, recorded.Project)
 	}
 
 	// Activity: of the node's own sandboxes only, and of the incarnation holding the node.

@@ -114,7 +114,10 @@ func (c *Config) setDefaults() {
 	}
 	if c.NodeListen == "" {
 		if host, port, err := net.SplitHostPort(c.Listen); err == nil {
-			if p, err := strconv.Atoi(port); err == nil && p > 0 && p < 65535 {
+			switch p, err := strconv.Atoi(port); {
+			case err == nil && p == 0:
+				c.NodeListen = net.JoinHostPort(host, "0") // any free port, as for the API
+			case err == nil && p > 0 && p < 65535:
 				c.NodeListen = net.JoinHostPort(host, strconv.Itoa(p+1))
 			}
 		}
@@ -184,6 +187,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if cfg.EdgeStore != "" && !store.IsPostgres(cfg.EdgeStore) {
 		return errdefs.Invalid("edge-store", "the edges' store is the cluster's PostgreSQL, as a role of its own (postgres://corral_edge@HOST:PORT/DB?sslmode=disable)")
 	}
+	if cfg.NodeListen == "" {
+		return errdefs.Invalid("node-listen", "the node channel needs an address (--listen %q gives none to derive it from)", cfg.Listen)
+	}
+	if cfg.NodeURL != "" {
+		if u, err := parseHTTPS(cfg.NodeURL); err != nil || u == "" {
+			return errdefs.Invalid("node-url", "%q: edges reach the node channel at https://HOST:PORT", cfg.NodeURL)
+		}
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
@@ -234,14 +245,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	go s.api.Prune(ctx, cfg.AuditRetention)
 	go s.forgetEnded(ctx)
 	go s.watch(ctx)
-	if cfg.NodeListen == "" {
-		return errdefs.Invalid("node-listen", "the node channel needs an address (--listen %q gives none to derive it from)", cfg.Listen)
-	}
-	if cfg.NodeURL != "" {
-		if u, err := parseHTTPS(cfg.NodeURL); err != nil || u == "" {
-			return errdefs.Invalid("node-url", "%q: edges reach the node channel at https://HOST:PORT", cfg.NodeURL)
-		}
-	}
 	nodeLis, err := net.Listen("tcp", cfg.NodeListen)
 	if err != nil {
 		return fmt.Errorf("listen on %s for the node channel (--node-listen): %w", cfg.NodeListen, err)
@@ -262,7 +265,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		nodeLis.Close()
 		return err
 	}
-	defer nodeSrv.Close()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		nodeSrv.Shutdown(sctx) // calls in flight finish; the edges' next ones go to another replica
+	}()
 	announceCtx, stopAnnounce := context.WithCancel(ctx)
 	announced := make(chan struct{})
 	go func() { defer close(announced); s.announce(announceCtx) }()
@@ -422,7 +429,23 @@ func (s *Server) forgetEnded(ctx context.Context) {
 func (s *Server) watch(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	sweepFrom := time.Now().Add(sweepAfter(s.refresh(ctx, true)))
+	// The first read of the nodes must succeed: a replica that starts while the store is still
+	// coming back has nothing to measure the longest lease by.
+	var first []corral.Node
+	for {
+		list, err := s.store.ListNodes(ctx)
+		if err == nil {
+			first = list
+			break
+		}
+		s.log.Warn("read the nodes before sweeping any; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	sweepFrom := time.Now().Add(sweepAfter(first))
 	if wait := time.Until(sweepFrom); wait > 0 {
 		s.log.Info("declaring no node lost until the longest lease has passed since this replica started", "wait", wait.Round(time.Millisecond))
 	}

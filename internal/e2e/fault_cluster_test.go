@@ -152,8 +152,9 @@ func (f *faultFleet) phase(t *testing.T, name string, stall bool, fault func()) 
 func (f *faultFleet) c1URL() string { return f.s1.url }
 
 // TestFaultCluster injects, one after the other under load through both server replicas: kill -9
-// of an edge (restarted at once, as its supervisor would), kill -9 of a server replica
-// (restarted), and a PostgreSQL restart. After each: no sandbox lost, no acknowledged write or
+// of an edge (restarted at once, as its supervisor would), kill -9 of a server replica (down
+// past a node lease and its grace, every node still ready, then restarted), and a PostgreSQL
+// restart. After each: no sandbox lost, no acknowledged write or
 // step lost, every failure a connection error during the fault or a retryable 503.
 func TestFaultCluster(t *testing.T) {
 	f := startFaultFleet(t)
@@ -176,11 +177,25 @@ func TestFaultCluster(t *testing.T) {
 			return victim != nil
 		})
 		survivor = map[*proc]*proc{f.s1: f.s2, f.s2: f.s1}[victim]
-		f.phase(t, "kill -9 of a server replica (the one delivering webhooks), restarted once the other took delivery over", false, func() {
+		f.phase(t, "kill -9 of a server replica (the one delivering webhooks), down past a node lease, restarted", false, func() {
 			victim.kill9()
 			eventually(t, 15*time.Second, survivor.name+" takes webhook delivery over", func() bool {
 				return strings.Contains(survivor.log(), "this replica delivers the webhooks")
 			})
+			// The edge that joined through the victim heartbeats through the survivor (the node
+			// channel fails over): past a lease and its grace with the victim down, every node
+			// is still ready.
+			time.Sleep(11 * time.Second) // the edges' 5 s lease, the servers' 5 s grace, 1 s more
+			sc := map[*proc]*corral.Client{f.s1: f.c1, f.s2: f.c2}[survivor]
+			nodes, err := sc.Nodes(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range nodes {
+				if n.State != corral.NodeReady {
+					t.Errorf("node %s is %s with one replica down; want it ready (its heartbeats go to the other)", n.Name, n.State)
+				}
+			}
 			victim.start()
 		})
 		sb, err := f.c2.CreateSandbox(t.Context(), corral.CreateRequest{Base: "base:test", Limits: faultLimits})

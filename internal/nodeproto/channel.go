@@ -48,7 +48,7 @@ const (
 	MaxLeaseTTL = 5 * time.Minute
 )
 
-// MaxEvents bounds one PushEvents batch (an edge's bus writes at most its queue, 4096 by
+// MaxEvents bounds one events batch (an edge's bus writes at most its queue, 4096 by
 // default, in batches of what piled up in 100 ms), and MaxActivity one activity batch (an edge
 // runs at most --max-sandboxes, 1000 by default); a client sends larger ones in pieces.
 const (
@@ -110,6 +110,10 @@ func LeaseTTL(ms int64) (time.Duration, error) {
 	return d, nil
 }
 
+// tryTimeout bounds one try at one replica: with the default lease (15 s, a heartbeat every 5 s)
+// a heartbeat that finds two replicas unreachable still reaches a third within the lease.
+const tryTimeout = 5 * time.Second
+
 // MaxServers bounds the replicas' URLs an edge keeps.
 const MaxServers = 64
 
@@ -143,7 +147,7 @@ func NewServers(urls []string, tlsCfg *tls.Config) (*Servers, error) {
 		// call dials again (possibly another replica).
 		HTTP2: &http.HTTP2Config{SendPingTimeout: 5 * time.Second, PingTimeout: 5 * time.Second},
 	}
-	return &Servers{urls: urls, client: &http.Client{Transport: tr, Timeout: 15 * time.Second}}, nil
+	return &Servers{urls: urls, client: &http.Client{Transport: tr, Timeout: tryTimeout}}, nil
 }
 
 // checkURLs returns urls without trailing slashes or repeats, or why one is not a node channel's.
@@ -212,7 +216,7 @@ func (s *Servers) Heartbeat(ctx context.Context, epoch int64, ttl time.Duration)
 }
 
 // EventRecorder returns the events.Recorder of incarnation epoch: its batches go to the servers
-// (PushEvents), in pieces of at most MaxEvents.
+// (PathEvents), in pieces of at most MaxEvents.
 func (s *Servers) EventRecorder(epoch int64) events.Recorder {
 	return eventRecorder{s, epoch}
 }
@@ -261,7 +265,8 @@ func (r eventRecorder) AddEvents(ctx context.Context, evs []events.Event) error 
 // call POSTs in to path and decodes the answer into out (unless nil). A replica that cannot be
 // reached is put last and the next one tried, each at most once: every call is safe to repeat
 // (a registration that reached a replica whose answer was lost only fences an incarnation that
-// never ran; events are recorded once by their IDs).
+// never ran; events are recorded once by their IDs; activity moves counters and times forward
+// only).
 func (s *Servers) call(ctx context.Context, path string, in, out any) error {
 	body, err := json.Marshal(in)
 	if err != nil {
@@ -305,6 +310,9 @@ func (s *Servers) callOne(ctx context.Context, url, path string, body []byte, ou
 		return fmt.Errorf("%s: read the answer: %v: %w", url, err, errUnreachable)
 	}
 	switch {
+	case Refused(resp.Header) == StaleEpoch:
+		// The node's state, not the replica's: every replica would answer the same.
+		return answerError(resp, raw)
 	case resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusGatewayTimeout:
 		return fmt.Errorf("%s: %w: %w", url, answerError(resp, raw), errUnreachable)
 	case resp.StatusCode/100 != 2:

@@ -78,7 +78,7 @@ func TestServersRefusals(t *testing.T) {
 	ctx := context.Background()
 	fenced, _ := replica(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(HeaderRefusal, string(StaleEpoch))
-		w.WriteHeader(http.StatusConflict)
+		w.WriteHeader(http.StatusServiceUnavailable) // as httpjson answers store.ErrFenced
 		json.NewEncoder(w).Encode(map[string]string{"code": "stale_epoch", "message": "node n1 epoch 2: fenced"})
 	})
 	other, otherCalls := replica(t, answer("ready"))

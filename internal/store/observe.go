@@ -34,11 +34,40 @@ func (s *Store) AddEvents(ctx context.Context, evs []events.Event) error {
 
 // AddNodeEvents records evs of incarnation epoch of node, in one transaction with the check that
 // epoch is still the node's and the node not lost (ErrFenced otherwise): what an incarnation the
-// cluster fenced off says happened is not recorded. The node's row is read, not locked.
+// cluster fenced off says happened is not recorded. The node's row is read, not locked. A
+// sandbox event's project is its record's, whatever the event says (none when the node has no
+// such sandbox), so an edge's events reach only its own sandboxes' projects; a time ahead of now
+// is taken as now.
 func (s *Store) AddNodeEvents(ctx context.Context, node string, epoch int64, evs []events.Event) error {
 	err := s.tx(ctx, func(tx *Tx) error {
 		if err := readEpoch(ctx, tx, node, epoch); err != nil {
 			return err
+		}
+		projects := map[string]string{}
+		for _, ev := range evs {
+			if ev.Sandbox != "" {
+				projects[ev.Sandbox] = ""
+			}
+		}
+		for id := range projects {
+			var path string
+			err := tx.QueryRowContext(ctx, `SELECT COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
+				WHERE s.id = ? AND s.node = ?`, id, node).Scan(&path)
+			switch {
+			case err == nil:
+				projects[id] = iam.Display(path) // the root's canonical path is ""
+			case !errors.Is(err, sql.ErrNoRows):
+				return err
+			}
+		}
+		now := time.Now().UTC()
+		for i := range evs {
+			if evs[i].Sandbox != "" {
+				evs[i].Project = projects[evs[i].Sandbox]
+			}
+			if evs[i].At.After(now) {
+				evs[i].At = now
+			}
 		}
 		return insertEvents(ctx, tx, evs)
 	})
@@ -370,10 +399,20 @@ type UsageCounts struct {
 
 // RecordActivity records acts of sandboxes of node for its incarnation epoch, in one
 // transaction with the check that epoch is still the node's (ErrFenced otherwise). Each write
-// names the node, so a sandbox of another node is left as it is; a last activity only moves
-// forward, and a first exec is kept once recorded. It writes columns and no record's document,
-// so it races none of the edge's record writes.
+// names the node, so a sandbox of another node is left as it is; a last activity and the
+// counters only move forward, a first exec is kept once recorded, and a time ahead of now is
+// taken as now (an edge's clock ahead of the servers' would otherwise pin a sandbox's last
+// activity in the future). It writes columns and no record's document, so it races none of the
+// edge's record writes.
 func (s *Store) RecordActivity(ctx context.Context, node string, epoch int64, acts []Activity) error {
+	now := time.Now()
+	for i := range acts {
+		for _, t := range []*time.Time{&acts[i].LastActivityAt, &acts[i].FirstExecAt} {
+			if t.After(now) {
+				*t = now
+			}
+		}
+	}
 	err := s.tx(ctx, func(tx *Tx) error {
 		if err := readEpoch(ctx, tx, node, epoch); err != nil {
 			return err
@@ -386,8 +425,13 @@ func (s *Store) RecordActivity(ctx context.Context, node string, epoch int64, ac
 				}
 			}
 			if c := a.Counters; c != nil {
-				if _, err := tx.ExecContext(ctx, `UPDATE sandbox_usage SET actions = ?, blocked = ?, tokens = ? WHERE id = ? AND node = ?`,
-					c.Actions, c.Blocked, c.Tokens, a.ID, node); err != nil {
+				// Forward only: a batch that arrives late (a retry, a periodic batch overtaken by
+				// the final one) takes nothing back.
+				if _, err := tx.ExecContext(ctx, `UPDATE sandbox_usage SET
+					actions = CASE WHEN actions < ? THEN ? ELSE actions END,
+					blocked = CASE WHEN blocked < ? THEN ? ELSE blocked END,
+					tokens = CASE WHEN tokens < ? THEN ? ELSE tokens END WHERE id = ? AND node = ?`,
+					c.Actions, c.Actions, c.Blocked, c.Blocked, c.Tokens, c.Tokens, a.ID, node); err != nil {
 					return err
 				}
 			}

@@ -193,6 +193,7 @@ func TestRecordActivity(t *testing.T) {
 		mine, theirs := newRecord(p.ID, 0), newRecord(p.ID, 0)
 		mine.Node, theirs.Node = "n1", "n2"
 		for _, sb := range []*Sandbox{mine, theirs} {
+			sb.CreatedAt = time.Now().Add(-time.Hour).UTC().Round(time.Microsecond) // what follows is in the past
 			sb.State = corral.StateRunning
 			sb.LastActivityAt = sb.CreatedAt
 			if err := s.PutSandbox(ctx, sb); err != nil {
@@ -210,8 +211,10 @@ func TestRecordActivity(t *testing.T) {
 		if err := s.RecordActivity(ctx, "n1", 1, acts); err != nil {
 			t.Fatal(err)
 		}
-		// An older activity and a second first exec change nothing.
-		if err := s.RecordActivity(ctx, "n1", 1, []Activity{{ID: mine.ID, LastActivityAt: exec, FirstExecAt: later}}); err != nil {
+		// An older activity, a second first exec and lower counters (a batch that arrives late)
+		// change nothing.
+		if err := s.RecordActivity(ctx, "n1", 1, []Activity{{ID: mine.ID, LastActivityAt: exec, FirstExecAt: later,
+			Counters: &UsageCounts{Actions: 1, Blocked: 0, Tokens: 10}}}); err != nil {
 			t.Fatal(err)
 		}
 		if got, err := s.GetSandbox(ctx, mine.ID); err != nil || !got.LastActivityAt.Equal(later) {
@@ -239,6 +242,13 @@ func TestRecordActivity(t *testing.T) {
 					t.Errorf("another node's usage moved: %+v", u)
 				}
 			}
+		}
+		// A time ahead of the servers' clock is taken as now.
+		if err := s.RecordActivity(ctx, "n1", 1, []Activity{{ID: theirs.ID}, {ID: mine.ID, LastActivityAt: time.Now().Add(100 * 365 * 24 * time.Hour)}}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.GetSandbox(ctx, mine.ID); got.LastActivityAt.After(time.Now()) {
+			t.Errorf("a last activity in the future was kept: %v", got.LastActivityAt)
 		}
 		// The document's own later activity (an edge's write) still wins over the column.
 		mine.LastActivityAt = later.Add(time.Hour)
