@@ -705,7 +705,13 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 		e.log.Error("record sandbox end", "sandbox", rec.ID, "state", state, "err", err)
 	}
 	if rec.Tier != TierFncall {
-		if err := e.store.UsageEnded(context.WithoutCancel(ctx), rec.ID, rec.EndedAt, reason); err != nil {
+		var err error
+		if e.cfg.Activity != nil {
+			err = e.cfg.Activity.RecordActivity(context.WithoutCancel(ctx), []store.Activity{{ID: rec.ID, EndedAt: rec.EndedAt, EndReason: reason}})
+		} else {
+			err = e.store.UsageEnded(context.WithoutCancel(ctx), rec.ID, rec.EndedAt, reason)
+		}
+		if err != nil {
 			e.log.Warn("record usage", "sandbox", rec.ID, "err", err)
 		}
 	}
@@ -1791,7 +1797,13 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 		return nil, err
 	}
 	if extended {
-		if err := e.store.UsageExtended(ctx, id); err != nil {
+		var err error
+		if e.cfg.Activity != nil {
+			err = e.cfg.Activity.RecordActivity(ctx, []store.Activity{{ID: id, TTLExtended: true}})
+		} else {
+			err = e.store.UsageExtended(ctx, id)
+		}
+		if err != nil {
 			e.log.Warn("record usage", "sandbox", id, "err", err)
 		}
 	}

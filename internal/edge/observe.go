@@ -380,9 +380,20 @@ func (e *Edge) observeCall(sb *sandbox, method, path string, tokens string) erro
 	return nil
 }
 
-// usageCreated records a new sandbox's usage row (fncall pool containers have none).
+// usageCreated records a new sandbox's usage row (fncall pool containers have none). With an
+// activity recorder (a cluster's servers) it asks off the create's path: the servers make the
+// row from the record, and any later entry of the sandbox's makes it if this one is lost.
 func (e *Edge) usageCreated(ctx context.Context, rec *store.Sandbox) {
 	if rec.Tier == TierFncall {
+		return
+	}
+	if e.cfg.Activity != nil {
+		id := rec.ID
+		go func() {
+			if err := e.cfg.Activity.RecordActivity(context.Background(), []store.Activity{{ID: id, Created: true}}); err != nil {
+				e.log.Warn("record usage", "sandbox", id, "err", err)
+			}
+		}()
 		return
 	}
 	p, _ := iam.ParsePath("project", rec.Project)

@@ -19,7 +19,9 @@ import (
 // token or the E2B secrets. Webhooks are delivered by the servers, so an edge cannot read their
 // secrets or their delivery log. The event stream is served by the servers and recorded by
 // them too: an edge sends its events over the node channel (internal/nodeproto), where the
-// servers refuse any that speak for another node, so the role has no privilege on it. The audit
+// servers refuse any that speak for another node, so the role has no privilege on it; so do the
+// sandboxes' usage rows (the report's), which the servers write from the edges' activity batches
+// and the sandboxes' own records. The audit
 // log is served by the servers, so an edge only adds to it: it can neither read it nor erase
 // what it did. A stolen
 // edge's credentials then mint no token, forge no server certificate, sign no webhook delivery
@@ -28,7 +30,7 @@ import (
 // a row, since its nodes' registrations and heartbeats go through the servers.
 
 // edgeDenied lists the tables an edge role gets no privilege on.
-var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers"}
+var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage"}
 
 // edgeReadOnly lists the tables an edge role may only read: projects, and layer tags (the
 // servers move them; a stolen edge cannot point a tag every tenant creates from at a layer of

@@ -91,7 +91,7 @@ func TestEdgeRole(t *testing.T) {
 	if _, err := edge.Heartbeat(ctx, "n1", 1, Resources{}, time.Hour); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("renew a lease as the edge role: %v, want permission denied", err)
 	}
-	for _, table := range []string{"sandboxes", "layers", "volumes", "project_usage", "idempotency", "sandbox_usage", "trajectory"} {
+	for _, table := range []string{"sandboxes", "layers", "volumes", "project_usage", "idempotency", "trajectory"} {
 		var ok bool
 		if err := edge.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT has_table_privilege('%s', 'SELECT') AND has_table_privilege('%s', 'INSERT') AND has_table_privilege('%s', 'UPDATE') AND has_table_privilege('%s', 'DELETE')`, table, table, table, table)).Scan(&ok); err != nil || !ok {
 			t.Errorf("the edge role on %s: read and write %v, %v", table, ok, err)
@@ -137,6 +137,8 @@ func TestEdgeRole(t *testing.T) {
 		`UPDATE nodes SET state = 'ready'`,
 		`DELETE FROM nodes`,
 		`SELECT count(*) FROM servers`,
+		`SELECT count(*) FROM sandbox_usage`,
+		`UPDATE sandbox_usage SET tokens = 0`,
 	} {
 		if _, err := edge.db.ExecContext(ctx, q); err == nil || !strings.Contains(err.Error(), "permission denied") {
 			t.Errorf("as the edge role, %s: %v (want permission denied)", q, err)

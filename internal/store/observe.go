@@ -387,6 +387,20 @@ type Activity struct {
 	Counters *UsageCounts `json:"counters,omitempty"`
 	// FirstExecAt is when its first exec came (UsageFirstExec).
 	FirstExecAt time.Time `json:"first_exec_at,omitzero"`
+	// Created asks for its usage row (AddUsage), made from its record: the servers take its
+	// project, tier, environment and create time from there, not from the edge. Any entry that
+	// writes the usage row makes it first when missing, so a lost Created costs nothing.
+	Created bool `json:"created,omitempty"`
+	// EndedAt and EndReason record how it ended (UsageEnded).
+	EndedAt   time.Time `json:"ended_at,omitzero"`
+	EndReason string    `json:"end_reason,omitempty"`
+	// TTLExtended records that its TTL was extended (UsageExtended).
+	TTLExtended bool `json:"ttl_extended,omitempty"`
+}
+
+// writesUsage reports whether a touches the sandbox's usage row.
+func (a *Activity) writesUsage() bool {
+	return a.Created || a.Counters != nil || !a.FirstExecAt.IsZero() || !a.EndedAt.IsZero() || a.TTLExtended
 }
 
 // UsageCounts are a sandbox's usage counters: actions (API calls into it), blocked egress
@@ -407,7 +421,7 @@ type UsageCounts struct {
 func (s *Store) RecordActivity(ctx context.Context, node string, epoch int64, acts []Activity) error {
 	now := time.Now()
 	for i := range acts {
-		for _, t := range []*time.Time{&acts[i].LastActivityAt, &acts[i].FirstExecAt} {
+		for _, t := range []*time.Time{&acts[i].LastActivityAt, &acts[i].FirstExecAt, &acts[i].EndedAt} {
 			if t.After(now) {
 				*t = now
 			}
@@ -418,6 +432,11 @@ func (s *Store) RecordActivity(ctx context.Context, node string, epoch int64, ac
 			return err
 		}
 		for _, a := range acts {
+			if a.writesUsage() {
+				if err := ensureUsage(ctx, tx, node, a.ID); err != nil {
+					return err
+				}
+			}
 			if !a.LastActivityAt.IsZero() {
 				if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET activity_ns = ? WHERE id = ? AND node = ? AND activity_ns < ?`,
 					a.LastActivityAt.UnixNano(), a.ID, node, a.LastActivityAt.UnixNano()); err != nil {
@@ -441,6 +460,17 @@ func (s *Store) RecordActivity(ctx context.Context, node string, epoch int64, ac
 					return err
 				}
 			}
+			if !a.EndedAt.IsZero() {
+				if _, err := tx.ExecContext(ctx, `UPDATE sandbox_usage SET ended_at = ?, reason = ? WHERE id = ? AND node = ? AND ended_at = 0`,
+					a.EndedAt.UnixNano(), a.EndReason, a.ID, node); err != nil {
+					return err
+				}
+			}
+			if a.TTLExtended {
+				if _, err := tx.ExecContext(ctx, `UPDATE sandbox_usage SET ttl_extended = 1 WHERE id = ? AND node = ?`, a.ID, node); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})
@@ -448,6 +478,31 @@ func (s *Store) RecordActivity(ctx context.Context, node string, epoch int64, ac
 		return fmt.Errorf("record the activity of %d sandboxes of node %s: %w", len(acts), node, err)
 	}
 	return nil
+}
+
+// ensureUsage makes the usage row of node's sandbox id from its record when it has none: the
+// project, tier, environment and create time are the record's. A sandbox the node does not run,
+// or a fncall pool container (no usage row), gets none.
+func ensureUsage(ctx context.Context, tx *Tx, node, id string) error {
+	var doc, pid, path string
+	var activity int64
+	err := tx.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
+		WHERE s.id = ? AND s.node = ?`, id, node).Scan(&doc, &pid, &path, &activity)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	sb, err := decodeSandbox(doc, pid, path, activity)
+	if err != nil {
+		return fmt.Errorf("decode sandbox %s: %w", id, err)
+	}
+	if sb.Tier == "fncall" {
+		return nil
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandbox_usage (id, project_path, node, tier, environment, created_at) VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO NOTHING`, id, path, node, sb.Tier, sb.Environment, sb.CreatedAt.UnixNano())
+	return err
 }
 
 // readEpoch fails with ErrFenced unless epoch is node's current incarnation and the node is not

@@ -258,6 +258,38 @@ func TestRecordActivity(t *testing.T) {
 		if got, _ := s.GetSandbox(ctx, mine.ID); !got.LastActivityAt.Equal(mine.LastActivityAt) {
 			t.Errorf("last activity %v, want the document's later %v", got.LastActivityAt, mine.LastActivityAt)
 		}
+		// Usage rows the servers make from the records: asked for, or by any later entry; none
+		// for a pool container; its end and TTL extension.
+		fresh, pooled := newRecord(p.ID, 0), newRecord(p.ID, 0)
+		fresh.Node, fresh.Environment, pooled.Node, pooled.Tier = "n1", "py", "n1", "fncall"
+		fresh.CreatedAt = time.Now().Add(-time.Minute).UTC().Round(time.Microsecond)
+		for _, sb := range []*Sandbox{fresh, pooled} {
+			if err := s.PutSandbox(ctx, sb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ended := time.Now().Add(-time.Second).UTC().Round(time.Microsecond)
+		if err := s.RecordActivity(ctx, "n1", 1, []Activity{{ID: fresh.ID, Created: true}, {ID: pooled.ID, Created: true},
+			{ID: fresh.ID, TTLExtended: true}, {ID: fresh.ID, EndedAt: ended, EndReason: "deleted"}}); err != nil {
+			t.Fatal(err)
+		}
+		usage, err = s.ListUsage(ctx, "", time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got *Usage
+		for i, u := range usage {
+			switch u.ID {
+			case fresh.ID:
+				got = &usage[i]
+			case pooled.ID:
+				t.Errorf("a pool container got a usage row: %+v", u)
+			}
+		}
+		if got == nil || got.ProjectPath != "act" || // canonical, as the report reads it got.Node != "n1" || got.Environment != "py" || !got.CreatedAt.Equal(fresh.CreatedAt) ||
+			!got.EndedAt.Equal(ended) || got.Reason != "deleted" || !got.TTLExtended {
+			t.Errorf("the usage row made from the record: %+v (of %+v)", got, usage)
+		}
 		if _, err := s.Register(ctx, Node{Name: "n1", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
