@@ -391,12 +391,15 @@ func (e *clusterEnv) startCluster(ctx context.Context, p *phase, dsn, prefix str
 		}
 		name := fmt.Sprintf("%ss%d", prefix, i+1)
 		dir := filepath.Join(e.work, name)
-		nodeAddr, err := freeAddr()
-		if err != nil {
-			return err
+		args := []string{"server", "--store", dsn, "--data-dir", dir, "--listen", addr, "--blob-store", "dir:" + blobs}
+		if e.hasFlag(p, "server", "--node-listen") { // a baseline from before the node channel has none
+			nodeAddr, err := freeAddr()
+			if err != nil {
+				return err
+			}
+			args = append(args, "--node-listen", nodeAddr)
 		}
-		pr, err := e.start(p, name, "server", "--store", dsn, "--data-dir", dir, "--listen", addr,
-			"--node-listen", nodeAddr, "--blob-store", "dir:"+blobs)
+		pr, err := e.start(p, name, args...)
 		if err != nil {
 			return err
 		}
@@ -726,6 +729,17 @@ type benchProc struct {
 	logPath string
 	done    chan struct{} // closed when the process has exited; waitErr is set then
 	waitErr error
+}
+
+// hasFlag reports whether the binary of phase p has flag on command cmd (a baseline binary may
+// predate it).
+func (e *clusterEnv) hasFlag(p *phase, cmd, flag string) bool {
+	bin := e.cfg.Corral
+	if p.bin != "" {
+		bin = p.bin
+	}
+	out, _ := exec.Command(bin, cmd, "--help").CombinedOutput()
+	return strings.Contains(string(out), flag+" ")
 }
 
 func (e *clusterEnv) start(p *phase, name string, args ...string) (*benchProc, error) {

@@ -84,3 +84,41 @@ func TestSendActivity(t *testing.T) {
 		t.Errorf("the batch after a failure: %+v", a)
 	}
 }
+
+// TestActivityQueue: what happens once in a sandbox's life is queued and sent in one batch off
+// the request's path; a failed batch is sent again, before what was queued since; what is left
+// at the end goes with the last periodic batch.
+func TestActivityQueue(t *testing.T) {
+	rec := &fakeActivity{fail: true}
+	e := &Edge{cfg: Config{Activity: rec}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), live: map[string]*sandbox{},
+		stop: make(chan struct{}), activity: newActivityQueue()}
+	go e.activityLoop()
+	e.queueActivity(store.Activity{ID: "sb-n1-a", Created: true})
+	e.queueActivity(store.Activity{ID: "sb-n1-a", FirstExecAt: time.Now()})
+	batches := func() [][]store.Activity {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return slices.Clone(rec.batches)
+	}
+	time.Sleep(3 * activityBatchWait) // the first try fails: nothing recorded
+	rec.mu.Lock()
+	rec.fail = false
+	rec.mu.Unlock()
+	e.queueActivity(store.Activity{ID: "sb-n1-b", EndedAt: time.Now(), EndReason: "deleted"})
+	deadline := time.Now().Add(10 * time.Second)
+	for len(batches()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	got := batches()
+	if len(got) != 1 || len(got[0]) != 3 || got[0][0].ID != "sb-n1-a" || !got[0][0].Created || got[0][2].ID != "sb-n1-b" {
+		t.Fatalf("batches %+v, want the failed entries then the new one, in one batch", got)
+	}
+	close(e.stop)
+	<-e.activity.done
+	// Left at the end: sent with the last flush (Close's).
+	e.queueActivity(store.Activity{ID: "sb-n1-c", TTLExtended: true})
+	e.flushActivity(context.Background())
+	if got := batches(); len(got) != 2 || len(got[1]) != 1 || !got[1][0].TTLExtended {
+		t.Errorf("the last flush: %+v", got)
+	}
+}

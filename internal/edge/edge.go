@@ -277,6 +277,8 @@ type Edge struct {
 	// warm holds the warm pools of container sandboxes (pool.go); warmLoop closes warmDone.
 	warm     *warmState
 	warmDone chan struct{}
+	// activity queues what happens once in a sandbox's life for cfg.Activity (activity.go).
+	activity activityQueue
 
 	stop        chan struct{}
 	done        chan struct{}
@@ -386,7 +388,7 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	e := &Edge{
 		cfg: cfg, log: log, store: st, rt: rt, layers: layers, policy: policy,
 		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
-		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}), samplerDone: make(chan struct{}), activity: newActivityQueue(),
 		bus: cfg.Events, rings: map[string]*ring{}, warm: newWarmState(), warmDone: make(chan struct{}),
 	}
 	e.machines, _ = rt.(runtime.Machine)
@@ -461,6 +463,11 @@ func (e *Edge) Start(ctx context.Context) error {
 	go e.reaper()
 	go e.sampler()
 	go e.warmLoop()
+	if e.cfg.Activity != nil {
+		go e.activityLoop()
+	} else {
+		close(e.activity.done)
+	}
 	return nil
 }
 
@@ -470,6 +477,7 @@ func (e *Edge) Close() {
 	<-e.done
 	<-e.samplerDone
 	<-e.warmDone
+	<-e.activity.done
 	e.closeCleanups()
 	e.steps.close()
 	e.flushActivity(context.Background())
@@ -704,14 +712,12 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		e.log.Error("record sandbox end", "sandbox", rec.ID, "state", state, "err", err)
 	}
-	if rec.Tier != TierFncall {
-		var err error
-		if e.cfg.Activity != nil {
-			err = e.cfg.Activity.RecordActivity(context.WithoutCancel(ctx), []store.Activity{{ID: rec.ID, EndedAt: rec.EndedAt, EndReason: reason}})
-		} else {
-			err = e.store.UsageEnded(context.WithoutCancel(ctx), rec.ID, rec.EndedAt, reason)
-		}
-		if err != nil {
+	switch {
+	case rec.Tier == TierFncall:
+	case e.cfg.Activity != nil:
+		e.queueActivity(store.Activity{ID: rec.ID, EndedAt: rec.EndedAt, EndReason: reason})
+	default:
+		if err := e.store.UsageEnded(context.WithoutCancel(ctx), rec.ID, rec.EndedAt, reason); err != nil {
 			e.log.Warn("record usage", "sandbox", rec.ID, "err", err)
 		}
 	}
@@ -1796,14 +1802,12 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if err := e.store.PutSandbox(ctx, rec); err != nil {
 		return nil, err
 	}
-	if extended {
-		var err error
-		if e.cfg.Activity != nil {
-			err = e.cfg.Activity.RecordActivity(ctx, []store.Activity{{ID: id, TTLExtended: true}})
-		} else {
-			err = e.store.UsageExtended(ctx, id)
-		}
-		if err != nil {
+	switch {
+	case !extended:
+	case e.cfg.Activity != nil:
+		e.queueActivity(store.Activity{ID: id, TTLExtended: true})
+	default:
+		if err := e.store.UsageExtended(ctx, id); err != nil {
 			e.log.Warn("record usage", "sandbox", id, "err", err)
 		}
 	}
@@ -1981,7 +1985,8 @@ func (e *Edge) sendActivity(ctx context.Context) {
 		at, sum  int64
 		counters bool
 	}
-	var acts []store.Activity
+	queued := e.takeActivity()
+	acts := slices.Clone(queued)
 	var marks []sent
 	for _, sb := range e.liveSandboxes() {
 		a := store.Activity{ID: sb.id}
@@ -2005,6 +2010,7 @@ func (e *Edge) sendActivity(ctx context.Context) {
 	}
 	if err := e.cfg.Activity.RecordActivity(ctx, acts); err != nil {
 		e.log.Warn("record the live sandboxes' activity; it goes with the next batch", "sandboxes", len(acts), "err", err)
+		e.requeueActivity(queued)
 		return
 	}
 	for _, m := range marks {

@@ -365,14 +365,12 @@ func (e *Edge) observeCall(sb *sandbox, method, path string, tokens string) erro
 		// Off the exec's path: the first exec is what create→first exec measures, and its
 		// answer must not wait for a store write (one goroutine per sandbox, once).
 		at := time.Now()
+		if e.cfg.Activity != nil {
+			e.queueActivity(store.Activity{ID: sb.id, FirstExecAt: at})
+			return nil
+		}
 		go func() {
-			var err error
-			if e.cfg.Activity != nil {
-				err = e.cfg.Activity.RecordActivity(context.Background(), []store.Activity{{ID: sb.id, FirstExecAt: at}})
-			} else {
-				err = e.store.UsageFirstExec(context.Background(), sb.id, at)
-			}
-			if err != nil {
+			if err := e.store.UsageFirstExec(context.Background(), sb.id, at); err != nil {
 				e.log.Warn("record first exec", "sandbox", sb.id, "err", err)
 			}
 		}()
@@ -388,12 +386,7 @@ func (e *Edge) usageCreated(ctx context.Context, rec *store.Sandbox) {
 		return
 	}
 	if e.cfg.Activity != nil {
-		id := rec.ID
-		go func() {
-			if err := e.cfg.Activity.RecordActivity(context.Background(), []store.Activity{{ID: id, Created: true}}); err != nil {
-				e.log.Warn("record usage", "sandbox", id, "err", err)
-			}
-		}()
+		e.queueActivity(store.Activity{ID: rec.ID, Created: true})
 		return
 	}
 	p, _ := iam.ParsePath("project", rec.Project)
@@ -413,13 +406,11 @@ func (e *Edge) flushUsage(ctx context.Context, sb *sandbox, final bool) {
 	if sb.usageFlushed.Swap(sum) == sum && !final {
 		return
 	}
-	var err error
 	if e.cfg.Activity != nil {
-		err = e.cfg.Activity.RecordActivity(context.WithoutCancel(ctx), []store.Activity{{ID: sb.id, Counters: &c}})
-	} else {
-		err = e.store.UsageCounters(context.WithoutCancel(ctx), sb.id, c.Actions, c.Blocked, c.Tokens)
+		e.queueActivity(store.Activity{ID: sb.id, Counters: &c}) // off the caller's path (a delete)
+		return
 	}
-	if err != nil {
+	if err := e.store.UsageCounters(context.WithoutCancel(ctx), sb.id, c.Actions, c.Blocked, c.Tokens); err != nil {
 		e.log.Warn("record usage", "sandbox", sb.id, "err", err)
 	}
 }

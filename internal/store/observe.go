@@ -484,9 +484,16 @@ func (s *Store) RecordActivity(ctx context.Context, node string, epoch int64, ac
 // project, tier, environment and create time are the record's. A sandbox the node does not run,
 // or a fncall pool container (no usage row), gets none.
 func ensureUsage(ctx context.Context, tx *Tx, node, id string) error {
+	var one int
+	err := tx.QueryRowContext(ctx, `SELECT 1 FROM sandbox_usage WHERE id = ?`, id).Scan(&one)
+	if err == nil {
+		return nil // the usual case: one index lookup, no record read
+	} else if !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
 	var doc, pid, path string
 	var activity int64
-	err := tx.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
+	err = tx.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
 		WHERE s.id = ? AND s.node = ?`, id, node).Scan(&doc, &pid, &path, &activity)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil
