@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,22 +46,6 @@ func (s *Server) nodeHandler() http.Handler {
 	}))
 }
 
-// nodeTLS returns the node listener's TLS configuration: this replica's certificate (the one it
-// calls edges with, reissued at half its life) and edges' certificates required.
-func (s *Server) nodeTLS() (*tls.Config, error) {
-	certPEM, keyPEM, err := s.ca.IssueServer(s.name, serverTTL)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := clusterauth.NodeChannelTLS(s.ca.CertPEM(), certPEM, keyPEM)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Certificates = nil
-	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.certificate(), nil }
-	return cfg, nil
-}
-
 // nodeRegister starts a new incarnation of the caller's node.
 func (s *Server) nodeRegister(w http.ResponseWriter, r *http.Request) {
 	node := clusterauth.EdgeNode(r)
@@ -95,10 +78,8 @@ func checkRegister(req *nodeproto.RegisterRequest) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	if u, perr := parseHTTPS(req.URL); perr != nil {
-		return 0, errdefs.Invalid("url", "%q: %v", req.URL, perr)
-	} else if u == "" {
-		return 0, errdefs.Invalid("url", "%q: servers reach edges at https://HOST:PORT", req.URL)
+	if err := checkHTTPS(req.URL); err != nil {
+		return 0, errdefs.Invalid("url", "%q: %v: servers reach edges at https://HOST:PORT", req.URL, err)
 	}
 	if req.Protocol != nodeproto.Version {
 		return 0, fmt.Errorf("the edge speaks node protocol %d, this server %d (upgrade the older side): %w", req.Protocol, nodeproto.Version, nodeproto.ErrVersion)
@@ -121,21 +102,20 @@ func checkRegister(req *nodeproto.RegisterRequest) (time.Duration, error) {
 	return ttl, nil
 }
 
-// parseHTTPS returns u's host:port when u is https://HOST:PORT with nothing else, "" when it is
-// not https.
-func parseHTTPS(u string) (string, error) {
+// checkHTTPS fails unless u is https://HOST:PORT with nothing else.
+func checkHTTPS(u string) error {
 	rest, ok := strings.CutPrefix(u, "https://")
 	if !ok {
-		return "", nil
+		return fmt.Errorf("not https://")
 	}
 	host, port, err := net.SplitHostPort(rest)
 	if err != nil || host == "" {
-		return "", fmt.Errorf("not https://HOST:PORT")
+		return fmt.Errorf("not https://HOST:PORT")
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-		return "", fmt.Errorf("port %q", port)
+		return fmt.Errorf("port %q", port)
 	}
-	return rest, nil
+	return nil
 }
 
 // nodeHeartbeat renews the caller's lease with what its live sandboxes use, counted here.
@@ -238,19 +218,15 @@ func checkEvents(node string, req *nodeproto.EventsRequest) error {
 }
 
 // serveNodes serves the node channel on lis; its end goes to errc.
-func (s *Server) serveNodes(lis net.Listener, errc chan<- error) (*http.Server, error) {
-	cfg, err := s.nodeTLS()
-	if err != nil {
-		return nil, err
-	}
-	srv := &http.Server{Handler: s.nodeHandler(), TLSConfig: cfg, ReadHeaderTimeout: 10 * time.Second,
+func (s *Server) serveNodes(lis net.Listener, errc chan<- error) *http.Server {
+	srv := &http.Server{Handler: s.nodeHandler(), TLSConfig: s.nodeTLS, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	go func() {
 		if err := srv.ServeTLS(lis, "", ""); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("node channel: %w", err)
 		}
 	}()
-	return srv, nil
+	return srv
 }
 
 // nodeURLs are the node channel's URLs for an edge that joined through r: this replica's first
@@ -329,10 +305,11 @@ func (s *Server) announce(ctx context.Context) {
 }
 
 // replicaURLs returns the node channel URLs of the replicas alive, read at most every
-// announceEvery.
+// announceEvery. The read is made outside s.mu (which every call to an edge takes), under a lock
+// of its own, so that heartbeats arriving together make one read.
 func (s *Server) replicaURLs(ctx context.Context) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.replicasMu.Lock()
+	defer s.replicasMu.Unlock()
 	if time.Since(s.replicasAt) < announceEvery {
 		return s.replicas
 	}

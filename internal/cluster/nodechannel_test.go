@@ -30,11 +30,7 @@ func TestNodeChannel(t *testing.T) {
 	st, dsn, dir, _ := bootstrapped(t, log)
 	s := testServer(t, st, Config{DataDir: dir, Store: dsn}, log)
 	nodes := httptest.NewUnstartedServer(s.nodeHandler())
-	cfg, err := s.nodeTLS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes.TLS = cfg
+	nodes.TLS = s.nodeTLS
 	nodes.StartTLS()
 	defer nodes.Close()
 	s.nodePort = nodes.Listener.Addr().(*net.TCPAddr).Port
@@ -169,9 +165,9 @@ func TestNodeChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := edge2.URLs()[0]
-	s.mu.Lock()
+	s.replicasMu.Lock()
 	s.replicasAt = time.Time{}
-	s.mu.Unlock()
+	s.replicasMu.Unlock()
 	if _, err := edge2.Heartbeat(ctx, 1, 15*time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -144,7 +144,9 @@ type Server struct {
 	placer *placement.Placer
 	ca     *clusterauth.CA
 	tls    *tls.Config // calls to edges: this replica's client certificate, the CA (per node: ForNode)
-	name   string      // this replica, in its certificate
+	// nodeTLS serves the node channel: this replica's certificate, edges' certificates required.
+	nodeTLS *tls.Config
+	name    string // this replica, in its certificate
 
 	mu     sync.Mutex
 	nodes  []corral.Node // the last read of the nodes table
@@ -153,9 +155,10 @@ type Server struct {
 	rr     atomic.Uint64
 	cert   *tls.Certificate // this replica's certificate, reissued at half its life
 
-	nodePort   int       // the node channel's port, for the node URL a joining edge gets
-	replicas   []string  // the replicas' node channel URLs as last read; protected by mu
-	replicasAt time.Time // when; protected by mu
+	nodePort   int // the node channel's port, for the node URL a joining edge gets
+	replicasMu sync.Mutex
+	replicas   []string  // the replicas' node channel URLs as last read; protected by replicasMu
+	replicasAt time.Time // when; protected by replicasMu
 }
 
 // edgeConn is how this replica reaches one edge: over mutual TLS that checks the edge's
@@ -191,7 +194,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return errdefs.Invalid("node-listen", "the node channel needs an address (--listen %q gives none to derive it from)", cfg.Listen)
 	}
 	if cfg.NodeURL != "" {
-		if u, err := parseHTTPS(cfg.NodeURL); err != nil || u == "" {
+		if err := checkHTTPS(cfg.NodeURL); err != nil {
 			return errdefs.Invalid("node-url", "%q: edges reach the node channel at https://HOST:PORT", cfg.NodeURL)
 		}
 	}
@@ -231,7 +234,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		name:  host + "/" + cfg.Listen,
 	}
 	s.api.SetFleet(fleet{s})
-	if s.tls, err = s.clientTLS(); err != nil {
+	if s.tls, s.nodeTLS, err = s.tlsConfigs(); err != nil {
 		return err
 	}
 	// Quota usage counters are rebuilt from the sandbox rows at every start of a replica (edges
@@ -259,12 +262,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(lis) }()
-	nodeSrv, err := s.serveNodes(nodeLis, errc)
-	if err != nil {
-		srv.Close()
-		nodeLis.Close()
-		return err
-	}
+	nodeSrv := s.serveNodes(nodeLis, errc)
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -535,21 +533,26 @@ func (s *Server) upNodes(ctx context.Context) []corral.Node {
 	return up
 }
 
-// clientTLS returns the TLS configuration for calls to edges, with this replica's client
-// certificate issued by the cluster CA and reissued when half its life has passed.
-func (s *Server) clientTLS() (*tls.Config, error) {
+// tlsConfigs issues this replica's certificate and returns the TLS configurations it calls
+// edges with (the cluster CA; per node: ForNode) and serves the node channel with (edges'
+// certificates required). Both read the certificate per handshake (certificate), so a reissue
+// reaches both.
+func (s *Server) tlsConfigs() (client, nodes *tls.Config, err error) {
 	certPEM, keyPEM, err := s.ca.IssueServer(s.name, serverTTL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	cfg, err := clusterauth.ServerTLS(s.ca.CertPEM(), certPEM, keyPEM)
-	if err != nil {
-		return nil, err
+	if client, err = clusterauth.ServerTLS(s.ca.CertPEM(), certPEM, keyPEM); err != nil {
+		return nil, nil, err
 	}
-	s.cert = &cfg.Certificates[0]
-	cfg.Certificates = nil
-	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return s.certificate(), nil }
-	return cfg, nil
+	if nodes, err = clusterauth.NodeChannelTLS(s.ca.CertPEM(), certPEM, keyPEM); err != nil {
+		return nil, nil, err
+	}
+	s.cert = &client.Certificates[0]
+	client.Certificates, nodes.Certificates = nil, nil
+	client.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return s.certificate(), nil }
+	nodes.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.certificate(), nil }
+	return client, nodes, nil
 }
 
 // certificate returns this replica's certificate, which it calls edges with and serves the node

@@ -225,7 +225,7 @@ func testServer(t *testing.T, st *store.Store, cfg Config, log *slog.Logger) *Se
 	s := &Server{cfg: cfg, log: log, store: st, placer: placer, ca: ca, name: "test",
 		api: apiserver.New(log, st, nil, nil, apiserver.Info{}), conns: map[string]*edgeConn{}}
 	s.api.SetFleet(fleet{s})
-	if s.tls, err = s.clientTLS(); err != nil {
+	if s.tls, s.nodeTLS, err = s.tlsConfigs(); err != nil {
 		t.Fatal(err)
 	}
 	return s
