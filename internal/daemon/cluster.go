@@ -30,8 +30,8 @@ type ClusterConfig struct {
 	// cluster.Join). Without it the API is served in the clear, as `corral up` serves it.
 	TLS *tls.Config
 	// Servers is the servers' node channel (from cluster.Join): the edge registers, heartbeats
-	// and sends its events there. Without it (a server older than the node channel) it does
-	// them in the store.
+	// and sends its events and its sandboxes' activity there. Without it (joined through a
+	// server older than the node channel) it does them in the store.
 	Servers *nodeproto.Servers
 	// Labels describe the node to placement (gpu=h100, kvm=true).
 	Labels map[string]string

@@ -161,8 +161,9 @@ type Config struct {
 	PerSandboxMetrics bool
 	// Events is the bus the edge publishes lifecycle events on; nil: the edge makes its own.
 	Events *events.Bus
-	// Activity, when set, records what live sandboxes did (last activity, usage counters, first
-	// exec) instead of the store: a cluster's servers, over the node channel. nil: the store.
+	// Activity, when set, records what sandboxes did (last activity, usage counters, and their
+	// create, first exec, TTL extensions and end for the report) instead of the store: a
+	// cluster's servers, over the node channel (activity.go). nil: the store.
 	Activity ActivityRecorder
 	// Shared is the blob store the layer store keeps its blobs in; published versions are
 	// recorded there too, so that every Corral using it sees them (see shared.go). nil: versions
