@@ -2,6 +2,9 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +23,7 @@ import (
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The node channel (internal/nodeproto): edges register, heartbeat and record their events
@@ -37,6 +41,9 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathHeartbeat, s.nodeHeartbeat)
 	mux.HandleFunc("POST "+nodeproto.PathEvents, s.nodeEvents)
 	mux.HandleFunc("POST "+nodeproto.PathActivity, s.nodeActivity)
+	mux.HandleFunc("POST "+nodeproto.PathConfig, s.nodeConfig)
+	mux.HandleFunc("POST "+nodeproto.PathSteps, s.nodeSteps)
+	mux.HandleFunc("POST "+nodeproto.PathListSteps, s.nodeListSteps)
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))
@@ -69,7 +76,19 @@ func (s *Server) nodeRegister(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("node registered", "node", node, "epoch", n.Epoch, "state", n.State, "url", n.URL, "remote", r.RemoteAddr)
 	s.refresh(r.Context(), true)
-	httpjson.Write(w, http.StatusOK, n)
+	// What the edge starts from, read after its incarnation fenced off the older ones: from now
+	// on only it writes these records (a sweep would fence it first).
+	out := nodeproto.RegisterResponse{Node: *n}
+	if out.Instance, err = s.store.Instance(r.Context(), node); err != nil {
+		httpjson.Error(w, r, s.log, fmt.Errorf("node %s's instance name: %w", node, err))
+		return
+	}
+	out.Sandboxes, err = s.store.ListSandboxes(r.Context(), store.SandboxFilter{Node: node, States: append(store.LiveStates(), corral.StateDeleting)})
+	if err != nil {
+		httpjson.Error(w, r, s.log, fmt.Errorf("node %s's sandboxes: %w", node, err))
+		return
+	}
+	httpjson.Write(w, http.StatusOK, out)
 }
 
 // checkRegister validates a registration and returns its lease TTL.
@@ -141,7 +160,91 @@ func (s *Server) nodeHeartbeat(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
-	httpjson.Write(w, http.StatusOK, nodeproto.HeartbeatResponse{State: state, Servers: s.replicaURLs(r.Context())})
+	out := nodeproto.HeartbeatResponse{State: state, Servers: s.replicaURLs(r.Context())}
+	if cfg, err := s.nodeConfigNow(r.Context(), false); err != nil {
+		// The lease is renewed all the same; the edge keeps the configuration it holds.
+		s.log.Warn("read the configuration edges follow", "err", err)
+	} else {
+		out.Config = cfg.Generation
+	}
+	httpjson.Write(w, http.StatusOK, out)
+}
+
+// nodeConfig answers the configuration edges follow.
+func (s *Server) nodeConfig(w http.ResponseWriter, r *http.Request) {
+	var req nodeproto.ConfigRequest
+	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	cfg, err := s.nodeConfigNow(r.Context(), req.Fresh)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, cfg)
+}
+
+// configFresh is how long a replica answers the configuration it read: every edge's heartbeat
+// asks for its generation, and a thousand edges a second make one read of it.
+const configFresh = time.Second
+
+// nodeConfigNow returns the configuration edges follow, read at most every configFresh unless
+// fresh.
+func (s *Server) nodeConfigNow(ctx context.Context, fresh bool) (*nodeproto.ConfigResponse, error) {
+	s.configMu.Lock()
+	defer s.configMu.Unlock()
+	if !fresh && s.config != nil && time.Since(s.configAt) < configFresh {
+		return s.config, nil
+	}
+	cfg, err := readNodeConfig(ctx, s.store)
+	if err != nil {
+		return nil, err
+	}
+	s.config, s.configAt = cfg, time.Now()
+	return cfg, nil
+}
+
+// readNodeConfig reads the configuration edges follow from st, with its generation: the digest
+// of the rest.
+func readNodeConfig(ctx context.Context, st *store.Store) (*nodeproto.ConfigResponse, error) {
+	var cfg nodeproto.ConfigResponse
+	var err error
+	if cfg.WarmEnvironments, err = st.WarmEnvironments(ctx); err != nil {
+		return nil, err
+	}
+	if cfg.FncallEnvs, err = st.ListFncallEnvs(ctx); err != nil {
+		return nil, err
+	}
+	for _, env := range cfg.FncallEnvs {
+		if _, ok := cfg.ArtifactLimits[env.ProjectID]; ok {
+			continue
+		}
+		limits, err := st.ArtifactLimits(ctx, env.ProjectID)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue // its project is being deleted; so is it
+		} else if err != nil {
+			return nil, err
+		}
+		if cfg.ArtifactLimits == nil {
+			cfg.ArtifactLimits = map[string][]store.ArtifactLimit{}
+		}
+		cfg.ArtifactLimits[env.ProjectID] = limits
+	}
+	raw, err := st.GetSetting(ctx, store.CatalogSetting)
+	switch {
+	case err == nil:
+		cfg.ServiceCatalog = raw
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return nil, err
+	}
+	doc, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(doc)
+	cfg.Generation = hex.EncodeToString(sum[:16])
+	return &cfg, nil
 }
 
 // nodeEvents records a batch of the caller's events. An event of another node, or of a sandbox
@@ -192,6 +295,71 @@ func (s *Server) nodeActivity(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// nodeSteps writes steps of the trajectories of the caller's sandboxes. A write to another
+// node's sandbox refuses the batch; a fenced incarnation's is refused as a stale epoch.
+func (s *Server) nodeSteps(w http.ResponseWriter, r *http.Request) {
+	node := clusterauth.EdgeNode(r)
+	var req nodeproto.StepsRequest
+	if err := httpjson.DecodeLimit(r, &req, nodeproto.MaxStepsBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	if err := checkSteps(node, &req); err != nil {
+		s.log.Warn("trajectory steps refused", "node", node, "epoch", req.Epoch, "err", err)
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	res, err := s.store.NodeSteps(r.Context(), node, req.Epoch, req.Writes)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, nodeproto.StepsResponse{Steps: res})
+}
+
+// checkSteps refuses a batch that is too large, malformed, or writes another node's sandbox's
+// trajectory.
+func checkSteps(node string, req *nodeproto.StepsRequest) error {
+	if len(req.Writes) == 0 || len(req.Writes) > nodeproto.MaxSteps {
+		return errdefs.Invalid("writes", "%d writes: 1 to %d a batch", len(req.Writes), nodeproto.MaxSteps)
+	}
+	for i, wr := range req.Writes {
+		switch {
+		case edge.NodeOf(wr.Sandbox) != node:
+			return fmt.Errorf("writes[%d]: %q is not a sandbox of node %s: %w", i, wr.Sandbox, node, errdefs.ErrDenied)
+		case wr.Entry == nil:
+			return errdefs.Invalid(fmt.Sprintf("writes[%d].entry", i), "a write has an entry")
+		case wr.Update && wr.Entry.Seq <= 0:
+			return errdefs.Invalid(fmt.Sprintf("writes[%d].entry.seq", i), "%d: an update names the step it rewrites", wr.Entry.Seq)
+		}
+	}
+	return nil
+}
+
+// nodeListSteps reads a page of the trajectory of one of the caller's sandboxes.
+func (s *Server) nodeListSteps(w http.ResponseWriter, r *http.Request) {
+	node := clusterauth.EdgeNode(r)
+	var req nodeproto.ListStepsRequest
+	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	switch {
+	case edge.NodeOf(req.Sandbox) != node:
+		httpjson.Error(w, r, s.log, fmt.Errorf("%q is not a sandbox of node %s: %w", req.Sandbox, node, errdefs.ErrDenied))
+		return
+	case req.Limit < 1 || req.Limit > nodeproto.MaxListSteps || req.After < 0:
+		httpjson.Error(w, r, s.log, errdefs.Invalid("limit", "a page is 1 to %d steps after step 0 or later, not %d after %d", nodeproto.MaxListSteps, req.Limit, req.After))
+		return
+	}
+	steps, err := s.store.ListSteps(r.Context(), req.Sandbox, req.After, req.Limit, req.State)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, nodeproto.ListStepsResponse{Steps: steps})
 }
 
 // checkEvents refuses a batch that is too large or speaks for another node.

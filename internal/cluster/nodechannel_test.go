@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,21 +22,28 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// TestNodeChannel: edges joined through a replica register, heartbeat and record events over
-// the node channel as the node their certificate names, and nothing they send speaks for
-// another node or a fenced incarnation.
-func TestNodeChannel(t *testing.T) {
-	ctx := context.Background()
+// nodeChannelReplica starts a replica on a bootstrapped PostgreSQL store that serves its API
+// and the node channel, and returns its store, the replica, its API and its data dir.
+func nodeChannelReplica(t *testing.T) (*store.Store, *Server, *httptest.Server, string) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, dsn, dir, _ := bootstrapped(t, log)
 	s := testServer(t, st, Config{DataDir: dir, Store: dsn}, log)
 	nodes := httptest.NewUnstartedServer(s.nodeHandler())
 	nodes.TLS = s.nodeTLS
 	nodes.StartTLS()
-	defer nodes.Close()
+	t.Cleanup(nodes.Close)
 	s.nodePort = nodes.Listener.Addr().(*net.TCPAddr).Port
 	hs := httptest.NewServer(s.Handler())
-	defer hs.Close()
+	t.Cleanup(hs.Close)
+	return st, s, hs, dir
+}
+
+// TestNodeChannel: edges joined through a replica register, heartbeat and record events over
+// the node channel as the node their certificate names, and nothing they send speaks for
+// another node or a fenced incarnation.
+func TestNodeChannel(t *testing.T) {
+	ctx := context.Background()
+	st, s, hs, dir := nodeChannelReplica(t)
 
 	join := func(name string) *nodeproto.Servers {
 		t.Helper()
@@ -59,15 +67,15 @@ func TestNodeChannel(t *testing.T) {
 	if n, err := edge2.Register(ctx, reg); err != nil || n.Name != "edge2" {
 		t.Fatalf("register edge2: %+v, %v (the node is the certificate's)", n, err)
 	}
-	if state, err := edge1.Heartbeat(ctx, 1, 15*time.Second); err != nil || state != store.NodeReady {
-		t.Fatalf("heartbeat: %q, %v", state, err)
+	if hb, err := edge1.Heartbeat(ctx, 1, 15*time.Second); err != nil || hb.State != store.NodeReady {
+		t.Fatalf("heartbeat: %+v, %v", hb, err)
 	}
 	// An operator drains the node: the next heartbeat says so.
 	if _, err := st.SetNodeState(ctx, "edge1", store.NodeDraining); err != nil {
 		t.Fatal(err)
 	}
-	if state, err := edge1.Heartbeat(ctx, 1, 15*time.Second); err != nil || state != store.NodeDraining {
-		t.Fatalf("heartbeat of a drained node: %q, %v", state, err)
+	if hb, err := edge1.Heartbeat(ctx, 1, 15*time.Second); err != nil || hb.State != store.NodeDraining {
+		t.Fatalf("heartbeat of a drained node: %+v, %v", hb, err)
 	}
 	// A new incarnation fences the old one: its heartbeat is refused as a stale epoch.
 	n1, err = edge1.Register(ctx, reg)
@@ -181,6 +189,136 @@ func TestNodeChannel(t *testing.T) {
 	if resp, err := anon.Post(edge1.URLs()[0]+nodeproto.PathHeartbeat, "application/json", strings.NewReader(`{"epoch":2}`)); err == nil {
 		resp.Body.Close()
 		t.Errorf("the node channel answered a client without a certificate: %s", resp.Status)
+	}
+}
+
+// TestNodeStart: a registration answers what the edge starts from (its instance name and the
+// records of its own sandboxes that may still run, no other node's, no ended one), and the
+// configuration edges follow comes over the channel with a generation every heartbeat names,
+// which moves when the configuration does.
+func TestNodeStart(t *testing.T) {
+	ctx := context.Background()
+	st, _, hs, dir := nodeChannelReplica(t)
+	j, err := Join(ctx, hs.URL, filepath.Join(dir, "join.token"), "edge1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edge1 := j.Servers
+
+	now := time.Now().UTC()
+	for _, r := range []struct{ id, state string }{
+		{"sb-edge1-aaaaaaaaaaaaaaaa", corral.StateRunning}, {"sb-edge1-bbbbbbbbbbbbbbbb", corral.StatePaused},
+		{"sb-edge1-cccccccccccccccc", corral.StateStopped}, {"sb-edge2-aaaaaaaaaaaaaaaa", corral.StateRunning},
+	} {
+		rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: r.id, Node: strings.Split(r.id, "-")[1], Tier: "container", State: r.state,
+			CreatedAt: now, ExpiresAt: now.Add(time.Hour)}}
+		if err := st.PutSandbox(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ans, err := edge1.Register(ctx, nodeproto.RegisterRequest{URL: "https://127.0.0.1:1", Protocol: nodeproto.Version, LeaseTTLMillis: 15000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(ans.Instance, "edge1-") || ans.Epoch != 1 {
+		t.Errorf("registration: instance %q, epoch %d", ans.Instance, ans.Epoch)
+	}
+	var ids []string
+	for _, r := range ans.Sandboxes {
+		ids = append(ids, r.ID)
+	}
+	if slices.Sort(ids); !slices.Equal(ids, []string{"sb-edge1-aaaaaaaaaaaaaaaa", "sb-edge1-bbbbbbbbbbbbbbbb"}) {
+		t.Errorf("records the registration answered: %q; want edge1's live ones", ids)
+	}
+	if again, err := edge1.Register(ctx, nodeproto.RegisterRequest{URL: "https://127.0.0.1:1", Protocol: nodeproto.Version, LeaseTTLMillis: 15000}); err != nil || again.Instance != ans.Instance {
+		t.Errorf("the instance name of a second registration: %v, %v; want %q kept", again, err, ans.Instance)
+	}
+
+	// The configuration: a warm environment, an fncall environment with its project's artifact
+	// limits, the service catalog.
+	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "py", Base: "b:1", Warm: 2, CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutFncallEnv(ctx, corral.FncallEnv{Name: "fn", Project: "/", Base: "b:1", PoolMin: 1, PoolMax: 2, CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	catalog := []byte(`{"services":{"pypi":{"domains":["pypi.org"]}}}`)
+	if err := st.PutSetting(ctx, store.CatalogSetting, catalog); err != nil {
+		t.Fatal(err)
+	}
+	cfg := edge1.Config()
+	if _, err := cfg.WarmEnvironments(ctx); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("the configuration before a fetch: %v, want ErrUnavailable", err)
+	}
+	if changed, err := cfg.Follow(ctx, ""); err != nil || !changed {
+		t.Fatalf("first fetch: %v, %v", changed, err)
+	}
+	warm, _ := cfg.WarmEnvironments(ctx)
+	fns, _ := cfg.ListFncallEnvs(ctx)
+	if len(warm) != 1 || warm[0].Name != "py" || warm[0].Warm != 2 || len(fns) != 1 || fns[0].Name != "fn" || fns[0].ProjectID == "" {
+		t.Fatalf("configuration: warm %+v, fncall %+v", warm, fns)
+	}
+	if limits, err := cfg.ArtifactLimits(ctx, fns[0].ProjectID); err != nil || len(limits) != 1 || limits[0].Limit != corral.DefaultArtifactBytes || !slices.Contains(limits[0].Projects, fns[0].ProjectID) {
+		t.Errorf("artifact limits of the fncall environment's project: %+v, %v", limits, err)
+	}
+	if path, err := cfg.ProjectPath(ctx, fns[0].ProjectID); err != nil || path != "/" {
+		t.Errorf("the fncall environment's project: %q, %v", path, err)
+	}
+	if raw, err := cfg.ServiceCatalog(ctx); err != nil || string(raw) != string(catalog) {
+		t.Errorf("service catalog: %s, %v", raw, err)
+	}
+	hb, err := edge1.Heartbeat(ctx, 2, 15*time.Second)
+	if err != nil || hb.Config == "" || hb.Config != cfg.Generation() {
+		t.Fatalf("heartbeat: %+v, %v; want the generation held (%s)", hb, err, cfg.Generation())
+	}
+	if changed, err := cfg.Follow(ctx, hb.Config); err != nil || changed {
+		t.Errorf("following the generation held: %v, %v; want nothing fetched", changed, err)
+	}
+	// A change: an edge that made it refreshes past the replica's copy; heartbeats then name
+	// the new generation.
+	if _, err := st.SetEnvironmentWarm(ctx, "py", 0); err != nil {
+		t.Fatal(err)
+	}
+	old := cfg.Generation()
+	if err := cfg.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if warm, _ := cfg.WarmEnvironments(ctx); len(warm) != 0 || cfg.Generation() == old {
+		t.Errorf("after the change: warm %+v, generation %s (was %s)", warm, cfg.Generation(), old)
+	}
+	if hb, err := edge1.Heartbeat(ctx, 2, 15*time.Second); err != nil || hb.Config != cfg.Generation() {
+		t.Errorf("heartbeat after the change: %+v, %v; want generation %s", hb, err, cfg.Generation())
+	}
+
+	// Trajectories: of the node's own sandboxes, by the incarnation holding the node.
+	const own = "sb-edge1-aaaaaaaaaaaaaaaa"
+	steps := edge1.Steps(2)
+	step := &corral.TrajectoryEntry{Kind: "exec", StepID: "train-1", State: corral.StepRunning}
+	if existing, err := steps.BeginStep(ctx, own, step); err != nil || existing != nil || step.Seq != 1 {
+		t.Fatalf("begin a step: %+v, %v, seq %d", existing, err, step.Seq)
+	}
+	step.State = corral.StepDone
+	if err := steps.UpdateStep(ctx, own, step); err != nil {
+		t.Fatalf("end the step: %v", err)
+	}
+	if existing, err := steps.BeginStep(ctx, own, &corral.TrajectoryEntry{Kind: "exec", StepID: "train-1"}); err != nil || existing == nil || existing.State != corral.StepDone {
+		t.Errorf("the step again: %+v, %v; want the step recorded", existing, err)
+	}
+	logged := []store.StepWrite{{Sandbox: own, Entry: &corral.TrajectoryEntry{Kind: "exec", State: corral.StepDone}}, {Sandbox: own, Entry: &corral.TrajectoryEntry{Kind: "write_file", State: corral.StepDone}}}
+	if err := steps.WriteSteps(ctx, logged); err != nil || logged[0].Entry.Seq != 2 || logged[1].Entry.Seq != 3 {
+		t.Fatalf("write steps: %v, seqs %d, %d", err, logged[0].Entry.Seq, logged[1].Entry.Seq)
+	}
+	if err := steps.WriteSteps(ctx, []store.StepWrite{{Sandbox: "sb-edge2-aaaaaaaaaaaaaaaa", Entry: &corral.TrajectoryEntry{Kind: "exec"}}}); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("a step of another node's sandbox: %v, want ErrDenied", err)
+	}
+	if err := edge1.Steps(1).WriteSteps(ctx, []store.StepWrite{{Sandbox: own, Entry: &corral.TrajectoryEntry{Kind: "exec"}}}); !errors.Is(err, store.ErrFenced) {
+		t.Errorf("a step of a fenced incarnation: %v, want ErrFenced", err)
+	}
+	if list, err := steps.ListSteps(ctx, own, 1, 100, ""); err != nil || len(list) != 2 || list[0].Seq != 2 {
+		t.Errorf("the trajectory after step 1: %+v, %v", list, err)
+	}
+	if _, err := steps.ListSteps(ctx, "sb-edge2-aaaaaaaaaaaaaaaa", 0, 100, ""); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("another node's trajectory: %v, want ErrDenied", err)
 	}
 }
 

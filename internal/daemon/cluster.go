@@ -73,8 +73,17 @@ func (c *ClusterConfig) admissible(host store.Resources) *store.Resources {
 	}
 }
 
+// registration is what an edge starts from: its node's row with the incarnation's epoch and,
+// registered through the servers, its instance name and the records of its sandboxes that may
+// still run (records nil: registered in the store, which the edge reads them from).
+type registration struct {
+	node     *store.Node
+	instance string
+	records  []*store.Sandbox
+}
+
 // registerNode starts this edge's incarnation and fences the store's writes with its epoch.
-func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, diskHeld int64, log *slog.Logger) (*store.Node, error) {
+func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, diskHeld int64, log *slog.Logger) (*registration, error) {
 	req := nodeproto.RegisterRequest{
 		URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
 		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes, diskHeld),
@@ -82,26 +91,39 @@ func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runti
 		Protocol:       nodeproto.Version, // servers send this edge callers, never tokens
 		LeaseTTLMillis: cfg.Cluster.LeaseTTL.Milliseconds(),
 	}
-	var n *store.Node
-	var err error
+	reg := &registration{}
 	if srv := cfg.Cluster.Servers; srv != nil {
-		n, err = registerWithServers(ctx, srv, req, log)
+		ans, err := registerWithServers(ctx, srv, req, log)
+		if err != nil {
+			return nil, err
+		}
+		reg.node = &ans.Node
+		// A server of an older release answers the row alone (no instance): the edge then
+		// reads the rest from the store, as it did then.
+		if ans.Instance != "" {
+			reg.instance, reg.records = ans.Instance, ans.Sandboxes
+			if reg.records == nil {
+				reg.records = []*store.Sandbox{}
+			}
+		}
 	} else {
-		n, err = st.Register(ctx, store.Node{
+		n, err := st.Register(ctx, store.Node{
 			Name: cfg.Node, URL: req.URL, Labels: req.Labels, Capacity: req.Capacity,
 			Tiers: req.Tiers, Runtimes: req.Runtimes, Protocol: req.Protocol,
 		}, cfg.Cluster.LeaseTTL)
+		if err != nil {
+			return nil, err
+		}
+		reg.node = n
 	}
-	if err != nil {
-		return nil, err
-	}
+	n := reg.node
 	if n.Name != cfg.Node {
 		return nil, fmt.Errorf("the servers registered node %q, not %q: the edge's certificate names another node", n.Name, cfg.Node)
 	}
 	st.Fence(cfg.Node, n.Epoch)
 	log.Info("node registered", "epoch", n.Epoch, "state", n.State, "url", n.URL, "capacity", n.Capacity, "through", registeredThrough(cfg.Cluster),
 		"overcommit_cpu", cfg.Cluster.Overcommit.CPU, "overcommit_memory", cfg.Cluster.Overcommit.Memory, "overcommit_disk", cfg.Cluster.Overcommit.Disk)
-	return n, nil
+	return reg, nil
 }
 
 // registerTries bounds how long an edge's start waits for the servers' node channel: servers
@@ -110,17 +132,28 @@ const registerTries = 10
 
 // registerWithServers registers through the node channel, trying again while the servers are
 // unavailable.
-func registerWithServers(ctx context.Context, srv *nodeproto.Servers, req nodeproto.RegisterRequest, log *slog.Logger) (*store.Node, error) {
+func registerWithServers(ctx context.Context, srv *nodeproto.Servers, req nodeproto.RegisterRequest, log *slog.Logger) (*nodeproto.RegisterResponse, error) {
+	var ans *nodeproto.RegisterResponse
+	err := retryUnavailable(ctx, "register with the servers", func() (err error) {
+		ans, err = srv.Register(ctx, req)
+		return err
+	}, log)
+	return ans, err
+}
+
+// retryUnavailable calls fn until it succeeds, fails otherwise than with the servers unavailable
+// (ErrVersion is final), or failed registerTries times, backing off from 1 s to 10 s.
+func retryUnavailable(ctx context.Context, what string, fn func() error, log *slog.Logger) error {
 	wait := time.Second
 	for try := 1; ; try++ {
-		n, err := srv.Register(ctx, req)
+		err := fn()
 		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, nodeproto.ErrVersion) || try == registerTries {
-			return n, err
+			return err
 		}
-		log.Warn("register with the servers; trying again", "err", err, "try", try, "wait", wait)
+		log.Warn(what+"; trying again", "err", err, "try", try, "wait", wait)
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 10*time.Second)
@@ -138,7 +171,10 @@ func registeredThrough(c *ClusterConfig) string {
 // heartbeat renews the node's lease until ctx ends, telling the edge whether its node is
 // draining. It returns when the node was fenced (a newer incarnation, or declared lost): this
 // process must stop, and register again when restarted.
-func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e *edge.Edge, log *slog.Logger) error {
+//
+// settings, when the edge follows the servers' configuration, is fetched again whenever a
+// heartbeat names a generation other than the one it holds, and the edge follows the change.
+func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e *edge.Edge, settings *nodeproto.Config, log *slog.Logger) error {
 	t := time.NewTicker(cfg.Cluster.LeaseTTL / 3)
 	defer t.Stop()
 	failures := 0
@@ -152,7 +188,12 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 		var err error
 		if srv := cfg.Cluster.Servers; srv != nil {
 			// The servers count what this node's sandboxes use from their records.
-			state, err = srv.Heartbeat(ctx, epoch, cfg.Cluster.LeaseTTL)
+			var ans nodeproto.HeartbeatResponse
+			ans, err = srv.Heartbeat(ctx, epoch, cfg.Cluster.LeaseTTL)
+			state = ans.State
+			if err == nil && settings != nil && ans.Config != settings.Generation() {
+				followSettings(ctx, settings, ans.Config, e, log)
+			}
 		} else {
 			var used store.Resources
 			if used, err = st.NodeUsage(ctx, cfg.Node); err == nil {
@@ -171,6 +212,19 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 		default:
 			failures = 0
 		}
+	}
+}
+
+// followSettings fetches the servers' configuration of generation and has the edge follow it.
+func followSettings(ctx context.Context, settings *nodeproto.Config, generation string, e *edge.Edge, log *slog.Logger) {
+	changed, err := settings.Follow(ctx, generation)
+	if err != nil {
+		log.Warn("fetch the servers' configuration; the edge keeps the one it holds", "err", err)
+		return
+	}
+	if changed {
+		log.Info("configuration changed on the servers", "generation", settings.Generation())
+		go e.SettingsChanged(context.WithoutCancel(ctx))
 	}
 }
 

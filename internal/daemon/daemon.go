@@ -43,6 +43,7 @@ import (
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/volume"
 	"github.com/corral-dev/corral/internal/webhook"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Version is the Corral version, set at build time with -ldflags.
@@ -481,19 +482,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return fmt.Errorf("blob store: %w", err)
 	}
 	log.Info("blob store", "location", blobs.String())
-	instance, err := st.Instance(ctx, cfg.Node)
-	if err != nil {
-		return err
-	}
 	lazyCfg, err := cfg.Fetch.layers(cfg.DataDir, cfg.BlobStore)
 	if err != nil {
 		return err
 	}
-	ls, err := layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Blobs: blobs, Instance: instance, Lazy: lazyCfg}, log)
-	if err != nil {
-		return err
-	}
-	defer ls.Close()
+	// The layer store opens once the node's instance name is known (a cluster's edge has it
+	// from its registration), and closes after the runtimes, as it opened before them.
+	var ls *layers.Store
+	defer func() {
+		if ls != nil {
+			ls.Close()
+		}
+	}()
 	lx, lxcfsOff := startLXCFS(ctx, cfg, log)
 	rcfg := &backends.RuncConfig{Runc: cfg.Runc, Runsc: cfg.Runsc, DiskPool: cfg.DiskPool}
 	if lx != nil {
@@ -519,20 +519,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	defer runtimes.Close()
 	defer stopLXCFS(runtimes.Backend(edge.RuntimeRunc), lx, filepath.Join(cfg.DataDir, "lxcfs"), log)
-	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }
-	proxyLookup := func(netip.Addr) (proxy.Sandbox, bool) { return proxy.Sandbox{}, false }
-	dropped := func(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time) {}
-	netCfg, nw, err := startNetwork(ctx, cfg, claim.LogGroup, st, &lookup, &proxyLookup, &dropped, log)
-	netOff := ""
-	if err != nil {
-		// Corral still runs: sandboxes get loopback only, and a policy is refused with this reason.
-		log.Error("sandbox networking is off", "err", err)
-		netOff = err.Error()
-	} else if netCfg == nil {
-		netOff = "corral up --no-net"
-	}
-	defer nw.close()
 	var node *store.Node
+	var reg *registration
 	if cfg.Cluster != nil {
 		// Before the edge writes anything: its writes are fenced with this incarnation's epoch.
 		var names []string
@@ -548,10 +536,35 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		if runtimes.MachineAvailable() == nil {
 			tiers = append(tiers, edge.TierVM)
 		}
-		if node, err = registerNode(ctx, cfg, st, tiers, names, diskAllocated(diskHolders(runtimes)), log); err != nil {
+		if reg, err = registerNode(ctx, cfg, st, tiers, names, diskAllocated(diskHolders(runtimes)), log); err != nil {
 			return err
 		}
+		node = reg.node
 	}
+	instance, own := "", func(ctx context.Context) ([]*store.Sandbox, error) {
+		return st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: append(store.LiveStates(), corral.StateDeleting)})
+	}
+	if reg != nil && reg.records != nil {
+		instance, own = reg.instance, func(context.Context) ([]*store.Sandbox, error) { return reg.records, nil }
+	} else if instance, err = st.Instance(ctx, cfg.Node); err != nil {
+		return err
+	}
+	if ls, err = layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Blobs: blobs, Instance: instance, Lazy: lazyCfg}, log); err != nil {
+		return err
+	}
+	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }
+	proxyLookup := func(netip.Addr) (proxy.Sandbox, bool) { return proxy.Sandbox{}, false }
+	dropped := func(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time) {}
+	netCfg, nw, err := startNetwork(ctx, cfg, claim.LogGroup, own, &lookup, &proxyLookup, &dropped, log)
+	netOff := ""
+	if err != nil {
+		// Corral still runs: sandboxes get loopback only, and a policy is refused with this reason.
+		log.Error("sandbox networking is off", "err", err)
+		netOff = err.Error()
+	} else if netCfg == nil {
+		netOff = "corral up --no-net"
+	}
+	defer nw.close()
 	ecfg := edge.Config{
 		Node: cfg.Node, AgentPath: cfg.Agent,
 		Limits:             cfg.limits(),
@@ -572,8 +585,25 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	go func() { defer close(busDone); bus.Run(busCtx, recorder) }()
 	defer func() { stopBus(); <-busDone }()
+	var settings *nodeproto.Config
 	if node != nil && cfg.Cluster.Servers != nil {
 		ecfg.Activity = cfg.Cluster.Servers.ActivityRecorder(node.Epoch) // the servers record it
+		ecfg.Trajectory = cfg.Cluster.Servers.Steps(node.Epoch)          // and the trajectories
+		// What the edge follows of the API's configuration, from the servers: before the edge
+		// starts, which loads the service catalog and starts the fncall pools.
+		sc := cfg.Cluster.Servers.Config()
+		err := retryUnavailable(ctx, "fetch the configuration from the servers", func() error { _, err := sc.Follow(ctx, ""); return err }, log)
+		switch {
+		case err == nil:
+			settings, ecfg.Settings = sc, sc
+		case errors.Is(err, errdefs.ErrNotFound):
+			log.Warn("the servers serve no configuration (a release older than this edge's): it is read from the store", "err", err)
+		default:
+			return err
+		}
+	}
+	if ecfg.Instance = instance; reg != nil && reg.records != nil {
+		ecfg.OwnRecords = own
 	}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
@@ -693,7 +723,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	if node != nil {
 		go func() {
-			if err := heartbeat(ctx, cfg, st, node.Epoch, e, log); err != nil {
+			if err := heartbeat(ctx, cfg, st, node.Epoch, e, settings, log); err != nil {
 				errc <- err
 			}
 		}()

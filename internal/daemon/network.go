@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -95,8 +96,9 @@ func resolveA(ups []netip.AddrPort) func(ctx context.Context, name string) ([]ne
 	}
 }
 
-// startNetwork sets up sandbox networking; lookup is the edge's resolver view, bound later.
-func startNetwork(ctx context.Context, cfg Config, group uint16, st *store.Store, lookup *func(netip.Addr) (dns.Sandbox, bool),
+// startNetwork sets up sandbox networking; lookup is the edge's resolver view, bound later. own
+// returns the records of the sandboxes this node may still run, whose network slots are kept.
+func startNetwork(ctx context.Context, cfg Config, group uint16, own func(context.Context) ([]*store.Sandbox, error), lookup *func(netip.Addr) (dns.Sandbox, bool),
 	proxyLookup *func(netip.Addr) (proxy.Sandbox, bool), dropped *func(src, dst netip.Addr, proto string, port uint16, reason string, at time.Time),
 	log *slog.Logger) (*edge.NetConfig, *network, error) {
 	nc := cfg.Net
@@ -139,12 +141,12 @@ func startNetwork(ctx context.Context, cfg Config, group uint16, st *store.Store
 
 	// Slots of sandboxes that outlived the last run are kept; the edge re-adopts them.
 	var keep []int
-	recs, err := st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: store.LiveStates()})
+	recs, err := own(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, r := range recs {
-		if r.NetSlot != nil {
+		if r.NetSlot != nil && slices.Contains(store.LiveStates(), r.State) {
 			keep = append(keep, *r.NetSlot)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -568,6 +569,73 @@ func TestCluster(t *testing.T) {
 			_, err := c2.SetNetwork(ctx, ids[0], corral.NetworkPolicy{Allow: []string{"grader"}})
 			return corral.IsConflict(err)
 		})
+	}
+
+	// Warm pools follow the servers' configuration: an environment saved with warm 1 through a
+	// replica gets a pool on every node (the edge that saved it at once, the others when a
+	// heartbeat names the new configuration), which fills where there is room (edge3 admits
+	// half its CPUs, taken by what it runs), and warm 0 drains every one.
+	if _, err := c1.SaveEnvironment(ctx, corral.Environment{Name: "warmed", Base: "base:test", Warm: 1}); err != nil {
+		t.Fatalf("save an environment with a warm pool: %v", err)
+	}
+	warm := func(metric, node string) int {
+		text, err := c1.PrometheusMetrics(ctx)
+		if err != nil {
+			return -1
+		}
+		m := regexp.MustCompile(`(?m)^` + metric + `\{node="` + node + `",environment="warmed",[^}]*\} (\d+)$`).FindStringSubmatch(text)
+		if m == nil {
+			return 0
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	for node := range byNode {
+		eventually(t, 60*time.Second, "a warm pool of the environment on "+node, func() bool { return warm("corral_warm_target", node) == 1 })
+		if node != "edge3" {
+			eventually(t, 90*time.Second, "a warm sandbox of the environment on "+node, func() bool { return warm("corral_warm_ready", node) == 1 })
+		}
+	}
+	zero := 0
+	if _, err := c2.UpdateEnvironment(ctx, "warmed", corral.EnvironmentPatch{Warm: &zero}); err != nil {
+		t.Fatalf("set the warm pool to 0: %v", err)
+	}
+	for node := range byNode {
+		eventually(t, 60*time.Second, "the warm pool drained on "+node, func() bool {
+			return warm("corral_warm_target", node) == 0 && warm("corral_warm_ready", node) == 0
+		})
+	}
+	if err := c1.DeleteEnvironment(ctx, "warmed"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Trajectories are written through the servers: a step with an ID runs once and a call
+	// again (through the other replica) replays it; the trajectory lists it with the step-less
+	// exec before it.
+	for node, ids := range byNode {
+		if len(ids) == 0 {
+			continue
+		}
+		if _, _, _, err := c1.Run(ctx, ids[0], corral.ExecRequest{Argv: []string{"true"}}); err != nil {
+			t.Fatalf("exec on %s: %v", node, err)
+		}
+		step := corral.ExecRequest{Argv: []string{"cat", "/proc/sys/kernel/random/uuid"}, StepID: "once-" + node}
+		first, _, exit, err := c1.Run(ctx, ids[0], step)
+		if err != nil || exit == nil || exit.Code != 0 || len(first) == 0 {
+			t.Fatalf("a step on %s: %q, %+v, %v", node, first, exit, err)
+		}
+		again, _, _, err := c2.Run(ctx, ids[0], step)
+		if err != nil || string(again) != string(first) {
+			t.Fatalf("the step again on %s: %q, %v; want it replayed (%q)", node, again, err, first)
+		}
+		steps, err := c2.Trajectory(ctx, ids[0], 0)
+		var found bool
+		for _, st := range steps {
+			found = found || (st.StepID == step.StepID && st.State == corral.StepDone)
+		}
+		if err != nil || !found || len(steps) < 2 {
+			t.Fatalf("the trajectory on %s: %+v, %v; want the step done after the exec", node, steps, err)
+		}
 	}
 
 	// Layer tags are the servers' to move (the edges' role only reads them); every edge

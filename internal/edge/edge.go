@@ -169,6 +169,17 @@ type Config struct {
 	// recorded there too, so that every Corral using it sees them (see shared.go). nil: versions
 	// are recorded in this node's catalogue only.
 	Shared blobstore.Store
+	// Settings is where the edge reads what it follows of the API's configuration (settings.go);
+	// nil: the store.
+	Settings Settings
+	// Trajectory records its sandboxes' trajectories; nil: the store.
+	Trajectory Trajectory
+	// Instance names this Corral in the shared catalogue (store.Instance); "": the store's.
+	Instance string
+	// OwnRecords, when set, returns the records of the sandboxes this node may still run (live,
+	// or being deleted), which Start re-adopts or finishes: a cluster's edge has them from its
+	// registration. nil: the store's.
+	OwnRecords func(ctx context.Context) ([]*store.Sandbox, error)
 }
 
 func (c *Config) setDefaults() {
@@ -235,7 +246,10 @@ type Edge struct {
 	policy *limits.Policy
 	log    *slog.Logger
 	store  *store.Store
-	rt     Runtime
+	// settings is cfg.Settings, or the store's; traj cfg.Trajectory, or the store.
+	settings Settings
+	traj     Trajectory
+	rt       Runtime
 	// machines is rt as a runtime.Machine (the vm tier); nil when it runs no machines.
 	machines runtime.Machine
 	layers   LayerStore
@@ -397,6 +411,12 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if e.bus == nil {
 		e.bus = events.New(cfg.Node, events.Config{}, log)
 	}
+	if e.settings = cfg.Settings; e.settings == nil {
+		e.settings = storeSettings{st}
+	}
+	if e.traj = cfg.Trajectory; e.traj == nil {
+		e.traj = st
+	}
 	if cfg.ArtifactDir != "" {
 		a, err := openArtifacts(cfg.ArtifactDir)
 		if err != nil {
@@ -485,9 +505,15 @@ func (e *Edge) Close() {
 }
 
 func (e *Edge) reconcile(ctx context.Context) error {
-	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{
-		Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting},
-	})
+	own := e.cfg.OwnRecords
+	if own == nil {
+		own = func(ctx context.Context) ([]*store.Sandbox, error) {
+			return e.store.ListSandboxes(ctx, store.SandboxFilter{
+				Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting},
+			})
+		}
+	}
+	recs, err := own(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -1595,7 +1621,7 @@ func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, repl
 		saved, err = e.store.PutEnvironment(ctx, env)
 	}
 	if err == nil {
-		e.warmChanged()
+		e.settingsWritten(ctx)
 	}
 	return saved, err
 }

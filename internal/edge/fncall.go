@@ -109,6 +109,7 @@ func (e *Edge) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corra
 	if err := e.store.PutFncallEnv(ctx, p.env); err != nil {
 		return corral.FncallEnv{}, err
 	}
+	e.settingsWritten(ctx) // a sync of the pools must find it
 	e.pools[p.env.Name] = p
 	p.maintain()
 	e.log.Info("fncall environment created", "fncall", p.env.Name, "base", p.env.Base, "pool_min", p.env.PoolMin, "pool_max", p.env.PoolMax)
@@ -190,11 +191,11 @@ func (p *fncallPool) containerRequest(env corral.FncallEnv, project string) corr
 // project returns the current path of the environment's project: the one it was created in,
 // followed through moves (never another project that took its old path).
 func (p *fncallPool) project(ctx context.Context) (string, error) {
-	path, err := p.e.store.ProjectPath(ctx, p.projectID)
+	path, err := p.e.settings.ProjectPath(ctx, p.projectID)
 	if err != nil {
 		return "", fmt.Errorf("the fncall environment's project: %w", err)
 	}
-	return iam.Display(path), nil
+	return path, nil
 }
 
 // startPools builds the pools of the saved fncall environments and destroys the pool containers
@@ -255,6 +256,7 @@ func (e *Edge) DeleteFncallEnv(ctx context.Context, name string) error {
 		e.fncallMu.Unlock()
 		return err
 	}
+	e.settingsWritten(ctx)
 	delete(e.pools, name)
 	e.fncallMu.Unlock()
 	if ok {
@@ -309,7 +311,7 @@ func (e *Edge) SetDraining(draining bool) {
 func (e *Edge) syncPools(ctx context.Context) error {
 	saved := map[string]corral.FncallEnv{}
 	if !e.draining.Load() {
-		envs, err := e.store.ListFncallEnvs(ctx)
+		envs, err := e.settings.ListFncallEnvs(ctx)
 		if err != nil {
 			return fmt.Errorf("read the fncall environments: %w", err)
 		}
@@ -981,7 +983,7 @@ func (e *Edge) keepArtifacts(ctx context.Context, spec *callSpec, sb *sandbox, u
 	if len(spec.keep) == 0 {
 		return nil
 	}
-	limits, err := e.store.ArtifactLimits(ctx, spec.project)
+	limits, err := e.settings.ArtifactLimits(ctx, spec.project)
 	if err != nil {
 		return fmt.Errorf("keep files of call in %s: %w", sb.id, err)
 	}

@@ -499,7 +499,7 @@ func (e *Edge) syncCatalog(ctx context.Context) error {
 	}
 	changed, err := e.readCatalog(ctx)
 	if changed {
-		e.log.Info("service catalog taken up from the store", "services", len(e.catalog.Load().Names()))
+		e.log.Info("service catalog saved through the API taken up", "services", len(e.catalog.Load().Names()))
 	}
 	return err
 }
@@ -520,7 +520,7 @@ func (e *Edge) loadCatalog(ctx context.Context) error {
 // readCatalog puts the catalog saved through the API in force, when there is one and it is not
 // the one in force already (changed).
 func (e *Edge) readCatalog(ctx context.Context) (changed bool, err error) {
-	raw, err := e.store.GetSetting(ctx, catalogSetting)
+	raw, err := e.settings.ServiceCatalog(ctx)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return false, nil
 	} else if err != nil {

@@ -264,7 +264,7 @@ func (e *Edge) warmLoop() {
 func (e *Edge) syncWarm(ctx context.Context) error {
 	want := map[warmKey]corral.Environment{}
 	if !e.draining.Load() {
-		envs, err := e.store.WarmEnvironments(ctx)
+		envs, err := e.settings.WarmEnvironments(ctx)
 		if err != nil {
 			return err
 		}
@@ -888,7 +888,7 @@ func (e *Edge) SetEnvironmentWarm(ctx context.Context, name string, warm int) (c
 	if err != nil {
 		return env, err
 	}
-	e.warmChanged()
+	e.settingsWritten(ctx)
 	return env, nil
 }
 
@@ -898,7 +898,7 @@ func (e *Edge) DeleteEnvironment(ctx context.Context, name string) error {
 	if err := e.store.DeleteEnvironment(ctx, name); err != nil {
 		return err
 	}
-	e.warmChanged()
+	e.settingsWritten(ctx)
 	return nil
 }
 

@@ -41,6 +41,9 @@ func (e *Edge) refKey(name, version, digest string) string {
 
 // loadInstance reads this Corral's instance name (store.Instance).
 func (e *Edge) loadInstance(ctx context.Context) (err error) {
+	if e.instance = e.cfg.Instance; e.instance != "" {
+		return nil
+	}
 	e.instance, err = e.store.Instance(ctx, e.cfg.Node)
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -122,9 +123,13 @@ func (e *Edge) stepWriterLoop() {
 	for {
 		<-w.wake
 		for {
+			// At most nodeproto.MaxSteps at a time: one call of a cluster's edge to the servers.
 			w.mu.Lock()
-			ops := w.queue
-			w.queue = nil
+			n := min(len(w.queue), nodeproto.MaxSteps)
+			ops := w.queue[:n:n]
+			if w.queue = w.queue[n:]; len(w.queue) == 0 {
+				w.queue = nil
+			}
 			closed := w.closed
 			w.mu.Unlock()
 			if len(ops) == 0 {
@@ -199,14 +204,14 @@ func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) 
 		}
 		failed := make([]bool, len(ps))
 		if together && len(ws) > 1 {
-			if err := e.store.WriteSteps(context.Background(), ws); err != nil {
+			if err := e.traj.WriteSteps(context.Background(), ws); err != nil {
 				e.log.Warn("record trajectory steps together; writing them one by one", "steps", len(ws), "err", err)
 				together = false
 			}
 		}
 		if !together || len(ws) == 1 {
 			for i, w := range ws {
-				if err := e.store.WriteSteps(context.Background(), []store.StepWrite{w}); err != nil {
+				if err := e.traj.WriteSteps(context.Background(), []store.StepWrite{w}); err != nil {
 					e.log.Error("record trajectory step", "sandbox", w.Sandbox, "err", err)
 					failed[i] = true
 				}

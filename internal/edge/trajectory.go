@@ -79,7 +79,7 @@ func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req corral.ExecReques
 		return nil, nil, fmt.Errorf("record step %q: the node's data dir is full, so the step could not be recorded and was not run; retry later: %w", req.StepID, errdefs.ErrExhausted)
 	}
 	// Recorded before it runs: a retry after any crash finds it and never runs it twice.
-	existing, err = e.store.BeginStep(ctx, sb.id, entry)
+	existing, err = e.traj.BeginStep(ctx, sb.id, entry)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -101,9 +101,9 @@ func (e *Edge) recordStarted(ctx context.Context, sb *sandbox, entry *corral.Tra
 		return true
 	}
 	if entry.Seq > 0 {
-		err = e.store.UpdateStep(ctx, sb.id, entry)
+		err = e.traj.UpdateStep(ctx, sb.id, entry)
 	} else {
-		_, err = e.store.BeginStep(ctx, sb.id, entry)
+		_, err = e.traj.BeginStep(ctx, sb.id, entry)
 	}
 	if err != nil {
 		e.log.Error("record trajectory step", "sandbox", sb.id, "err", err)
@@ -152,7 +152,7 @@ func (e *Edge) finishStep(sandbox string, entry *corral.TrajectoryEntry, state, 
 		e.queueStepUpdate(sandbox, entry)
 		return
 	}
-	if err := e.store.UpdateStep(context.Background(), sandbox, entry); err != nil {
+	if err := e.traj.UpdateStep(context.Background(), sandbox, entry); err != nil {
 		e.log.Error("record trajectory step", "sandbox", sandbox, "seq", entry.Seq, "err", err)
 	}
 }
@@ -200,7 +200,7 @@ func findStepCommand(ctx context.Context, sb *sandbox, entry *corral.TrajectoryE
 // resumeRecording follows the running steps of a re-adopted sandbox to their end, so the log
 // completes even though the process that started them is gone.
 func (e *Edge) resumeRecording(sb *sandbox) {
-	steps, err := e.store.ListSteps(context.Background(), sb.id, 0, 1000, corral.StepRunning)
+	steps, err := e.traj.ListSteps(context.Background(), sb.id, 0, 1000, corral.StepRunning)
 	if err != nil {
 		e.log.Error("read running steps", "sandbox", sb.id, "err", err)
 		return
@@ -300,7 +300,7 @@ func (e *Edge) recordFileCall(sb *sandbox, kind string, request any, callErr err
 		e.log.Warn("trajectory step not recorded: the data dir is full", "sandbox", sb.id, "kind", kind)
 		return
 	}
-	if _, err := e.store.BeginStep(context.Background(), sb.id, entry); err != nil {
+	if _, err := e.traj.BeginStep(context.Background(), sb.id, entry); err != nil {
 		e.log.Error("record trajectory step", "sandbox", sb.id, "kind", kind, "err", err)
 	}
 }
@@ -361,7 +361,7 @@ func (h *dataPlane) trajectory(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	wrote := false
 	for {
-		steps, err := h.e.store.ListSteps(r.Context(), id, after, 500, "")
+		steps, err := h.e.traj.ListSteps(r.Context(), id, after, 500, "")
 		if err != nil {
 			if !wrote {
 				h.fail(w, r, err)

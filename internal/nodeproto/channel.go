@@ -19,6 +19,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The node channel: what an edge asks of the cluster's servers, over mutual TLS to the servers'
@@ -37,6 +38,9 @@ const (
 	PathHeartbeat = "/node/v1/heartbeat"
 	PathEvents    = "/node/v1/events"
 	PathActivity  = "/node/v1/activity"
+	PathConfig    = "/node/v1/config"
+	PathSteps     = "/node/v1/steps"
+	PathListSteps = "/node/v1/steps/list"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -56,8 +60,21 @@ const (
 	MaxActivity = 4096
 )
 
-// maxBody bounds a node channel request or answer.
-const maxBody = 8 << 20
+// MaxSteps bounds the trajectory writes of one steps request (an edge writes at most that many
+// queued steps at a time), MaxStepsBody its body: each step keeps at most 256 KiB of output,
+// which JSON's base64 makes a third larger. MaxListSteps bounds a page of a trajectory.
+const (
+	MaxSteps     = 64
+	MaxStepsBody = 64 << 20
+	MaxListSteps = 1000
+)
+
+// maxBody bounds a node channel request; maxAnswer an answer (a registration's carries the
+// records of every sandbox the node may still run: --max-sandboxes of them).
+const (
+	maxBody   = 8 << 20
+	maxAnswer = 64 << 20
+)
 
 // RegisterRequest starts a new incarnation of the caller's node: where the servers reach its
 // API, what it offers and speaks, and how long a heartbeat holds its lease.
@@ -73,6 +90,16 @@ type RegisterRequest struct {
 	LeaseTTLMillis int64 `json:"lease_ttl_ms"`
 }
 
+// RegisterResponse is the node's row with its new epoch, and what the edge starts from: its
+// instance name (store.Instance: it names the node's layer versions in the shared catalogue) and
+// the records of its sandboxes that may still run (live, or being deleted), read after the new
+// incarnation fenced off every older one, so nothing but this edge changes them from then on.
+type RegisterResponse struct {
+	store.Node
+	Instance  string           `json:"instance"`
+	Sandboxes []*store.Sandbox `json:"sandboxes"`
+}
+
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.
 type HeartbeatRequest struct {
@@ -85,6 +112,31 @@ type HeartbeatRequest struct {
 type HeartbeatResponse struct {
 	State   string   `json:"state"`
 	Servers []string `json:"servers,omitempty"`
+	// Config is the Generation of the configuration the edge follows (ConfigResponse): when it
+	// is not the one the edge holds, the edge fetches it.
+	Config string `json:"config,omitempty"`
+}
+
+// ConfigRequest asks for the configuration an edge follows. Fresh skips the replica's copy of
+// the last second (an edge asks so after it changed something itself).
+type ConfigRequest struct {
+	Fresh bool `json:"fresh,omitempty"`
+}
+
+// ConfigResponse is what an edge follows of what is configured through the API, which it keeps
+// nowhere else: the environments to keep warm, the fncall environments with the limits on their
+// projects' artifacts, and the service catalog saved through the API.
+type ConfigResponse struct {
+	// Generation names this content (a digest of it): heartbeats answer the current one.
+	Generation       string                  `json:"generation"`
+	WarmEnvironments []corral.Environment    `json:"warm_environments"`
+	FncallEnvs       []store.FncallEnvRecord `json:"fncall_environments"`
+	// ArtifactLimits are the limits on the artifacts of each fncall environment's project, by
+	// the project's ID (store.ArtifactLimits).
+	ArtifactLimits map[string][]store.ArtifactLimit `json:"artifact_limits,omitempty"`
+	// ServiceCatalog is the catalog saved through the API (PUT /v1/network/services); absent
+	// when none was.
+	ServiceCatalog json.RawMessage `json:"service_catalog,omitempty"`
 }
 
 // EventsRequest records a batch of the caller's events. Each must name the caller's node, and a
@@ -99,6 +151,32 @@ type EventsRequest struct {
 type ActivityRequest struct {
 	Epoch     int64            `json:"epoch"`
 	Sandboxes []store.Activity `json:"sandboxes"`
+}
+
+// StepsRequest writes steps of the trajectories of the caller's sandboxes, in order and all or
+// none (store.NodeSteps).
+type StepsRequest struct {
+	Epoch  int64             `json:"epoch"`
+	Writes []store.StepWrite `json:"writes"`
+}
+
+// StepsResponse is what each write did, in the request's order.
+type StepsResponse struct {
+	Steps []store.StepResult `json:"steps"`
+}
+
+// ListStepsRequest reads up to Limit steps of a sandbox's trajectory after step After (only
+// those in State, when set).
+type ListStepsRequest struct {
+	Sandbox string `json:"sandbox"`
+	After   int64  `json:"after"`
+	Limit   int    `json:"limit"`
+	State   string `json:"state,omitempty"`
+}
+
+// ListStepsResponse is a page of a trajectory, in order.
+type ListStepsResponse struct {
+	Steps []corral.TrajectoryEntry `json:"steps"`
 }
 
 // LeaseTTL checks an edge's requested lease length.
@@ -194,25 +272,25 @@ func (s *Servers) failed(url string) {
 }
 
 // Register starts a new incarnation of the edge's node (named by its certificate) and returns
-// the node's row, with its new epoch.
-func (s *Servers) Register(ctx context.Context, req RegisterRequest) (*store.Node, error) {
-	var n store.Node
-	if err := s.call(ctx, PathRegister, req, &n); err != nil {
+// the node's row, with its new epoch, and what the edge starts from.
+func (s *Servers) Register(ctx context.Context, req RegisterRequest) (*RegisterResponse, error) {
+	var out RegisterResponse
+	if err := s.call(ctx, PathRegister, req, &out); err != nil {
 		return nil, fmt.Errorf("register with the servers: %w", err)
 	}
-	return &n, nil
+	return &out, nil
 }
 
-// Heartbeat renews the lease of incarnation epoch for ttl and returns the node's state. It fails
-// with store.ErrFenced when the incarnation was fenced off (a newer one registered, or the node
-// was declared lost).
-func (s *Servers) Heartbeat(ctx context.Context, epoch int64, ttl time.Duration) (string, error) {
+// Heartbeat renews the lease of incarnation epoch for ttl and returns the node's state and the
+// configuration's generation. It fails with store.ErrFenced when the incarnation was fenced off
+// (a newer one registered, or the node was declared lost).
+func (s *Servers) Heartbeat(ctx context.Context, epoch int64, ttl time.Duration) (HeartbeatResponse, error) {
 	var out HeartbeatResponse
 	if err := s.call(ctx, PathHeartbeat, HeartbeatRequest{Epoch: epoch, LeaseTTLMillis: ttl.Milliseconds()}, &out); err != nil {
-		return "", fmt.Errorf("heartbeat (epoch %d): %w", epoch, err)
+		return out, fmt.Errorf("heartbeat (epoch %d): %w", epoch, err)
 	}
 	s.learn(out.Servers)
-	return out.State, nil
+	return out, nil
 }
 
 // EventRecorder returns the events.Recorder of incarnation epoch: its batches go to the servers
@@ -266,7 +344,8 @@ func (r eventRecorder) AddEvents(ctx context.Context, evs []events.Event) error 
 // reached is put last and the next one tried, each at most once: every call is safe to repeat
 // (a registration that reached a replica whose answer was lost only fences an incarnation that
 // never ran; events are recorded once by their IDs; activity moves counters and times forward
-// only).
+// only; a step with an ID is found, not appended again), but for the append of a step without an
+// ID whose answer broke off after it was written: the trajectory then shows that step twice.
 func (s *Servers) call(ctx context.Context, path string, in, out any) error {
 	body, err := json.Marshal(in)
 	if err != nil {
@@ -305,7 +384,10 @@ func (s *Servers) callOne(ctx context.Context, url, path string, body []byte, ou
 		return fmt.Errorf("%s: %v: %w", url, err, errUnreachable)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+	if err == nil && len(raw) > maxAnswer {
+		return fmt.Errorf("%s: an answer over %d bytes", url, maxAnswer)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: read the answer: %v: %w", url, err, errUnreachable)
 	}

@@ -58,9 +58,9 @@ func TestServersFailOver(t *testing.T) {
 	if got := s.URLs(); !slices.Equal(got, []string{dead.URL, busy.URL, live.URL}) {
 		t.Fatalf("URLs %q: want each once, without the slash", got)
 	}
-	state, err := s.Heartbeat(ctx, 3, 15*time.Second)
-	if err != nil || state != "draining" {
-		t.Fatalf("heartbeat with one replica dead and one unavailable: %q, %v", state, err)
+	hb, err := s.Heartbeat(ctx, 3, 15*time.Second)
+	if err != nil || hb.State != "draining" {
+		t.Fatalf("heartbeat with one replica dead and one unavailable: %+v, %v", hb, err)
 	}
 	if busyCalls.Load() != 1 || liveCalls.Load() != 1 {
 		t.Errorf("calls: unavailable %d, live %d; want one each", busyCalls.Load(), liveCalls.Load())

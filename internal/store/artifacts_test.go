@@ -57,6 +57,12 @@ func TestArtifactLimits(t *testing.T) {
 		if err != nil || len(ls) != 2 {
 			t.Fatalf("team/b: its default and team's limit: %+v, %v", ls, err)
 		}
+		// The root's subtree is every project (on PostgreSQL too, where no path bound may be
+		// other than UTF-8).
+		ls, err = s.ArtifactLimits(ctx, RootProjectID)
+		if err != nil || len(ls) != 1 || ls[0].Path != "" || len(ls[0].Projects) != 4 {
+			t.Errorf("the root's limits: %+v, %v; want its default over its 4 projects", ls, err)
+		}
 		if _, err := s.ArtifactLimits(ctx, "prj-nope"); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("an unknown project: %v", err)
 		}

@@ -15,22 +15,23 @@ import (
 // Since the servers authenticate every request and serve identity themselves (internal/nodeproto),
 // an edge needs nothing of identity: the role cannot read or write tokens, principals or grants,
 // cannot change projects or quotas (it reads projects: admission checks quotas against them), and
-// of the settings sees only the few an edge keeps there, never the cluster CA's key, the join
-// token or the E2B secrets. Webhooks are delivered by the servers, so an edge cannot read their
-// secrets or their delivery log. The event stream is served by the servers and recorded by
-// them too: an edge sends its events over the node channel (internal/nodeproto), where the
+// has no privilege on the settings: an edge has its instance name from its registration and the
+// service catalogue from the servers' configuration (the node channel), so it sees neither the
+// cluster CA's key, the join token nor the E2B secrets. Webhooks are delivered by the servers, so
+// an edge cannot read their secrets or their delivery log. The event stream is served by the
+// servers and recorded by them too: an edge sends its events over the node channel, where the
 // servers refuse any that speak for another node, so the role has no privilege on it; so do the
 // sandboxes' usage rows (the report's), which the servers write from the edges' activity batches
-// and the sandboxes' own records. The audit
-// log is served by the servers, so an edge only adds to it: it can neither read it nor erase
-// what it did. A stolen
-// edge's credentials then mint no token, forge no server certificate, sign no webhook delivery
-// and cover no tracks. Every other table is the edge's to read and write (its sandboxes, their
-// usage, layers it imports, volumes, idempotency keys), but the nodes: it reads them and may lock
-// a row, since its nodes' registrations and heartbeats go through the servers.
+// and the sandboxes' own records; and so do the trajectories, which the servers write and read
+// for an edge's own sandboxes only. The audit log is served by the servers, so an edge only adds
+// to it: it can neither read it nor erase what it did. A stolen edge's credentials then mint no
+// token, forge no server certificate, sign no webhook delivery and cover no tracks. Every other
+// table is the edge's to read and write (its sandboxes, layers it imports, volumes, idempotency
+// keys), but the nodes: it reads them and may lock a row, since its nodes' registrations and
+// heartbeats go through the servers.
 
 // edgeDenied lists the tables an edge role gets no privilege on.
-var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage"}
+var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage", "settings", "trajectory"}
 
 // edgeReadOnly lists the tables an edge role may only read: projects, and layer tags (the
 // servers move them; a stolen edge cannot point a tag every tenant creates from at a layer of
@@ -49,16 +50,8 @@ var edgeLockOnly = map[string]string{"nodes": "lock_only"}
 var edgeAppendOnly = map[string]string{"audit": ""}
 
 // CatalogSetting is the setting that keeps the network service catalogue saved through the API
-// (PUT /v1/network/services): the servers write it, every edge reads it.
+// (PUT /v1/network/services): the servers write it and send it to every edge.
 const CatalogSetting = "service_catalog"
-
-// edgeSettings are the settings an edge role writes (a key, or a prefix ending in /): each
-// node's instance name. edgeReadSettings are those it may also read: the service catalogue,
-// which the servers write (a stolen edge cannot widen other nodes' sandboxes' egress).
-var (
-	edgeSettings     = []string{instanceSetting, instanceSetting + "/"}
-	edgeReadSettings = append([]string{CatalogSetting}, edgeSettings...)
-)
 
 var roleRE = lazyregexp.New(`^[a-z_][a-z0-9_]{0,62}$`)
 
@@ -119,27 +112,13 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s`, q(t), role))
 		}
 	}
-	// Settings: row-level security shows the role only the keys it reads, and lets it write only
-	// its own. The tables' owner is not subject to it, so the servers see every row as before.
-	cond := func(keys []string) string {
-		var c []string
-		for _, k := range keys {
-			if strings.HasSuffix(k, "/") {
-				c = append(c, fmt.Sprintf(`key LIKE '%s%%'`, k))
-			} else {
-				c = append(c, fmt.Sprintf(`key = '%s'`, k))
-			}
-		}
-		return strings.Join(c, " OR ")
-	}
-	read, write := cond(edgeReadSettings), cond(edgeSettings)
+	// Releases before the node channel's configuration let the role see a few settings through
+	// row-level security policies; they go (the table's security stays on: other roles' policies
+	// may still need it until edge-role runs for them too).
 	policy := "corral_edge_settings_" + role
 	stmts = append(stmts,
-		`ALTER TABLE settings ENABLE ROW LEVEL SECURITY`,
 		fmt.Sprintf(`DROP POLICY IF EXISTS %s ON settings`, policy),
 		fmt.Sprintf(`DROP POLICY IF EXISTS %s_read ON settings`, policy),
-		fmt.Sprintf(`CREATE POLICY %s_read ON settings FOR SELECT TO %s USING (%s)`, policy, role, read),
-		fmt.Sprintf(`CREATE POLICY %s ON settings TO %s USING (%s) WITH CHECK (%s)`, policy, role, write, write),
 	)
 	return stmts, nil
 }

@@ -695,9 +695,9 @@ func fits(p *ProjectRecord, u, want corral.Usage) error {
 
 // ArtifactLimit is a limit on the fncall artifacts of a project's subtree (Quota.ArtifactBytes).
 type ArtifactLimit struct {
-	Path     string   // the limited project, canonical
-	Limit    int64    // bytes
-	Projects []string // the IDs of the projects in its subtree, itself included
+	Path     string   `json:"path"`     // the limited project, canonical
+	Limit    int64    `json:"limit"`    // bytes
+	Projects []string `json:"projects"` // the IDs of the projects in its subtree, itself included
 }
 
 // ArtifactLimits returns the limits on the artifacts of the project with this ID: its own
@@ -736,8 +736,10 @@ func (s *Store) ArtifactLimits(ctx context.Context, projectID string) ([]Artifac
 
 // projectsUnder returns the IDs of the project at the canonical path and its descendants.
 func (s *Store) projectsUnder(ctx context.Context, path string) ([]string, error) {
-	lo, hi := iam.SubtreeRange(path)
-	rows, err := s.rdb.QueryContext(ctx, `SELECT id FROM projects WHERE path = ? OR (path > ? AND path < ?)`, path, lo, hi)
+	// subtreeCond, not a range to "\xff" for the root: PostgreSQL refuses a string that is not
+	// UTF-8.
+	cond, args := subtreeCond("path", path)
+	rows, err := s.rdb.QueryContext(ctx, `SELECT id FROM projects WHERE `+cond, args...)
 	if err != nil {
 		return nil, err
 	}

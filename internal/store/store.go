@@ -1044,9 +1044,9 @@ func (s *Store) updateStep(ctx context.Context, tx *Tx, sandbox string, e *corra
 // sequence number, as BeginStep; Entry.StepID must be empty), or, with Update, rewrite the step
 // Entry.Seq (as UpdateStep).
 type StepWrite struct {
-	Sandbox string
-	Entry   *corral.TrajectoryEntry
-	Update  bool
+	Sandbox string                  `json:"sandbox"`
+	Entry   *corral.TrajectoryEntry `json:"entry"`
+	Update  bool                    `json:"update,omitempty"`
 }
 
 // WriteSteps applies writes in order in one transaction: all of them or, on an error, none
@@ -1072,6 +1072,46 @@ func (s *Store) WriteSteps(ctx context.Context, writes []StepWrite) error {
 		return fmt.Errorf("write %d trajectory steps: %w", len(writes), err)
 	}
 	return nil
+}
+
+// StepResult is what NodeSteps did with one write: the sequence number of the step it appended
+// or rewrote, or, for an append whose step ID a step has already, that step (nothing written).
+type StepResult struct {
+	Seq      int64                   `json:"seq"`
+	Existing *corral.TrajectoryEntry `json:"existing,omitempty"`
+}
+
+// NodeSteps applies writes to the trajectories of node's sandboxes (the caller checks they are
+// its) in order, in one transaction with the check that epoch is still the node's: all of them
+// or, on an error, none; a fenced incarnation's fail with ErrFenced. An append may carry a step
+// ID (as BeginStep): when a step has it already, nothing is written for it and the result names
+// that step.
+func (s *Store) NodeSteps(ctx context.Context, node string, epoch int64, writes []StepWrite) ([]StepResult, error) {
+	out := make([]StepResult, len(writes))
+	err := s.tx(ctx, func(tx *Tx) error {
+		if err := readEpoch(ctx, tx, node, epoch); err != nil {
+			return err
+		}
+		for i, w := range writes {
+			var err error
+			if w.Update {
+				err = s.updateStep(ctx, tx, w.Sandbox, w.Entry)
+			} else {
+				out[i].Existing, err = s.beginStep(ctx, tx, w.Sandbox, w.Entry)
+			}
+			if err != nil {
+				return fmt.Errorf("trajectory of %s: %w", w.Sandbox, err)
+			}
+			if out[i].Existing == nil {
+				out[i].Seq = w.Entry.Seq
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("write %d trajectory steps of node %s: %w", len(writes), node, err)
+	}
+	return out, nil
 }
 
 // chargeTrajectory adds delta bytes to sandbox's stored trajectory, and to its project's disk
@@ -1628,7 +1668,7 @@ func (s *Store) PutFncallEnv(ctx context.Context, env corral.FncallEnv) error {
 // containers are charged to).
 type FncallEnvRecord struct {
 	corral.FncallEnv
-	ProjectID string
+	ProjectID string `json:"project_id"`
 }
 
 // ListFncallEnvs returns the fncall environments by name.

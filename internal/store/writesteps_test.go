@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -40,6 +42,49 @@ func TestWriteSteps(t *testing.T) {
 			if steps[i].Seq != int64(i+1) || steps[i].State != want {
 				t.Errorf("step %d = seq %d %s, want seq %d %s", i, steps[i].Seq, steps[i].State, i+1, want)
 			}
+		}
+	})
+}
+
+// TestNodeSteps: a node's trajectory writes are applied in order, all or none, only while its
+// incarnation holds the node; an append whose step ID a step has already writes nothing and
+// names that step.
+func TestNodeSteps(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		if _, err := s.Register(ctx, Node{Name: "n1", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		const sb = "sb-n1-nodesteps"
+		a := &corral.TrajectoryEntry{Kind: "exec", StepID: "s1", State: corral.StepRunning}
+		b := &corral.TrajectoryEntry{Kind: "exec", State: corral.StepDone}
+		res, err := s.NodeSteps(ctx, "n1", 1, []StepWrite{{Sandbox: sb, Entry: a}, {Sandbox: sb, Entry: b}})
+		if err != nil || len(res) != 2 || res[0].Seq != 1 || res[1].Seq != 2 || res[0].Existing != nil {
+			t.Fatalf("first writes: %+v, %v", res, err)
+		}
+		// The same step ID again: the step it names, nothing written; a rewrite beside it is.
+		again := &corral.TrajectoryEntry{Kind: "exec", StepID: "s1", State: corral.StepRunning}
+		a.State = corral.StepDone
+		res, err = s.NodeSteps(ctx, "n1", 1, []StepWrite{{Sandbox: sb, Entry: again}, {Sandbox: sb, Entry: a, Update: true}})
+		if err != nil || res[0].Existing == nil || res[0].Existing.Seq != 1 || res[0].Seq != 0 || res[1].Seq != 1 {
+			t.Fatalf("a step ID recorded already: %+v, %v", res, err)
+		}
+		// A fenced incarnation writes nothing.
+		if _, err := s.Register(ctx, Node{Name: "n1", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.NodeSteps(ctx, "n1", 1, []StepWrite{{Sandbox: sb, Entry: &corral.TrajectoryEntry{Kind: "exec"}}}); !errors.Is(err, ErrFenced) {
+			t.Errorf("steps of a fenced incarnation: %v, want ErrFenced", err)
+		}
+		// One write that fails undoes the batch.
+		if _, err := s.NodeSteps(ctx, "n1", 2, []StepWrite{{Sandbox: sb, Entry: &corral.TrajectoryEntry{Kind: "exec"}},
+			{Sandbox: sb, Entry: &corral.TrajectoryEntry{Seq: 99}, Update: true}}); err == nil {
+			t.Error("a batch rewriting a missing step succeeded")
+		}
+		steps, err := s.ListSteps(ctx, sb, 0, 100, "")
+		if err != nil || len(steps) != 2 || steps[0].State != corral.StepDone || steps[0].StepID != "s1" {
+			t.Fatalf("steps %+v, %v; want the two first written, the first done", steps, err)
 		}
 	})
 }

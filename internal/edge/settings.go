@@ -1,0 +1,78 @@
+package edge
+
+import (
+	"context"
+
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Settings is what the edge follows of what is configured through the API: the environments to
+// keep warm, the fncall environments and the limits on their projects' artifacts, and the
+// service catalog saved through the API. `corral up` reads them from its store (storeSettings);
+// a cluster's edge from its copy of the servers' (nodeproto.Config), which it fetches when a
+// heartbeat says they changed (Edge.SettingsChanged).
+type Settings interface {
+	WarmEnvironments(ctx context.Context) ([]corral.Environment, error)
+	ListFncallEnvs(ctx context.Context) ([]store.FncallEnvRecord, error)
+	// ArtifactLimits returns the limits on the artifacts of the project with this ID.
+	ArtifactLimits(ctx context.Context, project string) ([]store.ArtifactLimit, error)
+	// ProjectPath returns the path (iam.Display) of the project with this ID, which an fncall
+	// environment is in.
+	ProjectPath(ctx context.Context, project string) (string, error)
+	// ServiceCatalog returns the catalog saved through the API; ErrNotFound when none was.
+	ServiceCatalog(ctx context.Context) ([]byte, error)
+	// Refresh takes up a change the edge made itself (an environment, an fncall environment)
+	// before the edge acts on it.
+	Refresh(ctx context.Context) error
+}
+
+// Trajectory records and reads the trajectories of the edge's sandboxes: the store under `corral
+// up`, the servers on a cluster's edge (nodeproto.Steps).
+type Trajectory interface {
+	// BeginStep appends e, setting its sequence number; when e's step ID is a step's already,
+	// nothing is written and that step is returned.
+	BeginStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error)
+	// UpdateStep rewrites step e.Seq.
+	UpdateStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) error
+	// WriteSteps applies writes (steps without IDs) in order, all or none, setting the
+	// sequence number of each entry appended.
+	WriteSteps(ctx context.Context, writes []store.StepWrite) error
+	ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]corral.TrajectoryEntry, error)
+}
+
+// storeSettings reads the settings from the store: always current, nothing to refresh.
+type storeSettings struct{ *store.Store }
+
+func (s storeSettings) ProjectPath(ctx context.Context, project string) (string, error) {
+	path, err := s.Store.ProjectPath(ctx, project)
+	return iam.Display(path), err
+}
+
+func (s storeSettings) ServiceCatalog(ctx context.Context) ([]byte, error) {
+	return s.GetSetting(ctx, store.CatalogSetting)
+}
+
+func (storeSettings) Refresh(context.Context) error { return nil }
+
+// settingsWritten takes up a change of the settings the edge made itself, then acts on it.
+func (e *Edge) settingsWritten(ctx context.Context) {
+	if err := e.settings.Refresh(context.WithoutCancel(ctx)); err != nil {
+		// The next heartbeat takes it up.
+		e.log.Warn("take up a change of the settings made here", "err", err)
+	}
+	e.warmChanged()
+}
+
+// SettingsChanged makes the edge follow its Settings now: its warm pools, fncall pools and
+// service catalog. A cluster's edge calls it when its copy of the servers' settings changed.
+func (e *Edge) SettingsChanged(ctx context.Context) {
+	e.warmChanged()
+	if err := e.syncPools(ctx); err != nil {
+		e.log.Warn("sync fncall pools", "err", err)
+	}
+	if err := e.syncCatalog(ctx); err != nil {
+		e.log.Warn("sync the service catalog", "err", err)
+	}
+}

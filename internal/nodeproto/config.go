@@ -1,0 +1,137 @@
+package nodeproto
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// Config is an edge's copy of the configuration it follows (ConfigResponse), fetched from the
+// servers when a heartbeat names another generation than the one it holds, or when the edge
+// changed something itself (Refresh). Its reads answer from the copy, never from the network,
+// and fail with ErrUnavailable until a first fetch succeeded. Its methods may be called
+// concurrently.
+type Config struct {
+	s *Servers
+
+	mu  sync.Mutex
+	cur *ConfigResponse
+}
+
+// Config returns an empty copy of the servers' configuration; Follow or Refresh fills it.
+func (s *Servers) Config() *Config { return &Config{s: s} }
+
+// Follow fetches the configuration unless the copy is of generation already, and reports
+// whether the copy changed.
+func (c *Config) Follow(ctx context.Context, generation string) (changed bool, err error) {
+	c.mu.Lock()
+	held := c.cur
+	c.mu.Unlock()
+	if held != nil && generation != "" && held.Generation == generation {
+		return false, nil
+	}
+	return c.fetch(ctx, false)
+}
+
+// Refresh fetches the configuration as it is now, past any replica's copy: the edge changed it
+// (an environment's warm size, an fncall environment) and acts on the change at once.
+func (c *Config) Refresh(ctx context.Context) error {
+	_, err := c.fetch(ctx, true)
+	return err
+}
+
+func (c *Config) fetch(ctx context.Context, fresh bool) (bool, error) {
+	var out ConfigResponse
+	if err := c.s.call(ctx, PathConfig, ConfigRequest{Fresh: fresh}, &out); err != nil {
+		return false, fmt.Errorf("fetch the configuration from the servers: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	changed := c.cur == nil || c.cur.Generation != out.Generation
+	c.cur = &out
+	return changed, nil
+}
+
+// Generation returns the generation of the copy; "" before a first fetch.
+func (c *Config) Generation() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		return ""
+	}
+	return c.cur.Generation
+}
+
+// held returns the copy, or why there is none yet.
+func (c *Config) held() (*ConfigResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		return nil, fmt.Errorf("the servers' configuration has not been fetched yet: %w", errdefs.ErrUnavailable)
+	}
+	return c.cur, nil
+}
+
+// WarmEnvironments returns the environments to keep warm.
+func (c *Config) WarmEnvironments(context.Context) ([]corral.Environment, error) {
+	cur, err := c.held()
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(cur.WarmEnvironments), nil
+}
+
+// ListFncallEnvs returns the fncall environments, by name.
+func (c *Config) ListFncallEnvs(context.Context) ([]store.FncallEnvRecord, error) {
+	cur, err := c.held()
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(cur.FncallEnvs), nil
+}
+
+// ArtifactLimits returns the limits on the artifacts of project (an fncall environment's
+// project's ID).
+func (c *Config) ArtifactLimits(_ context.Context, project string) ([]store.ArtifactLimit, error) {
+	cur, err := c.held()
+	if err != nil {
+		return nil, err
+	}
+	limits, ok := cur.ArtifactLimits[project]
+	if !ok {
+		return nil, errdefs.NotFound("artifact limits of project %s: no fncall environment of the servers' configuration is in it", project)
+	}
+	return slices.Clone(limits), nil
+}
+
+// ServiceCatalog returns the service catalog saved through the API, or ErrNotFound when none
+// was.
+func (c *Config) ServiceCatalog(context.Context) ([]byte, error) {
+	cur, err := c.held()
+	if err != nil {
+		return nil, err
+	}
+	if len(cur.ServiceCatalog) == 0 {
+		return nil, errdefs.NotFound("service catalog")
+	}
+	return slices.Clone([]byte(cur.ServiceCatalog)), nil
+}
+
+// ProjectPath returns the path of the project with this ID, as its fncall environments name it.
+func (c *Config) ProjectPath(_ context.Context, project string) (string, error) {
+	cur, err := c.held()
+	if err != nil {
+		return "", err
+	}
+	for _, env := range cur.FncallEnvs {
+		if env.ProjectID == project {
+			return env.Project, nil
+		}
+	}
+	return "", errdefs.NotFound("project %s: no fncall environment of the servers' configuration is in it", project)
+}
