@@ -42,6 +42,7 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathEvents, s.nodeEvents)
 	mux.HandleFunc("POST "+nodeproto.PathActivity, s.nodeActivity)
 	mux.HandleFunc("POST "+nodeproto.PathConfig, s.nodeConfig)
+	mux.HandleFunc("POST "+nodeproto.PathSandbox, s.nodeSandbox)
 	mux.HandleFunc("POST "+nodeproto.PathSteps, s.nodeSteps)
 	mux.HandleFunc("POST "+nodeproto.PathListSteps, s.nodeListSteps)
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -291,6 +292,32 @@ func (s *Server) nodeActivity(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err := s.store.RecordActivity(r.Context(), node, req.Epoch, req.Sandboxes); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// nodeSandbox records what became of one of the caller's sandboxes; what admission decided stays
+// as the store has it (store.PutNodeSandbox).
+func (s *Server) nodeSandbox(w http.ResponseWriter, r *http.Request) {
+	node := clusterauth.EdgeNode(r)
+	var req nodeproto.SandboxRequest
+	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	switch {
+	case req.Sandbox == nil:
+		httpjson.Error(w, r, s.log, errdefs.Invalid("sandbox", "a request records a sandbox"))
+		return
+	case edge.NodeOf(req.Sandbox.ID) != node:
+		err := fmt.Errorf("%q is not a sandbox of node %s: %w", req.Sandbox.ID, node, errdefs.ErrDenied)
+		s.log.Warn("sandbox record refused", "node", node, "epoch", req.Epoch, "err", err)
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	if err := s.store.PutNodeSandbox(r.Context(), node, req.Epoch, req.Sandbox); err != nil {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}

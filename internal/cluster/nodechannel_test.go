@@ -320,6 +320,28 @@ func TestNodeStart(t *testing.T) {
 	if _, err := steps.ListSteps(ctx, "sb-edge2-aaaaaaaaaaaaaaaa", 0, 100, ""); !errors.Is(err, errdefs.ErrDenied) {
 		t.Errorf("another node's trajectory: %v, want ErrDenied", err)
 	}
+
+	// Records: what became of the node's own sandboxes, by the incarnation holding the node.
+	recs := edge1.Records(2)
+	rec, err := st.GetSandbox(ctx, own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State = corral.StatePaused
+	if err := recs.PutSandbox(ctx, rec); err != nil {
+		t.Fatalf("record a pause: %v", err)
+	}
+	if got, err := st.GetSandbox(ctx, own); err != nil || got.State != corral.StatePaused {
+		t.Errorf("the record after the pause: %+v, %v", got, err)
+	}
+	theirs := *rec
+	theirs.ID, theirs.Node = "sb-edge2-aaaaaaaaaaaaaaaa", "edge2"
+	if err := recs.PutSandbox(ctx, &theirs); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("another node's record: %v, want ErrDenied", err)
+	}
+	if err := edge1.Records(1).PutSandbox(ctx, rec); !errors.Is(err, store.ErrFenced) {
+		t.Errorf("a record of a fenced incarnation: %v, want ErrFenced", err)
+	}
 }
 
 func TestSweepAfter(t *testing.T) {

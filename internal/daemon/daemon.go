@@ -589,6 +589,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if node != nil && cfg.Cluster.Servers != nil {
 		ecfg.Activity = cfg.Cluster.Servers.ActivityRecorder(node.Epoch) // the servers record it
 		ecfg.Trajectory = cfg.Cluster.Servers.Steps(node.Epoch)          // and the trajectories
+		ecfg.Records = cfg.Cluster.Servers.Records(node.Epoch)           // and the sandboxes' records
 		// What the edge follows of the API's configuration, from the servers: before the edge
 		// starts, which loads the service catalog and starts the fncall pools.
 		sc := cfg.Cluster.Servers.Config()

@@ -172,8 +172,10 @@ type Config struct {
 	// Settings is where the edge reads what it follows of the API's configuration (settings.go);
 	// nil: the store.
 	Settings Settings
-	// Trajectory records its sandboxes' trajectories; nil: the store.
+	// Trajectory records its sandboxes' trajectories, and Records what becomes of them after
+	// their admission; nil: the store.
 	Trajectory Trajectory
+	Records    Records
 	// Instance names this Corral in the shared catalogue (store.Instance); "": the store's.
 	Instance string
 	// OwnRecords, when set, returns the records of the sandboxes this node may still run (live,
@@ -246,9 +248,10 @@ type Edge struct {
 	policy *limits.Policy
 	log    *slog.Logger
 	store  *store.Store
-	// settings is cfg.Settings, or the store's; traj cfg.Trajectory, or the store.
+	// settings is cfg.Settings, or the store's; traj and records cfg's, or the store.
 	settings Settings
 	traj     Trajectory
+	records  Records
 	rt       Runtime
 	// machines is rt as a runtime.Machine (the vm tier); nil when it runs no machines.
 	machines runtime.Machine
@@ -417,6 +420,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if e.traj = cfg.Trajectory; e.traj == nil {
 		e.traj = st
 	}
+	if e.records = cfg.Records; e.records == nil {
+		e.records = st
+	}
 	if cfg.ArtifactDir != "" {
 		a, err := openArtifacts(cfg.ArtifactDir)
 		if err != nil {
@@ -558,15 +564,15 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		thaw := err == nil && st.State == runtime.StatePaused && rec.State == corral.StateRunning
 		if err == nil && rec.State == corral.StatePaused && st.State == runtime.StateRunning {
 			rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
-			e.store.PutSandbox(ctx, rec)
+			e.records.PutSandbox(ctx, rec)
 		}
 		switch {
 		case err == nil && st.State == runtime.StateOff && rec.State != corral.StateOff:
 			rec.State = corral.StateOff // its QEMU ended while corral was down (machineGone)
-			e.store.PutSandbox(ctx, rec)
+			e.records.PutSandbox(ctx, rec)
 		case err == nil && st.State == runtime.StateRunning && rec.State == corral.StateOff:
 			rec.State = corral.StateRunning // powered on just before corral stopped
-			e.store.PutSandbox(ctx, rec)
+			e.records.PutSandbox(ctx, rec)
 		}
 		if err != nil || (st.State != runtime.StateRunning && st.State != runtime.StatePaused && st.State != runtime.StateOff) {
 			reason := "error: the sandbox's processes exited while corral was down"
@@ -736,7 +742,7 @@ func (e *Edge) releaseLayers(rec *store.Sandbox, unheld map[string]bool) {
 // finish records that a sandbox left the running state.
 func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason string) {
 	rec.State, rec.Reason, rec.EndedAt, rec.Stopping = state, reason, time.Now().UTC(), nil
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		e.log.Error("record sandbox end", "sandbox", rec.ID, "state", state, "err", err)
 	}
 	switch {
@@ -991,7 +997,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		rec.Boot = "fork"
 	}
 	undo.Push(func() { e.dropLive(rec.ID) })
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		// The sandbox runs but the store does not say so: undo, so the two never disagree. Its
 		// record ends too (the write failed, often because the client went away and took ctx
 		// with it): left in state creating, it would hold its quota and refuse deletes as "not
@@ -1739,7 +1745,7 @@ func (e *Edge) endSandbox(ctx context.Context, rec *store.Sandbox, reason string
 	prev, prevReason := rec.State, rec.Reason
 	rec.State, rec.Reason = corral.StateDeleting, reason
 	rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: reason, At: time.Now().UTC()}
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		rec.State, rec.Reason, rec.Stopping = prev, prevReason, nil
 		return nil, fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
 	}
@@ -1777,7 +1783,7 @@ func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reaso
 	// The outcome goes on record before the teardown starts: a crash in the middle of it then
 	// ends as this outcome at the next start (reconcile), not as a sandbox that died.
 	rec.Stopping = &store.StopIntent{State: state, Reason: reason, At: time.Now().UTC()}
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		rec.Stopping = nil
 		return fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
 	}
@@ -1826,7 +1832,7 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	extended := time.Now().UTC().Add(d).After(rec.ExpiresAt)
 	rec.ExpiresAt = time.Now().UTC().Add(d)
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		return nil, err
 	}
 	switch {
@@ -1995,7 +2001,7 @@ func (e *Edge) flushActivity(ctx context.Context) {
 		if !sb.gone {
 			if rec, err := e.store.GetSandbox(ctx, sb.id); err == nil {
 				rec.LastActivityAt = time.Unix(0, at).UTC()
-				if e.store.PutSandbox(ctx, rec) == nil {
+				if e.records.PutSandbox(ctx, rec) == nil {
 					sb.flushed.Store(at)
 				}
 			}

@@ -200,7 +200,7 @@ func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*
 		rec.State = corral.StateOff
 	}
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		return nil, err
 	}
 	e.log.Info("vm power", "sandbox", sb.id, "action", req.Action, "force", req.Force)
@@ -224,7 +224,7 @@ func (e *Edge) machinePower(ctx context.Context, sb *sandbox, off bool) {
 	if off {
 		rec.State = corral.StateOff
 	}
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		e.log.Error("record a vm's power state", "sandbox", sb.id, "err", err)
 		return
 	}

@@ -404,7 +404,7 @@ func (e *Edge) SetNetwork(ctx context.Context, id string, p corral.NetworkPolicy
 	}
 	n.policy.Store(c)
 	rec.Network = apiPolicy(c)
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		return nil, err
 	}
 	e.log.Info("network policy replaced", "sandbox", id, "mode", c.Mode, "allow", len(c.Source.Allow), "deny", len(c.Source.Deny))

@@ -102,7 +102,7 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (_ *store
 	info.AutomaticPause = automatic
 	rec.State, rec.PausedAt, rec.LastPause = corral.StatePaused, time.Now().UTC(), &info
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		// The store must not say running while the sandbox is frozen: thaw it again.
 		e.rt.Resume(ctx, sb.id)
 		return nil, err
@@ -162,7 +162,7 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (_ *store
 	rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
 	sb.touch() // paused time is not idle time
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		e.log.Error("record resume", "sandbox", sb.id, "err", err)
 	}
 	sb.paused.Store(false)

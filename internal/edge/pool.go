@@ -728,7 +728,7 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	e.live[rec.ID] = sb
 	e.mu.Unlock()
 	undo.Push(func() { e.dropLive(rec.ID) })
-	if err := e.store.PutSandbox(ctx, rec); err != nil {
+	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		return fail(err)
 	}
 	undo.Release()

@@ -28,6 +28,13 @@ type Settings interface {
 	Refresh(ctx context.Context) error
 }
 
+// Records records what becomes of the edge's sandboxes after their admission: the store under
+// `corral up`, the servers on a cluster's edge (nodeproto.Records), which keep what admission
+// decided (project, tier, limits) as they have it.
+type Records interface {
+	PutSandbox(ctx context.Context, sb *store.Sandbox) error
+}
+
 // Trajectory records and reads the trajectories of the edge's sandboxes: the store under `corral
 // up`, the servers on a cluster's edge (nodeproto.Steps).
 type Trajectory interface {

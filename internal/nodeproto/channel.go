@@ -39,6 +39,7 @@ const (
 	PathEvents    = "/node/v1/events"
 	PathActivity  = "/node/v1/activity"
 	PathConfig    = "/node/v1/config"
+	PathSandbox   = "/node/v1/sandbox"
 	PathSteps     = "/node/v1/steps"
 	PathListSteps = "/node/v1/steps/list"
 )
@@ -151,6 +152,14 @@ type EventsRequest struct {
 type ActivityRequest struct {
 	Epoch     int64            `json:"epoch"`
 	Sandboxes []store.Activity `json:"sandboxes"`
+}
+
+// SandboxRequest records what became of one of the caller's sandboxes (its state, stop intent,
+// expiry, pause, power, network policy and slot): store.PutNodeSandbox, which keeps what
+// admission decided (project, tier, limits) as the store has it.
+type SandboxRequest struct {
+	Epoch   int64          `json:"epoch"`
+	Sandbox *store.Sandbox `json:"sandbox"`
 }
 
 // StepsRequest writes steps of the trajectories of the caller's sandboxes, in order and all or

@@ -8,6 +8,24 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
+// Records returns what records incarnation epoch's sandboxes: the servers, over the node
+// channel. Its PutSandbox is the store's, so the edge uses either.
+func (s *Servers) Records(epoch int64) Records { return Records{s, epoch} }
+
+// Records sends an incarnation's sandbox records to the servers.
+type Records struct {
+	s     *Servers
+	epoch int64
+}
+
+// PutSandbox records what became of sb, a sandbox admission recorded.
+func (r Records) PutSandbox(ctx context.Context, sb *store.Sandbox) error {
+	if err := r.s.call(ctx, PathSandbox, SandboxRequest{Epoch: r.epoch, Sandbox: sb}, nil); err != nil {
+		return fmt.Errorf("record sandbox %s through the servers: %w", sb.ID, err)
+	}
+	return nil
+}
+
 // Steps returns what records the trajectories of incarnation epoch's sandboxes: the servers,
 // over the node channel. Its methods are the store's (BeginStep, UpdateStep, WriteSteps,
 // ListSteps), so the edge uses either.

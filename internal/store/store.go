@@ -668,6 +668,43 @@ func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
 	})
 }
 
+// PutNodeSandbox rewrites the record of one of node's sandboxes, as node's incarnation epoch
+// wrote it (a cluster's edge, through the servers), in one transaction with the epoch's check
+// (ErrFenced when it was fenced off). The record must exist (admission wrote it) and be node's.
+// What admission decided and what quota is counted by is kept as the store has it, whatever the
+// edge sent: project, tier, limits, node, create time and volumes (so no write moves a sandbox's
+// usage to another project or frees quota it holds). A sandbox that ended stays ended
+// (ErrConflict).
+func (s *Store) PutNodeSandbox(ctx context.Context, node string, epoch int64, sb *Sandbox) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		if err := checkEpoch(ctx, tx, node, epoch); err != nil {
+			return err
+		}
+		var doc, project, state, owner string
+		err := tx.QueryRowContext(ctx, `SELECT doc, project_id, state, node FROM sandboxes WHERE id = ?`+forUpdate(tx), sb.ID).Scan(&doc, &project, &state, &owner)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return errdefs.NotFound("sandbox %s (a record is written by its admission first)", sb.ID)
+		case err != nil:
+			return err
+		case owner != node:
+			return fmt.Errorf("sandbox %s is node %s's, not %s's: %w", sb.ID, owner, node, errdefs.ErrDenied)
+		case !slices.Contains(liveStates, state) && state != corral.StateDeleting && (slices.Contains(liveStates, sb.State) || sb.State == corral.StateDeleting):
+			return errdefs.Conflict("sandbox %s ended (%s): it cannot become %s again", sb.ID, state, sb.State)
+		}
+		var was Sandbox
+		if err := json.Unmarshal([]byte(doc), &was); err != nil {
+			return fmt.Errorf("decode the record of %s: %w", sb.ID, err)
+		}
+		sb.ProjectID, sb.Tier, sb.Limits, sb.Node, sb.CreatedAt, sb.VolumeIDs = project, was.Tier, was.Limits, owner, was.CreatedAt, was.VolumeIDs
+		return putSandbox(ctx, tx, sb)
+	})
+	if err != nil {
+		return fmt.Errorf("record sandbox %s of node %s: %w", sb.ID, node, err)
+	}
+	return nil
+}
+
 // putSandbox writes a sandbox row and moves its share of the usage counters when it becomes live,
 // stops being live, or changes project.
 func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
