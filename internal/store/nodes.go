@@ -165,9 +165,25 @@ func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used Re
 // CheckEpoch fails with ErrFenced unless epoch is node name's current incarnation and the node is
 // not lost. Writes an edge makes go through it in the same transaction.
 func checkEpoch(ctx context.Context, q querier, name string, epoch int64) error {
+	return lockEpoch(ctx, q, name, epoch, forUpdate(q))
+}
+
+// shareEpoch is checkEpoch with the node's row locked to share: writers of the same node's
+// records run side by side, and a registration or a sweep (which update the row) waits for them
+// and fences every later one.
+func shareEpoch(ctx context.Context, q querier, name string, epoch int64) error {
+	lock := ""
+	if q.postgres() {
+		lock = " FOR SHARE"
+	}
+	return lockEpoch(ctx, q, name, epoch, lock)
+}
+
+// lockEpoch checks the epoch of node name's row, read with lock.
+func lockEpoch(ctx context.Context, q querier, name string, epoch int64, lock string) error {
 	var cur int64
 	var state string
-	err := q.QueryRowContext(ctx, `SELECT epoch, state FROM nodes WHERE name = ?`+forUpdate(q), name).Scan(&cur, &state)
+	err := q.QueryRowContext(ctx, `SELECT epoch, state FROM nodes WHERE name = ?`+lock, name).Scan(&cur, &state)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && (cur != epoch || state == NodeLost)) {
 		return fmt.Errorf("node %s epoch %d: %w", name, epoch, ErrFenced)
 	}

@@ -677,7 +677,7 @@ func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
 // (ErrConflict).
 func (s *Store) PutNodeSandbox(ctx context.Context, node string, epoch int64, sb *Sandbox) error {
 	err := s.tx(ctx, func(tx *Tx) error {
-		if err := checkEpoch(ctx, tx, node, epoch); err != nil {
+		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
 			return err
 		}
 		var doc, project, state, owner string
