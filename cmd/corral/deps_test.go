@@ -42,6 +42,7 @@ func TestSDKImporters(t *testing.T) {
 		"internal/httpjson":      true, // the error body on the wire
 		"internal/cluster":       true, // corral server: the API in front of edges
 		"internal/clusterauth":   true, // refusals between server and edge, on the wire
+		"internal/nodeproto":     true, // the node channel: what edges and servers say on the wire
 		"internal/cli":           true, // a client
 		"internal/e2b":           true, // a client: E2B's API over Corral's
 		"internal/envinstall":    true, // a client: publishes recipes through the API

@@ -23,7 +23,6 @@ import (
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The node channel (internal/nodeproto): edges register, heartbeat and record their events
@@ -84,7 +83,7 @@ func (s *Server) nodeRegister(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, fmt.Errorf("node %s's instance name: %w", node, err))
 		return
 	}
-	out.Sandboxes, err = s.store.ListSandboxes(r.Context(), store.SandboxFilter{Node: node, States: append(store.LiveStates(), corral.StateDeleting)})
+	out.Sandboxes, err = s.store.ListSandboxes(r.Context(), store.SandboxFilter{Node: node, States: store.OwnStates()})
 	if err != nil {
 		httpjson.Error(w, r, s.log, fmt.Errorf("node %s's sandboxes: %w", node, err))
 		return

@@ -43,7 +43,6 @@ import (
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/volume"
 	"github.com/corral-dev/corral/internal/webhook"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Version is the Corral version, set at build time with -ldflags.
@@ -542,7 +541,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		node = reg.node
 	}
 	instance, own := "", func(ctx context.Context) ([]*store.Sandbox, error) {
-		return st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: append(store.LiveStates(), corral.StateDeleting)})
+		return st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: store.OwnStates()})
 	}
 	if reg != nil && reg.records != nil {
 		instance, own = reg.instance, func(context.Context) ([]*store.Sandbox, error) { return reg.records, nil }

@@ -30,6 +30,10 @@ const liveStatesSQL = `('creating', 'running', 'paused', 'off')`
 // LiveStates returns the live states (a copy of liveStates), for a SandboxFilter.
 func LiveStates() []string { return slices.Clone(liveStates) }
 
+// OwnStates returns the states of the records a node may still run when it starts: the live
+// ones and deleting (a teardown a restart finishes).
+func OwnStates() []string { return append(LiveStates(), corral.StateDeleting) }
+
 // TokenRecord is a token as the store keeps it (never the secret, only its hash).
 type TokenRecord struct {
 	ID          string
