@@ -596,6 +596,14 @@ func TestCluster(t *testing.T) {
 			eventually(t, 90*time.Second, "a warm sandbox of the environment on "+node, func() bool { return warm("corral_warm_ready", node) == 1 })
 		}
 	}
+	// edge3's pool says why it does not fill, once (not every second it checks).
+	eventually(t, 30*time.Second, "edge3 saying its warm pool waits for room", func() bool {
+		return strings.Contains(e3.log(), `msg="warm pool waits for room" node=edge3 environment=warmed`)
+	})
+	time.Sleep(3 * time.Second)
+	if n := strings.Count(e3.log(), `msg="warm pool waits for room" node=edge3 environment=warmed`); n > 2 {
+		t.Errorf("edge3 said %d times that its warm pool waits for room", n)
+	}
 	zero := 0
 	if _, err := c2.UpdateEnvironment(ctx, "warmed", corral.EnvironmentPatch{Warm: &zero}); err != nil {
 		t.Fatalf("set the warm pool to 0: %v", err)

@@ -338,6 +338,7 @@ func (e *Edge) runWarm(ctx context.Context, p *warmPool) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	lastCheck := time.Now()
+	waiting := "" // why the pool last could not grow, as logged
 	for {
 		if time.Since(lastCheck) >= warmCheck {
 			lastCheck = time.Now()
@@ -358,9 +359,17 @@ func (e *Edge) runWarm(ctx context.Context, p *warmPool) {
 				e.deleteWarm(surplus)
 				continue
 			}
-			if have >= target || e.warmNoRoom(p.key.tier()) {
+			if have >= target {
 				break
 			}
+			if why := e.warmNoRoom(p.key.tier()); why != "" {
+				if why != waiting { // said once, not every second
+					log.Info("warm pool waits for room", "why", why, "ready", have, "target", target)
+					waiting = why
+				}
+				break
+			}
+			waiting = ""
 			took, err := e.fillWarm(ctx, p)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -429,32 +438,42 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// warmNoRoom says the node is near its capacity (90% of any bound, counting one more sandbox of
-// tier's default limits) or draining: pools do not grow then.
-func (e *Edge) warmNoRoom(tier string) bool {
+// warmNoRoom says why pools do not grow now, or "" when they may: the node is draining, or near
+// its capacity (90% of any bound, counting one more sandbox of tier's default limits).
+func (e *Edge) warmNoRoom(tier string) string {
 	if e.draining.Load() {
-		return true
+		return "the node is draining"
 	}
 	// The host itself: a pool never takes the last 5% of its memory.
 	if total, avail := hostMemory(); total > 0 && avail < total/20 {
-		return true
+		return "the host has less than 5% of its memory available"
 	}
 	c := e.cfg.Capacity
 	if c == nil {
-		return false
+		return ""
 	}
 	used, err := e.store.NodeUsage(context.Background(), e.cfg.Node)
 	if err != nil {
-		return true
+		return "the node's usage is unknown: " + err.Error()
 	}
 	used = e.withPooled(used)
 	// A pool's sandboxes have their tier's default limits (its create names none).
 	b, _ := e.policy.Bounds(tier)
 	def := b.Default
-	near := func(u, add, c float64) bool { return c > 0 && u+add > 0.9*c }
-	return near(float64(used.Sandboxes), 1, float64(c.Sandboxes)) || near(used.CPUs, def.CPUs, c.CPUs) ||
-		near(float64(used.MemoryBytes), float64(def.MemoryBytes), float64(c.MemoryBytes)) ||
-		near(float64(used.DiskBytes), float64(def.DiskBytes), float64(c.DiskBytes))
+	for _, r := range []struct {
+		name       string
+		u, add, of float64
+	}{
+		{"sandboxes", float64(used.Sandboxes), 1, float64(c.Sandboxes)},
+		{"cpus", used.CPUs, def.CPUs, c.CPUs},
+		{"memory", float64(used.MemoryBytes), float64(def.MemoryBytes), float64(c.MemoryBytes)},
+		{"disk", float64(used.DiskBytes), float64(def.DiskBytes), float64(c.DiskBytes)},
+	} {
+		if r.of > 0 && r.u+r.add > 0.9*r.of {
+			return "one more sandbox would take the node's " + r.name + " past 90% of its capacity"
+		}
+	}
+	return ""
 }
 
 // hostMemory returns MemTotal and MemAvailable of /proc/meminfo in bytes (0s when unread).
