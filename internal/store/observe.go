@@ -43,22 +43,9 @@ func (s *Store) AddNodeEvents(ctx context.Context, node string, epoch int64, evs
 		if err := readEpoch(ctx, tx, node, epoch); err != nil {
 			return err
 		}
-		projects := map[string]string{}
-		for _, ev := range evs {
-			if ev.Sandbox != "" {
-				projects[ev.Sandbox] = ""
-			}
-		}
-		for id := range projects {
-			var path string
-			err := tx.QueryRowContext(ctx, `SELECT COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
-				WHERE s.id = ? AND s.node = ?`, id, node).Scan(&path)
-			switch {
-			case err == nil:
-				projects[id] = iam.Display(path) // the root's canonical path is ""
-			case !errors.Is(err, sql.ErrNoRows):
-				return err
-			}
+		projects, err := nodeSandboxProjects(ctx, tx, node, evs)
+		if err != nil {
+			return err
 		}
 		now := time.Now().UTC()
 		for i := range evs {
@@ -75,6 +62,51 @@ func (s *Store) AddNodeEvents(ctx context.Context, node string, epoch int64, evs
 		return fmt.Errorf("record %d events of node %s: %w", len(evs), node, err)
 	}
 	return nil
+}
+
+// eventsLookup bounds the sandboxes one query of nodeSandboxProjects names.
+var eventsLookup = 500
+
+// nodeSandboxProjects returns the project path (iam.Display) of every sandbox of node's that evs
+// name, a query per eventsLookup of them; a sandbox node has no record of is left out.
+func nodeSandboxProjects(ctx context.Context, tx *Tx, node string, evs []events.Event) (map[string]string, error) {
+	var ids []string
+	seen := map[string]bool{}
+	for _, ev := range evs {
+		if ev.Sandbox != "" && !seen[ev.Sandbox] {
+			seen[ev.Sandbox] = true
+			ids = append(ids, ev.Sandbox)
+		}
+	}
+	projects := make(map[string]string, len(ids))
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), eventsLookup)]
+		ids = ids[len(chunk):]
+		args := []any{node}
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT s.id, COALESCE(p.path, '') FROM sandboxes s LEFT JOIN projects p ON p.id = s.project_id
+			WHERE s.node = ? AND s.id IN (?`+strings.Repeat(", ?", len(chunk)-1)+`)`, args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id, path string
+			if err := rows.Scan(&id, &path); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			projects[id] = iam.Display(path) // the root's canonical path is ""
+		}
+		if err := rows.Close(); err != nil {
+			return nil, err
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return projects, nil
 }
 
 // insertEvents adds evs to the events table; one already there (a batch sent again) is kept.
