@@ -41,6 +41,7 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathEvents, s.nodeEvents)
 	mux.HandleFunc("POST "+nodeproto.PathActivity, s.nodeActivity)
 	mux.HandleFunc("POST "+nodeproto.PathConfig, s.nodeConfig)
+	mux.HandleFunc("POST "+nodeproto.PathArtifactLimits, s.nodeArtifactLimits)
 	mux.HandleFunc("POST "+nodeproto.PathSandbox, s.nodeSandbox)
 	mux.HandleFunc("POST "+nodeproto.PathSteps, s.nodeSteps)
 	mux.HandleFunc("POST "+nodeproto.PathListSteps, s.nodeListSteps)
@@ -185,6 +186,41 @@ func (s *Server) nodeConfig(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, cfg)
 }
 
+// nodeArtifactLimits answers the limits on the artifacts of an fncall environment's project;
+// another project's are refused (an edge keeps artifacts for fncall calls only).
+func (s *Server) nodeArtifactLimits(w http.ResponseWriter, r *http.Request) {
+	var req nodeproto.ArtifactLimitsRequest
+	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	fncallProject := func(fresh bool) (bool, error) {
+		cfg, err := s.nodeConfigNow(r.Context(), fresh)
+		if err != nil {
+			return false, err
+		}
+		return slices.ContainsFunc(cfg.FncallEnvs, func(e store.FncallEnvRecord) bool { return e.ProjectID == req.Project }), nil
+	}
+	ok, err := fncallProject(false)
+	if err == nil && !ok {
+		ok, err = fncallProject(true) // an fncall environment made within the last second
+	}
+	switch {
+	case err != nil:
+		httpjson.Error(w, r, s.log, err)
+		return
+	case !ok:
+		httpjson.Error(w, r, s.log, fmt.Errorf("project %q has no fncall environment, so no artifacts on an edge: %w", req.Project, errdefs.ErrDenied))
+		return
+	}
+	limits, err := s.store.ArtifactLimits(r.Context(), req.Project)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, nodeproto.ArtifactLimitsResponse{Limits: limits})
+}
+
 // configFresh is how long a replica answers the configuration it read: every edge's heartbeat
 // asks for its generation, and a thousand edges a second make one read of it.
 const configFresh = time.Second
@@ -215,21 +251,6 @@ func readNodeConfig(ctx context.Context, st *store.Store) (*nodeproto.ConfigResp
 	}
 	if cfg.FncallEnvs, err = st.ListFncallEnvs(ctx); err != nil {
 		return nil, err
-	}
-	for _, env := range cfg.FncallEnvs {
-		if _, ok := cfg.ArtifactLimits[env.ProjectID]; ok {
-			continue
-		}
-		limits, err := st.ArtifactLimits(ctx, env.ProjectID)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			continue // its project is being deleted; so is it
-		} else if err != nil {
-			return nil, err
-		}
-		if cfg.ArtifactLimits == nil {
-			cfg.ArtifactLimits = map[string][]store.ArtifactLimit{}
-		}
-		cfg.ArtifactLimits[env.ProjectID] = limits
 	}
 	raw, err := st.GetSetting(ctx, store.CatalogSetting)
 	switch {

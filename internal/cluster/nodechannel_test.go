@@ -234,8 +234,8 @@ func TestNodeStart(t *testing.T) {
 		t.Errorf("the instance name of a second registration: %v, %v; want %q kept", again, err, ans.Instance)
 	}
 
-	// The configuration: a warm environment, an fncall environment with its project's artifact
-	// limits, the service catalog.
+	// The configuration: a warm environment, an fncall environment, the service catalog; and
+	// the artifact limits of the fncall environment's project, asked apart.
 	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "py", Base: "b:1", Warm: 2, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
@@ -260,6 +260,9 @@ func TestNodeStart(t *testing.T) {
 	}
 	if limits, err := cfg.ArtifactLimits(ctx, fns[0].ProjectID); err != nil || len(limits) != 1 || limits[0].Limit != corral.DefaultArtifactBytes || !slices.Contains(limits[0].Projects, fns[0].ProjectID) {
 		t.Errorf("artifact limits of the fncall environment's project: %+v, %v", limits, err)
+	}
+	if _, err := cfg.ArtifactLimits(ctx, store.RootProjectID+"-nope"); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("artifact limits of a project without an fncall environment: %v, want ErrDenied", err)
 	}
 	if path, err := cfg.ProjectPath(ctx, fns[0].ProjectID); err != nil || path != "/" {
 		t.Errorf("the fncall environment's project: %q, %v", path, err)

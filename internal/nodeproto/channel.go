@@ -34,14 +34,15 @@ import (
 
 // The node channel's paths.
 const (
-	PathRegister  = "/node/v1/register"
-	PathHeartbeat = "/node/v1/heartbeat"
-	PathEvents    = "/node/v1/events"
-	PathActivity  = "/node/v1/activity"
-	PathConfig    = "/node/v1/config"
-	PathSandbox   = "/node/v1/sandbox"
-	PathSteps     = "/node/v1/steps"
-	PathListSteps = "/node/v1/steps/list"
+	PathRegister       = "/node/v1/register"
+	PathHeartbeat      = "/node/v1/heartbeat"
+	PathEvents         = "/node/v1/events"
+	PathActivity       = "/node/v1/activity"
+	PathConfig         = "/node/v1/config"
+	PathArtifactLimits = "/node/v1/artifact-limits"
+	PathSandbox        = "/node/v1/sandbox"
+	PathSteps          = "/node/v1/steps"
+	PathListSteps      = "/node/v1/steps/list"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -124,17 +125,27 @@ type ConfigRequest struct {
 	Fresh bool `json:"fresh,omitempty"`
 }
 
+// ArtifactLimitsRequest asks the limits on the artifacts of the project with this ID, which an
+// fncall environment is in (store.ArtifactLimits).
+type ArtifactLimitsRequest struct {
+	Project string `json:"project"`
+}
+
+// ArtifactLimitsResponse is the project's own limit and each of its ancestors' that sets one.
+type ArtifactLimitsResponse struct {
+	Limits []store.ArtifactLimit `json:"limits"`
+}
+
 // ConfigResponse is what an edge follows of what is configured through the API, which it keeps
-// nowhere else: the environments to keep warm, the fncall environments with the limits on their
-// projects' artifacts, and the service catalog saved through the API.
+// nowhere else: the environments to keep warm, the fncall environments, and the service catalog
+// saved through the API. The limits on the fncall environments' artifacts are not in it
+// (ArtifactLimitsRequest): each names every project of its subtree, which would change the
+// document with every project made under it.
 type ConfigResponse struct {
 	// Generation names this content (a digest of it): heartbeats answer the current one.
 	Generation       string                  `json:"generation"`
 	WarmEnvironments []corral.Environment    `json:"warm_environments"`
 	FncallEnvs       []store.FncallEnvRecord `json:"fncall_environments"`
-	// ArtifactLimits are the limits on the artifacts of each fncall environment's project, by
-	// the project's ID (store.ArtifactLimits).
-	ArtifactLimits map[string][]store.ArtifactLimit `json:"artifact_limits,omitempty"`
 	// ServiceCatalog is the catalog saved through the API (PUT /v1/network/services); absent
 	// when none was.
 	ServiceCatalog json.RawMessage `json:"service_catalog,omitempty"`

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/store"
@@ -13,14 +14,15 @@ import (
 
 // Config is an edge's copy of the configuration it follows (ConfigResponse), fetched from the
 // servers when a heartbeat names another generation than the one it holds, or when the edge
-// changed something itself (Refresh). Its reads answer from the copy, never from the network,
-// and fail with ErrUnavailable until a first fetch succeeded. Its methods may be called
-// concurrently.
+// changed something itself (Refresh). Its reads answer from the copy, never from the network
+// (but artifact limits, fetched when asked and held artifactLimitsFresh), and fail with
+// ErrUnavailable until a first fetch succeeded. Its methods may be called concurrently.
 type Config struct {
 	s *Servers
 
-	mu  sync.Mutex
-	cur *ConfigResponse
+	mu     sync.Mutex
+	cur    *ConfigResponse
+	limits map[string]heldLimits // by project ID
 }
 
 // Config returns an empty copy of the servers' configuration; Follow or Refresh fills it.
@@ -95,18 +97,39 @@ func (c *Config) ListFncallEnvs(context.Context) ([]store.FncallEnvRecord, error
 	return slices.Clone(cur.FncallEnvs), nil
 }
 
+// artifactLimitsFresh is how long the copy answers a project's artifact limits before it asks
+// the servers again: a quota set through the API reaches the edge's calls within it.
+const artifactLimitsFresh = 10 * time.Second
+
 // ArtifactLimits returns the limits on the artifacts of project (an fncall environment's
-// project's ID).
-func (c *Config) ArtifactLimits(_ context.Context, project string) ([]store.ArtifactLimit, error) {
-	cur, err := c.held()
-	if err != nil {
-		return nil, err
+// project's ID), from the servers at most every artifactLimitsFresh.
+func (c *Config) ArtifactLimits(ctx context.Context, project string) ([]store.ArtifactLimit, error) {
+	c.mu.Lock()
+	held, ok := c.limits[project]
+	c.mu.Unlock()
+	if ok && time.Since(held.at) < artifactLimitsFresh {
+		return slices.Clone(held.limits), nil
 	}
-	limits, ok := cur.ArtifactLimits[project]
-	if !ok {
-		return nil, errdefs.NotFound("artifact limits of project %s: no fncall environment of the servers' configuration is in it", project)
+	var out ArtifactLimitsResponse
+	if err := c.s.call(ctx, PathArtifactLimits, ArtifactLimitsRequest{Project: project}, &out); err != nil {
+		return nil, fmt.Errorf("the artifact limits of project %s from the servers: %w", project, err)
 	}
-	return slices.Clone(limits), nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.limits == nil || len(c.limits) >= maxHeldLimits {
+		c.limits = map[string]heldLimits{}
+	}
+	c.limits[project] = heldLimits{out.Limits, time.Now()}
+	return slices.Clone(out.Limits), nil
+}
+
+// maxHeldLimits bounds the projects whose limits the copy keeps (it starts over past it).
+const maxHeldLimits = 1024
+
+// heldLimits is a project's artifact limits as fetched at at.
+type heldLimits struct {
+	limits []store.ArtifactLimit
+	at     time.Time
 }
 
 // ServiceCatalog returns the service catalog saved through the API, or ErrNotFound when none
