@@ -202,8 +202,10 @@ func (s *Server) nodeArtifactLimits(w http.ResponseWriter, r *http.Request) {
 		return slices.ContainsFunc(cfg.FncallEnvs, func(e store.FncallEnvRecord) bool { return e.ProjectID == req.Project }), nil
 	}
 	ok, err := fncallProject(false)
-	if err == nil && !ok {
-		ok, err = fncallProject(true) // an fncall environment made within the last second
+	if err == nil && !ok && s.configAge() > configFresh/4 {
+		// An fncall environment made within the last second; read again at most 4 times a
+		// second, whatever an edge asks.
+		ok, err = fncallProject(true)
 	}
 	switch {
 	case err != nil:
@@ -221,23 +223,45 @@ func (s *Server) nodeArtifactLimits(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, nodeproto.ArtifactLimitsResponse{Limits: limits})
 }
 
+// configAge is how long ago the configuration held was read.
+func (s *Server) configAge() time.Duration {
+	s.configMu.Lock()
+	defer s.configMu.Unlock()
+	return time.Since(s.configAt)
+}
+
 // configFresh is how long a replica answers the configuration it read: every edge's heartbeat
 // asks for its generation, and a thousand edges a second make one read of it.
 const configFresh = time.Second
 
+// configRead bounds one read of the configuration edges follow.
+const configRead = 5 * time.Second
+
 // nodeConfigNow returns the configuration edges follow, read at most every configFresh unless
-// fresh.
+// fresh. The read is made outside configMu: while one is under way, others are answered the
+// copy held (a slow store delays no heartbeat).
 func (s *Server) nodeConfigNow(ctx context.Context, fresh bool) (*nodeproto.ConfigResponse, error) {
 	s.configMu.Lock()
-	defer s.configMu.Unlock()
-	if !fresh && s.config != nil && time.Since(s.configAt) < configFresh {
-		return s.config, nil
+	held, at := s.config, s.configAt
+	if held != nil && !fresh && (time.Since(at) < configFresh || s.configReading) {
+		s.configMu.Unlock()
+		return held, nil
 	}
-	cfg, err := readNodeConfig(ctx, s.store)
+	s.configReading = true
+	s.configMu.Unlock()
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, configRead)
+	defer cancel()
+	cfg, err := readNodeConfig(rctx, s.store)
+	s.configMu.Lock()
+	defer s.configMu.Unlock()
+	s.configReading = false
 	if err != nil {
 		return nil, err
 	}
-	s.config, s.configAt = cfg, time.Now()
+	if start.After(s.configAt) {
+		s.config, s.configAt = cfg, start
+	}
 	return cfg, nil
 }
 

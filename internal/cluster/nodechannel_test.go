@@ -323,6 +323,21 @@ func TestNodeStart(t *testing.T) {
 	if _, err := steps.ListSteps(ctx, "sb-edge2-aaaaaaaaaaaaaaaa", 0, 100, ""); !errors.Is(err, errdefs.ErrDenied) {
 		t.Errorf("another node's trajectory: %v, want ErrDenied", err)
 	}
+	// A begin whose answer broke off, made again at another replica, finds its own append and
+	// takes it as its own (not as an earlier call's step).
+	first := &corral.TrajectoryEntry{Kind: "exec", StepID: "train-2", State: corral.StepRunning, StartedAt: time.Now().UTC()}
+	if ex, err := steps.BeginStep(ctx, own, first); err != nil || ex != nil {
+		t.Fatalf("begin train-2: %+v, %v", ex, err)
+	}
+	retried := *first
+	retried.Seq = 0
+	if ex, err := steps.BeginStep(ctx, own, &retried); err != nil || ex != nil || retried.Seq != first.Seq {
+		t.Errorf("the same begin again: existing %+v, %v, seq %d; want its own step %d", ex, err, retried.Seq, first.Seq)
+	}
+	later := &corral.TrajectoryEntry{Kind: "exec", StepID: "train-2", State: corral.StepRunning, StartedAt: time.Now().UTC().Add(time.Second)}
+	if ex, err := steps.BeginStep(ctx, own, later); err != nil || ex == nil || ex.Seq != first.Seq {
+		t.Errorf("another call with the step ID: %+v, %v; want the step recorded", ex, err)
+	}
 
 	// Records: what became of the node's own sandboxes, by the incarnation holding the node.
 	recs := edge1.Records(2)

@@ -160,11 +160,12 @@ type Server struct {
 	replicas   []string  // the replicas' node channel URLs as last read; protected by replicasMu
 	replicasAt time.Time // when; protected by replicasMu
 
-	// configMu serialises reads of the configuration edges follow (nodechannel.go), so that
-	// heartbeats arriving together make one.
-	configMu sync.Mutex
-	config   *nodeproto.ConfigResponse // as last read; protected by configMu
-	configAt time.Time                 // when; protected by configMu
+	// configMu guards the configuration edges follow as last read (nodechannel.go), so that
+	// heartbeats arriving together make one read.
+	configMu      sync.Mutex
+	config        *nodeproto.ConfigResponse // as last read; protected by configMu
+	configAt      time.Time                 // when that read started; protected by configMu
+	configReading bool                      // a read is under way; protected by configMu
 }
 
 // edgeConn is how this replica reaches one edge: over mutual TLS that checks the edge's

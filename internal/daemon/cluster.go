@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -168,13 +169,21 @@ func registeredThrough(c *ClusterConfig) string {
 	return "store"
 }
 
-// heartbeat renews the node's lease until ctx ends, telling the edge whether its node is
-// draining. It returns when the node was fenced (a newer incarnation, or declared lost): this
-// process must stop, and register again when restarted.
-//
-// settings, when the edge follows the servers' configuration, is fetched again whenever a
-// heartbeat names a generation other than the one it holds, and the edge follows the change.
-func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e *edge.Edge, settings *nodeproto.Config, log *slog.Logger) error {
+// heartbeats holds what the heartbeat loop acts on, set while the edge starts: the loop runs from
+// the registration on, so a slow start never lets the lease run out.
+type heartbeats struct {
+	// edge, once set, is told whether its node is draining and when the settings changed.
+	edge atomic.Pointer[edge.Edge]
+	// settings, once set, is the edge's copy of the servers' configuration: fetched again
+	// whenever a heartbeat names a generation other than the one it holds.
+	settings  atomic.Pointer[nodeproto.Config]
+	following atomic.Bool // a fetch of the settings is under way
+}
+
+// heartbeat renews the node's lease until ctx ends, telling the edge (once hb has one) whether
+// its node is draining. It returns when the node was fenced (a newer incarnation, or declared
+// lost): this process must stop, and register again when restarted.
+func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, hb *heartbeats, log *slog.Logger) error {
 	t := time.NewTicker(cfg.Cluster.LeaseTTL / 3)
 	defer t.Stop()
 	failures := 0
@@ -191,8 +200,14 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 			var ans nodeproto.HeartbeatResponse
 			ans, err = srv.Heartbeat(ctx, epoch, cfg.Cluster.LeaseTTL)
 			state = ans.State
-			if err == nil && settings != nil && ans.Config != settings.Generation() {
-				followSettings(ctx, settings, ans.Config, e, log)
+			if settings := hb.settings.Load(); err == nil && settings != nil && ans.Config != "" && ans.Config != settings.Generation() {
+				// Off the loop, one at a time: a slow fetch delays no heartbeat.
+				if hb.following.CompareAndSwap(false, true) {
+					go func() {
+						defer hb.following.Store(false)
+						followSettings(ctx, settings, ans.Config, hb.edge.Load(), log)
+					}()
+				}
 			}
 		} else {
 			var used store.Resources
@@ -200,7 +215,7 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 				state, err = st.Heartbeat(ctx, cfg.Node, epoch, used, cfg.Cluster.LeaseTTL)
 			}
 		}
-		if err == nil {
+		if e := hb.edge.Load(); err == nil && e != nil {
 			e.SetDraining(state == store.NodeDraining)
 		}
 		switch {
@@ -215,16 +230,17 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, e 
 	}
 }
 
-// followSettings fetches the servers' configuration of generation and has the edge follow it.
+// followSettings fetches the servers' configuration of generation and has the edge (when it has
+// started) follow it.
 func followSettings(ctx context.Context, settings *nodeproto.Config, generation string, e *edge.Edge, log *slog.Logger) {
 	changed, err := settings.Follow(ctx, generation)
 	if err != nil {
 		log.Warn("fetch the servers' configuration; the edge keeps the one it holds", "err", err)
 		return
 	}
-	if changed {
+	if changed && e != nil {
 		log.Info("configuration changed on the servers", "generation", settings.Generation())
-		go e.SettingsChanged(context.WithoutCancel(ctx))
+		e.SettingsChanged(context.WithoutCancel(ctx))
 	}
 }
 

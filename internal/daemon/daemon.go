@@ -540,6 +540,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 		node = reg.node
 	}
+	// The lease is renewed from now on, whatever the start takes; the loop acts on the edge and
+	// its settings once they exist (hb).
+	hb := &heartbeats{}
+	hbErr := make(chan error, 1)
+	if node != nil {
+		hbCtx, stopHB := context.WithCancel(ctx)
+		defer stopHB()
+		go func() {
+			defer close(hbErr)
+			if err := heartbeat(hbCtx, cfg, st, node.Epoch, hb, log); err != nil {
+				hbErr <- err
+			}
+		}()
+	} else {
+		close(hbErr)
+	}
 	instance, own := "", func(ctx context.Context) ([]*store.Sandbox, error) {
 		return st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: store.OwnStates()})
 	}
@@ -584,20 +600,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	go func() { defer close(busDone); bus.Run(busCtx, recorder) }()
 	defer func() { stopBus(); <-busDone }()
-	var settings *nodeproto.Config
 	if node != nil && cfg.Cluster.Servers != nil {
 		ecfg.Activity = cfg.Cluster.Servers.ActivityRecorder(node.Epoch) // the servers record it
-		ecfg.Trajectory = cfg.Cluster.Servers.Steps(node.Epoch)          // and the trajectories
-		ecfg.Records = cfg.Cluster.Servers.Records(node.Epoch)           // and the sandboxes' records
-		// What the edge follows of the API's configuration, from the servers: before the edge
-		// starts, which loads the service catalog and starts the fncall pools.
+	}
+	if reg != nil && reg.records != nil && cfg.Cluster.Servers != nil {
+		// Servers of this release (their registration answered the node's records): they
+		// record the trajectories and the sandboxes' records too, and send the configuration
+		// the edge follows, fetched before the edge starts (it loads the service catalog and
+		// starts the fncall pools). With an older server, all three stay in the store.
+		ecfg.Trajectory = cfg.Cluster.Servers.Steps(node.Epoch)
+		ecfg.Records = cfg.Cluster.Servers.Records(node.Epoch)
 		sc := cfg.Cluster.Servers.Config()
 		err := retryUnavailable(ctx, "fetch the configuration from the servers", func() error { _, err := sc.Follow(ctx, ""); return err }, log)
 		switch {
 		case err == nil:
-			settings, ecfg.Settings = sc, sc
+			ecfg.Settings = sc
+			hb.settings.Store(sc)
 		case errors.Is(err, errdefs.ErrNotFound):
-			log.Warn("the servers serve no configuration (a release older than this edge's): it is read from the store", "err", err)
+			log.Warn("a server serves no configuration (one of an older release, during a rolling upgrade): it is read from the store", "err", err)
 		default:
 			return err
 		}
@@ -638,6 +658,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	defer e.Close()
+	hb.edge.Store(e) // the heartbeats tell it whether it drains, and when the settings change
+	defer hb.edge.Store(nil)
 	if cfg.Down {
 		// Everything ends here; the deferred closes then release the network, the disk pool,
 		// lazyd and the reservation, and Down the cgroups and the claim.
@@ -721,13 +743,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 		defer stopE2B()
 	}
-	if node != nil {
-		go func() {
-			if err := heartbeat(ctx, cfg, st, node.Epoch, e, settings, log); err != nil {
-				errc <- err
-			}
-		}()
-	}
+	go func() {
+		if err, ok := <-hbErr; ok {
+			errc <- err
+		}
+	}()
 	log.Info("corral is up", "listen", lis.Addr().String(), "data_dir", cfg.DataDir,
 		"runc", info.RuntimeVersion, "agent", cfg.Agent, "version", Version)
 	if ready != nil {

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"time"
 
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/store"
@@ -63,9 +64,15 @@ func (s storeSettings) ServiceCatalog(ctx context.Context) ([]byte, error) {
 
 func (storeSettings) Refresh(context.Context) error { return nil }
 
+// settingsRefresh bounds how long taking up a change made here may take: the fncall
+// environments' changes wait for it under the lock of the fncall pools.
+const settingsRefresh = 3 * time.Second
+
 // settingsWritten takes up a change of the settings the edge made itself, then acts on it.
 func (e *Edge) settingsWritten(ctx context.Context) {
-	if err := e.settings.Refresh(context.WithoutCancel(ctx)); err != nil {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settingsRefresh)
+	defer cancel()
+	if err := e.settings.Refresh(ctx); err != nil {
 		// The next heartbeat takes it up.
 		e.log.Warn("take up a change of the settings made here", "err", err)
 	}
@@ -75,6 +82,11 @@ func (e *Edge) settingsWritten(ctx context.Context) {
 // SettingsChanged makes the edge follow its Settings now: its warm pools, fncall pools and
 // service catalog. A cluster's edge calls it when its copy of the servers' settings changed.
 func (e *Edge) SettingsChanged(ctx context.Context) {
+	select {
+	case <-e.stop:
+		return // closed: no pools start any more
+	default:
+	}
 	e.warmChanged()
 	if err := e.syncPools(ctx); err != nil {
 		e.log.Warn("sync fncall pools", "err", err)

@@ -2,8 +2,10 @@ package edge
 
 import (
 	"context"
+	"errors"
 	"sync"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -204,7 +206,17 @@ func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) 
 		}
 		failed := make([]bool, len(ps))
 		if together && len(ws) > 1 {
-			if err := e.traj.WriteSteps(context.Background(), ws); err != nil {
+			err := e.traj.WriteSteps(context.Background(), ws)
+			switch {
+			case errors.Is(err, errdefs.ErrUnavailable):
+				// It may have been written (an answer that broke off, a commit cut short):
+				// one by one could write every step twice. They are lost instead.
+				e.log.Error("record trajectory steps: the store or the servers are unavailable; these steps are not recorded", "steps", len(ws), "err", err)
+				for i := range failed {
+					failed[i] = true
+				}
+				together = true
+			case err != nil:
 				e.log.Warn("record trajectory steps together; writing them one by one", "steps", len(ws), "err", err)
 				together = false
 			}

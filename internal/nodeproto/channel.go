@@ -210,7 +210,11 @@ func LeaseTTL(ms int64) (time.Duration, error) {
 
 // tryTimeout bounds one try at one replica: with the default lease (15 s, a heartbeat every 5 s)
 // a heartbeat that finds two replicas unreachable still reaches a third within the lease.
-const tryTimeout = 5 * time.Second
+// stepsTimeout bounds a try of a trajectory batch, which may carry MaxStepsBody.
+const (
+	tryTimeout   = 5 * time.Second
+	stepsTimeout = 30 * time.Second
+)
 
 // MaxServers bounds the replicas' URLs an edge keeps.
 const MaxServers = 64
@@ -245,7 +249,8 @@ func NewServers(urls []string, tlsCfg *tls.Config) (*Servers, error) {
 		// call dials again (possibly another replica).
 		HTTP2: &http.HTTP2Config{SendPingTimeout: 5 * time.Second, PingTimeout: 5 * time.Second},
 	}
-	return &Servers{urls: urls, client: &http.Client{Transport: tr, Timeout: tryTimeout}}, nil
+	// Each try's time is bounded by its context (tryTimeout, stepsTimeout), not the client.
+	return &Servers{urls: urls, client: &http.Client{Transport: tr}}, nil
 }
 
 // checkURLs returns urls without trailing slashes or repeats, or why one is not a node channel's.
@@ -364,8 +369,9 @@ func (r eventRecorder) AddEvents(ctx context.Context, evs []events.Event) error 
 // reached is put last and the next one tried, each at most once: every call is safe to repeat
 // (a registration that reached a replica whose answer was lost only fences an incarnation that
 // never ran; events are recorded once by their IDs; activity moves counters and times forward
-// only; a step with an ID is found, not appended again), but for the append of a step without an
-// ID whose answer broke off after it was written: the trajectory then shows that step twice.
+// only; a step with an ID whose first answer broke off is found and taken as the edge's own,
+// Steps.BeginStep), but for the append of a step without an ID whose answer broke off after it
+// was written: the trajectory then shows that step twice.
 func (s *Servers) call(ctx context.Context, path string, in, out any) error {
 	body, err := json.Marshal(in)
 	if err != nil {
@@ -393,6 +399,12 @@ var errUnreachable = errors.New("unreachable")
 
 // callOne is one try of call, at the replica at url.
 func (s *Servers) callOne(ctx context.Context, url, path string, body []byte, out any) error {
+	limit := tryTimeout
+	if path == PathSteps {
+		limit = stepsTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, bytes.NewReader(body))
 	if err != nil {
 		return err

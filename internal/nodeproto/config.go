@@ -22,6 +22,8 @@ type Config struct {
 
 	mu     sync.Mutex
 	cur    *ConfigResponse
+	curSeq int64                 // the fetch cur came from: fetches are numbered as they start
+	seq    int64                 // the last fetch started
 	limits map[string]heldLimits // by project ID
 }
 
@@ -37,7 +39,14 @@ func (c *Config) Follow(ctx context.Context, generation string) (changed bool, e
 	if held != nil && generation != "" && held.Generation == generation {
 		return false, nil
 	}
-	return c.fetch(ctx, false)
+	changed, err = c.fetch(ctx, false)
+	if err == nil && generation != "" && c.Generation() != generation {
+		// A replica whose copy is older than the heartbeat's answered: past its copy, once.
+		var again bool
+		again, err = c.fetch(ctx, true)
+		changed = changed || again
+	}
+	return changed, err
 }
 
 // Refresh fetches the configuration as it is now, past any replica's copy: the edge changed it
@@ -47,15 +56,24 @@ func (c *Config) Refresh(ctx context.Context) error {
 	return err
 }
 
+// fetch asks the servers for the configuration and keeps it unless a fetch started later was
+// kept already (fetches overlap: a heartbeat's and a Refresh): the copy never goes back.
 func (c *Config) fetch(ctx context.Context, fresh bool) (bool, error) {
+	c.mu.Lock()
+	c.seq++
+	seq := c.seq
+	c.mu.Unlock()
 	var out ConfigResponse
 	if err := c.s.call(ctx, PathConfig, ConfigRequest{Fresh: fresh}, &out); err != nil {
 		return false, fmt.Errorf("fetch the configuration from the servers: %w", err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if seq < c.curSeq {
+		return false, nil
+	}
 	changed := c.cur == nil || c.cur.Generation != out.Generation
-	c.cur = &out
+	c.cur, c.curSeq = &out, seq
 	return changed, nil
 }
 

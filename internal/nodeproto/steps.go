@@ -44,7 +44,19 @@ func (t Steps) BeginStep(ctx context.Context, sandbox string, e *corral.Trajecto
 	if err != nil {
 		return nil, fmt.Errorf("append to the trajectory of %s: %w", sandbox, err)
 	}
+	if ex := res[0].Existing; ex != nil && ownAppend(ex, e) {
+		// A try whose answer broke off wrote it, and this one, at another replica, found it:
+		// it is this call's step, not an earlier call's.
+		e.Seq = ex.Seq
+		return nil, nil
+	}
 	return res[0].Existing, nil
+}
+
+// ownAppend reports whether ex, found under e's step ID, is e as this edge appended it: the same
+// start, to the nanosecond, and nothing recorded since.
+func ownAppend(ex, e *corral.TrajectoryEntry) bool {
+	return ex.StartedAt.Equal(e.StartedAt) && ex.State == e.State && ex.Kind == e.Kind && ex.CommandID == e.CommandID
 }
 
 // UpdateStep rewrites step e.Seq of sandbox's trajectory.

@@ -71,6 +71,15 @@ func TestPutNodeSandbox(t *testing.T) {
 		if err := s.PutNodeSandbox(ctx, "n1", 1, &ghost); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("a record never admitted: %v, want ErrNotFound", err)
 		}
+		// Deleting released its quota: it never becomes live again.
+		forged.State = corral.StateDeleting
+		if err := s.PutNodeSandbox(ctx, "n1", 1, &forged); err != nil {
+			t.Fatal(err)
+		}
+		forged.State = corral.StateRunning
+		if err := s.PutNodeSandbox(ctx, "n1", 1, &forged); !errors.Is(err, errdefs.ErrConflict) {
+			t.Errorf("a sandbox being deleted made running again: %v, want ErrConflict", err)
+		}
 		// Ended, it stays ended; its usage went with it.
 		forged.State, forged.EndedAt = corral.StateStopped, time.Now().UTC()
 		if err := s.PutNodeSandbox(ctx, "n1", 1, &forged); err != nil {

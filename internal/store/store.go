@@ -673,8 +673,8 @@ func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
 // (ErrFenced when it was fenced off). The record must exist (admission wrote it) and be node's.
 // What admission decided and what quota is counted by is kept as the store has it, whatever the
 // edge sent: project, tier, limits, node, create time and volumes (so no write moves a sandbox's
-// usage to another project or frees quota it holds). A sandbox that ended stays ended
-// (ErrConflict).
+// usage to another project or frees quota it holds). A sandbox that ended or is being deleted
+// (its quota released) never becomes live again (ErrConflict).
 func (s *Store) PutNodeSandbox(ctx context.Context, node string, epoch int64, sb *Sandbox) error {
 	err := s.tx(ctx, func(tx *Tx) error {
 		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
@@ -689,14 +689,16 @@ func (s *Store) PutNodeSandbox(ctx context.Context, node string, epoch int64, sb
 			return err
 		case owner != node:
 			return fmt.Errorf("sandbox %s is node %s's, not %s's: %w", sb.ID, owner, node, errdefs.ErrDenied)
-		case !slices.Contains(liveStates, state) && state != corral.StateDeleting && (slices.Contains(liveStates, sb.State) || sb.State == corral.StateDeleting):
-			return errdefs.Conflict("sandbox %s ended (%s): it cannot become %s again", sb.ID, state, sb.State)
+		case !slices.Contains(liveStates, state) && (slices.Contains(liveStates, sb.State) || (sb.State == corral.StateDeleting && state != corral.StateDeleting)):
+			// Deleting released the quota; stopped and failed are ends.
+			return errdefs.Conflict("sandbox %s is %s: it cannot become %s again", sb.ID, state, sb.State)
 		}
 		var was Sandbox
 		if err := json.Unmarshal([]byte(doc), &was); err != nil {
 			return fmt.Errorf("decode the record of %s: %w", sb.ID, err)
 		}
-		sb.ProjectID, sb.Tier, sb.Limits, sb.Node, sb.CreatedAt, sb.VolumeIDs = project, was.Tier, was.Limits, owner, was.CreatedAt, was.VolumeIDs
+		sb.ProjectID, sb.Tier, sb.Limits, sb.Node, sb.CreatedAt = project, was.Tier, was.Limits, owner, was.CreatedAt
+		sb.VolumeIDs, sb.Volumes = was.VolumeIDs, was.Volumes
 		return putSandbox(ctx, tx, sb)
 	})
 	if err != nil {
