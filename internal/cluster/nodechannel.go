@@ -36,15 +36,15 @@ const maxNodeBody = 8 << 20
 // nodeHandler serves the node channel.
 func (s *Server) nodeHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+nodeproto.PathRegister, s.nodeRegister)
-	mux.HandleFunc("POST "+nodeproto.PathHeartbeat, s.nodeHeartbeat)
-	mux.HandleFunc("POST "+nodeproto.PathEvents, s.nodeEvents)
-	mux.HandleFunc("POST "+nodeproto.PathActivity, s.nodeActivity)
-	mux.HandleFunc("POST "+nodeproto.PathConfig, s.nodeConfig)
-	mux.HandleFunc("POST "+nodeproto.PathArtifactLimits, s.nodeArtifactLimits)
-	mux.HandleFunc("POST "+nodeproto.PathSandbox, s.nodeSandbox)
-	mux.HandleFunc("POST "+nodeproto.PathSteps, s.nodeSteps)
-	mux.HandleFunc("POST "+nodeproto.PathListSteps, s.nodeListSteps)
+	mux.HandleFunc("POST "+nodeproto.PathRegister, nodeCall(s, maxNodeBody, s.nodeRegister))
+	mux.HandleFunc("POST "+nodeproto.PathHeartbeat, nodeCall(s, maxNodeBody, s.nodeHeartbeat))
+	mux.HandleFunc("POST "+nodeproto.PathEvents, nodeCall(s, maxNodeBody, s.nodeEvents))
+	mux.HandleFunc("POST "+nodeproto.PathActivity, nodeCall(s, maxNodeBody, s.nodeActivity))
+	mux.HandleFunc("POST "+nodeproto.PathConfig, nodeCall(s, maxNodeBody, s.nodeConfig))
+	mux.HandleFunc("POST "+nodeproto.PathArtifactLimits, nodeCall(s, maxNodeBody, s.nodeArtifactLimits))
+	mux.HandleFunc("POST "+nodeproto.PathSandbox, nodeCall(s, maxNodeBody, s.nodeSandbox))
+	mux.HandleFunc("POST "+nodeproto.PathSteps, nodeCall(s, nodeproto.MaxStepsBody, s.nodeSteps))
+	mux.HandleFunc("POST "+nodeproto.PathListSteps, nodeCall(s, maxNodeBody, s.nodeListSteps))
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))
@@ -54,42 +54,67 @@ func (s *Server) nodeHandler() http.Handler {
 	}))
 }
 
-// nodeRegister starts a new incarnation of the caller's node.
-func (s *Server) nodeRegister(w http.ResponseWriter, r *http.Request) {
-	node := clusterauth.EdgeNode(r)
-	var req nodeproto.RegisterRequest
-	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+// nodeCall serves one call of the node channel: it decodes the request (at most limit bytes),
+// runs do for the node the edge's certificate names, and answers what do returns (204 when
+// nil) or its error. A refusal (denied or invalid) is logged: an edge that sends one is broken
+// or stolen.
+func nodeCall[Req, Resp any](s *Server, limit int64, do func(ctx context.Context, node string, req *Req) (*Resp, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		node := clusterauth.EdgeNode(r)
+		var req Req
+		if err := httpjson.DecodeLimit(r, &req, limit); err != nil {
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+		out, err := do(r.Context(), node, &req)
+		switch {
+		case errors.Is(err, errdefs.ErrDenied) || errors.Is(err, errdefs.ErrInvalid):
+			s.log.Warn("node channel call refused", "node", node, "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
+			httpjson.Error(w, r, s.log, err)
+		case err != nil:
+			httpjson.Error(w, r, s.log, err)
+		case out == nil:
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			httpjson.Write(w, http.StatusOK, out)
+		}
 	}
-	ttl, err := checkRegister(&req)
+}
+
+// ownSandbox fails unless id is a sandbox of node: nothing an edge sends speaks for another.
+func ownSandbox(node, field, id string) error {
+	if edge.NodeOf(id) != node {
+		return fmt.Errorf("%s: %q is not a sandbox of node %s: %w", field, id, node, errdefs.ErrDenied)
+	}
+	return nil
+}
+
+// nodeRegister starts a new incarnation of the caller's node, and answers what the edge starts
+// from.
+func (s *Server) nodeRegister(ctx context.Context, node string, req *nodeproto.RegisterRequest) (*nodeproto.RegisterResponse, error) {
+	ttl, err := checkRegister(req)
 	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	}
-	n, err := s.store.Register(r.Context(), store.Node{
+	n, err := s.store.Register(ctx, store.Node{
 		Name: node, URL: req.URL, Capacity: req.Capacity, Labels: req.Labels,
 		Tiers: req.Tiers, Runtimes: req.Runtimes, Protocol: req.Protocol,
 	}, ttl)
 	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	}
-	s.log.Info("node registered", "node", node, "epoch", n.Epoch, "state", n.State, "url", n.URL, "remote", r.RemoteAddr)
-	s.refresh(r.Context(), true)
+	s.log.Info("node registered", "node", node, "epoch", n.Epoch, "state", n.State, "url", n.URL)
+	s.refresh(ctx, true)
 	// What the edge starts from, read after its incarnation fenced off the older ones: from now
 	// on only it writes these records (a sweep would fence it first).
-	out := nodeproto.RegisterResponse{Node: *n}
-	if out.Instance, err = s.store.Instance(r.Context(), node); err != nil {
-		httpjson.Error(w, r, s.log, fmt.Errorf("node %s's instance name: %w", node, err))
-		return
+	out := &nodeproto.RegisterResponse{Node: *n}
+	if out.Instance, err = s.store.Instance(ctx, node); err != nil {
+		return nil, fmt.Errorf("node %s's instance name: %w", node, err)
 	}
-	out.Sandboxes, err = s.store.ListSandboxes(r.Context(), store.SandboxFilter{Node: node, States: store.OwnStates()})
-	if err != nil {
-		httpjson.Error(w, r, s.log, fmt.Errorf("node %s's sandboxes: %w", node, err))
-		return
+	if out.Sandboxes, err = s.store.ListSandboxes(ctx, store.SandboxFilter{Node: node, States: store.OwnStates()}); err != nil {
+		return nil, fmt.Errorf("node %s's sandboxes: %w", node, err)
 	}
-	httpjson.Write(w, http.StatusOK, out)
+	return out, nil
 }
 
 // checkRegister validates a registration and returns its lease TTL.
@@ -138,64 +163,41 @@ func checkHTTPS(u string) error {
 	return nil
 }
 
-// nodeHeartbeat renews the caller's lease with what its live sandboxes use, counted here.
-func (s *Server) nodeHeartbeat(w http.ResponseWriter, r *http.Request) {
-	node := clusterauth.EdgeNode(r)
-	var req nodeproto.HeartbeatRequest
-	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
+// nodeHeartbeat renews the caller's lease with what its live sandboxes use, counted here, and
+// names the configuration's generation.
+func (s *Server) nodeHeartbeat(ctx context.Context, node string, req *nodeproto.HeartbeatRequest) (*nodeproto.HeartbeatResponse, error) {
 	ttl, err := nodeproto.LeaseTTL(req.LeaseTTLMillis)
 	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	}
-	used, err := s.store.NodeUsage(r.Context(), node)
+	used, err := s.store.NodeUsage(ctx, node)
 	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	}
-	state, err := s.store.Heartbeat(r.Context(), node, req.Epoch, used, ttl)
+	state, err := s.store.Heartbeat(ctx, node, req.Epoch, used, ttl)
 	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	}
-	out := nodeproto.HeartbeatResponse{State: state, Servers: s.replicaURLs(r.Context())}
-	if cfg, err := s.nodeConfigNow(r.Context(), false); err != nil {
+	out := &nodeproto.HeartbeatResponse{State: state, Servers: s.replicaURLs(ctx)}
+	if cfg, err := s.nodeConfigNow(ctx, false); err != nil {
 		// The lease is renewed all the same; the edge keeps the configuration it holds.
 		s.log.Warn("read the configuration edges follow", "err", err)
 	} else {
 		out.Config = cfg.Generation
 	}
-	httpjson.Write(w, http.StatusOK, out)
+	return out, nil
 }
 
 // nodeConfig answers the configuration edges follow.
-func (s *Server) nodeConfig(w http.ResponseWriter, r *http.Request) {
-	var req nodeproto.ConfigRequest
-	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
-	cfg, err := s.nodeConfigNow(r.Context(), req.Fresh)
-	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
-	httpjson.Write(w, http.StatusOK, cfg)
+func (s *Server) nodeConfig(ctx context.Context, _ string, req *nodeproto.ConfigRequest) (*nodeproto.ConfigResponse, error) {
+	return s.nodeConfigNow(ctx, req.Fresh)
 }
 
 // nodeArtifactLimits answers the limits on the artifacts of an fncall environment's project;
 // another project's are refused (an edge keeps artifacts for fncall calls only).
-func (s *Server) nodeArtifactLimits(w http.ResponseWriter, r *http.Request) {
-	var req nodeproto.ArtifactLimitsRequest
-	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
+func (s *Server) nodeArtifactLimits(ctx context.Context, _ string, req *nodeproto.ArtifactLimitsRequest) (*nodeproto.ArtifactLimitsResponse, error) {
 	fncallProject := func(fresh bool) (bool, error) {
-		cfg, err := s.nodeConfigNow(r.Context(), fresh)
+		cfg, err := s.nodeConfigNow(ctx, fresh)
 		if err != nil {
 			return false, err
 		}
@@ -209,18 +211,15 @@ func (s *Server) nodeArtifactLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case err != nil:
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	case !ok:
-		httpjson.Error(w, r, s.log, fmt.Errorf("project %q has no fncall environment, so no artifacts on an edge: %w", req.Project, errdefs.ErrDenied))
-		return
+		return nil, fmt.Errorf("project %q has no fncall environment, so no artifacts on an edge: %w", req.Project, errdefs.ErrDenied)
 	}
-	limits, err := s.store.ArtifactLimits(r.Context(), req.Project)
+	limits, err := s.store.ArtifactLimits(ctx, req.Project)
 	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	}
-	httpjson.Write(w, http.StatusOK, nodeproto.ArtifactLimitsResponse{Limits: limits})
+	return &nodeproto.ArtifactLimitsResponse{Limits: limits}, nil
 }
 
 // configAge is how long ago the configuration held was read.
@@ -295,99 +294,50 @@ func readNodeConfig(ctx context.Context, st *store.Store) (*nodeproto.ConfigResp
 // nodeEvents records a batch of the caller's events. An event of another node, or of a sandbox
 // another node runs, refuses the whole batch: nothing an edge sends speaks for anyone else. A
 // fenced incarnation's batch is refused as a stale epoch.
-func (s *Server) nodeEvents(w http.ResponseWriter, r *http.Request) {
-	node := clusterauth.EdgeNode(r)
-	var req nodeproto.EventsRequest
-	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+func (s *Server) nodeEvents(ctx context.Context, node string, req *nodeproto.EventsRequest) (*struct{}, error) {
+	if err := checkEvents(node, req); err != nil {
+		return nil, err
 	}
-	if err := checkEvents(node, &req); err != nil {
-		s.log.Warn("events refused", "node", node, "epoch", req.Epoch, "err", err)
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
-	if err := s.store.AddNodeEvents(r.Context(), node, req.Epoch, req.Events); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	return nil, s.store.AddNodeEvents(ctx, node, req.Epoch, req.Events)
 }
 
 // nodeActivity records what the caller's live sandboxes did. A sandbox of another node refuses
 // the batch; a fenced incarnation's is refused as a stale epoch.
-func (s *Server) nodeActivity(w http.ResponseWriter, r *http.Request) {
-	node := clusterauth.EdgeNode(r)
-	var req nodeproto.ActivityRequest
-	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
+func (s *Server) nodeActivity(ctx context.Context, node string, req *nodeproto.ActivityRequest) (*struct{}, error) {
 	if len(req.Sandboxes) > nodeproto.MaxActivity {
-		httpjson.Error(w, r, s.log, errdefs.Invalid("sandboxes", "%d sandboxes: at most %d a batch", len(req.Sandboxes), nodeproto.MaxActivity))
-		return
+		return nil, errdefs.Invalid("sandboxes", "%d sandboxes: at most %d a batch", len(req.Sandboxes), nodeproto.MaxActivity)
 	}
 	for i, a := range req.Sandboxes {
-		if edge.NodeOf(a.ID) != node {
-			err := fmt.Errorf("sandboxes[%d]: %q is not a sandbox of node %s: %w", i, a.ID, node, errdefs.ErrDenied)
-			s.log.Warn("activity refused", "node", node, "epoch", req.Epoch, "err", err)
-			httpjson.Error(w, r, s.log, err)
-			return
+		if err := ownSandbox(node, fmt.Sprintf("sandboxes[%d]", i), a.ID); err != nil {
+			return nil, err
 		}
 	}
-	if err := s.store.RecordActivity(r.Context(), node, req.Epoch, req.Sandboxes); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	return nil, s.store.RecordActivity(ctx, node, req.Epoch, req.Sandboxes)
 }
 
 // nodeSandbox records what became of one of the caller's sandboxes; what admission decided stays
 // as the store has it (store.PutNodeSandbox).
-func (s *Server) nodeSandbox(w http.ResponseWriter, r *http.Request) {
-	node := clusterauth.EdgeNode(r)
-	var req nodeproto.SandboxRequest
-	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+func (s *Server) nodeSandbox(ctx context.Context, node string, req *nodeproto.SandboxRequest) (*struct{}, error) {
+	if req.Sandbox == nil {
+		return nil, errdefs.Invalid("sandbox", "a request records a sandbox")
 	}
-	switch {
-	case req.Sandbox == nil:
-		httpjson.Error(w, r, s.log, errdefs.Invalid("sandbox", "a request records a sandbox"))
-		return
-	case edge.NodeOf(req.Sandbox.ID) != node:
-		err := fmt.Errorf("%q is not a sandbox of node %s: %w", req.Sandbox.ID, node, errdefs.ErrDenied)
-		s.log.Warn("sandbox record refused", "node", node, "epoch", req.Epoch, "err", err)
-		httpjson.Error(w, r, s.log, err)
-		return
+	if err := ownSandbox(node, "sandbox", req.Sandbox.ID); err != nil {
+		return nil, err
 	}
-	if err := s.store.PutNodeSandbox(r.Context(), node, req.Epoch, req.Sandbox); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	return nil, s.store.PutNodeSandbox(ctx, node, req.Epoch, req.Sandbox)
 }
 
 // nodeSteps writes steps of the trajectories of the caller's sandboxes. A write to another
 // node's sandbox refuses the batch; a fenced incarnation's is refused as a stale epoch.
-func (s *Server) nodeSteps(w http.ResponseWriter, r *http.Request) {
-	node := clusterauth.EdgeNode(r)
-	var req nodeproto.StepsRequest
-	if err := httpjson.DecodeLimit(r, &req, nodeproto.MaxStepsBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+func (s *Server) nodeSteps(ctx context.Context, node string, req *nodeproto.StepsRequest) (*nodeproto.StepsResponse, error) {
+	if err := checkSteps(node, req); err != nil {
+		return nil, err
 	}
-	if err := checkSteps(node, &req); err != nil {
-		s.log.Warn("trajectory steps refused", "node", node, "epoch", req.Epoch, "err", err)
-		httpjson.Error(w, r, s.log, err)
-		return
-	}
-	res, err := s.store.NodeSteps(r.Context(), node, req.Epoch, req.Writes)
+	res, err := s.store.NodeSteps(ctx, node, req.Epoch, req.Writes)
 	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	}
-	httpjson.Write(w, http.StatusOK, nodeproto.StepsResponse{Steps: res})
+	return &nodeproto.StepsResponse{Steps: res}, nil
 }
 
 // checkSteps refuses a batch that is too large, malformed, or writes another node's sandbox's
@@ -399,7 +349,7 @@ func checkSteps(node string, req *nodeproto.StepsRequest) error {
 	for i, wr := range req.Writes {
 		switch {
 		case edge.NodeOf(wr.Sandbox) != node:
-			return fmt.Errorf("writes[%d]: %q is not a sandbox of node %s: %w", i, wr.Sandbox, node, errdefs.ErrDenied)
+			return ownSandbox(node, fmt.Sprintf("writes[%d]", i), wr.Sandbox)
 		case wr.Entry == nil:
 			return errdefs.Invalid(fmt.Sprintf("writes[%d].entry", i), "a write has an entry")
 		case wr.Update && wr.Entry.Seq <= 0:
@@ -410,27 +360,18 @@ func checkSteps(node string, req *nodeproto.StepsRequest) error {
 }
 
 // nodeListSteps reads a page of the trajectory of one of the caller's sandboxes.
-func (s *Server) nodeListSteps(w http.ResponseWriter, r *http.Request) {
-	node := clusterauth.EdgeNode(r)
-	var req nodeproto.ListStepsRequest
-	if err := httpjson.DecodeLimit(r, &req, maxNodeBody); err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+func (s *Server) nodeListSteps(ctx context.Context, node string, req *nodeproto.ListStepsRequest) (*nodeproto.ListStepsResponse, error) {
+	if err := ownSandbox(node, "sandbox", req.Sandbox); err != nil {
+		return nil, err
 	}
-	switch {
-	case edge.NodeOf(req.Sandbox) != node:
-		httpjson.Error(w, r, s.log, fmt.Errorf("%q is not a sandbox of node %s: %w", req.Sandbox, node, errdefs.ErrDenied))
-		return
-	case req.Limit < 1 || req.Limit > nodeproto.MaxListSteps || req.After < 0:
-		httpjson.Error(w, r, s.log, errdefs.Invalid("limit", "a page is 1 to %d steps after step 0 or later, not %d after %d", nodeproto.MaxListSteps, req.Limit, req.After))
-		return
+	if req.Limit < 1 || req.Limit > nodeproto.MaxListSteps || req.After < 0 {
+		return nil, errdefs.Invalid("limit", "a page is 1 to %d steps after step 0 or later, not %d after %d", nodeproto.MaxListSteps, req.Limit, req.After)
 	}
-	steps, err := s.store.ListSteps(r.Context(), req.Sandbox, req.After, req.Limit, req.State)
+	steps, err := s.store.ListSteps(ctx, req.Sandbox, req.After, req.Limit, req.State)
 	if err != nil {
-		httpjson.Error(w, r, s.log, err)
-		return
+		return nil, err
 	}
-	httpjson.Write(w, http.StatusOK, nodeproto.ListStepsResponse{Steps: steps})
+	return &nodeproto.ListStepsResponse{Steps: steps}, nil
 }
 
 // checkEvents refuses a batch that is too large or speaks for another node.
@@ -446,7 +387,7 @@ func checkEvents(node string, req *nodeproto.EventsRequest) error {
 		case !strings.HasPrefix(ev.ID, prefix) || len(ev.ID) > 128:
 			return errdefs.Invalid(fmt.Sprintf("events[%d].id", i), "%q: node %s's event IDs start with %s", ev.ID, node, prefix)
 		case ev.Sandbox != "" && edge.NodeOf(ev.Sandbox) != node:
-			return fmt.Errorf("events[%d]: sandbox %q is not node %s's: %w", i, ev.Sandbox, node, errdefs.ErrDenied)
+			return ownSandbox(node, fmt.Sprintf("events[%d].sandbox", i), ev.Sandbox)
 		case ev.At.IsZero() || !slices.Contains(events.Types, ev.Type):
 			return errdefs.Invalid(fmt.Sprintf("events[%d]", i), "an event has a time and one of the event types, not %q", ev.Type)
 		case ev.Type == events.NodeState:
