@@ -1035,6 +1035,13 @@ func (s *Store) beginStep(ctx context.Context, tx *Tx, sandbox string, e *corral
 				return err
 			}
 		}
+		// Appends to one trajectory take turns (a step's begin and the queued entries of other
+		// execs arrive together): the sandbox's row is locked before the next number is read.
+		if tx.postgres() {
+			if _, err := tx.ExecContext(ctx, `SELECT 1 FROM sandboxes WHERE id = ? FOR UPDATE`, sandbox); err != nil {
+				return err
+			}
+		}
 		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(seq), 0) + 1 FROM trajectory WHERE sandbox_id = ?`, sandbox).Scan(&e.Seq); err != nil {
 			return err
 		}
