@@ -268,7 +268,7 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
 	info := s.info
 	if who(r).perms("").Has(iam.Operator) { // the installation's load is the operator's business
 		info.Sandboxes = s.edge.Count()
-		if d, ok, err := s.edge.DiskPromise(r.Context()); err == nil && ok {
+		if d, ok, err := s.edge.DiskPromise(); err == nil && ok {
 			info.Disk = &corral.DiskAccount{PromisedBytes: d.Promised, AllocatedBytes: d.Allocated,
 				FreeBytes: d.Free, Overcommit: d.Overcommit, HaveBytes: d.Have()}
 		}

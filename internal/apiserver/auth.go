@@ -25,6 +25,9 @@ type caller struct {
 	tok *store.TokenRecord
 	// held maps a canonical project path to the permissions the principal's grants there give.
 	held map[string]iam.Perm
+	// sandbox, on a cluster's edge, is the sandbox the request's path names and its project as
+	// the server read it (nil when the server did not).
+	sandbox *nodeproto.SandboxProject
 }
 
 type callerKey struct{}
@@ -183,7 +186,8 @@ func nodeCaller(r *http.Request) (*caller, error) {
 	return &caller{
 		tok: &store.TokenRecord{ID: nc.TokenID, Principal: nc.Principal, ProjectID: nc.ProjectID, ProjectPath: nc.ProjectPath,
 			Perms: nc.Perms, Role: nc.Role, Parent: nc.Parent, CreatedAt: nc.CreatedAt, ExpiresAt: nc.ExpiresAt},
-		held: nc.Held,
+		held:    nc.Held,
+		sandbox: nc.Sandbox,
 	}, nil
 }
 
@@ -192,11 +196,20 @@ func nodeCaller(r *http.Request) (*caller, error) {
 func ForwardCaller(r *http.Request, h http.Header) error {
 	c := who(r)
 	h.Del("Authorization")
+	sb, _ := r.Context().Value(sandboxKey{}).(*nodeproto.SandboxProject)
 	return nodeproto.SetCaller(h, &nodeproto.Caller{
 		TokenID: c.tok.ID, Principal: c.tok.Principal, ProjectID: c.tok.ProjectID, ProjectPath: c.tok.ProjectPath,
 		Perms: c.tok.Perms, Role: c.tok.Role, Parent: c.tok.Parent, CreatedAt: c.tok.CreatedAt, ExpiresAt: c.tok.ExpiresAt,
-		Held: c.held,
+		Held: c.held, Sandbox: sb,
 	})
+}
+
+type sandboxKey struct{}
+
+// OnSandbox returns r knowing the canonical path of the project of sandbox id, which r's path
+// names, as the server just read it: ForwardCaller sends it to the edge with the caller.
+func OnSandbox(r *http.Request, id, project string) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), sandboxKey{}, &nodeproto.SandboxProject{ID: id, Project: project}))
 }
 
 // project returns the canonical path named by a request field, or the caller's scope when empty.
@@ -323,7 +336,16 @@ func (s *Server) onSandbox(r *http.Request) (string, string, error) {
 	if !edge.ValidID(id) {
 		return "", id, errdefs.Invalid("id", "%q is not a sandbox ID (sb-NODE-XXXXXXXXXXXXXXXX)", id)
 	}
-	p, err := s.store.SandboxProject(r.Context(), id)
+	var p string
+	var err error
+	if sb := who(r).sandbox; sb != nil && sb.ID == id {
+		p = sb.Project // a cluster's server read it for this request
+	} else {
+		p, err = s.store.SandboxProject(r.Context(), id)
+	}
+	if err == nil && s.edge != nil {
+		s.edge.NoteProject(id, p)
+	}
 	return p, id, err
 }
 

@@ -8,7 +8,9 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/nodeproto"
+	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -103,5 +105,68 @@ func TestNodeCallers(t *testing.T) {
 	forged.Set("Authorization", "Bearer "+viewer.Token)
 	if code, body := call(h.url, forged, "GET", "/v1/audit"); code != http.StatusForbidden {
 		t.Errorf("a viewer's token with root's caller header, on a token API: %d %s (want 403: the token decides)", code, body)
+	}
+}
+
+// TestSandboxProjectFromServer: on an edge, a request about a sandbox is authorised on the
+// project the server read for it and sent with the caller (a project moved binds at once, with
+// no read on the edge), but only for the sandbox the caller names: a caller naming another
+// sandbox is authorised on the store's project of the one in the path.
+func TestSandboxProjectFromServer(t *testing.T) {
+	h := newIAMServer(t)
+	for _, p := range []string{"a", "b"} {
+		h.must(http.StatusCreated, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: p}, nil)
+	}
+	ctx := t.Context()
+	inB := "sb-local-bbbbbbbbbbbbbbbb"
+	pb, err := h.store.GetProject(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.store.PutSandbox(ctx, &store.Sandbox{Sandbox: corral.Sandbox{ID: inB, Node: "local", State: corral.StateRunning}, ProjectID: pb.ID}); err != nil {
+		t.Fatal(err)
+	}
+	userA := h.mint(h.root, corral.TokenRequest{Project: "a", Role: "viewer"})
+
+	edgeAPI := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: h.store}
+	edgeAPI.ServeClusterServers()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/sandboxes/{id}", edgeAPI.guard(iam.SandboxRead, "", edgeAPI.onSandbox, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}))
+	edge := httptest.NewServer(edgeAPI.authenticate(mux))
+	defer edge.Close()
+	get := func(path string, sandbox *nodeproto.SandboxProject) int {
+		t.Helper()
+		var fwd http.Header
+		front := h.srv.authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if sandbox != nil {
+				r = OnSandbox(r, sandbox.ID, sandbox.Project)
+			}
+			fwd = r.Header.Clone()
+			if err := ForwardCaller(r, fwd); err != nil {
+				t.Fatal(err)
+			}
+		}))
+		r := httptest.NewRequest("GET", "/v1/whoami", nil)
+		r.Header.Set("Authorization", "Bearer "+userA.Token)
+		front.ServeHTTP(httptest.NewRecorder(), r)
+		req, _ := http.NewRequest("GET", edge.URL+path, nil)
+		req.Header = fwd
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get("/v1/sandboxes/"+inB, nil); code != http.StatusForbidden {
+		t.Errorf("a's viewer on b's sandbox, no project from the server: %d (want 403 from the store's project)", code)
+	}
+	if code := get("/v1/sandboxes/"+inB, &nodeproto.SandboxProject{ID: inB, Project: "a"}); code != http.StatusOK {
+		t.Errorf("the server says the sandbox is a's now (moved): %d (want 200)", code)
+	}
+	if code := get("/v1/sandboxes/"+inB, &nodeproto.SandboxProject{ID: "sb-local-aaaaaaaaaaaaaaaa", Project: "a"}); code != http.StatusForbidden {
+		t.Errorf("a caller naming another sandbox's project: %d (want 403: the path's sandbox is b's)", code)
 	}
 }

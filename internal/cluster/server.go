@@ -691,6 +691,13 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
+	if n.Protocol >= nodeproto.Version {
+		// The edge authorises the request on the sandbox's project as it is now (moves
+		// included) without a read of its own. Not found here: the edge says so.
+		if p, err := s.store.SandboxProject(r.Context(), id); err == nil {
+			r = apiserver.OnSandbox(r, id, p)
+		}
+	}
 	r, span := trace.StartRequest(r, trace.Route, trace.Sandbox(id), trace.Node(name))
 	defer span.End(nil)
 	c.serve(w, r)

@@ -551,6 +551,45 @@ func TestCluster(t *testing.T) {
 		t.Fatal("project burst is still there after its delete")
 	}
 
+	// A project moved through one replica takes its running sandbox with it at once: the
+	// edge authorises each request on the project the server read for it (it holds no path of
+	// its own that could be stale), and its record names the new path.
+	for _, p := range []string{"mv", "mv/run", "mv2"} {
+		if _, err := c1.CreateProject(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moving, err := c1.CreateSandbox(ctx, corral.CreateRequest{Base: "base:test", Limits: small, Project: "mv/run"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scoped := func(project string) *corral.Client {
+		tok, err := c1.CreateToken(ctx, corral.TokenRequest{Project: project, Role: corral.RoleUser, Kind: "agent", Name: "mv-" + randHex(3), TTL: "1h"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return corral.New(s2url, tok.Token)
+	}
+	oldScope, newScope := scoped("mv"), scoped("mv2")
+	if _, _, _, err := oldScope.Run(ctx, moving.ID, corral.ExecRequest{Argv: []string{"true"}}); err != nil {
+		t.Fatalf("exec with a token of the sandbox's project before the move: %v", err)
+	}
+	if _, err := c2.MoveProject(ctx, corral.MoveProjectRequest{From: "mv/run", To: "mv2/run", Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c1.GetSandbox(ctx, moving.ID); err != nil || got.Project != "mv2/run" {
+		t.Fatalf("the record of a sandbox whose project moved: %+v, %v; want project mv2/run", got, err)
+	}
+	if _, _, _, err := oldScope.Run(ctx, moving.ID, corral.ExecRequest{Argv: []string{"true"}}); err == nil {
+		t.Fatal("a token scoped to the project's old parent still execs in its sandbox after the move")
+	}
+	if _, _, _, err := newScope.Run(ctx, moving.ID, corral.ExecRequest{Argv: []string{"true"}}); err != nil {
+		t.Fatalf("exec with a token of the project's new parent: %v", err)
+	}
+	if _, err := c1.DeleteSandbox(ctx, moving.ID); err != nil {
+		t.Fatal(err)
+	}
+
 	// A service catalog saved through one replica is in the store, which every edge reads
 	// within a flush interval. An edge that knows the service compiles a policy naming it and
 	// then refuses it for a sandbox created without networking (409); one that does not yet

@@ -255,7 +255,7 @@ func (e *Edge) buildCommit(ctx context.Context, id string, l corral.Layer) (corr
 	if sb.gone {
 		return corral.Layer{}, errdefs.Conflict("sandbox %s stopped", id)
 	}
-	rec, err := e.store.GetSandbox(ctx, id)
+	rec, err := e.record(ctx, id)
 	if err != nil {
 		return corral.Layer{}, err
 	}

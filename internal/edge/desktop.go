@@ -113,7 +113,7 @@ func (e *Edge) desktopInput(ctx context.Context, sb *sandbox, events []runtime.I
 // desktopVNC connects to the RFB server of the X display in sandbox sb (x11vnc on
 // computeruse.VNCPort of its loopback), starting one when nothing answers there.
 func (e *Edge) desktopVNC(ctx context.Context, sb *sandbox) (net.Conn, error) {
-	rec, err := e.store.GetSandbox(ctx, sb.id)
+	rec, err := e.record(ctx, sb.id)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"context"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -62,16 +61,12 @@ func (d DiskPromise) Have() int64 {
 }
 
 // DiskPromise reports the node's disk account; ok is false without Config.Disk.
-func (e *Edge) DiskPromise(ctx context.Context) (d DiskPromise, ok bool, err error) {
+func (e *Edge) DiskPromise() (d DiskPromise, ok bool, err error) {
 	c := e.cfg.Disk
 	if c == nil {
 		return d, false, nil
 	}
-	used, err := e.store.NodeUsage(ctx, e.cfg.Node)
-	if err != nil {
-		return d, true, err
-	}
-	d, err = c.promise(used.DiskBytes)
+	d, err = c.promise(e.nodeUsage().DiskBytes)
 	return d, true, err
 }
 
@@ -93,8 +88,8 @@ func (c *DiskConfig) promise(sandboxes int64) (DiskPromise, error) {
 
 // admitDiskLocked refuses rec when its disk limit does not fit the node's disk promise.
 // Preconditions: e.capMu is held (so concurrent creates cannot both take the last room).
-func (e *Edge) admitDiskLocked(ctx context.Context, rec *store.Sandbox) error {
-	d, _, err := e.DiskPromise(ctx)
+func (e *Edge) admitDiskLocked(rec *store.Sandbox) error {
+	d, _, err := e.DiskPromise()
 	if err != nil {
 		return err
 	}

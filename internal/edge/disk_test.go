@@ -49,7 +49,7 @@ func TestDiskAdmission(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrNodeFull) || !strings.Contains(err.Error(), "disk: have") {
 		t.Fatalf("create beyond the promise: err = %v, want node_full naming disk", err)
 	}
-	d, ok, err := e.DiskPromise(ctx)
+	d, ok, err := e.DiskPromise()
 	if err != nil || !ok {
 		t.Fatalf("DiskPromise: %v %v", ok, err)
 	}

@@ -252,7 +252,10 @@ type Edge struct {
 	settings Settings
 	traj     Trajectory
 	records  Records
-	rt       Runtime
+	// own is the copy of the node's records of sandboxes that have not ended (records.go), which
+	// records writes through to.
+	own *ownRecords
+	rt  Runtime
 	// machines is rt as a runtime.Machine (the vm tier); nil when it runs no machines.
 	machines runtime.Machine
 	layers   LayerStore
@@ -420,9 +423,12 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if e.traj = cfg.Trajectory; e.traj == nil {
 		e.traj = st
 	}
-	if e.records = cfg.Records; e.records == nil {
-		e.records = st
+	e.own = newOwnRecords()
+	records := cfg.Records
+	if records == nil {
+		records = st
 	}
+	e.records = writeThrough{Records: records, own: e.own}
 	if cfg.ArtifactDir != "" {
 		a, err := openArtifacts(cfg.ArtifactDir)
 		if err != nil {
@@ -523,6 +529,8 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
+	// The copy starts as the store has them; what reconcile writes below updates it.
+	e.own.load(recs)
 	known := make(map[string]bool, len(recs))
 	adopted := 0
 	for _, rec := range recs {
@@ -767,11 +775,11 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	}
 	c := e.cfg.Capacity
 	if c == nil && e.cfg.Disk == nil {
-		return e.store.AdmitSandbox(ctx, rec, key)
+		return e.admitRecord(ctx, rec, key)
 	}
 	e.capMu.Lock()
 	defer e.capMu.Unlock()
-	err := e.roomLocked(ctx, rec, 1)
+	err := e.roomLocked(rec, 1)
 	if errors.Is(err, errdefs.ErrNodeFull) && e.cleanupsPending() {
 		// A delete answers before its cleanup gives the disk back: a create right after it
 		// waits for the cleanups pending now (they take a moment), then looks again.
@@ -781,32 +789,28 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 		cancel()
 		e.capMu.Lock()
 		if werr == nil {
-			err = e.roomLocked(ctx, rec, 1)
+			err = e.roomLocked(rec, 1)
 		}
 	}
 	if err != nil {
 		return err
 	}
-	return e.store.AdmitSandbox(ctx, rec, key)
+	return e.admitRecord(ctx, rec, key)
 }
 
 // roomLocked checks that the node has room for n sandboxes of rec's limits (rec's limits are
 // the n's sum). Preconditions: e.capMu is held.
-func (e *Edge) roomLocked(ctx context.Context, rec *store.Sandbox, n int) error {
+func (e *Edge) roomLocked(rec *store.Sandbox, n int) error {
 	c := e.cfg.Capacity
 	if e.cfg.Disk != nil {
-		if err := e.admitDiskLocked(ctx, rec); err != nil {
+		if err := e.admitDiskLocked(rec); err != nil {
 			return err
 		}
 	}
 	if c == nil {
 		return nil
 	}
-	used, err := e.store.NodeUsage(ctx, e.cfg.Node)
-	if err != nil {
-		return err
-	}
-	used = e.withPooled(used)
+	used := e.withPooled(e.nodeUsage())
 	var over []string
 	if c.Sandboxes > 0 && used.Sandboxes+n > c.Sandboxes {
 		over = append(over, fmt.Sprintf("sandboxes %d of %d", used.Sandboxes, c.Sandboxes))
@@ -1649,7 +1653,7 @@ func (e *Edge) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	rec, err := e.store.GetSandbox(ctx, id)
+	rec, err := e.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1714,7 +1718,7 @@ func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	rec, err := e.store.GetSandbox(ctx, id)
+	rec, err := e.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1732,13 +1736,13 @@ func (e *Edge) endSandbox(ctx context.Context, rec *store.Sandbox, reason string
 		if err := e.stopSandbox(ctx, rec, corral.StateStopped, reason); err != nil {
 			return nil, err
 		}
-		return e.store.GetSandbox(ctx, rec.ID)
+		return e.record(ctx, rec.ID)
 	}
 	ctx = context.WithoutCancel(ctx)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.gone {
-		return e.store.GetSandbox(ctx, rec.ID)
+		return e.record(ctx, rec.ID)
 	}
 	// One write makes the end durable and releases the quota: "deleting" is not a live state,
 	// and reconcile finishes a cleanup cut short by a crash with the outcome in Stopping.
@@ -1825,7 +1829,7 @@ func (e *Edge) SetTTL(ctx context.Context, id, ttl string) (*store.Sandbox, erro
 	if sb.gone {
 		return nil, errdefs.Conflict("sandbox %s stopped", id)
 	}
-	rec, err := e.store.GetSandbox(ctx, id)
+	rec, err := e.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -1911,7 +1915,7 @@ func (e *Edge) reap(ctx context.Context) {
 	now := time.Now()
 	for _, sb := range e.liveSandboxes() {
 		stop := func(state, reason string) {
-			rec, err := e.store.GetSandbox(ctx, sb.id)
+			rec, err := e.record(ctx, sb.id)
 			if err != nil {
 				e.log.Error("reaper: read sandbox", "sandbox", sb.id, "err", err)
 				return
@@ -1999,7 +2003,7 @@ func (e *Edge) flushActivity(ctx context.Context) {
 		}
 		sb.mu.Lock()
 		if !sb.gone {
-			if rec, err := e.store.GetSandbox(ctx, sb.id); err == nil {
+			if rec, err := e.record(ctx, sb.id); err == nil {
 				rec.LastActivityAt = time.Unix(0, at).UTC()
 				if e.records.PutSandbox(ctx, rec) == nil {
 					sb.flushed.Store(at)

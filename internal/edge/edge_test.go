@@ -260,6 +260,22 @@ func newTestEdge(t *testing.T, rt *fakeRuntime) (*Edge, *store.Store) {
 // newTestEdgeWith is newTestEdge with cfg (its agent path and reap interval are set here).
 func newTestEdgeWith(t *testing.T, rt *fakeRuntime, cfg Config) (*Edge, *store.Store) {
 	t.Helper()
+	st := newTestStore(t)
+	cfg.AgentPath, cfg.ReapInterval = "/agent", 20*time.Millisecond
+	e, err := New(cfg, slog.New(slog.DiscardHandler), st, rt, newFakeLayers())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e, st
+}
+
+// newTestStore opens a store holding the layers base:1, ws:1 and tk:1.
+func newTestStore(t *testing.T) *store.Store {
+	t.Helper()
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"))
 	if err != nil {
@@ -275,16 +291,7 @@ func newTestEdgeWith(t *testing.T, rt *fakeRuntime, cfg Config) (*Edge, *store.S
 			t.Fatal(err)
 		}
 	}
-	cfg.AgentPath, cfg.ReapInterval = "/agent", 20*time.Millisecond
-	e, err := New(cfg, slog.New(slog.DiscardHandler), st, rt, newFakeLayers())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	return e, st
+	return st
 }
 
 func TestAdmitValidation(t *testing.T) {
@@ -861,7 +868,7 @@ func TestNodeHasFinalSay(t *testing.T) {
 // first try is still at work is a retryable 503, and a retry of a create that succeeded replays.
 func TestCreateRetryAfterCutShortCreate(t *testing.T) {
 	rt := newFakeRuntime()
-	e, st := newTestEdge(t, rt)
+	e, _ := newTestEdge(t, rt)
 	ctx := context.Background()
 	req := corral.CreateRequest{Base: "base:1"}
 	key := func(k string) *store.Idempotency {
@@ -886,8 +893,10 @@ func TestCreateRetryAfterCutShortCreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As the restart's reconcile records it (through the edge, whose copy of its records
+	// follows).
 	first.State, first.Reason = corral.StateFailed, reasonInterruptedCreate
-	if err := st.PutSandbox(ctx, first); err != nil {
+	if err := e.records.PutSandbox(ctx, first); err != nil {
 		t.Fatal(err)
 	}
 	sb, replayed, err = e.CreateOnce(ctx, req, key("crash"))
@@ -900,7 +909,7 @@ func TestCreateRetryAfterCutShortCreate(t *testing.T) {
 
 	// Still at work: a retryable 503.
 	sb.State = corral.StateCreating
-	if err := st.PutSandbox(ctx, sb); err != nil {
+	if err := e.records.PutSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
 	_, _, err = e.CreateOnce(ctx, req, key("crash"))

@@ -358,7 +358,7 @@ func (e *Edge) syncPools(ctx context.Context) error {
 }
 
 func (e *Edge) destroyPoolContainer(sb *sandbox, why string) {
-	rec, err := e.store.GetSandbox(context.Background(), sb.id)
+	rec, err := e.record(context.Background(), sb.id)
 	if err == nil {
 		err = e.stopSandbox(context.Background(), rec, corral.StateStopped, corral.ReasonDeleted)
 	}

@@ -73,7 +73,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 	if err != nil {
 		return nil, err
 	}
-	src, err := e.store.GetSandbox(ctx, id)
+	src, err := e.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +194,7 @@ func (e *Edge) admitForks(ctx context.Context, recs []*store.Sandbox) error {
 	e.layersMu.RLock()
 	defer e.layersMu.RUnlock()
 	if e.cfg.Capacity == nil && e.cfg.Disk == nil {
-		return e.store.AdmitSandboxes(ctx, recs)
+		return e.admitAll(ctx, recs)
 	}
 	e.capMu.Lock()
 	defer e.capMu.Unlock()
@@ -202,10 +202,10 @@ func (e *Edge) admitForks(ctx context.Context, recs []*store.Sandbox) error {
 	sum.Limits.CPUs *= float64(len(recs))
 	sum.Limits.MemoryBytes *= int64(len(recs))
 	sum.Limits.DiskBytes *= int64(len(recs))
-	if err := e.roomLocked(ctx, &sum, len(recs)); err != nil {
+	if err := e.roomLocked(&sum, len(recs)); err != nil {
 		return err
 	}
-	return e.store.AdmitSandboxes(ctx, recs)
+	return e.admitAll(ctx, recs)
 }
 
 // takeForkImage has the runtime take the fork image of the running sandbox sb (record src),

@@ -188,7 +188,7 @@ func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*
 	sb.off.Store(off) // the machine's state, whatever the store says (the reaper re-records it)
 	sb.agentUp.Store(false)
 	sb.touch()
-	rec, err := e.store.GetSandbox(ctx, sb.id)
+	rec, err := e.record(ctx, sb.id)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +215,7 @@ func (e *Edge) machinePower(ctx context.Context, sb *sandbox, off bool) {
 	if sb.gone || sb.off.Load() == off || sb.paused.Load() {
 		return
 	}
-	rec, err := e.store.GetSandbox(ctx, sb.id)
+	rec, err := e.record(ctx, sb.id)
 	if err != nil {
 		e.log.Error("record a vm's power state", "sandbox", sb.id, "err", err)
 		return

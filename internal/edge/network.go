@@ -388,7 +388,7 @@ func (e *Edge) SetNetwork(ctx context.Context, id string, p corral.NetworkPolicy
 	if sb.gone {
 		return nil, errdefs.Conflict("sandbox %s stopped", id)
 	}
-	rec, err := e.store.GetSandbox(ctx, id)
+	rec, err := e.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}

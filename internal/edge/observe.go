@@ -220,7 +220,7 @@ func (e *Edge) Metrics(ctx context.Context, id string, since time.Time) (corral.
 	r := e.rings[id]
 	e.ringsMu.Unlock()
 	if r == nil {
-		if _, err := e.store.GetSandbox(ctx, id); err != nil {
+		if _, err := e.record(ctx, id); err != nil {
 			return out, err
 		}
 		return out, nil

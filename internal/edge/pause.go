@@ -62,7 +62,7 @@ func (e *Edge) liveSandbox(ctx context.Context, id string) (*sandbox, error) {
 	if sb := e.lookup(id); sb != nil {
 		return sb, nil
 	}
-	rec, err := e.store.GetSandbox(ctx, id)
+	rec, err := e.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +84,7 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (_ *store
 		// The reaper judged it idle before taking the lock; a resume or a call since made it active.
 		return nil, errdefs.Conflict("sandbox %s is active again", sb.id)
 	}
-	rec, err := e.store.GetSandbox(ctx, sb.id)
+	rec, err := e.record(ctx, sb.id)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +136,7 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (_ *store
 	// Only a real resume is a span: every data-plane call passes here.
 	ctx, span := trace.Start(ctx, trace.Resume, trace.Sandbox(sb.id), trace.Node(e.cfg.Node), trace.Bool("corral.explicit", explicit))
 	defer span.End(&err)
-	rec, err := e.store.GetSandbox(ctx, sb.id)
+	rec, err := e.record(ctx, sb.id)
 	if err != nil {
 		return nil, err
 	}

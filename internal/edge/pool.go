@@ -452,11 +452,7 @@ func (e *Edge) warmNoRoom(tier string) string {
 	if c == nil {
 		return ""
 	}
-	used, err := e.store.NodeUsage(context.Background(), e.cfg.Node)
-	if err != nil {
-		return "the node's usage is unknown: " + err.Error()
-	}
-	used = e.withPooled(used)
+	used := e.withPooled(e.nodeUsage())
 	// A pool's sandboxes have their tier's default limits (its create names none).
 	b, _ := e.policy.Bounds(tier)
 	def := b.Default
@@ -690,7 +686,7 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 		put()
 		return nil, false, nil
 	}
-	if err := e.store.AdmitSandbox(ctx, rec, key); err != nil {
+	if err := e.admitRecord(ctx, rec, key); err != nil {
 		// Refused (quota, a replayed idempotency key): no sandbox was made, so no claim either.
 		p.claims.Add(-1)
 		put()

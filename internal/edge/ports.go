@@ -39,7 +39,7 @@ func (e *Edge) portDialer(ctx context.Context, id string) (portDialFunc, error) 
 	if err != nil {
 		return nil, err
 	}
-	rec, err := e.store.GetSandbox(ctx, sb.id)
+	rec, err := e.record(ctx, sb.id)
 	if err != nil {
 		return nil, err
 	}

@@ -50,7 +50,7 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	if sb.gone {
 		return corral.Layer{}, errdefs.Conflict("sandbox %s stopped", id)
 	}
-	rec, err := e.store.GetSandbox(ctx, id)
+	rec, err := e.record(ctx, id)
 	if err != nil {
 		return corral.Layer{}, err
 	}

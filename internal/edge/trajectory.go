@@ -342,7 +342,7 @@ func (h *dataPlane) trajectory(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if _, err := h.e.store.GetSandbox(r.Context(), id); err != nil {
+	if _, err := h.e.record(r.Context(), id); err != nil {
 		h.fail(w, r, err)
 		return
 	}

@@ -343,7 +343,7 @@ func (e *Edge) roomForVolume(ctx context.Context, id string, size int64) error {
 
 // roomForVolumeLocked is roomForVolume with e.capMu held.
 func (e *Edge) roomForVolumeLocked(ctx context.Context, id string, size int64) error {
-	if d, ok, err := e.DiskPromise(ctx); err != nil {
+	if d, ok, err := e.DiskPromise(); err != nil {
 		return err
 	} else if ok && d.Promised+size > d.Have() {
 		return fmt.Errorf("node %s has no room for volume %s: disk: have %s (free %s + %s its disks hold, ×%g), promised %s, asked %s; delete sandboxes or volumes, or ask for less (size_bytes): %w",

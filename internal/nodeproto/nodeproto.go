@@ -59,6 +59,17 @@ type Caller struct {
 	CreatedAt   time.Time           `json:"created_at"`
 	ExpiresAt   time.Time           `json:"expires_at,omitzero"`
 	Held        map[string]iam.Perm `json:"held"`
+	// Sandbox is the sandbox the request's path names and its project as the server read it
+	// for this request; nil when the path names none or the server did not find it. The edge
+	// authorises the request on that project, and so follows project moves without a read of
+	// its own.
+	Sandbox *SandboxProject `json:"sandbox,omitempty"`
+}
+
+// SandboxProject names a sandbox and the canonical path of its project.
+type SandboxProject struct {
+	ID      string `json:"id"`
+	Project string `json:"project"`
 }
 
 // SetCaller makes h carry c and this build's protocol version, replacing whatever it carried.

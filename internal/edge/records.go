@@ -1,0 +1,172 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// ownRecords is the edge's copy of the records of its node's sandboxes that have not ended
+// (creating, running, paused, off, deleting). While this process holds the node's lease, nothing
+// else writes them: an older incarnation is fenced, and the servers fence this one before they
+// fail its sandboxes (a lost node). So the copy is exact when it is loaded from the records
+// reconcile adopts and then updated by every admission and every record written that the store
+// (or the servers) took. Reads of an own sandbox's record and of the node's usage are answered
+// from it, with no trip to the store or the servers; a record leaves it when its sandbox ended,
+// and reads of an ended record go to the store.
+//
+// A record's project path can change under it (a project moved): the API server refreshes it
+// from each request on the sandbox that names the path (Edge.NoteProject).
+type ownRecords struct {
+	mu   sync.Mutex
+	recs map[string]*store.Sandbox // protected by mu
+}
+
+func newOwnRecords() *ownRecords { return &ownRecords{recs: map[string]*store.Sandbox{}} }
+
+// cloneRecord returns a deep copy of rec as the store would give it back: its document's
+// encoding, so every field a later release adds is copied too.
+func cloneRecord(rec *store.Sandbox) *store.Sandbox {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		panic("edge: encode a sandbox record: " + err.Error()) // plain data: cannot fail
+	}
+	var out store.Sandbox
+	if err := json.Unmarshal(b, &out); err != nil {
+		panic("edge: decode a sandbox record: " + err.Error())
+	}
+	return &out
+}
+
+// ended reports whether a record is of a sandbox that ended (it leaves the copy).
+func ended(rec *store.Sandbox) bool {
+	switch rec.State {
+	case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting:
+		return false
+	}
+	return true
+}
+
+// load replaces the copy with recs (the node's records that have not ended).
+func (o *ownRecords) load(recs []*store.Sandbox) {
+	m := make(map[string]*store.Sandbox, len(recs))
+	for _, rec := range recs {
+		if !ended(rec) {
+			m[rec.ID] = cloneRecord(rec)
+		}
+	}
+	o.mu.Lock()
+	o.recs = m
+	o.mu.Unlock()
+}
+
+// put takes up rec as the store now holds it (admitted or written).
+func (o *ownRecords) put(rec *store.Sandbox) {
+	if ended(rec) {
+		o.mu.Lock()
+		delete(o.recs, rec.ID)
+		o.mu.Unlock()
+		return
+	}
+	c := cloneRecord(rec)
+	o.mu.Lock()
+	o.recs[rec.ID] = c
+	o.mu.Unlock()
+}
+
+// get returns a copy of the record of id, if its sandbox has not ended.
+func (o *ownRecords) get(id string) (*store.Sandbox, bool) {
+	o.mu.Lock()
+	rec := o.recs[id]
+	o.mu.Unlock()
+	if rec == nil {
+		return nil, false
+	}
+	return cloneRecord(rec), true
+}
+
+// setProject records the current path (iam.Display form) of the project of sandbox id.
+func (o *ownRecords) setProject(id, path string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if rec := o.recs[id]; rec != nil {
+		rec.Project = path
+	}
+}
+
+// usage sums what the node's live sandboxes use (their limits): store.NodeUsage from the copy.
+func (o *ownRecords) usage() store.Resources {
+	var u store.Resources
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, rec := range o.recs {
+		if rec.State == corral.StateDeleting {
+			continue // no longer counts (it released its quota)
+		}
+		u.Sandboxes++
+		u.CPUs += rec.Limits.CPUs
+		u.MemoryBytes += rec.Limits.MemoryBytes
+		u.DiskBytes += rec.Limits.DiskBytes
+	}
+	return u
+}
+
+// writeThrough is the edge's Records: each record written that the store (or the servers) took
+// also goes to the edge's copy.
+type writeThrough struct {
+	Records
+	own *ownRecords
+}
+
+func (w writeThrough) PutSandbox(ctx context.Context, rec *store.Sandbox) error {
+	if err := w.Records.PutSandbox(ctx, rec); err != nil {
+		return err
+	}
+	w.own.put(rec)
+	return nil
+}
+
+// record returns the record of sandbox id: this node's own from the edge's copy while its
+// sandbox has not ended, any other from the store.
+func (e *Edge) record(ctx context.Context, id string) (*store.Sandbox, error) {
+	if rec, ok := e.own.get(id); ok {
+		return rec, nil
+	}
+	return e.store.GetSandbox(ctx, id)
+}
+
+// admitRecord records rec (state creating) through the store's admission (quotas, idempotency) and
+// takes it into the edge's copy. Callers checking the node's room hold e.capMu across it, so
+// the next check counts rec.
+func (e *Edge) admitRecord(ctx context.Context, rec *store.Sandbox, key *store.Idempotency) error {
+	if err := e.store.AdmitSandbox(ctx, rec, key); err != nil {
+		return err
+	}
+	e.own.put(rec)
+	return nil
+}
+
+// admitAll is admitRecord for records admitted together (store.AdmitSandboxes: all or none).
+func (e *Edge) admitAll(ctx context.Context, recs []*store.Sandbox) error {
+	if err := e.store.AdmitSandboxes(ctx, recs); err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		e.own.put(rec)
+	}
+	return nil
+}
+
+// nodeUsage is what the node's live sandboxes use, from the edge's copy of their records.
+func (e *Edge) nodeUsage() store.Resources { return e.own.usage() }
+
+// NoteProject records that the project of sandbox id is now at path (canonical), as the API
+// server just read it for a request on the sandbox: its record's project stays current through
+// project moves.
+func (e *Edge) NoteProject(id, path string) {
+	e.own.setProject(id, iam.Display(path))
+}
