@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
@@ -45,6 +46,10 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathSandbox, nodeCall(s, maxNodeBody, s.nodeSandbox))
 	mux.HandleFunc("POST "+nodeproto.PathSteps, nodeCall(s, nodeproto.MaxStepsBody, s.nodeSteps))
 	mux.HandleFunc("POST "+nodeproto.PathListSteps, nodeCall(s, maxNodeBody, s.nodeListSteps))
+	mux.HandleFunc("POST "+nodeproto.PathVolume, nodeCall(s, maxNodeBody, s.nodeVolume))
+	mux.HandleFunc("POST "+nodeproto.PathVolumeCommit, nodeCall(s, maxNodeBody, s.nodeVolumeCommit))
+	mux.HandleFunc("POST "+nodeproto.PathVolumeCopy, nodeCall(s, maxNodeBody, s.nodeVolumeCopy))
+	mux.HandleFunc("POST "+nodeproto.PathVolumeVersions, nodeCall(s, maxNodeBody, s.nodeVolumeVersions))
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))
@@ -107,7 +112,7 @@ func (s *Server) nodeRegister(ctx context.Context, node string, req *nodeproto.R
 	s.refresh(ctx, true)
 	// What the edge starts from, read after its incarnation fenced off the older ones: from now
 	// on only it writes these records (a sweep would fence it first).
-	out := &nodeproto.RegisterResponse{Node: *n}
+	out := &nodeproto.RegisterResponse{Node: *n, Features: nodeproto.Features}
 	if out.Instance, err = s.store.Instance(ctx, node); err != nil {
 		return nil, fmt.Errorf("node %s's instance name: %w", node, err)
 	}
@@ -357,6 +362,53 @@ func checkSteps(node string, req *nodeproto.StepsRequest) error {
 		}
 	}
 	return nil
+}
+
+// nodeVolume reads a volume one of the caller's sandboxes has attached.
+func (s *Server) nodeVolume(ctx context.Context, node string, req *nodeproto.VolumeRequest) (*nodeproto.VolumeResponse, error) {
+	if err := ownSandbox(node, "sandbox", req.Sandbox); err != nil {
+		return nil, err
+	}
+	v, err := s.store.NodeVolume(ctx, node, req.Sandbox, req.Volume)
+	if err != nil {
+		return nil, err
+	}
+	return &nodeproto.VolumeResponse{SizeBytes: v.SizeBytes, Version: v.Version, Digest: v.Digest}, nil
+}
+
+// nodeVolumeCommit records a version of a volume the caller's sandbox wrote as its writer.
+func (s *Server) nodeVolumeCommit(ctx context.Context, node string, req *nodeproto.VolumeRequest) (*struct{}, error) {
+	if err := ownSandbox(node, "sandbox", req.Sandbox); err != nil {
+		return nil, err
+	}
+	if req.Version < 1 || !volumeDigestRE.MatchString(req.Digest) {
+		return nil, errdefs.Invalid("version", "version %d, digest %q: a commit names a version from 1 and its image's SHA-256 (64 hex digits)", req.Version, req.Digest)
+	}
+	return nil, s.store.CommitNodeVolume(ctx, node, req.Epoch, req.Sandbox, req.Volume, req.Version, req.Digest)
+}
+
+// volumeDigestRE matches a volume image's digest: its SHA-256 in hex.
+var volumeDigestRE = lazyregexp.New(`^[0-9a-f]{64}$`)
+
+// nodeVolumeCopy records that the caller's node holds a version of a volume one of its
+// sandboxes has attached.
+func (s *Server) nodeVolumeCopy(ctx context.Context, node string, req *nodeproto.VolumeRequest) (*struct{}, error) {
+	if err := ownSandbox(node, "sandbox", req.Sandbox); err != nil {
+		return nil, err
+	}
+	if req.Version < 0 {
+		return nil, errdefs.Invalid("version", "%d: a copy is of a version from 0", req.Version)
+	}
+	return nil, s.store.SetNodeVolumeCopy(ctx, node, req.Epoch, req.Sandbox, req.Volume, req.Version)
+}
+
+// nodeVolumeVersions answers which of the volumes asked about still exist, and their versions.
+func (s *Server) nodeVolumeVersions(ctx context.Context, _ string, req *nodeproto.VolumeVersionsRequest) (*nodeproto.VolumeVersionsResponse, error) {
+	v, err := s.store.VolumeVersions(ctx, req.IDs)
+	if err != nil {
+		return nil, err
+	}
+	return &nodeproto.VolumeVersionsResponse{Versions: v}, nil
 }
 
 // nodeListSteps reads a page of the trajectory of one of the caller's sandboxes.

@@ -220,8 +220,8 @@ func TestNodeStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(ans.Instance, "edge1-") || ans.Epoch != 1 {
-		t.Errorf("registration: instance %q, epoch %d", ans.Instance, ans.Epoch)
+	if !strings.HasPrefix(ans.Instance, "edge1-") || ans.Epoch != 1 || !slices.Contains(ans.Features, nodeproto.FeatureVolumes) {
+		t.Errorf("registration: instance %q, epoch %d, features %q", ans.Instance, ans.Epoch, ans.Features)
 	}
 	var ids []string
 	for _, r := range ans.Sandboxes {
@@ -359,6 +359,46 @@ func TestNodeStart(t *testing.T) {
 	}
 	if err := edge1.Records(1).PutSandbox(ctx, rec); !errors.Is(err, store.ErrFenced) {
 		t.Errorf("a record of a fenced incarnation: %v, want ErrFenced", err)
+	}
+
+	// Volumes: those the node's own sandboxes have attached, by the incarnation holding it.
+	root, err := st.GetProject(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol := &store.VolumeRecord{Volume: corral.Volume{Name: "data", Project: "/", SizeBytes: 1 << 20, Node: "edge1", CreatedAt: time.Now().UTC()},
+		ID: store.NewVolumeID(), ProjectID: root.ID, State: store.VolumeReady}
+	if err := st.CreateVolume(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
+	writer := *rec
+	writer.ID, writer.State = "sb-edge1-wwwwwwwwwwwwwwww", corral.StateCreating
+	writer.Volumes, writer.VolumeIDs = []corral.VolumeMount{{Name: "data", Path: "/data"}}, []string{vol.ID}
+	if err := st.AdmitSandbox(ctx, &writer, nil); err != nil {
+		t.Fatal(err)
+	}
+	vols := edge1.Volumes(2)
+	if got, err := vols.AttachedVolume(ctx, writer.ID, vol.ID); err != nil || got.Version != 0 || got.SizeBytes != vol.SizeBytes {
+		t.Fatalf("the writer's volume: %+v, %v", got, err)
+	}
+	if _, err := vols.AttachedVolume(ctx, "sb-edge2-aaaaaaaaaaaaaaaa", vol.ID); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("a volume for another node's sandbox: %v, want ErrDenied", err)
+	}
+	if err := vols.CommitVolume(ctx, writer.ID, vol.ID, 1, "not a digest"); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("a commit without a digest: %v, want invalid", err)
+	}
+	digest := strings.Repeat("0f", 32)
+	if err := edge1.Volumes(1).CommitVolume(ctx, writer.ID, vol.ID, 1, digest); !errors.Is(err, store.ErrFenced) {
+		t.Errorf("a commit of a fenced incarnation: %v, want ErrFenced", err)
+	}
+	if err := vols.CommitVolume(ctx, writer.ID, vol.ID, 1, digest); err != nil {
+		t.Fatalf("commit version 1: %v", err)
+	}
+	if err := vols.RecordVolumeCopy(ctx, writer.ID, vol.ID, 1); err != nil {
+		t.Fatalf("record the copy: %v", err)
+	}
+	if got, err := vols.VolumeVersions(ctx, []string{vol.ID, "vol-0000000000000000"}); err != nil || len(got) != 1 || got[vol.ID] != 1 {
+		t.Errorf("volume versions: %v, %v; want %s at 1 alone", got, err, vol.ID)
 	}
 }
 

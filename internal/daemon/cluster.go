@@ -81,6 +81,9 @@ type registration struct {
 	node     *store.Node
 	instance string
 	records  []*store.Sandbox
+	// features are what the servers serve of the node channel beyond the registration's
+	// release (nodeproto.Features).
+	features []string
 }
 
 // registerNode starts this edge's incarnation and fences the store's writes with its epoch.
@@ -98,7 +101,7 @@ func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runti
 		if err != nil {
 			return nil, err
 		}
-		reg.node = &ans.Node
+		reg.node, reg.features = &ans.Node, ans.Features
 		// A server of an older release answers the row alone (no instance): the edge then
 		// reads the rest from the store, as it did then.
 		if ans.Instance != "" {

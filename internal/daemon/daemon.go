@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -624,6 +625,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	if ecfg.Instance = instance; reg != nil && reg.records != nil {
 		ecfg.OwnRecords = own
+	}
+	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureVolumes) {
+		// The servers read and record the volumes' versions; an older one leaves it to the store.
+		ecfg.VolumeCatalog = cfg.Cluster.Servers.Volumes(node.Epoch)
 	}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true

@@ -176,6 +176,9 @@ type Config struct {
 	// their admission; nil: the store.
 	Trajectory Trajectory
 	Records    Records
+	// VolumeCatalog reads and records the versions of its sandboxes' volumes in a cluster
+	// (volblob.go); nil: the store.
+	VolumeCatalog VolumeCatalog
 	// Instance names this Corral in the shared catalogue (store.Instance); "": the store's.
 	Instance string
 	// OwnRecords, when set, returns the records of the sandboxes this node may still run (live,
@@ -252,6 +255,7 @@ type Edge struct {
 	settings Settings
 	traj     Trajectory
 	records  Records
+	volCat   VolumeCatalog
 	// own is the copy of the node's records of sandboxes that have not ended (records.go), which
 	// records writes through to.
 	own *ownRecords
@@ -429,6 +433,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 		records = st
 	}
 	e.records = writeThrough{Records: records, own: e.own}
+	if e.volCat = cfg.VolumeCatalog; e.volCat == nil {
+		e.volCat = storeVolumes{st, cfg.Node}
+	}
 	if cfg.ArtifactDir != "" {
 		a, err := openArtifacts(cfg.ArtifactDir)
 		if err != nil {

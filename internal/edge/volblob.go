@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +32,54 @@ import (
 // node uploads the image as the next version and commits it in the store, conditional on the
 // sandbox still holding the read-write attachment, before the sandbox's record releases it; so
 // the next attach anywhere sees the last detach's upload. Readers never upload.
+
+// VolumeCatalog is what a cluster's edge reads and records of its sandboxes' volumes: the
+// servers (nodeproto.Volumes), which check that the sandbox is the node's and has the volume
+// attached, or the store (storeVolumes) with servers of an older release. Each call names the
+// sandbox it acts for.
+type VolumeCatalog interface {
+	// AttachedVolume returns the size, version and digest of volume id, which sandbox has
+	// attached.
+	AttachedVolume(ctx context.Context, sandbox, id string) (*store.VolumeRecord, error)
+	// CommitVolume records version of volume id with its image's digest, written by sandbox
+	// (its writer), and the node as holding it: a conflict unless sandbox still has it
+	// attached read-write at version-1.
+	CommitVolume(ctx context.Context, sandbox, id string, version int64, digest string) error
+	// RecordVolumeCopy records that the node holds version of volume id, fetched for sandbox.
+	RecordVolumeCopy(ctx context.Context, sandbox, id string, version int64) error
+	// VolumeVersions returns the current version of each volume of ids that still exists.
+	VolumeVersions(ctx context.Context, ids []string) (map[string]int64, error)
+}
+
+// storeVolumes is the VolumeCatalog of the store.
+type storeVolumes struct {
+	st   *store.Store
+	node string
+}
+
+func (s storeVolumes) AttachedVolume(ctx context.Context, _, id string) (*store.VolumeRecord, error) {
+	return s.st.GetVolumeByID(ctx, id)
+}
+
+func (s storeVolumes) CommitVolume(ctx context.Context, sandbox, id string, version int64, digest string) error {
+	return s.st.CommitVolumeVersion(ctx, id, sandbox, s.node, version, digest)
+}
+
+func (s storeVolumes) RecordVolumeCopy(ctx context.Context, _, id string, version int64) error {
+	return s.st.SetVolumeCopy(ctx, id, s.node, version)
+}
+
+func (s storeVolumes) VolumeVersions(ctx context.Context, ids []string) (map[string]int64, error) {
+	out := make(map[string]int64, len(ids))
+	for batch := range slices.Chunk(ids, store.MaxVolumeVersions) {
+		v, err := s.st.VolumeVersions(ctx, batch)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(out, v)
+	}
+	return out, nil
+}
 
 // clustered reports whether this node keeps volumes in the blob store.
 func (e *Edge) clustered() bool { return e.cfg.SharedStore }
@@ -70,16 +120,16 @@ func (e *Edge) fetchVolumes(ctx context.Context, rec *store.Sandbox) error {
 		return nil
 	}
 	for i, m := range rec.Volumes {
-		if err := e.fetchVolume(ctx, rec.VolumeIDs[i], !m.ReadOnly); err != nil {
+		if err := e.fetchVolume(ctx, rec.ID, rec.VolumeIDs[i], !m.ReadOnly); err != nil {
 			return fmt.Errorf("attach volume %s: %w", m.Name, err)
 		}
 	}
 	return nil
 }
 
-func (e *Edge) fetchVolume(ctx context.Context, id string, writer bool) error {
+func (e *Edge) fetchVolume(ctx context.Context, sandbox, id string, writer bool) error {
 	defer e.volLocks.lock(id)()
-	v, err := e.store.GetVolumeByID(ctx, id)
+	v, err := e.volCat.AttachedVolume(ctx, sandbox, id)
 	if err != nil {
 		return err
 	}
@@ -124,7 +174,7 @@ func (e *Edge) fetchVolume(ctx context.Context, id string, writer bool) error {
 	if err := vols.SetCached(id, v.Version, v.Digest); err != nil {
 		return err
 	}
-	if err := e.store.SetVolumeCopy(ctx, id, e.cfg.Node, v.Version); err != nil {
+	if err := e.volCat.RecordVolumeCopy(ctx, sandbox, id, v.Version); err != nil {
 		e.log.Warn("record a volume's copy", "volume", id, "err", err)
 	}
 	if writer {
@@ -149,7 +199,7 @@ func (e *Edge) uploadLeftVolumes(ctx context.Context, rec *store.Sandbox) {
 // its next use.
 func (e *Edge) uploadVolume(ctx context.Context, id, sandbox string) error {
 	defer e.volLocks.lock(id)()
-	v, err := e.store.GetVolumeByID(ctx, id)
+	v, err := e.volCat.AttachedVolume(ctx, sandbox, id)
 	if err != nil {
 		return err
 	}
@@ -179,7 +229,7 @@ func (e *Edge) uploadVolume(ctx context.Context, id, sandbox string) error {
 		return fmt.Errorf("upload version %d: %w", next, err)
 	}
 	digest := hex.EncodeToString(h.Sum(nil))
-	if err := e.store.CommitVolumeVersion(ctx, id, sandbox, e.cfg.Node, next, digest); err != nil {
+	if err := e.volCat.CommitVolume(ctx, sandbox, id, next, digest); err != nil {
 		if derr := e.cfg.Shared.Delete(context.WithoutCancel(ctx), key); derr != nil {
 			e.log.Warn("remove an uncommitted volume version", "key", key, "err", derr)
 		}
@@ -221,13 +271,21 @@ func (e *Edge) reconcileClusterVolumes(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	vs, err := e.store.ListVolumes(ctx, "", "")
+	ids, tmp, err := e.cfg.Volumes.List()
 	if err != nil {
 		return err
 	}
-	current := map[string]int64{}
-	for _, v := range vs {
-		current[v.ID] = v.Version
+	// Which of the volumes named here are still there, and at which version.
+	asked := slices.Clone(ids)
+	for _, o := range objs {
+		if id, _, ok := volumeKeyVersion(o.Key); ok {
+			asked = append(asked, id)
+		}
+	}
+	slices.Sort(asked)
+	current, err := e.volCat.VolumeVersions(ctx, slices.Compact(asked))
+	if err != nil {
+		return err
 	}
 	for _, o := range objs {
 		id, ver, ok := volumeKeyVersion(o.Key)
@@ -237,10 +295,6 @@ func (e *Edge) reconcileClusterVolumes(ctx context.Context) error {
 		if err := e.cfg.Shared.Delete(ctx, o.Key); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			e.log.Warn("remove a stale volume object", "key", o.Key, "err", err)
 		}
-	}
-	ids, tmp, err := e.cfg.Volumes.List()
-	if err != nil {
-		return err
 	}
 	for _, id := range ids {
 		if _, known := current[id]; !known {

@@ -43,6 +43,10 @@ const (
 	PathSandbox        = "/node/v1/sandbox"
 	PathSteps          = "/node/v1/steps"
 	PathListSteps      = "/node/v1/steps/list"
+	PathVolume         = "/node/v1/volume"
+	PathVolumeCommit   = "/node/v1/volume/commit"
+	PathVolumeCopy     = "/node/v1/volume/copy"
+	PathVolumeVersions = "/node/v1/volumes/versions"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -100,7 +104,20 @@ type RegisterResponse struct {
 	store.Node
 	Instance  string           `json:"instance"`
 	Sandboxes []*store.Sandbox `json:"sandboxes"`
+	// Features names what of the channel the replica serves beyond the registration's release
+	// (FeatureVolumes); a replica of an older release, during a rolling upgrade, names fewer,
+	// and the edge keeps doing the rest in the store.
+	Features []string `json:"features,omitempty"`
 }
+
+// The features a replica names in RegisterResponse.Features.
+const (
+	// FeatureVolumes: PathVolume, PathVolumeCommit, PathVolumeCopy and PathVolumeVersions.
+	FeatureVolumes = "volumes"
+)
+
+// Features lists what this build's replicas serve.
+var Features = []string{FeatureVolumes}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.
@@ -192,6 +209,36 @@ type ListStepsRequest struct {
 	After   int64  `json:"after"`
 	Limit   int    `json:"limit"`
 	State   string `json:"state,omitempty"`
+}
+
+// VolumeRequest acts on volume Volume for the caller's sandbox Sandbox, which has it attached:
+// reads its current version (PathVolume), commits Version with Digest as written by Sandbox,
+// its writer (PathVolumeCommit), or records that the node holds Version (PathVolumeCopy).
+type VolumeRequest struct {
+	Epoch   int64  `json:"epoch"`
+	Sandbox string `json:"sandbox"`
+	Volume  string `json:"volume"`
+	Version int64  `json:"version,omitempty"`
+	Digest  string `json:"digest,omitempty"`
+}
+
+// VolumeResponse is a volume as a node's sandbox sees it: its size and its current version
+// (0: never written) with that image's digest.
+type VolumeResponse struct {
+	SizeBytes int64  `json:"size_bytes"`
+	Version   int64  `json:"version"`
+	Digest    string `json:"digest,omitempty"`
+}
+
+// VolumeVersionsRequest asks which of these volumes (at most store.MaxVolumeVersions) still
+// exist, and at which version.
+type VolumeVersionsRequest struct {
+	IDs []string `json:"ids"`
+}
+
+// VolumeVersionsResponse maps each volume asked about that exists to its current version.
+type VolumeVersionsResponse struct {
+	Versions map[string]int64 `json:"versions"`
 }
 
 // ListStepsResponse is a page of a trajectory, in order.

@@ -3,6 +3,8 @@ package nodeproto
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -107,4 +109,55 @@ func (t Steps) ListSteps(ctx context.Context, sandbox string, after int64, limit
 		return nil, fmt.Errorf("read the trajectory of %s from the servers: %w", sandbox, err)
 	}
 	return out.Steps, nil
+}
+
+// Volumes returns what reads and records the volumes of incarnation epoch's sandboxes: the
+// servers, over the node channel (edge.VolumeCatalog).
+func (s *Servers) Volumes(epoch int64) Volumes { return Volumes{s, epoch} }
+
+// Volumes reads and records the volumes of an incarnation's sandboxes at the servers.
+type Volumes struct {
+	s     *Servers
+	epoch int64
+}
+
+// AttachedVolume returns the size, version and digest of volume id, which sandbox has attached.
+func (v Volumes) AttachedVolume(ctx context.Context, sandbox, id string) (*store.VolumeRecord, error) {
+	var out VolumeResponse
+	if err := v.s.call(ctx, PathVolume, VolumeRequest{Epoch: v.epoch, Sandbox: sandbox, Volume: id}, &out); err != nil {
+		return nil, fmt.Errorf("read volume %s through the servers: %w", id, err)
+	}
+	rec := &store.VolumeRecord{ID: id, Version: out.Version, Digest: out.Digest}
+	rec.SizeBytes = out.SizeBytes
+	return rec, nil
+}
+
+// CommitVolume records version of volume id, with its image's digest, as written by sandbox.
+func (v Volumes) CommitVolume(ctx context.Context, sandbox, id string, version int64, digest string) error {
+	if err := v.s.call(ctx, PathVolumeCommit, VolumeRequest{Epoch: v.epoch, Sandbox: sandbox, Volume: id, Version: version, Digest: digest}, nil); err != nil {
+		return fmt.Errorf("commit volume %s version %d through the servers: %w", id, version, err)
+	}
+	return nil
+}
+
+// RecordVolumeCopy records that the node holds version of volume id, fetched for sandbox.
+func (v Volumes) RecordVolumeCopy(ctx context.Context, sandbox, id string, version int64) error {
+	if err := v.s.call(ctx, PathVolumeCopy, VolumeRequest{Epoch: v.epoch, Sandbox: sandbox, Volume: id, Version: version}, nil); err != nil {
+		return fmt.Errorf("record volume %s's copy through the servers: %w", id, err)
+	}
+	return nil
+}
+
+// VolumeVersions returns the current version of each volume of ids that still exists, asking
+// in batches of store.MaxVolumeVersions.
+func (v Volumes) VolumeVersions(ctx context.Context, ids []string) (map[string]int64, error) {
+	out := make(map[string]int64, len(ids))
+	for batch := range slices.Chunk(ids, store.MaxVolumeVersions) {
+		var ans VolumeVersionsResponse
+		if err := v.s.call(ctx, PathVolumeVersions, VolumeVersionsRequest{IDs: batch}, &ans); err != nil {
+			return nil, fmt.Errorf("read volume versions through the servers: %w", err)
+		}
+		maps.Copy(out, ans.Versions)
+	}
+	return out, nil
 }

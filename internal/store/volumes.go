@@ -329,24 +329,138 @@ func (s *Store) GetVolumeByID(ctx context.Context, id string) (*VolumeRecord, er
 // volume attached read-write and the volume is still at from-1. Otherwise it is a conflict
 // and nothing changes.
 func (s *Store) CommitVolumeVersion(ctx context.Context, id, sandbox, node string, version int64, digest string) error {
-	err := s.tx(ctx, func(tx *Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE volumes SET version = ?, digest = ? WHERE id = ? AND version = ?
-			AND EXISTS (SELECT 1 FROM volume_attachments a WHERE a.volume_id = ? AND a.sandbox_id = ? AND a.read_only = 0)`,
-			version, digest, id, version-1, id, sandbox)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return errdefs.Conflict("volume %s is no longer attached read-write to sandbox %s at version %d", id, sandbox, version-1)
-		}
-		return putVolumeCopy(ctx, tx, id, node, version)
-	})
+	err := s.tx(ctx, func(tx *Tx) error { return commitVolume(ctx, tx, id, sandbox, node, version, digest) })
 	if err != nil {
 		return fmt.Errorf("commit volume %s version %d: %w", id, version, err)
 	}
 	return nil
+}
+
+func commitVolume(ctx context.Context, tx *Tx, id, sandbox, node string, version int64, digest string) error {
+	res, err := tx.ExecContext(ctx, `UPDATE volumes SET version = ?, digest = ? WHERE id = ? AND version = ?
+		AND EXISTS (SELECT 1 FROM volume_attachments a WHERE a.volume_id = ? AND a.sandbox_id = ? AND a.read_only = 0)`,
+		version, digest, id, version-1, id, sandbox)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return errdefs.Conflict("volume %s is no longer attached read-write to sandbox %s at version %d", id, sandbox, version-1)
+	}
+	return putVolumeCopy(ctx, tx, id, node, version)
+}
+
+// Volumes on a cluster's node: what an edge reads and records of its sandboxes' volumes
+// through the node channel. Each call names the sandbox it acts for, which must be the node's
+// and have the volume attached (read-write for a commit); writes check the node's epoch in
+// their transaction, so a fenced incarnation records nothing.
+
+// NodeVolume returns volume id as node's sandbox, which has it attached, sees it: its size and
+// its current version and digest (no attachments: those name other nodes' sandboxes).
+func (s *Store) NodeVolume(ctx context.Context, node, sandbox, id string) (*VolumeRecord, error) {
+	if err := attachedOnNode(ctx, s.rdb, node, sandbox, id, false); err != nil {
+		return nil, fmt.Errorf("volume %s of node %s: %w", id, node, err)
+	}
+	v, err := scanVolume(s.rdb.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes v LEFT JOIN projects p ON p.id = v.project_id
+		WHERE v.id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errdefs.NotFound("volume %s", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get volume %s: %w", id, err)
+	}
+	return v, nil
+}
+
+// CommitNodeVolume is CommitVolumeVersion for node's incarnation epoch, whose sandbox is the
+// volume's writer.
+func (s *Store) CommitNodeVolume(ctx context.Context, node string, epoch int64, sandbox, id string, version int64, digest string) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
+			return err
+		}
+		if err := attachedOnNode(ctx, tx, node, sandbox, id, true); err != nil {
+			return err
+		}
+		return commitVolume(ctx, tx, id, sandbox, node, version, digest)
+	})
+	if err != nil {
+		return fmt.Errorf("commit volume %s version %d of node %s: %w", id, version, node, err)
+	}
+	return nil
+}
+
+// SetNodeVolumeCopy is SetVolumeCopy for node's incarnation epoch, fetching the volume for its
+// sandbox.
+func (s *Store) SetNodeVolumeCopy(ctx context.Context, node string, epoch int64, sandbox, id string, version int64) error {
+	err := s.tx(ctx, func(tx *Tx) error {
+		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
+			return err
+		}
+		if err := attachedOnNode(ctx, tx, node, sandbox, id, false); err != nil {
+			return err
+		}
+		return putVolumeCopy(ctx, tx, id, node, version)
+	})
+	if err != nil {
+		return fmt.Errorf("record volume %s's copy on %s: %w", id, node, err)
+	}
+	return nil
+}
+
+// attachedOnNode fails unless sandbox is node's and has volume id attached (read-write, with
+// writer): denied for another node's sandbox, a conflict when it has the volume no (longer) so.
+func attachedOnNode(ctx context.Context, q querier, node, sandbox, id string, writer bool) error {
+	var owner string
+	var readOnly int
+	err := q.QueryRowContext(ctx, `SELECT s.node, a.read_only FROM volume_attachments a JOIN sandboxes s ON s.id = a.sandbox_id
+		WHERE a.volume_id = ? AND a.sandbox_id = ?`, id, sandbox).Scan(&owner, &readOnly)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return errdefs.Conflict("volume %s is not attached to sandbox %s", id, sandbox)
+	case err != nil:
+		return err
+	case owner != node:
+		return fmt.Errorf("sandbox %s is node %s's, not %s's: %w", sandbox, owner, node, errdefs.ErrDenied)
+	case writer && readOnly != 0:
+		return errdefs.Conflict("volume %s is attached to sandbox %s read-only", id, sandbox)
+	}
+	return nil
+}
+
+// MaxVolumeVersions bounds the IDs of one VolumeVersions call.
+const MaxVolumeVersions = 1000
+
+// VolumeVersions returns the current version of each volume of ids that exists (at most
+// MaxVolumeVersions): an edge's start asks which of the volumes it finds cached or in the blob
+// store are still there, and at which version.
+func (s *Store) VolumeVersions(ctx context.Context, ids []string) (map[string]int64, error) {
+	out := make(map[string]int64, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	if len(ids) > MaxVolumeVersions {
+		return nil, errdefs.Invalid("ids", "%d volume IDs: at most %d a call", len(ids), MaxVolumeVersions)
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	rows, err := s.rdb.QueryContext(ctx, `SELECT id, version FROM volumes WHERE id IN (?`+strings.Repeat(", ?", len(ids)-1)+`)`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read volume versions: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var v int64
+		if err := rows.Scan(&id, &v); err != nil {
+			return nil, fmt.Errorf("read volume versions: %w", err)
+		}
+		out[id] = v
+	}
+	return out, rows.Err()
 }
 
 // SetVolumeCopy records that node caches version of volume id (version < 0: caches none).

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -226,6 +227,81 @@ func TestVolumeVersions(t *testing.T) {
 		}
 		if nodes, err := s.VolumeCopyNodes(ctx, "p", []string{"data"}); err != nil || len(nodes) != 0 {
 			t.Fatalf("a deleted volume's copies: %v, %v", nodes, err)
+		}
+	})
+}
+
+// TestNodeVolumes: what a cluster's edge does with its sandboxes' volumes through the node
+// channel acts only for a sandbox of its node that has the volume attached (read-write for a
+// commit), and a fenced incarnation records nothing.
+func TestNodeVolumes(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		p := mustProject(t, s, "p")
+		for _, n := range []string{"test", "other"} {
+			if _, err := s.Register(ctx, Node{Name: n, URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		v, ro := newVolume(p, "data", 16<<20), newVolume(p, "shared", 16<<20)
+		for _, vol := range []*VolumeRecord{v, ro} {
+			if err := s.CreateVolume(ctx, vol); err != nil {
+				t.Fatal(err)
+			}
+		}
+		reader := withVolumes(newRecord(p.ID, 0), ro, true)
+		writer := withVolumes(newRecord(p.ID, 0), v, false)
+		for _, r := range []*Sandbox{reader, writer} {
+			if err := s.AdmitSandbox(ctx, r, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		digest := strings.Repeat("ab", 32)
+
+		if got, err := s.NodeVolume(ctx, "test", reader.ID, ro.ID); err != nil || got.Version != 0 || got.SizeBytes != ro.SizeBytes {
+			t.Fatalf("a reader's volume: %+v, %v", got, err)
+		}
+		if _, err := s.NodeVolume(ctx, "other", reader.ID, ro.ID); !errors.Is(err, errdefs.ErrDenied) {
+			t.Errorf("another node's sandbox's volume: %v, want denied", err)
+		}
+		if _, err := s.NodeVolume(ctx, "test", reader.ID, v.ID); !errors.Is(err, errdefs.ErrConflict) {
+			t.Errorf("a volume the sandbox has not attached: %v, want a conflict", err)
+		}
+		if err := s.CommitNodeVolume(ctx, "test", 1, reader.ID, ro.ID, 1, digest); !errors.Is(err, errdefs.ErrConflict) {
+			t.Errorf("a reader's commit: %v, want a conflict", err)
+		}
+		if err := s.CommitNodeVolume(ctx, "other", 1, writer.ID, v.ID, 1, digest); !errors.Is(err, errdefs.ErrDenied) {
+			t.Errorf("a commit for another node's writer: %v, want denied", err)
+		}
+		if err := s.CommitNodeVolume(ctx, "test", 2, writer.ID, v.ID, 1, digest); !errors.Is(err, ErrFenced) {
+			t.Errorf("a commit of a fenced incarnation: %v, want ErrFenced", err)
+		}
+		if err := s.CommitNodeVolume(ctx, "test", 1, writer.ID, v.ID, 1, digest); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.NodeVolume(ctx, "test", writer.ID, v.ID); err != nil || got.Version != 1 || got.Digest != digest || len(got.AttachedTo) != 0 {
+			t.Fatalf("after the commit: %+v, %v; want version 1, its digest, no attachments", got, err)
+		}
+		if err := s.SetNodeVolumeCopy(ctx, "test", 2, writer.ID, v.ID, 1); !errors.Is(err, ErrFenced) {
+			t.Errorf("a copy recorded by a fenced incarnation: %v, want ErrFenced", err)
+		}
+		if err := s.SetNodeVolumeCopy(ctx, "other", 1, writer.ID, v.ID, 1); !errors.Is(err, errdefs.ErrDenied) {
+			t.Errorf("a copy recorded for another node's sandbox: %v, want denied", err)
+		}
+		if err := s.SetNodeVolumeCopy(ctx, "test", 1, reader.ID, ro.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+		if nodes, err := s.VolumeCopyNodes(ctx, "p", []string{"data", "shared"}); err != nil || len(nodes) != 1 || nodes[0] != "test" {
+			t.Fatalf("nodes caching the current version: %v, %v", nodes, err)
+		}
+
+		got, err := s.VolumeVersions(ctx, []string{v.ID, ro.ID, "vol-gone"})
+		if err != nil || len(got) != 2 || got[v.ID] != 1 || got[ro.ID] != 0 {
+			t.Fatalf("volume versions: %v, %v; want data at 1, shared at 0, nothing for a deleted one", got, err)
+		}
+		if _, err := s.VolumeVersions(ctx, make([]string, MaxVolumeVersions+1)); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%d IDs at once: %v, want invalid", MaxVolumeVersions+1, err)
 		}
 	})
 }
