@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -50,6 +51,7 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathVolumeCommit, nodeCall(s, maxNodeBody, s.nodeVolumeCommit))
 	mux.HandleFunc("POST "+nodeproto.PathVolumeCopy, nodeCall(s, maxNodeBody, s.nodeVolumeCopy))
 	mux.HandleFunc("POST "+nodeproto.PathVolumeVersions, nodeCall(s, maxNodeBody, s.nodeVolumeVersions))
+	mux.HandleFunc("POST "+nodeproto.PathDigestsInUse, nodeCall(s, maxNodeBody, s.nodeDigestsInUse))
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))
@@ -409,6 +411,18 @@ func (s *Server) nodeVolumeVersions(ctx context.Context, _ string, req *nodeprot
 		return nil, err
 	}
 	return &nodeproto.VolumeVersionsResponse{Versions: v}, nil
+}
+
+// nodeDigestsInUse answers which of the layer blobs asked about are in use, for an edge's GC.
+func (s *Server) nodeDigestsInUse(ctx context.Context, _ string, req *nodeproto.DigestsInUseRequest) (*nodeproto.DigestsInUseResponse, error) {
+	if len(req.Digests) > nodeproto.MaxDigests {
+		return nil, errdefs.Invalid("digests", "%d digests: at most %d a call", len(req.Digests), nodeproto.MaxDigests)
+	}
+	used, err := s.store.DigestsInUse(ctx, req.Digests)
+	if err != nil {
+		return nil, err
+	}
+	return &nodeproto.DigestsInUseResponse{InUse: slices.Sorted(maps.Keys(used))}, nil
 }
 
 // nodeListSteps reads a page of the trajectory of one of the caller's sandboxes.

@@ -400,6 +400,21 @@ func TestNodeStart(t *testing.T) {
 	if got, err := vols.VolumeVersions(ctx, []string{vol.ID, "vol-0000000000000000"}); err != nil || len(got) != 1 || got[vol.ID] != 1 {
 		t.Errorf("volume versions: %v, %v; want %s at 1 alone", got, err, vol.ID)
 	}
+
+	// Layer blobs in use, for an edge's GC: named by a published version, or in the rootfs of
+	// a live sandbox of any node.
+	if _, _, err := st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:published"}); err != nil {
+		t.Fatal(err)
+	}
+	other := writer
+	other.ID, other.Node, other.Lower, other.Volumes, other.VolumeIDs = "sb-edge2-rrrrrrrrrrrrrrrr", "edge2", []string{"sha256:rootfs"}, nil, nil
+	if err := st.AdmitSandbox(ctx, &other, nil); err != nil {
+		t.Fatal(err)
+	}
+	used, err := edge1.Digests().DigestsInUse(ctx, []string{"sha256:published", "sha256:rootfs", "sha256:unused"})
+	if err != nil || len(used) != 2 || !used["sha256:published"] || !used["sha256:rootfs"] {
+		t.Errorf("digests in use: %v, %v; want the published one and the other node's sandbox's", used, err)
+	}
 }
 
 func TestSweepAfter(t *testing.T) {

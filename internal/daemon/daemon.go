@@ -626,9 +626,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if ecfg.Instance = instance; reg != nil && reg.records != nil {
 		ecfg.OwnRecords = own
 	}
+	// The servers read and record the volumes' versions and say which layer blobs are in use;
+	// with an older one, the edge asks the store.
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureVolumes) {
-		// The servers read and record the volumes' versions; an older one leaves it to the store.
 		ecfg.VolumeCatalog = cfg.Cluster.Servers.Volumes(node.Epoch)
+	}
+	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureDigests) {
+		ecfg.LayerUse = cfg.Cluster.Servers.Digests()
 	}
 	if node != nil {
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true

@@ -177,8 +177,9 @@ type Config struct {
 	Trajectory Trajectory
 	Records    Records
 	// VolumeCatalog reads and records the versions of its sandboxes' volumes in a cluster
-	// (volblob.go); nil: the store.
+	// (volblob.go), and LayerUse says which layer blobs are in use (gc.go); nil: the store.
 	VolumeCatalog VolumeCatalog
+	LayerUse      LayerUse
 	// Instance names this Corral in the shared catalogue (store.Instance); "": the store's.
 	Instance string
 	// OwnRecords, when set, returns the records of the sandboxes this node may still run (live,
@@ -256,6 +257,7 @@ type Edge struct {
 	traj     Trajectory
 	records  Records
 	volCat   VolumeCatalog
+	layerUse LayerUse
 	// own is the copy of the node's records of sandboxes that have not ended (records.go), which
 	// records writes through to.
 	own *ownRecords
@@ -435,6 +437,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	e.records = writeThrough{Records: records, own: e.own}
 	if e.volCat = cfg.VolumeCatalog; e.volCat == nil {
 		e.volCat = storeVolumes{st, cfg.Node}
+	}
+	if e.layerUse = cfg.LayerUse; e.layerUse == nil {
+		e.layerUse = st
 	}
 	if cfg.ArtifactDir != "" {
 		a, err := openArtifacts(cfg.ArtifactDir)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -59,24 +58,27 @@ func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
 	if err != nil {
 		return res, err
 	}
-	shared, err := e.sharedDigests(ctx)
-	if err != nil {
-		return res, err
-	}
+	var candidates []string
+	size := map[string]int64{}
 	for _, b := range blobs {
 		// Another Corral writes its record before its ref: a blob it imported within the hour
 		// may be about to be published.
-		if shared[b.Digest] || (b.ImportedBy != e.instance && time.Since(b.Imported) < foreignImportGrace) {
+		if b.ImportedBy != e.instance && time.Since(b.Imported) < foreignImportGrace {
 			continue
 		}
-		removed, err := e.removeIfUnused(ctx, b.Digest)
-		if err != nil {
+		candidates = append(candidates, b.Digest)
+		size[b.Digest] = b.Size
+	}
+	unused, err := e.unusedDigests(ctx, candidates)
+	if err != nil {
+		return res, err
+	}
+	for _, d := range unused {
+		if err := e.layers.Remove(ctx, d); err != nil {
 			return res, err
 		}
-		if removed {
-			res.Removed++
-			res.Bytes += b.Size
-		}
+		res.Removed++
+		res.Bytes += size[d]
 	}
 	n, bytes, err := e.layers.CollectImages(ctx)
 	if err != nil {
@@ -88,31 +90,48 @@ func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
 	return res, nil
 }
 
-// removeIfUnused removes digest's blob unless a published version (of this node or of the shared
-// catalogue), a live sandbox or a pooled one uses it. Preconditions: e.layersMu is held for writing.
+// LayerUse says which layer blobs a published version names or a live sandbox of any node has
+// in its rootfs: the store (store.DigestsInUse), or a cluster's servers (nodeproto.Digests),
+// which see every node's sandboxes.
+type LayerUse interface {
+	DigestsInUse(ctx context.Context, digests []string) (map[string]bool, error)
+}
+
+// removeIfUnused removes digest's blob unless it is in use (unusedDigests). Preconditions:
+// e.layersMu is held for writing.
 func (e *Edge) removeIfUnused(ctx context.Context, digest string) (bool, error) {
-	if inUse, err := e.store.LayerDigestInUse(ctx, digest); err != nil || inUse {
+	unused, err := e.unusedDigests(ctx, []string{digest})
+	if err != nil || len(unused) == 0 {
 		return false, err
-	}
-	if shared, err := e.sharedDigests(ctx); err != nil || shared[digest] {
-		return false, err
-	}
-	recs, err := e.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}})
-	if err != nil {
-		return false, err
-	}
-	for _, r := range recs {
-		for _, d := range r.Lower {
-			if d == digest {
-				return false, nil
-			}
-		}
-	}
-	if e.warm.usesDigest(digest) {
-		return false, nil // a pooled sandbox has no record but the blob in its rootfs
 	}
 	if err := e.layers.Remove(ctx, digest); err != nil {
 		return false, err
 	}
 	return true, nil
+}
+
+// unusedDigests returns those of digests that no published version (of this node or of the
+// shared catalogue), no live sandbox of any node and no pooled sandbox of this one uses: one
+// question to the store or the servers and one listing of the shared catalogue, whatever the
+// number of digests. Preconditions: e.layersMu is held for writing.
+func (e *Edge) unusedDigests(ctx context.Context, digests []string) ([]string, error) {
+	if len(digests) == 0 {
+		return nil, nil
+	}
+	inUse, err := e.layerUse.DigestsInUse(ctx, digests)
+	if err != nil {
+		return nil, err
+	}
+	shared, err := e.sharedDigests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, d := range digests {
+		// A pooled sandbox has no record but the blob in its rootfs.
+		if !inUse[d] && !shared[d] && !e.warm.usesDigest(d) {
+			out = append(out, d)
+		}
+	}
+	return out, nil
 }

@@ -47,6 +47,7 @@ const (
 	PathVolumeCommit   = "/node/v1/volume/commit"
 	PathVolumeCopy     = "/node/v1/volume/copy"
 	PathVolumeVersions = "/node/v1/volumes/versions"
+	PathDigestsInUse   = "/node/v1/layers/in-use"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -114,10 +115,12 @@ type RegisterResponse struct {
 const (
 	// FeatureVolumes: PathVolume, PathVolumeCommit, PathVolumeCopy and PathVolumeVersions.
 	FeatureVolumes = "volumes"
+	// FeatureDigests: PathDigestsInUse.
+	FeatureDigests = "digests"
 )
 
 // Features lists what this build's replicas serve.
-var Features = []string{FeatureVolumes}
+var Features = []string{FeatureVolumes, FeatureDigests}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.
@@ -239,6 +242,21 @@ type VolumeVersionsRequest struct {
 // VolumeVersionsResponse maps each volume asked about that exists to its current version.
 type VolumeVersionsResponse struct {
 	Versions map[string]int64 `json:"versions"`
+}
+
+// MaxDigests bounds the digests of one DigestsInUseRequest.
+const MaxDigests = 1000
+
+// DigestsInUseRequest asks which of these layer blobs (at most MaxDigests) a published
+// version names or a live sandbox of any node has in its rootfs (store.DigestsInUse): those
+// an edge's layer GC keeps.
+type DigestsInUseRequest struct {
+	Digests []string `json:"digests"`
+}
+
+// DigestsInUseResponse lists the digests asked about that are in use.
+type DigestsInUseResponse struct {
+	InUse []string `json:"in_use"`
 }
 
 // ListStepsResponse is a page of a trajectory, in order.

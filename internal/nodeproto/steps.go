@@ -161,3 +161,26 @@ func (v Volumes) VolumeVersions(ctx context.Context, ids []string) (map[string]i
 	}
 	return out, nil
 }
+
+// Digests returns what tells an edge's layer GC which blobs are in use: the servers, which see
+// every node's sandboxes (edge.LayerUse).
+func (s *Servers) Digests() Digests { return Digests{s} }
+
+// Digests asks the servers which layer blobs are in use.
+type Digests struct{ s *Servers }
+
+// DigestsInUse returns which of digests a published version names or a live sandbox of any node
+// has in its rootfs, asking in batches of MaxDigests.
+func (d Digests) DigestsInUse(ctx context.Context, digests []string) (map[string]bool, error) {
+	out := make(map[string]bool, len(digests))
+	for batch := range slices.Chunk(digests, MaxDigests) {
+		var ans DigestsInUseResponse
+		if err := d.s.call(ctx, PathDigestsInUse, DigestsInUseRequest{Digests: batch}, &ans); err != nil {
+			return nil, fmt.Errorf("ask the servers which layer blobs are in use: %w", err)
+		}
+		for _, dg := range ans.InUse {
+			out[dg] = true
+		}
+	}
+	return out, nil
+}

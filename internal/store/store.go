@@ -1794,7 +1794,7 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 // DeleteLayer removes the published version name:version. It is refused (ErrConflict, naming
 // the reference) while a tag points at it, a saved environment names it (directly or through a
 // tag), or a snapshot layer stacks on it. The layer's tree is the caller's to remove when no
-// other version has the same digest (LayerDigestInUse) and no sandbox uses it.
+// other version has the same digest and no sandbox uses it (DigestsInUse).
 func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
 	var l corral.Layer
 	err := s.tx(ctx, func(tx *Tx) error {
@@ -1945,11 +1945,51 @@ func (s *Store) PutSetting(ctx context.Context, key string, doc []byte) error {
 	return nil
 }
 
-// LayerDigestInUse reports whether any published layer references digest.
-func (s *Store) LayerDigestInUse(ctx context.Context, digest string) (bool, error) {
-	var n int
-	if err := s.rdb.QueryRowContext(ctx, `SELECT COUNT(*) FROM layers WHERE digest = ?`, digest).Scan(&n); err != nil {
-		return false, fmt.Errorf("check layer digest %s: %w", digest, err)
+// DigestsInUse returns which of digests a published version names or a live sandbox of any
+// node has in its rootfs: the blobs GC must keep. It reads the live sandboxes once, whatever
+// the number of digests.
+func (s *Store) DigestsInUse(ctx context.Context, digests []string) (map[string]bool, error) {
+	out := make(map[string]bool, len(digests))
+	if len(digests) == 0 {
+		return out, nil
 	}
-	return n > 0, nil
+	wanted := make(map[string]bool, len(digests))
+	for batch := range slices.Chunk(digests, 500) {
+		args := make([]any, len(batch))
+		for i, d := range batch {
+			args[i], wanted[d] = d, true
+		}
+		if err := s.publishedDigests(ctx, args, out); err != nil {
+			return nil, fmt.Errorf("check layer digests: %w", err)
+		}
+	}
+	recs, err := s.ListSandboxes(ctx, SandboxFilter{States: LiveStates()})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range recs {
+		for _, d := range r.Lower {
+			if wanted[d] {
+				out[d] = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// publishedDigests marks in out those of digests (args) that a published version names.
+func (s *Store) publishedDigests(ctx context.Context, digests []any, out map[string]bool) error {
+	rows, err := s.rdb.QueryContext(ctx, `SELECT DISTINCT digest FROM layers WHERE digest IN (?`+strings.Repeat(", ?", len(digests)-1)+`)`, digests...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d string
+		if err := rows.Scan(&d); err != nil {
+			return err
+		}
+		out[d] = true
+	}
+	return rows.Err()
 }

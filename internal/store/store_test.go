@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -121,8 +122,25 @@ func TestPublishLayerIsImmutable(t *testing.T) {
 		if err != nil || got.Digest != "sha256:aa" {
 			t.Fatalf("GetLayer = %+v, %v; want the first digest kept", got, err)
 		}
-		if inUse, _ := s.LayerDigestInUse(ctx, "sha256:bb"); inUse {
-			t.Fatal("rejected digest recorded as in use")
+		if inUse, err := s.DigestsInUse(ctx, []string{"sha256:aa", "sha256:bb"}); err != nil || !inUse["sha256:aa"] || inUse["sha256:bb"] {
+			t.Fatalf("digests in use: %v, %v; want the published one alone, not the rejected one", inUse, err)
+		}
+		// A live sandbox's rootfs keeps a blob no version names; an ended one's does not.
+		for i, state := range []string{corral.StateRunning, corral.StateStopped} {
+			rec := &Sandbox{Sandbox: corral.Sandbox{ID: fmt.Sprintf("sb-test-%016d", 900+i), Node: "test", State: state}, Lower: []string{"sha256:cc" + state}}
+			if err := s.PutSandbox(ctx, rec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if inUse, err := s.DigestsInUse(ctx, []string{"sha256:ccrunning", "sha256:ccstopped"}); err != nil || !inUse["sha256:ccrunning"] || inUse["sha256:ccstopped"] {
+			t.Fatalf("digests of sandboxes' rootfs in use: %v, %v; want the running one's alone", inUse, err)
+		}
+		many := make([]string, 1200) // more than one query's worth
+		for i := range many {
+			many[i] = fmt.Sprintf("sha256:%04d", i)
+		}
+		if inUse, err := s.DigestsInUse(ctx, append(many, "sha256:aa")); err != nil || len(inUse) != 1 || !inUse["sha256:aa"] {
+			t.Fatalf("1201 digests, one published: %v, %v", len(inUse), err)
 		}
 	})
 }
