@@ -313,6 +313,15 @@ func recountVolumes(ctx context.Context, tx *Tx) error {
 
 // GetVolumeByID returns the volume with this ID, with its attachments.
 func (s *Store) GetVolumeByID(ctx context.Context, id string) (*VolumeRecord, error) {
+	v, err := s.volumeByID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return v, s.fillAttachments(ctx, []*VolumeRecord{v})
+}
+
+// volumeByID returns the volume with this ID, without its attachments.
+func (s *Store) volumeByID(ctx context.Context, id string) (*VolumeRecord, error) {
 	v, err := scanVolume(s.rdb.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes v LEFT JOIN projects p ON p.id = v.project_id
 		WHERE v.id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -321,7 +330,7 @@ func (s *Store) GetVolumeByID(ctx context.Context, id string) (*VolumeRecord, er
 	if err != nil {
 		return nil, fmt.Errorf("get volume %s: %w", id, err)
 	}
-	return v, s.fillAttachments(ctx, []*VolumeRecord{v})
+	return v, nil
 }
 
 // CommitVolumeVersion records version (from-1 is the one the writer attached at) with its
@@ -362,15 +371,7 @@ func (s *Store) NodeVolume(ctx context.Context, node, sandbox, id string) (*Volu
 	if err := attachedOnNode(ctx, s.rdb, node, sandbox, id, false); err != nil {
 		return nil, fmt.Errorf("volume %s of node %s: %w", id, node, err)
 	}
-	v, err := scanVolume(s.rdb.QueryRowContext(ctx, `SELECT `+volumeCols+` FROM volumes v LEFT JOIN projects p ON p.id = v.project_id
-		WHERE v.id = ?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errdefs.NotFound("volume %s", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get volume %s: %w", id, err)
-	}
-	return v, nil
+	return s.volumeByID(ctx, id)
 }
 
 // CommitNodeVolume is CommitVolumeVersion for node's incarnation epoch, whose sandbox is the
