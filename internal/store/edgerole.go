@@ -24,11 +24,13 @@ import (
 // sandboxes' usage rows (the report's), which the servers write from the edges' activity batches
 // and the sandboxes' own records; and so do the trajectories, which the servers write and read
 // for an edge's own sandboxes only. The audit log is served by the servers, so an edge only adds
-// to it: it can neither read it nor erase what it did. A stolen edge's credentials then mint no
-// token, forge no server certificate, sign no webhook delivery and cover no tracks. Every other
-// table is the edge's to read and write (its sandboxes, layers it imports, volumes, idempotency
-// keys), but the nodes: it reads them and may lock a row, since its nodes' registrations and
-// heartbeats go through the servers.
+// to it: it can neither read it nor erase what it did. The sandboxes' records are written by
+// the servers once admitted (the node channel, which keeps what admission decided), so an edge
+// only adds records, at admission, and changes none. A stolen edge's credentials then mint no
+// token, forge no server certificate, sign no webhook delivery, cover no tracks and rewrite no
+// other node's sandbox. Every other table is the edge's to read and write (layers it imports,
+// volumes, quota usage, idempotency keys), but the nodes: it reads them and may lock a row,
+// since its nodes' registrations and heartbeats go through the servers.
 
 // edgeDenied lists the tables an edge role gets no privilege on.
 var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage", "settings", "trajectory"}
@@ -48,6 +50,10 @@ var edgeLockOnly = map[string]string{"nodes": "lock_only"}
 // edgeAppendOnly lists the tables an edge role may only add rows to, with the columns it may
 // read (an insert's conflict key, when it has one): the audit log.
 var edgeAppendOnly = map[string]string{"audit": ""}
+
+// edgeInsertOnly lists the tables an edge role may read and add rows to, but not change: the
+// sandboxes' records, which admission adds (store.AdmitSandbox) and the servers write after.
+var edgeInsertOnly = []string{"sandboxes"}
 
 // CatalogSetting is the setting that keeps the network service catalogue saved through the API
 // (PUT /v1/network/services): the servers write it and send it to every edge.
@@ -103,6 +109,8 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, UPDATE (%s) ON %s TO %s`, q(lockCol), q(t), role))
 		case slices.Contains(edgeReadOnly, t):
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT ON %s TO %s`, q(t), role))
+		case slices.Contains(edgeInsertOnly, t):
+			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, INSERT ON %s TO %s`, q(t), role))
 		case appendOnly:
 			stmts = append(stmts, fmt.Sprintf(`GRANT INSERT ON %s TO %s`, q(t), role))
 			if key != "" {

@@ -82,9 +82,18 @@ func TestEdgeRole(t *testing.T) {
 	if err := edge.AdmitSandbox(ctx, sb, nil); err != nil {
 		t.Errorf("admit a sandbox of the edge's node (its row locked to check the epoch): %v", err)
 	}
+	// Once admitted, a record is the servers' to write (the node channel): the role adds
+	// records and changes none, its node's or another's.
 	sb.State = corral.StateRunning
-	if err := edge.PutSandbox(ctx, sb); err != nil {
-		t.Errorf("write the record of a sandbox of the edge's node: %v", err)
+	if err := edge.PutSandbox(ctx, sb); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("rewrite an admitted record as the edge role: %v, want permission denied", err)
+	}
+	if err := owner.PutNodeSandbox(ctx, "n1", 1, sb); err != nil {
+		t.Errorf("the servers write it: %v", err)
+	}
+	var sbPriv string
+	if err := edge.db.QueryRowContext(ctx, `SELECT has_table_privilege('sandboxes', 'SELECT')::text || has_table_privilege('sandboxes', 'INSERT')::text || has_table_privilege('sandboxes', 'UPDATE')::text || has_table_privilege('sandboxes', 'DELETE')::text`).Scan(&sbPriv); err != nil || sbPriv != "truetruefalsefalse" {
+		t.Errorf("the edge role on sandboxes (select, insert, update, delete): %s, %v; want read and insert only", sbPriv, err)
 	}
 	if _, err := edge.Register(ctx, Node{Name: "n2", URL: "https://127.0.0.1:2"}, time.Minute); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("register a node as the edge role: %v, want permission denied", err)
@@ -92,7 +101,7 @@ func TestEdgeRole(t *testing.T) {
 	if _, err := edge.Heartbeat(ctx, "n1", 1, Resources{}, time.Hour); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("renew a lease as the edge role: %v, want permission denied", err)
 	}
-	for _, table := range []string{"sandboxes", "layers", "volumes", "project_usage", "idempotency"} {
+	for _, table := range []string{"layers", "volumes", "project_usage", "idempotency"} {
 		var ok bool
 		if err := edge.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT has_table_privilege('%s', 'SELECT') AND has_table_privilege('%s', 'INSERT') AND has_table_privilege('%s', 'UPDATE') AND has_table_privilege('%s', 'DELETE')`, table, table, table, table)).Scan(&ok); err != nil || !ok {
 			t.Errorf("the edge role on %s: read and write %v, %v", table, ok, err)
@@ -142,6 +151,8 @@ func TestEdgeRole(t *testing.T) {
 		`SELECT count(*) FROM trajectory`,
 		`DELETE FROM trajectory`,
 		`UPDATE sandbox_usage SET tokens = 0`,
+		`UPDATE sandboxes SET project_id = 'elsewhere'`,
+		`DELETE FROM sandboxes`,
 	} {
 		if _, err := edge.db.ExecContext(ctx, q); err == nil || !strings.Contains(err.Error(), "permission denied") {
 			t.Errorf("as the edge role, %s: %v (want permission denied)", q, err)

@@ -60,7 +60,7 @@ func (s *Store) AdmitSandboxes(ctx context.Context, sbs []*Sandbox) error {
 			}
 		}
 		for _, sb := range sbs {
-			if err := putSandbox(ctx, tx, sb); err != nil {
+			if err := insertSandbox(ctx, tx, sb); err != nil {
 				return err
 			}
 		}

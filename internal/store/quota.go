@@ -558,7 +558,7 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency)
 		if err := attachVolumes(ctx, tx, sb); err != nil {
 			return err
 		}
-		return putSandbox(ctx, tx, sb)
+		return insertSandbox(ctx, tx, sb)
 	})
 	if isUnique(err) && key != nil {
 		// A create with the same key committed first (PostgreSQL): answer with its sandbox.

@@ -742,6 +742,30 @@ func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
 			return fmt.Errorf("put sandbox %s: detach volumes: %w", sb.ID, err)
 		}
 	}
+	return writeSandboxRow(ctx, q, sb, `
+		ON CONFLICT (id) DO UPDATE SET node = excluded.node, state = excluded.state,
+			expires_at = excluded.expires_at, doc = excluded.doc, project_id = excluded.project_id, tier = excluded.tier,
+			cpus = excluded.cpus, memory_bytes = excluded.memory_bytes, disk_bytes = excluded.disk_bytes, ended_ns = excluded.ended_ns`)
+}
+
+// insertSandbox writes the row of a sandbox that admission records (its ID is new) and counts
+// it in its project's usage. A plain insert: the edges' store role may add records but not
+// change one (EdgeRoleSQL), so a stolen edge's credentials rewrite no record of another node.
+func insertSandbox(ctx context.Context, q querier, sb *Sandbox) error {
+	if sb.ProjectID == "" {
+		sb.ProjectID = RootProjectID
+	}
+	if slices.Contains(liveStates, sb.State) {
+		row := usageRow{project: sb.ProjectID, tier: sb.Tier, cpus: sb.Limits.CPUs, memory: sb.Limits.MemoryBytes, disk: sb.Limits.DiskBytes}
+		if err := addUsage(ctx, q, row, 1); err != nil {
+			return fmt.Errorf("admit sandbox %s: usage: %w", sb.ID, err)
+		}
+	}
+	return writeSandboxRow(ctx, q, sb, "")
+}
+
+// writeSandboxRow inserts sb's row, with onConflict after the statement.
+func writeSandboxRow(ctx context.Context, q querier, sb *Sandbox, onConflict string) error {
 	project := sb.Project
 	sb.Project = "" // the path is the project's, read fresh on every get
 	doc, err := json.Marshal(sb)
@@ -750,10 +774,7 @@ func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
 		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
 	}
 	_, err = q.ExecContext(ctx, `INSERT INTO sandboxes (id, node, state, expires_at, doc, project_id, tier, cpus, memory_bytes, disk_bytes, created_ns, ended_ns)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (id) DO UPDATE SET node = excluded.node, state = excluded.state,
-			expires_at = excluded.expires_at, doc = excluded.doc, project_id = excluded.project_id, tier = excluded.tier,
-			cpus = excluded.cpus, memory_bytes = excluded.memory_bytes, disk_bytes = excluded.disk_bytes, ended_ns = excluded.ended_ns`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`+onConflict,
 		sb.ID, sb.Node, sb.State, sb.ExpiresAt.UnixNano(), string(doc), sb.ProjectID, sb.Tier,
 		sb.Limits.CPUs, sb.Limits.MemoryBytes, sb.Limits.DiskBytes, sb.CreatedAt.UnixNano(), endedNS(sb))
 	if err != nil {
