@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -434,5 +435,69 @@ func TestSweepAfter(t *testing.T) {
 	}
 	if got := sweepAfter(nil); got != 0 {
 		t.Errorf("sweepAfter of no nodes = %v", got)
+	}
+}
+
+// TestRecordsOfEndedSandboxes: a replica answers the record of a sandbox that ended from the
+// store, with the caller's permission checked as the edge would, without its edge; a live
+// sandbox's record is its edge's to answer, or the store's as last written when the edge
+// cannot be reached.
+func TestRecordsOfEndedSandboxes(t *testing.T) {
+	ctx := context.Background()
+	st, _, hs, dir := nodeChannelReplica(t)
+	j, err := Join(ctx, hs.URL, filepath.Join(dir, "join.token"), "edge1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered at an address nothing answers: its edge is unreachable.
+	if _, err := j.Servers.Register(ctx, nodeproto.RegisterRequest{URL: "https://127.0.0.1:1", Protocol: nodeproto.Version, LeaseTTLMillis: 60000}); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := corral.New(hs.URL, strings.TrimSpace(string(admin)))
+	for _, p := range []string{"team", "other"} {
+		if _, err := c.CreateProject(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	team, err := st.GetProject(ctx, "team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UTC()
+	put := func(id, state string) {
+		t.Helper()
+		rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: id, Node: "edge1", Tier: "container", State: state, CreatedAt: at, ExpiresAt: at.Add(time.Hour)}, ProjectID: team.ID}
+		if state == corral.StateStopped {
+			rec.Reason, rec.EndedAt = corral.ReasonDeleted, at
+		}
+		if err := st.PutSandbox(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const ended, live = "sb-edge1-eeeeeeeeeeeeeeee", "sb-edge1-llllllllllllllll"
+	put(ended, corral.StateStopped)
+	put(live, corral.StateRunning)
+	if got, err := c.GetSandbox(ctx, ended); err != nil || got.State != corral.StateStopped || got.Project != "team" {
+		t.Fatalf("an ended sandbox's record, its edge unreachable: %+v, %v", got, err)
+	}
+	// A live one's is its edge's; when the edge cannot be reached, the replica answers it as
+	// the store last had it.
+	if got, err := c.GetSandbox(ctx, live); err != nil || got.State != corral.StateRunning {
+		t.Fatalf("a live sandbox's record, its edge unreachable: %+v, %v", got, err)
+	}
+	tok, err := c.CreateToken(ctx, corral.TokenRequest{Project: "other", Role: corral.RoleUser, Kind: "agent", Name: "elsewhere", TTL: "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var apiErr *corral.APIError
+	if _, err := corral.New(hs.URL, tok.Token).GetSandbox(ctx, ended); !errors.As(err, &apiErr) || (apiErr.Status != 403 && apiErr.Status != 404) {
+		t.Errorf("another project's token reads the ended record: %v, want refused", err)
+	}
+	if _, err := c.GetSandbox(ctx, "sb-edge1-nnnnnnnnnnnnnnnn"); !errors.As(err, &apiErr) || apiErr.Status != 404 {
+		t.Errorf("a sandbox with no record: %v, want 404", err)
 	}
 }

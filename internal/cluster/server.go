@@ -621,14 +621,24 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			// What an edge reads from the shared store any other edge can read too: when the
-			// edge cannot be reached (it may have stopped, or been cut off, since the node list
-			// was read: a failed dial, or a connection that broke), a read that is not about one
-			// sandbox, or a sandbox's record, goes to another edge, and so on until one answers
-			// or every edge was tried. Nothing was written to w yet. An edge that answered with
-			// the wrong identity (a TLS or certificate failure) is reported, never skipped.
+			// When the edge cannot be reached (it may have stopped, or been cut off, since the
+			// node list was read: a failed dial, or a connection that broke), a sandbox's record
+			// is read from the store here, as it was last written, and a read that is not about
+			// one sandbox, which any edge answers from the shared store, goes to another edge,
+			// and so on until one answers or every edge was tried. Nothing was written to w yet.
+			// An edge that answered with the wrong identity (a TLS or certificate failure) is
+			// reported, never skipped.
 			id := r.PathValue("id")
-			if r.Method == http.MethodGet && (id == "" || r.URL.Path == "/v1/sandboxes/"+id) {
+			if id != "" && recordRead(r, id) && r.Context().Err() == nil && unreachable(err) {
+				rec, err := s.store.GetSandbox(r.Context(), id)
+				if err != nil {
+					httpjson.Error(w, r, s.log, err)
+					return
+				}
+				s.serveRecord(w, r, rec)
+				return
+			}
+			if r.Method == http.MethodGet && id == "" {
 				if r.Context().Err() == nil && unreachable(err) {
 					tried, _ := r.Context().Value(triedEdges{}).([]string)
 					tried = append(slices.Clip(tried), n.URL)
@@ -679,8 +689,14 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 	case !ok:
 		httpjson.Error(w, r, s.log, errdefs.NotFound("sandbox %s (no node %s in this cluster)", id, name))
 		return
-	case n.State == corral.NodeLost && r.Method == http.MethodGet && r.URL.Path == "/v1/sandboxes/"+id:
-		s.toAny(w, r)
+	case n.State == corral.NodeLost && recordRead(r, id):
+		// Its records are the store's: failed with node_lost.
+		rec, err := s.store.GetSandbox(r.Context(), id)
+		if err != nil {
+			httpjson.Error(w, r, s.log, err)
+			return
+		}
+		s.serveRecord(w, r, rec)
 		return
 	case n.State == corral.NodeLost:
 		httpjson.Error(w, r, s.log, errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes failed with %s)", id, name, corral.ReasonNodeLost))
@@ -693,14 +709,59 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 	}
 	if n.Protocol >= nodeproto.Version {
 		// The edge authorises the request on the sandbox's project as it is now (moves
-		// included) without a read of its own. Not found here: the edge says so.
-		if p, err := s.store.SandboxProject(r.Context(), id); err == nil {
-			r = apiserver.OnSandbox(r, id, p)
+		// included) without a read of its own.
+		project, known, answered := s.sandboxProject(w, r, id)
+		if answered {
+			return
+		}
+		if known {
+			r = apiserver.OnSandbox(r, id, project)
 		}
 	}
 	r, span := trace.StartRequest(r, trace.Route, trace.Sandbox(id), trace.Node(name))
 	defer span.End(nil)
 	c.serve(w, r)
+}
+
+// recordRead reports whether r reads the record of sandbox id (GET /v1/sandboxes/{id}, without
+// waiting for a state).
+func recordRead(r *http.Request, id string) bool {
+	return r.Method == http.MethodGet && r.URL.Path == "/v1/sandboxes/"+id && r.URL.Query().Get("wait") == ""
+}
+
+// sandboxProject returns the canonical path of the project of sandbox id, for r on its way to
+// the sandbox's edge; known is false when the store could not say (not found: the edge says
+// so). A read of the record of a sandbox that ended is answered here instead (answered): the
+// edge holds only its live sandboxes' records.
+func (s *Server) sandboxProject(w http.ResponseWriter, r *http.Request, id string) (project string, known, answered bool) {
+	if !recordRead(r, id) {
+		p, err := s.store.SandboxProject(r.Context(), id)
+		return p, err == nil, false
+	}
+	rec, err := s.store.GetSandbox(r.Context(), id)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return "", false, true
+	}
+	if rec.State != corral.StateStopped && rec.State != corral.StateFailed {
+		p, err := iam.ParsePath("project", rec.Project) // the record's display form
+		return p, err == nil, false
+	}
+	s.serveRecord(w, r, rec)
+	return "", false, true
+}
+
+// serveRecord answers a read of rec as the edge would: the record, or the caller's refusal.
+func (s *Server) serveRecord(w http.ResponseWriter, r *http.Request, rec *store.Sandbox) {
+	project, err := iam.ParsePath("project", rec.Project) // the record's display form
+	if err == nil {
+		err = apiserver.Require(r, iam.SandboxRead, project)
+	}
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	httpjson.Write(w, http.StatusOK, rec.Sandbox)
 }
 
 // toAny sends a request that is not about one sandbox to a ready (or at least not lost) edge,
