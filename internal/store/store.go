@@ -680,26 +680,25 @@ func (s *Store) PutNodeSandbox(ctx context.Context, node string, epoch int64, sb
 		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
 			return err
 		}
-		var doc, project, state, owner string
-		err := tx.QueryRowContext(ctx, `SELECT doc, project_id, state, node FROM sandboxes WHERE id = ?`+forUpdate(tx), sb.ID).Scan(&doc, &project, &state, &owner)
+		old, err := readStoredRow(ctx, tx, sb.ID, forUpdate(tx))
 		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return errdefs.NotFound("sandbox %s (a record is written by its admission first)", sb.ID)
 		case err != nil:
 			return err
-		case owner != node:
-			return fmt.Errorf("sandbox %s is node %s's, not %s's: %w", sb.ID, owner, node, errdefs.ErrDenied)
-		case !slices.Contains(liveStates, state) && (slices.Contains(liveStates, sb.State) || (sb.State == corral.StateDeleting && state != corral.StateDeleting)):
+		case !old.found:
+			return errdefs.NotFound("sandbox %s (a record is written by its admission first)", sb.ID)
+		case old.node != node:
+			return fmt.Errorf("sandbox %s is node %s's, not %s's: %w", sb.ID, old.node, node, errdefs.ErrDenied)
+		case !slices.Contains(liveStates, old.state) && (slices.Contains(liveStates, sb.State) || (sb.State == corral.StateDeleting && old.state != corral.StateDeleting)):
 			// Deleting released the quota; stopped and failed are ends.
-			return errdefs.Conflict("sandbox %s is %s: it cannot become %s again", sb.ID, state, sb.State)
+			return errdefs.Conflict("sandbox %s is %s: it cannot become %s again", sb.ID, old.state, sb.State)
 		}
 		var was Sandbox
-		if err := json.Unmarshal([]byte(doc), &was); err != nil {
+		if err := json.Unmarshal([]byte(old.doc), &was); err != nil {
 			return fmt.Errorf("decode the record of %s: %w", sb.ID, err)
 		}
-		sb.ProjectID, sb.Tier, sb.Limits, sb.Node, sb.CreatedAt = project, was.Tier, was.Limits, owner, was.CreatedAt
+		sb.ProjectID, sb.Tier, sb.Limits, sb.Node, sb.CreatedAt = old.usage.project, was.Tier, was.Limits, old.node, was.CreatedAt
 		sb.VolumeIDs, sb.Volumes = was.VolumeIDs, was.Volumes
-		return putSandbox(ctx, tx, sb)
+		return putSandboxOver(ctx, tx, sb, old)
 	})
 	if err != nil {
 		return fmt.Errorf("record sandbox %s of node %s: %w", sb.ID, node, err)
@@ -707,27 +706,49 @@ func (s *Store) PutNodeSandbox(ctx context.Context, node string, epoch int64, sb
 	return nil
 }
 
+// storedRow is a sandbox's row as stored, as far as a write of its record needs it.
+type storedRow struct {
+	found      bool
+	doc, node  string
+	state      string
+	usage      usageRow // what it counts while live, its stored trajectory included
+	trajectory int64    // its stored trajectory, charged to its project's disk while it is live
+}
+
+// readStoredRow reads the row of sandbox id, with lock (forUpdate, or "").
+func readStoredRow(ctx context.Context, q querier, id, lock string) (storedRow, error) {
+	var r storedRow
+	err := q.QueryRowContext(ctx, `SELECT doc, node, state, project_id, tier, cpus, memory_bytes, disk_bytes, trajectory_bytes FROM sandboxes WHERE id = ?`+lock, id).
+		Scan(&r.doc, &r.node, &r.state, &r.usage.project, &r.usage.tier, &r.usage.cpus, &r.usage.memory, &r.usage.disk, &r.trajectory)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, nil
+	}
+	r.found = err == nil
+	r.usage.disk += r.trajectory
+	return r, err
+}
+
 // putSandbox writes a sandbox row and moves its share of the usage counters when it becomes live,
 // stops being live, or changes project.
 func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
+	old, err := readStoredRow(ctx, q, sb.ID, "")
+	if err != nil {
+		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
+	}
+	return putSandboxOver(ctx, q, sb, old)
+}
+
+// putSandboxOver is putSandbox over old, the row as stored (read in the same transaction).
+func putSandboxOver(ctx context.Context, q querier, sb *Sandbox, old storedRow) error {
 	if sb.ProjectID == "" {
 		sb.ProjectID = RootProjectID
 	}
-	var old usageRow
-	var oldState string
-	var trajectory int64 // its stored trajectory, charged to its project's disk while it is live
-	err := q.QueryRowContext(ctx, `SELECT state, project_id, tier, cpus, memory_bytes, disk_bytes, trajectory_bytes FROM sandboxes WHERE id = ?`, sb.ID).
-		Scan(&oldState, &old.project, &old.tier, &old.cpus, &old.memory, &old.disk, &trajectory)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
-	}
-	old.disk += trajectory
-	wasLive := err == nil && slices.Contains(liveStates, oldState)
+	wasLive := old.found && slices.Contains(liveStates, old.state)
 	isLive := slices.Contains(liveStates, sb.State)
-	now := usageRow{project: sb.ProjectID, tier: sb.Tier, cpus: sb.Limits.CPUs, memory: sb.Limits.MemoryBytes, disk: sb.Limits.DiskBytes + trajectory}
-	if wasLive != isLive || (isLive && old != now) {
+	now := usageRow{project: sb.ProjectID, tier: sb.Tier, cpus: sb.Limits.CPUs, memory: sb.Limits.MemoryBytes, disk: sb.Limits.DiskBytes + old.trajectory}
+	if wasLive != isLive || (isLive && old.usage != now) {
 		if wasLive {
-			if err := addUsage(ctx, q, old, -1); err != nil {
+			if err := addUsage(ctx, q, old.usage, -1); err != nil {
 				return fmt.Errorf("put sandbox %s: usage: %w", sb.ID, err)
 			}
 		}
