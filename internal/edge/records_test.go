@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,7 +34,9 @@ func TestOwnRecordsFollowTheStore(t *testing.T) {
 		return e
 	}
 	e := start()
-	same := func(when string, e *Edge) {
+	// same compares the copy with the store; settling names a sandbox whose cleanup may be
+	// under way (its record changes meanwhile), left out of the records' comparison.
+	same := func(when string, e *Edge, settling ...string) {
 		t.Helper()
 		want, err := st.NodeUsage(ctx, e.Node())
 		if err != nil {
@@ -47,6 +50,9 @@ func TestOwnRecordsFollowTheStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, rec := range recs {
+			if slices.Contains(settling, rec.ID) {
+				continue
+			}
 			held, ok := e.own.get(rec.ID)
 			if ended(rec) {
 				if ok {
@@ -102,7 +108,9 @@ func TestOwnRecordsFollowTheStore(t *testing.T) {
 	if _, err := e.Delete(ctx, b.ID); err != nil {
 		t.Fatal(err)
 	}
-	same("a delete", e)
+	// The delete answered; its cleanup (which ends the record) runs on: whichever it is at,
+	// deleting or stopped, counts nothing, and the other records stay as they were.
+	same("a delete", e, b.ID)
 	if err := e.WaitCleanups(ctx); err != nil {
 		t.Fatal(err)
 	}
