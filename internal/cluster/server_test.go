@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -147,8 +148,13 @@ func TestServerWithoutEdges(t *testing.T) {
 	if _, err := st.Register(ctx, store.Node{Name: "edge3", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.GetSandbox(ctx, "sb-edge3-aaaaaaaaaaaaaaaa"); err == nil || !strings.Contains(err.Error(), "did not answer") {
-		t.Errorf("a sandbox on an unreachable node: %v", err)
+	if _, err := c.DeleteSandbox(ctx, "sb-edge3-aaaaaaaaaaaaaaaa"); err == nil || !strings.Contains(err.Error(), "did not answer") {
+		t.Errorf("a delete on an unreachable node: %v", err)
+	}
+	// A record is read from the store instead, as it was last written: this one has none.
+	var apiErr *corral.APIError
+	if _, err := c.GetSandbox(ctx, "sb-edge3-aaaaaaaaaaaaaaaa"); !errors.As(err, &apiErr) || apiErr.Status != http.StatusNotFound {
+		t.Errorf("the record of a sandbox on an unreachable node that has none: %v, want 404 from the store", err)
 	}
 	// Reads that any edge can serve go on to the next edge until one answers: with two of three
 	// unreachable, every one of them is served.
