@@ -630,12 +630,7 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 			// reported, never skipped.
 			id := r.PathValue("id")
 			if id != "" && recordRead(r, id) && r.Context().Err() == nil && unreachable(err) {
-				rec, err := s.store.GetSandbox(r.Context(), id)
-				if err != nil {
-					httpjson.Error(w, r, s.log, err)
-					return
-				}
-				s.serveRecord(w, r, rec)
+				s.serveStoredRecord(w, r, id)
 				return
 			}
 			if r.Method == http.MethodGet && id == "" {
@@ -690,13 +685,7 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.NotFound("sandbox %s (no node %s in this cluster)", id, name))
 		return
 	case n.State == corral.NodeLost && recordRead(r, id):
-		// Its records are the store's: failed with node_lost.
-		rec, err := s.store.GetSandbox(r.Context(), id)
-		if err != nil {
-			httpjson.Error(w, r, s.log, err)
-			return
-		}
-		s.serveRecord(w, r, rec)
+		s.serveStoredRecord(w, r, id) // failed with node_lost
 		return
 	case n.State == corral.NodeLost:
 		httpjson.Error(w, r, s.log, errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes failed with %s)", id, name, corral.ReasonNodeLost))
@@ -749,6 +738,16 @@ func (s *Server) sandboxProject(w http.ResponseWriter, r *http.Request, id strin
 	}
 	s.serveRecord(w, r, rec)
 	return "", false, true
+}
+
+// serveStoredRecord answers a read of sandbox id's record from the store (serveRecord).
+func (s *Server) serveStoredRecord(w http.ResponseWriter, r *http.Request, id string) {
+	rec, err := s.store.GetSandbox(r.Context(), id)
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	s.serveRecord(w, r, rec)
 }
 
 // serveRecord answers a read of rec as the edge would: the record, or the caller's refusal.
