@@ -680,7 +680,7 @@ func (s *Store) PutNodeSandbox(ctx context.Context, node string, epoch int64, sb
 		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
 			return err
 		}
-		old, err := readStoredRow(ctx, tx, sb.ID, forUpdate(tx))
+		old, err := readStoredRow(ctx, tx, sb.ID, forUpdate(tx), true)
 		switch {
 		case err != nil:
 			return err
@@ -715,10 +715,15 @@ type storedRow struct {
 	trajectory int64    // its stored trajectory, charged to its project's disk while it is live
 }
 
-// readStoredRow reads the row of sandbox id, with lock (forUpdate, or "").
-func readStoredRow(ctx context.Context, q querier, id, lock string) (storedRow, error) {
+// readStoredRow reads the row of sandbox id, with lock (forUpdate, or ""), and its document
+// when withDoc (a plain write needs only the columns).
+func readStoredRow(ctx context.Context, q querier, id, lock string, withDoc bool) (storedRow, error) {
 	var r storedRow
-	err := q.QueryRowContext(ctx, `SELECT doc, node, state, project_id, tier, cpus, memory_bytes, disk_bytes, trajectory_bytes FROM sandboxes WHERE id = ?`+lock, id).
+	doc := `''`
+	if withDoc {
+		doc = `doc`
+	}
+	err := q.QueryRowContext(ctx, `SELECT `+doc+`, node, state, project_id, tier, cpus, memory_bytes, disk_bytes, trajectory_bytes FROM sandboxes WHERE id = ?`+lock, id).
 		Scan(&r.doc, &r.node, &r.state, &r.usage.project, &r.usage.tier, &r.usage.cpus, &r.usage.memory, &r.usage.disk, &r.trajectory)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, nil
@@ -731,7 +736,7 @@ func readStoredRow(ctx context.Context, q querier, id, lock string) (storedRow, 
 // putSandbox writes a sandbox row and moves its share of the usage counters when it becomes live,
 // stops being live, or changes project.
 func putSandbox(ctx context.Context, q querier, sb *Sandbox) error {
-	old, err := readStoredRow(ctx, q, sb.ID, "")
+	old, err := readStoredRow(ctx, q, sb.ID, "", false)
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", sb.ID, err)
 	}
