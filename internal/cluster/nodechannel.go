@@ -21,10 +21,12 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The node channel (internal/nodeproto): edges register, heartbeat and record their events
@@ -52,6 +54,9 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathVolumeCopy, nodeCall(s, maxNodeBody, s.nodeVolumeCopy))
 	mux.HandleFunc("POST "+nodeproto.PathVolumeVersions, nodeCall(s, maxNodeBody, s.nodeVolumeVersions))
 	mux.HandleFunc("POST "+nodeproto.PathDigestsInUse, nodeCall(s, maxNodeBody, s.nodeDigestsInUse))
+	mux.HandleFunc("POST "+nodeproto.PathAdmit, nodeCall(s, maxNodeBody, s.nodeAdmit))
+	mux.HandleFunc("POST "+nodeproto.PathIdempotency, nodeCall(s, maxNodeBody, s.nodeIdempotency))
+	mux.HandleFunc("POST "+nodeproto.PathReleaseKey, nodeCall(s, maxNodeBody, s.nodeReleaseKey))
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))
@@ -423,6 +428,86 @@ func (s *Server) nodeDigestsInUse(ctx context.Context, _ string, req *nodeproto.
 		return nil, err
 	}
 	return &nodeproto.DigestsInUseResponse{InUse: slices.Sorted(maps.Keys(used))}, nil
+}
+
+// nodeAdmit admits new sandboxes of the caller's node: one, with its create's idempotency key
+// when it has one, or a fork's copies. A quota's refusal and an idempotent replay are answers,
+// not errors, so the edge gets them back as the store's typed errors.
+func (s *Server) nodeAdmit(ctx context.Context, node string, req *nodeproto.AdmitRequest) (*nodeproto.AdmitResponse, error) {
+	n := len(req.Sandboxes)
+	switch {
+	case n == 0 || n > corral.MaxForkCount:
+		return nil, errdefs.Invalid("sandboxes", "%d records: an admission is of 1 to %d", n, corral.MaxForkCount)
+	case n > 1 && req.Key != nil:
+		return nil, errdefs.Invalid("key", "an idempotency key is for the admission of one sandbox")
+	}
+	for i, sb := range req.Sandboxes {
+		if sb == nil {
+			return nil, errdefs.Invalid(fmt.Sprintf("sandboxes[%d]", i), "a record is needed")
+		}
+		if err := ownSandbox(node, fmt.Sprintf("sandboxes[%d].id", i), sb.ID); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkKey(req.Key, req.Key == nil); err != nil {
+		return nil, err
+	}
+	var err error
+	if n == 1 {
+		err = s.store.AdmitNodeSandbox(ctx, node, req.Epoch, req.Sandboxes[0], req.Key)
+	} else {
+		err = s.store.AdmitNodeSandboxes(ctx, node, req.Epoch, req.Sandboxes)
+	}
+	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
+		return &nodeproto.AdmitResponse{Quota: &qe.QuotaExceeded}, nil
+	}
+	if re, ok := errors.AsType[*store.ReplayError](err); ok {
+		return &nodeproto.AdmitResponse{ReplayOf: re.SandboxID}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &nodeproto.AdmitResponse{}, nil
+}
+
+// checkKey checks a create's idempotency key as an edge sends it (absent when optional).
+func checkKey(key *store.Idempotency, optional bool) error {
+	switch {
+	case key == nil && optional:
+		return nil
+	case key == nil:
+		return errdefs.Invalid("key", "an idempotency key is needed")
+	case key.Principal == "" || key.Key == "" || key.RequestHash == "":
+		return errdefs.Invalid("key", "an idempotency key names its principal, its key and its request's hash")
+	}
+	return nil
+}
+
+// nodeIdempotency answers whether a create's idempotency key made a sandbox already.
+func (s *Server) nodeIdempotency(ctx context.Context, _ string, req *nodeproto.IdempotencyRequest) (*nodeproto.IdempotencyResponse, error) {
+	if err := checkKey(req.Key, false); err != nil {
+		return nil, err
+	}
+	err := s.store.CheckIdempotency(ctx, req.Key)
+	if re, ok := errors.AsType[*store.ReplayError](err); ok {
+		return &nodeproto.IdempotencyResponse{ReplayOf: re.SandboxID}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &nodeproto.IdempotencyResponse{}, nil
+}
+
+// nodeReleaseKey forgets a create's idempotency key that still names one of the caller's
+// sandboxes, whose create never answered.
+func (s *Server) nodeReleaseKey(ctx context.Context, node string, req *nodeproto.IdempotencyRequest) (*struct{}, error) {
+	if err := checkKey(req.Key, false); err != nil {
+		return nil, err
+	}
+	if err := ownSandbox(node, "sandbox", req.Sandbox); err != nil {
+		return nil, err
+	}
+	return nil, s.store.ReleaseIdempotency(ctx, req.Key, req.Sandbox)
 }
 
 // nodeListSteps reads a page of the trajectory of one of the caller's sandboxes.

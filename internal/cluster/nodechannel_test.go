@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
@@ -373,9 +374,53 @@ func TestNodeStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	writer := *rec
-	writer.ID, writer.State = "sb-edge1-wwwwwwwwwwwwwwww", corral.StateCreating
+	writer.ID, writer.State, writer.ProjectID = "sb-edge1-wwwwwwwwwwwwwwww", corral.StateCreating, root.ID
 	writer.Volumes, writer.VolumeIDs = []corral.VolumeMount{{Name: "data", Path: "/data"}}, []string{vol.ID}
-	if err := st.AdmitSandbox(ctx, &writer, nil); err != nil {
+
+	// Admission: of the node's own new sandboxes, by the incarnation holding the node; the
+	// store's refusals come back typed.
+	adm := edge1.Admissions(2)
+	key := &store.Idempotency{Principal: "root", Key: "create-1", RequestHash: "h"}
+	if err := adm.AdmitSandbox(ctx, &writer, key); err != nil {
+		t.Fatalf("admit the writer: %v", err)
+	}
+	if err := adm.AdmitSandbox(ctx, &writer, key); err != nil {
+		t.Errorf("the same admission again (an answer that broke off): %v", err)
+	}
+	var re *store.ReplayError
+	if err := adm.CheckIdempotency(ctx, key); !errors.As(err, &re) || re.SandboxID != writer.ID {
+		t.Errorf("the key again: %v, want a replay of %s", err, writer.ID)
+	}
+	fresh := func(id string) *store.Sandbox {
+		c := *rec
+		c.ID, c.State, c.ProjectID, c.Volumes, c.VolumeIDs = id, corral.StateCreating, root.ID, nil, nil
+		return &c
+	}
+	if err := adm.AdmitSandbox(ctx, fresh("sb-edge1-kkkkkkkkkkkkkkkk"), key); !errors.As(err, &re) || re.SandboxID != writer.ID {
+		t.Errorf("another create with the key: %v, want a replay of %s", err, writer.ID)
+	}
+	stolen := fresh("sb-edge2-ssssssssssssssss")
+	stolen.Node = "edge2"
+	if err := adm.AdmitSandbox(ctx, stolen, nil); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("admit another node's sandbox: %v, want ErrDenied", err)
+	}
+	if err := adm.ReleaseIdempotency(ctx, key, "sb-edge2-aaaaaaaaaaaaaaaa"); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("release a key for another node's sandbox: %v, want ErrDenied", err)
+	}
+	if err := edge1.Admissions(1).AdmitSandbox(ctx, fresh("sb-edge1-ffffffffffffffff"), nil); !errors.Is(err, store.ErrFenced) {
+		t.Errorf("an admission of a fenced incarnation: %v, want ErrFenced", err)
+	}
+	if err := adm.AdmitSandboxes(ctx, []*store.Sandbox{fresh("sb-edge1-cacacacacacacaca"), fresh("sb-edge1-cbcbcbcbcbcbcbcb")}); err != nil {
+		t.Errorf("a fork's copies: %v", err)
+	}
+	if _, err := st.SetQuota(ctx, "", corral.Quota{Sandboxes: new(int64(1))}); err != nil {
+		t.Fatal(err)
+	}
+	var qe *iam.QuotaError
+	if err := adm.AdmitSandbox(ctx, fresh("sb-edge1-qqqqqqqqqqqqqqqq"), nil); !errors.As(err, &qe) || qe.Resource != "sandboxes" {
+		t.Errorf("an admission over the quota: %v, want a quota error", err)
+	}
+	if _, err := st.SetQuota(ctx, "", corral.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	vols := edge1.Volumes(2)

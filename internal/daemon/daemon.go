@@ -626,8 +626,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if ecfg.Instance = instance; reg != nil && reg.records != nil {
 		ecfg.OwnRecords = own
 	}
-	// The servers read and record the volumes' versions and say which layer blobs are in use;
-	// with an older one, the edge asks the store.
+	// The servers admit new sandboxes, read and record the volumes' versions and say which layer
+	// blobs are in use; with an older one, the edge does these in the store.
+	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureAdmission) {
+		ecfg.Admissions = cfg.Cluster.Servers.Admissions(node.Epoch)
+	}
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureVolumes) {
 		ecfg.VolumeCatalog = cfg.Cluster.Servers.Volumes(node.Epoch)
 	}

@@ -537,6 +537,20 @@ func TestCluster(t *testing.T) {
 	if _, err := c1.DeleteSandbox(ctx, burst[0]); err != nil {
 		t.Fatal(err)
 	}
+	// An idempotent create (admitted by the servers for the edge): retried through the other
+	// replica, it answers with the sandbox the first one made, on whichever node that is.
+	keyed := corral.CreateRequest{Base: "base:test", Limits: small, Project: "burst", IdempotencyKey: "cluster-keyed-1"}
+	first, err := c1.CreateSandbox(ctx, keyed)
+	if err != nil {
+		t.Fatalf("create with an idempotency key: %v", err)
+	}
+	burst = append(burst, first.ID)
+	for range 3 {
+		again, err := c2.CreateSandbox(ctx, keyed)
+		if err != nil || again.ID != first.ID {
+			t.Fatalf("the keyed create again through the other replica: %v, %v; want %s", again, err, first.ID)
+		}
+	}
 	// Identity is the replicas' own: a project deleted with force through the other replica
 	// has its sandboxes deleted on the nodes that run them, then goes.
 	if err := c2.DeleteProject(ctx, "burst", true); err != nil {

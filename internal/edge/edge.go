@@ -172,8 +172,9 @@ type Config struct {
 	// Settings is where the edge reads what it follows of the API's configuration (settings.go);
 	// nil: the store.
 	Settings Settings
-	// Trajectory records its sandboxes' trajectories, and Records what becomes of them after
-	// their admission; nil: the store.
+	// Admissions admits its new sandboxes, Trajectory records their trajectories, and Records
+	// what becomes of them after their admission; nil: the store.
+	Admissions Admissions
 	Trajectory Trajectory
 	Records    Records
 	// VolumeCatalog reads and records the versions of its sandboxes' volumes in a cluster
@@ -252,12 +253,13 @@ type Edge struct {
 	policy *limits.Policy
 	log    *slog.Logger
 	store  *store.Store
-	// settings is cfg.Settings, or the store's; traj and records cfg's, or the store.
-	settings Settings
-	traj     Trajectory
-	records  Records
-	volCat   VolumeCatalog
-	layerUse LayerUse
+	// settings is cfg.Settings, or the store's; admissions, traj and records cfg's, or the store.
+	settings   Settings
+	admissions Admissions
+	traj       Trajectory
+	records    Records
+	volCat     VolumeCatalog
+	layerUse   LayerUse
 	// own is the copy of the node's records of sandboxes that have not ended (records.go), which
 	// records writes through to.
 	own *ownRecords
@@ -428,6 +430,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	}
 	if e.traj = cfg.Trajectory; e.traj == nil {
 		e.traj = st
+	}
+	if e.admissions = cfg.Admissions; e.admissions == nil {
+		e.admissions = st
 	}
 	e.own = newOwnRecords()
 	records := cfg.Records
@@ -876,7 +881,7 @@ func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *st
 		}
 		// A concurrent retry that released the key first makes the sandbox; this one then finds
 		// the key naming it and answers with it.
-		if err := e.store.ReleaseIdempotency(ctx, key, rec.ID); err != nil {
+		if err := e.admissions.ReleaseIdempotency(ctx, key, rec.ID); err != nil {
 			return nil, false, err
 		}
 		e.log.Info("retry of a create that a crash cut short: creating anew", "interrupted", rec.ID)
@@ -890,7 +895,7 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 	defer span.End(&err)
 	if key != nil {
 		// Most retries find the key before any work (the admission transaction checks again).
-		if err := e.store.CheckIdempotency(ctx, key); err != nil {
+		if err := e.admissions.CheckIdempotency(ctx, key); err != nil {
 			return nil, err
 		}
 	}
@@ -958,7 +963,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 			// Cut short because its caller went away (the client, or the server replica that
 			// forwarded it): nobody had an answer, so the key is released and the client's
 			// retry makes the sandbox instead of finding this failure.
-			if rerr := e.store.ReleaseIdempotency(context.WithoutCancel(ctx), key, rec.ID); rerr != nil {
+			if rerr := e.admissions.ReleaseIdempotency(context.WithoutCancel(ctx), key, rec.ID); rerr != nil {
 				log.Error("release the idempotency key of a cancelled create", "err", rerr)
 			}
 		}

@@ -139,11 +139,11 @@ func (e *Edge) record(ctx context.Context, id string) (*store.Sandbox, error) {
 	return e.store.GetSandbox(ctx, id)
 }
 
-// admitRecord records rec (state creating) through the store's admission (quotas, idempotency) and
-// takes it into the edge's copy. Callers checking the node's room hold e.capMu across it, so
-// the next check counts rec.
+// admitRecord records rec (state creating) through admission (quotas, idempotency: the store, or
+// a cluster's servers) and takes it into the edge's copy. Callers checking the node's room hold
+// e.capMu across it, so the next check counts rec.
 func (e *Edge) admitRecord(ctx context.Context, rec *store.Sandbox, key *store.Idempotency) error {
-	if err := e.store.AdmitSandbox(ctx, rec, key); err != nil {
+	if err := e.admissions.AdmitSandbox(ctx, rec, key); err != nil {
 		return err
 	}
 	e.own.put(rec)
@@ -152,7 +152,7 @@ func (e *Edge) admitRecord(ctx context.Context, rec *store.Sandbox, key *store.I
 
 // admitAll is admitRecord for records admitted together (store.AdmitSandboxes: all or none).
 func (e *Edge) admitAll(ctx context.Context, recs []*store.Sandbox) error {
-	if err := e.store.AdmitSandboxes(ctx, recs); err != nil {
+	if err := e.admissions.AdmitSandboxes(ctx, recs); err != nil {
 		return err
 	}
 	for _, rec := range recs {

@@ -36,6 +36,22 @@ type Records interface {
 	PutSandbox(ctx context.Context, sb *store.Sandbox) error
 }
 
+// Admissions admits the edge's new sandboxes: the store under `corral up`, the servers on a
+// cluster's edge (nodeproto.Admissions), which check the node's epoch, the quotas, the creation
+// rate, the volumes and the idempotency key in one transaction. Its refusals are the store's
+// typed errors (*iam.QuotaError, *store.ReplayError).
+type Admissions interface {
+	// AdmitSandbox records sb (state creating) with its create's key (nil: none).
+	AdmitSandbox(ctx context.Context, sb *store.Sandbox, key *store.Idempotency) error
+	// AdmitSandboxes records the copies of a fork, all or none.
+	AdmitSandboxes(ctx context.Context, sbs []*store.Sandbox) error
+	// CheckIdempotency answers a create before any work: a *store.ReplayError when key made
+	// a sandbox already.
+	CheckIdempotency(ctx context.Context, key *store.Idempotency) error
+	// ReleaseIdempotency forgets key if it still names sandboxID (a create that never answered).
+	ReleaseIdempotency(ctx context.Context, key *store.Idempotency, sandboxID string) error
+}
+
 // Trajectory records and reads the trajectories of the edge's sandboxes: the store under `corral
 // up`, the servers on a cluster's edge (nodeproto.Steps).
 type Trajectory interface {

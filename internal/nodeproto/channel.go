@@ -48,6 +48,9 @@ const (
 	PathVolumeCopy     = "/node/v1/volume/copy"
 	PathVolumeVersions = "/node/v1/volumes/versions"
 	PathDigestsInUse   = "/node/v1/layers/in-use"
+	PathAdmit          = "/node/v1/admit"
+	PathIdempotency    = "/node/v1/idempotency"
+	PathReleaseKey     = "/node/v1/idempotency/release"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -117,10 +120,12 @@ const (
 	FeatureVolumes = "volumes"
 	// FeatureDigests: PathDigestsInUse.
 	FeatureDigests = "digests"
+	// FeatureAdmission: PathAdmit, PathIdempotency and PathReleaseKey.
+	FeatureAdmission = "admission"
 )
 
 // Features lists what this build's replicas serve.
-var Features = []string{FeatureVolumes, FeatureDigests}
+var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.

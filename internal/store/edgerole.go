@@ -24,36 +24,31 @@ import (
 // sandboxes' usage rows (the report's), which the servers write from the edges' activity batches
 // and the sandboxes' own records; and so do the trajectories, which the servers write and read
 // for an edge's own sandboxes only. The audit log is served by the servers, so an edge only adds
-// to it: it can neither read it nor erase what it did. The sandboxes' records are written by
-// the servers once admitted (the node channel, which keeps what admission decided), so an edge
-// only adds records, at admission, and changes none. A stolen edge's credentials then mint no
-// token, forge no server certificate, sign no webhook delivery, cover no tracks and rewrite no
-// other node's sandbox. Every other table is the edge's to read and write (layers it imports,
-// volumes, quota usage, idempotency keys), but the nodes: it reads them and may lock a row,
-// since its nodes' registrations and heartbeats go through the servers.
+// to it: it can neither read it nor erase what it did. New sandboxes are admitted by the servers
+// (the node channel: the epoch, the quotas, the creation rate, the volumes and the idempotency
+// key in one transaction, for records of the edge's own node only), and their records written
+// by the servers from then on, so an edge reads the sandboxes' records, the quota usage and the
+// volumes' attachments and changes none of them, and has no privilege on the idempotency keys
+// (the principals' create requests). A stolen edge's credentials then mint no token, forge no
+// server certificate, sign no webhook delivery, cover no tracks, add or rewrite no sandbox
+// record and take no project's quota with sandboxes. Every other table is the edge's to read
+// and write (layers it imports, environments, volumes, and the quota usage a volume's create
+// and delete move), but the nodes: it reads them only, since its nodes' registrations,
+// heartbeats and every write checked against an epoch go through the servers.
 
 // edgeDenied lists the tables an edge role gets no privilege on.
-var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage", "settings", "trajectory"}
+var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage", "settings", "trajectory", "idempotency"}
 
-// edgeReadOnly lists the tables an edge role may only read: projects, and layer tags (the
-// servers move them; a stolen edge cannot point a tag every tenant creates from at a layer of
-// its choosing).
-var edgeReadOnly = []string{"projects", "schema_migrations", "layer_tags"}
-
-// edgeLockOnly lists the tables an edge role may read and lock rows of (SELECT ... FOR UPDATE
-// needs the UPDATE privilege on one column), with that column, which nothing writes: the nodes,
-// whose rows an edge's record writes lock to check their epoch. Registration and heartbeats go
-// through the servers (the node channel), so a stolen edge can neither register another node's
-// name, renew a lease, nor change a node's state.
-var edgeLockOnly = map[string]string{"nodes": "lock_only"}
+// edgeReadOnly lists the tables an edge role may only read: projects; layer tags (the servers
+// move them; a stolen edge cannot point a tag every tenant creates from at a layer of its
+// choosing); the nodes (registration, heartbeats and the epoch's checks are the servers'); the
+// sandboxes' records and the volumes' attachments (admission and every record write are the
+// servers').
+var edgeReadOnly = []string{"projects", "schema_migrations", "layer_tags", "nodes", "sandboxes", "volume_attachments"}
 
 // edgeAppendOnly lists the tables an edge role may only add rows to, with the columns it may
 // read (an insert's conflict key, when it has one): the audit log.
 var edgeAppendOnly = map[string]string{"audit": ""}
-
-// edgeInsertOnly lists the tables an edge role may read and add rows to, but not change: the
-// sandboxes' records, which admission adds (store.AdmitSandbox) and the servers write after.
-var edgeInsertOnly = []string{"sandboxes"}
 
 // CatalogSetting is the setting that keeps the network service catalogue saved through the API
 // (PUT /v1/network/services): the servers write it and send it to every edge.
@@ -102,15 +97,10 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 	for _, t := range tables {
 		stmts = append(stmts, fmt.Sprintf(`REVOKE ALL ON %s FROM %s`, q(t), role))
 		key, appendOnly := edgeAppendOnly[t]
-		lockCol, lockOnly := edgeLockOnly[t]
 		switch {
 		case slices.Contains(edgeDenied, t):
-		case lockOnly:
-			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, UPDATE (%s) ON %s TO %s`, q(lockCol), q(t), role))
 		case slices.Contains(edgeReadOnly, t):
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT ON %s TO %s`, q(t), role))
-		case slices.Contains(edgeInsertOnly, t):
-			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, INSERT ON %s TO %s`, q(t), role))
 		case appendOnly:
 			stmts = append(stmts, fmt.Sprintf(`GRANT INSERT ON %s TO %s`, q(t), role))
 			if key != "" {

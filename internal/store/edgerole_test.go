@@ -70,8 +70,9 @@ func TestEdgeRole(t *testing.T) {
 	if b, err := owner.GetSetting(ctx, "service_catalog"); err != nil || string(b) != `{"services":{}}` {
 		t.Errorf("the service catalogue after the edge's attempt: %q, %v", b, err)
 	}
-	// The node's lease is the servers' to write (the node channel); the edge reads the node and
-	// locks its row to check its epoch when it writes its records.
+	// The node's lease is the servers' to write (the node channel), and so are admission and
+	// every record write: the role reads records and adds or changes none, its node's or
+	// another's, and takes no quota.
 	if _, err := owner.Register(ctx, Node{Name: "n1", URL: "https://127.0.0.1:1"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -79,11 +80,18 @@ func TestEdgeRole(t *testing.T) {
 	sb := newRecord(p.ID, 0)
 	sb.Node = "n1"
 	edge.Fence("n1", 1)
-	if err := edge.AdmitSandbox(ctx, sb, nil); err != nil {
-		t.Errorf("admit a sandbox of the edge's node (its row locked to check the epoch): %v", err)
+	if err := edge.AdmitSandbox(ctx, sb, nil); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("admit a sandbox as the edge role: %v, want permission denied", err)
 	}
-	// Once admitted, a record is the servers' to write (the node channel): the role adds
-	// records and changes none, its node's or another's.
+	if err := owner.AdmitNodeSandbox(ctx, "n1", 1, sb, &Idempotency{Principal: "root", Key: "k", RequestHash: "h"}); err != nil {
+		t.Errorf("the servers admit it: %v", err)
+	}
+	if err := edge.CheckIdempotency(ctx, &Idempotency{Principal: "root", Key: "k", RequestHash: "h"}); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("read a principal's idempotency keys as the edge role: %v, want permission denied", err)
+	}
+	if got, err := edge.GetSandbox(ctx, sb.ID); err != nil || got.State != corral.StateCreating {
+		t.Errorf("read the admitted record as the edge role: %+v, %v", got, err)
+	}
 	sb.State = corral.StateRunning
 	if err := edge.PutSandbox(ctx, sb); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("rewrite an admitted record as the edge role: %v, want permission denied", err)
@@ -92,8 +100,8 @@ func TestEdgeRole(t *testing.T) {
 		t.Errorf("the servers write it: %v", err)
 	}
 	var sbPriv string
-	if err := edge.db.QueryRowContext(ctx, `SELECT has_table_privilege('sandboxes', 'SELECT')::text || has_table_privilege('sandboxes', 'INSERT')::text || has_table_privilege('sandboxes', 'UPDATE')::text || has_table_privilege('sandboxes', 'DELETE')::text`).Scan(&sbPriv); err != nil || sbPriv != "truetruefalsefalse" {
-		t.Errorf("the edge role on sandboxes (select, insert, update, delete): %s, %v; want read and insert only", sbPriv, err)
+	if err := edge.db.QueryRowContext(ctx, `SELECT has_table_privilege('sandboxes', 'SELECT')::text || has_table_privilege('sandboxes', 'INSERT')::text || has_table_privilege('sandboxes', 'UPDATE')::text || has_table_privilege('sandboxes', 'DELETE')::text`).Scan(&sbPriv); err != nil || sbPriv != "truefalsefalsefalse" {
+		t.Errorf("the edge role on sandboxes (select, insert, update, delete): %s, %v; want read only", sbPriv, err)
 	}
 	if _, err := edge.Register(ctx, Node{Name: "n2", URL: "https://127.0.0.1:2"}, time.Minute); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("register a node as the edge role: %v, want permission denied", err)
@@ -101,13 +109,13 @@ func TestEdgeRole(t *testing.T) {
 	if _, err := edge.Heartbeat(ctx, "n1", 1, Resources{}, time.Hour); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("renew a lease as the edge role: %v, want permission denied", err)
 	}
-	for _, table := range []string{"layers", "volumes", "project_usage", "idempotency"} {
+	for _, table := range []string{"layers", "volumes", "project_usage"} {
 		var ok bool
 		if err := edge.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT has_table_privilege('%s', 'SELECT') AND has_table_privilege('%s', 'INSERT') AND has_table_privilege('%s', 'UPDATE') AND has_table_privilege('%s', 'DELETE')`, table, table, table, table)).Scan(&ok); err != nil || !ok {
 			t.Errorf("the edge role on %s: read and write %v, %v", table, ok, err)
 		}
 	}
-	for _, table := range []string{"projects", "layer_tags"} {
+	for _, table := range []string{"projects", "layer_tags", "nodes", "volume_attachments"} {
 		if _, err := edge.db.ExecContext(ctx, `SELECT count(*) FROM `+table); err != nil {
 			t.Errorf("read %s as the edge: %v", table, err)
 		}
@@ -153,6 +161,12 @@ func TestEdgeRole(t *testing.T) {
 		`UPDATE sandbox_usage SET tokens = 0`,
 		`UPDATE sandboxes SET project_id = 'elsewhere'`,
 		`DELETE FROM sandboxes`,
+		`INSERT INTO sandboxes (id, node, state, expires_at, doc, project_id, tier, cpus, memory_bytes, disk_bytes, created_ns, ended_ns) VALUES ('sb-n2-x', 'n2', 'running', 0, '{}', 'p', 'container', 0, 0, 0, 0, 0)`,
+		`SELECT count(*) FROM idempotency`,
+		`DELETE FROM idempotency`,
+		`DELETE FROM volume_attachments`,
+		`INSERT INTO volume_attachments (volume_id, sandbox_id, read_only) VALUES ('v', 'sb', 0)`,
+		`SELECT epoch FROM nodes FOR UPDATE`,
 	} {
 		if _, err := edge.db.ExecContext(ctx, q); err == nil || !strings.Contains(err.Error(), "permission denied") {
 			t.Errorf("as the edge role, %s: %v (want permission denied)", q, err)

@@ -15,6 +15,45 @@ import (
 // ancestors, and either every record is written or none. They take no idempotency key and
 // no volumes. Like AdmitSandbox, it runs to its end when ctx ends.
 func (s *Store) AdmitSandboxes(ctx context.Context, sbs []*Sandbox) error {
+	return s.admitSandboxes(ctx, func(tx *Tx) error {
+		for _, sb := range sbs {
+			if err := s.checkFence(ctx, tx, sb); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, sbs)
+}
+
+// AdmitNodeSandboxes is AdmitSandboxes for node's sandboxes, as node's incarnation epoch asks
+// for them (AdmitNodeSandbox's checks, for each). Copies this incarnation admitted already (an
+// answer that broke off, asked again) are admitted: the call is idempotent.
+func (s *Store) AdmitNodeSandboxes(ctx context.Context, node string, epoch int64, sbs []*Sandbox) error {
+	for _, sb := range sbs {
+		if err := checkNodeAdmission(node, sb); err != nil {
+			return err
+		}
+	}
+	err := s.admitSandboxes(ctx, func(tx *Tx) error {
+		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
+			return err
+		}
+		for _, sb := range sbs {
+			if err := admittedBefore(ctx, tx, node, sb.ID); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, sbs)
+	if errors.Is(err, errAdmitted) {
+		return nil
+	}
+	return err
+}
+
+// admitSandboxes is AdmitSandboxes with fence, the check that the writer may still write, run
+// first in the transaction.
+func (s *Store) admitSandboxes(ctx context.Context, fence func(*Tx) error, sbs []*Sandbox) error {
 	ctx = context.WithoutCancel(ctx)
 	if len(sbs) == 0 {
 		return nil
@@ -42,10 +81,8 @@ func (s *Store) AdmitSandboxes(ctx context.Context, sbs []*Sandbox) error {
 		want.Tiers[sb.Tier]++
 	}
 	err := s.tx(ctx, func(tx *Tx) error {
-		for _, sb := range sbs {
-			if err := s.checkFence(ctx, tx, sb); err != nil {
-				return err
-			}
+		if err := fence(tx); err != nil {
+			return err
 		}
 		now := time.Now()
 		limited, err := checkQuotas(ctx, tx, projectID, want, now)
@@ -68,6 +105,9 @@ func (s *Store) AdmitSandboxes(ctx context.Context, sbs []*Sandbox) error {
 	})
 	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
 		return qe
+	}
+	if errors.Is(err, errAdmitted) {
+		return err
 	}
 	if err != nil {
 		return fmt.Errorf("admit %d sandboxes: %w", len(sbs), err)

@@ -450,7 +450,9 @@ func (s *Store) SetQuota(ctx context.Context, path string, q corral.Quota) (*cor
 // Idempotency is a create's idempotency key: the principal that sent it, the key, and a hash of
 // the request it came with.
 type Idempotency struct {
-	Principal, Key, RequestHash string
+	Principal   string `json:"principal"`
+	Key         string `json:"key"`
+	RequestHash string `json:"request_hash"`
 }
 
 // ReplayError says that a create's idempotency key was used before, for the same request: the
@@ -516,12 +518,40 @@ func (s *Store) PruneIdempotency(ctx context.Context) (int64, error) {
 // "creating" record nobody owns stays behind (its delete then answers "retry" for ever). A
 // caller whose client left fails at its next step and records the failure.
 func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency) error {
+	return s.admitSandbox(ctx, func(tx *Tx) error { return s.checkFence(ctx, tx, sb) }, sb, key)
+}
+
+// AdmitNodeSandbox is AdmitSandbox for one of node's sandboxes, as node's incarnation epoch
+// asks for it (a cluster's edge, through the servers): the epoch is checked in the same
+// transaction (ErrFenced when it was fenced off), and the record must be node's, in state
+// creating, with limits a quota can count (ErrInvalid, ErrDenied). Each of its volumes must be
+// of the sandbox's project. A record this incarnation already admitted (an answer that broke
+// off, asked again) is admitted: the call is idempotent.
+func (s *Store) AdmitNodeSandbox(ctx context.Context, node string, epoch int64, sb *Sandbox, key *Idempotency) error {
+	if err := checkNodeAdmission(node, sb); err != nil {
+		return err
+	}
+	err := s.admitSandbox(ctx, func(tx *Tx) error {
+		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
+			return err
+		}
+		return admittedBefore(ctx, tx, node, sb.ID)
+	}, sb, key)
+	if errors.Is(err, errAdmitted) {
+		return nil
+	}
+	return err
+}
+
+// admitSandbox is AdmitSandbox with fence, the check that the writer may still write, run
+// first in the transaction.
+func (s *Store) admitSandbox(ctx context.Context, fence func(*Tx) error, sb *Sandbox, key *Idempotency) error {
 	ctx = context.WithoutCancel(ctx)
 	if sb.ProjectID == "" {
 		sb.ProjectID = RootProjectID
 	}
 	err := s.tx(ctx, func(tx *Tx) error {
-		if err := s.checkFence(ctx, tx, sb); err != nil {
+		if err := fence(tx); err != nil {
 			return err
 		}
 		if key != nil {
@@ -572,8 +602,51 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency)
 	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
 		return qe // it names the project and the limit; the refused sandbox's ID would only confuse
 	}
+	if errors.Is(err, errAdmitted) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("admit sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// errAdmitted says that the record a node's admission asks for is there already, admitted by
+// an earlier try of the same call whose answer broke off.
+var errAdmitted = errors.New("admitted already")
+
+// admittedBefore returns errAdmitted when node already has a record of sandbox id being
+// created (an earlier try of the same admission committed), a conflict when another record
+// has the ID, and nil when the ID is free.
+func admittedBefore(ctx context.Context, q querier, node, id string) error {
+	var owner, state string
+	err := q.QueryRowContext(ctx, `SELECT node, state FROM sandboxes WHERE id = ?`, id).Scan(&owner, &state)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	case owner == node && state == corral.StateCreating:
+		return errAdmitted
+	}
+	return errdefs.Conflict("sandbox %s has a record already (node %s, %s)", id, owner, state)
+}
+
+// checkNodeAdmission checks what node's edge sends for admission: a record of its own in state
+// creating, whose limits a quota can count (finite, not negative), with one ID per volume.
+func checkNodeAdmission(node string, sb *Sandbox) error {
+	l := sb.Limits
+	switch {
+	case sb.Node != node:
+		return fmt.Errorf("sandbox %s: a record of node %q admitted by node %s: %w", sb.ID, sb.Node, node, errdefs.ErrDenied)
+	case sb.State != corral.StateCreating:
+		return errdefs.Invalid("state", "sandbox %s: admission records a sandbox being created, not %q", sb.ID, sb.State)
+	case sb.Tier == "":
+		return errdefs.Invalid("tier", "sandbox %s: a record names its tier", sb.ID)
+	case math.IsNaN(l.CPUs) || math.IsInf(l.CPUs, 0) || l.CPUs < 0 || l.MemoryBytes < 0 || l.DiskBytes < 0:
+		return errdefs.Invalid("limits", "sandbox %s: limits %g CPUs, %d memory bytes, %d disk bytes: a quota counts finite limits from 0", sb.ID, l.CPUs, l.MemoryBytes, l.DiskBytes)
+	case len(sb.VolumeIDs) != len(sb.Volumes):
+		return errdefs.Invalid("volume_ids", "sandbox %s: %d volume IDs for %d volumes", sb.ID, len(sb.VolumeIDs), len(sb.Volumes))
 	}
 	return nil
 }

@@ -236,13 +236,18 @@ func attachVolumes(ctx context.Context, tx *Tx, sb *Sandbox) error {
 	}
 	for i, id := range sb.VolumeIDs {
 		m := sb.Volumes[i]
-		var state string
+		var state, project string
 		// FOR UPDATE (PostgreSQL): concurrent attachments of one volume take turns.
-		err := tx.QueryRowContext(ctx, `SELECT state FROM volumes WHERE id = ?`+forUpdate(tx), id).Scan(&state)
+		err := tx.QueryRowContext(ctx, `SELECT state, project_id FROM volumes WHERE id = ?`+forUpdate(tx), id).Scan(&state, &project)
 		if errors.Is(err, sql.ErrNoRows) {
 			return errdefs.Conflict("volume %s was deleted meanwhile", m.Name)
 		} else if err != nil {
 			return err
+		}
+		if project != sb.ProjectID {
+			// A sandbox mounts the volumes of its own project only (the edge resolved the
+			// names there): anything else is a broken or stolen edge.
+			return fmt.Errorf("volume %s (%s) is not of the project of sandbox %s: %w", m.Name, id, sb.ID, errdefs.ErrDenied)
 		}
 		if state != VolumeReady {
 			return errdefs.Conflict("volume %s is still being made; try again", m.Name)
