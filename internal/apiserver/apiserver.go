@@ -60,9 +60,11 @@ type Server struct {
 	// (ServeClusterServers), and takes its callers from them instead of from tokens.
 	servesNodes bool
 
-	// fleet deletes what a forced project delete removes: the local edge's (New), or every
-	// node's through a cluster server (SetFleet).
-	fleet Fleet
+	// fleet deletes the sandboxes a forced project delete removes: the local edge's (New), or
+	// every node's through a cluster server (SetFleet). volumes keeps the volumes (New: the
+	// local edge; SetVolumes: a cluster server's).
+	fleet   Fleet
+	volumes Volumes
 }
 
 // New returns a Server. info is served by GET /v1/info (Sandboxes and Disk are filled in per
@@ -70,7 +72,7 @@ type Server struct {
 func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info Info) *Server {
 	s := &Server{log: log, store: st, edge: e, layers: ls, info: info}
 	if e != nil {
-		s.fleet = localFleet{s}
+		s.fleet, s.volumes = localFleet{s}, edgeVolumes{e}
 	}
 	return s
 }
@@ -225,10 +227,10 @@ func (s *Server) Handler() http.Handler {
 				httpjson.Error(w, r, s.log, errdefs.NotFound("%s %s is served by the cluster's servers, not by an edge", r.Method, r.URL.Path))
 			})
 		}
+		s.volumeBlobRoutes(api)
 	} else {
 		s.serverRoutes(api)
 	}
-	s.volumeRoutes(api)
 	api.HandleFunc("GET /v1/sandboxes/{id}/metrics", s.guard(iam.SandboxRead, "", s.onSandbox, s.route().ServeHTTP))
 	// Everything else under a sandbox is its data plane, served by the edge that runs it.
 	api.Handle("/v1/sandboxes/{id}/", s.guard(iam.SandboxUse, "", s.onSandbox, s.route().ServeHTTP))

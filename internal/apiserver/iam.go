@@ -20,7 +20,6 @@ import (
 // are, and audits each delete where it happens. A volume is named by its own project and name.
 type Fleet interface {
 	DeleteSandbox(r *http.Request, under, id string) error
-	DeleteVolume(r *http.Request, under, project, name string) error
 }
 
 // SetFleet sets how a forced project delete reaches sandboxes and volumes (a cluster server's
@@ -33,12 +32,6 @@ type localFleet struct{ s *Server }
 func (f localFleet) DeleteSandbox(r *http.Request, under, id string) error {
 	_, err := f.s.edge.Delete(r.Context(), id)
 	f.s.audit(r, "sandbox.delete", under, id, err, "project deleted with force")
-	return err
-}
-
-func (f localFleet) DeleteVolume(r *http.Request, under, project, name string) error {
-	_, err := f.s.edge.DeleteVolume(r.Context(), project, name)
-	f.s.audit(r, "volume.delete", under, name, err, "project deleted with force")
 	return err
 }
 
@@ -241,11 +234,13 @@ func (s *Server) deleteVolumesUnder(r *http.Request, p string) error {
 	if err != nil {
 		return err
 	}
-	if len(vs) > 0 && s.fleet == nil {
-		return errdefs.Unavailable("project %s has %d volumes and this API reaches no node to delete them", iam.Display(p), len(vs))
+	if len(vs) > 0 && s.volumes == nil {
+		return errdefs.Unavailable("project %s has %d volumes and this API keeps no volumes to delete them", iam.Display(p), len(vs))
 	}
 	for _, v := range vs {
-		if err := s.fleet.DeleteVolume(r, p, v.Project, v.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		_, err := s.volumes.DeleteVolume(r, v.Project, v.Name)
+		s.audit(r, "volume.delete", p, v.Name, err, "project deleted with force")
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
 	}

@@ -1,8 +1,10 @@
 package apiserver
 
 import (
+	"context"
 	"net/http"
 
+	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
@@ -10,12 +12,50 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
+// Volumes keeps the projects' volumes: corral up's edge (images on its node), or a cluster's
+// servers (records in the store, images in the cluster's blob store, fetched by the nodes whose
+// sandboxes attach them), set with SetVolumes.
+type Volumes interface {
+	CreateVolume(ctx context.Context, req corral.CreateVolumeRequest) (*store.VolumeRecord, error)
+	Volume(ctx context.Context, project, name string) (*store.VolumeRecord, error)
+	// DeleteVolume deletes a volume; refused (409) while a sandbox has it attached. r is the
+	// request that asks, whose caller a cluster's server sends along to the edge that removes
+	// the volume's blobs.
+	DeleteVolume(r *http.Request, project, name string) (*store.VolumeRecord, error)
+}
+
+// SetVolumes sets who keeps the volumes (a cluster server's store and nodes); New sets the
+// local edge.
+func (s *Server) SetVolumes(v Volumes) { s.volumes = v }
+
+// edgeVolumes is the edge in this process.
+type edgeVolumes struct{ e *edge.Edge }
+
+func (v edgeVolumes) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest) (*store.VolumeRecord, error) {
+	return v.e.CreateVolume(ctx, req)
+}
+
+func (v edgeVolumes) Volume(ctx context.Context, project, name string) (*store.VolumeRecord, error) {
+	return v.e.Volume(ctx, project, name)
+}
+
+func (v edgeVolumes) DeleteVolume(r *http.Request, project, name string) (*store.VolumeRecord, error) {
+	return v.e.DeleteVolume(r.Context(), project, name)
+}
+
+// errNoVolumes is the answer of an API that keeps no volumes.
+var errNoVolumes = errdefs.Invalid("volumes", "this API keeps no volumes")
+
 // volumeRoutes serves /v1/volumes: volumes are a project's, like its sandboxes, and need the
 // same permissions (create, read, admin to delete).
 func (s *Server) volumeRoutes(api *http.ServeMux) {
 	api.HandleFunc("POST /v1/volumes", s.createVolume)
 	api.HandleFunc("GET /v1/volumes/{name}", s.guard(iam.SandboxRead, "", s.onVolume, func(w http.ResponseWriter, r *http.Request) {
-		v, err := s.edge.Volume(r.Context(), r.URL.Query().Get("project"), r.PathValue("name"))
+		if s.volumes == nil {
+			s.fail(w, r, errNoVolumes)
+			return
+		}
+		v, err := s.volumes.Volume(r.Context(), r.URL.Query().Get("project"), r.PathValue("name"))
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -23,13 +63,33 @@ func (s *Server) volumeRoutes(api *http.ServeMux) {
 		httpjson.Write(w, http.StatusOK, v.Volume)
 	}))
 	api.HandleFunc("DELETE /v1/volumes/{name}", s.guard(iam.SandboxAdmin, "volume.delete", s.onVolume, func(w http.ResponseWriter, r *http.Request) {
-		if _, err := s.edge.DeleteVolume(r.Context(), r.URL.Query().Get("project"), r.PathValue("name")); err != nil {
+		if s.volumes == nil {
+			s.fail(w, r, errNoVolumes)
+			return
+		}
+		if _, err := s.volumes.DeleteVolume(r, r.URL.Query().Get("project"), r.PathValue("name")); err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
 	}))
 }
+
+// volumeBlobRoutes serves what a cluster's servers ask of an edge about volumes: remove what a
+// deleted volume left in the blob store (edge.RemoveDeletedVolume). It needs no permission:
+// it removes nothing a volume's record still names.
+func (s *Server) volumeBlobRoutes(api *http.ServeMux) {
+	api.HandleFunc("DELETE "+VolumeBlobsPath+"{id}", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.edge.RemoveDeletedVolume(r.Context(), r.PathValue("id")); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+// VolumeBlobsPath is where a cluster's edge removes a deleted volume's blobs (its ID follows).
+const VolumeBlobsPath = "/v1/volume-blobs/"
 
 // onVolume resolves to the project in the query (the caller's scope when absent); the volume
 // in the path is looked up in it.
@@ -60,10 +120,13 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = c.require(iam.SandboxCreate, project)
 	}
+	if err == nil && s.volumes == nil {
+		err = errNoVolumes
+	}
 	var v *store.VolumeRecord
 	if err == nil {
 		req.Project = iam.Display(project)
-		v, err = s.edge.CreateVolume(r.Context(), req)
+		v, err = s.volumes.CreateVolume(r.Context(), req)
 	}
 	s.audit(r, "volume.create", project, req.Name, err, "")
 	if err != nil {

@@ -6,19 +6,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/iam"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// fleet is how a replica's identity routes reach what a forced project delete removes: each
-// sandbox's delete goes to the node that runs it, each volume's to any edge (they share the
-// blob store), over the node protocol as the caller of the project delete. The edges audit them.
+// fleet is how a replica's identity routes reach the sandboxes a forced project delete removes:
+// each sandbox's delete goes to the node that runs it, over the node protocol as the caller of
+// the project delete. The edges audit them.
 type fleet struct{ s *Server }
 
 func (f fleet) DeleteSandbox(r *http.Request, under, id string) error {
@@ -31,15 +29,6 @@ func (f fleet) DeleteSandbox(r *http.Request, under, id string) error {
 		return errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes fail with %s within a second; delete the project again)", id, name, corral.ReasonNodeLost)
 	}
 	return f.s.callEdge(r, n, http.MethodDelete, "/v1/sandboxes/"+id)
-}
-
-func (f fleet) DeleteVolume(r *http.Request, under, project, name string) error {
-	up := f.s.upNodes(r.Context())
-	if len(up) == 0 {
-		return errdefs.Unavailable("volume %s of %s: no edge is up to delete it (corral node ls)", name, project)
-	}
-	n := up[f.s.rr.Add(1)%uint64(len(up))]
-	return f.s.callEdge(r, n, http.MethodDelete, "/v1/volumes/"+url.PathEscape(name)+"?project="+url.QueryEscape(iam.Display(project)))
 }
 
 // edgeRequest sends a request without a body to node n's edge as r's caller, under ctx; the

@@ -241,6 +241,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		name:  host + "/" + cfg.Listen,
 	}
 	s.api.SetFleet(fleet{s})
+	s.api.SetVolumes(volumes{s})
 	if s.tls, s.nodeTLS, err = s.tlsConfigs(); err != nil {
 		return err
 	}

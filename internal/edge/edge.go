@@ -783,9 +783,9 @@ func (e *Edge) finish(ctx context.Context, rec *store.Sandbox, state, reason str
 	e.emitEnd(rec, state, reason)
 }
 
-// admitOnNode records rec through the store's admission (quotas, idempotency), first checking
-// that the node has room for it when it has a capacity. Checks and records take turns, so
-// concurrent creates cannot both take the last room.
+// admitOnNode records rec through admission (quotas, idempotency), first checking that the node
+// has room for it when it has a capacity. The room taken is counted from the check on
+// (admitReleasing), so concurrent creates cannot both take the last room.
 func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.Idempotency) error {
 	if e.draining.Load() {
 		return fmt.Errorf("node %s is draining (corral node uncordon %s lets it take sandboxes again): %w", e.cfg.Node, e.cfg.Node, errdefs.ErrNodeFull)
@@ -812,7 +812,7 @@ func (e *Edge) admitOnNode(ctx context.Context, rec *store.Sandbox, key *store.I
 	if err != nil {
 		return err
 	}
-	return e.admitRecord(ctx, rec, key)
+	return e.admitReleasing([]*store.Sandbox{rec}, func() error { return e.admitRecord(ctx, rec, key) })
 }
 
 // roomLocked checks that the node has room for n sandboxes of rec's limits (rec's limits are
@@ -1426,11 +1426,17 @@ func (e *Edge) lifetimes(req corral.CreateRequest) (l lifetimes, err error) {
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.
 func (e *Edge) project(ctx context.Context, path string) (*store.ProjectRecord, error) {
+	return ProjectAt(ctx, e.store, path)
+}
+
+// ProjectAt returns the project at path (a request's field "project"): invalid when it does not
+// exist.
+func ProjectAt(ctx context.Context, st *store.Store, path string) (*store.ProjectRecord, error) {
 	p, err := iam.ParsePath("project", path)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := e.store.GetProject(ctx, p)
+	rec, err := st.GetProject(ctx, p)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, errdefs.Invalid("project", "project %s does not exist", iam.Display(p))
 	}

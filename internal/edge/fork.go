@@ -205,7 +205,7 @@ func (e *Edge) admitForks(ctx context.Context, recs []*store.Sandbox) error {
 	if err := e.roomLocked(&sum, len(recs)); err != nil {
 		return err
 	}
-	return e.admitAll(ctx, recs)
+	return e.admitReleasing(recs, func() error { return e.admitAll(ctx, recs) })
 }
 
 // takeForkImage has the runtime take the fork image of the running sandbox sb (record src),

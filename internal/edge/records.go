@@ -78,6 +78,13 @@ func (o *ownRecords) put(rec *store.Sandbox) {
 	o.mu.Unlock()
 }
 
+// drop removes the record of id (one whose admission was refused).
+func (o *ownRecords) drop(id string) {
+	o.mu.Lock()
+	delete(o.recs, id)
+	o.mu.Unlock()
+}
+
 // get returns a copy of the record of id, if its sandbox has not ended.
 func (o *ownRecords) get(id string) (*store.Sandbox, bool) {
 	o.mu.Lock()
@@ -140,8 +147,8 @@ func (e *Edge) record(ctx context.Context, id string) (*store.Sandbox, error) {
 }
 
 // admitRecord records rec (state creating) through admission (quotas, idempotency: the store, or
-// a cluster's servers) and takes it into the edge's copy. Callers checking the node's room hold
-// e.capMu across it, so the next check counts rec.
+// a cluster's servers) and takes it into the edge's copy. Callers checking the node's room run
+// it through admitReleasing, so that every check from theirs on counts rec.
 func (e *Edge) admitRecord(ctx context.Context, rec *store.Sandbox, key *store.Idempotency) error {
 	if err := e.admissions.AdmitSandbox(ctx, rec, key); err != nil {
 		return err
@@ -159,6 +166,26 @@ func (e *Edge) admitAll(ctx context.Context, recs []*store.Sandbox) error {
 		e.own.put(rec)
 	}
 	return nil
+}
+
+// admitReleasing runs admit, the admission of recs, with e.capMu (held by the caller once its
+// room check passed) released for the admission's round trip to the store or the servers, so
+// the node's other creates check their room meanwhile. recs are in the edge's copy from before
+// the release, so every later check counts them, and leave it when admission refuses them.
+// e.capMu is held again when it returns.
+func (e *Edge) admitReleasing(recs []*store.Sandbox, admit func() error) error {
+	for _, rec := range recs {
+		e.own.put(rec)
+	}
+	e.capMu.Unlock()
+	err := admit()
+	if err != nil {
+		for _, rec := range recs {
+			e.own.drop(rec.ID)
+		}
+	}
+	e.capMu.Lock()
+	return err
 }
 
 // nodeUsage is what the node's live sandboxes use, from the edge's copy of their records.

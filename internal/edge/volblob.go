@@ -247,6 +247,35 @@ func (e *Edge) uploadVolume(ctx context.Context, id, sandbox string) error {
 	return nil
 }
 
+// RemoveDeletedVolume removes what a cluster's deleted volume id leaves on this node and in the
+// blob store: every version in the blob store, and this node's cached image (other nodes drop
+// theirs at their next start). A cluster's servers delete the volume's record, then ask an edge
+// to do this, since they open no blob store. It refuses (409) a volume the servers still know:
+// all it can do is collect what no record names.
+func (e *Edge) RemoveDeletedVolume(ctx context.Context, id string) error {
+	if !store.ValidVolumeID(id) {
+		return errdefs.Invalid("id", "%q is not a volume ID", id)
+	}
+	if !e.clustered() || e.cfg.Shared == nil || e.cfg.Volumes == nil {
+		return errdefs.Invalid("id", "node %s keeps no volumes in a cluster's blob store", e.cfg.Node)
+	}
+	current, err := e.volCat.VolumeVersions(ctx, []string{id})
+	if err != nil {
+		return err
+	}
+	if _, ok := current[id]; ok {
+		return errdefs.Conflict("volume %s still exists: only a deleted volume's blobs are removed", id)
+	}
+	if err := e.removeVolumeBlobs(ctx, id); err != nil {
+		return fmt.Errorf("remove the blobs of deleted volume %s: %w", id, err)
+	}
+	if err := e.cfg.Volumes.Remove(id); err != nil {
+		e.log.Warn("remove a deleted volume's cached image", "volume", id, "err", err)
+	}
+	e.log.Info("deleted volume's blobs removed", "volume", id)
+	return nil
+}
+
 // removeVolumeBlobs removes every version of volume id from the blob store.
 func (e *Edge) removeVolumeBlobs(ctx context.Context, id string) error {
 	objs, err := e.cfg.Shared.List(ctx, "volumes/"+id+"/")

@@ -66,40 +66,32 @@ func (e *Edge) volumesOn() error {
 	return nil
 }
 
-// CreateVolume makes a volume: its record (the quota checked and charged, the name claimed in its
-// project), then its image. A volume whose image cannot be made is not left behind.
+// errClusterVolumes refuses a volume's create or delete on a cluster's edge: the servers keep
+// the records (internal/cluster, volumes.go), and the edges their images' copies.
+var errClusterVolumes = errdefs.Invalid("volumes", "a cluster's volumes are created and deleted by its servers")
+
+// CreateVolume makes a volume on a single-node Corral: its record (the quota checked and
+// charged, the name claimed in its project), then its image. A volume whose image cannot be
+// made is not left behind.
 func (e *Edge) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest) (*store.VolumeRecord, error) {
 	if err := e.volumesOn(); err != nil {
 		return nil, err
 	}
-	if !volumeNameRE.MatchString(req.Name) {
-		return nil, errdefs.Invalid("name", "%q: want 1-63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit", req.Name)
+	if e.clustered() {
+		return nil, errClusterVolumes
 	}
-	if req.SizeBytes < MinVolumeBytes || req.SizeBytes > MaxVolumeBytes {
-		return nil, errdefs.Invalid("size_bytes", "%d is outside [%d, %d]", req.SizeBytes, int64(MinVolumeBytes), int64(MaxVolumeBytes))
+	if err := CheckVolume(req); err != nil {
+		return nil, err
 	}
-	// Whole 4 KiB blocks: the filesystem is made of them.
-	size := (req.SizeBytes + 4095) &^ 4095
 	p, err := e.project(ctx, req.Project)
 	if err != nil {
 		return nil, err
 	}
-	v := &store.VolumeRecord{
-		Volume: corral.Volume{Name: req.Name, Project: iam.Display(p.Path), SizeBytes: size, Node: e.cfg.Node, CreatedAt: time.Now().UTC()},
-		ID:     store.NewVolumeID(), ProjectID: p.ID, State: store.VolumeCreating,
-	}
-	if e.clustered() {
-		// Made lazily: version 0, whose first attach makes the filesystem (volblob.go).
-		v.State = store.VolumeReady
-	}
+	v := NewVolume(req, p, e.cfg.Node)
 	if err := e.store.CreateVolume(ctx, v); err != nil {
 		return nil, err
 	}
-	if e.clustered() {
-		e.log.Info("volume created", "volume", v.ID, "name", v.Name, "project", v.Project, "bytes", size)
-		return v, nil
-	}
-	if err := e.makeVolumeImage(ctx, v.ID, size); err != nil {
+	if err := e.makeVolumeImage(ctx, v.ID, v.SizeBytes); err != nil {
 		if _, derr := e.store.DeleteVolume(context.WithoutCancel(ctx), v.ID); derr != nil {
 			e.log.Error("remove the record of a volume that could not be made", "volume", v.ID, "err", derr)
 		}
@@ -109,8 +101,29 @@ func (e *Edge) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest)
 		return nil, err
 	}
 	v.State = store.VolumeReady
-	e.log.Info("volume created", "volume", v.ID, "name", v.Name, "project", v.Project, "bytes", size)
+	e.log.Info("volume created", "volume", v.ID, "name", v.Name, "project", v.Project, "bytes", v.SizeBytes)
 	return v, nil
+}
+
+// CheckVolume checks a volume's create request: its name and its size.
+func CheckVolume(req corral.CreateVolumeRequest) error {
+	if !volumeNameRE.MatchString(req.Name) {
+		return errdefs.Invalid("name", "%q: want 1-63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit", req.Name)
+	}
+	if req.SizeBytes < MinVolumeBytes || req.SizeBytes > MaxVolumeBytes {
+		return errdefs.Invalid("size_bytes", "%d is outside [%d, %d]", req.SizeBytes, int64(MinVolumeBytes), int64(MaxVolumeBytes))
+	}
+	return nil
+}
+
+// NewVolume is the record (state creating, a new ID) of the volume req (CheckVolume passed) asks
+// for in project p, on node ("": a cluster's, in its blob store). Its size is rounded up to
+// whole 4 KiB blocks: the filesystem is made of them.
+func NewVolume(req corral.CreateVolumeRequest, p *store.ProjectRecord, node string) *store.VolumeRecord {
+	return &store.VolumeRecord{
+		Volume: corral.Volume{Name: req.Name, Project: iam.Display(p.Path), SizeBytes: (req.SizeBytes + 4095) &^ 4095, Node: node, CreatedAt: time.Now().UTC()},
+		ID:     store.NewVolumeID(), ProjectID: p.ID, State: store.VolumeCreating,
+	}
 }
 
 // Volume returns the volume name of the project at path.
@@ -122,23 +135,21 @@ func (e *Edge) Volume(ctx context.Context, project, name string) (*store.VolumeR
 	return e.store.GetVolume(ctx, p.ID, name)
 }
 
-// DeleteVolume deletes a volume and its image; refused (409) while a sandbox has it attached.
+// DeleteVolume deletes a single-node Corral's volume and its image; refused (409) while a sandbox
+// has it attached.
 func (e *Edge) DeleteVolume(ctx context.Context, project, name string) (*store.VolumeRecord, error) {
+	if e.clustered() {
+		return nil, errClusterVolumes
+	}
 	v, err := e.Volume(ctx, project, name)
 	if err != nil {
 		return nil, err
 	}
-	if v.Node != e.cfg.Node && !e.clustered() {
+	if v.Node != e.cfg.Node {
 		return nil, errdefs.Invalid("name", "volume %s lives on node %s, not on this one", name, v.Node)
 	}
 	if v, err = e.store.DeleteVolume(ctx, v.ID); err != nil {
 		return nil, err
-	}
-	if e.clustered() && e.cfg.Shared != nil {
-		// Other nodes' cached copies go at their next start (reconcileClusterVolumes).
-		if err := e.removeVolumeBlobs(context.WithoutCancel(ctx), v.ID); err != nil {
-			e.log.Error("remove a deleted volume's versions from the blob store (the next start of a node removes them)", "volume", v.ID, "err", err)
-		}
 	}
 	if e.cfg.Volumes != nil {
 		if err := e.cfg.Volumes.Remove(v.ID); err != nil {

@@ -31,10 +31,12 @@ import (
 // volumes' attachments and changes none of them, and has no privilege on the idempotency keys
 // (the principals' create requests). A stolen edge's credentials then mint no token, forge no
 // server certificate, sign no webhook delivery, cover no tracks, add or rewrite no sandbox
-// record and take no project's quota with sandboxes. Every other table is the edge's to read
-// and write (layers it imports, environments, volumes, and the quota usage a volume's create
-// and delete move), but the nodes: it reads them only, since its nodes' registrations,
-// heartbeats and every write checked against an epoch go through the servers.
+// record and take no project's quota with sandboxes. Volumes are created and deleted by the
+// servers too, and their versions and copies recorded by them (the node channel), so an edge only
+// reads the volumes and the quota usage: no write of its moves a project's quota. Every other
+// table is the edge's to read and write (layers it imports, environments), but the nodes: it
+// reads them only, since its nodes' registrations, heartbeats and every write checked against an
+// epoch go through the servers.
 
 // edgeDenied lists the tables an edge role gets no privilege on.
 var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage", "settings", "trajectory", "idempotency"}
@@ -42,9 +44,10 @@ var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "web
 // edgeReadOnly lists the tables an edge role may only read: projects; layer tags (the servers
 // move them; a stolen edge cannot point a tag every tenant creates from at a layer of its
 // choosing); the nodes (registration, heartbeats and the epoch's checks are the servers'); the
-// sandboxes' records and the volumes' attachments (admission and every record write are the
-// servers').
-var edgeReadOnly = []string{"projects", "schema_migrations", "layer_tags", "nodes", "sandboxes", "volume_attachments"}
+// sandboxes' records, the volumes, their attachments and copies, and the quota usage (admission,
+// every record write and the volumes' create, delete, versions and copies are the servers').
+var edgeReadOnly = []string{"projects", "schema_migrations", "layer_tags", "nodes", "sandboxes",
+	"volumes", "volume_attachments", "volume_copies", "project_usage", "project_tier_usage"}
 
 // edgeAppendOnly lists the tables an edge role may only add rows to, with the columns it may
 // read (an insert's conflict key, when it has one): the audit log.

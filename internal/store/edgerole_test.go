@@ -16,8 +16,9 @@ import (
 )
 
 // TestEdgeRole: a store opened as the edge role (ApplyEdgeRole) opens without migrating, reads
-// and writes what an edge keeps, and can neither read nor write identity, change projects, nor
-// see or write the cluster's secret settings; the owner still sees everything.
+// and writes what an edge keeps, and can neither read nor write identity, change projects,
+// sandbox records, volumes or quota usage, nor see or write the cluster's secret settings; the
+// owner still sees everything.
 func TestEdgeRole(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.NewDB(t) // skips where PostgreSQL is missing
@@ -109,13 +110,13 @@ func TestEdgeRole(t *testing.T) {
 	if _, err := edge.Heartbeat(ctx, "n1", 1, Resources{}, time.Hour); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("renew a lease as the edge role: %v, want permission denied", err)
 	}
-	for _, table := range []string{"layers", "volumes", "project_usage"} {
+	for _, table := range []string{"layers", "environments", "fncall_envs"} {
 		var ok bool
 		if err := edge.db.QueryRowContext(ctx, fmt.Sprintf(`SELECT has_table_privilege('%s', 'SELECT') AND has_table_privilege('%s', 'INSERT') AND has_table_privilege('%s', 'UPDATE') AND has_table_privilege('%s', 'DELETE')`, table, table, table, table)).Scan(&ok); err != nil || !ok {
 			t.Errorf("the edge role on %s: read and write %v, %v", table, ok, err)
 		}
 	}
-	for _, table := range []string{"projects", "layer_tags", "nodes", "volume_attachments"} {
+	for _, table := range []string{"projects", "layer_tags", "nodes", "volumes", "volume_attachments", "volume_copies", "project_usage", "project_tier_usage"} {
 		if _, err := edge.db.ExecContext(ctx, `SELECT count(*) FROM `+table); err != nil {
 			t.Errorf("read %s as the edge: %v", table, err)
 		}
@@ -167,6 +168,11 @@ func TestEdgeRole(t *testing.T) {
 		`DELETE FROM volume_attachments`,
 		`INSERT INTO volume_attachments (volume_id, sandbox_id, read_only) VALUES ('v', 'sb', 0)`,
 		`SELECT epoch FROM nodes FOR UPDATE`,
+		`UPDATE project_usage SET sandboxes = 0, cpus = 0, disk_bytes = 0`,
+		`DELETE FROM project_tier_usage`,
+		`UPDATE volumes SET version = version + 1`,
+		`DELETE FROM volumes`,
+		`INSERT INTO volume_copies (volume_id, node, version) VALUES ('v', 'n1', 1)`,
 	} {
 		if _, err := edge.db.ExecContext(ctx, q); err == nil || !strings.Contains(err.Error(), "permission denied") {
 			t.Errorf("as the edge role, %s: %v (want permission denied)", q, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/lazyregexp"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -47,6 +48,11 @@ func NewVolumeID() string {
 	rand.Read(b[:])
 	return "vol-" + hex.EncodeToString(b[:])
 }
+
+var volumeIDRE = lazyregexp.New(`^vol-[0-9a-f]{16}$`)
+
+// ValidVolumeID reports whether id is a volume's ID, as NewVolumeID makes them.
+func ValidVolumeID(id string) bool { return volumeIDRE.MatchString(id) }
 
 const volumeCols = `v.id, v.project_id, COALESCE(p.path, ''), v.name, v.size_bytes, v.node, v.state, v.created_at, v.version, v.digest`
 
