@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
