@@ -234,14 +234,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	host, _ := os.Hostname()
-	s := &Server{
-		cfg: cfg, log: log, store: st, placer: placer, ca: ca,
-		api:   apiserver.New(log, st, nil, nil, apiserver.Info{}),
-		conns: map[string]*edgeConn{},
-		name:  host + "/" + cfg.Listen,
-	}
-	s.api.SetFleet(fleet{s})
-	s.api.SetVolumes(volumes{s})
+	s := newServer(cfg, log, st, placer, ca, host+"/"+cfg.Listen)
 	if s.tls, s.nodeTLS, err = s.tlsConfigs(); err != nil {
 		return err
 	}
@@ -306,6 +299,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	defer cancel()
 	srv.Shutdown(sctx)
 	return nil
+}
+
+// newServer is a replica named name, its API wired to reach the nodes (fleet) and to keep the
+// volumes (volumes), before its TLS configurations are made.
+func newServer(cfg Config, log *slog.Logger, st *store.Store, placer *placement.Placer, ca *clusterauth.CA, name string) *Server {
+	s := &Server{
+		cfg: cfg, log: log, store: st, placer: placer, ca: ca,
+		api:   apiserver.New(log, st, nil, nil, apiserver.Info{}),
+		conns: map[string]*edgeConn{},
+		name:  name,
+	}
+	s.api.SetFleet(fleet{s})
+	s.api.SetVolumes(volumes{s})
+	return s
 }
 
 // Handler returns the replica's HTTP handler.

@@ -181,6 +181,30 @@ func TestServerWithoutEdges(t *testing.T) {
 	if _, err := c.CreateSandbox(ctx, corral.CreateRequest{Environment: "vmenv"}); err == nil || !strings.Contains(err.Error(), "microvm") {
 		t.Errorf("a create of a microvm environment with no microvm node: %v", err)
 	}
+	// Volumes are the replica's own: made and deleted in the store, their quota charged and
+	// given back there, whatever the edges answer (their blobs go with the next start of one).
+	if _, err := c.CreateVolume(ctx, corral.CreateVolumeRequest{Name: "Bad Name", SizeBytes: 32 << 20}); !corral.IsInvalid(err) {
+		t.Errorf("a volume with a bad name: %v, want invalid", err)
+	}
+	vol, err := c.CreateVolume(ctx, corral.CreateVolumeRequest{Name: "data", SizeBytes: 32<<20 + 1})
+	if err != nil || vol.SizeBytes != 32<<20+4096 || vol.Node != "" {
+		t.Fatalf("create a volume through the replica: %+v, %v", vol, err)
+	}
+	if got, err := c.Volume(ctx, "", "data"); err != nil || got.Name != "data" {
+		t.Errorf("the volume through the replica: %+v, %v", got, err)
+	}
+	if q, err := c.Quota(ctx, ""); err != nil || q.Usage.DiskBytes != vol.SizeBytes {
+		t.Errorf("the root's usage with the volume: %+v, %v; want %d disk bytes", q, err, vol.SizeBytes)
+	}
+	if err := c.DeleteVolume(ctx, "", "data"); err != nil {
+		t.Fatalf("delete the volume through the replica: %v", err)
+	}
+	if _, err := c.Volume(ctx, "", "data"); !corral.IsNotFound(err) {
+		t.Errorf("the deleted volume: %v, want not found", err)
+	}
+	if q, err := c.Quota(ctx, ""); err != nil || q.Usage.DiskBytes != 0 {
+		t.Errorf("the root's usage after the delete: %+v, %v; want 0 disk bytes", q, err)
+	}
 }
 
 // TestBootstrapWithGivenTokens checks that tokens placed in the data dir before the first start
@@ -228,9 +252,7 @@ func testServer(t *testing.T, st *store.Store, cfg Config, log *slog.Logger) *Se
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cfg: cfg, log: log, store: st, placer: placer, ca: ca, name: "test",
-		api: apiserver.New(log, st, nil, nil, apiserver.Info{}), conns: map[string]*edgeConn{}}
-	s.api.SetFleet(fleet{s})
+	s := newServer(cfg, log, st, placer, ca, "test")
 	if s.tls, s.nodeTLS, err = s.tlsConfigs(); err != nil {
 		t.Fatal(err)
 	}
