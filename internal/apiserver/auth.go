@@ -91,7 +91,12 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			httpjson.Error(w, r, s.log, err)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
+		ctx := context.WithValue(r.Context(), callerKey{}, c)
+		if s.servesNodes {
+			// What this request makes the edge admit goes with the caller the server sealed.
+			ctx = nodeproto.WithVoucher(ctx, nodeproto.VoucherOf(r.Header))
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
@@ -183,25 +188,37 @@ func nodeCaller(r *http.Request) (*caller, error) {
 		return nil, err
 	}
 	r.Header.Del("Authorization") // none comes from a server; none goes further if one did
+	return callerOf(nc), nil
+}
+
+// callerOf is the caller a server sent.
+func callerOf(nc *nodeproto.Caller) *caller {
 	return &caller{
 		tok: &store.TokenRecord{ID: nc.TokenID, Principal: nc.Principal, ProjectID: nc.ProjectID, ProjectPath: nc.ProjectPath,
 			Perms: nc.Perms, Role: nc.Role, Parent: nc.Parent, CreatedAt: nc.CreatedAt, ExpiresAt: nc.ExpiresAt},
 		held:    nc.Held,
 		sandbox: nc.Sandbox,
-	}, nil
+	}
 }
 
-// ForwardCaller makes h, an Authenticated request's header on its way to an edge, carry its
-// caller for the edge (nodeproto.SetCaller) instead of the user's token: the token stays here.
-func ForwardCaller(r *http.Request, h http.Header) error {
+// ForwardCaller makes h, an Authenticated request's header on its way to node's edge, carry its
+// caller for the edge instead of the user's token (the token stays here), sealed by s
+// (nodeproto.SetSealedCaller; nil: unsealed).
+func ForwardCaller(r *http.Request, h http.Header, node string, s *nodeproto.Sealer) error {
 	c := who(r)
 	h.Del("Authorization")
 	sb, _ := r.Context().Value(sandboxKey{}).(*nodeproto.SandboxProject)
-	return nodeproto.SetCaller(h, &nodeproto.Caller{
+	return nodeproto.SetSealedCaller(h, &nodeproto.Caller{
 		TokenID: c.tok.ID, Principal: c.tok.Principal, ProjectID: c.tok.ProjectID, ProjectPath: c.tok.ProjectPath,
 		Perms: c.tok.Perms, Role: c.tok.Role, Parent: c.tok.Parent, CreatedAt: c.tok.CreatedAt, ExpiresAt: c.tok.ExpiresAt,
 		Held: c.held, Sandbox: sb,
-	})
+	}, node, s)
+}
+
+// CallerMay fails with a DeniedError unless the caller a server sent an edge holds perm on the
+// project at path p (canonical), as the edge would check it.
+func CallerMay(nc *nodeproto.Caller, perm iam.Perm, p string) error {
+	return callerOf(nc).require(perm, p)
 }
 
 type sandboxKey struct{}

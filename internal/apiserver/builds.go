@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/nodeproto"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -81,6 +83,9 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		s.audit(r, "build.start", project, req.Name, err, "")
 		s.fail(w, r, err)
 		return
+	}
+	if v := nodeproto.VoucherFrom(r.Context()); v != nil {
+		checked.Bind = func(ctx context.Context) context.Context { return nodeproto.WithVoucher(ctx, v) }
 	}
 	job := s.builds.Start(checked, iam.Display(project))
 	b := job.Snapshot()

@@ -35,7 +35,7 @@ func TestNodeCallers(t *testing.T) {
 		var out http.Header
 		front := h.srv.authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			out = r.Header.Clone()
-			if err := ForwardCaller(r, out); err != nil {
+			if err := ForwardCaller(r, out, "", nil); err != nil {
 				t.Fatal(err)
 			}
 		}))
@@ -144,7 +144,7 @@ func TestSandboxProjectFromServer(t *testing.T) {
 				r = OnSandbox(r, sandbox.ID, sandbox.Project)
 			}
 			fwd = r.Header.Clone()
-			if err := ForwardCaller(r, fwd); err != nil {
+			if err := ForwardCaller(r, fwd, "", nil); err != nil {
 				t.Fatal(err)
 			}
 		}))

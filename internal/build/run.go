@@ -69,6 +69,10 @@ type Request struct {
 	Project string // canonical
 	Plan    *Plan
 	Context *Context
+	// Bind, when set, gives the build's context what it carries from the request that
+	// started it (on a cluster's edge, the caller the servers sealed, which its steps'
+	// sandboxes are admitted for).
+	Bind func(context.Context) context.Context
 }
 
 // Jobs runs builds and keeps the last maxJobs of them, with their logs, in memory (a restart
@@ -180,6 +184,9 @@ func (j *Jobs) Start(r *Request, projectDisplay string) *Job {
 	id := "b" + randHex(8)
 	job := &Job{changed: make(chan struct{})}
 	job.ctx, job.cancel = context.WithCancel(j.ctx)
+	if r.Bind != nil {
+		job.ctx = r.Bind(job.ctx)
+	}
 	job.build = Build{ID: id, Name: r.Name, Project: projectDisplay, State: Running, From: r.Plan.From,
 		Warnings: r.Plan.Warnings, CreatedAt: time.Now().UTC()}
 	for _, s := range r.Plan.Steps {

@@ -23,19 +23,9 @@ const (
 // e2bSecrets returns the gateway's key and service token, making them the first time (replicas
 // racing agree on the first stored) and minting a new service token when an operator revoked it.
 func e2bSecrets(ctx context.Context, st *store.Store, log *slog.Logger) ([]byte, string, error) {
-	var b [32]byte
-	rand.Read(b[:])
-	doc, _ := json.Marshal(hex.EncodeToString(b[:]))
-	if _, err := st.PutSettingIfAbsent(ctx, e2bKeySetting, doc); err != nil {
-		return nil, "", err
-	}
-	var keyHex string
-	if err := readSetting(ctx, st, e2bKeySetting, &keyHex); err != nil {
-		return nil, "", err
-	}
-	key, err := hex.DecodeString(keyHex)
+	key, err := sharedKey(ctx, st, e2bKeySetting)
 	if err != nil {
-		return nil, "", fmt.Errorf("decode the E2B key: %w", err)
+		return nil, "", err
 	}
 	var service string
 	if err := readSetting(ctx, st, e2bServiceSetting, &service); err == nil && daemon.E2BServiceTokenValid(ctx, st, service) {
@@ -47,11 +37,31 @@ func e2bSecrets(ctx context.Context, st *store.Store, log *slog.Logger) ([]byte,
 	if err != nil {
 		return nil, "", err
 	}
-	doc, _ = json.Marshal(service)
+	doc, _ := json.Marshal(service)
 	if err := st.PutSetting(ctx, e2bServiceSetting, doc); err != nil {
 		return nil, "", err
 	}
 	return key, service, nil
+}
+
+// sharedKey returns the 32-byte key the replicas share under setting, made by the first
+// replica that asks (the store keeps the first one written).
+func sharedKey(ctx context.Context, st *store.Store, setting string) ([]byte, error) {
+	var b [32]byte
+	rand.Read(b[:])
+	doc, _ := json.Marshal(hex.EncodeToString(b[:]))
+	if _, err := st.PutSettingIfAbsent(ctx, setting, doc); err != nil {
+		return nil, err
+	}
+	var keyHex string
+	if err := readSetting(ctx, st, setting, &keyHex); err != nil {
+		return nil, err
+	}
+	key, err := hex.DecodeString(keyHex)
+	if err != nil {
+		return nil, fmt.Errorf("decode setting %s: %w", setting, err)
+	}
+	return key, nil
 }
 
 func readSetting(ctx context.Context, st *store.Store, key string, v any) error {

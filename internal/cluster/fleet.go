@@ -42,7 +42,7 @@ func (s *Server) edgeRequest(ctx context.Context, r *http.Request, n corral.Node
 	if err != nil {
 		return nil, err
 	}
-	if err := asCaller(r, n, out.Header); err != nil {
+	if err := s.asCaller(r, n, out.Header); err != nil {
 		return nil, err
 	}
 	resp, err := c.client.Do(out)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -452,6 +454,9 @@ func (s *Server) nodeAdmit(ctx context.Context, node string, req *nodeproto.Admi
 	if err := checkKey(req.Key, req.Key == nil); err != nil {
 		return nil, err
 	}
+	if err := s.admissible(ctx, node, req); err != nil {
+		return nil, err
+	}
 	var err error
 	if n == 1 {
 		err = s.store.AdmitNodeSandbox(ctx, node, req.Epoch, req.Sandboxes[0], req.Key)
@@ -468,6 +473,49 @@ func (s *Server) nodeAdmit(ctx context.Context, node string, req *nodeproto.Admi
 		return nil, err
 	}
 	return &nodeproto.AdmitResponse{}, nil
+}
+
+// admissible checks that the caller's node may admit req's records: for a caller the servers
+// sealed for it (req.Voucher) that may create sandboxes in the records' project, or, without
+// one, as the containers of an fncall environment's pool (tier fncall, in the project of an
+// fncall environment), which the edge starts on its own. A stolen edge therefore admits
+// nothing for a project no recent caller of its own may create in.
+func (s *Server) admissible(ctx context.Context, node string, req *nodeproto.AdmitRequest) error {
+	project := req.Sandboxes[0].ProjectID
+	if project == "" {
+		project = store.RootProjectID
+	}
+	for i, sb := range req.Sandboxes {
+		if p := cmp.Or(sb.ProjectID, store.RootProjectID); p != project {
+			return errdefs.Invalid(fmt.Sprintf("sandboxes[%d].project_id", i), "the records of one admission are of one project")
+		}
+	}
+	if req.Voucher == nil {
+		for i, sb := range req.Sandboxes {
+			if sb.Tier != edge.TierFncall {
+				return fmt.Errorf("sandboxes[%d]: a %s sandbox is admitted for the caller of the request that makes it, and the edge sent none: %w", i, sb.Tier, errdefs.ErrDenied)
+			}
+		}
+		envs, err := s.store.ListFncallEnvs(ctx)
+		if err != nil {
+			return err
+		}
+		for _, env := range envs {
+			if env.ProjectID == project {
+				return nil
+			}
+		}
+		return fmt.Errorf("fncall containers of project %s, which has no fncall environment: %w", project, errdefs.ErrDenied)
+	}
+	c, err := s.sealer.Open(req.Voucher, node, time.Now())
+	if err != nil {
+		return err
+	}
+	path, err := s.store.ProjectPath(ctx, project)
+	if err != nil {
+		return err
+	}
+	return apiserver.CallerMay(c, iam.SandboxCreate, path)
 }
 
 // checkKey checks a create's idempotency key as an edge sends it (absent when optional).

@@ -200,7 +200,7 @@ func TestNodeChannel(t *testing.T) {
 // which moves when the configuration does.
 func TestNodeStart(t *testing.T) {
 	ctx := context.Background()
-	st, _, hs, dir := nodeChannelReplica(t)
+	st, srv, hs, dir := nodeChannelReplica(t)
 	j, err := Join(ctx, hs.URL, filepath.Join(dir, "join.token"), "edge1")
 	if err != nil {
 		t.Fatal(err)
@@ -377,10 +377,37 @@ func TestNodeStart(t *testing.T) {
 	writer.ID, writer.State, writer.ProjectID = "sb-edge1-wwwwwwwwwwwwwwww", corral.StateCreating, root.ID
 	writer.Volumes, writer.VolumeIDs = []corral.VolumeMount{{Name: "data", Path: "/data"}}, []string{vol.ID}
 
-	// Admission: of the node's own new sandboxes, by the incarnation holding the node; the
-	// store's refusals come back typed.
+	// Admission: of the node's own new sandboxes, by the incarnation holding the node, for a
+	// caller the servers sealed for it that may create there; the store's refusals come back
+	// typed.
+	vouched := func(node string, held iam.Perm, sealer *nodeproto.Sealer) context.Context {
+		h := http.Header{}
+		c := &nodeproto.Caller{TokenID: "t1", Principal: "root", Perms: held, Held: map[string]iam.Perm{"": held}, CreatedAt: time.Now()}
+		if err := nodeproto.SetSealedCaller(h, c, node, sealer); err != nil {
+			t.Fatal(err)
+		}
+		return nodeproto.WithVoucher(ctx, nodeproto.VoucherOf(h))
+	}
+	foreign, err := nodeproto.NewSealer([]byte(strings.Repeat("k", 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	adm := edge1.Admissions(2)
 	key := &store.Idempotency{Principal: "root", Key: "create-1", RequestHash: "h"}
+	for name, vctx := range map[string]context.Context{
+		"no caller":                       ctx,
+		"a caller sealed for another node": vouched("edge2", iam.SandboxCreate, srv.sealer),
+		"a caller sealed with another key": vouched("edge1", iam.SandboxCreate, foreign),
+		"a caller who may not create":      vouched("edge1", iam.SandboxRead, srv.sealer),
+	} {
+		if err := adm.AdmitSandbox(vctx, &writer, key); !errors.Is(err, errdefs.ErrDenied) {
+			t.Errorf("admit for %s: %v, want ErrDenied", name, err)
+		}
+	}
+	if _, err := st.GetSandbox(ctx, writer.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a refused admission left a record: %v", err)
+	}
+	ctx = vouched("edge1", iam.SandboxCreate, srv.sealer)
 	if err := adm.AdmitSandbox(ctx, &writer, key); err != nil {
 		t.Fatalf("admit the writer: %v", err)
 	}
@@ -412,6 +439,18 @@ func TestNodeStart(t *testing.T) {
 	}
 	if err := adm.AdmitSandboxes(ctx, []*store.Sandbox{fresh("sb-edge1-cacacacacacacaca"), fresh("sb-edge1-cbcbcbcbcbcbcbcb")}); err != nil {
 		t.Errorf("a fork's copies: %v", err)
+	}
+	// An fncall environment's pool container needs no caller, in the environment's project
+	// only (fn's is the root).
+	pooled := fresh("sb-edge1-fnfnfnfnfnfnfnfn")
+	pooled.Tier = "fncall"
+	if err := adm.AdmitSandbox(context.Background(), pooled, nil); err != nil {
+		t.Errorf("an fncall pool's container: %v", err)
+	}
+	elsewhere := fresh("sb-edge1-fmfmfmfmfmfmfmfm")
+	elsewhere.Tier, elsewhere.ProjectID = "fncall", "p-nowhere"
+	if err := adm.AdmitSandbox(context.Background(), elsewhere, nil); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("fncall containers in a project without an fncall environment: %v, want ErrDenied", err)
 	}
 	if _, err := st.SetQuota(ctx, "", corral.Quota{Sandboxes: new(int64(1))}); err != nil {
 		t.Fatal(err)

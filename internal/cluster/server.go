@@ -147,6 +147,9 @@ type Server struct {
 	// nodeTLS serves the node channel: this replica's certificate, edges' certificates required.
 	nodeTLS *tls.Config
 	name    string // this replica, in its certificate
+	// sealer seals the callers sent to edges and opens those their admissions hand back
+	// (nodeproto.Sealer), with the key the replicas share (sealKeySetting).
+	sealer *nodeproto.Sealer
 
 	mu     sync.Mutex
 	nodes  []corral.Node // the last read of the nodes table
@@ -234,7 +237,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	host, _ := os.Hostname()
-	s := newServer(cfg, log, st, placer, ca, host+"/"+cfg.Listen)
+	sealer, err := loadSealer(ctx, st)
+	if err != nil {
+		return err
+	}
+	s := newServer(cfg, log, st, placer, ca, sealer, host+"/"+cfg.Listen)
 	if s.tls, s.nodeTLS, err = s.tlsConfigs(); err != nil {
 		return err
 	}
@@ -301,11 +308,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	return nil
 }
 
+// sealKeySetting keeps the key the replicas seal callers for edges with: the edges' store role
+// cannot read the settings.
+const sealKeySetting = "cluster.seal-key"
+
+// loadSealer returns the Sealer of the replicas' shared key, made by the first replica.
+func loadSealer(ctx context.Context, st *store.Store) (*nodeproto.Sealer, error) {
+	key, err := sharedKey(ctx, st, sealKeySetting)
+	if err != nil {
+		return nil, fmt.Errorf("the replicas' seal key: %w", err)
+	}
+	return nodeproto.NewSealer(key)
+}
+
 // newServer is a replica named name, its API wired to reach the nodes (fleet) and to keep the
 // volumes (volumes), before its TLS configurations are made.
-func newServer(cfg Config, log *slog.Logger, st *store.Store, placer *placement.Placer, ca *clusterauth.CA, name string) *Server {
+func newServer(cfg Config, log *slog.Logger, st *store.Store, placer *placement.Placer, ca *clusterauth.CA, sealer *nodeproto.Sealer, name string) *Server {
 	s := &Server{
-		cfg: cfg, log: log, store: st, placer: placer, ca: ca,
+		cfg: cfg, log: log, store: st, placer: placer, ca: ca, sealer: sealer,
 		api:   apiserver.New(log, st, nil, nil, apiserver.Info{}),
 		conns: map[string]*edgeConn{},
 		name:  name,
@@ -367,9 +387,9 @@ func (s *Server) forward(next http.HandlerFunc) http.Handler {
 // carry r's caller as n speaks: from node protocol 1 on, the caller and no token
 // (apiserver.ForwardCaller); to an edge older than the protocol, registered without a version
 // (a rolling upgrade, servers first), the user's token as before, which that edge checks.
-func asCaller(r *http.Request, n corral.Node, h http.Header) error {
+func (s *Server) asCaller(r *http.Request, n corral.Node, h http.Header) error {
 	if n.Protocol >= nodeproto.Version {
-		return apiserver.ForwardCaller(r, h)
+		return apiserver.ForwardCaller(r, h, n.Name, s.sealer)
 	}
 	if a := r.Header.Get("Authorization"); a != "" {
 		h.Set("Authorization", a)
@@ -616,7 +636,7 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
 			pr.Out.Host = pr.In.Host
-			if err := asCaller(pr.In, n, pr.Out.Header); err != nil {
+			if err := s.asCaller(pr.In, n, pr.Out.Header); err != nil {
 				pr.Out.Header.Del("Authorization") // the edge answers 401; the token stays here
 				s.log.Error("send the caller to an edge", "node", n.Name, "err", err)
 			}
@@ -909,7 +929,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		out.Header = r.Header.Clone()
-		if err := asCaller(r, n, out.Header); err != nil {
+		if err := s.asCaller(r, n, out.Header); err != nil {
 			return err
 		}
 		trace.Inject(ctx, out.Header) // the edge's create is a child of this placement

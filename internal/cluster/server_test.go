@@ -252,7 +252,11 @@ func testServer(t *testing.T, st *store.Store, cfg Config, log *slog.Logger) *Se
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newServer(cfg, log, st, placer, ca, "test")
+	sealer, err := loadSealer(context.Background(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newServer(cfg, log, st, placer, ca, sealer, "test")
 	if s.tls, s.nodeTLS, err = s.tlsConfigs(); err != nil {
 		t.Fatal(err)
 	}

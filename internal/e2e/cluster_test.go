@@ -492,6 +492,26 @@ func TestCluster(t *testing.T) {
 		}
 		return len(list) == 6
 	})
+	// A fork through a replica: its copies are admitted by the servers for the caller the
+	// replica sealed for the source's node, and run there.
+	for node, ids := range byNode {
+		res, err := c2.Fork(ctx, ids[0], corral.ForkRequest{Count: 2, DiskOnly: true})
+		if err != nil || len(res) != 2 {
+			t.Fatalf("fork %s through a replica: %+v, %v", ids[0], res, err)
+		}
+		for _, cp := range res {
+			if cp.Node != node {
+				t.Errorf("a copy of %s on %s, want %s", ids[0], cp.Node, node)
+			}
+			if err := run(c1, cp.ID); err != nil {
+				t.Errorf("exec in copy %s: %v", cp.ID, err)
+			}
+			if _, err := c1.DeleteSandbox(ctx, cp.ID); err != nil {
+				t.Errorf("delete copy %s: %v", cp.ID, err)
+			}
+		}
+		break
+	}
 	for node, ids := range byNode {
 		if _, err := c2.DeleteSandbox(ctx, ids[0]); err != nil {
 			t.Fatal(err)

@@ -15,10 +15,15 @@ import (
 // servers check the epoch, the quotas of the sandboxes' project and its ancestors, the creation
 // rate and the volumes in one transaction. Asked again after an answer that broke off, the
 // same admission is answered as admitted.
+//
+// Voucher is the sealed caller of the request that made the edge admit them (seal.go): the
+// servers admit only where it may create sandboxes. Without one, only the containers of an
+// fncall environment's pool (tier fncall, in the environment's project) are admitted.
 type AdmitRequest struct {
 	Epoch     int64              `json:"epoch"`
 	Sandboxes []*store.Sandbox   `json:"sandboxes"`
 	Key       *store.Idempotency `json:"key,omitempty"`
+	Voucher   *Voucher           `json:"voucher,omitempty"`
 }
 
 // AdmitResponse is how an admission ended, when not with an error: admitted (both fields
@@ -54,10 +59,11 @@ type Admissions struct {
 	epoch int64
 }
 
-// AdmitSandbox admits sb (state creating) with key (nil: none): a *iam.QuotaError when a quota
-// refuses it, a *store.ReplayError when key made a sandbox already.
+// AdmitSandbox admits sb (state creating) with key (nil: none), for the caller ctx carries
+// (WithVoucher): a *iam.QuotaError when a quota refuses it, a *store.ReplayError when key made
+// a sandbox already.
 func (a Admissions) AdmitSandbox(ctx context.Context, sb *store.Sandbox, key *store.Idempotency) error {
-	return a.admit(ctx, AdmitRequest{Epoch: a.epoch, Sandboxes: []*store.Sandbox{sb}, Key: key}, sb.ID)
+	return a.admit(ctx, AdmitRequest{Epoch: a.epoch, Sandboxes: []*store.Sandbox{sb}, Key: key, Voucher: VoucherFrom(ctx)}, sb.ID)
 }
 
 // AdmitSandboxes admits the copies of a fork, all or none.
@@ -68,7 +74,7 @@ func (a Admissions) AdmitSandboxes(ctx context.Context, sbs []*store.Sandbox) er
 	if len(sbs) > corral.MaxForkCount {
 		return fmt.Errorf("admit %d sandboxes: at most %d at once", len(sbs), corral.MaxForkCount)
 	}
-	return a.admit(ctx, AdmitRequest{Epoch: a.epoch, Sandboxes: sbs}, fmt.Sprintf("%s and %d more", sbs[0].ID, len(sbs)-1))
+	return a.admit(ctx, AdmitRequest{Epoch: a.epoch, Sandboxes: sbs, Voucher: VoucherFrom(ctx)}, fmt.Sprintf("%s and %d more", sbs[0].ID, len(sbs)-1))
 }
 
 func (a Admissions) admit(ctx context.Context, req AdmitRequest, what string) error {

@@ -40,7 +40,7 @@ const (
 )
 
 // Headers lists the protocol's headers, for stripping them at the cluster's edge with clients.
-var Headers = []string{HeaderVersion, HeaderCaller, HeaderRefusal}
+var Headers = []string{HeaderVersion, HeaderCaller, HeaderRefusal, HeaderSeal}
 
 // maxCaller bounds an encoded caller: a principal with grants on many projects stays far below.
 const maxCaller = 256 << 10
@@ -64,6 +64,10 @@ type Caller struct {
 	// authorises the request on that project, and so follows project moves without a read of
 	// its own.
 	Sandbox *SandboxProject `json:"sandbox,omitempty"`
+	// Node and Until are what a sealed caller (SetSealedCaller) holds for: the edge it was
+	// sent to, and until when.
+	Node  string    `json:"node,omitempty"`
+	Until time.Time `json:"until,omitzero"`
 }
 
 // SandboxProject names a sandbox and the canonical path of its project.
