@@ -395,7 +395,7 @@ func TestNodeStart(t *testing.T) {
 	adm := edge1.Admissions(2)
 	key := &store.Idempotency{Principal: "root", Key: "create-1", RequestHash: "h"}
 	for name, vctx := range map[string]context.Context{
-		"no caller":                       ctx,
+		"no caller":                        ctx,
 		"a caller sealed for another node": vouched("edge2", iam.SandboxCreate, srv.sealer),
 		"a caller sealed with another key": vouched("edge1", iam.SandboxCreate, foreign),
 		"a caller who may not create":      vouched("edge1", iam.SandboxRead, srv.sealer),
