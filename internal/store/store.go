@@ -453,6 +453,9 @@ func OpenEdge(ctx context.Context, dsn string) (*Store, error) {
 	return openPostgres(ctx, dsn, false)
 }
 
+// maxPostgresConns bounds a store's PostgreSQL connections.
+const maxPostgresConns = 16
+
 func openPostgres(ctx context.Context, dsn string, migrate bool) (*Store, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -462,7 +465,11 @@ func openPostgres(ctx context.Context, dsn string, migrate bool) (*Store, error)
 		cfg.RuntimeParams["idle_in_transaction_session_timeout"] = pgIdleInTransaction
 	}
 	db := stdlib.OpenDB(*cfg)
-	db.SetMaxOpenConns(16)
+	// As many kept idle as may be open: database/sql keeps 2 by default, so every burst past
+	// 2 concurrent statements (a replica admitting for several edges at once) closed the
+	// connections it opened and paid a new PostgreSQL backend for each next time.
+	db.SetMaxOpenConns(maxPostgresConns)
+	db.SetMaxIdleConns(maxPostgresConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
