@@ -70,7 +70,7 @@ type Server struct {
 // New returns a Server. info is served by GET /v1/info (Sandboxes and Disk are filled in per
 // call).
 func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info Info) *Server {
-	s := &Server{log: log, store: st, edge: e, layers: ls, info: info}
+	s := &Server{log: log, store: st, edge: e, layers: ls, info: info, volumes: noVolumes{}}
 	if e != nil {
 		s.fleet, s.volumes = localFleet{s}, edgeVolumes{e}
 	}

@@ -234,9 +234,6 @@ func (s *Server) deleteVolumesUnder(r *http.Request, p string) error {
 	if err != nil {
 		return err
 	}
-	if len(vs) > 0 && s.volumes == nil {
-		return errdefs.Unavailable("project %s has %d volumes and this API keeps no volumes to delete them", iam.Display(p), len(vs))
-	}
 	for _, v := range vs {
 		_, err := s.volumes.DeleteVolume(r, v.Project, v.Name)
 		s.audit(r, "volume.delete", p, v.Name, err, "project deleted with force")

@@ -43,18 +43,28 @@ func (v edgeVolumes) DeleteVolume(r *http.Request, project, name string) (*store
 	return v.e.DeleteVolume(r.Context(), project, name)
 }
 
-// errNoVolumes is the answer of an API that keeps no volumes.
+// noVolumes is the Volumes of an API that keeps none (a cluster server's until SetVolumes).
+type noVolumes struct{}
+
 var errNoVolumes = errdefs.Invalid("volumes", "this API keeps no volumes")
+
+func (noVolumes) CreateVolume(context.Context, corral.CreateVolumeRequest) (*store.VolumeRecord, error) {
+	return nil, errNoVolumes
+}
+
+func (noVolumes) Volume(context.Context, string, string) (*store.VolumeRecord, error) {
+	return nil, errNoVolumes
+}
+
+func (noVolumes) DeleteVolume(*http.Request, string, string) (*store.VolumeRecord, error) {
+	return nil, errNoVolumes
+}
 
 // volumeRoutes serves /v1/volumes: volumes are a project's, like its sandboxes, and need the
 // same permissions (create, read, admin to delete).
 func (s *Server) volumeRoutes(api *http.ServeMux) {
 	api.HandleFunc("POST /v1/volumes", s.createVolume)
 	api.HandleFunc("GET /v1/volumes/{name}", s.guard(iam.SandboxRead, "", s.onVolume, func(w http.ResponseWriter, r *http.Request) {
-		if s.volumes == nil {
-			s.fail(w, r, errNoVolumes)
-			return
-		}
 		v, err := s.volumes.Volume(r.Context(), r.URL.Query().Get("project"), r.PathValue("name"))
 		if err != nil {
 			s.fail(w, r, err)
@@ -63,10 +73,6 @@ func (s *Server) volumeRoutes(api *http.ServeMux) {
 		httpjson.Write(w, http.StatusOK, v.Volume)
 	}))
 	api.HandleFunc("DELETE /v1/volumes/{name}", s.guard(iam.SandboxAdmin, "volume.delete", s.onVolume, func(w http.ResponseWriter, r *http.Request) {
-		if s.volumes == nil {
-			s.fail(w, r, errNoVolumes)
-			return
-		}
 		if _, err := s.volumes.DeleteVolume(r, r.URL.Query().Get("project"), r.PathValue("name")); err != nil {
 			s.fail(w, r, err)
 			return
@@ -119,9 +125,6 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	project, err := c.project("project", req.Project)
 	if err == nil {
 		err = c.require(iam.SandboxCreate, project)
-	}
-	if err == nil && s.volumes == nil {
-		err = errNoVolumes
 	}
 	var v *store.VolumeRecord
 	if err == nil {

@@ -451,8 +451,10 @@ func (s *Server) nodeAdmit(ctx context.Context, node string, req *nodeproto.Admi
 			return nil, err
 		}
 	}
-	if err := checkKey(req.Key, req.Key == nil); err != nil {
-		return nil, err
+	if req.Key != nil {
+		if err := checkKey(req.Key); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.admissible(ctx, node, req); err != nil {
 		return nil, err
@@ -518,11 +520,9 @@ func (s *Server) admissible(ctx context.Context, node string, req *nodeproto.Adm
 	return apiserver.CallerMay(c, iam.SandboxCreate, path)
 }
 
-// checkKey checks a create's idempotency key as an edge sends it (absent when optional).
-func checkKey(key *store.Idempotency, optional bool) error {
+// checkKey checks a create's idempotency key as an edge sends it.
+func checkKey(key *store.Idempotency) error {
 	switch {
-	case key == nil && optional:
-		return nil
 	case key == nil:
 		return errdefs.Invalid("key", "an idempotency key is needed")
 	case key.Principal == "" || key.Key == "" || key.RequestHash == "":
@@ -533,7 +533,7 @@ func checkKey(key *store.Idempotency, optional bool) error {
 
 // nodeIdempotency answers whether a create's idempotency key made a sandbox already.
 func (s *Server) nodeIdempotency(ctx context.Context, _ string, req *nodeproto.IdempotencyRequest) (*nodeproto.IdempotencyResponse, error) {
-	if err := checkKey(req.Key, false); err != nil {
+	if err := checkKey(req.Key); err != nil {
 		return nil, err
 	}
 	err := s.store.CheckIdempotency(ctx, req.Key)
@@ -549,7 +549,7 @@ func (s *Server) nodeIdempotency(ctx context.Context, _ string, req *nodeproto.I
 // nodeReleaseKey forgets a create's idempotency key that still names one of the caller's
 // sandboxes, whose create never answered.
 func (s *Server) nodeReleaseKey(ctx context.Context, node string, req *nodeproto.IdempotencyRequest) (*struct{}, error) {
-	if err := checkKey(req.Key, false); err != nil {
+	if err := checkKey(req.Key); err != nil {
 		return nil, err
 	}
 	if err := ownSandbox(node, "sandbox", req.Sandbox); err != nil {

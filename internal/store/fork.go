@@ -29,26 +29,11 @@ func (s *Store) AdmitSandboxes(ctx context.Context, sbs []*Sandbox) error {
 // for them (AdmitNodeSandbox's checks, for each). Copies this incarnation admitted already (an
 // answer that broke off, asked again) are admitted: the call is idempotent.
 func (s *Store) AdmitNodeSandboxes(ctx context.Context, node string, epoch int64, sbs []*Sandbox) error {
-	for _, sb := range sbs {
-		if err := checkNodeAdmission(node, sb); err != nil {
-			return err
-		}
+	fence, err := nodeFence(ctx, node, epoch, sbs)
+	if err != nil {
+		return err
 	}
-	err := s.admitSandboxes(ctx, func(tx *Tx) error {
-		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
-			return err
-		}
-		for _, sb := range sbs {
-			if err := admittedBefore(ctx, tx, node, sb.ID); err != nil {
-				return err
-			}
-		}
-		return nil
-	}, sbs)
-	if errors.Is(err, errAdmitted) {
-		return nil
-	}
-	return err
+	return admittedOnce(s.admitSandboxes(ctx, fence, sbs))
 }
 
 // admitSandboxes is AdmitSandboxes with fence, the check that the writer may still write, run
@@ -105,9 +90,6 @@ func (s *Store) admitSandboxes(ctx context.Context, fence func(*Tx) error, sbs [
 	})
 	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
 		return qe
-	}
-	if errors.Is(err, errAdmitted) {
-		return err
 	}
 	if err != nil {
 		return fmt.Errorf("admit %d sandboxes: %w", len(sbs), err)

@@ -26,14 +26,7 @@ func TestAdmitNodeSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		usage := func(p *ProjectRecord) corral.Usage {
-			t.Helper()
-			u, err := readUsage(ctx, s.db, p, false, false, time.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return u
-		}
+		usage := func(p *ProjectRecord) corral.Usage { return projectUsage(t, s, p) }
 
 		rec := newRecord(team.ID, 1)
 		if err := s.AdmitNodeSandbox(ctx, "test", n1.Epoch, rec, nil); err != nil {

@@ -28,14 +28,7 @@ func TestPutNodeSandbox(t *testing.T) {
 		if err := s.PutSandbox(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
-		usage := func(p *ProjectRecord) corral.Usage {
-			t.Helper()
-			u, err := readUsage(ctx, s.db, p, false, false, time.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return u
-		}
+		usage := func(p *ProjectRecord) corral.Usage { return projectUsage(t, s, p) }
 		// Running, with the project, tier and limits tampered with: the state is taken, the rest
 		// kept.
 		forged := *rec
@@ -100,4 +93,14 @@ func TestPutNodeSandbox(t *testing.T) {
 			t.Errorf("a fenced incarnation's write: %v, want ErrFenced", err)
 		}
 	})
+}
+
+// projectUsage is what project p's usage counters say now.
+func projectUsage(t *testing.T, s *Store, p *ProjectRecord) corral.Usage {
+	t.Helper()
+	u, err := readUsage(context.Background(), s.db, p, false, false, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
 }

@@ -528,15 +528,38 @@ func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency)
 // of the sandbox's project. A record this incarnation already admitted (an answer that broke
 // off, asked again) is admitted: the call is idempotent.
 func (s *Store) AdmitNodeSandbox(ctx context.Context, node string, epoch int64, sb *Sandbox, key *Idempotency) error {
-	if err := checkNodeAdmission(node, sb); err != nil {
+	fence, err := nodeFence(ctx, node, epoch, []*Sandbox{sb})
+	if err != nil {
 		return err
 	}
-	err := s.admitSandbox(ctx, func(tx *Tx) error {
+	return admittedOnce(s.admitSandbox(ctx, fence, sb, key))
+}
+
+// nodeFence checks what node's incarnation epoch asks to admit (checkNodeAdmission), and
+// returns the fence of its admission: the epoch checked with the node's row locked to share,
+// then errAdmitted when an earlier try of the same admission committed (admittedBefore).
+func nodeFence(ctx context.Context, node string, epoch int64, sbs []*Sandbox) (func(*Tx) error, error) {
+	for _, sb := range sbs {
+		if err := checkNodeAdmission(node, sb); err != nil {
+			return nil, err
+		}
+	}
+	return func(tx *Tx) error {
 		if err := shareEpoch(ctx, tx, node, epoch); err != nil {
 			return err
 		}
-		return admittedBefore(ctx, tx, node, sb.ID)
-	}, sb, key)
+		for _, sb := range sbs {
+			if err := admittedBefore(ctx, tx, node, sb.ID); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, nil
+}
+
+// admittedOnce is an admission's outcome with an earlier try's commit (errAdmitted) taken as
+// this one's.
+func admittedOnce(err error) error {
 	if errors.Is(err, errAdmitted) {
 		return nil
 	}
@@ -601,9 +624,6 @@ func (s *Store) admitSandbox(ctx context.Context, fence func(*Tx) error, sb *San
 	}
 	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
 		return qe // it names the project and the limit; the refused sandbox's ID would only confuse
-	}
-	if errors.Is(err, errAdmitted) {
-		return err
 	}
 	if err != nil {
 		return fmt.Errorf("admit sandbox %s: %w", sb.ID, err)
