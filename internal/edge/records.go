@@ -3,8 +3,11 @@ package edge
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
+	"time"
 
+	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -151,6 +154,7 @@ func (e *Edge) record(ctx context.Context, id string) (*store.Sandbox, error) {
 // it through admitReleasing, so that every check from theirs on counts rec.
 func (e *Edge) admitRecord(ctx context.Context, rec *store.Sandbox, key *store.Idempotency) error {
 	if err := e.admissions.AdmitSandbox(ctx, rec, key); err != nil {
+		e.abandonAdmission(ctx, []*store.Sandbox{rec}, err)
 		return err
 	}
 	e.own.put(rec)
@@ -160,12 +164,30 @@ func (e *Edge) admitRecord(ctx context.Context, rec *store.Sandbox, key *store.I
 // admitAll is admitRecord for records admitted together (store.AdmitSandboxes: all or none).
 func (e *Edge) admitAll(ctx context.Context, recs []*store.Sandbox) error {
 	if err := e.admissions.AdmitSandboxes(ctx, recs); err != nil {
+		e.abandonAdmission(ctx, recs, err)
 		return err
 	}
 	for _, rec := range recs {
 		e.own.put(rec)
 	}
 	return nil
+}
+
+// abandonAdmission ends the records of an admission that failed as unavailable (the store's
+// connection broke during the commit, or no replica answered after one may have committed):
+// each may have been recorded, and nothing would make it or end it until the next start. A
+// record that was never admitted is not found, which is what it should be.
+func (e *Edge) abandonAdmission(ctx context.Context, recs []*store.Sandbox, err error) {
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		return
+	}
+	for _, rec := range recs {
+		end := cloneRecord(rec)
+		end.State, end.Reason, end.EndedAt = corral.StateFailed, "error: its admission's outcome was unknown: "+err.Error(), time.Now().UTC()
+		if perr := e.records.PutSandbox(context.WithoutCancel(ctx), end); perr != nil && !errors.Is(perr, errdefs.ErrNotFound) {
+			e.log.Error("end the record of an admission whose outcome is unknown (the next start ends it)", "sandbox", rec.ID, "err", perr)
+		}
+	}
 }
 
 // admitReleasing runs admit, the admission of recs, with e.capMu (held by the caller once its

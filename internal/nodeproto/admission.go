@@ -77,7 +77,12 @@ func (a Admissions) AdmitSandboxes(ctx context.Context, sbs []*store.Sandbox) er
 	return a.admit(ctx, AdmitRequest{Epoch: a.epoch, Sandboxes: sbs, Voucher: VoucherFrom(ctx)}, fmt.Sprintf("%s and %d more", sbs[0].ID, len(sbs)-1))
 }
 
+// admit runs to its end even when ctx ends (each try bounded by the channel's own timeout), as
+// the store's admission does: a server commits what it was asked whatever becomes of the
+// edge's request, and an edge that gave up on the answer would leave a record being created
+// that nobody makes. The edge fails at its next step instead, and records the failure.
 func (a Admissions) admit(ctx context.Context, req AdmitRequest, what string) error {
+	ctx = context.WithoutCancel(ctx)
 	var ans AdmitResponse
 	if err := a.s.call(ctx, PathAdmit, req, &ans); err != nil {
 		return fmt.Errorf("admit sandbox %s through the servers: %w", what, err)
