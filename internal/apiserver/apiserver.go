@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -556,11 +557,11 @@ func (s *Server) tagLayer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, tag := r.PathValue("name"), r.PathValue("tag")
-	if err := edge.ValidateLayerName("name", "tag", name, tag); err != nil {
+	if err := catalog.ValidateLayerName("name", "tag", name, tag); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if err := edge.ValidateLayerName("name", "version", name, req.Version); err != nil {
+	if err := catalog.ValidateLayerName("name", "version", name, req.Version); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -598,7 +599,7 @@ func (s *Server) blockedAttempts(w http.ResponseWriter, r *http.Request) {
 func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	name, version, kind := q.Get("name"), q.Get("version"), q.Get("kind")
-	if err := edge.ValidateLayerName("name", "version", name, version); err != nil {
+	if err := catalog.ValidateLayerName("name", "version", name, version); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -738,7 +739,7 @@ func (s *Server) checkPublicBelow(ctx context.Context, public bool, below []stri
 		return nil
 	}
 	for i, ref := range below {
-		name, version, err := edge.ParseLayerRef("below", ref)
+		name, version, err := catalog.ParseLayerRef("below", ref)
 		if err != nil {
 			return err
 		}
@@ -783,7 +784,7 @@ func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
 // it has answered with the error.
 func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.Layer, bool) {
 	name, version := r.PathValue("name"), r.PathValue("version")
-	if err := edge.ValidateLayerName("name", "version", name, version); err != nil {
+	if err := catalog.ValidateLayerName("name", "version", name, version); err != nil {
 		s.fail(w, r, err)
 		return corral.Layer{}, false
 	}
@@ -815,7 +816,7 @@ func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, version := r.PathValue("name"), r.PathValue("version")
-	if err := edge.ValidateLayerName("name", "version", name, version); err != nil {
+	if err := catalog.ValidateLayerName("name", "version", name, version); err != nil {
 		s.fail(w, r, err)
 		return
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -59,6 +60,7 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathAdmit, nodeCall(s, maxNodeBody, s.nodeAdmit))
 	mux.HandleFunc("POST "+nodeproto.PathIdempotency, nodeCall(s, maxNodeBody, s.nodeIdempotency))
 	mux.HandleFunc("POST "+nodeproto.PathReleaseKey, nodeCall(s, maxNodeBody, s.nodeReleaseKey))
+	mux.HandleFunc("POST "+nodeproto.PathResolve, nodeCall(s, maxNodeBody, s.nodeResolve))
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))
@@ -699,4 +701,58 @@ func (s *Server) replicaURLs(ctx context.Context) []string {
 	}
 	s.replicas, s.replicasAt = urls, time.Now()
 	return urls
+}
+
+// nodeResolve resolves what a create of the caller's node names in the catalogue, for a caller
+// that may create sandboxes in its project (resolvable), so that the edge reads no catalogue.
+func (s *Server) nodeResolve(ctx context.Context, node string, req *nodeproto.ResolveRequest) (*catalog.Resolution, error) {
+	if err := s.resolvable(ctx, node, req); err != nil {
+		return nil, err
+	}
+	return s.resolver.Resolve(ctx, req.Request, req.Calls)
+}
+
+// resolvable checks that the caller's node may have req resolved: for a caller the servers
+// sealed for it that may create sandboxes in the request's project, or, without one, for what
+// an edge starts on its own: an fncall environment's pool containers (in that environment's
+// project) and a warm environment's pooled sandboxes (naming it, in its project). A stolen edge
+// therefore reads nothing of a project's catalogue that no recent caller of its own may create
+// in.
+func (s *Server) resolvable(ctx context.Context, node string, req *nodeproto.ResolveRequest) error {
+	at, err := iam.ParsePath("project", req.Request.Project)
+	if err != nil {
+		return err
+	}
+	if req.Voucher != nil {
+		c, err := s.sealer.Open(req.Voucher, node, time.Now())
+		if err != nil {
+			return err
+		}
+		return apiserver.CallerMay(c, iam.SandboxCreate, at)
+	}
+	inProject := func(project string) bool {
+		p, err := iam.ParsePath("project", project)
+		return err == nil && p == at
+	}
+	started := func(cfg *nodeproto.ConfigResponse) bool {
+		if req.Calls {
+			return slices.ContainsFunc(cfg.FncallEnvs, func(e store.FncallEnvRecord) bool { return inProject(e.Project) })
+		}
+		return req.Request.Environment != "" && slices.ContainsFunc(cfg.WarmEnvironments, func(e corral.Environment) bool {
+			return e.Name == req.Request.Environment && inProject(e.Project)
+		})
+	}
+	cfg, err := s.nodeConfigNow(ctx, false)
+	if err == nil && !started(cfg) && s.configAge() > configFresh/4 {
+		// An environment saved within the last second; read again at most 4 times a second,
+		// whatever an edge asks.
+		cfg, err = s.nodeConfigNow(ctx, true)
+	}
+	switch {
+	case err != nil:
+		return err
+	case !started(cfg):
+		return fmt.Errorf("a create in project %s is resolved for the caller of the request that makes it, and the edge sent none (it is neither an fncall environment's container nor a warm environment's): %w", iam.Display(at), errdefs.ErrDenied)
+	}
+	return nil
 }

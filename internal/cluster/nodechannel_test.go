@@ -500,6 +500,51 @@ func TestNodeStart(t *testing.T) {
 	if err != nil || len(used) != 2 || !used["sha256:published"] || !used["sha256:rootfs"] {
 		t.Errorf("digests in use: %v, %v; want the published one and the other node's sandbox's", used, err)
 	}
+
+	// Resolution: for a caller sealed for the node that may create there, or for what the edge
+	// starts on its own; a refusal keeps its field.
+	cat := edge1.Catalog()
+	res, err := cat.Resolve(ctx, corral.CreateRequest{Base: "base:1"}, false)
+	if err != nil || !slices.Equal(res.Digests, []string{"sha256:published"}) || res.ProjectID != root.ID || res.Tier != "container" {
+		t.Errorf("resolve for a caller who may create: %+v, %v", res, err)
+	}
+	if _, err := cat.Resolve(ctx, corral.CreateRequest{Base: "base:2"}, false); !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != "base" ||
+		err.Error() != "base: layer base:2 is not published (see `corral layer ls`)" {
+		t.Errorf("resolve a layer not published: %v, want the store's own error", err)
+	}
+	for name, vctx := range map[string]context.Context{
+		"no caller":                        context.Background(),
+		"a caller sealed for another node": vouched("edge2", iam.SandboxCreate, srv.sealer),
+		"a caller who may not create":      vouched("edge1", iam.SandboxRead, srv.sealer),
+	} {
+		if _, err := cat.Resolve(vctx, corral.CreateRequest{Base: "base:1"}, false); !errors.Is(err, errdefs.ErrDenied) {
+			t.Errorf("resolve for %s: %v, want ErrDenied", name, err)
+		}
+	}
+	if _, err := cat.Resolve(context.Background(), corral.CreateRequest{Base: "base:1"}, true); err != nil {
+		t.Errorf("resolve an fncall pool's container (fn is the root's): %v", err)
+	}
+	if _, err := cat.Resolve(context.Background(), corral.CreateRequest{Project: "/p", Base: "base:1"}, true); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("resolve an fncall container where no fncall environment is: %v, want ErrDenied", err)
+	}
+	// A warm environment's pooled sandbox (py's base is not published: past the check, the
+	// store's refusal).
+	if _, err := st.SetEnvironmentWarm(ctx, "py", 2); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := cat.Resolve(context.Background(), corral.CreateRequest{Environment: "py"}, false)
+		if errors.Is(err, errdefs.ErrInvalid) && errdefs.Field(err) == "base" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("resolve a warm environment's pooled sandbox: %v, want past the check", err)
+			break
+		}
+	}
+	if _, err := cat.Resolve(context.Background(), corral.CreateRequest{Environment: "other"}, false); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("resolve an environment that is not warm without a caller: %v, want ErrDenied", err)
+	}
 }
 
 func TestSweepAfter(t *testing.T) {

@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/console"
 	"github.com/corral-dev/corral/internal/daemon"
@@ -150,6 +151,9 @@ type Server struct {
 	// sealer seals the callers sent to edges and opens those their admissions hand back
 	// (nodeproto.Sealer), with the key the replicas share (sealKeySetting).
 	sealer *nodeproto.Sealer
+	// resolver resolves the edges' creates (nodeResolve). It adopts nothing from the shared
+	// catalogue: a cluster's edges publish to the one store.
+	resolver *catalog.Resolver
 
 	mu     sync.Mutex
 	nodes  []corral.Node // the last read of the nodes table
@@ -326,9 +330,10 @@ func loadSealer(ctx context.Context, st *store.Store) (*nodeproto.Sealer, error)
 func newServer(cfg Config, log *slog.Logger, st *store.Store, placer *placement.Placer, ca *clusterauth.CA, sealer *nodeproto.Sealer, name string) *Server {
 	s := &Server{
 		cfg: cfg, log: log, store: st, placer: placer, ca: ca, sealer: sealer,
-		api:   apiserver.New(log, st, nil, nil, apiserver.Info{}),
-		conns: map[string]*edgeConn{},
-		name:  name,
+		resolver: &catalog.Resolver{Store: st, Log: log},
+		api:      apiserver.New(log, st, nil, nil, apiserver.Info{}),
+		conns:    map[string]*edgeConn{},
+		name:     name,
 	}
 	s.api.SetFleet(fleet{s})
 	s.api.SetVolumes(volumes{s})

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"github.com/corral-dev/corral/internal/catalog"
 	"net/http"
 	"net/url"
 
@@ -31,7 +32,7 @@ func (v volumes) CreateVolume(ctx context.Context, req corral.CreateVolumeReques
 	if err := edge.CheckVolume(req); err != nil {
 		return nil, err
 	}
-	p, err := edge.ProjectAt(ctx, v.s.store, req.Project)
+	p, err := catalog.ProjectAt(ctx, v.s.store, req.Project)
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +47,7 @@ func (v volumes) CreateVolume(ctx context.Context, req corral.CreateVolumeReques
 
 // Volume returns the volume name of the project at path.
 func (v volumes) Volume(ctx context.Context, project, name string) (*store.VolumeRecord, error) {
-	p, err := edge.ProjectAt(ctx, v.s.store, project)
+	p, err := catalog.ProjectAt(ctx, v.s.store, project)
 	if err != nil {
 		return nil, err
 	}

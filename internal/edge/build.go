@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"strings"
 	"time"
@@ -138,7 +139,7 @@ func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top cor
 // LayerVisibleInPath reports whether something owned by project owner (as the API names it)
 // is usable in project at (canonical).
 func LayerVisibleInPath(owner, at string) bool {
-	return LayerVisibleIn(corral.Layer{Project: owner}, at)
+	return catalog.LayerVisibleIn(corral.Layer{Project: owner}, at)
 }
 
 // shortKey is a 40-hex-digit digest of s, a layer version.
@@ -150,7 +151,7 @@ func shortKey(s string) string {
 // BuildLayer returns the build layer of cache key key, if one is published and visible in at.
 func (e *Edge) BuildLayer(ctx context.Context, at, key string) (build.Layer, bool, error) {
 	l, err := e.store.GetLayer(ctx, BuildLayerName, key)
-	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !LayerVisibleIn(l, at) {
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !catalog.LayerVisibleIn(l, at) {
 		return build.Layer{}, false, nil
 	}
 	return buildLayer(l), err == nil, err
@@ -285,7 +286,7 @@ func (e *Edge) buildCommit(ctx context.Context, id string, l corral.Layer) (corr
 // BuildCheckTarget validates a build's target: the environment (and layer) name, and the
 // project at (canonical), which must exist.
 func (e *Edge) BuildCheckTarget(ctx context.Context, at, name string) error {
-	if err := ValidateLayerName("name", "name", name, "b-0"); err != nil {
+	if err := catalog.ValidateLayerName("name", "name", name, "b-0"); err != nil {
 		return err
 	}
 	_, err := e.project(ctx, iam.Display(at))

@@ -18,6 +18,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -177,6 +178,8 @@ type Config struct {
 	Admissions Admissions
 	Trajectory Trajectory
 	Records    Records
+	// Catalog resolves what a create names in the catalogue; nil: the store (catalog.Resolver).
+	Catalog Catalog
 	// VolumeCatalog reads and records the versions of its sandboxes' volumes in a cluster
 	// (volblob.go), and LayerUse says which layer blobs are in use (gc.go); nil: the store.
 	VolumeCatalog VolumeCatalog
@@ -256,10 +259,14 @@ type Edge struct {
 	// settings is cfg.Settings, or the store's; admissions, traj and records cfg's, or the store.
 	settings   Settings
 	admissions Admissions
-	traj       Trajectory
-	records    Records
-	volCat     VolumeCatalog
-	layerUse   LayerUse
+	// resolver resolves creates (cfg.Catalog, or local); local resolves from the node's own
+	// store, for what still reads the catalogue on the node (builds, snapshots, environments).
+	resolver Catalog
+	local    *catalog.Resolver
+	traj     Trajectory
+	records  Records
+	volCat   VolumeCatalog
+	layerUse LayerUse
 	// own is the copy of the node's records of sandboxes that have not ended (records.go), which
 	// records writes through to.
 	own *ownRecords
@@ -433,6 +440,16 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	}
 	if e.admissions = cfg.Admissions; e.admissions == nil {
 		e.admissions = st
+	}
+	e.local = &catalog.Resolver{Store: st, Log: log}
+	if cfg.Shared != nil {
+		e.local.Adopt = e.SyncShared
+	}
+	if !e.clustered() {
+		e.local.Node = cfg.Node // a volume lives on the node that made it
+	}
+	if e.resolver = cfg.Catalog; e.resolver == nil {
+		e.resolver = e.local
 	}
 	e.own = newOwnRecords()
 	records := cfg.Records
@@ -899,9 +916,6 @@ func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool,
 			return nil, err
 		}
 	}
-	if !calls {
-		req = e.withEnvDefaults(ctx, req)
-	}
 	actx, aspan := trace.Start(ctx, trace.Admit)
 	e.layersMu.RLock()
 	adm, err := e.admit(actx, req, calls)
@@ -1118,32 +1132,24 @@ type admission struct {
 	fork *runtime.ForkImage
 }
 
-// admitTier resolves a create's tier and runtime (calls: an fncall pool's container), refusing
-// those this node does not offer.
+// admitTier checks that this node offers a create's tier (catalog.Tier; calls: an fncall pool's
+// container) and resolves its runtime.
 func (e *Edge) admitTier(req corral.CreateRequest, calls bool) (tier, runtime string, err error) {
-	tier = TierContainer
-	switch {
-	case calls:
-		tier = TierFncall
-	case req.Tier == "", req.Tier == TierContainer:
-	case req.Tier == TierFncall:
-		return "", "", errdefs.Invalid("tier", "fncall containers are made by fncall environments (POST /v1/fncall), not created directly")
-	case req.Tier == TierVM:
+	if tier, err = catalog.Tier(req, calls); err != nil {
+		return "", "", err
+	}
+	switch tier {
+	case TierVM:
 		if e.machines == nil {
 			return "", "", errdefs.Invalid("tier", "vm is not available on this node: the VM tiers are off")
 		}
 		if err := e.machines.MachineAvailable(); err != nil {
 			return "", "", errdefs.Invalid("tier", "vm is not available on this node: %v", err)
 		}
-		tier = TierVM
-	case req.Tier == TierMicroVM:
+	case TierMicroVM:
 		if err := e.rt.Available(RuntimeQEMU); err != nil {
 			return "", "", errdefs.Invalid("tier", "microvm is not available on this node: %v", err)
 		}
-		tier = TierMicroVM
-	default:
-		return "", "", errdefs.Invalid("tier", "%q is not a tier: want %s (available here: %s)", req.Tier,
-			"container, microvm or vm", strings.Join(e.Tiers(), ", "))
 	}
 	runtime = req.Runtime
 	switch {
@@ -1164,10 +1170,12 @@ func (e *Edge) admitTier(req corral.CreateRequest, calls bool) (tier, runtime st
 	return tier, runtime, nil
 }
 
-// admit validates a create request and turns it into a record in state creating.
+// admit validates a create request and turns it into a record in state creating. What the
+// request names in the catalogue is resolved by e.catalog (the servers, on a cluster's edge);
+// what depends on the node (its tiers, labels, limits policy, network) here: first what the
+// request says itself, then again with its environment's defaults.
 func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) (*admission, error) {
-	tier, runtime, err := e.admitTier(req, calls)
-	if err != nil {
+	if _, _, err := e.admitTier(req, calls); err != nil {
 		return nil, err
 	}
 	if err := placement.ValidateLabels("node_selector", req.NodeSelector); err != nil {
@@ -1176,22 +1184,26 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if !placement.Matches(req.NodeSelector, e.cfg.Labels) {
 		return nil, fmt.Errorf("node %s lacks the labels the create asks for (node_selector %v; the node has %v): %w", e.cfg.Node, req.NodeSelector, e.cfg.Labels, errdefs.ErrNodeFull)
 	}
-	// Every limit is resolved here, before anything is allocated: the runtimes get them whole.
-	resolved, err := e.policy.Resolve(tier, limits.Limits(req.Limits))
-	if err != nil {
-		return nil, err
-	}
-	limits := corral.Limits(resolved)
 	life, err := e.lifetimes(req)
 	if err != nil {
 		return nil, err
 	}
-	project, err := e.project(ctx, req.Project)
+	if len(req.Volumes) > 0 {
+		if err := e.volumesOn(); err != nil {
+			return nil, err
+		}
+	}
+	res, err := e.resolve(ctx, req, calls)
 	if err != nil {
 		return nil, err
 	}
-	projectPath := project.Path
-	volumes, volumeIDs, err := e.admitVolumes(ctx, tier, project.ID, projectPath, req.Volumes)
+	req = res.Request
+	tier, runtime, err := e.admitTier(req, calls)
+	if err != nil {
+		return nil, err
+	}
+	// Every limit is resolved here, before anything is allocated: the runtimes get them whole.
+	resolved, err := e.policy.Resolve(tier, limits.Limits(req.Limits))
 	if err != nil {
 		return nil, err
 	}
@@ -1199,20 +1211,13 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	if err != nil {
 		return nil, err
 	}
-	if err := checkFields(req, tier); err != nil {
-		return nil, err
-	}
-	comp, err := e.compose(ctx, &req, tier, projectPath)
-	if err != nil {
-		return nil, err
-	}
 	// The base image's configuration: its environment under the request's (the request wins),
 	// its working directory and user as the commands' defaults.
 	env := req.Env
 	var cwd, user string
-	if comp.imageCfg != nil {
-		env = mergeEnv(comp.imageCfg.Env, req.Env)
-		cwd, user = comp.imageCfg.WorkingDir, comp.imageCfg.User
+	if c := res.ImageConfig; c != nil {
+		env = mergeEnv(c.Env, req.Env)
+		cwd, user = c.WorkingDir, c.User
 	}
 	fetch := req.Fetch
 	if fetch == "" {
@@ -1232,168 +1237,52 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
 			State: corral.StateCreating, Image: req.Image,
 			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
-			Limits: limits, Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
+			Limits: corral.Limits(resolved), Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(life.ttl), IdleTTLSeconds: int64(life.idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(life.autoPause / time.Second), PauseKeepsTTL: life.keepsTTL,
-			Network: apiPolicy(netc), Project: iam.Display(projectPath), Fetch: fetch, Volumes: volumes,
+			Network: apiPolicy(netc), Project: iam.Display(res.ProjectPath), Fetch: fetch, Volumes: res.Volumes,
 		},
-		Lower:     comp.digests,
-		ProjectID: project.ID,
-		VolumeIDs: volumeIDs,
+		Lower:     res.Digests,
+		ProjectID: res.ProjectID,
+		VolumeIDs: res.VolumeIDs,
 	}
-	return &admission{rec: rec, net: netc, fill: comp.fill, template: comp.template, services: comp.services}, nil
+	return &admission{rec: rec, net: netc, fill: res.Fill, template: res.Template, services: res.Services}, nil
 }
 
-// checkFields checks the fields of a create that need no lookup: env, labels, hostname, and
-// that a vm names its disk image and nothing else names one.
-func checkFields(req corral.CreateRequest, tier string) error {
-	if err := validateEnv("env", req.Env); err != nil {
-		return err
+// resolve resolves req with e.resolver. When the servers resolve it and refuse a layer it names,
+// the layer may be one another installation sharing the blob store published: the node adopts
+// the versions of the names the request gives from the shared catalogue (SyncShared), as the
+// local resolver does on a miss, and asks again if it adopted any.
+func (e *Edge) resolve(ctx context.Context, req corral.CreateRequest, calls bool) (*catalog.Resolution, error) {
+	res, err := e.resolver.Resolve(ctx, req, calls)
+	if err == nil || e.resolver == Catalog(e.local) || e.cfg.Shared == nil || !namesLayer(errdefs.Field(err)) {
+		return res, err
 	}
-	if err := validateLabels(req.Labels); err != nil {
-		return err
-	}
-	if req.Hostname != "" && !hostnameRE.MatchString(req.Hostname) {
-		return errdefs.Invalid("hostname", "%q is not a valid hostname (letters, digits and '-', at most 63)", req.Hostname)
-	}
-	if tier == TierVM {
-		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" || req.Environment != "" {
-			return errdefs.Invalid("image", "a vm sandbox boots its disk image (image); base, workspace, toolkits, from_snapshot and environment are for containers and microvms")
+	adopted := 0
+	for _, ref := range append([]string{req.Base, req.Workspace, req.FromSnapshot, req.Image}, req.Toolkits...) {
+		name, _, perr := catalog.ParseLayerRef("", ref)
+		if perr != nil {
+			continue
 		}
-		if req.Image == "" {
-			return errdefs.Invalid("image", "a vm sandbox needs its disk image: a vm-image layer NAME:VERSION (corral vm-image build)")
+		n, serr := e.SyncShared(ctx, name)
+		if serr != nil {
+			e.log.Warn("look up a layer in the shared catalogue", "layer", ref, "err", serr)
 		}
-	} else if req.Image != "" {
-		return errdefs.Invalid("image", "a disk image is for the vm tier (tier vm); containers and microvms take base, workspace and toolkits")
+		adopted += n
 	}
-	return nil
+	if adopted == 0 {
+		return nil, err
+	}
+	return e.resolver.Resolve(ctx, req, calls)
 }
 
-// composition is what a create's layers resolve to.
-type composition struct {
-	digests []string         // the layers' digests, bottom first
-	fill    map[string]int64 // each layer's background fill setting, by digest
-	// imageCfg is the base layer's image configuration; nil: none.
-	imageCfg *corral.ImageConfig
-	services []corral.Service // every layer's, bottom first
-	template bool             // the environment starts its microvms from a template
-}
-
-// compose resolves the layers of req (its environment's or snapshot's, when it names one) in
-// project projectPath, and rewrites req's layer references to the versions they resolved to
-// (tags are recorded as versions).
-func (e *Edge) compose(ctx context.Context, req *corral.CreateRequest, tier, projectPath string) (*composition, error) {
-	var c composition
-	if req.Environment != "" {
-		env, err := e.composeEnvironment(ctx, req, projectPath)
-		if err != nil {
-			return nil, err
-		}
-		c.template = env.MicroVMTemplate
+// namesLayer reports whether a create's field names a layer.
+func namesLayer(field string) bool {
+	switch field {
+	case "base", "workspace", "from_snapshot", "image":
+		return true
 	}
-	var snap corral.Layer
-	if req.FromSnapshot != "" {
-		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 {
-			return nil, errdefs.Invalid("from_snapshot", "cannot be combined with base, workspace or toolkits: a snapshot brings its own environment")
-		}
-		name, version, err := ParseLayerRef("from_snapshot", req.FromSnapshot)
-		if err != nil {
-			return nil, err
-		}
-		snap, err = e.store.GetLayer(ctx, name, version)
-		if errors.Is(err, errdefs.ErrNotFound) || err == nil && !LayerVisibleIn(snap, projectPath) {
-			return nil, notPublished("from_snapshot", req.FromSnapshot)
-		} else if err != nil {
-			return nil, err
-		}
-		if snap.Kind != corral.KindSnapshot || snap.Snapshot == nil {
-			return nil, errdefs.Invalid("from_snapshot", "layer %s is a %s layer, not a snapshot", req.FromSnapshot, snap.Kind)
-		}
-		req.Base, req.Workspace, req.Toolkits = snap.Snapshot.Base, snap.Snapshot.Workspace, snap.Snapshot.Toolkits
-	}
-	if req.Base == "" && tier != TierVM {
-		return nil, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
-	}
-	if len(req.Toolkits) > 32 {
-		return nil, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(req.Toolkits))
-	}
-	// Bottom to top: base, workspace, toolkits in order, then a snapshot's chain and the snapshot.
-	type ref struct{ field, ref, kind string }
-	refs := []ref{{"base", req.Base, corral.KindBase}}
-	if tier == TierVM {
-		refs = []ref{{"image", req.Image, corral.KindVMImage}}
-	}
-	if req.Workspace != "" {
-		refs = append(refs, ref{"workspace", req.Workspace, corral.KindWorkspace})
-	}
-	for i, t := range req.Toolkits {
-		refs = append(refs, ref{fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit})
-	}
-	if req.FromSnapshot != "" {
-		for _, p := range snap.Snapshot.Parents {
-			refs = append(refs, ref{"from_snapshot", p, corral.KindSnapshot})
-		}
-		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
-	}
-	c.fill = map[string]int64{} // layer digest -> its fill rate setting
-	// Tags (python:latest) are recorded as the versions they resolved to.
-	resolved := make([]string, 0, len(refs))
-	for _, r := range refs {
-		l, err := e.resolveLayer(ctx, r.field, r.ref, r.kind, projectPath)
-		if err != nil {
-			return nil, err
-		}
-		resolved = append(resolved, l.Name+":"+l.Version)
-		if r.field == "base" && l.ImageConfig != nil {
-			c.imageCfg = l.ImageConfig
-		}
-		if l.ImageConfig != nil {
-			c.services = append(c.services, l.ImageConfig.Services...)
-		}
-		// A layer imported in parts stacks on them.
-		for _, b := range l.Below {
-			part, err := e.resolveLayer(ctx, r.field, b, r.kind, projectPath)
-			if err != nil {
-				return nil, fmt.Errorf("layer %s stacks on %s: %w", r.ref, b, err)
-			}
-			c.digests = append(c.digests, part.Digest)
-			c.fill[part.Digest] = part.FillRate
-		}
-		c.digests = append(c.digests, l.Digest)
-		c.fill[l.Digest] = l.FillRate
-	}
-	if tier == TierVM {
-		req.Image = resolved[0]
-	} else if req.FromSnapshot == "" {
-		req.Base = resolved[0]
-		if req.Workspace != "" {
-			req.Workspace, resolved = resolved[1], resolved[1:]
-		}
-		req.Toolkits = append([]string(nil), resolved[1:]...)
-		if len(req.Toolkits) == 0 {
-			req.Toolkits = nil
-		}
-	}
-	return &c, nil
-}
-
-// composeEnvironment looks up the environment req names, usable in project projectPath, and
-// sets req's layers to its layers.
-func (e *Edge) composeEnvironment(ctx context.Context, req *corral.CreateRequest, projectPath string) (corral.Environment, error) {
-	if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
-		return corral.Environment{}, errdefs.Invalid("environment", "cannot be combined with base, workspace, toolkits or from_snapshot: the environment names its layers")
-	}
-	env, err := e.store.GetEnvironment(ctx, req.Environment)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return corral.Environment{}, errdefs.Invalid("environment", "environment %q is not saved (see `corral env ls`)", req.Environment)
-	} else if err != nil {
-		return corral.Environment{}, err
-	}
-	if owner, _ := iam.ParsePath("project", env.Project); !iam.Within(projectPath, owner) {
-		return corral.Environment{}, errdefs.Invalid("environment", "environment %q is not usable in project %s", req.Environment, iam.Display(projectPath))
-	}
-	req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
-	return env, nil
+	return strings.HasPrefix(field, "toolkits[")
 }
 
 // lifetimes are a create's ttl, idle_ttl and auto_pause_after (0: none), resolved by the limits
@@ -1426,93 +1315,7 @@ func (e *Edge) lifetimes(req corral.CreateRequest) (l lifetimes, err error) {
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.
 func (e *Edge) project(ctx context.Context, path string) (*store.ProjectRecord, error) {
-	return ProjectAt(ctx, e.store, path)
-}
-
-// ProjectAt returns the project at path (a request's field "project"): invalid when it does not
-// exist.
-func ProjectAt(ctx context.Context, st *store.Store, path string) (*store.ProjectRecord, error) {
-	p, err := iam.ParsePath("project", path)
-	if err != nil {
-		return nil, err
-	}
-	rec, err := st.GetProject(ctx, p)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil, errdefs.Invalid("project", "project %s does not exist", iam.Display(p))
-	}
-	return rec, err
-}
-
-// LayerVisibleIn reports whether project at (canonical) sees layer l (iam.LayerVisible): a layer
-// it does not see is, to it, not published.
-func LayerVisibleIn(l corral.Layer, at string) bool {
-	owner, err := iam.ParsePath("project", l.Project)
-	return err == nil && iam.LayerVisible(owner, l.Private, l.Public, at)
-}
-
-// notPublished is the answer for a layer reference that names nothing the caller sees: the
-// same whether the layer does not exist or belongs to a project the caller cannot see, so the
-// answer tells nothing about other projects' layers.
-func notPublished(field, ref string) error {
-	return errdefs.Invalid(field, "layer %s is not published (see `corral layer ls`)", ref)
-}
-
-var (
-	hostnameRE   = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
-	envKeyRE     = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	labelKeyRE   = lazyregexp.New(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-	layerNameRE  = lazyregexp.New(`^[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?$`)
-	layerVerRE   = lazyregexp.New(`^[A-Za-z0-9_]([A-Za-z0-9._-]{0,126})$`)
-	maxEnvLength = 128 << 10
-)
-
-func validateEnv(field string, env []string) error {
-	total := 0
-	for i, kv := range env {
-		k, _, ok := strings.Cut(kv, "=")
-		// The message names the key only: a value may be a secret, and errors reach logs.
-		if !ok {
-			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "is not KEY=VALUE (no '=')")
-		}
-		if !envKeyRE.MatchString(k) {
-			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "%q is not a valid variable name", k)
-		}
-		if strings.IndexByte(kv, 0) >= 0 {
-			return errdefs.Invalid(fmt.Sprintf("%s[%d]", field, i), "contains a NUL byte")
-		}
-		total += len(kv)
-	}
-	if total > maxEnvLength {
-		return errdefs.Invalid(field, "%d bytes in all, more than %d", total, maxEnvLength)
-	}
-	return nil
-}
-
-func validateLabels(labels map[string]string) error {
-	if len(labels) > 64 {
-		return errdefs.Invalid("labels", "at most 64 labels, got %d", len(labels))
-	}
-	for k, v := range labels {
-		if !labelKeyRE.MatchString(k) {
-			return errdefs.Invalid("labels", "key %q must be 1-64 letters, digits, '.', '_', '/' or '-'", k)
-		}
-		if len(v) > 256 || strings.ContainsAny(v, "\x00\n") {
-			return errdefs.Invalid("labels."+k, "value must be at most 256 bytes without NUL or newline")
-		}
-	}
-	return nil
-}
-
-// ParseLayerRef splits "NAME:VERSION" and validates both parts; field names the request field.
-func ParseLayerRef(field, ref string) (name, version string, err error) {
-	name, version, ok := strings.Cut(ref, ":")
-	if !ok {
-		return "", "", errdefs.Invalid(field, "%q is not NAME:VERSION", ref)
-	}
-	if err := ValidateLayerName(field, field, name, version); err != nil {
-		return "", "", err
-	}
-	return name, version, nil
+	return catalog.ProjectAt(ctx, e.store, path)
 }
 
 // mergeEnv returns base with over's variables replacing or added.
@@ -1528,7 +1331,7 @@ func mergeEnv(base, over []string) []string {
 
 // ValidateImageConfig checks an imported image's configuration before it is stored.
 func ValidateImageConfig(c *corral.ImageConfig) error {
-	if err := validateEnv("image_config.env", c.Env); err != nil {
+	if err := catalog.ValidateEnv("image_config.env", c.Env); err != nil {
 		return err
 	}
 	if c.WorkingDir != "" && !strings.HasPrefix(c.WorkingDir, "/") {
@@ -1541,33 +1344,9 @@ func ValidateImageConfig(c *corral.ImageConfig) error {
 }
 
 // resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, if project at
-// (canonical) sees it, checking its kind.
+// (canonical) sees it, checking its kind (catalog.Resolver.Layer, on the node's own store).
 func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind, at string) (corral.Layer, error) {
-	name, version, err := ParseLayerRef(field, ref)
-	if err != nil {
-		return corral.Layer{}, err
-	}
-	l, err := e.store.GetLayer(ctx, name, version)
-	if err == nil && !LayerVisibleIn(l, at) {
-		err = errdefs.NotFound("layer %s:%s", name, version) // and looked for as if it were
-	}
-	if errors.Is(err, errdefs.ErrNotFound) && e.cfg.Shared != nil {
-		// Perhaps another node sharing the blob store published it.
-		if n, serr := e.SyncShared(ctx, name); serr != nil {
-			e.log.Warn("look up a layer in the shared catalogue", "layer", ref, "err", serr)
-		} else if n > 0 {
-			l, err = e.store.GetLayer(ctx, name, version)
-		}
-	}
-	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !LayerVisibleIn(l, at) {
-		return corral.Layer{}, notPublished(field, ref)
-	} else if err != nil {
-		return corral.Layer{}, err
-	}
-	if l.Kind != kind {
-		return corral.Layer{}, errdefs.Invalid(field, "layer %s is a %s layer, not a %s layer", ref, l.Kind, kind)
-	}
-	return l, nil
+	return e.local.Layer(ctx, field, ref, kind, at)
 }
 
 // maxBelow bounds how many parts a layer may stack on.
@@ -1609,7 +1388,7 @@ func (e *Edge) BuildSaveEnvironment(ctx context.Context, name, base, project str
 }
 
 func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
-	if !layerNameRE.MatchString(env.Name) {
+	if !catalog.ValidLayerName(env.Name) {
 		return corral.Environment{}, errdefs.Invalid("name", "environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
 	}
 	if env.Base == "" {
@@ -1618,8 +1397,8 @@ func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, repl
 	if err := e.checkEnvironmentDefaults(&env); err != nil {
 		return corral.Environment{}, err
 	}
-	if len(env.Toolkits) > 32 {
-		return corral.Environment{}, errdefs.Invalid("toolkits", "at most 32 toolkits, got %d", len(env.Toolkits))
+	if len(env.Toolkits) > catalog.MaxToolkits {
+		return corral.Environment{}, errdefs.Invalid("toolkits", "at most %d toolkits, got %d", catalog.MaxToolkits, len(env.Toolkits))
 	}
 	proj, err := e.project(ctx, env.Project)
 	if err != nil {
@@ -1657,18 +1436,6 @@ func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, repl
 		e.settingsWritten(ctx)
 	}
 	return saved, err
-}
-
-// ValidateLayerName checks a layer name and version; a bad one is invalid on nameField or
-// versionField.
-func ValidateLayerName(nameField, versionField, name, version string) error {
-	if !layerNameRE.MatchString(name) {
-		return errdefs.Invalid(nameField, "layer name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", name)
-	}
-	if !layerVerRE.MatchString(version) {
-		return errdefs.Invalid(versionField, "layer version %q must be letters, digits, '.', '_' or '-' (at most 128)", version)
-	}
-	return nil
 }
 
 // Get returns a sandbox's record, with its live last activity.

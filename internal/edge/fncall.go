@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"log/slog"
 	"path"
@@ -118,7 +119,7 @@ func (e *Edge) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corra
 
 // newPool validates env, fills its defaults and returns its (not yet started) pool.
 func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, error) {
-	if !layerNameRE.MatchString(env.Name) {
+	if !catalog.ValidLayerName(env.Name) {
 		return nil, errdefs.Invalid("name", "fncall environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
 	}
 	proj, err := e.project(ctx, env.Project)
@@ -623,7 +624,7 @@ func (p *fncallPool) checkCall(req corral.CallRequest) (*callSpec, error) {
 	if total > maxArgvBytes {
 		return nil, errdefs.Invalid("argv", "%d bytes in all, more than %d", total, maxArgvBytes)
 	}
-	if err := validateEnv("env", req.Env); err != nil {
+	if err := catalog.ValidateEnv("env", req.Env); err != nil {
 		return nil, err
 	}
 	c.req.Env, c.req.Stdin = req.Env, req.Stdin

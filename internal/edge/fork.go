@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"maps"
 	"slices"
 	"sync"
@@ -59,7 +60,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 	if n < 1 || n > corral.MaxForkCount {
 		return nil, errdefs.Invalid("count", "%d: want 1 to %d copies", req.Count, corral.MaxForkCount)
 	}
-	if err := validateLabels(req.Labels); err != nil {
+	if err := catalog.ValidateLabels(req.Labels); err != nil {
 		return nil, err
 	}
 	var ttl time.Duration

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"time"
 
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -21,7 +22,7 @@ const foreignImportGrace = time.Hour
 
 // DeleteLayer deletes the published version name:version and, when unused, its blob.
 func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
-	if err := ValidateLayerName("name", "version", name, version); err != nil {
+	if err := catalog.ValidateLayerName("name", "version", name, version); err != nil {
 		return corral.Layer{}, err
 	}
 	// A sandbox deleted just before may still have the layer mounted until its cleanup ends.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -119,7 +120,7 @@ func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecR
 	if total > maxArgvBytes {
 		return out, errdefs.Invalid("argv", "%d bytes in all, more than %d", total, maxArgvBytes)
 	}
-	if err := validateEnv("env", req.Env); err != nil {
+	if err := catalog.ValidateEnv("env", req.Env); err != nil {
 		return out, err
 	}
 	if len(sb.env) > 0 {

@@ -916,26 +916,3 @@ func (e *Edge) DeleteEnvironment(ctx context.Context, name string) error {
 	e.settingsWritten(ctx)
 	return nil
 }
-
-// withEnvDefaults fills a create's tier, runtime and network from its environment's defaults
-// when it names none. A missing environment is left to admit to refuse.
-func (e *Edge) withEnvDefaults(ctx context.Context, req corral.CreateRequest) corral.CreateRequest {
-	if req.Environment == "" || (req.Tier != "" && req.Runtime != "" && req.Network != nil) {
-		return req
-	}
-	env, err := e.store.GetEnvironment(ctx, req.Environment)
-	if err != nil {
-		return req
-	}
-	if req.Tier == "" && req.Runtime == "" {
-		req.Tier = env.Tier
-	}
-	if req.Runtime == "" && (req.Tier == "" || req.Tier == TierContainer) {
-		req.Runtime = env.Runtime
-	}
-	if req.Network == nil && env.Network != nil {
-		n := *env.Network
-		req.Network = &n
-	}
-	return req
-}

@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -73,9 +72,9 @@ func TestWarmUsesDigest(t *testing.T) {
 
 // TestEnvironmentTier: an environment's tier is container (recorded as none) or microvm, whose
 // runtime is QEMU's (none recorded); its pool is of runtime qemu, and only where the node offers
-// microvms; a create naming only the environment takes its tier.
+// microvms (a create naming only the environment takes its tier: catalog.TestResolve).
 func TestEnvironmentTier(t *testing.T) {
-	e, st := newTestEdge(t, newFakeRuntime())
+	e, _ := newTestEdge(t, newFakeRuntime())
 	for _, tc := range []struct {
 		tier, runtime string
 		wantTier      string
@@ -110,17 +109,5 @@ func TestEnvironmentTier(t *testing.T) {
 	}
 	if k := (warmKey{runtime: RuntimeQEMU}); k.tier() != TierMicroVM {
 		t.Errorf("a qemu pool's tier = %s", k.tier())
-	}
-	ctx := context.Background()
-	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "vmenv", Base: "base:1", Tier: TierMicroVM}); err != nil {
-		t.Fatal(err)
-	}
-	if req := e.withEnvDefaults(ctx, corral.CreateRequest{Environment: "vmenv"}); req.Tier != TierMicroVM || req.Runtime != "" {
-		t.Errorf("a create naming a microvm environment: tier %q runtime %q", req.Tier, req.Runtime)
-	}
-	for _, req := range []corral.CreateRequest{{Environment: "vmenv", Tier: TierContainer}, {Environment: "vmenv", Runtime: RuntimeGVisor}} {
-		if got := e.withEnvDefaults(ctx, req); got.Tier != req.Tier {
-			t.Errorf("%+v: the request's own tier or runtime lost to the environment's: %+v", req, got)
-		}
 	}
 }

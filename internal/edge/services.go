@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"log/slog"
 	"net"
@@ -64,7 +65,7 @@ func validateServices(svcs []corral.Service) error {
 				return errdefs.Invalid(field+".command", "an argument is longer than 4096 bytes")
 			}
 		}
-		if err := validateEnv(field+".env", s.Env); err != nil {
+		if err := catalog.ValidateEnv(field+".env", s.Env); err != nil {
 			return err
 		}
 		if s.Port < 0 || s.Port > 65535 {

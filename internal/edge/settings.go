@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -50,6 +51,14 @@ type Admissions interface {
 	CheckIdempotency(ctx context.Context, key *store.Idempotency) error
 	// ReleaseIdempotency forgets key if it still names sandboxID (a create that never answered).
 	ReleaseIdempotency(ctx context.Context, key *store.Idempotency, sandboxID string) error
+}
+
+// Catalog resolves what a create names in the catalogue (its project, environment, layers and
+// volumes): the store under `corral up` (catalog.Resolver), the servers on a cluster's edge
+// (nodeproto.Catalog), so that the edge reads no catalogue to create.
+type Catalog interface {
+	// Resolve resolves req (calls: a container of an fncall environment's pool).
+	Resolve(ctx context.Context, req corral.CreateRequest, calls bool) (*catalog.Resolution, error)
 }
 
 // Trajectory records and reads the trajectories of the edge's sandboxes: the store under `corral

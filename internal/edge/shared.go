@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"strings"
 
@@ -185,7 +186,7 @@ func parseRefKey(key string) (name, version, digest string, ok bool) {
 // (name is "" for all) and returns how many it added. A version this node has with other content
 // is left alone and logged.
 func (e *Edge) SyncShared(ctx context.Context, name string) (int, error) {
-	if e.cfg.Shared == nil || (name != "" && !layerNameRE.MatchString(name)) {
+	if e.cfg.Shared == nil || (name != "" && !catalog.ValidLayerName(name)) {
 		return 0, nil // no such name can be published
 	}
 	prefix := refsPrefix
@@ -237,7 +238,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 	if err := json.Unmarshal(b, &l); err != nil || l.Name != name || l.Version != version || l.Digest != digest {
 		return false, fmt.Errorf("%s is not a layer record for %s:%s", key, name, version)
 	}
-	if err := ValidateLayerName("name", "version", l.Name, l.Version); err != nil {
+	if err := catalog.ValidateLayerName("name", "version", l.Name, l.Version); err != nil {
 		return false, err
 	}
 	if !l.Public {

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"path"
 	"strings"
@@ -30,7 +31,7 @@ const maxSkipped = 100
 
 // Snapshot publishes the writable layer of sandbox id as name:version.
 func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotRequest) (corral.Layer, error) {
-	if err := ValidateLayerName("name", "version", req.Name, req.Version); err != nil {
+	if err := catalog.ValidateLayerName("name", "version", req.Name, req.Version); err != nil {
 		return corral.Layer{}, err
 	}
 	excludes, err := cleanExcludes(req.Exclude)
@@ -74,7 +75,7 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	}
 	of := &corral.SnapshotOf{Base: rec.Base, Workspace: rec.Workspace, Toolkits: rec.Toolkits, Sandbox: id}
 	if rec.FromSnapshot != "" {
-		name, version, _ := ParseLayerRef("from_snapshot", rec.FromSnapshot)
+		name, version, _ := catalog.ParseLayerRef("from_snapshot", rec.FromSnapshot)
 		parent, err := e.store.GetLayer(ctx, name, version)
 		if err != nil {
 			return corral.Layer{}, fmt.Errorf("snapshot sandbox %s: parent snapshot: %w", id, err)

@@ -2,18 +2,16 @@ package edge
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -53,8 +51,6 @@ const (
 	MinVolumeBytes = 16 << 20
 	MaxVolumeBytes = 4 << 40
 )
-
-var volumeNameRE = lazyregexp.New(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 
 func (e *Edge) volumesOn() error {
 	if e.cfg.Volumes == nil {
@@ -107,7 +103,7 @@ func (e *Edge) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest)
 
 // CheckVolume checks a volume's create request: its name and its size.
 func CheckVolume(req corral.CreateVolumeRequest) error {
-	if !volumeNameRE.MatchString(req.Name) {
+	if !catalog.ValidVolumeName(req.Name) {
 		return errdefs.Invalid("name", "%q: want 1-63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit", req.Name)
 	}
 	if req.SizeBytes < MinVolumeBytes || req.SizeBytes > MaxVolumeBytes {
@@ -221,54 +217,6 @@ func (e *Edge) reconcileVolumes(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// admitVolumes validates a create's volumes and resolves them in the sandbox's project: the
-// mounts as recorded, and the volumes' IDs in the same order. The attachments themselves are
-// taken by the admission transaction.
-func (e *Edge) admitVolumes(ctx context.Context, tier string, projectID, projectPath string, mounts []corral.VolumeMount) ([]corral.VolumeMount, []string, error) {
-	if len(mounts) == 0 {
-		return nil, nil, nil
-	}
-	if err := e.volumesOn(); err != nil {
-		return nil, nil, err
-	}
-	if tier != TierContainer && tier != TierMicroVM {
-		return nil, nil, errdefs.Invalid("volumes", "volumes mount into containers and microvms, not the %s tier", tier)
-	}
-	if len(mounts) > runtime.MaxVolumes {
-		return nil, nil, errdefs.Invalid("volumes", "%d volumes, at most %d", len(mounts), runtime.MaxVolumes)
-	}
-	out := make([]corral.VolumeMount, len(mounts))
-	ids := make([]string, len(mounts))
-	for i, m := range mounts {
-		field := fmt.Sprintf("volumes[%d]", i)
-		if !volumeNameRE.MatchString(m.Name) {
-			return nil, nil, errdefs.Invalid(field+".name", "%q is not a volume name", m.Name)
-		}
-		if err := runtime.CheckVolumePath(field+".path", m.Path); err != nil {
-			return nil, nil, err
-		}
-		for j, o := range out[:i] {
-			if o.Name == m.Name {
-				return nil, nil, errdefs.Invalid(field+".name", "volume %s is named twice (volumes[%d])", m.Name, j)
-			}
-			if o.Path == m.Path || strings.HasPrefix(m.Path, o.Path+"/") || strings.HasPrefix(o.Path, m.Path+"/") {
-				return nil, nil, errdefs.Invalid(field+".path", "%s overlaps volumes[%d] at %s", m.Path, j, o.Path)
-			}
-		}
-		v, err := e.store.GetVolume(ctx, projectID, m.Name)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, nil, errdefs.Invalid(field+".name", "volume %s does not exist in project %s (see `corral volume ls`)", m.Name, iam.Display(projectPath))
-		} else if err != nil {
-			return nil, nil, err
-		}
-		if v.Node != e.cfg.Node && !e.clustered() {
-			return nil, nil, errdefs.Invalid(field+".name", "volume %s lives on node %s, not on %s", m.Name, v.Node, e.cfg.Node)
-		}
-		out[i], ids[i] = m, v.ID
-	}
-	return out, ids, nil
 }
 
 // recoverVolumes replays the journals of rec's read-write volumes, whose writer (rec's sandbox,

@@ -51,6 +51,7 @@ const (
 	PathAdmit          = "/node/v1/admit"
 	PathIdempotency    = "/node/v1/idempotency"
 	PathReleaseKey     = "/node/v1/idempotency/release"
+	PathResolve        = "/node/v1/resolve"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -122,10 +123,12 @@ const (
 	FeatureDigests = "digests"
 	// FeatureAdmission: PathAdmit, PathIdempotency and PathReleaseKey.
 	FeatureAdmission = "admission"
+	// FeatureResolve: PathResolve.
+	FeatureResolve = "resolve"
 )
 
 // Features lists what this build's replicas serve.
-var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission}
+var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.
@@ -516,6 +519,7 @@ func answerError(resp *http.Response, raw []byte) error {
 	var e struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
+		Field   string `json:"field"`
 	}
 	msg := strings.TrimSpace(string(raw))
 	if json.Unmarshal(raw, &e) == nil && e.Message != "" {
@@ -526,6 +530,11 @@ func answerError(resp *http.Response, raw []byte) error {
 		return fmt.Errorf("%s: %w", msg, store.ErrFenced)
 	case WrongVersion:
 		return fmt.Errorf("%s: %w", msg, ErrVersion)
+	}
+	if rest, ok := strings.CutPrefix(msg, e.Field+": "); ok && e.Field != "" && resp.StatusCode == http.StatusBadRequest {
+		// A request's field the servers refused: the same error as where it was made, so the
+		// edge answers its client as `corral up` would.
+		return errdefs.Invalid(e.Field, "%s", rest)
 	}
 	return fmt.Errorf("%s (%s): %w", msg, resp.Status, errdefs.KindOf(resp.StatusCode))
 }
