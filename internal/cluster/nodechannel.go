@@ -471,7 +471,11 @@ func (s *Server) nodeAdmit(ctx context.Context, node string, req *nodeproto.Admi
 		return &nodeproto.AdmitResponse{Quota: &qe.QuotaExceeded}, nil
 	}
 	if re, ok := errors.AsType[*store.ReplayError](err); ok {
-		return &nodeproto.AdmitResponse{ReplayOf: re.SandboxID}, nil
+		rec, err := s.replayed(ctx, node, req.Voucher, req.Key, re.SandboxID)
+		if err != nil {
+			return nil, err
+		}
+		return &nodeproto.AdmitResponse{ReplayOf: re.SandboxID, Replay: rec}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -534,18 +538,41 @@ func checkKey(key *store.Idempotency) error {
 }
 
 // nodeIdempotency answers whether a create's idempotency key made a sandbox already.
-func (s *Server) nodeIdempotency(ctx context.Context, _ string, req *nodeproto.IdempotencyRequest) (*nodeproto.IdempotencyResponse, error) {
+func (s *Server) nodeIdempotency(ctx context.Context, node string, req *nodeproto.IdempotencyRequest) (*nodeproto.IdempotencyResponse, error) {
 	if err := checkKey(req.Key); err != nil {
 		return nil, err
 	}
 	err := s.store.CheckIdempotency(ctx, req.Key)
 	if re, ok := errors.AsType[*store.ReplayError](err); ok {
-		return &nodeproto.IdempotencyResponse{ReplayOf: re.SandboxID}, nil
+		rec, err := s.replayed(ctx, node, req.Voucher, req.Key, re.SandboxID)
+		if err != nil {
+			return nil, err
+		}
+		return &nodeproto.IdempotencyResponse{ReplayOf: re.SandboxID, Replay: rec}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
 	return &nodeproto.IdempotencyResponse{}, nil
+}
+
+// replayed returns the record of sandbox id, which key's create made, when it is another node's
+// than the caller's (whose record the edge does not hold) and the caller's voucher is of key's
+// principal, sealed for the caller's node; nil otherwise (the edge holds its own node's records,
+// and a key is no credential: without the create's caller the answer names the sandbox only).
+func (s *Server) replayed(ctx context.Context, node string, v *nodeproto.Voucher, key *store.Idempotency, id string) (*store.Sandbox, error) {
+	if v == nil || key == nil || edge.NodeOf(id) == node {
+		return nil, nil
+	}
+	c, err := s.sealer.Open(v, node, time.Now())
+	if err != nil || c.Principal != key.Principal {
+		return nil, nil
+	}
+	rec, err := s.store.GetSandbox(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, nil // forgotten since: the edge answers what it finds
+	}
+	return rec, err
 }
 
 // nodeReleaseKey forgets a create's idempotency key that still names one of the caller's

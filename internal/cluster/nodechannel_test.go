@@ -423,6 +423,30 @@ func TestNodeStart(t *testing.T) {
 		c.ID, c.State, c.ProjectID, c.Volumes, c.VolumeIDs = id, corral.StateCreating, root.ID, nil, nil
 		return &c
 	}
+	// A key that made another node's sandbox: its record comes with the replay, for the
+	// create's own caller only (the key's principal, sealed for this node).
+	replayed := fresh("sb-edge2-kkkkkkkkkkkkkkkk")
+	replayed.Node = "edge2"
+	theirKey := &store.Idempotency{Principal: "root", Key: "create-2", RequestHash: "h"}
+	if err := st.AdmitSandbox(ctx, replayed, theirKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := adm.CheckIdempotency(ctx, theirKey); !errors.As(err, &re) || re.Record == nil || re.Record.ID != replayed.ID {
+		t.Errorf("a replay of another node's sandbox: %v (record %+v), want its record", err, re.Record)
+	}
+	if err := adm.AdmitSandbox(ctx, fresh("sb-edge1-kakakakakakakaka"), theirKey); !errors.As(err, &re) || re.Record == nil || re.Record.ID != replayed.ID {
+		t.Errorf("an admission replaying another node's sandbox: %v, want its record", err)
+	}
+	otherKey := &store.Idempotency{Principal: "someone", Key: "create-2", RequestHash: "h"}
+	if err := st.AdmitSandbox(ctx, fresh("sb-edge2-kbkbkbkbkbkbkbkb"), otherKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := adm.CheckIdempotency(ctx, otherKey); !errors.As(err, &re) || re.Record != nil {
+		t.Errorf("a replay of another principal's key: %v, record %+v; want the sandbox's ID alone", err, re.Record)
+	}
+	if err := adm.CheckIdempotency(context.Background(), theirKey); !errors.As(err, &re) || re.Record != nil {
+		t.Errorf("a replay without the create's caller: %v, record %+v; want the sandbox's ID alone", err, re.Record)
+	}
 	if err := adm.AdmitSandbox(ctx, fresh("sb-edge1-kkkkkkkkkkkkkkkk"), key); !errors.As(err, &re) || re.SandboxID != writer.ID {
 		t.Errorf("another create with the key: %v, want a replay of %s", err, writer.ID)
 	}

@@ -885,8 +885,12 @@ func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *st
 		if !ok {
 			return rec, false, err
 		}
-		if rec, err = e.Get(ctx, re.SandboxID); err != nil {
-			return nil, false, err
+		if rec = re.Record; rec == nil || NodeOf(rec.ID) == e.cfg.Node {
+			// Another node's sandbox comes with its record when the servers answer the
+			// replay; the node's own is read from its copy, with its live activity.
+			if rec, err = e.Get(ctx, re.SandboxID); err != nil {
+				return nil, false, err
+			}
 		}
 		if rec.State == corral.StateCreating {
 			// The first try is still at work (its client gave up, or its server replica died,

@@ -29,23 +29,33 @@ type AdmitRequest struct {
 // AdmitResponse is how an admission ended, when not with an error: admitted (both fields
 // empty), refused by a quota (Quota: the limit, as *iam.QuotaError says it), or a replay of an
 // earlier create with the same idempotency key (ReplayOf: the sandbox that one made).
+//
+// Replay is the record of the sandbox a replay names when it is another node's (whose record
+// the edge does not hold), answered only for a caller the servers sealed for the node whose
+// principal the key is of.
 type AdmitResponse struct {
 	Quota    *iam.QuotaExceeded `json:"quota,omitempty"`
 	ReplayOf string             `json:"replay_of,omitempty"`
+	Replay   *store.Sandbox     `json:"replay,omitempty"`
 }
 
 // IdempotencyRequest asks whether a create's key made a sandbox already (PathIdempotency), or
 // forgets the key if it still names Sandbox, one of the caller's whose create never answered
 // (PathReleaseKey).
+// Voucher, the sealed caller of the create, lets the answer carry the record of another
+// node's sandbox (IdempotencyResponse.Replay).
 type IdempotencyRequest struct {
 	Key     *store.Idempotency `json:"key"`
 	Sandbox string             `json:"sandbox,omitempty"`
+	Voucher *Voucher           `json:"voucher,omitempty"`
 }
 
 // IdempotencyResponse answers PathIdempotency: the sandbox an earlier create with the key made,
-// or empty when the key is new.
+// or empty when the key is new; and its record when it is another node's (as in
+// AdmitResponse).
 type IdempotencyResponse struct {
-	ReplayOf string `json:"replay_of,omitempty"`
+	ReplayOf string         `json:"replay_of,omitempty"`
+	Replay   *store.Sandbox `json:"replay,omitempty"`
 }
 
 // Admissions returns what admits incarnation epoch's new sandboxes: the servers, over the node
@@ -91,7 +101,7 @@ func (a Admissions) admit(ctx context.Context, req AdmitRequest, what string) er
 	case ans.Quota != nil:
 		return &iam.QuotaError{QuotaExceeded: *ans.Quota}
 	case ans.ReplayOf != "":
-		return &store.ReplayError{SandboxID: ans.ReplayOf}
+		return &store.ReplayError{SandboxID: ans.ReplayOf, Record: ans.Replay}
 	}
 	return nil
 }
@@ -101,11 +111,11 @@ func (a Admissions) admit(ctx context.Context, req AdmitRequest, what string) er
 // is new.
 func (a Admissions) CheckIdempotency(ctx context.Context, key *store.Idempotency) error {
 	var ans IdempotencyResponse
-	if err := a.s.call(ctx, PathIdempotency, IdempotencyRequest{Key: key}, &ans); err != nil {
+	if err := a.s.call(ctx, PathIdempotency, IdempotencyRequest{Key: key, Voucher: VoucherFrom(ctx)}, &ans); err != nil {
 		return fmt.Errorf("look idempotency key %q up through the servers: %w", key.Key, err)
 	}
 	if ans.ReplayOf != "" {
-		return &store.ReplayError{SandboxID: ans.ReplayOf}
+		return &store.ReplayError{SandboxID: ans.ReplayOf, Record: ans.Replay}
 	}
 	return nil
 }

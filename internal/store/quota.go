@@ -457,7 +457,13 @@ type Idempotency struct {
 
 // ReplayError says that a create's idempotency key was used before, for the same request: the
 // sandbox that request made is the answer.
-type ReplayError struct{ SandboxID string }
+type ReplayError struct {
+	SandboxID string
+	// Record is that sandbox's record when the servers answered it with the replay (a
+	// cluster's edge, for a sandbox of another node, whose record it does not hold); nil
+	// otherwise.
+	Record *Sandbox
+}
 
 func (e *ReplayError) Error() string { return "idempotent replay of the create of " + e.SandboxID }
 
