@@ -95,6 +95,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		if s.servesNodes {
 			// What this request makes the edge admit goes with the caller the server sealed.
 			ctx = nodeproto.WithVoucher(ctx, nodeproto.VoucherOf(r.Header))
+			ctx = nodeproto.WithResolution(ctx, nodeproto.ResolutionOf(r.Header))
 		}
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})

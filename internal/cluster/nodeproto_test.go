@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
@@ -155,6 +156,27 @@ func TestNodeProtocol(t *testing.T) {
 				t.Errorf("edge %s was told the caller is %s (token %s), want the admin's", e.name, c.Principal, c.TokenID)
 			}
 		}
+	}
+
+	// Until base:x is published the replica cannot resolve the create, and sends none; once it
+	// is, the edge gets the replica's resolution (never one a client made up).
+	for _, h := range roomy.headers() {
+		if h.Get(nodeproto.HeaderResolution) != "" {
+			t.Errorf("a resolution was sent with a create the replica could not resolve")
+		}
+	}
+	if _, _, err := st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "x", Kind: corral.KindBase, Digest: "sha256:basex"}); err != nil {
+		t.Fatal(err)
+	}
+	made := http.Header{}
+	nodeproto.SetResolution(made, corral.CreateRequest{Base: "base:x"}, &catalog.Resolution{Digests: []string{"sha256:forged"}})
+	if resp, body := post(made); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create with a resolution header of the client's: %s %s", resp.Status, body)
+	}
+	sent := roomy.headers()
+	f := nodeproto.ResolutionOf(sent[len(sent)-1])
+	if f == nil || len(f.Digests) != 1 || f.Digests[0] != "sha256:basex" || f.For != nodeproto.RequestDigest(corral.CreateRequest{Base: "base:x", Project: ""}) {
+		t.Errorf("the resolution sent with a create: %+v, want the replica's of base:x", f)
 	}
 
 	// Routed requests: an unknown sandbox is the client's 404, without the refusal header; a

@@ -402,6 +402,21 @@ func (s *Server) asCaller(r *http.Request, n corral.Node, h http.Header) error {
 	return nil
 }
 
+// resolve resolves a create (req, its project filled in) for the edge it is forwarded to, so
+// that the edge need not ask (nodeproto.HeaderResolution): only for a caller who may create in
+// its project, so a refusal never tells another project's catalogue. A create it cannot resolve
+// goes without: the edge asks, and answers (and audits) the refusal as it always did.
+func (s *Server) resolve(r *http.Request, req corral.CreateRequest) *catalog.Resolution {
+	if apiserver.Require(r, iam.SandboxCreate, req.Project) != nil {
+		return nil
+	}
+	res, err := s.resolver.Resolve(r.Context(), req, false)
+	if err != nil {
+		return nil
+	}
+	return res
+}
+
 // stripNodeHeaders removes the node protocol's headers from what a client sends: only this
 // replica says who the caller is to an edge.
 func stripNodeHeaders(next http.Handler) http.Handler {
@@ -886,10 +901,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = placement.ValidateLabels("node_selector", req.NodeSelector)
 	}
+	resolved, res := req, (*catalog.Resolution)(nil)
+	if err == nil {
+		resolved.Project = project // as the edge's API fills it in
+		res = s.resolve(r, resolved)
+	}
 	if err == nil && req.Environment != "" && req.Tier == "" && req.Runtime == "" {
 		// The environment's tier and runtime are the create's when it names none (the edge
 		// applies them the same way): a microvm environment is placed on a node with microvms.
-		if env, gerr := s.store.GetEnvironment(r.Context(), req.Environment); gerr == nil {
+		if res != nil {
+			req.Tier, req.Runtime = res.Request.Tier, res.Request.Runtime
+		} else if env, gerr := s.store.GetEnvironment(r.Context(), req.Environment); gerr == nil {
 			req.Tier, req.Runtime = env.Tier, env.Runtime
 		}
 	}
@@ -936,6 +958,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		out.Header = r.Header.Clone()
 		if err := s.asCaller(r, n, out.Header); err != nil {
 			return err
+		}
+		if res != nil {
+			nodeproto.SetResolution(out.Header, resolved, res)
 		}
 		trace.Inject(ctx, out.Header) // the edge's create is a child of this placement
 		resp, err = c.client.Do(out)

@@ -40,7 +40,7 @@ const (
 )
 
 // Headers lists the protocol's headers, for stripping them at the cluster's edge with clients.
-var Headers = []string{HeaderVersion, HeaderCaller, HeaderRefusal, HeaderSeal}
+var Headers = []string{HeaderVersion, HeaderCaller, HeaderRefusal, HeaderSeal, HeaderResolution}
 
 // maxCaller bounds an encoded caller: a principal with grants on many projects stays far below.
 const maxCaller = 256 << 10
