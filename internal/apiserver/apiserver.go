@@ -131,7 +131,6 @@ func (s *Server) Handler() http.Handler {
 		fmt.Fprintf(w, "# HELP go_goroutines Goroutines of this corral process.\n# TYPE go_goroutines gauge\ngo_goroutines %d\n", runtime.NumGoroutine())
 		s.WriteWebhookMetrics(w)
 	}))
-	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
 	api.HandleFunc("POST /v1/builds", s.startBuild)
 	api.HandleFunc("GET /v1/builds", s.listBuilds)
 	api.HandleFunc("GET /v1/builds/{id}", s.guard(iam.LayerRead, "", s.onBuild, s.getBuild))
@@ -145,31 +144,6 @@ func (s *Server) Handler() http.Handler {
 		}
 		s.edge.WarmStats(&env)
 		httpjson.Write(w, http.StatusOK, env)
-	}))
-	api.HandleFunc("PATCH /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
-		var patch corral.EnvironmentPatch
-		if err := httpjson.Decode(r, &patch); err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		if patch.Warm == nil {
-			s.fail(w, r, errdefs.Invalid("warm", "nothing to change: the body names no field (warm)"))
-			return
-		}
-		env, err := s.edge.SetEnvironmentWarm(r.Context(), r.PathValue("name"), *patch.Warm)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		s.edge.WarmStats(&env)
-		httpjson.Write(w, http.StatusOK, env)
-	}))
-	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
-		if err := s.edge.DeleteEnvironment(r.Context(), r.PathValue("name")); err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
 	}))
 	api.HandleFunc("DELETE /v1/layers/{name}/{version}", s.guard(iam.LayerPublish, "layer.delete", s.onLayerName, func(w http.ResponseWriter, r *http.Request) {
 		l, err := s.edge.DeleteLayer(r.Context(), r.PathValue("name"), r.PathValue("version"))
@@ -520,34 +494,6 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpjson.Write(w, http.StatusOK, rec.Sandbox)
-}
-
-func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
-	var env corral.Environment
-	if err := httpjson.Decode(r, &env); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if !env.CreatedAt.IsZero() {
-		s.fail(w, r, errdefs.Invalid("created_at", "is set by the server"))
-		return
-	}
-	c := who(r)
-	project, err := c.project("project", env.Project)
-	if err == nil {
-		err = c.require(iam.LayerPublish, project)
-	}
-	if err == nil {
-		env.Project = project
-		env, err = s.edge.SaveEnvironment(r.Context(), env)
-	}
-	s.audit(r, "environment.save", project, env.Name, err, "")
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	got := env
-	httpjson.Write(w, http.StatusOK, got)
 }
 
 func (s *Server) tagLayer(w http.ResponseWriter, r *http.Request) {

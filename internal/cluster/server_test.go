@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"github.com/corral-dev/corral/internal/errdefs"
 	"io"
 	"log/slog"
 	"net/http"
@@ -204,6 +205,45 @@ func TestServerWithoutEdges(t *testing.T) {
 	}
 	if q, err := c.Quota(ctx, ""); err != nil || q.Usage.DiskBytes != 0 {
 		t.Errorf("the root's usage after the delete: %+v, %v; want 0 disk bytes", q, err)
+	}
+	// Environments are saved, resized and deleted by the replica, checked as corral up checks
+	// them (the edges follow the configuration).
+	if _, _, err := st.PublishLayer(ctx, corral.Layer{Name: "envbase", Version: "1", Kind: corral.KindBase, Digest: "sha256:envbase"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct {
+		env   corral.Environment
+		field string
+	}{
+		{corral.Environment{Name: "web", Base: "missing:1"}, "base"},
+		{corral.Environment{Name: "Web", Base: "envbase:1"}, "name"},
+		{corral.Environment{Name: "web", Base: "envbase:1", Tier: "vm"}, "tier"},
+		{corral.Environment{Name: "web", Base: "envbase:1", Warm: 100000}, "warm"},
+		{corral.Environment{Name: "web", Base: "envbase:1", Network: &corral.NetworkPolicy{Mode: "sideways"}}, "network.mode"},
+	} {
+		if _, err := c.SaveEnvironment(ctx, bad.env); !corral.IsInvalid(err) || !strings.Contains(err.Error(), bad.field) {
+			t.Errorf("save %+v through the replica: %v, want invalid %s", bad.env, err, bad.field)
+		}
+	}
+	env, err := c.SaveEnvironment(ctx, corral.Environment{Name: "web", Base: "envbase:1", Tier: "container", Warm: 2,
+		Network: &corral.NetworkPolicy{Mode: corral.NetworkNone}})
+	if err != nil || env.Tier != "" || env.CreatedAt.IsZero() || env.Warm != 2 || env.Network == nil {
+		t.Fatalf("save an environment through the replica: %+v, %v", env, err)
+	}
+	if _, err := c.UpdateEnvironment(ctx, "web", corral.EnvironmentPatch{Warm: new(-1)}); !corral.IsInvalid(err) {
+		t.Errorf("a negative pool through the replica: %v, want invalid", err)
+	}
+	if env, err := c.UpdateEnvironment(ctx, "web", corral.EnvironmentPatch{Warm: new(3)}); err != nil || env.Warm != 3 {
+		t.Errorf("resize the pool through the replica: %+v, %v", env, err)
+	}
+	if got, err := st.GetEnvironment(ctx, "web"); err != nil || got.Warm != 3 {
+		t.Errorf("the stored environment: %+v, %v", got, err)
+	}
+	if err := c.DeleteEnvironment(ctx, "web"); err != nil {
+		t.Fatalf("delete the environment through the replica: %v", err)
+	}
+	if _, err := st.GetEnvironment(ctx, "web"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the deleted environment: %v, want not found", err)
 	}
 }
 

@@ -50,8 +50,8 @@ import (
 // The runtimes a container sandbox can run on (corral.Sandbox.Runtime): the names of the
 // runtime backends that run them (runtime.Spec.Runtime).
 const (
-	RuntimeRunc   = "runc"
-	RuntimeGVisor = "gvisor"
+	RuntimeRunc   = catalog.RuntimeRunc
+	RuntimeGVisor = catalog.RuntimeGVisor
 )
 
 // Runtime runs sandboxes: the node's runtime backends as one (runtime.Set implements it; the
@@ -1392,45 +1392,11 @@ func (e *Edge) BuildSaveEnvironment(ctx context.Context, name, base, project str
 }
 
 func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
-	if !catalog.ValidLayerName(env.Name) {
-		return corral.Environment{}, errdefs.Invalid("name", "environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
-	}
-	if env.Base == "" {
-		return corral.Environment{}, errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")
-	}
-	if err := e.checkEnvironmentDefaults(&env); err != nil {
+	if err := e.local.CheckEnvironment(ctx, &env, e.environmentNetwork); err != nil {
 		return corral.Environment{}, err
 	}
-	if len(env.Toolkits) > catalog.MaxToolkits {
-		return corral.Environment{}, errdefs.Invalid("toolkits", "at most %d toolkits, got %d", catalog.MaxToolkits, len(env.Toolkits))
-	}
-	proj, err := e.project(ctx, env.Project)
-	if err != nil {
-		return corral.Environment{}, err
-	}
-	at := proj.Path
-	// The environment is usable in its project's subtree: its layers must be usable there.
-	check := func(field, ref, kind string) error {
-		_, err := e.resolveLayer(ctx, field, ref, kind, at)
-		return err
-	}
-	if err := check("base", env.Base, corral.KindBase); err != nil {
-		return corral.Environment{}, err
-	}
-	if env.Workspace != "" {
-		if err := check("workspace", env.Workspace, corral.KindWorkspace); err != nil {
-			return corral.Environment{}, err
-		}
-	}
-	for i, t := range env.Toolkits {
-		if err := check(fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit); err != nil {
-			return corral.Environment{}, err
-		}
-	}
-	env.Project = iam.Display(at)
-	env.CreatedAt = time.Now().UTC()
-	env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims, env.WarmHitRate = 0, 0, 0, 0, 0
 	var saved corral.Environment
+	var err error
 	if replace {
 		saved, err = e.store.ReplaceEnvironment(ctx, env)
 	} else {
@@ -1440,6 +1406,15 @@ func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, repl
 		e.settingsWritten(ctx)
 	}
 	return saved, err
+}
+
+// environmentNetwork compiles an environment's network policy as this node would a create's.
+func (e *Edge) environmentNetwork(p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
+	c, err := e.compileNetwork(p)
+	if err != nil {
+		return nil, err
+	}
+	return apiPolicy(c), nil
 }
 
 // Get returns a sandbox's record, with its live last activity.

@@ -39,7 +39,7 @@ import (
 // refuses; a restart of corral destroys them and builds the pools afresh.
 
 // TierFncall is the tier of the containers of fncall pools.
-const TierFncall = "fncall"
+const TierFncall = catalog.TierFncall
 
 const (
 	fncallLabel       = "corral.fncall"

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/cleanup"
-	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/runtime"
@@ -56,8 +56,6 @@ import (
 // Lock order: warmMu before warmPool.mu. The pool's mu never is held across a runtime call.
 
 const (
-	// maxWarm bounds an environment's pool on each node.
-	maxWarm = 256
 	// warmSync is how often the pools follow the store (another edge of a cluster may change
 	// an environment).
 	warmSync = 5 * time.Second
@@ -859,44 +857,9 @@ func (e *Edge) writeWarmMetrics(b *strings.Builder) {
 	}
 }
 
-// checkEnvironmentDefaults validates an environment's tier, runtime, network and pool size.
-func (e *Edge) checkEnvironmentDefaults(env *corral.Environment) error {
-	switch env.Tier {
-	case "", TierContainer:
-		env.Tier = "" // the default, recorded as none
-	case TierMicroVM:
-		if env.Runtime != "" && env.Runtime != RuntimeQEMU {
-			return errdefs.Invalid("runtime", "%q: microvm sandboxes run on %q; runtime is for the container tier", env.Runtime, RuntimeQEMU)
-		}
-		env.Runtime = ""
-	default:
-		return errdefs.Invalid("tier", "%q: want %q or %q", env.Tier, TierContainer, TierMicroVM)
-	}
-	switch env.Runtime {
-	case "", RuntimeRunc, RuntimeGVisor:
-	default:
-		return errdefs.Invalid("runtime", "%q: want %q or %q", env.Runtime, RuntimeRunc, RuntimeGVisor)
-	}
-	if env.Network != nil {
-		c, err := e.compileNetwork(env.Network)
-		if err != nil {
-			return err
-		}
-		env.Network = apiPolicy(c)
-	}
-	return checkWarmSize(env.Warm)
-}
-
-func checkWarmSize(n int) error {
-	if n < 0 || n > maxWarm {
-		return errdefs.Invalid("warm", "%d is outside [0, %d]", n, maxWarm)
-	}
-	return nil
-}
-
 // SetEnvironmentWarm changes an environment's pool size (PATCH /v1/environments/{name}).
 func (e *Edge) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
-	if err := checkWarmSize(warm); err != nil {
+	if err := catalog.CheckWarm(warm); err != nil {
 		return corral.Environment{}, err
 	}
 	env, err := e.store.SetEnvironmentWarm(ctx, name, warm)

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"errors"
+	"github.com/corral-dev/corral/internal/catalog"
 	"testing"
 	"time"
 
@@ -89,7 +90,7 @@ func TestEnvironmentTier(t *testing.T) {
 		{"fncall", "", "", "tier"},
 	} {
 		env := corral.Environment{Name: "x", Base: "base:1", Tier: tc.tier, Runtime: tc.runtime}
-		err := e.checkEnvironmentDefaults(&env)
+		err := catalog.CheckEnvironmentDefaults(&env, e.environmentNetwork)
 		if tc.bad != "" {
 			if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != tc.bad {
 				t.Errorf("tier %q runtime %q: %v, want invalid %s", tc.tier, tc.runtime, err, tc.bad)

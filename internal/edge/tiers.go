@@ -3,18 +3,20 @@ package edge
 import (
 	"context"
 
+	"github.com/corral-dev/corral/internal/catalog"
+
 	"github.com/corral-dev/corral/internal/runtime"
 )
 
 // TierContainer and TierMicroVM are the tiers a create call may name (TierFncall's containers
 // are made by fncall environments).
 const (
-	TierContainer = "container"
-	TierMicroVM   = "microvm"
+	TierContainer = catalog.TierContainer
+	TierMicroVM   = catalog.TierMicroVM
 	// TierVM is a full machine from a disk image, with a screen, keyboard and mouse (machine.go).
-	TierVM = "vm"
+	TierVM = catalog.TierVM
 	// RuntimeQEMU runs microvm and vm sandboxes (the backend's name, runtime.Spec.Runtime).
-	RuntimeQEMU = "qemu"
+	RuntimeQEMU = catalog.RuntimeQEMU
 )
 
 // layerImages returns the files of a microvm's layers (bottom first): each layer's EROFS
