@@ -1140,6 +1140,9 @@ type admission struct {
 // container) and resolves its runtime.
 func (e *Edge) admitTier(req corral.CreateRequest, calls bool) (tier, runtime string, err error) {
 	if tier, err = catalog.Tier(req, calls); err != nil {
+		if req.Tier != TierFncall {
+			return "", "", errdefs.Invalid("tier", "%q is not a tier: want container, microvm or vm (available here: %s)", req.Tier, strings.Join(e.Tiers(), ", "))
+		}
 		return "", "", err
 	}
 	switch tier {
@@ -1175,7 +1178,7 @@ func (e *Edge) admitTier(req corral.CreateRequest, calls bool) (tier, runtime st
 }
 
 // admit validates a create request and turns it into a record in state creating. What the
-// request names in the catalogue is resolved by e.catalog (the servers, on a cluster's edge);
+// request names in the catalogue is resolved by e.resolver (the servers, on a cluster's edge);
 // what depends on the node (its tiers, labels, limits policy, network) here: first what the
 // request says itself, then again with its environment's defaults.
 func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) (*admission, error) {
