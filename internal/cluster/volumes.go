@@ -3,11 +3,11 @@ package cluster
 import (
 	"context"
 	"errors"
-	"github.com/corral-dev/corral/internal/catalog"
 	"net/http"
 	"net/url"
 
 	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/store"

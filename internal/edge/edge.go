@@ -18,7 +18,6 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/blobstore"
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/cleanup"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"

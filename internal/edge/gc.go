@@ -3,9 +3,9 @@ package edge
 import (
 	"context"
 	"fmt"
-	"github.com/corral-dev/corral/internal/catalog"
 	"time"
 
+	"github.com/corral-dev/corral/internal/catalog"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 

@@ -2,10 +2,10 @@ package edge
 
 import (
 	"errors"
-	"github.com/corral-dev/corral/internal/catalog"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"

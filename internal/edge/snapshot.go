@@ -3,12 +3,12 @@ package edge
 import (
 	"context"
 	"fmt"
-	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"path"
 	"strings"
 	"time"
 
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
 	corral "github.com/corral-dev/corral/sdk/go"

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/corral-dev/corral/internal/catalog"
-
 	"github.com/corral-dev/corral/internal/runtime"
 )
 

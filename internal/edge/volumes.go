@@ -3,13 +3,13 @@ package edge
 import (
 	"context"
 	"fmt"
-	"github.com/corral-dev/corral/internal/catalog"
 	"io"
 	"os"
 	"slices"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/runtime"
