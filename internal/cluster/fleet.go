@@ -57,7 +57,12 @@ func (s *Server) edgeRequest(ctx context.Context, r *http.Request, n corral.Node
 func (s *Server) callEdge(r *http.Request, n corral.Node, method, path string) error {
 	// A delete started is seen through even if the client goes away, but not for ever: an
 	// edge's delete answers before its cleanup, so a minute is plenty.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
+	return s.callEdgeWithin(r, n, method, path, time.Minute)
+}
+
+// callEdgeWithin is callEdge bounded by timeout.
+func (s *Server) callEdgeWithin(r *http.Request, n corral.Node, method, path string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), timeout)
 	defer cancel()
 	resp, err := s.edgeRequest(ctx, r, n, method, path)
 	if err != nil {

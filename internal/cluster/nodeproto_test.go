@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,5 +286,61 @@ func TestNodeProtocolOldEdge(t *testing.T) {
 		if _, err := nodeproto.CallerOf(&http.Request{Header: h}); err != nil || h.Get("Authorization") != "" {
 			t.Errorf("the upgraded edge: caller %v, Authorization %q; want the caller and no token", err, h.Get("Authorization"))
 		}
+	}
+}
+
+// TestVolumeDeleteBlackHoledEdge: a volume's delete does not wait on an edge that never answers
+// the removal of its blobs: past its first try the delete answers, and another edge removes them.
+// Two deletes: the replica takes the edges in turn, so one of them asks the silent edge first.
+func TestVolumeDeleteBlackHoledEdge(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st, dsn, dir, token := bootstrapped(t, log)
+	s := testServer(t, st, Config{DataDir: dir, Store: dsn, BlobStore: "s3://bucket"}, log)
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+	old := firstBlobTry
+	firstBlobTry = 300 * time.Millisecond
+	defer func() { firstBlobTry = old }()
+
+	release := make(chan struct{})
+	defer close(release)
+	var silentAsked atomic.Int32
+	removals := make(chan string, 4)
+	roomy := store.Resources{CPUs: 8, MemoryBytes: 8 << 30, DiskBytes: 1 << 40, Sandboxes: 10}
+	startStandIn(t, st, hs.URL, dir, "hole", nodeproto.Version, roomy, func(w http.ResponseWriter, r *http.Request) {
+		silentAsked.Add(1)
+		<-release // never answers while the test runs
+	})
+	startStandIn(t, st, hs.URL, dir, "good", nodeproto.Version, roomy, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/v1/volume-blobs/") {
+			removals <- r.URL.Path
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	s.refresh(ctx, true)
+
+	c := corral.New(hs.URL, token)
+	for _, name := range []string{"one", "two"} {
+		if _, err := c.CreateVolume(ctx, corral.CreateVolumeRequest{Name: name, SizeBytes: 32 << 20}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := c.DeleteVolume(ctx, "", name); err != nil {
+			t.Fatalf("delete volume %s: %v", name, err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("the delete of %s took %v: it waited on the edge that does not answer", name, took)
+		}
+	}
+	for range 2 {
+		select {
+		case <-removals:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the answering edge was not asked to remove both deleted volumes' blobs")
+		}
+	}
+	if silentAsked.Load() == 0 {
+		t.Error("neither delete asked the silent edge first: the test proved nothing")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/catalog"
@@ -55,8 +56,8 @@ func (v volumes) Volume(ctx context.Context, project, name string) (*store.Volum
 }
 
 // DeleteVolume deletes a volume's record (refused while a sandbox has it attached; its quota
-// given back), then has an edge remove its blobs. The delete is done once the record is gone:
-// blobs an edge could not remove now are removed at the next start of any edge
+// given back), then has an edge remove its blobs (removeBlobs). The delete is done once the
+// record is gone: blobs no edge could remove are removed at the next start of any edge
 // (reconcileClusterVolumes), and each node drops its cached image then too.
 func (v volumes) DeleteVolume(r *http.Request, project, name string) (*store.VolumeRecord, error) {
 	vol, err := v.Volume(r.Context(), project, name)
@@ -67,27 +68,43 @@ func (v volumes) DeleteVolume(r *http.Request, project, name string) (*store.Vol
 		return nil, err
 	}
 	v.s.log.Info("volume deleted", "volume", vol.ID, "name", vol.Name, "project", vol.Project)
-	if err := v.removeBlobs(r, vol.ID); err != nil {
-		v.s.log.Warn("remove a deleted volume's blobs (the next start of an edge removes them)", "volume", vol.ID, "err", err)
-	}
+	v.removeBlobs(r, vol.ID)
 	return vol, nil
 }
 
-// removeBlobs asks an up edge, then the next, to remove deleted volume id's blobs.
-func (v volumes) removeBlobs(r *http.Request, id string) error {
+// firstBlobTry bounds the try a volume's delete waits for: an edge removes a volume's objects
+// in well under a second, and one that does not answer must not hold the client's delete.
+var firstBlobTry = 10 * time.Second
+
+// removeBlobs asks an up edge to remove deleted volume id's blobs, within firstBlobTry; when
+// that fails, up to two more edges are asked after the delete has answered.
+func (v volumes) removeBlobs(r *http.Request, id string) {
 	up := v.s.upNodes(r.Context())
 	if len(up) == 0 {
-		return errdefs.Unavailable("no edge is up")
+		v.s.log.Warn("remove a deleted volume's blobs: no edge is up (the next start of an edge removes them)", "volume", id)
+		return
 	}
 	first := int(v.s.rr.Add(1) % uint64(len(up)))
-	var errs []error
-	for i := range min(len(up), 3) {
-		n := up[(first+i)%len(up)]
-		err := v.s.callEdge(r, n, http.MethodDelete, apiserver.VolumeBlobsPath+url.PathEscape(id))
-		if err == nil {
-			return nil
-		}
-		errs = append(errs, err)
+	path := apiserver.VolumeBlobsPath + url.PathEscape(id)
+	err := v.s.callEdgeWithin(r, up[first], http.MethodDelete, path, firstBlobTry)
+	if err == nil {
+		return
 	}
-	return errors.Join(errs...)
+	rest := make([]corral.Node, 0, 2)
+	for i := 1; i < min(len(up), 3); i++ {
+		rest = append(rest, up[(first+i)%len(up)])
+	}
+	// The request's caller goes along (the edges audit the removal); its context does not.
+	later := r.Clone(context.WithoutCancel(r.Context()))
+	go func() {
+		errs := []error{err}
+		for _, n := range rest {
+			err := v.s.callEdge(later, n, http.MethodDelete, path)
+			if err == nil {
+				return
+			}
+			errs = append(errs, err)
+		}
+		v.s.log.Warn("remove a deleted volume's blobs (the next start of an edge removes them)", "volume", id, "err", errors.Join(errs...))
+	}()
 }
