@@ -84,6 +84,10 @@ func nodeCall[Req, Resp any](s *Server, limit int64, do func(ctx context.Context
 		}
 		out, err := do(r.Context(), node, &req)
 		switch {
+		case errors.Is(err, errdefs.ErrInvalid) && r.URL.Path == nodeproto.PathResolve:
+			// A create the catalogue refuses (a layer not published, say): the client's
+			// mistake, answered to it, not the edge's.
+			httpjson.Error(w, r, s.log, err)
 		case errors.Is(err, errdefs.ErrDenied) || errors.Is(err, errdefs.ErrInvalid):
 			s.log.Warn("node channel call refused", "node", node, "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
 			httpjson.Error(w, r, s.log, err)
