@@ -29,6 +29,7 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -66,6 +67,9 @@ type Server struct {
 	// local edge; SetVolumes: a cluster server's).
 	fleet   Fleet
 	volumes Volumes
+	// limits resolves what a cluster's server checks itself of the fncall environments it
+	// saves (SetLimits); corral up's edge has its own.
+	limits *limits.Policy
 }
 
 // New returns a Server. info is served by GET /v1/info (Sandboxes and Disk are filled in per
@@ -168,7 +172,6 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
 	api.HandleFunc("GET /v1/layers/{name}/{version}/stats", s.layerStats)
 	api.HandleFunc("PATCH /v1/layers/{name}/{version}", s.guard(iam.LayerPublish, "layer.set", s.onLayerName, s.setLayer))
-	api.HandleFunc("POST /v1/fncall", s.createFncallEnv)
 	api.HandleFunc("GET /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
 		c := who(r)
 		out := []corral.FncallEnv{}
@@ -186,13 +189,6 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		httpjson.Write(w, http.StatusOK, env)
-	}))
-	api.HandleFunc("DELETE /v1/fncall/{name}", s.guard(iam.SandboxAdmin, "fncall.delete", s.onFncall, func(w http.ResponseWriter, r *http.Request) {
-		if err := s.edge.DeleteFncallEnv(r.Context(), r.PathValue("name")); err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
 	}))
 	api.HandleFunc("POST /v1/fncall/{name}", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, false) }))
 	api.HandleFunc("POST /v1/fncall/{name}/stream", s.guard(iam.SandboxUse, "", s.onFncall, func(w http.ResponseWriter, r *http.Request) { s.call(w, r, true) }))
@@ -821,30 +817,6 @@ func (s *Server) layerStats(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, out)
 }
 
-func (s *Server) createFncallEnv(w http.ResponseWriter, r *http.Request) {
-	var env corral.FncallEnv
-	if err := httpjson.Decode(r, &env); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	c := who(r)
-	project, err := c.project("project", env.Project)
-	if err == nil {
-		err = c.require(iam.SandboxCreate, project)
-	}
-	var out corral.FncallEnv
-	if err == nil {
-		env.Project = project
-		out, err = s.edge.CreateFncallEnv(r.Context(), env)
-	}
-	s.audit(r, "fncall.create", project, env.Name, err, "")
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	httpjson.Write(w, http.StatusCreated, out)
-}
-
 // canRead reports whether the caller may see an object of the project at display path owner
 // that is shared down the tree unless private: with perm on owner, or, from inside owner's
 // subtree, with perm on the token's own project.
@@ -924,10 +896,25 @@ func (s *Server) onQueryProject(param, target string) resolver {
 // onFncall resolves to the project of the fncall environment in the path.
 func (s *Server) onFncall(r *http.Request) (string, string, error) {
 	name := r.PathValue("name")
-	env, err := s.edge.FncallEnv(name)
-	if err != nil {
-		return "", name, err
+	var project string
+	if s.edge != nil {
+		env, err := s.edge.FncallEnv(name)
+		if err != nil {
+			return "", name, err
+		}
+		project = env.Project
+	} else {
+		// A cluster's server: the environment as saved (each edge has its own pool).
+		envs, err := s.store.ListFncallEnvs(r.Context())
+		if err != nil {
+			return "", name, err
+		}
+		i := slices.IndexFunc(envs, func(e store.FncallEnvRecord) bool { return e.Name == name })
+		if i < 0 {
+			return "", name, errdefs.NotFound("fncall environment %s", name)
+		}
+		project = envs[i].Project
 	}
-	p, err := iam.ParsePath("project", env.Project)
+	p, err := iam.ParsePath("project", project)
 	return p, name, err
 }

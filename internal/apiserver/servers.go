@@ -26,6 +26,7 @@ var ServerPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/q
 	"/v1/events", "/v1/report", "/v1/webhooks", "/v1/webhooks/",
 	"GET /v1/sandboxes", "GET /v1/volumes", "POST /v1/volumes", "GET /v1/volumes/{name}", "DELETE /v1/volumes/{name}",
 	"GET /v1/environments", "POST /v1/environments", "PATCH /v1/environments/{name}", "DELETE /v1/environments/{name}",
+	"POST /v1/fncall", "DELETE /v1/fncall/{name}",
 	"/v1/network/services",
 	"PUT /v1/layers/{name}/tags/{tag}", "DELETE /v1/layers/{name}/tags/{tag}"}
 
@@ -51,6 +52,7 @@ func (s *Server) serverRoutes(api *http.ServeMux) {
 	s.volumeRoutes(api)
 	api.HandleFunc("GET /v1/environments", s.listEnvironments)
 	s.environmentRoutes(api)
+	s.fncallRoutes(api)
 	api.HandleFunc("GET /v1/network/services", s.networkServices)
 	api.HandleFunc("PUT /v1/network/services", s.guard(iam.Operator, "network.catalog", operator, s.setNetworkServices))
 	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.tag", s.onLayerName, s.tagLayer))

@@ -245,6 +245,36 @@ func TestServerWithoutEdges(t *testing.T) {
 	if _, err := st.GetEnvironment(ctx, "web"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("the deleted environment: %v, want not found", err)
 	}
+	// So are fncall environments: checked as an edge checks them, their containers' limits by
+	// the servers' policy.
+	for _, bad := range []struct {
+		env   corral.FncallEnv
+		field string
+	}{
+		{corral.FncallEnv{Name: "fn", Base: "missing:1"}, "base"},
+		{corral.FncallEnv{Name: "Fn", Base: "envbase:1"}, "name"},
+		{corral.FncallEnv{Name: "fn", Base: "envbase:1", PoolMax: 100000}, "pool_max"},
+		{corral.FncallEnv{Name: "fn", Base: "envbase:1", Timeout: "100000h"}, "timeout"},
+		{corral.FncallEnv{Name: "fn", Base: "envbase:1", Limits: corral.Limits{MemoryBytes: 1}}, "memory"},
+		{corral.FncallEnv{Name: "fn", Base: "envbase:1", FilesBytes: 1 << 30, Limits: corral.Limits{MemoryBytes: 64 << 20}}, "files_bytes"},
+	} {
+		if _, err := c.CreateFncallEnv(ctx, bad.env); !corral.IsInvalid(err) || !strings.Contains(err.Error(), bad.field) {
+			t.Errorf("save %+v through the replica: %v, want invalid %s", bad.env, err, bad.field)
+		}
+	}
+	fn, err := c.CreateFncallEnv(ctx, corral.FncallEnv{Name: "fn", Base: "envbase:1"})
+	if err != nil || fn.PoolMax != 4 || fn.PoolMin != 1 || fn.Timeout != "30s" || fn.Limits.MemoryBytes == 0 || fn.CreatedAt.IsZero() {
+		t.Fatalf("save an fncall environment through the replica: %+v, %v", fn, err)
+	}
+	if _, err := c.CreateFncallEnv(ctx, corral.FncallEnv{Name: "fn", Base: "envbase:1"}); !corral.IsConflict(err) {
+		t.Errorf("the same fncall environment again: %v, want a conflict", err)
+	}
+	if err := c.DeleteFncallEnv(ctx, "fn"); err != nil {
+		t.Fatalf("delete the fncall environment through the replica: %v", err)
+	}
+	if envs, err := st.ListFncallEnvs(ctx); err != nil || len(envs) != 0 {
+		t.Errorf("fncall environments after the delete: %+v, %v", envs, err)
+	}
 }
 
 // TestBootstrapWithGivenTokens checks that tokens placed in the data dir before the first start

@@ -690,6 +690,35 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// An fncall environment is saved and deleted by the servers; every edge starts its own
+	// pool when its configuration names it, so calls through either replica reach one, and
+	// after the delete none does.
+	if _, err := c1.CreateFncallEnv(ctx, corral.FncallEnv{Name: "bad fn", Base: "base:test"}); !corral.IsInvalid(err) {
+		t.Errorf("an fncall environment with a bad name through a replica: %v, want invalid", err)
+	}
+	if _, err := c1.CreateFncallEnv(ctx, corral.FncallEnv{Name: "fn", Base: "base:nope"}); !corral.IsInvalid(err) {
+		t.Errorf("an fncall environment of a layer not published: %v, want invalid", err)
+	}
+	fn, err := c1.CreateFncallEnv(ctx, corral.FncallEnv{Name: "fn", Base: "base:test", PoolMin: 1, PoolMax: 1})
+	if err != nil || fn.Limits.MemoryBytes == 0 {
+		t.Fatalf("save an fncall environment through a replica: %+v, %v", fn, err)
+	}
+	if _, err := c2.CreateFncallEnv(ctx, corral.FncallEnv{Name: "fn", Base: "base:test"}); !corral.IsConflict(err) {
+		t.Errorf("the same fncall environment again: %v, want a conflict", err)
+	}
+	for i := range 3 {
+		eventually(t, 90*time.Second, fmt.Sprintf("call %d of the fncall environment", i), func() bool {
+			res, err := c2.Call(ctx, "fn", corral.CallRequest{Script: "echo called"})
+			return err == nil && strings.Contains(string(res.Stdout), "called")
+		})
+	}
+	if err := c2.DeleteFncallEnv(ctx, "fn"); err != nil {
+		t.Fatalf("delete the fncall environment through a replica: %v", err)
+	}
+	if _, err := c1.Call(ctx, "fn", corral.CallRequest{Script: "true"}); !corral.IsNotFound(err) {
+		t.Errorf("a call of the deleted fncall environment: %v, want not found", err)
+	}
+
 	// Trajectories are written through the servers: a step with an ID runs once and a call
 	// again (through the other replica) replays it; the trajectory lists it with the step-less
 	// exec before it.

@@ -119,14 +119,39 @@ func (e *Edge) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corra
 
 // newPool validates env, fills its defaults and returns its (not yet started) pool.
 func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, error) {
-	if !catalog.ValidLayerName(env.Name) {
-		return nil, errdefs.Invalid("name", "fncall environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
+	timeout, queueWait, err := CheckFncallEnv(&env, e.policy.MaxTTL())
+	if err != nil {
+		return nil, err
 	}
 	proj, err := e.project(ctx, env.Project)
 	if err != nil {
 		return nil, err
 	}
 	env.Project = iam.Display(proj.Path)
+	p := &fncallPool{e: e, log: e.log.With("fncall", env.Name), warm: map[string]*warmCall{}, projectID: proj.ID,
+		timeout: timeout, queueWait: queueWait}
+	// The containers' composition and limits pass the same admission as a sandbox's.
+	adm, err := e.admit(ctx, p.containerRequest(env, env.Project), true)
+	if err != nil {
+		return nil, err
+	}
+	env.Limits = adm.rec.Limits
+	if err := CheckFncallFiles(env); err != nil {
+		return nil, err
+	}
+	env.Pool = nil
+	p.env = env
+	return p, nil
+}
+
+// CheckFncallEnv validates an fncall environment's own fields and fills their defaults: its
+// name, its pool's sizes, its queue, its files, its warm interpreter, and its call timeout
+// (within maxTTL) and queue wait, which it returns. What it names in the catalogue and its
+// containers' limits are admission's to check (CheckFncallFiles once the limits are resolved).
+func CheckFncallEnv(env *corral.FncallEnv, maxTTL time.Duration) (timeout, queueWait time.Duration, err error) {
+	if !catalog.ValidLayerName(env.Name) {
+		return 0, 0, errdefs.Invalid("name", "fncall environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
+	}
 	if env.PoolMax == 0 {
 		env.PoolMax = max(4, env.PoolMin)
 	}
@@ -135,13 +160,13 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	}
 	switch {
 	case env.PoolMax < 1 || env.PoolMax > maxPoolSize:
-		return nil, errdefs.Invalid("pool_max", "must be 1-%d, got %d", maxPoolSize, env.PoolMax)
+		return 0, 0, errdefs.Invalid("pool_max", "must be 1-%d, got %d", maxPoolSize, env.PoolMax)
 	case env.PoolMin < 0 || env.PoolMin > env.PoolMax:
-		return nil, errdefs.Invalid("pool_min", "must be 1-%d (pool_max; 0 means 1), got %d", env.PoolMax, env.PoolMin)
+		return 0, 0, errdefs.Invalid("pool_min", "must be 1-%d (pool_max; 0 means 1), got %d", env.PoolMax, env.PoolMin)
 	case env.QueueDepth < 0 || env.QueueDepth > 100_000:
-		return nil, errdefs.Invalid("queue_depth", "must be 0-100000, got %d", env.QueueDepth)
+		return 0, 0, errdefs.Invalid("queue_depth", "must be 0-100000, got %d", env.QueueDepth)
 	case env.FilesBytes < 0 || env.FilesBytes > 16<<30:
-		return nil, errdefs.Invalid("files_bytes", "must be at most 16 GiB, got %d", env.FilesBytes)
+		return 0, 0, errdefs.Invalid("files_bytes", "must be at most 16 GiB, got %d", env.FilesBytes)
 	}
 	if env.QueueDepth == 0 {
 		env.QueueDepth = 64
@@ -149,44 +174,47 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	if env.FilesBytes == 0 {
 		env.FilesBytes = 64 << 20
 	}
-	p := &fncallPool{e: e, log: e.log.With("fncall", env.Name), warm: map[string]*warmCall{}, projectID: proj.ID}
 	if env.Warm != nil {
 		if err := checkWarm(env.Warm); err != nil {
-			return nil, err
+			return 0, 0, err
 		}
 	}
 	if env.Timeout == "" {
 		env.Timeout = "30s"
 	}
-	if p.timeout, err = time.ParseDuration(env.Timeout); err != nil || p.timeout <= 0 || p.timeout > e.policy.MaxTTL() {
-		return nil, errdefs.Invalid("timeout", "%q must be a positive duration of at most %s", env.Timeout, e.policy.MaxTTL())
+	if timeout, err = time.ParseDuration(env.Timeout); err != nil || timeout <= 0 || timeout > maxTTL {
+		return 0, 0, errdefs.Invalid("timeout", "%q must be a positive duration of at most %s", env.Timeout, maxTTL)
 	}
 	if env.QueueWait == "" {
 		env.QueueWait = "10s"
 	}
-	if p.queueWait, err = time.ParseDuration(env.QueueWait); err != nil || p.queueWait < 0 || p.queueWait > 10*time.Minute {
-		return nil, errdefs.Invalid("queue_wait", "%q must be a duration of at most 10m", env.QueueWait)
+	if queueWait, err = time.ParseDuration(env.QueueWait); err != nil || queueWait < 0 || queueWait > 10*time.Minute {
+		return 0, 0, errdefs.Invalid("queue_wait", "%q must be a duration of at most 10m", env.QueueWait)
 	}
-	// The containers' composition and limits pass the same admission as a sandbox's.
-	adm, err := e.admit(ctx, p.containerRequest(env, env.Project), true)
-	if err != nil {
-		return nil, err
-	}
-	env.Limits = adm.rec.Limits
+	return timeout, queueWait, nil
+}
+
+// CheckFncallFiles checks that a call's files fit the containers' memory (env's resolved
+// limits): they live in memory.
+func CheckFncallFiles(env corral.FncallEnv) error {
 	if env.FilesBytes > env.Limits.MemoryBytes {
-		return nil, errdefs.Invalid("files_bytes", "%d is more than the containers' memory limit %d (a call's files live in memory)", env.FilesBytes, env.Limits.MemoryBytes)
+		return errdefs.Invalid("files_bytes", "%d is more than the containers' memory limit %d (a call's files live in memory)", env.FilesBytes, env.Limits.MemoryBytes)
 	}
-	env.Pool = nil
-	p.env = env
-	return p, nil
+	return nil
+}
+
+// ContainerRequest is the create request of an fncall environment's pool container, in its
+// project (a path), with the given TTL: what admission resolves.
+func ContainerRequest(env corral.FncallEnv, project string, ttl time.Duration) corral.CreateRequest {
+	return corral.CreateRequest{
+		Base: env.Base, Workspace: env.Workspace, Toolkits: env.Toolkits, Limits: env.Limits, Network: env.Network,
+		TTL: ttl.String(), Labels: map[string]string{fncallLabel: env.Name}, Project: project,
+	}
 }
 
 // containerRequest is the create request of one pool container, in project (a path).
 func (p *fncallPool) containerRequest(env corral.FncallEnv, project string) corral.CreateRequest {
-	return corral.CreateRequest{
-		Base: env.Base, Workspace: env.Workspace, Toolkits: env.Toolkits, Limits: env.Limits, Network: env.Network,
-		TTL: p.e.policy.MaxTTL().String(), Labels: map[string]string{fncallLabel: env.Name}, Project: project,
-	}
+	return ContainerRequest(env, project, p.e.policy.MaxTTL())
 }
 
 // project returns the current path of the environment's project: the one it was created in,
