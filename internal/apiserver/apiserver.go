@@ -29,7 +29,6 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
-	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/webhook"
@@ -67,9 +66,9 @@ type Server struct {
 	// local edge; SetVolumes: a cluster server's).
 	fleet   Fleet
 	volumes Volumes
-	// limits resolves what a cluster's server checks itself of the fncall environments it
-	// saves (SetLimits); corral up's edge has its own.
-	limits *limits.Policy
+	// environments keeps the environments and fncall environments (New: the local edge;
+	// SetEnvironments: a cluster server's).
+	environments Environments
 }
 
 // New returns a Server. info is served by GET /v1/info (Sandboxes and Disk are filled in per
@@ -77,7 +76,7 @@ type Server struct {
 func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info Info) *Server {
 	s := &Server{log: log, store: st, edge: e, layers: ls, info: info, volumes: noVolumes{}}
 	if e != nil {
-		s.fleet, s.volumes = localFleet{s}, edgeVolumes{e}
+		s.fleet, s.volumes, s.environments = localFleet{s}, edgeVolumes{e}, edgeEnvironments{e}
 	}
 	return s
 }
@@ -896,24 +895,9 @@ func (s *Server) onQueryProject(param, target string) resolver {
 // onFncall resolves to the project of the fncall environment in the path.
 func (s *Server) onFncall(r *http.Request) (string, string, error) {
 	name := r.PathValue("name")
-	var project string
-	if s.edge != nil {
-		env, err := s.edge.FncallEnv(name)
-		if err != nil {
-			return "", name, err
-		}
-		project = env.Project
-	} else {
-		// A cluster's server: the environment as saved (each edge has its own pool).
-		envs, err := s.store.ListFncallEnvs(r.Context())
-		if err != nil {
-			return "", name, err
-		}
-		i := slices.IndexFunc(envs, func(e store.FncallEnvRecord) bool { return e.Name == name })
-		if i < 0 {
-			return "", name, errdefs.NotFound("fncall environment %s", name)
-		}
-		project = envs[i].Project
+	project, err := s.environments.FncallProject(r.Context(), name)
+	if err != nil {
+		return "", name, err
 	}
 	p, err := iam.ParsePath("project", project)
 	return p, name, err

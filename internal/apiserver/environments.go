@@ -3,9 +3,10 @@ package apiserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 
-	"github.com/corral-dev/corral/internal/catalog"
+	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
@@ -14,9 +15,63 @@ import (
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
-// environmentRoutes adds the writes of saved environments (ServerPaths): corral up's edge makes
-// them, which starts or drains its warm pools at once; a cluster's servers write the store, and
-// every edge follows the change when a heartbeat names the new configuration.
+// Environments keeps the saved environments and the fncall environments: corral up's edge,
+// which starts, resizes and ends their pools at once (New), or a cluster's servers, which check
+// them as an edge would and write the store, every edge following the change when a heartbeat
+// names the new configuration (SetEnvironments).
+type Environments interface {
+	SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
+	// SetEnvironmentWarm changes an environment's pool size; the answer has the pool's figures
+	// where there is one pool (corral up), none in a cluster (each edge has its own).
+	SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error)
+	DeleteEnvironment(ctx context.Context, name string) error
+	// CreateFncallEnv saves an fncall environment; the answer has its pool's figures where
+	// there is one pool.
+	CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corral.FncallEnv, error)
+	DeleteFncallEnv(ctx context.Context, name string) error
+	// FncallProject returns the project (its path as the API shows it) of fncall environment
+	// name.
+	FncallProject(ctx context.Context, name string) (string, error)
+}
+
+// SetEnvironments sets who keeps the environments (a cluster server's store), before Handler or
+// ServerHandler; New sets the local edge.
+func (s *Server) SetEnvironments(e Environments) { s.environments = e }
+
+// edgeEnvironments is the edge in this process.
+type edgeEnvironments struct{ e *edge.Edge }
+
+func (v edgeEnvironments) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	return v.e.SaveEnvironment(ctx, env)
+}
+
+func (v edgeEnvironments) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
+	env, err := v.e.SetEnvironmentWarm(ctx, name, warm)
+	if err == nil {
+		v.e.WarmStats(&env)
+	}
+	return env, err
+}
+
+func (v edgeEnvironments) DeleteEnvironment(ctx context.Context, name string) error {
+	return v.e.DeleteEnvironment(ctx, name)
+}
+
+func (v edgeEnvironments) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corral.FncallEnv, error) {
+	return v.e.CreateFncallEnv(ctx, env)
+}
+
+func (v edgeEnvironments) DeleteFncallEnv(ctx context.Context, name string) error {
+	return v.e.DeleteFncallEnv(ctx, name)
+}
+
+func (v edgeEnvironments) FncallProject(_ context.Context, name string) (string, error) {
+	env, err := v.e.FncallEnv(name)
+	return env.Project, err
+}
+
+// environmentRoutes adds the writes of saved environments and fncall environments
+// (ServerPaths).
 func (s *Server) environmentRoutes(api *http.ServeMux) {
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
 	api.HandleFunc("PATCH /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
@@ -29,26 +84,27 @@ func (s *Server) environmentRoutes(api *http.ServeMux) {
 			s.fail(w, r, errdefs.Invalid("warm", "nothing to change: the body names no field (warm)"))
 			return
 		}
-		env, err := s.setEnvironmentWarm(r.Context(), r.PathValue("name"), *patch.Warm)
+		env, err := s.environments.SetEnvironmentWarm(r.Context(), r.PathValue("name"), *patch.Warm)
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		httpjson.Write(w, http.StatusOK, env)
 	}))
-	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
-		var err error
-		if s.edge != nil {
-			err = s.edge.DeleteEnvironment(r.Context(), r.PathValue("name"))
-		} else {
-			err = s.store.DeleteEnvironment(r.Context(), r.PathValue("name"))
-		}
-		if err != nil {
+	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), s.deleted(s.environments.DeleteEnvironment)))
+	api.HandleFunc("POST /v1/fncall", s.createFncallEnv)
+	api.HandleFunc("DELETE /v1/fncall/{name}", s.guard(iam.SandboxAdmin, "fncall.delete", s.onFncall, s.deleted(s.environments.DeleteFncallEnv)))
+}
+
+// deleted serves a delete of the object the path names, by del: 204, or the error.
+func (s *Server) deleted(del func(ctx context.Context, name string) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := del(r.Context(), r.PathValue("name")); err != nil {
 			s.fail(w, r, err)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
-	}))
+	}
 }
 
 // saveEnvironment serves POST /v1/environments.
@@ -69,7 +125,7 @@ func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		env.Project = project
-		env, err = s.putEnvironment(r.Context(), env)
+		env, err = s.environments.SaveEnvironment(r.Context(), env)
 	}
 	s.audit(r, "environment.save", project, env.Name, err, "")
 	if err != nil {
@@ -79,55 +135,44 @@ func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, env)
 }
 
-// putEnvironment validates and saves env: through corral up's edge, or, on a cluster's server,
-// checked by the catalogue (catalog.Resolver.CheckEnvironment) and written to the store.
-func (s *Server) putEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
-	if s.edge != nil {
-		return s.edge.SaveEnvironment(ctx, env)
+// createFncallEnv serves POST /v1/fncall.
+func (s *Server) createFncallEnv(w http.ResponseWriter, r *http.Request) {
+	var env corral.FncallEnv
+	if err := httpjson.Decode(r, &env); err != nil {
+		s.fail(w, r, err)
+		return
 	}
-	r := &catalog.Resolver{Store: s.store, Log: s.log}
-	if err := r.CheckEnvironment(ctx, &env, func(p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
-		return s.compileNetwork(ctx, p)
-	}); err != nil {
-		return corral.Environment{}, err
+	c := who(r)
+	project, err := c.project("project", env.Project)
+	if err == nil {
+		err = c.require(iam.SandboxCreate, project)
 	}
-	return s.store.PutEnvironment(ctx, env)
+	var out corral.FncallEnv
+	if err == nil {
+		env.Project = project
+		out, err = s.environments.CreateFncallEnv(r.Context(), env)
+	}
+	s.audit(r, "fncall.create", project, env.Name, err, "")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	httpjson.Write(w, http.StatusCreated, out)
 }
 
-// setEnvironmentWarm changes an environment's pool size; corral up's answer has its pool's
-// figures, a cluster's none (each edge has its own pool).
-func (s *Server) setEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
-	if s.edge != nil {
-		env, err := s.edge.SetEnvironmentWarm(ctx, name, warm)
-		if err == nil {
-			s.edge.WarmStats(&env)
-		}
-		return env, err
+// SavedCatalog returns the service catalogue saved through the API (nil: none saved), which a
+// cluster's edges follow.
+func SavedCatalog(ctx context.Context, st *store.Store) (*netpolicy.Catalog, error) {
+	raw, err := st.GetSetting(ctx, store.CatalogSetting)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, nil
 	}
-	if err := catalog.CheckWarm(warm); err != nil {
-		return corral.Environment{}, err
-	}
-	return s.store.SetEnvironmentWarm(ctx, name, warm)
-}
-
-// compileNetwork checks a network policy a cluster's server records (an environment's) against
-// the service catalogue saved through the API, as an edge compiles it (the node's own blocked
-// addresses are checked again where a sandbox is made).
-func (s *Server) compileNetwork(ctx context.Context, p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
-	var cat *netpolicy.Catalog
-	raw, err := s.store.GetSetting(ctx, store.CatalogSetting)
-	switch {
-	case err == nil:
-		if cat, err = netpolicy.ParseCatalog(raw); err != nil {
-			return nil, err
-		}
-	case !errors.Is(err, errdefs.ErrNotFound):
-		return nil, err
-	}
-	c, err := netpolicy.Compile(netpolicy.Policy(*p), cat, netpolicy.Env{})
 	if err != nil {
 		return nil, err
 	}
-	out := corral.NetworkPolicy(c.Source)
-	return &out, nil
+	cat, err := netpolicy.ParseCatalog(raw)
+	if err != nil {
+		return nil, fmt.Errorf("the service catalog saved through the API: %w", err)
+	}
+	return cat, nil
 }

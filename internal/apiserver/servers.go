@@ -1,8 +1,6 @@
 package apiserver
 
 import (
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 
@@ -52,7 +50,6 @@ func (s *Server) serverRoutes(api *http.ServeMux) {
 	s.volumeRoutes(api)
 	api.HandleFunc("GET /v1/environments", s.listEnvironments)
 	s.environmentRoutes(api)
-	s.fncallRoutes(api)
 	api.HandleFunc("GET /v1/network/services", s.networkServices)
 	api.HandleFunc("PUT /v1/network/services", s.guard(iam.Operator, "network.catalog", operator, s.setNetworkServices))
 	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.tag", s.onLayerName, s.tagLayer))
@@ -73,21 +70,15 @@ func (s *Server) networkServices(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, http.StatusOK, s.edge.NetworkServices())
 		return
 	}
-	raw, err := s.store.GetSetting(r.Context(), store.CatalogSetting)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		httpjson.Write(w, http.StatusOK, []corral.NetworkService{})
-		return
-	}
-	if err != nil {
+	cat, err := SavedCatalog(r.Context(), s.store)
+	switch {
+	case err != nil:
 		s.fail(w, r, err)
-		return
+	case cat == nil:
+		httpjson.Write(w, http.StatusOK, []corral.NetworkService{})
+	default:
+		httpjson.Write(w, http.StatusOK, edge.APIServices(cat.Services()))
 	}
-	cat, err := netpolicy.ParseCatalog(raw)
-	if err != nil {
-		s.fail(w, r, fmt.Errorf("the service catalog saved through the API: %w", err))
-		return
-	}
-	httpjson.Write(w, http.StatusOK, edge.APIServices(cat.Services()))
 }
 
 // setNetworkServices serves PUT /v1/network/services: the catalog replaced, corral up's edge's

@@ -84,9 +84,7 @@ func nodeCall[Req, Resp any](s *Server, limit int64, do func(ctx context.Context
 		}
 		out, err := do(r.Context(), node, &req)
 		switch {
-		case errors.Is(err, errdefs.ErrInvalid) && r.URL.Path == nodeproto.PathResolve:
-			// A create the catalogue refuses (a layer not published, say): the client's
-			// mistake, answered to it, not the edge's.
+		case errors.As(err, new(clientRefusal)):
 			httpjson.Error(w, r, s.log, err)
 		case errors.Is(err, errdefs.ErrDenied) || errors.Is(err, errdefs.ErrInvalid):
 			s.log.Warn("node channel call refused", "node", node, "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
@@ -100,6 +98,13 @@ func nodeCall[Req, Resp any](s *Server, limit int64, do func(ctx context.Context
 		}
 	}
 }
+
+// clientRefusal marks a refusal of what an edge relays from its client (a create naming a layer
+// not published, say): the client's mistake, answered as it is, and not logged as a refused
+// call of the edge's.
+type clientRefusal struct{ error }
+
+func (e clientRefusal) Unwrap() error { return e.error }
 
 // ownSandbox fails unless id is a sandbox of node: nothing an edge sends speaks for another.
 func ownSandbox(node, field, id string) error {
@@ -216,19 +221,7 @@ func (s *Server) nodeConfig(ctx context.Context, _ string, req *nodeproto.Config
 // nodeArtifactLimits answers the limits on the artifacts of an fncall environment's project;
 // another project's are refused (an edge keeps artifacts for fncall calls only).
 func (s *Server) nodeArtifactLimits(ctx context.Context, _ string, req *nodeproto.ArtifactLimitsRequest) (*nodeproto.ArtifactLimitsResponse, error) {
-	fncallProject := func(fresh bool) (bool, error) {
-		cfg, err := s.nodeConfigNow(ctx, fresh)
-		if err != nil {
-			return false, err
-		}
-		return slices.ContainsFunc(cfg.FncallEnvs, func(e store.FncallEnvRecord) bool { return e.ProjectID == req.Project }), nil
-	}
-	ok, err := fncallProject(false)
-	if err == nil && !ok && s.configAge() > configFresh/4 {
-		// An fncall environment made within the last second; read again at most 4 times a
-		// second, whatever an edge asks.
-		ok, err = fncallProject(true)
-	}
+	ok, err := s.fncallProject(ctx, req.Project)
 	switch {
 	case err != nil:
 		return nil, err
@@ -508,16 +501,14 @@ func (s *Server) admissible(ctx context.Context, node string, req *nodeproto.Adm
 				return fmt.Errorf("sandboxes[%d]: a %s sandbox is admitted for the caller of the request that makes it, and the edge sent none: %w", i, sb.Tier, errdefs.ErrDenied)
 			}
 		}
-		envs, err := s.store.ListFncallEnvs(ctx)
-		if err != nil {
+		ok, err := s.fncallProject(ctx, project)
+		switch {
+		case err != nil:
 			return err
+		case !ok:
+			return fmt.Errorf("fncall containers of project %s, which has no fncall environment: %w", project, errdefs.ErrDenied)
 		}
-		for _, env := range envs {
-			if env.ProjectID == project {
-				return nil
-			}
-		}
-		return fmt.Errorf("fncall containers of project %s, which has no fncall environment: %w", project, errdefs.ErrDenied)
+		return nil
 	}
 	c, err := s.sealer.Open(req.Voucher, node, time.Now())
 	if err != nil {
@@ -740,7 +731,11 @@ func (s *Server) nodeResolve(ctx context.Context, node string, req *nodeproto.Re
 	if err := s.resolvable(ctx, node, req); err != nil {
 		return nil, err
 	}
-	return s.resolver.Resolve(ctx, req.Request, req.Calls)
+	res, err := s.resolver.Resolve(ctx, req.Request, req.Calls)
+	if errors.Is(err, errdefs.ErrInvalid) {
+		return nil, clientRefusal{err}
+	}
+	return res, err
 }
 
 // resolvable checks that the caller's node may have req resolved: for a caller the servers
@@ -765,25 +760,42 @@ func (s *Server) resolvable(ctx context.Context, node string, req *nodeproto.Res
 		p, err := iam.ParsePath("project", project)
 		return err == nil && p == at
 	}
-	started := func(cfg *nodeproto.ConfigResponse) bool {
+	started, err := s.configHolds(ctx, func(cfg *nodeproto.ConfigResponse) bool {
 		if req.Calls {
 			return slices.ContainsFunc(cfg.FncallEnvs, func(e store.FncallEnvRecord) bool { return inProject(e.Project) })
 		}
 		return req.Request.Environment != "" && slices.ContainsFunc(cfg.WarmEnvironments, func(e corral.Environment) bool {
 			return e.Name == req.Request.Environment && inProject(e.Project)
 		})
-	}
-	cfg, err := s.nodeConfigNow(ctx, false)
-	if err == nil && !started(cfg) && s.configAge() > configFresh/4 {
-		// An environment saved within the last second; read again at most 4 times a second,
-		// whatever an edge asks.
-		cfg, err = s.nodeConfigNow(ctx, true)
-	}
+	})
 	switch {
 	case err != nil:
 		return err
-	case !started(cfg):
+	case !started:
 		return fmt.Errorf("a create in project %s is resolved for the caller of the request that makes it, and the edge sent none (it is neither an fncall environment's container nor a warm environment's): %w", iam.Display(at), errdefs.ErrDenied)
 	}
 	return nil
+}
+
+// configHolds reports whether the configuration the edges follow satisfies holds: the copy this
+// replica has, or, when that does not and it is older than a quarter of configFresh, a fresh
+// read (an environment saved within the last second; at most 4 reads a second, whatever the
+// edges ask).
+func (s *Server) configHolds(ctx context.Context, holds func(*nodeproto.ConfigResponse) bool) (bool, error) {
+	cfg, err := s.nodeConfigNow(ctx, false)
+	if err == nil && !holds(cfg) && s.configAge() > configFresh/4 {
+		cfg, err = s.nodeConfigNow(ctx, true)
+	}
+	if err != nil {
+		return false, err
+	}
+	return holds(cfg), nil
+}
+
+// fncallProject reports whether an fncall environment is in the project with this ID (the
+// edges start containers and keep artifacts for those only).
+func (s *Server) fncallProject(ctx context.Context, project string) (bool, error) {
+	return s.configHolds(ctx, func(cfg *nodeproto.ConfigResponse) bool {
+		return slices.ContainsFunc(cfg.FncallEnvs, func(e store.FncallEnvRecord) bool { return e.ProjectID == project })
+	})
 }

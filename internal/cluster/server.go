@@ -337,7 +337,7 @@ func newServer(cfg Config, log *slog.Logger, st *store.Store, placer *placement.
 	}
 	s.api.SetFleet(fleet{s})
 	s.api.SetVolumes(volumes{s})
-	s.api.SetLimits(clusterLimits)
+	s.api.SetEnvironments(environments{s})
 	return s
 }
 

@@ -220,6 +220,7 @@ func TestServerWithoutEdges(t *testing.T) {
 		{corral.Environment{Name: "web", Base: "envbase:1", Tier: "vm"}, "tier"},
 		{corral.Environment{Name: "web", Base: "envbase:1", Warm: 100000}, "warm"},
 		{corral.Environment{Name: "web", Base: "envbase:1", Network: &corral.NetworkPolicy{Mode: "sideways"}}, "network.mode"},
+		{corral.Environment{Name: "web", Base: "envbase:1", Network: &corral.NetworkPolicy{Allow: []string{"nosuchservice"}}}, "nosuchservice"},
 	} {
 		if _, err := c.SaveEnvironment(ctx, bad.env); !corral.IsInvalid(err) || !strings.Contains(err.Error(), bad.field) {
 			t.Errorf("save %+v through the replica: %v, want invalid %s", bad.env, err, bad.field)

@@ -1,0 +1,110 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/catalog"
+	"github.com/corral-dev/corral/internal/edge"
+	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/store"
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// environments keeps a cluster's environments and fncall environments on its servers
+// (apiserver.Environments): each is checked as an edge checks it, its layers by the catalogue,
+// an fncall environment's containers' limits by the servers' limits policy (clusterLimits), a
+// network policy against the saved service catalogue, and written to the store. Every edge
+// starts, resizes or ends its own pools when a heartbeat names the new configuration, so the
+// answers carry no pool figures.
+type environments struct{ s *Server }
+
+var _ apiserver.Environments = environments{}
+
+func (v environments) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	if err := v.s.resolver.CheckEnvironment(ctx, &env, func(p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
+		return v.network(ctx, p)
+	}); err != nil {
+		return corral.Environment{}, err
+	}
+	return v.s.store.PutEnvironment(ctx, env)
+}
+
+func (v environments) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
+	if err := catalog.CheckWarm(warm); err != nil {
+		return corral.Environment{}, err
+	}
+	return v.s.store.SetEnvironmentWarm(ctx, name, warm)
+}
+
+func (v environments) DeleteEnvironment(ctx context.Context, name string) error {
+	return v.s.store.DeleteEnvironment(ctx, name)
+}
+
+func (v environments) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corral.FncallEnv, error) {
+	if _, _, err := edge.CheckFncallEnv(&env, clusterLimits.MaxTTL()); err != nil {
+		return corral.FncallEnv{}, err
+	}
+	res, err := v.s.resolver.Resolve(ctx, edge.ContainerRequest(env, env.Project, clusterLimits.MaxTTL()), true)
+	if err != nil {
+		return corral.FncallEnv{}, err
+	}
+	lim, err := clusterLimits.Resolve(catalog.TierFncall, limits.Limits(env.Limits))
+	if err != nil {
+		return corral.FncallEnv{}, err
+	}
+	env.Limits = corral.Limits(lim)
+	if err := edge.CheckFncallFiles(env); err != nil {
+		return corral.FncallEnv{}, err
+	}
+	if env.Network != nil {
+		if _, err := v.network(ctx, env.Network); err != nil {
+			return corral.FncallEnv{}, err
+		}
+	}
+	env.Project = iam.Display(res.ProjectPath)
+	env.CreatedAt = time.Now().UTC()
+	env.Pool = nil
+	if err := v.s.store.PutFncallEnv(ctx, env); err != nil {
+		return corral.FncallEnv{}, err
+	}
+	v.s.log.Info("fncall environment created", "fncall", env.Name, "base", env.Base, "pool_min", env.PoolMin, "pool_max", env.PoolMax)
+	return env, nil
+}
+
+func (v environments) DeleteFncallEnv(ctx context.Context, name string) error {
+	return v.s.store.DeleteFncallEnv(ctx, name)
+}
+
+func (v environments) FncallProject(ctx context.Context, name string) (string, error) {
+	envs, err := v.s.store.ListFncallEnvs(ctx)
+	if err != nil {
+		return "", err
+	}
+	i := slices.IndexFunc(envs, func(e store.FncallEnvRecord) bool { return e.Name == name })
+	if i < 0 {
+		return "", errdefs.NotFound("fncall environment %s", name)
+	}
+	return envs[i].Project, nil
+}
+
+// network compiles a network policy the servers record against the saved service catalogue, as
+// an edge compiles it (the node's own blocked addresses are checked again where a sandbox is
+// made), and returns it as recorded.
+func (v environments) network(ctx context.Context, p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
+	cat, err := apiserver.SavedCatalog(ctx, v.s.store)
+	if err != nil {
+		return nil, err
+	}
+	c, err := netpolicy.Compile(netpolicy.Policy(*p), cat, netpolicy.Env{})
+	if err != nil {
+		return nil, err
+	}
+	out := corral.NetworkPolicy(c.Source)
+	return &out, nil
+}
