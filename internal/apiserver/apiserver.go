@@ -563,7 +563,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, r, errdefs.Invalid("image_config", "%v", err))
 			return
 		}
-		if err := edge.ValidateImageConfig(imageConfig); err != nil {
+		if err := catalog.ValidateImageConfig(imageConfig); err != nil {
 			s.fail(w, r, err)
 			return
 		}
@@ -679,20 +679,7 @@ func (s *Server) checkPublicBelow(ctx context.Context, public bool, below []stri
 	if !public {
 		return nil
 	}
-	for i, ref := range below {
-		name, version, err := catalog.ParseLayerRef("below", ref)
-		if err != nil {
-			return err
-		}
-		part, err := s.store.GetLayer(ctx, name, version)
-		if err != nil {
-			return err
-		}
-		if !part.Public {
-			return errdefs.Invalid(fmt.Sprintf("below[%d]", i), "layer %s is not public: publish the parts first (corral layer publish %s)", ref, ref)
-		}
-	}
-	return nil
+	return (&catalog.Resolver{Store: s.store}).CheckPublicParts(ctx, "below", below)
 }
 
 func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
@@ -776,7 +763,7 @@ func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 		err = s.checkPublicBelow(r.Context(), true, l.Below)
 	}
 	if err == nil && body.FillRate != nil {
-		l, err = s.store.SetLayerFillRate(r.Context(), name, version, *body.FillRate)
+		l, err = s.edge.SetLayerFillRate(r.Context(), name, version, *body.FillRate)
 	}
 	if err == nil && body.Public != nil {
 		l, err = s.edge.SetLayerPublic(r.Context(), name, version, *body.Public)

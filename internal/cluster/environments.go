@@ -27,10 +27,19 @@ type environments struct{ s *Server }
 var _ apiserver.Environments = environments{}
 
 func (v environments) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+	return v.save(ctx, env, false)
+}
+
+// save checks env and saves it; replace: a build's, which replaces the composition of an
+// environment of the same project (nodeEnvironment).
+func (v environments) save(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
 	if err := v.s.resolver.CheckEnvironment(ctx, &env, func(p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
 		return v.network(ctx, p)
 	}); err != nil {
 		return corral.Environment{}, err
+	}
+	if replace {
+		return v.s.store.ReplaceEnvironment(ctx, env)
 	}
 	return v.s.store.PutEnvironment(ctx, env)
 }

@@ -61,6 +61,10 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathIdempotency, nodeCall(s, maxNodeBody, s.nodeIdempotency))
 	mux.HandleFunc("POST "+nodeproto.PathReleaseKey, nodeCall(s, maxNodeBody, s.nodeReleaseKey))
 	mux.HandleFunc("POST "+nodeproto.PathResolve, nodeCall(s, maxNodeBody, s.nodeResolve))
+	mux.HandleFunc("POST "+nodeproto.PathPublishLayer, nodeCall(s, maxNodeBody, s.nodePublishLayer))
+	mux.HandleFunc("POST "+nodeproto.PathSetLayer, nodeCall(s, maxNodeBody, s.nodeSetLayer))
+	mux.HandleFunc("POST "+nodeproto.PathDeleteLayer, nodeCall(s, maxNodeBody, s.nodeDeleteLayer))
+	mux.HandleFunc("POST "+nodeproto.PathEnvironment, nodeCall(s, maxNodeBody, s.nodeEnvironment))
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))

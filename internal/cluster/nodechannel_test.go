@@ -381,12 +381,7 @@ func TestNodeStart(t *testing.T) {
 	// caller the servers sealed for it that may create there; the store's refusals come back
 	// typed.
 	vouched := func(node string, held iam.Perm, sealer *nodeproto.Sealer) context.Context {
-		h := http.Header{}
-		c := &nodeproto.Caller{TokenID: "t1", Principal: "root", Perms: held, Held: map[string]iam.Perm{"": held}, CreatedAt: time.Now()}
-		if err := nodeproto.SetSealedCaller(h, c, node, sealer); err != nil {
-			t.Fatal(err)
-		}
-		return nodeproto.WithVoucher(ctx, nodeproto.VoucherOf(h))
+		return sealedFor(t, ctx, node, map[string]iam.Perm{"": held}, sealer)
 	}
 	foreign, err := nodeproto.NewSealer([]byte(strings.Repeat("k", 32)))
 	if err != nil {

@@ -634,6 +634,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureResolve) {
 		ecfg.Catalog = cfg.Cluster.Servers.Catalog() // the servers resolve creates
 	}
+	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeaturePublish) {
+		ecfg.Publisher = cfg.Cluster.Servers.Publisher() // and record the layers it makes
+	}
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureVolumes) {
 		ecfg.VolumeCatalog = cfg.Cluster.Servers.Volumes(node.Epoch)
 	}

@@ -769,6 +769,56 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
+	// The layers an edge makes are published through the servers (the edges' role only reads
+	// the catalogue): a snapshot taken on one node through one replica is created from on
+	// others, its settings changed and the version deleted through the other replica.
+	var snapSrc string
+	for _, ids := range byNode {
+		if len(ids) > 0 {
+			snapSrc = ids[0]
+			break
+		}
+	}
+	if out, _, exit, err := c1.Run(ctx, snapSrc, corral.ExecRequest{Argv: []string{"sh", "-c", "mkdir -p /work && echo kept > /work/mark"}}); err != nil || exit.Code != 0 {
+		t.Fatalf("write in %s: %v, %+v, %s", snapSrc, err, exit, out)
+	}
+	snap, err := c2.Snapshot(ctx, snapSrc, corral.SnapshotRequest{Name: "csnap", Version: "1"})
+	if err != nil || snap.Kind != corral.KindSnapshot || snap.Project != "/" {
+		t.Fatalf("snapshot %s through a replica: %+v, %v", snapSrc, snap, err)
+	}
+	if _, err := c1.Snapshot(ctx, snapSrc, corral.SnapshotRequest{Name: "csnap", Version: "1"}); !corral.IsConflict(err) {
+		t.Errorf("the same snapshot version again: %v, want a conflict", err)
+	}
+	fromNodes := map[string]bool{}
+	for i := range 4 {
+		sb, err := clients[i%2].CreateSandbox(ctx, corral.CreateRequest{FromSnapshot: "csnap:1", Limits: small})
+		if err != nil {
+			t.Fatalf("create from a snapshot published through the servers: %v", err)
+		}
+		fromNodes[sb.Node] = true
+		out, _, exit, err := c2.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"cat", "/work/mark"}})
+		if err != nil || exit.Code != 0 || string(out) != "kept\n" {
+			t.Errorf("the snapshot's file on %s: %q, %+v, %v", sb.Node, out, exit, err)
+		}
+		if _, err := c1.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		waitEnded(t, c1, sb.ID)
+	}
+	if l, err := c1.SetLayerFillRate(ctx, "csnap", "1", 1<<20); err != nil || l.FillRate != 1<<20 {
+		t.Errorf("set a snapshot's fill rate through a replica: %+v, %v", l, err)
+	}
+	if l, err := c2.SetLayerPublic(ctx, "csnap", "1", true); err != nil || !l.Public {
+		t.Errorf("make a snapshot public through a replica: %+v, %v", l, err)
+	}
+	if _, err := c1.DeleteLayer(ctx, "csnap", "1"); err != nil {
+		t.Errorf("delete a snapshot through a replica: %v", err)
+	}
+	if _, err := c2.Layer(ctx, "csnap", "1"); !corral.IsNotFound(err) {
+		t.Errorf("the deleted snapshot: %v, want not found", err)
+	}
+	t.Logf("created from the snapshot on %d nodes", len(fromNodes))
+
 	// Node selectors, and a project's node groups (set by an operator, through the CLI).
 	if sb := create(c1, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {
 		t.Fatalf("node_selector gpu=fake placed on %s", sb.Node)

@@ -228,7 +228,7 @@ func (e *Edge) BuildTarIn(ctx context.Context, id, dir, user string, r io.Reader
 	if err != nil {
 		return err
 	}
-	if user != "" && !userRE.MatchString(user) {
+	if user != "" && !catalog.ValidUser(user) {
 		return errdefs.Invalid("user", "%q is not a user name or uid[:gid]", user)
 	}
 	if err := checkPath("path", dir); err != nil {
@@ -330,7 +330,7 @@ func (e *Edge) EnvironmentOwner(ctx context.Context, name string) (string, bool,
 
 // ValidateImageConfig is the package function, for builds.
 func (e *Edge) ValidateImageConfig(c *build.ImageConfig) error {
-	return ValidateImageConfig(apiImageConfig(c))
+	return catalog.ValidateImageConfig(apiImageConfig(c))
 }
 
 // buildExit is how a build step's command ended (nil stays nil).

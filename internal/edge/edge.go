@@ -180,6 +180,10 @@ type Config struct {
 	Records    Records
 	// Catalog resolves what a create names in the catalogue; nil: the store (catalog.Resolver).
 	Catalog Catalog
+	// Publisher records the layer versions the edge makes and the environments builds save;
+	// nil: the store. Set (a cluster's servers), the node adopts nothing from the shared
+	// catalogue: the servers keep the one catalogue, which only a caller may add to.
+	Publisher Publisher
 	// VolumeCatalog reads and records the versions of its sandboxes' volumes in a cluster
 	// (volblob.go), and LayerUse says which layer blobs are in use (gc.go); nil: the store.
 	VolumeCatalog VolumeCatalog
@@ -263,10 +267,12 @@ type Edge struct {
 	// store, for what still reads the catalogue on the node (builds, snapshots, environments).
 	resolver Catalog
 	local    *catalog.Resolver
-	traj     Trajectory
-	records  Records
-	volCat   VolumeCatalog
-	layerUse LayerUse
+	// publisher records layer versions and builds' environments (cfg.Publisher, or the store).
+	publisher Publisher
+	traj      Trajectory
+	records   Records
+	volCat    VolumeCatalog
+	layerUse  LayerUse
 	// own is the copy of the node's records of sandboxes that have not ended (records.go), which
 	// records writes through to.
 	own *ownRecords
@@ -441,8 +447,11 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if e.admissions = cfg.Admissions; e.admissions == nil {
 		e.admissions = st
 	}
+	if e.publisher = cfg.Publisher; e.publisher == nil {
+		e.publisher = st
+	}
 	e.local = &catalog.Resolver{Store: st, Log: log}
-	if cfg.Shared != nil {
+	if e.adopts() {
 		e.local.Adopt = e.SyncShared
 	}
 	if !e.clustered() {
@@ -1200,7 +1209,7 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 			return nil, err
 		}
 	}
-	res, err := e.resolve(ctx, req, calls)
+	res, err := e.resolver.Resolve(ctx, req, calls)
 	if err != nil {
 		return nil, err
 	}
@@ -1256,42 +1265,6 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 	return &admission{rec: rec, net: netc, fill: res.Fill, template: res.Template, services: res.Services}, nil
 }
 
-// resolve resolves req with e.resolver. When the servers resolve it and refuse a layer it names,
-// the layer may be one another installation sharing the blob store published: the node adopts
-// the versions of the names the request gives from the shared catalogue (SyncShared), as the
-// local resolver does on a miss, and asks again if it adopted any.
-func (e *Edge) resolve(ctx context.Context, req corral.CreateRequest, calls bool) (*catalog.Resolution, error) {
-	res, err := e.resolver.Resolve(ctx, req, calls)
-	if err == nil || e.resolver == Catalog(e.local) || e.cfg.Shared == nil || !namesLayer(errdefs.Field(err)) {
-		return res, err
-	}
-	adopted := 0
-	for _, ref := range append([]string{req.Base, req.Workspace, req.FromSnapshot, req.Image}, req.Toolkits...) {
-		name, _, perr := catalog.ParseLayerRef("", ref)
-		if perr != nil {
-			continue
-		}
-		n, serr := e.SyncShared(ctx, name)
-		if serr != nil {
-			e.log.Warn("look up a layer in the shared catalogue", "layer", ref, "err", serr)
-		}
-		adopted += n
-	}
-	if adopted == 0 {
-		return nil, err
-	}
-	return e.resolver.Resolve(ctx, req, calls)
-}
-
-// namesLayer reports whether a create's field names a layer.
-func namesLayer(field string) bool {
-	switch field {
-	case "base", "workspace", "from_snapshot", "image":
-		return true
-	}
-	return strings.HasPrefix(field, "toolkits[")
-}
-
 // lifetimes are a create's ttl, idle_ttl and auto_pause_after (0: none), resolved by the limits
 // policy, and whether a pause keeps the TTL running.
 type lifetimes struct {
@@ -1336,49 +1309,17 @@ func mergeEnv(base, over []string) []string {
 	return out
 }
 
-// ValidateImageConfig checks an imported image's configuration before it is stored.
-func ValidateImageConfig(c *corral.ImageConfig) error {
-	if err := catalog.ValidateEnv("image_config.env", c.Env); err != nil {
-		return err
-	}
-	if c.WorkingDir != "" && !strings.HasPrefix(c.WorkingDir, "/") {
-		return errdefs.Invalid("image_config.working_dir", "%q is not an absolute path", c.WorkingDir)
-	}
-	if c.User != "" && !userRE.MatchString(c.User) {
-		return errdefs.Invalid("image_config.user", "%q is not a user name or uid[:gid]", c.User)
-	}
-	return validateServices(c.Services)
-}
-
 // resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, if project at
 // (canonical) sees it, checking its kind (catalog.Resolver.Layer, on the node's own store).
 func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind, at string) (corral.Layer, error) {
 	return e.local.Layer(ctx, field, ref, kind, at)
 }
 
-// maxBelow bounds how many parts a layer may stack on.
-const maxBelow = 64
-
 // CheckBelow validates the versions a new layer of kind, published in project at (canonical),
-// stacks on (an image imported in parts): each is published, usable in that project, of the same
-// kind, and stacks on nothing itself. It returns them as NAME:VERSION, tags resolved.
+// stacks on (catalog.Resolver.CheckBelow, on the node's own store) and returns them as
+// NAME:VERSION, tags resolved.
 func (e *Edge) CheckBelow(ctx context.Context, kind, at string, below []string) ([]string, error) {
-	if len(below) > maxBelow {
-		return nil, errdefs.Invalid("below", "at most %d layers, got %d", maxBelow, len(below))
-	}
-	var out []string
-	for i, ref := range below {
-		field := fmt.Sprintf("below[%d]", i)
-		l, err := e.resolveLayer(ctx, field, ref, kind, at)
-		if err != nil {
-			return nil, err
-		}
-		if len(l.Below) > 0 {
-			return nil, errdefs.Invalid(field, "layer %s stacks on other layers itself; name its parts instead", ref)
-		}
-		out = append(out, l.Name+":"+l.Version)
-	}
-	return out, nil
+	return e.local.CheckBelow(ctx, kind, at, below)
 }
 
 // SaveEnvironment validates and saves a named composition of layers.
@@ -1401,7 +1342,7 @@ func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, repl
 	var saved corral.Environment
 	var err error
 	if replace {
-		saved, err = e.store.ReplaceEnvironment(ctx, env)
+		saved, err = e.publisher.ReplaceEnvironment(ctx, env)
 	} else {
 		saved, err = e.store.PutEnvironment(ctx, env)
 	}

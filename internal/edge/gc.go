@@ -31,7 +31,7 @@ func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.La
 	}
 	e.layersMu.Lock()
 	defer e.layersMu.Unlock()
-	l, err := e.store.DeleteLayer(ctx, name, version)
+	l, err := e.publisher.DeleteLayer(ctx, name, version)
 	if err != nil {
 		return corral.Layer{}, err
 	}

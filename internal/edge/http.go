@@ -85,7 +85,6 @@ func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 }
 
 var (
-	userRE      = lazyregexp.New(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})?)$`)
 	commandIDRE = lazyregexp.New(`^[A-Za-z0-9_-]{1,64}$`)
 )
 
@@ -131,7 +130,7 @@ func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecR
 			return out, err
 		}
 	}
-	if req.User != "" && !userRE.MatchString(req.User) {
+	if req.User != "" && !catalog.ValidUser(req.User) {
 		return out, errdefs.Invalid("user", "%q is not a user name or uid[:gid]", req.User)
 	}
 	if req.Timeout != "" {
@@ -705,7 +704,7 @@ func writeOptions(r *http.Request, defMode fs.FileMode) (agentrpc.WriteOptions, 
 			opts.Mode |= fs.ModeSticky
 		}
 	}
-	if opts.User != "" && !userRE.MatchString(opts.User) {
+	if opts.User != "" && !catalog.ValidUser(opts.User) {
 		return opts, errdefs.Invalid("user", "%q is not a user name or uid[:gid]", opts.User)
 	}
 	for _, b := range []struct {
@@ -815,7 +814,7 @@ func (h *dataPlane) mkdir(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, errdefs.Invalid("mode", "%v is not a directory permission", req.Mode))
 		return
 	}
-	if req.User != "" && !userRE.MatchString(req.User) {
+	if req.User != "" && !catalog.ValidUser(req.User) {
 		h.fail(w, r, errdefs.Invalid("user", "%q is not a user name or uid[:gid]", req.User))
 		return
 	}

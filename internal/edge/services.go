@@ -2,20 +2,14 @@ package edge
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
-	"github.com/corral-dev/corral/internal/catalog"
-	"github.com/corral-dev/corral/internal/errdefs"
-	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -38,53 +32,7 @@ const (
 	// readyRetry is the pause between two tries of a readiness check (a check may hold each
 	// request until ready, as the code interpreter's /ready?wait= does).
 	readyRetry = 50 * time.Millisecond
-	// maxReadyPath bounds a readiness check's path.
-	maxReadyPath = 1024
 )
-
-// maxServices bounds the services one layer declares.
-const maxServices = 8
-
-var serviceNameRE = lazyregexp.New(`^[a-z0-9][a-z0-9-]{0,62}$`)
-
-// validateServices checks the services of an imported layer's configuration.
-func validateServices(svcs []corral.Service) error {
-	if len(svcs) > maxServices {
-		return errdefs.Invalid("image_config.services", "at most %d services, got %d", maxServices, len(svcs))
-	}
-	for i, s := range svcs {
-		field := fmt.Sprintf("image_config.services[%d]", i)
-		if !serviceNameRE.MatchString(s.Name) {
-			return errdefs.Invalid(field+".name", "%q: want lower-case letters, digits and dashes", s.Name)
-		}
-		if len(s.Command) == 0 || len(s.Command) > 64 {
-			return errdefs.Invalid(field+".command", "want 1 to 64 arguments, got %d", len(s.Command))
-		}
-		for _, a := range s.Command {
-			if len(a) > 4096 {
-				return errdefs.Invalid(field+".command", "an argument is longer than 4096 bytes")
-			}
-		}
-		if err := catalog.ValidateEnv(field+".env", s.Env); err != nil {
-			return err
-		}
-		if s.Port < 0 || s.Port > 65535 {
-			return errdefs.Invalid(field+".port", "%d: want 1-65535 (or 0: none)", s.Port)
-		}
-		if s.Ready != "" {
-			if s.Port == 0 {
-				return errdefs.Invalid(field+".ready", "a readiness check is a path on the service's port: set port too")
-			}
-			if !strings.HasPrefix(s.Ready, "/") || len(s.Ready) > maxReadyPath || strings.ContainsFunc(s.Ready, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-				return errdefs.Invalid(field+".ready", "%q: want an HTTP path such as /ready, at most %d bytes, without spaces", s.Ready, maxReadyPath)
-			}
-			if _, err := url.ParseRequestURI(s.Ready); err != nil {
-				return errdefs.Invalid(field+".ready", "%q: not an HTTP path: %v", s.Ready, err)
-			}
-		}
-	}
-	return nil
-}
 
 // startServices starts svcs in sandbox sb and waits until each service's port accepts
 // connections, then, with checkReady (a warm pool's fill), until each readiness check passes. A

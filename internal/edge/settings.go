@@ -61,6 +61,21 @@ type Catalog interface {
 	Resolve(ctx context.Context, req corral.CreateRequest, calls bool) (*catalog.Resolution, error)
 }
 
+// Publisher records the layer versions the edge makes (imports, snapshots, builds' steps) and
+// changes them (fill rate, visibility, delete), and saves the environments builds make: the
+// store under `corral up`, the servers on a cluster's edge (nodeproto.Publisher), which write
+// only for a caller the servers sealed for the node who may publish in the layer's project.
+// What is refused is the store's error (a version reused with other content is a conflict).
+type Publisher interface {
+	PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, bool, error)
+	SetLayerFillRate(ctx context.Context, name, version string, rate int64) (corral.Layer, error)
+	SetLayerPublic(ctx context.Context, name, version string, public bool) (corral.Layer, error)
+	DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error)
+	// ReplaceEnvironment saves env (checked), replacing the composition of an environment of
+	// the same project: a build's result.
+	ReplaceEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
+}
+
 // Trajectory records and reads the trajectories of the edge's sandboxes: the store under `corral
 // up`, the servers on a cluster's edge (nodeproto.Steps).
 type Trajectory interface {

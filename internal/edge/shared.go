@@ -33,6 +33,11 @@ import (
 // installation's tenants. An adopted version belongs to the adopting Corral's root project and
 // stays public there. Making a version public or taking it back rewrites its ref; a Corral that
 // adopted it before it was taken back keeps it (take it back there too).
+//
+// A cluster's edges adopt nothing: every edge publishes to the servers' one catalogue
+// (Config.Publisher), which adds a version only for a caller who may publish it, and a version
+// another installation published is only a ref in the blob store, which no server reads. Their
+// refs still keep their content from other installations' collectors.
 
 const refsPrefix = "refs/"
 
@@ -67,7 +72,7 @@ func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, 
 	var created bool
 	if err == nil {
 		e.layersMu.RLock()
-		got, created, err = e.store.PublishLayer(ctx, l)
+		got, created, err = e.publisher.PublishLayer(ctx, l)
 		e.layersMu.RUnlock()
 	}
 	if err != nil {
@@ -136,7 +141,7 @@ func (e *Edge) shareAll(ctx context.Context) error {
 // SetLayerPublic shows the published version name:version to every project, or takes it back
 // to its project's subtree, and rewrites its ref in the shared catalogue to say so.
 func (e *Edge) SetLayerPublic(ctx context.Context, name, version string, public bool) (corral.Layer, error) {
-	l, err := e.store.SetLayerPublic(ctx, name, version, public)
+	l, err := e.publisher.SetLayerPublic(ctx, name, version, public)
 	if err != nil {
 		return corral.Layer{}, err
 	}
@@ -147,6 +152,15 @@ func (e *Edge) SetLayerPublic(ctx context.Context, name, version string, public 
 	}
 	return l, nil
 }
+
+// SetLayerFillRate sets the background fill rate of the published version name:version.
+func (e *Edge) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (corral.Layer, error) {
+	return e.publisher.SetLayerFillRate(ctx, name, version, rate)
+}
+
+// adopts reports whether this node adopts versions from the shared catalogue: when there is
+// one, and the node keeps its own catalogue (not a cluster's edge).
+func (e *Edge) adopts() bool { return e.cfg.Shared != nil && e.cfg.Publisher == nil }
 
 // unshareVersion removes name:version from the shared catalogue.
 func (e *Edge) unshareVersion(ctx context.Context, l corral.Layer) error {
@@ -184,9 +198,9 @@ func parseRefKey(key string) (name, version, digest string, ok bool) {
 
 // SyncShared records in this node's catalogue the versions of the shared catalogue it lacks
 // (name is "" for all) and returns how many it added. A version this node has with other content
-// is left alone and logged.
+// is left alone and logged. A cluster's edge adopts nothing (adopts).
 func (e *Edge) SyncShared(ctx context.Context, name string) (int, error) {
-	if e.cfg.Shared == nil || (name != "" && !catalog.ValidLayerName(name)) {
+	if !e.adopts() || (name != "" && !catalog.ValidLayerName(name)) {
 		return 0, nil // no such name can be published
 	}
 	prefix := refsPrefix
@@ -253,7 +267,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 		return false, err
 	}
 	if l.ImageConfig != nil {
-		if err := ValidateImageConfig(l.ImageConfig); err != nil {
+		if err := catalog.ValidateImageConfig(l.ImageConfig); err != nil {
 			return false, err
 		}
 	}
@@ -268,7 +282,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 	// Another installation's projects mean nothing here: adopted layers belong to the root
 	// project and stay public, usable everywhere in this installation, as where they come from.
 	l.Tags, l.Project, l.Private, l.Public = nil, "", false, true
-	_, created, err := e.store.PublishLayer(ctx, l)
+	_, created, err := e.publisher.PublishLayer(ctx, l)
 	if err != nil {
 		return false, err
 	}

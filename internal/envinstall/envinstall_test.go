@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/doccheck"
-	"github.com/corral-dev/corral/internal/edge"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -27,7 +27,7 @@ func TestRecipes(t *testing.T) {
 		if len(r.Packages) == 0 || r.Description == "" {
 			t.Errorf("%s: no packages or description", n)
 		}
-		if err := edge.ValidateImageConfig(&corral.ImageConfig{Services: r.Services}); err != nil {
+		if err := catalog.ValidateImageConfig(&corral.ImageConfig{Services: r.Services}); err != nil {
 			t.Errorf("%s: services: %v", n, err)
 		}
 	}

@@ -52,6 +52,10 @@ const (
 	PathIdempotency    = "/node/v1/idempotency"
 	PathReleaseKey     = "/node/v1/idempotency/release"
 	PathResolve        = "/node/v1/resolve"
+	PathPublishLayer   = "/node/v1/layers/publish"
+	PathSetLayer       = "/node/v1/layers/set"
+	PathDeleteLayer    = "/node/v1/layers/delete"
+	PathEnvironment    = "/node/v1/environment"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -125,10 +129,12 @@ const (
 	FeatureAdmission = "admission"
 	// FeatureResolve: PathResolve.
 	FeatureResolve = "resolve"
+	// FeaturePublish: PathPublishLayer, PathSetLayer, PathDeleteLayer and PathEnvironment.
+	FeaturePublish = "publish"
 )
 
 // Features lists what this build's replicas serve.
-var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve}
+var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve, FeaturePublish}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.

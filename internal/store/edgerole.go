@@ -33,20 +33,25 @@ import (
 // server certificate, sign no webhook delivery, cover no tracks, add or rewrite no sandbox
 // record and take no project's quota with sandboxes. Volumes are created and deleted by the
 // servers too, and their versions and copies recorded by them (the node channel), so an edge only
-// reads the volumes and the quota usage: no write of its moves a project's quota. Every other
-// table is the edge's to read and write (layers it imports, environments), but the nodes: it
-// reads them only, since its nodes' registrations, heartbeats and every write checked against an
-// epoch go through the servers.
+// reads the volumes and the quota usage: no write of its moves a project's quota. The catalogue
+// is the servers' too: an edge publishes the layer versions it imports, snapshots and builds,
+// changes and deletes them, and saves its builds' environments through the node channel, for the
+// caller of the request behind each, so it only reads layers, environments and fncall
+// environments (it resolves builds' FROM and what its own API serves from them), and no stolen
+// edge repoints a version every tenant creates from. An edge's only write is its audit entries,
+// and a table a later release adds gets no privilege until it is listed here.
 
-// edgeDenied lists the tables an edge role gets no privilege on.
+// edgeDenied lists the tables an edge role gets no privilege on (as any table not listed in
+// edgeReadOnly or edgeAppendOnly).
 var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage", "settings", "trajectory", "idempotency"}
 
-// edgeReadOnly lists the tables an edge role may only read: projects; layer tags (the servers
-// move them; a stolen edge cannot point a tag every tenant creates from at a layer of its
+// edgeReadOnly lists the tables an edge role may only read: projects; the catalogue (layer
+// versions, tags, environments and fncall environments: the servers publish, move and save
+// them; a stolen edge cannot point a version or tag every tenant creates from at a blob of its
 // choosing); the nodes (registration, heartbeats and the epoch's checks are the servers'); the
 // sandboxes' records, the volumes, their attachments and copies, and the quota usage (admission,
 // every record write and the volumes' create, delete, versions and copies are the servers').
-var edgeReadOnly = []string{"projects", "schema_migrations", "layer_tags", "nodes", "sandboxes",
+var edgeReadOnly = []string{"projects", "schema_migrations", "layers", "layer_tags", "environments", "fncall_envs", "nodes", "sandboxes",
 	"volumes", "volume_attachments", "volume_copies", "project_usage", "project_tier_usage"}
 
 // edgeAppendOnly lists the tables an edge role may only add rows to, with the columns it may
@@ -101,7 +106,6 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 		stmts = append(stmts, fmt.Sprintf(`REVOKE ALL ON %s FROM %s`, q(t), role))
 		key, appendOnly := edgeAppendOnly[t]
 		switch {
-		case slices.Contains(edgeDenied, t):
 		case slices.Contains(edgeReadOnly, t):
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT ON %s TO %s`, q(t), role))
 		case appendOnly:
@@ -109,8 +113,6 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 			if key != "" {
 				stmts = append(stmts, fmt.Sprintf(`GRANT SELECT (%s) ON %s TO %s`, q(key), q(t), role))
 			}
-		default:
-			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s`, q(t), role))
 		}
 	}
 	// Releases before the node channel's configuration let the role see a few settings through
