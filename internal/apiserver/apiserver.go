@@ -69,12 +69,25 @@ type Server struct {
 	// environments keeps the environments and fncall environments (New: the local edge;
 	// SetEnvironments: a cluster server's).
 	environments Environments
+	// auditor records the audit entries of the requests this API serves: the store (New), or a
+	// cluster's servers for an edge (SetAuditor).
+	auditor Auditor
 }
+
+// Auditor records an audit entry (store.AddAudit: fallback is the caller's token's project,
+// for an entry naming a project that does not exist).
+type Auditor interface {
+	AddAudit(ctx context.Context, e corral.AuditEntry, fallback string) error
+}
+
+// SetAuditor makes a cluster edge's API record its audit entries through a (the servers),
+// which take the entry's principal and token from the caller they sealed for the edge.
+func (s *Server) SetAuditor(a Auditor) { s.auditor = a }
 
 // New returns a Server. info is served by GET /v1/info (Sandboxes and Disk are filled in per
 // call).
 func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info Info) *Server {
-	s := &Server{log: log, store: st, edge: e, layers: ls, info: info, volumes: noVolumes{}}
+	s := &Server{log: log, store: st, edge: e, layers: ls, info: info, volumes: noVolumes{}, auditor: st}
 	if e != nil {
 		s.fleet, s.volumes, s.environments = localFleet{s}, edgeVolumes{e}, edgeEnvironments{e}
 	}

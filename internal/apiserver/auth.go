@@ -301,7 +301,7 @@ func (s *Server) auditResult(r *http.Request, action, project, target, result, d
 	if len(e.Target) > 256 {
 		e.Target = e.Target[:256]
 	}
-	if werr := s.store.AddAudit(context.WithoutCancel(r.Context()), e, c.tok.ProjectPath); werr != nil {
+	if werr := s.auditor.AddAudit(context.WithoutCancel(r.Context()), e, c.tok.ProjectPath); werr != nil {
 		s.log.Error("write audit entry", "action", action, "target", target, "err", werr)
 	}
 }

@@ -709,6 +709,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	info.Tiers = e.Tiers()
 	api := apiserver.New(log, st, e, ls, info)
 	api.SetBuilds(build.NewJobs(ctx, e, log.With("component", "build")), filepath.Join(cfg.DataDir, "builds"))
+	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureAudit) {
+		api.SetAuditor(cfg.Cluster.Servers.Auditor()) // the servers record its audit entries
+	}
 	if cfg.Cluster == nil {
 		// What runs where the API is served; a cluster's servers run it (internal/cluster).
 		go api.Prune(ctx, cfg.AuditRetention)

@@ -818,6 +818,14 @@ func TestCluster(t *testing.T) {
 		t.Errorf("the deleted snapshot: %v, want not found", err)
 	}
 	t.Logf("created from the snapshot on %d nodes", len(fromNodes))
+	// What the edges served was audited by the servers (the edges' role writes nothing), in
+	// the name of the caller the replica sealed for the edge.
+	for _, action := range []string{"sandbox.snapshot", "layer.set", "layer.delete"} {
+		entries, err := c2.Audit(ctx, corral.AuditQuery{Action: action})
+		if err != nil || len(entries) == 0 || entries[0].Principal != "root" || entries[0].Target == "" {
+			t.Errorf("the audit log's %s entries: %+v, %v; want root's", action, entries, err)
+		}
+	}
 
 	// Node selectors, and a project's node groups (set by an operator, through the CLI).
 	if sb := create(c1, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {

@@ -56,6 +56,7 @@ const (
 	PathSetLayer       = "/node/v1/layers/set"
 	PathDeleteLayer    = "/node/v1/layers/delete"
 	PathEnvironment    = "/node/v1/environment"
+	PathAudit          = "/node/v1/audit"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -131,10 +132,12 @@ const (
 	FeatureResolve = "resolve"
 	// FeaturePublish: PathPublishLayer, PathSetLayer, PathDeleteLayer and PathEnvironment.
 	FeaturePublish = "publish"
+	// FeatureAudit: PathAudit.
+	FeatureAudit = "audit"
 )
 
 // Features lists what this build's replicas serve.
-var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve, FeaturePublish}
+var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve, FeaturePublish, FeatureAudit}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.

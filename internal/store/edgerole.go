@@ -23,8 +23,10 @@ import (
 // servers refuse any that speak for another node, so the role has no privilege on it; so do the
 // sandboxes' usage rows (the report's), which the servers write from the edges' activity batches
 // and the sandboxes' own records; and so do the trajectories, which the servers write and read
-// for an edge's own sandboxes only. The audit log is served by the servers, so an edge only adds
-// to it: it can neither read it nor erase what it did. New sandboxes are admitted by the servers
+// for an edge's own sandboxes only. The audit log is served and written by the servers: an edge
+// sends the entries of the requests it serves over the node channel, where the servers write
+// them as the callers they sealed for it, so it can neither read the log, erase what it did nor
+// write an entry in another principal's name. New sandboxes are admitted by the servers
 // (the node channel: the epoch, the quotas, the creation rate, the volumes and the idempotency
 // key in one transaction, for records of the edge's own node only), and their records written
 // by the servers from then on, so an edge reads the sandboxes' records, the quota usage and the
@@ -38,12 +40,12 @@ import (
 // changes and deletes them, and saves its builds' environments through the node channel, for the
 // caller of the request behind each, so it only reads layers, environments and fncall
 // environments (it resolves builds' FROM and what its own API serves from them), and no stolen
-// edge repoints a version every tenant creates from. An edge's only write is its audit entries,
-// and a table a later release adds gets no privilege until it is listed here.
+// edge repoints a version every tenant creates from. The role writes nothing, and a table a
+// later release adds gets no privilege until it is listed here.
 
 // edgeDenied lists the tables an edge role gets no privilege on (as any table not listed in
-// edgeReadOnly or edgeAppendOnly).
-var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage", "settings", "trajectory", "idempotency"}
+// edgeReadOnly).
+var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "webhook_deliveries", "events", "servers", "sandbox_usage", "settings", "trajectory", "idempotency", "audit"}
 
 // edgeReadOnly lists the tables an edge role may only read: projects; the catalogue (layer
 // versions, tags, environments and fncall environments: the servers publish, move and save
@@ -53,10 +55,6 @@ var edgeDenied = []string{"api_tokens", "principals", "grants", "webhooks", "web
 // every record write and the volumes' create, delete, versions and copies are the servers').
 var edgeReadOnly = []string{"projects", "schema_migrations", "layers", "layer_tags", "environments", "fncall_envs", "nodes", "sandboxes",
 	"volumes", "volume_attachments", "volume_copies", "project_usage", "project_tier_usage"}
-
-// edgeAppendOnly lists the tables an edge role may only add rows to, with the columns it may
-// read (an insert's conflict key, when it has one): the audit log.
-var edgeAppendOnly = map[string]string{"audit": ""}
 
 // CatalogSetting is the setting that keeps the network service catalogue saved through the API
 // (PUT /v1/network/services): the servers write it and send it to every edge.
@@ -100,19 +98,13 @@ func (s *Store) EdgeRoleSQL(ctx context.Context, role string) ([]string, error) 
 	q := func(id string) string { return `"` + id + `"` }
 	stmts := []string{
 		fmt.Sprintf(`GRANT USAGE ON SCHEMA %s TO %s`, q(schema), role),
-		fmt.Sprintf(`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA %s TO %s`, q(schema), role),
+		// The role inserts nothing, so it draws no sequence's numbers (releases before granted it).
+		fmt.Sprintf(`REVOKE ALL ON ALL SEQUENCES IN SCHEMA %s FROM %s`, q(schema), role),
 	}
 	for _, t := range tables {
 		stmts = append(stmts, fmt.Sprintf(`REVOKE ALL ON %s FROM %s`, q(t), role))
-		key, appendOnly := edgeAppendOnly[t]
-		switch {
-		case slices.Contains(edgeReadOnly, t):
+		if slices.Contains(edgeReadOnly, t) {
 			stmts = append(stmts, fmt.Sprintf(`GRANT SELECT ON %s TO %s`, q(t), role))
-		case appendOnly:
-			stmts = append(stmts, fmt.Sprintf(`GRANT INSERT ON %s TO %s`, q(t), role))
-			if key != "" {
-				stmts = append(stmts, fmt.Sprintf(`GRANT SELECT (%s) ON %s TO %s`, q(key), q(t), role))
-			}
 		}
 	}
 	// Releases before the node channel's configuration let the role see a few settings through
