@@ -3,6 +3,9 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,7 +19,7 @@ import (
 
 // TestNodeAudit: an edge's audit entries are written by the servers as the caller they sealed
 // for the edge (its principal and token, whatever the entry says), only with such a caller, and
-// within bounds.
+// within bounds; the edge's queue sends them, the last ones as it stops.
 func TestNodeAudit(t *testing.T) {
 	ctx := context.Background()
 	st, srv, hs, dir := nodeChannelReplica(t)
@@ -27,34 +30,34 @@ func TestNodeAudit(t *testing.T) {
 	if _, err := j.Servers.Register(ctx, nodeproto.RegisterRequest{URL: "https://127.0.0.1:1", Protocol: nodeproto.Version, LeaseTTLMillis: 15000}); err != nil {
 		t.Fatal(err)
 	}
-	aud := j.Servers.Auditor()
 	caller := sealedFor(t, ctx, "edge1", map[string]iam.Perm{"": iam.SandboxAdmin}, srv.sealer)
+	voucher := nodeproto.VoucherFrom(caller)
 	entry := corral.AuditEntry{At: time.Now().UTC(), Principal: "someone-else", Token: "tok-forged", Project: "", Action: "sandbox.delete", Target: "sb-edge1-aaaaaaaaaaaaaaaa", Result: "ok"}
 
-	if err := aud.AddAudit(ctx, entry, ""); !errors.Is(err, errdefs.ErrDenied) {
-		t.Errorf("an entry without a caller: %v, want ErrDenied", err)
+	// What the servers refuse, entry by entry, and what they write.
+	items := []nodeproto.AuditItem{
+		{Entry: entry}, // no caller
+		{Entry: entry, Voucher: nodeproto.VoucherFrom(sealedFor(t, ctx, "edge2", map[string]iam.Perm{"": iam.SandboxAdmin}, srv.sealer))},
 	}
-	if err := aud.AddAudit(sealedFor(t, ctx, "edge2", map[string]iam.Perm{"": iam.SandboxAdmin}, srv.sealer), entry, ""); !errors.Is(err, errdefs.ErrDenied) {
-		t.Errorf("an entry for a caller sealed for another node: %v, want ErrDenied", err)
-	}
-	for _, c := range []struct {
-		field string
-		edit  func(e *corral.AuditEntry)
-	}{
-		{"entry.action", func(e *corral.AuditEntry) { e.Action = "" }},
-		{"entry.result", func(e *corral.AuditEntry) { e.Result = strings.Repeat("x", 33) }},
-		{"entry.target", func(e *corral.AuditEntry) { e.Target = strings.Repeat("x", 257) }},
-		{"entry.detail", func(e *corral.AuditEntry) { e.Detail = strings.Repeat("x", 1025) }},
-		{"entry.at", func(e *corral.AuditEntry) { e.At = time.Now().Add(-time.Hour) }},
+	for _, edit := range []func(e *corral.AuditEntry){
+		func(e *corral.AuditEntry) { e.Action = "" },
+		func(e *corral.AuditEntry) { e.Result = strings.Repeat("x", 33) },
+		func(e *corral.AuditEntry) { e.Target = strings.Repeat("x", 257) },
+		func(e *corral.AuditEntry) { e.Detail = strings.Repeat("x", 1025) },
+		func(e *corral.AuditEntry) { e.At = time.Now().Add(-2 * time.Hour) },
+		func(e *corral.AuditEntry) { e.At = time.Now().Add(time.Hour) },
 	} {
 		e := entry
-		c.edit(&e)
-		if err := aud.AddAudit(caller, e, ""); !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != c.field {
-			t.Errorf("%s: %v, want invalid %s", c.field, err, c.field)
-		}
+		edit(&e)
+		items = append(items, nodeproto.AuditItem{Entry: e, Voucher: voucher})
 	}
-	if err := aud.AddAudit(caller, entry, ""); err != nil {
-		t.Fatalf("the entry for the sealed caller: %v", err)
+	items = append(items, nodeproto.AuditItem{Entry: entry, Voucher: voucher})
+	ans, err := srv.nodeAudit(ctx, "edge1", &nodeproto.AuditRequest{Entries: items})
+	if err != nil || ans.Refused != len(items)-1 {
+		t.Fatalf("a batch of %d entries, one good: %+v, %v; want %d refused", len(items), ans, err, len(items)-1)
+	}
+	if _, err := srv.nodeAudit(ctx, "edge1", &nodeproto.AuditRequest{Entries: make([]nodeproto.AuditItem, nodeproto.MaxAuditBatch+1)}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("a batch over %d entries: %v, want invalid", nodeproto.MaxAuditBatch, err)
 	}
 	got, err := st.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.delete"})
 	if err != nil || len(got) != 1 {
@@ -62,5 +65,40 @@ func TestNodeAudit(t *testing.T) {
 	}
 	if got[0].Principal != "root" || got[0].Token != "t1" || got[0].Target != entry.Target || got[0].Result != "ok" {
 		t.Errorf("the entry as written: %+v; want it the sealed caller's (root, t1)", got[0])
+	}
+
+	// The edge's queue sends its entries off the requests' path, and what is queued when it
+	// stops.
+	q := j.Servers.AuditQueue(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	qctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); q.Run(qctx) }()
+	for i := range 3 {
+		e := entry
+		e.Action, e.Target = "sandbox.pause", fmt.Sprintf("sb-edge1-%016d", i)
+		if err := q.AddAudit(caller, e, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := st.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.pause"})
+		if err == nil && len(got) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the queued entries in the audit log: %d, %v; want 3", len(got), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e := entry
+	e.Action = "sandbox.resume"
+	if err := q.AddAudit(caller, e, ""); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	<-done
+	if got, err := st.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.resume"}); err != nil || len(got) != 1 {
+		t.Errorf("an entry queued as the edge stopped: %d, %v; want it written", len(got), err)
 	}
 }

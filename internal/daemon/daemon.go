@@ -710,7 +710,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	api := apiserver.New(log, st, e, ls, info)
 	api.SetBuilds(build.NewJobs(ctx, e, log.With("component", "build")), filepath.Join(cfg.DataDir, "builds"))
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureAudit) {
-		api.SetAuditor(cfg.Cluster.Servers.Auditor()) // the servers record its audit entries
+		// The servers record its audit entries, sent off the requests' path; what is queued
+		// when the edge stops is sent after the API has stopped (this defer runs after it).
+		audits := cfg.Cluster.Servers.AuditQueue(log.With("component", "audit"))
+		api.SetAuditor(audits)
+		auditCtx, stopAudits := context.WithCancel(context.WithoutCancel(ctx))
+		auditsDone := make(chan struct{})
+		go func() { defer close(auditsDone); audits.Run(auditCtx) }()
+		defer func() { stopAudits(); <-auditsDone }()
 	}
 	if cfg.Cluster == nil {
 		// What runs where the API is served; a cluster's servers run it (internal/cluster).

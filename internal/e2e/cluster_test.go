@@ -819,9 +819,14 @@ func TestCluster(t *testing.T) {
 	}
 	t.Logf("created from the snapshot on %d nodes", len(fromNodes))
 	// What the edges served was audited by the servers (the edges' role writes nothing), in
-	// the name of the caller the replica sealed for the edge.
+	// the name of the caller the replica sealed for the edge; an edge sends its entries off the
+	// requests' path, within a round trip.
 	for _, action := range []string{"sandbox.snapshot", "layer.set", "layer.delete"} {
-		entries, err := c2.Audit(ctx, corral.AuditQuery{Action: action})
+		var entries []corral.AuditEntry
+		deadline := time.Now().Add(10 * time.Second)
+		for err = nil; err == nil && len(entries) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			entries, err = c2.Audit(ctx, corral.AuditQuery{Action: action})
+		}
 		if err != nil || len(entries) == 0 || entries[0].Principal != "root" || entries[0].Target == "" {
 			t.Errorf("the audit log's %s entries: %+v, %v; want root's", action, entries, err)
 		}
