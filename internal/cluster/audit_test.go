@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,14 +21,7 @@ import (
 // within bounds; the edge's queue sends them, the last ones as it stops.
 func TestNodeAudit(t *testing.T) {
 	ctx := context.Background()
-	st, srv, hs, dir := nodeChannelReplica(t)
-	j, err := Join(ctx, hs.URL, filepath.Join(dir, "join.token"), "edge1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := j.Servers.Register(ctx, nodeproto.RegisterRequest{URL: "https://127.0.0.1:1", Protocol: nodeproto.Version, LeaseTTLMillis: 15000}); err != nil {
-		t.Fatal(err)
-	}
+	st, srv, edge1 := registeredEdge(t, ctx)
 	caller := sealedFor(t, ctx, "edge1", map[string]iam.Perm{"": iam.SandboxAdmin}, srv.sealer)
 	voucher := nodeproto.VoucherFrom(caller)
 	entry := corral.AuditEntry{At: time.Now().UTC(), Principal: "someone-else", Token: "tok-forged", Project: "", Action: "sandbox.delete", Target: "sb-edge1-aaaaaaaaaaaaaaaa", Result: "ok"}
@@ -69,7 +61,7 @@ func TestNodeAudit(t *testing.T) {
 
 	// The edge's queue sends its entries off the requests' path, and what is queued when it
 	// stops.
-	q := j.Servers.AuditQueue(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	q := edge1.AuditQueue(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	qctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); q.Run(qctx) }()

@@ -12,6 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/nodeproto"
+	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -31,12 +32,10 @@ func sealedFor(t *testing.T, ctx context.Context, node string, held map[string]i
 	return nodeproto.WithVoucher(ctx, nodeproto.VoucherOf(h))
 }
 
-// TestNodePublish: an edge publishes, changes and deletes layer versions and saves a build's
-// environment through the servers, only for a caller sealed for its node who may publish in the
-// layer's project; each record is checked as the catalogue keeps it, no version is rewritten,
-// and the store's refusals come back as `corral up` gives them.
-func TestNodePublish(t *testing.T) {
-	ctx := context.Background()
+// registeredEdge joins edge1 to a replica of a fresh cluster and registers it (at an address
+// nothing answers), and returns the store, the replica and edge1's node channel.
+func registeredEdge(t *testing.T, ctx context.Context) (*store.Store, *Server, *nodeproto.Servers) {
+	t.Helper()
 	st, srv, hs, dir := nodeChannelReplica(t)
 	j, err := Join(ctx, hs.URL, filepath.Join(dir, "join.token"), "edge1")
 	if err != nil {
@@ -45,6 +44,16 @@ func TestNodePublish(t *testing.T) {
 	if _, err := j.Servers.Register(ctx, nodeproto.RegisterRequest{URL: "https://127.0.0.1:1", Protocol: nodeproto.Version, LeaseTTLMillis: 15000}); err != nil {
 		t.Fatal(err)
 	}
+	return st, srv, j.Servers
+}
+
+// TestNodePublish: an edge publishes, changes and deletes layer versions and saves a build's
+// environment through the servers, only for a caller sealed for its node who may publish in the
+// layer's project; each record is checked as the catalogue keeps it, no version is rewritten,
+// and the store's refusals come back as `corral up` gives them.
+func TestNodePublish(t *testing.T) {
+	ctx := context.Background()
+	st, srv, edge1 := registeredEdge(t, ctx)
 	for _, p := range []string{"a", "b"} {
 		if _, err := st.CreateProject(ctx, p, "root"); err != nil {
 			t.Fatal(err)
@@ -53,7 +62,7 @@ func TestNodePublish(t *testing.T) {
 	if _, _, err := st.PublishLayer(ctx, corral.Layer{Name: "bpart", Version: "1", Kind: corral.KindBase, Digest: "sha256:" + strings.Repeat("b", 64), Project: "/b"}); err != nil {
 		t.Fatal(err)
 	}
-	pub := j.Servers.Publisher()
+	pub := edge1.Publisher()
 	foreign, err := nodeproto.NewSealer([]byte(strings.Repeat("k", 32)))
 	if err != nil {
 		t.Fatal(err)
