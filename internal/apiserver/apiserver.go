@@ -180,8 +180,6 @@ func (s *Server) Handler() http.Handler {
 		httpjson.Write(w, http.StatusOK, res)
 	}))
 	api.HandleFunc("POST /v1/layers", s.guard(iam.LayerPublish, "layer.publish", s.onQueryProject("project", "name"), s.importLayer))
-	api.HandleFunc("GET /v1/layers", s.listLayers)
-	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
 	api.HandleFunc("GET /v1/layers/{name}/{version}/stats", s.layerStats)
 	api.HandleFunc("PATCH /v1/layers/{name}/{version}", s.guard(iam.LayerPublish, "layer.set", s.onLayerName, s.setLayer))
 	api.HandleFunc("GET /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
@@ -697,8 +695,10 @@ func (s *Server) checkPublicBelow(ctx context.Context, public bool, below []stri
 
 func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("name")
-	if _, err := s.edge.SyncShared(r.Context(), name); err != nil {
-		s.log.Warn("read the shared catalogue; listing this node's layers", "err", err)
+	if s.edge != nil { // a cluster's servers adopt nothing (edge.Config.Publisher)
+		if _, err := s.edge.SyncShared(r.Context(), name); err != nil {
+			s.log.Warn("read the shared catalogue; listing this node's layers", "err", err)
+		}
 	}
 	ls, err := s.store.ListLayers(r.Context(), name)
 	if err != nil {

@@ -39,7 +39,7 @@ func newIAMServer(t *testing.T) *iamServer {
 	if err := st.AddRootToken(context.Background(), HashToken(root)); err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: st}
+	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: st, auditor: st}
 	mux := http.NewServeMux()
 	s.iamRoutes(mux)
 	hs := httptest.NewServer(s.authenticate(mux))
@@ -360,7 +360,7 @@ func fuzzServer(f *testing.F) (url, viewer string) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { st.Close() })
-	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: st}
+	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: st, auditor: st}
 	mux := http.NewServeMux()
 	s.iamRoutes(mux)
 	hs := httptest.NewServer(s.authenticate(mux))

@@ -22,7 +22,7 @@ func TestNodeCallers(t *testing.T) {
 	h := newIAMServer(t) // the server's side: authenticates tokens
 	viewer := h.mint(h.root, corral.TokenRequest{Project: "/", Role: "viewer"})
 
-	edgeAPI := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: h.store}
+	edgeAPI := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: h.store, auditor: h.store}
 	edgeAPI.ServeClusterServers()
 	mux := http.NewServeMux()
 	edgeAPI.iamRoutes(mux)
@@ -128,7 +128,7 @@ func TestSandboxProjectFromServer(t *testing.T) {
 	}
 	userA := h.mint(h.root, corral.TokenRequest{Project: "a", Role: "viewer"})
 
-	edgeAPI := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: h.store}
+	edgeAPI := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: h.store, auditor: h.store}
 	edgeAPI.ServeClusterServers()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/sandboxes/{id}", edgeAPI.guard(iam.SandboxRead, "", edgeAPI.onSandbox, func(w http.ResponseWriter, r *http.Request) {

@@ -17,8 +17,8 @@ import (
 // (ServerHandler, serverRoutes), never an edge: identity (who the caller is, projects, quotas,
 // placement, principals, grants, tokens, the audit log), what spans every node (the event
 // stream, the usage report, webhooks and their deliveries, the lists of sandboxes, volumes and
-// environments), and what only the servers may change in the store: the network service catalog
-// and layer tags.
+// environments), the catalogue's reads that need no node (the layers, listed or one by one), and
+// what only the servers may change in the store: the network service catalog and layer tags.
 var ServerPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/quotas/", "/v1/placement/",
 	"/v1/principals", "/v1/grants", "/v1/tokens", "/v1/tokens/", "/v1/audit",
 	"/v1/events", "/v1/report", "/v1/webhooks", "/v1/webhooks/",
@@ -26,7 +26,7 @@ var ServerPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/q
 	"GET /v1/environments", "POST /v1/environments", "PATCH /v1/environments/{name}", "DELETE /v1/environments/{name}",
 	"POST /v1/fncall", "DELETE /v1/fncall/{name}",
 	"/v1/network/services",
-	"PUT /v1/layers/{name}/tags/{tag}", "DELETE /v1/layers/{name}/tags/{tag}"}
+	"GET /v1/layers", "GET /v1/layers/{name}/{version}", "PUT /v1/layers/{name}/tags/{tag}", "DELETE /v1/layers/{name}/tags/{tag}"}
 
 // ServerHandler serves the ServerPaths routes alone, authenticated, for a cluster server. A
 // forced project delete deletes its sandboxes and volumes through the Fleet given to SetFleet;
@@ -52,6 +52,8 @@ func (s *Server) serverRoutes(api *http.ServeMux) {
 	s.environmentRoutes(api)
 	api.HandleFunc("GET /v1/network/services", s.networkServices)
 	api.HandleFunc("PUT /v1/network/services", s.guard(iam.Operator, "network.catalog", operator, s.setNetworkServices))
+	api.HandleFunc("GET /v1/layers", s.listLayers)
+	api.HandleFunc("GET /v1/layers/{name}/{version}", s.getLayer)
 	api.HandleFunc("PUT /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.tag", s.onLayerName, s.tagLayer))
 	api.HandleFunc("DELETE /v1/layers/{name}/tags/{tag}", s.guard(iam.LayerPublish, "layer.untag", s.onLayerName, func(w http.ResponseWriter, r *http.Request) {
 		if err := s.store.DeleteTag(r.Context(), r.PathValue("name"), r.PathValue("tag")); err != nil {
