@@ -78,19 +78,35 @@ type Request struct {
 // Jobs runs builds and keeps the last maxJobs of them, with their logs, in memory (a restart
 // of corral forgets them; the layers and environments they made stay).
 type Jobs struct {
-	b   Backend
-	log *slog.Logger
-	ctx context.Context // ends at shutdown; builds stop
-	wg  sync.WaitGroup
+	b    Backend
+	node string // names the builds' IDs
+	log  *slog.Logger
+	ctx  context.Context // ends at shutdown; builds stop
+	wg   sync.WaitGroup
 
 	mu    sync.Mutex // protects jobs and order
 	jobs  map[string]*Job
 	order []string
 }
 
-// NewJobs returns a job runner whose builds end when ctx does.
-func NewJobs(ctx context.Context, b Backend, log *slog.Logger) *Jobs {
-	return &Jobs{b: b, log: log, ctx: ctx, jobs: map[string]*Job{}}
+// NewJobs returns a job runner of node's builds (their IDs name it: NodeOf) whose builds end
+// when ctx does.
+func NewJobs(ctx context.Context, b Backend, node string, log *slog.Logger) *Jobs {
+	return &Jobs{b: b, node: node, log: log, ctx: ctx, jobs: map[string]*Job{}}
+}
+
+// buildIDPrefix starts every build's ID: bld-NODE-HEX.
+const buildIDPrefix = "bld-"
+
+// NodeOf returns the node whose build id is (bld-NODE-16 hex digits), or "" when id is not a
+// build's ID: a cluster's servers send every request about a build to the edge that runs it.
+func NodeOf(id string) string {
+	rest, ok := strings.CutPrefix(id, buildIDPrefix)
+	i := strings.LastIndexByte(rest, '-')
+	if !ok || i <= 0 || len(rest)-i-1 != 16 || strings.Trim(rest[i+1:], "0123456789abcdef") != "" {
+		return ""
+	}
+	return rest[:i]
 }
 
 // Wait waits for running builds to end (after the context given to NewJobs ended).
@@ -181,7 +197,7 @@ func (j *Jobs) Check(ctx context.Context, req Spec, project string, bctx *Contex
 // Start runs a checked build in the background and returns its job. The job owns r.Context
 // and closes it when it ends.
 func (j *Jobs) Start(r *Request, projectDisplay string) *Job {
-	id := "b" + randHex(8)
+	id := buildIDPrefix + j.node + "-" + randHex(8)
 	job := &Job{changed: make(chan struct{})}
 	job.ctx, job.cancel = context.WithCancel(j.ctx)
 	if r.Bind != nil {

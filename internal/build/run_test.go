@@ -166,7 +166,7 @@ func runJob(t *testing.T, jobs *Jobs, dockerfile string) (Build, []Event) {
 
 func TestJobs(t *testing.T) {
 	f := newFakeNode()
-	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
+	jobs := NewJobs(context.Background(), f, "local", slog.New(slog.DiscardHandler))
 	df := "FROM base:1\nENV A=1\nRUN one\nRUN two\nCMD [\"x\"]\n"
 	b, evs := runJob(t, jobs, df)
 	if b.State != Succeeded || !strings.HasPrefix(b.Layer, "env:b-") {
@@ -249,7 +249,7 @@ func TestJobs(t *testing.T) {
 // TestJobFollowers reads one build's log from several goroutines while it runs.
 func TestJobFollowers(t *testing.T) {
 	f := newFakeNode()
-	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
+	jobs := NewJobs(context.Background(), f, "local", slog.New(slog.DiscardHandler))
 	var steps strings.Builder
 	steps.WriteString("FROM base:1\n")
 	for i := range 20 {
@@ -311,7 +311,7 @@ func TestJobLogBudget(t *testing.T) {
 
 func TestJobCancel(t *testing.T) {
 	f := newFakeNode()
-	jobs := NewJobs(context.Background(), f, slog.New(slog.DiscardHandler))
+	jobs := NewJobs(context.Background(), f, "local", slog.New(slog.DiscardHandler))
 	r, err := jobs.Check(context.Background(), Spec{Name: "env", Dockerfile: "FROM base:1\nRUN block\n"}, "/", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -342,7 +342,7 @@ func TestCheckEnvironmentOfAnotherProject(t *testing.T) {
 	node := newFakeNode()
 	node.envs["taken"] = fakeEnv{Base: "base:1", Project: ""} // the root
 	node.envs["team-env"] = fakeEnv{Base: "base:1", Project: "team"}
-	jobs := NewJobs(context.Background(), node, slog.New(slog.DiscardHandler))
+	jobs := NewJobs(context.Background(), node, "local", slog.New(slog.DiscardHandler))
 	for _, name := range []string{"taken", "team-env"} {
 		_, err := jobs.Check(context.Background(), Spec{Name: name, Dockerfile: "FROM base:1\n"}, "other", nil)
 		if !errors.Is(err, errdefs.ErrConflict) {
@@ -351,5 +351,24 @@ func TestCheckEnvironmentOfAnotherProject(t *testing.T) {
 	}
 	if _, err := jobs.Check(context.Background(), Spec{Name: "team-env", Dockerfile: "FROM base:1\n"}, "team", nil); err != nil {
 		t.Errorf("the owner's rebuild: %v", err)
+	}
+}
+
+func TestBuildIDNode(t *testing.T) {
+	jobs := NewJobs(context.Background(), nil, "edge-2", slog.New(slog.DiscardHandler))
+	id := buildIDPrefix + jobs.node + "-" + randHex(8)
+	for in, want := range map[string]string{
+		id:                           "edge-2",
+		"bld-local-0123456789abcdef": "local",
+		"bld-local-0123456789abcdeg": "",
+		"bld--0123456789abcdef":      "",
+		"bld-local-0123456789abcde":  "",
+		"b0123456789abcdef":          "",
+		"sb-local-aaaaaaaaaaaaaaaa":  "",
+		"bld-a-b-c-0123456789abcdef": "a-b-c",
+	} {
+		if got := NodeOf(in); got != want {
+			t.Errorf("NodeOf(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

@@ -9,9 +9,10 @@
 //     nodes' heartbeats report plus this replica's own placements not yet reported
 //     (internal/placement); a node that is unreachable or unavailable is excluded and another
 //     tried;
-//   - routing: a sandbox's ID names its node, so every request about it goes straight there;
-//     everything else (layers, environments, listings) goes to any ready edge, since
-//     every edge serves the one shared store and blob store;
+//   - routing: a sandbox's ID names its node, so every request about it goes straight there,
+//     and so does a build's; the lists, identity and the catalogue's reads and writes are the
+//     replica's own; what needs a node but not a particular one (an import, a build's start)
+//     goes to any ready edge, since every edge serves the one shared blob store;
 //   - watching: nodes whose lease ran out past the grace period are declared lost (store:
 //     SweepLostNodes), their sandboxes fail with node_lost and their quota is given back.
 //
@@ -43,6 +44,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
+	"github.com/corral-dev/corral/internal/build"
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/console"
@@ -377,6 +379,9 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /v1/metrics", s.api.Authenticated(http.HandlerFunc(s.metrics)))
 	mux.Handle("POST /v1/sandboxes", s.api.Authenticated(http.HandlerFunc(s.create)))
 	mux.Handle("GET /v1/layers/{name}/{version}/stats", s.forward(s.toNamedNode))
+	mux.Handle("GET /v1/builds", s.forward(http.HandlerFunc(s.listBuilds)))
+	mux.Handle("/v1/builds/{id}", s.forward(s.toBuildNode))
+	mux.Handle("/v1/builds/{id}/", s.forward(s.toBuildNode))
 	mux.Handle("/v1/sandboxes/{id}", s.forward(s.toOwner))
 	mux.Handle("/v1/sandboxes/{id}/", s.forward(s.toOwner))
 	mux.Handle("/", s.forward(s.toAny))
@@ -824,6 +829,23 @@ func (s *Server) toNamedNode(w http.ResponseWriter, r *http.Request) {
 		s.toAny(w, r)
 		return
 	}
+	s.toNode(w, r, name)
+}
+
+// toBuildNode sends a request about one build to the node that runs it (its ID names it):
+// builds, their logs included, live in the memory of their edge.
+func (s *Server) toBuildNode(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	name := build.NodeOf(id)
+	if name == "" {
+		httpjson.Error(w, r, s.log, errdefs.NotFound("build %s", id))
+		return
+	}
+	s.toNode(w, r, name)
+}
+
+// toNode sends r to node name's edge.
+func (s *Server) toNode(w http.ResponseWriter, r *http.Request, name string) {
 	n, ok := s.node(r.Context(), name)
 	switch {
 	case !ok:

@@ -708,7 +708,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	info.Tiers = e.Tiers()
 	api := apiserver.New(log, st, e, ls, info)
-	api.SetBuilds(build.NewJobs(ctx, e, log.With("component", "build")), filepath.Join(cfg.DataDir, "builds"))
+	api.SetBuilds(build.NewJobs(ctx, e, e.Node(), log.With("component", "build")), filepath.Join(cfg.DataDir, "builds"))
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureAudit) {
 		// The servers record its audit entries, sent off the requests' path; what is queued
 		// when the edge stops is sent after the API has stopped (this defer runs after it).

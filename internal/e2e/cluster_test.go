@@ -832,6 +832,58 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
+	// A Dockerfile build through one replica runs on one edge, which publishes its layers and
+	// saves its environment through the servers; the other replica follows it there by its
+	// ID, lists it, and creates from the environment on any node.
+	bd, err := c1.StartBuild(ctx, corral.BuildRequest{Name: "cbuilt", Dockerfile: "FROM base:test\nRUN echo built > /built.txt\n"}, nil)
+	if err != nil {
+		t.Fatalf("start a build through a replica: %v", err)
+	}
+	logs, err := c2.BuildLogs(ctx, bd.ID, true)
+	if err != nil {
+		t.Fatalf("follow build %s through the other replica: %v", bd.ID, err)
+	}
+	var end *corral.Build
+	for {
+		ev, err := logs.Next()
+		if err != nil {
+			t.Fatalf("build %s's log: %v (ended %+v)", bd.ID, err, end)
+		}
+		if ev.Type == "end" {
+			end = ev.Build
+			break
+		}
+	}
+	logs.Close()
+	if end == nil || end.State != corral.BuildSucceeded {
+		t.Fatalf("build %s ended %+v", bd.ID, end)
+	}
+	if got, err := c2.Build(ctx, bd.ID); err != nil || got.State != corral.BuildSucceeded {
+		t.Errorf("build %s through the other replica: %+v, %v", bd.ID, got, err)
+	}
+	if list, err := c2.Builds(ctx); err != nil || !slices.ContainsFunc(list, func(b corral.Build) bool { return b.ID == bd.ID }) {
+		t.Errorf("the cluster's builds: %+v, %v; want %s", list, err, bd.ID)
+	}
+	if _, err := c2.Build(ctx, "bld-nowhere-0123456789abcdef"); !corral.IsNotFound(err) {
+		t.Errorf("a build of a node that is not there: %v, want not found", err)
+	}
+	for i := range 3 {
+		sb, err := clients[i%2].CreateSandbox(ctx, corral.CreateRequest{Environment: "cbuilt", Limits: small})
+		if err != nil {
+			t.Fatalf("create from a build's environment: %v", err)
+		}
+		if out, _, exit, err := c1.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"cat", "/built.txt"}}); err != nil || exit.Code != 0 || string(out) != "built\n" {
+			t.Errorf("the build's file on %s: %q, %+v, %v", sb.Node, out, exit, err)
+		}
+		if _, err := c2.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		waitEnded(t, c1, sb.ID)
+	}
+	if err := c1.DeleteEnvironment(ctx, "cbuilt"); err != nil {
+		t.Errorf("delete the build's environment: %v", err)
+	}
+
 	// Node selectors, and a project's node groups (set by an operator, through the CLI).
 	if sb := create(c1, corral.CreateRequest{NodeSelector: map[string]string{"gpu": "fake"}}); sb.Node != "edge3" {
 		t.Fatalf("node_selector gpu=fake placed on %s", sb.Node)
