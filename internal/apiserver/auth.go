@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -295,15 +296,28 @@ func (s *Server) auditResult(r *http.Request, action, project, target, result, d
 		At: time.Now().UTC(), Principal: c.tok.Principal, Token: c.tok.ID, Project: project,
 		Action: action, Target: target, Result: result, Detail: detail,
 	}
-	if len(e.Detail) > 1024 {
-		e.Detail = e.Detail[:1024]
-	}
-	if len(e.Target) > 256 {
-		e.Target = e.Target[:256]
-	}
+	e.Detail, e.Target = CutAudit(e.Detail, MaxAuditDetail), CutAudit(e.Target, MaxAuditTarget)
 	if werr := s.auditor.AddAudit(context.WithoutCancel(r.Context()), e, c.tok.ProjectPath); werr != nil {
 		s.log.Error("write audit entry", "action", action, "target", target, "err", werr)
 	}
+}
+
+// Bounds of an audit entry's free text.
+const (
+	MaxAuditDetail = 1024
+	MaxAuditTarget = 256
+)
+
+// CutAudit cuts s to at most n bytes, at a character's start, so that no character is split
+// (a split one would travel as a replacement character, longer than the bytes it replaced).
+func CutAudit(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // Refusals each token may have audited: a burst, then a steady rate.

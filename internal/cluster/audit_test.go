@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
@@ -34,8 +36,6 @@ func TestNodeAudit(t *testing.T) {
 	for _, edit := range []func(e *corral.AuditEntry){
 		func(e *corral.AuditEntry) { e.Action = "" },
 		func(e *corral.AuditEntry) { e.Result = strings.Repeat("x", 33) },
-		func(e *corral.AuditEntry) { e.Target = strings.Repeat("x", 257) },
-		func(e *corral.AuditEntry) { e.Detail = strings.Repeat("x", 1025) },
 		func(e *corral.AuditEntry) { e.At = time.Now().Add(-2 * time.Hour) },
 		func(e *corral.AuditEntry) { e.At = time.Now().Add(time.Hour) },
 	} {
@@ -44,9 +44,17 @@ func TestNodeAudit(t *testing.T) {
 		items = append(items, nodeproto.AuditItem{Entry: e, Voucher: voucher})
 	}
 	items = append(items, nodeproto.AuditItem{Entry: entry, Voucher: voucher})
+	// Free text over its bounds is cut at a character's start, not refused.
+	long := entry
+	long.Action, long.Target, long.Detail = "sandbox.ttl", strings.Repeat("é", 200), strings.Repeat("é", 600)
+	items = append(items, nodeproto.AuditItem{Entry: long, Voucher: voucher})
 	ans, err := srv.nodeAudit(ctx, "edge1", &nodeproto.AuditRequest{Entries: items})
-	if err != nil || ans.Refused != len(items)-1 {
-		t.Fatalf("a batch of %d entries, one good: %+v, %v; want %d refused", len(items), ans, err, len(items)-1)
+	if err != nil || ans.Refused != len(items)-2 {
+		t.Fatalf("a batch of %d entries, two good: %+v, %v; want %d refused", len(items), ans, err, len(items)-2)
+	}
+	if got, err := st.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.ttl"}); err != nil || len(got) != 1 ||
+		len(got[0].Target) != 256 || len(got[0].Detail) != 1024 || !utf8.ValidString(got[0].Target+got[0].Detail) {
+		t.Errorf("long free text: %d entries, %v; want it cut to 256 and 1024 bytes of whole characters", len(got), err)
 	}
 	if _, err := srv.nodeAudit(ctx, "edge1", &nodeproto.AuditRequest{Entries: make([]nodeproto.AuditItem, nodeproto.MaxAuditBatch+1)}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("a batch over %d entries: %v, want invalid", nodeproto.MaxAuditBatch, err)
@@ -57,6 +65,30 @@ func TestNodeAudit(t *testing.T) {
 	}
 	if got[0].Principal != "root" || got[0].Token != "t1" || got[0].Target != entry.Target || got[0].Result != "ok" {
 		t.Errorf("the entry as written: %+v; want it the sealed caller's (root, t1)", got[0])
+	}
+
+	// An entry names a project its caller holds something in, or goes to the caller's token's.
+	for _, p := range []string{"a", "b"} {
+		if _, err := st.CreateProject(ctx, p, "root"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := http.Header{}
+	alice := &nodeproto.Caller{TokenID: "t2", Principal: "alice", ProjectPath: "a", Perms: iam.SandboxAdmin, Held: map[string]iam.Perm{"a": iam.SandboxAdmin}, CreatedAt: time.Now()}
+	if err := nodeproto.SetSealedCaller(h, alice, "edge1", srv.sealer); err != nil {
+		t.Fatal(err)
+	}
+	inA, inB := entry, entry
+	inA.Action, inA.Project = "sandbox.power", "a"
+	inB.Action, inB.Project = "sandbox.power", "b"
+	if _, err := srv.nodeAudit(ctx, "edge1", &nodeproto.AuditRequest{Entries: []nodeproto.AuditItem{{Entry: inA, Voucher: nodeproto.VoucherOf(h)}, {Entry: inB, Voucher: nodeproto.VoucherOf(h)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.ListAudit(ctx, "b", corral.AuditQuery{Action: "sandbox.power"}); err != nil || len(got) != 0 {
+		t.Errorf("b's audit log after an entry of a caller who holds nothing there: %+v, %v; want none", got, err)
+	}
+	if got, err := st.ListAudit(ctx, "a", corral.AuditQuery{Action: "sandbox.power"}); err != nil || len(got) != 2 || got[0].Principal != "alice" {
+		t.Errorf("a's audit log: %+v, %v; want both of alice's entries", got, err)
 	}
 
 	// The edge's queue sends its entries off the requests' path, and what is queued when it

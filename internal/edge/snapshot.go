@@ -96,7 +96,9 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	if err != nil {
 		return corral.Layer{}, err
 	}
-	if !created {
+	if !created && l.Digest != blob.Digest {
+		// The same content under the same version is this snapshot's own publish, answered
+		// again after its answer broke off (or an identical snapshot's, which is as good).
 		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published", req.Name, req.Version)
 	}
 	e.log.Info("snapshot published", "sandbox", id, "layer", req.Name+":"+req.Version, "digest", blob.Digest,

@@ -34,11 +34,15 @@ type AuditResponse struct {
 
 // Bounds of the audit queue.
 const (
-	// MaxAuditBatch bounds the entries of one AuditRequest.
-	MaxAuditBatch = 64
-	// maxAuditQueue bounds the entries waiting for the servers (an outage of every replica):
-	// past it an entry is refused, and the request it is of answers as it would have.
-	maxAuditQueue = 10000
+	// MaxAuditBatch bounds the entries of one AuditRequest, and maxAuditBatchBytes their size
+	// (a caller's voucher, sealed with every entry, may be large).
+	MaxAuditBatch      = 64
+	maxAuditBatchBytes = 4 << 20
+	// maxAuditQueue and maxAuditQueueBytes bound the entries waiting for the servers (an
+	// outage of every replica): past them an entry is refused (and logged), and the request it
+	// is of answers as it would have.
+	maxAuditQueue      = 10000
+	maxAuditQueueBytes = 64 << 20
 	// auditFlushWait bounds the last flush when the edge stops.
 	auditFlushWait = 5 * time.Second
 )
@@ -47,7 +51,9 @@ const (
 // requests' path: AddAudit queues the entry with the caller ctx carries (WithVoucher), and Run
 // sends what is queued in batches of MaxAuditBatch, keeping them through an outage of the
 // replicas (retried with backoff, at most maxAuditQueue entries). An entry is written by the
-// servers within a round trip of its request's end, or lost with the edge if it dies first.
+// servers within a round trip of its request's end, or lost with the edge if it dies first;
+// the servers refuse an entry over an hour old or whose caller's seal has expired, so an
+// outage longer than that loses what was queued during it (logged by both sides).
 type AuditQueue struct {
 	s    *Servers
 	log  *slog.Logger
@@ -55,7 +61,18 @@ type AuditQueue struct {
 
 	mu      sync.Mutex
 	queue   []AuditItem
+	bytes   int // the queue's size (auditSize)
 	dropped int // entries refused since the last warning, the queue being full
+}
+
+// auditSize is about what it takes to hold and send it.
+func auditSize(it AuditItem) int {
+	e := it.Entry
+	n := 256 + len(e.Principal) + len(e.Token) + len(e.Project) + len(e.Action) + len(e.Target) + len(e.Result) + len(e.Detail)
+	if it.Voucher != nil {
+		n += len(it.Voucher.Caller) + len(it.Voucher.Seal)
+	}
+	return n
 }
 
 // AuditQueue returns the queue of an edge's audit entries; run it with Run.
@@ -66,13 +83,16 @@ func (s *Servers) AuditQueue(log *slog.Logger) *AuditQueue {
 // AddAudit queues e for the servers; fallback is theirs to know (the sealed caller's token's
 // project).
 func (q *AuditQueue) AddAudit(ctx context.Context, e corral.AuditEntry, _ string) error {
+	it := AuditItem{Entry: e, Voucher: VoucherFrom(ctx)}
+	size := auditSize(it)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.queue) >= maxAuditQueue {
+	if len(q.queue) >= maxAuditQueue || q.bytes+size > maxAuditQueueBytes {
 		q.dropped++
-		return fmt.Errorf("audit entry %s left out: %d entries wait for the servers: %w", e.Action, len(q.queue), errdefs.ErrUnavailable)
+		return fmt.Errorf("audit entry %s left out: %d entries (%d bytes) wait for the servers: %w", e.Action, len(q.queue), q.bytes, errdefs.ErrUnavailable)
 	}
-	q.queue = append(q.queue, AuditItem{Entry: e, Voucher: VoucherFrom(ctx)})
+	q.queue = append(q.queue, it)
+	q.bytes += size
 	select {
 	case q.wake <- struct{}{}:
 	default:
@@ -135,7 +155,12 @@ func (q *AuditQueue) pending() int {
 // would be refused again.
 func (q *AuditQueue) send(ctx context.Context) error {
 	q.mu.Lock()
-	batch := q.queue[:min(len(q.queue), MaxAuditBatch)]
+	n, size := 0, 0
+	for n < len(q.queue) && n < MaxAuditBatch && (n == 0 || size+auditSize(q.queue[n]) <= maxAuditBatchBytes) {
+		size += auditSize(q.queue[n])
+		n++
+	}
+	batch := q.queue[:n]
 	dropped := q.dropped
 	q.dropped = 0
 	q.mu.Unlock()
@@ -147,12 +172,13 @@ func (q *AuditQueue) send(ctx context.Context) error {
 	}
 	var ans AuditResponse
 	err := q.s.call(ctx, PathAudit, AuditRequest{Entries: batch}, &ans)
-	if errors.Is(err, errdefs.ErrUnavailable) || ctx.Err() != nil {
-		return err
+	if err != nil && (errors.Is(err, errdefs.ErrUnavailable) || ctx.Err() != nil) {
+		return err // kept: the batch is sent again
 	}
 	q.mu.Lock()
+	q.bytes -= size
 	if q.queue = q.queue[len(batch):]; len(q.queue) == 0 {
-		q.queue = nil // the sent entries' array goes
+		q.queue, q.bytes = nil, 0 // the sent entries' array goes
 	}
 	q.mu.Unlock()
 	switch {

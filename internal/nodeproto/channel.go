@@ -511,6 +511,10 @@ func (s *Servers) callOne(ctx context.Context, url, path string, body []byte, ou
 		return answerError(resp, raw)
 	case resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusGatewayTimeout:
 		return fmt.Errorf("%s: %w: %w", url, answerError(resp, raw), errUnreachable)
+	case resp.StatusCode == http.StatusNotFound && !isAPIError(raw):
+		// A path this replica does not serve (one of an older release, during a rolling
+		// upgrade of the servers): another may.
+		return fmt.Errorf("%s: %s is not served there: %w", url, path, errUnreachable)
 	case resp.StatusCode/100 != 2:
 		return answerError(resp, raw)
 	case out == nil:
@@ -520,6 +524,15 @@ func (s *Servers) callOne(ctx context.Context, url, path string, body []byte, ou
 		return fmt.Errorf("the servers' node channel %s: undecodable answer: %v", url, err)
 	}
 	return nil
+}
+
+// isAPIError reports whether raw is an error answer of the API's shape ({code, message}), not
+// a router's plain 404.
+func isAPIError(raw []byte) bool {
+	var e struct {
+		Code string `json:"code"`
+	}
+	return json.Unmarshal(raw, &e) == nil && e.Code != ""
 }
 
 // answerError turns an error answer into the error it says: store.ErrFenced for a StaleEpoch

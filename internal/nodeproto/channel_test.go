@@ -144,3 +144,30 @@ func TestLeaseTTL(t *testing.T) {
 		}
 	}
 }
+
+// TestServersOlderReplica: a replica that does not serve a path (one of an older release, during
+// a rolling upgrade) answers a router's 404, and the call goes to the next replica; an API
+// error's 404 is the answer.
+func TestServersOlderReplica(t *testing.T) {
+	ctx := context.Background()
+	older, olderCalls := replica(t, http.NotFound)
+	live, liveCalls := replica(t, answer("ready"))
+	s, err := NewServers([]string{older.URL, live.URL}, insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hb, err := s.Heartbeat(ctx, 1, 15*time.Second); err != nil || hb.State != "ready" {
+		t.Fatalf("heartbeat with an older replica first: %+v, %v", hb, err)
+	}
+	if olderCalls.Load() != 1 || liveCalls.Load() != 1 {
+		t.Errorf("calls: older %d, live %d; want one each", olderCalls.Load(), liveCalls.Load())
+	}
+	missing, _ := replica(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+		json.NewEncoder(w).Encode(map[string]string{"code": "not_found", "message": "layer x:1"})
+	})
+	s, _ = NewServers([]string{missing.URL, live.URL}, insecure)
+	if _, err := s.Publisher().DeleteLayer(ctx, "x", "1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("an API error's 404: %v, want not found", err)
+	}
+}

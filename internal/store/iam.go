@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -818,15 +819,38 @@ func (s *Store) ListGrants(ctx context.Context, under string) ([]corral.Grant, e
 // Control characters in the caller-supplied text are replaced, so a log reader's terminal never
 // interprets them.
 func (s *Store) AddAudit(ctx context.Context, e corral.AuditEntry, fallback string) error {
+	return addAudit(ctx, s.db, e, fallback)
+}
+
+// AuditWrite is an entry of AddAudits with its fallback project (AddAudit).
+type AuditWrite struct {
+	Entry    corral.AuditEntry
+	Fallback string
+}
+
+// AddAudits appends entries to the audit log in one transaction, all or none (a batch a cluster's
+// edge sent, which it sends again when this fails).
+func (s *Store) AddAudits(ctx context.Context, ws []AuditWrite) error {
+	return s.tx(ctx, func(tx *Tx) error {
+		for _, w := range ws {
+			if err := addAudit(ctx, tx, w.Entry, w.Fallback); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func addAudit(ctx context.Context, q querier, e corral.AuditEntry, fallback string) error {
 	clean := func(v string) string {
 		return strings.Map(func(r rune) rune {
-			if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == utf8.RuneError {
 				return '?'
 			}
 			return r
 		}, v)
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO audit (at, principal, token_id, project_id, project_path, action, target, result, detail)
+	_, err := q.ExecContext(ctx, `INSERT INTO audit (at, principal, token_id, project_id, project_path, action, target, result, detail)
 		VALUES (?, ?, ?, COALESCE((SELECT id FROM projects WHERE path = ?), (SELECT id FROM projects WHERE path = ?), ''), ?, ?, ?, ?, ?)`,
 		e.At.UnixNano(), e.Principal, e.Token, e.Project, fallback, clean(e.Project), e.Action, clean(e.Target), e.Result, clean(e.Detail))
 	if err != nil {

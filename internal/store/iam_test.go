@@ -532,3 +532,29 @@ func TestIdempotentAdmission(t *testing.T) {
 		}
 	})
 }
+
+// TestAddAudits: a batch of entries is written whole, with text that is not UTF-8 replaced (as
+// control characters are), on both drivers.
+func TestAddAudits(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		now := time.Now().UTC()
+		ws := []AuditWrite{
+			{Entry: corral.AuditEntry{At: now, Principal: "root", Action: "sandbox.delete", Target: "sb-a", Result: "ok", Detail: "bad \xff byte"}},
+			{Entry: corral.AuditEntry{At: now, Principal: "root", Action: "sandbox.delete", Target: "sb-b", Result: "ok"}},
+		}
+		if err := s.AddAudits(ctx, ws); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.delete"})
+		if err != nil || len(got) != 2 {
+			t.Fatalf("entries: %+v, %v", got, err)
+		}
+		for _, e := range got {
+			if e.Target == "sb-a" && e.Detail != "bad ? byte" {
+				t.Errorf("detail with a byte that is not UTF-8: %q", e.Detail)
+			}
+		}
+	})
+}
