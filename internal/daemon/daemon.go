@@ -783,6 +783,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}
 	select {
 	case err := <-errc:
+		// Nothing is served while the deferred flushes (events, audit entries) run.
+		srv.Close()
 		if errors.Is(err, store.ErrFenced) {
 			log.Error("stopping: another incarnation holds this node, or it was declared lost; restart to register again", "err", err)
 			return err
