@@ -1,22 +1,31 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/placement"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Builds run on the edge a replica sends their POST to, and live in its memory with their logs
 // (internal/build): a build's ID names its node (build.NodeOf), so every request about one goes
-// there (toBuildNode), and the list is every up edge's, asked at once and merged.
+// there (toBuildNode), and the list is every up edge's, asked at once and merged. The edge creates
+// every RUN step's sandbox on itself, so a build is placed as its steps' sandboxes would be
+// (startBuild).
 
 const (
 	// buildListTimeout bounds how long a list waits for one edge.
@@ -24,6 +33,51 @@ const (
 	// buildListMax bounds one edge's answer (it keeps its last 100 builds).
 	buildListMax = 16 << 20
 )
+
+// startBuild answers POST /v1/builds: it places the build where its steps' sandboxes fit (a
+// container of the default limits and the build's runtime, in the project's node groups) and
+// sends it to that edge, body and context as they came. The edge checks the request.
+func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
+	var head bytes.Buffer // what the decoder read: sent on before the rest of the body
+	dec := json.NewDecoder(io.TeeReader(io.LimitReader(r.Body, httpjson.MaxBody), &head))
+	var req struct {
+		Runtime string `json:"runtime"`
+		Project string `json:"project"`
+	}
+	if err := dec.Decode(&req); err != nil {
+		httpjson.Error(w, r, s.log, errdefs.Invalid("body", "not a build request (a JSON object, then the context): %v", err))
+		return
+	}
+	project, err := apiserver.CallerProject(r, "project", req.Project)
+	var groups *corral.ProjectPlacement
+	if err == nil {
+		groups, err = s.store.ProjectPlacement(r.Context(), project)
+	}
+	if errors.Is(err, errdefs.ErrNotFound) {
+		err = errdefs.Invalid("project", "project %s does not exist", iam.Display(project))
+	}
+	var lim limits.Limits
+	if err == nil {
+		lim, err = clusterLimits.Resolve(limits.TierContainer, limits.Limits{})
+	}
+	if err != nil {
+		httpjson.Error(w, r, s.log, err)
+		return
+	}
+	preq := placement.Request{Tier: limits.TierContainer, Runtime: req.Runtime, CPUs: lim.CPUs, MemoryBytes: lim.MemoryBytes,
+		DiskBytes: lim.DiskBytes, Pin: selectors(groups.Effective.Pin), Avoid: selectors(groups.Effective.Avoid)}
+	d, err := s.placer.Place(preq, placementNodes(s.upNodes(r.Context())))
+	if err != nil {
+		httpjson.Error(w, r, s.log, fmt.Errorf("place the build: %w", err))
+		return
+	}
+	s.placer.Done(d.ID, false) // a build is no sandbox: its steps' count when their node reports them
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(&head, r.Body), r.Body}
+	s.toNode(w, r, d.Node)
+}
 
 // listBuilds answers GET /v1/builds: the builds of every up edge the caller may see, oldest
 // first. An edge that does not answer is left out of the list and logged.

@@ -380,6 +380,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/sandboxes", s.api.Authenticated(http.HandlerFunc(s.create)))
 	mux.Handle("GET /v1/layers/{name}/{version}/stats", s.forward(s.toNamedNode))
 	mux.Handle("GET /v1/builds", s.forward(http.HandlerFunc(s.listBuilds)))
+	mux.Handle("POST /v1/builds", s.forward(http.HandlerFunc(s.startBuild)))
 	mux.Handle("/v1/builds/{id}", s.forward(s.toBuildNode))
 	mux.Handle("/v1/builds/{id}/", s.forward(s.toBuildNode))
 	mux.Handle("/v1/sandboxes/{id}", s.forward(s.toOwner))

@@ -10,20 +10,116 @@
 // Read on closed Body"), closes the upstream connection, and the response, already begun, breaks
 // off: the client sees a truncated stream (undici's "terminated", Python's IncompleteRead). Full
 // duplex leaves the body to the proxy, which reads and closes it itself.
+//
+// Full duplex has a hazard of its own: the transport's goroutine that sends the body can outlive
+// the handler. A read of it that finds the body's end after the handler returned starts the
+// server's watch for the next request under the server's own read of it, and the server panics
+// ("invalid concurrent Body.Read call") and drops the connection. Serve therefore ends the body
+// before it returns: it waits for a read in flight (a client still sending gets a moment to
+// finish, then the read is cut short), and any later read fails without touching the
+// connection. A response that begins before the client's body is whole closes the connection
+// after it, as Go's server does when it cannot read a body's rest: what the client sends after
+// must not be read as its next request.
 package revproxy
 
 import (
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httputil"
+	"sync"
+	"sync/atomic"
+	"time"
 )
+
+// finishGrace is how long a client still sending its body after the response gets to finish it.
+const finishGrace = 2 * time.Second
 
 // Serve proxies r through p in full duplex (where the connection is HTTP/1; HTTP/2 always is).
 func Serve(p *httputil.ReverseProxy, w http.ResponseWriter, r *http.Request) {
-	_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2 writers do not support it: they need not
-	p.ServeHTTP(w, r)
+	rc := http.NewResponseController(w)
+	if r.ProtoMajor != 1 || r.Body == nil || r.Body == http.NoBody {
+		_ = rc.EnableFullDuplex() // HTTP/2 writers do not support it: they need not
+		p.ServeHTTP(w, r)
+		return
+	}
+	_ = rc.EnableFullDuplex()
+	b := &body{rc: r.Body, size: r.ContentLength}
+	defer b.end(rc)
+	q := *p
+	q.ModifyResponse = func(resp *http.Response) error {
+		if !b.whole() {
+			resp.Header.Set("Connection", "close")
+		}
+		if p.ModifyResponse != nil {
+			return p.ModifyResponse(resp)
+		}
+		return nil
+	}
+	r2 := *r // a shallow copy: the server keeps its own request and body
+	r2.Body = b
+	q.ServeHTTP(w, &r2)
 }
 
 // Handler returns p as a handler that serves in full duplex.
 func Handler(p *httputil.ReverseProxy) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { Serve(p, w, r) })
+}
+
+// errEnded is what a read of a request body gets once its handler has returned.
+var errEnded = errors.New("revproxy: the request's handler has returned")
+
+// body is a request body that its handler can end: after end, no read of it is in flight and
+// none reaches the connection.
+type body struct {
+	mu    sync.Mutex // held through each read
+	rc    io.ReadCloser
+	ended bool
+
+	size int64        // the request's Content-Length, -1 when unknown
+	read atomic.Int64 // bytes read so far
+	eof  atomic.Bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		return 0, errEnded
+	}
+	n, err := b.rc.Read(p)
+	b.read.Add(int64(n))
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+// Close leaves the body to the server, which closes it after the handler.
+func (b *body) Close() error { return nil }
+
+// whole reports whether the client has sent the whole body (as far as the proxy has read it).
+func (b *body) whole() bool {
+	return b.eof.Load() || (b.size >= 0 && b.read.Load() >= b.size)
+}
+
+// end waits for a read in flight, cutting it short after finishGrace, and fails every later one.
+func (b *body) end(rc *http.ResponseController) {
+	if !b.mu.TryLock() {
+		locked := make(chan struct{})
+		go func() {
+			b.mu.Lock()
+			close(locked)
+		}()
+		select {
+		case <-locked:
+		case <-time.After(finishGrace):
+			// The connection's read deadline wakes the read; the server sets its own deadline
+			// before it reads a next request (and closes this connection: see Serve).
+			_ = rc.SetReadDeadline(time.Now())
+			<-locked
+		}
+	}
+	b.ended = true
+	b.mu.Unlock()
 }

@@ -1,12 +1,17 @@
 package revproxy
 
 import (
+	"bufio"
+	"fmt"
 	"io"
+	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -64,6 +69,103 @@ func TestUpstreamAnswersBeforeBodyEnds(t *testing.T) {
 		resp.Body.Close()
 		if err != nil || string(body) != "first\nsecond\n" {
 			t.Fatalf("request %d: %q, %v; want the whole stream", i, body, err)
+		}
+	}
+}
+
+// TestBodyEndsAfterHandler: an upstream that answers without waiting for the request's body,
+// while the client sends the body's end only after it has the whole response, leaves the proxy's
+// transport reading the body when the handler returns. That read must not reach the connection
+// after the handler: the server would panic ("invalid concurrent Body.Read call") and drop it.
+func TestBodyEndsAfterHandler(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex() // answers before it has the body
+		w.Header().Set("Content-Length", "2")
+		io.WriteString(w, "ok")
+		w.(http.Flusher).Flush()
+	}))
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	p := &httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
+		Transport:     &http.Transport{},
+		FlushInterval: -1,
+	}
+	var errs strings.Builder
+	var errsMu sync.Mutex
+	proxy := httptest.NewUnstartedServer(Handler(p))
+	proxy.Config.ErrorLog = log.New(writerFunc(func(b []byte) (int, error) {
+		errsMu.Lock()
+		defer errsMu.Unlock()
+		return errs.Write(b)
+	}), "", 0)
+	proxy.Start()
+	defer proxy.Close()
+
+	for i := range 3 {
+		conn, err := net.Dial("tcp", proxy.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		if err != nil || string(got) != "ok" {
+			t.Fatalf("request %d: %q, %v; want the upstream's answer", i, got, err)
+		}
+		if !resp.Close {
+			t.Errorf("request %d: the response keeps the connection, whose body's rest would be read as a request", i)
+		}
+		conn.Write([]byte("67890"))
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, br); err != nil {
+			t.Errorf("request %d: the proxy did not close the connection: %v", i, err)
+		}
+		conn.Close()
+	}
+	time.Sleep(100 * time.Millisecond)
+	errsMu.Lock()
+	defer errsMu.Unlock()
+	if strings.Contains(errs.String(), "panic") {
+		t.Fatalf("the proxy's server panicked:\n%s", errs.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// TestKeepAlive: a request whose body the upstream read whole leaves the client's connection
+// open for its next request.
+func TestKeepAlive(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	}))
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	p := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }}
+	proxy := httptest.NewServer(Handler(p))
+	defer proxy.Close()
+	conn, err := net.Dial("tcp", proxy.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for i := range 3 {
+		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on one connection: %v", i, err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		if string(got) != "hello" || resp.Close {
+			t.Fatalf("request %d: %q (close %v); want the body echoed and the connection kept", i, got, resp.Close)
 		}
 	}
 }
