@@ -599,7 +599,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Invalid("public", "a layer cannot be both private and public"))
 		return
 	}
-	if err := s.checkPublicBelow(r.Context(), public, below); err != nil {
+	if err := s.checkPublicBelow(r.Context(), public, project, below); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -684,11 +684,14 @@ func queryBool(q url.Values, name string) (bool, error) {
 	return false, errdefs.Invalid(name, "%q is not true or false", q.Get(name))
 }
 
-// checkPublicBelow refuses to make a layer public on parts (below) that are not: every project
-// would see a layer it cannot use.
-func (s *Server) checkPublicBelow(ctx context.Context, public bool, below []string) error {
+// checkPublicBelow refuses to make a layer of project at (canonical) public on parts (below)
+// that are not: every project would see a layer it cannot use.
+func (s *Server) checkPublicBelow(ctx context.Context, public bool, at string, below []string) error {
 	if !public {
 		return nil
+	}
+	if s.edge != nil { // as its catalogue reader reads them: the servers, on a cluster's edge
+		return s.edge.CheckPublicParts(ctx, at, below)
 	}
 	return (&catalog.Resolver{Store: s.store}).CheckPublicParts(ctx, "below", below)
 }
@@ -761,19 +764,19 @@ func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	// Both settings are checked before either is set, so a refusal changes nothing.
-	l, err := s.store.GetLayer(r.Context(), name, version)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		// Perhaps another Corral sharing the blob store published it: adopt, then set.
-		if n, serr := s.edge.SyncShared(r.Context(), name); serr == nil && n > 0 {
-			l, err = s.store.GetLayer(r.Context(), name, version)
-		}
-	}
+	// Both settings are checked before either is set, so a refusal changes nothing. The version
+	// is read as its project (the guard's) sees it: from the catalogue the edge reads (the
+	// servers, on a cluster's edge; adopted from the shared catalogue on a miss under `corral
+	// up`).
+	l, err := s.edge.VisibleLayer(r.Context(), guarded(r), name, version)
 	if err == nil && (l.Name != name || l.Version != version) {
 		err = errdefs.Invalid("version", "%s:%s is a tag; settings belong to versions (%s:%s)", name, version, l.Name, l.Version)
 	}
 	if err == nil && body.Public != nil && *body.Public {
-		err = s.checkPublicBelow(r.Context(), true, l.Below)
+		var at string
+		if at, err = iam.ParsePath("project", l.Project); err == nil {
+			err = s.checkPublicBelow(r.Context(), true, at, l.Below)
+		}
 	}
 	if err == nil && body.FillRate != nil {
 		l, err = s.edge.SetLayerFillRate(r.Context(), name, version, *body.FillRate)
@@ -869,7 +872,13 @@ func (s *Server) onEnvironment(read bool) resolver {
 // onLayerName resolves to the project that owns the layer name in the path.
 func (s *Server) onLayerName(r *http.Request) (string, string, error) {
 	name := r.PathValue("name")
-	ls, err := s.store.ListLayers(r.Context(), name)
+	var ls []corral.Layer
+	var err error
+	if s.edge != nil { // as the edge's catalogue reader reads them (the servers, on a cluster's)
+		ls, err = s.edge.LayerVersions(r.Context(), name)
+	} else {
+		ls, err = s.store.ListLayers(r.Context(), name)
+	}
 	if err != nil {
 		return "", name, err
 	}

@@ -223,6 +223,12 @@ func CallerMay(nc *nodeproto.Caller, perm iam.Perm, p string) error {
 	return callerOf(nc).require(perm, p)
 }
 
+// CallerCanReadLayer reports whether nc, a caller a replica sealed for an edge, can read layer
+// l (as GET /v1/layers lists it for that caller).
+func CallerCanReadLayer(nc *nodeproto.Caller, l corral.Layer) bool {
+	return callerOf(nc).canReadLayer(l)
+}
+
 type sandboxKey struct{}
 
 // OnSandbox returns r knowing the canonical path of the project of sandbox id, which r's path
@@ -399,6 +405,7 @@ func (s *Server) guard(perm iam.Perm, action string, resolve resolver, h http.Ha
 			s.fail(w, r, err)
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), guardedKey{}, project))
 		if action == "" {
 			h(w, r)
 			return
@@ -413,6 +420,14 @@ func (s *Server) guard(perm iam.Perm, action string, resolve resolver, h http.Ha
 		}
 		s.audit(r, action, project, target, rec.err, "")
 	}
+}
+
+type guardedKey struct{}
+
+// guarded returns the project (canonical) the guard of r's handler checked the caller in.
+func guarded(r *http.Request) string {
+	p, _ := r.Context().Value(guardedKey{}).(string)
+	return p
 }
 
 // Prune removes, every hour until ctx ends, audit entries older than retention and create

@@ -44,8 +44,8 @@ type Backend interface {
 	// base layer, replacing an environment of the same name and project.
 	BuildSaveEnvironment(ctx context.Context, name, base, project string) error
 	// EnvironmentOwner is the project (canonical; the root is "") owning environment name, and
-	// whether there is one.
-	EnvironmentOwner(ctx context.Context, name string) (string, bool, error)
+	// whether there is one, as a build in project at asks.
+	EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error)
 	ValidateImageConfig(c *ImageConfig) error
 }
 
@@ -186,7 +186,7 @@ func (j *Jobs) Check(ctx context.Context, req Spec, project string, bctx *Contex
 		return nil, err
 	}
 	// A root-owned environment's owner is "" too: whether it exists is asked apart.
-	if owner, exists, err := j.b.EnvironmentOwner(ctx, req.Name); err != nil {
+	if owner, exists, err := j.b.EnvironmentOwner(ctx, project, req.Name); err != nil {
 		return nil, err
 	} else if exists && owner != project {
 		return nil, errdefs.Conflict("environment name %s belongs to another project; choose another name", req.Name)

@@ -130,7 +130,7 @@ func (f *fakeNode) BuildSaveEnvironment(ctx context.Context, name, base, project
 	return nil
 }
 
-func (f *fakeNode) EnvironmentOwner(ctx context.Context, name string) (string, bool, error) {
+func (f *fakeNode) EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	env, ok := f.envs[name]

@@ -14,17 +14,48 @@ import (
 // MaxBelow bounds how many parts a layer may stack on.
 const MaxBelow = 64
 
+// LayerReader reads the layer versions a project sees: Resolver.VisibleLayer, or the servers'
+// answer on a cluster's edge (nodeproto.CatalogReader). What at does not see is
+// errdefs.ErrNotFound.
+type LayerReader interface {
+	VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error)
+}
+
+// LayerIn returns the published layer ref (NAME:VERSION or NAME:TAG) names, as lr reads it for
+// project at (canonical), checking its kind; field names the request's field in errors.
+func LayerIn(ctx context.Context, lr LayerReader, field, ref, kind, at string) (corral.Layer, error) {
+	name, version, err := ParseLayerRef(field, ref)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	l, err := lr.VisibleLayer(ctx, at, name, version)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return corral.Layer{}, NotPublished(field, ref)
+	} else if err != nil {
+		return corral.Layer{}, err
+	}
+	if l.Kind != kind {
+		return corral.Layer{}, errdefs.Invalid(field, "layer %s is a %s layer, not a %s layer", ref, l.Kind, kind)
+	}
+	return l, nil
+}
+
 // CheckBelow validates the versions a new layer of kind, published in project at (canonical),
 // stacks on (an image imported in parts): each is published, usable in that project, of the same
 // kind, and stacks on nothing itself. It returns them as NAME:VERSION, tags resolved.
 func (r *Resolver) CheckBelow(ctx context.Context, kind, at string, below []string) ([]string, error) {
+	return CheckBelowIn(ctx, r, kind, at, below)
+}
+
+// CheckBelowIn is CheckBelow with the versions read by lr.
+func CheckBelowIn(ctx context.Context, lr LayerReader, kind, at string, below []string) ([]string, error) {
 	if len(below) > MaxBelow {
 		return nil, errdefs.Invalid("below", "at most %d layers, got %d", MaxBelow, len(below))
 	}
 	var out []string
 	for i, ref := range below {
 		field := fmt.Sprintf("below[%d]", i)
-		l, err := r.Layer(ctx, field, ref, kind, at)
+		l, err := LayerIn(ctx, lr, field, ref, kind, at)
 		if err != nil {
 			return nil, err
 		}
@@ -39,13 +70,27 @@ func (r *Resolver) CheckBelow(ctx context.Context, kind, at string, below []stri
 // CheckPublicParts checks that every part a layer stacks on (NAME:VERSION or NAME:TAG) is
 // public, as the layer is to be: a public layer is usable where its parts must be too.
 func (r *Resolver) CheckPublicParts(ctx context.Context, field string, below []string) error {
+	return checkPublicParts(field, below, func(name, version string) (corral.Layer, error) {
+		return r.Store.GetLayer(ctx, name, version)
+	})
+}
+
+// CheckPublicPartsIn is CheckPublicParts with the parts read by lr as project at (the layer's,
+// canonical) sees them: a public part is seen everywhere.
+func CheckPublicPartsIn(ctx context.Context, lr LayerReader, field, at string, below []string) error {
+	return checkPublicParts(field, below, func(name, version string) (corral.Layer, error) {
+		return lr.VisibleLayer(ctx, at, name, version)
+	})
+}
+
+func checkPublicParts(field string, below []string, get func(name, version string) (corral.Layer, error)) error {
 	for i, ref := range below {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		name, version, err := ParseLayerRef(f, ref)
 		if err != nil {
 			return err
 		}
-		part, err := r.Store.GetLayer(ctx, name, version)
+		part, err := get(name, version)
 		if err != nil {
 			return err
 		}

@@ -281,10 +281,13 @@ func (r *Resolver) compose(ctx context.Context, res *Resolution, req *corral.Cre
 // Layer returns the published layer ref (NAME:VERSION or NAME:TAG) names, if project at
 // (canonical) sees it, checking its kind; field names the request's field in errors.
 func (r *Resolver) Layer(ctx context.Context, field, ref, kind, at string) (corral.Layer, error) {
-	name, version, err := ParseLayerRef(field, ref)
-	if err != nil {
-		return corral.Layer{}, err
-	}
+	return LayerIn(ctx, r, field, ref, kind, at)
+}
+
+// VisibleLayer returns the version name:version (or the one tag version names), if project at
+// (canonical) sees it. One it does not see is answered as one that does not exist
+// (errdefs.ErrNotFound). A resolver that adopts looks in the shared catalogue on a miss.
+func (r *Resolver) VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error) {
 	l, err := r.Store.GetLayer(ctx, name, version)
 	if err == nil && !LayerVisibleIn(l, at) {
 		err = errdefs.NotFound("layer %s:%s", name, version) // and looked for as if it were
@@ -292,20 +295,46 @@ func (r *Resolver) Layer(ctx context.Context, field, ref, kind, at string) (corr
 	if errors.Is(err, errdefs.ErrNotFound) && r.Adopt != nil {
 		// Perhaps another installation sharing the blob store published it.
 		if n, serr := r.Adopt(ctx, name); serr != nil {
-			r.log().Warn("look up a layer in the shared catalogue", "layer", ref, "err", serr)
+			r.log().Warn("look up a layer in the shared catalogue", "layer", name+":"+version, "err", serr)
 		} else if n > 0 {
 			l, err = r.Store.GetLayer(ctx, name, version)
 		}
 	}
-	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !LayerVisibleIn(l, at) {
-		return corral.Layer{}, NotPublished(field, ref)
+	if err == nil && !LayerVisibleIn(l, at) {
+		err = errdefs.NotFound("layer %s:%s", name, version)
+	}
+	return l, err
+}
+
+// LayerVersions returns every published version of layer name (none: an empty list).
+func (r *Resolver) LayerVersions(ctx context.Context, name string) ([]corral.Layer, error) {
+	return r.Store.ListLayers(ctx, name)
+}
+
+// VisibleEnvironment returns environment name, if project at (canonical) may use it (it is
+// at's or an ancestor's). One it may not use is answered as one that does not exist
+// (errdefs.ErrNotFound).
+func (r *Resolver) VisibleEnvironment(ctx context.Context, at, name string) (corral.Environment, error) {
+	env, err := r.Store.GetEnvironment(ctx, name)
+	if err == nil && !LayerVisibleIn(corral.Layer{Project: env.Project}, at) {
+		err = errdefs.NotFound("environment %s", name)
+	}
+	return env, err
+}
+
+// EnvironmentOwner returns the project (canonical; the root is "") owning environment name,
+// and whether there is one: environment names are one namespace, so a name another project
+// holds cannot be saved. at, the project asking, does not change the answer (the servers answer
+// a caller who may read layers there).
+func (r *Resolver) EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error) {
+	env, err := r.Store.GetEnvironment(ctx, name)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return "", false, nil
 	} else if err != nil {
-		return corral.Layer{}, err
+		return "", false, err
 	}
-	if l.Kind != kind {
-		return corral.Layer{}, errdefs.Invalid(field, "layer %s is a %s layer, not a %s layer", ref, l.Kind, kind)
-	}
-	return l, nil
+	owner, err := iam.ParsePath("project", env.Project)
+	return owner, err == nil, err
 }
 
 func (r *Resolver) log() *slog.Logger {

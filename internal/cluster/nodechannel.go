@@ -66,6 +66,7 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathDeleteLayer, nodeCall(s, maxNodeBody, s.nodeDeleteLayer))
 	mux.HandleFunc("POST "+nodeproto.PathEnvironment, nodeCall(s, maxNodeBody, s.nodeEnvironment))
 	mux.HandleFunc("POST "+nodeproto.PathAudit, nodeCall(s, maxNodeBody, s.nodeAudit))
+	mux.HandleFunc("POST "+nodeproto.PathCatalogRead, nodeCall(s, maxNodeBody, s.nodeCatalogRead))
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))

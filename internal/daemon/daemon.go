@@ -637,6 +637,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeaturePublish) {
 		ecfg.Publisher = cfg.Cluster.Servers.Publisher() // and record the layers it makes
 	}
+	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureCatalogRead) {
+		ecfg.CatalogReader = cfg.Cluster.Servers.CatalogReader() // and read for its builds and snapshots
+	}
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureVolumes) {
 		ecfg.VolumeCatalog = cfg.Cluster.Servers.Volumes(node.Epoch)
 	}

@@ -82,14 +82,11 @@ func (e *Edge) BuildFrom(ctx context.Context, at, ref string, dry bool) (build.L
 
 func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top corral.Layer, depth int, cfg *corral.ImageConfig, err error) {
 	if !strings.Contains(ref, ":") {
-		env, err := e.store.GetEnvironment(ctx, ref)
+		env, err := e.reader.VisibleEnvironment(ctx, at, ref)
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return top, 0, nil, errdefs.Invalid("from", "FROM %s: no environment of that name, and not a layer NAME:VERSION (import images with `corral layer import`)", ref)
+			return top, 0, nil, errdefs.Invalid("from", "FROM %s: no environment of that name usable in this project, and not a layer NAME:VERSION (import images with `corral layer import`)", ref)
 		} else if err != nil {
 			return top, 0, nil, err
-		}
-		if !LayerVisibleInPath(env.Project, at) {
-			return top, 0, nil, errdefs.Invalid("from", "FROM %s: the environment is not usable in this project", ref)
 		}
 		base, err := e.resolveLayer(ctx, "from", env.Base, corral.KindBase, at)
 		if err != nil {
@@ -150,8 +147,8 @@ func shortKey(s string) string {
 
 // BuildLayer returns the build layer of cache key key, if one is published and visible in at.
 func (e *Edge) BuildLayer(ctx context.Context, at, key string) (build.Layer, bool, error) {
-	l, err := e.store.GetLayer(ctx, BuildLayerName, key)
-	if errors.Is(err, errdefs.ErrNotFound) || err == nil && !catalog.LayerVisibleIn(l, at) {
+	l, err := e.reader.VisibleLayer(ctx, at, BuildLayerName, key)
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return build.Layer{}, false, nil
 	}
 	return buildLayer(l), err == nil, err
@@ -166,13 +163,17 @@ func (e *Edge) BuildPublish(ctx context.Context, l build.Layer) (build.Layer, er
 }
 
 func (e *Edge) buildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error) {
-	if got, err := e.store.GetLayer(ctx, l.Name, l.Version); err == nil {
+	at, err := iam.ParsePath("project", l.Project)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	if got, err := e.reader.VisibleLayer(ctx, at, l.Name, l.Version); err == nil {
 		return got, nil
 	}
 	got, _, err := e.PublishLayer(ctx, l)
 	if err != nil && errors.Is(err, errdefs.ErrConflict) {
 		// Another build published the same step first; its result stands.
-		if prev, gerr := e.store.GetLayer(ctx, l.Name, l.Version); gerr == nil {
+		if prev, gerr := e.reader.VisibleLayer(ctx, at, l.Name, l.Version); gerr == nil {
 			return prev, nil
 		}
 	}
@@ -316,16 +317,9 @@ func (e *Edge) BuildDelete(ctx context.Context, id string) error {
 }
 
 // EnvironmentOwner returns the project (canonical; the root is "") owning environment name,
-// and whether there is one.
-func (e *Edge) EnvironmentOwner(ctx context.Context, name string) (string, bool, error) {
-	env, err := e.store.GetEnvironment(ctx, name)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return "", false, nil
-	} else if err != nil {
-		return "", false, err
-	}
-	owner, err := iam.ParsePath("project", env.Project)
-	return owner, err == nil, err
+// and whether there is one, as a build in project at asks.
+func (e *Edge) EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error) {
+	return e.reader.EnvironmentOwner(ctx, at, name)
 }
 
 // ValidateImageConfig is the package function, for builds.

@@ -178,8 +178,10 @@ type Config struct {
 	Admissions Admissions
 	Trajectory Trajectory
 	Records    Records
-	// Catalog resolves what a create names in the catalogue; nil: the store (catalog.Resolver).
-	Catalog Catalog
+	// Catalog resolves what a create names in the catalogue, and CatalogReader reads it for the
+	// node's own jobs (builds, snapshots); nil: the store (catalog.Resolver).
+	Catalog       Catalog
+	CatalogReader CatalogReader
 	// Publisher records the layer versions the edge makes and the environments builds save;
 	// nil: the store. Set (a cluster's servers), the node adopts nothing from the shared
 	// catalogue: the servers keep the one catalogue, which only a caller may add to.
@@ -263,9 +265,11 @@ type Edge struct {
 	// settings is cfg.Settings, or the store's; admissions, traj and records cfg's, or the store.
 	settings   Settings
 	admissions Admissions
-	// resolver resolves creates (cfg.Catalog, or local); local resolves from the node's own
-	// store, for what still reads the catalogue on the node (builds, snapshots, environments).
+	// resolver resolves creates (cfg.Catalog, or local), and reader reads the catalogue for
+	// builds and snapshots (cfg.CatalogReader, or local); local resolves from the node's own
+	// store, for what still reads it there (imports' parts, the API's guards).
 	resolver Catalog
+	reader   CatalogReader
 	local    *catalog.Resolver
 	// publisher records layer versions and builds' environments (cfg.Publisher, or the store).
 	publisher Publisher
@@ -459,6 +463,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	}
 	if e.resolver = cfg.Catalog; e.resolver == nil {
 		e.resolver = e.local
+	}
+	if e.reader = cfg.CatalogReader; e.reader == nil {
+		e.reader = e.local
 	}
 	e.own = newOwnRecords()
 	records := cfg.Records
@@ -1312,14 +1319,31 @@ func mergeEnv(base, over []string) []string {
 // resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, if project at
 // (canonical) sees it, checking its kind (catalog.Resolver.Layer, on the node's own store).
 func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind, at string) (corral.Layer, error) {
-	return e.local.Layer(ctx, field, ref, kind, at)
+	return catalog.LayerIn(ctx, e.reader, field, ref, kind, at)
 }
 
 // CheckBelow validates the versions a new layer of kind, published in project at (canonical),
-// stacks on (catalog.Resolver.CheckBelow, on the node's own store) and returns them as
+// stacks on (catalog.CheckBelowIn, as the catalogue reader reads them) and returns them as
 // NAME:VERSION, tags resolved.
 func (e *Edge) CheckBelow(ctx context.Context, kind, at string, below []string) ([]string, error) {
-	return e.local.CheckBelow(ctx, kind, at, below)
+	return catalog.CheckBelowIn(ctx, e.reader, kind, at, below)
+}
+
+// VisibleLayer returns version name:version (or a tag's) if project at (canonical) sees it, as
+// the node's catalogue reader reads it (the servers, on a cluster's edge).
+func (e *Edge) VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error) {
+	return e.reader.VisibleLayer(ctx, at, name, version)
+}
+
+// LayerVersions returns the versions of layer name, as the node's catalogue reader reads them.
+func (e *Edge) LayerVersions(ctx context.Context, name string) ([]corral.Layer, error) {
+	return e.reader.LayerVersions(ctx, name)
+}
+
+// CheckPublicParts checks that every part (below) of a layer of project at (canonical) to be
+// made public is public (catalog.CheckPublicPartsIn).
+func (e *Edge) CheckPublicParts(ctx context.Context, at string, below []string) error {
+	return catalog.CheckPublicPartsIn(ctx, e.reader, "below", at, below)
 }
 
 // SaveEnvironment validates and saves a named composition of layers.

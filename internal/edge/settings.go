@@ -61,6 +61,21 @@ type Catalog interface {
 	Resolve(ctx context.Context, req corral.CreateRequest, calls bool) (*catalog.Resolution, error)
 }
 
+// CatalogReader reads the catalogue for the node's own jobs (a build's FROM, its steps' cached
+// layers and the environment it saves; a snapshot's version and parent), as project at
+// (canonical) may use it: the store under `corral up` (catalog.Resolver), the servers on a
+// cluster's edge (nodeproto.CatalogReader), which answer only for a caller they sealed for the
+// node who may read layers in at. What at does not see is errdefs.ErrNotFound.
+type CatalogReader interface {
+	VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error)
+	VisibleEnvironment(ctx context.Context, at, name string) (corral.Environment, error)
+	// EnvironmentOwner is the project owning environment name, and whether there is one.
+	EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error)
+	// LayerVersions are the versions of layer name (the servers: those the caller can read;
+	// the API's guard filters them for its caller either way).
+	LayerVersions(ctx context.Context, name string) ([]corral.Layer, error)
+}
+
 // Publisher records the layer versions the edge makes (imports, snapshots, builds' steps) and
 // changes them (fill rate, visibility, delete), and saves the environments builds make: the
 // store under `corral up`, the servers on a cluster's edge (nodeproto.Publisher), which write

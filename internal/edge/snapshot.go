@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -38,9 +40,6 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	if err != nil {
 		return corral.Layer{}, err
 	}
-	if _, err := e.store.GetLayer(ctx, req.Name, req.Version); err == nil {
-		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published; versions are immutable, publish a new version", req.Name, req.Version)
-	}
 	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
 		return corral.Layer{}, err
@@ -57,6 +56,17 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	}
 	if rec.Runtime != RuntimeRunc {
 		return corral.Layer{}, errdefs.Invalid("runtime", "sandbox %s runs on %s: snapshots are taken of runc sandboxes only (gVisor keeps file data inside its own kernel, so the host never sees a consistent writable layer)", id, rec.Runtime)
+	}
+	at, err := iam.ParsePath("project", rec.Project)
+	if err != nil {
+		return corral.Layer{}, err
+	}
+	// A version taken is refused before the work. (One the project does not see is refused by
+	// the publish: names are one namespace.)
+	if _, err := e.reader.VisibleLayer(ctx, at, req.Name, req.Version); err == nil {
+		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published; versions are immutable, publish a new version", req.Name, req.Version)
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return corral.Layer{}, err
 	}
 	// What the sandbox made that a layer cannot hold (devices, sockets, .wh. names that would
 	// become whiteouts) is left out and reported, not a failure.
@@ -76,7 +86,7 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 	of := &corral.SnapshotOf{Base: rec.Base, Workspace: rec.Workspace, Toolkits: rec.Toolkits, Sandbox: id}
 	if rec.FromSnapshot != "" {
 		name, version, _ := catalog.ParseLayerRef("from_snapshot", rec.FromSnapshot)
-		parent, err := e.store.GetLayer(ctx, name, version)
+		parent, err := e.reader.VisibleLayer(ctx, at, name, version)
 		if err != nil {
 			return corral.Layer{}, fmt.Errorf("snapshot sandbox %s: parent snapshot: %w", id, err)
 		}

@@ -57,6 +57,7 @@ const (
 	PathDeleteLayer    = "/node/v1/layers/delete"
 	PathEnvironment    = "/node/v1/environment"
 	PathAudit          = "/node/v1/audit"
+	PathCatalogRead    = "/node/v1/catalog/read"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -134,10 +135,12 @@ const (
 	FeaturePublish = "publish"
 	// FeatureAudit: PathAudit.
 	FeatureAudit = "audit"
+	// FeatureCatalogRead: PathCatalogRead.
+	FeatureCatalogRead = "catalog-read"
 )
 
 // Features lists what this build's replicas serve.
-var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve, FeaturePublish, FeatureAudit}
+var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve, FeaturePublish, FeatureAudit, FeatureCatalogRead}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.

@@ -1,0 +1,99 @@
+package nodeproto
+
+import (
+	"context"
+	"fmt"
+
+	corral "github.com/corral-dev/corral/sdk/go"
+)
+
+// What a ReadRequest asks.
+const (
+	ReadLayer            = "layer"             // the version Name:Version (or a tag's) At sees
+	ReadEnvironment      = "environment"       // environment Name, if At may use it
+	ReadEnvironmentOwner = "environment-owner" // the project owning environment Name
+	ReadLayerVersions    = "layer-versions"    // the versions of layer Name the caller can read
+)
+
+// ReadRequest reads the catalogue for a job of the caller's node (PathCatalogRead): a build's
+// FROM, its steps' cached layers and the environment it saves, a snapshot's version and parent.
+// The servers answer for Voucher, the sealed caller of the request behind the job, where that
+// caller may read layers in At (a canonical project path), and only what At sees: anything else
+// is answered as not found. ReadLayerVersions asks about no project: it answers the versions the
+// caller can read (as GET /v1/layers?name= lists them), for the API's guards.
+type ReadRequest struct {
+	What    string   `json:"what"`
+	At      string   `json:"at"`
+	Name    string   `json:"name"`
+	Version string   `json:"version,omitempty"`
+	Voucher *Voucher `json:"voucher,omitempty"`
+}
+
+// ReadResponse is what a ReadRequest found: Layer, Environment, or Owner (canonical) with
+// Exists.
+type ReadResponse struct {
+	Layer       *corral.Layer       `json:"layer,omitempty"`
+	Layers      []corral.Layer      `json:"layers,omitempty"`
+	Environment *corral.Environment `json:"environment,omitempty"`
+	Owner       string              `json:"owner,omitempty"`
+	Exists      bool                `json:"exists,omitempty"`
+}
+
+// CatalogReader returns what reads the catalogue for an edge's builds and snapshots: the servers,
+// over the node channel (edge.CatalogReader).
+func (s *Servers) CatalogReader() CatalogReader { return CatalogReader{s} }
+
+// CatalogReader sends an edge's catalogue reads to the servers, each for the caller ctx carries
+// (WithVoucher).
+type CatalogReader struct{ s *Servers }
+
+// VisibleLayer returns version name:version (or the one tag version names), if project at sees it.
+func (c CatalogReader) VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error) {
+	ans, err := c.read(ctx, ReadRequest{What: ReadLayer, At: at, Name: name, Version: version})
+	if err == nil && ans.Layer == nil {
+		err = fmt.Errorf("the servers answered no layer: %w", ErrVersion)
+	}
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("read layer %s:%s through the servers: %w", name, version, err)
+	}
+	return *ans.Layer, nil
+}
+
+// VisibleEnvironment returns environment name, if project at may use it.
+func (c CatalogReader) VisibleEnvironment(ctx context.Context, at, name string) (corral.Environment, error) {
+	ans, err := c.read(ctx, ReadRequest{What: ReadEnvironment, At: at, Name: name})
+	if err == nil && ans.Environment == nil {
+		err = fmt.Errorf("the servers answered no environment: %w", ErrVersion)
+	}
+	if err != nil {
+		return corral.Environment{}, fmt.Errorf("read environment %s through the servers: %w", name, err)
+	}
+	return *ans.Environment, nil
+}
+
+// EnvironmentOwner returns the project owning environment name, and whether there is one.
+func (c CatalogReader) EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error) {
+	ans, err := c.read(ctx, ReadRequest{What: ReadEnvironmentOwner, At: at, Name: name})
+	if err != nil {
+		return "", false, fmt.Errorf("read environment %s's project through the servers: %w", name, err)
+	}
+	return ans.Owner, ans.Exists, nil
+}
+
+// LayerVersions returns the versions of layer name the caller can read.
+func (c CatalogReader) LayerVersions(ctx context.Context, name string) ([]corral.Layer, error) {
+	ans, err := c.read(ctx, ReadRequest{What: ReadLayerVersions, Name: name})
+	if err != nil {
+		return nil, fmt.Errorf("list layer %s's versions through the servers: %w", name, err)
+	}
+	return ans.Layers, nil
+}
+
+func (c CatalogReader) read(ctx context.Context, req ReadRequest) (*ReadResponse, error) {
+	req.Voucher = VoucherFrom(ctx)
+	var ans ReadResponse
+	if err := c.s.call(ctx, PathCatalogRead, req, &ans); err != nil {
+		return nil, err
+	}
+	return &ans, nil
+}
