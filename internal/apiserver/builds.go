@@ -39,6 +39,14 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, errdefs.Unavailable("builds run on a node's corral up, not on a cluster server yet"))
 		return
 	}
+	if s.edge != nil {
+		// Refused before the body is read: a cluster's replica, which asked for a 100-continue,
+		// sends it to another node.
+		if err := s.edge.BuildRoom(); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
 	var req corral.BuildRequest
 	rest, err := httpjson.DecodeStream(http.MaxBytesReader(w, r.Body, maxContextBytes+httpjson.MaxBody+1024), &req)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -36,7 +37,8 @@ const (
 
 // startBuild answers POST /v1/builds: it places the build where its steps' sandboxes fit (a
 // container of the default limits and the build's runtime, in the project's node groups) and
-// sends it to that edge, body and context as they came. The edge checks the request.
+// sends it to that edge, body and context as they came; an edge without room is refused and
+// another tried. The edge checks the request.
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	var head bytes.Buffer // what the decoder read: sent on before the rest of the body
 	dec := json.NewDecoder(io.TeeReader(io.LimitReader(r.Body, httpjson.MaxBody), &head))
@@ -66,17 +68,71 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	}
 	preq := placement.Request{Tier: limits.TierContainer, Runtime: req.Runtime, CPUs: lim.CPUs, MemoryBytes: lim.MemoryBytes,
 		DiskBytes: lim.DiskBytes, Pin: selectors(groups.Effective.Pin), Avoid: selectors(groups.Effective.Avoid)}
-	d, err := s.placer.Place(preq, placementNodes(s.upNodes(r.Context())))
+	// The edge has the final say on its room: it refuses a build before reading its context
+	// (edge.BuildRoom), and the request asks it to (Expect: 100-continue), so the body is sent
+	// only to the edge that takes the build, and a refusal is tried elsewhere while nothing of
+	// the client's body beyond the head was read.
+	var read int64 // of the client's body beyond the head
+	var resp *http.Response
+	node, err := s.placer.PlaceWithRetry(r.Context(), preq, placementNodes(s.upNodes(r.Context())), func(ctx context.Context, name string) error {
+		if read > 0 {
+			return fmt.Errorf("the build's context went to a node that then refused it, and cannot be sent again; retry")
+		}
+		body := &tryBody{r: r.Body, read: &read}
+		var err error
+		resp, err = s.offer(ctx, r, name, "/v1/builds", io.MultiReader(bytes.NewReader(head.Bytes()), body), func(h http.Header) {
+			h.Set("Expect", "100-continue")
+		})
+		if err != nil {
+			body.end() // the refused try's transport reads no more of the client's body
+		}
+		if errors.As(err, new(maybeSent)) {
+			err = errdefs.Unavailable("node %s: %v (the build may have started: corral build ls)", name, err)
+		}
+		return err
+	}, s.cfg.MaxTries)
 	if err != nil {
+		if errors.Is(err, errNodeUnavailable) {
+			err = errdefs.Retryable(errdefs.Unavailable("no node could take the build now (%v); retry", err), time.Second)
+		}
 		httpjson.Error(w, r, s.log, fmt.Errorf("place the build: %w", err))
 		return
 	}
-	s.placer.Done(d.ID, false) // a build is no sandbox: its steps' count when their node reports them
-	r.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(&head, r.Body), r.Body}
-	s.toNode(w, r, d.Node)
+	defer resp.Body.Close()
+	nodeproto.Strip(resp.Header)
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.Header().Set("Corral-Node", node)
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
+}
+
+// tryBody is the client's body as one try of a placement sends it, counting what it read; once
+// the try is over, no read of it is in flight and none reaches the client's body.
+type tryBody struct {
+	mu    sync.Mutex // held through each read
+	r     io.Reader
+	read  *int64
+	ended bool
+}
+
+func (b *tryBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		return 0, errors.New("the try was refused")
+	}
+	n, err := b.r.Read(p)
+	*b.read += int64(n)
+	return n, err
+}
+
+// end waits for a read in flight and fails every later one.
+func (b *tryBody) end() {
+	b.mu.Lock()
+	b.ended = true
+	b.mu.Unlock()
 }
 
 // listBuilds answers GET /v1/builds: the builds of every up edge the caller may see, oldest

@@ -67,6 +67,7 @@ func (s *Server) nodeHandler() http.Handler {
 	mux.HandleFunc("POST "+nodeproto.PathEnvironment, nodeCall(s, maxNodeBody, s.nodeEnvironment))
 	mux.HandleFunc("POST "+nodeproto.PathAudit, nodeCall(s, maxNodeBody, s.nodeAudit))
 	mux.HandleFunc("POST "+nodeproto.PathCatalogRead, nodeCall(s, maxNodeBody, s.nodeCatalogRead))
+	mux.HandleFunc("POST "+nodeproto.PathGetSandbox, nodeCall(s, maxNodeBody, s.nodeGetSandbox))
 	return clusterauth.RequireEdge(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(nodeproto.HeaderVersion); v != strconv.Itoa(nodeproto.Version) {
 			httpjson.Error(w, r, s.log, fmt.Errorf("this server speaks node protocol %d; the edge speaks %q (upgrade the older side): %w", nodeproto.Version, v, nodeproto.ErrVersion))
@@ -344,6 +345,20 @@ func (s *Server) nodeSandbox(ctx context.Context, node string, req *nodeproto.Sa
 		return nil, err
 	}
 	return nil, s.store.PutNodeSandbox(ctx, node, req.Epoch, req.Sandbox)
+}
+
+// nodeGetSandbox reads the stored record of one of the caller's node's sandboxes (one that
+// ended, which the edge keeps no copy of). Another node's is refused: an edge reads no record
+// but its own node's.
+func (s *Server) nodeGetSandbox(ctx context.Context, node string, req *nodeproto.GetSandboxRequest) (*store.Sandbox, error) {
+	if err := ownSandbox(node, "id", req.ID); err != nil {
+		return nil, err
+	}
+	sb, err := s.store.GetSandbox(ctx, req.ID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, clientRefusal{err}
+	}
+	return sb, err
 }
 
 // nodeSteps writes steps of the trajectories of the caller's sandboxes. A write to another

@@ -362,6 +362,16 @@ func TestNodeStart(t *testing.T) {
 	if err := edge1.Records(1).PutSandbox(ctx, rec); !errors.Is(err, store.ErrFenced) {
 		t.Errorf("a record of a fenced incarnation: %v, want ErrFenced", err)
 	}
+	// Reads of a record the edge keeps no copy of (its sandbox ended): the node's own only.
+	if got, err := recs.GetSandbox(ctx, own); err != nil || got.ID != own || got.State != corral.StatePaused {
+		t.Errorf("read the node's own record: %+v, %v", got, err)
+	}
+	if _, err := recs.GetSandbox(ctx, "sb-edge1-nnnnnnnnnnnnnnnn"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a record nobody made: %v, want not found", err)
+	}
+	if _, err := recs.GetSandbox(ctx, "sb-edge2-aaaaaaaaaaaaaaaa"); !errors.Is(err, errdefs.ErrDenied) {
+		t.Errorf("another node's record: %v, want ErrDenied", err)
+	}
 
 	// Volumes: those the node's own sandboxes have attached, by the incarnation holding it.
 	root, err := st.GetProject(ctx, "")

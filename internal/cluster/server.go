@@ -654,7 +654,9 @@ func (s *Server) conn(n corral.Node) (*edgeConn, error) {
 		TLSClientConfig:     clusterauth.ForNode(s.tls, n.Name),
 		TLSHandshakeTimeout: 5 * time.Second,
 		MaxIdleConnsPerHost: 64,
-		ForceAttemptHTTP2:   true,
+		// A request that asks (a build) is sent its body once the edge takes it.
+		ExpectContinueTimeout: 10 * time.Second,
+		ForceAttemptHTTP2:     true,
 		// One HTTP/2 connection per edge, pinged when quiet: a partitioned edge (no RST ever
 		// comes back) fails its requests and streams within seconds instead of hanging them.
 		HTTP2: &http.HTTP2Config{SendPingTimeout: edgePingEvery, PingTimeout: edgePingTimeout},
@@ -970,30 +972,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	nodes := placementNodes(s.upNodes(ctx))
 	var resp *http.Response
 	node, err := s.placer.PlaceWithRetry(ctx, preq, nodes, func(ctx context.Context, name string) error {
-		n, _ := s.node(ctx, name)
-		c, err := s.conn(n)
-		if err != nil {
-			return fmt.Errorf("%v: %w", err, placement.ErrRefused)
-		}
-		out, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(n.URL, "/")+"/v1/sandboxes", bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		out.Header = r.Header.Clone()
-		if err := s.asCaller(r, n, out.Header); err != nil {
-			return err
-		}
-		if res != nil {
-			nodeproto.SetResolution(out.Header, resolved, res)
-		}
-		trace.Inject(ctx, out.Header) // the edge's create is a child of this placement
-		resp, err = c.client.Do(out)
-		if neverSent(err) {
-			// The create never reached the node: safe to try another.
-			s.log.Warn("node did not take a create; trying another", "node", name, "err", err)
-			return fmt.Errorf("node %s: %v: %w: %w", name, err, placement.ErrRefused, errNodeUnavailable)
-		}
-		if err != nil {
+		var err error
+		resp, err = s.offer(ctx, r, name, "/v1/sandboxes", bytes.NewReader(body), func(h http.Header) {
+			if res != nil {
+				nodeproto.SetResolution(h, resolved, res)
+			}
+		})
+		if errors.As(err, new(maybeSent)) {
 			// It may have reached the node: trying another could make a second sandbox (a
 			// client's retry with an Idempotency-Key cannot).
 			err = errdefs.Unavailable("node %s: %v (the create may have happened; retry with an Idempotency-Key)", name, err)
@@ -1001,29 +986,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 				// With a key the retry is safe, and finds the sandbox if the create happened.
 				err = errdefs.Retryable(err, time.Second)
 			}
-			return err
 		}
-		// The edge has the final say: its refusals send the create elsewhere; any other answer
-		// is the client's to see.
-		ref := nodeproto.Refused(resp.Header)
-		if ref == nodeproto.None && n.Protocol == 0 && resp.StatusCode == http.StatusConflict {
-			ref = legacyRefusal(resp)
-		}
-		switch {
-		case ref == nodeproto.NodeFull:
-			// No room, draining, or labels that do not match.
-			why := refusalMessage(resp)
-			s.log.Info("node refused a create; trying another", "node", name, "refusal", ref, "why", why)
-			return fmt.Errorf("node %s: %s: %w", name, why, placement.ErrRefused)
-		case resp.StatusCode == http.StatusServiceUnavailable:
-			// Restarting, a create with the same key still at work, an incarnation the cluster
-			// fenced off (stale_epoch), a release that cannot talk to this one (version): no
-			// answer about room.
-			why := refusalMessage(resp)
-			s.log.Info("node unavailable for a create; trying another", "node", name, "refusal", ref, "why", why)
-			return fmt.Errorf("node %s is unavailable: %s: %w: %w", name, why, placement.ErrRefused, errNodeUnavailable)
-		}
-		return nil
+		return err
 	}, s.cfg.MaxTries)
 	span.Set(trace.Node(node), trace.Int("corral.nodes", len(nodes)))
 	span.End(&err)
@@ -1046,6 +1010,68 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Corral-Node", node)
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
+}
+
+// maybeSent is an offer's call that failed after the request may have reached the node:
+// trying another node could do the work twice.
+type maybeSent struct{ error }
+
+func (e maybeSent) Unwrap() error { return e.error }
+
+// offer sends r's caller's request to place something on node name (POST path: a create, a
+// build; body and set, which adds to the header) and sorts the answer for PlaceWithRetry: a
+// request that never reached the node, a refusal for room (node_full) and a node unavailable for
+// the moment (503) are placement.ErrRefused (but node_full with errNodeUnavailable as well), a
+// call that failed after it may have reached the node is a maybeSent, and any other answer is
+// the client's (resp).
+func (s *Server) offer(ctx context.Context, r *http.Request, name, path string, body io.Reader, set func(h http.Header)) (*http.Response, error) {
+	n, _ := s.node(ctx, name)
+	c, err := s.conn(n)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, placement.ErrRefused)
+	}
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(n.URL, "/")+path, body)
+	if err != nil {
+		return nil, err
+	}
+	out.Header = r.Header.Clone()
+	if err := s.asCaller(r, n, out.Header); err != nil {
+		return nil, err
+	}
+	if set != nil {
+		set(out.Header)
+	}
+	trace.Inject(ctx, out.Header) // the edge's work is a child of this placement
+	resp, err := c.client.Do(out)
+	if neverSent(err) {
+		// The request never reached the node: safe to try another.
+		s.log.Warn("node did not take a request; trying another", "node", name, "path", path, "err", err)
+		return nil, fmt.Errorf("node %s: %v: %w: %w", name, err, placement.ErrRefused, errNodeUnavailable)
+	}
+	if err != nil {
+		return nil, maybeSent{err}
+	}
+	// The edge has the final say: its refusals send the request elsewhere; any other answer
+	// is the client's to see.
+	ref := nodeproto.Refused(resp.Header)
+	if ref == nodeproto.None && n.Protocol == 0 && resp.StatusCode == http.StatusConflict {
+		ref = legacyRefusal(resp)
+	}
+	switch {
+	case ref == nodeproto.NodeFull:
+		// No room, draining, or labels that do not match.
+		why := refusalMessage(resp)
+		s.log.Info("node refused; trying another", "node", name, "path", path, "refusal", ref, "why", why)
+		return nil, fmt.Errorf("node %s: %s: %w", name, why, placement.ErrRefused)
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		// Restarting, a create with the same key still at work, an incarnation the cluster
+		// fenced off (stale_epoch), a release that cannot talk to this one (version): no
+		// answer about room.
+		why := refusalMessage(resp)
+		s.log.Info("node unavailable; trying another", "node", name, "path", path, "refusal", ref, "why", why)
+		return nil, fmt.Errorf("node %s is unavailable: %s: %w: %w", name, why, placement.ErrRefused, errNodeUnavailable)
+	}
+	return resp, nil
 }
 
 // legacyRefusal reads the refusal an edge older than the node protocol says only in its 409's

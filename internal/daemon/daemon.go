@@ -637,6 +637,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeaturePublish) {
 		ecfg.Publisher = cfg.Cluster.Servers.Publisher() // and record the layers it makes
 	}
+	if node != nil && reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureGetSandbox) {
+		ecfg.RecordReader = cfg.Cluster.Servers.Records(node.Epoch) // and the records of its ended sandboxes
+	}
 	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureCatalogRead) {
 		ecfg.CatalogReader = cfg.Cluster.Servers.CatalogReader() // and read for its builds and snapshots
 	}

@@ -16,7 +16,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/netpolicy"
+	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -298,6 +300,21 @@ func (e *Edge) BuildCheckTarget(ctx context.Context, at, name string) error {
 func (e *Edge) BuildCheckNetwork(p *netpolicy.Policy) error {
 	_, err := e.compileNetwork((*corral.NetworkPolicy)(p))
 	return err
+}
+
+// BuildRoom fails with errdefs.ErrNodeFull when the node has no room now for a build step's
+// sandbox (a container of the default limits): a build is refused before its context is read,
+// so a cluster's replica sends it to another node rather than start one whose steps cannot run
+// here. (Room can still run out before a step; the step then fails as a create would.)
+func (e *Edge) BuildRoom() error {
+	lim, err := e.policy.Resolve(limits.TierContainer, limits.Limits{})
+	if err != nil {
+		return err
+	}
+	rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: "of a build's step", Limits: corral.Limits(lim)}}
+	e.capMu.Lock()
+	defer e.capMu.Unlock()
+	return e.roomLocked(rec, 1)
 }
 
 // BuildSandbox creates a sandbox for one build step and returns its ID.

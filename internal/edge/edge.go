@@ -178,6 +178,8 @@ type Config struct {
 	Admissions Admissions
 	Trajectory Trajectory
 	Records    Records
+	// RecordReader reads the records of the node's ended sandboxes; nil: the store.
+	RecordReader RecordReader
 	// Catalog resolves what a create names in the catalogue, and CatalogReader reads it for the
 	// node's own jobs (builds, snapshots); nil: the store (catalog.Resolver).
 	Catalog       Catalog
@@ -275,6 +277,7 @@ type Edge struct {
 	publisher Publisher
 	traj      Trajectory
 	records   Records
+	recRead   RecordReader
 	volCat    VolumeCatalog
 	layerUse  LayerUse
 	// own is the copy of the node's records of sandboxes that have not ended (records.go), which
@@ -473,6 +476,9 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 		records = st
 	}
 	e.records = writeThrough{Records: records, own: e.own}
+	if e.recRead = cfg.RecordReader; e.recRead == nil {
+		e.recRead = st
+	}
 	if e.volCat = cfg.VolumeCatalog; e.volCat == nil {
 		e.volCat = storeVolumes{st, cfg.Node}
 	}

@@ -141,12 +141,13 @@ func (w writeThrough) PutSandbox(ctx context.Context, rec *store.Sandbox) error 
 }
 
 // record returns the record of sandbox id: this node's own from the edge's copy while its
-// sandbox has not ended, any other from the store.
+// sandbox has not ended, any other as stored (the servers answer only the node's own, on a
+// cluster's edge; they route nothing about another node's sandboxes here).
 func (e *Edge) record(ctx context.Context, id string) (*store.Sandbox, error) {
 	if rec, ok := e.own.get(id); ok {
 		return rec, nil
 	}
-	return e.store.GetSandbox(ctx, id)
+	return e.recRead.GetSandbox(ctx, id)
 }
 
 // admitRecord records rec (state creating) through admission (quotas, idempotency: the store, or

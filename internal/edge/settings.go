@@ -37,6 +37,13 @@ type Records interface {
 	PutSandbox(ctx context.Context, sb *store.Sandbox) error
 }
 
+// RecordReader reads the stored record of one of the node's sandboxes that the edge keeps no
+// copy of (it ended): the store under `corral up`, the servers on a cluster's edge
+// (nodeproto.Records), which answer only the node's own.
+type RecordReader interface {
+	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
+}
+
 // Admissions admits the edge's new sandboxes: the store under `corral up`, the servers on a
 // cluster's edge (nodeproto.Admissions), which check the node's epoch, the quotas, the creation
 // rate, the volumes and the idempotency key in one transaction. Its refusals are the store's

@@ -58,6 +58,7 @@ const (
 	PathEnvironment    = "/node/v1/environment"
 	PathAudit          = "/node/v1/audit"
 	PathCatalogRead    = "/node/v1/catalog/read"
+	PathGetSandbox     = "/node/v1/sandbox/get"
 )
 
 // Lease TTL bounds: what an edge may ask for its lease. Below the minimum a heartbeat every third
@@ -137,10 +138,12 @@ const (
 	FeatureAudit = "audit"
 	// FeatureCatalogRead: PathCatalogRead.
 	FeatureCatalogRead = "catalog-read"
+	// FeatureGetSandbox: PathGetSandbox.
+	FeatureGetSandbox = "sandbox-get"
 )
 
 // Features lists what this build's replicas serve.
-var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve, FeaturePublish, FeatureAudit, FeatureCatalogRead}
+var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve, FeaturePublish, FeatureAudit, FeatureCatalogRead, FeatureGetSandbox}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
 // the node's live sandboxes use from their records: the edge reports nothing it could misstate.
@@ -211,6 +214,12 @@ type ActivityRequest struct {
 type SandboxRequest struct {
 	Epoch   int64          `json:"epoch"`
 	Sandbox *store.Sandbox `json:"sandbox"`
+}
+
+// GetSandboxRequest reads the record of one of the caller's node's sandboxes as the store has it
+// (PathGetSandbox): one the edge no longer keeps a copy of, since it ended.
+type GetSandboxRequest struct {
+	ID string `json:"id"`
 }
 
 // StepsRequest writes steps of the trajectories of the caller's sandboxes, in order and all or

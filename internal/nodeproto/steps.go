@@ -28,6 +28,15 @@ func (r Records) PutSandbox(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
+// GetSandbox reads the stored record of sandbox id, one of the node's (PathGetSandbox).
+func (r Records) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
+	var sb store.Sandbox
+	if err := r.s.call(ctx, PathGetSandbox, GetSandboxRequest{ID: id}, &sb); err != nil {
+		return nil, fmt.Errorf("read sandbox %s through the servers: %w", id, err)
+	}
+	return &sb, nil
+}
+
 // Steps returns what records the trajectories of incarnation epoch's sandboxes: the servers,
 // over the node channel. Its methods are the store's (BeginStep, UpdateStep, WriteSteps,
 // ListSteps), so the edge uses either.
