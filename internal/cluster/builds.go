@@ -12,12 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
-	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
-	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
@@ -50,14 +47,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.Invalid("body", "not a build request (a JSON object, then the context): %v", err))
 		return
 	}
-	project, err := apiserver.CallerProject(r, "project", req.Project)
-	var groups *corral.ProjectPlacement
-	if err == nil {
-		groups, err = s.store.ProjectPlacement(r.Context(), project)
-	}
-	if errors.Is(err, errdefs.ErrNotFound) {
-		err = errdefs.Invalid("project", "project %s does not exist", iam.Display(project))
-	}
+	_, groups, err := s.projectGroups(r, req.Project)
 	var lim limits.Limits
 	if err == nil {
 		lim, err = clusterLimits.Resolve(limits.TierContainer, limits.Limits{})
@@ -98,14 +88,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, fmt.Errorf("place the build: %w", err))
 		return
 	}
-	defer resp.Body.Close()
-	nodeproto.Strip(resp.Header)
-	for k, v := range resp.Header {
-		w.Header()[k] = v
-	}
-	w.Header().Set("Corral-Node", node)
-	w.WriteHeader(resp.StatusCode)
-	io.Copy(w, resp.Body)
+	relayPlaced(w, resp, node)
 }
 
 // tryBody is the client's body as one try of a placement sends it, counting what it read; once

@@ -915,15 +915,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.Invalid("body", "not a create request: %v", err))
 		return
 	}
-	// The project's node groups: its own placement or an ancestor's (the edge checks the rest).
-	project, err := apiserver.CallerProject(r, "project", req.Project)
-	var groups *corral.ProjectPlacement
-	if err == nil {
-		groups, err = s.store.ProjectPlacement(r.Context(), project)
-	}
-	if errors.Is(err, errdefs.ErrNotFound) {
-		err = errdefs.Invalid("project", "project %s does not exist", iam.Display(project))
-	}
+	project, groups, err := s.projectGroups(r, req.Project)
 	if err == nil {
 		err = placement.ValidateLabels("node_selector", req.NodeSelector)
 	}
@@ -1002,6 +994,26 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
+	relayPlaced(w, resp, node)
+}
+
+// projectGroups returns the project an Authenticated request names (path, or its token's) and
+// its node groups: its own placement or an ancestor's (the edge checks the rest).
+func (s *Server) projectGroups(r *http.Request, path string) (string, *corral.ProjectPlacement, error) {
+	project, err := apiserver.CallerProject(r, "project", path)
+	var groups *corral.ProjectPlacement
+	if err == nil {
+		groups, err = s.store.ProjectPlacement(r.Context(), project)
+	}
+	if errors.Is(err, errdefs.ErrNotFound) {
+		err = errdefs.Invalid("project", "project %s does not exist", iam.Display(project))
+	}
+	return project, groups, err
+}
+
+// relayPlaced passes the answer of the edge of node, which took what was placed there (an
+// offer), to the client.
+func relayPlaced(w http.ResponseWriter, resp *http.Response, node string) {
 	defer resp.Body.Close()
 	nodeproto.Strip(resp.Header)
 	for k, v := range resp.Header {
