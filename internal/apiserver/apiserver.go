@@ -152,15 +152,6 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("GET /v1/builds/{id}", s.guard(iam.LayerRead, "", s.onBuild, s.getBuild))
 	api.HandleFunc("GET /v1/builds/{id}/logs", s.guard(iam.LayerRead, "", s.onBuild, s.buildLogs))
 	api.HandleFunc("POST /v1/builds/{id}/cancel", s.guard(iam.LayerPublish|iam.SandboxAdmin, "build.cancel", s.onBuild, s.cancelBuild))
-	api.HandleFunc("GET /v1/environments/{name}", s.guard(iam.LayerRead, "", s.onEnvironment(true), func(w http.ResponseWriter, r *http.Request) {
-		env, err := s.store.GetEnvironment(r.Context(), r.PathValue("name"))
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		s.edge.WarmStats(&env)
-		httpjson.Write(w, http.StatusOK, env)
-	}))
 	api.HandleFunc("DELETE /v1/layers/{name}/{version}", s.guard(iam.LayerPublish, "layer.delete", s.onLayerName, func(w http.ResponseWriter, r *http.Request) {
 		l, err := s.edge.DeleteLayer(r.Context(), r.PathValue("name"), r.PathValue("version"))
 		if err != nil {
@@ -209,6 +200,13 @@ func (s *Server) Handler() http.Handler {
 			})
 		}
 		s.volumeBlobRoutes(api)
+		// An environment's pools on this node, for the servers' read of it (they sum every
+		// edge's): the servers read the environment and send the project they checked.
+		api.HandleFunc("GET "+WarmFiguresPath+"{name}", s.guard(iam.LayerRead, "", s.onQueryProject("project", ""), func(w http.ResponseWriter, r *http.Request) {
+			env := corral.Environment{Name: r.PathValue("name")}
+			s.edge.WarmStats(&env)
+			httpjson.Write(w, http.StatusOK, env)
+		}))
 	} else {
 		s.serverRoutes(api)
 	}
@@ -732,7 +730,15 @@ func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.L
 		s.fail(w, r, err)
 		return corral.Layer{}, false
 	}
-	l, err := s.store.GetLayer(r.Context(), name, version)
+	var l corral.Layer
+	var err error
+	if s.servesNodes {
+		// A cluster's edge (a layer's stats): the version as the servers answer it, if the
+		// caller can read it.
+		l, err = s.edge.ReadableLayer(r.Context(), name, version)
+	} else {
+		l, err = s.store.GetLayer(r.Context(), name, version)
+	}
 	if err == nil && !who(r).canReadLayer(l) {
 		err = layerNotFound(name, version)
 	}

@@ -21,9 +21,12 @@ import (
 // names the new configuration (SetEnvironments).
 type Environments interface {
 	SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
-	// SetEnvironmentWarm changes an environment's pool size; the answer has the pool's figures
-	// where there is one pool (corral up), none in a cluster (each edge has its own).
+	// SetEnvironmentWarm changes an environment's pool size.
 	SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error)
+	// Figures adds to env the figures of its warm pools (WarmStats): the edge's under corral
+	// up, every up edge's in a cluster, each asked as r's caller, who may read layers in
+	// project (canonical). An edge that does not answer is left out.
+	Figures(r *http.Request, project string, env *corral.Environment)
 	DeleteEnvironment(ctx context.Context, name string) error
 	// CreateFncallEnv saves an fncall environment; the answer has its pool's figures where
 	// there is one pool.
@@ -46,11 +49,11 @@ func (v edgeEnvironments) SaveEnvironment(ctx context.Context, env corral.Enviro
 }
 
 func (v edgeEnvironments) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
-	env, err := v.e.SetEnvironmentWarm(ctx, name, warm)
-	if err == nil {
-		v.e.WarmStats(&env)
-	}
-	return env, err
+	return v.e.SetEnvironmentWarm(ctx, name, warm)
+}
+
+func (v edgeEnvironments) Figures(_ *http.Request, _ string, env *corral.Environment) {
+	v.e.WarmStats(env)
 }
 
 func (v edgeEnvironments) DeleteEnvironment(ctx context.Context, name string) error {
@@ -70,9 +73,18 @@ func (v edgeEnvironments) FncallProject(_ context.Context, name string) (string,
 	return env.Project, err
 }
 
-// environmentRoutes adds the writes of saved environments and fncall environments
+// environmentRoutes adds the reads and writes of saved environments and fncall environments
 // (ServerPaths).
 func (s *Server) environmentRoutes(api *http.ServeMux) {
+	api.HandleFunc("GET /v1/environments/{name}", s.guard(iam.LayerRead, "", s.onEnvironment(true), func(w http.ResponseWriter, r *http.Request) {
+		env, err := s.store.GetEnvironment(r.Context(), r.PathValue("name"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		s.environments.Figures(r, guarded(r), &env)
+		httpjson.Write(w, http.StatusOK, env)
+	}))
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
 	api.HandleFunc("PATCH /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
 		var patch corral.EnvironmentPatch
@@ -89,6 +101,7 @@ func (s *Server) environmentRoutes(api *http.ServeMux) {
 			s.fail(w, r, err)
 			return
 		}
+		s.environments.Figures(r, guarded(r), &env)
 		httpjson.Write(w, http.StatusOK, env)
 	}))
 	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), s.deleted(s.environments.DeleteEnvironment)))

@@ -17,13 +17,14 @@ import (
 // (ServerHandler, serverRoutes), never an edge: identity (who the caller is, projects, quotas,
 // placement, principals, grants, tokens, the audit log), what spans every node (the event
 // stream, the usage report, webhooks and their deliveries, the lists of sandboxes, volumes and
-// environments), the catalogue's reads that need no node (the layers, listed or one by one), and
+// environments), the catalogue's reads (the layers, listed or one by one; an environment, with
+// the figures of every edge's pools), and
 // what only the servers may change in the store: the network service catalog and layer tags.
 var ServerPaths = []string{"/v1/whoami", "/v1/projects", "/v1/projects/", "/v1/quotas/", "/v1/placement/",
 	"/v1/principals", "/v1/grants", "/v1/tokens", "/v1/tokens/", "/v1/audit",
 	"/v1/events", "/v1/report", "/v1/webhooks", "/v1/webhooks/",
 	"GET /v1/sandboxes", "GET /v1/volumes", "POST /v1/volumes", "GET /v1/volumes/{name}", "DELETE /v1/volumes/{name}",
-	"GET /v1/environments", "POST /v1/environments", "PATCH /v1/environments/{name}", "DELETE /v1/environments/{name}",
+	"GET /v1/environments", "POST /v1/environments", "GET /v1/environments/{name}", "PATCH /v1/environments/{name}", "DELETE /v1/environments/{name}",
 	"POST /v1/fncall", "DELETE /v1/fncall/{name}",
 	"/v1/network/services",
 	"GET /v1/layers", "GET /v1/layers/{name}/{version}", "PUT /v1/layers/{name}/tags/{tag}", "DELETE /v1/layers/{name}/tags/{tag}"}

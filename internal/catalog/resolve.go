@@ -306,6 +306,12 @@ func (r *Resolver) VisibleLayer(ctx context.Context, at, name, version string) (
 	return l, err
 }
 
+// ReadableLayer returns version name:version (or the one tag version names), whichever project
+// owns it: the API checks its caller may read it (the servers, for a cluster's edge, do).
+func (r *Resolver) ReadableLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+	return r.Store.GetLayer(ctx, name, version)
+}
+
 // LayerVersions returns every published version of layer name (none: an empty list).
 func (r *Resolver) LayerVersions(ctx context.Context, name string) ([]corral.Layer, error) {
 	return r.Store.ListLayers(ctx, name)

@@ -29,6 +29,19 @@ func (s *Server) nodeCatalogRead(ctx context.Context, node string, req *nodeprot
 	if err != nil {
 		return nil, err
 	}
+	if req.What == nodeproto.ReadReadableLayer {
+		if err := catalog.ValidateLayerName("name", "version", req.Name, req.Version); err != nil {
+			return nil, clientRefusal{err}
+		}
+		l, err := s.store.GetLayer(ctx, req.Name, req.Version)
+		if err == nil && !apiserver.CallerCanReadLayer(c, l) {
+			err = errdefs.NotFound("layer %s:%s", req.Name, req.Version) // as if there were none
+		}
+		if err != nil {
+			return nil, refusedWrite(err)
+		}
+		return &nodeproto.ReadResponse{Layer: &l}, nil
+	}
 	if req.What == nodeproto.ReadLayerVersions {
 		if !catalog.ValidLayerName(req.Name) {
 			return nil, clientRefusal{errdefs.Invalid("name", "layer name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", req.Name)}
@@ -75,5 +88,5 @@ func (s *Server) nodeCatalogRead(ctx context.Context, node string, req *nodeprot
 		}
 		return &nodeproto.ReadResponse{Environment: &env}, nil
 	}
-	return nil, errdefs.Invalid("what", "%q: want %s, %s, %s or %s", req.What, nodeproto.ReadLayer, nodeproto.ReadEnvironment, nodeproto.ReadEnvironmentOwner, nodeproto.ReadLayerVersions)
+	return nil, errdefs.Invalid("what", "%q: want %s, %s, %s, %s or %s", req.What, nodeproto.ReadLayer, nodeproto.ReadEnvironment, nodeproto.ReadEnvironmentOwner, nodeproto.ReadLayerVersions, nodeproto.ReadReadableLayer)
 }

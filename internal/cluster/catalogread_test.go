@@ -76,6 +76,12 @@ func TestNodeCatalogRead(t *testing.T) {
 	if ls, err := rd.LayerVersions(readerOfA, "bbase"); err != nil || len(ls) != 0 {
 		t.Errorf("another project's versions: %+v, %v; want none", ls, err)
 	}
+	if l, err := rd.ReadableLayer(readerOfA, "abase", "latest"); err != nil || l.Version != "1" {
+		t.Errorf("abase by its tag for a reader of a: %+v, %v", l, err)
+	}
+	if _, err := rd.ReadableLayer(readerOfA, "bbase", "1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another project's layer for a reader of a: %v, want not found", err)
+	}
 	if _, err := rd.LayerVersions(ctx, "abase"); !errors.Is(err, errdefs.ErrDenied) {
 		t.Errorf("a name's versions without a caller: %v, want ErrDenied", err)
 	}

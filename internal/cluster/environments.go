@@ -2,7 +2,13 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
@@ -20,8 +26,8 @@ import (
 // (apiserver.Environments): each is checked as an edge checks it, its layers by the catalogue,
 // an fncall environment's containers' limits by the servers' limits policy (clusterLimits), a
 // network policy against the saved service catalogue, and written to the store. Every edge
-// starts, resizes or ends its own pools when a heartbeat names the new configuration, so the
-// answers carry no pool figures.
+// starts, resizes or ends its own pools when a heartbeat names the new configuration; an
+// environment's figures are every up edge's pools', summed (Figures).
 type environments struct{ s *Server }
 
 var _ apiserver.Environments = environments{}
@@ -49,6 +55,51 @@ func (v environments) SetEnvironmentWarm(ctx context.Context, name string, warm 
 		return corral.Environment{}, err
 	}
 	return v.s.store.SetEnvironmentWarm(ctx, name, warm)
+}
+
+// figuresTimeout bounds how long an environment's read waits for one edge's pool figures.
+const figuresTimeout = 5 * time.Second
+
+// Figures sums the pool figures of env on every up edge, each asked at once as r's caller (in
+// project, which the caller may read). An edge that does not answer (or is of an older release)
+// is left out and logged.
+func (v environments) Figures(r *http.Request, project string, env *corral.Environment) {
+	nodes := v.s.upNodes(r.Context())
+	figs := make([]corral.Environment, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Go(func() {
+			if err := v.nodeFigures(r, n, project, env.Name, &figs[i]); err != nil {
+				v.s.log.Warn("read a node's pool figures; leaving them out", "node", n.Name, "environment", env.Name, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, f := range figs {
+		env.WarmReady += f.WarmReady
+		env.WarmTarget += f.WarmTarget
+		env.WarmHits += f.WarmHits
+		env.WarmClaims += f.WarmClaims
+	}
+	if env.WarmClaims > 0 {
+		env.WarmHitRate = float64(env.WarmHits) / float64(env.WarmClaims)
+	}
+}
+
+// nodeFigures reads the figures of environment name's pools on node n into f.
+func (v environments) nodeFigures(r *http.Request, n corral.Node, project, name string, f *corral.Environment) error {
+	ctx, cancel := context.WithTimeout(r.Context(), figuresTimeout)
+	defer cancel()
+	path := apiserver.WarmFiguresPath + url.PathEscape(name) + "?project=" + url.QueryEscape(iam.Display(project))
+	resp, err := v.s.edgeRequest(ctx, r, n, http.MethodGet, path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(f)
 }
 
 func (v environments) DeleteEnvironment(ctx context.Context, name string) error {

@@ -669,6 +669,12 @@ func TestCluster(t *testing.T) {
 			eventually(t, 90*time.Second, "a warm sandbox of the environment on "+node, func() bool { return warm("corral_warm_ready", node) == 1 })
 		}
 	}
+	// A replica reads the environment with the three edges' pool figures, summed (edge3's
+	// never fills).
+	eventually(t, 90*time.Second, "the environment's figures summed over the edges", func() bool {
+		env, err := c2.Environment(ctx, "warmed")
+		return err == nil && env.WarmTarget == 3 && env.WarmReady == 2
+	})
 	// edge3's pool says why it does not fill, once (not every second it checks).
 	eventually(t, 30*time.Second, "edge3 saying its warm pool waits for room", func() bool {
 		return strings.Contains(e3.log(), `msg="warm pool waits for room" node=edge3 environment=warmed`)

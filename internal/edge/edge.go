@@ -1341,6 +1341,12 @@ func (e *Edge) VisibleLayer(ctx context.Context, at, name, version string) (corr
 	return e.reader.VisibleLayer(ctx, at, name, version)
 }
 
+// ReadableLayer returns version name:version (or a tag's), as the node's catalogue reader reads
+// it for the caller.
+func (e *Edge) ReadableLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+	return e.reader.ReadableLayer(ctx, name, version)
+}
+
 // LayerVersions returns the versions of layer name, as the node's catalogue reader reads them.
 func (e *Edge) LayerVersions(ctx context.Context, name string) ([]corral.Layer, error) {
 	return e.reader.LayerVersions(ctx, name)

@@ -78,9 +78,11 @@ type CatalogReader interface {
 	VisibleEnvironment(ctx context.Context, at, name string) (corral.Environment, error)
 	// EnvironmentOwner is the project owning environment name, and whether there is one.
 	EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error)
-	// LayerVersions are the versions of layer name (the servers: those the caller can read;
-	// the API's guard filters them for its caller either way).
+	// LayerVersions are the versions of layer name, and ReadableLayer is version name:version
+	// (or a tag's), whichever project owns it (the servers: only what the caller can read; the
+	// API checks its caller either way).
 	LayerVersions(ctx context.Context, name string) ([]corral.Layer, error)
+	ReadableLayer(ctx context.Context, name, version string) (corral.Layer, error)
 }
 
 // Publisher records the layer versions the edge makes (imports, snapshots, builds' steps) and

@@ -13,14 +13,15 @@ const (
 	ReadEnvironment      = "environment"       // environment Name, if At may use it
 	ReadEnvironmentOwner = "environment-owner" // the project owning environment Name
 	ReadLayerVersions    = "layer-versions"    // the versions of layer Name the caller can read
+	ReadReadableLayer    = "readable-layer"    // Name:Version (or a tag's), if the caller can read it
 )
 
 // ReadRequest reads the catalogue for a job of the caller's node (PathCatalogRead): a build's
 // FROM, its steps' cached layers and the environment it saves, a snapshot's version and parent.
 // The servers answer for Voucher, the sealed caller of the request behind the job, where that
 // caller may read layers in At (a canonical project path), and only what At sees: anything else
-// is answered as not found. ReadLayerVersions asks about no project: it answers the versions the
-// caller can read (as GET /v1/layers?name= lists them), for the API's guards.
+// is answered as not found. ReadLayerVersions and ReadReadableLayer ask about no project: they
+// answer what the caller can read (as GET /v1/layers lists it), for the API's guards and reads.
 type ReadRequest struct {
 	What    string   `json:"what"`
 	At      string   `json:"at"`
@@ -87,6 +88,18 @@ func (c CatalogReader) LayerVersions(ctx context.Context, name string) ([]corral
 		return nil, fmt.Errorf("list layer %s's versions through the servers: %w", name, err)
 	}
 	return ans.Layers, nil
+}
+
+// ReadableLayer returns version name:version (or a tag's) if the caller can read it.
+func (c CatalogReader) ReadableLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+	ans, err := c.read(ctx, ReadRequest{What: ReadReadableLayer, Name: name, Version: version})
+	if err == nil && ans.Layer == nil {
+		err = fmt.Errorf("the servers answered no layer: %w", ErrVersion)
+	}
+	if err != nil {
+		return corral.Layer{}, fmt.Errorf("read layer %s:%s through the servers: %w", name, version, err)
+	}
+	return *ans.Layer, nil
 }
 
 func (c CatalogReader) read(ctx context.Context, req ReadRequest) (*ReadResponse, error) {
