@@ -66,7 +66,8 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	var resp *http.Response
 	node, err := s.placer.PlaceWithRetry(r.Context(), preq, placementNodes(s.upNodes(r.Context())), func(ctx context.Context, name string) error {
 		if read > 0 {
-			return fmt.Errorf("the build's context went to a node that then refused it, and cannot be sent again; retry")
+			// (An edge that took the context and then refused: not one of this release's.)
+			return errdefs.Retryable(errdefs.Unavailable("the build's context went to a node that then refused it, and cannot be sent again; retry"), time.Second)
 		}
 		body := &tryBody{r: r.Body, read: &read}
 		var err error
