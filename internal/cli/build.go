@@ -27,7 +27,7 @@ func (a *app) newEnvBuildCmd() *cobra.Command {
 	var noCache, detach bool
 	var net netFlags
 	cmd := &cobra.Command{
-		Use:   "build NAME --file Dockerfile [--context DIR] [--build-arg K=V]... [--net-allow RULE]... [--runtime runc|gvisor]",
+		Use:   "build NAME [--file Dockerfile] [--context DIR] [--build-arg K=V]... [--net-allow RULE]... [--runtime runc|gvisor]",
 		Short: "Build an environment from a Dockerfile",
 		Long: `Build the environment NAME from a Dockerfile. Each RUN runs in a sandbox of the build's network
 policy (default: no network; --net-allow opens it), each COPY/ADD copies from the context directory
@@ -46,7 +46,10 @@ heredocs are refused before anything is made.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if file == "" {
-				return usagef("--file is required")
+				file = defaultDockerfile(contextDir)
+				if _, err := os.Stat(file); err != nil {
+					return usagef("no --file, and no %s to default to", file)
+				}
 			}
 			text, err := os.ReadFile(file)
 			if err != nil {
@@ -95,7 +98,7 @@ heredocs are refused before anything is made.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&file, "file", "f", "", "the Dockerfile")
+	f.StringVarP(&file, "file", "f", "", "the Dockerfile (default: Dockerfile in the context directory, or in this one)")
 	f.StringVar(&contextDir, "context", "", "the build context directory COPY and ADD read from (default: none)")
 	f.StringArrayVar(&buildArgs, "build-arg", nil, "a value of an ARG, NAME=VALUE (repeatable)")
 	f.StringVar(&runtime, "runtime", "", "runtime of the RUN steps' sandboxes: runc (default) or gvisor (runsc)")
@@ -254,6 +257,15 @@ func hashPath(p string) (string, error) {
 		return err
 	})
 	return hex.EncodeToString(h.Sum(nil)), err
+}
+
+// defaultDockerfile is the Dockerfile a build without --file reads: the context directory's,
+// or this directory's when the build has no context.
+func defaultDockerfile(contextDir string) string {
+	if contextDir == "" {
+		return "Dockerfile"
+	}
+	return filepath.Join(contextDir, "Dockerfile")
 }
 
 // contextTar writes dir as a build context: files, directories and symbolic links (never

@@ -57,3 +57,14 @@ func TestContextTar(t *testing.T) {
 		t.Errorf("context = %q\nwant %q", got, want)
 	}
 }
+
+// TestDefaultDockerfile: a build without --file reads the context's Dockerfile, or this
+// directory's without a context.
+func TestDefaultDockerfile(t *testing.T) {
+	if got := defaultDockerfile(""); got != "Dockerfile" {
+		t.Errorf("no context: %q", got)
+	}
+	if got := defaultDockerfile("app"); got != filepath.Join("app", "Dockerfile") {
+		t.Errorf("context app: %q", got)
+	}
+}
