@@ -172,7 +172,7 @@ func (s *Server) Handler() http.Handler {
 	}))
 	api.HandleFunc("POST /v1/layers", s.guard(iam.LayerPublish, "layer.publish", s.onQueryProject("project", "name"), s.importLayer))
 	api.HandleFunc("GET /v1/layers/{name}/{version}/stats", s.layerStats)
-	api.HandleFunc("PATCH /v1/layers/{name}/{version}", s.guard(iam.LayerPublish, "layer.set", s.onLayerName, s.setLayer))
+	api.HandleFunc("PATCH /v1/layers/{name}/{version}", s.guardIn(iam.LayerPublish, "layer.set", s.onLayerName, s.setLayer))
 	api.HandleFunc("GET /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
 		c := who(r)
 		out := []corral.FncallEnv{}
@@ -578,7 +578,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	project, _ := who(r).project("project", q.Get("project")) // checked by the guard
-	below, err := s.edge.CheckBelow(r.Context(), kind, project, q["below"])
+	below, err := catalog.CheckBelowIn(r.Context(), s.catalogue(), kind, project, q["below"])
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -688,10 +688,16 @@ func (s *Server) checkPublicBelow(ctx context.Context, public bool, at string, b
 	if !public {
 		return nil
 	}
-	if s.edge != nil { // as its catalogue reader reads them: the servers, on a cluster's edge
-		return s.edge.CheckPublicParts(ctx, at, below)
+	return catalog.CheckPublicPartsIn(ctx, s.catalogue(), "below", at, below)
+}
+
+// catalogue reads the catalogue for this API's requests: the edge's reader (the servers, for the
+// request's caller, on a cluster's edge), or the store (a cluster's server).
+func (s *Server) catalogue() edge.CatalogReader {
+	if s.edge != nil {
+		return s.edge.Catalogue()
 	}
-	return (&catalog.Resolver{Store: s.store}).CheckPublicParts(ctx, "below", below)
+	return &catalog.Resolver{Store: s.store}
 }
 
 func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
@@ -730,15 +736,7 @@ func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.L
 		s.fail(w, r, err)
 		return corral.Layer{}, false
 	}
-	var l corral.Layer
-	var err error
-	if s.servesNodes {
-		// A cluster's edge (a layer's stats): the version as the servers answer it, if the
-		// caller can read it.
-		l, err = s.edge.ReadableLayer(r.Context(), name, version)
-	} else {
-		l, err = s.store.GetLayer(r.Context(), name, version)
-	}
+	l, err := s.catalogue().ReadableLayer(r.Context(), name, version)
 	if err == nil && !who(r).canReadLayer(l) {
 		err = layerNotFound(name, version)
 	}
@@ -751,7 +749,7 @@ func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.L
 
 // setLayer changes a published version's settings (its background fill rate, whether it is
 // public).
-func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
+func (s *Server) setLayer(w http.ResponseWriter, r *http.Request, project string) {
 	var body corral.LayerSettings
 	if err := httpjson.Decode(r, &body); err != nil {
 		s.fail(w, r, err)
@@ -774,7 +772,7 @@ func (s *Server) setLayer(w http.ResponseWriter, r *http.Request) {
 	// is read as its project (the guard's) sees it: from the catalogue the edge reads (the
 	// servers, on a cluster's edge; adopted from the shared catalogue on a miss under `corral
 	// up`).
-	l, err := s.edge.VisibleLayer(r.Context(), guarded(r), name, version)
+	l, err := s.catalogue().VisibleLayer(r.Context(), project, name, version)
 	if err == nil && (l.Name != name || l.Version != version) {
 		err = errdefs.Invalid("version", "%s:%s is a tag; settings belong to versions (%s:%s)", name, version, l.Name, l.Version)
 	}
@@ -878,13 +876,7 @@ func (s *Server) onEnvironment(read bool) resolver {
 // onLayerName resolves to the project that owns the layer name in the path.
 func (s *Server) onLayerName(r *http.Request) (string, string, error) {
 	name := r.PathValue("name")
-	var ls []corral.Layer
-	var err error
-	if s.edge != nil { // as the edge's catalogue reader reads them (the servers, on a cluster's)
-		ls, err = s.edge.LayerVersions(r.Context(), name)
-	} else {
-		ls, err = s.store.ListLayers(r.Context(), name)
-	}
+	ls, err := s.catalogue().LayerVersions(r.Context(), name)
 	if err != nil {
 		return "", name, err
 	}

@@ -393,6 +393,11 @@ func operator(r *http.Request) (string, string, error) { return "", "", nil }
 // guard serves h only when the caller holds perm on the project resolve names. With an action,
 // the outcome (refusals included) goes to the audit log.
 func (s *Server) guard(perm iam.Perm, action string, resolve resolver, h http.HandlerFunc) http.HandlerFunc {
+	return s.guardIn(perm, action, resolve, func(w http.ResponseWriter, r *http.Request, _ string) { h(w, r) })
+}
+
+// guardIn is guard for a handler that uses the project (canonical) the caller was checked in.
+func (s *Server) guardIn(perm iam.Perm, action string, resolve resolver, h func(w http.ResponseWriter, r *http.Request, project string)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		project, target, err := resolve(r)
 		if err == nil {
@@ -405,13 +410,12 @@ func (s *Server) guard(perm iam.Perm, action string, resolve resolver, h http.Ha
 			s.fail(w, r, err)
 			return
 		}
-		r = r.WithContext(context.WithValue(r.Context(), guardedKey{}, project))
 		if action == "" {
-			h(w, r)
+			h(w, r, project)
 			return
 		}
 		rec := &statusRecorder{ResponseWriter: w}
-		h(rec, r)
+		h(rec, r, project)
 		if rec.err == nil && rec.status >= 400 {
 			// Failed without Server.fail (a handler that wrote its error itself): the status
 			// says what kind of failure it was.
@@ -420,14 +424,6 @@ func (s *Server) guard(perm iam.Perm, action string, resolve resolver, h http.Ha
 		}
 		s.audit(r, action, project, target, rec.err, "")
 	}
-}
-
-type guardedKey struct{}
-
-// guarded returns the project (canonical) the guard of r's handler checked the caller in.
-func guarded(r *http.Request) string {
-	p, _ := r.Context().Value(guardedKey{}).(string)
-	return p
 }
 
 // Prune removes, every hour until ctx ends, audit entries older than retention and create

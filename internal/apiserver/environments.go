@@ -76,17 +76,17 @@ func (v edgeEnvironments) FncallProject(_ context.Context, name string) (string,
 // environmentRoutes adds the reads and writes of saved environments and fncall environments
 // (ServerPaths).
 func (s *Server) environmentRoutes(api *http.ServeMux) {
-	api.HandleFunc("GET /v1/environments/{name}", s.guard(iam.LayerRead, "", s.onEnvironment(true), func(w http.ResponseWriter, r *http.Request) {
+	api.HandleFunc("GET /v1/environments/{name}", s.guardIn(iam.LayerRead, "", s.onEnvironment(true), func(w http.ResponseWriter, r *http.Request, project string) {
 		env, err := s.store.GetEnvironment(r.Context(), r.PathValue("name"))
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		s.environments.Figures(r, guarded(r), &env)
+		s.environments.Figures(r, project, &env)
 		httpjson.Write(w, http.StatusOK, env)
 	}))
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
-	api.HandleFunc("PATCH /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
+	api.HandleFunc("PATCH /v1/environments/{name}", s.guardIn(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request, project string) {
 		var patch corral.EnvironmentPatch
 		if err := httpjson.Decode(r, &patch); err != nil {
 			s.fail(w, r, err)
@@ -101,7 +101,7 @@ func (s *Server) environmentRoutes(api *http.ServeMux) {
 			s.fail(w, r, err)
 			return
 		}
-		s.environments.Figures(r, guarded(r), &env)
+		s.environments.Figures(r, project, &env)
 		httpjson.Write(w, http.StatusOK, env)
 	}))
 	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), s.deleted(s.environments.DeleteEnvironment)))

@@ -66,8 +66,8 @@ func CheckEnvironmentDefaults(env *corral.Environment, network func(*corral.Netw
 // environment is. It sets what the catalogue records of it: the project's display path, the
 // time, no warm statistics.
 func (r *Resolver) CheckEnvironment(ctx context.Context, env *corral.Environment, network func(*corral.NetworkPolicy) (*corral.NetworkPolicy, error)) error {
-	if !ValidLayerName(env.Name) {
-		return errdefs.Invalid("name", "environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
+	if err := ValidateName("name", "environment", env.Name); err != nil {
+		return err
 	}
 	if env.Base == "" {
 		return errdefs.Invalid("base", "a base layer is required (NAME:VERSION)")

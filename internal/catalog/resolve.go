@@ -434,6 +434,15 @@ var (
 // letters, digits, '.', '_' and '-', at most 128.
 func ValidLayerName(name string) bool { return layerNameRE.MatchString(name) }
 
+// ValidateName checks the name of a catalogue object (what: "layer", "environment", "fncall
+// environment"), which has a layer name's syntax; field names it in the error.
+func ValidateName(field, what, name string) error {
+	if !ValidLayerName(name) {
+		return errdefs.Invalid(field, "%s name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", what, name)
+	}
+	return nil
+}
+
 // ValidVolumeName reports whether name is a volume's name: lowercase letters, digits, '.', '_'
 // and '-', at most 63.
 func ValidVolumeName(name string) bool { return volumeNameRE.MatchString(name) }
@@ -491,8 +500,8 @@ func ParseLayerRef(field, ref string) (name, version string, err error) {
 
 // ValidateLayerName checks a layer's name and version (or tag); the fields name them in errors.
 func ValidateLayerName(nameField, versionField, name, version string) error {
-	if !ValidLayerName(name) {
-		return errdefs.Invalid(nameField, "layer name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", name)
+	if err := ValidateName(nameField, "layer", name); err != nil {
+		return err
 	}
 	if !layerVerRE.MatchString(version) {
 		return errdefs.Invalid(versionField, "layer version %q must be letters, digits, '.', '_' or '-' (at most 128)", version)

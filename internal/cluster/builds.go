@@ -16,6 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/limits"
 	"github.com/corral-dev/corral/internal/placement"
+	"github.com/corral-dev/corral/internal/revproxy"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -62,20 +63,21 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	// (edge.BuildRoom), and the request asks it to (Expect: 100-continue), so the body is sent
 	// only to the edge that takes the build, and a refusal is tried elsewhere while nothing of
 	// the client's body beyond the head was read.
-	var read int64 // of the client's body beyond the head
+	sent := false // some of the client's body beyond the head went to a refusing edge
 	var resp *http.Response
 	node, err := s.placer.PlaceWithRetry(r.Context(), preq, placementNodes(s.upNodes(r.Context())), func(ctx context.Context, name string) error {
-		if read > 0 {
+		if sent {
 			// (An edge that took the context and then refused: not one of this release's.)
 			return errdefs.Retryable(errdefs.Unavailable("the build's context went to a node that then refused it, and cannot be sent again; retry"), time.Second)
 		}
-		body := &tryBody{r: r.Body, read: &read}
+		body := revproxy.NewBody(r.Body)
 		var err error
 		resp, err = s.offer(ctx, r, name, "/v1/builds", io.MultiReader(bytes.NewReader(head.Bytes()), body), func(h http.Header) {
 			h.Set("Expect", "100-continue")
 		})
 		if err != nil {
-			body.end() // the refused try's transport reads no more of the client's body
+			body.End() // the refused try's transport reads no more of the client's body
+			sent = body.Consumed() > 0
 		}
 		if errors.As(err, new(maybeSent)) {
 			err = errdefs.Unavailable("node %s: %v (the build may have started: corral build ls)", name, err)
@@ -90,33 +92,6 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	relayPlaced(w, resp, node)
-}
-
-// tryBody is the client's body as one try of a placement sends it, counting what it read; once
-// the try is over, no read of it is in flight and none reaches the client's body.
-type tryBody struct {
-	mu    sync.Mutex // held through each read
-	r     io.Reader
-	read  *int64
-	ended bool
-}
-
-func (b *tryBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ended {
-		return 0, errors.New("the try was refused")
-	}
-	n, err := b.r.Read(p)
-	*b.read += int64(n)
-	return n, err
-}
-
-// end waits for a read in flight and fails every later one.
-func (b *tryBody) end() {
-	b.mu.Lock()
-	b.ended = true
-	b.mu.Unlock()
 }
 
 // listBuilds answers GET /v1/builds: the builds of every up edge the caller may see, oldest

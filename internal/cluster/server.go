@@ -1033,9 +1033,9 @@ func (e maybeSent) Unwrap() error { return e.error }
 // offer sends r's caller's request to place something on node name (POST path: a create, a
 // build; body and set, which adds to the header) and sorts the answer for PlaceWithRetry: a
 // request that never reached the node, a refusal for room (node_full) and a node unavailable for
-// the moment (503) are placement.ErrRefused (but node_full with errNodeUnavailable as well), a
-// call that failed after it may have reached the node is a maybeSent, and any other answer is
-// the client's (resp).
+// the moment (503) are placement.ErrRefused (the first and the last with errNodeUnavailable as
+// well: no answer about room), a call that failed after it may have reached the node is a
+// maybeSent, and any other answer is the client's (resp).
 func (s *Server) offer(ctx context.Context, r *http.Request, name, path string, body io.Reader, set func(h http.Header)) (*http.Response, error) {
 	n, _ := s.node(ctx, name)
 	c, err := s.conn(n)

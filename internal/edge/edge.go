@@ -181,7 +181,8 @@ type Config struct {
 	// RecordReader reads the records of the node's ended sandboxes; nil: the store.
 	RecordReader RecordReader
 	// Catalog resolves what a create names in the catalogue, and CatalogReader reads it for the
-	// node's own jobs (builds, snapshots); nil: the store (catalog.Resolver).
+	// node's own jobs (builds, snapshots) and the requests it serves; nil: the store
+	// (catalog.Resolver).
 	Catalog       Catalog
 	CatalogReader CatalogReader
 	// Publisher records the layer versions the edge makes and the environments builds save;
@@ -268,8 +269,8 @@ type Edge struct {
 	settings   Settings
 	admissions Admissions
 	// resolver resolves creates (cfg.Catalog, or local), and reader reads the catalogue for
-	// builds and snapshots (cfg.CatalogReader, or local); local resolves from the node's own
-	// store, for what still reads it there (imports' parts, the API's guards).
+	// builds, snapshots, imports and the API's reads (cfg.CatalogReader, or local); local
+	// resolves from the node's own store (and adopts from the shared catalogue, corral up).
 	resolver Catalog
 	reader   CatalogReader
 	local    *catalog.Resolver
@@ -1335,28 +1336,9 @@ func (e *Edge) CheckBelow(ctx context.Context, kind, at string, below []string) 
 	return catalog.CheckBelowIn(ctx, e.reader, kind, at, below)
 }
 
-// VisibleLayer returns version name:version (or a tag's) if project at (canonical) sees it, as
-// the node's catalogue reader reads it (the servers, on a cluster's edge).
-func (e *Edge) VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error) {
-	return e.reader.VisibleLayer(ctx, at, name, version)
-}
-
-// ReadableLayer returns version name:version (or a tag's), as the node's catalogue reader reads
-// it for the caller.
-func (e *Edge) ReadableLayer(ctx context.Context, name, version string) (corral.Layer, error) {
-	return e.reader.ReadableLayer(ctx, name, version)
-}
-
-// LayerVersions returns the versions of layer name, as the node's catalogue reader reads them.
-func (e *Edge) LayerVersions(ctx context.Context, name string) ([]corral.Layer, error) {
-	return e.reader.LayerVersions(ctx, name)
-}
-
-// CheckPublicParts checks that every part (below) of a layer of project at (canonical) to be
-// made public is public (catalog.CheckPublicPartsIn).
-func (e *Edge) CheckPublicParts(ctx context.Context, at string, below []string) error {
-	return catalog.CheckPublicPartsIn(ctx, e.reader, "below", at, below)
-}
+// Catalogue returns what reads the catalogue for the requests the node serves: the servers, for
+// the request's caller, on a cluster's edge; the node's store under `corral up`.
+func (e *Edge) Catalogue() CatalogReader { return e.reader }
 
 // SaveEnvironment validates and saves a named composition of layers.
 func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {

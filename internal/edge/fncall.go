@@ -149,8 +149,8 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 // (within maxTTL) and queue wait, which it returns. What it names in the catalogue and its
 // containers' limits are admission's to check (CheckFncallFiles once the limits are resolved).
 func CheckFncallEnv(env *corral.FncallEnv, maxTTL time.Duration) (timeout, queueWait time.Duration, err error) {
-	if !catalog.ValidLayerName(env.Name) {
-		return 0, 0, errdefs.Invalid("name", "fncall environment name %q must be lowercase letters, digits, '.', '_' or '-' (at most 128)", env.Name)
+	if err := catalog.ValidateName("name", "fncall environment", env.Name); err != nil {
+		return 0, 0, err
 	}
 	if env.PoolMax == 0 {
 		env.PoolMax = max(4, env.PoolMin)

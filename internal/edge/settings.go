@@ -69,8 +69,9 @@ type Catalog interface {
 }
 
 // CatalogReader reads the catalogue for the node's own jobs (a build's FROM, its steps' cached
-// layers and the environment it saves; a snapshot's version and parent), as project at
-// (canonical) may use it: the store under `corral up` (catalog.Resolver), the servers on a
+// layers and the environment it saves; a snapshot's version and parent) and the requests it
+// serves (an import's parts, the API's layer guards and reads), as project at (canonical) may
+// use it: the store under `corral up` (catalog.Resolver), the servers on a
 // cluster's edge (nodeproto.CatalogReader), which answer only for a caller they sealed for the
 // node who may read layers in at. What at does not see is errdefs.ErrNotFound.
 type CatalogReader interface {

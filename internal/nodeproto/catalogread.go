@@ -30,8 +30,8 @@ type ReadRequest struct {
 	Voucher *Voucher `json:"voucher,omitempty"`
 }
 
-// ReadResponse is what a ReadRequest found: Layer, Environment, or Owner (canonical) with
-// Exists.
+// ReadResponse is what a ReadRequest found: Layer, Layers (a name's versions), Environment, or
+// Owner (canonical) with Exists.
 type ReadResponse struct {
 	Layer       *corral.Layer       `json:"layer,omitempty"`
 	Layers      []corral.Layer      `json:"layers,omitempty"`
@@ -40,8 +40,8 @@ type ReadResponse struct {
 	Exists      bool                `json:"exists,omitempty"`
 }
 
-// CatalogReader returns what reads the catalogue for an edge's builds and snapshots: the servers,
-// over the node channel (edge.CatalogReader).
+// CatalogReader returns what reads the catalogue for an edge's jobs and the requests it serves:
+// the servers, over the node channel (edge.CatalogReader).
 func (s *Servers) CatalogReader() CatalogReader { return CatalogReader{s} }
 
 // CatalogReader sends an edge's catalogue reads to the servers, each for the caller ctx carries

@@ -38,18 +38,21 @@ const finishGrace = 2 * time.Second
 // Serve proxies r through p in full duplex (where the connection is HTTP/1; HTTP/2 always is).
 func Serve(p *httputil.ReverseProxy, w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex() // HTTP/2 writers do not support it: they need not
 	if r.ProtoMajor != 1 || r.Body == nil || r.Body == http.NoBody {
-		_ = rc.EnableFullDuplex() // HTTP/2 writers do not support it: they need not
-		p.ServeHTTP(w, r)
+		p.ServeHTTP(w, r) // an HTTP/2 server reads no body after its handler
 		return
 	}
-	_ = rc.EnableFullDuplex()
-	b := &body{rc: r.Body, size: r.ContentLength}
-	defer b.end(rc)
+	b := NewBody(r.Body)
+	defer b.endWithin(finishGrace, func() {
+		// The connection's read deadline wakes the read; the server sets its own deadline
+		// before it reads a next request (and closes this connection: below).
+		_ = rc.SetReadDeadline(time.Now())
+	})
 	q := *p
 	q.ModifyResponse = func(resp *http.Response) error {
-		if !b.whole() {
-			resp.Header.Set("Connection", "close")
+		if !b.eof.Load() && (r.ContentLength < 0 || b.Consumed() < r.ContentLength) {
+			resp.Header.Set("Connection", "close") // the body's rest must not be read as a request
 		}
 		if p.ModifyResponse != nil {
 			return p.ModifyResponse(resp)
@@ -66,45 +69,54 @@ func Handler(p *httputil.ReverseProxy) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { Serve(p, w, r) })
 }
 
-// errEnded is what a read of a request body gets once its handler has returned.
-var errEnded = errors.New("revproxy: the request's handler has returned")
+// errEnded is what a read of a Body gets once it was ended.
+var errEnded = errors.New("revproxy: the request body was ended (its handler returned, or the try that sent it)")
 
-// body is a request body that its handler can end: after end, no read of it is in flight and
-// none reaches the connection.
-type body struct {
+// Body is a request body whose reader (a proxy's transport, which may outlive its handler) can
+// be stopped: after End, no read of it is in flight and none reaches what it wraps. It counts
+// what was read. Close does nothing: the body belongs to whoever handed it over.
+type Body struct {
 	mu    sync.Mutex // held through each read
-	rc    io.ReadCloser
+	r     io.Reader
 	ended bool
 
-	size int64        // the request's Content-Length, -1 when unknown
-	read atomic.Int64 // bytes read so far
-	eof  atomic.Bool
+	n   atomic.Int64 // bytes read
+	eof atomic.Bool
 }
 
-func (b *body) Read(p []byte) (int, error) {
+// NewBody returns r as a Body.
+func NewBody(r io.Reader) *Body { return &Body{r: r} }
+
+func (b *Body) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ended {
 		return 0, errEnded
 	}
-	n, err := b.rc.Read(p)
-	b.read.Add(int64(n))
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
 	if err == io.EOF {
 		b.eof.Store(true)
 	}
 	return n, err
 }
 
-// Close leaves the body to the server, which closes it after the handler.
-func (b *body) Close() error { return nil }
+// Close does nothing.
+func (b *Body) Close() error { return nil }
 
-// whole reports whether the client has sent the whole body (as far as the proxy has read it).
-func (b *body) whole() bool {
-	return b.eof.Load() || (b.size >= 0 && b.read.Load() >= b.size)
+// Consumed is how many bytes were read.
+func (b *Body) Consumed() int64 { return b.n.Load() }
+
+// End waits for a read in flight and fails every later one.
+func (b *Body) End() {
+	b.mu.Lock()
+	b.ended = true
+	b.mu.Unlock()
 }
 
-// end waits for a read in flight, cutting it short after finishGrace, and fails every later one.
-func (b *body) end(rc *http.ResponseController) {
+// endWithin is End that, when a read in flight has not returned within grace (a client still
+// sending), calls cut to wake it.
+func (b *Body) endWithin(grace time.Duration, cut func()) {
 	if !b.mu.TryLock() {
 		locked := make(chan struct{})
 		go func() {
@@ -113,10 +125,8 @@ func (b *body) end(rc *http.ResponseController) {
 		}()
 		select {
 		case <-locked:
-		case <-time.After(finishGrace):
-			// The connection's read deadline wakes the read; the server sets its own deadline
-			// before it reads a next request (and closes this connection: see Serve).
-			_ = rc.SetReadDeadline(time.Now())
+		case <-time.After(grace):
+			cut()
 			<-locked
 		}
 	}
