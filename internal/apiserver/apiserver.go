@@ -87,7 +87,10 @@ func (s *Server) SetAuditor(a Auditor) { s.auditor = a }
 // New returns a Server. info is served by GET /v1/info (Sandboxes and Disk are filled in per
 // call).
 func New(log *slog.Logger, st *store.Store, e *edge.Edge, ls *layers.Store, info Info) *Server {
-	s := &Server{log: log, store: st, edge: e, layers: ls, info: info, volumes: noVolumes{}, auditor: st}
+	s := &Server{log: log, store: st, edge: e, layers: ls, info: info, volumes: noVolumes{}}
+	if st != nil { // a cluster's edge has none: the servers record its audit entries (SetAuditor)
+		s.auditor = st
+	}
 	if e != nil {
 		s.fleet, s.volumes, s.environments = localFleet{s}, edgeVolumes{e}, edgeEnvironments{e}
 	}

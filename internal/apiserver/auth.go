@@ -376,9 +376,16 @@ func (s *Server) onSandbox(r *http.Request) (string, string, error) {
 	}
 	var p string
 	var err error
-	if sb := who(r).sandbox; sb != nil && sb.ID == id {
+	switch sb := who(r).sandbox; {
+	case sb != nil && sb.ID == id:
 		p = sb.Project // a cluster's server read it for this request
-	} else {
+	case s.store == nil:
+		// A cluster's edge, asked about a sandbox its server sent nothing of: its own record.
+		var rec *store.Sandbox
+		if rec, err = s.edge.Get(r.Context(), id); err == nil {
+			p, err = iam.ParsePath("project", rec.Project)
+		}
+	default:
 		p, err = s.store.SandboxProject(r.Context(), id)
 	}
 	if err == nil && s.edge != nil {

@@ -27,8 +27,8 @@ type Backend interface {
 	BuildFrom(ctx context.Context, at, ref string, dry bool) (Layer, int, *ImageConfig, error)
 	// BuildLayer finds the layer of a cache key.
 	BuildLayer(ctx context.Context, at, key string) (Layer, bool, error)
-	// BuildCheckTarget validates the environment's name and that project at exists.
-	BuildCheckTarget(ctx context.Context, at, name string) error
+	// BuildCheckTarget validates the environment's name.
+	BuildCheckTarget(name string) error
 	BuildCheckNetwork(p *netpolicy.Policy) error
 	BuildSandbox(ctx context.Context, s Sandbox) (string, error)
 	BuildDelete(ctx context.Context, id string) error
@@ -146,8 +146,15 @@ func (j *Jobs) Check(ctx context.Context, req Spec, project string, bctx *Contex
 	default:
 		return nil, errdefs.Invalid("runtime", "%q: builds run on runc or gvisor", req.Runtime)
 	}
-	if err := j.b.BuildCheckTarget(ctx, project, req.Name); err != nil {
+	if err := j.b.BuildCheckTarget(req.Name); err != nil {
 		return nil, err
+	}
+	// Project exists (the answer says so) and the name is not another project's: environment
+	// names are one namespace. A root-owned environment's owner is "" too, hence exists.
+	if owner, exists, err := j.b.EnvironmentOwner(ctx, project, req.Name); err != nil {
+		return nil, err
+	} else if exists && owner != project {
+		return nil, errdefs.Conflict("environment name %s belongs to another project; choose another name", req.Name)
 	}
 	if err := j.b.BuildCheckNetwork(req.Network); err != nil {
 		return nil, err
@@ -184,12 +191,6 @@ func (j *Jobs) Check(ctx context.Context, req Spec, project string, bctx *Contex
 	cfg := plan.Config
 	if err := j.b.ValidateImageConfig(&cfg); err != nil {
 		return nil, err
-	}
-	// A root-owned environment's owner is "" too: whether it exists is asked apart.
-	if owner, exists, err := j.b.EnvironmentOwner(ctx, project, req.Name); err != nil {
-		return nil, err
-	} else if exists && owner != project {
-		return nil, errdefs.Conflict("environment name %s belongs to another project; choose another name", req.Name)
 	}
 	return &Request{Spec: req, Project: project, Plan: plan, Context: bctx}, nil
 }

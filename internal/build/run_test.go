@@ -56,7 +56,7 @@ func (f *fakeNode) BuildLayer(ctx context.Context, at, key string) (Layer, bool,
 
 func (f *fakeNode) BuildCheckNetwork(p *netpolicy.Policy) error { return nil }
 
-func (f *fakeNode) BuildCheckTarget(ctx context.Context, at, name string) error {
+func (f *fakeNode) BuildCheckTarget(name string) error {
 	if strings.ContainsAny(name, " /:") {
 		return errdefs.Invalid("name", "%q is not a name", name)
 	}

@@ -330,9 +330,12 @@ func (r *Resolver) VisibleEnvironment(ctx context.Context, at, name string) (cor
 
 // EnvironmentOwner returns the project (canonical; the root is "") owning environment name,
 // and whether there is one: environment names are one namespace, so a name another project
-// holds cannot be saved. at, the project asking, does not change the answer (the servers answer
-// a caller who may read layers there).
+// holds cannot be saved. at, the project asking (canonical), must exist; it does not change the
+// answer (the servers answer a caller who may read layers there).
 func (r *Resolver) EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error) {
+	if _, err := ProjectAt(ctx, r.Store, iam.Display(at)); err != nil {
+		return "", false, err
+	}
 	env, err := r.Store.GetEnvironment(ctx, name)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return "", false, nil

@@ -65,7 +65,7 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	f.StringVar(&cfg.NodeListen, "node-listen", "", "address of the node channel, where edges register, heartbeat and send events over mutual TLS (default: --listen's host, the next port)")
 	f.StringVar(&cfg.NodeURL, "node-url", "", "URL edges reach the node channel at, https://HOST:PORT, the same for every replica (default: the host an edge joined through, --node-listen's port)")
 	f.StringVar(&cfg.Store, "store", "", "the cluster's PostgreSQL: postgres://USER@HOST:PORT/DB?sslmode=disable (default $CORRAL_STORE, which keeps a password out of the process list; required)")
-	f.StringVar(&cfg.EdgeStore, "edge-store", "", "the store DSN handed to joining edges, for a role with the edge's privileges only (corral server edge-role; default $CORRAL_EDGE_STORE, else --store itself)")
+	f.StringVar(&cfg.EdgeStore, "edge-store", "", "a store DSN handed to joining edges of an older release, which open the store, while the cluster upgrades: a role of corral server edge-role (default $CORRAL_EDGE_STORE, else none; this release's edges open no store)")
 	f.StringVar(&cfg.BlobStore, "blob-store", "", "the cluster's layer store, handed to joining edges: dir:/SHARED/PATH or s3://BUCKET[/PREFIX]?endpoint=URL")
 	f.DurationVar(&cfg.LeaseGrace, "lease-grace", 0, "how long past its lease a node is declared lost and its sandboxes failed (default 10s)")
 	f.IntVar(&cfg.K, "placement-k", 0, "nodes sampled per placement, the least loaded wins (default 2; 1 random; -1 all)")
@@ -82,23 +82,22 @@ The first replica to find an empty store writes <data-dir>/admin.token and <data
 	return cmd
 }
 
-// newEdgeRoleCmd returns `corral server edge-role`: a PostgreSQL role with an edge's privileges
-// on the cluster's store, for --edge-store.
+// newEdgeRoleCmd returns `corral server edge-role`: a PostgreSQL role with an older edge's
+// privileges on the cluster's store, for --edge-store during an upgrade.
 func newEdgeRoleCmd() *cobra.Command {
 	var dsn, role, passwordFile string
 	cmd := &cobra.Command{
 		Use:   "edge-role --store postgres://OWNER@... [--role corral_edge] [--password-file F]",
-		Short: "Create or update the PostgreSQL role edges use (no identity tables, no cluster secrets)",
-		Long: `Give a PostgreSQL role exactly what a cluster's edges need in the shared store, creating it
-(LOGIN) when it does not exist. Run it as the tables' owner (the servers' --store; a new store
-gets its tables first), and again after an upgrade, once the new servers have started and
-before the new edges do: a table a release adds is the role's only then. Start the servers with
---edge-store (or $CORRAL_EDGE_STORE) set to a DSN of this role: joining edges get that DSN
-instead of the servers'.
+		Short: "Create or update the PostgreSQL role edges of an older release use while a cluster upgrades",
+		Long: `Give a PostgreSQL role what the cluster's edges of an older release (which opened the store)
+need in it, read-only, creating it (LOGIN) when it does not exist. This release's edges open no
+store: the role is for an upgrade only. Run it as the tables' owner (the servers' --store), start
+the upgraded servers with --edge-store (or $CORRAL_EDGE_STORE) set to a DSN of this role, so an
+old edge that restarts meanwhile can still join, and drop both once every edge is upgraded.
 
-The role cannot read or write tokens, principals or grants, cannot change projects or quotas,
-and sees only the settings an edge keeps (row-level security): not the cluster CA's key, the join
-token or the E2B secrets. It prints the statements it ran.`,
+The role writes nothing, and reads no token, principal, grant, webhook, setting (not the
+cluster CA's key, the join token or the E2B secrets), event, usage row, trajectory or audit
+entry. It prints the statements it ran.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if dsn == "" {
@@ -176,10 +175,7 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 				return err
 			}
 			go j.KeepFresh(ctx, log)
-			cfg.Cluster.TLS, cfg.Cluster.Servers = j.TLS, j.Servers
-			if cfg.Store == "" {
-				cfg.Store = j.Store
-			}
+			cfg.Cluster.TLS, cfg.Cluster.Servers = j.TLS, j.Servers // no store: the servers are the edge's
 			if cfg.BlobStore == "" {
 				cfg.BlobStore = j.BlobStore
 			}
@@ -199,7 +195,8 @@ incarnation, or the servers declared it lost) the edge stops; start it again to 
 	f.Float64Var(&cfg.Cluster.Overcommit.Memory, "overcommit-memory", 0, "memory limits admitted per byte of this host's memory (default 1)")
 	f.Float64Var(&cfg.Cluster.Overcommit.Disk, "overcommit-disk", 0, "writable-disk limits admitted per byte of the data dir's filesystem (default 1)")
 	f.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "send traces over OTLP/HTTP to this receiver, http(s)://HOST:PORT (/v1/traces is added unless the URL has a path; default $OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing)")
-	f.MarkHidden("node") // --name says it for an edge
+	f.MarkHidden("node")  // --name says it for an edge
+	f.MarkHidden("store") // an edge opens none (refused if given)
 	for _, req := range []string{"server", "join-token", "name"} {
 		cmd.MarkFlagRequired(req)
 	}

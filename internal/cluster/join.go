@@ -55,13 +55,14 @@ type JoinRequest struct {
 // JoinResponse is what a joining edge learns (sealed): where the cluster keeps its state and
 // layers, the cluster CA, and the edge's certificate.
 type JoinResponse struct {
-	Store     string `json:"store"`
+	// Store is a DSN for edges of an older release, which open the store (given only with
+	// corral server --edge-store, during an upgrade): this release's edges open none.
+	Store     string `json:"store,omitempty"`
 	BlobStore string `json:"blob_store"`
 	CA        string `json:"ca"`
 	Cert      string `json:"cert"`
 	// NodeURLs are the servers' node channel (internal/nodeproto), where the edge registers,
-	// heartbeats and sends its events: the replica joined through first, then the others alive;
-	// none from a server older than the node channel (the edge then does those in the store).
+	// heartbeats and sends its events: the replica joined through first, then the others alive.
 	NodeURLs []string `json:"node_urls,omitempty"`
 }
 
@@ -147,15 +148,17 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 	w.Write(sealed)
 }
 
-// Joined is what an edge holds after joining: where the cluster keeps its state, and the TLS
-// configuration its API serves servers with (its certificate renewed by KeepFresh).
+// Joined is what an edge holds after joining: the blob store the cluster keeps its layers and
+// volumes in, the servers' node channel, and the TLS configuration its API serves servers with
+// (its certificate renewed by KeepFresh). No store: an edge works through the servers.
 type Joined struct {
-	Store, BlobStore string
+	BlobStore string
 	// TLS serves the edge's API: its certificate, and client certificates checked against the
 	// cluster CA (serve through clusterauth.RequireServer).
 	TLS *tls.Config
-	// Servers is the client of the servers' node channel (nil when the server joined through
-	// is older than the node channel), with the edge's certificate as KeepFresh renews it.
+	// Servers is the client of the servers' node channel, with the edge's certificate as
+	// KeepFresh renews it; nil from a server of a release older than the channel, which an
+	// edge cannot work with (it holds no store credentials to work without it).
 	Servers *nodeproto.Servers
 
 	server, token, node string
@@ -174,7 +177,7 @@ func Join(ctx context.Context, server, tokenFile, node string) (*Joined, error) 
 	if err != nil {
 		return nil, err
 	}
-	j.Store, j.BlobStore = ans.Store, ans.BlobStore
+	j.BlobStore = ans.BlobStore
 	return j, nil
 }
 
@@ -211,9 +214,10 @@ func (j *Joined) join(ctx context.Context) (*JoinResponse, error) {
 		return nil, fmt.Errorf("join %s: the answer is not sealed with this join token (is this the cluster's server?): %w", j.server, err)
 	}
 	var ans JoinResponse
-	if err := json.Unmarshal(plain, &ans); err != nil || ans.Store == "" {
+	if err := json.Unmarshal(plain, &ans); err != nil || ans.CA == "" {
 		return nil, fmt.Errorf("join %s: unexpected answer", j.server)
 	}
+
 	cfg, err := clusterauth.EdgeTLS([]byte(ans.CA), []byte(ans.Cert), keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("join %s: %w", j.server, err)
@@ -349,10 +353,6 @@ func tokenFile(path string) (tok string, given bool, err error) {
 	return tok, true, nil
 }
 
-// edgeStore is the store DSN joining edges get: the edge role's when one is configured.
-func (s *Server) edgeStore() string {
-	if s.cfg.EdgeStore != "" {
-		return s.cfg.EdgeStore
-	}
-	return s.cfg.Store
-}
+// edgeStore is the store DSN joining edges get: none, unless --edge-store names one for edges
+// of an older release (which open the store) while a cluster upgrades.
+func (s *Server) edgeStore() string { return s.cfg.EdgeStore }

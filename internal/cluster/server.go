@@ -75,8 +75,9 @@ type Config struct {
 	// replica (default: the host a joining edge reached this replica at, NodeListen's port).
 	NodeURL string
 	Store   string // postgres://...
-	// EdgeStore is the DSN handed to joining edges (default Store): a role with an edge's
-	// privileges only (store.EdgeRoleSQL; `corral server edge-role`).
+	// EdgeStore is a DSN handed to joining edges of an older release, which open the store,
+	// while a cluster upgrades: a role with an edge's privileges only (store.EdgeRoleSQL;
+	// `corral server edge-role`). Default none: this release's edges open no store.
 	EdgeStore string
 	BlobStore string // handed to joining edges
 	// LeaseGrace is how long past its lease a node is declared lost (default 10s).
@@ -201,7 +202,7 @@ func (c *edgeConn) serve(w http.ResponseWriter, r *http.Request) {
 func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string) error {
 	cfg.setDefaults()
 	if !store.IsPostgres(cfg.Store) {
-		return errdefs.Invalid("store", "corral server needs a PostgreSQL store shared by every replica and edge (postgres://USER@HOST:PORT/DB?sslmode=disable)")
+		return errdefs.Invalid("store", "corral server needs a PostgreSQL store shared by every replica (postgres://USER@HOST:PORT/DB?sslmode=disable)")
 	}
 	if cfg.EdgeStore != "" && !store.IsPostgres(cfg.EdgeStore) {
 		return errdefs.Invalid("edge-store", "the edges' store is the cluster's PostgreSQL, as a role of its own (postgres://corral_edge@HOST:PORT/DB?sslmode=disable)")

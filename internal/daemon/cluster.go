@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -21,18 +22,17 @@ import (
 	"github.com/corral-dev/corral/internal/store"
 )
 
-// ClusterConfig makes `corral up` an edge of a cluster (`corral edge`): it registers its node in
-// the cluster's store, holds the node's lease by heartbeats, and writes its sandboxes' records
-// under its incarnation's fence.
+// ClusterConfig makes `corral up` an edge of a cluster (`corral edge`): it registers its node
+// with the cluster's servers, holds the node's lease by heartbeats, and has the servers admit,
+// resolve and record its sandboxes under its incarnation's epoch. It opens no store.
 type ClusterConfig struct {
 	// URL is how the cluster's servers reach this edge's API (https://HOST:PORT).
 	URL string
 	// TLS serves the API to the cluster's servers only (mutual TLS under the cluster CA; from
 	// cluster.Join). Without it the API is served in the clear, as `corral up` serves it.
 	TLS *tls.Config
-	// Servers is the servers' node channel (from cluster.Join): the edge registers, heartbeats
-	// and sends its events and its sandboxes' activity there. Without it (joined through a
-	// server older than the node channel) it does them in the store.
+	// Servers is the servers' node channel (from cluster.Join), through which the edge does
+	// everything it would do in a store; required.
 	Servers *nodeproto.Servers
 	// Labels describe the node to placement (gpu=h100, kvm=true).
 	Labels map[string]string
@@ -74,20 +74,23 @@ func (c *ClusterConfig) admissible(host store.Resources) *store.Resources {
 	}
 }
 
-// registration is what an edge starts from: its node's row with the incarnation's epoch and,
-// registered through the servers, its instance name and the records of its sandboxes that may
-// still run (records nil: registered in the store, which the edge reads them from).
+// registration is what an edge starts from: its node's row with the incarnation's epoch, its
+// instance name and the records of its sandboxes that may still run.
 type registration struct {
 	node     *store.Node
 	instance string
 	records  []*store.Sandbox
-	// features are what the servers serve of the node channel beyond the registration's
-	// release (nodeproto.Features).
-	features []string
 }
 
-// registerNode starts this edge's incarnation and fences the store's writes with its epoch.
-func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runtimes []string, diskHeld int64, log *slog.Logger) (*registration, error) {
+// registerNode starts this edge's incarnation through the servers, whose node channel fences
+// what the edge writes with its epoch from then on. The servers must serve every part of the
+// channel this release uses (nodeproto.Features): the edge holds no store credentials to fall
+// back on, so servers of an older release are refused, and are upgraded before their edges.
+func registerNode(ctx context.Context, cfg Config, tiers, runtimes []string, diskHeld int64, log *slog.Logger) (*registration, error) {
+	srv := cfg.Cluster.Servers
+	if srv == nil {
+		return nil, errors.New("the server joined through named no node channel, which an edge holding no store credentials works through: it is of an older release; upgrade the servers first")
+	}
 	req := nodeproto.RegisterRequest{
 		URL: cfg.Cluster.URL, Labels: cfg.Cluster.Labels,
 		Capacity: hostCapacity(cfg.DataDir, cfg.Cluster.Sandboxes, diskHeld),
@@ -95,37 +98,32 @@ func registerNode(ctx context.Context, cfg Config, st *store.Store, tiers, runti
 		Protocol:       nodeproto.Version, // servers send this edge callers, never tokens
 		LeaseTTLMillis: cfg.Cluster.LeaseTTL.Milliseconds(),
 	}
-	reg := &registration{}
-	if srv := cfg.Cluster.Servers; srv != nil {
-		ans, err := registerWithServers(ctx, srv, req, log)
-		if err != nil {
-			return nil, err
+	ans, err := registerWithServers(ctx, srv, req, log)
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, f := range nodeproto.Features {
+		if !slices.Contains(ans.Features, f) {
+			missing = append(missing, f)
 		}
-		reg.node, reg.features = &ans.Node, ans.Features
-		// A server of an older release answers the row alone (no instance): the edge then
-		// reads the rest from the store, as it did then.
-		if ans.Instance != "" {
-			reg.instance, reg.records = ans.Instance, ans.Sandboxes
-			if reg.records == nil {
-				reg.records = []*store.Sandbox{}
-			}
-		}
-	} else {
-		n, err := st.Register(ctx, store.Node{
-			Name: cfg.Node, URL: req.URL, Labels: req.Labels, Capacity: req.Capacity,
-			Tiers: req.Tiers, Runtimes: req.Runtimes, Protocol: req.Protocol,
-		}, cfg.Cluster.LeaseTTL)
-		if err != nil {
-			return nil, err
-		}
-		reg.node = n
+	}
+	if ans.Instance == "" {
+		missing = append([]string{"the node's records and instance name"}, missing...)
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("the cluster's servers (%s) are of an older release than this edge: they do not serve %s, which an edge without store credentials needs; upgrade the servers first",
+			strings.Join(srv.URLs(), ","), strings.Join(missing, ", "))
+	}
+	reg := &registration{node: &ans.Node, instance: ans.Instance, records: ans.Sandboxes}
+	if reg.records == nil {
+		reg.records = []*store.Sandbox{}
 	}
 	n := reg.node
 	if n.Name != cfg.Node {
 		return nil, fmt.Errorf("the servers registered node %q, not %q: the edge's certificate names another node", n.Name, cfg.Node)
 	}
-	st.Fence(cfg.Node, n.Epoch)
-	log.Info("node registered", "epoch", n.Epoch, "state", n.State, "url", n.URL, "capacity", n.Capacity, "through", registeredThrough(cfg.Cluster),
+	log.Info("node registered", "epoch", n.Epoch, "state", n.State, "url", n.URL, "capacity", n.Capacity, "through", strings.Join(srv.URLs(), ","),
 		"overcommit_cpu", cfg.Cluster.Overcommit.CPU, "overcommit_memory", cfg.Cluster.Overcommit.Memory, "overcommit_disk", cfg.Cluster.Overcommit.Disk)
 	return reg, nil
 }
@@ -164,14 +162,6 @@ func retryUnavailable(ctx context.Context, what string, fn func() error, log *sl
 	}
 }
 
-// registeredThrough says where the edge registers and heartbeats, for its logs.
-func registeredThrough(c *ClusterConfig) string {
-	if c.Servers != nil {
-		return strings.Join(c.Servers.URLs(), ",")
-	}
-	return "store"
-}
-
 // heartbeats holds what the heartbeat loop acts on, set while the edge starts: the loop runs from
 // the registration on, so a slow start never lets the lease run out.
 type heartbeats struct {
@@ -186,7 +176,8 @@ type heartbeats struct {
 // heartbeat renews the node's lease until ctx ends, telling the edge (once hb has one) whether
 // its node is draining. It returns when the node was fenced (a newer incarnation, or declared
 // lost): this process must stop, and register again when restarted.
-func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, hb *heartbeats, log *slog.Logger) error {
+func heartbeat(ctx context.Context, cfg Config, epoch int64, hb *heartbeats, log *slog.Logger) error {
+	srv := cfg.Cluster.Servers
 	t := time.NewTicker(cfg.Cluster.LeaseTTL / 3)
 	defer t.Stop()
 	failures := 0
@@ -196,30 +187,19 @@ func heartbeat(ctx context.Context, cfg Config, st *store.Store, epoch int64, hb
 			return nil
 		case <-t.C:
 		}
-		var state string
-		var err error
-		if srv := cfg.Cluster.Servers; srv != nil {
-			// The servers count what this node's sandboxes use from their records.
-			var ans nodeproto.HeartbeatResponse
-			ans, err = srv.Heartbeat(ctx, epoch, cfg.Cluster.LeaseTTL)
-			state = ans.State
-			if settings := hb.settings.Load(); err == nil && settings != nil && ans.Config != "" && ans.Config != settings.Generation() {
-				// Off the loop, one at a time: a slow fetch delays no heartbeat.
-				if hb.following.CompareAndSwap(false, true) {
-					go func() {
-						defer hb.following.Store(false)
-						followSettings(ctx, settings, ans.Config, hb.edge.Load(), log)
-					}()
-				}
-			}
-		} else {
-			var used store.Resources
-			if used, err = st.NodeUsage(ctx, cfg.Node); err == nil {
-				state, err = st.Heartbeat(ctx, cfg.Node, epoch, used, cfg.Cluster.LeaseTTL)
+		// The servers count what this node's sandboxes use from their records.
+		ans, err := srv.Heartbeat(ctx, epoch, cfg.Cluster.LeaseTTL)
+		if settings := hb.settings.Load(); err == nil && settings != nil && ans.Config != "" && ans.Config != settings.Generation() {
+			// Off the loop, one at a time: a slow fetch delays no heartbeat.
+			if hb.following.CompareAndSwap(false, true) {
+				go func() {
+					defer hb.following.Store(false)
+					followSettings(ctx, settings, ans.Config, hb.edge.Load(), log)
+				}()
 			}
 		}
 		if e := hb.edge.Load(); err == nil && e != nil {
-			e.SetDraining(state == store.NodeDraining)
+			e.SetDraining(ans.State == store.NodeDraining)
 		}
 		switch {
 		case errors.Is(err, store.ErrFenced):

@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -129,7 +128,7 @@ type Config struct {
 	// dir:<DataDir>/blobs. Every Corral given the same store shares its layers.
 	BlobStore string
 	// Store is the database: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?sslmode=disable) or a
-	// SQLite file. Default <DataDir>/corral.db.
+	// SQLite file. Default <DataDir>/corral.db; none on a cluster's edge.
 	Store string
 	// DiskPool is how many writable disks of the default size are kept formatted ahead. Default 4.
 	DiskPool int
@@ -157,8 +156,8 @@ type Config struct {
 	SandboxRetention time.Duration
 	// E2B serves E2B's API beside Corral's (off unless E2B.Listen is set).
 	E2B E2BConfig
-	// Cluster, when set, makes this an edge of a cluster (`corral edge`): Store is then the
-	// cluster's PostgreSQL, and the node registers and heartbeats there.
+	// Cluster, when set, makes this an edge of a cluster (`corral edge`): it opens no store
+	// (Store must be empty) and works through the servers' node channel.
 	Cluster *ClusterConfig
 	// Observe configures per-sandbox metrics, events and webhooks.
 	Observe ObserveConfig
@@ -239,6 +238,15 @@ func (c *Config) Validate() error {
 		return errdefs.Invalid("data-dir", "%v", err)
 	}
 	c.DataDir = abs
+	if c.Cluster != nil {
+		// An edge holds no store credentials, and E2B's API is its servers' to serve.
+		if c.Store != "" {
+			return errdefs.Invalid("store", "a cluster's edge opens no store: it reads and writes through the cluster's servers")
+		}
+		if c.E2B.Listen != "" {
+			return errdefs.Invalid("e2b-listen", "a cluster serves E2B's API from its servers (corral server --e2b-listen), not from an edge")
+		}
+	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return errdefs.Invalid("listen", "%q is not HOST:PORT", c.Listen)
 	}
@@ -395,28 +403,27 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		return err
 	}
 	// The store before anything of the host is claimed: a store that is not this data dir's is
-	// refused with nothing changed.
-	if cfg.Store == "" {
-		cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
-	}
-	// What this start makes of the store, a refusal below takes away again.
-	_, dbErr := os.Stat(cfg.Store)
-	newSQLite := !store.IsPostgres(cfg.Store) && errors.Is(dbErr, os.ErrNotExist)
-	_, ownerErr := os.Stat(filepath.Join(cfg.DataDir, ownerFile))
-	newOwner := errors.Is(ownerErr, os.ErrNotExist)
-	open := store.Open
-	if cfg.Cluster != nil {
-		open = store.OpenEdge // the servers migrate the cluster's store, never an edge
-	}
-	st, err := open(ctx, cfg.Store)
-	if err != nil {
-		if store.IsPostgres(cfg.Store) {
-			err = fmt.Errorf("store %s: %w", redactDSN(cfg.Store), err)
+	// refused with nothing changed. A cluster's edge opens none: it holds no store credentials,
+	// and reads and writes what it needs through the servers' node channel.
+	var st *store.Store
+	newSQLite, newOwner := false, false
+	if cfg.Cluster == nil {
+		if cfg.Store == "" {
+			cfg.Store = filepath.Join(cfg.DataDir, "corral.db")
 		}
-		return refuse(err)
-	}
-	defer st.Close()
-	if cfg.Cluster == nil { // a cluster's nodes share their store by design
+		// What this start makes of the store, a refusal below takes away again.
+		_, dbErr := os.Stat(cfg.Store)
+		newSQLite = !store.IsPostgres(cfg.Store) && errors.Is(dbErr, os.ErrNotExist)
+		_, ownerErr := os.Stat(filepath.Join(cfg.DataDir, ownerFile))
+		newOwner = errors.Is(ownerErr, os.ErrNotExist)
+		st, err = store.Open(ctx, cfg.Store)
+		if err != nil {
+			if store.IsPostgres(cfg.Store) {
+				err = fmt.Errorf("store %s: %w", redactDSN(cfg.Store), err)
+			}
+			return refuse(err)
+		}
+		defer st.Close()
 		if err := checkStoreOwner(ctx, st, cfg.DataDir, redactDSN(cfg.Store)); err != nil {
 			return refuse(err)
 		}
@@ -425,7 +432,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	// VM uids) come from the host registry, keyed by the data dir.
 	claim, err := claimHost(&cfg)
 	if err != nil {
-		st.Close()
+		if st != nil {
+			st.Close()
+		}
 		if newSQLite {
 			for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
 				os.Remove(cfg.Store + suffix)
@@ -456,14 +465,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		}
 	}
 	log = log.With("node", cfg.Node)
-	st.SetTrajectoryLimit(cfg.TrajectoryMax)
 	reserve := newDiskReserve(cfg.DataDir, log)
 	if !cfg.Down {
 		reserve.make()
-		st.OnFull(reserve.release)
+		if st != nil {
+			st.OnFull(reserve.release)
+		}
 		go reserve.keep(ctx)
 	}
 	if cfg.Cluster == nil {
+		st.SetTrajectoryLimit(cfg.TrajectoryMax)
 		// Quota usage counters are rebuilt from the sandbox rows at every start: whatever
 		// happened before, admission starts from the truth. (A cluster's servers do it at
 		// theirs, and write the admin token.)
@@ -536,7 +547,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		if runtimes.MachineAvailable() == nil {
 			tiers = append(tiers, edge.TierVM)
 		}
-		if reg, err = registerNode(ctx, cfg, st, tiers, names, diskAllocated(diskHolders(runtimes)), log); err != nil {
+		if reg, err = registerNode(ctx, cfg, tiers, names, diskAllocated(diskHolders(runtimes)), log); err != nil {
 			return err
 		}
 		node = reg.node
@@ -550,7 +561,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 		defer stopHB()
 		go func() {
 			defer close(hbErr)
-			if err := heartbeat(hbCtx, cfg, st, node.Epoch, hb, log); err != nil {
+			if err := heartbeat(hbCtx, cfg, node.Epoch, hb, log); err != nil {
 				hbErr <- err
 			}
 		}()
@@ -560,7 +571,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	instance, own := "", func(ctx context.Context) ([]*store.Sandbox, error) {
 		return st.ListSandboxes(ctx, store.SandboxFilter{Node: cfg.Node, States: store.OwnStates()})
 	}
-	if reg != nil && reg.records != nil {
+	if reg != nil {
 		instance, own = reg.instance, func(context.Context) ([]*store.Sandbox, error) { return reg.records, nil }
 	} else if instance, err = st.Instance(ctx, cfg.Node); err != nil {
 		return err
@@ -596,60 +607,30 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	busCtx, stopBus := context.WithCancel(context.WithoutCancel(ctx))
 	busDone := make(chan struct{})
 	var recorder events.Recorder = st
-	if node != nil && cfg.Cluster.Servers != nil {
+	if reg != nil {
 		recorder = cfg.Cluster.Servers.EventRecorder(node.Epoch) // the servers record them
 	}
 	go func() { defer close(busDone); bus.Run(busCtx, recorder) }()
 	defer func() { stopBus(); <-busDone }()
-	if node != nil && cfg.Cluster.Servers != nil {
-		ecfg.Activity = cfg.Cluster.Servers.ActivityRecorder(node.Epoch) // the servers record it
-	}
-	if reg != nil && reg.records != nil && cfg.Cluster.Servers != nil {
-		// Servers of this release (their registration answered the node's records): they
-		// record the trajectories and the sandboxes' records too, and send the configuration
-		// the edge follows, fetched before the edge starts (it loads the service catalog and
-		// starts the fncall pools). With an older server, all three stay in the store.
-		ecfg.Trajectory = cfg.Cluster.Servers.Steps(node.Epoch)
-		ecfg.Records = cfg.Cluster.Servers.Records(node.Epoch)
-		sc := cfg.Cluster.Servers.Config()
-		err := retryUnavailable(ctx, "fetch the configuration from the servers", func() error { _, err := sc.Follow(ctx, ""); return err }, log)
-		switch {
-		case err == nil:
-			ecfg.Settings = sc
-			hb.settings.Store(sc)
-		case errors.Is(err, errdefs.ErrNotFound):
-			log.Warn("a server serves no configuration (one of an older release, during a rolling upgrade): it is read from the store", "err", err)
-		default:
+	ecfg.Instance = instance
+	if reg != nil {
+		// Everything the edge would read or write in a store comes from the servers: they
+		// admit, resolve and record its sandboxes, record their activity and trajectories,
+		// publish the layers it makes, read the catalogue for its jobs, keep its volumes'
+		// versions, say which layer blobs are in use, and send the configuration it follows,
+		// fetched before the edge starts (it loads the service catalog and starts the fncall
+		// pools).
+		srv := cfg.Cluster.Servers
+		sc := srv.Config()
+		if err := retryUnavailable(ctx, "fetch the configuration from the servers", func() error { _, err := sc.Follow(ctx, ""); return err }, log); err != nil {
 			return err
 		}
-	}
-	if ecfg.Instance = instance; reg != nil && reg.records != nil {
+		ecfg.Settings = sc
+		hb.settings.Store(sc)
 		ecfg.OwnRecords = own
-	}
-	// The servers admit new sandboxes, read and record the volumes' versions and say which layer
-	// blobs are in use; with an older one, the edge does these in the store.
-	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureAdmission) {
-		ecfg.Admissions = cfg.Cluster.Servers.Admissions(node.Epoch)
-	}
-	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureResolve) {
-		ecfg.Catalog = cfg.Cluster.Servers.Catalog() // the servers resolve creates
-	}
-	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeaturePublish) {
-		ecfg.Publisher = cfg.Cluster.Servers.Publisher() // and record the layers it makes
-	}
-	if node != nil && reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureGetSandbox) {
-		ecfg.RecordReader = cfg.Cluster.Servers.Records(node.Epoch) // and the records of its ended sandboxes
-	}
-	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureCatalogRead) {
-		ecfg.CatalogReader = cfg.Cluster.Servers.CatalogReader() // and read for its builds and snapshots
-	}
-	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureVolumes) {
-		ecfg.VolumeCatalog = cfg.Cluster.Servers.Volumes(node.Epoch)
-	}
-	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureDigests) {
-		ecfg.LayerUse = cfg.Cluster.Servers.Digests()
-	}
-	if node != nil {
+		ecfg.Activity, ecfg.Trajectory, ecfg.Records, ecfg.RecordReader = srv.ActivityRecorder(node.Epoch), srv.Steps(node.Epoch), srv.Records(node.Epoch), srv.Records(node.Epoch)
+		ecfg.Admissions, ecfg.Catalog, ecfg.CatalogReader, ecfg.Publisher = srv.Admissions(node.Epoch), srv.Catalog(), srv.CatalogReader(), srv.Publisher()
+		ecfg.VolumeCatalog, ecfg.LayerUse = srv.Volumes(node.Epoch), srv.Digests()
 		ecfg.Capacity, ecfg.Labels, ecfg.SharedStore = cfg.Cluster.admissible(node.Capacity), cfg.Cluster.Labels, true
 		// The edge's disk promise has the final say on disk (edge.DiskConfig), with the same
 		// figure the node registered (hostCapacity).
@@ -715,7 +696,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	info.Tiers = e.Tiers()
 	api := apiserver.New(log, st, e, ls, info)
 	api.SetBuilds(build.NewJobs(ctx, e, e.Node(), log.With("component", "build")), filepath.Join(cfg.DataDir, "builds"))
-	if reg != nil && cfg.Cluster.Servers != nil && slices.Contains(reg.features, nodeproto.FeatureAudit) {
+	if reg != nil {
 		// The servers record its audit entries, sent off the requests' path; what is queued
 		// when the edge stops is sent after the API has stopped (this defer runs after it).
 		audits := cfg.Cluster.Servers.AuditQueue(log.With("component", "audit"))

@@ -48,10 +48,10 @@ type proc struct {
 // certificate only the cluster's servers check (the probe path needs none).
 var probeClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 
-// edgeStore gives the cluster's edges a store role of their own (`corral server edge-role`: no
-// identity tables, no cluster secrets) and returns its DSN, for the servers' --edge-store. Every
-// cluster test runs its edges under it, so an edge that needs more than the role allows fails
-// there (TestCluster checks that the edges' sessions are the role's).
+// edgeStore makes the store role edges of an older release use (`corral server edge-role`: no
+// identity tables, no cluster secrets) and returns its DSN, for the servers' --edge-store.
+// TestCluster's servers hand it out, as during an upgrade, and it checks that this release's
+// edges never open it.
 func edgeStore(t *testing.T, dsn string) string {
 	t.Helper()
 	role := "corral_edge_" + randHex(4)
@@ -388,13 +388,13 @@ func TestCluster(t *testing.T) {
 	e1 := edge(0, "pool=a")
 	edge(1, "pool=a")
 	e3 := edge(2, "pool=b", "gpu=fake")
-	// The edges hold the store role the servers handed them, not the servers' own.
+	// The edges open no store, not even the one the servers hand edges of an older release
+	// (--edge-store, as during an upgrade): everything below goes through the servers.
 	edgeRole := strings.TrimPrefix(edgeDSN[:strings.Index(edgeDSN, "@")], "postgres://")
-	if n, err := pg.Sessions(edgeRole); err != nil || n == 0 {
+	if n, err := pg.Sessions(edgeRole); err != nil || n != 0 {
 		t.Fatalf("sessions of the edges' role %s: %d, %v", edgeRole, n, err)
 	}
-	// They registered through the servers' node channel, knowing both replicas (the role may
-	// not write events, so every event below came that way too).
+	// They registered through the servers' node channel, knowing both replicas.
 	for _, p := range procs {
 		if strings.HasPrefix(p.name, "edge") && !regexp.MustCompile(`node registered.*through=https://[^ ,]+,https://`).MatchString(p.log()) {
 			t.Errorf("%s did not register through the node channel knowing both replicas:\n%s", p.name, p.log())

@@ -59,7 +59,7 @@ func TestClusterVolumes(t *testing.T) {
 	})
 	sdir := t.TempDir()
 	surl := "http://" + freePortOn(t, "127.0.0.1")
-	server := startProc(t, "server", surl, "server", "--store", dsn, "--edge-store", edgeStore(t, dsn), "--data-dir", sdir, "--listen", strings.TrimPrefix(surl, "http://"),
+	server := startProc(t, "server", surl, "server", "--store", dsn, "--data-dir", sdir, "--listen", strings.TrimPrefix(surl, "http://"),
 		"--node-listen", freePortOn(t, "127.0.0.1"),
 		"--blob-store", spec, "--lease-grace", "2s", "--log-level", "debug")
 	procs = append(procs, server)

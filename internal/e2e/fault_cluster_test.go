@@ -57,9 +57,8 @@ func startFaultFleet(t *testing.T) *faultFleet {
 			}
 		}
 	})
-	edgeDSN := edgeStore(t, dsn)
 	server := func(name, url, dir string) *proc {
-		p := startProc(t, name, url, "server", "--store", dsn, "--edge-store", edgeDSN, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
+		p := startProc(t, name, url, "server", "--store", dsn, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
 			"--node-listen", freePortOn(t, fleetGateway),
 			"--blob-store", "dir:"+shared, "--lease-grace", "5s", "--log-level", "debug", "--webhook-allow-private", "--webhook-backoff", "100ms")
 		procs = append(procs, p)

@@ -286,14 +286,10 @@ func (e *Edge) buildCommit(ctx context.Context, id string, l corral.Layer) (corr
 	return e.buildPublish(ctx, l)
 }
 
-// BuildCheckTarget validates a build's target: the environment (and layer) name, and the
-// project at (canonical), which must exist.
-func (e *Edge) BuildCheckTarget(ctx context.Context, at, name string) error {
-	if err := catalog.ValidateLayerName("name", "name", name, "b-0"); err != nil {
-		return err
-	}
-	_, err := e.project(ctx, iam.Display(at))
-	return err
+// BuildCheckTarget validates the name of a build's environment (and layer). Whether its
+// project exists the catalogue answers with the name's owner (EnvironmentOwner).
+func (e *Edge) BuildCheckTarget(name string) error {
+	return catalog.ValidateLayerName("name", "name", name, "b-0")
 }
 
 // BuildCheckNetwork validates a build's network policy (nil: no network).

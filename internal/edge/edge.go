@@ -228,6 +228,30 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// checkStoreless checks that a cluster's edge, which holds no store credentials (New's st is
+// nil), has everything it would read or write there from the servers instead.
+func (c *Config) checkStoreless() error {
+	var missing []string
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"Settings", c.Settings != nil}, {"Admissions", c.Admissions != nil}, {"Trajectory", c.Trajectory != nil},
+		{"Records", c.Records != nil}, {"RecordReader", c.RecordReader != nil}, {"Catalog", c.Catalog != nil},
+		{"CatalogReader", c.CatalogReader != nil}, {"Publisher", c.Publisher != nil}, {"VolumeCatalog", c.VolumeCatalog != nil},
+		{"LayerUse", c.LayerUse != nil}, {"Activity", c.Activity != nil}, {"Instance", c.Instance != ""},
+		{"OwnRecords", c.OwnRecords != nil}, {"SharedStore", c.SharedStore},
+	} {
+		if !f.set {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("edge config: an edge without a store takes from the cluster's servers what the store would give, and lacks %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
 // nodePattern is a node name: 1-32 lowercase letters, digits and inner hyphens.
 const nodePattern = `[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?`
 
@@ -435,6 +459,11 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if err != nil {
 		return nil, fmt.Errorf("edge config: %w", err)
 	}
+	if st == nil {
+		if err := cfg.checkStoreless(); err != nil {
+			return nil, err
+		}
+	}
 	e := &Edge{
 		cfg: cfg, log: log, store: st, rt: rt, layers: layers, policy: policy,
 		live: make(map[string]*sandbox), bySrc: make(map[netip.Addr]*netTarget), pools: make(map[string]*fncallPool),
@@ -458,12 +487,14 @@ func New(cfg Config, log *slog.Logger, st *store.Store, rt Runtime, layers Layer
 	if e.publisher = cfg.Publisher; e.publisher == nil {
 		e.publisher = st
 	}
-	e.local = &catalog.Resolver{Store: st, Log: log}
-	if e.adopts() {
-		e.local.Adopt = e.SyncShared
-	}
-	if !e.clustered() {
-		e.local.Node = cfg.Node // a volume lives on the node that made it
+	if st != nil {
+		e.local = &catalog.Resolver{Store: st, Log: log}
+		if e.adopts() {
+			e.local.Adopt = e.SyncShared
+		}
+		if !e.clustered() {
+			e.local.Node = cfg.Node // a volume lives on the node that made it
+		}
 	}
 	if e.resolver = cfg.Catalog; e.resolver == nil {
 		e.resolver = e.local
@@ -1309,6 +1340,9 @@ func (e *Edge) lifetimes(req corral.CreateRequest) (l lifetimes, err error) {
 
 // project returns the project at path (as the API gives it; "" is the root), which must exist.
 func (e *Edge) project(ctx context.Context, path string) (*store.ProjectRecord, error) {
+	if e.store == nil {
+		return nil, errors.New("a cluster's edge reads no project: its servers resolve them")
+	}
 	return catalog.ProjectAt(ctx, e.store, path)
 }
 
@@ -1354,11 +1388,21 @@ func (e *Edge) BuildSaveEnvironment(ctx context.Context, name, base, project str
 }
 
 func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
-	if err := e.local.CheckEnvironment(ctx, &env, e.environmentNetwork); err != nil {
+	var err error
+	switch {
+	case e.local != nil:
+		err = e.local.CheckEnvironment(ctx, &env, e.environmentNetwork)
+	case !replace:
+		return corral.Environment{}, errors.New("a cluster's environments are saved by its servers")
+	default:
+		// A cluster's edge, saving a build's environment: the servers check what the
+		// catalogue says of it as they save it, as for one saved through the API.
+		err = catalog.CheckEnvironmentDefaults(&env, e.environmentNetwork)
+	}
+	if err != nil {
 		return corral.Environment{}, err
 	}
 	var saved corral.Environment
-	var err error
 	if replace {
 		saved, err = e.publisher.ReplaceEnvironment(ctx, env)
 	} else {

@@ -123,19 +123,14 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 	if err != nil {
 		return nil, err
 	}
-	proj, err := e.project(ctx, env.Project)
-	if err != nil {
-		return nil, err
-	}
-	env.Project = iam.Display(proj.Path)
-	p := &fncallPool{e: e, log: e.log.With("fncall", env.Name), warm: map[string]*warmCall{}, projectID: proj.ID,
-		timeout: timeout, queueWait: queueWait}
-	// The containers' composition and limits pass the same admission as a sandbox's.
+	p := &fncallPool{e: e, log: e.log.With("fncall", env.Name), warm: map[string]*warmCall{}, timeout: timeout, queueWait: queueWait}
+	// The containers' composition and limits pass the same admission as a sandbox's, which
+	// resolves the project too (the servers, on a cluster's edge).
 	adm, err := e.admit(ctx, p.containerRequest(env, env.Project), true)
 	if err != nil {
 		return nil, err
 	}
-	env.Limits = adm.rec.Limits
+	p.projectID, env.Project, env.Limits = adm.rec.ProjectID, adm.rec.Project, adm.rec.Limits
 	if err := CheckFncallFiles(env); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,5 +160,19 @@ func TestRecordCopies(t *testing.T) {
 	o.put(rec)
 	if _, ok := o.get("sb-a"); ok {
 		t.Fatal("an ended sandbox's record is still held")
+	}
+}
+
+// TestStorelessConfig: an edge given no store (a cluster's) is refused unless the servers stand
+// in for everything the store would give, and the refusal names each missing part.
+func TestStorelessConfig(t *testing.T) {
+	_, err := New(Config{Node: "n1", AgentPath: "/agent", Settings: storeSettings{}}, slog.Default(), nil, nil, nil)
+	if err == nil {
+		t.Fatal("an edge without a store and without the servers' parts was made")
+	}
+	_, lacks, _ := strings.Cut(err.Error(), "lacks ")
+	want := "Admissions, Trajectory, Records, RecordReader, Catalog, CatalogReader, Publisher, VolumeCatalog, LayerUse, Activity, Instance, OwnRecords, SharedStore"
+	if lacks != want {
+		t.Errorf("the refusal names %q as missing, want %q (Settings was given)", lacks, want)
 	}
 }

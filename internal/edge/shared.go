@@ -105,9 +105,11 @@ func (e *Edge) shareVersion(ctx context.Context, l corral.Layer) error {
 }
 
 // shareAll records in the shared catalogue every version of this node's catalogue that it lacks:
-// versions published before the blob store was shared, or whose shareVersion failed.
+// versions published before the blob store was shared, or whose shareVersion failed. A
+// cluster's edge keeps no catalogue (the servers do, and a cluster's blob store is shared
+// from its start): it shares each version it publishes as it publishes it.
 func (e *Edge) shareAll(ctx context.Context) error {
-	if e.cfg.Shared == nil {
+	if e.cfg.Shared == nil || e.cfg.Publisher != nil {
 		return nil
 	}
 	infos, err := e.cfg.Shared.List(ctx, refsPrefix)

@@ -203,38 +203,6 @@ func TestEdgeRole(t *testing.T) {
 	}
 }
 
-// TestOpenEdge: an edge opens the cluster's store without migrating it: on a store the servers
-// have not migrated it refuses, saying to start an upgraded server; on a migrated one it opens.
-func TestOpenEdge(t *testing.T) {
-	ctx := context.Background()
-	dsn := pgtest.NewDB(t) // skips where PostgreSQL is missing
-	if _, err := OpenEdge(ctx, dsn); err == nil || !strings.Contains(err.Error(), "has a corral server started on it") {
-		t.Fatalf("an edge on an empty store: %v", err)
-	}
-	owner, err := Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	if _, err := owner.db.ExecContext(ctx, `DELETE FROM schema_migrations WHERE version = (SELECT MAX(version) FROM schema_migrations)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := OpenEdge(ctx, dsn); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "start an upgraded corral server first") {
-		t.Fatalf("an edge on a store one migration behind: %v", err)
-	}
-	if _, err := owner.db.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, 0)`, len(migrations)); err != nil {
-		t.Fatal(err)
-	}
-	edge, err := OpenEdge(ctx, dsn)
-	if err != nil {
-		t.Fatalf("an edge on a migrated store: %v", err)
-	}
-	edge.Close()
-	if _, err := OpenEdge(ctx, "/var/lib/corral/corral.db"); !errors.Is(err, errdefs.ErrInvalid) {
-		t.Errorf("an edge on SQLite: %v", err)
-	}
-}
-
 // TestEdgeRoleTables: every table of the store is in one of the edge role's lists, so a
 // table a release adds is given its privileges on purpose (unnamed, it gets none).
 func TestEdgeRoleTables(t *testing.T) {

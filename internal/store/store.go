@@ -401,7 +401,7 @@ var migrations = []string{
 // created if needed (the embedded default for one machine).
 func Open(ctx context.Context, dsn string) (*Store, error) {
 	if IsPostgres(dsn) {
-		return openPostgres(ctx, dsn, true)
+		return openPostgres(ctx, dsn)
 	}
 	if err := os.MkdirAll(filepath.Dir(dsn), 0o700); err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -442,21 +442,10 @@ const pgIdleInTransaction = "5s"
 
 // openPostgres opens the store on a PostgreSQL database: one pool for reads and writes, since
 // PostgreSQL runs transactions side by side (those that must not, lock rows: forUpdate).
-// OpenEdge opens a cluster's PostgreSQL store for an edge, which never migrates it: the servers
-// do, at their start. A schema older than this binary's is ErrUnavailable saying so (an edge
-// upgraded before the servers; it starts once an upgraded server has migrated the store), so
-// an edge role without DDL rights (EdgeRoleSQL) never gets as far as a permission error.
-func OpenEdge(ctx context.Context, dsn string) (*Store, error) {
-	if !IsPostgres(dsn) {
-		return nil, errdefs.Invalid("store", "a cluster edge's store is the cluster's PostgreSQL")
-	}
-	return openPostgres(ctx, dsn, false)
-}
-
 // maxPostgresConns bounds a store's PostgreSQL connections.
 const maxPostgresConns = 16
 
-func openPostgres(ctx context.Context, dsn string, migrate bool) (*Store, error) {
+func openPostgres(ctx context.Context, dsn string) (*Store, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -479,30 +468,11 @@ func openPostgres(ctx context.Context, dsn string, migrate bool) (*Store, error)
 	}
 	c := &conn{DB: db, pg: true}
 	s := &Store{db: c, rdb: c}
-	check := s.migrate
-	if !migrate {
-		check = s.checkVersion
-	}
-	if err := check(ctx); err != nil {
+	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
 	return s, nil
-}
-
-// checkVersion fails unless the schema is exactly this binary's.
-func (s *Store) checkVersion(ctx context.Context) error {
-	var have int
-	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
-		return fmt.Errorf("open store: read its schema version (has a corral server started on it?): %w", err)
-	}
-	switch {
-	case have < len(migrations):
-		return errdefs.Unavailable("the store's schema is at version %d and this edge's release needs %d: the servers migrate the store, so start an upgraded corral server first (and run corral server edge-role again if edges use one)", have, len(migrations))
-	case have > len(migrations):
-		return fmt.Errorf("database schema %d is newer than this binary's %d: upgrade this edge", have, len(migrations))
-	}
-	return nil
 }
 
 // Close closes the database.
