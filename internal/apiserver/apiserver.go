@@ -203,13 +203,6 @@ func (s *Server) Handler() http.Handler {
 			})
 		}
 		s.volumeBlobRoutes(api)
-		// An environment's pools on this node, for the servers' read of it (they sum every
-		// edge's): the servers read the environment and send the project they checked.
-		api.HandleFunc("GET "+WarmFiguresPath+"{name}", s.guard(iam.LayerRead, "", s.onQueryProject("project", ""), func(w http.ResponseWriter, r *http.Request) {
-			env := corral.Environment{Name: r.PathValue("name")}
-			s.edge.WarmStats(&env)
-			httpjson.Write(w, http.StatusOK, env)
-		}))
 	} else {
 		s.serverRoutes(api)
 	}

@@ -23,10 +23,10 @@ type Environments interface {
 	SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
 	// SetEnvironmentWarm changes an environment's pool size.
 	SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error)
-	// Figures adds to env the figures of its warm pools (WarmStats): the edge's under corral
-	// up, every up edge's in a cluster, each asked as r's caller, who may read layers in
-	// project (canonical). An edge that does not answer is left out.
-	Figures(r *http.Request, project string, env *corral.Environment)
+	// Figures adds to each of envs the figures of its warm pools (WarmStats): the edge's under
+	// corral up; in a cluster, every node's that is not lost, as its last heartbeat reported
+	// them. A failure to read them leaves them out (logged).
+	Figures(ctx context.Context, envs []*corral.Environment)
 	DeleteEnvironment(ctx context.Context, name string) error
 	// CreateFncallEnv saves an fncall environment; the answer has its pool's figures where
 	// there is one pool.
@@ -52,8 +52,10 @@ func (v edgeEnvironments) SetEnvironmentWarm(ctx context.Context, name string, w
 	return v.e.SetEnvironmentWarm(ctx, name, warm)
 }
 
-func (v edgeEnvironments) Figures(_ *http.Request, _ string, env *corral.Environment) {
-	v.e.WarmStats(env)
+func (v edgeEnvironments) Figures(_ context.Context, envs []*corral.Environment) {
+	for _, env := range envs {
+		v.e.WarmStats(env)
+	}
 }
 
 func (v edgeEnvironments) DeleteEnvironment(ctx context.Context, name string) error {
@@ -76,17 +78,17 @@ func (v edgeEnvironments) FncallProject(_ context.Context, name string) (string,
 // environmentRoutes adds the reads and writes of saved environments and fncall environments
 // (ServerPaths).
 func (s *Server) environmentRoutes(api *http.ServeMux) {
-	api.HandleFunc("GET /v1/environments/{name}", s.guardIn(iam.LayerRead, "", s.onEnvironment(true), func(w http.ResponseWriter, r *http.Request, project string) {
+	api.HandleFunc("GET /v1/environments/{name}", s.guard(iam.LayerRead, "", s.onEnvironment(true), func(w http.ResponseWriter, r *http.Request) {
 		env, err := s.store.GetEnvironment(r.Context(), r.PathValue("name"))
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		s.environments.Figures(r, project, &env)
+		s.environments.Figures(r.Context(), []*corral.Environment{&env})
 		httpjson.Write(w, http.StatusOK, env)
 	}))
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
-	api.HandleFunc("PATCH /v1/environments/{name}", s.guardIn(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request, project string) {
+	api.HandleFunc("PATCH /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
 		var patch corral.EnvironmentPatch
 		if err := httpjson.Decode(r, &patch); err != nil {
 			s.fail(w, r, err)
@@ -101,7 +103,7 @@ func (s *Server) environmentRoutes(api *http.ServeMux) {
 			s.fail(w, r, err)
 			return
 		}
-		s.environments.Figures(r, project, &env)
+		s.environments.Figures(r.Context(), []*corral.Environment{&env})
 		httpjson.Write(w, http.StatusOK, env)
 	}))
 	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), s.deleted(s.environments.DeleteEnvironment)))

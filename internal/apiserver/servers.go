@@ -113,7 +113,8 @@ func (s *Server) setNetworkServices(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusOK, edge.APIServices(cat.Services()))
 }
 
-// listEnvironments serves GET /v1/environments: those the caller may read.
+// listEnvironments serves GET /v1/environments: those the caller may read, with their warm
+// pools' figures.
 func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
 	list, err := s.store.ListEnvironments(r.Context())
 	if err != nil {
@@ -127,5 +128,10 @@ func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
 			out = append(out, env)
 		}
 	}
+	envs := make([]*corral.Environment, len(out))
+	for i := range out {
+		envs[i] = &out[i]
+	}
+	s.environments.Figures(r.Context(), envs)
 	httpjson.Write(w, http.StatusOK, out)
 }

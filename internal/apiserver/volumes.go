@@ -94,10 +94,6 @@ func (s *Server) volumeBlobRoutes(api *http.ServeMux) {
 	})
 }
 
-// WarmFiguresPath is where a cluster's edge answers the figures of an environment's pools on its
-// node (the environment's name follows; ?project= the project the servers checked the caller in).
-const WarmFiguresPath = "/v1/warm-figures/"
-
 // VolumeBlobsPath is where a cluster's edge removes a deleted volume's blobs (its ID follows).
 const VolumeBlobsPath = "/v1/volume-blobs/"
 

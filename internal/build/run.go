@@ -87,12 +87,22 @@ type Jobs struct {
 	mu    sync.Mutex // protects jobs and order
 	jobs  map[string]*Job
 	order []string
+
+	// roomWait bounds how long a step waits for room on the node for its sandbox (RoomWait),
+	// trying again after roomRetry at first (2 s), doubling up to 15 s; tests shorten both.
+	roomWait, roomRetry time.Duration
 }
+
+// RoomWait is how long a build step waits for room for its sandbox on a node that is full (a
+// create refused node_full) before the build fails: other sandboxes end, pools shrink. The
+// build was placed where a step's sandbox fitted, but its steps are made one at a time, each
+// after the last, and the node admits others meanwhile.
+const RoomWait = 10 * time.Minute
 
 // NewJobs returns a job runner of node's builds (their IDs name it: NodeOf) whose builds end
 // when ctx does.
 func NewJobs(ctx context.Context, b Backend, node string, log *slog.Logger) *Jobs {
-	return &Jobs{b: b, node: node, log: log, ctx: ctx, jobs: map[string]*Job{}}
+	return &Jobs{b: b, node: node, log: log, ctx: ctx, jobs: map[string]*Job{}, roomWait: RoomWait, roomRetry: 2 * time.Second}
 }
 
 // buildIDPrefix starts every build's ID: bld-NODE-HEX.
@@ -387,13 +397,39 @@ func (j *Jobs) steps(ctx context.Context, job *Job, r *Request) (string, error) 
 	return ref, nil
 }
 
+// stepSandbox creates the sandbox of step st, waiting up to roomWait while the node is full
+// (said once in the build's log).
+func (j *Jobs) stepSandbox(ctx context.Context, job *Job, st Step, sb Sandbox) (string, error) {
+	deadline := time.Now().Add(j.roomWait)
+	wait := j.roomRetry
+	for said := false; ; said = true {
+		id, err := j.b.BuildSandbox(ctx, sb)
+		if err == nil || !errors.Is(err, errdefs.ErrNodeFull) || time.Now().Add(wait).After(deadline) {
+			if err != nil && said {
+				err = fmt.Errorf("no room on the node for %s: %w", j.roomWait, err)
+			}
+			return id, err
+		}
+		if !said {
+			job.emit(Event{Type: "log", Step: st.N, Data: fmt.Appendf(nil, "corral: the node is full; waiting up to %s for room for this step's sandbox (%v)\n", j.roomWait, err)})
+			j.log.Info("build step waits for room on the node", "build", job.build.ID, "step", st.N, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 15*time.Second)
+	}
+}
+
 // runStep makes the layer of one RUN or COPY step in a sandbox of its own, removed after.
 func (j *Jobs) runStep(ctx context.Context, job *Job, r *Request, st Step, top Layer, key string) (Layer, error) {
 	net := r.Network
 	if st.Kind == StepCopy {
 		net = nil // copying needs no network
 	}
-	id, err := j.b.BuildSandbox(ctx, Sandbox{
+	id, err := j.stepSandbox(ctx, job, st, Sandbox{
 		Base: top.Name + ":" + top.Version, Project: r.Project, Runtime: r.Runtime, Network: net,
 		TTL: "2h", Labels: map[string]string{"corral.build": job.build.ID},
 	})

@@ -24,6 +24,7 @@ type fakeNode struct {
 	live      map[string]bool  // sandboxes not yet deleted
 	made, ran int
 	envs      map[string]fakeEnv
+	full      int // the next creates refused node_full
 }
 
 // fakeEnv is a saved environment: its base layer and project.
@@ -66,6 +67,10 @@ func (f *fakeNode) BuildCheckTarget(name string) error {
 func (f *fakeNode) BuildSandbox(ctx context.Context, req Sandbox) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.full > 0 {
+		f.full--
+		return "", fmt.Errorf("create: %w (memory)", errdefs.ErrNodeFull)
+	}
 	if _, ok := f.layers[req.Base]; !ok {
 		return "", fmt.Errorf("create on %s: not published", req.Base)
 	}
@@ -243,6 +248,34 @@ func TestJobs(t *testing.T) {
 	}
 	if len(jobs.List()) != 3 {
 		t.Errorf("%d jobs listed, want 3", len(jobs.List()))
+	}
+}
+
+// TestJobWaitsForRoom: a step whose sandbox the node refuses for room waits for it, saying so
+// once in the build's log, and the build fails naming the wait when no room comes.
+func TestJobWaitsForRoom(t *testing.T) {
+	f := newFakeNode()
+	jobs := NewJobs(context.Background(), f, "local", slog.New(slog.DiscardHandler))
+	jobs.roomWait, jobs.roomRetry = time.Minute, 5*time.Millisecond
+	f.full = 3
+	b, evs := runJob(t, jobs, "FROM base:1\nRUN one\n")
+	if b.State != Succeeded || f.full != 0 {
+		t.Fatalf("build = %s (%s), %d refusals left", b.State, b.Error, f.full)
+	}
+	said := 0
+	for _, ev := range evs {
+		if ev.Type == "log" && strings.Contains(string(ev.Data), "the node is full; waiting up to 1m0s") {
+			said++
+		}
+	}
+	if said != 1 {
+		t.Errorf("the wait was said %d times in the log, want once", said)
+	}
+	jobs.roomWait = 30 * time.Millisecond
+	f.full = 1 << 20
+	b, _ = runJob(t, jobs, "FROM base:1\nRUN two\n")
+	if b.State != Failed || !strings.Contains(b.Error, "no room on the node for 30ms") || !strings.Contains(b.Error, "node full") {
+		t.Errorf("build without room = %s: %s", b.State, b.Error)
 	}
 }
 

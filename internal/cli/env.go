@@ -96,7 +96,7 @@ func (a *app) newEnvCmd() *cobra.Command {
 			for _, e := range list {
 				warm := "-"
 				if e.Warm > 0 {
-					warm = fmt.Sprint(e.Warm)
+					warm = fmt.Sprintf("%d (%d/%d ready)", e.Warm, e.WarmReady, e.WarmTarget)
 				}
 				t.row(e.Name, e.Base, orDash(e.Workspace), orDash(strings.Join(e.Toolkits, ",")), warm, formatTime(e.CreatedAt, a.now()))
 			}

@@ -2,13 +2,7 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/corral-dev/corral/internal/apiserver"
@@ -27,7 +21,8 @@ import (
 // an fncall environment's containers' limits by the servers' limits policy (clusterLimits), a
 // network policy against the saved service catalogue, and written to the store. Every edge
 // starts, resizes or ends its own pools when a heartbeat names the new configuration; an
-// environment's figures are every up edge's pools', summed (Figures).
+// environment's figures are the pools' of every node that is not lost, as their heartbeats
+// reported them, summed (Figures).
 type environments struct{ s *Server }
 
 var _ apiserver.Environments = environments{}
@@ -57,49 +52,25 @@ func (v environments) SetEnvironmentWarm(ctx context.Context, name string, warm 
 	return v.s.store.SetEnvironmentWarm(ctx, name, warm)
 }
 
-// figuresTimeout bounds how long an environment's read waits for one edge's pool figures.
-const figuresTimeout = 5 * time.Second
-
-// Figures sums the pool figures of env on every up edge, each asked at once as r's caller (in
-// project, which the caller may read). An edge that does not answer (or is of an older release)
-// is left out and logged.
-func (v environments) Figures(r *http.Request, project string, env *corral.Environment) {
-	nodes := v.s.upNodes(r.Context())
-	figs := make([]corral.Environment, len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		wg.Go(func() {
-			if err := v.nodeFigures(r, n, project, env.Name, &figs[i]); err != nil {
-				v.s.log.Warn("read a node's pool figures; leaving them out", "node", n.Name, "environment", env.Name, "err", err)
-			}
-		})
+// Figures adds to each of envs the figures of its warm pools on every node that is not lost,
+// as their last heartbeats reported them (store.WarmFigures): one read of the store, whatever
+// the number of nodes.
+func (v environments) Figures(ctx context.Context, envs []*corral.Environment) {
+	if len(envs) == 0 {
+		return
 	}
-	wg.Wait()
-	for _, f := range figs {
-		env.WarmReady += f.WarmReady
-		env.WarmTarget += f.WarmTarget
-		env.WarmHits += f.WarmHits
-		env.WarmClaims += f.WarmClaims
-	}
-	if env.WarmClaims > 0 {
-		env.WarmHitRate = float64(env.WarmHits) / float64(env.WarmClaims)
-	}
-}
-
-// nodeFigures reads the figures of environment name's pools on node n into f.
-func (v environments) nodeFigures(r *http.Request, n corral.Node, project, name string, f *corral.Environment) error {
-	ctx, cancel := context.WithTimeout(r.Context(), figuresTimeout)
-	defer cancel()
-	path := apiserver.WarmFiguresPath + url.PathEscape(name) + "?project=" + url.QueryEscape(iam.Display(project))
-	resp, err := v.s.edgeRequest(ctx, r, n, http.MethodGet, path)
+	figs, err := v.s.store.WarmFigures(ctx)
 	if err != nil {
-		return err
+		v.s.log.Warn("read the warm pools' figures; leaving them out", "err", err)
+		return
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	for _, env := range envs {
+		f := figs[env.Name]
+		env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims = f.Ready, f.Target, f.Hits, f.Claims
+		if f.Claims > 0 {
+			env.WarmHitRate = float64(f.Hits) / float64(f.Claims)
+		}
 	}
-	return json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(f)
 }
 
 func (v environments) DeleteEnvironment(ctx context.Context, name string) error {

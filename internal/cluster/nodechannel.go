@@ -202,11 +202,16 @@ func (s *Server) nodeHeartbeat(ctx context.Context, node string, req *nodeproto.
 	if err != nil {
 		return nil, err
 	}
+	if err := checkWarmFigures(req.Warm); err != nil {
+		// Shown, never acted on: the lease is renewed all the same, without them.
+		s.log.Warn("a heartbeat's warm pool figures left out", "node", node, "err", err)
+		req.Warm = nil
+	}
 	used, err := s.store.NodeUsage(ctx, node)
 	if err != nil {
 		return nil, err
 	}
-	state, err := s.store.Heartbeat(ctx, node, req.Epoch, used, ttl)
+	state, err := s.store.Heartbeat(ctx, node, req.Epoch, used, ttl, req.Warm)
 	if err != nil {
 		return nil, err
 	}
@@ -218,6 +223,23 @@ func (s *Server) nodeHeartbeat(ctx context.Context, node string, req *nodeproto.
 		out.Config = cfg.Generation
 	}
 	return out, nil
+}
+
+// checkWarmFigures refuses a heartbeat's pool figures that no edge reports: too many, an
+// environment name no environment could have, or a figure below zero.
+func checkWarmFigures(warm map[string]store.WarmFigures) error {
+	if len(warm) > nodeproto.MaxWarmFigures {
+		return errdefs.Invalid("warm", "%d environments; at most %d", len(warm), nodeproto.MaxWarmFigures)
+	}
+	for name, f := range warm {
+		if err := catalog.ValidateName("warm", "environment", name); err != nil {
+			return err
+		}
+		if f.Ready < 0 || f.Target < 0 || f.Hits < 0 || f.Claims < 0 {
+			return errdefs.Invalid("warm", "environment %s: figures %+v are not a pool's", name, f)
+		}
+	}
+	return nil
 }
 
 // nodeConfig answers the configuration edges follow.

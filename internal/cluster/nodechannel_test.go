@@ -69,14 +69,35 @@ func TestNodeChannel(t *testing.T) {
 	if n, err := edge2.Register(ctx, reg); err != nil || n.Name != "edge2" {
 		t.Fatalf("register edge2: %+v, %v (the node is the certificate's)", n, err)
 	}
-	if hb, err := edge1.Heartbeat(ctx, 1, 15*time.Second); err != nil || hb.State != store.NodeReady {
+	if hb, err := edge1.Heartbeat(ctx, 1, 15*time.Second, nil); err != nil || hb.State != store.NodeReady {
 		t.Fatalf("heartbeat: %+v, %v", hb, err)
+	}
+	// Heartbeats carry the nodes' warm pools' figures, which an environment's read sums over
+	// the nodes; figures no pool has are left out, and the lease is renewed all the same.
+	if _, err := edge1.Heartbeat(ctx, 1, 15*time.Second, map[string]store.WarmFigures{"py": {Ready: 1, Target: 2, Hits: 1, Claims: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := edge2.Heartbeat(ctx, 1, 15*time.Second, map[string]store.WarmFigures{"py": {Ready: 2, Target: 2, Hits: 3, Claims: 3}, "node": {Target: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	py, other := corral.Environment{Name: "py"}, corral.Environment{Name: "other"}
+	environments{s}.Figures(ctx, []*corral.Environment{&py, &other})
+	if py.WarmReady != 3 || py.WarmTarget != 4 || py.WarmHits != 4 || py.WarmClaims != 5 || py.WarmHitRate != 0.8 || other.WarmTarget != 0 {
+		t.Fatalf("summed figures: py %+v, other %+v", py, other)
+	}
+	if hb, err := edge2.Heartbeat(ctx, 1, 15*time.Second, map[string]store.WarmFigures{"py": {Ready: -1}}); err != nil || hb.State != store.NodeReady {
+		t.Fatalf("a heartbeat with figures no pool has: %+v, %v", hb, err)
+	}
+	py = corral.Environment{Name: "py"}
+	environments{s}.Figures(ctx, []*corral.Environment{&py})
+	if py.WarmReady != 1 || py.WarmTarget != 2 || py.WarmClaims != 2 {
+		t.Fatalf("figures after edge2's were left out: %+v", py)
 	}
 	// An operator drains the node: the next heartbeat says so.
 	if _, err := st.SetNodeState(ctx, "edge1", store.NodeDraining); err != nil {
 		t.Fatal(err)
 	}
-	if hb, err := edge1.Heartbeat(ctx, 1, 15*time.Second); err != nil || hb.State != store.NodeDraining {
+	if hb, err := edge1.Heartbeat(ctx, 1, 15*time.Second, nil); err != nil || hb.State != store.NodeDraining {
 		t.Fatalf("heartbeat of a drained node: %+v, %v", hb, err)
 	}
 	// A new incarnation fences the old one: its heartbeat is refused as a stale epoch.
@@ -84,7 +105,7 @@ func TestNodeChannel(t *testing.T) {
 	if err != nil || n1.Epoch != 2 || n1.State != store.NodeDraining {
 		t.Fatalf("register edge1 again: %+v, %v", n1, err)
 	}
-	if _, err := edge1.Heartbeat(ctx, 1, 15*time.Second); !errors.Is(err, store.ErrFenced) {
+	if _, err := edge1.Heartbeat(ctx, 1, 15*time.Second, nil); !errors.Is(err, store.ErrFenced) {
 		t.Errorf("heartbeat of a fenced incarnation: %v, want ErrFenced", err)
 	}
 	// Bad registrations: a clear refusal, nothing registered.
@@ -178,7 +199,7 @@ func TestNodeChannel(t *testing.T) {
 	s.replicasMu.Lock()
 	s.replicasAt = time.Time{}
 	s.replicasMu.Unlock()
-	if _, err := edge2.Heartbeat(ctx, 1, 15*time.Second); err != nil {
+	if _, err := edge2.Heartbeat(ctx, 1, 15*time.Second, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := edge2.URLs(); len(got) != 2 || got[0] != first || got[1] != "https://10.0.0.9:7071" {
@@ -272,7 +293,7 @@ func TestNodeStart(t *testing.T) {
 	if raw, err := cfg.ServiceCatalog(ctx); err != nil || string(raw) != string(catalog) {
 		t.Errorf("service catalog: %s, %v", raw, err)
 	}
-	hb, err := edge1.Heartbeat(ctx, 2, 15*time.Second)
+	hb, err := edge1.Heartbeat(ctx, 2, 15*time.Second, nil)
 	if err != nil || hb.Config == "" || hb.Config != cfg.Generation() {
 		t.Fatalf("heartbeat: %+v, %v; want the generation held (%s)", hb, err, cfg.Generation())
 	}
@@ -291,7 +312,7 @@ func TestNodeStart(t *testing.T) {
 	if warm, _ := cfg.WarmEnvironments(ctx); len(warm) != 0 || cfg.Generation() == old {
 		t.Errorf("after the change: warm %+v, generation %s (was %s)", warm, cfg.Generation(), old)
 	}
-	if hb, err := edge1.Heartbeat(ctx, 2, 15*time.Second); err != nil || hb.Config != cfg.Generation() {
+	if hb, err := edge1.Heartbeat(ctx, 2, 15*time.Second, nil); err != nil || hb.Config != cfg.Generation() {
 		t.Errorf("heartbeat after the change: %+v, %v; want generation %s", hb, err, cfg.Generation())
 	}
 

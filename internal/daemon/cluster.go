@@ -187,8 +187,13 @@ func heartbeat(ctx context.Context, cfg Config, epoch int64, hb *heartbeats, log
 			return nil
 		case <-t.C:
 		}
-		// The servers count what this node's sandboxes use from their records.
-		ans, err := srv.Heartbeat(ctx, epoch, cfg.Cluster.LeaseTTL)
+		// The servers count what this node's sandboxes use from their records; the warm
+		// pools' figures are shown with the environments.
+		var warm map[string]store.WarmFigures
+		if e := hb.edge.Load(); e != nil {
+			warm = e.WarmFigures()
+		}
+		ans, err := srv.Heartbeat(ctx, epoch, cfg.Cluster.LeaseTTL, warm)
 		if settings := hb.settings.Load(); err == nil && settings != nil && ans.Config != "" && ans.Config != settings.Generation() {
 			// Off the loop, one at a time: a slow fetch delays no heartbeat.
 			if hb.following.CompareAndSwap(false, true) {

@@ -670,10 +670,15 @@ func TestCluster(t *testing.T) {
 		}
 	}
 	// A replica reads the environment with the three edges' pool figures, summed (edge3's
-	// never fills).
+	// never fills), as their heartbeats reported them; the list carries them too.
 	eventually(t, 90*time.Second, "the environment's figures summed over the edges", func() bool {
 		env, err := c2.Environment(ctx, "warmed")
 		return err == nil && env.WarmTarget == 3 && env.WarmReady == 2
+	})
+	eventually(t, 30*time.Second, "the environment list with the figures", func() bool {
+		list, err := c1.Environments(ctx)
+		i := slices.IndexFunc(list, func(e corral.Environment) bool { return e.Name == "warmed" })
+		return err == nil && i >= 0 && list[i].WarmTarget == 3 && list[i].WarmReady == 2
 	})
 	// edge3's pool says why it does not fill, once (not every second it checks).
 	eventually(t, 30*time.Second, "edge3 saying its warm pool waits for room", func() bool {

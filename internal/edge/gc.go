@@ -29,8 +29,8 @@ func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.La
 	if err := e.WaitCleanups(ctx); err != nil {
 		return corral.Layer{}, err
 	}
-	e.layersMu.Lock()
-	defer e.layersMu.Unlock()
+	// The version goes first, without holding up creates: one that resolved it before is
+	// admitted with its record, which the check below finds in use; one after finds no version.
 	l, err := e.publisher.DeleteLayer(ctx, name, version)
 	if err != nil {
 		return corral.Layer{}, err
@@ -38,7 +38,9 @@ func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.La
 	if err := e.unshareVersion(ctx, l); err != nil {
 		return l, fmt.Errorf("layer %s:%s deleted on this node, still listed in the shared catalogue: %w", name, version, err)
 	}
+	e.layersMu.Lock()
 	removed, err := e.removeIfUnused(ctx, l.Digest)
+	e.layersMu.Unlock()
 	if err != nil {
 		return l, fmt.Errorf("layer %s:%s deleted, its blob not: %w", name, version, err)
 	}

@@ -804,23 +804,30 @@ func (e *Edge) takeWarm(req corral.CreateRequest, adm *admission) (p *warmPool, 
 
 // WarmStats fills env's read-only pool fields from this node's pools of it.
 func (e *Edge) WarmStats(env *corral.Environment) {
-	e.warm.mu.Lock()
-	defer e.warm.mu.Unlock()
-	now := time.Now()
-	for k, p := range e.warm.pools {
-		if k.env != env.Name {
-			continue
-		}
-		p.mu.Lock()
-		env.WarmReady += len(p.ready)
-		env.WarmTarget += p.targetLocked(now)
-		p.mu.Unlock()
-		env.WarmHits += p.hits.Load()
-		env.WarmClaims += p.claims.Load()
-	}
+	f := e.WarmFigures()[env.Name]
+	env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims = env.WarmReady+f.Ready, env.WarmTarget+f.Target, env.WarmHits+f.Hits, env.WarmClaims+f.Claims
 	if env.WarmClaims > 0 {
 		env.WarmHitRate = float64(env.WarmHits) / float64(env.WarmClaims)
 	}
+}
+
+// WarmFigures returns this node's warm pools' figures by environment (its pools of every
+// runtime summed): what a cluster's edge reports with its heartbeats.
+func (e *Edge) WarmFigures() map[string]store.WarmFigures {
+	e.warm.mu.Lock()
+	defer e.warm.mu.Unlock()
+	now := time.Now()
+	out := make(map[string]store.WarmFigures, len(e.warm.pools))
+	for k, p := range e.warm.pools {
+		p.mu.Lock()
+		f := store.WarmFigures{Ready: len(p.ready), Target: p.targetLocked(now)}
+		p.mu.Unlock()
+		f.Hits, f.Claims = p.hits.Load(), p.claims.Load()
+		sum := out[k.env]
+		sum.Add(f)
+		out[k.env] = sum
+	}
+	return out
 }
 
 // writeWarmMetrics writes the pools' gauges and counters in the Prometheus text format.

@@ -146,11 +146,17 @@ const (
 var Features = []string{FeatureVolumes, FeatureDigests, FeatureAdmission, FeatureResolve, FeaturePublish, FeatureAudit, FeatureCatalogRead, FeatureGetSandbox}
 
 // HeartbeatRequest renews the lease of the caller's incarnation Epoch. The server counts what
-// the node's live sandboxes use from their records: the edge reports nothing it could misstate.
+// the node's live sandboxes use from their records: the edge reports nothing admission acts on.
+// Warm are its warm pools' figures by environment, which the servers keep until the next
+// heartbeat and show with the environment (at most MaxWarmFigures; shown, never acted on).
 type HeartbeatRequest struct {
-	Epoch          int64 `json:"epoch"`
-	LeaseTTLMillis int64 `json:"lease_ttl_ms"`
+	Epoch          int64                        `json:"epoch"`
+	LeaseTTLMillis int64                        `json:"lease_ttl_ms"`
+	Warm           map[string]store.WarmFigures `json:"warm,omitempty"`
 }
+
+// MaxWarmFigures bounds the environments one heartbeat reports warm pools of.
+const MaxWarmFigures = 4096
 
 // HeartbeatResponse is the node's state (an operator may have cordoned or drained it), and the
 // node channel URLs of the replicas alive now, which the edge calls from then on.
@@ -403,9 +409,9 @@ func (s *Servers) Register(ctx context.Context, req RegisterRequest) (*RegisterR
 // Heartbeat renews the lease of incarnation epoch for ttl and returns the node's state and the
 // configuration's generation. It fails with store.ErrFenced when the incarnation was fenced off
 // (a newer one registered, or the node was declared lost).
-func (s *Servers) Heartbeat(ctx context.Context, epoch int64, ttl time.Duration) (HeartbeatResponse, error) {
+func (s *Servers) Heartbeat(ctx context.Context, epoch int64, ttl time.Duration, warm map[string]store.WarmFigures) (HeartbeatResponse, error) {
 	var out HeartbeatResponse
-	if err := s.call(ctx, PathHeartbeat, HeartbeatRequest{Epoch: epoch, LeaseTTLMillis: ttl.Milliseconds()}, &out); err != nil {
+	if err := s.call(ctx, PathHeartbeat, HeartbeatRequest{Epoch: epoch, LeaseTTLMillis: ttl.Milliseconds(), Warm: warm}, &out); err != nil {
 		return out, fmt.Errorf("heartbeat (epoch %d): %w", epoch, err)
 	}
 	s.learn(out.Servers)

@@ -58,7 +58,7 @@ func TestServersFailOver(t *testing.T) {
 	if got := s.URLs(); !slices.Equal(got, []string{dead.URL, busy.URL, live.URL}) {
 		t.Fatalf("URLs %q: want each once, without the slash", got)
 	}
-	hb, err := s.Heartbeat(ctx, 3, 15*time.Second)
+	hb, err := s.Heartbeat(ctx, 3, 15*time.Second, nil)
 	if err != nil || hb.State != "draining" {
 		t.Fatalf("heartbeat with one replica dead and one unavailable: %+v, %v", hb, err)
 	}
@@ -69,7 +69,7 @@ func TestServersFailOver(t *testing.T) {
 	if got := s.URLs(); !slices.Equal(got, []string{live.URL, "https://10.0.0.7:7071"}) {
 		t.Errorf("URLs after the heartbeat: %q", got)
 	}
-	if _, err := s.Heartbeat(ctx, 3, 15*time.Second); err != nil || liveCalls.Load() != 2 {
+	if _, err := s.Heartbeat(ctx, 3, 15*time.Second, nil); err != nil || liveCalls.Load() != 2 {
 		t.Errorf("the next heartbeat: %v, live calls %d (want it called first)", err, liveCalls.Load())
 	}
 }
@@ -87,7 +87,7 @@ func TestServersRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A refusal is the answer: no other replica is asked.
-	if _, err := s.Heartbeat(ctx, 2, 15*time.Second); !errors.Is(err, store.ErrFenced) {
+	if _, err := s.Heartbeat(ctx, 2, 15*time.Second, nil); !errors.Is(err, store.ErrFenced) {
 		t.Errorf("a stale epoch's heartbeat: %v, want store.ErrFenced", err)
 	}
 	if otherCalls.Load() != 0 {
@@ -105,7 +105,7 @@ func TestServersRefusals(t *testing.T) {
 	gone, _ := replica(t, answer("ready"))
 	gone.Close()
 	s, _ = NewServers([]string{gone.URL}, insecure)
-	if _, err := s.Heartbeat(ctx, 1, 15*time.Second); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := s.Heartbeat(ctx, 1, 15*time.Second, nil); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("no replica reachable: %v, want unavailable", err)
 	}
 	if _, err := NewServers([]string{"http://10.0.0.1:7071"}, insecure); !errors.Is(err, errdefs.ErrInvalid) {
@@ -156,7 +156,7 @@ func TestServersOlderReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hb, err := s.Heartbeat(ctx, 1, 15*time.Second); err != nil || hb.State != "ready" {
+	if hb, err := s.Heartbeat(ctx, 1, 15*time.Second, nil); err != nil || hb.State != "ready" {
 		t.Fatalf("heartbeat with an older replica first: %+v, %v", hb, err)
 	}
 	if olderCalls.Load() != 1 || liveCalls.Load() != 1 {

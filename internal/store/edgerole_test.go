@@ -108,7 +108,7 @@ func TestEdgeRole(t *testing.T) {
 	if _, err := edge.Register(ctx, Node{Name: "n2", URL: "https://127.0.0.1:2"}, time.Minute); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("register a node as the edge role: %v, want permission denied", err)
 	}
-	if _, err := edge.Heartbeat(ctx, "n1", 1, Resources{}, time.Hour); err == nil || !strings.Contains(err.Error(), "permission denied") {
+	if _, err := edge.Heartbeat(ctx, "n1", 1, Resources{}, time.Hour, nil); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("renew a lease as the edge role: %v, want permission denied", err)
 	}
 	for _, table := range []string{"projects", "layers", "environments", "fncall_envs", "layer_tags", "nodes", "volumes", "volume_attachments", "volume_copies", "project_usage", "project_tier_usage"} {

@@ -135,7 +135,17 @@ func (s *Store) Register(ctx context.Context, n Node, ttl time.Duration) (*Node,
 // Heartbeat renews the lease of node name's incarnation epoch for ttl, records what it uses now
 // and returns the node's state (an operator may have cordoned or drained it). It fails with
 // ErrFenced when epoch is no longer the node's.
-func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used Resources, ttl time.Duration) (state string, err error) {
+//
+// warm are the figures of the node's warm pools by environment (nil: none), kept until the next
+// heartbeat for WarmFigures.
+func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used Resources, ttl time.Duration, warm map[string]WarmFigures) (state string, err error) {
+	if warm == nil {
+		warm = map[string]WarmFigures{}
+	}
+	figures, err := json.Marshal(warm)
+	if err != nil {
+		return "", err
+	}
 	err = s.tx(ctx, func(tx *Tx) error {
 		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE name = ?`+forUpdate(tx), name))
 		if errors.Is(err, sql.ErrNoRows) {
@@ -152,14 +162,56 @@ func (s *Store) Heartbeat(ctx context.Context, name string, epoch int64, used Re
 			return err
 		}
 		now := time.Now()
-		_, err = tx.ExecContext(ctx, `UPDATE nodes SET lease_expires_at = ?, heartbeat_at = ?, doc = ? WHERE name = ? AND epoch = ?`,
-			now.Add(ttl).UnixNano(), now.UnixNano(), doc, name, epoch)
+		_, err = tx.ExecContext(ctx, `UPDATE nodes SET lease_expires_at = ?, heartbeat_at = ?, doc = ?, warm = ? WHERE name = ? AND epoch = ?`,
+			now.Add(ttl).UnixNano(), now.UnixNano(), doc, string(figures), name, epoch)
 		return err
 	})
 	if err != nil {
 		return "", fmt.Errorf("heartbeat of node %s (epoch %d): %w", name, epoch, err)
 	}
 	return state, nil
+}
+
+// WarmFigures are what one node's warm pools of an environment hold and did: sandboxes ready
+// and the pools' target now, and claims that found one ready (hits) of all claims since the
+// edge started. They are the edge's own report (a heartbeat's), shown, never acted on.
+type WarmFigures struct {
+	Ready  int   `json:"ready"`
+	Target int   `json:"target"`
+	Hits   int64 `json:"hits"`
+	Claims int64 `json:"claims"`
+}
+
+// Add adds o to f.
+func (f *WarmFigures) Add(o WarmFigures) {
+	f.Ready, f.Target, f.Hits, f.Claims = f.Ready+o.Ready, f.Target+o.Target, f.Hits+o.Hits, f.Claims+o.Claims
+}
+
+// WarmFigures sums, by environment, the warm pools' figures the nodes that are not lost reported
+// with their last heartbeat.
+func (s *Store) WarmFigures(ctx context.Context) (map[string]WarmFigures, error) {
+	rows, err := s.rdb.QueryContext(ctx, `SELECT name, warm FROM nodes WHERE state <> ?`, NodeLost)
+	if err != nil {
+		return nil, fmt.Errorf("read the warm pools' figures: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]WarmFigures{}
+	for rows.Next() {
+		var node, doc string
+		if err := rows.Scan(&node, &doc); err != nil {
+			return nil, err
+		}
+		var figs map[string]WarmFigures
+		if err := json.Unmarshal([]byte(doc), &figs); err != nil {
+			return nil, fmt.Errorf("decode the warm pools' figures of node %s: %w", node, err)
+		}
+		for env, f := range figs {
+			sum := out[env]
+			sum.Add(f)
+			out[env] = sum
+		}
+	}
+	return out, rows.Err()
 }
 
 // CheckEpoch fails with ErrFenced unless epoch is node name's current incarnation and the node is

@@ -30,10 +30,10 @@ func TestNodeLeases(t *testing.T) {
 		if err != nil || second.Epoch != 2 {
 			t.Fatalf("register again: %+v, %v", second, err)
 		}
-		if _, err := s.Heartbeat(ctx, "edge-1", 1, Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
+		if _, err := s.Heartbeat(ctx, "edge-1", 1, Resources{}, time.Minute, nil); !errors.Is(err, ErrFenced) {
 			t.Fatalf("heartbeat of the old incarnation: %v", err)
 		}
-		if state, err := s.Heartbeat(ctx, "edge-1", 2, Resources{CPUs: 1, Sandboxes: 1}, time.Minute); err != nil || state != NodeReady {
+		if state, err := s.Heartbeat(ctx, "edge-1", 2, Resources{CPUs: 1, Sandboxes: 1}, time.Minute, nil); err != nil || state != NodeReady {
 			t.Fatalf("heartbeat: %q, %v", state, err)
 		}
 		if _, err := s.SetNodeState(ctx, "edge-1", NodeCordoned); err != nil {
@@ -43,7 +43,7 @@ func TestNodeLeases(t *testing.T) {
 			t.Fatalf("a cordoned node restarting: %+v, %v", n, err)
 		}
 		// The edge learns its state from its heartbeats (a draining edge winds its pools down).
-		if state, err := s.Heartbeat(ctx, "edge-1", 3, Resources{}, time.Minute); err != nil || state != NodeCordoned {
+		if state, err := s.Heartbeat(ctx, "edge-1", 3, Resources{}, time.Minute, nil); err != nil || state != NodeCordoned {
 			t.Fatalf("heartbeat of a cordoned node: %q, %v", state, err)
 		}
 		if _, err := s.SetNodeState(ctx, "edge-1", NodeReady); err != nil {
@@ -87,7 +87,7 @@ func TestNodeLeases(t *testing.T) {
 			t.Fatalf("quota after the loss: %+v, %v", q, err)
 		}
 		// The old incarnation wakes up: it can neither heartbeat nor write.
-		if _, err := s.Heartbeat(ctx, "edge-1", 4, Resources{}, time.Minute); !errors.Is(err, ErrFenced) {
+		if _, err := s.Heartbeat(ctx, "edge-1", 4, Resources{}, time.Minute, nil); !errors.Is(err, ErrFenced) {
 			t.Errorf("heartbeat after the loss: %v", err)
 		}
 		s.Fence("edge-1", 4)
@@ -229,6 +229,47 @@ func TestServersAnnounced(t *testing.T) {
 		var n int
 		if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM servers`).Scan(&n); err != nil || n != 4 {
 			t.Errorf("%d replicas left, %v; want b, c, d and e", n, err)
+		}
+	})
+}
+
+// TestWarmFigures: each heartbeat replaces its node's pool figures; WarmFigures sums them by
+// environment over the nodes that are not lost.
+func TestWarmFigures(t *testing.T) {
+	drivers(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := open(t)
+		for _, name := range []string{"edge-1", "edge-2"} {
+			if _, err := s.Register(ctx, Node{Name: name, URL: "http://127.0.0.2:7071"}, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, err := s.WarmFigures(ctx); err != nil || len(got) != 0 {
+			t.Fatalf("figures before any heartbeat: %v, %v", got, err)
+		}
+		beat := func(node string, warm map[string]WarmFigures) {
+			t.Helper()
+			if _, err := s.Heartbeat(ctx, node, 1, Resources{}, time.Minute, warm); err != nil {
+				t.Fatal(err)
+			}
+		}
+		beat("edge-1", map[string]WarmFigures{"py": {Ready: 1, Target: 2, Hits: 3, Claims: 4}, "node": {Ready: 1, Target: 1}})
+		beat("edge-2", map[string]WarmFigures{"py": {Ready: 2, Target: 2, Hits: 1, Claims: 1}})
+		got, err := s.WarmFigures(ctx)
+		if err != nil || got["py"] != (WarmFigures{Ready: 3, Target: 4, Hits: 4, Claims: 5}) || got["node"] != (WarmFigures{Ready: 1, Target: 1}) || len(got) != 2 {
+			t.Fatalf("summed figures: %v, %v", got, err)
+		}
+		// A heartbeat replaces the node's figures: a pool gone is gone from the sum.
+		beat("edge-1", nil)
+		if got, err := s.WarmFigures(ctx); err != nil || got["py"] != (WarmFigures{Ready: 2, Target: 2, Hits: 1, Claims: 1}) || len(got) != 1 {
+			t.Fatalf("figures after edge-1's pools went: %v, %v", got, err)
+		}
+		// A lost node's figures are left out.
+		if _, err := s.db.ExecContext(ctx, `UPDATE nodes SET state = ? WHERE name = ?`, NodeLost, "edge-2"); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.WarmFigures(ctx); err != nil || len(got) != 0 {
+			t.Fatalf("figures with edge-2 lost: %v, %v", got, err)
 		}
 	})
 }

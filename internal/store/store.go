@@ -394,6 +394,9 @@ var migrations = []string{
 	// (RecordActivity), beside the document, which a record read overlays (decodeSandbox):
 	// a column update races no write of the document.
 	`ALTER TABLE sandboxes ADD COLUMN activity_ns BIGINT NOT NULL DEFAULT 0;`,
+	// 22: the figures of each node's warm pools, by environment, as its last heartbeat reported
+	// them (Heartbeat, WarmFigures).
+	`ALTER TABLE nodes ADD COLUMN warm TEXT NOT NULL DEFAULT '{}';`,
 }
 
 // Open opens the store at dsn and applies migrations: a PostgreSQL URL (postgres://USER@HOST:PORT/DB?
