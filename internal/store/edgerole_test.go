@@ -81,7 +81,6 @@ func TestEdgeRole(t *testing.T) {
 	p := mustProject(t, owner, "edge-role-p")
 	sb := newRecord(p.ID, 0)
 	sb.Node = "n1"
-	edge.Fence("n1", 1)
 	if err := edge.AdmitSandbox(ctx, sb, nil); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("admit a sandbox as the edge role: %v, want permission denied", err)
 	}

@@ -15,14 +15,7 @@ import (
 // ancestors, and either every record is written or none. They take no idempotency key and
 // no volumes. Like AdmitSandbox, it runs to its end when ctx ends.
 func (s *Store) AdmitSandboxes(ctx context.Context, sbs []*Sandbox) error {
-	return s.admitSandboxes(ctx, func(tx *Tx) error {
-		for _, sb := range sbs {
-			if err := s.checkFence(ctx, tx, sb); err != nil {
-				return err
-			}
-		}
-		return nil
-	}, sbs)
+	return s.admitSandboxes(ctx, nil, sbs)
 }
 
 // AdmitNodeSandboxes is AdmitSandboxes for node's sandboxes, as node's incarnation epoch asks
@@ -66,7 +59,7 @@ func (s *Store) admitSandboxes(ctx context.Context, fence func(*Tx) error, sbs [
 		want.Tiers[sb.Tier]++
 	}
 	err := s.tx(ctx, func(tx *Tx) error {
-		if err := fence(tx); err != nil {
+		if err := runFence(fence, tx); err != nil {
 			return err
 		}
 		now := time.Now()

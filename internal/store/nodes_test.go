@@ -62,9 +62,8 @@ func TestNodeLeases(t *testing.T) {
 		if err := s.AdmitSandbox(ctx, sb, nil); err != nil {
 			t.Fatal(err)
 		}
-		s.Fence("edge-1", 3)
 		sb.State = corral.StateRunning
-		if err := s.PutSandbox(ctx, sb); err != nil {
+		if err := s.PutNodeSandbox(ctx, "edge-1", 3, sb); err != nil {
 			t.Fatal(err)
 		}
 		// Another node, registered in the API's types (as internal/cluster's tests do).
@@ -90,15 +89,15 @@ func TestNodeLeases(t *testing.T) {
 		if _, err := s.Heartbeat(ctx, "edge-1", 4, Resources{}, time.Minute, nil); !errors.Is(err, ErrFenced) {
 			t.Errorf("heartbeat after the loss: %v", err)
 		}
-		s.Fence("edge-1", 4)
 		sb.State = corral.StateRunning
-		if err := s.PutSandbox(ctx, sb); !errors.Is(err, ErrFenced) {
+		if err := s.PutNodeSandbox(ctx, "edge-1", 4, sb); !errors.Is(err, ErrFenced) {
 			t.Errorf("a write after the loss: %v", err)
 		}
-		if err := s.AdmitSandbox(ctx, &Sandbox{Sandbox: corral.Sandbox{ID: "sb-x", Node: "edge-1", State: corral.StateCreating}, ProjectID: p.ID}, nil); !errors.Is(err, ErrFenced) {
+		late := newRecord(p.ID, 0)
+		late.ID, late.Node = "sb-edge-1-aaaaaaaaaaaaaaaa", "edge-1"
+		if err := s.AdmitNodeSandbox(ctx, "edge-1", 4, late, nil); !errors.Is(err, ErrFenced) {
 			t.Errorf("an admission after the loss: %v", err)
 		}
-		s.Fence("", 0)
 		if _, err := s.SetNodeState(ctx, "edge-1", NodeReady); err == nil {
 			t.Error("uncordoned a lost node")
 		}

@@ -524,7 +524,7 @@ func (s *Store) PruneIdempotency(ctx context.Context) (int64, error) {
 // "creating" record nobody owns stays behind (its delete then answers "retry" for ever). A
 // caller whose client left fails at its next step and records the failure.
 func (s *Store) AdmitSandbox(ctx context.Context, sb *Sandbox, key *Idempotency) error {
-	return s.admitSandbox(ctx, func(tx *Tx) error { return s.checkFence(ctx, tx, sb) }, sb, key)
+	return s.admitSandbox(ctx, nil, sb, key)
 }
 
 // AdmitNodeSandbox is AdmitSandbox for one of node's sandboxes, as node's incarnation epoch
@@ -573,14 +573,14 @@ func admittedOnce(err error) error {
 }
 
 // admitSandbox is AdmitSandbox with fence, the check that the writer may still write, run
-// first in the transaction.
+// first in the transaction (nil: none, corral up's own edge).
 func (s *Store) admitSandbox(ctx context.Context, fence func(*Tx) error, sb *Sandbox, key *Idempotency) error {
 	ctx = context.WithoutCancel(ctx)
 	if sb.ProjectID == "" {
 		sb.ProjectID = RootProjectID
 	}
 	err := s.tx(ctx, func(tx *Tx) error {
-		if err := fence(tx); err != nil {
+		if err := runFence(fence, tx); err != nil {
 			return err
 		}
 		if key != nil {
@@ -852,4 +852,12 @@ func (s *Store) projectsUnder(ctx context.Context, path string) ([]string, error
 		ids = append(ids, id)
 	}
 	return ids, rows.Err()
+}
+
+// runFence runs an admission's fence (nil: none) in tx.
+func runFence(fence func(*Tx) error, tx *Tx) error {
+	if fence == nil {
+		return nil
+	}
+	return fence(tx)
 }

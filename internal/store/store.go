@@ -41,12 +41,6 @@ import (
 type Store struct {
 	db  *conn // SQLite: the one writer connection (writes and transactions); PostgreSQL: the pool
 	rdb *conn // SQLite: reader connections for single reads outside transactions, concurrent with the writer (WAL); PostgreSQL: db
-	// fence, set once by an edge in cluster mode (Fence), conditions every write of its node's
-	// sandbox records on its incarnation.
-	fence struct {
-		node  string
-		epoch int64
-	}
 	// onFull, set once before use (OnFull), frees disk for a write that failed on a full disk.
 	onFull func() bool
 	// trajectoryMax bounds each sandbox's stored trajectory (SetTrajectoryLimit).
@@ -67,21 +61,6 @@ func (s *Store) SetTrajectoryLimit(n int64) { s.trajectoryMax = n }
 // reports that it freed space (a reserve file it kept for this), the transaction runs once more.
 // Call it before the store is used.
 func (s *Store) OnFull(f func() bool) { s.onFull = f }
-
-// Fence makes every later write of a sandbox record of node conditional on epoch being the
-// node's incarnation (ErrFenced otherwise): a cluster edge calls it once, after registering.
-func (s *Store) Fence(node string, epoch int64) {
-	s.fence.node, s.fence.epoch = node, epoch
-}
-
-// checkFence fails with ErrFenced when sb belongs to this store's fenced node and its epoch has
-// moved on.
-func (s *Store) checkFence(ctx context.Context, tx *Tx, sb *Sandbox) error {
-	if s.fence.node == "" || sb.Node != s.fence.node {
-		return nil
-	}
-	return checkEpoch(ctx, tx, s.fence.node, s.fence.epoch)
-}
 
 // Sandbox is a sandbox's durable record: its API view plus what the edge needs to rebuild it.
 type Sandbox struct {
@@ -640,12 +619,7 @@ func (s *Store) tx1(ctx context.Context, fn func(*Tx) error) (committing bool, e
 
 // PutSandbox inserts or replaces a sandbox record. New sandboxes go through AdmitSandbox.
 func (s *Store) PutSandbox(ctx context.Context, sb *Sandbox) error {
-	return s.tx(ctx, func(tx *Tx) error {
-		if err := s.checkFence(ctx, tx, sb); err != nil {
-			return err
-		}
-		return putSandbox(ctx, tx, sb)
-	})
+	return s.tx(ctx, func(tx *Tx) error { return putSandbox(ctx, tx, sb) })
 }
 
 // PutNodeSandbox rewrites the record of one of node's sandboxes, as node's incarnation epoch
