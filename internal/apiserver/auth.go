@@ -205,7 +205,8 @@ func callerOf(nc *nodeproto.Caller) *caller {
 
 // ForwardCaller makes h, an Authenticated request's header on its way to node's edge, carry its
 // caller for the edge instead of the user's token (the token stays here), sealed by s
-// (nodeproto.SetSealedCaller; nil: unsealed).
+// (nodeproto.SetSealedCaller; nil: unsealed) for as long as r's work needs it
+// (nodeproto.VoucherTTLFor).
 func ForwardCaller(r *http.Request, h http.Header, node string, s *nodeproto.Sealer) error {
 	c := who(r)
 	h.Del("Authorization")
@@ -214,7 +215,7 @@ func ForwardCaller(r *http.Request, h http.Header, node string, s *nodeproto.Sea
 		TokenID: c.tok.ID, Principal: c.tok.Principal, ProjectID: c.tok.ProjectID, ProjectPath: c.tok.ProjectPath,
 		Perms: c.tok.Perms, Role: c.tok.Role, Parent: c.tok.Parent, CreatedAt: c.tok.CreatedAt, ExpiresAt: c.tok.ExpiresAt,
 		Held: c.held, Sandbox: sb,
-	}, node, s)
+	}, node, s, nodeproto.VoucherTTLFor(r.Method, r.URL.Path))
 }
 
 // CallerMay fails with a DeniedError unless the caller a server sent an edge holds perm on the

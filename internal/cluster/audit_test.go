@@ -75,7 +75,7 @@ func TestNodeAudit(t *testing.T) {
 	}
 	h := http.Header{}
 	alice := &nodeproto.Caller{TokenID: "t2", Principal: "alice", ProjectPath: "a", Perms: iam.SandboxAdmin, Held: map[string]iam.Perm{"a": iam.SandboxAdmin}, CreatedAt: time.Now()}
-	if err := nodeproto.SetSealedCaller(h, alice, "edge1", srv.sealer); err != nil {
+	if err := nodeproto.SetSealedCaller(h, alice, "edge1", srv.sealer, nodeproto.RequestVoucherTTL); err != nil {
 		t.Fatal(err)
 	}
 	inA, inB := entry, entry

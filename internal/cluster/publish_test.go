@@ -26,7 +26,7 @@ func sealedFor(t *testing.T, ctx context.Context, node string, held map[string]i
 	}
 	h := http.Header{}
 	c := &nodeproto.Caller{TokenID: "t1", Principal: "root", Perms: all, Held: held, CreatedAt: time.Now()}
-	if err := nodeproto.SetSealedCaller(h, c, node, sealer); err != nil {
+	if err := nodeproto.SetSealedCaller(h, c, node, sealer, nodeproto.VoucherTTL); err != nil {
 		t.Fatal(err)
 	}
 	return nodeproto.WithVoucher(ctx, nodeproto.VoucherOf(h))

@@ -16,7 +16,8 @@ import (
 
 // Vouchers. A server seals the caller it sends an edge (HeaderSeal: an HMAC-SHA256 of
 // HeaderCaller's value under a key the servers share and the edges never see), naming the node
-// it sends it to and until when it holds (VoucherTTL, at most the token's own expiry). When the
+// it sends it to and until when it holds (VoucherTTLFor the request, at most the token's own
+// expiry). When the
 // request makes the edge admit sandboxes, the edge hands the sealed caller back with the
 // admission (a Voucher), and the servers admit only in a project where that caller may create
 // sandboxes. An edge, stolen or not, can therefore admit sandboxes only for callers the servers
@@ -26,10 +27,26 @@ import (
 // HeaderSeal carries the servers' seal on the request's caller.
 const HeaderSeal = "Corral-Node-Seal"
 
-// VoucherTTL is how long a sealed caller holds: long enough for the slowest work a request
-// starts on an edge (a Dockerfile build's last step), short enough that one a stolen edge kept
-// lapses.
-const VoucherTTL = 24 * time.Hour
+// VoucherTTL is how long the caller sealed for a request that starts long work on an edge
+// holds: long enough for the slowest (a Dockerfile build's last step, hours after its request;
+// a large image's upload, published at its end), short enough that one a stolen edge kept
+// lapses. RequestVoucherTTL is every other request's: its work ends with it, and what the
+// edge sends later in the caller's name (its audit entry) goes within seconds.
+const (
+	VoucherTTL        = 24 * time.Hour
+	RequestVoucherTTL = time.Hour
+)
+
+// VoucherTTLFor returns how long the caller sealed for a request of method on path holds:
+// VoucherTTL for a build (POST /v1/builds) and a layer import (POST /v1/layers),
+// RequestVoucherTTL for any other. A stolen edge thus acts for the callers of its last hour,
+// and of its builds and imports.
+func VoucherTTLFor(method, path string) time.Duration {
+	if method == http.MethodPost && (path == "/v1/builds" || path == "/v1/layers") {
+		return VoucherTTL
+	}
+	return RequestVoucherTTL
+}
 
 // minSealKey is the shortest key a Sealer takes.
 const minSealKey = 32
@@ -58,10 +75,10 @@ type Voucher struct {
 }
 
 // SetSealedCaller is SetCaller for a request to node's edge, with c sealed by s (nil: unsealed)
-// and holding until VoucherTTL from now, or c's token's expiry if sooner.
-func SetSealedCaller(h http.Header, c *Caller, node string, s *Sealer) error {
+// and holding until ttl from now (VoucherTTLFor the request), or c's token's expiry if sooner.
+func SetSealedCaller(h http.Header, c *Caller, node string, s *Sealer, ttl time.Duration) error {
 	if s != nil {
-		c.Node, c.Until = node, time.Now().Add(VoucherTTL).UTC()
+		c.Node, c.Until = node, time.Now().Add(ttl).UTC()
 		if !c.ExpiresAt.IsZero() && c.ExpiresAt.Before(c.Until) {
 			c.Until = c.ExpiresAt
 		}

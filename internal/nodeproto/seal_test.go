@@ -26,7 +26,7 @@ func TestSeal(t *testing.T) {
 	expires := now.Add(time.Hour)
 	h := http.Header{}
 	c := &Caller{TokenID: "t1", Principal: "alice", Perms: iam.SandboxCreate, ExpiresAt: expires, CreatedAt: now}
-	if err := SetSealedCaller(h, c, "edge1", s); err != nil {
+	if err := SetSealedCaller(h, c, "edge1", s, VoucherTTL); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := CallerOf(&http.Request{Header: h}); err != nil || got.Principal != "alice" || got.Node != "edge1" {
@@ -42,7 +42,7 @@ func TestSeal(t *testing.T) {
 		"no voucher":   func() error { _, err := s.Open(nil, "edge1", now); return err },
 		"another caller under the seal": func() error {
 			h2 := http.Header{}
-			SetSealedCaller(h2, &Caller{TokenID: "t2", Principal: "mallory", Perms: iam.SandboxCreate}, "edge1", nil)
+			SetSealedCaller(h2, &Caller{TokenID: "t2", Principal: "mallory", Perms: iam.SandboxCreate}, "edge1", nil, VoucherTTL)
 			_, err := s.Open(&Voucher{Caller: h2.Get(HeaderCaller), Seal: v.Seal}, "edge1", now)
 			return err
 		},
@@ -56,13 +56,30 @@ func TestSeal(t *testing.T) {
 			t.Errorf("%s: %v, want ErrDenied", name, err)
 		}
 	}
-	// Without a token expiry, a seal holds VoucherTTL.
-	h3 := http.Header{}
-	if err := SetSealedCaller(h3, &Caller{TokenID: "t3", Principal: "bob"}, "edge1", s); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Open(VoucherOf(h3), "edge1", time.Now().Add(VoucherTTL+time.Minute)); !errors.Is(err, errdefs.ErrDenied) {
-		t.Errorf("a seal past VoucherTTL: %v, want ErrDenied", err)
+	// Without a token expiry, a seal holds what the request's work needs: a build's or an
+	// import's VoucherTTL, any other request's RequestVoucherTTL.
+	for _, tc := range []struct {
+		method, path string
+		ttl          time.Duration
+	}{
+		{"POST", "/v1/builds", VoucherTTL}, {"POST", "/v1/layers", VoucherTTL},
+		{"POST", "/v1/sandboxes", RequestVoucherTTL}, {"POST", "/v1/sandboxes/sb-edge1-aaaaaaaaaaaaaaaa/snapshot", RequestVoucherTTL},
+		{"GET", "/v1/builds", RequestVoucherTTL},
+	} {
+		ttl := VoucherTTLFor(tc.method, tc.path)
+		if ttl != tc.ttl {
+			t.Errorf("%s %s: a voucher of %s, want %s", tc.method, tc.path, ttl, tc.ttl)
+		}
+		h3 := http.Header{}
+		if err := SetSealedCaller(h3, &Caller{TokenID: "t3", Principal: "bob"}, "edge1", s, ttl); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Open(VoucherOf(h3), "edge1", time.Now().Add(ttl-time.Minute)); err != nil {
+			t.Errorf("%s %s: a seal within its %s: %v", tc.method, tc.path, ttl, err)
+		}
+		if _, err := s.Open(VoucherOf(h3), "edge1", time.Now().Add(ttl+time.Minute)); !errors.Is(err, errdefs.ErrDenied) {
+			t.Errorf("%s %s: a seal past its %s: %v, want ErrDenied", tc.method, tc.path, ttl, err)
+		}
 	}
 	if VoucherOf(http.Header{}) != nil {
 		t.Error("a voucher from a header without a seal")
