@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -38,11 +39,16 @@ const (
 )
 
 // VoucherTTLFor returns how long the caller sealed for a request of method on path holds:
-// VoucherTTL for a build (POST /v1/builds) and a layer import (POST /v1/layers),
+// VoucherTTL for a build (POST /v1/builds), a layer import (POST /v1/layers) and a snapshot
+// (POST /v1/sandboxes/{id}/snapshot, published once a large disk is copied),
 // RequestVoucherTTL for any other. A stolen edge thus acts for the callers of its last hour,
-// and of its builds and imports.
+// and of its builds, imports and snapshots.
 func VoucherTTLFor(method, path string) time.Duration {
-	if method == http.MethodPost && (path == "/v1/builds" || path == "/v1/layers") {
+	if method != http.MethodPost {
+		return RequestVoucherTTL
+	}
+	if path == "/v1/builds" || path == "/v1/layers" ||
+		(strings.HasPrefix(path, "/v1/sandboxes/") && strings.HasSuffix(path, "/snapshot") && strings.Count(path, "/") == 4) {
 		return VoucherTTL
 	}
 	return RequestVoucherTTL

@@ -63,7 +63,8 @@ func TestSeal(t *testing.T) {
 		ttl          time.Duration
 	}{
 		{"POST", "/v1/builds", VoucherTTL}, {"POST", "/v1/layers", VoucherTTL},
-		{"POST", "/v1/sandboxes", RequestVoucherTTL}, {"POST", "/v1/sandboxes/sb-edge1-aaaaaaaaaaaaaaaa/snapshot", RequestVoucherTTL},
+		{"POST", "/v1/sandboxes", RequestVoucherTTL}, {"POST", "/v1/sandboxes/sb-edge1-aaaaaaaaaaaaaaaa/snapshot", VoucherTTL},
+		{"POST", "/v1/sandboxes/sb-edge1-aaaaaaaaaaaaaaaa/files/snapshot", RequestVoucherTTL},
 		{"GET", "/v1/builds", RequestVoucherTTL},
 	} {
 		ttl := VoucherTTLFor(tc.method, tc.path)
