@@ -23,7 +23,7 @@ type Environments interface {
 	SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
 	// SetEnvironmentWarm changes an environment's pool size.
 	SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error)
-	// Figures adds to each of envs the figures of its warm pools (WarmStats): the edge's under
+	// Figures sets on each of envs the figures of its warm pools (SetFigures): the edge's under
 	// corral up; in a cluster, every node's that is not lost, as its last heartbeat reported
 	// them. A failure to read them leaves them out (logged).
 	Figures(ctx context.Context, envs []*corral.Environment)
@@ -53,8 +53,18 @@ func (v edgeEnvironments) SetEnvironmentWarm(ctx context.Context, name string, w
 }
 
 func (v edgeEnvironments) Figures(_ context.Context, envs []*corral.Environment) {
+	SetFigures(envs, v.e.WarmFigures())
+}
+
+// SetFigures sets each of envs' read-only pool fields from figs, its warm pools' figures by
+// environment.
+func SetFigures(envs []*corral.Environment, figs map[string]store.WarmFigures) {
 	for _, env := range envs {
-		v.e.WarmStats(env)
+		f := figs[env.Name]
+		env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims, env.WarmHitRate = f.Ready, f.Target, f.Hits, f.Claims, 0
+		if f.Claims > 0 {
+			env.WarmHitRate = float64(f.Hits) / float64(f.Claims)
+		}
 	}
 }
 

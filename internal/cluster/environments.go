@@ -64,13 +64,7 @@ func (v environments) Figures(ctx context.Context, envs []*corral.Environment) {
 		v.s.log.Warn("read the warm pools' figures; leaving them out", "err", err)
 		return
 	}
-	for _, env := range envs {
-		f := figs[env.Name]
-		env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims = f.Ready, f.Target, f.Hits, f.Claims
-		if f.Claims > 0 {
-			env.WarmHitRate = float64(f.Hits) / float64(f.Claims)
-		}
-	}
+	apiserver.SetFigures(envs, figs)
 }
 
 func (v environments) DeleteEnvironment(ctx context.Context, name string) error {

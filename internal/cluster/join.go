@@ -217,7 +217,6 @@ func (j *Joined) join(ctx context.Context) (*JoinResponse, error) {
 	if err := json.Unmarshal(plain, &ans); err != nil || ans.CA == "" {
 		return nil, fmt.Errorf("join %s: unexpected answer", j.server)
 	}
-
 	cfg, err := clusterauth.EdgeTLS([]byte(ans.CA), []byte(ans.Cert), keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("join %s: %w", j.server, err)

@@ -802,17 +802,9 @@ func (e *Edge) takeWarm(req corral.CreateRequest, adm *admission) (p *warmPool, 
 	return p, w
 }
 
-// WarmStats fills env's read-only pool fields from this node's pools of it.
-func (e *Edge) WarmStats(env *corral.Environment) {
-	f := e.WarmFigures()[env.Name]
-	env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims = env.WarmReady+f.Ready, env.WarmTarget+f.Target, env.WarmHits+f.Hits, env.WarmClaims+f.Claims
-	if env.WarmClaims > 0 {
-		env.WarmHitRate = float64(env.WarmHits) / float64(env.WarmClaims)
-	}
-}
-
 // WarmFigures returns this node's warm pools' figures by environment (its pools of every
-// runtime summed): what a cluster's edge reports with its heartbeats.
+// runtime summed): what the API shows under corral up, and a cluster's edge reports with its
+// heartbeats.
 func (e *Edge) WarmFigures() map[string]store.WarmFigures {
 	e.warm.mu.Lock()
 	defer e.warm.mu.Unlock()
