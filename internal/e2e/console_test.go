@@ -105,17 +105,21 @@ func shot(t *testing.T, ctx context.Context, dir, name string) {
 func waitText(ctx context.Context, sel, want string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	// One evaluation finds the element and reads its text: a list that re-renders between a
+	// lookup by node and a read of that node would fail the read ("No node with given id").
+	read := `(() => { const e = document.querySelector(` + strconv.Quote(sel) + `);
+		return e && e.getClientRects().length > 0 ? e.textContent : null })()`
 	var got string
 	for {
-		err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(sel)))
-		if err == nil {
-			got, err = chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(sel)))
-		}
+		text, err := eval[*string](ctx, read)
 		if err != nil {
 			return fmt.Errorf("wait for %q in %s (last text %.300q): %w", want, sel, got, err)
 		}
-		if strings.Contains(got, want) {
-			return nil
+		if text != nil {
+			got = *text
+			if strings.Contains(got, want) {
+				return nil
+			}
 		}
 		select {
 		case <-ctx.Done():
