@@ -101,17 +101,21 @@ func shot(t *testing.T, ctx context.Context, dir, name string) {
 	}
 }
 
+// visibleText reads the text of the visible element at sel, or nil where none is shown. One
+// evaluation finds the element and reads it: a list that re-renders between a lookup by node
+// and a read of that node would fail the read ("No node with given id found").
+func visibleText(ctx context.Context, sel string) (*string, error) {
+	return eval[*string](ctx, `(() => { const e = document.querySelector(`+strconv.Quote(sel)+`);
+		return e && e.getClientRects().length > 0 ? e.textContent : null })()`)
+}
+
 // waitText waits, a minute at most, until the text of the element at sel contains want.
 func waitText(ctx context.Context, sel, want string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	// One evaluation finds the element and reads its text: a list that re-renders between a
-	// lookup by node and a read of that node would fail the read ("No node with given id").
-	read := `(() => { const e = document.querySelector(` + strconv.Quote(sel) + `);
-		return e && e.getClientRects().length > 0 ? e.textContent : null })()`
 	var got string
 	for {
-		text, err := eval[*string](ctx, read)
+		text, err := visibleText(ctx, sel)
 		if err != nil {
 			return fmt.Errorf("wait for %q in %s (last text %.300q): %w", want, sel, got, err)
 		}
@@ -293,8 +297,12 @@ func TestConsole(t *testing.T) {
 		chromedp.SetValue(css("#token"), tok.Token),
 		chromedp.Click(css("#signin-button"))))
 	ok(t, "tenant list", waitText(tenant, "#sandboxes", sb.ID))
-	list, err := chromedp.Run(tenant, chromedp.TextContent(css("#sandboxes")))
+	shown, err := visibleText(tenant, "#sandboxes")
 	ok(t, "tenant list", err)
+	if shown == nil {
+		t.Fatal("the tenant's sandbox list went away")
+	}
+	list := *shown
 	if strings.Contains(list, theirs.ID) || strings.Contains(list, "secret") {
 		t.Fatalf("a token of project team lists another project's sandbox: %q", list)
 	}
