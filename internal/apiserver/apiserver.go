@@ -29,10 +29,10 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/webhook"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Server is the HTTP API of one Corral installation.
@@ -77,7 +77,7 @@ type Server struct {
 // Auditor records an audit entry (store.AddAudit: fallback is the caller's token's project,
 // for an entry naming a project that does not exist).
 type Auditor interface {
-	AddAudit(ctx context.Context, e corral.AuditEntry, fallback string) error
+	AddAudit(ctx context.Context, e model.AuditEntry, fallback string) error
 }
 
 // SetAuditor makes a cluster edge's API record its audit entries through a (the servers),
@@ -178,7 +178,7 @@ func (s *Server) Handler() http.Handler {
 	api.HandleFunc("PATCH /v1/layers/{name}/{version}", s.guardIn(iam.LayerPublish, "layer.set", s.onLayerName, s.setLayer))
 	api.HandleFunc("GET /v1/fncall", func(w http.ResponseWriter, r *http.Request) {
 		c := who(r)
-		out := []corral.FncallEnv{}
+		out := []model.FncallEnv{}
 		for _, env := range s.edge.FncallEnvs() {
 			if p, err := iam.ParsePath("project", env.Project); err == nil && c.perms(p).Has(iam.SandboxRead) {
 				out = append(out, env)
@@ -246,15 +246,15 @@ func (s *Server) getInfo(w http.ResponseWriter, r *http.Request) {
 	if who(r).perms("").Has(iam.Operator) { // the installation's load is the operator's business
 		info.Sandboxes = s.edge.Count()
 		if d, ok, err := s.edge.DiskPromise(); err == nil && ok {
-			info.Disk = &corral.DiskAccount{PromisedBytes: d.Promised, AllocatedBytes: d.Allocated,
+			info.Disk = &model.DiskAccount{PromisedBytes: d.Promised, AllocatedBytes: d.Allocated,
 				FreeBytes: d.Free, Overcommit: d.Overcommit, HaveBytes: d.Have()}
 		}
 	}
-	httpjson.Write(w, http.StatusOK, corral.Info(info))
+	httpjson.Write(w, http.StatusOK, model.Info(info))
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
-	var req corral.CreateRequest
+	var req model.CreateRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -297,7 +297,7 @@ const maxIdempotencyKey = 128
 // idempotencyKey reads a create's Idempotency-Key header: the key, scoped to the caller's
 // principal, with a hash of the request it came with (the request after defaults the caller
 // left out, such as the project, were filled in).
-func idempotencyKey(r *http.Request, c *caller, req corral.CreateRequest) (*store.Idempotency, error) {
+func idempotencyKey(r *http.Request, c *caller, req model.CreateRequest) (*store.Idempotency, error) {
 	k := r.Header.Get("Idempotency-Key")
 	if k == "" {
 		return nil, nil
@@ -318,7 +318,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	var f store.SandboxFilter
 	for _, st := range q["state"] {
 		switch st {
-		case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting, corral.StateStopped, corral.StateFailed:
+		case model.StateCreating, model.StateRunning, model.StatePaused, model.StateOff, model.StateDeleting, model.StateStopped, model.StateFailed:
 			f.States = append(f.States, st)
 		default:
 			s.fail(w, r, errdefs.Invalid("state", "%q is not a state (creating, running, paused, off, deleting, stopped, failed)", st))
@@ -362,7 +362,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]corral.Sandbox, 0, len(recs))
+	out := make([]model.Sandbox, 0, len(recs))
 	for _, rec := range recs {
 		if p, err := iam.ParsePath("project", rec.Project); err == nil && c.perms(p).Has(iam.SandboxRead) {
 			out = append(out, rec.Sandbox)
@@ -420,7 +420,7 @@ func (s *Server) lifecycle(do func(context.Context, string) (*store.Sandbox, err
 
 // power serves POST /v1/sandboxes/{id}/power (corral.PowerRequest), for vm sandboxes.
 func (s *Server) power(w http.ResponseWriter, r *http.Request) {
-	var req corral.PowerRequest
+	var req model.PowerRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -434,7 +434,7 @@ func (s *Server) power(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
-	var req corral.SnapshotRequest
+	var req model.SnapshotRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -462,10 +462,10 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	req := corral.ForkRequest{Count: 1, Labels: body.Labels, DiskOnly: body.DiskOnly, TTL: body.TTL}
+	req := model.ForkRequest{Count: 1, Labels: body.Labels, DiskOnly: body.DiskOnly, TTL: body.TTL}
 	if body.Count != nil {
 		if *body.Count < 1 {
-			s.fail(w, r, errdefs.Invalid("count", "%d: want 1 to %d copies", *body.Count, corral.MaxForkCount))
+			s.fail(w, r, errdefs.Invalid("count", "%d: want 1 to %d copies", *body.Count, model.MaxForkCount))
 			return
 		}
 		req.Count = *body.Count
@@ -475,7 +475,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := corral.ForkResult{Sandboxes: make([]corral.Sandbox, len(recs))}
+	out := model.ForkResult{Sandboxes: make([]model.Sandbox, len(recs))}
 	for i, rec := range recs {
 		out.Sandboxes[i] = rec.Sandbox
 	}
@@ -483,7 +483,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
-	var req corral.TTLRequest
+	var req model.TTLRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -497,7 +497,7 @@ func (s *Server) setTTL(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) tagLayer(w http.ResponseWriter, r *http.Request) {
-	var req corral.TagRequest
+	var req model.TagRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -520,7 +520,7 @@ func (s *Server) tagLayer(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
-	var req corral.NetworkPolicy
+	var req model.NetworkPolicy
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -550,18 +550,18 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch kind {
-	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit, corral.KindVMImage:
+	case model.KindBase, model.KindWorkspace, model.KindToolkit, model.KindVMImage:
 	default:
 		s.fail(w, r, errdefs.Invalid("kind", "%q is not a layer kind (base, workspace, toolkit, vm-image)", kind))
 		return
 	}
-	var imageConfig *corral.ImageConfig
+	var imageConfig *model.ImageConfig
 	if raw := q.Get("image_config"); raw != "" {
 		if len(raw) > 64<<10 {
 			s.fail(w, r, errdefs.Invalid("image_config", "larger than 64 KiB"))
 			return
 		}
-		imageConfig = new(corral.ImageConfig)
+		imageConfig = new(model.ImageConfig)
 		dec := json.NewDecoder(strings.NewReader(raw))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(imageConfig); err != nil {
@@ -607,7 +607,7 @@ func (s *Server) importLayer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A refused publish drops the imported blob unless something else uses the same content.
-	l, created, err := s.edge.PublishLayer(r.Context(), corral.Layer{
+	l, created, err := s.edge.PublishLayer(r.Context(), model.Layer{
 		Name: name, Version: version, Kind: kind, Digest: blob.Digest,
 		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), ImageConfig: imageConfig, Below: below,
 		Project: project, Private: private, Public: public,
@@ -630,7 +630,7 @@ const maxCallBody = 256 << 20
 // call runs one fncall: the result as one JSON object, or, streamed, the output as NDJSON events
 // ending with an exit event that carries the result.
 func (s *Server) call(w http.ResponseWriter, r *http.Request, stream bool) {
-	var req corral.CallRequest
+	var req model.CallRequest
 	if err := httpjson.DecodeLimit(r, &req, maxCallBody); err != nil {
 		s.fail(w, r, err)
 		return
@@ -652,11 +652,11 @@ func (s *Server) call(w http.ResponseWriter, r *http.Request, stream bool) {
 			s.callFailed(w, r, err)
 			return
 		}
-		out.Send(corral.Event{Type: corral.EventError, Data: []byte(err.Error())})
+		out.Send(model.Event{Type: model.EventError, Data: []byte(err.Error())})
 		return
 	}
 	exit := res.Exit
-	out.Send(corral.Event{Type: corral.EventExit, Exit: &exit, Result: res})
+	out.Send(model.Event{Type: model.EventExit, Exit: &exit, Result: res})
 }
 
 // callFailed answers a failed call; a busy environment's 429 says when to retry.
@@ -709,7 +709,7 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := who(r)
-	out := []corral.Layer{}
+	out := []model.Layer{}
 	for _, l := range ls {
 		if c.canReadLayer(l) {
 			out = append(out, l)
@@ -726,11 +726,11 @@ func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) {
 
 // readableLayer returns the layer version the path names if the caller may read it; otherwise
 // it has answered with the error.
-func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.Layer, bool) {
+func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (model.Layer, bool) {
 	name, version := r.PathValue("name"), r.PathValue("version")
 	if err := catalog.ValidateLayerName("name", "version", name, version); err != nil {
 		s.fail(w, r, err)
-		return corral.Layer{}, false
+		return model.Layer{}, false
 	}
 	l, err := s.catalogue().ReadableLayer(r.Context(), name, version)
 	if err == nil && !who(r).canReadLayer(l) {
@@ -738,7 +738,7 @@ func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.L
 	}
 	if err != nil {
 		s.fail(w, r, err)
-		return corral.Layer{}, false
+		return model.Layer{}, false
 	}
 	return l, true
 }
@@ -746,7 +746,7 @@ func (s *Server) readableLayer(w http.ResponseWriter, r *http.Request) (corral.L
 // setLayer changes a published version's settings (its background fill rate, whether it is
 // public).
 func (s *Server) setLayer(w http.ResponseWriter, r *http.Request, project string) {
-	var body corral.LayerSettings
+	var body model.LayerSettings
 	if err := httpjson.Decode(r, &body); err != nil {
 		s.fail(w, r, err)
 		return
@@ -806,7 +806,7 @@ func (s *Server) layerStats(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := corral.LayerStats{Name: l.Name, Version: l.Version, Digest: l.Digest, Node: s.edge.Node(),
+	out := model.LayerStats{Name: l.Name, Version: l.Version, Digest: l.Digest, Node: s.edge.Node(),
 		Format: st.Format, ImageBytes: st.ImageSize, DataBytes: st.DataSize}
 	if st.Fetch != nil {
 		f := fetchStats(*st.Fetch)
@@ -835,7 +835,7 @@ func (c *caller) canRead(perm iam.Perm, owner string, private bool) bool {
 
 // canReadLayer reports whether the caller may see layer l: with layer.read on its project, or
 // from a project that sees it (iam.LayerVisible) with layer.read there.
-func (c *caller) canReadLayer(l corral.Layer) bool {
+func (c *caller) canReadLayer(l model.Layer) bool {
 	owner, err := iam.ParsePath("project", l.Project)
 	if err != nil {
 		return false

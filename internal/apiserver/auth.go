@@ -15,9 +15,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // caller is who sent a request: the token and the grants its principal holds where the token
@@ -103,7 +103,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 }
 
 // bearer returns the request's Authorization header or, on a WebSocket upgrade without one, the
-// token a browser offered as a subprotocol (corral.WebSocketBearerProtocol), as a header value.
+// token a browser offered as a subprotocol (model.WebSocketBearerProtocol), as a header value.
 // The token's subprotocol is removed from the request either way, so it never travels further
 // as one (to a port inside a sandbox, say) nor is answered back.
 func bearer(r *http.Request) string {
@@ -115,7 +115,7 @@ func bearer(r *http.Request) string {
 	for _, v := range r.Header.Values("Sec-WebSocket-Protocol") {
 		for _, p := range strings.Split(v, ",") {
 			p = strings.TrimSpace(p)
-			enc, ok := strings.CutPrefix(p, corral.WebSocketBearerProtocol)
+			enc, ok := strings.CutPrefix(p, model.WebSocketBearerProtocol)
 			if !ok {
 				if p != "" {
 					keep = append(keep, p)
@@ -226,7 +226,7 @@ func CallerMay(nc *nodeproto.Caller, perm iam.Perm, p string) error {
 
 // CallerCanReadLayer reports whether nc, a caller a replica sealed for an edge, can read layer
 // l (as GET /v1/layers lists it for that caller).
-func CallerCanReadLayer(nc *nodeproto.Caller, l corral.Layer) bool {
+func CallerCanReadLayer(nc *nodeproto.Caller, l model.Layer) bool {
 	return callerOf(nc).canReadLayer(l)
 }
 
@@ -293,13 +293,13 @@ func (s *Server) audit(r *http.Request, action, project, target string, err erro
 func (s *Server) auditResult(r *http.Request, action, project, target, result, detail string) {
 	c := who(r)
 	if result != "ok" {
-		if result == corral.CodeDenied || result == corral.CodeInvalid || result == corral.CodeNotFound {
+		if result == model.CodeDenied || result == model.CodeInvalid || result == model.CodeNotFound {
 			if !s.refusals.allow(c.tok.ID, time.Now()) {
 				return
 			}
 		}
 	}
-	e := corral.AuditEntry{
+	e := model.AuditEntry{
 		At: time.Now().UTC(), Principal: c.tok.Principal, Token: c.tok.ID, Project: project,
 		Action: action, Target: target, Result: result, Detail: detail,
 	}
@@ -427,7 +427,7 @@ func (s *Server) guardIn(perm iam.Perm, action string, resolve resolver, h func(
 		if rec.err == nil && rec.status >= 400 {
 			// Failed without Server.fail (a handler that wrote its error itself): the status
 			// says what kind of failure it was.
-			s.auditResult(r, action, project, target, corral.CodeForStatus(rec.status), http.StatusText(rec.status))
+			s.auditResult(r, action, project, target, errdefs.Code(errdefs.KindOf(rec.status)), http.StatusText(rec.status))
 			return
 		}
 		s.audit(r, action, project, target, rec.err, "")

@@ -5,7 +5,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestBearerSubprotocol: a browser's WebSocket offers its token as a subprotocol; the server
@@ -13,7 +13,7 @@ import (
 // request in every case, keeping the other subprotocols.
 func TestBearerSubprotocol(t *testing.T) {
 	tok := "crl_" + "secret-token"
-	offer := corral.WebSocketBearerProtocol + base64.RawURLEncoding.EncodeToString([]byte(tok))
+	offer := model.WebSocketBearerProtocol + base64.RawURLEncoding.EncodeToString([]byte(tok))
 	for _, tc := range []struct {
 		name              string
 		upgrade, auth     string
@@ -26,7 +26,7 @@ func TestBearerSubprotocol(t *testing.T) {
 		{"header wins", "websocket", "Bearer crl_other", []string{"binary, " + offer}, "Bearer crl_other", "binary", "Bearer crl_other"},
 		{"not a websocket", "", "", []string{offer}, "", "", ""},
 		{"corral-vnc upgrade", "corral-vnc", "", []string{offer}, "", "", ""},
-		{"not base64url", "websocket", "", []string{"binary, " + corral.WebSocketBearerProtocol + "a+b/c="}, "", "binary", ""},
+		{"not base64url", "websocket", "", []string{"binary, " + model.WebSocketBearerProtocol + "a+b/c="}, "", "binary", ""},
 		{"no token offered", "websocket", "", []string{"binary, chat"}, "", "binary, chat", ""},
 		{"none", "", "Bearer x", nil, "Bearer x", "", "Bearer x"},
 	} {

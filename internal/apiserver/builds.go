@@ -14,8 +14,8 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Builds: Dockerfiles built into environments by internal/build on this process's edge.
@@ -47,7 +47,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var req corral.BuildRequest
+	var req model.BuildRequest
 	rest, err := httpjson.DecodeStream(http.MaxBytesReader(w, r.Body, maxContextBytes+httpjson.MaxBody+1024), &req)
 	if err != nil {
 		s.fail(w, r, err)
@@ -121,7 +121,7 @@ func (s *Server) getBuild(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
-	out := []corral.Build{}
+	out := []model.Build{}
 	if s.builds != nil {
 		c := who(r)
 		for _, job := range s.builds.List() {

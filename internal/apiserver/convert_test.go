@@ -18,6 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/store"
@@ -162,16 +163,16 @@ func TestEventConversion(t *testing.T) {
 		t.Errorf("lifecycleEvent: the API's fields hold %v, want %v (the bus's, in order)", got, want)
 	}
 	sameJSON(t, lifecycleEvent, ev, events.Event{ID: "e1", At: time.Unix(1, 5).UTC(), Type: events.Created}, events.Event{})
-	if !slices.Equal(events.Types, corral.EventTypes) {
-		t.Errorf("events.Types = %v, want the API's %v", events.Types, corral.EventTypes)
+	if !slices.Equal(events.Types, model.EventTypes) {
+		t.Errorf("events.Types = %v, want the API's %v", events.Types, model.EventTypes)
 	}
 	for _, c := range [][2]string{
-		{events.Created, corral.EventCreated}, {events.Started, corral.EventStarted}, {events.Paused, corral.EventPaused},
-		{events.Resumed, corral.EventResumed}, {events.Forked, corral.EventForked}, {events.OOM, corral.EventOOM},
-		{events.TTLExpired, corral.EventTTLExpired}, {events.IdleExpired, corral.EventIdleExpired},
-		{events.Deleted, corral.EventDeleted}, {events.Failed, corral.EventFailed},
-		{events.EgressBlocked, corral.EventEgressBlocked}, {events.QuotaRefused, corral.EventQuotaRefused},
-		{events.NodeState, corral.EventNodeState},
+		{events.Created, model.EventCreated}, {events.Started, model.EventStarted}, {events.Paused, model.EventPaused},
+		{events.Resumed, model.EventResumed}, {events.Forked, model.EventForked}, {events.OOM, model.EventOOM},
+		{events.TTLExpired, model.EventTTLExpired}, {events.IdleExpired, model.EventIdleExpired},
+		{events.Deleted, model.EventDeleted}, {events.Failed, model.EventFailed},
+		{events.EgressBlocked, model.EventEgressBlocked}, {events.QuotaRefused, model.EventQuotaRefused},
+		{events.NodeState, model.EventNodeState},
 	} {
 		if c[0] != c[1] {
 			t.Errorf("event type %q is %q in the API", c[0], c[1])
@@ -191,8 +192,8 @@ func TestWebhookDeliveryConversion(t *testing.T) {
 	}
 	sameJSON(t, webhookDelivery, d, store.WebhookDelivery{Webhook: "wh-1", Event: "e1", Type: events.Created, Attempt: 1,
 		At: time.Unix(1, 5).UTC(), Result: "ok"}, store.WebhookDelivery{})
-	if webhook.SignatureHeader != corral.SignatureHeader {
-		t.Errorf("webhook.SignatureHeader = %q, want the API's %q", webhook.SignatureHeader, corral.SignatureHeader)
+	if webhook.SignatureHeader != model.SignatureHeader {
+		t.Errorf("webhook.SignatureHeader = %q, want the API's %q", webhook.SignatureHeader, model.SignatureHeader)
 	}
 }
 
@@ -201,9 +202,9 @@ func TestWebhookDeliveryConversion(t *testing.T) {
 // reaches the error body whole, its detail's JSON the API's QuotaExceeded's byte for byte.
 func TestIAMNames(t *testing.T) {
 	perms := []string{
-		corral.PermSandboxRead, corral.PermSandboxCreate, corral.PermSandboxUse, corral.PermSandboxAdmin,
-		corral.PermLayerRead, corral.PermLayerPublish, corral.PermProjectRead, corral.PermProjectCreate,
-		corral.PermProjectGrant, corral.PermQuotaDelegate, corral.PermAuditRead, corral.PermOperator,
+		model.PermSandboxRead, model.PermSandboxCreate, model.PermSandboxUse, model.PermSandboxAdmin,
+		model.PermLayerRead, model.PermLayerPublish, model.PermProjectRead, model.PermProjectCreate,
+		model.PermProjectGrant, model.PermQuotaDelegate, model.PermAuditRead, model.PermOperator,
 	}
 	if got := iam.All.Names(); !slices.Equal(got, perms) {
 		t.Errorf("iam's permissions are %q, want the API's %q", got, perms)
@@ -211,18 +212,18 @@ func TestIAMNames(t *testing.T) {
 	if p, err := iam.ParsePerms(perms); err != nil || p != iam.All {
 		t.Errorf("iam.ParsePerms(the API's permissions) = %v, %v; want all", p, err)
 	}
-	if want := []string{corral.RoleViewer, corral.RoleUser, corral.RoleAdmin, corral.RoleOwner}; !slices.Equal(iam.Roles, want) {
+	if want := []string{model.RoleViewer, model.RoleUser, model.RoleAdmin, model.RoleOwner}; !slices.Equal(iam.Roles, want) {
 		t.Errorf("iam.Roles = %q, want the API's %q", iam.Roles, want)
 	}
 	for _, c := range [][2]string{
-		{iam.KindUser, corral.KindUser}, {iam.KindService, corral.KindService}, {iam.KindAgent, corral.KindAgent},
-		{iam.RootProject, corral.RootProject}, {iam.Display(""), corral.RootProject},
+		{iam.KindUser, model.KindUser}, {iam.KindService, model.KindService}, {iam.KindAgent, model.KindAgent},
+		{iam.RootProject, model.RootProject}, {iam.Display(""), model.RootProject},
 	} {
 		if c[0] != c[1] {
 			t.Errorf("iam's %q is %q in the API", c[0], c[1])
 		}
 	}
-	for _, kind := range []string{corral.KindUser, corral.KindService, corral.KindAgent} {
+	for _, kind := range []string{model.KindUser, model.KindService, model.KindAgent} {
 		if err := iam.CheckKind(kind); err != nil {
 			t.Errorf("iam.CheckKind(%q): %v", kind, err)
 		}
@@ -231,12 +232,12 @@ func TestIAMNames(t *testing.T) {
 	n := 0
 	var q iam.QuotaExceeded
 	fill(t, reflect.ValueOf(&q).Elem(), &n)
-	api := corral.QuotaExceeded(q)
+	api := model.QuotaExceeded(q)
 	if got, want := leaves(reflect.ValueOf(api)), leaves(reflect.ValueOf(q)); !reflect.DeepEqual(got, want) {
 		t.Errorf("QuotaExceeded: the API's fields hold %v, want %v (iam's, in order)", got, want)
 	}
-	if a, b := q.String(), api.String(); a != b {
-		t.Errorf("iam.QuotaExceeded reads %q, the API's %q", a, b)
+	if a, b := q.String(), (*corral.QuotaExceeded)(&api).String(); a != b {
+		t.Errorf("iam.QuotaExceeded reads %q, the SDK's %q", a, b)
 	}
 	a, _ := json.Marshal(q)
 	b, _ := json.Marshal(api)
@@ -246,7 +247,7 @@ func TestIAMNames(t *testing.T) {
 	rec := httptest.NewRecorder()
 	err := fmt.Errorf("create: %w", &iam.QuotaError{QuotaExceeded: q})
 	httpjson.Error(rec, httptest.NewRequest(http.MethodPost, "/v1/sandboxes", nil), slog.New(slog.DiscardHandler), err)
-	var body corral.Error
+	var body model.Error
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusTooManyRequests || body.Quota == nil || *body.Quota != api {
 		t.Errorf("a quota refusal answers %d %s (%v), want 429 with quota %+v", rec.Code, rec.Body, err, api)
 	}
@@ -259,10 +260,10 @@ func TestLimitsConversion(t *testing.T) {
 	n := 0
 	var l limits.Limits
 	fill(t, reflect.ValueOf(&l).Elem(), &n)
-	if got, want := leaves(reflect.ValueOf(corral.Limits(l))), leaves(reflect.ValueOf(l)); !reflect.DeepEqual(got, want) {
+	if got, want := leaves(reflect.ValueOf(model.Limits(l))), leaves(reflect.ValueOf(l)); !reflect.DeepEqual(got, want) {
 		t.Errorf("Limits: the API's fields hold %v, want %v (the policy's, in order)", got, want)
 	}
-	conv := func(l limits.Limits) corral.Limits { return corral.Limits(l) }
+	conv := func(l limits.Limits) model.Limits { return model.Limits(l) }
 	def, _ := limits.Default().Bounds(limits.TierMicroVM)
 	sameJSON(t, conv, l, def.Default, def.Min, def.Max, limits.Limits{MemoryBytes: 1 << 30}, limits.Limits{})
 }
@@ -273,10 +274,10 @@ func TestInfoConversion(t *testing.T) {
 	n := 0
 	var info Info
 	fill(t, reflect.ValueOf(&info).Elem(), &n)
-	if got, want := leaves(reflect.ValueOf(corral.Info(info))), leaves(reflect.ValueOf(info)); !reflect.DeepEqual(got, want) {
+	if got, want := leaves(reflect.ValueOf(model.Info(info))), leaves(reflect.ValueOf(info)); !reflect.DeepEqual(got, want) {
 		t.Errorf("Info: the API's fields hold %v, want %v (the daemon's, in order)", got, want)
 	}
-	sameJSON(t, func(i Info) corral.Info { return corral.Info(i) }, info,
+	sameJSON(t, func(i Info) model.Info { return model.Info(i) }, info,
 		Info{Version: "v1", Node: "local", Runtime: "runc", Runtimes: []string{"runc"}, DataDir: "/var/lib/corral", CgroupVersion: "2"}, Info{})
 }
 
@@ -290,18 +291,18 @@ func TestNetworkConversion(t *testing.T) {
 	var s netpolicy.Service
 	fill(t, reflect.ValueOf(&p).Elem(), &n)
 	fill(t, reflect.ValueOf(&s).Elem(), &n)
-	if got, want := leaves(reflect.ValueOf(corral.NetworkPolicy(p))), leaves(reflect.ValueOf(p)); !reflect.DeepEqual(got, want) {
+	if got, want := leaves(reflect.ValueOf(model.NetworkPolicy(p))), leaves(reflect.ValueOf(p)); !reflect.DeepEqual(got, want) {
 		t.Errorf("Policy: the API's fields hold %v, want %v (netpolicy's, in order)", got, want)
 	}
-	if got, want := leaves(reflect.ValueOf(corral.NetworkService(s))), leaves(reflect.ValueOf(s)); !reflect.DeepEqual(got, want) {
+	if got, want := leaves(reflect.ValueOf(model.NetworkService(s))), leaves(reflect.ValueOf(s)); !reflect.DeepEqual(got, want) {
 		t.Errorf("Service: the API's fields hold %v, want %v (netpolicy's, in order)", got, want)
 	}
-	sameJSON(t, func(p netpolicy.Policy) corral.NetworkPolicy { return corral.NetworkPolicy(p) },
+	sameJSON(t, func(p netpolicy.Policy) model.NetworkPolicy { return model.NetworkPolicy(p) },
 		p, netpolicy.Policy{Mode: netpolicy.ModeOpen, Deny: []string{"203.0.113.7"}}, netpolicy.Policy{})
-	sameJSON(t, func(s netpolicy.Service) corral.NetworkService { return corral.NetworkService(s) },
+	sameJSON(t, func(s netpolicy.Service) model.NetworkService { return model.NetworkService(s) },
 		s, netpolicy.Service{Name: "pypi"}, netpolicy.Service{})
 	for _, c := range [][2]string{
-		{netpolicy.ModeNone, corral.NetworkNone}, {netpolicy.ModeAllowlist, corral.NetworkAllowlist}, {netpolicy.ModeOpen, corral.NetworkOpen},
+		{netpolicy.ModeNone, model.NetworkNone}, {netpolicy.ModeAllowlist, model.NetworkAllowlist}, {netpolicy.ModeOpen, model.NetworkOpen},
 	} {
 		if c[0] != c[1] {
 			t.Errorf("network mode %q is %q in the API", c[0], c[1])
@@ -314,7 +315,7 @@ func TestNetworkConversion(t *testing.T) {
 // and with the omitempty ones empty); the states are the API's.
 func TestBuildConversion(t *testing.T) {
 	n := 0
-	var req corral.BuildRequest
+	var req model.BuildRequest
 	var b build.Build
 	var ev build.Event
 	fill(t, reflect.ValueOf(&req).Elem(), &n)
@@ -332,13 +333,13 @@ func TestBuildConversion(t *testing.T) {
 			t.Errorf("%s: the fields hold %v, want %v (in order)", c.name, got, want)
 		}
 	}
-	sameJSON(t, buildSpec, req, corral.BuildRequest{Name: "env", Dockerfile: "FROM base:1\n"}, corral.BuildRequest{})
+	sameJSON(t, buildSpec, req, model.BuildRequest{Name: "env", Dockerfile: "FROM base:1\n"}, model.BuildRequest{})
 	at := time.Unix(1, 5).UTC()
 	sameJSON(t, apiBuild, b, build.Build{ID: "b1", State: build.Running, Steps: []build.StepStatus{{N: 1, Text: "RUN x", Kind: build.StepRun, State: "pending"}}},
 		build.Build{FinishedAt: &at}, build.Build{})
 	sameJSON(t, apiBuildEvent, ev, build.Event{Type: "end", Build: &build.Build{ID: "b1", State: build.Failed}}, build.Event{Type: "log", Data: []byte("x")}, build.Event{})
 	for _, c := range [][2]string{
-		{build.Running, corral.BuildRunning}, {build.Succeeded, corral.BuildSucceeded}, {build.Failed, corral.BuildFailed},
+		{build.Running, model.BuildRunning}, {build.Succeeded, model.BuildSucceeded}, {build.Failed, model.BuildFailed},
 	} {
 		if c[0] != c[1] {
 			t.Errorf("build state %q is %q in the API", c[0], c[1])

@@ -10,9 +10,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Environments keeps the saved environments and the fncall environments: corral up's edge,
@@ -20,17 +20,17 @@ import (
 // them as an edge would and write the store, every edge following the change when a heartbeat
 // names the new configuration (SetEnvironments).
 type Environments interface {
-	SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
+	SaveEnvironment(ctx context.Context, env model.Environment) (model.Environment, error)
 	// SetEnvironmentWarm changes an environment's pool size.
-	SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error)
+	SetEnvironmentWarm(ctx context.Context, name string, warm int) (model.Environment, error)
 	// Figures sets on each of envs the figures of its warm pools (SetFigures): the edge's under
 	// corral up; in a cluster, every node's that is not lost, as its last heartbeat reported
 	// them. A failure to read them leaves them out (logged).
-	Figures(ctx context.Context, envs []*corral.Environment)
+	Figures(ctx context.Context, envs []*model.Environment)
 	DeleteEnvironment(ctx context.Context, name string) error
 	// CreateFncallEnv saves an fncall environment; the answer has its pool's figures where
 	// there is one pool.
-	CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corral.FncallEnv, error)
+	CreateFncallEnv(ctx context.Context, env model.FncallEnv) (model.FncallEnv, error)
 	DeleteFncallEnv(ctx context.Context, name string) error
 	// FncallProject returns the project (its path as the API shows it) of fncall environment
 	// name.
@@ -44,21 +44,21 @@ func (s *Server) SetEnvironments(e Environments) { s.environments = e }
 // edgeEnvironments is the edge in this process.
 type edgeEnvironments struct{ e *edge.Edge }
 
-func (v edgeEnvironments) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+func (v edgeEnvironments) SaveEnvironment(ctx context.Context, env model.Environment) (model.Environment, error) {
 	return v.e.SaveEnvironment(ctx, env)
 }
 
-func (v edgeEnvironments) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
+func (v edgeEnvironments) SetEnvironmentWarm(ctx context.Context, name string, warm int) (model.Environment, error) {
 	return v.e.SetEnvironmentWarm(ctx, name, warm)
 }
 
-func (v edgeEnvironments) Figures(_ context.Context, envs []*corral.Environment) {
+func (v edgeEnvironments) Figures(_ context.Context, envs []*model.Environment) {
 	SetFigures(envs, v.e.WarmFigures())
 }
 
 // SetFigures sets each of envs' read-only pool fields from figs, its warm pools' figures by
 // environment.
-func SetFigures(envs []*corral.Environment, figs map[string]store.WarmFigures) {
+func SetFigures(envs []*model.Environment, figs map[string]store.WarmFigures) {
 	for _, env := range envs {
 		f := figs[env.Name]
 		env.WarmReady, env.WarmTarget, env.WarmHits, env.WarmClaims, env.WarmHitRate = f.Ready, f.Target, f.Hits, f.Claims, 0
@@ -72,7 +72,7 @@ func (v edgeEnvironments) DeleteEnvironment(ctx context.Context, name string) er
 	return v.e.DeleteEnvironment(ctx, name)
 }
 
-func (v edgeEnvironments) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corral.FncallEnv, error) {
+func (v edgeEnvironments) CreateFncallEnv(ctx context.Context, env model.FncallEnv) (model.FncallEnv, error) {
 	return v.e.CreateFncallEnv(ctx, env)
 }
 
@@ -94,12 +94,12 @@ func (s *Server) environmentRoutes(api *http.ServeMux) {
 			s.fail(w, r, err)
 			return
 		}
-		s.environments.Figures(r.Context(), []*corral.Environment{&env})
+		s.environments.Figures(r.Context(), []*model.Environment{&env})
 		httpjson.Write(w, http.StatusOK, env)
 	}))
 	api.HandleFunc("POST /v1/environments", s.saveEnvironment)
 	api.HandleFunc("PATCH /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.update", s.onEnvironment(false), func(w http.ResponseWriter, r *http.Request) {
-		var patch corral.EnvironmentPatch
+		var patch model.EnvironmentPatch
 		if err := httpjson.Decode(r, &patch); err != nil {
 			s.fail(w, r, err)
 			return
@@ -113,7 +113,7 @@ func (s *Server) environmentRoutes(api *http.ServeMux) {
 			s.fail(w, r, err)
 			return
 		}
-		s.environments.Figures(r.Context(), []*corral.Environment{&env})
+		s.environments.Figures(r.Context(), []*model.Environment{&env})
 		httpjson.Write(w, http.StatusOK, env)
 	}))
 	api.HandleFunc("DELETE /v1/environments/{name}", s.guard(iam.LayerPublish, "environment.delete", s.onEnvironment(false), s.deleted(s.environments.DeleteEnvironment)))
@@ -134,7 +134,7 @@ func (s *Server) deleted(del func(ctx context.Context, name string) error) http.
 
 // saveEnvironment serves POST /v1/environments.
 func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
-	var env corral.Environment
+	var env model.Environment
 	if err := httpjson.Decode(r, &env); err != nil {
 		s.fail(w, r, err)
 		return
@@ -162,7 +162,7 @@ func (s *Server) saveEnvironment(w http.ResponseWriter, r *http.Request) {
 
 // createFncallEnv serves POST /v1/fncall.
 func (s *Server) createFncallEnv(w http.ResponseWriter, r *http.Request) {
-	var env corral.FncallEnv
+	var env model.FncallEnv
 	if err := httpjson.Decode(r, &env); err != nil {
 		s.fail(w, r, err)
 		return
@@ -172,7 +172,7 @@ func (s *Server) createFncallEnv(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = c.require(iam.SandboxCreate, project)
 	}
-	var out corral.FncallEnv
+	var out model.FncallEnv
 	if err == nil {
 		env.Project = project
 		out, err = s.environments.CreateFncallEnv(r.Context(), env)

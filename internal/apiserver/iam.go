@@ -12,8 +12,8 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Fleet deletes the sandboxes and volumes of project under, deleted with force, wherever they
@@ -82,11 +82,11 @@ func (s *Server) iamRoutes(api *http.ServeMux) {
 	api.HandleFunc("PUT /v1/placement/{path...}", s.setPlacement)
 	api.HandleFunc("POST /v1/principals", s.createPrincipal)
 	api.HandleFunc("GET /v1/principals", s.guard(iam.ProjectRead, "", s.onQueryProject("project", ""),
-		listUnder(s, s.store.ListPrincipals, func(p *corral.Principal) { p.Project = iam.Display(p.Project) })))
+		listUnder(s, s.store.ListPrincipals, func(p *model.Principal) { p.Project = iam.Display(p.Project) })))
 	api.HandleFunc("POST /v1/grants", s.grant)
 	api.HandleFunc("DELETE /v1/grants", s.revokeGrant)
 	api.HandleFunc("GET /v1/grants", s.guard(iam.ProjectRead, "", s.onQueryProject("project", ""),
-		listUnder(s, s.store.ListGrants, func(g *corral.Grant) { g.Project = iam.Display(g.Project) })))
+		listUnder(s, s.store.ListGrants, func(g *model.Grant) { g.Project = iam.Display(g.Project) })))
 	api.HandleFunc("POST /v1/tokens", s.mintToken)
 	api.HandleFunc("GET /v1/tokens", s.listTokens)
 	api.HandleFunc("DELETE /v1/tokens/{id}", s.revokeToken)
@@ -124,11 +124,11 @@ func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.Project = iam.Display(p.Project)
-	httpjson.Write(w, http.StatusOK, corral.Whoami{Principal: *p, Token: c.tok.View(), Permissions: c.perms(c.tok.ProjectPath).Names()})
+	httpjson.Write(w, http.StatusOK, model.Whoami{Principal: *p, Token: c.tok.View(), Permissions: c.perms(c.tok.ProjectPath).Names()})
 }
 
 func (s *Server) createProject(w http.ResponseWriter, r *http.Request) {
-	var req corral.ProjectRequest
+	var req model.ProjectRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -167,7 +167,7 @@ func (s *Server) listProjects(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := []corral.Project{}
+	out := []model.Project{}
 	for _, p := range list {
 		if cp, err := iam.ParsePath("path", p.Path); err == nil && c.perms(cp).Has(iam.ProjectRead) {
 			out = append(out, p)
@@ -245,7 +245,7 @@ func (s *Server) deleteVolumesUnder(r *http.Request, p string) error {
 }
 
 func (s *Server) moveProject(w http.ResponseWriter, r *http.Request) {
-	var req corral.MoveProjectRequest
+	var req model.MoveProjectRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -288,11 +288,11 @@ func (s *Server) moveProject(w http.ResponseWriter, r *http.Request) {
 func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) {
 	c := who(r)
 	p, _, err := pathProject(r)
-	var q corral.Quota
+	var q model.Quota
 	if err == nil {
 		err = httpjson.Decode(r, &q)
 	}
-	var out *corral.ProjectQuota
+	var out *model.ProjectQuota
 	if err == nil {
 		if parent, ok := iam.Parent(p); ok {
 			err = c.require(iam.QuotaDelegate, parent)
@@ -315,14 +315,14 @@ func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) {
 // placement bounds a tenant's blast radius, so no project sets its own.
 func (s *Server) setPlacement(w http.ResponseWriter, r *http.Request) {
 	p, _, err := pathProject(r)
-	var pl corral.ProjectPlacement
+	var pl model.ProjectPlacement
 	if err == nil {
 		err = httpjson.Decode(r, &pl)
 	}
 	if err == nil {
 		err = who(r).require(iam.Operator, "")
 	}
-	var out *corral.ProjectPlacement
+	var out *model.ProjectPlacement
 	if err == nil {
 		out, err = s.store.SetProjectPlacement(r.Context(), p, pl)
 	}
@@ -335,7 +335,7 @@ func (s *Server) setPlacement(w http.ResponseWriter, r *http.Request) {
 }
 
 // quotaDetail renders limits for the audit log.
-func quotaDetail(q corral.Quota) string {
+func quotaDetail(q model.Quota) string {
 	var parts []string
 	add := func(name string, v *int64) {
 		if v != nil {
@@ -356,14 +356,14 @@ func quotaDetail(q corral.Quota) string {
 }
 
 func (s *Server) createPrincipal(w http.ResponseWriter, r *http.Request) {
-	var req corral.Principal
+	var req model.Principal
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	c := who(r)
 	if req.Kind == "" {
-		req.Kind = corral.KindUser
+		req.Kind = model.KindUser
 	}
 	p, err := c.project("project", req.Project)
 	if err == nil {
@@ -397,7 +397,7 @@ func (s *Server) createPrincipal(w http.ResponseWriter, r *http.Request) {
 
 // checkGrant validates a grant and checks the caller may give (or take) it: project.grant on the
 // project and every permission of the role there.
-func (c *caller) checkGrant(g corral.Grant, needRole bool) (string, error) {
+func (c *caller) checkGrant(g model.Grant, needRole bool) (string, error) {
 	p, err := c.project("project", g.Project)
 	if err != nil {
 		return "", err
@@ -417,7 +417,7 @@ func (c *caller) checkGrant(g corral.Grant, needRole bool) (string, error) {
 }
 
 func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
-	var g corral.Grant
+	var g model.Grant
 	if err := httpjson.Decode(r, &g); err != nil {
 		s.fail(w, r, err)
 		return
@@ -441,7 +441,7 @@ func (s *Server) grant(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) revokeGrant(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	g := corral.Grant{Project: q.Get("project"), Principal: q.Get("principal"), Role: q.Get("role")}
+	g := model.Grant{Project: q.Get("project"), Principal: q.Get("principal"), Role: q.Get("role")}
 	c := who(r)
 	p, err := c.checkGrant(g, false)
 	if err == nil {
@@ -459,7 +459,7 @@ func (s *Server) revokeGrant(w http.ResponseWriter, r *http.Request) {
 // its permissions among those the caller holds there, its life no longer than the caller's
 // token's. Minting for another principal, or for a new one, needs project.grant.
 func (s *Server) mintToken(w http.ResponseWriter, r *http.Request) {
-	var req corral.TokenRequest
+	var req model.TokenRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -478,7 +478,7 @@ func (s *Server) mintToken(w http.ResponseWriter, r *http.Request) {
 	httpjson.Write(w, http.StatusCreated, out)
 }
 
-func (s *Server) mint(r *http.Request, c *caller, req corral.TokenRequest) (*corral.Token, string, error) {
+func (s *Server) mint(r *http.Request, c *caller, req model.TokenRequest) (*model.Token, string, error) {
 	if req.Project == "" {
 		return nil, "", errdefs.Invalid("project", "a token needs a project (its scope)")
 	}
@@ -532,7 +532,7 @@ func (s *Server) mint(r *http.Request, c *caller, req corral.TokenRequest) (*cor
 			return nil, p, errdefs.Invalid("role", "a new principal is granted a role, not a list of permissions")
 		}
 		if req.Kind == "" {
-			req.Kind = corral.KindAgent
+			req.Kind = model.KindAgent
 		}
 		if err := iam.CheckKind(req.Kind); err != nil {
 			return nil, p, err
@@ -621,7 +621,7 @@ func (s *Server) listTokens(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]corral.Token, 0, len(list))
+	out := make([]model.Token, 0, len(list))
 	for _, t := range list {
 		out = append(out, t.View())
 	}
@@ -656,7 +656,7 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	p, _ := who(r).project("project", q.Get("project"))
-	aq := corral.AuditQuery{Action: q.Get("action")}
+	aq := model.AuditQuery{Action: q.Get("action")}
 	var err error
 	if v := q.Get("before"); v != "" {
 		if aq.Before, err = strconv.ParseInt(v, 10, 64); err != nil || aq.Before < 0 {

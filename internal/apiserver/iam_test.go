@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // iamServer is the API's identity routes over a real store, without an edge: everything but
@@ -48,7 +48,7 @@ func newIAMServer(t *testing.T) *iamServer {
 }
 
 // call sends a JSON request with token and returns the status and decoded error body.
-func (h *iamServer) call(token, method, path string, body, out any) (int, corral.Error) {
+func (h *iamServer) call(token, method, path string, body, out any) (int, model.Error) {
 	h.t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -65,7 +65,7 @@ func (h *iamServer) call(token, method, path string, body, out any) (int, corral
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	var e corral.Error
+	var e model.Error
 	if resp.StatusCode >= 400 {
 		json.Unmarshal(raw, &e)
 	} else if out != nil {
@@ -77,7 +77,7 @@ func (h *iamServer) call(token, method, path string, body, out any) (int, corral
 }
 
 // must is call that fails the test unless the status is want.
-func (h *iamServer) must(want int, token, method, path string, body, out any) corral.Error {
+func (h *iamServer) must(want int, token, method, path string, body, out any) model.Error {
 	h.t.Helper()
 	got, e := h.call(token, method, path, body, out)
 	if got != want {
@@ -87,9 +87,9 @@ func (h *iamServer) must(want int, token, method, path string, body, out any) co
 }
 
 // mint creates a token through the API.
-func (h *iamServer) mint(by string, req corral.TokenRequest) corral.Token {
+func (h *iamServer) mint(by string, req model.TokenRequest) model.Token {
 	h.t.Helper()
-	var tok corral.Token
+	var tok model.Token
 	h.must(http.StatusCreated, by, "POST", "/v1/tokens", req, &tok)
 	if tok.Token == "" || tok.ID == "" {
 		h.t.Fatalf("minted %+v", tok)
@@ -103,24 +103,24 @@ func (h *iamServer) mint(by string, req corral.TokenRequest) corral.Token {
 func TestAuthorisationMatrix(t *testing.T) {
 	h := newIAMServer(t)
 	for _, p := range []string{"a", "a/b", "a/b/c", "a-b", "d"} {
-		h.must(http.StatusCreated, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: p}, nil)
+		h.must(http.StatusCreated, h.root, "POST", "/v1/projects", model.ProjectRequest{Path: p}, nil)
 	}
-	for _, g := range []corral.Grant{
+	for _, g := range []model.Grant{
 		{Project: "a", Principal: "alice", Role: "admin"},
 		{Project: "a", Principal: "bob", Role: "viewer"},
 		{Project: "a/b", Principal: "bob", Role: "user"},
 		{Project: "d", Principal: "carol", Role: "owner"},
 	} {
-		h.call(h.root, "POST", "/v1/principals", corral.Principal{Name: g.Principal, Project: "/"}, nil)
+		h.call(h.root, "POST", "/v1/principals", model.Principal{Name: g.Principal, Project: "/"}, nil)
 		h.must(http.StatusCreated, h.root, "POST", "/v1/grants", g, nil)
 	}
 	tokens := map[string]string{"root": h.root}
-	for name, req := range map[string]corral.TokenRequest{
+	for name, req := range map[string]model.TokenRequest{
 		"alice":      {Project: "a", Role: "admin", Principal: "alice"},
 		"alice-ab":   {Project: "a/b", Role: "user", Principal: "alice"},
 		"bob":        {Project: "a", Role: "user", Principal: "bob"}, // more than bob holds on a: his grants still bound it
 		"carol":      {Project: "d", Role: "owner", Principal: "carol"},
-		"alice-read": {Project: "a", Permissions: []string{corral.PermSandboxRead}, Principal: "alice"},
+		"alice-read": {Project: "a", Permissions: []string{model.PermSandboxRead}, Principal: "alice"},
 	} {
 		tokens[name] = h.mint(h.root, req).Token
 	}
@@ -173,20 +173,20 @@ func TestAuthorisationMatrix(t *testing.T) {
 		want                int
 		perm                string
 	}{
-		{"alice", "POST", "/v1/projects", corral.ProjectRequest{Path: "a/new"}, 201, ""},
-		{"alice", "POST", "/v1/projects", corral.ProjectRequest{Path: "top"}, 403, corral.PermProjectCreate},
-		{"alice-ab", "POST", "/v1/projects", corral.ProjectRequest{Path: "a/b/n"}, 403, corral.PermProjectCreate},
-		{"alice", "PUT", "/v1/quotas/a/b", corral.Quota{Sandboxes: ptr[int64](3)}, 200, ""},
-		{"alice", "PUT", "/v1/quotas/a", corral.Quota{Sandboxes: ptr[int64](3)}, 403, corral.PermQuotaDelegate}, // its own
+		{"alice", "POST", "/v1/projects", model.ProjectRequest{Path: "a/new"}, 201, ""},
+		{"alice", "POST", "/v1/projects", model.ProjectRequest{Path: "top"}, 403, model.PermProjectCreate},
+		{"alice-ab", "POST", "/v1/projects", model.ProjectRequest{Path: "a/b/n"}, 403, model.PermProjectCreate},
+		{"alice", "PUT", "/v1/quotas/a/b", model.Quota{Sandboxes: ptr[int64](3)}, 200, ""},
+		{"alice", "PUT", "/v1/quotas/a", model.Quota{Sandboxes: ptr[int64](3)}, 403, model.PermQuotaDelegate}, // its own
 		{"bob", "GET", "/v1/quotas/a/b", nil, 200, ""},
-		{"bob", "GET", "/v1/quotas/d", nil, 403, corral.PermProjectRead},
-		{"alice", "POST", "/v1/grants", corral.Grant{Project: "a/b", Principal: "bob", Role: "user"}, 403, corral.PermProjectGrant},
-		{"carol", "POST", "/v1/grants", corral.Grant{Project: "a", Principal: "bob", Role: "viewer"}, 403, corral.PermProjectGrant},
-		{"carol", "POST", "/v1/grants", corral.Grant{Project: "d", Principal: "bob", Role: "viewer"}, 201, ""},
-		{"carol", "POST", "/v1/grants", corral.Grant{Project: "d", Principal: "bob", Role: "root"}, 400, ""},
+		{"bob", "GET", "/v1/quotas/d", nil, 403, model.PermProjectRead},
+		{"alice", "POST", "/v1/grants", model.Grant{Project: "a/b", Principal: "bob", Role: "user"}, 403, model.PermProjectGrant},
+		{"carol", "POST", "/v1/grants", model.Grant{Project: "a", Principal: "bob", Role: "viewer"}, 403, model.PermProjectGrant},
+		{"carol", "POST", "/v1/grants", model.Grant{Project: "d", Principal: "bob", Role: "viewer"}, 201, ""},
+		{"carol", "POST", "/v1/grants", model.Grant{Project: "d", Principal: "bob", Role: "root"}, 400, ""},
 		{"alice", "GET", "/v1/audit?project=a", nil, 200, ""},
-		{"bob", "GET", "/v1/audit?project=a", nil, 403, corral.PermAuditRead},
-		{"alice", "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "a/new", To: "d/new"}, 403, corral.PermProjectCreate},
+		{"bob", "GET", "/v1/audit?project=a", nil, 403, model.PermAuditRead},
+		{"alice", "POST", "/v1/projects/move", model.MoveProjectRequest{From: "a/new", To: "d/new"}, 403, model.PermProjectCreate},
 		{"nobody", "GET", "/v1/whoami", nil, 401, ""},
 	} {
 		tok := tokens[c.token]
@@ -205,41 +205,41 @@ func TestAuthorisationMatrix(t *testing.T) {
 // over; the agent acts only there.
 func TestAgentRollout(t *testing.T) {
 	h := newIAMServer(t)
-	h.must(201, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a"}, nil)
-	h.must(200, h.root, "PUT", "/v1/quotas/team-a", corral.Quota{Sandboxes: ptr[int64](20)}, nil)
-	harness := h.mint(h.root, corral.TokenRequest{Project: "team-a", Role: "owner", Kind: corral.KindService, Name: "harness"})
+	h.must(201, h.root, "POST", "/v1/projects", model.ProjectRequest{Path: "team-a"}, nil)
+	h.must(200, h.root, "PUT", "/v1/quotas/team-a", model.Quota{Sandboxes: ptr[int64](20)}, nil)
+	harness := h.mint(h.root, model.TokenRequest{Project: "team-a", Role: "owner", Kind: model.KindService, Name: "harness"})
 	if harness.Principal != "harness" || harness.Project != "team-a" || harness.Role != "owner" {
 		t.Fatalf("harness token %+v", harness)
 	}
 	hk := harness.Token
-	h.must(201, hk, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a/rollout-17"}, nil)
-	h.must(201, hk, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a/rollout-18"}, nil)
-	var q corral.ProjectQuota
-	h.must(200, hk, "PUT", "/v1/quotas/team-a/rollout-17", corral.Quota{Sandboxes: ptr[int64](10)}, &q)
+	h.must(201, hk, "POST", "/v1/projects", model.ProjectRequest{Path: "team-a/rollout-17"}, nil)
+	h.must(201, hk, "POST", "/v1/projects", model.ProjectRequest{Path: "team-a/rollout-18"}, nil)
+	var q model.ProjectQuota
+	h.must(200, hk, "PUT", "/v1/quotas/team-a/rollout-17", model.Quota{Sandboxes: ptr[int64](10)}, &q)
 	if *q.Limit.Sandboxes != 10 {
 		t.Fatalf("quota %+v", q)
 	}
 	// The sum of delegations stays within the parent's 20.
-	if code, e := h.call(hk, "PUT", "/v1/quotas/team-a/rollout-18", corral.Quota{Sandboxes: ptr[int64](11)}, nil); code != 409 || !strings.Contains(e.Message, "at most 10 more") {
+	if code, e := h.call(hk, "PUT", "/v1/quotas/team-a/rollout-18", model.Quota{Sandboxes: ptr[int64](11)}, nil); code != 409 || !strings.Contains(e.Message, "at most 10 more") {
 		t.Fatalf("over-delegation: %d %s", code, e.Message)
 	}
-	agent := h.mint(hk, corral.TokenRequest{Project: "team-a/rollout-17", Role: "user", TTL: "1h"})
+	agent := h.mint(hk, model.TokenRequest{Project: "team-a/rollout-17", Role: "user", TTL: "1h"})
 	// Without kind or name the token is the minter's own.
 	if agent.Principal != "harness" {
 		t.Fatalf("a token without kind/name is the minter's own: %+v", agent)
 	}
-	agentTok := h.mint(hk, corral.TokenRequest{Project: "team-a/rollout-17", Role: "user", Kind: corral.KindAgent, TTL: "1h"})
+	agentTok := h.mint(hk, model.TokenRequest{Project: "team-a/rollout-17", Role: "user", Kind: model.KindAgent, TTL: "1h"})
 	if !strings.HasPrefix(agentTok.Principal, "agent-") || agentTok.ExpiresAt == nil || agentTok.Parent != harness.ID {
 		t.Fatalf("agent token %+v", agentTok)
 	}
 	ak := agentTok.Token
-	var me corral.Whoami
+	var me model.Whoami
 	h.must(200, ak, "GET", "/v1/whoami", nil, &me)
-	if me.Principal.Kind != corral.KindAgent || me.Token.Project != "team-a/rollout-17" || strings.Contains(strings.Join(me.Permissions, ","), "admin") {
+	if me.Principal.Kind != model.KindAgent || me.Token.Project != "team-a/rollout-17" || strings.Contains(strings.Join(me.Permissions, ","), "admin") {
 		t.Fatalf("whoami %+v", me)
 	}
 	// The agent sees its project and nothing above or beside it.
-	var projects []corral.Project
+	var projects []model.Project
 	h.must(200, ak, "GET", "/v1/projects", nil, &projects)
 	if len(projects) != 1 || projects[0].Path != "team-a/rollout-17" {
 		t.Fatalf("the agent lists %+v", projects)
@@ -248,22 +248,22 @@ func TestAgentRollout(t *testing.T) {
 	h.must(403, ak, "GET", "/v1/projects/team-a/rollout-18", nil, nil)
 	h.must(403, ak, "GET", "/v1/quotas/team-a", nil, nil)
 	// It cannot raise its own quota, make projects, grant, or mint beyond what it holds.
-	if e := h.must(403, ak, "PUT", "/v1/quotas/team-a/rollout-17", corral.Quota{Sandboxes: ptr[int64](1000)}, nil); e.Permission != corral.PermQuotaDelegate {
+	if e := h.must(403, ak, "PUT", "/v1/quotas/team-a/rollout-17", model.Quota{Sandboxes: ptr[int64](1000)}, nil); e.Permission != model.PermQuotaDelegate {
 		t.Errorf("own quota refusal names %q", e.Permission)
 	}
-	h.must(403, ak, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a/rollout-17/sub"}, nil)
-	h.must(403, ak, "POST", "/v1/grants", corral.Grant{Project: "team-a/rollout-17", Principal: agentTok.Principal, Role: "admin"}, nil)
-	if e := h.must(403, ak, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a/rollout-17", Role: "admin"}, nil); !strings.Contains(e.Permission, corral.PermSandboxAdmin) {
+	h.must(403, ak, "POST", "/v1/projects", model.ProjectRequest{Path: "team-a/rollout-17/sub"}, nil)
+	h.must(403, ak, "POST", "/v1/grants", model.Grant{Project: "team-a/rollout-17", Principal: agentTok.Principal, Role: "admin"}, nil)
+	if e := h.must(403, ak, "POST", "/v1/tokens", model.TokenRequest{Project: "team-a/rollout-17", Role: "admin"}, nil); !strings.Contains(e.Permission, model.PermSandboxAdmin) {
 		t.Errorf("over-minting refusal names %q", e.Permission)
 	}
-	h.must(403, ak, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a", Role: "viewer"}, nil)
-	h.must(403, ak, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a/rollout-17", Role: "viewer", Kind: corral.KindAgent}, nil)
+	h.must(403, ak, "POST", "/v1/tokens", model.TokenRequest{Project: "team-a", Role: "viewer"}, nil)
+	h.must(403, ak, "POST", "/v1/tokens", model.TokenRequest{Project: "team-a/rollout-17", Role: "viewer", Kind: model.KindAgent}, nil)
 	// It can hand a narrower token of its own down; it cannot outlive the agent's.
-	sub := h.mint(ak, corral.TokenRequest{Project: "team-a/rollout-17", Role: "viewer", TTL: "24h"})
+	sub := h.mint(ak, model.TokenRequest{Project: "team-a/rollout-17", Role: "viewer", TTL: "24h"})
 	if sub.ExpiresAt == nil || sub.ExpiresAt.After(*agentTok.ExpiresAt) {
 		t.Errorf("a child token outlives its parent: %v > %v", sub.ExpiresAt, agentTok.ExpiresAt)
 	}
-	var toks []corral.Token
+	var toks []model.Token
 	h.must(200, ak, "GET", "/v1/tokens", nil, &toks)
 	if len(toks) != 2 {
 		t.Errorf("the agent manages %d tokens, want its own and its child: %+v", len(toks), toks)
@@ -273,7 +273,7 @@ func TestAgentRollout(t *testing.T) {
 	h.must(401, ak, "GET", "/v1/whoami", nil, nil)
 	h.must(401, sub.Token, "GET", "/v1/whoami", nil, nil)
 	// The audit log has it all, with principals, readable by the harness for its project.
-	var entries []corral.AuditEntry
+	var entries []model.AuditEntry
 	h.must(200, hk, "GET", "/v1/audit?project=team-a", nil, &entries)
 	var actions []string
 	for _, e := range entries {
@@ -285,7 +285,7 @@ func TestAgentRollout(t *testing.T) {
 			t.Errorf("audit lacks %s: %s", want, got)
 		}
 	}
-	var roots []corral.AuditEntry
+	var roots []model.AuditEntry
 	h.must(200, h.root, "GET", "/v1/audit?project=/&action=token.", nil, &roots)
 	if len(roots) == 0 || roots[0].Principal == "" {
 		t.Errorf("token audit entries: %+v", roots)
@@ -294,17 +294,17 @@ func TestAgentRollout(t *testing.T) {
 
 func TestTokenExpiryAndRevocation(t *testing.T) {
 	h := newIAMServer(t)
-	short := h.mint(h.root, corral.TokenRequest{Project: "/", Role: "viewer", TTL: "1s"})
+	short := h.mint(h.root, model.TokenRequest{Project: "/", Role: "viewer", TTL: "1s"})
 	h.must(200, short.Token, "GET", "/v1/whoami", nil, nil)
 	time.Sleep(1100 * time.Millisecond)
 	if _, e := h.call(short.Token, "GET", "/v1/whoami", nil, nil); !strings.Contains(e.Message, "expired") {
 		t.Errorf("expired token: %+v", e)
 	}
-	h.must(400, h.root, "POST", "/v1/tokens", corral.TokenRequest{Project: "/", Role: "viewer", TTL: "forever"}, nil)
-	h.must(400, h.root, "POST", "/v1/tokens", corral.TokenRequest{Project: "/"}, nil)
-	h.must(400, h.root, "POST", "/v1/tokens", corral.TokenRequest{Project: "/", Role: "user", Permissions: []string{"sandbox.read"}}, nil)
+	h.must(400, h.root, "POST", "/v1/tokens", model.TokenRequest{Project: "/", Role: "viewer", TTL: "forever"}, nil)
+	h.must(400, h.root, "POST", "/v1/tokens", model.TokenRequest{Project: "/"}, nil)
+	h.must(400, h.root, "POST", "/v1/tokens", model.TokenRequest{Project: "/", Role: "user", Permissions: []string{"sandbox.read"}}, nil)
 	h.must(401, "", "GET", "/v1/whoami", nil, nil)
-	tok := h.mint(h.root, corral.TokenRequest{Project: "/", Role: "viewer"})
+	tok := h.mint(h.root, model.TokenRequest{Project: "/", Role: "viewer"})
 	h.must(200, h.root, "DELETE", "/v1/tokens/"+tok.ID, nil, nil)
 	if _, e := h.call(tok.Token, "GET", "/v1/whoami", nil, nil); !strings.Contains(e.Message, "revoked") {
 		t.Errorf("revoked token: %+v", e)
@@ -341,12 +341,12 @@ func FuzzMintRequest(f *testing.F) {
 		if resp.StatusCode != http.StatusCreated {
 			return
 		}
-		var tok corral.Token
+		var tok model.Token
 		if err := json.Unmarshal(raw, &tok); err != nil {
 			t.Fatal(err)
 		}
 		perms, err := iam.ParsePerms(tok.Permissions)
-		viewer, _ := iam.RolePerms(corral.RoleViewer)
+		viewer, _ := iam.RolePerms(model.RoleViewer)
 		if err != nil || !viewer.Has(perms) || tok.Principal != "viewer" {
 			t.Fatalf("%q minted %+v", body, tok)
 		}
@@ -370,8 +370,8 @@ func fuzzServer(f *testing.F) (url, viewer string) {
 		f.Fatal(err)
 	}
 	h := &iamServer{t: f, url: hs.URL, root: root, store: st}
-	h.must(http.StatusCreated, root, "POST", "/v1/projects", corral.ProjectRequest{Path: "a"}, nil)
-	v := h.mint(root, corral.TokenRequest{Project: "/", Role: "viewer", Kind: corral.KindUser, Name: "viewer"})
+	h.must(http.StatusCreated, root, "POST", "/v1/projects", model.ProjectRequest{Path: "a"}, nil)
+	v := h.mint(root, model.TokenRequest{Project: "/", Role: "viewer", Kind: model.KindUser, Name: "viewer"})
 	return hs.URL, v.Token
 }
 
@@ -383,38 +383,38 @@ func ptr[T any](v T) *T { return &v }
 func TestMovesCannotEscapeScope(t *testing.T) {
 	h := newIAMServer(t)
 	for _, p := range []string{"team-a", "team-a/r", "team-a/r/sub", "team-b", "team-b/secret"} {
-		h.must(201, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: p}, nil)
+		h.must(201, h.root, "POST", "/v1/projects", model.ProjectRequest{Path: p}, nil)
 	}
-	harness := h.mint(h.root, corral.TokenRequest{Project: "team-a", Role: "owner", Kind: corral.KindService, Name: "harness"}).Token
-	agent := h.mint(harness, corral.TokenRequest{Project: "team-a/r", Role: "admin", Kind: corral.KindAgent, Name: "bot"}).Token
+	harness := h.mint(h.root, model.TokenRequest{Project: "team-a", Role: "owner", Kind: model.KindService, Name: "harness"}).Token
+	agent := h.mint(harness, model.TokenRequest{Project: "team-a/r", Role: "admin", Kind: model.KindAgent, Name: "bot"}).Token
 	// Out of the harness's subtree, or into someone else's: refused on the side it lacks.
-	for _, m := range []corral.MoveProjectRequest{
+	for _, m := range []model.MoveProjectRequest{
 		{From: "team-a/r", To: "r"}, {From: "team-a/r", To: "team-b/r"}, {From: "team-b/secret", To: "team-a/secret"}, {From: "team-a", To: "team-c"},
 	} {
-		if e := h.must(403, harness, "POST", "/v1/projects/move", m, nil); e.Permission != corral.PermProjectCreate {
+		if e := h.must(403, harness, "POST", "/v1/projects/move", m, nil); e.Permission != model.PermProjectCreate {
 			t.Errorf("move %+v: permission %q", m, e.Permission)
 		}
 	}
 	// The agent cannot lift its subproject up to its own level or move its own project.
-	h.must(403, agent, "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "team-a/r/sub", To: "team-a/sub"}, nil)
-	h.must(403, agent, "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "team-a/r", To: "team-a/r2"}, nil)
+	h.must(403, agent, "POST", "/v1/projects/move", model.MoveProjectRequest{From: "team-a/r/sub", To: "team-a/sub"}, nil)
+	h.must(403, agent, "POST", "/v1/projects/move", model.MoveProjectRequest{From: "team-a/r", To: "team-a/r2"}, nil)
 	// Within the harness's subtree a move is fine.
-	var moved corral.Project
-	h.must(200, harness, "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "team-a/r/sub", To: "team-a/sub"}, &moved)
+	var moved model.Project
+	h.must(200, harness, "POST", "/v1/projects/move", model.MoveProjectRequest{From: "team-a/r/sub", To: "team-a/sub"}, &moved)
 	if moved.Path != "team-a/sub" || moved.Parent != "team-a" {
 		t.Errorf("moved %+v", moved)
 	}
 	// The operator moves the agent's project under team-b: the agent's token follows it and
 	// still reaches only that project, not team-b or its other children.
-	h.must(200, h.root, "POST", "/v1/projects/move", corral.MoveProjectRequest{From: "team-a/r", To: "team-b/r"}, nil)
-	var me corral.Whoami
+	h.must(200, h.root, "POST", "/v1/projects/move", model.MoveProjectRequest{From: "team-a/r", To: "team-b/r"}, nil)
+	var me model.Whoami
 	h.must(200, agent, "GET", "/v1/whoami", nil, &me)
 	if me.Token.Project != "team-b/r" {
 		t.Errorf("the agent's scope after the move: %q", me.Token.Project)
 	}
 	h.must(403, agent, "GET", "/v1/projects/team-b/secret", nil, nil)
 	h.must(403, agent, "GET", "/v1/projects/team-b", nil, nil)
-	var ps []corral.Project
+	var ps []model.Project
 	h.must(200, agent, "GET", "/v1/projects?under=/", nil, &ps)
 	if len(ps) != 1 || ps[0].Path != "team-b/r" {
 		t.Errorf("the agent lists %+v", ps)
@@ -422,7 +422,7 @@ func TestMovesCannotEscapeScope(t *testing.T) {
 	// The harness lost the project with the move: it is no longer in team-a's subtree.
 	h.must(403, harness, "GET", "/v1/projects/team-b/r", nil, nil)
 	// The agent's grant came with it (admin on its project), so it can still work there.
-	h.must(201, agent, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-b/r/new"}, nil)
+	h.must(201, agent, "POST", "/v1/projects", model.ProjectRequest{Path: "team-b/r/new"}, nil)
 }
 
 // TestNoWiderReach covers ways a project owner could reach past its subtree: minting tokens for
@@ -432,33 +432,33 @@ func TestMovesCannotEscapeScope(t *testing.T) {
 func TestNoWiderReach(t *testing.T) {
 	h := newIAMServer(t)
 	for _, p := range []string{"team-a", "team-a/r17", "team-b"} {
-		h.must(201, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: p}, nil)
+		h.must(201, h.root, "POST", "/v1/projects", model.ProjectRequest{Path: p}, nil)
 	}
-	owner := h.mint(h.root, corral.TokenRequest{Project: "team-a/r17", Role: "owner", Kind: corral.KindUser, Name: "owner17"})
-	h.must(201, h.root, "POST", "/v1/principals", corral.Principal{Name: "bob", Project: "team-b"}, nil)
+	owner := h.mint(h.root, model.TokenRequest{Project: "team-a/r17", Role: "owner", Kind: model.KindUser, Name: "owner17"})
+	h.must(201, h.root, "POST", "/v1/principals", model.Principal{Name: "bob", Project: "team-b"}, nil)
 	// Minting as someone outside the subtree (root, a principal of team-b) is refused.
 	for _, who := range []string{"root", "bob", "nobody"} {
-		if code, e := h.call(owner.Token, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a/r17", Role: "viewer", Principal: who}, nil); code != 400 {
+		if code, e := h.call(owner.Token, "POST", "/v1/tokens", model.TokenRequest{Project: "team-a/r17", Role: "viewer", Principal: who}, nil); code != 400 {
 			t.Errorf("minted as %s: %d %s", who, code, e.Message)
 		}
 	}
 	// ...but fine for a principal created inside it.
-	h.must(201, owner.Token, "POST", "/v1/principals", corral.Principal{Name: "helper", Project: "team-a/r17"}, nil)
-	if tok := h.mint(owner.Token, corral.TokenRequest{Project: "team-a/r17", Role: "viewer", Principal: "helper"}); tok.Principal != "helper" {
+	h.must(201, owner.Token, "POST", "/v1/principals", model.Principal{Name: "helper", Project: "team-a/r17"}, nil)
+	if tok := h.mint(owner.Token, model.TokenRequest{Project: "team-a/r17", Role: "viewer", Principal: "helper"}); tok.Principal != "helper" {
 		t.Errorf("minted %+v", tok)
 	}
 	// A refusal outside the scope does not name where the target lives.
 	_, e := h.call(owner.Token, "GET", "/v1/quotas/team-b", nil, nil)
-	if e.Permission != corral.PermProjectRead || strings.Contains(e.Message, "team-b") {
+	if e.Permission != model.PermProjectRead || strings.Contains(e.Message, "team-b") {
 		t.Errorf("refusal outside the scope: %+v", e)
 	}
 	// A project that does not exist answers 404, not a dropped connection.
 	h.must(404, owner.Token, "GET", "/v1/projects/team-a/r17/nope", nil, nil)
 	// Refusals naming another tenant's (missing) project stay in the refused caller's log, and
 	// control characters never reach a reader's terminal.
-	h.must(403, owner.Token, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-b/ghost"}, nil)
-	h.call(owner.Token, "POST", "/v1/tokens", corral.TokenRequest{Project: "team-a/r17", Role: "\x1b[2Jfake"}, nil)
-	var b, a []corral.AuditEntry
+	h.must(403, owner.Token, "POST", "/v1/projects", model.ProjectRequest{Path: "team-b/ghost"}, nil)
+	h.call(owner.Token, "POST", "/v1/tokens", model.TokenRequest{Project: "team-a/r17", Role: "\x1b[2Jfake"}, nil)
+	var b, a []model.AuditEntry
 	h.must(200, h.root, "GET", "/v1/audit?project=team-b", nil, &b)
 	for _, e := range b {
 		if e.Principal == "owner17" {
@@ -479,8 +479,8 @@ func TestNoWiderReach(t *testing.T) {
 	// A deleted project's history goes to its parent, not to the next project at its path.
 	h.must(204, h.root, "DELETE", "/v1/projects/team-a/r17", nil, nil)
 	h.must(401, owner.Token, "GET", "/v1/whoami", nil, nil)
-	h.must(201, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-a/r17"}, nil)
-	var fresh, parent []corral.AuditEntry
+	h.must(201, h.root, "POST", "/v1/projects", model.ProjectRequest{Path: "team-a/r17"}, nil)
+	var fresh, parent []model.AuditEntry
 	h.must(200, h.root, "GET", "/v1/audit?project=team-a/r17", nil, &fresh)
 	h.must(200, h.root, "GET", "/v1/audit?project=team-a", nil, &parent)
 	for _, e := range fresh {
@@ -492,11 +492,11 @@ func TestNoWiderReach(t *testing.T) {
 		t.Errorf("the parent lost the deleted project's history: %d entries", len(parent))
 	}
 	// A flood of refusals is cut off after a burst.
-	viewer := h.mint(h.root, corral.TokenRequest{Project: "team-b", Role: "viewer", Kind: corral.KindAgent, Name: "flood"})
+	viewer := h.mint(h.root, model.TokenRequest{Project: "team-b", Role: "viewer", Kind: model.KindAgent, Name: "flood"})
 	for range 100 {
-		h.call(viewer.Token, "POST", "/v1/projects", corral.ProjectRequest{Path: "team-b/x"}, nil)
+		h.call(viewer.Token, "POST", "/v1/projects", model.ProjectRequest{Path: "team-b/x"}, nil)
 	}
-	var flood []corral.AuditEntry
+	var flood []model.AuditEntry
 	h.must(200, h.root, "GET", "/v1/audit?project=team-b&action=project.create&limit=1000", nil, &flood)
 	if len(flood) > refusalBurst+5 {
 		t.Errorf("%d refusals audited from one token in a burst", len(flood))

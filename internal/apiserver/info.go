@@ -1,7 +1,7 @@
 package apiserver
 
 import (
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // Info is what the daemon knows of its node and serves by GET /v1/info (New). It is the API's
@@ -49,5 +49,5 @@ type Info struct {
 	Sandboxes     int    `json:"sandboxes"` // filled in per call (operators)
 	CgroupVersion string `json:"cgroup_version"`
 	// Disk is the node's disk account, filled in per call (operators only).
-	Disk *corral.DiskAccount `json:"disk,omitempty"`
+	Disk *model.DiskAccount `json:"disk,omitempty"`
 }

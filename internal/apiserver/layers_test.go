@@ -4,28 +4,28 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestCanReadLayer: who sees a layer in listings and gets. A token sees the layers of projects
 // it holds layer.read on, and those visible from its own project (iam.LayerVisible); the root's
 // layers reach a tenant only when public, whatever the tenant's role.
 func TestCanReadLayer(t *testing.T) {
-	owner, _ := iam.RolePerms(corral.RoleOwner)
-	viewer, _ := iam.RolePerms(corral.RoleViewer)
+	owner, _ := iam.RolePerms(model.RoleOwner)
+	viewer, _ := iam.RolePerms(model.RoleViewer)
 	as := func(project string, perms iam.Perm) *caller {
 		return &caller{tok: &store.TokenRecord{ProjectPath: project, Perms: perms}, held: map[string]iam.Perm{project: perms}}
 	}
 	root, a, sub, b := as("", owner), as("a", owner), as("a/sub", viewer), as("b", owner)
 	noRead := as("b", iam.SandboxUse)
-	layer := func(project string, private, public bool) corral.Layer {
-		return corral.Layer{Name: "l", Version: "1", Project: iam.Display(project), Private: private, Public: public}
+	layer := func(project string, private, public bool) model.Layer {
+		return model.Layer{Name: "l", Version: "1", Project: iam.Display(project), Private: private, Public: public}
 	}
 	for _, c := range []struct {
 		name string
 		c    *caller
-		l    corral.Layer
+		l    model.Layer
 		want bool
 	}{
 		{"root sees a's", root, layer("a", true, false), true},
@@ -39,7 +39,7 @@ func TestCanReadLayer(t *testing.T) {
 		{"a/sub does not see the root's", sub, layer("", false, false), false},
 		{"b sees the root's public one", b, layer("", false, true), true},
 		{"without layer.read nothing", noRead, layer("", false, true), false},
-		{"a layer of no known project", root, corral.Layer{Project: "Not A Path"}, false},
+		{"a layer of no known project", root, model.Layer{Project: "Not A Path"}, false},
 	} {
 		if got := c.c.canReadLayer(c.l); got != c.want {
 			t.Errorf("%s: canReadLayer = %v, want %v", c.name, got, c.want)

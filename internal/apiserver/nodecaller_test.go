@@ -9,9 +9,9 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestNodeCallers: a cluster server authenticates a token once and sends the edge the caller it
@@ -20,7 +20,7 @@ import (
 // cannot name itself someone else.
 func TestNodeCallers(t *testing.T) {
 	h := newIAMServer(t) // the server's side: authenticates tokens
-	viewer := h.mint(h.root, corral.TokenRequest{Project: "/", Role: "viewer"})
+	viewer := h.mint(h.root, model.TokenRequest{Project: "/", Role: "viewer"})
 
 	edgeAPI := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: h.store, auditor: h.store}
 	edgeAPI.ServeClusterServers()
@@ -115,7 +115,7 @@ func TestNodeCallers(t *testing.T) {
 func TestSandboxProjectFromServer(t *testing.T) {
 	h := newIAMServer(t)
 	for _, p := range []string{"a", "b"} {
-		h.must(http.StatusCreated, h.root, "POST", "/v1/projects", corral.ProjectRequest{Path: p}, nil)
+		h.must(http.StatusCreated, h.root, "POST", "/v1/projects", model.ProjectRequest{Path: p}, nil)
 	}
 	ctx := t.Context()
 	inB := "sb-local-bbbbbbbbbbbbbbbb"
@@ -123,10 +123,10 @@ func TestSandboxProjectFromServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.store.PutSandbox(ctx, &store.Sandbox{Sandbox: corral.Sandbox{ID: inB, Node: "local", State: corral.StateRunning}, ProjectID: pb.ID}); err != nil {
+	if err := h.store.PutSandbox(ctx, &store.Sandbox{Sandbox: model.Sandbox{ID: inB, Node: "local", State: model.StateRunning}, ProjectID: pb.ID}); err != nil {
 		t.Fatal(err)
 	}
-	userA := h.mint(h.root, corral.TokenRequest{Project: "a", Role: "viewer"})
+	userA := h.mint(h.root, model.TokenRequest{Project: "a", Role: "viewer"})
 
 	edgeAPI := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil)), store: h.store, auditor: h.store}
 	edgeAPI.ServeClusterServers()

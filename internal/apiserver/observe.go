@@ -16,10 +16,10 @@ import (
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/report"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/webhook"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The observability routes (issue 28): the event stream, webhooks and the report. Per-sandbox
@@ -89,8 +89,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	var types []string
 	for _, v := range q["type"] {
 		for t := range strings.SplitSeq(v, ",") {
-			if !slices.Contains(corral.EventTypes, t) {
-				s.fail(w, r, errdefs.Invalid("type", "%q is not an event type (%s)", t, strings.Join(corral.EventTypes, ", ")))
+			if !slices.Contains(model.EventTypes, t) {
+				s.fail(w, r, errdefs.Invalid("type", "%q is not an event type (%s)", t, strings.Join(model.EventTypes, ", ")))
 				return
 			}
 			types = append(types, t)
@@ -191,7 +191,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		case ev, ok := <-sub.C():
 			if !ok {
 				if sub.Dropped() {
-					send(map[string]string{"code": corral.CodeExhausted, "message": "the event stream fell behind (the client read too slowly) and was dropped; reconnect with since"})
+					send(map[string]string{"code": model.CodeExhausted, "message": "the event stream fell behind (the client read too slowly) and was dropped; reconnect with since"})
 				}
 				return
 			}
@@ -240,7 +240,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) {
-	var req corral.WebhookRequest
+	var req model.WebhookRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -262,7 +262,7 @@ func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := &store.WebhookRecord{
-		Webhook: corral.Webhook{ID: webhook.NewID(), Project: iam.Display(project), URL: req.URL, Events: req.Events,
+		Webhook: model.Webhook{ID: webhook.NewID(), Project: iam.Display(project), URL: req.URL, Events: req.Events,
 			CreatedAt: time.Now().UTC(), CreatedBy: c.tok.Principal},
 		ProjectPath: project, SecretKey: webhook.NewSecret(),
 	}
@@ -288,7 +288,7 @@ func (s *Server) listWebhooks(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := []corral.Webhook{}
+	out := []model.Webhook{}
 	for _, h := range list {
 		if c.perms(h.ProjectPath).Has(iam.SandboxRead) {
 			out = append(out, h.Webhook)
@@ -339,7 +339,7 @@ func (s *Server) webhookDeliveries(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := make([]corral.WebhookDelivery, len(list)) // [] when none, never null
+	out := make([]model.WebhookDelivery, len(list)) // [] when none, never null
 	for i, d := range list {
 		out[i] = webhookDelivery(d)
 	}

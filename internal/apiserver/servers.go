@@ -8,9 +8,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // ServerPaths are the patterns of the routes a cluster's servers serve themselves
@@ -78,7 +78,7 @@ func (s *Server) networkServices(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		s.fail(w, r, err)
 	case cat == nil:
-		httpjson.Write(w, http.StatusOK, []corral.NetworkService{})
+		httpjson.Write(w, http.StatusOK, []model.NetworkService{})
 	default:
 		httpjson.Write(w, http.StatusOK, edge.APIServices(cat.Services()))
 	}
@@ -122,13 +122,13 @@ func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := who(r)
-	out := []corral.Environment{}
+	out := []model.Environment{}
 	for _, env := range list {
 		if c.canRead(iam.LayerRead, env.Project, false) {
 			out = append(out, env)
 		}
 	}
-	envs := make([]*corral.Environment, len(out))
+	envs := make([]*model.Environment, len(out))
 	for i := range out {
 		envs[i] = &out[i]
 	}

@@ -8,15 +8,15 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Volumes keeps the projects' volumes: corral up's edge (images on its node), or a cluster's
 // servers (records in the store, images in the cluster's blob store, fetched by the nodes whose
 // sandboxes attach them), set with SetVolumes.
 type Volumes interface {
-	CreateVolume(ctx context.Context, req corral.CreateVolumeRequest) (*store.VolumeRecord, error)
+	CreateVolume(ctx context.Context, req model.CreateVolumeRequest) (*store.VolumeRecord, error)
 	Volume(ctx context.Context, project, name string) (*store.VolumeRecord, error)
 	// DeleteVolume deletes a volume; refused (409) while a sandbox has it attached. r is the
 	// request that asks, whose caller a cluster's server sends along to the edge that removes
@@ -31,7 +31,7 @@ func (s *Server) SetVolumes(v Volumes) { s.volumes = v }
 // edgeVolumes is the edge in this process.
 type edgeVolumes struct{ e *edge.Edge }
 
-func (v edgeVolumes) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest) (*store.VolumeRecord, error) {
+func (v edgeVolumes) CreateVolume(ctx context.Context, req model.CreateVolumeRequest) (*store.VolumeRecord, error) {
 	return v.e.CreateVolume(ctx, req)
 }
 
@@ -48,7 +48,7 @@ type noVolumes struct{}
 
 var errNoVolumes = errdefs.Invalid("volumes", "this API keeps no volumes")
 
-func (noVolumes) CreateVolume(context.Context, corral.CreateVolumeRequest) (*store.VolumeRecord, error) {
+func (noVolumes) CreateVolume(context.Context, model.CreateVolumeRequest) (*store.VolumeRecord, error) {
 	return nil, errNoVolumes
 }
 
@@ -116,7 +116,7 @@ func (s *Server) onVolume(r *http.Request) (string, string, error) {
 }
 
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
-	var req corral.CreateVolumeRequest
+	var req model.CreateVolumeRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		s.fail(w, r, err)
 		return
@@ -160,7 +160,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := []corral.Volume{}
+	out := []model.Volume{}
 	for _, v := range vs {
 		if p, err := iam.ParsePath("project", v.Project); err == nil && c.perms(p).Has(iam.SandboxRead) {
 			out = append(out, v.Volume)

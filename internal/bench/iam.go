@@ -17,8 +17,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // iamChain is the depth of the deepest measured project; the other is at depth 1, and is the
@@ -300,11 +300,11 @@ func (b *iamBench) populate(ctx context.Context, cfg IAMConfig, res *IAMResult) 
 	// Principals: the first is the measured caller. Each gets about Grants/Principals grants on
 	// distinct projects (a window of project indexes from an offset); the caller's window starts
 	// at 1, so its measured grant on t0 is separate.
-	kinds := []string{corral.KindUser, corral.KindService, corral.KindAgent}
+	kinds := []string{model.KindUser, model.KindService, model.KindAgent}
 	name := func(i int) string { return fmt.Sprintf("bench-%05d", i) }
 	err = step("principals", func() error {
 		for i := range cfg.Principals {
-			p := corral.Principal{Name: name(i), Kind: kinds[i%len(kinds)]}
+			p := model.Principal{Name: name(i), Kind: kinds[i%len(kinds)]}
 			if err := b.st.CreatePrincipal(ctx, p, b.paths[rng.IntN(len(b.paths))], store.RootPrincipal); err != nil {
 				return err
 			}
@@ -317,7 +317,7 @@ func (b *iamBench) populate(ctx context.Context, cfg IAMConfig, res *IAMResult) 
 	res.Principals = cfg.Principals
 	caller := name(0)
 	err = step("grants", func() error {
-		if err := b.st.AddGrant(ctx, b.chain[0], caller, corral.RoleUser, store.RootPrincipal); err != nil {
+		if err := b.st.AddGrant(ctx, b.chain[0], caller, model.RoleUser, store.RootPrincipal); err != nil {
 			return err
 		}
 		offsets := make([]int, cfg.Principals)
@@ -341,11 +341,11 @@ func (b *iamBench) populate(ctx context.Context, cfg IAMConfig, res *IAMResult) 
 
 	// Tokens: one per principal (so the token table has a realistic size), and the caller's two
 	// measured ones, scoped to the projects they create in.
-	userPerms, _ := iam.RolePerms(corral.RoleUser)
+	userPerms, _ := iam.RolePerms(model.RoleUser)
 	mint := func(principal, path string) (string, error) {
 		secret, id := iam.NewToken()
 		err := b.st.MintToken(ctx, store.MintRequest{Token: store.TokenRecord{
-			ID: id, Hash: hashToken(secret), Principal: principal, ProjectID: b.ids[path], Perms: userPerms, Role: corral.RoleUser,
+			ID: id, Hash: hashToken(secret), Principal: principal, ProjectID: b.ids[path], Perms: userPerms, Role: model.RoleUser,
 		}, CreatedBy: store.RootPrincipal})
 		return secret, err
 	}
@@ -375,7 +375,7 @@ func (b *iamBench) populate(ctx context.Context, cfg IAMConfig, res *IAMResult) 
 		limit := int64(1) << 50
 		for _, p := range append([]string{""}, b.chain...) {
 			cpus := float64(limit)
-			q := corral.Quota{Sandboxes: &limit, CPUs: &cpus, MemoryBytes: &limit, DiskBytes: &limit, CreatesPerMinute: &limit,
+			q := model.Quota{Sandboxes: &limit, CPUs: &cpus, MemoryBytes: &limit, DiskBytes: &limit, CreatesPerMinute: &limit,
 				Tiers: map[string]int64{"container": limit}}
 			if _, err := b.st.SetQuota(ctx, p, q); err != nil {
 				return err
@@ -395,9 +395,9 @@ func (b *iamBench) populate(ctx context.Context, cfg IAMConfig, res *IAMResult) 
 			p := b.paths[rng.IntN(len(b.paths))]
 			rec := b.record(p, old.Add(-time.Duration(rng.IntN(3600))*time.Second))
 			if i%2 == 1 {
-				rec.State, rec.EndedAt = corral.StateStopped, old
+				rec.State, rec.EndedAt = model.StateStopped, old
 			} else {
-				rec.State = corral.StateRunning
+				rec.State = model.StateRunning
 			}
 			if err := b.st.PutSandbox(ctx, rec); err != nil {
 				return err
@@ -416,10 +416,10 @@ func (b *iamBench) populate(ctx context.Context, cfg IAMConfig, res *IAMResult) 
 func (b *iamBench) record(path string, now time.Time) *store.Sandbox {
 	id := iam.NewID("sb-bench-")
 	return &store.Sandbox{
-		Sandbox: corral.Sandbox{
-			ID: id, Node: "bench", Tier: "container", Runtime: "runc", State: corral.StateCreating,
+		Sandbox: model.Sandbox{
+			ID: id, Node: "bench", Tier: "container", Runtime: "runc", State: model.StateCreating,
 			Base:     "base:bench",
-			Limits:   corral.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1 << 30},
+			Limits:   model.Limits{CPUs: 1, MemoryBytes: 512 << 20, Pids: 1024, DiskBytes: 1 << 30},
 			Hostname: id, CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now,
 			Project: iam.Display(path),
 		},
@@ -515,7 +515,7 @@ func (b *iamBench) createWithIdentity(ctx context.Context, path string, rec *sto
 	t.admit = time.Since(start)
 
 	start = time.Now()
-	err = b.st.AddAudit(ctx, corral.AuditEntry{At: time.Now().UTC(), Principal: tok.Principal, Token: tok.ID, Project: path,
+	err = b.st.AddAudit(ctx, model.AuditEntry{At: time.Now().UTC(), Principal: tok.Principal, Token: tok.ID, Project: path,
 		Action: "sandbox.create", Target: rec.ID, Result: "ok"}, tok.ProjectPath)
 	t.audit = time.Since(start)
 	return t, err
@@ -697,7 +697,7 @@ func (b *iamBench) sensitivity(ctx context.Context, cfg IAMConfig, res *IAMResul
 		return err
 	}
 	start := time.Now()
-	if _, err := b.st.SetQuota(ctx, "", corral.Quota{}); err != nil {
+	if _, err := b.st.SetQuota(ctx, "", model.Quota{}); err != nil {
 		return err
 	}
 	setup := time.Since(start)
@@ -715,7 +715,7 @@ func (b *iamBench) sensitivity(ctx context.Context, cfg IAMConfig, res *IAMResul
 	for range cfg.History {
 		at := time.Now().Add(-time.Duration(rng.Int64N(int64(24 * time.Hour))))
 		rec := b.record(deep, at)
-		rec.State, rec.Reason, rec.EndedAt = corral.StateStopped, corral.ReasonDeleted, at.Add(time.Minute)
+		rec.State, rec.Reason, rec.EndedAt = model.StateStopped, model.ReasonDeleted, at.Add(time.Minute)
 		if err := b.st.PutSandbox(ctx, rec); err != nil {
 			return fmt.Errorf("populate history: %w", err)
 		}

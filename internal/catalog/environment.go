@@ -7,7 +7,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // The runtimes a create or an environment may name: runc and gVisor for containers; QEMU runs
@@ -33,7 +33,7 @@ func CheckWarm(n int) error {
 // normalises them as they are recorded: the container tier as none, a microvm's runtime as none
 // (QEMU's). network compiles its network policy (the service catalogue's names resolved) into
 // the policy recorded; it is the caller's, since what it checks is where the API runs.
-func CheckEnvironmentDefaults(env *corral.Environment, network func(*corral.NetworkPolicy) (*corral.NetworkPolicy, error)) error {
+func CheckEnvironmentDefaults(env *model.Environment, network func(*model.NetworkPolicy) (*model.NetworkPolicy, error)) error {
 	switch env.Tier {
 	case "", TierContainer:
 		env.Tier = "" // the default, recorded as none
@@ -65,7 +65,7 @@ func CheckEnvironmentDefaults(env *corral.Environment, network func(*corral.Netw
 // layers are published, of their kinds and usable in the project's subtree, where the
 // environment is. It sets what the catalogue records of it: the project's display path, the
 // time, no warm statistics.
-func (r *Resolver) CheckEnvironment(ctx context.Context, env *corral.Environment, network func(*corral.NetworkPolicy) (*corral.NetworkPolicy, error)) error {
+func (r *Resolver) CheckEnvironment(ctx context.Context, env *model.Environment, network func(*model.NetworkPolicy) (*model.NetworkPolicy, error)) error {
 	if err := ValidateName("name", "environment", env.Name); err != nil {
 		return err
 	}
@@ -83,16 +83,16 @@ func (r *Resolver) CheckEnvironment(ctx context.Context, env *corral.Environment
 		return err
 	}
 	at := proj.Path
-	if _, err := r.Layer(ctx, "base", env.Base, corral.KindBase, at); err != nil {
+	if _, err := r.Layer(ctx, "base", env.Base, model.KindBase, at); err != nil {
 		return err
 	}
 	if env.Workspace != "" {
-		if _, err := r.Layer(ctx, "workspace", env.Workspace, corral.KindWorkspace, at); err != nil {
+		if _, err := r.Layer(ctx, "workspace", env.Workspace, model.KindWorkspace, at); err != nil {
 			return err
 		}
 	}
 	for i, t := range env.Toolkits {
-		if _, err := r.Layer(ctx, fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit, at); err != nil {
+		if _, err := r.Layer(ctx, fmt.Sprintf("toolkits[%d]", i), t, model.KindToolkit, at); err != nil {
 			return err
 		}
 	}

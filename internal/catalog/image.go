@@ -7,7 +7,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // What a layer's record may say of the image it holds: its configuration and the services it
@@ -24,7 +24,7 @@ var userRE = lazyregexp.New(`^([a-z_][a-z0-9_.-]{0,31}|[0-9]{1,10}(:[0-9]{1,10})
 func ValidUser(s string) bool { return userRE.MatchString(s) }
 
 // ValidateImageConfig checks an imported image's configuration before it is stored.
-func ValidateImageConfig(c *corral.ImageConfig) error {
+func ValidateImageConfig(c *model.ImageConfig) error {
 	if err := ValidateEnv("image_config.env", c.Env); err != nil {
 		return err
 	}
@@ -43,7 +43,7 @@ const maxServices = 8
 var serviceNameRE = lazyregexp.New(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // validateServices checks the services of an imported layer's configuration.
-func validateServices(svcs []corral.Service) error {
+func validateServices(svcs []model.Service) error {
 	if len(svcs) > maxServices {
 		return errdefs.Invalid("image_config.services", "at most %d services, got %d", maxServices, len(svcs))
 	}

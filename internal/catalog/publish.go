@@ -8,7 +8,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // MaxBelow bounds how many parts a layer may stack on.
@@ -18,24 +18,24 @@ const MaxBelow = 64
 // answer on a cluster's edge (nodeproto.CatalogReader). What at does not see is
 // errdefs.ErrNotFound.
 type LayerReader interface {
-	VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error)
+	VisibleLayer(ctx context.Context, at, name, version string) (model.Layer, error)
 }
 
 // LayerIn returns the published layer ref (NAME:VERSION or NAME:TAG) names, as lr reads it for
 // project at (canonical), checking its kind; field names the request's field in errors.
-func LayerIn(ctx context.Context, lr LayerReader, field, ref, kind, at string) (corral.Layer, error) {
+func LayerIn(ctx context.Context, lr LayerReader, field, ref, kind, at string) (model.Layer, error) {
 	name, version, err := ParseLayerRef(field, ref)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	l, err := lr.VisibleLayer(ctx, at, name, version)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return corral.Layer{}, NotPublished(field, ref)
+		return model.Layer{}, NotPublished(field, ref)
 	} else if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	if l.Kind != kind {
-		return corral.Layer{}, errdefs.Invalid(field, "layer %s is a %s layer, not a %s layer", ref, l.Kind, kind)
+		return model.Layer{}, errdefs.Invalid(field, "layer %s is a %s layer, not a %s layer", ref, l.Kind, kind)
 	}
 	return l, nil
 }
@@ -70,7 +70,7 @@ func CheckBelowIn(ctx context.Context, lr LayerReader, kind, at string, below []
 // CheckPublicParts checks that every part a layer stacks on (NAME:VERSION or NAME:TAG) is
 // public, as the layer is to be: a public layer is usable where its parts must be too.
 func (r *Resolver) CheckPublicParts(ctx context.Context, field string, below []string) error {
-	return checkPublicParts(field, below, func(name, version string) (corral.Layer, error) {
+	return checkPublicParts(field, below, func(name, version string) (model.Layer, error) {
 		return r.Store.GetLayer(ctx, name, version)
 	})
 }
@@ -78,12 +78,12 @@ func (r *Resolver) CheckPublicParts(ctx context.Context, field string, below []s
 // CheckPublicPartsIn is CheckPublicParts with the parts read by lr as project at (the layer's,
 // canonical) sees them: a public part is seen everywhere.
 func CheckPublicPartsIn(ctx context.Context, lr LayerReader, field, at string, below []string) error {
-	return checkPublicParts(field, below, func(name, version string) (corral.Layer, error) {
+	return checkPublicParts(field, below, func(name, version string) (model.Layer, error) {
 		return lr.VisibleLayer(ctx, at, name, version)
 	})
 }
 
-func checkPublicParts(field string, below []string, get func(name, version string) (corral.Layer, error)) error {
+func checkPublicParts(field string, below []string, get func(name, version string) (model.Layer, error)) error {
 	for i, ref := range below {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		name, version, err := ParseLayerRef(f, ref)
@@ -109,12 +109,12 @@ var digestRE = lazyregexp.New(`^sha256:[0-9a-f]{64}$`)
 // (not a tag) published, usable in the layer's project and of its kind, and public if the
 // layer is. What it stacks on is checked as a record, not as an import's request: a build's
 // layers stack on layers that stack on others. Fields are named as in the record ("layer.").
-func (r *Resolver) CheckRecord(ctx context.Context, l corral.Layer) error {
+func (r *Resolver) CheckRecord(ctx context.Context, l model.Layer) error {
 	if err := ValidateLayerName("layer.name", "layer.version", l.Name, l.Version); err != nil {
 		return err
 	}
 	switch l.Kind {
-	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit, corral.KindSnapshot, corral.KindVMImage:
+	case model.KindBase, model.KindWorkspace, model.KindToolkit, model.KindSnapshot, model.KindVMImage:
 	default:
 		return errdefs.Invalid("layer.kind", "%q is not a layer kind", l.Kind)
 	}
@@ -128,9 +128,9 @@ func (r *Resolver) CheckRecord(ctx context.Context, l corral.Layer) error {
 		return errdefs.Invalid("layer.fill_rate", "%d: want bytes per second, 0 for the node's default or -1 for never", l.FillRate)
 	case l.Private && l.Public:
 		return errdefs.Invalid("layer.public", "a layer cannot be both private and public")
-	case (l.Kind == corral.KindSnapshot) != (l.Snapshot != nil):
+	case (l.Kind == model.KindSnapshot) != (l.Snapshot != nil):
 		return errdefs.Invalid("layer.snapshot", "a snapshot layer, and only one, says what it was taken of")
-	case l.Kind == corral.KindVMImage && len(l.Below) > 0:
+	case l.Kind == model.KindVMImage && len(l.Below) > 0:
 		return errdefs.Invalid("layer.below", "a vm-image layer is one disk image; it stacks on nothing")
 	case len(l.Below) > MaxBelow:
 		return errdefs.Invalid("layer.below", "at most %d layers, got %d", MaxBelow, len(l.Below))

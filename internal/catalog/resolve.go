@@ -19,9 +19,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The tiers. A create call names container, microvm or vm; fncall's containers are made by
@@ -41,7 +41,7 @@ type Resolution struct {
 	// Request is the create with its environment's defaults (tier, runtime, network) applied
 	// and its layer references rewritten to the versions they resolved to (a tag is recorded
 	// as its version); an environment's or snapshot's layers are set in it.
-	Request corral.CreateRequest `json:"request"`
+	Request model.CreateRequest `json:"request"`
 	// Tier is the create's tier (TierContainer when it names none); whether the node offers
 	// it is the node's to check.
 	Tier string `json:"tier"`
@@ -49,16 +49,16 @@ type Resolution struct {
 	ProjectID   string `json:"project_id"`
 	ProjectPath string `json:"project_path"`
 	// Volumes are the create's volume mounts, checked, and VolumeIDs the volumes' IDs.
-	Volumes   []corral.VolumeMount `json:"volumes,omitempty"`
-	VolumeIDs []string             `json:"volume_ids,omitempty"`
+	Volumes   []model.VolumeMount `json:"volumes,omitempty"`
+	VolumeIDs []string            `json:"volume_ids,omitempty"`
 	// Digests are the layers' digests, bottom first, and Fill each one's background fill
 	// setting (corral.Layer.FillRate).
 	Digests []string         `json:"digests"`
 	Fill    map[string]int64 `json:"fill,omitempty"`
 	// ImageConfig is the base layer's image configuration; nil: none.
-	ImageConfig *corral.ImageConfig `json:"image_config,omitempty"`
+	ImageConfig *model.ImageConfig `json:"image_config,omitempty"`
 	// Services are every layer's, bottom first.
-	Services []corral.Service `json:"services,omitempty"`
+	Services []model.Service `json:"services,omitempty"`
 	// Template: the environment starts its microvms from a template.
 	Template bool `json:"template,omitempty"`
 }
@@ -79,8 +79,8 @@ type Resolver struct {
 
 // Resolve resolves req (calls: a container of an fncall environment's pool, which takes no
 // environment defaults).
-func (r *Resolver) Resolve(ctx context.Context, req corral.CreateRequest, calls bool) (*Resolution, error) {
-	var env *corral.Environment
+func (r *Resolver) Resolve(ctx context.Context, req model.CreateRequest, calls bool) (*Resolution, error) {
+	var env *model.Environment
 	if req.Environment != "" {
 		e, err := r.Store.GetEnvironment(ctx, req.Environment)
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
@@ -117,7 +117,7 @@ func (r *Resolver) Resolve(ctx context.Context, req corral.CreateRequest, calls 
 
 // withDefaults fills in what req leaves to its environment env: its tier and runtime (when the
 // request names neither), and its network policy.
-func withDefaults(req corral.CreateRequest, env corral.Environment) corral.CreateRequest {
+func withDefaults(req model.CreateRequest, env model.Environment) model.CreateRequest {
 	if req.Tier != "" && req.Runtime != "" && req.Network != nil {
 		return req
 	}
@@ -136,7 +136,7 @@ func withDefaults(req corral.CreateRequest, env corral.Environment) corral.Creat
 
 // Tier returns the tier a create names (calls: an fncall pool's container), refusing a name that
 // is not a tier a create may name. Whether a node offers it is the node's question.
-func Tier(req corral.CreateRequest, calls bool) (string, error) {
+func Tier(req model.CreateRequest, calls bool) (string, error) {
 	switch {
 	case calls:
 		return TierFncall, nil
@@ -152,7 +152,7 @@ func Tier(req corral.CreateRequest, calls bool) (string, error) {
 
 // CheckFields checks the fields of a create that need no lookup: env, labels, hostname, and
 // that a vm names its disk image and nothing else names one.
-func CheckFields(req corral.CreateRequest, tier string) error {
+func CheckFields(req model.CreateRequest, tier string) error {
 	if err := ValidateEnv("env", req.Env); err != nil {
 		return err
 	}
@@ -177,7 +177,7 @@ func CheckFields(req corral.CreateRequest, tier string) error {
 
 // compose resolves the layers of req (its environment's, env, or its snapshot's, when it names
 // one) into res, and rewrites req's layer references to the versions they resolved to.
-func (r *Resolver) compose(ctx context.Context, res *Resolution, req *corral.CreateRequest, env *corral.Environment) error {
+func (r *Resolver) compose(ctx context.Context, res *Resolution, req *model.CreateRequest, env *model.Environment) error {
 	at := res.ProjectPath
 	if req.Environment != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 || req.FromSnapshot != "" {
@@ -192,7 +192,7 @@ func (r *Resolver) compose(ctx context.Context, res *Resolution, req *corral.Cre
 		req.Base, req.Workspace, req.Toolkits = env.Base, env.Workspace, env.Toolkits
 		res.Template = env.MicroVMTemplate
 	}
-	var snap corral.Layer
+	var snap model.Layer
 	if req.FromSnapshot != "" {
 		if req.Base != "" || req.Workspace != "" || len(req.Toolkits) > 0 {
 			return errdefs.Invalid("from_snapshot", "cannot be combined with base, workspace or toolkits: a snapshot brings its own environment")
@@ -207,7 +207,7 @@ func (r *Resolver) compose(ctx context.Context, res *Resolution, req *corral.Cre
 		} else if err != nil {
 			return err
 		}
-		if snap.Kind != corral.KindSnapshot || snap.Snapshot == nil {
+		if snap.Kind != model.KindSnapshot || snap.Snapshot == nil {
 			return errdefs.Invalid("from_snapshot", "layer %s is a %s layer, not a snapshot", req.FromSnapshot, snap.Kind)
 		}
 		req.Base, req.Workspace, req.Toolkits = snap.Snapshot.Base, snap.Snapshot.Workspace, snap.Snapshot.Toolkits
@@ -220,21 +220,21 @@ func (r *Resolver) compose(ctx context.Context, res *Resolution, req *corral.Cre
 	}
 	// Bottom to top: base, workspace, toolkits in order, then a snapshot's chain and the snapshot.
 	type ref struct{ field, ref, kind string }
-	refs := []ref{{"base", req.Base, corral.KindBase}}
+	refs := []ref{{"base", req.Base, model.KindBase}}
 	if res.Tier == TierVM {
-		refs = []ref{{"image", req.Image, corral.KindVMImage}}
+		refs = []ref{{"image", req.Image, model.KindVMImage}}
 	}
 	if req.Workspace != "" {
-		refs = append(refs, ref{"workspace", req.Workspace, corral.KindWorkspace})
+		refs = append(refs, ref{"workspace", req.Workspace, model.KindWorkspace})
 	}
 	for i, t := range req.Toolkits {
-		refs = append(refs, ref{fmt.Sprintf("toolkits[%d]", i), t, corral.KindToolkit})
+		refs = append(refs, ref{fmt.Sprintf("toolkits[%d]", i), t, model.KindToolkit})
 	}
 	if req.FromSnapshot != "" {
 		for _, p := range snap.Snapshot.Parents {
-			refs = append(refs, ref{"from_snapshot", p, corral.KindSnapshot})
+			refs = append(refs, ref{"from_snapshot", p, model.KindSnapshot})
 		}
-		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, corral.KindSnapshot})
+		refs = append(refs, ref{"from_snapshot", req.FromSnapshot, model.KindSnapshot})
 	}
 	res.Fill = map[string]int64{}
 	// Tags (python:latest) are recorded as the versions they resolved to.
@@ -280,14 +280,14 @@ func (r *Resolver) compose(ctx context.Context, res *Resolution, req *corral.Cre
 
 // Layer returns the published layer ref (NAME:VERSION or NAME:TAG) names, if project at
 // (canonical) sees it, checking its kind; field names the request's field in errors.
-func (r *Resolver) Layer(ctx context.Context, field, ref, kind, at string) (corral.Layer, error) {
+func (r *Resolver) Layer(ctx context.Context, field, ref, kind, at string) (model.Layer, error) {
 	return LayerIn(ctx, r, field, ref, kind, at)
 }
 
 // VisibleLayer returns the version name:version (or the one tag version names), if project at
 // (canonical) sees it. One it does not see is answered as one that does not exist
 // (errdefs.ErrNotFound). A resolver that adopts looks in the shared catalogue on a miss.
-func (r *Resolver) VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error) {
+func (r *Resolver) VisibleLayer(ctx context.Context, at, name, version string) (model.Layer, error) {
 	l, err := r.Store.GetLayer(ctx, name, version)
 	if err == nil && !LayerVisibleIn(l, at) {
 		err = errdefs.NotFound("layer %s:%s", name, version) // and looked for as if it were
@@ -308,21 +308,21 @@ func (r *Resolver) VisibleLayer(ctx context.Context, at, name, version string) (
 
 // ReadableLayer returns version name:version (or the one tag version names), whichever project
 // owns it: the API checks its caller may read it (the servers, for a cluster's edge, do).
-func (r *Resolver) ReadableLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+func (r *Resolver) ReadableLayer(ctx context.Context, name, version string) (model.Layer, error) {
 	return r.Store.GetLayer(ctx, name, version)
 }
 
 // LayerVersions returns every published version of layer name (none: an empty list).
-func (r *Resolver) LayerVersions(ctx context.Context, name string) ([]corral.Layer, error) {
+func (r *Resolver) LayerVersions(ctx context.Context, name string) ([]model.Layer, error) {
 	return r.Store.ListLayers(ctx, name)
 }
 
 // VisibleEnvironment returns environment name, if project at (canonical) may use it (it is
 // at's or an ancestor's). One it may not use is answered as one that does not exist
 // (errdefs.ErrNotFound).
-func (r *Resolver) VisibleEnvironment(ctx context.Context, at, name string) (corral.Environment, error) {
+func (r *Resolver) VisibleEnvironment(ctx context.Context, at, name string) (model.Environment, error) {
 	env, err := r.Store.GetEnvironment(ctx, name)
-	if err == nil && !LayerVisibleIn(corral.Layer{Project: env.Project}, at) {
+	if err == nil && !LayerVisibleIn(model.Layer{Project: env.Project}, at) {
 		err = errdefs.NotFound("environment %s", name)
 	}
 	return env, err
@@ -354,7 +354,7 @@ func (r *Resolver) log() *slog.Logger {
 }
 
 // volumes checks a create's volume mounts and looks their volumes up in project.
-func (r *Resolver) volumes(ctx context.Context, tier string, project *store.ProjectRecord, mounts []corral.VolumeMount) ([]corral.VolumeMount, []string, error) {
+func (r *Resolver) volumes(ctx context.Context, tier string, project *store.ProjectRecord, mounts []model.VolumeMount) ([]model.VolumeMount, []string, error) {
 	if len(mounts) == 0 {
 		return nil, nil, nil
 	}
@@ -364,7 +364,7 @@ func (r *Resolver) volumes(ctx context.Context, tier string, project *store.Proj
 	if len(mounts) > runtime.MaxVolumes {
 		return nil, nil, errdefs.Invalid("volumes", "%d volumes, at most %d", len(mounts), runtime.MaxVolumes)
 	}
-	out := make([]corral.VolumeMount, len(mounts))
+	out := make([]model.VolumeMount, len(mounts))
 	ids := make([]string, len(mounts))
 	for i, m := range mounts {
 		field := fmt.Sprintf("volumes[%d]", i)
@@ -412,7 +412,7 @@ func ProjectAt(ctx context.Context, st *store.Store, path string) (*store.Projec
 
 // LayerVisibleIn reports whether project at (canonical) sees layer l (iam.LayerVisible): a layer
 // it does not see is, to it, not published.
-func LayerVisibleIn(l corral.Layer, at string) bool {
+func LayerVisibleIn(l model.Layer, at string) bool {
 	owner, err := iam.ParsePath("project", l.Project)
 	return err == nil && iam.LayerVisible(owner, l.Private, l.Public, at)
 }

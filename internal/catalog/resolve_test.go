@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 func digest(c byte) string {
@@ -38,40 +38,40 @@ func TestResolve(t *testing.T) {
 	if _, err := st.CreateProject(ctx, "b", "test"); err != nil {
 		t.Fatal(err)
 	}
-	publish := func(l corral.Layer) {
+	publish := func(l model.Layer) {
 		t.Helper()
 		if _, _, err := st.PublishLayer(ctx, l); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cfg := &corral.ImageConfig{Env: []string{"A=1"}, Services: []corral.Service{{Name: "web", Command: []string{"/bin/web"}}}}
-	publish(corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: digest('1'), ImageConfig: cfg, FillRate: 7, Public: true})
-	publish(corral.Layer{Name: "part", Version: "1", Kind: corral.KindToolkit, Digest: digest('2'), Public: true})
-	publish(corral.Layer{Name: "tk", Version: "2", Kind: corral.KindToolkit, Digest: digest('3'), Below: []string{"part:1"}, Public: true})
-	publish(corral.Layer{Name: "secret", Version: "1", Kind: corral.KindToolkit, Digest: digest('4'), Project: "b", Private: true})
-	publish(corral.Layer{Name: "snap", Version: "1", Kind: corral.KindSnapshot, Digest: digest('5'), Project: "a",
-		Snapshot: &corral.SnapshotOf{Base: "base:1", Toolkits: []string{"tk:2"}, Sandbox: "x"}})
+	cfg := &model.ImageConfig{Env: []string{"A=1"}, Services: []model.Service{{Name: "web", Command: []string{"/bin/web"}}}}
+	publish(model.Layer{Name: "base", Version: "1", Kind: model.KindBase, Digest: digest('1'), ImageConfig: cfg, FillRate: 7, Public: true})
+	publish(model.Layer{Name: "part", Version: "1", Kind: model.KindToolkit, Digest: digest('2'), Public: true})
+	publish(model.Layer{Name: "tk", Version: "2", Kind: model.KindToolkit, Digest: digest('3'), Below: []string{"part:1"}, Public: true})
+	publish(model.Layer{Name: "secret", Version: "1", Kind: model.KindToolkit, Digest: digest('4'), Project: "b", Private: true})
+	publish(model.Layer{Name: "snap", Version: "1", Kind: model.KindSnapshot, Digest: digest('5'), Project: "a",
+		Snapshot: &model.SnapshotOf{Base: "base:1", Toolkits: []string{"tk:2"}, Sandbox: "x"}})
 	if _, err := st.TagLayer(ctx, "tk", "latest", "2"); err != nil {
 		t.Fatal(err)
 	}
-	net := &corral.NetworkPolicy{Mode: corral.NetworkNone}
-	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "env", Base: "base:1", Toolkits: []string{"tk:latest"}, Runtime: "gvisor", Network: net}); err != nil {
+	net := &model.NetworkPolicy{Mode: model.NetworkNone}
+	if _, err := st.PutEnvironment(ctx, model.Environment{Name: "env", Base: "base:1", Toolkits: []string{"tk:latest"}, Runtime: "gvisor", Network: net}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "vmenv", Base: "base:1", Tier: TierMicroVM, MicroVMTemplate: true}); err != nil {
+	if _, err := st.PutEnvironment(ctx, model.Environment{Name: "vmenv", Base: "base:1", Tier: TierMicroVM, MicroVMTemplate: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "theirs", Base: "base:1", Project: "b"}); err != nil {
+	if _, err := st.PutEnvironment(ctx, model.Environment{Name: "theirs", Base: "base:1", Project: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	vol := &store.VolumeRecord{Volume: corral.Volume{Name: "data", Project: "a", SizeBytes: 1 << 20, Node: "n1", CreatedAt: time.Now().UTC()},
+	vol := &store.VolumeRecord{Volume: model.Volume{Name: "data", Project: "a", SizeBytes: 1 << 20, Node: "n1", CreatedAt: time.Now().UTC()},
 		ID: store.NewVolumeID(), ProjectID: a.ID, State: store.VolumeReady}
 	if err := st.CreateVolume(ctx, vol); err != nil {
 		t.Fatal(err)
 	}
 	r := &Resolver{Store: st}
 
-	res, err := r.Resolve(ctx, corral.CreateRequest{Project: "/a", Environment: "env", Volumes: []corral.VolumeMount{{Name: "data", Path: "/data"}}}, false)
+	res, err := r.Resolve(ctx, model.CreateRequest{Project: "/a", Environment: "env", Volumes: []model.VolumeMount{{Name: "data", Path: "/data"}}}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestResolve(t *testing.T) {
 		t.Errorf("digests %v, want %v (base, the toolkit's part, the toolkit)", res.Digests, want)
 	case res.Request.Base != "base:1" || !slices.Equal(res.Request.Toolkits, []string{"tk:2"}):
 		t.Errorf("layers %q %q: the environment's, the tag as its version", res.Request.Base, res.Request.Toolkits)
-	case res.Request.Runtime != "gvisor" || res.Request.Network == nil || res.Request.Network.Mode != corral.NetworkNone || res.Tier != TierContainer:
+	case res.Request.Runtime != "gvisor" || res.Request.Network == nil || res.Request.Network.Mode != model.NetworkNone || res.Tier != TierContainer:
 		t.Errorf("the environment's defaults: tier %q runtime %q network %+v", res.Tier, res.Request.Runtime, res.Request.Network)
 	case res.ProjectID != a.ID || res.ProjectPath != "a":
 		t.Errorf("project %q %q", res.ProjectID, res.ProjectPath)
@@ -91,49 +91,49 @@ func TestResolve(t *testing.T) {
 		t.Errorf("image config %+v, services %+v, fill %v", res.ImageConfig, res.Services, res.Fill)
 	}
 	// The request's own tier and runtime win over the environment's.
-	if res, err := r.Resolve(ctx, corral.CreateRequest{Project: "/a", Environment: "vmenv"}, false); err != nil || res.Tier != TierMicroVM || !res.Template {
+	if res, err := r.Resolve(ctx, model.CreateRequest{Project: "/a", Environment: "vmenv"}, false); err != nil || res.Tier != TierMicroVM || !res.Template {
 		t.Errorf("a microvm environment: %+v, %v", res, err)
 	}
-	if res, err := r.Resolve(ctx, corral.CreateRequest{Project: "/a", Environment: "vmenv", Tier: TierContainer}, false); err != nil || res.Tier != TierContainer {
+	if res, err := r.Resolve(ctx, model.CreateRequest{Project: "/a", Environment: "vmenv", Tier: TierContainer}, false); err != nil || res.Tier != TierContainer {
 		t.Errorf("a container of a microvm environment: %+v, %v", res, err)
 	}
-	if res, err := r.Resolve(ctx, corral.CreateRequest{Project: "/a", Environment: "env", Runtime: "runc"}, false); err != nil || res.Request.Runtime != "runc" {
+	if res, err := r.Resolve(ctx, model.CreateRequest{Project: "/a", Environment: "env", Runtime: "runc"}, false); err != nil || res.Request.Runtime != "runc" {
 		t.Errorf("the request's runtime: %+v, %v", res, err)
 	}
 	// An fncall pool's container takes no environment defaults.
-	if res, err := r.Resolve(ctx, corral.CreateRequest{Project: "/a", Base: "base:1"}, true); err != nil || res.Tier != TierFncall {
+	if res, err := r.Resolve(ctx, model.CreateRequest{Project: "/a", Base: "base:1"}, true); err != nil || res.Tier != TierFncall {
 		t.Errorf("an fncall container: %+v, %v", res, err)
 	}
 	// A snapshot brings its chain.
-	res, err = r.Resolve(ctx, corral.CreateRequest{Project: "/a", FromSnapshot: "snap:1"}, false)
+	res, err = r.Resolve(ctx, model.CreateRequest{Project: "/a", FromSnapshot: "snap:1"}, false)
 	if err != nil || !slices.Equal(res.Digests, []string{digest('1'), digest('2'), digest('3'), digest('5')}) || res.Request.Base != "base:1" {
 		t.Errorf("from a snapshot: %+v, %v", res, err)
 	}
 
 	for _, tc := range []struct {
-		req   corral.CreateRequest
+		req   model.CreateRequest
 		field string
 	}{
-		{corral.CreateRequest{Project: "/a"}, "base"},
-		{corral.CreateRequest{Project: "/nope", Base: "base:1"}, "project"},
-		{corral.CreateRequest{Project: "/a", Base: "base:2"}, "base"},
-		{corral.CreateRequest{Project: "/a", Base: "tk:2"}, "base"},                                          // a toolkit as a base
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Toolkits: []string{"secret:1"}}, "toolkits[0]"}, // another project's private layer
-		{corral.CreateRequest{Project: "/a", Environment: "theirs"}, "environment"},
-		{corral.CreateRequest{Project: "/a", Environment: "none"}, "environment"},
-		{corral.CreateRequest{Project: "/a", Environment: "env", Base: "base:1"}, "environment"},
-		{corral.CreateRequest{Project: "/a", FromSnapshot: "snap:1", Base: "base:1"}, "from_snapshot"},
-		{corral.CreateRequest{Project: "/a", FromSnapshot: "base:1"}, "from_snapshot"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Tier: "fncall"}, "tier"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Tier: "bare"}, "tier"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Tier: TierVM}, "image"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Image: "disk:1"}, "image"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Hostname: "-x"}, "hostname"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Env: []string{"NOEQUALS"}}, "env[0]"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Volumes: []corral.VolumeMount{{Name: "nope", Path: "/d"}}}, "volumes[0].name"},
-		{corral.CreateRequest{Project: "/b", Base: "base:1", Volumes: []corral.VolumeMount{{Name: "data", Path: "/d"}}}, "volumes[0].name"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Volumes: []corral.VolumeMount{{Name: "data", Path: "relative"}}}, "volumes[0].path"},
-		{corral.CreateRequest{Project: "/a", Base: "base:1", Tier: TierVM, Image: "x:1", Volumes: []corral.VolumeMount{{Name: "data", Path: "/d"}}}, "volumes"},
+		{model.CreateRequest{Project: "/a"}, "base"},
+		{model.CreateRequest{Project: "/nope", Base: "base:1"}, "project"},
+		{model.CreateRequest{Project: "/a", Base: "base:2"}, "base"},
+		{model.CreateRequest{Project: "/a", Base: "tk:2"}, "base"},                                          // a toolkit as a base
+		{model.CreateRequest{Project: "/a", Base: "base:1", Toolkits: []string{"secret:1"}}, "toolkits[0]"}, // another project's private layer
+		{model.CreateRequest{Project: "/a", Environment: "theirs"}, "environment"},
+		{model.CreateRequest{Project: "/a", Environment: "none"}, "environment"},
+		{model.CreateRequest{Project: "/a", Environment: "env", Base: "base:1"}, "environment"},
+		{model.CreateRequest{Project: "/a", FromSnapshot: "snap:1", Base: "base:1"}, "from_snapshot"},
+		{model.CreateRequest{Project: "/a", FromSnapshot: "base:1"}, "from_snapshot"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Tier: "fncall"}, "tier"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Tier: "bare"}, "tier"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Tier: TierVM}, "image"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Image: "disk:1"}, "image"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Hostname: "-x"}, "hostname"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Env: []string{"NOEQUALS"}}, "env[0]"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Volumes: []model.VolumeMount{{Name: "nope", Path: "/d"}}}, "volumes[0].name"},
+		{model.CreateRequest{Project: "/b", Base: "base:1", Volumes: []model.VolumeMount{{Name: "data", Path: "/d"}}}, "volumes[0].name"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Volumes: []model.VolumeMount{{Name: "data", Path: "relative"}}}, "volumes[0].path"},
+		{model.CreateRequest{Project: "/a", Base: "base:1", Tier: TierVM, Image: "x:1", Volumes: []model.VolumeMount{{Name: "data", Path: "/d"}}}, "volumes"},
 	} {
 		_, err := r.Resolve(ctx, tc.req, false)
 		if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != tc.field {
@@ -142,7 +142,7 @@ func TestResolve(t *testing.T) {
 	}
 	// On one node, a volume attaches only where it lives.
 	onNode := &Resolver{Store: st, Node: "n2"}
-	if _, err := onNode.Resolve(ctx, corral.CreateRequest{Project: "/a", Base: "base:1", Volumes: []corral.VolumeMount{{Name: "data", Path: "/d"}}}, false); errdefs.Field(err) != "volumes[0].name" {
+	if _, err := onNode.Resolve(ctx, model.CreateRequest{Project: "/a", Base: "base:1", Volumes: []model.VolumeMount{{Name: "data", Path: "/d"}}}, false); errdefs.Field(err) != "volumes[0].name" {
 		t.Errorf("another node's volume: %v", err)
 	}
 }

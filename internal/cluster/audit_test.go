@@ -14,8 +14,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestNodeAudit: an edge's audit entries are written by the servers as the caller they sealed
@@ -26,18 +26,18 @@ func TestNodeAudit(t *testing.T) {
 	st, srv, edge1 := registeredEdge(t, ctx)
 	caller := sealedFor(t, ctx, "edge1", map[string]iam.Perm{"": iam.SandboxAdmin}, srv.sealer)
 	voucher := nodeproto.VoucherFrom(caller)
-	entry := corral.AuditEntry{At: time.Now().UTC(), Principal: "someone-else", Token: "tok-forged", Project: "", Action: "sandbox.delete", Target: "sb-edge1-aaaaaaaaaaaaaaaa", Result: "ok"}
+	entry := model.AuditEntry{At: time.Now().UTC(), Principal: "someone-else", Token: "tok-forged", Project: "", Action: "sandbox.delete", Target: "sb-edge1-aaaaaaaaaaaaaaaa", Result: "ok"}
 
 	// What the servers refuse, entry by entry, and what they write.
 	items := []nodeproto.AuditItem{
 		{Entry: entry}, // no caller
 		{Entry: entry, Voucher: nodeproto.VoucherFrom(sealedFor(t, ctx, "edge2", map[string]iam.Perm{"": iam.SandboxAdmin}, srv.sealer))},
 	}
-	for _, edit := range []func(e *corral.AuditEntry){
-		func(e *corral.AuditEntry) { e.Action = "" },
-		func(e *corral.AuditEntry) { e.Result = strings.Repeat("x", 33) },
-		func(e *corral.AuditEntry) { e.At = time.Now().Add(-2 * time.Hour) },
-		func(e *corral.AuditEntry) { e.At = time.Now().Add(time.Hour) },
+	for _, edit := range []func(e *model.AuditEntry){
+		func(e *model.AuditEntry) { e.Action = "" },
+		func(e *model.AuditEntry) { e.Result = strings.Repeat("x", 33) },
+		func(e *model.AuditEntry) { e.At = time.Now().Add(-2 * time.Hour) },
+		func(e *model.AuditEntry) { e.At = time.Now().Add(time.Hour) },
 	} {
 		e := entry
 		edit(&e)
@@ -52,14 +52,14 @@ func TestNodeAudit(t *testing.T) {
 	if err != nil || ans.Refused != len(items)-2 {
 		t.Fatalf("a batch of %d entries, two good: %+v, %v; want %d refused", len(items), ans, err, len(items)-2)
 	}
-	if got, err := st.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.ttl"}); err != nil || len(got) != 1 ||
+	if got, err := st.ListAudit(ctx, "", model.AuditQuery{Action: "sandbox.ttl"}); err != nil || len(got) != 1 ||
 		len(got[0].Target) != 256 || len(got[0].Detail) != 1024 || !utf8.ValidString(got[0].Target+got[0].Detail) {
 		t.Errorf("long free text: %d entries, %v; want it cut to 256 and 1024 bytes of whole characters", len(got), err)
 	}
 	if _, err := srv.nodeAudit(ctx, "edge1", &nodeproto.AuditRequest{Entries: make([]nodeproto.AuditItem, nodeproto.MaxAuditBatch+1)}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("a batch over %d entries: %v, want invalid", nodeproto.MaxAuditBatch, err)
 	}
-	got, err := st.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.delete"})
+	got, err := st.ListAudit(ctx, "", model.AuditQuery{Action: "sandbox.delete"})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("the audit log: %+v, %v; want one entry", got, err)
 	}
@@ -84,10 +84,10 @@ func TestNodeAudit(t *testing.T) {
 	if _, err := srv.nodeAudit(ctx, "edge1", &nodeproto.AuditRequest{Entries: []nodeproto.AuditItem{{Entry: inA, Voucher: nodeproto.VoucherOf(h)}, {Entry: inB, Voucher: nodeproto.VoucherOf(h)}}}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := st.ListAudit(ctx, "b", corral.AuditQuery{Action: "sandbox.power"}); err != nil || len(got) != 0 {
+	if got, err := st.ListAudit(ctx, "b", model.AuditQuery{Action: "sandbox.power"}); err != nil || len(got) != 0 {
 		t.Errorf("b's audit log after an entry of a caller who holds nothing there: %+v, %v; want none", got, err)
 	}
-	if got, err := st.ListAudit(ctx, "a", corral.AuditQuery{Action: "sandbox.power"}); err != nil || len(got) != 2 || got[0].Principal != "alice" {
+	if got, err := st.ListAudit(ctx, "a", model.AuditQuery{Action: "sandbox.power"}); err != nil || len(got) != 2 || got[0].Principal != "alice" {
 		t.Errorf("a's audit log: %+v, %v; want both of alice's entries", got, err)
 	}
 
@@ -106,7 +106,7 @@ func TestNodeAudit(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		got, err := st.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.pause"})
+		got, err := st.ListAudit(ctx, "", model.AuditQuery{Action: "sandbox.pause"})
 		if err == nil && len(got) == 3 {
 			break
 		}
@@ -122,7 +122,7 @@ func TestNodeAudit(t *testing.T) {
 	}
 	stop()
 	<-done
-	if got, err := st.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.resume"}); err != nil || len(got) != 1 {
+	if got, err := st.ListAudit(ctx, "", model.AuditQuery{Action: "sandbox.resume"}); err != nil || len(got) != 1 {
 		t.Errorf("an entry queued as the edge stopped: %d, %v; want it written", len(got), err)
 	}
 }

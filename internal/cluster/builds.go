@@ -15,9 +15,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/revproxy"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Builds run on the edge a replica sends their POST to, and live in its memory with their logs
@@ -98,7 +98,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 // first. An edge that does not answer is left out of the list and logged.
 func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
 	nodes := s.upNodes(r.Context())
-	lists := make([][]corral.Build, len(nodes))
+	lists := make([][]model.Build, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
 		wg.Go(func() {
@@ -109,16 +109,16 @@ func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) {
 		})
 	}
 	wg.Wait()
-	out := []corral.Build{}
+	out := []model.Build{}
 	for _, l := range lists {
 		out = append(out, l...)
 	}
-	slices.SortStableFunc(out, func(a, b corral.Build) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	slices.SortStableFunc(out, func(a, b model.Build) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	httpjson.Write(w, http.StatusOK, out)
 }
 
 // nodeBuilds lists node n's builds as r's caller sees them.
-func (s *Server) nodeBuilds(r *http.Request, n corral.Node) ([]corral.Build, error) {
+func (s *Server) nodeBuilds(r *http.Request, n model.Node) ([]model.Build, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), buildListTimeout)
 	defer cancel()
 	resp, err := s.edgeRequest(ctx, r, n, http.MethodGet, "/v1/builds")
@@ -135,7 +135,7 @@ func (s *Server) nodeBuilds(r *http.Request, n corral.Node) ([]corral.Build, err
 	case len(b) > buildListMax:
 		return nil, errdefs.Unavailable("node %s: its builds are over %d bytes", n.Name, buildListMax)
 	}
-	var list []corral.Build
+	var list []model.Build
 	if err := json.Unmarshal(b, &list); err != nil {
 		return nil, errdefs.Unavailable("node %s: undecodable builds: %v", n.Name, err)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // nodeCatalogRead answers what an edge reads of the catalogue, always for the caller the
@@ -61,7 +61,7 @@ func (s *Server) nodeCatalogRead(ctx context.Context, node string, req *nodeprot
 		if err != nil {
 			return nil, err
 		}
-		readable := []corral.Layer{}
+		readable := []model.Layer{}
 		for _, l := range ls {
 			if apiserver.CallerCanReadLayer(c, l) {
 				readable = append(readable, l)

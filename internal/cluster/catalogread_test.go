@@ -9,7 +9,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestNodeCatalogRead: an edge reads the catalogue for its builds and snapshots through the
@@ -24,9 +24,9 @@ func TestNodeCatalogRead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, l := range []corral.Layer{
-		{Name: "abase", Version: "1", Kind: corral.KindBase, Digest: "sha256:" + strings.Repeat("a", 64), Project: "/a"},
-		{Name: "bbase", Version: "1", Kind: corral.KindBase, Digest: "sha256:" + strings.Repeat("b", 64), Project: "/b"},
+	for _, l := range []model.Layer{
+		{Name: "abase", Version: "1", Kind: model.KindBase, Digest: "sha256:" + strings.Repeat("a", 64), Project: "/a"},
+		{Name: "bbase", Version: "1", Kind: model.KindBase, Digest: "sha256:" + strings.Repeat("b", 64), Project: "/b"},
 	} {
 		if _, _, err := st.PublishLayer(ctx, l); err != nil {
 			t.Fatal(err)
@@ -36,7 +36,7 @@ func TestNodeCatalogRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	for _, env := range []corral.Environment{{Name: "aenv", Base: "abase:1", Project: "/a", CreatedAt: now}, {Name: "benv", Base: "bbase:1", Project: "/b", CreatedAt: now}} {
+	for _, env := range []model.Environment{{Name: "aenv", Base: "abase:1", Project: "/a", CreatedAt: now}, {Name: "benv", Base: "bbase:1", Project: "/b", CreatedAt: now}} {
 		if _, err := st.PutEnvironment(ctx, env); err != nil {
 			t.Fatal(err)
 		}

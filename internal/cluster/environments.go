@@ -11,9 +11,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // environments keeps a cluster's environments and fncall environments on its servers
@@ -27,17 +27,17 @@ type environments struct{ s *Server }
 
 var _ apiserver.Environments = environments{}
 
-func (v environments) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+func (v environments) SaveEnvironment(ctx context.Context, env model.Environment) (model.Environment, error) {
 	return v.save(ctx, env, false)
 }
 
 // save checks env and saves it; replace: a build's, which replaces the composition of an
 // environment of the same project (nodeEnvironment).
-func (v environments) save(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
-	if err := v.s.resolver.CheckEnvironment(ctx, &env, func(p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
+func (v environments) save(ctx context.Context, env model.Environment, replace bool) (model.Environment, error) {
+	if err := v.s.resolver.CheckEnvironment(ctx, &env, func(p *model.NetworkPolicy) (*model.NetworkPolicy, error) {
 		return v.network(ctx, p)
 	}); err != nil {
-		return corral.Environment{}, err
+		return model.Environment{}, err
 	}
 	if replace {
 		return v.s.store.ReplaceEnvironment(ctx, env)
@@ -45,9 +45,9 @@ func (v environments) save(ctx context.Context, env corral.Environment, replace 
 	return v.s.store.PutEnvironment(ctx, env)
 }
 
-func (v environments) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
+func (v environments) SetEnvironmentWarm(ctx context.Context, name string, warm int) (model.Environment, error) {
 	if err := catalog.CheckWarm(warm); err != nil {
-		return corral.Environment{}, err
+		return model.Environment{}, err
 	}
 	return v.s.store.SetEnvironmentWarm(ctx, name, warm)
 }
@@ -55,7 +55,7 @@ func (v environments) SetEnvironmentWarm(ctx context.Context, name string, warm 
 // Figures adds to each of envs the figures of its warm pools on every node that is not lost,
 // as their last heartbeats reported them (store.WarmFigures): one read of the store, whatever
 // the number of nodes.
-func (v environments) Figures(ctx context.Context, envs []*corral.Environment) {
+func (v environments) Figures(ctx context.Context, envs []*model.Environment) {
 	if len(envs) == 0 {
 		return
 	}
@@ -71,32 +71,32 @@ func (v environments) DeleteEnvironment(ctx context.Context, name string) error 
 	return v.s.store.DeleteEnvironment(ctx, name)
 }
 
-func (v environments) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corral.FncallEnv, error) {
+func (v environments) CreateFncallEnv(ctx context.Context, env model.FncallEnv) (model.FncallEnv, error) {
 	if _, _, err := edge.CheckFncallEnv(&env, clusterLimits.MaxTTL()); err != nil {
-		return corral.FncallEnv{}, err
+		return model.FncallEnv{}, err
 	}
 	res, err := v.s.resolver.Resolve(ctx, edge.ContainerRequest(env, env.Project, clusterLimits.MaxTTL()), true)
 	if err != nil {
-		return corral.FncallEnv{}, err
+		return model.FncallEnv{}, err
 	}
 	lim, err := clusterLimits.Resolve(catalog.TierFncall, limits.Limits(env.Limits))
 	if err != nil {
-		return corral.FncallEnv{}, err
+		return model.FncallEnv{}, err
 	}
-	env.Limits = corral.Limits(lim)
+	env.Limits = model.Limits(lim)
 	if err := edge.CheckFncallFiles(env); err != nil {
-		return corral.FncallEnv{}, err
+		return model.FncallEnv{}, err
 	}
 	if env.Network != nil {
 		if _, err := v.network(ctx, env.Network); err != nil {
-			return corral.FncallEnv{}, err
+			return model.FncallEnv{}, err
 		}
 	}
 	env.Project = iam.Display(res.ProjectPath)
 	env.CreatedAt = time.Now().UTC()
 	env.Pool = nil
 	if err := v.s.store.PutFncallEnv(ctx, env); err != nil {
-		return corral.FncallEnv{}, err
+		return model.FncallEnv{}, err
 	}
 	v.s.log.Info("fncall environment created", "fncall", env.Name, "base", env.Base, "pool_min", env.PoolMin, "pool_max", env.PoolMax)
 	return env, nil
@@ -121,7 +121,7 @@ func (v environments) FncallProject(ctx context.Context, name string) (string, e
 // network compiles a network policy the servers record against the saved service catalogue, as
 // an edge compiles it (the node's own blocked addresses are checked again where a sandbox is
 // made), and returns it as recorded.
-func (v environments) network(ctx context.Context, p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
+func (v environments) network(ctx context.Context, p *model.NetworkPolicy) (*model.NetworkPolicy, error) {
 	cat, err := apiserver.SavedCatalog(ctx, v.s.store)
 	if err != nil {
 		return nil, err
@@ -130,6 +130,6 @@ func (v environments) network(ctx context.Context, p *corral.NetworkPolicy) (*co
 	if err != nil {
 		return nil, err
 	}
-	out := corral.NetworkPolicy(c.Source)
+	out := model.NetworkPolicy(c.Source)
 	return &out, nil
 }

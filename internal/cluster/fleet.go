@@ -11,7 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // fleet is how a replica's identity routes reach the sandboxes a forced project delete removes:
@@ -25,15 +25,15 @@ func (f fleet) DeleteSandbox(r *http.Request, under, id string) error {
 	switch {
 	case !ok:
 		return errdefs.UnknownSandbox(id, "(no node %s in this cluster)", name)
-	case n.State == corral.NodeLost:
-		return errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes fail with %s within a second; delete the project again)", id, name, corral.ReasonNodeLost)
+	case n.State == model.NodeLost:
+		return errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes fail with %s within a second; delete the project again)", id, name, model.ReasonNodeLost)
 	}
 	return f.s.callEdge(r, n, http.MethodDelete, "/v1/sandboxes/"+id)
 }
 
 // edgeRequest sends a request without a body to node n's edge as r's caller, under ctx; the
 // caller closes the answer's body.
-func (s *Server) edgeRequest(ctx context.Context, r *http.Request, n corral.Node, method, path string) (*http.Response, error) {
+func (s *Server) edgeRequest(ctx context.Context, r *http.Request, n model.Node, method, path string) (*http.Response, error) {
 	c, err := s.conn(n)
 	if err != nil {
 		return nil, err
@@ -54,14 +54,14 @@ func (s *Server) edgeRequest(ctx context.Context, r *http.Request, n corral.Node
 
 // callEdge sends a request without a body to node n's edge as r's caller, and turns an error
 // answer back into an error of its kind.
-func (s *Server) callEdge(r *http.Request, n corral.Node, method, path string) error {
+func (s *Server) callEdge(r *http.Request, n model.Node, method, path string) error {
 	// A delete started is seen through even if the client goes away, but not for ever: an
 	// edge's delete answers before its cleanup, so a minute is plenty.
 	return s.callEdgeWithin(r, n, method, path, time.Minute)
 }
 
 // callEdgeWithin is callEdge bounded by timeout.
-func (s *Server) callEdgeWithin(r *http.Request, n corral.Node, method, path string, timeout time.Duration) error {
+func (s *Server) callEdgeWithin(r *http.Request, n model.Node, method, path string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), timeout)
 	defer cancel()
 	resp, err := s.edgeRequest(ctx, r, n, method, path)
@@ -72,7 +72,7 @@ func (s *Server) callEdgeWithin(r *http.Request, n corral.Node, method, path str
 	if resp.StatusCode < 300 {
 		return nil
 	}
-	var e corral.Error
+	var e model.Error
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if json.Unmarshal(b, &e) != nil || e.Message == "" {
 		e.Message = strings.TrimSpace(string(b))

@@ -16,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // GET /v1/metrics on a replica is the cluster's one scrape target: every node's Prometheus text
@@ -77,7 +77,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 }
 
 // scrape reads node n's metrics as r's caller.
-func (s *Server) scrape(r *http.Request, n corral.Node) (string, error) {
+func (s *Server) scrape(r *http.Request, n model.Node) (string, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), scrapeTimeout)
 	defer cancel()
 	resp, err := s.edgeRequest(ctx, r, n, http.MethodGet, "/v1/metrics")
@@ -99,13 +99,13 @@ func (s *Server) scrape(r *http.Request, n corral.Node) (string, error) {
 
 // writeOwnMetrics writes the replica's own metrics: the nodes by state, whether each up node
 // answered the scrape and how long it took, the webhook dispatcher's counters, goroutines.
-func (s *Server) writeOwnMetrics(ctx context.Context, w io.Writer, up []corral.Node, errs []error, took []time.Duration) {
+func (s *Server) writeOwnMetrics(ctx context.Context, w io.Writer, up []model.Node, errs []error, took []time.Duration) {
 	states := map[string]int{}
 	for _, n := range s.refresh(ctx, false) { // the node list placement reads, at most 1 s old
 		states[n.State]++
 	}
 	fmt.Fprintf(w, "# HELP corral_cluster_nodes Nodes of the cluster by state.\n# TYPE corral_cluster_nodes gauge\n")
-	for _, st := range []string{corral.NodeReady, corral.NodeCordoned, corral.NodeDraining, corral.NodeLost} {
+	for _, st := range []string{model.NodeReady, model.NodeCordoned, model.NodeDraining, model.NodeLost} {
 		fmt.Fprintf(w, "corral_cluster_nodes{state=%q} %d\n", st, states[st])
 	}
 	fmt.Fprintf(w, "# HELP corral_node_scrape_ok Whether the node answered this scrape (1) or not (0; the replica's log says why).\n# TYPE corral_node_scrape_ok gauge\n")

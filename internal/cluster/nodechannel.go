@@ -26,10 +26,10 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The node channel (internal/nodeproto): edges register, heartbeat and record their events
@@ -480,8 +480,8 @@ func (s *Server) nodeDigestsInUse(ctx context.Context, _ string, req *nodeproto.
 func (s *Server) nodeAdmit(ctx context.Context, node string, req *nodeproto.AdmitRequest) (*nodeproto.AdmitResponse, error) {
 	n := len(req.Sandboxes)
 	switch {
-	case n == 0 || n > corral.MaxForkCount:
-		return nil, errdefs.Invalid("sandboxes", "%d records: an admission is of 1 to %d", n, corral.MaxForkCount)
+	case n == 0 || n > model.MaxForkCount:
+		return nil, errdefs.Invalid("sandboxes", "%d records: an admission is of 1 to %d", n, model.MaxForkCount)
 	case n > 1 && req.Key != nil:
 		return nil, errdefs.Invalid("key", "an idempotency key is for the admission of one sandbox")
 	}
@@ -807,7 +807,7 @@ func (s *Server) resolvable(ctx context.Context, node string, req *nodeproto.Res
 		if req.Calls {
 			return slices.ContainsFunc(cfg.FncallEnvs, func(e store.FncallEnvRecord) bool { return inProject(e.Project) })
 		}
-		return req.Request.Environment != "" && slices.ContainsFunc(cfg.WarmEnvironments, func(e corral.Environment) bool {
+		return req.Request.Environment != "" && slices.ContainsFunc(cfg.WarmEnvironments, func(e model.Environment) bool {
 			return e.Name == req.Request.Environment && inProject(e.Project)
 		})
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -80,16 +81,16 @@ func TestNodeChannel(t *testing.T) {
 	if _, err := edge2.Heartbeat(ctx, 1, 15*time.Second, map[string]store.WarmFigures{"py": {Ready: 2, Target: 2, Hits: 3, Claims: 3}, "node": {Target: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	py, other := corral.Environment{Name: "py"}, corral.Environment{Name: "other"}
-	environments{s}.Figures(ctx, []*corral.Environment{&py, &other})
+	py, other := model.Environment{Name: "py"}, model.Environment{Name: "other"}
+	environments{s}.Figures(ctx, []*model.Environment{&py, &other})
 	if py.WarmReady != 3 || py.WarmTarget != 4 || py.WarmHits != 4 || py.WarmClaims != 5 || py.WarmHitRate != 0.8 || other.WarmTarget != 0 {
 		t.Fatalf("summed figures: py %+v, other %+v", py, other)
 	}
 	if hb, err := edge2.Heartbeat(ctx, 1, 15*time.Second, map[string]store.WarmFigures{"py": {Ready: -1}}); err != nil || hb.State != store.NodeReady {
 		t.Fatalf("a heartbeat with figures no pool has: %+v, %v", hb, err)
 	}
-	py = corral.Environment{Name: "py"}
-	environments{s}.Figures(ctx, []*corral.Environment{&py})
+	py = model.Environment{Name: "py"}
+	environments{s}.Figures(ctx, []*model.Environment{&py})
 	if py.WarmReady != 1 || py.WarmTarget != 2 || py.WarmClaims != 2 {
 		t.Fatalf("figures after edge2's were left out: %+v", py)
 	}
@@ -156,8 +157,8 @@ func TestNodeChannel(t *testing.T) {
 	}
 	// A sandbox event's project is its record's, whatever the edge says, and a time ahead of
 	// the servers' is taken as now.
-	rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: "sb-edge1-bbbbbbbbbbbbbbbb", Node: "edge1", Tier: "container",
-		State: corral.StateRunning, CreatedAt: at, ExpiresAt: at.Add(time.Hour)}}
+	rec := &store.Sandbox{Sandbox: model.Sandbox{ID: "sb-edge1-bbbbbbbbbbbbbbbb", Node: "edge1", Tier: "container",
+		State: model.StateRunning, CreatedAt: at, ExpiresAt: at.Add(time.Hour)}}
 	if err := st.PutSandbox(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
@@ -230,10 +231,10 @@ func TestNodeStart(t *testing.T) {
 
 	now := time.Now().UTC()
 	for _, r := range []struct{ id, state string }{
-		{"sb-edge1-aaaaaaaaaaaaaaaa", corral.StateRunning}, {"sb-edge1-bbbbbbbbbbbbbbbb", corral.StatePaused},
-		{"sb-edge1-cccccccccccccccc", corral.StateStopped}, {"sb-edge2-aaaaaaaaaaaaaaaa", corral.StateRunning},
+		{"sb-edge1-aaaaaaaaaaaaaaaa", model.StateRunning}, {"sb-edge1-bbbbbbbbbbbbbbbb", model.StatePaused},
+		{"sb-edge1-cccccccccccccccc", model.StateStopped}, {"sb-edge2-aaaaaaaaaaaaaaaa", model.StateRunning},
 	} {
-		rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: r.id, Node: strings.Split(r.id, "-")[1], Tier: "container", State: r.state,
+		rec := &store.Sandbox{Sandbox: model.Sandbox{ID: r.id, Node: strings.Split(r.id, "-")[1], Tier: "container", State: r.state,
 			CreatedAt: now, ExpiresAt: now.Add(time.Hour)}}
 		if err := st.PutSandbox(ctx, rec); err != nil {
 			t.Fatal(err)
@@ -259,10 +260,10 @@ func TestNodeStart(t *testing.T) {
 
 	// The configuration: a warm environment, an fncall environment, the service catalog; and
 	// the artifact limits of the fncall environment's project, asked apart.
-	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "py", Base: "b:1", Warm: 2, CreatedAt: now}); err != nil {
+	if _, err := st.PutEnvironment(ctx, model.Environment{Name: "py", Base: "b:1", Warm: 2, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.PutFncallEnv(ctx, corral.FncallEnv{Name: "fn", Project: "/", Base: "b:1", PoolMin: 1, PoolMax: 2, CreatedAt: now}); err != nil {
+	if err := st.PutFncallEnv(ctx, model.FncallEnv{Name: "fn", Project: "/", Base: "b:1", PoolMin: 1, PoolMax: 2, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
 	catalog := []byte(`{"services":{"pypi":{"domains":["pypi.org"]}}}`)
@@ -281,7 +282,7 @@ func TestNodeStart(t *testing.T) {
 	if len(warm) != 1 || warm[0].Name != "py" || warm[0].Warm != 2 || len(fns) != 1 || fns[0].Name != "fn" || fns[0].ProjectID == "" {
 		t.Fatalf("configuration: warm %+v, fncall %+v", warm, fns)
 	}
-	if limits, err := cfg.ArtifactLimits(ctx, fns[0].ProjectID); err != nil || len(limits) != 1 || limits[0].Limit != corral.DefaultArtifactBytes || !slices.Contains(limits[0].Projects, fns[0].ProjectID) {
+	if limits, err := cfg.ArtifactLimits(ctx, fns[0].ProjectID); err != nil || len(limits) != 1 || limits[0].Limit != model.DefaultArtifactBytes || !slices.Contains(limits[0].Projects, fns[0].ProjectID) {
 		t.Errorf("artifact limits of the fncall environment's project: %+v, %v", limits, err)
 	}
 	if _, err := cfg.ArtifactLimits(ctx, store.RootProjectID+"-nope"); !errors.Is(err, errdefs.ErrDenied) {
@@ -319,25 +320,25 @@ func TestNodeStart(t *testing.T) {
 	// Trajectories: of the node's own sandboxes, by the incarnation holding the node.
 	const own = "sb-edge1-aaaaaaaaaaaaaaaa"
 	steps := edge1.Steps(2)
-	step := &corral.TrajectoryEntry{Kind: "exec", StepID: "train-1", State: corral.StepRunning}
+	step := &model.TrajectoryEntry{Kind: "exec", StepID: "train-1", State: model.StepRunning}
 	if existing, err := steps.BeginStep(ctx, own, step); err != nil || existing != nil || step.Seq != 1 {
 		t.Fatalf("begin a step: %+v, %v, seq %d", existing, err, step.Seq)
 	}
-	step.State = corral.StepDone
+	step.State = model.StepDone
 	if err := steps.UpdateStep(ctx, own, step); err != nil {
 		t.Fatalf("end the step: %v", err)
 	}
-	if existing, err := steps.BeginStep(ctx, own, &corral.TrajectoryEntry{Kind: "exec", StepID: "train-1"}); err != nil || existing == nil || existing.State != corral.StepDone {
+	if existing, err := steps.BeginStep(ctx, own, &model.TrajectoryEntry{Kind: "exec", StepID: "train-1"}); err != nil || existing == nil || existing.State != model.StepDone {
 		t.Errorf("the step again: %+v, %v; want the step recorded", existing, err)
 	}
-	logged := []store.StepWrite{{Sandbox: own, Entry: &corral.TrajectoryEntry{Kind: "exec", State: corral.StepDone}}, {Sandbox: own, Entry: &corral.TrajectoryEntry{Kind: "write_file", State: corral.StepDone}}}
+	logged := []store.StepWrite{{Sandbox: own, Entry: &model.TrajectoryEntry{Kind: "exec", State: model.StepDone}}, {Sandbox: own, Entry: &model.TrajectoryEntry{Kind: "write_file", State: model.StepDone}}}
 	if err := steps.WriteSteps(ctx, logged); err != nil || logged[0].Entry.Seq != 2 || logged[1].Entry.Seq != 3 {
 		t.Fatalf("write steps: %v, seqs %d, %d", err, logged[0].Entry.Seq, logged[1].Entry.Seq)
 	}
-	if err := steps.WriteSteps(ctx, []store.StepWrite{{Sandbox: "sb-edge2-aaaaaaaaaaaaaaaa", Entry: &corral.TrajectoryEntry{Kind: "exec"}}}); !errors.Is(err, errdefs.ErrDenied) {
+	if err := steps.WriteSteps(ctx, []store.StepWrite{{Sandbox: "sb-edge2-aaaaaaaaaaaaaaaa", Entry: &model.TrajectoryEntry{Kind: "exec"}}}); !errors.Is(err, errdefs.ErrDenied) {
 		t.Errorf("a step of another node's sandbox: %v, want ErrDenied", err)
 	}
-	if err := edge1.Steps(1).WriteSteps(ctx, []store.StepWrite{{Sandbox: own, Entry: &corral.TrajectoryEntry{Kind: "exec"}}}); !errors.Is(err, store.ErrFenced) {
+	if err := edge1.Steps(1).WriteSteps(ctx, []store.StepWrite{{Sandbox: own, Entry: &model.TrajectoryEntry{Kind: "exec"}}}); !errors.Is(err, store.ErrFenced) {
 		t.Errorf("a step of a fenced incarnation: %v, want ErrFenced", err)
 	}
 	if list, err := steps.ListSteps(ctx, own, 1, 100, ""); err != nil || len(list) != 2 || list[0].Seq != 2 {
@@ -348,7 +349,7 @@ func TestNodeStart(t *testing.T) {
 	}
 	// A begin whose answer broke off, made again at another replica, finds its own append and
 	// takes it as its own (not as an earlier call's step).
-	first := &corral.TrajectoryEntry{Kind: "exec", StepID: "train-2", State: corral.StepRunning, StartedAt: time.Now().UTC()}
+	first := &model.TrajectoryEntry{Kind: "exec", StepID: "train-2", State: model.StepRunning, StartedAt: time.Now().UTC()}
 	if ex, err := steps.BeginStep(ctx, own, first); err != nil || ex != nil {
 		t.Fatalf("begin train-2: %+v, %v", ex, err)
 	}
@@ -357,7 +358,7 @@ func TestNodeStart(t *testing.T) {
 	if ex, err := steps.BeginStep(ctx, own, &retried); err != nil || ex != nil || retried.Seq != first.Seq {
 		t.Errorf("the same begin again: existing %+v, %v, seq %d; want its own step %d", ex, err, retried.Seq, first.Seq)
 	}
-	later := &corral.TrajectoryEntry{Kind: "exec", StepID: "train-2", State: corral.StepRunning, StartedAt: time.Now().UTC().Add(time.Second)}
+	later := &model.TrajectoryEntry{Kind: "exec", StepID: "train-2", State: model.StepRunning, StartedAt: time.Now().UTC().Add(time.Second)}
 	if ex, err := steps.BeginStep(ctx, own, later); err != nil || ex == nil || ex.Seq != first.Seq {
 		t.Errorf("another call with the step ID: %+v, %v; want the step recorded", ex, err)
 	}
@@ -368,11 +369,11 @@ func TestNodeStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec.State = corral.StatePaused
+	rec.State = model.StatePaused
 	if err := recs.PutSandbox(ctx, rec); err != nil {
 		t.Fatalf("record a pause: %v", err)
 	}
-	if got, err := st.GetSandbox(ctx, own); err != nil || got.State != corral.StatePaused {
+	if got, err := st.GetSandbox(ctx, own); err != nil || got.State != model.StatePaused {
 		t.Errorf("the record after the pause: %+v, %v", got, err)
 	}
 	theirs := *rec
@@ -384,7 +385,7 @@ func TestNodeStart(t *testing.T) {
 		t.Errorf("a record of a fenced incarnation: %v, want ErrFenced", err)
 	}
 	// Reads of a record the edge keeps no copy of (its sandbox ended): the node's own only.
-	if got, err := recs.GetSandbox(ctx, own); err != nil || got.ID != own || got.State != corral.StatePaused {
+	if got, err := recs.GetSandbox(ctx, own); err != nil || got.ID != own || got.State != model.StatePaused {
 		t.Errorf("read the node's own record: %+v, %v", got, err)
 	}
 	if _, err := recs.GetSandbox(ctx, "sb-edge1-nnnnnnnnnnnnnnnn"); !errors.Is(err, errdefs.ErrNotFound) {
@@ -399,14 +400,14 @@ func TestNodeStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vol := &store.VolumeRecord{Volume: corral.Volume{Name: "data", Project: "/", SizeBytes: 1 << 20, Node: "edge1", CreatedAt: time.Now().UTC()},
+	vol := &store.VolumeRecord{Volume: model.Volume{Name: "data", Project: "/", SizeBytes: 1 << 20, Node: "edge1", CreatedAt: time.Now().UTC()},
 		ID: store.NewVolumeID(), ProjectID: root.ID, State: store.VolumeReady}
 	if err := st.CreateVolume(ctx, vol); err != nil {
 		t.Fatal(err)
 	}
 	writer := *rec
-	writer.ID, writer.State, writer.ProjectID = "sb-edge1-wwwwwwwwwwwwwwww", corral.StateCreating, root.ID
-	writer.Volumes, writer.VolumeIDs = []corral.VolumeMount{{Name: "data", Path: "/data"}}, []string{vol.ID}
+	writer.ID, writer.State, writer.ProjectID = "sb-edge1-wwwwwwwwwwwwwwww", model.StateCreating, root.ID
+	writer.Volumes, writer.VolumeIDs = []model.VolumeMount{{Name: "data", Path: "/data"}}, []string{vol.ID}
 
 	// Admission: of the node's own new sandboxes, by the incarnation holding the node, for a
 	// caller the servers sealed for it that may create there; the store's refusals come back
@@ -446,7 +447,7 @@ func TestNodeStart(t *testing.T) {
 	}
 	fresh := func(id string) *store.Sandbox {
 		c := *rec
-		c.ID, c.State, c.ProjectID, c.Volumes, c.VolumeIDs = id, corral.StateCreating, root.ID, nil, nil
+		c.ID, c.State, c.ProjectID, c.Volumes, c.VolumeIDs = id, model.StateCreating, root.ID, nil, nil
 		return &c
 	}
 	// A key that made another node's sandbox: its record comes with the replay, for the
@@ -502,14 +503,14 @@ func TestNodeStart(t *testing.T) {
 	if err := adm.AdmitSandbox(context.Background(), elsewhere, nil); !errors.Is(err, errdefs.ErrDenied) {
 		t.Errorf("fncall containers in a project without an fncall environment: %v, want ErrDenied", err)
 	}
-	if _, err := st.SetQuota(ctx, "", corral.Quota{Sandboxes: new(int64(1))}); err != nil {
+	if _, err := st.SetQuota(ctx, "", model.Quota{Sandboxes: new(int64(1))}); err != nil {
 		t.Fatal(err)
 	}
 	var qe *iam.QuotaError
 	if err := adm.AdmitSandbox(ctx, fresh("sb-edge1-qqqqqqqqqqqqqqqq"), nil); !errors.As(err, &qe) || qe.Resource != "sandboxes" {
 		t.Errorf("an admission over the quota: %v, want a quota error", err)
 	}
-	if _, err := st.SetQuota(ctx, "", corral.Quota{}); err != nil {
+	if _, err := st.SetQuota(ctx, "", model.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	vols := edge1.Volumes(2)
@@ -538,7 +539,7 @@ func TestNodeStart(t *testing.T) {
 
 	// Layer blobs in use, for an edge's GC: named by a published version, or in the rootfs of
 	// a live sandbox of any node.
-	if _, _, err := st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:published"}); err != nil {
+	if _, _, err := st.PublishLayer(ctx, model.Layer{Name: "base", Version: "1", Kind: model.KindBase, Digest: "sha256:published"}); err != nil {
 		t.Fatal(err)
 	}
 	other := writer
@@ -554,11 +555,11 @@ func TestNodeStart(t *testing.T) {
 	// Resolution: for a caller sealed for the node that may create there, or for what the edge
 	// starts on its own; a refusal keeps its field.
 	cat := edge1.Catalog()
-	res, err := cat.Resolve(ctx, corral.CreateRequest{Base: "base:1"}, false)
+	res, err := cat.Resolve(ctx, model.CreateRequest{Base: "base:1"}, false)
 	if err != nil || !slices.Equal(res.Digests, []string{"sha256:published"}) || res.ProjectID != root.ID || res.Tier != "container" {
 		t.Errorf("resolve for a caller who may create: %+v, %v", res, err)
 	}
-	if _, err := cat.Resolve(ctx, corral.CreateRequest{Base: "base:2"}, false); !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != "base" ||
+	if _, err := cat.Resolve(ctx, model.CreateRequest{Base: "base:2"}, false); !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != "base" ||
 		err.Error() != "base: layer base:2 is not published (see `corral layer ls`)" {
 		t.Errorf("resolve a layer not published: %v, want the store's own error", err)
 	}
@@ -567,14 +568,14 @@ func TestNodeStart(t *testing.T) {
 		"a caller sealed for another node": vouched("edge2", iam.SandboxCreate, srv.sealer),
 		"a caller who may not create":      vouched("edge1", iam.SandboxRead, srv.sealer),
 	} {
-		if _, err := cat.Resolve(vctx, corral.CreateRequest{Base: "base:1"}, false); !errors.Is(err, errdefs.ErrDenied) {
+		if _, err := cat.Resolve(vctx, model.CreateRequest{Base: "base:1"}, false); !errors.Is(err, errdefs.ErrDenied) {
 			t.Errorf("resolve for %s: %v, want ErrDenied", name, err)
 		}
 	}
-	if _, err := cat.Resolve(context.Background(), corral.CreateRequest{Base: "base:1"}, true); err != nil {
+	if _, err := cat.Resolve(context.Background(), model.CreateRequest{Base: "base:1"}, true); err != nil {
 		t.Errorf("resolve an fncall pool's container (fn is the root's): %v", err)
 	}
-	if _, err := cat.Resolve(context.Background(), corral.CreateRequest{Project: "/p", Base: "base:1"}, true); !errors.Is(err, errdefs.ErrDenied) {
+	if _, err := cat.Resolve(context.Background(), model.CreateRequest{Project: "/p", Base: "base:1"}, true); !errors.Is(err, errdefs.ErrDenied) {
 		t.Errorf("resolve an fncall container where no fncall environment is: %v, want ErrDenied", err)
 	}
 	// A warm environment's pooled sandbox (py's base is not published: past the check, the
@@ -583,7 +584,7 @@ func TestNodeStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		_, err := cat.Resolve(context.Background(), corral.CreateRequest{Environment: "py"}, false)
+		_, err := cat.Resolve(context.Background(), model.CreateRequest{Environment: "py"}, false)
 		if errors.Is(err, errdefs.ErrInvalid) && errdefs.Field(err) == "base" {
 			break
 		}
@@ -592,23 +593,23 @@ func TestNodeStart(t *testing.T) {
 			break
 		}
 	}
-	if _, err := cat.Resolve(context.Background(), corral.CreateRequest{Environment: "other"}, false); !errors.Is(err, errdefs.ErrDenied) {
+	if _, err := cat.Resolve(context.Background(), model.CreateRequest{Environment: "other"}, false); !errors.Is(err, errdefs.ErrDenied) {
 		t.Errorf("resolve an environment that is not warm without a caller: %v, want ErrDenied", err)
 	}
 }
 
 func TestSweepAfter(t *testing.T) {
 	now := time.Now()
-	nodes := []corral.Node{
-		{Name: "a", State: corral.NodeReady, HeartbeatAt: now, LeaseExpiresAt: now.Add(15 * time.Second)},
-		{Name: "b", State: corral.NodeDraining, HeartbeatAt: now, LeaseExpiresAt: now.Add(40 * time.Second)},
-		{Name: "c", State: corral.NodeLost, HeartbeatAt: now, LeaseExpiresAt: now.Add(time.Hour)},
+	nodes := []model.Node{
+		{Name: "a", State: model.NodeReady, HeartbeatAt: now, LeaseExpiresAt: now.Add(15 * time.Second)},
+		{Name: "b", State: model.NodeDraining, HeartbeatAt: now, LeaseExpiresAt: now.Add(40 * time.Second)},
+		{Name: "c", State: model.NodeLost, HeartbeatAt: now, LeaseExpiresAt: now.Add(time.Hour)},
 	}
 	if got := sweepAfter(nodes); got != 40*time.Second {
 		t.Errorf("sweepAfter = %v, want 40s (the longest lease of a node not lost)", got)
 	}
 	nodes[1].LeaseExpiresAt = now.Add(time.Hour)
-	nodes[1].State = corral.NodeReady
+	nodes[1].State = model.NodeReady
 	if got := sweepAfter(nodes); got != nodeproto.MaxLeaseTTL {
 		t.Errorf("sweepAfter = %v, want the bound %v", got, nodeproto.MaxLeaseTTL)
 	}
@@ -649,26 +650,26 @@ func TestRecordsOfEndedSandboxes(t *testing.T) {
 	at := time.Now().UTC()
 	put := func(id, state string) {
 		t.Helper()
-		rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: id, Node: "edge1", Tier: "container", State: state, CreatedAt: at, ExpiresAt: at.Add(time.Hour)}, ProjectID: team.ID}
-		if state == corral.StateStopped {
-			rec.Reason, rec.EndedAt = corral.ReasonDeleted, at
+		rec := &store.Sandbox{Sandbox: model.Sandbox{ID: id, Node: "edge1", Tier: "container", State: state, CreatedAt: at, ExpiresAt: at.Add(time.Hour)}, ProjectID: team.ID}
+		if state == model.StateStopped {
+			rec.Reason, rec.EndedAt = model.ReasonDeleted, at
 		}
 		if err := st.PutSandbox(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
 	}
 	const ended, live = "sb-edge1-eeeeeeeeeeeeeeee", "sb-edge1-llllllllllllllll"
-	put(ended, corral.StateStopped)
-	put(live, corral.StateRunning)
-	if got, err := c.GetSandbox(ctx, ended); err != nil || got.State != corral.StateStopped || got.Project != "team" {
+	put(ended, model.StateStopped)
+	put(live, model.StateRunning)
+	if got, err := c.GetSandbox(ctx, ended); err != nil || got.State != model.StateStopped || got.Project != "team" {
 		t.Fatalf("an ended sandbox's record, its edge unreachable: %+v, %v", got, err)
 	}
 	// A live one's is its edge's; when the edge cannot be reached, the replica answers it as
 	// the store last had it.
-	if got, err := c.GetSandbox(ctx, live); err != nil || got.State != corral.StateRunning {
+	if got, err := c.GetSandbox(ctx, live); err != nil || got.State != model.StateRunning {
 		t.Fatalf("a live sandbox's record, its edge unreachable: %+v, %v", got, err)
 	}
-	tok, err := c.CreateToken(ctx, corral.TokenRequest{Project: "other", Role: corral.RoleUser, Kind: "agent", Name: "elsewhere", TTL: "1h"})
+	tok, err := c.CreateToken(ctx, corral.TokenRequest{Project: "other", Role: model.RoleUser, Kind: "agent", Name: "elsewhere", TTL: "1h"})
 	if err != nil {
 		t.Fatal(err)
 	}

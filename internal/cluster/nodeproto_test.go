@@ -19,6 +19,7 @@ import (
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
 	corral "github.com/corral-dev/corral/sdk/go"
@@ -72,7 +73,7 @@ func TestNodeProtocol(t *testing.T) {
 	roomy := start("roomy", small, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		json.NewEncoder(w).Encode(corral.Sandbox{ID: id, State: corral.StateRunning})
+		json.NewEncoder(w).Encode(model.Sandbox{ID: id, State: model.StateRunning})
 	})
 	s.refresh(ctx, true)
 
@@ -166,17 +167,17 @@ func TestNodeProtocol(t *testing.T) {
 			t.Errorf("a resolution was sent with a create the replica could not resolve")
 		}
 	}
-	if _, _, err := st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "x", Kind: corral.KindBase, Digest: "sha256:basex"}); err != nil {
+	if _, _, err := st.PublishLayer(ctx, model.Layer{Name: "base", Version: "x", Kind: model.KindBase, Digest: "sha256:basex"}); err != nil {
 		t.Fatal(err)
 	}
 	made := http.Header{}
-	nodeproto.SetResolution(made, corral.CreateRequest{Base: "base:x"}, &catalog.Resolution{Digests: []string{"sha256:forged"}})
+	nodeproto.SetResolution(made, model.CreateRequest{Base: "base:x"}, &catalog.Resolution{Digests: []string{"sha256:forged"}})
 	if resp, body := post(made); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("create with a resolution header of the client's: %s %s", resp.Status, body)
 	}
 	sent := roomy.headers()
 	f := nodeproto.ResolutionOf(sent[len(sent)-1])
-	if f == nil || len(f.Digests) != 1 || f.Digests[0] != "sha256:basex" || f.For != nodeproto.RequestDigest(corral.CreateRequest{Base: "base:x", Project: ""}) {
+	if f == nil || len(f.Digests) != 1 || f.Digests[0] != "sha256:basex" || f.For != nodeproto.RequestDigest(model.CreateRequest{Base: "base:x", Project: ""}) {
 		t.Errorf("the resolution sent with a create: %+v, want the replica's of base:x", f)
 	}
 
@@ -257,12 +258,12 @@ func TestNodeProtocolOldEdge(t *testing.T) {
 				httpjson.Error(w, r, log, fmt.Errorf("no room: %w", errdefs.ErrNodeFull))
 				return
 			}
-			json.NewEncoder(w).Encode(corral.Sandbox{ID: "sb-old-aaaaaaaaaaaaaaaa", State: corral.StateRunning})
+			json.NewEncoder(w).Encode(model.Sandbox{ID: "sb-old-aaaaaaaaaaaaaaaa", State: model.StateRunning})
 		})
 	upgraded := startStandIn(t, st, hs.URL, dir, "upgraded", nodeproto.Version, store.Resources{CPUs: 8, MemoryBytes: 8 << 30, DiskBytes: 1 << 40, Sandboxes: 10},
 		func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusCreated)
-			json.NewEncoder(w).Encode(corral.Sandbox{ID: "sb-upgraded-aaaaaaaaaaaaaaaa", State: corral.StateRunning})
+			json.NewEncoder(w).Encode(model.Sandbox{ID: "sb-upgraded-aaaaaaaaaaaaaaaa", State: model.StateRunning})
 		})
 	s.refresh(ctx, true)
 	c := corral.New(hs.URL, token)

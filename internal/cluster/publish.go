@@ -10,8 +10,8 @@ import (
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The catalogue's writes an edge makes: the layer versions it imports, snapshots and builds,
@@ -69,25 +69,25 @@ func (s *Server) nodePublishLayer(ctx context.Context, node string, req *nodepro
 }
 
 // publishedLayer returns the version req names, for a caller who may publish in its project.
-func (s *Server) publishedLayer(ctx context.Context, node string, req *nodeproto.LayerRequest) (corral.Layer, error) {
+func (s *Server) publishedLayer(ctx context.Context, node string, req *nodeproto.LayerRequest) (model.Layer, error) {
 	if err := catalog.ValidateLayerName("name", "version", req.Name, req.Version); err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	l, err := s.store.GetLayer(ctx, req.Name, req.Version)
 	if err != nil {
-		return corral.Layer{}, refusedWrite(err)
+		return model.Layer{}, refusedWrite(err)
 	}
 	if err := s.mayPublish(node, req.Voucher, "project", l.Project); err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	if l.Name != req.Name || l.Version != req.Version {
-		return corral.Layer{}, clientRefusal{errdefs.Invalid("version", "%s:%s is a tag; settings belong to versions (%s:%s)", req.Name, req.Version, l.Name, l.Version)}
+		return model.Layer{}, clientRefusal{errdefs.Invalid("version", "%s:%s is a tag; settings belong to versions (%s:%s)", req.Name, req.Version, l.Name, l.Version)}
 	}
 	return l, nil
 }
 
 // nodeSetLayer sets a published version's fill rate or visibility.
-func (s *Server) nodeSetLayer(ctx context.Context, node string, req *nodeproto.LayerRequest) (*corral.Layer, error) {
+func (s *Server) nodeSetLayer(ctx context.Context, node string, req *nodeproto.LayerRequest) (*model.Layer, error) {
 	switch {
 	case req.FillRate == nil && req.Public == nil:
 		return nil, errdefs.Invalid("fill_rate", "nothing to set (fill_rate, public)")
@@ -118,7 +118,7 @@ func (s *Server) nodeSetLayer(ctx context.Context, node string, req *nodeproto.L
 
 // nodeDeleteLayer deletes a published version from the catalogue; the edge then removes its
 // ref from the shared catalogue and its blob when nothing else uses it.
-func (s *Server) nodeDeleteLayer(ctx context.Context, node string, req *nodeproto.LayerRequest) (*corral.Layer, error) {
+func (s *Server) nodeDeleteLayer(ctx context.Context, node string, req *nodeproto.LayerRequest) (*model.Layer, error) {
 	if _, err := s.publishedLayer(ctx, node, req); err != nil {
 		return nil, err
 	}
@@ -131,7 +131,7 @@ func (s *Server) nodeDeleteLayer(ctx context.Context, node string, req *nodeprot
 }
 
 // nodeEnvironment saves the environment a build made, checked as one saved through the API.
-func (s *Server) nodeEnvironment(ctx context.Context, node string, req *nodeproto.EnvironmentRequest) (*corral.Environment, error) {
+func (s *Server) nodeEnvironment(ctx context.Context, node string, req *nodeproto.EnvironmentRequest) (*model.Environment, error) {
 	if err := s.mayPublish(node, req.Voucher, "environment.project", req.Environment.Project); err != nil {
 		return nil, err
 	}

@@ -11,9 +11,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // sealedFor returns ctx carrying a caller who holds held in each project (canonical path),
@@ -59,7 +59,7 @@ func TestNodePublish(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := st.PublishLayer(ctx, corral.Layer{Name: "bpart", Version: "1", Kind: corral.KindBase, Digest: "sha256:" + strings.Repeat("b", 64), Project: "/b"}); err != nil {
+	if _, _, err := st.PublishLayer(ctx, model.Layer{Name: "bpart", Version: "1", Kind: model.KindBase, Digest: "sha256:" + strings.Repeat("b", 64), Project: "/b"}); err != nil {
 		t.Fatal(err)
 	}
 	pub := edge1.Publisher()
@@ -69,7 +69,7 @@ func TestNodePublish(t *testing.T) {
 	}
 	publisher := sealedFor(t, ctx, "edge1", map[string]iam.Perm{"a": iam.LayerPublish | iam.SandboxAdmin}, srv.sealer)
 	digest := "sha256:" + strings.Repeat("a", 64)
-	layer := corral.Layer{Name: "apart", Version: "1", Kind: corral.KindBase, Digest: digest, Size: 10, Files: 1, Project: "/a", CreatedAt: time.Now().UTC()}
+	layer := model.Layer{Name: "apart", Version: "1", Kind: model.KindBase, Digest: digest, Size: 10, Files: 1, Project: "/a", CreatedAt: time.Now().UTC()}
 
 	for name, vctx := range map[string]context.Context{
 		"no caller":                        ctx,
@@ -89,20 +89,20 @@ func TestNodePublish(t *testing.T) {
 	// Records the catalogue must not keep, each refused with its field.
 	for _, c := range []struct {
 		field string
-		edit  func(l *corral.Layer)
+		edit  func(l *model.Layer)
 	}{
-		{"layer.name", func(l *corral.Layer) { l.Name = "Bad Name" }},
-		{"layer.kind", func(l *corral.Layer) { l.Kind = "rootkit" }},
-		{"layer.digest", func(l *corral.Layer) { l.Digest = "sha256:short" }},
-		{"layer.public", func(l *corral.Layer) { l.Private, l.Public = true, true }},
-		{"layer.snapshot", func(l *corral.Layer) { l.Snapshot = &corral.SnapshotOf{Base: "bpart:1"} }},
-		{"layer.snapshot", func(l *corral.Layer) { l.Kind = corral.KindSnapshot }},
-		{"layer.tags", func(l *corral.Layer) { l.Tags = []string{"latest"} }},
-		{"layer.fill_rate", func(l *corral.Layer) { l.FillRate = -2 }},
-		{"image_config.working_dir", func(l *corral.Layer) { l.ImageConfig = &corral.ImageConfig{WorkingDir: "relative"} }},
-		{"layer.below[0]", func(l *corral.Layer) { l.Below = []string{"bpart:1"} }}, // /b's, not usable in /a
-		{"layer.below[0]", func(l *corral.Layer) { l.Below = []string{"nothing:1"} }},
-		{"layer.below", func(l *corral.Layer) { l.Kind, l.Below = corral.KindVMImage, []string{"x:1"} }},
+		{"layer.name", func(l *model.Layer) { l.Name = "Bad Name" }},
+		{"layer.kind", func(l *model.Layer) { l.Kind = "rootkit" }},
+		{"layer.digest", func(l *model.Layer) { l.Digest = "sha256:short" }},
+		{"layer.public", func(l *model.Layer) { l.Private, l.Public = true, true }},
+		{"layer.snapshot", func(l *model.Layer) { l.Snapshot = &model.SnapshotOf{Base: "bpart:1"} }},
+		{"layer.snapshot", func(l *model.Layer) { l.Kind = model.KindSnapshot }},
+		{"layer.tags", func(l *model.Layer) { l.Tags = []string{"latest"} }},
+		{"layer.fill_rate", func(l *model.Layer) { l.FillRate = -2 }},
+		{"image_config.working_dir", func(l *model.Layer) { l.ImageConfig = &model.ImageConfig{WorkingDir: "relative"} }},
+		{"layer.below[0]", func(l *model.Layer) { l.Below = []string{"bpart:1"} }}, // /b's, not usable in /a
+		{"layer.below[0]", func(l *model.Layer) { l.Below = []string{"nothing:1"} }},
+		{"layer.below", func(l *model.Layer) { l.Kind, l.Below = model.KindVMImage, []string{"x:1"} }},
 	} {
 		l := layer
 		c.edit(&l)
@@ -124,7 +124,7 @@ func TestNodePublish(t *testing.T) {
 	if _, _, err := pub.PublishLayer(publisher, other); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("the version with other content: %v, want a conflict (versions are immutable)", err)
 	}
-	stacked := corral.Layer{Name: "astack", Version: "1", Kind: corral.KindBase, Digest: "sha256:" + strings.Repeat("d", 64), Project: "/a", Below: []string{"apart:1"}}
+	stacked := model.Layer{Name: "astack", Version: "1", Kind: model.KindBase, Digest: "sha256:" + strings.Repeat("d", 64), Project: "/a", Below: []string{"apart:1"}}
 	if _, _, err := pub.PublishLayer(publisher, stacked); err != nil {
 		t.Errorf("a version stacked on a part of its project: %v", err)
 	}
@@ -177,18 +177,18 @@ func TestNodePublish(t *testing.T) {
 
 	// A build's environment: saved for a publisher of its project, checked, replacing an
 	// earlier build's.
-	env := corral.Environment{Name: "built", Base: "apart:1", Project: "/a"}
+	env := model.Environment{Name: "built", Base: "apart:1", Project: "/a"}
 	if _, err := pub.ReplaceEnvironment(readerOfA, env); !errors.Is(err, errdefs.ErrDenied) {
 		t.Errorf("save a build's environment for a reader: %v, want ErrDenied", err)
 	}
-	if _, err := pub.ReplaceEnvironment(publisher, corral.Environment{Name: "built", Base: "bpart:1", Project: "/a"}); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := pub.ReplaceEnvironment(publisher, model.Environment{Name: "built", Base: "bpart:1", Project: "/a"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("an environment on another project's layer: %v, want invalid", err)
 	}
 	if saved, err := pub.ReplaceEnvironment(publisher, env); err != nil || saved.Project != "a" {
 		t.Errorf("save the build's environment: %+v, %v", saved, err)
 	}
 	if _, err := pub.ReplaceEnvironment(sealedFor(t, ctx, "edge1", map[string]iam.Perm{"b": iam.LayerPublish}, srv.sealer),
-		corral.Environment{Name: "built", Base: "bpart:1", Project: "/b"}); !errors.Is(err, errdefs.ErrConflict) {
+		model.Environment{Name: "built", Base: "bpart:1", Project: "/b"}); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("another project's build of the same name: %v, want a conflict", err)
 	}
 }

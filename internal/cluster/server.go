@@ -55,13 +55,13 @@ import (
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/revproxy"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/webhook"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Config configures `corral server`.
@@ -159,7 +159,7 @@ type Server struct {
 	resolver *catalog.Resolver
 
 	mu     sync.Mutex
-	nodes  []corral.Node // the last read of the nodes table
+	nodes  []model.Node // the last read of the nodes table
 	readAt time.Time
 	conns  map[string]*edgeConn // by node name and URL
 	rr     atomic.Uint64
@@ -400,7 +400,7 @@ func (s *Server) forward(next http.HandlerFunc) http.Handler {
 // carry r's caller as n speaks: from node protocol 1 on, the caller and no token
 // (apiserver.ForwardCaller); to an edge older than the protocol, registered without a version
 // (a rolling upgrade, servers first), the user's token as before, which that edge checks.
-func (s *Server) asCaller(r *http.Request, n corral.Node, h http.Header) error {
+func (s *Server) asCaller(r *http.Request, n model.Node, h http.Header) error {
 	if n.Protocol >= nodeproto.Version {
 		return apiserver.ForwardCaller(r, h, n.Name, s.sealer)
 	}
@@ -414,7 +414,7 @@ func (s *Server) asCaller(r *http.Request, n corral.Node, h http.Header) error {
 // that the edge need not ask (nodeproto.HeaderResolution): only for a caller who may create in
 // its project, so a refusal never tells another project's catalogue. A create it cannot resolve
 // goes without: the edge asks, and answers (and audits) the refusal as it always did.
-func (s *Server) resolve(r *http.Request, req corral.CreateRequest) *catalog.Resolution {
+func (s *Server) resolve(r *http.Request, req model.CreateRequest) *catalog.Resolution {
 	if apiserver.Require(r, iam.SandboxCreate, req.Project) != nil {
 		return nil
 	}
@@ -440,7 +440,7 @@ func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, err)
 		return
 	}
-	state := map[string]string{"cordon": corral.NodeCordoned, "drain": corral.NodeDraining, "uncordon": corral.NodeReady}[r.PathValue("action")]
+	state := map[string]string{"cordon": model.NodeCordoned, "drain": model.NodeDraining, "uncordon": model.NodeReady}[r.PathValue("action")]
 	if state == "" {
 		httpjson.Error(w, r, s.log, errdefs.Invalid("action", "%q: want cordon, drain or uncordon", r.PathValue("action")))
 		return
@@ -492,7 +492,7 @@ func (s *Server) watch(ctx context.Context) {
 	defer t.Stop()
 	// The first read of the nodes must succeed: a replica that starts while the store is still
 	// coming back has nothing to measure the longest lease by.
-	var first []corral.Node
+	var first []model.Node
 	for {
 		list, err := s.store.ListNodes(ctx)
 		if err == nil {
@@ -523,7 +523,7 @@ func (s *Server) watch(ctx context.Context) {
 		case len(lost) > 0:
 			s.log.Warn("nodes lost: their lease ran out past the grace period", "nodes", lost, "sandboxes_failed", failed, "grace", s.cfg.LeaseGrace)
 			for _, n := range lost {
-				s.nodeEvent(ctx, n, corral.NodeLost)
+				s.nodeEvent(ctx, n, model.NodeLost)
 			}
 		}
 		s.refresh(ctx, true)
@@ -537,10 +537,10 @@ func (s *Server) watch(ctx context.Context) {
 
 // sweepAfter is the longest lease of nodes (a heartbeat's lease is its expiry less its time),
 // within nodeproto's bounds.
-func sweepAfter(nodes []corral.Node) time.Duration {
+func sweepAfter(nodes []model.Node) time.Duration {
 	var d time.Duration
 	for _, n := range nodes {
-		if n.State != corral.NodeLost {
+		if n.State != model.NodeLost {
 			d = max(d, n.LeaseExpiresAt.Sub(n.HeartbeatAt))
 		}
 	}
@@ -548,7 +548,7 @@ func sweepAfter(nodes []corral.Node) time.Duration {
 }
 
 // refresh rereads the nodes table when the copy is older than a second (or when forced).
-func (s *Server) refresh(ctx context.Context, force bool) []corral.Node {
+func (s *Server) refresh(ctx context.Context, force bool) []model.Node {
 	s.mu.Lock()
 	if !force && time.Since(s.readAt) < time.Second {
 		defer s.mu.Unlock()
@@ -568,7 +568,7 @@ func (s *Server) refresh(ctx context.Context, force bool) []corral.Node {
 
 // node returns the node named name as last read, reading again if it is not there (it may have
 // joined since).
-func (s *Server) node(ctx context.Context, name string) (corral.Node, bool) {
+func (s *Server) node(ctx context.Context, name string) (model.Node, bool) {
 	for _, force := range []bool{false, true} {
 		for _, n := range s.refresh(ctx, force) {
 			if n.Name == name {
@@ -576,16 +576,16 @@ func (s *Server) node(ctx context.Context, name string) (corral.Node, bool) {
 			}
 		}
 	}
-	return corral.Node{}, false
+	return model.Node{}, false
 }
 
 // upNodes returns the nodes that are not lost, reading again when none is (one may have joined
 // since).
-func (s *Server) upNodes(ctx context.Context) []corral.Node {
-	var up []corral.Node
+func (s *Server) upNodes(ctx context.Context) []model.Node {
+	var up []model.Node
 	for _, force := range []bool{false, true} {
 		for _, n := range s.refresh(ctx, force) {
-			if n.State != corral.NodeLost {
+			if n.State != model.NodeLost {
 				up = append(up, n)
 			}
 		}
@@ -639,7 +639,7 @@ func (s *Server) certificate() *tls.Certificate {
 }
 
 // conn returns how to reach node n's edge.
-func (s *Server) conn(n corral.Node) (*edgeConn, error) {
+func (s *Server) conn(n model.Node) (*edgeConn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := fmt.Sprintf("%s %s %d", n.Name, n.URL, n.Protocol) // an upgraded edge speaks anew
@@ -742,11 +742,11 @@ func (s *Server) toOwner(w http.ResponseWriter, r *http.Request) {
 	case !ok:
 		httpjson.Error(w, r, s.log, errdefs.NotFound("sandbox %s (no node %s in this cluster)", id, name))
 		return
-	case n.State == corral.NodeLost && recordRead(r, id):
+	case n.State == model.NodeLost && recordRead(r, id):
 		s.serveStoredRecord(w, r, id) // failed with node_lost
 		return
-	case n.State == corral.NodeLost:
-		httpjson.Error(w, r, s.log, errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes failed with %s)", id, name, corral.ReasonNodeLost))
+	case n.State == model.NodeLost:
+		httpjson.Error(w, r, s.log, errdefs.Unavailable("sandbox %s: node %s is lost (its sandboxes failed with %s)", id, name, model.ReasonNodeLost))
 		return
 	}
 	c, err := s.conn(n)
@@ -790,7 +790,7 @@ func (s *Server) sandboxProject(w http.ResponseWriter, r *http.Request, id strin
 		httpjson.Error(w, r, s.log, err)
 		return "", false, true
 	}
-	if rec.State != corral.StateStopped && rec.State != corral.StateFailed {
+	if rec.State != model.StateStopped && rec.State != model.StateFailed {
 		p, err := iam.ParsePath("project", rec.Project) // the record's display form
 		return p, err == nil, false
 	}
@@ -855,7 +855,7 @@ func (s *Server) toNode(w http.ResponseWriter, r *http.Request, name string) {
 	case !ok:
 		httpjson.Error(w, r, s.log, errdefs.NotFound("node %s (corral node ls)", name))
 		return
-	case n.State == corral.NodeLost:
+	case n.State == model.NodeLost:
 		httpjson.Error(w, r, s.log, errdefs.Unavailable("node %s is lost", name))
 		return
 	}
@@ -870,11 +870,11 @@ func (s *Server) toNode(w http.ResponseWriter, r *http.Request, name string) {
 // toAnyExcept is toAny avoiding the edges at skip (ones that just did not answer). Draining
 // nodes serve only when no other is up: they have wound their fncall pools down.
 func (s *Server) toAnyExcept(w http.ResponseWriter, r *http.Request, skip ...string) {
-	var up, draining []corral.Node
+	var up, draining []model.Node
 	for _, n := range s.upNodes(r.Context()) {
 		switch {
 		case slices.Contains(skip, n.URL):
-		case n.State == corral.NodeDraining:
+		case n.State == model.NodeDraining:
 			draining = append(draining, n)
 		default:
 			up = append(up, n)
@@ -911,7 +911,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		httpjson.Error(w, r, s.log, errdefs.Invalid("body", "read the request (at most 1 MiB): %v", err))
 		return
 	}
-	var req corral.CreateRequest
+	var req model.CreateRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		httpjson.Error(w, r, s.log, errdefs.Invalid("body", "not a create request: %v", err))
 		return
@@ -1000,9 +1000,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 
 // projectGroups returns the project an Authenticated request names (path, or its token's) and
 // its node groups: its own placement or an ancestor's (the edge checks the rest).
-func (s *Server) projectGroups(r *http.Request, path string) (string, *corral.ProjectPlacement, error) {
+func (s *Server) projectGroups(r *http.Request, path string) (string, *model.ProjectPlacement, error) {
 	project, err := apiserver.CallerProject(r, "project", path)
-	var groups *corral.ProjectPlacement
+	var groups *model.ProjectPlacement
 	if err == nil {
 		groups, err = s.store.ProjectPlacement(r.Context(), project)
 	}
@@ -1093,7 +1093,7 @@ func legacyRefusal(resp *http.Response) nodeproto.Refusal {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	resp.Body = io.NopCloser(bytes.NewReader(b))
-	var e corral.Error
+	var e model.Error
 	if json.Unmarshal(b, &e) == nil && e.Code == string(nodeproto.NodeFull) {
 		return nodeproto.NodeFull
 	}
@@ -1104,7 +1104,7 @@ func legacyRefusal(resp *http.Response) nodeproto.Refusal {
 func refusalMessage(resp *http.Response) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var e corral.Error
+	var e model.Error
 	if json.Unmarshal(b, &e) != nil || e.Message == "" {
 		return fmt.Sprintf("refused (%s, %s)", resp.Status, resp.Header.Get(nodeproto.HeaderRefusal))
 	}
@@ -1147,9 +1147,9 @@ func selectors(list []map[string]string) []placement.Selector {
 }
 
 // placementNodes converts the nodes table for placement.
-func placementNodes(list []corral.Node) []placement.Node {
+func placementNodes(list []model.Node) []placement.Node {
 	out := make([]placement.Node, 0, len(list))
-	res := func(r corral.Resources) placement.Resources {
+	res := func(r model.Resources) placement.Resources {
 		return placement.Resources{CPUs: r.CPUs, MemoryBytes: r.MemoryBytes, DiskBytes: r.DiskBytes, Sandboxes: r.Sandboxes}
 	}
 	for _, n := range list {

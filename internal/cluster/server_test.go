@@ -19,6 +19,7 @@ import (
 	"github.com/corral-dev/corral/internal/apiserver"
 	"github.com/corral-dev/corral/internal/clusterauth"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/store/pgtest"
@@ -133,10 +134,10 @@ func TestServerWithoutEdges(t *testing.T) {
 
 	// Only an operator sees or changes nodes.
 	nodes, err := c.Nodes(ctx)
-	if err != nil || len(nodes) != 2 || nodes[0].State != corral.NodeReady {
+	if err != nil || len(nodes) != 2 || nodes[0].State != model.NodeReady {
 		t.Fatalf("nodes: %+v, %v", nodes, err)
 	}
-	if n, err := c.NodeAction(ctx, "edge1", "drain"); err != nil || n.State != corral.NodeDraining {
+	if n, err := c.NodeAction(ctx, "edge1", "drain"); err != nil || n.State != model.NodeDraining {
 		t.Fatalf("drain: %+v, %v", n, err)
 	}
 	if _, err := c.NodeAction(ctx, "edge1", "reboot"); err == nil {
@@ -176,7 +177,7 @@ func TestServerWithoutEdges(t *testing.T) {
 		}
 	}
 	// A create naming only a microvm environment is placed as a microvm: no node offers one.
-	if _, err := st.PutEnvironment(ctx, corral.Environment{Name: "vmenv", Base: "base:x", Tier: "microvm", CreatedAt: time.Now().UTC()}); err != nil {
+	if _, err := st.PutEnvironment(ctx, model.Environment{Name: "vmenv", Base: "base:x", Tier: "microvm", CreatedAt: time.Now().UTC()}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.CreateSandbox(ctx, corral.CreateRequest{Environment: "vmenv"}); err == nil || !strings.Contains(err.Error(), "microvm") {
@@ -208,7 +209,7 @@ func TestServerWithoutEdges(t *testing.T) {
 	}
 	// Environments are saved, resized and deleted by the replica, checked as corral up checks
 	// them (the edges follow the configuration).
-	if _, _, err := st.PublishLayer(ctx, corral.Layer{Name: "envbase", Version: "1", Kind: corral.KindBase, Digest: "sha256:envbase"}); err != nil {
+	if _, _, err := st.PublishLayer(ctx, model.Layer{Name: "envbase", Version: "1", Kind: model.KindBase, Digest: "sha256:envbase"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []struct {
@@ -227,7 +228,7 @@ func TestServerWithoutEdges(t *testing.T) {
 		}
 	}
 	env, err := c.SaveEnvironment(ctx, corral.Environment{Name: "web", Base: "envbase:1", Tier: "container", Warm: 2,
-		Network: &corral.NetworkPolicy{Mode: corral.NetworkNone}})
+		Network: &corral.NetworkPolicy{Mode: model.NetworkNone}})
 	if err != nil || env.Tier != "" || env.CreatedAt.IsZero() || env.Warm != 2 || env.Network == nil {
 		t.Fatalf("save an environment through the replica: %+v, %v", env, err)
 	}

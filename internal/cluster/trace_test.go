@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/clusterauth"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
 	"github.com/corral-dev/corral/internal/trace/otlptest"
@@ -55,7 +56,7 @@ func TestTraceAcrossServer(t *testing.T) {
 		if name == trace.Create {
 			w.WriteHeader(http.StatusCreated)
 		}
-		json.NewEncoder(w).Encode(corral.Sandbox{ID: id, State: corral.StateRunning})
+		json.NewEncoder(w).Encode(model.Sandbox{ID: id, State: model.StateRunning})
 	})), "/healthz"))
 	edge.TLS = j.TLS
 	edge.StartTLS()

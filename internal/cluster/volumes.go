@@ -11,8 +11,8 @@ import (
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // volumes keeps a cluster's volumes on its servers (apiserver.Volumes). A volume's record is the
@@ -26,7 +26,7 @@ type volumes struct{ s *Server }
 var _ apiserver.Volumes = volumes{}
 
 // CreateVolume records a new volume, its size charged to its project's disk quota.
-func (v volumes) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest) (*store.VolumeRecord, error) {
+func (v volumes) CreateVolume(ctx context.Context, req model.CreateVolumeRequest) (*store.VolumeRecord, error) {
 	if v.s.cfg.BlobStore == "" {
 		return nil, errdefs.Invalid("volumes", "volumes in a cluster need its blob store: start the servers with --blob-store")
 	}
@@ -90,7 +90,7 @@ func (v volumes) removeBlobs(r *http.Request, id string) {
 	if err == nil {
 		return
 	}
-	rest := make([]corral.Node, 0, 2)
+	rest := make([]model.Node, 0, 2)
 	for i := 1; i < min(len(up), 3); i++ {
 		rest = append(rest, up[(first+i)%len(up)])
 	}

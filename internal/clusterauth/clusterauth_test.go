@@ -24,7 +24,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/doccheck"
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 func TestDocs(t *testing.T) { doccheck.Exported(t, ".") }
@@ -453,7 +453,7 @@ func TestMutualTLS(t *testing.T) {
 				t.Fatalf("got status %d (%s), want %d", status, body, tc.want)
 			}
 			if status == 401 {
-				var e corral.Error
+				var e model.Error
 				if err := json.Unmarshal(body, &e); err != nil || e.Code != "unauthorized" || e.Message == "" {
 					t.Errorf("401 body %s: want a JSON error with code unauthorized and a message (%v)", body, err)
 				}

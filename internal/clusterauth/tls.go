@@ -11,7 +11,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // EdgeTLS returns the configuration an edge serves its API with: TLS 1.3, its certificate
@@ -88,7 +88,7 @@ func RequireServer(next http.Handler, exempt ...string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !open[r.URL.Path] {
 			if err := checkServerPeer(r.TLS); err != nil {
-				httpjson.Write(w, http.StatusUnauthorized, corral.Error{Code: errdefs.Code(err), Message: err.Error()})
+				httpjson.Write(w, http.StatusUnauthorized, model.Error{Code: errdefs.Code(err), Message: err.Error()})
 				return
 			}
 		}
@@ -174,7 +174,7 @@ func RequireEdge(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		node, err := edgePeer(r.TLS)
 		if err != nil {
-			httpjson.Write(w, http.StatusUnauthorized, corral.Error{Code: errdefs.Code(err), Message: err.Error()})
+			httpjson.Write(w, http.StatusUnauthorized, model.Error{Code: errdefs.Code(err), Message: err.Error()})
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), edgeNodeKey{}, node)))

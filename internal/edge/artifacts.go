@@ -16,8 +16,8 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Artifacts: files a call kept on the node (CallRequest.Keep) for a later call to take by
@@ -206,7 +206,7 @@ func (a *artifacts) open(project, ref string) (*os.File, fs.FileMode, error) {
 		a.mu.Unlock()
 		return nil, 0, notKept(ref)
 	}
-	if until := now.Add(corral.ArtifactTTL); until.After(fi.ModTime()) {
+	if until := now.Add(model.ArtifactTTL); until.After(fi.ModTime()) {
 		os.Chtimes(p, until, until)
 	}
 	return f, fi.Mode(), nil

@@ -11,8 +11,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 const (
@@ -148,22 +148,22 @@ func TestCheckCallKeepTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &fncallPool{e: &Edge{artifacts: a}, env: corral.FncallEnv{FilesBytes: 1 << 20}, projectID: prjA, timeout: time.Minute}
+	p := &fncallPool{e: &Edge{artifacts: a}, env: model.FncallEnv{FilesBytes: 1 << 20}, projectID: prjA, timeout: time.Minute}
 	for _, c := range []struct {
 		ttl  string
 		keep []string
 		want time.Duration // 0: invalid
 	}{
-		{"", []string{"out"}, corral.ArtifactTTL},
+		{"", []string{"out"}, model.ArtifactTTL},
 		{"1s", []string{"out"}, time.Second},
-		{"24h", []string{"out"}, corral.MaxArtifactTTL},
+		{"24h", []string{"out"}, model.MaxArtifactTTL},
 		{"24h1s", []string{"out"}, 0},
 		{"500ms", []string{"out"}, 0},
 		{"-1m", []string{"out"}, 0},
 		{"soon", []string{"out"}, 0},
 		{"1m", nil, 0},
 	} {
-		spec, err := p.checkCall(corral.CallRequest{Argv: []string{"true"}, Keep: c.keep, KeepTTL: c.ttl})
+		spec, err := p.checkCall(model.CallRequest{Argv: []string{"true"}, Keep: c.keep, KeepTTL: c.ttl})
 		switch {
 		case c.want == 0 && (!errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != "keep_ttl"):
 			t.Errorf("keep_ttl %q keep %v: %v, want invalid keep_ttl", c.ttl, c.keep, err)

@@ -17,9 +17,9 @@ import (
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The edge's side of Dockerfile builds (internal/build drives them): a build's steps run in
@@ -35,19 +35,19 @@ const BuildLayerName = "corral.build"
 // holds them equal to the API's.
 
 // buildLayer is what a build reads of layer l.
-func buildLayer(l corral.Layer) build.Layer {
+func buildLayer(l model.Layer) build.Layer {
 	return build.Layer{Name: l.Name, Version: l.Version, Digest: l.Digest, Size: l.Size, Files: l.Files,
 		Below: l.Below, ImageConfig: buildImageConfig(l.ImageConfig), Project: l.Project, CreatedAt: l.CreatedAt}
 }
 
 // apiLayer is a layer a build makes, of kind base.
-func apiLayer(l build.Layer) corral.Layer {
-	return corral.Layer{Name: l.Name, Version: l.Version, Kind: corral.KindBase, Digest: l.Digest, Size: l.Size, Files: l.Files,
+func apiLayer(l build.Layer) model.Layer {
+	return model.Layer{Name: l.Name, Version: l.Version, Kind: model.KindBase, Digest: l.Digest, Size: l.Size, Files: l.Files,
 		Below: l.Below, ImageConfig: apiImageConfig(l.ImageConfig), Project: l.Project, CreatedAt: l.CreatedAt}
 }
 
 // buildImageConfig is c as a build's (nil stays nil).
-func buildImageConfig(c *corral.ImageConfig) *build.ImageConfig {
+func buildImageConfig(c *model.ImageConfig) *build.ImageConfig {
 	if c == nil {
 		return nil
 	}
@@ -59,13 +59,13 @@ func buildImageConfig(c *corral.ImageConfig) *build.ImageConfig {
 }
 
 // apiImageConfig is a build's c as the API's (nil stays nil).
-func apiImageConfig(c *build.ImageConfig) *corral.ImageConfig {
+func apiImageConfig(c *build.ImageConfig) *model.ImageConfig {
 	if c == nil {
 		return nil
 	}
-	out := &corral.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, Labels: c.Labels}
+	out := &model.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd, Labels: c.Labels}
 	for _, s := range c.Services {
-		out.Services = append(out.Services, corral.Service(s))
+		out.Services = append(out.Services, model.Service(s))
 	}
 	return out
 }
@@ -82,7 +82,7 @@ func (e *Edge) BuildFrom(ctx context.Context, at, ref string, dry bool) (build.L
 	return buildLayer(top), depth, buildImageConfig(cfg), err
 }
 
-func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top corral.Layer, depth int, cfg *corral.ImageConfig, err error) {
+func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top model.Layer, depth int, cfg *model.ImageConfig, err error) {
 	if !strings.Contains(ref, ":") {
 		env, err := e.reader.VisibleEnvironment(ctx, at, ref)
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -90,7 +90,7 @@ func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top cor
 		} else if err != nil {
 			return top, 0, nil, err
 		}
-		base, err := e.resolveLayer(ctx, "from", env.Base, corral.KindBase, at)
+		base, err := e.resolveLayer(ctx, "from", env.Base, model.KindBase, at)
 		if err != nil {
 			return top, 0, nil, err
 		}
@@ -102,9 +102,9 @@ func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top cor
 			if r == "" {
 				continue
 			}
-			kind := corral.KindToolkit
+			kind := model.KindToolkit
 			if i == 0 {
-				kind = corral.KindWorkspace
+				kind = model.KindWorkspace
 			}
 			l, err := e.resolveLayer(ctx, "from", r, kind, at)
 			if err != nil {
@@ -115,9 +115,9 @@ func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top cor
 				continue
 			}
 			// The same content as a base layer that stacks on what is under it here.
-			alias := corral.Layer{
+			alias := model.Layer{
 				Name: BuildLayerName, Version: "from-" + shortKey(l.Digest+"\x00"+strings.Join(below, "\x00")),
-				Kind: corral.KindBase, Digest: l.Digest, Size: l.Size, Files: l.Files,
+				Kind: model.KindBase, Digest: l.Digest, Size: l.Size, Files: l.Files,
 				Below: append([]string(nil), below...), CreatedAt: time.Now().UTC(), Project: at,
 			}
 			if top, err = e.buildPublish(ctx, alias); err != nil {
@@ -128,7 +128,7 @@ func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top cor
 		}
 		return top, depth, base.ImageConfig, nil
 	}
-	l, err := e.resolveLayer(ctx, "from", ref, corral.KindBase, at)
+	l, err := e.resolveLayer(ctx, "from", ref, model.KindBase, at)
 	if err != nil {
 		return top, 0, nil, err
 	}
@@ -138,7 +138,7 @@ func (e *Edge) buildFrom(ctx context.Context, at, ref string, dry bool) (top cor
 // LayerVisibleInPath reports whether something owned by project owner (as the API names it)
 // is usable in project at (canonical).
 func LayerVisibleInPath(owner, at string) bool {
-	return catalog.LayerVisibleIn(corral.Layer{Project: owner}, at)
+	return catalog.LayerVisibleIn(model.Layer{Project: owner}, at)
 }
 
 // shortKey is a 40-hex-digit digest of s, a layer version.
@@ -164,10 +164,10 @@ func (e *Edge) BuildPublish(ctx context.Context, l build.Layer) (build.Layer, er
 	return buildLayer(got), err
 }
 
-func (e *Edge) buildPublish(ctx context.Context, l corral.Layer) (corral.Layer, error) {
+func (e *Edge) buildPublish(ctx context.Context, l model.Layer) (model.Layer, error) {
 	at, err := iam.ParsePath("project", l.Project)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	if got, err := e.reader.VisibleLayer(ctx, at, l.Name, l.Version); err == nil {
 		return got, nil
@@ -189,7 +189,7 @@ func (e *Edge) BuildExec(ctx context.Context, id string, cmd build.Command, out 
 	if err != nil {
 		return nil, err
 	}
-	areq, err := e.agentRequest(sb, corral.ExecRequest{Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, User: cmd.User})
+	areq, err := e.agentRequest(sb, model.ExecRequest{Argv: cmd.Argv, Env: cmd.Env, Cwd: cmd.Cwd, User: cmd.User})
 	if err != nil {
 		return nil, err
 	}
@@ -248,20 +248,20 @@ func (e *Edge) BuildCommit(ctx context.Context, id string, bl build.Layer) (buil
 	return buildLayer(l), err
 }
 
-func (e *Edge) buildCommit(ctx context.Context, id string, l corral.Layer) (corral.Layer, error) {
+func (e *Edge) buildCommit(ctx context.Context, id string, l model.Layer) (model.Layer, error) {
 	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.gone {
-		return corral.Layer{}, errdefs.Conflict("sandbox %s stopped", id)
+		return model.Layer{}, errdefs.Conflict("sandbox %s stopped", id)
 	}
 	rec, err := e.record(ctx, id)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	var blob layers.Blob
 	switch rec.Runtime {
@@ -280,9 +280,9 @@ func (e *Edge) buildCommit(ctx context.Context, id string, l corral.Layer) (corr
 		err = errdefs.Invalid("runtime", "builds run on runc or gvisor, not %s", rec.Runtime)
 	}
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("pack the writable layer of sandbox %s: %w", id, err)
+		return model.Layer{}, fmt.Errorf("pack the writable layer of sandbox %s: %w", id, err)
 	}
-	l.Kind, l.Digest, l.Size, l.Files, l.CreatedAt = corral.KindBase, blob.Digest, blob.Size, blob.Files, time.Now().UTC()
+	l.Kind, l.Digest, l.Size, l.Files, l.CreatedAt = model.KindBase, blob.Digest, blob.Size, blob.Files, time.Now().UTC()
 	return e.buildPublish(ctx, l)
 }
 
@@ -294,7 +294,7 @@ func (e *Edge) BuildCheckTarget(name string) error {
 
 // BuildCheckNetwork validates a build's network policy (nil: no network).
 func (e *Edge) BuildCheckNetwork(p *netpolicy.Policy) error {
-	_, err := e.compileNetwork((*corral.NetworkPolicy)(p))
+	_, err := e.compileNetwork((*model.NetworkPolicy)(p))
 	return err
 }
 
@@ -307,7 +307,7 @@ func (e *Edge) BuildRoom() error {
 	if err != nil {
 		return err
 	}
-	rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: "of a build's step", Limits: corral.Limits(lim)}}
+	rec := &store.Sandbox{Sandbox: model.Sandbox{ID: "of a build's step", Limits: model.Limits(lim)}}
 	e.capMu.Lock()
 	defer e.capMu.Unlock()
 	return e.roomLocked(rec, 1)
@@ -315,8 +315,8 @@ func (e *Edge) BuildRoom() error {
 
 // BuildSandbox creates a sandbox for one build step and returns its ID.
 func (e *Edge) BuildSandbox(ctx context.Context, s build.Sandbox) (string, error) {
-	rec, err := e.Create(ctx, corral.CreateRequest{Base: s.Base, Project: s.Project, Runtime: s.Runtime,
-		Network: (*corral.NetworkPolicy)(s.Network), TTL: s.TTL, Labels: s.Labels})
+	rec, err := e.Create(ctx, model.CreateRequest{Base: s.Base, Project: s.Project, Runtime: s.Runtime,
+		Network: (*model.NetworkPolicy)(s.Network), TTL: s.TTL, Labels: s.Labels})
 	if err != nil {
 		return "", err
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/build"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestBuildConversion: what internal/build reads and sets of a layer and its image
@@ -21,9 +21,9 @@ func TestBuildConversion(t *testing.T) {
 		internal reflect.Type
 		api      reflect.Type
 	}{
-		{"ImageConfig", reflect.TypeFor[build.ImageConfig](), reflect.TypeFor[corral.ImageConfig]()},
-		{"Service", reflect.TypeFor[build.Service](), reflect.TypeFor[corral.Service]()},
-		{"Exit", reflect.TypeFor[build.Exit](), reflect.TypeFor[corral.Exit]()},
+		{"ImageConfig", reflect.TypeFor[build.ImageConfig](), reflect.TypeFor[model.ImageConfig]()},
+		{"Service", reflect.TypeFor[build.Service](), reflect.TypeFor[model.Service]()},
+		{"Exit", reflect.TypeFor[build.Exit](), reflect.TypeFor[model.Exit]()},
 	} {
 		// A field the API gains must be carried by the conversion (and by the copy).
 		if a, b := c.internal.NumField(), c.api.NumField(); a != b {
@@ -52,7 +52,7 @@ func TestBuildConversion(t *testing.T) {
 	l := build.Layer{Name: "env", Version: "b-1", Digest: "sha256:ab", Size: 10, Files: 2, Below: []string{"base:1"},
 		ImageConfig: full, Project: "team", CreatedAt: time.Unix(1, 5).UTC()}
 	api := apiLayer(l)
-	if api.Kind != corral.KindBase {
+	if api.Kind != model.KindBase {
 		t.Errorf("a build's layer is of kind %q, want base", api.Kind)
 	}
 	if back := buildLayer(api); !reflect.DeepEqual(back, l) {

@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // A delete (and an expired TTL or idle timeout, which end a sandbox the same way, with their own
@@ -160,7 +160,7 @@ func (e *Edge) cleanup(j cleanupJob) {
 	e.detachNetwork(rec.ID, j.net)
 	e.releaseLayers(rec, j.unheld)
 	rec.NetSlot = nil
-	state, reason := corral.StateStopped, corral.ReasonDeleted
+	state, reason := model.StateStopped, model.ReasonDeleted
 	if rec.Stopping != nil {
 		state, reason = rec.Stopping.State, rec.Stopping.Reason
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // Code: POST /v1/sandboxes/{id}/code runs code in the sandbox's code-execution server (the one
@@ -67,20 +67,20 @@ func (e *Edge) codeServer(ctx context.Context, id, method, path string, body any
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:"+strconv.Itoa(corral.CodePort)+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:"+strconv.Itoa(model.CodePort)+path, rd)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	c := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return dial(ctx, corral.CodePort)
+			return dial(ctx, model.CodePort)
 		},
 		DisableKeepAlives: true,
 	}}
 	resp, err := c.Do(req)
 	if errors.Is(err, errdefs.ErrUnavailable) {
-		return nil, errdefs.Conflict("sandbox %s runs no code-execution server (nothing listens on port %d): create it from an environment that has one (corral env install code-interpreter; corral create --env code-interpreter)", id, corral.CodePort)
+		return nil, errdefs.Conflict("sandbox %s runs no code-execution server (nothing listens on port %d): create it from an environment that has one (corral env install code-interpreter; corral create --env code-interpreter)", id, model.CodePort)
 	}
 	if err != nil {
 		return nil, errdefs.Unavailable("the code-execution server of sandbox %s: %v", id, err)
@@ -126,7 +126,7 @@ type serverEvent struct {
 }
 
 // checkCodeRequest validates a code request and fills its defaults.
-func checkCodeRequest(req *corral.CodeRequest) (time.Duration, error) {
+func checkCodeRequest(req *model.CodeRequest) (time.Duration, error) {
 	switch req.Language {
 	case "", "python", "python3":
 	default:
@@ -162,7 +162,7 @@ var envNameRE = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 // runCode serves POST /v1/sandboxes/{id}/code.
 func (h *dataPlane) runCode(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	var req corral.CodeRequest
+	var req model.CodeRequest
 	if err := httpjson.DecodeLimit(r, &req, maxCodeBody); err != nil {
 		h.fail(w, r, err)
 		return
@@ -218,8 +218,8 @@ func (h *dataPlane) runCode(w http.ResponseWriter, r *http.Request) {
 			case err != io.EOF:
 				msg += ": " + err.Error()
 			}
-			enc.Encode(corral.CodeEvent{Type: corral.CodeError, Name: "CodeServerError", Value: msg})
-			enc.Encode(corral.CodeEvent{Type: corral.CodeEnd, ExecutionCount: count})
+			enc.Encode(model.CodeEvent{Type: model.CodeError, Name: "CodeServerError", Value: msg})
+			enc.Encode(model.CodeEvent{Type: model.CodeEnd, ExecutionCount: count})
 			return
 		}
 		var ev serverEvent
@@ -227,23 +227,23 @@ func (h *dataPlane) runCode(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		sb.touch()
-		var out corral.CodeEvent
+		var out model.CodeEvent
 		switch ev.Type {
-		case corral.CodeStdout, corral.CodeStderr:
-			out = corral.CodeEvent{Type: ev.Type, Text: ev.Text}
-		case corral.CodeResult:
-			out = corral.CodeEvent{Type: ev.Type, Text: ev.Text, HTML: ev.HTML, Markdown: ev.Markdown, SVG: ev.SVG, PNG: ev.PNG,
+		case model.CodeStdout, model.CodeStderr:
+			out = model.CodeEvent{Type: ev.Type, Text: ev.Text}
+		case model.CodeResult:
+			out = model.CodeEvent{Type: ev.Type, Text: ev.Text, HTML: ev.HTML, Markdown: ev.Markdown, SVG: ev.SVG, PNG: ev.PNG,
 				JPEG: ev.JPEG, PDF: ev.PDF, LaTeX: ev.LaTeX, JavaScript: ev.JavaScript, IsMainResult: ev.IsMainResult}
 			if len(ev.JSON) > 0 && json.Valid(ev.JSON) && string(ev.JSON) != "null" {
 				out.JSON = ev.JSON
 			}
-		case corral.CodeError:
-			out = corral.CodeEvent{Type: ev.Type, Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback}
+		case model.CodeError:
+			out = model.CodeEvent{Type: ev.Type, Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback}
 		case "number_of_executions":
 			count = ev.ExecutionCount
 			continue
 		case "end_of_execution":
-			enc.Encode(corral.CodeEvent{Type: corral.CodeEnd, ExecutionCount: count})
+			enc.Encode(model.CodeEvent{Type: model.CodeEnd, ExecutionCount: count})
 			return
 		default:
 			continue
@@ -282,7 +282,7 @@ func (h *dataPlane) codeContexts(w http.ResponseWriter, r *http.Request) {
 	var body any
 	status := http.StatusOK
 	if r.Method == http.MethodPost {
-		var req corral.CodeContextRequest
+		var req model.CodeContextRequest
 		if err := httpjson.Decode(r, &req); err != nil {
 			h.fail(w, r, err)
 			return
@@ -309,7 +309,7 @@ func (h *dataPlane) codeContexts(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	if r.Method == http.MethodPost {
-		var c corral.CodeContext
+		var c model.CodeContext
 		if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&c); err != nil {
 			h.fail(w, r, errdefs.Unavailable("the code-execution server of sandbox %s: decode its context: %v", id, err))
 			return
@@ -317,13 +317,13 @@ func (h *dataPlane) codeContexts(w http.ResponseWriter, r *http.Request) {
 		httpjson.Write(w, status, c)
 		return
 	}
-	var list []corral.CodeContext
+	var list []model.CodeContext
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&list); err != nil {
 		h.fail(w, r, errdefs.Unavailable("the code-execution server of sandbox %s: decode its contexts: %v", id, err))
 		return
 	}
 	if list == nil {
-		list = []corral.CodeContext{}
+		list = []model.CodeContext{}
 	}
 	httpjson.Write(w, http.StatusOK, list)
 }

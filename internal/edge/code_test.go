@@ -14,18 +14,18 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 func TestCheckCodeRequest(t *testing.T) {
-	ok := []corral.CodeRequest{{Code: "1"}, {Code: "", Language: "python"}, {Code: "1", Context: "ab-12_x", Timeout: "90s"},
+	ok := []model.CodeRequest{{Code: "1"}, {Code: "", Language: "python"}, {Code: "1", Context: "ab-12_x", Timeout: "90s"},
 		{Code: "1", Env: map[string]string{"A_1": "x"}}}
 	for _, req := range ok {
 		if _, err := checkCodeRequest(&req); err != nil {
 			t.Errorf("checkCodeRequest(%+v): %v", req, err)
 		}
 	}
-	bad := []corral.CodeRequest{{Language: "r"}, {Context: "a", Language: "python"}, {Context: "a/b"}, {Context: strings.Repeat("a", 65)},
+	bad := []model.CodeRequest{{Language: "r"}, {Context: "a", Language: "python"}, {Context: "a/b"}, {Context: strings.Repeat("a", 65)},
 		{Timeout: "0s"}, {Timeout: "2h"}, {Timeout: "x"}, {Env: map[string]string{"1A": "x"}}, {Env: map[string]string{"A=B": ""}}}
 	for _, req := range bad {
 		if _, err := checkCodeRequest(&req); !errors.Is(err, errdefs.ErrInvalid) {
@@ -76,12 +76,12 @@ func TestWaitReady(t *testing.T) {
 	}
 	log := slog.New(slog.DiscardHandler)
 	// 503 is "not yet": tried again until 2xx; a service without a check is not asked.
-	waitReady(context.Background(), dial, []corral.Service{{Name: "a", Port: 1, Ready: "/ready?wait=1"}, {Name: "b", Port: 2}}, log)
+	waitReady(context.Background(), dial, []model.Service{{Name: "a", Port: 1, Ready: "/ready?wait=1"}, {Name: "b", Port: 2}}, log)
 	if got := tries.Load(); got != 3 {
 		t.Errorf("the check answered 503, 503, 200: tried %d times, want 3", got)
 	}
 	// Any other status is a failure: the wait ends at once.
-	waitReady(context.Background(), dial, []corral.Service{{Name: "c", Port: 1, Ready: "/broken"}}, log)
+	waitReady(context.Background(), dial, []model.Service{{Name: "c", Port: 1, Ready: "/broken"}}, log)
 	if got := broken.Load(); got != 1 {
 		t.Errorf("a check that answered 500: tried %d times, want 1", got)
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestCreateFailsAtTheLastStep injects a failure at the last step of a create: the runtime has
@@ -22,7 +22,7 @@ func TestCreateFailsAtTheLastStep(t *testing.T) {
 	rt := newFakeRuntime()
 	e, st := newTestEdge(t, rt)
 	ctx := context.Background()
-	req := corral.CreateRequest{Base: "base:1", Workspace: "ws:1", Toolkits: []string{"tk:1"}}
+	req := model.CreateRequest{Base: "base:1", Workspace: "ws:1", Toolkits: []string{"tk:1"}}
 	key := &store.Idempotency{Principal: "root", Key: "late", RequestHash: "h"}
 
 	cctx, cancel := context.WithCancel(ctx)
@@ -42,7 +42,7 @@ func TestCreateFailsAtTheLastStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0].State != corral.StateFailed || !strings.Contains(recs[0].Reason, "context canceled") || recs[0].EndedAt.IsZero() {
+	if len(recs) != 1 || recs[0].State != model.StateFailed || !strings.Contains(recs[0].Reason, "context canceled") || recs[0].EndedAt.IsZero() {
 		t.Fatalf("records = %+v; want one failed with the cause", recs)
 	}
 	made := recs[0].ID
@@ -59,7 +59,7 @@ func TestCreateFailsAtTheLastStep(t *testing.T) {
 	}
 	// The key was released: the retry creates anew instead of finding the failure.
 	sb, replayed, err := e.CreateOnce(ctx, req, key)
-	if err != nil || replayed || sb.ID == made || sb.State != corral.StateRunning {
+	if err != nil || replayed || sb.ID == made || sb.State != model.StateRunning {
 		t.Fatalf("retry = %+v, replayed %v, %v; want a new running sandbox", sb, replayed, err)
 	}
 }
@@ -71,7 +71,7 @@ func TestWarmFillFailureGivesBack(t *testing.T) {
 	rt := newFakeRuntime()
 	e, st := newTestEdge(t, rt)
 	ctx := context.Background()
-	env, err := st.PutEnvironment(ctx, corral.Environment{Name: "env", Base: "base:1", Workspace: "ws:1", CreatedAt: time.Now().UTC()})
+	env, err := st.PutEnvironment(ctx, model.Environment{Name: "env", Base: "base:1", Workspace: "ws:1", CreatedAt: time.Now().UTC()})
 	if err != nil {
 		t.Fatal(err)
 	}

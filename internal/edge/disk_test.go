@@ -10,7 +10,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/limits"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestDiskAdmission fills the node's disk promise to a known margin below the data dir's free
@@ -36,7 +36,7 @@ func TestDiskAdmission(t *testing.T) {
 		func() DiskHeld { held = free() - 5<<29; return DiskHeld{Promised: held} },
 	}}})
 	ctx := context.Background()
-	req := corral.CreateRequest{Base: "base:1", Limits: corral.Limits{DiskBytes: 1 << 30}}
+	req := model.CreateRequest{Base: "base:1", Limits: model.Limits{DiskBytes: 1 << 30}}
 	var ids []string
 	for range 2 {
 		rec, err := e.Create(ctx, req)

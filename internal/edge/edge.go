@@ -39,12 +39,12 @@ import (
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/placement"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The runtimes a container sandbox can run on (corral.Sandbox.Runtime): the names of the
@@ -440,9 +440,9 @@ func newSandbox(rec *store.Sandbox, socket string) *sandbox {
 	if rec.Tier == TierFncall {
 		sb.fncall = rec.Labels[fncallLabel]
 	}
-	sb.paused.Store(rec.State == corral.StatePaused)
+	sb.paused.Store(rec.State == model.StatePaused)
 	sb.machine = rec.Tier == TierVM
-	sb.off.Store(rec.State == corral.StateOff)
+	sb.off.Store(rec.State == model.StateOff)
 	sb.lastActivity.Store(rec.LastActivityAt.UnixNano())
 	sb.flushed.Store(rec.LastActivityAt.UnixNano())
 	sb.expiresAt.Store(rec.ExpiresAt.UnixNano())
@@ -609,7 +609,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	if own == nil {
 		own = func(ctx context.Context) ([]*store.Sandbox, error) {
 			return e.store.ListSandboxes(ctx, store.SandboxFilter{
-				Node: e.cfg.Node, States: []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting},
+				Node: e.cfg.Node, States: []string{model.StateCreating, model.StateRunning, model.StatePaused, model.StateOff, model.StateDeleting},
 			})
 		}
 	}
@@ -624,10 +624,10 @@ func (e *Edge) reconcile(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.ID] = true
 		log := e.log.With("sandbox", rec.ID)
-		if rec.State == corral.StateDeleting && rec.Stopping == nil {
+		if rec.State == model.StateDeleting && rec.Stopping == nil {
 			// Never written so (Delete records both at once), but a deleting sandbox is never
 			// re-adopted.
-			rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: corral.ReasonDeleted, At: time.Now().UTC()}
+			rec.Stopping = &store.StopIntent{State: model.StateStopped, Reason: model.ReasonDeleted, At: time.Now().UTC()}
 		}
 		if st := rec.Stopping; st != nil {
 			// Its teardown was cut short: finish it, with the outcome it was going to record.
@@ -642,12 +642,12 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			e.finish(ctx, rec, st.State, st.Reason)
 			continue
 		}
-		if rec.State == corral.StateCreating {
+		if rec.State == model.StateCreating {
 			log.Warn("sandbox was being created when corral stopped; removing it")
 			e.rt.Delete(ctx, rec.ID)
 			e.releaseSlot(rec)
 			e.finishFetch(rec.ID) // a lazyd that outlived corral may still count it
-			e.finish(ctx, rec, corral.StateFailed, reasonInterruptedCreate)
+			e.finish(ctx, rec, model.StateFailed, reasonInterruptedCreate)
 			continue
 		}
 		rsb, err := e.rt.Open(ctx, rec.ID)
@@ -657,23 +657,23 @@ func (e *Edge) reconcile(ctx context.Context) error {
 		}
 		// Frozen (runc) or checkpointed (gVisor) by a pause that did not get recorded: thawed
 		// below, once its network is adopted, rather than left stuck.
-		thaw := err == nil && st.State == runtime.StatePaused && rec.State == corral.StateRunning
-		if err == nil && rec.State == corral.StatePaused && st.State == runtime.StateRunning {
-			rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
+		thaw := err == nil && st.State == runtime.StatePaused && rec.State == model.StateRunning
+		if err == nil && rec.State == model.StatePaused && st.State == runtime.StateRunning {
+			rec.State, rec.PausedAt = model.StateRunning, time.Time{}
 			e.records.PutSandbox(ctx, rec)
 		}
 		switch {
-		case err == nil && st.State == runtime.StateOff && rec.State != corral.StateOff:
-			rec.State = corral.StateOff // its QEMU ended while corral was down (machineGone)
+		case err == nil && st.State == runtime.StateOff && rec.State != model.StateOff:
+			rec.State = model.StateOff // its QEMU ended while corral was down (machineGone)
 			e.records.PutSandbox(ctx, rec)
-		case err == nil && st.State == runtime.StateRunning && rec.State == corral.StateOff:
-			rec.State = corral.StateRunning // powered on just before corral stopped
+		case err == nil && st.State == runtime.StateRunning && rec.State == model.StateOff:
+			rec.State = model.StateRunning // powered on just before corral stopped
 			e.records.PutSandbox(ctx, rec)
 		}
 		if err != nil || (st.State != runtime.StateRunning && st.State != runtime.StatePaused && st.State != runtime.StateOff) {
 			reason := "error: the sandbox's processes exited while corral was down"
 			if err == nil && st.OOMKills > 0 {
-				reason = corral.ReasonOOMKilled
+				reason = model.ReasonOOMKilled
 			} else if err != nil {
 				reason = "error: sandbox state lost while corral was down: " + err.Error()
 			}
@@ -682,7 +682,7 @@ func (e *Edge) reconcile(ctx context.Context) error {
 			e.releaseSlot(rec)
 			e.finishFetch(rec.ID)
 			e.uploadLeftVolumes(ctx, rec)
-			e.finish(ctx, rec, corral.StateFailed, reason)
+			e.finish(ctx, rec, model.StateFailed, reason)
 			continue
 		}
 		sb := newSandbox(rec, rsb.AgentSocket)
@@ -920,7 +920,7 @@ func (e *Edge) roomLocked(rec *store.Sandbox, n int) error {
 
 // Create validates req, resolves its layers, and starts a sandbox. It returns once the sandbox is
 // running; its agent answers the first request as soon as it has started.
-func (e *Edge) Create(ctx context.Context, req corral.CreateRequest) (*store.Sandbox, error) {
+func (e *Edge) Create(ctx context.Context, req model.CreateRequest) (*store.Sandbox, error) {
 	return e.create(ctx, req, false, nil)
 }
 
@@ -932,7 +932,7 @@ const reasonInterruptedCreate = "error: corral stopped while the sandbox was bei
 // principal, key and request) makes nothing and returns the sandbox the first one made (its
 // current record), and replayed reports true. When the first one was cut short by a crash and
 // rolled back at the restart, the client never had an answer, so its retry creates anew.
-func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *store.Idempotency) (rec *store.Sandbox, replayed bool, err error) {
+func (e *Edge) CreateOnce(ctx context.Context, req model.CreateRequest, key *store.Idempotency) (rec *store.Sandbox, replayed bool, err error) {
 	for try := 0; ; try++ {
 		rec, err = e.create(ctx, req, false, key)
 		re, ok := errors.AsType[*store.ReplayError](err)
@@ -946,12 +946,12 @@ func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *st
 				return nil, false, err
 			}
 		}
-		if rec.State == corral.StateCreating {
+		if rec.State == model.StateCreating {
 			// The first try is still at work (its client gave up, or its server replica died,
 			// while the edge went on): answered when it ends, never as a sandbox half made.
 			return nil, false, errdefs.Retryable(errdefs.Unavailable("the create with idempotency key %q is still in progress (sandbox %s); retry", key.Key, rec.ID), time.Second)
 		}
-		if try > 0 || rec.State != corral.StateFailed || rec.Reason != reasonInterruptedCreate {
+		if try > 0 || rec.State != model.StateFailed || rec.Reason != reasonInterruptedCreate {
 			return rec, true, nil
 		}
 		// A concurrent retry that released the key first makes the sandbox; this one then finds
@@ -965,7 +965,7 @@ func (e *Edge) CreateOnce(ctx context.Context, req corral.CreateRequest, key *st
 
 // create is Create; calls makes a container of an fncall pool (tier fncall), whose agent runs
 // isolated calls only.
-func (e *Edge) create(ctx context.Context, req corral.CreateRequest, calls bool, key *store.Idempotency) (_ *store.Sandbox, err error) {
+func (e *Edge) create(ctx context.Context, req model.CreateRequest, calls bool, key *store.Idempotency) (_ *store.Sandbox, err error) {
 	ctx, span := trace.Start(ctx, trace.Create, trace.Node(e.cfg.Node))
 	defer span.End(&err)
 	if key != nil {
@@ -1040,7 +1040,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 			}
 		}
 	})
-	undo.Push(func() { e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+cause.Error()) })
+	undo.Push(func() { e.finish(context.WithoutCancel(ctx), rec, model.StateFailed, "error: "+cause.Error()) })
 	created := ""
 	if adm.fork != nil {
 		created = "fork of " + adm.fork.Source
@@ -1060,7 +1060,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	}
 	var nw *sandboxNet
 	var resolv string
-	if adm.net.Mode != corral.NetworkNone {
+	if adm.net.Mode != model.NetworkNone {
 		nctx, nspan := trace.Start(ctx, trace.NetAttach, trace.Sandbox(rec.ID))
 		nw, resolv, err = e.attachNetwork(nctx, rec, adm.net)
 		nspan.End(&err)
@@ -1146,7 +1146,7 @@ func (e *Edge) goLive(rec *store.Sandbox, rsb *runtime.Sandbox, nw *sandboxNet) 
 	sb := newSandbox(rec, rsb.AgentSocket)
 	sb.net = nw
 	sb.touch()
-	rec.State = corral.StateRunning
+	rec.State = model.StateRunning
 	rec.Accelerator = rsb.Accelerator
 	if rec.Tier == TierMicroVM {
 		rec.Boot = "boot"
@@ -1185,14 +1185,14 @@ type admission struct {
 	// template: the sandbox's environment starts its microvms from a template.
 	template bool
 	// services are the layers' services (services.go), started once the sandbox runs.
-	services []corral.Service
+	services []model.Service
 	// fork, for a copy of a fork (fork.go), is the image the runtime starts it from.
 	fork *runtime.ForkImage
 }
 
 // admitTier checks that this node offers a create's tier (catalog.Tier; calls: an fncall pool's
 // container) and resolves its runtime.
-func (e *Edge) admitTier(req corral.CreateRequest, calls bool) (tier, runtime string, err error) {
+func (e *Edge) admitTier(req model.CreateRequest, calls bool) (tier, runtime string, err error) {
 	if tier, err = catalog.Tier(req, calls); err != nil {
 		if req.Tier != TierFncall {
 			return "", "", errdefs.Invalid("tier", "%q is not a tier: want container, microvm or vm (available here: %s)", req.Tier, strings.Join(e.Tiers(), ", "))
@@ -1235,7 +1235,7 @@ func (e *Edge) admitTier(req corral.CreateRequest, calls bool) (tier, runtime st
 // request names in the catalogue is resolved by e.resolver (the servers, on a cluster's edge);
 // what depends on the node (its tiers, labels, limits policy, network) here: first what the
 // request says itself, then again with its environment's defaults.
-func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) (*admission, error) {
+func (e *Edge) admit(ctx context.Context, req model.CreateRequest, calls bool) (*admission, error) {
 	if _, _, err := e.admitTier(req, calls); err != nil {
 		return nil, err
 	}
@@ -1294,11 +1294,11 @@ func (e *Edge) admit(ctx context.Context, req corral.CreateRequest, calls bool) 
 		host = id
 	}
 	rec := &store.Sandbox{
-		Sandbox: corral.Sandbox{
+		Sandbox: model.Sandbox{
 			ID: id, Node: e.cfg.Node, Tier: tier, Runtime: runtime,
-			State: corral.StateCreating, Image: req.Image,
+			State: model.StateCreating, Image: req.Image,
 			Base: req.Base, Workspace: req.Workspace, Toolkits: req.Toolkits, FromSnapshot: req.FromSnapshot, Environment: req.Environment,
-			Limits: corral.Limits(resolved), Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
+			Limits: model.Limits(resolved), Env: env, Labels: req.Labels, Hostname: host, Cwd: cwd, User: user,
 			CreatedAt: now, ExpiresAt: now.Add(life.ttl), IdleTTLSeconds: int64(life.idle / time.Second),
 			LastActivityAt: now, AutoPauseAfterSeconds: int64(life.autoPause / time.Second), PauseKeepsTTL: life.keepsTTL,
 			Network: apiPolicy(netc), Project: iam.Display(res.ProjectPath), Fetch: fetch, Volumes: res.Volumes,
@@ -1317,7 +1317,7 @@ type lifetimes struct {
 	keepsTTL             bool
 }
 
-func (e *Edge) lifetimes(req corral.CreateRequest) (l lifetimes, err error) {
+func (e *Edge) lifetimes(req model.CreateRequest) (l lifetimes, err error) {
 	l.ttl = e.policy.DefaultTTL()
 	if req.TTL != "" {
 		if l.ttl, err = e.policy.TTL("ttl", req.TTL); err != nil {
@@ -1359,7 +1359,7 @@ func mergeEnv(base, over []string) []string {
 
 // resolveLayer returns the published layer ref (NAME:VERSION or NAME:TAG) names, if project at
 // (canonical) sees it, checking its kind (catalog.Resolver.Layer, on the node's own store).
-func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind, at string) (corral.Layer, error) {
+func (e *Edge) resolveLayer(ctx context.Context, field, ref, kind, at string) (model.Layer, error) {
 	return catalog.LayerIn(ctx, e.reader, field, ref, kind, at)
 }
 
@@ -1375,7 +1375,7 @@ func (e *Edge) CheckBelow(ctx context.Context, kind, at string, below []string) 
 func (e *Edge) Catalogue() CatalogReader { return e.reader }
 
 // SaveEnvironment validates and saves a named composition of layers.
-func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+func (e *Edge) SaveEnvironment(ctx context.Context, env model.Environment) (model.Environment, error) {
 	return e.saveEnvironment(ctx, env, false)
 }
 
@@ -1383,26 +1383,26 @@ func (e *Edge) SaveEnvironment(ctx context.Context, env corral.Environment) (cor
 // with base (NAME:VERSION) as its base layer, replacing the composition of an environment of
 // the same project.
 func (e *Edge) BuildSaveEnvironment(ctx context.Context, name, base, project string) error {
-	_, err := e.saveEnvironment(ctx, corral.Environment{Name: name, Base: base, Project: project}, true)
+	_, err := e.saveEnvironment(ctx, model.Environment{Name: name, Base: base, Project: project}, true)
 	return err
 }
 
-func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
+func (e *Edge) saveEnvironment(ctx context.Context, env model.Environment, replace bool) (model.Environment, error) {
 	var err error
 	switch {
 	case e.local != nil:
 		err = e.local.CheckEnvironment(ctx, &env, e.environmentNetwork)
 	case !replace:
-		return corral.Environment{}, errors.New("a cluster's environments are saved by its servers")
+		return model.Environment{}, errors.New("a cluster's environments are saved by its servers")
 	default:
 		// A cluster's edge, saving a build's environment: the servers check what the
 		// catalogue says of it as they save it, as for one saved through the API.
 		err = catalog.CheckEnvironmentDefaults(&env, e.environmentNetwork)
 	}
 	if err != nil {
-		return corral.Environment{}, err
+		return model.Environment{}, err
 	}
-	var saved corral.Environment
+	var saved model.Environment
 	if replace {
 		saved, err = e.publisher.ReplaceEnvironment(ctx, env)
 	} else {
@@ -1415,7 +1415,7 @@ func (e *Edge) saveEnvironment(ctx context.Context, env corral.Environment, repl
 }
 
 // environmentNetwork compiles an environment's network policy as this node would a create's.
-func (e *Edge) environmentNetwork(p *corral.NetworkPolicy) (*corral.NetworkPolicy, error) {
+func (e *Edge) environmentNetwork(p *model.NetworkPolicy) (*model.NetworkPolicy, error) {
 	c, err := e.compileNetwork(p)
 	if err != nil {
 		return nil, err
@@ -1497,7 +1497,7 @@ func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return e.endSandbox(ctx, rec, corral.ReasonDeleted)
+	return e.endSandbox(ctx, rec, model.ReasonDeleted)
 }
 
 // endSandbox ends a sandbox with state stopped and reason (a delete, an expired TTL or idle
@@ -1508,7 +1508,7 @@ func (e *Edge) Delete(ctx context.Context, id string) (*store.Sandbox, error) {
 func (e *Edge) endSandbox(ctx context.Context, rec *store.Sandbox, reason string) (*store.Sandbox, error) {
 	sb := e.lookup(rec.ID)
 	if sb == nil || len(rec.VolumeIDs) > 0 || sb.fncall != "" {
-		if err := e.stopSandbox(ctx, rec, corral.StateStopped, reason); err != nil {
+		if err := e.stopSandbox(ctx, rec, model.StateStopped, reason); err != nil {
 			return nil, err
 		}
 		return e.record(ctx, rec.ID)
@@ -1522,8 +1522,8 @@ func (e *Edge) endSandbox(ctx context.Context, rec *store.Sandbox, reason string
 	// One write makes the end durable and releases the quota: "deleting" is not a live state,
 	// and reconcile finishes a cleanup cut short by a crash with the outcome in Stopping.
 	prev, prevReason := rec.State, rec.Reason
-	rec.State, rec.Reason = corral.StateDeleting, reason
-	rec.Stopping = &store.StopIntent{State: corral.StateStopped, Reason: reason, At: time.Now().UTC()}
+	rec.State, rec.Reason = model.StateDeleting, reason
+	rec.Stopping = &store.StopIntent{State: model.StateStopped, Reason: reason, At: time.Now().UTC()}
 	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		rec.State, rec.Reason, rec.Stopping = prev, prevReason, nil
 		return nil, fmt.Errorf("record the end of sandbox %s: %w", rec.ID, err)
@@ -1545,7 +1545,7 @@ func (e *Edge) endSandbox(ctx context.Context, rec *store.Sandbox, reason string
 func (e *Edge) stopSandbox(ctx context.Context, rec *store.Sandbox, state, reason string) error {
 	sb := e.lookup(rec.ID)
 	if sb == nil {
-		if rec.State == corral.StateRunning || rec.State == corral.StateCreating {
+		if rec.State == model.StateRunning || rec.State == model.StateCreating {
 			// Live in the store but not here: a create in flight, or a record another process owns.
 			// Either ends within moments (the create finishes or is rolled back), so the client's
 			// retry succeeds: a 503 with Retry-After, which the SDKs repeat on their own.
@@ -1695,7 +1695,7 @@ func (e *Edge) reap(ctx context.Context) {
 				e.log.Error("reaper: read sandbox", "sandbox", sb.id, "err", err)
 				return
 			}
-			if state == corral.StateStopped {
+			if state == model.StateStopped {
 				// An expiry ends like a delete: the teardown runs on the cleanup workers, so
 				// many expiring at once do not hold up this loop (and others' TTLs) behind it.
 				if _, err := e.endSandbox(ctx, rec, reason); err != nil {
@@ -1706,7 +1706,7 @@ func (e *Edge) reap(ctx context.Context) {
 			e.stopSandbox(ctx, rec, state, reason)
 		}
 		if now.UnixNano() > sb.expiresAt.Load() {
-			stop(corral.StateStopped, corral.ReasonTTLExpired)
+			stop(model.StateStopped, model.ReasonTTLExpired)
 			continue
 		}
 		st, err := e.rt.Status(ctx, sb.id)
@@ -1733,9 +1733,9 @@ func (e *Edge) reap(ctx context.Context) {
 			if err != nil {
 				reason = "error: " + err.Error()
 			} else if st.OOMKills > 0 {
-				reason = corral.ReasonOOMKilled
+				reason = model.ReasonOOMKilled
 			}
-			stop(corral.StateFailed, reason)
+			stop(model.StateFailed, reason)
 			continue
 		}
 		idleFor := now.Sub(time.Unix(0, sb.lastActivity.Load()))
@@ -1750,7 +1750,7 @@ func (e *Edge) reap(ctx context.Context) {
 				continue
 			}
 			if idleStop {
-				stop(corral.StateStopped, corral.ReasonIdleExpired)
+				stop(model.StateStopped, model.ReasonIdleExpired)
 			} else if _, err := e.pause(ctx, sb, true); err != nil && !errors.Is(err, errdefs.ErrConflict) {
 				e.log.Error("auto-pause", "sandbox", sb.id, "err", err)
 			}

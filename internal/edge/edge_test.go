@@ -17,9 +17,9 @@ import (
 	"github.com/corral-dev/corral/internal/layers"
 	"github.com/corral-dev/corral/internal/lazy"
 	"github.com/corral-dev/corral/internal/limits"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // fakeRuntime is an in-memory Runtime for tests of the edge's own logic (validation, lifecycle,
@@ -282,10 +282,10 @@ func newTestStore(t *testing.T) *store.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	for _, l := range []corral.Layer{
-		{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"},
-		{Name: "ws", Version: "1", Kind: corral.KindWorkspace, Digest: "sha256:w"},
-		{Name: "tk", Version: "1", Kind: corral.KindToolkit, Digest: "sha256:t"},
+	for _, l := range []model.Layer{
+		{Name: "base", Version: "1", Kind: model.KindBase, Digest: "sha256:b"},
+		{Name: "ws", Version: "1", Kind: model.KindWorkspace, Digest: "sha256:w"},
+		{Name: "tk", Version: "1", Kind: model.KindToolkit, Digest: "sha256:t"},
 	} {
 		if _, _, err := st.PublishLayer(ctx, l); err != nil {
 			t.Fatal(err)
@@ -298,27 +298,27 @@ func TestAdmitValidation(t *testing.T) {
 	e, _ := newTestEdge(t, newFakeRuntime())
 	tests := []struct {
 		name  string
-		req   corral.CreateRequest
+		req   model.CreateRequest
 		field string
 	}{
-		{"no base", corral.CreateRequest{}, "base"},
-		{"unknown base", corral.CreateRequest{Base: "nope:1"}, "base"},
-		{"base without version", corral.CreateRequest{Base: "base"}, "base"},
-		{"base of wrong kind", corral.CreateRequest{Base: "ws:1"}, "base"},
-		{"toolkit of wrong kind", corral.CreateRequest{Base: "base:1", Toolkits: []string{"ws:1"}}, "toolkits[0]"},
-		{"unknown tier", corral.CreateRequest{Base: "base:1", Tier: "vm2"}, "tier"},
-		{"negative cpus", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: -1}}, "limits.cpus"},
-		{"too many cpus", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 1000}}, "limits.cpus"},
-		{"tiny memory", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{MemoryBytes: 1024}}, "limits.memory_bytes"},
-		{"negative pids", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{Pids: -5}}, "limits.pids"},
-		{"huge disk", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{DiskBytes: 1 << 62}}, "limits.disk_bytes"},
-		{"bad ttl", corral.CreateRequest{Base: "base:1", TTL: "soon"}, "ttl"},
-		{"ttl too short", corral.CreateRequest{Base: "base:1", TTL: "1ms"}, "ttl"},
-		{"ttl too long", corral.CreateRequest{Base: "base:1", TTL: "10000h"}, "ttl"},
-		{"bad idle ttl", corral.CreateRequest{Base: "base:1", IdleTTL: "-1m"}, "idle_ttl"},
-		{"bad env", corral.CreateRequest{Base: "base:1", Env: []string{"1X=2"}}, "env[0]"},
-		{"bad label", corral.CreateRequest{Base: "base:1", Labels: map[string]string{"a b": "c"}}, "labels"},
-		{"bad hostname", corral.CreateRequest{Base: "base:1", Hostname: "a_b"}, "hostname"},
+		{"no base", model.CreateRequest{}, "base"},
+		{"unknown base", model.CreateRequest{Base: "nope:1"}, "base"},
+		{"base without version", model.CreateRequest{Base: "base"}, "base"},
+		{"base of wrong kind", model.CreateRequest{Base: "ws:1"}, "base"},
+		{"toolkit of wrong kind", model.CreateRequest{Base: "base:1", Toolkits: []string{"ws:1"}}, "toolkits[0]"},
+		{"unknown tier", model.CreateRequest{Base: "base:1", Tier: "vm2"}, "tier"},
+		{"negative cpus", model.CreateRequest{Base: "base:1", Limits: model.Limits{CPUs: -1}}, "limits.cpus"},
+		{"too many cpus", model.CreateRequest{Base: "base:1", Limits: model.Limits{CPUs: 1000}}, "limits.cpus"},
+		{"tiny memory", model.CreateRequest{Base: "base:1", Limits: model.Limits{MemoryBytes: 1024}}, "limits.memory_bytes"},
+		{"negative pids", model.CreateRequest{Base: "base:1", Limits: model.Limits{Pids: -5}}, "limits.pids"},
+		{"huge disk", model.CreateRequest{Base: "base:1", Limits: model.Limits{DiskBytes: 1 << 62}}, "limits.disk_bytes"},
+		{"bad ttl", model.CreateRequest{Base: "base:1", TTL: "soon"}, "ttl"},
+		{"ttl too short", model.CreateRequest{Base: "base:1", TTL: "1ms"}, "ttl"},
+		{"ttl too long", model.CreateRequest{Base: "base:1", TTL: "10000h"}, "ttl"},
+		{"bad idle ttl", model.CreateRequest{Base: "base:1", IdleTTL: "-1m"}, "idle_ttl"},
+		{"bad env", model.CreateRequest{Base: "base:1", Env: []string{"1X=2"}}, "env[0]"},
+		{"bad label", model.CreateRequest{Base: "base:1", Labels: map[string]string{"a b": "c"}}, "labels"},
+		{"bad hostname", model.CreateRequest{Base: "base:1", Hostname: "a_b"}, "hostname"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -339,7 +339,7 @@ func TestAdmitValidation(t *testing.T) {
 func TestCreateDefaultsAndLayerOrder(t *testing.T) {
 	rt := newFakeRuntime()
 	e, _ := newTestEdge(t, rt)
-	rec, err := e.Create(context.Background(), corral.CreateRequest{Base: "base:1", Workspace: "ws:1", Toolkits: []string{"tk:1"}})
+	rec, err := e.Create(context.Background(), model.CreateRequest{Base: "base:1", Workspace: "ws:1", Toolkits: []string{"tk:1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +349,7 @@ func TestCreateDefaultsAndLayerOrder(t *testing.T) {
 	if want := []string{"sha256:b", "sha256:w", "sha256:t"}; len(rec.Lower) != 3 || rec.Lower[0] != want[0] || rec.Lower[2] != want[2] {
 		t.Fatalf("lower = %v, want %v (base first)", rec.Lower, want)
 	}
-	if def, _ := limits.Default().Bounds(TierContainer); rec.Limits != corral.Limits(def.Default) || rec.State != corral.StateRunning || rec.Hostname != rec.ID {
+	if def, _ := limits.Default().Bounds(TierContainer); rec.Limits != model.Limits(def.Default) || rec.State != model.StateRunning || rec.Hostname != rec.ID {
 		t.Fatalf("record = %+v", rec)
 	}
 	if d := rec.ExpiresAt.Sub(rec.CreatedAt); d != time.Hour {
@@ -378,11 +378,11 @@ func TestCreateFailureIsRecorded(t *testing.T) {
 	rt := newFakeRuntime()
 	rt.failing = errors.New("runc exploded")
 	e, st := newTestEdge(t, rt)
-	if _, err := e.Create(context.Background(), corral.CreateRequest{Base: "base:1"}); err == nil {
+	if _, err := e.Create(context.Background(), model.CreateRequest{Base: "base:1"}); err == nil {
 		t.Fatal("Create succeeded with a failing runtime")
 	}
 	recs, _ := st.ListSandboxes(context.Background(), store.SandboxFilter{})
-	if len(recs) != 1 || recs[0].State != corral.StateFailed || recs[0].Reason != "error: runc exploded" {
+	if len(recs) != 1 || recs[0].State != model.StateFailed || recs[0].Reason != "error: runc exploded" {
 		t.Fatalf("records = %+v, want one failed with the reason", recs)
 	}
 	if n := e.layers.(*fakeLayers).ref("sha256:b"); n != 0 {
@@ -394,15 +394,15 @@ func TestReaperTTLAndDeath(t *testing.T) {
 	rt := newFakeRuntime()
 	e, _ := newTestEdge(t, rt)
 	ctx := context.Background()
-	expiring, _ := e.Create(ctx, corral.CreateRequest{Base: "base:1", TTL: "1s"})
-	dying, _ := e.Create(ctx, corral.CreateRequest{Base: "base:1"})
-	oomed, _ := e.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	expiring, _ := e.Create(ctx, model.CreateRequest{Base: "base:1", TTL: "1s"})
+	dying, _ := e.Create(ctx, model.CreateRequest{Base: "base:1"})
+	oomed, _ := e.Create(ctx, model.CreateRequest{Base: "base:1"})
 	rt.kill(dying.ID, false)
 	rt.kill(oomed.ID, true)
 	want := map[string][2]string{
-		expiring.ID: {corral.StateStopped, corral.ReasonTTLExpired},
-		dying.ID:    {corral.StateFailed, "error: the sandbox's processes exited"},
-		oomed.ID:    {corral.StateFailed, corral.ReasonOOMKilled},
+		expiring.ID: {model.StateStopped, model.ReasonTTLExpired},
+		dying.ID:    {model.StateFailed, "error: the sandbox's processes exited"},
+		oomed.ID:    {model.StateFailed, model.ReasonOOMKilled},
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for id, w := range want {
@@ -436,13 +436,13 @@ func TestReconcileAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"})
+	st.PublishLayer(ctx, model.Layer{Name: "base", Version: "1", Kind: model.KindBase, Digest: "sha256:b"})
 	cfg := Config{AgentPath: "/agent", ReapInterval: time.Hour}
 	ls1 := newFakeLayers()
 	e1, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, ls1)
 	e1.Start(ctx)
-	alive, _ := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
-	dead, _ := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	alive, _ := e1.Create(ctx, model.CreateRequest{Base: "base:1"})
+	dead, _ := e1.Create(ctx, model.CreateRequest{Base: "base:1"})
 	e1.Close()
 	rt.kill(dead.ID, true)
 	rt.running["sb-local-orphanorphanorph"] = true // runtime state with no record
@@ -457,7 +457,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 		t.Fatalf("after restart %d live sandboxes, want only %s", e2.Count(), alive.ID)
 	}
 	rec, _ := e2.Get(ctx, dead.ID)
-	if rec.State != corral.StateFailed || rec.Reason != corral.ReasonOOMKilled {
+	if rec.State != model.StateFailed || rec.Reason != model.ReasonOOMKilled {
 		t.Fatalf("sandbox that died while down: %s (%s)", rec.State, rec.Reason)
 	}
 	if _, ok := rt.running["sb-local-orphanorphanorph"]; ok {
@@ -478,23 +478,23 @@ func TestInterruptedDeleteFinishesAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"})
+	st.PublishLayer(ctx, model.Layer{Name: "base", Version: "1", Kind: model.KindBase, Digest: "sha256:b"})
 	cfg := Config{AgentPath: "/agent", ReapInterval: time.Hour}
 	ls1 := newFakeLayers()
 	e1, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, ls1)
 	e1.Start(ctx)
-	sb, err := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	sb, err := e1.Create(ctx, model.CreateRequest{Base: "base:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rt.deleteFails = errors.New("killed in the middle of the teardown")
-	if del, err := e1.Delete(ctx, sb.ID); err != nil || del.State != corral.StateDeleting {
+	if del, err := e1.Delete(ctx, sb.ID); err != nil || del.State != model.StateDeleting {
 		t.Fatalf("delete = %+v, %v; want state deleting (the cleanup runs after the answer)", del, err)
 	}
 	if err := e1.WaitCleanups(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rec, _ := st.GetSandbox(ctx, sb.ID); rec.State != corral.StateDeleting || rec.Stopping == nil || rec.Stopping.Reason != corral.ReasonDeleted {
+	if rec, _ := st.GetSandbox(ctx, sb.ID); rec.State != model.StateDeleting || rec.Stopping == nil || rec.Stopping.Reason != model.ReasonDeleted {
 		t.Fatalf("record after a failed cleanup: %s, intent %+v; want deleting with the stop intent", rec.State, rec.Stopping)
 	}
 	e1.Close()
@@ -506,7 +506,7 @@ func TestInterruptedDeleteFinishesAfterRestart(t *testing.T) {
 	}
 	defer e2.Close()
 	rec, _ := e2.Get(ctx, sb.ID)
-	if rec.State != corral.StateStopped || rec.Reason != corral.ReasonDeleted || rec.Stopping != nil {
+	if rec.State != model.StateStopped || rec.Reason != model.ReasonDeleted || rec.Stopping != nil {
 		t.Fatalf("interrupted delete after restart: %s (%s), intent %+v; want stopped (deleted)", rec.State, rec.Reason, rec.Stopping)
 	}
 	if _, ok := rt.running[sb.ID]; ok {
@@ -534,7 +534,7 @@ func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 	rt := newFakeRuntime()
 	e, st := newTestEdge(t, rt)
 	ctx := context.Background()
-	rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	rec, err := e.Create(ctx, model.CreateRequest{Base: "base:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -542,7 +542,7 @@ func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 	defer sub.Close()
 	open := holdDeletes(t, rt)
 	del, err := e.Delete(ctx, rec.ID)
-	if err != nil || del.State != corral.StateDeleting || del.Reason != corral.ReasonDeleted {
+	if err != nil || del.State != model.StateDeleting || del.Reason != model.ReasonDeleted {
 		t.Fatalf("delete = %+v, %v; want deleting (deleted)", del, err)
 	}
 	rt.mu.Lock()
@@ -557,10 +557,10 @@ func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 	if u, err := st.NodeUsage(ctx, "local"); err != nil || u.Sandboxes != 0 || u.CPUs != 0 {
 		t.Fatalf("node usage while deleting = %+v, %v; want nothing counted", u, err)
 	}
-	if got, err := e.Get(ctx, rec.ID); err != nil || got.State != corral.StateDeleting {
+	if got, err := e.Get(ctx, rec.ID); err != nil || got.State != model.StateDeleting {
 		t.Fatalf("get while deleting = %+v, %v", got, err)
 	}
-	if again, err := e.Delete(ctx, rec.ID); err != nil || again.State != corral.StateDeleting {
+	if again, err := e.Delete(ctx, rec.ID); err != nil || again.State != model.StateDeleting {
 		t.Fatalf("second delete = %+v, %v; want the deleting record", again, err)
 	}
 	select {
@@ -575,7 +575,7 @@ func TestDeleteAnswersBeforeCleanup(t *testing.T) {
 	if ev := next(t, sub.C()); ev.Type != events.Deleted || ev.Sandbox != rec.ID {
 		t.Fatalf("event = %+v, want deleted", ev)
 	}
-	if got, _ := e.Get(ctx, rec.ID); got.State != corral.StateStopped || got.Reason != corral.ReasonDeleted || got.Stopping != nil {
+	if got, _ := e.Get(ctx, rec.ID); got.State != model.StateStopped || got.Reason != model.ReasonDeleted || got.Stopping != nil {
 		t.Fatalf("after the cleanup: %s (%s), intent %+v; want stopped (deleted)", got.State, got.Reason, got.Stopping)
 	}
 }
@@ -589,7 +589,7 @@ func TestExpiryDoesNotWaitForTeardown(t *testing.T) {
 	ctx := context.Background()
 	var ids []string
 	for range 4 {
-		rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", TTL: "1s"})
+		rec, err := e.Create(ctx, model.CreateRequest{Base: "base:1", TTL: "1s"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -603,9 +603,9 @@ func TestExpiryDoesNotWaitForTeardown(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.State == corral.StateDeleting {
-				if rec.Reason != corral.ReasonTTLExpired {
-					t.Fatalf("%s: deleting with reason %q, want %s", id, rec.Reason, corral.ReasonTTLExpired)
+			if rec.State == model.StateDeleting {
+				if rec.Reason != model.ReasonTTLExpired {
+					t.Fatalf("%s: deleting with reason %q, want %s", id, rec.Reason, model.ReasonTTLExpired)
 				}
 				break
 			}
@@ -623,7 +623,7 @@ func TestExpiryDoesNotWaitForTeardown(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		if got, _ := e.Get(ctx, id); got.State != corral.StateStopped || got.Reason != corral.ReasonTTLExpired || got.Stopping != nil {
+		if got, _ := e.Get(ctx, id); got.State != model.StateStopped || got.Reason != model.ReasonTTLExpired || got.Stopping != nil {
 			t.Errorf("%s after the cleanup: %s (%s), intent %+v; want stopped (ttl_expired)", id, got.State, got.Reason, got.Stopping)
 		}
 	}
@@ -648,14 +648,14 @@ func TestAutoPauseAndResume(t *testing.T) {
 	e, _ := newTestEdge(t, rt)
 	ctx := context.Background()
 	keep := false
-	rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", AutoPauseAfter: "1s", PauseKeepsTTL: &keep})
+	rec, err := e.Create(ctx, model.CreateRequest{Base: "base:1", AutoPauseAfter: "1s", PauseKeepsTTL: &keep})
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		got, _ := e.Get(ctx, rec.ID)
-		if got.State == corral.StatePaused {
+		if got.State == model.StatePaused {
 			if got.LastPause == nil || !got.LastPause.AutomaticPause {
 				t.Fatalf("auto-paused record: %+v", got.LastPause)
 			}
@@ -671,7 +671,7 @@ func TestAutoPauseAndResume(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond)
 	got, err := e.Resume(ctx, rec.ID)
-	if err != nil || got.State != corral.StateRunning {
+	if err != nil || got.State != model.StateRunning {
 		t.Fatalf("resume = %+v, %v", got, err)
 	}
 	if !got.ExpiresAt.After(rec.ExpiresAt) {
@@ -689,18 +689,18 @@ func TestAdmitLimitsPolicy(t *testing.T) {
 	rt := newFakeRuntime()
 	e, _ := newTestEdge(t, rt)
 	ctx := context.Background()
-	_, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{MemoryBytes: 8 << 20}})
+	_, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: model.Limits{MemoryBytes: 8 << 20}})
 	if errdefs.Field(err) != "limits.memory_bytes" || !strings.Contains(err.Error(), "on container") {
 		t.Errorf("create with 8 MiB: %v; want invalid limits.memory_bytes on container", err)
 	}
-	_, err = e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", Limits: corral.Limits{OpenFiles: 10}})
+	_, err = e.CreateFncallEnv(ctx, model.FncallEnv{Name: "judge", Base: "base:1", Limits: model.Limits{OpenFiles: 10}})
 	if errdefs.Field(err) != "limits.open_files" || !strings.Contains(err.Error(), "on fncall") {
 		t.Errorf("fncall env with 10 open files: %v; want invalid limits.open_files on fncall", err)
 	}
 	if n := e.Count(); n != 0 {
 		t.Errorf("%d sandboxes after refused creates", n)
 	}
-	env, err := e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", Limits: corral.Limits{MemoryBytes: 256 << 20}})
+	env, err := e.CreateFncallEnv(ctx, model.FncallEnv{Name: "judge", Base: "base:1", Limits: model.Limits{MemoryBytes: 256 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -716,7 +716,7 @@ func TestFncallPoolBackoff(t *testing.T) {
 	rt.failing = errors.New("runc exploded")
 	e, _ := newTestEdge(t, rt)
 	ctx := context.Background()
-	if _, err := e.CreateFncallEnv(ctx, corral.FncallEnv{Name: "judge", Base: "base:1", QueueWait: "30s"}); err != nil {
+	if _, err := e.CreateFncallEnv(ctx, model.FncallEnv{Name: "judge", Base: "base:1", QueueWait: "30s"}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -737,7 +737,7 @@ func TestFncallPoolBackoff(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	start := time.Now()
-	_, err := e.Call(ctx, "judge", corral.CallRequest{Argv: []string{"true"}}, nil)
+	_, err := e.Call(ctx, "judge", model.CallRequest{Argv: []string{"true"}}, nil)
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "runc exploded") || time.Since(start) > 5*time.Second {
 		t.Fatalf("call to a pool that cannot start containers: %v after %s; want a prompt 503 naming the cause", err, time.Since(start))
 	}
@@ -757,11 +757,11 @@ func TestUnheldLayersAreNotReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	st.PublishLayer(ctx, corral.Layer{Name: "base", Version: "1", Kind: corral.KindBase, Digest: "sha256:b"})
+	st.PublishLayer(ctx, model.Layer{Name: "base", Version: "1", Kind: model.KindBase, Digest: "sha256:b"})
 	cfg := Config{AgentPath: "/agent", ReapInterval: time.Hour}
 	e1, _ := New(cfg, slog.New(slog.DiscardHandler), st, rt, newFakeLayers())
 	e1.Start(ctx)
-	old, _ := e1.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	old, _ := e1.Create(ctx, model.CreateRequest{Base: "base:1"})
 	e1.Close()
 
 	ls := newFakeLayers() // after the restart the layer is not mounted where the store looks
@@ -770,7 +770,7 @@ func TestUnheldLayersAreNotReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e2.Close()
-	if _, err := e2.Create(ctx, corral.CreateRequest{Base: "base:1"}); err != nil {
+	if _, err := e2.Create(ctx, model.CreateRequest{Base: "base:1"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e2.Delete(ctx, old.ID); err != nil {
@@ -818,28 +818,28 @@ func TestNodeHasFinalSay(t *testing.T) {
 	rt := newFakeRuntime()
 	e, st := newTestEdgeWith(t, rt, Config{Capacity: &store.Resources{CPUs: 2, MemoryBytes: 4 << 30, Sandboxes: 3}, Labels: map[string]string{"pool": "a"}})
 	ctx := context.Background()
-	small := corral.Limits{CPUs: 0.5, MemoryBytes: 1 << 30}
-	full := func(what string, req corral.CreateRequest, want string) {
+	small := model.Limits{CPUs: 0.5, MemoryBytes: 1 << 30}
+	full := func(what string, req model.CreateRequest, want string) {
 		t.Helper()
 		_, err := e.Create(ctx, req)
 		if !errors.Is(err, errdefs.ErrNodeFull) || errdefs.Code(err) != "node_full" || !strings.Contains(err.Error(), want) {
 			t.Fatalf("%s: %v (want node_full, %q)", what, err, want)
 		}
 	}
-	a, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"pool": "a"}})
+	a, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"pool": "a"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	full("a selector the node does not match", corral.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"pool": "b"}}, "lacks the labels")
-	full("more CPU than is left", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 1.75, MemoryBytes: 1 << 30}}, "CPUs 0.5+1.75 of 2")
-	full("more memory than is left", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 0.5, MemoryBytes: 3200 << 20}}, "memory")
+	full("a selector the node does not match", model.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"pool": "b"}}, "lacks the labels")
+	full("more CPU than is left", model.CreateRequest{Base: "base:1", Limits: model.Limits{CPUs: 1.75, MemoryBytes: 1 << 30}}, "CPUs 0.5+1.75 of 2")
+	full("more memory than is left", model.CreateRequest{Base: "base:1", Limits: model.Limits{CPUs: 0.5, MemoryBytes: 3200 << 20}}, "memory")
 	for _, cpus := range []float64{1, 0.25} {
-		if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: cpus, MemoryBytes: 512 << 20}}); err != nil {
+		if _, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: model.Limits{CPUs: cpus, MemoryBytes: 512 << 20}}); err != nil {
 			t.Fatalf("a sandbox that fits: %v", err)
 		}
 	}
-	full("a fourth sandbox", corral.CreateRequest{Base: "base:1", Limits: corral.Limits{MemoryBytes: 256 << 20, CPUs: 0.01}}, "sandboxes 3 of 3")
-	if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"bad key": "x"}}); !errors.Is(err, errdefs.ErrInvalid) {
+	full("a fourth sandbox", model.CreateRequest{Base: "base:1", Limits: model.Limits{MemoryBytes: 256 << 20, CPUs: 0.01}}, "sandboxes 3 of 3")
+	if _, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: small, NodeSelector: map[string]string{"bad key": "x"}}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("a malformed selector: %v", err)
 	}
 	// Room comes back when a sandbox goes; a draining node takes nothing all the same.
@@ -847,9 +847,9 @@ func TestNodeHasFinalSay(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.SetDraining(true)
-	full("a create while draining", corral.CreateRequest{Base: "base:1", Limits: small}, "draining")
+	full("a create while draining", model.CreateRequest{Base: "base:1", Limits: small}, "draining")
 	e.SetDraining(false)
-	if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 0.75, MemoryBytes: 1 << 30}}); err != nil {
+	if _, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: model.Limits{CPUs: 0.75, MemoryBytes: 1 << 30}}); err != nil {
 		t.Fatalf("what fits exactly, after the drain ended: %v", err)
 	}
 	// Refused creates left no record.
@@ -870,7 +870,7 @@ func TestCreateRetryAfterCutShortCreate(t *testing.T) {
 	rt := newFakeRuntime()
 	e, _ := newTestEdge(t, rt)
 	ctx := context.Background()
-	req := corral.CreateRequest{Base: "base:1"}
+	req := model.CreateRequest{Base: "base:1"}
 	key := func(k string) *store.Idempotency {
 		return &store.Idempotency{Principal: "root", Key: k, RequestHash: "h"}
 	}
@@ -884,7 +884,7 @@ func TestCreateRetryAfterCutShortCreate(t *testing.T) {
 	}
 	rt.beforeCreate, rt.failing = nil, nil
 	sb, replayed, err := e.CreateOnce(ctx, req, key("gone"))
-	if err != nil || replayed || sb.State != corral.StateRunning {
+	if err != nil || replayed || sb.State != model.StateRunning {
 		t.Fatalf("retry of a create whose caller went away = %+v, replayed %v, %v; want a new running sandbox", sb, replayed, err)
 	}
 
@@ -895,12 +895,12 @@ func TestCreateRetryAfterCutShortCreate(t *testing.T) {
 	}
 	// As the restart's reconcile records it (through the edge, whose copy of its records
 	// follows).
-	first.State, first.Reason = corral.StateFailed, reasonInterruptedCreate
+	first.State, first.Reason = model.StateFailed, reasonInterruptedCreate
 	if err := e.records.PutSandbox(ctx, first); err != nil {
 		t.Fatal(err)
 	}
 	sb, replayed, err = e.CreateOnce(ctx, req, key("crash"))
-	if err != nil || replayed || sb.ID == first.ID || sb.State != corral.StateRunning {
+	if err != nil || replayed || sb.ID == first.ID || sb.State != model.StateRunning {
 		t.Fatalf("retry of a create a crash interrupted = %+v, replayed %v, %v; want a new running sandbox", sb, replayed, err)
 	}
 	if again, replayed, err := e.CreateOnce(ctx, req, key("crash")); err != nil || !replayed || again.ID != sb.ID {
@@ -908,7 +908,7 @@ func TestCreateRetryAfterCutShortCreate(t *testing.T) {
 	}
 
 	// Still at work: a retryable 503.
-	sb.State = corral.StateCreating
+	sb.State = model.StateCreating
 	if err := e.records.PutSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}

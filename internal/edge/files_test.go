@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // withAgent gives every sandbox of rt a real agent, served in this process on a unix socket.
@@ -48,7 +48,7 @@ func TestMoveAndWatchOverHTTP(t *testing.T) {
 	withAgent(t, rt)
 	e, st := newTestEdge(t, rt)
 	ctx := context.Background()
-	rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", IdleTTL: "2s"})
+	rec, err := e.Create(ctx, model.CreateRequest{Base: "base:1", IdleTTL: "2s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestMoveAndWatchOverHTTP(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644)
 
-	post := func(req corral.MoveRequest) (*http.Response, []byte) {
+	post := func(req model.MoveRequest) (*http.Response, []byte) {
 		b, _ := json.Marshal(req)
 		resp, err := http.Post(base+"/files/move", "application/json", bytes.NewReader(b))
 		if err != nil {
@@ -69,23 +69,23 @@ func TestMoveAndWatchOverHTTP(t *testing.T) {
 		out.ReadFrom(resp.Body)
 		return resp, out.Bytes()
 	}
-	resp, body := post(corral.MoveRequest{Source: filepath.Join(dir, "a"), Destination: filepath.Join(dir, "b")})
-	var fi corral.FileInfo
+	resp, body := post(model.MoveRequest{Source: filepath.Join(dir, "a"), Destination: filepath.Join(dir, "b")})
+	var fi model.FileInfo
 	if resp.StatusCode != 200 || json.Unmarshal(body, &fi) != nil || fi.Path != filepath.Join(dir, "b") || fi.Size != 1 {
 		t.Fatalf("move: %d %s", resp.StatusCode, body)
 	}
 	for _, tt := range []struct {
-		req    corral.MoveRequest
+		req    model.MoveRequest
 		status int
 		field  string
 	}{
-		{corral.MoveRequest{Source: filepath.Join(dir, "b"), Destination: "../../etc/x"}, 400, "destination"},
-		{corral.MoveRequest{Source: "", Destination: filepath.Join(dir, "c")}, 400, "source"},
-		{corral.MoveRequest{Source: filepath.Join(dir, "nope"), Destination: filepath.Join(dir, "c")}, 404, ""},
-		{corral.MoveRequest{Source: filepath.Join(dir, "b"), Destination: filepath.Join(dir, "no/c")}, 404, ""},
+		{model.MoveRequest{Source: filepath.Join(dir, "b"), Destination: "../../etc/x"}, 400, "destination"},
+		{model.MoveRequest{Source: "", Destination: filepath.Join(dir, "c")}, 400, "source"},
+		{model.MoveRequest{Source: filepath.Join(dir, "nope"), Destination: filepath.Join(dir, "c")}, 404, ""},
+		{model.MoveRequest{Source: filepath.Join(dir, "b"), Destination: filepath.Join(dir, "no/c")}, 404, ""},
 	} {
 		resp, body := post(tt.req)
-		var e corral.Error
+		var e model.Error
 		json.Unmarshal(body, &e)
 		if resp.StatusCode != tt.status || e.Field != tt.field {
 			t.Errorf("move %+v: %d %s, want %d (field %q)", tt.req, resp.StatusCode, body, tt.status, tt.field)
@@ -119,26 +119,26 @@ func TestMoveAndWatchOverHTTP(t *testing.T) {
 		t.Fatalf("watch: %d %s", resp.StatusCode, ct)
 	}
 	lines := bufio.NewScanner(resp.Body)
-	next := func() corral.WatchEvent {
+	next := func() model.WatchEvent {
 		t.Helper()
 		if !lines.Scan() {
 			t.Fatalf("watch stream ended: %v", lines.Err())
 		}
-		var ev corral.WatchEvent
+		var ev model.WatchEvent
 		if err := json.Unmarshal(lines.Bytes(), &ev); err != nil {
 			t.Fatalf("watch line %q: %v", lines.Text(), err)
 		}
 		return ev
 	}
-	if ev := next(); ev.Type != corral.WatchStart {
+	if ev := next(); ev.Type != model.WatchStart {
 		t.Fatalf("first line %+v, want start", ev)
 	}
 	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
-	if ev := next(); ev.Type != corral.WatchCreate || ev.Name != "sub" || ev.At.IsZero() {
+	if ev := next(); ev.Type != model.WatchCreate || ev.Name != "sub" || ev.At.IsZero() {
 		t.Fatalf("after mkdir: %+v", ev)
 	}
 	os.WriteFile(filepath.Join(dir, "sub", "f"), nil, 0o644)
-	if ev := next(); ev.Type != corral.WatchCreate || ev.Name != "sub/f" {
+	if ev := next(); ev.Type != model.WatchCreate || ev.Name != "sub/f" {
 		t.Fatalf("after a create in the new directory: %+v", ev)
 	}
 
@@ -149,8 +149,8 @@ func TestMoveAndWatchOverHTTP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.State == corral.StateStopped {
-			if got.Reason != corral.ReasonIdleExpired || time.Since(opened) < 2*time.Second {
+		if got.State == model.StateStopped {
+			if got.Reason != model.ReasonIdleExpired || time.Since(opened) < 2*time.Second {
 				t.Errorf("stopped with %q after %s, want idle_expired after 2s", got.Reason, time.Since(opened))
 			}
 			break

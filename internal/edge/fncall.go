@@ -20,8 +20,8 @@ import (
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The fncall tier. An fncall environment (corral.FncallEnv) names layers, limits and a pool of
@@ -57,7 +57,7 @@ const (
 // fncallPool is the pool of one fncall environment.
 type fncallPool struct {
 	e                  *Edge
-	env                corral.FncallEnv
+	env                model.FncallEnv
 	projectID          string // the environment's project; its path is read fresh (projects move)
 	timeout, queueWait time.Duration
 	log                *slog.Logger
@@ -96,19 +96,19 @@ func RetryAfter(err error) time.Duration {
 }
 
 // CreateFncallEnv validates and saves an fncall environment and starts its pool.
-func (e *Edge) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corral.FncallEnv, error) {
+func (e *Edge) CreateFncallEnv(ctx context.Context, env model.FncallEnv) (model.FncallEnv, error) {
 	p, err := e.newPool(ctx, env)
 	if err != nil {
-		return corral.FncallEnv{}, err
+		return model.FncallEnv{}, err
 	}
 	p.env.CreatedAt = time.Now().UTC()
 	e.fncallMu.Lock()
 	defer e.fncallMu.Unlock()
 	if _, ok := e.pools[p.env.Name]; ok {
-		return corral.FncallEnv{}, errdefs.Conflict("fncall environment %s exists; delete it first or use another name", p.env.Name)
+		return model.FncallEnv{}, errdefs.Conflict("fncall environment %s exists; delete it first or use another name", p.env.Name)
 	}
 	if err := e.store.PutFncallEnv(ctx, p.env); err != nil {
-		return corral.FncallEnv{}, err
+		return model.FncallEnv{}, err
 	}
 	e.settingsWritten(ctx) // a sync of the pools must find it
 	e.pools[p.env.Name] = p
@@ -118,7 +118,7 @@ func (e *Edge) CreateFncallEnv(ctx context.Context, env corral.FncallEnv) (corra
 }
 
 // newPool validates env, fills its defaults and returns its (not yet started) pool.
-func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, error) {
+func (e *Edge) newPool(ctx context.Context, env model.FncallEnv) (*fncallPool, error) {
 	timeout, queueWait, err := CheckFncallEnv(&env, e.policy.MaxTTL())
 	if err != nil {
 		return nil, err
@@ -143,7 +143,7 @@ func (e *Edge) newPool(ctx context.Context, env corral.FncallEnv) (*fncallPool, 
 // name, its pool's sizes, its queue, its files, its warm interpreter, and its call timeout
 // (within maxTTL) and queue wait, which it returns. What it names in the catalogue and its
 // containers' limits are admission's to check (CheckFncallFiles once the limits are resolved).
-func CheckFncallEnv(env *corral.FncallEnv, maxTTL time.Duration) (timeout, queueWait time.Duration, err error) {
+func CheckFncallEnv(env *model.FncallEnv, maxTTL time.Duration) (timeout, queueWait time.Duration, err error) {
 	if err := catalog.ValidateName("name", "fncall environment", env.Name); err != nil {
 		return 0, 0, err
 	}
@@ -191,7 +191,7 @@ func CheckFncallEnv(env *corral.FncallEnv, maxTTL time.Duration) (timeout, queue
 
 // CheckFncallFiles checks that a call's files fit the containers' memory (env's resolved
 // limits): they live in memory.
-func CheckFncallFiles(env corral.FncallEnv) error {
+func CheckFncallFiles(env model.FncallEnv) error {
 	if env.FilesBytes > env.Limits.MemoryBytes {
 		return errdefs.Invalid("files_bytes", "%d is more than the containers' memory limit %d (a call's files live in memory)", env.FilesBytes, env.Limits.MemoryBytes)
 	}
@@ -200,15 +200,15 @@ func CheckFncallFiles(env corral.FncallEnv) error {
 
 // ContainerRequest is the create request of an fncall environment's pool container, in its
 // project (a path), with the given TTL: what admission resolves.
-func ContainerRequest(env corral.FncallEnv, project string, ttl time.Duration) corral.CreateRequest {
-	return corral.CreateRequest{
+func ContainerRequest(env model.FncallEnv, project string, ttl time.Duration) model.CreateRequest {
+	return model.CreateRequest{
 		Base: env.Base, Workspace: env.Workspace, Toolkits: env.Toolkits, Limits: env.Limits, Network: env.Network,
 		TTL: ttl.String(), Labels: map[string]string{fncallLabel: env.Name}, Project: project,
 	}
 }
 
 // containerRequest is the create request of one pool container, in project (a path).
-func (p *fncallPool) containerRequest(env corral.FncallEnv, project string) corral.CreateRequest {
+func (p *fncallPool) containerRequest(env model.FncallEnv, project string) model.CreateRequest {
 	return ContainerRequest(env, project, p.e.policy.MaxTTL())
 }
 
@@ -240,22 +240,22 @@ func (e *Edge) startPools(ctx context.Context) error {
 }
 
 // FncallEnvs returns the fncall environments with their pools' state.
-func (e *Edge) FncallEnvs() []corral.FncallEnv {
+func (e *Edge) FncallEnvs() []model.FncallEnv {
 	e.fncallMu.Lock()
 	defer e.fncallMu.Unlock()
-	out := make([]corral.FncallEnv, 0, len(e.pools))
+	out := make([]model.FncallEnv, 0, len(e.pools))
 	for _, p := range e.pools {
 		out = append(out, p.view())
 	}
-	slices.SortFunc(out, func(a, b corral.FncallEnv) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b model.FncallEnv) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
 // FncallEnv returns one fncall environment with its pool's state.
-func (e *Edge) FncallEnv(name string) (corral.FncallEnv, error) {
+func (e *Edge) FncallEnv(name string) (model.FncallEnv, error) {
 	p, err := e.pool(name)
 	if err != nil {
-		return corral.FncallEnv{}, err
+		return model.FncallEnv{}, err
 	}
 	return p.view(), nil
 }
@@ -333,7 +333,7 @@ func (e *Edge) SetDraining(draining bool) {
 // environment created or deleted through another edge of a cluster reaches this one (within a
 // flush interval); a draining edge keeps no pools.
 func (e *Edge) syncPools(ctx context.Context) error {
-	saved := map[string]corral.FncallEnv{}
+	saved := map[string]model.FncallEnv{}
 	if !e.draining.Load() {
 		envs, err := e.settings.ListFncallEnvs(ctx)
 		if err != nil {
@@ -384,7 +384,7 @@ func (e *Edge) syncPools(ctx context.Context) error {
 func (e *Edge) destroyPoolContainer(sb *sandbox, why string) {
 	rec, err := e.record(context.Background(), sb.id)
 	if err == nil {
-		err = e.stopSandbox(context.Background(), rec, corral.StateStopped, corral.ReasonDeleted)
+		err = e.stopSandbox(context.Background(), rec, model.StateStopped, model.ReasonDeleted)
 	}
 	if err != nil {
 		e.log.Error("destroy fncall container", "sandbox", sb.id, "fncall", sb.fncall, "why", why, "err", err)
@@ -392,7 +392,7 @@ func (e *Edge) destroyPoolContainer(sb *sandbox, why string) {
 }
 
 // view is the environment with its pool's state.
-func (p *fncallPool) view() corral.FncallEnv {
+func (p *fncallPool) view() model.FncallEnv {
 	project, err := p.project(context.Background())
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -400,7 +400,7 @@ func (p *fncallPool) view() corral.FncallEnv {
 	if err == nil {
 		env.Project = project
 	}
-	env.Pool = &corral.FncallPool{Ready: len(p.idle), Busy: p.busy, Starting: p.starting, Queued: len(p.waiters),
+	env.Pool = &model.FncallPool{Ready: len(p.idle), Busy: p.busy, Starting: p.starting, Queued: len(p.waiters),
 		Calls: p.calls, Rejected: p.rejected, Replaced: p.replaced, LastError: p.lastErr}
 	return env
 }
@@ -618,8 +618,8 @@ type callFile struct {
 }
 
 // checkCall validates a call against its environment.
-func (p *fncallPool) checkCall(req corral.CallRequest) (*callSpec, error) {
-	c := &callSpec{limit: defaultCallOutput, project: p.projectID, keepTTL: corral.ArtifactTTL}
+func (p *fncallPool) checkCall(req model.CallRequest) (*callSpec, error) {
+	c := &callSpec{limit: defaultCallOutput, project: p.projectID, keepTTL: model.ArtifactTTL}
 	switch {
 	case req.Python != "" && req.Script != "":
 		return nil, errdefs.Invalid("python", "give python or script, not both")
@@ -710,8 +710,8 @@ func (p *fncallPool) checkCall(req corral.CallRequest) (*callSpec, error) {
 	}
 	if req.KeepTTL != "" {
 		d, err := time.ParseDuration(req.KeepTTL)
-		if err != nil || d < time.Second || d > corral.MaxArtifactTTL {
-			return nil, errdefs.Invalid("keep_ttl", "%q must be a duration from 1s to %s", req.KeepTTL, corral.MaxArtifactTTL)
+		if err != nil || d < time.Second || d > model.MaxArtifactTTL {
+			return nil, errdefs.Invalid("keep_ttl", "%q must be a duration from 1s to %s", req.KeepTTL, model.MaxArtifactTTL)
 		}
 		if len(c.keep) == 0 {
 			return nil, errdefs.Invalid("keep_ttl", "is the lifetime of kept files, and the call keeps none")
@@ -757,7 +757,7 @@ func callPath(field, cwd, p string, dir bool) (string, error) {
 
 // Call runs one call in the fncall environment name. With onOutput set, the command's output is
 // passed to it as it comes (stdout and stderr events) instead of being collected in the result.
-func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, onOutput func(corral.Event) error) (*corral.CallResult, error) {
+func (e *Edge) Call(ctx context.Context, name string, req model.CallRequest, onOutput func(model.Event) error) (*model.CallResult, error) {
 	p, err := e.pool(name)
 	if err != nil {
 		return nil, err
@@ -779,7 +779,7 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 	if err != nil {
 		return nil, err
 	}
-	res := &corral.CallResult{Container: sb.id, QueuedMs: ms(time.Since(queued))}
+	res := &model.CallResult{Container: sb.id, QueuedMs: ms(time.Since(queued))}
 	sb.touch()
 	clean := false
 	defer func() { p.release(sb, clean) }()
@@ -871,7 +871,7 @@ func (e *Edge) Call(ctx context.Context, name string, req corral.CallRequest, on
 			break
 		}
 		if onOutput != nil && (ev.Type == agentrpc.EventStdout || ev.Type == agentrpc.EventStderr) {
-			if onOutput(corral.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data}) != nil {
+			if onOutput(model.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data}) != nil {
 				onOutput = nil // the client went: collect the rest (the stream ends when ctx does)
 			}
 			continue
@@ -926,7 +926,7 @@ type callEvents struct {
 // interpreter fed through its stdin, or a command started now (Python code then goes to a fresh
 // interpreter's stdin). A call the agent prepares (call.Prepare) has nothing to stage but its
 // working directory, which the agent makes.
-func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, spec *callSpec, warm *warmCall, call *agentrpc.CallSpec, res *corral.CallResult) (*callEvents, error) {
+func (e *Edge) startCall(ctx, cctx context.Context, p *fncallPool, sb *sandbox, spec *callSpec, warm *warmCall, call *agentrpc.CallSpec, res *model.CallResult) (*callEvents, error) {
 	upper := call.Dir + "/upper"
 	if spec.python != "" {
 		payload, err := e.pyPayload(spec, spec.python, spec.pyArgs)
@@ -1003,7 +1003,7 @@ func (e *Edge) stageArtifact(ctx context.Context, sb *sandbox, project, dst, ref
 // their references in res; a file the call did not leave is an output error. A file that would
 // take the project past its artifact quota fails the whole call with the quota error, and the
 // call keeps nothing (what it kept already is removed).
-func (e *Edge) keepArtifacts(ctx context.Context, spec *callSpec, sb *sandbox, upper string, res *corral.CallResult) error {
+func (e *Edge) keepArtifacts(ctx context.Context, spec *callSpec, sb *sandbox, upper string, res *model.CallResult) error {
 	if len(spec.keep) == 0 {
 		return nil
 	}
@@ -1086,11 +1086,11 @@ func (c *capped) Write(p []byte) {
 	c.b.Write(p)
 }
 
-func exitOf(x *agentrpc.Exit) corral.Exit {
+func exitOf(x *agentrpc.Exit) model.Exit {
 	if x == nil {
-		return corral.Exit{Code: -1, Error: "no exit status"}
+		return model.Exit{Code: -1, Error: "no exit status"}
 	}
-	return corral.Exit{Code: x.Code, Signal: x.Signal, TimedOut: x.TimedOut, OOMKilled: x.OOMKilled, Error: x.Error}
+	return model.Exit{Code: x.Code, Signal: x.Signal, TimedOut: x.TimedOut, OOMKilled: x.OOMKilled, Error: x.Error}
 }
 
 func newCallID() string {

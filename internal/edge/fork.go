@@ -13,10 +13,10 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Fork. A fork makes N sandboxes (copies) that go on from a running sandbox's state at the
@@ -50,15 +50,15 @@ const forkParallel = 8
 
 // Fork makes req.Count copies of the running sandbox id; see the comment above. It returns the
 // copies' records, running, in order.
-func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ []*store.Sandbox, err error) {
+func (e *Edge) Fork(ctx context.Context, id string, req model.ForkRequest) (_ []*store.Sandbox, err error) {
 	ctx, span := trace.Start(ctx, trace.Fork, trace.Sandbox(id), trace.Node(e.cfg.Node))
 	defer span.End(&err)
 	n := req.Count
 	if n == 0 {
 		n = 1
 	}
-	if n < 1 || n > corral.MaxForkCount {
-		return nil, errdefs.Invalid("count", "%d: want 1 to %d copies", req.Count, corral.MaxForkCount)
+	if n < 1 || n > model.MaxForkCount {
+		return nil, errdefs.Invalid("count", "%d: want 1 to %d copies", req.Count, model.MaxForkCount)
 	}
 	if err := catalog.ValidateLabels(req.Labels); err != nil {
 		return nil, err
@@ -106,7 +106,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 	if err != nil {
 		for _, rec := range recs {
 			e.emit(events.Created, rec, "fork of "+id)
-			e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+err.Error())
+			e.finish(context.WithoutCancel(ctx), rec, model.StateFailed, "error: "+err.Error())
 		}
 		return nil, err
 	}
@@ -131,7 +131,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req corral.ForkRequest) (_ [
 		// All or nothing: the copies that started go again.
 		for i, rec := range recs {
 			if errs[i] == nil {
-				if derr := e.stopSandbox(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: another copy of its fork failed: "+err.Error()); derr != nil {
+				if derr := e.stopSandbox(context.WithoutCancel(ctx), rec, model.StateFailed, "error: another copy of its fork failed: "+err.Error()); derr != nil {
 					e.log.Error("remove a copy of a failed fork", "sandbox", rec.ID, "err", derr)
 				}
 			}
@@ -151,7 +151,7 @@ func forkable(src *store.Sandbox, sb *sandbox, diskOnly bool) error {
 	switch {
 	case sb.paused.Load():
 		return errdefs.Conflict("sandbox %s is paused: resume it first (corral resume %s), then fork it; a fork checkpoints running processes", src.ID, src.ID)
-	case src.State != corral.StateRunning:
+	case src.State != model.StateRunning:
 		return errdefs.Conflict("sandbox %s is %s: only a running sandbox can be forked", src.ID, src.State)
 	case src.Tier == TierVM:
 		return errdefs.Conflict("sandbox %s is a vm sandbox, which cannot be forked: fork microvm sandboxes, gVisor ones (runtime gvisor), or runc ones with disk_only", src.ID)
@@ -168,7 +168,7 @@ func forkable(src *store.Sandbox, sb *sandbox, diskOnly bool) error {
 // forkRecord returns the record of a copy of src named id (see the comment at the top).
 func forkRecord(src *store.Sandbox, id string, labels map[string]string, memory bool, now time.Time) *store.Sandbox {
 	rec := &store.Sandbox{Sandbox: src.Sandbox, Lower: slices.Clone(src.Lower), ProjectID: src.ProjectID}
-	rec.ID, rec.State, rec.Reason, rec.ForkedFrom = id, corral.StateCreating, "", src.ID
+	rec.ID, rec.State, rec.Reason, rec.ForkedFrom = id, model.StateCreating, "", src.ID
 	rec.Labels = maps.Clone(src.Labels)
 	if len(labels) > 0 && rec.Labels == nil {
 		rec.Labels = map[string]string{}

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestForkable: which running sources a fork takes, and the copy's hostname: a microvm's copy
@@ -27,7 +27,7 @@ func TestForkable(t *testing.T) {
 		{TierVM, RuntimeQEMU, false, "vm sandbox"},
 		{TierFncall, RuntimeRunc, true, "fncall"},
 	} {
-		src := &store.Sandbox{Sandbox: corral.Sandbox{ID: "sb-src", Tier: tc.tier, Runtime: tc.runtime, State: corral.StateRunning, Hostname: "sb-src"}}
+		src := &store.Sandbox{Sandbox: model.Sandbox{ID: "sb-src", Tier: tc.tier, Runtime: tc.runtime, State: model.StateRunning, Hostname: "sb-src"}}
 		err := forkable(src, newSandbox(src, ""), tc.diskOnly)
 		if tc.want == "" && err != nil || tc.want != "" && (!errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s/%s disk_only=%v: %v, want %q", tc.tier, tc.runtime, tc.diskOnly, err, tc.want)
@@ -43,7 +43,7 @@ func TestForkable(t *testing.T) {
 		{TierMicroVM, RuntimeQEMU, true, "sb-copy"},
 		{TierMicroVM, RuntimeQEMU, false, "sb-copy"},
 	} {
-		src := &store.Sandbox{Sandbox: corral.Sandbox{ID: "sb-src", Tier: tc.tier, Runtime: tc.runtime, Hostname: "sb-src"}}
+		src := &store.Sandbox{Sandbox: model.Sandbox{ID: "sb-src", Tier: tc.tier, Runtime: tc.runtime, Hostname: "sb-src"}}
 		if got := forkRecord(src, "sb-copy", nil, tc.memory, src.CreatedAt).Hostname; got != tc.want {
 			t.Errorf("%s/%s memory=%v: copy's hostname %q, want %q", tc.tier, tc.runtime, tc.memory, got, tc.want)
 		}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/catalog"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // Layer deletion and garbage collection. A published version can be deleted when nothing names
@@ -21,19 +21,19 @@ import (
 const foreignImportGrace = time.Hour
 
 // DeleteLayer deletes the published version name:version and, when unused, its blob.
-func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (model.Layer, error) {
 	if err := catalog.ValidateLayerName("name", "version", name, version); err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	// A sandbox deleted just before may still have the layer mounted until its cleanup ends.
 	if err := e.WaitCleanups(ctx); err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	// The version goes first, without holding up creates: one that resolved it before is
 	// admitted with its record, which the check below finds in use; one after finds no version.
 	l, err := e.publisher.DeleteLayer(ctx, name, version)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	if err := e.unshareVersion(ctx, l); err != nil {
 		return l, fmt.Errorf("layer %s:%s deleted on this node, still listed in the shared catalogue: %w", name, version, err)
@@ -50,13 +50,13 @@ func (e *Edge) DeleteLayer(ctx context.Context, name, version string) (corral.La
 
 // GC removes every blob of the layer store that no published version and no sandbox uses, and
 // returns how many it removed (blobs and orphaned images) and the bytes they held.
-func (e *Edge) GC(ctx context.Context) (corral.GCResult, error) {
+func (e *Edge) GC(ctx context.Context) (model.GCResult, error) {
 	if err := e.WaitCleanups(ctx); err != nil {
-		return corral.GCResult{}, err
+		return model.GCResult{}, err
 	}
 	e.layersMu.Lock()
 	defer e.layersMu.Unlock()
-	var res corral.GCResult
+	var res model.GCResult
 	blobs, err := e.layers.List(ctx)
 	if err != nil {
 		return res, err

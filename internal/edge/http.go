@@ -18,8 +18,8 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/trace"
-	corral "github.com/corral-dev/corral/sdk/go"
 	"golang.org/x/sys/unix"
 )
 
@@ -77,7 +77,7 @@ func (h *dataPlane) sandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 		return nil
 	}
 	sb.actions.Add(1)
-	if err := h.e.observeCall(sb, r.Method, r.URL.Path, r.Header.Get(corral.TokensHeader)); err != nil {
+	if err := h.e.observeCall(sb, r.Method, r.URL.Path, r.Header.Get(model.TokensHeader)); err != nil {
 		h.fail(w, r, err)
 		return nil
 	}
@@ -91,7 +91,7 @@ var (
 const maxArgvBytes = 256 << 10
 
 // agentRequest validates an API exec request and converts it for the agent.
-func (e *Edge) agentRequest(sb *sandbox, req corral.ExecRequest) (agentrpc.ExecRequest, error) {
+func (e *Edge) agentRequest(sb *sandbox, req model.ExecRequest) (agentrpc.ExecRequest, error) {
 	if req.Cwd == "" {
 		req.Cwd = sb.cwd
 	}
@@ -178,7 +178,7 @@ func newNDJSON(w http.ResponseWriter) *ndjson {
 	return &ndjson{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
 }
 
-func (n *ndjson) send(ev corral.Event) error { return n.write(ev) }
+func (n *ndjson) send(ev model.Event) error { return n.write(ev) }
 
 // write sends one line of any shape and flushes it.
 func (n *ndjson) write(v any) error {
@@ -199,7 +199,7 @@ type EventWriter struct {
 func NewEventWriter(w http.ResponseWriter) *EventWriter { return &EventWriter{w: w} }
 
 // Send writes one event and flushes it.
-func (e *EventWriter) Send(ev corral.Event) error {
+func (e *EventWriter) Send(ev model.Event) error {
 	if e.nd == nil {
 		e.nd = newNDJSON(e.w)
 	}
@@ -209,19 +209,19 @@ func (e *EventWriter) Send(ev corral.Event) error {
 // Started reports whether the response has begun.
 func (e *EventWriter) Started() bool { return e.nd != nil }
 
-func apiEvent(ev agentrpc.Event) corral.Event {
-	return corral.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data, Dropped: ev.Dropped, Exit: apiExit(ev.Exit)}
+func apiEvent(ev agentrpc.Event) model.Event {
+	return model.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data, Dropped: ev.Dropped, Exit: apiExit(ev.Exit)}
 }
 
-func apiExit(x *agentrpc.Exit) *corral.Exit {
+func apiExit(x *agentrpc.Exit) *model.Exit {
 	if x == nil {
 		return nil
 	}
-	return &corral.Exit{Code: x.Code, Signal: x.Signal, TimedOut: x.TimedOut, OOMKilled: x.OOMKilled, Error: x.Error}
+	return &model.Exit{Code: x.Code, Signal: x.Signal, TimedOut: x.TimedOut, OOMKilled: x.OOMKilled, Error: x.Error}
 }
 
-func apiCommand(c agentrpc.CommandInfo) corral.Command {
-	return corral.Command{
+func apiCommand(c agentrpc.CommandInfo) model.Command {
+	return model.Command{
 		ID: c.ID, Argv: c.Argv, Pid: c.Pid, TTY: c.TTY, Exclusive: c.Exclusive, State: c.State,
 		StartedAt: c.StartedAt, EndedAt: c.EndedAt, Exit: apiExit(c.Exit),
 		OutputStart: c.OutputStart, OutputEnd: c.OutputEnd,
@@ -240,7 +240,7 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	span.Set(trace.Project(sb.project), trace.Tier(sb.tier))
 	streamStdin := r.URL.Query().Get("stdin") == "stream"
-	var req corral.ExecRequest
+	var req model.ExecRequest
 	var stdin io.Reader
 	var err error
 	if streamStdin {
@@ -283,7 +283,7 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		if entry.Seq > 0 {
-			h.e.finishStep(sb.id, entry, corral.StepFailed, err.Error())
+			h.e.finishStep(sb.id, entry, model.StepFailed, err.Error())
 		}
 		h.fail(w, r, err)
 		return
@@ -295,7 +295,7 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 	}
 	out := newNDJSON(w)
-	clientGone := out.send(corral.Event{Type: "start", CommandID: entry.CommandID, Pid: sess.Info().Pid}) != nil
+	clientGone := out.send(model.Event{Type: "start", CommandID: entry.CommandID, Pid: sess.Info().Pid}) != nil
 	if streamStdin {
 		copied := make(chan struct{})
 		go func() {
@@ -326,12 +326,12 @@ func (h *dataPlane) exec(w http.ResponseWriter, r *http.Request) {
 
 // existingStep answers an exec whose step_id is in the log already: a 409 for another request,
 // the recorded result for a finished step, the live command for a running one.
-func (h *dataPlane) existingStep(w http.ResponseWriter, r *http.Request, sb *sandbox, existing, asked *corral.TrajectoryEntry) {
+func (h *dataPlane) existingStep(w http.ResponseWriter, r *http.Request, sb *sandbox, existing, asked *model.TrajectoryEntry) {
 	if normalJSON(existing.Request) != normalJSON(asked.Request) {
 		h.fail(w, r, stepConflict(existing.StepID, existing.Seq))
 		return
 	}
-	if existing.State != corral.StepRunning {
+	if existing.State != model.StepRunning {
 		replayStep(w, existing)
 		return
 	}
@@ -347,7 +347,7 @@ func (h *dataPlane) existingStep(w http.ResponseWriter, r *http.Request, sb *san
 	}
 	defer st.Close()
 	out := newNDJSON(w)
-	if out.send(corral.Event{Type: "start", CommandID: cid}) != nil {
+	if out.send(model.Event{Type: "start", CommandID: cid}) != nil {
 		return
 	}
 	h.stream(r.Context(), sb, out, st.Next)
@@ -355,7 +355,7 @@ func (h *dataPlane) existingStep(w http.ResponseWriter, r *http.Request, sb *san
 
 // record forwards a command's events to the client and into its trajectory entry until the exit.
 // A client that leaves does not stop the recording: the entry is completed either way.
-func (h *dataPlane) record(ctx context.Context, sb *sandbox, entry *corral.TrajectoryEntry, out *ndjson, clientGone bool, next func() (agentrpc.Event, error)) {
+func (h *dataPlane) record(ctx context.Context, sb *sandbox, entry *model.TrajectoryEntry, out *ndjson, clientGone bool, next func() (agentrpc.Event, error)) {
 	rec := newStepRecorder(entry, DefaultStepOutputBytes)
 	// The recording outlives the client (context.WithoutCancel) and survives a pause that cuts the
 	// agent's connections.
@@ -366,9 +366,9 @@ func (h *dataPlane) record(ctx context.Context, sb *sandbox, entry *corral.Traje
 		if err != nil {
 			h.log.Warn("command stream ended", "sandbox", sb.id, "command", entry.CommandID, "err", err)
 			if !clientGone {
-				out.send(corral.Event{Type: "error", Data: []byte(err.Error())})
+				out.send(model.Event{Type: "error", Data: []byte(err.Error())})
 			}
-			h.e.finishStep(sb.id, entry, corral.StepFailed, "output stream ended: "+err.Error())
+			h.e.finishStep(sb.id, entry, model.StepFailed, "output stream ended: "+err.Error())
 			return
 		}
 		sb.touch()
@@ -380,7 +380,7 @@ func (h *dataPlane) record(ctx context.Context, sb *sandbox, entry *corral.Traje
 			clientGone = true
 		}
 		if ev.Type == agentrpc.EventExit {
-			h.e.finishStep(sb.id, entry, corral.StepDone, "")
+			h.e.finishStep(sb.id, entry, model.StepDone, "")
 			return
 		}
 	}
@@ -413,7 +413,7 @@ func (h *dataPlane) stream(ctx context.Context, sb *sandbox, out *ndjson, next f
 		if err != nil {
 			if err != io.EOF && ctx.Err() == nil {
 				h.log.Warn("command stream ended", "sandbox", sb.id, "err", err)
-				out.send(corral.Event{Type: "error", Data: []byte(err.Error())})
+				out.send(model.Event{Type: "error", Data: []byte(err.Error())})
 			}
 			return
 		}
@@ -438,7 +438,7 @@ func (h *dataPlane) startCommand(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	span.Set(trace.Project(sb.project), trace.Tier(sb.tier))
-	var req corral.ExecRequest
+	var req model.ExecRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		h.fail(w, r, err)
 		return
@@ -459,8 +459,8 @@ func (h *dataPlane) startCommand(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, stepConflict(existing.StepID, existing.Seq))
 			return
 		}
-		cmd := corral.Command{ID: existing.CommandID, State: agentrpc.CommandExited, StartedAt: existing.StartedAt, EndedAt: existing.EndedAt, Exit: existing.Exit}
-		if existing.State == corral.StepRunning {
+		cmd := model.Command{ID: existing.CommandID, State: agentrpc.CommandExited, StartedAt: existing.StartedAt, EndedAt: existing.EndedAt, Exit: existing.Exit}
+		if existing.State == model.StepRunning {
 			cid, err := findStepCommand(r.Context(), sb, existing)
 			if err == nil {
 				var info agentrpc.CommandInfo
@@ -482,7 +482,7 @@ func (h *dataPlane) startCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		if entry.Seq > 0 {
-			h.e.finishStep(sb.id, entry, corral.StepFailed, err.Error())
+			h.e.finishStep(sb.id, entry, model.StepFailed, err.Error())
 		}
 		h.fail(w, r, err)
 		return
@@ -503,7 +503,7 @@ func (h *dataPlane) listCommands(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	out := make([]corral.Command, 0, len(cmds))
+	out := make([]model.Command, 0, len(cmds))
 	for _, c := range cmds {
 		out = append(out, apiCommand(c))
 	}
@@ -614,7 +614,7 @@ func (h *dataPlane) signal(w http.ResponseWriter, r *http.Request) {
 	if sb == nil {
 		return
 	}
-	var req corral.SignalRequest
+	var req model.SignalRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		h.fail(w, r, err)
 		return
@@ -636,7 +636,7 @@ func (h *dataPlane) resize(w http.ResponseWriter, r *http.Request) {
 	if sb == nil {
 		return
 	}
-	var req corral.ResizeRequest
+	var req model.ResizeRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		h.fail(w, r, err)
 		return
@@ -743,7 +743,7 @@ func (h *dataPlane) writeFile(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+	httpjson.Write(w, http.StatusOK, model.FileInfo(info))
 }
 
 func (h *dataPlane) removeFile(w http.ResponseWriter, r *http.Request) {
@@ -776,7 +776,7 @@ func (h *dataPlane) stat(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+	httpjson.Write(w, http.StatusOK, model.FileInfo(info))
 }
 
 func (h *dataPlane) list(w http.ResponseWriter, r *http.Request) {
@@ -789,9 +789,9 @@ func (h *dataPlane) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	out := make([]corral.FileInfo, 0, len(infos))
+	out := make([]model.FileInfo, 0, len(infos))
 	for _, fi := range infos {
-		out = append(out, corral.FileInfo(fi))
+		out = append(out, model.FileInfo(fi))
 	}
 	httpjson.Write(w, http.StatusOK, map[string]any{"files": out})
 }
@@ -801,7 +801,7 @@ func (h *dataPlane) mkdir(w http.ResponseWriter, r *http.Request) {
 	if sb == nil {
 		return
 	}
-	var req corral.MkdirRequest
+	var req model.MkdirRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		h.fail(w, r, err)
 		return
@@ -829,7 +829,7 @@ func (h *dataPlane) mkdir(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+	httpjson.Write(w, http.StatusOK, model.FileInfo(info))
 }
 
 // move renames a file or directory inside the sandbox (rename(2): same filesystem, a file at the
@@ -839,7 +839,7 @@ func (h *dataPlane) move(w http.ResponseWriter, r *http.Request) {
 	if sb == nil {
 		return
 	}
-	var req corral.MoveRequest
+	var req model.MoveRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		h.fail(w, r, err)
 		return
@@ -857,7 +857,7 @@ func (h *dataPlane) move(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	httpjson.Write(w, http.StatusOK, corral.FileInfo(info))
+	httpjson.Write(w, http.StatusOK, model.FileInfo(info))
 }
 
 // watchError is the last line of a watch stream that the agent ended with an error.
@@ -898,7 +898,7 @@ func (h *dataPlane) watch(w http.ResponseWriter, r *http.Request) {
 	}
 	defer wt.Close()
 	out := newNDJSON(w)
-	if out.write(corral.WatchEvent{Type: corral.WatchStart}) != nil {
+	if out.write(model.WatchEvent{Type: model.WatchStart}) != nil {
 		return
 	}
 	for {
@@ -910,7 +910,7 @@ func (h *dataPlane) watch(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
-		if out.write(corral.WatchEvent(ev)) != nil {
+		if out.write(model.WatchEvent(ev)) != nil {
 			return
 		}
 	}

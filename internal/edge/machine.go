@@ -18,10 +18,10 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/httpjson"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/vmdisk"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // vmDiskFile finds the disk image in a vm sandbox's mounted vm-image layer (lower, one
@@ -30,13 +30,13 @@ func vmDiskFile(lower []string) (path, format string, err error) {
 	if len(lower) != 1 {
 		return "", "", fmt.Errorf("a vm sandbox has one layer, its disk image, not %d", len(lower))
 	}
-	for _, c := range []struct{ name, format string }{{corral.VMDiskQCOW2, vmdisk.QCOW2}, {corral.VMDiskRaw, vmdisk.Raw}} {
+	for _, c := range []struct{ name, format string }{{model.VMDiskQCOW2, vmdisk.QCOW2}, {model.VMDiskRaw, vmdisk.Raw}} {
 		p := filepath.Join(lower[0], c.name)
 		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
 			return p, c.format, nil
 		}
 	}
-	return "", "", fmt.Errorf("the vm-image layer holds neither %s nor %s", corral.VMDiskQCOW2, corral.VMDiskRaw)
+	return "", "", fmt.Errorf("the vm-image layer holds neither %s nor %s", model.VMDiskQCOW2, model.VMDiskRaw)
 }
 
 // CheckVMImage checks a vm-image layer before it is published: the layer (mounted from its
@@ -53,16 +53,16 @@ func (e *Edge) CheckVMImage(ctx context.Context, digest string) (vmdisk.Info, er
 		return vmdisk.Info{}, err
 	}
 	if len(ents) != 1 {
-		return vmdisk.Info{}, errdefs.Invalid("kind", "a vm-image layer holds exactly one file, %s or %s; this one has %d entries", corral.VMDiskQCOW2, corral.VMDiskRaw, len(ents))
+		return vmdisk.Info{}, errdefs.Invalid("kind", "a vm-image layer holds exactly one file, %s or %s; this one has %d entries", model.VMDiskQCOW2, model.VMDiskRaw, len(ents))
 	}
 	format := ""
 	switch ents[0].Name() {
-	case corral.VMDiskQCOW2:
+	case model.VMDiskQCOW2:
 		format = vmdisk.QCOW2
-	case corral.VMDiskRaw:
+	case model.VMDiskRaw:
 		format = vmdisk.Raw
 	default:
-		return vmdisk.Info{}, errdefs.Invalid("kind", "a vm-image layer holds %s or %s, not %q", corral.VMDiskQCOW2, corral.VMDiskRaw, ents[0].Name())
+		return vmdisk.Info{}, errdefs.Invalid("kind", "a vm-image layer holds %s or %s, not %q", model.VMDiskQCOW2, model.VMDiskRaw, ents[0].Name())
 	}
 	if !ents[0].Type().IsRegular() {
 		return vmdisk.Info{}, errdefs.Invalid("kind", "%s in a vm-image layer is not a regular file", ents[0].Name())
@@ -109,10 +109,10 @@ func (e *Edge) Screen(ctx context.Context, id string) ([]byte, int, int, error) 
 }
 
 // Input sends keyboard and mouse events to a sandbox's display (as Screen finds it).
-func (e *Edge) Input(ctx context.Context, id string, events []corral.InputEvent) (corral.InputResult, error) {
+func (e *Edge) Input(ctx context.Context, id string, events []model.InputEvent) (model.InputResult, error) {
 	sb, err := e.displaySandbox(ctx, id)
 	if err != nil {
-		return corral.InputResult{}, err
+		return model.InputResult{}, err
 	}
 	sb.actions.Add(1)
 	evs := make([]runtime.InputEvent, len(events))
@@ -125,7 +125,7 @@ func (e *Edge) Input(ctx context.Context, id string, events []corral.InputEvent)
 	} else {
 		res, err = e.desktopInput(ctx, sb, evs)
 	}
-	return corral.InputResult(res), err
+	return model.InputResult(res), err
 }
 
 // displaySandbox returns the running sandbox whose display a screen or input call drives: a vm
@@ -154,13 +154,13 @@ func (e *Edge) Console(ctx context.Context, id string, limit int64) ([]byte, err
 
 // Power turns a vm sandbox's machine off or on, or reboots it, and records its state (off while
 // powered off; the TTL still runs).
-func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*store.Sandbox, error) {
+func (e *Edge) Power(ctx context.Context, id string, req model.PowerRequest) (*store.Sandbox, error) {
 	switch req.Action {
-	case corral.PowerOn, corral.PowerOff, corral.PowerReboot:
+	case model.PowerOn, model.PowerOff, model.PowerReboot:
 	default:
 		return nil, errdefs.Invalid("action", "%q: want on, off or reboot", req.Action)
 	}
-	if req.Force && req.Action != corral.PowerOff {
+	if req.Force && req.Action != model.PowerOff {
 		return nil, errdefs.Invalid("force", "only power off can be forced")
 	}
 	sb, err := e.machineSandbox(ctx, id, true)
@@ -182,7 +182,7 @@ func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*
 	if err := e.machines.Power(ctx, sb.id, req.Action, req.Force); err != nil {
 		return nil, err
 	}
-	off := req.Action == corral.PowerOff
+	off := req.Action == model.PowerOff
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	sb.off.Store(off) // the machine's state, whatever the store says (the reaper re-records it)
@@ -195,9 +195,9 @@ func (e *Edge) Power(ctx context.Context, id string, req corral.PowerRequest) (*
 	if sb.gone {
 		return rec, nil // deleted meanwhile
 	}
-	rec.State = corral.StateRunning
+	rec.State = model.StateRunning
 	if off {
-		rec.State = corral.StateOff
+		rec.State = model.StateOff
 	}
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
 	if err := e.records.PutSandbox(ctx, rec); err != nil {
@@ -220,9 +220,9 @@ func (e *Edge) machinePower(ctx context.Context, sb *sandbox, off bool) {
 		e.log.Error("record a vm's power state", "sandbox", sb.id, "err", err)
 		return
 	}
-	rec.State = corral.StateRunning
+	rec.State = model.StateRunning
 	if off {
-		rec.State = corral.StateOff
+		rec.State = model.StateOff
 	}
 	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		e.log.Error("record a vm's power state", "sandbox", sb.id, "err", err)
@@ -254,7 +254,7 @@ func (h *dataPlane) screen(w http.ResponseWriter, r *http.Request) {
 
 // input serves POST /v1/sandboxes/{id}/input (corral.InputRequest).
 func (h *dataPlane) input(w http.ResponseWriter, r *http.Request) {
-	var req corral.InputRequest
+	var req model.InputRequest
 	if err := httpjson.Decode(r, &req); err != nil {
 		h.fail(w, r, err)
 		return

@@ -18,9 +18,9 @@ import (
 	"github.com/corral-dev/corral/internal/egress/dns"
 	"github.com/corral-dev/corral/internal/egress/proxy"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/netpolicy"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Sandbox networking. A sandbox whose policy is not "none" gets a slot from egress.Manager (its
@@ -59,11 +59,11 @@ type sandboxNet struct {
 	policy atomic.Pointer[netpolicy.Compiled]
 
 	mu     sync.Mutex
-	counts map[string]uint64       // refusals of the resolver and the proxy, by reason; protected by mu
-	recent []corral.BlockedAttempt // newest last, at most recentBlocked; protected by mu
+	counts map[string]uint64      // refusals of the resolver and the proxy, by reason; protected by mu
+	recent []model.BlockedAttempt // newest last, at most recentBlocked; protected by mu
 }
 
-func (n *sandboxNet) blocked(a corral.BlockedAttempt) {
+func (n *sandboxNet) blocked(a model.BlockedAttempt) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.counts[a.Reason]++
@@ -71,7 +71,7 @@ func (n *sandboxNet) blocked(a corral.BlockedAttempt) {
 }
 
 // remember keeps a in the latest attempts. Preconditions: n.mu is held.
-func (n *sandboxNet) remember(a corral.BlockedAttempt) {
+func (n *sandboxNet) remember(a model.BlockedAttempt) {
 	n.recent = append(n.recent, a)
 	if len(n.recent) > recentBlocked {
 		n.recent = append(n.recent[:0], n.recent[len(n.recent)-recentBlocked:]...)
@@ -79,9 +79,9 @@ func (n *sandboxNet) remember(a corral.BlockedAttempt) {
 }
 
 // compileNetwork validates a create request's or an update's policy.
-func (e *Edge) compileNetwork(p *corral.NetworkPolicy) (*netpolicy.Compiled, error) {
+func (e *Edge) compileNetwork(p *model.NetworkPolicy) (*netpolicy.Compiled, error) {
 	if p == nil {
-		p = &corral.NetworkPolicy{}
+		p = &model.NetworkPolicy{}
 	}
 	cat := e.catalog.Load()
 	var env netpolicy.Env
@@ -92,7 +92,7 @@ func (e *Edge) compileNetwork(p *corral.NetworkPolicy) (*netpolicy.Compiled, err
 	if err != nil {
 		return nil, err
 	}
-	if c.Mode != corral.NetworkNone && e.cfg.Net == nil {
+	if c.Mode != model.NetworkNone && e.cfg.Net == nil {
 		why := e.cfg.NetOff
 		if why == "" {
 			why = "not configured"
@@ -108,16 +108,16 @@ func (e *Edge) compileNetwork(p *corral.NetworkPolicy) (*netpolicy.Compiled, err
 
 // apiPolicy is a compiled policy's source (its mode explicit, its rules normalised) as the API's
 // NetworkPolicy, which the sandbox's record keeps and shows.
-func apiPolicy(c *netpolicy.Compiled) *corral.NetworkPolicy {
-	p := corral.NetworkPolicy(c.Source)
+func apiPolicy(c *netpolicy.Compiled) *model.NetworkPolicy {
+	p := model.NetworkPolicy(c.Source)
 	return &p
 }
 
 // APIServices is the catalog's services as the API lists them.
-func APIServices(s []netpolicy.Service) []corral.NetworkService {
-	out := make([]corral.NetworkService, len(s))
+func APIServices(s []netpolicy.Service) []model.NetworkService {
+	out := make([]model.NetworkService, len(s))
 	for i, v := range s {
-		out[i] = corral.NetworkService(v)
+		out[i] = model.NetworkService(v)
 	}
 	return out
 }
@@ -126,7 +126,7 @@ func APIServices(s []netpolicy.Service) []corral.NetworkService {
 // blocked addresses' ports a catalog service did not open), then what the catalog opened inside
 // the blocked set, then the blocked set, then the allow rules.
 func (e *Edge) slotPolicy(c *netpolicy.Compiled) egress.SlotPolicy {
-	p := egress.SlotPolicy{Open: c.Mode == corral.NetworkOpen}
+	p := egress.SlotPolicy{Open: c.Mode == model.NetworkOpen}
 	for _, r := range append(append([]netpolicy.NetRule(nil), c.DenyNets...), c.BlockedNets...) {
 		p.Deny = append(p.Deny, netRule(r))
 	}
@@ -283,7 +283,7 @@ func (e *Edge) ResolverLookup(src netip.Addr) (dns.Sandbox, bool) {
 			}
 		},
 		Blocked: func(name string, qtype uint16, reason string) {
-			n.blocked(corral.BlockedAttempt{At: time.Now().UTC(), Reason: reason, Name: name, Protocol: "dns", Port: 53})
+			n.blocked(model.BlockedAttempt{At: time.Now().UTC(), Reason: reason, Name: name, Protocol: "dns", Port: 53})
 		},
 	}, true
 }
@@ -297,7 +297,7 @@ const maxPortsPerName = 256
 func (e *Edge) allowResolved(n *sandboxNet, name string, ip netip.Addr, ttl time.Duration) error {
 	m := e.cfg.Net.Manager
 	rules, _ := n.policy.Load().NameRules(name)
-	if n.policy.Load().Mode == corral.NetworkOpen && len(rules) == 0 {
+	if n.policy.Load().Mode == model.NetworkOpen && len(rules) == 0 {
 		return nil // open mode reaches it anyway
 	}
 	type key struct {
@@ -352,7 +352,7 @@ func (e *Edge) ProxyLookup(src netip.Addr) (proxy.Sandbox, bool) {
 		ID:     t.id,
 		Policy: n.policy.Load(),
 		Blocked: func(a proxy.Attempt) {
-			n.blocked(corral.BlockedAttempt{At: time.Now().UTC(), Reason: a.Reason, Name: a.Name,
+			n.blocked(model.BlockedAttempt{At: time.Now().UTC(), Reason: a.Reason, Name: a.Name,
 				Dest: a.Dest.Addr().String(), Port: int(a.Dest.Port()), Protocol: a.Proto})
 		},
 	}, true
@@ -368,13 +368,13 @@ func (e *Edge) LoggedDrop(src, dst netip.Addr, proto string, port uint16, reason
 		return
 	}
 	t.net.mu.Lock()
-	t.net.remember(corral.BlockedAttempt{At: at.UTC(), Reason: reason, Dest: dst.String(), Port: int(port), Protocol: proto})
+	t.net.remember(model.BlockedAttempt{At: at.UTC(), Reason: reason, Dest: dst.String(), Port: int(port), Protocol: proto})
 	t.net.mu.Unlock()
 }
 
 // SetNetwork replaces a running sandbox's egress policy. It takes effect for the next packet of
 // every connection; the record keeps it across restarts.
-func (e *Edge) SetNetwork(ctx context.Context, id string, p corral.NetworkPolicy) (*store.Sandbox, error) {
+func (e *Edge) SetNetwork(ctx context.Context, id string, p model.NetworkPolicy) (*store.Sandbox, error) {
 	c, err := e.compileNetwork(&p)
 	if err != nil {
 		return nil, err
@@ -394,7 +394,7 @@ func (e *Edge) SetNetwork(ctx context.Context, id string, p corral.NetworkPolicy
 	}
 	n := sb.net
 	if n == nil {
-		if c.Mode != corral.NetworkNone {
+		if c.Mode != model.NetworkNone {
 			return nil, errdefs.Conflict("sandbox %s was created without networking (network mode none): its network cannot be turned on later; create it with a policy", id)
 		}
 		return rec, nil
@@ -412,17 +412,17 @@ func (e *Edge) SetNetwork(ctx context.Context, id string, p corral.NetworkPolicy
 }
 
 // BlockedAttempts returns a sandbox's latest blocked attempts, oldest first.
-func (e *Edge) BlockedAttempts(ctx context.Context, id string) ([]corral.BlockedAttempt, error) {
+func (e *Edge) BlockedAttempts(ctx context.Context, id string) ([]model.BlockedAttempt, error) {
 	sb, err := e.liveSandbox(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if sb.net == nil {
-		return []corral.BlockedAttempt{}, nil
+		return []model.BlockedAttempt{}, nil
 	}
 	sb.net.mu.Lock()
 	defer sb.net.mu.Unlock()
-	return append([]corral.BlockedAttempt{}, sb.net.recent...), nil
+	return append([]model.BlockedAttempt{}, sb.net.recent...), nil
 }
 
 // withNetStats fills the live egress counters of a running sandbox's record.
@@ -435,8 +435,8 @@ func (e *Edge) withNetStats(rec *store.Sandbox) *store.Sandbox {
 
 // withNetStatsOf counts a networked sandbox's blocked attempts: packets by reason from its
 // chain's counters, refusals of the resolver and the proxy, and its data-plane actions.
-func (e *Edge) withNetStatsOf(sb *sandbox) *corral.EgressStats {
-	st := &corral.EgressStats{Blocked: map[string]uint64{}}
+func (e *Edge) withNetStatsOf(sb *sandbox) *model.EgressStats {
+	st := &model.EgressStats{Blocked: map[string]uint64{}}
 	if cnt, err := e.cfg.Net.Manager.Counters(sb.net.slot); err == nil {
 		for k, v := range cnt {
 			st.Blocked[k] += v
@@ -458,10 +458,10 @@ func (e *Edge) withNetStatsOf(sb *sandbox) *corral.EgressStats {
 }
 
 // NetworkServices lists the operator's service catalog.
-func (e *Edge) NetworkServices() []corral.NetworkService {
+func (e *Edge) NetworkServices() []model.NetworkService {
 	cat := e.catalog.Load()
 	if cat == nil {
-		return []corral.NetworkService{}
+		return []model.NetworkService{}
 	}
 	return APIServices(cat.Services())
 }
@@ -471,7 +471,7 @@ const catalogSetting = store.CatalogSetting
 
 // SetCatalog replaces the service catalog with raw (the --services file's JSON shape) and saves
 // it. Policies compiled before keep the services as they were until they are set again.
-func (e *Edge) SetCatalog(ctx context.Context, raw []byte) ([]corral.NetworkService, error) {
+func (e *Edge) SetCatalog(ctx context.Context, raw []byte) ([]model.NetworkService, error) {
 	if e.cfg.Net == nil {
 		return nil, errdefs.Invalid("catalog", "sandbox networking is off on this node (%s)", e.cfg.NetOff)
 	}

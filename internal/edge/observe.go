@@ -17,9 +17,9 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 	"golang.org/x/sys/unix"
 )
 
@@ -68,16 +68,16 @@ func (r *ring) add(s sample, capacity int) {
 }
 
 // since returns the samples after t (unix nanoseconds), oldest first.
-func (r *ring) since(t int64) []corral.MetricSample {
+func (r *ring) since(t int64) []model.MetricSample {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := []corral.MetricSample{}
+	out := []model.MetricSample{}
 	for i := range r.buf {
 		s := r.buf[(r.next+i)%len(r.buf)]
 		if s.at <= t {
 			continue
 		}
-		out = append(out, corral.MetricSample{
+		out = append(out, model.MetricSample{
 			At: time.Unix(0, s.at).UTC(), CPUPercent: float64(s.cpu), MemoryBytes: s.mem, MemoryPeakBytes: s.peak,
 			DiskBytes: s.disk, NetRxBytes: s.netRx, NetTxBytes: s.netTx, Pids: int64(s.pids),
 		})
@@ -211,8 +211,8 @@ func (e *Edge) expireRings() {
 
 // Metrics returns a sandbox's samples after since (all when zero): the live sandbox's, or an
 // ended one's within MetricsKeep of its end. A sandbox with none yet has an empty list.
-func (e *Edge) Metrics(ctx context.Context, id string, since time.Time) (corral.Metrics, error) {
-	out := corral.Metrics{Samples: []corral.MetricSample{}, IntervalSeconds: e.cfg.SampleInterval.Seconds()}
+func (e *Edge) Metrics(ctx context.Context, id string, since time.Time) (model.Metrics, error) {
+	out := model.Metrics{Samples: []model.MetricSample{}, IntervalSeconds: e.cfg.SampleInterval.Seconds()}
 	if err := checkID(id); err != nil {
 		return out, err
 	}
@@ -313,15 +313,15 @@ func (e *Edge) emit(typ string, rec *store.Sandbox, reason string) {
 func (e *Edge) emitEnd(rec *store.Sandbox, state, reason string) {
 	typ := events.Failed
 	switch {
-	case state == corral.StateStopped && reason == corral.ReasonDeleted:
+	case state == model.StateStopped && reason == model.ReasonDeleted:
 		typ = events.Deleted
-	case state == corral.StateStopped && reason == corral.ReasonTTLExpired:
+	case state == model.StateStopped && reason == model.ReasonTTLExpired:
 		typ = events.TTLExpired
-	case state == corral.StateStopped && reason == corral.ReasonIdleExpired:
+	case state == model.StateStopped && reason == model.ReasonIdleExpired:
 		typ = events.IdleExpired
-	case state == corral.StateStopped:
+	case state == model.StateStopped:
 		typ = events.Deleted
-	case reason == corral.ReasonOOMKilled:
+	case reason == model.ReasonOOMKilled:
 		e.emit(events.OOM, rec, reason)
 	}
 	e.emit(typ, rec, reason)
@@ -357,7 +357,7 @@ func (e *Edge) observeCall(sb *sandbox, method, path string, tokens string) erro
 	if tokens != "" {
 		n, err := strconv.ParseInt(tokens, 10, 64)
 		if err != nil || n < 0 || n > maxTokens {
-			return errdefs.Invalid(corral.TokensHeader, "%q is not a token count (an integer from 0 to %d)", tokens, int64(maxTokens))
+			return errdefs.Invalid(model.TokensHeader, "%q is not a token count (an integer from 0 to %d)", tokens, int64(maxTokens))
 		}
 		sb.tokens.Add(n)
 	}

@@ -9,7 +9,7 @@ import (
 	"errors"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 func TestRing(t *testing.T) {
@@ -77,7 +77,7 @@ func TestLifecycleEventsAndUsage(t *testing.T) {
 	ctx := context.Background()
 	sub, _ := e.Events().Subscribe(64, time.Time{}, nil)
 	defer sub.Close()
-	rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", TTL: "1s"})
+	rec, err := e.Create(ctx, model.CreateRequest{Base: "base:1", TTL: "1s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,14 +101,14 @@ func TestLifecycleEventsAndUsage(t *testing.T) {
 	if ev := next(t, sub.C()); ev.Type != events.Resumed {
 		t.Fatalf("event = %+v, want resumed", ev)
 	}
-	if ev := next(t, sub.C()); ev.Type != events.TTLExpired || ev.Reason != corral.ReasonTTLExpired {
+	if ev := next(t, sub.C()); ev.Type != events.TTLExpired || ev.Reason != model.ReasonTTLExpired {
 		t.Fatalf("event = %+v, want ttl_expired", ev)
 	}
 	rows, err := st.ListUsage(ctx, "", time.Time{})
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("usage rows = %+v, %v", rows, err)
 	}
-	if u := rows[0]; u.ID != rec.ID || !u.TTLExtended || u.Reason != corral.ReasonTTLExpired || u.EndedAt.IsZero() || u.Tier != TierContainer {
+	if u := rows[0]; u.ID != rec.ID || !u.TTLExtended || u.Reason != model.ReasonTTLExpired || u.EndedAt.IsZero() || u.Tier != TierContainer {
 		t.Errorf("usage = %+v", u)
 	}
 	// Its samples outlive it (none here: the fake runtime reports no usage); an unknown
@@ -128,7 +128,7 @@ func TestDeleteAndFailedEvents(t *testing.T) {
 	ctx := context.Background()
 	sub, _ := e.Events().Subscribe(64, time.Time{}, nil)
 	defer sub.Close()
-	rec, err := e.Create(ctx, corral.CreateRequest{Base: "base:1"})
+	rec, err := e.Create(ctx, model.CreateRequest{Base: "base:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestDeleteAndFailedEvents(t *testing.T) {
 	rt.mu.Lock()
 	rt.failing = errors.New("no room")
 	rt.mu.Unlock()
-	if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1"}); err == nil {
+	if _, err := e.Create(ctx, model.CreateRequest{Base: "base:1"}); err == nil {
 		t.Fatal("create succeeded on a failing runtime")
 	}
 	next(t, sub.C()) // created
@@ -157,7 +157,7 @@ func TestDeleteAndFailedEvents(t *testing.T) {
 // X-Corral-Tokens is validated, and summed per sandbox.
 func TestObserveCallTokens(t *testing.T) {
 	e, _ := newTestEdge(t, newFakeRuntime())
-	rec, err := e.Create(context.Background(), corral.CreateRequest{Base: "base:1"})
+	rec, err := e.Create(context.Background(), model.CreateRequest{Base: "base:1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,10 +9,10 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Pause and resume. A paused sandbox's processes are frozen and its memory pushed out to swap
@@ -100,7 +100,7 @@ func (e *Edge) pause(ctx context.Context, sb *sandbox, automatic bool) (_ *store
 	info := pauseInfo(st)
 	info.TookMs = float64(time.Since(start).Microseconds()) / 1000
 	info.AutomaticPause = automatic
-	rec.State, rec.PausedAt, rec.LastPause = corral.StatePaused, time.Now().UTC(), &info
+	rec.State, rec.PausedAt, rec.LastPause = model.StatePaused, time.Now().UTC(), &info
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
 	if err := e.records.PutSandbox(ctx, rec); err != nil {
 		// The store must not say running while the sandbox is frozen: thaw it again.
@@ -159,7 +159,7 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (_ *store
 	if rec.LastPause != nil {
 		rec.LastPause.ResumeTookMs = float64(took.Microseconds()) / 1000
 	}
-	rec.State, rec.PausedAt = corral.StateRunning, time.Time{}
+	rec.State, rec.PausedAt = model.StateRunning, time.Time{}
 	sb.touch() // paused time is not idle time
 	rec.LastActivityAt = time.Unix(0, sb.lastActivity.Load()).UTC()
 	if err := e.records.PutSandbox(ctx, rec); err != nil {
@@ -175,8 +175,8 @@ func (e *Edge) resume(ctx context.Context, sb *sandbox, explicit bool) (_ *store
 	return rec, nil
 }
 
-func pauseInfo(st runtime.PauseStats) corral.PauseInfo {
-	return corral.PauseInfo{
+func pauseInfo(st runtime.PauseStats) model.PauseInfo {
+	return model.PauseInfo{
 		MemoryBefore:   int64(st.MemoryBefore),
 		MemoryAfter:    int64(st.MemoryAfter),
 		MemoryReturned: int64(st.MemoryReturned),

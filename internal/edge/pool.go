@@ -18,10 +18,10 @@ import (
 	"github.com/corral-dev/corral/internal/cleanup"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
 	"github.com/corral-dev/corral/internal/trace"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Warm pools (issue 24). An environment with Warm N keeps up to N started sandboxes of its shape
@@ -106,7 +106,7 @@ type warmPool struct {
 
 	mu sync.Mutex
 	// env is the environment as last read from the store. Protected by mu.
-	env corral.Environment
+	env model.Environment
 	// ready are the sandboxes waiting, oldest first; stale are those taken out of ready because
 	// the environment now resolves to other layers (a tag moved), for run to delete. Protected
 	// by mu.
@@ -203,7 +203,7 @@ func newWarmState() *warmState {
 }
 
 // warmKeyOf is the pool an environment keeps on this node, and ok false when it keeps none here.
-func (e *Edge) warmKeyOf(env corral.Environment) (warmKey, bool) {
+func (e *Edge) warmKeyOf(env model.Environment) (warmKey, bool) {
 	k := warmKey{env: env.Name, runtime: env.Runtime}
 	switch {
 	case env.Tier == TierMicroVM:
@@ -221,7 +221,7 @@ func (e *Edge) warmKeyOf(env corral.Environment) (warmKey, bool) {
 		if err != nil {
 			return k, false
 		}
-		k.networked = c.Mode != corral.NetworkNone
+		k.networked = c.Mode != model.NetworkNone
 	}
 	return k, env.Warm > 0
 }
@@ -260,7 +260,7 @@ func (e *Edge) warmLoop() {
 // syncWarm starts the pools the store's environments ask for, updates their sizes, and drains
 // the others.
 func (e *Edge) syncWarm(ctx context.Context) error {
-	want := map[warmKey]corral.Environment{}
+	want := map[warmKey]model.Environment{}
 	if !e.draining.Load() {
 		envs, err := e.settings.WarmEnvironments(ctx)
 		if err != nil {
@@ -504,7 +504,7 @@ func (e *Edge) withPooled(u store.Resources) store.Resources {
 	return u
 }
 
-func (e *Edge) countPooled(l corral.Limits, sign int) {
+func (e *Edge) countPooled(l model.Limits, sign int) {
 	e.warm.used.Lock()
 	defer e.warm.used.Unlock()
 	r := &e.warm.used.r
@@ -527,11 +527,11 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	p.mu.Lock()
 	env := p.env
 	p.mu.Unlock()
-	req := corral.CreateRequest{Environment: env.Name, Project: env.Project, Tier: p.key.tier(), Runtime: p.key.runtime,
-		Network: &corral.NetworkPolicy{Mode: corral.NetworkNone}}
+	req := model.CreateRequest{Environment: env.Name, Project: env.Project, Tier: p.key.tier(), Runtime: p.key.runtime,
+		Network: &model.NetworkPolicy{Mode: model.NetworkNone}}
 	if p.key.networked {
 		// Networked, denying everything until a claim applies the create's policy.
-		req.Network = &corral.NetworkPolicy{Mode: corral.NetworkAllowlist}
+		req.Network = &model.NetworkPolicy{Mode: model.NetworkAllowlist}
 	}
 	e.layersMu.RLock()
 	adm, err := e.admit(ctx, req, false)
@@ -562,7 +562,7 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 	undo.Push(func() { e.releaseLayers(rec, nil) })
 	var nw *sandboxNet
 	var resolv string
-	if adm.net.Mode != corral.NetworkNone {
+	if adm.net.Mode != model.NetworkNone {
 		if nw, resolv, err = e.attachNetwork(ctx, rec, adm.net); err != nil {
 			return 0, err
 		}
@@ -656,7 +656,7 @@ func (e *Edge) removeStaleResolvConfs() {
 // A claimed sandbox already holds its layers, network slot and runtime sandbox; once the store
 // admits the request's record, each of them gets its undo on a cleanup stack (as launch's
 // steps do), so a failure after the claim ends the record failed and leaves nothing.
-func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *admission, key *store.Idempotency) (_ *store.Sandbox, ok bool, err error) {
+func (e *Edge) claimWarm(ctx context.Context, req model.CreateRequest, adm *admission, key *store.Idempotency) (_ *store.Sandbox, ok bool, err error) {
 	rec := adm.rec
 	p, w := e.takeWarm(req, adm)
 	if w == nil {
@@ -699,7 +699,7 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	e.usageCreated(ctx, rec)
 	var undo cleanup.Stack
 	var cause error // the failure, for the record's reason
-	undo.Push(func() { e.finish(context.WithoutCancel(ctx), rec, corral.StateFailed, "error: "+cause.Error()) })
+	undo.Push(func() { e.finish(context.WithoutCancel(ctx), rec, model.StateFailed, "error: "+cause.Error()) })
 	undo.Push(func() { e.releaseLayers(rec, nil) })
 	undo.Push(func() {
 		e.detachNetwork(rec.ID, w.net)
@@ -736,7 +736,7 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 	// (the request's win, as at a fresh create).
 	sb.env = slices.Clip(req.Env)
 	sb.touch()
-	rec.State = corral.StateRunning
+	rec.State = model.StateRunning
 	e.mu.Lock()
 	e.live[rec.ID] = sb
 	e.mu.Unlock()
@@ -755,12 +755,12 @@ func (e *Edge) claimWarm(ctx context.Context, req corral.CreateRequest, adm *adm
 // counting the claim: w nil means none (p, the request's pool if there is one, then wants a
 // poke to refill). Ready sandboxes made before a tag of the environment moved go to the stale
 // list on the way.
-func (e *Edge) takeWarm(req corral.CreateRequest, adm *admission) (p *warmPool, w *warmSandbox) {
+func (e *Edge) takeWarm(req model.CreateRequest, adm *admission) (p *warmPool, w *warmSandbox) {
 	rec := adm.rec
 	if (rec.Tier != TierContainer && rec.Tier != TierMicroVM) || req.Environment == "" {
 		return nil, nil
 	}
-	k := warmKey{env: req.Environment, runtime: rec.Runtime, networked: adm.net.Mode != corral.NetworkNone}
+	k := warmKey{env: req.Environment, runtime: rec.Runtime, networked: adm.net.Mode != model.NetworkNone}
 	e.warm.mu.Lock()
 	p = e.warm.pools[k]
 	if p == nil {
@@ -857,9 +857,9 @@ func (e *Edge) writeWarmMetrics(b *strings.Builder) {
 }
 
 // SetEnvironmentWarm changes an environment's pool size (PATCH /v1/environments/{name}).
-func (e *Edge) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
+func (e *Edge) SetEnvironmentWarm(ctx context.Context, name string, warm int) (model.Environment, error) {
 	if err := catalog.CheckWarm(warm); err != nil {
-		return corral.Environment{}, err
+		return model.Environment{}, err
 	}
 	env, err := e.store.SetEnvironmentWarm(ctx, name, warm)
 	if err != nil {

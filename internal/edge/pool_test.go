@@ -7,8 +7,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestWarmTarget: a pool aims at its full size while new, then at the busiest recent minute's
@@ -36,7 +36,7 @@ func TestWarmTarget(t *testing.T) {
 		}(), 16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &warmPool{env: corral.Environment{Warm: 16}, since: now.Add(-tc.age)}
+			p := &warmPool{env: model.Environment{Warm: 16}, since: now.Add(-tc.age)}
 			for _, ago := range tc.claims {
 				p.claimedLocked(now.Add(-ago))
 			}
@@ -89,7 +89,7 @@ func TestEnvironmentTier(t *testing.T) {
 		{"vm", "", "", "tier"},
 		{"fncall", "", "", "tier"},
 	} {
-		env := corral.Environment{Name: "x", Base: "base:1", Tier: tc.tier, Runtime: tc.runtime}
+		env := model.Environment{Name: "x", Base: "base:1", Tier: tc.tier, Runtime: tc.runtime}
 		err := catalog.CheckEnvironmentDefaults(&env, e.environmentNetwork)
 		if tc.bad != "" {
 			if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Field(err) != tc.bad {
@@ -102,10 +102,10 @@ func TestEnvironmentTier(t *testing.T) {
 		}
 	}
 	// The fake runtime offers runc only: no microvm pool here.
-	if _, ok := e.warmKeyOf(corral.Environment{Name: "vm", Tier: TierMicroVM, Warm: 1}); ok {
+	if _, ok := e.warmKeyOf(model.Environment{Name: "vm", Tier: TierMicroVM, Warm: 1}); ok {
 		t.Errorf("a microvm pool on a node without QEMU")
 	}
-	if k, ok := e.warmKeyOf(corral.Environment{Name: "c", Warm: 1}); !ok || k.runtime != RuntimeRunc || k.tier() != TierContainer {
+	if k, ok := e.warmKeyOf(model.Environment{Name: "c", Warm: 1}); !ok || k.runtime != RuntimeRunc || k.tier() != TierContainer {
 		t.Errorf("container pool key = %+v, %v", k, ok)
 	}
 	if k := (warmKey{runtime: RuntimeQEMU}); k.tier() != TierMicroVM {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // ownRecords is the edge's copy of the records of its node's sandboxes that have not ended
@@ -48,7 +48,7 @@ func cloneRecord(rec *store.Sandbox) *store.Sandbox {
 // ended reports whether a record is of a sandbox that ended (it leaves the copy).
 func ended(rec *store.Sandbox) bool {
 	switch rec.State {
-	case corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff, corral.StateDeleting:
+	case model.StateCreating, model.StateRunning, model.StatePaused, model.StateOff, model.StateDeleting:
 		return false
 	}
 	return true
@@ -114,7 +114,7 @@ func (o *ownRecords) usage() store.Resources {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, rec := range o.recs {
-		if rec.State == corral.StateDeleting {
+		if rec.State == model.StateDeleting {
 			continue // no longer counts (it released its quota)
 		}
 		u.Sandboxes++
@@ -184,7 +184,7 @@ func (e *Edge) abandonAdmission(ctx context.Context, recs []*store.Sandbox, err 
 	}
 	for _, rec := range recs {
 		end := cloneRecord(rec)
-		end.State, end.Reason, end.EndedAt = corral.StateFailed, "error: its admission's outcome was unknown: "+err.Error(), time.Now().UTC()
+		end.State, end.Reason, end.EndedAt = model.StateFailed, "error: its admission's outcome was unknown: "+err.Error(), time.Now().UTC()
 		if perr := e.records.PutSandbox(context.WithoutCancel(ctx), end); perr != nil && !errors.Is(perr, errdefs.ErrNotFound) {
 			e.log.Error("end the record of an admission whose outcome is unknown (the next start ends it)", "sandbox", rec.ID, "err", perr)
 		}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestOwnRecordsFollowTheStore: the edge's copy of its records (what its reads of own records
@@ -75,23 +75,23 @@ func TestOwnRecordsFollowTheStore(t *testing.T) {
 			}
 		}
 	}
-	small := corral.Limits{CPUs: 0.5, MemoryBytes: 1 << 30}
-	a, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: small})
+	small := model.Limits{CPUs: 0.5, MemoryBytes: 1 << 30}
+	a, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: small})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 1, MemoryBytes: 2 << 30}, TTL: "10m"})
+	b, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: model.Limits{CPUs: 1, MemoryBytes: 2 << 30}, TTL: "10m"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	same("two creates", e)
 	rt.failing = errors.New("the runtime broke")
-	if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: small}); err == nil {
+	if _, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: small}); err == nil {
 		t.Fatal("a create the runtime failed succeeded")
 	}
 	rt.failing = nil
 	same("a failed create", e)
-	if _, err := e.Create(ctx, corral.CreateRequest{Base: "base:1", Limits: corral.Limits{CPUs: 3, MemoryBytes: 1 << 30}}); err == nil {
+	if _, err := e.Create(ctx, model.CreateRequest{Base: "base:1", Limits: model.Limits{CPUs: 3, MemoryBytes: 1 << 30}}); err == nil {
 		t.Fatal("a create past the node's CPUs was admitted")
 	}
 	same("a create the node refused", e)
@@ -116,7 +116,7 @@ func TestOwnRecordsFollowTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	same("a delete's cleanup", e)
-	if got, err := e.Get(ctx, b.ID); err != nil || got.State != corral.StateStopped {
+	if got, err := e.Get(ctx, b.ID); err != nil || got.State != model.StateStopped {
 		t.Fatalf("an ended sandbox's record (from the store): %+v, %v", got, err)
 	}
 	// A project's path changes under its sandboxes' records: the API server says so per request.
@@ -135,7 +135,7 @@ func TestOwnRecordsFollowTheStore(t *testing.T) {
 	e2 := start()
 	defer e2.Close()
 	same("a restart", e2)
-	if got, err := e2.Get(ctx, a.ID); err != nil || got.State != corral.StateRunning {
+	if got, err := e2.Get(ctx, a.ID); err != nil || got.State != model.StateRunning {
 		t.Fatalf("after the restart: %+v, %v", got, err)
 	}
 }
@@ -145,7 +145,7 @@ func TestOwnRecordsFollowTheStore(t *testing.T) {
 func TestRecordCopies(t *testing.T) {
 	o := newOwnRecords()
 	slot := 7
-	rec := &store.Sandbox{Sandbox: corral.Sandbox{ID: "sb-a", State: corral.StateRunning, Labels: map[string]string{"k": "v"}}, NetSlot: &slot, Lower: []string{"sha256:b"}}
+	rec := &store.Sandbox{Sandbox: model.Sandbox{ID: "sb-a", State: model.StateRunning, Labels: map[string]string{"k": "v"}}, NetSlot: &slot, Lower: []string{"sha256:b"}}
 	o.put(rec)
 	rec.Labels["k"], *rec.NetSlot, rec.Lower[0] = "changed", 8, "changed"
 	got, _ := o.get("sb-a")
@@ -156,7 +156,7 @@ func TestRecordCopies(t *testing.T) {
 	if again, _ := o.get("sb-a"); again.Labels["k"] != "v" {
 		t.Fatal("a change to a record read reached the copy")
 	}
-	rec.State = corral.StateFailed
+	rec.State = model.StateFailed
 	o.put(rec)
 	if _, ok := o.get("sb-a"); ok {
 		t.Fatal("an ended sandbox's record is still held")

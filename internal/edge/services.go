@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Services: programs a layer starts in every sandbox made with it (corral.ImageConfig.Services),
@@ -38,12 +38,12 @@ const (
 // connections, then, with checkReady (a warm pool's fill), until each readiness check passes. A
 // service that does not start or get ready is logged, not fatal: the sandbox works without it,
 // and a request for it says that nothing answers (or waits for it).
-func (e *Edge) startServices(ctx context.Context, sb *sandbox, rec *store.Sandbox, svcs []corral.Service, checkReady bool) {
+func (e *Edge) startServices(ctx context.Context, sb *sandbox, rec *store.Sandbox, svcs []model.Service, checkReady bool) {
 	if len(svcs) == 0 || rec.Tier == TierVM {
 		return
 	}
 	log := e.log.With("sandbox", rec.ID)
-	var listening []corral.Service
+	var listening []model.Service
 	for _, s := range svcs {
 		info, err := sb.agent.Start(ctx, agentrpc.ExecRequest{Argv: s.Command, Env: s.Env, Cwd: "/", Tag: "service:" + s.Name, OutputLimit: 1 << 20})
 		if err == nil {
@@ -77,7 +77,7 @@ func (e *Edge) startServices(ctx context.Context, sb *sandbox, rec *store.Sandbo
 
 // waitPorts waits (≤ serviceWait) until each service's port accepts connections, trying every
 // every; false when one does not.
-func waitPorts(ctx context.Context, dial portDialFunc, svcs []corral.Service, every time.Duration, log *slog.Logger) bool {
+func waitPorts(ctx context.Context, dial portDialFunc, svcs []model.Service, every time.Duration, log *slog.Logger) bool {
 	ctx, cancel := context.WithTimeout(ctx, serviceWait)
 	defer cancel()
 	tick := time.NewTicker(every)
@@ -103,7 +103,7 @@ func waitPorts(ctx context.Context, dial portDialFunc, svcs []corral.Service, ev
 // waitReady runs the services' readiness checks (Service.Ready: GET the path on the port) until
 // each answers 2xx, answers anything but 503 (it failed to get ready: logged), or
 // serviceReadyWait has passed.
-func waitReady(ctx context.Context, dial portDialFunc, svcs []corral.Service, log *slog.Logger) {
+func waitReady(ctx context.Context, dial portDialFunc, svcs []model.Service, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, serviceReadyWait)
 	defer cancel()
 	for _, s := range svcs {

@@ -6,8 +6,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Settings is what the edge follows of what is configured through the API: the environments to
@@ -16,7 +16,7 @@ import (
 // a cluster's edge from its copy of the servers' (nodeproto.Config), which it fetches when a
 // heartbeat says they changed (Edge.SettingsChanged).
 type Settings interface {
-	WarmEnvironments(ctx context.Context) ([]corral.Environment, error)
+	WarmEnvironments(ctx context.Context) ([]model.Environment, error)
 	ListFncallEnvs(ctx context.Context) ([]store.FncallEnvRecord, error)
 	// ArtifactLimits returns the limits on the artifacts of the project with this ID.
 	ArtifactLimits(ctx context.Context, project string) ([]store.ArtifactLimit, error)
@@ -65,7 +65,7 @@ type Admissions interface {
 // (nodeproto.Catalog), so that the edge reads no catalogue to create.
 type Catalog interface {
 	// Resolve resolves req (calls: a container of an fncall environment's pool).
-	Resolve(ctx context.Context, req corral.CreateRequest, calls bool) (*catalog.Resolution, error)
+	Resolve(ctx context.Context, req model.CreateRequest, calls bool) (*catalog.Resolution, error)
 }
 
 // CatalogReader reads the catalogue for the node's own jobs (a build's FROM, its steps' cached
@@ -75,15 +75,15 @@ type Catalog interface {
 // cluster's edge (nodeproto.CatalogReader), which answer only for a caller they sealed for the
 // node who may read layers in at. What at does not see is errdefs.ErrNotFound.
 type CatalogReader interface {
-	VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error)
-	VisibleEnvironment(ctx context.Context, at, name string) (corral.Environment, error)
+	VisibleLayer(ctx context.Context, at, name, version string) (model.Layer, error)
+	VisibleEnvironment(ctx context.Context, at, name string) (model.Environment, error)
 	// EnvironmentOwner is the project owning environment name, and whether there is one.
 	EnvironmentOwner(ctx context.Context, at, name string) (string, bool, error)
 	// LayerVersions are the versions of layer name, and ReadableLayer is version name:version
 	// (or a tag's), whichever project owns it (the servers: only what the caller can read; the
 	// API checks its caller either way).
-	LayerVersions(ctx context.Context, name string) ([]corral.Layer, error)
-	ReadableLayer(ctx context.Context, name, version string) (corral.Layer, error)
+	LayerVersions(ctx context.Context, name string) ([]model.Layer, error)
+	ReadableLayer(ctx context.Context, name, version string) (model.Layer, error)
 }
 
 // Publisher records the layer versions the edge makes (imports, snapshots, builds' steps) and
@@ -92,13 +92,13 @@ type CatalogReader interface {
 // only for a caller the servers sealed for the node who may publish in the layer's project.
 // What is refused is the store's error (a version reused with other content is a conflict).
 type Publisher interface {
-	PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, bool, error)
-	SetLayerFillRate(ctx context.Context, name, version string, rate int64) (corral.Layer, error)
-	SetLayerPublic(ctx context.Context, name, version string, public bool) (corral.Layer, error)
-	DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error)
+	PublishLayer(ctx context.Context, l model.Layer) (model.Layer, bool, error)
+	SetLayerFillRate(ctx context.Context, name, version string, rate int64) (model.Layer, error)
+	SetLayerPublic(ctx context.Context, name, version string, public bool) (model.Layer, error)
+	DeleteLayer(ctx context.Context, name, version string) (model.Layer, error)
 	// ReplaceEnvironment saves env (checked), replacing the composition of an environment of
 	// the same project: a build's result.
-	ReplaceEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error)
+	ReplaceEnvironment(ctx context.Context, env model.Environment) (model.Environment, error)
 }
 
 // Trajectory records and reads the trajectories of the edge's sandboxes: the store under `corral
@@ -106,13 +106,13 @@ type Publisher interface {
 type Trajectory interface {
 	// BeginStep appends e, setting its sequence number; when e's step ID is a step's already,
 	// nothing is written and that step is returned.
-	BeginStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error)
+	BeginStep(ctx context.Context, sandbox string, e *model.TrajectoryEntry) (existing *model.TrajectoryEntry, err error)
 	// UpdateStep rewrites step e.Seq.
-	UpdateStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) error
+	UpdateStep(ctx context.Context, sandbox string, e *model.TrajectoryEntry) error
 	// WriteSteps applies writes (steps without IDs) in order, all or none, setting the
 	// sequence number of each entry appended.
 	WriteSteps(ctx context.Context, writes []store.StepWrite) error
-	ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]corral.TrajectoryEntry, error)
+	ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]model.TrajectoryEntry, error)
 }
 
 // storeSettings reads the settings from the store: always current, nothing to refresh.

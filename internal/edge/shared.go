@@ -12,7 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/layers"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // The shared catalogue. Every Corral that uses one blob store sees the layer versions the others
@@ -57,10 +57,10 @@ func (e *Edge) loadInstance(ctx context.Context) (err error) {
 // PublishLayer records l (its blob already imported) in the catalogue and the shared catalogue.
 // It reports whether the version is new. When the catalogue refuses it (a version reused with
 // other content), the imported blob is removed unless something else uses it.
-func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, bool, error) {
+func (e *Edge) PublishLayer(ctx context.Context, l model.Layer) (model.Layer, bool, error) {
 	ctx = context.WithoutCancel(ctx)
 	var err error
-	if l.Kind == corral.KindVMImage {
+	if l.Kind == model.KindVMImage {
 		// A disk image is checked before anyone can boot it.
 		if len(l.Below) > 0 {
 			err = errdefs.Invalid("below", "a vm-image layer is one disk image; it stacks on nothing")
@@ -68,7 +68,7 @@ func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, 
 			err = fmt.Errorf("layer %s:%s is not a usable vm image: %w", l.Name, l.Version, err)
 		}
 	}
-	var got corral.Layer
+	var got model.Layer
 	var created bool
 	if err == nil {
 		e.layersMu.RLock()
@@ -81,7 +81,7 @@ func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, 
 			e.log.Warn("remove the blob of a refused publish", "digest", l.Digest, "err", rerr)
 		}
 		e.layersMu.Unlock()
-		return corral.Layer{}, false, err
+		return model.Layer{}, false, err
 	}
 	if created && e.cfg.Shared != nil {
 		if err := e.shareVersion(ctx, got); err != nil {
@@ -95,7 +95,7 @@ func (e *Edge) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, 
 
 // shareVersion writes l to the shared catalogue. Tags stay per node, and so do projects: each
 // installation has its own tree.
-func (e *Edge) shareVersion(ctx context.Context, l corral.Layer) error {
+func (e *Edge) shareVersion(ctx context.Context, l model.Layer) error {
 	l.Tags, l.Project, l.Private = nil, "", false // Public stays: only public versions are adopted
 	b, err := json.Marshal(l)
 	if err != nil {
@@ -142,10 +142,10 @@ func (e *Edge) shareAll(ctx context.Context) error {
 
 // SetLayerPublic shows the published version name:version to every project, or takes it back
 // to its project's subtree, and rewrites its ref in the shared catalogue to say so.
-func (e *Edge) SetLayerPublic(ctx context.Context, name, version string, public bool) (corral.Layer, error) {
+func (e *Edge) SetLayerPublic(ctx context.Context, name, version string, public bool) (model.Layer, error) {
 	l, err := e.publisher.SetLayerPublic(ctx, name, version, public)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	if e.cfg.Shared != nil {
 		if err := e.shareVersion(context.WithoutCancel(ctx), l); err != nil {
@@ -156,7 +156,7 @@ func (e *Edge) SetLayerPublic(ctx context.Context, name, version string, public 
 }
 
 // SetLayerFillRate sets the background fill rate of the published version name:version.
-func (e *Edge) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (corral.Layer, error) {
+func (e *Edge) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (model.Layer, error) {
 	return e.publisher.SetLayerFillRate(ctx, name, version, rate)
 }
 
@@ -165,7 +165,7 @@ func (e *Edge) SetLayerFillRate(ctx context.Context, name, version string, rate 
 func (e *Edge) adopts() bool { return e.cfg.Shared != nil && e.cfg.Publisher == nil }
 
 // unshareVersion removes name:version from the shared catalogue.
-func (e *Edge) unshareVersion(ctx context.Context, l corral.Layer) error {
+func (e *Edge) unshareVersion(ctx context.Context, l model.Layer) error {
 	if e.cfg.Shared == nil {
 		return nil
 	}
@@ -250,7 +250,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 	if err != nil {
 		return false, err
 	}
-	var l corral.Layer
+	var l model.Layer
 	if err := json.Unmarshal(b, &l); err != nil || l.Name != name || l.Version != version || l.Digest != digest {
 		return false, fmt.Errorf("%s is not a layer record for %s:%s", key, name, version)
 	}
@@ -261,7 +261,7 @@ func (e *Edge) adoptShared(ctx context.Context, key, name, version, digest strin
 		return false, nil // kept to a project of the Corral that published it
 	}
 	switch l.Kind {
-	case corral.KindBase, corral.KindWorkspace, corral.KindToolkit, corral.KindSnapshot, corral.KindVMImage:
+	case model.KindBase, model.KindWorkspace, model.KindToolkit, model.KindSnapshot, model.KindVMImage:
 	default:
 		return false, fmt.Errorf("%s has unknown kind %q", key, l.Kind)
 	}

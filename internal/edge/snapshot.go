@@ -13,7 +13,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/layers"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // Snapshots (pack_diff). A snapshot is the sandbox's writable layer — what it changed on top of
@@ -32,63 +32,63 @@ const maxExcludes = 256
 const maxSkipped = 100
 
 // Snapshot publishes the writable layer of sandbox id as name:version.
-func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotRequest) (corral.Layer, error) {
+func (e *Edge) Snapshot(ctx context.Context, id string, req model.SnapshotRequest) (model.Layer, error) {
 	if err := catalog.ValidateLayerName("name", "version", req.Name, req.Version); err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	excludes, err := cleanExcludes(req.Exclude)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	sb, err := e.ownSandbox(ctx, id)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.gone {
-		return corral.Layer{}, errdefs.Conflict("sandbox %s stopped", id)
+		return model.Layer{}, errdefs.Conflict("sandbox %s stopped", id)
 	}
 	rec, err := e.record(ctx, id)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	if rec.Runtime != RuntimeRunc {
-		return corral.Layer{}, errdefs.Invalid("runtime", "sandbox %s runs on %s: snapshots are taken of runc sandboxes only (gVisor keeps file data inside its own kernel, so the host never sees a consistent writable layer)", id, rec.Runtime)
+		return model.Layer{}, errdefs.Invalid("runtime", "sandbox %s runs on %s: snapshots are taken of runc sandboxes only (gVisor keeps file data inside its own kernel, so the host never sees a consistent writable layer)", id, rec.Runtime)
 	}
 	at, err := iam.ParsePath("project", rec.Project)
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	// A version taken is refused before the work. (One the project does not see is refused by
 	// the publish: names are one namespace.)
 	if _, err := e.reader.VisibleLayer(ctx, at, req.Name, req.Version); err == nil {
-		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published; versions are immutable, publish a new version", req.Name, req.Version)
+		return model.Layer{}, errdefs.Conflict("layer %s:%s is already published; versions are immutable, publish a new version", req.Name, req.Version)
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	// What the sandbox made that a layer cannot hold (devices, sockets, .wh. names that would
 	// become whiteouts) is left out and reported, not a failure.
-	var skipped []corral.SnapshotSkip
+	var skipped []model.SnapshotSkip
 	skippedCount := 0
 	tarOpts := layers.TarOptions{Exclude: excludes, Skip: func(s layers.Skipped) {
 		skippedCount++
 		if len(skipped) < maxSkipped {
-			skipped = append(skipped, corral.SnapshotSkip{Path: "/" + s.Path, Reason: s.Reason})
+			skipped = append(skipped, model.SnapshotSkip{Path: "/" + s.Path, Reason: s.Reason})
 		}
 	}}
 	start := time.Now()
 	blob, frozen, took, err := e.packUpperLocked(ctx, sb, tarOpts)
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+		return model.Layer{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
-	of := &corral.SnapshotOf{Base: rec.Base, Workspace: rec.Workspace, Toolkits: rec.Toolkits, Sandbox: id}
+	of := &model.SnapshotOf{Base: rec.Base, Workspace: rec.Workspace, Toolkits: rec.Toolkits, Sandbox: id}
 	if rec.FromSnapshot != "" {
 		name, version, _ := catalog.ParseLayerRef("from_snapshot", rec.FromSnapshot)
 		parent, err := e.reader.VisibleLayer(ctx, at, name, version)
 		if err != nil {
-			return corral.Layer{}, fmt.Errorf("snapshot sandbox %s: parent snapshot: %w", id, err)
+			return model.Layer{}, fmt.Errorf("snapshot sandbox %s: parent snapshot: %w", id, err)
 		}
 		if parent.Snapshot != nil {
 			of.Parents = append(append(of.Parents, parent.Snapshot.Parents...), rec.FromSnapshot)
@@ -98,18 +98,18 @@ func (e *Edge) Snapshot(ctx context.Context, id string, req corral.SnapshotReque
 		of.Excluded = append(of.Excluded, "/"+x)
 	}
 	of.Skipped, of.SkippedCount = skipped, skippedCount
-	l, created, err := e.PublishLayer(ctx, corral.Layer{
-		Name: req.Name, Version: req.Version, Kind: corral.KindSnapshot, Digest: blob.Digest,
+	l, created, err := e.PublishLayer(ctx, model.Layer{
+		Name: req.Name, Version: req.Version, Kind: model.KindSnapshot, Digest: blob.Digest,
 		Size: blob.Size, Files: blob.Files, CreatedAt: time.Now().UTC(), Snapshot: of, Project: rec.Project,
 		Public: req.Public,
 	})
 	if err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	if !created && l.Digest != blob.Digest {
 		// The same content under the same version is this snapshot's own publish, answered
 		// again after its answer broke off (or an identical snapshot's, which is as good).
-		return corral.Layer{}, errdefs.Conflict("layer %s:%s is already published", req.Name, req.Version)
+		return model.Layer{}, errdefs.Conflict("layer %s:%s is already published", req.Name, req.Version)
 	}
 	e.log.Info("snapshot published", "sandbox", id, "layer", req.Name+":"+req.Version, "digest", blob.Digest,
 		"bytes", blob.Size, "files", blob.Files, "skipped", skippedCount, "frozen", frozen, "read_took", took.Round(time.Millisecond),

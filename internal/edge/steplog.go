@@ -6,9 +6,9 @@ import (
 	"sync"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // stepWriter records the trajectory entries of execs and commands that carry no step ID off
@@ -34,25 +34,25 @@ type stepWriter struct {
 
 	// seqs maps a live entry to the sequence number the store gave it: the goroutine's while
 	// it runs, then protected by mu.
-	seqs map[*corral.TrajectoryEntry]int64
+	seqs map[*model.TrajectoryEntry]int64
 }
 
 // stepOp is one queued write, or a barrier (flush).
 type stepOp struct {
 	sandbox string
-	key     *corral.TrajectoryEntry // the live entry: it names the step between its writes
-	entry   corral.TrajectoryEntry  // a copy, as it was when queued
-	begin   bool                    // append (else: rewrite the appended step)
-	barrier chan struct{}           // set on a flush: closed once everything before is written
+	key     *model.TrajectoryEntry // the live entry: it names the step between its writes
+	entry   model.TrajectoryEntry  // a copy, as it was when queued
+	begin   bool                   // append (else: rewrite the appended step)
+	barrier chan struct{}          // set on a flush: closed once everything before is written
 }
 
 // queueStepBegin queues the append of entry (a step with no StepID) to sandbox's trajectory.
-func (e *Edge) queueStepBegin(sandbox string, entry *corral.TrajectoryEntry) {
+func (e *Edge) queueStepBegin(sandbox string, entry *model.TrajectoryEntry) {
 	e.steps.push(e, stepOp{sandbox: sandbox, key: entry, entry: *entry, begin: true})
 }
 
 // queueStepUpdate queues the rewrite of entry, appended earlier with queueStepBegin.
-func (e *Edge) queueStepUpdate(sandbox string, entry *corral.TrajectoryEntry) {
+func (e *Edge) queueStepUpdate(sandbox string, entry *model.TrajectoryEntry) {
 	e.steps.push(e, stepOp{sandbox: sandbox, key: entry, entry: *entry})
 }
 
@@ -99,7 +99,7 @@ func (w *stepWriter) push(e *Edge, op stepOp) bool {
 
 func (w *stepWriter) seqsInit() {
 	if w.seqs == nil {
-		w.seqs = map[*corral.TrajectoryEntry]int64{}
+		w.seqs = map[*model.TrajectoryEntry]int64{}
 	}
 }
 
@@ -148,19 +148,19 @@ func (e *Edge) stepWriterLoop() {
 // writeSteps applies ops in order, in one transaction (store.WriteSteps). A begin whose final
 // update is in the same batch is written once, as that update. Should the batch fail, each write
 // is tried on its own, so one bad entry loses only itself.
-func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) {
-	last := map[*corral.TrajectoryEntry]int{} // the last op of each step in this batch
+func (e *Edge) writeSteps(ops []stepOp, seqs map[*model.TrajectoryEntry]int64) {
+	last := map[*model.TrajectoryEntry]int{} // the last op of each step in this batch
 	for i, op := range ops {
 		if op.barrier == nil {
 			last[op.key] = i
 		}
 	}
 	type pending struct {
-		key   *corral.TrajectoryEntry
+		key   *model.TrajectoryEntry
 		write store.StepWrite
 	}
 	var batch, after []pending // after: updates of steps begun (unmerged) in this batch
-	begun := map[*corral.TrajectoryEntry]bool{}
+	begun := map[*model.TrajectoryEntry]bool{}
 	skip := make([]bool, len(ops))
 	var barriers []chan struct{}
 	for i, op := range ops {
@@ -173,7 +173,7 @@ func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) 
 		}
 		entry := op.entry
 		if op.begin {
-			if j := last[op.key]; j > i && ops[j].entry.State != corral.StepRunning {
+			if j := last[op.key]; j > i && ops[j].entry.State != model.StepRunning {
 				// Its end is queued too: append the finished entry, once.
 				entry = ops[j].entry
 				for k := i + 1; k <= j; k++ {
@@ -235,7 +235,7 @@ func (e *Edge) writeSteps(ops []stepOp, seqs map[*corral.TrajectoryEntry]int64) 
 				if !p.write.Update {
 					delete(seqs, p.key)
 				}
-			case p.write.Entry.State != corral.StepRunning:
+			case p.write.Entry.State != model.StepRunning:
 				delete(seqs, p.key) // finished: no more writes
 			default:
 				seqs[p.key] = p.write.Entry.Seq

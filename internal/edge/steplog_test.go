@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestStepWriter: entries of execs without a step ID reach the store in order, running then
@@ -21,16 +21,16 @@ func TestStepWriter(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 50 {
 		wg.Go(func() {
-			entry := &corral.TrajectoryEntry{Kind: "exec", Request: fmt.Sprint(i), State: corral.StepRunning}
+			entry := &model.TrajectoryEntry{Kind: "exec", Request: fmt.Sprint(i), State: model.StepRunning}
 			e.queueStepBegin(sb, entry)
-			entry.Output = append(entry.Output, corral.Event{Type: "stdout", Data: []byte(fmt.Sprint(i))})
-			entry.Exit = &corral.Exit{Code: i}
-			e.finishStep(sb, entry, corral.StepDone, "")
+			entry.Output = append(entry.Output, model.Event{Type: "stdout", Data: []byte(fmt.Sprint(i))})
+			entry.Exit = &model.Exit{Code: i}
+			e.finishStep(sb, entry, model.StepDone, "")
 		})
 	}
 	wg.Wait()
 	// A long one: running on record until it ends.
-	long := &corral.TrajectoryEntry{Kind: "exec", Request: "long", State: corral.StepRunning}
+	long := &model.TrajectoryEntry{Kind: "exec", Request: "long", State: model.StepRunning}
 	e.queueStepBegin(sb, long)
 	e.flushSteps(ctx)
 	steps, err := st.ListSteps(ctx, sb, 0, 100, "")
@@ -41,28 +41,28 @@ func TestStepWriter(t *testing.T) {
 		if s.Seq != int64(i+1) {
 			t.Errorf("step %d has seq %d", i, s.Seq)
 		}
-		if i < 50 && (s.State != corral.StepDone || s.Exit == nil || len(s.Output) != 1 || string(s.Output[0].Data) != fmt.Sprint(s.Exit.Code)) {
+		if i < 50 && (s.State != model.StepDone || s.Exit == nil || len(s.Output) != 1 || string(s.Output[0].Data) != fmt.Sprint(s.Exit.Code)) {
 			t.Errorf("step %d = %+v, want done with its output and exit", i, s)
 		}
 	}
-	if last := steps[50]; last.State != corral.StepRunning || last.Request != "long" {
+	if last := steps[50]; last.State != model.StepRunning || last.Request != "long" {
 		t.Errorf("long step = %+v, want running", last)
 	}
-	long.Exit = &corral.Exit{Code: 7}
-	e.finishStep(sb, long, corral.StepDone, "")
+	long.Exit = &model.Exit{Code: 7}
+	e.finishStep(sb, long, model.StepDone, "")
 	e.flushSteps(ctx)
 	steps, _ = st.ListSteps(ctx, sb, 50, 100, "")
-	if len(steps) != 1 || steps[0].State != corral.StepDone || steps[0].Exit == nil || steps[0].Exit.Code != 7 {
+	if len(steps) != 1 || steps[0].State != model.StepDone || steps[0].Exit == nil || steps[0].Exit.Code != 7 {
 		t.Errorf("long step after its end = %+v, want done, exit 7", steps)
 	}
 
 	// After close: written before the call returns.
 	e.steps.close()
-	late := &corral.TrajectoryEntry{Kind: "exec", Request: "late", State: corral.StepRunning}
+	late := &model.TrajectoryEntry{Kind: "exec", Request: "late", State: model.StepRunning}
 	e.queueStepBegin(sb, late)
-	e.finishStep(sb, late, corral.StepFailed, "boom")
+	e.finishStep(sb, late, model.StepFailed, "boom")
 	steps, _ = st.ListSteps(ctx, sb, 51, 100, "")
-	if len(steps) != 1 || steps[0].State != corral.StepFailed || steps[0].Error != "boom" {
+	if len(steps) != 1 || steps[0].State != model.StepFailed || steps[0].Error != "boom" {
 		t.Errorf("entry after close = %+v, want failed with its error", steps)
 	}
 }

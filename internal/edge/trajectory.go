@@ -18,7 +18,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // The trajectory log: every exec and file-changing call made through the API is appended, in
@@ -34,14 +34,14 @@ const DefaultStepOutputBytes = 256 << 10
 // recordedExec is what the trajectory keeps of an exec request: stdin is represented by its
 // size and hash, so the log stays small and a replayed request can still be compared.
 type recordedExec struct {
-	corral.ExecRequest
+	model.ExecRequest
 	Stdin       []byte `json:"stdin,omitempty"`
 	StdinBytes  int    `json:"stdin_bytes,omitempty"`
 	StdinSHA256 string `json:"stdin_sha256,omitempty"`
 	StdinStream bool   `json:"stdin_stream,omitempty"`
 }
 
-func execRecord(req corral.ExecRequest, streamStdin bool) recordedExec {
+func execRecord(req model.ExecRequest, streamStdin bool) recordedExec {
 	rec := recordedExec{ExecRequest: req, StdinStream: streamStdin}
 	if len(req.Stdin) > 0 {
 		sum := sha256.Sum256(req.Stdin)
@@ -63,10 +63,10 @@ func normalJSON(v any) string {
 // beginStep makes the trajectory entry of an exec request. With a step ID it validates it, tags
 // the command with it and records the entry before anything runs, returning the existing step
 // instead when the ID is taken; without one, the entry is written once the command started.
-func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req corral.ExecRequest, areq *agentrpc.ExecRequest, streamStdin bool) (entry, existing *corral.TrajectoryEntry, err error) {
-	entry = &corral.TrajectoryEntry{
+func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req model.ExecRequest, areq *agentrpc.ExecRequest, streamStdin bool) (entry, existing *model.TrajectoryEntry, err error) {
+	entry = &model.TrajectoryEntry{
 		StepID: req.StepID, Kind: "exec", Request: execRecord(req, streamStdin),
-		State: corral.StepRunning, StartedAt: time.Now().UTC(), Exclusive: req.Exclusive,
+		State: model.StepRunning, StartedAt: time.Now().UTC(), Exclusive: req.Exclusive,
 	}
 	if req.StepID == "" {
 		return entry, nil, nil
@@ -88,7 +88,7 @@ func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req corral.ExecReques
 
 // recordStarted records the command ID of a started step (appending the entry if beginStep did
 // not); it reports whether the entry is in the store.
-func (e *Edge) recordStarted(ctx context.Context, sb *sandbox, entry *corral.TrajectoryEntry, commandID string) bool {
+func (e *Edge) recordStarted(ctx context.Context, sb *sandbox, entry *model.TrajectoryEntry, commandID string) bool {
 	entry.CommandID = commandID
 	var err error
 	if entry.Seq == 0 && !e.trajectoryRoom() {
@@ -114,11 +114,11 @@ func (e *Edge) recordStarted(ctx context.Context, sb *sandbox, entry *corral.Tra
 
 // stepRecorder collects a command's output for its trajectory entry, up to a cap.
 type stepRecorder struct {
-	entry *corral.TrajectoryEntry
+	entry *model.TrajectoryEntry
 	left  int
 }
 
-func newStepRecorder(entry *corral.TrajectoryEntry, limit int) *stepRecorder {
+func newStepRecorder(entry *model.TrajectoryEntry, limit int) *stepRecorder {
 	return &stepRecorder{entry: entry, left: limit}
 }
 
@@ -133,7 +133,7 @@ func (r *stepRecorder) add(ev agentrpc.Event) {
 			ev.Data = ev.Data[:r.left]
 		}
 		r.left -= len(ev.Data)
-		r.entry.Output = append(r.entry.Output, corral.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data})
+		r.entry.Output = append(r.entry.Output, model.Event{Type: ev.Type, Offset: ev.Offset, Data: ev.Data})
 	case agentrpc.EventTruncated:
 		r.entry.OutputTruncated = true
 	case agentrpc.EventExit:
@@ -142,7 +142,7 @@ func (r *stepRecorder) add(ev agentrpc.Event) {
 }
 
 // finish records the end of a step.
-func (e *Edge) finishStep(sandbox string, entry *corral.TrajectoryEntry, state, errMsg string) {
+func (e *Edge) finishStep(sandbox string, entry *model.TrajectoryEntry, state, errMsg string) {
 	entry.State, entry.Error, entry.EndedAt = state, errMsg, time.Now().UTC()
 	if !e.trajectoryRoom() && len(entry.Output) > 0 {
 		// The step's end is recorded, its output is not: the disk kept for deletes stays free.
@@ -158,9 +158,9 @@ func (e *Edge) finishStep(sandbox string, entry *corral.TrajectoryEntry, state, 
 }
 
 // replayStep answers an exec whose step_id already completed, from the log alone.
-func replayStep(w http.ResponseWriter, entry *corral.TrajectoryEntry) {
+func replayStep(w http.ResponseWriter, entry *model.TrajectoryEntry) {
 	out := newNDJSON(w)
-	if out.send(corral.Event{Type: "start", CommandID: entry.CommandID, Replayed: true}) != nil {
+	if out.send(model.Event{Type: "start", CommandID: entry.CommandID, Replayed: true}) != nil {
 		return
 	}
 	for _, ev := range entry.Output {
@@ -169,19 +169,19 @@ func replayStep(w http.ResponseWriter, entry *corral.TrajectoryEntry) {
 		}
 	}
 	if entry.OutputTruncated || entry.OutputDropped {
-		out.send(corral.Event{Type: "truncated"})
+		out.send(model.Event{Type: "truncated"})
 	}
 	exit := entry.Exit
 	if exit == nil {
-		exit = &corral.Exit{Code: -1, Error: entry.Error}
+		exit = &model.Exit{Code: -1, Error: entry.Error}
 	}
-	out.send(corral.Event{Type: "exit", Exit: exit})
+	out.send(model.Event{Type: "exit", Exit: exit})
 }
 
 // findStepCommand returns the agent command of a running step: by its recorded ID, or by the
 // step ID the agent keeps as the command's tag (when corral stopped between starting the command
 // and recording its ID).
-func findStepCommand(ctx context.Context, sb *sandbox, entry *corral.TrajectoryEntry) (string, error) {
+func findStepCommand(ctx context.Context, sb *sandbox, entry *model.TrajectoryEntry) (string, error) {
 	if entry.CommandID != "" {
 		return entry.CommandID, nil
 	}
@@ -200,7 +200,7 @@ func findStepCommand(ctx context.Context, sb *sandbox, entry *corral.TrajectoryE
 // resumeRecording follows the running steps of a re-adopted sandbox to their end, so the log
 // completes even though the process that started them is gone.
 func (e *Edge) resumeRecording(sb *sandbox) {
-	steps, err := e.traj.ListSteps(context.Background(), sb.id, 0, 1000, corral.StepRunning)
+	steps, err := e.traj.ListSteps(context.Background(), sb.id, 0, 1000, model.StepRunning)
 	if err != nil {
 		e.log.Error("read running steps", "sandbox", sb.id, "err", err)
 		return
@@ -212,17 +212,17 @@ func (e *Edge) resumeRecording(sb *sandbox) {
 
 // followStep attaches to a running step's command from its first byte and records it to its end.
 // It is the recorder of background commands and of steps that outlived a restart.
-func (e *Edge) followStep(sb *sandbox, entry *corral.TrajectoryEntry) {
+func (e *Edge) followStep(sb *sandbox, entry *model.TrajectoryEntry) {
 	ctx := context.Background()
 	cid, err := findStepCommand(ctx, sb, entry)
 	if err != nil {
-		e.finishStep(sb.id, entry, corral.StepFailed, err.Error())
+		e.finishStep(sb.id, entry, model.StepFailed, err.Error())
 		return
 	}
 	entry.CommandID = cid
 	st, err := sb.agent.Attach(ctx, cid, 0, true)
 	if err != nil {
-		e.finishStep(sb.id, entry, corral.StepFailed, "attach: "+err.Error())
+		e.finishStep(sb.id, entry, model.StepFailed, "attach: "+err.Error())
 		return
 	}
 	next, closeNext := e.followOutput(ctx, sb, cid, st.Next)
@@ -233,14 +233,14 @@ func (e *Edge) followStep(sb *sandbox, entry *corral.TrajectoryEntry) {
 		if err != nil {
 			closeNext()
 			st.Close()
-			e.finishStep(sb.id, entry, corral.StepFailed, "output stream ended: "+err.Error())
+			e.finishStep(sb.id, entry, model.StepFailed, "output stream ended: "+err.Error())
 			return
 		}
 		rec.add(ev)
 		if ev.Type == agentrpc.EventExit {
 			closeNext()
 			st.Close()
-			e.finishStep(sb.id, entry, corral.StepDone, "")
+			e.finishStep(sb.id, entry, model.StepDone, "")
 			return
 		}
 		if rec.left == 0 {
@@ -258,7 +258,7 @@ func (e *Edge) followStep(sb *sandbox, entry *corral.TrajectoryEntry) {
 
 // waitStepExit polls a command whose output the log no longer takes until it ends, and records
 // its exit. It stops with the edge (a restart picks the step up again) or the sandbox.
-func (e *Edge) waitStepExit(sb *sandbox, entry *corral.TrajectoryEntry, cid string) {
+func (e *Edge) waitStepExit(sb *sandbox, entry *model.TrajectoryEntry, cid string) {
 	delay := 100 * time.Millisecond
 	for {
 		select {
@@ -268,7 +268,7 @@ func (e *Edge) waitStepExit(sb *sandbox, entry *corral.TrajectoryEntry, cid stri
 		}
 		delay = min(2*delay, 2*time.Second)
 		if e.lookup(sb.id) != sb {
-			e.finishStep(sb.id, entry, corral.StepFailed, "the sandbox ended while the command ran")
+			e.finishStep(sb.id, entry, model.StepFailed, "the sandbox ended while the command ran")
 			return
 		}
 		if sb.paused.Load() {
@@ -279,22 +279,22 @@ func (e *Edge) waitStepExit(sb *sandbox, entry *corral.TrajectoryEntry, cid stri
 		cancel()
 		switch {
 		case errors.Is(err, errdefs.ErrNotFound):
-			e.finishStep(sb.id, entry, corral.StepFailed, "the sandbox forgot the command before its end was recorded")
+			e.finishStep(sb.id, entry, model.StepFailed, "the sandbox forgot the command before its end was recorded")
 			return
 		case err != nil || info.State == agentrpc.CommandRunning:
 			continue
 		}
 		entry.Exit = apiExit(info.Exit)
-		e.finishStep(sb.id, entry, corral.StepDone, "")
+		e.finishStep(sb.id, entry, model.StepDone, "")
 		return
 	}
 }
 
 // recordFileCall appends a completed file-changing call to the trajectory.
 func (e *Edge) recordFileCall(sb *sandbox, kind string, request any, callErr error, started time.Time) {
-	entry := &corral.TrajectoryEntry{Kind: kind, Request: request, State: corral.StepDone, StartedAt: started, EndedAt: time.Now().UTC()}
+	entry := &model.TrajectoryEntry{Kind: kind, Request: request, State: model.StepDone, StartedAt: started, EndedAt: time.Now().UTC()}
 	if callErr != nil {
-		entry.State, entry.Error = corral.StepFailed, callErr.Error()
+		entry.State, entry.Error = model.StepFailed, callErr.Error()
 	}
 	if !e.trajectoryRoom() {
 		e.log.Warn("trajectory step not recorded: the data dir is full", "sandbox", sb.id, "kind", kind)

@@ -12,9 +12,9 @@ import (
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Volumes on one node. A volume's record (the store) says who owns it, its size (charged to its
@@ -69,7 +69,7 @@ var errClusterVolumes = errdefs.Invalid("volumes", "a cluster's volumes are crea
 // CreateVolume makes a volume on a single-node Corral: its record (the quota checked and
 // charged, the name claimed in its project), then its image. A volume whose image cannot be
 // made is not left behind.
-func (e *Edge) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest) (*store.VolumeRecord, error) {
+func (e *Edge) CreateVolume(ctx context.Context, req model.CreateVolumeRequest) (*store.VolumeRecord, error) {
 	if err := e.volumesOn(); err != nil {
 		return nil, err
 	}
@@ -102,7 +102,7 @@ func (e *Edge) CreateVolume(ctx context.Context, req corral.CreateVolumeRequest)
 }
 
 // CheckVolume checks a volume's create request: its name and its size.
-func CheckVolume(req corral.CreateVolumeRequest) error {
+func CheckVolume(req model.CreateVolumeRequest) error {
 	if !catalog.ValidVolumeName(req.Name) {
 		return errdefs.Invalid("name", "%q: want 1-63 lowercase letters, digits, '.', '_' or '-', starting and ending with a letter or digit", req.Name)
 	}
@@ -115,9 +115,9 @@ func CheckVolume(req corral.CreateVolumeRequest) error {
 // NewVolume is the record (state creating, a new ID) of the volume req (CheckVolume passed) asks
 // for in project p, on node ("": a cluster's, in its blob store). Its size is rounded up to
 // whole 4 KiB blocks: the filesystem is made of them.
-func NewVolume(req corral.CreateVolumeRequest, p *store.ProjectRecord, node string) *store.VolumeRecord {
+func NewVolume(req model.CreateVolumeRequest, p *store.ProjectRecord, node string) *store.VolumeRecord {
 	return &store.VolumeRecord{
-		Volume: corral.Volume{Name: req.Name, Project: iam.Display(p.Path), SizeBytes: (req.SizeBytes + 4095) &^ 4095, Node: node, CreatedAt: time.Now().UTC()},
+		Volume: model.Volume{Name: req.Name, Project: iam.Display(p.Path), SizeBytes: (req.SizeBytes + 4095) &^ 4095, Node: node, CreatedAt: time.Now().UTC()},
 		ID:     store.NewVolumeID(), ProjectID: p.ID, State: store.VolumeCreating,
 	}
 }
@@ -261,7 +261,7 @@ func (e *Edge) runtimeVolumes(rec *store.Sandbox) []runtime.Volume {
 // volume's unmount writes them back.) Best effort and bounded: a guest that does not answer
 // loses what a machine losing power would.
 func (e *Edge) flushVolumes(ctx context.Context, rec *store.Sandbox, sb *sandbox) {
-	if rec.Tier != TierMicroVM || sb.paused.Load() || !slices.ContainsFunc(rec.Volumes, func(m corral.VolumeMount) bool { return !m.ReadOnly }) {
+	if rec.Tier != TierMicroVM || sb.paused.Load() || !slices.ContainsFunc(rec.Volumes, func(m model.VolumeMount) bool { return !m.ReadOnly }) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

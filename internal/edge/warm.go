@@ -13,7 +13,7 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // Warm Python interpreters. A call with Python code runs `python3 -c pyBoot`: the boot program
@@ -56,7 +56,7 @@ var (
 const maxWarmImports = 256
 
 // checkWarm validates and fills the defaults of an environment's warm interpreter.
-func checkWarm(w *corral.WarmPython) error {
+func checkWarm(w *model.WarmPython) error {
 	if w.Interpreter == "" {
 		w.Interpreter = "python3"
 	}
@@ -75,7 +75,7 @@ func checkWarm(w *corral.WarmPython) error {
 }
 
 // pyArgv is the command of a Python call in env.
-func pyArgv(env corral.FncallEnv) []string {
+func pyArgv(env model.FncallEnv) []string {
 	interp, imports := "python3", []string{}
 	if env.Warm != nil {
 		interp, imports = env.Warm.Interpreter, env.Warm.Imports

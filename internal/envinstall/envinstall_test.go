@@ -2,6 +2,7 @@ package envinstall
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/catalog"
 	"github.com/corral-dev/corral/internal/doccheck"
+	"github.com/corral-dev/corral/internal/model"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -27,7 +29,14 @@ func TestRecipes(t *testing.T) {
 		if len(r.Packages) == 0 || r.Description == "" {
 			t.Errorf("%s: no packages or description", n)
 		}
-		if err := catalog.ValidateImageConfig(&corral.ImageConfig{Services: r.Services}); err != nil {
+		// The recipe's services as the server reads them off the wire.
+		var cfg model.ImageConfig
+		if raw, err := json.Marshal(corral.ImageConfig{Services: r.Services}); err != nil {
+			t.Fatal(err)
+		} else if err := json.Unmarshal(raw, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := catalog.ValidateImageConfig(&cfg); err != nil {
 			t.Errorf("%s: services: %v", n, err)
 		}
 	}

@@ -16,9 +16,9 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/nodeproto"
 	"github.com/corral-dev/corral/internal/trace"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // MaxBody bounds a JSON request body.
@@ -122,9 +122,9 @@ func Status(err error) int {
 func Error(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	status := Status(err)
 	trace.Fail(r.Context(), err)
-	body := corral.Error{Code: errdefs.Code(err), Message: err.Error(), Field: errdefs.Field(err)}
+	body := model.Error{Code: errdefs.Code(err), Message: err.Error(), Field: errdefs.Field(err)}
 	if qe, ok := errors.AsType[*iam.QuotaError](err); ok {
-		q := corral.QuotaExceeded(qe.QuotaExceeded) // the same fields: iam stays off the SDK
+		q := model.QuotaExceeded(qe.QuotaExceeded) // the same fields: iam stays off the SDK
 		body.Quota = &q
 	}
 	var denied interface{ Permission() string }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 func TestDecode(t *testing.T) {
@@ -31,7 +31,7 @@ func TestDecode(t *testing.T) {
 		{`{"base":"` + strings.Repeat("x", MaxBody) + `"}`, errdefs.ErrTooLarge, ""},
 	}
 	for _, tt := range tests {
-		var req corral.CreateRequest
+		var req model.CreateRequest
 		err := Decode(httptest.NewRequest("POST", "/", strings.NewReader(tt.body)), &req)
 		if tt.kind == nil {
 			if err != nil {
@@ -46,7 +46,7 @@ func TestDecode(t *testing.T) {
 }
 
 func TestDecodeStream(t *testing.T) {
-	var req corral.ExecRequest
+	var req model.ExecRequest
 	rest, err := DecodeStream(strings.NewReader("{\"argv\":[\"cat\"]}\nstdin bytes"), &req)
 	if err != nil {
 		t.Fatal(err)
@@ -67,13 +67,13 @@ func FuzzDecode(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
-		var c corral.CreateRequest
+		var c model.CreateRequest
 		if err := Decode(httptest.NewRequest("POST", "/", strings.NewReader(body)), &c); err != nil {
 			if !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrTooLarge) {
 				t.Fatalf("Decode(%q) = %v: not a client error", body, err)
 			}
 		}
-		var e corral.ExecRequest
+		var e model.ExecRequest
 		if _, err := DecodeStream(strings.NewReader(body), &e); err != nil && !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrTooLarge) {
 			t.Fatalf("DecodeStream(%q) = %v: not a client error", body, err)
 		}

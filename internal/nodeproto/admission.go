@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // AdmitRequest admits new sandboxes of the caller's node, records in state creating: one
@@ -81,8 +81,8 @@ func (a Admissions) AdmitSandboxes(ctx context.Context, sbs []*store.Sandbox) er
 	if len(sbs) == 0 {
 		return nil
 	}
-	if len(sbs) > corral.MaxForkCount {
-		return fmt.Errorf("admit %d sandboxes: at most %d at once", len(sbs), corral.MaxForkCount)
+	if len(sbs) > model.MaxForkCount {
+		return fmt.Errorf("admit %d sandboxes: at most %d at once", len(sbs), model.MaxForkCount)
 	}
 	return a.admit(ctx, AdmitRequest{Epoch: a.epoch, Sandboxes: sbs, Voucher: VoucherFrom(ctx)}, fmt.Sprintf("%s and %d more", sbs[0].ID, len(sbs)-1))
 }

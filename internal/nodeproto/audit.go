@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // AuditRequest records the audit entries of requests an edge served (PathAudit), each for its
@@ -23,8 +23,8 @@ type AuditRequest struct {
 
 // AuditItem is one entry of an AuditRequest.
 type AuditItem struct {
-	Entry   corral.AuditEntry `json:"entry"`
-	Voucher *Voucher          `json:"voucher,omitempty"`
+	Entry   model.AuditEntry `json:"entry"`
+	Voucher *Voucher         `json:"voucher,omitempty"`
 }
 
 // AuditResponse says how many entries of an AuditRequest were left out.
@@ -82,7 +82,7 @@ func (s *Servers) AuditQueue(log *slog.Logger) *AuditQueue {
 
 // AddAudit queues e for the servers; fallback is theirs to know (the sealed caller's token's
 // project).
-func (q *AuditQueue) AddAudit(ctx context.Context, e corral.AuditEntry, _ string) error {
+func (q *AuditQueue) AddAudit(ctx context.Context, e model.AuditEntry, _ string) error {
 	it := AuditItem{Entry: e, Voucher: VoucherFrom(ctx)}
 	size := auditSize(it)
 	q.mu.Lock()

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestAuditQueue: the queue sends its entries in batches of at most MaxAuditBatch, in order,
@@ -48,7 +48,7 @@ func TestAuditQueue(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	for i := range MaxAuditBatch + 6 {
-		if err := q.AddAudit(ctx, corral.AuditEntry{Action: "sandbox.create", Target: fmt.Sprint(i)}, ""); err != nil {
+		if err := q.AddAudit(ctx, model.AuditEntry{Action: "sandbox.create", Target: fmt.Sprint(i)}, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -57,7 +57,7 @@ func TestAuditQueue(t *testing.T) {
 	for q.pending() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	q.AddAudit(ctx, corral.AuditEntry{Action: "refused"}, "")
+	q.AddAudit(ctx, model.AuditEntry{Action: "refused"}, "")
 	for q.pending() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // What a ReadRequest asks.
@@ -33,11 +33,11 @@ type ReadRequest struct {
 // ReadResponse is what a ReadRequest found: Layer, Layers (a name's versions), Environment, or
 // Owner (canonical) with Exists.
 type ReadResponse struct {
-	Layer       *corral.Layer       `json:"layer,omitempty"`
-	Layers      []corral.Layer      `json:"layers,omitempty"`
-	Environment *corral.Environment `json:"environment,omitempty"`
-	Owner       string              `json:"owner,omitempty"`
-	Exists      bool                `json:"exists,omitempty"`
+	Layer       *model.Layer       `json:"layer,omitempty"`
+	Layers      []model.Layer      `json:"layers,omitempty"`
+	Environment *model.Environment `json:"environment,omitempty"`
+	Owner       string             `json:"owner,omitempty"`
+	Exists      bool               `json:"exists,omitempty"`
 }
 
 // CatalogReader returns what reads the catalogue for an edge's jobs and the requests it serves:
@@ -49,25 +49,25 @@ func (s *Servers) CatalogReader() CatalogReader { return CatalogReader{s} }
 type CatalogReader struct{ s *Servers }
 
 // VisibleLayer returns version name:version (or the one tag version names), if project at sees it.
-func (c CatalogReader) VisibleLayer(ctx context.Context, at, name, version string) (corral.Layer, error) {
+func (c CatalogReader) VisibleLayer(ctx context.Context, at, name, version string) (model.Layer, error) {
 	ans, err := c.read(ctx, ReadRequest{What: ReadLayer, At: at, Name: name, Version: version})
 	if err == nil && ans.Layer == nil {
 		err = fmt.Errorf("the servers answered no layer: %w", ErrVersion)
 	}
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("read layer %s:%s through the servers: %w", name, version, err)
+		return model.Layer{}, fmt.Errorf("read layer %s:%s through the servers: %w", name, version, err)
 	}
 	return *ans.Layer, nil
 }
 
 // VisibleEnvironment returns environment name, if project at may use it.
-func (c CatalogReader) VisibleEnvironment(ctx context.Context, at, name string) (corral.Environment, error) {
+func (c CatalogReader) VisibleEnvironment(ctx context.Context, at, name string) (model.Environment, error) {
 	ans, err := c.read(ctx, ReadRequest{What: ReadEnvironment, At: at, Name: name})
 	if err == nil && ans.Environment == nil {
 		err = fmt.Errorf("the servers answered no environment: %w", ErrVersion)
 	}
 	if err != nil {
-		return corral.Environment{}, fmt.Errorf("read environment %s through the servers: %w", name, err)
+		return model.Environment{}, fmt.Errorf("read environment %s through the servers: %w", name, err)
 	}
 	return *ans.Environment, nil
 }
@@ -82,7 +82,7 @@ func (c CatalogReader) EnvironmentOwner(ctx context.Context, at, name string) (s
 }
 
 // LayerVersions returns the versions of layer name the caller can read.
-func (c CatalogReader) LayerVersions(ctx context.Context, name string) ([]corral.Layer, error) {
+func (c CatalogReader) LayerVersions(ctx context.Context, name string) ([]model.Layer, error) {
 	ans, err := c.read(ctx, ReadRequest{What: ReadLayerVersions, Name: name})
 	if err != nil {
 		return nil, fmt.Errorf("list layer %s's versions through the servers: %w", name, err)
@@ -91,13 +91,13 @@ func (c CatalogReader) LayerVersions(ctx context.Context, name string) ([]corral
 }
 
 // ReadableLayer returns version name:version (or a tag's) if the caller can read it.
-func (c CatalogReader) ReadableLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+func (c CatalogReader) ReadableLayer(ctx context.Context, name, version string) (model.Layer, error) {
 	ans, err := c.read(ctx, ReadRequest{What: ReadReadableLayer, Name: name, Version: version})
 	if err == nil && ans.Layer == nil {
 		err = fmt.Errorf("the servers answered no layer: %w", ErrVersion)
 	}
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("read layer %s:%s through the servers: %w", name, version, err)
+		return model.Layer{}, fmt.Errorf("read layer %s:%s through the servers: %w", name, version, err)
 	}
 	return *ans.Layer, nil
 }

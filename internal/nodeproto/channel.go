@@ -18,8 +18,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // The node channel: what an edge asks of the cluster's servers, over mutual TLS to the servers'
@@ -193,7 +193,7 @@ type ArtifactLimitsResponse struct {
 type ConfigResponse struct {
 	// Generation names this content (a digest of it): heartbeats answer the current one.
 	Generation       string                  `json:"generation"`
-	WarmEnvironments []corral.Environment    `json:"warm_environments"`
+	WarmEnvironments []model.Environment     `json:"warm_environments"`
 	FncallEnvs       []store.FncallEnvRecord `json:"fncall_environments"`
 	// ServiceCatalog is the catalog saved through the API (PUT /v1/network/services); absent
 	// when none was.
@@ -296,7 +296,7 @@ type DigestsInUseResponse struct {
 
 // ListStepsResponse is a page of a trajectory, in order.
 type ListStepsResponse struct {
-	Steps []corral.TrajectoryEntry `json:"steps"`
+	Steps []model.TrajectoryEntry `json:"steps"`
 }
 
 // LeaseTTL checks an edge's requested lease length.

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Config is an edge's copy of the configuration it follows (ConfigResponse), fetched from the
@@ -98,7 +98,7 @@ func (c *Config) held() (*ConfigResponse, error) {
 }
 
 // WarmEnvironments returns the environments to keep warm.
-func (c *Config) WarmEnvironments(context.Context) ([]corral.Environment, error) {
+func (c *Config) WarmEnvironments(context.Context) ([]model.Environment, error) {
 	cur, err := c.held()
 	if err != nil {
 		return nil, err

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // PublishRequest records a layer version the caller's node made (an import, a snapshot, a
@@ -14,14 +14,14 @@ import (
 // request that made it, where that caller may publish layers (iam.LayerPublish in the layer's
 // project). A version published already is answered as it is, not created.
 type PublishRequest struct {
-	Layer   corral.Layer `json:"layer"`
-	Voucher *Voucher     `json:"voucher,omitempty"`
+	Layer   model.Layer `json:"layer"`
+	Voucher *Voucher    `json:"voucher,omitempty"`
 }
 
 // PublishResponse is the version as the catalogue has it, and whether this call created it.
 type PublishResponse struct {
-	Layer   corral.Layer `json:"layer"`
-	Created bool         `json:"created,omitempty"`
+	Layer   model.Layer `json:"layer"`
+	Created bool        `json:"created,omitempty"`
 }
 
 // LayerRequest changes a published version (PathSetLayer: its fill rate, whether it is public)
@@ -39,8 +39,8 @@ type LayerRequest struct {
 // composition of one of the same project, for Voucher where that caller may publish in the
 // environment's project. The servers check it as an environment saved through the API.
 type EnvironmentRequest struct {
-	Environment corral.Environment `json:"environment"`
-	Voucher     *Voucher           `json:"voucher,omitempty"`
+	Environment model.Environment `json:"environment"`
+	Voucher     *Voucher          `json:"voucher,omitempty"`
 }
 
 // Publisher returns what records the layer versions an edge makes and the environments its
@@ -52,43 +52,43 @@ func (s *Servers) Publisher() Publisher { return Publisher{s} }
 type Publisher struct{ s *Servers }
 
 // PublishLayer records l and reports whether the version is new.
-func (p Publisher) PublishLayer(ctx context.Context, l corral.Layer) (corral.Layer, bool, error) {
+func (p Publisher) PublishLayer(ctx context.Context, l model.Layer) (model.Layer, bool, error) {
 	var ans PublishResponse
 	if err := p.s.call(ctx, PathPublishLayer, PublishRequest{Layer: l, Voucher: VoucherFrom(ctx)}, &ans); err != nil {
-		return corral.Layer{}, false, fmt.Errorf("publish layer %s:%s through the servers: %w", l.Name, l.Version, err)
+		return model.Layer{}, false, fmt.Errorf("publish layer %s:%s through the servers: %w", l.Name, l.Version, err)
 	}
 	return ans.Layer, ans.Created, nil
 }
 
 // SetLayerFillRate sets the background fill rate of name:version.
-func (p Publisher) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (corral.Layer, error) {
+func (p Publisher) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (model.Layer, error) {
 	return p.layer(ctx, PathSetLayer, LayerRequest{Name: name, Version: version, FillRate: &rate})
 }
 
 // SetLayerPublic shows name:version to every project, or takes it back to its project's subtree.
-func (p Publisher) SetLayerPublic(ctx context.Context, name, version string, public bool) (corral.Layer, error) {
+func (p Publisher) SetLayerPublic(ctx context.Context, name, version string, public bool) (model.Layer, error) {
 	return p.layer(ctx, PathSetLayer, LayerRequest{Name: name, Version: version, Public: &public})
 }
 
 // DeleteLayer deletes name:version from the catalogue and returns it.
-func (p Publisher) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+func (p Publisher) DeleteLayer(ctx context.Context, name, version string) (model.Layer, error) {
 	return p.layer(ctx, PathDeleteLayer, LayerRequest{Name: name, Version: version})
 }
 
-func (p Publisher) layer(ctx context.Context, path string, req LayerRequest) (corral.Layer, error) {
+func (p Publisher) layer(ctx context.Context, path string, req LayerRequest) (model.Layer, error) {
 	req.Voucher = VoucherFrom(ctx)
-	var l corral.Layer
+	var l model.Layer
 	if err := p.s.call(ctx, path, req, &l); err != nil {
-		return corral.Layer{}, fmt.Errorf("layer %s:%s through the servers: %w", req.Name, req.Version, err)
+		return model.Layer{}, fmt.Errorf("layer %s:%s through the servers: %w", req.Name, req.Version, err)
 	}
 	return l, nil
 }
 
 // ReplaceEnvironment saves a build's environment.
-func (p Publisher) ReplaceEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
-	var saved corral.Environment
+func (p Publisher) ReplaceEnvironment(ctx context.Context, env model.Environment) (model.Environment, error) {
+	var saved model.Environment
 	if err := p.s.call(ctx, PathEnvironment, EnvironmentRequest{Environment: env, Voucher: VoucherFrom(ctx)}, &saved); err != nil {
-		return corral.Environment{}, fmt.Errorf("save environment %s through the servers: %w", env.Name, err)
+		return model.Environment{}, fmt.Errorf("save environment %s through the servers: %w", env.Name, err)
 	}
 	return saved, nil
 }

@@ -9,7 +9,7 @@ import (
 	"net/http"
 
 	"github.com/corral-dev/corral/internal/catalog"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // HeaderResolution carries, on a create a replica forwards to an edge, the replica's resolution
@@ -30,7 +30,7 @@ type Forwarded struct {
 
 // RequestDigest is a create request's digest: a forwarded resolution is used only for the
 // request it was made of.
-func RequestDigest(req corral.CreateRequest) string {
+func RequestDigest(req model.CreateRequest) string {
 	b, _ := json.Marshal(req)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
@@ -38,7 +38,7 @@ func RequestDigest(req corral.CreateRequest) string {
 
 // SetResolution sets h's HeaderResolution to res, the resolution of req; a resolution too large
 // for a header is left out.
-func SetResolution(h http.Header, req corral.CreateRequest, res *catalog.Resolution) {
+func SetResolution(h http.Header, req model.CreateRequest, res *catalog.Resolution) {
 	b, err := json.Marshal(Forwarded{For: RequestDigest(req), Resolution: *res})
 	if err != nil || base64.StdEncoding.EncodedLen(len(b)) > MaxForwardedResolution {
 		return
@@ -86,9 +86,9 @@ func WithResolution(ctx context.Context, f *Forwarded) context.Context {
 // environment), and the sandboxes of a warm environment's pool (naming that environment, in
 // its project).
 type ResolveRequest struct {
-	Request corral.CreateRequest `json:"request"`
-	Calls   bool                 `json:"calls,omitempty"`
-	Voucher *Voucher             `json:"voucher,omitempty"`
+	Request model.CreateRequest `json:"request"`
+	Calls   bool                `json:"calls,omitempty"`
+	Voucher *Voucher            `json:"voucher,omitempty"`
 }
 
 // Catalog returns what resolves an edge's creates: the servers, over the node channel
@@ -104,7 +104,7 @@ type Catalog struct{ s *Servers }
 //
 // A create whose replica forwarded its resolution (WithResolution) takes that one, when it was
 // made of this very request.
-func (c Catalog) Resolve(ctx context.Context, req corral.CreateRequest, calls bool) (*catalog.Resolution, error) {
+func (c Catalog) Resolve(ctx context.Context, req model.CreateRequest, calls bool) (*catalog.Resolution, error) {
 	if f, _ := ctx.Value(resolutionKey{}).(*Forwarded); f != nil && !calls && f.For == RequestDigest(req) {
 		res := f.Resolution
 		return &res, nil

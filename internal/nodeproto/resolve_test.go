@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/catalog"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestForwardedResolution: a resolution a replica forwards with a create is taken for that very
@@ -26,8 +26,8 @@ func TestForwardedResolution(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := corral.CreateRequest{Project: "p", Base: "base:latest"}
-	res := &catalog.Resolution{Request: corral.CreateRequest{Project: "p", Base: "base:1"}, Tier: "container", Digests: []string{"sha256:forwarded"}}
+	req := model.CreateRequest{Project: "p", Base: "base:latest"}
+	res := &catalog.Resolution{Request: model.CreateRequest{Project: "p", Base: "base:1"}, Tier: "container", Digests: []string{"sha256:forwarded"}}
 	h := http.Header{}
 	SetResolution(h, req, res)
 	f := ResolutionOf(h)
@@ -43,7 +43,7 @@ func TestForwardedResolution(t *testing.T) {
 	other.Labels = map[string]string{"a": "b"}
 	for name, c := range map[string]struct {
 		ctx   context.Context
-		req   corral.CreateRequest
+		req   model.CreateRequest
 		calls bool
 	}{
 		"another request":     {ctx, other, false},

@@ -6,8 +6,8 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Records returns what records incarnation epoch's sandboxes: the servers, over the node
@@ -50,7 +50,7 @@ type Steps struct {
 
 // BeginStep appends e to sandbox's trajectory and sets its sequence number; when e's step ID is
 // a step's already, nothing is written and that step is returned.
-func (t Steps) BeginStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) (*corral.TrajectoryEntry, error) {
+func (t Steps) BeginStep(ctx context.Context, sandbox string, e *model.TrajectoryEntry) (*model.TrajectoryEntry, error) {
 	res, err := t.write(ctx, []store.StepWrite{{Sandbox: sandbox, Entry: e}})
 	if err != nil {
 		return nil, fmt.Errorf("append to the trajectory of %s: %w", sandbox, err)
@@ -66,12 +66,12 @@ func (t Steps) BeginStep(ctx context.Context, sandbox string, e *corral.Trajecto
 
 // ownAppend reports whether ex, found under e's step ID, is e as this edge appended it: the same
 // start, to the nanosecond, and nothing recorded since.
-func ownAppend(ex, e *corral.TrajectoryEntry) bool {
+func ownAppend(ex, e *model.TrajectoryEntry) bool {
 	return ex.StartedAt.Equal(e.StartedAt) && ex.State == e.State && ex.Kind == e.Kind && ex.CommandID == e.CommandID
 }
 
 // UpdateStep rewrites step e.Seq of sandbox's trajectory.
-func (t Steps) UpdateStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) error {
+func (t Steps) UpdateStep(ctx context.Context, sandbox string, e *model.TrajectoryEntry) error {
 	if _, err := t.write(ctx, []store.StepWrite{{Sandbox: sandbox, Entry: e, Update: true}}); err != nil {
 		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
 	}
@@ -111,7 +111,7 @@ func (t Steps) write(ctx context.Context, writes []store.StepWrite) ([]store.Ste
 
 // ListSteps returns up to limit steps of sandbox's trajectory after step after, in order; only
 // those in state when it is set.
-func (t Steps) ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]corral.TrajectoryEntry, error) {
+func (t Steps) ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]model.TrajectoryEntry, error) {
 	var out ListStepsResponse
 	req := ListStepsRequest{Sandbox: sandbox, After: after, Limit: min(limit, MaxListSteps), State: state}
 	if err := t.s.call(ctx, PathListSteps, req, &out); err != nil {

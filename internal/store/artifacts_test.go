@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestArtifactLimits: a project's artifact limits are its own (the default when unset) and each
@@ -21,19 +21,19 @@ func TestArtifactLimits(t *testing.T) {
 		a := mustProject(t, s, "team/a")
 		b := mustProject(t, s, "team/b")
 		ls, err := s.ArtifactLimits(ctx, a.ID)
-		if err != nil || len(ls) != 1 || ls[0].Path != "team/a" || ls[0].Limit != corral.DefaultArtifactBytes || !slices.Equal(ls[0].Projects, []string{a.ID}) {
+		if err != nil || len(ls) != 1 || ls[0].Path != "team/a" || ls[0].Limit != model.DefaultArtifactBytes || !slices.Equal(ls[0].Projects, []string{a.ID}) {
 			t.Fatalf("no quotas set: %+v, %v; want the default on the project itself", ls, err)
 		}
-		if _, err := s.SetQuota(ctx, "team", corral.Quota{ArtifactBytes: ptr[int64](-1)}); !errors.Is(err, errdefs.ErrInvalid) {
+		if _, err := s.SetQuota(ctx, "team", model.Quota{ArtifactBytes: ptr[int64](-1)}); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Fatalf("a negative artifact_bytes: %v", err)
 		}
-		if _, err := s.SetQuota(ctx, "team", corral.Quota{ArtifactBytes: ptr[int64](100)}); err != nil {
+		if _, err := s.SetQuota(ctx, "team", model.Quota{ArtifactBytes: ptr[int64](100)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.SetQuota(ctx, "team/a", corral.Quota{ArtifactBytes: ptr[int64](60)}); err != nil {
+		if _, err := s.SetQuota(ctx, "team/a", model.Quota{ArtifactBytes: ptr[int64](60)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.SetQuota(ctx, "team/b", corral.Quota{ArtifactBytes: ptr[int64](60)}); !errors.Is(err, errdefs.ErrConflict) {
+		if _, err := s.SetQuota(ctx, "team/b", model.Quota{ArtifactBytes: ptr[int64](60)}); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("children's artifact_bytes past the parent's: %v, want conflict", err)
 		}
 		ls, err = s.ArtifactLimits(ctx, a.ID)

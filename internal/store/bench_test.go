@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // BenchmarkStep measures appending and completing one trajectory step (two writes), the cost
@@ -17,11 +17,11 @@ func BenchmarkStep(b *testing.B) {
 	}
 	defer s.Close()
 	for b.Loop() {
-		e := &corral.TrajectoryEntry{Kind: "exec", State: corral.StepRunning, Request: map[string]any{"argv": []string{"true"}}}
+		e := &model.TrajectoryEntry{Kind: "exec", State: model.StepRunning, Request: map[string]any{"argv": []string{"true"}}}
 		if _, err := s.BeginStep(ctx, "sb-x", e); err != nil {
 			b.Fatal(err)
 		}
-		e.State = corral.StepDone
+		e.State = model.StepDone
 		if err := s.UpdateStep(ctx, "sb-x", e); err != nil {
 			b.Fatal(err)
 		}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store/pgtest"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestEdgeRole: a store opened as the edge role (ApplyEdgeRole) opens without migrating, reads
@@ -90,10 +90,10 @@ func TestEdgeRole(t *testing.T) {
 	if err := edge.CheckIdempotency(ctx, &Idempotency{Principal: "root", Key: "k", RequestHash: "h"}); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("read a principal's idempotency keys as the edge role: %v, want permission denied", err)
 	}
-	if got, err := edge.GetSandbox(ctx, sb.ID); err != nil || got.State != corral.StateCreating {
+	if got, err := edge.GetSandbox(ctx, sb.ID); err != nil || got.State != model.StateCreating {
 		t.Errorf("read the admitted record as the edge role: %+v, %v", got, err)
 	}
-	sb.State = corral.StateRunning
+	sb.State = model.StateRunning
 	if err := edge.PutSandbox(ctx, sb); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("rewrite an admitted record as the edge role: %v, want permission denied", err)
 	}
@@ -117,7 +117,7 @@ func TestEdgeRole(t *testing.T) {
 	}
 	// The audit log is the servers' to write (the node channel, as the caller they sealed for
 	// the edge): the role cannot forge an entry in anyone's name.
-	if err := edge.AddAudit(ctx, corral.AuditEntry{At: time.Now(), Principal: "root", Project: "/", Action: "sandbox.delete", Target: "sb-n1-aaaaaaaaaaaaaaaa", Result: "ok"}, "/"); err == nil || !strings.Contains(err.Error(), "permission denied") {
+	if err := edge.AddAudit(ctx, model.AuditEntry{At: time.Now(), Principal: "root", Project: "/", Action: "sandbox.delete", Target: "sb-n1-aaaaaaaaaaaaaaaa", Result: "ok"}, "/"); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("audit as the edge: %v, want permission denied", err)
 	}
 	var seqUse bool

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestEnvironmentWarm: an environment's pool size is saved with it, changed by saving the same
@@ -17,12 +17,12 @@ func TestEnvironmentWarm(t *testing.T) {
 	drivers(t, func(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
-		env := corral.Environment{Name: "e", Base: "b:1", Runtime: "gvisor", Network: &corral.NetworkPolicy{Mode: corral.NetworkAllowlist},
+		env := model.Environment{Name: "e", Base: "b:1", Runtime: "gvisor", Network: &model.NetworkPolicy{Mode: model.NetworkAllowlist},
 			Warm: 3, CreatedAt: time.Now().UTC()}
 		if _, err := s.PutEnvironment(ctx, env); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.PutEnvironment(ctx, corral.Environment{Name: "cold", Base: "b:1", CreatedAt: time.Now().UTC()}); err != nil {
+		if _, err := s.PutEnvironment(ctx, model.Environment{Name: "cold", Base: "b:1", CreatedAt: time.Now().UTC()}); err != nil {
 			t.Fatal(err)
 		}
 		names := func() []string {
@@ -79,11 +79,11 @@ func TestEnvironmentRebuild(t *testing.T) {
 	drivers(t, func(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
-		env := corral.Environment{Name: "vm", Base: "b:1", Tier: "microvm", Runtime: "qemu", Warm: 2, CreatedAt: time.Now().UTC()}
+		env := model.Environment{Name: "vm", Base: "b:1", Tier: "microvm", Runtime: "qemu", Warm: 2, CreatedAt: time.Now().UTC()}
 		if _, err := s.PutEnvironment(ctx, env); err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.ReplaceEnvironment(ctx, corral.Environment{Name: "vm", Base: "b:2", CreatedAt: time.Now().UTC()})
+		got, err := s.ReplaceEnvironment(ctx, model.Environment{Name: "vm", Base: "b:2", CreatedAt: time.Now().UTC()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestForgetEnded: records of sandboxes of every node that ended before the cutoff go, with
@@ -19,20 +19,20 @@ func TestForgetEnded(t *testing.T) {
 		now := time.Now().UTC()
 		put := func(id, node, state string, ended time.Time) {
 			t.Helper()
-			sb := &Sandbox{Sandbox: corral.Sandbox{ID: id, Node: node, State: state, CreatedAt: now.Add(-72 * time.Hour),
+			sb := &Sandbox{Sandbox: model.Sandbox{ID: id, Node: node, State: state, CreatedAt: now.Add(-72 * time.Hour),
 				ExpiresAt: now.Add(time.Hour), EndedAt: ended}}
 			if err := s.PutSandbox(ctx, sb); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.BeginStep(ctx, id, &corral.TrajectoryEntry{Kind: "exec", State: corral.StepDone}); err != nil {
+			if _, err := s.BeginStep(ctx, id, &model.TrajectoryEntry{Kind: "exec", State: model.StepDone}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		put("sb-n1-old", "n1", corral.StateStopped, now.Add(-48*time.Hour))
-		put("sb-lost-old", "lost", corral.StateFailed, now.Add(-30*time.Hour)) // a node that never came back
-		put("sb-n1-recent", "n1", corral.StateStopped, now.Add(-time.Hour))
-		put("sb-n2-live", "n2", corral.StateRunning, time.Time{})
-		put("sb-n2-premigration", "n2", corral.StateFailed, now.Add(-50*time.Hour))
+		put("sb-n1-old", "n1", model.StateStopped, now.Add(-48*time.Hour))
+		put("sb-lost-old", "lost", model.StateFailed, now.Add(-30*time.Hour)) // a node that never came back
+		put("sb-n1-recent", "n1", model.StateStopped, now.Add(-time.Hour))
+		put("sb-n2-live", "n2", model.StateRunning, time.Time{})
+		put("sb-n2-premigration", "n2", model.StateFailed, now.Add(-50*time.Hour))
 		if _, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET ended_ns = 0 WHERE id = 'sb-n2-premigration'`); err != nil {
 			t.Fatal(err)
 		}

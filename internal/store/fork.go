@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // AdmitSandboxes is AdmitSandbox for several sandboxes of one project at once (the copies of a
@@ -40,7 +40,7 @@ func (s *Store) admitSandboxes(ctx context.Context, fence func(*Tx) error, sbs [
 	if projectID == "" {
 		projectID = RootProjectID
 	}
-	want := corral.Usage{Tiers: map[string]int64{}}
+	want := model.Usage{Tiers: map[string]int64{}}
 	for _, sb := range sbs {
 		if sb.ProjectID == "" {
 			sb.ProjectID = RootProjectID

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestAdmitSandboxesAllOrNothing: copies of a fork are admitted together: a quota that admits
@@ -17,7 +17,7 @@ func TestAdmitSandboxesAllOrNothing(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
 		p := mustProject(t, s, "p")
-		if _, err := s.SetQuota(ctx, "p", corral.Quota{Sandboxes: ptr[int64](3), CreatesPerMinute: ptr[int64](5)}); err != nil {
+		if _, err := s.SetQuota(ctx, "p", model.Quota{Sandboxes: ptr[int64](3), CreatesPerMinute: ptr[int64](5)}); err != nil {
 			t.Fatal(err)
 		}
 		first := newRecord(p.ID, 0)
@@ -45,7 +45,7 @@ func TestAdmitSandboxesAllOrNothing(t *testing.T) {
 		}
 		// 3 creations so far of 5 a minute: two more fit, after stopping the live ones.
 		for _, r := range append(two, first) {
-			r.State = corral.StateStopped
+			r.State = model.StateStopped
 			if err := s.PutSandbox(ctx, r); err != nil {
 				t.Fatal(err)
 			}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // RootProjectID is the ID of the root project, which every installation has from migration 7 on.
@@ -24,7 +24,7 @@ const RootPrincipal = "root"
 
 // liveStates are the states whose sandboxes count against quotas (a powered-off vm keeps its
 // reservation: powering it on admits nothing again).
-var liveStates = []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}
+var liveStates = []string{model.StateCreating, model.StateRunning, model.StatePaused, model.StateOff}
 
 const liveStatesSQL = `('creating', 'running', 'paused', 'off')`
 
@@ -33,7 +33,7 @@ func LiveStates() []string { return slices.Clone(liveStates) }
 
 // OwnStates returns the states of the records a node may still run when it starts: the live
 // ones and deleting (a teardown a restart finishes).
-func OwnStates() []string { return append(LiveStates(), corral.StateDeleting) }
+func OwnStates() []string { return append(LiveStates(), model.StateDeleting) }
 
 // TokenRecord is a token as the store keeps it (never the secret, only its hash).
 type TokenRecord struct {
@@ -51,8 +51,8 @@ type TokenRecord struct {
 }
 
 // View returns the API view of t.
-func (t *TokenRecord) View() corral.Token {
-	v := corral.Token{
+func (t *TokenRecord) View() model.Token {
+	v := model.Token{
 		ID: t.ID, Principal: t.Principal, Project: iam.Display(t.ProjectPath), Role: t.Role,
 		Permissions: t.Perms.Names(), Parent: t.Parent, CreatedAt: t.CreatedAt,
 	}
@@ -127,7 +127,7 @@ func (s *Store) GetToken(ctx context.Context, id string) (*TokenRecord, error) {
 func (s *Store) AddRootToken(ctx context.Context, hash string) error {
 	_, id := iam.NewToken()
 	_, err := s.db.ExecContext(ctx, `INSERT INTO api_tokens (id, hash, principal, project_id, perms, role, parent, created_at, expires_at, revoked_at)
-		VALUES (?, ?, ?, ?, ?, ?, '', ?, 0, 0)`, id, hash, RootPrincipal, RootProjectID, int64(iam.All), corral.RoleOwner, time.Now().UnixNano())
+		VALUES (?, ?, ?, ?, ?, ?, '', ?, 0, 0)`, id, hash, RootPrincipal, RootProjectID, int64(iam.All), model.RoleOwner, time.Now().UnixNano())
 	if err != nil {
 		return fmt.Errorf("add admin token: %w", err)
 	}
@@ -151,9 +151,9 @@ type MintRequest struct {
 func (s *Store) MintToken(ctx context.Context, m MintRequest) error {
 	now := time.Now().UnixNano()
 	err := s.tx(ctx, func(tx *Tx) error {
-		var p *corral.Principal
+		var p *model.Principal
 		if m.NewPrincipalKind != "" {
-			p = &corral.Principal{Name: m.Token.Principal, Kind: m.NewPrincipalKind}
+			p = &model.Principal{Name: m.Token.Principal, Kind: m.NewPrincipalKind}
 		}
 		if p != nil {
 			if err := insertPrincipal(ctx, tx, *p, m.Token.ProjectID, m.CreatedBy); err != nil {
@@ -283,7 +283,7 @@ func subtreeCond(col, p string) (string, []any) {
 
 // GrantRow is one grant with its project's current path.
 type GrantRow struct {
-	corral.Grant
+	model.Grant
 	ProjectPath string // canonical
 }
 
@@ -322,12 +322,12 @@ type ProjectRecord struct {
 	ParentID  string
 	CreatedAt time.Time
 	CreatedBy string
-	Quota     corral.Quota
+	Quota     model.Quota
 }
 
 // View returns the API view of p.
-func (p *ProjectRecord) View() corral.Project {
-	v := corral.Project{ID: p.ID, Path: iam.Display(p.Path), CreatedAt: p.CreatedAt, CreatedBy: p.CreatedBy}
+func (p *ProjectRecord) View() model.Project {
+	v := model.Project{ID: p.ID, Path: iam.Display(p.Path), CreatedAt: p.CreatedAt, CreatedBy: p.CreatedBy}
 	if parent, ok := iam.Parent(p.Path); ok {
 		v.Parent = iam.Display(parent)
 	}
@@ -427,7 +427,7 @@ func (s *Store) CreateProject(ctx context.Context, path, createdBy string) (*Pro
 
 // ListProjects returns the projects of under's subtree (canonical), parents before children,
 // with their live sandbox counts.
-func (s *Store) ListProjects(ctx context.Context, under string) ([]corral.Project, error) {
+func (s *Store) ListProjects(ctx context.Context, under string) ([]model.Project, error) {
 	cond, args := subtreeCond("p.path", under)
 	rows, err := s.rdb.QueryContext(ctx, `SELECT p.id, p.path, COALESCE(p.parent_id, ''), p.created_at, p.created_by, p.quota,
 		(SELECT COUNT(*) FROM sandboxes s WHERE s.project_id = p.id AND s.state IN `+liveStatesSQL+`)
@@ -436,7 +436,7 @@ func (s *Store) ListProjects(ctx context.Context, under string) ([]corral.Projec
 		return nil, fmt.Errorf("list projects: %w", err)
 	}
 	defer rows.Close()
-	out := []corral.Project{}
+	out := []model.Project{}
 	for rows.Next() {
 		var p ProjectRecord
 		var created int64
@@ -637,7 +637,7 @@ func (s *Store) MoveProject(ctx context.Context, from, to string, force bool) (*
 			if err != nil {
 				return err
 			}
-			d := corral.Usage{Sandboxes: sign * u.Sandboxes, CPUs: float64(sign) * u.CPUs, MemoryBytes: sign * u.MemoryBytes,
+			d := model.Usage{Sandboxes: sign * u.Sandboxes, CPUs: float64(sign) * u.CPUs, MemoryBytes: sign * u.MemoryBytes,
 				DiskBytes: sign * u.DiskBytes, Tiers: map[string]int64{}}
 			for t, n := range u.Tiers {
 				d.Tiers[t] = sign * n
@@ -680,7 +680,7 @@ func lockTree(ctx context.Context, tx *Tx, paths ...string) error {
 }
 
 // insertPrincipal adds a principal in project projectID.
-func insertPrincipal(ctx context.Context, tx *Tx, p corral.Principal, projectID, createdBy string) error {
+func insertPrincipal(ctx context.Context, tx *Tx, p model.Principal, projectID, createdBy string) error {
 	var n int
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM principals WHERE name = ?`, p.Name).Scan(&n); err != nil {
 		return err
@@ -697,7 +697,7 @@ func insertPrincipal(ctx context.Context, tx *Tx, p corral.Principal, projectID,
 }
 
 // CreatePrincipal creates a principal in the project at a canonical path.
-func (s *Store) CreatePrincipal(ctx context.Context, p corral.Principal, path, createdBy string) error {
+func (s *Store) CreatePrincipal(ctx context.Context, p model.Principal, path, createdBy string) error {
 	err := s.tx(ctx, func(tx *Tx) error {
 		pr, err := getProject(ctx, tx, path)
 		if err != nil {
@@ -712,8 +712,8 @@ func (s *Store) CreatePrincipal(ctx context.Context, p corral.Principal, path, c
 }
 
 // GetPrincipal returns a principal, its project's canonical path in Project.
-func (s *Store) GetPrincipal(ctx context.Context, name string) (*corral.Principal, error) {
-	var p corral.Principal
+func (s *Store) GetPrincipal(ctx context.Context, name string) (*model.Principal, error) {
+	var p model.Principal
 	var created int64
 	err := s.rdb.QueryRowContext(ctx, `SELECT pr.name, pr.kind, p.path, pr.created_at, pr.created_by FROM principals pr
 		JOIN projects p ON p.id = pr.project_id WHERE pr.name = ?`, name).Scan(&p.Name, &p.Kind, &p.Project, &created, &p.CreatedBy)
@@ -728,7 +728,7 @@ func (s *Store) GetPrincipal(ctx context.Context, name string) (*corral.Principa
 }
 
 // ListPrincipals returns the principals created in under's subtree; Project is canonical.
-func (s *Store) ListPrincipals(ctx context.Context, under string) ([]corral.Principal, error) {
+func (s *Store) ListPrincipals(ctx context.Context, under string) ([]model.Principal, error) {
 	cond, args := subtreeCond("p.path", under)
 	rows, err := s.rdb.QueryContext(ctx, `SELECT pr.name, pr.kind, p.path, pr.created_at, pr.created_by FROM principals pr
 		JOIN projects p ON p.id = pr.project_id WHERE `+cond+` ORDER BY pr.name`, args...)
@@ -736,9 +736,9 @@ func (s *Store) ListPrincipals(ctx context.Context, under string) ([]corral.Prin
 		return nil, fmt.Errorf("list principals: %w", err)
 	}
 	defer rows.Close()
-	out := []corral.Principal{}
+	out := []model.Principal{}
 	for rows.Next() {
-		var p corral.Principal
+		var p model.Principal
 		var created int64
 		if err := rows.Scan(&p.Name, &p.Kind, &p.Project, &created, &p.CreatedBy); err != nil {
 			return nil, err
@@ -792,7 +792,7 @@ func (s *Store) RemoveGrant(ctx context.Context, path, principal, role string) e
 }
 
 // ListGrants returns the grants on under's subtree; Project is canonical.
-func (s *Store) ListGrants(ctx context.Context, under string) ([]corral.Grant, error) {
+func (s *Store) ListGrants(ctx context.Context, under string) ([]model.Grant, error) {
 	cond, args := subtreeCond("p.path", under)
 	rows, err := s.rdb.QueryContext(ctx, `SELECT p.path, g.principal, g.role, g.created_at, g.created_by FROM grants g
 		JOIN projects p ON p.id = g.project_id WHERE `+cond+` ORDER BY p.path, g.principal, g.role`, args...)
@@ -800,9 +800,9 @@ func (s *Store) ListGrants(ctx context.Context, under string) ([]corral.Grant, e
 		return nil, fmt.Errorf("list grants: %w", err)
 	}
 	defer rows.Close()
-	out := []corral.Grant{}
+	out := []model.Grant{}
 	for rows.Next() {
-		var g corral.Grant
+		var g model.Grant
 		var created int64
 		if err := rows.Scan(&g.Project, &g.Principal, &g.Role, &created, &g.CreatedBy); err != nil {
 			return nil, err
@@ -818,13 +818,13 @@ func (s *Store) ListGrants(ctx context.Context, under string) ([]corral.Grant, e
 // request naming one that does not exist), to fallback's, with the path it named kept as text.
 // Control characters in the caller-supplied text are replaced, so a log reader's terminal never
 // interprets them.
-func (s *Store) AddAudit(ctx context.Context, e corral.AuditEntry, fallback string) error {
+func (s *Store) AddAudit(ctx context.Context, e model.AuditEntry, fallback string) error {
 	return addAudit(ctx, s.db, e, fallback)
 }
 
 // AuditWrite is an entry of AddAudits with its fallback project (AddAudit).
 type AuditWrite struct {
-	Entry    corral.AuditEntry
+	Entry    model.AuditEntry
 	Fallback string
 }
 
@@ -841,7 +841,7 @@ func (s *Store) AddAudits(ctx context.Context, ws []AuditWrite) error {
 	})
 }
 
-func addAudit(ctx context.Context, q querier, e corral.AuditEntry, fallback string) error {
+func addAudit(ctx context.Context, q querier, e model.AuditEntry, fallback string) error {
 	clean := func(v string) string {
 		return strings.Map(func(r rune) rune {
 			if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == utf8.RuneError {
@@ -862,7 +862,7 @@ func addAudit(ctx context.Context, q querier, e corral.AuditEntry, fallback stri
 // ListAudit returns the entries of a canonical project's subtree, newest first, each with the
 // project path it had when it was written. Entries of deleted projects belong to the deleted
 // subtree's parent.
-func (s *Store) ListAudit(ctx context.Context, project string, q corral.AuditQuery) ([]corral.AuditEntry, error) {
+func (s *Store) ListAudit(ctx context.Context, project string, q model.AuditQuery) ([]model.AuditEntry, error) {
 	cur, args := subtreeCond("p.path", project)
 	where := `a.project_id IN (SELECT p.id FROM projects p WHERE ` + cur + `)`
 	if q.Action != "" {
@@ -888,9 +888,9 @@ func (s *Store) ListAudit(ctx context.Context, project string, q corral.AuditQue
 		return nil, fmt.Errorf("list audit: %w", err)
 	}
 	defer rows.Close()
-	out := []corral.AuditEntry{}
+	out := []model.AuditEntry{}
 	for rows.Next() {
-		var e corral.AuditEntry
+		var e model.AuditEntry
 		var at int64
 		if err := rows.Scan(&e.ID, &at, &e.Principal, &e.Token, &e.Project, &e.Action, &e.Target, &e.Result, &e.Detail); err != nil {
 			return nil, err

@@ -12,7 +12,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -31,9 +31,9 @@ var sbSeq atomic.Int64
 func newRecord(projectID string, cpus float64) *Sandbox {
 	now := time.Now().UTC()
 	return &Sandbox{
-		Sandbox: corral.Sandbox{
-			ID: fmt.Sprintf("sb-test-%016d", sbSeq.Add(1)), Node: "test", Tier: "container", State: corral.StateCreating,
-			Limits: corral.Limits{CPUs: cpus, MemoryBytes: 64 << 20}, CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+		Sandbox: model.Sandbox{
+			ID: fmt.Sprintf("sb-test-%016d", sbSeq.Add(1)), Node: "test", Tier: "container", State: model.StateCreating,
+			Limits: model.Limits{CPUs: cpus, MemoryBytes: 64 << 20}, CreatedAt: now, ExpiresAt: now.Add(time.Hour),
 		},
 		ProjectID: projectID,
 	}
@@ -48,7 +48,7 @@ func TestConcurrentAdmission(t *testing.T) {
 			s := open(t)
 			mustProject(t, s, "team")
 			leaf := mustProject(t, s, "team/rollout")
-			if _, err := s.SetQuota(ctx, "team", corral.Quota{Sandboxes: ptr[int64](50)}); err != nil {
+			if _, err := s.SetQuota(ctx, "team", model.Quota{Sandboxes: ptr[int64](50)}); err != nil {
 				t.Fatal(err)
 			}
 			var admitted, refused atomic.Int64
@@ -90,7 +90,7 @@ func TestQuotaResources(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
 		p := mustProject(t, s, "p")
-		if _, err := s.SetQuota(ctx, "p", corral.Quota{CPUs: ptr(2.0), Tiers: map[string]int64{"container": 5}, CreatesPerMinute: ptr[int64](4)}); err != nil {
+		if _, err := s.SetQuota(ctx, "p", model.Quota{CPUs: ptr(2.0), Tiers: map[string]int64{"container": 5}, CreatesPerMinute: ptr[int64](4)}); err != nil {
 			t.Fatal(err)
 		}
 		a := newRecord(p.ID, 1.5)
@@ -102,7 +102,7 @@ func TestQuotaResources(t *testing.T) {
 			t.Fatalf("over the CPU limit: %v", err)
 		}
 		// A stopped sandbox frees its share; creations in the last minute still count.
-		a.State = corral.StateStopped
+		a.State = model.StateStopped
 		if err := s.PutSandbox(ctx, a); err != nil {
 			t.Fatal(err)
 		}
@@ -114,10 +114,10 @@ func TestQuotaResources(t *testing.T) {
 		if err := s.AdmitSandbox(ctx, newRecord(p.ID, 0.1), nil); !errors.As(err, &qe) || qe.Resource != "creates_per_minute" {
 			t.Fatalf("over the creation rate: %v", err)
 		}
-		if err := ValidateQuota(corral.Quota{Sandboxes: ptr[int64](-1)}); !errors.Is(err, errdefs.ErrInvalid) {
+		if err := ValidateQuota(model.Quota{Sandboxes: ptr[int64](-1)}); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("negative limit: %v", err)
 		}
-		if err := ValidateQuota(corral.Quota{Tiers: map[string]int64{"mainframe": 1}}); !errors.Is(err, errdefs.ErrInvalid) {
+		if err := ValidateQuota(model.Quota{Tiers: map[string]int64{"mainframe": 1}}); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("unknown tier: %v", err)
 		}
 	})
@@ -132,16 +132,16 @@ func TestDelegation(t *testing.T) {
 		mustProject(t, s, "a")
 		mustProject(t, s, "a/x")
 		mustProject(t, s, "a/y")
-		if _, err := s.SetQuota(ctx, "a", corral.Quota{Sandboxes: ptr[int64](10), MemoryBytes: ptr[int64](1 << 30)}); err != nil {
+		if _, err := s.SetQuota(ctx, "a", model.Quota{Sandboxes: ptr[int64](10), MemoryBytes: ptr[int64](1 << 30)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.SetQuota(ctx, "a/x", corral.Quota{Sandboxes: ptr[int64](6)}); err != nil {
+		if _, err := s.SetQuota(ctx, "a/x", model.Quota{Sandboxes: ptr[int64](6)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.SetQuota(ctx, "a/y", corral.Quota{Sandboxes: ptr[int64](5)}); !errors.Is(err, errdefs.ErrConflict) {
+		if _, err := s.SetQuota(ctx, "a/y", model.Quota{Sandboxes: ptr[int64](5)}); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("6 + 5 > 10 was accepted: %v", err)
 		}
-		q, err := s.SetQuota(ctx, "a/y", corral.Quota{Sandboxes: ptr[int64](4)})
+		q, err := s.SetQuota(ctx, "a/y", model.Quota{Sandboxes: ptr[int64](4)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,10 +149,10 @@ func TestDelegation(t *testing.T) {
 			t.Errorf("limit %+v", q.Limit)
 		}
 		// Raising x again (replacing its own 6) fits only within what y leaves.
-		if _, err := s.SetQuota(ctx, "a/x", corral.Quota{Sandboxes: ptr[int64](7)}); !errors.Is(err, errdefs.ErrConflict) {
+		if _, err := s.SetQuota(ctx, "a/x", model.Quota{Sandboxes: ptr[int64](7)}); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("7 + 4 > 10 was accepted: %v", err)
 		}
-		if _, err := s.SetQuota(ctx, "a", corral.Quota{Sandboxes: ptr[int64](9)}); !errors.Is(err, errdefs.ErrConflict) {
+		if _, err := s.SetQuota(ctx, "a", model.Quota{Sandboxes: ptr[int64](9)}); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("a parent dropped below its children's 10: %v", err)
 		}
 		got, err := s.GetQuota(ctx, "a")
@@ -162,7 +162,7 @@ func TestDelegation(t *testing.T) {
 		// A move carries the quota: z under a must fit what a can still delegate (nothing).
 		mustProject(t, s, "b")
 		mustProject(t, s, "b/z")
-		if _, err := s.SetQuota(ctx, "b/z", corral.Quota{Sandboxes: ptr[int64](1)}); err != nil {
+		if _, err := s.SetQuota(ctx, "b/z", model.Quota{Sandboxes: ptr[int64](1)}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.MoveProject(ctx, "b/z", "a/z", false); !errors.Is(err, errdefs.ErrConflict) {
@@ -215,11 +215,11 @@ func TestProjectMoveAndDelete(t *testing.T) {
 		if err := s.DeleteProject(ctx, "n"); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("deleted with a live sandbox: %v", err)
 		}
-		sb.State = corral.StateStopped
+		sb.State = model.StateStopped
 		if err := s.PutSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.CreatePrincipal(ctx, corral.Principal{Name: "bot", Kind: corral.KindAgent}, "n/c", "root"); err != nil {
+		if err := s.CreatePrincipal(ctx, model.Principal{Name: "bot", Kind: model.KindAgent}, "n/c", "root"); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.DeleteProject(ctx, "n"); err != nil {
@@ -249,8 +249,8 @@ func TestTokenLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		userPerms, _ := iam.RolePerms(corral.RoleUser)
-		mint := func(id, hash, parent string, np *corral.Principal) {
+		userPerms, _ := iam.RolePerms(model.RoleUser)
+		mint := func(id, hash, parent string, np *model.Principal) {
 			t.Helper()
 			m := MintRequest{Token: TokenRecord{ID: id, Hash: hash, Principal: "root", ProjectID: p.ID, Perms: userPerms, Role: "user", Parent: parent}, CreatedBy: "root"}
 			if np != nil {
@@ -260,7 +260,7 @@ func TestTokenLifecycle(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		mint("tok-a", "h-a", root.ID, &corral.Principal{Name: "agent-1", Kind: corral.KindAgent})
+		mint("tok-a", "h-a", root.ID, &model.Principal{Name: "agent-1", Kind: model.KindAgent})
 		mint("tok-b", "h-b", "tok-a", nil)
 		mint("tok-c", "h-c", "tok-b", nil)
 		got, err := s.TokenByHash(ctx, "h-c")
@@ -313,7 +313,7 @@ func TestAudit(t *testing.T) {
 		mustProject(t, s, "a/b")
 		mustProject(t, s, "c")
 		old := time.Now().Add(-48 * time.Hour)
-		for i, e := range []corral.AuditEntry{
+		for i, e := range []model.AuditEntry{
 			{At: old, Project: "a", Action: "project.create", Result: "ok"},
 			{At: time.Now(), Project: "a/b", Action: "sandbox.create", Target: "sb-1", Result: "ok"},
 			{At: time.Now(), Project: "c", Action: "sandbox.create", Result: "exhausted"},
@@ -324,15 +324,15 @@ func TestAudit(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		list, err := s.ListAudit(ctx, "a", corral.AuditQuery{})
+		list, err := s.ListAudit(ctx, "a", model.AuditQuery{})
 		if err != nil || len(list) != 3 || list[0].Action != "sandbox.delete" || list[2].Project != "a" {
 			t.Fatalf("audit of a: %+v, %v", list, err)
 		}
-		list, _ = s.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox."})
+		list, _ = s.ListAudit(ctx, "", model.AuditQuery{Action: "sandbox."})
 		if len(list) != 3 {
 			t.Fatalf("sandbox actions: %+v", list)
 		}
-		list, _ = s.ListAudit(ctx, "", corral.AuditQuery{Limit: 1, Before: list[0].ID})
+		list, _ = s.ListAudit(ctx, "", model.AuditQuery{Limit: 1, Before: list[0].ID})
 		if len(list) != 1 || list[0].Project != "c" {
 			t.Fatalf("paging: %+v", list)
 		}
@@ -340,7 +340,7 @@ func TestAudit(t *testing.T) {
 		if err := s.DeleteProject(ctx, "a/b"); err != nil {
 			t.Fatal(err)
 		}
-		if list, _ := s.ListAudit(ctx, "a", corral.AuditQuery{}); len(list) != 3 {
+		if list, _ := s.ListAudit(ctx, "a", model.AuditQuery{}); len(list) != 3 {
 			t.Fatalf("after deleting a/b: %+v", list)
 		}
 		if n, err := s.PruneAudit(ctx, time.Now().Add(-24*time.Hour)); err != nil || n != 1 {
@@ -369,9 +369,9 @@ func TestUsageCounters(t *testing.T) {
 			}
 			recs = append(recs, r)
 		}
-		recs[0].State = corral.StateRunning // live to live: no change
-		recs[1].State = corral.StatePaused
-		recs[2].State = corral.StateFailed // leaves
+		recs[0].State = model.StateRunning // live to live: no change
+		recs[1].State = model.StatePaused
+		recs[2].State = model.StateFailed // leaves
 		for _, r := range recs[:3] {
 			if err := s.PutSandbox(ctx, r); err != nil {
 				t.Fatal(err)
@@ -380,8 +380,8 @@ func TestUsageCounters(t *testing.T) {
 		if _, err := s.MoveProject(ctx, "a/b", "c/b", true); err != nil {
 			t.Fatal(err)
 		}
-		snapshot := func() map[string]corral.Usage {
-			out := map[string]corral.Usage{}
+		snapshot := func() map[string]model.Usage {
+			out := map[string]model.Usage{}
 			for _, p := range []string{"", "a", "c", "c/b"} {
 				q, err := s.GetQuota(ctx, p)
 				if err != nil {
@@ -415,12 +415,12 @@ func TestDeleteProjectHandsNothingSideways(t *testing.T) {
 		mustProject(t, s, "a")
 		r := mustProject(t, s, "a/r17")
 		mustProject(t, s, "a/r18")
-		if _, _, err := s.PublishLayer(ctx, corral.Layer{Name: "snap", Version: "1", Kind: corral.KindSnapshot, Digest: "sha256:" + strings.Repeat("ab", 32), Project: "a/r17", CreatedAt: time.Now()}); err != nil {
+		if _, _, err := s.PublishLayer(ctx, model.Layer{Name: "snap", Version: "1", Kind: model.KindSnapshot, Digest: "sha256:" + strings.Repeat("ab", 32), Project: "a/r17", CreatedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
-		userPerms, _ := iam.RolePerms(corral.RoleUser)
+		userPerms, _ := iam.RolePerms(model.RoleUser)
 		if err := s.MintToken(ctx, MintRequest{Token: TokenRecord{ID: "tok-in", Hash: "h-in", Principal: "agent", ProjectID: r.ID, Perms: userPerms},
-			NewPrincipalKind: corral.KindAgent, GrantRole: "user"}); err != nil {
+			NewPrincipalKind: model.KindAgent, GrantRole: "user"}); err != nil {
 			t.Fatal(err)
 		}
 		// A token minted from the agent's (scoped inside too) ends with it.
@@ -456,7 +456,7 @@ func TestForcedMoveKeepsQuotas(t *testing.T) {
 		mustProject(t, s, "a/r18")
 		s1 := mustProject(t, s, "a/r17/s1")
 		for _, p := range []string{"a/r17", "a/r18"} {
-			if _, err := s.SetQuota(ctx, p, corral.Quota{Sandboxes: ptr[int64](2)}); err != nil {
+			if _, err := s.SetQuota(ctx, p, model.Quota{Sandboxes: ptr[int64](2)}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -541,13 +541,13 @@ func TestAddAudits(t *testing.T) {
 		s := open(t)
 		now := time.Now().UTC()
 		ws := []AuditWrite{
-			{Entry: corral.AuditEntry{At: now, Principal: "root", Action: "sandbox.delete", Target: "sb-a", Result: "ok", Detail: "bad \xff byte"}},
-			{Entry: corral.AuditEntry{At: now, Principal: "root", Action: "sandbox.delete", Target: "sb-b", Result: "ok"}},
+			{Entry: model.AuditEntry{At: now, Principal: "root", Action: "sandbox.delete", Target: "sb-a", Result: "ok", Detail: "bad \xff byte"}},
+			{Entry: model.AuditEntry{At: now, Principal: "root", Action: "sandbox.delete", Target: "sb-b", Result: "ok"}},
 		}
 		if err := s.AddAudits(ctx, ws); err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.ListAudit(ctx, "", corral.AuditQuery{Action: "sandbox.delete"})
+		got, err := s.ListAudit(ctx, "", model.AuditQuery{Action: "sandbox.delete"})
 		if err != nil || len(got) != 2 {
 			t.Fatalf("entries: %+v, %v", got, err)
 		}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestLayerVisibility: a layer's private and public settings are stored in columns (not in its
@@ -18,7 +18,7 @@ func TestLayerVisibility(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
 		mustProject(t, s, "a")
-		base := corral.Layer{Name: "snap", Version: "1", Kind: corral.KindSnapshot, Digest: "sha256:aa", Project: "a", CreatedAt: time.Now()}
+		base := model.Layer{Name: "snap", Version: "1", Kind: model.KindSnapshot, Digest: "sha256:aa", Project: "a", CreatedAt: time.Now()}
 		got, created, err := s.PublishLayer(ctx, base)
 		if err != nil || !created || got.Public || got.Private || got.Project != "a" {
 			t.Fatalf("publish: %+v created=%v err=%v; want a new layer of a, neither public nor private", got, created, err)
@@ -40,7 +40,7 @@ func TestLayerVisibility(t *testing.T) {
 		if got, created, err := s.PublishLayer(ctx, base); err != nil || created || got.Public {
 			t.Fatalf("republish: %+v created=%v err=%v", got, created, err)
 		}
-		if got, created, err := s.PublishLayer(ctx, corral.Layer{Name: "snap", Version: "3", Kind: corral.KindSnapshot, Digest: "sha256:aa", Project: "a"}); err != nil || created || !got.Public {
+		if got, created, err := s.PublishLayer(ctx, model.Layer{Name: "snap", Version: "3", Kind: model.KindSnapshot, Digest: "sha256:aa", Project: "a"}); err != nil || created || !got.Public {
 			t.Fatalf("republish of a public version: %+v created=%v err=%v", got, created, err)
 		}
 		priv := base

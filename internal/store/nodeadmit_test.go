@@ -9,7 +9,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestAdmitNodeSandbox: what a node's edge asks to admit (through the servers) is admitted only
@@ -26,7 +26,7 @@ func TestAdmitNodeSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		usage := func(p *ProjectRecord) corral.Usage { return projectUsage(t, s, p) }
+		usage := func(p *ProjectRecord) model.Usage { return projectUsage(t, s, p) }
 
 		rec := newRecord(team.ID, 1)
 		if err := s.AdmitNodeSandbox(ctx, "test", n1.Epoch, rec, nil); err != nil {
@@ -46,11 +46,11 @@ func TestAdmitNodeSandbox(t *testing.T) {
 		if err := s.AdmitNodeSandbox(ctx, "test", n1.Epoch, running, nil); err != nil {
 			t.Fatal(err)
 		}
-		running.State = corral.StateRunning
+		running.State = model.StateRunning
 		if err := s.PutNodeSandbox(ctx, "test", n1.Epoch, running); err != nil {
 			t.Fatal(err)
 		}
-		running.State = corral.StateCreating
+		running.State = model.StateCreating
 		if err := s.AdmitNodeSandbox(ctx, "test", n1.Epoch, running, nil); !errors.Is(err, errdefs.ErrConflict) {
 			t.Errorf("admit a record that runs already: %v, want a conflict", err)
 		}
@@ -58,12 +58,12 @@ func TestAdmitNodeSandbox(t *testing.T) {
 		// What the edge may not ask for.
 		for name, bad := range map[string]func(*Sandbox){
 			"another node's record": func(sb *Sandbox) { sb.Node = "other" },
-			"a running record":      func(sb *Sandbox) { sb.State = corral.StateRunning },
+			"a running record":      func(sb *Sandbox) { sb.State = model.StateRunning },
 			"no tier":               func(sb *Sandbox) { sb.Tier = "" },
 			"negative CPUs":         func(sb *Sandbox) { sb.Limits.CPUs = -4 },
 			"NaN CPUs":              func(sb *Sandbox) { sb.Limits.CPUs = math.NaN() },
 			"negative memory":       func(sb *Sandbox) { sb.Limits.MemoryBytes = -1 },
-			"a volume without ID":   func(sb *Sandbox) { sb.Volumes = []corral.VolumeMount{{Name: "v", Path: "/v"}} },
+			"a volume without ID":   func(sb *Sandbox) { sb.Volumes = []model.VolumeMount{{Name: "v", Path: "/v"}} },
 		} {
 			sb := newRecord(team.ID, 1)
 			bad(sb)
@@ -87,7 +87,7 @@ func TestAdmitNodeSandbox(t *testing.T) {
 		}
 
 		// Quotas and keys answer as for any admission.
-		if _, err := s.SetQuota(ctx, "team", corral.Quota{Sandboxes: ptr[int64](3)}); err != nil {
+		if _, err := s.SetQuota(ctx, "team", model.Quota{Sandboxes: ptr[int64](3)}); err != nil {
 			t.Fatal(err)
 		}
 		key := &Idempotency{Principal: "root", Key: "k1", RequestHash: "h1"}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/events"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestAddNodeEvents: a node's events are recorded while its incarnation holds the node, each
@@ -27,7 +27,7 @@ func TestAddNodeEvents(t *testing.T) {
 		now := time.Now().UTC()
 		var evs []events.Event
 		for i, id := range []string{"sb-n1-aaaaaaaaaaaaaaaa", "sb-n1-bbbbbbbbbbbbbbbb", "sb-n1-cccccccccccccccc"} {
-			if err := s.PutSandbox(ctx, &Sandbox{Sandbox: corral.Sandbox{ID: id, Node: "n1", Tier: "container", State: corral.StateRunning,
+			if err := s.PutSandbox(ctx, &Sandbox{Sandbox: model.Sandbox{ID: id, Node: "n1", Tier: "container", State: model.StateRunning,
 				CreatedAt: now, ExpiresAt: now.Add(time.Hour)}, ProjectID: team.ID}); err != nil {
 				t.Fatal(err)
 			}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // Nodes (cluster mode). Each edge holds a lease on its row: registering starts a new incarnation
@@ -64,14 +64,14 @@ type Node struct {
 
 // apiNode and nodeOf convert a node to and from the API's type, for the methods the cluster
 // server calls in it (RegisterNode, ListNodes, SetNodeState).
-func apiNode(n Node) corral.Node {
-	return corral.Node{Name: n.Name, URL: n.URL, State: n.State, Epoch: n.Epoch,
-		Capacity: corral.Resources(n.Capacity), Used: corral.Resources(n.Used),
+func apiNode(n Node) model.Node {
+	return model.Node{Name: n.Name, URL: n.URL, State: n.State, Epoch: n.Epoch,
+		Capacity: model.Resources(n.Capacity), Used: model.Resources(n.Used),
 		Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes, Protocol: n.Protocol,
 		HeartbeatAt: n.HeartbeatAt, LeaseExpiresAt: n.LeaseExpiresAt, RegisteredAt: n.RegisteredAt}
 }
 
-func nodeOf(n corral.Node) Node {
+func nodeOf(n model.Node) Node {
 	return Node{Name: n.Name, URL: n.URL, State: n.State, Epoch: n.Epoch,
 		Capacity: Resources(n.Capacity), Used: Resources(n.Used),
 		Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes, Protocol: n.Protocol,
@@ -244,13 +244,13 @@ func lockEpoch(ctx context.Context, q querier, name string, epoch int64, lock st
 
 // ListNodes returns the nodes by name, in the API's type (the cluster server serves them and
 // places sandboxes on them).
-func (s *Store) ListNodes(ctx context.Context) ([]corral.Node, error) {
+func (s *Store) ListNodes(ctx context.Context) ([]model.Node, error) {
 	rows, err := s.rdb.QueryContext(ctx, `SELECT `+nodeCols+` FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
 	defer rows.Close()
-	out := []corral.Node{}
+	out := []model.Node{}
 	for rows.Next() {
 		n, err := scanNode(rows)
 		if err != nil {
@@ -263,13 +263,13 @@ func (s *Store) ListNodes(ctx context.Context) ([]corral.Node, error) {
 
 // SetNodeState cordons, drains or uncordons (ready) a node. A lost node comes back only by
 // registering again.
-func (s *Store) SetNodeState(ctx context.Context, name, state string) (*corral.Node, error) {
+func (s *Store) SetNodeState(ctx context.Context, name, state string) (*model.Node, error) {
 	switch state {
 	case NodeReady, NodeCordoned, NodeDraining:
 	default:
 		return nil, errdefs.Invalid("state", "%q: want ready, cordoned or draining", state)
 	}
-	var out *corral.Node
+	var out *model.Node
 	err := s.tx(ctx, func(tx *Tx) error {
 		n, err := scanNode(tx.QueryRowContext(ctx, `SELECT `+nodeCols+` FROM nodes WHERE name = ?`+forUpdate(tx), name))
 		if errors.Is(err, sql.ErrNoRows) {
@@ -346,7 +346,7 @@ func (s *Store) SweepLostNodes(ctx context.Context, grace time.Duration) ([]stri
 			}
 			srows.Close()
 			for _, sb := range recs {
-				sb.State, sb.Reason, sb.EndedAt, sb.NetSlot = corral.StateFailed, corral.ReasonNodeLost, now, nil
+				sb.State, sb.Reason, sb.EndedAt, sb.NetSlot = model.StateFailed, model.ReasonNodeLost, now, nil
 				if err := putSandbox(ctx, tx, sb); err != nil {
 					return err
 				}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store/pgtest"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // TestNodeLeases checks the node lifecycle: incarnations and their epochs, fencing of an old
@@ -54,7 +54,7 @@ func TestNodeLeases(t *testing.T) {
 		}
 		// A sandbox on the node, in a project with a quota of one.
 		p := mustProject(t, s, "p")
-		if _, err := s.SetQuota(ctx, "p", corral.Quota{Sandboxes: ptr[int64](1)}); err != nil {
+		if _, err := s.SetQuota(ctx, "p", model.Quota{Sandboxes: ptr[int64](1)}); err != nil {
 			t.Fatal(err)
 		}
 		sb := newRecord(p.ID, 0)
@@ -62,7 +62,7 @@ func TestNodeLeases(t *testing.T) {
 		if err := s.AdmitSandbox(ctx, sb, nil); err != nil {
 			t.Fatal(err)
 		}
-		sb.State = corral.StateRunning
+		sb.State = model.StateRunning
 		if err := s.PutNodeSandbox(ctx, "edge-1", 3, sb); err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +79,7 @@ func TestNodeLeases(t *testing.T) {
 			t.Fatalf("sweep: %v %d %v", lost, failed, err)
 		}
 		got, err := s.GetSandbox(ctx, sb.ID)
-		if err != nil || got.State != corral.StateFailed || got.Reason != corral.ReasonNodeLost {
+		if err != nil || got.State != model.StateFailed || got.Reason != model.ReasonNodeLost {
 			t.Fatalf("the lost node's sandbox: %+v, %v", got, err)
 		}
 		if q, err := s.GetQuota(ctx, "p"); err != nil || q.Usage.Sandboxes != 0 {
@@ -89,7 +89,7 @@ func TestNodeLeases(t *testing.T) {
 		if _, err := s.Heartbeat(ctx, "edge-1", 4, Resources{}, time.Minute, nil); !errors.Is(err, ErrFenced) {
 			t.Errorf("heartbeat after the loss: %v", err)
 		}
-		sb.State = corral.StateRunning
+		sb.State = model.StateRunning
 		if err := s.PutNodeSandbox(ctx, "edge-1", 4, sb); !errors.Is(err, ErrFenced) {
 			t.Errorf("a write after the loss: %v", err)
 		}
@@ -153,8 +153,8 @@ func TestSweepNotHeldByAQuietSession(t *testing.T) {
 // kept the API's type; and the node and live states are the API's.
 func TestNodeConversion(t *testing.T) {
 	for _, c := range []struct{ ours, api reflect.Type }{
-		{reflect.TypeFor[Node](), reflect.TypeFor[corral.Node]()},
-		{reflect.TypeFor[Resources](), reflect.TypeFor[corral.Resources]()},
+		{reflect.TypeFor[Node](), reflect.TypeFor[model.Node]()},
+		{reflect.TypeFor[Resources](), reflect.TypeFor[model.Resources]()},
 	} {
 		if c.ours.NumField() != c.api.NumField() {
 			t.Errorf("%v has %d fields, the API's %v %d", c.ours, c.ours.NumField(), c.api, c.api.NumField())
@@ -183,19 +183,19 @@ func TestNodeConversion(t *testing.T) {
 			t.Errorf("Node's JSON differs from the API's:\nstore %s\nAPI   %s", a, b)
 		}
 		doc, err := nodeDoc(n)
-		api, _ := json.Marshal(corral.Node{Capacity: corral.Resources(n.Capacity), Used: corral.Resources(n.Used),
+		api, _ := json.Marshal(model.Node{Capacity: model.Resources(n.Capacity), Used: model.Resources(n.Used),
 			Labels: n.Labels, Tiers: n.Tiers, Runtimes: n.Runtimes})
 		if err != nil || doc != string(api) {
 			t.Errorf("nodeDoc = %s, %v; want the API type's %s", doc, err, api)
 		}
 	}
-	for _, c := range [][2]string{{NodeReady, corral.NodeReady}, {NodeCordoned, corral.NodeCordoned},
-		{NodeDraining, corral.NodeDraining}, {NodeLost, corral.NodeLost}} {
+	for _, c := range [][2]string{{NodeReady, model.NodeReady}, {NodeCordoned, model.NodeCordoned},
+		{NodeDraining, model.NodeDraining}, {NodeLost, model.NodeLost}} {
 		if c[0] != c[1] {
 			t.Errorf("node state %q, want the API's %q", c[0], c[1])
 		}
 	}
-	if want := []string{corral.StateCreating, corral.StateRunning, corral.StatePaused, corral.StateOff}; !slices.Equal(LiveStates(), want) {
+	if want := []string{model.StateCreating, model.StateRunning, model.StatePaused, model.StateOff}; !slices.Equal(LiveStates(), want) {
 		t.Errorf("LiveStates() = %v, want %v", LiveStates(), want)
 	}
 }

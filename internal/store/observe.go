@@ -12,7 +12,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // The observability tables (issue 28): the durable copy of the event stream, webhooks and
@@ -174,7 +174,7 @@ func (s *Store) PruneObservations(ctx context.Context, before, usageBefore time.
 
 // WebhookRecord is a webhook with what delivery needs: its secret and its project's canonical path.
 type WebhookRecord struct {
-	corral.Webhook
+	model.Webhook
 	ProjectPath string
 	SecretKey   string
 }

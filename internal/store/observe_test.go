@@ -8,7 +8,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 func TestEventsConformance(t *testing.T) {
@@ -89,15 +89,15 @@ func TestWebhooksConformance(t *testing.T) {
 		}
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		for i, h := range []*WebhookRecord{
-			{Webhook: corral.Webhook{ID: "wh-1", URL: "https://x/1", Events: []string{"created", "deleted"}, CreatedAt: now, CreatedBy: "root"}, ProjectPath: "a", SecretKey: "s1"},
-			{Webhook: corral.Webhook{ID: "wh-2", URL: "https://x/2", CreatedAt: now.Add(time.Second)}, ProjectPath: "a/x", SecretKey: "s2"},
-			{Webhook: corral.Webhook{ID: "wh-3", URL: "https://x/3", CreatedAt: now.Add(2 * time.Second)}, ProjectPath: "b", SecretKey: "s3"},
+			{Webhook: model.Webhook{ID: "wh-1", URL: "https://x/1", Events: []string{"created", "deleted"}, CreatedAt: now, CreatedBy: "root"}, ProjectPath: "a", SecretKey: "s1"},
+			{Webhook: model.Webhook{ID: "wh-2", URL: "https://x/2", CreatedAt: now.Add(time.Second)}, ProjectPath: "a/x", SecretKey: "s2"},
+			{Webhook: model.Webhook{ID: "wh-3", URL: "https://x/3", CreatedAt: now.Add(2 * time.Second)}, ProjectPath: "b", SecretKey: "s3"},
 		} {
 			if err := s.CreateWebhook(ctx, h); err != nil {
 				t.Fatalf("webhook %d: %v", i, err)
 			}
 		}
-		if err := s.CreateWebhook(ctx, &WebhookRecord{Webhook: corral.Webhook{ID: "wh-4", URL: "https://x"}, ProjectPath: "nope"}); !errors.Is(err, errdefs.ErrNotFound) {
+		if err := s.CreateWebhook(ctx, &WebhookRecord{Webhook: model.Webhook{ID: "wh-4", URL: "https://x"}, ProjectPath: "nope"}); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("webhook in a missing project: %v, want not found", err)
 		}
 		list, err := s.Webhooks(ctx, "a")
@@ -157,15 +157,15 @@ func TestUsageConformance(t *testing.T) {
 		must(s.UsageFirstExec(ctx, "sb-1", t0.Add(time.Hour))) // only the first counts
 		must(s.UsageExtended(ctx, "sb-1"))
 		must(s.UsageCounters(ctx, "sb-1", 10, 2, 5000))
-		must(s.UsageEnded(ctx, "sb-1", t0.Add(time.Minute), corral.ReasonTTLExpired))
-		must(s.UsageEnded(ctx, "sb-1", t0.Add(time.Hour), corral.ReasonDeleted)) // ended once
+		must(s.UsageEnded(ctx, "sb-1", t0.Add(time.Minute), model.ReasonTTLExpired))
+		must(s.UsageEnded(ctx, "sb-1", t0.Add(time.Hour), model.ReasonDeleted)) // ended once
 		list, err := s.ListUsage(ctx, "a", time.Time{})
 		if err != nil || len(list) != 2 {
 			t.Fatalf("ListUsage(a) = %+v, %v", list, err)
 		}
 		u := list[0]
 		if u.ID != "sb-1" || !u.FirstExecAt.Equal(t0.Add(300*time.Millisecond)) || !u.EndedAt.Equal(t0.Add(time.Minute)) ||
-			u.Reason != corral.ReasonTTLExpired || !u.TTLExtended || u.Actions != 10 || u.Blocked != 2 || u.Tokens != 5000 || u.Environment != "py" {
+			u.Reason != model.ReasonTTLExpired || !u.TTLExtended || u.Actions != 10 || u.Blocked != 2 || u.Tokens != 5000 || u.Environment != "py" {
 			t.Errorf("usage of sb-1 = %+v", u)
 		}
 		if v := list[1]; !v.FirstExecAt.IsZero() || !v.EndedAt.IsZero() || v.TTLExtended {
@@ -194,7 +194,7 @@ func TestRecordActivity(t *testing.T) {
 		mine.Node, theirs.Node = "n1", "n2"
 		for _, sb := range []*Sandbox{mine, theirs} {
 			sb.CreatedAt = time.Now().Add(-time.Hour).UTC().Round(time.Microsecond) // what follows is in the past
-			sb.State = corral.StateRunning
+			sb.State = model.StateRunning
 			sb.LastActivityAt = sb.CreatedAt
 			if err := s.PutSandbox(ctx, sb); err != nil {
 				t.Fatal(err)

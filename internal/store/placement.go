@@ -8,8 +8,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/placement"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // Project placement: the node groups a project's sandboxes are pinned to or kept off (cluster
@@ -17,7 +17,7 @@ import (
 // Pin of the nearest project on the way up to the root that sets one, and every Avoid on the way.
 
 // ValidatePlacement checks a placement's selectors.
-func ValidatePlacement(p corral.ProjectPlacement) error {
+func ValidatePlacement(p model.ProjectPlacement) error {
 	if err := placement.ValidateSelectors("pin", p.Pin); err != nil {
 		return err
 	}
@@ -26,11 +26,11 @@ func ValidatePlacement(p corral.ProjectPlacement) error {
 
 // SetProjectPlacement sets the placement of the project at path and returns it with the one in
 // effect.
-func (s *Store) SetProjectPlacement(ctx context.Context, path string, p corral.ProjectPlacement) (*corral.ProjectPlacement, error) {
+func (s *Store) SetProjectPlacement(ctx context.Context, path string, p model.ProjectPlacement) (*model.ProjectPlacement, error) {
 	if err := ValidatePlacement(p); err != nil {
 		return nil, err
 	}
-	doc, err := json.Marshal(corral.ProjectPlacement{Pin: p.Pin, Avoid: p.Avoid})
+	doc, err := json.Marshal(model.ProjectPlacement{Pin: p.Pin, Avoid: p.Avoid})
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +45,7 @@ func (s *Store) SetProjectPlacement(ctx context.Context, path string, p corral.P
 }
 
 // ProjectPlacement returns the placement of the project at path, with the one in effect.
-func (s *Store) ProjectPlacement(ctx context.Context, path string) (*corral.ProjectPlacement, error) {
+func (s *Store) ProjectPlacement(ctx context.Context, path string) (*model.ProjectPlacement, error) {
 	anc := iam.Ancestors(path) // root first, path last
 	args := make([]any, len(anc))
 	for i, a := range anc {
@@ -56,13 +56,13 @@ func (s *Store) ProjectPlacement(ctx context.Context, path string) (*corral.Proj
 		return nil, fmt.Errorf("read placement of project %s: %w", iam.Display(path), err)
 	}
 	defer rows.Close()
-	byPath := map[string]corral.ProjectPlacement{}
+	byPath := map[string]model.ProjectPlacement{}
 	for rows.Next() {
 		var p, doc string
 		if err := rows.Scan(&p, &doc); err != nil {
 			return nil, err
 		}
-		var pl corral.ProjectPlacement
+		var pl model.ProjectPlacement
 		if err := json.Unmarshal([]byte(doc), &pl); err != nil {
 			return nil, fmt.Errorf("decode placement of project %s: %w", iam.Display(p), err)
 		}
@@ -75,7 +75,7 @@ func (s *Store) ProjectPlacement(ctx context.Context, path string) (*corral.Proj
 	if !ok {
 		return nil, errNoProject(path)
 	}
-	eff := &corral.ProjectPlacement{Pin: []map[string]string{}, Avoid: []map[string]string{}}
+	eff := &model.ProjectPlacement{Pin: []map[string]string{}, Avoid: []map[string]string{}}
 	for _, a := range anc {
 		pl := byPath[a]
 		if len(pl.Pin) > 0 {
@@ -83,7 +83,7 @@ func (s *Store) ProjectPlacement(ctx context.Context, path string) (*corral.Proj
 		}
 		eff.Avoid = append(eff.Avoid, pl.Avoid...)
 	}
-	out := &corral.ProjectPlacement{Project: iam.Display(path), Pin: own.Pin, Avoid: own.Avoid, Effective: eff}
+	out := &model.ProjectPlacement{Project: iam.Display(path), Pin: own.Pin, Avoid: own.Avoid, Effective: eff}
 	if out.Pin == nil {
 		out.Pin = []map[string]string{}
 	}

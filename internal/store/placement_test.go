@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/corral-dev/corral/internal/errdefs"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestProjectPlacement checks a project's placement and the one in effect: the nearest Pin on
@@ -26,10 +26,10 @@ func TestProjectPlacement(t *testing.T) {
 			t.Fatalf("placement of a new project: %+v, %v", got, err)
 		}
 		pinA := []map[string]string{{"group": "a"}, {"group": "shared", "zone": "1"}}
-		if _, err := s.SetProjectPlacement(ctx, "team-a", corral.ProjectPlacement{Pin: pinA, Avoid: []map[string]string{{"gpu": "h100"}}}); err != nil {
+		if _, err := s.SetProjectPlacement(ctx, "team-a", model.ProjectPlacement{Pin: pinA, Avoid: []map[string]string{{"gpu": "h100"}}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.SetProjectPlacement(ctx, "", corral.ProjectPlacement{Avoid: []map[string]string{{"maint": "true"}}}); err != nil {
+		if _, err := s.SetProjectPlacement(ctx, "", model.ProjectPlacement{Avoid: []map[string]string{{"maint": "true"}}}); err != nil {
 			t.Fatal(err)
 		}
 		got, err = s.ProjectPlacement(ctx, "team-a/rollout")
@@ -39,13 +39,13 @@ func TestProjectPlacement(t *testing.T) {
 		}
 		// The nearest pin wins.
 		pinB := []map[string]string{{"group": "b"}}
-		if _, err := s.SetProjectPlacement(ctx, "team-a/rollout", corral.ProjectPlacement{Pin: pinB}); err != nil {
+		if _, err := s.SetProjectPlacement(ctx, "team-a/rollout", model.ProjectPlacement{Pin: pinB}); err != nil {
 			t.Fatal(err)
 		}
 		if got, err = s.ProjectPlacement(ctx, "team-a/rollout"); err != nil || !reflect.DeepEqual(got.Effective.Pin, pinB) || got.Project != "team-a/rollout" {
 			t.Fatalf("own pin: %+v, %v", got, err)
 		}
-		for name, bad := range map[string]corral.ProjectPlacement{
+		for name, bad := range map[string]model.ProjectPlacement{
 			"empty selector": {Pin: []map[string]string{{}}},
 			"bad key":        {Avoid: []map[string]string{{"a b": "1"}}},
 			"bad value":      {Pin: []map[string]string{{"group": "x y"}}},
@@ -57,7 +57,7 @@ func TestProjectPlacement(t *testing.T) {
 		if got, err = s.ProjectPlacement(ctx, "team-a/rollout"); err != nil || !reflect.DeepEqual(got.Pin, pinB) {
 			t.Fatalf("a refused placement changed it: %+v, %v", got, err)
 		}
-		if _, err := s.SetProjectPlacement(ctx, "nope", corral.ProjectPlacement{}); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := s.SetProjectPlacement(ctx, "nope", model.ProjectPlacement{}); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("placement of a missing project: %v", err)
 		}
 	})

@@ -14,7 +14,7 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // usageRow is one sandbox's share of its project's usage.
@@ -67,12 +67,12 @@ func addUsage(ctx context.Context, q querier, u usageRow, sign int64) error {
 	if err != nil {
 		return err
 	}
-	return addUsageTo(ctx, q, ids, corral.Usage{Sandboxes: sign, CPUs: float64(sign) * u.cpus, MemoryBytes: sign * u.memory,
+	return addUsageTo(ctx, q, ids, model.Usage{Sandboxes: sign, CPUs: float64(sign) * u.cpus, MemoryBytes: sign * u.memory,
 		DiskBytes: sign * u.disk, Tiers: map[string]int64{u.tier: sign}})
 }
 
 // addUsageTo adds d to the usage rows of the projects ids.
-func addUsageTo(ctx context.Context, q querier, ids []string, d corral.Usage) error {
+func addUsageTo(ctx context.Context, q querier, ids []string, d model.Usage) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -136,8 +136,8 @@ func lockProject(ctx context.Context, q querier, path string) error {
 
 // readUsage returns the subtree usage counters of one project; per-tier counts and creations in
 // the last minute only when asked (the latter counted from the rows).
-func readUsage(ctx context.Context, q querier, p *ProjectRecord, tiers, creates bool, now time.Time) (corral.Usage, error) {
-	var u corral.Usage
+func readUsage(ctx context.Context, q querier, p *ProjectRecord, tiers, creates bool, now time.Time) (model.Usage, error) {
+	var u model.Usage
 	err := q.QueryRowContext(ctx, `SELECT sandboxes, cpus, memory_bytes, disk_bytes FROM project_usage WHERE project_id = ?`, p.ID).
 		Scan(&u.Sandboxes, &u.CPUs, &u.MemoryBytes, &u.DiskBytes)
 	if err != nil {
@@ -227,16 +227,16 @@ func (s *Store) RecountUsage(ctx context.Context) error {
 }
 
 // delegated sums the limits that parent's children hold, per resource.
-func delegated(ctx context.Context, q querier, parentID, skipID string) (corral.Quota, error) {
+func delegated(ctx context.Context, q querier, parentID, skipID string) (model.Quota, error) {
 	rows, err := q.QueryContext(ctx, `SELECT quota FROM projects WHERE parent_id = ? AND id != ? AND quota != '{}'`, parentID, skipID)
 	if err != nil {
-		return corral.Quota{}, err
+		return model.Quota{}, err
 	}
 	defer rows.Close()
-	var sum corral.Quota
+	var sum model.Quota
 	for rows.Next() {
 		var doc string
-		var c corral.Quota
+		var c model.Quota
 		if err := rows.Scan(&doc); err != nil {
 			return sum, err
 		}
@@ -259,7 +259,7 @@ func addI(a, b *int64) *int64 {
 	return &v
 }
 
-func addQuota(a, b corral.Quota) corral.Quota {
+func addQuota(a, b model.Quota) model.Quota {
 	a.Sandboxes = addI(a.Sandboxes, b.Sandboxes)
 	a.MemoryBytes = addI(a.MemoryBytes, b.MemoryBytes)
 	a.DiskBytes = addI(a.DiskBytes, b.DiskBytes)
@@ -297,7 +297,7 @@ func f64(p *int64) *float64 {
 }
 
 // items lists q's resources with the amounts of the same resources in u (a Quota used as a sum).
-func items(q, u corral.Quota) []limitItem {
+func items(q, u model.Quota) []limitItem {
 	val := func(p *int64) float64 {
 		if p == nil {
 			return 0
@@ -324,8 +324,8 @@ func items(q, u corral.Quota) []limitItem {
 }
 
 // ValidateQuota checks that a quota's numbers are sane.
-func ValidateQuota(q corral.Quota) error {
-	for _, it := range items(q, corral.Quota{}) {
+func ValidateQuota(q model.Quota) error {
+	for _, it := range items(q, model.Quota{}) {
 		if it.limit != nil && *it.limit < 0 {
 			return errdefs.Invalid(it.name, "a limit cannot be negative (%g)", *it.limit)
 		}
@@ -341,9 +341,9 @@ func ValidateQuota(q corral.Quota) error {
 }
 
 // limitsOf maps each resource q limits to its limit.
-func limitsOf(q corral.Quota) map[string]float64 {
+func limitsOf(q model.Quota) map[string]float64 {
 	out := map[string]float64{}
-	for _, it := range items(q, corral.Quota{}) {
+	for _, it := range items(q, model.Quota{}) {
 		if it.limit != nil {
 			out[it.name] = *it.limit
 		}
@@ -354,7 +354,7 @@ func limitsOf(q corral.Quota) map[string]float64 {
 // checkDelegation checks that child (ID childID, or a new child when empty) may hold limit want
 // under parent: for every resource both limit, the children's limits (want included) sum to at
 // most the parent's. A resource the child does not limit is bounded by the parent's anyway.
-func checkDelegation(ctx context.Context, q querier, parent *ProjectRecord, childID string, want corral.Quota) error {
+func checkDelegation(ctx context.Context, q querier, parent *ProjectRecord, childID string, want model.Quota) error {
 	others, err := delegated(ctx, q, parent.ID, childID)
 	if err != nil {
 		return err
@@ -375,7 +375,7 @@ func checkDelegation(ctx context.Context, q querier, parent *ProjectRecord, chil
 }
 
 // GetQuota returns the limits, subtree usage and delegations of the project at a canonical path.
-func (s *Store) GetQuota(ctx context.Context, path string) (*corral.ProjectQuota, error) {
+func (s *Store) GetQuota(ctx context.Context, path string) (*model.ProjectQuota, error) {
 	p, err := getProject(ctx, s.rdb, path)
 	if err != nil {
 		return nil, err
@@ -388,13 +388,13 @@ func (s *Store) GetQuota(ctx context.Context, path string) (*corral.ProjectQuota
 	if err != nil {
 		return nil, fmt.Errorf("quota of %s: %w", iam.Display(path), err)
 	}
-	return &corral.ProjectQuota{Project: iam.Display(path), Limit: p.Quota, Usage: u, Delegated: d}, nil
+	return &model.ProjectQuota{Project: iam.Display(path), Limit: p.Quota, Usage: u, Delegated: d}, nil
 }
 
 // SetQuota replaces the limits of the project at a canonical path. They must fit what the parent
 // can still delegate, and be no lower than what the project's children already hold (usage
 // above a new limit is allowed: live sandboxes stay, new ones are refused).
-func (s *Store) SetQuota(ctx context.Context, path string, q corral.Quota) (*corral.ProjectQuota, error) {
+func (s *Store) SetQuota(ctx context.Context, path string, q model.Quota) (*model.ProjectQuota, error) {
 	if err := ValidateQuota(q); err != nil {
 		return nil, err
 	}
@@ -588,7 +588,7 @@ func (s *Store) admitSandbox(ctx context.Context, fence func(*Tx) error, sb *San
 				return err
 			}
 		}
-		want := corral.Usage{Sandboxes: 1, CPUs: sb.Limits.CPUs, MemoryBytes: sb.Limits.MemoryBytes, DiskBytes: sb.Limits.DiskBytes,
+		want := model.Usage{Sandboxes: 1, CPUs: sb.Limits.CPUs, MemoryBytes: sb.Limits.MemoryBytes, DiskBytes: sb.Limits.DiskBytes,
 			CreatesPerMinute: 1, Tiers: map[string]int64{sb.Tier: 1}}
 		now := time.Now()
 		limited, err := checkQuotas(ctx, tx, sb.ProjectID, want, now)
@@ -652,7 +652,7 @@ func admittedBefore(ctx context.Context, q querier, node, id string) error {
 		return nil
 	case err != nil:
 		return err
-	case owner == node && state == corral.StateCreating:
+	case owner == node && state == model.StateCreating:
 		return errAdmitted
 	}
 	return errdefs.Conflict("sandbox %s has a record already (node %s, %s)", id, owner, state)
@@ -665,7 +665,7 @@ func checkNodeAdmission(node string, sb *Sandbox) error {
 	switch {
 	case sb.Node != node:
 		return fmt.Errorf("sandbox %s: a record of node %q admitted by node %s: %w", sb.ID, sb.Node, node, errdefs.ErrDenied)
-	case sb.State != corral.StateCreating:
+	case sb.State != model.StateCreating:
 		return errdefs.Invalid("state", "sandbox %s: admission records a sandbox being created, not %q", sb.ID, sb.State)
 	case sb.Tier == "":
 		return errdefs.Invalid("tier", "sandbox %s: a record names its tier", sb.ID)
@@ -680,7 +680,7 @@ func checkNodeAdmission(node string, sb *Sandbox) error {
 // checkQuotas checks, in tx, that usage want fits the quotas of the project with this ID and of
 // every ancestor, and returns the limited ones, nearest last. On PostgreSQL it first locks their
 // usage rows, so that concurrent admissions under a common ancestor take turns.
-func checkQuotas(ctx context.Context, tx *Tx, projectID string, want corral.Usage, now time.Time) ([]*ProjectRecord, error) {
+func checkQuotas(ctx context.Context, tx *Tx, projectID string, want model.Usage, now time.Time) ([]*ProjectRecord, error) {
 	var path string
 	if err := tx.QueryRowContext(ctx, `SELECT path FROM projects WHERE id = ?`, projectID).Scan(&path); err != nil {
 		if err == sql.ErrNoRows {
@@ -772,9 +772,9 @@ func takeCreation(ctx context.Context, tx *Tx, p *ProjectRecord, now time.Time) 
 }
 
 // fits checks that usage u plus want stays within p's limits (all but the creation rate).
-func fits(p *ProjectRecord, u, want corral.Usage) error {
-	asQuota := func(u corral.Usage) corral.Quota {
-		return corral.Quota{Sandboxes: &u.Sandboxes, CPUs: &u.CPUs, MemoryBytes: &u.MemoryBytes, DiskBytes: &u.DiskBytes,
+func fits(p *ProjectRecord, u, want model.Usage) error {
+	asQuota := func(u model.Usage) model.Quota {
+		return model.Quota{Sandboxes: &u.Sandboxes, CPUs: &u.CPUs, MemoryBytes: &u.MemoryBytes, DiskBytes: &u.DiskBytes,
 			CreatesPerMinute: &u.CreatesPerMinute, Tiers: u.Tiers}
 	}
 	have := items(p.Quota, asQuota(u))
@@ -812,7 +812,7 @@ func (s *Store) ArtifactLimits(ctx context.Context, projectID string) ([]Artifac
 		if err := s.rdb.QueryRowContext(ctx, `SELECT path, quota FROM projects WHERE id = ?`, id).Scan(&path, &doc); err != nil {
 			return nil, fmt.Errorf("artifact limits: %w", err)
 		}
-		var q corral.Quota
+		var q model.Quota
 		if err := json.Unmarshal([]byte(doc), &q); err != nil {
 			return nil, fmt.Errorf("artifact limits: decode the quota of %s: %w", iam.Display(path), err)
 		}
@@ -821,7 +821,7 @@ func (s *Store) ArtifactLimits(ctx context.Context, projectID string) ([]Artifac
 		case q.ArtifactBytes != nil:
 			l.Limit = *q.ArtifactBytes
 		case id == projectID:
-			l.Limit = corral.DefaultArtifactBytes
+			l.Limit = model.DefaultArtifactBytes
 		default:
 			continue
 		}

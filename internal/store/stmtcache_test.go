@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestStmtCache: reads through the read handle's prepared statements see every committed write,
@@ -22,8 +22,8 @@ func TestStmtCache(t *testing.T) {
 	for i := range 8 {
 		wg.Go(func() {
 			id := fmt.Sprintf("sb-n1-%d", i)
-			for j, st := range []string{corral.StateRunning, corral.StatePaused, corral.StateStopped} {
-				sb := &Sandbox{Sandbox: corral.Sandbox{ID: id, Node: "n1", State: st}, Lower: []string{"sha256:00"}}
+			for j, st := range []string{model.StateRunning, model.StatePaused, model.StateStopped} {
+				sb := &Sandbox{Sandbox: model.Sandbox{ID: id, Node: "n1", State: st}, Lower: []string{"sha256:00"}}
 				if err := s.PutSandbox(ctx, sb); err != nil {
 					t.Error(err)
 					return
@@ -49,7 +49,7 @@ func TestStmtCache(t *testing.T) {
 		c.stmts[fmt.Sprint("filler ", i)] = nil
 	}
 	c.mu.Unlock()
-	if got, err := s.GetSandbox(ctx, "sb-n1-0"); err != nil || got.State != corral.StateStopped {
+	if got, err := s.GetSandbox(ctx, "sb-n1-0"); err != nil || got.State != model.StateStopped {
 		t.Errorf("read with a full cache: %+v, %v", got, err)
 	}
 	c.mu.Lock()

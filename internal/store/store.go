@@ -30,8 +30,8 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazyregexp"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/placement"
-	corral "github.com/corral-dev/corral/sdk/go"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -64,7 +64,7 @@ func (s *Store) OnFull(f func() bool) { s.onFull = f }
 
 // Sandbox is a sandbox's durable record: its API view plus what the edge needs to rebuild it.
 type Sandbox struct {
-	corral.Sandbox
+	model.Sandbox
 	// Lower lists the layer digests of the rootfs, bottom (base) first.
 	Lower []string `json:"lower"`
 	// NetSlot is the sandbox's network slot (internal/egress), nil without networking.
@@ -642,7 +642,7 @@ func (s *Store) PutNodeSandbox(ctx context.Context, node string, epoch int64, sb
 			return errdefs.NotFound("sandbox %s (a record is written by its admission first)", sb.ID)
 		case old.node != node:
 			return fmt.Errorf("sandbox %s is node %s's, not %s's: %w", sb.ID, old.node, node, errdefs.ErrDenied)
-		case !slices.Contains(liveStates, old.state) && (slices.Contains(liveStates, sb.State) || (sb.State == corral.StateDeleting && old.state != corral.StateDeleting)):
+		case !slices.Contains(liveStates, old.state) && (slices.Contains(liveStates, sb.State) || (sb.State == model.StateDeleting && old.state != model.StateDeleting)):
 			// Deleting released the quota; stopped and failed are ends.
 			return errdefs.Conflict("sandbox %s is %s: it cannot become %s again", sb.ID, old.state, sb.State)
 		}
@@ -767,7 +767,7 @@ func writeSandboxRow(ctx context.Context, q querier, sb *Sandbox, onConflict str
 // that says no time), 0 otherwise.
 func endedNS(sb *Sandbox) int64 {
 	switch {
-	case sb.State != corral.StateStopped && sb.State != corral.StateFailed:
+	case sb.State != model.StateStopped && sb.State != model.StateFailed:
 		return 0
 	case sb.EndedAt.IsZero():
 		return time.Now().UnixNano()
@@ -960,7 +960,7 @@ func (s *Store) ForgetEnded(ctx context.Context, before time.Time) (int, error) 
 // fillEnded sets ended_ns of ended records that have none from their documents (now, for a
 // document that says no time).
 func (s *Store) fillEnded(ctx context.Context) error {
-	ended := []any{corral.StateStopped, corral.StateFailed}
+	ended := []any{model.StateStopped, model.StateFailed}
 	for {
 		var n int
 		err := s.tx(ctx, func(tx *Tx) error {
@@ -1006,7 +1006,7 @@ func (s *Store) fillEnded(ctx context.Context) error {
 // BeginStep appends e to the trajectory of sandbox, giving it the next sequence number. When
 // e.StepID is set and a step with that ID exists already, nothing is written and the existing
 // step is returned instead (the caller decides between replay, attach and conflict).
-func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error) {
+func (s *Store) BeginStep(ctx context.Context, sandbox string, e *model.TrajectoryEntry) (existing *model.TrajectoryEntry, err error) {
 	err = s.tx(ctx, func(tx *Tx) error {
 		existing, err = s.beginStep(ctx, tx, sandbox, e)
 		return err
@@ -1018,14 +1018,14 @@ func (s *Store) BeginStep(ctx context.Context, sandbox string, e *corral.Traject
 }
 
 // beginStep is BeginStep in tx.
-func (s *Store) beginStep(ctx context.Context, tx *Tx, sandbox string, e *corral.TrajectoryEntry) (existing *corral.TrajectoryEntry, err error) {
+func (s *Store) beginStep(ctx context.Context, tx *Tx, sandbox string, e *model.TrajectoryEntry) (existing *model.TrajectoryEntry, err error) {
 	err = func() error {
 		if e.StepID != "" {
 			var doc string
 			var exclusive bool
 			err := tx.QueryRowContext(ctx, `SELECT doc, exclusive FROM trajectory WHERE sandbox_id = ? AND step_id = ?`, sandbox, e.StepID).Scan(&doc, &exclusive)
 			if err == nil {
-				existing = new(corral.TrajectoryEntry)
+				existing = new(model.TrajectoryEntry)
 				if err := json.Unmarshal([]byte(doc), existing); err != nil {
 					return err
 				}
@@ -1062,7 +1062,7 @@ func (s *Store) beginStep(ctx context.Context, tx *Tx, sandbox string, e *corral
 
 // UpdateStep rewrites step e.Seq of sandbox's trajectory. A step's exclusive mark is set when it
 // is appended and never changes.
-func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *corral.TrajectoryEntry) error {
+func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *model.TrajectoryEntry) error {
 	err := s.tx(ctx, func(tx *Tx) error { return s.updateStep(ctx, tx, sandbox, e) })
 	if err != nil {
 		return fmt.Errorf("update trajectory step %d of %s: %w", e.Seq, sandbox, err)
@@ -1071,7 +1071,7 @@ func (s *Store) UpdateStep(ctx context.Context, sandbox string, e *corral.Trajec
 }
 
 // updateStep is UpdateStep in tx.
-func (s *Store) updateStep(ctx context.Context, tx *Tx, sandbox string, e *corral.TrajectoryEntry) error {
+func (s *Store) updateStep(ctx context.Context, tx *Tx, sandbox string, e *model.TrajectoryEntry) error {
 	doc, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -1091,9 +1091,9 @@ func (s *Store) updateStep(ctx context.Context, tx *Tx, sandbox string, e *corra
 // sequence number, as BeginStep; Entry.StepID must be empty), or, with Update, rewrite the step
 // Entry.Seq (as UpdateStep).
 type StepWrite struct {
-	Sandbox string                  `json:"sandbox"`
-	Entry   *corral.TrajectoryEntry `json:"entry"`
-	Update  bool                    `json:"update,omitempty"`
+	Sandbox string                 `json:"sandbox"`
+	Entry   *model.TrajectoryEntry `json:"entry"`
+	Update  bool                   `json:"update,omitempty"`
 }
 
 // WriteSteps applies writes in order in one transaction: all of them or, on an error, none
@@ -1124,8 +1124,8 @@ func (s *Store) WriteSteps(ctx context.Context, writes []StepWrite) error {
 // StepResult is what NodeSteps did with one write: the sequence number of the step it appended
 // or rewrote, or, for an append whose step ID a step has already, that step (nothing written).
 type StepResult struct {
-	Seq      int64                   `json:"seq"`
-	Existing *corral.TrajectoryEntry `json:"existing,omitempty"`
+	Seq      int64                  `json:"seq"`
+	Existing *model.TrajectoryEntry `json:"existing,omitempty"`
 }
 
 // NodeSteps applies writes to the trajectories of node's sandboxes (the caller checks they are
@@ -1201,14 +1201,14 @@ func (s *Store) chargeTrajectory(ctx context.Context, tx *Tx, sandbox string, de
 	if err != nil {
 		return err
 	}
-	return addUsageTo(ctx, tx, ids, corral.Usage{DiskBytes: delta})
+	return addUsageTo(ctx, tx, ids, model.Usage{DiskBytes: delta})
 }
 
 // dropOldestOutputs drops the outputs of sandbox's oldest finished steps that still have them,
 // until at least want bytes are freed or a batch is done; it returns the bytes freed.
 func dropOldestOutputs(ctx context.Context, tx *Tx, sandbox string, want int64) (int64, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT seq, doc, bytes FROM trajectory WHERE sandbox_id = ? AND output_dropped = 0 AND state != ?
-		ORDER BY seq LIMIT 64`, sandbox, corral.StepRunning)
+		ORDER BY seq LIMIT 64`, sandbox, model.StepRunning)
 	if err != nil {
 		return 0, err
 	}
@@ -1234,7 +1234,7 @@ func dropOldestOutputs(ctx context.Context, tx *Tx, sandbox string, want int64) 
 		if freed >= want {
 			break
 		}
-		var e corral.TrajectoryEntry
+		var e model.TrajectoryEntry
 		if err := json.Unmarshal([]byte(st.doc), &e); err != nil {
 			return freed, fmt.Errorf("decode step %d: %w", st.seq, err)
 		}
@@ -1257,7 +1257,7 @@ func dropOldestOutputs(ctx context.Context, tx *Tx, sandbox string, want int64) 
 
 // ListSteps returns up to limit steps of sandbox's trajectory with seq > after, in order. A
 // non-empty state keeps only steps in that state.
-func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]corral.TrajectoryEntry, error) {
+func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limit int, state string) ([]model.TrajectoryEntry, error) {
 	q := `SELECT doc, exclusive FROM trajectory WHERE sandbox_id = ? AND seq > ?`
 	args := []any{sandbox, after}
 	if state != "" {
@@ -1271,14 +1271,14 @@ func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limi
 		return nil, fmt.Errorf("read trajectory of %s: %w", sandbox, err)
 	}
 	defer rows.Close()
-	var out []corral.TrajectoryEntry
+	var out []model.TrajectoryEntry
 	for rows.Next() {
 		var doc string
 		var exclusive bool
 		if err := rows.Scan(&doc, &exclusive); err != nil {
 			return nil, fmt.Errorf("read trajectory of %s: %w", sandbox, err)
 		}
-		var e corral.TrajectoryEntry
+		var e model.TrajectoryEntry
 		if err := json.Unmarshal([]byte(doc), &e); err != nil {
 			return nil, fmt.Errorf("read trajectory of %s: decode: %w", sandbox, err)
 		}
@@ -1291,7 +1291,7 @@ func (s *Store) ListSteps(ctx context.Context, sandbox string, after int64, limi
 // PublishLayer records l under l.Name:l.Version. Publishing the same digest again is a no-op that
 // returns the existing record and created=false; another digest under a taken name:version is an
 // ErrConflict error, because a published version is immutable.
-func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.Layer, created bool, err error) {
+func (s *Store) PublishLayer(ctx context.Context, l model.Layer) (got model.Layer, created bool, err error) {
 	err = s.tx(ctx, func(tx *Tx) error {
 		path, err := iam.ParsePath("project", l.Project)
 		if err != nil {
@@ -1352,13 +1352,13 @@ func (s *Store) PublishLayer(ctx context.Context, l corral.Layer) (got corral.La
 		err = errdefs.Conflict("layer %s:%s was published at the same moment by another request; look it up or try again", l.Name, l.Version)
 	}
 	if err != nil {
-		return corral.Layer{}, false, fmt.Errorf("publish layer %s:%s: %w", l.Name, l.Version, err)
+		return model.Layer{}, false, fmt.Errorf("publish layer %s:%s: %w", l.Name, l.Version, err)
 	}
 	return got, created, nil
 }
 
 // GetLayer returns the layer published as name:version, or an ErrNotFound error.
-func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Layer, error) {
+func (s *Store) GetLayer(ctx context.Context, name, version string) (model.Layer, error) {
 	var doc, path string
 	var private, public bool
 	err := s.rdb.QueryRowContext(ctx, `SELECT l.doc, COALESCE(p.path, ''), l.private, l.public FROM layers l LEFT JOIN projects p ON p.id = l.project_id
@@ -1370,25 +1370,25 @@ func (s *Store) GetLayer(ctx context.Context, name, version string) (corral.Laye
 			WHERE t.name = ? AND t.tag = ?`, name, version).Scan(&doc, &path, &private, &public)
 	}
 	if errors.Is(err, sql.ErrNoRows) {
-		return corral.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
+		return model.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
 	}
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("get layer %s:%s: %w", name, version, err)
+		return model.Layer{}, fmt.Errorf("get layer %s:%s: %w", name, version, err)
 	}
-	var l corral.Layer
+	var l model.Layer
 	if err := json.Unmarshal([]byte(doc), &l); err != nil {
-		return corral.Layer{}, fmt.Errorf("decode layer %s:%s: %w", name, version, err)
+		return model.Layer{}, fmt.Errorf("decode layer %s:%s: %w", name, version, err)
 	}
 	l.Project, l.Private, l.Public = iam.Display(path), private, public
 	if l.Tags, err = s.layerTags(ctx, l.Name, l.Version); err != nil {
-		return corral.Layer{}, err
+		return model.Layer{}, err
 	}
 	return l, nil
 }
 
 // SetLayerFillRate sets the background fill rate of the published version name:version (a
 // setting kept in its record; the content stays immutable) and returns the layer.
-func (s *Store) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (corral.Layer, error) {
+func (s *Store) SetLayerFillRate(ctx context.Context, name, version string, rate int64) (model.Layer, error) {
 	err := s.tx(ctx, func(tx *Tx) error {
 		var doc string
 		err := tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&doc)
@@ -1398,7 +1398,7 @@ func (s *Store) SetLayerFillRate(ctx context.Context, name, version string, rate
 		if err != nil {
 			return err
 		}
-		var l corral.Layer
+		var l model.Layer
 		if err := json.Unmarshal([]byte(doc), &l); err != nil {
 			return err
 		}
@@ -1411,24 +1411,24 @@ func (s *Store) SetLayerFillRate(ctx context.Context, name, version string, rate
 		return err
 	})
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("set fill rate of layer %s:%s: %w", name, version, err)
+		return model.Layer{}, fmt.Errorf("set fill rate of layer %s:%s: %w", name, version, err)
 	}
 	return s.GetLayer(ctx, name, version)
 }
 
 // SetLayerPublic shows the published version name:version to every project (public) or takes
 // it back to its default visibility, and returns the layer. Making a layer public clears private.
-func (s *Store) SetLayerPublic(ctx context.Context, name, version string, public bool) (corral.Layer, error) {
+func (s *Store) SetLayerPublic(ctx context.Context, name, version string, public bool) (model.Layer, error) {
 	q := `UPDATE layers SET public = 0 WHERE name = ? AND version = ?`
 	if public {
 		q = `UPDATE layers SET public = 1, private = 0 WHERE name = ? AND version = ?`
 	}
 	res, err := s.db.ExecContext(ctx, q, name, version)
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("set visibility of layer %s:%s: %w", name, version, err)
+		return model.Layer{}, fmt.Errorf("set visibility of layer %s:%s: %w", name, version, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return corral.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
+		return model.Layer{}, errdefs.NotFound("layer %s:%s", name, version)
 	}
 	return s.GetLayer(ctx, name, version)
 }
@@ -1453,7 +1453,7 @@ func (s *Store) layerTags(ctx context.Context, name, version string) ([]string, 
 
 // TagLayer points name:tag at the published version name:version (moving it if it pointed
 // elsewhere). A tag may not shadow a published version.
-func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (corral.Layer, error) {
+func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (model.Layer, error) {
 	err := s.tx(ctx, func(tx *Tx) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM layers WHERE name = ? AND version = ?`, name, tag).Scan(&n); err != nil {
@@ -1474,7 +1474,7 @@ func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (corral
 		return err
 	})
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("tag %s:%s: %w", name, tag, err)
+		return model.Layer{}, fmt.Errorf("tag %s:%s: %w", name, tag, err)
 	}
 	return s.GetLayer(ctx, name, version)
 }
@@ -1482,18 +1482,18 @@ func (s *Store) TagLayer(ctx context.Context, name, tag, version string) (corral
 // PutEnvironment saves env under its name. Saving the same composition again is a no-op that
 // returns the existing record; another composition under a taken name is ErrConflict (delete it
 // first).
-func (s *Store) PutEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+func (s *Store) PutEnvironment(ctx context.Context, env model.Environment) (model.Environment, error) {
 	return s.putEnvironment(ctx, env, false)
 }
 
 // ReplaceEnvironment is PutEnvironment that replaces the composition of an environment of the
 // same project (a rebuilt environment); sandboxes made from the old one keep what they got.
-func (s *Store) ReplaceEnvironment(ctx context.Context, env corral.Environment) (corral.Environment, error) {
+func (s *Store) ReplaceEnvironment(ctx context.Context, env model.Environment) (model.Environment, error) {
 	return s.putEnvironment(ctx, env, true)
 }
 
-func (s *Store) putEnvironment(ctx context.Context, env corral.Environment, replace bool) (corral.Environment, error) {
-	var got corral.Environment
+func (s *Store) putEnvironment(ctx context.Context, env model.Environment, replace bool) (model.Environment, error) {
+	var got model.Environment
 	err := s.tx(ctx, func(tx *Tx) error {
 		path, err := iam.ParsePath("project", env.Project)
 		if err != nil {
@@ -1552,13 +1552,13 @@ func (s *Store) putEnvironment(ctx context.Context, env corral.Environment, repl
 		return err
 	})
 	if err != nil {
-		return corral.Environment{}, fmt.Errorf("save environment %s: %w", env.Name, err)
+		return model.Environment{}, fmt.Errorf("save environment %s: %w", env.Name, err)
 	}
 	return got, nil
 }
 
 // putEnvironmentWarm writes env's document and pool size.
-func putEnvironmentWarm(ctx context.Context, tx *Tx, env corral.Environment) error {
+func putEnvironmentWarm(ctx context.Context, tx *Tx, env model.Environment) error {
 	b, err := json.Marshal(env)
 	if err != nil {
 		return err
@@ -1569,8 +1569,8 @@ func putEnvironmentWarm(ctx context.Context, tx *Tx, env corral.Environment) err
 
 // SetEnvironmentWarm changes the pool size of the environment saved as name and returns it
 // (ErrNotFound when there is none).
-func (s *Store) SetEnvironmentWarm(ctx context.Context, name string, warm int) (corral.Environment, error) {
-	var env corral.Environment
+func (s *Store) SetEnvironmentWarm(ctx context.Context, name string, warm int) (model.Environment, error) {
+	var env model.Environment
 	err := s.tx(ctx, func(tx *Tx) error {
 		var doc, path string
 		err := tx.QueryRowContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
@@ -1589,13 +1589,13 @@ func (s *Store) SetEnvironmentWarm(ctx context.Context, name string, warm int) (
 		return putEnvironmentWarm(ctx, tx, env)
 	})
 	if err != nil {
-		return corral.Environment{}, fmt.Errorf("set the warm pool of environment %s: %w", name, err)
+		return model.Environment{}, fmt.Errorf("set the warm pool of environment %s: %w", name, err)
 	}
 	return env, nil
 }
 
 // WarmEnvironments returns the environments with a warm pool (Warm > 0), by name.
-func (s *Store) WarmEnvironments(ctx context.Context) ([]corral.Environment, error) {
+func (s *Store) WarmEnvironments(ctx context.Context) ([]model.Environment, error) {
 	rows, err := s.rdb.QueryContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
 		WHERE e.warm > 0 ORDER BY e.name`)
 	if err != nil {
@@ -1605,24 +1605,24 @@ func (s *Store) WarmEnvironments(ctx context.Context) ([]corral.Environment, err
 }
 
 // GetEnvironment returns the environment saved as name, or an ErrNotFound error.
-func (s *Store) GetEnvironment(ctx context.Context, name string) (corral.Environment, error) {
+func (s *Store) GetEnvironment(ctx context.Context, name string) (model.Environment, error) {
 	var doc, path string
 	err := s.rdb.QueryRowContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id
 		WHERE e.name = ?`, name).Scan(&doc, &path)
 	if errors.Is(err, sql.ErrNoRows) {
-		return corral.Environment{}, errdefs.NotFound("environment %s", name)
+		return model.Environment{}, errdefs.NotFound("environment %s", name)
 	}
 	if err != nil {
-		return corral.Environment{}, fmt.Errorf("get environment %s: %w", name, err)
+		return model.Environment{}, fmt.Errorf("get environment %s: %w", name, err)
 	}
-	var env corral.Environment
+	var env model.Environment
 	err = json.Unmarshal([]byte(doc), &env)
 	env.Project = iam.Display(path)
 	return env, err
 }
 
 // ListEnvironments returns the saved environments by name.
-func (s *Store) ListEnvironments(ctx context.Context) ([]corral.Environment, error) {
+func (s *Store) ListEnvironments(ctx context.Context) ([]model.Environment, error) {
 	rows, err := s.rdb.QueryContext(ctx, `SELECT e.doc, COALESCE(p.path, '') FROM environments e LEFT JOIN projects p ON p.id = e.project_id ORDER BY e.name`)
 	if err != nil {
 		return nil, fmt.Errorf("list environments: %w", err)
@@ -1631,15 +1631,15 @@ func (s *Store) ListEnvironments(ctx context.Context) ([]corral.Environment, err
 }
 
 // scanEnvironments reads rows of (doc, project path) into environments, and closes rows.
-func scanEnvironments(rows *sql.Rows) ([]corral.Environment, error) {
+func scanEnvironments(rows *sql.Rows) ([]model.Environment, error) {
 	defer rows.Close()
-	out := []corral.Environment{}
+	out := []model.Environment{}
 	for rows.Next() {
 		var doc, path string
 		if err := rows.Scan(&doc, &path); err != nil {
 			return nil, err
 		}
-		var env corral.Environment
+		var env model.Environment
 		if err := json.Unmarshal([]byte(doc), &env); err != nil {
 			return nil, err
 		}
@@ -1689,7 +1689,7 @@ func (s *Store) Instance(ctx context.Context, node string) (string, error) {
 
 // PutFncallEnv saves an fncall environment under its name; a taken name is ErrConflict (delete it
 // first: its pool would otherwise serve calls with the old definition).
-func (s *Store) PutFncallEnv(ctx context.Context, env corral.FncallEnv) error {
+func (s *Store) PutFncallEnv(ctx context.Context, env model.FncallEnv) error {
 	env.Pool = nil
 	path, err := iam.ParsePath("project", env.Project)
 	if err != nil {
@@ -1714,7 +1714,7 @@ func (s *Store) PutFncallEnv(ctx context.Context, env corral.FncallEnv) error {
 // FncallEnvRecord is a saved fncall environment and the ID of its project (whose quota its pool
 // containers are charged to).
 type FncallEnvRecord struct {
-	corral.FncallEnv
+	model.FncallEnv
 	ProjectID string `json:"project_id"`
 }
 
@@ -1754,7 +1754,7 @@ func (s *Store) DeleteFncallEnv(ctx context.Context, name string) error {
 }
 
 // ListLayers returns published layers (of one name when name is set), by name then creation time.
-func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, error) {
+func (s *Store) ListLayers(ctx context.Context, name string) ([]model.Layer, error) {
 	q, args := `SELECT l.doc, COALESCE(p.path, ''), l.private, l.public FROM layers l LEFT JOIN projects p ON p.id = l.project_id`, []any{}
 	if name != "" {
 		q += ` WHERE l.name = ?`
@@ -1766,14 +1766,14 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 		return nil, fmt.Errorf("list layers: %w", err)
 	}
 	defer rows.Close()
-	var out []corral.Layer
+	var out []model.Layer
 	for rows.Next() {
 		var doc, path string
 		var private, public bool
 		if err := rows.Scan(&doc, &path, &private, &public); err != nil {
 			return nil, fmt.Errorf("list layers: %w", err)
 		}
-		var l corral.Layer
+		var l model.Layer
 		if err := json.Unmarshal([]byte(doc), &l); err != nil {
 			return nil, fmt.Errorf("list layers: decode: %w", err)
 		}
@@ -1796,8 +1796,8 @@ func (s *Store) ListLayers(ctx context.Context, name string) ([]corral.Layer, er
 // the reference) while a tag points at it, a saved environment names it (directly or through a
 // tag), or a snapshot layer stacks on it. The layer's tree is the caller's to remove when no
 // other version has the same digest and no sandbox uses it (DigestsInUse).
-func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.Layer, error) {
-	var l corral.Layer
+func (s *Store) DeleteLayer(ctx context.Context, name, version string) (model.Layer, error) {
+	var l model.Layer
 	err := s.tx(ctx, func(tx *Tx) error {
 		var doc string
 		err := tx.QueryRowContext(ctx, `SELECT doc FROM layers WHERE name = ? AND version = ?`, name, version).Scan(&doc)
@@ -1832,7 +1832,7 @@ func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.L
 		for envs.Next() {
 			var d string
 			envs.Scan(&d)
-			var env corral.Environment
+			var env model.Environment
 			if json.Unmarshal([]byte(d), &env) == nil {
 				for _, r := range append([]string{env.Base, env.Workspace}, env.Toolkits...) {
 					if refs[r] {
@@ -1850,7 +1850,7 @@ func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.L
 		for fenvs.Next() {
 			var d string
 			fenvs.Scan(&d)
-			var env corral.FncallEnv
+			var env model.FncallEnv
 			if json.Unmarshal([]byte(d), &env) == nil {
 				for _, r := range append([]string{env.Base, env.Workspace}, env.Toolkits...) {
 					if refs[r] {
@@ -1868,13 +1868,13 @@ func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.L
 		for stacked.Next() {
 			var d string
 			stacked.Scan(&d)
-			var top corral.Layer
+			var top model.Layer
 			if json.Unmarshal([]byte(d), &top) == nil && slices.ContainsFunc(top.Below, func(r string) bool { return refs[r] }) {
 				return errdefs.Conflict("layer %s:%s is a part below %s:%s: delete that first", name, version, top.Name, top.Version)
 			}
 		}
 		stacked.Close()
-		snaps, err := tx.QueryContext(ctx, `SELECT doc FROM layers WHERE kind = ?`, corral.KindSnapshot)
+		snaps, err := tx.QueryContext(ctx, `SELECT doc FROM layers WHERE kind = ?`, model.KindSnapshot)
 		if err != nil {
 			return err
 		}
@@ -1882,7 +1882,7 @@ func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.L
 		for snaps.Next() {
 			var d string
 			snaps.Scan(&d)
-			var sl corral.Layer
+			var sl model.Layer
 			if json.Unmarshal([]byte(d), &sl) == nil && sl.Snapshot != nil {
 				for _, r := range append(append([]string{sl.Snapshot.Base, sl.Snapshot.Workspace}, sl.Snapshot.Toolkits...), sl.Snapshot.Parents...) {
 					if refs[r] {
@@ -1896,7 +1896,7 @@ func (s *Store) DeleteLayer(ctx context.Context, name, version string) (corral.L
 		return err
 	})
 	if err != nil {
-		return corral.Layer{}, fmt.Errorf("delete layer %s:%s: %w", name, version, err)
+		return model.Layer{}, fmt.Errorf("delete layer %s:%s: %w", name, version, err)
 	}
 	return l, nil
 }

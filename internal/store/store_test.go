@@ -12,8 +12,8 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store/pgtest"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 func TestMain(m *testing.M) {
@@ -53,8 +53,8 @@ func TestSandboxRoundTripAndFilters(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
 		now := time.Now().UTC().Truncate(time.Millisecond)
-		for i, st := range []string{corral.StateRunning, corral.StateStopped, corral.StateRunning} {
-			sb := &Sandbox{Sandbox: corral.Sandbox{
+		for i, st := range []string{model.StateRunning, model.StateStopped, model.StateRunning} {
+			sb := &Sandbox{Sandbox: model.Sandbox{
 				ID: "sb-n1-" + string(rune('a'+i)), Node: "n1", State: st,
 				Labels:    map[string]string{"team": []string{"x", "y", "x"}[i]},
 				CreatedAt: now.Add(time.Duration(i) * time.Second), ExpiresAt: now.Add(time.Hour),
@@ -64,7 +64,7 @@ func TestSandboxRoundTripAndFilters(t *testing.T) {
 			}
 		}
 		got, err := s.GetSandbox(ctx, "sb-n1-b")
-		if err != nil || got.State != corral.StateStopped || len(got.Lower) != 1 {
+		if err != nil || got.State != model.StateStopped || len(got.Lower) != 1 {
 			t.Fatalf("GetSandbox = %+v, %v", got, err)
 		}
 		if _, err := s.GetSandbox(ctx, "sb-n1-z"); !errors.Is(err, errdefs.ErrNotFound) {
@@ -75,9 +75,9 @@ func TestSandboxRoundTripAndFilters(t *testing.T) {
 			want []string
 		}{
 			{SandboxFilter{}, []string{"sb-n1-a", "sb-n1-b", "sb-n1-c"}},
-			{SandboxFilter{States: []string{corral.StateRunning}}, []string{"sb-n1-a", "sb-n1-c"}},
+			{SandboxFilter{States: []string{model.StateRunning}}, []string{"sb-n1-a", "sb-n1-c"}},
 			{SandboxFilter{Labels: map[string]string{"team": "x"}}, []string{"sb-n1-a", "sb-n1-c"}},
-			{SandboxFilter{States: []string{corral.StateStopped}, Labels: map[string]string{"team": "x"}}, nil},
+			{SandboxFilter{States: []string{model.StateStopped}, Labels: map[string]string{"team": "x"}}, nil},
 			{SandboxFilter{Node: "n2"}, nil},
 		}
 		for _, tt := range tests {
@@ -106,7 +106,7 @@ func TestPublishLayerIsImmutable(t *testing.T) {
 	drivers(t, func(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
-		l := corral.Layer{Name: "busybox", Version: "1", Kind: corral.KindBase, Digest: "sha256:aa", CreatedAt: time.Now()}
+		l := model.Layer{Name: "busybox", Version: "1", Kind: model.KindBase, Digest: "sha256:aa", CreatedAt: time.Now()}
 		if _, created, err := s.PublishLayer(ctx, l); err != nil || !created {
 			t.Fatalf("first publish: created=%v err=%v", created, err)
 		}
@@ -126,8 +126,8 @@ func TestPublishLayerIsImmutable(t *testing.T) {
 			t.Fatalf("digests in use: %v, %v; want the published one alone, not the rejected one", inUse, err)
 		}
 		// A live sandbox's rootfs keeps a blob no version names; an ended one's does not.
-		for i, state := range []string{corral.StateRunning, corral.StateStopped} {
-			rec := &Sandbox{Sandbox: corral.Sandbox{ID: fmt.Sprintf("sb-test-%016d", 900+i), Node: "test", State: state}, Lower: []string{"sha256:cc" + state}}
+		for i, state := range []string{model.StateRunning, model.StateStopped} {
+			rec := &Sandbox{Sandbox: model.Sandbox{ID: fmt.Sprintf("sb-test-%016d", 900+i), Node: "test", State: state}, Lower: []string{"sha256:cc" + state}}
 			if err := s.PutSandbox(ctx, rec); err != nil {
 				t.Fatal(err)
 			}
@@ -151,9 +151,9 @@ func TestStackedLayers(t *testing.T) {
 	drivers(t, func(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
-		part := corral.Layer{Name: "app.part1", Version: "1", Kind: corral.KindBase, Digest: "sha256:aa", CreatedAt: time.Now()}
-		top := corral.Layer{Name: "app", Version: "1", Kind: corral.KindBase, Digest: "sha256:bb", CreatedAt: time.Now(), Below: []string{"app.part1:1"}}
-		for _, l := range []corral.Layer{part, top} {
+		part := model.Layer{Name: "app.part1", Version: "1", Kind: model.KindBase, Digest: "sha256:aa", CreatedAt: time.Now()}
+		top := model.Layer{Name: "app", Version: "1", Kind: model.KindBase, Digest: "sha256:bb", CreatedAt: time.Now(), Below: []string{"app.part1:1"}}
+		for _, l := range []model.Layer{part, top} {
 			if _, _, err := s.PublishLayer(ctx, l); err != nil {
 				t.Fatal(err)
 			}
@@ -203,7 +203,7 @@ func TestTrajectory(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
 		for i, step := range []string{"", "a", ""} {
-			e := &corral.TrajectoryEntry{StepID: step, Kind: "exec", State: corral.StepRunning, Request: map[string]any{"argv": []string{"x"}}, Exclusive: step == "a"}
+			e := &model.TrajectoryEntry{StepID: step, Kind: "exec", State: model.StepRunning, Request: map[string]any{"argv": []string{"x"}}, Exclusive: step == "a"}
 			if ex, err := s.BeginStep(ctx, "sb-1", e); err != nil || ex != nil {
 				t.Fatalf("BeginStep %d: existing %v, err %v", i, ex, err)
 			}
@@ -211,7 +211,7 @@ func TestTrajectory(t *testing.T) {
 				t.Fatalf("step %d got seq %d", i, e.Seq)
 			}
 		}
-		e := &corral.TrajectoryEntry{StepID: "a", Kind: "exec", State: corral.StepRunning}
+		e := &model.TrajectoryEntry{StepID: "a", Kind: "exec", State: model.StepRunning}
 		ex, err := s.BeginStep(ctx, "sb-1", e)
 		if err != nil || ex == nil || ex.Seq != 2 {
 			t.Fatalf("reused step id: existing %+v, err %v; want step 2", ex, err)
@@ -220,7 +220,7 @@ func TestTrajectory(t *testing.T) {
 			t.Errorf("existing step %+v lost its exclusive mark", ex)
 		}
 		// The mark is set once, when the step is appended: an update cannot clear it.
-		ex.State, ex.Exit, ex.Exclusive = corral.StepDone, &corral.Exit{Code: 3}, false
+		ex.State, ex.Exit, ex.Exclusive = model.StepDone, &model.Exit{Code: 3}, false
 		if err := s.UpdateStep(ctx, "sb-1", ex); err != nil {
 			t.Fatal(err)
 		}
@@ -231,11 +231,11 @@ func TestTrajectory(t *testing.T) {
 		if !steps[0].Exclusive || steps[1].Exclusive {
 			t.Errorf("exclusive marks %v, %v; want true, false", steps[0].Exclusive, steps[1].Exclusive)
 		}
-		if running, _ := s.ListSteps(ctx, "sb-1", 0, 10, corral.StepRunning); len(running) != 2 {
+		if running, _ := s.ListSteps(ctx, "sb-1", 0, 10, model.StepRunning); len(running) != 2 {
 			t.Fatalf("running steps = %d, want 2", len(running))
 		}
 		// Sequences are per sandbox.
-		other := &corral.TrajectoryEntry{Kind: "exec", State: corral.StepRunning}
+		other := &model.TrajectoryEntry{Kind: "exec", State: model.StepRunning}
 		s.BeginStep(ctx, "sb-2", other)
 		if other.Seq != 1 {
 			t.Fatalf("first step of another sandbox has seq %d", other.Seq)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // TestTrajectoryBound: past its bound a sandbox's trajectory drops the outputs of its oldest
@@ -32,14 +32,14 @@ func TestTrajectoryBound(t *testing.T) {
 			return q.Usage.DiskBytes
 		}
 		out := strings.Repeat("x", 10<<10)
-		running := &corral.TrajectoryEntry{StepID: "long", Kind: "exec", State: corral.StepRunning,
-			Output: []corral.Event{{Type: "stdout", Data: []byte(out)}}}
+		running := &model.TrajectoryEntry{StepID: "long", Kind: "exec", State: model.StepRunning,
+			Output: []model.Event{{Type: "stdout", Data: []byte(out)}}}
 		if _, err := s.BeginStep(ctx, sb.ID, running); err != nil {
 			t.Fatal(err)
 		}
 		for i := range 20 {
-			e := &corral.TrajectoryEntry{StepID: "s" + string(rune('a'+i)), Kind: "exec", State: corral.StepDone,
-				Output: []corral.Event{{Type: "stdout", Data: []byte(out)}}, Exit: &corral.Exit{Code: i}}
+			e := &model.TrajectoryEntry{StepID: "s" + string(rune('a'+i)), Kind: "exec", State: model.StepDone,
+				Output: []model.Event{{Type: "stdout", Data: []byte(out)}}, Exit: &model.Exit{Code: i}}
 			if _, err := s.BeginStep(ctx, sb.ID, e); err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +56,7 @@ func TestTrajectoryBound(t *testing.T) {
 				if len(st.Output) != 0 || st.Exit == nil || st.StepID == "" {
 					t.Errorf("dropped step %d: %+v; want no output, its exit and step ID kept", st.Seq, st)
 				}
-				if i > 0 && !steps[i-1].OutputDropped && steps[i-1].State != corral.StepRunning {
+				if i > 0 && !steps[i-1].OutputDropped && steps[i-1].State != model.StepRunning {
 					t.Errorf("step %d dropped before the older step %d", st.Seq, steps[i-1].Seq)
 				}
 			}
@@ -73,7 +73,7 @@ func TestTrajectoryBound(t *testing.T) {
 		if got := diskUsage(); got <= 1<<20 || got > 1<<20+64<<10+4<<10 {
 			t.Errorf("project disk usage = %d; want the disk limit plus the stored trajectory", got)
 		}
-		sb.State = corral.StateStopped
+		sb.State = model.StateStopped
 		if err := s.PutSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}

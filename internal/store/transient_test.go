@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/corral-dev/corral/internal/errdefs"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store/pgtest"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 func TestTransientClassification(t *testing.T) {
@@ -74,7 +74,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	defer s.Close()
 	now := time.Now().UTC()
 	put := func(id string) error {
-		return s.PutSandbox(ctx, &Sandbox{Sandbox: corral.Sandbox{ID: id, Node: "n1", State: corral.StateStopped,
+		return s.PutSandbox(ctx, &Sandbox{Sandbox: model.Sandbox{ID: id, Node: "n1", State: model.StateStopped,
 			CreatedAt: now, ExpiresAt: now.Add(time.Hour)}, Lower: []string{"sha256:00"}})
 	}
 	if err := put("sb-n1-first"); err != nil {

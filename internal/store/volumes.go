@@ -13,7 +13,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
 	"github.com/corral-dev/corral/internal/lazyregexp"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 // Volumes. A volume row is made in state creating (its size charged to its project's disk
@@ -32,7 +32,7 @@ const (
 
 // VolumeRecord is a volume's durable record.
 type VolumeRecord struct {
-	corral.Volume
+	model.Volume
 	ID        string
 	ProjectID string
 	State     string
@@ -80,7 +80,7 @@ func (s *Store) CreateVolume(ctx context.Context, v *VolumeRecord) error {
 		if n > 0 {
 			return errdefs.Conflict("volume %s already exists in project %s", v.Name, v.Project)
 		}
-		if _, err := checkQuotas(ctx, tx, v.ProjectID, corral.Usage{DiskBytes: v.SizeBytes}, time.Now()); err != nil {
+		if _, err := checkQuotas(ctx, tx, v.ProjectID, model.Usage{DiskBytes: v.SizeBytes}, time.Now()); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO volumes (id, project_id, name, size_bytes, node, state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
@@ -108,7 +108,7 @@ func chargeVolume(ctx context.Context, q querier, projectID string, size int64) 
 	if err != nil {
 		return err
 	}
-	return addUsageTo(ctx, q, ids, corral.Usage{DiskBytes: size})
+	return addUsageTo(ctx, q, ids, model.Usage{DiskBytes: size})
 }
 
 // SetVolumeState sets the state of the volume with this ID.
@@ -181,7 +181,7 @@ func (s *Store) fillAttachments(ctx context.Context, vs []*VolumeRecord) error {
 	defer rows.Close()
 	for rows.Next() {
 		var vid string
-		var a corral.VolumeAttachment
+		var a model.VolumeAttachment
 		var ro int
 		if err := rows.Scan(&vid, &a.Sandbox, &ro); err != nil {
 			return fmt.Errorf("read volume attachments: %w", err)

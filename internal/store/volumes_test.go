@@ -11,12 +11,12 @@ import (
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/iam"
-	corral "github.com/corral-dev/corral/sdk/go"
+	"github.com/corral-dev/corral/internal/model"
 )
 
 func newVolume(p *ProjectRecord, name string, size int64) *VolumeRecord {
 	return &VolumeRecord{
-		Volume: corral.Volume{Name: name, Project: iam.Display(p.Path), SizeBytes: size, Node: "test", CreatedAt: time.Now().UTC()},
+		Volume: model.Volume{Name: name, Project: iam.Display(p.Path), SizeBytes: size, Node: "test", CreatedAt: time.Now().UTC()},
 		ID:     NewVolumeID(), ProjectID: p.ID, State: VolumeReady,
 	}
 }
@@ -24,7 +24,7 @@ func newVolume(p *ProjectRecord, name string, size int64) *VolumeRecord {
 func withVolumes(sb *Sandbox, vols ...any) *Sandbox {
 	for i := 0; i < len(vols); i += 2 {
 		v := vols[i].(*VolumeRecord)
-		sb.Volumes = append(sb.Volumes, corral.VolumeMount{Name: v.Name, Path: "/data", ReadOnly: vols[i+1].(bool)})
+		sb.Volumes = append(sb.Volumes, model.VolumeMount{Name: v.Name, Path: "/data", ReadOnly: vols[i+1].(bool)})
 		sb.VolumeIDs = append(sb.VolumeIDs, v.ID)
 	}
 	return sb
@@ -37,7 +37,7 @@ func TestVolumes(t *testing.T) {
 		ctx := context.Background()
 		s := open(t)
 		p := mustProject(t, s, "p")
-		if _, err := s.SetQuota(ctx, "p", corral.Quota{DiskBytes: ptr[int64](100 << 20)}); err != nil {
+		if _, err := s.SetQuota(ctx, "p", model.Quota{DiskBytes: ptr[int64](100 << 20)}); err != nil {
 			t.Fatal(err)
 		}
 		v := newVolume(p, "data", 40<<20)
@@ -87,14 +87,14 @@ func TestVolumes(t *testing.T) {
 			t.Fatalf("GetVolume = %+v, %v", got, err)
 		}
 		// A paused sandbox keeps it; a stopped one lets it go.
-		w.State = corral.StatePaused
+		w.State = model.StatePaused
 		if err := s.PutSandbox(ctx, w); err != nil {
 			t.Fatal(err)
 		}
 		if got, _ := s.GetVolume(ctx, p.ID, "data"); len(got.AttachedTo) != 1 {
 			t.Fatalf("a paused sandbox lost its attachment: %+v", got)
 		}
-		w.State = corral.StateStopped
+		w.State = model.StateStopped
 		if err := s.PutSandbox(ctx, w); err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +108,7 @@ func TestVolumes(t *testing.T) {
 			t.Fatalf("a writer beside readers: %v, want a conflict", err)
 		}
 		for _, r := range readers {
-			r.State = corral.StateFailed
+			r.State = model.StateFailed
 			if err := s.PutSandbox(ctx, r); err != nil {
 				t.Fatal(err)
 			}
@@ -192,7 +192,7 @@ func TestVolumeVersions(t *testing.T) {
 		if err := s.CommitVolumeVersion(ctx, v.ID, r.ID, "n1", 1, "d1"); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("a reader committed a version: %v, want a conflict", err)
 		}
-		r.State = corral.StateStopped
+		r.State = model.StateStopped
 		if err := s.PutSandbox(ctx, r); err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +215,7 @@ func TestVolumeVersions(t *testing.T) {
 		if nodes, err := s.VolumeCopyNodes(ctx, "p", []string{"data", "other"}); err != nil || len(nodes) != 1 || nodes[0] != "n1" {
 			t.Fatalf("nodes caching the current version: %v, %v; want n1 (n2's copy is old)", nodes, err)
 		}
-		w.State = corral.StateFailed
+		w.State = model.StateFailed
 		if err := s.PutSandbox(ctx, w); err != nil {
 			t.Fatal(err)
 		}

@@ -16,8 +16,8 @@ import (
 	"errors"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/events"
+	"github.com/corral-dev/corral/internal/model"
 	"github.com/corral-dev/corral/internal/store"
-	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 func TestSignVerify(t *testing.T) {
@@ -129,7 +129,7 @@ func setup(t *testing.T, cfg Config) (*store.Store, *events.Bus, *Dispatcher) {
 
 func addHook(t *testing.T, st *store.Store, d *Dispatcher, url string, events ...string) *store.WebhookRecord {
 	t.Helper()
-	h := &store.WebhookRecord{Webhook: corral.Webhook{ID: NewID(), URL: url, Events: events, CreatedAt: time.Now()},
+	h := &store.WebhookRecord{Webhook: model.Webhook{ID: NewID(), URL: url, Events: events, CreatedAt: time.Now()},
 		ProjectPath: "a", SecretKey: NewSecret()}
 	if err := st.CreateWebhook(context.Background(), h); err != nil {
 		t.Fatal(err)
