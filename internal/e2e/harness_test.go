@@ -372,6 +372,7 @@ func (p *corralProc) Stop() {
 func (p *corralProc) cleanup() {
 	select {
 	case <-p.waitDone:
+		p.downLeftovers()
 	default:
 		defer p.checkLazyd()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -409,6 +410,23 @@ func (p *corralProc) cleanup() {
 	more = append(more, ctl...)
 	for _, d := range append(dirs, more...) {
 		os.Remove(d)
+	}
+}
+
+// downLeftovers runs corral down on the data dir of a corral up that is gone (killed by the
+// test, crashed, or a restart that failed) when something of it is still on the host: what it
+// keeps for its next start on purpose (lazyd and its FUSE mount, LXCFS, sandboxes and their
+// mounts) would otherwise stay behind the test.
+func (p *corralProc) downLeftovers() {
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if len(lazydPids(p.DataDir)) == 0 && !strings.Contains(string(mi), " "+p.DataDir+"/") {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(binDir, "corral"), "down", "--data-dir", p.DataDir, "--runc", runcPath()).CombinedOutput()
+	if err != nil {
+		p.t.Errorf("corral down of the data dir the stopped corral up left things in: %v\n%s", err, out)
 	}
 }
 
