@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 24's hot-path figures for one build, on a throwaway `corral up` of its own: exec round
 # trip and create→first exec (corral-bench container; TTI=N samples, default 10), E2B
-# commands.run vs Corral's exec (the pinned e2b SDK), fncall calls/s. Usage: scripts/bench-hotpath.sh [BIN_DIR] (default bin/; corral and
-# corral-agent are taken from there, corral-bench from bin/). Run it for two builds back to back
+# commands.run vs Corral's exec (the pinned e2b SDK), fncall calls/s. Usage:
+# scripts/bench-hotpath.sh [BIN_DIR] (default bin/; corral and corral-agent are taken from there,
+# corral-bench from bin/). Run it for two builds back to back
 # and compare the ratios, which carry their own baselines. JSON goes to bench-out/hotpath-*.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
