@@ -51,6 +51,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/seccompbpf"
 	"github.com/corral-dev/corral/internal/usernsinit"
 	"github.com/corral-dev/corral/internal/vmguest"
 	"github.com/corral-dev/corral/internal/vmlink"
@@ -63,6 +64,13 @@ var version = "dev"
 const binaryFD = 4
 
 func main() {
+	// A runc sandbox's seccomp profile, compiled on the host, comes in the environment: it is
+	// in force on every thread of the agent before anything else runs, or the agent does not
+	// run (internal/seccompbpf).
+	if _, err := seccompbpf.InstallFromEnv(); err != nil {
+		fmt.Fprintf(os.Stderr, "corral-agent: %v\n", err)
+		os.Exit(1)
+	}
 	if os.Getpid() == 1 && len(os.Args) > 0 && os.Args[0] == "/init" {
 		vmguest.Init(guestAgent) // powers the VM off when it fails
 		os.Exit(1)

@@ -123,7 +123,7 @@ func BenchmarkCreateDelete(b *testing.B) {
 // BenchmarkRender is the per-Create cost of the spec: the template with the seccomp profile
 // spliced in as bytes.
 func BenchmarkRender(b *testing.B) {
-	tmpl, err := newTemplate(ptr(-1000), false)
+	tmpl, err := newTemplate(ptr(-1000), false, true)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/lxcfs"
 	"github.com/corral-dev/corral/internal/runtime"
+	"github.com/corral-dev/corral/internal/seccompbpf"
 )
 
 // Spec is runtime.Spec as runc reads it: Create converts the neutral Spec to it, and its
@@ -162,12 +163,18 @@ type template struct {
 	// callsSeccomp is the profile of a sandbox that runs calls: built for callsCaps, with
 	// pivot_root allowed, native architecture only (the calls' own filter knows no other).
 	callsSeccomp json.RawMessage
+	// seccompBPF and callsSeccompBPF are those profiles compiled (internal/seccompbpf, encoded
+	// for seccompbpf.EnvVar), or "" where runc compiles the profile (SeccompInRunc, or one the
+	// compiler does not take). A runc sandbox with a compiled profile gets no "seccomp" in its
+	// config.json: its agent installs the program before anything else.
+	seccompBPF, callsSeccompBPF string
 }
 
 // newTemplate builds the spec template. agentOOMScoreAdj is the agent's oom_score_adj, or nil to
 // leave it inherited (when this process may not lower it). allArches keeps the seccomp profile's
 // compat sub-architectures (x86 and x32 on amd64); otherwise only the native one is allowed.
-func newTemplate(agentOOMScoreAdj *int, allArches bool) (*template, error) {
+// compile compiles the profiles once where internal/seccompbpf takes them.
+func newTemplate(agentOOMScoreAdj *int, allArches, compile bool) (*template, error) {
 	caps := &specs.LinuxCapabilities{
 		Bounding:  defaultCaps,
 		Effective: defaultCaps,
@@ -217,7 +224,33 @@ func newTemplate(agentOOMScoreAdj *int, allArches bool) (*template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &template{spec: s, seccomp: raw, callsSeccomp: callsRaw}, nil
+	t := &template{spec: s, seccomp: raw, callsSeccomp: callsRaw}
+	if compile {
+		if t.seccompBPF, err = compileProfile(raw); err != nil {
+			return nil, err
+		}
+		if t.callsSeccompBPF, err = compileProfile(callsRaw); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// compileProfile compiles an encoded profile for seccompbpf.EnvVar, or returns "" when the
+// compiler does not take it (runc then compiles it, as before).
+func compileProfile(raw json.RawMessage) (string, error) {
+	var sc specs.LinuxSeccomp
+	if err := json.Unmarshal(raw, &sc); err != nil {
+		return "", fmt.Errorf("read the seccomp profile: %w", err)
+	}
+	p, err := seccompbpf.Compile(&sc)
+	if errors.Is(err, seccompbpf.ErrUnsupported) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("compile the seccomp profile: %w", err)
+	}
+	return p.Encode(), nil
 }
 
 // seccompProfile encodes Docker's default profile for s's capabilities, with the syscalls in
@@ -264,15 +297,24 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 	} else {
 		proc.Args = append([]string{agentExecPath}, s.AgentArgs...)
 	}
-	profile := t.seccomp
+	profile, bpf := t.seccomp, t.seccompBPF
 	if s.Calls {
 		if !slices.Contains(s.AgentArgs, "--calls") {
 			proc.Args = append(proc.Args, "--calls")
 		}
 		proc.Capabilities = &specs.LinuxCapabilities{Bounding: callsCaps, Effective: callsCaps, Permitted: callsCaps}
-		profile = t.callsSeccomp
+		profile, bpf = t.callsSeccomp, t.callsSeccompBPF
 	}
 	proc.Env = agentrpc.DefaultEnv(s.Env)
+	if gv != nil {
+		bpf = "" // runsc takes the profile as it is
+	}
+	if bpf != "" {
+		// The agent installs the compiled profile on itself before anything else and drops
+		// the variable; runc gets no profile to compile.
+		proc.Env = append(proc.Env, seccompbpf.EnvVar+"="+bpf)
+		profile = nil
+	}
 	proc.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: s.OpenFiles, Soft: s.OpenFiles}}
 	if ux != nil {
 		// Counted per user of the sandbox's namespace (its owner is the sandbox's own uid).
@@ -354,6 +396,9 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 	b, err := json.Marshal(&spec)
 	if err != nil {
 		return nil, err
+	}
+	if profile == nil {
+		return b, nil
 	}
 	// Splice the pre-encoded profile in as the first field of "linux". The key cannot occur
 	// inside an encoded string (its quotes would be escaped), so the first match is the field.

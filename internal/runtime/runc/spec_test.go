@@ -2,7 +2,6 @@ package runc
 
 import (
 	"encoding/json"
-	"github.com/corral-dev/corral/internal/mountinfo"
 	"runtime"
 	"slices"
 	"strings"
@@ -13,6 +12,8 @@ import (
 	"github.com/corral-dev/corral/internal/agentrpc"
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lxcfs"
+	"github.com/corral-dev/corral/internal/mountinfo"
+	"github.com/corral-dev/corral/internal/seccompbpf"
 )
 
 // These tests need neither root nor runc.
@@ -112,7 +113,7 @@ func TestSpecNormalize(t *testing.T) {
 
 // TestRender checks the bundle's security settings as runc will read them.
 func TestRender(t *testing.T) {
-	tmpl, err := newTemplate(ptr(-1000), false)
+	tmpl, err := newTemplate(ptr(-1000), false, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,7 @@ func nativeArch(t *testing.T) specs.Arch {
 }
 
 func TestSeccompAllArches(t *testing.T) {
-	tmpl, err := newTemplate(nil, true)
+	tmpl, err := newTemplate(nil, true, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,6 +225,89 @@ func TestSeccompAllArches(t *testing.T) {
 	}
 	if runtime.GOARCH == "amd64" && !slices.Equal(sc.Architectures, []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32}) {
 		t.Errorf("architectures = %v, want Docker's three", sc.Architectures)
+	}
+	if runtime.GOARCH == "amd64" && tmpl.seccompBPF != "" {
+		t.Errorf("a profile of three architectures was compiled in process; it is runc's to compile")
+	}
+}
+
+// TestRenderCompiledSeccomp checks where a sandbox's seccomp profile goes: compiled, to the
+// agent's environment and not into config.json (an ordinary sandbox and one that runs calls,
+// each its own profile); as a profile for runc with SeccompInRunc and on gVisor. Never both,
+// never neither.
+func TestRenderCompiledSeccomp(t *testing.T) {
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
+		t.Skip("no compiled profiles on " + runtime.GOARCH)
+	}
+	compiled, err := newTemplate(nil, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inRunc, err := newTemplate(nil, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if compiled.seccompBPF == "" || compiled.callsSeccompBPF == "" || compiled.seccompBPF == compiled.callsSeccompBPF {
+		t.Fatalf("compiled profiles: %d and %d bytes, equal %v", len(compiled.seccompBPF), len(compiled.callsSeccompBPF), compiled.seccompBPF == compiled.callsSeccompBPF)
+	}
+	for _, c := range []struct {
+		name    string
+		tmpl    *template
+		calls   bool
+		gvisor  bool
+		wantBPF string // "" for a profile in config.json
+		profile json.RawMessage
+	}{
+		{"compiled", compiled, false, false, compiled.seccompBPF, nil},
+		{"compiled calls", compiled, true, false, compiled.callsSeccompBPF, nil},
+		{"compiled on gVisor", compiled, false, true, "", compiled.seccomp},
+		{"in runc", inRunc, false, false, "", inRunc.seccomp},
+		{"in runc, calls", inRunc, true, false, "", inRunc.callsSeccomp},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := resolved(Spec{ID: "x", Lower: []string{t.TempDir()}, AgentPath: "/a", AgentArgs: []string{"serve"}, Calls: c.calls, Env: []string{"A=b"}})
+			var gv *gvisorPaths
+			if c.gvisor {
+				s.Runtime = string(EngineGVisor)
+				gv = &gvisorPaths{agentBin: "/a"}
+			}
+			if err := s.normalize(1 << 20); err != nil {
+				t.Fatal(err)
+			}
+			b, err := c.tmpl.render(&s, "/corral/x", gv, nil, nil, Budgets{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var spec specs.Spec
+			if err := json.Unmarshal(b, &spec); err != nil {
+				t.Fatal(err)
+			}
+			var env []string
+			for _, e := range spec.Process.Env {
+				if v, ok := strings.CutPrefix(e, seccompbpf.EnvVar+"="); ok {
+					env = append(env, v)
+				}
+			}
+			if c.wantBPF != "" {
+				if spec.Linux.Seccomp != nil || len(env) != 1 || env[0] != c.wantBPF {
+					t.Fatalf("config.json has a profile (%v) or the agent's environment lacks the program (%d of it)", spec.Linux.Seccomp != nil, len(env))
+				}
+				if !spec.Process.NoNewPrivileges {
+					t.Error("no_new_privs off: the agent could not install its filter unprivileged")
+				}
+				return
+			}
+			if len(env) != 0 || spec.Linux.Seccomp == nil {
+				t.Fatalf("want the profile in config.json and no program: profile %v, program %d", spec.Linux.Seccomp != nil, len(env))
+			}
+			want, _ := json.Marshal(spec.Linux.Seccomp)
+			var w specs.LinuxSeccomp
+			json.Unmarshal(c.profile, &w)
+			wb, _ := json.Marshal(&w)
+			if string(want) != string(wb) {
+				t.Errorf("config.json's profile is not the template's")
+			}
+		})
 	}
 }
 
@@ -246,7 +330,7 @@ func TestUnescapeMountinfo(t *testing.T) {
 // a profile that lets it mount and pivot, and --calls; nothing else changes, and an ordinary
 // sandbox of the same template has none of it.
 func TestRenderCalls(t *testing.T) {
-	tmpl, err := newTemplate(nil, true)
+	tmpl, err := newTemplate(nil, true, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +409,7 @@ func TestRenderCalls(t *testing.T) {
 // TestRenderHostFacts checks the host facts: masked without LXCFS, LXCFS's files bound as
 // read-only slaves with it (and not masked under them), rootfs propagation rslave either way.
 func TestRenderHostFacts(t *testing.T) {
-	tmpl, err := newTemplate(nil, false)
+	tmpl, err := newTemplate(nil, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func TestCheckVolumePath(t *testing.T) {
 // TestRenderVolumes: each volume is a bind entry of its own, after every other entry (nothing
 // mounts over it), read-only ones with ro.
 func TestRenderVolumes(t *testing.T) {
-	tmpl, err := newTemplate(nil, false)
+	tmpl, err := newTemplate(nil, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}

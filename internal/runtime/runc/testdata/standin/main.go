@@ -24,10 +24,15 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/corral-dev/corral/internal/seccompbpf"
 	"github.com/corral-dev/corral/internal/usernsinit"
 )
 
 func main() {
+	// The sandbox's compiled seccomp profile, first thing, as the real agent installs it.
+	if _, err := seccompbpf.InstallFromEnv(); err != nil {
+		fail("seccomp: " + err.Error())
+	}
 	// On the host, around a sandbox in a user namespace, as the real agent does.
 	if len(os.Args) > 1 && (os.Args[1] == usernsinit.HelperCmd || os.Args[1] == usernsinit.RlimitExecCmd) {
 		os.Exit(usernsinit.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
