@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 24's hot-path figures for one build, on a throwaway `corral up` of its own: exec round
-# trip and create→first exec (corral-bench container; TTI=N samples, default 10), E2B
+# trip and create→first exec (corral-bench container; TTI=N samples, default 10; THROUGHPUT=N
+# creates at concurrency 8, default 16), E2B
 # commands.run vs Corral's exec (the pinned e2b SDK), fncall calls/s. Usage:
 # scripts/bench-hotpath.sh [BIN_DIR] (default bin/; corral and corral-agent are taken from there,
 # corral-bench from bin/). Run it for two builds back to back
@@ -13,13 +14,17 @@ mkdir -p bench-out
 work=$(mktemp -d /tmp/crl-hotpath-XXXX)
 port=${BENCH_PORT:-7291}
 export CORRAL_URL=http://127.0.0.1:$port
-# corral up runs in a cgroup of its own, beside its sandboxes' parent, so that fncall can report
-# the CPU time the whole Corral spent per call (cgroup v2, or v1's cpuacct hierarchy).
+# corral up starts in a cgroup of its own, beside its sandboxes' parent, so that fncall can report
+# the CPU time the whole Corral spent per call (cgroup v2, or v1's cpuacct hierarchy); as root on
+# cgroup v2 it moves itself (and lazyd) into its reserved control cgroup, corral-hp-ctl, counted
+# too.
 if [ -f /sys/fs/cgroup/cgroup.controllers ]; then cgroot=/sys/fs/cgroup; else cgroot=/sys/fs/cgroup/cpuacct; fi
 upcg=$cgroot/corral-hp-up
 cleanup() {
   [ -n "${pid:-}" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-  rmdir /sys/fs/cgroup/corral-hp /sys/fs/cgroup/*/corral-hp "$upcg" 2>/dev/null || true
+  # What corral up leaves for its next start on purpose (LXCFS, lazyd and their mounts).
+  "$bindir/corral" down --data-dir "$work/data" >/dev/null 2>&1 || echo "bench-hotpath: corral down of $work/data failed" >&2
+  rmdir /sys/fs/cgroup/corral-hp /sys/fs/cgroup/*/corral-hp /sys/fs/cgroup/corral-hp-ctl /sys/fs/cgroup/*/corral-hp-ctl "$upcg" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -36,7 +41,7 @@ scripts/busybox-rootfs.sh "$work/rootfs"
 "$bindir/corral" layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 out=bench-out/hotpath-$tag
 if [ "${HOTPATH_ONLY:-exec}" = exec ]; then
-  bin/corral-bench container --base base:bench --tti ${TTI:-10} --execs ${EXECS:-500} --throughput 16 --idle 0 -o json >"$out-container.json"
+  bin/corral-bench container --base base:bench --tti ${TTI:-10} --execs ${EXECS:-500} --throughput ${THROUGHPUT:-16} --idle 0 -o json >"$out-container.json"
   jq -c '{exec: .exec_true_round_trip, runc_exec: .exec_baseline_runc_exec_true, ratio: .exec_ratio_p50, tti: .tti_create_to_first_exec, tti_ratio: .tti_ratio_p50}' "$out-container.json"
 fi
 if [ "${HOTPATH_ONLY:-e2b}" = e2b ]; then
@@ -46,7 +51,11 @@ if [ "${HOTPATH_ONLY:-e2b}" = e2b ]; then
   jq -c '{sdk_run: .e2b_sdk.run_true, corral_run: .corral_api.run_true, ratio: .run_true_ratio_p50, corral_login_shell: .corral_api.run_login_shell_true, login_shell_ratio: .run_true_vs_login_shell_ratio_p50, argv: .login_shell_argv}' "$out-e2b.json"
 fi
 if [ "${HOTPATH_ONLY:-fncall}" = fncall ]; then
+  cpucgs="$upcg,$cgroot/corral-hp"
+  # On cgroup v2 corral up moved itself into its control cgroup (v1: the cpu and memory
+  # hierarchies only, so cpuacct still finds it in corral-hp-up).
+  [ -d "$cgroot/corral-hp-ctl" ] && cpucgs="$cpucgs,$cgroot/corral-hp-ctl"
   bin/corral-bench fncall --base base:bench --calls 100 --throughput ${FNCALLS:-1000} \
-    --cpu-cgroups "$upcg,$cgroot/corral-hp" -o json >"$out-fncall.json"
+    --cpu-cgroups "$cpucgs" -o json >"$out-fncall.json"
   jq -c '.' "$out-fncall.json" | head -c 1500; echo
 fi
