@@ -135,7 +135,11 @@ func assemble(calls map[uint32]*call, def, maxNr uint32) (Program, error) {
 	a.place(native)
 	a.stmt(opLoad, offNr)
 	if hasX32 {
-		notX32 := a.label()
+		// Call -1 (a tracer skipping a call) is no x32 call: it takes the filter's way like
+		// any unnamed call, as libseccomp has it.
+		notX32, check := a.label(), a.label()
+		a.jump(opJeq, 0xffffffff, notX32, check)
+		a.place(check)
 		a.jump(opJge, x32Bit, kill, notX32)
 		a.place(notX32)
 	}

@@ -13,7 +13,7 @@
 // runc's with libseccomp:
 //   - A call whose architecture is not the native one, or (amd64) an x32 call, kills the
 //     process (runc kills the thread; a process of threads of which one was killed for a
-//     forbidden ABI is of no use).
+//     forbidden ABI is of no use). Call -1, which a tracer sets to skip a call, is no x32 call.
 //   - A call no rule names gets the default action, except calls numbered above every call the
 //     profile names: they get ENOSYS, as runc's patched filter answers them, so that a C
 //     library falls back from a call newer than the profile.
