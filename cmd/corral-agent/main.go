@@ -67,7 +67,7 @@ func main() {
 	// A runc sandbox's seccomp profile, compiled on the host, comes in the environment: it is
 	// in force on every thread of the agent before anything else runs, or the agent does not
 	// run (internal/seccompbpf).
-	if _, err := seccompbpf.InstallFromEnv(); err != nil {
+	if err := seccompbpf.InstallFromEnv(); err != nil {
 		fmt.Fprintf(os.Stderr, "corral-agent: %v\n", err)
 		os.Exit(1)
 	}

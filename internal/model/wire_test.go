@@ -8,11 +8,13 @@ import (
 	"go/parser"
 	"go/token"
 	"go/types"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/corral-dev/corral/internal/model"
+	corral "github.com/corral-dev/corral/sdk/go"
 )
 
 // check type-checks the Go package in dir (its files without tests) from source.
@@ -87,44 +89,23 @@ func TestWireShape(t *testing.T) {
 	}
 }
 
-// TestVarsMatch checks the values of this package's variables against the SDK's (EventTypes).
+// TestVarsMatch checks the values of this package's variables against the SDK's; TestWireShape
+// has checked their types, and vars lists every exported variable here, so a new one is added to it.
 func TestVarsMatch(t *testing.T) {
-	src, err := os.ReadFile("observe.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	theirs, err := os.ReadFile(filepath.Join("..", "..", "sdk", "go", "observe.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := varText(t, src, "EventTypes"), varText(t, theirs, "EventTypes")
-	if a == "" || a != b {
-		t.Errorf("EventTypes differ:\nhere %s\nSDK  %s", a, b)
-	}
-}
-
-// varText is the source of the top-level variable name's value in src.
-func varText(t *testing.T, src []byte, name string) string {
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "", src, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range f.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.VAR {
-			continue
-		}
-		for _, s := range gd.Specs {
-			vs := s.(*ast.ValueSpec)
-			for i, n := range vs.Names {
-				if n.Name == name && i < len(vs.Values) {
-					return strings.Join(strings.Fields(string(src[fset.Position(vs.Values[i].Pos()).Offset:fset.Position(vs.Values[i].End()).Offset])), " ")
-				}
+	vars := map[string][2]any{"EventTypes": {model.EventTypes, corral.EventTypes}}
+	ours := check(t, ".")
+	for _, name := range ours.Scope().Names() {
+		if v, ok := ours.Scope().Lookup(name).(*types.Var); ok && v.Exported() {
+			if _, listed := vars[name]; !listed {
+				t.Errorf("variable %s is not in TestVarsMatch's list: add it, with the SDK's", name)
 			}
 		}
 	}
-	return ""
+	for name, pair := range vars {
+		if !reflect.DeepEqual(pair[0], pair[1]) {
+			t.Errorf("%s differs:\nhere %v\nSDK  %v", name, pair[0], pair[1])
+		}
+	}
 }
 
 type comparer struct {

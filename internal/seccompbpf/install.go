@@ -34,20 +34,17 @@ func (p Program) Install() error {
 	return nil
 }
 
-// InstallFromEnv installs the program in EnvVar, if it is set, and unsets it. It reports
-// whether it installed one; an error means the variable was set and its program is not in force.
-func InstallFromEnv() (bool, error) {
+// InstallFromEnv installs the program in EnvVar, if it is set, and unsets it. An error means the
+// variable was set and its program is not in force.
+func InstallFromEnv() error {
 	s, ok := os.LookupEnv(EnvVar)
 	if !ok {
-		return false, nil
+		return nil
 	}
 	os.Unsetenv(EnvVar)
 	p, err := Decode(s)
 	if err != nil {
-		return false, err
+		return err
 	}
-	if err := p.Install(); err != nil {
-		return false, err
-	}
-	return true, nil
+	return p.Install()
 }

@@ -212,53 +212,28 @@ func newTemplate(agentOOMScoreAdj *int, allArches, compile bool) (*template, err
 			RootfsPropagation: "rslave",
 		},
 	}
-	raw, err := seccompProfile(&s, allArches, nil)
-	if err != nil {
+	t := &template{spec: s}
+	var err error
+	if t.seccomp, t.seccompBPF, err = seccompProfile(&s, allArches, nil, compile); err != nil {
 		return nil, err
 	}
 	calls := s
 	callsProc := *s.Process
 	callsProc.Capabilities = &specs.LinuxCapabilities{Bounding: callsCaps, Effective: callsCaps, Permitted: callsCaps}
 	calls.Process = &callsProc
-	callsRaw, err := seccompProfile(&calls, false, []string{"pivot_root"})
-	if err != nil {
+	if t.callsSeccomp, t.callsSeccompBPF, err = seccompProfile(&calls, false, []string{"pivot_root"}, compile); err != nil {
 		return nil, err
-	}
-	t := &template{spec: s, seccomp: raw, callsSeccomp: callsRaw}
-	if compile {
-		if t.seccompBPF, err = compileProfile(raw); err != nil {
-			return nil, err
-		}
-		if t.callsSeccompBPF, err = compileProfile(callsRaw); err != nil {
-			return nil, err
-		}
 	}
 	return t, nil
 }
 
-// compileProfile compiles an encoded profile for seccompbpf.EnvVar, or returns "" when the
-// compiler does not take it (runc then compiles it, as before).
-func compileProfile(raw json.RawMessage) (string, error) {
-	var sc specs.LinuxSeccomp
-	if err := json.Unmarshal(raw, &sc); err != nil {
-		return "", fmt.Errorf("read the seccomp profile: %w", err)
-	}
-	p, err := seccompbpf.Compile(&sc)
-	if errors.Is(err, seccompbpf.ErrUnsupported) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("compile the seccomp profile: %w", err)
-	}
-	return p.Encode(), nil
-}
-
 // seccompProfile encodes Docker's default profile for s's capabilities, with the syscalls in
-// allow allowed besides.
-func seccompProfile(s *specs.Spec, allArches bool, allow []string) (json.RawMessage, error) {
+// allow allowed besides, and with compile also compiles it (internal/seccompbpf, encoded for
+// seccompbpf.EnvVar; "" when the compiler does not take the profile: runc then compiles it).
+func seccompProfile(s *specs.Spec, allArches bool, allow []string, compile bool) (json.RawMessage, string, error) {
 	sc, err := seccomp.GetDefaultProfile(s)
 	if err != nil {
-		return nil, fmt.Errorf("build seccomp profile: %w", err)
+		return nil, "", fmt.Errorf("build seccomp profile: %w", err)
 	}
 	// runc compiles the profile with libseccomp in every container's init, once per
 	// architecture listed: measured here, Docker's three (x86_64, x86, x32) cost ~40 ms per
@@ -272,9 +247,19 @@ func seccompProfile(s *specs.Spec, allArches bool, allow []string) (json.RawMess
 	}
 	raw, err := json.Marshal(sc)
 	if err != nil {
-		return nil, fmt.Errorf("encode seccomp profile: %w", err)
+		return nil, "", fmt.Errorf("encode seccomp profile: %w", err)
 	}
-	return raw, nil
+	if !compile {
+		return raw, "", nil
+	}
+	p, err := seccompbpf.Compile(sc)
+	if errors.Is(err, seccompbpf.ErrUnsupported) {
+		return raw, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("compile the seccomp profile: %w", err)
+	}
+	return raw, p.Encode(), nil
 }
 
 // gvisorPaths are the host paths a gVisor sandbox's spec binds in (see gvisor.go).

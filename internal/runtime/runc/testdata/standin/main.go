@@ -30,7 +30,7 @@ import (
 
 func main() {
 	// The sandbox's compiled seccomp profile, first thing, as the real agent installs it.
-	if _, err := seccompbpf.InstallFromEnv(); err != nil {
+	if err := seccompbpf.InstallFromEnv(); err != nil {
 		fail("seccomp: " + err.Error())
 	}
 	// On the host, around a sandbox in a user namespace, as the real agent does.
