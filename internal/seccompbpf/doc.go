@@ -1,7 +1,7 @@
 // Package seccompbpf compiles an OCI seccomp profile (Docker's default, as the runc runtime
 // renders it) into a classic BPF program once, so that a sandbox's start does not: runc compiles
-// the profile with libseccomp in every container's init, which measured 5.5-12 ms of CPU per
-// start on the development VM (docs/BENCHMARKS.md, "Why sustained is missed"). The runc runtime
+// the profile with libseccomp in every container's init, which measured 6-9 ms of CPU per
+// start on the development VM (scripts/bench-seccomp-start.sh; docs/BENCHMARKS.md). The runc runtime
 // hands the program to the sandbox's agent (its PID 1), which installs it on all its threads
 // before it does anything else (Program.Install); every process of the sandbox descends from the
 // agent and inherits the filter.

@@ -68,7 +68,7 @@ type Config struct {
 	// syscalls are allowed, which is stricter and ~25 ms faster per Create on this host kind.
 	SeccompAllArches bool
 	// SeccompInRunc leaves Docker's seccomp profile to runc, which compiles it with libseccomp
-	// in every container's init (5.5-12 ms of CPU per start here). Off (the default), the
+	// in every container's init (6-9 ms of CPU per start here, scripts/bench-seccomp-start.sh). Off (the default), the
 	// profile is compiled once (internal/seccompbpf) and the agent installs the program on
 	// itself first thing; profiles it cannot compile exactly (SeccompAllArches) go to runc.
 	SeccompInRunc bool
