@@ -12,11 +12,14 @@
 //	lxcfs.pid   LXCFS's pid file (it holds a lock on it)
 //	lxcfs.log   its output, truncated at each start
 //	mnt/        the FUSE mount of the LXCFS now running
-//	view/       a small tmpfs, its own shared peer group, holding one file per served path
-//	            (Files); the running LXCFS's file is bound read-only over each
 //
-// Sandboxes bind view/<name>, not mnt/..., over their /proc and /sys files, and their binds are
-// slaves of view's (internal/runtime/runc sets rslave propagation). That is what makes a restart
+// and the directory's view, ViewDir: /run/corral-lxcfs/<hash>/, a small tmpfs, its own shared
+// peer group, holding one file per served path (Files); the running LXCFS's file is bound
+// read-only over each. The view is readable by every host uid, unlike the directory: a
+// sandbox's runc init, an unprivileged uid in its user namespace, binds its files itself.
+//
+// Sandboxes bind the view's files, not mnt/..., over their /proc and /sys files, and their binds are
+// slaves of the view's (internal/runtime/runc sets rslave propagation). That is what makes a restart
 // survivable: when LXCFS dies its FUSE connection is gone for good (reads return ENOTCONN) and
 // nothing can revive a bind of its files, but the next LXCFS's files, bound over view/<name>,
 // propagate to every sandbox's bind of it and stack on top of the dead one. Each restart adds

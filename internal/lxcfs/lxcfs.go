@@ -2,6 +2,8 @@ package lxcfs
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,13 +30,33 @@ type Config struct {
 	Binary string
 }
 
+// viewBase holds the view of every data directory's LXCFS on this host (ViewDir). It and the
+// views are open to every host user for traversal and reading: a sandbox's runc init runs as
+// its user namespace's root, an unprivileged host uid, and binds the files itself when it can
+// reach them. When it cannot (a view under a 0700 data directory), runc's parent opens each
+// file for it, one round trip per file: 10 ms of every create on a 2-CPU host
+// (docs/BENCHMARKS.md). What the files show is a sandbox's own view of the host, no secret.
+const viewBase = "/run/corral-lxcfs"
+
+// ViewDir is the view of the LXCFS whose directory is dir: a tmpfs of its own at
+// /run/corral-lxcfs/<hash of dir's absolute path>, so that two data directories never share
+// one.
+func ViewDir(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	sum := sha256.Sum256([]byte(dir))
+	return filepath.Join(viewBase, hex.EncodeToString(sum[:6]))
+}
+
 // ReadyTimeout bounds how long Start and Files wait for an LXCFS to serve.
 const ReadyTimeout = 5 * time.Second
 
-// Bind is one file a sandbox binds read-only: Source (a host path under view/) at Target.
+// Bind is one file a sandbox binds read-only: Source (a host path in the view, ViewDir) at
+// Target.
 type Bind struct{ Source, Target string }
 
-// served maps each file under view/ to the path LXCFS serves it at (under mnt/), which is also
+// served maps each file of the view to the path LXCFS serves it at (under mnt/), which is also
 // the path it hides inside a sandbox.
 var served = []struct{ name, path string }{
 	{"cpuinfo", "/proc/cpuinfo"},
@@ -137,7 +159,7 @@ func (s *Server) Files(ctx context.Context) ([]Bind, error) {
 	}
 	out := make([]Bind, len(served))
 	for i, f := range served {
-		out[i] = Bind{Source: filepath.Join(s.cfg.Dir, "view", f.name), Target: f.path}
+		out[i] = Bind{Source: filepath.Join(ViewDir(s.cfg.Dir), f.name), Target: f.path}
 	}
 	return out, nil
 }
@@ -158,10 +180,13 @@ func (s *Server) Stop() error {
 	return Remove(s.cfg.Dir)
 }
 
-// Remove stops the LXCFS whose pid file is in dir, unmounts everything under dir and removes it.
+// Remove stops the LXCFS whose pid file is in dir, unmounts everything under dir and its view
+// (ViewDir) and removes both.
 func Remove(dir string) error {
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil
+		err := removeTree(ViewDir(dir))
+		os.Remove(viewBase)
+		return err
 	}
 	if pid := lxcfsPid(dir); pid > 0 {
 		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
@@ -172,6 +197,13 @@ func Remove(dir string) error {
 			unix.Close(fd)
 		}
 	}
+	err := errors.Join(removeTree(ViewDir(dir)), removeTree(dir))
+	os.Remove(viewBase) // once no data directory's view is left
+	return err
+}
+
+// removeTree unmounts everything under dir (dir too) and removes it.
+func removeTree(dir string) error {
 	mps, err := mountinfo.Under(dir)
 	if err != nil {
 		return err
@@ -266,7 +298,7 @@ func (s *Server) adopt() (pidfd, pid int, ok bool) {
 // viewLive reports whether every view file has a live LXCFS file on top.
 func (s *Server) viewLive() bool {
 	for _, f := range served {
-		if _, err := os.ReadFile(filepath.Join(s.cfg.Dir, "view", f.name)); err != nil {
+		if _, err := os.ReadFile(filepath.Join(ViewDir(s.cfg.Dir), f.name)); err != nil {
 			return false
 		}
 	}
@@ -330,48 +362,75 @@ func (s *Server) launch(ctx context.Context) (pidfd, pid int, err error) {
 	return pidfd, pid, nil
 }
 
-// bindView makes view/ (once) and binds each of mnt's served files over its view file,
+// bindView makes the view (once) and binds each of mnt's served files over its view file,
 // read-only, on top of whatever a dead LXCFS left there. The bind is made read-only before it is
-// attached, so the copies propagated to sandboxes are read-only too.
+// attached, so the copies propagated to sandboxes are read-only too. A view a Corral before
+// ViewDir left at <dir>/view, which its sandboxes still bind from, gets the files too.
 func (s *Server) bindView(mnt string) error {
-	view := filepath.Join(s.cfg.Dir, "view")
-	if err := os.MkdirAll(view, 0o700); err != nil {
+	if err := os.MkdirAll(viewBase, 0o711); err != nil {
 		return err
 	}
-	if !mountinfo.IsMountpoint(view) {
-		if err := unix.Mount("tmpfs", view, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0755"); err != nil {
-			return fmt.Errorf("mount lxcfs view: %w", err)
-		}
-		// A peer group of its own: out of the parent's (a systemd host's / is shared), and
-		// shared, so sandboxes' slave binds of its files receive the next LXCFS's.
-		if err := unix.Mount("", view, "", unix.MS_PRIVATE, ""); err != nil {
-			return fmt.Errorf("make lxcfs view private: %w", err)
-		}
-		if err := unix.Mount("", view, "", unix.MS_SHARED, ""); err != nil {
-			return fmt.Errorf("make lxcfs view shared: %w", err)
-		}
+	if err := os.Chmod(viewBase, 0o711); err != nil {
+		return err
+	}
+	view := ViewDir(s.cfg.Dir)
+	if err := makeView(view); err != nil {
+		return err
+	}
+	views := []string{view}
+	if legacy := filepath.Join(s.cfg.Dir, "view"); mountinfo.IsMountpoint(legacy) {
+		views = append(views, legacy)
+	}
+	for _, v := range views {
 		for _, f := range served {
-			if err := os.WriteFile(filepath.Join(view, f.name), nil, 0o444); err != nil {
-				return fmt.Errorf("create lxcfs view file: %w", err)
+			if err := bindServed(filepath.Join(mnt, f.path), filepath.Join(v, f.name)); err != nil {
+				return err
 			}
 		}
 	}
+	return nil
+}
+
+// makeView mounts the view's tmpfs at view (once) and makes its files.
+func makeView(view string) error {
+	if err := os.MkdirAll(view, 0o755); err != nil {
+		return err
+	}
+	if mountinfo.IsMountpoint(view) {
+		return nil
+	}
+	if err := unix.Mount("tmpfs", view, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0755"); err != nil {
+		return fmt.Errorf("mount lxcfs view: %w", err)
+	}
+	// A peer group of its own: out of the parent's (a systemd host's / is shared), and
+	// shared, so sandboxes' slave binds of its files receive the next LXCFS's.
+	if err := unix.Mount("", view, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make lxcfs view private: %w", err)
+	}
+	if err := unix.Mount("", view, "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make lxcfs view shared: %w", err)
+	}
 	for _, f := range served {
-		src := filepath.Join(mnt, f.path)
-		tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-		if err != nil {
-			return fmt.Errorf("clone lxcfs file %s: %w", src, err)
+		if err := os.WriteFile(filepath.Join(view, f.name), nil, 0o444); err != nil {
+			return fmt.Errorf("create lxcfs view file: %w", err)
 		}
-		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
-		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
-			unix.Close(tree)
-			return fmt.Errorf("make lxcfs file %s read-only: %w", src, err)
-		}
-		err = unix.MoveMount(tree, "", unix.AT_FDCWD, filepath.Join(view, f.name), unix.MOVE_MOUNT_F_EMPTY_PATH)
-		unix.Close(tree)
-		if err != nil {
-			return fmt.Errorf("bind lxcfs file %s: %w", src, err)
-		}
+	}
+	return nil
+}
+
+// bindServed binds LXCFS's file src read-only over the view file dst.
+func bindServed(src, dst string) error {
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("clone lxcfs file %s: %w", src, err)
+	}
+	defer unix.Close(tree)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
+		return fmt.Errorf("make lxcfs file %s read-only: %w", src, err)
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("bind lxcfs file %s: %w", src, err)
 	}
 	return nil
 }

@@ -5,9 +5,11 @@ import (
 	"github.com/corral-dev/corral/internal/mountinfo"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,9 +163,77 @@ func TestStopLeavesNothing(t *testing.T) {
 	if _, err := os.Stat(s.cfg.Dir); !os.IsNotExist(err) {
 		t.Fatalf("%s left: %v", s.cfg.Dir, err)
 	}
+	if _, err := os.Stat(ViewDir(s.cfg.Dir)); !os.IsNotExist(err) {
+		t.Fatalf("view %s left: %v", ViewDir(s.cfg.Dir), err)
+	}
 	// Gone, or a zombie about to be reaped by the Server's Wait.
 	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
 		t.Fatalf("lxcfs %d still runs: %s", pid, b)
+	}
+}
+
+// TestViewReachable reads every bind source as an unprivileged host uid, which is what a
+// sandbox's runc init is in its user namespace: it binds them itself, with no round trip
+// through runc's parent per file.
+func TestViewReachable(t *testing.T) {
+	s := startServer(t)
+	binds, err := s.Files(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{}
+	for _, b := range binds {
+		if !strings.HasPrefix(b.Source, ViewDir(s.cfg.Dir)+"/") {
+			t.Errorf("bind source %s is not in the view %s", b.Source, ViewDir(s.cfg.Dir))
+		}
+		args = append(args, b.Source)
+	}
+	cmd := exec.Command("cat", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "MemTotal:") {
+		t.Fatalf("uid 65534 cannot read the view: %v: %.200s", err, out)
+	}
+	// The directory holding the pid file and the FUSE mount stays private.
+	if st, err := os.Stat(s.cfg.Dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("%s: %v %v, want 0700", s.cfg.Dir, st.Mode(), err)
+	}
+}
+
+// TestLegacyView starts on a directory whose view a Corral before ViewDir made at <dir>/view:
+// its sandboxes' binds come from there, so it gets the new LXCFS's files too, and Stop removes
+// it with the rest.
+func TestLegacyView(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (FUSE mounts)")
+	}
+	if _, err := findBinary(""); err != nil {
+		t.Skip(err)
+	}
+	dir := filepath.Join(t.TempDir(), "lxcfs")
+	legacy := filepath.Join(dir, "view")
+	if err := os.MkdirAll(legacy, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", legacy, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range served {
+		if err := os.WriteFile(filepath.Join(legacy, f.name), nil, 0o444); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := Start(context.Background(), Config{Dir: dir}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(legacy, "meminfo")); err != nil || !strings.Contains(string(b), "MemTotal:") {
+		t.Errorf("legacy view: %v %.40q", err, b)
+	}
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if mps, _ := mountinfo.Under(dir); len(mps) > 0 {
+		t.Fatalf("mounts left: %v", mps)
 	}
 }
 

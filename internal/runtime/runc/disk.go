@@ -252,9 +252,15 @@ func (r *Runtime) DiskUse() DiskUse {
 }
 
 // refillPool keeps r.ready full. It runs until ctx ends; Close waits for it.
+//
+// A slot costs a mkfs (15-50 ms of CPU). While the pool holds at least half its slots, the refill
+// waits until no Create is in flight (the last one to end kicks it), so that a create never
+// shares its CPU with one on a small host; below half, or with a pool of one, it refills at
+// once, as a create that finds the pool empty pays the mkfs itself.
 func (r *Runtime) refillPool(ctx context.Context) {
 	defer r.wg.Done()
 	backoff := 100 * time.Millisecond
+	lowWater := (cap(r.ready) + 1) / 2
 	for {
 		select {
 		case <-ctx.Done():
@@ -262,6 +268,9 @@ func (r *Runtime) refillPool(ctx context.Context) {
 		case <-r.refill:
 		}
 		for len(r.ready) < cap(r.ready) && ctx.Err() == nil {
+			if len(r.ready) >= lowWater && r.creating.Load() > 0 {
+				break // the Create that ends last kicks the refill again
+			}
 			start := time.Now()
 			slot, err := r.makeSlot(ctx, r.cfg.DefaultDiskBytes)
 			if err != nil {

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -178,9 +179,12 @@ type Runtime struct {
 	poolDir string
 	ready   chan string // paths of ready pool slots; receive-only for Create, filled by refill
 	refill  chan struct{}
-	stop    context.CancelFunc
-	wg      sync.WaitGroup // the refill goroutine
-	closeMu sync.Once
+	// creating counts the Creates in flight: the refill waits for none while the pool holds at
+	// least half its slots, so a create does not share its CPU with a mkfs (refillPool).
+	creating atomic.Int32
+	stop     context.CancelFunc
+	wg       sync.WaitGroup // the refill goroutine
+	closeMu  sync.Once
 
 	// bg ends when Close begins; it bounds the prefetches Resume leaves running.
 	bg         context.Context

@@ -53,6 +53,12 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 	}
 	unlock := r.locks.lock(id)
 	defer unlock()
+	r.creating.Add(1)
+	defer func() {
+		if r.creating.Add(-1) == 0 {
+			r.kickRefill()
+		}
+	}()
 
 	// Stat only: `runc state` would cost a runc start on the hot path.
 	if _, err := os.Lstat(dir); err == nil {
@@ -211,11 +217,16 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return err
 		}
 	}
+	// /etc/hosts lives where runc's init, in the sandbox's user namespace, can open it (its root
+	// directory under RootsDir, not the 0700 state directory): it then binds it itself instead
+	// of asking runc's parent for the file (a round trip; LXCFS's view is open for the same
+	// reason).
 	var owner uint32
+	etcDir := dir
 	if ux != nil {
-		owner = ux.owner
+		owner, etcDir = ux.owner, filepath.Dir(ux.rootfs)
 	}
-	hosts, err := hostsMount(dir, owner)
+	hosts, err := hostsMount(etcDir, owner)
 	if err != nil {
 		return err
 	}
