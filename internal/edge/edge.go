@@ -968,6 +968,7 @@ func (e *Edge) CreateOnce(ctx context.Context, req model.CreateRequest, key *sto
 func (e *Edge) create(ctx context.Context, req model.CreateRequest, calls bool, key *store.Idempotency) (_ *store.Sandbox, err error) {
 	ctx, span := trace.Start(ctx, trace.Create, trace.Node(e.cfg.Node))
 	defer span.End(&err)
+	start := time.Now()
 	if key != nil {
 		// Most retries find the key before any work (the admission transaction checks again).
 		if err := e.admissions.CheckIdempotency(ctx, key); err != nil {
@@ -1005,7 +1006,7 @@ func (e *Edge) create(ctx context.Context, req model.CreateRequest, calls bool, 
 		}
 		return nil, err
 	}
-	return e.launch(ctx, adm, calls, key)
+	return e.launch(ctx, adm, calls, key, start)
 }
 
 // launch starts the sandbox of an admission whose record the store holds (state creating). It
@@ -1020,8 +1021,11 @@ func (e *Edge) create(ctx context.Context, req model.CreateRequest, calls bool, 
 //  5. the live entry and the record's running state; then the services start.
 //
 // On error the stack unwinds newest first, so the record ends failed and nothing is left.
-func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *store.Idempotency) (*store.Sandbox, error) {
+//
+// start is when the create began; the debug log has the time of each step.
+func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *store.Idempotency, start time.Time) (*store.Sandbox, error) {
 	rec := adm.rec
+	tAdmitted := time.Now()
 	log := e.log.With("sandbox", rec.ID, "project", rec.Project)
 	var undo cleanup.Stack
 	var cause error // the failure, for the record's reason
@@ -1058,6 +1062,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		log.Error("fetch the sandbox's volumes", "err", err)
 		return fail(err)
 	}
+	tLayers := time.Now()
 	var nw *sandboxNet
 	var resolv string
 	if adm.net.Mode != model.NetworkNone {
@@ -1077,6 +1082,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 	if err != nil {
 		return fail(err)
 	}
+	tNet := time.Now()
 	rctx, rspan := trace.Start(ctx, trace.RuntimeNew, trace.Sandbox(rec.ID), trace.Tier(rec.Tier), trace.String("corral.runtime", rec.Runtime))
 	rsb, err := e.rt.Create(rctx, spec)
 	rspan.End(&err)
@@ -1085,6 +1091,7 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		return fail(err)
 	}
 	undo.Push(func() { e.rt.Delete(context.WithoutCancel(ctx), rec.ID) })
+	tRuntime := time.Now()
 	sb := e.goLive(rec, rsb, nw)
 	if rec.Tier == TierMicroVM && adm.fork != nil && adm.fork.Memory {
 		rec.Boot = "fork"
@@ -1102,6 +1109,8 @@ func (e *Edge) launch(ctx context.Context, adm *admission, calls bool, key *stor
 		e.startServices(ctx, sb, rec, adm.services, false)
 	}
 	log.Info("sandbox created", "tier", rec.Tier, "base", rec.Base, "image", rec.Image, "layers", len(lower))
+	log.Debug("sandbox create steps", "admit", tAdmitted.Sub(start), "layers", tLayers.Sub(tAdmitted), "network", tNet.Sub(tLayers),
+		"runtime", tRuntime.Sub(tNet), "record", time.Since(tRuntime), "total", time.Since(start))
 	e.emit(events.Started, rec, "")
 	return rec, nil
 }

@@ -123,7 +123,7 @@ func (e *Edge) Fork(ctx context.Context, id string, req model.ForkRequest) (_ []
 			defer func() { <-sem }()
 			fill := map[string]int64{}
 			adm := &admission{rec: rec, net: netc, fill: fill, fork: img}
-			_, errs[i] = e.launch(ctx, adm, false, nil)
+			_, errs[i] = e.launch(ctx, adm, false, nil, time.Now())
 		}()
 	}
 	wg.Wait()

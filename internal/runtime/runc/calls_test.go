@@ -145,8 +145,19 @@ func shCall(t testing.TB, c *agentrpc.Client, id, cmdline string) callOut {
 	return out
 }
 
+// waitCallLeftovers is callLeftovers once none is left, or after 5 s: a helper that ran a
+// killed call may still be exiting when the call's exit is reported, beside its spare.
+func waitCallLeftovers(e *testEnv, sb *runtime.Sandbox) []string {
+	deadline := time.Now().Add(5 * time.Second)
+	for len(callLeftovers(e, sb)) != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return callLeftovers(e, sb)
+}
+
 // callLeftovers lists the live processes in sandbox id's cgroup, as seen from the host, other
 // than the agent (pid) and one spare call helper.
+
 func callLeftovers(e *testEnv, sb *runtime.Sandbox) []string {
 	var left []string
 	spare := false
@@ -242,7 +253,7 @@ func TestCallLeavesNothing(t *testing.T) {
 	if _, err := c.Stat(ctx, "/root/x"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Stat /root/x in the container: %v, want not found", err)
 	}
-	if procs := callLeftovers(e, sb); len(procs) != 0 {
+	if procs := waitCallLeftovers(e, sb); len(procs) != 0 {
 		t.Errorf("processes in the sandbox after the calls: %q, want the agent and a spare helper", procs)
 	}
 }
@@ -276,7 +287,7 @@ func TestCallOneTrip(t *testing.T) {
 	if after := treeOf(t, upper); !slices.Equal(before, after) {
 		t.Errorf("the container's writable layer changed:\nbefore %q\nafter  %q", before, after)
 	}
-	if procs := callLeftovers(e, sb); len(procs) != 0 {
+	if procs := waitCallLeftovers(e, sb); len(procs) != 0 {
 		t.Errorf("processes in the sandbox after the calls: %q", procs)
 	}
 	// Prepare and end are for exec only.
@@ -428,7 +439,7 @@ func TestCallTimeout(t *testing.T) {
 	if out.stdout != "started\n" {
 		t.Errorf("stdout %q", out.stdout)
 	}
-	if procs := callLeftovers(e, sb); len(procs) != 0 {
+	if procs := waitCallLeftovers(e, sb); len(procs) != 0 {
 		t.Errorf("processes in the sandbox after the timeout: %q, want the agent and a spare helper", procs)
 	}
 	endCall(t, c, "slow")
@@ -672,11 +683,7 @@ func TestCallEndFindsLeftovers(t *testing.T) {
 	if ce.Clean || len(ce.Problems) != 1 || !strings.HasPrefix(ce.Problems[0], "leftover process ") || !strings.HasSuffix(ce.Problems[0], " sleep") {
 		t.Errorf("CallEnd = %+v, want unclean with the leftover sleep", ce)
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for len(callLeftovers(e, sb)) != 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if procs := callLeftovers(e, sb); len(procs) != 0 {
+	if procs := waitCallLeftovers(e, sb); len(procs) != 0 {
 		t.Errorf("processes after CallEnd: %q, want the agent and a spare helper", procs)
 	}
 }

@@ -182,9 +182,14 @@ type Runtime struct {
 	// creating counts the Creates in flight: the refill waits for none while the pool holds at
 	// least half its slots, so a create does not share its CPU with a mkfs (refillPool).
 	creating atomic.Int32
-	stop     context.CancelFunc
-	wg       sync.WaitGroup // the refill goroutine
-	closeMu  sync.Once
+	// nsReady holds user namespaces made ahead (usernspool.go), refilled on nsRefill with the
+	// agent binary a Create last named (nsAgentPath, a string).
+	nsReady     chan pooledUserns
+	nsRefill    chan struct{}
+	nsAgentPath atomic.Value
+	stop        context.CancelFunc
+	wg          sync.WaitGroup // the refill goroutine
+	closeMu     sync.Once
 
 	// bg ends when Close begins; it bounds the prefetches Resume leaves running.
 	bg         context.Context
@@ -301,6 +306,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		go r.refillPool(poolCtx)
 		r.kickRefill()
 	}
+	r.nsRefill = make(chan struct{}, 1)
+	if cfg.UserNS != nil && r.usernsErr == nil {
+		r.nsReady = make(chan pooledUserns, usernsPoolSize)
+		r.wg.Add(1)
+		go r.refillUserns(poolCtx)
+	}
 	return r, nil
 }
 
@@ -314,6 +325,7 @@ func (r *Runtime) Close() error {
 		r.stop()
 		r.prefetchMu.Unlock()
 		r.wg.Wait()
+		r.closeUsernsPool()
 		r.prefetchWG.Wait()
 		err = r.clearPool(context.Background())
 		if err == nil {

@@ -57,6 +57,7 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 	defer func() {
 		if r.creating.Add(-1) == 0 {
 			r.kickRefill()
+			r.kickUserns()
 		}
 	}()
 
@@ -99,7 +100,7 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 	}
 	var ux *usernsSpec
 	if r.cfg.UserNS != nil && r.usernsErr == nil && spec.engine() == EngineRunc {
-		h, base, err := r.claimUserns(ctx, id, dir, agent.f)
+		h, base, err := r.claimUserns(ctx, id, dir, spec.AgentPath, agent.f)
 		if err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
@@ -109,6 +110,7 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 		}
 		ux = &usernsSpec{handle: h, path: h.path, rootfs: rootfs, owner: base, shim: !r.capSysResource}
 	}
+	tUserns := time.Now()
 	if err := mountRootfs(&spec, dir, rootfs, ux); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
@@ -132,7 +134,7 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 	}
 	undo.Release()
 	r.log.Debug("sandbox created", "id", id, "engine", spec.engine(), "pid", pid, "pooled_disk", pooled,
-		"disk", tDisk.Sub(start), "overlay", tMount.Sub(tDisk), "runc", time.Since(tMount), "total", time.Since(start))
+		"disk", tDisk.Sub(start), "userns", tUserns.Sub(tDisk), "overlay", tMount.Sub(tUserns), "runc", time.Since(tMount), "total", time.Since(start))
 	return &runtime.Sandbox{ID: id, Pid: pid, AgentSocket: sock, Dir: dir, AgentLog: logPath, HostUID: r.HostUID(id)}, nil
 }
 

@@ -172,6 +172,20 @@ func (s *slots) release(id string) {
 	}
 }
 
+// assign makes slot, taken for the pool (poolOwner), id's.
+func (s *slots) assign(slot int, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.used[slot] = id
+}
+
+// releaseSlot frees slot.
+func (s *slots) releaseSlot(slot int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.used, slot)
+}
+
 // slotOf returns id's slot.
 func (s *slots) slotOf(id string) (int, bool) {
 	s.mu.Lock()
@@ -478,17 +492,30 @@ type usernsSpec struct {
 	rlimits []specs.POSIXRlimit
 }
 
-// claimUserns takes a slot for id, records it in dir and makes its user namespace.
+// claimUserns takes a slot for id, records it in dir and makes its user namespace: one made
+// ahead (usernspool.go) when there is one, else now with agent (the binary at agentPath, which
+// the pool's refill then uses).
 // Preconditions: id's lock is held and dir is id's; on error, destroy releases the slot.
-func (r *Runtime) claimUserns(ctx context.Context, id, dir string, agent *os.File) (*usernsHandle, uint32, error) {
-	slot, err := r.slots.take(id)
-	if err != nil {
-		return nil, 0, err
+func (r *Runtime) claimUserns(ctx context.Context, id, dir, agentPath string, agent *os.File) (*usernsHandle, uint32, error) {
+	r.nsAgentPath.Store(agentPath)
+	p, pooled := r.takePooledUserns(id)
+	slot := p.slot
+	if !pooled {
+		var err error
+		if slot, err = r.slots.take(id); err != nil {
+			return nil, 0, err
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, usernsFile), []byte(strconv.Itoa(slot)+"\n"), 0o600); err != nil {
+		if pooled {
+			p.h.close()
+		}
 		return nil, 0, fmt.Errorf("record user namespace slot: %w", err)
 	}
 	base := r.slotBase(slot)
+	if pooled {
+		return p.h, base, nil
+	}
 	h, err := r.startUserns(ctx, base, agent)
 	if err != nil {
 		return nil, 0, err

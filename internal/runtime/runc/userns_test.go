@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/runtime"
@@ -112,4 +113,89 @@ func TestBudgetsValidate(t *testing.T) {
 	if err := (&UserNS{UIDBase: 0xFFFF0000 - UserNSSize, Slots: 2}).validate(); errdefs.Field(err) != "UserNS.Slots" {
 		t.Errorf("a range past the last uid: %v", err)
 	}
+}
+
+// TestUserNSPool: once a Create named the agent, user namespaces are made ahead; a Create takes
+// one (never one another sandbox had: each sandbox's namespace is its own), and Close ends the
+// helpers left and frees their slots.
+func TestUserNSPool(t *testing.T) {
+	e := usernsEnv(t, 4)
+	a := e.create(e.spec("p1"))
+	pooledSlots := func() []int {
+		e.r.slots.mu.Lock()
+		defer e.r.slots.mu.Unlock()
+		var out []int
+		for s, o := range e.r.slots.used {
+			if o == poolOwner {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(e.r.nsReady) < usernsPoolSize {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d user namespaces made ahead, want %d", len(e.r.nsReady), usernsPoolSize)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := pooledSlots(); len(got) != usernsPoolSize {
+		t.Fatalf("pool slots %v, want %d", got, usernsPoolSize)
+	}
+	b := e.create(e.spec("p2"))
+	nsOf := func(pid int) string {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if nsOf(a.Pid) == nsOf(b.Pid) || a.HostUID == b.HostUID {
+		t.Fatalf("p1 and p2 share a user namespace or uid (%d, %d)", a.HostUID, b.HostUID)
+	}
+	if slot, ok := e.r.slots.slotOf("p2"); !ok || e.r.slotBase(slot) != b.HostUID {
+		t.Fatalf("p2's slot %d %v, uid %d", slot, ok, b.HostUID)
+	}
+	// The pooled namespace maps p2's ids as a fresh one does.
+	if got := strings.Join(strings.Fields(okSh(t, b.AgentSocket, "cat /proc/self/uid_map /proc/sys/user/max_inotify_instances")), " "); got != fmt.Sprintf("0 %d 65536 128", b.HostUID) {
+		t.Errorf("p2 inside: %q", got)
+	}
+	var helpers []int
+	for _, p := range e.r.nsReadySnapshot() {
+		helpers = append(helpers, p.h.cmd.Process.Pid)
+	}
+	if err := e.r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := pooledSlots(); len(got) != 0 {
+		t.Errorf("slots still held by the pool after Close: %v", got)
+	}
+	for _, pid := range helpers {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			t.Errorf("helper %d of a namespace made ahead still runs after Close", pid)
+		}
+	}
+	e.r = e.open()
+}
+
+// nsReadySnapshot returns the user namespaces made ahead, leaving them in the pool (one the
+// refill's sends displace is closed).
+func (r *Runtime) nsReadySnapshot() []pooledUserns {
+	var out []pooledUserns
+	for range len(r.nsReady) {
+		select {
+		case p := <-r.nsReady:
+			out = append(out, p)
+		default:
+		}
+	}
+	for _, p := range out {
+		select {
+		case r.nsReady <- p:
+		default:
+			p.h.close()
+			r.slots.releaseSlot(p.slot)
+		}
+	}
+	return out
 }

@@ -1,0 +1,123 @@
+package runc
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/corral-dev/corral/internal/errdefs"
+)
+
+// A user namespace costs a create 5-7 ms of its time on a 2-CPU host: its helper is a Go process
+// started from the agent binary (startUserns), and the create waits for its "ok". The runtime
+// therefore keeps up to usernsPoolSize of them made ahead: each is a slot taken for no sandbox
+// yet (poolOwner) with its helper running. claimUserns takes one and the refill makes the next
+// off the create's path, after the creates in flight as the disk pool does (refillPool). They
+// live in memory only: their helpers end with this process (their standard input closes) and
+// their slots were never recorded in a sandbox directory, so a restarted Runtime finds the
+// slots free.
+const usernsPoolSize = 2
+
+// poolOwner owns the slots of the user namespaces made ahead; no sandbox ID has this form.
+const poolOwner = "(user-namespace pool)"
+
+// pooledUserns is a user namespace made ahead: its slot and its helper.
+type pooledUserns struct {
+	slot int
+	h    *usernsHandle
+}
+
+// takePooledUserns returns a user namespace made ahead, its slot now id's, or false when the
+// pool is empty. It kicks the refill either way.
+func (r *Runtime) takePooledUserns(id string) (pooledUserns, bool) {
+	defer r.kickUserns()
+	select {
+	case p := <-r.nsReady:
+		r.slots.assign(p.slot, id)
+		return p, true
+	default:
+		return pooledUserns{}, false
+	}
+}
+
+func (r *Runtime) kickUserns() {
+	select {
+	case r.nsRefill <- struct{}{}:
+	default:
+	}
+}
+
+// refillUserns keeps r.nsReady full once a Create has named the agent binary (the helper is
+// one of its commands). It runs until ctx ends; Close waits for it, then closes what is left
+// (closeUsernsPool).
+func (r *Runtime) refillUserns(ctx context.Context) {
+	defer r.wg.Done()
+	backoff := 100 * time.Millisecond
+	lowWater := (cap(r.nsReady) + 1) / 2
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.nsRefill:
+		}
+		path, _ := r.nsAgentPath.Load().(string)
+		for path != "" && len(r.nsReady) < cap(r.nsReady) && ctx.Err() == nil {
+			if len(r.nsReady) >= lowWater && r.creating.Load() > 0 {
+				break // the Create that ends last kicks the refill again
+			}
+			p, err := r.makePooledUserns(path)
+			if errors.Is(err, errdefs.ErrExhausted) {
+				break // every slot is a sandbox's: the next delete's create kicks again
+			}
+			if err != nil {
+				r.log.Warn("make a user namespace ahead", "err", err, "retry_in", backoff)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 30*time.Second)
+				continue
+			}
+			backoff = 100 * time.Millisecond
+			r.nsReady <- p // only this goroutine sends, and len < cap: never blocks
+		}
+	}
+}
+
+// makePooledUserns takes a free slot for the pool and starts its namespace's helper with the
+// agent binary at path.
+func (r *Runtime) makePooledUserns(path string) (pooledUserns, error) {
+	slot, err := r.slots.take(poolOwner)
+	if err != nil {
+		return pooledUserns{}, err
+	}
+	agent, err := r.agents.acquire(path)
+	if err != nil {
+		r.slots.releaseSlot(slot)
+		return pooledUserns{}, err
+	}
+	defer r.agents.release(agent)
+	// Not the refill's context: a helper a Create took must outlive Close's cancel until that
+	// Create is done with it (closeUsernsPool ends the ones left).
+	h, err := r.startUserns(context.Background(), r.slotBase(slot), agent.f)
+	if err != nil {
+		r.slots.releaseSlot(slot)
+		return pooledUserns{}, err
+	}
+	return pooledUserns{slot: slot, h: h}, nil
+}
+
+// closeUsernsPool ends the helpers of the namespaces made ahead and frees their slots. Call it
+// once the refill has ended.
+func (r *Runtime) closeUsernsPool() {
+	for {
+		select {
+		case p := <-r.nsReady:
+			p.h.close()
+			r.slots.releaseSlot(p.slot)
+		default:
+			return
+		}
+	}
+}
