@@ -498,7 +498,7 @@ type usernsSpec struct {
 // Preconditions: id's lock is held and dir is id's; on error, destroy releases the slot.
 func (r *Runtime) claimUserns(ctx context.Context, id, dir, agentPath string, agent *os.File) (*usernsHandle, uint32, error) {
 	r.nsAgentPath.Store(agentPath)
-	p, pooled := r.takePooledUserns(id)
+	p, pooled := r.takePooledUserns(id, agentPath)
 	slot := p.slot
 	if !pooled {
 		var err error

@@ -21,22 +21,33 @@ const usernsPoolSize = 2
 // poolOwner owns the slots of the user namespaces made ahead; no sandbox ID has this form.
 const poolOwner = "(user-namespace pool)"
 
-// pooledUserns is a user namespace made ahead: its slot and its helper.
+// pooledUserns is a user namespace made ahead: its slot, its helper and the agent binary the
+// helper is.
 type pooledUserns struct {
-	slot int
-	h    *usernsHandle
+	slot  int
+	h     *usernsHandle
+	agent string
 }
 
-// takePooledUserns returns a user namespace made ahead, its slot now id's, or false when the
-// pool is empty. It kicks the refill either way.
-func (r *Runtime) takePooledUserns(id string) (pooledUserns, bool) {
+// takePooledUserns returns a user namespace made ahead by the agent binary at agentPath, its
+// slot now id's, or false when the pool has none (one made by another binary is ended: a
+// create's namespace comes from its own agent, as if made for it). It kicks the refill either
+// way.
+func (r *Runtime) takePooledUserns(id, agentPath string) (pooledUserns, bool) {
 	defer r.kickUserns()
-	select {
-	case p := <-r.nsReady:
-		r.slots.assign(p.slot, id)
-		return p, true
-	default:
-		return pooledUserns{}, false
+	for {
+		select {
+		case p := <-r.nsReady:
+			if p.agent != agentPath {
+				p.h.close()
+				r.slots.releaseSlot(p.slot)
+				continue
+			}
+			r.slots.assign(p.slot, id)
+			return p, true
+		default:
+			return pooledUserns{}, false
+		}
 	}
 }
 
@@ -60,8 +71,11 @@ func (r *Runtime) refillUserns(ctx context.Context) {
 			return
 		case <-r.nsRefill:
 		}
-		path, _ := r.nsAgentPath.Load().(string)
-		for path != "" && len(r.nsReady) < cap(r.nsReady) && ctx.Err() == nil {
+		for len(r.nsReady) < cap(r.nsReady) && ctx.Err() == nil {
+			path, _ := r.nsAgentPath.Load().(string)
+			if path == "" {
+				break
+			}
 			if len(r.nsReady) >= lowWater && r.creating.Load() > 0 {
 				break // the Create that ends last kicks the refill again
 			}
@@ -105,7 +119,7 @@ func (r *Runtime) makePooledUserns(path string) (pooledUserns, error) {
 		r.slots.releaseSlot(slot)
 		return pooledUserns{}, err
 	}
-	return pooledUserns{slot: slot, h: h}, nil
+	return pooledUserns{slot: slot, h: h, agent: path}, nil
 }
 
 // closeUsernsPool ends the helpers of the namespaces made ahead and frees their slots. Call it
