@@ -251,12 +251,43 @@ func (r *Runtime) DiskUse() DiskUse {
 	return u
 }
 
+// refillQuiet is how long after the last Create ended a pool's refill waits while the pool
+// holds at least half its entries: a client's first command follows its create within it, and
+// then does not share its CPU with a mkfs or a user namespace helper's start.
+const refillQuiet = 30 * time.Millisecond
+
+// refillWait says whether a pool's refill should wait, given how many entries it holds of its
+// lowWater: while at least lowWater are ready, it waits until no Create is in flight (the last
+// one to end kicks it: wait is false, kicked true) and refillQuiet has passed since the last
+// ended (wait the returned duration). Below lowWater it refills at once, as a create that finds
+// the pool empty pays for its entry itself.
+func (r *Runtime) refillWait(ready, lowWater int) (wait time.Duration, kicked bool) {
+	if ready < lowWater {
+		return 0, false
+	}
+	if r.creating.Load() > 0 {
+		return 0, true
+	}
+	return refillQuiet - time.Since(time.Unix(0, r.createdAt.Load())), false
+}
+
+// sleepCtx waits d or until ctx ends, and reports whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // refillPool keeps r.ready full. It runs until ctx ends; Close waits for it.
 //
-// A slot costs a mkfs (15-50 ms of CPU). While the pool holds at least half its slots, the refill
-// waits until no Create is in flight (the last one to end kicks it), so that a create never
-// shares its CPU with one on a small host; below half, or with a pool of one, it refills at
-// once, as a create that finds the pool empty pays the mkfs itself.
+// A slot costs a mkfs and its fallocate (5-50 ms of CPU and some I/O with its sync), which
+// refillWait keeps off the CPU of creates and of the commands that follow them while the pool
+// holds at least half its slots.
 func (r *Runtime) refillPool(ctx context.Context) {
 	defer r.wg.Done()
 	backoff := 100 * time.Millisecond
@@ -268,8 +299,13 @@ func (r *Runtime) refillPool(ctx context.Context) {
 		case <-r.refill:
 		}
 		for len(r.ready) < cap(r.ready) && ctx.Err() == nil {
-			if len(r.ready) >= lowWater && r.creating.Load() > 0 {
+			if wait, kicked := r.refillWait(len(r.ready), lowWater); kicked {
 				break // the Create that ends last kicks the refill again
+			} else if wait > 0 {
+				if !sleepCtx(ctx, wait) {
+					return
+				}
+				continue
 			}
 			start := time.Now()
 			slot, err := r.makeSlot(ctx, r.cfg.DefaultDiskBytes)

@@ -179,9 +179,10 @@ type Runtime struct {
 	poolDir string
 	ready   chan string // paths of ready pool slots; receive-only for Create, filled by refill
 	refill  chan struct{}
-	// creating counts the Creates in flight: the refill waits for none while the pool holds at
-	// least half its slots, so a create does not share its CPU with a mkfs (refillPool).
-	creating atomic.Int32
+	// creating counts the Creates in flight and createdAt is when the last one ended (unix
+	// nanoseconds): the pools' refills wait for a quiet moment (refillWait).
+	creating  atomic.Int32
+	createdAt atomic.Int64
 	// nsReady holds user namespaces made ahead (usernspool.go), refilled on nsRefill with the
 	// agent binary a Create last named (nsAgentPath, a string).
 	nsReady     chan pooledUserns

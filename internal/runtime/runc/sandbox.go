@@ -55,6 +55,7 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 	defer unlock()
 	r.creating.Add(1)
 	defer func() {
+		r.createdAt.Store(time.Now().UnixNano())
 		if r.creating.Add(-1) == 0 {
 			r.kickRefill()
 			r.kickUserns()

@@ -12,7 +12,8 @@ import (
 // started from the agent binary (startUserns), and the create waits for its "ok". The runtime
 // therefore keeps up to usernsPoolSize of them made ahead: each is a slot taken for no sandbox
 // yet (poolOwner) with its helper running. claimUserns takes one and the refill makes the next
-// off the create's path, after the creates in flight as the disk pool does (refillPool). They
+// off the create's path, after the creates in flight and the commands that follow them, as the
+// disk pool does (refillWait). They
 // live in memory only: their helpers end with this process (their standard input closes) and
 // their slots were never recorded in a sandbox directory, so a restarted Runtime finds the
 // slots free.
@@ -76,8 +77,13 @@ func (r *Runtime) refillUserns(ctx context.Context) {
 			if path == "" {
 				break
 			}
-			if len(r.nsReady) >= lowWater && r.creating.Load() > 0 {
+			if wait, kicked := r.refillWait(len(r.nsReady), lowWater); kicked {
 				break // the Create that ends last kicks the refill again
+			} else if wait > 0 {
+				if !sleepCtx(ctx, wait) {
+					return
+				}
+				continue
 			}
 			p, err := r.makePooledUserns(path)
 			if errors.Is(err, errdefs.ErrExhausted) {
