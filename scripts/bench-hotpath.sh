@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 24's hot-path figures for one build, on a throwaway `corral up` of its own: exec round
-# trip and create→first exec (corral-bench container; TTI=N samples, default 10; THROUGHPUT=N
-# creates at concurrency 8, default 16), E2B
+# trip and create→first exec (corral-bench container; TTI=N samples, default 10, SETTLE=D between
+# samples, default 250ms; THROUGHPUT=N creates at concurrency 8, default 16), E2B
 # commands.run vs Corral's exec (the pinned e2b SDK), fncall calls/s. Usage:
 # scripts/bench-hotpath.sh [BIN_DIR] (default bin/; corral and corral-agent are taken from there,
 # corral-bench from bin/). Run it for two builds back to back
@@ -41,7 +41,7 @@ scripts/busybox-rootfs.sh "$work/rootfs"
 "$bindir/corral" layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 out=bench-out/hotpath-$tag
 if [ "${HOTPATH_ONLY:-exec}" = exec ]; then
-  bin/corral-bench container --base base:bench --tti ${TTI:-10} --execs ${EXECS:-500} --throughput ${THROUGHPUT:-16} --idle 0 -o json >"$out-container.json"
+  bin/corral-bench container --base base:bench --tti ${TTI:-10} --settle ${SETTLE:-250ms} --execs ${EXECS:-500} --throughput ${THROUGHPUT:-16} --idle 0 -o json >"$out-container.json"
   jq -c '{exec: .exec_true_round_trip, runc_exec: .exec_baseline_runc_exec_true, ratio: .exec_ratio_p50, tti: .tti_create_to_first_exec, tti_ratio: .tti_ratio_p50}' "$out-container.json"
 fi
 if [ "${HOTPATH_ONLY:-e2b}" = e2b ]; then

@@ -32,6 +32,11 @@ type Config struct {
 	Throughput  int    // sandboxes created in the throughput test
 	Concurrency int    // concurrent creators in the throughput test
 	Idle        int    // idle sandboxes for the memory measure
+	// Settle is the pause after each create→first exec sample and each runc run sample, so that
+	// neither side's background work (Corral's delete cleanup and pool refills, the kernel's
+	// teardown of runc's container) runs in the other's next sample. 0: back to back, as before
+	// 2026-12-04.
+	Settle time.Duration
 }
 
 // Stats summarises samples in milliseconds.
@@ -67,6 +72,7 @@ type Result struct {
 	TTI          Stats   `json:"tti_create_to_first_exec"`
 	TTIBaseline  Stats   `json:"tti_baseline_runc_run_true"`
 	TTIRatioP50  float64 `json:"tti_ratio_p50"`
+	TTISettleMs  float64 `json:"tti_settle_ms"`
 	Exec         Stats   `json:"exec_true_round_trip"`
 	ExecBaseline Stats   `json:"exec_baseline_runc_exec_true"`
 	ExecRatioP50 float64 `json:"exec_ratio_p50"`
@@ -114,14 +120,17 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 			return nil, err
 		}
 		tti = append(tti, d)
+		time.Sleep(cfg.Settle)
 		d, err = b.run(ctx, fmt.Sprintf("run-%d", i))
 		if err != nil {
 			return nil, err
 		}
 		base = append(base, d)
+		time.Sleep(cfg.Settle)
 	}
 	res.TTI, res.TTIBaseline = summarise(tti), summarise(base)
 	res.TTIRatioP50 = res.TTI.P50 / res.TTIBaseline.P50
+	res.TTISettleMs = float64(cfg.Settle.Microseconds()) / 1000
 
 	log.Info("measuring exec round trip", "rounds", cfg.ExecRounds)
 	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: cfg.Base})

@@ -123,6 +123,12 @@ func Warm(ctx context.Context, c *corral.Client, cfg WarmConfig, log *slog.Logge
 			return nil, err
 		}
 		tti = append(tti, d)
+		// The claim's refill (a sandbox's create, then the node's own pools') must not run in
+		// the baseline's sample.
+		if err := waitReady(ctx, c, cfg.Env, cfg.Burst, 5*time.Minute); err != nil {
+			return nil, err
+		}
+		time.Sleep(250 * time.Millisecond)
 		d, err = b.run(ctx, fmt.Sprintf("warm-run-%d", i))
 		if err != nil {
 			return nil, err
