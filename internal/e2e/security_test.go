@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/nftables"
 
+	"github.com/corral-dev/corral/internal/lxcfs"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -314,6 +315,13 @@ func assertNoLeftovers(t *testing.T, p *corralProc) {
 	}
 	if strings.Contains(string(mi), roots) {
 		t.Errorf("mounts left behind under %s", roots)
+	}
+	// LXCFS's view of the data dir, outside it (internal/lxcfs ViewDir): corral up stops LXCFS
+	// when it stops with no sandbox left.
+	if view := lxcfs.ViewDir(filepath.Join(p.DataDir, "lxcfs")); strings.Contains(string(mi), " "+view) {
+		t.Errorf("LXCFS view left mounted at %s", view)
+	} else if _, err := os.Stat(view); err == nil {
+		t.Errorf("LXCFS view left behind at %s", view)
 	}
 	if pids := gvisorHolderPids(p.DataDir); len(pids) > 0 {
 		t.Errorf("gVisor link holders left behind: %v", pids)
