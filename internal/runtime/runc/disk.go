@@ -290,16 +290,39 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // holds at least half its slots.
 func (r *Runtime) refillPool(ctx context.Context) {
 	defer r.wg.Done()
+	r.refillLoop(ctx, r.refill, func() (int, int) { return len(r.ready), cap(r.ready) }, "refill disk pool", func() error {
+		start := time.Now()
+		slot, err := r.makeSlot(ctx, r.cfg.DefaultDiskBytes)
+		if err != nil {
+			return err
+		}
+		r.log.Debug("disk pool slot ready", "dir", slot, "took", time.Since(start))
+		r.ready <- slot // only this goroutine sends, and len < cap: never blocks
+		return nil
+	})
+}
+
+// errRoundDone ends a refill round (refillLoop) until the next kick.
+var errRoundDone = errors.New("refill round done")
+
+// refillLoop runs a pool's refill until ctx ends: at each kick, while the pool (size: its
+// entries and capacity) is short and refillWait lets it, fill adds an entry. fill's errors are
+// logged under what and retried with a backoff (100 ms doubling to 30 s); errRoundDone waits
+// for the next kick instead.
+func (r *Runtime) refillLoop(ctx context.Context, kick <-chan struct{}, size func() (n, capacity int), what string, fill func() error) {
 	backoff := 100 * time.Millisecond
-	lowWater := (cap(r.ready) + 1) / 2
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.refill:
+		case <-kick:
 		}
-		for len(r.ready) < cap(r.ready) && ctx.Err() == nil {
-			if wait, kicked := r.refillWait(len(r.ready), lowWater); kicked {
+		for ctx.Err() == nil {
+			n, capacity := size()
+			if n >= capacity {
+				break
+			}
+			if wait, kicked := r.refillWait(n, (capacity+1)/2); kicked {
 				break // the Create that ends last kicks the refill again
 			} else if wait > 0 {
 				if !sleepCtx(ctx, wait) {
@@ -307,24 +330,22 @@ func (r *Runtime) refillPool(ctx context.Context) {
 				}
 				continue
 			}
-			start := time.Now()
-			slot, err := r.makeSlot(ctx, r.cfg.DefaultDiskBytes)
+			err := fill()
+			if errors.Is(err, errRoundDone) {
+				break
+			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return
 				}
-				r.log.Warn("refill disk pool", "err", err, "retry_in", backoff)
-				select {
-				case <-ctx.Done():
+				r.log.Warn(what, "err", err, "retry_in", backoff)
+				if !sleepCtx(ctx, backoff) {
 					return
-				case <-time.After(backoff):
 				}
 				backoff = min(2*backoff, 30*time.Second)
 				continue
 			}
 			backoff = 100 * time.Millisecond
-			r.log.Debug("disk pool slot ready", "dir", slot, "took", time.Since(start))
-			r.ready <- slot // only this goroutine sends, and len < cap: never blocks
 		}
 	}
 }

@@ -3,7 +3,6 @@ package runc
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -64,45 +63,21 @@ func (r *Runtime) kickUserns() {
 // (closeUsernsPool).
 func (r *Runtime) refillUserns(ctx context.Context) {
 	defer r.wg.Done()
-	backoff := 100 * time.Millisecond
-	lowWater := (cap(r.nsReady) + 1) / 2
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.nsRefill:
+	r.refillLoop(ctx, r.nsRefill, func() (int, int) { return len(r.nsReady), cap(r.nsReady) }, "make a user namespace ahead", func() error {
+		path, _ := r.nsAgentPath.Load().(string)
+		if path == "" {
+			return errRoundDone // no Create has named the agent yet
 		}
-		for len(r.nsReady) < cap(r.nsReady) && ctx.Err() == nil {
-			path, _ := r.nsAgentPath.Load().(string)
-			if path == "" {
-				break
-			}
-			if wait, kicked := r.refillWait(len(r.nsReady), lowWater); kicked {
-				break // the Create that ends last kicks the refill again
-			} else if wait > 0 {
-				if !sleepCtx(ctx, wait) {
-					return
-				}
-				continue
-			}
-			p, err := r.makePooledUserns(path)
-			if errors.Is(err, errdefs.ErrExhausted) {
-				break // every slot is a sandbox's: the next delete's create kicks again
-			}
-			if err != nil {
-				r.log.Warn("make a user namespace ahead", "err", err, "retry_in", backoff)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(backoff):
-				}
-				backoff = min(2*backoff, 30*time.Second)
-				continue
-			}
-			backoff = 100 * time.Millisecond
-			r.nsReady <- p // only this goroutine sends, and len < cap: never blocks
+		p, err := r.makePooledUserns(path)
+		if errors.Is(err, errdefs.ErrExhausted) {
+			return errRoundDone // every slot is a sandbox's: the next create kicks again
 		}
-	}
+		if err != nil {
+			return err
+		}
+		r.nsReady <- p // only this goroutine sends, and len < cap: never blocks
+		return nil
+	})
 }
 
 // makePooledUserns takes a free slot for the pool and starts its namespace's helper with the
