@@ -118,8 +118,9 @@ func volumeMounts(dir string, s *Spec) []specs.Mount {
 
 // hostsMount writes the sandbox's /etc/hosts (agentrpc.HostsFile) and returns its bind mount.
 // The file lives on a small tmpfs of the sandbox's own at dir/etc (dir: the sandbox's state
-// directory, or its root directory with a user namespace; unmounted with it), so the sandbox's mountinfo shows "/hosts" as the mount's root, not a path of the
-// host's. As in Docker, the sandbox's root may add entries: the file is writable and owned by
+// directory, or its root directory with a user namespace; unmounted with it), so the
+// sandbox's mountinfo shows "/hosts" as the mount's root, not a path of the host's. As in
+// Docker, the sandbox's root may add entries: the file is writable and owned by
 // owner (the host uid and gid of the sandbox's root; 0 without a user namespace), and the
 // tmpfs bounds what it can grow to (64 KiB, charged to the sandbox's memory).
 func hostsMount(dir string, owner uint32) (specs.Mount, error) {
