@@ -18,11 +18,12 @@
 // read-only over each. The view is readable by every host uid, unlike the directory: a
 // sandbox's runc init, an unprivileged uid in its user namespace, binds its files itself.
 //
-// Sandboxes bind the view's files, not mnt/..., over their /proc and /sys files, and their binds are
-// slaves of the view's (internal/runtime/runc sets rslave propagation). That is what makes a restart
-// survivable: when LXCFS dies its FUSE connection is gone for good (reads return ENOTCONN) and
-// nothing can revive a bind of its files, but the next LXCFS's files, bound over view/<name>,
-// propagate to every sandbox's bind of it and stack on top of the dead one. Each restart adds
+// Sandboxes bind the view's files, not mnt/..., over their /proc and /sys files, and their
+// binds are slaves of the view's (internal/runtime/runc sets rslave propagation). That is what
+// makes a restart survivable: when LXCFS dies its FUSE connection is gone for good (reads
+// return ENOTCONN) and nothing can revive a bind of its files, but the next LXCFS's files,
+// bound over the view's, propagate to every sandbox's bind of them and stack on top of the
+// dead ones. Each restart adds
 // one mount per file on the host and in each sandbox; they go when the sandbox does.
 //
 // # Lifecycle
