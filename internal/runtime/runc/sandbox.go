@@ -181,13 +181,14 @@ func mountRootfs(spec *Spec, dir, rootfs string, ux *usernsSpec) error {
 		plain := mkdir
 		mkdir = func(p string, follow bool) error { return asOwner(im.owner, func() error { return plain(p, follow) }) }
 	}
-	if err := mountVolumes(dir, rootfs, spec.Volumes, mkdir); err != nil {
+	vols := volumesBase(dir, ux)
+	if err := mountVolumes(vols, rootfs, spec.Volumes, mkdir); err != nil {
 		return err
 	}
 	if im != nil {
 		// A volume keeps inside ids on disk, like the writable layer: its mount is idmapped
 		// with the sandbox's user namespace.
-		if err := idmapVolumes(dir, len(spec.Volumes), im.ns); err != nil {
+		if err := idmapVolumes(vols, len(spec.Volumes), im.ns); err != nil {
 			return err
 		}
 	}
@@ -233,7 +234,7 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 	if err != nil {
 		return err
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), append(volumeMounts(dir, spec), hosts)...)
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), append(volumeMounts(volumesBase(dir, ux), spec), hosts)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}

@@ -54,6 +54,17 @@ func checkVolumes(vols []runtime.Volume) error {
 // volumeDir is where a sandbox's i-th volume is mounted on the host.
 func volumeDir(dir string, i int) string { return filepath.Join(dir, "vol", strconv.Itoa(i)) }
 
+// volumesBase is the directory whose vol/ holds a sandbox's volume mounts: its state directory
+// dir, or with a user namespace (ux) its root directory under RootsDir, which the sandbox's
+// root can search, so that runc's init binds them itself instead of asking runc's parent for
+// each (as for /etc/hosts and LXCFS's files).
+func volumesBase(dir string, ux *usernsSpec) string {
+	if ux != nil {
+		return filepath.Dir(ux.rootfs)
+	}
+	return dir
+}
+
 // mountVolumes mounts s's volumes under dir (volumeDir) and makes their mountpoints in rootfs
 // with mkdir (inroot.Mkdir in rootfs, as the sandbox's root when it has a user namespace).
 // On error the caller's teardown of dir removes what was mounted.
@@ -63,7 +74,12 @@ func mountVolumes(dir, rootfs string, vols []runtime.Volume, mkdir func(p string
 			return fmt.Errorf("volume at %s: %w", v.Path, err)
 		}
 		mnt := volumeDir(dir, i)
-		if err := os.MkdirAll(mnt, 0o700); err != nil {
+		// vol/ is searchable (its mount points are not readable): under a root directory the
+		// sandbox's root reaches its volumes through it.
+		if err := os.MkdirAll(filepath.Dir(mnt), 0o711); err != nil {
+			return err
+		}
+		if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
 		if err := mountVolume(v.Image, mnt, v.ReadOnly); err != nil {
