@@ -12,10 +12,9 @@ import (
 // therefore keeps up to usernsPoolSize of them made ahead: each is a slot taken for no sandbox
 // yet (poolOwner) with its helper running. claimUserns takes one and the refill makes the next
 // off the create's path, after the creates in flight and the commands that follow them, as the
-// disk pool does (refillWait). They
-// live in memory only: their helpers end with this process (their standard input closes) and
-// their slots were never recorded in a sandbox directory, so a restarted Runtime finds the
-// slots free.
+// disk pool does (refillWait). They live in memory only: their helpers end with this process
+// (their standard input closes) and their slots were never recorded in a sandbox directory, so
+// a restarted Runtime finds the slots free.
 const usernsPoolSize = 2
 
 // poolOwner owns the slots of the user namespaces made ahead; no sandbox ID has this form.
