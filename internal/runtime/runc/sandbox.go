@@ -181,7 +181,7 @@ func mountRootfs(spec *Spec, dir, rootfs string, ux *usernsSpec) error {
 		plain := mkdir
 		mkdir = func(p string, follow bool) error { return asOwner(im.owner, func() error { return plain(p, follow) }) }
 	}
-	vols := volumesBase(dir, ux)
+	vols := bindDir(dir, ux)
 	if err := mountVolumes(vols, rootfs, spec.Volumes, mkdir); err != nil {
 		return err
 	}
@@ -221,20 +221,16 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return err
 		}
 	}
-	// /etc/hosts lives where runc's init, in the sandbox's user namespace, can open it (its root
-	// directory under RootsDir, not the 0700 state directory): it then binds it itself instead
-	// of asking runc's parent for the file (a round trip; LXCFS's view is open for the same
-	// reason).
 	var owner uint32
-	etcDir := dir
 	if ux != nil {
-		owner, etcDir = ux.owner, filepath.Dir(ux.rootfs)
+		owner = ux.owner
 	}
-	hosts, err := hostsMount(etcDir, owner)
+	srcs := bindDir(dir, ux)
+	hosts, err := hostsMount(srcs, owner)
 	if err != nil {
 		return err
 	}
-	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), append(volumeMounts(volumesBase(dir, ux), spec), hosts)...)
+	config, err := r.tmpl.render(spec, r.cgroupPath(spec.ID), nil, facts, ux, r.budgets(), append(volumeMounts(srcs, spec), hosts)...)
 	if err != nil {
 		return fmt.Errorf("render spec: %w", err)
 	}

@@ -2,9 +2,11 @@ package runc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -53,6 +55,29 @@ func TestUserNSSandbox(t *testing.T) {
 		if st.Uid != want[0] || st.Gid != want[1] {
 			t.Errorf("%s on the disk: %d:%d, want %v (inside ids)", p, st.Uid, st.Gid, want)
 		}
+	}
+	// Every bind's source is reachable by the sandbox's root as the host sees it, so runc's init
+	// binds it itself (no round trip through runc's parent per source, bindDir).
+	var cfg struct {
+		Mounts []struct{ Type, Source string }
+	}
+	if b, err := os.ReadFile(filepath.Join(sb.Dir, "config.json")); err != nil || json.Unmarshal(b, &cfg) != nil {
+		t.Fatalf("read config.json: %v", err)
+	}
+	binds := 0
+	for _, m := range cfg.Mounts {
+		if m.Type != "bind" {
+			continue
+		}
+		binds++
+		cmd := exec.Command("test", "-e", m.Source)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: sb.HostUID, Gid: sb.HostUID}}
+		if err := cmd.Run(); err != nil {
+			t.Errorf("bind source %s is out of the sandbox root's (host uid %d) reach: %v", m.Source, sb.HostUID, err)
+		}
+	}
+	if binds == 0 {
+		t.Error("no bind mount in config.json (want at least /etc/hosts)")
 	}
 	// The layers are unchanged on the host.
 	var lst syscall.Stat_t

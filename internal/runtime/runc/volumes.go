@@ -54,11 +54,12 @@ func checkVolumes(vols []runtime.Volume) error {
 // volumeDir is where a sandbox's i-th volume is mounted on the host.
 func volumeDir(dir string, i int) string { return filepath.Join(dir, "vol", strconv.Itoa(i)) }
 
-// volumesBase is the directory whose vol/ holds a sandbox's volume mounts: its state directory
-// dir, or with a user namespace (ux) its root directory under RootsDir, which the sandbox's
-// root can search, so that runc's init binds them itself instead of asking runc's parent for
-// each (as for /etc/hosts and LXCFS's files).
-func volumesBase(dir string, ux *usernsSpec) string {
+// bindDir is where the host-side sources of a sandbox's binds (its volumes' mount points under
+// vol/, its /etc/hosts under etc/) live: its state directory dir, or with a user namespace (ux)
+// its root directory under RootsDir, which the sandbox's root can search, so that runc's init
+// binds them itself instead of asking runc's parent for each source (as for LXCFS's files,
+// whose view is open for the same reason).
+func bindDir(dir string, ux *usernsSpec) string {
 	if ux != nil {
 		return filepath.Dir(ux.rootfs)
 	}
