@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 24's hot-path figures for one build, on a throwaway `corral up` of its own: exec round
 # trip and create→first exec (corral-bench container; TTI=N samples, default 10, SETTLE=D between
-# samples, default 250ms; THROUGHPUT=N creates at concurrency 8, default 16), E2B
+# samples, default 250ms; EXEC_GAP=D between a sample's create and its first exec; THROUGHPUT=N creates at concurrency 8, default 16), E2B
 # commands.run vs Corral's exec (the pinned e2b SDK), fncall calls/s. Usage:
 # scripts/bench-hotpath.sh [BIN_DIR] (default bin/; corral and corral-agent are taken from there,
 # corral-bench from bin/). Run it for two builds back to back
-# and compare the ratios, which carry their own baselines. JSON goes to bench-out/hotpath-*.json.
+# and compare the ratios, which carry their own baselines. UP_ARGS adds flags to its corral up. JSON goes to bench-out/hotpath-*.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bindir=$(cd "${1:-bin}" && pwd)
@@ -33,7 +33,7 @@ perf=()
 [ -n "${HOTPATH_PERF:-}" ] && perf=(perf record -q -F 999 -g -o "$HOTPATH_PERF" --)
 mkdir -p "$upcg"
 (echo $BASHPID >"$upcg/cgroup.procs"; exec "${perf[@]}" "$bindir/corral" up --data-dir "$work/data" --listen "127.0.0.1:$port" --e2b-listen "127.0.0.1:$((port + 1))" \
-  --cgroup-parent /corral-hp --disk-pool 4 --net-tag hp --net-pool 10.252.7.0/24 >"$work/corral.log" 2>&1) &
+  --cgroup-parent /corral-hp --disk-pool 4 --net-tag hp --net-pool 10.252.7.0/24 ${UP_ARGS:-} >"$work/corral.log" 2>&1) &
 pid=$!
 for _ in $(seq 200); do curl -fsS "$CORRAL_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 export CORRAL_TOKEN=$(cat "$work/data/admin.token")
@@ -41,8 +41,8 @@ scripts/busybox-rootfs.sh "$work/rootfs"
 "$bindir/corral" layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 out=bench-out/hotpath-$tag
 if [ "${HOTPATH_ONLY:-exec}" = exec ]; then
-  bin/corral-bench container --base base:bench --tti ${TTI:-10} --settle ${SETTLE:-250ms} --execs ${EXECS:-500} --throughput ${THROUGHPUT:-16} --idle 0 -o json >"$out-container.json"
-  jq -c '{exec: .exec_true_round_trip, runc_exec: .exec_baseline_runc_exec_true, ratio: .exec_ratio_p50, tti: .tti_create_to_first_exec, tti_ratio: .tti_ratio_p50}' "$out-container.json"
+  bin/corral-bench container --base base:bench --tti ${TTI:-10} --settle ${SETTLE:-250ms} --exec-gap ${EXEC_GAP:-0s} --execs ${EXECS:-500} --throughput ${THROUGHPUT:-16} --idle 0 -o json >"$out-container.json"
+  jq -c '{exec: .exec_true_round_trip, runc_exec: .exec_baseline_runc_exec_true, ratio: .exec_ratio_p50, tti: .tti_create_to_first_exec, tti_ratio: .tti_ratio_p50, create: .tti_create.p50_ms, first_exec: .tti_first_exec.p50_ms, second_exec: .tti_second_exec.p50_ms}' "$out-container.json"
 fi
 if [ "${HOTPATH_ONLY:-e2b}" = e2b ]; then
   sdk=$(scripts/e2b-sdk.sh)

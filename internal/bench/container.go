@@ -37,6 +37,9 @@ type Config struct {
 	// teardown of runc's container) runs in the other's next sample. 0: back to back, as before
 	// 2026-12-04.
 	Settle time.Duration
+	// ExecGap is a pause between a TTI sample's create and its first exec (a client that thinks
+	// first); the TTI figures leave it out. 0: the exec follows at once.
+	ExecGap time.Duration
 }
 
 // Stats summarises samples in milliseconds.
@@ -69,13 +72,18 @@ type Result struct {
 	RuncVersion string `json:"runc_version"`
 	Base        string `json:"base"`
 
-	TTI          Stats   `json:"tti_create_to_first_exec"`
-	TTIBaseline  Stats   `json:"tti_baseline_runc_run_true"`
-	TTIRatioP50  float64 `json:"tti_ratio_p50"`
-	TTISettleMs  float64 `json:"tti_settle_ms"`
-	Exec         Stats   `json:"exec_true_round_trip"`
-	ExecBaseline Stats   `json:"exec_baseline_runc_exec_true"`
-	ExecRatioP50 float64 `json:"exec_ratio_p50"`
+	TTI         Stats   `json:"tti_create_to_first_exec"`
+	TTIBaseline Stats   `json:"tti_baseline_runc_run_true"`
+	TTIRatioP50 float64 `json:"tti_ratio_p50"`
+	TTISettleMs float64 `json:"tti_settle_ms"`
+	// The TTI's parts: the create's answer, the first exec of `true`, and a second one right
+	// after it (not part of the TTI).
+	TTICreate     Stats   `json:"tti_create"`
+	TTIFirstExec  Stats   `json:"tti_first_exec"`
+	TTISecondExec Stats   `json:"tti_second_exec"`
+	Exec          Stats   `json:"exec_true_round_trip"`
+	ExecBaseline  Stats   `json:"exec_baseline_runc_exec_true"`
+	ExecRatioP50  float64 `json:"exec_ratio_p50"`
 
 	ThroughputPerSec         float64 `json:"create_throughput_per_s"`
 	ThroughputBaselinePerSec float64 `json:"create_throughput_baseline_runc_run_detach_per_s"`
@@ -113,15 +121,15 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 		return nil, err
 	}
 	log.Info("measuring time to interactive", "rounds", cfg.TTIRounds)
-	var tti, base []time.Duration
+	var tti, creates, firsts, seconds, base []time.Duration
 	for i := range cfg.TTIRounds {
-		d, err := ttiOnce(ctx, c, cfg.Base)
+		p, err := ttiParts(ctx, c, cfg.Base, true, cfg.ExecGap)
 		if err != nil {
 			return nil, err
 		}
-		tti = append(tti, d)
+		tti, creates, firsts, seconds = append(tti, p.total), append(creates, p.create), append(firsts, p.first), append(seconds, p.second)
 		time.Sleep(cfg.Settle)
-		d, err = b.run(ctx, fmt.Sprintf("run-%d", i))
+		d, err := b.run(ctx, fmt.Sprintf("run-%d", i))
 		if err != nil {
 			return nil, err
 		}
@@ -129,6 +137,7 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 		time.Sleep(cfg.Settle)
 	}
 	res.TTI, res.TTIBaseline = summarise(tti), summarise(base)
+	res.TTICreate, res.TTIFirstExec, res.TTISecondExec = summarise(creates), summarise(firsts), summarise(seconds)
 	res.TTIRatioP50 = res.TTI.P50 / res.TTIBaseline.P50
 	res.TTISettleMs = float64(cfg.Settle.Microseconds()) / 1000
 
@@ -208,18 +217,43 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 }
 
 func ttiOnce(ctx context.Context, c *corral.Client, base string) (time.Duration, error) {
+	s, err := ttiParts(ctx, c, base, false, 0)
+	return s.total, err
+}
+
+// ttiSample is one create→first exec: the whole, its create and its first exec, and (when
+// asked) the second exec of `true` right after, which tells what the first one pays for being
+// first.
+type ttiSample struct{ total, create, first, second time.Duration }
+
+// ttiParts creates a sandbox of base, runs `true` in it (twice with second) gap after the
+// create's answer (the gap is in no figure), and deletes it.
+func ttiParts(ctx context.Context, c *corral.Client, base string, second bool, gap time.Duration) (ttiSample, error) {
+	var s ttiSample
 	start := time.Now()
 	sb, err := c.CreateSandbox(ctx, corral.CreateRequest{Base: base})
 	if err != nil {
-		return 0, err
+		return s, err
 	}
-	_, _, exit, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}})
-	d := time.Since(start)
-	c.DeleteSandbox(ctx, sb.ID)
-	if err != nil || exit == nil || exit.Code != 0 {
-		return 0, fmt.Errorf("first exec: %v %+v", err, exit)
+	defer c.DeleteSandbox(ctx, sb.ID)
+	s.create = time.Since(start)
+	time.Sleep(gap)
+	runTrue := func(what string) (time.Duration, error) {
+		t := time.Now()
+		_, _, exit, err := c.Run(ctx, sb.ID, corral.ExecRequest{Argv: []string{"true"}})
+		if err != nil || exit == nil || exit.Code != 0 {
+			return 0, fmt.Errorf("%s exec: %v %+v", what, err, exit)
+		}
+		return time.Since(t), nil
 	}
-	return d, nil
+	if s.first, err = runTrue("first"); err != nil {
+		return s, err
+	}
+	s.total = s.create + s.first
+	if second {
+		s.second, err = runTrue("second")
+	}
+	return s, err
 }
 
 func deleteAll(ctx context.Context, c *corral.Client, ids []string) {

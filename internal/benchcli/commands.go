@@ -76,6 +76,7 @@ func (a *app) addBenchCmds(cmd *cobra.Command) {
 	f.StringVar(&cfg.Base, "base", "base:default", "base layer NAME:VERSION to create sandboxes from")
 	f.IntVar(&cfg.TTIRounds, "tti", 50, "create→first exec samples (and as many runc run samples)")
 	f.DurationVar(&cfg.Settle, "settle", 250*time.Millisecond, "pause after each create→first exec and each runc run sample, so neither side's background work lands in the other's sample (0: back to back)")
+	f.DurationVar(&cfg.ExecGap, "exec-gap", 0, "pause between each TTI sample's create and its first exec, left out of the figures (a client that thinks first)")
 	f.IntVar(&cfg.ExecRounds, "execs", 200, "exec round trips")
 	f.IntVar(&cfg.Throughput, "throughput", 64, "sandboxes created in the throughput test")
 	f.IntVar(&cfg.Concurrency, "concurrency", 8, "concurrent creators in the throughput test")
