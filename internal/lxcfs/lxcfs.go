@@ -81,6 +81,7 @@ func Paths() []string {
 // Server supervises one LXCFS.
 type Server struct {
 	cfg  Config
+	view string // ViewDir(cfg.Dir)
 	log  *slog.Logger
 	stop chan struct{}
 	done chan struct{}
@@ -110,7 +111,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("create lxcfs dir: %w", err)
 	}
 	// The directory is 0700, but sandboxes' processes read through the binds, never by path.
-	s := &Server{cfg: cfg, log: log.With("component", "lxcfs"), stop: make(chan struct{}), done: make(chan struct{}), ready: make(chan struct{})}
+	s := &Server{cfg: cfg, view: ViewDir(cfg.Dir), log: log.With("component", "lxcfs"), stop: make(chan struct{}), done: make(chan struct{}), ready: make(chan struct{})}
 	if out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput(); err == nil {
 		s.version = strings.Trim(strings.TrimSpace(string(out)), `"`)
 	}
@@ -159,7 +160,7 @@ func (s *Server) Files(ctx context.Context) ([]Bind, error) {
 	}
 	out := make([]Bind, len(served))
 	for i, f := range served {
-		out[i] = Bind{Source: filepath.Join(ViewDir(s.cfg.Dir), f.name), Target: f.path}
+		out[i] = Bind{Source: filepath.Join(s.view, f.name), Target: f.path}
 	}
 	return out, nil
 }
@@ -183,11 +184,6 @@ func (s *Server) Stop() error {
 // Remove stops the LXCFS whose pid file is in dir, unmounts everything under dir and its view
 // (ViewDir) and removes both.
 func Remove(dir string) error {
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		err := removeTree(ViewDir(dir))
-		os.Remove(viewBase)
-		return err
-	}
 	if pid := lxcfsPid(dir); pid > 0 {
 		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 			// SIGKILL: nothing of LXCFS's state is worth a clean exit (SIGTERM took 2 s), and
@@ -197,29 +193,27 @@ func Remove(dir string) error {
 			unix.Close(fd)
 		}
 	}
-	err := errors.Join(removeTree(ViewDir(dir)), removeTree(dir))
-	os.Remove(viewBase) // once no data directory's view is left
-	return err
-}
-
-// removeTree unmounts everything under dir (dir too) and removes it.
-func removeTree(dir string) error {
-	mps, err := mountinfo.Under(dir)
+	view := ViewDir(dir)
+	ms, err := mountinfo.UnderAny(view, dir)
 	if err != nil {
 		return err
 	}
-	for _, mp := range mps {
-		if err := unix.Unmount(mp, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("unmount %s: %w", mp, err)
+	for _, m := range ms {
+		if err := unix.Unmount(m.Point, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("unmount %s: %w", m.Point, err)
 		}
 	}
-	if mps, _ := mountinfo.Under(dir); len(mps) > 0 {
-		return fmt.Errorf("remove %s: still mounted: %v", dir, mps)
+	if left, _ := mountinfo.UnderAny(view, dir); len(left) > 0 {
+		return fmt.Errorf("remove %s: still mounted: %v", dir, left)
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove %s: %w", dir, err)
+	var errs []error
+	for _, d := range []string{view, dir} {
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", d, err))
+		}
 	}
-	return nil
+	os.Remove(viewBase) // once no data directory's view is left
+	return errors.Join(errs...)
 }
 
 // supervise waits for the LXCFS behind pidfd to exit and starts the next, until stop.
@@ -298,7 +292,7 @@ func (s *Server) adopt() (pidfd, pid int, ok bool) {
 // viewLive reports whether every view file has a live LXCFS file on top.
 func (s *Server) viewLive() bool {
 	for _, f := range served {
-		if _, err := os.ReadFile(filepath.Join(ViewDir(s.cfg.Dir), f.name)); err != nil {
+		if _, err := os.ReadFile(filepath.Join(s.view, f.name)); err != nil {
 			return false
 		}
 	}
@@ -373,11 +367,10 @@ func (s *Server) bindView(mnt string) error {
 	if err := os.Chmod(viewBase, 0o711); err != nil {
 		return err
 	}
-	view := ViewDir(s.cfg.Dir)
-	if err := makeView(view); err != nil {
+	if err := makeView(s.view); err != nil {
 		return err
 	}
-	views := []string{view}
+	views := []string{s.view}
 	if legacy := filepath.Join(s.cfg.Dir, "view"); mountinfo.IsMountpoint(legacy) {
 		views = append(views, legacy)
 	}
