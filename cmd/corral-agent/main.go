@@ -9,7 +9,7 @@
 //	corral-agent vm                             in a vm sandbox's guest: serve on its virtio-serial
 //	                                            port with the host's config (internal/vmguest)
 //	corral-agent hold                           on the host: hold a gVisor sandbox's link (below)
-//	corral-agent userns-init | rlimit-exec      on the host: around a sandbox in a user namespace
+//	corral-agent userns-init                    on the host: holds a sandbox's new user namespace
 //	                                            (internal/usernsinit)
 //	corral-agent version
 //
@@ -51,6 +51,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/agentrpc"
+	"github.com/corral-dev/corral/internal/rlimitenv"
 	"github.com/corral-dev/corral/internal/seccompbpf"
 	"github.com/corral-dev/corral/internal/usernsinit"
 	"github.com/corral-dev/corral/internal/vmguest"
@@ -64,6 +65,12 @@ var version = "dev"
 const binaryFD = 4
 
 func main() {
+	// A runc sandbox's rlimits, where runc could not set them (internal/rlimitenv): in force
+	// before anything of the sandbox's runs, or the agent does not run.
+	if err := rlimitenv.ApplyFromEnv(); err != nil {
+		fmt.Fprintf(os.Stderr, "corral-agent: %v\n", err)
+		os.Exit(1)
+	}
 	// A runc sandbox's seccomp profile, compiled on the host, comes in the environment: it is
 	// in force on every thread of the agent before anything else runs, or the agent does not
 	// run (internal/seccompbpf).
@@ -87,7 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return 0
-	case usernsinit.HelperCmd, usernsinit.RlimitExecCmd:
+	case usernsinit.HelperCmd:
 		// On the host, for the runc runtime (internal/usernsinit).
 		return usernsinit.Main(args, os.Stdin, stdout, stderr)
 	case agentrpc.CallInitArg:

@@ -109,7 +109,7 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 		if rootfs, err = r.prepareRootDir(id, base); err != nil {
 			return nil, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
-		ux = &usernsSpec{handle: h, path: h.path, rootfs: rootfs, owner: base, shim: !r.capSysResource}
+		ux = &usernsSpec{handle: h, path: h.path, rootfs: rootfs, owner: base, agentRlimits: !r.capSysResource}
 	}
 	tUserns := time.Now()
 	if err := mountRootfs(&spec, dir, rootfs, ux); err != nil {
@@ -246,9 +246,6 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 	}
 	args := append([]string{"--log", runcLog, "--log-format", "json"}, verb...)
 	cmd := r.runcCmd(ctx, append(args, "--bundle", dir, "--pid-file", filepath.Join(dir, "init.pid"), "--preserve-fds", "2", spec.ID)...)
-	if ux != nil && ux.shim {
-		cmd.Path, cmd.Args = rlimitShim(agent.f, ux.rlimits, cmd.Args)
-	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = []*os.File{lis, agent.f} // fds 3 and 4
 	if err := cmd.Run(); err != nil {

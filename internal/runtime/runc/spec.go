@@ -19,6 +19,7 @@ import (
 	"github.com/corral-dev/corral/internal/errdefs"
 	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/lxcfs"
+	"github.com/corral-dev/corral/internal/rlimitenv"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/seccompbpf"
 )
@@ -313,9 +314,17 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 			specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: nproc, Soft: nproc},
 			specs.POSIXRlimit{Type: "RLIMIT_MSGQUEUE", Hard: uint64(budgets.MsgQueueBytes), Soft: uint64(budgets.MsgQueueBytes)})
 		spec.Root = &specs.Root{Path: ux.rootfs}
-		if ux.shim {
-			// runc cannot set them from outside the namespace: the shim sets them on runc.
-			ux.rlimits, proc.Rlimits = proc.Rlimits, nil
+		if ux.agentRlimits {
+			// runc cannot set them from outside the namespace: the agent sets them on itself.
+			limits := make([]rlimitenv.Limit, len(proc.Rlimits))
+			for i, l := range proc.Rlimits {
+				limits[i] = rlimitenv.Limit{Name: l.Type, Soft: l.Soft, Hard: l.Hard}
+			}
+			env, err := rlimitenv.Encode(limits)
+			if err != nil {
+				return nil, err
+			}
+			proc.Env, proc.Rlimits = append(proc.Env, env), nil
 		}
 	}
 	spec.Process = &proc

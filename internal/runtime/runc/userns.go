@@ -17,7 +17,6 @@ import (
 	"sync"
 	"syscall"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-dev/corral/internal/errdefs"
@@ -486,10 +485,9 @@ type usernsSpec struct {
 	rootfs string // the overlay's mount point
 	owner  uint32 // the host uid and gid of the sandbox's root, the namespace's owner
 	sysfs  string // a sysfs of the sandbox's network namespace, to bind at /sys; "": mount one
-	// shim: runc is started through the rlimit shim with rlimits (set by render) instead of
-	// setting them itself.
-	shim    bool
-	rlimits []specs.POSIXRlimit
+	// agentRlimits: the agent sets the sandbox's rlimits on itself (internal/rlimitenv), as runc
+	// cannot from outside the namespace without CAP_SYS_RESOURCE.
+	agentRlimits bool
 }
 
 // claimUserns takes a slot for id, records it in dir and makes its user namespace: one made
@@ -563,17 +561,6 @@ func (r *Runtime) budgets() Budgets {
 		return Budgets{}
 	}
 	return r.cfg.UserNS.Budgets
-}
-
-// rlimitShim returns the path and argv that run argv through the rlimit shim
-// (usernsinit.RlimitExecCmd) of the agent binary agent, with limits.
-func rlimitShim(agent *os.File, limits []specs.POSIXRlimit, argv []string) (path string, args []string) {
-	var names []string
-	var soft, hard []uint64
-	for _, l := range limits {
-		names, soft, hard = append(names, l.Type), append(soft, l.Soft), append(hard, l.Hard)
-	}
-	return agentFDPath(agent), append([]string{"corral-agent"}, usernsinit.RlimitArgs(names, soft, hard, argv)...)
 }
 
 // agentFDPath is the path that executes the agent binary's memfd, valid in this process and,

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,9 +33,24 @@ func usernsEnv(t *testing.T, slots int) *testEnv {
 // configured inotify budget.
 func TestUserNSSandbox(t *testing.T) {
 	e := usernsEnv(t, 4)
-	sb := e.create(e.spec("u1"))
+	s := e.spec("u1")
+	s.OpenFiles = 321
+	sb := e.create(s)
 	if sb.HostUID < 0xF8000000 {
 		t.Fatalf("HostUID = %d", sb.HostUID)
+	}
+	// Its rlimits, set by runc or, without CAP_SYS_RESOURCE, by the agent on itself
+	// (internal/rlimitenv), whose variable no command sees.
+	limits := okSh(t, sb.AgentSocket, "grep -E '^Max (open files|processes|msgqueue size)' /proc/self/limits; env | grep -c CORRAL_RLIMITS || true")
+	for _, want := range []string{
+		`Max processes +` + strconv.FormatInt(2*hostPids(&s), 10) + ` +` + strconv.FormatInt(2*hostPids(&s), 10) + ` `,
+		`Max open files +321 +321 `,
+		`Max msgqueue size +` + strconv.FormatInt(e.r.budgets().MsgQueueBytes, 10) + ` +` + strconv.FormatInt(e.r.budgets().MsgQueueBytes, 10) + ` `,
+		`(?m)^0$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(limits) {
+			t.Errorf("the sandbox's limits lack %q:\n%s", want, limits)
+		}
 	}
 	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.Pid))
 	if err != nil {

@@ -24,17 +24,22 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/corral-dev/corral/internal/rlimitenv"
 	"github.com/corral-dev/corral/internal/seccompbpf"
 	"github.com/corral-dev/corral/internal/usernsinit"
 )
 
 func main() {
+	// The sandbox's rlimits where runc could not set them, as the real agent sets them.
+	if err := rlimitenv.ApplyFromEnv(); err != nil {
+		fail("rlimits: " + err.Error())
+	}
 	// The sandbox's compiled seccomp profile, first thing, as the real agent installs it.
 	if err := seccompbpf.InstallFromEnv(); err != nil {
 		fail("seccomp: " + err.Error())
 	}
 	// On the host, around a sandbox in a user namespace, as the real agent does.
-	if len(os.Args) > 1 && (os.Args[1] == usernsinit.HelperCmd || os.Args[1] == usernsinit.RlimitExecCmd) {
+	if len(os.Args) > 1 && os.Args[1] == usernsinit.HelperCmd {
 		os.Exit(usernsinit.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	// Non-dumpable: no process inside may ptrace this one or open /proc/1/{exe,fd/*,mem,environ},
