@@ -29,6 +29,7 @@ import (
 	"github.com/corral-dev/corral/internal/lazyregexp"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/runtime/cgroups"
+	"github.com/corral-dev/corral/internal/runtime/diskscan"
 	"github.com/corral-dev/corral/internal/vmguest"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
@@ -96,6 +97,7 @@ type Config struct {
 // concurrent use.
 type Runtime struct {
 	cfg      Config
+	disks    diskscan.Scanner // DiskAllocated's figures
 	log      *slog.Logger
 	err      error  // why VMs cannot be created here; nil when they can
 	accel    string // the accelerator new VMs use
@@ -1663,20 +1665,15 @@ func (r *Runtime) killOrphans(ids []string) {
 }
 
 // DiskAllocated is the bytes the VMs' writable disks (a microvm's upper.img, a vm's qcow2
-// overlay) take on the host's filesystem, for the edge's disk promise.
+// overlay) take on the host's filesystem, for the edge's disk promise, which asks on every
+// create: each image is read at most once a diskAllocatedAge (diskscan), as they grow while
+// their guests write. A figure that old undercounts, and the free space, read on every
+// admission, already lacks what it misses: the promise then has less room, never more.
 func (r *Runtime) DiskAllocated() int64 {
-	var n int64
-	for _, name := range []string{"upper.img", "disk.qcow2"} {
-		imgs, _ := filepath.Glob(filepath.Join(r.cfg.StateDir, "*", name))
-		for _, img := range imgs {
-			var st unix.Stat_t
-			if unix.Stat(img, &st) == nil {
-				n += st.Blocks * 512
-			}
-		}
-	}
-	return n
+	return r.disks.Scan(r.cfg.StateDir, []string{"upper.img", "disk.qcow2"}, diskAllocatedAge).Allocated
 }
+
+const diskAllocatedAge = time.Second
 
 // Usage reads what a VM sandbox uses now: its QEMU's cgroups (CPU time, memory, tasks) and the
 // bytes its writable disk has allocated on the host (the guest's writes; a sparse file's

@@ -230,26 +230,24 @@ type DiskUse struct {
 }
 
 // DiskUse reports the writable disks of every sandbox directory and pool slot under StateDir.
-// It stats one file per disk.
+// A sandbox's disk is read once (diskscan): its blocks are allocated in full before its
+// directory takes the sandbox's name, and a sparse one's allocation is read again once its
+// figures are sparseRestat old; the pool's slots, which change while they are made, are read
+// on every call.
 func (r *Runtime) DiskUse() DiskUse {
-	var u DiskUse
-	add := func(pattern string, pooled bool) {
-		imgs, _ := filepath.Glob(pattern)
-		for _, img := range imgs {
-			var st unix.Stat_t
-			if unix.Stat(img, &st) != nil {
-				continue // a sandbox deleted meanwhile
-			}
-			u.Allocated += min(st.Blocks*512, st.Size)
-			if pooled {
-				u.Pooled += st.Size
-			}
-		}
+	keep := time.Duration(-1)
+	if r.cfg.SparseDisks {
+		keep = sparseRestat
 	}
-	add(filepath.Join(r.cfg.StateDir, "*", diskImage), false)
-	add(filepath.Join(r.poolDir, "*", diskImage), true)
-	return u
+	sbs := r.disks.Scan(r.cfg.StateDir, []string{diskImage}, keep)
+	pool := r.disks.Scan(r.poolDir, []string{diskImage}, 0)
+	return DiskUse{Pooled: pool.Size, Allocated: sbs.Allocated + pool.Allocated}
 }
+
+// sparseRestat is how long DiskUse reuses a sparse disk's allocated bytes. A figure this old
+// undercounts what the sandbox wrote since, which the data dir's free space (read on every
+// admission) already lacks: the node's promise then has less room, never more.
+const sparseRestat = time.Second
 
 // refillQuiet is how long after the last Create ended a pool's refill waits while the pool
 // holds at least half its entries: a client's first command follows its create within it, and

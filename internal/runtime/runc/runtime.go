@@ -24,6 +24,7 @@ import (
 	"github.com/corral-dev/corral/internal/lxcfs"
 	"github.com/corral-dev/corral/internal/runtime"
 	"github.com/corral-dev/corral/internal/runtime/cgroups"
+	"github.com/corral-dev/corral/internal/runtime/diskscan"
 	"github.com/corral-dev/corral/internal/vmlink"
 )
 
@@ -206,8 +207,9 @@ type Runtime struct {
 	// capSysResource: this process has CAP_SYS_RESOURCE (runc can set the rlimits of a
 	// process in another user namespace).
 	capSysResource bool
-	slots          *slots // user-namespace slots; nil without Config.UserNS
-	rootsDir       string // UserNS.RootsDir, or its default when there is no Config.UserNS
+	slots          *slots           // user-namespace slots; nil without Config.UserNS
+	disks          diskscan.Scanner // DiskUse's figures
+	rootsDir       string           // UserNS.RootsDir, or its default when there is no Config.UserNS
 	// gvisorUnprivileged runs gVisor's Sentry unprivileged (--directfs=false): with Config.UserNS
 	// on a host that can make user namespaces.
 	gvisorUnprivileged bool

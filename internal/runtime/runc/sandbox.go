@@ -507,8 +507,11 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 	// loop device (teardownDirs).
 	if err := teardownDirs(ctx, r.rootDir(id), r.dir(id)); err != nil {
 		errs = append(errs, err)
-	} else if r.slots != nil {
-		r.slots.release(id) // only now: its processes and files are gone
+	} else {
+		r.disks.Forget(r.cfg.StateDir, id) // a sandbox made again under this ID has a disk of its own
+		if r.slots != nil {
+			r.slots.release(id) // only now: its processes and files are gone
+		}
 	}
 	tUnmount := time.Now()
 	if err := r.cg.Remove(id, 5*time.Second); err != nil {
