@@ -120,6 +120,27 @@ func BenchmarkCreateDelete(b *testing.B) {
 	}
 }
 
+// BenchmarkStatus is what the edge's reaper pays a running sandbox every second: its Status,
+// with the pidfd of its init held ("pidfd") and with the pid file and the cgroup's process list
+// read, as every Status did before liveInits ("files").
+func BenchmarkStatus(b *testing.B) {
+	e := newTestEnv(b, nil)
+	ctx := context.Background()
+	sb := e.create(e.spec("status"))
+	for _, mode := range []string{"pidfd", "files"} {
+		b.Run(mode, func(b *testing.B) {
+			for b.Loop() {
+				if mode == "files" {
+					e.r.inits.drop(sb.ID)
+				}
+				if st, err := e.r.Status(ctx, sb.ID); err != nil || st.State != runtime.StateRunning {
+					b.Fatalf("Status = %+v, %v", st, err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkRender is the per-Create cost of the spec: the template with the seccomp profile
 // spliced in as bytes.
 func BenchmarkRender(b *testing.B) {

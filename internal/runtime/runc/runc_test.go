@@ -299,6 +299,10 @@ func TestOOMThenStopped(t *testing.T) {
 	if st.State != runtime.StateRunning || st.OOMKills == 0 {
 		t.Fatalf("after the OOM kill of a child: %+v, want running with OOMKills > 0", st)
 	}
+	// The next Status of the running sandbox polls a pidfd of its init (liveInits).
+	if pid, ok := e.r.inits.alive(s.ID); !ok || pid != sb.Pid {
+		t.Fatalf("no pidfd of the running init held (%d %v, want %d)", pid, ok, sb.Pid)
+	}
 	if err := unix.Kill(sb.Pid, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

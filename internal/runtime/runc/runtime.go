@@ -209,6 +209,7 @@ type Runtime struct {
 	capSysResource bool
 	slots          *slots           // user-namespace slots; nil without Config.UserNS
 	disks          diskscan.Scanner // DiskUse's figures
+	inits          liveInits        // pidfds of running sandboxes' inits, for Status
 	rootsDir       string           // UserNS.RootsDir, or its default when there is no Config.UserNS
 	// gvisorUnprivileged runs gVisor's Sentry unprivileged (--directfs=false): with Config.UserNS
 	// on a host that can make user namespaces.
@@ -344,6 +345,7 @@ func (r *Runtime) Close() error {
 		r.removeGVisorLeftovers()
 		r.removeRootsDir()
 		r.agents.close()
+		r.inits.close()
 	})
 	return err
 }

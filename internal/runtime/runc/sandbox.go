@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -417,35 +418,47 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		mem, _ := r.cg.MemUsage(id)
 		return runtime.Status{State: runtime.StatePaused, MemoryBytes: mem}, nil
 	}
-	if !r.cg.Exists(id) {
-		if _, err := os.Lstat(r.dir(id)); err == nil {
-			return runtime.Status{State: runtime.StateStopped}, nil
-		}
-		return runtime.Status{}, errdefs.NotFound("sandbox %s", id)
-	}
 	var st runtime.Status
 	var err error
+	// The agent is pid 1 of the sandbox's pid namespace: when it dies, the kernel kills every
+	// other process there, so "running" is "the recorded init pid is still in our cgroup"; once
+	// seen so, a pidfd of it tells until it exits (liveInits).
+	pid, live := r.inits.alive(id)
+	if !live {
+		if !r.cg.Exists(id) {
+			if _, err := os.Lstat(r.dir(id)); err == nil {
+				return runtime.Status{State: runtime.StateStopped}, nil
+			}
+			return runtime.Status{}, errdefs.NotFound("sandbox %s", id)
+		}
+		var perr error
+		pid, perr = readPid(filepath.Join(r.dir(id), "init.pid"))
+		fd := -1
+		if perr == nil {
+			fd = r.inits.open(pid) // before the cgroup's list: then it names the process listed
+		}
+		procs, err := r.cg.Procs(id)
+		if err != nil {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			return runtime.Status{}, fmt.Errorf("status of %s: %w", id, err)
+		}
+		if live = perr == nil && slices.Contains(procs, pid); live {
+			r.inits.note(id, pid, fd)
+		} else if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 	st.MemoryBytes, st.OOMKills, st.UnderOOM, err = r.cg.MemStats(id)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return runtime.Status{}, fmt.Errorf("status of %s: %w", id, err)
 	}
-	// The agent is pid 1 of the sandbox's pid namespace: when it dies, the kernel kills every
-	// other process there, so "running" is "the recorded init pid is still in our cgroup".
 	st.State = runtime.StateStopped
-	pid, perr := readPid(filepath.Join(r.dir(id), "init.pid"))
-	procs, err := r.cg.Procs(id)
-	if err != nil {
-		return runtime.Status{}, fmt.Errorf("status of %s: %w", id, err)
-	}
-	if perr == nil {
-		for _, p := range procs {
-			if p == pid {
-				st.State, st.Pid = runtime.StateRunning, pid
-				if r.cg.Frozen(id) {
-					st.State = runtime.StatePaused
-				}
-				break
-			}
+	if live {
+		st.State, st.Pid = runtime.StateRunning, pid
+		if r.cg.Frozen(id) {
+			st.State = runtime.StatePaused
 		}
 	}
 	return st, nil
@@ -487,6 +500,7 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 	if err := r.cg.KillAll(id, 10*time.Second); err != nil {
 		errs = append(errs, err)
 	}
+	r.inits.drop(id)
 	tKill := time.Now()
 	runcDir := filepath.Join(r.cfg.RuncRoot, id)
 	if len(errs) == 0 {
