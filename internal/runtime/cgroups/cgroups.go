@@ -130,7 +130,7 @@ func (l *Layout) Children() []string {
 
 // procs returns the pids in the sandbox's cgroup; nil if the cgroup does not exist.
 func (l *Layout) Procs(id string) ([]int, error) {
-	b, err := os.ReadFile(filepath.Join(l.Dir("pids", id), "cgroup.procs"))
+	b, err := readFile(filepath.Join(l.Dir("pids", id), "cgroup.procs"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -164,12 +164,12 @@ func (l *Layout) MemStats(id string) (usage, oomKills uint64, underOOM bool, err
 	if l.Mode == "v2" {
 		usageFile, eventsFile = "memory.current", "memory.events"
 	}
-	b, err := os.ReadFile(filepath.Join(d, usageFile))
+	b, err := readFile(filepath.Join(d, usageFile))
 	if err != nil {
 		return 0, 0, false, err
 	}
 	usage, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	b, err = os.ReadFile(filepath.Join(d, eventsFile))
+	b, err = readFile(filepath.Join(d, eventsFile))
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -189,10 +189,10 @@ func (l *Layout) MemStats(id string) (usage, oomKills uint64, underOOM bool, err
 // frozen reports whether the freezer has the sandbox frozen (runc pause).
 func (l *Layout) Frozen(id string) bool {
 	if l.Mode == "v2" {
-		b, _ := os.ReadFile(filepath.Join(l.Dir("", id), "cgroup.freeze"))
+		b, _ := readFile(filepath.Join(l.Dir("", id), "cgroup.freeze"))
 		return strings.TrimSpace(string(b)) == "1"
 	}
-	b, _ := os.ReadFile(filepath.Join(l.Dir("freezer", id), "freezer.state"))
+	b, _ := readFile(filepath.Join(l.Dir("freezer", id), "freezer.state"))
 	return strings.TrimSpace(string(b)) != "THAWED" && len(b) > 0
 }
 
@@ -213,14 +213,14 @@ func (l *Layout) Freeze(ctx context.Context, id string, timeout time.Duration) e
 		var done bool
 		if l.Mode == "v2" {
 			// cgroup.freeze says what was asked; cgroup.events says whether it is done.
-			b, err := os.ReadFile(filepath.Join(l.Dir("", id), "cgroup.events"))
+			b, err := readFile(filepath.Join(l.Dir("", id), "cgroup.events"))
 			if err != nil {
 				return fmt.Errorf("freeze: %w", err)
 			}
 			done = slices.Contains(strings.Split(string(b), "\n"), "frozen 1")
 		} else {
 			// Reading freezer.state is what moves it from FREEZING to FROZEN once all tasks are.
-			b, err := os.ReadFile(file)
+			b, err := readFile(file)
 			if err != nil {
 				return fmt.Errorf("freeze: %w", err)
 			}
@@ -401,7 +401,7 @@ func (c *Manager) Join(id string, pid int, cpus float64, pids, memory int64) err
 func (c *Manager) Remove(id string, timeout time.Duration) error { return c.l.Remove(id, timeout) }
 
 func ReadUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -427,7 +427,7 @@ func (l *Layout) SwapUsage(id string) uint64 {
 
 // memStat returns one counter of memory.stat in the memory cgroup dir; 0 if absent.
 func MemStat(dir, key string) uint64 {
-	b, _ := os.ReadFile(filepath.Join(dir, "memory.stat"))
+	b, _ := readFile(filepath.Join(dir, "memory.stat"))
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, key+" "); ok {
 			n, _ := strconv.ParseUint(v, 10, 64)
@@ -452,7 +452,7 @@ func (l *Layout) Usage(id string) (runtime.Usage, error) {
 		if p, err := ReadUint(filepath.Join(d, "memory.peak")); err == nil {
 			u.MemoryPeakBytes = int64(p)
 		}
-		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil {
+		if b, err := readFile(filepath.Join(d, "cpu.stat")); err == nil {
 			for line := range strings.SplitSeq(string(b), "\n") {
 				if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
 					us, _ := strconv.ParseUint(v, 10, 64)
@@ -496,3 +496,32 @@ func gone(id string, err error) error {
 
 // Usage reads the cgroups of id (those Join made). DiskBytes is left to the caller.
 func (c *Manager) Usage(id string) (runtime.Usage, error) { return c.l.Usage(id) }
+
+// readFile reads a small cgroup file with plain system calls. os.ReadFile would also stat it
+// and add it to, then remove it from, the runtime's epoll set (kernfs files can be polled):
+// four calls more on every read of the reaper's and the sampler's, which read every sandbox's
+// files every second.
+func readFile(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 0, 512)
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, cap(buf))
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
