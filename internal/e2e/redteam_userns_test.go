@@ -128,6 +128,9 @@ func redteamUsernsRunc(t *testing.T, p *corralProc) {
 		{"list Corral's data dir", "ls " + p.DataDir},
 		{"read b's disk", "ls " + filepath.Join(p.DataDir, "sandboxes")},
 		{"enter b's root filesystem", "ls " + rootfsOwnedBy(t, idb[0]) + "/root"},
+		// The host keeps no mount of a started sandbox's root (the runtime's detachStarted):
+		// its processes' /proc/PID/root is the way there, open to its own ids only.
+		{"enter b's root filesystem through its process", fmt.Sprintf("ls /proc/%d/root/root", pb)},
 	} {
 		cmd := exec.Command("/bin/sh", "-c", c.script)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: ida[0], Gid: ida[1]}}
@@ -137,8 +140,11 @@ func redteamUsernsRunc(t *testing.T, p *corralProc) {
 			t.Errorf("as a's host uid %d: %s succeeded: %.300s", ida[0], c.what, outb.String())
 		}
 	}
-	// The same path is open to b's own ids: what closed it to a was its ids.
-	cmd := exec.Command("/bin/ls", rootfsOwnedBy(t, idb[0])+"/root")
+	// The same way in is open to b's own ids: what closed it to a was its ids.
+	if ents, err := os.ReadDir(rootfsOwnedBy(t, idb[0])); err != nil || len(ents) != 0 {
+		t.Errorf("b's root filesystem is still mounted on the host: %v %v", ents, err)
+	}
+	cmd := exec.Command("/bin/ls", fmt.Sprintf("/proc/%d/root/root", pb))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: idb[0], Gid: idb[1]}}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("b's root filesystem as b's own host uid: %v %s", err, out)

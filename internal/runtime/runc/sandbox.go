@@ -257,7 +257,47 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return fmt.Errorf("runc start: %w: %s", err, lastRuncError(runcLog))
 		}
 	}
+	r.detachStarted(spec.ID, rootfsOf(dir, ux), filepath.Join(srcs, "etc"), sysfsOf(ux))
 	return nil
+}
+
+// detachStarted lazily unmounts, on the host, the mounts a started runc sandbox's container has
+// its own copies of (its root, the /etc/hosts tmpfs, the sysfs of its network namespace;
+// "" skips one): its mount namespace keeps them, and nothing on the host reads them again (its
+// disk, with the writable layer, stays mounted). Each sandbox left three to five mounts in
+// the host's table, and runc reads that table and copies it into every new container's mount
+// namespace: with 300 sandboxes on a node a create's runc took 7 ms longer. Each is made
+// private first, so that its unmount cannot propagate to the sandbox's copy (on a host whose
+// mounts are shared). A failure leaves the mount for destroy.
+func (r *Runtime) detachStarted(id string, mounts ...string) {
+	for _, m := range mounts {
+		if m == "" {
+			continue
+		}
+		err := unix.Mount("", m, "", unix.MS_PRIVATE, "")
+		if err == nil {
+			err = unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		}
+		if err != nil && !errors.Is(err, unix.EINVAL) {
+			r.log.Warn("detach a started sandbox's host mount", "id", id, "mount", m, "err", err)
+		}
+	}
+}
+
+// rootfsOf is where Create mounted the sandbox's rootfs.
+func rootfsOf(dir string, ux *usernsSpec) string {
+	if ux != nil {
+		return ux.rootfs
+	}
+	return filepath.Join(dir, "rootfs")
+}
+
+// sysfsOf is the sysfs Create mounted for runc to bind at /sys, or "" when runc mounts its own.
+func sysfsOf(ux *usernsSpec) string {
+	if ux == nil {
+		return ""
+	}
+	return ux.sysfs
 }
 
 // createGVisor is Create's gVisor half (see gvisor.go): the rootfs is mounted at dir/rootfs.
