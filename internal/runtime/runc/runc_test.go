@@ -316,6 +316,12 @@ func TestOOMThenStopped(t *testing.T) {
 	if err := e.r.Delete(context.Background(), s.ID); err != nil {
 		t.Fatal(err)
 	}
+	e.r.inits.mu.Lock()
+	_, held := e.r.inits.m[s.ID]
+	e.r.inits.mu.Unlock()
+	if held {
+		t.Error("a pidfd of the deleted sandbox's init is still held")
+	}
 	if _, err := e.r.Status(context.Background(), s.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Status after Delete: %v, want not found", err)
 	}

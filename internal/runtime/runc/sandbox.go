@@ -571,6 +571,8 @@ func (r *Runtime) destroy(ctx context.Context, id string) error {
 	if err := r.cg.Remove(id, 5*time.Second); err != nil {
 		errs = append(errs, err)
 	}
+	// Again: a Status that read the cgroup before the kill may have kept a pidfd since.
+	r.inits.drop(id)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
