@@ -499,7 +499,7 @@ func (c *Manager) Usage(id string) (runtime.Usage, error) { return c.l.Usage(id)
 
 // readFile reads a small cgroup file with plain system calls. os.ReadFile would also stat it
 // and add it to, then remove it from, the runtime's epoll set (kernfs files can be polled):
-// four calls more on every read of the reaper's and the sampler's, which read every sandbox's
+// three calls more on every read of the reaper's and the sampler's, which read every sandbox's
 // files every second.
 func readFile(path string) ([]byte, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)

@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"errors"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -27,9 +28,7 @@ func (l *liveInits) alive(id string) (pid int, ok bool) {
 	if !found {
 		return 0, false
 	}
-	// A pidfd polls readable once its process has exited.
-	fds := []unix.PollFd{{Fd: int32(li.fd), Events: unix.POLLIN}}
-	if n, err := unix.Poll(fds, 0); err == nil && n == 0 {
+	if !exited(li.fd) {
 		return li.pid, true
 	}
 	unix.Close(li.fd)
@@ -37,9 +36,21 @@ func (l *liveInits) alive(id string) (pid int, ok bool) {
 	return 0, false
 }
 
-// open returns a pidfd of pid for note, or -1 when it cannot be opened (the process is gone,
-// or pidfds are not supported: Status then reads the files every time).
-func (l *liveInits) open(pid int) int {
+// exited reports whether the process behind pidfd has exited (a pidfd polls readable then).
+func exited(pidfd int) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err != nil || n > 0
+	}
+}
+
+// openPidfd returns a pidfd of pid for note, or -1 when it cannot be opened (the process is
+// gone, or pidfds are not supported: Status then reads the files every time).
+func openPidfd(pid int) int {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return -1
@@ -48,14 +59,13 @@ func (l *liveInits) open(pid int) int {
 	return fd
 }
 
-// note keeps fd (from open, taken before the caller saw pid running in id's cgroup, so it
+// note keeps fd (from openPidfd, taken before the caller saw pid running in id's cgroup, so it
 // names the init) as id's, unless its process has exited meanwhile; fd -1 is ignored.
 func (l *liveInits) note(id string, pid, fd int) {
 	if fd < 0 {
 		return
 	}
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	if n, err := unix.Poll(fds, 0); err != nil || n != 0 {
+	if exited(fd) {
 		unix.Close(fd)
 		return
 	}

@@ -475,7 +475,7 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 		pid, perr = readPid(filepath.Join(r.dir(id), "init.pid"))
 		fd := -1
 		if perr == nil {
-			fd = r.inits.open(pid) // before the cgroup's list: then it names the process listed
+			fd = openPidfd(pid) // before the cgroup's list: then it names the process listed
 		}
 		procs, err := r.cg.Procs(id)
 		if err != nil {
