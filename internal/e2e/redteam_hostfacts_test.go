@@ -4,12 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/corral-dev/corral/internal/lxcfs"
 	corral "github.com/corral-dev/corral/sdk/go"
 )
 
@@ -41,6 +43,7 @@ probe vmcoreinfo cat /sys/kernel/vmcoreinfo
 probe sysblock ls -A /sys/block
 probe classblock ls -A /sys/class/block
 probe mountinfo cat /proc/self/mountinfo
+probe writememinfo sh -c 'echo 1 >/proc/meminfo'
 probe df df
 probe mount mount
 probe ps ps
@@ -97,6 +100,7 @@ func testRedTeamHostFacts(t *testing.T, rt string) {
 	if rt != "runc" {
 		return
 	}
+	checkFactBinds(t, got["mountinfo"], true)
 	info, err := p.Client.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -146,9 +150,12 @@ func testRedTeamHostFacts(t *testing.T, rt string) {
 	t.Logf("lxcfs killed: the existing sandbox read right figures again after %v", restarted.Round(time.Millisecond))
 	got = readProbe(t, p, sb.ID)
 	checkHostFacts(t, p, rt, got, start)
+	checkFactBinds(t, got["mountinfo"], true) // the restarted LXCFS's files, propagated
 	start = time.Now()
 	sb2 := p.create(corral.CreateRequest{Limits: corral.Limits{MemoryBytes: mem, CPUs: cpus}})
-	checkHostFacts(t, p, rt, readProbe(t, p, sb2.ID), start)
+	got = readProbe(t, p, sb2.ID)
+	checkHostFacts(t, p, rt, got, start)
+	checkFactBinds(t, got["mountinfo"], true)
 	if !strings.Contains(p.Logs(), "lxcfs restarted") {
 		t.Errorf("corral up did not log the restart")
 	}
@@ -251,6 +258,12 @@ func checkHostFacts(t *testing.T, p *corralProc, rt string, got map[string]strin
 		}
 	}
 	checkNoHostPaths(t, p, got["mountinfo"])
+	if w := strings.TrimSpace(got["writememinfo"]); w != "ERR" {
+		t.Errorf("root in the sandbox wrote /proc/meminfo: %q", w)
+	}
+	if rt == "runc" {
+		checkFactBinds(t, got["mountinfo"], false)
+	}
 	// Programs that read /proc still work.
 	for _, k := range []string{"df", "mount", "ps", "top"} {
 		if strings.TrimSpace(got[k]) == "ERR" || got[k] == "" {
@@ -271,6 +284,44 @@ func checkNoHostPaths(t *testing.T, p *corralProc, mountinfo string) {
 			if strings.Contains(line, bad) {
 				t.Errorf("mountinfo names the host path %q: %s", bad, line)
 			}
+		}
+	}
+}
+
+// checkFactBinds checks, in a runc sandbox's mountinfo, the binds of LXCFS's files: each is
+// read-only, nosuid, nodev and noexec and, with slave, a slave of the host's (so that a restarted
+// LXCFS reaches it; a call's binds, made by its helper for the call's life, are not). Corral
+// binds them with no options of its own: the flags are the host's mount's, locked in the
+// sandbox's user namespace (internal/lxcfs makeView).
+func checkFactBinds(t *testing.T, mountinfo string, slave bool) {
+	t.Helper()
+	top := map[string][]string{} // mount point → fields of its topmost mount (the last line)
+	for _, line := range strings.Split(mountinfo, "\n") {
+		if f := strings.Fields(line); len(f) > 6 {
+			top[f[4]] = f
+		}
+	}
+	for _, path := range lxcfs.Paths() {
+		f, ok := top[path]
+		if !ok {
+			t.Errorf("no mount at %s in the sandbox", path)
+			continue
+		}
+		opts := strings.Split(f[5], ",")
+		for _, want := range []string{"ro", "nosuid", "nodev", "noexec"} {
+			if !slices.Contains(opts, want) {
+				t.Errorf("%s mounted %s, without %s", path, f[5], want)
+			}
+		}
+		var master bool
+		for _, o := range f[6:] {
+			if o == "-" {
+				break
+			}
+			master = master || strings.HasPrefix(o, "master:")
+		}
+		if slave && !master {
+			t.Errorf("%s is not a slave of the host's mount: %s", path, strings.Join(f, " "))
 		}
 	}
 }

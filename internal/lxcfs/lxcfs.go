@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -93,6 +94,8 @@ type Server struct {
 	restarts int // protected by mu
 	pid      int // protected by mu
 	version  string
+
+	warming atomic.Bool // a Warm's stats are running
 }
 
 // Start adopts or starts the LXCFS of cfg.Dir and supervises it until Close or Stop.
@@ -163,6 +166,27 @@ func (s *Server) Files(ctx context.Context) ([]Bind, error) {
 		out[i] = Bind{Source: filepath.Join(s.view, f.name), Target: f.path}
 	}
 	return out, nil
+}
+
+// Warm refreshes, in the background, the kernel's cached attributes of the view's files, so that
+// a sandbox about to bind them finds them cached. runc's init stats each bind's source before it
+// mounts it, and for a FUSE file the kernel asks LXCFS unless it answered less than its
+// attribute timeout ago (half a second): eight round trips to LXCFS's threads in every create,
+// each 0.05 ms when that thread runs on the same CPU and up to 1.5 ms when it must be woken on
+// another (measured with the fuse tracepoints on this 2-vCPU VM), about 3 ms of a create in all.
+// A create calls Warm when it begins, milliseconds before runc reaches the binds; one Warm runs
+// at a time and a call while one runs does nothing. Errors are ignored: the bind reports them.
+func (s *Server) Warm() {
+	if !s.warming.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer s.warming.Store(false)
+		var st unix.Stat_t
+		for _, f := range served {
+			_ = unix.Stat(filepath.Join(s.view, f.name), &st)
+		}
+	}()
 }
 
 // Close stops supervising; LXCFS keeps running.
@@ -384,29 +408,38 @@ func (s *Server) bindView(mnt string) error {
 	return nil
 }
 
-// makeView mounts the view's tmpfs at view (once) and makes its files.
+// makeView mounts the view's tmpfs at view (once), makes its files and makes the mount
+// read-only. Sandboxes bind the view's files without options of their own (runc then makes one
+// mount call per file, not three): a bind takes its flags from the mount it copies, LXCFS's
+// read-only file (bindServed) or, in the moment no LXCFS serves one, this read-only tmpfs, and a
+// sandbox's user namespace cannot clear them (the kernel locks the flags it copies into a
+// less privileged mount namespace).
 func makeView(view string) error {
 	if err := os.MkdirAll(view, 0o755); err != nil {
 		return err
 	}
-	if mountinfo.IsMountpoint(view) {
-		return nil
-	}
-	if err := unix.Mount("tmpfs", view, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0755"); err != nil {
-		return fmt.Errorf("mount lxcfs view: %w", err)
-	}
-	// A peer group of its own: out of the parent's (a systemd host's / is shared), and
-	// shared, so sandboxes' slave binds of its files receive the next LXCFS's.
-	if err := unix.Mount("", view, "", unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make lxcfs view private: %w", err)
-	}
-	if err := unix.Mount("", view, "", unix.MS_SHARED, ""); err != nil {
-		return fmt.Errorf("make lxcfs view shared: %w", err)
-	}
-	for _, f := range served {
-		if err := os.WriteFile(filepath.Join(view, f.name), nil, 0o444); err != nil {
-			return fmt.Errorf("create lxcfs view file: %w", err)
+	if !mountinfo.IsMountpoint(view) {
+		if err := unix.Mount("tmpfs", view, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0755"); err != nil {
+			return fmt.Errorf("mount lxcfs view: %w", err)
 		}
+		// A peer group of its own: out of the parent's (a systemd host's / is shared), and
+		// shared, so sandboxes' slave binds of its files receive the next LXCFS's.
+		if err := unix.Mount("", view, "", unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make lxcfs view private: %w", err)
+		}
+		if err := unix.Mount("", view, "", unix.MS_SHARED, ""); err != nil {
+			return fmt.Errorf("make lxcfs view shared: %w", err)
+		}
+		for _, f := range served {
+			if err := os.WriteFile(filepath.Join(view, f.name), nil, 0o444); err != nil {
+				return fmt.Errorf("create lxcfs view file: %w", err)
+			}
+		}
+	}
+	// Also when the view was there already: one an earlier Corral made is writable.
+	const ro = unix.MS_REMOUNT | unix.MS_BIND | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("", view, "", ro, ""); err != nil {
+		return fmt.Errorf("make lxcfs view read-only: %w", err)
 	}
 	return nil
 }

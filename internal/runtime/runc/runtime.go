@@ -98,6 +98,8 @@ type Config struct {
 // (*lxcfs.Server).
 type HostFacts interface {
 	Files(ctx context.Context) ([]lxcfs.Bind, error)
+	// Warm readies the files for the binds of a create about to run, in the background.
+	Warm()
 }
 
 func (c *Config) setDefaults() {

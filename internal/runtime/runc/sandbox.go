@@ -73,6 +73,9 @@ func (r *Runtime) Create(ctx context.Context, rspec runtime.Spec) (_ *runtime.Sa
 	if r.hasRunscState(id) {
 		return nil, errdefs.Conflict("sandbox %s already has runsc state (left by a crash?): Delete it first", id)
 	}
+	if r.cfg.LXCFS != nil && spec.engine() == EngineRunc {
+		r.cfg.LXCFS.Warm() // while the disk, namespace and rootfs are made
+	}
 	agent, err := r.agents.acquire(spec.AgentPath)
 	if err != nil {
 		return nil, err
