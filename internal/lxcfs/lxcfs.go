@@ -119,7 +119,13 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		s.version = strings.Trim(strings.TrimSpace(string(out)), `"`)
 	}
 	pidfd, pid, adopted := s.adopt()
-	if !adopted {
+	if adopted {
+		// The view of an earlier Corral may be writable (makeView).
+		if err := readOnlyView(s.view); err != nil {
+			unix.Close(pidfd)
+			return nil, err
+		}
+	} else {
 		if pidfd, pid, err = s.launch(ctx); err != nil {
 			return nil, err
 		}
@@ -316,6 +322,12 @@ func (s *Server) adopt() (pidfd, pid int, ok bool) {
 // viewLive reports whether every view file has a live LXCFS file on top.
 func (s *Server) viewLive() bool {
 	for _, f := range served {
+		// An LXCFS file, not the view's own empty file (a crash between makeView and the
+		// binds leaves those), and one that answers.
+		var st unix.Statfs_t
+		if err := unix.Statfs(filepath.Join(s.view, f.name), &st); err != nil || st.Type != unix.FUSE_SUPER_MAGIC {
+			return false
+		}
 		if _, err := os.ReadFile(filepath.Join(s.view, f.name)); err != nil {
 			return false
 		}
@@ -411,9 +423,10 @@ func (s *Server) bindView(mnt string) error {
 // makeView mounts the view's tmpfs at view (once), makes its files and makes the mount
 // read-only. Sandboxes bind the view's files without options of their own (runc then makes one
 // mount call per file, not three): a bind takes its flags from the mount it copies, LXCFS's
-// read-only file (bindServed) or, in the moment no LXCFS serves one, this read-only tmpfs, and a
-// sandbox's user namespace cannot clear them (the kernel locks the flags it copies into a
-// less privileged mount namespace).
+// read-only file (bindServed) or, in the moment no LXCFS serves one, this read-only tmpfs. In a
+// sandbox with a user namespace (the default) they are locked: the kernel locks the flags it
+// copies into a less privileged mount namespace. Without one (--no-userns) they are not, as the
+// remount runc made before was not; the sandbox's commands lack CAP_SYS_ADMIN to change them.
 func makeView(view string) error {
 	if err := os.MkdirAll(view, 0o755); err != nil {
 		return err
@@ -437,6 +450,11 @@ func makeView(view string) error {
 		}
 	}
 	// Also when the view was there already: one an earlier Corral made is writable.
+	return readOnlyView(view)
+}
+
+// readOnlyView makes the view's mount read-only, nosuid, nodev and noexec (again).
+func readOnlyView(view string) error {
 	const ro = unix.MS_REMOUNT | unix.MS_BIND | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	if err := unix.Mount("", view, "", ro, ""); err != nil {
 		return fmt.Errorf("make lxcfs view read-only: %w", err)

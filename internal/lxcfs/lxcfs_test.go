@@ -112,6 +112,64 @@ func TestAdopt(t *testing.T) {
 	}
 }
 
+// TestAdoptMakesViewReadOnly: the view a Corral before read-only views left (writable) is made
+// read-only when its LXCFS is adopted: a sandbox's bind of a view file takes the view's flags
+// in the moment no LXCFS file is on top of it.
+func TestAdoptMakesViewReadOnly(t *testing.T) {
+	s := startServer(t)
+	s.Close()
+	if err := unix.Mount("", s.view, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		t.Fatal(err)
+	}
+	if viewReadOnly(t, s.view) {
+		t.Fatal("the view is still read-only after a read-write remount")
+	}
+	s2, err := Start(context.Background(), s.cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if !viewReadOnly(t, s2.view) {
+		t.Error("the adopted LXCFS's view is writable")
+	}
+}
+
+func viewReadOnly(t *testing.T, view string) bool {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(view, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Flags&unix.ST_RDONLY != 0
+}
+
+// TestNoAdoptOfBareView: an LXCFS runs but a view file has no LXCFS file on top (a crash between
+// making the view and binding): the view's own empty file reads fine, yet the next Start must
+// not adopt that LXCFS, or sandboxes would bind the empty file.
+func TestNoAdoptOfBareView(t *testing.T) {
+	s := startServer(t)
+	pid := s.Pid()
+	s.Close()
+	meminfo := filepath.Join(s.view, "meminfo")
+	if err := unix.Unmount(meminfo, 0); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(meminfo); err != nil || len(b) != 0 {
+		t.Fatalf("bare view file: %q, %v; want it empty and readable", b, err)
+	}
+	s2, err := Start(context.Background(), s.cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if s2.Pid() == pid {
+		t.Errorf("Start adopted LXCFS %d with a bare view file", pid)
+	}
+	if b, err := os.ReadFile(meminfo); err != nil || !strings.Contains(string(b), "MemTotal") {
+		t.Errorf("view meminfo after Start: %.80q, %v", b, err)
+	}
+}
+
 // TestStartAfterDeadLXCFS: LXCFS died while no Server supervised it (corral was down), leaving
 // its FUSE mount dead (stat: ENOTCONN, mkdir: EEXIST) and the view's binds on top. The next Start
 // replaces it rather than failing (seen on a host after a crash: "create lxcfs dir: mkdir

@@ -348,9 +348,10 @@ func (t *template) render(s *Spec, cgroupsPath string, gv *gvisorPaths, facts []
 		// No options: runc then binds with one mount call instead of three (a bind, a remount
 		// for flags, one for propagation). The bind copies the flags of the host's mount of the
 		// file, read-only, nosuid, nodev and noexec (internal/lxcfs: LXCFS's file, or the
-		// read-only view under it), locked in the sandbox's user namespace; and it is a slave
-		// of the host's view file, as the copy of that mount in the container's namespace is
-		// once runc has made its root rslave (before any bind).
+		// read-only view under it), locked when the sandbox has a user namespace (makeView
+		// says what holds without one); and it is a slave of the host's view file, as the copy
+		// of that mount in the container's namespace is once runc has made its root rslave
+		// (before any bind).
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: f.Target, Type: "bind", Source: f.Source, Options: []string{"bind"}})
 	}
 	if gv != nil {
