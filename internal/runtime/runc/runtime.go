@@ -177,6 +177,7 @@ type Runtime struct {
 	createStart bool
 	cg          *cgroups.Layout
 	agents      agentCache
+	formats     diskFormats
 	locks       idLocks
 
 	poolDir string
@@ -247,6 +248,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	r.locks.m = map[string]*idLock{}
 	r.prefetches = map[string]*prefetchRun{}
 	r.agents.imgs = map[string]*agentImage{}
+	r.formats = diskFormats{mkfs: cfg.Mkfs, scratch: r.poolDir}
 	r.proxies = map[string]*vmlink.Proxy{}
 
 	out, err := r.runcOutput(ctx, "--version")
