@@ -192,9 +192,13 @@ type Runtime struct {
 	nsReady     chan pooledUserns
 	nsRefill    chan struct{}
 	nsAgentPath atomic.Value
-	stop        context.CancelFunc
-	wg          sync.WaitGroup // the refill goroutine
-	closeMu     sync.Once
+	// nsMaking counts namespaces the refill holds a slot for and has not put in nsReady yet;
+	// nsMade is signalled (without blocking) when one is done, made or failed.
+	nsMaking atomic.Int32
+	nsMade   chan struct{}
+	stop     context.CancelFunc
+	wg       sync.WaitGroup // the refill goroutine
+	closeMu  sync.Once
 
 	// bg ends when Close begins; it bounds the prefetches Resume leaves running.
 	bg         context.Context
@@ -315,6 +319,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		r.kickRefill()
 	}
 	r.nsRefill = make(chan struct{}, 1)
+	r.nsMade = make(chan struct{}, 1)
 	if cfg.UserNS != nil && r.usernsErr == nil {
 		r.nsReady = make(chan pooledUserns, usernsPoolSize)
 		r.wg.Add(1)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -500,10 +501,17 @@ func (r *Runtime) claimUserns(ctx context.Context, id, dir, agentPath string, ag
 	slot := p.slot
 	if !pooled {
 		var err error
-		if slot, err = r.slots.take(id); err != nil {
+		if slot, err = r.slots.take(id); errors.Is(err, errdefs.ErrExhausted) {
+			if p, pooled = r.awaitPooledUserns(ctx, id, agentPath); pooled {
+				slot, err = p.slot, nil
+			}
+		}
+		if err != nil {
 			return nil, 0, err
 		}
 	}
+	// Only now: a refill kicked before this create held its slot could take the last free one.
+	r.kickUserns()
 	if err := os.WriteFile(filepath.Join(dir, usernsFile), []byte(strconv.Itoa(slot)+"\n"), 0o600); err != nil {
 		if pooled {
 			p.h.close()

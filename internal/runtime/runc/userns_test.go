@@ -253,3 +253,33 @@ func (r *Runtime) nsReadySnapshot() []pooledUserns {
 	}
 	return out
 }
+
+// TestUserNSPoolLastSlot: a create that finds no slot free while the pool's refill holds the
+// last one for a namespace it is still making waits for that namespace and takes it, rather
+// than fail as a node with no room (what TestUserNSSlots met now and then under load).
+func TestUserNSPoolLastSlot(t *testing.T) {
+	e := usernsEnv(t, 2)
+	e.create(e.spec("s1"))
+	// The refill makes a namespace ahead with the last free slot; take it out of the pool, as
+	// if it were still being made.
+	var p pooledUserns
+	select {
+	case p = <-e.r.nsReady:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pool made no namespace ahead")
+	}
+	e.r.nsMaking.Add(1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		e.r.nsReady <- p
+		e.r.nsMaking.Add(-1)
+		select {
+		case e.r.nsMade <- struct{}{}:
+		default:
+		}
+	}()
+	b := e.create(e.spec("s2"))
+	if b.HostUID != e.r.slotBase(p.slot) {
+		t.Errorf("s2 runs as host uid %d, want the pooled namespace's %d", b.HostUID, e.r.slotBase(p.slot))
+	}
+}

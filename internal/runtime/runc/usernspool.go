@@ -3,6 +3,7 @@ package runc
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -30,21 +31,59 @@ type pooledUserns struct {
 
 // takePooledUserns returns a user namespace made ahead by the agent binary at agentPath, its
 // slot now id's, or false when the pool has none (one made by another binary is ended: a
-// create's namespace comes from its own agent, as if made for it). It kicks the refill either
-// way.
+// create's namespace comes from its own agent, as if made for it).
 func (r *Runtime) takePooledUserns(id, agentPath string) (pooledUserns, bool) {
-	defer r.kickUserns()
 	for {
 		select {
 		case p := <-r.nsReady:
-			if p.agent != agentPath {
-				p.h.close()
-				r.slots.releaseSlot(p.slot)
-				continue
+			if p, ok := r.claimPooled(p, id, agentPath); ok {
+				return p, true
 			}
-			r.slots.assign(p.slot, id)
-			return p, true
 		default:
+			return pooledUserns{}, false
+		}
+	}
+}
+
+// claimPooled gives p's slot to id when p's helper is the agent binary at agentPath, and ends p
+// otherwise.
+func (r *Runtime) claimPooled(p pooledUserns, id, agentPath string) (pooledUserns, bool) {
+	if p.agent != agentPath {
+		p.h.close()
+		r.slots.releaseSlot(p.slot)
+		return pooledUserns{}, false
+	}
+	r.slots.assign(p.slot, id)
+	return p, true
+}
+
+// usernsAwait bounds how long a create that found every slot taken waits for a namespace the
+// refill is making (a helper's start: milliseconds).
+const usernsAwait = 5 * time.Second
+
+// awaitPooledUserns is for a create that found no free slot: while the refill holds one for a
+// namespace it is making, perhaps the last free slot, the create waits for that namespace and
+// takes it (else the pool, there to speed creates up, would refuse one on a node at its
+// limit). False when the refill makes none, or after usernsAwait.
+func (r *Runtime) awaitPooledUserns(ctx context.Context, id, agentPath string) (pooledUserns, bool) {
+	t := time.NewTimer(usernsAwait)
+	defer t.Stop()
+	for {
+		if p, ok := r.takePooledUserns(id, agentPath); ok {
+			return p, true
+		}
+		if r.nsMaking.Load() == 0 {
+			return pooledUserns{}, false
+		}
+		select {
+		case p := <-r.nsReady:
+			if p, ok := r.claimPooled(p, id, agentPath); ok {
+				return p, true
+			}
+		case <-r.nsMade:
+		case <-ctx.Done():
+			return pooledUserns{}, false
+		case <-t.C:
 			return pooledUserns{}, false
 		}
 	}
@@ -67,6 +106,16 @@ func (r *Runtime) refillUserns(ctx context.Context) {
 		if path == "" {
 			return errRoundDone // no Create has named the agent yet
 		}
+		// nsMaking covers the namespace from its slot's take until it is in nsReady (or its
+		// make failed): a create that finds no slot free waits for it (awaitPooledUserns).
+		r.nsMaking.Add(1)
+		defer func() {
+			r.nsMaking.Add(-1)
+			select {
+			case r.nsMade <- struct{}{}:
+			default:
+			}
+		}()
 		p, err := r.makePooledUserns(path)
 		if errors.Is(err, errdefs.ErrExhausted) {
 			return errRoundDone // every slot is a sandbox's: the next create kicks again
