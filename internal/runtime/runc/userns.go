@@ -504,6 +504,9 @@ func (r *Runtime) claimUserns(ctx context.Context, id, dir, agentPath string, ag
 		if slot, err = r.slots.take(id); errors.Is(err, errdefs.ErrExhausted) {
 			if p, pooled = r.awaitPooledUserns(ctx, id, agentPath); pooled {
 				slot, err = p.slot, nil
+			} else {
+				// The wait may have freed one: a namespace of another agent binary, ended.
+				slot, err = r.slots.take(id)
 			}
 		}
 		if err != nil {
