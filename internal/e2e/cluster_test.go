@@ -110,6 +110,17 @@ func (p *proc) log() string {
 	return p.logs.w.String()
 }
 
+// dumpProcLogs keeps each process's log when t failed (keepLog).
+func dumpProcLogs(t *testing.T, procs []*proc) {
+	if !t.Failed() {
+		return
+	}
+	dir := failedLogDir(t)
+	for _, p := range procs {
+		keepLog(t, dir, p.name, p.log())
+	}
+}
+
 func (p *proc) kill9() {
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
@@ -297,13 +308,7 @@ func TestCluster(t *testing.T) {
 	sdir := t.TempDir()
 	s1url, s2url := "http://"+freePortOn(t, fleetGateway), "http://"+freePortOn(t, fleetGateway)
 	var procs []*proc
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, p := range procs {
-				t.Logf("%s log:\n%s", p.name, p.log())
-			}
-		}
-	})
+	t.Cleanup(func() { dumpProcLogs(t, procs) })
 	e2bAddr := freePortOn(t, fleetGateway)
 	server := func(name, url, dir string, extra ...string) *proc {
 		p := startProc(t, name, url, append([]string{"server", "--store", dsn, "--edge-store", edgeDSN, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),

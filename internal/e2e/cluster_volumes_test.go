@@ -50,13 +50,7 @@ func TestClusterVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var procs []*proc
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, p := range procs {
-				t.Logf("%s log:\n%s", p.name, p.log())
-			}
-		}
-	})
+	t.Cleanup(func() { dumpProcLogs(t, procs) })
 	sdir := t.TempDir()
 	surl := "http://" + freePortOn(t, "127.0.0.1")
 	server := startProc(t, "server", surl, "server", "--store", dsn, "--data-dir", sdir, "--listen", strings.TrimPrefix(surl, "http://"),

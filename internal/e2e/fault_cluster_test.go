@@ -50,13 +50,7 @@ func startFaultFleet(t *testing.T) *faultFleet {
 	shared, sdir := t.TempDir(), t.TempDir()
 	s1url, s2url := "http://"+freePortOn(t, fleetGateway), "http://"+freePortOn(t, fleetGateway)
 	var procs []*proc
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, p := range procs {
-				t.Logf("%s log:\n%s", p.name, p.log())
-			}
-		}
-	})
+	t.Cleanup(func() { dumpProcLogs(t, procs) })
 	server := func(name, url, dir string) *proc {
 		p := startProc(t, name, url, "server", "--store", dsn, "--data-dir", dir, "--listen", strings.TrimPrefix(url, "http://"),
 			"--node-listen", freePortOn(t, fleetGateway),

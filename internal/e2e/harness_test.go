@@ -314,31 +314,38 @@ func (p *corralProc) Logs() string {
 	return p.logs.String()
 }
 
-// failureLog orders a corral up log for a failed test's output, where CI keeps only a part: the
-// errors first (a failed create's error carries the VM console's tail), then every line but the
-// debug ones, then the last lastDebug debug lines.
-func failureLog(logs string) string {
-	const lastDebug = 40
-	var errs, info, debug []string
-	for _, l := range strings.Split(strings.TrimRight(logs, "\n"), "\n") {
-		switch {
-		case strings.Contains(l, " level=ERROR "):
+// keepLog writes a process's log to a file for a failed test and names it in t's output with
+// the log's last error lines (a failed create's error carries the VM console's tail). CI shows
+// only the tail of the test output: logs in full there pushed the failures themselves out of it.
+// dir groups one test's logs; "" makes a directory for this one.
+func keepLog(t *testing.T, dir, name, logs string) {
+	if dir == "" {
+		dir = failedLogDir(t)
+	}
+	path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".log")
+	if err := os.WriteFile(path, []byte(logs), 0o644); err != nil {
+		t.Logf("%s log (not kept: %v):\n%s", name, err, logs)
+		return
+	}
+	lines := strings.Split(strings.TrimRight(logs, "\n"), "\n")
+	var errs []string
+	for _, l := range lines {
+		if strings.Contains(l, " level=ERROR ") {
 			errs = append(errs, l)
-			info = append(info, l)
-		case strings.Contains(l, " level=DEBUG "):
-			debug = append(debug, l)
-		default:
-			info = append(info, l)
 		}
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "-- %d errors --\n%s\n", len(errs), strings.Join(errs, "\n"))
-	fmt.Fprintf(&b, "-- the log without its %d debug lines --\n%s\n", len(debug), strings.Join(info, "\n"))
-	if len(debug) > lastDebug {
-		debug = debug[len(debug)-lastDebug:]
+	const lastErrors = 3
+	t.Logf("%s log: %s (%d lines, %d errors)%s", name, path, len(lines), len(errs),
+		strings.Join(append([]string{""}, errs[max(0, len(errs)-lastErrors):]...), "\n"))
+}
+
+// failedLogDir makes a directory outside the test's own (which is removed) for its logs.
+func failedLogDir(t *testing.T) string {
+	dir := filepath.Join(os.TempDir(), "corral-e2e-logs", strings.ReplaceAll(t.Name(), "/", "_")+"-"+randHex(3))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keep the logs: %v", err)
 	}
-	fmt.Fprintf(&b, "-- its last %d debug lines --\n%s", len(debug), strings.Join(debug, "\n"))
-	return b.String()
+	return dir
 }
 
 // Kill9 kills corral up with SIGKILL and waits for it to be gone.
@@ -393,7 +400,7 @@ func (p *corralProc) cleanup() {
 		p.Stop()
 	}
 	if p.t.Failed() {
-		p.t.Logf("corral up log:\n%s", failureLog(p.Logs()))
+		keepLog(p.t, "", "corral up", p.Logs())
 	}
 	// VMs outlive corral up (a test that failed with it killed leaves them): end them.
 	vms, _ := os.ReadDir(filepath.Join(p.DataDir, "vms"))
