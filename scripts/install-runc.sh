@@ -5,7 +5,7 @@
 # never uses it unless CORRAL_RUNC points at it explicitly.
 set -euo pipefail
 # Keep in step with runc.DefaultRunc (internal/runtime/runc), which is where Corral looks first.
-version="${RUNC_VERSION:-v1.3.3}"
+version="${RUNC_VERSION:-v1.5.3}"
 cache="${CORRAL_CACHE:-/var/cache/corral}/runc/${version}"
 bin="$cache/runc"
 if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then

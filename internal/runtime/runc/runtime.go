@@ -30,7 +30,7 @@ import (
 
 // Defaults for Config and Spec fields left zero.
 const (
-	DefaultRunc         = "/var/cache/corral/runc/v1.3.3/runc" // built by scripts/install-runc.sh
+	DefaultRunc         = "/var/cache/corral/runc/v1.5.3/runc" // built by scripts/install-runc.sh
 	DefaultStateDir     = "/var/lib/corral/sandboxes"
 	DefaultRuncRoot     = "/run/corral/runc"
 	DefaultCgroupParent = "/corral"
