@@ -17,8 +17,9 @@ help: ## list the targets
 setup: ## install what the host lacks (Debian packages, a current runc; as root)
 	@scripts/setup.sh
 
-build: ## build bin/corral (the lean CLI), bin/corrald (the same with the daemon), the static bin/corral-agent and bin/corral-bench
+build: ## build bin/corral (the lean CLI), bin/corrald (the same with the daemon), the static bin/corral-agent, bin/corral-runcd and bin/corral-bench
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-agent ./cmd/corral-agent
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-runcd ./cmd/corral-runcd
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corrald ./cmd/corral
 	$(GO) build -trimpath -tags lean -ldflags '$(LDFLAGS)' -o bin/corral ./cmd/corral
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/corral-bench ./cmd/corral-bench

@@ -121,6 +121,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.StringVar(&cfg.Runc, "runc", "", "runc binary (default: $CORRAL_RUNC, the build cached in /var/cache/corral/runc, or runc on PATH)")
 	f.StringVar(&cfg.Runsc, "runsc", "", "gVisor's runsc binary (default: $CORRAL_RUNSC or the build cached in /var/cache/corral/runsc)")
 	f.StringVar(&cfg.Agent, "agent", "", "static corral-agent binary (default: beside this executable)")
+	f.StringVar(&cfg.Runcd, "runcd", "", "corral-runcd, which starts runc sandboxes with runc's libcontainer in one long-lived process (default: beside this executable, when there; used only when its libcontainer is the runc binary's version); off: a runc run --detach per sandbox")
 	f.BoolVar(&cfg.MicroVM.Off, "no-microvm", false, "turn the microvm and vm tiers off (both run on QEMU)")
 	f.StringVar(&cfg.MicroVM.QEMU, "qemu", "", "qemu-system-x86_64 binary for the microvm tier (default: on PATH)")
 	f.StringVar(&cfg.MicroVM.KernelDir, "guest-kernel", "", "guest kernel directory of the microvm tier (default /var/cache/corral/guest-kernel/current, made by scripts/setup.sh)")

@@ -101,6 +101,10 @@ type Config struct {
 	MicroVM MicroVMConfig
 	// Agent is the static corral-agent binary; default: corral-agent beside this executable.
 	Agent string
+	// Runcd is corral-runcd (internal/runcd): runc sandboxes start through it when its
+	// libcontainer is the runc binary's version. Default: corral-runcd beside this executable
+	// when there; "off": a `runc run --detach` per sandbox.
+	Runcd string
 	// CgroupParent is the cgroup under which sandboxes' cgroups are made. Empty: the host
 	// registry's choice for this data dir (/corral for the default data dir).
 	CgroupParent string
@@ -286,7 +290,29 @@ func (c *Config) Validate() error {
 	if fi, err := os.Stat(c.Agent); err != nil || !fi.Mode().IsRegular() {
 		return errdefs.Invalid("agent", "corral-agent not found at %s (build it with `make build`, or pass --agent)", c.Agent)
 	}
+	switch c.Runcd {
+	case "off":
+	case "":
+		// Beside this executable when there; without it, runc run --detach as before.
+		if self, err := os.Executable(); err == nil {
+			if p := filepath.Join(filepath.Dir(self), "corral-runcd"); isRegular(p) {
+				c.Runcd = p
+			}
+		}
+	default:
+		if c.Runcd, err = filepath.Abs(c.Runcd); err != nil {
+			return errdefs.Invalid("runcd", "%v", err)
+		}
+		if !isRegular(c.Runcd) {
+			return errdefs.Invalid("runcd", "corral-runcd not found at %s (build it with `make build`, or pass --runcd off)", c.Runcd)
+		}
+	}
 	return trace.Config{Endpoint: c.OTLPEndpoint}.Validate()
+}
+
+func isRegular(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // claimHost takes this data dir's claim in the host registry and fills cfg's cgroup parent, net
@@ -507,6 +533,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	}()
 	lx, lxcfsOff := startLXCFS(ctx, cfg, log)
 	rcfg := &backends.RuncConfig{Runc: cfg.Runc, Runsc: cfg.Runsc, DiskPool: cfg.DiskPool}
+	if cfg.Runcd != "off" {
+		rcfg.Runcd = cfg.Runcd
+	}
 	if lx != nil {
 		rcfg.LXCFS = lx
 	}

@@ -20,7 +20,7 @@
 //	agent.sock   the listening unix socket whose fd the agent inherits as fd 3 (gVisor: the
 //	             Proxy's socket, whose connections go over ctl.sock to the agent; see gvisor.go)
 //	ctl.sock     gVisor only: the holder's socket for the agent's link
-//	init.pid     the agent's host pid, written by runc
+//	init.pid     the agent's host pid, written by runc (or by Create from corral-runcd's answer)
 //	runc.log     runc's own log (JSON lines); its last error is quoted in Create's error
 //	pause.json   the memory settings a Pause changes, saved while it runs (see pause.go); found
 //	             later, it is a crashed Pause's, and Resume or the next Pause restores them

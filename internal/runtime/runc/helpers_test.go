@@ -30,6 +30,7 @@ var fx struct {
 	top     string // a layer over base
 	agent   string // the stand-in agent binary
 	runc    string
+	runcd   string // corral-runcd, built from cmd/corral-runcd
 	skipMsg string
 }
 
@@ -107,6 +108,13 @@ func buildFixtures() {
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		fx.err = fmt.Errorf("build stand-in agent: %v: %s", err, out)
+		return
+	}
+	fx.runcd = filepath.Join(fx.dir, "corral-runcd")
+	cmd = exec.Command("go", "build", "-o", fx.runcd, "../../../cmd/corral-runcd")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fx.err = fmt.Errorf("build corral-runcd: %v: %s", err, out)
 	}
 }
 
@@ -170,6 +178,10 @@ func newTestEnv(t testing.TB, tweak func(*Config)) *testEnv {
 		CgroupParent:     e.parent,
 		DefaultDiskBytes: 64 << 20,
 		DiskPool:         2,
+		Runcd:            fx.runcd, // as corral up has it; tests of runc run --detach clear it
+	}
+	if os.Getenv("CORRAL_TEST_RUNCD") == "off" {
+		e.cfg.Runcd = "" // every test with runc run --detach
 	}
 	if os.Getenv("CORRAL_TEST_USERNS") != "" {
 		// Every test of the package in user namespaces: a range far from any Corral's.
@@ -329,7 +341,10 @@ func (e *testEnv) leaks() []string {
 		leaks = append(leaks, fmt.Sprintf("runc containers: %q %v", out, err))
 	}
 	if ents, _ := os.ReadDir(e.cfg.RuncRoot); len(ents) > 0 {
-		leaks = append(leaks, fmt.Sprintf("runc state: %d entries", len(ents)))
+		// corral-runcd's socket is there while the runtime is open (Close removes it).
+		if e.r == nil || e.r.engine == nil || !e.r.engine.open() || len(ents) > 1 || ents[0].Name() != filepath.Base(e.r.engine.sock) {
+			leaks = append(leaks, fmt.Sprintf("runc state: %d entries", len(ents)))
+		}
 	}
 	if e.cfg.RunscRoot != "" {
 		if ents, _ := os.ReadDir(e.cfg.RunscRoot); len(ents) > 0 {

@@ -31,8 +31,21 @@ var capNumbers = map[string]uint{
 }
 
 // TestSandboxInside checks, from inside a sandbox, everything the spec promises.
+// TestSandboxInside checks a sandbox from inside, started by either engine.
 func TestSandboxInside(t *testing.T) {
-	e := newTestEnv(t, nil)
+	t.Run("corral-runcd", func(t *testing.T) { sandboxInside(t, true) })
+	t.Run("runc run --detach", func(t *testing.T) { sandboxInside(t, false) })
+}
+
+func sandboxInside(t *testing.T, runcd bool) {
+	e := newTestEnv(t, func(c *Config) {
+		if !runcd {
+			c.Runcd = ""
+		}
+	})
+	if (e.r.engine != nil) != runcd {
+		t.Fatalf("engine %v, want corral-runcd %v", e.r.engine, runcd)
+	}
 	s := e.spec("inside-1")
 	s.Hostname = "box"
 	s.DiskBytes = 32 << 20 // not the pool size: exercises the on-demand disk

@@ -75,6 +75,11 @@ type Config struct {
 	// itself first thing; profiles it cannot compile exactly (SeccompAllArches) go to runc.
 	SeccompInRunc bool
 
+	// Runcd is corral-runcd (cmd/corral-runcd): when set, and its libcontainer is the version of
+	// Runc, runc sandboxes are started through it instead of a `runc run --detach` each
+	// (engine.go). Empty, or another version: runc run --detach.
+	Runcd string
+
 	// Runsc is gVisor's runsc binary; empty means DefaultRunsc. When it is missing, gVisor
 	// sandboxes are refused (errdefs.ErrUnavailable) and runc ones work as before.
 	Runsc string
@@ -175,10 +180,12 @@ type Runtime struct {
 	// createStart makes Create use `runc create` + `runc start` instead of `runc run --detach`;
 	// only TestCreateLatency sets it, to measure the difference.
 	createStart bool
-	cg          *cgroups.Layout
-	agents      agentCache
-	formats     diskFormats
-	locks       idLocks
+	// engine starts runc containers when Config.Runcd is usable (engine.go), else nil.
+	engine  *engine
+	cg      *cgroups.Layout
+	agents  agentCache
+	formats diskFormats
+	locks   idLocks
 
 	poolDir string
 	ready   chan string // paths of ready pool slots; receive-only for Create, filled by refill
@@ -289,6 +296,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		}
 	}
 	r.initUserNS(ctx)
+	r.initEngine(ctx)
 	// Pool slots of an earlier process are not worth auditing; destroy and make fresh ones.
 	if err := r.clearPool(ctx); err != nil {
 		log.Warn("remove stale disk pool slots", "err", err)
@@ -339,6 +347,9 @@ func (r *Runtime) Close() error {
 		r.prefetchMu.Unlock()
 		r.wg.Wait()
 		r.closeUsernsPool()
+		if r.engine != nil {
+			r.engine.close()
+		}
 		r.prefetchWG.Wait()
 		err = r.clearPool(context.Background())
 		if err == nil {

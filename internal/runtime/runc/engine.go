@@ -1,0 +1,210 @@
+package runc
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/corral-dev/corral/internal/runcd"
+)
+
+// engine runs corral-runcd (cmd/corral-runcd) for Create: one long-lived process that starts
+// containers with runc's libcontainer, so a create does not pay a `runc run --detach` process
+// (its exec, Go start and config parsing: ~15 ms of 43 on the development VM, measured side by
+// side). Everything else (exec, kill, pause, delete, state) is still the runc binary's, on the
+// same --root: the engine is used only when its libcontainer is the runc binary's version.
+// It is started on the first create and again after it died; the containers it started do not
+// depend on it (their inits are reparented when it exits, as `runc run --detach` leaves them).
+type engine struct {
+	bin, sock string
+	log       *slog.Logger
+
+	mu    sync.Mutex
+	cmd   *exec.Cmd     // the running corral-runcd, or nil; protected by mu
+	stdin *os.File      // its stdin's write end: closing it tells it to stop; protected by mu
+	done  chan struct{} // closed when cmd exited; protected by mu
+	// closed is set by close: no corral-runcd is started after it; protected by mu.
+	closed bool
+}
+
+// initEngine sets r.engine when Config.Runcd can start this runtime's containers: its
+// libcontainer is the runc binary's, and runc compiles no seccomp profile of theirs
+// (corral-runcd is built without libseccomp; Corral compiles its own profiles).
+func (r *Runtime) initEngine(ctx context.Context) {
+	if r.cfg.Runcd == "" {
+		return
+	}
+	if r.tmpl.seccompBPF == "" || r.tmpl.callsSeccompBPF == "" {
+		r.log.Info("runc sandboxes start with runc run --detach: runc compiles their seccomp profile (SeccompInRunc or SeccompAllArches)")
+		return
+	}
+	e, err := newEngine(ctx, r.cfg.Runcd, r.cfg.RuncRoot, r.version, r.log)
+	if err != nil {
+		r.log.Warn("runc sandboxes start with runc run --detach, not corral-runcd", "err", err)
+		return
+	}
+	r.engine = e
+	r.log.Info("runc sandboxes start through corral-runcd", "bin", e.bin)
+}
+
+// newEngine returns an engine for bin if its libcontainer is runcVersion ("runc version X",
+// the runc binary's first line), else nil and why not.
+func newEngine(ctx context.Context, bin, runRoot, runcVersion string, log *slog.Logger) (*engine, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "version").Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s version: %w", bin, err)
+	}
+	if v := strings.TrimSpace(string(out)); v != runcVersion {
+		return nil, fmt.Errorf("%s has libcontainer of %q, the runc binary is %q", bin, v, runcVersion)
+	}
+	return &engine{bin: bin, sock: filepath.Join(runRoot, "runcd.sock"), log: log}, nil
+}
+
+// errEngineDown is a request that never reached corral-runcd: it is safe to make again.
+var errEngineDown = errors.New("corral-runcd is not running")
+
+// run creates and starts a container as `runc --root root run --detach --bundle bundle id` with
+// stdout and stderr to stdio and extra as fds 3 onwards, and returns its init's pid.
+func (e *engine) run(ctx context.Context, root, id, bundle string, stdio *os.File, extra []*os.File) (int, error) {
+	req := runcd.Request{Root: root, ID: id, Bundle: bundle}
+	for attempt := 0; ; attempt++ {
+		if err := e.ensure(); err != nil {
+			return 0, err
+		}
+		pid, err := runcd.Run(ctx, e.sock, req, stdio, extra)
+		if err == nil || !errors.Is(err, runcd.ErrUnreachable) || attempt > 0 {
+			return pid, err
+		}
+		// It died since the last create (its socket refuses): start it again, once.
+		e.log.Warn("corral-runcd unreachable; starting it again", "err", err)
+		e.stopped()
+	}
+}
+
+// ensure starts corral-runcd unless it runs.
+func (e *engine) ensure() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("%w: the runtime is closed", errEngineDown)
+	}
+	if e.cmd != nil {
+		select {
+		case <-e.done:
+			e.cmd = nil
+		default:
+			return nil
+		}
+	}
+	os.Remove(e.sock)
+	lis, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: e.sock, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("%w: listen on %s: %v", errEngineDown, e.sock, err)
+	}
+	lis.SetUnlinkOnClose(false) // corral-runcd serves it; this process only hands it over
+	lf, err := lis.File()
+	lis.Close()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errEngineDown, err)
+	}
+	defer lf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errEngineDown, err)
+	}
+	defer pr.Close()
+	cmd := exec.Command(e.bin, "serve")
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = pr
+	cmd.ExtraFiles = []*os.File{lf} // fd 3
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		pw.Close()
+		return fmt.Errorf("%w: %v", errEngineDown, err)
+	}
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		return fmt.Errorf("%w: start %s: %v", errEngineDown, e.bin, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		e.logLines(stderr)
+		err := cmd.Wait()
+		e.log.Info("corral-runcd exited", "pid", cmd.Process.Pid, "err", err)
+		close(done)
+	}()
+	e.cmd, e.stdin, e.done = cmd, pw, done
+	e.log.Info("corral-runcd started", "pid", cmd.Process.Pid, "bin", e.bin, "socket", e.sock)
+	return nil
+}
+
+// logLines logs what corral-runcd (and libcontainer in it) writes on stderr.
+func (e *engine) logLines(r io.Reader) {
+	s := bufio.NewScanner(r)
+	for s.Scan() {
+		e.log.Warn("corral-runcd", "line", s.Text())
+	}
+}
+
+// stopped forgets a corral-runcd that no longer answers, after telling it to stop.
+func (e *engine) stopped() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cmd != nil {
+		e.stdin.Close()
+		e.cmd.Process.Kill()
+		e.cmd = nil
+	}
+}
+
+// close tells corral-runcd to stop and waits for it: it finishes the creates it has begun.
+func (e *engine) close() {
+	e.mu.Lock()
+	cmd, stdin, done := e.cmd, e.stdin, e.done
+	e.cmd, e.closed = nil, true
+	e.mu.Unlock()
+	// The socket goes even when this process never started one: it may be the socket of an
+	// earlier process's corral-runcd.
+	defer os.Remove(e.sock)
+	if cmd == nil {
+		return
+	}
+	stdin.Close()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		e.log.Warn("corral-runcd did not stop within 30s; killing it", "pid", cmd.Process.Pid)
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
+// open says whether close has not been called.
+func (e *engine) open() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.closed
+}
+
+// writePidFile writes pid as runc's --pid-file does: the number alone, renamed into place.
+func writePidFile(path string, pid int) error {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path))
+	if err := os.WriteFile(tmp, []byte(fmt.Sprint(pid)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
