@@ -30,12 +30,26 @@ type engine struct {
 	bin, sock string
 	log       *slog.Logger
 
-	mu    sync.Mutex
-	cmd   *exec.Cmd     // the running corral-runcd, or nil; protected by mu
-	stdin *os.File      // its stdin's write end: closing it tells it to stop; protected by mu
-	done  chan struct{} // closed when cmd exited; protected by mu
+	mu  sync.Mutex
+	cur *runcdProc // the corral-runcd started last, or nil; protected by mu
 	// closed is set by close: no corral-runcd is started after it; protected by mu.
 	closed bool
+}
+
+// runcdProc is one corral-runcd process.
+type runcdProc struct {
+	cmd   *exec.Cmd
+	stdin *os.File      // its stdin's write end: closing it tells it to stop
+	done  chan struct{} // closed when it exited
+}
+
+func (p *runcdProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // initEngine sets r.engine when Config.Runcd can start this runtime's containers: its
@@ -73,7 +87,8 @@ func newEngine(ctx context.Context, bin, runRoot, runcVersion string, log *slog.
 	return &engine{bin: bin, sock: filepath.Join(runRoot, "runcd.sock"), log: log}, nil
 }
 
-// errEngineDown is a request that never reached corral-runcd: it is safe to make again.
+// errEngineDown is a request that never reached corral-runcd (it could not be started, or
+// refused twice): nothing was started, and the create may go to the runc binary instead.
 var errEngineDown = errors.New("corral-runcd is not running")
 
 // run creates and starts a container as `runc --root root run --detach --bundle bundle id` with
@@ -81,49 +96,49 @@ var errEngineDown = errors.New("corral-runcd is not running")
 func (e *engine) run(ctx context.Context, root, id, bundle string, stdio *os.File, extra []*os.File) (int, error) {
 	req := runcd.Request{Root: root, ID: id, Bundle: bundle}
 	for attempt := 0; ; attempt++ {
-		if err := e.ensure(); err != nil {
+		p, err := e.ensure()
+		if err != nil {
 			return 0, err
 		}
 		pid, err := runcd.Run(ctx, e.sock, req, stdio, extra)
-		if err == nil || !errors.Is(err, runcd.ErrUnreachable) || attempt > 0 {
+		if err == nil || !errors.Is(err, runcd.ErrUnreachable) {
 			return pid, err
 		}
-		// It died since the last create (its socket refuses): start it again, once.
-		e.log.Warn("corral-runcd unreachable; starting it again", "err", err)
-		e.stopped()
+		if attempt > 0 {
+			return 0, fmt.Errorf("%w: %v", errEngineDown, err)
+		}
+		// It died since the last create, or lost its socket: start another, once.
+		e.log.Warn("corral-runcd unreachable; starting it again", "pid", p.cmd.Process.Pid, "err", err)
+		e.stopped(p)
 	}
 }
 
-// ensure starts corral-runcd unless it runs.
-func (e *engine) ensure() error {
+// ensure returns the running corral-runcd, started unless one runs.
+func (e *engine) ensure() (*runcdProc, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return fmt.Errorf("%w: the runtime is closed", errEngineDown)
+		return nil, fmt.Errorf("%w: the runtime is closed", errEngineDown)
 	}
-	if e.cmd != nil {
-		select {
-		case <-e.done:
-			e.cmd = nil
-		default:
-			return nil
-		}
+	if e.cur != nil && !e.cur.exited() {
+		return e.cur, nil
 	}
+	e.cur = nil
 	os.Remove(e.sock)
 	lis, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: e.sock, Net: "unixpacket"})
 	if err != nil {
-		return fmt.Errorf("%w: listen on %s: %v", errEngineDown, e.sock, err)
+		return nil, fmt.Errorf("%w: listen on %s: %v", errEngineDown, e.sock, err)
 	}
 	lis.SetUnlinkOnClose(false) // corral-runcd serves it; this process only hands it over
 	lf, err := lis.File()
 	lis.Close()
 	if err != nil {
-		return fmt.Errorf("%w: %v", errEngineDown, err)
+		return nil, fmt.Errorf("%w: %v", errEngineDown, err)
 	}
 	defer lf.Close()
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return fmt.Errorf("%w: %v", errEngineDown, err)
+		return nil, fmt.Errorf("%w: %v", errEngineDown, err)
 	}
 	defer pr.Close()
 	cmd := exec.Command(e.bin, "serve")
@@ -134,11 +149,11 @@ func (e *engine) ensure() error {
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		pw.Close()
-		return fmt.Errorf("%w: %v", errEngineDown, err)
+		return nil, fmt.Errorf("%w: %v", errEngineDown, err)
 	}
 	if err := cmd.Start(); err != nil {
 		pw.Close()
-		return fmt.Errorf("%w: start %s: %v", errEngineDown, e.bin, err)
+		return nil, fmt.Errorf("%w: start %s: %v", errEngineDown, e.bin, err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -147,9 +162,9 @@ func (e *engine) ensure() error {
 		e.log.Info("corral-runcd exited", "pid", cmd.Process.Pid, "err", err)
 		close(done)
 	}()
-	e.cmd, e.stdin, e.done = cmd, pw, done
+	e.cur = &runcdProc{cmd: cmd, stdin: pw, done: done}
 	e.log.Info("corral-runcd started", "pid", cmd.Process.Pid, "bin", e.bin, "socket", e.sock)
-	return nil
+	return e.cur, nil
 }
 
 // logLines logs what corral-runcd (and libcontainer in it) writes on stderr.
@@ -160,36 +175,37 @@ func (e *engine) logLines(r io.Reader) {
 	}
 }
 
-// stopped forgets a corral-runcd that no longer answers, after telling it to stop.
-func (e *engine) stopped() {
+// stopped ends and forgets p, a corral-runcd that no longer answers, unless another has
+// replaced it already (a concurrent create found it first).
+func (e *engine) stopped(p *runcdProc) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.cmd != nil {
-		e.stdin.Close()
-		e.cmd.Process.Kill()
-		e.cmd = nil
+	if e.cur == p {
+		p.stdin.Close()
+		p.cmd.Process.Kill()
+		e.cur = nil
 	}
 }
 
 // close tells corral-runcd to stop and waits for it: it finishes the creates it has begun.
 func (e *engine) close() {
 	e.mu.Lock()
-	cmd, stdin, done := e.cmd, e.stdin, e.done
-	e.cmd, e.closed = nil, true
+	p := e.cur
+	e.cur, e.closed = nil, true
 	e.mu.Unlock()
 	// The socket goes even when this process never started one: it may be the socket of an
 	// earlier process's corral-runcd.
 	defer os.Remove(e.sock)
-	if cmd == nil {
+	if p == nil {
 		return
 	}
-	stdin.Close()
+	p.stdin.Close()
 	select {
-	case <-done:
+	case <-p.done:
 	case <-time.After(30 * time.Second):
-		e.log.Warn("corral-runcd did not stop within 30s; killing it", "pid", cmd.Process.Pid)
-		cmd.Process.Kill()
-		<-done
+		e.log.Warn("corral-runcd did not stop within 30s; killing it", "pid", p.cmd.Process.Pid)
+		p.cmd.Process.Kill()
+		<-p.done
 	}
 }
 

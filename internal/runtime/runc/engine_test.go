@@ -124,10 +124,10 @@ func (e *testEnv) enginePid(t *testing.T) int {
 	t.Helper()
 	e.r.engine.mu.Lock()
 	defer e.r.engine.mu.Unlock()
-	if e.r.engine.cmd == nil {
+	if e.r.engine.cur == nil {
 		t.Fatal("corral-runcd is not running")
 	}
-	return e.r.engine.cmd.Process.Pid
+	return e.r.engine.cur.cmd.Process.Pid
 }
 
 func ppid(t *testing.T, pid int) int {
@@ -171,5 +171,19 @@ func TestRuncdPinnedToRunc(t *testing.T) {
 	}
 	if lib != built || !strings.Contains(DefaultRunc, "/"+built+"/") {
 		t.Errorf("go.mod requires runc %s, install-runc.sh builds %s, DefaultRunc is %s: keep them one version", lib, built, DefaultRunc)
+	}
+}
+
+// TestRuncdUnavailable: a create whose corral-runcd cannot be started goes to the runc binary.
+func TestRuncdUnavailable(t *testing.T) {
+	e := newTestEnv(t, nil)
+	if e.r.engine == nil {
+		t.Fatal("no engine with a corral-runcd of runc's version")
+	}
+	e.r.engine.bin = filepath.Join(t.TempDir(), "gone") // as if removed after the start
+	sb := e.create(e.spec("runcd-gone"))
+	okSh(t, sb.AgentSocket, "true")
+	if err := e.r.Delete(context.Background(), "runcd-gone"); err != nil {
+		t.Fatal(err)
 	}
 }

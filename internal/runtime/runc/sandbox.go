@@ -244,14 +244,19 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 	if r.engine != nil && !r.createStart {
 		// As runc run --detach below, in corral-runcd's process.
 		pid, err := r.engine.run(ctx, r.cfg.RuncRoot, spec.ID, dir, logf, []*os.File{lis, agent.f})
-		if err != nil {
+		switch {
+		case err == nil:
+			if err := writePidFile(filepath.Join(dir, "init.pid"), pid); err != nil {
+				return err
+			}
+			r.detachStarted(spec.ID, rootfsOf(dir, ux), filepath.Join(srcs, "etc"), sysfsOf(ux))
+			return nil
+		case errors.Is(err, errEngineDown):
+			// Nothing was started: this create is the runc binary's.
+			r.log.Warn("corral-runcd unavailable; this create runs runc run --detach", "id", spec.ID, "err", err)
+		default:
 			return fmt.Errorf("runc run (corral-runcd): %w", err)
 		}
-		if err := writePidFile(filepath.Join(dir, "init.pid"), pid); err != nil {
-			return err
-		}
-		r.detachStarted(spec.ID, rootfsOf(dir, ux), filepath.Join(srcs, "etc"), sysfsOf(ux))
-		return nil
 	}
 	// runc run --detach returns once the agent runs. The container gets runc's stdio: stdin
 	// /dev/null (exec's default), stdout and stderr the log file, never a pipe to us.
