@@ -44,6 +44,9 @@ type Reply struct {
 // socket): nothing was started, and the request may be made again.
 var ErrUnreachable = errors.New("corral-runcd unreachable")
 
+// replyWait bounds the wait for a reply.
+const replyWait = 2 * time.Minute
+
 // maxMessage bounds a request or reply; both are a few hundred bytes.
 const maxMessage = 16 << 10
 
@@ -51,7 +54,9 @@ const maxMessage = 16 << 10
 const maxFiles = 16
 
 // Run asks the corral-runcd listening on sock to create and start a container, and returns its
-// init's pid. stdio is the container's stdout and stderr (its stdin is /dev/null).
+// init's pid. stdio is the container's stdout and stderr (its stdin is /dev/null). ctx bounds
+// the connection; once the request is sent, Run waits for its outcome and then returns ctx's
+// error if it ended meanwhile (the container may then exist: destroy it as after any error).
 func Run(ctx context.Context, sock string, req Request, stdio *os.File, extra []*os.File) (int, error) {
 	req.Extra = len(extra)
 	if 1+len(extra) > maxFiles {
@@ -67,11 +72,10 @@ func Run(ctx context.Context, sock string, req Request, stdio *os.File, extra []
 	}
 	conn := c.(*net.UnixConn)
 	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	// Once sent, the request is waited for even when ctx ends: a create abandoned half-way
+	// would be finished by corral-runcd after the caller cleaned up, and run on unrecorded.
+	// Its outcome comes within replyWait (libcontainer bounds its own steps by a minute).
+	conn.SetDeadline(time.Now().Add(replyWait))
 	b, err := json.Marshal(req)
 	if err != nil {
 		return 0, err
@@ -86,9 +90,6 @@ func Run(ctx context.Context, sock string, req Request, stdio *os.File, extra []
 	buf := make([]byte, maxMessage)
 	n, err := conn.Read(buf)
 	if err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
 		return 0, fmt.Errorf("runcd: read reply: %w", err)
 	}
 	var rep Reply
@@ -100,6 +101,10 @@ func Run(ctx context.Context, sock string, req Request, stdio *os.File, extra []
 	}
 	if rep.Pid <= 0 {
 		return 0, fmt.Errorf("runcd: reply without a pid")
+	}
+	if err := ctx.Err(); err != nil {
+		// Made, but the caller has gone: it is the caller's to destroy, as after any failure.
+		return 0, err
 	}
 	return rep.Pid, nil
 }
