@@ -16,19 +16,24 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
+	"github.com/moby/sys/userns"
 	_ "github.com/opencontainers/cgroups/devices" // the device rules of cgroup managers, as in runc
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	_ "github.com/opencontainers/runc/libcontainer/nsenter" // runc init's namespace setup, before Go starts
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/opencontainers/selinux/go-selinux"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
@@ -99,34 +104,57 @@ func serve() error {
 	if !ok {
 		return fmt.Errorf("fd 3 is a %T, not a unix socket", l)
 	}
-	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	null, err := os.OpenFile(os.DevNull, os.O_RDONLY, 0)
 	if err != nil {
 		return err
 	}
+	// A write to a closed stderr (corrald gone) must not kill this process while it finishes
+	// its creates: SIGPIPE handled (not ignored, which the containers' inits would inherit).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	inits := newReaper()
 	// Corral holds the write end of stdin: its close is the signal to stop.
 	go func() {
 		io.Copy(io.Discard, os.Stdin)
 		lis.Close()
 	}()
-	var wg sync.WaitGroup
-	for {
-		conn, err := lis.AcceptUnix()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				break
+	// Accept on an ordinary goroutine; the main one only waits, keeping the main thread.
+	done := make(chan error, 1)
+	go func() {
+		var wg sync.WaitGroup
+		defer func() { wg.Wait() }()
+		backoff := 5 * time.Millisecond
+		for {
+			conn, err := lis.AcceptUnix()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					done <- nil
+					return
+				}
+				// Out of descriptors, an aborted connection: the creates in flight go on.
+				fmt.Fprintln(os.Stderr, "corral-runcd: accept:", err)
+				time.Sleep(backoff)
+				backoff = min(2*backoff, time.Second)
+				continue
 			}
-			return err
+			backoff = 5 * time.Millisecond
+			wg.Go(func() {
+				defer conn.Close()
+				handle(conn, null, inits)
+			})
 		}
-		wg.Go(func() {
-			defer conn.Close()
-			handle(conn, null)
-		})
-	}
-	wg.Wait()
-	return nil
+	}()
+	return <-done
 }
 
-func handle(conn *net.UnixConn, null *os.File) {
+// requestWait bounds the wait for a connection's request.
+const requestWait = 10 * time.Second
+
+func handle(conn *net.UnixConn, null *os.File, inits *reaper) {
+	if err := checkPeer(conn); err != nil {
+		runcd.WriteReply(conn, runcd.Reply{Error: "corral-runcd: " + err.Error()})
+		return
+	}
+	conn.SetReadDeadline(time.Now().Add(requestWait))
 	req, stdio, extra, err := runcd.ReadRequest(conn)
 	if err != nil {
 		runcd.WriteReply(conn, runcd.Reply{Error: "corral-runcd: " + err.Error()})
@@ -138,42 +166,88 @@ func handle(conn *net.UnixConn, null *os.File) {
 			f.Close()
 		}
 	}()
-	pid, err := run(req, stdio, extra, null)
+	c, pid, err := run(req, stdio, extra, null, inits)
 	if err != nil {
-		runcd.WriteReply(conn, runcd.Reply{Error: err.Error()})
+		runcd.WriteReply(conn, runcd.Reply{Error: capError(err.Error())})
 		return
 	}
-	runcd.WriteReply(conn, runcd.Reply{Pid: pid})
+	if err := runcd.WriteReply(conn, runcd.Reply{Pid: pid}); err != nil {
+		// Nobody will record this container (the create gave up): it must not run on.
+		fmt.Fprintf(os.Stderr, "corral-runcd: %s started but its create is gone (%v): destroying it\n", req.ID, err)
+		c.Signal(unix.SIGKILL)
+		if err := c.Destroy(); err != nil {
+			fmt.Fprintf(os.Stderr, "corral-runcd: destroy %s: %v\n", req.ID, err)
+		}
+	}
+}
+
+// checkPeer refuses a peer that is not root (the socket is in runc's root directory, 0700;
+// this is defence in depth).
+func checkPeer(conn *net.UnixConn) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	if cred.Uid != 0 {
+		return fmt.Errorf("peer uid %d is not root", cred.Uid)
+	}
+	return nil
+}
+
+// capError keeps an error within what a reply carries.
+func capError(msg string) string {
+	const most = 8 << 10
+	if len(msg) > most {
+		return msg[:most] + "... (cut)"
+	}
+	return msg
 }
 
 // run is `runc --root req.Root run --detach --bundle req.Bundle req.ID` as runc 1.5's
 // startContainer does it, without the chdir into the bundle (this process serves many creates
 // at once): the root and relative bind sources are made absolute against the bundle instead,
 // and the bundle label set to it.
-func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File) (int, error) {
+func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File, inits *reaper) (*libcontainer.Container, int, error) {
 	for _, p := range []struct{ name, path string }{{"root", req.Root}, {"bundle", req.Bundle}} {
 		if !filepath.IsAbs(p.path) || filepath.Clean(p.path) != p.path {
-			return 0, fmt.Errorf("corral-runcd: %s must be a clean absolute path, got %q", p.name, p.path)
+			return nil, 0, fmt.Errorf("corral-runcd: %s must be a clean absolute path, got %q", p.name, p.path)
 		}
 	}
 	b, err := os.ReadFile(filepath.Join(req.Bundle, "config.json"))
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	var spec specs.Spec
 	if err := json.Unmarshal(b, &spec); err != nil {
-		return 0, fmt.Errorf("%s/config.json: %w", req.Bundle, err)
+		return nil, 0, fmt.Errorf("%s/config.json: %w", req.Bundle, err)
 	}
 	if spec.Process == nil || spec.Root == nil || spec.Linux == nil {
-		return 0, fmt.Errorf("%s/config.json: process, root and linux are required", req.Bundle)
+		return nil, 0, fmt.Errorf("%s/config.json: process, root and linux are required", req.Bundle)
+	}
+	// runc's validateProcessSpec.
+	if !filepath.IsAbs(spec.Process.Cwd) || len(spec.Process.Args) == 0 {
+		return nil, 0, fmt.Errorf("%s/config.json: process needs an absolute cwd and args", req.Bundle)
+	}
+	if spec.Process.SelinuxLabel != "" && !selinux.GetEnabled() {
+		return nil, 0, errors.New("selinux label is specified in config, but selinux is disabled or not supported")
 	}
 	if spec.Process.Terminal {
-		return 0, errors.New("corral-runcd: a terminal needs a console socket, which it does not take")
+		return nil, 0, errors.New("corral-runcd: a terminal needs a console socket, which it does not take")
 	}
 	if spec.Linux.Seccomp != nil {
 		// Built without libseccomp (cgo against its headers), as Corral's own profile is
 		// compiled by Corral and installed by its agent; a profile left to runc goes to runc.
-		return 0, errors.New("corral-runcd: seccomp profiles are runc's to compile: use the runc binary for this spec")
+		return nil, 0, errors.New("corral-runcd: seccomp profiles are runc's to compile: use the runc binary for this spec")
 	}
 	if !filepath.IsAbs(spec.Root.Path) {
 		spec.Root.Path = filepath.Join(req.Bundle, spec.Root.Path)
@@ -187,9 +261,12 @@ func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File) (in
 		CgroupName:   req.ID,
 		Spec:         &spec,
 		RootlessEUID: os.Geteuid() != 0,
+		// runc's shouldUseRootlessCgroupManager without --rootless or systemd cgroups: root in a
+		// user namespace (a Corral in a rootless container) cannot manage cgroups as root.
+		RootlessCgroups: os.Geteuid() != 0 || userns.RunningInUserNS(),
 	})
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	// The bundle label, which specconv takes from the working directory (runc's is the bundle),
 	// is where the runc binary's exec finds the container's config.json.
@@ -200,7 +277,7 @@ func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File) (in
 	}
 	p, err := newProcess(spec.Process)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	p.Init = true
 	p.Stdin, p.Stdout, p.Stderr = null, stdio, stdio
@@ -208,22 +285,71 @@ func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File) (in
 	p.LogLevel = strconv.Itoa(int(logrus.WarnLevel))
 	c, err := libcontainer.Create(req.Root, req.ID, cfg)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	if err := c.Run(p); err != nil {
+	err = c.Run(p)
+	// The init is this process's child (runc init's CLONE_PARENT), where `runc run --detach`
+	// leaves it to be reparented: reap it when it exits, started or not.
+	pid, perr := p.Pid()
+	if perr == nil && pid > 0 {
+		inits.add(pid)
+	}
+	if err != nil {
 		if derr := c.Destroy(); derr != nil {
 			logrus.Warnf("destroy %s after a failed start: %v", req.ID, derr)
 		}
-		return 0, err
+		return nil, 0, err
 	}
-	pid, err := p.Pid()
-	if err != nil {
-		return 0, err
+	if perr != nil {
+		c.Signal(unix.SIGKILL)
+		c.Destroy()
+		return nil, 0, perr
 	}
-	// The init is this process's child (runc init's CLONE_PARENT), where `runc run --detach`
-	// leaves it to be reparented: reap it when it exits.
-	go p.Wait()
-	return pid, nil
+	return c, pid, nil
+}
+
+// reaper reaps the containers' inits, this process's children, as they exit: one goroutine,
+// woken by SIGCHLD (and every few seconds, should one be missed), waiting on each known pid
+// without blocking. Only those pids: libcontainer waits for the other children it makes.
+type reaper struct {
+	mu   sync.Mutex
+	pids map[int]bool
+}
+
+func newReaper() *reaper {
+	r := &reaper{pids: map[int]bool{}}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGCHLD)
+	go func() {
+		tick := time.NewTicker(5 * time.Second)
+		for {
+			select {
+			case <-ch:
+			case <-tick.C:
+			}
+			r.reap()
+		}
+	}()
+	return r
+}
+
+func (r *reaper) add(pid int) {
+	r.mu.Lock()
+	r.pids[pid] = true
+	r.mu.Unlock()
+	r.reap() // it may have exited already
+}
+
+func (r *reaper) reap() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for pid := range r.pids {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+		if got == pid || errors.Is(err, unix.ECHILD) {
+			delete(r.pids, pid)
+		}
+	}
 }
 
 func isBind(m specs.Mount) bool {

@@ -27,13 +27,17 @@ import (
 // It is started on the first create and again after it died; the containers it started do not
 // depend on it (their inits are reparented when it exits, as `runc run --detach` leaves them).
 type engine struct {
-	bin, sock string
-	log       *slog.Logger
+	bin, sock   string
+	runcVersion string // the runc binary's `runc --version` first line
+	log         *slog.Logger
 
 	mu  sync.Mutex
 	cur *runcdProc // the corral-runcd started last, or nil; protected by mu
 	// closed is set by close: no corral-runcd is started after it; protected by mu.
 	closed bool
+	// started counts the processes started; one after the first checks the binary's version
+	// again (it may have been replaced on disk). Protected by mu.
+	started int
 }
 
 // runcdProc is one corral-runcd process.
@@ -75,16 +79,25 @@ func (r *Runtime) initEngine(ctx context.Context) {
 // newEngine returns an engine for bin if its libcontainer is runcVersion ("runc version X",
 // the runc binary's first line), else nil and why not.
 func newEngine(ctx context.Context, bin, runRoot, runcVersion string, log *slog.Logger) (*engine, error) {
+	e := &engine{bin: bin, sock: filepath.Join(runRoot, "runcd.sock"), runcVersion: runcVersion, log: log}
+	if err := e.checkVersion(ctx); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// checkVersion checks that the binary's libcontainer is the runc binary's.
+func (e *engine) checkVersion(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "version").Output()
+	out, err := exec.CommandContext(ctx, e.bin, "version").Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s version: %w", bin, err)
+		return fmt.Errorf("%s version: %w", e.bin, err)
 	}
-	if v := strings.TrimSpace(string(out)); v != runcVersion {
-		return nil, fmt.Errorf("%s has libcontainer of %q, the runc binary is %q", bin, v, runcVersion)
+	if v := strings.TrimSpace(string(out)); v != e.runcVersion {
+		return fmt.Errorf("%s has libcontainer of %q, the runc binary is %q", e.bin, v, e.runcVersion)
 	}
-	return &engine{bin: bin, sock: filepath.Join(runRoot, "runcd.sock"), log: log}, nil
+	return nil
 }
 
 // errEngineDown is a request that never reached corral-runcd (it could not be started, or
@@ -124,6 +137,11 @@ func (e *engine) ensure() (*runcdProc, error) {
 		return e.cur, nil
 	}
 	e.cur = nil
+	if e.started > 0 {
+		if err := e.checkVersion(context.Background()); err != nil {
+			return nil, fmt.Errorf("%w: %v", errEngineDown, err)
+		}
+	}
 	os.Remove(e.sock)
 	lis, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: e.sock, Net: "unixpacket"})
 	if err != nil {
@@ -143,6 +161,7 @@ func (e *engine) ensure() (*runcdProc, error) {
 	defer pr.Close()
 	cmd := exec.Command(e.bin, "serve")
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Dir = "/" // nothing of corrald's working directory held, and no Getwd that can fail
 	cmd.Stdin = pr
 	cmd.ExtraFiles = []*os.File{lf} // fd 3
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -163,6 +182,7 @@ func (e *engine) ensure() (*runcdProc, error) {
 		close(done)
 	}()
 	e.cur = &runcdProc{cmd: cmd, stdin: pw, done: done}
+	e.started++
 	e.log.Info("corral-runcd started", "pid", cmd.Process.Pid, "bin", e.bin, "socket", e.sock)
 	return e.cur, nil
 }
@@ -175,14 +195,14 @@ func (e *engine) logLines(r io.Reader) {
 	}
 }
 
-// stopped ends and forgets p, a corral-runcd that no longer answers, unless another has
-// replaced it already (a concurrent create found it first).
+// stopped forgets p, a corral-runcd that no longer answers, unless another has replaced it
+// already (a concurrent create found it first). It is told to stop, not killed: it may still
+// be finishing creates it accepted.
 func (e *engine) stopped(p *runcdProc) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cur == p {
 		p.stdin.Close()
-		p.cmd.Process.Kill()
 		e.cur = nil
 	}
 }
