@@ -18,7 +18,7 @@ import (
 // children and reaped by it, it is started again after it died (its sandboxes run on), and
 // Close ends it.
 func TestRuncdLifecycle(t *testing.T) {
-	e := newTestEnv(t, nil)
+	e := newTestEnv(t, func(c *Config) { c.Runcd = fx.runcd }) // whatever CORRAL_TEST_RUNCD says
 	if e.r.engine == nil {
 		t.Fatal("no engine with a corral-runcd of runc's version")
 	}
@@ -176,7 +176,7 @@ func TestRuncdPinnedToRunc(t *testing.T) {
 
 // TestRuncdUnavailable: a create whose corral-runcd cannot be started goes to the runc binary.
 func TestRuncdUnavailable(t *testing.T) {
-	e := newTestEnv(t, nil)
+	e := newTestEnv(t, func(c *Config) { c.Runcd = fx.runcd }) // whatever CORRAL_TEST_RUNCD says
 	if e.r.engine == nil {
 		t.Fatal("no engine with a corral-runcd of runc's version")
 	}

@@ -39,8 +39,9 @@ func TestSandboxInside(t *testing.T) {
 
 func sandboxInside(t *testing.T, runcd bool) {
 	e := newTestEnv(t, func(c *Config) {
-		if !runcd {
-			c.Runcd = ""
+		c.Runcd = ""
+		if runcd {
+			c.Runcd = fx.runcd
 		}
 	})
 	if (e.r.engine != nil) != runcd {
