@@ -287,7 +287,7 @@ func (c *Config) Validate() error {
 	if c.Agent, err = filepath.Abs(c.Agent); err != nil {
 		return errdefs.Invalid("agent", "%v", err)
 	}
-	if fi, err := os.Stat(c.Agent); err != nil || !fi.Mode().IsRegular() {
+	if !isRegular(c.Agent) {
 		return errdefs.Invalid("agent", "corral-agent not found at %s (build it with `make build`, or pass --agent)", c.Agent)
 	}
 	switch c.Runcd {

@@ -74,6 +74,11 @@ func (r *Runtime) initEngine(ctx context.Context) {
 	}
 	r.engine = e
 	r.log.Info("runc sandboxes start through corral-runcd", "bin", e.bin)
+	// Started now rather than by the first create, which would wait for it; a failure here
+	// is retried by the next create.
+	if _, err := e.ensure(); err != nil {
+		r.log.Warn("start corral-runcd", "err", err)
+	}
 }
 
 // newEngine returns an engine for bin if its libcontainer is runcVersion ("runc version X",
@@ -160,7 +165,7 @@ func (e *engine) ensure() (*runcdProc, error) {
 	}
 	defer pr.Close()
 	cmd := exec.Command(e.bin, "serve")
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Env = childEnv()
 	cmd.Dir = "/" // nothing of corrald's working directory held, and no Getwd that can fail
 	cmd.Stdin = pr
 	cmd.ExtraFiles = []*os.File{lf} // fd 3
@@ -227,13 +232,6 @@ func (e *engine) close() {
 		p.cmd.Process.Kill()
 		<-p.done
 	}
-}
-
-// open says whether close has not been called.
-func (e *engine) open() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return !e.closed
 }
 
 // writePidFile writes pid as runc's --pid-file does: the number alone, renamed into place.

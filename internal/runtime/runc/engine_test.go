@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestRuncdLifecycle: corral-runcd starts on the first create, its sandboxes' inits are its
+// TestRuncdLifecycle: corral-runcd starts with the runtime, its sandboxes' inits are its
 // children and reaped by it, it is started again after it died (its sandboxes run on), and
 // Close ends it.
 func TestRuncdLifecycle(t *testing.T) {
@@ -180,10 +180,21 @@ func TestRuncdUnavailable(t *testing.T) {
 	if e.r.engine == nil {
 		t.Fatal("no engine with a corral-runcd of runc's version")
 	}
-	e.r.engine.bin = filepath.Join(t.TempDir(), "gone") // as if removed after the start
+	// The one New started stops, and its binary is gone (as if removed after the start).
+	p := e.enginePid(t)
+	e.r.engine.stopped(e.r.engine.cur)
+	waitFor(t, 10*time.Second, func() bool { return unix.Kill(p, 0) != nil })
+	e.r.engine.bin = filepath.Join(t.TempDir(), "gone")
 	sb := e.create(e.spec("runcd-gone"))
 	okSh(t, sb.AgentSocket, "true")
 	if err := e.r.Delete(context.Background(), "runcd-gone"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// open says whether close has not been called.
+func (e *engine) open() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.closed
 }

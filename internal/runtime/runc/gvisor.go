@@ -154,7 +154,7 @@ func (r *Runtime) runscCmdNet(ctx context.Context, logPath, network string, args
 		full = append(full, "--log", logPath, "--log-format", "json")
 	}
 	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(full, args...)...)
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Env = childEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = 5 * time.Second
 	return cmd

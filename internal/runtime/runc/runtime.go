@@ -494,9 +494,15 @@ func (r *Runtime) runcCmd(ctx context.Context, args ...string) *exec.Cmd {
 		full = append(full, "--root", r.cfg.RuncRoot)
 	}
 	cmd := exec.CommandContext(ctx, r.cfg.Runc, append(full, args...)...)
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Env = childEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd
+}
+
+// childEnv is the whole environment of the runtime's helpers (runc, runsc, corral-runcd):
+// a PATH, nothing of this process's.
+func childEnv() []string {
+	return []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 }
 
 // runcOutput runs runc and returns its stdout; a failure carries runc's stderr.

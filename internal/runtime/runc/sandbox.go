@@ -241,6 +241,7 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o600); err != nil {
 		return err
 	}
+	started := false
 	if r.engine != nil && !r.createStart {
 		// As runc run --detach below, in corral-runcd's process.
 		pid, err := r.engine.run(ctx, r.cfg.RuncRoot, spec.ID, dir, logf, []*os.File{lis, agent.f})
@@ -249,8 +250,7 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			if err := writePidFile(filepath.Join(dir, "init.pid"), pid); err != nil {
 				return err
 			}
-			r.detachStarted(spec.ID, rootfsOf(dir, ux), filepath.Join(srcs, "etc"), sysfsOf(ux))
-			return nil
+			started = true
 		case errors.Is(err, errEngineDown):
 			// Nothing was started: this create is the runc binary's.
 			r.log.Warn("corral-runcd unavailable; this create runs runc run --detach", "id", spec.ID, "err", err)
@@ -258,26 +258,37 @@ func (r *Runtime) createRunc(ctx context.Context, spec *Spec, dir, sock string, 
 			return fmt.Errorf("runc run (corral-runcd): %w", err)
 		}
 	}
-	// runc run --detach returns once the agent runs. The container gets runc's stdio: stdin
-	// /dev/null (exec's default), stdout and stderr the log file, never a pipe to us.
+	if !started {
+		if err := r.runcStart(ctx, spec.ID, dir, logf, lis, agent.f); err != nil {
+			return err
+		}
+	}
+	r.detachStarted(spec.ID, rootfsOf(dir, ux), filepath.Join(srcs, "etc"), sysfsOf(ux))
+	return nil
+}
+
+// runcStart starts the bundle in dir with the runc binary: `runc run --detach` (or `create`
+// then `start`, createStart), lis and agent as fds 3 and 4. runc run --detach returns once the
+// agent runs. The container gets runc's stdio: stdin /dev/null (exec's default), stdout and
+// stderr the log file, never a pipe to us.
+func (r *Runtime) runcStart(ctx context.Context, id, dir string, logf, lis, agent *os.File) error {
 	runcLog := filepath.Join(dir, "runc.log")
 	verb := []string{"run", "--detach"}
 	if r.createStart {
 		verb = []string{"create"}
 	}
 	args := append([]string{"--log", runcLog, "--log-format", "json"}, verb...)
-	cmd := r.runcCmd(ctx, append(args, "--bundle", dir, "--pid-file", filepath.Join(dir, "init.pid"), "--preserve-fds", "2", spec.ID)...)
+	cmd := r.runcCmd(ctx, append(args, "--bundle", dir, "--pid-file", filepath.Join(dir, "init.pid"), "--preserve-fds", "2", id)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = []*os.File{lis, agent.f} // fds 3 and 4
+	cmd.ExtraFiles = []*os.File{lis, agent} // fds 3 and 4
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("runc %s: %w: %s", verb[0], err, lastRuncError(runcLog))
 	}
 	if r.createStart {
-		if err := r.runcCmd(ctx, "--log", runcLog, "--log-format", "json", "start", spec.ID).Run(); err != nil {
+		if err := r.runcCmd(ctx, "--log", runcLog, "--log-format", "json", "start", id).Run(); err != nil {
 			return fmt.Errorf("runc start: %w: %s", err, lastRuncError(runcLog))
 		}
 	}
-	r.detachStarted(spec.ID, rootfsOf(dir, ux), filepath.Join(srcs, "etc"), sysfsOf(ux))
 	return nil
 }
 
