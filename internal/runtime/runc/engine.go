@@ -24,7 +24,7 @@ import (
 // (its exec, Go start and config parsing: ~15 ms of 43 on the development VM, measured side by
 // side). Everything else (exec, kill, pause, delete, state) is still the runc binary's, on the
 // same --root: the engine is used only when its libcontainer is the runc binary's version.
-// It is started on the first create and again after it died; the containers it started do not
+// It is started with the runtime and again by a create that finds it dead; its containers do not
 // depend on it (their inits are reparented when it exits, as `runc run --detach` leaves them).
 type engine struct {
 	bin, sock   string
