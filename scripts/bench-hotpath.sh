@@ -44,6 +44,13 @@ if [ "${HOTPATH_ONLY:-exec}" = exec ]; then
   bin/corral-bench container --base base:bench --tti ${TTI:-10} --settle ${SETTLE:-250ms} --exec-gap ${EXEC_GAP:-0s} --execs ${EXECS:-500} --throughput ${THROUGHPUT:-16} --idle 0 -o json >"$out-container.json"
   jq -c '{exec: .exec_true_round_trip, runc_exec: .exec_baseline_runc_exec_true, ratio: .exec_ratio_p50, tti: .tti_create_to_first_exec, tti_ratio: .tti_ratio_p50, create: .tti_create.p50_ms, first_exec: .tti_first_exec.p50_ms, second_exec: .tti_second_exec.p50_ms}' "$out-container.json"
 fi
+# HOTPATH_ONLY=warm (not part of the default run): warm pools, corral-bench warm (TTI from a full
+# pool, a burst of BURST from a pool of BURST, SUSTAINED create-then-delete steps with the pool
+# refilling); pass UP_ARGS="--disk-pool 1 --sandbox-disk 64M" so that the pool's disks fit.
+if [ "${HOTPATH_ONLY:-}" = warm ]; then
+  bin/corral-bench warm --base base:bench --burst ${BURST:-64} --concurrency 8 --tti ${TTI:-50} --sustained ${SUSTAINED:-500} -o json >"$out-warm.json"
+  jq -c '.' "$out-warm.json" | head -c 3000; echo
+fi
 if [ "${HOTPATH_ONLY:-e2b}" = e2b ]; then
   sdk=$(scripts/e2b-sdk.sh)
   bin/corral-bench e2b --base base:bench --e2b-url "http://127.0.0.1:$((port + 1))" --sdk-dir "$sdk" --script test/e2b/bench.mjs \

@@ -318,6 +318,10 @@ type Edge struct {
 	capMu    sync.Mutex  // one admission at a time checks the node's capacity (Config.Capacity)
 	volLocks volumeLocks // one fetch or upload of a volume at a time on this node (volblob.go)
 	draining atomic.Bool // the node is draining: no new sandboxes, no fncall pools (SetDraining)
+	// creating counts the API's creates in flight (claims included) and createdAt is when the
+	// last one ended (unix nanoseconds): warm pools fill in the quiet after them (warmQuietWait).
+	creating  atomic.Int32
+	createdAt atomic.Int64
 
 	fncallMu sync.Mutex
 	pools    map[string]*fncallPool // fncall environments by name; protected by fncallMu
@@ -969,6 +973,13 @@ func (e *Edge) create(ctx context.Context, req model.CreateRequest, calls bool, 
 	ctx, span := trace.Start(ctx, trace.Create, trace.Node(e.cfg.Node))
 	defer span.End(&err)
 	start := time.Now()
+	if !calls {
+		e.creating.Add(1)
+		defer func() {
+			e.createdAt.Store(time.Now().UnixNano())
+			e.creating.Add(-1)
+		}()
+	}
 	if key != nil {
 		// Most retries find the key before any work (the admission transaction checks again).
 		if err := e.admissions.CheckIdempotency(ctx, key); err != nil {

@@ -50,6 +50,34 @@ func TestWarmTarget(t *testing.T) {
 	}
 }
 
+// TestWarmQuietLeft: a pool's fill waits for warmQuiet after the node's last create, and while
+// one is in flight, unless the pool is under a quarter of its target.
+func TestWarmQuietLeft(t *testing.T) {
+	now := time.Unix(1_000_000_000, 0)
+	for _, tc := range []struct {
+		name       string
+		ago        time.Duration // since the last create ended
+		inFlight   bool
+		have, want int
+		wait       time.Duration
+	}{
+		{"just after a claim", time.Millisecond, false, 7, 8, warmQuiet - time.Millisecond},
+		{"quiet long enough", warmQuiet, false, 7, 8, 0},
+		{"long ago", time.Hour, false, 0, 1, 0},
+		{"a create in flight", time.Hour, true, 7, 8, warmQuiet},
+		{"a small pool emptied", time.Millisecond, true, 0, 2, warmQuiet},
+		{"under a quarter", time.Millisecond, true, 15, 64, 0},
+		{"at a quarter", time.Millisecond, false, 16, 64, warmQuiet - time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := warmQuietLeft(now, now.Add(-tc.ago), tc.inFlight, tc.have, tc.want)
+			if max(got, 0) != tc.wait {
+				t.Errorf("wait %s, want %s", got, tc.wait)
+			}
+		})
+	}
+}
+
 // TestWarmUsesDigest: layer GC sees a blob in use while a pooled sandbox has it, whether it is
 // being started, ready or stale, and free once none has it.
 func TestWarmUsesDigest(t *testing.T) {
