@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 24's hot-path figures for one build, on a throwaway `corral up` of its own: exec round
 # trip and create→first exec (corral-bench container; TTI=N samples, default 10, SETTLE=D between
-# samples, default 250ms; EXEC_GAP=D between a sample's create and its first exec; THROUGHPUT=N creates at concurrency 8, default 16), E2B
+# samples, default 250ms; ALONE=N samples first with no other sandbox on the node, default 10; EXEC_GAP=D between a sample's create and its first exec; THROUGHPUT=N creates at concurrency 8, default 16), E2B
 # commands.run vs Corral's exec (the pinned e2b SDK), fncall calls/s. Usage:
 # scripts/bench-hotpath.sh [BIN_DIR] (default bin/; corral and corral-agent are taken from there,
 # corral-bench from bin/). Run it for two builds back to back
@@ -41,8 +41,8 @@ scripts/busybox-rootfs.sh "$work/rootfs"
 "$bindir/corral" layer import base:bench --kind base --dir "$work/rootfs" >/dev/null
 out=bench-out/hotpath-$tag
 if [ "${HOTPATH_ONLY:-exec}" = exec ]; then
-  bin/corral-bench container --base base:bench --tti ${TTI:-10} --settle ${SETTLE:-250ms} --exec-gap ${EXEC_GAP:-0s} --execs ${EXECS:-500} --throughput ${THROUGHPUT:-16} --idle 0 -o json >"$out-container.json"
-  jq -c '{exec: .exec_true_round_trip, runc_exec: .exec_baseline_runc_exec_true, ratio: .exec_ratio_p50, tti: .tti_create_to_first_exec, tti_ratio: .tti_ratio_p50, create: .tti_create.p50_ms, first_exec: .tti_first_exec.p50_ms, second_exec: .tti_second_exec.p50_ms}' "$out-container.json"
+  bin/corral-bench container --base base:bench --tti ${TTI:-10} --settle ${SETTLE:-250ms} --exec-gap ${EXEC_GAP:-0s} --execs ${EXECS:-500} --throughput ${THROUGHPUT:-16} --alone ${ALONE:-10} --idle 0 -o json >"$out-container.json"
+  jq -c '{exec: .exec_true_round_trip, runc_exec: .exec_baseline_runc_exec_true, ratio: .exec_ratio_p50, tti: .tti_create_to_first_exec, tti_ratio: .tti_ratio_p50, create: .tti_create.p50_ms, first_exec: .tti_first_exec.p50_ms, second_exec: .tti_second_exec.p50_ms, alone: .tti_alone_create_to_first_exec, alone_ratio: .tti_alone_ratio_p50, alone_create: .tti_alone_create.p50_ms, alone_first_exec: .tti_alone_first_exec.p50_ms}' "$out-container.json"
 fi
 # HOTPATH_ONLY=warm (not part of the default run): warm pools, corral-bench warm (TTI from a full
 # pool, a burst of BURST from a pool of BURST, SUSTAINED create-then-delete steps with the pool

@@ -40,7 +40,16 @@ type Config struct {
 	// ExecGap is a pause between a TTI sample's create and its first exec (a client that thinks
 	// first); the TTI figures leave it out. 0: the exec follows at once.
 	ExecGap time.Duration
+	// Alone is the create→first exec samples taken first, with no other sandbox on the node
+	// (each deleted, and aloneGap waited, before the next): a client running one sandbox at a
+	// time, whose sandbox finds its layers only as the last one left them. The other samples run
+	// beside a sandbox that holds the base layer for the runc baseline. 0 skips them.
+	Alone int
 }
+
+// aloneGap is the pause between Alone samples: the last one's delete (its cleanup runs after
+// the call returns) has then released its layers.
+const aloneGap = 500 * time.Millisecond
 
 // Stats summarises samples in milliseconds.
 type Stats struct {
@@ -81,6 +90,13 @@ type Result struct {
 	TTICreate     Stats   `json:"tti_create"`
 	TTIFirstExec  Stats   `json:"tti_first_exec"`
 	TTISecondExec Stats   `json:"tti_second_exec"`
+	// TTIAlone is create→first exec with no other sandbox on the node (Config.Alone), and its
+	// ratio to the runc run baseline above (whose rootfs, a mounted layer, is warm in the page
+	// cache as a local directory would be).
+	TTIAlone          Stats   `json:"tti_alone_create_to_first_exec"`
+	TTIAloneCreate    Stats   `json:"tti_alone_create"`
+	TTIAloneFirstExec Stats   `json:"tti_alone_first_exec"`
+	TTIAloneRatioP50  float64 `json:"tti_alone_ratio_p50,omitempty"`
 	Exec          Stats   `json:"exec_true_round_trip"`
 	ExecBaseline  Stats   `json:"exec_baseline_runc_exec_true"`
 	ExecRatioP50  float64 `json:"exec_ratio_p50"`
@@ -107,6 +123,21 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 	}
 	host, _ := os.Hostname()
 	res := &Result{Date: time.Now().UTC().Format(time.RFC3339), Host: host, RuncVersion: info.RuntimeVersion, Base: cfg.Base}
+	if cfg.Alone > 0 {
+		log.Info("measuring time to interactive with no other sandbox", "rounds", cfg.Alone)
+		var tti, creates, firsts []time.Duration
+		for i := range cfg.Alone + 1 { // the first one warms up
+			p, err := ttiParts(ctx, c, cfg.Base, false, cfg.ExecGap)
+			if err != nil {
+				return nil, err
+			}
+			if i > 0 {
+				tti, creates, firsts = append(tti, p.total), append(creates, p.create), append(firsts, p.first)
+			}
+			time.Sleep(max(cfg.Settle, aloneGap))
+		}
+		res.TTIAlone, res.TTIAloneCreate, res.TTIAloneFirstExec = summarise(tti), summarise(creates), summarise(firsts)
+	}
 	b, _, done, err := baselineOn(ctx, c, info, cfg.Base)
 	if err != nil {
 		return nil, err
@@ -139,6 +170,9 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 	res.TTI, res.TTIBaseline = summarise(tti), summarise(base)
 	res.TTICreate, res.TTIFirstExec, res.TTISecondExec = summarise(creates), summarise(firsts), summarise(seconds)
 	res.TTIRatioP50 = res.TTI.P50 / res.TTIBaseline.P50
+	if cfg.Alone > 0 {
+		res.TTIAloneRatioP50 = res.TTIAlone.P50 / res.TTIBaseline.P50
+	}
 	res.TTISettleMs = float64(cfg.Settle.Microseconds()) / 1000
 
 	log.Info("measuring exec round trip", "rounds", cfg.ExecRounds)

@@ -132,6 +132,7 @@ func addDaemonFlags(f *pflag.FlagSet, cfg *daemon.Config, logFormat, logLevel *s
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", 0, "TTL of a sandbox whose create call names none (default 1h)")
 	f.DurationVar(&cfg.MaxTTL, "max-ttl", 0, "largest TTL a create call may ask for (default 168h)")
 	f.Int64Var(&cfg.MaxLayerBytes, "max-layer-bytes", 0, "largest expanded size of an imported layer (default 16 GiB)")
+	f.DurationVar(&cfg.LayerLinger, "layer-linger", 5*time.Minute, "how long a layer no sandbox uses stays mounted, its page cache warm for the next sandbox (0: unmounted with its last sandbox)")
 	f.StringVar(&cfg.Store, "store", "", "the database: postgres://USER@HOST:PORT/DB?sslmode=disable, or a SQLite file (default DATA-DIR/corral.db)")
 	f.StringVar(&cfg.BlobStore, "blob-store", "", "where layer images live, shared by every Corral given the same one: dir:/PATH or s3://BUCKET[/PREFIX]?endpoint=URL[&region=R] with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (default dir:DATA-DIR/blobs)")
 	f.StringVar(&cfg.Fetch.Mode, "fetch", "prefetch", "how sandboxes' layer data reaches this node unless a create says: eager (all of it before start), lazy (chunks as read) or prefetch (lazy, with the environment's recorded start-up set fetched at once)")

@@ -125,6 +125,9 @@ type Config struct {
 	DefaultTTL, MaxTTL time.Duration
 	// MaxLayerBytes bounds the expanded size of one imported layer. Default 16 GiB.
 	MaxLayerBytes int64
+	// LayerLinger is how long a layer no sandbox uses stays mounted, its page cache warm for the
+	// next sandbox (layers.Config.Linger). 0: unmounted with its last sandbox.
+	LayerLinger time.Duration
 	// Fetch configures how layer data reaches this node (lazyd and its chunk cache).
 	Fetch FetchConfig
 	// BlobStore is where layer images and the shared layer catalogue live (blobstore.Open):
@@ -605,7 +608,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 	} else if instance, err = st.Instance(ctx, cfg.Node); err != nil {
 		return err
 	}
-	if ls, err = layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Blobs: blobs, Instance: instance, Lazy: lazyCfg}, log); err != nil {
+	if ls, err = layers.Open(layers.Config{Dir: filepath.Join(cfg.DataDir, "layers"), MaxBytes: cfg.MaxLayerBytes, Linger: cfg.LayerLinger, Blobs: blobs, Instance: instance, Lazy: lazyCfg}, log); err != nil {
 		return err
 	}
 	lookup := func(netip.Addr) (dns.Sandbox, bool) { return dns.Sandbox{}, false }

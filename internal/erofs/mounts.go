@@ -23,10 +23,14 @@ import (
 
 // Mounts is a reference-counted set of mounted images under one directory, one mount point per
 // name: <dir>/<name>. Names are 64 lowercase hex digits (a layer digest). All methods are safe for
-// concurrent use; none starts a goroutine. See the package doc for the lifecycle.
+// concurrent use; none starts a goroutine but the linger timers (SetLinger). See the package doc
+// for the lifecycle.
 type Mounts struct {
 	dir string
 	log *slog.Logger
+
+	// linger is how long a name stays mounted after its last Release (SetLinger). Protected by mu.
+	linger time.Duration
 
 	mu sync.Mutex
 	// entries holds every name that is mounted or being mounted or unmounted. Protected by mu.
@@ -43,6 +47,10 @@ type entry struct {
 	devices []string // its extra device files; nil when there are none or it was adopted
 	backing Backing  // how it is mounted
 	adopted bool     // found mounted by OpenMounts rather than mounted by Acquire
+	// idle unmounts the name when it has lingered (SetLinger) with no reference; gen tells its
+	// firing from a later Release's. Both protected by Mounts.mu.
+	idle *time.Timer
+	gen  uint64
 }
 
 // OpenMounts returns the set of mounts under dir, creating dir (mode 0700: images may hold setuid
@@ -118,6 +126,16 @@ func OpenMounts(dir string, log *slog.Logger) (*Mounts, error) {
 	return m, nil
 }
 
+// SetLinger makes a name stay mounted for d after its last Release, so that the next Acquire
+// finds it mounted and its page cache warm (the files a sandbox's start reads, which would
+// otherwise be read again through the image's backing, or fetched again through lazyd); 0, the
+// default, unmounts at the last Release. Sweep and Drop unmount lingering names at once.
+func (m *Mounts) SetLinger(d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.linger = max(d, 0)
+}
+
 // Dir returns the directory the mount points are in.
 func (m *Mounts) Dir() string { return m.dir }
 
@@ -149,6 +167,7 @@ func (m *Mounts) AcquireDevices(name, image string, devices []string) (string, e
 			continue
 		}
 		e.refs++
+		e.stopIdle()
 		m.mu.Unlock()
 		return target, nil
 	}
@@ -210,14 +229,25 @@ func (m *Mounts) Hold(name string) bool {
 			continue
 		}
 		e.refs++
+		e.stopIdle()
 		return true
 	}
 }
 
-// Release drops a reference to name. The last one unmounts the image and removes its mount point.
-// If that unmount fails (still busy), the error is returned, the name stays mounted with zero
-// references, and Sweep or a later Acquire and Release retries. Releasing a name that holds no
-// reference wraps errdefs.ErrNotFound.
+// stopIdle cancels e's linger timer. Preconditions: Mounts.mu is held.
+func (e *entry) stopIdle() {
+	if e.idle != nil {
+		e.idle.Stop()
+		e.idle = nil
+	}
+	e.gen++ // a timer that fired already and waits for mu finds it stale
+}
+
+// Release drops a reference to name. The last one unmounts the image and removes its mount point,
+// at once or, with SetLinger, once the name has gone unused for that long. If that unmount fails
+// (still busy), the error is returned (logged, for a lingering one), the name stays mounted with
+// zero references, and Sweep or a later Acquire and Release retries. Releasing a name that holds
+// no reference wraps errdefs.ErrNotFound.
 func (m *Mounts) Release(name string) error {
 	m.mu.Lock()
 	for {
@@ -235,6 +265,55 @@ func (m *Mounts) Release(name string) error {
 			m.mu.Unlock()
 			return nil
 		}
+		if m.linger > 0 {
+			e.stopIdle()
+			gen := e.gen
+			e.idle = time.AfterFunc(m.linger, func() { m.expire(name, e, gen) })
+			m.mu.Unlock()
+			return nil
+		}
+		m.mu.Unlock()
+		return m.unmount(name, e)
+	}
+}
+
+// expire unmounts name when e, its entry, is still the one that lingered since the Release that
+// set gen.
+func (m *Mounts) expire(name string, e *entry, gen uint64) {
+	m.mu.Lock()
+	stale := m.entries[name] != e || e.gen != gen || e.refs != 0
+	if !stale {
+		e.idle = nil
+	}
+	m.mu.Unlock()
+	if stale {
+		return
+	}
+	if err := m.unmount(name, e); err != nil {
+		m.log.Warn("unmount a lingering erofs image", "name", name, "err", err)
+	}
+}
+
+// Drop unmounts name now if it is mounted with no reference (lingering, or left by a failed
+// unmount), so that its image can go. It refuses a name that holds references with
+// errdefs.ErrConflict; a name that is not mounted is no error.
+func (m *Mounts) Drop(name string) error {
+	m.mu.Lock()
+	for {
+		e := m.entries[name]
+		if e == nil {
+			m.mu.Unlock()
+			return nil
+		}
+		if e.busy != nil {
+			m.waitLocked(e.busy)
+			continue
+		}
+		if e.refs > 0 {
+			m.mu.Unlock()
+			return errdefs.Conflict("erofs mount %s has %d references", name, e.refs)
+		}
+		e.stopIdle()
 		m.mu.Unlock()
 		return m.unmount(name, e)
 	}
@@ -281,6 +360,7 @@ func (m *Mounts) unmount(name string, e *entry) error {
 	}
 	busy := make(chan struct{})
 	e.busy = busy
+	e.stopIdle()
 	m.mu.Unlock()
 
 	target := filepath.Join(m.dir, name)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
@@ -249,5 +250,74 @@ func TestMountsInvalid(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(m.Dir(), nameA)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("failed Acquire left the mount point: %v", err)
+	}
+}
+
+// TestMountsLinger: with SetLinger the last Release leaves the image mounted; an Acquire in the
+// window takes it as it is (no second mount), the timer unmounts it once unused for that long,
+// and Drop and Sweep unmount a lingering name at once.
+func TestMountsLinger(t *testing.T) {
+	requireAll(t)
+	dir := testDir(t)
+	imgA, imgB := twoImages(t, dir)
+	m := openMounts(t, filepath.Join(dir, "mounts"))
+	t.Cleanup(func() { sweepAll(t, m) })
+	const linger = 300 * time.Millisecond
+	m.SetLinger(linger)
+
+	p, err := m.Acquire(nameA, imgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Release(nameA); err != nil {
+		t.Fatal(err)
+	}
+	if r, n := m.Refs(nameA), len(mountsAt(t, p)); r != 0 || n != 1 {
+		t.Fatalf("after the last Release: refs %d, mounts %d; want 0, 1 (lingering)", r, n)
+	}
+	// Taken again within the window: the same mount, and the timer no longer applies.
+	if _, err := m.Acquire(nameA, imgA); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * linger)
+	if r, n := m.Refs(nameA), len(mountsAt(t, p)); r != 1 || n != 1 {
+		t.Fatalf("held across the linger: refs %d, mounts %d; want 1, 1", r, n)
+	}
+	if err := m.Release(nameA); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(mountsAt(t, p)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("still mounted %v after its last Release with a linger of %v", 10*time.Second, linger)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("mount point left after the linger: %v", err)
+	}
+	if err := m.Release(nameA); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Release after the linger: %v; want ErrNotFound", err)
+	}
+
+	// Drop: refused while referenced, at once when lingering; Sweep likewise.
+	m.SetLinger(time.Hour)
+	pb, err := m.Acquire(nameB, imgB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Drop(nameB); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("Drop of a referenced name: %v; want conflict", err)
+	}
+	m.Release(nameB)
+	if err := m.Drop(nameB); err != nil || len(mountsAt(t, pb)) != 0 {
+		t.Errorf("Drop of a lingering name: %v, %d mounts left", err, len(mountsAt(t, pb)))
+	}
+	if _, err := m.Acquire(nameA, imgA); err != nil {
+		t.Fatal(err)
+	}
+	m.Release(nameA)
+	if n, err := m.Sweep(); n != 1 || err != nil || len(mountsAt(t, p)) != 0 {
+		t.Errorf("Sweep of a lingering name: %d, %v", n, err)
 	}
 }

@@ -63,6 +63,12 @@ type Config struct {
 	// share one. Required.
 	Blobs blobstore.Store
 
+	// Linger is how long a layer no sandbox uses any more stays mounted, its page cache warm for
+	// the next sandbox that uses it (a sandbox's first commands then read no image data again,
+	// nor fetch it through lazyd); 0 unmounts it with its last sandbox. Layers are unmounted
+	// when removed, and at Close, whatever this says.
+	Linger time.Duration
+
 	// Instance names this Corral in the records it writes (store.Instance), so that other
 	// Corrals sharing the blob store can tell its fresh imports from orphans.
 	Instance string
@@ -138,6 +144,8 @@ func (c Config) Validate() error {
 		return errdefs.Invalid("layers.dir", "must be an absolute path, got %q", c.Dir)
 	case c.MaxBytes < 0:
 		return errdefs.Invalid("layers.max_bytes", "must be positive, got %d", c.MaxBytes)
+	case c.Linger < 0:
+		return errdefs.Invalid("layers.linger", "must not be negative, got %v", c.Linger)
 	case c.MaxEntries < 0:
 		return errdefs.Invalid("layers.max_entries", "must be positive, got %d", c.MaxEntries)
 	case c.MaxRatio < 0:

@@ -180,6 +180,7 @@ func Open(cfg Config, log *slog.Logger) (*Store, error) {
 		s.lock.Close()
 		return nil, fmt.Errorf("open layer store: %w", err)
 	}
+	s.mounts.SetLinger(cfg.Linger)
 	if err := s.migrateTrees(context.Background()); err != nil {
 		s.lock.Close()
 		return nil, err
@@ -362,7 +363,7 @@ func (s *Store) Remove(ctx context.Context, digest string) error {
 	if n := s.mounts.Refs(hex); n > 0 {
 		return errdefs.Conflict("remove layer %s: %d sandboxes of this node have it mounted", digest, n)
 	}
-	if err := s.mounts.Release(hex); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.mounts.Drop(hex); err != nil {
 		return fmt.Errorf("remove layer %s: %w", digest, err)
 	}
 	if err := s.blobs.Delete(ctx, metaKey(hex)); err != nil {
