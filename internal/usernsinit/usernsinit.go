@@ -8,7 +8,8 @@
 // namespace reach the agent in its environment: internal/rlimitenv.)
 //
 // It depends on nothing but the standard library, so linking it costs the agent
-// nothing.
+// nothing. cmd/corral-runcd/usernsinit.c is its twin in C (the same arguments, answers and
+// exit codes, without a Go runtime's start), which the runtime uses where corral-runcd is.
 package usernsinit
 
 import (

@@ -86,6 +86,11 @@ func buildFixtures() {
 	if fx.err != nil {
 		return
 	}
+	// Searchable by anyone, as an installed corral-runcd's directory is: a sandbox's uid runs it
+	// as the user namespaces' helper (initNSHelper).
+	if fx.err = os.Chmod(fx.dir, 0o755); fx.err != nil {
+		return
+	}
 	fx.base = filepath.Join(fx.dir, "base")
 	fx.top = filepath.Join(fx.dir, "top")
 	fx.agent = filepath.Join(fx.dir, "standin")

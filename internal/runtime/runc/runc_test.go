@@ -388,9 +388,9 @@ func TestCreateErrors(t *testing.T) {
 		s := e.spec("bad-agent")
 		s.AgentPath = bad
 		sb, err := e.r.Create(ctx, runtime.Spec(s))
-		if e.r.UserNS() != nil {
-			// With user namespaces the agent's binary also runs on the host first (its
-			// namespace helper): the Create fails there, leaving nothing.
+		if e.r.UserNS() != nil && e.r.nsHelper == "" {
+			// With user namespaces made by the agent's helper (no corral-runcd), the agent's
+			// binary also runs on the host first: the Create fails there, leaving nothing.
 			if err == nil || !strings.Contains(err.Error(), "user namespace helper") {
 				t.Fatalf("Create with a non-program agent: %v, want the helper's exec error", err)
 			}

@@ -181,11 +181,14 @@ type Runtime struct {
 	// only TestCreateLatency sets it, to measure the difference.
 	createStart bool
 	// engine starts runc containers when Config.Runcd is usable (engine.go), else nil.
-	engine  *engine
-	cg      *cgroups.Layout
-	agents  agentCache
-	formats diskFormats
-	locks   idLocks
+	engine *engine
+	// nsHelper is Config.Runcd when it makes user namespaces (initNSHelper), else empty: the
+	// agent's helper makes them.
+	nsHelper string
+	cg       *cgroups.Layout
+	agents   agentCache
+	formats  diskFormats
+	locks    idLocks
 
 	poolDir string
 	ready   chan string // paths of ready pool slots; receive-only for Create, filled by refill
@@ -296,6 +299,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 		}
 	}
 	r.initUserNS(ctx)
+	r.initNSHelper(ctx)
 	r.initEngine(ctx)
 	// Pool slots of an earlier process are not worth auditing; destroy and make fresh ones.
 	if err := r.clearPool(ctx); err != nil {
@@ -308,8 +312,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Runtime, error) {
 	case r.usernsErr != nil:
 		log.Error("runc sandboxes run without user namespaces", "err", r.usernsErr)
 	case cfg.UserNS != nil:
+		helper := "corral-agent"
+		if r.nsHelper != "" {
+			helper = r.nsHelper
+		}
 		log.Info("runc sandboxes run in user namespaces", "uid_base", cfg.UserNS.UIDBase, "slots", cfg.UserNS.Slots,
-			"roots", cfg.UserNS.RootsDir, "budgets", fmt.Sprintf("%+v", cfg.UserNS.Budgets))
+			"roots", cfg.UserNS.RootsDir, "budgets", fmt.Sprintf("%+v", cfg.UserNS.Budgets), "helper", helper)
 	}
 	if r.runscErr != nil {
 		log.Warn("gVisor sandboxes unavailable", "err", r.runscErr)

@@ -29,6 +29,59 @@ func usernsEnv(t *testing.T, slots int) *testEnv {
 	return e
 }
 
+// TestUserNSHelper: with corral-runcd, its C helper makes the namespaces (one thread: no Go
+// runtime started), as the slot's uid, with the id maps; a corral-runcd the slots' uids cannot
+// execute (under a directory only root may search) leaves them to the agent's helper, and
+// sandboxes still get their budgets.
+func TestUserNSHelper(t *testing.T) {
+	e := usernsEnv(t, 4)
+	if e.cfg.Runcd == "" {
+		t.Skip("corral-runcd is off (CORRAL_TEST_RUNCD=off)")
+	}
+	if e.r.nsHelper != fx.runcd {
+		t.Fatalf("nsHelper = %q, want %s", e.r.nsHelper, fx.runcd)
+	}
+	base := e.r.slotBase(3)
+	h, err := e.r.startUserns(context.Background(), base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := h.cmd.Process.Pid
+	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	uidMap, _ := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", pid))
+	h.close()
+	if exe != fx.runcd {
+		t.Errorf("helper runs %q, want %s", exe, fx.runcd)
+	}
+	if !regexp.MustCompile(`(?m)^Threads:\s+1$`).Match(status) {
+		t.Errorf("helper has more than one thread (a Go runtime started):\n%s", status)
+	}
+	if !regexp.MustCompile(fmt.Sprintf(`(?m)^Uid:\s+\d+\s+%d\s`, base)).Match(status) {
+		t.Errorf("helper's effective uid is not the slot's %d:\n%s", base, status)
+	}
+	if got := strings.Join(strings.Fields(string(uidMap)), " "); got != fmt.Sprintf("0 %d 65536", base) {
+		t.Errorf("uid_map %q", got)
+	}
+
+	hidden := filepath.Join(t.TempDir(), "corral-runcd") // t.TempDir() is 0700
+	b, err := os.ReadFile(fx.runcd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(hidden, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := newTestEnv(t, func(c *Config) { c.Runcd = hidden; c.UserNS = &UserNS{UIDBase: 0xF8000000 + 4*UserNSSize, Slots: 2} })
+	if f.r.nsHelper != "" {
+		t.Fatalf("nsHelper = %q for a binary the slots' uids cannot execute", f.r.nsHelper)
+	}
+	sb := f.create(f.spec("u-agent-helper"))
+	if got := strings.TrimSpace(okSh(t, sb.AgentSocket, "cat /proc/sys/user/max_inotify_instances")); got != "128" {
+		t.Errorf("max_inotify_instances %q inside, want 128", got)
+	}
+}
+
 // TestUserNSSandbox: a sandbox's root is its slot's first host uid, in a namespace that maps
 // 65536 ids there and is owned by that uid; its disk stores inside ids; the namespace has the
 // configured inotify budget.
