@@ -87,9 +87,9 @@ type Result struct {
 	TTISettleMs float64 `json:"tti_settle_ms"`
 	// The TTI's parts: the create's answer, the first exec of `true`, and a second one right
 	// after it (not part of the TTI).
-	TTICreate     Stats   `json:"tti_create"`
-	TTIFirstExec  Stats   `json:"tti_first_exec"`
-	TTISecondExec Stats   `json:"tti_second_exec"`
+	TTICreate     Stats `json:"tti_create"`
+	TTIFirstExec  Stats `json:"tti_first_exec"`
+	TTISecondExec Stats `json:"tti_second_exec"`
 	// TTIAlone is create→first exec with no other sandbox on the node (Config.Alone), and its
 	// ratio to the runc run baseline above (whose rootfs, a mounted layer, is warm in the page
 	// cache as a local directory would be).
@@ -97,9 +97,9 @@ type Result struct {
 	TTIAloneCreate    Stats   `json:"tti_alone_create"`
 	TTIAloneFirstExec Stats   `json:"tti_alone_first_exec"`
 	TTIAloneRatioP50  float64 `json:"tti_alone_ratio_p50,omitempty"`
-	Exec          Stats   `json:"exec_true_round_trip"`
-	ExecBaseline  Stats   `json:"exec_baseline_runc_exec_true"`
-	ExecRatioP50  float64 `json:"exec_ratio_p50"`
+	Exec              Stats   `json:"exec_true_round_trip"`
+	ExecBaseline      Stats   `json:"exec_baseline_runc_exec_true"`
+	ExecRatioP50      float64 `json:"exec_ratio_p50"`
 
 	ThroughputPerSec         float64 `json:"create_throughput_per_s"`
 	ThroughputBaselinePerSec float64 `json:"create_throughput_baseline_runc_run_detach_per_s"`
