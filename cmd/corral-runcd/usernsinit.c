@@ -1,5 +1,6 @@
-// `corral-runcd userns-init KEY=N...`: internal/usernsinit's helper (its protocol, to the
-// byte), done here in C before the Go runtime starts, so that each user namespace Corral
+// `corral-runcd userns-init KEY=N...`: internal/usernsinit's helper (the same arguments, and
+// "ok" once done; its error lines are worded its own way), done here in C before the Go runtime
+// starts, so that each user namespace Corral
 // makes costs an exec and a few system calls instead of a Go runtime's start (see
 // usernsinit.go). It sets the namespace's inotify budgets, prints "ok" and holds the namespace
 // until its standard input ends.
@@ -41,7 +42,10 @@ static void set(const char *arg) {
 	int fd = open(path, O_WRONLY | O_CLOEXEC);
 	const char *v = eq + 1;
 	size_t vlen = strlen(v);
-	if (fd < 0 || write(fd, v, vlen) != (ssize_t)vlen) {
+	ssize_t w = fd < 0 ? -1 : write(fd, v, vlen);
+	if (w >= 0 && w != (ssize_t)vlen)
+		errno = EIO; // a short write sets no errno
+	if (fd < 0 || w != (ssize_t)vlen) {
 		snprintf(line, sizeof line, "set %.*s: %s\n", (int)klen, arg, strerror(errno));
 		say(line);
 		_exit(1);

@@ -134,7 +134,11 @@ func Container(ctx context.Context, c *corral.Client, cfg Config, log *slog.Logg
 			if i > 0 {
 				tti, creates, firsts = append(tti, p.total), append(creates, p.create), append(firsts, p.first)
 			}
-			time.Sleep(max(cfg.Settle, aloneGap))
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(max(cfg.Settle, aloneGap)):
+			}
 		}
 		res.TTIAlone, res.TTIAloneCreate, res.TTIAloneFirstExec = summarise(tti), summarise(creates), summarise(firsts)
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -280,4 +281,37 @@ func procsOf(dataDir, sub string) []string {
 		}
 	}
 	return pids
+}
+
+// TestLingerYieldsCache: a layer left mounted after its last sandbox (--layer-linger) keeps its
+// chunks pinned in lazyd's cache; an eager create that needs the room unmounts the lingering
+// layers and starts, where it would otherwise fail with the cache full.
+func TestLingerYieldsCache(t *testing.T) {
+	needRoot(t)
+	p := startCorral(t, "--cache-size", "64M", "--layer-linger", "5m") // the least lazyd takes
+	p.importDir("base", "1", corral.KindBase, busyboxRootfs(t))
+	for _, name := range []string{"tka", "tkb"} {
+		dir := t.TempDir()
+		data := make([]byte, 36<<20) // one fits beside the base, two do not
+		rand.Read(data)
+		os.MkdirAll(filepath.Join(dir, "opt", name), 0o755)
+		os.WriteFile(filepath.Join(dir, "opt", name, "data"), data, 0o644)
+		p.importDir(name, "1", corral.KindToolkit, dir)
+	}
+	ctx := context.Background()
+	a := p.createCLI("--base", "base:1", "--toolkit", "tka:1", "--fetch", "eager")
+	if _, err := p.Client.DeleteSandbox(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, p.Client, a.ID)
+	if !strings.Contains(p.Logs(), "mounted erofs image") || strings.Contains(p.Logs(), "unmounted erofs image") {
+		t.Fatalf("tka:1 should linger mounted after its sandbox ended:\n%s", p.Logs())
+	}
+	b := p.createCLI("--base", "base:1", "--toolkit", "tkb:1", "--fetch", "eager")
+	if out := strings.TrimSpace(p.sh(b.ID, "wc -c < /opt/tkb/data")); out != strconv.Itoa(36<<20) {
+		t.Errorf("tkb's data in the sandbox: %q bytes", out)
+	}
+	if !strings.Contains(p.Logs(), "chunk cache full: unmounted lingering layers") {
+		t.Errorf("the create did not make room by unmounting lingering layers:\n%s", p.Logs())
+	}
 }

@@ -67,7 +67,8 @@ const (
 	// waits: the commands a client sends right after its create then do not share the CPUs
 	// with a fill (one started at the claim made the claim's first exec 7.5 ms instead of 4 on
 	// this 2-CPU host). warmQuietMax bounds the wait under a steady stream of creates, and a
-	// pool under a quarter of its target fills at once (its claims would find it empty).
+	// pool holding fewer than target/4 (rounded down) fills at once (its claims would find it
+	// empty).
 	warmQuiet    = 30 * time.Millisecond
 	warmQuietMax = 250 * time.Millisecond
 	// warmIdle: a pool younger than this aims at its full size; one without a claim for this
@@ -376,9 +377,6 @@ func (e *Edge) runWarm(ctx context.Context, p *warmPool) {
 				break
 			}
 			waiting = ""
-			if !e.warmQuietWait(ctx, have, target) {
-				break
-			}
 			took, err := e.fillWarm(ctx, p)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -424,7 +422,8 @@ func (e *Edge) warmQuietWait(ctx context.Context, have, target int) bool {
 
 // warmQuietLeft is how long a fill should still wait at now, the node's last create having
 // ended at last and one being in flight or not: until warmQuiet after the last, at least
-// warmQuiet while one is in flight, and not at all for a pool under a quarter of its target.
+// warmQuiet while one is in flight, and not at all for a pool holding fewer than target/4
+// (rounded down: a pool of 1-3 always waits, its claims being few).
 func warmQuietLeft(now, last time.Time, inFlight bool, have, target int) time.Duration {
 	if have < target/4 {
 		return 0
@@ -563,6 +562,13 @@ func (e *Edge) fillWarm(ctx context.Context, p *warmPool) (time.Duration, error)
 		return 0, ctx.Err()
 	}
 	defer func() { <-e.warm.fill }()
+	// With the token, so that a fill queued behind another pool's waits for quiet too.
+	p.mu.Lock()
+	have, target := len(p.ready), p.targetLocked(time.Now())
+	p.mu.Unlock()
+	if !e.warmQuietWait(ctx, have, target) {
+		return 0, ctx.Err()
+	}
 	start := time.Now()
 	p.mu.Lock()
 	env := p.env

@@ -272,16 +272,22 @@ func TestMountsLinger(t *testing.T) {
 	if err := m.Release(nameA); err != nil {
 		t.Fatal(err)
 	}
-	if r, n := m.Refs(nameA), len(mountsAt(t, p)); r != 0 || n != 1 {
+	first := mountsAt(t, p)
+	if r, n := m.Refs(nameA), len(first); r != 0 || n != 1 {
 		t.Fatalf("after the last Release: refs %d, mounts %d; want 0, 1 (lingering)", r, n)
 	}
-	// Taken again within the window: the same mount, and the timer no longer applies.
+	// Taken again within the window: the same mount (its mount ID), and the timer no longer
+	// applies.
 	if _, err := m.Acquire(nameA, imgA); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * linger)
-	if r, n := m.Refs(nameA), len(mountsAt(t, p)); r != 1 || n != 1 {
+	now := mountsAt(t, p)
+	if r, n := m.Refs(nameA), len(now); r != 1 || n != 1 {
 		t.Fatalf("held across the linger: refs %d, mounts %d; want 1, 1", r, n)
+	}
+	if now[0].id != first[0].id {
+		t.Errorf("mount ID %s after the Acquire, %s before: mounted again instead of reused", now[0].id, first[0].id)
 	}
 	if err := m.Release(nameA); err != nil {
 		t.Fatal(err)

@@ -35,6 +35,11 @@ func (s *Store) lazyClient(ctx context.Context) (*lazy.Client, error) {
 		s.log.Warn("lazyd went away; reaching or starting another")
 		s.lazyc.Drop()
 		s.lazyc = nil
+		// Lingering layers (Config.Linger) were mounted through the lazyd that went: a mount
+		// whose FUSE file did not survive it must not be handed to the next sandbox.
+		if n, err := s.mounts.Sweep(); err != nil || n > 0 {
+			s.log.Info("unmounted lingering layers of the lazyd that went", "count", n, "err", err)
+		}
 	}
 	if s.cfg.Lazy.Command == nil && s.lazyDone != nil {
 		select {
@@ -163,6 +168,14 @@ func (s *Store) Prepare(ctx context.Context, digests []string, f Fetch) error {
 		// lazyd died since it was last reached: once more, with a new one.
 		s.log.Warn("lazyd was gone when a sandbox's layers were registered; starting another", "sandbox", f.Sandbox, "err", err)
 		err = s.prepare(ctx, digests, f)
+	}
+	if errors.Is(err, errdefs.ErrExhausted) {
+		// A mounted layer pins its chunks in lazyd's cache, lingering ones too: unmount those
+		// no sandbox uses and try once more.
+		if n, serr := s.mounts.Sweep(); n > 0 {
+			s.log.Info("chunk cache full: unmounted lingering layers", "sandbox", f.Sandbox, "count", n, "err", serr)
+			err = s.prepare(ctx, digests, f)
+		}
 	}
 	return err
 }

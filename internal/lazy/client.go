@@ -325,13 +325,19 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		if e.Error == "" {
 			e.Error = strings.TrimSpace(string(b))
 		}
+		// The server's message ends with its error's kind already ("...: resource exhausted").
+		kinded := func(kind error) error {
+			return fmt.Errorf("%s: %w", strings.TrimSuffix(e.Error, ": "+kind.Error()), kind)
+		}
 		switch e.Kind {
 		case "invalid":
-			return fmt.Errorf("%s: %w", e.Error, errdefs.ErrInvalid)
+			return kinded(errdefs.ErrInvalid)
 		case "not_found":
-			return fmt.Errorf("%s: %w", e.Error, errdefs.ErrNotFound)
+			return kinded(errdefs.ErrNotFound)
 		case "unavailable":
-			return fmt.Errorf("%s: %w", e.Error, errdefs.ErrUnavailable)
+			return kinded(errdefs.ErrUnavailable)
+		case "exhausted":
+			return kinded(errdefs.ErrExhausted)
 		}
 		return fmt.Errorf("lazyd: %s (HTTP %d)", e.Error, resp.StatusCode)
 	}

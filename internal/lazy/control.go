@@ -243,7 +243,7 @@ func (s *Server) register(ctx context.Context, req SandboxRequest) error {
 			for _, c := range l.t.Chunks {
 				if !s.cache.Has(c.Sum) {
 					st := s.cache.Stats()
-					return fmt.Errorf("fetch layer %s before start: the node's chunk cache cannot hold it (%d bytes; cache %d of %d bytes used, %d pinned by running sandboxes; corral up --cache-size): %w",
+					return fmt.Errorf("fetch layer %s before start: the node's chunk cache cannot hold it (%d bytes; cache %d of %d bytes used, %d pinned by mounted layers; corral up --cache-size): %w",
 						l.name, l.t.DataSize, st.Bytes, st.Limit, st.PinnedBytes, errdefs.ErrExhausted)
 				}
 			}
@@ -416,6 +416,8 @@ func reply(w http.ResponseWriter, v any, err error) {
 			code, kind = http.StatusNotFound, "not_found"
 		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errTimeout):
 			code, kind = http.StatusServiceUnavailable, "unavailable"
+		case errors.Is(err, errdefs.ErrExhausted):
+			code, kind = http.StatusInsufficientStorage, "exhausted"
 		}
 		w.WriteHeader(code)
 		json.NewEncoder(w).Encode(errorBody{Error: err.Error(), Kind: kind})

@@ -50,6 +50,7 @@ func TestUserNSHelper(t *testing.T) {
 	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	uidMap, _ := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", pid))
+	gidMap, _ := os.ReadFile(fmt.Sprintf("/proc/%d/gid_map", pid))
 	h.close()
 	if exe != fx.runcd {
 		t.Errorf("helper runs %q, want %s", exe, fx.runcd)
@@ -60,8 +61,10 @@ func TestUserNSHelper(t *testing.T) {
 	if !regexp.MustCompile(fmt.Sprintf(`(?m)^Uid:\s+\d+\s+%d\s`, base)).Match(status) {
 		t.Errorf("helper's effective uid is not the slot's %d:\n%s", base, status)
 	}
-	if got := strings.Join(strings.Fields(string(uidMap)), " "); got != fmt.Sprintf("0 %d 65536", base) {
-		t.Errorf("uid_map %q", got)
+	for what, m := range map[string][]byte{"uid_map": uidMap, "gid_map": gidMap} {
+		if got := strings.Join(strings.Fields(string(m)), " "); got != fmt.Sprintf("0 %d 65536", base) {
+			t.Errorf("%s %q", what, got)
+		}
 	}
 
 	hidden := filepath.Join(t.TempDir(), "corral-runcd") // t.TempDir() is 0700

@@ -3,13 +3,15 @@ package runc
 import (
 	"context"
 	"errors"
+	"os"
 	"time"
 
 	"github.com/corral-dev/corral/internal/errdefs"
 )
 
-// A user namespace costs a create 5-7 ms of its time on a 2-CPU host: its helper is a Go process
-// started from the agent binary (startUserns), and the create waits for its "ok". The runtime
+// A user namespace cost a create 5-7 ms of its time on a 2-CPU host when its helper was a Go
+// process started from the agent binary (startUserns; corral-runcd's helper in C, where it is
+// used, starts faster), and the create waits for its "ok". The runtime
 // therefore keeps up to usernsPoolSize of them made ahead: each is a slot taken for no sandbox
 // yet (poolOwner) with its helper running. claimUserns takes one and the refill makes the next
 // off the create's path, after the creates in flight and the commands that follow them, as the
@@ -45,10 +47,10 @@ func (r *Runtime) takePooledUserns(id, agentPath string) (pooledUserns, bool) {
 	}
 }
 
-// claimPooled gives p's slot to id when p's helper is the agent binary at agentPath, and ends p
-// otherwise.
+// claimPooled gives p's slot to id when p's helper is the agent binary at agentPath (or
+// corral-runcd's, which serves every agent), and ends p otherwise.
 func (r *Runtime) claimPooled(p pooledUserns, id, agentPath string) (pooledUserns, bool) {
-	if p.agent != agentPath {
+	if r.nsHelper == "" && p.agent != agentPath {
 		p.h.close()
 		r.slots.releaseSlot(p.slot)
 		return pooledUserns{}, false
@@ -135,15 +137,19 @@ func (r *Runtime) makePooledUserns(path string) (pooledUserns, error) {
 	if err != nil {
 		return pooledUserns{}, err
 	}
-	agent, err := r.agents.acquire(path)
-	if err != nil {
-		r.slots.releaseSlot(slot)
-		return pooledUserns{}, err
+	var agentFile *os.File // the agent's helper only; corral-runcd's needs none
+	if r.nsHelper == "" {
+		agent, err := r.agents.acquire(path)
+		if err != nil {
+			r.slots.releaseSlot(slot)
+			return pooledUserns{}, err
+		}
+		defer r.agents.release(agent)
+		agentFile = agent.f
 	}
-	defer r.agents.release(agent)
 	// Not the refill's context: a helper a Create took must outlive Close's cancel until that
 	// Create is done with it (closeUsernsPool ends the ones left).
-	h, err := r.startUserns(context.Background(), r.slotBase(slot), agent.f)
+	h, err := r.startUserns(context.Background(), r.slotBase(slot), agentFile)
 	if err != nil {
 		r.slots.releaseSlot(slot)
 		return pooledUserns{}, err
