@@ -491,6 +491,17 @@ func watchNet(t *testing.T, ctx context.Context) *pageNet {
 	return n
 }
 
+// networkChanged reports whether a load failed with ERR_NETWORK_CHANGED since the last call,
+// which Chromium does to every load in flight when the host's interfaces change (any Corral's
+// veths on this host), and forgets those failures.
+func (n *pageNet) networkChanged() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	before := len(n.trouble)
+	n.trouble = slices.DeleteFunc(n.trouble, func(s string) bool { return strings.HasSuffix(s, "ERR_NETWORK_CHANGED") })
+	return len(n.trouble) != before
+}
+
 // String lists the requests that failed or answered an error, and those still unfinished.
 func (n *pageNet) String() string {
 	n.mu.Lock()
