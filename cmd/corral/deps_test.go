@@ -93,11 +93,16 @@ func TestLeanLinksNoDaemon(t *testing.T) {
 		"go.opentelemetry.io/otel",
 		"modernc.org/sqlite",
 		"github.com/hanwen/go-fuse/v2/fuse",
+		// The image and Dockerfile code (env build, layer import of an image: image_lean.go).
+		"github.com/corral-dev/corral/internal/oci",
+		"github.com/corral-dev/corral/internal/build",
+		"github.com/opencontainers/go-digest",
+		"github.com/google/go-containerregistry/pkg/name",
 	}
 	for _, p := range strings.Fields(string(out)) {
 		for _, b := range banned {
 			if p == b {
-				t.Errorf("the lean bin/corral links %s (a daemon package: only bin/corrald may)", p)
+				t.Errorf("the lean bin/corral links %s (a daemon or image package: only bin/corrald may)", p)
 			}
 		}
 	}

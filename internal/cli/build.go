@@ -1,3 +1,5 @@
+//go:build !lean
+
 package cli
 
 import (
@@ -340,10 +342,3 @@ func contextTar(dir string, w io.Writer) error {
 	}
 	return tw.Close()
 }
-
-// contextError is a failure to read the build context: the upload of the context breaks off
-// because of it, and the user must see it rather than the broken upload.
-type contextError struct{ err error }
-
-func (e contextError) Error() string { return e.err.Error() }
-func (e contextError) Unwrap() error { return e.err }

@@ -301,3 +301,10 @@ func exactArgs(n int, names string) cobra.PositionalArgs {
 		return nil
 	}
 }
+
+// contextError is a failure to read the build context: the upload of the context breaks off
+// because of it, and the user must see it rather than the broken upload.
+type contextError struct{ err error }
+
+func (e contextError) Error() string { return e.err.Error() }
+func (e contextError) Unwrap() error { return e.err }

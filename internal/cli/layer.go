@@ -2,11 +2,8 @@ package cli
 
 import (
 	"context"
-	"time"
-
 	"errors"
 	"fmt"
-	"github.com/corral-dev/corral/internal/oci"
 	"io"
 	"os"
 	"strconv"
@@ -93,21 +90,9 @@ unpublish change that later). Anyone else is told it does not exist.`,
 			} else if cmd.Flags().Changed("collapse-below") {
 				return usagef("--collapse-below needs --split")
 			}
-			if ociArchive != "" {
-				file, tag, _ := strings.Cut(ociArchive, ":")
-				dir, err := extractOCIArchive(file)
-				if err != nil {
-					return err
-				}
-				defer os.RemoveAll(dir)
-				layout = dir
-				if tag != "" {
-					layout += ":" + tag
-				}
-			}
 			var l *corral.Layer
-			if src := (oci.Source{Image: image, Layout: layout, DockerArchive: archive}); src != (oci.Source{}) {
-				l, err = a.importImage(cmd.Context(), c, name, version, kind, src, oci.Options{Platform: platform, Insecure: insecure}, threshold, pub)
+			if img := (imageFlags{image: image, layout: layout, dockerArchive: archive, ociArchive: ociArchive, platform: platform, insecure: insecure}); img != (imageFlags{platform: platform, insecure: insecure}) {
+				l, err = a.importImageFlags(cmd.Context(), c, name, version, kind, img, threshold, pub)
 			} else if split {
 				return usagef("--split applies to images (--image, --oci-layout, --oci-archive, --docker-archive)")
 			} else if dir != "" {
@@ -159,49 +144,10 @@ unpublish change that later). Anyone else is told it does not exist.`,
 	return cmd
 }
 
-// importImage publishes a container image with its configuration, showing progress on a
-// terminal: flattened into one layer, or, with a threshold of 0 or more (--split), as a stack of
-// layers, one per run of consecutive image layers of at most threshold bytes. Every layer is
-// published with pub's project and privacy.
-func (a *app) importImage(ctx context.Context, c *corral.Client, name, version, kind string, src oci.Source, opt oci.Options, threshold int64, pub corral.ImportOptions) (*corral.Layer, error) {
-	if _, tty := terminalFd(a.stderr); tty {
-		var last time.Time
-		opt.Progress = func(done, total int64, layer, layers int) {
-			if now := time.Now(); now.Sub(last) > 200*time.Millisecond || done == total {
-				last = now
-				fmt.Fprintf(a.stderr, "\rlayer %d/%d  %s / %s   ", layer, layers, formatBytes(done), formatBytes(total))
-			}
-		}
-		defer fmt.Fprintln(a.stderr)
-	}
-	img, err := oci.Open(ctx, src, opt)
-	if err != nil {
-		return nil, err
-	}
-	info := img.Image()
-	cfg := &corral.ImageConfig{Env: info.Config.Env, WorkingDir: info.Config.WorkingDir, User: info.Config.User,
-		Entrypoint: info.Config.Entrypoint, Cmd: info.Config.Cmd, Labels: info.Config.Labels}
-	if threshold < 0 {
-		return uploadTar("image", func(w io.Writer) error { return img.Flatten(ctx, w) }, func(r io.Reader) (*corral.Layer, error) {
-			return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Project: pub.Project, Private: pub.Private, Public: pub.Public}, r)
-		})
-	}
-	groups := img.Groups(threshold)
-	var below []string
-	for k, g := range groups[:len(groups)-1] {
-		part := fmt.Sprintf("%s.part%d", name, k+1)
-		l, err := uploadTar("image", func(w io.Writer) error { return img.WriteGroup(ctx, g, w) }, func(r io.Reader) (*corral.Layer, error) {
-			return c.ImportLayerWith(ctx, part, version, kind, corral.ImportOptions{Project: pub.Project, Private: pub.Private, Public: pub.Public}, r)
-		})
-		if err != nil {
-			return nil, fmt.Errorf("part %d of %d (image layers %d-%d): %w", k+1, len(groups), g[0]+1, g[len(g)-1]+1, err)
-		}
-		below = append(below, l.Name+":"+l.Version)
-	}
-	top := groups[len(groups)-1]
-	return uploadTar("image", func(w io.Writer) error { return img.WriteGroup(ctx, top, w) }, func(r io.Reader) (*corral.Layer, error) {
-		return c.ImportLayerWith(ctx, name, version, kind, corral.ImportOptions{ImageConfig: cfg, Below: below, Project: pub.Project, Private: pub.Private, Public: pub.Public}, r)
-	})
+// imageFlags are the image source flags of `corral layer import`.
+type imageFlags struct {
+	image, layout, dockerArchive, ociArchive, platform string
+	insecure                                           bool
 }
 
 // uploadTar runs write into a pipe that upload reads. If the upload ends early, the writer is
