@@ -3,8 +3,8 @@
 # with N idle sandboxes (64 MiB disks, so many fit), corrald's own CPU per second over 30 s
 # (the reaper asks every sandbox's status every second, the sampler reads its cgroups), then
 # create latency with them there (CREATES=N sequential creates through the API, each timed by
-# curl, 250 ms apart). Run it with N=0 and N=300 to see what the sandboxes already on a node add
-# to a create. Usage: scripts/bench-idle.sh [BIN_DIR] [N] (default bin/ and 300).
+# curl, 250 ms apart) and corral-runcd's CPU per create over them. Run it with N=0 and N=300 to
+# see what the sandboxes already on a node add to a create. Usage: scripts/bench-idle.sh [BIN_DIR] [N] (default bin/ and 300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bindir=$(cd "${1:-bin}" && pwd)
@@ -36,10 +36,16 @@ ticks() { awk '{print $14 + $15}' "/proc/$dpid/stat"; }
 hz=$(getconf CLK_TCK)
 t0=$(ticks); sleep 30; t1=$(ticks)
 cpu=$(( (t1 - t0) * 1000 / hz / 30 ))
+# corral-runcd's CPU over those creates (it starts each sandbox; its work per create must not
+# grow with the sandboxes already there). None when it is off.
+rpid=$(pgrep -P "$dpid" -f 'corral-runcd serve' | head -1 || true)
+rticks() { if [ -n "$rpid" ]; then awk '{print $14 + $15}' "/proc/$rpid/stat"; else echo 0; fi; }
+r0=$(rticks)
 times=$(for _ in $(seq "${CREATES:-40}"); do create; sleep 0.25; done | sort -n)
+r1=$(rticks)
 count=$(wc -l <<<"$times")
 p50=$(sed -n "$(( (count + 1) / 2 ))p" <<<"$times")
 p99=$(sed -n "$(( (count * 99 + 99) / 100 ))p" <<<"$times")
 mounts=$(wc -l </proc/self/mountinfo)
-printf '{"idle_sandboxes": %d, "corrald_cpu_ms_per_s": %d, "create_p50_ms": %.1f, "create_p99_ms": %.1f, "creates": %d, "host_mounts": %d}\n' \
-  "$n" "$cpu" "$(awk "BEGIN{print $p50*1000}")" "$(awk "BEGIN{print $p99*1000}")" "$count" "$mounts"
+printf '{"idle_sandboxes": %d, "corrald_cpu_ms_per_s": %d, "create_p50_ms": %.1f, "create_p99_ms": %.1f, "creates": %d, "host_mounts": %d, "runcd_cpu_ms_per_create": %.1f}\n' \
+  "$n" "$cpu" "$(awk "BEGIN{print $p50*1000}")" "$(awk "BEGIN{print $p99*1000}")" "$count" "$mounts" "$(awk "BEGIN{print ($r1-$r0)*1000/$hz/$count}")"

@@ -111,7 +111,6 @@ func serve() error {
 	// A write to a closed stderr (corrald gone) must not kill this process while it finishes
 	// its creates: SIGPIPE handled (not ignored, which the containers' inits would inherit).
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	inits := newReaper()
 	// Corral holds the write end of stdin: its close is the signal to stop.
 	go func() {
 		io.Copy(io.Discard, os.Stdin)
@@ -139,7 +138,7 @@ func serve() error {
 			backoff = 5 * time.Millisecond
 			wg.Go(func() {
 				defer conn.Close()
-				handle(conn, null, inits)
+				handle(conn, null)
 			})
 		}
 	}()
@@ -149,7 +148,7 @@ func serve() error {
 // requestWait bounds the wait for a connection's request.
 const requestWait = 10 * time.Second
 
-func handle(conn *net.UnixConn, null *os.File, inits *reaper) {
+func handle(conn *net.UnixConn, null *os.File) {
 	if err := checkPeer(conn); err != nil {
 		runcd.WriteReply(conn, runcd.Reply{Error: "corral-runcd: " + err.Error()})
 		return
@@ -166,7 +165,7 @@ func handle(conn *net.UnixConn, null *os.File, inits *reaper) {
 			f.Close()
 		}
 	}()
-	c, pid, err := run(req, stdio, extra, null, inits)
+	c, pid, err := run(req, stdio, extra, null)
 	if err != nil {
 		runcd.WriteReply(conn, runcd.Reply{Error: capError(err.Error())})
 		return
@@ -217,7 +216,7 @@ func capError(msg string) string {
 // startContainer does it, without the chdir into the bundle (this process serves many creates
 // at once): the root and relative bind sources are made absolute against the bundle instead,
 // and the bundle label set to it.
-func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File, inits *reaper) (*libcontainer.Container, int, error) {
+func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File) (*libcontainer.Container, int, error) {
 	for _, p := range []struct{ name, path string }{{"root", req.Root}, {"bundle", req.Bundle}} {
 		if !filepath.IsAbs(p.path) || filepath.Clean(p.path) != p.path {
 			return nil, 0, fmt.Errorf("corral-runcd: %s must be a clean absolute path, got %q", p.name, p.path)
@@ -292,7 +291,7 @@ func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File, ini
 	// leaves it to be reparented: reap it when it exits, started or not.
 	pid, perr := p.Pid()
 	if perr == nil && pid > 0 {
-		inits.add(pid)
+		reapInit(pid)
 	}
 	if err != nil {
 		if derr := c.Destroy(); derr != nil {
@@ -308,48 +307,34 @@ func run(req runcd.Request, stdio *os.File, extra []*os.File, null *os.File, ini
 	return c, pid, nil
 }
 
-// reaper reaps the containers' inits, this process's children, as they exit: one goroutine,
-// woken by SIGCHLD (and every few seconds, should one be missed), waiting on each known pid
-// without blocking. Only those pids: libcontainer waits for the other children it makes.
-type reaper struct {
-	mu   sync.Mutex
-	pids map[int]bool
-}
-
-func newReaper() *reaper {
-	r := &reaper{pids: map[int]bool{}}
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGCHLD)
-	go func() {
-		tick := time.NewTicker(5 * time.Second)
-		for {
-			select {
-			case <-ch:
-			case <-tick.C:
-			}
-			r.reap()
-		}
-	}()
-	return r
-}
-
-func (r *reaper) add(pid int) {
-	r.mu.Lock()
-	r.pids[pid] = true
-	r.mu.Unlock()
-	r.reap() // it may have exited already
-}
-
-func (r *reaper) reap() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for pid := range r.pids {
+// reapInit reaps pid, a container's init (this process's child), once it has exited, which
+// may be already. It watches a pidfd in Go's poller: a parked goroutine per live container, no
+// thread, and no work for the others when one exits (a sweep of every known pid on each
+// SIGCHLD costs each create a wait4 per live container). Only those pids: libcontainer waits
+// for the other children it makes.
+func reapInit(pid int) {
+	exited := func() bool {
 		var ws unix.WaitStatus
 		got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-		if got == pid || errors.Is(err, unix.ECHILD) {
-			delete(r.pids, pid)
-		}
+		return got == pid || err != nil // reaped, or not (any more) a child to wait for
 	}
+	wait := func() { // a thread while it waits: only where no pidfd can be polled
+		var ws unix.WaitStatus
+		unix.Wait4(pid, &ws, 0, nil)
+	}
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		go wait()
+		return
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	go func() {
+		defer f.Close()
+		rc, err := f.SyscallConn()
+		if err != nil || rc.Read(func(uintptr) bool { return exited() }) != nil {
+			wait()
+		}
+	}()
 }
 
 func isBind(m specs.Mount) bool {
