@@ -278,6 +278,10 @@ func (c *Client) do(ctx context.Context, r request, out any) error {
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("decode %s %s response: %w", r.method, r.path, err)
 	}
+	// The decoder stops at the value's end, before the newline after it (and before the body's
+	// end whenever the body is longer than its first read): read to the end, or Close drops the
+	// connection and the next request dials a new one.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
 	return nil
 }
 

@@ -7,10 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -849,5 +852,53 @@ func TestExclusiveCommand(t *testing.T) {
 			t.Fatalf("start after the exclusive command was killed: %v", err)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestResponsesKeepTheConnection makes calls whose JSON answers end at and around the
+// decoder's reads, sent with a length and chunked: every call after the first reuses the
+// connection (a body closed before its end takes the connection down, and the next call, a
+// create's first exec say, pays for a new one).
+func TestResponsesKeepTheConnection(t *testing.T) {
+	var conns atomic.Int32
+	var size, chunked atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pad := strings.Repeat("x", int(size.Load()))
+		body := `{"id":"sb-1","hostname":"` + pad + `"}` + "\n"
+		if chunked.Load() == 1 {
+			io.WriteString(w, body[:len(body)/2])
+			w.(http.Flusher).Flush()
+			io.WriteString(w, body[len(body)/2:])
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		io.WriteString(w, body)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := corral.New(srv.URL, "t")
+	ctx := testContext(t)
+	for _, ch := range []int32{0, 1} {
+		chunked.Store(ch)
+		// Bodies ending at and around the decoder's first reads (512 bytes, then 1024 more).
+		var sizes []int32
+		for n := int32(470); n < 540; n++ {
+			sizes = append(sizes, n, n+1024, n+3072)
+		}
+		for _, n := range append(sizes, 0, 70000) {
+			size.Store(n)
+			sb, err := c.GetSandbox(ctx, "sb-1")
+			if err != nil || len(sb.Hostname) != int(n) {
+				t.Fatalf("GetSandbox (%d bytes, chunked %d): %v", n, ch, err)
+			}
+			if got := conns.Load(); got != 1 {
+				t.Fatalf("after an answer of %d bytes (chunked %d): %d connections, want 1", n, ch, got)
+			}
+		}
 	}
 }
