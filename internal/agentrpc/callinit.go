@@ -59,8 +59,9 @@ func CallInit() int {
 		return 2
 	}
 	// Signals reach the helper only from the calls' processes (the agent sends messages): all
-	// are dropped. A handled signal is still delivered to a namespace's init, so without this the
-	// Go runtime's default action (exit) would apply.
+	// are dropped. A handled signal is still delivered to a namespace's init, so those whose Go
+	// runtime default ends, crashes or stops it are trapped (trappedSignals); the runtime drops
+	// the rest itself.
 	sigs := make(chan os.Signal, 32)
 	signal.Notify(sigs, trappedSignals()...)
 	go func() {
