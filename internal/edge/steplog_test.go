@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/corral-dev/corral/internal/model"
 )
@@ -64,5 +65,34 @@ func TestStepWriter(t *testing.T) {
 	steps, _ = st.ListSteps(ctx, sb, 51, 100, "")
 	if len(steps) != 1 || steps[0].State != model.StepFailed || steps[0].Error != "boom" {
 		t.Errorf("entry after close = %+v, want failed with its error", steps)
+	}
+}
+
+// TestStepWriterGathers: a command's start and end queued a moment apart are one store write,
+// made after the wait; a flush does not wait for it.
+func TestStepWriterGathers(t *testing.T) {
+	e, st := newTestEdge(t, newFakeRuntime())
+	e.steps.batchWait = time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const sb = "sb-test-bbbbbbbbbbbbbbbb"
+	entry := &model.TrajectoryEntry{Kind: "exec", Request: "true", State: model.StepRunning}
+	e.queueStepBegin(sb, entry)
+	time.Sleep(5 * time.Millisecond) // the command runs
+	entry.Exit = &model.Exit{}
+	e.finishStep(sb, entry, model.StepDone, "")
+	e.flushSteps(ctx)
+	if ctx.Err() != nil {
+		t.Fatal("flush waited for the batch")
+	}
+	steps, err := st.ListSteps(ctx, sb, 0, 10, "")
+	if err != nil || len(steps) != 1 || steps[0].State != model.StepDone {
+		t.Fatalf("steps = %+v, %v; want one, done", steps, err)
+	}
+	e.steps.mu.Lock()
+	batches := e.steps.batches
+	e.steps.mu.Unlock()
+	if batches != 1 {
+		t.Errorf("%d store writes, want 1 (start and end together)", batches)
 	}
 }
