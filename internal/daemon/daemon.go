@@ -173,6 +173,10 @@ type Config struct {
 	// NoLXCFS runs container sandboxes without LXCFS: they then read the host's /proc/meminfo,
 	// cpuinfo, stat, uptime, loadavg and diskstats (benchmarks compare with and without).
 	NoLXCFS bool
+	// NoFavorDynMods leaves cgroup v2's favordynmods option as the host has it; by default a
+	// node turns it on at start (cgroups.FavorDynMods: a sandbox's start then moves its init
+	// into its cgroups in microseconds instead of an RCU grace period).
+	NoFavorDynMods bool
 	// NoUserNS runs container sandboxes without user namespaces: their root is the host's
 	// (for hosts that cannot make them; Corral also falls back by itself, and says so).
 	NoUserNS bool
@@ -534,6 +538,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready chan<- string)
 			ls.Close()
 		}
 	}()
+	if !cfg.Down {
+		favorDynMods(cfg, log)
+	}
 	lx, lxcfsOff := startLXCFS(ctx, cfg, log)
 	rcfg := &backends.RuncConfig{Runc: cfg.Runc, Runsc: cfg.Runsc, DiskPool: cfg.DiskPool}
 	if cfg.Runcd != "off" {
@@ -857,6 +864,20 @@ func cgroupVersion() string {
 
 // startLXCFS starts (or adopts) this data dir's LXCFS. Without one, container sandboxes read the
 // host's figures: a warning, and the reason for `corral info`.
+// favorDynMods turns on cgroup v2's favordynmods for the node's sandbox starts, or says why not.
+func favorDynMods(cfg Config, log *slog.Logger) {
+	if cfg.NoFavorDynMods {
+		return
+	}
+	mp, changed, err := cgroups.FavorDynMods()
+	switch {
+	case err != nil:
+		log.Warn("cgroup favordynmods not turned on: each sandbox's start waits for an RCU grace period (about 6 ms) to join its cgroups", "err", err)
+	case changed:
+		log.Info("cgroup favordynmods turned on (until the host reboots): a sandbox's start joins its cgroups without waiting for an RCU grace period; corral up --no-favordynmods leaves it off", "mount", mp)
+	}
+}
+
 func startLXCFS(ctx context.Context, cfg Config, log *slog.Logger) (*lxcfs.Server, string) {
 	if cfg.NoLXCFS {
 		return nil, "corral up --no-lxcfs"
