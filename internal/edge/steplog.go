@@ -40,6 +40,9 @@ type stepWriter struct {
 	// batchWait is how long the goroutine lets entries gather before it writes them
 	// (stepBatchWait; tests set their own before the first entry).
 	batchWait time.Duration
+	// pending counts the entries queued or being written: an entry appended at once
+	// (appendStep) waits for them, so the log keeps the order in which calls returned.
+	pending int
 	// batches counts the store writes made (for tests).
 	batches int
 
@@ -70,6 +73,17 @@ func (e *Edge) queueStepBegin(sandbox string, entry *model.TrajectoryEntry) {
 // queueStepUpdate queues the rewrite of entry, appended earlier with queueStepBegin.
 func (e *Edge) queueStepUpdate(sandbox string, entry *model.TrajectoryEntry) {
 	e.steps.push(e, stepOp{sandbox: sandbox, key: entry, entry: *entry})
+}
+
+// flushPendingSteps is flushSteps when entries are queued or being written, so that an entry
+// appended at once goes after them: the store numbers entries as they are inserted.
+func (e *Edge) flushPendingSteps(ctx context.Context) {
+	e.steps.mu.Lock()
+	pending := e.steps.pending > 0
+	e.steps.mu.Unlock()
+	if pending {
+		e.flushSteps(ctx)
+	}
 }
 
 // flushSteps waits until every entry queued before the call is in the store, or ctx ends.
@@ -108,6 +122,9 @@ func (w *stepWriter) push(e *Edge, op stepOp) bool {
 		go e.stepWriterLoop()
 	}
 	w.queue = append(w.queue, op)
+	if op.barrier == nil {
+		w.pending++
+	}
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
@@ -168,9 +185,12 @@ func (e *Edge) stepWriterLoop() {
 				}
 				break
 			}
-			e.writeSteps(ops, w.seqs)
 			w.mu.Lock()
-			w.batches++
+			w.batches++ // before the write: it releases the flushes among ops
+			w.mu.Unlock()
+			written := e.writeSteps(ops, w.seqs)
+			w.mu.Lock()
+			w.pending -= written
 			w.mu.Unlock()
 		}
 	}
@@ -195,8 +215,9 @@ func (w *stepWriter) gather() {
 
 // writeSteps applies ops in order, in one transaction (store.WriteSteps). A begin whose final
 // update is in the same batch is written once, as that update. Should the batch fail, each write
-// is tried on its own, so one bad entry loses only itself.
-func (e *Edge) writeSteps(ops []stepOp, seqs map[*model.TrajectoryEntry]int64) {
+// is tried on its own, so one bad entry loses only itself. It returns how many of ops were
+// entries (not flushes), written or given up.
+func (e *Edge) writeSteps(ops []stepOp, seqs map[*model.TrajectoryEntry]int64) int {
 	last := map[*model.TrajectoryEntry]int{} // the last op of each step in this batch
 	for i, op := range ops {
 		if op.barrier == nil {
@@ -304,4 +325,5 @@ func (e *Edge) writeSteps(ops []stepOp, seqs map[*model.TrajectoryEntry]int64) {
 	for _, b := range barriers {
 		close(b)
 	}
+	return len(ops) - len(barriers)
 }

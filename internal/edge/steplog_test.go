@@ -96,3 +96,28 @@ func TestStepWriterGathers(t *testing.T) {
 		t.Errorf("%d store writes, want 1 (start and end together)", batches)
 	}
 }
+
+// TestStepOrder: an exec's entry, still gathering when a file call returns after it, goes in
+// the log before the file call's, which is appended at once.
+func TestStepOrder(t *testing.T) {
+	e, st := newTestEdge(t, newFakeRuntime())
+	e.steps.batchWait = time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const id = "sb-test-cccccccccccccccc"
+	entry := &model.TrajectoryEntry{Kind: "exec", Request: "true", State: model.StepRunning}
+	e.queueStepBegin(id, entry)
+	entry.Exit = &model.Exit{}
+	e.finishStep(id, entry, model.StepDone, "")
+	e.recordFileCall(&sandbox{id: id}, "write_file", "/f", nil, time.Now())
+	if ctx.Err() != nil {
+		t.Fatal("the file call waited for the batch")
+	}
+	steps, err := st.ListSteps(ctx, id, 0, 10, "")
+	if err != nil || len(steps) != 2 {
+		t.Fatalf("steps = %+v, %v; want two", steps, err)
+	}
+	if steps[0].Kind != "exec" || steps[1].Kind != "write_file" {
+		t.Errorf("log order %s, %s; want exec, write_file", steps[0].Kind, steps[1].Kind)
+	}
+}

@@ -79,7 +79,7 @@ func (e *Edge) beginStep(ctx context.Context, sb *sandbox, req model.ExecRequest
 		return nil, nil, fmt.Errorf("record step %q: the node's data dir is full, so the step could not be recorded and was not run; retry later: %w", req.StepID, errdefs.ErrExhausted)
 	}
 	// Recorded before it runs: a retry after any crash finds it and never runs it twice.
-	existing, err = e.traj.BeginStep(ctx, sb.id, entry)
+	existing, err = e.appendStep(ctx, sb.id, entry)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -103,7 +103,7 @@ func (e *Edge) recordStarted(ctx context.Context, sb *sandbox, entry *model.Traj
 	if entry.Seq > 0 {
 		err = e.traj.UpdateStep(ctx, sb.id, entry)
 	} else {
-		_, err = e.traj.BeginStep(ctx, sb.id, entry)
+		_, err = e.appendStep(ctx, sb.id, entry)
 	}
 	if err != nil {
 		e.log.Error("record trajectory step", "sandbox", sb.id, "err", err)
@@ -300,9 +300,16 @@ func (e *Edge) recordFileCall(sb *sandbox, kind string, request any, callErr err
 		e.log.Warn("trajectory step not recorded: the data dir is full", "sandbox", sb.id, "kind", kind)
 		return
 	}
-	if _, err := e.traj.BeginStep(context.Background(), sb.id, entry); err != nil {
+	if _, err := e.appendStep(context.Background(), sb.id, entry); err != nil {
 		e.log.Error("record trajectory step", "sandbox", sb.id, "kind", kind, "err", err)
 	}
+}
+
+// appendStep appends entry to sandbox's trajectory at once, after the entries still queued
+// (steplog.go), so the log keeps the order in which the calls returned.
+func (e *Edge) appendStep(ctx context.Context, sandbox string, entry *model.TrajectoryEntry) (*model.TrajectoryEntry, error) {
+	e.flushPendingSteps(ctx)
+	return e.traj.BeginStep(ctx, sandbox, entry)
 }
 
 // trajectoryRoom reports whether the data dir's filesystem has room for trajectory records:
