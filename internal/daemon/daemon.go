@@ -862,8 +862,6 @@ func cgroupVersion() string {
 	return "v1"
 }
 
-// startLXCFS starts (or adopts) this data dir's LXCFS. Without one, container sandboxes read the
-// host's figures: a warning, and the reason for `corral info`.
 // favorDynMods turns on cgroup v2's favordynmods for the node's sandbox starts, or says why not.
 func favorDynMods(cfg Config, log *slog.Logger) {
 	if cfg.NoFavorDynMods {
@@ -871,13 +869,17 @@ func favorDynMods(cfg Config, log *slog.Logger) {
 	}
 	mp, changed, err := cgroups.FavorDynMods()
 	switch {
+	case errors.Is(err, cgroups.ErrNoCgroup2):
+		log.Info("cgroup favordynmods not available: the host has no cgroup v2 hierarchy, so each sandbox's start waits for an RCU grace period (about 6 ms) to join its cgroups")
 	case err != nil:
 		log.Warn("cgroup favordynmods not turned on: each sandbox's start waits for an RCU grace period (about 6 ms) to join its cgroups", "err", err)
 	case changed:
-		log.Info("cgroup favordynmods turned on (until the host reboots): a sandbox's start joins its cgroups without waiting for an RCU grace period; corral up --no-favordynmods leaves it off", "mount", mp)
+		log.Info("cgroup favordynmods turned on, for the whole host until it reboots: a sandbox's start joins its cgroups without waiting for an RCU grace period (corral up --no-favordynmods does not turn it on)", "mount", mp)
 	}
 }
 
+// startLXCFS starts (or adopts) this data dir's LXCFS. Without one, container sandboxes read the
+// host's figures: a warning, and the reason for `corral info`.
 func startLXCFS(ctx context.Context, cfg Config, log *slog.Logger) (*lxcfs.Server, string) {
 	if cfg.NoLXCFS {
 		return nil, "corral up --no-lxcfs"

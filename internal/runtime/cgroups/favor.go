@@ -25,6 +25,9 @@ import (
 // Once on it stays on until the host reboots (the kernel refuses to turn it off again).
 const favorDynMods = "favordynmods"
 
+// ErrNoCgroup2 is FavorDynMods on a host without a cgroup v2 hierarchy (v1 only).
+var ErrNoCgroup2 = errors.New("no cgroup v2 hierarchy is mounted")
+
 // FavorDynMods turns favordynmods on for the host's cgroup v2 hierarchy, keeping its other
 // options. It reports the mount point and whether it changed anything; a host without a v2
 // hierarchy, or a kernel without the option (before Linux 6.0), is an error that changes nothing.
@@ -35,7 +38,7 @@ func FavorDynMods() (mountpoint string, changed bool, err error) {
 	}
 	mp, opts, ok := cgroup2Mount(b)
 	if !ok {
-		return "", false, errors.New("no cgroup v2 hierarchy is mounted")
+		return "", false, ErrNoCgroup2
 	}
 	if slices.Contains(opts, favorDynMods) {
 		return mp, false, nil
