@@ -41,6 +41,13 @@ var sandboxAttacks = []sandboxAttack{
 	{name: "proc 1 exe", script: "head -c 4 /proc/1/exe 2>/dev/null | wc -c", want: "0"},
 	{name: "kill PID 1", script: "kill -9 1; kill -SEGV 1; kill -TERM 1; kill -STOP 1; sleep 0.2; kill -CONT 1; echo alive", want: "alive",
 		skip: map[string]string{"gvisor": "gVisor lets root end its own sandbox: HarnessUnreachableGVisor checks it ends cleanly"}},
+	// Signals the agent's Go runtime would take for its own faults (a queued SIGSEGV or SIGBUS, a
+	// pipe's SIGIO turned SIGSEGV or SIGILL): the sandbox's seccomp guards refuse them
+	// (runc.agentGuards).
+	{name: "fault signals to PID 1", script: "$PROBE sigqueue 1 11; $PROBE sigqueue 1 7; $PROBE setsig 1 11; $PROBE setsig 1 4; sleep 0.2; echo alive",
+		want:    "refused\nrefused\nrefused\nrefused\nalive",
+		skip:    map[string]string{"gvisor": "gVisor lets root end its own sandbox: HarnessUnreachableGVisor checks it ends cleanly"},
+		leftOut: map[string]string{"microvm": "the guest's commands run without the guards: a queued SIGSEGV ends the VM's agent, its init, and so the VM (that sandbox only)"}},
 	// Masked and read-only kernel interfaces.
 	{name: "mask proc kcore", script: "head -c 16 /proc/kcore 2>/dev/null | wc -c", want: "0"},
 	{name: "mask proc kpagecgroup", script: "head -c 16 /proc/kpagecgroup 2>/dev/null | wc -c", want: "0"},

@@ -109,6 +109,8 @@ func TestRedTeamCovered(t *testing.T) {
 //	probe dial NET ADDR     a connection (tcp, tcp6, udp...); "connected" or "refused"
 //	probe dials NET ADDR... connections to each at once; "none" or "connected" and those that did
 //	probe dnsq NAME QTYPE   one raw DNS query (labels unchecked); "answered" or "no answer"
+//	probe sigqueue PID SIG  queues SIG to PID (rt_sigqueueinfo, SI_QUEUE); "refused" or "sent"
+//	probe setsig PID SIG    has a pipe's SIGIO, set to SIG (F_SETSIG), sent to PID; "refused" or "sent"
 const redteamProbe = `package main
 
 import (
@@ -122,10 +124,42 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 func main() {
 	switch os.Args[1] {
+	case "sigqueue":
+		pid, _ := strconv.Atoi(os.Args[2])
+		sig, _ := strconv.Atoi(os.Args[3])
+		var info [128]byte
+		info[0] = byte(sig)
+		info[8], info[9], info[10], info[11] = 0xff, 0xff, 0xff, 0xff // si_code -1: SI_QUEUE
+		if _, _, e := syscall.RawSyscall(syscall.SYS_RT_SIGQUEUEINFO, uintptr(pid), uintptr(sig), uintptr(unsafe.Pointer(&info[0]))); e != 0 {
+			fmt.Println("refused")
+			return
+		}
+		fmt.Println("sent")
+	case "setsig":
+		pid, _ := strconv.Atoi(os.Args[2])
+		sig, _ := strconv.Atoi(os.Args[3])
+		var p [2]int
+		if err := syscall.Pipe(p[:]); err != nil {
+			fmt.Println(err)
+			return
+		}
+		fd := uintptr(p[0])
+		fcntl := func(cmd, arg uintptr) syscall.Errno {
+			_, _, e := syscall.RawSyscall(syscall.SYS_FCNTL, fd, cmd, arg)
+			return e
+		}
+		if fcntl(syscall.F_SETOWN, uintptr(pid)) != 0 || fcntl(syscall.F_SETSIG, uintptr(sig)) != 0 {
+			fmt.Println("refused")
+			return
+		}
+		fcntl(syscall.F_SETFL, syscall.O_ASYNC)
+		syscall.Write(p[1], []byte("x"))
+		fmt.Println("sent")
 	case "ptrace":
 		pid, _ := strconv.Atoi(os.Args[2])
 		if err := syscall.PtraceAttach(pid); err != nil {

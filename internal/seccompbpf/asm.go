@@ -154,8 +154,9 @@ func assemble(calls map[uint32]*call, def, maxNr uint32) (Program, error) {
 	}
 	slices.Sort(nrs)
 	body := map[uint32]label{} // each call's rules, placed after the search
+	plain := func(c *call) bool { return len(c.guards) == 0 && len(c.rules) == 1 && len(c.rules[0].conds) == 0 }
 	for _, nr := range nrs {
-		if c := calls[nr]; len(c.rules) == 1 && len(c.rules[0].conds) == 0 {
+		if c := calls[nr]; plain(c) {
 			body[nr] = ret(c.rules[0].action)
 		} else {
 			body[nr] = a.label()
@@ -181,12 +182,23 @@ func assemble(calls map[uint32]*call, def, maxNr uint32) (Program, error) {
 		a.stmt(opRet, def)
 	}
 	// The calls whose rules compare arguments.
+	refuse := unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
 	for _, nr := range nrs {
 		c := calls[nr]
-		if len(c.rules) == 1 && len(c.rules[0].conds) == 0 {
+		if plain(c) {
 			continue
 		}
 		a.place(body[nr])
+		for _, g := range c.guards {
+			next := a.label()
+			for _, cond := range g.Conds {
+				pass := a.label()
+				guardCompare(a, cond, pass, next)
+				a.place(pass)
+			}
+			a.stmt(opRet, refuse) // every condition held
+			a.place(next)
+		}
 		for _, r := range c.rules {
 			fail := a.label()
 			for _, cond := range r.conds {
@@ -269,5 +281,29 @@ func compare(a *asm, c specs.LinuxSeccompArg, pass, fail label) {
 		} else {
 			a.jump(opJgt, vlo, fail, pass)
 		}
+	}
+}
+
+// guardCompare goes to pass when the guard condition c holds, else to fail.
+func guardCompare(a *asm, c GuardCond, pass, fail label) {
+	lo := uint32(offArgs + 8*c.Arg)
+	if c.NonZero {
+		l := a.label()
+		a.stmt(opLoad, lo)
+		a.jump(opJeq, 0, l, pass)
+		a.place(l)
+		a.stmt(opLoad, lo+4)
+		a.jump(opJeq, 0, fail, pass)
+		return
+	}
+	a.stmt(opLoad, lo)
+	for i, v := range c.In {
+		if i == len(c.In)-1 {
+			a.jump(opJeq, v, pass, fail)
+			return
+		}
+		next := a.label()
+		a.jump(opJeq, v, pass, next)
+		a.place(next)
 	}
 }

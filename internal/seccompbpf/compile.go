@@ -39,11 +39,34 @@ type rule struct {
 
 // call is what a profile says of one call number.
 type call struct {
-	rules []rule // in the profile's order; one with no comparisons makes the rest moot
+	rules  []rule  // in the profile's order; one with no comparisons makes the rest moot
+	guards []Guard // checked before the rules
+}
+
+// A Guard refuses a call with EPERM, before and whatever the profile says of it, when all its
+// conditions hold. Its comparisons read an argument's low 32 bits, which is all the kernel reads
+// of an int argument: a profile's 64-bit comparisons cannot refuse one value of such an
+// argument and allow the others, since a caller may set the high half at will.
+type Guard struct {
+	Call  string
+	Conds []GuardCond
+}
+
+// GuardCond is one condition of a Guard on argument Arg: its low 32 bits are one of In, or, with
+// NonZero, the whole argument (a pointer) is not 0.
+type GuardCond struct {
+	Arg     uint
+	In      []uint32
+	NonZero bool
 }
 
 // Compile compiles p for this architecture (see the package doc for what it accepts).
 func Compile(p *specs.LinuxSeccomp) (Program, error) {
+	return CompileGuarded(p, nil)
+}
+
+// CompileGuarded compiles p with guards checked first for their calls.
+func CompileGuarded(p *specs.LinuxSeccomp, guards []Guard) (Program, error) {
 	if len(syscalls) == 0 {
 		return nil, fmt.Errorf("%w: no system call table for this architecture", ErrUnsupported)
 	}
@@ -93,6 +116,28 @@ func Compile(p *specs.LinuxSeccomp) (Program, error) {
 		if slices.ContainsFunc(c.rules, func(r rule) bool { return len(r.conds) == 0 }) {
 			c.rules = []rule{{action: c.rules[0].action}}
 		}
+	}
+	for i, g := range guards {
+		nr, ok := syscalls[g.Call]
+		if !ok {
+			continue // not a call of this architecture
+		}
+		if len(g.Conds) == 0 {
+			return nil, fmt.Errorf("guards[%d] (%s): no condition", i, g.Call)
+		}
+		for _, c := range g.Conds {
+			if c.Arg > 5 || (len(c.In) == 0) == !c.NonZero {
+				return nil, fmt.Errorf("guards[%d] (%s): a condition is on argument 0-5 and is either In or NonZero", i, g.Call)
+			}
+		}
+		c := calls[nr]
+		if c == nil {
+			// Not named by the profile: the default action, after the guard.
+			c = &call{rules: []rule{{action: def}}}
+			calls[nr] = c
+			maxNr = max(maxNr, nr)
+		}
+		c.guards = append(c.guards, g)
 	}
 	return assemble(calls, def, maxNr)
 }

@@ -26,6 +26,11 @@
 //   - Arguments are compared as 64-bit values, as libseccomp does on a 64-bit architecture;
 //     SCMP_CMP_MASKED_EQ is (arg & value) == valueTwo.
 //
+// CompileGuarded adds guards (Guard): conditions on the low 32 bits of a call's arguments, checked
+// before the profile's rules, that refuse the call with EPERM. They say what an OCI profile
+// cannot: "this call, except with this int argument", since a profile's comparisons are 64-bit
+// and a caller sets the high half of an int argument at will (the kernel ignores it).
+//
 // The program is a binary search over the named call numbers, so a call costs about ten
 // comparisons whatever the profile's size (a linear chain of Docker's ~370 calls costs up to
 // that many).

@@ -228,6 +228,29 @@ func newTemplate(agentOOMScoreAdj *int, allArches, compile bool) (*template, err
 	return t, nil
 }
 
+// agentCrashSignals are the signals the Go runtime takes for a fault of its own, and panics or
+// throws on, when their siginfo says the kernel or a queue sent them, whatever os/signal traps
+// (sighandler's sigFromUser is SI_USER or SI_TKILL only; Go issue 26625). The agent and the
+// calls' helpers are Go programs, PID 1 of their namespaces.
+var agentCrashSignals = []uint32{
+	uint32(unix.SIGILL), uint32(unix.SIGTRAP), uint32(unix.SIGBUS), uint32(unix.SIGFPE),
+	uint32(unix.SIGSEGV), uint32(unix.SIGSTKFLT), uint32(unix.SIGSYS),
+}
+
+// agentGuards refuse a sandbox's processes the calls that send agentCrashSignals with a siginfo
+// of their choosing: sigqueue (SI_QUEUE), pidfd_send_signal with a siginfo, and a file's SIGIO
+// set to one of them with F_SETSIG. A plain kill or tgkill says SI_USER or SI_TKILL, which the
+// agent's runtime drops (agentrpc.Harden). Without them any process of the sandbox could crash
+// its agent, and so end the sandbox, as the red-team case "fault signals to PID 1" did. Only the
+// in-process compiler adds them: SeccompInRunc and SeccompAllArches, kept for benchmarks, go
+// without.
+var agentGuards = []seccompbpf.Guard{
+	{Call: "rt_sigqueueinfo", Conds: []seccompbpf.GuardCond{{Arg: 1, In: agentCrashSignals}}},
+	{Call: "rt_tgsigqueueinfo", Conds: []seccompbpf.GuardCond{{Arg: 2, In: agentCrashSignals}}},
+	{Call: "pidfd_send_signal", Conds: []seccompbpf.GuardCond{{Arg: 1, In: agentCrashSignals}, {Arg: 2, NonZero: true}}},
+	{Call: "fcntl", Conds: []seccompbpf.GuardCond{{Arg: 1, In: []uint32{unix.F_SETSIG}}, {Arg: 2, In: agentCrashSignals}}},
+}
+
 // seccompProfile encodes Docker's default profile for s's capabilities, with the syscalls in
 // allow allowed besides, and with compile also compiles it (internal/seccompbpf, encoded for
 // seccompbpf.EnvVar; "" when the compiler does not take the profile: runc then compiles it).
@@ -253,7 +276,7 @@ func seccompProfile(s *specs.Spec, allArches bool, allow []string, compile bool)
 	if !compile {
 		return raw, "", nil
 	}
-	p, err := seccompbpf.Compile(sc)
+	p, err := seccompbpf.CompileGuarded(sc, agentGuards)
 	if errors.Is(err, seccompbpf.ErrUnsupported) {
 		return raw, "", nil
 	}
