@@ -174,11 +174,26 @@ func (s *Store) Prepare(ctx context.Context, digests []string, f Fetch) error {
 		// no sandbox uses and try once more.
 		if n, serr := s.mounts.Sweep(); n > 0 {
 			s.log.Info("chunk cache full: unmounted lingering layers", "sandbox", f.Sandbox, "count", n, "err", serr)
-			err = s.prepare(ctx, digests, f)
+			// lazyd unpins a layer's chunks when the kernel releases its file, just after the
+			// unmount returns: try again until it has, for a bounded time.
+			deadline := time.Now().Add(unpinWait)
+			for wait := 10 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+				err = s.prepare(ctx, digests, f)
+				if !errors.Is(err, errdefs.ErrExhausted) || time.Now().After(deadline) || ctx.Err() != nil {
+					break
+				}
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+				}
+			}
 		}
 	}
 	return err
 }
+
+// unpinWait bounds Prepare's wait for lazyd to unpin the chunks of the layers it unmounted.
+const unpinWait = 2 * time.Second
 
 // lazyDead reports whether the current lazyd client found its server gone.
 func (s *Store) lazyDead() bool {
