@@ -15,6 +15,7 @@ import (
 	"github.com/corral-dev/corral/internal/edge"
 	"github.com/corral-dev/corral/internal/hostreg"
 	"github.com/corral-dev/corral/internal/lazy"
+	"github.com/corral-dev/corral/internal/runtime/cgroups"
 	"github.com/corral-dev/corral/internal/store"
 )
 
@@ -112,46 +113,23 @@ func Down(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // removeCgroupParent removes the sandboxes' cgroup parent and Corral's control cgroup beside it
-// (cgroups.Reservation) in every hierarchy. Run's exit left the control cgroup when lazyd, which
-// inherits it, had not ended yet: a cgroup with a process in it cannot go, so each removal is
-// retried for a few seconds while the cgroup is busy.
+// in every hierarchy. Run's exit leaves the control cgroup when lazyd, which inherits it, has not
+// ended yet, so each waits (Layout.Remove) for its last processes to leave.
 func removeCgroupParent(parent string, log *slog.Logger) {
 	if parent == "" || parent == "/" {
 		return
 	}
-	for _, name := range []string{parent, strings.TrimSuffix(parent, "/") + "-ctl"} {
-		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", name))
-		if d := filepath.Join("/sys/fs/cgroup", name); isDir(d) {
-			dirs = append(dirs, d)
-		}
-		for _, d := range dirs {
-			if err := removeCgroupDir(d); err != nil {
-				log.Warn("remove cgroup", "dir", d, "err", err)
-			}
+	l, err := cgroups.Read("/")
+	if err != nil {
+		log.Warn("remove cgroups", "parent", parent, "err", err)
+		return
+	}
+	for _, name := range []string{parent, cgroups.ControlName(parent)} {
+		if err := l.Remove(name, cgroupBusyWait); err != nil {
+			log.Warn("remove cgroup", "cgroup", name, "err", err)
 		}
 	}
 }
 
-// removeCgroupDir removes the cgroup d, waiting up to cgroupBusyWait for its last processes to
-// leave.
-func removeCgroupDir(d string) error {
-	deadline := time.Now().Add(cgroupBusyWait)
-	for {
-		err := os.Remove(d)
-		if err == nil || errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// cgroupBusyWait bounds removeCgroupDir's wait for a busy cgroup.
+// cgroupBusyWait bounds removeCgroupParent's wait for a busy cgroup.
 const cgroupBusyWait = 5 * time.Second
-
-func isDir(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.IsDir()
-}

@@ -196,13 +196,16 @@ func (e *Edge) stepWriterLoop() {
 	}
 }
 
-// gather waits batchWait for more entries, or until a flush or close is queued. A stale urgent
-// signal (its flush already written) only makes one batch start early.
+// gather waits batchWait for more entries, or until a flush or close is queued.
 func (w *stepWriter) gather() {
 	w.mu.Lock()
 	now := w.closed || slices.ContainsFunc(w.queue, func(op stepOp) bool { return op.barrier != nil })
 	w.mu.Unlock()
 	if now {
+		select { // the flush's signal, so it does not cut the next batch's wait short
+		case <-w.urgent:
+		default:
+		}
 		return
 	}
 	t := time.NewTimer(w.batchWait)

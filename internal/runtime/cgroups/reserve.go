@@ -38,7 +38,7 @@ func DefaultReservation(parent string, reserve int64) (Reservation, error) {
 	if reserve >= total {
 		return Reservation{}, fmt.Errorf("reserve %d bytes of a host with %d: leaves nothing for sandboxes", reserve, total)
 	}
-	return Reservation{Control: strings.TrimSuffix(parent, "/") + "-ctl", CPUShares: 8192, MemoryBytes: total - reserve}, nil
+	return Reservation{Control: ControlName(parent), CPUShares: 8192, MemoryBytes: total - reserve}, nil
 }
 
 // memTotal reads MemTotal from /proc/meminfo.
@@ -127,3 +127,6 @@ func ReleaseControl(parent string, r Reservation, pid int) {
 		os.Remove(filepath.Join(h, r.Control))
 	}
 }
+
+// ControlName is the control cgroup of the sandboxes' parent: <parent>-ctl beside it.
+func ControlName(parent string) string { return strings.TrimSuffix(parent, "/") + "-ctl" }
